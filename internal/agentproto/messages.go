@@ -1,0 +1,228 @@
+package agentproto
+
+import "time"
+
+// ProtocolVersion is bumped on any incompatible change to the messages.
+const ProtocolVersion = 1
+
+// Operations a Request may ask for.
+const (
+	OpPing = "ping" // Done.Agent
+
+	OpProcessStart   = "process.start"   // Request.Process; events start, stdout, stderr, then Done with ExitCode/Signal
+	OpProcessConnect = "process.connect" // Request.PID; streams the running process's output from now on, then Done
+	OpProcessInput   = "process.input"   // Request.PID, Request.Data; Request.EOF closes stdin
+	OpProcessSignal  = "process.signal"  // Request.PID, Request.Signal
+	OpProcessList    = "process.list"    // Done.Processes
+
+	OpContextCreate  = "context.create"  // Request.Context; Done.Context
+	OpContextList    = "context.list"    // Done.Contexts
+	OpContextRestart = "context.restart" // Request.ContextID; Done.Context
+	OpContextDelete  = "context.delete"  // Request.ContextID
+	OpExecute        = "context.execute" // Request.Execute; events stdout, stderr, result, error, then Done with Status and Stats
+
+	OpFileRead   = "file.read"   // Request.Path, Request.Limit; event file (Entry), data frames, empty data frame, then Done
+	OpFileWrite  = "file.write"  // Request.Path, Request.Mode, Request.Limit; client sends data frames and an empty one; Done.Entry
+	OpFileList   = "file.list"   // Request.Path, Request.Depth; Done.Entries
+	OpFileStat   = "file.stat"   // Request.Path; Done.Entry
+	OpFileMkdir  = "file.mkdir"  // Request.Path, Request.Mode; makes parents; Done.Entry
+	OpFileRemove = "file.remove" // Request.Path; removes directories recursively
+	OpFileMove   = "file.move"   // Request.Path, Request.NewPath; Done.Entry
+)
+
+// Event types.
+const (
+	EventStart  = "start"  // a process started: PID
+	EventStdout = "stdout" // Data
+	EventStderr = "stderr" // Data
+	EventResult = "result" // Result
+	EventError  = "error"  // Error: an exception raised by executed code
+	EventFile   = "file"   // Entry, before the data frames of a file.read
+	EventDone   = "done"   // the last event of every request
+)
+
+// Machine codes the agent puts in Done.Code when a request fails. The host
+// maps them to API error codes; Done.Error is a human-readable message.
+const (
+	CodeBadRequest  = "bad_request" // malformed or unknown request
+	CodeNotFound    = "not_found"   // no such path, process or context
+	CodeExists      = "exists"      // the target already exists
+	CodeNotDir      = "not_dir"     // a path component is not a directory
+	CodeIsDir       = "is_dir"      // the path is a directory where a file is needed
+	CodePermission  = "permission"  // the sandbox user may not do it
+	CodeTooLarge    = "too_large"   // a body passed Request.Limit
+	CodeNoSpace     = "no_space"    // the sandbox's disk is full
+	CodeUnsupported = "unsupported" // unknown language or operation
+	CodeInternal    = "internal"    // anything else
+)
+
+// Statuses of a finished execution (Done.Status).
+const (
+	StatusOK          = "ok"           // the code ran to its end
+	StatusError       = "error"        // the code raised; an EventError was sent
+	StatusTimeout     = "timeout"      // the wall-clock limit passed; the code was interrupted or killed
+	StatusOutputLimit = "output_limit" // output passed the cap; the code was interrupted or killed
+	StatusKilled      = "killed"       // the interpreter died (a signal, e.g. the OOM killer); the context restarts on next use
+)
+
+// Request is the first frame on every connection.
+type Request struct {
+	Op string `json:"op"`
+
+	Process *ProcessSpec `json:"process,omitempty"`
+	PID     int          `json:"pid,omitempty"`
+	Data    []byte       `json:"data,omitempty"`
+	EOF     bool         `json:"eof,omitempty"`
+	Signal  int          `json:"signal,omitempty"`
+
+	Context   *ContextSpec `json:"context,omitempty"`
+	ContextID string       `json:"context_id,omitempty"`
+	Execute   *ExecuteSpec `json:"execute,omitempty"`
+
+	Path    string `json:"path,omitempty"`
+	NewPath string `json:"new_path,omitempty"`
+	Mode    uint32 `json:"mode,omitempty"`  // permission bits for file.write and file.mkdir; 0 means 0644 / 0755
+	Depth   int    `json:"depth,omitempty"` // file.list: 1 (or 0) lists direct children only
+	Limit   int64  `json:"limit,omitempty"` // file.read/file.write: refuse bodies larger than this (0: no limit)
+}
+
+// ProcessSpec describes a command to start.
+type ProcessSpec struct {
+	Cmd  string            `json:"cmd"`            // executable; looked up in PATH when it has no slash
+	Args []string          `json:"args,omitempty"` // arguments after the command name
+	Env  map[string]string `json:"env,omitempty"`  // added to the sandbox's environment
+	Cwd  string            `json:"cwd,omitempty"`  // default /home/user
+	Tag  string            `json:"tag,omitempty"`  // caller's label, shown in process.list
+	// Stdin keeps the process's stdin open for process.input; otherwise it
+	// reads from /dev/null.
+	Stdin bool `json:"stdin,omitempty"`
+	// TimeoutMS kills the process (SIGKILL to its process group) after this
+	// long; 0 means no limit.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// MaxOutputBytes caps stdout plus stderr streamed to this connection;
+	// past it the process is killed and Done.Truncated set. 0: no cap.
+	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
+}
+
+// ContextSpec describes a code context (a long-lived interpreter).
+type ContextSpec struct {
+	Language string            `json:"language"` // python, javascript or bash
+	Cwd      string            `json:"cwd,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+}
+
+// ExecuteSpec is one execution of code in a context.
+type ExecuteSpec struct {
+	Code string `json:"code"`
+	// ContextID names the context; when empty, the sandbox's default context
+	// for Language is used (and created on first use).
+	ContextID      string            `json:"context_id,omitempty"`
+	Language       string            `json:"language,omitempty"`
+	Env            map[string]string `json:"env,omitempty"` // set for this execution only
+	TimeoutMS      int64             `json:"timeout_ms,omitempty"`
+	MaxOutputBytes int64             `json:"max_output_bytes,omitempty"` // stdout plus stderr; 0: no cap
+}
+
+// Event is every frame the agent sends back; Type says which fields are set.
+type Event struct {
+	Type string `json:"type"`
+
+	PID    int        `json:"pid,omitempty"`
+	Data   []byte     `json:"data,omitempty"`
+	Result *Result    `json:"result,omitempty"`
+	Error  *ExecError `json:"error,omitempty"`
+	Entry  *FileInfo  `json:"entry,omitempty"`
+
+	// Fields of the Done event.
+	Code      string        `json:"code,omitempty"`    // failure code (Code* constants); empty on success
+	Message   string        `json:"message,omitempty"` // failure text
+	Status    string        `json:"status,omitempty"`  // executions: Status* constants
+	ExitCode  *int          `json:"exit_code,omitempty"`
+	Signal    int           `json:"signal,omitempty"` // processes: the signal that ended it
+	Truncated bool          `json:"truncated,omitempty"`
+	Stats     *Stats        `json:"stats,omitempty"`
+	Agent     *AgentInfo    `json:"agent,omitempty"`
+	Context   *ContextInfo  `json:"context,omitempty"`
+	Contexts  []ContextInfo `json:"contexts,omitempty"`
+	Processes []ProcessInfo `json:"processes,omitempty"`
+	Entries   []FileInfo    `json:"entries,omitempty"`
+}
+
+// Result is one rich value produced by executed code, as MIME renderings.
+type Result struct {
+	Text       string         `json:"text,omitempty"`       // text/plain
+	HTML       string         `json:"html,omitempty"`       // text/html
+	Markdown   string         `json:"markdown,omitempty"`   // text/markdown
+	SVG        string         `json:"svg,omitempty"`        // image/svg+xml
+	PNG        string         `json:"png,omitempty"`        // image/png, base64
+	JPEG       string         `json:"jpeg,omitempty"`       // image/jpeg, base64
+	PDF        string         `json:"pdf,omitempty"`        // application/pdf, base64
+	LaTeX      string         `json:"latex,omitempty"`      // text/latex
+	JSON       any            `json:"json,omitempty"`       // application/json
+	JavaScript string         `json:"javascript,omitempty"` // application/javascript
+	Extra      map[string]any `json:"extra,omitempty"`      // other MIME types
+	// IsMainResult marks the value of the trailing expression (as opposed to
+	// a figure or a display() call).
+	IsMainResult bool `json:"is_main_result,omitempty"`
+}
+
+// ExecError is an exception raised by executed code.
+type ExecError struct {
+	Name      string `json:"name"`
+	Value     string `json:"value"`
+	Traceback string `json:"traceback"`
+}
+
+// Stats measures one execution or process.
+type Stats struct {
+	DurationMS      float64 `json:"duration_ms"`
+	CPUTimeMS       float64 `json:"cpu_time_ms"`
+	PeakMemoryBytes int64   `json:"peak_memory_bytes"`
+}
+
+// AgentInfo answers ping.
+type AgentInfo struct {
+	Version         string   `json:"version"`
+	ProtocolVersion int      `json:"protocol_version"`
+	Languages       []string `json:"languages"`
+}
+
+// ContextInfo describes a code context.
+type ContextInfo struct {
+	ID       string `json:"id"`
+	Language string `json:"language"`
+	Cwd      string `json:"cwd"`
+}
+
+// ProcessInfo describes a running process started through process.start.
+type ProcessInfo struct {
+	PID     int               `json:"pid"`
+	Cmd     string            `json:"cmd"`
+	Args    []string          `json:"args,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Cwd     string            `json:"cwd"`
+	Tag     string            `json:"tag,omitempty"`
+	Started time.Time         `json:"started"`
+}
+
+// File types in FileInfo.Type.
+const (
+	FileTypeFile    = "file"
+	FileTypeDir     = "dir"
+	FileTypeSymlink = "symlink"
+	FileTypeOther   = "other"
+)
+
+// FileInfo describes a path inside the sandbox.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Path    string    `json:"path"` // absolute, cleaned
+	Type    string    `json:"type"`
+	Size    int64     `json:"size"`
+	Mode    uint32    `json:"mode"` // permission bits
+	ModTime time.Time `json:"mod_time"`
+	Owner   string    `json:"owner"`
+	Group   string    `json:"group"`
+	// SymlinkTarget is set for symlinks.
+	SymlinkTarget string `json:"symlink_target,omitempty"`
+}
