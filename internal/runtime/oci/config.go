@@ -1,0 +1,62 @@
+package oci
+
+import (
+	"errors"
+	"log/slog"
+	"path/filepath"
+)
+
+// Config configures the OCI runtime. Zero fields take the defaults below.
+type Config struct {
+	// RuntimePath is the runc (or runsc) binary.
+	RuntimePath string
+	// StateDir holds one bundle per sandbox (config.json, the overlay mount,
+	// the agent's socket and log) and the runtime's own state.
+	StateDir string
+	// AgentBin is the host path of the static agent binary, bind-mounted
+	// read-only into every sandbox.
+	AgentBin string
+	// CgroupParent names the cgroup under which every sandbox gets its own;
+	// default "sheepfold".
+	CgroupParent string
+	// IDMap maps sandbox ids to host ids; default DefaultIDMap.
+	IDMap IDMap
+	// Logger receives debug and error logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.RuntimePath == "" || c.StateDir == "" || c.AgentBin == "" {
+		return errors.New("oci: RuntimePath, StateDir and AgentBin are required")
+	}
+	if !filepath.IsAbs(c.StateDir) {
+		return errors.New("oci: StateDir must be absolute")
+	}
+	if c.CgroupParent == "" {
+		c.CgroupParent = "sheepfold"
+	}
+	if !validID(c.CgroupParent) {
+		return errors.New("oci: CgroupParent must be lowercase letters, digits and '-'")
+	}
+	if c.IDMap.Size == 0 {
+		c.IDMap = DefaultIDMap
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// validID accepts what we use as sandbox ids and cgroup names: 1 to 40
+// lowercase letters, digits and '-', not starting with '-'.
+func validID(id string) bool {
+	if len(id) == 0 || len(id) > 40 || id[0] == '-' {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,26 @@
+// Package oci runs sandboxes with an OCI runtime (runc by default) from an
+// OCI spec it writes itself.
+//
+// Each sandbox gets a bundle under Config.StateDir: a tmpfs of the disk
+// limit's size holding the writable upper layer, an overlay of it over the
+// template's root filesystem, config.json, and a unix socket the host
+// listens on and passes to the agent as fd 3 (so no host directory is ever
+// shared with the sandbox). The spec gives the agent, and everything it
+// starts:
+//   - a user namespace: uid 0..65535 inside is IDMap.HostID.. outside, and
+//     the agent runs as uid 1000 ("user");
+//   - pid, mount, ipc, uts, cgroup and network namespaces; the network has
+//     only lo;
+//   - no capabilities in any set, no_new_privs, Docker's default seccomp
+//     profile less ptrace and process_vm_*;
+//   - Docker's masked and read-only /proc and /sys paths, plus the kernel
+//     address files;
+//   - cgroup limits for memory (= memory+swap), pids and CPU, on cgroup v1
+//     (including the hybrid layout) and v2;
+//   - rlimits: no core dumps, 4096 open files, 64 KiB locked memory.
+//
+// Destroy kills every task (runc delete --force), removes the cgroups,
+// unmounts and deletes the bundle; List finds sandboxes by bundle, runtime
+// state and cgroup, so a sandbox left by a crash between any two steps is
+// found and destroyed by the engine's start-up reconciler.
+package oci

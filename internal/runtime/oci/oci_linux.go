@@ -1,0 +1,369 @@
+package oci
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sheepfold/sheepfold/internal/runtime"
+)
+
+var _ runtime.Runtime = (*OCI)(nil)
+
+// OCI runs sandboxes with an OCI runtime binary (runc; runsc later).
+type OCI struct {
+	cfg     Config
+	cg      *cgroups
+	bundles string // StateDir/sandboxes
+	runcDir string // StateDir/runc: the runtime's own --root
+
+	// mu serialises Create and Destroy of the same id.
+	mu      sync.Mutex
+	pending map[string]bool
+}
+
+// New checks the configuration and the host and returns a runtime.
+func New(cfg Config) (*OCI, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: the OCI runtime needs root", runtime.ErrUnsupported)
+	}
+	for _, p := range []string{cfg.RuntimePath, cfg.AgentBin} {
+		if fi, err := os.Stat(p); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+			return nil, fmt.Errorf("%w: %s is not an executable file", runtime.ErrUnsupported, p)
+		}
+	}
+	cg, err := detectCgroups(cfg.CgroupParent)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", runtime.ErrUnsupported, err)
+	}
+	o := &OCI{
+		cfg:     cfg,
+		cg:      cg,
+		bundles: filepath.Join(cfg.StateDir, "sandboxes"),
+		runcDir: filepath.Join(cfg.StateDir, "runc"),
+		pending: map[string]bool{},
+	}
+	// The sandbox's root (host uid IDMap.HostID) must traverse the state
+	// dir and its bundle to reach the rootfs: 0711 lets it pass through
+	// without listing anything; the files inside stay 0600.
+	for _, d := range []string{cfg.StateDir, o.bundles} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(o.runcDir, 0o700); err != nil {
+		return nil, err
+	}
+	cfg.Logger.Debug("oci runtime ready", "runtime", cfg.RuntimePath, "cgroups", cg.mode(), "state", cfg.StateDir)
+	return o, nil
+}
+
+// Name implements runtime.Runtime.
+func (o *OCI) Name() string { return filepath.Base(o.cfg.RuntimePath) }
+
+// CgroupMode says "v1" or "v2".
+func (o *OCI) CgroupMode() string { return o.cg.mode() }
+
+func (o *OCI) bundle(id string) string { return filepath.Join(o.bundles, id) }
+
+// Create implements runtime.Runtime.
+func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instance, err error) {
+	if !validID(s.ID) {
+		return nil, fmt.Errorf("invalid sandbox id %q", s.ID)
+	}
+	if fi, err := os.Stat(filepath.Join(s.RootFS, "usr")); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("template root %s is not a root filesystem", s.RootFS)
+	}
+	if err := o.claim(s.ID); err != nil {
+		return nil, err
+	}
+	defer o.release(s.ID)
+
+	b := o.bundle(s.ID)
+	if err := os.Mkdir(b, 0o711); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("sandbox %s already exists", s.ID)
+		}
+		return nil, err
+	}
+	// Undo everything on failure: destroy knows how to take down a partly
+	// built sandbox, in reverse order.
+	defer func() {
+		if err != nil {
+			if derr := o.destroy(context.WithoutCancel(ctx), s.ID); derr != nil {
+				o.cfg.Logger.Error("undo failed create", "id", s.ID, "err", derr)
+			}
+		}
+	}()
+
+	rootfs, err := o.mountRoot(b, s)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := buildSpec(specInput{
+		Spec: s, RootFS: rootfs, AgentBin: o.cfg.AgentBin,
+		CgroupDir: o.cg.path(s.ID), IDMap: o.cfg.IDMap,
+	})
+	if err != nil {
+		return nil, err
+	}
+	cj, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(b, "config.json"), cj, 0o600); err != nil {
+		return nil, err
+	}
+
+	sock := filepath.Join(b, "agent.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(sock, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	lnFile, err := ln.File()
+	ln.Close()
+	if err != nil {
+		return nil, err
+	}
+	defer lnFile.Close()
+
+	logf, err := os.OpenFile(filepath.Join(b, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+
+	// The detached sandbox inherits runc's stdio, so both must be files:
+	// a pipe would stay open as long as the sandbox lives. runc's own
+	// errors land in the same log.
+	pidFile := filepath.Join(b, "init.pid")
+	cmd := o.runc(ctx, "run", "--detach", "--bundle", b, "--pid-file", pidFile, "--preserve-fds", "1", s.ID)
+	cmd.ExtraFiles = []*os.File{lnFile}
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	if err := cmd.Run(); err != nil {
+		log, _ := os.ReadFile(logf.Name())
+		return nil, fmt.Errorf("%s run: %w: %s", o.Name(), err, tail(log))
+	}
+	pid, err := readPid(pidFile)
+	if err != nil {
+		return nil, err
+	}
+	return &runtime.Instance{ID: s.ID, Socket: sock, PID: pid}, nil
+}
+
+// mountRoot builds the sandbox's root: a tmpfs of the disk size holding the
+// overlay's upper and work dirs, and the overlay of it over the template.
+func (o *OCI) mountRoot(b string, s runtime.Spec) (string, error) {
+	rw, rootfs := filepath.Join(b, "rw"), filepath.Join(b, "rootfs")
+	for _, d := range []string{rw, rootfs} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return "", err
+		}
+	}
+	size := s.Limits.DiskBytes
+	if s.ReadOnly || size <= 0 {
+		size = 1 << 20 // only the runtime's own mount points land here
+	}
+	inodes := max(size/8192, 4096)
+	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700", size, inodes)
+	if err := unix.Mount("tmpfs", rw, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return "", fmt.Errorf("mount writable layer: %w", err)
+	}
+	upper, work := filepath.Join(rw, "upper"), filepath.Join(rw, "work")
+	for _, d := range []string{upper, work} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return "", err
+		}
+	}
+	// The upper dir's owner and mode become those of the sandbox's "/".
+	var st unix.Stat_t
+	if err := unix.Stat(s.RootFS, &st); err != nil {
+		return "", err
+	}
+	if err := os.Chown(upper, int(st.Uid), int(st.Gid)); err != nil {
+		return "", err
+	}
+	if err := os.Chmod(upper, os.FileMode(st.Mode&0o7777)); err != nil {
+		return "", err
+	}
+	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", s.RootFS, upper, work)
+	if err := unix.Mount("overlay", rootfs, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl); err != nil {
+		return "", fmt.Errorf("mount overlay: %w", err)
+	}
+	return rootfs, nil
+}
+
+// Destroy implements runtime.Runtime.
+func (o *OCI) Destroy(ctx context.Context, id string) error {
+	if !validID(id) {
+		return nil
+	}
+	if err := o.claim(id); err != nil {
+		return err
+	}
+	defer o.release(id)
+	return o.destroy(ctx, id)
+}
+
+// destroy tears a sandbox down in reverse order of creation. Each step
+// tolerates the thing being absent, so it also removes half-built and
+// orphaned sandboxes.
+func (o *OCI) destroy(ctx context.Context, id string) error {
+	var errs []error
+	// Kill first: runc delete --force freezes the cgroup, kills every task
+	// and waits for them, then removes the cgroups.
+	_ = o.runc(ctx, "kill", "--all", id, "KILL").Run()
+	if out, err := o.runc(ctx, "delete", "--force", id).CombinedOutput(); err != nil &&
+		!bytes.Contains(out, []byte("does not exist")) && !bytes.Contains(out, []byte("not exist")) {
+		errs = append(errs, fmt.Errorf("%s delete: %w: %s", o.Name(), err, tail(out)))
+	}
+	if err := o.cg.remove(id); err != nil {
+		errs = append(errs, err)
+	}
+	b := o.bundle(id)
+	for _, m := range []string{filepath.Join(b, "rootfs"), filepath.Join(b, "rw")} {
+		if err := unmount(m); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.RemoveAll(filepath.Join(o.runcDir, id)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(b); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// unmount removes every mount at or below dir; a busy mount is detached.
+func unmount(dir string) error {
+	for i := 0; i < 8; i++ {
+		err := unix.Unmount(dir, 0)
+		switch {
+		case err == nil:
+			continue // there may be a mount stacked under it
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil // not a mount point (any more)
+		case errors.Is(err, unix.EBUSY):
+			if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+				return fmt.Errorf("unmount %s: %w", dir, err)
+			}
+		default:
+			return fmt.Errorf("unmount %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// Usage implements runtime.Runtime.
+func (o *OCI) Usage(_ context.Context, id string) (runtime.Usage, error) {
+	if !validID(id) {
+		return runtime.Usage{}, runtime.ErrNotFound
+	}
+	return o.cg.usage(id)
+}
+
+// List implements runtime.Runtime: bundles, runtime state and cgroups all
+// count, so that a crash between any two steps is still found.
+func (o *OCI) List(_ context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	var ids []string
+	add := func(id string) {
+		if validID(id) && !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	for _, dir := range []string{o.bundles, o.runcDir} {
+		entries, err := os.ReadDir(dir)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		for _, e := range entries {
+			add(e.Name())
+		}
+	}
+	for _, id := range o.cg.listIDs() {
+		add(id)
+	}
+	return ids, nil
+}
+
+// Close removes the runtime's parent cgroups once no sandbox is left.
+func (o *OCI) Close() error {
+	ids, err := o.List(context.Background())
+	if err != nil {
+		return err
+	}
+	if len(ids) > 0 {
+		return fmt.Errorf("%d sandboxes still exist", len(ids))
+	}
+	o.cg.removeParent()
+	return nil
+}
+
+func (o *OCI) runc(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, o.cfg.RuntimePath, append([]string{"--root", o.runcDir}, args...)...)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	return cmd
+}
+
+func (o *OCI) claim(id string) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.pending[id] {
+		return fmt.Errorf("sandbox %s is busy", id)
+	}
+	o.pending[id] = true
+	return nil
+}
+
+func (o *OCI) release(id string) {
+	o.mu.Lock()
+	delete(o.pending, id)
+	o.mu.Unlock()
+}
+
+func readPid(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("read pid file: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("bad pid file %q", b)
+	}
+	return pid, nil
+}
+
+// tail keeps the end of a runtime's error output for messages.
+func tail(b []byte) string {
+	b = bytes.TrimSpace(b)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}

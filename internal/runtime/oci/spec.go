@@ -1,0 +1,176 @@
+package oci
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/moby/profiles/seccomp"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sheepfold/sheepfold/internal/runtime"
+)
+
+// Paths inside every sandbox.
+const (
+	AgentPath   = "/.sheepfold/agent" // the agent binary, bind-mounted read-only
+	SandboxHome = "/home/user"
+	SandboxUID  = 1000 // "user" inside; the template's passwd has it
+	SandboxGID  = 1000
+)
+
+// IDMap maps the sandbox's uids and gids 0..Size-1 to host HostID..HostID+Size-1.
+// The template's files are owned by the shifted ids (template.BuildOptions.UIDShift).
+type IDMap struct {
+	HostID uint32
+	Size   uint32
+}
+
+// DefaultIDMap is the mapping templates are built for.
+var DefaultIDMap = IDMap{HostID: 1_000_000, Size: 65536}
+
+// baseEnv is the environment every sandbox starts with; Spec.Env adds to it.
+var baseEnv = []string{
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"HOME=" + SandboxHome,
+	"USER=user",
+	"LOGNAME=user",
+	"SHELL=/bin/bash",
+	"LANG=C.UTF-8",
+	"LC_ALL=C.UTF-8",
+	"PYTHONUNBUFFERED=1",
+	"MPLBACKEND=Agg",
+}
+
+// maskedPaths are hidden from the sandbox (Docker's list plus the kernel
+// address files this host leaves readable: kernel.kptr_restrict=0).
+var maskedPaths = []string{
+	"/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys",
+	"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+	"/proc/scsi", "/proc/kallsyms", "/proc/vmallocinfo", "/proc/sysrq-trigger",
+	"/sys/firmware", "/sys/devices/virtual/powercap", "/sys/kernel/debug",
+}
+
+// readonlyPaths are visible but not writable (Docker's list).
+var readonlyPaths = []string{
+	"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys",
+}
+
+// deniedSyscalls are removed from the allow rules of Docker's default
+// profile, which allows them on kernels since 4.8: a sandbox has no reason
+// to trace or read another process's memory.
+var deniedSyscalls = []string{"ptrace", "process_vm_readv", "process_vm_writev"}
+
+// specInput is everything buildSpec needs; it does no I/O.
+type specInput struct {
+	Spec      runtime.Spec
+	RootFS    string // the merged overlay mount
+	AgentBin  string // host path of the agent binary
+	CgroupDir string // cgroupsPath, e.g. /sheepfold/<id>
+	IDMap     IDMap
+	ShmBytes  int64
+}
+
+// buildSpec writes the OCI spec for one sandbox. The agent runs as uid 1000
+// with no capabilities; see the package doc for the list of defences.
+func buildSpec(in specInput) (*specs.Spec, error) {
+	s := in.Spec
+	hostname := s.Hostname
+	if hostname == "" {
+		hostname = "sandbox"
+	}
+	env := slices.Concat(baseEnv, s.Env)
+	noCaps := &specs.LinuxCapabilities{
+		Bounding: []string{}, Effective: []string{}, Inheritable: []string{},
+		Permitted: []string{}, Ambient: []string{},
+	}
+	shm := in.ShmBytes
+	if shm <= 0 {
+		shm = 64 << 20
+	}
+	spec := &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User:            specs.User{UID: SandboxUID, GID: SandboxGID, AdditionalGids: []uint32{SandboxGID}},
+			Args:            []string{AgentPath, "init"},
+			Env:             env,
+			Cwd:             SandboxHome,
+			Capabilities:    noCaps,
+			NoNewPrivileges: true,
+			Rlimits: []specs.POSIXRlimit{
+				{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
+				{Type: "RLIMIT_NOFILE", Hard: 4096, Soft: 4096},
+				{Type: "RLIMIT_MEMLOCK", Hard: 64 << 10, Soft: 64 << 10},
+			},
+		},
+		Root:     &specs.Root{Path: in.RootFS, Readonly: s.ReadOnly},
+		Hostname: hostname,
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", fmt.Sprintf("size=%d", shm)}},
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: AgentPath, Type: "bind", Source: in.AgentBin, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+		},
+		Linux: &specs.Linux{
+			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: in.IDMap.HostID, Size: in.IDMap.Size}},
+			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: in.IDMap.HostID, Size: in.IDMap.Size}},
+			CgroupsPath: in.CgroupDir,
+			Resources:   resources(s.Limits),
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.UserNamespace},
+				{Type: specs.CgroupNamespace},
+			},
+			MaskedPaths:   maskedPaths,
+			ReadonlyPaths: readonlyPaths,
+		},
+	}
+	sc, err := seccomp.GetDefaultProfile(spec)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp profile: %w", err)
+	}
+	spec.Linux.Seccomp = denySyscalls(sc, deniedSyscalls)
+	return spec, nil
+}
+
+// resources turns limits into cgroup settings. Memory and memory+swap are
+// equal so that swap, where a host has it, adds nothing.
+func resources(l runtime.Limits) *specs.LinuxResources {
+	r := &specs.LinuxResources{
+		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+	}
+	if l.MemoryBytes > 0 {
+		m := l.MemoryBytes
+		r.Memory = &specs.LinuxMemory{Limit: &m, Swap: &m}
+	}
+	if l.Pids > 0 {
+		r.Pids = &specs.LinuxPids{Limit: &l.Pids}
+	}
+	if l.CPUs > 0 {
+		period := uint64(100_000)
+		quota := int64(l.CPUs * float64(period))
+		r.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
+	}
+	return r
+}
+
+// denySyscalls drops names from every allow rule, so the profile's default
+// action (an errno) applies to them.
+func denySyscalls(sc *specs.LinuxSeccomp, names []string) *specs.LinuxSeccomp {
+	out := *sc
+	out.Syscalls = nil
+	for _, rule := range sc.Syscalls {
+		if rule.Action == specs.ActAllow {
+			rule.Names = slices.DeleteFunc(slices.Clone(rule.Names), func(n string) bool {
+				return slices.Contains(names, n)
+			})
+			if len(rule.Names) == 0 {
+				continue
+			}
+		}
+		out.Syscalls = append(out.Syscalls, rule)
+	}
+	return &out
+}

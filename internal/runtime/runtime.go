@@ -1,0 +1,82 @@
+// Package runtime defines how the sandbox engine starts and stops isolated
+// sandboxes. Implementations: oci (runc or runsc driven through a generated
+// OCI spec) and fake (for unit tests of the engine).
+//
+// A runtime knows nothing of code, languages or files: it starts the agent
+// in a confined root filesystem, hands back the path of the agent's socket,
+// reports resource usage and tears everything down again. It may import
+// only the standard library, x/sys and the OCI spec and seccomp libraries.
+package runtime
+
+import (
+	"context"
+	"errors"
+)
+
+// Limits bound what a sandbox may use. Zero means "no limit" for CPUs; the
+// engine always sets memory, pids and disk.
+type Limits struct {
+	MemoryBytes int64   // memory (and memory+swap) limit of the whole sandbox
+	CPUs        float64 // CPU quota in cores; 0 = unlimited
+	Pids        int64   // maximum number of tasks
+	DiskBytes   int64   // size of the writable layer
+}
+
+// Spec describes a sandbox to create.
+type Spec struct {
+	// ID names the sandbox; lowercase letters, digits and '-', at most 32.
+	ID string
+	// RootFS is the template's root filesystem: the read-only lower layer.
+	RootFS string
+	// Limits are enforced by cgroups and the size of the writable layer.
+	Limits Limits
+	// ReadOnly makes the whole root filesystem read-only.
+	ReadOnly bool
+	// Env is the sandbox's environment (KEY=VALUE), added to a fixed base.
+	Env []string
+	// Hostname inside the sandbox; default "sandbox".
+	Hostname string
+}
+
+// Instance is a running sandbox as the runtime sees it.
+type Instance struct {
+	ID string
+	// Socket is the host path of the agent's listening unix socket.
+	Socket string
+	// PID is the host pid of the sandbox's init process.
+	PID int
+}
+
+// Usage is a sandbox's resource usage read from its cgroup.
+type Usage struct {
+	MemoryBytes     int64  // current memory use
+	MemoryPeakBytes int64  // highest memory use since the sandbox started
+	MemoryLimit     int64  // the limit in force
+	OOMKills        uint64 // processes killed by the OOM killer in this sandbox
+	CPUNanos        uint64 // CPU time used by all its processes
+	Pids            int64  // tasks alive now
+}
+
+// Runtime starts and stops sandboxes.
+type Runtime interface {
+	// Name says which runtime this is ("runc", "runsc", "fake").
+	Name() string
+	// Create starts a sandbox and returns once its agent is listening.
+	// On error nothing of the sandbox remains.
+	Create(ctx context.Context, spec Spec) (*Instance, error)
+	// Destroy kills every process of the sandbox and removes its cgroups,
+	// mounts and files. Destroying an unknown or already destroyed sandbox
+	// returns nil.
+	Destroy(ctx context.Context, id string) error
+	// Usage reads the sandbox's resource usage.
+	Usage(ctx context.Context, id string) (Usage, error)
+	// List returns the IDs of every sandbox the runtime holds state for,
+	// including ones left behind by a crashed process.
+	List(ctx context.Context) ([]string, error)
+}
+
+// ErrNotFound reports an unknown sandbox.
+var ErrNotFound = errors.New("sandbox not found")
+
+// ErrUnsupported reports a runtime that cannot work on this host.
+var ErrUnsupported = errors.New("runtime not supported on this host")
