@@ -6,6 +6,24 @@ import (
 	"path/filepath"
 )
 
+// Paths inside every sandbox.
+const (
+	AgentPath   = "/.sheepfold/agent" // the agent binary, bind-mounted read-only
+	SandboxHome = "/home/user"
+	SandboxUID  = 1000 // "user" inside; the template's passwd has it
+	SandboxGID  = 1000
+)
+
+// IDMap maps the sandbox's uids and gids 0..Size-1 to host HostID..HostID+Size-1.
+// The template's files are owned by the shifted ids (template.BuildOptions.UIDShift).
+type IDMap struct {
+	HostID uint32
+	Size   uint32
+}
+
+// DefaultIDMap is the mapping templates are built for.
+var DefaultIDMap = IDMap{HostID: 1_000_000, Size: 65536}
+
 // Config configures the OCI runtime. Zero fields take the defaults below.
 type Config struct {
 	// RuntimePath is the runc (or runsc) binary.

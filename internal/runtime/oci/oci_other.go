@@ -26,4 +26,4 @@ func (*OCI) Usage(context.Context, string) (runtime.Usage, error) {
 	return runtime.Usage{}, runtime.ErrUnsupported
 }
 func (*OCI) List(context.Context) ([]string, error) { return nil, runtime.ErrUnsupported }
-func (*OCI) Close() error                            { return nil }
+func (*OCI) Close() error                           { return nil }
