@@ -23,7 +23,7 @@ import (
 type cgroups struct {
 	v2     bool
 	mounts []string // v2: the one cgroup2 mount; v1: every v1 hierarchy plus a hybrid cgroup2 mount
-	parent string   // e.g. "sheepfold"
+	parent string   // e.g. "sheepfold/server"
 }
 
 func detectCgroups(parent string) (*cgroups, error) {
@@ -197,10 +197,12 @@ func (c *cgroups) listIDs() []string {
 	return out
 }
 
-// removeParent removes the parent cgroups when no sandbox is left in them.
+// removeParent removes the instance's cgroups, and the top one when no
+// other instance uses it; cgroups with sandboxes in them stay.
 func (c *cgroups) removeParent() {
 	for _, m := range c.mounts {
 		_ = unix.Rmdir(filepath.Join(m, c.parent))
+		_ = unix.Rmdir(filepath.Join(m, filepath.Dir(c.parent)))
 	}
 }
 

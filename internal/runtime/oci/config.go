@@ -28,9 +28,15 @@ var DefaultIDMap = IDMap{HostID: 1_000_000, Size: 65536}
 type Config struct {
 	// RuntimePath is the runc (or runsc) binary.
 	RuntimePath string
-	// StateDir holds one bundle per sandbox (config.json, the overlay mount,
-	// the agent's socket and log) and the runtime's own state.
+	// StateDir holds one directory per engine instance (a server, or one
+	// `sheepfold run`), each with one bundle per sandbox (config.json, the
+	// overlay mount, the agent's socket and log) and the runtime's own state.
 	StateDir string
+	// Instance names this engine's directory under StateDir and its cgroup
+	// under CgroupParent; default "server". An instance holds a lock on its
+	// directory while it lives; New sweeps the directories of instances
+	// whose lock is free (their process died) and destroys what they left.
+	Instance string
 	// AgentBin is the host path of the static agent binary, bind-mounted
 	// read-only into every sandbox.
 	AgentBin string
@@ -53,8 +59,11 @@ func (c *Config) setDefaults() error {
 	if c.CgroupParent == "" {
 		c.CgroupParent = "sheepfold"
 	}
-	if !validID(c.CgroupParent) {
-		return errors.New("oci: CgroupParent must be lowercase letters, digits and '-'")
+	if c.Instance == "" {
+		c.Instance = "server"
+	}
+	if !validID(c.CgroupParent) || !validID(c.Instance) {
+		return errors.New("oci: CgroupParent and Instance must be lowercase letters, digits and '-'")
 	}
 	if c.IDMap.Size == 0 {
 		c.IDMap = DefaultIDMap

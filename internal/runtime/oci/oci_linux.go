@@ -25,15 +25,18 @@ var _ runtime.Runtime = (*OCI)(nil)
 type OCI struct {
 	cfg     Config
 	cg      *cgroups
-	bundles string // StateDir/sandboxes
-	runcDir string // StateDir/runc: the runtime's own --root
+	dir     string   // StateDir/Instance
+	bundles string   // dir/sandboxes
+	runcDir string   // dir/runc: the runtime's own --root
+	lock    *os.File // holds an flock on dir/lock while the instance lives
 
 	// mu serialises Create and Destroy of the same id.
 	mu      sync.Mutex
 	pending map[string]bool
 }
 
-// New checks the configuration and the host and returns a runtime.
+// New checks the configuration and the host, takes the instance's lock,
+// sweeps dead instances, and returns a runtime.
 func New(cfg Config) (*OCI, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
@@ -46,33 +49,120 @@ func New(cfg Config) (*OCI, error) {
 			return nil, fmt.Errorf("%w: %s is not an executable file", runtime.ErrUnsupported, p)
 		}
 	}
-	cg, err := detectCgroups(cfg.CgroupParent)
+	// The sandbox's root (host uid IDMap.HostID) must traverse the state
+	// dirs to reach its rootfs: 0711 lets it pass through without listing
+	// anything; the files inside stay 0600.
+	if err := mkdirs(0o711, cfg.StateDir); err != nil {
+		return nil, err
+	}
+	o, err := open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	o.sweep()
+	cfg.Logger.Debug("oci runtime ready", "runtime", cfg.RuntimePath, "cgroups", o.cg.mode(), "state", o.dir)
+	return o, nil
+}
+
+// open locks one instance's directory and returns a runtime for it. A
+// concurrent sweep may remove the directory between our mkdir and our
+// lock; then the locked file is no longer the one at the path, and we
+// start over.
+func open(cfg Config) (*OCI, error) {
+	cg, err := detectCgroups(cfg.CgroupParent + "/" + cfg.Instance)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", runtime.ErrUnsupported, err)
 	}
+	dir := filepath.Join(cfg.StateDir, cfg.Instance)
 	o := &OCI{
-		cfg:     cfg,
-		cg:      cg,
-		bundles: filepath.Join(cfg.StateDir, "sandboxes"),
-		runcDir: filepath.Join(cfg.StateDir, "runc"),
+		cfg: cfg, cg: cg, dir: dir,
+		bundles: filepath.Join(dir, "sandboxes"),
+		runcDir: filepath.Join(dir, "runc"),
 		pending: map[string]bool{},
 	}
-	// The sandbox's root (host uid IDMap.HostID) must traverse the state
-	// dir and its bundle to reach the rootfs: 0711 lets it pass through
-	// without listing anything; the files inside stay 0600.
-	for _, d := range []string{cfg.StateDir, o.bundles} {
-		if err := os.MkdirAll(d, 0o711); err != nil {
+	for attempt := 0; ; attempt++ {
+		lock, err := lockDir(dir)
+		if err != nil {
+			if errors.Is(err, ErrLocked) || attempt == 4 {
+				return nil, err
+			}
+			continue
+		}
+		if err := mkdirs(0o711, o.bundles); err != nil {
+			lock.Close()
 			return nil, err
 		}
-		if err := os.Chmod(d, 0o711); err != nil {
+		if err := mkdirs(0o700, o.runcDir); err != nil {
+			lock.Close()
 			return nil, err
 		}
+		o.lock = lock
+		return o, nil
 	}
-	if err := os.MkdirAll(o.runcDir, 0o700); err != nil {
+}
+
+// lockDir creates dir and takes an exclusive lock on dir/lock.
+func lockDir(dir string) (*os.File, error) {
+	if err := mkdirs(0o711, dir); err != nil {
 		return nil, err
 	}
-	cfg.Logger.Debug("oci runtime ready", "runtime", cfg.RuntimePath, "cgroups", cg.mode(), "state", cfg.StateDir)
-	return o, nil
+	path := filepath.Join(dir, "lock")
+	lock, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("%w: state dir %s is in use by another sheepfold process", ErrLocked, dir)
+	}
+	var held, now unix.Stat_t
+	if unix.Fstat(int(lock.Fd()), &held) != nil || unix.Stat(path, &now) != nil || held.Ino != now.Ino {
+		lock.Close()
+		return nil, errors.New("instance directory was swept while locking")
+	}
+	return lock, nil
+}
+
+// ErrLocked reports an instance directory held by a live process.
+var ErrLocked = errors.New("instance locked")
+
+// sweep destroys what dead instances left behind: every sibling directory
+// whose lock can be taken.
+func (o *OCI) sweep() {
+	entries, _ := os.ReadDir(o.cfg.StateDir)
+	for _, e := range entries {
+		if !e.IsDir() || e.Name() == o.cfg.Instance || !validID(e.Name()) {
+			continue
+		}
+		cfg := o.cfg
+		cfg.Instance = e.Name()
+		dead, err := open(cfg)
+		if err != nil {
+			continue // alive, or not ours
+		}
+		ids, _ := dead.List(context.Background())
+		for _, id := range ids {
+			o.cfg.Logger.Warn("destroying sandbox left by a dead sheepfold process", "instance", cfg.Instance, "sandbox", id)
+			if err := dead.Destroy(context.Background(), id); err != nil {
+				o.cfg.Logger.Error("destroy leftover sandbox", "sandbox", id, "err", err)
+			}
+		}
+		if err := dead.Close(); err == nil {
+			_ = os.RemoveAll(dead.dir)
+		}
+	}
+}
+
+func mkdirs(mode os.FileMode, dirs ...string) error {
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, mode); err != nil {
+			return err
+		}
+		if err := os.Chmod(d, mode); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Name implements runtime.Runtime.
@@ -312,8 +402,11 @@ func (o *OCI) List(_ context.Context) ([]string, error) {
 	return ids, nil
 }
 
-// Close removes the runtime's parent cgroups once no sandbox is left.
+// Close releases the instance. With no sandbox left it also removes the
+// instance's cgroups and directory; otherwise it keeps them for the next
+// sweep and says how many sandboxes remain.
 func (o *OCI) Close() error {
+	defer o.lock.Close()
 	ids, err := o.List(context.Background())
 	if err != nil {
 		return err
@@ -322,7 +415,7 @@ func (o *OCI) Close() error {
 		return fmt.Errorf("%d sandboxes still exist", len(ids))
 	}
 	o.cg.removeParent()
-	return nil
+	return os.RemoveAll(o.dir)
 }
 
 func (o *OCI) runc(ctx context.Context, args ...string) *exec.Cmd {

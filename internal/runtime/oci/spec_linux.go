@@ -28,13 +28,13 @@ var baseEnv = []string{
 var maskedPaths = []string{
 	"/proc/acpi", "/proc/asound", "/proc/interrupts", "/proc/kcore", "/proc/keys",
 	"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
-	"/proc/scsi", "/proc/kallsyms", "/proc/vmallocinfo", "/proc/sysrq-trigger",
+	"/proc/scsi", "/proc/kallsyms", "/proc/vmallocinfo",
 	"/sys/firmware", "/sys/devices/virtual/powercap", "/sys/kernel/debug",
 }
 
 // readonlyPaths are visible but not writable (Docker's list).
 var readonlyPaths = []string{
-	"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys",
+	"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
 }
 
 // deniedSyscalls are removed from the allow rules of Docker's default

@@ -1,0 +1,42 @@
+# Sheepfold. `make help` lists the targets.
+SHELL := /bin/bash
+DATA_DIR ?= /var/lib/sheepfold
+LISTEN ?= 127.0.0.1:8080
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+PYTHON := /usr/bin/python3
+export SHEEPFOLD_DATA_DIR := $(DATA_DIR)
+
+.PHONY: help setup build template run test test-unit lint bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+setup: ## install host packages and build the pinned runc (idempotent)
+	@scripts/setup.sh
+
+build: ## build bin/sheepfold and the static bin/sheepfold-agent
+	go build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/sheepfold ./cmd/sheepfold
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/sheepfold-agent ./cmd/sheepfold-agent
+
+template: setup build ## build the python template once (--force to rebuild: bin/sheepfold template build --force python)
+	bin/sheepfold template build python
+
+run: template ## start the server on $(LISTEN) with everything it needs
+	bin/sheepfold serve --listen $(LISTEN)
+
+lint: ## gofmt, go vet
+	@fmt=$$(gofmt -l cmd internal client api 2>/dev/null); if [ -n "$$fmt" ]; then echo "gofmt needed:"; echo "$$fmt"; exit 1; fi
+	go vet ./...
+
+test-unit: ## tests that need neither root nor a template
+	go test -count=1 ./...
+
+test: template lint ## everything: unit, privileged (as root), SDK and end-to-end tests
+	go test -count=1 -timeout 40m ./...
+	@if [ -d sdk/python/tests ]; then $(PYTHON) -m unittest discover -s sdk/python/tests -t sdk/python; fi
+
+bench: template ## benchmarks with ratios against baselines measured in the same run
+	go test -run '^$$' -bench . -benchtime 20x ./internal/sandbox/
+
+clean: ## remove build outputs (templates stay in $(DATA_DIR))
+	rm -rf bin

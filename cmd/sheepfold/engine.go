@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/sheepfold/sheepfold/internal/config"
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/template"
+)
+
+// engine is a sandbox Manager with the runtime under it, closed in reverse.
+type engine struct {
+	*sandbox.Manager
+	rt *oci.OCI
+}
+
+// openEngine starts the runtime (as instance) and the sandbox manager.
+func openEngine(ctx context.Context, cfg config.Config, instance string, log *slog.Logger) (*engine, error) {
+	rt, err := oci.New(oci.Config{
+		RuntimePath: cfg.RuntimePath, StateDir: cfg.StateDir(), AgentBin: cfg.AgentPath,
+		Instance: instance, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	m, err := sandbox.New(ctx, sandbox.Config{
+		Runtime: rt,
+		Templates: sandbox.TemplatesFunc(func(name string) (string, error) {
+			info, err := template.Get(cfg.DataDir, name)
+			return info.Path, err
+		}),
+		Logger: log,
+	})
+	if err != nil {
+		rt.Close()
+		return nil, err
+	}
+	return &engine{Manager: m, rt: rt}, nil
+}
+
+// Close destroys every sandbox, then releases the runtime.
+func (e *engine) Close(ctx context.Context) error {
+	err := e.Manager.Close(ctx)
+	if cerr := e.rt.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/config"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+// interpreters runs a program file per language, as a script.
+var interpreters = map[string]struct{ file, cmd string }{
+	"python":     {"/tmp/main.py", "/usr/bin/python3"},
+	"javascript": {"/tmp/main.js", "/usr/bin/node"},
+	"bash":       {"/tmp/main.sh", "/bin/bash"},
+}
+
+var langAliases = map[string]string{
+	"py": "python", "python3": "python", "js": "javascript", "node": "javascript",
+	"nodejs": "javascript", "sh": "bash", "shell": "bash",
+}
+
+func runCmd(cfg *config.Config, logger func() *slog.Logger) *cobra.Command {
+	var (
+		lang, tmpl, memory, disk string
+		timeout                  time.Duration
+		cpus                     float64
+		pids                     int64
+		stats                    bool
+	)
+	cmd := &cobra.Command{
+		Use:   "run [FILE|-]",
+		Short: "Run a program in a fresh sandbox and print its output",
+		Long: `Run a program in a fresh sandbox, stream its output, and exit with its
+exit status (124 when it times out, 137 when it runs out of memory).
+The program is read from FILE, or from standard input when FILE is - or absent.
+
+  echo 'print(6*7)' | sheepfold run --lang python -`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if l, ok := langAliases[lang]; ok {
+				lang = l
+			}
+			interp, ok := interpreters[lang]
+			if !ok {
+				return fmt.Errorf("unknown language %q: want python, javascript or bash", lang)
+			}
+			code, err := readProgram(args)
+			if err != nil {
+				return err
+			}
+			var limits runtime.Limits
+			if limits.MemoryBytes, err = config.ParseSize(memory); err != nil {
+				return err
+			}
+			if limits.DiskBytes, err = config.ParseSize(disk); err != nil {
+				return err
+			}
+			limits.CPUs, limits.Pids = cpus, pids
+			if err := cfg.Resolve(); err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			eng, err := openEngine(ctx, *cfg, fmt.Sprintf("cli-%d", os.Getpid()), logger())
+			if err != nil {
+				return err
+			}
+			defer eng.Close(context.Background())
+
+			sb, err := eng.Create(ctx, sandbox.CreateOptions{Template: tmpl, Limits: limits, Timeout: timeout + time.Minute})
+			if err != nil {
+				return err
+			}
+			if _, err := sb.WriteFile(ctx, interp.file, strings.NewReader(code), 0o644, 0); err != nil {
+				return err
+			}
+			res, err := sb.Run(ctx, sandbox.ProcessSpec{
+				Cmd: interp.cmd, Args: []string{interp.file},
+				TimeoutMS: timeout.Milliseconds(), MaxOutputBytes: sandbox.DefaultMaxOutput * 16,
+			}, func(ev agentproto.Event) {
+				switch ev.Type {
+				case agentproto.EventStdout:
+					os.Stdout.Write(ev.Data)
+				case agentproto.EventStderr:
+					os.Stderr.Write(ev.Data)
+				}
+			})
+			if err != nil {
+				return err
+			}
+			if stats && res.Stats != nil {
+				fmt.Fprintf(os.Stderr, "sheepfold: %.1f ms wall, %.1f ms CPU, %d KiB peak memory\n",
+					res.Stats.DurationMS, res.Stats.CPUTimeMS, res.Stats.PeakMemoryBytes>>10)
+			}
+			return exitStatus(ctx, eng, sb, res, timeout)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&lang, "lang", "l", "python", "language: python, javascript or bash")
+	f.StringVarP(&tmpl, "template", "t", "python", "template to start the sandbox from")
+	f.DurationVar(&timeout, "timeout", 30*time.Second, "wall-clock limit for the program")
+	f.StringVar(&memory, "memory", "512MiB", "memory limit")
+	f.StringVar(&disk, "disk", "256MiB", "size of the writable disk")
+	f.Float64Var(&cpus, "cpus", 1, "CPU quota in cores")
+	f.Int64Var(&pids, "pids", 256, "maximum number of processes and threads")
+	f.BoolVar(&stats, "stats", false, "print duration, CPU time and peak memory to stderr")
+	return cmd
+}
+
+func readProgram(args []string) (string, error) {
+	var r io.Reader = os.Stdin
+	if len(args) == 1 && args[0] != "-" {
+		f, err := os.Open(args[0])
+		if err != nil {
+			return "", err
+		}
+		defer f.Close()
+		r = f
+	}
+	b, err := io.ReadAll(io.LimitReader(r, 16<<20))
+	return string(b), err
+}
+
+// exitStatus turns how the program ended into ours, explaining the
+// sandbox's own interventions on stderr with their error codes.
+func exitStatus(ctx context.Context, eng *engine, sb *sandbox.Sandbox, res *sandbox.ProcessResult, timeout time.Duration) error {
+	switch {
+	case res.Status == agentproto.StatusTimeout:
+		fmt.Fprintf(os.Stderr, "sheepfold: %s: the program ran longer than %s and was killed\n", apierr.SandboxTimeout, timeout)
+		return exitError{124}
+	case res.Status == agentproto.StatusOutputLimit:
+		fmt.Fprintf(os.Stderr, "sheepfold: %s: the program's output passed the limit and it was killed\n", apierr.OutputLimit)
+		return exitError{1}
+	case res.Signal != 0:
+		if u, err := eng.rt.Usage(ctx, sb.ID); err == nil && u.OOMKills > 0 {
+			fmt.Fprintf(os.Stderr, "sheepfold: %s: the program ran out of memory (limit %d MiB) and was killed\n",
+				apierr.OutOfMemory, sb.Limits.MemoryBytes>>20)
+		}
+		return exitError{128 + res.Signal}
+	case res.ExitCode != 0:
+		return exitError{res.ExitCode}
+	}
+	return nil
+}

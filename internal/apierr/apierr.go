@@ -1,0 +1,123 @@
+// Package apierr is Sheepfold's one error model: a stable machine code, a
+// message a user may see, and the cause kept for the log only.
+//
+// Engine packages return wrapped errors and sentinels; the service boundary
+// attaches a code once (with New or Wrap); transports only render. Codes are
+// append-only and never renamed.
+package apierr
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Code is a stable machine error code.
+type Code string
+
+// The codes. Keep Status in step; never rename one.
+const (
+	BadRequest           Code = "ERR_BAD_REQUEST"
+	AuthenticationFailed Code = "ERR_AUTHENTICATION_FAILED"
+	SandboxNotFound      Code = "ERR_SANDBOX_NOT_FOUND"
+	NotFound             Code = "ERR_NOT_FOUND"
+	SandboxState         Code = "ERR_SANDBOX_STATE"
+	SandboxTimeout       Code = "ERR_SANDBOX_TIMEOUT"
+	OutOfMemory          Code = "ERR_OUT_OF_MEMORY"
+	OutputLimit          Code = "ERR_OUTPUT_LIMIT"
+	FileTooLarge         Code = "ERR_FILE_TOO_LARGE"
+	DiskFull             Code = "ERR_DISK_FULL"
+	PathNotAllowed       Code = "ERR_PATH_NOT_ALLOWED"
+	Conflict             Code = "ERR_CONFLICT"
+	UnsupportedLanguage  Code = "ERR_UNSUPPORTED_LANGUAGE"
+	TemplateNotFound     Code = "ERR_TEMPLATE_NOT_FOUND"
+	ModuleBlocked        Code = "ERR_MODULE_BLOCKED"
+	NetworkRestricted    Code = "ERR_NETWORK_RESTRICTED"
+	SessionQuotaExceeded Code = "ERR_SESSION_QUOTA_EXCEEDED"
+	RateLimited          Code = "ERR_RATE_LIMITED"
+	Capacity             Code = "ERR_CAPACITY"
+	Internal             Code = "ERR_INTERNAL"
+)
+
+// Status is the HTTP status of each code.
+var Status = map[Code]int{
+	BadRequest:           http.StatusBadRequest,
+	AuthenticationFailed: http.StatusUnauthorized,
+	SandboxNotFound:      http.StatusNotFound,
+	NotFound:             http.StatusNotFound,
+	SandboxState:         http.StatusConflict,
+	SandboxTimeout:       http.StatusRequestTimeout,
+	OutOfMemory:          http.StatusUnprocessableEntity,
+	OutputLimit:          http.StatusUnprocessableEntity,
+	FileTooLarge:         http.StatusRequestEntityTooLarge,
+	DiskFull:             http.StatusInsufficientStorage,
+	PathNotAllowed:       http.StatusForbidden,
+	Conflict:             http.StatusConflict,
+	UnsupportedLanguage:  http.StatusBadRequest,
+	TemplateNotFound:     http.StatusNotFound,
+	ModuleBlocked:        http.StatusForbidden,
+	NetworkRestricted:    http.StatusForbidden,
+	SessionQuotaExceeded: http.StatusTooManyRequests,
+	RateLimited:          http.StatusTooManyRequests,
+	Capacity:             http.StatusServiceUnavailable,
+	Internal:             http.StatusInternalServerError,
+}
+
+// Error is an error with a code. Message is safe to show to the caller;
+// Err is the cause, for logs only.
+type Error struct {
+	Code       Code
+	Message    string
+	Err        error
+	Details    map[string]any
+	RetryAfter time.Duration
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%s: %s: %v", e.Code, e.Message, e.Err)
+	}
+	return fmt.Sprintf("%s: %s", e.Code, e.Message)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// HTTPStatus is the status to send for this error.
+func (e *Error) HTTPStatus() int {
+	if s, ok := Status[e.Code]; ok {
+		return s
+	}
+	return http.StatusInternalServerError
+}
+
+// New returns an error with a code and a user-facing message.
+func New(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Wrap attaches a code and a user-facing message to a cause.
+func Wrap(err error, code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...), Err: err}
+}
+
+// From returns err as an *Error; anything uncoded becomes ERR_INTERNAL
+// with a generic message (the cause stays in Err for the log).
+func From(err error) *Error {
+	if err == nil {
+		return nil
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return &Error{Code: Internal, Message: "internal error", Err: err}
+}
+
+// CodeOf returns the code of err, or "" for nil.
+func CodeOf(err error) Code {
+	if err == nil {
+		return ""
+	}
+	return From(err).Code
+}

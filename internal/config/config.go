@@ -1,0 +1,85 @@
+// Package config holds the settings every sheepfold command shares, with
+// their defaults, loaded from the environment and then flags.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Config is where things live on the host.
+type Config struct {
+	// DataDir holds templates, runtime state and (for the server) the
+	// database. [/var/lib/sheepfold; SHEEPFOLD_DATA_DIR]
+	DataDir string
+	// RuntimePath is the OCI runtime binary. Debian's runc 1.1.5 lacks the
+	// November 2025 fixes, so the default is the one `make setup` builds.
+	// [DataDir/bin/runc; SHEEPFOLD_RUNTIME]
+	RuntimePath string
+	// AgentPath is the static agent binary mounted into every sandbox.
+	// [sheepfold-agent beside this executable, else DataDir/bin/sheepfold-agent; SHEEPFOLD_AGENT]
+	AgentPath string
+}
+
+// FromEnv returns the defaults overridden by the environment.
+func FromEnv() Config {
+	c := Config{
+		DataDir:     os.Getenv("SHEEPFOLD_DATA_DIR"),
+		RuntimePath: os.Getenv("SHEEPFOLD_RUNTIME"),
+		AgentPath:   os.Getenv("SHEEPFOLD_AGENT"),
+	}
+	return c
+}
+
+// ResolveDataDir makes DataDir absolute, defaulting it.
+func (c *Config) ResolveDataDir() error {
+	if c.DataDir == "" {
+		c.DataDir = "/var/lib/sheepfold"
+	}
+	abs, err := filepath.Abs(c.DataDir)
+	if err != nil {
+		return err
+	}
+	c.DataDir = abs
+	return nil
+}
+
+// Resolve fills defaults for empty fields and checks that the binaries exist.
+func (c *Config) Resolve() error {
+	if err := c.ResolveDataDir(); err != nil {
+		return err
+	}
+	if c.RuntimePath == "" {
+		c.RuntimePath = filepath.Join(c.DataDir, "bin", "runc")
+	}
+	if c.AgentPath == "" {
+		c.AgentPath = filepath.Join(c.DataDir, "bin", "sheepfold-agent")
+		if exe, err := os.Executable(); err == nil {
+			beside := filepath.Join(filepath.Dir(exe), "sheepfold-agent")
+			if _, err := os.Stat(beside); err == nil {
+				c.AgentPath = beside
+			}
+		}
+	}
+	for name, p := range map[string]string{"runtime": c.RuntimePath, "agent": c.AgentPath} {
+		if _, err := os.Stat(p); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("%s binary %s not found: run `make setup` (or set SHEEPFOLD_%s)", name, p, envName(name))
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+func envName(name string) string {
+	if name == "runtime" {
+		return "RUNTIME"
+	}
+	return "AGENT"
+}
+
+// StateDir is where runtimes keep per-instance state.
+func (c Config) StateDir() string { return filepath.Join(c.DataDir, "run") }

@@ -1,0 +1,115 @@
+// Package fake is a runtime.Runtime for tests: it runs the real agent as a
+// plain child process on the host, with its file operations confined to a
+// temporary root, and no isolation at all. Use it to test the engine and
+// the transports without root; never to run untrusted code.
+package fake
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/runtime"
+)
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// Runtime starts agents as host processes.
+type Runtime struct {
+	AgentBin string // the agent binary
+	Dir      string // each sandbox gets Dir/<id>, with root/ and agent.sock
+
+	// mu guards procs.
+	mu    sync.Mutex
+	procs map[string]*exec.Cmd
+}
+
+// Name implements runtime.Runtime.
+func (r *Runtime) Name() string { return "fake" }
+
+// Create implements runtime.Runtime.
+func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance, error) {
+	dir := filepath.Join(r.Dir, s.ID)
+	home := filepath.Join(dir, "root", "home", "user")
+	if err := os.MkdirAll(home, 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "root", "tmp"), 0o1777); err != nil {
+		return nil, err
+	}
+	sock := filepath.Join(dir, "agent.sock")
+	cmd := exec.Command(r.AgentBin, "serve", "--listen", sock, "--root", filepath.Join(dir, "root"), "--home", home)
+	cmd.Dir = home
+	cmd.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "LANG=C.UTF-8"}, s.Env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	logf, err := os.Create(filepath.Join(dir, "agent.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	if r.procs == nil {
+		r.procs = map[string]*exec.Cmd{}
+	}
+	r.procs[s.ID] = cmd
+	r.mu.Unlock()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			r.Destroy(ctx, s.ID)
+			b, _ := os.ReadFile(logf.Name())
+			return nil, fmt.Errorf("fake agent did not listen: %s", b)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return &runtime.Instance{ID: s.ID, Socket: sock, PID: cmd.Process.Pid}, nil
+}
+
+// Destroy implements runtime.Runtime: it kills the agent's process group.
+func (r *Runtime) Destroy(_ context.Context, id string) error {
+	r.mu.Lock()
+	cmd, ok := r.procs[id]
+	delete(r.procs, id)
+	r.mu.Unlock()
+	if ok {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	}
+	if err := os.RemoveAll(filepath.Join(r.Dir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// Usage implements runtime.Runtime; the fake measures nothing.
+func (r *Runtime) Usage(_ context.Context, id string) (runtime.Usage, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.procs[id]; !ok {
+		return runtime.Usage{}, runtime.ErrNotFound
+	}
+	return runtime.Usage{}, nil
+}
+
+// List implements runtime.Runtime.
+func (r *Runtime) List(context.Context) ([]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ids := make([]string, 0, len(r.procs))
+	for id := range r.procs {
+		ids = append(ids, id)
+	}
+	return ids, nil
+}

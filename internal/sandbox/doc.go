@@ -1,0 +1,14 @@
+// Package sandbox is the engine: it creates sandboxes through a
+// runtime.Runtime, talks to the agent inside each one, runs code, commands
+// and file operations there, and enforces lifetimes.
+//
+// A sandbox moves through the states Starting → Running → Stopping →
+// Stopped, one way only; an operation on a sandbox that is not Running
+// fails with ERR_SANDBOX_STATE. Errors that reach callers carry an
+// apierr code; the agent is treated as untrusted (it runs with the
+// sandboxed code's uid), so nothing it says is believed beyond its own
+// sandbox.
+//
+// Imports: runtime, agentproto, apierr and the standard library; never
+// net/http, never a transport.
+package sandbox

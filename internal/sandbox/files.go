@@ -1,0 +1,98 @@
+package sandbox
+
+import (
+	"context"
+	"io"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+)
+
+// FileInfo describes a path inside a sandbox.
+type FileInfo = agentproto.FileInfo
+
+// Paths are resolved by the agent inside the sandbox: relative ones under
+// /home/user, and neither ".." nor symlinks lead out of the sandbox's root.
+
+// ReadFile copies a file of the sandbox into w; limit > 0 refuses larger files.
+func (s *Sandbox) ReadFile(ctx context.Context, path string, w io.Writer, limit int64) (FileInfo, error) {
+	var info FileInfo
+	err := s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileRead, Path: path, Limit: limit}, nil,
+		func(ev agentproto.Event) error {
+			if ev.Type == agentproto.EventFile && ev.Entry != nil {
+				info = *ev.Entry
+			}
+			return nil
+		}, func(p []byte) error {
+			_, err := w.Write(p)
+			return err
+		}, nil)
+	return info, err
+}
+
+// WriteFile writes r to a file of the sandbox, creating its parents. The
+// file appears whole or not at all. mode 0 means 0644; limit > 0 refuses
+// bodies larger than that with ERR_FILE_TOO_LARGE.
+func (s *Sandbox) WriteFile(ctx context.Context, path string, r io.Reader, mode uint32, limit int64) (FileInfo, error) {
+	var done agentproto.Event
+	err := s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileWrite, Path: path, Mode: mode, Limit: limit}, r, nil, nil, &done)
+	return entry(done), err
+}
+
+// ListDir lists a directory; depth 1 lists its children, more recurses.
+func (s *Sandbox) ListDir(ctx context.Context, path string, depth int) ([]FileInfo, error) {
+	var done agentproto.Event
+	err := s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileList, Path: path, Depth: depth}, nil, nil, nil, &done)
+	if done.Entries == nil {
+		done.Entries = []FileInfo{}
+	}
+	return done.Entries, err
+}
+
+// Stat describes one path.
+func (s *Sandbox) Stat(ctx context.Context, path string) (FileInfo, error) {
+	var done agentproto.Event
+	err := s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileStat, Path: path}, nil, nil, nil, &done)
+	return entry(done), err
+}
+
+// MakeDir creates a directory and its parents.
+func (s *Sandbox) MakeDir(ctx context.Context, path string) (FileInfo, error) {
+	var done agentproto.Event
+	err := s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileMkdir, Path: path}, nil, nil, nil, &done)
+	return entry(done), err
+}
+
+// Remove deletes a file, or a directory with everything in it.
+func (s *Sandbox) Remove(ctx context.Context, path string) error {
+	return s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileRemove, Path: path}, nil, nil, nil, nil)
+}
+
+// Move renames a path, creating the target's parents.
+func (s *Sandbox) Move(ctx context.Context, from, to string) (FileInfo, error) {
+	var done agentproto.Event
+	err := s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileMove, Path: from, NewPath: to}, nil, nil, nil, &done)
+	return entry(done), err
+}
+
+func (s *Sandbox) fileCall(ctx context.Context, req agentproto.Request, body io.Reader,
+	onEvent func(agentproto.Event) error, onData func([]byte) error, done *agentproto.Event) error {
+	if err := s.running(); err != nil {
+		return err
+	}
+	if req.Path == "" {
+		return apierr.New(apierr.BadRequest, "path is required")
+	}
+	ev, err := s.agent.call(ctx, req, body, onEvent, onData)
+	if done != nil {
+		*done = ev
+	}
+	return s.gone(err)
+}
+
+func entry(ev agentproto.Event) FileInfo {
+	if ev.Entry == nil {
+		return FileInfo{}
+	}
+	return *ev.Entry
+}

@@ -1,0 +1,356 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+)
+
+// Templates resolves a template name to its root filesystem.
+type Templates interface {
+	RootFS(name string) (string, error)
+}
+
+// TemplatesFunc adapts a function to Templates.
+type TemplatesFunc func(name string) (string, error)
+
+// RootFS implements Templates.
+func (f TemplatesFunc) RootFS(name string) (string, error) { return f(name) }
+
+// Config configures a Manager. Zero fields take the defaults in brackets.
+type Config struct {
+	Runtime   runtime.Runtime
+	Templates Templates
+
+	DefaultTemplate string         // ["python"]
+	DefaultTimeout  time.Duration  // a sandbox's lifetime [5m]
+	MaxTimeout      time.Duration  // the longest lifetime one may ask for [24h]
+	DefaultLimits   runtime.Limits // [512 MiB memory, 1 CPU, 256 pids, 256 MiB disk]
+	MaxLimits       runtime.Limits // the most one sandbox may ask for [8 GiB, 2 CPUs, 4096 pids, 8 GiB]
+	MaxSandboxes    int            // running at once [64]
+	AgentTimeout    time.Duration  // how long a new agent may take to answer [10s]
+	Logger          *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.Runtime == nil || c.Templates == nil {
+		return errors.New("sandbox: Runtime and Templates are required")
+	}
+	if c.DefaultTemplate == "" {
+		c.DefaultTemplate = "python"
+	}
+	if c.DefaultTimeout <= 0 {
+		c.DefaultTimeout = 5 * time.Minute
+	}
+	if c.MaxTimeout <= 0 {
+		c.MaxTimeout = 24 * time.Hour
+	}
+	def := runtime.Limits{MemoryBytes: 512 << 20, CPUs: 1, Pids: 256, DiskBytes: 256 << 20}
+	c.DefaultLimits = fillLimits(c.DefaultLimits, def)
+	c.MaxLimits = fillLimits(c.MaxLimits, runtime.Limits{MemoryBytes: 8 << 30, CPUs: 2, Pids: 4096, DiskBytes: 8 << 30})
+	if c.MaxSandboxes <= 0 {
+		c.MaxSandboxes = 64
+	}
+	if c.AgentTimeout <= 0 {
+		c.AgentTimeout = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+func fillLimits(l, def runtime.Limits) runtime.Limits {
+	if l.MemoryBytes <= 0 {
+		l.MemoryBytes = def.MemoryBytes
+	}
+	if l.CPUs <= 0 {
+		l.CPUs = def.CPUs
+	}
+	if l.Pids <= 0 {
+		l.Pids = def.Pids
+	}
+	if l.DiskBytes <= 0 {
+		l.DiskBytes = def.DiskBytes
+	}
+	return l
+}
+
+// Manager owns every sandbox of one engine.
+type Manager struct {
+	cfg Config
+	log *slog.Logger
+
+	// mu guards sandboxes and closed.
+	mu        sync.Mutex
+	sandboxes map[string]*Sandbox
+	closed    bool
+}
+
+// New returns a Manager. It first destroys every sandbox the runtime still
+// holds: sandboxes do not outlive the engine that made them, so anything
+// found at start is left over from a crash.
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	m := &Manager{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*Sandbox{}}
+	if err := m.reconcile(ctx); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *Manager) reconcile(ctx context.Context) error {
+	ids, err := m.cfg.Runtime.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list leftover sandboxes: %w", err)
+	}
+	var errs []error
+	for _, id := range ids {
+		m.log.Warn("destroying sandbox left over from an earlier run", "sandbox", id)
+		if err := m.cfg.Runtime.Destroy(ctx, id); err != nil {
+			errs = append(errs, fmt.Errorf("destroy leftover %s: %w", id, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// CreateOptions describe a new sandbox. Zero fields take the Manager's defaults.
+type CreateOptions struct {
+	Template string
+	Timeout  time.Duration
+	Limits   runtime.Limits
+	ReadOnly bool
+	Env      map[string]string
+	Metadata map[string]string
+}
+
+// Create starts a sandbox and returns once its agent answers.
+func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, error) {
+	if opt.Template == "" {
+		opt.Template = m.cfg.DefaultTemplate
+	}
+	if opt.Timeout == 0 {
+		opt.Timeout = m.cfg.DefaultTimeout
+	}
+	if opt.Timeout < 0 || opt.Timeout > m.cfg.MaxTimeout {
+		return nil, apierr.New(apierr.BadRequest, "timeout must be between 1s and %s", m.cfg.MaxTimeout)
+	}
+	limits := fillLimits(opt.Limits, m.cfg.DefaultLimits)
+	if err := checkLimits(limits, m.cfg.MaxLimits); err != nil {
+		return nil, err
+	}
+	env, err := envList(opt.Env)
+	if err != nil {
+		return nil, err
+	}
+	rootfs, err := m.cfg.Templates.RootFS(opt.Template)
+	if err != nil {
+		return nil, apierr.Wrap(err, apierr.TemplateNotFound, "template %q is not available: %v", opt.Template, err)
+	}
+
+	s := &Sandbox{
+		ID: newID(), Template: opt.Template, Limits: limits, ReadOnly: opt.ReadOnly,
+		Env: opt.Env, Metadata: opt.Metadata, Created: time.Now(), m: m, state: StateStarting,
+	}
+	m.mu.Lock()
+	switch {
+	case m.closed:
+		m.mu.Unlock()
+		return nil, apierr.New(apierr.Capacity, "the engine is shutting down")
+	case len(m.sandboxes) >= m.cfg.MaxSandboxes:
+		m.mu.Unlock()
+		return nil, &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
+			Message: fmt.Sprintf("all %d sandbox slots are in use", m.cfg.MaxSandboxes)}
+	}
+	m.sandboxes[s.ID] = s
+	m.mu.Unlock()
+
+	inst, err := m.cfg.Runtime.Create(ctx, runtime.Spec{
+		ID: s.ID, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: env,
+	})
+	if err != nil {
+		m.forget(s.ID)
+		return nil, apierr.Wrap(err, apierr.Internal, "could not start the sandbox")
+	}
+	s.agent = agentClient{socket: inst.Socket}
+	if err := s.waitAgent(ctx, m.cfg.AgentTimeout); err != nil {
+		m.destroy(s, "failed to start")
+		return nil, apierr.Wrap(err, apierr.Internal, "the sandbox agent did not start")
+	}
+	s.mu.Lock()
+	s.state = StateRunning
+	s.deadline = time.Now().Add(opt.Timeout)
+	s.timer = time.AfterFunc(opt.Timeout, func() { m.expire(s) })
+	s.mu.Unlock()
+	m.log.Info("sandbox created", "sandbox", s.ID, "template", s.Template)
+	return s, nil
+}
+
+// waitAgent pings the agent until it answers.
+func (s *Sandbox) waitAgent(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		ev, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpPing}, nil, nil, nil)
+		if err == nil {
+			if ev.Agent == nil || ev.Agent.ProtocolVersion != agentproto.ProtocolVersion {
+				return fmt.Errorf("agent speaks another protocol version: %+v", ev.Agent)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%w (last error: %v)", ctx.Err(), err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func checkLimits(l, max runtime.Limits) error {
+	switch {
+	case l.MemoryBytes < 32<<20 || l.MemoryBytes > max.MemoryBytes:
+		return apierr.New(apierr.BadRequest, "memory must be between 32 MiB and %d MiB", max.MemoryBytes>>20)
+	case l.DiskBytes < 1<<20 || l.DiskBytes > max.DiskBytes:
+		return apierr.New(apierr.BadRequest, "disk must be between 1 MiB and %d MiB", max.DiskBytes>>20)
+	case l.Pids < 8 || l.Pids > max.Pids:
+		return apierr.New(apierr.BadRequest, "pids must be between 8 and %d", max.Pids)
+	case l.CPUs < 0.05 || l.CPUs > max.CPUs:
+		return apierr.New(apierr.BadRequest, "cpus must be between 0.05 and %g", max.CPUs)
+	}
+	return nil
+}
+
+func envList(env map[string]string) ([]string, error) {
+	keys := slices.Sorted(maps.Keys(env))
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(env[k], 0) {
+			return nil, apierr.New(apierr.BadRequest, "invalid environment variable %q", k)
+		}
+		out = append(out, k+"="+env[k])
+	}
+	return out, nil
+}
+
+// newID returns a random sandbox id: 20 lowercase hex characters.
+func newID() string {
+	var b [10]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// Get returns a sandbox that is still known to the Manager.
+func (m *Manager) Get(id string) (*Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.sandboxes[id]
+	if !ok {
+		return nil, apierr.New(apierr.SandboxNotFound, "sandbox %q not found", id)
+	}
+	return s, nil
+}
+
+// List returns every sandbox, oldest first.
+func (m *Manager) List() []Info {
+	m.mu.Lock()
+	out := make([]Info, 0, len(m.sandboxes))
+	for _, s := range m.sandboxes {
+		out = append(out, s.Info())
+	}
+	m.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out
+}
+
+// Kill stops a sandbox and removes everything it had.
+func (m *Manager) Kill(ctx context.Context, id string) error {
+	s, err := m.Get(id)
+	if err != nil {
+		return err
+	}
+	return m.destroy(s, "killed")
+}
+
+func (m *Manager) expire(s *Sandbox) {
+	m.log.Info("sandbox timed out", "sandbox", s.ID)
+	_ = m.destroy(s, "timed out")
+}
+
+// destroy takes a sandbox down; only the first caller does the work.
+func (m *Manager) destroy(s *Sandbox, reason string) error {
+	if !s.transition(StateStopping) {
+		return nil
+	}
+	s.mu.Lock()
+	s.stopReason = reason
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+	s.mu.Unlock()
+	// Destroying must finish even if the caller has gone away.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := m.cfg.Runtime.Destroy(ctx, s.ID)
+	s.transition(StateStopped)
+	m.forget(s.ID)
+	if err != nil {
+		m.log.Error("destroy sandbox", "sandbox", s.ID, "err", err)
+		return apierr.Wrap(err, apierr.Internal, "could not clean up sandbox %s", s.ID)
+	}
+	m.log.Info("sandbox stopped", "sandbox", s.ID, "reason", reason)
+	return nil
+}
+
+func (m *Manager) forget(id string) {
+	m.mu.Lock()
+	delete(m.sandboxes, id)
+	m.mu.Unlock()
+}
+
+// Close stops accepting sandboxes and destroys every one still running.
+func (m *Manager) Close(ctx context.Context) error {
+	m.mu.Lock()
+	m.closed = true
+	all := slices.Collect(maps.Values(m.sandboxes))
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	errs := make([]error, len(all))
+	for i, s := range all {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = m.destroy(s, "engine shut down")
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// gone marks a sandbox whose agent stopped answering and cleans it up.
+func (s *Sandbox) gone(err error) error {
+	if !errors.Is(err, errAgentGone) {
+		return err
+	}
+	reason := "the sandbox stopped unexpectedly"
+	if u, uerr := s.m.cfg.Runtime.Usage(context.Background(), s.ID); uerr == nil && u.OOMKills > 0 {
+		reason = "the sandbox ran out of memory"
+	}
+	_ = s.m.destroy(s, reason)
+	return apierr.Wrap(err, apierr.SandboxState, "%s", reason)
+}

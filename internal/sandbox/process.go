@@ -1,0 +1,177 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+)
+
+// ProcessSpec describes a command to run in a sandbox.
+type ProcessSpec = agentproto.ProcessSpec
+
+// ProcessResult is how a process ended.
+type ProcessResult struct {
+	PID       int               `json:"pid"`
+	ExitCode  int               `json:"exit_code"`
+	Signal    int               `json:"signal,omitempty"`
+	Status    string            `json:"status,omitempty"` // "timeout" or "output_limit" when the agent stopped it
+	Truncated bool              `json:"truncated,omitempty"`
+	Stats     *agentproto.Stats `json:"stats,omitempty"`
+}
+
+// Run starts a command and streams its events (start, stdout, stderr) to
+// onEvent until it ends. Cancelling ctx stops the streaming, not the
+// process: use Signal to stop it.
+func (s *Sandbox) Run(ctx context.Context, spec ProcessSpec, onEvent func(agentproto.Event)) (*ProcessResult, error) {
+	if err := s.running(); err != nil {
+		return nil, err
+	}
+	if spec.Cmd == "" {
+		return nil, apierr.New(apierr.BadRequest, "cmd is required")
+	}
+	res := &ProcessResult{}
+	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpProcessStart, Process: &spec}, nil,
+		func(ev agentproto.Event) error {
+			if ev.Type == agentproto.EventStart {
+				res.PID = ev.PID
+			}
+			if onEvent != nil {
+				onEvent(ev)
+			}
+			return nil
+		}, nil)
+	if err != nil {
+		return nil, s.gone(err)
+	}
+	return finish(res, done), nil
+}
+
+// errStarted stops reading a process's stream once it has started.
+var errStarted = errors.New("started")
+
+// Start starts a command in the background and returns its pid.
+func (s *Sandbox) Start(ctx context.Context, spec ProcessSpec) (int, error) {
+	if err := s.running(); err != nil {
+		return 0, err
+	}
+	if spec.Cmd == "" {
+		return 0, apierr.New(apierr.BadRequest, "cmd is required")
+	}
+	pid := 0
+	_, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpProcessStart, Process: &spec}, nil,
+		func(ev agentproto.Event) error {
+			if ev.Type == agentproto.EventStart {
+				pid = ev.PID
+				return errStarted
+			}
+			return nil
+		}, nil)
+	if errors.Is(err, errStarted) {
+		return pid, nil
+	}
+	if err == nil {
+		return 0, apierr.New(apierr.Internal, "the process ended before it started")
+	}
+	return 0, s.gone(err)
+}
+
+// Connect streams a running process's output from now until it ends.
+func (s *Sandbox) Connect(ctx context.Context, pid int, onEvent func(agentproto.Event)) (*ProcessResult, error) {
+	if err := s.running(); err != nil {
+		return nil, err
+	}
+	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpProcessConnect, PID: pid}, nil,
+		func(ev agentproto.Event) error {
+			if onEvent != nil {
+				onEvent(ev)
+			}
+			return nil
+		}, nil)
+	if err != nil {
+		return nil, s.gone(err)
+	}
+	return finish(&ProcessResult{PID: pid}, done), nil
+}
+
+func finish(res *ProcessResult, done agentproto.Event) *ProcessResult {
+	if done.ExitCode != nil {
+		res.ExitCode = *done.ExitCode
+	}
+	res.Signal = done.Signal
+	if done.Status == agentproto.StatusTimeout || done.Status == agentproto.StatusOutputLimit {
+		res.Status = done.Status
+	}
+	res.Truncated = done.Truncated
+	res.Stats = done.Stats
+	return res
+}
+
+// SendInput writes to a process's stdin (started with Stdin: true); eof closes it.
+func (s *Sandbox) SendInput(ctx context.Context, pid int, data []byte, eof bool) error {
+	return s.simple(ctx, agentproto.Request{Op: agentproto.OpProcessInput, PID: pid, Data: data, EOF: eof}, nil)
+}
+
+// Signal sends a signal to a process's group.
+func (s *Sandbox) Signal(ctx context.Context, pid, signal int) error {
+	return s.simple(ctx, agentproto.Request{Op: agentproto.OpProcessSignal, PID: pid, Signal: signal}, nil)
+}
+
+// Processes lists the processes started through the agent that still run.
+func (s *Sandbox) Processes(ctx context.Context) ([]agentproto.ProcessInfo, error) {
+	var done agentproto.Event
+	err := s.simple(ctx, agentproto.Request{Op: agentproto.OpProcessList}, &done)
+	if done.Processes == nil {
+		done.Processes = []agentproto.ProcessInfo{}
+	}
+	return done.Processes, err
+}
+
+// CreateContext starts a code context.
+func (s *Sandbox) CreateContext(ctx context.Context, spec agentproto.ContextSpec) (agentproto.ContextInfo, error) {
+	var done agentproto.Event
+	err := s.simple(ctx, agentproto.Request{Op: agentproto.OpContextCreate, Context: &spec}, &done)
+	return contextInfo(done), err
+}
+
+// Contexts lists the sandbox's code contexts.
+func (s *Sandbox) Contexts(ctx context.Context) ([]agentproto.ContextInfo, error) {
+	var done agentproto.Event
+	err := s.simple(ctx, agentproto.Request{Op: agentproto.OpContextList}, &done)
+	if done.Contexts == nil {
+		done.Contexts = []agentproto.ContextInfo{}
+	}
+	return done.Contexts, err
+}
+
+// RestartContext restarts a context's interpreter: its state is gone.
+func (s *Sandbox) RestartContext(ctx context.Context, id string) (agentproto.ContextInfo, error) {
+	var done agentproto.Event
+	err := s.simple(ctx, agentproto.Request{Op: agentproto.OpContextRestart, ContextID: id}, &done)
+	return contextInfo(done), err
+}
+
+// DeleteContext stops a context.
+func (s *Sandbox) DeleteContext(ctx context.Context, id string) error {
+	return s.simple(ctx, agentproto.Request{Op: agentproto.OpContextDelete, ContextID: id}, nil)
+}
+
+func contextInfo(ev agentproto.Event) agentproto.ContextInfo {
+	if ev.Context == nil {
+		return agentproto.ContextInfo{}
+	}
+	return *ev.Context
+}
+
+// simple sends a request that streams nothing and keeps its Done.
+func (s *Sandbox) simple(ctx context.Context, req agentproto.Request, done *agentproto.Event) error {
+	if err := s.running(); err != nil {
+		return err
+	}
+	ev, err := s.agent.call(ctx, req, nil, nil, nil)
+	if done != nil {
+		*done = ev
+	}
+	return s.gone(err)
+}

@@ -1,0 +1,202 @@
+package sandbox_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/testutil"
+)
+
+const testCgroupParent = "sheepfold-test"
+
+// runcEngine is a Manager on the real runc runtime with its own state dir
+// and cgroup instance; its cleanup destroys everything and checks that no
+// mount, cgroup or process of it is left.
+func runcEngine(t *testing.T) *sandbox.Manager {
+	t.Helper()
+	testutil.RequireRoot(t)
+	rootfs := testutil.TemplateRootFS(t, "python")
+	state := testutil.ShortTempDir(t)
+	if err := os.Chmod(state, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	var b [4]byte
+	rand.Read(b[:])
+	instance := "t" + hex.EncodeToString(b[:])
+	rt, err := oci.New(oci.Config{
+		RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
+		CgroupParent: testCgroupParent, Instance: instance,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := sandbox.New(context.Background(), sandbox.Config{
+		Runtime: rt,
+		Templates: sandbox.TemplatesFunc(func(name string) (string, error) {
+			if name != "python" {
+				return "", os.ErrNotExist
+			}
+			return rootfs, nil
+		}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(context.Background()); err != nil {
+			t.Errorf("close manager: %v", err)
+		}
+		if err := rt.Close(); err != nil {
+			t.Errorf("close runtime: %v", err)
+		}
+		assertNoLeaks(t, state, instance)
+	})
+	return m
+}
+
+// assertNoLeaks checks the host for anything of one engine instance.
+func assertNoLeaks(t *testing.T, state, instance string) {
+	t.Helper()
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if bytes.Contains(mounts, []byte(state)) {
+		t.Errorf("mounts left under %s", state)
+	}
+	for _, m := range []string{"memory", "pids", "cpu", "freezer", "unified", ""} {
+		d := filepath.Join("/sys/fs/cgroup", m, testCgroupParent, instance)
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("cgroup left: %s", d)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(state, instance)); err == nil {
+		t.Errorf("state dir left: %s", filepath.Join(state, instance))
+	}
+	// A cgroup cannot be removed while a process is in it, so no cgroup
+	// left also means no sandbox process left.
+}
+
+func newSandbox(t *testing.T, m *sandbox.Manager, opt sandbox.CreateOptions) *sandbox.Sandbox {
+	t.Helper()
+	s, err := m.Create(context.Background(), opt)
+	if err != nil {
+		t.Fatalf("create sandbox: %v", err)
+	}
+	t.Cleanup(func() { _ = m.Kill(context.Background(), s.ID) })
+	return s
+}
+
+func run(t *testing.T, s *sandbox.Sandbox, lang, code string) *sandbox.Execution {
+	t.Helper()
+	return runReq(t, s, sandbox.ExecuteRequest{Language: lang, Code: code})
+}
+
+func runReq(t *testing.T, s *sandbox.Sandbox, req sandbox.ExecuteRequest) *sandbox.Execution {
+	t.Helper()
+	ex, err := s.Execute(context.Background(), req, nil)
+	if err != nil {
+		t.Fatalf("execute %q: %v", req.Code, err)
+	}
+	return ex
+}
+
+func mainText(ex *sandbox.Execution) string {
+	for _, r := range ex.Results {
+		if r.IsMainResult {
+			return r.Text
+		}
+	}
+	return ""
+}
+
+func TestRuncStatefulPython(t *testing.T) {
+	m := runcEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{})
+	if ex := run(t, s, "python", "x = 41"); ex.Status != sandbox.ExecSuccess {
+		t.Fatalf("x = 41: %+v", ex)
+	}
+	if ex := run(t, s, "python", "x + 1"); mainText(ex) != "42" {
+		t.Fatalf("x + 1 = %q, want 42 (%+v)", mainText(ex), ex)
+	}
+	ex := run(t, s, "python", "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('stock')\nplt.show()")
+	if ex.Status != sandbox.ExecSuccess || len(ex.Results) == 0 || ex.Results[0].PNG == "" {
+		t.Fatalf("matplotlib: no PNG result: %+v", ex)
+	}
+	if !strings.HasPrefix(ex.Results[0].PNG, "iVBORw0KGgo") { // base64 of the PNG magic
+		t.Fatalf("result is not a PNG: %.20s", ex.Results[0].PNG)
+	}
+	ex = run(t, s, "python", "import pandas as pd\npd.DataFrame({'country': ['DE', 'FR'], 'amount': [10, 20]})")
+	if len(ex.Results) == 0 || !strings.Contains(ex.Results[0].HTML, "<table") || !strings.Contains(ex.Results[0].Text, "country") {
+		t.Fatalf("DataFrame: want html and text: %+v", ex)
+	}
+	ex = run(t, s, "python", "def f():\n    raise ValueError('bad input')\nf()")
+	if ex.Status != sandbox.ExecError || ex.Error == nil || ex.Error.Name != "ValueError" ||
+		ex.Error.Value != "bad input" || !strings.Contains(ex.Error.Traceback, "f()") {
+		t.Fatalf("exception: %+v", ex.Error)
+	}
+}
+
+func TestRuncJavaScriptAndBash(t *testing.T) {
+	m := runcEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{})
+	run(t, s, "javascript", "let n = 20")
+	if ex := run(t, s, "javascript", "console.log('hi'); n * 2 + 2"); mainText(ex) != "42" || ex.Stdout != "hi\n" {
+		t.Fatalf("javascript state: %q %q", mainText(ex), ex.Stdout)
+	}
+	run(t, s, "bash", "cd /tmp && GREETING=hello")
+	if ex := run(t, s, "bash", `echo "$GREETING from $(pwd)"`); ex.Stdout != "hello from /tmp\n" {
+		t.Fatalf("bash state: %q", ex.Stdout)
+	}
+}
+
+func TestRuncTimeoutKeepsSandboxUsable(t *testing.T) {
+	m := runcEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{})
+	start := time.Now()
+	ex := runReq(t, s, sandbox.ExecuteRequest{Code: "while True:\n    pass", Timeout: time.Second})
+	if ex.Status != sandbox.ExecTimeout || ex.ErrorCode != "ERR_SANDBOX_TIMEOUT" {
+		t.Fatalf("want timeout, got %+v", ex)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("timeout took %s", d)
+	}
+	if ex := run(t, s, "python", "6 * 7"); mainText(ex) != "42" {
+		t.Fatalf("sandbox unusable after timeout: %+v", ex)
+	}
+}
+
+func TestRuncOutputCap(t *testing.T) {
+	m := runcEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{})
+	ex := runReq(t, s, sandbox.ExecuteRequest{Code: "while True:\n    print('x' * 1000)", MaxOutput: 64 << 10, Timeout: 20 * time.Second})
+	if ex.ErrorCode != "ERR_OUTPUT_LIMIT" || !ex.Truncated || len(ex.Stdout) > 64<<10 || len(ex.Stdout) < 32<<10 {
+		t.Fatalf("want output cap at 64 KiB: code %q truncated %v len %d", ex.ErrorCode, ex.Truncated, len(ex.Stdout))
+	}
+	if ex := run(t, s, "python", "1 + 1"); mainText(ex) != "2" {
+		t.Fatalf("sandbox unusable after output cap: %+v", ex)
+	}
+}
+
+func TestRuncMemoryBomb(t *testing.T) {
+	m := runcEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{MemoryBytes: 192 << 20}})
+	other := newSandbox(t, m, sandbox.CreateOptions{})
+	ex := runReq(t, s, sandbox.ExecuteRequest{Code: "a = []\nwhile True:\n    a.append(bytearray(16 << 20))", Timeout: 30 * time.Second})
+	if ex.Status != sandbox.ExecError || ex.ErrorCode != "ERR_OUT_OF_MEMORY" || ex.Error == nil || ex.Error.Name != "OutOfMemoryError" {
+		t.Fatalf("want out of memory, got status %s code %q error %+v", ex.Status, ex.ErrorCode, ex.Error)
+	}
+	if ex := run(t, other, "python", "sum(range(10))"); mainText(ex) != "45" {
+		t.Fatalf("neighbour sandbox broken: %+v", ex)
+	}
+	if ex := run(t, s, "python", "'still ' + 'here'"); mainText(ex) != "'still here'" {
+		t.Fatalf("sandbox unusable after OOM: %+v", ex)
+	}
+}

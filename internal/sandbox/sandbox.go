@@ -1,0 +1,133 @@
+package sandbox
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+)
+
+// State is where a sandbox is in its life.
+type State string
+
+// The states, in the only order a sandbox passes through them.
+const (
+	StateStarting State = "starting"
+	StateRunning  State = "running"
+	StateStopping State = "stopping"
+	StateStopped  State = "stopped"
+)
+
+// Sandbox is one running sandbox. Its methods are safe for concurrent use.
+type Sandbox struct {
+	ID       string
+	Template string
+	Limits   runtime.Limits
+	ReadOnly bool
+	Env      map[string]string
+	Metadata map[string]string
+	Created  time.Time
+
+	m     *Manager
+	agent agentClient
+
+	// mu guards the fields below.
+	mu         sync.Mutex
+	state      State
+	deadline   time.Time
+	timer      *time.Timer
+	stopReason string
+}
+
+// Info is a snapshot of a sandbox for listings.
+type Info struct {
+	ID         string            `json:"id"`
+	Template   string            `json:"template"`
+	State      State             `json:"state"`
+	Created    time.Time         `json:"created_at"`
+	Deadline   time.Time         `json:"expires_at"`
+	Limits     runtime.Limits    `json:"limits"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+	StopReason string            `json:"stop_reason,omitempty"`
+}
+
+// Info returns a snapshot of the sandbox.
+func (s *Sandbox) Info() Info {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Info{
+		ID: s.ID, Template: s.Template, State: s.state, Created: s.Created,
+		Deadline: s.deadline, Limits: s.Limits, Metadata: s.Metadata, StopReason: s.stopReason,
+	}
+}
+
+// State returns the sandbox's state.
+func (s *Sandbox) State() State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+// Deadline is when the sandbox will be stopped unless extended.
+func (s *Sandbox) Deadline() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.deadline
+}
+
+// running fails unless the sandbox can take work.
+func (s *Sandbox) running() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StateRunning {
+		msg := fmt.Sprintf("sandbox %s is %s", s.ID, s.state)
+		if s.stopReason != "" {
+			msg += " (" + s.stopReason + ")"
+		}
+		return apierr.New(apierr.SandboxState, "%s", msg)
+	}
+	return nil
+}
+
+// transition moves the sandbox forward; it refuses to go back.
+func (s *Sandbox) transition(to State) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if order(to) <= order(s.state) {
+		return false
+	}
+	s.state = to
+	return true
+}
+
+func order(st State) int {
+	switch st {
+	case StateStarting:
+		return 0
+	case StateRunning:
+		return 1
+	case StateStopping:
+		return 2
+	default:
+		return 3
+	}
+}
+
+// SetTimeout moves the sandbox's deadline to d from now.
+func (s *Sandbox) SetTimeout(d time.Duration) error {
+	if d <= 0 {
+		return apierr.New(apierr.BadRequest, "timeout must be positive")
+	}
+	if err := s.running(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.deadline = time.Now().Add(d)
+	if s.timer != nil {
+		s.timer.Reset(d)
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+// Package testutil holds helpers shared by tests: root gating, building
+// the agent, and finding the runtime and templates that privileged tests
+// need. As root (as in CI) a missing runtime or template fails the test; it
+// never skips silently.
+package testutil
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"sync"
+	"testing"
+)
+
+// RequireRoot skips t unless it runs as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (CI runs these as root)")
+	}
+}
+
+// DataDir is where privileged tests find the runtime and the templates
+// that `make setup` and `make template` put there.
+func DataDir() string {
+	if d := os.Getenv("SHEEPFOLD_DATA_DIR"); d != "" {
+		return d
+	}
+	return "/var/lib/sheepfold"
+}
+
+// Runc returns the pinned runc that `make setup` builds, failing t if it
+// is missing.
+func Runc(t testing.TB) string {
+	t.Helper()
+	p := os.Getenv("SHEEPFOLD_RUNTIME")
+	if p == "" {
+		p = filepath.Join(DataDir(), "bin", "runc")
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("runtime %s missing: run `make setup` (%v)", p, err)
+	}
+	return p
+}
+
+// TemplateRootFS returns the root filesystem of a built template, failing
+// t if it is not built.
+func TemplateRootFS(t testing.TB, name string) string {
+	t.Helper()
+	p := filepath.Join(DataDir(), "templates", name, "rootfs")
+	if _, err := os.Stat(filepath.Join(p, "usr", "bin")); err != nil {
+		t.Fatalf("template %s not built: run `make template` (%v)", name, err)
+	}
+	return p
+}
+
+var (
+	agentOnce sync.Once
+	agentPath string
+	agentErr  error
+	agentOut  []byte
+)
+
+// AgentBin builds the static agent once per test binary and returns its
+// path. The file lives in a directory that every uid may traverse, so the
+// sandbox's unprivileged root can reach its bind mount.
+func AgentBin(t testing.TB) string {
+	t.Helper()
+	agentOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sheepfold-agent-")
+		if err != nil {
+			agentErr = err
+			return
+		}
+		if err := os.Chmod(dir, 0o755); err != nil {
+			agentErr = err
+			return
+		}
+		agentPath = filepath.Join(dir, "sheepfold-agent")
+		cmd := exec.Command("go", "build", "-trimpath", "-o", agentPath, "github.com/sheepfold/sheepfold/cmd/sheepfold-agent")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goruntime.GOARCH)
+		agentOut, agentErr = cmd.CombinedOutput()
+	})
+	if agentErr != nil {
+		t.Fatalf("build agent: %v\n%s", agentErr, agentOut)
+	}
+	return agentPath
+}
+
+// ShortTempDir returns a fresh directory with a short path (unix socket
+// paths are limited to 108 bytes) that is removed when t ends.
+func ShortTempDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "sf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// Main runs a package's tests and removes what AgentBin built. Packages
+// that call AgentBin use it as their TestMain: func TestMain(m *testing.M) { testutil.Main(m) }.
+func Main(m *testing.M) {
+	code := m.Run()
+	if agentPath != "" {
+		os.RemoveAll(filepath.Dir(agentPath))
+	}
+	os.Exit(code)
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what Sheepfold needs on a Debian host, idempotently:
+#   - apt packages: debootstrap (templates), libseccomp-dev (runc's seccomp), nodejs/npm (E2B SDK tests)
+#   - runc at a pinned release, built from the Go module proxy with seccomp,
+#     into $DATA_DIR/bin (Debian's runc 1.1.5 lacks the November 2025 fixes).
+set -euo pipefail
+
+DATA_DIR=${SHEEPFOLD_DATA_DIR:-/var/lib/sheepfold}
+RUNC_VERSION=${RUNC_VERSION:-v1.5.3}
+RUNC=$DATA_DIR/bin/runc
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "setup: must run as root (it installs packages and builds into $DATA_DIR)" >&2
+	exit 1
+fi
+
+need=()
+for pkg in debootstrap libseccomp-dev pkg-config gcc; do
+	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+	echo "setup: installing ${need[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+mkdir -p "$DATA_DIR/bin"
+chmod 0755 "$DATA_DIR" "$DATA_DIR/bin"
+want=${RUNC_VERSION#v}
+if ! "$RUNC" --version 2>/dev/null | grep -q "runc version $want\$" ||
+	! "$RUNC" features 2>/dev/null | grep -q '"enabled": true'; then
+	echo "setup: building runc $RUNC_VERSION with seccomp into $DATA_DIR/bin"
+	GOBIN="$DATA_DIR/bin" CGO_ENABLED=1 go install -tags seccomp "github.com/opencontainers/runc@$RUNC_VERSION"
+fi
+"$RUNC" --version | head -1
