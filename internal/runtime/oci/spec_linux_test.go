@@ -1,0 +1,127 @@
+package oci
+
+import (
+	"slices"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sheepfold/sheepfold/internal/runtime"
+)
+
+func testSpec(t *testing.T, s runtime.Spec) *specs.Spec {
+	t.Helper()
+	spec, err := buildSpec(specInput{
+		Spec: s, RootFS: "/state/b/rootfs", AgentBin: "/opt/agent", CgroupDir: "/sheepfold/server/" + s.ID, IDMap: DefaultIDMap,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}
+
+func TestSpecConfinement(t *testing.T) {
+	spec := testSpec(t, runtime.Spec{ID: "abc", Env: []string{"FOO=bar"},
+		Limits: runtime.Limits{MemoryBytes: 256 << 20, CPUs: 1.5, Pids: 64, DiskBytes: 1 << 30}})
+	p := spec.Process
+	if p.User.UID != 1000 || p.User.GID != 1000 || !p.NoNewPrivileges {
+		t.Errorf("process runs as %+v, no_new_privs %v", p.User, p.NoNewPrivileges)
+	}
+	c := p.Capabilities
+	for name, set := range map[string][]string{"bounding": c.Bounding, "effective": c.Effective,
+		"inheritable": c.Inheritable, "permitted": c.Permitted, "ambient": c.Ambient} {
+		if len(set) != 0 {
+			t.Errorf("%s capabilities: %v", name, set)
+		}
+	}
+	var ns []specs.LinuxNamespaceType
+	for _, n := range spec.Linux.Namespaces {
+		if n.Path != "" {
+			t.Errorf("namespace %s joins %s", n.Type, n.Path)
+		}
+		ns = append(ns, n.Type)
+	}
+	for _, want := range []specs.LinuxNamespaceType{specs.UserNamespace, specs.NetworkNamespace, specs.PIDNamespace,
+		specs.MountNamespace, specs.IPCNamespace, specs.UTSNamespace, specs.CgroupNamespace} {
+		if !slices.Contains(ns, want) {
+			t.Errorf("no %s namespace", want)
+		}
+	}
+	if m := spec.Linux.UIDMappings; len(m) != 1 || m[0].HostID == 0 || m[0].ContainerID != 0 {
+		t.Errorf("uid mappings %+v: root inside must not be root outside", m)
+	}
+	for _, path := range []string{"/proc/kcore", "/proc/keys", "/proc/kallsyms", "/proc/timer_list", "/sys/firmware"} {
+		if !slices.Contains(spec.Linux.MaskedPaths, path) {
+			t.Errorf("%s is not masked", path)
+		}
+	}
+	for _, path := range []string{"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"} {
+		if !slices.Contains(spec.Linux.ReadonlyPaths, path) {
+			t.Errorf("%s is not read-only", path)
+		}
+	}
+	r := spec.Linux.Resources
+	if *r.Memory.Limit != 256<<20 || *r.Memory.Swap != 256<<20 || *r.Pids.Limit != 64 || *r.CPU.Quota != 150000 {
+		t.Errorf("resources %+v %+v %+v", r.Memory, r.Pids, r.CPU)
+	}
+	if !slices.Contains(p.Env, "FOO=bar") || !slices.Contains(p.Env, "HOME=/home/user") {
+		t.Errorf("env %v", p.Env)
+	}
+	for _, m := range spec.Mounts {
+		if m.Type == "bind" && (m.Source != "/opt/agent" || !slices.Contains(m.Options, "ro")) {
+			t.Errorf("bind mount of a host path other than the read-only agent: %+v", m)
+		}
+	}
+	if spec.Root.Readonly {
+		t.Error("root is read-only without ReadOnly")
+	}
+	if spec := testSpec(t, runtime.Spec{ID: "ro", ReadOnly: true}); !spec.Root.Readonly {
+		t.Error("ReadOnly did not make the root read-only")
+	}
+}
+
+func TestSeccompDeniesDangerousSyscalls(t *testing.T) {
+	sc := testSpec(t, runtime.Spec{ID: "abc"}).Linux.Seccomp
+	if sc.DefaultAction != specs.ActErrno {
+		t.Fatalf("default action %s, want an errno allowlist", sc.DefaultAction)
+	}
+	allowed := map[string]bool{}
+	for _, r := range sc.Syscalls {
+		if r.Action == specs.ActAllow && len(r.Args) == 0 {
+			for _, n := range r.Names {
+				allowed[n] = true
+			}
+		}
+	}
+	for _, n := range []string{"ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "unshare",
+		"setns", "bpf", "perf_event_open", "keyctl", "add_key", "init_module", "finit_module", "delete_module",
+		"io_uring_setup", "io_uring_enter", "open_by_handle_at", "userfaultfd", "kexec_load", "reboot", "pivot_root"} {
+		if allowed[n] {
+			t.Errorf("%s is allowed", n)
+		}
+	}
+	if !allowed["read"] || !allowed["execve"] {
+		t.Error("the profile does not allow ordinary syscalls; the test reads it wrong")
+	}
+	// socket is allowed only for some families: never AF_VSOCK (40).
+	for _, r := range sc.Syscalls {
+		if slices.Contains(r.Names, "socket") && r.Action == specs.ActAllow {
+			if len(r.Args) == 0 {
+				t.Fatal("socket allowed for every family")
+			}
+			a := r.Args[0]
+			if (a.Op == specs.OpEqualTo && a.Value == 40) || (a.Op == specs.OpLessThan && a.Value > 40) {
+				t.Errorf("socket rule %+v allows AF_VSOCK", a)
+			}
+		}
+	}
+}
+
+func TestValidID(t *testing.T) {
+	for id, want := range map[string]bool{"abc": true, "a-1": true, "": false, "-a": false, "A": false,
+		"a/b": false, "..": false, "a b": false, "0123456789012345678901234567890123456789x": false} {
+		if validID(id) != want {
+			t.Errorf("validID(%q) = %v", id, !want)
+		}
+	}
+}
