@@ -1,0 +1,32 @@
+//go:build !linux
+
+package template
+
+import (
+	"context"
+	"errors"
+	"os"
+)
+
+// errUnsupported: building needs Linux (debootstrap, chroot, mount
+// namespaces); reading templates works anywhere.
+var errUnsupported = errors.New("building templates is supported on Linux only")
+
+const noFollow = 0
+
+// Build fails: see errUnsupported.
+func Build(ctx context.Context, def Definition, opt BuildOptions) (Info, error) {
+	return Info{}, errUnsupported
+}
+
+func lockTemplate(ctx context.Context, dir, name string) (func(), error) { return func() {}, nil }
+
+func removeStaging(dir string) error { return os.RemoveAll(dir) }
+
+func chownTree(dir string, uid, gid int) error { return errUnsupported }
+
+func shiftOwnership(ctx context.Context, root string, shift uint32) (int64, error) {
+	return 0, errUnsupported
+}
+
+func mountsUnder(dir string) ([]string, error) { return nil, errUnsupported }
