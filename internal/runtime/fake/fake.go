@@ -44,7 +44,7 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		return nil, err
 	}
 	sock := filepath.Join(dir, "agent.sock")
-	cmd := exec.Command(r.AgentBin, "serve", "--listen", sock, "--root", filepath.Join(dir, "root"), "--home", home)
+	cmd := exec.Command(r.AgentBin, "serve", "--listen", sock, "--root", filepath.Join(dir, "root"), "--home", "/home/user")
 	cmd.Dir = home
 	cmd.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "LANG=C.UTF-8"}, s.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

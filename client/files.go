@@ -1,0 +1,122 @@
+package client
+
+import (
+	"context"
+	"io"
+	"mime/multipart"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// FileInfo describes a path in a sandbox.
+type FileInfo struct {
+	Name          string    `json:"name"`
+	Path          string    `json:"path"`
+	Type          string    `json:"type"` // file, dir, symlink, other
+	Size          int64     `json:"size"`
+	Mode          uint32    `json:"mode"`
+	ModTime       time.Time `json:"mod_time"`
+	Owner         string    `json:"owner"`
+	Group         string    `json:"group"`
+	SymlinkTarget string    `json:"symlink_target,omitempty"`
+}
+
+// Paths are absolute or relative to /home/user; none leads out of the sandbox.
+
+func fileQuery(path string) url.Values { return url.Values{"path": {path}} }
+
+// WriteFile writes r to a file (atomically), creating its parents.
+func (c *Client) WriteFile(ctx context.Context, sandboxID, path string, r io.Reader) (*FileInfo, error) {
+	var fi FileInfo
+	return &fi, c.call(ctx, request{method: "PUT", path: sandboxPath(sandboxID, "files"), query: fileQuery(path),
+		body: r, contentType: "application/octet-stream"}, &fi)
+}
+
+// ReadFile returns a file's contents.
+func (c *Client) ReadFile(ctx context.Context, sandboxID, path string) ([]byte, error) {
+	rc, err := c.OpenFile(ctx, sandboxID, path)
+	if err != nil {
+		return nil, err
+	}
+	defer rc.Close()
+	return io.ReadAll(rc)
+}
+
+// OpenFile streams a file's contents; the caller closes it.
+func (c *Client) OpenFile(ctx context.Context, sandboxID, path string) (io.ReadCloser, error) {
+	res, err := c.do(ctx, request{method: "GET", path: sandboxPath(sandboxID, "files"), query: fileQuery(path)})
+	if err != nil {
+		return nil, err
+	}
+	return res.Body, nil
+}
+
+// ListFiles lists a directory; depth 1 lists its children, more recurses.
+func (c *Client) ListFiles(ctx context.Context, sandboxID, path string, depth int) ([]FileInfo, error) {
+	q := fileQuery(path)
+	if depth > 0 {
+		q.Set("depth", strconv.Itoa(depth))
+	}
+	var out struct {
+		Entries []FileInfo `json:"entries"`
+	}
+	return out.Entries, c.call(ctx, request{method: "GET", path: sandboxPath(sandboxID, "files", "list"), query: q}, &out)
+}
+
+// StatFile describes a path.
+func (c *Client) StatFile(ctx context.Context, sandboxID, path string) (*FileInfo, error) {
+	var fi FileInfo
+	return &fi, c.call(ctx, request{method: "GET", path: sandboxPath(sandboxID, "files", "stat"), query: fileQuery(path)}, &fi)
+}
+
+// MakeDir creates a directory and its parents.
+func (c *Client) MakeDir(ctx context.Context, sandboxID, path string) (*FileInfo, error) {
+	var fi FileInfo
+	return &fi, c.call(ctx, request{method: "POST", path: sandboxPath(sandboxID, "files", "mkdir"),
+		json: map[string]string{"path": path}}, &fi)
+}
+
+// RemoveFile removes a file, or a directory with everything in it.
+func (c *Client) RemoveFile(ctx context.Context, sandboxID, path string) error {
+	return c.call(ctx, request{method: "DELETE", path: sandboxPath(sandboxID, "files"), query: fileQuery(path)}, nil)
+}
+
+// MoveFile renames a path, creating the target's parents.
+func (c *Client) MoveFile(ctx context.Context, sandboxID, from, to string) (*FileInfo, error) {
+	var fi FileInfo
+	return &fi, c.call(ctx, request{method: "POST", path: sandboxPath(sandboxID, "files", "move"),
+		json: map[string]string{"from": from, "to": to}}, &fi)
+}
+
+// Upload is one file of UploadFiles.
+type Upload struct {
+	Name   string // base name in the target directory
+	Reader io.Reader
+}
+
+// UploadFiles writes files into dir with one multipart request, streaming
+// their contents.
+func (c *Client) UploadFiles(ctx context.Context, sandboxID, dir string, files ...Upload) ([]FileInfo, error) {
+	pr, pw := io.Pipe()
+	mw := multipart.NewWriter(pw)
+	go func() {
+		for _, f := range files {
+			w, err := mw.CreateFormFile("file", f.Name)
+			if err == nil {
+				_, err = io.Copy(w, f.Reader)
+			}
+			if err != nil {
+				pw.CloseWithError(err)
+				return
+			}
+		}
+		pw.CloseWithError(mw.Close())
+	}()
+	defer pr.Close()
+	var out struct {
+		Files []FileInfo `json:"files"`
+	}
+	return out.Files, c.call(ctx, request{method: "POST", path: sandboxPath(sandboxID, "files"), query: fileQuery(dir),
+		body: pr, contentType: mw.FormDataContentType()}, &out)
+}

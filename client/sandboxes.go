@@ -1,0 +1,121 @@
+package client
+
+import (
+	"context"
+	"math"
+	"net/url"
+	"time"
+)
+
+// Resources are a sandbox's limits. Zero fields take the server's defaults.
+type Resources struct {
+	CPUs     float64 `json:"cpus,omitempty"`
+	MemoryMB int64   `json:"memory_mb,omitempty"`
+	DiskMB   int64   `json:"disk_mb,omitempty"`
+	Pids     int64   `json:"pids,omitempty"`
+}
+
+// SandboxConfig are a sandbox's policies.
+type SandboxConfig struct {
+	// MaxExecutionTime is the default and longest timeout of one execution.
+	MaxExecutionTime time.Duration `json:"-"`
+	MaxMemoryMB      int64         `json:"max_memory_mb,omitempty"`
+	// NetworkRestricted must stay nil or true: egress is not available yet.
+	NetworkRestricted  *bool `json:"network_restricted,omitempty"`
+	FilesystemReadonly bool  `json:"filesystem_readonly,omitempty"`
+}
+
+// CreateSandboxRequest describes a new sandbox; every field is optional.
+type CreateSandboxRequest struct {
+	Template      string
+	Timeout       time.Duration // lifetime; the sandbox is stopped after it unless extended
+	Resources     *Resources
+	Env           map[string]string
+	Metadata      map[string]string
+	SandboxConfig *SandboxConfig
+}
+
+type sandboxConfigJSON struct {
+	MaxExecutionTime float64 `json:"max_execution_time,omitempty"`
+	*SandboxConfig
+}
+
+type createJSON struct {
+	Template      string             `json:"template,omitempty"`
+	Timeout       float64            `json:"timeout,omitempty"`
+	Resources     *Resources         `json:"resources,omitempty"`
+	Env           map[string]string  `json:"env,omitempty"`
+	Metadata      map[string]string  `json:"metadata,omitempty"`
+	SandboxConfig *sandboxConfigJSON `json:"sandbox_config,omitempty"`
+}
+
+// Sandbox is a sandbox as the server describes it.
+type Sandbox struct {
+	ID         string            `json:"id"`
+	Template   string            `json:"template"`
+	State      string            `json:"state"` // running, stopped, ...
+	CreatedAt  time.Time         `json:"created_at"`
+	ExpiresAt  time.Time         `json:"expires_at"`
+	Resources  Resources         `json:"resources"`
+	Metadata   map[string]string `json:"metadata"`
+	StopReason string            `json:"stop_reason,omitempty"`
+}
+
+func secs(d time.Duration) float64 { return math.Ceil(d.Seconds()*1000) / 1000 }
+
+// CreateSandbox starts a sandbox.
+func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*Sandbox, error) {
+	body := createJSON{Template: req.Template, Timeout: secs(req.Timeout), Resources: req.Resources,
+		Env: req.Env, Metadata: req.Metadata}
+	if req.SandboxConfig != nil {
+		body.SandboxConfig = &sandboxConfigJSON{MaxExecutionTime: secs(req.SandboxConfig.MaxExecutionTime), SandboxConfig: req.SandboxConfig}
+	}
+	var sb Sandbox
+	return &sb, c.call(ctx, request{method: "POST", path: "/v1/sandboxes", json: body}, &sb)
+}
+
+// GetSandbox describes a sandbox; one of the caller's that has stopped is
+// returned with State "stopped" and its StopReason.
+func (c *Client) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var sb Sandbox
+	return &sb, c.call(ctx, request{method: "GET", path: sandboxPath(id)}, &sb)
+}
+
+// ListSandboxes lists the caller's running sandboxes; all adds the stopped
+// ones the server remembers.
+func (c *Client) ListSandboxes(ctx context.Context, all bool) ([]Sandbox, error) {
+	var q url.Values
+	if all {
+		q = url.Values{"state": {"all"}}
+	}
+	var out struct {
+		Sandboxes []Sandbox `json:"sandboxes"`
+	}
+	return out.Sandboxes, c.call(ctx, request{method: "GET", path: "/v1/sandboxes", query: q}, &out)
+}
+
+// SetTimeout keeps a sandbox alive: it now lives d from now.
+func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) (*Sandbox, error) {
+	var sb Sandbox
+	return &sb, c.call(ctx, request{method: "POST", path: sandboxPath(id, "timeout"),
+		json: map[string]float64{"timeout": secs(d)}}, &sb)
+}
+
+// Kill stops a sandbox and removes everything in it.
+func (c *Client) Kill(ctx context.Context, id string) error {
+	return c.call(ctx, request{method: "DELETE", path: sandboxPath(id)}, nil)
+}
+
+// Version is what the server reports about itself.
+type Version struct {
+	Version string `json:"version"`
+	Runtime string `json:"runtime"`
+	Cgroups string `json:"cgroups"`
+	API     string `json:"api"`
+}
+
+// Version asks the server for its version.
+func (c *Client) Version(ctx context.Context) (*Version, error) {
+	var v Version
+	return &v, c.call(ctx, request{method: "GET", path: "/v1/version"}, &v)
+}

@@ -1,0 +1,243 @@
+//go:build linux
+
+package main
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/testutil"
+)
+
+func TestMain(m *testing.M) { testutil.Main(m) }
+
+// agentProc is a running "sheepfold-agent init".
+type agentProc struct {
+	cmd  *exec.Cmd
+	sock string
+	exit chan error
+}
+
+// startInit runs the agent binary's init with a Root in a temporary
+// directory. With viaFD it passes a listening socket as fd 3, as runc
+// does; otherwise init is told to --listen.
+func startInit(t *testing.T, viaFD bool) *agentProc {
+	t.Helper()
+	bin := testutil.AgentBin(t)
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "home/user"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(testutil.ShortTempDir(t), "agent.sock")
+	args := []string{"init", "--root", root, "--home", "/home/user"}
+	var lnFile *os.File
+	if viaFD {
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ul := ln.(*net.UnixListener)
+		ul.SetUnlinkOnClose(false)
+		lnFile, err = ul.File()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.Close() // the dup in lnFile keeps the socket listening
+	} else {
+		args = append(args, "--listen", sock)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = root
+	cmd.Stderr = os.Stderr
+	if lnFile != nil {
+		cmd.ExtraFiles = []*os.File{lnFile}
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if lnFile != nil {
+		lnFile.Close()
+	}
+	a := &agentProc{cmd: cmd, sock: sock, exit: make(chan error, 1)}
+	go func() { a.exit <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-a.exit
+		a.exit <- nil
+	})
+	return a
+}
+
+// call performs one request, retrying the dial until the agent listens.
+func (a *agentProc) call(t *testing.T, req agentproto.Request) agentproto.Event {
+	t.Helper()
+	var c net.Conn
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if c, err = net.Dial("unix", a.sock); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("dial agent: %v", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	done, err := agentproto.Call(c, req, nil, nil, nil)
+	if err != nil {
+		t.Fatalf("%s: %v", req.Op, err)
+	}
+	return done
+}
+
+// waitExit returns init's exit code.
+func (a *agentProc) waitExit(t *testing.T) int {
+	t.Helper()
+	select {
+	case err := <-a.exit:
+		a.exit <- err
+		if err == nil {
+			return 0
+		}
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		t.Fatalf("wait: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("init did not exit")
+	}
+	return -1
+}
+
+// children lists the child pids of pid (of all its threads: a Go
+// program forks from any of them).
+func children(pid int) []int {
+	files, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/children")
+	var out []int
+	for _, name := range files {
+		b, _ := os.ReadFile(name)
+		for _, f := range strings.Fields(string(b)) {
+			n, _ := strconv.Atoi(f)
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func state(pid int) string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
+}
+
+// TestInitOverFD3 is the production path: the listener arrives as fd 3.
+func TestInitOverFD3(t *testing.T) {
+	t.Parallel()
+	a := startInit(t, true)
+	done := a.call(t, agentproto.Request{Op: agentproto.OpPing})
+	if done.Code != "" || done.Agent == nil || done.Agent.Version != version || done.Agent.ProtocolVersion != agentproto.ProtocolVersion {
+		t.Fatalf("ping: %+v", done)
+	}
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	if code := a.waitExit(t); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM", code)
+	}
+}
+
+// TestInitReapsAndForwards: orphans of started processes are reaped by
+// init; SIGTERM reaches serve, which kills its processes; init exits with
+// serve's status.
+func TestInitReapsAndForwards(t *testing.T) {
+	t.Parallel()
+	a := startInit(t, false)
+	a.call(t, agentproto.Request{Op: agentproto.OpPing})
+	kids := children(a.cmd.Process.Pid)
+	if len(kids) != 1 {
+		t.Fatalf("init has children %v, want serve alone", kids)
+	}
+	serve := kids[0]
+
+	// sh exits at once; its sleep becomes an orphan, reparented to init.
+	done := a.call(t, agentproto.Request{Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{
+		Cmd: "sh", Args: []string{"-c", "sleep 0.3 >/dev/null 2>&1 &"}, Cwd: "/",
+	}})
+	if done.Code != "" || done.ExitCode == nil || *done.ExitCode != 0 {
+		t.Fatalf("start: %+v", done)
+	}
+	time.Sleep(100 * time.Millisecond)
+	var orphan int
+	for _, k := range children(a.cmd.Process.Pid) {
+		if k != serve {
+			orphan = k
+		}
+	}
+	if orphan == 0 {
+		t.Fatal("the orphan was not reparented to init")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for st := state(orphan); st != ""; st = state(orphan) {
+		if time.Now().After(deadline) {
+			t.Fatalf("orphan %d not reaped (state %s)", orphan, st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// a background process, killed when serve stops
+	c, err := net.Dial("unix", a.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := agentproto.NewConn(c)
+	pc.WriteJSON(agentproto.Request{Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{Cmd: "sleep", Args: []string{"60"}, Cwd: "/"}})
+	var start agentproto.Event
+	if err := pc.ReadJSON(&start); err != nil || start.PID == 0 {
+		t.Fatalf("start: %+v %v", start, err)
+	}
+	c.Close()
+
+	a.cmd.Process.Signal(syscall.SIGTERM)
+	if code := a.waitExit(t); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM", code)
+	}
+	for _, pid := range []int{serve, start.PID} {
+		if st := state(pid); st != "" && st != "Z" {
+			t.Errorf("process %d survived init (state %s)", pid, st)
+		}
+	}
+}
+
+func TestInitExitsWithServeStatus(t *testing.T) {
+	t.Parallel()
+	a := startInit(t, false)
+	a.call(t, agentproto.Request{Op: agentproto.OpPing})
+	kids := children(a.cmd.Process.Pid)
+	if len(kids) != 1 {
+		t.Fatalf("children %v", kids)
+	}
+	syscall.Kill(kids[0], syscall.SIGKILL)
+	if code := a.waitExit(t); code != 128+int(syscall.SIGKILL) {
+		t.Fatalf("exit code %d, want %d", code, 128+int(syscall.SIGKILL))
+	}
+}
+
+func TestServeWithoutListener(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command(testutil.AgentBin(t), "serve", "--root", t.TempDir()).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "fd 3") {
+		t.Fatalf("err %v, output %s", err, out)
+	}
+}

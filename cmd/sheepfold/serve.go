@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sheepfold/sheepfold/internal/config"
+	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/template"
+)
+
+// drainTimeout bounds how long shutdown waits for requests in flight.
+const drainTimeout = 30 * time.Second
+
+func serveCmd(cfg *config.Config) *cobra.Command {
+	var (
+		listen       string
+		uploadMB     int64
+		maxSandboxes int
+		logFormat    string
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the REST API (/v1) on --listen",
+		Long: `Serve the REST API. Start order: configuration, database (DATA_DIR/sheepfold.db),
+engine, HTTP. SIGINT or SIGTERM stops accepting requests, lets those in flight
+finish (up to 30 s), then stops every sandbox and closes the database.
+
+Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			verbose, _ := cmd.Flags().GetBool("verbose")
+			level := slog.LevelInfo
+			if verbose {
+				level = slog.LevelDebug
+			}
+			opts := &slog.HandlerOptions{Level: level}
+			var h slog.Handler = slog.NewTextHandler(os.Stderr, opts)
+			if logFormat == "json" {
+				h = slog.NewJSONHandler(os.Stderr, opts)
+			}
+			if uploadMB <= 0 {
+				return errors.New("--file-size-upload-mb must be positive")
+			}
+			return serve(cmd.Context(), *cfg, listen, server.Config{
+				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version,
+			}, slog.New(h))
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
+	cmd.Flags().Int64Var(&uploadMB, "file-size-upload-mb", 100, "largest file one upload may write, in MiB")
+	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's limit)")
+	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	return cmd
+}
+
+func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Config, log *slog.Logger) (err error) {
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	// 1. Configuration.
+	if err := cfg.Resolve(); err != nil {
+		return err
+	}
+	// 2. The database: what was running before this start is gone (the
+	// engine destroys leftovers), so it is recorded as stopped.
+	st, err := openStore(ctx, &cfg)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := st.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if n, err := st.StopAllRunning(ctx, "server restarted", time.Now()); err != nil {
+		return err
+	} else if n > 0 {
+		log.Info("marked sandboxes of the previous run stopped", "count", n)
+	}
+	// 3. The engine.
+	eng, err := openEngine(ctx, cfg, "server", log)
+	if err != nil {
+		return err
+	}
+	engineClosed := false
+	defer func() {
+		if !engineClosed {
+			eng.Close(context.Background())
+		}
+	}()
+	// 4. HTTP.
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	scfg.Runtime = eng.rt.Name()
+	scfg.Cgroups = "v1"
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		scfg.Cgroups = "v2"
+	}
+	scfg.Ready = func(context.Context) error {
+		_, err := template.Get(cfg.DataDir, "python")
+		return err
+	}
+	srv := server.New(scfg, st, eng.Manager, log)
+	log.Info("listening", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "runtime", scfg.Runtime)
+	fmt.Fprintf(os.Stderr, "sheepfold: serving the API on http://%s/v1\n", ln.Addr())
+	if n, err := st.CountActiveKeys(ctx); err == nil && n == 0 {
+		fmt.Fprintf(os.Stderr, "sheepfold: there is no API key yet; create one with:\n  sheepfold keys create --data-dir %s --name NAME\n", cfg.DataDir)
+	}
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err = <-served:
+		log.Error("server stopped", "err", err)
+	case <-ctx.Done():
+		stop() // a second signal ends the process at once
+		log.Info("shutting down: draining requests", "timeout", drainTimeout)
+	}
+
+	// Stop in reverse: HTTP (drain), engine, records, database.
+	dctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	defer cancel()
+	if serr := srv.Shutdown(dctx); serr != nil {
+		log.Warn("requests still running at the drain timeout", "err", serr)
+	}
+	if cerr := eng.Close(context.Background()); cerr != nil {
+		log.Error("close engine", "err", cerr)
+	}
+	engineClosed = true
+	srv.RecordStopped(context.Background())
+	if _, serr := st.StopAllRunning(context.Background(), "server shut down", time.Now()); serr != nil {
+		log.Error("record sandboxes stopped", "err", serr)
+	}
+	log.Info("stopped")
+	return err
+}

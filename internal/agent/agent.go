@@ -1,0 +1,432 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"path"
+	"path/filepath"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+)
+
+// Config configures Serve. The zero value of every field but NewKernel is
+// usable.
+type Config struct {
+	// Root is the host directory every file operation is confined to. In a
+	// sandbox it is "/"; tests use a temporary directory. Processes and
+	// kernels are not confined by it: they see the real filesystem.
+	Root string
+	// Home is the sandbox path relative request paths start from and the
+	// default working directory of processes and contexts
+	// (default /home/user).
+	Home string
+	// Version is reported by ping.
+	Version string
+	// NewKernel starts an interpreter for a code context. Its ctx lasts as
+	// long as the agent, not just the request that asked for the context.
+	// The spec's Language is canonical and its Cwd is set. Nil disables
+	// code contexts (CodeUnsupported).
+	NewKernel func(ctx context.Context, spec agentproto.ContextSpec) (Kernel, error)
+	// Canonical maps a language name or alias to its canonical name and
+	// fails for unknown languages; nil means names are canonical already.
+	// Either way, a language missing from a non-empty Languages is
+	// refused with CodeUnsupported.
+	Canonical func(lang string) (string, error)
+	// Languages lists the canonical languages NewKernel supports, reported
+	// by ping. The first is the default of an execution that names neither
+	// a context nor a language ("python" when empty).
+	Languages []string
+	// Env is the base environment of started processes; nil means the
+	// agent's own (os.Environ()).
+	Env []string
+	// Logger receives the agent's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Kernel is a long-lived interpreter behind a code context.
+// *kernel.Kernel satisfies it.
+type Kernel interface {
+	// Language returns the kernel's canonical language.
+	Language() string
+	// Execute runs spec.Code, passing output and results to emit as they
+	// come (emit fails once the client is gone), and returns the Done event.
+	// ctx ends when the client goes away or the agent stops.
+	Execute(ctx context.Context, spec agentproto.ExecuteSpec, emit func(agentproto.Event) error) agentproto.Event
+	// Restart replaces the interpreter, losing its state.
+	Restart(ctx context.Context) error
+	// Close stops the interpreter for good.
+	Close() error
+}
+
+// Timeouts of a connection's reads; variables so that tests can shorten
+// them.
+var (
+	// requestTimeout bounds the wait for the request frame.
+	requestTimeout = 60 * time.Second
+	// bodyIdleTimeout bounds the silence between reads of a file body.
+	bodyIdleTimeout = 60 * time.Second
+)
+
+func (cfg Config) withDefaults() (Config, error) {
+	if cfg.Root == "" {
+		cfg.Root = "/"
+	}
+	if cfg.Home == "" {
+		cfg.Home = "/home/user"
+	}
+	if !path.IsAbs(cfg.Home) {
+		return cfg, fmt.Errorf("agent: home %q is not absolute", cfg.Home)
+	}
+	cfg.Home = path.Clean(cfg.Home)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return cfg, nil
+}
+
+// Serve accepts connections on ln and serves one request on each, in its own
+// goroutine, until ctx ends. It then closes ln and every connection, kills
+// every process it started (their whole process groups), closes every
+// kernel, waits for all its goroutines and returns nil. It returns an error
+// (having closed ln) if cfg is invalid, Root cannot be opened, or ln fails
+// for another reason (after the same clean up).
+func Serve(ctx context.Context, ln net.Listener, cfg Config) error {
+	return serve(ctx, ln, cfg, nil)
+}
+
+// serve is Serve, handing its server to started (tests inspect it).
+func serve(ctx context.Context, ln net.Listener, cfg Config, started func(*server)) error {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	s, err := newServer(ctx, cfg)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	if started != nil {
+		started(s)
+	}
+	stop := context.AfterFunc(s.ctx, func() { ln.Close() })
+	defer stop()
+
+	var serveErr error
+	delay := time.Duration(0)
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			if s.ctx.Err() != nil {
+				break
+			}
+			if errors.Is(err, net.ErrClosed) {
+				serveErr = fmt.Errorf("agent: accept: %w", err)
+				break
+			}
+			// Out of descriptors or an aborted connection: back off and
+			// retry, as net/http does.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			s.log.Warn("accept failed; retrying", "err", err, "delay", delay)
+			select {
+			case <-time.After(delay):
+			case <-s.ctx.Done():
+			}
+			continue
+		}
+		delay = 0
+		if !s.track(nc) {
+			nc.Close()
+			break
+		}
+		s.wg.Go(func() { s.serveConn(nc) })
+	}
+	s.shutdown()
+	return serveErr
+}
+
+// server is the state of one Serve call.
+type server struct {
+	cfg    Config
+	log    *slog.Logger
+	ctx    context.Context // ends when Serve's ctx ends or Serve stops
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // every goroutine the server starts
+
+	files *fileSystem
+	procs *processTable
+	ctxs  *contextTable
+
+	// mu guards conns and closed.
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+
+	// panics counts recovered panics (tests and fuzzing check it).
+	panics atomic.Int64
+}
+
+func newServer(ctx context.Context, cfg Config) (*server, error) {
+	fs, err := openFileSystem(cfg.Root, cfg.Home)
+	if err != nil {
+		return nil, err
+	}
+	s := &server{
+		cfg:   cfg,
+		log:   cfg.Logger,
+		files: fs,
+		conns: make(map[net.Conn]struct{}),
+	}
+	s.ctx, s.cancel = context.WithCancel(ctx)
+	s.procs = newProcessTable()
+	s.ctxs = newContextTable()
+	return s, nil
+}
+
+// track registers a new connection; it fails once the server is closing.
+func (s *server) track(nc net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.conns[nc] = struct{}{}
+	return true
+}
+
+func (s *server) untrack(nc net.Conn) {
+	s.mu.Lock()
+	delete(s.conns, nc)
+	s.mu.Unlock()
+}
+
+// shutdown stops everything in reverse order of how it starts: connections,
+// processes, kernels; then it waits for every goroutine.
+func (s *server) shutdown() {
+	s.cancel()
+	s.mu.Lock()
+	s.closed = true
+	for nc := range s.conns {
+		nc.Close()
+	}
+	s.mu.Unlock()
+	s.procs.closeAll(s.log)
+	s.ctxs.closeAll(s.log)
+	s.wg.Wait()
+	s.files.Close()
+}
+
+// serveConn serves the one request of a connection.
+func (s *server) serveConn(nc net.Conn) {
+	c := newConn(nc)
+	defer s.untrack(nc)
+	defer c.close()
+	defer func() {
+		if r := recover(); r != nil {
+			s.panics.Add(1)
+			s.log.Error("panic serving a request", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+			c.send(fail(agentproto.CodeInternal, "internal error"))
+		}
+	}()
+
+	req, err := c.readRequest()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return // a dial without a request (a health probe)
+		}
+		s.log.Debug("bad request frame", "err", err)
+		c.send(fail(agentproto.CodeBadRequest, "malformed request: %v", err))
+		return
+	}
+	done := s.dispatch(c, req)
+	if done.Type == "" {
+		return // the client is gone, or the handler replied itself
+	}
+	done.Type = agentproto.EventDone
+	if err := c.send(done); err != nil {
+		s.log.Debug("write done", "op", req.Op, "err", err)
+	}
+}
+
+// dispatch runs the handler of req.Op. It returns the Done event to send;
+// a zero Event means nothing more is to be sent.
+func (s *server) dispatch(c *conn, req *agentproto.Request) agentproto.Event {
+	switch req.Op {
+	case agentproto.OpPing:
+		return s.ping()
+
+	case agentproto.OpProcessStart:
+		return s.processStart(c, req)
+	case agentproto.OpProcessConnect:
+		return s.processConnect(c, req)
+	case agentproto.OpProcessInput:
+		return s.processInput(req)
+	case agentproto.OpProcessSignal:
+		return s.processSignal(req)
+	case agentproto.OpProcessList:
+		return s.processList()
+
+	case agentproto.OpContextCreate:
+		return s.contextCreate(req)
+	case agentproto.OpContextList:
+		return s.contextList()
+	case agentproto.OpContextRestart:
+		return s.contextRestart(c, req)
+	case agentproto.OpContextDelete:
+		return s.contextDelete(req)
+	case agentproto.OpExecute:
+		return s.execute(c, req)
+
+	case agentproto.OpFileRead:
+		return s.fileRead(c, req)
+	case agentproto.OpFileWrite:
+		return s.fileWrite(c, req)
+	case agentproto.OpFileList:
+		return s.fileList(req)
+	case agentproto.OpFileStat:
+		return s.fileStat(req)
+	case agentproto.OpFileMkdir:
+		return s.fileMkdir(req)
+	case agentproto.OpFileRemove:
+		return s.fileRemove(req)
+	case agentproto.OpFileMove:
+		return s.fileMove(req)
+	}
+	return fail(agentproto.CodeBadRequest, "unknown op %q", req.Op)
+}
+
+func (s *server) ping() agentproto.Event {
+	langs := s.cfg.Languages
+	if s.cfg.NewKernel == nil || langs == nil {
+		langs = []string{}
+	}
+	return agentproto.Event{Type: agentproto.EventDone, Agent: &agentproto.AgentInfo{
+		Version:         s.cfg.Version,
+		ProtocolVersion: agentproto.ProtocolVersion,
+		Languages:       langs,
+	}}
+}
+
+// ok returns a successful Done.
+func ok() agentproto.Event { return agentproto.Event{Type: agentproto.EventDone} }
+
+// fail returns a failed Done.
+func fail(code, format string, args ...any) agentproto.Event {
+	return agentproto.Event{Type: agentproto.EventDone, Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// conn is one client connection. Writes are serialised; reads happen only
+// on the serving goroutine until the request (and file body) is read, then
+// only in the watcher that notices the client leaving.
+type conn struct {
+	nc net.Conn
+	pc *agentproto.Conn
+
+	wmu sync.Mutex // serialises writes
+
+	watchOnce sync.Once
+	gone      chan struct{} // closed when the client hangs up
+	watchDone chan struct{} // closed when the watcher has returned
+}
+
+func newConn(nc net.Conn) *conn {
+	c := &conn{nc: nc, gone: make(chan struct{}), watchDone: make(chan struct{})}
+	c.pc = agentproto.NewConn(idleReadWriter{nc})
+	return c
+}
+
+// idleReadWriter gives every read its own deadline, so that a client that
+// stalls while sending a request or a body does not hold a goroutine
+// forever.
+type idleReadWriter struct{ nc net.Conn }
+
+func (rw idleReadWriter) Read(p []byte) (int, error) {
+	rw.nc.SetReadDeadline(time.Now().Add(bodyIdleTimeout))
+	return rw.nc.Read(p)
+}
+
+func (rw idleReadWriter) Write(p []byte) (int, error) { return rw.nc.Write(p) }
+
+// readRequest reads and decodes the request frame. Unknown fields are
+// ignored (newer hosts may send more); a frame that is not a JSON object
+// is malformed.
+func (c *conn) readRequest() (*agentproto.Request, error) {
+	c.nc.SetReadDeadline(time.Now().Add(requestTimeout))
+	kind, p, err := c.pc.ReadFrame()
+	if err != nil {
+		return nil, err
+	}
+	if kind != agentproto.FrameJSON {
+		return nil, fmt.Errorf("%w: want a JSON frame, got %q", agentproto.ErrBadFrame, kind)
+	}
+	var req agentproto.Request
+	if err := json.Unmarshal(p, &req); err != nil {
+		return nil, fmt.Errorf("%w: %v", agentproto.ErrBadFrame, err)
+	}
+	return &req, nil
+}
+
+// send writes one event frame.
+func (c *conn) send(ev agentproto.Event) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.pc.WriteJSON(ev)
+}
+
+// sendData writes one data frame.
+func (c *conn) sendData(p []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.pc.WriteData(p)
+}
+
+// hangup returns a channel closed when the client hangs up (or shuts down
+// its writing side: a client must not half-close a connection whose events
+// it still wants). The first call starts the watcher; call it only once
+// the request and its body are read.
+func (c *conn) hangup() <-chan struct{} {
+	c.watchOnce.Do(func() {
+		c.nc.SetReadDeadline(time.Time{})
+		go func() {
+			defer close(c.watchDone)
+			defer close(c.gone)
+			var buf [512]byte
+			for {
+				if _, err := c.nc.Read(buf[:]); err != nil {
+					return
+				}
+			}
+		}()
+	})
+	return c.gone
+}
+
+// close closes the connection and waits for its watcher.
+func (c *conn) close() {
+	c.nc.Close()
+	started := true
+	c.watchOnce.Do(func() { started = false })
+	if started {
+		<-c.watchDone
+	}
+}
+
+// hostPath is where a sandbox path is for processes: the same path in a
+// sandbox (Root is "/"), under Root when tests confine the agent to a
+// directory.
+func hostPath(root, p string) string {
+	if root == "/" || root == "" {
+		return p
+	}
+	return filepath.Join(root, p)
+}

@@ -1,0 +1,319 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+)
+
+func TestPing(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, Config{Version: "1.2.3"})
+	r := a.call(t, agentproto.Request{Op: agentproto.OpPing}).mustOK(t)
+	info := r.done.Agent
+	if info == nil || info.Version != "1.2.3" || info.ProtocolVersion != agentproto.ProtocolVersion ||
+		!slices.Equal(info.Languages, []string{"python", "javascript", "bash"}) {
+		t.Fatalf("agent info %+v", info)
+	}
+	if r.done.Type != agentproto.EventDone || len(r.events) != 0 {
+		t.Fatalf("done %+v, events %+v", r.done, r.events)
+	}
+}
+
+// TestBadRequests sends malformed frames and requests: each gets a Done
+// with CodeBadRequest, and the agent keeps serving.
+func TestBadRequests(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, Config{})
+	frames := map[string][]byte{
+		"unknown op":       jsonFrame(`{"op":"format.disk"}`),
+		"no op":            jsonFrame(`{}`),
+		"not JSON":         jsonFrame(`{op:`),
+		"JSON array":       jsonFrame(`[1,2]`),
+		"wrong field type": jsonFrame(`{"op":"process.signal","pid":"one"}`),
+		"data frame first": append([]byte{0, 0, 0, 2}, 'D', 'x'),
+		"unknown kind":     append([]byte{0, 0, 0, 2}, 'Q', 'x'),
+		"zero length":      {0, 0, 0, 0},
+		"too large":        {0xff, 0xff, 0xff, 0xff},
+		"truncated":        append([]byte{0, 0, 0, 9}, 'J', '{'),
+	}
+	for name, frame := range frames {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := a.dial(t)
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := c.Write(frame); err != nil {
+				t.Fatal(err)
+			}
+			if name == "truncated" {
+				c.(*net.UnixConn).CloseWrite()
+			}
+			var ev agentproto.Event
+			if err := agentproto.NewConn(c).ReadJSON(&ev); err != nil {
+				t.Fatalf("read done: %v", err)
+			}
+			if ev.Type != agentproto.EventDone || ev.Code != agentproto.CodeBadRequest {
+				t.Fatalf("got %+v, want done with %s", ev, agentproto.CodeBadRequest)
+			}
+		})
+	}
+	reqs := map[string]agentproto.Request{
+		"start without process":  {Op: agentproto.OpProcessStart},
+		"start without command":  {Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{}},
+		"negative timeout":       {Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{Cmd: "true", TimeoutMS: -1}},
+		"NUL in argument":        {Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{Cmd: "echo", Args: []string{"a\x00b"}}},
+		"bad env name":           {Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{Cmd: "true", Env: map[string]string{"A=B": "c"}}},
+		"signal zero":            {Op: agentproto.OpProcessSignal, PID: 1},
+		"signal 65":              {Op: agentproto.OpProcessSignal, PID: 1, Signal: 65},
+		"create without context": {Op: agentproto.OpContextCreate},
+		"execute without spec":   {Op: agentproto.OpExecute},
+		"stat without path":      {Op: agentproto.OpFileStat},
+		"NUL in path":            {Op: agentproto.OpFileStat, Path: "a\x00b"},
+		"remove /":               {Op: agentproto.OpFileRemove, Path: "/"},
+		"move /":                 {Op: agentproto.OpFileMove, Path: "/", NewPath: "/x"},
+	}
+	for name, req := range reqs {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := a.call(t, req)
+			if r.done.Code != agentproto.CodeBadRequest {
+				t.Fatalf("done %+v, want %s", r.done, agentproto.CodeBadRequest)
+			}
+		})
+	}
+}
+
+func jsonFrame(s string) []byte {
+	b := []byte{0, 0, 0, 0, 'J'}
+	b = append(b, s...)
+	n := len(s) + 1
+	b[0], b[1], b[2], b[3] = byte(n>>24), byte(n>>16), byte(n>>8), byte(n)
+	return b
+}
+
+// TestDialWithoutRequest: a connection that sends nothing or hangs up at
+// once costs nothing and gets nothing.
+func TestDialWithoutRequest(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, Config{})
+	c := a.dial(t)
+	c.Close()
+	a.call(t, agentproto.Request{Op: agentproto.OpPing}).mustOK(t)
+}
+
+func TestContexts(t *testing.T) {
+	t.Parallel()
+	fk := &fakeKernels{}
+	a := startAgent(t, Config{
+		NewKernel: fk.new,
+		Languages: []string{"python", "javascript", "bash"},
+		Canonical: func(lang string) (string, error) {
+			switch strings.ToLower(lang) {
+			case "python", "py", "python3":
+				return "python", nil
+			case "javascript", "js", "node":
+				return "javascript", nil
+			case "bash", "sh":
+				return "bash", nil
+			case "ruby":
+				return "ruby", nil // known to the driver, not offered here
+			}
+			return "", errors.New("unknown")
+		},
+	})
+
+	// create, with an alias and a relative cwd
+	r := a.call(t, agentproto.Request{Op: agentproto.OpContextCreate, Context: &agentproto.ContextSpec{Language: "py", Cwd: "work"}}).mustOK(t)
+	info := r.done.Context
+	if info == nil || len(info.ID) != 16 || info.Language != "python" || info.Cwd != "/home/user/work" {
+		t.Fatalf("created %+v", info)
+	}
+	id := info.ID
+
+	// state survives between executions of one context
+	a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{ContextID: id, Code: "set x 42"}}).mustOK(t)
+	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{ContextID: id, Code: "get x"}}).mustOK(t)
+	if got := r.output(agentproto.EventStdout); got != "42" || r.done.Status != agentproto.StatusOK {
+		t.Fatalf("get x = %q, done %+v", got, r.done)
+	}
+	// Request.ContextID works as well as ExecuteSpec.ContextID
+	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, ContextID: id, Execute: &agentproto.ExecuteSpec{Code: "get x"}}).mustOK(t)
+	if got := r.output(agentproto.EventStdout); got != "42" {
+		t.Fatalf("get x via Request.ContextID = %q", got)
+	}
+
+	// events stream in order, the error status passes through
+	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{ContextID: id, Code: "raise boom"}}).mustOK(t)
+	if len(r.events) != 1 || r.events[0].Type != agentproto.EventError || r.events[0].Error.Value != "boom" || r.done.Status != agentproto.StatusError {
+		t.Fatalf("raise: events %+v, done %+v", r.events, r.done)
+	}
+	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{ContextID: id, Code: "result 7", Env: map[string]string{"A": "b"}}}).mustOK(t)
+	if len(r.events) != 1 || r.events[0].Result == nil || r.events[0].Result.Text != "7" {
+		t.Fatalf("result: events %+v", r.events)
+	}
+	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{ContextID: id, Code: "env A", Env: map[string]string{"A": "b"}}}).mustOK(t)
+	if got := r.output(agentproto.EventStdout); got != "b" {
+		t.Fatalf("execution env: %q", got)
+	}
+
+	// restart loses state, keeps the id
+	r = a.call(t, agentproto.Request{Op: agentproto.OpContextRestart, ContextID: id}).mustOK(t)
+	if r.done.Context == nil || r.done.Context.ID != id {
+		t.Fatalf("restart: %+v", r.done)
+	}
+	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{ContextID: id, Code: "get x"}}).mustOK(t)
+	if got := r.output(agentproto.EventStdout); got != "" {
+		t.Fatalf("after restart get x = %q", got)
+	}
+
+	// default contexts: created on first use, per language, then reused
+	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{Code: "set y 1"}}).mustOK(t)
+	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{Language: "python3", Code: "get y"}}).mustOK(t)
+	if got := r.output(agentproto.EventStdout); got != "1" {
+		t.Fatalf("default python context lost state: %q", got)
+	}
+	a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{Language: "js", Code: "print hi"}}).mustOK(t)
+
+	r = a.call(t, agentproto.Request{Op: agentproto.OpContextList}).mustOK(t)
+	var ids []string
+	for _, c := range r.done.Contexts {
+		ids = append(ids, c.ID+"/"+c.Language)
+	}
+	want := []string{id + "/python", "default-javascript/javascript", "default-python/python"}
+	slices.Sort(want)
+	if !slices.Equal(ids, want) {
+		t.Fatalf("contexts %v, want %v", ids, want)
+	}
+	if n := fk.started.Load(); n != 3 {
+		t.Fatalf("%d kernels started, want 3", n)
+	}
+
+	// delete closes the kernel
+	a.call(t, agentproto.Request{Op: agentproto.OpContextDelete, ContextID: id}).mustOK(t)
+	r = a.call(t, agentproto.Request{Op: agentproto.OpContextList}).mustOK(t)
+	if len(r.done.Contexts) != 2 {
+		t.Fatalf("after delete: %+v", r.done.Contexts)
+	}
+
+	// errors
+	errs := []struct {
+		name string
+		req  agentproto.Request
+		code string
+	}{
+		{"unknown language", agentproto.Request{Op: agentproto.OpContextCreate, Context: &agentproto.ContextSpec{Language: "cobol"}}, agentproto.CodeUnsupported},
+		{"language not offered", agentproto.Request{Op: agentproto.OpContextCreate, Context: &agentproto.ContextSpec{Language: "ruby"}}, agentproto.CodeUnsupported},
+		{"execute unknown language", agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{Language: "cobol", Code: "x"}}, agentproto.CodeUnsupported},
+		{"kernel fails to start", agentproto.Request{Op: agentproto.OpContextCreate, Context: &agentproto.ContextSpec{Language: "sh", Env: map[string]string{"FAIL": "1"}}}, agentproto.CodeInternal},
+		{"execute deleted context", agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{ContextID: id, Code: "x"}}, agentproto.CodeNotFound},
+		{"restart unknown", agentproto.Request{Op: agentproto.OpContextRestart, ContextID: "nope"}, agentproto.CodeNotFound},
+		{"delete unknown", agentproto.Request{Op: agentproto.OpContextDelete, ContextID: id}, agentproto.CodeNotFound},
+	}
+	for _, e := range errs {
+		if r := a.call(t, e.req); r.done.Code != e.code {
+			t.Errorf("%s: done %+v, want %s", e.name, r.done, e.code)
+		}
+	}
+}
+
+func TestContextsDisabled(t *testing.T) {
+	t.Parallel()
+	a := startAgentWith(t, Config{}, false)
+	r := a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{Code: "1"}})
+	if r.done.Code != agentproto.CodeUnsupported {
+		t.Fatalf("done %+v", r.done)
+	}
+	r = a.call(t, agentproto.Request{Op: agentproto.OpPing}).mustOK(t)
+	if r.done.Agent.Languages == nil || len(r.done.Agent.Languages) != 0 {
+		t.Fatalf("languages %v", r.done.Agent.Languages)
+	}
+}
+
+// TestDefaultContextCreatedOnce races first executions of a language: one
+// kernel starts, and executions in one context never overlap.
+func TestDefaultContextCreatedOnce(t *testing.T) {
+	t.Parallel()
+	fk := &fakeKernels{startDelay: 100 * time.Millisecond}
+	a := startAgent(t, Config{NewKernel: fk.new, Languages: []string{"python"}})
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			r := a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{Code: fmt.Sprintf("print %d", i)}})
+			if r.done.Code != "" || r.output(agentproto.EventStdout) != fmt.Sprint(i) {
+				t.Errorf("execution %d: %+v %q", i, r.done, r.output(agentproto.EventStdout))
+			}
+		})
+	}
+	wg.Wait()
+	if n := fk.started.Load(); n != 1 {
+		t.Fatalf("%d kernels started, want 1", n)
+	}
+	s := <-a.srv
+	a.srv <- s
+	k := s.ctxs.get("default-python").k.(*fakeKernel)
+	if k.overlap {
+		t.Fatal("executions overlapped in one context")
+	}
+}
+
+// TestExecuteHangupCancels: a client that hangs up mid-execution cancels
+// it (the kernel sees ctx end), and the context serves the next one.
+func TestExecuteHangupCancels(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, Config{})
+	s := a.open(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{Code: "block"}})
+	if ev := s.next(); ev.Type != agentproto.EventStdout || string(ev.Data) != "blocking" {
+		t.Fatalf("first event %+v", ev)
+	}
+	start := time.Now()
+	s.nc.Close()
+	r := a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{Code: "print next"}}).mustOK(t)
+	if r.output(agentproto.EventStdout) != "next" || time.Since(start) > 5*time.Second {
+		t.Fatalf("next execution: %q after %v", r.output(agentproto.EventStdout), time.Since(start))
+	}
+}
+
+// TestPanicIsContained: a panic while serving a request ends that request
+// with CodeInternal; the agent goes on.
+func TestPanicIsContained(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, Config{})
+	r := a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{Code: "panic"}})
+	if r.done.Code != agentproto.CodeInternal {
+		t.Fatalf("done %+v", r.done)
+	}
+	a.call(t, agentproto.Request{Op: agentproto.OpPing}).mustOK(t)
+	s := <-a.srv
+	a.srv <- s
+	if s.panics.Load() != 1 {
+		t.Fatalf("panics = %d", s.panics.Load())
+	}
+	s.panics.Store(0) // expected; do not fail the clean-up check
+}
+
+func TestConfigErrors(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]Config{
+		"relative home": {Root: t.TempDir(), Home: "home"},
+		"missing root":  {Root: "/nonexistent/sheepfold"},
+	} {
+		ln, err := net.Listen("unix", t.TempDir()+"/s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := Serve(context.Background(), ln, cfg); err == nil {
+			t.Errorf("%s: Serve returned nil", name)
+		}
+		if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("%s: listener left open (%v)", name, err)
+		}
+	}
+}

@@ -1,0 +1,329 @@
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"path"
+	"slices"
+	"sync"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+)
+
+// kernelContext is one code context: a kernel and its description.
+type kernelContext struct {
+	info agentproto.ContextInfo
+	k    Kernel
+	// turn admits one execution at a time: interpreters run one cell after
+	// another.
+	turn chan struct{}
+}
+
+// contextTable maps context ids to kernels.
+type contextTable struct {
+	// mu guards everything below.
+	mu   sync.Mutex
+	byID map[string]*kernelContext
+	// starting holds the default contexts being created, so that racing
+	// first executions create one kernel, not several.
+	starting map[string]chan struct{}
+	closed   bool
+}
+
+var errClosing = errors.New("agent: shutting down")
+
+func newContextTable() *contextTable {
+	return &contextTable{byID: make(map[string]*kernelContext), starting: make(map[string]chan struct{})}
+}
+
+func (t *contextTable) get(id string) *kernelContext {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.byID[id]
+}
+
+// add registers kc under its id, or closes it when the agent is stopping.
+func (t *contextTable) add(kc *kernelContext) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		kc.k.Close()
+		return errClosing
+	}
+	t.byID[kc.info.ID] = kc
+	return nil
+}
+
+func (t *contextTable) remove(id string) *kernelContext {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	kc := t.byID[id]
+	delete(t.byID, id)
+	return kc
+}
+
+func (t *contextTable) list() []agentproto.ContextInfo {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]agentproto.ContextInfo, 0, len(t.byID))
+	for _, kc := range t.byID {
+		out = append(out, kc.info)
+	}
+	slices.SortFunc(out, func(a, b agentproto.ContextInfo) int {
+		if a.ID < b.ID {
+			return -1
+		}
+		if a.ID > b.ID {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// closeAll closes every kernel; later additions are closed at once.
+func (t *contextTable) closeAll(log *slog.Logger) {
+	t.mu.Lock()
+	t.closed = true
+	all := t.byID
+	t.byID = make(map[string]*kernelContext)
+	t.mu.Unlock()
+	for id, kc := range all {
+		if err := kc.k.Close(); err != nil {
+			log.Warn("close kernel", "context", id, "err", err)
+		}
+	}
+}
+
+// language maps a requested language to its canonical name, or returns a
+// failed Done.
+func (s *server) language(lang string) (string, *agentproto.Event) {
+	if s.cfg.NewKernel == nil {
+		ev := fail(agentproto.CodeUnsupported, "code contexts are not available")
+		return "", &ev
+	}
+	if lang == "" {
+		lang = "python"
+		if len(s.cfg.Languages) > 0 {
+			lang = s.cfg.Languages[0]
+		}
+	}
+	canon := lang
+	if s.cfg.Canonical != nil {
+		c, err := s.cfg.Canonical(lang)
+		if err != nil {
+			ev := fail(agentproto.CodeUnsupported, "unsupported language %q", lang)
+			return "", &ev
+		}
+		canon = c
+	}
+	if len(s.cfg.Languages) > 0 && !slices.Contains(s.cfg.Languages, canon) {
+		ev := fail(agentproto.CodeUnsupported, "unsupported language %q", lang)
+		return "", &ev
+	}
+	return canon, nil
+}
+
+// startKernel starts a kernel for spec (whose Language is canonical) and
+// returns its context, not yet registered.
+func (s *server) startKernel(id string, spec agentproto.ContextSpec) (*kernelContext, error) {
+	if spec.Cwd == "" {
+		spec.Cwd = s.cfg.Home
+	} else if !path.IsAbs(spec.Cwd) {
+		spec.Cwd = path.Join(s.cfg.Home, spec.Cwd)
+	}
+	info := agentproto.ContextInfo{ID: id, Cwd: path.Clean(spec.Cwd)}
+	spec.Cwd = hostPath(s.cfg.Root, info.Cwd)
+	k, err := s.cfg.NewKernel(s.ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	lang := k.Language()
+	if lang == "" {
+		lang = spec.Language
+	}
+	return &kernelContext{
+		info: agentproto.ContextInfo{ID: info.ID, Language: lang, Cwd: info.Cwd},
+		k:    k,
+		turn: make(chan struct{}, 1),
+	}, nil
+}
+
+// defaultContext returns the default context of a canonical language,
+// creating it on first use.
+func (s *server) defaultContext(ctx context.Context, lang string) (*kernelContext, error) {
+	id := "default-" + lang
+	t := s.ctxs
+	for {
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			return nil, errClosing
+		}
+		if kc := t.byID[id]; kc != nil {
+			t.mu.Unlock()
+			return kc, nil
+		}
+		if ch := t.starting[id]; ch != nil {
+			t.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		ch := make(chan struct{})
+		t.starting[id] = ch
+		t.mu.Unlock()
+
+		kc, err := s.startKernel(id, agentproto.ContextSpec{Language: lang})
+		if err == nil {
+			err = t.add(kc)
+		}
+		t.mu.Lock()
+		delete(t.starting, id)
+		close(ch)
+		t.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		return kc, nil
+	}
+}
+
+func newContextID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (s *server) contextCreate(req *agentproto.Request) agentproto.Event {
+	if req.Context == nil {
+		return fail(agentproto.CodeBadRequest, "context.create needs a context")
+	}
+	spec := *req.Context
+	lang, bad := s.language(spec.Language)
+	if bad != nil {
+		return *bad
+	}
+	spec.Language = lang
+	kc, err := s.startKernel(newContextID(), spec)
+	if err != nil {
+		s.log.Warn("start kernel", "language", lang, "err", err)
+		return fail(agentproto.CodeInternal, "start %s kernel: %v", lang, err)
+	}
+	if err := s.ctxs.add(kc); err != nil {
+		return fail(agentproto.CodeInternal, "%v", err)
+	}
+	ev := ok()
+	ev.Context = &kc.info
+	return ev
+}
+
+func (s *server) contextList() agentproto.Event {
+	ev := ok()
+	ev.Contexts = s.ctxs.list()
+	return ev
+}
+
+func (s *server) contextRestart(c *conn, req *agentproto.Request) agentproto.Event {
+	kc := s.ctxs.get(req.ContextID)
+	if kc == nil {
+		return fail(agentproto.CodeNotFound, "no context %q", req.ContextID)
+	}
+	ctx, cancel := s.requestContext(c)
+	defer cancel()
+	if err := kc.k.Restart(ctx); err != nil {
+		return fail(agentproto.CodeInternal, "restart context %s: %v", req.ContextID, err)
+	}
+	ev := ok()
+	ev.Context = &kc.info
+	return ev
+}
+
+func (s *server) contextDelete(req *agentproto.Request) agentproto.Event {
+	kc := s.ctxs.remove(req.ContextID)
+	if kc == nil {
+		return fail(agentproto.CodeNotFound, "no context %q", req.ContextID)
+	}
+	if err := kc.k.Close(); err != nil {
+		s.log.Warn("close kernel", "context", req.ContextID, "err", err)
+	}
+	return ok()
+}
+
+// requestContext returns a context that ends when the client hangs up or
+// the agent stops.
+func (s *server) requestContext(c *conn) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	gone := c.hangup()
+	s.wg.Go(func() {
+		select {
+		case <-gone:
+			cancel()
+		case <-ctx.Done():
+		}
+	})
+	return ctx, cancel
+}
+
+func (s *server) execute(c *conn, req *agentproto.Request) agentproto.Event {
+	if req.Execute == nil {
+		return fail(agentproto.CodeBadRequest, "context.execute needs an execute spec")
+	}
+	spec := *req.Execute
+	if spec.ContextID == "" {
+		spec.ContextID = req.ContextID
+	}
+	ctx, cancel := s.requestContext(c)
+	defer cancel()
+
+	var kc *kernelContext
+	if spec.ContextID != "" {
+		if kc = s.ctxs.get(spec.ContextID); kc == nil {
+			return fail(agentproto.CodeNotFound, "no context %q", spec.ContextID)
+		}
+	} else {
+		lang, bad := s.language(spec.Language)
+		if bad != nil {
+			return *bad
+		}
+		var err error
+		if kc, err = s.defaultContext(ctx, lang); err != nil {
+			if ctx.Err() != nil {
+				return agentproto.Event{}
+			}
+			s.log.Warn("start default kernel", "language", lang, "err", err)
+			return fail(agentproto.CodeInternal, "start %s kernel: %v", lang, err)
+		}
+		spec.ContextID = kc.info.ID
+	}
+	spec.Language = kc.info.Language
+
+	select {
+	case kc.turn <- struct{}{}:
+	case <-ctx.Done():
+		return agentproto.Event{}
+	}
+	defer func() { <-kc.turn }()
+
+	emit := func(ev agentproto.Event) error {
+		if ev.Type == agentproto.EventDone {
+			return nil // the Done is Execute's return value
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return c.send(ev)
+	}
+	done := kc.k.Execute(ctx, spec, emit)
+	if ctx.Err() != nil && s.ctx.Err() == nil {
+		return agentproto.Event{} // the client hung up
+	}
+	done.Type = agentproto.EventDone
+	return done
+}

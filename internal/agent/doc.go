@@ -1,0 +1,30 @@
+// Package agent is the server side of the host <-> agent protocol
+// (internal/agentproto): the code that runs inside every sandbox as the
+// sandbox's own user and answers the host's requests.
+//
+// It owns, inside one sandbox:
+//   - processes started through process.start: their process groups,
+//     stdin pipes, output fan-out to subscribers, timeouts, output caps and
+//     final status. Processes belong to the agent, not to the connection that
+//     started them, so background commands survive their client and can be
+//     re-attached with process.connect;
+//   - code contexts: a table of long-lived Kernels (interpreters) created
+//     through Config.NewKernel, including the per-language default contexts;
+//   - file operations, every one confined to Config.Root with
+//     openat2(RESOLVE_IN_ROOT|RESOLVE_NO_MAGICLINKS) and *at system calls on
+//     parent directory descriptors, so that neither "..", absolute symlinks
+//     nor symlink chains reach outside Root.
+//
+// The agent trusts nothing it reads: not the host's paths, not the frames on
+// the socket, not the files in the sandbox. Malformed input gets a Done with
+// CodeBadRequest; a panic ends only the connection that caused it.
+//
+// Imports: internal/agentproto, the standard library and golang.org/x/sys.
+// Never the server, the engine or internal/kernel: the language drivers
+// reach this package only through the Kernel interface, wired up by
+// cmd/sheepfold-agent.
+//
+// Linux only: processes and files use Linux system calls (openat2, waitid,
+// process groups). On other systems Serve answers ping and context requests
+// and refuses the rest with CodeUnsupported, so the package builds anywhere.
+package agent

@@ -1,0 +1,652 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+)
+
+// Bounds of file.list; variables so that tests can lower them.
+var (
+	// maxListEntries caps one listing (Done.Truncated reports the cut).
+	maxListEntries = 10000
+	// maxListDepth caps Request.Depth.
+	maxListDepth = 64
+)
+
+// uploadPrefix starts the names of the temporary files of file.write.
+const uploadPrefix = ".sheepfold-upload-"
+
+// fileSystem performs file operations confined to a root directory.
+//
+// Paths come in as sandbox paths (absolute once resolved against home, and
+// cleaned). Every lookup that may follow a symlink goes through openat2
+// from the root descriptor with RESOLVE_IN_ROOT|RESOLVE_NO_MAGICLINKS: the
+// kernel then treats the root as "/" for "..", absolute symlinks and
+// symlink chains alike, and refuses /proc magic links. Operations on a
+// final component that must not follow it (stat, unlink, mkdir, rename,
+// readlink, create) use *at calls on its parent's descriptor with a single
+// name, which cannot leave that directory.
+type fileSystem struct {
+	rootFD int
+	home   string
+	// slashRoot: the root is "/", which the sandbox itself confines, so a
+	// kernel without openat2 may fall back to openat.
+	slashRoot bool
+}
+
+func openFileSystem(root, home string) (*fileSystem, error) {
+	fd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "agent: open root", Path: root, Err: err}
+	}
+	return &fileSystem{rootFD: fd, home: home, slashRoot: filepath.Clean(root) == "/"}, nil
+}
+
+func (fs *fileSystem) Close() error { return unix.Close(fs.rootFD) }
+
+var errEmptyPath = errors.New("empty path")
+
+// resolve turns a request path into a cleaned absolute sandbox path:
+// relative paths (and "~/...") start at home. The cleaning is lexical; the
+// confinement is the kernel's, in open.
+func (fs *fileSystem) resolve(p string) (string, error) {
+	switch {
+	case p == "":
+		return "", errEmptyPath
+	case hasNUL(p):
+		return "", errors.New("NUL byte in path")
+	case p == "~" || strings.HasPrefix(p, "~/"):
+		p = fs.home + p[1:]
+	case !path.IsAbs(p):
+		p = fs.home + "/" + p
+	}
+	return path.Clean(p), nil
+}
+
+// rel returns the sandbox path sp relative to the root descriptor.
+func rel(sp string) string {
+	if sp == "/" {
+		return "."
+	}
+	return sp[1:]
+}
+
+// open opens the sandbox path sp inside the root, following symlinks
+// within it.
+func (fs *fileSystem) open(sp string, flags int) (int, error) {
+	how := unix.OpenHow{
+		Flags:   uint64(flags | unix.O_CLOEXEC),
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+	}
+	for range 64 {
+		fd, err := unix.Openat2(fs.rootFD, rel(sp), &how)
+		switch err {
+		case unix.EINTR, unix.EAGAIN: // EAGAIN: a concurrent rename raced a ".."
+			continue
+		case unix.ENOSYS:
+			if fs.slashRoot {
+				return unix.Openat(fs.rootFD, rel(sp), flags|unix.O_CLOEXEC, 0)
+			}
+		}
+		return fd, err
+	}
+	return -1, unix.EAGAIN
+}
+
+// parent opens the directory holding sp and returns it with sp's name.
+func (fs *fileSystem) parent(sp string) (int, string, error) {
+	if sp == "/" {
+		return -1, "", unix.EINVAL
+	}
+	fd, err := fs.open(path.Dir(sp), unix.O_PATH|unix.O_DIRECTORY)
+	return fd, path.Base(sp), err
+}
+
+// lstat describes sp without following a final symlink; for a symlink it
+// also returns the link's text.
+func (fs *fileSystem) lstat(sp string) (unix.Stat_t, string, error) {
+	var st unix.Stat_t
+	if sp == "/" {
+		return st, "", unix.Fstat(fs.rootFD, &st)
+	}
+	pfd, name, err := fs.parent(sp)
+	if err != nil {
+		return st, "", err
+	}
+	defer unix.Close(pfd)
+	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return st, "", err
+	}
+	var target string
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		target = readlinkat(pfd, name)
+	}
+	return st, target, nil
+}
+
+func readlinkat(dirfd int, name string) string {
+	buf := make([]byte, unix.PathMax)
+	n, err := unix.Readlinkat(dirfd, name, buf)
+	if err != nil {
+		return ""
+	}
+	return string(buf[:n])
+}
+
+// names reads the sandbox's user and group names.
+func (fs *fileSystem) names() *idNames {
+	return &idNames{
+		users:  parseIDFile(fs.readSmall("/etc/passwd")),
+		groups: parseIDFile(fs.readSmall("/etc/group")),
+	}
+}
+
+// readSmall returns up to 1 MiB of a regular file inside the root, or nil.
+func (fs *fileSystem) readSmall(sp string) []byte {
+	fd, err := fs.open(sp, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY)
+	if err != nil {
+		return nil
+	}
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil
+	}
+	unix.SetNonblock(fd, false)
+	f := os.NewFile(uintptr(fd), sp)
+	defer f.Close()
+	data, _ := io.ReadAll(io.LimitReader(f, 1<<20))
+	return data
+}
+
+// fileInfo describes sp from its stat.
+func fileInfo(sp string, st *unix.Stat_t, names *idNames, target string) agentproto.FileInfo {
+	fi := agentproto.FileInfo{
+		Name:    path.Base(sp),
+		Path:    sp,
+		Size:    st.Size,
+		Mode:    st.Mode & 0o7777,
+		ModTime: time.Unix(st.Mtim.Unix()).UTC(),
+		Owner:   names.user(st.Uid),
+		Group:   names.group(st.Gid),
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		fi.Type = agentproto.FileTypeFile
+	case unix.S_IFDIR:
+		fi.Type = agentproto.FileTypeDir
+	case unix.S_IFLNK:
+		fi.Type = agentproto.FileTypeSymlink
+		// Reported as the absolute sandbox path the link names
+		// (lexically), as E2B clients expect.
+		if target != "" {
+			if !path.IsAbs(target) {
+				target = path.Join(path.Dir(sp), target)
+			}
+			fi.SymlinkTarget = path.Clean(target)
+		}
+	default:
+		fi.Type = agentproto.FileTypeOther
+	}
+	return fi
+}
+
+// stat returns sp's FileInfo.
+func (fs *fileSystem) stat(sp string, names *idNames) (agentproto.FileInfo, error) {
+	st, target, err := fs.lstat(sp)
+	if err != nil {
+		return agentproto.FileInfo{}, err
+	}
+	return fileInfo(sp, &st, names, target), nil
+}
+
+// mkdirAll makes the directory sp and its missing parents (mode 0755).
+// Through a dangling symlink it fails rather than create the target.
+func (fs *fileSystem) mkdirAll(sp string) error {
+	fd, err := fs.open(sp, unix.O_PATH|unix.O_DIRECTORY)
+	if err == nil {
+		unix.Close(fd)
+		return nil
+	}
+	if err != unix.ENOENT || sp == "/" {
+		return err
+	}
+	if err := fs.mkdirAll(path.Dir(sp)); err != nil {
+		return err
+	}
+	pfd, name, err := fs.parent(sp)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	if err := unix.Mkdirat(pfd, name, 0o755); err != nil && err != unix.EEXIST {
+		return err
+	}
+	fd, err = fs.open(sp, unix.O_PATH|unix.O_DIRECTORY)
+	if err != nil {
+		return err
+	}
+	unix.Close(fd)
+	return nil
+}
+
+// resolveReq resolves a request path or returns a failed Done.
+func (s *server) resolveReq(p string) (string, *agentproto.Event) {
+	sp, err := s.files.resolve(p)
+	if err != nil {
+		ev := fail(agentproto.CodeBadRequest, "bad path %q: %v", p, err)
+		return "", &ev
+	}
+	return sp, nil
+}
+
+func (s *server) fileStat(req *agentproto.Request) agentproto.Event {
+	sp, bad := s.resolveReq(req.Path)
+	if bad != nil {
+		return *bad
+	}
+	fi, err := s.files.stat(sp, s.files.names())
+	if err != nil {
+		return failErr(sp, err)
+	}
+	ev := ok()
+	ev.Entry = &fi
+	return ev
+}
+
+func (s *server) fileRead(c *conn, req *agentproto.Request) agentproto.Event {
+	sp, bad := s.resolveReq(req.Path)
+	if bad != nil {
+		return *bad
+	}
+	// O_NONBLOCK: opening a FIFO must not hang the agent; regular files
+	// ignore it.
+	fd, err := s.files.open(sp, unix.O_RDONLY|unix.O_NOCTTY|unix.O_NONBLOCK)
+	if err != nil {
+		return failErr(sp, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return failErr(sp, err)
+	}
+	switch {
+	case st.Mode&unix.S_IFMT == unix.S_IFDIR:
+		unix.Close(fd)
+		return failErr(sp, unix.EISDIR)
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		unix.Close(fd)
+		return fail(agentproto.CodeBadRequest, "%s: not a regular file", sp)
+	case req.Limit > 0 && st.Size > req.Limit:
+		unix.Close(fd)
+		return fail(agentproto.CodeTooLarge, "%s: %d bytes, over the limit of %d", sp, st.Size, req.Limit)
+	}
+	unix.SetNonblock(fd, false)
+	f := os.NewFile(uintptr(fd), sp)
+	defer f.Close()
+
+	fi := fileInfo(sp, &st, s.files.names(), "")
+	if err := c.send(agentproto.Event{Type: agentproto.EventFile, Entry: &fi}); err != nil {
+		return agentproto.Event{}
+	}
+	buf := make([]byte, agentproto.DataChunk)
+	var n int64
+	var readErr error
+	for {
+		k, err := f.Read(buf)
+		if k > 0 {
+			n += int64(k)
+			if req.Limit > 0 && n > req.Limit { // a file that grew, or a /proc file
+				readErr = agentproto.ErrBodyTooLarge
+				break
+			}
+			if err := c.sendData(buf[:k]); err != nil {
+				return agentproto.Event{}
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			readErr = err
+			break
+		}
+	}
+	if err := c.sendData(nil); err != nil {
+		return agentproto.Event{}
+	}
+	if readErr != nil {
+		return failErr(sp, readErr)
+	}
+	return ok()
+}
+
+func (s *server) fileWrite(c *conn, req *agentproto.Request) agentproto.Event {
+	sp, bad := s.resolveReq(req.Path)
+	if bad != nil {
+		return *bad
+	}
+	if sp == "/" {
+		return failErr(sp, unix.EISDIR)
+	}
+	mode := req.Mode & 0o777
+	if mode == 0 {
+		mode = 0o644
+	}
+	if err := s.files.mkdirAll(path.Dir(sp)); err != nil {
+		return failErr(path.Dir(sp), err)
+	}
+	pfd, name, err := s.files.parent(sp)
+	if err != nil {
+		return failErr(sp, err)
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return failErr(sp, unix.EISDIR) // before reading the body
+	}
+
+	// Write the body to a new file beside the target and rename it over
+	// the target only once complete: a failed, aborted or oversized upload
+	// leaves nothing behind. A symlink at the target is replaced, never
+	// followed.
+	tmp := uploadPrefix + newContextID()
+	fd, err := unix.Openat(pfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return failErr(sp, err)
+	}
+	f := os.NewFile(uintptr(fd), tmp)
+	_, err = c.pc.ReadBody(f, req.Limit)
+	if err == nil {
+		err = unix.Fchmod(fd, mode)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Renameat(pfd, tmp, pfd, name)
+	}
+	if err != nil {
+		unix.Unlinkat(pfd, tmp, 0)
+		if errors.Is(err, agentproto.ErrBodyTooLarge) {
+			return fail(agentproto.CodeTooLarge, "%s: body over the limit of %d bytes", sp, req.Limit)
+		}
+		return failErr(sp, err)
+	}
+	fi, err := s.files.stat(sp, s.files.names())
+	if err != nil {
+		return failErr(sp, err)
+	}
+	ev := ok()
+	ev.Entry = &fi
+	return ev
+}
+
+func (s *server) fileMkdir(req *agentproto.Request) agentproto.Event {
+	sp, bad := s.resolveReq(req.Path)
+	if bad != nil {
+		return *bad
+	}
+	if sp == "/" {
+		return failErr(sp, unix.EEXIST)
+	}
+	mode := req.Mode & 0o1777
+	if mode == 0 {
+		mode = 0o755
+	}
+	if err := s.files.mkdirAll(path.Dir(sp)); err != nil {
+		return failErr(path.Dir(sp), err)
+	}
+	pfd, name, err := s.files.parent(sp)
+	if err != nil {
+		return failErr(sp, err)
+	}
+	defer unix.Close(pfd)
+	if err := unix.Mkdirat(pfd, name, 0o700); err != nil {
+		return failErr(sp, err)
+	}
+	// Set the mode exactly (no umask) on the directory just made.
+	fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err == nil {
+		err = unix.Fchmod(fd, mode)
+		unix.Close(fd)
+	}
+	if err != nil {
+		return failErr(sp, err)
+	}
+	fi, err := s.files.stat(sp, s.files.names())
+	if err != nil {
+		return failErr(sp, err)
+	}
+	ev := ok()
+	ev.Entry = &fi
+	return ev
+}
+
+// listing collects the entries of a file.list.
+type listing struct {
+	names     *idNames
+	entries   []agentproto.FileInfo
+	truncated bool
+}
+
+func (s *server) fileList(req *agentproto.Request) agentproto.Event {
+	p := req.Path
+	if p == "" {
+		p = s.cfg.Home
+	}
+	sp, bad := s.resolveReq(p)
+	if bad != nil {
+		return *bad
+	}
+	depth := min(max(req.Depth, 1), maxListDepth)
+	fd, err := s.files.open(sp, unix.O_RDONLY|unix.O_DIRECTORY)
+	if err != nil {
+		return failErr(sp, err)
+	}
+	l := &listing{names: s.files.names(), entries: []agentproto.FileInfo{}}
+	walk(fd, sp, depth, l)
+	slices.SortFunc(l.entries, func(a, b agentproto.FileInfo) int { return strings.Compare(a.Path, b.Path) })
+
+	ev := ok()
+	ev.Entries = l.entries
+	ev.Truncated = l.truncated
+	// The Done must fit in one frame.
+	for len(ev.Entries) > 0 {
+		b, err := json.Marshal(ev)
+		if err == nil && len(b) < agentproto.MaxFrame-1 {
+			break
+		}
+		ev.Entries = ev.Entries[:len(ev.Entries)/2]
+		ev.Truncated = true
+	}
+	return ev
+}
+
+// walk lists the directory open at fd (and takes ownership of fd), down to
+// depth levels. It never follows a symlink: subdirectories are opened by a
+// single name with O_NOFOLLOW relative to their parent.
+func walk(fd int, dir string, depth int, l *listing) {
+	f := os.NewFile(uintptr(fd), dir)
+	defer f.Close()
+	for {
+		batch, err := f.Readdirnames(1024)
+		for _, name := range batch {
+			if len(l.entries) >= maxListEntries {
+				l.truncated = true
+				return
+			}
+			var st unix.Stat_t
+			if unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
+				continue // vanished meanwhile
+			}
+			var target string
+			if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				target = readlinkat(fd, name)
+			}
+			sp := path.Join(dir, name)
+			l.entries = append(l.entries, fileInfo(sp, &st, l.names, target))
+			if depth > 1 && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				cfd, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+				if err == nil {
+					walk(cfd, sp, depth-1, l)
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (s *server) fileRemove(req *agentproto.Request) agentproto.Event {
+	sp, bad := s.resolveReq(req.Path)
+	if bad != nil {
+		return *bad
+	}
+	if sp == "/" {
+		return fail(agentproto.CodeBadRequest, "refusing to remove /")
+	}
+	pfd, name, err := s.files.parent(sp)
+	if err != nil {
+		return failErr(sp, err)
+	}
+	defer unix.Close(pfd)
+	if err := removeAt(pfd, name); err != nil {
+		return failErr(sp, err)
+	}
+	return ok()
+}
+
+// removeAt removes name in the directory dirfd, recursively for a
+// directory, never following symlinks.
+func removeAt(dirfd int, name string) error {
+	err := unix.Unlinkat(dirfd, name, 0)
+	if err != unix.EISDIR { // Linux's answer to unlinking a directory
+		return err
+	}
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	for range 3 { // retry if files appear while we remove
+		names, err := f.Readdirnames(-1)
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			if err := removeAt(fd, n); err != nil && err != unix.ENOENT {
+				return err
+			}
+		}
+		err = unix.Unlinkat(dirfd, name, unix.AT_REMOVEDIR)
+		if err != unix.ENOTEMPTY {
+			return err
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+	}
+	return unix.ENOTEMPTY
+}
+
+func (s *server) fileMove(req *agentproto.Request) agentproto.Event {
+	src, bad := s.resolveReq(req.Path)
+	if bad != nil {
+		return *bad
+	}
+	dst, bad := s.resolveReq(req.NewPath)
+	if bad != nil {
+		return *bad
+	}
+	if src == "/" || dst == "/" {
+		return fail(agentproto.CodeBadRequest, "cannot move /")
+	}
+	if err := s.files.mkdirAll(path.Dir(dst)); err != nil {
+		return failErr(path.Dir(dst), err)
+	}
+	opfd, oname, err := s.files.parent(src)
+	if err != nil {
+		return failErr(src, err)
+	}
+	defer unix.Close(opfd)
+	npfd, nname, err := s.files.parent(dst)
+	if err != nil {
+		return failErr(dst, err)
+	}
+	defer unix.Close(npfd)
+	err = unix.Renameat2(opfd, oname, npfd, nname, 0)
+	if err == unix.ENOSYS {
+		err = unix.Renameat(opfd, oname, npfd, nname)
+	}
+	if err == unix.EXDEV {
+		err = copyAcross(opfd, oname, npfd, nname)
+	}
+	if err != nil {
+		return failErr(src+" -> "+dst, err)
+	}
+	fi, err := s.files.stat(dst, s.files.names())
+	if err != nil {
+		return failErr(dst, err)
+	}
+	ev := ok()
+	ev.Entry = &fi
+	return ev
+}
+
+// copyAcross moves a regular file between filesystems (/tmp and /home/user
+// are separate tmpfs mounts in a sandbox): copy beside the target, rename
+// over it, then unlink the source. Anything else stays EXDEV.
+func copyAcross(opfd int, oname string, npfd int, nname string) error {
+	in, err := unix.Openat(opfd, oname, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err == unix.ELOOP {
+		return unix.EXDEV // a symlink
+	}
+	if err != nil {
+		return err
+	}
+	inf := os.NewFile(uintptr(in), oname)
+	defer inf.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(in, &st); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return unix.EXDEV
+	}
+	unix.SetNonblock(in, false)
+	tmp := uploadPrefix + newContextID()
+	out, err := unix.Openat(npfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	outf := os.NewFile(uintptr(out), tmp)
+	_, err = io.Copy(outf, inf)
+	if err == nil {
+		err = unix.Fchmod(out, st.Mode&0o7777)
+	}
+	if cerr := outf.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Renameat(npfd, tmp, npfd, nname)
+	}
+	if err != nil {
+		unix.Unlinkat(npfd, tmp, 0)
+		return err
+	}
+	return unix.Unlinkat(opfd, oname, 0)
+}

@@ -1,0 +1,634 @@
+// Package kernel runs stateful code contexts: long-lived interpreters
+// (Python, Node, Bash) driven by small embedded driver scripts, one
+// execution at a time, with output streamed as it is written.
+//
+// Each interpreter runs in its own process group with three channels: its
+// real stdout and stderr (pipes the kernel streams as they fill) and a
+// control pipe pair (fds 3 and 4) carrying JSON lines: the request in, the
+// results, the error and "done" out. At the end of every execution the
+// driver writes a per-execution random marker to stdout and stderr, so the
+// kernel knows when all output of that execution has been read.
+//
+// Timeouts and the output cap send SIGINT to the group, then SIGKILL after
+// Options.InterruptGrace; an interpreter that died is restarted on the next
+// execution. CPU time and peak memory are read from /proc for the
+// interpreter (children it waited for count too).
+//
+// Imports: agentproto, the standard library and x/sys only.
+package kernel
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+)
+
+var (
+	//go:embed python_driver.py
+	pythonDriver string
+	//go:embed node_driver.js
+	nodeDriver string
+	//go:embed bash_driver.sh
+	bashDriver string
+)
+
+// ErrUnsupported reports an unknown language.
+var ErrUnsupported = errors.New("unsupported language")
+
+// Languages lists the canonical language names.
+func Languages() []string { return []string{"python", "javascript", "bash"} }
+
+// Canonical maps a language name or alias to its canonical name.
+func Canonical(lang string) (string, error) {
+	switch strings.ToLower(strings.TrimSpace(lang)) {
+	case "", "python", "py", "python3":
+		return "python", nil
+	case "javascript", "js", "node", "nodejs":
+		return "javascript", nil
+	case "bash", "sh", "shell":
+		return "bash", nil
+	}
+	return "", fmt.Errorf("%w: %q (supported: python, javascript, bash)", ErrUnsupported, lang)
+}
+
+// Options configure how kernels start.
+type Options struct {
+	Python, Node, Bash string        // interpreter paths [/usr/bin/python3, /usr/bin/node, /bin/bash]
+	BaseEnv            []string      // the interpreter's environment; the spec's Env is added
+	DefaultCwd         string        // when the spec has none [/home/user]
+	InterruptGrace     time.Duration // SIGINT to SIGKILL [500ms]
+}
+
+// Kernel is one context's interpreter. Its methods are safe for concurrent
+// use; executions are serialised.
+type Kernel struct {
+	lang string
+	spec agentproto.ContextSpec
+	opt  Options
+
+	// mu serialises executions, restarts and Close, and guards p and closed.
+	mu     sync.Mutex
+	p      *proc
+	closed bool
+}
+
+// proc is one running interpreter.
+type proc struct {
+	cmd    *exec.Cmd
+	ctlW   *os.File
+	out    chan chunk // stdout/stderr chunks; stream -1 means both have closed
+	ctl    chan ctlMsg
+	exited chan struct{} // closed when the process has been waited for
+}
+
+type chunk struct {
+	stream int // 1 stdout, 2 stderr
+	data   []byte
+	eof    bool
+}
+
+type ctlMsg struct {
+	Type   string                `json:"type"`
+	Result *agentproto.Result    `json:"result,omitempty"`
+	Error  *agentproto.ExecError `json:"error,omitempty"`
+	raw    string
+}
+
+// Start starts an interpreter for spec.Language.
+func Start(ctx context.Context, spec agentproto.ContextSpec, opt Options) (*Kernel, error) {
+	lang, err := Canonical(spec.Language)
+	if err != nil {
+		return nil, err
+	}
+	if opt.Python == "" {
+		opt.Python = "/usr/bin/python3"
+	}
+	if opt.Node == "" {
+		opt.Node = "/usr/bin/node"
+	}
+	if opt.Bash == "" {
+		opt.Bash = "/bin/bash"
+	}
+	if opt.DefaultCwd == "" {
+		opt.DefaultCwd = "/home/user"
+	}
+	if opt.InterruptGrace <= 0 {
+		opt.InterruptGrace = 500 * time.Millisecond
+	}
+	if spec.Cwd == "" {
+		spec.Cwd = opt.DefaultCwd
+	}
+	spec.Language = lang
+	k := &Kernel{lang: lang, spec: spec, opt: opt}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err := k.start(); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// Language returns the canonical language.
+func (k *Kernel) Language() string { return k.lang }
+
+func (k *Kernel) command() *exec.Cmd {
+	switch k.lang {
+	case "python":
+		return exec.Command(k.opt.Python, "-u", "-c", pythonDriver)
+	case "javascript":
+		return exec.Command(k.opt.Node, "-e", nodeDriver)
+	default:
+		return exec.Command(k.opt.Bash, "--noprofile", "--norc", "-c", bashDriver)
+	}
+}
+
+// start launches the interpreter; k.mu is held.
+func (k *Kernel) start() error {
+	cmd := k.command()
+	cmd.Dir = k.spec.Cwd
+	env := append([]string{}, k.opt.BaseEnv...)
+	if k.lang == "python" {
+		env = append(env, "MPLBACKEND=Agg", "PYTHONUNBUFFERED=1")
+	}
+	keys := make([]string, 0, len(k.spec.Env))
+	for key := range k.spec.Env {
+		keys = append(keys, key)
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		env = append(env, key+"="+k.spec.Env[key])
+	}
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+
+	reqR, reqW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	msgR, msgW, err := os.Pipe()
+	if err != nil {
+		reqR.Close()
+		reqW.Close()
+		return err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return errors.Join(err, closeAll(reqR, reqW, msgR, msgW))
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return errors.Join(err, closeAll(reqR, reqW, msgR, msgW))
+	}
+	cmd.ExtraFiles = []*os.File{reqR, msgW}
+	if err := cmd.Start(); err != nil {
+		return errors.Join(fmt.Errorf("start %s: %w", k.lang, err), closeAll(reqR, reqW, msgR, msgW))
+	}
+	reqR.Close()
+	msgW.Close()
+	// Let the OOM killer pick the interpreter before the agent.
+	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte("500"), 0)
+
+	p := &proc{cmd: cmd, ctlW: reqW, out: make(chan chunk, 64), ctl: make(chan ctlMsg, 16), exited: make(chan struct{})}
+	var readers sync.WaitGroup
+	readers.Add(2)
+	go p.pump(1, stdout, &readers)
+	go p.pump(2, stderr, &readers)
+	go func() {
+		defer close(p.ctl)
+		sc := bufio.NewScanner(msgR)
+		sc.Buffer(make([]byte, 64<<10), agentproto.MaxFrame)
+		for sc.Scan() {
+			line := sc.Bytes()
+			var m ctlMsg
+			if k.lang == "bash" {
+				m.Type = "done"
+				m.raw = string(line)
+			} else if err := json.Unmarshal(line, &m); err != nil {
+				continue
+			}
+			p.ctl <- m
+		}
+		msgR.Close()
+	}()
+	go func() {
+		readers.Wait() // cmd.Wait closes the pipes: read them to the end first
+		close(p.out)
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	k.p = p
+	return nil
+}
+
+func (p *proc) pump(stream int, r io.Reader, wg *sync.WaitGroup) {
+	defer wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			p.out <- chunk{stream: stream, data: bytes.Clone(buf[:n])}
+		}
+		if err != nil {
+			p.out <- chunk{stream: stream, eof: true}
+			return
+		}
+	}
+}
+
+func closeAll(fs ...*os.File) error {
+	for _, f := range fs {
+		f.Close()
+	}
+	return nil
+}
+
+// kill ends the interpreter's whole process group and waits for it.
+func (p *proc) kill() {
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	p.ctlW.Close()
+	// Drain the readers so they reach the end of their pipes and exit.
+	go func() {
+		for range p.out {
+		}
+	}()
+	go func() {
+		for range p.ctl {
+		}
+	}()
+	select {
+	case <-p.exited:
+	case <-time.After(5 * time.Second):
+	}
+}
+
+func (p *proc) alive() bool {
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Restart replaces the interpreter; its state is gone.
+func (k *Kernel) Restart(ctx context.Context) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return errors.New("kernel closed")
+	}
+	if k.p != nil {
+		k.p.kill()
+		k.p = nil
+	}
+	return k.start()
+}
+
+// Close kills the interpreter. It is idempotent.
+func (k *Kernel) Close() error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.closed = true
+	if k.p != nil {
+		k.p.kill()
+		k.p = nil
+	}
+	return nil
+}
+
+func newMarker() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return "SHEEPFOLD-END-" + hex.EncodeToString(b[:])
+}
+
+// request encodes one execution for the driver.
+func (k *Kernel) request(spec agentproto.ExecuteSpec, marker string) []byte {
+	if k.lang != "bash" {
+		b, _ := json.Marshal(map[string]any{"code": spec.Code, "env": spec.Env, "marker": marker})
+		return append(b, '\n')
+	}
+	var pre, post strings.Builder
+	keys := make([]string, 0, len(spec.Env))
+	for key := range spec.Env {
+		keys = append(keys, key)
+	}
+	sort.Strings(keys)
+	for i, key := range keys {
+		if !validName(key) {
+			continue
+		}
+		fmt.Fprintf(&pre, "if [ -n \"${%[1]s+x}\" ]; then __sf_s%[2]d=$%[1]s; __sf_h%[2]d=1; else __sf_h%[2]d=; fi; export %[1]s=%[3]s\n",
+			key, i, shellQuote(spec.Env[key]))
+		fmt.Fprintf(&post, "if [ -n \"$__sf_h%[2]d\" ]; then %[1]s=$__sf_s%[2]d; else unset %[1]s; fi\n", key, i)
+	}
+	code := pre.String() + spec.Code + "\n"
+	postS := post.String() + ":\n"
+	return []byte(fmt.Sprintf("%s %d %d\n%s%s", marker, len(code), len(postS), code, postS))
+}
+
+func validName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i, r := range s {
+		if !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || i > 0 && r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// Execute runs code; see the agent's Kernel interface.
+func (k *Kernel) Execute(ctx context.Context, spec agentproto.ExecuteSpec, emit func(agentproto.Event) error) agentproto.Event {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	start := time.Now()
+	done := agentproto.Event{Type: agentproto.EventDone}
+	if k.closed {
+		done.Code, done.Message = agentproto.CodeNotFound, "the context was deleted"
+		return done
+	}
+	if k.p == nil || !k.p.alive() {
+		if k.p != nil {
+			k.p.kill()
+		}
+		if err := k.start(); err != nil {
+			done.Code, done.Message = agentproto.CodeInternal, err.Error()
+			return done
+		}
+	}
+	p := k.p
+	pid := p.cmd.Process.Pid
+	// Output written between executions (a background thread, say)
+	// belongs to none: drop it.
+	for drained := false; !drained; {
+		select {
+		case c := <-p.out:
+			if c.eof {
+				p.kill()
+				k.p = nil
+				if err := k.start(); err != nil {
+					done.Code, done.Message = agentproto.CodeInternal, err.Error()
+					return done
+				}
+				p, pid = k.p, k.p.cmd.Process.Pid
+			}
+		default:
+			drained = true
+		}
+	}
+	cpu0 := cpuMS(pid)
+	_ = os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0)
+
+	emitting := true
+	send := func(ev agentproto.Event) {
+		if emitting && emit(ev) != nil {
+			emitting = false
+		}
+	}
+	marker := newMarker()
+	if _, err := p.ctlW.Write(k.request(spec, marker)); err != nil {
+		p.kill()
+		k.p = nil
+		done.Status = agentproto.StatusKilled
+		send(agentproto.Event{Type: agentproto.EventError, Error: &agentproto.ExecError{
+			Name: "KernelDied", Value: "the interpreter was not running; state is lost", Traceback: err.Error()}})
+		return done
+	}
+
+	var (
+		timer     <-chan time.Time
+		killTimer <-chan time.Time
+		status    = agentproto.StatusOK
+		why       string // set once we interrupt: "timeout", "output", "cancel"
+		outBytes  int64
+		seen      = [3]bool{}
+		pending   = [3][]byte{}
+		gotDone   bool
+		execErr   *agentproto.ExecError
+		eofs      int
+		ctxDone   = ctx.Done()
+		out       = p.out
+		ctl       = p.ctl
+		exited    = p.exited
+		mark      = []byte("\x1e" + marker + "\n")
+	)
+	if spec.TimeoutMS > 0 {
+		timer = time.After(time.Duration(spec.TimeoutMS) * time.Millisecond)
+	}
+	interrupt := func(reason string) {
+		if why != "" {
+			return
+		}
+		why = reason
+		_ = syscall.Kill(-pid, syscall.SIGINT)
+		killTimer = time.After(k.opt.InterruptGrace)
+	}
+	output := func(stream int, data []byte) {
+		if len(data) == 0 {
+			return
+		}
+		if spec.MaxOutputBytes > 0 {
+			room := spec.MaxOutputBytes - outBytes
+			if room <= 0 {
+				done.Truncated = true
+				interrupt("output")
+				return
+			}
+			if int64(len(data)) > room {
+				data = data[:room]
+				done.Truncated = true
+				interrupt("output")
+			}
+		}
+		outBytes += int64(len(data))
+		typ := agentproto.EventStdout
+		if stream == 2 {
+			typ = agentproto.EventStderr
+		}
+		send(agentproto.Event{Type: typ, Data: data})
+	}
+	killed := false
+loop:
+	for !(gotDone && seen[1] && seen[2]) {
+		select {
+		case c, ok := <-out:
+			if !ok {
+				out = nil
+				continue
+			}
+			if c.eof {
+				eofs++
+				seen[c.stream] = true
+				output(c.stream, pending[c.stream])
+				pending[c.stream] = nil
+				continue
+			}
+			if seen[c.stream] {
+				continue // output after the marker belongs to no execution
+			}
+			buf := append(pending[c.stream], c.data...)
+			if i := bytes.Index(buf, mark); i >= 0 {
+				output(c.stream, buf[:i])
+				pending[c.stream] = nil
+				seen[c.stream] = true
+				continue
+			}
+			keep := partialSuffix(buf, mark)
+			output(c.stream, buf[:len(buf)-keep])
+			pending[c.stream] = bytes.Clone(buf[len(buf)-keep:])
+		case m, ok := <-ctl:
+			if !ok {
+				break loop // the interpreter is gone
+			}
+			switch m.Type {
+			case "result":
+				if m.Result != nil {
+					send(agentproto.Event{Type: agentproto.EventResult, Result: m.Result})
+				}
+			case "error":
+				execErr = m.Error
+			case "done":
+				gotDone = true
+				if k.lang == "bash" {
+					var rc int
+					fmt.Sscanf(strings.TrimPrefix(m.raw, "done "), "%d", &rc)
+					if rc != 0 {
+						execErr = &agentproto.ExecError{Name: "ExitError", Value: "exit status " + strconv.Itoa(rc)}
+					}
+				}
+			}
+		case <-timer:
+			timer = nil
+			interrupt("timeout")
+		case <-ctxDone:
+			ctxDone = nil
+			interrupt("cancel")
+		case <-killTimer:
+			killed = true
+			break loop
+		case <-exited:
+			// The control pipe closes too; its last messages come first.
+			exited = nil
+		}
+	}
+	if killed || !gotDone {
+		p.kill()
+		k.p = nil
+	}
+	if !killed && !gotDone {
+		// The interpreter died on its own (a signal such as the OOM
+		// killer's, or exit in a shell).
+		status = agentproto.StatusKilled
+		desc := "the interpreter exited"
+		if st := p.cmd.ProcessState; st != nil {
+			if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				desc = fmt.Sprintf("the interpreter was killed by signal %d (%s), possibly out of memory", int(ws.Signal()), ws.Signal())
+			} else {
+				desc = fmt.Sprintf("the interpreter exited with status %d", st.ExitCode())
+			}
+		}
+		execErr = &agentproto.ExecError{Name: "KernelDied", Value: desc + "; state is lost"}
+	}
+	switch why {
+	case "timeout":
+		status = agentproto.StatusTimeout
+		execErr = &agentproto.ExecError{Name: "TimeoutError",
+			Value: fmt.Sprintf("execution exceeded %s", time.Duration(spec.TimeoutMS)*time.Millisecond)}
+		if killed {
+			execErr.Value += "; the interpreter did not stop and was killed, state is lost"
+		}
+	case "output":
+		status = agentproto.StatusOutputLimit
+		done.Truncated = true
+		execErr = &agentproto.ExecError{Name: "OutputLimitExceeded",
+			Value: fmt.Sprintf("output passed %d bytes and the execution was stopped", spec.MaxOutputBytes)}
+	case "cancel":
+		status = agentproto.StatusError
+		execErr = &agentproto.ExecError{Name: "Cancelled", Value: "the execution was cancelled"}
+	}
+	if execErr != nil && status == agentproto.StatusOK {
+		status = agentproto.StatusError
+	}
+	if execErr != nil {
+		send(agentproto.Event{Type: agentproto.EventError, Error: execErr})
+	}
+	done.Status = status
+	done.Stats = &agentproto.Stats{DurationMS: float64(time.Since(start).Microseconds()) / 1000}
+	if k.p != nil {
+		done.Stats.CPUTimeMS = cpuMS(pid) - cpu0
+		done.Stats.PeakMemoryBytes = peakRSS(pid)
+	}
+	return done
+}
+
+var clockTicks = 100.0 // USER_HZ on Linux
+
+// cpuMS reads utime+stime+cutime+cstime of pid in milliseconds.
+func cpuMS(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 15 {
+		return 0
+	}
+	var total float64
+	for _, idx := range []int{11, 12, 13, 14} { // fields 14-17 of stat, after pid and comm
+		v, _ := strconv.ParseFloat(f[idx], 64)
+		total += v
+	}
+	return total * 1000 / clockTicks
+}
+
+// peakRSS reads VmHWM of pid in bytes.
+func peakRSS(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// partialSuffix is the length of the longest end of buf that could be the
+// start of mark: those bytes wait for the next chunk.
+func partialSuffix(buf, mark []byte) int {
+	for n := min(len(mark)-1, len(buf)); n > 0; n-- {
+		if bytes.HasPrefix(mark, buf[len(buf)-n:]) {
+			return n
+		}
+	}
+	return 0
+}

@@ -1,0 +1,265 @@
+package kernel
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+)
+
+type record struct {
+	stdout, stderr string
+	results        []agentproto.Result
+	err            *agentproto.ExecError
+	stdoutEvents   int
+	done           agentproto.Event
+}
+
+func start(t *testing.T, lang string, env map[string]string) *Kernel {
+	t.Helper()
+	k, err := Start(context.Background(), agentproto.ContextSpec{Language: lang, Cwd: t.TempDir(), Env: env},
+		Options{BaseEnv: []string{"PATH=/usr/bin:/bin", "HOME=/tmp"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	return k
+}
+
+func run(t *testing.T, k *Kernel, spec agentproto.ExecuteSpec) record {
+	t.Helper()
+	var r record
+	r.done = k.Execute(context.Background(), spec, func(ev agentproto.Event) error {
+		switch ev.Type {
+		case agentproto.EventStdout:
+			r.stdout += string(ev.Data)
+			r.stdoutEvents++
+		case agentproto.EventStderr:
+			r.stderr += string(ev.Data)
+		case agentproto.EventResult:
+			r.results = append(r.results, *ev.Result)
+		case agentproto.EventError:
+			r.err = ev.Error
+		}
+		return nil
+	})
+	return r
+}
+
+func code(c string) agentproto.ExecuteSpec { return agentproto.ExecuteSpec{Code: c} }
+
+func main(r record) string {
+	for _, res := range r.results {
+		if res.IsMainResult {
+			return res.Text
+		}
+	}
+	return ""
+}
+
+func TestPython(t *testing.T) {
+	t.Parallel()
+	k := start(t, "py", nil)
+	if r := run(t, k, code("x = 41")); r.done.Status != agentproto.StatusOK || len(r.results) != 0 {
+		t.Fatalf("x = 41: %+v", r)
+	}
+	if r := run(t, k, code("x + 1")); main(r) != "42" {
+		t.Fatalf("state: %+v", r)
+	}
+	r := run(t, k, code("import sys\nprint('out')\nprint('err', file=sys.stderr)\nclass H:\n    def _repr_html_(self): return '<b>h</b>'\ndisplay(H())\nH()"))
+	if r.stdout != "out\n" || r.stderr != "err\n" || len(r.results) != 2 || r.results[1].HTML != "<b>h</b>" || !r.results[1].IsMainResult || r.results[0].IsMainResult {
+		t.Fatalf("output and results: %+v", r)
+	}
+	r = run(t, k, code("def f():\n    raise ValueError('bad')\nf()"))
+	if r.done.Status != agentproto.StatusError || r.err == nil || r.err.Name != "ValueError" || r.err.Value != "bad" ||
+		!strings.Contains(r.err.Traceback, "f()") || strings.Contains(r.err.Traceback, "_run") {
+		t.Fatalf("exception: %+v", r.err)
+	}
+	if r = run(t, k, code("def (")); r.err == nil || r.err.Name != "SyntaxError" {
+		t.Fatalf("syntax error: %+v", r.err)
+	}
+	if r = run(t, k, code("import sys; sys.exit(3)")); r.err == nil || r.err.Name != "SystemExit" {
+		t.Fatalf("sys.exit: %+v", r.err)
+	}
+	r = run(t, k, agentproto.ExecuteSpec{Code: "import os\nos.environ.get('ONCE')", Env: map[string]string{"ONCE": "yes"}})
+	if main(r) != "'yes'" {
+		t.Fatalf("env: %+v", r)
+	}
+	if r = run(t, k, code("import os\nos.environ.get('ONCE')")); len(r.results) != 0 {
+		t.Fatalf("env leaked into the next execution: %+v", r.results)
+	}
+	if r = run(t, k, code("x")); main(r) != "41" {
+		t.Fatalf("state lost: %+v", r)
+	}
+	if r.done.Stats == nil || r.done.Stats.PeakMemoryBytes < 1<<20 {
+		t.Fatalf("stats: %+v", r.done.Stats)
+	}
+}
+
+func TestPythonStreams(t *testing.T) {
+	t.Parallel()
+	k := start(t, "python", nil)
+	var first, last time.Time
+	n := 0
+	k.Execute(context.Background(), code("import time\nfor i in range(3):\n    print(i)\n    time.sleep(0.2)"), func(ev agentproto.Event) error {
+		if ev.Type == agentproto.EventStdout {
+			if n == 0 {
+				first = time.Now()
+			}
+			last = time.Now()
+			n++
+		}
+		return nil
+	})
+	if n < 3 || last.Sub(first) < 300*time.Millisecond {
+		t.Fatalf("output was not streamed: %d events over %s", n, last.Sub(first))
+	}
+}
+
+func TestPythonFigures(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "matplotlib"), 0o755)
+	os.WriteFile(filepath.Join(dir, "matplotlib", "__init__.py"), nil, 0o644)
+	os.WriteFile(filepath.Join(dir, "matplotlib", "pyplot.py"), []byte(`
+_figs = {}
+class Figure:
+    def savefig(self, buf, format=None, bbox_inches=None):
+        buf.write(b"\x89PNG\r\n\x1a\nfake")
+def figure(n=1):
+    return _figs.setdefault(n, Figure())
+def get_fignums():
+    return sorted(_figs)
+def close(which=None):
+    _figs.clear()
+def plot(*a):
+    figure(1)
+`), 0o644)
+	k := start(t, "python", map[string]string{"PYTHONPATH": dir})
+	r := run(t, k, code("import matplotlib.pyplot as plt\nplt.plot([1, 2])"))
+	if len(r.results) != 1 || !strings.HasPrefix(r.results[0].PNG, "iVBORw0KGg") {
+		t.Fatalf("figure: %+v", r)
+	}
+	if r = run(t, k, code("1")); len(r.results) != 1 {
+		t.Fatalf("closed figures came back: %+v", r.results)
+	}
+}
+
+func TestPythonTimeoutKeepsState(t *testing.T) {
+	t.Parallel()
+	k := start(t, "python", nil)
+	run(t, k, code("y = 7"))
+	r := run(t, k, agentproto.ExecuteSpec{Code: "while True:\n    pass", TimeoutMS: 300})
+	if r.done.Status != agentproto.StatusTimeout || r.err == nil || r.err.Name != "TimeoutError" {
+		t.Fatalf("timeout: %+v %+v", r.done, r.err)
+	}
+	if r = run(t, k, code("y")); main(r) != "7" {
+		t.Fatalf("state lost after an interrupt: %+v", r)
+	}
+	r = run(t, k, agentproto.ExecuteSpec{Code: "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: time.sleep(0.01)", TimeoutMS: 300})
+	if r.done.Status != agentproto.StatusTimeout || !strings.Contains(r.err.Value, "killed") {
+		t.Fatalf("stubborn timeout: %+v %+v", r.done, r.err)
+	}
+	if r = run(t, k, code("'fresh'")); main(r) != "'fresh'" {
+		t.Fatalf("no restart after kill: %+v", r)
+	}
+}
+
+func TestPythonOutputCapAndDeath(t *testing.T) {
+	t.Parallel()
+	k := start(t, "python", nil)
+	r := run(t, k, agentproto.ExecuteSpec{Code: "while True:\n    print('x' * 100)", MaxOutputBytes: 10000, TimeoutMS: 10000})
+	if r.done.Status != agentproto.StatusOutputLimit || !r.done.Truncated || len(r.stdout) != 10000 {
+		t.Fatalf("output cap: status %s truncated %v len %d", r.done.Status, r.done.Truncated, len(r.stdout))
+	}
+	pid := k.p.cmd.Process.Pid
+	r = run(t, k, code("import os\nos.kill(os.getpid(), 9)"))
+	if r.done.Status != agentproto.StatusKilled || r.err == nil || r.err.Name != "KernelDied" {
+		t.Fatalf("death: %+v %+v", r.done, r.err)
+	}
+	if r = run(t, k, code("2 * 21")); main(r) != "42" {
+		t.Fatalf("no restart after death: %+v", r)
+	}
+	k.Close()
+	if err := syscall.Kill(pid, 0); err == nil {
+		t.Fatalf("old interpreter %d still alive", pid)
+	}
+	newPid := 0
+	if k.p == nil {
+		newPid = -1
+	}
+	if newPid == 0 {
+		t.Fatal("Close left the interpreter")
+	}
+}
+
+func TestJavaScript(t *testing.T) {
+	t.Parallel()
+	k := start(t, "js", nil)
+	run(t, k, code("let n = 20; const add = (a) => a + 1; var v = 1"))
+	if r := run(t, k, code("console.log('hi'); add(n * 2) + v")); main(r) != "42" || r.stdout != "hi\n" {
+		t.Fatalf("state: %+v", r)
+	}
+	r := run(t, k, code("throw new TypeError('nope')"))
+	if r.err == nil || r.err.Name != "TypeError" || r.err.Value != "nope" || r.done.Status != agentproto.StatusError {
+		t.Fatalf("error: %+v", r.err)
+	}
+	if r = run(t, k, code("await Promise.resolve(5); v + 1")); r.done.Status != agentproto.StatusOK {
+		t.Fatalf("top-level await: %+v %+v", r.done, r.err)
+	}
+	if r = run(t, k, agentproto.ExecuteSpec{Code: "while (true) {}", TimeoutMS: 300}); r.done.Status != agentproto.StatusTimeout {
+		t.Fatalf("timeout: %+v", r.done)
+	}
+	if r = run(t, k, code("n")); main(r) != "20" {
+		t.Fatalf("state lost after interrupt: %+v", r)
+	}
+}
+
+func TestBash(t *testing.T) {
+	t.Parallel()
+	k := start(t, "bash", nil)
+	run(t, k, code("cd /tmp && G=hello\nf() { echo \"f:$1\"; }"))
+	if r := run(t, k, code(`echo "$G $(pwd)"; f x`)); r.stdout != "hello /tmp\nf:x\n" {
+		t.Fatalf("state: %q", r.stdout)
+	}
+	if r := run(t, k, code("false")); r.done.Status != agentproto.StatusError || r.err == nil || r.err.Value != "exit status 1" {
+		t.Fatalf("exit status: %+v", r.err)
+	}
+	if r := run(t, k, agentproto.ExecuteSpec{Code: "echo $ONCE", Env: map[string]string{"ONCE": "it's"}}); r.stdout != "it's\n" {
+		t.Fatalf("env: %q", r.stdout)
+	}
+	if r := run(t, k, code("echo \"[$ONCE]\"")); r.stdout != "[]\n" {
+		t.Fatalf("env leaked: %q", r.stdout)
+	}
+	if r := run(t, k, code("exit 4")); r.done.Status != agentproto.StatusKilled {
+		t.Fatalf("exit: %+v", r.done)
+	}
+	if r := run(t, k, code("echo back")); r.stdout != "back\n" {
+		t.Fatalf("after exit: %q", r.stdout)
+	}
+}
+
+func TestRestartAndCanonical(t *testing.T) {
+	t.Parallel()
+	k := start(t, "python", nil)
+	run(t, k, code("z = 1"))
+	if err := k.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, k, code("z")); r.err == nil || r.err.Name != "NameError" {
+		t.Fatalf("state survived a restart: %+v", r)
+	}
+	for in, want := range map[string]string{"": "python", "py": "python", "NODE": "javascript", "sh": "bash"} {
+		if got, err := Canonical(in); err != nil || got != want {
+			t.Errorf("Canonical(%q) = %q, %v", in, got, err)
+		}
+	}
+	if _, err := Canonical("cobol"); err == nil {
+		t.Error("cobol accepted")
+	}
+}

@@ -1,0 +1,141 @@
+# Sheepfold Python kernel driver: requests arrive as JSON lines on fd 3,
+# messages leave as JSON lines on fd 4; stdout and stderr are the real fds.
+import ast, base64, builtins, io, json, linecache, os, signal, sys, traceback
+
+_ctl_in = os.fdopen(3, "r", encoding="utf-8")
+_ctl_out = os.fdopen(4, "w", encoding="utf-8")
+_MAX_RESULT = 3_500_000
+_globals = {"__name__": "__main__", "__builtins__": builtins}
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _send(msg):
+    _ctl_out.write(json.dumps(msg) + "\n")
+    _ctl_out.flush()
+
+
+_MIME = [("_repr_html_", "html"), ("_repr_markdown_", "markdown"), ("_repr_svg_", "svg"),
+         ("_repr_png_", "png"), ("_repr_jpeg_", "jpeg"), ("_repr_latex_", "latex"),
+         ("_repr_json_", "json"), ("_repr_javascript_", "javascript")]
+
+
+def _result(value, main):
+    r = {}
+    if not isinstance(value, type):
+        for meth, key in _MIME:
+            f = getattr(value, meth, None)
+            if not callable(f):
+                continue
+            try:
+                out = f()
+            except Exception:
+                continue
+            if isinstance(out, tuple):
+                out = out[0]
+            if out is None:
+                continue
+            if key in ("png", "jpeg") and isinstance(out, (bytes, bytearray)):
+                out = base64.b64encode(out).decode()
+            r[key] = out
+    try:
+        r["text"] = repr(value)
+    except Exception as e:
+        r["text"] = "<unrepresentable %s: %s>" % (type(value).__name__, e)
+    if main:
+        r["is_main_result"] = True
+    _emit_result(r)
+
+
+def _emit_result(r):
+    msg = json.dumps({"type": "result", "result": r}, default=str)
+    if len(msg) > _MAX_RESULT:
+        sys.stderr.write("sheepfold: a result of %d bytes was dropped (limit %d)\n" % (len(msg), _MAX_RESULT))
+        return
+    _ctl_out.write(msg + "\n")
+    _ctl_out.flush()
+
+
+def display(*objs):
+    for o in objs:
+        _result(o, False)
+
+
+builtins.display = display
+
+
+def _figures():
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    try:
+        for num in plt.get_fignums():
+            fig = plt.figure(num)
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", bbox_inches="tight")
+            _emit_result({"png": base64.b64encode(buf.getvalue()).decode(), "text": repr(fig)})
+        plt.close("all")
+    except Exception as e:
+        sys.stderr.write("sheepfold: could not render figures: %s\n" % e)
+
+
+def _error(e):
+    tb = e.__traceback__
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell"):
+        tb = tb.tb_next
+    if isinstance(e, SyntaxError):
+        text = "".join(traceback.format_exception_only(type(e), e))
+    else:
+        text = "".join(traceback.format_exception(type(e), e, tb))
+    _send({"type": "error", "error": {"name": type(e).__name__, "value": str(e), "traceback": text}})
+
+
+def _run(code, n):
+    name = "<cell-%d>" % n
+    linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+    tree = ast.parse(code, name, "exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    exec(compile(tree, name, "exec"), _globals)
+    if last is not None:
+        value = eval(compile(last, name, "eval"), _globals)
+        if value is not None:
+            _result(value, True)
+
+
+def main():
+    n = 0
+    for line in _ctl_in:
+        n += 1
+        req = json.loads(line)
+        env = req.get("env") or {}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            try:
+                _run(req["code"], n)
+            finally:
+                _figures()
+        except BaseException as e:  # SystemExit and KeyboardInterrupt too: the kernel lives on
+            try:
+                _error(e)
+            except BaseException:
+                pass
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            except BaseException:
+                pass
+            marker = ("\x1e" + req["marker"] + "\n").encode()
+            os.write(1, marker)
+            os.write(2, marker)
+            _send({"type": "done"})
+
+
+main()

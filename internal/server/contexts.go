@@ -1,0 +1,78 @@
+package server
+
+import (
+	"net/http"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+)
+
+func (s *Server) contextRoutes(add addFunc) {
+	add("POST /v1/sandboxes/{id}/contexts", true, s.createContext)
+	add("GET /v1/sandboxes/{id}/contexts", true, s.listContexts)
+	add("POST /v1/sandboxes/{id}/contexts/{ctx}/restart", true, s.restartContext)
+	add("DELETE /v1/sandboxes/{id}/contexts/{ctx}", true, s.deleteContext)
+}
+
+type contextRequest struct {
+	Language string            `json:"language"`
+	Cwd      string            `json:"cwd"`
+	Env      map[string]string `json:"env"`
+}
+
+func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
+	var req contextRequest
+	if err := decodeJSON(w, r, &req, true); err != nil {
+		return err
+	}
+	if req.Language == "" {
+		req.Language = "python"
+	}
+	b, err := s.lookup(r)
+	if err != nil {
+		return err
+	}
+	c, err := b.sb.CreateContext(r.Context(), agentproto.ContextSpec{Language: req.Language, Cwd: req.Cwd, Env: req.Env})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, c)
+	return nil
+}
+
+func (s *Server) listContexts(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.lookup(r)
+	if err != nil {
+		return err
+	}
+	cs, err := b.sb.Contexts(r.Context())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"contexts": cs})
+	return nil
+}
+
+func (s *Server) restartContext(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.lookup(r)
+	if err != nil {
+		return err
+	}
+	c, err := b.sb.RestartContext(r.Context(), r.PathValue("ctx"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, c)
+	return nil
+}
+
+func (s *Server) deleteContext(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.lookup(r)
+	if err != nil {
+		return err
+	}
+	if err := b.sb.DeleteContext(r.Context(), r.PathValue("ctx")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

@@ -1,0 +1,45 @@
+package server
+
+import (
+	"net/http"
+
+	"github.com/sheepfold/sheepfold/api"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+)
+
+func (s *Server) healthRoutes(add addFunc) {
+	add("GET /healthz", false, s.healthz)
+	add("GET /readyz", false, s.readyz)
+	add("GET /v1/version", true, s.version)
+	add("GET /v1/openapi.json", false, s.openapi)
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return nil
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
+	if s.draining.Load() {
+		return apierr.New(apierr.Capacity, "the server is shutting down")
+	}
+	if s.cfg.Ready != nil {
+		if err := s.cfg.Ready(r.Context()); err != nil {
+			return apierr.Wrap(err, apierr.Capacity, "the engine cannot create sandboxes: %v", err)
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	return nil
+}
+
+func (s *Server) version(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.Version, "runtime": s.cfg.Runtime,
+		"cgroups": s.cfg.Cgroups, "api": "v1"})
+	return nil
+}
+
+func (s *Server) openapi(w http.ResponseWriter, r *http.Request) error {
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(api.OpenAPI)
+	return nil
+}

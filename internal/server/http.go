@@ -1,0 +1,289 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/auth"
+)
+
+// handlerFunc is an endpoint: it writes a success itself and returns
+// errors for writeError to render.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// routesInto registers every route. Each endpoint group's file adds its own.
+func (s *Server) routesInto(mux *http.ServeMux) {
+	add := func(pattern string, authed bool, h handlerFunc) {
+		s.routes = append(s.routes, pattern)
+		mux.Handle(pattern, s.endpoint(authed, h))
+	}
+	s.healthRoutes(add)
+	s.sandboxRoutes(add)
+	s.executeRoutes(add)
+	s.contextRoutes(add)
+	s.commandRoutes(add)
+	s.fileRoutes(add)
+	// Anything else is a JSON 404, not the mux's plain text.
+	mux.Handle("/", s.endpoint(false, func(w http.ResponseWriter, r *http.Request) error {
+		return apierr.New(apierr.NotFound, "no route %s %s", r.Method, r.URL.Path)
+	}))
+}
+
+type addFunc func(pattern string, authed bool, h handlerFunc)
+
+// endpoint adapts a handlerFunc, authenticating first when authed.
+func (s *Server) endpoint(authed bool, h handlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if authed {
+			p, err := s.auth.Check(r.Context(), auth.FromRequest(r))
+			if err != nil {
+				s.writeError(w, r, err)
+				return
+			}
+			r = r.WithContext(auth.WithPrincipal(r.Context(), p))
+			if li := logInfoFrom(r.Context()); li != nil {
+				li.owner = p.Owner
+			}
+		}
+		if err := h(w, r); err != nil {
+			s.writeError(w, r, err)
+		}
+	})
+}
+
+func owner(r *http.Request) string {
+	p, _ := auth.PrincipalFrom(r.Context())
+	return p.Owner
+}
+
+// errorBody is the one error shape of the API.
+type errorBody struct {
+	Error errorJSON `json:"error"`
+}
+
+type errorJSON struct {
+	Code      apierr.Code `json:"code"`
+	Message   string      `json:"message"`
+	RequestID string      `json:"request_id"`
+}
+
+func (s *Server) errorJSON(r *http.Request, err error) (*apierr.Error, errorJSON) {
+	e := apierr.From(err)
+	rid := requestIDFrom(r.Context())
+	if e.Code == apierr.Internal {
+		s.log.Error("request failed", "request_id", rid, "method", r.Method, "path", r.URL.Path, "err", err)
+	} else if e.Err != nil {
+		s.log.Debug("request refused", "request_id", rid, "code", e.Code, "err", e.Err)
+	}
+	return e, errorJSON{Code: e.Code, Message: e.Message, RequestID: rid}
+}
+
+// writeError renders err: the only place an error body is written.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	e, body := s.errorJSON(r, err)
+	if e.RetryAfter > 0 {
+		w.Header().Set("Retry-After", fmt.Sprint(int((e.RetryAfter+time.Second-1)/time.Second)))
+	}
+	writeJSON(w, e.HTTPStatus(), errorBody{Error: body})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		http.Error(w, `{"error":{"code":"ERR_INTERNAL","message":"could not encode the response"}}`, http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(buf.Bytes())
+}
+
+// maxJSONBody bounds JSON request bodies (code to execute included).
+const maxJSONBody = 16 << 20
+
+// decodeJSON reads a JSON body into v, refusing unknown fields and
+// trailing data. An empty body leaves v as is when optional.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any, optional bool) error {
+	body := http.MaxBytesReader(w, r.Body, maxJSONBody)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			if optional {
+				return nil
+			}
+			return apierr.New(apierr.BadRequest, "the request body must be a JSON object")
+		}
+		return jsonError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return apierr.New(apierr.BadRequest, "malformed JSON: unexpected data after the object")
+	}
+	return nil
+}
+
+func jsonError(err error) error {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	var big *http.MaxBytesError
+	switch {
+	case errors.As(err, &syn):
+		return apierr.Wrap(err, apierr.BadRequest, "malformed JSON at byte %d: %v", syn.Offset, syn)
+	case errors.As(err, &typ):
+		if typ.Field != "" {
+			return apierr.Wrap(err, apierr.BadRequest, "field %q must be %s, not %s", typ.Field, jsonType(typ.Type.Kind().String()), typ.Value)
+		}
+		return apierr.Wrap(err, apierr.BadRequest, "the request body must be a JSON object, not %s", typ.Value)
+	case errors.As(err, &big):
+		return apierr.Wrap(err, apierr.BadRequest, "the request body is larger than %d bytes", big.Limit)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return apierr.Wrap(err, apierr.BadRequest, "malformed JSON: the body ends too early")
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return apierr.Wrap(err, apierr.BadRequest, "unknown field %s", strings.TrimPrefix(err.Error(), "json: unknown field "))
+	}
+	return apierr.Wrap(err, apierr.BadRequest, "malformed JSON: %v", err)
+}
+
+func jsonType(kind string) string {
+	switch kind {
+	case "string":
+		return "a string"
+	case "bool":
+		return "a boolean"
+	case "map", "struct":
+		return "an object"
+	case "slice", "array":
+		return "an array"
+	case "ptr":
+		return "a value of another type"
+	}
+	return "a number"
+}
+
+// Middleware.
+
+type ctxKey int
+
+const (
+	keyRequestID ctxKey = iota
+	keyLogInfo
+)
+
+func requestIDFrom(ctx context.Context) string {
+	id, _ := ctx.Value(keyRequestID).(string)
+	return id
+}
+
+func validRequestID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if !(c == '-' || c == '_' || c == '.' || '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// requestID takes the caller's X-Request-Id when it is sane, else makes
+// one, and echoes it in the response.
+func (s *Server) requestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("X-Request-Id")
+		if !validRequestID(id) {
+			id = newID("req_")
+		}
+		w.Header().Set("X-Request-Id", id)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyRequestID, id)))
+	})
+}
+
+type logInfo struct{ owner string }
+
+func logInfoFrom(ctx context.Context) *logInfo {
+	li, _ := ctx.Value(keyLogInfo).(*logInfo)
+	return li
+}
+
+// statusWriter records the status and size of a response.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(p)
+	w.bytes += int64(n)
+	return n, err
+}
+
+func (w *statusWriter) Flush() {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+func (s *Server) accessLog(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		li := &logInfo{}
+		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), keyLogInfo, li)))
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request",
+			slog.String("request_id", requestIDFrom(r.Context())), slog.String("method", r.Method),
+			slog.String("path", r.URL.Path), slog.Int("status", sw.status), slog.Int64("bytes", sw.bytes),
+			slog.Duration("duration", time.Since(start)), slog.String("owner", li.owner))
+	})
+}
+
+// recoverPanics turns a panic into a 500 ERR_INTERNAL (when nothing was
+// written yet) and logs its cause and stack.
+func (s *Server) recoverPanics(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw, ok := w.(*statusWriter)
+		if !ok {
+			sw = &statusWriter{ResponseWriter: w}
+		}
+		defer func() {
+			v := recover()
+			if v == nil {
+				return
+			}
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.log.Error("panic", "request_id", requestIDFrom(r.Context()), "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			if sw.status == 0 {
+				s.writeError(sw, r, apierr.Wrap(fmt.Errorf("panic: %v", v), apierr.Internal, "internal error"))
+			}
+		}()
+		next.ServeHTTP(sw, r)
+	})
+}

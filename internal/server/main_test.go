@@ -1,0 +1,230 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/runtime/fake"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/store/sqlite"
+	"github.com/sheepfold/sheepfold/internal/testutil"
+)
+
+// agentBin is the agent the fake runtime runs: cmd/sheepfold-agent when it
+// builds, else testdata/testagent (the real internal/agent with a
+// one-process-per-execution kernel), so that these tests run while the
+// agent command is still being written. realAgent says which.
+var (
+	agentBin  string
+	realAgent bool
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "sf-server-agent-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	agentBin = filepath.Join(dir, "sheepfold-agent")
+	build := func(pkg string) error {
+		cmd := exec.Command("go", "build", "-o", agentBin, pkg)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	if err := build("github.com/sheepfold/sheepfold/cmd/sheepfold-agent"); err == nil {
+		realAgent = true
+	} else if err2 := build("./testdata/testagent"); err2 != nil {
+		fmt.Fprintf(os.Stderr, "build agent: %v\nbuild test agent: %v\n", err, err2)
+		os.Exit(1)
+	} else {
+		fmt.Fprintln(os.Stderr, "cmd/sheepfold-agent does not build yet; using testdata/testagent")
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// env is one server over the fake runtime with two owners' keys.
+type env struct {
+	t       *testing.T
+	srv     *server.Server
+	url     string
+	store   *sqlite.DB
+	engine  *sandbox.Manager
+	keyA    string // owner A
+	keyB    string // owner B
+	revoked string
+	rt      *fake.Runtime
+}
+
+func newEnv(t *testing.T, cfg server.Config) *env {
+	t.Helper()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "sheepfold.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := &fake.Runtime{AgentBin: agentBin, Dir: testutil.ShortTempDir(t)}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	m, err := sandbox.New(ctx, sandbox.Config{Runtime: rt, Logger: log,
+		Templates: sandbox.TemplatesFunc(func(name string) (string, error) {
+			if name != "python" {
+				return "", os.ErrNotExist
+			}
+			return "/", nil
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Version == "" {
+		cfg.Version = "test"
+	}
+	srv := server.New(cfg, st, m, log)
+	hs := httptest.NewServer(srv)
+	e := &env{t: t, srv: srv, url: hs.URL, store: st, engine: m, rt: rt}
+	for _, p := range []*string{&e.keyA, &e.keyB, &e.revoked} {
+		k, secret, err := auth.Create(ctx, st, auth.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		*p = secret
+		if p == &e.revoked {
+			st.RevokeKey(ctx, k.ID, time.Now())
+		}
+	}
+	t.Cleanup(func() {
+		hs.Close()
+		srv.Shutdown(ctx)
+		if err := m.Close(ctx); err != nil {
+			t.Error(err)
+		}
+		srv.RecordStopped(ctx)
+		st.Close()
+	})
+	return e
+}
+
+type resp struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r resp) json(t *testing.T) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(r.body, &m); err != nil {
+		t.Fatalf("response %d is not a JSON object: %v\n%s", r.status, err, r.body)
+	}
+	return m
+}
+
+// errCode returns the error code of an error response.
+func (r resp) errCode(t *testing.T) string {
+	t.Helper()
+	m := r.json(t)
+	e, ok := m["error"].(map[string]any)
+	if !ok {
+		t.Fatalf("no error object in %s", r.body)
+	}
+	if e["request_id"] == "" || e["request_id"] != r.header.Get("X-Request-Id") {
+		t.Fatalf("error request_id %v, header %q", e["request_id"], r.header.Get("X-Request-Id"))
+	}
+	if e["message"] == "" {
+		t.Fatalf("error without message: %s", r.body)
+	}
+	return e["code"].(string)
+}
+
+// do sends a request; body may be nil, a string/[]byte (raw) or anything
+// else (JSON). hdr are extra header pairs.
+func (e *env) do(method, path, key string, body any, hdr ...string) resp {
+	e.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		j, err := json.Marshal(b)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		rd = bytes.NewReader(j)
+	}
+	req, err := http.NewRequest(method, e.url+path, rd)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp{status: res.StatusCode, header: res.Header, body: b}
+}
+
+// want fails unless r has the status (and, for errors, the code).
+func want(t *testing.T, r resp, status int, code string) {
+	t.Helper()
+	if r.status != status {
+		t.Fatalf("status %d, want %d: %s", r.status, status, r.body)
+	}
+	if code != "" {
+		if got := r.errCode(t); got != code {
+			t.Fatalf("code %s, want %s: %s", got, code, r.body)
+		}
+	}
+}
+
+// create makes a sandbox for key and returns its id.
+func (e *env) create(key string, body any) string {
+	e.t.Helper()
+	r := e.do("POST", "/v1/sandboxes", key, body)
+	want(e.t, r, http.StatusCreated, "")
+	id, _ := r.json(e.t)["id"].(string)
+	if id == "" {
+		e.t.Fatalf("no id: %s", r.body)
+	}
+	return id
+}
+
+// home is the host directory of a sandbox's /home/user under the fake
+// runtime: processes there see the host's filesystem, so commands name it
+// as their cwd.
+func (e *env) home(id string) string {
+	return filepath.Join(e.rt.Dir, id, "root", "home", "user")
+}

@@ -1,0 +1,332 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/store"
+)
+
+func (s *Server) sandboxRoutes(add addFunc) {
+	add("POST /v1/sandboxes", true, s.createSandbox)
+	add("GET /v1/sandboxes", true, s.listSandboxes)
+	add("GET /v1/sandboxes/{id}", true, s.getSandbox)
+	add("POST /v1/sandboxes/{id}/timeout", true, s.setTimeout)
+	add("DELETE /v1/sandboxes/{id}", true, s.deleteSandbox)
+}
+
+// Resources is a sandbox's limits as the API shows them.
+type resourcesJSON struct {
+	CPUs     float64 `json:"cpus"`
+	MemoryMB int64   `json:"memory_mb"`
+	DiskMB   int64   `json:"disk_mb"`
+	Pids     int64   `json:"pids"`
+}
+
+func resourcesOf(l runtime.Limits) resourcesJSON {
+	return resourcesJSON{CPUs: l.CPUs, MemoryMB: l.MemoryBytes >> 20, DiskMB: l.DiskBytes >> 20, Pids: l.Pids}
+}
+
+type sandboxJSON struct {
+	ID         string            `json:"id"`
+	Template   string            `json:"template"`
+	State      string            `json:"state"`
+	CreatedAt  time.Time         `json:"created_at"`
+	ExpiresAt  time.Time         `json:"expires_at"`
+	Resources  resourcesJSON     `json:"resources"`
+	Metadata   map[string]string `json:"metadata"`
+	StopReason string            `json:"stop_reason,omitempty"`
+}
+
+func sandboxFromInfo(in sandbox.Info) sandboxJSON {
+	md := in.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	return sandboxJSON{ID: in.ID, Template: in.Template, State: string(in.State), CreatedAt: in.Created.UTC(),
+		ExpiresAt: in.Deadline.UTC(), Resources: resourcesOf(in.Limits), Metadata: md, StopReason: in.StopReason}
+}
+
+func sandboxFromRecord(rec store.Sandbox) sandboxJSON {
+	out := sandboxJSON{ID: rec.ID, Template: rec.Template, State: rec.State, CreatedAt: rec.CreatedAt.UTC(),
+		ExpiresAt: rec.ExpiresAt.UTC(), StopReason: rec.StopReason, Metadata: map[string]string{}}
+	_ = json.Unmarshal(rec.Metadata, &out.Metadata)
+	_ = json.Unmarshal(rec.Resources, &out.Resources)
+	return out
+}
+
+type sandboxConfigJSON struct {
+	MaxExecutionTime   *float64 `json:"max_execution_time"`
+	MaxMemoryMB        *int64   `json:"max_memory_mb"`
+	NetworkRestricted  *bool    `json:"network_restricted"`
+	FilesystemReadonly *bool    `json:"filesystem_readonly"`
+}
+
+type createRequest struct {
+	Template      string             `json:"template"`
+	Timeout       *float64           `json:"timeout"`
+	Resources     *resourcesJSON     `json:"resources"`
+	Env           map[string]string  `json:"env"`
+	Metadata      map[string]string  `json:"metadata"`
+	SandboxConfig *sandboxConfigJSON `json:"sandbox_config"`
+}
+
+// seconds converts a positive number of seconds to a duration.
+func seconds(field string, v float64, limit time.Duration) (time.Duration, error) {
+	if v <= 0 || math.IsNaN(v) || v > limit.Seconds() {
+		return 0, apierr.New(apierr.BadRequest, "%s must be a positive number of seconds, at most %d", field, int64(limit.Seconds()))
+	}
+	return time.Duration(v * float64(time.Second)), nil
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
+	var req createRequest
+	if err := decodeJSON(w, r, &req, true); err != nil {
+		return err
+	}
+	opt := sandbox.CreateOptions{Template: req.Template, Env: req.Env, Metadata: req.Metadata}
+	var err error
+	if req.Timeout != nil {
+		if opt.Timeout, err = seconds("timeout", *req.Timeout, s.cfg.MaxTimeout); err != nil {
+			return err
+		}
+	}
+	if res := req.Resources; res != nil {
+		if res.CPUs < 0 || res.MemoryMB < 0 || res.DiskMB < 0 || res.Pids < 0 {
+			return apierr.New(apierr.BadRequest, "resources must not be negative")
+		}
+		opt.Limits = runtime.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryMB << 20, DiskBytes: res.DiskMB << 20, Pids: res.Pids}
+	}
+	var execTimeout time.Duration
+	if sc := req.SandboxConfig; sc != nil {
+		if sc.NetworkRestricted != nil && !*sc.NetworkRestricted {
+			return apierr.New(apierr.NetworkRestricted, "egress is not available yet: sandboxes have no network")
+		}
+		if sc.MaxExecutionTime != nil {
+			if execTimeout, err = seconds("sandbox_config.max_execution_time", *sc.MaxExecutionTime, 24*time.Hour); err != nil {
+				return err
+			}
+		}
+		if sc.MaxMemoryMB != nil {
+			if *sc.MaxMemoryMB <= 0 {
+				return apierr.New(apierr.BadRequest, "sandbox_config.max_memory_mb must be positive")
+			}
+			opt.Limits.MemoryBytes = *sc.MaxMemoryMB << 20
+		}
+		if sc.FilesystemReadonly != nil {
+			opt.ReadOnly = *sc.FilesystemReadonly
+		}
+	}
+	for k := range req.Metadata {
+		if k == "" {
+			return apierr.New(apierr.BadRequest, "metadata keys must not be empty")
+		}
+	}
+
+	own := owner(r)
+	// Reserve a slot first, so that concurrent creates cannot pass the cap.
+	s.mu.Lock()
+	if s.cfg.MaxSandboxes > 0 && len(s.boxes) >= s.cfg.MaxSandboxes {
+		s.mu.Unlock()
+		return &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
+			Message: fmt.Sprintf("all %d sandbox slots of this server are in use", s.cfg.MaxSandboxes)}
+	}
+	placeholder := "pending-" + newID("")
+	s.boxes[placeholder] = &box{owner: own}
+	s.mu.Unlock()
+	release := func() {
+		s.mu.Lock()
+		delete(s.boxes, placeholder)
+		s.mu.Unlock()
+	}
+
+	// The sandbox must not die with the request that made it.
+	sb, err := s.engine.Create(context.WithoutCancel(r.Context()), opt)
+	if err != nil {
+		release()
+		return err
+	}
+	info := sb.Info()
+	out := sandboxFromInfo(info)
+	md, _ := json.Marshal(out.Metadata)
+	res, _ := json.Marshal(out.Resources)
+	rec := store.Sandbox{ID: sb.ID, Owner: own, Template: info.Template, State: store.SandboxRunning,
+		CreatedAt: info.Created, ExpiresAt: info.Deadline, Metadata: md, Resources: res}
+	if err := s.store.PutSandbox(r.Context(), rec); err != nil {
+		release()
+		_ = s.engine.Kill(context.Background(), sb.ID)
+		return fmt.Errorf("record sandbox: %w", err)
+	}
+	s.mu.Lock()
+	delete(s.boxes, placeholder)
+	s.boxes[sb.ID] = &box{sb: sb, owner: own, execTimeout: execTimeout}
+	s.mu.Unlock()
+	writeJSON(w, http.StatusCreated, out)
+	return nil
+}
+
+// notFound is the answer for a sandbox the caller may not see.
+func notFound(id string) error {
+	return apierr.New(apierr.SandboxNotFound, "sandbox %q not found", id)
+}
+
+// lookup returns the caller's running sandbox. A sandbox of another owner
+// is not found; the caller's own stopped sandbox (timed out, killed,
+// or from before a restart) is ERR_SANDBOX_STATE with the reason it
+// stopped.
+func (s *Server) lookup(r *http.Request) (*box, error) {
+	id := r.PathValue("id")
+	own := owner(r)
+	s.mu.Lock()
+	b, ok := s.boxes[id]
+	s.mu.Unlock()
+	if ok && b.sb != nil && b.owner == own {
+		if b.sb.State() == sandbox.StateRunning {
+			return b, nil
+		}
+		s.forget(r.Context(), b)
+	} else if ok {
+		return nil, notFound(id)
+	}
+	rec, err := s.store.GetSandbox(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) || err == nil && rec.Owner != own {
+		return nil, notFound(id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if rec.State == store.SandboxRunning {
+		// Recorded but not held here: being created, or left from a run
+		// that ended without recording its stop.
+		return nil, notFound(id)
+	}
+	msg := fmt.Sprintf("sandbox %s is %s", id, rec.State)
+	if rec.StopReason != "" {
+		msg += " (" + rec.StopReason + ")"
+	}
+	return nil, apierr.New(apierr.SandboxState, "%s", msg)
+}
+
+// forget drops a stopped sandbox from memory and records its stop.
+func (s *Server) forget(ctx context.Context, b *box) {
+	s.mu.Lock()
+	_, ok := s.boxes[b.sb.ID]
+	delete(s.boxes, b.sb.ID)
+	s.mu.Unlock()
+	if ok {
+		s.recordStop(ctx, b.sb)
+	}
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.lookup(r)
+	if apierr.CodeOf(err) == apierr.SandboxState {
+		// A stopped sandbox of the caller's is still shown, as stopped.
+		rec, rerr := s.store.GetSandbox(r.Context(), r.PathValue("id"))
+		if rerr != nil {
+			return rerr
+		}
+		writeJSON(w, http.StatusOK, sandboxFromRecord(rec))
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sandboxFromInfo(b.sb.Info()))
+	return nil
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
+	state := r.URL.Query().Get("state")
+	if state != "" && state != "all" && state != "running" {
+		return apierr.New(apierr.BadRequest, "state must be running or all")
+	}
+	s.RecordStopped(r.Context())
+	own := owner(r)
+	filter := store.SandboxFilter{Owner: own, State: store.SandboxRunning}
+	if state == "all" {
+		filter.State = ""
+	}
+	recs, err := s.store.ListSandboxes(r.Context(), filter)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	live := make(map[string]*sandbox.Sandbox, len(s.boxes))
+	for id, b := range s.boxes {
+		if b.sb != nil && b.owner == own {
+			live[id] = b.sb
+		}
+	}
+	s.mu.Unlock()
+	out := make([]sandboxJSON, 0, len(recs))
+	for _, rec := range recs {
+		if sb, ok := live[rec.ID]; ok {
+			out = append(out, sandboxFromInfo(sb.Info()))
+		} else if rec.State != store.SandboxRunning {
+			out = append(out, sandboxFromRecord(rec))
+		}
+		// A record still "running" that this server does not hold is
+		// about to be swept; leave it out.
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+	return nil
+}
+
+type timeoutRequest struct {
+	Timeout *float64 `json:"timeout"`
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
+	var req timeoutRequest
+	if err := decodeJSON(w, r, &req, false); err != nil {
+		return err
+	}
+	if req.Timeout == nil {
+		return apierr.New(apierr.BadRequest, "timeout is required")
+	}
+	d, err := seconds("timeout", *req.Timeout, s.cfg.MaxTimeout)
+	if err != nil {
+		return err
+	}
+	b, err := s.lookup(r)
+	if err != nil {
+		return err
+	}
+	if err := b.sb.SetTimeout(d); err != nil {
+		return err
+	}
+	info := b.sb.Info()
+	if err := s.store.UpdateSandboxExpiry(r.Context(), info.ID, info.Deadline); err != nil {
+		return fmt.Errorf("record timeout: %w", err)
+	}
+	writeJSON(w, http.StatusOK, sandboxFromInfo(info))
+	return nil
+}
+
+// deleteSandbox kills a sandbox. Deleting the caller's own sandbox that
+// has already stopped succeeds too: the call is idempotent.
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.lookup(r)
+	if apierr.CodeOf(err) == apierr.SandboxState {
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := s.engine.Kill(context.WithoutCancel(r.Context()), b.sb.ID); err != nil && apierr.CodeOf(err) != apierr.SandboxNotFound {
+		return err
+	}
+	s.forget(r.Context(), b)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

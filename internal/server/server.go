@@ -1,0 +1,219 @@
+// Package server is Sheepfold's HTTP transport: the /v1 REST API of
+// docs/api-v1.md (and api/openapi.json) over the sandbox engine, with API
+// key authentication, per-owner sandbox isolation, streaming (SSE and
+// NDJSON) execution and commands, and the sandbox and execution records
+// kept in a store.Store.
+//
+// Routing is the standard library's http.ServeMux with method and path
+// patterns; one file per endpoint group. Errors are *apierr.Error values,
+// rendered by one function (writeError); nothing else writes an error body.
+//
+// Decisions the contract leaves open:
+//   - A sandbox of another owner is ERR_SANDBOX_NOT_FOUND (404), exactly as
+//     an unknown one. The caller's own sandbox that has stopped (timed out,
+//     killed, crashed, server restarted) stays visible: GET answers 200 with
+//     state "stopped" and stop_reason, DELETE answers 204 (idempotent), and
+//     every other call answers 409 ERR_SANDBOX_STATE naming the reason.
+//   - sandbox_config.max_execution_time is the sandbox's default execution
+//     timeout and also its cap: a longer timeout_ms is lowered to it.
+//   - A stream (SSE or NDJSON) sends its headers with its first event, or
+//     after 200 ms; an error before that is a plain JSON error response
+//     with its status, one after it is a last "failure" event carrying the
+//     usual error object ({"error":{code,message,request_id}}) instead of
+//     "done". The NDJSON done line of a command is {"type":"done",
+//     "command":{...}}.
+//   - Foreground commands default to a 60 s timeout and are killed when
+//     their caller goes away; background ones have no timeout unless given.
+//   - Sandboxes the engine stops on its own (timeouts, crashes) are
+//     recorded in the store by a sweeper every Config.SweepInterval, and
+//     at once by any request that meets them.
+//
+// Imports: internal/sandbox, internal/store, internal/auth, internal/apierr,
+// internal/agentproto, internal/runtime (limits) and api (the OpenAPI
+// document). Never a runtime implementation: the engine is handed in.
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/store"
+)
+
+// Config configures a Server. Zero fields take the defaults in brackets.
+type Config struct {
+	// MaxUploadBytes bounds one uploaded file [100 MiB].
+	MaxUploadBytes int64
+	// MaxSandboxes bounds the sandboxes running at once through this
+	// server; 0 leaves the bound to the engine.
+	MaxSandboxes int
+	// MaxTimeout is the longest lifetime a sandbox may be given [24h].
+	MaxTimeout time.Duration
+	// Version, Runtime and Cgroups are reported by /v1/version.
+	Version string
+	Runtime string
+	Cgroups string
+	// Ready reports whether the engine can create sandboxes (/readyz);
+	// nil means it can while the server is not shutting down.
+	Ready func(ctx context.Context) error
+	// SweepInterval is how often stopped sandboxes (timed out, crashed)
+	// are recorded in the store [2s].
+	SweepInterval time.Duration
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxUploadBytes <= 0 {
+		c.MaxUploadBytes = 100 << 20
+	}
+	if c.MaxTimeout <= 0 {
+		c.MaxTimeout = 24 * time.Hour
+	}
+	if c.Version == "" {
+		c.Version = "dev"
+	}
+	if c.SweepInterval <= 0 {
+		c.SweepInterval = 2 * time.Second
+	}
+}
+
+// Server serves the API. It is an http.Handler; Serve and Shutdown run it
+// on a listener.
+type Server struct {
+	cfg     Config
+	store   store.Store
+	engine  *sandbox.Manager
+	log     *slog.Logger
+	auth    *auth.Authenticator
+	handler http.Handler
+	routes  []string
+
+	http     *http.Server
+	draining atomic.Bool
+	stop     chan struct{}
+	stopOnce sync.Once
+	sweeper  sync.WaitGroup
+
+	// mu guards boxes.
+	mu    sync.Mutex
+	boxes map[string]*box
+}
+
+// box is what the server keeps about each live sandbox it created.
+type box struct {
+	sb          *sandbox.Sandbox
+	owner       string
+	execTimeout time.Duration // default (and longest) execution timeout; 0: the engine's
+}
+
+// New returns a Server over a store and an engine. It starts a goroutine
+// that records sandboxes stopped by the engine; Shutdown ends it.
+func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Server {
+	cfg.setDefaults()
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{
+		cfg: cfg, store: st, engine: m, log: log,
+		auth:  &auth.Authenticator{Store: st},
+		boxes: map[string]*box{},
+		stop:  make(chan struct{}),
+	}
+	mux := http.NewServeMux()
+	s.routesInto(mux)
+	s.handler = s.requestID(s.accessLog(s.recoverPanics(mux)))
+	s.http = &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	s.sweeper.Add(1)
+	go s.sweep()
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// Routes returns the patterns of every route, as registered.
+func (s *Server) Routes() []string { return append([]string(nil), s.routes...) }
+
+// Serve accepts connections on ln until Shutdown; it returns nil after a
+// Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	err := s.http.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting requests and waits (until ctx ends) for those
+// in flight; it then stops the sweeper. The engine is the caller's to
+// close; call RecordStopped after closing it.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	err := s.http.Shutdown(ctx)
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.sweeper.Wait()
+	return err
+}
+
+// RecordStopped records in the store every sandbox the engine has
+// stopped, with its reason. Shutdown's callers call it after closing the
+// engine.
+func (s *Server) RecordStopped(ctx context.Context) {
+	s.mu.Lock()
+	var stopped []*box
+	for id, b := range s.boxes {
+		if b.sb == nil {
+			continue // a create in progress
+		}
+		if st := b.sb.State(); st == sandbox.StateStopping || st == sandbox.StateStopped {
+			stopped = append(stopped, b)
+			delete(s.boxes, id)
+		}
+	}
+	s.mu.Unlock()
+	for _, b := range stopped {
+		s.recordStop(ctx, b.sb)
+	}
+}
+
+func (s *Server) recordStop(ctx context.Context, sb *sandbox.Sandbox) {
+	reason := sb.Info().StopReason
+	if reason == "" {
+		reason = "stopped"
+	}
+	if err := s.store.StopSandbox(ctx, sb.ID, reason, time.Now()); err != nil {
+		s.log.Error("record sandbox stop", "sandbox", sb.ID, "err", err)
+	}
+}
+
+func (s *Server) sweep() {
+	defer s.sweeper.Done()
+	t := time.NewTicker(s.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.RecordStopped(context.Background())
+		}
+	}
+}
+
+func newID(prefix string) string {
+	var b [10]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return prefix + hex.EncodeToString(b[:])
+}

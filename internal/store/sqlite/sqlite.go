@@ -1,0 +1,362 @@
+// Package sqlite is the store.Store for one host: a SQLite database
+// (modernc.org/sqlite, pure Go) in WAL mode. Migrations are the embedded
+// migrations/NNNN_name.sql files, applied in order, each in its own
+// transaction, and recorded in schema_migrations.
+//
+// Imports: internal/store, modernc.org/sqlite and the standard library.
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+
+	"github.com/sheepfold/sheepfold/internal/store"
+)
+
+var _ store.Store = (*DB)(nil)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// timeFormat is fixed width so that stored times sort as text.
+const timeFormat = "2006-01-02T15:04:05.000000000Z"
+
+// DB is a SQLite-backed store.Store.
+type DB struct {
+	db *sql.DB
+}
+
+// Open opens (creating if needed) the database at path and migrates it.
+func Open(ctx context.Context, path string) (*DB, error) {
+	dsn := "file:" + path + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	d := &DB{db: db}
+	if err := d.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// Close closes the database.
+func (d *DB) Close() error { return d.db.Close() }
+
+// Migrations returns the names of the applied migrations, in order.
+func (d *DB) Migrations(ctx context.Context) ([]string, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT version FROM schema_migrations ORDER BY version`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+func (d *DB) migrate(ctx context.Context) error {
+	if _, err := d.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+		version TEXT PRIMARY KEY, applied_at TEXT NOT NULL)`); err != nil {
+		return fmt.Errorf("create schema_migrations: %w", err)
+	}
+	names, err := fs.Glob(migrations, "migrations/*.sql")
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		version := strings.TrimSuffix(strings.TrimPrefix(name, "migrations/"), ".sql")
+		if err := d.apply(ctx, version, name); err != nil {
+			return fmt.Errorf("migration %s: %w", version, err)
+		}
+	}
+	return nil
+}
+
+func (d *DB) apply(ctx context.Context, version, name string) error {
+	body, err := migrations.ReadFile(name)
+	if err != nil {
+		return err
+	}
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var n int
+	if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM schema_migrations WHERE version = ?`, version).Scan(&n); err != nil {
+		return err
+	}
+	if n > 0 {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, string(body)); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`,
+		version, fmtTime(time.Now())); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func fmtTime(t time.Time) string { return t.UTC().Format(timeFormat) }
+
+func fmtTimePtr(t *time.Time) any {
+	if t == nil {
+		return nil
+	}
+	return fmtTime(*t)
+}
+
+func parseTime(s string) (time.Time, error) { return time.Parse(time.RFC3339Nano, s) }
+
+func parseTimePtr(s sql.NullString) (*time.Time, error) {
+	if !s.Valid {
+		return nil, nil
+	}
+	t, err := parseTime(s.String)
+	return &t, err
+}
+
+func jsonText(m json.RawMessage) string {
+	if len(m) == 0 {
+		return "{}"
+	}
+	return string(m)
+}
+
+// CreateKey implements store.Store.
+func (d *DB) CreateKey(ctx context.Context, k store.Key) error {
+	_, err := d.db.ExecContext(ctx, `INSERT INTO keys (id, name, owner, hash, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?)`,
+		k.ID, k.Name, k.Owner, k.Hash, fmtTime(k.CreatedAt), fmtTimePtr(k.RevokedAt))
+	if err != nil {
+		return fmt.Errorf("create key: %w", err)
+	}
+	return nil
+}
+
+const keyCols = `id, name, owner, hash, created_at, revoked_at`
+
+func scanKey(sc interface{ Scan(...any) error }) (store.Key, error) {
+	var k store.Key
+	var created string
+	var revoked sql.NullString
+	if err := sc.Scan(&k.ID, &k.Name, &k.Owner, &k.Hash, &created, &revoked); err != nil {
+		return k, err
+	}
+	var err error
+	if k.CreatedAt, err = parseTime(created); err != nil {
+		return k, err
+	}
+	k.RevokedAt, err = parseTimePtr(revoked)
+	return k, err
+}
+
+// KeyByHash implements store.Store.
+func (d *DB) KeyByHash(ctx context.Context, hash string) (store.Key, error) {
+	k, err := scanKey(d.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM keys WHERE hash = ?`, hash))
+	if errors.Is(err, sql.ErrNoRows) {
+		return k, store.ErrNotFound
+	}
+	return k, err
+}
+
+// ListKeys implements store.Store.
+func (d *DB) ListKeys(ctx context.Context) ([]store.Key, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT `+keyCols+` FROM keys ORDER BY created_at, id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []store.Key
+	for rows.Next() {
+		k, err := scanKey(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// RevokeKey implements store.Store.
+func (d *DB) RevokeKey(ctx context.Context, id string, at time.Time) error {
+	res, err := d.db.ExecContext(ctx, `UPDATE keys SET revoked_at = coalesce(revoked_at, ?) WHERE id = ?`, fmtTime(at), id)
+	if err != nil {
+		return fmt.Errorf("revoke key: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+// CountActiveKeys implements store.Store.
+func (d *DB) CountActiveKeys(ctx context.Context) (int, error) {
+	var n int
+	err := d.db.QueryRowContext(ctx, `SELECT count(*) FROM keys WHERE revoked_at IS NULL`).Scan(&n)
+	return n, err
+}
+
+// PutSandbox implements store.Store: it inserts or replaces the record.
+func (d *DB) PutSandbox(ctx context.Context, s store.Sandbox) error {
+	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
+		(id, owner, template, state, created_at, expires_at, stopped_at, stop_reason, metadata, resources)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		s.ID, s.Owner, s.Template, s.State, fmtTime(s.CreatedAt), fmtTime(s.ExpiresAt), fmtTimePtr(s.StoppedAt),
+		s.StopReason, jsonText(s.Metadata), jsonText(s.Resources))
+	if err != nil {
+		return fmt.Errorf("put sandbox: %w", err)
+	}
+	return nil
+}
+
+const sandboxCols = `id, owner, template, state, created_at, expires_at, stopped_at, stop_reason, metadata, resources`
+
+func scanSandbox(sc interface{ Scan(...any) error }) (store.Sandbox, error) {
+	var s store.Sandbox
+	var created, expires, meta, res string
+	var stopped sql.NullString
+	if err := sc.Scan(&s.ID, &s.Owner, &s.Template, &s.State, &created, &expires, &stopped, &s.StopReason, &meta, &res); err != nil {
+		return s, err
+	}
+	var err error
+	if s.CreatedAt, err = parseTime(created); err != nil {
+		return s, err
+	}
+	if s.ExpiresAt, err = parseTime(expires); err != nil {
+		return s, err
+	}
+	if s.StoppedAt, err = parseTimePtr(stopped); err != nil {
+		return s, err
+	}
+	s.Metadata, s.Resources = json.RawMessage(meta), json.RawMessage(res)
+	return s, nil
+}
+
+// GetSandbox implements store.Store.
+func (d *DB) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
+	s, err := scanSandbox(d.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return s, store.ErrNotFound
+	}
+	return s, err
+}
+
+// ListSandboxes implements store.Store, oldest first.
+func (d *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.Sandbox, error) {
+	q := `SELECT ` + sandboxCols + ` FROM sandboxes WHERE owner = ?`
+	args := []any{f.Owner}
+	if f.State != "" {
+		q += ` AND state = ?`
+		args = append(args, f.State)
+	}
+	rows, err := d.db.QueryContext(ctx, q+` ORDER BY created_at, id`, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []store.Sandbox{}
+	for rows.Next() {
+		s, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// UpdateSandboxExpiry implements store.Store.
+func (d *DB) UpdateSandboxExpiry(ctx context.Context, id string, expiresAt time.Time) error {
+	res, err := d.db.ExecContext(ctx, `UPDATE sandboxes SET expires_at = ? WHERE id = ?`, fmtTime(expiresAt), id)
+	if err != nil {
+		return fmt.Errorf("update sandbox: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+// StopSandbox implements store.Store.
+func (d *DB) StopSandbox(ctx context.Context, id, reason string, at time.Time) error {
+	_, err := d.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, stopped_at = ?, stop_reason = ?
+		WHERE id = ? AND state != ?`, store.SandboxStopped, fmtTime(at), reason, id, store.SandboxStopped)
+	if err != nil {
+		return fmt.Errorf("stop sandbox: %w", err)
+	}
+	return nil
+}
+
+// StopAllRunning implements store.Store.
+func (d *DB) StopAllRunning(ctx context.Context, reason string, at time.Time) (int, error) {
+	res, err := d.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, stopped_at = ?, stop_reason = ? WHERE state = ?`,
+		store.SandboxStopped, fmtTime(at), reason, store.SandboxRunning)
+	if err != nil {
+		return 0, fmt.Errorf("stop sandboxes: %w", err)
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
+
+// AddExecution implements store.Store.
+func (d *DB) AddExecution(ctx context.Context, e store.Execution) error {
+	_, err := d.db.ExecContext(ctx, `INSERT INTO executions
+		(id, sandbox_id, owner, language, status, error_code, execution_time_ms, cpu_time_ms, peak_memory_bytes, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		e.ID, e.SandboxID, e.Owner, e.Language, e.Status, e.ErrorCode, e.ExecutionTimeMS, e.CPUTimeMS,
+		e.PeakMemoryBytes, fmtTime(e.CreatedAt))
+	if err != nil {
+		return fmt.Errorf("add execution: %w", err)
+	}
+	return nil
+}
+
+// ListExecutions implements store.Store, oldest first.
+func (d *DB) ListExecutions(ctx context.Context, sandboxID string) ([]store.Execution, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT id, sandbox_id, owner, language, status, error_code,
+		execution_time_ms, cpu_time_ms, peak_memory_bytes, created_at FROM executions
+		WHERE sandbox_id = ? ORDER BY created_at, id`, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []store.Execution{}
+	for rows.Next() {
+		var e store.Execution
+		var created string
+		if err := rows.Scan(&e.ID, &e.SandboxID, &e.Owner, &e.Language, &e.Status, &e.ErrorCode,
+			&e.ExecutionTimeMS, &e.CPUTimeMS, &e.PeakMemoryBytes, &created); err != nil {
+			return nil, err
+		}
+		if e.CreatedAt, err = parseTime(created); err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,163 @@
+package sqlite_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/store/sqlite"
+)
+
+func open(t *testing.T, path string) *sqlite.DB {
+	t.Helper()
+	db, err := sqlite.Open(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+func TestMigrationsAppliedOnce(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "s.db")
+	db := open(t, path)
+	m, err := db.Migrations(context.Background())
+	if err != nil || len(m) == 0 || m[0] != "0001_init" {
+		t.Fatalf("migrations %v, %v", m, err)
+	}
+	db.Close()
+	// A second open applies nothing again (a re-run of 0001 would fail on
+	// CREATE TABLE).
+	db = open(t, path)
+	defer db.Close()
+	m2, err := db.Migrations(context.Background())
+	if err != nil || len(m2) != len(m) {
+		t.Fatalf("after reopen %v, %v", m2, err)
+	}
+}
+
+func TestKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := open(t, filepath.Join(t.TempDir(), "s.db"))
+	defer db.Close()
+	now := time.Now().Truncate(time.Microsecond)
+	k := store.Key{ID: "k1", Name: "ci", Owner: "k1", Hash: "abc", CreatedAt: now}
+	if err := db.CreateKey(ctx, k); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.CreateKey(ctx, store.Key{ID: "k2", Owner: "k2", Hash: "abc", CreatedAt: now}); err == nil {
+		t.Fatal("duplicate hash accepted")
+	}
+	got, err := db.KeyByHash(ctx, "abc")
+	if err != nil || got.ID != "k1" || got.Name != "ci" || !got.CreatedAt.Equal(now) || got.RevokedAt != nil {
+		t.Fatalf("KeyByHash = %+v, %v", got, err)
+	}
+	if _, err := db.KeyByHash(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("missing key: %v", err)
+	}
+	if n, _ := db.CountActiveKeys(ctx); n != 1 {
+		t.Fatalf("active keys %d", n)
+	}
+	if err := db.RevokeKey(ctx, "k1", now); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.RevokeKey(ctx, "k1", now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = db.KeyByHash(ctx, "abc")
+	if got.RevokedAt == nil || !got.RevokedAt.Equal(now) {
+		t.Fatalf("revoked_at %v, want the first revocation %v", got.RevokedAt, now)
+	}
+	if n, _ := db.CountActiveKeys(ctx); n != 0 {
+		t.Fatalf("active keys %d after revoke", n)
+	}
+	if err := db.RevokeKey(ctx, "zz", now); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("revoke unknown: %v", err)
+	}
+	if l, _ := db.ListKeys(ctx); len(l) != 1 {
+		t.Fatalf("ListKeys = %+v", l)
+	}
+}
+
+func TestSandboxesAndRestartMarking(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "s.db")
+	db := open(t, path)
+	now := time.Now()
+	for i, id := range []string{"a", "b", "c"} {
+		s := store.Sandbox{ID: id, Owner: "o1", Template: "python", State: store.SandboxRunning,
+			CreatedAt: now.Add(time.Duration(i) * time.Second), ExpiresAt: now.Add(time.Hour),
+			Metadata: json.RawMessage(`{"k":"v"}`)}
+		if id == "c" {
+			s.Owner = "o2"
+		}
+		if err := db.PutSandbox(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.StopSandbox(ctx, "a", "killed", now); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.StopSandbox(ctx, "a", "later", now); err != nil {
+		t.Fatal(err)
+	}
+	a, err := db.GetSandbox(ctx, "a")
+	if err != nil || a.State != store.SandboxStopped || a.StopReason != "killed" || a.StoppedAt == nil || string(a.Metadata) != `{"k":"v"}` {
+		t.Fatalf("a = %+v, %v", a, err)
+	}
+	run, _ := db.ListSandboxes(ctx, store.SandboxFilter{Owner: "o1", State: store.SandboxRunning})
+	if len(run) != 1 || run[0].ID != "b" {
+		t.Fatalf("running of o1 = %+v", run)
+	}
+	all, _ := db.ListSandboxes(ctx, store.SandboxFilter{Owner: "o1"})
+	if len(all) != 2 || all[0].ID != "a" {
+		t.Fatalf("all of o1 = %+v", all)
+	}
+	exp := now.Add(2 * time.Hour)
+	if err := db.UpdateSandboxExpiry(ctx, "b", exp); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := db.GetSandbox(ctx, "b"); !b.ExpiresAt.Equal(exp.Truncate(time.Nanosecond)) {
+		t.Fatalf("expires %v want %v", b.ExpiresAt, exp)
+	}
+	db.Close()
+
+	// A restart marks what was running as stopped.
+	db = open(t, path)
+	defer db.Close()
+	n, err := db.StopAllRunning(ctx, "server restarted", time.Now())
+	if err != nil || n != 2 {
+		t.Fatalf("StopAllRunning = %d, %v", n, err)
+	}
+	for _, id := range []string{"b", "c"} {
+		s, _ := db.GetSandbox(ctx, id)
+		if s.State != store.SandboxStopped || s.StopReason != "server restarted" {
+			t.Fatalf("%s = %+v", id, s)
+		}
+	}
+	if _, err := db.GetSandbox(ctx, "zz"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("missing sandbox: %v", err)
+	}
+}
+
+func TestExecutions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := open(t, filepath.Join(t.TempDir(), "s.db"))
+	defer db.Close()
+	e := store.Execution{ID: "e1", SandboxID: "s", Owner: "o", Language: "python", Status: "success",
+		ExecutionTimeMS: 1.5, CPUTimeMS: 1, PeakMemoryBytes: 42, CreatedAt: time.Now()}
+	if err := db.AddExecution(ctx, e); err != nil {
+		t.Fatal(err)
+	}
+	l, err := db.ListExecutions(ctx, "s")
+	if err != nil || len(l) != 1 || l[0].PeakMemoryBytes != 42 || l[0].ExecutionTimeMS != 1.5 || l[0].Language != "python" {
+		t.Fatalf("ListExecutions = %+v, %v", l, err)
+	}
+}

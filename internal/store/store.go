@@ -1,0 +1,97 @@
+// Package store is the server's persistence: API keys, sandbox records and
+// execution records. Store is the interface the server uses; sqlite/ is the
+// implementation for one host (postgres/ can follow behind the same
+// interface).
+//
+// Imports: the standard library only. Implementations live in
+// subpackages and may import their database driver.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// ErrNotFound reports a record that does not exist.
+var ErrNotFound = errors.New("store: not found")
+
+// Key is an API key. Only the SHA-256 of the secret is kept.
+type Key struct {
+	ID        string
+	Name      string
+	Owner     string // who the key acts for; the key's own ID unless given
+	Hash      string // lowercase hex SHA-256 of the secret
+	CreatedAt time.Time
+	RevokedAt *time.Time
+}
+
+// Sandbox states recorded in the store.
+const (
+	SandboxRunning = "running"
+	SandboxStopped = "stopped"
+)
+
+// Sandbox is the record of one sandbox.
+type Sandbox struct {
+	ID         string
+	Owner      string
+	Template   string
+	State      string
+	CreatedAt  time.Time
+	ExpiresAt  time.Time
+	StoppedAt  *time.Time
+	StopReason string
+	Metadata   json.RawMessage // a JSON object; nil is {}
+	Resources  json.RawMessage // a JSON object; nil is {}
+}
+
+// Execution is the record of one code execution.
+type Execution struct {
+	ID              string
+	SandboxID       string
+	Owner           string
+	Language        string
+	Status          string
+	ErrorCode       string
+	ExecutionTimeMS float64
+	CPUTimeMS       float64
+	PeakMemoryBytes int64
+	CreatedAt       time.Time
+}
+
+// SandboxFilter selects sandbox records.
+type SandboxFilter struct {
+	Owner string // required
+	State string // "" for every state
+}
+
+// Store persists the server's state. Implementations are safe for
+// concurrent use.
+type Store interface {
+	CreateKey(ctx context.Context, k Key) error
+	// KeyByHash returns the key with this hash, revoked or not.
+	KeyByHash(ctx context.Context, hash string) (Key, error)
+	ListKeys(ctx context.Context) ([]Key, error)
+	// RevokeKey marks a key revoked; revoking twice keeps the first time.
+	RevokeKey(ctx context.Context, id string, at time.Time) error
+	// CountActiveKeys counts keys that are not revoked.
+	CountActiveKeys(ctx context.Context) (int, error)
+
+	PutSandbox(ctx context.Context, s Sandbox) error
+	GetSandbox(ctx context.Context, id string) (Sandbox, error)
+	ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, error)
+	UpdateSandboxExpiry(ctx context.Context, id string, expiresAt time.Time) error
+	// StopSandbox marks a running sandbox stopped; a stopped one keeps its
+	// first reason.
+	StopSandbox(ctx context.Context, id, reason string, at time.Time) error
+	// StopAllRunning marks every running sandbox stopped and returns how
+	// many there were.
+	StopAllRunning(ctx context.Context, reason string, at time.Time) (int, error)
+
+	AddExecution(ctx context.Context, e Execution) error
+	ListExecutions(ctx context.Context, sandboxID string) ([]Execution, error)
+
+	Close() error
+}

@@ -1,0 +1,94 @@
+"""Sheepfold: the Python SDK of the Sheepfold code-interpreter sandbox.
+
+    from sheepfold import Sandbox
+
+    with Sandbox.create() as sb:
+        ex = sb.run_code("x = 41\nx + 1")
+        print(ex.text)  # 42
+
+Standard library only. See README.md.
+"""
+
+from ._version import __version__
+from .commands import CommandHandle, Commands
+from .errors import (
+    AuthenticationError,
+    CapacityError,
+    ConflictError,
+    DiskFullError,
+    FileTooLargeError,
+    InternalServerError,
+    InvalidArgumentError,
+    ModuleBlockedError,
+    NetworkRestrictedError,
+    NotFoundError,
+    OutOfMemoryError,
+    OutputLimitError,
+    PathNotAllowedError,
+    PermissionDeniedError,
+    RateLimitError,
+    SandboxNotFoundError,
+    SandboxStateError,
+    SandboxTimeoutError,
+    SessionQuotaExceededError,
+    SheepfoldConnectionError,
+    SheepfoldError,
+    TemplateNotFoundError,
+    UnsupportedLanguageError,
+)
+from .files import Filesystem, WriteEntry
+from .models import (
+    CodeContext,
+    CommandResult,
+    EntryInfo,
+    Execution,
+    ExecutionError,
+    FileInfo,
+    Logs,
+    ProcessInfo,
+    Resources,
+    Result,
+    SandboxInfo,
+)
+from .sandbox import Sandbox
+
+__all__ = [
+    "__version__",
+    "Sandbox",
+    "Filesystem",
+    "WriteEntry",
+    "Commands",
+    "CommandHandle",
+    "CodeContext",
+    "CommandResult",
+    "EntryInfo",
+    "Execution",
+    "ExecutionError",
+    "FileInfo",
+    "Logs",
+    "ProcessInfo",
+    "Resources",
+    "Result",
+    "SandboxInfo",
+    "SheepfoldError",
+    "AuthenticationError",
+    "CapacityError",
+    "ConflictError",
+    "DiskFullError",
+    "FileTooLargeError",
+    "InternalServerError",
+    "InvalidArgumentError",
+    "ModuleBlockedError",
+    "NetworkRestrictedError",
+    "NotFoundError",
+    "OutOfMemoryError",
+    "OutputLimitError",
+    "PathNotAllowedError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "SandboxNotFoundError",
+    "SandboxStateError",
+    "SandboxTimeoutError",
+    "SessionQuotaExceededError",
+    "SheepfoldConnectionError",
+]

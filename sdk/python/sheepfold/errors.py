@@ -1,0 +1,262 @@
+"""The exceptions of the Sheepfold SDK.
+
+Every error the server reports has the shape
+``{"error": {"code": "ERR_...", "message": "...", "request_id": "..."}}``.
+The SDK raises it as a :class:`SheepfoldError` subclass chosen by ``code``
+(falling back on the HTTP status when the code is unknown). Every exception
+keeps the machine ``code`` string, the ``message``, the HTTP ``status`` and
+the server's ``request_id``.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Type
+
+__all__ = [
+    "SheepfoldError",
+    "AuthenticationError",
+    "NotFoundError",
+    "SandboxNotFoundError",
+    "TemplateNotFoundError",
+    "InvalidArgumentError",
+    "UnsupportedLanguageError",
+    "PermissionDeniedError",
+    "PathNotAllowedError",
+    "ModuleBlockedError",
+    "NetworkRestrictedError",
+    "ConflictError",
+    "SandboxStateError",
+    "SandboxTimeoutError",
+    "OutOfMemoryError",
+    "OutputLimitError",
+    "FileTooLargeError",
+    "DiskFullError",
+    "RateLimitError",
+    "SessionQuotaExceededError",
+    "CapacityError",
+    "InternalServerError",
+    "SheepfoldConnectionError",
+    "error_for",
+]
+
+
+class SheepfoldError(Exception):
+    """Base of every SDK error.
+
+    Attributes:
+        code: the server's machine code (``"ERR_SANDBOX_NOT_FOUND"``...); for
+            errors raised by the SDK itself, ``"ERR_CONNECTION"`` or
+            ``"ERR_PROTOCOL"``.
+        message: the human message.
+        status: the HTTP status (``None`` when there was no HTTP response, or
+            when the error came inside a stream that had already begun).
+        request_id: the server's request id (also sent as ``X-Request-Id``).
+        retry_after: seconds the server asked to wait (``Retry-After``), if any.
+    """
+
+    default_code = "ERR_INTERNAL"
+
+    def __init__(
+        self,
+        message: str = "",
+        code: Optional[str] = None,
+        status: Optional[int] = None,
+        request_id: Optional[str] = None,
+        retry_after: Optional[float] = None,
+    ) -> None:
+        super().__init__(message)
+        self.code: str = code or self.default_code
+        self.message: str = message
+        self.status: Optional[int] = status
+        self.request_id: Optional[str] = request_id
+        self.retry_after: Optional[float] = retry_after
+
+    def __str__(self) -> str:
+        s = f"{self.code}: {self.message}" if self.message else self.code
+        extra = []
+        if self.status is not None:
+            extra.append(f"status {self.status}")
+        if self.request_id:
+            extra.append(f"request {self.request_id}")
+        if extra:
+            s += " (" + ", ".join(extra) + ")"
+        return s
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(code={self.code!r}, message={self.message!r}, "
+            f"status={self.status!r}, request_id={self.request_id!r})"
+        )
+
+
+class AuthenticationError(SheepfoldError):
+    """401: the API key is missing, malformed or unknown."""
+
+    default_code = "ERR_AUTHENTICATION_FAILED"
+
+
+class NotFoundError(SheepfoldError):
+    """404: a sandbox, file, context, process or route does not exist."""
+
+    default_code = "ERR_NOT_FOUND"
+
+
+class SandboxNotFoundError(NotFoundError):
+    """404 ERR_SANDBOX_NOT_FOUND: no such sandbox (or it belongs to someone else)."""
+
+    default_code = "ERR_SANDBOX_NOT_FOUND"
+
+
+class TemplateNotFoundError(NotFoundError):
+    default_code = "ERR_TEMPLATE_NOT_FOUND"
+
+
+class InvalidArgumentError(SheepfoldError, ValueError):
+    """400: the request was refused as malformed or invalid."""
+
+    default_code = "ERR_BAD_REQUEST"
+
+
+class UnsupportedLanguageError(InvalidArgumentError):
+    default_code = "ERR_UNSUPPORTED_LANGUAGE"
+
+
+class PermissionDeniedError(SheepfoldError):
+    """403: the operation is not allowed in this sandbox."""
+
+    default_code = "ERR_PATH_NOT_ALLOWED"
+
+
+class PathNotAllowedError(PermissionDeniedError):
+    default_code = "ERR_PATH_NOT_ALLOWED"
+
+
+class ModuleBlockedError(PermissionDeniedError):
+    default_code = "ERR_MODULE_BLOCKED"
+
+
+class NetworkRestrictedError(PermissionDeniedError):
+    default_code = "ERR_NETWORK_RESTRICTED"
+
+
+class ConflictError(SheepfoldError):
+    """409: the request conflicts with the current state."""
+
+    default_code = "ERR_CONFLICT"
+
+
+class SandboxStateError(ConflictError):
+    """409 ERR_SANDBOX_STATE: e.g. the sandbox has stopped (see ``message``)."""
+
+    default_code = "ERR_SANDBOX_STATE"
+
+
+class SandboxTimeoutError(SheepfoldError, TimeoutError):
+    """ERR_SANDBOX_TIMEOUT: the sandbox or the operation ran out of time.
+
+    Also a builtin :class:`TimeoutError`.
+    """
+
+    default_code = "ERR_SANDBOX_TIMEOUT"
+
+
+class OutOfMemoryError(SheepfoldError):
+    default_code = "ERR_OUT_OF_MEMORY"
+
+
+class OutputLimitError(SheepfoldError):
+    default_code = "ERR_OUTPUT_LIMIT"
+
+
+class FileTooLargeError(SheepfoldError):
+    """413 ERR_FILE_TOO_LARGE: an upload exceeds the server's limit."""
+
+    default_code = "ERR_FILE_TOO_LARGE"
+
+
+class DiskFullError(SheepfoldError):
+    default_code = "ERR_DISK_FULL"
+
+
+class RateLimitError(SheepfoldError):
+    """429: too many requests. The SDK already retried (see ``retry_after``)."""
+
+    default_code = "ERR_RATE_LIMITED"
+
+
+class SessionQuotaExceededError(RateLimitError):
+    default_code = "ERR_SESSION_QUOTA_EXCEEDED"
+
+
+class CapacityError(SheepfoldError):
+    """503 ERR_CAPACITY: the server cannot take more sandboxes right now."""
+
+    default_code = "ERR_CAPACITY"
+
+
+class InternalServerError(SheepfoldError):
+    """500 and other server-side failures."""
+
+    default_code = "ERR_INTERNAL"
+
+
+class SheepfoldConnectionError(SheepfoldError, ConnectionError):
+    """The server could not be reached, or the connection broke."""
+
+    default_code = "ERR_CONNECTION"
+
+
+_BY_CODE: Dict[str, Type[SheepfoldError]] = {
+    "ERR_BAD_REQUEST": InvalidArgumentError,
+    "ERR_AUTHENTICATION_FAILED": AuthenticationError,
+    "ERR_SANDBOX_NOT_FOUND": SandboxNotFoundError,
+    "ERR_NOT_FOUND": NotFoundError,
+    "ERR_SANDBOX_STATE": SandboxStateError,
+    "ERR_SANDBOX_TIMEOUT": SandboxTimeoutError,
+    "ERR_OUT_OF_MEMORY": OutOfMemoryError,
+    "ERR_OUTPUT_LIMIT": OutputLimitError,
+    "ERR_FILE_TOO_LARGE": FileTooLargeError,
+    "ERR_DISK_FULL": DiskFullError,
+    "ERR_PATH_NOT_ALLOWED": PathNotAllowedError,
+    "ERR_CONFLICT": ConflictError,
+    "ERR_UNSUPPORTED_LANGUAGE": UnsupportedLanguageError,
+    "ERR_TEMPLATE_NOT_FOUND": TemplateNotFoundError,
+    "ERR_MODULE_BLOCKED": ModuleBlockedError,
+    "ERR_NETWORK_RESTRICTED": NetworkRestrictedError,
+    "ERR_SESSION_QUOTA_EXCEEDED": SessionQuotaExceededError,
+    "ERR_RATE_LIMITED": RateLimitError,
+    "ERR_CAPACITY": CapacityError,
+    "ERR_INTERNAL": InternalServerError,
+}
+
+_BY_STATUS: Dict[int, Type[SheepfoldError]] = {
+    400: InvalidArgumentError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    408: SandboxTimeoutError,
+    409: ConflictError,
+    413: FileTooLargeError,
+    429: RateLimitError,
+    503: CapacityError,
+    507: DiskFullError,
+}
+
+
+def error_for(
+    code: Optional[str],
+    message: str,
+    status: Optional[int] = None,
+    request_id: Optional[str] = None,
+    retry_after: Optional[float] = None,
+) -> SheepfoldError:
+    """Build the exception for a server error (by code, else by status)."""
+    cls = _BY_CODE.get(code or "")
+    if cls is None and status is not None:
+        cls = _BY_STATUS.get(status)
+        if cls is None:
+            cls = InternalServerError if status >= 500 else SheepfoldError
+    if cls is None:
+        cls = SheepfoldError
+    return cls(message, code=code or cls.default_code, status=status,
+               request_id=request_id, retry_after=retry_after)

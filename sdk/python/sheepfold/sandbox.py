@@ -1,0 +1,282 @@
+"""The Sandbox class: create, connect to, use and kill a Sheepfold sandbox."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from ._http import HTTPClient, path_segment, raise_failure
+from .commands import Commands
+from .errors import NotFoundError, SandboxStateError, SheepfoldError
+from .files import Filesystem
+from .models import CodeContext, Execution, ExecutionError, Resources, Result, SandboxInfo
+
+__all__ = ["Sandbox"]
+
+# The socket timeout of run_code when neither timeout nor request_timeout is given.
+DEFAULT_EXECUTE_REQUEST_TIMEOUT = 600.0
+
+
+class Sandbox:
+    """A running sandbox.
+
+    Make one with :meth:`create` (or attach to one with :meth:`connect`);
+    use it as a context manager to kill it on exit::
+
+        with Sandbox.create() as sb:
+            print(sb.run_code("1 + 1").text)
+
+    api_key and base_url default to the environment variables
+    SHEEPFOLD_API_KEY and SHEEPFOLD_URL (default http://127.0.0.1:8080).
+    """
+
+    def __init__(self, info: SandboxInfo, http: HTTPClient) -> None:
+        self._http = http
+        self._info = info
+        self.sandbox_id: str = info.sandbox_id
+        self._base = f"/v1/sandboxes/{path_segment(self.sandbox_id)}"
+        self.files = Filesystem(http, self.sandbox_id)
+        self.commands = Commands(http, self.sandbox_id)
+
+    # Lifecycle.
+
+    @classmethod
+    def create(
+        cls,
+        template: Optional[str] = None,
+        timeout: Optional[float] = None,
+        metadata: Optional[Dict[str, str]] = None,
+        envs: Optional[Dict[str, str]] = None,
+        resources: Optional[Union[Resources, Dict[str, Any]]] = None,
+        sandbox_config: Optional[Dict[str, Any]] = None,
+        api_key: Optional[str] = None,
+        base_url: Optional[str] = None,
+        request_timeout: Optional[float] = None,
+    ) -> "Sandbox":
+        """Create a sandbox.
+
+        Args:
+            template: the template ("python" by default on the server).
+            timeout: seconds the sandbox lives before it is stopped
+                (extend it with set_timeout).
+            metadata: string labels kept with the sandbox.
+            envs: environment variables for everything run in it.
+            resources: {"cpus", "memory_mb", "disk_mb", "pids"} (or Resources).
+            sandbox_config: {"max_execution_time", "max_memory_mb",
+                "network_restricted", "filesystem_readonly"}.
+            request_timeout: the HTTP timeout in seconds of each API call
+                (default 60; run_code and commands.run use their own).
+        """
+        http = cls._client(api_key, base_url, request_timeout)
+        body: Dict[str, Any] = {}
+        if template is not None:
+            body["template"] = template
+        if timeout is not None:
+            body["timeout"] = timeout
+        if resources is not None:
+            body["resources"] = resources.to_dict() if isinstance(resources, Resources) else dict(resources)
+        if envs:
+            body["env"] = dict(envs)
+        if metadata:
+            body["metadata"] = dict(metadata)
+        if sandbox_config:
+            body["sandbox_config"] = dict(sandbox_config)
+        info = SandboxInfo.from_dict(http.post_json("/v1/sandboxes", body))
+        return cls(info, http)
+
+    @classmethod
+    def connect(cls, sandbox_id: str, api_key: Optional[str] = None, base_url: Optional[str] = None,
+                request_timeout: Optional[float] = None) -> "Sandbox":
+        """Attach to an existing sandbox of yours (raises NotFoundError if it is not)."""
+        http = cls._client(api_key, base_url, request_timeout)
+        info = SandboxInfo.from_dict(http.get_json(f"/v1/sandboxes/{path_segment(sandbox_id)}"))
+        return cls(info, http)
+
+    @classmethod
+    def list(cls, api_key: Optional[str] = None, base_url: Optional[str] = None, all: bool = False,
+             request_timeout: Optional[float] = None) -> List[SandboxInfo]:
+        """Your running sandboxes (all=True adds the stopped ones)."""
+        http = cls._client(api_key, base_url, request_timeout)
+        doc = http.get_json("/v1/sandboxes", params={"state": "all" if all else None}) or {}
+        return [SandboxInfo.from_dict(s) for s in doc.get("sandboxes") or []]
+
+    @staticmethod
+    def _client(api_key: Optional[str], base_url: Optional[str], request_timeout: Optional[float]) -> HTTPClient:
+        if request_timeout is None:
+            return HTTPClient(api_key=api_key, base_url=base_url)
+        return HTTPClient(api_key=api_key, base_url=base_url, request_timeout=request_timeout)
+
+    def kill(self) -> bool:
+        """Stop and delete the sandbox.
+
+        Returns True when the sandbox is stopped now (also when it had
+        already stopped), False when the server does not know it.
+        """
+        try:
+            self._http.delete(self._base)
+        except NotFoundError:
+            return False
+        return True
+
+    def set_timeout(self, timeout: float) -> SandboxInfo:
+        """Keep-alive: the sandbox now lives ``timeout`` seconds from now."""
+        self._info = SandboxInfo.from_dict(self._http.post_json(self._base + "/timeout", {"timeout": timeout}))
+        return self._info
+
+    def get_info(self) -> SandboxInfo:
+        """Fetch the sandbox's current description."""
+        self._info = SandboxInfo.from_dict(self._http.get_json(self._base))
+        return self._info
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The last known description (from create, connect, get_info or set_timeout)."""
+        return self._info
+
+    def is_running(self) -> bool:
+        """Whether the sandbox is still running."""
+        try:
+            return self.get_info().state == "running"
+        except (NotFoundError, SandboxStateError):
+            return False
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            self.kill()
+        except SheepfoldError:
+            if exc[0] is None:
+                raise
+
+    def __repr__(self) -> str:
+        return f"Sandbox(sandbox_id={self.sandbox_id!r}, base_url={self._http.base_url!r})"
+
+    # Code execution.
+
+    def run_code(
+        self,
+        code: str,
+        language: Optional[str] = None,
+        context: Optional[Union[CodeContext, str]] = None,
+        on_stdout: Optional[Callable[[str], Any]] = None,
+        on_stderr: Optional[Callable[[str], Any]] = None,
+        on_result: Optional[Callable[[Result], Any]] = None,
+        on_error: Optional[Callable[[ExecutionError], Any]] = None,
+        envs: Optional[Dict[str, str]] = None,
+        timeout: Optional[float] = None,
+        request_timeout: Optional[float] = None,
+    ) -> Execution:
+        """Run code in the sandbox and return its Execution.
+
+        Args:
+            code: the source.
+            language: "python" (the server's default), "javascript" or "bash".
+            context: a CodeContext (or its id) to run in; without one, the
+                language's default context, whose state persists across calls.
+            on_stdout, on_stderr: called with each output chunk as it comes.
+            on_result: called with each Result (figures, display(), the last
+                expression's value) as it comes.
+            on_error: called with the ExecutionError if the code raised.
+            envs: environment variables for this execution only.
+            timeout: seconds the code may run (the sandbox's
+                max_execution_time caps it).
+            request_timeout: the HTTP socket timeout (default: timeout + 30 s,
+                or 600 s).
+
+        Any callback switches the request to NDJSON streaming; without
+        callbacks, one JSON response. An exception in the code does not
+        raise: see ``execution.error``.
+        """
+        body: Dict[str, Any] = {"code": code}
+        if language:
+            body["language"] = language
+        if context is not None:
+            body["context_id"] = context.id if isinstance(context, CodeContext) else str(context)
+        if timeout:
+            body["timeout_ms"] = int(round(timeout * 1000))
+        if envs:
+            body["env"] = dict(envs)
+        rt = request_timeout
+        if rt is None:
+            rt = timeout + 30 if timeout else DEFAULT_EXECUTE_REQUEST_TIMEOUT
+        path = self._base + "/execute"
+
+        if not (on_stdout or on_stderr or on_result or on_error):
+            return Execution.from_dict(self._http.post_json(path, body, timeout=rt))
+
+        resp, events = self._http.stream_ndjson("POST", path, json_body=body, timeout=rt)
+        try:
+            return self._consume_execution(events, on_stdout, on_stderr, on_result, on_error)
+        finally:
+            resp.close()
+
+    @staticmethod
+    def _consume_execution(events: Any, on_stdout: Any, on_stderr: Any, on_result: Any, on_error: Any) -> Execution:
+        stdout: List[str] = []
+        stderr: List[str] = []
+        results: List[Result] = []
+        error: Optional[ExecutionError] = None
+        for ev in events:
+            t = ev.get("type")
+            if t == "stdout":
+                text = ev.get("text", "")
+                stdout.append(text)
+                if on_stdout:
+                    on_stdout(text)
+            elif t == "stderr":
+                text = ev.get("text", "")
+                stderr.append(text)
+                if on_stderr:
+                    on_stderr(text)
+            elif t == "result":
+                r = Result.from_dict(ev.get("result"))
+                results.append(r)
+                if on_result:
+                    on_result(r)
+            elif t == "error":
+                e = ev.get("error") or {}
+                if "code" in e and "name" not in e:  # an API error, not the code's exception
+                    raise_failure(ev)
+                error = ExecutionError.from_dict(e)
+                if on_error:
+                    on_error(error)
+            elif t == "done" or (t is None and "status" in ev):
+                ex = Execution.from_dict(ev.get("execution") if t == "done" else ev)
+                # Keep the chunks as they were streamed; the done event's
+                # copies of results and error are the authority.
+                if stdout or stderr:
+                    ex.logs.stdout, ex.logs.stderr = stdout, stderr
+                if not ex.results and results:
+                    ex.results = results
+                if ex.error is None and error is not None:
+                    ex.error = error
+                return ex
+            elif t == "failure":
+                raise_failure(ev)
+        raise SheepfoldError("the execution's stream ended without a done event", code="ERR_PROTOCOL")
+
+    # Code contexts.
+
+    def create_code_context(self, language: Optional[str] = None, cwd: Optional[str] = None) -> CodeContext:
+        """A new interpreter context with its own state."""
+        body: Dict[str, Any] = {}
+        if language:
+            body["language"] = language
+        if cwd:
+            body["cwd"] = cwd
+        return CodeContext.from_dict(self._http.post_json(self._base + "/contexts", body))
+
+    def list_code_contexts(self) -> List[CodeContext]:
+        doc = self._http.get_json(self._base + "/contexts") or {}
+        return [CodeContext.from_dict(c) for c in doc.get("contexts") or []]
+
+    def restart_code_context(self, context: Union[CodeContext, str]) -> CodeContext:
+        """Restart a context's interpreter, clearing its state."""
+        cid = context.id if isinstance(context, CodeContext) else context
+        return CodeContext.from_dict(
+            self._http.post_json(f"{self._base}/contexts/{path_segment(cid)}/restart", {}))
+
+    def remove_code_context(self, context: Union[CodeContext, str]) -> None:
+        cid = context.id if isinstance(context, CodeContext) else context
+        self._http.delete(f"{self._base}/contexts/{path_segment(cid)}")

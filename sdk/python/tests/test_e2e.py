@@ -1,0 +1,142 @@
+"""End-to-end tests of the SDK against a real Sheepfold server.
+
+These are skipped unless both environment variables are set:
+
+    SHEEPFOLD_E2E_URL   the server's base URL, e.g. http://127.0.0.1:8080
+    SHEEPFOLD_E2E_KEY   an API key for it
+
+CI (the integration suite) runs this module with the variables set against a
+server it started, using the default "python" template (pandas, matplotlib):
+
+    SHEEPFOLD_E2E_URL=... SHEEPFOLD_E2E_KEY=... \\
+        /usr/bin/python3 -m unittest discover -s sdk/python/tests -p 'test_e2e.py' -v
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+from sheepfold import (  # noqa: E402
+    CommandHandle,
+    NotFoundError,
+    Sandbox,
+    SandboxNotFoundError,
+    SandboxStateError,
+)
+
+E2E_URL = os.environ.get("SHEEPFOLD_E2E_URL")
+E2E_KEY = os.environ.get("SHEEPFOLD_E2E_KEY")
+TEMPLATE = os.environ.get("SHEEPFOLD_E2E_TEMPLATE", "python")
+
+ORDERS = "id,country,amount\n1,DE,10\n2,FR,20\n3,DE,5\n4,US,7.5\n"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@unittest.skipUnless(E2E_URL and E2E_KEY, "set SHEEPFOLD_E2E_URL and SHEEPFOLD_E2E_KEY to run the end-to-end tests")
+class TestEndToEnd(unittest.TestCase):
+    def create(self) -> Sandbox:
+        sb = Sandbox.create(template=TEMPLATE, timeout=300, metadata={"suite": "sdk-python-e2e"},
+                            api_key=E2E_KEY, base_url=E2E_URL)
+        self.addCleanup(sb.kill)
+        return sb
+
+    def test_data_analysis_session(self) -> None:
+        sb = self.create()
+        self.assertTrue(sb.is_running())
+        self.assertIn(sb.sandbox_id, [s.sandbox_id for s in Sandbox.list(api_key=E2E_KEY, base_url=E2E_URL)])
+
+        # Upload, then two executions that share the interpreter's state.
+        info = sb.files.write("orders.csv", ORDERS)
+        self.assertEqual(info.size, len(ORDERS))
+        self.assertEqual(info.path, "/home/user/orders.csv")
+        ex = sb.run_code("import pandas as pd\ndf = pd.read_csv('orders.csv')\nprint(len(df))\n"
+                         "df.groupby('country')['amount'].sum()", language="python", timeout=60)
+        self.assertIsNone(ex.error, ex.error and ex.error.traceback)
+        self.assertEqual(ex.status, "success")
+        self.assertEqual("".join(ex.logs.stdout).strip(), "4")
+        self.assertIn("DE", ex.text or "")
+        self.assertIn("15", ex.text or "")
+
+        chunks = []
+        ex = sb.run_code("total = float(df['amount'].sum())\nprint('total', total)\ntotal",
+                         on_stdout=chunks.append, timeout=60)
+        self.assertIsNone(ex.error, ex.error and ex.error.traceback)
+        self.assertEqual(ex.text, "42.5")
+        self.assertIn("total 42.5", "".join(chunks))
+        self.assertGreater(ex.execution_time_ms, 0)
+
+        # A chart comes back as a PNG result, and the file it saved downloads.
+        ex = sb.run_code(
+            "import matplotlib.pyplot as plt\n"
+            "by = df.groupby('country')['amount'].sum()\n"
+            "fig, ax = plt.subplots()\n"
+            "ax.bar(by.index, by.values)\n"
+            "fig.savefig('chart.png')\n"
+            "plt.show()\n", timeout=60)
+        self.assertIsNone(ex.error, ex.error and ex.error.traceback)
+        pngs = [r for r in ex.results if r.png]
+        self.assertTrue(pngs, f"no PNG result in {ex.results!r}")
+        self.assertTrue(base64.b64decode(pngs[0].png).startswith(PNG_MAGIC))
+        data = sb.files.read("chart.png", format="bytes")
+        self.assertTrue(data.startswith(PNG_MAGIC))
+
+        # An exception in the code is data, not an SDK error.
+        ex = sb.run_code("1/0")
+        self.assertEqual(ex.status, "error")
+        self.assertEqual(ex.error.name, "ZeroDivisionError")
+
+        # Files API round trip.
+        self.assertIn("orders.csv", [e.name for e in sb.files.list("/home/user")])
+        self.assertTrue(sb.files.exists("chart.png"))
+        sb.files.remove("chart.png")
+        self.assertFalse(sb.files.exists("chart.png"))
+        with self.assertRaises(NotFoundError):
+            sb.files.read("chart.png")
+
+        # Commands.
+        r = sb.commands.run("wc -l < orders.csv; echo oops >&2; exit 3", timeout=30)
+        self.assertEqual(r.stdout.strip(), "5")
+        self.assertEqual(r.stderr.strip(), "oops")
+        self.assertEqual(r.exit_code, 3)
+        h = sb.commands.run("sleep 60", background=True)
+        self.assertIsInstance(h, CommandHandle)
+        self.assertIn(h.pid, [p.pid for p in sb.commands.list()])
+        self.assertTrue(h.kill())
+
+        # Kill: the sandbox is gone.
+        sid = sb.sandbox_id
+        self.assertTrue(sb.kill())
+        self.assertFalse(sb.is_running())
+        self.assertEqual(sb.get_info().state, "stopped")
+        with self.assertRaises(SandboxStateError):
+            sb.run_code("1")
+        self.assertNotIn(sid, [s.sandbox_id for s in Sandbox.list(api_key=E2E_KEY, base_url=E2E_URL)])
+
+    def test_code_context_isolation(self) -> None:
+        sb = self.create()
+        ctx = sb.create_code_context(language="python")
+        sb.run_code("x = 1", context=ctx)
+        self.assertEqual(sb.run_code("x", context=ctx).text, "1")
+        ex = sb.run_code("x")  # the default context does not see ctx's x
+        self.assertEqual(ex.error and ex.error.name, "NameError")
+        sb.restart_code_context(ctx)
+        self.assertEqual(sb.run_code("x", context=ctx).error.name, "NameError")
+        sb.remove_code_context(ctx)
+
+    def test_bad_key(self) -> None:
+        from sheepfold import AuthenticationError
+        with self.assertRaises(AuthenticationError):
+            Sandbox.list(api_key="sk_wrong_key", base_url=E2E_URL)
+
+    def test_unknown_sandbox(self) -> None:
+        with self.assertRaises(SandboxNotFoundError):
+            Sandbox.connect("sbx_does_not_exist", api_key=E2E_KEY, base_url=E2E_URL)
+
+
+if __name__ == "__main__":
+    unittest.main()
