@@ -151,7 +151,7 @@ func (k *Kernel) Language() string { return k.lang }
 func (k *Kernel) command() *exec.Cmd {
 	switch k.lang {
 	case "python":
-		return exec.Command(k.opt.Python, "-u", "-c", pythonDriver)
+		return exec.Command(k.opt.Python, "-c", pythonDriver)
 	case "javascript":
 		return exec.Command(k.opt.Node, "-e", nodeDriver)
 	default:
@@ -165,7 +165,7 @@ func (k *Kernel) start() error {
 	cmd.Dir = k.spec.Cwd
 	env := append([]string{}, k.opt.BaseEnv...)
 	if k.lang == "python" {
-		env = append(env, "MPLBACKEND=Agg", "PYTHONUNBUFFERED=1")
+		env = append(env, "MPLBACKEND=Agg")
 	}
 	keys := make([]string, 0, len(k.spec.Env))
 	for key := range k.spec.Env {

@@ -7,6 +7,12 @@ _ctl_out = os.fdopen(4, "w", encoding="utf-8")
 _MAX_RESULT = 3_500_000
 _globals = {"__name__": "__main__", "__builtins__": builtins}
 signal.signal(signal.SIGINT, signal.default_int_handler)
+# Line-buffered stdout and stderr: a print() arrives as one chunk, and
+# partial lines are flushed at the end of every execution.
+sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8",
+                              errors="backslashreplace", line_buffering=True)
+sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), encoding="utf-8",
+                              errors="backslashreplace", line_buffering=True)
 
 
 def _send(msg):

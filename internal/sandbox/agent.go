@@ -44,14 +44,30 @@ func (c *agentClient) call(ctx context.Context, req agentproto.Request, body io.
 	if err := conn.WriteJSON(req); err != nil {
 		return agentproto.Event{}, c.ioErr(ctx, "send request", err)
 	}
+	// The agent may refuse a body part way (too large, disk full) and
+	// answer at once: a failed write is then explained by the reply.
+	var sendErr error
 	if body != nil {
-		if _, err := conn.CopyBody(body); err != nil {
-			return agentproto.Event{}, c.ioErr(ctx, "send body", err)
+		src := &sourceReader{r: body}
+		if _, err := conn.CopyBody(src); err != nil {
+			if ctx.Err() != nil {
+				return agentproto.Event{}, ctx.Err()
+			}
+			if src.err != nil {
+				// The caller's body failed (e.g. an upload over the
+				// server's limit): drop the connection, and with it the
+				// agent's partial file.
+				return agentproto.Event{}, src.err
+			}
+			sendErr = err
 		}
 	}
 	for {
 		kind, p, err := conn.ReadFrame()
 		if err != nil {
+			if sendErr != nil {
+				err = sendErr
+			}
 			return agentproto.Event{}, c.ioErr(ctx, "read reply", err)
 		}
 		if kind == agentproto.FrameData {
@@ -115,4 +131,19 @@ func agentError(ev agentproto.Event) error {
 		msg = ev.Code
 	}
 	return apierr.New(code, "%s", msg)
+}
+
+// sourceReader remembers whether a failure came from the body itself
+// rather than from the connection.
+type sourceReader struct {
+	r   io.Reader
+	err error
+}
+
+func (s *sourceReader) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil && err != io.EOF {
+		s.err = err
+	}
+	return n, err
 }

@@ -109,7 +109,7 @@ func TestGoSDK(t *testing.T) {
 	}
 
 	// Commands.
-	home := e.home(sb.ID)
+	home := "/home/user" // a sandbox path; the fake runtime puts it under its root
 	res, err := c.RunCommand(ctx, sb.ID, client.CommandRequest{Cmd: "sh", Args: []string{"-c", "echo hi; exit 2"}, Cwd: home})
 	if err != nil || res.Stdout != "hi\n" || res.ExitCode != 2 || res.Status != "exited" {
 		t.Fatalf("RunCommand = %+v, %v", res, err)

@@ -93,7 +93,7 @@ func TestGoldenShapes(t *testing.T) {
 		map[string]any{"code": "raise ValueError('x')"}).body, "stderr")
 	golden(t, "file_info", e.do("PUT", "/v1/sandboxes/"+id+"/files?path=/tmp/a.txt", e.keyA, "abc").body)
 	golden(t, "command", e.do("POST", "/v1/sandboxes/"+id+"/commands", e.keyA,
-		map[string]any{"cmd": "echo", "args": []string{"x"}, "cwd": e.home(id)}).body)
+		map[string]any{"cmd": "echo", "args": []string{"x"}, "cwd": "/home/user"}).body)
 }
 
 // TestServeAndShutdown runs the server on a real listener and checks that

@@ -223,8 +223,7 @@ func (e *env) create(key string, body any) string {
 }
 
 // home is the host directory of a sandbox's /home/user under the fake
-// runtime: processes there see the host's filesystem, so commands name it
-// as their cwd.
+// runtime, for checking from outside what commands did there.
 func (e *env) home(id string) string {
 	return filepath.Join(e.rt.Dir, id, "root", "home", "user")
 }

@@ -532,7 +532,7 @@ func TestPathEscape(t *testing.T) {
 	}
 	// A symlink made inside the sandbox does not lead out either.
 	want(t, e.do("POST", "/v1/sandboxes/"+id+"/commands", e.keyA, map[string]any{"cmd": "ln",
-		"args": []string{"-s", "/etc/passwd", "link"}, "cwd": e.home(id)}), http.StatusOK, "")
+		"args": []string{"-s", "/etc/passwd", "link"}, "cwd": "/home/user"}), http.StatusOK, "")
 	if b, err := os.ReadFile(e.home(id) + "/link"); err != nil || !bytes.Equal(b, hostPasswd) {
 		t.Fatalf("the link does not lead to the host's passwd outside the agent: %v", err)
 	}
@@ -546,7 +546,7 @@ func TestCommands(t *testing.T) {
 	e := newEnv(t, server.Config{})
 	id := e.create(e.keyA, nil)
 	base := "/v1/sandboxes/" + id + "/commands"
-	home := e.home(id) // the fake runtime's processes see the host's filesystem
+	home := "/home/user" // a sandbox path; the fake runtime puts it under its root
 
 	r := e.do("POST", base, e.keyA, map[string]any{"cwd": home, "cmd": "sh", "args": []string{"-c", "echo out; echo err >&2; exit 3"}})
 	want(t, r, http.StatusOK, "")
