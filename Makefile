@@ -33,7 +33,7 @@ test-unit: ## tests that need neither root nor a template
 
 test: template lint ## everything: unit, privileged (as root), SDK and end-to-end tests
 	go test -count=1 -timeout 40m ./...
-	@if [ -d sdk/python/tests ]; then $(PYTHON) -m unittest discover -s sdk/python/tests -t sdk/python; fi
+	@if [ -d sdk/python/tests ]; then $(PYTHON) -m unittest discover -s sdk/python/tests; fi
 
 bench: template ## benchmarks with ratios against baselines measured in the same run
 	go test -run '^$$' -bench . -benchtime 20x ./internal/sandbox/
