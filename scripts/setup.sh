@@ -16,7 +16,8 @@ fi
 
 need=()
 for pkg in debootstrap libseccomp-dev pkg-config gcc; do
-	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+	status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+	[ "$status" = "install ok installed" ] || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
 	echo "setup: installing ${need[*]}"
@@ -27,9 +28,13 @@ fi
 mkdir -p "$DATA_DIR/bin"
 chmod 0755 "$DATA_DIR" "$DATA_DIR/bin"
 want=${RUNC_VERSION#v}
-if ! "$RUNC" --version 2>/dev/null | grep -q "runc version $want\$" ||
-	! "$RUNC" features 2>/dev/null | grep -q '"enabled": true'; then
+# Capture outputs instead of piping into grep -q: with pipefail, an early
+# grep exit would SIGPIPE the writer and fail the check.
+version=$("$RUNC" --version 2>/dev/null || true)
+features=$("$RUNC" features 2>/dev/null || true)
+if [[ "$version" != *"runc version $want"$'\n'* ]] || [[ "$features" != *'"enabled": true'* ]]; then
 	echo "setup: building runc $RUNC_VERSION with seccomp into $DATA_DIR/bin"
 	GOBIN="$DATA_DIR/bin" CGO_ENABLED=1 go install -tags seccomp "github.com/opencontainers/runc@$RUNC_VERSION"
+	version=$("$RUNC" --version)
 fi
-"$RUNC" --version | head -1
+echo "setup: ${version%%$'\n'*}"

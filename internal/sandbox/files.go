@@ -77,17 +77,10 @@ func (s *Sandbox) Move(ctx context.Context, from, to string) (FileInfo, error) {
 
 func (s *Sandbox) fileCall(ctx context.Context, req agentproto.Request, body io.Reader,
 	onEvent func(agentproto.Event) error, onData func([]byte) error, done *agentproto.Event) error {
-	if err := s.running(); err != nil {
-		return err
-	}
 	if req.Path == "" {
 		return apierr.New(apierr.BadRequest, "path is required")
 	}
-	ev, err := s.agent.call(ctx, req, body, onEvent, onData)
-	if done != nil {
-		*done = ev
-	}
-	return s.gone(err)
+	return s.do(ctx, req, body, onEvent, onData, done)
 }
 
 func entry(ev agentproto.Event) FileInfo {

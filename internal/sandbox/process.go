@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"io"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
@@ -166,10 +167,17 @@ func contextInfo(ev agentproto.Event) agentproto.ContextInfo {
 
 // simple sends a request that streams nothing and keeps its Done.
 func (s *Sandbox) simple(ctx context.Context, req agentproto.Request, done *agentproto.Event) error {
+	return s.do(ctx, req, nil, nil, nil, done)
+}
+
+// do sends one request to the agent of a running sandbox, keeps its Done
+// and turns a vanished agent into a stopped sandbox.
+func (s *Sandbox) do(ctx context.Context, req agentproto.Request, body io.Reader,
+	onEvent func(agentproto.Event) error, onData func([]byte) error, done *agentproto.Event) error {
 	if err := s.running(); err != nil {
 		return err
 	}
-	ev, err := s.agent.call(ctx, req, nil, nil, nil)
+	ev, err := s.agent.call(ctx, req, body, onEvent, onData)
 	if done != nil {
 		*done = ev
 	}
