@@ -22,7 +22,7 @@ const testCgroupParent = "sheepfold-test"
 // runcEngine is a Manager on the real runc runtime with its own state dir
 // and cgroup instance; its cleanup destroys everything and checks that no
 // mount, cgroup or process of it is left.
-func runcEngine(t *testing.T) *sandbox.Manager {
+func runcEngine(t testing.TB) *sandbox.Manager {
 	t.Helper()
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
@@ -65,7 +65,7 @@ func runcEngine(t *testing.T) *sandbox.Manager {
 }
 
 // assertNoLeaks checks the host for anything of one engine instance.
-func assertNoLeaks(t *testing.T, state, instance string) {
+func assertNoLeaks(t testing.TB, state, instance string) {
 	t.Helper()
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	if bytes.Contains(mounts, []byte(state)) {
