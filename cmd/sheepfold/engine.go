@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/config"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
@@ -17,7 +18,8 @@ type engine struct {
 }
 
 // openEngine starts the runtime (as instance) and the sandbox manager.
-func openEngine(ctx context.Context, cfg config.Config, instance string, log *slog.Logger) (*engine, error) {
+// idle is the idle limit (0: none).
+func openEngine(ctx context.Context, cfg config.Config, instance string, idle time.Duration, log *slog.Logger) (*engine, error) {
 	rt, err := oci.New(oci.Config{
 		RuntimePath: cfg.RuntimePath, StateDir: cfg.StateDir(), AgentBin: cfg.AgentPath,
 		Instance: instance, Logger: log,
@@ -31,7 +33,8 @@ func openEngine(ctx context.Context, cfg config.Config, instance string, log *sl
 			info, err := template.Get(cfg.DataDir, name)
 			return info.Path, err
 		}),
-		Logger: log,
+		IdleTimeout: idle,
+		Logger:      log,
 	})
 	if err != nil {
 		rt.Close()

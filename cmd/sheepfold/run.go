@@ -74,7 +74,7 @@ The program is read from FILE, or from standard input when FILE is - or absent.
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			eng, err := openEngine(ctx, *cfg, fmt.Sprintf("cli-%d", os.Getpid()), logger())
+			eng, err := openEngine(ctx, *cfg, fmt.Sprintf("cli-%d", os.Getpid()), 0, logger())
 			if err != nil {
 				return err
 			}

@@ -28,6 +28,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		maxSandboxes int
 		logFormat    string
 	)
+	var idleTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the REST API (/v1) on --listen",
@@ -53,17 +54,19 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			}
 			return serve(cmd.Context(), *cfg, listen, server.Config{
 				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version,
-			}, slog.New(h))
+			}, idleTimeout, slog.New(h))
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
 	cmd.Flags().Int64Var(&uploadMB, "file-size-upload-mb", 100, "largest file one upload may write, in MiB")
 	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's limit)")
+	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 10*time.Minute,
+		"stop a sandbox after this long with no request and no CPU use (0: never)")
 	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	return cmd
 }
 
-func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Config, log *slog.Logger) (err error) {
+func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Config, idleTimeout time.Duration, log *slog.Logger) (err error) {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -88,7 +91,7 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 		log.Info("marked sandboxes of the previous run stopped", "count", n)
 	}
 	// 3. The engine.
-	eng, err := openEngine(ctx, cfg, "server", log)
+	eng, err := openEngine(ctx, cfg, "server", idleTimeout, log)
 	if err != nil {
 		return err
 	}

@@ -55,9 +55,11 @@ type Execution struct {
 // An error means the execution could not be run; code that fails, times
 // out or runs out of memory is reported in the Execution.
 func (s *Sandbox) Execute(ctx context.Context, req ExecuteRequest, onEvent func(agentproto.Event)) (*Execution, error) {
-	if err := s.running(); err != nil {
+	end, err := s.begin()
+	if err != nil {
 		return nil, err
 	}
+	defer end()
 	if req.Timeout <= 0 {
 		req.Timeout = DefaultExecTimeout
 	}

@@ -41,8 +41,12 @@ type Config struct {
 	DefaultLimits   runtime.Limits // [512 MiB memory, 1 CPU, 256 pids, 256 MiB disk]
 	MaxLimits       runtime.Limits // the most one sandbox may ask for [8 GiB, 2 CPUs, 4096 pids, 8 GiB]
 	MaxSandboxes    int            // running at once [64]
-	AgentTimeout    time.Duration  // how long a new agent may take to answer [10s]
-	Logger          *slog.Logger
+	// IdleTimeout stops a sandbox that has been idle this long: no request
+	// in flight or made, and under 1% of a CPU used by its processes (so a
+	// silent long job is not idle). 0 turns the idle stop off.
+	IdleTimeout  time.Duration
+	AgentTimeout time.Duration // how long a new agent may take to answer [10s]
+	Logger       *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
@@ -94,6 +98,8 @@ type Manager struct {
 	cfg Config
 	log *slog.Logger
 
+	quit chan struct{} // closed by Close; stops the idle loop
+
 	// mu guards sandboxes and closed.
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
@@ -107,9 +113,12 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*Sandbox{}}
+	m := &Manager{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*Sandbox{}, quit: make(chan struct{})}
 	if err := m.reconcile(ctx); err != nil {
 		return nil, err
+	}
+	if cfg.IdleTimeout > 0 {
+		go m.idleLoop(min(cfg.IdleTimeout/4, 5*time.Second))
 	}
 	return m, nil
 }
@@ -194,6 +203,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	}
 	s.mu.Lock()
 	s.state = StateRunning
+	s.lastActive = time.Now()
 	s.deadline = time.Now().Add(opt.Timeout)
 	s.timer = time.AfterFunc(opt.Timeout, func() { m.expire(s) })
 	s.mu.Unlock()
@@ -326,6 +336,9 @@ func (m *Manager) forget(id string) {
 // Close stops accepting sandboxes and destroys every one still running.
 func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Lock()
+	if !m.closed {
+		close(m.quit)
+	}
 	m.closed = true
 	all := slices.Collect(maps.Values(m.sandboxes))
 	m.mu.Unlock()
@@ -353,4 +366,47 @@ func (s *Sandbox) gone(err error) error {
 	}
 	_ = s.m.destroy(s, reason)
 	return apierr.Wrap(err, apierr.SandboxState, "%s", reason)
+}
+
+// idleLoop stops sandboxes idle for longer than Config.IdleTimeout.
+func (m *Manager) idleLoop(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.quit:
+			return
+		case now := <-t.C:
+			m.mu.Lock()
+			all := slices.Collect(maps.Values(m.sandboxes))
+			m.mu.Unlock()
+			for _, s := range all {
+				if s.idleSince(now, every) > m.cfg.IdleTimeout {
+					m.log.Info("sandbox idle", "sandbox", s.ID, "idle_timeout", m.cfg.IdleTimeout)
+					go m.destroy(s, "idle")
+				}
+			}
+		}
+	}
+}
+
+// idleSince returns how long the sandbox has done nothing. Work counts:
+// requests in flight, and CPU its processes used since the last check.
+func (s *Sandbox) idleSince(now time.Time, interval time.Duration) time.Duration {
+	u, err := s.m.cfg.Runtime.Usage(context.Background(), s.ID)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StateRunning {
+		return 0
+	}
+	if err == nil {
+		if used := u.CPUNanos - s.lastCPU; s.lastCPU != 0 && used > uint64(interval.Nanoseconds()/100) {
+			s.lastActive = now
+		}
+		s.lastCPU = u.CPUNanos
+	}
+	if s.busy > 0 {
+		s.lastActive = now
+	}
+	return now.Sub(s.lastActive)
 }

@@ -243,3 +243,27 @@ func TestParallelSandboxes(t *testing.T) {
 		}
 	}
 }
+
+func TestIdleSandboxIsStopped(t *testing.T) {
+	t.Parallel()
+	m, _ := fakeEngine(t, sandbox.Config{IdleTimeout: 400 * time.Millisecond})
+	idle, err := m.Create(context.Background(), sandbox.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, err := m.Create(context.Background(), sandbox.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A request running longer than the idle limit keeps its sandbox alive.
+	res, err := busy.Run(context.Background(), sandbox.ProcessSpec{Cmd: "sleep", Args: []string{"1.2"}}, nil)
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("long request: %v %+v", err, res)
+	}
+	if busy.State() != sandbox.StateRunning {
+		t.Fatalf("busy sandbox stopped as idle: %+v", busy.Info())
+	}
+	if idle.State() != sandbox.StateStopped || idle.Info().StopReason != "idle" {
+		t.Fatalf("idle sandbox: %+v", idle.Info())
+	}
+}

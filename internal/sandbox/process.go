@@ -26,9 +26,11 @@ type ProcessResult struct {
 // onEvent until it ends. Cancelling ctx stops the streaming, not the
 // process: use Signal to stop it.
 func (s *Sandbox) Run(ctx context.Context, spec ProcessSpec, onEvent func(agentproto.Event)) (*ProcessResult, error) {
-	if err := s.running(); err != nil {
+	end, err := s.begin()
+	if err != nil {
 		return nil, err
 	}
+	defer end()
 	if spec.Cmd == "" {
 		return nil, apierr.New(apierr.BadRequest, "cmd is required")
 	}
@@ -80,9 +82,11 @@ func (s *Sandbox) Start(ctx context.Context, spec ProcessSpec) (int, error) {
 
 // Connect streams a running process's output from now until it ends.
 func (s *Sandbox) Connect(ctx context.Context, pid int, onEvent func(agentproto.Event)) (*ProcessResult, error) {
-	if err := s.running(); err != nil {
+	end, err := s.begin()
+	if err != nil {
 		return nil, err
 	}
+	defer end()
 	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpProcessConnect, PID: pid}, nil,
 		func(ev agentproto.Event) error {
 			if onEvent != nil {
@@ -174,9 +178,11 @@ func (s *Sandbox) simple(ctx context.Context, req agentproto.Request, done *agen
 // and turns a vanished agent into a stopped sandbox.
 func (s *Sandbox) do(ctx context.Context, req agentproto.Request, body io.Reader,
 	onEvent func(agentproto.Event) error, onData func([]byte) error, done *agentproto.Event) error {
-	if err := s.running(); err != nil {
+	end, err := s.begin()
+	if err != nil {
 		return err
 	}
+	defer end()
 	ev, err := s.agent.call(ctx, req, body, onEvent, onData)
 	if done != nil {
 		*done = ev

@@ -39,6 +39,9 @@ type Sandbox struct {
 	deadline   time.Time
 	timer      *time.Timer
 	stopReason string
+	lastActive time.Time // the last request, or the last CPU seen in use
+	lastCPU    uint64    // CPUNanos at the last idle check
+	busy       int       // requests in flight
 }
 
 // Info is a snapshot of a sandbox for listings.
@@ -75,6 +78,24 @@ func (s *Sandbox) Deadline() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.deadline
+}
+
+// begin marks a request in flight (it ends with the returned func) and
+// fails unless the sandbox can take work.
+func (s *Sandbox) begin() (end func(), err error) {
+	if err := s.running(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.busy++
+	s.lastActive = time.Now()
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		s.busy--
+		s.lastActive = time.Now()
+		s.mu.Unlock()
+	}, nil
 }
 
 // running fails unless the sandbox can take work.
@@ -125,6 +146,7 @@ func (s *Sandbox) SetTimeout(d time.Duration) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.lastActive = time.Now()
 	s.deadline = time.Now().Add(d)
 	if s.timer != nil {
 		s.timer.Reset(d)
