@@ -32,8 +32,8 @@ test-unit: ## tests that need neither root nor a template
 	go test -count=1 ./...
 
 test: template lint ## everything: unit, privileged (as root), SDK and end-to-end tests
+	$(PYTHON) -m unittest discover -s sdk/python/tests
 	go test -count=1 -timeout 40m ./...
-	@if [ -d sdk/python/tests ]; then $(PYTHON) -m unittest discover -s sdk/python/tests; fi
 
 bench: template ## benchmarks with ratios against a host baseline measured in the same run
 	@go test -run '^$$' -bench . -benchtime 30x ./internal/sandbox/ | tee bench.out
