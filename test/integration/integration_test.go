@@ -308,3 +308,34 @@ func lastLines(b []byte, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+func TestCLIAgainstServer(t *testing.T) {
+	s := start(t)
+	cli := func(stdin string, args ...string) (string, int) {
+		cmd := exec.Command(s.bin, args...)
+		cmd.Env = append(os.Environ(), "SHEEPFOLD_URL="+s.url, "SHEEPFOLD_API_KEY="+s.key)
+		cmd.Stdin = strings.NewReader(stdin)
+		out, _ := cmd.CombinedOutput()
+		return string(out), cmd.ProcessState.ExitCode()
+	}
+	out, code := cli("", "sandbox", "create", "--timeout", "1m")
+	id := strings.TrimSpace(out)
+	if code != 0 || len(id) == 0 {
+		t.Fatalf("sandbox create: %d %q", code, out)
+	}
+	if out, code = cli("x = 41\n", "exec", id, "-"); code != 0 {
+		t.Fatalf("exec: %d %q", code, out)
+	}
+	if out, code = cli("x + 1\n", "exec", id); code != 0 || out != "42\n" {
+		t.Fatalf("exec state: %d %q", code, out)
+	}
+	if out, code = cli("1/0\n", "exec", id); code != 1 || !strings.Contains(out, "ZeroDivisionError") {
+		t.Fatalf("exec error: %d %q", code, out)
+	}
+	if out, _ = cli("", "sandbox", "list"); !strings.Contains(out, id) {
+		t.Fatalf("list: %q", out)
+	}
+	if out, code = cli("", "sandbox", "kill", id); code != 0 {
+		t.Fatalf("kill: %d %q", code, out)
+	}
+}
