@@ -6,7 +6,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 PYTHON := /usr/bin/python3
 export SHEEPFOLD_DATA_DIR := $(DATA_DIR)
 
-.PHONY: help setup build template run test test-unit lint bench clean
+.PHONY: help setup build template run test test-unit lint proto bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -27,6 +27,17 @@ run: template ## start the server on $(LISTEN) with everything it needs
 lint: ## gofmt, go vet
 	@fmt=$$(gofmt -l cmd internal client api 2>/dev/null); if [ -n "$$fmt" ]; then echo "gofmt needed:"; echo "$$fmt"; exit 1; fi
 	go vet ./...
+
+PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+PROTOC_GEN_CONNECT := connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1
+proto: ## regenerate internal/e2b/envdpb from api/envd/*.proto (protoc from apt's protobuf-compiler)
+	@command -v protoc >/dev/null || apt-get install -y --no-install-recommends protobuf-compiler
+	GOBIN=$(CURDIR)/bin/tools go install $(PROTOC_GEN_GO)
+	GOBIN=$(CURDIR)/bin/tools go install $(PROTOC_GEN_CONNECT)
+	PATH=$(CURDIR)/bin/tools:$$PATH protoc -I api/envd \
+		--go_out=. --go_opt=module=github.com/sheepfold/sheepfold \
+		--connect-go_out=. --connect-go_opt=module=github.com/sheepfold/sheepfold \
+		process/process.proto filesystem/filesystem.proto
 
 test-unit: ## tests that need neither root nor a template
 	go test -count=1 ./...

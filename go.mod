@@ -3,12 +3,14 @@ module github.com/sheepfold/sheepfold
 go 1.26.8
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/getkin/kin-openapi v0.153.0
 	github.com/moby/profiles/seccomp v0.3.0
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/spf13/cobra v1.10.2
 	golang.org/x/sys v0.50.0
+	google.golang.org/protobuf v1.36.12
 	modernc.org/sqlite v1.62.0
 )
 

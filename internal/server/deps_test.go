@@ -17,6 +17,8 @@ func TestImportArrows(t *testing.T) {
 			mod + "internal/store/sqlite", mod + "cmd"},
 		mod + "internal/store": {"modernc.org", mod + "internal"},
 		mod + "internal/auth":  {mod + "internal/sandbox", mod + "internal/server", mod + "internal/store/sqlite"},
+		mod + "internal/e2b": {mod + "internal/server", mod + "internal/store", mod + "internal/auth", mod + "internal/runtime/oci",
+			mod + "internal/runtime/fake", mod + "internal/agent", mod + "cmd"},
 	}
 	for pkg, bad := range forbidden {
 		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()

@@ -131,12 +131,23 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 
-	own := owner(r)
+	sb, err := s.create(r.Context(), owner(r), opt, execTimeout)
+	if err != nil {
+		return err
+	}
+	out := sandboxFromInfo(sb.Info())
+	writeJSON(w, http.StatusCreated, out)
+	return nil
+}
+
+// create starts a sandbox for own and records it. The sandbox does not die
+// with the request's context.
+func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptions, execTimeout time.Duration) (*sandbox.Sandbox, error) {
 	// Reserve a slot first, so that concurrent creates cannot pass the cap.
 	s.mu.Lock()
 	if s.cfg.MaxSandboxes > 0 && len(s.boxes) >= s.cfg.MaxSandboxes {
 		s.mu.Unlock()
-		return &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
+		return nil, &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
 			Message: fmt.Sprintf("all %d sandbox slots of this server are in use", s.cfg.MaxSandboxes)}
 	}
 	placeholder := "pending-" + newID("")
@@ -148,11 +159,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		s.mu.Unlock()
 	}
 
-	// The sandbox must not die with the request that made it.
-	sb, err := s.engine.Create(context.WithoutCancel(r.Context()), opt)
+	sb, err := s.engine.Create(context.WithoutCancel(ctx), opt)
 	if err != nil {
 		release()
-		return err
+		return nil, err
 	}
 	info := sb.Info()
 	out := sandboxFromInfo(info)
@@ -160,17 +170,16 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	res, _ := json.Marshal(out.Resources)
 	rec := store.Sandbox{ID: sb.ID, Owner: own, Template: info.Template, State: store.SandboxRunning,
 		CreatedAt: info.Created, ExpiresAt: info.Deadline, Metadata: md, Resources: res}
-	if err := s.store.PutSandbox(r.Context(), rec); err != nil {
+	if err := s.store.PutSandbox(context.WithoutCancel(ctx), rec); err != nil {
 		release()
 		_ = s.engine.Kill(context.Background(), sb.ID)
-		return fmt.Errorf("record sandbox: %w", err)
+		return nil, fmt.Errorf("record sandbox: %w", err)
 	}
 	s.mu.Lock()
 	delete(s.boxes, placeholder)
 	s.boxes[sb.ID] = &box{sb: sb, owner: own, execTimeout: execTimeout}
 	s.mu.Unlock()
-	writeJSON(w, http.StatusCreated, out)
-	return nil
+	return sb, nil
 }
 
 // notFound is the answer for a sandbox the caller may not see.
@@ -183,8 +192,11 @@ func notFound(id string) error {
 // or from before a restart) is ERR_SANDBOX_STATE with the reason it
 // stopped.
 func (s *Server) lookup(r *http.Request) (*box, error) {
-	id := r.PathValue("id")
-	own := owner(r)
+	return s.lookupID(r.Context(), owner(r), r.PathValue("id"))
+}
+
+// lookupID is lookup for an owner and id.
+func (s *Server) lookupID(ctx context.Context, own, id string) (*box, error) {
 	s.mu.Lock()
 	b, ok := s.boxes[id]
 	s.mu.Unlock()
@@ -192,11 +204,11 @@ func (s *Server) lookup(r *http.Request) (*box, error) {
 		if b.sb.State() == sandbox.StateRunning {
 			return b, nil
 		}
-		s.forget(r.Context(), b)
+		s.forget(ctx, b)
 	} else if ok {
 		return nil, notFound(id)
 	}
-	rec, err := s.store.GetSandbox(r.Context(), id)
+	rec, err := s.store.GetSandbox(ctx, id)
 	if errors.Is(err, store.ErrNotFound) || err == nil && rec.Owner != own {
 		return nil, notFound(id)
 	}

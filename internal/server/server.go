@@ -46,6 +46,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -130,7 +131,17 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	}
 	mux := http.NewServeMux()
 	s.routesInto(mux)
-	s.handler = s.requestID(s.accessLog(s.recoverPanics(mux)))
+	e2bHandler := e2b.New(e2b.Config{MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes}, e2bBackend{s})
+	// The E2B protocols share the listener; their requests carry an
+	// E2b-Sandbox-Port header or use E2B's own paths.
+	top := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if e2b.Handles(r) {
+			e2bHandler.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+	s.handler = s.requestID(s.accessLog(s.recoverPanics(top)))
 	s.http = &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	s.sweeper.Add(1)

@@ -1,0 +1,530 @@
+package e2b
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+// Default lifetimes of E2B's two create endpoints.
+const (
+	defaultTimeoutV1 = 15 * time.Second
+	defaultTimeoutV2 = 300 * time.Second
+	// maxListLimit is the largest page of GET /v2/sandboxes.
+	maxListLimit = 100
+)
+
+// clientID is reported where E2B's schema requires a (deprecated) client id.
+const clientID = "sheepfold"
+
+func (h *Handler) controlMux() http.Handler {
+	mux := http.NewServeMux()
+	add := func(pattern string, f func(w http.ResponseWriter, r *http.Request, owner string) error) {
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			owner, err := h.backend.Authenticate(r.Context(), r.Header.Get("X-API-Key"))
+			if err == nil {
+				err = f(w, r, owner)
+			}
+			if err != nil {
+				writeControlError(w, err)
+			}
+		})
+	}
+	add("POST /sandboxes", func(w http.ResponseWriter, r *http.Request, o string) error { return h.create(w, r, o, defaultTimeoutV1) })
+	add("POST /v2/sandboxes", func(w http.ResponseWriter, r *http.Request, o string) error { return h.create(w, r, o, defaultTimeoutV2) })
+	add("GET /sandboxes", h.listV1)
+	add("GET /v2/sandboxes", h.listV2)
+	add("GET /sandboxes/{id}", h.get)
+	add("DELETE /sandboxes/{id}", h.kill)
+	add("POST /sandboxes/{id}/timeout", h.setTimeout)
+	add("POST /sandboxes/{id}/refreshes", h.refresh)
+	add("POST /sandboxes/{id}/connect", h.connect)
+	add("POST /v2/sandboxes/{id}/connect", h.connect)
+	add("POST /sandboxes/{id}/resume", h.connect)
+	add("POST /sandboxes/{id}/pause", func(w http.ResponseWriter, r *http.Request, o string) error {
+		if _, err := h.backend.Sandbox(r.Context(), o, r.PathValue("id")); err != nil {
+			return err
+		}
+		return &statusError{http.StatusNotImplemented, "pausing sandboxes is not supported by this server"}
+	})
+	// Signed file URLs arrive without sandbox headers.
+	mux.HandleFunc("/files", h.signedFiles)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeControlError(w, &statusError{http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
+	})
+	return mux
+}
+
+// statusError is an answer with an explicit HTTP status.
+type statusError struct {
+	status  int
+	message string
+}
+
+func (e *statusError) Error() string { return e.message }
+
+// writeControlError renders err in E2B's control-plane shape. The SDK reads
+// the numeric code from the body (404 makes kill return false).
+func writeControlError(w http.ResponseWriter, err error) {
+	var se *statusError
+	status, msg := 0, ""
+	if errors.As(err, &se) {
+		status, msg = se.status, se.message
+	} else {
+		e := apierr.From(err)
+		status, msg = e.HTTPStatus(), e.Message
+		if e.Code == apierr.SandboxState {
+			status = http.StatusNotFound // a stopped sandbox is gone, for E2B clients
+		}
+		if e.RetryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(e.RetryAfter.Seconds()))))
+		}
+	}
+	writeJSON(w, status, map[string]any{"code": status, "message": msg})
+}
+
+func badRequest(format string, args ...any) error {
+	return &statusError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
+}
+
+// decodeBody reads an optional JSON body; unknown fields are accepted, as
+// the SDKs add fields over time.
+func decodeBody(r *http.Request, v any) error {
+	b, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, 1<<20))
+	if err != nil {
+		return badRequest("read the request body: %v", err)
+	}
+	if len(strings.TrimSpace(string(b))) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return badRequest("malformed JSON body: %v", err)
+	}
+	return nil
+}
+
+type newSandbox struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *struct {
+		AllowOut []string `json:"allowOut"`
+	} `json:"network"`
+	AutoPause    *bool           `json:"autoPause"`
+	MCP          json.RawMessage `json:"mcp"`
+	VolumeMounts []any           `json:"volumeMounts"`
+}
+
+// sandboxJSON is E2B's Sandbox (create and connect answers).
+type sandboxJSON struct {
+	SandboxID       string  `json:"sandboxID"`
+	TemplateID      string  `json:"templateID"`
+	ClientID        string  `json:"clientID"`
+	EnvdVersion     string  `json:"envdVersion"`
+	EnvdAccessToken string  `json:"envdAccessToken"`
+	Domain          *string `json:"domain"`
+	Alias           string  `json:"alias,omitempty"`
+}
+
+// listedJSON is E2B's ListedSandbox; detailJSON adds SandboxDetail's fields.
+type listedJSON struct {
+	SandboxID   string            `json:"sandboxID"`
+	TemplateID  string            `json:"templateID"`
+	Alias       string            `json:"alias,omitempty"`
+	ClientID    string            `json:"clientID"`
+	CPUCount    int               `json:"cpuCount"`
+	MemoryMB    int64             `json:"memoryMB"`
+	DiskSizeMB  int64             `json:"diskSizeMB"`
+	EnvdVersion string            `json:"envdVersion"`
+	StartedAt   time.Time         `json:"startedAt"`
+	EndAt       time.Time         `json:"endAt"`
+	State       string            `json:"state"`
+	Metadata    map[string]string `json:"metadata"`
+}
+
+type detailJSON struct {
+	listedJSON
+	Domain              *string `json:"domain"`
+	EnvdAccessToken     string  `json:"envdAccessToken"`
+	AllowInternetAccess bool    `json:"allowInternetAccess"`
+	Lifecycle           struct {
+		OnTimeout  string `json:"onTimeout"`
+		AutoResume bool   `json:"autoResume"`
+	} `json:"lifecycle"`
+}
+
+func (h *Handler) alias(sb *sandbox.Sandbox) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if a, ok := h.aliases[sb.ID]; ok {
+		return a
+	}
+	return sb.Template
+}
+
+func (h *Handler) sandboxOf(sb *sandbox.Sandbox) sandboxJSON {
+	a := h.alias(sb)
+	return sandboxJSON{SandboxID: sb.ID, TemplateID: a, Alias: a, ClientID: clientID,
+		EnvdVersion: EnvdVersion, EnvdAccessToken: h.token(sb.ID)}
+}
+
+func (h *Handler) listedOf(sb *sandbox.Sandbox) listedJSON {
+	in := sb.Info()
+	md := in.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	cpus := int(math.Ceil(in.Limits.CPUs))
+	a := h.alias(sb)
+	return listedJSON{SandboxID: in.ID, TemplateID: a, Alias: a, ClientID: clientID, CPUCount: cpus,
+		MemoryMB: in.Limits.MemoryBytes >> 20, DiskSizeMB: in.Limits.DiskBytes >> 20, EnvdVersion: EnvdVersion,
+		StartedAt: in.Created.UTC(), EndAt: in.Deadline.UTC(), State: "running", Metadata: md}
+}
+
+// timeoutOf converts E2B's whole seconds.
+func (h *Handler) timeoutOf(s int64) (time.Duration, error) {
+	if s <= 0 || s > int64(h.cfg.MaxTimeout/time.Second) {
+		return 0, badRequest("timeout must be between 1 and %d seconds", int64(h.cfg.MaxTimeout/time.Second))
+	}
+	return time.Duration(s) * time.Second, nil
+}
+
+func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, def time.Duration) error {
+	var req newSandbox
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	switch {
+	case req.AllowInternetAccess != nil && *req.AllowInternetAccess, req.Network != nil && len(req.Network.AllowOut) > 0:
+		return &statusError{http.StatusBadRequest, "sandboxes on this server have no network access (ERR_NETWORK_RESTRICTED)"}
+	case req.AutoPause != nil && *req.AutoPause:
+		return badRequest("pausing sandboxes is not supported by this server")
+	case len(req.MCP) > 0 && string(req.MCP) != "null":
+		return badRequest("MCP gateways are not supported by this server")
+	case len(req.VolumeMounts) > 0:
+		return badRequest("volumes are not supported by this server")
+	}
+	opt := sandbox.CreateOptions{Template: req.TemplateID, Timeout: def, Env: req.EnvVars, Metadata: req.Metadata}
+	if t, ok := h.cfg.Templates[req.TemplateID]; ok {
+		opt.Template = t
+	}
+	if req.Timeout != nil {
+		d, err := h.timeoutOf(*req.Timeout)
+		if err != nil {
+			return err
+		}
+		opt.Timeout = d
+	}
+	sb, err := h.backend.Create(context.WithoutCancel(r.Context()), owner, opt)
+	if err != nil {
+		return err
+	}
+	if req.TemplateID != "" {
+		h.mu.Lock()
+		h.aliases[sb.ID] = req.TemplateID
+		h.mu.Unlock()
+	}
+	writeJSON(w, http.StatusCreated, h.sandboxOf(sb))
+	return nil
+}
+
+func (h *Handler) get(w http.ResponseWriter, r *http.Request, owner string) error {
+	sb, err := h.backend.Sandbox(r.Context(), owner, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	d := detailJSON{listedJSON: h.listedOf(sb), EnvdAccessToken: h.token(sb.ID)}
+	d.Lifecycle.OnTimeout = "kill"
+	writeJSON(w, http.StatusOK, d)
+	return nil
+}
+
+func (h *Handler) listV1(w http.ResponseWriter, r *http.Request, owner string) error {
+	md, err := metadataFilter(r.URL.Query().Get("metadata"))
+	if err != nil {
+		return err
+	}
+	out := []listedJSON{}
+	for _, sb := range h.sorted(r.Context(), owner, false) {
+		if l := h.listedOf(sb); matches(l.Metadata, md) {
+			out = append(out, l)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// sorted lists owner's sandboxes by start time (then id).
+func (h *Handler) sorted(ctx context.Context, owner string, asc bool) []*sandbox.Sandbox {
+	all := h.backend.Sandboxes(ctx, owner)
+	slices.SortFunc(all, func(a, b *sandbox.Sandbox) int {
+		c := a.Created.Compare(b.Created)
+		if c == 0 {
+			c = strings.Compare(a.ID, b.ID)
+		}
+		if !asc {
+			c = -c
+		}
+		return c
+	})
+	return all
+}
+
+// listV2 pages through running sandboxes, newest first unless order=asc.
+// Paused sandboxes do not exist here, so state=paused alone lists nothing.
+// The page token is the base64url of the last listed sandbox's start time
+// and id.
+func (h *Handler) listV2(w http.ResponseWriter, r *http.Request, owner string) error {
+	q := r.URL.Query()
+	md, err := metadataFilter(q.Get("metadata"))
+	if err != nil {
+		return err
+	}
+	wantRunning := true
+	if st := q.Get("state"); st != "" {
+		wantRunning = false
+		for s := range strings.SplitSeq(st, ",") {
+			switch strings.TrimSpace(s) {
+			case "running":
+				wantRunning = true
+			case "paused":
+			default:
+				return badRequest("state must be running or paused")
+			}
+		}
+	}
+	asc := false
+	switch q.Get("order") {
+	case "", "desc":
+	case "asc":
+		asc = true
+	default:
+		return badRequest("order must be asc or desc")
+	}
+	var after time.Time
+	if s := q.Get("startedAfter"); s != "" {
+		if after, err = time.Parse(time.RFC3339, s); err != nil {
+			return badRequest("startedAfter must be an RFC 3339 time")
+		}
+	}
+	limit := maxListLimit
+	if s := q.Get("limit"); s != "" {
+		if limit, err = strconv.Atoi(s); err != nil || limit < 1 || limit > maxListLimit {
+			return badRequest("limit must be between 1 and %d", maxListLimit)
+		}
+	}
+	var cursor *pageCursor
+	if s := q.Get("nextToken"); s != "" {
+		c, err := parseCursor(s)
+		if err != nil {
+			return err
+		}
+		cursor = &c
+	}
+	template := q.Get("template")
+
+	out := []listedJSON{}
+	next := ""
+	if wantRunning {
+		for _, sb := range h.sorted(r.Context(), owner, asc) {
+			if cursor != nil && !cursor.before(sb, asc) {
+				continue
+			}
+			if !after.IsZero() && sb.Created.Before(after) {
+				continue
+			}
+			l := h.listedOf(sb)
+			if template != "" && template != l.TemplateID && template != sb.Template {
+				continue
+			}
+			if !matches(l.Metadata, md) {
+				continue
+			}
+			if len(out) == limit {
+				last := out[len(out)-1]
+				next = pageCursor{Started: last.StartedAt, ID: last.SandboxID}.String()
+				break
+			}
+			out = append(out, l)
+		}
+	}
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// pageCursor is the position after the last sandbox of a page.
+type pageCursor struct {
+	Started time.Time
+	ID      string
+}
+
+func (c pageCursor) String() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(c.Started.Format(time.RFC3339Nano) + "__" + c.ID))
+}
+
+func parseCursor(s string) (pageCursor, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err == nil {
+		ts, id, ok := strings.Cut(string(b), "__")
+		if t, terr := time.Parse(time.RFC3339Nano, ts); ok && terr == nil {
+			return pageCursor{Started: t, ID: id}, nil
+		}
+	}
+	return pageCursor{}, badRequest("nextToken is not a token this server issued")
+}
+
+// before reports whether sb comes after the cursor in the listing order.
+func (c pageCursor) before(sb *sandbox.Sandbox, asc bool) bool {
+	cmp := sb.Created.UTC().Compare(c.Started)
+	if cmp == 0 {
+		cmp = strings.Compare(sb.ID, c.ID)
+	}
+	if asc {
+		return cmp > 0
+	}
+	return cmp < 0
+}
+
+// metadataFilter parses the SDK's doubly encoded metadata query: the value,
+// once more percent-decoded, is a form string of percent-encoded pairs.
+func metadataFilter(raw string) (map[string]string, error) {
+	if raw == "" {
+		return nil, nil
+	}
+	form, err := url.QueryUnescape(raw)
+	if err != nil {
+		return nil, badRequest("malformed metadata filter")
+	}
+	out := map[string]string{}
+	for pair := range strings.SplitSeq(form, "&") {
+		if pair == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(pair, "=")
+		if k, err = url.QueryUnescape(k); err == nil {
+			v, err = url.QueryUnescape(v)
+		}
+		if err != nil {
+			return nil, badRequest("malformed metadata filter")
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+func matches(md, want map[string]string) bool {
+	for k, v := range want {
+		if got, ok := md[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (h *Handler) kill(w http.ResponseWriter, r *http.Request, owner string) error {
+	id := r.PathValue("id")
+	if err := h.backend.Kill(context.WithoutCancel(r.Context()), owner, id); err != nil {
+		return err
+	}
+	h.forget(id)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request, owner string) error {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	if req.Timeout == nil {
+		return badRequest("timeout is required")
+	}
+	d, err := h.timeoutOf(*req.Timeout)
+	if err != nil {
+		return err
+	}
+	if err := h.backend.SetTimeout(r.Context(), owner, r.PathValue("id"), d); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// refresh is the legacy keep-alive: it extends the end, never shortens it.
+func (h *Handler) refresh(w http.ResponseWriter, r *http.Request, owner string) error {
+	var req struct {
+		Duration *int64 `json:"duration"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	d := defaultTimeoutV1
+	if req.Duration != nil {
+		var err error
+		if d, err = h.timeoutOf(*req.Duration); err != nil {
+			return err
+		}
+	}
+	if _, err := h.extend(r.Context(), owner, r.PathValue("id"), d); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// connect answers with the sandbox, extending its end to now + timeout if
+// that is later (default 300 s).
+func (h *Handler) connect(w http.ResponseWriter, r *http.Request, owner string) error {
+	var req struct {
+		Timeout *int64 `json:"timeout"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	d := defaultTimeoutV2
+	if req.Timeout != nil {
+		var err error
+		if d, err = h.timeoutOf(*req.Timeout); err != nil {
+			return err
+		}
+	}
+	sb, err := h.extend(r.Context(), owner, r.PathValue("id"), d)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, h.sandboxOf(sb))
+	return nil
+}
+
+func (h *Handler) extend(ctx context.Context, owner, id string, d time.Duration) (*sandbox.Sandbox, error) {
+	sb, err := h.backend.Sandbox(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	if time.Now().Add(d).After(sb.Deadline()) {
+		if err := h.backend.SetTimeout(ctx, owner, id, d); err != nil {
+			return nil, err
+		}
+	}
+	return sb, nil
+}

@@ -1,0 +1,211 @@
+// Package e2b serves E2B's wire protocol over the Sheepfold engine, so that
+// the official E2B SDKs (e2b, @e2b/code-interpreter) work against a
+// Sheepfold server unchanged: set E2B_API_KEY to a Sheepfold key in E2B's
+// shape (e2b_ + 40 hex characters) and both E2B_API_URL and E2B_SANDBOX_URL
+// to the server's address.
+//
+// One listener carries three protocols; ServeHTTP tells them apart the way
+// E2B's own proxy does, by the E2b-Sandbox-Port header:
+//   - none: the control plane (/sandboxes, /v2/sandboxes: create, list, get,
+//     connect, set timeout, kill), authenticated with the API key, errors as
+//     {"code": <HTTP status>, "message": ...};
+//   - 49983: envd, the in-sandbox daemon: Connect RPC with JSON bodies for
+//     process.Process and filesystem.Filesystem (api/envd/*.proto, handlers
+//     from connectrpc.com/connect), plus /health, /files and /envs;
+//     authenticated with the sandbox's access token (X-Access-Token) or, for
+//     /files, a signed URL;
+//   - 49999: the code interpreter: POST /execute streaming NDJSON, and
+//     /contexts.
+//
+// A request for a sandbox that is unknown, stopped or not the caller's gets
+// 502 {"sandboxId", "message": "The sandbox was not found", "code": 502},
+// which the SDKs read as "not running". When a sandbox dies while a stream
+// is open, the connection is aborted (not ended cleanly), so that the SDK
+// probes /health, sees 502 and reports the sandbox as killed.
+//
+// Access tokens are HMAC-SHA256 of the sandbox id under a key drawn at
+// start, so they need no storage and die with the server (as its sandboxes
+// do).
+//
+// Imports: internal/sandbox, internal/agentproto, internal/apierr and the
+// generated envdpb packages. The caller (internal/server) supplies a Backend
+// for keys, ownership and records.
+package e2b
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+// EnvdVersion is the envd version Sheepfold reports: the newest whose
+// features (as the SDKs gate them) are all implemented here: octet-stream
+// and gzip uploads (0.5.7), file metadata (0.6.2), watch events with entries
+// (0.6.3), allowNetworkMounts accepted (0.6.4, a no-op: sandboxes have no
+// network mounts).
+const EnvdVersion = "0.6.4"
+
+// Ports of the in-sandbox services E2B clients address.
+const (
+	EnvdPort        = "49983"
+	InterpreterPort = "49999"
+)
+
+// Backend is what the E2B surface needs from the server: API keys, sandboxes
+// bound to their owner, and the records kept of them.
+type Backend interface {
+	// Authenticate returns the owner an API key acts for.
+	Authenticate(ctx context.Context, key string) (owner string, err error)
+	// Create starts a sandbox for owner.
+	Create(ctx context.Context, owner string, opt sandbox.CreateOptions) (*sandbox.Sandbox, error)
+	// Sandbox returns owner's running sandbox; owner "" matches any owner
+	// (the data plane, where the access token is the credential).
+	Sandbox(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
+	// Sandboxes lists owner's running sandboxes.
+	Sandboxes(ctx context.Context, owner string) []*sandbox.Sandbox
+	// SetTimeout moves a sandbox's end to now + d.
+	SetTimeout(ctx context.Context, owner, id string, d time.Duration) error
+	// Kill stops owner's sandbox.
+	Kill(ctx context.Context, owner, id string) error
+}
+
+// Config tunes the E2B surface. Zero fields take the defaults in brackets.
+type Config struct {
+	// Templates maps E2B template names to Sheepfold templates
+	// [base and code-interpreter-v1 → python].
+	Templates map[string]string
+	// MaxTimeout bounds sandbox lifetimes [24h].
+	MaxTimeout time.Duration
+	// MaxUploadBytes bounds one uploaded file [100 MiB].
+	MaxUploadBytes int64
+}
+
+// Handler serves the E2B protocols.
+type Handler struct {
+	cfg     Config
+	backend Backend
+	key     []byte // the HMAC key of access tokens
+	control http.Handler
+	envd    http.Handler
+	interp  http.Handler
+
+	// mu guards aliases and counts.
+	mu      sync.Mutex
+	aliases map[string]string         // sandbox id → the template name the client asked for
+	counts  map[string]map[string]int // sandbox id → context id → executions so far
+}
+
+// New returns a Handler over a backend.
+func New(cfg Config, b Backend) *Handler {
+	if cfg.Templates == nil {
+		cfg.Templates = map[string]string{"base": "python", "code-interpreter-v1": "python"}
+	}
+	if cfg.MaxTimeout <= 0 {
+		cfg.MaxTimeout = 24 * time.Hour
+	}
+	if cfg.MaxUploadBytes <= 0 {
+		cfg.MaxUploadBytes = 100 << 20
+	}
+	h := &Handler{cfg: cfg, backend: b, key: make([]byte, 32),
+		aliases: map[string]string{}, counts: map[string]map[string]int{}}
+	if _, err := rand.Read(h.key); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	h.control = h.controlMux()
+	h.envd = h.envdMux()
+	h.interp = h.interpreterMux()
+	return h
+}
+
+// Handles reports whether a request belongs to the E2B surface rather than
+// Sheepfold's own /v1 API.
+func Handles(r *http.Request) bool {
+	if r.Header.Get("E2b-Sandbox-Port") != "" {
+		return true
+	}
+	p := r.URL.Path
+	return p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
+		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
+		p == "/files" // signed file URLs carry no sandbox header
+}
+
+// ServeHTTP dispatches on the E2b-Sandbox-Port header.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch port := r.Header.Get("E2b-Sandbox-Port"); port {
+	case "":
+		h.control.ServeHTTP(w, r)
+	case EnvdPort:
+		h.envd.ServeHTTP(w, r)
+	case InterpreterPort:
+		h.interp.ServeHTTP(w, r)
+	default:
+		// Preview URLs for ports are not served yet.
+		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": r.Header.Get("E2b-Sandbox-Id"),
+			"message": "port " + port + " of the sandbox is not reachable", "code": http.StatusBadGateway})
+	}
+}
+
+// token is a sandbox's envd access token.
+func (h *Handler) token(id string) string {
+	m := hmac.New(sha256.New, h.key)
+	m.Write([]byte("envd-access-token\x00" + id))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// validToken reports whether tok is the access token of sandbox id.
+func (h *Handler) validToken(id, tok string) bool {
+	return tok != "" && hmac.Equal([]byte(tok), []byte(h.token(id)))
+}
+
+// forget drops what the handler keeps about a sandbox.
+func (h *Handler) forget(id string) {
+	h.mu.Lock()
+	delete(h.aliases, id)
+	delete(h.counts, id)
+	h.mu.Unlock()
+}
+
+// nextCount counts an execution in a context and returns its number.
+func (h *Handler) nextCount(sandboxID, contextID string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.counts[sandboxID]
+	if c == nil {
+		c = map[string]int{}
+		h.counts[sandboxID] = c
+	}
+	c[contextID]++
+	return c[contextID]
+}
+
+func (h *Handler) resetCount(sandboxID, contextID string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.counts[sandboxID], contextID)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, `{"code":500,"message":"could not encode the response"}`, http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// sandboxGone answers for a sandbox that is unknown, stopped or not the
+// caller's, as E2B's proxy does.
+func sandboxGone(w http.ResponseWriter, id string) {
+	writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": id, "message": "The sandbox was not found", "code": http.StatusBadGateway})
+}

@@ -1,0 +1,183 @@
+package e2b
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"connectrpc.com/connect"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/filesystempb/filesystempbconnect"
+	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/processpb/processpbconnect"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+// The sandbox users E2B clients may name.
+const (
+	defaultUser = "user"
+	rootUser    = "root"
+)
+
+type ctxKey int
+
+const (
+	sandboxKey ctxKey = iota
+	userKey
+)
+
+// sandboxFrom returns the sandbox a data-plane request addresses.
+func sandboxFrom(ctx context.Context) *sandbox.Sandbox {
+	sb, _ := ctx.Value(sandboxKey).(*sandbox.Sandbox)
+	return sb
+}
+
+// userFrom returns the sandbox user a request acts as.
+func userFrom(ctx context.Context) string {
+	if u, _ := ctx.Value(userKey).(string); u != "" {
+		return u
+	}
+	return defaultUser
+}
+
+func (h *Handler) envdMux() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(processpbconnect.NewProcessHandler(&processService{h: h}))
+	mux.Handle(filesystempbconnect.NewFilesystemHandler(&filesystemService{h: h}))
+	mux.HandleFunc("GET /envs", func(w http.ResponseWriter, r *http.Request) {
+		env := sandboxFrom(r.Context()).Env
+		if env == nil {
+			env = map[string]string{}
+		}
+		writeJSON(w, http.StatusOK, env)
+	})
+	mux.HandleFunc("/files", h.files)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, map[string]any{"code": http.StatusNotFound, "message": "no route " + r.Method + " " + r.URL.Path})
+	})
+
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("E2b-Sandbox-Id")
+		sb, err := h.backend.Sandbox(r.Context(), "", id)
+		if err != nil || sb.State() != sandbox.StateRunning {
+			sandboxGone(w, id)
+			return
+		}
+		if r.URL.Path == "/health" {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		// /files may instead carry a signature, checked there.
+		if r.URL.Path != "/files" && !h.validToken(id, r.Header.Get("X-Access-Token")) {
+			writeJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized,
+				"message": "unauthorized access, please provide a valid access token or method signing if supported"})
+			return
+		}
+		user, err := basicUser(r.Header.Get("Authorization"))
+		if err != nil {
+			writeConnectError(w, connect.NewError(connect.CodeUnauthenticated, err))
+			return
+		}
+		ctx := context.WithValue(r.Context(), sandboxKey, sb)
+		ctx = context.WithValue(ctx, userKey, user)
+		mux.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// basicUser reads the user from "Authorization: Basic base64(user:)", as
+// the SDK sends it when a call names a user.
+func basicUser(h string) (string, error) {
+	if h == "" {
+		return "", nil
+	}
+	scheme, rest, _ := strings.Cut(h, " ")
+	if !strings.EqualFold(scheme, "Basic") {
+		return "", errors.New("authorization must be Basic base64(user:)")
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(rest))
+	if err != nil {
+		return "", errors.New("malformed Basic authorization")
+	}
+	user, _, _ := strings.Cut(string(b), ":")
+	return checkUser(user)
+}
+
+// checkUser accepts the users a sandbox has for E2B clients.
+func checkUser(user string) (string, error) {
+	switch user {
+	case "", defaultUser:
+		return defaultUser, nil
+	case rootUser:
+		return rootUser, nil
+	}
+	return "", fmt.Errorf("user %q does not exist in the sandbox (use %q or %q)", user, defaultUser, rootUser)
+}
+
+// writeConnectError answers a plain HTTP request with a Connect error body.
+func writeConnectError(w http.ResponseWriter, err *connect.Error) {
+	writeJSON(w, connectHTTPStatus(err.Code()), map[string]any{"code": err.Code().String(), "message": err.Message()})
+}
+
+func connectHTTPStatus(c connect.Code) int {
+	switch c {
+	case connect.CodeInvalidArgument, connect.CodeFailedPrecondition, connect.CodeOutOfRange:
+		return http.StatusBadRequest
+	case connect.CodeUnauthenticated:
+		return http.StatusUnauthorized
+	case connect.CodePermissionDenied:
+		return http.StatusForbidden
+	case connect.CodeNotFound:
+		return http.StatusNotFound
+	case connect.CodeAlreadyExists, connect.CodeAborted:
+		return http.StatusConflict
+	case connect.CodeResourceExhausted:
+		return http.StatusTooManyRequests
+	case connect.CodeUnimplemented:
+		return http.StatusNotImplemented
+	case connect.CodeUnavailable:
+		return http.StatusServiceUnavailable
+	case connect.CodeDeadlineExceeded:
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}
+
+// connectError maps an engine error to a Connect error. When the sandbox
+// itself is gone, the open connection is aborted instead, as the SDK
+// expects of a killed sandbox.
+func connectError(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if sb := sandboxFrom(ctx); sb != nil && sb.State() != sandbox.StateRunning {
+		panic(http.ErrAbortHandler)
+	}
+	if ctx.Err() != nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+		}
+		return connect.NewError(connect.CodeCanceled, ctx.Err())
+	}
+	e := apierr.From(err)
+	code := connect.CodeInternal
+	switch e.Code {
+	case apierr.BadRequest, apierr.UnsupportedLanguage:
+		code = connect.CodeInvalidArgument
+	case apierr.NotFound, apierr.SandboxNotFound:
+		code = connect.CodeNotFound
+	case apierr.Conflict:
+		code = connect.CodeAlreadyExists
+	case apierr.PathNotAllowed:
+		code = connect.CodePermissionDenied
+	case apierr.FileTooLarge, apierr.DiskFull:
+		code = connect.CodeResourceExhausted
+	case apierr.SandboxState:
+		code = connect.CodeUnavailable
+	case apierr.SandboxTimeout:
+		code = connect.CodeDeadlineExceeded
+	}
+	return connect.NewError(code, errors.New(e.Message))
+}

@@ -1,0 +1,313 @@
+package e2b
+
+import (
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+// fileEntry is the entry /files answers an upload with.
+type fileEntry struct {
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Path     string            `json:"path"`
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// writeFilesError renders an error of /files: {"code": <status>, "message"}.
+func writeFilesError(w http.ResponseWriter, status int, format string, args ...any) {
+	writeJSON(w, status, map[string]any{"code": status, "message": fmt.Sprintf(format, args...)})
+}
+
+// sign computes a file URL signature as E2B clients do:
+// v1_ + base64(sha256("path:operation:user:token[:expiration]")), unpadded.
+func sign(p, operation, user, token, expiration string) string {
+	raw := p + ":" + operation + ":" + user + ":" + token
+	if expiration != "" {
+		raw += ":" + expiration
+	}
+	sum := sha256.Sum256([]byte(raw))
+	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+}
+
+// checkSignature validates a signed /files request for sandbox id: the
+// signature first, then its expiry.
+func (h *Handler) checkSignature(id string, r *http.Request) (ok bool, msg string) {
+	q := r.URL.Query()
+	op := "read"
+	if r.Method == http.MethodPost {
+		op = "write"
+	}
+	want := sign(q.Get("path"), op, q.Get("username"), h.token(id), q.Get("signature_expiration"))
+	if subtle.ConstantTimeCompare([]byte(want), []byte(q.Get("signature"))) != 1 {
+		return false, "invalid signature"
+	}
+	if s := q.Get("signature_expiration"); s != "" {
+		exp, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || time.Now().Unix() > exp {
+			return false, "signature is already expired"
+		}
+	}
+	return true, ""
+}
+
+// signedFiles serves /files requests that arrived without sandbox headers
+// (signed URLs fetched by plain HTTP clients): the sandbox is the one whose
+// access token reproduces the signature.
+func (h *Handler) signedFiles(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Get("signature") == "" {
+		writeFilesError(w, http.StatusUnauthorized, "a signature or the E2b-Sandbox-Id and X-Access-Token headers are required")
+		return
+	}
+	for _, sb := range h.backend.Sandboxes(r.Context(), "") {
+		if ok, msg := h.checkSignature(sb.ID, r); ok || msg != "invalid signature" {
+			if !ok {
+				writeFilesError(w, http.StatusUnauthorized, "%s", msg)
+				return
+			}
+			h.serveFiles(w, r.WithContext(context.WithValue(r.Context(), sandboxKey, sb)))
+			return
+		}
+	}
+	writeFilesError(w, http.StatusUnauthorized, "invalid signature")
+}
+
+// files serves /files for a request routed to a sandbox: the access token
+// or a signature authorizes it.
+func (h *Handler) files(w http.ResponseWriter, r *http.Request) {
+	sb := sandboxFrom(r.Context())
+	if !h.validToken(sb.ID, r.Header.Get("X-Access-Token")) {
+		if r.URL.Query().Get("signature") == "" {
+			writeFilesError(w, http.StatusUnauthorized, "unauthorized access, please provide a valid access token or method signing if supported")
+			return
+		}
+		if ok, msg := h.checkSignature(sb.ID, r); !ok {
+			writeFilesError(w, http.StatusUnauthorized, "%s", msg)
+			return
+		}
+	}
+	h.serveFiles(w, r)
+}
+
+func (h *Handler) serveFiles(w http.ResponseWriter, r *http.Request) {
+	user, err := checkUser(r.URL.Query().Get("username"))
+	if err != nil {
+		writeFilesError(w, http.StatusUnauthorized, "%v", err)
+		return
+	}
+	r = r.WithContext(context.WithValue(r.Context(), userKey, user))
+	switch r.Method {
+	case http.MethodGet:
+		h.download(w, r)
+	case http.MethodPost:
+		h.upload(w, r)
+	default:
+		w.Header().Set("Allow", "GET, POST")
+		writeFilesError(w, http.StatusMethodNotAllowed, "/files takes GET or POST")
+	}
+}
+
+// filesStatus maps an engine error to the status /files answers with.
+func filesStatus(err error) int {
+	switch apierr.CodeOf(err) {
+	case apierr.NotFound:
+		return http.StatusNotFound
+	case apierr.BadRequest:
+		return http.StatusBadRequest
+	case apierr.PathNotAllowed:
+		return http.StatusForbidden
+	case apierr.FileTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case apierr.DiskFull:
+		return http.StatusInsufficientStorage
+	}
+	return http.StatusInternalServerError
+}
+
+func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	sb := sandboxFrom(ctx)
+	p := homePath(ctx, r.URL.Query().Get("path"))
+	if p == "" {
+		writeFilesError(w, http.StatusBadRequest, "path is required")
+		return
+	}
+	fi, err := sb.Stat(ctx, p)
+	if err != nil {
+		abortIfGone(ctx)
+		writeFilesError(w, filesStatus(err), "%s", apierr.From(err).Message)
+		return
+	}
+	if fi.Type == "dir" {
+		writeFilesError(w, http.StatusBadRequest, "path %s is a directory", fi.Path)
+		return
+	}
+	gz := acceptsGzip(r.Header.Get("Accept-Encoding"))
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": path.Base(fi.Path)}))
+	var out io.Writer = w
+	var zw *gzip.Writer
+	if gz {
+		w.Header().Set("Content-Encoding", "gzip")
+		zw = gzip.NewWriter(w)
+		out = zw
+	} else {
+		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+	}
+	cw := &countWriter{w: out}
+	if _, err := sb.ReadFile(ctx, p, cw, 0); err != nil {
+		if cw.n == 0 && !gz {
+			w.Header().Del("Content-Length")
+			w.Header().Del("Content-Disposition")
+			writeFilesError(w, filesStatus(err), "%s", apierr.From(err).Message)
+			return
+		}
+		panic(http.ErrAbortHandler) // the body is cut short: make it visible
+	}
+	if zw != nil {
+		zw.Close()
+	}
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func acceptsGzip(h string) bool {
+	for part := range strings.SplitSeq(h, ",") {
+		enc, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if strings.EqualFold(strings.TrimSpace(enc), "gzip") && strings.ReplaceAll(params, " ", "") != "q=0" {
+			return true
+		}
+	}
+	return false
+}
+
+// abortIfGone aborts the connection when the sandbox died under a request.
+func abortIfGone(ctx context.Context) {
+	if sb := sandboxFrom(ctx); sb != nil && sb.State() != sandbox.StateRunning {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// upload writes files: a multipart form (one part named "file" per file,
+// its filename the path unless ?path= is given) or a raw body for ?path=,
+// either possibly gzip-encoded. Files are 0644, parents are created.
+func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	sb := sandboxFrom(ctx)
+	qpath := r.URL.Query().Get("path")
+	meta := metadataHeaders(r.Header)
+	var body io.Reader = r.Body
+	switch enc := strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Encoding"))); enc {
+	case "", "identity":
+	case "gzip":
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			writeFilesError(w, http.StatusBadRequest, "malformed gzip body: %v", err)
+			return
+		}
+		defer zr.Close()
+		body = zr
+	default:
+		writeFilesError(w, http.StatusUnsupportedMediaType, "unsupported Content-Encoding %q", enc)
+		return
+	}
+	write := func(p string, data io.Reader) (fileEntry, bool) {
+		fi, err := sb.WriteFile(ctx, homePath(ctx, p), data, 0, h.cfg.MaxUploadBytes)
+		if err != nil {
+			abortIfGone(ctx)
+			writeFilesError(w, filesStatus(err), "%s", apierr.From(err).Message)
+			return fileEntry{}, false
+		}
+		return fileEntry{Name: fi.Name, Type: "file", Path: fi.Path, Metadata: meta}, true
+	}
+	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	var out []fileEntry
+	if mt == "multipart/form-data" {
+		mr := multipart.NewReader(body, params["boundary"])
+		seen := map[string]bool{}
+		for {
+			part, err := mr.NextPart()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				writeFilesError(w, http.StatusBadRequest, "malformed multipart body: %v", err)
+				return
+			}
+			if part.FormName() != "file" {
+				continue
+			}
+			p := qpath
+			if p == "" {
+				p = part.FileName()
+			}
+			if p == "" {
+				writeFilesError(w, http.StatusBadRequest, "each file part needs a filename (its path) when ?path= is not given")
+				return
+			}
+			if seen[p] {
+				writeFilesError(w, http.StatusBadRequest, "path %s is given twice", p)
+				return
+			}
+			seen[p] = true
+			e, ok := write(p, part)
+			if !ok {
+				return
+			}
+			out = append(out, e)
+		}
+		if len(out) == 0 {
+			writeFilesError(w, http.StatusBadRequest, "the form has no part named file")
+			return
+		}
+	} else {
+		if qpath == "" {
+			writeFilesError(w, http.StatusBadRequest, "path is required for a raw upload")
+			return
+		}
+		e, ok := write(qpath, body)
+		if !ok {
+			return
+		}
+		out = append(out, e)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// metadataHeaders collects X-Metadata-<key> headers (keys lower-cased).
+func metadataHeaders(hd http.Header) map[string]string {
+	var md map[string]string
+	for k, v := range hd {
+		if key, ok := strings.CutPrefix(strings.ToLower(k), "x-metadata-"); ok && key != "" && len(v) > 0 {
+			if md == nil {
+				md = map[string]string{}
+			}
+			md[key] = v[0]
+		}
+	}
+	return md
+}

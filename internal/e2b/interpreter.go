@@ -1,0 +1,334 @@
+package e2b
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+// Code-interpreter tunables.
+const (
+	// interpKeepalive is the silence after which /execute sends a keepalive
+	// line, so that a dead client is noticed.
+	interpKeepalive = 5 * time.Second
+	// interpMaxOutput caps one execution's stdout plus stderr.
+	interpMaxOutput = 64 << 20
+)
+
+func (h *Handler) interpreterMux() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`"OK"`))
+	})
+	mux.HandleFunc("POST /execute", h.execute)
+	mux.HandleFunc("POST /contexts", h.createContext)
+	mux.HandleFunc("GET /contexts", h.listContexts)
+	mux.HandleFunc("DELETE /contexts/{id}", h.deleteContext)
+	mux.HandleFunc("POST /contexts/{id}/restart", h.restartContext)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "no route "+r.Method+" "+r.URL.Path, http.StatusNotFound)
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("E2b-Sandbox-Id")
+		sb, err := h.backend.Sandbox(r.Context(), "", id)
+		if err != nil || sb.State() != sandbox.StateRunning {
+			sandboxGone(w, id)
+			return
+		}
+		// Older code-interpreter SDKs send no token on /contexts; any token
+		// sent must be right, and /execute needs one.
+		tok := r.Header.Get("X-Access-Token")
+		if (tok != "" || r.URL.Path == "/execute") && !h.validToken(id, tok) {
+			http.Error(w, "unauthorized: a valid X-Access-Token is required", http.StatusUnauthorized)
+			return
+		}
+		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey, sb)))
+	})
+}
+
+// language normalises a code-interpreter language name.
+func language(s string) (string, error) {
+	switch l := strings.ToLower(strings.TrimSpace(s)); l {
+	case "", "python", "python3":
+		return "python", nil
+	case "js", "javascript", "node":
+		return "javascript", nil
+	case "bash", "sh":
+		return "bash", nil
+	default:
+		return "", fmt.Errorf("language %q is not available in this sandbox (python, javascript and bash are)", s)
+	}
+}
+
+// interpError answers a code-interpreter request with a plain-text error,
+// as the E2B server does.
+func interpError(w http.ResponseWriter, r *http.Request, err error) {
+	abortIfGone(r.Context())
+	e := apierr.From(err)
+	status := e.HTTPStatus()
+	switch e.Code {
+	case apierr.NotFound:
+		status = http.StatusNotFound
+	case apierr.UnsupportedLanguage:
+		status = http.StatusBadRequest
+	}
+	http.Error(w, e.Message, status)
+}
+
+type executeBody struct {
+	Code      string            `json:"code"`
+	ContextID string            `json:"context_id"`
+	Language  string            `json:"language"`
+	EnvVars   map[string]string `json:"env_vars"`
+}
+
+// ndjson writes one JSON object per line and flushes it. It is safe for
+// concurrent use.
+type ndjson struct {
+	mu  sync.Mutex
+	w   http.ResponseWriter
+	err error
+}
+
+func (n *ndjson) line(v any) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.err != nil {
+		return
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		n.err = err
+		return
+	}
+	if _, n.err = n.w.Write(append(b, '\n')); n.err == nil {
+		http.NewResponseController(n.w).Flush()
+	}
+}
+
+func stamp() string { return time.Now().UTC().Format(time.RFC3339Nano) }
+
+// resultLine renders a rich result in E2B's shape: one key per MIME
+// rendering; MIME types E2B has no name for become top-level keys, which
+// the SDK gathers into result.extra.
+func resultLine(res *agentproto.Result) map[string]any {
+	out := map[string]any{"type": "result", "is_main_result": res.IsMainResult}
+	set := func(k, v string) {
+		if v != "" {
+			out[k] = v
+		}
+	}
+	set("text", res.Text)
+	set("html", res.HTML)
+	set("markdown", res.Markdown)
+	set("svg", res.SVG)
+	set("png", res.PNG)
+	set("jpeg", res.JPEG)
+	set("pdf", res.PDF)
+	set("latex", res.LaTeX)
+	set("javascript", res.JavaScript)
+	if res.JSON != nil {
+		out["json"] = res.JSON
+	}
+	for k, v := range res.Extra {
+		switch k {
+		case "e2b/chart", "application/vnd.e2b.chart+json":
+			out["chart"] = v
+		case "e2b/data", "application/vnd.e2b.data+json":
+			out["data"] = v
+		default:
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// execute runs code and streams NDJSON: number_of_executions, stdout,
+// stderr, result and error lines as they happen, keepalives during
+// silences, and end_of_execution last. A client that goes away interrupts
+// the code.
+func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	sb := sandboxFrom(ctx)
+	var body executeBody
+	if err := decodeBody(r, &body); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if body.ContextID != "" && body.Language != "" {
+		http.Error(w, "only one of context_id and language may be given", http.StatusBadRequest)
+		return
+	}
+	req := sandbox.ExecuteRequest{Code: body.Code, ContextID: body.ContextID, Env: body.EnvVars, MaxOutput: interpMaxOutput}
+	counter := body.ContextID
+	if body.ContextID == "" {
+		lang, err := language(body.Language)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		req.Language, counter = lang, "default-"+lang
+	} else if _, err := h.findContext(ctx, sb, body.ContextID); err != nil {
+		interpError(w, r, err)
+		return
+	}
+	// No execution limit of its own, as in E2B: the client's timeout (which
+	// interrupts by disconnecting) and the sandbox's lifetime bound it.
+	req.Timeout = max(time.Second, time.Until(sb.Deadline()))
+
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	out := &ndjson{w: w}
+	out.line(map[string]any{"type": "number_of_executions", "execution_count": h.nextCount(sb.ID, counter)})
+
+	stop := make(chan struct{})
+	defer close(stop)
+	var mu sync.Mutex
+	last := time.Now()
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case now := <-t.C:
+				mu.Lock()
+				quiet := now.Sub(last) >= interpKeepalive
+				if quiet {
+					last = now
+				}
+				mu.Unlock()
+				if quiet {
+					out.line(map[string]any{"type": "keepalive"})
+				}
+			}
+		}
+	}()
+	sentError := false
+	ex, err := sb.Execute(ctx, req, func(ev agentproto.Event) {
+		mu.Lock()
+		last = time.Now()
+		mu.Unlock()
+		switch ev.Type {
+		case agentproto.EventStdout:
+			out.line(map[string]any{"type": "stdout", "text": string(ev.Data), "timestamp": stamp()})
+		case agentproto.EventStderr:
+			out.line(map[string]any{"type": "stderr", "text": string(ev.Data), "timestamp": stamp()})
+		case agentproto.EventResult:
+			if ev.Result != nil {
+				out.line(resultLine(ev.Result))
+			}
+		case agentproto.EventError:
+			if ev.Error != nil && !sentError {
+				sentError = true
+				out.line(map[string]any{"type": "error", "name": ev.Error.Name, "value": ev.Error.Value, "traceback": ev.Error.Traceback})
+			}
+		}
+	})
+	if err != nil {
+		abortIfGone(ctx)
+		if ctx.Err() != nil {
+			return // the client left; the agent interrupted the code
+		}
+		e := apierr.From(err)
+		out.line(map[string]any{"type": "error", "name": "ExecutionError", "value": e.Message, "traceback": ""})
+	} else if ex.Error != nil && !sentError {
+		// The engine's own verdicts: the interpreter died, output cap.
+		out.line(map[string]any{"type": "error", "name": ex.Error.Name, "value": ex.Error.Value, "traceback": ex.Error.Traceback})
+	} else if ex.Status != sandbox.ExecSuccess && !sentError {
+		out.line(map[string]any{"type": "error", "name": "UnexpectedEndOfExecution", "value": "the interpreter stopped unexpectedly; its state is lost", "traceback": ""})
+	}
+	out.line(map[string]any{"type": "end_of_execution"})
+}
+
+// contextJSON is a code context as the code-interpreter API shows it.
+type contextJSON struct {
+	ID       string `json:"id"`
+	Language string `json:"language"`
+	Cwd      string `json:"cwd"`
+}
+
+func contextOf(c agentproto.ContextInfo) contextJSON {
+	return contextJSON{ID: c.ID, Language: c.Language, Cwd: c.Cwd}
+}
+
+func (h *Handler) findContext(ctx context.Context, sb *sandbox.Sandbox, id string) (agentproto.ContextInfo, error) {
+	all, err := sb.Contexts(ctx)
+	if err != nil {
+		return agentproto.ContextInfo{}, err
+	}
+	for _, c := range all {
+		if c.ID == id {
+			return c, nil
+		}
+	}
+	return agentproto.ContextInfo{}, apierr.New(apierr.NotFound, "Context %s not found", id)
+}
+
+func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Language string `json:"language"`
+		Cwd      string `json:"cwd"`
+	}
+	if err := decodeBody(r, &body); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	lang, err := language(body.Language)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if body.Cwd == "" {
+		body.Cwd = "/home/user"
+	}
+	c, err := sandboxFrom(r.Context()).CreateContext(r.Context(), agentproto.ContextSpec{Language: lang, Cwd: body.Cwd})
+	if err != nil {
+		interpError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, contextOf(c))
+}
+
+func (h *Handler) listContexts(w http.ResponseWriter, r *http.Request) {
+	all, err := sandboxFrom(r.Context()).Contexts(r.Context())
+	if err != nil {
+		interpError(w, r, err)
+		return
+	}
+	out := make([]contextJSON, 0, len(all))
+	for _, c := range all {
+		out = append(out, contextOf(c))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *Handler) deleteContext(w http.ResponseWriter, r *http.Request) {
+	sb, id := sandboxFrom(r.Context()), r.PathValue("id")
+	if err := sb.DeleteContext(r.Context(), id); err != nil {
+		interpError(w, r, err)
+		return
+	}
+	h.resetCount(sb.ID, id)
+	writeJSON(w, http.StatusOK, nil)
+}
+
+func (h *Handler) restartContext(w http.ResponseWriter, r *http.Request) {
+	sb, id := sandboxFrom(r.Context()), r.PathValue("id")
+	if _, err := sb.RestartContext(r.Context(), id); err != nil {
+		interpError(w, r, err)
+		return
+	}
+	h.resetCount(sb.ID, id)
+	writeJSON(w, http.StatusOK, nil)
+}

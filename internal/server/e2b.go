@@ -1,0 +1,89 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/e2b"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+// e2bBackend gives the E2B surface (internal/e2b) the server's keys,
+// ownership and records: an E2B client sees exactly the sandboxes of its
+// key's owner, like a /v1 client.
+type e2bBackend struct{ s *Server }
+
+var _ e2b.Backend = e2bBackend{}
+
+func (b e2bBackend) Authenticate(ctx context.Context, key string) (string, error) {
+	p, err := b.s.auth.Check(ctx, key)
+	return p.Owner, err
+}
+
+func (b e2bBackend) Create(ctx context.Context, owner string, opt sandbox.CreateOptions) (*sandbox.Sandbox, error) {
+	return b.s.create(ctx, owner, opt, 0)
+}
+
+// Sandbox returns a running sandbox; owner "" matches any owner.
+func (b e2bBackend) Sandbox(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
+	if owner == "" {
+		b.s.mu.Lock()
+		bx, ok := b.s.boxes[id]
+		b.s.mu.Unlock()
+		if !ok || bx.sb == nil {
+			return nil, notFound(id)
+		}
+		owner = bx.owner
+	}
+	bx, err := b.s.lookupID(ctx, owner, id)
+	if err != nil {
+		return nil, err
+	}
+	return bx.sb, nil
+}
+
+// Sandboxes lists running sandboxes; owner "" lists every owner's.
+func (b e2bBackend) Sandboxes(ctx context.Context, owner string) []*sandbox.Sandbox {
+	b.s.mu.Lock()
+	defer b.s.mu.Unlock()
+	var out []*sandbox.Sandbox
+	for _, bx := range b.s.boxes {
+		if bx.sb != nil && (owner == "" || bx.owner == owner) && bx.sb.State() == sandbox.StateRunning {
+			out = append(out, bx.sb)
+		}
+	}
+	return out
+}
+
+func (b e2bBackend) SetTimeout(ctx context.Context, owner, id string, d time.Duration) error {
+	bx, err := b.s.lookupID(ctx, owner, id)
+	if err != nil {
+		return err
+	}
+	if err := bx.sb.SetTimeout(d); err != nil {
+		return err
+	}
+	if err := b.s.store.UpdateSandboxExpiry(ctx, id, bx.sb.Deadline()); err != nil {
+		return fmt.Errorf("record timeout: %w", err)
+	}
+	return nil
+}
+
+// Kill stops a sandbox. For E2B clients a sandbox already stopped is not
+// found, as in E2B.
+func (b e2bBackend) Kill(ctx context.Context, owner, id string) error {
+	bx, err := b.s.lookupID(ctx, owner, id)
+	if apierr.CodeOf(err) == apierr.SandboxState {
+		return notFound(id)
+	}
+	if err != nil {
+		return err
+	}
+	if err := b.s.engine.Kill(ctx, id); err != nil && apierr.CodeOf(err) != apierr.SandboxNotFound {
+		return err
+	}
+	b.s.forget(ctx, bx)
+	return nil
+}
