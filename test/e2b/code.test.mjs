@@ -1,0 +1,185 @@
+// The code interpreter through the unmodified `@e2b/code-interpreter` SDK
+// (/execute and /contexts on port 49999 of the E2B data plane).
+import { after, before, test } from 'node:test'
+import assert from 'node:assert/strict'
+import { NotFoundError, Sandbox, TimeoutError } from '@e2b/code-interpreter'
+import { killAll, meta, rejectsWith, track } from './helpers.mjs'
+
+let sbx
+before(async () => {
+  sbx = track(
+    await Sandbox.create({ metadata: meta({ case: 'code' }), envs: { SF_GLOBAL: 'from-create' }, timeoutMs: 600_000 })
+  )
+})
+after(killAll)
+
+const T = { timeout: 120_000 }
+const stdout = (ex) => ex.logs.stdout.join('')
+
+test('python by default: x = 1; x is 1, and state is kept', T, async () => {
+  const a = await sbx.runCode('x = 1; x')
+  assert.equal(a.error, undefined, `error ${JSON.stringify(a.error)}`)
+  assert.equal(a.text, '1')
+  assert.equal(a.results.length, 1)
+  assert.equal(a.results[0].isMainResult, true)
+  assert.equal(a.results[0].text, '1')
+  assert.ok(Number.isInteger(a.executionCount), `executionCount ${a.executionCount}`)
+
+  const b = await sbx.runCode('x += 41\nx')
+  assert.equal(b.text, '42')
+  assert.equal(b.executionCount, a.executionCount + 1)
+
+  const c = await sbx.runCode('print("no value")')
+  assert.equal(c.text, undefined)
+  assert.equal(c.results.length, 0)
+  assert.deepEqual(c.logs.stdout, ['no value\n'])
+})
+
+test('python: cwd is /home/user, sandbox and per-run envs', T, async () => {
+  assert.equal(stdout(await sbx.runCode('import os\nprint(os.getcwd())')), '/home/user\n')
+  assert.equal(stdout(await sbx.runCode('import os\nprint(os.environ.get("SF_GLOBAL"))')), 'from-create\n')
+  const withEnv = await sbx.runCode('import os\nprint(os.environ.get("SF_RUN"))', { envs: { SF_RUN: 'per-run' } })
+  assert.equal(stdout(withEnv), 'per-run\n')
+  assert.equal(stdout(await sbx.runCode('import os\nprint(os.environ.get("SF_RUN"))')), 'None\n', 'a per-run env leaked')
+})
+
+test('callbacks: onStdout, onStderr, onResult, onError', T, async () => {
+  const outs = []
+  const errs = []
+  const results = []
+  const errors = []
+  const cb = {
+    onStdout: (m) => outs.push(m),
+    onStderr: (m) => errs.push(m),
+    onResult: (r) => results.push(r),
+    onError: (e) => errors.push(e),
+  }
+  const ex = await sbx.runCode('import sys\nprint("one")\nprint("two")\nprint("bad", file=sys.stderr)\n6 * 7', cb)
+  assert.deepEqual(
+    outs.map((m) => m.line),
+    ['one\n', 'two\n']
+  )
+  assert.ok(outs.every((m) => m.error === false && typeof m.timestamp === 'number'))
+  assert.deepEqual(
+    errs.map((m) => [m.line, m.error]),
+    [['bad\n', true]]
+  )
+  assert.equal(results.length, 1)
+  assert.equal(results[0].text, '42')
+  assert.equal(errors.length, 0)
+  assert.deepEqual(ex.logs, { stdout: ['one\n', 'two\n'], stderr: ['bad\n'] })
+
+  const ex2 = await sbx.runCode('1 / 0', cb)
+  assert.equal(errors.length, 1)
+  assert.equal(errors[0].name, 'ZeroDivisionError')
+  assert.equal(ex2.error.name, 'ZeroDivisionError')
+})
+
+test('python errors carry name, value and traceback', T, async () => {
+  const ex = await sbx.runCode('def f():\n    return 1 / 0\nf()')
+  assert.ok(ex.error, 'no error')
+  assert.equal(ex.error.name, 'ZeroDivisionError')
+  assert.match(ex.error.value, /division by zero/)
+  assert.equal(typeof ex.error.traceback, 'string')
+  assert.match(ex.error.traceback, /ZeroDivisionError/)
+  assert.match(ex.error.traceback, /f\(\)/)
+  assert.equal(ex.text, undefined)
+
+  const nameErr = await sbx.runCode('undefined_name_here')
+  assert.equal(nameErr.error?.name, 'NameError')
+  // The kernel survives errors.
+  assert.equal((await sbx.runCode('2 + 2')).text, '4')
+})
+
+test('javascript: values, console output, state, errors', T, async () => {
+  const a = await sbx.runCode('const a = 40; console.log("hi from js"); a + 2', { language: 'js' })
+  assert.equal(a.error, undefined, `error ${JSON.stringify(a.error)}`)
+  assert.equal(a.text, '42')
+  assert.deepEqual(a.logs.stdout, ['hi from js\n'])
+  assert.equal((await sbx.runCode('a * 2', { language: 'javascript' })).text, '80', 'state kept between runs')
+  assert.equal((await sbx.runCode('process.cwd()', { language: 'js' })).text, '/home/user')
+  const err = await sbx.runCode('throw new TypeError("boom")', { language: 'js' })
+  assert.equal(err.error?.name, 'TypeError')
+  assert.equal(err.error?.value, 'boom')
+})
+
+test('bash: output and state', T, async () => {
+  const a = await sbx.runCode('echo hi-from-bash; echo $((6 * 7)); pwd', { language: 'bash' })
+  assert.equal(a.error, undefined, `error ${JSON.stringify(a.error)}`)
+  assert.equal(stdout(a), 'hi-from-bash\n42\n/home/user\n')
+  await sbx.runCode('export SF_KEPT=kept; cd /tmp', { language: 'bash' })
+  assert.equal(stdout(await sbx.runCode('echo "$SF_KEPT $PWD"', { language: 'bash' })), 'kept /tmp\n')
+})
+
+test('code contexts: create, list, isolate, restart, remove', T, async () => {
+  const ctx = await sbx.createCodeContext({ language: 'python', cwd: '/tmp' })
+  assert.ok(ctx.id, 'context id')
+  assert.equal(ctx.language, 'python')
+  assert.equal(ctx.cwd, '/tmp')
+  try {
+    assert.equal(stdout(await sbx.runCode('import os\nprint(os.getcwd())', { context: ctx })), '/tmp\n')
+    await sbx.runCode('only_here = 5', { context: ctx })
+    assert.equal((await sbx.runCode('only_here', { context: ctx })).text, '5')
+    const other = await sbx.runCode('only_here')
+    assert.equal(other.error?.name, 'NameError', 'the default context saw a new context\'s variable')
+
+    const listed = await sbx.listCodeContexts()
+    assert.ok(Array.isArray(listed))
+    const mine = listed.find((c) => c.id === ctx.id)
+    assert.ok(mine, `context ${ctx.id} not listed: ${JSON.stringify(listed)}`)
+    assert.equal(mine.language, 'python')
+    assert.equal(mine.cwd, '/tmp')
+
+    await sbx.restartCodeContext(ctx)
+    const lost = await sbx.runCode('only_here', { context: ctx })
+    assert.equal(lost.error?.name, 'NameError', 'state survived restartCodeContext')
+    assert.equal((await sbx.runCode('3 * 3', { context: ctx })).text, '9', 'the restarted context runs')
+  } finally {
+    await sbx.removeCodeContext(ctx.id)
+  }
+  assert.ok(!(await sbx.listCodeContexts()).some((c) => c.id === ctx.id), 'a removed context is listed')
+  await rejectsWith(sbx.runCode('1', { context: ctx }), NotFoundError, 'runCode in a removed context')
+
+  const js = await sbx.createCodeContext({ language: 'js' })
+  try {
+    assert.equal(js.language, 'javascript')
+    assert.equal(js.cwd, '/home/user')
+    assert.equal((await sbx.runCode('let q = 7; q * 6', { context: js })).text, '42')
+  } finally {
+    await sbx.removeCodeContext(js)
+  }
+})
+
+test('a matplotlib chart arrives as a PNG result', T, async () => {
+  const ex = await sbx.runCode(
+    'import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title("squares")\nplt.show()'
+  )
+  assert.equal(ex.error, undefined, `error ${JSON.stringify(ex.error)}`)
+  const pngs = ex.results.filter((r) => r.png)
+  assert.equal(pngs.length, 1, `results: ${JSON.stringify(ex.results.map((r) => r.formats()))}`)
+  const png = Buffer.from(pngs[0].png, 'base64')
+  assert.deepEqual([...png.subarray(0, 8)], [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a], 'PNG magic bytes')
+  assert.ok(png.length > 1_000, `a ${png.length}-byte PNG`)
+  assert.equal(pngs[0].isMainResult, false, 'a displayed figure is not the main result')
+})
+
+test('a pandas DataFrame arrives as an HTML result', T, async () => {
+  const ex = await sbx.runCode('import pandas as pd\npd.DataFrame({"city": ["Oslo", "Lima"], "n": [11, 22]})')
+  assert.equal(ex.error, undefined, `error ${JSON.stringify(ex.error)}`)
+  const main = ex.results.find((r) => r.isMainResult)
+  assert.ok(main, 'no main result')
+  assert.match(main.html ?? '', /<table/)
+  assert.match(main.html, /Oslo/)
+  assert.match(main.html, /22/)
+  assert.match(main.text ?? '', /Lima/)
+})
+
+test('timeoutMs on runCode: TimeoutError, and the kernel is free again', T, async () => {
+  const t0 = Date.now()
+  await rejectsWith(sbx.runCode('import time\ntime.sleep(60)', { timeoutMs: 2_000 }), TimeoutError, 'runCode past timeoutMs')
+  assert.ok(Date.now() - t0 < 10_000)
+  const t1 = Date.now()
+  const ex = await sbx.runCode('1 + 1', { timeoutMs: 15_000 })
+  assert.equal(ex.text, '2')
+  assert.ok(Date.now() - t1 < 10_000, `the next run waited ${Date.now() - t1} ms: the abandoned one was not interrupted`)
+})

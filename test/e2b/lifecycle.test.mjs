@@ -1,0 +1,173 @@
+// Sandbox lifecycle through the unmodified `e2b` SDK: create, connect, list,
+// getInfo, setTimeout, kill, isRunning, and how a killed sandbox's calls fail.
+import { after, test } from 'node:test'
+import assert from 'node:assert/strict'
+import { Sandbox, SandboxNotFoundError, TimeoutError } from 'e2b'
+import { Sandbox as CodeSandbox } from '@e2b/code-interpreter'
+import { eventually, killAll, meta, rejectsWith, sleep, track } from './helpers.mjs'
+
+after(killAll)
+
+const T = { timeout: 120_000 }
+
+test('create with metadata, envs and timeoutMs; getInfo and isRunning', T, async () => {
+  const before = Date.now()
+  const sbx = track(
+    await Sandbox.create({ metadata: meta({ case: 'create' }), envs: { SF_CREATE_ENV: 'from-create' }, timeoutMs: 120_000 })
+  )
+  assert.match(sbx.sandboxId, /^\S+$/, 'sandboxId')
+  assert.equal(await sbx.isRunning(), true)
+
+  const info = await sbx.getInfo()
+  assert.equal(info.sandboxId, sbx.sandboxId)
+  assert.ok(info.templateId, 'templateId is set')
+  assert.equal(info.state, 'running')
+  assert.deepEqual(info.metadata, meta({ case: 'create' }))
+  assert.ok(info.startedAt instanceof Date && !isNaN(info.startedAt), `startedAt ${info.startedAt}`)
+  assert.ok(Math.abs(info.startedAt - before) < 60_000, `startedAt ${info.startedAt.toISOString()} is not near now`)
+  const lifetime = info.endAt - info.startedAt
+  assert.ok(lifetime > 110_000 && lifetime < 130_000, `endAt - startedAt = ${lifetime} ms, want ~120000`)
+
+  // The static form answers the same.
+  const info2 = await Sandbox.getInfo(sbx.sandboxId)
+  assert.equal(info2.sandboxId, sbx.sandboxId)
+  assert.deepEqual(info2.metadata, info.metadata)
+
+  // envs given at create are the sandbox's environment.
+  const r = await sbx.commands.run('echo "$SF_CREATE_ENV"')
+  assert.equal(r.stdout, 'from-create\n')
+})
+
+test('Sandbox.connect reaches a running sandbox; an unknown id is not found', T, async () => {
+  const sbx = track(await Sandbox.create({ metadata: meta({ case: 'connect' }), timeoutMs: 120_000 }))
+  await sbx.files.write('/tmp/connect.txt', 'written before connect')
+
+  const again = await Sandbox.connect(sbx.sandboxId)
+  assert.equal(again.sandboxId, sbx.sandboxId)
+  assert.equal(await again.isRunning(), true)
+  assert.equal(await again.files.read('/tmp/connect.txt'), 'written before connect')
+  const r = await again.commands.run('cat /tmp/connect.txt')
+  assert.equal(r.stdout, 'written before connect')
+
+  // The instance method too.
+  const same = await sbx.connect()
+  assert.equal(same.sandboxId, sbx.sandboxId)
+
+  await rejectsWith(Sandbox.connect('sf-no-such-sandbox'), SandboxNotFoundError, 'connect to an unknown id')
+})
+
+test('Sandbox.list filters by metadata, pages with limit and drops killed sandboxes', T, async () => {
+  const group = { case: 'list' }
+  const odd = { case: 'list', 'odd key': 'a b=c&d' }
+  const sbxs = await Promise.all([
+    Sandbox.create({ metadata: meta(group), timeoutMs: 120_000 }).then(track),
+    Sandbox.create({ metadata: meta(group), timeoutMs: 120_000 }).then(track),
+    Sandbox.create({ metadata: meta(odd), timeoutMs: 120_000 }).then(track),
+  ])
+  const want = sbxs.map((s) => s.sandboxId).sort()
+
+  // One page with everything.
+  const all = await Sandbox.list({ query: { metadata: meta(group) } }).nextItems()
+  assert.deepEqual(all.map((s) => s.sandboxId).sort(), want)
+  for (const s of all) {
+    assert.equal(s.metadata.suite, meta().suite)
+    assert.equal(s.state, 'running')
+    assert.ok(s.startedAt instanceof Date && !isNaN(s.startedAt))
+  }
+
+  // Pages of two: 2 + 1, a token on the first page only.
+  const pager = Sandbox.list({ query: { metadata: meta(group) }, limit: 2 })
+  const p1 = await pager.nextItems()
+  assert.equal(p1.length, 2, 'first page')
+  assert.equal(pager.hasNext, true, 'a next token after the first page')
+  const p2 = await pager.nextItems()
+  assert.equal(p2.length, 1, 'second page')
+  assert.equal(pager.hasNext, false, 'no next token after the last page')
+  assert.deepEqual([...p1, ...p2].map((s) => s.sandboxId).sort(), want)
+
+  // AND of pairs, with keys and values that need escaping.
+  const oddOnly = await Sandbox.list({ query: { metadata: meta(odd) } }).nextItems()
+  assert.deepEqual(oddOnly.map((s) => s.sandboxId), [sbxs[2].sandboxId])
+  assert.deepEqual(oddOnly[0].metadata, meta(odd))
+  const none = await Sandbox.list({ query: { metadata: meta({ case: 'no-such-case' }) } }).nextItems()
+  assert.deepEqual(none, [])
+
+  // A killed sandbox leaves the list.
+  assert.equal(await sbxs[0].kill(), true)
+  const left = await Sandbox.list({ query: { metadata: meta(group) } }).nextItems()
+  assert.deepEqual(left.map((s) => s.sandboxId).sort(), want.filter((id) => id !== sbxs[0].sandboxId))
+})
+
+test('setTimeout moves endAt; a short timeout kills the sandbox', T, async () => {
+  const sbx = track(await Sandbox.create({ metadata: meta({ case: 'timeout' }), timeoutMs: 60_000 }))
+  const first = await sbx.getInfo()
+
+  await sbx.setTimeout(300_000)
+  const longer = await sbx.getInfo()
+  const moved = longer.endAt - first.endAt
+  assert.ok(moved > 230_000 && moved < 250_000, `endAt moved by ${moved} ms, want ~240000`)
+  const left = longer.endAt - Date.now()
+  assert.ok(left > 290_000 && left <= 301_000, `endAt is ${left} ms away, want ~300000`)
+
+  // The static form, shortening it.
+  await Sandbox.setTimeout(sbx.sandboxId, 3_000)
+  const t0 = Date.now()
+  const shorter = await sbx.getInfo()
+  const soon = shorter.endAt - Date.now()
+  assert.ok(soon > 0 && soon <= 3_500, `endAt is ${soon} ms away after setTimeout(3000)`)
+  assert.equal(await sbx.isRunning(), true, 'still running right after setTimeout(3000)')
+
+  const dead = await eventually(async () => !(await sbx.isRunning()), { timeoutMs: 15_000, intervalMs: 250 })
+  assert.equal(dead, true, 'isRunning still true 15 s after a 3 s timeout')
+  const after = Date.now() - t0
+  assert.ok(after >= 2_000, `it died after ${after} ms, before its 3 s timeout`)
+
+  const listed = await Sandbox.list({ query: { metadata: meta({ case: 'timeout' }) } }).nextItems()
+  assert.deepEqual(listed, [], 'a timed-out sandbox is not listed')
+  await rejectsWith(sbx.getInfo(), SandboxNotFoundError, 'getInfo of a timed-out sandbox')
+})
+
+test('kill: true once, then false; unknown ids are false', T, async () => {
+  const sbx = track(await Sandbox.create({ metadata: meta({ case: 'kill' }), timeoutMs: 120_000 }))
+  assert.equal(await sbx.isRunning(), true)
+  assert.equal(await sbx.kill(), true)
+  assert.equal(await sbx.isRunning(), false)
+  assert.equal(await Sandbox.kill(sbx.sandboxId), false, 'second kill of the same id')
+  assert.equal(await Sandbox.kill('sf-no-such-sandbox'), false, 'kill of an unknown id')
+  await rejectsWith(Sandbox.getInfo(sbx.sandboxId), SandboxNotFoundError, 'getInfo after kill')
+  await rejectsWith(Sandbox.getInfo('sf-no-such-sandbox'), SandboxNotFoundError, 'getInfo of an unknown id')
+})
+
+test("a killed sandbox's calls fail as E2B's do", T, async () => {
+  const sbx = track(await CodeSandbox.create({ metadata: meta({ case: 'killed-calls' }), timeoutMs: 120_000 }))
+  await sbx.files.write('/tmp/x.txt', 'x')
+  assert.equal((await sbx.runCode('1 + 1')).text, '2')
+  assert.equal(await Sandbox.kill(sbx.sandboxId), true)
+
+  assert.equal(await sbx.isRunning(), false)
+  // The proxy answers 502 for a dead sandbox: a stream start becomes
+  // SandboxNotFoundError, unary RPCs and file and code calls TimeoutError.
+  await rejectsWith(sbx.commands.run('echo hi'), SandboxNotFoundError, 'commands.run after kill')
+  await rejectsWith(sbx.files.list('/tmp'), TimeoutError, 'files.list after kill')
+  await rejectsWith(sbx.files.read('/tmp/x.txt'), TimeoutError, 'files.read after kill')
+  await rejectsWith(sbx.files.write('/tmp/y.txt', 'y'), TimeoutError, 'files.write after kill')
+  await rejectsWith(sbx.runCode('1 + 1'), TimeoutError, 'runCode after kill')
+  await rejectsWith(Sandbox.connect(sbx.sandboxId), SandboxNotFoundError, 'connect after kill')
+})
+
+test('killing a sandbox aborts its running command and code', T, async () => {
+  const sbx = track(await CodeSandbox.create({ metadata: meta({ case: 'kill-in-flight' }), timeoutMs: 120_000 }))
+  const cmd = sbx.commands.run('sleep 60', { timeoutMs: 90_000 })
+  const code = sbx.runCode('import time\ntime.sleep(60)', { timeoutMs: 90_000 })
+  cmd.catch(() => {})
+  code.catch(() => {})
+  await sleep(2_000)
+  const t0 = Date.now()
+  assert.equal(await Sandbox.kill(sbx.sandboxId), true)
+
+  const e1 = await rejectsWith(cmd, TimeoutError, 'a running command when its sandbox is killed')
+  assert.match(e1.message, /killed or reached its end of life/, 'the SDK saw the connection drop and probed /health')
+  const e2 = await rejectsWith(code, TimeoutError, 'a running runCode when its sandbox is killed')
+  assert.match(e2.message, /sandbox was killed while the request was in progress/)
+  assert.ok(Date.now() - t0 < 20_000, 'the streams ended promptly after the kill')
+})
