@@ -263,7 +263,7 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 			}
 			p := qpath
 			if p == "" {
-				p = part.FileName()
+				p = partPath(part)
 			}
 			if p == "" {
 				writeFilesError(w, http.StatusBadRequest, "each file part needs a filename (its path) when ?path= is not given")
@@ -296,6 +296,16 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 		out = append(out, e)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// partPath is a part's filename as sent: the target path. (Part.FileName
+// keeps only the last element.)
+func partPath(part *multipart.Part) string {
+	_, params, err := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+	if err != nil {
+		return ""
+	}
+	return params["filename"]
 }
 
 // metadataHeaders collects X-Metadata-<key> headers (keys lower-cased).

@@ -1,0 +1,89 @@
+package e2b
+
+import (
+	"maps"
+	"net/http/httptest"
+	"testing"
+	"time"
+)
+
+func TestMetadataFilter(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		raw  string
+		want map[string]string
+		bad  bool
+	}{
+		{raw: "", want: nil},
+		// {k: v, "a b": "c=d"} after the SDK's encoding and one decoding by the HTTP server.
+		{raw: "k%3Dv%26a%2520b%3Dc%253Dd", want: map[string]string{"k": "v", "a b": "c=d"}},
+		{raw: "k%3D", want: map[string]string{"k": ""}},
+		{raw: "%zz", bad: true},
+	} {
+		got, err := metadataFilter(tc.raw)
+		if (err != nil) != tc.bad || !maps.Equal(got, tc.want) {
+			t.Errorf("metadataFilter(%q) = %v, %v; want %v (error %v)", tc.raw, got, err, tc.want, tc.bad)
+		}
+	}
+}
+
+func TestPageCursorRoundTrip(t *testing.T) {
+	t.Parallel()
+	c := pageCursor{Started: time.Date(2026, 12, 3, 7, 0, 0, 123, time.UTC), ID: "abc"}
+	got, err := parseCursor(c.String())
+	if err != nil || !got.Started.Equal(c.Started) || got.ID != c.ID {
+		t.Fatalf("round trip = %+v, %v", got, err)
+	}
+	for _, bad := range []string{"", "!!", "bm90LWEtdGltZV9faWQ"} {
+		if _, err := parseCursor(bad); err == nil {
+			t.Errorf("parseCursor(%q) accepted", bad)
+		}
+	}
+}
+
+func TestLanguage(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{"": "python", " Python ": "python", "js": "javascript", "JavaScript": "javascript", "bash": "bash"} {
+		if got, err := language(in); err != nil || got != want {
+			t.Errorf("language(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"r", "typescript", "cobol"} {
+		if _, err := language(in); err == nil {
+			t.Errorf("language(%q) accepted", in)
+		}
+	}
+}
+
+func TestSignatureAndUser(t *testing.T) {
+	t.Parallel()
+	h := New(Config{}, nil)
+	tok := h.token("sbx")
+	if tok == h.token("other") || !h.validToken("sbx", tok) || h.validToken("sbx", "") || h.validToken("other", tok) {
+		t.Fatal("access tokens do not tell sandboxes apart")
+	}
+	// The SDK's algorithm, for path "a.txt", read, no user, token "t":
+	// base64(sha256("a.txt:read::t")) without padding (computed with node crypto).
+	if got := sign("a.txt", "read", "", "t", ""); got != "v1_2v3RGodSIuQBfrhry7d92pL2eC/VztnPNAoPk2Ut/Ic" {
+		t.Errorf("sign = %s", got)
+	}
+	r := httptest.NewRequest("GET", "/files?path=a.txt&signature="+sign("a.txt", "read", "", tok, ""), nil)
+	if ok, msg := h.checkSignature("sbx", r); !ok {
+		t.Errorf("valid signature refused: %s", msg)
+	}
+	if ok, _ := h.checkSignature("other", r); ok {
+		t.Error("signature accepted for another sandbox")
+	}
+	for in, want := range map[string]string{"": "Basic dXNlcjo=", "root": "Basic cm9vdDo="} {
+		u, err := basicUser(want)
+		if err != nil || (in == "" && u != defaultUser) || (in != "" && u != in) {
+			t.Errorf("basicUser(%q) = %q, %v", want, u, err)
+		}
+	}
+	if _, err := basicUser("Basic " + "bWFsbG9yeTo="); err == nil {
+		t.Error("unknown user accepted")
+	}
+	if _, err := basicUser("Bearer x"); err == nil {
+		t.Error("non-Basic authorization accepted")
+	}
+}
