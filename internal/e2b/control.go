@@ -43,8 +43,12 @@ func (h *Handler) controlMux() http.Handler {
 			}
 		})
 	}
-	add("POST /sandboxes", func(w http.ResponseWriter, r *http.Request, o string) error { return h.create(w, r, o, defaultTimeoutV1) })
-	add("POST /v2/sandboxes", func(w http.ResponseWriter, r *http.Request, o string) error { return h.create(w, r, o, defaultTimeoutV2) })
+	add("POST /sandboxes", func(w http.ResponseWriter, r *http.Request, o string) error {
+		return h.create(w, r, o, defaultTimeoutV1)
+	})
+	add("POST /v2/sandboxes", func(w http.ResponseWriter, r *http.Request, o string) error {
+		return h.create(w, r, o, defaultTimeoutV2)
+	})
 	add("GET /sandboxes", h.listV1)
 	add("GET /v2/sandboxes", h.listV2)
 	add("GET /sandboxes/{id}", h.get)
