@@ -43,6 +43,8 @@ import (
 var (
 	//go:embed python_driver.py
 	pythonDriver string
+	//go:embed python_charts.py
+	pythonCharts string
 	//go:embed node_driver.js
 	nodeDriver string
 	//go:embed bash_driver.sh
@@ -151,7 +153,7 @@ func (k *Kernel) Language() string { return k.lang }
 func (k *Kernel) command() *exec.Cmd {
 	switch k.lang {
 	case "python":
-		return exec.Command(k.opt.Python, "-c", pythonDriver)
+		return exec.Command(k.opt.Python, "-c", pythonDriver, pythonCharts)
 	case "javascript":
 		return exec.Command(k.opt.Node, "-e", nodeDriver)
 	default:

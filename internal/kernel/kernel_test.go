@@ -150,6 +150,43 @@ def plot(*a):
 	}
 }
 
+// TestPythonShowAndShell covers plt.show() emitting figures at once and
+// IPython-style !cmd shell escapes.
+func TestPythonShowAndShell(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "matplotlib"), 0o755)
+	os.WriteFile(filepath.Join(dir, "matplotlib", "__init__.py"), nil, 0o644)
+	os.WriteFile(filepath.Join(dir, "matplotlib", "pyplot.py"), []byte(`
+_figs = {}
+class Figure:
+    def savefig(self, buf, format=None, bbox_inches=None):
+        buf.write(b"\x89PNG\r\n\x1a\nfake")
+def figure(n=1):
+    return _figs.setdefault(n, Figure())
+def get_fignums():
+    return sorted(_figs)
+def close(which=None):
+    _figs.clear()
+def show():
+    raise RuntimeError("the driver must replace show")
+`), 0o644)
+	k := start(t, "python", map[string]string{"PYTHONPATH": dir})
+	// Each show() emits the figures open at that moment.
+	r := run(t, k, code("import matplotlib.pyplot as plt\nplt.figure(1); plt.show()\nplt.figure(1); plt.figure(2); plt.show()"))
+	if r.err != nil || len(r.results) != 3 {
+		t.Fatalf("show: %+v", r)
+	}
+	r = run(t, k, code("x = 5\n!echo shell $((x))\nif True:\n    !echo in block\nx"))
+	if r.err != nil || r.stdout != "shell 0\nin block\n" || main(r) != "5" {
+		t.Fatalf("shell escapes: %q %+v", r.stdout, r.err)
+	}
+	// Not a shell escape: a syntax error stays one.
+	if r = run(t, k, code("x = = 1")); r.err == nil || r.err.Name != "SyntaxError" {
+		t.Fatalf("syntax error: %+v", r.err)
+	}
+}
+
 func TestPythonTimeoutKeepsState(t *testing.T) {
 	t.Parallel()
 	k := start(t, "python", nil)

@@ -1,11 +1,15 @@
 # Sheepfold Python kernel driver: requests arrive as JSON lines on fd 3,
 # messages leave as JSON lines on fd 4; stdout and stderr are the real fds.
-import ast, base64, builtins, io, json, linecache, os, signal, sys, traceback
+import ast, base64, builtins, io, json, linecache, os, re, signal, subprocess, sys, traceback
 
 _ctl_in = os.fdopen(3, "r", encoding="utf-8")
 _ctl_out = os.fdopen(4, "w", encoding="utf-8")
 _MAX_RESULT = 3_500_000
 _globals = {"__name__": "__main__", "__builtins__": builtins}
+# The chart describer's source (python_charts.py) arrives as argv[1]; it is
+# compiled the first time a figure is rendered.
+_charts_src = sys.argv.pop(1) if len(sys.argv) > 1 else ""
+_charts = None
 signal.signal(signal.SIGINT, signal.default_int_handler)
 # Line-buffered stdout and stderr: a print() arrives as one chunk, and
 # partial lines are flushed at the end of every execution.
@@ -69,7 +73,20 @@ def display(*objs):
 builtins.display = display
 
 
-def _figures():
+def _chart(fig):
+    global _charts
+    try:
+        if _charts is None:
+            _charts = {"__name__": "_sheepfold_charts"}
+            exec(compile(_charts_src, "<sheepfold-charts>", "exec"), _charts)
+        return _charts["chart"](fig)
+    except Exception:
+        return None
+
+
+def _figures(*_args, **_kwargs):
+    """Emit every open matplotlib figure as a PNG result (with its chart
+    data) and close it: at plt.show() and at the end of each execution."""
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is None:
         return
@@ -78,10 +95,51 @@ def _figures():
             fig = plt.figure(num)
             buf = io.BytesIO()
             fig.savefig(buf, format="png", bbox_inches="tight")
-            _emit_result({"png": base64.b64encode(buf.getvalue()).decode(), "text": repr(fig)})
+            r = {"png": base64.b64encode(buf.getvalue()).decode(), "text": repr(fig)}
+            c = _chart(fig)
+            if c is not None:
+                r["extra"] = {"e2b/chart": c}
+            _emit_result(r)
         plt.close("all")
     except Exception as e:
         sys.stderr.write("sheepfold: could not render figures: %s\n" % e)
+
+
+class _PyplotHook:
+    """Makes plt.show() emit the figures, as a notebook's inline backend
+    does, by wrapping matplotlib.pyplot when it is first imported."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "matplotlib.pyplot":
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def patched(module):
+            exec_module(module)
+            module.show = _figures
+        spec.loader.exec_module = patched
+        return spec
+
+
+sys.meta_path.insert(0, _PyplotHook())
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+def _shell(cmd):
+    """IPython's !cmd: run a shell command, its output into stdout."""
+    sys.stdout.flush()
+    p = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for line in p.stdout:
+        sys.stdout.write(line.decode("utf-8", "backslashreplace"))
+    p.wait()
+
+
+builtins._sheepfold_shell = _shell
+_SHELL_LINE = re.compile(r"^([ \t]*)!(.*)$", re.M)
 
 
 def _error(e):
@@ -98,7 +156,14 @@ def _error(e):
 def _run(code, n):
     name = "<cell-%d>" % n
     linecache.cache[name] = (len(code), None, code.splitlines(True), name)
-    tree = ast.parse(code, name, "exec")
+    try:
+        tree = ast.parse(code, name, "exec")
+    except SyntaxError:
+        # A line starting with ! is a shell escape (never valid Python).
+        shell = _SHELL_LINE.sub(lambda m: "%s_sheepfold_shell(%r)" % (m.group(1), m.group(2)), code)
+        if shell == code:
+            raise
+        tree = ast.parse(shell, name, "exec")
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
