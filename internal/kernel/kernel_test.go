@@ -246,8 +246,19 @@ func TestJavaScript(t *testing.T) {
 	if r.err == nil || r.err.Name != "TypeError" || r.err.Value != "nope" || r.done.Status != agentproto.StatusError {
 		t.Fatalf("error: %+v", r.err)
 	}
-	if r = run(t, k, code("await Promise.resolve(5); v + 1")); r.done.Status != agentproto.StatusOK {
+	if r = run(t, k, code("await Promise.resolve(5); v + 1")); r.done.Status != agentproto.StatusOK || main(r) != "2" {
 		t.Fatalf("top-level await: %+v %+v", r.done, r.err)
+	}
+	// Declarations of an awaiting cell outlive it; its last expression is its value.
+	r = run(t, k, code("const w = await Promise.resolve(7)\nfunction twice(x) { return 2 * x }\nclass K {}\ntwice(w);"))
+	if main(r) != "14" {
+		t.Fatalf("await cell value: %+v %+v", r.results, r.err)
+	}
+	if r = run(t, k, code("twice(w) + (new K() instanceof K ? 1 : 0)")); main(r) != "15" {
+		t.Fatalf("await cell declarations: %+v %+v", r.results, r.err)
+	}
+	if r = run(t, k, code("for (const i of [1]) {\n  await null\n}")); r.err != nil || len(r.results) != 0 {
+		t.Fatalf("await cell ending in a block: %+v %+v", r.results, r.err)
 	}
 	if r = run(t, k, agentproto.ExecuteSpec{Code: "while (true) {}", TimeoutMS: 300}); r.done.Status != agentproto.StatusTimeout {
 		t.Fatalf("timeout: %+v", r.done)

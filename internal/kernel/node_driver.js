@@ -32,6 +32,36 @@ function errorOf(e) {
   return { name: 'Error', value: String(e), traceback: 'Uncaught ' + util.inspect(e) };
 }
 
+// asyncCell compiles a cell that uses top-level await as an async function.
+// Declarations at the start of an unindented line (const/let/var x = ...,
+// function f, class C) become properties of the context's global object, so
+// they outlive the cell as in a notebook; a last line that is an expression
+// becomes the cell's value.
+function asyncCell(code) {
+  const decl = /^(?:(?:const|let|var)\s+([A-Za-z_$][\w$]*)\s*=|(async\s+)?function\s*(\*?)\s*([A-Za-z_$][\w$]*)|class\s+([A-Za-z_$][\w$]*))/gm;
+  const body = code.replace(decl, (m, v, asyncKw, star, fn, cls) => {
+    if (v) return `globalThis.${v} =`;
+    if (fn) return `globalThis.${fn} = ${asyncKw || ''}function${star} ${fn}`;
+    return `globalThis.${cls} = class ${cls}`;
+  });
+  const lines = body.replace(/\s+$/, '').split('\n');
+  const last = lines.pop().replace(/;\s*$/, '');
+  const head = lines.join('\n') + '\n';
+  // The value is the last line, or what follows one of its semicolons.
+  const candidates = [head + 'return (' + last + '\n);'];
+  for (let i = last.lastIndexOf(';'); i > 0; i = last.lastIndexOf(';', i - 1)) {
+    if (last.slice(i + 1).trim()) candidates.push(head + last.slice(0, i + 1) + '\nreturn (' + last.slice(i + 1) + '\n);');
+  }
+  candidates.push(body);
+  for (const src of candidates) {
+    try {
+      return new vm.Script('(async () => {\n' + src + '\n})()', { filename: '<cell>' });
+    } catch (e) {
+      if (!(e instanceof SyntaxError) || src === body) throw e;
+    }
+  }
+}
+
 async function run(req) {
   const saved = {};
   for (const [k, v] of Object.entries(req.env || {})) {
@@ -43,11 +73,9 @@ async function run(req) {
     try {
       value = new vm.Script(req.code, { filename: '<cell>' }).runInContext(context, { breakOnSigint: true });
     } catch (e) {
-      // Top-level await: run the cell as an async function. Its let/const
-      // declarations stay local to that cell; var and globals persist.
+      // Top-level await: run the cell as an async function (see asyncCell).
       if (e instanceof SyntaxError && /await/.test(e.message)) {
-        value = new vm.Script('(async () => {\n' + req.code + '\n})()', { filename: '<cell>' })
-          .runInContext(context, { breakOnSigint: true });
+        value = asyncCell(req.code).runInContext(context, { breakOnSigint: true });
       } else {
         throw e;
       }
