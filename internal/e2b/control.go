@@ -136,13 +136,16 @@ type newSandbox struct {
 
 // sandboxJSON is E2B's Sandbox (create and connect answers).
 type sandboxJSON struct {
-	SandboxID       string  `json:"sandboxID"`
-	TemplateID      string  `json:"templateID"`
-	ClientID        string  `json:"clientID"`
-	EnvdVersion     string  `json:"envdVersion"`
-	EnvdAccessToken string  `json:"envdAccessToken"`
-	Domain          *string `json:"domain"`
-	Alias           string  `json:"alias,omitempty"`
+	SandboxID       string `json:"sandboxID"`
+	TemplateID      string `json:"templateID"`
+	ClientID        string `json:"clientID"`
+	EnvdVersion     string `json:"envdVersion"`
+	EnvdAccessToken string `json:"envdAccessToken"`
+	// TrafficAccessToken makes the code-interpreter SDK authenticate
+	// every call to port 49999.
+	TrafficAccessToken string  `json:"trafficAccessToken"`
+	Domain             *string `json:"domain"`
+	Alias              string  `json:"alias,omitempty"`
 }
 
 // listedJSON is E2B's ListedSandbox; detailJSON adds SandboxDetail's fields.
@@ -184,7 +187,7 @@ func (h *Handler) alias(sb *sandbox.Sandbox) string {
 func (h *Handler) sandboxOf(sb *sandbox.Sandbox) sandboxJSON {
 	a := h.alias(sb)
 	return sandboxJSON{SandboxID: sb.ID, TemplateID: a, Alias: a, ClientID: clientID,
-		EnvdVersion: EnvdVersion, EnvdAccessToken: h.token(sb.ID)}
+		EnvdVersion: EnvdVersion, EnvdAccessToken: h.token(sb.ID), TrafficAccessToken: h.trafficToken(sb.ID)}
 }
 
 func (h *Handler) listedOf(sb *sandbox.Sandbox) listedJSON {

@@ -23,9 +23,9 @@
 // is open, the connection is aborted (not ended cleanly), so that the SDK
 // probes /health, sees 502 and reports the sandbox as killed.
 //
-// Access tokens are HMAC-SHA256 of the sandbox id under a key drawn at
-// start, so they need no storage and die with the server (as its sandboxes
-// do).
+// Access and traffic tokens are HMAC-SHA256 of the sandbox id under a key
+// drawn at start, so they need no storage and die with the server (as its
+// sandboxes do).
 //
 // Imports: internal/sandbox, internal/agentproto, internal/apierr and the
 // generated envdpb packages. The caller (internal/server) supplies a Backend
@@ -155,15 +155,26 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // token is a sandbox's envd access token.
-func (h *Handler) token(id string) string {
+func (h *Handler) token(id string) string { return h.mac("envd-access-token", id) }
+
+// trafficToken is a sandbox's traffic token: what the code-interpreter SDK
+// sends on every call (unlike the access token, which older SDKs leave off
+// /contexts).
+func (h *Handler) trafficToken(id string) string { return h.mac("traffic-access-token", id) }
+
+func (h *Handler) mac(purpose, id string) string {
 	m := hmac.New(sha256.New, h.key)
-	m.Write([]byte("envd-access-token\x00" + id))
+	m.Write([]byte(purpose + "\x00" + id))
 	return hex.EncodeToString(m.Sum(nil))
 }
 
 // validToken reports whether tok is the access token of sandbox id.
 func (h *Handler) validToken(id, tok string) bool {
 	return tok != "" && hmac.Equal([]byte(tok), []byte(h.token(id)))
+}
+
+func (h *Handler) validTrafficToken(id, tok string) bool {
+	return tok != "" && hmac.Equal([]byte(tok), []byte(h.trafficToken(id)))
 }
 
 // forget drops what the handler keeps about a sandbox.

@@ -44,11 +44,13 @@ func (h *Handler) interpreterMux() http.Handler {
 			sandboxGone(w, id)
 			return
 		}
-		// Older code-interpreter SDKs send no token on /contexts; any token
-		// sent must be right, and /execute needs one.
-		tok := r.Header.Get("X-Access-Token")
-		if (tok != "" || r.URL.Path == "/execute") && !h.validToken(id, tok) {
-			http.Error(w, "unauthorized: a valid X-Access-Token is required", http.StatusUnauthorized)
+		// The SDKs send the access token on /execute (older ones not on
+		// /contexts) and the traffic token on every call; either will do,
+		// and a wrong one is refused.
+		access, traffic := r.Header.Get("X-Access-Token"), r.Header.Get("E2B-Traffic-Access-Token")
+		if (access == "" && traffic == "") || (access != "" && !h.validToken(id, access)) ||
+			(traffic != "" && !h.validTrafficToken(id, traffic)) {
+			http.Error(w, "unauthorized: a valid X-Access-Token or E2B-Traffic-Access-Token is required", http.StatusUnauthorized)
 			return
 		}
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey, sb)))

@@ -28,7 +28,7 @@ import (
 
 // e2bSandbox is a sandbox created through the E2B control plane.
 type e2bSandbox struct {
-	ID, Token string
+	ID, Token, Traffic string
 }
 
 // e2bDo sends an E2B control-plane request with X-API-Key.
@@ -42,8 +42,8 @@ func (e *env) e2bCreate(key string, body map[string]any) e2bSandbox {
 	r := e.e2bDo("POST", "/v2/sandboxes", key, body)
 	want(e.t, r, http.StatusCreated, "")
 	m := r.json(e.t)
-	sb := e2bSandbox{ID: m["sandboxID"].(string), Token: m["envdAccessToken"].(string)}
-	if sb.ID == "" || sb.Token == "" || m["envdVersion"] != "0.6.4" || m["clientID"] == "" {
+	sb := e2bSandbox{ID: m["sandboxID"].(string), Token: m["envdAccessToken"].(string), Traffic: m["trafficAccessToken"].(string)}
+	if sb.ID == "" || sb.Token == "" || sb.Traffic == "" || sb.Traffic == sb.Token || m["envdVersion"] != "0.6.4" || m["clientID"] == "" {
 		e.t.Fatalf("create answered %s", r.body)
 	}
 	return sb
@@ -457,7 +457,15 @@ func TestE2BInterpreter(t *testing.T) {
 	e := newEnv(t, server.Config{})
 	sb := e.e2bCreate(e.keyA, map[string]any{"templateID": "code-interpreter-v1"})
 	interp := func(method, path string, body any, token string) resp {
-		return e.do(method, path, "", body, "E2b-Sandbox-Id", sb.ID, "E2b-Sandbox-Port", "49999", "X-Access-Token", token)
+		hdr := []string{"E2b-Sandbox-Id", sb.ID, "E2b-Sandbox-Port", "49999"}
+		if token != "" {
+			hdr = append(hdr, "X-Access-Token", token)
+		}
+		return e.do(method, path, "", body, hdr...)
+	}
+	// Calls with the traffic token only, as the code-interpreter SDK makes them.
+	traffic := func(method, path string, body any) resp {
+		return e.do(method, path, "", body, "E2b-Sandbox-Id", sb.ID, "E2b-Sandbox-Port", "49999", "E2B-Traffic-Access-Token", sb.Traffic)
 	}
 	lines := func(r resp) []map[string]any {
 		t.Helper()
@@ -505,8 +513,11 @@ func TestE2BInterpreter(t *testing.T) {
 		t.Fatalf("unknown language: %d %s", r.status, r.body)
 	}
 
-	// Contexts: create (no token, as older SDKs send), isolated state, list, restart, delete.
-	r := interp("POST", "/contexts", map[string]any{"language": "python"}, "")
+	// Contexts: create (traffic token only, as the SDK sends), isolated state, list, restart, delete.
+	if r := interp("POST", "/contexts", map[string]any{"language": "python"}, ""); r.status != 401 {
+		t.Fatalf("contexts without a token: %d", r.status)
+	}
+	r := traffic("POST", "/contexts", map[string]any{"language": "python"})
 	want(t, r, http.StatusOK, "")
 	c := r.json(t)
 	cid, _ := c["id"].(string)
@@ -517,13 +528,13 @@ func TestE2BInterpreter(t *testing.T) {
 	if ls[0]["execution_count"] != 1.0 || ls[1]["text"] != "False" {
 		t.Fatalf("new context not isolated: %v", ls)
 	}
-	r = interp("GET", "/contexts", nil, "")
+	r = traffic("GET", "/contexts", nil)
 	if !strings.Contains(string(r.body), cid) {
 		t.Fatalf("list: %s", r.body)
 	}
-	want(t, interp("POST", "/contexts/"+cid+"/restart", nil, ""), http.StatusOK, "")
-	want(t, interp("DELETE", "/contexts/"+cid, nil, ""), http.StatusOK, "")
-	if r = interp("DELETE", "/contexts/"+cid, nil, ""); r.status != 404 {
+	want(t, traffic("POST", "/contexts/"+cid+"/restart", nil), http.StatusOK, "")
+	want(t, traffic("DELETE", "/contexts/"+cid, nil), http.StatusOK, "")
+	if r = traffic("DELETE", "/contexts/"+cid, nil); r.status != 404 {
 		t.Fatalf("delete twice: %d", r.status)
 	}
 	if r = interp("POST", "/contexts", map[string]any{"language": "python"}, "wrong"); r.status != 401 {
