@@ -41,6 +41,27 @@ test('write and read text, bytes; relative paths resolve against /home/user', T,
   await rejectsWith(sbx.files.read('/home/user/missing.txt'), FileNotFoundError, 'read of a missing file')
 })
 
+test('gzip and octet-stream uploads, gzip and stream reads, file metadata', T, async () => {
+  const big = 'line of text\n'.repeat(5_000)
+  const gz = await sbx.files.write('/home/user/gz.txt', big, { gzip: true })
+  assert.equal(gz.path, '/home/user/gz.txt')
+  assert.equal(await sbx.files.read('/home/user/gz.txt'), big)
+  assert.equal(await sbx.files.read('/home/user/gz.txt', { gzip: true }), big, 'gzip download')
+
+  await sbx.files.write('/home/user/octet.txt', 'octets', { useOctetStream: true })
+  assert.equal((await sbx.commands.run('cat /home/user/octet.txt')).stdout, 'octets')
+
+  const stream = new Blob(['streamed ', 'upload']).stream()
+  await sbx.files.write('/home/user/streamed.txt', stream)
+  assert.equal(await sbx.files.read('/home/user/streamed.txt'), 'streamed upload')
+  const rs = await sbx.files.read('/home/user/streamed.txt', { format: 'stream' })
+  assert.equal(await new Response(rs).text(), 'streamed upload')
+
+  const w = await sbx.files.write('/home/user/meta.txt', 'm', { metadata: { origin: 'suite', kind: 'note' } })
+  assert.deepEqual(w.metadata, { origin: 'suite', kind: 'note' })
+  assert.deepEqual((await sbx.files.getInfo('/home/user/meta.txt')).metadata, { origin: 'suite', kind: 'note' })
+})
+
 test('write several files at once', T, async () => {
   const infos = await sbx.files.write([
     { path: '/home/user/multi/a.txt', data: 'A' },
