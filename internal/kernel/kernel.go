@@ -34,6 +34,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -98,6 +99,29 @@ type proc struct {
 	out    chan chunk // stdout/stderr chunks; stream -1 means both have closed
 	ctl    chan ctlMsg
 	exited chan struct{} // closed when the process has been waited for
+
+	pipes    []syscall.Conn // read ends of stdout and stderr
+	inflight atomic.Int32   // chunks read by a pump but not yet queued on out
+}
+
+// unread reports whether output waits in the pipes or between a pump's
+// read and its queueing.
+func (p *proc) unread() bool {
+	if p.inflight.Load() > 0 {
+		return true
+	}
+	for _, c := range p.pipes {
+		rc, err := c.SyscallConn()
+		if err != nil {
+			continue
+		}
+		n := 0
+		rc.Control(func(fd uintptr) { n = pipeBytes(int(fd)) })
+		if n > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 type chunk struct {
@@ -208,6 +232,11 @@ func (k *Kernel) start() error {
 	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte("500"), 0)
 
 	p := &proc{cmd: cmd, ctlW: reqW, out: make(chan chunk, 64), ctl: make(chan ctlMsg, 16), exited: make(chan struct{})}
+	for _, r := range []io.Reader{stdout, stderr} {
+		if c, ok := r.(syscall.Conn); ok {
+			p.pipes = append(p.pipes, c)
+		}
+	}
 	var readers sync.WaitGroup
 	readers.Add(2)
 	go p.pump(1, stdout, &readers)
@@ -245,7 +274,9 @@ func (p *proc) pump(stream int, r io.Reader, wg *sync.WaitGroup) {
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
+			p.inflight.Add(1)
 			p.out <- chunk{stream: stream, data: bytes.Clone(buf[:n])}
+			p.inflight.Add(-1)
 		}
 		if err != nil {
 			p.out <- chunk{stream: stream, eof: true}
@@ -471,34 +502,55 @@ func (k *Kernel) Execute(ctx context.Context, spec agentproto.ExecuteSpec, emit 
 		send(agentproto.Event{Type: typ, Data: data})
 	}
 	killed := false
+	handle := func(c chunk, ok bool) {
+		if !ok {
+			out = nil
+			return
+		}
+		if c.eof {
+			eofs++
+			seen[c.stream] = true
+			output(c.stream, pending[c.stream])
+			pending[c.stream] = nil
+			return
+		}
+		if seen[c.stream] {
+			return // output after the marker belongs to no execution
+		}
+		buf := append(pending[c.stream], c.data...)
+		if i := bytes.Index(buf, mark); i >= 0 {
+			output(c.stream, buf[:i])
+			pending[c.stream] = nil
+			seen[c.stream] = true
+			return
+		}
+		keep := partialSuffix(buf, mark)
+		output(c.stream, buf[:len(buf)-keep])
+		pending[c.stream] = bytes.Clone(buf[len(buf)-keep:])
+	}
+	// settle forwards the output written before a result arrived, so that
+	// events keep the order in which the code produced them: it takes what
+	// is queued until the pipes hold nothing unread (for at most 20 ms).
+	settle := func() {
+		deadline := time.Now().Add(20 * time.Millisecond)
+		for out != nil {
+			select {
+			case c, ok := <-out:
+				handle(c, ok)
+				continue
+			default:
+			}
+			if !p.unread() || time.Now().After(deadline) {
+				return
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
 loop:
 	for !(gotDone && seen[1] && seen[2]) {
 		select {
 		case c, ok := <-out:
-			if !ok {
-				out = nil
-				continue
-			}
-			if c.eof {
-				eofs++
-				seen[c.stream] = true
-				output(c.stream, pending[c.stream])
-				pending[c.stream] = nil
-				continue
-			}
-			if seen[c.stream] {
-				continue // output after the marker belongs to no execution
-			}
-			buf := append(pending[c.stream], c.data...)
-			if i := bytes.Index(buf, mark); i >= 0 {
-				output(c.stream, buf[:i])
-				pending[c.stream] = nil
-				seen[c.stream] = true
-				continue
-			}
-			keep := partialSuffix(buf, mark)
-			output(c.stream, buf[:len(buf)-keep])
-			pending[c.stream] = bytes.Clone(buf[len(buf)-keep:])
+			handle(c, ok)
 		case m, ok := <-ctl:
 			if !ok {
 				break loop // the interpreter is gone
@@ -506,6 +558,7 @@ loop:
 			switch m.Type {
 			case "result":
 				if m.Result != nil {
+					settle()
 					send(agentproto.Event{Type: agentproto.EventResult, Result: m.Result})
 				}
 			case "error":

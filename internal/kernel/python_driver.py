@@ -57,6 +57,11 @@ def _result(value, main):
 
 
 def _emit_result(r):
+    try:  # output written before the result goes out before it
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:
+        pass
     msg = json.dumps({"type": "result", "result": r}, default=str)
     if len(msg) > _MAX_RESULT:
         sys.stderr.write("sheepfold: a result of %d bytes was dropped (limit %d)\n" % (len(msg), _MAX_RESULT))
