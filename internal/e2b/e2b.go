@@ -215,6 +215,17 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
+// target returns the running sandbox a data-plane request addresses, or
+// answers 502 for it and returns nil.
+func (h *Handler) target(w http.ResponseWriter, r *http.Request, id string) *sandbox.Sandbox {
+	sb, err := h.backend.Sandbox(r.Context(), "", id)
+	if err != nil || sb.State() != sandbox.StateRunning {
+		sandboxGone(w, id)
+		return nil
+	}
+	return sb
+}
+
 // sandboxGone answers for a sandbox that is unknown, stopped or not the
 // caller's, as E2B's proxy does.
 func sandboxGone(w http.ResponseWriter, id string) {

@@ -39,9 +39,8 @@ func (h *Handler) interpreterMux() http.Handler {
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get("E2b-Sandbox-Id")
-		sb, err := h.backend.Sandbox(r.Context(), "", id)
-		if err != nil || sb.State() != sandbox.StateRunning {
-			sandboxGone(w, id)
+		sb := h.target(w, r, id)
+		if sb == nil {
 			return
 		}
 		// The SDKs send the access token on /execute (older ones not on

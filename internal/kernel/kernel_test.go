@@ -121,8 +121,10 @@ func TestPythonStreams(t *testing.T) {
 	}
 }
 
-func TestPythonFigures(t *testing.T) {
-	t.Parallel()
+// fakePyplot writes a stand-in matplotlib.pyplot (the host's python has
+// none) with extra appended, and returns the PYTHONPATH directory.
+func fakePyplot(t *testing.T, extra string) string {
+	t.Helper()
 	dir := t.TempDir()
 	os.MkdirAll(filepath.Join(dir, "matplotlib"), 0o755)
 	os.WriteFile(filepath.Join(dir, "matplotlib", "__init__.py"), nil, 0o644)
@@ -137,9 +139,13 @@ def get_fignums():
     return sorted(_figs)
 def close(which=None):
     _figs.clear()
-def plot(*a):
-    figure(1)
-`), 0o644)
+`+extra), 0o644)
+	return dir
+}
+
+func TestPythonFigures(t *testing.T) {
+	t.Parallel()
+	dir := fakePyplot(t, "def plot(*a):\n    figure(1)\n")
 	k := start(t, "python", map[string]string{"PYTHONPATH": dir})
 	r := run(t, k, code("import matplotlib.pyplot as plt\nplt.plot([1, 2])"))
 	if len(r.results) != 1 || !strings.HasPrefix(r.results[0].PNG, "iVBORw0KGg") {
@@ -154,23 +160,7 @@ def plot(*a):
 // IPython-style !cmd shell escapes.
 func TestPythonShowAndShell(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	os.MkdirAll(filepath.Join(dir, "matplotlib"), 0o755)
-	os.WriteFile(filepath.Join(dir, "matplotlib", "__init__.py"), nil, 0o644)
-	os.WriteFile(filepath.Join(dir, "matplotlib", "pyplot.py"), []byte(`
-_figs = {}
-class Figure:
-    def savefig(self, buf, format=None, bbox_inches=None):
-        buf.write(b"\x89PNG\r\n\x1a\nfake")
-def figure(n=1):
-    return _figs.setdefault(n, Figure())
-def get_fignums():
-    return sorted(_figs)
-def close(which=None):
-    _figs.clear()
-def show():
-    raise RuntimeError("the driver must replace show")
-`), 0o644)
+	dir := fakePyplot(t, "def show():\n    raise RuntimeError('the driver must replace show')\n")
 	k := start(t, "python", map[string]string{"PYTHONPATH": dir})
 	// Each show() emits the figures open at that moment.
 	r := run(t, k, code("import matplotlib.pyplot as plt\nplt.figure(1); plt.show()\nplt.figure(1); plt.figure(2); plt.show()"))
