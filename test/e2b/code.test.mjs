@@ -10,8 +10,8 @@ before(async () => {
   sbx = track(
     await Sandbox.create({ metadata: meta({ case: 'code' }), envs: { SF_GLOBAL: 'from-create' }, timeoutMs: 600_000 })
   )
-})
-after(killAll)
+}, { timeout: 120_000 })
+after(killAll, { timeout: 60_000 })
 
 const T = { timeout: 120_000 }
 const stdout = (ex) => ex.logs.stdout.join('')
@@ -135,6 +135,18 @@ test('javascript: values, console output, state, errors', T, async () => {
   const err = await sbx.runCode('throw new TypeError("boom")', { language: 'js' })
   assert.equal(err.error?.name, 'TypeError')
   assert.equal(err.error?.value, 'boom')
+})
+
+test('typescript runs on the javascript kernel', T, async () => {
+  const ex = await sbx.runCode('function sub(x: number, y: number): number {\n  return x - y\n}\nsub(1, 2)', { language: 'ts' })
+  assert.equal(ex.error, undefined, `error ${JSON.stringify(ex.error)}`)
+  assert.equal(ex.text, '-1')
+})
+
+test('python: IPython shell escapes (!cmd)', T, async () => {
+  const ex = await sbx.runCode('!pwd')
+  assert.equal(ex.error, undefined, `error ${JSON.stringify(ex.error)}`)
+  assert.equal(stdout(ex), '/home/user\n')
 })
 
 test('bash: output and state', T, async () => {

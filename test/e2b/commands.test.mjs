@@ -10,8 +10,8 @@ before(async () => {
   sbx = track(
     await Sandbox.create({ metadata: meta({ case: 'commands' }), envs: { SF_GLOBAL: 'from-create' }, timeoutMs: 600_000 })
   )
-})
-after(killAll)
+}, { timeout: 120_000 })
+after(killAll, { timeout: 60_000 })
 
 const T = { timeout: 90_000 }
 
@@ -56,8 +56,8 @@ test('onStdout and onStderr stream while the command runs', T, async () => {
 
 test('background: a handle, then wait()', T, async () => {
   const t0 = Date.now()
-  const h = await sbx.commands.run('sleep 1.5; echo done', { background: true })
-  assert.ok(Date.now() - t0 < 1_400, 'run({background:true}) waited for the command')
+  const h = await sbx.commands.run('sleep 3; echo done', { background: true })
+  assert.ok(Date.now() - t0 < 2_500, 'run({background:true}) waited for the command')
   assert.ok(Number.isInteger(h.pid) && h.pid > 0, `pid ${h.pid}`)
   assert.equal(h.exitCode, undefined, 'no exit code while running')
   const r = await h.wait()

@@ -8,8 +8,8 @@ import { eventually, killAll, meta, rejectsWith, sandboxUrl, sleep, track } from
 let sbx
 before(async () => {
   sbx = track(await Sandbox.create({ metadata: meta({ case: 'files' }), timeoutMs: 600_000 }))
-})
-after(killAll)
+}, { timeout: 120_000 })
+after(killAll, { timeout: 60_000 })
 
 const T = { timeout: 90_000 }
 

@@ -6,7 +6,7 @@ import { Sandbox, SandboxNotFoundError, TimeoutError } from 'e2b'
 import { Sandbox as CodeSandbox } from '@e2b/code-interpreter'
 import { eventually, killAll, meta, rejectsWith, sleep, track } from './helpers.mjs'
 
-after(killAll)
+after(killAll, { timeout: 60_000 })
 
 const T = { timeout: 120_000 }
 

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict'
 import { Sandbox } from '@e2b/code-interpreter'
 import { killAll, meta, track } from './helpers.mjs'
 
-after(killAll)
+after(killAll, { timeout: 60_000 })
 
 const N = 10
 
