@@ -301,6 +301,8 @@ func (s *server) dispatch(c *conn, req *agentproto.Request) agentproto.Event {
 		return s.fileRemove(req)
 	case agentproto.OpFileMove:
 		return s.fileMove(req)
+	case agentproto.OpFileWatch:
+		return s.fileWatch(c, req)
 	}
 	return fail(agentproto.CodeBadRequest, "unknown op %q", req.Op)
 }

@@ -3,11 +3,13 @@ package agent
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -114,25 +116,28 @@ func (fs *fileSystem) parent(sp string) (int, string, error) {
 }
 
 // lstat describes sp without following a final symlink; for a symlink it
-// also returns the link's text.
-func (fs *fileSystem) lstat(sp string) (unix.Stat_t, string, error) {
+// also returns the link's text. It also returns sp's metadata.
+func (fs *fileSystem) lstat(sp string) (unix.Stat_t, string, map[string]string, error) {
 	var st unix.Stat_t
 	if sp == "/" {
-		return st, "", unix.Fstat(fs.rootFD, &st)
+		if err := unix.Fstat(fs.rootFD, &st); err != nil {
+			return st, "", nil, err
+		}
+		return st, "", metadataOPath(fs.rootFD), nil
 	}
 	pfd, name, err := fs.parent(sp)
 	if err != nil {
-		return st, "", err
+		return st, "", nil, err
 	}
 	defer unix.Close(pfd)
 	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return st, "", err
+		return st, "", nil, err
 	}
 	var target string
 	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
 		target = readlinkat(pfd, name)
 	}
-	return st, target, nil
+	return st, target, metadataAt(pfd, name, &st), nil
 }
 
 func readlinkat(dirfd int, name string) string {
@@ -204,11 +209,13 @@ func fileInfo(sp string, st *unix.Stat_t, names *idNames, target string) agentpr
 
 // stat returns sp's FileInfo.
 func (fs *fileSystem) stat(sp string, names *idNames) (agentproto.FileInfo, error) {
-	st, target, err := fs.lstat(sp)
+	st, target, md, err := fs.lstat(sp)
 	if err != nil {
 		return agentproto.FileInfo{}, err
 	}
-	return fileInfo(sp, &st, names, target), nil
+	fi := fileInfo(sp, &st, names, target)
+	fi.Metadata = md
+	return fi, nil
 }
 
 // mkdirAll makes the directory sp and its missing parents (mode 0755).
@@ -297,6 +304,7 @@ func (s *server) fileRead(c *conn, req *agentproto.Request) agentproto.Event {
 	defer f.Close()
 
 	fi := fileInfo(sp, &st, s.files.names(), "")
+	fi.Metadata = metadataFD(fd)
 	if err := c.send(agentproto.Event{Type: agentproto.EventFile, Entry: &fi}); err != nil {
 		return agentproto.Event{}
 	}
@@ -340,6 +348,9 @@ func (s *server) fileWrite(c *conn, req *agentproto.Request) agentproto.Event {
 	if sp == "/" {
 		return failErr(sp, unix.EISDIR)
 	}
+	if err := validMetadata(req.Metadata); err != nil {
+		return fail(agentproto.CodeBadRequest, "%s: %v", sp, err)
+	}
 	mode := req.Mode & 0o777
 	if mode == 0 {
 		mode = 0o644
@@ -353,7 +364,8 @@ func (s *server) fileWrite(c *conn, req *agentproto.Request) agentproto.Event {
 	}
 	defer unix.Close(pfd)
 	var st unix.Stat_t
-	if unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+	exists := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
+	if exists && st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		return failErr(sp, unix.EISDIR) // before reading the body
 	}
 
@@ -361,7 +373,7 @@ func (s *server) fileWrite(c *conn, req *agentproto.Request) agentproto.Event {
 	// the target only once complete: a failed, aborted or oversized upload
 	// leaves nothing behind. A symlink at the target is replaced, never
 	// followed.
-	tmp := uploadPrefix + newContextID()
+	tmp := uploadTemp(exists)
 	fd, err := unix.Openat(pfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return failErr(sp, err)
@@ -370,6 +382,9 @@ func (s *server) fileWrite(c *conn, req *agentproto.Request) agentproto.Event {
 	_, err = c.pc.ReadBody(f, req.Limit)
 	if err == nil {
 		err = unix.Fchmod(fd, mode)
+	}
+	if err == nil {
+		err = s.setMetadata(fd, sp, req.Metadata)
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -496,7 +511,9 @@ func walk(fd int, dir string, depth int, l *listing) {
 				target = readlinkat(fd, name)
 			}
 			sp := path.Join(dir, name)
-			l.entries = append(l.entries, fileInfo(sp, &st, l.names, target))
+			fi := fileInfo(sp, &st, l.names, target)
+			fi.Metadata = metadataAt(fd, name, &st)
+			l.entries = append(l.entries, fi)
 			if depth > 1 && st.Mode&unix.S_IFMT == unix.S_IFDIR {
 				cfd, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 				if err == nil {
@@ -649,4 +666,144 @@ func copyAcross(opfd int, oname string, npfd int, nname string) error {
 		return err
 	}
 	return unix.Unlinkat(opfd, oname, 0)
+}
+
+// File metadata: E2B keeps per-file metadata in user.e2b.<key> extended
+// attributes. The kernel allows user.* attributes on regular files and
+// directories only, so other entries have none.
+
+// Bounds of Request.Metadata: the kernel's XATTR_NAME_MAX and
+// XATTR_SIZE_MAX, and a count that keeps a FileInfo small.
+const (
+	maxMetadataKeys      = 64
+	maxMetadataNameBytes = 255
+	maxMetadataValue     = 64 << 10
+)
+
+// validMetadata checks Request.Metadata before a body is read.
+func validMetadata(md map[string]string) error {
+	if len(md) > maxMetadataKeys {
+		return fmt.Errorf("%d metadata keys, over the limit of %d", len(md), maxMetadataKeys)
+	}
+	for k, v := range md {
+		switch {
+		case k == "":
+			return errors.New("empty metadata key")
+		case hasNUL(k) || hasNUL(v):
+			return fmt.Errorf("NUL byte in metadata %q", k)
+		case len(agentproto.MetadataXattrPrefix)+len(k) > maxMetadataNameBytes:
+			return fmt.Errorf("metadata key %.20q... too long", k)
+		case len(v) > maxMetadataValue:
+			return fmt.Errorf("metadata %q: value over %d bytes", k, maxMetadataValue)
+		}
+	}
+	return nil
+}
+
+// setMetadata stores md on the new file open at fd (which has no
+// attributes yet). A filesystem without user attributes stores nothing:
+// the FileInfo read back afterwards shows what was kept.
+func (s *server) setMetadata(fd int, sp string, md map[string]string) error {
+	for k, v := range md {
+		err := unix.Fsetxattr(fd, agentproto.MetadataXattrPrefix+k, []byte(v), 0)
+		switch err {
+		case nil:
+		case unix.EOPNOTSUPP:
+			s.log.Warn("file metadata not stored: the filesystem has no user attributes", "path", sp)
+			return nil
+		case unix.E2BIG, unix.ERANGE:
+			return unix.EINVAL // too large for this filesystem: a bad request
+		default:
+			return err
+		}
+	}
+	return nil
+}
+
+// metadataFD returns the metadata of the file open at fd (not O_PATH).
+func metadataFD(fd int) map[string]string {
+	return readMetadata(
+		func(buf []byte) (int, error) { return unix.Flistxattr(fd, buf) },
+		func(name string, buf []byte) (int, error) { return unix.Fgetxattr(fd, name, buf) })
+}
+
+// metadataOPath returns the metadata of the file or directory open at the
+// O_PATH descriptor fd. The f*xattr calls refuse O_PATH descriptors, so
+// this goes through the descriptor's /proc link, which names that very
+// inode and no other.
+func metadataOPath(fd int) map[string]string {
+	p := "/proc/self/fd/" + strconv.Itoa(fd)
+	return readMetadata(
+		func(buf []byte) (int, error) { return unix.Listxattr(p, buf) },
+		func(name string, buf []byte) (int, error) { return unix.Getxattr(p, name, buf) })
+}
+
+// metadataAt returns the metadata of name in the directory dirfd, whose
+// lstat is st, without following a symlink.
+func metadataAt(dirfd int, name string, st *unix.Stat_t) map[string]string {
+	if t := st.Mode & unix.S_IFMT; t != unix.S_IFREG && t != unix.S_IFDIR {
+		return nil
+	}
+	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(fd)
+	var now unix.Stat_t
+	if unix.Fstat(fd, &now) != nil || now.Dev != st.Dev || now.Ino != st.Ino {
+		return nil // replaced meanwhile
+	}
+	return metadataOPath(fd)
+}
+
+// readMetadata collects the user.e2b.* attributes through list and get;
+// nil when there are none (or they cannot be read).
+func readMetadata(list func([]byte) (int, error), get func(string, []byte) (int, error)) map[string]string {
+	names, err := xattrBuf(list)
+	if err != nil || len(names) == 0 {
+		return nil
+	}
+	var md map[string]string
+	for _, name := range strings.Split(strings.TrimSuffix(string(names), "\x00"), "\x00") {
+		key, ok := strings.CutPrefix(name, agentproto.MetadataXattrPrefix)
+		if !ok || key == "" {
+			continue
+		}
+		v, err := xattrBuf(func(buf []byte) (int, error) { return get(name, buf) })
+		if err != nil {
+			continue // removed meanwhile
+		}
+		if md == nil {
+			md = map[string]string{}
+		}
+		md[key] = string(v)
+		if len(md) == maxMetadataKeys {
+			break
+		}
+	}
+	return md
+}
+
+// xattrBuf calls an xattr list or get call with a buffer large enough,
+// retrying if the value grew between the size query and the read.
+func xattrBuf(call func([]byte) (int, error)) ([]byte, error) {
+	for range 4 {
+		n, err := call(nil)
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			return nil, nil
+		}
+		buf := make([]byte, n)
+		n, err = call(buf)
+		if err == unix.ERANGE {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return buf[:n], nil
+	}
+	return nil, unix.ERANGE
 }

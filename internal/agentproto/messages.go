@@ -28,6 +28,11 @@ const (
 	OpFileMkdir  = "file.mkdir"  // Request.Path, Request.Mode; makes parents; Done.Entry
 	OpFileRemove = "file.remove" // Request.Path; removes directories recursively
 	OpFileMove   = "file.move"   // Request.Path, Request.NewPath; Done.Entry
+	// OpFileWatch watches the directory Request.Path (Request.Recursive,
+	// Request.IncludeEntry): event watch_start once the watch is in place,
+	// then an event fs per change, until the client closes the connection
+	// (no Done then), or a Done when the watched directory is removed.
+	OpFileWatch = "file.watch"
 )
 
 // Event types.
@@ -39,6 +44,12 @@ const (
 	EventError  = "error"  // Error: an exception raised by executed code
 	EventFile   = "file"   // Entry, before the data frames of a file.read
 	EventDone   = "done"   // the last event of every request
+)
+
+// Event types of file.watch.
+const (
+	EventWatchStart = "watch_start" // the watch is in place
+	EventFS         = "fs"          // a change: FS, and Entry with Request.IncludeEntry
 )
 
 // Machine codes the agent puts in Done.Code when a request fails. The host
@@ -84,6 +95,17 @@ type Request struct {
 	Mode    uint32 `json:"mode,omitempty"`  // permission bits for file.write and file.mkdir; 0 means 0644 / 0755
 	Depth   int    `json:"depth,omitempty"` // file.list: 1 (or 0) lists direct children only
 	Limit   int64  `json:"limit,omitempty"` // file.read/file.write: refuse bodies larger than this (0: no limit)
+
+	// Metadata (file.write) is stored with the file as the extended
+	// attributes user.e2b.<key>; the written file carries exactly these
+	// (a file.write replaces the file, so nil leaves it none).
+	Metadata map[string]string `json:"metadata,omitempty"`
+	// Recursive (file.watch) also watches every subdirectory, including
+	// those created later.
+	Recursive bool `json:"recursive,omitempty"`
+	// IncludeEntry (file.watch) adds the changed entry's FileInfo to each
+	// event, when the entry still exists.
+	IncludeEntry bool `json:"include_entry,omitempty"`
 }
 
 // ProcessSpec describes a command to start.
@@ -132,6 +154,7 @@ type Event struct {
 	Result *Result    `json:"result,omitempty"`
 	Error  *ExecError `json:"error,omitempty"`
 	Entry  *FileInfo  `json:"entry,omitempty"`
+	FS     *FSEvent   `json:"fs,omitempty"` // EventFS
 
 	// Fields of the Done event.
 	Code      string        `json:"code,omitempty"`    // failure code (Code* constants); empty on success
@@ -225,4 +248,31 @@ type FileInfo struct {
 	Group   string    `json:"group"`
 	// SymlinkTarget is set for symlinks.
 	SymlinkTarget string `json:"symlink_target,omitempty"`
+	// Metadata holds the file's user.e2b.* extended attributes, keys
+	// without the prefix (set through Request.Metadata of file.write).
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+// MetadataXattrPrefix starts the names of the extended attributes that
+// hold FileInfo.Metadata (E2B's envd uses the same).
+const MetadataXattrPrefix = "user.e2b."
+
+// Kinds of change in FSEvent.Op (E2B's EventType, fsnotify's Op).
+const (
+	FSCreate = "create" // created, or moved in (under its new name)
+	FSWrite  = "write"  // content written (coalesced: see file.watch)
+	FSRemove = "remove" // removed
+	FSRename = "rename" // moved away (under its old name)
+	FSChmod  = "chmod"  // attributes changed (mode, owner, times, xattrs)
+	// FSOverflow: the kernel's event queue overflowed and changes were
+	// lost; Name is empty.
+	FSOverflow = "overflow"
+)
+
+// FSEvent is one change seen by file.watch.
+type FSEvent struct {
+	// Name is the entry's path relative to the watched directory,
+	// slash-separated ("sub/file.txt"); empty for the directory itself.
+	Name string `json:"name"`
+	Op   string `json:"op"`
 }
