@@ -34,8 +34,24 @@ func (s *Sandbox) ReadFile(ctx context.Context, path string, w io.Writer, limit 
 // file appears whole or not at all. mode 0 means 0644; limit > 0 refuses
 // bodies larger than that with ERR_FILE_TOO_LARGE.
 func (s *Sandbox) WriteFile(ctx context.Context, path string, r io.Reader, mode uint32, limit int64) (FileInfo, error) {
+	return s.WriteFileWith(ctx, path, r, WriteOptions{Mode: mode, Limit: limit})
+}
+
+// WriteOptions are WriteFileWith's options.
+type WriteOptions struct {
+	Mode  uint32 // permission bits; 0 means 0644
+	Limit int64  // > 0 refuses bodies larger than that with ERR_FILE_TOO_LARGE
+	// Metadata is stored with the file (FileInfo.Metadata, as E2B's
+	// user.e2b.<key> extended attributes). A write replaces the file, and
+	// with it all its metadata: nil leaves none. At most 64 keys; a key is
+	// at most 246 bytes, a value 64 KiB (ERR_BAD_REQUEST otherwise).
+	Metadata map[string]string
+}
+
+// WriteFileWith is WriteFile with options.
+func (s *Sandbox) WriteFileWith(ctx context.Context, path string, r io.Reader, opt WriteOptions) (FileInfo, error) {
 	var done agentproto.Event
-	err := s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileWrite, Path: path, Mode: mode, Limit: limit}, r, nil, nil, &done)
+	err := s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileWrite, Path: path, Mode: opt.Mode, Limit: opt.Limit, Metadata: opt.Metadata}, r, nil, nil, &done)
 	return entry(done), err
 }
 
