@@ -383,6 +383,10 @@ func (w *watch) addTree(fd int, rel string, report bool) (int, error) {
 			if err != nil {
 				continue // not a directory (or a symlink to one), or gone
 			}
+			if pseudoFS(cfd) {
+				unix.Close(cfd)
+				continue
+			}
 			if _, err := w.addTree(cfd, child, report); errors.Is(err, errSendFailed) {
 				return wd, err
 			}
@@ -391,6 +395,23 @@ func (w *watch) addTree(fd int, rel string, report bool) (int, error) {
 			return wd, nil
 		}
 	}
+}
+
+// pseudoFS says whether the directory open at fd is on a kernel
+// filesystem (/proc, /sys, cgroups...) whose entries come and go without
+// inotify events: a recursive watch (say, of "/") does not descend into
+// them, nor spend its watches there.
+func pseudoFS(fd int) bool {
+	var st unix.Statfs_t
+	if unix.Fstatfs(fd, &st) != nil {
+		return false
+	}
+	switch uint32(st.Type) {
+	case unix.PROC_SUPER_MAGIC, unix.SYSFS_MAGIC, unix.CGROUP_SUPER_MAGIC, unix.CGROUP2_SUPER_MAGIC,
+		unix.DEBUGFS_MAGIC, unix.TRACEFS_MAGIC, unix.SECURITYFS_MAGIC, unix.BPF_FS_MAGIC:
+		return true
+	}
+	return false
 }
 
 // add hands the directory open at fd to inotify as rel.

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // fsEv is an fs event in short: "create a.txt".
@@ -498,3 +499,49 @@ func manyKeys(n int) map[string]string {
 }
 
 func equalMD(a, b map[string]string) bool { return maps.Equal(a, b) }
+
+// inotifyWatches returns how many watches the inotify descriptors of this
+// process that are not in skip hold, from their fdinfo.
+func inotifyWatches(t *testing.T, skip map[string]bool) (fds, watches int) {
+	t.Helper()
+	ents, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range ents {
+		if l, _ := os.Readlink("/proc/self/fd/" + e.Name()); l != "anon_inode:inotify" || skip[e.Name()] {
+			continue
+		}
+		fds++
+		info, _ := os.ReadFile("/proc/self/fdinfo/" + e.Name())
+		watches += strings.Count(string(info), "inotify wd:")
+	}
+	return fds, watches
+}
+
+// TestWatchSkipsProc: a recursive watch does not descend into /proc (or
+// other kernel filesystems) below it. Needs root (a bind mount); not
+// parallel (it reads the process's descriptors).
+func TestWatchSkipsProc(t *testing.T) {
+	testutil.RequireRoot(t)
+	root := sandboxRoot(t)
+	dir := filepath.Join(root, "home/user/w")
+	os.MkdirAll(filepath.Join(dir, "proc"), 0o755)
+	os.MkdirAll(filepath.Join(dir, "real/sub"), 0o755)
+	if err := unix.Mount("/proc", filepath.Join(dir, "proc"), "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(filepath.Join(dir, "proc"), unix.MNT_DETACH) })
+	if ents, _ := os.ReadDir(filepath.Join(dir, "proc")); len(ents) < 20 {
+		t.Fatalf("the bind mount of /proc shows %d entries: the test proves nothing", len(ents))
+	}
+	skip := map[string]bool{}
+	ents, _ := os.ReadDir("/proc/self/fd")
+	for _, e := range ents {
+		skip[e.Name()] = true
+	}
+	a := startAgent(t, Config{Root: root})
+	w := watchDir(t, a, "w", dir, true)
+	if fds, watches := inotifyWatches(t, skip); fds != 1 || watches != 3 { // w, real, real/sub
+		t.Fatalf("%d inotify descriptors holding %d watches; want 1 holding 3", fds, watches)
+	}
+	write(t, filepath.Join(dir, "real/sub/f"), "f")
+	w.expect("still watching the rest", "create real/sub/f", "write real/sub/f")
+}
