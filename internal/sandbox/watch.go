@@ -53,6 +53,8 @@ const watchBuffer = 256
 // delivered on Events until the watch ends: Close, the WatchDir context
 // ending, the watched directory being removed (after an event
 // {Name: "", Op: WatchRemove}) or the sandbox stopping; Err then says why.
+// Its owner must Close it or end its context: until then, an unread
+// event holds its goroutine.
 type Watcher struct {
 	events chan WatchEvent
 	nc     net.Conn
@@ -222,8 +224,7 @@ func (w *Watcher) shut(reason error) {
 
 // watchIOErr classifies a failed read or write on the agent connection.
 func watchIOErr(err error) error {
-	if errors.Is(err, io.EOF) || errors.Is(err, agentproto.ErrBadFrame) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
 		return fmt.Errorf("watch: %w", errAgentGone)
 	}
 	return fmt.Errorf("watch: %w", err)
