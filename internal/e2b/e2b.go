@@ -39,10 +39,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
@@ -98,10 +101,11 @@ type Handler struct {
 	envd    http.Handler
 	interp  http.Handler
 
-	// mu guards aliases and counts.
-	mu      sync.Mutex
-	aliases map[string]string         // sandbox id → the template name the client asked for
-	counts  map[string]map[string]int // sandbox id → context id → executions so far
+	// mu guards the fields below.
+	mu       sync.Mutex
+	aliases  map[string]string         // sandbox id → the template name the client asked for
+	counts   map[string]map[string]int // sandbox id → context id → executions so far
+	watchers map[string]*pollWatcher   // watcher id → polling watcher
 }
 
 // New returns a Handler over a backend.
@@ -116,7 +120,7 @@ func New(cfg Config, b Backend) *Handler {
 		cfg.MaxUploadBytes = 100 << 20
 	}
 	h := &Handler{cfg: cfg, backend: b, key: make([]byte, 32),
-		aliases: map[string]string{}, counts: map[string]map[string]int{}}
+		aliases: map[string]string{}, counts: map[string]map[string]int{}, watchers: map[string]*pollWatcher{}}
 	if _, err := rand.Read(h.key); err != nil {
 		panic(err) // crypto/rand never fails on Linux
 	}
@@ -183,6 +187,33 @@ func (h *Handler) forget(id string) {
 	delete(h.aliases, id)
 	delete(h.counts, id)
 	h.mu.Unlock()
+}
+
+func (h *Handler) addWatcher(w *pollWatcher) string {
+	b := make([]byte, 12)
+	rand.Read(b)
+	id := hex.EncodeToString(b)
+	h.mu.Lock()
+	h.watchers[id] = w
+	h.mu.Unlock()
+	return id
+}
+
+func (h *Handler) removeWatcher(id string) {
+	h.mu.Lock()
+	delete(h.watchers, id)
+	h.mu.Unlock()
+}
+
+// watcher returns a sandbox's polling watcher.
+func (h *Handler) watcher(sandboxID, id string) (*pollWatcher, error) {
+	h.mu.Lock()
+	w, ok := h.watchers[id]
+	h.mu.Unlock()
+	if !ok || w.sandboxID != sandboxID {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("watcher %q not found", id))
+	}
+	return w, nil
 }
 
 // nextCount counts an execution in a context and returns its number.

@@ -236,13 +236,13 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	write := func(p string, data io.Reader) (fileEntry, bool) {
-		fi, err := sb.WriteFile(ctx, homePath(ctx, p), data, 0, h.cfg.MaxUploadBytes)
+		fi, err := sb.WriteFileWith(ctx, homePath(ctx, p), data, sandbox.WriteOptions{Limit: h.cfg.MaxUploadBytes, Metadata: meta})
 		if err != nil {
 			abortIfGone(ctx)
 			writeFilesError(w, filesStatus(err), "%s", apierr.From(err).Message)
 			return fileEntry{}, false
 		}
-		return fileEntry{Name: fi.Name, Type: "file", Path: fi.Path, Metadata: meta}, true
+		return fileEntry{Name: fi.Name, Type: "file", Path: fi.Path, Metadata: fi.Metadata}, true
 	}
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var out []fileEntry

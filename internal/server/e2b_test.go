@@ -12,6 +12,7 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -421,6 +422,77 @@ func TestE2BEnvdFilesystem(t *testing.T) {
 	}
 	if _, err := fsc.Remove(ctx, connect.NewRequest(&filesystempb.RemoveRequest{Path: "d"})); err != nil {
 		t.Fatalf("removing a missing path: %v", err)
+	}
+
+	// Metadata travels as X-Metadata-* headers and comes back on stat.
+	r = e.envd(sb, "POST", "/files?path=meta.txt", "m", "Content-Type", "application/octet-stream", "X-Metadata-Owner-Team", "data")
+	want(t, r, http.StatusOK, "")
+	if !strings.Contains(string(r.body), `"metadata":{"owner-team":"data"}`) {
+		t.Fatalf("upload with metadata: %s", r.body)
+	}
+	st, err := fsc.Stat(ctx, connect.NewRequest(&filesystempb.StatRequest{Path: "meta.txt"}))
+	if err != nil || st.Msg.Entry.Metadata["owner-team"] != "data" {
+		t.Fatalf("stat metadata: %v %v", st, err)
+	}
+
+	// WatchDir: start first, then the changes, names relative to the directory.
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	watch, err := fsc.WatchDir(wctx, connect.NewRequest(&filesystempb.WatchDirRequest{Path: "w", Recursive: true}))
+	if err == nil {
+		watch.Receive()
+		err = watch.Err()
+	}
+	if connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("watch a missing dir: %v", err)
+	}
+	if _, err := fsc.MakeDir(ctx, connect.NewRequest(&filesystempb.MakeDirRequest{Path: "w/sub"})); err != nil {
+		t.Fatal(err)
+	}
+	watch, err = fsc.WatchDir(wctx, connect.NewRequest(&filesystempb.WatchDirRequest{Path: "w", Recursive: true, IncludeEntry: true}))
+	if err != nil || !watch.Receive() || watch.Msg().GetStart() == nil {
+		t.Fatalf("watch start: %v %v", err, watch.Err())
+	}
+	poll, err := fsc.CreateWatcher(ctx, connect.NewRequest(&filesystempb.CreateWatcherRequest{Path: "w"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(t, e.envd(sb, "POST", "/files?path=w/sub/new.txt", "x", "Content-Type", "application/octet-stream"), http.StatusOK, "")
+	want(t, e.envd(sb, "POST", "/files?path=w/top.txt", "y", "Content-Type", "application/octet-stream"), http.StatusOK, "")
+	var seen []string
+	for len(seen) < 2 && watch.Receive() {
+		fe := watch.Msg().GetFilesystem()
+		if fe != nil && fe.Type == filesystempb.EventType_EVENT_TYPE_CREATE {
+			if fe.Entry == nil || fe.Entry.Path != "/home/user/w/"+fe.Name {
+				t.Fatalf("event without its entry: %v", fe)
+			}
+			seen = append(seen, fe.Name)
+		}
+	}
+	if strings.Join(seen, ",") != "sub/new.txt,top.txt" {
+		t.Fatalf("watch events: %v (%v)", seen, watch.Err())
+	}
+	watch.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	var polled []string
+	for time.Now().Before(deadline) && len(polled) == 0 {
+		ev, err := fsc.GetWatcherEvents(ctx, connect.NewRequest(&filesystempb.GetWatcherEventsRequest{WatcherId: poll.Msg.WatcherId}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, fe := range ev.Msg.Events {
+			polled = append(polled, fe.Name)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !slices.Contains(polled, "top.txt") || slices.Contains(polled, "sub/new.txt") {
+		t.Fatalf("polled (not recursive) events: %v", polled)
+	}
+	if _, err := fsc.RemoveWatcher(ctx, connect.NewRequest(&filesystempb.RemoveWatcherRequest{WatcherId: poll.Msg.WatcherId})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fsc.GetWatcherEvents(ctx, connect.NewRequest(&filesystempb.GetWatcherEventsRequest{WatcherId: poll.Msg.WatcherId})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("removed watcher: %v", err)
 	}
 
 	// Signed URLs: no sandbox headers, the signature finds the sandbox.
