@@ -3,6 +3,7 @@ package e2b
 import (
 	"maps"
 	"net/http/httptest"
+	"net/url"
 	"testing"
 	"time"
 )
@@ -23,6 +24,15 @@ func TestMetadataFilter(t *testing.T) {
 		got, err := metadataFilter(tc.raw)
 		if (err != nil) != tc.bad || !maps.Equal(got, tc.want) {
 			t.Errorf("metadataFilter(%q) = %v, %v; want %v (error %v)", tc.raw, got, err, tc.want, tc.bad)
+		}
+	}
+}
+
+func TestUnquote(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{"'a b'": "a b", `"x"`: "x", "42": "42", "'": "'", `'a"`: `'a"`, "''": ""} {
+		if got := unquote(in); got != want {
+			t.Errorf("unquote(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
@@ -67,7 +77,7 @@ func TestSignatureAndUser(t *testing.T) {
 	if got := sign("a.txt", "read", "", "t", ""); got != "v1_2v3RGodSIuQBfrhry7d92pL2eC/VztnPNAoPk2Ut/Ic" {
 		t.Errorf("sign = %s", got)
 	}
-	r := httptest.NewRequest("GET", "/files?path=a.txt&signature="+sign("a.txt", "read", "", tok, ""), nil)
+	r := httptest.NewRequest("GET", "/files?path=a.txt&signature="+url.QueryEscape(sign("a.txt", "read", "", tok, "")), nil)
 	if ok, msg := h.checkSignature("sbx", r); !ok {
 		t.Errorf("valid signature refused: %s", msg)
 	}

@@ -120,7 +120,8 @@ func stamp() string { return time.Now().UTC().Format(time.RFC3339Nano) }
 
 // resultLine renders a rich result in E2B's shape: one key per MIME
 // rendering; MIME types E2B has no name for become top-level keys, which
-// the SDK gathers into result.extra.
+// the SDK gathers into result.extra. As in E2B, a text rendering in quotes
+// (a string's repr) loses them.
 func resultLine(res *agentproto.Result) map[string]any {
 	out := map[string]any{"type": "result", "is_main_result": res.IsMainResult}
 	set := func(k, v string) {
@@ -128,7 +129,7 @@ func resultLine(res *agentproto.Result) map[string]any {
 			out[k] = v
 		}
 	}
-	set("text", res.Text)
+	set("text", unquote(res.Text))
 	set("html", res.HTML)
 	set("markdown", res.Markdown)
 	set("svg", res.SVG)
@@ -151,6 +152,13 @@ func resultLine(res *agentproto.Result) map[string]any {
 		}
 	}
 	return out
+}
+
+func unquote(s string) string {
+	if len(s) >= 2 && (s[0] == '\'' || s[0] == '"') && s[len(s)-1] == s[0] {
+		return s[1 : len(s)-1]
+	}
+	return s
 }
 
 // execute runs code and streams NDJSON: number_of_executions, stdout,
