@@ -143,6 +143,11 @@ type ExecuteSpec struct {
 	Env            map[string]string `json:"env,omitempty"` // set for this execution only
 	TimeoutMS      int64             `json:"timeout_ms,omitempty"`
 	MaxOutputBytes int64             `json:"max_output_bytes,omitempty"` // stdout plus stderr; 0: no cap
+	// Preload, when set, runs no code: the context imports these modules
+	// (Python only) into the interpreter's module cache, binding no name in
+	// the user's namespace and counting as no execution. The warm pool
+	// uses it; Done.Status is error when an import failed.
+	Preload []string `json:"preload,omitempty"`
 }
 
 // Event is every frame the agent sends back; Type says which fields are set.

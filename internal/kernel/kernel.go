@@ -355,7 +355,11 @@ func newMarker() string {
 // request encodes one execution for the driver.
 func (k *Kernel) request(spec agentproto.ExecuteSpec, marker string) []byte {
 	if k.lang != "bash" {
-		b, _ := json.Marshal(map[string]any{"code": spec.Code, "env": spec.Env, "marker": marker})
+		req := map[string]any{"code": spec.Code, "env": spec.Env, "marker": marker}
+		if spec.Preload != nil {
+			req = map[string]any{"preload": spec.Preload, "marker": marker}
+		}
+		b, _ := json.Marshal(req)
 		return append(b, '\n')
 	}
 	var pre, post strings.Builder
@@ -399,6 +403,10 @@ func (k *Kernel) Execute(ctx context.Context, spec agentproto.ExecuteSpec, emit 
 	done := agentproto.Event{Type: agentproto.EventDone}
 	if k.closed {
 		done.Code, done.Message = agentproto.CodeNotFound, "the context was deleted"
+		return done
+	}
+	if spec.Preload != nil && k.lang != "python" {
+		done.Code, done.Message = agentproto.CodeUnsupported, "preloading modules needs a python context"
 		return done
 	}
 	if k.p == nil || !k.p.alive() {
