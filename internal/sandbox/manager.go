@@ -46,7 +46,13 @@ type Config struct {
 	// silent long job is not idle). 0 turns the idle stop off.
 	IdleTimeout  time.Duration
 	AgentTimeout time.Duration // how long a new agent may take to answer [10s]
-	Logger       *slog.Logger
+	// PoolSize is how many sandboxes of each template in PoolTemplates
+	// the warm pool keeps started ahead (pool.go); 0 turns the pool off.
+	// Members do not count against MaxSandboxes until handed out.
+	PoolSize      int
+	PoolTemplates []string // [DefaultTemplate]
+	PoolPreload   []string // modules members import ahead [DefaultPoolPreload]
+	Logger        *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
@@ -74,6 +80,15 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.PoolSize < 0 {
+		return errors.New("sandbox: PoolSize must not be negative")
+	}
+	if c.PoolTemplates == nil {
+		c.PoolTemplates = []string{c.DefaultTemplate}
+	}
+	if c.PoolPreload == nil {
+		c.PoolPreload = DefaultPoolPreload
+	}
 	return nil
 }
 
@@ -99,6 +114,7 @@ type Manager struct {
 	log *slog.Logger
 
 	quit chan struct{} // closed by Close; stops the idle loop
+	pool *pool         // nil when Config.PoolSize is 0
 
 	// mu guards sandboxes and closed.
 	mu        sync.Mutex
@@ -119,6 +135,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	if cfg.IdleTimeout > 0 {
 		go m.idleLoop(min(cfg.IdleTimeout/4, 5*time.Second))
+	}
+	if cfg.PoolSize > 0 {
+		m.pool = newPool(m)
 	}
 	return m, nil
 }
@@ -170,6 +189,9 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	rootfs, err := m.cfg.Templates.RootFS(opt.Template)
 	if err != nil {
 		return nil, apierr.Wrap(err, apierr.TemplateNotFound, "template %q is not available: %v", opt.Template, err)
+	}
+	if s, ok, err := m.fromPool(opt, limits); ok {
+		return s, err
 	}
 
 	s := &Sandbox{
@@ -335,6 +357,10 @@ func (m *Manager) forget(id string) {
 
 // Close stops accepting sandboxes and destroys every one still running.
 func (m *Manager) Close(ctx context.Context) error {
+	var poolErr error
+	if m.pool != nil {
+		poolErr = m.pool.close()
+	}
 	m.mu.Lock()
 	if !m.closed {
 		close(m.quit)
@@ -352,7 +378,7 @@ func (m *Manager) Close(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	return errors.Join(append(errs, poolErr)...)
 }
 
 // gone marks a sandbox whose agent stopped answering and cleans it up.

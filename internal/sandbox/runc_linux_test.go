@@ -21,8 +21,8 @@ const testCgroupParent = "sheepfold-test"
 
 // runcEngine is a Manager on the real runc runtime with its own state dir
 // and cgroup instance; its cleanup destroys everything and checks that no
-// mount, cgroup or process of it is left.
-func runcEngine(t testing.TB) *sandbox.Manager {
+// mount, cgroup or process of it is left. opts adjust the engine's Config.
+func runcEngine(t testing.TB, opts ...func(*sandbox.Config)) *sandbox.Manager {
 	t.Helper()
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
@@ -40,7 +40,7 @@ func runcEngine(t testing.TB) *sandbox.Manager {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := sandbox.New(context.Background(), sandbox.Config{
+	cfg := sandbox.Config{
 		Runtime: rt,
 		Templates: sandbox.TemplatesFunc(func(name string) (string, error) {
 			if name != "python" {
@@ -48,7 +48,11 @@ func runcEngine(t testing.TB) *sandbox.Manager {
 			}
 			return rootfs, nil
 		}),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	m, err := sandbox.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,8 +30,9 @@ type Sandbox struct {
 	Metadata map[string]string
 	Created  time.Time
 
-	m     *Manager
-	agent agentClient
+	m      *Manager
+	agent  agentClient
+	pooled bool // started ahead by the warm pool and handed out by it
 
 	// mu guards the fields below.
 	mu         sync.Mutex

@@ -33,8 +33,12 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) version(w http.ResponseWriter, r *http.Request) error {
-	writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.Version, "runtime": s.cfg.Runtime,
-		"cgroups": s.cfg.Cgroups, "api": "v1"})
+	out := map[string]any{"version": s.cfg.Version, "runtime": s.cfg.Runtime,
+		"cgroups": s.cfg.Cgroups, "api": "v1"}
+	if s.engine != nil {
+		out["pool"] = s.engine.PoolStats() // the warm pool: size, ready, hits, misses
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 

@@ -75,7 +75,8 @@ type env struct {
 	rt      *fake.Runtime
 }
 
-func newEnv(t *testing.T, cfg server.Config) *env {
+// newEnv starts a server; opts adjust the engine's Config.
+func newEnv(t *testing.T, cfg server.Config, opts ...func(*sandbox.Config)) *env {
 	t.Helper()
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "sheepfold.db"))
@@ -87,13 +88,17 @@ func newEnv(t *testing.T, cfg server.Config) *env {
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	m, err := sandbox.New(ctx, sandbox.Config{Runtime: rt, Logger: log,
+	scfg := sandbox.Config{Runtime: rt, Logger: log,
 		Templates: sandbox.TemplatesFunc(func(name string) (string, error) {
 			if name != "python" {
 				return "", os.ErrNotExist
 			}
 			return "/", nil
-		})})
+		})}
+	for _, o := range opts {
+		o(&scfg)
+	}
+	m, err := sandbox.New(ctx, scfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -136,6 +136,11 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out := sandboxFromInfo(sb.Info())
+	if sb.FromPool() {
+		w.Header().Set("Sheepfold-Pool", "hit")
+	} else {
+		w.Header().Set("Sheepfold-Pool", "miss")
+	}
 	writeJSON(w, http.StatusCreated, out)
 	return nil
 }

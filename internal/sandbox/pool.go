@@ -1,0 +1,369 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+)
+
+// The warm pool keeps Config.PoolSize sandboxes of each template in
+// Config.PoolTemplates started ahead: the runtime has created them, the
+// agent answers, and the default Python context runs with
+// Config.PoolPreload imported into sys.modules (and their first-use paths
+// warmed) by the kernel's preload request, which binds no name in the
+// user's namespace and is not counted as an execution. Manager.Create hands
+// a member out when the request asks for nothing a started sandbox cannot
+// take on, and a filler refills the pool in the background, one sandbox at
+// a time so that refilling takes at most about one core.
+//
+// A member is invisible until it is handed out: it is not in the Manager's
+// table, so Get, List, Kill, the idle stop and MaxSandboxes do not see it
+// (the pool's own size bounds it). At hand-out it gets the caller's
+// metadata, its Created time, its deadline and its lifetime timer, and
+// from then on it is an ordinary sandbox: it is never returned to the pool.
+//
+// What a hand-out cannot change, because it is fixed when the container
+// starts, makes the request a miss: a template without a pool, limits other
+// than Config.DefaultLimits, a read-only root, and any sandbox-wide
+// environment variable (the agent's environment is set at container start).
+
+// DefaultPoolPreload is what pool members import when Config.PoolPreload
+// is nil.
+var DefaultPoolPreload = []string{"numpy", "pandas", "matplotlib", "matplotlib.pyplot", "matplotlib.backends.backend_agg"}
+
+// DefaultPoolSize sizes the pool to the machine: one sandbox per CPU, at
+// most one per 2 GiB of memory, and at most 8. A member costs about a
+// sandbox with pandas, numpy and matplotlib loaded (≈ 100 MiB).
+func DefaultPoolSize() int {
+	n := goruntime.NumCPU()
+	if mem := memTotal(); mem > 0 {
+		n = min(n, int(mem/(2<<30)))
+	}
+	return max(0, min(n, 8))
+}
+
+// memTotal reads MemTotal from /proc/meminfo in bytes (0 if unknown).
+func memTotal() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// PoolStats describes the warm pool.
+type PoolStats struct {
+	Size   int    `json:"size"`   // members wanted per pooled template
+	Ready  int    `json:"ready"`  // members ready now, over all templates
+	Hits   uint64 `json:"hits"`   // creates served from the pool
+	Misses uint64 `json:"misses"` // creates that started a sandbox themselves
+}
+
+// preloadTimeout bounds one member's preload (a cold pandas import takes
+// about a second on an idle core).
+const preloadTimeout = 2 * time.Minute
+
+type pool struct {
+	m         *Manager
+	size      int
+	templates []string
+	preload   []string
+
+	ctx    context.Context // cancelled by close: aborts a fill in progress
+	cancel context.CancelFunc
+	wake   chan struct{} // a member was taken: refill
+	done   chan struct{} // closed when the filler has returned
+
+	hits, misses atomic.Uint64
+
+	// mu guards ready and closed.
+	mu     sync.Mutex
+	ready  map[string][]*Sandbox // by template, oldest first
+	closed bool
+}
+
+func newPool(m *Manager) *pool {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &pool{
+		m: m, size: m.cfg.PoolSize, templates: m.cfg.PoolTemplates, preload: m.cfg.PoolPreload,
+		ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{}),
+		ready: map[string][]*Sandbox{},
+	}
+	go p.fill()
+	return p
+}
+
+// fill keeps every pooled template at its size, one new member at a time.
+func (p *pool) fill() {
+	defer close(p.done)
+	backoff := time.Second
+	for {
+		tmpl := p.wanting()
+		if tmpl == "" {
+			select {
+			case <-p.ctx.Done():
+				return
+			case <-p.wake:
+				continue
+			}
+		}
+		s, err := p.start(tmpl)
+		if err != nil {
+			if p.ctx.Err() != nil {
+				return
+			}
+			p.m.log.Warn("warm pool: could not start a sandbox", "template", tmpl, "err", err, "retry_in", backoff)
+			select {
+			case <-p.ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 30*time.Second)
+			continue
+		}
+		backoff = time.Second
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			p.m.destroy(s, "engine shut down")
+			return
+		}
+		p.ready[tmpl] = append(p.ready[tmpl], s)
+		p.mu.Unlock()
+	}
+}
+
+// wanting returns a template whose pool is short of members, or "".
+func (p *pool) wanting() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, t := range p.templates {
+		if len(p.ready[t]) < p.size {
+			return t
+		}
+	}
+	return ""
+}
+
+// start creates one member: the sandbox, its agent, its preloaded kernel.
+func (p *pool) start(tmpl string) (*Sandbox, error) {
+	m := p.m
+	rootfs, err := m.cfg.Templates.RootFS(tmpl)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sandbox{ID: newID(), Template: tmpl, Limits: m.cfg.DefaultLimits, m: m, state: StateStarting, pooled: true}
+	inst, err := m.cfg.Runtime.Create(p.ctx, runtimeSpec(s, rootfs))
+	if err != nil {
+		return nil, fmt.Errorf("create: %w", err)
+	}
+	s.agent = agentClient{socket: inst.Socket}
+	if err := s.waitAgent(p.ctx, m.cfg.AgentTimeout); err != nil {
+		m.destroy(s, "failed to start")
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	if len(p.preload) > 0 {
+		if err := s.preloadModules(p.ctx, p.preload); err != nil {
+			if p.ctx.Err() != nil || errors.Is(err, errAgentGone) {
+				m.destroy(s, "failed to start")
+				return nil, fmt.Errorf("preload: %w", err)
+			}
+			// The kernel runs; only an import failed (a template
+			// without pandas, say). The member is still a fresh
+			// sandbox, only a slower one.
+			m.log.Warn("warm pool: preload failed", "template", tmpl, "err", err)
+		}
+	}
+	m.log.Debug("warm pool: sandbox ready", "sandbox", s.ID, "template", tmpl)
+	return s, nil
+}
+
+// runtimeSpec is what the runtime is asked to start for s.
+func runtimeSpec(s *Sandbox, rootfs string) runtime.Spec {
+	return runtime.Spec{ID: s.ID, RootFS: rootfs, Limits: s.Limits, ReadOnly: s.ReadOnly}
+}
+
+// preloadModules starts the default Python context and imports modules
+// into it without touching the user's namespace or execution count.
+func (s *Sandbox) preloadModules(ctx context.Context, modules []string) error {
+	ctx, cancel := context.WithTimeout(ctx, preloadTimeout)
+	defer cancel()
+	var execErr *agentproto.ExecError
+	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{
+		Language: "python", Preload: modules, TimeoutMS: preloadTimeout.Milliseconds(),
+	}}, nil, func(ev agentproto.Event) error {
+		if ev.Type == agentproto.EventError {
+			execErr = ev.Error
+		}
+		return nil
+	}, nil)
+	if err != nil {
+		return err
+	}
+	if done.Status != agentproto.StatusOK {
+		if execErr != nil {
+			return fmt.Errorf("%s: %s: %s", done.Status, execErr.Name, execErr.Value)
+		}
+		return fmt.Errorf("preload ended with status %s", done.Status)
+	}
+	return nil
+}
+
+// poolable reports whether a sandbox started ahead can serve opt.
+func (p *pool) poolable(tmpl string, limits runtime.Limits, opt CreateOptions) bool {
+	if opt.ReadOnly || len(opt.Env) > 0 || limits != p.m.cfg.DefaultLimits {
+		return false
+	}
+	for _, t := range p.templates {
+		if t == tmpl {
+			return true
+		}
+	}
+	return false
+}
+
+// take removes a ready member of tmpl from the pool, or returns nil.
+func (p *pool) take(tmpl string) *Sandbox {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	members := p.ready[tmpl]
+	for len(members) > 0 {
+		s := members[0]
+		members = members[1:]
+		p.ready[tmpl] = members
+		if s.State() == StateStarting {
+			p.signal()
+			return s
+		}
+	}
+	return nil
+}
+
+// giveBack returns a member that was taken but never shown to anyone.
+func (p *pool) giveBack(s *Sandbox) {
+	p.mu.Lock()
+	if !p.closed {
+		p.ready[s.Template] = append([]*Sandbox{s}, p.ready[s.Template]...)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
+	p.m.destroy(s, "engine shut down")
+}
+
+func (p *pool) signal() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (p *pool) stats() PoolStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := PoolStats{Size: p.size, Hits: p.hits.Load(), Misses: p.misses.Load()}
+	for _, members := range p.ready {
+		st.Ready += len(members)
+	}
+	return st
+}
+
+// close stops the filler and destroys every member.
+func (p *pool) close() error {
+	p.mu.Lock()
+	p.closed = true
+	var all []*Sandbox
+	for _, members := range p.ready {
+		all = append(all, members...)
+	}
+	p.ready = map[string][]*Sandbox{}
+	p.mu.Unlock()
+	p.cancel()
+	<-p.done
+	var wg sync.WaitGroup
+	errs := make([]error, len(all))
+	for i, s := range all {
+		wg.Go(func() { errs[i] = p.m.destroy(s, "engine shut down") })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// fromPool hands out a pooled sandbox for opt, or reports a miss (ok
+// false). limits are opt's limits with the defaults filled in.
+func (m *Manager) fromPool(opt CreateOptions, limits runtime.Limits) (s *Sandbox, ok bool, err error) {
+	p := m.pool
+	if p == nil {
+		return nil, false, nil
+	}
+	if p.poolable(opt.Template, limits, opt) {
+		s = p.take(opt.Template)
+	}
+	if s == nil {
+		p.misses.Add(1)
+		return nil, false, nil
+	}
+	m.mu.Lock()
+	switch {
+	case m.closed:
+		m.mu.Unlock()
+		p.giveBack(s)
+		return nil, true, apierr.New(apierr.Capacity, "the engine is shutting down")
+	case len(m.sandboxes) >= m.cfg.MaxSandboxes:
+		m.mu.Unlock()
+		p.giveBack(s)
+		return nil, true, &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
+			Message: fmt.Sprintf("all %d sandbox slots are in use", m.cfg.MaxSandboxes)}
+	}
+	// Until it is in the table the member is ours alone: its life as the
+	// caller's sandbox starts now.
+	now := time.Now()
+	s.Metadata = opt.Metadata
+	s.Created = now
+	s.mu.Lock()
+	s.state = StateRunning
+	s.lastActive = now
+	s.lastCPU = 0
+	s.deadline = now.Add(opt.Timeout)
+	s.timer = time.AfterFunc(opt.Timeout, func() { m.expire(s) })
+	s.mu.Unlock()
+	m.sandboxes[s.ID] = s
+	m.mu.Unlock()
+	p.hits.Add(1)
+	m.log.Info("sandbox created", "sandbox", s.ID, "template", s.Template, "pool", "hit")
+	return s, true, nil
+}
+
+// PoolStats reports the warm pool; the zero value when it is off.
+func (m *Manager) PoolStats() PoolStats {
+	if m.pool == nil {
+		return PoolStats{}
+	}
+	return m.pool.stats()
+}
+
+// FromPool reports whether the sandbox was handed out by the warm pool.
+func (s *Sandbox) FromPool() bool { return s.pooled }

@@ -1,0 +1,244 @@
+package sandbox_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/runtime/fake"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+// poolConfig is a pool of n over the fake runtime. The host's python has
+// no pandas: members preload a standard module the driver itself does not
+// import.
+func poolConfig(n int) sandbox.Config {
+	return sandbox.Config{PoolSize: n, PoolPreload: []string{"fractions"}}
+}
+
+// waitReady waits until the pool holds n ready members.
+func waitReady(t *testing.T, m *sandbox.Manager, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for m.PoolStats().Ready != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("pool never had %d ready members: %+v", n, m.PoolStats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func runtimeIDs(t *testing.T, rt *fake.Runtime) []string {
+	t.Helper()
+	ids, err := rt.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// probe is Python that shows what a user would see of a warm start: the
+// preloaded module, the names bound in the namespace, and (raising) the
+// cell number in the traceback.
+const probe = "'fractions' in __import__('sys').modules, sorted(k for k in globals() if not k.startswith('__'))"
+
+func TestPoolHitLooksFresh(t *testing.T) {
+	t.Parallel()
+	m, _ := fakeEngine(t, poolConfig(1))
+	waitReady(t, m, 1)
+	time.Sleep(300 * time.Millisecond) // the member ages; a handed-out sandbox must not
+	ctx := context.Background()
+	before := time.Now()
+	s, err := m.Create(ctx, sandbox.CreateOptions{Timeout: time.Minute, Metadata: map[string]string{"ticket": "7"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.FromPool() {
+		t.Fatal("a create with default options missed a full pool")
+	}
+	if st := m.PoolStats(); st.Hits != 1 || st.Misses != 0 {
+		t.Fatalf("stats after a hit: %+v", st)
+	}
+	info := s.Info()
+	if info.State != sandbox.StateRunning || info.Metadata["ticket"] != "7" || info.Created.Before(before) {
+		t.Fatalf("handed-out sandbox: %+v", info)
+	}
+	if left := info.Deadline.Sub(before); left < time.Minute {
+		t.Fatalf("the lifetime started before the hand-out: %s left of 1m", left)
+	}
+	ex, err := s.Execute(ctx, sandbox.ExecuteRequest{Code: probe}, nil)
+	if err != nil || len(ex.Results) != 1 || ex.Results[0].Text != "(True, [])" {
+		t.Fatalf("pooled sandbox: %v %+v", err, ex)
+	}
+	ex, err = s.Execute(ctx, sandbox.ExecuteRequest{Code: "raise ValueError"}, nil)
+	if err != nil || ex.Error == nil || !strings.Contains(ex.Error.Traceback, "<cell-2>") {
+		t.Fatalf("the user's second execution is not cell 2: %v %+v", err, ex.Error)
+	}
+
+	// The control: a sandbox that missed the pool has not imported the
+	// module, so the probe tells a preloaded kernel from a plain one.
+	miss, err := m.Create(ctx, sandbox.CreateOptions{Env: map[string]string{"A": "b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err = miss.Execute(ctx, sandbox.ExecuteRequest{Code: probe}, nil)
+	if err != nil || len(ex.Results) != 1 || ex.Results[0].Text != "(False, [])" {
+		t.Fatalf("fresh sandbox: %v %+v", err, ex)
+	}
+}
+
+func TestPoolMisses(t *testing.T) {
+	t.Parallel()
+	m, _ := fakeEngine(t, poolConfig(1))
+	waitReady(t, m, 1)
+	ctx := context.Background()
+	tests := []struct {
+		name string
+		opt  sandbox.CreateOptions
+	}{
+		{"env", sandbox.CreateOptions{Env: map[string]string{"TOKEN": "x"}}},
+		{"limits", sandbox.CreateOptions{Limits: runtime.Limits{MemoryBytes: 256 << 20}}},
+		{"read-only", sandbox.CreateOptions{ReadOnly: true}},
+	}
+	for i, tt := range tests {
+		s, err := m.Create(ctx, tt.opt)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if s.FromPool() {
+			t.Errorf("%s: a sandbox started without %s was handed out", tt.name, tt.name)
+		}
+		if st := m.PoolStats(); st.Misses != uint64(i+1) || st.Hits != 0 || st.Ready != 1 {
+			t.Errorf("%s: stats %+v", tt.name, st)
+		}
+		if tt.opt.Env != nil {
+			ex, err := s.Execute(ctx, sandbox.ExecuteRequest{Code: "import os; os.environ['TOKEN']"}, nil)
+			if err != nil || len(ex.Results) != 1 || ex.Results[0].Text != "'x'" {
+				t.Errorf("env of a missed create: %v %+v", err, ex)
+			}
+		}
+	}
+}
+
+func TestPoolRefillsAndNeverReuses(t *testing.T) {
+	t.Parallel()
+	m, rt := fakeEngine(t, poolConfig(1))
+	ctx := context.Background()
+	seen := map[string]bool{}
+	for i := 0; i < 3; i++ {
+		waitReady(t, m, 1)
+		s, err := m.Create(ctx, sandbox.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !s.FromPool() || seen[s.ID] {
+			t.Fatalf("create %d: pooled %v, reused %v", i, s.FromPool(), seen[s.ID])
+		}
+		seen[s.ID] = true
+		if _, err := s.Execute(ctx, sandbox.ExecuteRequest{Code: "x = 1"}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Kill(ctx, s.ID); err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(runtimeIDs(t, rt), s.ID) {
+			t.Fatalf("killed sandbox %s is still in the runtime", s.ID)
+		}
+	}
+	waitReady(t, m, 1)
+	if st := m.PoolStats(); st.Hits != 3 || st.Misses != 0 || st.Size != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+func TestPoolCloseDestroysMembers(t *testing.T) {
+	t.Parallel()
+	m, rt := fakeEngine(t, poolConfig(2))
+	waitReady(t, m, 2)
+	if ids := runtimeIDs(t, rt); len(ids) != 2 {
+		t.Fatalf("runtime holds %v, want the 2 members", ids)
+	}
+	if err := m.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if ids := runtimeIDs(t, rt); len(ids) != 0 {
+		t.Fatalf("members left after Close: %v", ids)
+	}
+	if st := m.PoolStats(); st.Ready != 0 {
+		t.Fatalf("stats after Close: %+v", st)
+	}
+	_, err := m.Create(context.Background(), sandbox.CreateOptions{})
+	wantCode(t, err, apierr.Capacity)
+}
+
+func TestPoolMembersAreNotIdleNorListed(t *testing.T) {
+	t.Parallel()
+	m, rt := fakeEngine(t, sandbox.Config{PoolSize: 1, PoolPreload: []string{"fractions"}, IdleTimeout: 200 * time.Millisecond})
+	waitReady(t, m, 1)
+	member := runtimeIDs(t, rt)
+	if len(member) != 1 || len(m.List()) != 0 {
+		t.Fatalf("runtime %v, listed %+v", member, m.List())
+	}
+	_, err := m.Get(member[0])
+	wantCode(t, err, apierr.SandboxNotFound)
+	time.Sleep(1500 * time.Millisecond) // several idle checks past the idle limit
+	if got := runtimeIDs(t, rt); !slices.Equal(got, member) {
+		t.Fatalf("the idle stop reaped a pool member: runtime %v, had %v", got, member)
+	}
+	s, err := m.Create(context.Background(), sandbox.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ID != member[0] {
+		t.Fatalf("handed out %s, not the waiting member %s", s.ID, member[0])
+	}
+	// Handed out, it is the user's sandbox, and idles out like any other.
+	deadline := time.Now().Add(5 * time.Second)
+	for s.State() != sandbox.StateStopped {
+		if time.Now().After(deadline) {
+			t.Fatalf("a handed-out sandbox was not stopped when idle: %+v", s.Info())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestPoolDoesNotCountAgainstMaxSandboxes(t *testing.T) {
+	t.Parallel()
+	m, _ := fakeEngine(t, sandbox.Config{PoolSize: 1, PoolPreload: []string{"fractions"}, MaxSandboxes: 1})
+	waitReady(t, m, 1)
+	s, err := m.Create(context.Background(), sandbox.CreateOptions{})
+	if err != nil || !s.FromPool() {
+		t.Fatalf("first create with a full pool and one free slot: %v", err)
+	}
+	waitReady(t, m, 1)
+	_, err = m.Create(context.Background(), sandbox.CreateOptions{})
+	wantCode(t, err, apierr.Capacity)
+	// The refused create left the waiting member in the pool.
+	if st := m.PoolStats(); st.Ready != 1 || st.Hits != 1 {
+		t.Fatalf("stats after a refused create: %+v", st)
+	}
+}
+
+func TestPoolSizeZeroIsOff(t *testing.T) {
+	t.Parallel()
+	m, rt := fakeEngine(t, sandbox.Config{})
+	time.Sleep(200 * time.Millisecond)
+	if ids := runtimeIDs(t, rt); len(ids) != 0 {
+		t.Fatalf("a pool of 0 started sandboxes: %v", ids)
+	}
+	s, err := m.Create(context.Background(), sandbox.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.FromPool() {
+		t.Fatal("a sandbox was handed out by a pool of 0")
+	}
+	if st := m.PoolStats(); st != (sandbox.PoolStats{}) {
+		t.Fatalf("stats without a pool: %+v", st)
+	}
+}
