@@ -129,6 +129,9 @@ test('javascript: values, console output, state, errors', T, async () => {
   assert.deepEqual(a.logs.stdout, ['hi from js\n'])
   assert.equal((await sbx.runCode('a * 2', { language: 'javascript' })).text, '80', 'state kept between runs')
   assert.equal((await sbx.runCode('process.cwd()', { language: 'js' })).text, '/home/user', 'a string result is shown without quotes')
+  assert.equal((await sbx.runCode('process.env.SF_GLOBAL', { language: 'js' })).text, 'from-create', 'sandbox env in js')
+  assert.equal((await sbx.runCode('process.env.SF_RUN', { language: 'js', envs: { SF_RUN: 'js-run' } })).text, 'js-run')
+  assert.equal((await sbx.runCode('String(process.env.SF_RUN)', { language: 'js' })).text, 'undefined', 'a per-run env leaked')
   const awaited = await sbx.runCode('async function main() { return 6 * 7 }\nawait main()', { language: 'js' })
   assert.equal(awaited.error, undefined, `top-level await: ${JSON.stringify(awaited.error)}`)
   assert.equal(awaited.text, '42', 'top-level await')
@@ -155,6 +158,9 @@ test('bash: output and state', T, async () => {
   assert.equal(stdout(a), 'hi-from-bash\n42\n/home/user\n')
   await sbx.runCode('export SF_KEPT=kept; cd /tmp', { language: 'bash' })
   assert.equal(stdout(await sbx.runCode('echo "$SF_KEPT $PWD"', { language: 'bash' })), 'kept /tmp\n')
+  assert.equal(stdout(await sbx.runCode('echo "$SF_GLOBAL"', { language: 'bash' })), 'from-create\n', 'sandbox env in bash')
+  assert.equal(stdout(await sbx.runCode('echo "$SF_RUN"', { language: 'bash', envs: { SF_RUN: 'bash-run' } })), 'bash-run\n')
+  assert.equal(stdout(await sbx.runCode('echo "[$SF_RUN]"', { language: 'bash' })), '[]\n', 'a per-run env leaked')
 })
 
 test('code contexts: create, list, isolate, restart, remove', T, async () => {
@@ -207,6 +213,66 @@ test('a matplotlib chart arrives as a PNG result', T, async () => {
   assert.deepEqual([...png.subarray(0, 8)], [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a], 'PNG magic bytes')
   assert.ok(png.length > 1_000, `a ${png.length}-byte PNG`)
   assert.equal(pngs[0].isMainResult, false, 'a displayed figure is not the main result')
+})
+
+test('matplotlib figures carry E2B chart data', T, async () => {
+  const line = await sbx.runCode(`
+import matplotlib.pyplot as plt
+plt.figure()
+plt.plot([0, 1, 2, 3], [0, 1, 4, 9], label="squares")
+plt.plot([0, 1, 2, 3], [0, 1, 8, 27], label="cubes")
+plt.xlabel("Time (s)")
+plt.ylabel("Size (m)")
+plt.title("growth")
+plt.legend()
+plt.show()
+`)
+  assert.equal(line.error, undefined, `error ${JSON.stringify(line.error)}`)
+  const chart = line.results.find((r) => r.png)?.chart
+  assert.ok(chart, `no chart: ${JSON.stringify(line.results.map((r) => r.formats()))}`)
+  assert.equal(chart.type, 'line')
+  assert.equal(chart.title, 'growth')
+  assert.equal(chart.x_label, 'Time (s)')
+  assert.equal(chart.y_label, 'Size (m)')
+  assert.equal(chart.x_unit, 's')
+  assert.equal(chart.y_unit, 'm')
+  assert.deepEqual(
+    chart.elements.map((e) => e.label),
+    ['squares', 'cubes']
+  )
+  assert.deepEqual(chart.elements[0].points, [
+    [0, 0],
+    [1, 1],
+    [2, 4],
+    [3, 9],
+  ])
+
+  const bar = await sbx.runCode(`
+import matplotlib.pyplot as plt
+plt.figure()
+plt.bar(["apples", "pears"], [3, 5])
+plt.title("fruit")
+plt.show()
+`)
+  const bchart = bar.results.find((r) => r.png)?.chart
+  assert.ok(bchart, 'no bar chart')
+  assert.equal(bchart.type, 'bar')
+  assert.equal(bchart.title, 'fruit')
+  assert.deepEqual(
+    bchart.elements.map((e) => [e.label, e.value]),
+    [
+      ['apples', 3],
+      ['pears', 5],
+    ]
+  )
+})
+
+test('a PIL image as the last expression is a PNG result', T, async () => {
+  const ex = await sbx.runCode('from PIL import Image\nImage.new("RGB", (16, 16), "red")')
+  assert.equal(ex.error, undefined, `error ${JSON.stringify(ex.error)}`)
+  const png = ex.results.find((r) => r.png)
+  assert.ok(png, `no png: ${JSON.stringify(ex.results.map((r) => r.formats()))}`)
+  assert.deepEqual([...Buffer.from(png.png, 'base64').subarray(0, 4)], [0x89, 0x50, 0x4e, 0x47])
 })
 
 test('a pandas DataFrame arrives as an HTML result', T, async () => {

@@ -2,7 +2,7 @@
 // getInfo, setTimeout, kill, isRunning, and how a killed sandbox's calls fail.
 import { after, test } from 'node:test'
 import assert from 'node:assert/strict'
-import { Sandbox, SandboxNotFoundError, TimeoutError } from 'e2b'
+import { AuthenticationError, Sandbox, SandboxNotFoundError, TimeoutError } from 'e2b'
 import { Sandbox as CodeSandbox } from '@e2b/code-interpreter'
 import { eventually, killAll, meta, rejectsWith, sleep, track } from './helpers.mjs'
 
@@ -91,6 +91,10 @@ test('Sandbox.list filters by metadata, pages with limit and drops killed sandbo
   assert.deepEqual(oddOnly[0].metadata, meta(odd))
   const none = await Sandbox.list({ query: { metadata: meta({ case: 'no-such-case' }) } }).nextItems()
   assert.deepEqual(none, [])
+  const running = await Sandbox.list({ query: { metadata: meta(group), state: ['running'] } }).nextItems()
+  assert.equal(running.length, 3, 'state=running')
+  const paused = await Sandbox.list({ query: { metadata: meta(group), state: ['paused'] } }).nextItems()
+  assert.deepEqual(paused, [], 'state=paused')
 
   // A killed sandbox leaves the list.
   assert.equal(await sbxs[0].kill(), true)
@@ -170,4 +174,10 @@ test('killing a sandbox aborts its running command and code', T, async () => {
   const e2 = await rejectsWith(code, TimeoutError, 'a running runCode when its sandbox is killed')
   assert.match(e2.message, /sandbox was killed while the request was in progress/)
   assert.ok(Date.now() - t0 < 20_000, 'the streams ended promptly after the kill')
+})
+
+test('a wrong API key is refused', T, async () => {
+  const apiKey = 'e2b_' + '0'.repeat(40)
+  await rejectsWith(Sandbox.create({ apiKey, metadata: meta({ case: 'bad-key' }) }), AuthenticationError, 'create with a wrong key')
+  await rejectsWith(Sandbox.list({ apiKey }).nextItems(), AuthenticationError, 'list with a wrong key')
 })
