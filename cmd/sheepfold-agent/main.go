@@ -9,9 +9,10 @@
 // with a listening unix socket as fd 3, which the host dials from outside.
 // init is a tiny init (reaps orphans, forwards signals) that runs
 // "/proc/self/exe serve" as its only child; serve answers the host's
-// requests (package internal/agent). Both keep themselves non-dumpable, so
-// that the sandboxed code, which runs as the same uid, cannot ptrace them
-// or read their /proc files.
+// requests (package internal/agent). Both run as uid 0 of the sandbox's
+// user namespace and start user code as "user" (or root on request), and
+// both keep themselves non-dumpable, so that no code in the sandbox, root
+// included, can ptrace them or read their /proc files.
 //
 // For tests and debugging, "serve --listen PATH" (also through init)
 // creates the socket itself.
@@ -106,12 +107,14 @@ func runServe(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
 	defer stop()
+	// Code contexts run as "user" when the agent is the sandbox's root.
+	kernelCred := agent.KernelCredential(*root)
 	cfg := agent.Config{
 		Root:    *root,
 		Home:    *home,
 		Version: version,
 		NewKernel: func(ctx context.Context, spec agentproto.ContextSpec) (agent.Kernel, error) {
-			k, err := kernel.Start(ctx, spec, kernel.Options{BaseEnv: os.Environ()})
+			k, err := kernel.Start(ctx, spec, kernel.Options{BaseEnv: os.Environ(), Credential: kernelCred})
 			if err != nil {
 				return nil, err
 			}

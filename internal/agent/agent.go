@@ -165,6 +165,9 @@ type server struct {
 	files *fileSystem
 	procs *processTable
 	ctxs  *contextTable
+	// switchUsers: processes and file operations run as the requested
+	// user (canSwitchUsers, users_linux.go); otherwise as the agent.
+	switchUsers bool
 
 	// mu guards conns and closed.
 	mu     sync.Mutex
@@ -185,6 +188,8 @@ func newServer(ctx context.Context, cfg Config) (*server, error) {
 		log:   cfg.Logger,
 		files: fs,
 		conns: make(map[net.Conn]struct{}),
+
+		switchUsers: canSwitchUsers(cfg.Root),
 	}
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	s.procs = newProcessTable()
@@ -258,9 +263,14 @@ func (s *server) serveConn(nc net.Conn) {
 	}
 }
 
-// dispatch runs the handler of req.Op. It returns the Done event to send;
-// a zero Event means nothing more is to be sent.
+// dispatch runs the handler of req.Op, file operations as req.User
+// (asFileUser). It returns the Done event to send; a zero Event means
+// nothing more is to be sent.
 func (s *server) dispatch(c *conn, req *agentproto.Request) agentproto.Event {
+	return s.asFileUser(req, func() agentproto.Event { return s.dispatchOp(c, req) })
+}
+
+func (s *server) dispatchOp(c *conn, req *agentproto.Request) agentproto.Event {
 	switch req.Op {
 	case agentproto.OpPing:
 		return s.ping()

@@ -1,6 +1,7 @@
 // Package agent is the server side of the host <-> agent protocol
 // (internal/agentproto): the code that runs inside every sandbox as the
-// sandbox's own user and answers the host's requests.
+// sandbox's root and answers the host's requests, running processes and
+// file operations as the user each request names (users_linux.go).
 //
 // It owns, inside one sandbox:
 //   - processes started through process.start: their process groups,

@@ -334,9 +334,16 @@ func (s *server) processStart(c *conn, req *agentproto.Request) agentproto.Event
 	if hasNUL(spec.Cmd) || hasNUL(spec.Cwd) || slices.ContainsFunc(spec.Args, hasNUL) {
 		return fail(agentproto.CodeBadRequest, "NUL byte in command, arguments or cwd")
 	}
+	id, bad := s.user(spec.User, s.passwd)
+	if bad != nil {
+		return *bad
+	}
 	base := s.cfg.Env
 	if base == nil {
 		base = os.Environ()
+	}
+	if s.switchUsers {
+		base, _ = mergeEnv(base, id.env())
 	}
 	env, err := mergeEnv(base, spec.Env)
 	if err != nil {
@@ -344,11 +351,14 @@ func (s *server) processStart(c *conn, req *agentproto.Request) agentproto.Event
 	}
 	cwd := spec.Cwd
 	if cwd == "" {
-		cwd = s.cfg.Home
+		cwd = id.home
 	} else if !path.IsAbs(cwd) {
-		cwd = path.Join(s.cfg.Home, cwd)
+		cwd = path.Join(id.home, cwd)
 	}
 	cwd = hostPath(s.cfg.Root, path.Clean(cwd))
+	if st, err := os.Stat(cwd); spec.Cwd == "" && (err != nil || !st.IsDir()) {
+		cwd = hostPath(s.cfg.Root, "/") // a user without a home, as login(1) does
+	}
 	if st, err := os.Stat(cwd); err != nil || !st.IsDir() {
 		return fail(agentproto.CodeBadRequest, "working directory %s does not exist or is not a directory", cwd)
 	}
@@ -357,7 +367,7 @@ func (s *server) processStart(c *conn, req *agentproto.Request) agentproto.Event
 		return fail(agentproto.CodeNotFound, "%s: command not found", spec.Cmd)
 	}
 
-	p, err := s.spawn(exe, spec, env, cwd)
+	p, err := s.spawn(exe, spec, env, cwd, s.credential(id))
 	if err != nil {
 		return failErr(spec.Cmd, err)
 	}
@@ -380,8 +390,9 @@ func (s *server) processStart(c *conn, req *agentproto.Request) agentproto.Event
 	return s.stream(c, p, sb)
 }
 
-// spawn starts the process in its own process group with piped output.
-func (s *server) spawn(exe string, spec *agentproto.ProcessSpec, env []string, cwd string) (*process, error) {
+// spawn starts the process in its own process group with piped output,
+// as cred (nil: as the agent).
+func (s *server) spawn(exe string, spec *agentproto.ProcessSpec, env []string, cwd string, cred *syscall.Credential) (*process, error) {
 	var closeAfter, closeOnError []*os.File
 	defer func() {
 		for _, f := range closeAfter {
@@ -429,7 +440,7 @@ func (s *server) spawn(exe string, spec *agentproto.ProcessSpec, env []string, c
 		Dir:   cwd,
 		Env:   env,
 		Files: []*os.File{stdin, outW, errW},
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: cred},
 	})
 	if err != nil {
 		return fail(err)

@@ -106,7 +106,21 @@ type Request struct {
 	// IncludeEntry (file.watch) adds the changed entry's FileInfo to each
 	// event, when the entry still exists.
 	IncludeEntry bool `json:"include_entry,omitempty"`
+	// User (file.read, file.write, file.list, file.stat, file.mkdir,
+	// file.remove, file.move) is the sandbox user the operation acts as:
+	// its permission checks are that user's, what it creates is that
+	// user's, and relative paths start at that user's home. "" and
+	// UserDefault mean "user"; UserRoot is root inside the sandbox; any
+	// other name must be in the sandbox's /etc/passwd (CodeBadRequest
+	// "unknown user" otherwise).
+	User string `json:"user,omitempty"`
 }
+
+// Sandbox users a request may name (ProcessSpec.User, Request.User).
+const (
+	UserDefault = "user" // uid 1000, home /home/user: the default
+	UserRoot    = "root" // uid 0 inside the sandbox (unprivileged outside it)
+)
 
 // ProcessSpec describes a command to start.
 type ProcessSpec struct {
@@ -124,6 +138,12 @@ type ProcessSpec struct {
 	// MaxOutputBytes caps stdout plus stderr streamed to this connection;
 	// past it the process is killed and Done.Truncated set. 0: no cap.
 	MaxOutputBytes int64 `json:"max_output_bytes,omitempty"`
+	// User runs the process as this sandbox user (see Request.User): ""
+	// and UserDefault run it as "user" with no capabilities; UserRoot as
+	// root with the agent's capabilities, confined to the sandbox's user
+	// namespace. HOME, USER and LOGNAME are the user's, and the default
+	// working directory is the user's home.
+	User string `json:"user,omitempty"`
 }
 
 // ContextSpec describes a code context (a long-lived interpreter).

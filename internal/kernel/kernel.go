@@ -77,6 +77,9 @@ type Options struct {
 	BaseEnv            []string      // the interpreter's environment; the spec's Env is added
 	DefaultCwd         string        // when the spec has none [/home/user]
 	InterruptGrace     time.Duration // SIGINT to SIGKILL [500ms]
+	// Credential is the interpreter's uid, gid and groups; nil: the
+	// caller's own (agent.KernelCredential says which).
+	Credential *syscall.Credential
 }
 
 // Kernel is one context's interpreter. Its methods are safe for concurrent
@@ -202,7 +205,7 @@ func (k *Kernel) start() error {
 		env = append(env, key+"="+k.spec.Env[key])
 	}
 	cmd.Env = env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: k.opt.Credential}
 
 	reqR, reqW, err := os.Pipe()
 	if err != nil {

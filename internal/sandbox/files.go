@@ -12,12 +12,23 @@ import (
 type FileInfo = agentproto.FileInfo
 
 // Paths are resolved by the agent inside the sandbox: relative ones under
-// /home/user, and neither ".." nor symlinks lead out of the sandbox's root.
+// the acting user's home (/home/user by default), and neither ".." nor
+// symlinks lead out of the sandbox's root.
+
+// FileOption changes how a file call acts.
+type FileOption struct{ user string }
+
+// AsUser makes a file call act as a sandbox user: "user" (the default, uid
+// 1000), "root" (root inside the sandbox), or another name from the
+// sandbox's /etc/passwd (ERR_BAD_REQUEST "unknown user" otherwise). The
+// call's permission checks are that user's, what it creates is owned by
+// that user, and relative paths start at that user's home.
+func AsUser(name string) FileOption { return FileOption{user: name} }
 
 // ReadFile copies a file of the sandbox into w; limit > 0 refuses larger files.
-func (s *Sandbox) ReadFile(ctx context.Context, path string, w io.Writer, limit int64) (FileInfo, error) {
+func (s *Sandbox) ReadFile(ctx context.Context, path string, w io.Writer, limit int64, opts ...FileOption) (FileInfo, error) {
 	var info FileInfo
-	err := s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileRead, Path: path, Limit: limit}, nil,
+	err := s.fileCall(ctx, withUser(agentproto.Request{Op: agentproto.OpFileRead, Path: path, Limit: limit}, opts), nil,
 		func(ev agentproto.Event) error {
 			if ev.Type == agentproto.EventFile && ev.Entry != nil {
 				info = *ev.Entry
@@ -33,8 +44,8 @@ func (s *Sandbox) ReadFile(ctx context.Context, path string, w io.Writer, limit 
 // WriteFile writes r to a file of the sandbox, creating its parents. The
 // file appears whole or not at all. mode 0 means 0644; limit > 0 refuses
 // bodies larger than that with ERR_FILE_TOO_LARGE.
-func (s *Sandbox) WriteFile(ctx context.Context, path string, r io.Reader, mode uint32, limit int64) (FileInfo, error) {
-	return s.WriteFileWith(ctx, path, r, WriteOptions{Mode: mode, Limit: limit})
+func (s *Sandbox) WriteFile(ctx context.Context, path string, r io.Reader, mode uint32, limit int64, opts ...FileOption) (FileInfo, error) {
+	return s.WriteFileWith(ctx, path, r, WriteOptions{Mode: mode, Limit: limit}, opts...)
 }
 
 // WriteOptions are WriteFileWith's options.
@@ -49,16 +60,16 @@ type WriteOptions struct {
 }
 
 // WriteFileWith is WriteFile with options.
-func (s *Sandbox) WriteFileWith(ctx context.Context, path string, r io.Reader, opt WriteOptions) (FileInfo, error) {
+func (s *Sandbox) WriteFileWith(ctx context.Context, path string, r io.Reader, opt WriteOptions, opts ...FileOption) (FileInfo, error) {
 	var done agentproto.Event
-	err := s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileWrite, Path: path, Mode: opt.Mode, Limit: opt.Limit, Metadata: opt.Metadata}, r, nil, nil, &done)
+	err := s.fileCall(ctx, withUser(agentproto.Request{Op: agentproto.OpFileWrite, Path: path, Mode: opt.Mode, Limit: opt.Limit, Metadata: opt.Metadata}, opts), r, nil, nil, &done)
 	return entry(done), err
 }
 
 // ListDir lists a directory; depth 1 lists its children, more recurses.
-func (s *Sandbox) ListDir(ctx context.Context, path string, depth int) ([]FileInfo, error) {
+func (s *Sandbox) ListDir(ctx context.Context, path string, depth int, opts ...FileOption) ([]FileInfo, error) {
 	var done agentproto.Event
-	err := s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileList, Path: path, Depth: depth}, nil, nil, nil, &done)
+	err := s.fileCall(ctx, withUser(agentproto.Request{Op: agentproto.OpFileList, Path: path, Depth: depth}, opts), nil, nil, nil, &done)
 	if done.Entries == nil {
 		done.Entries = []FileInfo{}
 	}
@@ -66,28 +77,28 @@ func (s *Sandbox) ListDir(ctx context.Context, path string, depth int) ([]FileIn
 }
 
 // Stat describes one path.
-func (s *Sandbox) Stat(ctx context.Context, path string) (FileInfo, error) {
+func (s *Sandbox) Stat(ctx context.Context, path string, opts ...FileOption) (FileInfo, error) {
 	var done agentproto.Event
-	err := s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileStat, Path: path}, nil, nil, nil, &done)
+	err := s.fileCall(ctx, withUser(agentproto.Request{Op: agentproto.OpFileStat, Path: path}, opts), nil, nil, nil, &done)
 	return entry(done), err
 }
 
-// MakeDir creates a directory and its parents.
-func (s *Sandbox) MakeDir(ctx context.Context, path string) (FileInfo, error) {
+// MakeDir creates a directory (mode 0755) and its parents.
+func (s *Sandbox) MakeDir(ctx context.Context, path string, opts ...FileOption) (FileInfo, error) {
 	var done agentproto.Event
-	err := s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileMkdir, Path: path}, nil, nil, nil, &done)
+	err := s.fileCall(ctx, withUser(agentproto.Request{Op: agentproto.OpFileMkdir, Path: path}, opts), nil, nil, nil, &done)
 	return entry(done), err
 }
 
 // Remove deletes a file, or a directory with everything in it.
-func (s *Sandbox) Remove(ctx context.Context, path string) error {
-	return s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileRemove, Path: path}, nil, nil, nil, nil)
+func (s *Sandbox) Remove(ctx context.Context, path string, opts ...FileOption) error {
+	return s.fileCall(ctx, withUser(agentproto.Request{Op: agentproto.OpFileRemove, Path: path}, opts), nil, nil, nil, nil)
 }
 
 // Move renames a path, creating the target's parents.
-func (s *Sandbox) Move(ctx context.Context, from, to string) (FileInfo, error) {
+func (s *Sandbox) Move(ctx context.Context, from, to string, opts ...FileOption) (FileInfo, error) {
 	var done agentproto.Event
-	err := s.fileCall(ctx, agentproto.Request{Op: agentproto.OpFileMove, Path: from, NewPath: to}, nil, nil, nil, &done)
+	err := s.fileCall(ctx, withUser(agentproto.Request{Op: agentproto.OpFileMove, Path: from, NewPath: to}, opts), nil, nil, nil, &done)
 	return entry(done), err
 }
 
@@ -97,6 +108,16 @@ func (s *Sandbox) fileCall(ctx context.Context, req agentproto.Request, body io.
 		return apierr.New(apierr.BadRequest, "path is required")
 	}
 	return s.do(ctx, req, body, onEvent, onData, done)
+}
+
+// withUser sets the request's user from the last AsUser option.
+func withUser(req agentproto.Request, opts []FileOption) agentproto.Request {
+	for _, o := range opts {
+		if o.user != "" {
+			req.User = o.user
+		}
+	}
+	return req
 }
 
 func entry(ev agentproto.Event) FileInfo {

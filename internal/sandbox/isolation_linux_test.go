@@ -9,10 +9,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
@@ -238,6 +242,48 @@ print(json.dumps({"finit_module": rc1, "init_module": rc2}))`,
 				return nil
 			},
 		},
+		{
+			// The code's parent is the agent (on the host: the test).
+			name: "agent memory",
+			code: `
+def tryopen(p):
+    try:
+        open(p, "rb").close(); return 0
+    except OSError as e:
+        return e.errno or -1
+ppid = os.getppid()
+print(json.dumps({"environ": tryopen("/proc/%d/environ" % ppid), "mem": tryopen("/proc/%d/mem" % ppid)}))`,
+			confined: func(r map[string]any) error {
+				if err := isErr("environ", eacces, eperm)(r); err != nil {
+					return err
+				}
+				return isErr("mem", eacces, eperm)(r)
+			},
+			host: func(r map[string]any) error {
+				if err := isOK("environ")(r); err != nil {
+					return err
+				}
+				return isOK("mem")(r)
+			},
+		},
+		{
+			name:     "chroot",
+			code:     `print(json.dumps({"chroot": err(libc.chroot(b"/"))}))`,
+			confined: isErr("chroot", eperm),
+			host:     isOK("chroot"),
+		},
+		{
+			name: "mknod",
+			code: `
+p = "/tmp/.sheepfold-mknod-%d" % os.getpid()
+try:
+    os.mknod(p, 0o600 | 0o020000, os.makedev(1, 3)); os.unlink(p); rc = 0
+except OSError as e:
+    rc = e.errno
+print(json.dumps({"mknod": rc}))`,
+			confined: isErr("mknod", eperm),
+			host:     isOK("mknod"),
+		},
 	}
 	for _, a := range attacks {
 		t.Run(a.name, func(t *testing.T) {
@@ -249,6 +295,16 @@ print(json.dumps({"finit_module": rc1, "init_module": rc2}))`,
 			}
 			if err := a.confined(got); err != nil {
 				t.Errorf("confinement failed: %v", err)
+			}
+			// Root inside the sandbox (a process with User "root") is
+			// confined as well.
+			res, rootOut, rootErr := runAs(t, s, "root", "/usr/bin/python3", "-c", code)
+			gotRoot, err := parseAttack(rootOut)
+			if err != nil {
+				t.Fatalf("confined run as root: %v (%+v)\nstdout %q\nstderr %q", err, res, rootOut, rootErr)
+			}
+			if err := a.confined(gotRoot); err != nil {
+				t.Errorf("confinement of root failed: %v", err)
 			}
 			out, err := exec.Command("/usr/bin/python3", "-c", code).Output()
 			if err != nil {
@@ -357,5 +413,233 @@ print(n)`)
 	ex = run(t, s, "python", "import os\nos.remove('/home/user/fill')\nopen('/tmp/new', 'w').write('ok')\nopen('/tmp/new').read()")
 	if mainText(ex) != "'ok'" {
 		t.Fatalf("write outside home: %+v", ex)
+	}
+}
+
+// runAs runs a command in s as user and returns its result and output.
+func runAs(t *testing.T, s *sandbox.Sandbox, user, cmd string, args ...string) (*sandbox.ProcessResult, string, string) {
+	t.Helper()
+	var out, errOut strings.Builder
+	res, err := s.Run(context.Background(), sandbox.ProcessSpec{Cmd: cmd, Args: args, User: user, TimeoutMS: 60_000},
+		func(ev agentproto.Event) {
+			switch ev.Type {
+			case agentproto.EventStdout:
+				out.Write(ev.Data)
+			case agentproto.EventStderr:
+				errOut.Write(ev.Data)
+			}
+		})
+	if err != nil {
+		t.Fatalf("run %s as %q: %v", cmd, user, err)
+	}
+	return res, out.String(), errOut.String()
+}
+
+// statusFields picks lines of /proc/<pid>/status.
+func statusFields(status string) map[string]string {
+	m := map[string]string{}
+	for _, line := range strings.Split(status, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			m[k] = strings.Join(strings.Fields(v), " ")
+		}
+	}
+	return m
+}
+
+// agentCapMask is oci.AgentCapabilities as /proc/<pid>/status shows it.
+func agentCapMask(t *testing.T) string {
+	bits := map[string]uint{"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
+	var mask uint64
+	for _, c := range oci.AgentCapabilities {
+		b, ok := bits[c]
+		if !ok {
+			t.Fatalf("capability %s: add its bit here", c)
+		}
+		mask |= 1 << b
+	}
+	return fmt.Sprintf("%016x", mask)
+}
+
+// TestIdentity checks who code runs as: kernels and default processes as
+// "user" with no capabilities, root processes as root with the agent's
+// few; and how that looks from the host (unprivileged uids).
+func TestIdentity(t *testing.T) {
+	m := runcEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{})
+	caps := agentCapMask(t)
+	const script = `cat /proc/self/status; echo "env=$HOME $USER $LOGNAME $(pwd)"; kill -0 $PPID && echo "signal agent: ok"`
+
+	ex := run(t, s, "python", "print(open('/proc/self/status').read())")
+	kernel := statusFields(ex.Stdout)
+	_, out, _ := runAs(t, s, "", "/bin/bash", "-c", script)
+	user := statusFields(out)
+	for name, f := range map[string]map[string]string{"kernel": kernel, "process": user} {
+		want := map[string]string{"Uid": "1000 1000 1000 1000", "Gid": "1000 1000 1000 1000", "Groups": "1000",
+			"CapEff": "0000000000000000", "CapPrm": "0000000000000000", "CapInh": "0000000000000000",
+			"CapAmb": "0000000000000000", "CapBnd": caps, "NoNewPrivs": "1", "Seccomp": "2"}
+		for k, v := range want {
+			if f[k] != v {
+				t.Errorf("%s as user: %s = %q, want %q", name, k, f[k], v)
+			}
+		}
+	}
+	if !strings.Contains(out, "env=/home/user user user /home/user") {
+		t.Errorf("user process environment:\n%s", out)
+	}
+	// The agent is another uid, so user code cannot even signal it;
+	// root can (the same command, so it is spelled right).
+	if strings.Contains(out, "signal agent: ok") {
+		t.Error("user code may signal the agent")
+	}
+
+	_, out, errOut := runAs(t, s, "root", "/bin/bash", "-c", script)
+	root := statusFields(out)
+	for k, v := range map[string]string{"Uid": "0 0 0 0", "Gid": "0 0 0 0", "CapEff": caps, "CapPrm": caps,
+		"CapBnd": caps, "CapInh": "0000000000000000", "CapAmb": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2"} {
+		if root[k] != v {
+			t.Errorf("root process: %s = %q, want %q", k, root[k], v)
+		}
+	}
+	if !strings.Contains(out, "env=/root root root /root") || !strings.Contains(out, "signal agent: ok") {
+		t.Errorf("root process:\n%s%s", out, errOut)
+	}
+
+	// Unknown users are refused.
+	_, err := s.Run(context.Background(), sandbox.ProcessSpec{Cmd: "true", User: "nosuch"}, nil)
+	if apierr.CodeOf(err) != apierr.BadRequest || !strings.Contains(err.Error(), "unknown user") {
+		t.Errorf("unknown user: %v", err)
+	}
+	// A passwd user other than user and root: its own ids.
+	if _, out, _ := runAs(t, s, "nobody", "/usr/bin/id", "-u"); strings.TrimSpace(out) != "65534" {
+		t.Errorf("id -u as nobody: %q", out)
+	}
+
+	// Seen from the host, root inside is the unprivileged uid 1000000 and
+	// user is 1001000; so is the agent.
+	marker := fmt.Sprintf("%d.%d", os.Getpid(), time.Now().UnixNano()%1000)
+	for _, u := range []string{"root", "user"} {
+		if _, err := s.Start(context.Background(), sandbox.ProcessSpec{Cmd: "/bin/sleep", Args: []string{marker + "0" + map[string]string{"root": "1", "user": "2"}[u]}, User: u}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantHost := map[string]string{marker + "01": "1000000", marker + "02": "1001000"}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(wantHost) > 0 && time.Now().Before(deadline) {
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, f := range procs {
+			cmdline, _ := os.ReadFile(f)
+			arg, ok := strings.CutPrefix(string(cmdline), "/bin/sleep\x00")
+			want, mine := wantHost[strings.TrimSuffix(arg, "\x00")]
+			if !ok || !mine {
+				continue
+			}
+			b, _ := os.ReadFile(filepath.Join(filepath.Dir(f), "status"))
+			st := statusFields(string(b))
+			if st["Uid"] != strings.Repeat(want+" ", 3)+want {
+				t.Errorf("host view of %s: Uid %q, want %s", arg, st["Uid"], want)
+			}
+			pb, _ := os.ReadFile("/proc/" + st["PPid"] + "/status")
+			if pst := statusFields(string(pb)); pst["Uid"] != "1000000 1000000 1000000 1000000" {
+				t.Errorf("host view of the agent (pid %s): Uid %q", st["PPid"], pst["Uid"])
+			}
+			delete(wantHost, strings.TrimSuffix(arg, "\x00"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(wantHost) > 0 {
+		t.Errorf("processes not found from the host: %v", wantHost)
+	}
+}
+
+// TestRootWritesStayInSandbox: root inside writes anywhere in its overlay,
+// user only where user may; the template on the host never changes.
+func TestRootWritesStayInSandbox(t *testing.T) {
+	m := runcEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{})
+	ctx := context.Background()
+	rootfs := testutil.TemplateRootFS(t, "python")
+	passwdBefore, err := os.ReadFile(filepath.Join(rootfs, "etc/passwd"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := fmt.Sprintf("sheepfold-root-%d", os.Getpid())
+
+	// Processes.
+	if res, _, errOut := runAs(t, s, "", "/bin/sh", "-c", "echo x > /etc/"+name); res.ExitCode == 0 {
+		t.Errorf("user wrote /etc/%s", name)
+	} else if !strings.Contains(errOut, "Permission denied") {
+		t.Errorf("user writing /etc: %q", errOut)
+	}
+	if res, _, errOut := runAs(t, s, "root", "/bin/sh", "-c",
+		"echo x > /etc/"+name+" && mkdir -p /usr/local/lib/"+name+" && echo root >> /etc/passwd"); res.ExitCode != 0 {
+		t.Fatalf("root writing /etc and /usr: %+v %s", res, errOut)
+	}
+
+	// File calls.
+	var buf strings.Builder
+	if _, err := s.WriteFile(ctx, "/etc/passwd", strings.NewReader("evil"), 0, 0); apierr.CodeOf(err) != apierr.PathNotAllowed {
+		t.Errorf("user writing /etc/passwd by file call: %v", err)
+	}
+	if _, err := s.ReadFile(ctx, "/etc/passwd", &buf, 0); err != nil || strings.Contains(buf.String(), "evil") || !strings.Contains(buf.String(), "user:x:1000") {
+		t.Errorf("/etc/passwd after user's write: %v %q", err, buf.String())
+	}
+	buf.Reset()
+	if err := s.Remove(ctx, "/etc/hostname"); apierr.CodeOf(err) != apierr.PathNotAllowed {
+		t.Errorf("user removing /etc/hostname: %v", err)
+	}
+	if _, err := s.ReadFile(ctx, "/etc/shadow", &buf, 0); apierr.CodeOf(err) != apierr.PathNotAllowed {
+		t.Errorf("user reading /etc/shadow: %v", err)
+	}
+	if _, err := s.ReadFile(ctx, "/etc/shadow", &buf, 0, sandbox.AsUser("root")); err != nil {
+		t.Errorf("root reading /etc/shadow: %v", err)
+	}
+	fi, err := s.WriteFile(ctx, "/etc/"+name+".api", strings.NewReader("x"), 0, 0, sandbox.AsUser("root"))
+	if err != nil || fi.Owner != "root" || fi.Mode != 0o644 {
+		t.Errorf("root writing /etc by file call: %+v %v", fi, err)
+	}
+	if fi, err := s.WriteFile(ctx, "rel.txt", strings.NewReader("x"), 0, 0, sandbox.AsUser("root")); err != nil || fi.Path != "/root/rel.txt" {
+		t.Errorf("root's relative path: %+v %v", fi, err)
+	}
+	fi, err = s.WriteFile(ctx, "/home/user/u.txt", strings.NewReader("x"), 0, 0)
+	if err != nil || fi.Owner != "user" || fi.Group != "user" || fi.Mode != 0o644 {
+		t.Errorf("user's file: %+v %v", fi, err)
+	}
+	fi, err = s.MakeDir(ctx, "/home/user/d/e")
+	if err != nil || fi.Owner != "user" || fi.Mode != 0o755 {
+		t.Errorf("user's directory: %+v %v", fi, err)
+	}
+	if res, out, _ := runAs(t, s, "", "/bin/sh", "-c", "echo more >> /home/user/u.txt && touch /home/user/d/e/f && cat /home/user/u.txt"); res.ExitCode != 0 || out != "xmore\n" {
+		t.Errorf("user code using the user's file and directory: %+v %q", res, out)
+	}
+
+	// A setuid-root binary made by root does not make user root
+	// (no_new_privs). Control: the same on the host gives euid 0.
+	const probe = "import os; print(os.geteuid())"
+	if res, _, errOut := runAs(t, s, "root", "/bin/sh", "-c", "cp /usr/bin/python3 /tmp/suid && chmod 4755 /tmp/suid"); res.ExitCode != 0 {
+		t.Fatalf("root making a setuid binary: %s", errOut)
+	}
+	if _, out, errOut := runAs(t, s, "", "/tmp/suid", "-c", probe); strings.TrimSpace(out) != "1000" {
+		t.Errorf("setuid binary as user: euid %q (%s)", out, errOut)
+	}
+	hostDir := testutil.ShortTempDir(t)
+	os.Chmod(hostDir, 0o755)
+	hostBin := filepath.Join(hostDir, "suid")
+	if out, err := exec.Command("/bin/sh", "-c", "cp /usr/bin/python3 "+hostBin+" && chmod 4755 "+hostBin).CombinedOutput(); err != nil {
+		t.Fatalf("host control: %v %s", err, out)
+	}
+	cmd := exec.Command(hostBin, "-c", probe)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1000, Gid: 1000}}
+	if out, err := cmd.Output(); err != nil || strings.TrimSpace(string(out)) != "0" {
+		t.Errorf("host control: the setuid binary gives euid %q (%v), so this case proves nothing", out, err)
+	}
+
+	// The template is untouched.
+	for _, p := range []string{"etc/" + name, "etc/" + name + ".api", "usr/local/lib/" + name, "root/rel.txt", "tmp/suid", "home/user/u.txt"} {
+		if _, err := os.Lstat(filepath.Join(rootfs, p)); !os.IsNotExist(err) {
+			t.Errorf("template has %s: %v", p, err)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(rootfs, "etc/passwd")); string(b) != string(passwdBefore) {
+		t.Error("the template's /etc/passwd changed")
 	}
 }

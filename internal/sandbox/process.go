@@ -9,7 +9,11 @@ import (
 	"github.com/sheepfold/sheepfold/internal/apierr"
 )
 
-// ProcessSpec describes a command to run in a sandbox.
+// ProcessSpec describes a command to run in a sandbox. Its User is
+// "user" (the default: uid 1000, no capabilities), "root" (root inside the
+// sandbox, holding the agent's few capabilities, all confined to the
+// sandbox's user namespace) or another name from the sandbox's
+// /etc/passwd.
 type ProcessSpec = agentproto.ProcessSpec
 
 // ProcessResult is how a process ended.

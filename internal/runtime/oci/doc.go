@@ -7,12 +7,16 @@
 // listens on and passes to the agent as fd 3 (so no host directory is ever
 // shared with the sandbox). The spec gives the agent, and everything it
 // starts:
-//   - a user namespace: uid 0..65535 inside is IDMap.HostID.. outside, and
-//     the agent runs as uid 1000 ("user");
+//   - a user namespace: uid 0..65535 inside is IDMap.HostID.. outside; the
+//     agent runs as uid 0 inside (unprivileged IDMap.HostID outside) and
+//     starts processes and kernels as uid 1000 ("user") unless a request
+//     asks for root;
 //   - pid, mount, ipc, uts, cgroup and network namespaces; the network has
 //     only lo;
-//   - no capabilities in any set, no_new_privs, Docker's default seccomp
-//     profile less ptrace and process_vm_*;
+//   - the agent holds only AgentCapabilities (bounding, permitted,
+//     effective; none inheritable or ambient), which root processes share
+//     and user processes lose; no_new_privs; Docker's default seccomp
+//     profile (for those capabilities) less ptrace and process_vm_*;
 //   - Docker's masked and read-only /proc and /sys paths, plus the kernel
 //     address files;
 //   - cgroup limits for memory (= memory+swap), pids and CPU, on cgroup v1

@@ -42,6 +42,41 @@ var readonlyPaths = []string{
 // to trace or read another process's memory.
 var deniedSyscalls = []string{"ptrace", "process_vm_readv", "process_vm_writev"}
 
+// AgentCapabilities are the capabilities of the agent (uid 0 in the
+// sandbox's user namespace) in its bounding, permitted and effective sets,
+// and so of processes run as root; user processes have none (the kernel
+// clears permitted and effective when they leave uid 0, no_new_privs keeps
+// setuid binaries and file capabilities from giving any back). Being
+// capabilities of the sandbox's user namespace, they act only on its own
+// objects (inodes owned by its mapped ids, its own processes), never on
+// the host's. Each is needed:
+//   - CAP_SETUID, CAP_SETGID: start processes and kernels as "user" (or
+//     another user), and act as the requested user for file operations
+//     (setfsuid, setfsgid, setgroups);
+//   - CAP_KILL: signal and kill the process groups of those processes,
+//     which run as another uid (timeouts, output caps, process.signal,
+//     kernel interrupts);
+//   - CAP_DAC_OVERRIDE: root's file operations (and root processes) reach
+//     every path in the overlay, including /home/user and files of "user"
+//     whose modes shut others out, as E2B's root can;
+//   - CAP_FOWNER: root may replace, remove and chmod other users' files,
+//     also in sticky directories such as /tmp (a file.write renames over
+//     the old file);
+//   - CAP_CHOWN: root processes can give files away (chown -R user, dpkg,
+//     apt's _apt download sandbox), as in Docker's and Podman's defaults.
+//     The agent itself creates files with the requested user's fsuid and
+//     never chowns.
+//
+// Not granted, among others: CAP_SYS_ADMIN (mounts, namespaces), CAP_NET_*,
+// CAP_SYS_PTRACE, CAP_SYS_MODULE, CAP_MKNOD, CAP_SETPCAP, CAP_SETFCAP,
+// CAP_FSETID, CAP_SYS_CHROOT and CAP_DAC_READ_SEARCH (open_by_handle_at).
+// Docker's seccomp profile, built from this list, therefore keeps refusing
+// the system calls it ties to those (mount, unshare, setns, clone with
+// namespace flags, ptrace, module loading...).
+var AgentCapabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
+}
+
 // specInput is everything buildSpec needs; it does no I/O.
 type specInput struct {
 	Spec      runtime.Spec
@@ -52,8 +87,9 @@ type specInput struct {
 	ShmBytes  int64
 }
 
-// buildSpec writes the OCI spec for one sandbox. The agent runs as uid 1000
-// with no capabilities; see the package doc for the list of defences.
+// buildSpec writes the OCI spec for one sandbox. The agent runs as uid 0
+// inside (IDMap.HostID outside) with AgentCapabilities; see the package
+// doc for the list of defences.
 func buildSpec(in specInput) (*specs.Spec, error) {
 	s := in.Spec
 	hostname := s.Hostname
@@ -61,9 +97,9 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 		hostname = "sandbox"
 	}
 	env := slices.Concat(baseEnv, s.Env)
-	noCaps := &specs.LinuxCapabilities{
-		Bounding: []string{}, Effective: []string{}, Inheritable: []string{},
-		Permitted: []string{}, Ambient: []string{},
+	caps := &specs.LinuxCapabilities{
+		Bounding: slices.Clone(AgentCapabilities), Effective: slices.Clone(AgentCapabilities),
+		Permitted: slices.Clone(AgentCapabilities), Inheritable: []string{}, Ambient: []string{},
 	}
 	shm := in.ShmBytes
 	if shm <= 0 {
@@ -72,11 +108,12 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 	spec := &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
-			User:            specs.User{UID: SandboxUID, GID: SandboxGID, AdditionalGids: []uint32{SandboxGID}},
+			User: specs.User{UID: 0, GID: 0}, // no supplementary groups
+
 			Args:            []string{AgentPath, "init"},
 			Env:             env,
 			Cwd:             SandboxHome,
-			Capabilities:    noCaps,
+			Capabilities:    caps,
 			NoNewPrivileges: true,
 			Rlimits: []specs.POSIXRlimit{
 				{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},

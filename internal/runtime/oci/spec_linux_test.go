@@ -24,12 +24,19 @@ func TestSpecConfinement(t *testing.T) {
 	spec := testSpec(t, runtime.Spec{ID: "abc", Env: []string{"FOO=bar"},
 		Limits: runtime.Limits{MemoryBytes: 256 << 20, CPUs: 1.5, Pids: 64, DiskBytes: 1 << 30}})
 	p := spec.Process
-	if p.User.UID != 1000 || p.User.GID != 1000 || !p.NoNewPrivileges {
+	if p.User.UID != 0 || p.User.GID != 0 || len(p.User.AdditionalGids) != 0 || !p.NoNewPrivileges {
 		t.Errorf("process runs as %+v, no_new_privs %v", p.User, p.NoNewPrivileges)
 	}
+	// The agent is root inside with exactly these capabilities; nothing
+	// is inheritable or ambient, so a process that leaves uid 0 has none.
+	want := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"}
 	c := p.Capabilities
-	for name, set := range map[string][]string{"bounding": c.Bounding, "effective": c.Effective,
-		"inheritable": c.Inheritable, "permitted": c.Permitted, "ambient": c.Ambient} {
+	for name, set := range map[string][]string{"bounding": c.Bounding, "effective": c.Effective, "permitted": c.Permitted} {
+		if got := slices.Sorted(slices.Values(set)); !slices.Equal(got, want) {
+			t.Errorf("%s capabilities: %v, want %v", name, got, want)
+		}
+	}
+	for name, set := range map[string][]string{"inheritable": c.Inheritable, "ambient": c.Ambient} {
 		if len(set) != 0 {
 			t.Errorf("%s capabilities: %v", name, set)
 		}

@@ -1,0 +1,137 @@
+package agent
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+)
+
+// How the agent acts as a sandbox user.
+//
+// In a sandbox the agent is uid 0 of the sandbox's user namespace with a
+// few capabilities (internal/runtime/oci). Processes it starts get the
+// requested user's uid, gid and groups through SysProcAttr.Credential:
+// the kernel clears a process's permitted and effective capabilities when
+// it leaves uid 0, and no_new_privs keeps setuid binaries and file
+// capabilities from giving any back. File operations run on a goroutine
+// locked to its OS thread whose filesystem uid and gid (setfsuid,
+// setfsgid) and groups are the user's: Linux credentials are per thread,
+// and with fsuid not 0 the kernel also clears the thread's filesystem
+// capabilities (CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER...), so every
+// permission check is the user's own and every file it creates is the
+// user's. The thread is handed back to the Go scheduler only once its
+// credentials are verified restored; otherwise it ends with the goroutine.
+// (x/sys/unix makes these calls on the calling thread only, unlike
+// package syscall's Setuid family; and the Go runtime never clones a new
+// thread from a locked one.)
+
+// agentGroups are the agent's own supplementary groups.
+var agentGroups = sync.OnceValues(unix.Getgroups)
+
+// fileOps are the operations asFileUser runs as the requested user.
+var fileOps = map[string]bool{
+	agentproto.OpFileRead: true, agentproto.OpFileWrite: true, agentproto.OpFileList: true,
+	agentproto.OpFileStat: true, agentproto.OpFileMkdir: true, agentproto.OpFileRemove: true,
+	agentproto.OpFileMove: true,
+}
+
+// passwd reads the sandbox's /etc/passwd (as the agent).
+func (s *server) passwd() []byte { return s.files.readSmall("/etc/passwd") }
+
+// asFileUser runs fn, the handler of a file operation, as req.User: with
+// relative paths under that user's home and, when the agent switches
+// users, with the user's filesystem credentials.
+func (s *server) asFileUser(req *agentproto.Request, fn func() agentproto.Event) agentproto.Event {
+	if !fileOps[req.Op] {
+		return fn()
+	}
+	id, bad := s.user(req.User, s.passwd)
+	if bad != nil {
+		return *bad
+	}
+	if id.home != s.cfg.Home {
+		req.Path = inHome(req.Path, id.home)
+		req.NewPath = inHome(req.NewPath, id.home)
+		if req.Op == agentproto.OpFileList && req.Path == "" {
+			req.Path = id.home
+		}
+	}
+	if !s.switchUsers || id.uid == 0 && id.gid == 0 {
+		return fn() // the agent is this user already
+	}
+	groups, err := agentGroups()
+	if err != nil {
+		return failErr("getgroups", err)
+	}
+	runtime.LockOSThread()
+	if err := setFSCreds(id.uid, id.gid, id.groups); err != nil {
+		s.log.Error("act as user", "user", id.name, "err", err)
+		if setFSCreds(0, 0, toUint32s(groups)) == nil {
+			runtime.UnlockOSThread()
+		}
+		return fail(agentproto.CodeInternal, "cannot act as user %s", id.name)
+	}
+	ev := fn()
+	if err := setFSCreds(0, 0, toUint32s(groups)); err != nil {
+		// Leave the thread locked: it ends with this goroutine.
+		s.log.Error("restore the agent's file credentials", "err", err)
+		return ev
+	}
+	runtime.UnlockOSThread()
+	return ev
+}
+
+// setFSCreds sets the calling thread's supplementary groups, fsgid and
+// fsuid, and checks them: setfsuid and setfsgid report no failure.
+func setFSCreds(uid, gid uint32, groups []uint32) error {
+	gs := make([]int, len(groups))
+	for i, g := range groups {
+		gs[i] = int(g)
+	}
+	if err := unix.Setgroups(gs); err != nil {
+		return fmt.Errorf("setgroups: %w", err)
+	}
+	unix.SetfsgidRetGid(int(gid))
+	unix.SetfsuidRetUid(int(uid))
+	// An invalid id (-1) changes nothing and returns the current one.
+	if cur, _ := unix.SetfsgidRetGid(-1); cur != int(gid) {
+		return fmt.Errorf("setfsgid %d: still %d", gid, cur)
+	}
+	if cur, _ := unix.SetfsuidRetUid(-1); cur != int(uid) {
+		return fmt.Errorf("setfsuid %d: still %d", uid, cur)
+	}
+	return nil
+}
+
+func toUint32s(xs []int) []uint32 {
+	out := make([]uint32, len(xs))
+	for i, x := range xs {
+		out[i] = uint32(x)
+	}
+	return out
+}
+
+// credential is what a process of id starts with: nil (the agent's own)
+// unless the agent switches users.
+func (s *server) credential(id identity) *syscall.Credential {
+	if !s.switchUsers {
+		return nil
+	}
+	return &syscall.Credential{Uid: id.uid, Gid: id.gid, Groups: id.groups}
+}
+
+// KernelCredential is the credential of code contexts' interpreters for an
+// agent whose Config.Root is root: the default user "user" (uid and gid
+// 1000, no capabilities) when the agent switches users (it is uid 0 with
+// Root "/", as in a sandbox), nil (the agent's own) otherwise.
+func KernelCredential(root string) *syscall.Credential {
+	if !canSwitchUsers(root) {
+		return nil
+	}
+	return &syscall.Credential{Uid: defaultUID, Gid: defaultGID, Groups: []uint32{defaultGID}}
+}

@@ -1,0 +1,176 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/testutil"
+)
+
+func TestUnknownUserRefused(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, Config{})
+	os.MkdirAll(filepath.Join(a.cfg.Root, "etc"), 0o755)
+	os.WriteFile(filepath.Join(a.cfg.Root, "etc/passwd"), []byte("guest:x:1001:1001::/home/guest:/bin/sh\n"), 0o644)
+	for _, req := range []agentproto.Request{
+		{Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{Cmd: "true", User: "nosuch"}},
+		{Op: agentproto.OpFileStat, Path: "/", User: "nosuch"},
+		{Op: agentproto.OpFileWrite, Path: "/x", User: "a:b"},
+	} {
+		if r := a.call(t, req); r.done.Code != agentproto.CodeBadRequest || !strings.Contains(r.done.Message, "unknown user") {
+			t.Errorf("%s as %q: %+v", req.Op, req.User, r.done)
+		}
+	}
+	// Known users are accepted; an agent that does not switch users (not
+	// uid 0 of a user namespace) acts as itself for all of them.
+	for _, u := range []string{"", "user", "root", "guest"} {
+		a.call(t, agentproto.Request{Op: agentproto.OpFileStat, Path: "/etc", User: u}).mustOK(t)
+	}
+}
+
+// TestActAsUser runs an agent on the host that switches users (as in a
+// sandbox) with its files confined to a temporary root.
+func TestActAsUser(t *testing.T) {
+	testutil.RequireRoot(t)
+	old := canSwitchUsers
+	canSwitchUsers = func(string) bool { return true }
+	t.Cleanup(func() { canSwitchUsers = old })
+
+	root := testutil.ShortTempDir(t)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.Chmod(root, 0o755))
+	for _, d := range []struct {
+		path     string
+		uid, gid int
+		mode     os.FileMode
+	}{{"etc", 0, 0, 0o755}, {"root", 0, 0, 0o700}, {"home/user", 1000, 1000, 0o755}, {"home/guest", 1001, 1001, 0o755}, {"tmp", 0, 0, 0o777}} {
+		p := filepath.Join(root, d.path)
+		must(os.MkdirAll(p, 0o755))
+		must(os.Chown(p, d.uid, d.gid))
+		must(os.Chmod(p, d.mode))
+	}
+	must(os.Chmod(filepath.Join(root, "tmp"), 0o777|os.ModeSticky))
+	passwd := "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\nguest:x:1001:1001::/home/guest:/bin/sh\n"
+	must(os.WriteFile(filepath.Join(root, "etc/passwd"), []byte(passwd), 0o644))
+	must(os.WriteFile(filepath.Join(root, "root/secret"), []byte("s"), 0o600))
+
+	a := startAgent(t, Config{Root: root, Home: "/home/user", Env: []string{"PATH=/usr/bin:/bin"}})
+	owner := func(rel string) (uint32, uint32, os.FileMode) {
+		t.Helper()
+		fi, err := os.Lstat(filepath.Join(root, rel))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		return st.Uid, st.Gid, fi.Mode().Perm()
+	}
+	write := func(p, user string) result {
+		return a.callBody(t, agentproto.Request{Op: agentproto.OpFileWrite, Path: p, User: user}, strings.NewReader("data"))
+	}
+
+	// The default user's files and directories are its own, 0644 / 0755.
+	if r := write("/home/user/a.txt", ""); r.done.Code != "" || r.done.Entry.Owner != "user" {
+		t.Fatalf("write as user: %+v", r.done)
+	}
+	if u, g, m := owner("home/user/a.txt"); u != 1000 || g != 1000 || m != 0o644 {
+		t.Errorf("a.txt: %d:%d %o", u, g, m)
+	}
+	a.call(t, agentproto.Request{Op: agentproto.OpFileMkdir, Path: "d/e"}).mustOK(t)
+	for _, p := range []string{"home/user/d", "home/user/d/e"} {
+		if u, g, m := owner(p); u != 1000 || g != 1000 || m != 0o755 {
+			t.Errorf("%s: %d:%d %o", p, u, g, m)
+		}
+	}
+	// ... and its permission checks are its own: not /etc, not root's files.
+	for _, r := range []result{
+		write("/etc/passwd", "user"),
+		write("/etc/new", ""),
+		a.call(t, agentproto.Request{Op: agentproto.OpFileRemove, Path: "/etc/passwd"}),
+		a.call(t, agentproto.Request{Op: agentproto.OpFileMove, Path: "/etc/passwd", NewPath: "/home/user/p"}),
+		a.call(t, agentproto.Request{Op: agentproto.OpFileRead, Path: "/root/secret"}),
+		a.call(t, agentproto.Request{Op: agentproto.OpFileList, Path: "/root"}),
+	} {
+		if r.done.Code != agentproto.CodePermission {
+			t.Errorf("as user: %+v, want %s", r.done, agentproto.CodePermission)
+		}
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "etc/passwd")); string(b) != passwd {
+		t.Fatalf("user changed /etc/passwd: %q", b)
+	}
+
+	// Root may do all of that; relative paths start at /root.
+	if r := write("/etc/new", "root"); r.done.Code != "" || r.done.Entry.Owner != "root" {
+		t.Fatalf("write /etc/new as root: %+v", r.done)
+	}
+	if r := a.call(t, agentproto.Request{Op: agentproto.OpFileRead, Path: "/root/secret", User: "root"}); r.done.Code != "" || string(r.data) != "s" {
+		t.Errorf("read as root: %+v %q", r.done, r.data)
+	}
+	if r := write("rel.txt", "root"); r.done.Code != "" || r.done.Entry.Path != "/root/rel.txt" {
+		t.Errorf("relative write as root: %+v", r.done)
+	}
+	if r := write("/home/user/a.txt", "root"); r.done.Code != "" {
+		t.Errorf("root replacing user's file: %+v", r.done)
+	}
+	if u, _, m := owner("home/user/a.txt"); u != 0 || m != 0o644 {
+		t.Errorf("a.txt rewritten by root: uid %d mode %o", u, m)
+	}
+	// Another user from passwd: its own home and ids.
+	if r := write("g.txt", "guest"); r.done.Code != "" || r.done.Entry.Path != "/home/guest/g.txt" {
+		t.Errorf("write as guest: %+v", r.done)
+	}
+	if u, g, _ := owner("home/guest/g.txt"); u != 1001 || g != 1001 {
+		t.Errorf("g.txt: %d:%d", u, g)
+	}
+	if r := write("/home/user/g.txt", "guest"); r.done.Code != agentproto.CodePermission {
+		t.Errorf("guest writing user's home: %+v", r.done)
+	}
+
+	// Processes: the user's ids, groups, environment and home; no
+	// capabilities unless root.
+	status := func(user string) (string, string) {
+		t.Helper()
+		r := a.call(t, agentproto.Request{Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{
+			Cmd: "sh", Args: []string{"-c", `grep -E '^(Uid|Gid|Groups|CapEff|CapPrm):' /proc/self/status; echo "$HOME $USER $LOGNAME $(pwd)"`}, User: user}})
+		r.mustOK(t)
+		return r.output(agentproto.EventStdout), r.output(agentproto.EventStderr)
+	}
+	out, errOut := status("")
+	for _, want := range []string{"Uid:\t1000\t1000\t1000\t1000", "Gid:\t1000\t1000\t1000\t1000", "Groups:\t1000",
+		"CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "/home/user user user " + filepath.Join(root, "home/user")} {
+		if !strings.Contains(out, want) {
+			t.Errorf("user process: no %q in\n%s%s", want, out, errOut)
+		}
+	}
+	out, errOut = status("root")
+	for _, want := range []string{"Uid:\t0\t0\t0\t0", "/root root root " + filepath.Join(root, "root")} {
+		if !strings.Contains(out, want) {
+			t.Errorf("root process: no %q in\n%s%s", want, out, errOut)
+		}
+	}
+	if strings.Contains(out, "CapEff:\t0000000000000000") {
+		t.Errorf("root process without capabilities:\n%s", out)
+	}
+
+	// Every thread of the agent is back to its own credentials.
+	tasks, _ := filepath.Glob("/proc/self/task/*/status")
+	for _, f := range tasks {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // the thread ended
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if (strings.HasPrefix(line, "Uid:") || strings.HasPrefix(line, "Gid:")) && line[4:] != "\t0\t0\t0\t0" {
+				t.Errorf("%s: %s", f, line)
+			}
+		}
+	}
+}

@@ -1,0 +1,48 @@
+package agent
+
+import "testing"
+
+func TestLookupUser(t *testing.T) {
+	t.Parallel()
+	passwd := []byte("root:x:0:0:root:/root:/bin/bash\n#guest:x:5:5::/x:/bin/sh\nbad:x:nope:1::/b:/bin/sh\n" +
+		"guest:x:1001:1002:Guest:/home/guest:/bin/sh\nrel:x:7:7::home:/bin/sh\nshort:x:8:8\n")
+	for _, tc := range []struct {
+		name     string
+		ok       bool
+		uid, gid uint32
+		home     string
+	}{
+		{"guest", true, 1001, 1002, "/home/guest"},
+		{"root", true, 0, 0, "/root"},
+		{"rel", true, 7, 7, "/"},
+		{"bad", false, 0, 0, ""},
+		{"short", false, 0, 0, ""},
+		{"#guest", false, 0, 0, ""},
+		{"nobody", false, 0, 0, ""},
+	} {
+		id, ok := lookupUser(passwd, tc.name)
+		if ok != tc.ok || ok && (id.uid != tc.uid || id.gid != tc.gid || id.home != tc.home || len(id.groups) != 1 || id.groups[0] != tc.gid) {
+			t.Errorf("lookupUser(%q) = %+v, %v", tc.name, id, ok)
+		}
+	}
+}
+
+func TestValidUserName(t *testing.T) {
+	t.Parallel()
+	for name, want := range map[string]bool{"user": true, "www-data": true, "_apt": true, "": false, "-x": false,
+		"a:b": false, "a/b": false, "a\nb": false, "a b": false, "012345678901234567890123456789012": false} {
+		if validUserName(name) != want {
+			t.Errorf("validUserName(%q) = %v", name, !want)
+		}
+	}
+}
+
+func TestInHome(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{"": "", "/etc/x": "/etc/x", "a/b": "/root/a/b", "~": "/root",
+		"~/x": "/root/x", "~x": "/root/~x"} {
+		if got := inHome(in, "/root"); got != want {
+			t.Errorf("inHome(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
