@@ -1,9 +1,11 @@
 package oci
 
 import (
+	"encoding/json"
 	"slices"
 	"testing"
 
+	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/sheepfold/sheepfold/internal/runtime"
@@ -121,6 +123,26 @@ func TestSeccompDeniesDangerousSyscalls(t *testing.T) {
 				t.Errorf("socket rule %+v allows AF_VSOCK", a)
 			}
 		}
+	}
+}
+
+// TestAgentCapabilitiesOpenNoSyscalls: Docker's profile allows some system
+// calls only to holders of some capabilities (mount to CAP_SYS_ADMIN,
+// ptrace to CAP_SYS_PTRACE...). The agent's capabilities must open none.
+func TestAgentCapabilitiesOpenNoSyscalls(t *testing.T) {
+	profile := func(caps []string) string {
+		sc, err := seccomp.GetDefaultProfile(&specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: caps}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(sc)
+		return string(b)
+	}
+	if profile(AgentCapabilities) != profile(nil) {
+		t.Error("the agent's capabilities change the seccomp profile")
+	}
+	if profile([]string{"CAP_SYS_ADMIN"}) == profile(nil) {
+		t.Error("CAP_SYS_ADMIN does not change the profile either: the test reads it wrong")
 	}
 }
 
