@@ -26,7 +26,11 @@ import (
 // user's namespace and is not counted as an execution. Manager.Create hands
 // a member out when the request asks for nothing a started sandbox cannot
 // take on, and a filler refills the pool in the background, one sandbox at
-// a time so that refilling takes at most about one core.
+// a time so that refilling takes at most about one core. While members are
+// left, the refill waits until no member has been taken for refillQuiet:
+// starting a member costs about a CPU-second (the imports), which on a small
+// machine would otherwise slow the first requests of the sandbox just
+// handed out. An empty pool refills at once.
 //
 // A member is invisible until it is handed out: it is not in the Manager's
 // table, so Get, List, Kill, the idle stop and MaxSandboxes do not see it
@@ -83,6 +87,10 @@ type PoolStats struct {
 // about a second on an idle core).
 const preloadTimeout = 2 * time.Minute
 
+// refillQuiet is how long the refill of a pool that still has members
+// waits after the last hand-out.
+const refillQuiet = time.Second
+
 type pool struct {
 	m         *Manager
 	size      int
@@ -96,10 +104,11 @@ type pool struct {
 
 	hits, misses atomic.Uint64
 
-	// mu guards ready and closed.
-	mu     sync.Mutex
-	ready  map[string][]*Sandbox // by template, oldest first
-	closed bool
+	// mu guards ready, lastTake and closed.
+	mu       sync.Mutex
+	ready    map[string][]*Sandbox // by template, oldest first
+	lastTake time.Time
+	closed   bool
 }
 
 func newPool(m *Manager) *pool {
@@ -118,14 +127,19 @@ func (p *pool) fill() {
 	defer close(p.done)
 	backoff := time.Second
 	for {
-		tmpl := p.wanting()
-		if tmpl == "" {
+		tmpl, wait := p.wanting()
+		if tmpl == "" || wait > 0 {
+			var quiet <-chan time.Time
+			if wait > 0 {
+				quiet = time.After(wait)
+			}
 			select {
 			case <-p.ctx.Done():
 				return
 			case <-p.wake:
-				continue
+			case <-quiet:
 			}
+			continue
 		}
 		s, err := p.start(tmpl)
 		if err != nil {
@@ -153,16 +167,20 @@ func (p *pool) fill() {
 	}
 }
 
-// wanting returns a template whose pool is short of members, or "".
-func (p *pool) wanting() string {
+// wanting returns a template whose pool is short of members, or "", and
+// how long to wait before starting its next member.
+func (p *pool) wanting() (string, time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, t := range p.templates {
-		if len(p.ready[t]) < p.size {
-			return t
+		if n := len(p.ready[t]); n < p.size {
+			if wait := refillQuiet - time.Since(p.lastTake); n > 0 && wait > 0 {
+				return t, wait
+			}
+			return t, 0
 		}
 	}
-	return ""
+	return "", 0
 }
 
 // start creates one member: the sandbox, its agent, its preloaded kernel.
@@ -255,6 +273,7 @@ func (p *pool) take(tmpl string) *Sandbox {
 		members = members[1:]
 		p.ready[tmpl] = members
 		if s.State() == StateStarting {
+			p.lastTake = time.Now()
 			p.signal()
 			return s
 		}

@@ -242,3 +242,20 @@ func TestPoolSizeZeroIsOff(t *testing.T) {
 		t.Fatalf("stats without a pool: %+v", st)
 	}
 }
+
+// TestPoolRefillWaitsForQuiet checks that a pool with members left does
+// not start a new one right after a hand-out (its imports would compete
+// with the new sandbox's first requests), but does soon after.
+func TestPoolRefillWaitsForQuiet(t *testing.T) {
+	t.Parallel()
+	m, _ := fakeEngine(t, poolConfig(2))
+	waitReady(t, m, 2)
+	if _, err := m.Create(context.Background(), sandbox.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if st := m.PoolStats(); st.Ready != 1 {
+		t.Fatalf("the pool refilled during the quiet time after a hand-out: %+v", st)
+	}
+	waitReady(t, m, 2)
+}
