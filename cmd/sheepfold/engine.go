@@ -18,8 +18,9 @@ type engine struct {
 }
 
 // openEngine starts the runtime (as instance) and the sandbox manager.
-// idle is the idle limit (0: none).
-func openEngine(ctx context.Context, cfg config.Config, instance string, idle time.Duration, log *slog.Logger) (*engine, error) {
+// idle is the idle limit (0: none); opts adjust the manager's Config.
+func openEngine(ctx context.Context, cfg config.Config, instance string, idle time.Duration, log *slog.Logger,
+	opts ...func(*sandbox.Config)) (*engine, error) {
 	rt, err := oci.New(oci.Config{
 		RuntimePath: cfg.RuntimePath, StateDir: cfg.StateDir(), AgentBin: cfg.AgentPath,
 		Instance: instance, Logger: log,
@@ -27,7 +28,7 @@ func openEngine(ctx context.Context, cfg config.Config, instance string, idle ti
 	if err != nil {
 		return nil, err
 	}
-	m, err := sandbox.New(ctx, sandbox.Config{
+	scfg := sandbox.Config{
 		Runtime: rt,
 		Templates: sandbox.TemplatesFunc(func(name string) (string, error) {
 			info, err := template.Get(cfg.DataDir, name)
@@ -35,7 +36,11 @@ func openEngine(ctx context.Context, cfg config.Config, instance string, idle ti
 		}),
 		IdleTimeout: idle,
 		Logger:      log,
-	})
+	}
+	for _, o := range opts {
+		o(&scfg)
+	}
+	m, err := sandbox.New(ctx, scfg)
 	if err != nil {
 		rt.Close()
 		return nil, err

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sheepfold/sheepfold/internal/config"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 	"github.com/sheepfold/sheepfold/internal/template"
 )
@@ -29,6 +30,8 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		logFormat    string
 	)
 	var idleTimeout time.Duration
+	poolSize := sandbox.DefaultPoolSize()
+	instance := "server"
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the REST API (/v1) on --listen",
@@ -52,9 +55,12 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if uploadMB <= 0 {
 				return errors.New("--file-size-upload-mb must be positive")
 			}
+			if poolSize < 0 {
+				return errors.New("--pool must not be negative")
+			}
 			return serve(cmd.Context(), *cfg, listen, server.Config{
 				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version,
-			}, idleTimeout, slog.New(h))
+			}, idleTimeout, slog.New(h), instance, func(c *sandbox.Config) { c.PoolSize = poolSize })
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
@@ -63,10 +69,19 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 10*time.Minute,
 		"stop a sandbox after this long with no request and no CPU use (0: never)")
 	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	cmd.Flags().IntVar(&poolSize, "pool", poolSize,
+		"sandboxes of the python template kept started ahead, pandas, numpy and matplotlib imported (0: no warm pool; default: one per CPU, at most one per 2 GiB)")
+	// The engine instance names the state directory and the cgroup
+	// (sheepfold/<instance>) this server's sandboxes live in; a second
+	// server on the same host (`sheepfold bench` starts one) needs its own,
+	// or each would destroy the other's sandboxes as leftovers.
+	cmd.Flags().StringVar(&instance, "instance", instance, "engine instance name: state directory and cgroup of this server's sandboxes")
+	cmd.Flags().MarkHidden("instance")
 	return cmd
 }
 
-func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Config, idleTimeout time.Duration, log *slog.Logger) (err error) {
+func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Config, idleTimeout time.Duration, log *slog.Logger,
+	instance string, engineOpts ...func(*sandbox.Config)) (err error) {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -91,7 +106,7 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 		log.Info("marked sandboxes of the previous run stopped", "count", n)
 	}
 	// 3. The engine.
-	eng, err := openEngine(ctx, cfg, "server", idleTimeout, log)
+	eng, err := openEngine(ctx, cfg, instance, idleTimeout, log, engineOpts...)
 	if err != nil {
 		return err
 	}
