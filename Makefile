@@ -46,9 +46,9 @@ test: template lint ## everything: unit, privileged (as root), SDK and end-to-en
 	$(PYTHON) -m unittest discover -s sdk/python/tests
 	go test -count=1 -timeout 40m ./...
 
-bench: template ## benchmarks with ratios against a host baseline measured in the same run
-	@go test -run '^$$' -bench . -benchtime 30x ./internal/sandbox/ | tee bench.out
-	@awk '/^Benchmark/ {k=$$1; sub(/-[0-9]+$$/, "", k); ns[k]=$$3} END {b=ns["BenchmarkBaselineHostPython"]; for (k in ns) if (b) printf "%-30s %10.2f ms  %8.3fx baseline\n", k, ns[k]/1e6, ns[k]/b}' bench.out
+BENCH_FLAGS ?=
+bench: template ## a real `sheepfold serve` against host/runc/bwrap baselines (BENCHMARKS.md); also writes bench.json
+	bin/sheepfold bench --json bench.json $(BENCH_FLAGS)
 
 clean: ## remove build outputs (templates stay in $(DATA_DIR))
 	rm -rf bin

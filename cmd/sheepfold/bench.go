@@ -140,10 +140,13 @@ type target struct {
 }
 
 type benchResults struct {
-	Version    string            `json:"version"`
-	Time       time.Time         `json:"time"`
-	CPUs       int               `json:"cpus"`
-	MemoryMiB  int64             `json:"memory_mib"`
+	Version   string    `json:"version"`
+	Time      time.Time `json:"time"`
+	CPUs      int       `json:"cpus"`
+	MemoryMiB int64     `json:"memory_mib"`
+	// Load is /proc/loadavg at the start and at the end: figures taken
+	// while other work ran on the machine are not comparable.
+	Load       [2]string         `json:"loadavg"`
 	Pool       int               `json:"pool"`
 	Baselines  map[string]stat   `json:"baselines"`
 	Scenarios  map[string]stat   `json:"scenarios"`
@@ -167,6 +170,7 @@ func runBench(ctx context.Context, cfg config.Config, o benchOptions) error {
 	}
 	res := &benchResults{Version: version, Time: time.Now().UTC(), CPUs: goruntime.NumCPU(), MemoryMiB: hostMemMiB(),
 		Baselines: map[string]stat{}, Scenarios: map[string]stat{}, Breakdown: map[string]stat{}}
+	res.Load[0] = loadavg()
 
 	// Baselines first, on a quiet machine.
 	fmt.Fprintln(os.Stderr, "bench: baselines (host, runc, bwrap)")
@@ -215,6 +219,7 @@ func runBench(ctx context.Context, cfg config.Config, o benchOptions) error {
 	if v, err := c.Version(ctx); err == nil {
 		res.PoolStats = v.Pool
 	}
+	res.Load[1] = loadavg()
 	res.evaluate()
 	res.print(os.Stdout)
 	if o.jsonOut != "" {
@@ -228,6 +233,15 @@ func runBench(ctx context.Context, cfg config.Config, o benchOptions) error {
 		fmt.Fprintf(os.Stderr, "bench: results written to %s\n", o.jsonOut)
 	}
 	return nil
+}
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func hostMemMiB() int64 {
@@ -836,7 +850,8 @@ func (r *benchResults) evaluate() {
 
 func (r *benchResults) print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(w, "sheepfold bench %s, %s, %d CPUs, %d MiB, warm pool %d\n\n", r.Version, r.Time.Format(time.RFC3339), r.CPUs, r.MemoryMiB, r.Pool)
+	fmt.Fprintf(w, "sheepfold bench %s, %s, %d CPUs, %d MiB, warm pool %d, load %s at start, %s at end\n\n",
+		r.Version, r.Time.Format(time.RFC3339), r.CPUs, r.MemoryMiB, r.Pool, r.Load[0], r.Load[1])
 	fmt.Fprintln(tw, "baseline\tn\tp50 ms\tp95 ms\tp99 ms\t")
 	for _, name := range r.baseOrder {
 		s := r.Baselines[name]
