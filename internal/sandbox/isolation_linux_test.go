@@ -633,6 +633,19 @@ func TestRootWritesStayInSandbox(t *testing.T) {
 		t.Errorf("host control: the setuid binary gives euid %q (%v), so this case proves nothing", out, err)
 	}
 
+	// Root cannot change the agent's binary (a read-only bind mount of a
+	// host file, and init is non-dumpable); the same command appends to
+	// root's own file in /etc.
+	agentBin := testutil.AgentBin(t)
+	binBefore, _ := os.ReadFile(agentBin)
+	if _, out, errOut := runAs(t, s, "root", "/bin/sh", "-c",
+		"for f in /etc/"+name+" /.sheepfold/agent /proc/1/exe; do true >> $f || echo refused $f; done; chmod 777 /.sheepfold/agent || echo refused chmod"); out != "refused /.sheepfold/agent\nrefused /proc/1/exe\nrefused chmod\n" {
+		t.Errorf("root writing the agent's binary: %q %q", out, errOut)
+	}
+	if binAfter, _ := os.ReadFile(agentBin); len(binBefore) == 0 || string(binAfter) != string(binBefore) {
+		t.Error("the agent's binary changed on the host")
+	}
+
 	// The template is untouched.
 	for _, p := range []string{"etc/" + name, "etc/" + name + ".api", "usr/local/lib/" + name, "root/rel.txt", "tmp/suid", "home/user/u.txt"} {
 		if _, err := os.Lstat(filepath.Join(rootfs, p)); !os.IsNotExist(err) {
