@@ -157,6 +157,10 @@ test("a killed sandbox's calls fail as E2B's do", T, async () => {
   await rejectsWith(sbx.files.write('/tmp/y.txt', 'y'), TimeoutError, 'files.write after kill')
   await rejectsWith(sbx.runCode('1 + 1'), TimeoutError, 'runCode after kill')
   await rejectsWith(Sandbox.connect(sbx.sandboxId), SandboxNotFoundError, 'connect after kill')
+  await rejectsWith(sbx.setTimeout(60_000), SandboxNotFoundError, 'setTimeout after kill')
+  await rejectsWith(sbx.commands.list(), TimeoutError, 'commands.list after kill')
+  await rejectsWith(sbx.files.watchDir('/tmp', () => {}), SandboxNotFoundError, 'watchDir after kill')
+  await rejectsWith(sbx.createCodeContext(), TimeoutError, 'createCodeContext after kill')
 })
 
 test('killing a sandbox aborts its running command and code', T, async () => {
