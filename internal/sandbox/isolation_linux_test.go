@@ -467,7 +467,7 @@ func TestIdentity(t *testing.T) {
 	m := runcEngine(t)
 	s := newSandbox(t, m, sandbox.CreateOptions{})
 	caps := agentCapMask(t)
-	const script = `cat /proc/self/status; echo "env=$HOME $USER $LOGNAME $(pwd)"; kill -0 $PPID && echo "signal agent: ok"`
+	const script = `cat /proc/self/status; echo "env=$HOME $USER $LOGNAME $(pwd)"; kill -0 $PPID && echo "signal agent: ok"; kill -0 1 && echo "signal init: ok"`
 
 	ex := run(t, s, "python", "print(open('/proc/self/status').read())")
 	kernel := statusFields(ex.Stdout)
@@ -488,8 +488,8 @@ func TestIdentity(t *testing.T) {
 	}
 	// The agent is another uid, so user code cannot even signal it;
 	// root can (the same command, so it is spelled right).
-	if strings.Contains(out, "signal agent: ok") {
-		t.Error("user code may signal the agent")
+	if strings.Contains(out, "signal agent: ok") || strings.Contains(out, "signal init: ok") {
+		t.Errorf("user code may signal the agent:\n%s", out)
 	}
 
 	_, out, errOut := runAs(t, s, "root", "/bin/bash", "-c", script)
@@ -500,7 +500,7 @@ func TestIdentity(t *testing.T) {
 			t.Errorf("root process: %s = %q, want %q", k, root[k], v)
 		}
 	}
-	if !strings.Contains(out, "env=/root root root /root") || !strings.Contains(out, "signal agent: ok") {
+	if !strings.Contains(out, "env=/root root root /root") || !strings.Contains(out, "signal agent: ok") || !strings.Contains(out, "signal init: ok") {
 		t.Errorf("root process:\n%s%s", out, errOut)
 	}
 
