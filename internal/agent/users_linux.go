@@ -33,11 +33,13 @@ import (
 // agentGroups are the agent's own supplementary groups.
 var agentGroups = sync.OnceValues(unix.Getgroups)
 
-// fileOps are the operations asFileUser runs as the requested user.
+// fileOps are the operations asFileUser runs as the requested user. A
+// file.watch holds its thread for as long as it lasts (all its inotify
+// calls are made by the handler's goroutine).
 var fileOps = map[string]bool{
 	agentproto.OpFileRead: true, agentproto.OpFileWrite: true, agentproto.OpFileList: true,
 	agentproto.OpFileStat: true, agentproto.OpFileMkdir: true, agentproto.OpFileRemove: true,
-	agentproto.OpFileMove: true,
+	agentproto.OpFileMove: true, agentproto.OpFileWatch: true,
 }
 
 // passwd reads the sandbox's /etc/passwd (as the agent).

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/testutil"
@@ -134,6 +135,16 @@ func TestActAsUser(t *testing.T) {
 		t.Errorf("guest writing user's home: %+v", r.done)
 	}
 
+	// A watch is the user's too.
+	if r := a.call(t, agentproto.Request{Op: agentproto.OpFileWatch, Path: "/root"}); r.done.Code != agentproto.CodePermission {
+		t.Errorf("user watching /root: %+v", r.done)
+	}
+	w := a.open(t, agentproto.Request{Op: agentproto.OpFileWatch, Path: "/root", User: "root"})
+	if ev := w.next(); ev.Type != agentproto.EventWatchStart {
+		t.Errorf("root watching /root: %+v", ev)
+	}
+	w.nc.Close()
+
 	// Processes: the user's ids, groups, environment and home; no
 	// capabilities unless root.
 	status := func(user string) (string, string) {
@@ -160,17 +171,28 @@ func TestActAsUser(t *testing.T) {
 		t.Errorf("root process without capabilities:\n%s", out)
 	}
 
-	// Every thread of the agent is back to its own credentials.
-	tasks, _ := filepath.Glob("/proc/self/task/*/status")
-	for _, f := range tasks {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue // the thread ended
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if (strings.HasPrefix(line, "Uid:") || strings.HasPrefix(line, "Gid:")) && line[4:] != "\t0\t0\t0\t0" {
-				t.Errorf("%s: %s", f, line)
+	// Every thread of the agent is back to its own credentials (once the
+	// watch's handler has seen its client leave).
+	var bad []string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		bad = nil
+		tasks, _ := filepath.Glob("/proc/self/task/*/status")
+		for _, f := range tasks {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				continue // the thread ended
+			}
+			for _, line := range strings.Split(string(b), "\n") {
+				if (strings.HasPrefix(line, "Uid:") || strings.HasPrefix(line, "Gid:")) && line[4:] != "\t0\t0\t0\t0" {
+					bad = append(bad, f+": "+line)
+				}
 			}
 		}
+		if len(bad) == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(bad) > 0 {
+		t.Errorf("threads left with a user's credentials: %q", bad)
 	}
 }

@@ -107,12 +107,12 @@ type Request struct {
 	// event, when the entry still exists.
 	IncludeEntry bool `json:"include_entry,omitempty"`
 	// User (file.read, file.write, file.list, file.stat, file.mkdir,
-	// file.remove, file.move) is the sandbox user the operation acts as:
-	// its permission checks are that user's, what it creates is that
-	// user's, and relative paths start at that user's home. "" and
-	// UserDefault mean "user"; UserRoot is root inside the sandbox; any
-	// other name must be in the sandbox's /etc/passwd (CodeBadRequest
-	// "unknown user" otherwise).
+	// file.remove, file.move, file.watch) is the sandbox user the
+	// operation acts as: its permission checks are that user's, what it
+	// creates is that user's, and relative paths start at that user's
+	// home. "" and UserDefault mean "user"; UserRoot is root inside the
+	// sandbox; any other name must be in the sandbox's /etc/passwd
+	// (CodeBadRequest "unknown user" otherwise).
 	User string `json:"user,omitempty"`
 }
 
