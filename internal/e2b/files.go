@@ -147,7 +147,7 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 		writeFilesError(w, http.StatusBadRequest, "path is required")
 		return
 	}
-	fi, err := sb.Stat(ctx, p)
+	fi, err := sb.Stat(ctx, p, as(ctx))
 	if err != nil {
 		abortIfGone(ctx)
 		writeFilesError(w, filesStatus(err), "%s", apierr.From(err).Message)
@@ -170,7 +170,7 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
 	}
 	cw := &countWriter{w: out}
-	if _, err := sb.ReadFile(ctx, p, cw, 0); err != nil {
+	if _, err := sb.ReadFile(ctx, p, cw, 0, as(ctx)); err != nil {
 		if cw.n == 0 && !gz {
 			w.Header().Del("Content-Length")
 			w.Header().Del("Content-Disposition")
@@ -236,7 +236,7 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	write := func(p string, data io.Reader) (fileEntry, bool) {
-		fi, err := sb.WriteFileWith(ctx, homePath(ctx, p), data, sandbox.WriteOptions{Limit: h.cfg.MaxUploadBytes, Metadata: meta})
+		fi, err := sb.WriteFileWith(ctx, homePath(ctx, p), data, sandbox.WriteOptions{Limit: h.cfg.MaxUploadBytes, Metadata: meta}, as(ctx))
 		if err != nil {
 			abortIfGone(ctx)
 			writeFilesError(w, filesStatus(err), "%s", apierr.From(err).Message)

@@ -67,7 +67,7 @@ func homePath(ctx context.Context, p string) string {
 }
 
 func (f *filesystemService) Stat(ctx context.Context, req *connect.Request[filesystempb.StatRequest]) (*connect.Response[filesystempb.StatResponse], error) {
-	fi, err := sandboxFrom(ctx).Stat(ctx, homePath(ctx, req.Msg.Path))
+	fi, err := sandboxFrom(ctx).Stat(ctx, homePath(ctx, req.Msg.Path), as(ctx))
 	if err != nil {
 		return nil, connectError(ctx, err)
 	}
@@ -78,13 +78,13 @@ func (f *filesystemService) Stat(ctx context.Context, req *connect.Request[files
 // already_exists (the SDK then returns false).
 func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[filesystempb.MakeDirRequest]) (*connect.Response[filesystempb.MakeDirResponse], error) {
 	sb, path := sandboxFrom(ctx), homePath(ctx, req.Msg.Path)
-	if fi, err := sb.Stat(ctx, path); err == nil {
+	if fi, err := sb.Stat(ctx, path, as(ctx)); err == nil {
 		if fi.Type == agentproto.FileTypeDir {
 			return nil, connect.NewError(connect.CodeAlreadyExists, errors.New("directory "+fi.Path+" already exists"))
 		}
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New(fi.Path+" exists and is not a directory"))
 	}
-	fi, err := sb.MakeDir(ctx, path)
+	fi, err := sb.MakeDir(ctx, path, as(ctx))
 	if err != nil {
 		return nil, connectError(ctx, err)
 	}
@@ -92,7 +92,7 @@ func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[fi
 }
 
 func (f *filesystemService) Move(ctx context.Context, req *connect.Request[filesystempb.MoveRequest]) (*connect.Response[filesystempb.MoveResponse], error) {
-	fi, err := sandboxFrom(ctx).Move(ctx, homePath(ctx, req.Msg.Source), homePath(ctx, req.Msg.Destination))
+	fi, err := sandboxFrom(ctx).Move(ctx, homePath(ctx, req.Msg.Source), homePath(ctx, req.Msg.Destination), as(ctx))
 	if err != nil {
 		return nil, connectError(ctx, err)
 	}
@@ -102,7 +102,7 @@ func (f *filesystemService) Move(ctx context.Context, req *connect.Request[files
 // ListDir lists entries down to depth levels (at least 1), in path order.
 func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[filesystempb.ListDirRequest]) (*connect.Response[filesystempb.ListDirResponse], error) {
 	depth := max(1, int(req.Msg.Depth))
-	infos, err := sandboxFrom(ctx).ListDir(ctx, homePath(ctx, req.Msg.Path), depth)
+	infos, err := sandboxFrom(ctx).ListDir(ctx, homePath(ctx, req.Msg.Path), depth, as(ctx))
 	if err != nil {
 		return nil, connectError(ctx, err)
 	}
@@ -115,7 +115,7 @@ func (f *filesystemService) ListDir(ctx context.Context, req *connect.Request[fi
 
 // Remove removes a file or a directory tree; a missing path is no error.
 func (f *filesystemService) Remove(ctx context.Context, req *connect.Request[filesystempb.RemoveRequest]) (*connect.Response[filesystempb.RemoveResponse], error) {
-	err := sandboxFrom(ctx).Remove(ctx, homePath(ctx, req.Msg.Path))
+	err := sandboxFrom(ctx).Remove(ctx, homePath(ctx, req.Msg.Path), as(ctx))
 	if err != nil && apierr.CodeOf(err) != apierr.NotFound {
 		return nil, connectError(ctx, err)
 	}

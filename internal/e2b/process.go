@@ -132,9 +132,7 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 		Cmd: m.Process.Cmd, Args: m.Process.Args, Env: m.Process.Envs, Cwd: m.Process.GetCwd(),
 		Tag: m.GetTag(), Stdin: m.Stdin == nil || *m.Stdin,
 	}
-	if err := setUser(&spec, userFrom(ctx)); err != nil {
-		return err
-	}
+	setUser(&spec, userFrom(ctx))
 	if dl, ok := ctx.Deadline(); ok {
 		// envd kills a process at its request's deadline.
 		spec.TimeoutMS = max(1, time.Until(dl).Milliseconds())

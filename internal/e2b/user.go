@@ -1,20 +1,19 @@
 package e2b
 
 import (
-	"errors"
-
-	"connectrpc.com/connect"
+	"context"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
-// setUser makes a process run as the sandbox user a request names.
-func setUser(spec *sandbox.ProcessSpec, user string) error {
-	if user == rootUser {
-		return connect.NewError(connect.CodePermissionDenied, errors.New("running as root is not supported by this server yet"))
-	}
-	return nil
+// setUser makes a process run as the sandbox user a request names: "user"
+// (no capabilities) or "root" (root inside the sandbox's user namespace).
+func setUser(spec *sandbox.ProcessSpec, user string) {
+	spec.User = user
 }
+
+// as is the file-call option for the request's user.
+func as(ctx context.Context) sandbox.FileOption { return sandbox.AsUser(userFrom(ctx)) }
 
 func apierrIsNotFound(err error) bool { return apierr.CodeOf(err) == apierr.NotFound }
