@@ -155,7 +155,7 @@ func fsEvent(ev sandbox.WatchEvent) (*filesystempb.FilesystemEvent, bool) {
 // It ends at the client's deadline, or when the directory is removed.
 func (f *filesystemService) WatchDir(ctx context.Context, req *connect.Request[filesystempb.WatchDirRequest], stream *connect.ServerStream[filesystempb.WatchDirResponse]) error {
 	sb := sandboxFrom(ctx)
-	w, err := sb.WatchDir(ctx, homePath(ctx, req.Msg.Path), sandbox.WatchOptions{Recursive: req.Msg.Recursive, IncludeEntry: req.Msg.IncludeEntry})
+	w, err := sb.WatchDir(ctx, homePath(ctx, req.Msg.Path), sandbox.WatchOptions{Recursive: req.Msg.Recursive, IncludeEntry: req.Msg.IncludeEntry, User: userFrom(ctx)})
 	if err != nil {
 		return connectError(ctx, err)
 	}
@@ -218,7 +218,7 @@ type pollWatcher struct {
 func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[filesystempb.CreateWatcherRequest]) (*connect.Response[filesystempb.CreateWatcherResponse], error) {
 	sb := sandboxFrom(ctx)
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	w, err := sb.WatchDir(wctx, homePath(ctx, req.Msg.Path), sandbox.WatchOptions{Recursive: req.Msg.Recursive, IncludeEntry: req.Msg.IncludeEntry})
+	w, err := sb.WatchDir(wctx, homePath(ctx, req.Msg.Path), sandbox.WatchOptions{Recursive: req.Msg.Recursive, IncludeEntry: req.Msg.IncludeEntry, User: userFrom(ctx)})
 	if err != nil {
 		cancel()
 		return nil, connectError(ctx, err)

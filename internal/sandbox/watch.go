@@ -22,6 +22,9 @@ type WatchOptions struct {
 	// IncludeEntry adds the changed entry's FileInfo to each event, when
 	// the entry still exists.
 	IncludeEntry bool
+	// User is the sandbox user the watch acts as (see AsUser): its
+	// permissions apply and relative paths start at its home.
+	User string
 }
 
 // Kinds of change in WatchEvent.Op.
@@ -87,7 +90,7 @@ func (s *Sandbox) WatchDir(ctx context.Context, path string, opt WatchOptions) (
 		return nil, fmt.Errorf("dial agent: %w", err)
 	}
 	first, err := startWatch(ctx, nc, agentproto.Request{
-		Op: agentproto.OpFileWatch, Path: path, Recursive: opt.Recursive, IncludeEntry: opt.IncludeEntry,
+		Op: agentproto.OpFileWatch, Path: path, Recursive: opt.Recursive, IncludeEntry: opt.IncludeEntry, User: opt.User,
 	})
 	if err != nil {
 		nc.Close()
