@@ -212,7 +212,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	m.mu.Unlock()
 
 	inst, err := m.cfg.Runtime.Create(ctx, runtime.Spec{
-		ID: s.ID, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: env,
+		ID: s.ID, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: append(threadEnv(limits, opt.Env), env...),
 	})
 	if err != nil {
 		m.forget(s.ID)

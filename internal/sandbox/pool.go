@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	goruntime "runtime"
 	"strconv"
@@ -216,9 +217,31 @@ func (p *pool) start(tmpl string) (*Sandbox, error) {
 	return s, nil
 }
 
-// runtimeSpec is what the runtime is asked to start for s.
+// runtimeSpec is what the runtime is asked to start for a pool member.
 func runtimeSpec(s *Sandbox, rootfs string) runtime.Spec {
-	return runtime.Spec{ID: s.ID, RootFS: rootfs, Limits: s.Limits, ReadOnly: s.ReadOnly}
+	return runtime.Spec{ID: s.ID, RootFS: rootfs, Limits: s.Limits, ReadOnly: s.ReadOnly, Env: threadEnv(s.Limits, nil)}
+}
+
+// threadVars size the thread pools of numerical libraries.
+var threadVars = []string{"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"}
+
+// threadEnv sizes numerical libraries' thread pools to the sandbox's CPU
+// limit (rounded up), except where the caller set the variable. OpenBLAS
+// otherwise starts a worker per host CPU, and idle workers spin: under a
+// one-CPU quota a matplotlib savefig took twice as long, the spinning
+// worker eating half the quota. Every sandbox gets the same, pooled or not.
+func threadEnv(l runtime.Limits, user map[string]string) []string {
+	if l.CPUs <= 0 {
+		return nil
+	}
+	n := strconv.Itoa(int(math.Ceil(l.CPUs)))
+	var out []string
+	for _, v := range threadVars {
+		if _, ok := user[v]; !ok {
+			out = append(out, v+"="+n)
+		}
+	}
+	return out
 }
 
 // preloadModules starts the default Python context and imports modules

@@ -259,3 +259,37 @@ func TestPoolRefillWaitsForQuiet(t *testing.T) {
 	}
 	waitReady(t, m, 2)
 }
+
+// TestThreadEnv checks that numerical libraries' thread pools are sized to
+// the CPU limit, the caller's own setting wins, and a pooled sandbox gets
+// what a fresh one gets.
+func TestThreadEnv(t *testing.T) {
+	t.Parallel()
+	m, _ := fakeEngine(t, poolConfig(1))
+	waitReady(t, m, 1)
+	ctx := context.Background()
+	const code = "import os; os.environ.get('OPENBLAS_NUM_THREADS'), os.environ.get('OMP_NUM_THREADS')"
+	tests := []struct {
+		name   string
+		opt    sandbox.CreateOptions
+		pooled bool
+		want   string
+	}{
+		{"pooled", sandbox.CreateOptions{}, true, "('1', '1')"},
+		{"1.5 CPUs", sandbox.CreateOptions{Limits: runtime.Limits{CPUs: 1.5}}, false, "('2', '2')"},
+		{"caller's own", sandbox.CreateOptions{Env: map[string]string{"OPENBLAS_NUM_THREADS": "4"}}, false, "('4', '1')"},
+	}
+	for _, tt := range tests {
+		s, err := m.Create(ctx, tt.opt)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if s.FromPool() != tt.pooled {
+			t.Fatalf("%s: pooled %v", tt.name, s.FromPool())
+		}
+		ex, err := s.Execute(ctx, sandbox.ExecuteRequest{Code: code}, nil)
+		if err != nil || len(ex.Results) != 1 || ex.Results[0].Text != tt.want {
+			t.Errorf("%s: %v %+v, want %s", tt.name, err, ex, tt.want)
+		}
+	}
+}
