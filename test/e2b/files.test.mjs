@@ -121,6 +121,21 @@ test('new files are 0644 and directories 0755, owned by user', T, async () => {
   await rejectsWith(sbx.files.getInfo('/home/user/no-such'), FileNotFoundError, 'getInfo of a missing path')
 })
 
+test("user:'root' file calls act as root", T, async () => {
+  const w = await sbx.files.write('/root/by-root.txt', 'root was here', { user: 'root' })
+  assert.equal(w.path, '/root/by-root.txt')
+  const f = await sbx.files.getInfo('/root/by-root.txt', { user: 'root' })
+  assert.equal(f.owner, 'root')
+  assert.equal(f.group, 'root')
+  assert.equal(f.mode.toString(8), '644')
+  assert.equal(await sbx.files.read('/root/by-root.txt', { user: 'root' }), 'root was here')
+  assert.equal(await sbx.files.makeDir('/opt/made-by-root', { user: 'root' }), true)
+  assert.equal((await sbx.files.getInfo('/opt/made-by-root')).owner, 'root')
+  // Relative paths resolve against root's home.
+  const rel = await sbx.files.write('rel-root.txt', 'r', { user: 'root' })
+  assert.equal(rel.path, '/root/rel-root.txt')
+})
+
 test('list with depth', T, async () => {
   await sbx.files.write([
     { path: '/home/user/tree/f1.txt', data: '1' },
