@@ -148,7 +148,7 @@ type ProcessSpec struct {
 
 // ContextSpec describes a code context (a long-lived interpreter).
 type ContextSpec struct {
-	Language string            `json:"language"` // python, javascript or bash
+	Language string            `json:"language"` // python, javascript, typescript or bash
 	Cwd      string            `json:"cwd,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
 }

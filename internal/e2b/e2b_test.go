@@ -53,12 +53,12 @@ func TestPageCursorRoundTrip(t *testing.T) {
 
 func TestLanguage(t *testing.T) {
 	t.Parallel()
-	for in, want := range map[string]string{"": "python", " Python ": "python", "js": "javascript", "JavaScript": "javascript", "bash": "bash"} {
+	for in, want := range map[string]string{"": "python", " Python ": "python", "js": "javascript", "JavaScript": "javascript", "ts": "typescript", "bash": "bash"} {
 		if got, err := language(in); err != nil || got != want {
 			t.Errorf("language(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"r", "typescript", "cobol"} {
+	for _, in := range []string{"r", "java", "cobol"} {
 		if _, err := language(in); err == nil {
 			t.Errorf("language(%q) accepted", in)
 		}

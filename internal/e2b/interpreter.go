@@ -63,10 +63,12 @@ func language(s string) (string, error) {
 		return "python", nil
 	case "js", "javascript", "node":
 		return "javascript", nil
+	case "ts", "typescript":
+		return "typescript", nil
 	case "bash", "sh":
 		return "bash", nil
 	default:
-		return "", fmt.Errorf("language %q is not available in this sandbox (python, javascript and bash are)", s)
+		return "", fmt.Errorf("language %q is not available in this sandbox (python, javascript, typescript and bash are)", s)
 	}
 }
 

@@ -56,7 +56,7 @@ var (
 var ErrUnsupported = errors.New("unsupported language")
 
 // Languages lists the canonical language names.
-func Languages() []string { return []string{"python", "javascript", "bash"} }
+func Languages() []string { return []string{"python", "javascript", "typescript", "bash"} }
 
 // Canonical maps a language name or alias to its canonical name.
 func Canonical(lang string) (string, error) {
@@ -65,10 +65,12 @@ func Canonical(lang string) (string, error) {
 		return "python", nil
 	case "javascript", "js", "node", "nodejs":
 		return "javascript", nil
+	case "typescript", "ts":
+		return "typescript", nil
 	case "bash", "sh", "shell":
 		return "bash", nil
 	}
-	return "", fmt.Errorf("%w: %q (supported: python, javascript, bash)", ErrUnsupported, lang)
+	return "", fmt.Errorf("%w: %q (supported: python, javascript, typescript, bash)", ErrUnsupported, lang)
 }
 
 // Options configure how kernels start.
@@ -181,7 +183,7 @@ func (k *Kernel) command() *exec.Cmd {
 	switch k.lang {
 	case "python":
 		return exec.Command(k.opt.Python, "-c", pythonDriver, pythonCharts)
-	case "javascript":
+	case "javascript", "typescript": // TypeScript is transpiled by Execute
 		return exec.Command(k.opt.Node, "-e", nodeDriver)
 	default:
 		return exec.Command(k.opt.Bash, "--noprofile", "--norc", "-c", bashDriver)
@@ -411,6 +413,18 @@ func (k *Kernel) Execute(ctx context.Context, spec agentproto.ExecuteSpec, emit 
 	if spec.Preload != nil && k.lang != "python" {
 		done.Code, done.Message = agentproto.CodeUnsupported, "preloading modules needs a python context"
 		return done
+	}
+	if k.lang == "typescript" {
+		js, perr := transpileTS(spec.Code)
+		if perr != nil {
+			done.Status = agentproto.StatusError
+			done.Stats = &agentproto.Stats{DurationMS: float64(time.Since(start).Microseconds()) / 1000}
+			if err := emit(agentproto.Event{Type: agentproto.EventError, Error: perr}); err != nil {
+				done.Code, done.Message = agentproto.CodeInternal, err.Error()
+			}
+			return done
+		}
+		spec.Code = js
 	}
 	if k.p == nil || !k.p.alive() {
 		if k.p != nil {
