@@ -383,7 +383,7 @@ func (m *Manager) fromPool(opt CreateOptions, limits runtime.Limits) (s *Sandbox
 	// Until it is in the table the member is ours alone: its life as the
 	// caller's sandbox starts now.
 	now := time.Now()
-	s.Metadata = opt.Metadata
+	s.Metadata, s.Env = opt.Metadata, opt.Env
 	s.Created = now
 	s.mu.Lock()
 	s.state = StateRunning
