@@ -111,7 +111,7 @@ func summarize(ms []float64) stat {
 
 func since(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }
 
-type throughput struct {
+type throughputResult struct {
 	Clients    int     `json:"clients"`
 	Executions int     `json:"executions"`
 	Errors     int     `json:"errors"`
@@ -146,18 +146,18 @@ type benchResults struct {
 	MemoryMiB int64     `json:"memory_mib"`
 	// Load is /proc/loadavg at the start and at the end: figures taken
 	// while other work ran on the machine are not comparable.
-	Load       [2]string         `json:"loadavg"`
-	Pool       int               `json:"pool"`
-	Baselines  map[string]stat   `json:"baselines"`
-	Scenarios  map[string]stat   `json:"scenarios"`
-	Throughput []throughput      `json:"throughput"`
-	Density    *density          `json:"density,omitempty"`
-	Targets    []target          `json:"targets"`
-	Notes      []string          `json:"notes,omitempty"`
-	PoolStats  *client.PoolStats `json:"pool_stats,omitempty"`
-	Breakdown  map[string]stat   `json:"breakdown,omitempty"` // the ticket's steps
-	order      []string          // scenario print order
-	baseOrder  []string          // baseline print order
+	Load       [2]string          `json:"loadavg"`
+	Pool       int                `json:"pool"`
+	Baselines  map[string]stat    `json:"baselines"`
+	Scenarios  map[string]stat    `json:"scenarios"`
+	Throughput []throughputResult `json:"throughput"`
+	Density    *density           `json:"density,omitempty"`
+	Targets    []target           `json:"targets"`
+	Notes      []string           `json:"notes,omitempty"`
+	PoolStats  *client.PoolStats  `json:"pool_stats,omitempty"`
+	Breakdown  map[string]stat    `json:"breakdown,omitempty"` // the ticket's steps
+	order      []string           // scenario print order
+	baseOrder  []string           // baseline print order
 }
 
 func runBench(ctx context.Context, cfg config.Config, o benchOptions) error {
@@ -699,7 +699,7 @@ func (b *bencher) throughput(ctx context.Context) error {
 		}
 		wg.Wait()
 		elapsed := time.Since(start).Seconds()
-		b.res.Throughput = append(b.res.Throughput, throughput{Clients: clients, Executions: len(lat),
+		b.res.Throughput = append(b.res.Throughput, throughputResult{Clients: clients, Executions: len(lat),
 			Errors: int(errCount.Load()), PerSecond: float64(len(lat)) / elapsed, Latency: summarize(lat)})
 	}
 	return nil
