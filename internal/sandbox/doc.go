@@ -1,6 +1,8 @@
 // Package sandbox is the engine: it creates sandboxes through a
 // runtime.Runtime, talks to the agent inside each one, runs code, commands
-// and file operations there, and enforces lifetimes.
+// and file operations there, and enforces lifetimes. A warm pool
+// (pool.go) keeps sandboxes started ahead, their Python libraries
+// imported, and hands them out on Create.
 //
 // A sandbox moves through the states Starting → Running → Stopping →
 // Stopped, one way only; an operation on a sandbox that is not Running
