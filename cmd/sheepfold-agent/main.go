@@ -46,7 +46,7 @@ var version = "dev"
 const listenerFD = 3
 
 // languages are the canonical languages the kernel package drives.
-var languages = []string{"python", "javascript", "bash"}
+var languages = kernel.Languages()
 
 func main() {
 	if len(os.Args) < 2 {
