@@ -2,12 +2,15 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -31,7 +34,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	)
 	var idleTimeout time.Duration
 	poolSize := sandbox.DefaultPoolSize()
-	instance := "server"
+	instance := ""
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the REST API (/v1) on --listen",
@@ -58,6 +61,9 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if poolSize < 0 {
 				return errors.New("--pool must not be negative")
 			}
+			if instance == "" {
+				instance = serverInstance(cfg.DataDir)
+			}
 			return serve(cmd.Context(), *cfg, listen, server.Config{
 				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version,
 			}, idleTimeout, slog.New(h), instance, func(c *sandbox.Config) { c.PoolSize = poolSize })
@@ -74,8 +80,10 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	// The engine instance names the state directory and the cgroup
 	// (sheepfold/<instance>) this server's sandboxes live in; a second
 	// server on the same host (`sheepfold bench` starts one) needs its own,
-	// or each would destroy the other's sandboxes as leftovers.
-	cmd.Flags().StringVar(&instance, "instance", instance, "engine instance name: state directory and cgroup of this server's sandboxes")
+	// or each would destroy the other's sandboxes as leftovers. The default
+	// is derived from the data dir: a restarted server finds its own
+	// leftovers, and servers of different data dirs stay apart.
+	cmd.Flags().StringVar(&instance, "instance", "", "engine instance name: state directory and cgroup of this server's sandboxes (default: server-<hash of the data dir>)")
 	cmd.Flags().MarkHidden("instance")
 	return cmd
 }
@@ -163,4 +171,13 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 	}
 	log.Info("stopped")
 	return err
+}
+
+// serverInstance names the engine instance of a server on dataDir.
+func serverInstance(dataDir string) string {
+	if abs, err := filepath.Abs(dataDir); err == nil {
+		dataDir = abs
+	}
+	sum := sha256.Sum256([]byte(filepath.Clean(dataDir)))
+	return "server-" + hex.EncodeToString(sum[:4])
 }
