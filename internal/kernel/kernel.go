@@ -34,7 +34,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -105,16 +104,20 @@ type proc struct {
 	ctl    chan ctlMsg
 	exited chan struct{} // closed when the process has been waited for
 
-	pipes    []syscall.Conn // read ends of stdout and stderr
-	inflight atomic.Int32   // chunks read by a pump but not yet queued on out
+	pipes []syscall.Conn // read ends of stdout and stderr
+	// readMu is held by a pump from each read of a pipe until the chunk
+	// read is queued on out, so that a reader holding it sees output
+	// either in the pipes or queued, never in between.
+	readMu sync.Mutex
 }
 
 // unread reports whether output waits in the pipes or between a pump's
 // read and its queueing.
 func (p *proc) unread() bool {
-	if p.inflight.Load() > 0 {
-		return true
+	if !p.readMu.TryLock() {
+		return true // a pump is between a read and its queueing
 	}
+	defer p.readMu.Unlock()
 	for _, c := range p.pipes {
 		rc, err := c.SyscallConn()
 		if err != nil {
@@ -277,17 +280,55 @@ func (p *proc) pump(stream int, r io.Reader, wg *sync.WaitGroup) {
 	defer wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
-		n, err := r.Read(buf)
+		n, held, err := p.read(r, buf)
 		if n > 0 {
-			p.inflight.Add(1)
 			p.out <- chunk{stream: stream, data: bytes.Clone(buf[:n])}
-			p.inflight.Add(-1)
+		}
+		if held {
+			p.readMu.Unlock()
 		}
 		if err != nil {
 			p.out <- chunk{stream: stream, eof: true}
 			return
 		}
 	}
+}
+
+// read reads a pipe once it is readable, taking readMu for the read; held
+// says whether the caller must release it (after queueing what was read).
+func (p *proc) read(r io.Reader, buf []byte) (n int, held bool, err error) {
+	c, ok := r.(syscall.Conn)
+	if !ok {
+		n, err = r.Read(buf)
+		return n, false, err
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		n, err = r.Read(buf)
+		return n, false, err
+	}
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		p.readMu.Lock()
+		n, rerr = syscall.Read(int(fd), buf)
+		if rerr == syscall.EAGAIN || rerr == syscall.EINTR {
+			p.readMu.Unlock()
+			return false // wait until readable
+		}
+		held = true
+		return true
+	})
+	switch {
+	case err != nil:
+	case rerr != nil:
+		err = rerr
+	case n == 0:
+		err = io.EOF
+	}
+	if n < 0 {
+		n = 0
+	}
+	return n, held, err
 }
 
 func closeAll(fs ...*os.File) error {
@@ -554,21 +595,32 @@ func (k *Kernel) Execute(ctx context.Context, spec agentproto.ExecuteSpec, emit 
 		pending[c.stream] = bytes.Clone(buf[len(buf)-keep:])
 	}
 	// settle forwards the output written before a result arrived, so that
-	// events keep the order in which the code produced them: it takes what
-	// is queued until the pipes hold nothing unread (for at most 20 ms).
-	settle := func() {
-		deadline := time.Now().Add(20 * time.Millisecond)
+	// events keep the order in which the code produced them: once the
+	// pipes hold nothing unread (and no pump is between a read and its
+	// queueing), all of it is queued; take what is queued. It waits at
+	// most a second for a busy pump.
+	drainQueued := func() {
 		for out != nil {
 			select {
 			case c, ok := <-out:
 				handle(c, ok)
-				continue
 			default:
-			}
-			if !p.unread() || time.Now().After(deadline) {
 				return
 			}
-			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	settle := func() {
+		deadline := time.Now().Add(time.Second)
+		for out != nil {
+			drainQueued()
+			if !p.unread() {
+				drainQueued()
+				return
+			}
+			if time.Now().After(deadline) {
+				return
+			}
+			time.Sleep(50 * time.Microsecond)
 		}
 	}
 loop:

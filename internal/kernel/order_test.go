@@ -15,27 +15,27 @@ func TestEventOrder(t *testing.T) {
 	t.Parallel()
 	for lang, src := range map[string]string{
 		"python":     "print('a')\ndisplay(1)\nprint('b', end='')\n2",
-		"javascript": "console.log('a'); 1",
+		"javascript": "console.log('a'); console.log('b'); 1",
 	} {
 		k := start(t, lang, nil)
-		want := map[string]string{"python": "stdout:a\n result:1 stdout:b result:2", "javascript": "stdout:a\n result:1"}[lang]
-		if lang == "python" {
-			// A sleep after each result keeps later output from overtaking it.
-			src = "import time\nprint('a')\ndisplay(1); time.sleep(0.01)\nprint('b', end='')\n2"
-		}
 		for i := 0; i < 30; i++ {
-			var seq []string
+			var before, stdout strings.Builder // stdout before the first result, and all of it
+			var results []string
 			k.Execute(context.Background(), code(src), func(ev agentproto.Event) error {
 				switch ev.Type {
 				case agentproto.EventStdout:
-					seq = append(seq, "stdout:"+string(ev.Data))
+					stdout.Write(ev.Data)
+					if len(results) == 0 {
+						before.Write(ev.Data)
+					}
 				case agentproto.EventResult:
-					seq = append(seq, "result:"+ev.Result.Text)
+					results = append(results, ev.Result.Text)
 				}
 				return nil
 			})
-			if got := strings.Join(seq, " "); got != want {
-				t.Fatalf("%s run %d: events %q, want %q", lang, i, got, want)
+			if !strings.HasPrefix(before.String(), "a\n") || !strings.HasPrefix("a\nb\n", stdout.String()) ||
+				len(results) == 0 || results[0] != "1" {
+				t.Fatalf("%s run %d: stdout before the first result %q, all %q, results %q", lang, i, before.String(), stdout.String(), results)
 			}
 		}
 	}
