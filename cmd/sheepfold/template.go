@@ -41,7 +41,19 @@ func templateCmd(cfg *config.Config) *cobra.Command {
 				opt.Log = f
 			}
 			var bar *progressbar.ProgressBar
-			if !quiet {
+			// Not a terminal (CI logs): one line per step, no redrawn bar.
+			fi, _ := os.Stderr.Stat()
+			tty := fi != nil && fi.Mode()&os.ModeCharDevice != 0
+			lastStep := ""
+			if !quiet && !tty {
+				opt.Progress = func(step string, done, total int) {
+					if step != lastStep {
+						lastStep = step
+						fmt.Fprintf(os.Stderr, "template %s: %s\n", def.Name, step)
+					}
+				}
+			}
+			if !quiet && tty {
 				opt.Progress = func(step string, done, total int) {
 					if bar == nil {
 						bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(os.Stderr),
