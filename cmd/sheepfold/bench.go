@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -168,7 +167,7 @@ func runBench(ctx context.Context, cfg config.Config, o benchOptions) error {
 	if err != nil {
 		return fmt.Errorf("the python template is needed (make template): %w", err)
 	}
-	res := &benchResults{Version: version, Time: time.Now().UTC(), CPUs: goruntime.NumCPU(), MemoryMiB: hostMemMiB(),
+	res := &benchResults{Version: version, Time: time.Now().UTC(), CPUs: goruntime.NumCPU(), MemoryMiB: sandbox.HostMemory() >> 20,
 		Baselines: map[string]stat{}, Scenarios: map[string]stat{}, Breakdown: map[string]stat{}}
 	res.Load[0] = loadavg()
 
@@ -242,22 +241,6 @@ func loadavg() string {
 		return ""
 	}
 	return strings.Join(f[:3], " ")
-}
-
-func hostMemMiB() int64 {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "MemTotal:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			return kb >> 10
-		}
-	}
-	return 0
 }
 
 // baselines times `/usr/bin/python3 -c pass` on the host, in a bare runc

@@ -53,14 +53,14 @@ var DefaultPoolPreload = []string{"numpy", "pandas", "matplotlib", "matplotlib.p
 // sandbox with pandas, numpy and matplotlib loaded (≈ 100 MiB).
 func DefaultPoolSize() int {
 	n := goruntime.NumCPU()
-	if mem := memTotal(); mem > 0 {
+	if mem := HostMemory(); mem > 0 {
 		n = min(n, int(mem/(2<<30)))
 	}
 	return max(0, min(n, 8))
 }
 
-// memTotal reads MemTotal from /proc/meminfo in bytes (0 if unknown).
-func memTotal() int64 {
+// HostMemory reads MemTotal from /proc/meminfo in bytes (0 if unknown).
+func HostMemory() int64 {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
 		return 0
