@@ -148,7 +148,9 @@ type ProcessSpec struct {
 
 // ContextSpec describes a code context (a long-lived interpreter).
 type ContextSpec struct {
-	Language string            `json:"language"` // python, javascript, typescript or bash
+	// Language is python, javascript, typescript or bash. A typescript
+	// context runs on Node: the host sends its cells already transpiled.
+	Language string            `json:"language"`
 	Cwd      string            `json:"cwd,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
 }

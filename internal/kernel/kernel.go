@@ -186,7 +186,7 @@ func (k *Kernel) command() *exec.Cmd {
 	switch k.lang {
 	case "python":
 		return exec.Command(k.opt.Python, "-c", pythonDriver, pythonCharts)
-	case "javascript", "typescript": // TypeScript is transpiled by Execute
+	case "javascript", "typescript": // the host sends TypeScript cells transpiled
 		return exec.Command(k.opt.Node, "-e", nodeDriver)
 	default:
 		return exec.Command(k.opt.Bash, "--noprofile", "--norc", "-c", bashDriver)
@@ -454,18 +454,6 @@ func (k *Kernel) Execute(ctx context.Context, spec agentproto.ExecuteSpec, emit 
 	if spec.Preload != nil && k.lang != "python" {
 		done.Code, done.Message = agentproto.CodeUnsupported, "preloading modules needs a python context"
 		return done
-	}
-	if k.lang == "typescript" {
-		js, perr := transpileTS(spec.Code)
-		if perr != nil {
-			done.Status = agentproto.StatusError
-			done.Stats = &agentproto.Stats{DurationMS: float64(time.Since(start).Microseconds()) / 1000}
-			if err := emit(agentproto.Event{Type: agentproto.EventError, Error: perr}); err != nil {
-				done.Code, done.Message = agentproto.CodeInternal, err.Error()
-			}
-			return done
-		}
-		spec.Code = js
 	}
 	if k.p == nil || !k.p.alive() {
 		if k.p != nil {

@@ -301,3 +301,17 @@ func TestRestartAndCanonical(t *testing.T) {
 		t.Error("cobol accepted")
 	}
 }
+
+// TestTypeScriptContext checks that a typescript context runs on Node: the
+// host sends it transpiled cells (internal/sandbox), so plain JavaScript
+// runs and type syntax is Node's syntax error.
+func TestTypeScriptContext(t *testing.T) {
+	t.Parallel()
+	k := start(t, "ts", nil)
+	if k.Language() != "typescript" {
+		t.Fatalf("language %q", k.Language())
+	}
+	if r := run(t, k, code("const a = 20; a * 2 + 2")); r.err != nil || main(r) != "42" {
+		t.Fatalf("javascript in a typescript context: %q %+v", main(r), r.err)
+	}
+}

@@ -70,6 +70,16 @@ func (s *Sandbox) Execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	if req.ContextID == "" && req.Language == "" {
 		req.Language = "python"
 	}
+	if req.ContextID == "" && isTypeScript(req.Language) || req.ContextID != "" && s.contextLanguage(ctx, req.ContextID) == "typescript" {
+		js, perr := transpileTS(req.Code)
+		if perr != nil {
+			if onEvent != nil {
+				onEvent(agentproto.Event{Type: agentproto.EventError, Error: perr})
+			}
+			return &Execution{Status: ExecError, Results: []agentproto.Result{}, Error: perr}, nil
+		}
+		req.Code = js
+	}
 	// The OOM-kill count before the execution tells an out-of-memory kill
 	// from another death. Reading the cgroup costs about 0.4 ms on a
 	// cgroup v1 host, so it is read while the request goes to the agent:

@@ -141,7 +141,11 @@ func (s *Sandbox) Processes(ctx context.Context) ([]agentproto.ProcessInfo, erro
 func (s *Sandbox) CreateContext(ctx context.Context, spec agentproto.ContextSpec) (agentproto.ContextInfo, error) {
 	var done agentproto.Event
 	err := s.simple(ctx, agentproto.Request{Op: agentproto.OpContextCreate, Context: &spec}, &done)
-	return contextInfo(done), err
+	info := contextInfo(done)
+	if err == nil {
+		s.ctxLangs.Store(info.ID, info.Language)
+	}
+	return info, err
 }
 
 // Contexts lists the sandbox's code contexts.
@@ -150,6 +154,9 @@ func (s *Sandbox) Contexts(ctx context.Context) ([]agentproto.ContextInfo, error
 	err := s.simple(ctx, agentproto.Request{Op: agentproto.OpContextList}, &done)
 	if done.Contexts == nil {
 		done.Contexts = []agentproto.ContextInfo{}
+	}
+	for _, c := range done.Contexts {
+		s.ctxLangs.Store(c.ID, c.Language)
 	}
 	return done.Contexts, err
 }
@@ -163,7 +170,11 @@ func (s *Sandbox) RestartContext(ctx context.Context, id string) (agentproto.Con
 
 // DeleteContext stops a context.
 func (s *Sandbox) DeleteContext(ctx context.Context, id string) error {
-	return s.simple(ctx, agentproto.Request{Op: agentproto.OpContextDelete, ContextID: id}, nil)
+	err := s.simple(ctx, agentproto.Request{Op: agentproto.OpContextDelete, ContextID: id}, nil)
+	if err == nil {
+		s.ctxLangs.Delete(id)
+	}
+	return err
 }
 
 func contextInfo(ev agentproto.Event) agentproto.ContextInfo {

@@ -33,6 +33,9 @@ type Sandbox struct {
 	m      *Manager
 	agent  agentClient
 	pooled bool // started ahead by the warm pool and handed out by it
+	// ctxLangs maps the ids of the sandbox's code contexts to their
+	// languages (TypeScript cells are transpiled before they are sent).
+	ctxLangs sync.Map
 
 	// mu guards the fields below.
 	mu         sync.Mutex

@@ -17,6 +17,10 @@ func TestImportArrows(t *testing.T) {
 			mod + "internal/store/sqlite", mod + "cmd"},
 		mod + "internal/store": {"modernc.org", mod + "internal"},
 		mod + "internal/auth":  {mod + "internal/sandbox", mod + "internal/server", mod + "internal/store/sqlite"},
+		// The agent starts twice in every sandbox: it stays small (esbuild,
+		// for TypeScript, is the host's).
+		mod + "cmd/sheepfold-agent": {"github.com/evanw/esbuild", mod + "internal/sandbox", mod + "internal/server",
+			mod + "internal/runtime", "connectrpc.com", "modernc.org"},
 		mod + "internal/e2b": {mod + "internal/server", mod + "internal/store", mod + "internal/auth", mod + "internal/runtime/oci",
 			mod + "internal/runtime/fake", mod + "internal/agent", mod + "cmd"},
 	}
