@@ -1,6 +1,13 @@
 # Sheepfold Python kernel driver: requests arrive as JSON lines on fd 3,
 # messages leave as JSON lines on fd 4; stdout and stderr are the real fds.
-import ast, base64, builtins, io, json, linecache, os, re, signal, subprocess, sys, traceback
+# Only what every execution needs is imported here: each import is on the
+# path of a new context's first execution (subprocess and re load when a
+# cell uses a shell escape, traceback when one raises).
+import ast, binascii, builtins, io, json, linecache, os, signal, sys
+
+
+def _b64(data):
+    return binascii.b2a_base64(data, newline=False).decode()
 
 _ctl_in = os.fdopen(3, "r", encoding="utf-8")
 _ctl_out = os.fdopen(4, "w", encoding="utf-8")
@@ -45,7 +52,7 @@ def _result(value, main):
             if out is None:
                 continue
             if key in ("png", "jpeg") and isinstance(out, (bytes, bytearray)):
-                out = base64.b64encode(out).decode()
+                out = _b64(out)
             r[key] = out
     try:
         r["text"] = repr(value)
@@ -100,7 +107,7 @@ def _figures(*_args, **_kwargs):
             fig = plt.figure(num)
             buf = io.BytesIO()
             fig.savefig(buf, format="png", bbox_inches="tight")
-            r = {"png": base64.b64encode(buf.getvalue()).decode(), "text": repr(fig)}
+            r = {"png": _b64(buf.getvalue()), "text": repr(fig)}
             c = _chart(fig)
             if c is not None:
                 r["extra"] = {"e2b/chart": c}
@@ -137,6 +144,7 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 def _shell(cmd):
     """IPython's !cmd: run a shell command, its output into stdout."""
     sys.stdout.flush()
+    import subprocess
     p = subprocess.Popen(cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     for line in p.stdout:
         sys.stdout.write(line.decode("utf-8", "backslashreplace"))
@@ -144,17 +152,21 @@ def _shell(cmd):
 
 
 builtins._sheepfold_shell = _shell
-_SHELL_LINE = re.compile(r"^([ \t]*)!(.*)$", re.M)
+_SHELL_LINE = r"^([ \t]*)!(.*)$"
 
 
 def _error(e):
     tb = e.__traceback__
     while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell"):
         tb = tb.tb_next
-    if isinstance(e, SyntaxError):
-        text = "".join(traceback.format_exception_only(type(e), e))
-    else:
-        text = "".join(traceback.format_exception(type(e), e, tb))
+    try:
+        import traceback
+        if isinstance(e, SyntaxError):
+            text = "".join(traceback.format_exception_only(type(e), e))
+        else:
+            text = "".join(traceback.format_exception(type(e), e, tb))
+    except BaseException:  # e.g. no memory left to import with
+        text = "%s: %s" % (type(e).__name__, e)
     _send({"type": "error", "error": {"name": type(e).__name__, "value": str(e), "traceback": text}})
 
 
@@ -165,7 +177,8 @@ def _run(code, n):
         tree = ast.parse(code, name, "exec")
     except SyntaxError:
         # A line starting with ! is a shell escape (never valid Python).
-        shell = _SHELL_LINE.sub(lambda m: "%s_sheepfold_shell(%r)" % (m.group(1), m.group(2)), code)
+        import re
+        shell = re.sub(_SHELL_LINE, lambda m: "%s_sheepfold_shell(%r)" % (m.group(1), m.group(2)), code, flags=re.M)
         if shell == code:
             raise
         tree = ast.parse(shell, name, "exec")
