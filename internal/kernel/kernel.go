@@ -104,7 +104,7 @@ type proc struct {
 	ctl    chan ctlMsg
 	exited chan struct{} // closed when the process has been waited for
 
-	pipes []syscall.Conn // read ends of stdout and stderr
+	pipes [2]syscall.RawConn // read ends of stdout and stderr
 	// readMu is held by a pump from each read of a pipe until the chunk
 	// read is queued on out, so that a reader holding it sees output
 	// either in the pipes or queued, never in between.
@@ -118,11 +118,7 @@ func (p *proc) unread() bool {
 		return true // a pump is between a read and its queueing
 	}
 	defer p.readMu.Unlock()
-	for _, c := range p.pipes {
-		rc, err := c.SyscallConn()
-		if err != nil {
-			continue
-		}
+	for _, rc := range p.pipes {
 		n := 0
 		rc.Control(func(fd uintptr) { n = pipeBytes(int(fd)) })
 		if n > 0 {
@@ -230,6 +226,16 @@ func (k *Kernel) start() error {
 	if err != nil {
 		return errors.Join(err, closeAll(reqR, reqW, msgR, msgW))
 	}
+	var pipes [2]syscall.RawConn
+	for i, r := range []io.Reader{stdout, stderr} {
+		f, ok := r.(*os.File)
+		if !ok {
+			return errors.Join(fmt.Errorf("start %s: output pipe is a %T, not a file", k.lang, r), closeAll(reqR, reqW, msgR, msgW))
+		}
+		if pipes[i], err = f.SyscallConn(); err != nil {
+			return errors.Join(fmt.Errorf("start %s: %w", k.lang, err), closeAll(reqR, reqW, msgR, msgW))
+		}
+	}
 	cmd.ExtraFiles = []*os.File{reqR, msgW}
 	if err := cmd.Start(); err != nil {
 		return errors.Join(fmt.Errorf("start %s: %w", k.lang, err), closeAll(reqR, reqW, msgR, msgW))
@@ -239,16 +245,11 @@ func (k *Kernel) start() error {
 	// Let the OOM killer pick the interpreter before the agent.
 	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte("500"), 0)
 
-	p := &proc{cmd: cmd, ctlW: reqW, out: make(chan chunk, 64), ctl: make(chan ctlMsg, 16), exited: make(chan struct{})}
-	for _, r := range []io.Reader{stdout, stderr} {
-		if c, ok := r.(syscall.Conn); ok {
-			p.pipes = append(p.pipes, c)
-		}
-	}
+	p := &proc{cmd: cmd, ctlW: reqW, out: make(chan chunk, 64), ctl: make(chan ctlMsg, 16), exited: make(chan struct{}), pipes: pipes}
 	var readers sync.WaitGroup
 	readers.Add(2)
-	go p.pump(1, stdout, &readers)
-	go p.pump(2, stderr, &readers)
+	go p.pump(1, p.pipes[0], &readers)
+	go p.pump(2, p.pipes[1], &readers)
 	go func() {
 		defer close(p.ctl)
 		sc := bufio.NewScanner(msgR)
@@ -276,11 +277,11 @@ func (k *Kernel) start() error {
 	return nil
 }
 
-func (p *proc) pump(stream int, r io.Reader, wg *sync.WaitGroup) {
+func (p *proc) pump(stream int, rc syscall.RawConn, wg *sync.WaitGroup) {
 	defer wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
-		n, held, err := p.read(r, buf)
+		n, held, err := p.read(rc, buf)
 		if n > 0 {
 			p.out <- chunk{stream: stream, data: bytes.Clone(buf[:n])}
 		}
@@ -296,17 +297,7 @@ func (p *proc) pump(stream int, r io.Reader, wg *sync.WaitGroup) {
 
 // read reads a pipe once it is readable, taking readMu for the read; held
 // says whether the caller must release it (after queueing what was read).
-func (p *proc) read(r io.Reader, buf []byte) (n int, held bool, err error) {
-	c, ok := r.(syscall.Conn)
-	if !ok {
-		n, err = r.Read(buf)
-		return n, false, err
-	}
-	rc, err := c.SyscallConn()
-	if err != nil {
-		n, err = r.Read(buf)
-		return n, false, err
-	}
+func (p *proc) read(rc syscall.RawConn, buf []byte) (n int, held bool, err error) {
 	var rerr error
 	err = rc.Read(func(fd uintptr) bool {
 		p.readMu.Lock()
