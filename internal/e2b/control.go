@@ -237,6 +237,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 		}
 		opt.Timeout = d
 	}
+	h.prune(r.Context())
 	sb, err := h.backend.Create(context.WithoutCancel(r.Context()), owner, opt)
 	if err != nil {
 		return err

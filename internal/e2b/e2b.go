@@ -173,13 +173,11 @@ func (h *Handler) mac(purpose, id string) string {
 }
 
 // validToken reports whether tok is the access token of sandbox id.
-func (h *Handler) validToken(id, tok string) bool {
-	return tok != "" && hmac.Equal([]byte(tok), []byte(h.token(id)))
-}
+func (h *Handler) validToken(id, tok string) bool { return valid(tok, h.token(id)) }
 
-func (h *Handler) validTrafficToken(id, tok string) bool {
-	return tok != "" && hmac.Equal([]byte(tok), []byte(h.trafficToken(id)))
-}
+func (h *Handler) validTrafficToken(id, tok string) bool { return valid(tok, h.trafficToken(id)) }
+
+func valid(tok, want string) bool { return tok != "" && hmac.Equal([]byte(tok), []byte(want)) }
 
 // forget drops what the handler keeps about a sandbox.
 func (h *Handler) forget(id string) {
@@ -187,6 +185,26 @@ func (h *Handler) forget(id string) {
 	delete(h.aliases, id)
 	delete(h.counts, id)
 	h.mu.Unlock()
+}
+
+// prune forgets sandboxes that stopped without a kill through this
+// handler (their timeout, the idle stop, a /v1 call), so that what it
+// keeps stays as large as the set of live sandboxes.
+func (h *Handler) prune(ctx context.Context) {
+	h.mu.Lock()
+	ids := make([]string, 0, len(h.aliases)+len(h.counts))
+	for id := range h.aliases {
+		ids = append(ids, id)
+	}
+	for id := range h.counts {
+		ids = append(ids, id)
+	}
+	h.mu.Unlock()
+	for _, id := range ids {
+		if _, err := h.backend.Sandbox(ctx, "", id); err != nil { // only running ones are found
+			h.forget(id)
+		}
+	}
 }
 
 func (h *Handler) addWatcher(w *pollWatcher) string {

@@ -1,11 +1,16 @@
 package e2b
 
 import (
+	"context"
 	"maps"
 	"net/http/httptest"
 	"net/url"
 	"testing"
 	"time"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/kernel"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
 func TestMetadataFilter(t *testing.T) {
@@ -54,13 +59,13 @@ func TestPageCursorRoundTrip(t *testing.T) {
 func TestLanguage(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{"": "python", " Python ": "python", "js": "javascript", "JavaScript": "javascript", "ts": "typescript", "bash": "bash"} {
-		if got, err := language(in); err != nil || got != want {
-			t.Errorf("language(%q) = %q, %v; want %q", in, got, err, want)
+		if got, err := kernel.Canonical(in); err != nil || got != want {
+			t.Errorf("kernel.Canonical(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
 	for _, in := range []string{"r", "java", "cobol"} {
-		if _, err := language(in); err == nil {
-			t.Errorf("language(%q) accepted", in)
+		if _, err := kernel.Canonical(in); err == nil {
+			t.Errorf("kernel.Canonical(%q) accepted", in)
 		}
 	}
 }
@@ -95,5 +100,35 @@ func TestSignatureAndUser(t *testing.T) {
 	}
 	if _, err := basicUser("Bearer x"); err == nil {
 		t.Error("non-Basic authorization accepted")
+	}
+}
+
+// liveBackend finds only the sandboxes in live (running ones, per the
+// Backend contract); the other methods are not used here.
+type liveBackend struct {
+	Backend
+	live map[string]bool
+}
+
+func (b liveBackend) Sandbox(_ context.Context, _, id string) (*sandbox.Sandbox, error) {
+	if !b.live[id] {
+		return nil, apierr.New(apierr.SandboxNotFound, "sandbox %q not found", id)
+	}
+	return &sandbox.Sandbox{ID: id}, nil
+}
+
+// TestPrune: what the handler keeps about sandboxes that stopped on their
+// own (timeout, idle) goes; that of running ones stays.
+func TestPrune(t *testing.T) {
+	t.Parallel()
+	h := New(Config{}, liveBackend{live: map[string]bool{"live": true}})
+	for _, id := range []string{"live", "dead", "dead2"} {
+		h.aliases[id] = "base"
+		h.nextCount(id, "default-python")
+	}
+	h.nextCount("counted-only", "c1")
+	h.prune(context.Background())
+	if len(h.aliases) != 1 || h.aliases["live"] != "base" || len(h.counts) != 1 || h.counts["live"]["default-python"] != 1 {
+		t.Fatalf("after prune: aliases %v, counts %v", h.aliases, h.counts)
 	}
 }

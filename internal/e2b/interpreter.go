@@ -3,14 +3,13 @@ package e2b
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/kernel"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
@@ -54,22 +53,6 @@ func (h *Handler) interpreterMux() http.Handler {
 		}
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey, sb)))
 	})
-}
-
-// language normalises a code-interpreter language name.
-func language(s string) (string, error) {
-	switch l := strings.ToLower(strings.TrimSpace(s)); l {
-	case "", "python", "python3":
-		return "python", nil
-	case "js", "javascript", "node":
-		return "javascript", nil
-	case "ts", "typescript":
-		return "typescript", nil
-	case "bash", "sh":
-		return "bash", nil
-	default:
-		return "", fmt.Errorf("language %q is not available in this sandbox (python, javascript, typescript and bash are)", s)
-	}
 }
 
 // interpError answers a code-interpreter request with a plain-text error,
@@ -182,7 +165,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	req := sandbox.ExecuteRequest{Code: body.Code, ContextID: body.ContextID, Env: body.EnvVars, MaxOutput: interpMaxOutput}
 	counter := body.ContextID
 	if body.ContextID == "" {
-		lang, err := language(body.Language)
+		lang, err := kernel.Canonical(body.Language)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
@@ -295,7 +278,7 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	lang, err := language(body.Language)
+	lang, err := kernel.Canonical(body.Language)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return

@@ -8,6 +8,7 @@ import (
 	"github.com/evanw/esbuild/pkg/api"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/kernel"
 )
 
 // TypeScript cells are transpiled here, on the host, rather than in the
@@ -16,11 +17,8 @@ import (
 
 // isTypeScript reports whether a language name means TypeScript.
 func isTypeScript(lang string) bool {
-	switch strings.ToLower(strings.TrimSpace(lang)) {
-	case "typescript", "ts":
-		return true
-	}
-	return false
+	c, err := kernel.Canonical(lang)
+	return err == nil && c == "typescript"
 }
 
 // transpileTS turns a TypeScript cell into JavaScript for the Node driver:
