@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"sync"
 	"syscall"
@@ -79,7 +80,7 @@ func (s *eventStream) keepalive(interval time.Duration, stop <-chan struct{}) {
 }
 
 // keepaliveInterval reads the client's Keepalive-Ping-Interval (seconds).
-func keepaliveInterval(h interface{ Get(string) string }) time.Duration {
+func keepaliveInterval(h http.Header) time.Duration {
 	if s, err := strconv.Atoi(h.Get("Keepalive-Ping-Interval")); err == nil && s > 0 {
 		return time.Duration(s) * time.Second
 	}
@@ -137,52 +138,54 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 		// envd kills a process at its request's deadline.
 		spec.TimeoutMS = max(1, time.Until(dl).Milliseconds())
 	}
-	es := &eventStream{send: func(ev *processpb.ProcessEvent) error {
+	runErr, sendErr := streamProcess(req.Header(), func(ev *processpb.ProcessEvent) error {
 		return stream.Send(&processpb.StartResponse{Event: ev})
-	}}
-	stop := make(chan struct{})
-	defer close(stop)
-	go es.keepalive(keepaliveInterval(req.Header()), stop)
-	res, err := sandboxFrom(ctx).Run(ctx, spec, es.forward)
-	if err != nil {
-		if apierrIsNotFound(err) && spec.Cwd != "" {
-			return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd %q: %w", spec.Cwd, err))
-		}
-		return connectError(ctx, err)
+	}, func(onEvent func(agentproto.Event)) (*sandbox.ProcessResult, error) {
+		return sandboxFrom(ctx).Run(ctx, spec, onEvent)
+	})
+	if apierrIsNotFound(runErr) && spec.Cwd != "" {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd %q: %w", spec.Cwd, runErr))
 	}
-	es.end(res)
-	return es.err
+	if runErr != nil {
+		return connectError(ctx, runErr)
+	}
+	return sendErr
 }
 
+// Connect streams a running process's events; the agent begins the stream
+// with the start event, as after Start.
 func (p *processService) Connect(ctx context.Context, req *connect.Request[processpb.ConnectRequest], stream *connect.ServerStream[processpb.ConnectResponse]) error {
 	sb := sandboxFrom(ctx)
 	pid, err := p.pid(ctx, sb, req.Msg.GetProcess())
 	if err != nil {
 		return err
 	}
-	es := &eventStream{send: func(ev *processpb.ProcessEvent) error {
+	runErr, sendErr := streamProcess(req.Header(), func(ev *processpb.ProcessEvent) error {
 		return stream.Send(&processpb.ConnectResponse{Event: ev})
-	}}
+	}, func(onEvent func(agentproto.Event)) (*sandbox.ProcessResult, error) {
+		return sb.Connect(ctx, pid, onEvent)
+	})
+	if runErr != nil {
+		return connectError(ctx, runErr)
+	}
+	return sendErr
+}
+
+// streamProcess sends a process's events (start, data, then end) with
+// keepalives during silences. runErr is run's failure, sendErr the
+// stream's.
+func streamProcess(hdr http.Header, send func(*processpb.ProcessEvent) error,
+	run func(onEvent func(agentproto.Event)) (*sandbox.ProcessResult, error)) (runErr, sendErr error) {
+	es := &eventStream{send: send}
 	stop := make(chan struct{})
 	defer close(stop)
-	started := false
-	res, err := sb.Connect(ctx, pid, func(ev agentproto.Event) {
-		if !started {
-			// The stream begins with the start event, as after Start.
-			started = true
-			es.forward(agentproto.Event{Type: agentproto.EventStart, PID: pid})
-			go es.keepalive(keepaliveInterval(req.Header()), stop)
-		}
-		es.forward(ev)
-	})
+	go es.keepalive(keepaliveInterval(hdr), stop)
+	res, err := run(es.forward)
 	if err != nil {
-		return connectError(ctx, err)
-	}
-	if !started {
-		es.forward(agentproto.Event{Type: agentproto.EventStart, PID: pid})
+		return err, nil
 	}
 	es.end(res)
-	return es.err
+	return nil, es.err
 }
 
 // pid resolves a selector: a pid, or the tag of a running process.

@@ -310,13 +310,20 @@ func TestE2BEnvdProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	endEv = nil
+	starts := 1
 	for conn.Receive() {
 		if x := conn.Msg().GetEvent().GetEnd(); x != nil {
 			endEv = x
 		}
+		if conn.Msg().GetEvent().GetStart() != nil {
+			starts++
+		}
 	}
 	if endEv == nil || endEv.Exited || endEv.ExitCode != -1 || !strings.Contains(endEv.Status, "killed") {
 		t.Fatalf("killed process end: %+v", endEv)
+	}
+	if starts != 1 {
+		t.Fatalf("the connect stream had %d start events, want 1", starts)
 	}
 
 	// Unknown pids and a missing cwd are the Connect codes the SDK expects.
