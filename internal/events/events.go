@@ -1,0 +1,72 @@
+// Package events defines a sandbox's typed events (lifecycle, executions,
+// security violations, exceeded resources, policy changes) and the Sink
+// the engine, the kernels' reports and the network gateway emit them to.
+// The server fans them out live (SSE), keeps them in the store and posts
+// them to webhooks; see docs/ARCHITECTURE.md.
+package events
+
+import "time"
+
+// Type names an event. Types are append-only and never renamed.
+type Type string
+
+// The event types.
+const (
+	SandboxCreated    Type = "sandbox.created"
+	SandboxStopped    Type = "sandbox.stopped"
+	ExecutionStarted  Type = "execution.started"
+	ExecutionFinished Type = "execution.finished"
+	SecurityViolation Type = "security_violation"
+	ResourceExceeded  Type = "resource_exceeded"
+	PolicyChanged     Type = "policy.changed"
+)
+
+// Kinds of security_violation (Details["kind"]).
+const (
+	KindModuleBlocked    = "module_blocked"
+	KindSubprocessDenied = "subprocess_denied"
+	KindNetworkDenied    = "network_denied"
+	KindDNSDenied        = "dns_denied"
+	KindPathDenied       = "path_denied"
+	KindSyscallDenied    = "syscall_denied"
+)
+
+// Resources of resource_exceeded (Details["resource"]).
+const (
+	ResourceCPUTime         = "cpu_time"
+	ResourceWallTime        = "wall_time"
+	ResourceMemory          = "memory"
+	ResourceDisk            = "disk"
+	ResourceOutput          = "output"
+	ResourceNetworkRequests = "network_requests"
+	ResourcePids            = "pids"
+)
+
+// Event is one thing that happened to a sandbox. ID and Time are set by
+// the sink when zero. Details are small JSON-able values: for
+// security_violation "kind", "target" and "execution_id"; for
+// resource_exceeded "resource", "limit" and "observed".
+type Event struct {
+	ID          int64          `json:"id,omitempty"`
+	Time        time.Time      `json:"timestamp"`
+	Type        Type           `json:"type"`
+	SandboxID   string         `json:"sandbox_id,omitempty"`
+	Owner       string         `json:"-"` // the owning key or account, for fan-out; never sent
+	ExecutionID string         `json:"execution_id,omitempty"`
+	Details     map[string]any `json:"details,omitempty"`
+}
+
+// Sink receives events. Emit must not block the caller for long: a sink
+// that stores or sends them does so in the background.
+type Sink interface {
+	Emit(Event)
+}
+
+// SinkFunc adapts a function to Sink.
+type SinkFunc func(Event)
+
+// Emit implements Sink.
+func (f SinkFunc) Emit(e Event) { f(e) }
+
+// Discard drops every event.
+var Discard Sink = SinkFunc(func(Event) {})
