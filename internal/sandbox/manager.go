@@ -16,6 +16,8 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
@@ -52,7 +54,9 @@ type Config struct {
 	PoolSize      int
 	PoolTemplates []string // [DefaultTemplate]
 	PoolPreload   []string // modules members import ahead [DefaultPoolPreload]
-	Logger        *slog.Logger
+	// Events receives every sandbox's events (internal/events) [events.Discard].
+	Events events.Sink
+	Logger *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
@@ -79,6 +83,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Events == nil {
+		c.Events = events.Discard
 	}
 	if c.PoolSize < 0 {
 		return errors.New("sandbox: PoolSize must not be negative")
@@ -165,6 +172,9 @@ type CreateOptions struct {
 	ReadOnly bool
 	Env      map[string]string
 	Metadata map[string]string
+	// Policy is the sandbox's security policy (internal/policy); nil means
+	// the defaults: no network, no import rules, no output filtering.
+	Policy *policy.Policy
 }
 
 // Create starts a sandbox and returns once its agent answers.
