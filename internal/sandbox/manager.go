@@ -72,11 +72,10 @@ func (c *Config) setDefaults() error {
 	if c.MaxTimeout <= 0 {
 		c.MaxTimeout = 24 * time.Hour
 	}
-	def := runtime.Limits{MemoryBytes: 512 << 20, CPUs: 1, Pids: 256, DiskBytes: 256 << 20}
-	c.DefaultLimits = fillLimits(c.DefaultLimits, def)
+	c.DefaultLimits = fillLimits(c.DefaultLimits, DefaultLimits)
 	c.MaxLimits = fillLimits(c.MaxLimits, runtime.Limits{MemoryBytes: 8 << 30, CPUs: 2, Pids: 4096, DiskBytes: 8 << 30})
 	if c.MaxSandboxes <= 0 {
-		c.MaxSandboxes = 64
+		c.MaxSandboxes = DefaultMaxSandboxes
 	}
 	if c.AgentTimeout <= 0 {
 		c.AgentTimeout = 10 * time.Second
@@ -114,6 +113,14 @@ func fillLimits(l, def runtime.Limits) runtime.Limits {
 	}
 	return l
 }
+
+// DefaultLimits are a sandbox's limits when neither the caller nor the
+// Config sets them.
+var DefaultLimits = runtime.Limits{MemoryBytes: 512 << 20, CPUs: 1, Pids: 256, DiskBytes: 256 << 20}
+
+// DefaultMaxSandboxes is how many sandboxes may run at once when the
+// Config does not say.
+const DefaultMaxSandboxes = 64
 
 // Manager owns every sandbox of one engine.
 type Manager struct {

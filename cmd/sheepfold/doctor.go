@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sheepfold/sheepfold/internal/config"
+	"github.com/sheepfold/sheepfold/internal/doctor"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+func doctorCmd(cfg *config.Config) *cobra.Command {
+	var (
+		asJSON       bool
+		tpl          string
+		maxSandboxes int
+	)
+	poolSize := sandbox.DefaultPoolSize()
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "Check that this host can run sandboxes, and say what to fix",
+		Long: `Check the host: kernel, user namespaces, cgroups, overlayfs, seccomp, the runtime
+(refusing a runc without the November 2025 security fixes), the agent, the template,
+free disk and memory for the warm pool, and the per-user kernel counters every
+sandbox is charged to. One line per check; the exit status is 1 when a check fails
+(sandboxes cannot run), 0 when all are ok or only warn.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			// A missing binary is a finding, not an error of the command.
+			_ = cfg.Resolve()
+			rs := doctor.Run(cmd.Context(), doctorOptions(*cfg, tpl, maxSandboxes, poolSize))
+			if asJSON {
+				b, err := doctor.JSON(rs)
+				if err != nil {
+					return err
+				}
+				fmt.Println(string(b))
+			} else {
+				fmt.Print(doctor.Format(rs))
+			}
+			if doctor.Failed(rs) {
+				return exitError{1}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the checks as JSON")
+	cmd.Flags().StringVar(&tpl, "template", "python", "the template sandboxes start from")
+	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "sandboxes the server will run at once (0: the engine's default)")
+	cmd.Flags().IntVar(&poolSize, "pool", poolSize, "warm pool size the server will keep")
+	return cmd
+}
+
+func doctorOptions(cfg config.Config, tpl string, maxSandboxes, poolSize int) doctor.Options {
+	if maxSandboxes <= 0 {
+		maxSandboxes = sandbox.DefaultMaxSandboxes
+	}
+	l := sandbox.DefaultLimits
+	return doctor.Options{
+		DataDir: cfg.DataDir, RuntimePath: cfg.RuntimePath, AgentPath: cfg.AgentPath, Template: tpl,
+		MaxSandboxes: maxSandboxes, PoolSize: poolSize,
+		SandboxMemory: l.MemoryBytes, SandboxDisk: l.DiskBytes, SandboxPids: l.Pids,
+	}
+}
+
+// checkHost runs the doctor's passive checks at server start and logs
+// each one that is not ok.
+func checkHost(ctx context.Context, cfg config.Config, maxSandboxes, poolSize int, log *slog.Logger) {
+	o := doctorOptions(cfg, "python", maxSandboxes, poolSize)
+	o.SkipProbes = true
+	for _, r := range doctor.Run(ctx, o) {
+		switch r.Status {
+		case doctor.Fail:
+			log.Error("host check failed", "check", r.Check, "detail", r.Detail, "fix", r.Fix)
+		case doctor.Warn:
+			log.Warn("host check", "check", r.Check, "detail", r.Detail, "fix", r.Fix)
+		}
+	}
+}

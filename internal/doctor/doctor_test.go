@@ -1,0 +1,285 @@
+package doctor
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sheepfold/sheepfold/internal/template"
+	"github.com/sheepfold/sheepfold/internal/testutil"
+)
+
+// host is a fake root with the files a healthy cgroup-v2 host has.
+func host(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	files := map[string]string{
+		"proc/sys/kernel/osrelease":                             "6.8.0-45-generic",
+		"proc/sys/user/max_user_namespaces":                     "63000",
+		"sys/fs/cgroup/cgroup.controllers":                      "cpuset cpu io memory hugetlb pids rdma misc",
+		"proc/filesystems":                                      "nodev\ttmpfs\n\text4\nnodev\toverlay\n",
+		"proc/self/status":                                      "Name:\tcat\nNoNewPrivs:\t0\nSeccomp:\t0\nSeccomp_filters:\t0\n",
+		"proc/sys/kernel/seccomp/actions_avail":                 "kill_process kill_thread trap errno user_notif trace log allow",
+		"proc/meminfo":                                          "MemTotal:       24000000 kB\nMemFree:  1 kB\nMemAvailable:   20000000 kB\n",
+		"proc/sys/fs/inotify/max_user_instances":                "8192",
+		"proc/sys/kernel/pid_max":                               "4194304",
+		"proc/sys/kernel/apparmor_restrict_unprivileged_userns": "0",
+	}
+	for p, body := range files {
+		write(t, filepath.Join(root, p), body)
+	}
+	return root
+}
+
+func write(t *testing.T, path, body string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fakeRunc writes a script that answers --version and features as a runc
+// of the given version would.
+func fakeRunc(t *testing.T, version string, seccomp bool) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "runc")
+	feat := `{"linux":{"seccomp":{"enabled":` + map[bool]string{true: "true", false: "false"}[seccomp] + `}}}`
+	write(t, p, "#!/bin/sh\nif [ \"$1\" = --version ]; then printf 'runc version "+version+"\\nspec: 1.3.0\\n'; else echo '"+feat+"'; fi\n")
+	if err := os.Chmod(p, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// dataDir makes a data dir holding a complete fake python template.
+func dataDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	tpl := filepath.Join(dir, "templates", "python")
+	for _, p := range []string{"usr/bin/python3", "usr/bin/node", "bin/bash", "etc/passwd"} {
+		write(t, filepath.Join(tpl, "rootfs", p), "")
+	}
+	info, _ := json.Marshal(template.Info{Name: "python", Version: template.FormatVersion})
+	write(t, filepath.Join(tpl, "template.json"), string(info))
+	return dir
+}
+
+func options(t *testing.T) Options {
+	agent := filepath.Join(t.TempDir(), "agent")
+	write(t, agent, "")
+	if err := os.Chmod(agent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return Options{
+		Root: host(t), DataDir: dataDir(t), RuntimePath: fakeRunc(t, "1.5.3", true), AgentPath: agent,
+		MaxSandboxes: 64, PoolSize: 2, SandboxMemory: 512 << 20, SandboxDisk: 256 << 20, SandboxPids: 256,
+		InotifyInstancesPerSandbox: 64,
+	}
+}
+
+func find(t *testing.T, rs []Result, check string) Result {
+	t.Helper()
+	for _, r := range rs {
+		if r.Check == check {
+			return r
+		}
+	}
+	t.Fatalf("no %s check in %v", check, rs)
+	return Result{}
+}
+
+func TestHealthyHost(t *testing.T) {
+	t.Parallel()
+	rs := Run(context.Background(), options(t))
+	for _, r := range rs {
+		if r.Status != OK {
+			t.Errorf("%s: %s %s", r.Check, r.Status, r.Detail)
+		}
+	}
+	if Failed(rs) {
+		t.Error("Failed says a healthy host failed")
+	}
+	if got := strings.Count(Format(rs), "\n"); got != len(rs) {
+		t.Errorf("Format printed %d lines for %d checks", got, len(rs))
+	}
+}
+
+// Each case breaks one thing on a healthy host and expects that check, and
+// only that check, to say so.
+func TestOneThingBroken(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		breakf func(t *testing.T, o *Options)
+		check  string
+		status Status
+		detail string
+	}{
+		{"old kernel", func(t *testing.T, o *Options) {
+			write(t, filepath.Join(o.Root, "proc/sys/kernel/osrelease"), "5.4.0-1")
+		},
+			"kernel", Fail, "older than 5.6"},
+		{"kernel without cgroup.kill", func(t *testing.T, o *Options) {
+			write(t, filepath.Join(o.Root, "proc/sys/kernel/osrelease"), "5.10.0-30-amd64")
+		}, "kernel", Warn, "cgroup.kill"},
+		{"user namespaces off", func(t *testing.T, o *Options) {
+			write(t, filepath.Join(o.Root, "proc/sys/user/max_user_namespaces"), "0")
+		}, "userns", Fail, "max_user_namespaces is 0"},
+		{"no user namespaces at all", func(t *testing.T, o *Options) {
+			os.Remove(filepath.Join(o.Root, "proc/sys/user/max_user_namespaces"))
+		}, "userns", Fail, "not available"},
+		{"cgroup v2 without memory", func(t *testing.T, o *Options) {
+			write(t, filepath.Join(o.Root, "sys/fs/cgroup/cgroup.controllers"), "cpu io pids")
+		}, "cgroups", Fail, "memory"},
+		{"cgroup v2 without io", func(t *testing.T, o *Options) {
+			write(t, filepath.Join(o.Root, "sys/fs/cgroup/cgroup.controllers"), "cpu memory pids")
+		}, "cgroups", Warn, "no io"},
+		{"no cgroups", func(t *testing.T, o *Options) {
+			os.Remove(filepath.Join(o.Root, "sys/fs/cgroup/cgroup.controllers"))
+		}, "cgroups", Fail, "no cgroup v2"},
+		{"no overlayfs", func(t *testing.T, o *Options) {
+			write(t, filepath.Join(o.Root, "proc/filesystems"), "nodev\ttmpfs\n\text4\n")
+		}, "overlay", Fail, "not available"},
+		{"no seccomp", func(t *testing.T, o *Options) {
+			write(t, filepath.Join(o.Root, "proc/self/status"), "Name:\tcat\n")
+		}, "seccomp", Fail, "not available"},
+		{"seccomp without user notification", func(t *testing.T, o *Options) {
+			write(t, filepath.Join(o.Root, "proc/sys/kernel/seccomp/actions_avail"), "kill_process errno trace allow")
+		}, "seccomp", Warn, "without user notification"},
+		{"runc missing", func(t *testing.T, o *Options) { o.RuntimePath = filepath.Join(o.Root, "nope") },
+			"runtime", Fail, "not an executable"},
+		{"Debian's runc 1.1.5", func(t *testing.T, o *Options) { o.RuntimePath = fakeRunc(t, "1.1.5", true) },
+			"runtime", Fail, "security fixes"},
+		{"runc 1.3.2", func(t *testing.T, o *Options) { o.RuntimePath = fakeRunc(t, "1.3.2", true) },
+			"runtime", Fail, "security fixes"},
+		{"runc 1.4.0-rc.2", func(t *testing.T, o *Options) { o.RuntimePath = fakeRunc(t, "1.4.0-rc.2", true) },
+			"runtime", Fail, "security fixes"},
+		{"runc without seccomp", func(t *testing.T, o *Options) { o.RuntimePath = fakeRunc(t, "1.5.3", false) },
+			"runtime", Fail, "without seccomp"},
+		{"not runc", func(t *testing.T, o *Options) { o.RuntimePath = "/bin/true" },
+			"runtime", Fail, "is not runc"},
+		{"agent missing", func(t *testing.T, o *Options) { o.AgentPath = "" }, "agent", Fail, "not an executable"},
+		{"no template", func(t *testing.T, o *Options) { os.RemoveAll(filepath.Join(o.DataDir, "templates")) },
+			"template", Fail, "not built"},
+		{"template without node", func(t *testing.T, o *Options) {
+			os.Remove(filepath.Join(o.DataDir, "templates/python/rootfs/usr/bin/node"))
+		}, "template", Fail, "no /usr/bin/node"},
+		{"little memory for the pool", func(t *testing.T, o *Options) {
+			write(t, filepath.Join(o.Root, "proc/meminfo"), "MemTotal: 1000000 kB\nMemAvailable: 600000 kB\n")
+			o.PoolSize = 8
+		}, "memory", Warn, "the pool of 8"},
+		{"no per-sandbox inotify cap", func(t *testing.T, o *Options) { o.InotifyInstancesPerSandbox = 0 },
+			"counters", Warn, "no per-namespace inotify cap"},
+		{"host inotify limit too low", func(t *testing.T, o *Options) {
+			write(t, filepath.Join(o.Root, "proc/sys/fs/inotify/max_user_instances"), "128")
+		}, "counters", Warn, "max_user_instances 128"},
+		{"pid space too small", func(t *testing.T, o *Options) {
+			write(t, filepath.Join(o.Root, "proc/sys/kernel/pid_max"), "32768")
+		}, "counters", Warn, "kernel.pid_max"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			o := options(t)
+			c.breakf(t, &o)
+			rs := Run(context.Background(), o)
+			for _, r := range rs {
+				if r.Check == c.check {
+					if r.Status != c.status || !strings.Contains(r.Detail, c.detail) {
+						t.Errorf("%s: got %s %q, want %s containing %q", r.Check, r.Status, r.Detail, c.status, c.detail)
+					}
+					if r.Status != OK && r.Fix == "" && r.Status == Fail {
+						t.Errorf("%s fails without saying how to fix it", r.Check)
+					}
+				} else if r.Status != OK {
+					t.Errorf("%s also reports %s: %s", r.Check, r.Status, r.Detail)
+				}
+			}
+			if Failed(rs) != (c.status == Fail) {
+				t.Errorf("Failed = %v with %s %s", Failed(rs), c.check, c.status)
+			}
+		})
+	}
+}
+
+func TestRuncVersions(t *testing.T) {
+	t.Parallel()
+	for out, fixed := range map[string]bool{
+		"runc version 1.1.5\n":            false,
+		"runc version 1.2.7\n":            false,
+		"runc version 1.2.8\n":            true,
+		"runc version 1.3.3-rc.1\n":       false,
+		"runc version 1.3.3\n":            true,
+		"runc version 1.4.0-rc.2\n":       false,
+		"runc version 1.4.0\n":            true,
+		"runc version 1.5.3\ncommit: x\n": true,
+		"runc version 2.0.0\n":            true,
+	} {
+		v, _, pre, ok := parseRunc(out)
+		if !ok {
+			t.Errorf("%q: not parsed", out)
+			continue
+		}
+		if runcFixed(v, pre) != fixed {
+			t.Errorf("%q: fixed = %v, want %v", out, !fixed, fixed)
+		}
+	}
+	if _, _, _, ok := parseRunc("crun version 1.8\n"); ok {
+		t.Error("crun's output parsed as runc")
+	}
+}
+
+func TestJSON(t *testing.T) {
+	t.Parallel()
+	b, err := JSON([]Result{{Check: "kernel", Status: OK, Detail: "Linux 6.18"}, {Check: "runtime", Status: Fail, Detail: "x", Fix: "y"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		OK     bool     `json:"ok"`
+		Checks []Result `json:"checks"`
+	}
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.OK || len(got.Checks) != 2 || got.Checks[1].Fix != "y" {
+		t.Errorf("JSON = %s", b)
+	}
+}
+
+// TestThisHost runs every check, the live probes included, on the real
+// host with the real data dir: as root (as in CI, after `make template`)
+// nothing may fail, and the overlay probe leaves nothing behind.
+func TestThisHost(t *testing.T) {
+	testutil.RequireRoot(t)
+	data := testutil.DataDir()
+	o := Options{
+		DataDir: data, RuntimePath: testutil.Runc(t), AgentPath: testutil.AgentBin(t),
+		MaxSandboxes: 8, PoolSize: 1, SandboxMemory: 512 << 20, SandboxDisk: 256 << 20, SandboxPids: 256,
+		InotifyInstancesPerSandbox: 64,
+	}
+	testutil.TemplateRootFS(t, "python")
+	rs := Run(context.Background(), o)
+	t.Log("\n" + Format(rs))
+	for _, r := range rs {
+		if r.Status == Fail {
+			t.Errorf("%s fails on this host: %s", r.Check, r.Detail)
+		}
+	}
+	if find(t, rs, "overlay").Detail == "overlayfs available" {
+		t.Error("the live overlay probe did not run")
+	}
+	left, _ := filepath.Glob(filepath.Join(data, ".doctor-*"))
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if len(left) > 0 || strings.Contains(string(mounts), ".doctor-") {
+		t.Errorf("the overlay probe left %v behind", left)
+	}
+}
+
+func TestMain(m *testing.M) { testutil.Main(m) }
