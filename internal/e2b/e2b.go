@@ -47,6 +47,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/processpb/processpbconnect"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
@@ -140,6 +141,18 @@ func Handles(r *http.Request) bool {
 	return p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
 		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
 		p == "/files" // signed file URLs carry no sandbox header
+}
+
+// IsUpload reports whether r uploads files (POST /files), whose body may
+// be as large as the upload limit rather than the limit of other requests.
+func IsUpload(r *http.Request) bool {
+	return r.Method == http.MethodPost && r.URL.Path == "/files"
+}
+
+// IsStream reports whether r is a client stream (envd's StreamInput): its
+// body stays open between messages, each bounded by maxMessageBytes.
+func IsStream(r *http.Request) bool {
+	return r.Header.Get("E2b-Sandbox-Port") == EnvdPort && r.URL.Path == processpbconnect.ProcessStreamInputProcedure
 }
 
 // ServeHTTP dispatches on the E2b-Sandbox-Port header.

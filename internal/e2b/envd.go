@@ -43,10 +43,23 @@ func userFrom(ctx context.Context) string {
 	return defaultUser
 }
 
+// maxMessageBytes bounds one envd RPC message (a process's input chunk is
+// the largest an SDK sends); connectEnvelope is the framing around it.
+const (
+	maxMessageBytes = 4 << 20
+	connectEnvelope = 5
+)
+
 func (h *Handler) envdMux() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle(processpbconnect.NewProcessHandler(&processService{h: h}))
-	mux.Handle(filesystempbconnect.NewFilesystemHandler(&filesystemService{h: h}))
+	// Every RPC message is bounded, compressed and decompressed: the body
+	// by maxMessageBytes on the wire, the message by WithReadMaxBytes.
+	limit := connect.WithReadMaxBytes(maxMessageBytes)
+	bounded := func(pattern string, hd http.Handler) (string, http.Handler) {
+		return pattern, http.MaxBytesHandler(hd, maxMessageBytes+connectEnvelope)
+	}
+	mux.Handle(processpbconnect.NewProcessHandler(&processService{h: h}, limit))
+	mux.Handle(bounded(filesystempbconnect.NewFilesystemHandler(&filesystemService{h: h}, limit)))
 	mux.HandleFunc("GET /envs", func(w http.ResponseWriter, r *http.Request) {
 		env := sandboxFrom(r.Context()).Env
 		if env == nil {

@@ -235,8 +235,16 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 		writeFilesError(w, http.StatusUnsupportedMediaType, "unsupported Content-Encoding %q", enc)
 		return
 	}
+	// However many files, and however well the body compresses, one
+	// upload writes at most the upload limit plus its framing in all.
+	body = &totalReader{r: body, left: h.cfg.MaxUploadBytes + uploadFraming}
 	write := func(p string, data io.Reader) (fileEntry, bool) {
 		fi, err := sb.WriteFileWith(ctx, homePath(ctx, p), data, sandbox.WriteOptions{Limit: h.cfg.MaxUploadBytes, Metadata: meta}, as(ctx))
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) || errors.Is(err, errUploadTooLarge) {
+			writeFilesError(w, http.StatusRequestEntityTooLarge, "the upload is larger than the limit of %d MiB (per file, and per request in all)", h.cfg.MaxUploadBytes>>20)
+			return fileEntry{}, false
+		}
 		if err != nil {
 			abortIfGone(ctx)
 			writeFilesError(w, filesStatus(err), "%s", apierr.From(err).Message)
@@ -296,6 +304,34 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 		out = append(out, e)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// uploadFraming is what a multipart upload may add to its files' bytes.
+const uploadFraming = 1 << 20
+
+var errUploadTooLarge = errors.New("upload too large")
+
+// totalReader fails (rather than ending) past left bytes.
+type totalReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (t *totalReader) Read(p []byte) (int, error) {
+	if t.left <= 0 {
+		var one [1]byte
+		if n, err := t.r.Read(one[:]); n > 0 {
+			return 0, errUploadTooLarge
+		} else {
+			return 0, err
+		}
+	}
+	if int64(len(p)) > t.left {
+		p = p[:t.left]
+	}
+	n, err := t.r.Read(p)
+	t.left -= int64(n)
+	return n, err
 }
 
 // partPath is a part's filename as sent: the target path. (Part.FileName

@@ -39,7 +39,7 @@ func queryPath(r *http.Request) (string, error) {
 }
 
 func (s *Server) tooLarge() error {
-	return apierr.New(apierr.FileTooLarge, "the file is larger than the upload limit of %d MiB", s.cfg.MaxUploadBytes>>20)
+	return apierr.New(apierr.FileTooLarge, "the upload is larger than the limit of %d MiB (per file, and per request in all)", s.cfg.MaxUploadBytes>>20)
 }
 
 // lazyWriter sends the success headers with the first byte of a download,
@@ -116,7 +116,8 @@ func (c *capReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// mapUploadErr turns a body that passed the upload limit into 413.
+// mapUploadErr turns a body that passed the upload limit (one file, or
+// the request in all) into 413.
 func (s *Server) mapUploadErr(err error) error {
 	var mb *http.MaxBytesError
 	if errors.As(err, &mb) || errors.Is(err, errPartTooLarge) {
@@ -145,8 +146,7 @@ func (s *Server) writeFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
-	info, err := b.sb.WriteFile(r.Context(), p, body, mode, s.cfg.MaxUploadBytes)
+	info, err := b.sb.WriteFile(r.Context(), p, &capReader{r: r.Body, left: s.cfg.MaxUploadBytes}, mode, s.cfg.MaxUploadBytes)
 	if err != nil {
 		return s.mapUploadErr(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/e2b"
 )
 
 // handlerFunc is an endpoint: it writes a success itself and returns
@@ -173,6 +174,63 @@ func jsonType(kind string) string {
 }
 
 // Middleware.
+
+// bodyDeadline cuts request bodies that stall. A request with a body gets a
+// read deadline of BodyReadTimeout, moved forward at every read of the
+// body and cleared once the body is read to its end (the server's
+// background read that notices a client hang-up must not time out during
+// a long stream). A handler that never reads a body leaves the deadline
+// running, so the server's discard of the unread rest after the handler
+// (up to 256 KiB) cannot hang on a client that sends nothing.
+//
+// It also bounds every body (bodyLimit), on the server's own
+// ResponseWriter, so that a body over the limit closes the connection.
+func (s *Server) bodyDeadline(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody {
+			next.ServeHTTP(w, r)
+			return
+		}
+		// A shallow copy: the server keeps its own *Request, whose Body
+		// it checks after the handler to decide whether the connection
+		// may be reused.
+		r2 := *r
+		r = &r2
+		if limit := s.bodyLimit(r); limit > 0 {
+			r.Body = http.MaxBytesReader(w, r.Body, limit)
+		}
+		if e2b.IsStream(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		rc := http.NewResponseController(w)
+		if err := rc.SetReadDeadline(time.Now().Add(s.cfg.BodyReadTimeout)); err == nil {
+			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, idle: s.cfg.BodyReadTimeout}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// deadlineBody moves its connection's read deadline at every read.
+type deadlineBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	idle time.Duration
+	done bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	if b.done {
+		return b.ReadCloser.Read(p)
+	}
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle))
+	n, err := b.ReadCloser.Read(p)
+	if errors.Is(err, io.EOF) {
+		b.done = true
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
 
 type ctxKey int
 

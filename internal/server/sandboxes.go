@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
@@ -125,11 +126,6 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 			opt.ReadOnly = *sc.FilesystemReadonly
 		}
 	}
-	for k := range req.Metadata {
-		if k == "" {
-			return apierr.New(apierr.BadRequest, "metadata keys must not be empty")
-		}
-	}
 
 	sb, err := s.create(r.Context(), owner(r), opt, execTimeout)
 	if err != nil {
@@ -148,6 +144,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 // create starts a sandbox for own and records it. The sandbox does not die
 // with the request's context.
 func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptions, execTimeout time.Duration) (*sandbox.Sandbox, error) {
+	if err := checkStrings("metadata", opt.Metadata, maxMetadata); err != nil {
+		return nil, err
+	}
+	if err := checkStrings("env", opt.Env, maxEnv); err != nil {
+		return nil, err
+	}
 	// Reserve a slot first, so that concurrent creates cannot pass the cap.
 	s.mu.Lock()
 	if s.cfg.MaxSandboxes > 0 && len(s.boxes) >= s.cfg.MaxSandboxes {
@@ -185,6 +187,44 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	s.boxes[sb.ID] = &box{sb: sb, owner: own, execTimeout: execTimeout}
 	s.mu.Unlock()
 	return sb, nil
+}
+
+// stringsLimit bounds a map of strings a sandbox keeps (metadata, env).
+type stringsLimit struct {
+	keys, keyBytes, valueBytes, totalBytes int
+}
+
+var (
+	maxMetadata = stringsLimit{keys: 100, keyBytes: 256, valueBytes: 4 << 10, totalBytes: 64 << 10}
+	maxEnv      = stringsLimit{keys: 1000, keyBytes: 1 << 10, valueBytes: 128 << 10, totalBytes: 1 << 20}
+)
+
+// checkStrings refuses a map over its limits, with an empty key, or with
+// NUL bytes (env names may not contain '=' either).
+func checkStrings(field string, m map[string]string, l stringsLimit) error {
+	if len(m) > l.keys {
+		return apierr.New(apierr.BadRequest, "%s has %d keys; at most %d are allowed", field, len(m), l.keys)
+	}
+	total := 0
+	for k, v := range m {
+		switch {
+		case k == "":
+			return apierr.New(apierr.BadRequest, "%s keys must not be empty", field)
+		case len(k) > l.keyBytes:
+			return apierr.New(apierr.BadRequest, "%s keys must be at most %d bytes", field, l.keyBytes)
+		case len(v) > l.valueBytes:
+			return apierr.New(apierr.BadRequest, "%s values must be at most %d bytes (%q is %d)", field, l.valueBytes, k, len(v))
+		case strings.ContainsRune(k, 0) || strings.ContainsRune(v, 0):
+			return apierr.New(apierr.BadRequest, "%s must not contain NUL bytes", field)
+		case field == "env" && strings.ContainsRune(k, '='):
+			return apierr.New(apierr.BadRequest, "env names must not contain '='")
+		}
+		total += len(k) + len(v)
+	}
+	if total > l.totalBytes {
+		return apierr.New(apierr.BadRequest, "%s is %d bytes; at most %d are allowed", field, total, l.totalBytes)
+	}
+	return nil
 }
 
 // notFound is the answer for a sandbox the caller may not see.

@@ -41,6 +41,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,6 +71,14 @@ type Config struct {
 	// SweepInterval is how often stopped sandboxes (timed out, crashed)
 	// are recorded in the store [2s].
 	SweepInterval time.Duration
+	// BodyReadTimeout is the longest a request body may stall: every read
+	// of it must make progress within this time, so a long upload at any
+	// steady rate passes and a stalled one is cut [30s].
+	BodyReadTimeout time.Duration
+	// ReadHeaderTimeout bounds reading a request's headers [10s];
+	// IdleTimeout bounds a kept-alive connection between requests [2m].
+	ReadHeaderTimeout time.Duration
+	IdleTimeout       time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -84,6 +93,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.SweepInterval <= 0 {
 		c.SweepInterval = 2 * time.Second
+	}
+	if c.BodyReadTimeout <= 0 {
+		c.BodyReadTimeout = 30 * time.Second
+	}
+	if c.ReadHeaderTimeout <= 0 {
+		c.ReadHeaderTimeout = 10 * time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 2 * time.Minute
 	}
 }
 
@@ -141,8 +159,11 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		}
 		mux.ServeHTTP(w, r)
 	})
-	s.handler = s.requestID(s.accessLog(s.recoverPanics(top)))
-	s.http = &http.Server{Handler: s.handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+	s.handler = s.bodyDeadline(s.requestID(s.accessLog(s.recoverPanics(top))))
+	// No global ReadTimeout or WriteTimeout: they would cut long streams
+	// (executions, command output, uploads). Bodies get a per-read
+	// deadline instead (bodyDeadline); streams set their own.
+	s.http = &http.Server{Handler: s.handler, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	s.sweeper.Add(1)
 	go s.sweep()
@@ -219,6 +240,25 @@ func (s *Server) sweep() {
 			s.RecordStopped(context.Background())
 		}
 	}
+}
+
+// uploadFraming is what a multipart upload may add to its files' bytes
+// (part headers, boundaries).
+const uploadFraming = 1 << 20
+
+// bodyLimit is the most a request body may hold: file uploads the upload
+// limit (in total, however many files), anything else maxJSONBody; an
+// E2B input stream is a long-lived stream whose messages Connect bounds
+// one by one (0: no total).
+func (s *Server) bodyLimit(r *http.Request) int64 {
+	switch {
+	case e2b.IsStream(r):
+		return 0
+	case e2b.IsUpload(r),
+		(r.Method == http.MethodPut || r.Method == http.MethodPost) && strings.HasPrefix(r.URL.Path, "/v1/sandboxes/") && strings.HasSuffix(r.URL.Path, "/files"):
+		return s.cfg.MaxUploadBytes + uploadFraming
+	}
+	return maxJSONBody
 }
 
 func newID(prefix string) string {
