@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sheepfold/sheepfold/internal/config"
+	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 	"github.com/sheepfold/sheepfold/internal/template"
@@ -32,7 +33,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		maxSandboxes int
 		logFormat    string
 	)
-	var idleTimeout time.Duration
+	var idleTimeout, eventRetention time.Duration
 	poolSize := sandbox.DefaultPoolSize()
 	instance := ""
 	cmd := &cobra.Command{
@@ -64,9 +65,13 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if instance == "" {
 				instance = serverInstance(cfg.DataDir)
 			}
+			if eventRetention <= 0 {
+				return errors.New("--event-retention must be positive")
+			}
 			return serve(cmd.Context(), *cfg, listen, server.Config{
 				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version,
-			}, idleTimeout, slog.New(h), instance, func(c *sandbox.Config) { c.PoolSize = poolSize })
+			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
+				func(c *sandbox.Config) { c.PoolSize = poolSize })
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
@@ -74,6 +79,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's limit)")
 	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 10*time.Minute,
 		"stop a sandbox after this long with no request and no CPU use (0: never)")
+	cmd.Flags().DurationVar(&eventRetention, "event-retention", 7*24*time.Hour,
+		"how long sandbox events and webhook deliveries are kept")
 	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	cmd.Flags().IntVar(&poolSize, "pool", poolSize,
 		"sandboxes of the python template kept started ahead, pandas, numpy and matplotlib imported (0: no warm pool; default: one per CPU, at most one per 2 GiB)")
@@ -88,8 +95,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	return cmd
 }
 
-func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Config, idleTimeout time.Duration, log *slog.Logger,
-	instance string, engineOpts ...func(*sandbox.Config)) (err error) {
+func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Config, bcfg events.BusConfig,
+	idleTimeout time.Duration, log *slog.Logger, instance string, engineOpts ...func(*sandbox.Config)) (err error) {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
@@ -118,7 +125,14 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 	} else if n > 0 {
 		log.Info("marked sandboxes of the previous run stopped", "count", n)
 	}
-	// 3. The engine.
+	// 3. The event bus (stored, streamed, posted to webhooks): closed
+	// after the engine, so that every sandbox.stopped is kept.
+	bcfg.Logger = log
+	bus := events.NewBus(server.EventStore(st), bcfg)
+	defer bus.Close()
+	scfg.Events = bus
+	engineOpts = append(engineOpts, func(c *sandbox.Config) { c.Events = bus })
+	// 4. The engine.
 	eng, err := openEngine(ctx, cfg, instance, idleTimeout, log, engineOpts...)
 	if err != nil {
 		return err
@@ -129,7 +143,7 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 			eng.Close(context.Background())
 		}
 	}()
-	// 4. HTTP.
+	// 5. HTTP.
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err
@@ -160,7 +174,7 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 		log.Info("shutting down: draining requests", "timeout", drainTimeout)
 	}
 
-	// Stop in reverse: HTTP (drain), engine, records, database.
+	// Stop in reverse: HTTP (drain), engine, records, events, database.
 	dctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
 	if serr := srv.Shutdown(dctx); serr != nil {

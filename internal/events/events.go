@@ -1,8 +1,12 @@
 // Package events defines a sandbox's typed events (lifecycle, executions,
 // security violations, exceeded resources, policy changes) and the Sink
 // the engine, the kernels' reports and the network gateway emit them to.
-// The server fans them out live (SSE), keeps them in the store and posts
-// them to webhooks; see docs/ARCHITECTURE.md.
+// Bus (bus.go) is the server's Sink: it keeps every event in a Store and
+// fans it out live to subscribers (SSE) and hooks (webhooks); see
+// docs/ARCHITECTURE.md ("Events").
+//
+// Imports: the standard library only, so that everything that emits can
+// import it without reaching persistence or transport.
 package events
 
 import "time"

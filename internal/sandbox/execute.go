@@ -29,6 +29,7 @@ const (
 
 // ExecuteRequest asks for code to run in a context.
 type ExecuteRequest struct {
+	ID        string // names the execution in its events; generated when empty
 	Code      string
 	Language  string // used when ContextID is empty; default python
 	ContextID string
@@ -51,11 +52,8 @@ type Execution struct {
 	PeakMemoryBytes int64                 `json:"peak_memory_bytes"`
 }
 
-// Execute runs code in a context of the sandbox, streaming events to
-// onEvent (which may be nil) as they happen, and returns the whole record.
-// An error means the execution could not be run; code that fails, times
-// out or runs out of memory is reported in the Execution.
-func (s *Sandbox) Execute(ctx context.Context, req ExecuteRequest, onEvent func(agentproto.Event)) (*Execution, error) {
+// execute is Execute (execute_hooks.go) without the events around it.
+func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(agentproto.Event)) (*Execution, error) {
 	end, err := s.begin()
 	if err != nil {
 		return nil, err

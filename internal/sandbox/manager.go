@@ -182,6 +182,9 @@ type CreateOptions struct {
 	// Policy is the sandbox's security policy (internal/policy); nil means
 	// the defaults: no network, no import rules, no output filtering.
 	Policy *policy.Policy
+	// Owner is who the sandbox belongs to (the server's key owner). The
+	// engine only copies it into the sandbox's events, for their fan-out.
+	Owner string
 }
 
 // Create starts a sandbox and returns once its agent answers.
@@ -213,7 +216,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 
 	s := &Sandbox{
 		ID: newID(), Template: opt.Template, Limits: limits, ReadOnly: opt.ReadOnly,
-		Env: opt.Env, Metadata: opt.Metadata, Created: time.Now(), m: m, state: StateStarting,
+		Env: opt.Env, Metadata: opt.Metadata, Created: time.Now(), m: m, state: StateStarting, owner: opt.Owner,
 	}
 	m.mu.Lock()
 	switch {
@@ -247,6 +250,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	s.timer = time.AfterFunc(opt.Timeout, func() { m.expire(s) })
 	s.mu.Unlock()
 	m.log.Info("sandbox created", "sandbox", s.ID, "template", s.Template)
+	s.announce(false)
 	return s, nil
 }
 
@@ -351,7 +355,11 @@ func (m *Manager) destroy(s *Sandbox, reason string) error {
 	if s.timer != nil {
 		s.timer.Stop()
 	}
+	announced := s.announced
 	s.mu.Unlock()
+	if announced {
+		defer s.emit(events.SandboxStopped, "", map[string]any{"reason": reason})
+	}
 	// Destroying must finish even if the caller has gone away.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -364,6 +372,22 @@ func (m *Manager) destroy(s *Sandbox, reason string) error {
 	}
 	m.log.Info("sandbox stopped", "sandbox", s.ID, "reason", reason)
 	return nil
+}
+
+// announce emits sandbox.created; from then on the sandbox's stop is
+// reported too (a warm pool member is announced when handed out).
+func (s *Sandbox) announce(fromPool bool) {
+	s.mu.Lock()
+	s.announced = true
+	s.mu.Unlock()
+	s.emit(events.SandboxCreated, "", map[string]any{"template": s.Template, "pool": fromPool,
+		"memory_mb": s.Limits.MemoryBytes >> 20, "cpus": s.Limits.CPUs, "pids": s.Limits.Pids, "disk_mb": s.Limits.DiskBytes >> 20})
+}
+
+// emit sends one of the sandbox's events to Config.Events.
+func (s *Sandbox) emit(typ events.Type, executionID string, details map[string]any) {
+	s.m.cfg.Events.Emit(events.Event{Time: time.Now(), Type: typ, SandboxID: s.ID, Owner: s.owner,
+		ExecutionID: executionID, Details: details})
 }
 
 func (m *Manager) forget(id string) {
@@ -398,6 +422,9 @@ func (m *Manager) Close(ctx context.Context) error {
 	return errors.Join(append(errs, poolErr)...)
 }
 
+// reasonOOM is the stop reason of a sandbox whose agent the OOM killer took.
+const reasonOOM = "the sandbox ran out of memory"
+
 // gone marks a sandbox whose agent stopped answering and cleans it up.
 func (s *Sandbox) gone(err error) error {
 	if !errors.Is(err, errAgentGone) {
@@ -405,7 +432,7 @@ func (s *Sandbox) gone(err error) error {
 	}
 	reason := "the sandbox stopped unexpectedly"
 	if u, uerr := s.m.cfg.Runtime.Usage(context.Background(), s.ID); uerr == nil && u.OOMKills > 0 {
-		reason = "the sandbox ran out of memory"
+		reason = reasonOOM
 	}
 	_ = s.m.destroy(s, reason)
 	return apierr.Wrap(err, apierr.SandboxState, "%s", reason)

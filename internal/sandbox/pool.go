@@ -383,7 +383,7 @@ func (m *Manager) fromPool(opt CreateOptions, limits runtime.Limits) (s *Sandbox
 	// Until it is in the table the member is ours alone: its life as the
 	// caller's sandbox starts now.
 	now := time.Now()
-	s.Metadata, s.Env = opt.Metadata, opt.Env
+	s.Metadata, s.Env, s.owner = opt.Metadata, opt.Env, opt.Owner
 	s.Created = now
 	s.mu.Lock()
 	s.state = StateRunning
@@ -396,6 +396,7 @@ func (m *Manager) fromPool(opt CreateOptions, limits runtime.Limits) (s *Sandbox
 	m.mu.Unlock()
 	p.hits.Add(1)
 	m.log.Info("sandbox created", "sandbox", s.ID, "template", s.Template, "pool", "hit")
+	s.announce(true)
 	return s, true, nil
 }
 

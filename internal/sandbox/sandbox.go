@@ -31,6 +31,7 @@ type Sandbox struct {
 	Created  time.Time
 
 	m      *Manager
+	owner  string // CreateOptions.Owner, copied into events
 	agent  agentClient
 	pooled bool // started ahead by the warm pool and handed out by it
 	// ctxLangs maps the ids of the sandbox's code contexts to their
@@ -46,6 +47,7 @@ type Sandbox struct {
 	lastActive time.Time // the last request, or the last CPU seen in use
 	lastCPU    uint64    // CPUNanos at the last idle check
 	busy       int       // requests in flight
+	announced  bool      // sandbox.created was emitted, so sandbox.stopped will be
 }
 
 // Info is a snapshot of a sandbox for listings.

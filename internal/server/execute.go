@@ -72,7 +72,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ereq := sandbox.ExecuteRequest{Code: req.Code, Language: req.Language, ContextID: req.ContextID,
+	ereq := sandbox.ExecuteRequest{ID: newID("exe_"), Code: req.Code, Language: req.Language, ContextID: req.ContextID,
 		Env: req.Env, Timeout: timeout}
 	started := time.Now()
 
@@ -82,7 +82,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
-		s.recordExecution(r, b, req, ex, started)
+		s.recordExecution(r, b, ereq.ID, req, ex, started)
 		writeJSON(w, http.StatusOK, executionOf(ex))
 		return nil
 	}
@@ -105,19 +105,19 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 		}
 	})
 	if err == nil {
-		s.recordExecution(r, b, req, ex, started)
+		s.recordExecution(r, b, ereq.ID, req, ex, started)
 	}
 	view := executionOf(ex)
 	s.end(st, w, r, err, "done", view, map[string]any{"type": "done", "execution": view})
 	return nil
 }
 
-func (s *Server) recordExecution(r *http.Request, b *box, req executeRequest, ex *sandbox.Execution, started time.Time) {
+func (s *Server) recordExecution(r *http.Request, b *box, id string, req executeRequest, ex *sandbox.Execution, started time.Time) {
 	lang := req.Language
 	if lang == "" && req.ContextID == "" {
 		lang = "python"
 	}
-	rec := store.Execution{ID: newID("exe_"), SandboxID: b.sb.ID, Owner: b.owner, Language: lang,
+	rec := store.Execution{ID: id, SandboxID: b.sb.ID, Owner: b.owner, Language: lang,
 		Status: ex.Status, ErrorCode: string(ex.ErrorCode), ExecutionTimeMS: ex.ExecutionTimeMS,
 		CPUTimeMS: ex.CPUTimeMS, PeakMemoryBytes: ex.PeakMemoryBytes, CreatedAt: started}
 	if err := s.store.AddExecution(context.WithoutCancel(r.Context()), rec); err != nil {

@@ -34,6 +34,7 @@ func (s *Server) routesInto(mux *http.ServeMux) {
 	s.contextRoutes(add)
 	s.commandRoutes(add)
 	s.fileRoutes(add)
+	s.eventRoutes(add)
 	// Anything else is a JSON 404, not the mux's plain text.
 	mux.Handle("/", s.endpoint(false, func(w http.ResponseWriter, r *http.Request) error {
 		return apierr.New(apierr.NotFound, "no route %s %s", r.Method, r.URL.Path)

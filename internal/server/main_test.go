@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/runtime/fake"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
@@ -73,6 +74,7 @@ type env struct {
 	keyB    string // owner B
 	revoked string
 	rt      *fake.Runtime
+	bus     *events.Bus
 }
 
 // newEnv starts a server; opts adjust the engine's Config.
@@ -88,7 +90,9 @@ func newEnv(t *testing.T, cfg server.Config, opts ...func(*sandbox.Config)) *env
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	scfg := sandbox.Config{Runtime: rt, Logger: log,
+	bus := events.NewBus(server.EventStore(st), events.BusConfig{Logger: log})
+	cfg.Events = bus
+	scfg := sandbox.Config{Runtime: rt, Logger: log, Events: bus,
 		Templates: sandbox.TemplatesFunc(func(name string) (string, error) {
 			if name != "python" {
 				return "", os.ErrNotExist
@@ -107,7 +111,7 @@ func newEnv(t *testing.T, cfg server.Config, opts ...func(*sandbox.Config)) *env
 	}
 	srv := server.New(cfg, st, m, log)
 	hs := httptest.NewServer(srv)
-	e := &env{t: t, srv: srv, url: hs.URL, store: st, engine: m, rt: rt}
+	e := &env{t: t, srv: srv, url: hs.URL, store: st, engine: m, rt: rt, bus: bus}
 	for _, p := range []*string{&e.keyA, &e.keyB, &e.revoked} {
 		k, secret, err := auth.Create(ctx, st, auth.CreateOptions{})
 		if err != nil {
@@ -125,6 +129,7 @@ func newEnv(t *testing.T, cfg server.Config, opts ...func(*sandbox.Config)) *env
 			t.Error(err)
 		}
 		srv.RecordStopped(ctx)
+		bus.Close()
 		st.Close()
 	})
 	return e

@@ -166,6 +166,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 		s.mu.Unlock()
 	}
 
+	opt.Owner = own
 	sb, err := s.engine.Create(context.WithoutCancel(ctx), opt)
 	if err != nil {
 		release()

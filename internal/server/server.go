@@ -28,7 +28,7 @@
 //     recorded in the store by a sweeper every Config.SweepInterval, and
 //     at once by any request that meets them.
 //
-// Imports: internal/sandbox, internal/store, internal/auth, internal/apierr,
+// Imports: internal/sandbox, internal/store, internal/events, internal/auth, internal/apierr,
 // internal/agentproto, internal/runtime (limits) and api (the OpenAPI
 // document). Never a runtime implementation: the engine is handed in.
 package server
@@ -48,6 +48,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/e2b"
+	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -79,6 +80,11 @@ type Config struct {
 	// IdleTimeout bounds a kept-alive connection between requests [2m].
 	ReadHeaderTimeout time.Duration
 	IdleTimeout       time.Duration
+	// Events is the bus the engine emits to (its Config.Events): the
+	// server streams, lists and posts (webhooks) what it stores. Nil
+	// makes a bus of the server's own over the store, which then sees
+	// only what is emitted to it (Server.Events).
+	Events *events.Bus
 }
 
 func (c *Config) setDefaults() {
@@ -116,11 +122,16 @@ type Server struct {
 	handler http.Handler
 	routes  []string
 
-	http     *http.Server
-	draining atomic.Bool
-	stop     chan struct{}
-	stopOnce sync.Once
-	sweeper  sync.WaitGroup
+	bus         *events.Bus
+	ownBus      bool          // bus was made by New, closed by Shutdown
+	streamsDone chan struct{} // closed when Shutdown begins: event streams end
+
+	http        *http.Server
+	draining    atomic.Bool
+	stop        chan struct{}
+	stopOnce    sync.Once
+	streamsOnce sync.Once
+	sweeper     sync.WaitGroup
 
 	// mu guards boxes.
 	mu    sync.Mutex
@@ -146,6 +157,10 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		auth:  &auth.Authenticator{Store: st},
 		boxes: map[string]*box{},
 		stop:  make(chan struct{}),
+		bus:   cfg.Events, streamsDone: make(chan struct{}),
+	}
+	if s.bus == nil && st != nil {
+		s.bus, s.ownBus = events.NewBus(EventStore(st), events.BusConfig{Logger: log}), true
 	}
 	mux := http.NewServeMux()
 	s.routesInto(mux)
@@ -165,6 +180,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	// deadline instead (bodyDeadline); streams set their own.
 	s.http = &http.Server{Handler: s.handler, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout,
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	s.http.RegisterOnShutdown(s.endStreams)
 	s.sweeper.Add(1)
 	go s.sweep()
 	return s
@@ -191,11 +207,23 @@ func (s *Server) Serve(ln net.Listener) error {
 // close; call RecordStopped after closing it.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
+	s.endStreams()
 	err := s.http.Shutdown(ctx)
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.sweeper.Wait()
+	if s.ownBus {
+		s.bus.Close()
+	}
 	return err
 }
+
+// endStreams ends the event streams, which never end on their own.
+func (s *Server) endStreams() {
+	s.streamsOnce.Do(func() { close(s.streamsDone) })
+}
+
+// Events is the sink of the server's bus.
+func (s *Server) Events() events.Sink { return s.bus }
 
 // RecordStopped records in the store every sandbox the engine has
 // stopped, with its reason. Shutdown's callers call it after closing the

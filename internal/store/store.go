@@ -1,7 +1,7 @@
-// Package store is the server's persistence: API keys, sandbox records and
-// execution records. Store is the interface the server uses; sqlite/ is the
-// implementation for one host (postgres/ can follow behind the same
-// interface).
+// Package store is the server's persistence: API keys, sandbox records,
+// execution records, events and webhooks (events.go). Store is the
+// interface the server uses; sqlite/ is the implementation for one host
+// (postgres/ can follow behind the same interface).
 //
 // Imports: the standard library only. Implementations live in
 // subpackages and may import their database driver.
@@ -70,6 +70,8 @@ type SandboxFilter struct {
 // Store persists the server's state. Implementations are safe for
 // concurrent use.
 type Store interface {
+	EventStore
+
 	CreateKey(ctx context.Context, k Key) error
 	// KeyByHash returns the key with this hash, revoked or not.
 	KeyByHash(ctx context.Context, hash string) (Key, error)

@@ -1,0 +1,232 @@
+package events_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/events"
+)
+
+// memStore is an events.Store in memory (the SQLite one is tested through
+// the server).
+type memStore struct {
+	mu     sync.Mutex
+	evs    []events.Event
+	nextID int64
+}
+
+func openStore(*testing.T) *memStore { return &memStore{} }
+
+func (m *memStore) AddEvents(_ context.Context, evs []events.Event) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range evs {
+		m.nextID++
+		evs[i].ID = m.nextID
+		m.evs = append(m.evs, evs[i])
+	}
+	return nil
+}
+
+func (m *memStore) ListEvents(_ context.Context, q events.Query) ([]events.Event, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := []events.Event{}
+	for _, e := range m.evs {
+		if e.Owner != q.Owner || q.SandboxID != "" && e.SandboxID != q.SandboxID ||
+			len(q.Types) > 0 && !slices.Contains(q.Types, e.Type) || e.Time.Before(q.Since) ||
+			e.ID <= q.AfterID || q.UpToID > 0 && e.ID > q.UpToID {
+			continue
+		}
+		if out = append(out, e); q.Limit > 0 && len(out) == q.Limit {
+			break
+		}
+	}
+	return out, nil
+}
+
+func (m *memStore) DeleteEventsBefore(_ context.Context, t time.Time) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := len(m.evs)
+	m.evs = slices.DeleteFunc(m.evs, func(e events.Event) bool { return e.Time.Before(t) })
+	return n - len(m.evs), nil
+}
+
+func query(b *events.Bus, owner string, after, upTo int64) []events.Event {
+	l, _ := b.Query(context.Background(), events.Query{Filter: events.Filter{Owner: owner}, AfterID: after, UpToID: upTo})
+	return l
+}
+
+func recv(t *testing.T, s *events.Subscription) events.Event {
+	t.Helper()
+	select {
+	case e, ok := <-s.C():
+		if !ok {
+			t.Fatal("subscription closed")
+		}
+		return e
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event within 5s")
+	}
+	return events.Event{}
+}
+
+func TestBusStoresAndFansOut(t *testing.T) {
+	t.Parallel()
+	db := openStore(t)
+	b := events.NewBus(db, events.BusConfig{})
+	defer b.Close()
+	mine := b.Subscribe(events.Filter{Owner: "o1"})
+	box := b.Subscribe(events.Filter{Owner: "o1", SandboxID: "a", Types: []events.Type{events.ExecutionFinished}})
+	other := b.Subscribe(events.Filter{Owner: "o2"})
+	defer mine.Close()
+	defer box.Close()
+	defer other.Close()
+
+	b.Emit(events.Event{Type: events.SandboxCreated, SandboxID: "a", Owner: "o1", Details: map[string]any{"template": "python"}})
+	b.Emit(events.Event{Type: events.ExecutionFinished, SandboxID: "b", Owner: "o1"})
+	b.Emit(events.Event{Type: events.ExecutionFinished, SandboxID: "a", Owner: "o1", ExecutionID: "x",
+		Details: map[string]any{"status": "success"}})
+
+	e1, e2, e3 := recv(t, mine), recv(t, mine), recv(t, mine)
+	if e1.Type != events.SandboxCreated || e1.ID == 0 || e1.Time.IsZero() || !(e1.ID < e2.ID && e2.ID < e3.ID) {
+		t.Fatalf("owner stream: %+v %+v %+v", e1, e2, e3)
+	}
+	if e := recv(t, box); e.ID != e3.ID || e.ExecutionID != "x" {
+		t.Fatalf("filtered stream got %+v, want event %d", e, e3.ID)
+	}
+	select {
+	case e := <-other.C():
+		t.Fatalf("another owner saw %+v", e)
+	default:
+	}
+	stored := query(b, "o1", 0, 0)
+	if len(stored) != 3 || stored[2].Details["status"] != "success" || stored[0].Details["template"] != "python" {
+		t.Fatalf("stored: %+v", stored)
+	}
+}
+
+// A subscriber that does not read is dropped as lagged; emitters never
+// wait for it, and the others still get everything.
+func TestBusSlowSubscriberIsDroppedNotWaitedFor(t *testing.T) {
+	t.Parallel()
+	b := events.NewBus(openStore(t), events.BusConfig{SubscriberBuffer: 4})
+	defer b.Close()
+	slow := b.Subscribe(events.Filter{Owner: "o"})
+	defer slow.Close()
+	fast := b.Subscribe(events.Filter{Owner: "o"})
+	defer fast.Close()
+	const n = 50
+	var emitting time.Duration
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		b.Emit(events.Event{Type: events.ExecutionStarted, SandboxID: "s", Owner: "o"})
+		emitting += time.Since(t0)
+		if e := recv(t, fast); e.Type != events.ExecutionStarted {
+			t.Fatalf("fast subscriber got %+v", e)
+		}
+	}
+	if emitting > 100*time.Millisecond {
+		t.Fatalf("emitting %d events took %s", n, emitting)
+	}
+	for range slow.C() { // drains the buffer, then ends: the channel was closed
+	}
+	if !slow.Lagged() {
+		t.Fatal("the slow subscriber was not marked lagged")
+	}
+	if fast.Lagged() {
+		t.Fatal("the fast subscriber was marked lagged")
+	}
+}
+
+// A reader resuming from any ID, while events keep coming, sees every
+// later event exactly once: the store's (last, From] and then the live
+// channel.
+func TestBusResumeHasNoGapNoDuplicate(t *testing.T) {
+	t.Parallel()
+	b := events.NewBus(openStore(t), events.BusConfig{SubscriberBuffer: 10000})
+	defer b.Close()
+	f := events.Filter{Owner: "o"}
+	const total = 400
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; i < total; i++ {
+			b.Emit(events.Event{Type: events.ExecutionStarted, SandboxID: "s", Owner: "o"})
+			if i%50 == 0 {
+				time.Sleep(time.Millisecond) // let batches of different sizes form
+			}
+		}
+	}()
+	// Wait for some events to be stored, then resume from the middle.
+	var last int64
+	for {
+		if l := query(b, "o", 0, 0); len(l) >= 50 {
+			last = l[24].ID
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	sub := b.Subscribe(f)
+	defer sub.Close()
+	replay := query(b, "o", last, sub.From)
+	seen := []int64{}
+	for _, e := range replay {
+		seen = append(seen, e.ID)
+	}
+	wg.Wait()
+	for len(seen) < total-25 {
+		seen = append(seen, recv(t, sub).ID)
+	}
+	all := query(b, "o", last, 0)
+	if len(all) != len(seen) {
+		t.Fatalf("saw %d events after %d, the store has %d", len(seen), last, len(all))
+	}
+	for i := range all {
+		if all[i].ID != seen[i] {
+			t.Fatalf("event %d: saw id %d, want %d", i, seen[i], all[i].ID)
+		}
+	}
+}
+
+func TestBusCloseStoresPendingAndEndsSubscriptions(t *testing.T) {
+	t.Parallel()
+	db := openStore(t)
+	b := events.NewBus(db, events.BusConfig{})
+	sub := b.Subscribe(events.Filter{Owner: "o"})
+	for i := 0; i < 100; i++ {
+		b.Emit(events.Event{Type: events.SandboxStopped, SandboxID: "s", Owner: "o"})
+	}
+	b.Close()
+	n := 0
+	for range sub.C() {
+		n++
+	}
+	if sub.Lagged() {
+		t.Fatal("closing the bus is not lagging")
+	}
+	if l := query(b, "o", 0, 0); len(l) != 100 {
+		t.Fatalf("%d of 100 events stored at close", len(l))
+	}
+	b.Emit(events.Event{Type: events.SandboxStopped, SandboxID: "s", Owner: "o"}) // dropped, no panic
+}
+
+func TestBusRetention(t *testing.T) {
+	t.Parallel()
+	db := openStore(t)
+	old := []events.Event{{Time: time.Now().Add(-2 * time.Hour), Type: events.SandboxCreated, Owner: "o"}}
+	if err := db.AddEvents(context.Background(), old); err != nil {
+		t.Fatal(err)
+	}
+	b := events.NewBus(db, events.BusConfig{Retention: time.Hour})
+	b.Emit(events.Event{Type: events.SandboxCreated, Owner: "o"})
+	b.Close() // the expiry pass at start ran before Close returned
+	if l := query(b, "o", 0, 0); len(l) != 1 || l[0].ID == old[0].ID {
+		t.Fatalf("after retention: %+v", l)
+	}
+}

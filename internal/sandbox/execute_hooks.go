@@ -1,0 +1,72 @@
+package sandbox
+
+import (
+	"context"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/events"
+)
+
+// Execute runs code in a context of the sandbox, streaming events to
+// onEvent (which may be nil) as they happen, and returns the whole record.
+// An error means the execution could not be run; code that fails, times
+// out or runs out of memory is reported in the Execution.
+//
+// Around the execution itself (execute.go) it emits execution.started and
+// execution.finished (and resource_exceeded for a limit the execution hit).
+func (s *Sandbox) Execute(ctx context.Context, req ExecuteRequest, onEvent func(agentproto.Event)) (*Execution, error) {
+	if err := s.running(); err != nil {
+		return nil, err
+	}
+	if req.ID == "" {
+		req.ID = "exe_" + newID()
+	}
+	lang := req.Language
+	if lang == "" && req.ContextID == "" {
+		lang = "python"
+	}
+	s.emit(events.ExecutionStarted, req.ID, map[string]any{"language": lang, "context_id": req.ContextID})
+	ex, err := s.execute(ctx, req, onEvent)
+	s.executionFinished(req, ex, err)
+	return ex, err
+}
+
+// executionFinished emits execution.finished, and resource_exceeded when
+// the execution hit a limit.
+func (s *Sandbox) executionFinished(req ExecuteRequest, ex *Execution, err error) {
+	if err != nil {
+		code := apierr.CodeOf(err)
+		s.emit(events.ExecutionFinished, req.ID, map[string]any{"status": "failed", "error_code": code})
+		if code == apierr.SandboxState && s.State() != StateRunning && s.Info().StopReason == reasonOOM {
+			s.emit(events.ResourceExceeded, req.ID, map[string]any{"resource": events.ResourceMemory,
+				"limit": s.Limits.MemoryBytes, "unit": "bytes"})
+		}
+		return
+	}
+	s.emit(events.ExecutionFinished, req.ID, map[string]any{"status": ex.Status, "error_code": ex.ErrorCode,
+		"duration_ms": ex.ExecutionTimeMS, "cpu_time_ms": ex.CPUTimeMS, "peak_memory_bytes": ex.PeakMemoryBytes})
+	var exceeded map[string]any
+	switch {
+	case ex.Status == ExecTimeout:
+		timeout := req.Timeout
+		if timeout <= 0 {
+			timeout = DefaultExecTimeout
+		}
+		exceeded = map[string]any{"resource": events.ResourceWallTime, "limit": timeout.Milliseconds(),
+			"observed": ex.ExecutionTimeMS, "unit": "ms"}
+	case ex.ErrorCode == apierr.OutputLimit:
+		limit := req.MaxOutput
+		if limit <= 0 {
+			limit = DefaultMaxOutput
+		}
+		exceeded = map[string]any{"resource": events.ResourceOutput, "limit": limit,
+			"observed": int64(len(ex.Stdout) + len(ex.Stderr)), "unit": "bytes"}
+	case ex.ErrorCode == apierr.OutOfMemory:
+		exceeded = map[string]any{"resource": events.ResourceMemory, "limit": s.Limits.MemoryBytes,
+			"observed": ex.PeakMemoryBytes, "unit": "bytes"}
+	}
+	if exceeded != nil {
+		s.emit(events.ResourceExceeded, req.ID, exceeded)
+	}
+}
