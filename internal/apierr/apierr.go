@@ -38,6 +38,9 @@ const (
 	RateLimited          Code = "ERR_RATE_LIMITED"
 	Capacity             Code = "ERR_CAPACITY"
 	Internal             Code = "ERR_INTERNAL"
+	MethodNotAllowed     Code = "ERR_METHOD_NOT_ALLOWED"
+	StorageUnavailable   Code = "ERR_STORAGE_UNAVAILABLE"
+	ShuttingDown         Code = "ERR_SHUTTING_DOWN"
 )
 
 // Status is the HTTP status of each code.
@@ -62,6 +65,9 @@ var Status = map[Code]int{
 	RateLimited:          http.StatusTooManyRequests,
 	Capacity:             http.StatusServiceUnavailable,
 	Internal:             http.StatusInternalServerError,
+	MethodNotAllowed:     http.StatusMethodNotAllowed,
+	StorageUnavailable:   http.StatusServiceUnavailable,
+	ShuttingDown:         http.StatusServiceUnavailable,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

@@ -67,7 +67,7 @@ func (h *Handler) controlMux() http.Handler {
 	// Signed file URLs arrive without sandbox headers.
 	mux.HandleFunc("/files", h.signedFiles)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeControlError(w, &statusError{http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
+		writeControlError(w, noRoute(w, mux, r))
 	})
 	return mux
 }
@@ -98,6 +98,24 @@ func writeControlError(w http.ResponseWriter, err error) {
 		}
 	}
 	writeJSON(w, status, map[string]any{"code": status, "message": msg})
+}
+
+// noRoute is the answer for a request no route of mux takes: 405 with
+// Allow when another method of its path has one, else 404.
+func noRoute(w http.ResponseWriter, mux *http.ServeMux, r *http.Request) *statusError {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		probe := *r
+		probe.Method = m
+		if _, pattern := mux.Handler(&probe); pattern != "" && pattern != "/" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		return &statusError{http.StatusMethodNotAllowed, fmt.Sprintf("%s %s is not allowed; use %s", r.Method, r.URL.Path, strings.Join(allow, " or "))}
+	}
+	return &statusError{http.StatusNotFound, fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)}
 }
 
 func badRequest(format string, args ...any) error {

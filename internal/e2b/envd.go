@@ -69,7 +69,8 @@ func (h *Handler) envdMux() http.Handler {
 	})
 	mux.HandleFunc("/files", h.files)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotFound, map[string]any{"code": http.StatusNotFound, "message": "no route " + r.Method + " " + r.URL.Path})
+		e := noRoute(w, mux, r)
+		writeJSON(w, e.status, map[string]any{"code": e.status, "message": e.message})
 	})
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

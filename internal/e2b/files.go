@@ -157,42 +157,61 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 		writeFilesError(w, http.StatusBadRequest, "path %s is a directory", fi.Path)
 		return
 	}
-	gz := acceptsGzip(r.Header.Get("Accept-Encoding"))
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": path.Base(fi.Path)}))
-	var out io.Writer = w
-	var zw *gzip.Writer
-	if gz {
-		w.Header().Set("Content-Encoding", "gzip")
-		zw = gzip.NewWriter(w)
-		out = zw
-	} else {
-		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
-	}
-	cw := &countWriter{w: out}
-	if _, err := sb.ReadFile(ctx, p, cw, 0, as(ctx)); err != nil {
-		if cw.n == 0 && !gz {
-			w.Header().Del("Content-Length")
-			w.Header().Del("Content-Disposition")
+	// The success headers go out with the first byte of the file, so that
+	// a file that cannot be read (permissions) still gets its error status.
+	out := &lazyBody{w: w, gzip: acceptsGzip(r.Header.Get("Accept-Encoding")), size: fi.Size, name: path.Base(fi.Path)}
+	if _, err := sb.ReadFile(ctx, p, out, 0, as(ctx)); err != nil {
+		if !out.started {
 			writeFilesError(w, filesStatus(err), "%s", apierr.From(err).Message)
 			return
 		}
 		panic(http.ErrAbortHandler) // the body is cut short: make it visible
 	}
-	if zw != nil {
-		zw.Close()
+	out.finish()
+}
+
+// lazyBody writes a download's headers at its first byte (or at finish,
+// for an empty file), gzip-encoding the body when the client accepts it.
+type lazyBody struct {
+	w       http.ResponseWriter
+	gzip    bool
+	size    int64
+	name    string
+	started bool
+	zw      *gzip.Writer
+}
+
+func (b *lazyBody) start() {
+	b.started = true
+	h := b.w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": b.name}))
+	if b.gzip {
+		h.Set("Content-Encoding", "gzip")
+		b.zw = gzip.NewWriter(b.w)
+	} else {
+		h.Set("Content-Length", strconv.FormatInt(b.size, 10))
 	}
+	b.w.WriteHeader(http.StatusOK)
 }
 
-type countWriter struct {
-	w io.Writer
-	n int64
+func (b *lazyBody) Write(p []byte) (int, error) {
+	if !b.started {
+		b.start()
+	}
+	if b.zw != nil {
+		return b.zw.Write(p)
+	}
+	return b.w.Write(p)
 }
 
-func (c *countWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
+func (b *lazyBody) finish() {
+	if !b.started {
+		b.start()
+	}
+	if b.zw != nil {
+		b.zw.Close()
+	}
 }
 
 func acceptsGzip(h string) bool {

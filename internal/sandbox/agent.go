@@ -103,6 +103,11 @@ func (c *agentClient) ioErr(ctx context.Context, what string, err error) error {
 	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
 		return fmt.Errorf("%s: %w", what, errAgentGone)
 	}
+	if what == "send request" && errors.Is(err, agentproto.ErrFrameTooLarge) {
+		// The caller's own request (code, a command line, a path) is
+		// over the protocol's frame size.
+		return apierr.Wrap(err, apierr.BadRequest, "the request is too large: code, command lines, paths and environments may hold at most %d MiB together", agentproto.MaxFrame>>20)
+	}
 	return fmt.Errorf("%s: %w", what, err)
 }
 

@@ -42,8 +42,13 @@ const (
 	cmdOutputLimit = "output_limit" // killed when its output passed the cap
 )
 
-// defaultCommandTimeout bounds a foreground command that names no timeout.
-const defaultCommandTimeout = 60 * time.Second
+// defaultCommandTimeout bounds a foreground command that names no timeout;
+// maxCommandTimeout is the longest timeout_ms (more would overflow a
+// time.Duration in nanoseconds on its way to the agent).
+const (
+	defaultCommandTimeout = 60 * time.Second
+	maxCommandTimeout     = 30 * 24 * time.Hour
+)
 
 type commandJSON struct {
 	PID       int    `json:"pid"`
@@ -77,8 +82,8 @@ func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) error {
 	}
 	spec := sandbox.ProcessSpec{Cmd: req.Cmd, Args: req.Args, Env: req.Env, Cwd: req.Cwd, Tag: req.Tag, Stdin: req.Stdin}
 	if req.TimeoutMS != nil {
-		if *req.TimeoutMS < 0 {
-			return apierr.New(apierr.BadRequest, "timeout_ms must not be negative")
+		if *req.TimeoutMS < 0 || *req.TimeoutMS > maxCommandTimeout.Milliseconds() {
+			return apierr.New(apierr.BadRequest, "timeout_ms must be from 0 (none) to %d (30 days)", maxCommandTimeout.Milliseconds())
 		}
 		spec.TimeoutMS = *req.TimeoutMS
 	} else if !req.Background {
@@ -92,14 +97,15 @@ func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) error {
 		// The process outlives the request.
 		pid, err := b.sb.Start(context.WithoutCancel(r.Context()), spec)
 		if err != nil {
-			return err
+			return explainCwd(r.Context(), b.sb, spec.Cwd, err)
 		}
 		writeJSON(w, http.StatusAccepted, map[string]int{"pid": pid})
 		return nil
 	}
 	spec.MaxOutputBytes = sandbox.DefaultMaxOutput
 	return s.followProcess(w, r, b, wantStream(r, streamNone), func(ctx context.Context, on func(agentproto.Event)) (*sandbox.ProcessResult, error) {
-		return b.sb.Run(ctx, spec, on)
+		res, err := b.sb.Run(ctx, spec, on)
+		return res, explainCwd(ctx, b.sb, spec.Cwd, err)
 	})
 }
 

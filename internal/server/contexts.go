@@ -1,9 +1,12 @@
 package server
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
 func (s *Server) contextRoutes(add addFunc) {
@@ -33,7 +36,7 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 	}
 	c, err := b.sb.CreateContext(r.Context(), agentproto.ContextSpec{Language: req.Language, Cwd: req.Cwd, Env: req.Env})
 	if err != nil {
-		return err
+		return explainCwd(r.Context(), b.sb, req.Cwd, err)
 	}
 	writeJSON(w, http.StatusCreated, c)
 	return nil
@@ -75,4 +78,24 @@ func (s *Server) deleteContext(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// explainCwd turns a failure to start something in cwd into a 400 when cwd
+// is the reason: the kernel's own error ("fork/exec /usr/bin/python3: no
+// such file or directory") names the interpreter, not the directory. It
+// costs a Stat only after a failure.
+func explainCwd(ctx context.Context, sb *sandbox.Sandbox, cwd string, err error) error {
+	if cwd == "" || apierr.CodeOf(err) != apierr.Internal || ctx.Err() != nil {
+		return err
+	}
+	fi, serr := sb.Stat(ctx, cwd)
+	switch {
+	case apierr.CodeOf(serr) == apierr.NotFound:
+		return apierr.Wrap(err, apierr.BadRequest, "cwd %s does not exist", cwd)
+	case serr == nil && fi.Type != "dir":
+		return apierr.Wrap(err, apierr.BadRequest, "cwd %s is not a directory", cwd)
+	case apierr.CodeOf(serr) == apierr.PathNotAllowed:
+		return apierr.Wrap(err, apierr.BadRequest, "cwd %s is not accessible", cwd)
+	}
+	return err
 }

@@ -35,10 +35,29 @@ func (s *Server) routesInto(mux *http.ServeMux) {
 	s.commandRoutes(add)
 	s.fileRoutes(add)
 	s.eventRoutes(add)
-	// Anything else is a JSON 404, not the mux's plain text.
+	// Anything else is a JSON 405 for a known path, else a JSON 404, not
+	// the mux's plain text.
 	mux.Handle("/", s.endpoint(false, func(w http.ResponseWriter, r *http.Request) error {
+		if allow := allowed(mux, r); len(allow) > 0 {
+			w.Header().Set("Allow", strings.Join(allow, ", "))
+			return apierr.New(apierr.MethodNotAllowed, "%s %s is not allowed; use %s", r.Method, r.URL.Path, strings.Join(allow, " or "))
+		}
 		return apierr.New(apierr.NotFound, "no route %s %s", r.Method, r.URL.Path)
 	}))
+}
+
+// allowed returns the methods mux has a route for at r's path, other
+// than its catch-all "/".
+func allowed(mux *http.ServeMux, r *http.Request) []string {
+	var allow []string
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		probe := *r
+		probe.Method = m
+		if _, pattern := mux.Handler(&probe); pattern != "" && pattern != "/" {
+			allow = append(allow, m)
+		}
+	}
+	return allow
 }
 
 type addFunc func(pattern string, authed bool, h handlerFunc)

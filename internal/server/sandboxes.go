@@ -80,6 +80,15 @@ type createRequest struct {
 	SandboxConfig *sandboxConfigJSON `json:"sandbox_config"`
 }
 
+// The largest resources a request may name, far above any host and far
+// below overflowing the engine's byte counts (memory_mb << 20 overflows
+// int64 at 2^43). Admission then checks what the host can hold.
+const (
+	maxCPUs = 1024
+	maxMB   = 1 << 30 // 1 PiB
+	maxPids = 1 << 22
+)
+
 // seconds converts a positive number of seconds to a duration.
 func seconds(field string, v float64, limit time.Duration) (time.Duration, error) {
 	if v <= 0 || math.IsNaN(v) || v > limit.Seconds() {
@@ -104,6 +113,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		if res.CPUs < 0 || res.MemoryMB < 0 || res.DiskMB < 0 || res.Pids < 0 {
 			return apierr.New(apierr.BadRequest, "resources must not be negative")
 		}
+		if res.CPUs > maxCPUs || res.MemoryMB > maxMB || res.DiskMB > maxMB || res.Pids > maxPids {
+			return apierr.New(apierr.BadRequest, "resources are too large: at most %d cpus, %d memory_mb and disk_mb, %d pids", maxCPUs, maxMB, maxPids)
+		}
 		opt.Limits = runtime.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryMB << 20, DiskBytes: res.DiskMB << 20, Pids: res.Pids}
 	}
 	var execTimeout time.Duration
@@ -117,8 +129,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 		if sc.MaxMemoryMB != nil {
-			if *sc.MaxMemoryMB <= 0 {
-				return apierr.New(apierr.BadRequest, "sandbox_config.max_memory_mb must be positive")
+			if *sc.MaxMemoryMB <= 0 || *sc.MaxMemoryMB > maxMB {
+				return apierr.New(apierr.BadRequest, "sandbox_config.max_memory_mb must be from 1 to %d", maxMB)
 			}
 			opt.Limits.MemoryBytes = *sc.MaxMemoryMB << 20
 		}

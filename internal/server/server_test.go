@@ -633,7 +633,7 @@ func TestContexts(t *testing.T) {
 	e := newEnv(t, server.Config{})
 	id := e.create(e.keyA, nil)
 	base := "/v1/sandboxes/" + id + "/contexts"
-	want(t, e.do("MKDIR", base, e.keyA, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+	want(t, e.do("MKDIR", base, e.keyA, nil), http.StatusMethodNotAllowed, "ERR_METHOD_NOT_ALLOWED")
 	r := e.do("POST", base, e.keyA, map[string]any{"language": "python", "cwd": "/tmp"})
 	want(t, r, http.StatusCreated, "")
 	c := r.json(t)
