@@ -36,6 +36,20 @@ type Spec struct {
 	Env []string
 	// Hostname inside the sandbox; default "sandbox".
 	Hostname string
+	// Network, when set, gives the sandbox a network interface; nil keeps
+	// it to its loopback alone.
+	Network *Network
+}
+
+// Network connects a sandbox to the host's egress gateway. The runtime
+// creates the sandbox's processes stopped, calls Attach with the host pid
+// of its init (whose network namespace is the sandbox's), and starts the
+// sandbox only once Attach returned: no code of the sandbox runs before
+// its interface exists. ResolvConf becomes the sandbox's /etc/resolv.conf
+// (read-only).
+type Network struct {
+	ResolvConf string
+	Attach     func(ctx context.Context, pid int) error
 }
 
 // Instance is a running sandbox as the runtime sees it.

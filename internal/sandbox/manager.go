@@ -16,6 +16,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/runtime"
@@ -56,6 +57,10 @@ type Config struct {
 	PoolPreload   []string // modules members import ahead [DefaultPoolPreload]
 	// Events receives every sandbox's events (internal/events) [events.Discard].
 	Events events.Sink
+	// Egress configures the network gateway of sandboxes whose policy
+	// allows a network (internal/egress); its Events and Logger default
+	// to the Manager's.
+	Egress egress.Options
 	Logger *slog.Logger
 }
 
@@ -85,6 +90,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Events == nil {
 		c.Events = events.Discard
+	}
+	if c.Egress.Events == nil {
+		c.Egress.Events = c.Events
+	}
+	if c.Egress.Logger == nil {
+		c.Egress.Logger = c.Logger
 	}
 	if c.PoolSize < 0 {
 		return errors.New("sandbox: PoolSize must not be negative")
@@ -210,8 +221,22 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	if err != nil {
 		return nil, apierr.Wrap(err, apierr.TemplateNotFound, "template %q is not available: %v", opt.Template, err)
 	}
-	if s, ok, err := m.fromPool(opt, limits); ok {
-		return s, err
+	var netPolicy *policy.Network
+	var netLimit int64
+	if opt.Policy != nil {
+		netPolicy = opt.Policy.Network
+		if rl := opt.Policy.ResourceLimits; rl != nil && rl.NetworkRequests != nil {
+			netLimit = *rl.NetworkRequests
+		}
+	}
+	egressPolicy, err := policy.CompileEgress(netPolicy)
+	if err != nil {
+		return nil, apierr.Wrap(err, apierr.BadRequest, "%v", err)
+	}
+	if !egressPolicy.Enabled() {
+		if s, ok, err := m.fromPool(opt, limits); ok {
+			return s, err
+		}
 	}
 
 	s := &Sandbox{
@@ -231,10 +256,21 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	m.sandboxes[s.ID] = s
 	m.mu.Unlock()
 
-	inst, err := m.cfg.Runtime.Create(ctx, runtime.Spec{
+	spec := runtime.Spec{
 		ID: s.ID, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: append(threadEnv(limits, opt.Env), env...),
-	})
+	}
+	if egressPolicy.Enabled() {
+		gw, err := egress.New(m.cfg.Egress, s.ID, egressPolicy, netLimit)
+		if err != nil {
+			m.forget(s.ID)
+			return nil, apierr.Wrap(err, apierr.Internal, "could not start the sandbox's network")
+		}
+		s.net = gw
+		spec.Network = &runtime.Network{ResolvConf: egress.ResolvConf, Attach: gw.Attach}
+	}
+	inst, err := m.cfg.Runtime.Create(ctx, spec)
 	if err != nil {
+		s.closeNet()
 		m.forget(s.ID)
 		return nil, apierr.Wrap(err, apierr.Internal, "could not start the sandbox")
 	}
@@ -364,6 +400,7 @@ func (m *Manager) destroy(s *Sandbox, reason string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	err := m.cfg.Runtime.Destroy(ctx, s.ID)
+	s.closeNet()
 	s.transition(StateStopped)
 	m.forget(s.ID)
 	if err != nil {
@@ -479,4 +516,11 @@ func (s *Sandbox) idleSince(now time.Time, interval time.Duration) time.Duration
 		s.lastActive = now
 	}
 	return now.Sub(s.lastActive)
+}
+
+// closeNet stops the sandbox's network gateway, if it has one.
+func (s *Sandbox) closeNet() {
+	if s.net != nil {
+		_ = s.net.Close()
+	}
 }

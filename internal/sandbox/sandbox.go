@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
@@ -34,6 +35,8 @@ type Sandbox struct {
 	owner  string // CreateOptions.Owner, copied into events
 	agent  agentClient
 	pooled bool // started ahead by the warm pool and handed out by it
+	// net is the sandbox's egress gateway; nil without a network.
+	net *egress.Gateway
 	// ctxLangs maps the ids of the sandbox's code contexts to their
 	// languages (TypeScript cells are transpiled before they are sent).
 	ctxLangs sync.Map

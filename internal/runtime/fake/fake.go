@@ -35,6 +35,10 @@ func (r *Runtime) Name() string { return "fake" }
 
 // Create implements runtime.Runtime.
 func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance, error) {
+	if s.Network != nil {
+		// The fake's agent runs in the host's own network.
+		return nil, fmt.Errorf("%w: the fake runtime has no sandbox networks", runtime.ErrUnsupported)
+	}
 	dir := filepath.Join(r.Dir, s.ID)
 	home := filepath.Join(dir, "root", "home", "user")
 	if err := os.MkdirAll(home, 0o755); err != nil {

@@ -207,10 +207,14 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	if err != nil {
 		return nil, err
 	}
-	spec, err := buildSpec(specInput{
-		Spec: s, RootFS: rootfs, AgentBin: o.cfg.AgentBin,
-		CgroupDir: o.cg.path(s.ID), IDMap: o.cfg.IDMap,
-	})
+	in := specInput{Spec: s, RootFS: rootfs, AgentBin: o.cfg.AgentBin, CgroupDir: o.cg.path(s.ID), IDMap: o.cfg.IDMap}
+	if s.Network != nil {
+		in.ResolvConf = filepath.Join(b, "resolv.conf")
+		if err := os.WriteFile(in.ResolvConf, []byte(s.Network.ResolvConf), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	spec, err := buildSpec(in)
 	if err != nil {
 		return nil, err
 	}
@@ -248,18 +252,36 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	// The detached sandbox inherits runc's stdio, so both must be files:
 	// a pipe would stay open as long as the sandbox lives. runc's own
 	// errors land in the same log.
+	// A sandbox with a network is created stopped, given its interface
+	// and only then started; one without is run in one step (one runc
+	// process fewer).
 	pidFile := filepath.Join(b, "init.pid")
-	cmd := o.runc(ctx, "run", "--detach", "--bundle", b, "--pid-file", pidFile, "--preserve-fds", "1", s.ID)
+	verb := "run"
+	args := []string{"--bundle", b, "--pid-file", pidFile, "--preserve-fds", "1", s.ID}
+	if s.Network != nil {
+		verb = "create"
+	} else {
+		args = append([]string{"--detach"}, args...)
+	}
+	cmd := o.runc(ctx, append([]string{verb}, args...)...)
 	cmd.ExtraFiles = []*os.File{lnFile}
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	if err := cmd.Run(); err != nil {
 		log, _ := os.ReadFile(logf.Name())
-		return nil, fmt.Errorf("%s run: %w: %s", o.Name(), err, tail(log))
+		return nil, fmt.Errorf("%s %s: %w: %s", o.Name(), verb, err, tail(log))
 	}
 	pid, err := readPid(pidFile)
 	if err != nil {
 		return nil, err
+	}
+	if s.Network != nil {
+		if err := s.Network.Attach(ctx, pid); err != nil {
+			return nil, fmt.Errorf("attach the sandbox's network: %w", err)
+		}
+		if out, err := o.runc(ctx, "start", s.ID).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("%s start: %w: %s", o.Name(), err, tail(out))
+		}
 	}
 	return &runtime.Instance{ID: s.ID, Socket: sock, PID: pid}, nil
 }

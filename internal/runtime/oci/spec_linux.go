@@ -85,6 +85,9 @@ type specInput struct {
 	CgroupDir string // cgroupsPath, e.g. /sheepfold/<id>
 	IDMap     IDMap
 	ShmBytes  int64
+	// ResolvConf is the host path of the sandbox's /etc/resolv.conf, for
+	// a sandbox with a network; "" leaves the template's.
+	ResolvConf string
 }
 
 // buildSpec writes the OCI spec for one sandbox. The agent runs as uid 0
@@ -145,6 +148,10 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 			MaskedPaths:   maskedPaths,
 			ReadonlyPaths: readonlyPaths,
 		},
+	}
+	if in.ResolvConf != "" {
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind",
+			Source: in.ResolvConf, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
 	sc, err := seccomp.GetDefaultProfile(spec)
 	if err != nil {

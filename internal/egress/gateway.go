@@ -1,0 +1,396 @@
+// Package egress is the network gateway of sandboxes whose policy allows
+// a network. Each such sandbox gets a TUN device in its own network
+// namespace (put there before any of its code runs) and nothing else: no
+// interface into the host's network, no host firewall rule. The host end
+// of the TUN is a userspace TCP/IP stack (gvisor.dev/gvisor/pkg/tcpip),
+// one per sandbox, which terminates every flow; the Gateway decides each
+// one with internal/policy and dials out only what is allowed.
+//
+//   - DNS is answered by the gateway itself at ResolverAddr: names the
+//     policy does not allow get NXDOMAIN (and a dns_denied event), names
+//     that look like DNS tunnelling are refused, only A records are
+//     answered (AAAA is empty: the sandbox has no IPv6 route), and what
+//     an allowed name resolved to is remembered for this sandbox.
+//   - A TCP connection is allowed, in allowlist mode, only to an address
+//     an allowed name resolved to in this sandbox, at a port that name's
+//     rule allows, or to a listed address or CIDR; in public mode to any
+//     public address. In every mode the forbidden ranges of
+//     policy.ForbiddenAddr, the host's own addresses and the server's
+//     listeners (Options.Self) are refused after resolution, so a name
+//     rebound to 127.0.0.1 or 169.254.169.254 gains nothing. The gateway
+//     dials the very address it checked.
+//   - In allowlist mode the first bytes of a connection allowed by name
+//     are inspected: a TLS ClientHello's SNI and an HTTP request's Host
+//     must be allowed names (at the connection's port).
+//   - UDP other than DNS is refused (ICMP port unreachable) and reported.
+//   - Every connection counts against resource_limits.network_requests;
+//     past the limit connections are refused with a resource_exceeded
+//     event. Every decision is logged with the rule that made it.
+//
+// The package imports internal/policy and internal/events, never the
+// engine.
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/policy"
+)
+
+// Addresses inside every networked sandbox. The sandbox's TUN has
+// SandboxAddr with GatewayAddr as its peer and the default route; the
+// gateway answers DNS at GatewayAddr:53 (ResolverAddr).
+var (
+	GatewayAddr = netip.MustParseAddr("10.255.255.1")
+	SandboxAddr = netip.MustParseAddr("10.255.255.2")
+)
+
+// TUNName is the sandbox's network interface.
+const TUNName = "eth0"
+
+// MTU of the TUN device. A large MTU means fewer packets through the
+// userspace stack.
+const MTU = 65520
+
+// ResolvConf is the sandbox's /etc/resolv.conf.
+var ResolvConf = "nameserver " + GatewayAddr.String() + "\noptions edns0 single-request\n"
+
+// Options are shared by every sandbox's gateway.
+type Options struct {
+	// Events receives security_violation and resource_exceeded events.
+	Events events.Sink
+	// Logger receives one line per decision.
+	Logger *slog.Logger
+	// Self are the server's own listeners: refused in every mode (the
+	// host's interface addresses are refused too).
+	Self []netip.AddrPort
+	// DialTimeout bounds one outgoing connection [10s].
+	DialTimeout time.Duration
+	// Test replaces the outside world: for tests and the benchmark only,
+	// never set from configuration or the API.
+	Test *TestNet
+}
+
+// TestNet stands in for DNS and the network in tests, which never leave
+// the machine. The policy still applies to the addresses the sandbox sees
+// (so Hosts mapping a name to 127.0.0.1 is refused as rebinding); Routes
+// then maps an allowed destination to the loopback server that plays it.
+// With TestNet set, nothing is resolved or dialled outside it.
+type TestNet struct {
+	Hosts  map[string][]netip.Addr           // name → the addresses DNS answers
+	Routes map[netip.AddrPort]netip.AddrPort // what the sandbox dials → what the gateway dials
+}
+
+// Gateway decides and carries one sandbox's traffic.
+type Gateway struct {
+	opt     Options
+	id      string
+	log     *slog.Logger
+	limit   int64 // network_requests; 0 = none
+	ctx     context.Context
+	cancel  context.CancelFunc
+	closers []func() // run by Close, in reverse
+
+	pol      atomic.Pointer[policy.Egress]
+	requests atomic.Int64
+
+	// mu guards resolved, parents and reported.
+	mu       sync.Mutex
+	resolved map[netip.Addr]map[string]bool // address → names it answered in this sandbox
+	parents  map[string]map[string]bool     // parent zone → distinct names asked under it
+	reported map[string]time.Time           // denial → when its event was last emitted
+}
+
+// maxResolved bounds the remembered answers of one sandbox.
+const maxResolved = 4096
+
+// maxNamesPerParent is how many distinct names under one zone a sandbox
+// may ask for before further ones are refused as tunnelling.
+const maxNamesPerParent = 64
+
+// New returns the gateway of one sandbox; Attach connects it to the
+// sandbox's network namespace. limit is resource_limits.network_requests
+// (0 for none).
+func New(opt Options, sandboxID string, pol *policy.Egress, limit int64) (*Gateway, error) {
+	if !pol.Enabled() {
+		return nil, errors.New("egress: the policy allows no network")
+	}
+	if opt.Events == nil {
+		opt.Events = events.Discard
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	if opt.DialTimeout <= 0 {
+		opt.DialTimeout = 10 * time.Second
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g := &Gateway{
+		opt: opt, id: sandboxID, limit: max(limit, 0), ctx: ctx, cancel: cancel,
+		log:      opt.Logger.With("sandbox", sandboxID, "component", "egress"),
+		resolved: map[netip.Addr]map[string]bool{},
+		parents:  map[string]map[string]bool{},
+		reported: map[string]time.Time{},
+	}
+	g.pol.Store(pol)
+	return g, nil
+}
+
+// SetPolicy replaces the policy for new DNS queries and connections. A
+// policy without network makes every new connection fail; the interface
+// stays until the sandbox ends.
+func (g *Gateway) SetPolicy(pol *policy.Egress, limit int64) {
+	g.pol.Store(pol)
+	atomic.StoreInt64(&g.limit, max(limit, 0))
+}
+
+// Requests returns how many connections the sandbox has made.
+func (g *Gateway) Requests() int64 { return g.requests.Load() }
+
+// Close stops the gateway: every connection is closed and the TUN device
+// (and with it the sandbox's interface) goes away.
+func (g *Gateway) Close() error {
+	g.cancel()
+	for i := len(g.closers) - 1; i >= 0; i-- {
+		g.closers[i]()
+	}
+	g.closers = nil
+	return nil
+}
+
+// decision is the outcome of one check, with the rule that made it.
+type decision struct {
+	ok   bool
+	rule string
+	kind string // the event kind when refused
+}
+
+func allow(rule string) decision { return decision{ok: true, rule: rule} }
+func deny(kind, rule string) decision {
+	return decision{kind: kind, rule: rule}
+}
+
+// report logs a decision and emits its event when refused.
+func (g *Gateway) report(d decision, proto, target string) {
+	if d.ok {
+		g.log.Info("egress allowed", "proto", proto, "target", target, "rule", d.rule)
+		return
+	}
+	g.log.Info("egress denied", "proto", proto, "target", target, "rule", d.rule, "kind", d.kind)
+	if g.repeated(d.kind + "\x00" + target + "\x00" + d.rule) {
+		return
+	}
+	g.opt.Events.Emit(events.Event{
+		Type: events.SecurityViolation, SandboxID: g.id,
+		Details: map[string]any{"kind": d.kind, "target": target, "rule": d.rule, "protocol": proto},
+	})
+}
+
+// repeatWindow is how long an identical denial is not reported again (a
+// resolver asks for A and AAAA; a client retries).
+const repeatWindow = 2 * time.Second
+
+// repeated reports whether the same denial was reported within
+// repeatWindow, and otherwise notes it.
+func (g *Gateway) repeated(key string) bool {
+	now := time.Now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if at, ok := g.reported[key]; ok && now.Sub(at) < repeatWindow {
+		return true
+	}
+	if len(g.reported) >= 1024 {
+		clear(g.reported)
+	}
+	g.reported[key] = now
+	return false
+}
+
+// countRequest counts one request and refuses it past the limit.
+func (g *Gateway) countRequest(target string) bool {
+	n := g.requests.Add(1)
+	limit := atomic.LoadInt64(&g.limit)
+	if limit == 0 || n <= limit {
+		return true
+	}
+	g.requests.Add(-1)
+	g.log.Info("egress denied", "target", target, "rule", "resource_limits.network_requests", "limit", limit)
+	g.opt.Events.Emit(events.Event{
+		Type: events.ResourceExceeded, SandboxID: g.id,
+		Details: map[string]any{"resource": events.ResourceNetworkRequests, "limit": limit,
+			"observed": n, "target": target},
+	})
+	return false
+}
+
+// remember records that name resolved to addrs in this sandbox.
+func (g *Gateway) remember(name string, addrs []netip.Addr) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, a := range addrs {
+		names := g.resolved[a]
+		if names == nil {
+			if len(g.resolved) >= maxResolved {
+				continue
+			}
+			names = map[string]bool{}
+			g.resolved[a] = names
+		}
+		if len(names) < 64 {
+			names[name] = true
+		}
+	}
+}
+
+// namesOf returns the names that resolved to a in this sandbox.
+func (g *Gateway) namesOf(a netip.Addr) []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]string, 0, len(g.resolved[a]))
+	for n := range g.resolved[a] {
+		out = append(out, n)
+	}
+	return out
+}
+
+// notePrefix counts a distinct name under its parent zone and reports
+// whether the zone has seen too many (tunnelling through many labels).
+func (g *Gateway) tooManyUnder(name string) bool {
+	p := policy.Parent(name)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	seen := g.parents[p]
+	if seen == nil {
+		seen = map[string]bool{}
+		g.parents[p] = seen
+	}
+	if seen[name] {
+		return false
+	}
+	if len(seen) >= maxNamesPerParent {
+		return true
+	}
+	seen[name] = true
+	return false
+}
+
+// checkConn decides a TCP connection to dst. It returns the decision and,
+// when allowed by name, the names whose rules allowed it (to check SNI and
+// Host against); nil names means the address itself was allowed.
+func (g *Gateway) checkConn(dst netip.AddrPort) (decision, bool) {
+	pol := g.pol.Load()
+	a, port := dst.Addr(), dst.Port()
+	if !pol.Enabled() {
+		return deny(events.KindNetworkDenied, "mode none"), false
+	}
+	if reason, bad := policy.ForbiddenAddr(a); bad {
+		return deny(events.KindNetworkDenied, "forbidden destination: "+reason), false
+	}
+	if g.opt.Test == nil && g.hostAddr(a) {
+		return deny(events.KindNetworkDenied, "forbidden destination: the host's own address"), false
+	}
+	if rule, ok := pol.AllowAddrRule(a); ok {
+		return allow(rule), false
+	}
+	names := g.namesOf(a)
+	for _, n := range names {
+		if rule, ok := pol.AllowNamePort(n, port); ok {
+			return allow(rule + " (resolved " + n + ")"), true
+		}
+	}
+	if len(names) > 0 {
+		return deny(events.KindNetworkDenied, fmt.Sprintf("port %d not allowed for %s", port, names[0])), false
+	}
+	return deny(events.KindNetworkDenied, "address not resolved from an allowed name in this sandbox"), false
+}
+
+// checkName decides a name a connection claims (TLS SNI, HTTP Host).
+func (g *Gateway) checkName(name string, port uint16) decision {
+	n, ok := policy.NormalizeName(name)
+	if !ok {
+		if a, err := netip.ParseAddr(name); err == nil {
+			if rule, ok := g.pol.Load().AllowAddrRule(a); ok {
+				return allow(rule)
+			}
+		}
+		return deny(events.KindNetworkDenied, "not an allowed host name")
+	}
+	if rule, ok := g.pol.Load().AllowNamePort(n, port); ok {
+		return allow(rule)
+	}
+	return deny(events.KindNetworkDenied, "name not in allowlist")
+}
+
+// target returns where the gateway really connects for dst, and refuses
+// the server's own listeners.
+func (g *Gateway) target(dst netip.AddrPort) (netip.AddrPort, decision) {
+	t := dst
+	if g.opt.Test != nil {
+		r, ok := g.opt.Test.Routes[dst]
+		if !ok {
+			return t, deny(events.KindNetworkDenied, "test network: no route")
+		}
+		t = r
+	}
+	for _, s := range g.opt.Self {
+		if s.Port() == t.Port() && (s.Addr() == t.Addr() || s.Addr().IsUnspecified()) {
+			return t, deny(events.KindNetworkDenied, "forbidden destination: the server's own port")
+		}
+	}
+	return t, allow("")
+}
+
+// dial connects to the checked target.
+func (g *Gateway) dial(ctx context.Context, t netip.AddrPort) (net.Conn, error) {
+	d := net.Dialer{Timeout: g.opt.DialTimeout}
+	return d.DialContext(ctx, "tcp", t.String())
+}
+
+// lookup resolves an allowed name to its IPv4 addresses.
+func (g *Gateway) lookup(ctx context.Context, name string) ([]netip.Addr, error) {
+	if g.opt.Test != nil {
+		return g.opt.Test.Hosts[name], nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip4", name)
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) && dnsErr.IsNotFound {
+		return nil, nil
+	}
+	return addrs, err
+}
+
+// hostAddrs caches the host's interface addresses.
+var hostAddrs struct {
+	mu    sync.Mutex
+	at    time.Time
+	addrs map[netip.Addr]bool
+}
+
+// hostAddr reports whether a is one of the host's own addresses.
+func (g *Gateway) hostAddr(a netip.Addr) bool {
+	hostAddrs.mu.Lock()
+	defer hostAddrs.mu.Unlock()
+	if time.Since(hostAddrs.at) > 10*time.Second {
+		m := map[netip.Addr]bool{}
+		if list, err := net.InterfaceAddrs(); err == nil {
+			for _, ia := range list {
+				if p, err := netip.ParsePrefix(ia.String()); err == nil {
+					m[p.Addr().Unmap()] = true
+				}
+			}
+		}
+		hostAddrs.addrs, hostAddrs.at = m, time.Now()
+	}
+	return hostAddrs.addrs[a]
+}

@@ -1,0 +1,316 @@
+package egress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	goruntime "runtime"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/sheepfold/sheepfold/internal/events"
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
+)
+
+const nicID = 1
+
+// sniffTimeout bounds how long a client may take to send its whole
+// ClientHello or HTTP header block once it has started.
+const sniffTimeout = 10 * time.Second
+
+// Attach puts the sandbox's network interface into the network namespace
+// of pid (the sandbox's init, created but not yet started) and starts the
+// userspace stack behind it. Call it once; Close undoes it.
+func (g *Gateway) Attach(ctx context.Context, pid int) (err error) {
+	fd, err := openTUN(pid)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			g.Close()
+		}
+	}()
+	g.closers = append(g.closers, func() { unix.Close(fd) })
+	ep, err := fdbased.New(&fdbased.Options{FDs: []int{fd}, MTU: MTU, RXChecksumOffload: true})
+	if err != nil {
+		return fmt.Errorf("egress link: %w", err)
+	}
+	s := stack.New(stack.Options{
+		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
+	})
+	g.closers = append(g.closers, func() { s.Close(); s.Wait() })
+	if terr := s.CreateNIC(nicID, ep); terr != nil {
+		return fmt.Errorf("egress nic: %s", terr)
+	}
+	// The stack answers for every address: it is the sandbox's whole
+	// network, and each flow is decided by the gateway.
+	if terr := s.SetPromiscuousMode(nicID, true); terr != nil {
+		return fmt.Errorf("egress promiscuous: %s", terr)
+	}
+	if terr := s.SetSpoofing(nicID, true); terr != nil {
+		return fmt.Errorf("egress spoofing: %s", terr)
+	}
+	gw := tcpip.AddrFrom4(GatewayAddr.As4())
+	if terr := s.AddProtocolAddress(nicID, tcpip.ProtocolAddress{
+		Protocol: ipv4.ProtocolNumber, AddressWithPrefix: gw.WithPrefix(),
+	}, stack.AddressProperties{}); terr != nil {
+		return fmt.Errorf("egress address: %s", terr)
+	}
+	s.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: nicID}})
+	sack := tcpip.TCPSACKEnabled(true)
+	s.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
+
+	// DNS over UDP and TCP at the gateway's address; bound endpoints take
+	// their packets before the forwarders below see them.
+	local := tcpip.FullAddress{NIC: nicID, Addr: gw, Port: 53}
+	udpConn, err := gonet.DialUDP(s, &local, nil, ipv4.ProtocolNumber)
+	if err != nil {
+		return fmt.Errorf("egress dns: %w", err)
+	}
+	g.closers = append(g.closers, func() { udpConn.Close() })
+	tcpLn, err := gonet.ListenTCP(s, local, ipv4.ProtocolNumber)
+	if err != nil {
+		return fmt.Errorf("egress dns: %w", err)
+	}
+	g.closers = append(g.closers, func() { tcpLn.Close() })
+	go g.serveDNS(udpConn)
+	go g.serveDNSTCP(tcpLn)
+
+	s.SetTransportProtocolHandler(tcp.ProtocolNumber, tcp.NewForwarder(s, 0, 1024, g.handleTCP).HandlePacket)
+	s.SetTransportProtocolHandler(udp.ProtocolNumber, udp.NewForwarder(s, g.handleUDP).HandlePacket)
+	g.log.Debug("egress attached", "pid", pid, "mode", g.pol.Load().Mode)
+	return nil
+}
+
+// openTUN creates the TUN device inside the network namespace of pid and
+// configures it. The namespace is owned by the sandbox's user namespace;
+// the host's root holds every capability over it. The work happens on a
+// thread locked to this goroutine that never returns to the host's
+// namespace: Go ends a thread whose goroutine exits while locked.
+func openTUN(pid int) (int, error) {
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		goruntime.LockOSThread()
+		fd, err := tunIn(pid)
+		ch <- result{fd, err}
+	}()
+	r := <-ch
+	return r.fd, r.err
+}
+
+func tunIn(pid int) (fd int, err error) {
+	ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open sandbox network namespace: %w", err)
+	}
+	defer unix.Close(ns)
+	if err := unix.Setns(ns, unix.CLONE_NEWNET); err != nil {
+		return -1, fmt.Errorf("enter sandbox network namespace: %w", err)
+	}
+	fd, err = unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open /dev/net/tun: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			unix.Close(fd)
+		}
+	}()
+	ifr, err := unix.NewIfreq(TUNName)
+	if err != nil {
+		return -1, err
+	}
+	ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		return -1, fmt.Errorf("create tun: %w", err)
+	}
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return -1, fmt.Errorf("netlink: %w", err)
+	}
+	defer h.Close()
+	link, err := h.LinkByName(TUNName)
+	if err != nil {
+		return -1, fmt.Errorf("find tun: %w", err)
+	}
+	host32 := net.CIDRMask(32, 32)
+	steps := []struct {
+		what string
+		do   func() error
+	}{
+		{"mtu", func() error { return h.LinkSetMTU(link, MTU) }},
+		{"address", func() error {
+			return h.AddrAdd(link, &netlink.Addr{
+				IPNet: &net.IPNet{IP: net.IP(SandboxAddr.AsSlice()), Mask: host32},
+				Peer:  &net.IPNet{IP: net.IP(GatewayAddr.AsSlice()), Mask: host32},
+			})
+		}},
+		{"up", func() error { return h.LinkSetUp(link) }},
+		{"route", func() error {
+			return h.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Scope: netlink.SCOPE_LINK,
+				Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}})
+		}},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			return -1, fmt.Errorf("configure tun %s: %w", st.what, err)
+		}
+	}
+	return fd, nil
+}
+
+func addrPort(a tcpip.Address, port uint16) netip.AddrPort {
+	ip, _ := netip.AddrFromSlice(a.AsSlice())
+	return netip.AddrPortFrom(ip.Unmap(), port)
+}
+
+// handleTCP decides a new connection from the sandbox (a SYN nobody
+// listens for) and, if allowed, dials out and carries it.
+func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
+	id := r.ID()
+	dst := addrPort(id.LocalAddress, id.LocalPort)
+	target := dst.String()
+	d, byName := g.checkConn(dst)
+	var t netip.AddrPort
+	if d.ok {
+		var td decision
+		if t, td = g.target(dst); !td.ok {
+			d = td
+		}
+	}
+	g.report(d, "tcp", target)
+	if !d.ok || !g.countRequest(target) {
+		r.Complete(true)
+		return
+	}
+	up, err := g.dial(g.ctx, t)
+	if err != nil {
+		g.log.Info("egress dial failed", "target", target, "err", err)
+		r.Complete(true)
+		return
+	}
+	var wq waiter.Queue
+	ep, terr := r.CreateEndpoint(&wq)
+	if terr != nil {
+		up.Close()
+		r.Complete(true)
+		return
+	}
+	r.Complete(false)
+	g.splice(gonet.NewTCPConn(&wq, ep), up, byName && g.pol.Load().Mode == "allowlist", dst.Port(), target)
+}
+
+// splice carries one connection both ways. With check set, the name the
+// client's first message claims (TLS SNI, HTTP Host) must be allowed.
+func (g *Gateway) splice(in *gonet.TCPConn, up net.Conn, check bool, port uint16, target string) {
+	stop := context.AfterFunc(g.ctx, func() { in.Close(); up.Close() })
+	defer stop()
+	defer in.Close()
+	defer up.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = io.Copy(in, up)
+		_ = in.CloseWrite()
+	}()
+	if check {
+		proto, name, read, err := sniff(in, sniffTimeout)
+		switch {
+		case err != nil && !errors.Is(err, io.EOF):
+			g.report(deny(events.KindNetworkDenied, "unreadable "+proto+" first message: "+err.Error()), proto, target)
+			return
+		case name != "":
+			d := g.checkName(name, port)
+			if !d.ok {
+				d.rule = fmt.Sprintf("%s name %q: %s", proto, name, d.rule)
+			}
+			g.report(d, proto, name+" at "+target)
+			if !d.ok {
+				return
+			}
+		}
+		if _, err := up.Write(read); err != nil {
+			return
+		}
+	}
+	_, _ = io.Copy(up, in)
+	if tc, ok := up.(*net.TCPConn); ok {
+		_ = tc.CloseWrite()
+	}
+	<-done
+}
+
+// handleUDP refuses UDP other than DNS to the gateway; the stack answers
+// with ICMP port unreachable, so the sender fails fast.
+func (g *Gateway) handleUDP(r *udp.ForwarderRequest) bool {
+	id := r.ID()
+	dst := addrPort(id.LocalAddress, id.LocalPort)
+	g.report(deny(events.KindNetworkDenied, "udp is allowed only for DNS to "+GatewayAddr.String()), "udp", dst.String())
+	return false
+}
+
+// serveDNS answers DNS over UDP until the gateway closes.
+func (g *Gateway) serveDNS(c *gonet.UDPConn) {
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := c.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		if out := g.answerDNS(g.ctx, buf[:n]); out != nil {
+			_, _ = c.WriteTo(out, from)
+		}
+	}
+}
+
+// serveDNSTCP answers DNS over TCP (two-byte length prefixes).
+func (g *Gateway) serveDNSTCP(ln *gonet.TCPListener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			stop := context.AfterFunc(g.ctx, func() { c.Close() })
+			defer stop()
+			for {
+				_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				var l [2]byte
+				if _, err := io.ReadFull(c, l[:]); err != nil {
+					return
+				}
+				msg := make([]byte, int(l[0])<<8|int(l[1]))
+				if _, err := io.ReadFull(c, msg); err != nil {
+					return
+				}
+				out := g.answerDNS(g.ctx, msg)
+				if out == nil {
+					return
+				}
+				if _, err := c.Write(append([]byte{byte(len(out) >> 8), byte(len(out))}, out...)); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}

@@ -1,0 +1,13 @@
+//go:build !linux
+
+package egress
+
+import (
+	"context"
+	"errors"
+)
+
+// Attach needs Linux network namespaces and TUN devices.
+func (g *Gateway) Attach(ctx context.Context, pid int) error {
+	return errors.New("egress: sandbox networks need Linux")
+}
