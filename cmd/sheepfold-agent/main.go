@@ -9,7 +9,18 @@
 // with a listening unix socket as fd 3, which the host dials from outside.
 // init is a tiny init (reaps orphans, forwards signals) that runs
 // "/proc/self/exe serve" as its only child; serve answers the host's
-// requests (package internal/agent). Both run as uid 0 of the sandbox's
+// requests (package internal/agent).
+//
+// init also keeps the sandbox's deadline. The host gives it with every ping
+// that carries a lifetime (at start and on every extension); serve passes
+// it to init over a pipe (serve's fd 4, close-on-exec, so that nothing
+// serve starts can reach it), and when it passes init exits. init is the
+// pid 1 of the sandbox's pid namespace, so its exit makes the kernel kill
+// every other process there, and no process in the sandbox, root included,
+// can stop or kill pid 1 (signals from inside reach pid 1 only through the
+// handlers it installed). The stopped container's cgroups, mounts and
+// bundle stay until the engine destroys it, or, when no engine ran, until
+// the next engine's start. Both run as uid 0 of the sandbox's
 // user namespace and start user code as "user" (or root on request), and
 // both keep themselves non-dumpable, so that no code in the sandbox, root
 // included, can ptrace them or read their /proc files.
@@ -23,14 +34,19 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -44,6 +60,12 @@ var version = "dev"
 
 // listenerFD is the descriptor runc passes with --preserve-fds 1.
 const listenerFD = 3
+
+// lifetimeFD is serve's end of the pipe that carries deadlines to init.
+const lifetimeFD = 4
+
+// exitLifetime is init's exit status when the sandbox's lifetime ended.
+const exitLifetime = 124
 
 // languages are the canonical languages the kernel package drives.
 var languages = kernel.Languages()
@@ -77,6 +99,7 @@ func runServe(args []string) int {
 	root := fs.String("root", "/", "directory file operations are confined to")
 	home := fs.String("home", "/home/user", "sandbox path of the user's home")
 	listen := fs.String("listen", "", "create and listen on this unix socket instead of using fd 3")
+	toInit := fs.Bool("lifetime-fd", false, "send deadlines to init over fd 4 (init passes it); otherwise serve keeps them itself")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -107,6 +130,11 @@ func runServe(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
 	defer stop()
+	setLifetime, err := lifetimeKeeper(*toInit, stop, log)
+	if err != nil {
+		log.Error("lifetime", "err", err)
+		return 1
+	}
 	// Code contexts run as "user" when the agent is the sandbox's root.
 	kernelCred := agent.KernelCredential(*root)
 	cfg := agent.Config{
@@ -120,9 +148,10 @@ func runServe(args []string) int {
 			}
 			return k, nil
 		},
-		Canonical: kernel.Canonical,
-		Languages: languages,
-		Logger:    log,
+		Canonical:   kernel.Canonical,
+		Languages:   languages,
+		SetLifetime: setLifetime,
+		Logger:      log,
 	}
 	log.Info("serving", "version", version, "root", *root, "home", *home, "addr", ln.Addr().String())
 	if err := agent.Serve(ctx, ln, cfg); err != nil {
@@ -133,9 +162,59 @@ func runServe(args []string) int {
 	return 0
 }
 
+// lifetimeKeeper returns serve's SetLifetime. Under init (toInit) it sends
+// each lifetime to init, which ends the sandbox; run alone (the fake
+// runtime, tests) serve keeps the deadline itself and, when it passes,
+// stops (stop) as on SIGTERM, killing everything it started.
+func lifetimeKeeper(toInit bool, stop func(), log *slog.Logger) (func(time.Duration) error, error) {
+	if toInit {
+		// Inherited without close-on-exec: set it, so that no process
+		// serve starts holds the pipe.
+		syscall.CloseOnExec(lifetimeFD)
+		w := os.NewFile(lifetimeFD, "lifetime")
+		var mu sync.Mutex
+		return func(d time.Duration) error {
+			mu.Lock()
+			defer mu.Unlock()
+			var b [8]byte
+			binary.BigEndian.PutUint64(b[:], uint64(d.Milliseconds()))
+			_, err := w.Write(b[:])
+			return err
+		}, nil
+	}
+	var mu sync.Mutex
+	var t *time.Timer
+	return func(d time.Duration) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if t != nil {
+			t.Stop()
+		}
+		t = time.AfterFunc(d, func() {
+			log.Warn("the sandbox's lifetime ended; stopping")
+			stop()
+		})
+		return nil
+	}, nil
+}
+
+// readLifetimes passes each lifetime serve sends (8 bytes, big-endian
+// milliseconds) to out, and closes out when serve's end is closed.
+func readLifetimes(r io.Reader, out chan<- time.Duration) {
+	defer close(out)
+	var b [8]byte
+	for {
+		if _, err := io.ReadFull(r, b[:]); err != nil {
+			return
+		}
+		out <- time.Duration(min(binary.BigEndian.Uint64(b[:]), math.MaxInt64/uint64(time.Millisecond))) * time.Millisecond
+	}
+}
+
 // runInit is the container's pid 1: it runs "serve" as its child, forwards
 // SIGTERM, SIGINT and SIGHUP to it, reaps every child (orphans are
-// reparented to pid 1) and exits with the serve child's status.
+// reparented to pid 1) and exits with the serve child's status, or with
+// exitLifetime when the sandbox's deadline passes (see the package doc).
 func runInit(args []string) int {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "agent-init")
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
@@ -150,26 +229,57 @@ func runInit(args []string) int {
 	sigs := make(chan os.Signal, 64)
 	signal.Notify(sigs, unix.SIGCHLD, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
 
-	// Pass fds 0-2 and the listener (when there is one) through.
-	files := []*os.File{os.Stdin, os.Stdout, os.Stderr}
-	if ln := inheritedListener(); ln != nil {
-		files = append(files, ln)
+	lr, lw, err := os.Pipe()
+	if err != nil {
+		log.Error("lifetime pipe", "err", err)
+		return 1
 	}
-	proc, err := os.StartProcess("/proc/self/exe", append([]string{os.Args[0], "serve"}, args...), &os.ProcAttr{
+	// Pass fds 0-2, the listener (when there is one; a nil entry is a
+	// closed fd) and the lifetime pipe through.
+	ln := inheritedListener()
+	files := []*os.File{os.Stdin, os.Stdout, os.Stderr, ln, lw}
+	proc, err := os.StartProcess("/proc/self/exe", append([]string{os.Args[0], "serve", "--lifetime-fd"}, args...), &os.ProcAttr{
 		Files: files,
 		// If init dies, serve must not live on outside its pid 1.
 		Sys: &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL},
 	})
-	if len(files) > listenerFD {
-		files[listenerFD].Close() // serve owns the listener now
+	if ln != nil {
+		ln.Close() // serve owns the listener now
 	}
+	lw.Close()
 	if err != nil {
 		log.Error("start serve", "err", err)
 		return 1
 	}
 	child := proc.Pid
+	lifetimes := make(chan time.Duration)
+	go readLifetimes(lr, lifetimes)
+	var expired <-chan time.Time
+	var deadline *time.Timer
 
-	for sig := range sigs {
+	for {
+		var sig os.Signal
+		select {
+		case d, ok := <-lifetimes:
+			if !ok {
+				lifetimes = nil // serve is gone; SIGCHLD follows
+				continue
+			}
+			if deadline != nil {
+				deadline.Stop()
+			}
+			deadline = time.NewTimer(d)
+			expired = deadline.C
+			continue
+		case <-expired:
+			log.Warn("the sandbox's lifetime ended; stopping every process")
+			if os.Getpid() != 1 {
+				// Not a namespace's init (tests): end serve at least.
+				_ = unix.Kill(child, unix.SIGKILL)
+			}
+			return exitLifetime
+		case sig = <-sigs:
+		}
 		if sig != unix.SIGCHLD {
 			if err := unix.Kill(child, sig.(unix.Signal)); err != nil && !errors.Is(err, unix.ESRCH) {
 				log.Warn("forward signal", "signal", sig, "err", err)
@@ -190,7 +300,6 @@ func runInit(args []string) int {
 			}
 		}
 	}
-	return 1 // unreachable: sigs is never closed
 }
 
 // inheritedListener returns fd 3 if it is a socket (the listener runc

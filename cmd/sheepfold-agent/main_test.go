@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,6 +31,12 @@ type agentProc struct {
 // directory. With viaFD it passes a listening socket as fd 3, as runc
 // does; otherwise init is told to --listen.
 func startInit(t *testing.T, viaFD bool) *agentProc {
+	t.Helper()
+	return launchInit(t, viaFD, nil)
+}
+
+// launchInit is startInit with the process attributes sys (nil: none).
+func launchInit(t *testing.T, viaFD bool, sys *syscall.SysProcAttr) *agentProc {
 	t.Helper()
 	bin := testutil.AgentBin(t)
 	root := t.TempDir()
@@ -57,6 +64,7 @@ func startInit(t *testing.T, viaFD bool) *agentProc {
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = root
 	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = sys
 	if lnFile != nil {
 		cmd.ExtraFiles = []*os.File{lnFile}
 	}
@@ -239,5 +247,75 @@ func TestServeWithoutListener(t *testing.T) {
 	out, err := exec.Command(testutil.AgentBin(t), "serve", "--root", t.TempDir()).CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "fd 3") {
 		t.Fatalf("err %v, output %s", err, out)
+	}
+}
+
+// procsWith lists the host pids whose command line contains marker.
+func procsWith(marker string) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if strings.Contains(string(b), marker) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// TestInitEndsSandboxAtDeadline: init, as pid 1 of its own pid namespace
+// (as in a sandbox), ends everything when the lifetime the host gave
+// passes, with no host engine involved; a later ping moves the deadline;
+// no process serve starts holds the pipe the deadline travels on.
+func TestInitEndsSandboxAtDeadline(t *testing.T) {
+	testutil.RequireRoot(t)
+	t.Parallel()
+	a := launchInit(t, true, &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID})
+	start := time.Now()
+	if done := a.call(t, agentproto.Request{Op: agentproto.OpPing, LifetimeMS: 400}); done.Code != "" {
+		t.Fatalf("ping with a lifetime: %+v", done)
+	}
+	if done := a.call(t, agentproto.Request{Op: agentproto.OpPing, LifetimeMS: 1500}); done.Code != "" {
+		t.Fatalf("extend: %+v", done)
+	}
+	// A background job (the agent keeps it past its request), and a look
+	// at what a started process holds open.
+	const marker = "987654.321"
+	fdList := filepath.Join(t.TempDir(), "fds")
+	done := a.call(t, agentproto.Request{Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{
+		Cmd: "sh", Args: []string{"-c", "sleep " + marker + " >/dev/null 2>&1 &"}, Cwd: "/",
+	}})
+	if done.Code != "" {
+		t.Fatalf("start: %+v", done)
+	}
+	done = a.call(t, agentproto.Request{Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{
+		Cmd: "sh", Args: []string{"-c", "exec ls /proc/self/fd >" + fdList}, Cwd: "/",
+	}})
+	if done.Code != "" {
+		t.Fatalf("start: %+v", done)
+	}
+	if len(procsWith("sleep\x00"+marker)) != 1 {
+		t.Fatal("the background job is not running")
+	}
+	// (fds the test runner itself leaked may show; the pipe is serve's fd 4)
+	if b, err := os.ReadFile(fdList); err != nil || slices.Contains(strings.Fields(string(b)), strconv.Itoa(lifetimeFD)) {
+		t.Fatalf("a started process holds fds %q (%v): the lifetime pipe leaked", b, err)
+	}
+	if code := a.waitExit(t); code != exitLifetime {
+		t.Fatalf("init exited with %d, want %d (lifetime)", code, exitLifetime)
+	}
+	if took := time.Since(start); took < 1500*time.Millisecond {
+		t.Fatalf("init ended the sandbox after %s: the extension to 1.5 s was not kept", took)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(procsWith("sleep\x00"+marker)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the background job outlived the sandbox's lifetime")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -48,6 +48,10 @@ type Config struct {
 	// Env is the base environment of started processes; nil means the
 	// agent's own (os.Environ()).
 	Env []string
+	// SetLifetime ends the whole sandbox d from now, replacing the
+	// deadline set before (a ping with LifetimeMS). Nil refuses such pings
+	// (CodeUnsupported): a sandbox must not outlive a deadline it was given.
+	SetLifetime func(d time.Duration) error
 	// Logger receives the agent's logs; nil discards them.
 	Logger *slog.Logger
 }
@@ -273,6 +277,14 @@ func (s *server) dispatch(c *conn, req *agentproto.Request) agentproto.Event {
 func (s *server) dispatchOp(c *conn, req *agentproto.Request) agentproto.Event {
 	switch req.Op {
 	case agentproto.OpPing:
+		if req.LifetimeMS > 0 {
+			if s.cfg.SetLifetime == nil {
+				return fail(agentproto.CodeUnsupported, "this agent cannot end the sandbox at a deadline")
+			}
+			if err := s.cfg.SetLifetime(time.Duration(req.LifetimeMS) * time.Millisecond); err != nil {
+				return fail(agentproto.CodeInternal, "set the sandbox's deadline: %v", err)
+			}
+		}
 		return s.ping()
 
 	case agentproto.OpProcessStart:

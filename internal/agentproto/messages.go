@@ -7,7 +7,7 @@ const ProtocolVersion = 1
 
 // Operations a Request may ask for.
 const (
-	OpPing = "ping" // Done.Agent
+	OpPing = "ping" // Done.Agent; with Request.LifetimeMS also sets the sandbox's deadline
 
 	OpProcessStart   = "process.start"   // Request.Process; events start, stdout, stderr, then Done with ExitCode/Signal
 	OpProcessConnect = "process.connect" // Request.PID; streams the running process's output from now on, then Done
@@ -106,6 +106,10 @@ type Request struct {
 	// IncludeEntry (file.watch) adds the changed entry's FileInfo to each
 	// event, when the entry still exists.
 	IncludeEntry bool `json:"include_entry,omitempty"`
+	// LifetimeMS (ping), when positive, tells the agent to end the whole
+	// sandbox this many milliseconds from now unless a later ping moves
+	// it: the host's deadline holds even while no host engine runs.
+	LifetimeMS int64 `json:"lifetime_ms,omitempty"`
 	// User (file.read, file.write, file.list, file.stat, file.mkdir,
 	// file.remove, file.move, file.watch) is the sandbox user the
 	// operation acts as: its permission checks are that user's, what it

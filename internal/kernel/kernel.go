@@ -242,8 +242,9 @@ func (k *Kernel) start() error {
 	}
 	reqR.Close()
 	msgW.Close()
-	// Let the OOM killer pick the interpreter before the agent.
-	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte("500"), 0)
+	// Let the OOM killer pick the interpreter before the agent (whose
+	// score the runtime sets to 500; raising needs no privilege).
+	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte("1000"), 0)
 
 	p := &proc{cmd: cmd, ctlW: reqW, out: make(chan chunk, 64), ctl: make(chan ctlMsg, 16), exited: make(chan struct{}), pipes: pipes}
 	var readers sync.WaitGroup

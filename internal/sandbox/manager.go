@@ -49,6 +49,9 @@ type Config struct {
 	// silent long job is not idle). 0 turns the idle stop off.
 	IdleTimeout  time.Duration
 	AgentTimeout time.Duration // how long a new agent may take to answer [10s]
+	// RetryInterval is the first wait before a failed destroy is tried
+	// again; it doubles up to a minute [1s] (reap.go).
+	RetryInterval time.Duration
 	// PoolSize is how many sandboxes of each template in PoolTemplates
 	// the warm pool keeps started ahead (pool.go); 0 turns the pool off.
 	// Members do not count against MaxSandboxes until handed out.
@@ -84,6 +87,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.AgentTimeout <= 0 {
 		c.AgentTimeout = 10 * time.Second
+	}
+	if c.RetryInterval <= 0 {
+		c.RetryInterval = time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -138,26 +144,32 @@ type Manager struct {
 	cfg Config
 	log *slog.Logger
 
-	quit chan struct{} // closed by Close; stops the idle loop
-	pool *pool         // nil when Config.PoolSize is 0
+	// ctx ends when Close begins: it aborts creates in flight and stops
+	// the idle loop, the pool's lease renewal and background destroys.
+	ctx    context.Context
+	cancel context.CancelFunc
+	pool   *pool          // nil when Config.PoolSize is 0
+	reaps  sync.WaitGroup // background destroys (reap.go)
 
-	// mu guards sandboxes and closed.
+	// mu guards sandboxes, leftovers and closed.
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
+	leftovers map[string]error // ids destroyed in the background, with their last error
 	closed    bool
 }
 
 // New returns a Manager. It first destroys every sandbox the runtime still
 // holds: sandboxes do not outlive the engine that made them, so anything
-// found at start is left over from a crash.
+// found at start is left over from a crash. New waits a few seconds for
+// that at most: what cannot be destroyed by then is retried in the
+// background and reported by Leftovers, never fatal (reap.go).
 func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*Sandbox{}, quit: make(chan struct{})}
-	if err := m.reconcile(ctx); err != nil {
-		return nil, err
-	}
+	m := &Manager{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*Sandbox{}, leftovers: map[string]error{}}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.reconcile(ctx)
 	if cfg.IdleTimeout > 0 {
 		go m.idleLoop(min(cfg.IdleTimeout/4, 5*time.Second))
 	}
@@ -165,21 +177,6 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		m.pool = newPool(m)
 	}
 	return m, nil
-}
-
-func (m *Manager) reconcile(ctx context.Context) error {
-	ids, err := m.cfg.Runtime.List(ctx)
-	if err != nil {
-		return fmt.Errorf("list leftover sandboxes: %w", err)
-	}
-	var errs []error
-	for _, id := range ids {
-		m.log.Warn("destroying sandbox left over from an earlier run", "sandbox", id)
-		if err := m.cfg.Runtime.Destroy(ctx, id); err != nil {
-			errs = append(errs, fmt.Errorf("destroy leftover %s: %w", id, err))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // CreateOptions describe a new sandbox. Zero fields take the Manager's defaults.
@@ -234,7 +231,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		return nil, apierr.Wrap(err, apierr.BadRequest, "%v", err)
 	}
 	if !egressPolicy.Enabled() {
-		if s, ok, err := m.fromPool(opt, limits); ok {
+		if s, ok, err := m.fromPool(ctx, opt, limits); ok {
 			return s, err
 		}
 	}
@@ -242,6 +239,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	s := &Sandbox{
 		ID: newID(), Template: opt.Template, Limits: limits, ReadOnly: opt.ReadOnly,
 		Env: opt.Env, Metadata: opt.Metadata, Created: time.Now(), m: m, state: StateStarting, owner: opt.Owner,
+		created: make(chan struct{}),
 	}
 	m.mu.Lock()
 	switch {
@@ -262,40 +260,82 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	if egressPolicy.Enabled() {
 		gw, err := egress.New(m.cfg.Egress, s.ID, egressPolicy, netLimit)
 		if err != nil {
-			m.forget(s.ID)
+			close(s.created)
+			m.destroy(s, reasonFailed)
 			return nil, apierr.Wrap(err, apierr.Internal, "could not start the sandbox's network")
 		}
 		s.net = gw
 		spec.Network = &runtime.Network{ResolvConf: egress.ResolvConf, Attach: gw.Attach}
 	}
+	// Close aborts a create in flight; the sandbox is then destroyed by
+	// whoever stops it, once the runtime's Create has returned.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(m.ctx, cancel)()
 	inst, err := m.cfg.Runtime.Create(ctx, spec)
+	if err == nil {
+		s.agent = agentClient{socket: inst.Socket}
+	}
+	close(s.created)
 	if err != nil {
-		s.closeNet()
-		m.forget(s.ID)
-		return nil, apierr.Wrap(err, apierr.Internal, "could not start the sandbox")
+		m.destroy(s, reasonFailed)
+		return nil, m.startErr(err, "could not start the sandbox")
 	}
-	s.agent = agentClient{socket: inst.Socket}
-	if err := s.waitAgent(ctx, m.cfg.AgentTimeout); err != nil {
-		m.destroy(s, "failed to start")
-		return nil, apierr.Wrap(err, apierr.Internal, "the sandbox agent did not start")
+	if err := s.waitAgent(ctx, m.cfg.AgentTimeout, opt.Timeout); err != nil {
+		m.destroy(s, reasonFailed)
+		return nil, m.startErr(err, "the sandbox agent did not start")
 	}
-	s.mu.Lock()
-	s.state = StateRunning
-	s.lastActive = time.Now()
-	s.deadline = time.Now().Add(opt.Timeout)
-	s.timer = time.AfterFunc(opt.Timeout, func() { m.expire(s) })
-	s.mu.Unlock()
+	if !s.startLife(opt.Timeout) {
+		// Stopped while starting: the engine is closing, or a Kill.
+		return nil, s.running()
+	}
 	m.log.Info("sandbox created", "sandbox", s.ID, "template", s.Template)
 	s.announce(false)
 	return s, nil
 }
 
-// waitAgent pings the agent until it answers.
-func (s *Sandbox) waitAgent(ctx context.Context, timeout time.Duration) error {
+// startErr is the error of a create that failed: "shutting down" when
+// Close aborted it.
+func (m *Manager) startErr(err error, msg string) error {
+	if m.ctx.Err() != nil {
+		return apierr.Wrap(err, apierr.Capacity, "the engine is shutting down")
+	}
+	return apierr.Wrap(err, apierr.Internal, "%s", msg)
+}
+
+// startLife moves a starting sandbox to running with a lifetime of d from
+// now. It fails if the sandbox is no longer starting (someone stopped it).
+func (s *Sandbox) startLife(d time.Duration) bool {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StateStarting {
+		return false
+	}
+	s.state = StateRunning
+	s.lastActive = now
+	s.lastCPU = 0
+	s.deadline = now.Add(d)
+	s.timer = time.AfterFunc(d, func() { s.m.expire(s) })
+	return true
+}
+
+// lifetimeGrace is how long after the engine's deadline the agent ends a
+// sandbox on its own: the engine's timer normally acts first, and the
+// agent's is the backstop that holds while no engine runs (after a crash).
+const lifetimeGrace = 2 * time.Second
+
+// lifetimeCallTimeout bounds telling the agent its lifetime.
+const lifetimeCallTimeout = 5 * time.Second
+
+// waitAgent pings the agent until it answers; the pings tell it to end the
+// sandbox lifetime (plus lifetimeGrace) from now.
+func (s *Sandbox) waitAgent(ctx context.Context, timeout, lifetime time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	ping := agentproto.Request{Op: agentproto.OpPing, LifetimeMS: (lifetime + lifetimeGrace).Milliseconds()}
 	for {
-		ev, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpPing}, nil, nil, nil)
+		ev, err := s.agent.call(ctx, ping, nil, nil, nil)
 		if err == nil {
 			if ev.Agent == nil || ev.Agent.ProtocolVersion != agentproto.ProtocolVersion {
 				return fmt.Errorf("agent speaks another protocol version: %+v", ev.Agent)
@@ -376,17 +416,39 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	return m.destroy(s, "killed")
 }
 
+// Why sandboxes stop (Info.StopReason).
+const (
+	reasonTimeout  = "timed out" // the lifetime ended
+	reasonFailed   = "failed to start"
+	reasonShutdown = "engine shut down"
+)
+
 func (m *Manager) expire(s *Sandbox) {
+	s.mu.Lock()
+	early := time.Now().Before(s.deadline) // SetTimeout moved it as the timer fired
+	s.mu.Unlock()
+	if early {
+		return
+	}
 	m.log.Info("sandbox timed out", "sandbox", s.ID)
-	_ = m.destroy(s, "timed out")
+	_ = m.destroy(s, reasonTimeout)
 }
 
-// destroy takes a sandbox down; only the first caller does the work.
+// destroyTimeout bounds one attempt at destroying a sandbox.
+const destroyTimeout = time.Minute
+
+// destroy takes a sandbox down; only the first caller does the work. A
+// sandbox still being created is destroyed once the runtime's Create has
+// returned (Close aborts it), so a create racing a stop never leaves a
+// sandbox running untracked. A failed destroy is retried in the background
+// (reap.go).
 func (m *Manager) destroy(s *Sandbox, reason string) error {
-	if !s.transition(StateStopping) {
+	s.mu.Lock()
+	if order(s.state) >= order(StateStopping) {
+		s.mu.Unlock()
 		return nil
 	}
-	s.mu.Lock()
+	s.state = StateStopping
 	s.stopReason = reason
 	if s.timer != nil {
 		s.timer.Stop()
@@ -396,16 +458,17 @@ func (m *Manager) destroy(s *Sandbox, reason string) error {
 	if announced {
 		defer s.emit(events.SandboxStopped, "", map[string]any{"reason": reason})
 	}
+	<-s.created
 	// Destroying must finish even if the caller has gone away.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
 	defer cancel()
 	err := m.cfg.Runtime.Destroy(ctx, s.ID)
 	s.closeNet()
 	s.transition(StateStopped)
 	m.forget(s.ID)
 	if err != nil {
-		m.log.Error("destroy sandbox", "sandbox", s.ID, "err", err)
-		return apierr.Wrap(err, apierr.Internal, "could not clean up sandbox %s", s.ID)
+		m.reap(s.ID, err)
+		return apierr.Wrap(err, apierr.Internal, "could not clean up sandbox %s; retrying in the background", s.ID)
 	}
 	m.log.Info("sandbox stopped", "sandbox", s.ID, "reason", reason)
 	return nil
@@ -433,45 +496,65 @@ func (m *Manager) forget(id string) {
 	m.mu.Unlock()
 }
 
-// Close stops accepting sandboxes and destroys every one still running.
+// Close stops accepting sandboxes, aborts creates in flight and destroys
+// every sandbox. Sandboxes whose destroy fails, or that were still being
+// destroyed in the background, are left to the next engine's start.
 func (m *Manager) Close(ctx context.Context) error {
+	m.cancel()
 	var poolErr error
 	if m.pool != nil {
 		poolErr = m.pool.close()
 	}
 	m.mu.Lock()
-	if !m.closed {
-		close(m.quit)
-	}
 	m.closed = true
 	all := slices.Collect(maps.Values(m.sandboxes))
 	m.mu.Unlock()
 	var wg sync.WaitGroup
 	errs := make([]error, len(all))
 	for i, s := range all {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = m.destroy(s, "engine shut down")
-		}()
+		wg.Go(func() { errs[i] = m.destroy(s, reasonShutdown) })
 	}
 	wg.Wait()
+	m.reaps.Wait()
+	if left := m.Leftovers(); len(left) > 0 {
+		errs = append(errs, fmt.Errorf("%d sandboxes could not be destroyed and are left to the next start: %s",
+			len(left), strings.Join(left, ", ")))
+	}
 	return errors.Join(append(errs, poolErr)...)
 }
 
 // reasonOOM is the stop reason of a sandbox whose agent the OOM killer took.
 const reasonOOM = "the sandbox ran out of memory"
 
-// gone marks a sandbox whose agent stopped answering and cleans it up.
+// gone marks a sandbox whose agent stopped answering and cleans it up. The
+// error says truthfully why, in the words the sandbox's record uses: the
+// reason it was stopped for (a Kill, the engine's timer), "timed out" when
+// its deadline has passed (the agent ends a sandbox at its deadline on its
+// own), an OOM kill, or else an unexpected stop.
 func (s *Sandbox) gone(err error) error {
 	if !errors.Is(err, errAgentGone) {
 		return err
 	}
-	reason := "the sandbox stopped unexpectedly"
-	if u, uerr := s.m.cfg.Runtime.Usage(context.Background(), s.ID); uerr == nil && u.OOMKills > 0 {
-		reason = reasonOOM
+	s.mu.Lock()
+	reason, deadline := s.stopReason, s.deadline
+	s.mu.Unlock()
+	switch {
+	case reason != "":
+	case !deadline.IsZero() && !time.Now().Before(deadline):
+		reason = reasonTimeout
+	default:
+		reason = "the sandbox stopped unexpectedly"
+		if u, uerr := s.m.cfg.Runtime.Usage(context.Background(), s.ID); uerr == nil && u.OOMKills > 0 {
+			reason = reasonOOM
+		}
 	}
 	_ = s.m.destroy(s, reason)
+	s.mu.Lock()
+	reason = s.stopReason // the first to stop it said why
+	s.mu.Unlock()
+	if reason == reasonTimeout {
+		return apierr.Wrap(err, apierr.SandboxTimeout, "sandbox %s timed out: its lifetime ended", s.ID)
+	}
 	return apierr.Wrap(err, apierr.SandboxState, "%s", reason)
 }
 
@@ -481,7 +564,7 @@ func (m *Manager) idleLoop(every time.Duration) {
 	defer t.Stop()
 	for {
 		select {
-		case <-m.quit:
+		case <-m.ctx.Done():
 			return
 		case now := <-t.C:
 			m.mu.Lock()

@@ -73,10 +73,10 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("List = %+v", l)
 	}
 	before := s.Deadline()
-	if err := s.SetTimeout(time.Hour); err != nil || !s.Deadline().After(before) {
+	if err := s.SetTimeout(context.Background(), time.Hour); err != nil || !s.Deadline().After(before) {
 		t.Fatalf("SetTimeout: %v", err)
 	}
-	wantCode(t, s.SetTimeout(0), apierr.BadRequest)
+	wantCode(t, s.SetTimeout(context.Background(), 0), apierr.BadRequest)
 
 	if err := m.Kill(context.Background(), s.ID); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	goruntime "runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -92,6 +93,11 @@ const preloadTimeout = 2 * time.Minute
 // waits after the last hand-out.
 const refillQuiet = time.Second
 
+// poolLease is the lifetime a member's agent is given while it waits in
+// the pool, renewed every poolLease/4: a member outlives a crashed engine
+// by at most this long. At hand-out the agent gets the caller's lifetime.
+const poolLease = 10 * time.Minute
+
 type pool struct {
 	m         *Manager
 	size      int
@@ -126,6 +132,8 @@ func newPool(m *Manager) *pool {
 // fill keeps every pooled template at its size, one new member at a time.
 func (p *pool) fill() {
 	defer close(p.done)
+	renew := time.NewTicker(poolLease / 4)
+	defer renew.Stop()
 	backoff := time.Second
 	for {
 		tmpl, wait := p.wanting()
@@ -139,6 +147,8 @@ func (p *pool) fill() {
 				return
 			case <-p.wake:
 			case <-quiet:
+			case <-renew.C:
+				p.renewLeases()
 			}
 			continue
 		}
@@ -160,7 +170,7 @@ func (p *pool) fill() {
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
-			p.m.destroy(s, "engine shut down")
+			p.m.destroy(s, reasonShutdown)
 			return
 		}
 		p.ready[tmpl] = append(p.ready[tmpl], s)
@@ -191,20 +201,22 @@ func (p *pool) start(tmpl string) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{ID: newID(), Template: tmpl, Limits: m.cfg.DefaultLimits, m: m, state: StateStarting, pooled: true}
+	s := &Sandbox{ID: newID(), Template: tmpl, Limits: m.cfg.DefaultLimits, m: m, state: StateStarting, pooled: true,
+		created: make(chan struct{})}
 	inst, err := m.cfg.Runtime.Create(p.ctx, runtimeSpec(s, rootfs))
+	close(s.created)
 	if err != nil {
 		return nil, fmt.Errorf("create: %w", err)
 	}
 	s.agent = agentClient{socket: inst.Socket}
-	if err := s.waitAgent(p.ctx, m.cfg.AgentTimeout); err != nil {
-		m.destroy(s, "failed to start")
+	if err := s.waitAgent(p.ctx, m.cfg.AgentTimeout, poolLease); err != nil {
+		m.destroy(s, reasonFailed)
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	if len(p.preload) > 0 {
 		if err := s.preloadModules(p.ctx, p.preload); err != nil {
 			if p.ctx.Err() != nil || errors.Is(err, errAgentGone) {
-				m.destroy(s, "failed to start")
+				m.destroy(s, reasonFailed)
 				return nil, fmt.Errorf("preload: %w", err)
 			}
 			// The kernel runs; only an import failed (a template
@@ -270,6 +282,32 @@ func (s *Sandbox) preloadModules(ctx context.Context, modules []string) error {
 	return nil
 }
 
+// renewLeases renews every ready member's lease, dropping members whose
+// agent no longer answers.
+func (p *pool) renewLeases() {
+	p.mu.Lock()
+	var all []*Sandbox
+	for _, members := range p.ready {
+		all = append(all, members...)
+	}
+	p.mu.Unlock()
+	dead := false
+	for _, s := range all {
+		if err := s.tellLifetime(p.ctx, poolLease); err != nil && p.ctx.Err() == nil {
+			p.m.log.Warn("warm pool: member lost", "sandbox", s.ID, "err", err)
+			_ = p.m.destroy(s, reasonFailed)
+			dead = true
+		}
+	}
+	if dead {
+		p.mu.Lock()
+		for t, members := range p.ready {
+			p.ready[t] = slices.DeleteFunc(members, func(s *Sandbox) bool { return s.State() != StateStarting })
+		}
+		p.mu.Unlock()
+	}
+}
+
 // poolable reports whether a sandbox started ahead can serve opt.
 func (p *pool) poolable(tmpl string, limits runtime.Limits, opt CreateOptions) bool {
 	if opt.ReadOnly || len(opt.Env) > 0 || limits != p.m.cfg.DefaultLimits {
@@ -304,8 +342,13 @@ func (p *pool) take(tmpl string) *Sandbox {
 	return nil
 }
 
-// giveBack returns a member that was taken but never shown to anyone.
+// giveBack returns a member that was taken but never shown to anyone,
+// with its lease renewed.
 func (p *pool) giveBack(s *Sandbox) {
+	if s.tellLifetime(p.ctx, poolLease) != nil {
+		_ = p.m.destroy(s, reasonFailed)
+		return
+	}
 	p.mu.Lock()
 	if !p.closed {
 		p.ready[s.Template] = append([]*Sandbox{s}, p.ready[s.Template]...)
@@ -313,7 +356,7 @@ func (p *pool) giveBack(s *Sandbox) {
 		return
 	}
 	p.mu.Unlock()
-	p.m.destroy(s, "engine shut down")
+	p.m.destroy(s, reasonShutdown)
 }
 
 func (p *pool) signal() {
@@ -348,21 +391,27 @@ func (p *pool) close() error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(all))
 	for i, s := range all {
-		wg.Go(func() { errs[i] = p.m.destroy(s, "engine shut down") })
+		wg.Go(func() { errs[i] = p.m.destroy(s, reasonShutdown) })
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
 // fromPool hands out a pooled sandbox for opt, or reports a miss (ok
-// false). limits are opt's limits with the defaults filled in.
-func (m *Manager) fromPool(opt CreateOptions, limits runtime.Limits) (s *Sandbox, ok bool, err error) {
+// false). limits are opt's limits with the defaults filled in. The
+// member's agent is told the caller's lifetime before it is handed out; a
+// member that no longer answers is destroyed and the create is a miss.
+func (m *Manager) fromPool(ctx context.Context, opt CreateOptions, limits runtime.Limits) (s *Sandbox, ok bool, err error) {
 	p := m.pool
 	if p == nil {
 		return nil, false, nil
 	}
 	if p.poolable(opt.Template, limits, opt) {
 		s = p.take(opt.Template)
+	}
+	if s != nil && s.tellLifetime(ctx, opt.Timeout) != nil {
+		m.log.Warn("warm pool: member lost", "sandbox", s.ID)
+		s = nil
 	}
 	if s == nil {
 		p.misses.Add(1)
@@ -382,16 +431,12 @@ func (m *Manager) fromPool(opt CreateOptions, limits runtime.Limits) (s *Sandbox
 	}
 	// Until it is in the table the member is ours alone: its life as the
 	// caller's sandbox starts now.
-	now := time.Now()
 	s.Metadata, s.Env, s.owner = opt.Metadata, opt.Env, opt.Owner
-	s.Created = now
-	s.mu.Lock()
-	s.state = StateRunning
-	s.lastActive = now
-	s.lastCPU = 0
-	s.deadline = now.Add(opt.Timeout)
-	s.timer = time.AfterFunc(opt.Timeout, func() { m.expire(s) })
-	s.mu.Unlock()
+	s.Created = time.Now()
+	if !s.startLife(opt.Timeout) {
+		m.mu.Unlock()
+		return nil, false, nil // stopped in the pool meanwhile: a miss
+	}
 	m.sandboxes[s.ID] = s
 	m.mu.Unlock()
 	p.hits.Add(1)

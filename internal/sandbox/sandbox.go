@@ -1,10 +1,12 @@
 package sandbox
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/runtime"
@@ -40,6 +42,12 @@ type Sandbox struct {
 	// ctxLangs maps the ids of the sandbox's code contexts to their
 	// languages (TypeScript cells are transpiled before they are sent).
 	ctxLangs sync.Map
+	// created is closed once the runtime's Create has returned: destroy
+	// waits for it, so that it never runs under a create in flight.
+	created chan struct{}
+	// lifeMu orders SetTimeout calls: the agent's deadline and the
+	// engine's move together.
+	lifeMu sync.Mutex
 
 	// mu guards the fields below.
 	mu         sync.Mutex
@@ -145,20 +153,42 @@ func order(st State) int {
 	}
 }
 
-// SetTimeout moves the sandbox's deadline to d from now.
-func (s *Sandbox) SetTimeout(d time.Duration) error {
+// SetTimeout moves the sandbox's deadline to d from now. The agent is told
+// first (it ends the sandbox at its deadline even when no engine runs), so
+// a failed call leaves both deadlines as they were.
+func (s *Sandbox) SetTimeout(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return apierr.New(apierr.BadRequest, "timeout must be positive")
 	}
 	if err := s.running(); err != nil {
 		return err
 	}
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	if err := s.tellLifetime(ctx, d); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.state != StateRunning {
+		return apierr.New(apierr.SandboxState, "sandbox %s is %s (%s)", s.ID, s.state, s.stopReason)
+	}
 	s.lastActive = time.Now()
 	s.deadline = time.Now().Add(d)
 	if s.timer != nil {
 		s.timer.Reset(d)
+	}
+	return nil
+}
+
+// tellLifetime tells the agent to end the sandbox d (plus lifetimeGrace)
+// from now.
+func (s *Sandbox) tellLifetime(ctx context.Context, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, lifetimeCallTimeout)
+	defer cancel()
+	_, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpPing, LifetimeMS: (d + lifetimeGrace).Milliseconds()}, nil, nil, nil)
+	if err != nil {
+		return s.gone(fmt.Errorf("set the agent's deadline: %w", err))
 	}
 	return nil
 }

@@ -62,7 +62,7 @@ func (b e2bBackend) SetTimeout(ctx context.Context, owner, id string, d time.Dur
 	if err != nil {
 		return err
 	}
-	if err := bx.sb.SetTimeout(d); err != nil {
+	if err := bx.sb.SetTimeout(ctx, d); err != nil {
 		return err
 	}
 	if err := b.s.store.UpdateSandboxExpiry(ctx, id, bx.sb.Deadline()); err != nil {

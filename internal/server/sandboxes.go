@@ -371,7 +371,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := b.sb.SetTimeout(d); err != nil {
+	if err := b.sb.SetTimeout(r.Context(), d); err != nil {
 		return err
 	}
 	info := b.sb.Info()

@@ -14,6 +14,16 @@ const (
 	SandboxGID  = 1000
 )
 
+// SandboxOOMScoreAdj is the oom_score_adj of a sandbox's init, and so of
+// every process in it: when the host runs out of memory, the kernel kills
+// sandboxed processes before the server (whose own score is left as it
+// is). The agent raises its interpreters to 1000, so that inside a
+// sandbox they go before the agent. Raising a score needs no privilege.
+// Where runc holds CAP_SYS_RESOURCE the value is also the floor no process
+// inside can go below; without it (hosts whose root lacks it) code inside
+// may lower its own score back to 0, never below the server's.
+const SandboxOOMScoreAdj = 500
+
 // IDMap maps the sandbox's uids and gids 0..Size-1 to host HostID..HostID+Size-1.
 // The template's files are owned by the shifted ids (template.BuildOptions.UIDShift).
 type IDMap struct {

@@ -108,6 +108,7 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 	if shm <= 0 {
 		shm = 64 << 20
 	}
+	oomScoreAdj := SandboxOOMScoreAdj
 	spec := &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
@@ -118,6 +119,7 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 			Cwd:             SandboxHome,
 			Capabilities:    caps,
 			NoNewPrivileges: true,
+			OOMScoreAdj:     &oomScoreAdj,
 			Rlimits: []specs.POSIXRlimit{
 				{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
 				{Type: "RLIMIT_NOFILE", Hard: 4096, Soft: 4096},
