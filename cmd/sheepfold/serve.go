@@ -33,7 +33,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		maxSandboxes int
 		logFormat    string
 	)
-	var idleTimeout, eventRetention time.Duration
+	var idleTimeout, eventRetention, retention time.Duration
 	poolSize := sandbox.DefaultPoolSize()
 	instance := ""
 	cmd := &cobra.Command{
@@ -65,11 +65,11 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if instance == "" {
 				instance = serverInstance(cfg.DataDir)
 			}
-			if eventRetention <= 0 {
-				return errors.New("--event-retention must be positive")
+			if eventRetention <= 0 || retention <= 0 {
+				return errors.New("--event-retention and --retention must be positive")
 			}
 			return serve(cmd.Context(), *cfg, listen, server.Config{
-				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version,
+				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version, Retention: retention,
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) { c.PoolSize = poolSize })
 		},
@@ -81,6 +81,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"stop a sandbox after this long with no request and no CPU use (0: never)")
 	cmd.Flags().DurationVar(&eventRetention, "event-retention", 7*24*time.Hour,
 		"how long sandbox events and webhook deliveries are kept")
+	cmd.Flags().DurationVar(&retention, "retention", 7*24*time.Hour,
+		"how long records of stopped sandboxes and of executions are kept")
 	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	cmd.Flags().IntVar(&poolSize, "pool", poolSize,
 		"sandboxes of the python template kept started ahead, pandas, numpy and matplotlib imported (0: no warm pool; default: one per CPU, at most one per 2 GiB)")

@@ -19,11 +19,12 @@ var _ e2b.Backend = e2bBackend{}
 
 func (b e2bBackend) Authenticate(ctx context.Context, key string) (string, error) {
 	p, err := b.s.auth.Check(ctx, key)
-	return p.Owner, err
+	return p.Owner, classify(err)
 }
 
 func (b e2bBackend) Create(ctx context.Context, owner string, opt sandbox.CreateOptions) (*sandbox.Sandbox, error) {
-	return b.s.create(ctx, owner, opt, 0)
+	sb, err := b.s.create(ctx, owner, opt, 0)
+	return sb, classify(err)
 }
 
 // Sandbox returns a running sandbox; owner "" matches any owner.
@@ -39,7 +40,7 @@ func (b e2bBackend) Sandbox(ctx context.Context, owner, id string) (*sandbox.San
 	}
 	bx, err := b.s.lookupID(ctx, owner, id)
 	if err != nil {
-		return nil, err
+		return nil, classify(err)
 	}
 	return bx.sb, nil
 }
@@ -60,13 +61,13 @@ func (b e2bBackend) Sandboxes(ctx context.Context, owner string) []*sandbox.Sand
 func (b e2bBackend) SetTimeout(ctx context.Context, owner, id string, d time.Duration) error {
 	bx, err := b.s.lookupID(ctx, owner, id)
 	if err != nil {
-		return err
+		return classify(err)
 	}
 	if err := bx.sb.SetTimeout(ctx, d); err != nil {
-		return err
+		return classify(err)
 	}
 	if err := b.s.store.UpdateSandboxExpiry(ctx, id, bx.sb.Deadline()); err != nil {
-		return fmt.Errorf("record timeout: %w", err)
+		return classify(fmt.Errorf("record timeout: %w", err))
 	}
 	return nil
 }
@@ -79,10 +80,10 @@ func (b e2bBackend) Kill(ctx context.Context, owner, id string) error {
 		return notFound(id)
 	}
 	if err != nil {
-		return err
+		return classify(err)
 	}
 	if err := b.s.engine.Kill(ctx, id); err != nil && apierr.CodeOf(err) != apierr.SandboxNotFound {
-		return err
+		return classify(err)
 	}
 	b.s.forget(ctx, bx)
 	return nil

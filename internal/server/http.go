@@ -16,6 +16,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/e2b"
+	"github.com/sheepfold/sheepfold/internal/store"
 )
 
 // handlerFunc is an endpoint: it writes a success itself and returns
@@ -98,8 +99,22 @@ type errorJSON struct {
 	RequestID string      `json:"request_id"`
 }
 
+// classify attaches codes to the causes the server meets uncoded from
+// its own dependencies (the store): the server's one table of causes to
+// codes, used by /v1 (errorJSON) and the E2B surface (e2bBackend) alike.
+func classify(err error) error {
+	if err == nil || apierr.CodeOf(err) != apierr.Internal {
+		return err
+	}
+	if errors.Is(err, store.ErrUnavailable) {
+		return &apierr.Error{Code: apierr.StorageUnavailable, Err: err, RetryAfter: time.Second,
+			Message: "the server's database is busy or full; retry later"}
+	}
+	return err
+}
+
 func (s *Server) errorJSON(r *http.Request, err error) (*apierr.Error, errorJSON) {
-	e := apierr.From(err)
+	e := apierr.From(classify(err))
 	rid := requestIDFrom(r.Context())
 	if e.Code == apierr.Internal {
 		s.log.Error("request failed", "request_id", rid, "method", r.Method, "path", r.URL.Path, "err", err)

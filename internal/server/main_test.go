@@ -69,6 +69,7 @@ type env struct {
 	srv     *server.Server
 	url     string
 	store   *sqlite.DB
+	dbPath  string
 	engine  *sandbox.Manager
 	keyA    string // owner A
 	keyB    string // owner B
@@ -81,7 +82,8 @@ type env struct {
 func newEnv(t *testing.T, cfg server.Config, opts ...func(*sandbox.Config)) *env {
 	t.Helper()
 	ctx := context.Background()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "sheepfold.db"))
+	dbPath := filepath.Join(t.TempDir(), "sheepfold.db")
+	st, err := sqlite.Open(ctx, dbPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +113,7 @@ func newEnv(t *testing.T, cfg server.Config, opts ...func(*sandbox.Config)) *env
 	}
 	srv := server.New(cfg, st, m, log)
 	hs := httptest.NewServer(srv)
-	e := &env{t: t, srv: srv, url: hs.URL, store: st, engine: m, rt: rt, bus: bus}
+	e := &env{t: t, srv: srv, url: hs.URL, store: st, dbPath: dbPath, engine: m, rt: rt, bus: bus}
 	for _, p := range []*string{&e.keyA, &e.keyB, &e.revoked} {
 		k, secret, err := auth.Create(ctx, st, auth.CreateOptions{})
 		if err != nil {

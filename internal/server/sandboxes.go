@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -292,7 +293,7 @@ func (s *Server) forget(ctx context.Context, b *box) {
 	delete(s.boxes, b.sb.ID)
 	s.mu.Unlock()
 	if ok {
-		s.recordStop(ctx, b.sb)
+		s.recordStop(ctx, b)
 	}
 }
 
@@ -325,9 +326,20 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	if state == "all" {
 		filter.State = ""
 	}
+	limit, err := pageLimit(r)
+	if err != nil {
+		return err
+	}
+	// One more than the page tells whether there is a next one.
+	filter.After, filter.Limit = r.URL.Query().Get("cursor"), limit+1
 	recs, err := s.store.ListSandboxes(r.Context(), filter)
 	if err != nil {
 		return err
+	}
+	next := ""
+	if len(recs) > limit {
+		recs = recs[:limit]
+		next = recs[limit-1].ID
 	}
 	s.mu.Lock()
 	live := make(map[string]*sandbox.Sandbox, len(s.boxes))
@@ -347,8 +359,28 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		// A record still "running" that this server does not hold is
 		// about to be swept; leave it out.
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+	page := map[string]any{"sandboxes": out}
+	if next != "" {
+		page["next"] = next
+	}
+	writeJSON(w, http.StatusOK, page)
 	return nil
+}
+
+// Pages of lists: ?limit=N (default and most maxPage), ?cursor= the
+// previous page's "next".
+const maxPage = 1000
+
+func pageLimit(r *http.Request) (int, error) {
+	v := r.URL.Query().Get("limit")
+	if v == "" {
+		return maxPage, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > maxPage {
+		return 0, apierr.New(apierr.BadRequest, "limit must be an integer from 1 to %d", maxPage)
+	}
+	return n, nil
 }
 
 type timeoutRequest struct {

@@ -80,6 +80,11 @@ type Config struct {
 	// IdleTimeout bounds a kept-alive connection between requests [2m].
 	ReadHeaderTimeout time.Duration
 	IdleTimeout       time.Duration
+	// Retention is how long records of stopped sandboxes and executions
+	// are kept [7 days]; PruneInterval is how often older ones are
+	// deleted [1h].
+	Retention     time.Duration
+	PruneInterval time.Duration
 	// Events is the bus the engine emits to (its Config.Events): the
 	// server streams, lists and posts (webhooks) what it stores. Nil
 	// makes a bus of the server's own over the store, which then sees
@@ -108,6 +113,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 2 * time.Minute
+	}
+	if c.Retention <= 0 {
+		c.Retention = 7 * 24 * time.Hour
+	}
+	if c.PruneInterval <= 0 {
+		c.PruneInterval = time.Hour
 	}
 }
 
@@ -242,17 +253,37 @@ func (s *Server) RecordStopped(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	for _, b := range stopped {
-		s.recordStop(ctx, b.sb)
+		s.recordStop(ctx, b)
 	}
 }
 
-func (s *Server) recordStop(ctx context.Context, sb *sandbox.Sandbox) {
-	reason := sb.Info().StopReason
+// recordStop records that b's sandbox stopped. When the store fails (busy,
+// full) the box is kept, so that the next sweep tries again: no stop is
+// lost while the server runs.
+func (s *Server) recordStop(ctx context.Context, b *box) {
+	reason := b.sb.Info().StopReason
 	if reason == "" {
 		reason = "stopped"
 	}
-	if err := s.store.StopSandbox(ctx, sb.ID, reason, time.Now()); err != nil {
-		s.log.Error("record sandbox stop", "sandbox", sb.ID, "err", err)
+	if err := s.store.StopSandbox(ctx, b.sb.ID, reason, time.Now()); err != nil {
+		s.log.Error("record sandbox stop; retrying at the next sweep", "sandbox", b.sb.ID, "err", err)
+		s.mu.Lock()
+		if _, ok := s.boxes[b.sb.ID]; !ok {
+			s.boxes[b.sb.ID] = b
+		}
+		s.mu.Unlock()
+	}
+}
+
+// prune deletes the records older than the retention period.
+func (s *Server) prune(ctx context.Context) {
+	ns, ne, err := s.store.DeleteStoppedBefore(ctx, time.Now().Add(-s.cfg.Retention))
+	if err != nil {
+		s.log.Warn("prune old records", "err", err)
+		return
+	}
+	if ns+ne > 0 {
+		s.log.Info("pruned old records", "sandboxes", ns, "executions", ne, "retention", s.cfg.Retention)
 	}
 }
 
@@ -260,12 +291,19 @@ func (s *Server) sweep() {
 	defer s.sweeper.Done()
 	t := time.NewTicker(s.cfg.SweepInterval)
 	defer t.Stop()
+	p := time.NewTicker(s.cfg.PruneInterval)
+	defer p.Stop()
+	if s.store != nil {
+		s.prune(context.Background())
+	}
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
 			s.RecordStopped(context.Background())
+		case <-p.C:
+			s.prune(context.Background())
 		}
 	}
 }

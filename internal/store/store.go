@@ -17,6 +17,10 @@ import (
 // ErrNotFound reports a record that does not exist.
 var ErrNotFound = errors.New("store: not found")
 
+// ErrUnavailable reports a database that cannot answer now: busy or
+// locked past its wait, full, or failing. Retrying later may succeed.
+var ErrUnavailable = errors.New("store: database busy, full or unavailable")
+
 // Key is an API key. Only the SHA-256 of the secret is kept.
 type Key struct {
 	ID        string
@@ -61,10 +65,12 @@ type Execution struct {
 	CreatedAt       time.Time
 }
 
-// SandboxFilter selects sandbox records.
+// SandboxFilter selects sandbox records, oldest first.
 type SandboxFilter struct {
 	Owner string // required
 	State string // "" for every state
+	After string // only records after the one with this ID (a cursor); "" from the start
+	Limit int    // at most this many; 0 for all
 }
 
 // Store persists the server's state. Implementations are safe for
@@ -91,6 +97,10 @@ type Store interface {
 	// StopAllRunning marks every running sandbox stopped and returns how
 	// many there were.
 	StopAllRunning(ctx context.Context, reason string, at time.Time) (int, error)
+
+	// DeleteStoppedBefore removes the records of sandboxes stopped before
+	// t, and executions made before t, and says how many of each went.
+	DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes, executions int, err error)
 
 	AddExecution(ctx context.Context, e Execution) error
 	ListExecutions(ctx context.Context, sandboxID string) ([]Execution, error)

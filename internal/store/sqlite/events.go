@@ -18,27 +18,27 @@ func (d *DB) AddEvents(ctx context.Context, evs []store.Event) error {
 	}
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("add events: %w", err)
+		return storeErr("add events", err)
 	}
 	defer tx.Rollback()
 	stmt, err := tx.PrepareContext(ctx, `INSERT INTO events (time, type, sandbox_id, owner, execution_id, details)
 		VALUES (?, ?, ?, ?, ?, ?)`)
 	if err != nil {
-		return fmt.Errorf("add events: %w", err)
+		return storeErr("add events", err)
 	}
 	defer stmt.Close()
 	for i := range evs {
 		e := &evs[i]
 		res, err := stmt.ExecContext(ctx, fmtTime(e.Time), e.Type, e.SandboxID, e.Owner, e.ExecutionID, jsonText(e.Details))
 		if err != nil {
-			return fmt.Errorf("add event: %w", err)
+			return storeErr("add event", err)
 		}
 		if e.ID, err = res.LastInsertId(); err != nil {
-			return fmt.Errorf("add event: %w", err)
+			return storeErr("add event", err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("add events: %w", err)
+		return storeErr("add events", err)
 	}
 	return nil
 }
@@ -75,7 +75,7 @@ func (d *DB) ListEvents(ctx context.Context, f store.EventFilter) ([]store.Event
 	}
 	rows, err := d.db.QueryContext(ctx, q, args...)
 	if err != nil {
-		return nil, fmt.Errorf("list events: %w", err)
+		return nil, storeErr("list events", err)
 	}
 	defer rows.Close()
 	out := []store.Event{}
@@ -98,10 +98,10 @@ func (d *DB) ListEvents(ctx context.Context, f store.EventFilter) ([]store.Event
 func (d *DB) DeleteEventsBefore(ctx context.Context, t time.Time) (int, error) {
 	res, err := d.db.ExecContext(ctx, `DELETE FROM events WHERE time < ?`, fmtTime(t))
 	if err != nil {
-		return 0, fmt.Errorf("delete events: %w", err)
+		return 0, storeErr("delete events", err)
 	}
 	if _, err := d.db.ExecContext(ctx, `DELETE FROM webhook_deliveries WHERE time < ?`, fmtTime(t)); err != nil {
-		return 0, fmt.Errorf("delete webhook deliveries: %w", err)
+		return 0, storeErr("delete webhook deliveries", err)
 	}
 	n, err := res.RowsAffected()
 	return int(n), err
@@ -113,7 +113,7 @@ func (d *DB) CreateWebhook(ctx context.Context, w store.Webhook) error {
 	_, err := d.db.ExecContext(ctx, `INSERT INTO webhooks (id, owner, url, secret, types, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
 		w.ID, w.Owner, w.URL, w.Secret, string(types), fmtTime(w.CreatedAt))
 	if err != nil {
-		return fmt.Errorf("create webhook: %w", err)
+		return storeErr("create webhook", err)
 	}
 	return nil
 }
@@ -128,7 +128,7 @@ func (d *DB) ListWebhooks(ctx context.Context, owner string) ([]store.Webhook, e
 	}
 	rows, err := d.db.QueryContext(ctx, q+` ORDER BY created_at, id`, args...)
 	if err != nil {
-		return nil, fmt.Errorf("list webhooks: %w", err)
+		return nil, storeErr("list webhooks", err)
 	}
 	defer rows.Close()
 	out := []store.Webhook{}
@@ -153,7 +153,7 @@ func (d *DB) ListWebhooks(ctx context.Context, owner string) ([]store.Webhook, e
 func (d *DB) DeleteWebhook(ctx context.Context, owner, id string) error {
 	res, err := d.db.ExecContext(ctx, `DELETE FROM webhooks WHERE owner = ? AND id = ?`, owner, id)
 	if err != nil {
-		return fmt.Errorf("delete webhook: %w", err)
+		return storeErr("delete webhook", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return store.ErrNotFound
@@ -168,7 +168,7 @@ func (d *DB) AddDelivery(ctx context.Context, w store.WebhookDelivery) error {
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		w.WebhookID, w.EventID, w.EventType, w.Attempt, w.StatusCode, w.Error, w.Succeeded, fmtTime(w.Time), w.DurationMS)
 	if err != nil {
-		return fmt.Errorf("add webhook delivery: %w", err)
+		return storeErr("add webhook delivery", err)
 	}
 	return nil
 }
@@ -182,7 +182,7 @@ func (d *DB) ListDeliveries(ctx context.Context, webhookID string, afterID int64
 	}
 	rows, err := d.db.QueryContext(ctx, q, webhookID, afterID)
 	if err != nil {
-		return nil, fmt.Errorf("list webhook deliveries: %w", err)
+		return nil, storeErr("list webhook deliveries", err)
 	}
 	defer rows.Close()
 	out := []store.WebhookDelivery{}

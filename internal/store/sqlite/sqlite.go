@@ -18,7 +18,8 @@ import (
 	"strings"
 	"time"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
+	"modernc.org/sqlite" // registers the "sqlite" driver
+	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -28,6 +29,27 @@ var _ store.Store = (*DB)(nil)
 //go:embed migrations/*.sql
 var migrations embed.FS
 
+// MaxOpenConns bounds the database handles one DB holds.
+const MaxOpenConns = 8
+
+// storeErr wraps a database error with what failed. A busy or locked
+// database, a full disk or failing storage is store.ErrUnavailable: the
+// request may succeed later, and the server answers 503.
+func storeErr(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		switch se.Code() & 0xff {
+		case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR,
+			sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_NOMEM:
+			return fmt.Errorf("%s: %w: %w", what, store.ErrUnavailable, err)
+		}
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
 // timeFormat is fixed width so that stored times sort as text.
 const timeFormat = "2006-01-02T15:04:05.000000000Z"
 
@@ -36,13 +58,34 @@ type DB struct {
 	db *sql.DB
 }
 
+// Options tune a DB. Zero fields take the defaults in brackets.
+type Options struct {
+	// BusyTimeout is how long a writer waits for another's lock before
+	// store.ErrUnavailable [5s].
+	BusyTimeout time.Duration
+}
+
 // Open opens (creating if needed) the database at path and migrates it.
-func Open(ctx context.Context, path string) (*DB, error) {
-	dsn := "file:" + path + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate"
+func Open(ctx context.Context, path string) (*DB, error) { return OpenOptions(ctx, path, Options{}) }
+
+// OpenOptions is Open with options.
+func OpenOptions(ctx context.Context, path string, opt Options) (*DB, error) {
+	if opt.BusyTimeout <= 0 {
+		opt.BusyTimeout = 5 * time.Second
+	}
+	dsn := fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate",
+		path, opt.BusyTimeout.Milliseconds())
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
+	// A bounded pool: SQLite runs one writer at a time anyway, and every
+	// open handle is a file descriptor and a page cache. Callers beyond
+	// it wait for a handle (until their context ends); a writer waits
+	// for the lock up to busy_timeout, then gets store.ErrUnavailable.
+	db.SetMaxOpenConns(MaxOpenConns)
+	db.SetMaxIdleConns(MaxOpenConns)
+	db.SetConnMaxIdleTime(time.Minute)
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
@@ -153,7 +196,7 @@ func (d *DB) CreateKey(ctx context.Context, k store.Key) error {
 	_, err := d.db.ExecContext(ctx, `INSERT INTO keys (id, name, owner, hash, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?)`,
 		k.ID, k.Name, k.Owner, k.Hash, fmtTime(k.CreatedAt), fmtTimePtr(k.RevokedAt))
 	if err != nil {
-		return fmt.Errorf("create key: %w", err)
+		return storeErr("create key", err)
 	}
 	return nil
 }
@@ -181,7 +224,7 @@ func (d *DB) KeyByHash(ctx context.Context, hash string) (store.Key, error) {
 	if errors.Is(err, sql.ErrNoRows) {
 		return k, store.ErrNotFound
 	}
-	return k, err
+	return k, storeErr("look up key", err)
 }
 
 // ListKeys implements store.Store.
@@ -206,7 +249,7 @@ func (d *DB) ListKeys(ctx context.Context) ([]store.Key, error) {
 func (d *DB) RevokeKey(ctx context.Context, id string, at time.Time) error {
 	res, err := d.db.ExecContext(ctx, `UPDATE keys SET revoked_at = coalesce(revoked_at, ?) WHERE id = ?`, fmtTime(at), id)
 	if err != nil {
-		return fmt.Errorf("revoke key: %w", err)
+		return storeErr("revoke key", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return store.ErrNotFound
@@ -218,7 +261,7 @@ func (d *DB) RevokeKey(ctx context.Context, id string, at time.Time) error {
 func (d *DB) CountActiveKeys(ctx context.Context) (int, error) {
 	var n int
 	err := d.db.QueryRowContext(ctx, `SELECT count(*) FROM keys WHERE revoked_at IS NULL`).Scan(&n)
-	return n, err
+	return n, storeErr("count keys", err)
 }
 
 // PutSandbox implements store.Store: it inserts or replaces the record.
@@ -229,7 +272,7 @@ func (d *DB) PutSandbox(ctx context.Context, s store.Sandbox) error {
 		s.ID, s.Owner, s.Template, s.State, fmtTime(s.CreatedAt), fmtTime(s.ExpiresAt), fmtTimePtr(s.StoppedAt),
 		s.StopReason, jsonText(s.Metadata), jsonText(s.Resources))
 	if err != nil {
-		return fmt.Errorf("put sandbox: %w", err)
+		return storeErr("put sandbox", err)
 	}
 	return nil
 }
@@ -263,7 +306,7 @@ func (d *DB) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, store.ErrNotFound
 	}
-	return s, err
+	return s, storeErr("get sandbox", err)
 }
 
 // ListSandboxes implements store.Store, oldest first.
@@ -274,9 +317,21 @@ func (d *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.
 		q += ` AND state = ?`
 		args = append(args, f.State)
 	}
-	rows, err := d.db.QueryContext(ctx, q+` ORDER BY created_at, id`, args...)
+	if f.After != "" {
+		// A cursor of a deleted record (pruned meanwhile) starts over at
+		// nothing rather than at the beginning: the row value compares
+		// with NULL and selects no row.
+		q += ` AND (created_at, id) > (SELECT created_at, id FROM sandboxes WHERE id = ?)`
+		args = append(args, f.After)
+	}
+	q += ` ORDER BY created_at, id`
+	if f.Limit > 0 {
+		q += ` LIMIT ?`
+		args = append(args, f.Limit)
+	}
+	rows, err := d.db.QueryContext(ctx, q, args...)
 	if err != nil {
-		return nil, err
+		return nil, storeErr("list sandboxes", err)
 	}
 	defer rows.Close()
 	out := []store.Sandbox{}
@@ -294,7 +349,7 @@ func (d *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.
 func (d *DB) UpdateSandboxExpiry(ctx context.Context, id string, expiresAt time.Time) error {
 	res, err := d.db.ExecContext(ctx, `UPDATE sandboxes SET expires_at = ? WHERE id = ?`, fmtTime(expiresAt), id)
 	if err != nil {
-		return fmt.Errorf("update sandbox: %w", err)
+		return storeErr("update sandbox", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return store.ErrNotFound
@@ -307,7 +362,7 @@ func (d *DB) StopSandbox(ctx context.Context, id, reason string, at time.Time) e
 	_, err := d.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, stopped_at = ?, stop_reason = ?
 		WHERE id = ? AND state != ?`, store.SandboxStopped, fmtTime(at), reason, id, store.SandboxStopped)
 	if err != nil {
-		return fmt.Errorf("stop sandbox: %w", err)
+		return storeErr("stop sandbox", err)
 	}
 	return nil
 }
@@ -317,10 +372,35 @@ func (d *DB) StopAllRunning(ctx context.Context, reason string, at time.Time) (i
 	res, err := d.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, stopped_at = ?, stop_reason = ? WHERE state = ?`,
 		store.SandboxStopped, fmtTime(at), reason, store.SandboxRunning)
 	if err != nil {
-		return 0, fmt.Errorf("stop sandboxes: %w", err)
+		return 0, storeErr("stop sandboxes", err)
 	}
 	n, err := res.RowsAffected()
 	return int(n), err
+}
+
+// DeleteStoppedBefore implements store.Store, in one transaction.
+func (d *DB) DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes, executions int, err error) {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, 0, storeErr("prune records", err)
+	}
+	defer tx.Rollback()
+	at := fmtTime(t)
+	res, err := tx.ExecContext(ctx, `DELETE FROM executions WHERE created_at < ?
+		OR sandbox_id IN (SELECT id FROM sandboxes WHERE state = ? AND stopped_at < ?)`, at, store.SandboxStopped, at)
+	if err != nil {
+		return 0, 0, storeErr("prune executions", err)
+	}
+	ne, _ := res.RowsAffected()
+	res, err = tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE state = ? AND stopped_at < ?`, store.SandboxStopped, at)
+	if err != nil {
+		return 0, 0, storeErr("prune sandboxes", err)
+	}
+	ns, _ := res.RowsAffected()
+	if err := tx.Commit(); err != nil {
+		return 0, 0, storeErr("prune records", err)
+	}
+	return int(ns), int(ne), nil
 }
 
 // AddExecution implements store.Store.
@@ -331,7 +411,7 @@ func (d *DB) AddExecution(ctx context.Context, e store.Execution) error {
 		e.ID, e.SandboxID, e.Owner, e.Language, e.Status, e.ErrorCode, e.ExecutionTimeMS, e.CPUTimeMS,
 		e.PeakMemoryBytes, fmtTime(e.CreatedAt))
 	if err != nil {
-		return fmt.Errorf("add execution: %w", err)
+		return storeErr("add execution", err)
 	}
 	return nil
 }
@@ -342,7 +422,7 @@ func (d *DB) ListExecutions(ctx context.Context, sandboxID string) ([]store.Exec
 		execution_time_ms, cpu_time_ms, peak_memory_bytes, created_at FROM executions
 		WHERE sandbox_id = ? ORDER BY created_at, id`, sandboxID)
 	if err != nil {
-		return nil, err
+		return nil, storeErr("list executions", err)
 	}
 	defer rows.Close()
 	out := []store.Execution{}

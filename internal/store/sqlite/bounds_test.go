@@ -1,0 +1,154 @@
+package sqlite_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/store/sqlite"
+)
+
+// openHandles counts this process's descriptors open on path.
+func openHandles(t *testing.T, path string) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && target == path {
+			n++
+		}
+	}
+	return n
+}
+
+// TestPoolIsBounded: a 200-way burst of reads and writes leaves at most
+// MaxOpenConns handles on the database.
+func TestPoolIsBounded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "s.db")
+	db := open(t, path)
+	defer db.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 400)
+	for i := range 200 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprint("s", i)
+			errs <- db.PutSandbox(ctx, store.Sandbox{ID: id, Owner: "o", Template: "python", State: store.SandboxRunning,
+				CreatedAt: time.Now(), ExpiresAt: time.Now()})
+			_, err := db.ListSandboxes(ctx, store.SandboxFilter{Owner: "o"})
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := openHandles(t, path); n == 0 || n > sqlite.MaxOpenConns {
+		t.Fatalf("%d handles open on the database, want 1..%d", n, sqlite.MaxOpenConns)
+	}
+}
+
+// TestLockedIsUnavailable: a write that cannot get the lock within the
+// busy timeout fails with store.ErrUnavailable, not an unclassified error.
+func TestLockedIsUnavailable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "s.db")
+	db, err := sqlite.OpenOptions(ctx, path, sqlite.Options{BusyTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	other, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	conn, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	err = db.PutSandbox(ctx, store.Sandbox{ID: "a", Owner: "o", State: store.SandboxRunning, CreatedAt: time.Now(), ExpiresAt: time.Now()})
+	if !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("write under another's lock: %v", err)
+	}
+	conn.ExecContext(ctx, "ROLLBACK")
+	if err := db.PutSandbox(ctx, store.Sandbox{ID: "a", Owner: "o", State: store.SandboxRunning, CreatedAt: time.Now(), ExpiresAt: time.Now()}); err != nil {
+		t.Fatalf("write after the lock went: %v", err)
+	}
+}
+
+// TestPagesAndRetention: ListSandboxes pages by cursor; DeleteStoppedBefore
+// removes stopped sandboxes and executions older than the cut, and keeps
+// running sandboxes whatever their age.
+func TestPagesAndRetention(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := open(t, filepath.Join(t.TempDir(), "s.db"))
+	defer db.Close()
+	old := time.Now().Add(-48 * time.Hour)
+	for i, id := range []string{"a", "b", "c", "d", "e"} {
+		if err := db.PutSandbox(ctx, store.Sandbox{ID: id, Owner: "o", Template: "python", State: store.SandboxRunning,
+			CreatedAt: old.Add(time.Duration(i) * time.Minute), ExpiresAt: old}); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.AddExecution(ctx, store.Execution{ID: "x" + id, SandboxID: id, Owner: "o", Status: "success", CreatedAt: old}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	after := ""
+	for {
+		page, err := db.ListSandboxes(ctx, store.SandboxFilter{Owner: "o", After: after, Limit: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range page {
+			got = append(got, s.ID)
+		}
+		if len(page) < 2 {
+			break
+		}
+		after = page[len(page)-1].ID
+	}
+	if fmt.Sprint(got) != "[a b c d e]" {
+		t.Fatalf("pages gave %v", got)
+	}
+	db.StopSandbox(ctx, "a", "killed", old)        // stopped long ago: goes
+	db.StopSandbox(ctx, "b", "killed", time.Now()) // stopped just now: stays
+	db.AddExecution(ctx, store.Execution{ID: "new", SandboxID: "b", Owner: "o", Status: "success", CreatedAt: time.Now()})
+	ns, ne, err := db.DeleteStoppedBefore(ctx, time.Now().Add(-24*time.Hour))
+	if err != nil || ns != 1 || ne != 5 {
+		t.Fatalf("DeleteStoppedBefore = %d sandboxes, %d executions, %v", ns, ne, err)
+	}
+	if _, err := db.GetSandbox(ctx, "a"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("a stopped two days ago is still there: %v", err)
+	}
+	all, _ := db.ListSandboxes(ctx, store.SandboxFilter{Owner: "o"})
+	if len(all) != 4 {
+		t.Fatalf("%d sandboxes left, want 4 (b stopped now, c d e running)", len(all))
+	}
+	if l, _ := db.ListExecutions(ctx, "b"); len(l) != 1 || l[0].ID != "new" {
+		t.Fatalf("executions of b: %+v", l)
+	}
+}
