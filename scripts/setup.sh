@@ -4,6 +4,9 @@
 #     bubblewrap (`sheepfold bench`'s bwrap baseline)
 #   - runc at a pinned release, built from the Go module proxy with seccomp,
 #     into $DATA_DIR/bin (Debian's runc 1.1.5 lacks the November 2025 fixes).
+#   - root's entries in /etc/subuid and /etc/subgid for the host ids of the
+#     template's owners and of every sandbox (internal/runtime/oci), so that
+#     useradd never gives them to a user, when root has none yet.
 set -euo pipefail
 
 DATA_DIR=${SHEEPFOLD_DATA_DIR:-/var/lib/sheepfold}
@@ -39,3 +42,13 @@ if [[ "$version" != *"runc version $want"$'\n'* ]] || [[ "$features" != *'"enabl
 	version=$("$RUNC" --version)
 fi
 echo "setup: ${version%%$'\n'*}"
+
+# 1000000..1065535 own the templates' files; each sandbox gets 65536 ids of
+# its own after them (oci.DefaultSlots = 4096 ranges).
+for f in /etc/subuid /etc/subgid; do
+	touch "$f"
+	if ! grep -q '^root:' "$f"; then
+		echo "root:1000000:$((65536 * 4097))" >>"$f"
+		echo "setup: reserved host ids 1000000+ for sandboxes in $f"
+	fi
+done

@@ -26,7 +26,9 @@
 // included, can ptrace them or read their /proc files.
 //
 // For tests and debugging, "serve --listen PATH" (also through init)
-// creates the socket itself.
+// creates the socket itself. "hold" only waits for its stdin to close: the
+// host runs it, outside any sandbox, to keep a new user namespace alive
+// while runc joins it.
 //
 // The flag package is enough for two sub-commands of an in-sandbox binary;
 // cobra stays in cmd/sheepfold.
@@ -44,6 +46,8 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -82,6 +86,11 @@ func main() {
 		os.Exit(runServe(os.Args[2:]))
 	case "version":
 		fmt.Println(version)
+	case "hold":
+		// The host runs this in a user namespace it is making for a
+		// sandbox (internal/runtime/oci), to keep the namespace alive
+		// until runc has joined it: wait for stdin to close.
+		_, _ = io.Copy(io.Discard, os.Stdin)
 	default:
 		usage()
 		os.Exit(2)
@@ -217,6 +226,11 @@ func readLifetimes(r io.Reader, out chan<- time.Duration) {
 // exitLifetime when the sandbox's deadline passes (see the package doc).
 func runInit(args []string) int {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "agent-init")
+	args, err := setRlimits(args)
+	if err != nil {
+		log.Error("set rlimits", "err", err)
+		return 1
+	}
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		log.Error("set non-dumpable", "err", err)
 		return 1
@@ -300,6 +314,30 @@ func runInit(args []string) int {
 			}
 		}
 	}
+}
+
+// rlimitNames are the resources init's --rlimit flags may set.
+var rlimitNames = map[string]int{"core": unix.RLIMIT_CORE, "nofile": unix.RLIMIT_NOFILE, "memlock": unix.RLIMIT_MEMLOCK}
+
+// setRlimits applies init's own leading --rlimit=NAME=N flags (the
+// runtime's limits for the whole sandbox, internal/runtime/oci) to itself,
+// so that everything it starts inherits them, and returns the remaining
+// arguments, which are serve's. Any malformed flag fails: nothing runs
+// without its limits.
+func setRlimits(args []string) ([]string, error) {
+	for len(args) > 0 && strings.HasPrefix(args[0], "--rlimit=") {
+		name, value, _ := strings.Cut(strings.TrimPrefix(args[0], "--rlimit="), "=")
+		res, ok := rlimitNames[name]
+		n, err := strconv.ParseUint(value, 10, 64)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("bad flag %q", args[0])
+		}
+		if err := unix.Setrlimit(res, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+			return nil, fmt.Errorf("%s: %w", args[0], err)
+		}
+		args = args[1:]
+	}
+	return args, nil
 }
 
 // inheritedListener returns fd 3 if it is a socket (the listener runc

@@ -33,7 +33,7 @@ const (
 // canSwitchUsers reports whether the agent runs processes and file
 // operations as the requested user: only when it is uid 0 of a user
 // namespace other than the host's and its Root is "/", which is how it
-// runs as a sandbox's init (uid 1000000 outside). Run any other way (the
+// runs as a sandbox's init (an unprivileged uid outside). Run any other way (the
 // fake runtime and tests, as any uid, root included) it does everything as
 // itself and only validates the names.
 // A variable so that root tests can make an agent on the host switch.

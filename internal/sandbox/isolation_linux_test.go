@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -514,40 +515,49 @@ func TestIdentity(t *testing.T) {
 		t.Errorf("id -u as nobody: %q", out)
 	}
 
-	// Seen from the host, root inside is the unprivileged uid 1000000 and
-	// user is 1001000; so is the agent.
+	// Seen from the host, root inside is an unprivileged uid of the
+	// sandbox's own range (after the template's owners) and user is that
+	// plus 1000; so is the agent.
 	marker := fmt.Sprintf("%d.%d", os.Getpid(), time.Now().UnixNano()%1000)
 	for _, u := range []string{"root", "user"} {
 		if _, err := s.Start(context.Background(), sandbox.ProcessSpec{Cmd: "/bin/sleep", Args: []string{marker + "0" + map[string]string{"root": "1", "user": "2"}[u]}, User: u}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	wantHost := map[string]string{marker + "01": "1000000", marker + "02": "1001000"}
+	wantHost := map[string]int{marker + "01": 0, marker + "02": 1000}
+	hostUID := map[string]int{}
 	deadline := time.Now().Add(10 * time.Second)
-	for len(wantHost) > 0 && time.Now().Before(deadline) {
+	for len(hostUID) < len(wantHost) && time.Now().Before(deadline) {
 		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 		for _, f := range procs {
 			cmdline, _ := os.ReadFile(f)
 			arg, ok := strings.CutPrefix(string(cmdline), "/bin/sleep\x00")
-			want, mine := wantHost[strings.TrimSuffix(arg, "\x00")]
-			if !ok || !mine {
+			arg = strings.TrimSuffix(arg, "\x00")
+			if _, mine := wantHost[arg]; !ok || !mine {
 				continue
 			}
 			b, _ := os.ReadFile(filepath.Join(filepath.Dir(f), "status"))
 			st := statusFields(string(b))
-			if st["Uid"] != strings.Repeat(want+" ", 3)+want {
-				t.Errorf("host view of %s: Uid %q, want %s", arg, st["Uid"], want)
+			uids := strings.Fields(st["Uid"])
+			if len(uids) != 4 || uids[0] != uids[1] || uids[0] != uids[2] || uids[0] != uids[3] {
+				t.Errorf("host view of %s: Uid %q", arg, st["Uid"])
+				continue
 			}
+			hostUID[arg], _ = strconv.Atoi(uids[0])
 			pb, _ := os.ReadFile("/proc/" + st["PPid"] + "/status")
-			if pst := statusFields(string(pb)); pst["Uid"] != "1000000 1000000 1000000 1000000" {
-				t.Errorf("host view of the agent (pid %s): Uid %q", st["PPid"], pst["Uid"])
+			if pst := statusFields(string(pb)); pst["Uid"] != strings.Repeat(uids[0]+" ", 3)+uids[0] && arg == marker+"01" {
+				t.Errorf("host view of the agent (pid %s): Uid %q, want root's %s", st["PPid"], pst["Uid"], uids[0])
 			}
-			delete(wantHost, strings.TrimSuffix(arg, "\x00"))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if len(wantHost) > 0 {
-		t.Errorf("processes not found from the host: %v", wantHost)
+	if len(hostUID) < len(wantHost) {
+		t.Fatalf("processes not found from the host: %v of %v", hostUID, wantHost)
+	}
+	rootUID := hostUID[marker+"01"]
+	if rootUID < int(oci.DefaultIDMap.HostID+oci.DefaultIDMap.Size) || hostUID[marker+"02"] != rootUID+1000 {
+		t.Errorf("host uids: root %d, user %d; want root after the template's range (%d+) and user = root+1000",
+			rootUID, hostUID[marker+"02"], oci.DefaultIDMap.HostID+oci.DefaultIDMap.Size)
 	}
 }
 

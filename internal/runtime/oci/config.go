@@ -24,15 +24,26 @@ const (
 // may lower its own score back to 0, never below the server's.
 const SandboxOOMScoreAdj = 500
 
-// IDMap maps the sandbox's uids and gids 0..Size-1 to host HostID..HostID+Size-1.
-// The template's files are owned by the shifted ids (template.BuildOptions.UIDShift).
+// IDMap maps uids and gids 0..Size-1 to host HostID..HostID+Size-1. The
+// template's files are owned by the shifted ids DefaultIDMap
+// (template.BuildOptions.UIDShift); each sandbox gets a range of its own
+// after it (see ids_linux.go) and sees the template through an idmapped
+// mount.
 type IDMap struct {
 	HostID uint32
 	Size   uint32
 }
 
-// DefaultIDMap is the mapping templates are built for.
+// DefaultIDMap is the mapping templates are built for; no sandbox runs
+// with it.
 var DefaultIDMap = IDMap{HostID: 1_000_000, Size: 65536}
+
+// DefaultIDsDir is the host-wide registry of sandboxes' id ranges.
+const DefaultIDsDir = "/run/sheepfold/ids"
+
+// DefaultSlots is how many id ranges there are by default: host ids from
+// the end of the template's range up to about 269 million.
+const DefaultSlots = 4096
 
 // Config configures the OCI runtime. Zero fields take the defaults below.
 type Config struct {
@@ -53,8 +64,16 @@ type Config struct {
 	// CgroupParent names the cgroup under which every sandbox gets its own;
 	// default "sheepfold".
 	CgroupParent string
-	// IDMap maps sandbox ids to host ids; default DefaultIDMap.
+	// IDMap is the host id range templates are built with (their files'
+	// owners); default DefaultIDMap. Sandboxes' ranges (of IDMap.Size
+	// ids each) follow it.
 	IDMap IDMap
+	// IDsDir is the registry of host id ranges in use, shared by every
+	// engine on the host; default DefaultIDsDir.
+	IDsDir string
+	// Slots is the number of id ranges, and so of sandboxes that can
+	// exist at once on the host; default DefaultSlots.
+	Slots int
 	// Logger receives debug and error logs; default slog.Default().
 	Logger *slog.Logger
 }
@@ -77,6 +96,12 @@ func (c *Config) setDefaults() error {
 	}
 	if c.IDMap.Size == 0 {
 		c.IDMap = DefaultIDMap
+	}
+	if c.IDsDir == "" {
+		c.IDsDir = DefaultIDsDir
+	}
+	if c.Slots <= 0 {
+		c.Slots = DefaultSlots
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

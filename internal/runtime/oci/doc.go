@@ -1,16 +1,22 @@
 // Package oci runs sandboxes with an OCI runtime (runc by default) from an
 // OCI spec it writes itself.
 //
-// Each sandbox gets a bundle under Config.StateDir: a tmpfs of the disk
-// limit's size holding the writable upper layer, an overlay of it over the
+// Each sandbox gets a bundle under Config.StateDir (mode 0710, group the
+// sandbox's own host gid, so that runc's init can reach the rootfs and no
+// other host user can): a tmpfs of the disk limit's size holding the
+// writable upper layer, an overlay of it over an idmapped mount of the
 // template's root filesystem, config.json, and a unix socket the host
 // listens on and passes to the agent as fd 3 (so no host directory is ever
 // shared with the sandbox). The spec gives the agent, and everything it
 // starts:
-//   - a user namespace: uid 0..65535 inside is IDMap.HostID.. outside; the
-//     agent runs as uid 0 inside (unprivileged IDMap.HostID outside) and
-//     starts processes and kernels as uid 1000 ("user") unless a request
-//     asks for root;
+//   - a user namespace of its own host ids: uid and gid 0..65535 inside are
+//     a range no other sandbox has while it lives (ids_linux.go), and the
+//     namespace is owned by that range's first uid (the engine makes it,
+//     userns_linux.go), so the kernel's per-user counters of the whole
+//     sandbox are charged to a host user of its own; NamespaceLimits bound
+//     each uid inside and forbid further namespaces. The agent runs as uid
+//     0 inside and starts processes and kernels as uid 1000 ("user")
+//     unless a request asks for root;
 //   - pid, mount, ipc, uts, cgroup and network namespaces; the network has
 //     only lo;
 //   - the agent holds only AgentCapabilities (bounding, permitted,
@@ -21,10 +27,11 @@
 //     address files;
 //   - cgroup limits for memory (= memory+swap), pids and CPU, on cgroup v1
 //     (including the hybrid layout) and v2;
-//   - rlimits: no core dumps, 4096 open files, 64 KiB locked memory.
+//   - rlimits: no core dumps, 4096 open files, 64 KiB locked memory (set by
+//     the agent's init on itself: see rlimitFlags).
 //
 // Destroy kills every task (runc delete --force), removes the cgroups,
-// unmounts and deletes the bundle; List finds sandboxes by bundle, runtime
+// unmounts, gives the id range back and deletes the bundle; List finds sandboxes by bundle, runtime
 // state and cgroup, so a sandbox left by a crash between any two steps is
 // found and destroyed by the engine's start-up reconciler.
 package oci

@@ -25,6 +25,7 @@ var _ runtime.Runtime = (*OCI)(nil)
 type OCI struct {
 	cfg     Config
 	cg      *cgroups
+	ids     *idRanges
 	dir     string   // StateDir/Instance
 	bundles string   // dir/sandboxes
 	runcDir string   // dir/runc: the runtime's own --root
@@ -33,6 +34,12 @@ type OCI struct {
 	// mu serialises Create and Destroy of the same id.
 	mu      sync.Mutex
 	pending map[string]bool
+
+	// nsMu guards idmaps: per id range, a user namespace mapping the
+	// template's owners (IDMap) to the range, for idmapped template mounts.
+	// They are made once per range and kept while the runtime lives.
+	nsMu   sync.Mutex
+	idmaps map[uint32]*os.File
 }
 
 // New checks the configuration and the host, takes the instance's lock,
@@ -49,17 +56,26 @@ func New(cfg Config) (*OCI, error) {
 			return nil, fmt.Errorf("%w: %s is not an executable file", runtime.ErrUnsupported, p)
 		}
 	}
-	// The sandbox's root (host uid IDMap.HostID) must traverse the state
-	// dirs to reach its rootfs: 0711 lets it pass through without listing
-	// anything; the files inside stay 0600.
+	// runc's init, as the sandbox's root (an unprivileged host uid), must
+	// traverse the state dirs to reach its rootfs: 0711 lets it pass
+	// through without listing anything. Each bundle is 0710 with the
+	// sandbox's own group, so no other host user gets further.
 	if err := mkdirs(0o711, cfg.StateDir); err != nil {
 		return nil, err
 	}
-	o, err := open(cfg)
+	ids, err := newIDRanges(cfg.IDsDir, cfg.IDMap, cfg.Slots)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", runtime.ErrUnsupported, err)
+	}
+	raiseHostLimits(cfg.Logger)
+	o, err := open(cfg, ids)
 	if err != nil {
 		return nil, err
 	}
 	o.sweep()
+	if err := ids.reclaim(); err != nil {
+		cfg.Logger.Warn("reclaim id ranges", "err", err)
+	}
 	cfg.Logger.Debug("oci runtime ready", "runtime", cfg.RuntimePath, "cgroups", o.cg.mode(), "state", o.dir)
 	return o, nil
 }
@@ -68,17 +84,18 @@ func New(cfg Config) (*OCI, error) {
 // concurrent sweep may remove the directory between our mkdir and our
 // lock; then the locked file is no longer the one at the path, and we
 // start over.
-func open(cfg Config) (*OCI, error) {
+func open(cfg Config, ids *idRanges) (*OCI, error) {
 	cg, err := detectCgroups(cfg.CgroupParent + "/" + cfg.Instance)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", runtime.ErrUnsupported, err)
 	}
 	dir := filepath.Join(cfg.StateDir, cfg.Instance)
 	o := &OCI{
-		cfg: cfg, cg: cg, dir: dir,
+		cfg: cfg, cg: cg, ids: ids, dir: dir,
 		bundles: filepath.Join(dir, "sandboxes"),
 		runcDir: filepath.Join(dir, "runc"),
 		pending: map[string]bool{},
+		idmaps:  map[uint32]*os.File{},
 	}
 	for attempt := 0; ; attempt++ {
 		lock, err := lockDir(dir)
@@ -136,7 +153,7 @@ func (o *OCI) sweep() {
 		}
 		cfg := o.cfg
 		cfg.Instance = e.Name()
-		dead, err := open(cfg)
+		dead, err := open(cfg, o.ids)
 		if err != nil {
 			continue // alive, or not ours
 		}
@@ -187,7 +204,7 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	defer o.release(s.ID)
 
 	b := o.bundle(s.ID)
-	if err := os.Mkdir(b, 0o711); err != nil {
+	if err := os.Mkdir(b, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("sandbox %s already exists", s.ID)
 		}
@@ -203,11 +220,28 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 		}
 	}()
 
-	rootfs, err := o.mountRoot(b, s)
+	// The sandbox's own host ids, then its bundle opened to them alone:
+	// runc's init, as the sandbox's root, passes through to the rootfs.
+	base, err := o.ids.allocate(b)
 	if err != nil {
 		return nil, err
 	}
-	in := specInput{Spec: s, RootFS: rootfs, AgentBin: o.cfg.AgentBin, CgroupDir: o.cg.path(s.ID), IDMap: o.cfg.IDMap}
+	if err := os.Chown(b, 0, int(base)); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(b, 0o710); err != nil {
+		return nil, err
+	}
+	rootfs, err := o.mountRoot(b, s, base)
+	if err != nil {
+		return nil, err
+	}
+	userns, err := newUserns(o.cfg.AgentBin, base, idRange{Inside: 0, Host: base, Size: o.cfg.IDMap.Size})
+	if err != nil {
+		return nil, err
+	}
+	defer userns.close()
+	in := specInput{Spec: s, RootFS: rootfs, AgentBin: o.cfg.AgentBin, CgroupDir: o.cg.path(s.ID), Userns: userns.path()}
 	if s.Network != nil {
 		in.ResolvConf = filepath.Join(b, "resolv.conf")
 		if err := os.WriteFile(in.ResolvConf, []byte(s.Network.ResolvConf), 0o644); err != nil {
@@ -287,8 +321,9 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 }
 
 // mountRoot builds the sandbox's root: a tmpfs of the disk size holding the
-// overlay's upper and work dirs, and the overlay of it over the template.
-func (o *OCI) mountRoot(b string, s runtime.Spec) (string, error) {
+// overlay's upper and work dirs, and the overlay of it over the template,
+// which appears through an idmapped mount owned by the sandbox's ids.
+func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (string, error) {
 	rw, rootfs := filepath.Join(b, "rw"), filepath.Join(b, "rootfs")
 	for _, d := range []string{rw, rootfs} {
 		if err := os.Mkdir(d, 0o700); err != nil {
@@ -310,22 +345,58 @@ func (o *OCI) mountRoot(b string, s runtime.Spec) (string, error) {
 			return "", err
 		}
 	}
-	// The upper dir's owner and mode become those of the sandbox's "/".
+	// The upper dir's owner and mode become those of the sandbox's "/":
+	// the template root's, shifted into the sandbox's range.
 	var st unix.Stat_t
 	if err := unix.Stat(s.RootFS, &st); err != nil {
 		return "", err
 	}
-	if err := os.Chown(upper, int(st.Uid), int(st.Gid)); err != nil {
+	t := o.cfg.IDMap
+	if st.Uid-t.HostID >= t.Size || st.Gid-t.HostID >= t.Size || st.Uid < t.HostID || st.Gid < t.HostID {
+		return "", fmt.Errorf("template root %s is owned by %d:%d, outside the template ids %d..%d", s.RootFS, st.Uid, st.Gid, t.HostID, t.HostID+t.Size-1)
+	}
+	if err := os.Chown(upper, int(base+st.Uid-t.HostID), int(base+st.Gid-t.HostID)); err != nil {
 		return "", err
 	}
 	if err := os.Chmod(upper, os.FileMode(st.Mode&0o7777)); err != nil {
 		return "", err
 	}
-	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", s.RootFS, upper, work)
+	userns, err := o.idmapUserns(base)
+	if err != nil {
+		return "", err
+	}
+	lower, err := idmappedTree(s.RootFS, userns)
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(lower)
+	// The overlay takes its own reference to the detached lower mount.
+	ovl := fmt.Sprintf("lowerdir=/proc/self/fd/%d,upperdir=%s,workdir=%s", lower, upper, work)
 	if err := unix.Mount("overlay", rootfs, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl); err != nil {
 		return "", fmt.Errorf("mount overlay: %w", err)
 	}
 	return rootfs, nil
+}
+
+// idmapUserns returns a user namespace that maps the template's owners
+// (IDMap) onto the range at base, made on first use and kept.
+func (o *OCI) idmapUserns(base uint32) (*os.File, error) {
+	o.nsMu.Lock()
+	defer o.nsMu.Unlock()
+	if f := o.idmaps[base]; f != nil {
+		return f, nil
+	}
+	h, err := newUserns(o.cfg.AgentBin, 0, idRange{Inside: o.cfg.IDMap.HostID, Host: base, Size: o.cfg.IDMap.Size})
+	if err != nil {
+		return nil, err
+	}
+	defer h.close()
+	f, err := h.open()
+	if err != nil {
+		return nil, err
+	}
+	o.idmaps[base] = f
+	return f, nil
 }
 
 // Destroy implements runtime.Runtime.
@@ -364,10 +435,15 @@ func (o *OCI) destroy(ctx context.Context, id string) error {
 	if err := os.RemoveAll(filepath.Join(o.runcDir, id)); err != nil {
 		errs = append(errs, err)
 	}
-	if err := os.RemoveAll(b); err != nil {
-		errs = append(errs, err)
+	// The id range is given back only once nothing of the sandbox runs
+	// or is mounted; the bundle goes after it (see ids_linux.go).
+	if len(errs) > 0 {
+		return errors.Join(errs...)
 	}
-	return errors.Join(errs...)
+	if err := o.ids.release(b); err != nil {
+		return err
+	}
+	return os.RemoveAll(b)
 }
 
 // unmount removes every mount at or below dir; a busy mount is detached.
@@ -429,6 +505,12 @@ func (o *OCI) List(_ context.Context) ([]string, error) {
 // sweep and says how many sandboxes remain.
 func (o *OCI) Close() error {
 	defer o.lock.Close()
+	o.nsMu.Lock()
+	for base, f := range o.idmaps {
+		f.Close()
+		delete(o.idmaps, base)
+	}
+	o.nsMu.Unlock()
 	ids, err := o.List(context.Background())
 	if err != nil {
 		return err

@@ -1,7 +1,9 @@
 package oci
 
 import (
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/moby/profiles/seccomp"
@@ -77,13 +79,46 @@ var AgentCapabilities = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
 }
 
+// NamespaceLimits are the per-user limits of each sandbox's user
+// namespace (its /proc/sys/user), which runc's init writes once it is in
+// the namespace. The kernel checks a sandbox's uid against these, and the
+// sandbox as a whole (charged to its namespace's owner, a host uid of its
+// own) against the host's per-user limits, which raiseHostLimits keeps at
+// twice these or more: the agent (uid 0) and the user's code (uid 1000)
+// can each use all of theirs. No namespace of any kind may be made inside
+// (seccomp refuses it too): runc has made the sandbox's before it writes
+// these.
+var NamespaceLimits = map[string]string{
+	"user.max_inotify_instances": "128",
+	"user.max_inotify_watches":   "16384",
+	"user.max_fanotify_groups":   "16",
+	"user.max_fanotify_marks":    "8192",
+	"user.max_user_namespaces":   "0",
+	"user.max_mnt_namespaces":    "0",
+	"user.max_pid_namespaces":    "0",
+	"user.max_net_namespaces":    "0",
+	"user.max_ipc_namespaces":    "0",
+	"user.max_uts_namespaces":    "0",
+	"user.max_cgroup_namespaces": "0",
+	"user.max_time_namespaces":   "0",
+}
+
+// rlimitFlags are the sandbox's rlimits (no core dumps, 4096 open files,
+// 64 KiB locked memory), which the agent's init sets on itself before
+// anything else runs and everything inherits. They are not the spec's
+// process.rlimits: runc sets those from the host with prlimit, which needs
+// CAP_SYS_RESOURCE over the sandbox's user namespace; host root is not
+// that namespace's owner (the sandbox's own uid is), and some hosts, this
+// one included, withhold CAP_SYS_RESOURCE from root.
+var rlimitFlags = []string{"--rlimit=core=0", "--rlimit=nofile=4096", fmt.Sprintf("--rlimit=memlock=%d", 64<<10)}
+
 // specInput is everything buildSpec needs; it does no I/O.
 type specInput struct {
 	Spec      runtime.Spec
 	RootFS    string // the merged overlay mount
 	AgentBin  string // host path of the agent binary
 	CgroupDir string // cgroupsPath, e.g. /sheepfold/<id>
-	IDMap     IDMap
+	Userns    string // path of the sandbox's user namespace, which runc joins
 	ShmBytes  int64
 	// ResolvConf is the host path of the sandbox's /etc/resolv.conf, for
 	// a sandbox with a network; "" leaves the template's.
@@ -91,10 +126,14 @@ type specInput struct {
 }
 
 // buildSpec writes the OCI spec for one sandbox. The agent runs as uid 0
-// inside (IDMap.HostID outside) with AgentCapabilities; see the package
-// doc for the list of defences.
+// of the user namespace at Userns (made by the engine, with the sandbox's
+// own host ids) with AgentCapabilities; see the package doc for the list
+// of defences.
 func buildSpec(in specInput) (*specs.Spec, error) {
 	s := in.Spec
+	if in.Userns == "" {
+		return nil, errors.New("no user namespace to join")
+	}
 	hostname := s.Hostname
 	if hostname == "" {
 		hostname = "sandbox"
@@ -114,17 +153,12 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0}, // no supplementary groups
 
-			Args:            []string{AgentPath, "init"},
+			Args:            append([]string{AgentPath, "init"}, rlimitFlags...),
 			Env:             env,
 			Cwd:             SandboxHome,
 			Capabilities:    caps,
 			NoNewPrivileges: true,
 			OOMScoreAdj:     &oomScoreAdj,
-			Rlimits: []specs.POSIXRlimit{
-				{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
-				{Type: "RLIMIT_NOFILE", Hard: 4096, Soft: 4096},
-				{Type: "RLIMIT_MEMLOCK", Hard: 64 << 10, Soft: 64 << 10},
-			},
 		},
 		Root:     &specs.Root{Path: in.RootFS, Readonly: s.ReadOnly},
 		Hostname: hostname,
@@ -138,15 +172,14 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 			{Destination: AgentPath, Type: "bind", Source: in.AgentBin, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		},
 		Linux: &specs.Linux{
-			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: in.IDMap.HostID, Size: in.IDMap.Size}},
-			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: in.IDMap.HostID, Size: in.IDMap.Size}},
 			CgroupsPath: in.CgroupDir,
 			Resources:   resources(s.Limits),
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
-				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.UserNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.UserNamespace, Path: in.Userns},
 				{Type: specs.CgroupNamespace},
 			},
+			Sysctl:        maps.Clone(NamespaceLimits),
 			MaskedPaths:   maskedPaths,
 			ReadonlyPaths: readonlyPaths,
 		},
