@@ -34,6 +34,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		logFormat    string
 	)
 	var idleTimeout, eventRetention, retention time.Duration
+	var webhookHosts []string
 	poolSize := sandbox.DefaultPoolSize()
 	instance := ""
 	cmd := &cobra.Command{
@@ -68,8 +69,12 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if eventRetention <= 0 || retention <= 0 {
 				return errors.New("--event-retention and --retention must be positive")
 			}
+			if err := server.CheckWebhookHosts(webhookHosts); err != nil {
+				return fmt.Errorf("--webhook-allow-hosts: %w", err)
+			}
 			return serve(cmd.Context(), *cfg, listen, server.Config{
 				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version, Retention: retention,
+				WebhookAllowHosts: webhookHosts,
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) { c.PoolSize = poolSize })
 		},
@@ -83,6 +88,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"how long sandbox events and webhook deliveries are kept")
 	cmd.Flags().DurationVar(&retention, "retention", 7*24*time.Hour,
 		"how long records of stopped sandboxes and of executions are kept")
+	cmd.Flags().StringSliceVar(&webhookHosts, "webhook-allow-hosts", nil,
+		"hosts (name, *.domain) and CIDRs webhooks may deliver to (default: any but link-local, unspecified and multicast; consider restricting it when keys belong to others)")
 	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	cmd.Flags().IntVar(&poolSize, "pool", poolSize,
 		"sandboxes of the python template kept started ahead, pandas, numpy and matplotlib imported (0: no warm pool; default: one per CPU, at most one per 2 GiB)")

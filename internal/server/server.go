@@ -90,6 +90,16 @@ type Config struct {
 	// makes a bus of the server's own over the store, which then sees
 	// only what is emitted to it (Server.Events).
 	Events *events.Bus
+	// WebhookAllowHosts restricts where webhooks may deliver: host names
+	// (exact, or "*.example.com") and CIDRs. Empty allows any destination
+	// but link-local (cloud metadata), unspecified and multicast ones,
+	// which are refused whatever this says (webhooks.go).
+	WebhookAllowHosts []string
+	// WebhookRetryBase is the wait before a failed delivery's second
+	// attempt; each later wait doubles [1s]. WebhookMaxAttempts bounds the
+	// attempts of one delivery [6].
+	WebhookRetryBase   time.Duration
+	WebhookMaxAttempts int
 }
 
 func (c *Config) setDefaults() {
@@ -101,6 +111,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.Version == "" {
 		c.Version = "dev"
+	}
+	if c.WebhookRetryBase <= 0 {
+		c.WebhookRetryBase = time.Second
+	}
+	if c.WebhookMaxAttempts <= 0 {
+		c.WebhookMaxAttempts = 6
 	}
 	if c.SweepInterval <= 0 {
 		c.SweepInterval = 2 * time.Second
@@ -134,6 +150,7 @@ type Server struct {
 	routes  []string
 
 	bus         *events.Bus
+	hooks       *webhooks
 	ownBus      bool          // bus was made by New, closed by Shutdown
 	streamsDone chan struct{} // closed when Shutdown begins: event streams end
 
@@ -172,6 +189,18 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	}
 	if s.bus == nil && st != nil {
 		s.bus, s.ownBus = events.NewBus(EventStore(st), events.BusConfig{Logger: log}), true
+	}
+	rules, err := parseHostRules(cfg.WebhookAllowHosts)
+	if err != nil {
+		// Callers check with CheckWebhookHosts first; refuse every host.
+		log.Error("webhook allowed hosts", "err", err)
+		rules = []hostRule{{name: "\x00"}}
+	}
+	s.hooks = newWebhooks(s, rules)
+	if st != nil {
+		if err := s.hooks.start(context.Background()); err != nil {
+			log.Error("load webhooks: none will be delivered", "err", err)
+		}
 	}
 	mux := http.NewServeMux()
 	s.routesInto(mux)
@@ -222,6 +251,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.http.Shutdown(ctx)
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.sweeper.Wait()
+	s.hooks.stop()
 	if s.ownBus {
 		s.bus.Close()
 	}
