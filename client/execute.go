@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/url"
+	"strings"
 	"time"
 )
 
@@ -67,10 +68,20 @@ type Execution struct {
 	Results         []Result   `json:"results"`
 	Error           *ExecError `json:"error"`
 	ErrorCode       string     `json:"error_code,omitempty"` // ERR_SANDBOX_TIMEOUT, ERR_OUT_OF_MEMORY, ERR_OUTPUT_LIMIT
-	Truncated       bool       `json:"truncated"`
+	Truncated       bool       `json:"truncated"`            // output or results were cut
+	Dropped         *Dropped   `json:"dropped,omitempty"`    // results produced but not delivered
 	ExecutionTimeMS float64    `json:"execution_time_ms"`
 	CPUTimeMS       float64    `json:"cpu_time_ms"`
 	PeakMemoryBytes int64      `json:"peak_memory_bytes"`
+}
+
+// Dropped counts the results an execution produced but did not deliver
+// (too large, past the execution's bounds, or more than the server could
+// hold at once).
+type Dropped struct {
+	Results int    `json:"results"`
+	Bytes   int64  `json:"bytes"`
+	Reason  string `json:"reason"` // why the first one was dropped
 }
 
 // ExecuteHandlers receive a streamed execution's events as they come; any
@@ -89,9 +100,12 @@ func (c *Client) Execute(ctx context.Context, sandboxID string, req ExecuteReque
 }
 
 // ExecuteStream runs code, passing its output to h as it comes, and
-// returns the whole execution at the end.
+// returns the whole execution at the end (its stdout, stderr and results
+// gathered from the stream: the server does not repeat them).
 func (c *Client) ExecuteStream(ctx context.Context, sandboxID string, req ExecuteRequest, h ExecuteHandlers) (*Execution, error) {
 	var done *Execution
+	var stdout, stderr strings.Builder
+	results := []Result{}
 	err := c.stream(ctx, request{method: "POST", path: sandboxPath(sandboxID, "execute"), json: req.body(),
 		query: url.Values{"stream": {"1"}}}, func(typ string, line []byte) error {
 		var ev struct {
@@ -105,14 +119,19 @@ func (c *Client) ExecuteStream(ctx context.Context, sandboxID string, req Execut
 		}
 		switch typ {
 		case "stdout":
+			stdout.WriteString(ev.Text)
 			if h.OnStdout != nil {
 				h.OnStdout(ev.Text)
 			}
 		case "stderr":
+			stderr.WriteString(ev.Text)
 			if h.OnStderr != nil {
 				h.OnStderr(ev.Text)
 			}
 		case "result":
+			if ev.Result != nil {
+				results = append(results, *ev.Result)
+			}
 			if h.OnResult != nil && ev.Result != nil {
 				h.OnResult(*ev.Result)
 			}
@@ -131,6 +150,7 @@ func (c *Client) ExecuteStream(ctx context.Context, sandboxID string, req Execut
 	if done == nil {
 		return nil, errNoDone
 	}
+	done.Stdout, done.Stderr, done.Results = stdout.String(), stderr.String(), results
 	return done, nil
 }
 

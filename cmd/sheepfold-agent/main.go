@@ -109,6 +109,7 @@ func runServe(args []string) int {
 	home := fs.String("home", "/home/user", "sandbox path of the user's home")
 	listen := fs.String("listen", "", "create and listen on this unix socket instead of using fd 3")
 	toInit := fs.Bool("lifetime-fd", false, "send deadlines to init over fd 4 (init passes it); otherwise serve keeps them itself")
+	switchUsers := fs.Bool("switch-users", false, "refuse to serve unless every request can run as its own user (a sandbox's agent)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -160,6 +161,7 @@ func runServe(args []string) int {
 		Canonical:   kernel.Canonical,
 		Languages:   languages,
 		SetLifetime: setLifetime,
+		SwitchUsers: *switchUsers,
 		Logger:      log,
 	}
 	log.Info("serving", "version", version, "root", *root, "home", *home, "addr", ln.Addr().String())
@@ -252,6 +254,11 @@ func runInit(args []string) int {
 	// closed fd) and the lifetime pipe through.
 	ln := inheritedListener()
 	files := []*os.File{os.Stdin, os.Stdout, os.Stderr, ln, lw}
+	// As a container's pid 1, the agent is a sandbox's: serve must run
+	// everything as its requested user, or nothing at all.
+	if os.Getpid() == 1 {
+		args = append([]string{"--switch-users"}, args...)
+	}
 	proc, err := os.StartProcess("/proc/self/exe", append([]string{os.Args[0], "serve", "--lifetime-fd"}, args...), &os.ProcAttr{
 		Files: files,
 		// If init dies, serve must not live on outside its pid 1.

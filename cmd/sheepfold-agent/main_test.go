@@ -99,7 +99,7 @@ func (a *agentProc) call(t *testing.T, req agentproto.Request) agentproto.Event 
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(20 * time.Second))
-	done, err := agentproto.Call(c, req, nil, nil, nil)
+	done, err := agentproto.Call(c, req, nil, agentproto.Handlers{})
 	if err != nil {
 		t.Fatalf("%s: %v", req.Op, err)
 	}

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 )
@@ -45,6 +46,13 @@ type Config struct {
 	// by ping. The first is the default of an execution that names neither
 	// a context nor a language ("python" when empty).
 	Languages []string
+	// SwitchUsers requires that every process, kernel and file operation
+	// run as its requested user: Serve refuses to start (and so nothing
+	// runs at all) unless the agent can switch users, that is, it is uid
+	// 0 of a user namespace with Root "/", as a sandbox's agent is. Unset
+	// (tests, the fake runtime), the agent switches when it can and acts
+	// as itself otherwise.
+	SwitchUsers bool
 	// Env is the base environment of started processes; nil means the
 	// agent's own (os.Environ()).
 	Env []string
@@ -78,6 +86,10 @@ var (
 	requestTimeout = 60 * time.Second
 	// bodyIdleTimeout bounds the silence between reads of a file body.
 	bodyIdleTimeout = 60 * time.Second
+	// sendTimeout bounds each write to the host, so that a host that
+	// stops reading (it passes on a slow client's backpressure) cannot
+	// pin a handler forever.
+	sendTimeout = 2 * time.Minute
 )
 
 func (cfg Config) withDefaults() (Config, error) {
@@ -182,7 +194,15 @@ type server struct {
 	panics atomic.Int64
 }
 
+// errCannotSwitchUsers refuses to serve when Config.SwitchUsers is set
+// and the agent cannot act as other users: failing closed.
+var errCannotSwitchUsers = errors.New("agent: required to run everything as its requested user, but cannot switch users (not uid 0 of a user namespace with root /)")
+
 func newServer(ctx context.Context, cfg Config) (*server, error) {
+	switchUsers := canSwitchUsers(cfg.Root)
+	if cfg.SwitchUsers && !switchUsers {
+		return nil, errCannotSwitchUsers
+	}
 	fs, err := openFileSystem(cfg.Root, cfg.Home)
 	if err != nil {
 		return nil, err
@@ -193,7 +213,7 @@ func newServer(ctx context.Context, cfg Config) (*server, error) {
 		files: fs,
 		conns: make(map[net.Conn]struct{}),
 
-		switchUsers: canSwitchUsers(cfg.Root),
+		switchUsers: switchUsers,
 	}
 	s.ctx, s.cancel = context.WithCancel(ctx)
 	s.procs = newProcessTable()
@@ -400,18 +420,92 @@ func (c *conn) readRequest() (*agentproto.Request, error) {
 	return &req, nil
 }
 
-// send writes one event frame.
+// send writes one event frame. An event too large for a frame is split
+// (output), cut (an error's text, an entry's metadata) or replaced by an
+// EventDropped (a result) or a failed Done saying so: what cannot be sent
+// is reported, never silently lost, and the connection stays usable.
 func (c *conn) send(ev agentproto.Event) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	return c.pc.WriteJSON(ev)
+	b, err := agentproto.MarshalJSON(ev)
+	if err != nil {
+		return err
+	}
+	if len(b)+1 > agentproto.MaxFrame {
+		return c.sendLarge(ev, len(b))
+	}
+	return c.write(agentproto.FrameJSON, b)
 }
 
 // sendData writes one data frame.
 func (c *conn) sendData(p []byte) error {
+	return c.write(agentproto.FrameData, p)
+}
+
+func (c *conn) write(kind byte, p []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	return c.pc.WriteData(p)
+	c.nc.SetWriteDeadline(time.Now().Add(sendTimeout))
+	return agentproto.WriteFrame(c.nc, kind, p)
+}
+
+// Bounds of the texts of an event cut to fit in a frame.
+const (
+	maxErrorName  = 1 << 10
+	maxErrorValue = 64 << 10
+	maxTraceback  = 512 << 10
+)
+
+// sendLarge sends what it can of an event whose encoding (size bytes)
+// does not fit in a frame.
+func (c *conn) sendLarge(ev agentproto.Event, size int) error {
+	switch ev.Type {
+	case agentproto.EventStdout, agentproto.EventStderr:
+		if len(ev.Data) > 1 {
+			half := len(ev.Data) / 2
+			first, second := ev, ev
+			first.Data, second.Data = ev.Data[:half], ev.Data[half:]
+			if err := c.send(first); err != nil {
+				return err
+			}
+			return c.send(second)
+		}
+	case agentproto.EventError:
+		if ev.Error != nil {
+			cut := *ev.Error
+			cut.Name = clip(cut.Name, maxErrorName)
+			cut.Value = clip(cut.Value, maxErrorValue)
+			cut.Traceback = clip(cut.Traceback, maxTraceback)
+			if cut != *ev.Error {
+				ev.Error = &cut
+				return c.send(ev)
+			}
+		}
+	case agentproto.EventDone:
+		return c.send(fail(agentproto.CodeTooLarge,
+			"the reply (%d bytes) is over the agent protocol's limit of %d bytes", size, agentproto.MaxFrame))
+	default:
+		if ev.Entry != nil && ev.Entry.Metadata != nil {
+			entry := *ev.Entry
+			entry.Metadata = nil
+			ev.Entry = &entry
+			return c.send(ev)
+		}
+	}
+	return c.send(agentproto.Event{Type: agentproto.EventDropped, Dropped: &agentproto.Dropped{
+		Type: ev.Type, Bytes: int64(size),
+		Reason: fmt.Sprintf("a %s of %d bytes is over the agent protocol's limit of %d bytes", ev.Type, size, agentproto.MaxFrame),
+	}})
+}
+
+// clip cuts s to at most n bytes (on a rune boundary), saying so.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	i := n
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + fmt.Sprintf("… [%d bytes cut]", len(s)-i)
 }
 
 // hangup returns a channel closed when the client hangs up (or shuts down

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -315,5 +316,41 @@ func TestConfigErrors(t *testing.T) {
 		if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
 			t.Errorf("%s: listener left open (%v)", name, err)
 		}
+	}
+}
+
+// TestOversizeEvents: events too large for a frame are split (output), cut
+// (an error's text) or replaced by a dropped event, and the execution goes
+// on to its end: nothing is lost silently and the connection survives.
+func TestOversizeEvents(t *testing.T) {
+	t.Parallel()
+	a := startAgent(t, Config{})
+	r := a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{Code: "oversize"}})
+	var dropped []agentproto.Dropped
+	var stdout bytes.Buffer
+	var execErr *agentproto.ExecError
+	for _, ev := range r.events {
+		switch ev.Type {
+		case agentproto.EventDropped:
+			dropped = append(dropped, *ev.Dropped)
+		case agentproto.EventStdout:
+			stdout.Write(ev.Data)
+		case agentproto.EventError:
+			execErr = ev.Error
+		case agentproto.EventResult:
+			t.Fatalf("a result over a frame was sent: %d bytes", len(ev.Result.Text))
+		}
+	}
+	if len(dropped) != 1 || dropped[0].Type != agentproto.EventResult || dropped[0].Bytes < agentproto.MaxFrame {
+		t.Fatalf("dropped %+v", dropped)
+	}
+	if want := append(bytes.Repeat([]byte{0xff}, 4<<20), "after"...); !bytes.Equal(stdout.Bytes(), want) {
+		t.Fatalf("stdout: %d bytes, want %d", stdout.Len(), len(want))
+	}
+	if execErr == nil || execErr.Name != "Huge" || len(execErr.Value) > maxErrorValue+64 || !strings.Contains(execErr.Value, "bytes cut]") {
+		t.Fatalf("error not cut: %d bytes", len(execErr.Value))
+	}
+	if r.done.Status != agentproto.StatusError || r.done.Code != "" {
+		t.Fatalf("done %+v", r.done)
 	}
 }

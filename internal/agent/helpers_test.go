@@ -128,10 +128,12 @@ func (a *testAgent) callBody(t testing.TB, req agentproto.Request, body io.Reade
 	c.SetDeadline(time.Now().Add(30 * time.Second))
 	var r result
 	var data bytes.Buffer
-	done, err := agentproto.Call(c, req, body, &data, func(ev agentproto.Event) error {
-		r.events = append(r.events, ev)
-		return nil
-	})
+	done, err := agentproto.Call(c, req, body, agentproto.Handlers{
+		Data: func(p []byte) error { data.Write(p); return nil },
+		Event: func(ev agentproto.Event) error {
+			r.events = append(r.events, ev)
+			return nil
+		}})
 	if err != nil {
 		t.Fatalf("%s: %v", req.Op, err)
 	}
@@ -301,6 +303,12 @@ func (k *fakeKernel) Execute(ctx context.Context, spec agentproto.ExecuteSpec, e
 			done.Status = agentproto.StatusKilled
 		case <-time.After(10 * time.Second):
 		}
+	case "oversize": // events whose encodings are over a frame, then a small one
+		emit(agentproto.Event{Type: agentproto.EventResult, Result: &agentproto.Result{Text: strings.Repeat("\x01", 1<<20)}})
+		emit(agentproto.Event{Type: agentproto.EventStdout, Data: bytes.Repeat([]byte{0xff}, 4<<20)})
+		emit(agentproto.Event{Type: agentproto.EventError, Error: &agentproto.ExecError{Name: "Huge", Value: strings.Repeat("<", 5<<20)}})
+		emit(agentproto.Event{Type: agentproto.EventStdout, Data: []byte("after")})
+		done.Status = agentproto.StatusError
 	case "panic":
 		panic("fake kernel panic")
 	default:

@@ -1,6 +1,15 @@
 package agent
 
-import "testing"
+import (
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/testutil"
+)
 
 func TestLookupUser(t *testing.T) {
 	t.Parallel()
@@ -44,5 +53,29 @@ func TestInHome(t *testing.T) {
 		if got := inHome(in, "/root"); got != want {
 			t.Errorf("inHome(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// TestSwitchUsersFailsClosed: an agent required to run every request as
+// its own user refuses to serve at all when it cannot switch users (here:
+// not uid 0 of a user namespace), instead of running everything as itself.
+func TestSwitchUsersFailsClosed(t *testing.T) {
+	t.Parallel()
+	if canSwitchUsers("/") {
+		t.Fatal("the test process can switch users: it proves nothing here")
+	}
+	ln, err := net.Listen("unix", filepath.Join(testutil.ShortTempDir(t), "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = Serve(ctx, ln, Config{Root: "/", SwitchUsers: true})
+	if !errors.Is(err, errCannotSwitchUsers) {
+		t.Fatalf("Serve = %v, want %v", err, errCannotSwitchUsers)
+	}
+	if c, err := net.Dial("unix", ln.Addr().String()); err == nil {
+		c.Close()
+		t.Fatal("the agent still accepts connections")
 	}
 }

@@ -2,6 +2,7 @@ package agentproto
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -43,30 +44,55 @@ func WriteFrame(w io.Writer, kind byte, payload []byte) error {
 // ReadFrame reads one frame. It returns io.EOF only when the stream ends
 // cleanly before a frame starts.
 func ReadFrame(r io.Reader) (kind byte, payload []byte, err error) {
+	kind, payload, _, err = readFrame(r, nil)
+	return kind, payload, err
+}
+
+// Admit is asked before a frame of n bytes (kind byte included) is read
+// into memory. It may wait (that is backpressure: the peer's writes stall
+// meanwhile) or fail; release gives the bytes back once the frame has been
+// handled. Readers ask only for frames of at least AdmitFrom bytes, so
+// that small frames (the usual case) cost nothing.
+type Admit func(n int) (release func(), err error)
+
+// AdmitFrom is the smallest frame for which an Admit is asked.
+const AdmitFrom = 64 << 10
+
+// readFrame is ReadFrame asking admit (when not nil) before a large frame
+// is allocated; release is never nil on success.
+func readFrame(r io.Reader, admit Admit) (kind byte, payload []byte, release func(), err error) {
+	release = func() {}
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		if err == io.ErrUnexpectedEOF {
-			return 0, nil, ErrBadFrame
+			return 0, nil, nil, ErrBadFrame
 		}
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
 	if n == 0 {
-		return 0, nil, ErrBadFrame
+		return 0, nil, nil, ErrBadFrame
 	}
 	if n > MaxFrame {
-		return 0, nil, ErrFrameTooLarge
+		return 0, nil, nil, ErrFrameTooLarge
+	}
+	if admit != nil && n >= AdmitFrom {
+		if release, err = admit(int(n)); err != nil {
+			return 0, nil, nil, err
+		}
 	}
 	buf := make([]byte, n)
 	if _, err := io.ReadFull(r, buf); err != nil {
-		return 0, nil, ErrBadFrame
+		release()
+		return 0, nil, nil, ErrBadFrame
 	}
 	switch buf[0] {
 	case FrameJSON, FrameData:
 	default:
-		return 0, nil, fmt.Errorf("%w: unknown kind %q", ErrBadFrame, buf[0])
+		release()
+		return 0, nil, nil, fmt.Errorf("%w: unknown kind %q", ErrBadFrame, buf[0])
 	}
-	return buf[0], buf[1:], nil
+	return buf[0], buf[1:], release, nil
 }
 
 // Conn wraps a stream with frame reading and writing helpers. It is not safe
@@ -81,13 +107,26 @@ func NewConn(rw io.ReadWriter) *Conn {
 	return &Conn{r: bufio.NewReaderSize(rw, 64<<10), w: rw}
 }
 
-// WriteJSON writes v as a JSON frame.
+// WriteJSON writes v as a JSON frame. It returns ErrFrameTooLarge, having
+// written nothing, when v's encoding does not fit in a frame.
 func (c *Conn) WriteJSON(v any) error {
-	b, err := json.Marshal(v)
+	b, err := MarshalJSON(v)
 	if err != nil {
 		return err
 	}
 	return WriteFrame(c.w, FrameJSON, b)
+}
+
+// MarshalJSON encodes v as a frame carries it: without escaping <, > and
+// & (which would make HTML six times its size on the wire).
+func MarshalJSON(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 // WriteData writes a data frame; an empty p marks the end of a body.

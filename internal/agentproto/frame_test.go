@@ -158,10 +158,12 @@ func TestCall(t *testing.T) {
 	var got bytes.Buffer
 	var events []string
 	body := bytes.NewReader(make([]byte, 16<<20))
-	done, err := Call(client, Request{Op: OpFileWrite}, body, &got, func(ev Event) error {
-		events = append(events, ev.Type)
-		return nil
-	})
+	done, err := Call(client, Request{Op: OpFileWrite}, body, Handlers{
+		Data: func(p []byte) error { got.Write(p); return nil },
+		Event: func(ev Event) error {
+			events = append(events, ev.Type)
+			return nil
+		}})
 	if err != nil {
 		t.Fatalf("Call: %v", err)
 	}

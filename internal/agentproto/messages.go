@@ -43,7 +43,10 @@ const (
 	EventResult = "result" // Result
 	EventError  = "error"  // Error: an exception raised by executed code
 	EventFile   = "file"   // Entry, before the data frames of a file.read
-	EventDone   = "done"   // the last event of every request
+	// EventDropped stands for a result (or another event) that was not
+	// sent because it was too large: Dropped says how large and why.
+	EventDropped = "dropped"
+	EventDone    = "done" // the last event of every request
 )
 
 // Event types of file.watch.
@@ -186,6 +189,8 @@ type Event struct {
 	Error  *ExecError `json:"error,omitempty"`
 	Entry  *FileInfo  `json:"entry,omitempty"`
 	FS     *FSEvent   `json:"fs,omitempty"` // EventFS
+	// Dropped describes what an EventDropped stands for.
+	Dropped *Dropped `json:"dropped,omitempty"`
 
 	// Fields of the Done event.
 	Code      string        `json:"code,omitempty"`    // failure code (Code* constants); empty on success
@@ -218,6 +223,18 @@ type Result struct {
 	// IsMainResult marks the value of the trailing expression (as opposed to
 	// a figure or a display() call).
 	IsMainResult bool `json:"is_main_result,omitempty"`
+}
+
+// MaxResult bounds the encoding of one result as a kernel driver writes
+// it; larger results are dropped (EventDropped), so that every result fits
+// in a frame.
+const MaxResult = 3_500_000
+
+// Dropped describes an event that was not sent because it was too large.
+type Dropped struct {
+	Type   string `json:"type"`   // the event type it would have been (EventResult, ...)
+	Bytes  int64  `json:"bytes"`  // its encoded size
+	Reason string `json:"reason"` // why, for people
 }
 
 // ExecError is an exception raised by executed code.

@@ -3,6 +3,7 @@ package e2b
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"sync"
 	"time"
@@ -18,9 +19,15 @@ const (
 	// interpKeepalive is the silence after which /execute sends a keepalive
 	// line, so that a dead client is noticed.
 	interpKeepalive = 5 * time.Second
-	// interpMaxOutput caps one execution's stdout plus stderr.
+	// interpMaxOutput caps one execution's stdout plus stderr. The output
+	// is streamed through, never held: the cap bounds what one execution
+	// may send, not memory.
 	interpMaxOutput = 64 << 20
 )
+
+// interpWriteTimeout bounds each write to the client: one that stops
+// reading breaks its stream, which interrupts the code.
+var interpWriteTimeout = 30 * time.Second
 
 func (h *Handler) interpreterMux() http.Handler {
 	mux := http.NewServeMux()
@@ -77,27 +84,44 @@ type executeBody struct {
 	EnvVars   map[string]string `json:"env_vars"`
 }
 
-// ndjson writes one JSON object per line and flushes it. It is safe for
-// concurrent use.
+// ndjson writes one JSON object per line and flushes it, each write
+// within interpWriteTimeout. It is safe for concurrent use.
 type ndjson struct {
 	mu  sync.Mutex
 	w   http.ResponseWriter
+	rc  *http.ResponseController
 	err error
 }
 
-func (n *ndjson) line(v any) {
+func newNDJSON(w http.ResponseWriter) *ndjson {
+	return &ndjson{w: w, rc: http.NewResponseController(w)}
+}
+
+// line writes v and returns the error of the first write that failed.
+func (n *ndjson) line(v any) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.err != nil {
-		return
+		return n.err
 	}
 	b, err := json.Marshal(v)
 	if err != nil {
 		n.err = err
-		return
+		return err
 	}
+	n.rc.SetWriteDeadline(time.Now().Add(interpWriteTimeout))
 	if _, n.err = n.w.Write(append(b, '\n')); n.err == nil {
-		http.NewResponseController(n.w).Flush()
+		n.err = n.rc.Flush()
+	}
+	return n.err
+}
+
+// end clears the write deadline once the last line is written.
+func (n *ndjson) end() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.err == nil {
+		n.rc.SetWriteDeadline(time.Time{})
 	}
 }
 
@@ -181,7 +205,8 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
-	out := &ndjson{w: w}
+	out := newNDJSON(w)
+	defer out.end()
 	out.line(map[string]any{"type": "number_of_executions", "execution_count": h.nextCount(sb.ID, counter)})
 
 	stop := make(chan struct{})
@@ -209,25 +234,33 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	sentError := false
-	ex, err := sb.Execute(ctx, req, func(ev agentproto.Event) {
+	// Everything is streamed through as it comes; nothing is kept.
+	ex, err := sb.Execute(ctx, req, func(ev agentproto.Event) error {
 		mu.Lock()
 		last = time.Now()
 		mu.Unlock()
 		switch ev.Type {
 		case agentproto.EventStdout:
-			out.line(map[string]any{"type": "stdout", "text": string(ev.Data), "timestamp": stamp()})
+			return out.line(map[string]any{"type": "stdout", "text": string(ev.Data), "timestamp": stamp()})
 		case agentproto.EventStderr:
-			out.line(map[string]any{"type": "stderr", "text": string(ev.Data), "timestamp": stamp()})
+			return out.line(map[string]any{"type": "stderr", "text": string(ev.Data), "timestamp": stamp()})
 		case agentproto.EventResult:
 			if ev.Result != nil {
-				out.line(resultLine(ev.Result))
+				return out.line(resultLine(ev.Result))
+			}
+		case agentproto.EventDropped:
+			// E2B has no line for it: say so on stderr, as a notebook would.
+			if d := ev.Dropped; d != nil {
+				return out.line(map[string]any{"type": "stderr", "timestamp": stamp(),
+					"text": fmt.Sprintf("sheepfold: a %s of %d bytes was not sent: %s\n", d.Type, d.Bytes, d.Reason)})
 			}
 		case agentproto.EventError:
 			if ev.Error != nil && !sentError {
 				sentError = true
-				out.line(map[string]any{"type": "error", "name": ev.Error.Name, "value": ev.Error.Value, "traceback": ev.Error.Traceback})
+				return out.line(map[string]any{"type": "error", "name": ev.Error.Name, "value": ev.Error.Value, "traceback": ev.Error.Traceback})
 			}
 		}
+		return nil
 	})
 	if err != nil {
 		abortIfGone(ctx)

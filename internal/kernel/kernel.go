@@ -138,7 +138,12 @@ type ctlMsg struct {
 	Type   string                `json:"type"`
 	Result *agentproto.Result    `json:"result,omitempty"`
 	Error  *agentproto.ExecError `json:"error,omitempty"`
-	raw    string
+	// A "dropped" message stands for one (of type What) that was too
+	// large to send: the driver's own, or a line the kernel would not
+	// read (ctlLines).
+	What  string `json:"what,omitempty"`
+	Bytes int64  `json:"bytes,omitempty"`
+	raw   string
 }
 
 // Start starts an interpreter for spec.Language.
@@ -253,20 +258,21 @@ func (k *Kernel) start() error {
 	go p.pump(2, p.pipes[1], &readers)
 	go func() {
 		defer close(p.ctl)
-		sc := bufio.NewScanner(msgR)
-		sc.Buffer(make([]byte, 64<<10), agentproto.MaxFrame)
-		for sc.Scan() {
-			line := sc.Bytes()
+		defer msgR.Close()
+		ctlLines(msgR, agentproto.MaxFrame, func(line, head []byte, size int64) {
 			var m ctlMsg
-			if k.lang == "bash" {
-				m.Type = "done"
-				m.raw = string(line)
-			} else if err := json.Unmarshal(line, &m); err != nil {
-				continue
+			switch {
+			case line == nil:
+				m = ctlMsg{Type: "dropped", What: sniffType(head), Bytes: size}
+			case k.lang == "bash":
+				m = ctlMsg{Type: "done", raw: string(line)}
+			default:
+				if err := json.Unmarshal(line, &m); err != nil {
+					return
+				}
 			}
 			p.ctl <- m
-		}
-		msgR.Close()
+		})
 	}()
 	go func() {
 		readers.Wait() // cmd.Wait closes the pipes: read them to the end first
@@ -276,6 +282,60 @@ func (k *Kernel) start() error {
 	}()
 	k.p = p
 	return nil
+}
+
+// ctlLines reads newline-ended lines from r until it ends, passing each
+// to fn. A line longer than max bytes is not kept: fn gets a nil line, the
+// line's first bytes (head) and its length, so that a driver (or the code
+// running in it, which can write to the control pipe too) writing a huge
+// line costs the agent at most max bytes and loses only that line.
+func ctlLines(r io.Reader, max int, fn func(line, head []byte, size int64)) {
+	const headLen = 64
+	br := bufio.NewReaderSize(r, 64<<10)
+	var (
+		line []byte
+		head []byte
+		size int64
+		over bool
+	)
+	for {
+		chunk, err := br.ReadSlice('\n')
+		size += int64(len(chunk))
+		if !over && len(line)+len(chunk) > max+1 {
+			over = true
+			head = append(line, chunk...)[:min(headLen, len(line)+len(chunk))]
+			head = bytes.Clone(head)
+			line = nil
+		} else if !over {
+			line = append(line, chunk...)
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err != nil {
+			return // a last line without its newline is incomplete: dropped
+		}
+		if over {
+			fn(nil, head, size-1)
+		} else {
+			fn(line[:len(line)-1], nil, size-1)
+		}
+		if cap(line) > 1<<20 {
+			line = nil // do not keep a huge buffer for small lines
+		}
+		line, head, size, over = line[:0], nil, 0, false
+	}
+}
+
+// sniffType guesses the type of a control message from its first bytes.
+func sniffType(head []byte) string {
+	h := bytes.ReplaceAll(head, []byte(" "), nil)
+	for _, t := range []string{"error", "result", "done"} {
+		if bytes.HasPrefix(h, []byte(`{"type":"`+t+`"`)) {
+			return t
+		}
+	}
+	return "message"
 }
 
 func (p *proc) pump(stream int, rc syscall.RawConn, wg *sync.WaitGroup) {
@@ -618,6 +678,19 @@ loop:
 					settle()
 					send(agentproto.Event{Type: agentproto.EventResult, Result: m.Result})
 				}
+			case "dropped":
+				settle()
+				if m.What == "error" {
+					execErr = &agentproto.ExecError{Name: "ErrorTooLarge",
+						Value: fmt.Sprintf("the code raised an error whose report (%d bytes) is too large to send", m.Bytes)}
+					break
+				}
+				what := m.What
+				if what == "" || what == "message" {
+					what = agentproto.EventResult
+				}
+				send(agentproto.Event{Type: agentproto.EventDropped, Dropped: &agentproto.Dropped{Type: what, Bytes: m.Bytes,
+					Reason: fmt.Sprintf("a %s of %d bytes is over the limit of %d bytes", what, m.Bytes, agentproto.MaxResult)}})
 			case "error":
 				execErr = m.Error
 			case "done":

@@ -315,3 +315,65 @@ func TestTypeScriptContext(t *testing.T) {
 		t.Fatalf("javascript in a typescript context: %q %+v", main(r), r.err)
 	}
 }
+
+// TestOversizeMessages: results and errors too large for the protocol are
+// reported (a dropped event; an error cut to size), in Python and in
+// JavaScript, and so is a huge line the code writes straight into the
+// control pipe; the interpreter and its state survive all of them.
+func TestOversizeMessages(t *testing.T) {
+	t.Parallel()
+	dropped := func(t *testing.T, k *Kernel, c string) (int, record) {
+		t.Helper()
+		var n int
+		var r record
+		r.done = k.Execute(context.Background(), code(c), func(ev agentproto.Event) error {
+			switch ev.Type {
+			case agentproto.EventDropped:
+				if ev.Dropped.Type != agentproto.EventResult || ev.Dropped.Bytes <= agentproto.MaxResult {
+					t.Errorf("dropped %+v", ev.Dropped)
+				}
+				n++
+			case agentproto.EventResult:
+				r.results = append(r.results, *ev.Result)
+			case agentproto.EventError:
+				r.err = ev.Error
+			case agentproto.EventStdout:
+				r.stdout += string(ev.Data)
+			}
+			return nil
+		})
+		return n, r
+	}
+	t.Run("python", func(t *testing.T) {
+		t.Parallel()
+		k := start(t, "python", nil)
+		run(t, k, code("x = 7"))
+		big := "class B:\n    def _repr_html_(self): return '<' * 4_000_000\ndisplay(B())\nprint('after')\n1"
+		if n, r := dropped(t, k, big); n != 1 || r.stdout != "after\n" || main(r) != "1" || r.done.Status != agentproto.StatusOK {
+			t.Fatalf("a large result: %d dropped, %+v", n, r)
+		}
+		r := run(t, k, code("raise ValueError('v' * 5_000_000)"))
+		if r.done.Status != agentproto.StatusError || r.err == nil || r.err.Name != "ValueError" || len(r.err.Value) > 70000 ||
+			!strings.Contains(r.err.Value, "characters cut") {
+			t.Fatalf("a large error: %+v", r.done)
+		}
+		// The code itself writes a huge line to the control pipe.
+		if n, r := dropped(t, k, "import os\nos.write(4, b'{\"type\": \"result\", \"x\": \"' + b'y' * 6_000_000 + b'\"}\\n')\nprint('after')"); n != 1 || r.stdout != "after\n" {
+			t.Fatalf("a huge control line: %d dropped, %+v", n, r)
+		}
+		if r := run(t, k, code("x")); main(r) != "7" {
+			t.Fatalf("the state was lost: %+v", r)
+		}
+	})
+	t.Run("javascript", func(t *testing.T) {
+		t.Parallel()
+		k := start(t, "javascript", nil)
+		if n, r := dropped(t, k, "Object.fromEntries(Array.from({length: 400000}, (_, i) => ['k' + i, i]))"); n != 1 || r.done.Status != agentproto.StatusOK {
+			t.Fatalf("a large result: %d dropped, %+v", n, r)
+		}
+		r := run(t, k, code("throw new Error('v'.repeat(5000000))"))
+		if r.done.Status != agentproto.StatusError || r.err == nil || len(r.err.Value) > 70000 || !strings.Contains(r.err.Value, "characters cut") {
+			t.Fatalf("a large error: %+v %+v", r.done, r.err != nil)
+		}
+	})
+}

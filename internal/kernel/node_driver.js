@@ -16,11 +16,18 @@ sandbox.exports = sandbox.module.exports;
 const context = vm.createContext(sandbox);
 process.on('SIGINT', () => {});
 
+// send writes one message; one too large for the protocol is cut (an
+// error's text) or replaced by a "dropped" message saying how large it was.
 function send(msg) {
   let s = JSON.stringify(msg);
-  if (s.length > MAX_RESULT) {
-    process.stderr.write(`sheepfold: a result of ${s.length} bytes was dropped\n`);
-    return;
+  if (Buffer.byteLength(s) > MAX_RESULT && msg.type === 'error') {
+    const clip = (t, n) => (t.length <= n ? t : t.slice(0, n) + `... [${t.length - n} characters cut]`);
+    msg.error.value = clip(String(msg.error.value), 65536);
+    msg.error.traceback = clip(String(msg.error.traceback), 524288);
+    s = JSON.stringify(msg);
+  }
+  if (Buffer.byteLength(s) > MAX_RESULT) {
+    s = JSON.stringify({ type: 'dropped', what: msg.type, bytes: Buffer.byteLength(s), limit: MAX_RESULT });
   }
   fs.writeSync(4, s + '\n');
 }

@@ -26,8 +26,23 @@ sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)
                               errors="backslashreplace", line_buffering=True)
 
 
+def _clip(s, n):
+    return s if len(s) <= n else s[:n] + "... [%d characters cut]" % (len(s) - n)
+
+
 def _send(msg):
-    _ctl_out.write(json.dumps(msg) + "\n")
+    """Write one message; one too large for the protocol is cut (an error's
+    text) or replaced by a "dropped" message saying how large it was."""
+    line = json.dumps(msg, default=str)
+    if len(line) > _MAX_RESULT and msg.get("type") == "error":
+        e = msg["error"]
+        e["value"] = _clip(e.get("value", ""), 65536)
+        e["traceback"] = _clip(e.get("traceback", ""), 524288)
+        line = json.dumps(msg, default=str)
+    if len(line) > _MAX_RESULT:
+        line = json.dumps({"type": "dropped", "what": msg.get("type"), "bytes": len(line),
+                           "limit": _MAX_RESULT})
+    _ctl_out.write(line + "\n")
     _ctl_out.flush()
 
 
@@ -69,12 +84,7 @@ def _emit_result(r):
         sys.stderr.flush()
     except Exception:
         pass
-    msg = json.dumps({"type": "result", "result": r}, default=str)
-    if len(msg) > _MAX_RESULT:
-        sys.stderr.write("sheepfold: a result of %d bytes was dropped (limit %d)\n" % (len(msg), _MAX_RESULT))
-        return
-    _ctl_out.write(msg + "\n")
-    _ctl_out.flush()
+    _send({"type": "result", "result": r})
 
 
 def display(*objs):

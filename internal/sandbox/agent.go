@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"syscall"
 	"time"
 
@@ -17,16 +18,40 @@ import (
 // sandbox's init has exited.
 var errAgentGone = errors.New("sandbox agent is gone")
 
+// errAgentBroke reports a reply that broke the protocol (malformed, too
+// large, cut off) from an agent that still answers: that call failed, the
+// sandbox lives on.
+var errAgentBroke = errors.New("the sandbox's agent broke off its reply")
+
+// Deadlines of host→agent calls. A call that streams (an execution, a
+// process's output, a watch) may be silent for long: an execution is
+// bounded by its own timeout plus agentGrace, the others by the
+// sandbox's lifetime (destroying a sandbox closes every connection to
+// it). Every other call must make progress, each read and write within
+// agentIdle, or it fails.
+var (
+	agentIdle = 60 * time.Second
+	// probeTimeout bounds the ping that tells a dead agent from one
+	// that broke one reply.
+	probeTimeout = 2 * time.Second
+)
+
 // agentClient talks to one sandbox's agent: one connection per request.
 type agentClient struct {
 	socket string
 }
 
-// call sends req and reads events until Done. onEvent sees every other JSON
-// event; onData every data frame; body, if set, is sent after the request as
-// data frames. A Done that reports a failure becomes an *apierr.Error.
+// callOptions say how one call reads its reply.
+type callOptions struct {
+	// idle, when not zero, bounds each read and write of the call.
+	idle time.Duration
+}
+
+// call sends req (and body, if set, as data frames) and reads the reply
+// until Done through agentproto.Call, passing the other frames to h. A
+// Done that reports a failure becomes an *apierr.Error.
 func (c *agentClient) call(ctx context.Context, req agentproto.Request, body io.Reader,
-	onEvent func(agentproto.Event) error, onData func([]byte) error) (agentproto.Event, error) {
+	h agentproto.Handlers, opt callOptions) (agentproto.Event, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", c.socket)
 	if err != nil {
@@ -35,80 +60,110 @@ func (c *agentClient) call(ctx context.Context, req agentproto.Request, body io.
 		}
 		return agentproto.Event{}, fmt.Errorf("dial agent: %w", err)
 	}
-	defer nc.Close()
+	dc := &deadlineConn{Conn: nc, idle: opt.idle}
+	defer dc.Close()
 	// Cancelling ctx unblocks every read and write below.
-	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, dc.cancel)
 	defer stop()
 
-	conn := agentproto.NewConn(nc)
-	if err := conn.WriteJSON(req); err != nil {
-		return agentproto.Event{}, c.ioErr(ctx, "send request", err)
+	done, err := agentproto.Call(dc, req, body, h)
+	if err != nil {
+		if ctx.Err() != nil {
+			return agentproto.Event{}, ctx.Err()
+		}
+		if errors.Is(err, agentproto.ErrRequestTooLarge) {
+			// The caller's own request (code, a command line, a path) is
+			// over the protocol's frame size.
+			return agentproto.Event{}, apierr.Wrap(err, apierr.BadRequest, "the request is too large: code, command lines, paths and environments may hold at most %d MiB together", agentproto.MaxFrame>>20)
+		}
+		var be *agentproto.BodyError
+		if errors.As(err, &be) {
+			// The caller's body failed (e.g. an upload over the server's
+			// limit): the connection is dropped, and with it the agent's
+			// partial file.
+			return agentproto.Event{}, be.Err
+		}
+		return agentproto.Event{}, c.ioErr(err)
 	}
-	// The agent may refuse a body part way (too large, disk full) and
-	// answer at once: a failed write is then explained by the reply.
-	var sendErr error
-	if body != nil {
-		src := &sourceReader{r: body}
-		if _, err := conn.CopyBody(src); err != nil {
-			if ctx.Err() != nil {
-				return agentproto.Event{}, ctx.Err()
-			}
-			if src.err != nil {
-				// The caller's body failed (e.g. an upload over the
-				// server's limit): drop the connection, and with it the
-				// agent's partial file.
-				return agentproto.Event{}, src.err
-			}
-			sendErr = err
-		}
+	if done.Code != "" {
+		return done, agentError(done)
 	}
-	for {
-		kind, p, err := conn.ReadFrame()
-		if err != nil {
-			if sendErr != nil {
-				err = sendErr
-			}
-			return agentproto.Event{}, c.ioErr(ctx, "read reply", err)
-		}
-		if kind == agentproto.FrameData {
-			if onData != nil {
-				if err := onData(p); err != nil {
-					return agentproto.Event{}, err
-				}
-			}
-			continue
-		}
-		var ev agentproto.Event
-		if err := unmarshalEvent(p, &ev); err != nil {
-			return agentproto.Event{}, err
-		}
-		if ev.Type == agentproto.EventDone {
-			if ev.Code != "" {
-				return ev, agentError(ev)
-			}
-			return ev, nil
-		}
-		if onEvent != nil {
-			if err := onEvent(ev); err != nil {
-				return agentproto.Event{}, err
-			}
-		}
+	return done, nil
+}
+
+// ioErr classifies a failed call. A connection cut off or a reply that
+// breaks the protocol means a dead agent only if the agent no longer
+// answers a ping: a live agent that broke one reply (a hostile or buggy
+// one) fails that call alone, and its sandbox lives on.
+func (c *agentClient) ioErr(err error) error {
+	var ne net.Error
+	switch {
+	case errors.Is(err, agentproto.ErrBadFrame), errors.Is(err, agentproto.ErrFrameTooLarge),
+		errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+	case errors.As(err, &ne) && ne.Timeout():
+		return apierr.Wrap(err, apierr.SandboxTimeout, "the sandbox's agent did not answer in time")
+	default:
+		return err // a handler's own error, passed through
+	}
+	if !c.alive() {
+		return fmt.Errorf("%w: %w", errAgentGone, err)
+	}
+	return apierr.Wrap(fmt.Errorf("%w: %w", errAgentBroke, err), apierr.Internal, "%s", errAgentBroke.Error())
+}
+
+// alive reports whether the agent answers a ping.
+func (c *agentClient) alive() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", c.socket)
+	if err != nil {
+		return false
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(probeTimeout))
+	done, err := agentproto.Call(nc, agentproto.Request{Op: agentproto.OpPing}, nil, agentproto.Handlers{})
+	return err == nil && done.Agent != nil
+}
+
+// deadlineConn gives each read and write of a call its own deadline (when
+// idle is set) and lets cancel end them all for good.
+type deadlineConn struct {
+	net.Conn
+	idle time.Duration
+
+	// mu guards cancelled, so that a deadline set for a read never
+	// undoes a cancellation.
+	mu        sync.Mutex
+	cancelled bool
+}
+
+func (c *deadlineConn) cancel() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cancelled = true
+	c.Conn.SetDeadline(time.Unix(1, 0))
+}
+
+func (c *deadlineConn) arm(set func(time.Time) error) {
+	if c.idle <= 0 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.cancelled {
+		set(time.Now().Add(c.idle))
 	}
 }
 
-func (c *agentClient) ioErr(ctx context.Context, what string, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
-		return fmt.Errorf("%s: %w", what, errAgentGone)
-	}
-	if what == "send request" && errors.Is(err, agentproto.ErrFrameTooLarge) {
-		// The caller's own request (code, a command line, a path) is
-		// over the protocol's frame size.
-		return apierr.Wrap(err, apierr.BadRequest, "the request is too large: code, command lines, paths and environments may hold at most %d MiB together", agentproto.MaxFrame>>20)
-	}
-	return fmt.Errorf("%s: %w", what, err)
+func (c *deadlineConn) Read(p []byte) (int, error) {
+	c.arm(c.Conn.SetReadDeadline)
+	return c.Conn.Read(p)
+}
+
+func (c *deadlineConn) Write(p []byte) (int, error) {
+	c.arm(c.Conn.SetWriteDeadline)
+	return c.Conn.Write(p)
 }
 
 // agentError turns a failed Done into a coded error. The agent's message
@@ -132,23 +187,11 @@ func agentError(ev agentproto.Event) error {
 		code = apierr.UnsupportedLanguage
 	}
 	msg := ev.Message
+	if len(msg) > 1024 {
+		msg = msg[:1024] + "…"
+	}
 	if msg == "" {
 		msg = ev.Code
 	}
 	return apierr.New(code, "%s", msg)
-}
-
-// sourceReader remembers whether a failure came from the body itself
-// rather than from the connection.
-type sourceReader struct {
-	r   io.Reader
-	err error
-}
-
-func (s *sourceReader) Read(p []byte) (int, error) {
-	n, err := s.r.Read(p)
-	if err != nil && err != io.EOF {
-		s.err = err
-	}
-	return n, err
 }

@@ -84,7 +84,7 @@ func TestRuncLifetimeHoldsWithoutEngine(t *testing.T) {
 			}
 		}
 		defer c.Close()
-		done, err := agentproto.Call(c, req, nil, nil, nil)
+		done, err := agentproto.Call(c, req, nil, agentproto.Handlers{})
 		if err != nil || done.Code != "" {
 			t.Fatalf("%s: %v %+v", req.Op, err, done)
 		}

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -22,10 +23,16 @@ const (
 const (
 	DefaultExecTimeout = 30 * time.Second
 	DefaultMaxOutput   = 1 << 20
-	// agentGrace is how long past an execution's own timeout the host waits
-	// for the agent before giving up on it.
-	agentGrace = 10 * time.Second
+	// DefaultMaxResults and DefaultMaxResultBytes bound the rich results
+	// one execution delivers, in number and in total size; one result is
+	// at most agentproto.MaxResult.
+	DefaultMaxResults     = 1000
+	DefaultMaxResultBytes = 16 << 20
 )
+
+// agentGrace is how long past an execution's own timeout the host waits
+// for the agent before giving up on it (a variable for tests).
+var agentGrace = 10 * time.Second
 
 // ExecuteRequest asks for code to run in a context.
 type ExecuteRequest struct {
@@ -36,6 +43,10 @@ type ExecuteRequest struct {
 	Env       map[string]string
 	Timeout   time.Duration // [DefaultExecTimeout]
 	MaxOutput int64         // bytes of stdout plus stderr [DefaultMaxOutput]
+	// MaxResults and MaxResultBytes bound the results delivered (streamed
+	// or kept); the rest are dropped and counted in Execution.Dropped.
+	MaxResults     int   // [DefaultMaxResults]
+	MaxResultBytes int64 // the sum of the results' sizes [DefaultMaxResultBytes]
 }
 
 // Execution is what one execution did.
@@ -46,14 +57,26 @@ type Execution struct {
 	Results         []agentproto.Result   `json:"results"`
 	Error           *agentproto.ExecError `json:"error,omitempty"`
 	ErrorCode       apierr.Code           `json:"error_code,omitempty"` // why it did not end normally
-	Truncated       bool                  `json:"truncated,omitempty"`
+	Truncated       bool                  `json:"truncated,omitempty"`  // output or results were cut
+	Dropped         *Dropped              `json:"dropped,omitempty"`    // results produced but not delivered
 	ExecutionTimeMS float64               `json:"execution_time_ms"`
 	CPUTimeMS       float64               `json:"cpu_time_ms"`
 	PeakMemoryBytes int64                 `json:"peak_memory_bytes"`
+
+	outputBytes int64 // stdout plus stderr seen, kept or streamed
+}
+
+// Dropped counts the results an execution produced but did not deliver:
+// too large for the protocol, past the execution's bounds, or more than
+// the engine could hold.
+type Dropped struct {
+	Results int    `json:"results"`
+	Bytes   int64  `json:"bytes"`  // their size, as far as known
+	Reason  string `json:"reason"` // why the first one was dropped
 }
 
 // execute is Execute (execute_hooks.go) without the events around it.
-func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(agentproto.Event)) (*Execution, error) {
+func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(agentproto.Event) error) (*Execution, error) {
 	end, err := s.begin()
 	if err != nil {
 		return nil, err
@@ -65,6 +88,12 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	if req.MaxOutput <= 0 {
 		req.MaxOutput = DefaultMaxOutput
 	}
+	if req.MaxResults <= 0 {
+		req.MaxResults = DefaultMaxResults
+	}
+	if req.MaxResultBytes <= 0 {
+		req.MaxResultBytes = DefaultMaxResultBytes
+	}
 	if req.ContextID == "" && req.Language == "" {
 		req.Language = "python"
 	}
@@ -72,7 +101,9 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		js, perr := transpileTS(req.Code)
 		if perr != nil {
 			if onEvent != nil {
-				onEvent(agentproto.Event{Type: agentproto.EventError, Error: perr})
+				if err := onEvent(agentproto.Event{Type: agentproto.EventError, Error: perr}); err != nil {
+					return nil, err
+				}
 			}
 			return &Execution{Status: ExecError, Results: []agentproto.Result{}, Error: perr}, nil
 		}
@@ -90,39 +121,25 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 
 	ctx, cancel := context.WithTimeout(ctx, req.Timeout+agentGrace)
 	defer cancel()
-	var stdout, stderr strings.Builder
-	ex := &Execution{Results: []agentproto.Result{}}
+	run := &execRun{req: req, stream: onEvent, ex: &Execution{Results: []agentproto.Result{}}}
+	run.hold.sandbox, run.hold.engine = s.resultBudgets()
+	defer run.hold.release()
 	done, err := s.agent.call(ctx, agentproto.Request{
 		Op: agentproto.OpExecute,
 		Execute: &agentproto.ExecuteSpec{
 			Code: req.Code, ContextID: req.ContextID, Language: req.Language, Env: req.Env,
 			TimeoutMS: req.Timeout.Milliseconds(), MaxOutputBytes: req.MaxOutput,
 		},
-	}, nil, func(ev agentproto.Event) error {
-		switch ev.Type {
-		case agentproto.EventStdout:
-			appendCapped(&stdout, ev.Data, req.MaxOutput)
-		case agentproto.EventStderr:
-			appendCapped(&stderr, ev.Data, req.MaxOutput)
-		case agentproto.EventResult:
-			if ev.Result != nil {
-				ex.Results = append(ex.Results, *ev.Result)
-			}
-		case agentproto.EventError:
-			ex.Error = ev.Error
-		}
-		if onEvent != nil {
-			onEvent(ev)
-		}
-		return nil
-	}, nil)
+	}, nil, agentproto.Handlers{Event: run.handle, Admit: run.hold.admit(ctx)}, callOptions{})
 	if err != nil {
 		if ctx.Err() != nil && context.Cause(ctx) == context.DeadlineExceeded {
 			return nil, apierr.Wrap(err, apierr.SandboxTimeout, "the sandbox did not answer within %s", req.Timeout+agentGrace)
 		}
 		return nil, s.gone(err)
 	}
-	ex.Stdout, ex.Stderr, ex.Truncated = stdout.String(), stderr.String(), done.Truncated
+	ex := run.ex
+	ex.Stdout, ex.Stderr = run.stdout.String(), run.stderr.String()
+	ex.Truncated = ex.Truncated || done.Truncated
 	if done.Stats != nil {
 		ex.ExecutionTimeMS = done.Stats.DurationMS
 		ex.CPUTimeMS = done.Stats.CPUTimeMS
@@ -154,6 +171,93 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		ex.Status = ExecError
 	}
 	return ex, nil
+}
+
+// execRun is one execution on its way: every event the agent sends passes
+// through handle, the one place where output, results and errors flow on
+// the host.
+type execRun struct {
+	req    ExecuteRequest
+	stream func(agentproto.Event) error // nil: keep everything in ex
+	ex     *Execution
+
+	stdout, stderr strings.Builder // kept when not streaming
+	results        int             // delivered
+	resultBytes    int64           // their size
+	hold           holding         // budget held by kept results
+}
+
+func (r *execRun) handle(ev agentproto.Event) error {
+	switch ev.Type {
+	case agentproto.EventStdout:
+		r.ex.outputBytes += int64(len(ev.Data))
+		if r.stream == nil {
+			appendCapped(&r.stdout, ev.Data, r.req.MaxOutput)
+		}
+	case agentproto.EventStderr:
+		r.ex.outputBytes += int64(len(ev.Data))
+		if r.stream == nil {
+			appendCapped(&r.stderr, ev.Data, r.req.MaxOutput)
+		}
+	case agentproto.EventResult:
+		if ev.Result == nil {
+			return nil
+		}
+		n := resultSize(ev.Result)
+		switch {
+		case r.results >= r.req.MaxResults:
+			ev = r.drop(agentproto.EventResult, n, fmt.Sprintf("an execution delivers at most %d results", r.req.MaxResults))
+		case r.resultBytes+n > r.req.MaxResultBytes:
+			ev = r.drop(agentproto.EventResult, n, fmt.Sprintf("an execution delivers at most %d bytes of results", r.req.MaxResultBytes))
+		case r.stream == nil && !r.hold.keep(n):
+			ev = r.drop(agentproto.EventResult, n, "the server holds too many results at the moment; stream the execution to receive them as they come")
+		default:
+			r.results++
+			r.resultBytes += n
+			if r.stream == nil {
+				r.ex.Results = append(r.ex.Results, *ev.Result)
+			}
+		}
+	case agentproto.EventDropped:
+		if ev.Dropped == nil {
+			return nil
+		}
+		ev = r.drop(ev.Dropped.Type, ev.Dropped.Bytes, ev.Dropped.Reason)
+	case agentproto.EventError:
+		r.ex.Error = ev.Error
+	}
+	if r.stream != nil {
+		return r.stream(ev)
+	}
+	return nil
+}
+
+// drop counts a result not delivered and returns the event that says so.
+func (r *execRun) drop(typ string, n int64, reason string) agentproto.Event {
+	d := r.ex.Dropped
+	if d == nil {
+		d = &Dropped{Reason: reason}
+		r.ex.Dropped = d
+	}
+	d.Results++
+	d.Bytes += n
+	r.ex.Truncated = true
+	return agentproto.Event{Type: agentproto.EventDropped, Dropped: &agentproto.Dropped{Type: typ, Bytes: n, Reason: reason}}
+}
+
+// resultSize is about the size of a result's encoding.
+func resultSize(res *agentproto.Result) int64 {
+	n := len(res.Text) + len(res.HTML) + len(res.Markdown) + len(res.SVG) + len(res.PNG) +
+		len(res.JPEG) + len(res.PDF) + len(res.LaTeX) + len(res.JavaScript)
+	if res.JSON != nil {
+		b, _ := json.Marshal(res.JSON)
+		n += len(b)
+	}
+	if res.Extra != nil {
+		b, _ := json.Marshal(res.Extra)
+		n += len(b)
+	}
+	return int64(n)
 }
 
 func appendCapped(b *strings.Builder, p []byte, max int64) {

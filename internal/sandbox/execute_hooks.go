@@ -8,14 +8,20 @@ import (
 	"github.com/sheepfold/sheepfold/internal/events"
 )
 
-// Execute runs code in a context of the sandbox, streaming events to
-// onEvent (which may be nil) as they happen, and returns the whole record.
+// Execute runs code in a context of the sandbox and returns what it did.
 // An error means the execution could not be run; code that fails, times
 // out or runs out of memory is reported in the Execution.
 //
+// With onEvent nil, the Execution holds the output and results. Otherwise
+// every event (stdout, stderr, result, error, and dropped for a result not
+// delivered) goes to onEvent as it happens and nothing of it is kept: the
+// Execution's Stdout, Stderr and Results stay empty. An error from onEvent
+// (the client is gone or too slow) stops the execution, which the agent
+// then interrupts, and is returned.
+//
 // Around the execution itself (execute.go) it emits execution.started and
 // execution.finished (and resource_exceeded for a limit the execution hit).
-func (s *Sandbox) Execute(ctx context.Context, req ExecuteRequest, onEvent func(agentproto.Event)) (*Execution, error) {
+func (s *Sandbox) Execute(ctx context.Context, req ExecuteRequest, onEvent func(agentproto.Event) error) (*Execution, error) {
 	if err := s.running(); err != nil {
 		return nil, err
 	}
@@ -61,7 +67,7 @@ func (s *Sandbox) executionFinished(req ExecuteRequest, ex *Execution, err error
 			limit = DefaultMaxOutput
 		}
 		exceeded = map[string]any{"resource": events.ResourceOutput, "limit": limit,
-			"observed": int64(len(ex.Stdout) + len(ex.Stderr)), "unit": "bytes"}
+			"observed": ex.outputBytes, "unit": "bytes"}
 	case ex.ErrorCode == apierr.OutOfMemory:
 		exceeded = map[string]any{"resource": events.ResourceMemory, "limit": s.Limits.MemoryBytes,
 			"observed": ex.PeakMemoryBytes, "unit": "bytes"}

@@ -58,6 +58,12 @@ type Config struct {
 	PoolSize      int
 	PoolTemplates []string // [DefaultTemplate]
 	PoolPreload   []string // modules members import ahead [DefaultPoolPreload]
+	// MaxResultMemory and MaxSandboxResultMemory bound the bytes of
+	// executions' results the engine holds at once, in all and per sandbox
+	// (budget.go) [DefaultMaxResultMemory, DefaultMaxSandboxResultMemory;
+	// at least 2 × agentproto.MaxFrame].
+	MaxResultMemory        int64
+	MaxSandboxResultMemory int64
 	// Events receives every sandbox's events (internal/events) [events.Discard].
 	Events events.Sink
 	// Egress configures the network gateway of sandboxes whose policy
@@ -91,6 +97,14 @@ func (c *Config) setDefaults() error {
 	if c.RetryInterval <= 0 {
 		c.RetryInterval = time.Second
 	}
+	if c.MaxResultMemory <= 0 {
+		c.MaxResultMemory = DefaultMaxResultMemory
+	}
+	if c.MaxSandboxResultMemory <= 0 {
+		c.MaxSandboxResultMemory = DefaultMaxSandboxResultMemory
+	}
+	c.MaxResultMemory = max(c.MaxResultMemory, 2*agentproto.MaxFrame)
+	c.MaxSandboxResultMemory = max(c.MaxSandboxResultMemory, 2*agentproto.MaxFrame)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -150,6 +164,9 @@ type Manager struct {
 	cancel context.CancelFunc
 	pool   *pool          // nil when Config.PoolSize is 0
 	reaps  sync.WaitGroup // background destroys (reap.go)
+
+	resultsOnce sync.Once
+	results     *budget // every execution's results held at once (budget.go)
 
 	// mu guards sandboxes, leftovers and closed.
 	mu        sync.Mutex
@@ -335,7 +352,7 @@ func (s *Sandbox) waitAgent(ctx context.Context, timeout, lifetime time.Duration
 	defer cancel()
 	ping := agentproto.Request{Op: agentproto.OpPing, LifetimeMS: (lifetime + lifetimeGrace).Milliseconds()}
 	for {
-		ev, err := s.agent.call(ctx, ping, nil, nil, nil)
+		ev, err := s.agent.call(ctx, ping, nil, agentproto.Handlers{}, callOptions{})
 		if err == nil {
 			if ev.Agent == nil || ev.Agent.ProtocolVersion != agentproto.ProtocolVersion {
 				return fmt.Errorf("agent speaks another protocol version: %+v", ev.Agent)

@@ -264,12 +264,12 @@ func (s *Sandbox) preloadModules(ctx context.Context, modules []string) error {
 	var execErr *agentproto.ExecError
 	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{
 		Language: "python", Preload: modules, TimeoutMS: preloadTimeout.Milliseconds(),
-	}}, nil, func(ev agentproto.Event) error {
+	}}, nil, agentproto.Handlers{Event: func(ev agentproto.Event) error {
 		if ev.Type == agentproto.EventError {
 			execErr = ev.Error
 		}
 		return nil
-	}, nil)
+	}}, callOptions{})
 	if err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ func (s *Sandbox) Run(ctx context.Context, spec ProcessSpec, onEvent func(agentp
 	}
 	res := &ProcessResult{}
 	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpProcessStart, Process: &spec}, nil,
-		func(ev agentproto.Event) error {
+		agentproto.Handlers{Event: func(ev agentproto.Event) error {
 			if ev.Type == agentproto.EventStart {
 				res.PID = ev.PID
 			}
@@ -48,7 +48,7 @@ func (s *Sandbox) Run(ctx context.Context, spec ProcessSpec, onEvent func(agentp
 				onEvent(ev)
 			}
 			return nil
-		}, nil)
+		}}, callOptions{})
 	if err != nil {
 		return nil, s.gone(err)
 	}
@@ -68,13 +68,13 @@ func (s *Sandbox) Start(ctx context.Context, spec ProcessSpec) (int, error) {
 	}
 	pid := 0
 	_, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpProcessStart, Process: &spec}, nil,
-		func(ev agentproto.Event) error {
+		agentproto.Handlers{Event: func(ev agentproto.Event) error {
 			if ev.Type == agentproto.EventStart {
 				pid = ev.PID
 				return errStarted
 			}
 			return nil
-		}, nil)
+		}}, callOptions{idle: agentIdle})
 	if errors.Is(err, errStarted) {
 		return pid, nil
 	}
@@ -92,12 +92,12 @@ func (s *Sandbox) Connect(ctx context.Context, pid int, onEvent func(agentproto.
 	}
 	defer end()
 	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpProcessConnect, PID: pid}, nil,
-		func(ev agentproto.Event) error {
+		agentproto.Handlers{Event: func(ev agentproto.Event) error {
 			if onEvent != nil {
 				onEvent(ev)
 			}
 			return nil
-		}, nil)
+		}}, callOptions{})
 	if err != nil {
 		return nil, s.gone(err)
 	}
@@ -190,7 +190,8 @@ func (s *Sandbox) simple(ctx context.Context, req agentproto.Request, done *agen
 }
 
 // do sends one request to the agent of a running sandbox, keeps its Done
-// and turns a vanished agent into a stopped sandbox.
+// and turns a vanished agent into a stopped sandbox. The call must make
+// progress: each of its reads and writes has agentIdle.
 func (s *Sandbox) do(ctx context.Context, req agentproto.Request, body io.Reader,
 	onEvent func(agentproto.Event) error, onData func([]byte) error, done *agentproto.Event) error {
 	end, err := s.begin()
@@ -198,7 +199,7 @@ func (s *Sandbox) do(ctx context.Context, req agentproto.Request, body io.Reader
 		return err
 	}
 	defer end()
-	ev, err := s.agent.call(ctx, req, body, onEvent, onData)
+	ev, err := s.agent.call(ctx, req, body, agentproto.Handlers{Event: onEvent, Data: onData}, callOptions{idle: agentIdle})
 	if done != nil {
 		*done = ev
 	}

@@ -49,6 +49,9 @@ type Sandbox struct {
 	// engine's move together.
 	lifeMu sync.Mutex
 
+	resultsOnce sync.Once
+	results     *budget // the sandbox's results held at once (budget.go)
+
 	// mu guards the fields below.
 	mu         sync.Mutex
 	state      State
@@ -186,7 +189,7 @@ func (s *Sandbox) SetTimeout(ctx context.Context, d time.Duration) error {
 func (s *Sandbox) tellLifetime(ctx context.Context, d time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, lifetimeCallTimeout)
 	defer cancel()
-	_, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpPing, LifetimeMS: (d + lifetimeGrace).Milliseconds()}, nil, nil, nil)
+	_, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpPing, LifetimeMS: (d + lifetimeGrace).Milliseconds()}, nil, agentproto.Handlers{}, callOptions{})
 	if err != nil {
 		return s.gone(fmt.Errorf("set the agent's deadline: %w", err))
 	}

@@ -21,10 +21,21 @@ func TestTypeScript(t *testing.T) {
 	exec := func(req sandbox.ExecuteRequest) (*sandbox.Execution, []string) {
 		t.Helper()
 		var events []string
-		ex, err := s.Execute(context.Background(), req, func(ev agentproto.Event) { events = append(events, ev.Type) })
+		var results []agentproto.Result
+		ex, err := s.Execute(context.Background(), req, func(ev agentproto.Event) error {
+			events = append(events, ev.Type)
+			if ev.Type == agentproto.EventResult {
+				results = append(results, *ev.Result)
+			}
+			return nil
+		})
 		if err != nil {
 			t.Fatalf("execute %q: %v", req.Code, err)
 		}
+		if len(ex.Results) != 0 {
+			t.Fatalf("a streamed execution kept its results: %+v", ex.Results)
+		}
+		ex.Results = results
 		return ex, events
 	}
 	main := func(ex *sandbox.Execution) string {

@@ -86,9 +86,11 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, executionOf(ex))
 		return nil
 	}
+	// The events are streamed as they come and not repeated: the done
+	// event's execution has no stdout, stderr or results of its own.
 	st := newStreamer(w, mode)
 	texts := textStreams{}
-	ex, err := b.sb.Execute(r.Context(), ereq, func(ev agentproto.Event) {
+	ex, err := b.sb.Execute(r.Context(), ereq, func(ev agentproto.Event) error {
 		switch ev.Type {
 		case agentproto.EventStdout, agentproto.EventStderr:
 			if text := texts.text(ev.Type, ev.Data); text != "" {
@@ -103,6 +105,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 				st.send("error", ev.Error, map[string]any{"type": "error", "error": ev.Error})
 			}
 		}
+		return st.err()
 	})
 	if err == nil {
 		s.recordExecution(r, b, ereq.ID, req, ex, started)

@@ -43,6 +43,11 @@ func wantStream(r *http.Request, def streamMode) streamMode {
 // without headers.
 const commitDelay = 200 * time.Millisecond
 
+// streamWriteTimeout bounds each write of a stream to its client: a
+// client that stops reading breaks its stream (and so stops what feeds
+// it) instead of pinning it.
+var streamWriteTimeout = 30 * time.Second
+
 // streamer writes events to a streaming response as they come, flushing
 // each one. Safe for concurrent use.
 type streamer struct {
@@ -55,6 +60,7 @@ type streamer struct {
 	committed bool
 	done      bool
 	timer     *time.Timer
+	werr      error // the first failed write; later writes are skipped
 }
 
 func newStreamer(w http.ResponseWriter, mode streamMode) *streamer {
@@ -63,8 +69,9 @@ func newStreamer(w http.ResponseWriter, mode streamMode) *streamer {
 		st.mu.Lock()
 		defer st.mu.Unlock()
 		if !st.done {
+			st.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
 			st.commitLocked()
-			st.rc.Flush()
+			st.flushLocked()
 		}
 	})
 	return st
@@ -101,17 +108,40 @@ func (st *streamer) send(event string, data any, line any) {
 }
 
 func (st *streamer) writeLocked(event string, data any, line any) {
-	st.commitLocked()
-	if st.mode == streamSSE {
-		b, _ := json.Marshal(data)
-		st.w.Write([]byte("event: " + event + "\ndata: "))
-		st.w.Write(b)
-		st.w.Write([]byte("\n\n"))
-	} else {
-		b, _ := json.Marshal(line)
-		st.w.Write(append(b, '\n'))
+	if st.werr != nil {
+		return
 	}
-	st.rc.Flush()
+	st.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+	st.commitLocked()
+	var b []byte
+	if st.mode == streamSSE {
+		j, _ := json.Marshal(data)
+		b = make([]byte, 0, len(event)+len(j)+16)
+		b = append(append(append(append(b, "event: "...), event...), "\ndata: "...), j...)
+		b = append(b, "\n\n"...)
+	} else {
+		b, _ = json.Marshal(line)
+		b = append(b, '\n')
+	}
+	if _, err := st.w.Write(b); err != nil {
+		st.werr = err
+		return
+	}
+	st.flushLocked()
+}
+
+func (st *streamer) flushLocked() {
+	if err := st.rc.Flush(); err != nil && st.werr == nil {
+		st.werr = err
+	}
+}
+
+// err returns the error of the first write that failed (the client is
+// gone or stopped reading), nil while the stream is healthy.
+func (st *streamer) err() error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.werr
 }
 
 // finish stops the stream's events and its timer and reports whether the
@@ -125,11 +155,15 @@ func (st *streamer) finish() bool {
 	return st.committed
 }
 
-// last writes the final event, after finish.
+// last writes the final event, after finish, and clears the write
+// deadline (the connection may serve another request).
 func (st *streamer) last(event string, data any, line any) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.writeLocked(event, data, line)
+	if st.werr == nil {
+		st.rc.SetWriteDeadline(time.Time{})
+	}
 }
 
 // end finishes a stream: with err nil, the final event; else a plain error

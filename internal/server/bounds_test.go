@@ -1,0 +1,208 @@
+package server_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/server"
+)
+
+// memPeak samples the process's Go heap and RSS until stop is called and
+// returns how far each rose above where they were at the start.
+func memPeak(t *testing.T) (stop func() (heap, rss int64)) {
+	t.Helper()
+	runtime.GC()
+	heap0, rss0 := heapBytes(), rssBytes(t)
+	var mu sync.Mutex
+	maxHeap, maxRSS := heap0, rss0
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			h, r := heapBytes(), rssBytes(t)
+			mu.Lock()
+			maxHeap, maxRSS = max(maxHeap, h), max(maxRSS, r)
+			mu.Unlock()
+			select {
+			case <-quit:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() (int64, int64) {
+		close(quit)
+		<-done
+		return maxHeap - heap0, maxRSS - rss0
+	}
+}
+
+func heapBytes() int64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapInuse)
+}
+
+func rssBytes(t *testing.T) int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS in /proc/self/status")
+	return 0
+}
+
+// execution is the part of an execution these tests look at.
+type execution struct {
+	Status    string `json:"status"`
+	Truncated bool   `json:"truncated"`
+	Results   []struct {
+		Text string `json:"text"`
+	} `json:"results"`
+	Dropped *struct {
+		Results int    `json:"results"`
+		Bytes   int64  `json:"bytes"`
+		Reason  string `json:"reason"`
+	} `json:"dropped"`
+}
+
+// executeLean runs code and reads the answer without keeping what it does
+// not need (the test runs in the server's process: what the client holds
+// would count as the server's). Streamed, it counts the result lines.
+func executeLean(t *testing.T, e *env, id, code string, stream bool) (ex execution, streamed int) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"code": code})
+	url := e.url + "/v1/sandboxes/" + id + "/execute"
+	if stream {
+		url += "?stream=1"
+	}
+	req, _ := http.NewRequest("POST", url, bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+e.keyA)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(res.Body)
+		t.Fatalf("status %d: %s", res.StatusCode, b)
+	}
+	if !stream {
+		if err := json.NewDecoder(res.Body).Decode(&ex); err != nil {
+			t.Fatal(err)
+		}
+		return ex, 0
+	}
+	br := bufio.NewReaderSize(res.Body, 64<<10)
+	for {
+		line, err := br.ReadSlice('\n')
+		if err == bufio.ErrBufferFull { // a long line (a result): keep its start, skip the rest
+			line = bytes.Clone(line[:64])
+			for err == bufio.ErrBufferFull {
+				_, err = br.ReadSlice('\n')
+			}
+		}
+		if err != nil {
+			t.Fatalf("stream ended without done: %v", err)
+		}
+		switch {
+		case bytes.HasPrefix(line, []byte(`{"result":`)), bytes.HasPrefix(line, []byte(`{"type":"result"`)):
+			streamed++
+		case bytes.Contains(line, []byte(`"type":"done"`)):
+			var done struct {
+				Execution execution `json:"execution"`
+			}
+			if err := json.Unmarshal(line, &done); err != nil {
+				t.Fatalf("done line: %v", err)
+			}
+			return done.Execution, streamed
+		case bytes.Contains(line, []byte(`"type":"failure"`)):
+			t.Fatalf("stream failed: %s", line)
+		}
+	}
+}
+
+// TestResultsBounded: a cell that calls display() 100 times with 3 MB
+// each, or makes one 50 MB figure, leaves the server's memory flat; what
+// was not delivered is reported (truncated, dropped), never silently lost.
+// Not parallel: it measures the process's memory.
+func TestResultsBounded(t *testing.T) {
+	e := newEnv(t, server.Config{})
+	id := e.create(e.keyA, nil)
+	const flood = `
+class Big:
+    def __init__(self, i): self.i = i
+    def _repr_html_(self): return "<b>" + "x" * 3_000_000 + "</b>"
+    def __repr__(self): return "Big(%d)" % self.i
+for i in range(100):
+    display(Big(i))
+`
+	const figure = `
+class Figure:
+    def _repr_png_(self): return b"\x89PNG" + bytes(50_000_000)
+    def __repr__(self): return "Figure"
+display(Figure())
+print("after the figure")
+`
+	// The bound on what one execution may make the server hold: the
+	// results it keeps (16 MiB) as the response encodes them, a few
+	// frames, and the collector's lag.
+	const bound = 128 << 20
+	for _, stream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("flood stream=%v", stream), func(t *testing.T) {
+			stop := memPeak(t)
+			ex, streamed := executeLean(t, e, id, flood, stream)
+			heap, rss := stop()
+			t.Logf("display() 100 × 3 MB, stream=%v: heap +%d MiB, RSS +%d MiB; delivered %d, dropped %+v",
+				stream, heap>>20, rss>>20, len(ex.Results)+streamed, ex.Dropped)
+			if heap > bound || rss > bound {
+				t.Errorf("the server's memory rose by %d MiB (heap) and %d MiB (RSS), over %d MiB", heap>>20, rss>>20, bound>>20)
+			}
+			delivered := len(ex.Results) + streamed
+			if ex.Status != "success" || !ex.Truncated || ex.Dropped == nil || delivered+ex.Dropped.Results != 100 ||
+				delivered == 0 || !strings.Contains(ex.Dropped.Reason, "bytes of results") {
+				t.Errorf("execution %+v (results %d, streamed %d), dropped %+v", ex.Status, len(ex.Results), streamed, ex.Dropped)
+			}
+			if stream && len(ex.Results) != 0 {
+				t.Errorf("the done event repeats %d streamed results", len(ex.Results))
+			}
+		})
+	}
+	t.Run("one 50 MB figure", func(t *testing.T) {
+		stop := memPeak(t)
+		ex, _ := executeLean(t, e, id, figure, false)
+		heap, rss := stop()
+		t.Logf("one 50 MB figure: heap +%d MiB, RSS +%d MiB; dropped %+v", heap>>20, rss>>20, ex.Dropped)
+		if heap > bound || rss > bound {
+			t.Errorf("the server's memory rose by %d MiB (heap) and %d MiB (RSS)", heap>>20, rss>>20)
+		}
+		if !ex.Truncated || ex.Dropped == nil || ex.Dropped.Results != 1 || ex.Dropped.Bytes < 50_000_000 || len(ex.Results) != 0 {
+			t.Errorf("a 50 MB figure was not reported as dropped: %+v, dropped %+v", ex, ex.Dropped)
+		}
+	})
+	// The sandbox is still usable, and its memory given back.
+	r := e.do("POST", "/v1/sandboxes/"+id+"/execute", e.keyA, map[string]any{"code": "1+1"})
+	want(t, r, http.StatusOK, "")
+	if res := r.json(t)["results"].([]any); len(res) != 1 {
+		t.Fatalf("1+1 after the flood: %s", r.body)
+	}
+}
