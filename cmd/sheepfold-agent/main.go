@@ -152,7 +152,8 @@ func runServe(args []string) int {
 		Home:    *home,
 		Version: version,
 		NewKernel: func(ctx context.Context, spec agentproto.ContextSpec) (agent.Kernel, error) {
-			k, err := kernel.Start(ctx, spec, kernel.Options{BaseEnv: os.Environ(), Credential: kernelCred})
+			k, err := kernel.Start(ctx, spec, kernel.Options{BaseEnv: os.Environ(), Credential: kernelCred,
+				StartOn: func(start func() error) error { return agent.StartBounded(kernelCred, start) }})
 			if err != nil {
 				return nil, err
 			}

@@ -436,11 +436,15 @@ func (s *server) spawn(exe string, spec *agentproto.ProcessSpec, env []string, c
 	closeOnError = append(closeOnError, errR)
 
 	started := time.Now()
-	proc, err := os.StartProcess(exe, append([]string{spec.Cmd}, spec.Args...), &os.ProcAttr{
-		Dir:   cwd,
-		Env:   env,
-		Files: []*os.File{stdin, outW, errW},
-		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: cred},
+	var proc *os.Process
+	err = StartBounded(cred, func() (err error) {
+		proc, err = os.StartProcess(exe, append([]string{spec.Cmd}, spec.Args...), &os.ProcAttr{
+			Dir:   cwd,
+			Env:   env,
+			Files: []*os.File{stdin, outW, errW},
+			Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: cred},
+		})
+		return err
 	})
 	if err != nil {
 		return fail(err)

@@ -127,6 +127,39 @@ func (s *server) credential(id identity) *syscall.Credential {
 	return &syscall.Credential{Uid: id.uid, Gid: id.gid, Groups: id.groups}
 }
 
+// StartBounded calls start, which starts a process that runs with cred,
+// on an OS thread whose capability bounding set holds only what that
+// process may have: nothing for any user but root, and for root the
+// agent's own less CAP_SETPCAP (which the agent holds only to do this).
+// Leaving uid 0 empties a process's permitted and effective sets but not
+// its bounding set, which it inherits from the thread that forks it; so
+// user processes end up with no capability in any set. The bounding set
+// only shrinks, so the thread is never handed back to the Go scheduler:
+// it ends with its goroutine. With cred nil (the agent does not switch
+// users) start is called as it is.
+func StartBounded(cred *syscall.Credential, start func() error) error {
+	if cred == nil {
+		return start()
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked (see above)
+		for c := 0; c <= unix.CAP_LAST_CAP; c++ {
+			if cred.Uid == 0 && c != unix.CAP_SETPCAP {
+				continue
+			}
+			// prctl acts on the calling thread only. EINVAL: a
+			// capability this kernel does not have.
+			if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
+				errc <- fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
+				return
+			}
+		}
+		errc <- start()
+	}()
+	return <-errc
+}
+
 // KernelCredential is the credential of code contexts' interpreters for an
 // agent whose Config.Root is root: the default user "user" (uid and gid
 // 1000, no capabilities) when the agent switches users (it is uid 0 with

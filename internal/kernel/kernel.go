@@ -81,6 +81,11 @@ type Options struct {
 	// Credential is the interpreter's uid, gid and groups; nil: the
 	// caller's own (agent.KernelCredential says which).
 	Credential *syscall.Credential
+	// StartOn, when set, is given the function that starts the
+	// interpreter and calls it (agent.StartBounded, so that the
+	// interpreter's capability bounding set is empty); nil: it is called
+	// directly.
+	StartOn func(start func() error) error
 }
 
 // Kernel is one context's interpreter. Its methods are safe for concurrent
@@ -242,7 +247,11 @@ func (k *Kernel) start() error {
 		}
 	}
 	cmd.ExtraFiles = []*os.File{reqR, msgW}
-	if err := cmd.Start(); err != nil {
+	startOn := k.opt.StartOn
+	if startOn == nil {
+		startOn = func(start func() error) error { return start() }
+	}
+	if err := startOn(cmd.Start); err != nil {
 		return errors.Join(fmt.Errorf("start %s: %w", k.lang, err), closeAll(reqR, reqW, msgR, msgW))
 	}
 	reqR.Close()

@@ -447,11 +447,11 @@ func statusFields(status string) map[string]string {
 	return m
 }
 
-// agentCapMask is oci.AgentCapabilities as /proc/<pid>/status shows it.
-func agentCapMask(t *testing.T) string {
+// rootCapMask is oci.RootCapabilities as /proc/<pid>/status shows it.
+func rootCapMask(t *testing.T) string {
 	bits := map[string]uint{"CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_KILL": 5, "CAP_SETGID": 6, "CAP_SETUID": 7}
 	var mask uint64
-	for _, c := range oci.AgentCapabilities {
+	for _, c := range oci.RootCapabilities {
 		b, ok := bits[c]
 		if !ok {
 			t.Fatalf("capability %s: add its bit here", c)
@@ -467,7 +467,7 @@ func agentCapMask(t *testing.T) string {
 func TestIdentity(t *testing.T) {
 	m := runcEngine(t)
 	s := newSandbox(t, m, sandbox.CreateOptions{})
-	caps := agentCapMask(t)
+	caps := rootCapMask(t)
 	const script = `cat /proc/self/status; echo "env=$HOME $USER $LOGNAME $(pwd)"; kill -0 $PPID && echo "signal agent: ok"; kill -0 1 && echo "signal init: ok"`
 
 	ex := run(t, s, "python", "print(open('/proc/self/status').read())")
@@ -477,7 +477,7 @@ func TestIdentity(t *testing.T) {
 	for name, f := range map[string]map[string]string{"kernel": kernel, "process": user} {
 		want := map[string]string{"Uid": "1000 1000 1000 1000", "Gid": "1000 1000 1000 1000", "Groups": "1000",
 			"CapEff": "0000000000000000", "CapPrm": "0000000000000000", "CapInh": "0000000000000000",
-			"CapAmb": "0000000000000000", "CapBnd": caps, "NoNewPrivs": "1", "Seccomp": "2"}
+			"CapAmb": "0000000000000000", "CapBnd": "0000000000000000", "NoNewPrivs": "1", "Seccomp": "2"}
 		for k, v := range want {
 			if f[k] != v {
 				t.Errorf("%s as user: %s = %q, want %q", name, k, f[k], v)

@@ -20,8 +20,9 @@
 //   - pid, mount, ipc, uts, cgroup and network namespaces; the network has
 //     only lo;
 //   - the agent holds only AgentCapabilities (bounding, permitted,
-//     effective; none inheritable or ambient), which root processes share
-//     and user processes lose; no_new_privs; Docker's default seccomp
+//     effective; none inheritable or ambient); root processes keep
+//     RootCapabilities (those less CAP_SETPCAP) and user processes none,
+//     not even in their bounding set; no_new_privs; Docker's default seccomp
 //     profile (for those capabilities) less ptrace and process_vm_*;
 //   - Docker's masked and read-only /proc and /sys paths, plus the kernel
 //     address files;

@@ -44,14 +44,15 @@ var readonlyPaths = []string{
 // to trace or read another process's memory.
 var deniedSyscalls = []string{"ptrace", "process_vm_readv", "process_vm_writev"}
 
-// AgentCapabilities are the capabilities of the agent (uid 0 in the
-// sandbox's user namespace) in its bounding, permitted and effective sets,
-// and so of processes run as root; user processes have none (the kernel
-// clears permitted and effective when they leave uid 0, no_new_privs keeps
-// setuid binaries and file capabilities from giving any back). Being
-// capabilities of the sandbox's user namespace, they act only on its own
-// objects (inodes owned by its mapped ids, its own processes), never on
-// the host's. Each is needed:
+// RootCapabilities are what processes run as root keep: the agent's
+// capabilities less CAP_SETPCAP, in their bounding, permitted and
+// effective sets. User processes have none in any set: the kernel clears
+// permitted and effective when they leave uid 0, the agent empties their
+// bounding set (agent.StartBounded), and no_new_privs keeps setuid
+// binaries and file capabilities from giving any back. Being capabilities
+// of the sandbox's user namespace, they act only on its own objects
+// (inodes owned by its mapped ids, its own processes), never on the
+// host's. Each is needed:
 //   - CAP_SETUID, CAP_SETGID: start processes and kernels as "user" (or
 //     another user), and act as the requested user for file operations
 //     (setfsuid, setfsgid, setgroups);
@@ -70,14 +71,20 @@ var deniedSyscalls = []string{"ptrace", "process_vm_readv", "process_vm_writev"}
 //     never chowns.
 //
 // Not granted, among others: CAP_SYS_ADMIN (mounts, namespaces), CAP_NET_*,
-// CAP_SYS_PTRACE, CAP_SYS_MODULE, CAP_MKNOD, CAP_SETPCAP, CAP_SETFCAP,
-// CAP_FSETID, CAP_SYS_CHROOT and CAP_DAC_READ_SEARCH (open_by_handle_at).
-// Docker's seccomp profile, built from this list, therefore keeps refusing
+// CAP_SYS_PTRACE, CAP_SYS_MODULE, CAP_MKNOD, CAP_SETFCAP, CAP_FSETID,
+// CAP_SYS_CHROOT and CAP_DAC_READ_SEARCH (open_by_handle_at). Docker's
+// seccomp profile, built from AgentCapabilities, therefore keeps refusing
 // the system calls it ties to those (mount, unshare, setns, clone with
 // namespace flags, ptrace, module loading...).
-var AgentCapabilities = []string{
+var RootCapabilities = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
 }
+
+// AgentCapabilities are the capabilities of the agent (uid 0 in the
+// sandbox's user namespace) in its bounding, permitted and effective sets:
+// RootCapabilities and CAP_SETPCAP, which it uses only to shrink the
+// bounding set of the processes it starts.
+var AgentCapabilities = append(slices.Clone(RootCapabilities), "CAP_SETPCAP")
 
 // NamespaceLimits are the per-user limits of each sandbox's user
 // namespace (its /proc/sys/user), which runc's init writes once it is in

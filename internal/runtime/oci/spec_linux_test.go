@@ -31,7 +31,7 @@ func TestSpecConfinement(t *testing.T) {
 	}
 	// The agent is root inside with exactly these capabilities; nothing
 	// is inheritable or ambient, so a process that leaves uid 0 has none.
-	want := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"}
+	want := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID"}
 	c := p.Capabilities
 	for name, set := range map[string][]string{"bounding": c.Bounding, "effective": c.Effective, "permitted": c.Permitted} {
 		if got := slices.Sorted(slices.Values(set)); !slices.Equal(got, want) {
