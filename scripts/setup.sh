@@ -30,7 +30,10 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 mkdir -p "$DATA_DIR/bin"
-chmod 0755 "$DATA_DIR" "$DATA_DIR/bin"
+# Others may pass through the data dir (sandboxes reach their rootfs under
+# run/) but not list it; the database in it is 0600.
+chmod 0711 "$DATA_DIR"
+chmod 0755 "$DATA_DIR/bin"
 want=${RUNC_VERSION#v}
 # Capture outputs instead of piping into grep -q: with pipefail, an early
 # grep exit would SIGPIPE the writer and fail the check.

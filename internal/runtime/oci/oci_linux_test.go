@@ -2,10 +2,13 @@ package oci
 
 import (
 	"context"
+	"encoding/json"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
@@ -134,5 +137,106 @@ func TestSweepDeadInstance(t *testing.T) {
 	assertGone(t, crashed, "orphan")
 	if _, err := os.Stat(crashed.dir); err == nil {
 		t.Errorf("dead instance dir %s left", crashed.dir)
+	}
+}
+
+// probeAccess is Python that tries to read, list, write and connect to
+// the paths it is given and prints the errno of each attempt (0: it
+// worked).
+const probeAccess = `
+import errno, json, os, socket, sys
+def attempt(fn):
+    try:
+        fn()
+        return 0
+    except OSError as e:
+        return e.errno
+paths = json.loads(sys.argv[1])
+def connect(p):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(p)
+    finally:
+        s.close()
+r = {
+    "read secret": attempt(lambda: open(paths["secret"]).read()),
+    "list home": attempt(lambda: os.listdir(paths["home"])),
+    "write tmp": attempt(lambda: open(os.path.join(paths["tmp"], "planted-%d" % os.getpid()), "w").close()),
+    "list upper": attempt(lambda: os.listdir(paths["upper"])),
+    "list bundle": attempt(lambda: os.listdir(paths["bundle"])),
+    "read config": attempt(lambda: open(paths["config"]).read()),
+    "read log": attempt(lambda: open(paths["log"]).read()),
+    "connect agent": attempt(lambda: connect(paths["socket"])),
+}
+print(json.dumps(r))
+`
+
+// TestHostFilesPrivate: no host user but root reaches a sandbox's files,
+// bundle, agent socket or log, through the paths /proc/self/mountinfo
+// shows. The same probe as root reaches them all, so the paths are right.
+func TestHostFilesPrivate(t *testing.T) {
+	o, err := New(testConfig(t, "priv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	inst, err := o.Create(context.Background(), runtime.Spec{ID: "tenant", RootFS: testutil.TemplateRootFS(t, "python"),
+		Limits: runtime.Limits{MemoryBytes: 128 << 20, Pids: 32, DiskBytes: 16 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Destroy(context.Background(), "tenant")
+
+	// The overlay's mount point and upper dir, as any host user sees them.
+	var rootfs, upper string
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(mounts), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], o.bundle("tenant")) && strings.Contains(line, " - overlay ") {
+			rootfs = f[4]
+			for _, opt := range strings.Split(f[len(f)-1], ",") {
+				if v, ok := strings.CutPrefix(opt, "upperdir="); ok {
+					upper = v
+				}
+			}
+		}
+	}
+	if rootfs == "" || upper == "" {
+		t.Fatalf("overlay of the sandbox not in mountinfo:\n%s", mounts)
+	}
+	// A tenant's file, readable by everyone inside.
+	secret := filepath.Join(rootfs, "home/user/secret")
+	if err := os.WriteFile(secret, []byte("tenant data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	paths, _ := json.Marshal(map[string]string{
+		"secret": secret, "home": filepath.Join(rootfs, "home/user"), "tmp": filepath.Join(rootfs, "tmp"),
+		"upper": upper, "bundle": o.bundle("tenant"), "config": filepath.Join(o.bundle("tenant"), "config.json"),
+		"log": filepath.Join(o.bundle("tenant"), "agent.log"), "socket": inst.Socket,
+	})
+	probe := func(cred *syscall.Credential) map[string]int {
+		cmd := exec.Command("/usr/bin/python3", "-c", probeAccess, string(paths))
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("probe: %v: %s", err, out)
+		}
+		var r map[string]int
+		if err := json.Unmarshal(out, &r); err != nil {
+			t.Fatalf("probe: %v: %s", err, out)
+		}
+		return r
+	}
+	for what, errno := range probe(nil) {
+		if errno != 0 {
+			t.Errorf("root: %s failed with errno %d: the probe is wrong", what, errno)
+		}
+	}
+	for _, cred := range []*syscall.Credential{{Uid: 65534, Gid: 65534}, {Uid: 4_000_000_000, Gid: 4_000_000_000}} {
+		for what, errno := range probe(cred) {
+			if errno != int(syscall.EACCES) {
+				t.Errorf("uid %d: %s: errno %d, want EACCES", cred.Uid, what, errno)
+			}
+		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -72,6 +73,18 @@ func Open(ctx context.Context, path string) (*DB, error) { return OpenOptions(ct
 func OpenOptions(ctx context.Context, path string, opt Options) (*DB, error) {
 	if opt.BusyTimeout <= 0 {
 		opt.BusyTimeout = 5 * time.Second
+	}
+	// Only root may read the database (keys, tenants' metadata): the file
+	// is made 0600 before SQLite opens it, and SQLite gives its -wal and
+	// -shm files the database file's mode.
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	err = f.Chmod(0o600)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
 	dsn := fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate",
 		path, opt.BusyTimeout.Milliseconds())

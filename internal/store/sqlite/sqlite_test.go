@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -159,5 +160,29 @@ func TestExecutions(t *testing.T) {
 	l, err := db.ListExecutions(ctx, "s")
 	if err != nil || len(l) != 1 || l[0].PeakMemoryBytes != 42 || l[0].ExecutionTimeMS != 1.5 || l[0].Language != "python" {
 		t.Fatalf("ListExecutions = %+v, %v", l, err)
+	}
+}
+
+// TestDatabasePrivate: the database and its WAL files are the owner's
+// alone, also when the file existed with a wider mode.
+func TestDatabasePrivate(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "s.db")
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	db := open(t, path)
+	defer db.Close()
+	if err := db.CreateKey(context.Background(), store.Key{ID: "k", Name: "n", Hash: "h", Owner: "o", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, want 0600", p, fi.Mode().Perm())
+		}
 	}
 }
