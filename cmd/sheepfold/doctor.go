@@ -9,6 +9,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/config"
 	"github.com/sheepfold/sheepfold/internal/doctor"
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
@@ -63,11 +64,12 @@ func doctorOptions(cfg config.Config, tpl string, maxSandboxes, poolSize int) do
 		DataDir: cfg.DataDir, RuntimePath: cfg.RuntimePath, AgentPath: cfg.AgentPath, Template: tpl,
 		MaxSandboxes: maxSandboxes, PoolSize: poolSize,
 		SandboxMemory: l.MemoryBytes, SandboxDisk: l.DiskBytes, SandboxPids: l.Pids,
+		HostCounters: oci.HostLimitMinimums(),
 	}
 }
 
-// checkHost runs the doctor's passive checks at server start and logs
-// each one that is not ok.
+// checkHost runs the doctor's passive checks once the engine has started
+// (it raises the host's per-user limits) and logs each one that is not ok.
 func checkHost(ctx context.Context, cfg config.Config, maxSandboxes, poolSize int, log *slog.Logger) {
 	o := doctorOptions(cfg, "python", maxSandboxes, poolSize)
 	o.SkipProbes = true

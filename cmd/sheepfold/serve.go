@@ -113,11 +113,6 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 	if err := cfg.Resolve(); err != nil {
 		return err
 	}
-	var ecfg sandbox.Config
-	for _, o := range engineOpts {
-		o(&ecfg)
-	}
-	checkHost(ctx, cfg, scfg.MaxSandboxes, ecfg.PoolSize, log)
 	// 2. The database: what was running before this start is gone (the
 	// engine destroys leftovers), so it is recorded as stopped.
 	st, err := openStore(ctx, &cfg)
@@ -152,6 +147,8 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 			eng.Close(context.Background())
 		}
 	}()
+	// The engine has raised the host's per-user limits: check the rest.
+	checkHost(ctx, cfg, scfg.MaxSandboxes, eng.PoolStats().Size, log)
 	// 5. HTTP.
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -62,9 +63,13 @@ type Options struct {
 	SandboxMemory int64 // default memory limit of a sandbox, bytes
 	SandboxDisk   int64 // default writable-layer size of a sandbox, bytes
 	SandboxPids   int64 // default pids limit of a sandbox
-	// InotifyInstancesPerSandbox is the per-namespace cap each sandbox
-	// gets (0: none, so one sandbox may take the whole host's).
-	InotifyInstancesPerSandbox int
+	// HostCounters maps each host per-user limit a sandbox is charged
+	// against (a sysctl file such as /proc/sys/fs/inotify/max_user_instances)
+	// to the least value that lets one sandbox use its whole namespace's
+	// share. Every sandbox is a host user of its own, so the minimums do
+	// not grow with the number of sandboxes. Empty: the engine gives
+	// sandboxes no namespace limits of their own.
+	HostCounters map[string]int64
 }
 
 // MinKernel is the oldest kernel that has every facility the engine uses
@@ -453,28 +458,37 @@ func meminfo(b []byte, key string) int64 {
 	return 0
 }
 
-// counters checks the kernel's per-user counters that every sandbox's
-// user namespace is charged to, and the pid space all sandboxes share.
+// counters checks the kernel's per-user counters each sandbox is charged
+// to, and the pid space all sandboxes share.
 func (d doctor) counters() Result {
 	n := int64(max(d.o.MaxSandboxes, 1))
 	var problems, fixes []string
 	if pidMax, err := d.readInt("proc/sys/kernel/pid_max"); err == nil && d.o.SandboxPids > 0 && n*d.o.SandboxPids >= pidMax/2 {
-		problems = append(problems, fmt.Sprintf("%d sandboxes × %d pids exceed half of kernel.pid_max (%d)", n, d.o.SandboxPids, pidMax))
+		problems = append(problems, fmt.Sprintf("%d sandboxes × %d pids reach half of kernel.pid_max (%d)", n, d.o.SandboxPids, pidMax))
 		fixes = append(fixes, fmt.Sprintf("sysctl -w kernel.pid_max=%d", 4*n*d.o.SandboxPids))
 	}
-	inst, err := d.readInt("proc/sys/fs/inotify/max_user_instances")
-	if err != nil {
-		return result("counters", Warn, "", "cannot read fs.inotify.max_user_instances: %v", err)
+	if len(d.o.HostCounters) == 0 {
+		problems = append(problems, "sandboxes have no per-namespace limits: one may exhaust the inotify instances of the user that owns every sandbox")
 	}
-	switch per := int64(d.o.InotifyInstancesPerSandbox); {
-	case per == 0:
-		problems = append(problems, fmt.Sprintf("sandboxes have no per-namespace inotify cap: one may take all %d instances the host's root has", inst))
-	case inst < n*per+128:
-		problems = append(problems, fmt.Sprintf("fs.inotify.max_user_instances %d < %d sandboxes × %d + 128 for the host", inst, n, per))
-		fixes = append(fixes, fmt.Sprintf("sysctl -w fs.inotify.max_user_instances=%d", n*per+128))
+	paths := make([]string, 0, len(d.o.HostCounters))
+	for p := range d.o.HostCounters {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		want := d.o.HostCounters[p]
+		have, err := d.readInt(strings.TrimPrefix(p, "/"))
+		if err != nil {
+			continue // the kernel lacks the counter, and so do the sandboxes
+		}
+		if have < want {
+			name := strings.ReplaceAll(strings.TrimPrefix(p, "/proc/sys/"), "/", ".")
+			problems = append(problems, fmt.Sprintf("%s is %d, under the %d a sandbox may use (`sheepfold serve` raises it at start)", name, have, want))
+			fixes = append(fixes, fmt.Sprintf("sysctl -w %s=%d", name, want))
+		}
 	}
 	if len(problems) > 0 {
 		return result("counters", Warn, strings.Join(fixes, "; "), "%s", strings.Join(problems, "; "))
 	}
-	return result("counters", OK, "", "pid space and inotify instances sized for %d sandboxes", n)
+	return result("counters", OK, "", "pid space for %d sandboxes; each sandbox's kernel counters are its own host user's", n)
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/template"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
@@ -79,7 +80,7 @@ func options(t *testing.T) Options {
 	return Options{
 		Root: host(t), DataDir: dataDir(t), RuntimePath: fakeRunc(t, "1.5.3", true), AgentPath: agent,
 		MaxSandboxes: 64, PoolSize: 2, SandboxMemory: 512 << 20, SandboxDisk: 256 << 20, SandboxPids: 256,
-		InotifyInstancesPerSandbox: 64,
+		HostCounters: map[string]int64{"/proc/sys/fs/inotify/max_user_instances": 256},
 	}
 }
 
@@ -174,11 +175,11 @@ func TestOneThingBroken(t *testing.T) {
 			write(t, filepath.Join(o.Root, "proc/meminfo"), "MemTotal: 1000000 kB\nMemAvailable: 600000 kB\n")
 			o.PoolSize = 8
 		}, "memory", Warn, "the pool of 8"},
-		{"no per-sandbox inotify cap", func(t *testing.T, o *Options) { o.InotifyInstancesPerSandbox = 0 },
-			"counters", Warn, "no per-namespace inotify cap"},
+		{"no per-sandbox limits", func(t *testing.T, o *Options) { o.HostCounters = nil },
+			"counters", Warn, "no per-namespace limits"},
 		{"host inotify limit too low", func(t *testing.T, o *Options) {
 			write(t, filepath.Join(o.Root, "proc/sys/fs/inotify/max_user_instances"), "128")
-		}, "counters", Warn, "max_user_instances 128"},
+		}, "counters", Warn, "fs.inotify.max_user_instances is 128, under the 256"},
 		{"pid space too small", func(t *testing.T, o *Options) {
 			write(t, filepath.Join(o.Root, "proc/sys/kernel/pid_max"), "32768")
 		}, "counters", Warn, "kernel.pid_max"},
@@ -262,7 +263,7 @@ func TestThisHost(t *testing.T) {
 	o := Options{
 		DataDir: data, RuntimePath: testutil.Runc(t), AgentPath: testutil.AgentBin(t),
 		MaxSandboxes: 8, PoolSize: 1, SandboxMemory: 512 << 20, SandboxDisk: 256 << 20, SandboxPids: 256,
-		InotifyInstancesPerSandbox: 64,
+		HostCounters: oci.HostLimitMinimums(),
 	}
 	testutil.TemplateRootFS(t, "python")
 	rs := Run(context.Background(), o)

@@ -309,3 +309,15 @@ func raiseHostLimits(log *slog.Logger) {
 		log.Info("raised a host limit for sandboxes", "sysctl", l.path, "from", cur, "to", 2*per)
 	}
 }
+
+// HostLimitMinimums returns, by sysctl file, the least value of each host
+// per-user limit a sandbox is charged against that lets it use all of its
+// namespace's share (raiseHostLimits raises lower ones at start).
+func HostLimitMinimums() map[string]int64 {
+	m := make(map[string]int64, len(hostLimits))
+	for _, l := range hostLimits {
+		per, _ := strconv.ParseInt(NamespaceLimits[l.perSandbox], 10, 64)
+		m[l.path] = 2 * per
+	}
+	return m
+}
