@@ -64,7 +64,8 @@ type Config struct {
 	// at least 2 × agentproto.MaxFrame].
 	MaxResultMemory        int64
 	MaxSandboxResultMemory int64
-	// Events receives every sandbox's events (internal/events) [events.Discard].
+	// Events receives every sandbox's events (internal/events)
+	// [events.Discard]; the Manager puts its own sink in front (sink.go).
 	Events events.Sink
 	// Egress configures the network gateway of sandboxes whose policy
 	// allows a network (internal/egress); its Events and Logger default
@@ -110,9 +111,6 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Events == nil {
 		c.Events = events.Discard
-	}
-	if c.Egress.Events == nil {
-		c.Egress.Events = c.Events
 	}
 	if c.Egress.Logger == nil {
 		c.Egress.Logger = c.Logger
@@ -185,6 +183,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*Sandbox{}, leftovers: map[string]error{}}
+	m.cfg.Events = sink{m: m, out: cfg.Events}
+	if m.cfg.Egress.Events == nil {
+		m.cfg.Egress.Events = m.cfg.Events
+	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.reconcile(ctx)
 	if cfg.IdleTimeout > 0 {
