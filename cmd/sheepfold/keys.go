@@ -37,8 +37,8 @@ func keysCmd(cfg *config.Config) *cobra.Command {
 		Use:   "keys",
 		Short: "Create, list and revoke API keys (works on the database; the server need not run)",
 	}
-	var name, owner string
-	var e2b bool
+	var name, owner, acct string
+	var e2b, admin bool
 	create := &cobra.Command{
 		Use:   "create",
 		Short: "Create an API key and print it (it is shown only once)",
@@ -49,11 +49,24 @@ func keysCmd(cfg *config.Config) *cobra.Command {
 				return err
 			}
 			defer st.Close()
-			return createKey(cmd.Context(), st, cmd.OutOrStdout(), auth.CreateOptions{Name: name, Owner: owner, E2B: e2b})
+			opt := auth.CreateOptions{Name: name, Owner: owner, E2B: e2b, Admin: admin}
+			if acct != "" {
+				if owner != "" {
+					return errors.New("give --account or --owner, not both")
+				}
+				a, err := findAccount(cmd.Context(), st, acct)
+				if err != nil {
+					return err
+				}
+				opt.Owner = a.ID
+			}
+			return createKey(cmd.Context(), st, cmd.OutOrStdout(), opt)
 		},
 	}
 	create.Flags().StringVar(&name, "name", "", "a label for the key")
-	create.Flags().StringVar(&owner, "owner", "", "the owner the key acts for (default: the key's own id); keys of one owner share sandboxes")
+	create.Flags().StringVar(&acct, "account", "", "the account (name or id) the key acts for (default: a new account of its own)")
+	create.Flags().BoolVar(&admin, "admin", false, "an admin key: may also manage accounts through /v1/admin")
+	create.Flags().StringVar(&owner, "owner", "", "the account id the key acts for, made if missing (older spelling of --account)")
 	create.Flags().BoolVar(&e2b, "e2b", false, "make an E2B-shaped key (e2b_...) for E2B SDKs")
 	list := &cobra.Command{
 		Use:   "list",
@@ -90,8 +103,8 @@ func createKey(ctx context.Context, st store.Store, out io.Writer, opt auth.Crea
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "id:     %s\nname:   %s\nowner:  %s\nkey:    %s\n\nKeep the key now: it is stored only as a hash and cannot be shown again.\n",
-		k.ID, k.Name, k.Owner, secret)
+	fmt.Fprintf(out, "id:     %s\nname:   %s\nowner:  %s\nrole:   %s\nkey:    %s\n\nKeep the key now: it is stored only as a hash and cannot be shown again.\n",
+		k.ID, k.Name, k.Owner, k.Role, secret)
 	return nil
 }
 
@@ -101,7 +114,7 @@ func listKeys(ctx context.Context, st store.Store, out io.Writer) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tOWNER\tCREATED\tREVOKED")
+	fmt.Fprintln(tw, "ID\tNAME\tOWNER\tROLE\tCREATED\tREVOKED")
 	for _, k := range keys {
 		revoked := "-"
 		if k.RevokedAt != nil {
@@ -111,7 +124,7 @@ func listKeys(ctx context.Context, st store.Store, out io.Writer) error {
 		if name == "" {
 			name = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.ID, name, k.Owner, k.CreatedAt.UTC().Format(time.RFC3339), revoked)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, name, k.Owner, k.Role, k.CreatedAt.UTC().Format(time.RFC3339), revoked)
 	}
 	return tw.Flush()
 }

@@ -16,8 +16,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/config"
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 	"github.com/sheepfold/sheepfold/internal/template"
@@ -37,6 +39,14 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	var webhookHosts []string
 	poolSize := sandbox.DefaultPoolSize()
 	instance := ""
+	var (
+		freeCredits  string
+		acfg         account.Config
+		mcfg         metering.Config
+		prices       = metering.DefaultPrices
+		noAccounting bool
+		limits       *limitFlags
+	)
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the REST API (/v1) on --listen",
@@ -72,9 +82,26 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if err := server.CheckWebhookHosts(webhookHosts); err != nil {
 				return fmt.Errorf("--webhook-allow-hosts: %w", err)
 			}
+			def, err := limits.overrides(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			acfg.Defaults = def.Apply(account.Limits{})
+			if freeCredits != "" {
+				if acfg.FreeCreditsMicros, err = account.ParseAmount(freeCredits); err != nil {
+					return fmt.Errorf("--free-credits: %w", err)
+				}
+			}
+			if err := acfg.Validate(); err != nil {
+				return err
+			}
+			if prices.CPUSecond < 0 || prices.GBSecond < 0 || prices.Execution < 0 {
+				return errors.New("--price-* must not be negative")
+			}
+			mcfg.Prices = &prices
 			return serve(cmd.Context(), *cfg, listen, server.Config{
 				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version, Retention: retention,
-				WebhookAllowHosts: webhookHosts,
+				WebhookAllowHosts: webhookHosts, Accounts: acfg, Metering: mcfg, NoAccounting: noAccounting,
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) { c.PoolSize = poolSize })
 		},
@@ -101,6 +128,20 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	// leftovers, and servers of different data dirs stay apart.
 	cmd.Flags().StringVar(&instance, "instance", "", "engine instance name: state directory and cgroup of this server's sandboxes (default: server-<hash of the data dir>)")
 	cmd.Flags().MarkHidden("instance")
+	// Accounts: the default limits of every account (each may override
+	// them: sheepfold accounts set-limits), credits and prices.
+	limits = addLimitFlags(cmd.Flags(), "account-", "default per account: ")
+	cmd.Flags().StringVar(&freeCredits, "free-credits", "", "credits a new account starts with, e.g. 5.00 (default: none)")
+	cmd.Flags().BoolVar(&acfg.EnforceCredits, "enforce-credits", false,
+		"refuse new sandboxes, executions and commands of accounts without credits, and stop their sandboxes after --credits-grace")
+	cmd.Flags().DurationVar(&acfg.CreditsGrace, "credits-grace", 5*time.Minute, "how long sandboxes of an account without credits keep running")
+	cmd.Flags().Float64Var(&prices.CPUSecond, "price-cpu-second", prices.CPUSecond, "price of a CPU-second, in micro-units of your currency")
+	cmd.Flags().Float64Var(&prices.GBSecond, "price-gb-second", prices.GBSecond, "price of a GB-second of memory reserved, in micro-units")
+	cmd.Flags().Float64Var(&prices.Execution, "price-execution", prices.Execution, "price of an execution, in micro-units")
+	cmd.Flags().DurationVar(&mcfg.FlushInterval, "metering-flush-interval", 10*time.Second, "how often metered usage is written to the database (at most 10s)")
+	cmd.Flags().DurationVar(&mcfg.SampleInterval, "metering-sample-interval", time.Second, "how often each sandbox's cgroup is sampled")
+	cmd.Flags().BoolVar(&noAccounting, "no-accounting", false, "turn account limits, rate limits and metering off (benchmarks compare)")
+	cmd.Flags().MarkHidden("no-accounting")
 	return cmd
 }
 
@@ -190,6 +231,9 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 		log.Error("close engine", "err", cerr)
 	}
 	engineClosed = true
+	if cerr := srv.Close(context.Background()); cerr != nil {
+		log.Error("flush usage", "err", cerr)
+	}
 	srv.RecordStopped(context.Background())
 	if _, serr := st.StopAllRunning(context.Background(), "server shut down", time.Now()); serr != nil {
 		log.Error("record sandboxes stopped", "err", serr)

@@ -41,6 +41,7 @@ const (
 	MethodNotAllowed     Code = "ERR_METHOD_NOT_ALLOWED"
 	StorageUnavailable   Code = "ERR_STORAGE_UNAVAILABLE"
 	ShuttingDown         Code = "ERR_SHUTTING_DOWN"
+	Forbidden            Code = "ERR_FORBIDDEN"
 )
 
 // Status is the HTTP status of each code.
@@ -68,6 +69,7 @@ var Status = map[Code]int{
 	MethodNotAllowed:     http.StatusMethodNotAllowed,
 	StorageUnavailable:   http.StatusServiceUnavailable,
 	ShuttingDown:         http.StatusServiceUnavailable,
+	Forbidden:            http.StatusForbidden,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

@@ -48,9 +48,16 @@ func NewSecret(prefix string) string { return prefix + randomHex(20) }
 
 // CreateOptions describe a new key.
 type CreateOptions struct {
-	Name  string
-	Owner string // default: the key's own id
-	E2B   bool   // E2B-shaped secret ("e2b_...")
+	Name string
+	// Owner is the id of the account the key acts for; an account of that
+	// id (and name) is made when there is none. Default: a new account
+	// named after the key's own id, as every key was its own owner before
+	// accounts existed.
+	Owner string
+	Admin bool // the admin role: may manage accounts
+	E2B   bool // E2B-shaped secret ("e2b_...")
+	// FreeMicros are the free credits of an account this call creates.
+	FreeMicros int64
 }
 
 // Create makes a key, stores its hash and returns the record and the
@@ -61,12 +68,16 @@ func Create(ctx context.Context, st store.Store, opt CreateOptions) (store.Key, 
 		prefix = PrefixE2B
 	}
 	secret := NewSecret(prefix)
-	k := store.Key{ID: "key_" + randomHex(8), Name: opt.Name, Owner: opt.Owner,
+	k := store.Key{ID: "key_" + randomHex(8), Name: opt.Name, Owner: opt.Owner, Role: store.RoleUser,
 		Hash: Hash(secret), CreatedAt: time.Now().UTC()}
+	if opt.Admin {
+		k.Role = store.RoleAdmin
+	}
 	if k.Owner == "" {
 		k.Owner = k.ID
 	}
-	if err := st.CreateKey(ctx, k); err != nil {
+	acct := store.Account{ID: k.Owner, Name: k.Owner, CreatedAt: k.CreatedAt}
+	if err := st.CreateAccountKey(ctx, acct, k, opt.FreeMicros); err != nil {
 		return store.Key{}, "", err
 	}
 	return k, secret, nil
@@ -98,8 +109,12 @@ func wellFormed(s string) bool {
 // Principal is who a request acts for.
 type Principal struct {
 	KeyID string
-	Owner string
+	Owner string // the account's id
+	Role  string // store.RoleUser or store.RoleAdmin
 }
+
+// Admin reports whether the principal may manage accounts.
+func (p Principal) Admin() bool { return p.Role == store.RoleAdmin }
 
 // Authenticator checks the keys of requests against a store.
 type Authenticator struct {
@@ -146,7 +161,7 @@ func (a *Authenticator) Check(ctx context.Context, secret string) (Principal, er
 	if k.RevokedAt != nil {
 		return Principal{}, errAuth(fmt.Errorf("key %s revoked", k.ID))
 	}
-	return Principal{KeyID: k.ID, Owner: k.Owner}, nil
+	return Principal{KeyID: k.ID, Owner: k.Owner, Role: k.Role}, nil
 }
 
 type principalKey struct{}

@@ -69,6 +69,7 @@ type Usage struct {
 	OOMKills        uint64 // processes killed by the OOM killer in this sandbox
 	CPUNanos        uint64 // CPU time used by all its processes
 	Pids            int64  // tasks alive now
+	DiskBytes       int64  // bytes used in the writable layer now
 }
 
 // Runtime starts and stops sandboxes.

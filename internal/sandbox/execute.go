@@ -82,6 +82,9 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		return nil, err
 	}
 	defer end()
+	if err := s.m.admit(s, WorkExecution); err != nil {
+		return nil, err
+	}
 	if req.Timeout <= 0 {
 		req.Timeout = DefaultExecTimeout
 	}

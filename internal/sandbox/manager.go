@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
@@ -162,6 +163,7 @@ type Manager struct {
 	cancel context.CancelFunc
 	pool   *pool          // nil when Config.PoolSize is 0
 	reaps  sync.WaitGroup // background destroys (reap.go)
+	hooks  atomic.Pointer[Hooks]
 
 	resultsOnce sync.Once
 	results     *budget // every execution's results held at once (budget.go)
@@ -478,6 +480,7 @@ func (m *Manager) destroy(s *Sandbox, reason string) error {
 		defer s.emit(events.SandboxStopped, "", map[string]any{"reason": reason})
 	}
 	<-s.created
+	m.stopping(s)
 	// Destroying must finish even if the caller has gone away.
 	ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
 	defer cancel()

@@ -38,6 +38,9 @@ func (s *Sandbox) Run(ctx context.Context, spec ProcessSpec, onEvent func(agentp
 	if spec.Cmd == "" {
 		return nil, apierr.New(apierr.BadRequest, "cmd is required")
 	}
+	if err := s.m.admit(s, WorkCommand); err != nil {
+		return nil, err
+	}
 	res := &ProcessResult{}
 	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpProcessStart, Process: &spec}, nil,
 		agentproto.Handlers{Event: func(ev agentproto.Event) error {
@@ -65,6 +68,9 @@ func (s *Sandbox) Start(ctx context.Context, spec ProcessSpec) (int, error) {
 	}
 	if spec.Cmd == "" {
 		return 0, apierr.New(apierr.BadRequest, "cmd is required")
+	}
+	if err := s.m.admit(s, WorkCommand); err != nil {
+		return 0, err
 	}
 	pid := 0
 	_, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpProcessStart, Process: &spec}, nil,

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -17,9 +18,21 @@ type e2bBackend struct{ s *Server }
 
 var _ e2b.Backend = e2bBackend{}
 
+// Authenticate checks the key and takes the request from its account's
+// per-minute budget (E2B clients get 429 with a numeric code).
 func (b e2bBackend) Authenticate(ctx context.Context, key string) (string, error) {
 	p, err := b.s.auth.Check(ctx, key)
-	return p.Owner, classify(err)
+	if err != nil || b.s.cfg.NoAccounting {
+		return p.Owner, classify(err)
+	}
+	a, err := b.s.accounts.Get(ctx, p.Owner)
+	if err != nil {
+		return "", classify(err)
+	}
+	if res := a.AllowRequest(); !res.Allowed {
+		return "", account.RateLimitError(res, "requests")
+	}
+	return p.Owner, nil
 }
 
 func (b e2bBackend) Create(ctx context.Context, owner string, opt sandbox.CreateOptions) (*sandbox.Sandbox, error) {
@@ -62,6 +75,9 @@ func (b e2bBackend) SetTimeout(ctx context.Context, owner, id string, d time.Dur
 	bx, err := b.s.lookupID(ctx, owner, id)
 	if err != nil {
 		return classify(err)
+	}
+	if err := b.s.checkTimeout(ctx, owner, d); err != nil {
+		return err
 	}
 	if err := bx.sb.SetTimeout(ctx, d); err != nil {
 		return classify(err)

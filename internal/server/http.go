@@ -37,6 +37,7 @@ func (s *Server) routesInto(mux *http.ServeMux) {
 	s.fileRoutes(add)
 	s.eventRoutes(add)
 	s.webhookRoutes(add)
+	s.accountRoutes(add)
 	// Anything else is a JSON 405 for a known path, else a JSON 404, not
 	// the mux's plain text.
 	mux.Handle("/", s.endpoint(false, func(w http.ResponseWriter, r *http.Request) error {
@@ -76,6 +77,12 @@ func (s *Server) endpoint(authed bool, h handlerFunc) http.Handler {
 			r = r.WithContext(auth.WithPrincipal(r.Context(), p))
 			if li := logInfoFrom(r.Context()); li != nil {
 				li.owner = p.Owner
+			}
+			if !s.cfg.NoAccounting {
+				if err := s.limitRequest(w, r, p); err != nil {
+					s.writeError(w, r, err)
+					return
+				}
 			}
 		}
 		if err := h(w, r); err != nil {

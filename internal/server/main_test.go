@@ -130,6 +130,9 @@ func newEnv(t *testing.T, cfg server.Config, opts ...func(*sandbox.Config)) *env
 		if err := m.Close(ctx); err != nil {
 			t.Error(err)
 		}
+		if err := srv.Close(ctx); err != nil {
+			t.Error(err)
+		}
 		srv.RecordStopped(ctx)
 		bus.Close()
 		st.Close()

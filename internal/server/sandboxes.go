@@ -163,10 +163,16 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	if err := checkStrings("env", opt.Env, maxEnv); err != nil {
 		return nil, err
 	}
-	// Reserve a slot first, so that concurrent creates cannot pass the cap.
+	// The account's limits first (a slot of its concurrent cap), then a
+	// slot of the server's, so that concurrent creates pass neither cap.
+	acct, err := s.admitCreate(ctx, own, &opt)
+	if err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	if s.cfg.MaxSandboxes > 0 && len(s.boxes) >= s.cfg.MaxSandboxes {
 		s.mu.Unlock()
+		acct.ReleaseSandbox()
 		return nil, &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
 			Message: fmt.Sprintf("all %d sandbox slots of this server are in use", s.cfg.MaxSandboxes)}
 	}
@@ -177,6 +183,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 		s.mu.Lock()
 		delete(s.boxes, placeholder)
 		s.mu.Unlock()
+		acct.ReleaseSandbox()
 	}
 
 	opt.Owner = own
@@ -185,6 +192,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 		release()
 		return nil, err
 	}
+	s.started(sb, acct)
 	info := sb.Info()
 	out := sandboxFromInfo(info)
 	md, _ := json.Marshal(out.Metadata)
@@ -192,8 +200,10 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	rec := store.Sandbox{ID: sb.ID, Owner: own, Template: info.Template, State: store.SandboxRunning,
 		CreatedAt: info.Created, ExpiresAt: info.Deadline, Metadata: md, Resources: res}
 	if err := s.store.PutSandbox(context.WithoutCancel(ctx), rec); err != nil {
-		release()
-		_ = s.engine.Kill(context.Background(), sb.ID)
+		s.mu.Lock()
+		delete(s.boxes, placeholder)
+		s.mu.Unlock()
+		_ = s.engine.Kill(context.Background(), sb.ID) // gives the account's slot back
 		return nil, fmt.Errorf("record sandbox: %w", err)
 	}
 	s.mu.Lock()
@@ -397,6 +407,9 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 	}
 	d, err := seconds("timeout", *req.Timeout, s.cfg.MaxTimeout)
 	if err != nil {
+		return err
+	}
+	if err := s.checkTimeout(r.Context(), owner(r), d); err != nil {
 		return err
 	}
 	b, err := s.lookup(r)

@@ -46,9 +46,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -100,6 +102,14 @@ type Config struct {
 	// attempts of one delivery [6].
 	WebhookRetryBase   time.Duration
 	WebhookMaxAttempts int
+	// Accounts are the default limits of accounts and the credit rules;
+	// it must be valid (account.Config.Validate).
+	Accounts account.Config
+	// Metering sets the sampling and flush intervals and the prices.
+	Metering metering.Config
+	// NoAccounting turns account limits, rate limits and metering off
+	// (benchmarks compare the two).
+	NoAccounting bool
 }
 
 func (c *Config) setDefaults() {
@@ -164,6 +174,11 @@ type Server struct {
 	// mu guards boxes.
 	mu    sync.Mutex
 	boxes map[string]*box
+
+	accounts *account.Registry
+	meter    *metering.Meter
+	tenants  sync.Map   // sandbox id → *tenant (quota.go)
+	tenantMu sync.Mutex // guards tenant.released
 }
 
 // box is what the server keeps about each live sandbox it created.
@@ -186,6 +201,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		boxes: map[string]*box{},
 		stop:  make(chan struct{}),
 		bus:   cfg.Events, streamsDone: make(chan struct{}),
+		accounts: account.NewRegistry(cfg.Accounts, st),
 	}
 	if s.bus == nil && st != nil {
 		s.bus, s.ownBus = events.NewBus(EventStore(st), events.BusConfig{Logger: log}), true
@@ -201,6 +217,13 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		if err := s.hooks.start(context.Background()); err != nil {
 			log.Error("load webhooks: none will be delivered", "err", err)
 		}
+	}
+	mcfg := cfg.Metering
+	mcfg.Logger = log
+	mcfg.AfterFlush = s.afterFlush
+	s.meter = metering.New(mcfg, st, s.accounts)
+	if !cfg.NoAccounting && m != nil {
+		s.installHooks()
 	}
 	mux := http.NewServeMux()
 	s.routesInto(mux)
@@ -265,6 +288,10 @@ func (s *Server) endStreams() {
 
 // Events is the sink of the server's bus.
 func (s *Server) Events() events.Sink { return s.bus }
+
+// Close takes the last metering sample of every sandbox still metered and
+// flushes the usage to the store. Call it after closing the engine.
+func (s *Server) Close(ctx context.Context) error { return s.meter.Close(ctx) }
 
 // RecordStopped records in the store every sandbox the engine has
 // stopped, with its reason. Shutdown's callers call it after closing the

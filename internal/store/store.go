@@ -25,7 +25,8 @@ var ErrUnavailable = errors.New("store: database busy, full or unavailable")
 type Key struct {
 	ID        string
 	Name      string
-	Owner     string // who the key acts for; the key's own ID unless given
+	Owner     string // the account the key acts for (its ID)
+	Role      string // RoleUser or RoleAdmin; "" is RoleUser
 	Hash      string // lowercase hex SHA-256 of the secret
 	CreatedAt time.Time
 	RevokedAt *time.Time
@@ -104,6 +105,8 @@ type Store interface {
 
 	AddExecution(ctx context.Context, e Execution) error
 	ListExecutions(ctx context.Context, sandboxID string) ([]Execution, error)
+
+	AccountStore
 
 	Close() error
 }

@@ -471,7 +471,16 @@ func (o *OCI) Usage(_ context.Context, id string) (runtime.Usage, error) {
 	if !validID(id) {
 		return runtime.Usage{}, runtime.ErrNotFound
 	}
-	return o.cg.usage(id)
+	u, err := o.cg.usage(id)
+	if err != nil {
+		return u, err
+	}
+	// The writable layer is a tmpfs of the disk limit's size.
+	var st unix.Statfs_t
+	if unix.Statfs(filepath.Join(o.bundles, id, "rw"), &st) == nil && st.Type == unix.TMPFS_MAGIC {
+		u.DiskBytes = int64(st.Blocks-st.Bfree) * st.Bsize
+	}
+	return u, nil
 }
 
 // List implements runtime.Runtime: bundles, runtime state and cgroups all

@@ -206,21 +206,28 @@ func jsonText(m json.RawMessage) string {
 
 // CreateKey implements store.Store.
 func (d *DB) CreateKey(ctx context.Context, k store.Key) error {
-	_, err := d.db.ExecContext(ctx, `INSERT INTO keys (id, name, owner, hash, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?)`,
-		k.ID, k.Name, k.Owner, k.Hash, fmtTime(k.CreatedAt), fmtTimePtr(k.RevokedAt))
+	return createKey(ctx, d.db, k)
+}
+
+func createKey(ctx context.Context, db execer, k store.Key) error {
+	if k.Role == "" {
+		k.Role = store.RoleUser
+	}
+	_, err := db.ExecContext(ctx, `INSERT INTO keys (id, name, owner, role, hash, created_at, revoked_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		k.ID, k.Name, k.Owner, k.Role, k.Hash, fmtTime(k.CreatedAt), fmtTimePtr(k.RevokedAt))
 	if err != nil {
 		return storeErr("create key", err)
 	}
 	return nil
 }
 
-const keyCols = `id, name, owner, hash, created_at, revoked_at`
+const keyCols = `id, name, owner, role, hash, created_at, revoked_at`
 
 func scanKey(sc interface{ Scan(...any) error }) (store.Key, error) {
 	var k store.Key
 	var created string
 	var revoked sql.NullString
-	if err := sc.Scan(&k.ID, &k.Name, &k.Owner, &k.Hash, &created, &revoked); err != nil {
+	if err := sc.Scan(&k.ID, &k.Name, &k.Owner, &k.Role, &k.Hash, &created, &revoked); err != nil {
 		return k, err
 	}
 	var err error

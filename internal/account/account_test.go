@@ -1,0 +1,232 @@
+package account
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/store/sqlite"
+)
+
+func i64(v int64) *int64 { return &v }
+
+func TestOverrides(t *testing.T) {
+	t.Parallel()
+	def := Limits{MaxSandboxes: 5, RequestsPerMinute: 600, MaxCPUs: 2}
+	o := Overrides{MaxSandboxes: i64(1), MonthlyCPUSeconds: i64(100)}
+	l := o.Apply(def)
+	if l.MaxSandboxes != 1 || l.RequestsPerMinute != 600 || l.MonthlyCPUSeconds != 100 || l.MaxCPUs != 2 {
+		t.Fatalf("Apply = %+v", l)
+	}
+	m := o.Merge(Overrides{MaxSandboxes: i64(3), RequestsPerMinute: i64(60)})
+	if *m.MaxSandboxes != 3 || *m.RequestsPerMinute != 60 || *m.MonthlyCPUSeconds != 100 {
+		t.Fatalf("Merge = %+v", m)
+	}
+	m.Clear("monthly_cpu_seconds")
+	if m.MonthlyCPUSeconds != nil || !m.Known("max_cpus") || m.Known("bogus") {
+		t.Fatalf("Clear/Known: %+v", m)
+	}
+	for name, bad := range map[string]Overrides{
+		"max_sandboxes":      {MaxSandboxes: i64(-1)},
+		"monthly_gb_seconds": {MonthlyGBSeconds: i64(-5)},
+		"max_timeout":        {MaxTimeout: i64(-1)},
+	} {
+		err := bad.Validate()
+		if apierr.CodeOf(err) != apierr.BadRequest || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	cpus := -0.5
+	if err := (Overrides{MaxCPUs: &cpus}).Validate(); err == nil || !strings.Contains(err.Error(), "max_cpus") {
+		t.Errorf("max_cpus: %v", err)
+	}
+}
+
+func TestAmounts(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]int64{"25": 25e6, "25.00": 25e6, "0.000001": 1, "-1.5": -1_500_000, "3.14": 3_140_000} {
+		if got, err := ParseAmount(in); err != nil || got != want {
+			t.Errorf("ParseAmount(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "abc", "1.0000001", "1.", ".", "1e3", "1,5", "99999999999999"} {
+		if _, err := ParseAmount(in); err == nil {
+			t.Errorf("ParseAmount(%q) accepted", in)
+		}
+	}
+	if got := FormatMicros(-1_500_001); got != "-1.500001" {
+		t.Errorf("FormatMicros = %s", got)
+	}
+}
+
+// TestBucket: a minute's tokens at once, then one every 60/limit seconds.
+func TestBucket(t *testing.T) {
+	t.Parallel()
+	var b bucket
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := 0; i < 60; i++ {
+		if r := b.take(t0, 60); !r.Allowed || r.Remaining != int64(59-i) {
+			t.Fatalf("take %d: %+v", i, r)
+		}
+	}
+	r := b.take(t0, 60)
+	if r.Allowed || r.RetryAfter != time.Second || r.Reset != time.Minute {
+		t.Fatalf("empty bucket: %+v", r)
+	}
+	if r := b.take(t0.Add(999*time.Millisecond), 60); r.Allowed {
+		t.Fatalf("a token before its second: %+v", r)
+	}
+	if r := b.take(t0.Add(time.Second), 60); !r.Allowed {
+		t.Fatalf("no token after a second: %+v", r)
+	}
+}
+
+func newRegistry(t *testing.T, cfg Config) (*Registry, *sqlite.DB, *time.Time) {
+	t.Helper()
+	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "s.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	r := NewRegistry(cfg, db)
+	now := time.Date(2026, 12, 31, 23, 0, 0, 0, time.UTC)
+	r.now = func() time.Time { return now }
+	return r, db, &now
+}
+
+func TestLimitsEnforced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, db, now := newRegistry(t, Config{Defaults: Limits{MaxSandboxes: 2, MonthlyCPUSeconds: 10, MonthlyExecutions: 3, ExecutionsPerMinute: 100}})
+	rec, err := Create(ctx, db, "team", Overrides{MaxCPUs: func() *float64 { v := 1.0; return &v }()}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Get(ctx, "acct_missing"); err != store.ErrNotFound {
+		t.Fatalf("unknown account: %v", err)
+	}
+	a, err := r.Get(ctx, rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.CheckResources(2, 0, 0, 0); apierr.CodeOf(err) != apierr.BadRequest || !strings.Contains(err.Error(), "max_cpus of 1") {
+		t.Fatalf("cpus above the account's max: %v", err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := a.AcquireSandbox(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = a.AcquireSandbox()
+	if e := apierr.From(err); e.Code != apierr.SessionQuotaExceeded || e.Message != "concurrent sandbox limit of 2 reached" {
+		t.Fatalf("third sandbox: %v", err)
+	}
+	a.ReleaseSandbox()
+	if err := a.AcquireSandbox(); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := a.AdmitWork(true); err != nil {
+			t.Fatal(err)
+		}
+		a.Accrue(Usage{Executions: 1}, 0) // not counted twice
+	}
+	err = a.AdmitWork(true)
+	if e := apierr.From(err); e.Code != apierr.SessionQuotaExceeded || !strings.Contains(e.Message, "monthly executions quota of 3 reached; it resets at 2027-01-01T00:00:00Z") {
+		t.Fatalf("fourth execution: %v", err)
+	}
+	if err := a.AdmitWork(false); err != nil {
+		t.Fatalf("a command does not count as an execution: %v", err)
+	}
+	a.Accrue(Usage{CPUSeconds: 10}, 0)
+	a.ReleaseSandbox()
+	if err := a.AcquireSandbox(); apierr.CodeOf(err) != apierr.SessionQuotaExceeded || !strings.Contains(err.Error(), "cpu-seconds") {
+		t.Fatalf("cpu quota: %v", err)
+	}
+	// A new month starts afresh.
+	*now = now.Add(2 * time.Hour)
+	if err := a.AcquireSandbox(); err != nil {
+		t.Fatalf("in the new month: %v", err)
+	}
+}
+
+func TestCredits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, db, now := newRegistry(t, Config{EnforceCredits: true, CreditsGrace: time.Minute})
+	rec, err := Create(ctx, db, "team", Overrides{}, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := r.Get(ctx, rec.ID)
+	if a.Balance() != 1000 {
+		t.Fatalf("free credits: %d", a.Balance())
+	}
+	a.Accrue(Usage{}, 999.5)
+	if err := a.AcquireSandbox(); err == nil || !strings.Contains(err.Error(), "credits exhausted") {
+		t.Fatalf("a balance under one micro-unit is exhausted: %v", err)
+	}
+	if a.Exhausted() {
+		t.Fatal("exhausted before the grace period")
+	}
+	*now = now.Add(time.Minute)
+	if !a.Exhausted() {
+		t.Fatal("not exhausted after the grace period")
+	}
+	// Settling moves whole micro-units to the ledger; the balance holds.
+	owed := a.TakeOwed()
+	if owed != 999 {
+		t.Fatalf("owed %d", owed)
+	}
+	a.Settled(owed)
+	if a.Balance() != 0 {
+		t.Fatalf("balance after settling %d", a.Balance())
+	}
+	a.Granted(5000)
+	if err := a.AdmitWork(true); err != nil || a.Exhausted() {
+		t.Fatalf("after a grant: %v", err)
+	}
+}
+
+// TestConcurrentCap: many goroutines never hold more than the cap.
+func TestConcurrentCap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, db, _ := newRegistry(t, Config{Defaults: Limits{MaxSandboxes: 3}})
+	rec, _ := Create(ctx, db, "team", Overrides{}, 0)
+	a, _ := r.Get(ctx, rec.ID)
+	var mu sync.Mutex
+	held, most := 0, 0
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 2000; i++ {
+				if a.AcquireSandbox() != nil {
+					continue
+				}
+				mu.Lock()
+				held++
+				most = max(most, held)
+				mu.Unlock()
+				mu.Lock()
+				held--
+				mu.Unlock()
+				a.ReleaseSandbox()
+			}
+		}()
+	}
+	wg.Wait()
+	if most > 3 || most == 0 || a.Running() != 0 {
+		t.Fatalf("most held %d, running %d", most, a.Running())
+	}
+}

@@ -1,0 +1,515 @@
+package account
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/store"
+)
+
+// Config is the server's account settings. Zero fields take the defaults
+// in brackets.
+type Config struct {
+	// Defaults are the limits of every account that does not override
+	// them [unlimited, except what the engine bounds].
+	Defaults Limits `toml:"defaults"`
+	// FreeCreditsMicros are the credits a new account starts with, in
+	// micro-units of the operator's currency [0].
+	FreeCreditsMicros int64 `toml:"free_credits_micros"`
+	// EnforceCredits refuses new sandboxes, executions and commands of an
+	// account whose balance is zero or less, and stops its running
+	// sandboxes after CreditsGrace [off].
+	EnforceCredits bool `toml:"enforce_credits"`
+	// CreditsGrace is how long an account's sandboxes keep running once
+	// its credits are exhausted [5m].
+	CreditsGrace time.Duration `toml:"credits_grace"`
+}
+
+// Validate checks the settings, naming the field at fault.
+func (c *Config) Validate() error {
+	if err := c.Defaults.Validate(); err != nil {
+		return err
+	}
+	if c.FreeCreditsMicros < 0 {
+		return errors.New("free_credits_micros must not be negative")
+	}
+	if c.CreditsGrace < 0 {
+		return errors.New("credits_grace must not be negative")
+	}
+	if c.CreditsGrace == 0 {
+		c.CreditsGrace = 5 * time.Minute
+	}
+	return nil
+}
+
+// Usage is what an account used in a month (or a sandbox in its life).
+type Usage struct {
+	SandboxSeconds float64 `json:"sandbox_seconds"`
+	CPUSeconds     float64 `json:"cpu_seconds"`
+	GBSeconds      float64 `json:"gb_seconds"` // memory reserved (limit × time)
+	Executions     int64   `json:"executions"`
+}
+
+func (u *Usage) add(d Usage) {
+	u.SandboxSeconds += d.SandboxSeconds
+	u.CPUSeconds += d.CPUSeconds
+	u.GBSeconds += d.GBSeconds
+	u.Executions += d.Executions
+}
+
+// Registry holds every account the server has seen.
+type Registry struct {
+	cfg Config
+	st  store.AccountStore
+	now func() time.Time
+
+	// mu guards accounts.
+	mu       sync.RWMutex
+	accounts map[string]*Account
+}
+
+// NewRegistry returns a Registry over a store; cfg must be valid.
+func NewRegistry(cfg Config, st store.AccountStore) *Registry {
+	return &Registry{cfg: cfg, st: st, now: time.Now, accounts: map[string]*Account{}}
+}
+
+// Config returns the settings.
+func (r *Registry) Config() Config { return r.cfg }
+
+// Account is one account's live state.
+type Account struct {
+	ID string
+	r  *Registry
+
+	// mu guards the fields below.
+	mu          sync.Mutex
+	overrides   Overrides
+	limits      Limits
+	requests    bucket
+	executions  bucket
+	running     int64 // sandboxes counted against MaxSandboxes
+	month       time.Time
+	used        Usage     // this month, unflushed included
+	ledger      int64     // the ledger's sum as last read, plus grants since
+	owed        float64   // cost accrued and not yet in the ledger, micro-units
+	exhaustedAt time.Time // when the balance last reached zero; zero while positive
+}
+
+// Get returns the account's live state, reading the account from the
+// store the first time. An unknown account is store.ErrNotFound.
+func (r *Registry) Get(ctx context.Context, id string) (*Account, error) {
+	r.mu.RLock()
+	a := r.accounts[id]
+	r.mu.RUnlock()
+	if a != nil {
+		return a, nil
+	}
+	rec, err := r.st.Account(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	ct, err := r.st.CreditTotals(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	now := r.now()
+	rows, err := r.st.QueryUsage(ctx, store.UsageFilter{Account: id, From: MonthStart(now), GroupBy: store.GroupNone})
+	if err != nil {
+		return nil, err
+	}
+	a = &Account{ID: id, r: r, month: MonthStart(now), ledger: ct.Balance()}
+	if err := a.setOverridesJSON(rec.Limits); err != nil {
+		return nil, err
+	}
+	for _, row := range rows {
+		a.used.add(usageOf(row.UsageDelta))
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b := r.accounts[id]; b != nil {
+		return b, nil // loaded concurrently
+	}
+	r.accounts[id] = a
+	return a, nil
+}
+
+func usageOf(d store.UsageDelta) Usage {
+	return Usage{SandboxSeconds: float64(d.WallNanos) / 1e9, CPUSeconds: float64(d.CPUNanos) / 1e9,
+		GBSeconds: d.GBSecondsReserved, Executions: d.Executions}
+}
+
+// Refresh re-reads every known account's limits and balance from the
+// store (the CLI changes the database directly). The meter calls it
+// right after a flush, so that no cost is both in the ledger and owed.
+func (r *Registry) Refresh(ctx context.Context) error {
+	accts, err := r.st.ListAccounts(ctx)
+	if err != nil {
+		return err
+	}
+	bal, err := r.st.Balances(ctx)
+	if err != nil {
+		return err
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	for _, rec := range accts {
+		a := r.accounts[rec.ID]
+		if a == nil {
+			continue
+		}
+		if err := a.setOverridesJSON(rec.Limits); err != nil {
+			return err
+		}
+		a.mu.Lock()
+		a.ledger = bal[rec.ID]
+		a.mu.Unlock()
+	}
+	return nil
+}
+
+// Each calls f for every loaded account.
+func (r *Registry) Each(f func(a *Account)) {
+	r.mu.RLock()
+	all := make([]*Account, 0, len(r.accounts))
+	for _, a := range r.accounts {
+		all = append(all, a)
+	}
+	r.mu.RUnlock()
+	for _, a := range all {
+		f(a)
+	}
+}
+
+func (a *Account) setOverridesJSON(b []byte) error {
+	o, err := ParseOverrides(b)
+	if err != nil {
+		return err
+	}
+	a.SetOverrides(o)
+	return nil
+}
+
+// SetOverrides replaces the account's own limits (after the store has).
+func (a *Account) SetOverrides(o Overrides) {
+	a.mu.Lock()
+	a.overrides = o
+	a.limits = o.Apply(a.r.cfg.Defaults)
+	a.mu.Unlock()
+}
+
+// Limits returns the account's effective limits and its own overrides.
+func (a *Account) Limits() (Limits, Overrides) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.limits, a.overrides
+}
+
+// RateResult is the outcome of one request against the account's
+// per-minute budget.
+type RateResult struct {
+	Allowed    bool
+	Limit      int64         // requests per minute; 0: unlimited
+	Remaining  int64         // whole tokens left
+	Reset      time.Duration // until the bucket is full again
+	RetryAfter time.Duration // until one token is back, when refused
+}
+
+// AllowRequest takes one API request from the account's budget.
+func (a *Account) AllowRequest() RateResult {
+	now := a.r.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	limit := a.limits.RequestsPerMinute
+	if limit <= 0 {
+		return RateResult{Allowed: true}
+	}
+	return a.requests.take(now, limit)
+}
+
+// RateLimitError is the error of a refused request.
+func RateLimitError(res RateResult, what string) error {
+	return &apierr.Error{Code: apierr.RateLimited, RetryAfter: res.RetryAfter,
+		Message: fmt.Sprintf("rate limit of %d %s per minute reached; retry in %.1f s", res.Limit, what, res.RetryAfter.Seconds())}
+}
+
+// bucket is a token bucket holding up to a minute's worth of tokens and
+// refilled continuously.
+type bucket struct {
+	tokens float64
+	last   time.Time
+}
+
+func (b *bucket) take(now time.Time, perMinute int64) RateResult {
+	capacity := float64(perMinute)
+	rate := capacity / 60 // tokens per second
+	if b.last.IsZero() {
+		b.tokens, b.last = capacity, now
+	}
+	if el := now.Sub(b.last).Seconds(); el > 0 {
+		b.tokens += el * rate
+		b.last = now
+	}
+	b.tokens = min(b.tokens, capacity)
+	res := RateResult{Limit: perMinute}
+	if b.tokens >= 1 {
+		b.tokens--
+		res.Allowed = true
+	} else {
+		res.RetryAfter = time.Duration((1 - b.tokens) / rate * float64(time.Second))
+	}
+	res.Remaining = int64(math.Floor(b.tokens))
+	res.Reset = time.Duration((capacity - b.tokens) / rate * float64(time.Second))
+	return res
+}
+
+// rollMonth starts a new month's totals when the month has changed; a.mu
+// is held.
+func (a *Account) rollMonth(now time.Time) {
+	if m := MonthStart(now); !m.Equal(a.month) {
+		a.month, a.used = m, Usage{}
+	}
+}
+
+func quotaError(what string, limit int64, now time.Time) error {
+	return apierr.New(apierr.SessionQuotaExceeded, "monthly %s quota of %d reached; it resets at %s",
+		what, limit, NextMonth(now).Format(time.RFC3339))
+}
+
+// checkMonthly refuses when a monthly quota is used up; a.mu is held.
+func (a *Account) checkMonthly(now time.Time, executions bool) error {
+	a.rollMonth(now)
+	l, u := a.limits, a.used
+	switch {
+	case l.MonthlySandboxSeconds > 0 && u.SandboxSeconds >= float64(l.MonthlySandboxSeconds):
+		return quotaError("sandbox-seconds", l.MonthlySandboxSeconds, now)
+	case l.MonthlyCPUSeconds > 0 && u.CPUSeconds >= float64(l.MonthlyCPUSeconds):
+		return quotaError("cpu-seconds", l.MonthlyCPUSeconds, now)
+	case l.MonthlyGBSeconds > 0 && u.GBSeconds >= float64(l.MonthlyGBSeconds):
+		return quotaError("gb-seconds", l.MonthlyGBSeconds, now)
+	case executions && l.MonthlyExecutions > 0 && u.Executions >= l.MonthlyExecutions:
+		return quotaError("executions", l.MonthlyExecutions, now)
+	}
+	return nil
+}
+
+// checkCredits refuses when credits are enforced and used up; a.mu is held.
+func (a *Account) checkCredits() error {
+	if a.r.cfg.EnforceCredits && a.balanceLocked() <= 0 {
+		return apierr.New(apierr.SessionQuotaExceeded, "credits exhausted: the account's balance is %s; ask the operator for a grant",
+			FormatMicros(a.balanceLocked()))
+	}
+	return nil
+}
+
+func (a *Account) balanceLocked() int64 { return a.ledger - int64(math.Ceil(a.owed)) }
+
+// AcquireSandbox counts a new sandbox against the account's limits:
+// credits, monthly quotas and the concurrent cap. Release it with
+// ReleaseSandbox once the sandbox has stopped (or failed to start).
+func (a *Account) AcquireSandbox() error {
+	now := a.r.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.checkCredits(); err != nil {
+		return err
+	}
+	if err := a.checkMonthly(now, false); err != nil {
+		return err
+	}
+	if max := a.limits.MaxSandboxes; max > 0 && a.running >= max {
+		return apierr.New(apierr.SessionQuotaExceeded, "concurrent sandbox limit of %d reached", max)
+	}
+	a.running++
+	return nil
+}
+
+// ReleaseSandbox undoes one AcquireSandbox; on nil it does nothing.
+func (a *Account) ReleaseSandbox() {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	a.running--
+	a.mu.Unlock()
+}
+
+// Running is how many sandboxes are counted against the concurrent cap.
+func (a *Account) Running() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.running
+}
+
+// AdmitWork checks an execution or a command against the account's
+// per-minute budget, its monthly quotas and its credits, and counts an
+// admitted execution against the monthly executions quota (the meter
+// records it per sandbox; Accrue does not count executions again).
+func (a *Account) AdmitWork(execution bool) error {
+	now := a.r.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.checkCredits(); err != nil {
+		return err
+	}
+	if err := a.checkMonthly(now, execution); err != nil {
+		return err
+	}
+	if limit := a.limits.ExecutionsPerMinute; limit > 0 {
+		if res := a.executions.take(now, limit); !res.Allowed {
+			return RateLimitError(res, "executions")
+		}
+	}
+	if execution {
+		a.used.Executions++ // counted here, so that the quota is exact under concurrency
+	}
+	return nil
+}
+
+// CheckResources refuses a sandbox that asks for more than the account
+// may have, naming the field. Zero arguments are not asked for.
+func (a *Account) CheckResources(cpus float64, memoryMB, diskMB int64, timeout time.Duration) error {
+	l, _ := a.Limits()
+	switch {
+	case l.MaxCPUs > 0 && cpus > l.MaxCPUs:
+		return apierr.New(apierr.BadRequest, "resources.cpus of %g is above this account's max_cpus of %g", cpus, l.MaxCPUs)
+	case l.MaxMemoryMB > 0 && memoryMB > l.MaxMemoryMB:
+		return apierr.New(apierr.BadRequest, "resources.memory_mb of %d is above this account's max_memory_mb of %d", memoryMB, l.MaxMemoryMB)
+	case l.MaxDiskMB > 0 && diskMB > l.MaxDiskMB:
+		return apierr.New(apierr.BadRequest, "resources.disk_mb of %d is above this account's max_disk_mb of %d", diskMB, l.MaxDiskMB)
+	case l.MaxTimeout > 0 && timeout > time.Duration(l.MaxTimeout)*time.Second:
+		return apierr.New(apierr.BadRequest, "timeout of %g s is above this account's max_timeout of %d s", timeout.Seconds(), l.MaxTimeout)
+	}
+	return nil
+}
+
+// Accrue adds metered usage and its cost (micro-units) to the account;
+// d.Executions is ignored (AdmitWork counted them).
+func (a *Account) Accrue(d Usage, costMicros float64) {
+	now := a.r.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.rollMonth(now)
+	d.Executions = 0
+	a.used.add(d)
+	a.owed += costMicros
+	if a.balanceLocked() <= 0 {
+		if a.exhaustedAt.IsZero() {
+			a.exhaustedAt = now
+		}
+	} else {
+		a.exhaustedAt = time.Time{}
+	}
+}
+
+// TakeOwed returns the whole micro-units of cost accrued since the last
+// call (the rest stays owed); the caller writes them to the ledger and
+// calls Settled once it has.
+func (a *Account) TakeOwed() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return int64(math.Floor(a.owed))
+}
+
+// Settled records that micros of owed cost are now in the ledger.
+func (a *Account) Settled(micros int64) {
+	a.mu.Lock()
+	a.owed -= float64(micros)
+	a.ledger -= micros
+	a.mu.Unlock()
+}
+
+// Granted adds credits recorded in the ledger.
+func (a *Account) Granted(micros int64) {
+	a.mu.Lock()
+	a.ledger += micros
+	if a.balanceLocked() > 0 {
+		a.exhaustedAt = time.Time{}
+	}
+	a.mu.Unlock()
+}
+
+// Balance is the account's credit balance now, in micro-units.
+func (a *Account) Balance() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.balanceLocked()
+}
+
+// Exhausted reports whether credits are enforced and the account has had
+// none for longer than the grace period: its sandboxes are to stop.
+func (a *Account) Exhausted() bool {
+	if !a.r.cfg.EnforceCredits {
+		return false
+	}
+	now := a.r.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.balanceLocked() <= 0 && !a.exhaustedAt.IsZero() && now.Sub(a.exhaustedAt) >= a.r.cfg.CreditsGrace
+}
+
+// Month returns this month's usage so far and the limits.
+func (a *Account) Month() (Usage, Limits) {
+	now := a.r.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.rollMonth(now)
+	return a.used, a.limits
+}
+
+// FormatMicros renders micro-units as a decimal amount ("25.000000").
+func FormatMicros(m int64) string {
+	sign := ""
+	if m < 0 {
+		sign, m = "-", -m
+	}
+	return fmt.Sprintf("%s%d.%06d", sign, m/1e6, m%1e6)
+}
+
+// ParseAmount reads a decimal amount ("25", "25.5", "0.000001") as
+// micro-units; at most six decimals.
+func ParseAmount(s string) (int64, error) {
+	var whole, frac int64
+	intPart, fracPart, hasFrac := cut(s, '.')
+	if intPart == "" && !hasFrac || len(fracPart) > 6 || hasFrac && fracPart == "" {
+		return 0, fmt.Errorf("amount %q must be a decimal number with at most 6 decimals", s)
+	}
+	neg := false
+	if len(intPart) > 0 && intPart[0] == '-' {
+		neg, intPart = true, intPart[1:]
+	}
+	for _, c := range intPart {
+		if c < '0' || c > '9' || whole > 1e12 {
+			return 0, fmt.Errorf("amount %q must be a decimal number with at most 6 decimals", s)
+		}
+		whole = whole*10 + int64(c-'0')
+	}
+	for i := 0; i < 6; i++ {
+		frac *= 10
+		if i < len(fracPart) {
+			c := fracPart[i]
+			if c < '0' || c > '9' {
+				return 0, fmt.Errorf("amount %q must be a decimal number with at most 6 decimals", s)
+			}
+			frac += int64(c - '0')
+		}
+	}
+	v := whole*1e6 + frac
+	if neg {
+		v = -v
+	}
+	return v, nil
+}
+
+func cut(s string, sep byte) (string, string, bool) {
+	for i := 0; i < len(s); i++ {
+		if s[i] == sep {
+			return s[:i], s[i+1:], true
+		}
+	}
+	return s, "", false
+}

@@ -1,0 +1,337 @@
+// Package metering measures what every sandbox uses, per second: wall
+// seconds alive, CPU-seconds from the cgroup's own counter, GB-seconds of
+// memory reserved (limit × time) and used (the integral of the cgroup's
+// usage), the disk high-water mark, executions and commands. A background
+// loop samples each sandbox every SampleInterval and writes the deltas to
+// the store's per-hour buckets every FlushInterval (and at stop), in one
+// transaction with the cost they add to the credit ledger: a crash loses
+// at most one interval, and since only deltas are written, a restart
+// never counts a second twice. Nothing here runs on the request path but
+// Count, an atomic add.
+//
+// A GB is 2^30 bytes. A sample's delta goes to the hour the sample was
+// taken in.
+//
+// Imports: internal/account, internal/sandbox, internal/store,
+// internal/runtime and the standard library.
+package metering
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/account"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/store"
+)
+
+const gib = float64(1 << 30)
+
+// Prices are what usage costs, in micro-units of the operator's currency.
+// The defaults are in the range peers charge (E2B, Modal: a few
+// millionths of a dollar per CPU- or GB-second).
+type Prices struct {
+	CPUSecond float64 `json:"cpu_second_micros" toml:"cpu_second_micros"` // [14]
+	GBSecond  float64 `json:"gb_second_micros" toml:"gb_second_micros"`   // memory reserved [4.5]
+	Execution float64 `json:"execution_micros" toml:"execution_micros"`   // [0]
+}
+
+// DefaultPrices are the prices when the operator sets none.
+var DefaultPrices = Prices{CPUSecond: 14, GBSecond: 4.5}
+
+// Cost returns what usage costs, in micro-units.
+func (p Prices) Cost(cpuSeconds, gbSecondsReserved float64, executions int64) float64 {
+	return cpuSeconds*p.CPUSecond + gbSecondsReserved*p.GBSecond + float64(executions)*p.Execution
+}
+
+// Config configures a Meter. Zero fields take the defaults in brackets.
+type Config struct {
+	SampleInterval time.Duration `toml:"sample_interval"` // [1s]
+	FlushInterval  time.Duration `toml:"flush_interval"`  // at most 10s [10s]
+	Prices         *Prices       `toml:"prices"`          // [DefaultPrices]
+	// AfterFlush runs in the meter's loop after every flush (the accounts'
+	// refresh, the alert rules, the credits' grace check).
+	AfterFlush func(ctx context.Context)
+	Logger     *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.SampleInterval <= 0 {
+		c.SampleInterval = time.Second
+	}
+	if c.FlushInterval <= 0 || c.FlushInterval > 10*time.Second {
+		c.FlushInterval = 10 * time.Second
+	}
+	if c.FlushInterval < c.SampleInterval {
+		c.FlushInterval = c.SampleInterval
+	}
+	if c.Prices == nil {
+		p := DefaultPrices
+		c.Prices = &p
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Meter meters sandboxes.
+type Meter struct {
+	cfg      Config
+	st       store.AccountStore
+	accounts *account.Registry
+
+	live sync.Map // sandbox id → *tracker, for Count and Live
+
+	// mu serialises sampling and flushing, and guards trackers.
+	mu       sync.Mutex
+	trackers map[string]*tracker // live and stopped-but-unflushed
+
+	quit chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+type tracker struct {
+	sb       *sandbox.Sandbox
+	account  *account.Account
+	template string
+	reserved int64 // memory limit, bytes
+
+	executions atomic.Int64 // counted since the last sample
+	commands   atomic.Int64
+
+	// Guarded by Meter.mu.
+	last    time.Time
+	lastCPU uint64
+	stopped bool
+	pending map[time.Time]*store.UsageDelta // by hour, not yet flushed
+	total   store.UsageDelta                // the sandbox's life so far
+}
+
+// New returns a Meter and starts its loop; Close ends it.
+func New(cfg Config, st store.AccountStore, accounts *account.Registry) *Meter {
+	cfg.setDefaults()
+	m := &Meter{cfg: cfg, st: st, accounts: accounts, trackers: map[string]*tracker{},
+		quit: make(chan struct{}), done: make(chan struct{})}
+	go m.loop()
+	return m
+}
+
+// Prices returns the price table.
+func (m *Meter) Prices() Prices { return *m.cfg.Prices }
+
+// Start meters a sandbox handed to acct from now on. A pool member's CPU
+// before hand-out is not counted.
+func (m *Meter) Start(sb *sandbox.Sandbox, acct *account.Account) {
+	now := time.Now()
+	t := &tracker{sb: sb, account: acct, template: sb.Template, reserved: sb.Limits.MemoryBytes,
+		last: now, pending: map[time.Time]*store.UsageDelta{}}
+	t.total = store.UsageDelta{SandboxID: sb.ID, Account: acct.ID, Template: sb.Template}
+	if sb.FromPool() {
+		if u, err := sb.Usage(context.Background()); err == nil {
+			t.lastCPU = u.CPUNanos
+		}
+	}
+	m.mu.Lock()
+	m.trackers[sb.ID] = t
+	m.mu.Unlock()
+	m.live.Store(sb.ID, t)
+}
+
+// Count counts an execution or a command of a metered sandbox.
+func (m *Meter) Count(id string, w sandbox.Work) {
+	v, ok := m.live.Load(id)
+	if !ok {
+		return
+	}
+	t := v.(*tracker)
+	if w == sandbox.WorkExecution {
+		t.executions.Add(1)
+	} else {
+		t.commands.Add(1)
+	}
+}
+
+// Stop takes a sandbox's last sample (its cgroup must still exist) and
+// flushes soon; later samples of it are none.
+func (m *Meter) Stop(sb *sandbox.Sandbox) {
+	m.mu.Lock()
+	t := m.trackers[sb.ID]
+	if t != nil && !t.stopped {
+		m.sample(t, time.Now())
+		t.stopped = true
+	}
+	m.mu.Unlock()
+	m.live.Delete(sb.ID)
+}
+
+// Live returns a metered sandbox's usage so far, flushed or not.
+func (m *Meter) Live(id string) (store.UsageDelta, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t := m.trackers[id]
+	if t == nil {
+		return store.UsageDelta{}, false
+	}
+	if !t.stopped {
+		m.sample(t, time.Now())
+	}
+	return t.total, true
+}
+
+// sample reads the sandbox's cgroup and adds what it used since the last
+// sample; m.mu is held.
+func (m *Meter) sample(t *tracker, now time.Time) {
+	u, err := t.sb.Usage(context.Background())
+	dt := now.Sub(t.last)
+	if dt < 0 {
+		dt = 0
+	}
+	t.last = now
+	d := store.UsageDelta{
+		WallNanos:         dt.Nanoseconds(),
+		GBSecondsReserved: float64(t.reserved) / gib * dt.Seconds(),
+		Executions:        t.executions.Swap(0),
+		Commands:          t.commands.Swap(0),
+	}
+	if err == nil {
+		d.CPUNanos = cpuDelta(u, &t.lastCPU)
+		d.GBSecondsUsed = float64(u.MemoryBytes) / gib * dt.Seconds()
+		d.DiskPeakBytes = u.DiskBytes
+	}
+	hour := now.UTC().Truncate(time.Hour)
+	p := t.pending[hour]
+	if p == nil {
+		p = &store.UsageDelta{SandboxID: t.sb.ID, Account: t.account.ID, Template: t.template, Hour: hour}
+		t.pending[hour] = p
+	}
+	add(p, d)
+	add(&t.total, d)
+	cpu := float64(d.CPUNanos) / 1e9
+	t.account.Accrue(account.Usage{SandboxSeconds: dt.Seconds(), CPUSeconds: cpu, GBSeconds: d.GBSecondsReserved,
+		Executions: d.Executions}, m.cfg.Prices.Cost(cpu, d.GBSecondsReserved, d.Executions))
+}
+
+func cpuDelta(u runtime.Usage, last *uint64) int64 {
+	if u.CPUNanos < *last {
+		return 0 // a counter never goes back; a reset cgroup would
+	}
+	d := int64(u.CPUNanos - *last)
+	*last = u.CPUNanos
+	return d
+}
+
+func add(p *store.UsageDelta, d store.UsageDelta) {
+	p.WallNanos += d.WallNanos
+	p.CPUNanos += d.CPUNanos
+	p.GBSecondsReserved += d.GBSecondsReserved
+	p.GBSecondsUsed += d.GBSecondsUsed
+	p.DiskPeakBytes = max(p.DiskPeakBytes, d.DiskPeakBytes)
+	p.Executions += d.Executions
+	p.Commands += d.Commands
+}
+
+func (m *Meter) loop() {
+	defer close(m.done)
+	sample := time.NewTicker(m.cfg.SampleInterval)
+	defer sample.Stop()
+	lastFlush := time.Now()
+	for {
+		select {
+		case <-m.quit:
+			return
+		case now := <-sample.C:
+			m.mu.Lock()
+			for _, t := range m.trackers {
+				if !t.stopped {
+					m.sample(t, now)
+				}
+			}
+			m.mu.Unlock()
+			if now.Sub(lastFlush) >= m.cfg.FlushInterval-m.cfg.SampleInterval/2 {
+				lastFlush = now
+				m.flushAndAfter()
+			}
+		}
+	}
+}
+
+func (m *Meter) flushAndAfter() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := m.Flush(ctx); err != nil {
+		m.cfg.Logger.Error("flush usage", "err", err)
+	}
+	if m.cfg.AfterFlush != nil {
+		m.cfg.AfterFlush(ctx)
+	}
+}
+
+// Flush writes every pending delta and the cost accrued since the last
+// flush to the store, in one transaction.
+func (m *Meter) Flush(ctx context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var deltas []store.UsageDelta
+	for _, t := range m.trackers {
+		for _, p := range t.pending {
+			deltas = append(deltas, *p)
+		}
+	}
+	owed := map[*account.Account]int64{}
+	var ledger []store.LedgerEntry
+	now := time.Now()
+	m.accounts.Each(func(a *account.Account) {
+		if micros := a.TakeOwed(); micros > 0 {
+			owed[a] = micros
+			ledger = append(ledger, store.LedgerEntry{Account: a.ID, CreatedAt: now, Kind: store.LedgerUsage,
+				AmountMicros: -micros, Reason: "metered usage"})
+		}
+	})
+	if err := m.st.AddUsage(ctx, deltas, ledger); err != nil {
+		return err // everything stays pending for the next flush
+	}
+	for a, micros := range owed {
+		a.Settled(micros)
+	}
+	for id, t := range m.trackers {
+		clear(t.pending)
+		if t.stopped {
+			delete(m.trackers, id)
+		}
+	}
+	return nil
+}
+
+// Close stops the loop, takes a last sample of every sandbox still
+// metered and flushes.
+func (m *Meter) Close(ctx context.Context) error {
+	m.once.Do(func() { close(m.quit) })
+	<-m.done
+	m.mu.Lock()
+	now := time.Now()
+	for _, t := range m.trackers {
+		if !t.stopped {
+			m.sample(t, now)
+		}
+	}
+	m.mu.Unlock()
+	return m.Flush(ctx)
+}
+
+// Sandboxes returns the live metered sandboxes of an account.
+func (m *Meter) Sandboxes(acct string) []*sandbox.Sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*sandbox.Sandbox
+	for _, t := range m.trackers {
+		if !t.stopped && t.account.ID == acct {
+			out = append(out, t.sb)
+		}
+	}
+	return out
+}

@@ -1,0 +1,59 @@
+package sandbox
+
+import (
+	"context"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/runtime"
+)
+
+// Work is a kind of request a Hooks.Admit call is asked about.
+type Work int
+
+// The kinds of work admitted one by one.
+const (
+	WorkExecution Work = iota // code run in a context
+	WorkCommand               // a process started (foreground or background)
+)
+
+// Hooks let the service layer (accounts, quotas, metering) see a sandbox's
+// work and its end without the engine knowing about accounts. Each hook
+// must be cheap and must not call back into the Manager.
+type Hooks struct {
+	// Admit is asked before an execution or a command starts; an error
+	// refuses it and is returned to the caller as is.
+	Admit func(s *Sandbox, w Work) error
+	// Stopping is called once per sandbox that was running, after it has
+	// left the running state and before the runtime destroys it: its
+	// cgroup can still be read (the last metering sample).
+	Stopping func(s *Sandbox)
+}
+
+// SetHooks installs hooks; later calls replace earlier ones. Safe to call
+// while sandboxes run.
+func (m *Manager) SetHooks(h Hooks) { m.hooks.Store(&h) }
+
+func (m *Manager) admit(s *Sandbox, w Work) error {
+	if h := m.hooks.Load(); h != nil && h.Admit != nil {
+		return h.Admit(s, w)
+	}
+	return nil
+}
+
+func (m *Manager) stopping(s *Sandbox) {
+	if h := m.hooks.Load(); h != nil && h.Stopping != nil {
+		h.Stopping(s)
+	}
+}
+
+// Usage reads the sandbox's resource usage from its cgroup.
+func (s *Sandbox) Usage(ctx context.Context) (runtime.Usage, error) {
+	return s.m.cfg.Runtime.Usage(ctx, s.ID)
+}
+
+// DefaultLimits are the limits a sandbox gets for what its creator does
+// not set.
+func (m *Manager) DefaultLimits() runtime.Limits { return m.cfg.DefaultLimits }
+
+// DefaultTimeout is the lifetime a sandbox gets unless its creator sets one.
+func (m *Manager) DefaultTimeout() time.Duration { return m.cfg.DefaultTimeout }

@@ -1,0 +1,384 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/account"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/store"
+)
+
+// Accounts: the admin API (admin keys only) and the per-request rate
+// limit. Accounts are addressed by name or id.
+
+func (s *Server) accountRoutes(add addFunc) {
+	add("POST /v1/admin/accounts", true, s.admin(s.createAccount))
+	add("GET /v1/admin/accounts", true, s.admin(s.listAccounts))
+	add("GET /v1/admin/accounts/{account}", true, s.admin(s.showAccount))
+	add("POST /v1/admin/accounts/{account}/limits", true, s.admin(s.setAccountLimits))
+	add("POST /v1/admin/accounts/{account}/credits", true, s.admin(s.creditAccount))
+	add("POST /v1/admin/keys", true, s.admin(s.createAccountKey))
+	add("GET /v1/account", true, s.showOwnAccount)
+}
+
+// admin refuses callers whose key is not an admin key.
+func (s *Server) admin(h handlerFunc) handlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if p, _ := auth.PrincipalFrom(r.Context()); !p.Admin() {
+			return apierr.New(apierr.Forbidden, "this call needs an admin key")
+		}
+		return h(w, r)
+	}
+}
+
+// limitRequest takes the request from its account's per-minute budget and
+// sets the X-RateLimit headers.
+func (s *Server) limitRequest(w http.ResponseWriter, r *http.Request, p auth.Principal) error {
+	a, err := s.accounts.Get(r.Context(), p.Owner)
+	if errors.Is(err, store.ErrNotFound) {
+		return apierr.Wrap(err, apierr.AuthenticationFailed, "the key's account %q does not exist", p.Owner)
+	}
+	if err != nil {
+		return err
+	}
+	res := a.AllowRequest()
+	if res.Limit > 0 {
+		h := w.Header()
+		h.Set("X-RateLimit-Limit", strconv.FormatInt(res.Limit, 10))
+		h.Set("X-RateLimit-Remaining", strconv.FormatInt(res.Remaining, 10))
+		h.Set("X-RateLimit-Reset", strconv.FormatInt(int64((res.Reset+time.Second-1)/time.Second), 10))
+	}
+	if !res.Allowed {
+		return account.RateLimitError(res, "requests")
+	}
+	return nil
+}
+
+var accountName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
+
+type accountJSON struct {
+	ID               string            `json:"id"`
+	Name             string            `json:"name"`
+	CreatedAt        time.Time         `json:"created_at"`
+	Limits           account.Limits    `json:"limits"`
+	Overrides        account.Overrides `json:"overrides"`
+	RunningSandboxes int64             `json:"running_sandboxes"`
+	Month            monthJSON         `json:"month"`
+	Credits          *creditsJSON      `json:"credits,omitempty"`
+	Keys             []accountKeyJSON  `json:"keys,omitempty"`
+}
+
+type monthJSON struct {
+	Start   time.Time     `json:"start"`
+	ResetAt time.Time     `json:"reset_at"`
+	Usage   account.Usage `json:"usage"`
+}
+
+type accountKeyJSON struct {
+	ID        string     `json:"id"`
+	Name      string     `json:"name"`
+	Role      string     `json:"role"`
+	CreatedAt time.Time  `json:"created_at"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+}
+
+// accountOut describes an account as the API shows it.
+func (s *Server) accountOut(r *http.Request, rec store.Account, withKeys bool) (accountJSON, error) {
+	a, err := s.accounts.Get(r.Context(), rec.ID)
+	if err != nil {
+		return accountJSON{}, err
+	}
+	used, limits := a.Month()
+	_, over := a.Limits()
+	now := time.Now()
+	out := accountJSON{ID: rec.ID, Name: rec.Name, CreatedAt: rec.CreatedAt.UTC(), Limits: limits, Overrides: over,
+		RunningSandboxes: a.Running(),
+		Month:            monthJSON{Start: account.MonthStart(now), ResetAt: account.NextMonth(now), Usage: used}}
+	c, err := s.creditsOf(r, a)
+	if err != nil {
+		return out, err
+	}
+	out.Credits = &c
+	if withKeys {
+		keys, err := s.store.ListKeys(r.Context())
+		if err != nil {
+			return out, err
+		}
+		for _, k := range keys {
+			if k.Owner == rec.ID {
+				out.Keys = append(out.Keys, accountKeyJSON{ID: k.ID, Name: k.Name, Role: k.Role, CreatedAt: k.CreatedAt.UTC(), RevokedAt: k.RevokedAt})
+			}
+		}
+	}
+	return out, nil
+}
+
+// findAccount resolves a path's account by name, then by id.
+func (s *Server) findAccount(r *http.Request, ref string) (store.Account, error) {
+	rec, err := s.store.AccountByName(r.Context(), ref)
+	if errors.Is(err, store.ErrNotFound) {
+		rec, err = s.store.Account(r.Context(), ref)
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		return rec, apierr.New(apierr.NotFound, "account %q not found", ref)
+	}
+	return rec, err
+}
+
+type createAccountRequest struct {
+	Name   *string            `json:"name"`
+	Limits *account.Overrides `json:"limits"`
+}
+
+func (s *Server) createAccount(w http.ResponseWriter, r *http.Request) error {
+	var req createAccountRequest
+	if err := decodeJSON(w, r, &req, false); err != nil {
+		return err
+	}
+	if req.Name == nil || !accountName.MatchString(*req.Name) {
+		return apierr.New(apierr.BadRequest, "name is required: 1 to 63 letters, digits, '_', '.' or '-', starting with a letter or digit")
+	}
+	var over account.Overrides
+	if req.Limits != nil {
+		if err := req.Limits.Validate(); err != nil {
+			return prefixField(err, "limits.")
+		}
+		over = *req.Limits
+	}
+	rec, err := account.Create(r.Context(), s.store, *req.Name, over, s.accounts.Config().FreeCreditsMicros)
+	if errors.Is(err, store.ErrExists) {
+		return apierr.New(apierr.Conflict, "an account named %q exists already", *req.Name)
+	}
+	if err != nil {
+		return err
+	}
+	out, err := s.accountOut(r, rec, false)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, out)
+	return nil
+}
+
+// prefixField puts a prefix before the field name of a validation error.
+func prefixField(err error, prefix string) error {
+	e := apierr.From(err)
+	if e.Code != apierr.BadRequest {
+		return err
+	}
+	return apierr.New(apierr.BadRequest, "%s%s", prefix, e.Message)
+}
+
+func (s *Server) listAccounts(w http.ResponseWriter, r *http.Request) error {
+	recs, err := s.store.ListAccounts(r.Context())
+	if err != nil {
+		return err
+	}
+	out := make([]accountJSON, 0, len(recs))
+	for _, rec := range recs {
+		a, err := s.accountOut(r, rec, false)
+		if err != nil {
+			return err
+		}
+		out = append(out, a)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"accounts": out})
+	return nil
+}
+
+func (s *Server) showAccount(w http.ResponseWriter, r *http.Request) error {
+	rec, err := s.findAccount(r, r.PathValue("account"))
+	if err != nil {
+		return err
+	}
+	out, err := s.accountOut(r, rec, true)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// showOwnAccount is GET /v1/account: the caller's own account.
+func (s *Server) showOwnAccount(w http.ResponseWriter, r *http.Request) error {
+	rec, err := s.store.Account(r.Context(), owner(r))
+	if err != nil {
+		return err
+	}
+	out, err := s.accountOut(r, rec, false)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// setAccountLimits merges the given limits into the account's overrides;
+// a field set to null goes back to the server's default.
+func (s *Server) setAccountLimits(w http.ResponseWriter, r *http.Request) error {
+	rec, err := s.findAccount(r, r.PathValue("account"))
+	if err != nil {
+		return err
+	}
+	raw, err := readBody(w, r)
+	if err != nil {
+		return err
+	}
+	var set account.Overrides
+	if err := decodeStrict(raw, &set); err != nil {
+		return err
+	}
+	var req map[string]any
+	if err := json.Unmarshal(raw, &req); err != nil {
+		return jsonError(err)
+	}
+	if err := set.Validate(); err != nil {
+		return err
+	}
+	cur, err := account.ParseOverrides(rec.Limits)
+	if err != nil {
+		return err
+	}
+	merged := cur.Merge(set)
+	for k, v := range req {
+		if v == nil {
+			merged.Clear(k)
+		}
+	}
+	if err := s.saveLimits(r, rec.ID, merged); err != nil {
+		return err
+	}
+	rec.Limits = nil
+	out, err := s.accountOut(r, rec, false)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) saveLimits(r *http.Request, id string, o account.Overrides) error {
+	b, err := json.Marshal(o)
+	if err != nil {
+		return err
+	}
+	if err := s.store.SetAccountLimits(r.Context(), id, b); err != nil {
+		return err
+	}
+	a, err := s.accounts.Get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	a.SetOverrides(o)
+	return nil
+}
+
+type creditRequest struct {
+	Amount *string `json:"amount"`
+	Reason string  `json:"reason"`
+}
+
+func (s *Server) creditAccount(w http.ResponseWriter, r *http.Request) error {
+	rec, err := s.findAccount(r, r.PathValue("account"))
+	if err != nil {
+		return err
+	}
+	var req creditRequest
+	if err := decodeJSON(w, r, &req, false); err != nil {
+		return err
+	}
+	if req.Amount == nil {
+		return apierr.New(apierr.BadRequest, "amount is required: a decimal string such as \"25.00\"")
+	}
+	micros, err := account.ParseAmount(*req.Amount)
+	if err != nil || micros == 0 {
+		return apierr.New(apierr.BadRequest, "amount must be a non-zero decimal string with at most 6 decimals, such as \"25.00\"")
+	}
+	if len(req.Reason) > 500 {
+		return apierr.New(apierr.BadRequest, "reason must be at most 500 characters")
+	}
+	if err := s.store.AddLedger(r.Context(), store.LedgerEntry{Account: rec.ID, CreatedAt: time.Now(),
+		Kind: store.LedgerGrant, AmountMicros: micros, Reason: req.Reason}); err != nil {
+		return err
+	}
+	a, err := s.accounts.Get(r.Context(), rec.ID)
+	if err != nil {
+		return err
+	}
+	a.Granted(micros)
+	c, err := s.creditsOf(r, a)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, c)
+	return nil
+}
+
+type createKeyRequest struct {
+	Account *string `json:"account"`
+	Name    string  `json:"name"`
+	Admin   bool    `json:"admin"`
+	E2B     bool    `json:"e2b"`
+}
+
+func (s *Server) createAccountKey(w http.ResponseWriter, r *http.Request) error {
+	var req createKeyRequest
+	if err := decodeJSON(w, r, &req, false); err != nil {
+		return err
+	}
+	if req.Account == nil || *req.Account == "" {
+		return apierr.New(apierr.BadRequest, "account is required: the name or id of an existing account")
+	}
+	rec, err := s.findAccount(r, *req.Account)
+	if apierr.CodeOf(err) == apierr.NotFound {
+		return apierr.New(apierr.BadRequest, "account %q does not exist", *req.Account)
+	}
+	if err != nil {
+		return err
+	}
+	if len(req.Name) > 200 {
+		return apierr.New(apierr.BadRequest, "name must be at most 200 characters")
+	}
+	k, secret, err := auth.Create(r.Context(), s.store, auth.CreateOptions{Name: req.Name, Owner: rec.ID, Admin: req.Admin, E2B: req.E2B})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{
+		"id": k.ID, "name": k.Name, "account": rec.Name, "account_id": rec.ID, "role": k.Role,
+		"created_at": k.CreatedAt.UTC(), "key": secret,
+	})
+	return nil
+}
+
+// readBody reads a JSON request body whole (bounded).
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	if err != nil {
+		return nil, jsonError(err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return nil, apierr.New(apierr.BadRequest, "the request body must be a JSON object")
+	}
+	return b, nil
+}
+
+// decodeStrict decodes a whole body into v, refusing unknown fields.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return jsonError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return apierr.New(apierr.BadRequest, "malformed JSON: unexpected data after the object")
+	}
+	return nil
+}
