@@ -36,6 +36,7 @@ from .errors import (
     TemplateNotFoundError,
     UnsupportedLanguageError,
 )
+from .events import Event, EventPage, Events, Webhook, WebhookDelivery, Webhooks, verify_webhook
 from .files import Filesystem, WriteEntry
 from .models import (
     CodeContext,
@@ -55,6 +56,13 @@ from .sandbox import Sandbox
 __all__ = [
     "__version__",
     "Sandbox",
+    "Event",
+    "EventPage",
+    "Events",
+    "Webhook",
+    "WebhookDelivery",
+    "Webhooks",
+    "verify_webhook",
     "Filesystem",
     "WriteEntry",
     "Commands",

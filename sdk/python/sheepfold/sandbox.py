@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 from ._http import HTTPClient, path_segment, raise_failure
 from .commands import Commands
+from .events import Events
 from .errors import NotFoundError, SandboxStateError, SheepfoldError
 from .files import Filesystem
 from .models import CodeContext, Execution, ExecutionError, Resources, Result, SandboxInfo
@@ -36,6 +37,7 @@ class Sandbox:
         self._base = f"/v1/sandboxes/{path_segment(self.sandbox_id)}"
         self.files = Filesystem(http, self.sandbox_id)
         self.commands = Commands(http, self.sandbox_id)
+        self.events = Events(http=http, sandbox_id=self.sandbox_id)
 
     # Lifecycle.
 
