@@ -1,7 +1,17 @@
 package sandbox_test
 
 import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"io"
 	"net"
 	"net/http"
@@ -132,4 +142,312 @@ except OSError as e:
 			t.Errorf("policy %+v: %q, want %q", pol, got, want)
 		}
 	}
+}
+
+// netProbe is Python the egress tests run before their checks: each helper
+// prints what happened rather than raising, so one run checks many cases.
+const netProbe = `
+import socket, ssl, struct, http.client, errno as E
+def err(e):
+    if isinstance(e, socket.gaierror): return "gaierror"
+    if isinstance(e, ssl.SSLError): return "ssl"
+    if isinstance(e, (socket.timeout, TimeoutError)): return "timeout"
+    if isinstance(e, http.client.HTTPException): return "closed"
+    if getattr(e, "errno", None): return E.errorcode.get(e.errno, str(e.errno))
+    return type(e).__name__
+def tcp(host, port, data=b"ping\n"):
+    try:
+        s = socket.create_connection((host, port), timeout=10)
+        s.sendall(data)
+        return s.recv(100).decode()
+    except Exception as e:
+        return err(e)
+def get(host, port=80, path="/x", hdr=None):
+    try:
+        c = http.client.HTTPConnection(host, port, timeout=10)
+        c.request("GET", path, headers={"Host": hdr or host})
+        return c.getresponse().read().decode()
+    except Exception as e:
+        return err(e)
+def tls(host, sni, port=443):
+    try:
+        ctx = ssl.create_default_context(cafile="/tmp/ca.pem")
+        ctx.check_hostname = False
+        s = ctx.wrap_socket(socket.create_connection((host, port), timeout=10), server_hostname=sni)
+        s.sendall(("GET /x HTTP/1.0\r\nHost: %s\r\n\r\n" % sni).encode())
+        return s.recv(4096).decode().split("\r\n\r\n", 1)[-1]
+    except Exception as e:
+        return err(e)
+def dns(name, qtype=1):
+    q = struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0)
+    q += b"".join(bytes([len(l)]) + l.encode() for l in name.split(".")) + b"\0" + struct.pack(">HH", qtype, 1)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(5)
+    s.sendto(q, ("10.255.255.1", 53))
+    r = s.recv(4096)
+    return {0: "NOERROR", 3: "NXDOMAIN", 5: "REFUSED"}.get(r[3] & 15, str(r[3] & 15)) + "/%d" % struct.unpack(">H", r[6:8])[0]
+def udp(host, port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(5)
+    try:
+        s.connect((host, port)); s.send(b"x"); s.recv(10); return "answered"
+    except Exception as e:
+        return err(e)
+def v6(host, port):
+    try:
+        socket.create_connection((host, port), timeout=5); return "connected"
+    except Exception as e:
+        return err(e)
+`
+
+// egressWorld is the loopback world of the egress tests: an HTTP and an
+// HTTPS server playing api.test, a raw TCP echo server in an allowed
+// CIDR, and a stand-in for the server's own listener.
+type egressWorld struct {
+	test    *egress.TestNet
+	self    netip.AddrPort
+	caPEM   []byte
+	httpSrv netip.AddrPort
+}
+
+var (
+	apiAddr    = netip.MustParseAddr("203.0.113.10")
+	evilAddr   = netip.MustParseAddr("203.0.113.30")
+	selfAddr   = netip.MustParseAddr("203.0.113.20")
+	cidrAddr   = netip.MustParseAddr("198.51.100.7")
+	strayAddr  = netip.MustParseAddr("203.0.113.99")
+	pypiAddr   = netip.MustParseAddr("203.0.113.40")
+	loopbackGW = netip.MustParseAddr("127.0.0.1")
+)
+
+func newEgressWorld(t *testing.T) *egressWorld {
+	t.Helper()
+	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "hello from "+r.Host)
+	})
+	httpSrv := loopbackServer(t, hello)
+	certPEM, keyPEM := testCert(t, "api.test", "evil.test")
+	httpsSrv := loopbackTLSServer(t, hello, certPEM, keyPEM)
+	echo := echoServer(t)
+	self := loopbackServer(t, hello)
+	return &egressWorld{
+		self: self, caPEM: certPEM, httpSrv: httpSrv,
+		test: &egress.TestNet{
+			Hosts: map[string][]netip.Addr{
+				"api.test":    {apiAddr},
+				"evil.test":   {evilAddr},
+				"self.test":   {selfAddr},
+				"rebind.test": {loopbackGW},
+				"meta.test":   {netip.MustParseAddr("169.254.169.254")},
+				"mixed.test":  {netip.MustParseAddr("10.0.0.1"), apiAddr},
+			},
+			Routes: map[netip.AddrPort]netip.AddrPort{
+				netip.AddrPortFrom(apiAddr, 80):    httpSrv,
+				netip.AddrPortFrom(apiAddr, 443):   httpsSrv,
+				netip.AddrPortFrom(evilAddr, 80):   httpSrv,
+				netip.AddrPortFrom(cidrAddr, 9000): echo,
+				netip.AddrPortFrom(selfAddr, 80):   self,
+			},
+		},
+	}
+}
+
+// echoServer answers each line on a connection with "echo: " and the line.
+func echoServer(t *testing.T) netip.AddrPort {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				b := make([]byte, 100)
+				n, _ := c.Read(b)
+				c.Write(append([]byte("echo: "), b[:n]...))
+			}()
+		}
+	}()
+	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+func (w *egressWorld) engine(t *testing.T) (*sandbox.Manager, *eventLog) {
+	log := &eventLog{}
+	m := runcEngine(t, func(c *sandbox.Config) {
+		c.Events = log
+		c.Egress.Test = w.test
+		c.Egress.Self = []netip.AddrPort{w.self}
+	})
+	return m, log
+}
+
+// sandboxWithCA creates a sandbox and writes the test CA to /tmp/ca.pem.
+func (w *egressWorld) sandbox(t *testing.T, m *sandbox.Manager, opt sandbox.CreateOptions) *sandbox.Sandbox {
+	s := newSandbox(t, m, opt)
+	if _, err := s.WriteFile(context.Background(), "/tmp/ca.pem", bytes.NewReader(w.caPEM), 0o644, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestEgressAttacks runs each way out of an allowlist sandbox next to its
+// allowed twin (which shows the netProbe itself works), and checks the
+// event each refusal emits.
+func TestEgressAttacks(t *testing.T) {
+	w := newEgressWorld(t)
+	m, log := w.engine(t)
+	s := w.sandbox(t, m, sandbox.CreateOptions{Policy: allowlist(
+		"api.test", "rebind.test", "meta.test", "self.test", "mixed.test", "*.tunnel.test", "198.51.100.0/24")})
+
+	cases := []struct {
+		name, code, want string
+		kind, target     string // the event expected ("" for none)
+		rule             string // a part of its rule
+	}{
+		{"allowed http", `get("api.test")`, "hello from api.test", "", "", ""},
+		{"allowed https", `tls("api.test", "api.test")`, "hello from api.test", "", "", ""},
+		{"sni mismatch", `tls("api.test", "evil.test")`, "", events.KindNetworkDenied, "evil.test at 203.0.113.10:443", "tls name"},
+		{"host mismatch", `get("api.test", hdr="evil.test")`, "", events.KindNetworkDenied, "evil.test at 203.0.113.10:80", "http name"},
+		{"denied name", `dns("evil.test")`, "NXDOMAIN/0", events.KindDNSDenied, "evil.test", "not in allowlist"},
+		{"allowed name", `dns("api.test")`, "NOERROR/1", "", "", ""},
+		{"aaaa is empty", `dns("api.test", 28)`, "NOERROR/0", "", "", ""},
+		{"ip literal", `tcp("203.0.113.99", 80)`, "ECONNREFUSED", events.KindNetworkDenied, "203.0.113.99:80", "not resolved from an allowed name"},
+		{"ip of a denied name", `tcp("203.0.113.30", 80)`, "ECONNREFUSED", events.KindNetworkDenied, "203.0.113.30:80", "not resolved"},
+		{"allowed cidr raw socket", `tcp("198.51.100.7", 9000)`, "echo: ping\n", "", "", ""},
+		{"rebinding to loopback", `dns("rebind.test")`, "NXDOMAIN/0", events.KindDNSDenied, "rebind.test", "127.0.0.1 (loopback)"},
+		{"rebinding via getaddrinfo", `get("rebind.test")`, "gaierror", "", "", ""},
+		{"metadata name", `dns("meta.test")`, "NXDOMAIN/0", events.KindDNSDenied, "meta.test", "cloud metadata"},
+		{"metadata address", `tcp("169.254.169.254", 80)`, "ECONNREFUSED", events.KindNetworkDenied, "169.254.169.254:80", "cloud metadata"},
+		{"private half of an answer dropped", `dns("mixed.test")`, "NOERROR/1", "", "", ""},
+		{"private address", `tcp("10.0.0.1", 80)`, "ECONNREFUSED", events.KindNetworkDenied, "10.0.0.1:80", "private"},
+		{"the gateway itself", `tcp("10.255.255.1", 80)`, "ECONNREFUSED", events.KindNetworkDenied, "10.255.255.1:80", "private"},
+		{"cgnat", `tcp("100.64.0.1", 80)`, "ECONNREFUSED", events.KindNetworkDenied, "100.64.0.1:80", "carrier-grade NAT"},
+		{"ipv4-mapped", `v6("::ffff:10.0.0.2", 80)`, "ECONNREFUSED", events.KindNetworkDenied, "10.0.0.2:80", "private"},
+		{"the server's own port", `get("self.test")`, "ECONNREFUSED", events.KindNetworkDenied, "203.0.113.20:80", "the server's own port"},
+		{"dns tunnelling, long label", `dns("` + strings.Repeat("a1b2c3d4", 6) + `.tunnel.test")`, "REFUSED/0", events.KindDNSDenied, strings.Repeat("a1b2c3d4", 6) + ".tunnel.test", "dns tunnelling"},
+		{"dns tunnelling, many labels", `[dns("q%d.tunnel.test" % i) for i in range(70)][-1]`, "REFUSED/0", events.KindDNSDenied, "q64.tunnel.test", "too many names"},
+		{"udp", `udp("203.0.113.10", 9999)`, "ECONNREFUSED", events.KindNetworkDenied, "203.0.113.10:9999", "udp"},
+		{"udp dns elsewhere", `udp("8.8.8.8", 53)`, "ECONNREFUSED", events.KindNetworkDenied, "8.8.8.8:53", "udp"},
+		{"ipv6", `v6("2001:db8::1", 80)`, "ENETUNREACH", "", "", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := py(t, s, netProbe+"\nprint("+c.code+", end='')"); got != strings.TrimSpace(c.want) && !(c.want == "" && isRefusal(got)) {
+				t.Fatalf("%s = %q, want %q", c.code, got, c.want)
+			}
+			if c.kind == "" {
+				return
+			}
+			evs := log.find(s.ID, events.SecurityViolation, "target", c.target)
+			if len(evs) == 0 {
+				t.Fatalf("no event for %s; all: %+v", c.target, log.all)
+			}
+			if k, rule := evs[0].Details["kind"], fmt.Sprint(evs[0].Details["rule"]); k != c.kind || !strings.Contains(rule, c.rule) {
+				t.Fatalf("event %+v, want kind %s and a rule with %q", evs[0].Details, c.kind, c.rule)
+			}
+		})
+	}
+}
+
+// isRefusal accepts the ways a client sees a connection the gateway closed
+// after reading its first message.
+func isRefusal(got string) bool {
+	switch got {
+	case "ssl", "closed", "ECONNRESET", "EPIPE", "":
+		return true
+	}
+	return false
+}
+
+func TestEgressRequestLimit(t *testing.T) {
+	w := newEgressWorld(t)
+	m, log := w.engine(t)
+	limit := int64(2)
+	pol := allowlist("api.test")
+	pol.ResourceLimits = &policy.ResourceLimits{NetworkRequests: &limit}
+	s := w.sandbox(t, m, sandbox.CreateOptions{Policy: pol})
+	got := py(t, s, netProbe+`
+print([get("api.test") for _ in range(3)])`)
+	if want := "['hello from api.test', 'hello from api.test', 'ECONNREFUSED']"; got != want {
+		t.Fatalf("three GETs under a limit of 2: %s, want %s", got, want)
+	}
+	evs := log.find(s.ID, events.ResourceExceeded, "resource", events.ResourceNetworkRequests)
+	if len(evs) != 1 || fmt.Sprint(evs[0].Details["limit"]) != "2" {
+		t.Fatalf("resource_exceeded events = %+v", evs)
+	}
+}
+
+// TestEgressClients checks clients that ignore proxies: each reaches an
+// allowed name through the gateway with no configuration at all.
+func TestEgressClients(t *testing.T) {
+	w := newEgressWorld(t)
+	m, _ := w.engine(t)
+	s := w.sandbox(t, m, sandbox.CreateOptions{Policy: allowlist("api.test")})
+	clients := []struct {
+		name string
+		cmd  string
+		args []string
+	}{
+		{"node fetch", "node", []string{"-e", `fetch("http://api.test/x").then(r => r.text()).then(t => process.stdout.write(t))`}},
+		{"python urllib https", "python3", []string{"-c", `import ssl, urllib.request as u; print(u.urlopen("https://api.test/x", context=ssl.create_default_context(cafile="/tmp/ca.pem")).read().decode(), end="")`}},
+		{"curl https", "curl", []string{"-sS", "--cacert", "/tmp/ca.pem", "https://api.test/x"}},
+		{"python requests", "python3", []string{"-c", `import requests; print(requests.get("https://api.test/x", verify="/tmp/ca.pem").text, end="")`}},
+	}
+	for _, c := range clients {
+		t.Run(c.name, func(t *testing.T) {
+			res, out, errOut := runAs(t, s, "", c.cmd, c.args...)
+			if res.ExitCode != 0 || out != "hello from api.test" {
+				t.Fatalf("%s: exit %d, %q, %s", c.name, res.ExitCode, out, errOut)
+			}
+		})
+	}
+}
+
+// testCert returns a self-signed certificate (its own CA) for names, and
+// its key, in PEM.
+func testCert(t *testing.T, names ...string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true,
+		KeyUsage:    x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+// loopbackTLSServer serves h over TLS on 127.0.0.1.
+func loopbackTLSServer(t *testing.T, h http.Handler, certPEM, keyPEM []byte) netip.AddrPort {
+	t.Helper()
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return netip.MustParseAddrPort(ln.Addr().String())
 }

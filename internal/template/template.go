@@ -108,11 +108,13 @@ func Builtin() []Definition {
 			Suite: "bookworm",
 			// bash and coreutils are Essential (always in minbase) but named
 			// so the list says what the kernels rely on. tzdata for pandas and
-			// zoneinfo; procps for ps/top/kill. No ca-certificates: sandboxes
-			// reach the network only through the host's proxy, if at all.
+			// zoneinfo; procps for ps/top/kill. curl, git, pip, requests and
+			// ca-certificates for sandboxes whose policy allows a network
+			// (internal/egress).
 			Packages: []string{
 				"python3", "python3-numpy", "python3-pandas", "python3-matplotlib",
 				"nodejs", "bash", "coreutils", "procps", "tzdata",
+				"ca-certificates", "curl", "git", "python3-pip", "python3-requests",
 			},
 			Description: "Debian bookworm with Python 3.11 (numpy, pandas, matplotlib), Node.js 18 and Bash",
 		},
