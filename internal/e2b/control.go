@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
@@ -146,6 +147,7 @@ type newSandbox struct {
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	Network             *struct {
 		AllowOut []string `json:"allowOut"`
+		DenyOut  []string `json:"denyOut"`
 	} `json:"network"`
 	AutoPause    *bool           `json:"autoPause"`
 	MCP          json.RawMessage `json:"mcp"`
@@ -234,9 +236,11 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 	if err := decodeBody(r, &req); err != nil {
 		return err
 	}
+	netPolicy, err := networkOf(req)
+	if err != nil {
+		return err
+	}
 	switch {
-	case req.AllowInternetAccess != nil && *req.AllowInternetAccess, req.Network != nil && len(req.Network.AllowOut) > 0:
-		return &statusError{http.StatusBadRequest, "sandboxes on this server have no network access (ERR_NETWORK_RESTRICTED)"}
 	case req.AutoPause != nil && *req.AutoPause:
 		return badRequest("pausing sandboxes is not supported by this server")
 	case len(req.MCP) > 0 && string(req.MCP) != "null":
@@ -245,6 +249,9 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 		return badRequest("volumes are not supported by this server")
 	}
 	opt := sandbox.CreateOptions{Template: req.TemplateID, Timeout: def, Env: req.EnvVars, Metadata: req.Metadata}
+	if netPolicy != nil {
+		opt.Policy = &policy.Policy{Network: netPolicy}
+	}
 	if t, ok := h.cfg.Templates[req.TemplateID]; ok {
 		opt.Template = t
 	}
@@ -269,12 +276,47 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 	return nil
 }
 
+// allTraffic is E2B's ALL_TRAFFIC, the deny-out entry that shuts every
+// destination out.
+const allTraffic = "0.0.0.0/0"
+
+// networkOf maps E2B's network options onto a network policy (nil: none,
+// Sheepfold's default, where E2B's is open): allowOut becomes an
+// allowlist, allow_internet_access true (with no allowOut) mode public.
+// Deny lists other than ALL_TRAFFIC have no equivalent and are refused.
+func networkOf(req newSandbox) (*policy.Network, error) {
+	var allow, denyOut []string
+	if req.Network != nil {
+		allow, denyOut = req.Network.AllowOut, req.Network.DenyOut
+	}
+	denyAll := false
+	for _, d := range denyOut {
+		if d != allTraffic {
+			return nil, badRequest("network.denyOut supports only %q on this server (ERR_NETWORK_RESTRICTED)", allTraffic)
+		}
+		denyAll = true
+	}
+	var n *policy.Network
+	switch {
+	case len(allow) > 0:
+		n = &policy.Network{Mode: policy.NetworkAllowlist, Allow: allow}
+	case req.AllowInternetAccess != nil && *req.AllowInternetAccess && !denyAll:
+		n = &policy.Network{Mode: policy.NetworkPublic}
+	default:
+		return nil, nil
+	}
+	if _, err := policy.CompileEgress(n); err != nil {
+		return nil, badRequest("%v", err)
+	}
+	return n, nil
+}
+
 func (h *Handler) get(w http.ResponseWriter, r *http.Request, owner string) error {
 	sb, err := h.backend.Sandbox(r.Context(), owner, r.PathValue("id"))
 	if err != nil {
 		return err
 	}
-	d := detailJSON{listedJSON: h.listedOf(sb), EnvdAccessToken: h.token(sb.ID)}
+	d := detailJSON{listedJSON: h.listedOf(sb), EnvdAccessToken: h.token(sb.ID), AllowInternetAccess: sb.NetworkMode() != policy.NetworkNone}
 	d.Lifecycle.OnTimeout = "kill"
 	writeJSON(w, http.StatusOK, d)
 	return nil

@@ -153,6 +153,9 @@ func (g *Gateway) SetPolicy(pol *policy.Egress, limit int64) {
 	atomic.StoreInt64(&g.limit, max(limit, 0))
 }
 
+// Mode is the network mode the gateway enforces now.
+func (g *Gateway) Mode() string { return g.pol.Load().Mode }
+
 // Requests returns how many connections the sandbox has made.
 func (g *Gateway) Requests() int64 { return g.requests.Load() }
 

@@ -623,6 +623,15 @@ func (s *Sandbox) idleSince(now time.Time, interval time.Duration) time.Duration
 	return now.Sub(s.lastActive)
 }
 
+// NetworkMode is the sandbox's network mode: policy.NetworkNone when it
+// has no network interface, else the mode its gateway enforces.
+func (s *Sandbox) NetworkMode() string {
+	if s.net == nil {
+		return policy.NetworkNone
+	}
+	return s.net.Mode()
+}
+
 // closeNet stops the sandbox's network gateway, if it has one.
 func (s *Sandbox) closeNet() {
 	if s.net != nil {

@@ -101,9 +101,13 @@ func TestE2BControlPlane(t *testing.T) {
 	if r.status < 400 || e2bCode(t, r) != float64(r.status) {
 		t.Fatalf("unknown template: %d %s", r.status, r.body)
 	}
-	r = e.e2bDo("POST", "/v2/sandboxes", e.keyA, map[string]any{"templateID": "base", "allow_internet_access": true})
-	if r.status != http.StatusBadRequest {
-		t.Fatalf("internet access: %d %s", r.status, r.body)
+	for _, body := range []map[string]any{
+		{"templateID": "base", "allow_internet_access": true, "network": map[string]any{"denyOut": []string{"1.1.1.1"}}},
+		{"templateID": "base", "network": map[string]any{"allowOut": []string{"bad host"}}},
+	} {
+		if r = e.e2bDo("POST", "/v2/sandboxes", e.keyA, body); r.status != http.StatusBadRequest {
+			t.Fatalf("network %v: %d %s", body["network"], r.status, r.body)
+		}
 	}
 
 	a := e.e2bCreate(e.keyA, map[string]any{"templateID": "code-interpreter-v1", "timeout": 60,
