@@ -1,14 +1,17 @@
 package sandbox_test
 
 import (
+	"archive/zip"
 	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -16,6 +19,8 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +30,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // eventLog collects the events an engine emits.
@@ -225,9 +231,17 @@ func newEgressWorld(t *testing.T) *egressWorld {
 	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, "hello from "+r.Host)
 	})
+	mux := http.NewServeMux()
+	mux.Handle("/", hello)
+	wheelName, wheel := testWheel(t)
+	sum := sha256.Sum256(wheel)
+	mux.HandleFunc("/simple/tinypkg/", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `<!DOCTYPE html><html><body><a href="/files/%s#sha256=%x">%s</a></body></html>`, wheelName, sum, wheelName)
+	})
+	mux.HandleFunc("/files/"+wheelName, func(w http.ResponseWriter, r *http.Request) { w.Write(wheel) })
 	httpSrv := loopbackServer(t, hello)
-	certPEM, keyPEM := testCert(t, "api.test", "evil.test")
-	httpsSrv := loopbackTLSServer(t, hello, certPEM, keyPEM)
+	certPEM, keyPEM := testCert(t, "api.test", "evil.test", "pypi.test")
+	httpsSrv := loopbackTLSServer(t, mux, certPEM, keyPEM)
 	echo := echoServer(t)
 	self := loopbackServer(t, hello)
 	return &egressWorld{
@@ -240,6 +254,7 @@ func newEgressWorld(t *testing.T) *egressWorld {
 				"rebind.test": {loopbackGW},
 				"meta.test":   {netip.MustParseAddr("169.254.169.254")},
 				"mixed.test":  {netip.MustParseAddr("10.0.0.1"), apiAddr},
+				"pypi.test":   {pypiAddr},
 			},
 			Routes: map[netip.AddrPort]netip.AddrPort{
 				netip.AddrPortFrom(apiAddr, 80):    httpSrv,
@@ -247,6 +262,7 @@ func newEgressWorld(t *testing.T) *egressWorld {
 				netip.AddrPortFrom(evilAddr, 80):   httpSrv,
 				netip.AddrPortFrom(cidrAddr, 9000): echo,
 				netip.AddrPortFrom(selfAddr, 80):   self,
+				netip.AddrPortFrom(pypiAddr, 443):  httpsSrv,
 			},
 		},
 	}
@@ -400,6 +416,12 @@ func TestEgressClients(t *testing.T) {
 	}
 	for _, c := range clients {
 		t.Run(c.name, func(t *testing.T) {
+			if c.name == "curl https" {
+				requireInTemplate(t, "usr/bin/curl")
+			}
+			if c.name == "python requests" {
+				requireInTemplate(t, "usr/lib/python3/dist-packages/requests")
+			}
 			res, out, errOut := runAs(t, s, "", c.cmd, c.args...)
 			if res.ExitCode != 0 || out != "hello from api.test" {
 				t.Fatalf("%s: exit %d, %q, %s", c.name, res.ExitCode, out, errOut)
@@ -450,4 +472,62 @@ func loopbackTLSServer(t *testing.T, h http.Handler, certPEM, keyPEM []byte) net
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return netip.MustParseAddrPort(ln.Addr().String())
+}
+
+// testWheel builds a minimal pure-Python wheel, tinypkg 0.1.
+func testWheel(t *testing.T) (string, []byte) {
+	t.Helper()
+	files := [][2]string{
+		{"tinypkg/__init__.py", "VALUE = 42\n"},
+		{"tinypkg-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n"},
+		{"tinypkg-0.1.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: sheepfold-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"},
+	}
+	var record strings.Builder
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	add := func(name, body string) {
+		f, err := zw.Create(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(f, body)
+	}
+	for _, f := range files {
+		add(f[0], f[1])
+		sum := sha256.Sum256([]byte(f[1]))
+		fmt.Fprintf(&record, "%s,sha256=%s,%d\n", f[0], base64.RawURLEncoding.EncodeToString(sum[:]), len(f[1]))
+	}
+	record.WriteString("tinypkg-0.1.dist-info/RECORD,,\n")
+	add("tinypkg-0.1.dist-info/RECORD", record.String())
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return "tinypkg-0.1-py3-none-any.whl", buf.Bytes()
+}
+
+// TestEgressPipDownload fetches a package from a loopback index through
+// the gateway with pip, which knows nothing of it.
+func TestEgressPipDownload(t *testing.T) {
+	w := newEgressWorld(t)
+	m, _ := w.engine(t)
+	requireInTemplate(t, "usr/lib/python3/dist-packages/pip")
+	s := w.sandbox(t, m, sandbox.CreateOptions{Policy: allowlist("pypi.test:443")})
+	res, out, errOut := runAs(t, s, "", "python3", "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+		"--cert", "/tmp/ca.pem", "--index-url", "https://pypi.test/simple/", "-d", "/tmp/dl", "tinypkg")
+	if res.ExitCode != 0 {
+		t.Fatalf("pip download: exit %d\n%s\n%s", res.ExitCode, out, errOut)
+	}
+	got := py(t, s, `import zipfile; print(zipfile.ZipFile("/tmp/dl/tinypkg-0.1-py3-none-any.whl").read("tinypkg/__init__.py").decode(), end="")`)
+	if got != "VALUE = 42" {
+		t.Fatalf("downloaded wheel holds %q", got)
+	}
+}
+
+// requireInTemplate fails t if the python template lacks a path (a
+// template built before its definition gained curl, pip and requests).
+func requireInTemplate(t *testing.T, rel string) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(testutil.TemplateRootFS(t, "python"), rel)); err != nil {
+		t.Fatalf("the python template lacks /%s: rebuild it (sheepfold template build --force python): %v", rel, err)
+	}
 }
