@@ -46,7 +46,12 @@ const (
 	// EventDropped stands for a result (or another event) that was not
 	// sent because it was too large: Dropped says how large and why.
 	EventDropped = "dropped"
-	EventDone    = "done" // the last event of every request
+	// EventViolation reports that code tried something the sandbox's
+	// policy forbids (Violation); the execution goes on or fails as the
+	// kernel decides. Reports come from inside the sandbox: they describe
+	// what its own code did and may be forged by that code.
+	EventViolation = "violation"
+	EventDone      = "done" // the last event of every request
 )
 
 // Event types of file.watch.
@@ -77,6 +82,7 @@ const (
 	StatusTimeout     = "timeout"      // the wall-clock limit passed; the code was interrupted or killed
 	StatusOutputLimit = "output_limit" // output passed the cap; the code was interrupted or killed
 	StatusKilled      = "killed"       // the interpreter died (a signal, e.g. the OOM killer); the context restarts on next use
+	StatusCPULimit    = "cpu_limit"    // the execution used more CPU time than KernelPolicy.CPUTimeMS; it was interrupted or killed
 )
 
 // Request is the first frame on every connection.
@@ -177,6 +183,54 @@ type ExecuteSpec struct {
 	// the user's namespace and counting as no execution. The warm pool
 	// uses it; Done.Status is error when an import failed.
 	Preload []string `json:"preload,omitempty"`
+	// Policy is what the sandbox's security policy asks of the context
+	// (nil: nothing). PolicyGen numbers the host's policy versions: a
+	// context applies Policy when it has not applied this generation yet.
+	// A context that applied a generation below PolicyRestartGen (the
+	// latest change that loosened a rule only a fresh interpreter can
+	// drop, such as the subprocess filter) restarts first; its state is lost.
+	Policy           *KernelPolicy `json:"policy,omitempty"`
+	PolicyGen        int64         `json:"policy_gen,omitempty"`
+	PolicyRestartGen int64         `json:"policy_restart_gen,omitempty"`
+}
+
+// KernelPolicy is the part of a sandbox's security policy its code
+// contexts enforce. Python enforces all of it; Node and Bash contexts
+// cannot filter their own system calls and refuse to run code while
+// DenySubprocess is set.
+type KernelPolicy struct {
+	// DenySubprocess installs a seccomp filter (Seccomp) in the
+	// interpreter denying execve, execveat, fork, vfork and clone without
+	// CLONE_THREAD, and reports attempts the interpreter sees.
+	DenySubprocess bool `json:"deny_subprocess,omitempty"`
+	// Seccomp is the classic BPF program (struct sock_filter records,
+	// native byte order) the interpreter installs on itself with
+	// seccomp(2), whose number on this architecture is SeccompSyscall.
+	Seccomp        []byte `json:"seccomp,omitempty"`
+	SeccompSyscall int    `json:"seccomp_syscall,omitempty"`
+	// Import rules for the user's own code: AllowedImports (nil: any) and
+	// BlockedModules; a name covers its submodules. DenyImportSystem also
+	// closes the import machinery's back doors.
+	AllowedImports   []string `json:"allowed_imports,omitempty"`
+	BlockedModules   []string `json:"blocked_modules,omitempty"`
+	DenyImportSystem bool     `json:"deny_import_system,omitempty"`
+	// AllowNetwork false makes a connection to a non-loopback address fail
+	// at once with NetworkRestrictedError (the sandbox has no route out
+	// anyway; this makes the refusal clear and reported).
+	AllowNetwork bool `json:"allow_network,omitempty"`
+	// CPUTimeMS bounds the CPU time of one execution (0: none).
+	CPUTimeMS int64 `json:"cpu_time_ms,omitempty"`
+	// FileSizeBytes is the interpreter's RLIMIT_FSIZE (0: none).
+	FileSizeBytes int64 `json:"file_size_bytes,omitempty"`
+}
+
+// Violation is what EventViolation reports. Kind is one of the
+// security_violation kinds of internal/events (module_blocked,
+// subprocess_denied, network_denied, path_denied, syscall_denied) or
+// "resource" with Target naming the resource (disk).
+type Violation struct {
+	Kind   string `json:"kind"`
+	Target string `json:"target"`
 }
 
 // Event is every frame the agent sends back; Type says which fields are set.
@@ -191,6 +245,8 @@ type Event struct {
 	FS     *FSEvent   `json:"fs,omitempty"` // EventFS
 	// Dropped describes what an EventDropped stands for.
 	Dropped *Dropped `json:"dropped,omitempty"`
+
+	Violation *Violation `json:"violation,omitempty"` // EventViolation
 
 	// Fields of the Done event.
 	Code      string        `json:"code,omitempty"`    // failure code (Code* constants); empty on success

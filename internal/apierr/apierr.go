@@ -42,6 +42,9 @@ const (
 	StorageUnavailable   Code = "ERR_STORAGE_UNAVAILABLE"
 	ShuttingDown         Code = "ERR_SHUTTING_DOWN"
 	Forbidden            Code = "ERR_FORBIDDEN"
+	InvalidPolicy        Code = "ERR_INVALID_POLICY"
+	SubprocessDenied     Code = "ERR_SUBPROCESS_DENIED"
+	CPUTimeExceeded      Code = "ERR_CPU_TIME_EXCEEDED"
 )
 
 // Status is the HTTP status of each code.
@@ -70,6 +73,9 @@ var Status = map[Code]int{
 	StorageUnavailable:   http.StatusServiceUnavailable,
 	ShuttingDown:         http.StatusServiceUnavailable,
 	Forbidden:            http.StatusForbidden,
+	InvalidPolicy:        http.StatusBadRequest,
+	SubprocessDenied:     http.StatusForbidden,
+	CPUTimeExceeded:      http.StatusUnprocessableEntity,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

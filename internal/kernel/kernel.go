@@ -95,10 +95,14 @@ type Kernel struct {
 	spec agentproto.ContextSpec
 	opt  Options
 
-	// mu serialises executions, restarts and Close, and guards p and closed.
+	// mu serialises executions, restarts and Close, and guards p, closed
+	// and applied.
 	mu     sync.Mutex
 	p      *proc
 	closed bool
+	// applied is the policy generation the running interpreter has
+	// applied (ExecuteSpec.PolicyGen); 0 for a fresh one.
+	applied int64
 }
 
 // proc is one running interpreter.
@@ -146,9 +150,11 @@ type ctlMsg struct {
 	// A "dropped" message stands for one (of type What) that was too
 	// large to send: the driver's own, or a line the kernel would not
 	// read (ctlLines).
-	What  string `json:"what,omitempty"`
-	Bytes int64  `json:"bytes,omitempty"`
-	raw   string
+	What   string `json:"what,omitempty"`
+	Bytes  int64  `json:"bytes,omitempty"`
+	Kind   string `json:"kind,omitempty"`   // violation
+	Target string `json:"target,omitempty"` // violation
+	raw    string
 }
 
 // Start starts an interpreter for spec.Language.
@@ -191,7 +197,7 @@ func (k *Kernel) Language() string { return k.lang }
 func (k *Kernel) command() *exec.Cmd {
 	switch k.lang {
 	case "python":
-		return exec.Command(k.opt.Python, "-c", pythonDriver, pythonCharts)
+		return exec.Command(k.opt.Python, "-c", pythonBoot, pythonDriver, pythonCharts)
 	case "javascript", "typescript": // the host sends TypeScript cells transpiled
 		return exec.Command(k.opt.Node, "-e", nodeDriver)
 	default:
@@ -290,6 +296,7 @@ func (k *Kernel) start() error {
 		close(p.exited)
 	}()
 	k.p = p
+	k.applied = 0
 	return nil
 }
 
@@ -466,6 +473,9 @@ func (k *Kernel) request(spec agentproto.ExecuteSpec, marker string) []byte {
 		if spec.Preload != nil {
 			req = map[string]any{"preload": spec.Preload, "marker": marker}
 		}
+		if spec.Policy != nil && k.applied != spec.PolicyGen {
+			req["policy"] = spec.Policy
+		}
 		b, _ := json.Marshal(req)
 		return append(b, '\n')
 	}
@@ -516,6 +526,9 @@ func (k *Kernel) Execute(ctx context.Context, spec agentproto.ExecuteSpec, emit 
 		done.Code, done.Message = agentproto.CodeUnsupported, "preloading modules needs a python context"
 		return done
 	}
+	if refused := k.policyGate(spec, emit); refused != nil {
+		return *refused
+	}
 	if k.p == nil || !k.p.alive() {
 		if k.p != nil {
 			k.p.kill()
@@ -555,7 +568,11 @@ func (k *Kernel) Execute(ctx context.Context, spec agentproto.ExecuteSpec, emit 
 		}
 	}
 	marker := newMarker()
-	if _, err := p.ctlW.Write(k.request(spec, marker)); err != nil {
+	request := k.request(spec, marker)
+	if spec.Policy != nil {
+		k.applied = spec.PolicyGen
+	}
+	if _, err := p.ctlW.Write(request); err != nil {
 		p.kill()
 		k.p = nil
 		done.Status = agentproto.StatusKilled
@@ -584,6 +601,9 @@ func (k *Kernel) Execute(ctx context.Context, spec agentproto.ExecuteSpec, emit 
 	if spec.TimeoutMS > 0 {
 		timer = time.After(time.Duration(spec.TimeoutMS) * time.Millisecond)
 	}
+	cpu := newCPUWatch(spec.Policy, pid, cpu0)
+	defer cpu.stop()
+	policyFailed := false
 	interrupt := func(reason string) {
 		if why != "" {
 			return
@@ -702,6 +722,13 @@ loop:
 					Reason: fmt.Sprintf("a %s of %d bytes is over the limit of %d bytes", what, m.Bytes, agentproto.MaxResult)}})
 			case "error":
 				execErr = m.Error
+			case "violation":
+				if m.Kind != "" {
+					settle()
+					send(agentproto.Event{Type: agentproto.EventViolation, Violation: &agentproto.Violation{Kind: m.Kind, Target: m.Target}})
+				}
+			case "policy_failed":
+				policyFailed = true
 			case "done":
 				gotDone = true
 				if k.lang == "bash" {
@@ -715,6 +742,10 @@ loop:
 		case <-timer:
 			timer = nil
 			interrupt("timeout")
+		case <-cpu.tick():
+			if cpu.exceeded() {
+				interrupt("cpu")
+			}
 		case <-ctxDone:
 			ctxDone = nil
 			interrupt("cancel")
@@ -726,7 +757,9 @@ loop:
 			exited = nil
 		}
 	}
-	if killed || !gotDone {
+	if killed || !gotDone || policyFailed {
+		// A policy the interpreter could not apply is applied by a
+		// fresh one at the next execution.
 		p.kill()
 		k.p = nil
 	}
@@ -760,6 +793,14 @@ loop:
 	case "cancel":
 		status = agentproto.StatusError
 		execErr = &agentproto.ExecError{Name: "Cancelled", Value: "the execution was cancelled"}
+	case "cpu":
+		status = agentproto.StatusCPULimit
+		execErr = cpu.error(killed)
+	}
+	if why == "" && !gotDone && cpu != nil && (cpu.exceeded() || signalled(p, syscall.SIGXCPU)) {
+		// RLIMIT_CPU, the backstop, ended the interpreter first.
+		status = agentproto.StatusCPULimit
+		execErr = cpu.error(true)
 	}
 	if execErr != nil && status == agentproto.StatusOK {
 		status = agentproto.StatusError
@@ -774,6 +815,15 @@ loop:
 		done.Stats.PeakMemoryBytes = peakRSS(pid)
 	}
 	return done
+}
+
+// signalled reports whether the interpreter was ended by sig.
+func signalled(p *proc, sig syscall.Signal) bool {
+	if st := p.cmd.ProcessState; st != nil {
+		ws, ok := st.Sys().(syscall.WaitStatus)
+		return ok && ws.Signaled() && ws.Signal() == sig
+	}
+	return false
 }
 
 var clockTicks = 100.0 // USER_HZ on Linux

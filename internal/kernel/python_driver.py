@@ -1,5 +1,7 @@
 # Sheepfold Python kernel driver: requests arrive as JSON lines on fd 3,
 # messages leave as JSON lines on fd 4; stdout and stderr are the real fds.
+# It runs compiled as "<frozen sheepfold_driver>" (kernel.go's pythonBoot),
+# so that the policy hooks below count its frames as the interpreter's own.
 # Only what every execution needs is imported here: each import is on the
 # path of a new context's first execution (subprocess and re load when a
 # cell uses a shell escape, traceback when one raises).
@@ -100,7 +102,7 @@ def _chart(fig):
     try:
         if _charts is None:
             _charts = {"__name__": "_sheepfold_charts"}
-            exec(compile(_charts_src, "<sheepfold-charts>", "exec"), _charts)
+            exec(compile(_charts_src, "<frozen sheepfold_charts>", "exec"), _charts)
         return _charts["chart"](fig)
     except Exception:
         return None
@@ -165,7 +167,251 @@ builtins._sheepfold_shell = _shell
 _SHELL_LINE = r"^([ \t]*)!(.*)$"
 
 
+
+# --- Security policy (the request's "policy", applied once per generation).
+# These hooks are a convenience that makes refusals clear and reported; the
+# boundary is below the interpreter (seccomp, namespaces, mounts, the
+# network gateway). Rules only ever tighten inside one interpreter: the host
+# restarts it to loosen one.
+class ModuleBlockedError(ImportError):
+    pass
+
+
+class SubprocessDeniedError(PermissionError):
+    pass
+
+
+class NetworkRestrictedError(PermissionError):
+    pass
+
+
+builtins.ModuleBlockedError = ModuleBlockedError
+builtins.SubprocessDeniedError = SubprocessDeniedError
+builtins.NetworkRestrictedError = NetworkRestrictedError
+_NET_MSG = "Network access is restricted in sandbox mode"
+# _state[0]: whether non-loopback connections may be tried (the gateway
+# decides them); mutable on purpose: it is not a boundary.
+_state = [True, 0, False, False]  # allow_network, cpu_ms, net hook, subprocess hook
+
+
+def _violation(kind, target):
+    try:
+        _send({"type": "violation", "kind": kind, "target": str(target)[:300]})
+    except Exception:
+        pass
+
+
+def _loopback(host):
+    if not isinstance(host, str):
+        return False
+    h = host.lower()
+    return h in ("localhost", "::1", "0:0:0:0:0:0:0:1") or h.startswith("127.") or h.startswith("::ffff:127.")
+
+
+def _net_hook(event, args):
+    if _state[0] or event not in ("socket.connect", "socket.sendto", "socket.sendmsg"):
+        return
+    addr = args[1] if len(args) > 1 else None
+    if event == "socket.sendmsg" and (addr is None or addr == ()):
+        return  # a connected socket: its connect was checked
+    if isinstance(addr, tuple) and len(addr) >= 2 and not _loopback(addr[0]):
+        _violation("network_denied", "%s:%s" % (addr[0], addr[1]))
+        raise NetworkRestrictedError(_NET_MSG)
+
+
+_SPAWN_EVENTS = frozenset(("subprocess.Popen", "os.system", "os.posix_spawn", "os.exec", "os.spawn",
+                           "os.fork", "os.forkpty", "pty.spawn", "os.startfile"))
+_SPAWN_SYMBOLS = frozenset(("fork", "vfork", "_Fork", "clone", "clone3", "execve", "execveat", "fexecve", "execv",
+                            "execvp", "execvpe", "execl", "execlp", "execle", "system", "popen", "posix_spawn",
+                            "posix_spawnp"))
+
+
+def _subprocess_hook(event, args):
+    if event in _SPAWN_EVENTS:
+        target = event
+        if args:
+            a = args[0] if event != "os.posix_spawn" else args[1] if len(args) > 1 else args[0]
+            target = "%s: %s" % (event, a if isinstance(a, (str, bytes)) else " ".join(map(str, a)) if isinstance(a, (list, tuple)) else a)
+        _violation("subprocess_denied", target)
+        raise SubprocessDeniedError("Running programs and creating processes is blocked by security policy (%s)" % event)
+    if event == "ctypes.dlsym" and len(args) > 1 and args[1] in _SPAWN_SYMBOLS:
+        _violation("subprocess_denied", "ctypes: " + str(args[1]))
+        raise SubprocessDeniedError("Running programs and creating processes is blocked by security policy (ctypes %s)" % args[1])
+
+
+def _seccomp(prog, nr):
+    """Install the no-subprocess filter on every thread of this process."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(prog, len(prog))
+
+    class _Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    fprog = _Fprog(len(prog) // 8, ctypes.addressof(buf))
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS (already set for the sandbox)
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    # SECCOMP_SET_MODE_FILTER with SECCOMP_FILTER_FLAG_TSYNC
+    if libc.syscall(nr, 1, 1, ctypes.byref(fprog)) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER)")
+
+
+def _library_prefixes():
+    out = {"<frozen "}
+    for base in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        for lib in ("/lib/python3", "/lib64/python3"):
+            out.add(base + lib)
+    return tuple(sorted(out))
+
+
+def _import_rules(allowed, blocked, deny_system):
+    """Wrap __import__ (and importlib.import_module) so that imports made by
+    the user's code (cells, exec'd strings, the user's own files: code that
+    is not the interpreter's library) obey the rules. What a library imports
+    for itself is not checked. The wrappers stack: each new rule set wraps
+    the last, so rules only ever tighten. Everything the checks use is bound
+    here, so replacing builtins later changes nothing."""
+    lib = _library_prefixes()
+    if deny_system:
+        blocked = blocked | {"importlib", "imp", "_imp", "_frozen_importlib", "_frozen_importlib_external",
+                             "zipimport", "pkgutil", "runpy", "builtins", "gc", "ctypes", "_ctypes", "marshal"}
+    getframe, _getattr, _isinstance, _str, _type, _range = sys._getframe, getattr, isinstance, str, type, range
+    module_type, violation, Blocked = _type(sys), _violation, ModuleBlockedError
+
+    def denied(name):
+        if not name:
+            return False
+        for m in blocked:
+            if name == m or name.startswith(m + "."):
+                return True
+        if allowed is None:
+            return False
+        for m in allowed:
+            if name == m or name.startswith(m + "."):
+                return False
+        return True
+
+    def check(name, depth):
+        if not denied(name):
+            return
+        if getframe(depth).f_code.co_filename.startswith(lib):
+            return  # a library importing for itself
+        violation("module_blocked", name)
+        raise Blocked("Module '%s' is blocked by security policy" % name)
+
+    def result(mod, depth):
+        # sys.modules may have been poisoned: check what came back.
+        real = _getattr(mod, "__name__", None)
+        if _isinstance(real, _str):
+            check(real, depth + 1)
+        return mod
+
+    prev_import = builtins.__import__
+
+    def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0:
+            check(name, 2)
+        mod = prev_import(name, globals, locals, fromlist, level)
+        if level == 0:
+            result(mod, 2)
+            if fromlist:
+                for item in fromlist:
+                    sub = _getattr(mod, item, None)
+                    if _type(sub) is module_type:
+                        result(sub, 2)
+        return mod
+
+    builtins.__import__ = guarded_import
+    import importlib
+    prev_module = importlib.import_module
+
+    def import_module(name, package=None):
+        if not name.startswith("."):
+            check(name, 2)
+        return result(prev_module(name, package), 2)
+
+    importlib.import_module = import_module
+    importlib.__import__ = guarded_import
+    introspection = frozenset(("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
+                               "sys.settrace", "sys.setprofile", "code.__new__", "function.__new__",
+                               "marshal.loads", "marshal.load"))
+
+    def audit(event, args):
+        if event == "compile":
+            # compile() under a library file's name would pass the
+            # library test: only the import system itself may do that.
+            if len(args) > 1 and _isinstance(args[1], _str) and args[1].startswith(lib) \
+                    and not getframe(1).f_code.co_filename.startswith(lib):
+                violation("module_blocked", "compile as " + args[1])
+                raise Blocked("Compiling code as a library file is blocked by security policy")
+        elif event == "import":
+            # A first load that went round __import__ (importlib internals,
+            # a loader called directly): look for the first caller that is
+            # not the import system.
+            if not (args and _isinstance(args[0], _str) and denied(args[0])):
+                return
+            for depth in _range(1, 64):
+                try:
+                    fn = getframe(depth).f_code.co_filename
+                except ValueError:
+                    return
+                if fn.startswith("<frozen importlib"):
+                    continue
+                if not fn.startswith(lib):
+                    violation("module_blocked", args[0])
+                    raise Blocked("Module '%s' is blocked by security policy" % args[0])
+                return
+        elif deny_system and event in introspection:
+            if event.startswith("gc.") or not getframe(1).f_code.co_filename.startswith(lib):
+                violation("module_blocked", event)
+                raise Blocked("%s is blocked by security policy (allow_import_system is false)" % event)
+
+    sys.addaudithook(audit)
+
+
+def _apply_policy(pol):
+    _state[0] = bool(pol.get("allow_network"))
+    _state[1] = int(pol.get("cpu_time_ms") or 0)
+    if not _state[2]:
+        _state[2] = True
+        sys.addaudithook(_net_hook)
+    if pol.get("deny_subprocess") and not _state[3]:
+        _seccomp(binascii.a2b_base64(pol["seccomp"]), int(pol["seccomp_syscall"]))
+        _state[3] = True
+        sys.addaudithook(_subprocess_hook)
+    allowed, blocked = pol.get("allowed_imports"), pol.get("blocked_modules")
+    if allowed or blocked or pol.get("deny_import_system"):
+        _import_rules(frozenset(allowed) if allowed else None, frozenset(blocked or ()), bool(pol.get("deny_import_system")))
+    fsize = int(pol.get("file_size_bytes") or 0)
+    if fsize > 0:
+        import resource
+        cur = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+        if cur == resource.RLIM_INFINITY or fsize < cur:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+
+def _cpu_backstop():
+    """RLIMIT_CPU a little past this execution's CPU time limit: if the
+    agent's own watch fails, the kernel ends the interpreter."""
+    import resource
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    if _state[1] <= 0:
+        soft = hard
+    else:
+        import math
+        soft = int(math.ceil(time_process() + _state[1] / 1000.0)) + 2
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def time_process():
+    import time
+    return time.process_time()
+
+
 def _error(e):
+    if isinstance(e, OSError) and e.errno in (27, 28, 122):  # EFBIG, ENOSPC, EDQUOT
+        _violation("resource", "disk")
     tb = e.__traceback__
     while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell"):
         tb = tb.tb_next
@@ -254,11 +500,23 @@ def main():
         preload = req.get("preload")
         if preload is None:
             n += 1
+        pol = req.get("policy")
+        policy_error = None
+        try:
+            if pol is not None:
+                _apply_policy(pol)
+            if pol is not None or _state[1]:
+                _cpu_backstop()
+        except BaseException as e:
+            policy_error = e
+            _send({"type": "policy_failed"})
         env = req.get("env") or {}
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
             try:
+                if policy_error is not None:
+                    raise RuntimeError("could not apply the security policy: %s" % policy_error)
                 if preload is not None:
                     _preload(preload)
                 else:

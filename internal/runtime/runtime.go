@@ -32,6 +32,10 @@ type Spec struct {
 	Limits Limits
 	// ReadOnly makes the whole root filesystem read-only.
 	ReadOnly bool
+	// WritablePaths, with ReadOnly, are the only writable places: each a
+	// directory (absolute, clean, created if missing) whose contents live
+	// in the sandbox's writable storage of Limits.DiskBytes, shared by all.
+	WritablePaths []string
 	// Env is the sandbox's environment (KEY=VALUE), added to a fixed base.
 	Env []string
 	// Hostname inside the sandbox; default "sandbox".

@@ -124,16 +124,17 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 
 	ctx, cancel := context.WithTimeout(ctx, req.Timeout+agentGrace)
 	defer cancel()
-	run := &execRun{req: req, stream: onEvent, ex: &Execution{Results: []agentproto.Result{}}}
+	run := &execRun{req: req, stream: onEvent, ex: &Execution{Results: []agentproto.Result{}},
+		violation: func(v *agentproto.Violation) { s.violation(req.ID, v) }}
 	run.hold.sandbox, run.hold.engine = s.resultBudgets()
 	defer run.hold.release()
-	done, err := s.agent.call(ctx, agentproto.Request{
-		Op: agentproto.OpExecute,
-		Execute: &agentproto.ExecuteSpec{
-			Code: req.Code, ContextID: req.ContextID, Language: req.Language, Env: req.Env,
-			TimeoutMS: req.Timeout.Milliseconds(), MaxOutputBytes: req.MaxOutput,
-		},
-	}, nil, agentproto.Handlers{Event: run.handle, Admit: run.hold.admit(ctx)}, callOptions{})
+	spec := &agentproto.ExecuteSpec{
+		Code: req.Code, ContextID: req.ContextID, Language: req.Language, Env: req.Env,
+		TimeoutMS: req.Timeout.Milliseconds(), MaxOutputBytes: req.MaxOutput,
+	}
+	s.executePolicy(spec)
+	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpExecute, Execute: spec},
+		nil, agentproto.Handlers{Event: run.handle, Admit: run.hold.admit(ctx)}, callOptions{})
 	if err != nil {
 		if ctx.Err() != nil && context.Cause(ctx) == context.DeadlineExceeded {
 			return nil, apierr.Wrap(err, apierr.SandboxTimeout, "the sandbox did not answer within %s", req.Timeout+agentGrace)
@@ -151,6 +152,8 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	switch done.Status {
 	case agentproto.StatusOK:
 		ex.Status = ExecSuccess
+	case agentproto.StatusCPULimit:
+		ex.Status, ex.ErrorCode = ExecError, apierr.CPUTimeExceeded
 	case agentproto.StatusTimeout:
 		ex.Status, ex.ErrorCode = ExecTimeout, apierr.SandboxTimeout
 		if ex.Error == nil {
@@ -173,6 +176,9 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	default:
 		ex.Status = ExecError
 	}
+	if ex.ErrorCode == "" && ex.Error != nil {
+		ex.ErrorCode = errorCodes[ex.Error.Name]
+	}
 	return ex, nil
 }
 
@@ -183,6 +189,8 @@ type execRun struct {
 	req    ExecuteRequest
 	stream func(agentproto.Event) error // nil: keep everything in ex
 	ex     *Execution
+	// violation reports what the code tried against the policy (events).
+	violation func(*agentproto.Violation)
 
 	stdout, stderr strings.Builder // kept when not streaming
 	results        int             // delivered
@@ -228,6 +236,10 @@ func (r *execRun) handle(ev agentproto.Event) error {
 		ev = r.drop(ev.Dropped.Type, ev.Dropped.Bytes, ev.Dropped.Reason)
 	case agentproto.EventError:
 		r.ex.Error = ev.Error
+	case agentproto.EventViolation:
+		if ev.Violation != nil && r.violation != nil {
+			r.violation(ev.Violation)
+		}
 	}
 	if r.stream != nil {
 		return r.stream(ev)

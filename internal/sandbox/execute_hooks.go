@@ -68,6 +68,9 @@ func (s *Sandbox) executionFinished(req ExecuteRequest, ex *Execution, err error
 		}
 		exceeded = map[string]any{"resource": events.ResourceOutput, "limit": limit,
 			"observed": ex.outputBytes, "unit": "bytes"}
+	case ex.ErrorCode == apierr.CPUTimeExceeded:
+		exceeded = map[string]any{"resource": events.ResourceCPUTime, "limit": s.Policy().CPUTime().Milliseconds(),
+			"observed": ex.CPUTimeMS, "unit": "ms"}
 	case ex.ErrorCode == apierr.OutOfMemory:
 		exceeded = map[string]any{"resource": events.ResourceMemory, "limit": s.Limits.MemoryBytes,
 			"observed": ex.PeakMemoryBytes, "unit": "bytes"}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/events"
 )
 
 // FileInfo describes a path inside a sandbox.
@@ -107,7 +108,32 @@ func (s *Sandbox) fileCall(ctx context.Context, req agentproto.Request, body io.
 	if req.Path == "" {
 		return apierr.New(apierr.BadRequest, "path is required")
 	}
-	return s.do(ctx, req, body, onEvent, onData, done)
+	writes := false
+	switch req.Op {
+	case agentproto.OpFileWrite, agentproto.OpFileMkdir, agentproto.OpFileRemove, agentproto.OpFileMove:
+		writes = true
+		if err := s.checkWritable(req); err != nil {
+			return err
+		}
+	}
+	if req.Op == agentproto.OpFileWrite {
+		if max := s.Policy().FileSizeBytes(); max > 0 && (req.Limit <= 0 || req.Limit > max) {
+			req.Limit = max // file_size_upload_mb
+		}
+	}
+	err := s.do(ctx, req, body, onEvent, onData, done)
+	if writes {
+		s.deniedByMount(req, err)
+		switch apierr.CodeOf(err) {
+		case apierr.DiskFull:
+			s.emit(events.ResourceExceeded, "", map[string]any{"resource": events.ResourceDisk,
+				"limit": s.Limits.DiskBytes, "unit": "bytes", "target": req.Path})
+		case apierr.FileTooLarge:
+			s.emit(events.ResourceExceeded, "", map[string]any{"resource": events.ResourceDisk,
+				"limit": req.Limit, "unit": "bytes", "target": req.Path})
+		}
+	}
+	return err
 }
 
 // withUser sets the request's user from the last AsUser option.

@@ -227,6 +227,11 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	if opt.Timeout < 0 || opt.Timeout > m.cfg.MaxTimeout {
 		return nil, apierr.New(apierr.BadRequest, "timeout must be between 1s and %s", m.cfg.MaxTimeout)
 	}
+	kpol, err := applyCreatePolicy(&opt)
+	if err != nil {
+		return nil, err
+	}
+	pol := policyState{pol: opt.Policy, kernel: kpol, gen: 1}
 	limits := fillLimits(opt.Limits, m.cfg.DefaultLimits)
 	if err := checkLimits(limits, m.cfg.MaxLimits); err != nil {
 		return nil, err
@@ -252,14 +257,14 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		return nil, apierr.Wrap(err, apierr.BadRequest, "%v", err)
 	}
 	if !egressPolicy.Enabled() {
-		if s, ok, err := m.fromPool(ctx, opt, limits); ok {
+		if s, ok, err := m.fromPool(ctx, opt, limits, pol); ok {
 			return s, err
 		}
 	}
 
 	s := &Sandbox{
 		ID: newID(), Template: opt.Template, Limits: limits, ReadOnly: opt.ReadOnly,
-		Env: opt.Env, Metadata: opt.Metadata, Created: time.Now(), m: m, state: StateStarting, owner: opt.Owner,
+		Env: opt.Env, Metadata: opt.Metadata, Created: time.Now(), m: m, state: StateStarting, owner: opt.Owner, pol: pol,
 		created: make(chan struct{}),
 	}
 	m.mu.Lock()
@@ -277,6 +282,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 
 	spec := runtime.Spec{
 		ID: s.ID, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: append(threadEnv(limits, opt.Env), env...),
+		WritablePaths: opt.Policy.WritablePaths(),
 	}
 	if egressPolicy.Enabled() {
 		gw, err := egress.New(m.cfg.Egress, s.ID, egressPolicy, netLimit)

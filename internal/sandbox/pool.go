@@ -401,7 +401,7 @@ func (p *pool) close() error {
 // false). limits are opt's limits with the defaults filled in. The
 // member's agent is told the caller's lifetime before it is handed out; a
 // member that no longer answers is destroyed and the create is a miss.
-func (m *Manager) fromPool(ctx context.Context, opt CreateOptions, limits runtime.Limits) (s *Sandbox, ok bool, err error) {
+func (m *Manager) fromPool(ctx context.Context, opt CreateOptions, limits runtime.Limits, pol policyState) (s *Sandbox, ok bool, err error) {
 	p := m.pool
 	if p == nil {
 		return nil, false, nil
@@ -433,6 +433,9 @@ func (m *Manager) fromPool(ctx context.Context, opt CreateOptions, limits runtim
 	// caller's sandbox starts now.
 	s.Metadata, s.Env, s.owner = opt.Metadata, opt.Env, opt.Owner
 	s.Created = time.Now()
+	s.mu.Lock()
+	s.pol = pol
+	s.mu.Unlock()
 	if !s.startLife(opt.Timeout) {
 		m.mu.Unlock()
 		return nil, false, nil // stopped in the pool meanwhile: a miss

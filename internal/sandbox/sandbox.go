@@ -54,6 +54,7 @@ type Sandbox struct {
 
 	// mu guards the fields below.
 	mu         sync.Mutex
+	pol        policyState
 	state      State
 	deadline   time.Time
 	timer      *time.Timer

@@ -31,6 +31,7 @@ func (s *Server) routesInto(mux *http.ServeMux) {
 	}
 	s.healthRoutes(add)
 	s.sandboxRoutes(add)
+	s.policyRoutes(add)
 	s.executeRoutes(add)
 	s.contextRoutes(add)
 	s.commandRoutes(add)

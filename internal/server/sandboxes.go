@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
@@ -65,20 +66,17 @@ func sandboxFromRecord(rec store.Sandbox) sandboxJSON {
 	return out
 }
 
-type sandboxConfigJSON struct {
-	MaxExecutionTime   *float64 `json:"max_execution_time"`
-	MaxMemoryMB        *int64   `json:"max_memory_mb"`
-	NetworkRestricted  *bool    `json:"network_restricted"`
-	FilesystemReadonly *bool    `json:"filesystem_readonly"`
-}
-
 type createRequest struct {
-	Template      string             `json:"template"`
-	Timeout       *float64           `json:"timeout"`
-	Resources     *resourcesJSON     `json:"resources"`
-	Env           map[string]string  `json:"env"`
-	Metadata      map[string]string  `json:"metadata"`
-	SandboxConfig *sandboxConfigJSON `json:"sandbox_config"`
+	Template  string            `json:"template"`
+	Timeout   *float64          `json:"timeout"`
+	Resources *resourcesJSON    `json:"resources"`
+	Env       map[string]string `json:"env"`
+	Metadata  map[string]string `json:"metadata"`
+	// SandboxConfig is the seeds' shorthand (policy.Shorthand), mapped
+	// onto the security policy; SecurityPolicy is the policy itself.
+	// Both are parsed strictly by internal/policy (ERR_INVALID_POLICY).
+	SandboxConfig  json.RawMessage `json:"sandbox_config"`
+	SecurityPolicy json.RawMessage `json:"security_policy"`
 }
 
 // The largest resources a request may name, far above any host and far
@@ -120,7 +118,14 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		opt.Limits = runtime.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryMB << 20, DiskBytes: res.DiskMB << 20, Pids: res.Pids}
 	}
 	var execTimeout time.Duration
-	if sc := req.SandboxConfig; sc != nil {
+	if opt.Policy, err = parsePolicy(req.SecurityPolicy); err != nil {
+		return err
+	}
+	sc, err := policy.ParseShorthand(req.SandboxConfig, "sandbox_config")
+	if err != nil {
+		return invalidPolicy(err)
+	}
+	if sc != nil {
 		if sc.NetworkRestricted != nil && !*sc.NetworkRestricted {
 			return apierr.New(apierr.NetworkRestricted, "egress is not available yet: sandboxes have no network")
 		}
@@ -129,14 +134,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 				return err
 			}
 		}
-		if sc.MaxMemoryMB != nil {
-			if *sc.MaxMemoryMB <= 0 || *sc.MaxMemoryMB > maxMB {
-				return apierr.New(apierr.BadRequest, "sandbox_config.max_memory_mb must be from 1 to %d", maxMB)
-			}
-			opt.Limits.MemoryBytes = *sc.MaxMemoryMB << 20
-		}
-		if sc.FilesystemReadonly != nil {
-			opt.ReadOnly = *sc.FilesystemReadonly
+		if opt.Policy, err = sc.Merge(opt.Policy, "sandbox_config"); err != nil {
+			return invalidPolicy(err)
 		}
 	}
 
@@ -199,6 +198,9 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	res, _ := json.Marshal(out.Resources)
 	rec := store.Sandbox{ID: sb.ID, Owner: own, Template: info.Template, State: store.SandboxRunning,
 		CreatedAt: info.Created, ExpiresAt: info.Deadline, Metadata: md, Resources: res}
+	if p := sb.Policy(); p != nil {
+		rec.Policy = policyJSON(p)
+	}
 	if err := s.store.PutSandbox(context.WithoutCancel(ctx), rec); err != nil {
 		s.mu.Lock()
 		delete(s.boxes, placeholder)

@@ -50,6 +50,7 @@ type Sandbox struct {
 	StopReason string
 	Metadata   json.RawMessage // a JSON object; nil is {}
 	Resources  json.RawMessage // a JSON object; nil is {}
+	Policy     json.RawMessage // the security policy (internal/policy JSON); nil when none was given
 }
 
 // Execution is the record of one code execution.
@@ -92,6 +93,8 @@ type Store interface {
 	GetSandbox(ctx context.Context, id string) (Sandbox, error)
 	ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, error)
 	UpdateSandboxExpiry(ctx context.Context, id string, expiresAt time.Time) error
+	// UpdateSandboxPolicy replaces a sandbox's recorded security policy.
+	UpdateSandboxPolicy(ctx context.Context, id string, policy json.RawMessage) error
 	// StopSandbox marks a running sandbox stopped; a stopped one keeps its
 	// first reason.
 	StopSandbox(ctx context.Context, id, reason string, at time.Time) error

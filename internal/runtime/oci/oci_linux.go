@@ -241,7 +241,7 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 		return nil, err
 	}
 	defer userns.close()
-	in := specInput{Spec: s, RootFS: rootfs, AgentBin: o.cfg.AgentBin, CgroupDir: o.cg.path(s.ID), Userns: userns.path()}
+	in := specInput{Spec: s, RootFS: rootfs, AgentBin: o.cfg.AgentBin, Writable: filepath.Join(b, "rw"), CgroupDir: o.cg.path(s.ID), Userns: userns.path()}
 	if s.Network != nil {
 		in.ResolvConf = filepath.Join(b, "resolv.conf")
 		if err := os.WriteFile(in.ResolvConf, []byte(s.Network.ResolvConf), 0o644); err != nil {
@@ -331,7 +331,7 @@ func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (string, error) {
 		}
 	}
 	size := s.Limits.DiskBytes
-	if s.ReadOnly || size <= 0 {
+	if s.ReadOnly && len(s.WritablePaths) == 0 || size <= 0 {
 		size = 1 << 20 // only the runtime's own mount points land here
 	}
 	inodes := max(size/8192, 4096)
@@ -360,6 +360,21 @@ func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (string, error) {
 	}
 	if err := os.Chmod(upper, os.FileMode(st.Mode&0o7777)); err != nil {
 		return "", err
+	}
+	// The writable paths' contents live beside the overlay on the same
+	// tmpfs, so that together they stay within the disk limit. Each is
+	// like /tmp: the sandbox's root owns it, anyone may create in it.
+	for i := range s.WritablePaths {
+		d := writableDir(rw, i)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", err
+		}
+		if err := os.Chown(d, int(base), int(base)); err != nil {
+			return "", err
+		}
+		if err := os.Chmod(d, 0o777|os.ModeSticky); err != nil {
+			return "", err
+		}
 	}
 	userns, err := o.idmapUserns(base)
 	if err != nil {

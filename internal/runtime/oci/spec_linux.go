@@ -130,7 +130,11 @@ type specInput struct {
 	// ResolvConf is the host path of the sandbox's /etc/resolv.conf, for
 	// a sandbox with a network; "" leaves the template's.
 	ResolvConf string
+	Writable   string // the host dir holding the writable paths' contents (writableDir)
 }
+
+// writableDir is where the contents of Spec.WritablePaths[i] live on the host.
+func writableDir(rw string, i int) string { return fmt.Sprintf("%s/paths/%d", rw, i) }
 
 // buildSpec writes the OCI spec for one sandbox. The agent runs as uid 0
 // of the user namespace at Userns (made by the engine, with the sandbox's
@@ -194,6 +198,14 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 	if in.ResolvConf != "" {
 		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind",
 			Source: in.ResolvConf, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+	}
+	// A read-only root with writable paths: each is a bind of its own
+	// directory on the sandbox's writable storage.
+	if s.ReadOnly {
+		for i, p := range s.WritablePaths {
+			spec.Mounts = append(spec.Mounts, specs.Mount{Destination: p, Type: "bind", Source: writableDir(in.Writable, i),
+				Options: []string{"rbind", "rw", "nosuid", "nodev"}})
+		}
 	}
 	sc, err := seccomp.GetDefaultProfile(spec)
 	if err != nil {

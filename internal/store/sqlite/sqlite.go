@@ -287,23 +287,30 @@ func (d *DB) CountActiveKeys(ctx context.Context) (int, error) {
 // PutSandbox implements store.Store: it inserts or replaces the record.
 func (d *DB) PutSandbox(ctx context.Context, s store.Sandbox) error {
 	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
-		(id, owner, template, state, created_at, expires_at, stopped_at, stop_reason, metadata, resources)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		(id, owner, template, state, created_at, expires_at, stopped_at, stop_reason, metadata, resources, policy)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		s.ID, s.Owner, s.Template, s.State, fmtTime(s.CreatedAt), fmtTime(s.ExpiresAt), fmtTimePtr(s.StoppedAt),
-		s.StopReason, jsonText(s.Metadata), jsonText(s.Resources))
+		s.StopReason, jsonText(s.Metadata), jsonText(s.Resources), policyText(s.Policy))
 	if err != nil {
 		return storeErr("put sandbox", err)
 	}
 	return nil
 }
 
-const sandboxCols = `id, owner, template, state, created_at, expires_at, stopped_at, stop_reason, metadata, resources`
+const sandboxCols = `id, owner, template, state, created_at, expires_at, stopped_at, stop_reason, metadata, resources, policy`
+
+func policyText(p json.RawMessage) string {
+	if len(p) == 0 {
+		return "null"
+	}
+	return string(p)
+}
 
 func scanSandbox(sc interface{ Scan(...any) error }) (store.Sandbox, error) {
 	var s store.Sandbox
-	var created, expires, meta, res string
+	var created, expires, meta, res, pol string
 	var stopped sql.NullString
-	if err := sc.Scan(&s.ID, &s.Owner, &s.Template, &s.State, &created, &expires, &stopped, &s.StopReason, &meta, &res); err != nil {
+	if err := sc.Scan(&s.ID, &s.Owner, &s.Template, &s.State, &created, &expires, &stopped, &s.StopReason, &meta, &res, &pol); err != nil {
 		return s, err
 	}
 	var err error
@@ -317,6 +324,9 @@ func scanSandbox(sc interface{ Scan(...any) error }) (store.Sandbox, error) {
 		return s, err
 	}
 	s.Metadata, s.Resources = json.RawMessage(meta), json.RawMessage(res)
+	if pol != "null" {
+		s.Policy = json.RawMessage(pol)
+	}
 	return s, nil
 }
 
@@ -370,6 +380,18 @@ func (d *DB) UpdateSandboxExpiry(ctx context.Context, id string, expiresAt time.
 	res, err := d.db.ExecContext(ctx, `UPDATE sandboxes SET expires_at = ? WHERE id = ?`, fmtTime(expiresAt), id)
 	if err != nil {
 		return storeErr("update sandbox", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+// UpdateSandboxPolicy implements store.Store.
+func (d *DB) UpdateSandboxPolicy(ctx context.Context, id string, policy json.RawMessage) error {
+	res, err := d.db.ExecContext(ctx, `UPDATE sandboxes SET policy = ? WHERE id = ?`, policyText(policy), id)
+	if err != nil {
+		return fmt.Errorf("update sandbox policy: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return store.ErrNotFound

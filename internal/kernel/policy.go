@@ -1,0 +1,93 @@
+package kernel
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+)
+
+// pythonBoot compiles the driver (argv[1]) under a "<frozen ...>" name:
+// the policy hooks count such frames as the interpreter's own, and user
+// code cannot compile under that name (python_driver.py's audit hook).
+const pythonBoot = `import sys;exec(compile(sys.argv.pop(1),"<frozen sheepfold_driver>","exec"))`
+
+// policyGate applies what a policy asks before an execution starts; k.mu
+// is held. It restarts an interpreter that applied a policy a later
+// change loosened (ExecuteSpec.PolicyRestartGen), and refuses to run
+// Node or Bash code under allow_subprocess: false, which those kernels
+// cannot enforce on themselves (a non-nil Done says so).
+func (k *Kernel) policyGate(spec agentproto.ExecuteSpec, emit func(agentproto.Event) error) *agentproto.Event {
+	pol := spec.Policy
+	if pol == nil {
+		return nil
+	}
+	if pol.DenySubprocess && k.lang != "python" {
+		_ = emit(agentproto.Event{Type: agentproto.EventViolation, Violation: &agentproto.Violation{
+			Kind: "subprocess_denied", Target: k.lang + " context"}})
+		_ = emit(agentproto.Event{Type: agentproto.EventError, Error: &agentproto.ExecError{
+			Name: "SubprocessDeniedError",
+			Value: fmt.Sprintf("a %s context cannot run while allow_subprocess is false: it cannot filter its own "+
+				"system calls; use a python context", k.lang)}})
+		return &agentproto.Event{Type: agentproto.EventDone, Status: agentproto.StatusError, Stats: &agentproto.Stats{}}
+	}
+	if k.p != nil && k.applied > 0 && k.applied < spec.PolicyRestartGen {
+		k.p.kill()
+		k.p = nil
+	}
+	return nil
+}
+
+// cpuWatch ends an execution that passes KernelPolicy.CPUTimeMS. The
+// kernel counts the CPU time (the interpreter's threads and the children
+// it waited for, from /proc); it is read a few times per limit, at most
+// every 100 ms. RLIMIT_CPU, set by the driver a little past the limit, is
+// the backstop.
+type cpuWatch struct {
+	limitMS float64
+	pid     int
+	cpu0    float64
+	t       *time.Ticker
+	used    float64
+}
+
+func newCPUWatch(pol *agentproto.KernelPolicy, pid int, cpu0 float64) *cpuWatch {
+	if pol == nil || pol.CPUTimeMS <= 0 {
+		return nil
+	}
+	every := min(max(time.Duration(pol.CPUTimeMS)*time.Millisecond/4, 10*time.Millisecond), 100*time.Millisecond)
+	return &cpuWatch{limitMS: float64(pol.CPUTimeMS), pid: pid, cpu0: cpu0, t: time.NewTicker(every)}
+}
+
+func (w *cpuWatch) tick() <-chan time.Time {
+	if w == nil {
+		return nil
+	}
+	return w.t.C
+}
+
+func (w *cpuWatch) exceeded() bool {
+	if w == nil {
+		return false
+	}
+	if used := cpuMS(w.pid) - w.cpu0; used > w.used {
+		w.used = used
+	}
+	return w.used > w.limitMS
+}
+
+func (w *cpuWatch) stop() {
+	if w != nil {
+		w.t.Stop()
+	}
+}
+
+func (w *cpuWatch) error(killed bool) *agentproto.ExecError {
+	e := &agentproto.ExecError{Name: "CPUTimeExceeded",
+		Value: fmt.Sprintf("the execution used more than %s of CPU time (cpu_time_seconds) and was stopped",
+			time.Duration(w.limitMS)*time.Millisecond)}
+	if killed {
+		e.Value += "; the interpreter was killed, state is lost"
+	}
+	return e
+}

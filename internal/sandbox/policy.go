@@ -1,0 +1,192 @@
+package sandbox
+
+import (
+	"errors"
+	"path"
+	"runtime"
+	"strings"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/policy"
+)
+
+// policyState is a sandbox's security policy and what its code contexts
+// are told of it. gen counts changes; restartGen is the generation of the
+// latest change that loosened a rule a running interpreter cannot drop.
+type policyState struct {
+	pol        *policy.Policy
+	kernel     *agentproto.KernelPolicy
+	gen        int64
+	restartGen int64
+}
+
+// kernelPolicy is the part of p the code contexts enforce. Every sandbox
+// has one, also without a policy: network mode "none" is the default.
+func kernelPolicy(p *policy.Policy) (*agentproto.KernelPolicy, error) {
+	k := &agentproto.KernelPolicy{
+		DenySubprocess:   p.DenySubprocess(),
+		AllowedImports:   p.AllowedImports(),
+		BlockedModules:   p.BlockedModules(),
+		DenyImportSystem: p.DenyImportSystem(),
+		AllowNetwork:     p.NetworkMode() != policy.NetworkNone,
+		CPUTimeMS:        p.CPUTime().Milliseconds(),
+		FileSizeBytes:    p.FileSizeBytes(),
+	}
+	if k.DenySubprocess {
+		prog, nr, err := policy.NoSubprocessFilter(runtime.GOARCH)
+		if err != nil {
+			return nil, err
+		}
+		k.Seccomp, k.SeccompSyscall = prog, nr
+	}
+	return k, nil
+}
+
+// invalidPolicy turns a policy error into ERR_INVALID_POLICY.
+func invalidPolicy(err error) error {
+	var fe *policy.FieldError
+	if errors.As(err, &fe) {
+		return &apierr.Error{Code: apierr.InvalidPolicy, Message: fe.Error(), Details: map[string]any{"field": fe.Field}}
+	}
+	return apierr.Wrap(err, apierr.InvalidPolicy, "invalid security policy: %v", err)
+}
+
+// applyCreatePolicy folds the policy's create-time rules (memory, disk,
+// read-only root) into opt and checks it.
+func applyCreatePolicy(opt *CreateOptions) (*agentproto.KernelPolicy, error) {
+	p := opt.Policy
+	if err := p.Validate(); err != nil {
+		return nil, invalidPolicy(err)
+	}
+	if b := p.MemoryBytes(); b > 0 {
+		opt.Limits.MemoryBytes = b
+	}
+	if b := p.DiskBytes(); b > 0 {
+		opt.Limits.DiskBytes = b
+	}
+	if p.ReadOnlyRoot() {
+		opt.ReadOnly = true
+	}
+	k, err := kernelPolicy(p)
+	if err != nil {
+		return nil, apierr.Wrap(err, apierr.InvalidPolicy, "allow_subprocess: false is not available on this host: %v", err)
+	}
+	return k, nil
+}
+
+// Policy returns the sandbox's security policy (nil: none given).
+func (s *Sandbox) Policy() *policy.Policy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pol.pol
+}
+
+// PolicyChange is what replacing a policy did.
+type PolicyChange struct {
+	// RestartRequired: the new policy loosens rules a running interpreter
+	// cannot drop (Loosened names them); each code context restarts
+	// before its next execution, and its state is lost.
+	RestartRequired bool
+	Loosened        []string
+}
+
+// SetPolicy replaces the sandbox's security policy. Tightening takes
+// effect at the next execution with the contexts' state kept. Rules fixed
+// at create (filesystem, memory, disk) must not change: ERR_INVALID_POLICY.
+func (s *Sandbox) SetPolicy(p *policy.Policy) (PolicyChange, error) {
+	if err := p.Validate(); err != nil {
+		return PolicyChange{}, invalidPolicy(err)
+	}
+	if err := s.running(); err != nil {
+		return PolicyChange{}, err
+	}
+	k, err := kernelPolicy(p)
+	if err != nil {
+		return PolicyChange{}, apierr.Wrap(err, apierr.InvalidPolicy, "allow_subprocess: false is not available on this host: %v", err)
+	}
+	s.mu.Lock()
+	cur := s.pol.pol
+	if err := policy.FixedChange(cur, p); err != nil {
+		s.mu.Unlock()
+		return PolicyChange{}, invalidPolicy(err)
+	}
+	ch := PolicyChange{Loosened: policy.Loosened(cur, p)}
+	ch.RestartRequired = len(ch.Loosened) > 0
+	s.pol.gen++
+	if ch.RestartRequired {
+		s.pol.restartGen = s.pol.gen
+	}
+	s.pol.pol, s.pol.kernel = p, k
+	s.mu.Unlock()
+	details := map[string]any{"restart_required": ch.RestartRequired}
+	if len(ch.Loosened) > 0 {
+		details["loosened"] = ch.Loosened
+	}
+	s.emit(events.PolicyChanged, "", details)
+	return ch, nil
+}
+
+// executePolicy fills an execution's policy fields.
+func (s *Sandbox) executePolicy(spec *agentproto.ExecuteSpec) {
+	s.mu.Lock()
+	spec.Policy, spec.PolicyGen, spec.PolicyRestartGen = s.pol.kernel, s.pol.gen, s.pol.restartGen
+	s.mu.Unlock()
+}
+
+// violation reports what the code tried (an EventViolation) as a
+// security_violation, or a resource_exceeded for the resources.
+func (s *Sandbox) violation(execID string, v *agentproto.Violation) {
+	if v.Kind == "resource" {
+		s.emit(events.ResourceExceeded, execID, map[string]any{"resource": v.Target})
+		return
+	}
+	s.emit(events.SecurityViolation, execID, map[string]any{"kind": v.Kind, "target": v.Target})
+}
+
+// errorCodes maps the exceptions the kernels raise for policy refusals to
+// the execution's error code.
+var errorCodes = map[string]apierr.Code{
+	"ModuleBlockedError":     apierr.ModuleBlocked,
+	"NetworkRestrictedError": apierr.NetworkRestricted,
+	"SubprocessDeniedError":  apierr.SubprocessDenied,
+}
+
+// checkWritable refuses a file call that would write outside the
+// policy's writable paths, before it reaches the sandbox (whose read-only
+// mounts refuse it anyway), and reports it.
+func (s *Sandbox) checkWritable(req agentproto.Request) error {
+	p := s.Policy()
+	if !p.ReadOnlyRoot() {
+		return nil
+	}
+	for _, target := range []string{req.Path, req.NewPath} {
+		if target == "" {
+			continue
+		}
+		if !strings.HasPrefix(target, "/") {
+			home := "/home/user"
+			if req.User == agentproto.UserRoot {
+				home = "/root"
+			}
+			target = path.Join(home, target)
+		}
+		target = path.Clean(target)
+		if !p.Writable(target) {
+			s.emit(events.SecurityViolation, "", map[string]any{"kind": events.KindPathDenied, "target": target})
+			return apierr.New(apierr.PathNotAllowed, "%s is not writable: the sandbox's filesystem policy allows writes only under %s",
+				target, strings.Join(p.WritablePaths(), ", "))
+		}
+	}
+	return nil
+}
+
+// deniedByMount reports a write the sandbox's read-only mounts refused
+// (a symlink out of a writable path, say) as path_denied.
+func (s *Sandbox) deniedByMount(req agentproto.Request, err error) {
+	if err == nil || apierr.CodeOf(err) != apierr.PathNotAllowed || !s.Policy().ReadOnlyRoot() {
+		return
+	}
+	s.emit(events.SecurityViolation, "", map[string]any{"kind": events.KindPathDenied, "target": req.Path})
+}
