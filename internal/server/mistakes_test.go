@@ -42,8 +42,9 @@ func TestUserMistakesAre4xx(t *testing.T) {
 	t.Run("memory_mb overflow", func(t *testing.T) {
 		want(t, e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 17592186044928}}),
 			http.StatusBadRequest, "ERR_BAD_REQUEST")
+		// sandbox_config is the security policy's shorthand: its bad values are policy errors.
 		want(t, e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"sandbox_config": map[string]any{"max_memory_mb": 17592186044928}}),
-			http.StatusBadRequest, "ERR_BAD_REQUEST")
+			http.StatusBadRequest, "ERR_INVALID_POLICY")
 	})
 	t.Run("timeout_ms overflow", func(t *testing.T) {
 		want(t, e.do("POST", base+"/commands", e.keyA, map[string]any{"cmd": "true", "timeout_ms": 9223372036855}),
