@@ -11,7 +11,7 @@ func TestEveryCodeHasAStatus(t *testing.T) {
 	codes := []Code{BadRequest, AuthenticationFailed, SandboxNotFound, NotFound, SandboxState,
 		SandboxTimeout, OutOfMemory, OutputLimit, FileTooLarge, DiskFull, PathNotAllowed, Conflict,
 		UnsupportedLanguage, TemplateNotFound, ModuleBlocked, NetworkRestricted,
-		SessionQuotaExceeded, RateLimited, Capacity, Internal, MethodNotAllowed, StorageUnavailable, ShuttingDown,
+		SessionQuotaExceeded, RateLimited, Capacity, Internal, MethodNotAllowed, StorageUnavailable, ShuttingDown, Forbidden,
 		InvalidPolicy, SubprocessDenied, CPUTimeExceeded}
 	if len(codes) != len(Status) {
 		t.Fatalf("Status has %d codes, the list %d", len(Status), len(codes))
