@@ -318,14 +318,15 @@ func (g *Gateway) checkConn(dst netip.AddrPort) (decision, bool) {
 
 // checkName decides a name a connection claims (TLS SNI, HTTP Host).
 func (g *Gateway) checkName(name string, port uint16) decision {
+	if a, err := netip.ParseAddr(name); err == nil {
+		if rule, ok := g.pol.Load().AllowAddrRule(a); ok {
+			return allow(rule)
+		}
+		return deny(events.KindNetworkDenied, "address not in allowlist")
+	}
 	n, ok := policy.NormalizeName(name)
 	if !ok {
-		if a, err := netip.ParseAddr(name); err == nil {
-			if rule, ok := g.pol.Load().AllowAddrRule(a); ok {
-				return allow(rule)
-			}
-		}
-		return deny(events.KindNetworkDenied, "not an allowed host name")
+		return deny(events.KindNetworkDenied, "not a valid host name")
 	}
 	if rule, ok := g.pol.Load().AllowNamePort(n, port); ok {
 		return allow(rule)
