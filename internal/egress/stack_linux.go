@@ -45,7 +45,7 @@ func (g *Gateway) Attach(ctx context.Context, pid int) (err error) {
 		}
 	}()
 	g.closers = append(g.closers, func() { unix.Close(fd) })
-	ep, err := fdbased.New(&fdbased.Options{FDs: []int{fd}, MTU: MTU, RXChecksumOffload: true})
+	ep, err := fdbased.New(&fdbased.Options{FDs: []int{fd}, MTU: MTU, RXChecksumOffload: true, ProcessorsPerChannel: 1})
 	if err != nil {
 		return fmt.Errorf("egress link: %w", err)
 	}
