@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/osthread"
 )
 
 // How the agent acts as a sandbox user.
@@ -134,16 +135,14 @@ func (s *server) credential(id identity) *syscall.Credential {
 // Leaving uid 0 empties a process's permitted and effective sets but not
 // its bounding set, which it inherits from the thread that forks it; so
 // user processes end up with no capability in any set. The bounding set
-// only shrinks, so the thread is never handed back to the Go scheduler:
-// it ends with its goroutine. With cred nil (the agent does not switch
+// only shrinks, so the thread ends afterwards (osthread.Discarded). With
+// cred nil (the agent does not switch
 // users) start is called as it is.
 func StartBounded(cred *syscall.Credential, start func() error) error {
 	if cred == nil {
 		return start()
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked (see above)
+	return osthread.Discarded(func() error {
 		for c := 0; c <= unix.CAP_LAST_CAP; c++ {
 			if cred.Uid == 0 && c != unix.CAP_SETPCAP {
 				continue
@@ -151,13 +150,11 @@ func StartBounded(cred *syscall.Credential, start func() error) error {
 			// prctl acts on the calling thread only. EINVAL: a
 			// capability this kernel does not have.
 			if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
-				errc <- fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
-				return
+				return fmt.Errorf("drop capability %d from the bounding set: %w", c, err)
 			}
 		}
-		errc <- start()
-	}()
-	return <-errc
+		return start()
+	})
 }
 
 // KernelCredential is the credential of code contexts' interpreters for an

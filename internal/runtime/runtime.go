@@ -5,7 +5,8 @@
 // A runtime knows nothing of code, languages or files: it starts the agent
 // in a confined root filesystem, hands back the path of the agent's socket,
 // reports resource usage and tears everything down again. It may import
-// only the standard library, x/sys and the OCI spec and seccomp libraries.
+// only the standard library, x/sys, the OCI spec and seccomp libraries,
+// and (oci) runc's cgroup library and moby's mountinfo parser.
 package runtime
 
 import (

@@ -1,29 +1,33 @@
 package oci
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
+	cg "github.com/opencontainers/cgroups"
+	cgfs "github.com/opencontainers/cgroups/fs"
 	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
-// cgroups finds, reads and removes the cgroups runc makes for sandboxes. It
-// works on pure cgroup v2 hosts and on v1 hosts (including the hybrid layout
-// with cgroup2 mounted at /sys/fs/cgroup/unified).
+// cgroups finds, reads, kills and removes the cgroups runc makes for
+// sandboxes. It works on pure cgroup v2 hosts and on v1 hosts (including
+// the hybrid layout with cgroup2 mounted at /sys/fs/cgroup/unified, where
+// runc makes each sandbox a cgroup there too).
 type cgroups struct {
-	v2     bool
-	mounts []string // v2: the one cgroup2 mount; v1: every v1 hierarchy plus a hybrid cgroup2 mount
-	parent string   // e.g. "sheepfold/server"
+	v2      bool
+	mounts  []string // v2: the one cgroup2 mount; v1: every v1 hierarchy plus a hybrid cgroup2 mount
+	unified string   // the cgroup2 mount, if any (v2, or hybrid v1)
+	parent  string   // e.g. "sheepfold/server"
 }
 
 func detectCgroups(parent string) (*cgroups, error) {
@@ -34,36 +38,31 @@ func detectCgroups(parent string) (*cgroups, error) {
 	c := &cgroups{v2: st.Type == unix.CGROUP2_SUPER_MAGIC, parent: parent}
 	if c.v2 {
 		c.mounts = []string{"/sys/fs/cgroup"}
+		c.unified = c.mounts[0]
 		return c, nil
 	}
-	f, err := os.Open("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// id parent major:minor root mountpoint opts ... - fstype source superopts
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, f := range fields {
-			if f == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || sep+1 >= len(fields) || len(fields) < 5 {
+	freezer := false
+	for _, m := range mounts {
+		if !strings.HasPrefix(m.Mountpoint, "/sys/fs/cgroup/") {
 			continue
 		}
-		fstype, mnt := fields[sep+1], fields[4]
-		if (fstype == "cgroup" || fstype == "cgroup2") && strings.HasPrefix(mnt, "/sys/fs/cgroup/") {
-			c.mounts = append(c.mounts, mnt)
+		c.mounts = append(c.mounts, m.Mountpoint)
+		if m.FSType == "cgroup2" {
+			c.unified = m.Mountpoint
 		}
+		freezer = freezer || slices.Contains(strings.Split(m.VFSOptions, ","), "freezer")
 	}
 	if len(c.mounts) == 0 {
 		return nil, errors.New("no cgroup hierarchy mounted under /sys/fs/cgroup")
 	}
-	return c, sc.Err()
+	if c.unified == "" && !freezer {
+		return nil, errors.New("neither a cgroup2 hierarchy nor the v1 freezer: a sandbox's processes cannot be killed atomically")
+	}
+	return c, nil
 }
 
 // path is the cgroupsPath given to the runtime.
@@ -137,48 +136,75 @@ func (c *cgroups) usage(id string) (runtime.Usage, error) {
 	return u, nil
 }
 
-// remove kills whatever is left in the sandbox's cgroups and removes them.
+// kill kills every process of the sandbox at once and waits until they
+// are gone. With a cgroup2 hierarchy (v2, or hybrid v1) it writes
+// cgroup.kill, which the kernel applies to the whole cgroup tree, new
+// forks included. Otherwise it freezes the v1 freezer cgroup, signals
+// every task (frozen tasks cannot exit or fork, so no pid is reused while
+// it does) and thaws them so that they die. Never by a pid read from an
+// unfrozen cgroup, which may already belong to another process.
+func (c *cgroups) kill(id string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	if c.unified != "" {
+		dir := filepath.Join(c.unified, c.parent, id)
+		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err := cg.WriteFile(dir, "cgroup.kill", "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("kill cgroup %s: %w", dir, err)
+		}
+		return waitEmpty(dir, deadline)
+	}
+	dir := c.controller(id, "freezer")
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	freezer := &cgfs.FreezerGroup{}
+	if err := freezer.Set(dir, &cg.Resources{Freezer: cg.Frozen}); err != nil {
+		return fmt.Errorf("freeze %s: %w", dir, err)
+	}
+	pids, err := cg.GetAllPids(dir)
+	for _, pid := range pids {
+		if kerr := unix.Kill(pid, unix.SIGKILL); kerr != nil && !errors.Is(kerr, unix.ESRCH) {
+			err = errors.Join(err, fmt.Errorf("kill %d: %w", pid, kerr))
+		}
+	}
+	if terr := freezer.Set(dir, &cg.Resources{Freezer: cg.Thawed}); terr != nil {
+		err = errors.Join(err, fmt.Errorf("thaw %s: %w", dir, terr))
+	}
+	if err != nil {
+		return err
+	}
+	return waitEmpty(dir, deadline)
+}
+
+// waitEmpty waits until no process is left in dir's tree. Killed tasks
+// leave when the kernel has torn them down, which takes a moment.
+func waitEmpty(dir string, deadline time.Time) error {
+	for delay := 100 * time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
+		pids, err := cg.GetAllPids(dir)
+		if errors.Is(err, os.ErrNotExist) || err == nil && len(pids) == 0 {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s: %d processes still there after SIGKILL", dir, len(pids))
+		}
+		time.Sleep(delay)
+	}
+}
+
+// remove removes the sandbox's cgroups, which kill has emptied.
 func (c *cgroups) remove(id string) error {
 	var errs []error
 	for _, d := range c.dirs(id) {
-		if err := removeCgroup(d); err != nil {
-			errs = append(errs, err)
+		if err := cg.RemovePath(d); err != nil {
+			errs = append(errs, fmt.Errorf("remove cgroup: %w", err))
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// removeCgroup empties one cgroup directory (children first) and removes it.
-func removeCgroup(dir string) error {
-	entries, _ := os.ReadDir(dir)
-	for _, e := range entries {
-		if e.IsDir() {
-			if err := removeCgroup(filepath.Join(dir, e.Name())); err != nil {
-				return err
-			}
-		}
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		err := unix.Rmdir(dir)
-		if err == nil || errors.Is(err, unix.ENOENT) {
-			return nil
-		}
-		if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
-			return fmt.Errorf("remove cgroup %s: %w", dir, err)
-		}
-		killProcs(filepath.Join(dir, "cgroup.procs"))
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func killProcs(procsFile string) {
-	b, _ := os.ReadFile(procsFile)
-	for _, line := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(line); err == nil && pid > 0 {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
 }
 
 // listIDs returns sandbox ids that have a cgroup under the parent.

@@ -31,7 +31,8 @@
 //   - rlimits: no core dumps, 4096 open files, 64 KiB locked memory (set by
 //     the agent's init on itself: see rlimitFlags).
 //
-// Destroy kills every task (runc delete --force), removes the cgroups,
+// Destroy kills every task at once through the cgroup (cgroup.kill, or the
+// v1 freezer), lets runc forget the container, removes the cgroups,
 // unmounts, gives the id range back and deletes the bundle; List finds sandboxes by bundle, runtime
 // state and cgroup, so a sandbox left by a crash between any two steps is
 // found and destroyed by the engine's start-up reconciler.

@@ -431,12 +431,18 @@ func (o *OCI) Destroy(ctx context.Context, id string) error {
 // orphaned sandboxes.
 func (o *OCI) destroy(ctx context.Context, id string) error {
 	var errs []error
-	// Kill first: runc delete --force freezes the cgroup, kills every task
-	// and waits for them, then removes the cgroups.
-	_ = o.runc(ctx, "kill", "--all", id, "KILL").Run()
-	if out, err := o.runc(ctx, "delete", "--force", id).CombinedOutput(); err != nil &&
-		!bytes.Contains(out, []byte("does not exist")) && !bytes.Contains(out, []byte("not exist")) {
-		errs = append(errs, fmt.Errorf("%s delete: %w: %s", o.Name(), err, tail(out)))
+	// Kill every process at once through the cgroup (see cgroups.kill),
+	// then let runc forget the container, if it knows it: it has state
+	// once `runc create` got far enough to write it.
+	if err := o.cg.kill(id); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := os.Stat(filepath.Join(o.runcDir, id, "state.json")); err == nil {
+		if out, err := o.runc(ctx, "delete", "--force", id).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("%s delete: %w: %s", o.Name(), err, tail(out)))
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
 	}
 	if err := o.cg.remove(id); err != nil {
 		errs = append(errs, err)

@@ -3,13 +3,16 @@ package oci
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/runtime"
@@ -238,5 +241,101 @@ func TestHostFilesPrivate(t *testing.T) {
 				t.Errorf("uid %d: %s: errno %d, want EACCES", cred.Uid, what, errno)
 			}
 		}
+	}
+}
+
+// start starts a process in the sandbox through its agent and returns once
+// the agent says it started.
+func start(t *testing.T, sock, script string) {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	conn := agentproto.NewConn(c)
+	if err := conn.WriteJSON(agentproto.Request{Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{Cmd: "/bin/sh", Args: []string{"-c", script}}}); err != nil {
+		t.Fatal(err)
+	}
+	var ev agentproto.Event
+	if err := conn.ReadJSON(&ev); err != nil || ev.Type != agentproto.EventStart {
+		t.Fatalf("process.start: %v %+v", err, ev)
+	}
+}
+
+// hostProcs lists the live host processes (zombies are dead; the host's
+// init reaps them) whose uid is in [base, base+size).
+func hostProcs(base, size uint32) []string {
+	var out []string
+	statuses, _ := filepath.Glob("/proc/[0-9]*/status")
+	for _, f := range statuses {
+		b, _ := os.ReadFile(f)
+		if strings.Contains(string(b), "\nState:\tZ") {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+				var uid uint32
+				if _, err := fmt.Sscan(v, &uid); err == nil && uid >= base && uid-base < size {
+					out = append(out, filepath.Base(filepath.Dir(f)))
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestDestroyKillsAtOnce: a sandbox whose processes keep forking and
+// exiting (always a step ahead of anyone killing pids one by one), and
+// whose runc state is lost (as after a crash in create), is destroyed
+// completely: through cgroup.kill where there is a cgroup2 hierarchy, and
+// through the v1 freezer.
+func TestDestroyKillsAtOnce(t *testing.T) {
+	o, err := New(testConfig(t, "kill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	unified := o.cg.unified
+	defer func() { o.cg.unified = unified }()
+	for _, how := range []string{"cgroup.kill", "freezer"} {
+		t.Run(how, func(t *testing.T) {
+			if how == "cgroup.kill" && unified == "" {
+				t.Skip("no cgroup2 hierarchy on this host")
+			}
+			if how == "freezer" {
+				if o.cg.v2 {
+					t.Skip("no v1 freezer on a cgroup v2 host")
+				}
+				o.cg.unified = ""
+			}
+			id := "chain-" + strings.ReplaceAll(how, ".", "")
+			inst, err := o.Create(context.Background(), runtime.Spec{ID: id, RootFS: testutil.TemplateRootFS(t, "python"),
+				Limits: runtime.Limits{MemoryBytes: 128 << 20, Pids: 64, DiskBytes: 16 << 20}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var st syscall.Stat_t
+			if err := syscall.Stat(o.bundle(id), &st); err != nil {
+				t.Fatal(err)
+			}
+			start(t, inst.Socket, `echo '/bin/sh /tmp/chain &' > /tmp/chain; /bin/sh /tmp/chain`)
+			// The chain runs: its pids keep changing.
+			first := hostProcs(st.Gid, 65536)
+			deadline := time.Now().Add(10 * time.Second)
+			for slices.Equal(hostProcs(st.Gid, 65536), first) && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err := os.RemoveAll(filepath.Join(o.runcDir, id)); err != nil {
+				t.Fatal(err)
+			}
+			if err := o.Destroy(context.Background(), id); err != nil {
+				t.Fatalf("destroy: %v", err)
+			}
+			assertGone(t, o, id)
+			if left := hostProcs(st.Gid, 65536); len(left) > 0 {
+				t.Errorf("processes of the sandbox left: %v", left)
+			}
+		})
 	}
 }

@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	goruntime "runtime"
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sheepfold/sheepfold/internal/osthread"
 )
 
 // A user namespace is owned by the effective uid of the process that
@@ -18,7 +19,7 @@ import (
 // close) in a new user namespace from an OS thread whose uids are the
 // owner's, writes the id maps from a privileged thread, and runc joins the
 // namespace through /proc/<holder>/ns/user. The thread that switched uids
-// is never given back to the Go scheduler: it ends with its goroutine.
+// ends once the holder has started (osthread.Discarded).
 //
 // The holder runs the host's agent binary in the host's mount namespace,
 // with no capabilities (it execs before its uid is mapped, so the kernel
@@ -70,11 +71,8 @@ func startAs(cmd *exec.Cmd, owner uint32) error {
 	if owner == 0 {
 		return cmd.Start()
 	}
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread()
-		// Never unlocked: this thread's credentials are no longer the
-		// engine's, so it must end with this goroutine. Raw system calls: x/sys's and syscall's wrappers change the
+	return osthread.Discarded(func() error {
+		// Raw system calls: x/sys's and syscall's wrappers change the
 		// credentials of every thread of the process.
 		id := uintptr(owner)
 		for _, c := range []struct {
@@ -87,13 +85,11 @@ func startAs(cmd *exec.Cmd, owner uint32) error {
 			{"setresuid", unix.SYS_SETRESUID, [3]uintptr{id, id, id}},
 		} {
 			if _, _, e := unix.RawSyscall(c.nr, c.args[0], c.args[1], c.args[2]); e != 0 {
-				errc <- fmt.Errorf("%s: %w", c.name, e)
-				return
+				return fmt.Errorf("%s: %w", c.name, e)
 			}
 		}
-		errc <- cmd.Start()
-	}()
-	return <-errc
+		return cmd.Start()
+	})
 }
 
 // path names the namespace for runc.
