@@ -90,6 +90,7 @@ type Meter struct {
 	mu       sync.Mutex
 	trackers map[string]*tracker // live and stopped-but-unflushed
 
+	kick chan struct{} // a sandbox stopped: flush now
 	quit chan struct{}
 	done chan struct{}
 	once sync.Once
@@ -116,7 +117,7 @@ type tracker struct {
 func New(cfg Config, st store.AccountStore, accounts *account.Registry) *Meter {
 	cfg.setDefaults()
 	m := &Meter{cfg: cfg, st: st, accounts: accounts, trackers: map[string]*tracker{},
-		quit: make(chan struct{}), done: make(chan struct{})}
+		kick: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
 	go m.loop()
 	return m
 }
@@ -157,7 +158,7 @@ func (m *Meter) Count(id string, w sandbox.Work) {
 }
 
 // Stop takes a sandbox's last sample (its cgroup must still exist) and
-// flushes soon; later samples of it are none.
+// has the loop flush at once; later samples of it are none.
 func (m *Meter) Stop(sb *sandbox.Sandbox) {
 	m.mu.Lock()
 	t := m.trackers[sb.ID]
@@ -167,6 +168,34 @@ func (m *Meter) Stop(sb *sandbox.Sandbox) {
 	}
 	m.mu.Unlock()
 	m.live.Delete(sb.ID)
+	if t != nil {
+		select {
+		case m.kick <- struct{}{}:
+		default: // a flush is already due
+		}
+	}
+}
+
+// Pending runs read (a query of the store) with no flush in between and
+// returns the deltas of an account ("" for every account) not yet
+// flushed, so that a report adds them to what is stored and sees every
+// sample exactly once.
+func (m *Meter) Pending(acct string, read func() error) ([]store.UsageDelta, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := read(); err != nil {
+		return nil, err
+	}
+	var out []store.UsageDelta
+	for _, t := range m.trackers {
+		if acct != "" && t.account.ID != acct {
+			continue
+		}
+		for _, p := range t.pending {
+			out = append(out, *p)
+		}
+	}
+	return out, nil
 }
 
 // Live returns a metered sandbox's usage so far, flushed or not.
@@ -244,6 +273,9 @@ func (m *Meter) loop() {
 		select {
 		case <-m.quit:
 			return
+		case <-m.kick:
+			lastFlush = time.Now()
+			m.flushAndAfter()
 		case now := <-sample.C:
 			m.mu.Lock()
 			for _, t := range m.trackers {

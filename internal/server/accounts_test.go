@@ -271,4 +271,30 @@ func TestAccountHammer(t *testing.T) {
 			admitted.Load(), limit, refused.Load(), capHits.Load(), most.Load())
 	}
 	ids.Range(func(k, _ any) bool { t.Errorf("sandbox %s was never deleted", k); return true })
+
+	// No lost updates: the account's total equals the sum of its
+	// sandboxes' figures.
+	get := func(path string) map[string]any {
+		for {
+			r := e.do("GET", path, e.keyA, nil)
+			if r.status != http.StatusTooManyRequests {
+				want(t, r, http.StatusOK, "")
+				return r.json(t)
+			}
+			d, _ := time.ParseDuration(r.header.Get("Retry-After") + "s")
+			time.Sleep(d) // the server's own instruction
+		}
+	}
+	bySandbox := get("/v1/account/usage?group_by=sandbox")
+	total := get("/v1/account/usage?group_by=day")["total"].(map[string]any)
+	var wall, gb float64
+	groups := bySandbox["groups"].([]any)
+	for _, g := range groups {
+		wall += g.(map[string]any)["sandbox_seconds"].(float64)
+		gb += g.(map[string]any)["gb_seconds_reserved"].(float64)
+	}
+	if len(groups) < capN || !near(wall, total["sandbox_seconds"].(float64), 1e-6) || !near(gb, total["gb_seconds_reserved"].(float64), 1e-6) {
+		t.Fatalf("%d sandboxes sum to %g s and %g GB-s; the account's total is %v", len(groups), wall, gb, total)
+	}
+	t.Logf("%d sandboxes metered, %.1f sandbox-seconds", len(groups), wall)
 }

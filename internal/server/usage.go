@@ -1,0 +1,242 @@
+package server
+
+import (
+	"errors"
+	"math"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/account"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/metering"
+	"github.com/sheepfold/sheepfold/internal/store"
+)
+
+// Usage: what the meter recorded (internal/metering), with the deltas not
+// yet flushed added, so that reports are live and still sum exactly.
+
+func (s *Server) usageRoutes(add addFunc) {
+	add("GET /v1/account/usage", true, s.accountUsage)
+	add("GET /v1/sandboxes/{id}/usage", true, s.sandboxUsage)
+	add("GET /v1/account/credits", true, s.accountCredits)
+}
+
+type usageFigures struct {
+	SandboxSeconds    float64 `json:"sandbox_seconds"`
+	CPUSeconds        float64 `json:"cpu_seconds"`
+	GBSecondsReserved float64 `json:"gb_seconds_reserved"`
+	GBSecondsUsed     float64 `json:"gb_seconds_used"`
+	DiskPeakBytes     int64   `json:"disk_peak_bytes"`
+	Executions        int64   `json:"executions"`
+	Commands          int64   `json:"commands"`
+	CostMicros        int64   `json:"cost_micros"`
+	Cost              string  `json:"cost"`
+}
+
+func figures(d store.UsageDelta, p metering.Prices) usageFigures {
+	cpu := float64(d.CPUNanos) / 1e9
+	cost := int64(math.Round(p.Cost(cpu, d.GBSecondsReserved, d.Executions)))
+	return usageFigures{SandboxSeconds: float64(d.WallNanos) / 1e9, CPUSeconds: cpu, GBSecondsReserved: d.GBSecondsReserved,
+		GBSecondsUsed: d.GBSecondsUsed, DiskPeakBytes: d.DiskPeakBytes, Executions: d.Executions, Commands: d.Commands,
+		CostMicros: cost, Cost: account.FormatMicros(cost)}
+}
+
+type usageGroup struct {
+	Key       string `json:"key"`
+	Template  string `json:"template,omitempty"`
+	SandboxID string `json:"sandbox_id,omitempty"`
+	usageFigures
+}
+
+type usageReport struct {
+	From    time.Time       `json:"from"`
+	To      time.Time       `json:"to"`
+	GroupBy string          `json:"group_by"`
+	Groups  []usageGroup    `json:"groups"`
+	Total   usageFigures    `json:"total"`
+	Prices  metering.Prices `json:"prices"`
+}
+
+// parseTimeParam reads an RFC 3339 time or a date (YYYY-MM-DD, UTC).
+func parseTimeParam(r *http.Request, name string) (time.Time, bool, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return time.Time{}, false, nil
+	}
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return t.UTC(), true, nil
+	}
+	if t, err := time.Parse(time.DateOnly, v); err == nil {
+		return t, true, nil
+	}
+	return time.Time{}, false, apierr.New(apierr.BadRequest, "%s must be an RFC 3339 time or a date (YYYY-MM-DD)", name)
+}
+
+func addDelta(p *store.UsageDelta, d store.UsageDelta) {
+	p.WallNanos += d.WallNanos
+	p.CPUNanos += d.CPUNanos
+	p.GBSecondsReserved += d.GBSecondsReserved
+	p.GBSecondsUsed += d.GBSecondsUsed
+	p.DiskPeakBytes = max(p.DiskPeakBytes, d.DiskPeakBytes)
+	p.Executions += d.Executions
+	p.Commands += d.Commands
+}
+
+// groupKey is a delta's key under a grouping, as the API shows it.
+func groupKey(d store.UsageDelta, by string) string {
+	switch by {
+	case store.GroupHour:
+		return d.Hour.UTC().Format(time.RFC3339)
+	case store.GroupDay:
+		return d.Hour.UTC().Format(time.DateOnly)
+	case store.GroupSandbox:
+		return d.SandboxID
+	case store.GroupTemplate:
+		return d.Template
+	}
+	return ""
+}
+
+func (s *Server) accountUsage(w http.ResponseWriter, r *http.Request) error {
+	now := time.Now().UTC()
+	from, _, err := parseTimeParam(r, "from")
+	if err != nil {
+		return err
+	}
+	to, toSet, err := parseTimeParam(r, "to")
+	if err != nil {
+		return err
+	}
+	if from.IsZero() {
+		from = account.MonthStart(now)
+	}
+	if !toSet {
+		to = now
+	}
+	from = from.Truncate(time.Hour)
+	if t := to.Truncate(time.Hour); !t.Equal(to) {
+		to = t.Add(time.Hour)
+	}
+	if !from.Before(to) {
+		return apierr.New(apierr.BadRequest, "from must be before to")
+	}
+	by := r.URL.Query().Get("group_by")
+	if by == "" {
+		by = store.GroupDay
+	}
+	switch by {
+	case store.GroupDay, store.GroupHour, store.GroupSandbox, store.GroupTemplate:
+	default:
+		return apierr.New(apierr.BadRequest, "group_by must be day, hour, sandbox or template")
+	}
+	own := owner(r)
+	// The store groups by hour for days too (a pending delta's day is its
+	// hour's); pending deltas are grouped the same way and added.
+	storeBy := by
+	if by == store.GroupHour || by == store.GroupDay {
+		storeBy = store.GroupHour // keys as times, then regrouped
+	}
+	var rows []store.UsageRow
+	pending, err := s.meter.Pending(own, func() (err error) {
+		rows, err = s.store.QueryUsage(r.Context(), store.UsageFilter{Account: own, From: from, To: to, GroupBy: storeBy})
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	groups := map[string]*usageGroup{}
+	sums := map[string]*store.UsageDelta{}
+	addTo := func(d store.UsageDelta) {
+		k := groupKey(d, by)
+		if sums[k] == nil {
+			sums[k] = &store.UsageDelta{}
+			groups[k] = &usageGroup{Key: k}
+			if by == store.GroupSandbox {
+				groups[k].SandboxID, groups[k].Template = d.SandboxID, d.Template
+			}
+			if by == store.GroupTemplate {
+				groups[k].Template = d.Template
+			}
+		}
+		addDelta(sums[k], d)
+	}
+	for _, row := range rows {
+		d := row.UsageDelta
+		if storeBy == store.GroupTemplate {
+			d.Template = row.Key
+		}
+		addTo(d)
+	}
+	for _, d := range pending {
+		if !d.Hour.Before(from) && d.Hour.Before(to) {
+			addTo(d)
+		}
+	}
+	prices := s.meter.Prices()
+	out := usageReport{From: from, To: to, GroupBy: by, Groups: []usageGroup{}, Prices: prices}
+	var total store.UsageDelta
+	keys := make([]string, 0, len(groups))
+	for k := range groups {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		g := groups[k]
+		g.usageFigures = figures(*sums[k], prices)
+		out.Groups = append(out.Groups, *g)
+		addDelta(&total, *sums[k])
+	}
+	out.Total = figures(total, prices)
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+type sandboxUsageJSON struct {
+	SandboxID string `json:"sandbox_id"`
+	Template  string `json:"template"`
+	Live      bool   `json:"live"`
+	usageFigures
+}
+
+// sandboxUsage is one sandbox's usage: sampled now while it runs, the
+// stored total once it has stopped.
+func (s *Server) sandboxUsage(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	rec, err := s.store.GetSandbox(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) || err == nil && rec.Owner != owner(r) {
+		return notFound(id)
+	}
+	if err != nil {
+		return err
+	}
+	out := sandboxUsageJSON{SandboxID: id, Template: rec.Template}
+	d, live := s.meter.Live(id)
+	if !live {
+		rows, err := s.store.QueryUsage(r.Context(), store.UsageFilter{Account: rec.Owner, SandboxID: id, GroupBy: store.GroupNone})
+		if err != nil {
+			return err
+		}
+		for _, row := range rows {
+			d = row.UsageDelta
+		}
+	}
+	out.Live = live && rec.State == store.SandboxRunning
+	out.usageFigures = figures(d, s.meter.Prices())
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// accountCredits is GET /v1/account/credits.
+func (s *Server) accountCredits(w http.ResponseWriter, r *http.Request) error {
+	a, err := s.accounts.Get(r.Context(), owner(r))
+	if err != nil {
+		return err
+	}
+	c, err := s.creditsOf(r, a)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, c)
+	return nil
+}

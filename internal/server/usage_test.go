@@ -1,0 +1,125 @@
+package server_test
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/metering"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/store"
+)
+
+// usageRuntime is the fake runtime with cgroup counters the test sets.
+type usageRuntime struct {
+	runtime.Runtime
+	mu  sync.Mutex
+	cpu map[string]uint64
+}
+
+func (u *usageRuntime) set(id string, cpu uint64) {
+	u.mu.Lock()
+	u.cpu[id] = cpu
+	u.mu.Unlock()
+}
+
+func (u *usageRuntime) Usage(ctx context.Context, id string) (runtime.Usage, error) {
+	us, err := u.Runtime.Usage(ctx, id)
+	if err != nil {
+		return us, err
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	us.CPUNanos = u.cpu[id]
+	us.MemoryBytes = 256 << 20
+	us.DiskBytes = 3 << 20
+	return us, nil
+}
+
+func near(a, b, tol float64) bool { return math.Abs(a-b) <= tol }
+
+func TestUsage(t *testing.T) {
+	urt := &usageRuntime{cpu: map[string]uint64{}}
+	prices := metering.Prices{CPUSecond: 10, GBSecond: 1, Execution: 100}
+	e := newEnv(t, server.Config{Metering: metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond, Prices: &prices}},
+		func(c *sandbox.Config) { urt.Runtime = c.Runtime; c.Runtime = urt })
+	id := e.create(e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 1024}})
+	// The counter starts where the cgroup's does: a sandbox not from the
+	// pool is metered from zero.
+	urt.set(id, 1_500_000_000)
+	for i := 0; i < 2; i++ {
+		want(t, e.do("POST", "/v1/sandboxes/"+id+"/execute", e.keyA, map[string]any{"code": "1+1"}), http.StatusOK, "")
+	}
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/commands", e.keyA, map[string]any{"cmd": "true"}), http.StatusOK, "")
+	r := e.do("GET", "/v1/sandboxes/"+id+"/usage", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	u := r.json(t)
+	if u["live"] != true || u["cpu_seconds"] != 1.5 || u["executions"] != 2.0 || u["commands"] != 1.0 || u["disk_peak_bytes"] != float64(3<<20) {
+		t.Fatalf("live usage %s", r.body)
+	}
+	wall := u["sandbox_seconds"].(float64)
+	if !near(u["gb_seconds_reserved"].(float64), wall, 1e-9) || !near(u["gb_seconds_used"].(float64), wall/4, 0.01) {
+		t.Fatalf("GB-seconds: 1 GiB reserved and 256 MiB used for %g s: %s", wall, r.body)
+	}
+	want(t, e.do("GET", "/v1/sandboxes/"+id+"/usage", e.keyB, nil), http.StatusNotFound, "ERR_SANDBOX_NOT_FOUND")
+
+	// The last sample is taken as the sandbox stops.
+	urt.set(id, 2_000_000_000)
+	want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
+	r = e.do("GET", "/v1/sandboxes/"+id+"/usage", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	final := r.json(t)
+	if final["live"] != false || final["cpu_seconds"] != 2.0 || final["executions"] != 2.0 {
+		t.Fatalf("usage after stop %s", r.body)
+	}
+	// It reaches the store (the flush at stop): read it back once the
+	// tracker is gone, and it is the same.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rows := e.do("GET", "/v1/account/usage?group_by=sandbox", e.keyA, nil).json(t)
+		groups := rows["groups"].([]any)
+		if len(groups) == 1 {
+			g := groups[0].(map[string]any)
+			if g["sandbox_id"] != id || g["cpu_seconds"] != 2.0 || g["sandbox_seconds"] != final["sandbox_seconds"] || g["template"] != "python" {
+				t.Fatalf("by sandbox %v", rows)
+			}
+			cost := 2.0*10 + g["gb_seconds_reserved"].(float64)*1 + 2*100
+			if !near(g["cost_micros"].(float64), math.Round(cost), 0) {
+				t.Fatalf("cost %v, want %v", g["cost_micros"], cost)
+			}
+			tot := rows["total"].(map[string]any)
+			if tot["cpu_seconds"] != 2.0 || tot["cost_micros"] != g["cost_micros"] {
+				t.Fatalf("total %v", tot)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("usage never reached the report: %v", rows)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rows, err := e.store.QueryUsage(context.Background(), storeFilter(id))
+	if err != nil || len(rows) != 1 || rows[0].CPUNanos != 2e9 || rows[0].Executions != 2 || rows[0].Commands != 1 {
+		t.Fatalf("stored %+v, %v", rows, err)
+	}
+	// Other accounts see nothing; bad parameters name themselves.
+	if g := e.do("GET", "/v1/account/usage?group_by=template", e.keyB, nil).json(t)["groups"].([]any); len(g) != 0 {
+		t.Fatalf("another account's usage: %v", g)
+	}
+	wantMsg(t, e.do("GET", "/v1/account/usage?group_by=week", e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST", "group_by must be")
+	wantMsg(t, e.do("GET", "/v1/account/usage?from=yesterday", e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST", "from must be")
+	wantMsg(t, e.do("GET", "/v1/account/usage?from=2026-01-02&to=2026-01-01", e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST", "from must be before to")
+	day := e.do("GET", "/v1/account/usage?group_by=day&from=2020-01-01", e.keyA, nil).json(t)
+	if g := day["groups"].([]any); len(g) != 1 || g[0].(map[string]any)["key"] != time.Now().UTC().Format(time.DateOnly) {
+		t.Fatalf("by day %v", day)
+	}
+}
+
+func storeFilter(id string) store.UsageFilter {
+	return store.UsageFilter{SandboxID: id, GroupBy: store.GroupSandbox}
+}
