@@ -104,6 +104,7 @@ type Egress struct {
 }
 
 // CompileEgress parses a network policy; nil or an empty mode is "none".
+// Its errors are *FieldError.
 func CompileEgress(n *Network) (*Egress, error) {
 	e := &Egress{Mode: NetworkNone}
 	if n == nil {
@@ -112,24 +113,24 @@ func CompileEgress(n *Network) (*Egress, error) {
 	switch n.Mode {
 	case "", NetworkNone:
 		if len(n.Allow) > 0 {
-			return nil, errors.New("network.allow needs mode \"allowlist\"")
+			return nil, bad("network.allow", "needs mode \"allowlist\"")
 		}
 		return e, nil
 	case NetworkAllowlist, NetworkPublic:
 		e.Mode = n.Mode
 	default:
-		return nil, fmt.Errorf("network.mode %q is not one of none, allowlist, public", n.Mode)
+		return nil, bad("network.mode", "must be none, allowlist or public, not %q", n.Mode)
 	}
 	if e.Mode == NetworkPublic && len(n.Allow) > 0 {
-		return nil, errors.New("network.allow is only for mode \"allowlist\"")
+		return nil, bad("network.allow", "is only for mode \"allowlist\"")
 	}
 	if len(n.Allow) > 256 {
-		return nil, errors.New("network.allow has more than 256 entries")
+		return nil, bad("network.allow", "at most 256 entries")
 	}
 	for i, s := range n.Allow {
 		r, err := ParseEgressRule(s)
 		if err != nil {
-			return nil, fmt.Errorf("network.allow[%d] %q: %w", i, s, err)
+			return nil, bad(fmt.Sprintf("network.allow[%d]", i), "%q: %v", s, err)
 		}
 		e.Rules = append(e.Rules, r)
 	}
@@ -291,4 +292,20 @@ func Parent(name string) string {
 		return name[j+1:]
 	}
 	return name
+}
+
+// NetworkPolicy returns the network part of p (nil: none).
+func (p *Policy) NetworkPolicy() *Network {
+	if p == nil {
+		return nil
+	}
+	return p.Network
+}
+
+// NetworkRequests is resource_limits.network_requests, 0 when unset.
+func (p *Policy) NetworkRequests() int64 {
+	if p == nil || p.ResourceLimits == nil || p.ResourceLimits.NetworkRequests == nil {
+		return 0
+	}
+	return *p.ResourceLimits.NetworkRequests
 }

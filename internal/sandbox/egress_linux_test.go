@@ -26,6 +26,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
@@ -129,6 +130,46 @@ except socket.gaierror as e:
 	}
 	if ev := log.find(s.ID, events.SecurityViolation, "target", "other.test"); len(ev) != 1 || ev[0].Details["kind"] != events.KindDNSDenied {
 		t.Errorf("denied name events = %+v", ev)
+	}
+}
+
+// A policy change reaches the gateway at once: mode none refuses the next
+// connection, the allowlist back allows it; a sandbox made without a
+// network cannot gain one.
+func TestEgressPolicyChange(t *testing.T) {
+	srv := loopbackServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	api := netip.MustParseAddr("203.0.113.10")
+	m, _ := networkEngine(t, &egress.TestNet{
+		Hosts:  map[string][]netip.Addr{"api.test": {api}},
+		Routes: map[netip.AddrPort]netip.AddrPort{netip.AddrPortFrom(api, 80): srv},
+	})
+	s := newSandbox(t, m, sandbox.CreateOptions{Policy: allowlist("api.test")})
+	get := netProbe + `
+print(get("api.test"), end="")`
+	steps := []struct {
+		pol  *policy.Policy
+		want string
+	}{
+		{allowlist("api.test"), "ok"},
+		{&policy.Policy{Network: &policy.Network{Mode: policy.NetworkNone}}, "gaierror"},
+		{allowlist("other.test"), "gaierror"},
+		{allowlist("api.test"), "ok"},
+	}
+	for i, st := range steps {
+		if _, err := s.SetPolicy(st.pol); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if got := py(t, s, get); got != st.want {
+			t.Fatalf("step %d (%+v): %q, want %q", i, st.pol.Network, got, st.want)
+		}
+	}
+	plain := newSandbox(t, m, sandbox.CreateOptions{})
+	_, err := plain.SetPolicy(allowlist("api.test"))
+	if apierr.From(err).Code != apierr.InvalidPolicy {
+		t.Fatalf("gaining a network: %v, want ERR_INVALID_POLICY", err)
+	}
+	if _, err := m.Create(context.Background(), sandbox.CreateOptions{Policy: allowlist("bad host")}); apierr.From(err).Code != apierr.InvalidPolicy {
+		t.Fatalf("bad allow entry: %v, want ERR_INVALID_POLICY", err)
 	}
 }
 

@@ -244,17 +244,9 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	if err != nil {
 		return nil, apierr.Wrap(err, apierr.TemplateNotFound, "template %q is not available: %v", opt.Template, err)
 	}
-	var netPolicy *policy.Network
-	var netLimit int64
-	if opt.Policy != nil {
-		netPolicy = opt.Policy.Network
-		if rl := opt.Policy.ResourceLimits; rl != nil && rl.NetworkRequests != nil {
-			netLimit = *rl.NetworkRequests
-		}
-	}
-	egressPolicy, err := policy.CompileEgress(netPolicy)
+	egressPolicy, err := policy.CompileEgress(opt.Policy.NetworkPolicy())
 	if err != nil {
-		return nil, apierr.Wrap(err, apierr.BadRequest, "%v", err)
+		return nil, invalidPolicy(err)
 	}
 	if !egressPolicy.Enabled() {
 		if s, ok, err := m.fromPool(ctx, opt, limits, pol); ok {
@@ -285,7 +277,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		WritablePaths: opt.Policy.WritablePaths(),
 	}
 	if egressPolicy.Enabled() {
-		gw, err := egress.New(m.cfg.Egress, s.ID, egressPolicy, netLimit)
+		gw, err := egress.New(m.cfg.Egress, s.ID, egressPolicy, opt.Policy.NetworkRequests())
 		if err != nil {
 			close(s.created)
 			m.destroy(s, reasonFailed)

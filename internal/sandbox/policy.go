@@ -106,6 +106,16 @@ func (s *Sandbox) SetPolicy(p *policy.Policy) (PolicyChange, error) {
 	if err != nil {
 		return PolicyChange{}, apierr.Wrap(err, apierr.InvalidPolicy, "allow_subprocess: false is not available on this host: %v", err)
 	}
+	egressPolicy, err := policy.CompileEgress(p.NetworkPolicy())
+	if err != nil {
+		return PolicyChange{}, invalidPolicy(err)
+	}
+	// The network interface exists from the start or never: a sandbox
+	// created without one cannot gain it.
+	if s.net == nil && egressPolicy.Enabled() {
+		return PolicyChange{}, invalidPolicy(&policy.FieldError{Field: "network.mode",
+			Reason: "this sandbox was created without a network; create a new sandbox with network.mode " + egressPolicy.Mode})
+	}
 	s.mu.Lock()
 	cur := s.pol.pol
 	if err := policy.FixedChange(cur, p); err != nil {
@@ -119,6 +129,9 @@ func (s *Sandbox) SetPolicy(p *policy.Policy) (PolicyChange, error) {
 		s.pol.restartGen = s.pol.gen
 	}
 	s.pol.pol, s.pol.kernel = p, k
+	if s.net != nil {
+		s.net.SetPolicy(egressPolicy, p.NetworkRequests())
+	}
 	s.mu.Unlock()
 	details := map[string]any{"restart_required": ch.RestartRequired}
 	if len(ch.Loosened) > 0 {
