@@ -38,6 +38,9 @@ const (
 	SandboxStopped = "stopped"
 )
 
+// ReasonTimedOut is the stop reason of a sandbox whose lifetime ended.
+const ReasonTimedOut = "timed out"
+
 // Sandbox is the record of one sandbox.
 type Sandbox struct {
 	ID         string
@@ -99,7 +102,9 @@ type Store interface {
 	// first reason.
 	StopSandbox(ctx context.Context, id, reason string, at time.Time) error
 	// StopAllRunning marks every running sandbox stopped and returns how
-	// many there were.
+	// many there were. Those whose lifetime had ended by at are marked
+	// ReasonTimedOut, stopped at their expiry: a sandbox ends at its
+	// deadline even while no server runs (its agent keeps the deadline).
 	StopAllRunning(ctx context.Context, reason string, at time.Time) (int, error)
 
 	// DeleteStoppedBefore removes the records of sandboxes stopped before

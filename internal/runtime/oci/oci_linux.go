@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -30,6 +31,9 @@ type OCI struct {
 	bundles string   // dir/sandboxes
 	runcDir string   // dir/runc: the runtime's own --root
 	lock    *os.File // holds an flock on dir/lock while the instance lives
+
+	quit    chan struct{} // closed by Close: stops the background sweep
+	sweeper sync.WaitGroup
 
 	// mu serialises Create and Destroy of the same id.
 	mu      sync.Mutex
@@ -96,6 +100,7 @@ func open(cfg Config, ids *idRanges) (*OCI, error) {
 		runcDir: filepath.Join(dir, "runc"),
 		pending: map[string]bool{},
 		idmaps:  map[uint32]*os.File{},
+		quit:    make(chan struct{}),
 	}
 	for attempt := 0; ; attempt++ {
 		lock, err := lockDir(dir)
@@ -143,9 +148,43 @@ func lockDir(dir string) (*os.File, error) {
 // ErrLocked reports an instance directory held by a live process.
 var ErrLocked = errors.New("instance locked")
 
+// Bounds of the sweep of dead instances: New waits sweepWait for it at
+// most; what is left then, or cannot be destroyed, is swept again in the
+// background every sweepRetry, doubling up to a minute, until nothing is
+// left or Close. Variables, so that tests can shorten them.
+var (
+	sweepWait  = 5 * time.Second
+	sweepRetry = 5 * time.Second
+)
+
 // sweep destroys what dead instances left behind: every sibling directory
-// whose lock can be taken.
+// whose lock can be taken. A crash never keeps New from returning: the
+// sweep goes on in the background while anything is left.
 func (o *OCI) sweep() {
+	first := make(chan struct{})
+	o.sweeper.Go(func() {
+		left := o.sweepOnce()
+		close(first)
+		for wait := sweepRetry; left > 0; wait = min(2*wait, time.Minute) {
+			o.cfg.Logger.Warn("sandboxes of dead sheepfold processes are left; sweeping again later", "count", left, "retry_in", wait)
+			select {
+			case <-o.quit:
+				return
+			case <-time.After(wait):
+			}
+			left = o.sweepOnce()
+		}
+	})
+	select {
+	case <-first:
+	case <-time.After(sweepWait):
+		o.cfg.Logger.Warn("still sweeping sandboxes of dead sheepfold processes; starting meanwhile")
+	}
+}
+
+// sweepOnce destroys what every dead instance holds and removes the
+// instances it emptied. It returns how many sandboxes are left.
+func (o *OCI) sweepOnce() (left int) {
 	entries, _ := os.ReadDir(o.cfg.StateDir)
 	for _, e := range entries {
 		if !e.IsDir() || e.Name() == o.cfg.Instance || !validID(e.Name()) {
@@ -160,15 +199,23 @@ func (o *OCI) sweep() {
 		ids, _ := dead.List(context.Background())
 		for _, id := range ids {
 			o.cfg.Logger.Warn("destroying sandbox left by a dead sheepfold process", "instance", cfg.Instance, "sandbox", id)
-			if err := dead.Destroy(context.Background(), id); err != nil {
-				o.cfg.Logger.Error("destroy leftover sandbox", "sandbox", id, "err", err)
+			ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
+			err := dead.Destroy(ctx, id)
+			cancel()
+			if err != nil {
+				o.cfg.Logger.Error("destroy leftover sandbox", "instance", cfg.Instance, "sandbox", id, "err", err)
+				left++
 			}
 		}
 		if err := dead.Close(); err == nil {
 			_ = os.RemoveAll(dead.dir)
 		}
 	}
+	return left
 }
+
+// destroyTimeout bounds one destroy of the sweep.
+const destroyTimeout = time.Minute
 
 func mkdirs(mode os.FileMode, dirs ...string) error {
 	for _, d := range dirs {
@@ -535,6 +582,7 @@ func (o *OCI) List(_ context.Context) ([]string, error) {
 // sweep and says how many sandboxes remain.
 func (o *OCI) Close() error {
 	defer o.lock.Close()
+	o.stopSweep()
 	o.nsMu.Lock()
 	for base, f := range o.idmaps {
 		f.Close()
@@ -550,6 +598,16 @@ func (o *OCI) Close() error {
 	}
 	o.cg.removeParent()
 	return os.RemoveAll(o.dir)
+}
+
+// stopSweep ends the background sweep (Close; once).
+func (o *OCI) stopSweep() {
+	select {
+	case <-o.quit:
+	default:
+		close(o.quit)
+	}
+	o.sweeper.Wait()
 }
 
 func (o *OCI) runc(ctx context.Context, args ...string) *exec.Cmd {

@@ -3,6 +3,7 @@ package oci
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/runtime"
@@ -338,4 +341,79 @@ func TestDestroyKillsAtOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fsImmutableFL is FS_IMMUTABLE_FL of <linux/fs.h> (x/sys lacks it).
+const fsImmutableFL = 0x10
+
+// setImmutable sets or clears a file's immutable flag (chattr +i): nobody,
+// root included, may then unlink it, as with a stuck leftover.
+func setImmutable(t *testing.T, path string, on bool) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	flags, err := unix.IoctlGetUint32(int(f.Fd()), unix.FS_IOC_GETFLAGS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if on {
+		flags |= fsImmutableFL
+	} else {
+		flags &^= fsImmutableFL
+	}
+	if err := unix.IoctlSetPointerInt(int(f.Fd()), unix.FS_IOC_SETFLAGS, int(flags)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSweepRetriesStubbornLeftovers: a dead instance's sandbox that cannot
+// be destroyed at once does not hold New up; it is swept again in the
+// background until it is gone.
+func TestSweepRetriesStubbornLeftovers(t *testing.T) {
+	defer func(r time.Duration) { sweepRetry = r }(sweepRetry)
+	sweepRetry = 50 * time.Millisecond
+	cfg := testConfig(t, "stuck")
+	crashed, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := crashed.Create(context.Background(), runtime.Spec{ID: "orphan", RootFS: testutil.TemplateRootFS(t, "python"),
+		Limits: runtime.Limits{MemoryBytes: 64 << 20, Pids: 16, DiskBytes: 1 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	stuck := filepath.Join(crashed.bundle("orphan"), "config.json")
+	setImmutable(t, stuck, true)
+	defer func() {
+		if _, err := os.Stat(stuck); err == nil {
+			setImmutable(t, stuck, false)
+		}
+	}()
+	crashed.lock.Close() // the process dies
+
+	cfg.Instance = "survivor"
+	start := time.Now()
+	o, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if took := time.Since(start); took > sweepWait+time.Second {
+		t.Fatalf("New took %s", took)
+	}
+	if _, err := os.Stat(crashed.bundle("orphan")); err != nil {
+		t.Fatalf("the stuck leftover went at once (%v): the test proves nothing", err)
+	}
+	setImmutable(t, stuck, false)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(crashed.dir); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the leftover was not swept again")
+		}
+	}
+	assertGone(t, crashed, "orphan")
 }

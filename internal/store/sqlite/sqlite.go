@@ -411,8 +411,12 @@ func (d *DB) StopSandbox(ctx context.Context, id, reason string, at time.Time) e
 
 // StopAllRunning implements store.Store.
 func (d *DB) StopAllRunning(ctx context.Context, reason string, at time.Time) (int, error) {
-	res, err := d.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, stopped_at = ?, stop_reason = ? WHERE state = ?`,
-		store.SandboxStopped, fmtTime(at), reason, store.SandboxRunning)
+	// The fixed-width time format compares as text.
+	res, err := d.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?1,
+		stopped_at = CASE WHEN expires_at <= ?2 THEN expires_at ELSE ?2 END,
+		stop_reason = CASE WHEN expires_at <= ?2 THEN ?3 ELSE ?4 END
+		WHERE state = ?5`,
+		store.SandboxStopped, fmtTime(at), store.ReasonTimedOut, reason, store.SandboxRunning)
 	if err != nil {
 		return 0, storeErr("stop sandboxes", err)
 	}

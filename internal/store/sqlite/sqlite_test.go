@@ -129,12 +129,22 @@ func TestSandboxesAndRestartMarking(t *testing.T) {
 	}
 	db.Close()
 
-	// A restart marks what was running as stopped.
+	// A restart marks what was running as stopped; what had passed its
+	// deadline meanwhile timed out then.
 	db = open(t, path)
 	defer db.Close()
+	expired := now.Add(-time.Minute)
+	if err := db.PutSandbox(ctx, store.Sandbox{ID: "d", Owner: "o3", Template: "python", State: store.SandboxRunning,
+		CreatedAt: now.Add(-time.Hour), ExpiresAt: expired}); err != nil {
+		t.Fatal(err)
+	}
 	n, err := db.StopAllRunning(ctx, "server restarted", time.Now())
-	if err != nil || n != 2 {
+	if err != nil || n != 3 {
 		t.Fatalf("StopAllRunning = %d, %v", n, err)
+	}
+	if d, _ := db.GetSandbox(ctx, "d"); d.State != store.SandboxStopped || d.StopReason != "timed out" ||
+		d.StoppedAt == nil || !d.StoppedAt.Equal(expired.Truncate(time.Nanosecond)) {
+		t.Fatalf("expired while down: %+v", d)
 	}
 	for _, id := range []string{"b", "c"} {
 		s, _ := db.GetSandbox(ctx, id)
