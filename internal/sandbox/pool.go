@@ -293,7 +293,7 @@ func (p *pool) renewLeases() {
 	p.mu.Unlock()
 	dead := false
 	for _, s := range all {
-		if err := s.tellLifetime(p.ctx, poolLease); err != nil && p.ctx.Err() == nil {
+		if err := s.renewLease(p.ctx); err != nil && p.ctx.Err() == nil {
 			p.m.log.Warn("warm pool: member lost", "sandbox", s.ID, "err", err)
 			_ = p.m.destroy(s, reasonFailed)
 			dead = true
@@ -306,6 +306,16 @@ func (p *pool) renewLeases() {
 		}
 		p.mu.Unlock()
 	}
+}
+
+// renewLease renews a member's lease unless it has been handed out.
+func (s *Sandbox) renewLease(ctx context.Context) error {
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	if s.State() != StateStarting {
+		return nil
+	}
+	return s.tellLifetime(ctx, poolLease)
 }
 
 // poolable reports whether a sandbox started ahead can serve opt.
@@ -342,13 +352,8 @@ func (p *pool) take(tmpl string) *Sandbox {
 	return nil
 }
 
-// giveBack returns a member that was taken but never shown to anyone,
-// with its lease renewed.
+// giveBack returns a member that was taken but never shown to anyone.
 func (p *pool) giveBack(s *Sandbox) {
-	if s.tellLifetime(p.ctx, poolLease) != nil {
-		_ = p.m.destroy(s, reasonFailed)
-		return
-	}
 	p.mu.Lock()
 	if !p.closed {
 		p.ready[s.Template] = append([]*Sandbox{s}, p.ready[s.Template]...)
@@ -398,9 +403,7 @@ func (p *pool) close() error {
 }
 
 // fromPool hands out a pooled sandbox for opt, or reports a miss (ok
-// false). limits are opt's limits with the defaults filled in. The
-// member's agent is told the caller's lifetime before it is handed out; a
-// member that no longer answers is destroyed and the create is a miss.
+// false). limits are opt's limits with the defaults filled in.
 func (m *Manager) fromPool(ctx context.Context, opt CreateOptions, limits runtime.Limits, pol policyState) (s *Sandbox, ok bool, err error) {
 	p := m.pool
 	if p == nil {
@@ -409,22 +412,23 @@ func (m *Manager) fromPool(ctx context.Context, opt CreateOptions, limits runtim
 	if p.poolable(opt.Template, limits, opt) {
 		s = p.take(opt.Template)
 	}
-	if s != nil && s.tellLifetime(ctx, opt.Timeout) != nil {
-		m.log.Warn("warm pool: member lost", "sandbox", s.ID)
-		s = nil
-	}
 	if s == nil {
 		p.misses.Add(1)
 		return nil, false, nil
 	}
+	// lifeMu orders the agent's lifetime after a lease renewal in flight,
+	// and any SetTimeout after it; it is released once the agent knows.
+	s.lifeMu.Lock()
 	m.mu.Lock()
 	switch {
 	case m.closed:
 		m.mu.Unlock()
+		s.lifeMu.Unlock()
 		p.giveBack(s)
 		return nil, true, apierr.New(apierr.Capacity, "the engine is shutting down")
 	case len(m.sandboxes) >= m.cfg.MaxSandboxes:
 		m.mu.Unlock()
+		s.lifeMu.Unlock()
 		p.giveBack(s)
 		return nil, true, &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
 			Message: fmt.Sprintf("all %d sandbox slots are in use", m.cfg.MaxSandboxes)}
@@ -438,9 +442,19 @@ func (m *Manager) fromPool(ctx context.Context, opt CreateOptions, limits runtim
 	s.mu.Unlock()
 	if !s.startLife(opt.Timeout) {
 		m.mu.Unlock()
+		s.lifeMu.Unlock()
 		return nil, false, nil // stopped in the pool meanwhile: a miss
 	}
 	m.sandboxes[s.ID] = s
+	// The agent learns its lifetime after the hand-out, off the caller's
+	// path (a round trip of its own). A member that died in the pool is
+	// stopped then.
+	go func() {
+		defer s.lifeMu.Unlock()
+		if err := s.tellLifetime(context.WithoutCancel(ctx), opt.Timeout); err != nil {
+			m.log.Warn("warm pool: could not give a handed-out sandbox its lifetime", "sandbox", s.ID, "err", err)
+		}
+	}()
 	m.mu.Unlock()
 	p.hits.Add(1)
 	m.log.Info("sandbox created", "sandbox", s.ID, "template", s.Template, "pool", "hit")
