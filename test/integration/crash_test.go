@@ -177,9 +177,9 @@ func (s *crashServer) bundles() []string {
 	return ids
 }
 
-// proc is a host process, told apart from a later one with its pid by
+// sandboxProc is a host process, told apart from a later one with its pid by
 // its start time.
-type proc struct {
+type sandboxProc struct {
 	pid   int
 	start string
 }
@@ -199,19 +199,19 @@ func startTime(pid int) string {
 	return f[19]
 }
 
-func (p proc) alive() bool { return startTime(p.pid) == p.start }
+func (p sandboxProc) alive() bool { return startTime(p.pid) == p.start }
 
 // procs lists the host processes in the cgroups of sandbox id.
-func procs(id string) []proc {
+func procs(id string) []sandboxProc {
 	files, _ := filepath.Glob("/sys/fs/cgroup/*/sheepfold/*/" + id + "/cgroup.procs")
 	more, _ := filepath.Glob("/sys/fs/cgroup/sheepfold/*/" + id + "/cgroup.procs")
-	var out []proc
+	var out []sandboxProc
 	for _, f := range append(files, more...) {
 		b, _ := os.ReadFile(f)
 		for _, l := range strings.Fields(string(b)) {
 			pid, _ := strconv.Atoi(l)
-			if st := startTime(pid); st != "" && !slices.ContainsFunc(out, func(p proc) bool { return p.pid == pid }) {
-				out = append(out, proc{pid, st})
+			if st := startTime(pid); st != "" && !slices.ContainsFunc(out, func(p sandboxProc) bool { return p.pid == pid }) {
+				out = append(out, sandboxProc{pid, st})
 			}
 		}
 	}
@@ -220,7 +220,7 @@ func procs(id string) []proc {
 
 // assertGone checks that nothing of sandbox id is left on the host: no
 // runtime state or bundle, no mount, no cgroup, none of its processes.
-func (s *crashServer) assertGone(t *testing.T, id string, ps []proc) {
+func (s *crashServer) assertGone(t *testing.T, id string, ps []sandboxProc) {
 	t.Helper()
 	if slices.Contains(s.bundles(), id) {
 		t.Errorf("sandbox %s: runtime state or bundle left", id)
@@ -324,7 +324,7 @@ time.sleep(1000)`}, client.ExecuteHandlers{OnStdout: func(string) { once.Do(func
 	if len(before) != 3 {
 		t.Fatalf("runtime holds %v, want three sandboxes", before)
 	}
-	ps := map[string][]proc{}
+	ps := map[string][]sandboxProc{}
 	for _, id := range before {
 		ps[id] = procs(id)
 	}
@@ -344,12 +344,12 @@ time.sleep(1000)`}, client.ExecuteHandlers{OnStdout: func(string) { once.Do(func
 	// While no server runs, the short sandbox ends at its deadline (its
 	// agent keeps it); the long one lives on.
 	eventually(t, time.Until(short.ExpiresAt)+10*time.Second, "the short sandbox's processes to end", func() bool {
-		return !slices.ContainsFunc(ps[short.ID], proc.alive)
+		return !slices.ContainsFunc(ps[short.ID], sandboxProc.alive)
 	})
 	if time.Now().Before(short.ExpiresAt) {
 		t.Fatalf("the short sandbox ended before its deadline %s", short.ExpiresAt)
 	}
-	if !slices.ContainsFunc(ps[long.ID], proc.alive) {
+	if !slices.ContainsFunc(ps[long.ID], sandboxProc.alive) {
 		t.Fatal("the long sandbox died with the server: the test proves nothing about restarts")
 	}
 	// One leftover cannot be destroyed at once.
@@ -380,7 +380,7 @@ time.sleep(1000)`}, client.ExecuteHandlers{OnStdout: func(string) { once.Do(func
 	// Everything of the stuck one but its bundle went at once; the bundle
 	// is retried in the background and goes once it can.
 	eventually(t, 10*time.Second, "the stuck sandbox's processes to end", func() bool {
-		return !slices.ContainsFunc(ps[long.ID], proc.alive)
+		return !slices.ContainsFunc(ps[long.ID], sandboxProc.alive)
 	})
 	if !strings.Contains(s.log.String(), long.ID) {
 		t.Error("the stuck leftover was not reported in the log")
@@ -410,7 +410,7 @@ time.sleep(1000)`}, client.ExecuteHandlers{OnStdout: func(string) { once.Do(func
 	})
 	s.kill9()
 	left := s.bundles()
-	ps = map[string][]proc{}
+	ps = map[string][]sandboxProc{}
 	for _, id := range left {
 		ps[id] = procs(id)
 	}
@@ -447,7 +447,7 @@ time.sleep(1000)`}, client.ExecuteHandlers{OnStdout: func(string) { once.Do(func
 	go c.Kill(ctx, victim.ID)
 	// The sandbox's processes die first, its cgroups, mounts and bundle
 	// go after: kill the server as soon as they die.
-	for deadline := time.Now().Add(30 * time.Second); slices.ContainsFunc(vps, proc.alive); time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); slices.ContainsFunc(vps, sandboxProc.alive); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the destroy did not begin")
 		}
@@ -455,7 +455,7 @@ time.sleep(1000)`}, client.ExecuteHandlers{OnStdout: func(string) { once.Do(func
 	s.kill9()
 	t.Logf("killed mid-destroy with the bundle still there: %v", slices.Contains(s.bundles(), victim.ID))
 	left = s.bundles()
-	ps = map[string][]proc{victim.ID: vps}
+	ps = map[string][]sandboxProc{victim.ID: vps}
 	for _, id := range left {
 		ps[id] = procs(id)
 	}
