@@ -33,6 +33,9 @@ type CreateSandboxRequest struct {
 	Env           map[string]string
 	Metadata      map[string]string
 	SandboxConfig *SandboxConfig
+	// SecurityPolicy is the sandbox's security policy: the JSON object of
+	// README "Policies and network" (a map, a struct or json.RawMessage).
+	SecurityPolicy any
 }
 
 type sandboxConfigJSON struct {
@@ -47,6 +50,7 @@ type createJSON struct {
 	Env           map[string]string  `json:"env,omitempty"`
 	Metadata      map[string]string  `json:"metadata,omitempty"`
 	SandboxConfig *sandboxConfigJSON `json:"sandbox_config,omitempty"`
+	Policy        any                `json:"security_policy,omitempty"`
 }
 
 // Sandbox is a sandbox as the server describes it.
@@ -66,7 +70,7 @@ func secs(d time.Duration) float64 { return math.Ceil(d.Seconds()*1000) / 1000 }
 // CreateSandbox starts a sandbox.
 func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*Sandbox, error) {
 	body := createJSON{Template: req.Template, Timeout: secs(req.Timeout), Resources: req.Resources,
-		Env: req.Env, Metadata: req.Metadata}
+		Env: req.Env, Metadata: req.Metadata, Policy: req.SecurityPolicy}
 	if req.SandboxConfig != nil {
 		body.SandboxConfig = &sandboxConfigJSON{MaxExecutionTime: secs(req.SandboxConfig.MaxExecutionTime), SandboxConfig: req.SandboxConfig}
 	}

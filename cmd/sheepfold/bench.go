@@ -42,7 +42,11 @@ type benchOptions struct {
 	duration time.Duration // of each throughput level
 	density  int           // sandboxes measured for memory
 	jsonOut  string
+	only     string // run only the steps whose name contains this ("" all)
 }
+
+// runs reports whether the step named name is to run.
+func (o benchOptions) runs(name string) bool { return o.only == "" || strings.Contains(name, o.only) }
 
 func benchCmd(cfg *config.Config) *cobra.Command {
 	o := benchOptions{pool: sandbox.DefaultPoolSize()}
@@ -61,7 +65,8 @@ is then read only if its cgroups are on this host).
 
 Scenarios: create → first print(1) from the warm pool (hit) and without it
 (miss: a sandbox-wide env var makes the request unpoolable); a warm 1+1 round
-trip; the Black-Friday ticket (upload orders.csv, pandas groupby, one chart) in
+trip, and the same alternating between a sandbox with a full security policy
+and one without; the Black-Friday ticket (upload orders.csv, pandas groupby, one chart) in
 a fresh sandbox; executions per second with 2, 8 and 32 clients (one sandbox
 each); memory of idle sandboxes. Hit scenarios wait for the pool to be full
 before each iteration, so they measure a hit, not the refill.`,
@@ -79,6 +84,7 @@ before each iteration, so they measure a hit, not the refill.`,
 	f.DurationVar(&o.duration, "duration", 5*time.Second, "length of each throughput level")
 	f.IntVar(&o.density, "density", 8, "idle sandboxes whose memory is measured")
 	f.StringVar(&o.jsonOut, "json", "", "also write the results to this file as JSON")
+	f.StringVar(&o.only, "only", "", `run only the steps whose name contains this ("policy", "warm", "egress", "baselines"...)`)
 	return cmd
 }
 
@@ -172,16 +178,20 @@ func runBench(ctx context.Context, cfg config.Config, o benchOptions) error {
 	res.Load[0] = loadavg()
 
 	// Baselines first, on a quiet machine.
-	fmt.Fprintln(os.Stderr, "bench: baselines (host, runc, bwrap)")
-	if err := baselines(ctx, cfg, tmpl.Path, max(o.n, 20), res); err != nil {
-		return err
+	if o.runs("baselines") {
+		fmt.Fprintln(os.Stderr, "bench: baselines (host, runc, bwrap)")
+		if err := baselines(ctx, cfg, tmpl.Path, max(o.n, 20), res); err != nil {
+			return err
+		}
 	}
 
 	// The egress gateway is measured in-process: its test network, which
 	// maps a name to the loopback server, is never reachable from the API.
-	fmt.Fprintln(os.Stderr, "bench: HTTPS GET from the host and through the egress gateway")
-	if err := egressBench(ctx, cfg, max(o.n, 20), res); err != nil {
-		return fmt.Errorf("egress: %w", err)
+	if o.runs("egress") {
+		fmt.Fprintln(os.Stderr, "bench: HTTPS GET from the host and through the egress gateway")
+		if err := egressBench(ctx, cfg, max(o.n, 20), res); err != nil {
+			return fmt.Errorf("egress: %w", err)
+		}
 	}
 
 	url, key := o.url, o.key
@@ -212,11 +222,15 @@ func runBench(ctx context.Context, cfg config.Config, o benchOptions) error {
 		{"create → first print(1), pool hit", b.createHit},
 		{"create → first print(1), pool miss", b.createMiss},
 		{"warm 1+1", b.warmRoundTrip},
+		{"warm 1+1, full policy against none", b.policyCost},
 		{"Black-Friday ticket", b.blackFriday},
 		{"throughput", b.throughput},
 		{"density", b.density},
 	}
 	for _, st := range steps {
+		if !o.runs(st.name) {
+			continue
+		}
 		fmt.Fprintf(os.Stderr, "bench: %s\n", st.name)
 		if err := st.fn(ctx); err != nil {
 			return fmt.Errorf("%s: %w", st.name, err)
@@ -558,6 +572,58 @@ func (b *bencher) warmRoundTrip(ctx context.Context) error {
 	return nil
 }
 
+// benchPolicy is the full policy of the policy-cost scenario: import
+// rules, no subprocess, a CPU time limit, redaction and an output cap.
+var benchPolicy = map[string]any{
+	"resource_limits": map[string]any{"cpu_time_seconds": 10},
+	"access_control": map[string]any{"allow_subprocess": false, "allow_import_system": false,
+		"allowed_imports": []string{"json", "math", "numpy", "pandas"}, "blocked_modules": []string{"os", "socket", "subprocess"}},
+	"output_filtering": map[string]any{"max_output_length": 10000, "strip_sensitive_data": true, "sanitize_errors": true},
+}
+
+// Names of the policy-cost scenario's two series.
+const (
+	benchWarmNone   = "warm 1+1, no policy (paired)"
+	benchWarmPolicy = "warm 1+1, full policy (paired)"
+)
+
+// policyCost measures warm 1+1 in a sandbox with benchPolicy and in one
+// without, alternating, so that both see the same machine.
+func (b *bencher) policyCost(ctx context.Context) error {
+	var ids [2]string
+	for i, pol := range []any{nil, benchPolicy} {
+		sb, err := b.c.CreateSandbox(ctx, client.CreateSandboxRequest{SecurityPolicy: pol})
+		if err != nil {
+			return err
+		}
+		defer b.c.Kill(context.WithoutCancel(ctx), sb.ID)
+		ids[i] = sb.ID
+	}
+	if _, err := b.waitPool(ctx); err != nil {
+		return err
+	}
+	var ms [2][]float64
+	for i := -50; i < b.o.warm; i++ {
+		for j, id := range ids {
+			t := time.Now()
+			ex, err := b.c.Execute(ctx, id, client.ExecuteRequest{Code: "1+1"})
+			d := since(t)
+			if err != nil {
+				return err
+			}
+			if len(ex.Results) != 1 || ex.Results[0].Text != "2" {
+				return fmt.Errorf("1+1: %+v", ex)
+			}
+			if i >= 0 {
+				ms[j] = append(ms[j], d)
+			}
+		}
+	}
+	b.record(benchWarmNone, ms[0])
+	b.record(benchWarmPolicy, ms[1])
+	return nil
+}
+
 // ordersCSV is the Black-Friday ticket's data: 5,000 orders from 8
 // countries, the same in every run.
 func ordersCSV() []byte {
@@ -831,6 +897,11 @@ func (r *benchResults) evaluate() {
 	if h, ok := r.Scenarios[benchHTTPSHost]; ok {
 		if g, ok := r.Scenarios[benchHTTPSGateway]; ok {
 			add("HTTPS GET via gateway − from host, p50", g.P50-h.P50, 2, "ms", true)
+		}
+	}
+	if n, ok := r.Scenarios[benchWarmNone]; ok {
+		if p, ok := r.Scenarios[benchWarmPolicy]; ok {
+			add("warm 1+1 full policy − none, p50", p.P50-n.P50, 0.3, "ms", true)
 		}
 	}
 	for _, t := range r.Throughput {

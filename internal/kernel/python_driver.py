@@ -390,23 +390,28 @@ def _apply_policy(pol):
 
 
 def _cpu_backstop():
-    """RLIMIT_CPU a little past this execution's CPU time limit: if the
-    agent's own watch fails, the kernel ends the interpreter."""
-    import resource
-    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
-    if _state[1] <= 0:
-        soft = hard
-    else:
-        import math
-        soft = int(math.ceil(time_process() + _state[1] / 1000.0)) + 2
+    """RLIMIT_CPU past this execution's CPU time limit: if the agent's own
+    watch fails, the kernel ends the interpreter. The soft limit is set
+    ahead (used + 2 x limit + 2 s) and moved only when the next execution
+    could reach it, so most executions make no system call for it."""
+    import resource, time
+    limit = _state[1] / 1000.0
+    hard = resource.getrlimit(resource.RLIMIT_CPU)[1] if _cpu[0] is None else _cpu[1]
+    if limit <= 0:
+        if _cpu[0] is not None:
+            resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
+            _cpu[0] = None
+        return
+    used = time.process_time()
+    if _cpu[0] is None or used + limit + 2 > _cpu[0]:
+        soft = int(used + 2 * limit) + 3
         if hard != resource.RLIM_INFINITY:
             soft = min(soft, hard)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+        _cpu[0], _cpu[1] = soft, hard
 
 
-def time_process():
-    import time
-    return time.process_time()
+_cpu = [None, None]  # the soft RLIMIT_CPU set (None: the interpreter's own), the hard one
 
 
 def _error(e):
