@@ -19,11 +19,12 @@
 //     listeners (Options.Self) are refused after resolution, so a name
 //     rebound to 127.0.0.1 or 169.254.169.254 gains nothing. The gateway
 //     dials the very address it checked.
-//   - In allowlist mode the first bytes of a connection allowed by name
-//     are inspected: a TLS ClientHello's SNI and an HTTP request's Host
-//     must be allowed names (at the connection's port).
+//   - In allowlist mode a connection allowed by name must claim allowed
+//     names (at its port): the SNI of its TLS ClientHello, the Host of
+//     each plain HTTP request.
 //   - UDP other than DNS is refused (ICMP port unreachable) and reported.
-//   - Every connection counts against resource_limits.network_requests;
+//   - Every connection, and every plain HTTP request after a
+//     connection's first, counts against resource_limits.network_requests;
 //     past the limit connections are refused with a resource_exceeded
 //     event. Every decision is logged with the rule that made it.
 //

@@ -1,10 +1,12 @@
 package egress
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"strings"
@@ -265,6 +267,54 @@ func TestClassify(t *testing.T) {
 		"\x16\x03\x01": protoTLS, "PO": "", "POST /": protoHTTP, "x": protoOther, "CONNECT a:1": protoHTTP} {
 		if got := classify([]byte(in)); got != want {
 			t.Errorf("classify(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestForwardHTTP(t *testing.T) {
+	reqs := "GET /a HTTP/1.1\r\nHost: api.test\r\n\r\n" +
+		"POST /b HTTP/1.1\r\nHost: api.test:80\r\nContent-Length: 5\r\n\r\nhello" +
+		"\r\n" + // a stray empty line between requests
+		"PUT /c HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nTrailer: 1\r\n\r\n" +
+		"GET /d HTTP/1.1\r\nHost: evil.test\r\n\r\n" +
+		"GET /e HTTP/1.1\r\nHost: api.test\r\n\r\n"
+	var out bytes.Buffer
+	var hosts []string
+	err := forwardHTTP(bufio.NewReader(strings.NewReader(reqs)), &out, func(host string) bool {
+		hosts = append(hosts, host)
+		return host == "api.test"
+	})
+	if err != errRefused {
+		t.Fatalf("forwardHTTP = %v, want errRefused", err)
+	}
+	if want := []string{"api.test", "api.test", "api.test", "evil.test"}; fmt.Sprint(hosts) != fmt.Sprint(want) {
+		t.Fatalf("judged %v, want %v", hosts, want)
+	}
+	// Everything before the refused request went through unchanged (the
+	// stray empty line aside), nothing of it or after it.
+	want := strings.Replace(reqs[:strings.Index(reqs, "GET /d")], "hello\r\nPUT", "helloPUT", 1)
+	if out.String() != want {
+		t.Fatalf("forwarded %q\nwant %q", out.String(), want)
+	}
+
+	// An upgraded stream is carried as it is after its request.
+	out.Reset()
+	up := "GET /ws HTTP/1.1\r\nHost: api.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n\x81\x05hello GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"
+	n := 0
+	if err := forwardHTTP(bufio.NewReader(strings.NewReader(up)), &out, func(string) bool { n++; return true }); err != nil {
+		t.Fatal(err)
+	}
+	if out.String() != up || n != 1 {
+		t.Fatalf("upgrade: forwarded %q, judged %d", out.String(), n)
+	}
+	// Malformed: a bad chunk size, a header block without its end.
+	for _, bad := range []string{
+		"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+		"GET / HTTP/1.1\r\nHost: a\r\n",
+		"NOT-HTTP\r\n\r\n",
+	} {
+		if err := forwardHTTP(bufio.NewReader(strings.NewReader(bad)), io.Discard, func(string) bool { return true }); err == nil {
+			t.Errorf("forwardHTTP(%q) = nil", bad)
 		}
 	}
 }

@@ -6,9 +6,11 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -152,3 +154,118 @@ func (c readOnlyConn) SetReadDeadline(time.Time) error  { return nil }
 func (c readOnlyConn) SetWriteDeadline(time.Time) error { return nil }
 func (c readOnlyConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
 func (c readOnlyConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+
+// errRefused ends forwardHTTP when the judge refuses a request.
+var errRefused = errors.New("request refused")
+
+// forwardHTTP carries HTTP/1 requests from r to w unchanged. Each
+// request's header block is read whole and judged (judge gets its Host
+// without a port) before any byte of it is forwarded; bodies are carried
+// by their framing (Content-Length or chunked), so the next request's
+// header block is found exactly. After CONNECT or an Upgrade the stream
+// is no longer HTTP and is carried as it is. It returns nil when r ends
+// between requests.
+func forwardHTTP(r *bufio.Reader, w io.Writer, judge func(host string) bool) error {
+	for {
+		head, err := readHead(r)
+		if err != nil {
+			if errors.Is(err, io.EOF) && len(head) == 0 {
+				return nil
+			}
+			return err
+		}
+		req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))
+		if err != nil {
+			return err
+		}
+		host := req.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		if !judge(strings.Trim(host, "[]")) {
+			return errRefused
+		}
+		if _, err := w.Write(head); err != nil {
+			return err
+		}
+		switch {
+		case req.Method == http.MethodConnect || req.Header.Get("Upgrade") != "":
+			_, err := io.Copy(w, r)
+			return err
+		case len(req.TransferEncoding) > 0:
+			if err := forwardChunked(r, w); err != nil {
+				return err
+			}
+		case req.ContentLength > 0:
+			if _, err := io.CopyN(w, r, req.ContentLength); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// readHead reads one header block, up to and including its empty line.
+func readHead(r *bufio.Reader) ([]byte, error) {
+	var head []byte
+	for {
+		line, err := r.ReadSlice('\n')
+		head = append(head, line...)
+		if err != nil {
+			if errors.Is(err, bufio.ErrBufferFull) && len(head) < maxSniff {
+				continue
+			}
+			if errors.Is(err, bufio.ErrBufferFull) {
+				return head, errSniffTooLong
+			}
+			return head, err
+		}
+		if len(head) > maxSniff {
+			return head, errSniffTooLong
+		}
+		if string(line) == "\r\n" || string(line) == "\n" {
+			if len(head) == len(line) {
+				head = head[:0] // a stray empty line between requests
+				continue
+			}
+			return head, nil
+		}
+	}
+}
+
+// forwardChunked carries a chunked body and its trailer.
+func forwardChunked(r *bufio.Reader, w io.Writer) error {
+	for {
+		line, err := r.ReadSlice('\n')
+		if err != nil {
+			return err
+		}
+		if _, err := w.Write(line); err != nil {
+			return err
+		}
+		field := strings.TrimSpace(string(line))
+		if i := strings.IndexByte(field, ';'); i >= 0 {
+			field = field[:i]
+		}
+		size, err := strconv.ParseInt(strings.TrimSpace(field), 16, 64)
+		if err != nil || size < 0 {
+			return fmt.Errorf("bad chunk size %q", field)
+		}
+		if size == 0 {
+			for { // trailer fields, then the empty line
+				line, err := r.ReadSlice('\n')
+				if err != nil {
+					return err
+				}
+				if _, err := w.Write(line); err != nil {
+					return err
+				}
+				if string(line) == "\r\n" || string(line) == "\n" {
+					return nil
+				}
+			}
+		}
+		if _, err := io.CopyN(w, r, size+2); err != nil { // data and its CRLF
+			return err
+		}
+	}
+}

@@ -1,6 +1,8 @@
 package egress
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -219,8 +221,10 @@ func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
 	g.splice(gonet.NewTCPConn(&wq, ep), up, byName && g.pol.Load().Mode == "allowlist", dst.Port(), target)
 }
 
-// splice carries one connection both ways. With check set, the name the
-// client's first message claims (TLS SNI, HTTP Host) must be allowed.
+// splice carries one connection both ways. With check set (allowlist
+// mode, allowed by name) the names the client's messages claim (TLS SNI,
+// the Host of each HTTP request) must be allowed. HTTP requests after a
+// connection's first count against network_requests in every mode.
 func (g *Gateway) splice(in *gonet.TCPConn, up net.Conn, check bool, port uint16, target string) {
 	stop := context.AfterFunc(g.ctx, func() { in.Close(); up.Close() })
 	defer stop()
@@ -232,31 +236,56 @@ func (g *Gateway) splice(in *gonet.TCPConn, up net.Conn, check bool, port uint16
 		_, _ = io.Copy(in, up)
 		_ = in.CloseWrite()
 	}()
-	if check {
-		proto, name, read, err := sniff(in, sniffTimeout)
-		switch {
-		case err != nil && !errors.Is(err, io.EOF):
-			g.report(deny(events.KindNetworkDenied, "unreadable "+proto+" first message: "+err.Error()), proto, target)
-			return
-		case name != "":
-			d := g.checkName(name, port)
-			if !d.ok {
-				d.rule = fmt.Sprintf("%s name %q: %s", proto, name, d.rule)
-			}
-			g.report(d, proto, name+" at "+target)
-			if !d.ok {
-				return
-			}
+	if g.carry(in, up, check, port, target) {
+		if tc, ok := up.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
 		}
-		if _, err := up.Write(read); err != nil {
-			return
+		<-done
+	}
+}
+
+// carry forwards what the sandbox sends, judging it on the way; false
+// means the connection was refused and is to be closed at once.
+func (g *Gateway) carry(in net.Conn, up io.Writer, check bool, port uint16, target string) bool {
+	proto, name, read, err := sniff(in, sniffTimeout)
+	switch {
+	case err != nil && !errors.Is(err, io.EOF) && check:
+		g.report(deny(events.KindNetworkDenied, "unreadable "+proto+" first message: "+err.Error()), proto, target)
+		return false
+	case err != nil:
+		proto = protoOther // carried as it is
+	case proto == protoTLS && check && name != "":
+		if !g.claim(proto, name, port, target) {
+			return false
 		}
+	case proto == protoHTTP:
+		first := true
+		err := forwardHTTP(bufio.NewReaderSize(io.MultiReader(bytes.NewReader(read), in), maxSniff), up,
+			func(host string) bool {
+				if check && host != "" && !g.claim(proto, host, port, target) {
+					return false
+				}
+				ok := first || g.countRequest(target)
+				first = false
+				return ok
+			})
+		return err == nil
+	}
+	if _, err := up.Write(read); err != nil {
+		return false
 	}
 	_, _ = io.Copy(up, in)
-	if tc, ok := up.(*net.TCPConn); ok {
-		_ = tc.CloseWrite()
+	return true
+}
+
+// claim judges a name a connection claims, and reports the decision.
+func (g *Gateway) claim(proto, name string, port uint16, target string) bool {
+	d := g.checkName(name, port)
+	if !d.ok {
+		d.rule = fmt.Sprintf("%s name %q: %s", proto, name, d.rule)
 	}
-	<-done
+	g.report(d, proto, name+" at "+target)
+	return d.ok
 }
 
 // handleUDP refuses UDP other than DNS to the gateway; the stack answers

@@ -572,3 +572,50 @@ func requireInTemplate(t *testing.T, rel string) {
 		t.Fatalf("the python template lacks /%s: rebuild it (sheepfold template build --force python): %v", rel, err)
 	}
 }
+
+// TestEgressKeepAlive: on one keep-alive connection each HTTP request
+// counts against network_requests and must name an allowed Host.
+func TestEgressKeepAlive(t *testing.T) {
+	w := newEgressWorld(t)
+	m, log := w.engine(t)
+	limit := int64(2)
+	limited := allowlist("api.test")
+	limited.ResourceLimits = &policy.ResourceLimits{NetworkRequests: &limit}
+	reuse := netProbe + `
+c = http.client.HTTPConnection("api.test", 80, timeout=10)
+out = []
+for h in HOSTS:
+    try:
+        c.request("GET", "/x", headers={"Host": h})
+        out.append(c.getresponse().read().decode())
+    except Exception as e:
+        out.append(err(e))
+print("|".join(out), end="")`
+	cases := []struct {
+		name  string
+		pol   *policy.Policy
+		hosts string
+		want  string // the answers but the refused last one
+		typ   events.Type
+		key   string
+		value string
+	}{
+		{"counted", limited, `["api.test"] * 3`, "hello from api.test|hello from api.test|",
+			events.ResourceExceeded, "resource", events.ResourceNetworkRequests},
+		{"host of a later request", allowlist("api.test"), `["api.test", "evil.test"]`, "hello from api.test|",
+			events.SecurityViolation, "target", "evil.test at 203.0.113.10:80"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := w.sandbox(t, m, sandbox.CreateOptions{Policy: c.pol})
+			got := py(t, s, strings.Replace(reuse, "HOSTS", c.hosts, 1))
+			last := got[strings.LastIndex(got, "|")+1:]
+			if !strings.HasPrefix(got, c.want) || !isRefusal(last) {
+				t.Fatalf("answers %q, want %q and a refusal", got, c.want)
+			}
+			if evs := log.find(s.ID, c.typ, c.key, c.value); len(evs) != 1 {
+				t.Fatalf("%s events with %s=%s: %+v", c.typ, c.key, c.value, evs)
+			}
+		})
+	}
+}
