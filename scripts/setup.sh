@@ -19,7 +19,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for pkg in debootstrap libseccomp-dev pkg-config gcc bubblewrap; do
+for pkg in debootstrap libseccomp-dev pkg-config gcc bubblewrap git; do
 	status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
 	[ "$status" = "install ok installed" ] || need+=("$pkg")
 done

@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -280,6 +281,7 @@ func newEgressWorld(t *testing.T) *egressWorld {
 		fmt.Fprintf(w, `<!DOCTYPE html><html><body><a href="/files/%s#sha256=%x">%s</a></body></html>`, wheelName, sum, wheelName)
 	})
 	mux.HandleFunc("/files/"+wheelName, func(w http.ResponseWriter, r *http.Request) { w.Write(wheel) })
+	mux.Handle("/repo.git/", http.StripPrefix("/repo.git/", http.FileServer(http.Dir(testRepo(t)))))
 	httpSrv := loopbackServer(t, hello)
 	certPEM, keyPEM := testCert(t, "api.test", "evil.test", "pypi.test")
 	httpsSrv := loopbackTLSServer(t, mux, certPEM, keyPEM)
@@ -454,11 +456,15 @@ func TestEgressClients(t *testing.T) {
 		{"python urllib https", "python3", []string{"-c", `import ssl, urllib.request as u; print(u.urlopen("https://api.test/x", context=ssl.create_default_context(cafile="/tmp/ca.pem")).read().decode(), end="")`}},
 		{"curl https", "curl", []string{"-sS", "--cacert", "/tmp/ca.pem", "https://api.test/x"}},
 		{"python requests", "python3", []string{"-c", `import requests; print(requests.get("https://api.test/x", verify="/tmp/ca.pem").text, end="")`}},
+		{"git clone", "bash", []string{"-c", `GIT_SSL_CAINFO=/tmp/ca.pem git clone -q https://api.test/repo.git /tmp/repo && cat /tmp/repo/greeting`}},
 	}
 	for _, c := range clients {
 		t.Run(c.name, func(t *testing.T) {
 			if c.name == "curl https" {
 				requireInTemplate(t, "usr/bin/curl")
+			}
+			if c.name == "git clone" {
+				requireInTemplate(t, "usr/bin/git")
 			}
 			if c.name == "python requests" {
 				requireInTemplate(t, "usr/lib/python3/dist-packages/requests")
@@ -618,4 +624,30 @@ print("|".join(out), end="")`
 			}
 		})
 	}
+}
+
+// testRepo makes a bare git repository served by dumb HTTP, whose one
+// file "greeting" says "hello from api.test".
+func testRepo(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	work, bare := filepath.Join(dir, "work"), filepath.Join(dir, "repo.git")
+	steps := [][]string{
+		{"init", "-q", work},
+		{"-C", work, "add", "greeting"},
+		{"-C", work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one"},
+		{"clone", "-q", "--bare", work, bare},
+		{"-C", bare, "update-server-info"},
+	}
+	for i, args := range steps {
+		if i == 1 {
+			if err := os.WriteFile(filepath.Join(work, "greeting"), []byte("hello from api.test"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if out, err := exec.Command("git", args...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v: %s", args, err, out)
+		}
+	}
+	return bare
 }
