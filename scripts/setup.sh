@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Sheepfold needs on a Debian host, idempotently:
 #   - apt packages: debootstrap (templates), libseccomp-dev (runc's seccomp), nodejs/npm (E2B SDK tests),
-#     bubblewrap (`sheepfold bench`'s bwrap baseline)
+#     bubblewrap (`sheepfold bench`'s bwrap baseline), git (the egress tests serve a repository)
 #   - runc at a pinned release, built from the Go module proxy with seccomp,
 #     into $DATA_DIR/bin (Debian's runc 1.1.5 lacks the November 2025 fixes).
 #   - root's entries in /etc/subuid and /etc/subgid for the host ids of the
