@@ -78,9 +78,12 @@ type Bus struct {
 	mu      sync.Mutex
 	pending []Event
 	subs    map[*Subscription]struct{}
-	lastID  int64 // the highest ID fanned out
-	closed  bool
-	dropped int64 // events dropped because pending was full
+	lastID    int64 // the highest ID fanned out
+	closed    bool
+	dropped   int64         // events dropped because pending was full
+	emitted   int64         // events accepted by Emit
+	published int64         // events fanned out
+	progress  chan struct{} // closed (and replaced) at each fan-out
 }
 
 var _ Sink = (*Bus)(nil)
@@ -89,7 +92,7 @@ var _ Sink = (*Bus)(nil)
 func NewBus(st Store, cfg BusConfig) *Bus {
 	cfg.setDefaults()
 	b := &Bus{cfg: cfg, store: st, log: cfg.Logger, wake: make(chan struct{}, 1), quit: make(chan struct{}),
-		subs: map[*Subscription]struct{}{}}
+		subs: map[*Subscription]struct{}{}, progress: make(chan struct{})}
 	b.done.Add(1)
 	go b.run()
 	if cfg.Retention > 0 {
@@ -115,11 +118,33 @@ func (b *Bus) Emit(e Event) {
 		return
 	}
 	b.pending = append(b.pending, e)
+	b.emitted++
 	b.mu.Unlock()
 	select {
 	case b.wake <- struct{}{}:
 	default:
 	}
+}
+
+// Sync waits until every event emitted before it was called has been
+// stored and fanned out (to subscriptions; hooks may still be running).
+func (b *Bus) Sync(ctx context.Context) error {
+	b.mu.Lock()
+	target := b.emitted
+	for b.published < target {
+		ch := b.progress
+		b.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-b.quit:
+			return nil
+		}
+		b.mu.Lock()
+	}
+	b.mu.Unlock()
+	return nil
 }
 
 // OnEvent adds a hook called, in order, with every stored event, from the
@@ -198,6 +223,9 @@ func (b *Bus) publish(batch []Event) {
 			}
 		}
 	}
+	b.published += int64(len(batch))
+	close(b.progress)
+	b.progress = make(chan struct{})
 	b.mu.Unlock()
 	b.hookMu.RLock()
 	hooks := b.hooks

@@ -230,3 +230,25 @@ func TestBusRetention(t *testing.T) {
 		t.Fatalf("after retention: %+v", l)
 	}
 }
+
+// After Sync, what was emitted before it is stored and in the
+// subscribers' channels.
+func TestBusSync(t *testing.T) {
+	t.Parallel()
+	b := events.NewBus(openStore(t), events.BusConfig{SubscriberBuffer: 1000})
+	defer b.Close()
+	sub := b.Subscribe(events.Filter{Owner: "o"})
+	defer sub.Close()
+	for i := 0; i < 300; i++ {
+		b.Emit(events.Event{Type: events.ExecutionStarted, SandboxID: "s", Owner: "o"})
+	}
+	if err := b.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(query(b, "o", 0, 0)); n != 300 {
+		t.Fatalf("%d of 300 stored after Sync", n)
+	}
+	if n := len(sub.C()); n != 300 {
+		t.Fatalf("%d of 300 fanned out after Sync", n)
+	}
+}

@@ -289,8 +289,22 @@ func (f *OutputFilter) find(b []byte) []span {
 			if i < 0 {
 				break
 			}
-			add(span{start: off + i, end: off + i + len(l.value), kind: l.kind})
-			off += i + len(l.value)
+			start, end := off+i, off+i+len(l.value)
+			if l.kind == "secret_env_base64" {
+				// The characters around the part that depends on the
+				// secret alone still carry some of its bits.
+				for n := 0; n < 3 && start > 0 && isBase64(b[start-1]); n++ {
+					start--
+				}
+				for n := 0; n < 3 && end < len(b) && isBase64(b[end]); n++ {
+					end++
+				}
+				for n := 0; n < 2 && end < len(b) && b[end] == '='; n++ {
+					end++
+				}
+			}
+			add(span{start: start, end: end, kind: l.kind})
+			off = end
 		}
 	}
 	if len(spans) < 2 {
@@ -312,6 +326,10 @@ func (f *OutputFilter) find(b []byte) []span {
 		out = append(out, s)
 	}
 	return out
+}
+
+func isBase64(c byte) bool {
+	return 'A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '+' || c == '/' || c == '-' || c == '_'
 }
 
 // insideURL reports whether a url_password span starts at pos.

@@ -33,14 +33,23 @@ func (s *Sandbox) Execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		lang = "python"
 	}
 	s.emit(events.ExecutionStarted, req.ID, map[string]any{"language": lang, "context_id": req.ContextID})
+	// The policy's output filtering (outfilter.go) sits between the
+	// execution and the caller.
+	of := s.newOutputFilter(req, onEvent)
+	if of != nil && onEvent != nil {
+		onEvent = of.event
+	}
 	ex, err := s.execute(ctx, req, onEvent)
-	s.executionFinished(req, ex, err)
+	if of != nil && ex != nil {
+		of.finish(ex)
+	}
+	s.executionFinished(req, ex, err, of)
 	return ex, err
 }
 
 // executionFinished emits execution.finished, and resource_exceeded when
 // the execution hit a limit.
-func (s *Sandbox) executionFinished(req ExecuteRequest, ex *Execution, err error) {
+func (s *Sandbox) executionFinished(req ExecuteRequest, ex *Execution, err error, of *outputFilter) {
 	if err != nil {
 		code := apierr.CodeOf(err)
 		s.emit(events.ExecutionFinished, req.ID, map[string]any{"status": "failed", "error_code": code})
@@ -77,5 +86,9 @@ func (s *Sandbox) executionFinished(req ExecuteRequest, ex *Execution, err error
 	}
 	if exceeded != nil {
 		s.emit(events.ResourceExceeded, req.ID, exceeded)
+	}
+	if of != nil && of.cap.Dropped > 0 {
+		s.emit(events.ResourceExceeded, req.ID, map[string]any{"resource": events.ResourceOutput, "limit": of.cap.Limit,
+			"observed": of.cap.Used + of.cap.Dropped, "unit": "bytes", "rule": "output_filtering.max_output_length"})
 	}
 }

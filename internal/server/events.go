@@ -215,7 +215,29 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, eq eventQu
 		}
 	}
 	if stopped != nil && stopped() {
-		return nil // stopped without a sandbox.stopped event (a crash or restart)
+		// The sandbox has stopped: its sandbox.stopped event, if it has one
+		// (not after a crash or restart), was emitted before and is now
+		// either replayed above or, once the bus has caught up, waiting on
+		// the subscription.
+		if err := s.bus.Sync(r.Context()); err != nil {
+			return nil
+		}
+		for {
+			select {
+			case e, ok := <-sub.C():
+				if !ok {
+					return nil
+				}
+				if e.ID != 0 && e.ID <= last {
+					continue
+				}
+				if send(e) != nil || e.Type == events.SandboxStopped {
+					return nil
+				}
+			default:
+				return nil
+			}
+		}
 	}
 	beat := time.NewTicker(sseHeartbeat)
 	defer beat.Stop()

@@ -15,18 +15,25 @@ server it started, using the default "python" template (pandas, matplotlib):
 from __future__ import annotations
 
 import base64
+import http.server
 import os
+import queue
 import sys
+import threading
 import unittest
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from sheepfold import (  # noqa: E402
     CommandHandle,
+    Events,
+    InvalidArgumentError,
     NotFoundError,
     Sandbox,
     SandboxNotFoundError,
     SandboxStateError,
+    Webhooks,
+    verify_webhook,
 )
 
 E2E_URL = os.environ.get("SHEEPFOLD_E2E_URL")
@@ -116,6 +123,54 @@ class TestEndToEnd(unittest.TestCase):
         with self.assertRaises(SandboxStateError):
             sb.run_code("1")
         self.assertNotIn(sid, [s.sandbox_id for s in Sandbox.list(api_key=E2E_KEY, base_url=E2E_URL)])
+
+    def test_events_and_webhooks(self) -> None:
+        # A receiver on loopback, as a real one would be on the network.
+        got: "queue.Queue[tuple]" = queue.Queue()
+
+        class Receiver(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                got.put((self.headers["Sheepfold-Timestamp"], self.headers["Sheepfold-Signature"], body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        rx = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+        threading.Thread(target=rx.serve_forever, daemon=True).start()
+        self.addCleanup(rx.shutdown)
+        hooks = Webhooks(api_key=E2E_KEY, base_url=E2E_URL)
+        hook = hooks.create(f"http://127.0.0.1:{rx.server_address[1]}/hook", types=["sandbox.stopped"])
+        self.addCleanup(lambda: hooks.delete(hook.id))
+        self.assertTrue(hook.secret)
+        self.assertIn(hook.id, [h.id for h in hooks.list()])
+        self.assertTrue(all(h.secret is None for h in hooks.list()))
+        with self.assertRaises(InvalidArgumentError):
+            hooks.create("http://169.254.169.254/latest/meta-data/")
+
+        sb = self.create()
+        sb.run_code("1 + 1")
+        sb.kill()
+        # The sandbox's stream replays its events and ends at its stop.
+        types = [ev.type for ev in sb.events.stream()]
+        self.assertEqual(types, ["sandbox.created", "execution.started", "execution.finished", "sandbox.stopped"])
+        page = sb.events.list(types=["execution.finished"])
+        self.assertEqual(len(page.events), 1)
+        self.assertEqual(page.events[0].details["status"], "success")
+        first = sb.events.list(limit=2)
+        self.assertEqual(len(first.events), 2)
+        rest = sb.events.list(cursor=first.next_cursor)
+        self.assertEqual([e.type for e in rest.events], ["execution.finished", "sandbox.stopped"])
+        self.assertIsNone(rest.next_cursor)
+        account = Events(api_key=E2E_KEY, base_url=E2E_URL).list(sandbox_id=sb.sandbox_id, types=["sandbox.created"])
+        self.assertEqual([e.sandbox_id for e in account.events], [sb.sandbox_id])
+
+        ts, sig, body = got.get(timeout=30)
+        self.assertTrue(verify_webhook(hook.secret, ts, sig, body))
+        self.assertFalse(verify_webhook("another secret", ts, sig, body))
+        self.assertIn(b'"sandbox.stopped"', body)
 
     def test_code_context_isolation(self) -> None:
         sb = self.create()

@@ -1,0 +1,203 @@
+package sandbox_test
+
+import (
+	"context"
+	"encoding/base64"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/policy"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+const (
+	filterSecret = "s3cr3t-Value-0123456789"
+	ghToken      = "ghp_abcdefghijklmnopqrstuvwxyzABCDEFGHIJ"
+)
+
+// collector is an events.Sink that keeps what it gets.
+type collector struct {
+	mu  sync.Mutex
+	evs []events.Event
+}
+
+func (c *collector) Emit(e events.Event) {
+	c.mu.Lock()
+	c.evs = append(c.evs, e)
+	c.mu.Unlock()
+}
+
+func (c *collector) of(typ events.Type) []events.Event {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []events.Event
+	for _, e := range c.evs {
+		if e.Type == typ {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// run executes code both ways (kept and streamed) and returns the kept
+// execution and the streamed text of stdout, stderr and the events.
+func runBoth(t *testing.T, sb *sandbox.Sandbox, code string) (*sandbox.Execution, string, []agentproto.Event) {
+	t.Helper()
+	ex, err := sb.Execute(context.Background(), sandbox.ExecuteRequest{Code: code}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var streamed strings.Builder
+	var evs []agentproto.Event
+	_, err = sb.Execute(context.Background(), sandbox.ExecuteRequest{Code: code}, func(ev agentproto.Event) error {
+		if ev.Type == agentproto.EventStdout || ev.Type == agentproto.EventStderr {
+			streamed.Write(ev.Data)
+		}
+		evs = append(evs, ev)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ex, streamed.String(), evs
+}
+
+// Through the engine: secrets split across writes (with a flush and a
+// pause between the halves), base64-encoded, in results and in errors.
+func TestOutputFilterRedacts(t *testing.T) {
+	t.Parallel()
+	m, _ := fakeEngine(t, sandbox.Config{})
+	sb, err := m.Create(context.Background(), sandbox.CreateOptions{
+		Env:    map[string]string{"DB_PASSWORD": filterSecret, "GREETING": "hello world"},
+		Policy: &policy.Policy{OutputFiltering: &policy.OutputFiltering{StripSensitiveData: ptr(true)}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := `import os, sys, time, base64
+s = os.environ["DB_PASSWORD"]
+sys.stdout.write("pw=" + s[:7]); sys.stdout.flush(); time.sleep(0.2)
+sys.stdout.write(s[7:] + "\n"); sys.stdout.flush()
+t = "` + ghToken + `"
+sys.stderr.write(t[:10]); sys.stderr.flush(); time.sleep(0.2)
+sys.stderr.write(t[10:] + " end\n")
+print("b64", base64.b64encode(s.encode()).decode())
+print(os.environ["GREETING"], "mail: bob@example.com")
+s + " in a result"`
+	ex, streamed, _ := runBoth(t, sb, code)
+	all := ex.Stdout + ex.Stderr + streamed
+	for _, r := range ex.Results {
+		all += r.Text
+	}
+	for _, leak := range []string{filterSecret, filterSecret[7:], ghToken, ghToken[10:], base64.StdEncoding.EncodeToString([]byte(filterSecret))[:12], "bob@example.com"} {
+		if strings.Contains(all, leak) {
+			t.Fatalf("%q leaked:\n%s", leak, all)
+		}
+	}
+	wantOut := "pw=[REDACTED:secret_env]\nb64 [REDACTED:secret_env_base64]\nhello world mail: [REDACTED:email]\n"
+	if ex.Stdout != wantOut || ex.Stderr != "[REDACTED:github_token] end\n" {
+		t.Fatalf("stdout %q\nstderr %q", ex.Stdout, ex.Stderr)
+	}
+	if streamed != ex.Stdout+ex.Stderr && streamed != ex.Stderr+ex.Stdout && !sameLines(streamed, ex.Stdout+ex.Stderr) {
+		t.Fatalf("streamed %q", streamed)
+	}
+	if len(ex.Results) != 1 || ex.Results[0].Text != "'[REDACTED:secret_env] in a result'" {
+		t.Fatalf("results %+v", ex.Results)
+	}
+
+	// Errors: the value and traceback.
+	ex, _, evs := runBoth(t, sb, `import os
+raise ValueError("bad " + os.environ["DB_PASSWORD"])`)
+	if ex.Error == nil || strings.Contains(ex.Error.Value+ex.Error.Traceback, filterSecret) || !strings.Contains(ex.Error.Value, "[REDACTED:secret_env]") {
+		t.Fatalf("error %+v", ex.Error)
+	}
+	for _, ev := range evs {
+		if ev.Error != nil && strings.Contains(ev.Error.Value+ev.Error.Traceback, filterSecret) {
+			t.Fatalf("streamed error %+v", ev.Error)
+		}
+	}
+
+	// The same code unfiltered shows the secret: the test can fail.
+	plain, err := m.Create(context.Background(), sandbox.CreateOptions{Env: map[string]string{"DB_PASSWORD": filterSecret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ex, _, _ := runBoth(t, plain, code); !strings.Contains(ex.Stdout, filterSecret) {
+		t.Fatalf("without a policy the secret is not printed: %q", ex.Stdout)
+	}
+}
+
+func sameLines(a, b string) bool {
+	la, lb := strings.SplitAfter(a, "\n"), strings.SplitAfter(b, "\n")
+	if len(la) != len(lb) {
+		return false
+	}
+	seen := map[string]int{}
+	for _, l := range la {
+		seen[l]++
+	}
+	for _, l := range lb {
+		seen[l]--
+	}
+	for _, n := range seen {
+		if n != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// max_output_length cuts a flood with a marker saying how much was
+// dropped, in both modes, and reports resource_exceeded output.
+func TestOutputFilterMaxLength(t *testing.T) {
+	t.Parallel()
+	sink := &collector{}
+	m, _ := fakeEngine(t, sandbox.Config{Events: sink})
+	sb, err := m.Create(context.Background(), sandbox.CreateOptions{
+		Policy: &policy.Policy{OutputFiltering: &policy.OutputFiltering{MaxOutputLength: ptr(int64(100)), StripSensitiveData: ptr(true)}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, streamed, _ := runBoth(t, sb, "for i in range(2000):\n    print('line', i)\n'x' * 500")
+	if !strings.HasPrefix(ex.Stdout, "line 0\nline 1\n") || !strings.Contains(ex.Stdout, "more bytes dropped by max_output_length") ||
+		len(ex.Stdout) > 100+100 || !ex.Truncated {
+		t.Fatalf("kept stdout (%d bytes) %q", len(ex.Stdout), ex.Stdout)
+	}
+	if !strings.Contains(streamed, "more bytes dropped by max_output_length") || len(streamed) > 200 {
+		t.Fatalf("streamed (%d bytes) %q", len(streamed), streamed)
+	}
+	if len(ex.Results) != 1 || len(ex.Results[0].Text) > 200 || !strings.Contains(ex.Results[0].Text, "dropped") {
+		t.Fatalf("result %+v", ex.Results)
+	}
+	ev := sink.of(events.ResourceExceeded)
+	if len(ev) != 2 || ev[0].Details["resource"] != events.ResourceOutput || ev[0].Details["limit"] != int64(100) {
+		t.Fatalf("resource_exceeded events %+v", ev)
+	}
+}
+
+// sanitize_errors keeps the user's cell lines and drops the driver's.
+func TestOutputFilterSanitizesErrors(t *testing.T) {
+	t.Parallel()
+	m, _ := fakeEngine(t, sandbox.Config{})
+	sb, err := m.Create(context.Background(), sandbox.CreateOptions{
+		Policy: &policy.Policy{OutputFiltering: &policy.OutputFiltering{SanitizeErrors: ptr(true)}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, _, _ := runBoth(t, sb, "import json\ndef f():\n    return json.loads('{bad')\nf()")
+	if ex.Error == nil {
+		t.Fatal("no error")
+	}
+	tb := ex.Error.Traceback
+	if !strings.Contains(tb, `File "<cell-`) || !strings.Contains(tb, "json.loads('{bad')") ||
+		strings.Contains(tb, "/usr/lib/python3") || !strings.Contains(tb, "<stdlib>/json/") || strings.Contains(tb, `File "<string>"`) {
+		t.Fatalf("traceback:\n%s", tb)
+	}
+}
