@@ -6,8 +6,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -199,5 +201,58 @@ func TestOutputFilterSanitizesErrors(t *testing.T) {
 	if !strings.Contains(tb, `File "<cell-`) || !strings.Contains(tb, "json.loads('{bad')") ||
 		strings.Contains(tb, "/usr/lib/python3") || !strings.Contains(tb, "<stdlib>/json/") || strings.Contains(tb, `File "<string>"`) {
 		t.Fatalf("traceback:\n%s", tb)
+	}
+}
+
+// on_violation "terminate" stops the sandbox at its first violation, with
+// a reason that says so; "report" (the default) keeps it running.
+func TestOnViolationTerminate(t *testing.T) {
+	t.Parallel()
+	sink := &collector{}
+	m, _ := fakeEngine(t, sandbox.Config{Events: sink})
+	for _, mode := range []string{"report", "terminate"} {
+		sb, err := m.Create(context.Background(), sandbox.CreateOptions{Owner: "o", Policy: &policy.Policy{
+			AccessControl: &policy.AccessControl{BlockedModules: []string{"socket"}}, OnViolation: mode}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ex, err := sb.Execute(context.Background(), sandbox.ExecuteRequest{Code: "import socket"}, nil)
+		switch {
+		case err != nil:
+			// Terminated while the execution was still answering.
+			if mode != "terminate" || apierr.CodeOf(err) != apierr.SandboxState || !strings.Contains(err.Error(), "security violation") {
+				t.Fatalf("%s: %v", mode, err)
+			}
+		case ex.Error == nil || ex.ErrorCode != "ERR_MODULE_BLOCKED":
+			t.Fatalf("%s: import socket ran: %+v", mode, ex)
+		}
+		// The stop runs in the background: wait for it (bounded).
+		deadline := time.Now().Add(10 * time.Second)
+		for mode == "terminate" && sb.State() != sandbox.StateStopped && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		info := sb.Info()
+		switch mode {
+		case "report":
+			if info.State != sandbox.StateRunning {
+				t.Fatalf("report: sandbox %s (%s)", info.State, info.StopReason)
+			}
+		case "terminate":
+			if info.State != sandbox.StateStopped || !strings.Contains(info.StopReason, "security violation: module_blocked socket") {
+				t.Fatalf("terminate: sandbox %s (%q)", info.State, info.StopReason)
+			}
+		}
+	}
+	var stopped []events.Event
+	for _, e := range sink.of(events.SandboxStopped) {
+		if e.Owner == "o" {
+			stopped = append(stopped, e)
+		}
+	}
+	if v := sink.of(events.SecurityViolation); len(v) != 2 || v[0].Owner != "o" || v[1].Details["kind"] != "module_blocked" {
+		t.Fatalf("violations %+v", v)
+	}
+	if len(stopped) != 1 || !strings.Contains(stopped[0].Details["reason"].(string), "security violation") {
+		t.Fatalf("stopped events %+v", stopped)
 	}
 }
