@@ -75,9 +75,9 @@ type Bus struct {
 	hooks  []func(Event)
 
 	// mu guards the fields below.
-	mu      sync.Mutex
-	pending []Event
-	subs    map[*Subscription]struct{}
+	mu        sync.Mutex
+	pending   []Event
+	subs      map[*Subscription]struct{}
 	lastID    int64 // the highest ID fanned out
 	closed    bool
 	dropped   int64         // events dropped because pending was full
