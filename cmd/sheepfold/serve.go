@@ -40,12 +40,12 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	poolSize := sandbox.DefaultPoolSize()
 	instance := ""
 	var (
-		freeCredits  string
-		acfg         account.Config
-		mcfg         metering.Config
-		prices       = metering.DefaultPrices
-		noAccounting bool
-		limits       *limitFlags
+		freeCredits, creditsLow string
+		acfg                    account.Config
+		mcfg                    metering.Config
+		prices                  = metering.DefaultPrices
+		noAccounting            bool
+		limits                  *limitFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -92,6 +92,9 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 					return fmt.Errorf("--free-credits: %w", err)
 				}
 			}
+			if acfg.CreditsLowMicros, err = account.ParseAmount(creditsLow); err != nil || acfg.CreditsLowMicros <= 0 {
+				return errors.New("--credits-low must be a positive amount such as 1.00")
+			}
 			if err := acfg.Validate(); err != nil {
 				return err
 			}
@@ -135,6 +138,9 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().BoolVar(&acfg.EnforceCredits, "enforce-credits", false,
 		"refuse new sandboxes, executions and commands of accounts without credits, and stop their sandboxes after --credits-grace")
 	cmd.Flags().DurationVar(&acfg.CreditsGrace, "credits-grace", 5*time.Minute, "how long sandboxes of an account without credits keep running")
+	cmd.Flags().StringVar(&creditsLow, "credits-low", "1.00", "raise a \"credits low\" alert under this balance (with --enforce-credits)")
+	cmd.Flags().StringVar(&acfg.SecurityAlertSeverity, "security-alert-severity", "high",
+		"least severity of a security violation that raises an alert: low, medium, high, critical or none")
 	cmd.Flags().Float64Var(&prices.CPUSecond, "price-cpu-second", prices.CPUSecond, "price of a CPU-second, in micro-units of your currency")
 	cmd.Flags().Float64Var(&prices.GBSecond, "price-gb-second", prices.GBSecond, "price of a GB-second of memory reserved, in micro-units")
 	cmd.Flags().Float64Var(&prices.Execution, "price-execution", prices.Execution, "price of an execution, in micro-units")

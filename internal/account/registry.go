@@ -28,6 +28,13 @@ type Config struct {
 	// CreditsGrace is how long an account's sandboxes keep running once
 	// its credits are exhausted [5m].
 	CreditsGrace time.Duration `toml:"credits_grace"`
+	// CreditsLowMicros raises a "credits low" alert when a balance falls
+	// under it (with EnforceCredits) [1000000: one unit].
+	CreditsLowMicros int64 `toml:"credits_low_micros"`
+	// SecurityAlertSeverity is the least severity of a security_violation
+	// that raises an alert: low, medium, high or critical; "none" turns
+	// them off [high].
+	SecurityAlertSeverity string `toml:"security_alert_severity"`
 }
 
 // Validate checks the settings, naming the field at fault.
@@ -43,6 +50,19 @@ func (c *Config) Validate() error {
 	}
 	if c.CreditsGrace == 0 {
 		c.CreditsGrace = 5 * time.Minute
+	}
+	if c.CreditsLowMicros < 0 {
+		return errors.New("credits_low_micros must not be negative")
+	}
+	if c.CreditsLowMicros == 0 {
+		c.CreditsLowMicros = 1e6
+	}
+	switch c.SecurityAlertSeverity {
+	case "":
+		c.SecurityAlertSeverity = "high"
+	case "none", "low", "medium", "high", "critical":
+	default:
+		return errors.New("security_alert_severity must be low, medium, high, critical or none")
 	}
 	return nil
 }

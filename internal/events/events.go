@@ -23,6 +23,7 @@ const (
 	SecurityViolation Type = "security_violation"
 	ResourceExceeded  Type = "resource_exceeded"
 	PolicyChanged     Type = "policy.changed"
+	AlertCreated      Type = "alert.created" // an account's alert (internal/server alerts.go)
 )
 
 // Kinds of security_violation (Details["kind"]).

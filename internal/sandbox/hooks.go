@@ -57,3 +57,12 @@ func (m *Manager) DefaultLimits() runtime.Limits { return m.cfg.DefaultLimits }
 
 // DefaultTimeout is the lifetime a sandbox gets unless its creator sets one.
 func (m *Manager) DefaultTimeout() time.Duration { return m.cfg.DefaultTimeout }
+
+// KillReason stops a sandbox like Kill, recording why (Info.StopReason).
+func (m *Manager) KillReason(ctx context.Context, id, reason string) error {
+	s, err := m.Get(id)
+	if err != nil {
+		return err
+	}
+	return m.destroy(s, reason)
+}

@@ -298,3 +298,24 @@ func TestAccountHammer(t *testing.T) {
 	}
 	t.Logf("%d sandboxes metered, %.1f sandbox-seconds", len(groups), wall)
 }
+
+// TestAccountLimitsE2B: the E2B surface enforces the same limits, with
+// E2B's error body (a numeric code and a message).
+func TestAccountLimitsE2B(t *testing.T) {
+	e := newEnv(t, server.Config{Accounts: account.Config{Defaults: account.Limits{MaxSandboxes: 1, RequestsPerMinute: 4}}})
+	post := func() resp { return e.do("POST", "/sandboxes", "", map[string]any{"templateID": "base"}, "X-API-Key", e.keyA) }
+	want(t, post(), http.StatusCreated, "")
+	r := post()
+	if r.status != http.StatusTooManyRequests {
+		t.Fatalf("second sandbox: %d %s", r.status, r.body)
+	}
+	if b := r.json(t); b["code"] != 429.0 || b["message"] != "concurrent sandbox limit of 1 reached" {
+		t.Fatalf("E2B body %s", r.body)
+	}
+	want(t, e.do("GET", "/sandboxes", "", nil, "X-API-Key", e.keyA), http.StatusOK, "")
+	want(t, e.do("GET", "/sandboxes", "", nil, "X-API-Key", e.keyA), http.StatusOK, "")
+	r = e.do("GET", "/sandboxes", "", nil, "X-API-Key", e.keyA)
+	if b := r.json(t); r.status != http.StatusTooManyRequests || b["code"] != 429.0 || !strings.Contains(b["message"].(string), "rate limit of 4 requests per minute") || r.header.Get("Retry-After") == "" {
+		t.Fatalf("rate limited E2B call: %d %s %v", r.status, r.body, r.header)
+	}
+}

@@ -33,7 +33,7 @@ const (
 var knownEventTypes = map[events.Type]bool{
 	events.SandboxCreated: true, events.SandboxStopped: true, events.ExecutionStarted: true,
 	events.ExecutionFinished: true, events.SecurityViolation: true, events.ResourceExceeded: true,
-	events.PolicyChanged: true,
+	events.PolicyChanged: true, events.AlertCreated: true,
 }
 
 // eventQuery is what a listing or a stream asks for.

@@ -160,9 +160,26 @@ func (s *Server) creditsOf(r *http.Request, a *account.Account) (creditsJSON, er
 }
 
 // afterFlush runs in the meter's loop after each flush: limits and
-// balances changed through the CLI reach the accounts.
+// balances changed through the CLI reach the accounts, the alert rules
+// run, and sandboxes of accounts out of credits past the grace period
+// stop.
 func (s *Server) afterFlush(ctx context.Context) {
+	if s.cfg.NoAccounting {
+		return
+	}
 	if err := s.accounts.Refresh(ctx); err != nil {
 		s.log.Error("refresh accounts", "err", err)
 	}
+	s.alertRules(ctx)
+	s.accounts.Each(func(a *account.Account) {
+		if !a.Exhausted() {
+			return
+		}
+		for _, sb := range s.meter.Sandboxes(a.ID) {
+			s.log.Info("credits exhausted: stopping sandbox", "account", a.ID, "sandbox", sb.ID)
+			if err := s.engine.KillReason(ctx, sb.ID, "credits exhausted"); err != nil && apierr.CodeOf(err) != apierr.SandboxNotFound {
+				s.log.Error("stop sandbox", "sandbox", sb.ID, "err", err)
+			}
+		}
+	})
 }

@@ -179,6 +179,7 @@ type Server struct {
 	meter    *metering.Meter
 	tenants  sync.Map   // sandbox id → *tenant (quota.go)
 	tenantMu sync.Mutex // guards tenant.released
+	alertQ   chan store.Alert
 }
 
 // box is what the server keeps about each live sandbox it created.
@@ -224,6 +225,14 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	s.meter = metering.New(mcfg, st, s.accounts)
 	if !cfg.NoAccounting && m != nil {
 		s.installHooks()
+	}
+	s.alertQ = make(chan store.Alert, 256)
+	if st != nil {
+		s.sweeper.Add(1)
+		go s.alertWriter()
+		if s.bus != nil && !cfg.NoAccounting {
+			s.bus.OnEvent(s.onSecurityEvent)
+		}
 	}
 	mux := http.NewServeMux()
 	s.routesInto(mux)
