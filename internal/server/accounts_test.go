@@ -303,7 +303,9 @@ func TestAccountHammer(t *testing.T) {
 // E2B's error body (a numeric code and a message).
 func TestAccountLimitsE2B(t *testing.T) {
 	e := newEnv(t, server.Config{Accounts: account.Config{Defaults: account.Limits{MaxSandboxes: 1, RequestsPerMinute: 4}}})
-	post := func() resp { return e.do("POST", "/sandboxes", "", map[string]any{"templateID": "base"}, "X-API-Key", e.keyA) }
+	post := func() resp {
+		return e.do("POST", "/sandboxes", "", map[string]any{"templateID": "base"}, "X-API-Key", e.keyA)
+	}
 	want(t, post(), http.StatusCreated, "")
 	r := post()
 	if r.status != http.StatusTooManyRequests {
