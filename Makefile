@@ -18,8 +18,8 @@ build: ## build bin/sheepfold and the static bin/sheepfold-agent
 	go build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/sheepfold ./cmd/sheepfold
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/sheepfold-agent ./cmd/sheepfold-agent
 
-template: setup build ## build the python template once (--force to rebuild: bin/sheepfold template build --force python)
-	bin/sheepfold template build python
+template: setup build ## build the python template once, again when its definition changes (--force to rebuild: bin/sheepfold template build --force python)
+	bin/sheepfold template build --update python
 
 run: template ## start the server on $(LISTEN) with everything it needs
 	bin/sheepfold serve --listen $(LISTEN)

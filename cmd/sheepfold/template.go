@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"text/tabwriter"
@@ -17,7 +18,7 @@ import (
 func templateCmd(cfg *config.Config) *cobra.Command {
 	cmd := &cobra.Command{Use: "template", Short: "Build, list and remove sandbox templates"}
 
-	var force, quiet bool
+	var force, update, quiet bool
 	var logFile string
 	build := &cobra.Command{
 		Use:   "build NAME",
@@ -66,6 +67,11 @@ func templateCmd(cfg *config.Config) *cobra.Command {
 			}
 			start := time.Now()
 			info, err := template.Build(cmd.Context(), def, opt)
+			if errors.Is(err, template.ErrStale) && update {
+				fmt.Fprintf(os.Stderr, "sheepfold: %v: rebuilding\n", err)
+				opt.Force = true
+				info, err = template.Build(cmd.Context(), def, opt)
+			}
 			if bar != nil {
 				_ = bar.Finish()
 			}
@@ -78,6 +84,7 @@ func templateCmd(cfg *config.Config) *cobra.Command {
 		},
 	}
 	build.Flags().BoolVar(&force, "force", false, "rebuild even if the template exists")
+	build.Flags().BoolVar(&update, "update", false, "rebuild the template if it is stale (built from another package list, suite or id shift); keep it if it is current")
 	build.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress bar")
 	build.Flags().StringVar(&logFile, "log", "", "write debootstrap and apt output to this file")
 
