@@ -51,7 +51,8 @@ func TestPoolHitLooksFresh(t *testing.T) {
 	t.Parallel()
 	m, _ := fakeEngine(t, poolConfig(1))
 	waitReady(t, m, 1)
-	time.Sleep(300 * time.Millisecond) // the member ages; a handed-out sandbox must not
+	// The member was started before now: a handed-out sandbox must say it
+	// was created at its hand-out, not then.
 	ctx := context.Background()
 	before := time.Now()
 	s, err := m.Create(ctx, sandbox.CreateOptions{Timeout: time.Minute, Metadata: map[string]string{"ticket": "7"}})
@@ -186,7 +187,13 @@ func TestPoolMembersAreNotIdleNorListed(t *testing.T) {
 	}
 	_, err := m.Get(member[0])
 	wantCode(t, err, apierr.SandboxNotFound)
-	time.Sleep(1500 * time.Millisecond) // several idle checks past the idle limit
+	// A listed sandbox made at the same time (a pool miss: it has its own
+	// env) idles out: the idle stop has run past the limit since.
+	listed, err := m.Create(context.Background(), sandbox.CreateOptions{Env: map[string]string{"MISS": "1"}})
+	if err != nil || listed.FromPool() {
+		t.Fatalf("a pool miss: %v", err)
+	}
+	waitFor(t, "the listed sandbox to idle out", func() bool { return listed.State() == sandbox.StateStopped })
 	if got := runtimeIDs(t, rt); !slices.Equal(got, member) {
 		t.Fatalf("the idle stop reaped a pool member: runtime %v, had %v", got, member)
 	}
@@ -227,13 +234,13 @@ func TestPoolDoesNotCountAgainstMaxSandboxes(t *testing.T) {
 func TestPoolSizeZeroIsOff(t *testing.T) {
 	t.Parallel()
 	m, rt := fakeEngine(t, sandbox.Config{})
-	time.Sleep(200 * time.Millisecond)
-	if ids := runtimeIDs(t, rt); len(ids) != 0 {
-		t.Fatalf("a pool of 0 started sandboxes: %v", ids)
-	}
 	s, err := m.Create(context.Background(), sandbox.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A pool would have started its member at New, before this create.
+	if ids := runtimeIDs(t, rt); len(ids) != 1 || ids[0] != s.ID {
+		t.Fatalf("a pool of 0 started sandboxes: %v", ids)
 	}
 	if s.FromPool() {
 		t.Fatal("a sandbox was handed out by a pool of 0")
