@@ -124,7 +124,7 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 
 	ctx, cancel := context.WithTimeout(ctx, req.Timeout+agentGrace)
 	defer cancel()
-	run := &execRun{req: req, stream: onEvent, ex: &Execution{Results: []agentproto.Result{}},
+	run := &execRun{ctx: ctx, s: s, req: req, stream: onEvent, ex: &Execution{Results: []agentproto.Result{}},
 		violation: func(v *agentproto.Violation) { s.violation(req.ID, v) }}
 	run.hold.sandbox, run.hold.engine = s.resultBudgets()
 	defer run.hold.release()
@@ -186,6 +186,8 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 // through handle, the one place where output, results and errors flow on
 // the host.
 type execRun struct {
+	ctx    context.Context
+	s      *Sandbox
 	req    ExecuteRequest
 	stream func(agentproto.Event) error // nil: keep everything in ex
 	ex     *Execution
@@ -202,11 +204,17 @@ func (r *execRun) handle(ev agentproto.Event) error {
 	switch ev.Type {
 	case agentproto.EventStdout:
 		r.ex.outputBytes += int64(len(ev.Data))
+		if err := r.s.waitOutput(r.ctx, len(ev.Data)); err != nil {
+			return err
+		}
 		if r.stream == nil {
 			appendCapped(&r.stdout, ev.Data, r.req.MaxOutput)
 		}
 	case agentproto.EventStderr:
 		r.ex.outputBytes += int64(len(ev.Data))
+		if err := r.s.waitOutput(r.ctx, len(ev.Data)); err != nil {
+			return err
+		}
 		if r.stream == nil {
 			appendCapped(&r.stderr, ev.Data, r.req.MaxOutput)
 		}

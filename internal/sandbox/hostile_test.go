@@ -290,3 +290,33 @@ func TestHostileAgent(t *testing.T) {
 		t.Fatalf("the neighbour failed after %d runs: %v", neighbourRuns, neighbourErr)
 	}
 }
+
+// TestOutputRate: past its burst, a sandbox's output passes at
+// Config.OutputRate, so a flood is slowed at its source; everything still
+// arrives.
+func TestOutputRate(t *testing.T) {
+	t.Parallel()
+	m, _ := fakeEngine(t, sandbox.Config{OutputRate: 1 << 20})
+	s, err := m.Create(context.Background(), sandbox.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	var n int
+	ex, err := s.Execute(context.Background(), sandbox.ExecuteRequest{
+		Code: "import sys\nsys.stdout.write('x' * (11 << 20))", MaxOutput: 16 << 20, Timeout: time.Minute,
+	}, func(ev agentproto.Event) error {
+		if ev.Type == agentproto.EventStdout {
+			n += len(ev.Data)
+		}
+		return nil
+	})
+	took := time.Since(start)
+	if err != nil || ex.Status != sandbox.ExecSuccess || n != 11<<20 {
+		t.Fatalf("Execute = %+v, %v; %d bytes", ex, err, n)
+	}
+	// 8 MiB of burst, then 3 MiB at 1 MiB/s.
+	if took < 2500*time.Millisecond {
+		t.Fatalf("11 MiB of output took %s: not held to 1 MiB/s past the burst", took)
+	}
+}

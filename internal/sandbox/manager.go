@@ -65,6 +65,11 @@ type Config struct {
 	// at least 2 × agentproto.MaxFrame].
 	MaxResultMemory        int64
 	MaxSandboxResultMemory int64
+	// OutputRate is how many bytes per second of output (of executions
+	// and processes) one sandbox may push through the engine, after a
+	// burst of 8 MiB; past it the engine reads its agent more slowly and
+	// the code's writes stall (budget.go) [DefaultOutputRate].
+	OutputRate int64
 	// Events receives every sandbox's events (internal/events)
 	// [events.Discard]; the Manager puts its own sink in front (sink.go).
 	Events events.Sink
@@ -104,6 +109,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxSandboxResultMemory <= 0 {
 		c.MaxSandboxResultMemory = DefaultMaxSandboxResultMemory
+	}
+	if c.OutputRate <= 0 {
+		c.OutputRate = DefaultOutputRate
 	}
 	c.MaxResultMemory = max(c.MaxResultMemory, 2*agentproto.MaxFrame)
 	c.MaxSandboxResultMemory = max(c.MaxSandboxResultMemory, 2*agentproto.MaxFrame)

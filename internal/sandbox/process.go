@@ -47,10 +47,7 @@ func (s *Sandbox) Run(ctx context.Context, spec ProcessSpec, onEvent func(agentp
 			if ev.Type == agentproto.EventStart {
 				res.PID = ev.PID
 			}
-			if onEvent != nil {
-				onEvent(ev)
-			}
-			return nil
+			return s.forward(ctx, ev, onEvent)
 		}}, callOptions{})
 	if err != nil {
 		return nil, s.gone(err)
@@ -99,15 +96,26 @@ func (s *Sandbox) Connect(ctx context.Context, pid int, onEvent func(agentproto.
 	defer end()
 	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpProcessConnect, PID: pid}, nil,
 		agentproto.Handlers{Event: func(ev agentproto.Event) error {
-			if onEvent != nil {
-				onEvent(ev)
-			}
-			return nil
+			return s.forward(ctx, ev, onEvent)
 		}}, callOptions{})
 	if err != nil {
 		return nil, s.gone(err)
 	}
 	return finish(&ProcessResult{PID: pid}, done), nil
+}
+
+// forward passes a process's event on, its output at the sandbox's
+// output rate.
+func (s *Sandbox) forward(ctx context.Context, ev agentproto.Event, onEvent func(agentproto.Event)) error {
+	if ev.Type == agentproto.EventStdout || ev.Type == agentproto.EventStderr {
+		if err := s.waitOutput(ctx, len(ev.Data)); err != nil {
+			return err
+		}
+	}
+	if onEvent != nil {
+		onEvent(ev)
+	}
+	return nil
 }
 
 func finish(res *ProcessResult, done agentproto.Event) *ProcessResult {

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/egress"
@@ -51,6 +53,8 @@ type Sandbox struct {
 
 	resultsOnce sync.Once
 	results     *budget // the sandbox's results held at once (budget.go)
+	outputOnce  sync.Once
+	output      *rate.Limiter // the sandbox's output rate (budget.go)
 
 	// mu guards the fields below.
 	mu         sync.Mutex

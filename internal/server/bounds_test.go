@@ -90,7 +90,7 @@ type execution struct {
 // would count as the server's). Streamed, it counts the result lines.
 func executeLean(t *testing.T, e *env, id, code string, stream bool) (ex execution, streamed int) {
 	t.Helper()
-	body, _ := json.Marshal(map[string]any{"code": code})
+	body, _ := json.Marshal(map[string]any{"code": code, "timeout_ms": 600000}) // a loaded machine is slow
 	url := e.url + "/v1/sandboxes/" + id + "/execute"
 	if stream {
 		url += "?stream=1"
