@@ -123,9 +123,15 @@ func TestFileWriteAborted(t *testing.T) {
 	a := startAgent(t, Config{Root: root})
 
 	for _, name := range []string{"old.txt", "new.txt"} {
-		s := a.open(t, agentproto.Request{Op: agentproto.OpFileWrite, Path: name})
+		// A client that sends the request and part of the body (no
+		// reply is read).
+		nc := a.dial(t)
+		c := agentproto.NewConn(nc)
+		if err := c.WriteJSON(agentproto.Request{Op: agentproto.OpFileWrite, Path: name}); err != nil {
+			t.Fatal(err)
+		}
 		for range 4 {
-			if err := s.c.WriteData(make([]byte, 256<<10)); err != nil {
+			if err := c.WriteData(make([]byte, 256<<10)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -137,7 +143,7 @@ func TestFileWriteAborted(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		s.nc.Close()
+		nc.Close()
 		for len(uploads(t, home)) != 0 {
 			if time.Now().After(deadline) {
 				t.Fatalf("temporary file left: %v", uploads(t, home))

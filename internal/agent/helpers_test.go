@@ -161,41 +161,57 @@ func (r result) output(typ string) string {
 	return b.String()
 }
 
-// stream is a request whose events are read one at a time.
+// stream is a request whose events are read one at a time. It reads
+// them with agentproto.Call, the engine's own loop, on a goroutine.
 type stream struct {
-	t  testing.TB
-	nc net.Conn
-	c  *agentproto.Conn
+	t      testing.TB
+	nc     net.Conn
+	events chan agentproto.Event // every event, the Done last
+	err    chan error            // the call's error, if it failed
 }
 
 func (a *testAgent) open(t testing.TB, req agentproto.Request) *stream {
+	t.Helper()
+	nc := a.dial(t)
+	s := &stream{t: t, nc: nc, events: make(chan agentproto.Event, 1024), err: make(chan error, 1)}
+	go func() {
+		done, err := agentproto.Call(nc, req, nil, agentproto.Handlers{Event: func(ev agentproto.Event) error {
+			s.events <- ev
+			return nil
+		}})
+		if err != nil {
+			s.err <- err
+			return
+		}
+		s.events <- done
+	}()
+	return s
+}
+
+// upload sends a request whose body the test then writes frame by frame
+// (and may leave unfinished); no reply is read.
+func (a *testAgent) upload(t testing.TB, req agentproto.Request) (net.Conn, *agentproto.Conn) {
 	t.Helper()
 	nc := a.dial(t)
 	c := agentproto.NewConn(nc)
 	if err := c.WriteJSON(req); err != nil {
 		t.Fatal(err)
 	}
-	return &stream{t: t, nc: nc, c: c}
+	return nc, c
 }
 
 // next returns the next event (data frames are skipped).
 func (s *stream) next() agentproto.Event {
 	s.t.Helper()
-	s.nc.SetReadDeadline(time.Now().Add(20 * time.Second))
-	for {
-		kind, p, err := s.c.ReadFrame()
-		if err != nil {
-			s.t.Fatalf("read event: %v", err)
-		}
-		if kind == agentproto.FrameData {
-			continue
-		}
-		ev, err := agentproto.DecodeEvent(p)
-		if err != nil {
-			s.t.Fatal(err)
-		}
+	select {
+	case ev := <-s.events:
 		return ev
+	case err := <-s.err:
+		s.t.Fatalf("read event: %v", err)
+	case <-time.After(20 * time.Second):
+		s.t.Fatal("read event: no event in 20 s")
 	}
+	return agentproto.Event{}
 }
 
 // until reads events until one of type typ, collecting the output.

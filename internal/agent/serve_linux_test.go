@@ -63,8 +63,8 @@ func TestServeShutdown(t *testing.T) {
 	ex.next()
 	a.call(t, agentproto.Request{Op: agentproto.OpContextCreate, Context: &agentproto.ContextSpec{Language: "python"}}).mustOK(t)
 	// an upload stalled mid-body
-	up := a.open(t, agentproto.Request{Op: agentproto.OpFileWrite, Path: "stalled"})
-	up.c.WriteData([]byte("partial"))
+	_, up := a.upload(t, agentproto.Request{Op: agentproto.OpFileWrite, Path: "stalled"})
+	up.WriteData([]byte("partial"))
 	// a connection that never sends its request
 	a.dial(t)
 	time.Sleep(100 * time.Millisecond) // let the agent take all of them in hand

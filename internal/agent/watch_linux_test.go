@@ -122,10 +122,10 @@ func TestWatchEvents(t *testing.T) {
 	w.expect("move", "rename up.txt", "create moved.txt")
 	a.call(t, agentproto.Request{Op: agentproto.OpFileRemove, Path: "w/moved.txt"}).mustOK(t)
 	w.expect("agent remove", "remove moved.txt")
-	big := a.open(t, agentproto.Request{Op: agentproto.OpFileWrite, Path: "w/aborted"})
-	big.c.WriteData([]byte("partial"))
+	bigNC, big := a.upload(t, agentproto.Request{Op: agentproto.OpFileWrite, Path: "w/aborted"})
+	big.WriteData([]byte("partial"))
 	time.Sleep(50 * time.Millisecond)
-	big.nc.Close()
+	bigNC.Close()
 	w.expect("aborted upload") // settle fails on the temporary's events
 
 	// Removing the watched directory ends the watch.

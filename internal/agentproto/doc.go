@@ -8,6 +8,10 @@
 // events on the same connection; operations on a running process (input,
 // signals) are separate requests on new connections.
 //
+// Call is the one loop that reads an agent's replies, for the host engine
+// and for tests alike: it bounds frames, asks an Admit before reading a
+// large one, and hands events and data to its Handlers.
+//
 // Framing: a 4-byte big-endian length N, then N bytes: one kind byte
 // (FrameJSON or FrameData) followed by the payload. Frames are bounded by
 // MaxFrame. Both sides treat everything they read as untrusted: the host

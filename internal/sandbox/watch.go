@@ -3,12 +3,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
-	"net"
-	"sync"
-	"syscall"
-	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
@@ -60,14 +54,15 @@ const watchBuffer = 256
 // event holds its goroutine.
 type Watcher struct {
 	events chan WatchEvent
-	nc     net.Conn
-
-	once    sync.Once
-	closing chan struct{} // closed by shut
-	reason  error         // why shut was called; set before closing is closed
-	done    chan struct{} // closed when the reader has returned
-	err     error         // set before done is closed
+	// cancel ends the watch's call to the agent, with its reason
+	// (errWatchClosed for Close).
+	cancel context.CancelCauseFunc
+	done   chan struct{} // closed when the call has returned
+	err    error         // set before done is closed
 }
+
+// errWatchClosed is the cause of a watch ended by Close.
+var errWatchClosed = errors.New("watch closed")
 
 // WatchDir starts watching a directory of the sandbox and returns once the
 // agent has the watch in place, so that every change made after it returns
@@ -81,115 +76,57 @@ func (s *Sandbox) WatchDir(ctx context.Context, path string, opt WatchOptions) (
 	if err := s.running(); err != nil {
 		return nil, err
 	}
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "unix", s.agent.socket)
-	if err != nil {
-		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
-			return nil, s.watchGone(errAgentGone)
-		}
-		return nil, fmt.Errorf("dial agent: %w", err)
-	}
-	first, err := startWatch(ctx, nc, agentproto.Request{
+	req := agentproto.Request{
 		Op: agentproto.OpFileWatch, Path: path, Recursive: opt.Recursive, IncludeEntry: opt.IncludeEntry, User: opt.User,
-	})
-	if err != nil {
-		nc.Close()
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		return nil, s.watchGone(err)
 	}
-	if first.Type == agentproto.EventDone {
-		nc.Close()
-		if first.Code != "" {
-			return nil, agentError(first)
-		}
-		return nil, apierr.New(apierr.Internal, "the agent ended the watch before it started")
-	}
-	w := &Watcher{
-		events:  make(chan WatchEvent, watchBuffer),
-		nc:      nc,
-		closing: make(chan struct{}),
-		done:    make(chan struct{}),
-	}
-	stop := context.AfterFunc(ctx, func() { w.shut(ctx.Err()) })
+	wctx, cancel := context.WithCancelCause(ctx)
+	w := &Watcher{events: make(chan WatchEvent, watchBuffer), cancel: cancel, done: make(chan struct{})}
+	started := make(chan struct{})
 	go func() {
 		defer close(w.done)
 		defer close(w.events)
-		defer stop()
-		w.err = w.read(ctx, s)
+		defer cancel(nil)
+		w.err = w.run(wctx, s, req, started)
 	}()
-	return w, nil
-}
-
-// startWatch sends the request and reads the first event: the agent's
-// confirmation, or a Done refusing the watch. Cancelling ctx meanwhile
-// unblocks it.
-func startWatch(ctx context.Context, nc net.Conn, req agentproto.Request) (agentproto.Event, error) {
-	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	conn := agentproto.NewConn(nc)
-	if err := conn.WriteJSON(req); err != nil {
-		return agentproto.Event{}, watchIOErr(err)
-	}
-	for {
-		kind, p, err := agentproto.ReadFrame(nc)
-		if err != nil {
-			return agentproto.Event{}, watchIOErr(err)
+	select {
+	case <-started:
+		return w, nil
+	case <-w.done:
+		if w.err == nil {
+			return nil, apierr.New(apierr.Internal, "the agent ended the watch before it started")
 		}
-		if kind != agentproto.FrameJSON {
-			continue
-		}
-		var ev agentproto.Event
-		if err := unmarshalEvent(p, &ev); err != nil {
-			return agentproto.Event{}, err
-		}
-		if ev.Type == agentproto.EventWatchStart || ev.Type == agentproto.EventDone {
-			return ev, nil
-		}
+		return nil, w.err
 	}
 }
 
-// read delivers events until the watch ends and returns why it ended.
-// It reads the connection without a buffer of its own, so that nothing
-// is lost between startWatch and here.
-func (w *Watcher) read(ctx context.Context, s *Sandbox) error {
-	for {
-		kind, p, err := agentproto.ReadFrame(w.nc)
-		if err != nil {
-			select {
-			case <-w.closing:
-				return w.reason
-			default:
-			}
-			if ctx.Err() != nil { // startWatch's deadline, set just as it returned
-				return ctx.Err()
-			}
-			return s.watchGone(watchIOErr(err))
-		}
-		if kind != agentproto.FrameJSON {
-			continue
-		}
-		var ev agentproto.Event
-		if err := unmarshalEvent(p, &ev); err != nil {
-			w.nc.Close()
-			return err
-		}
+// run is the watch's one call to the agent, through the engine's one
+// reply loop: it closes started at the agent's confirmation, delivers
+// events until the watch ends, and returns why it ended.
+func (w *Watcher) run(ctx context.Context, s *Sandbox, req agentproto.Request, started chan struct{}) error {
+	isStarted := false
+	_, err := s.agent.call(ctx, req, nil, agentproto.Handlers{Event: func(ev agentproto.Event) error {
 		switch {
-		case ev.Type == agentproto.EventDone:
-			w.nc.Close()
-			if ev.Code != "" {
-				return agentError(ev)
-			}
-			return nil
+		case ev.Type == agentproto.EventWatchStart && !isStarted:
+			isStarted = true
+			close(started)
 		case ev.Type == agentproto.EventFS && ev.FS != nil:
 			select {
 			case w.events <- WatchEvent{Name: ev.FS.Name, Op: ev.FS.Op, Entry: ev.Entry}:
-			case <-w.closing:
-				return w.reason
+			case <-ctx.Done():
+				return ctx.Err()
 			}
 		}
+		return nil
+	}}, callOptions{})
+	switch cause := context.Cause(ctx); {
+	case err == nil:
+		return nil // the watched directory was removed
+	case errors.Is(cause, errWatchClosed):
+		return nil
+	case ctx.Err() != nil:
+		return cause
 	}
+	return s.watchGone(err)
 }
 
 // Events returns the channel of changes; it is closed when the watch ends.
@@ -198,7 +135,7 @@ func (w *Watcher) Events() <-chan WatchEvent { return w.events }
 // Close ends the watch (the agent releases it) and waits until Events is
 // closed. It is safe to call more than once, and concurrently.
 func (w *Watcher) Close() error {
-	w.shut(nil)
+	w.cancel(errWatchClosed)
 	<-w.done
 	return nil
 }
@@ -214,23 +151,6 @@ func (w *Watcher) Err() error {
 	default:
 		return nil
 	}
-}
-
-// shut closes the connection once, recording why.
-func (w *Watcher) shut(reason error) {
-	w.once.Do(func() {
-		w.reason = reason
-		close(w.closing)
-		w.nc.Close()
-	})
-}
-
-// watchIOErr classifies a failed read or write on the agent connection.
-func watchIOErr(err error) error {
-	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
-		return fmt.Errorf("watch: %w", errAgentGone)
-	}
-	return fmt.Errorf("watch: %w", err)
 }
 
 // watchGone explains a watch cut by its sandbox: a sandbox already
