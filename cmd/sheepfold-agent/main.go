@@ -57,6 +57,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/agent"
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/kernel"
+	"github.com/sheepfold/sheepfold/internal/lang"
 )
 
 // version is set at build time: -ldflags "-X main.version=...".
@@ -72,7 +73,7 @@ const lifetimeFD = 4
 const exitLifetime = 124
 
 // languages are the canonical languages the kernel package drives.
-var languages = kernel.Languages()
+var languages = lang.All()
 
 func main() {
 	if len(os.Args) < 2 {
@@ -159,7 +160,7 @@ func runServe(args []string) int {
 			}
 			return k, nil
 		},
-		Canonical:   kernel.Canonical,
+		Canonical:   lang.Canonical,
 		Languages:   languages,
 		SetLifetime: setLifetime,
 		SwitchUsers: *switchUsers,

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
-	"github.com/sheepfold/sheepfold/internal/kernel"
+	"github.com/sheepfold/sheepfold/internal/lang"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
@@ -59,13 +59,13 @@ func TestPageCursorRoundTrip(t *testing.T) {
 func TestLanguage(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{"": "python", " Python ": "python", "js": "javascript", "JavaScript": "javascript", "ts": "typescript", "bash": "bash"} {
-		if got, err := kernel.Canonical(in); err != nil || got != want {
-			t.Errorf("kernel.Canonical(%q) = %q, %v; want %q", in, got, err, want)
+		if got, err := lang.Canonical(in); err != nil || got != want {
+			t.Errorf("lang.Canonical(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
 	for _, in := range []string{"r", "java", "cobol"} {
-		if _, err := kernel.Canonical(in); err == nil {
-			t.Errorf("kernel.Canonical(%q) accepted", in)
+		if _, err := lang.Canonical(in); err == nil {
+			t.Errorf("lang.Canonical(%q) accepted", in)
 		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
-	"github.com/sheepfold/sheepfold/internal/kernel"
+	"github.com/sheepfold/sheepfold/internal/lang"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
@@ -189,12 +189,12 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	req := sandbox.ExecuteRequest{Code: body.Code, ContextID: body.ContextID, Env: body.EnvVars, MaxOutput: interpMaxOutput}
 	counter := body.ContextID
 	if body.ContextID == "" {
-		lang, err := kernel.Canonical(body.Language)
+		canon, err := lang.Canonical(body.Language)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		req.Language, counter = lang, "default-"+lang
+		req.Language, counter = canon, "default-"+canon
 	} else if _, err := h.findContext(ctx, sb, body.ContextID); err != nil {
 		interpError(w, r, err)
 		return
@@ -311,7 +311,7 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	lang, err := kernel.Canonical(body.Language)
+	canon, err := lang.Canonical(body.Language)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
@@ -319,7 +319,7 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 	if body.Cwd == "" {
 		body.Cwd = "/home/user"
 	}
-	c, err := sandboxFrom(r.Context()).CreateContext(r.Context(), agentproto.ContextSpec{Language: lang, Cwd: body.Cwd})
+	c, err := sandboxFrom(r.Context()).CreateContext(r.Context(), agentproto.ContextSpec{Language: canon, Cwd: body.Cwd})
 	if err != nil {
 		interpError(w, r, err)
 		return

@@ -14,7 +14,9 @@
 // execution. CPU time and peak memory are read from /proc for the
 // interpreter (children it waited for count too).
 //
-// Imports: agentproto, the standard library and x/sys only.
+// Languages and their names are internal/lang's.
+//
+// Imports: agentproto, lang, the standard library and x/sys only.
 package kernel
 
 import (
@@ -38,6 +40,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/lang"
 )
 
 var (
@@ -50,27 +53,6 @@ var (
 	//go:embed bash_driver.sh
 	bashDriver string
 )
-
-// ErrUnsupported reports an unknown language.
-var ErrUnsupported = errors.New("unsupported language")
-
-// Languages lists the canonical language names.
-func Languages() []string { return []string{"python", "javascript", "typescript", "bash"} }
-
-// Canonical maps a language name or alias to its canonical name.
-func Canonical(lang string) (string, error) {
-	switch strings.ToLower(strings.TrimSpace(lang)) {
-	case "", "python", "py", "python3":
-		return "python", nil
-	case "javascript", "js", "node", "nodejs":
-		return "javascript", nil
-	case "typescript", "ts":
-		return "typescript", nil
-	case "bash", "sh", "shell":
-		return "bash", nil
-	}
-	return "", fmt.Errorf("%w: %q (supported: python, javascript, typescript, bash)", ErrUnsupported, lang)
-}
 
 // Options configure how kernels start.
 type Options struct {
@@ -159,7 +141,7 @@ type ctlMsg struct {
 
 // Start starts an interpreter for spec.Language.
 func Start(ctx context.Context, spec agentproto.ContextSpec, opt Options) (*Kernel, error) {
-	lang, err := Canonical(spec.Language)
+	canon, err := lang.Canonical(spec.Language)
 	if err != nil {
 		return nil, err
 	}
@@ -181,8 +163,8 @@ func Start(ctx context.Context, spec agentproto.ContextSpec, opt Options) (*Kern
 	if spec.Cwd == "" {
 		spec.Cwd = opt.DefaultCwd
 	}
-	spec.Language = lang
-	k := &Kernel{lang: lang, spec: spec, opt: opt}
+	spec.Language = canon
+	k := &Kernel{lang: canon, spec: spec, opt: opt}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if err := k.start(); err != nil {

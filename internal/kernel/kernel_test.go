@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/lang"
 )
 
 type record struct {
@@ -282,7 +284,7 @@ func TestBash(t *testing.T) {
 	}
 }
 
-func TestRestartAndCanonical(t *testing.T) {
+func TestRestart(t *testing.T) {
 	t.Parallel()
 	k := start(t, "python", nil)
 	run(t, k, code("z = 1"))
@@ -292,13 +294,8 @@ func TestRestartAndCanonical(t *testing.T) {
 	if r := run(t, k, code("z")); r.err == nil || r.err.Name != "NameError" {
 		t.Fatalf("state survived a restart: %+v", r)
 	}
-	for in, want := range map[string]string{"": "python", "py": "python", "NODE": "javascript", "sh": "bash"} {
-		if got, err := Canonical(in); err != nil || got != want {
-			t.Errorf("Canonical(%q) = %q, %v", in, got, err)
-		}
-	}
-	if _, err := Canonical("cobol"); err == nil {
-		t.Error("cobol accepted")
+	if _, err := Start(context.Background(), agentproto.ContextSpec{Language: "cobol"}, Options{}); !errors.Is(err, lang.ErrUnsupported) {
+		t.Errorf("a cobol kernel: %v", err)
 	}
 }
 

@@ -9,7 +9,9 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/lang"
 	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/typescript"
 )
 
 // Execution statuses.
@@ -100,8 +102,8 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	if req.ContextID == "" && req.Language == "" {
 		req.Language = "python"
 	}
-	if req.ContextID == "" && isTypeScript(req.Language) || req.ContextID != "" && s.contextLanguage(ctx, req.ContextID) == "typescript" {
-		js, perr := transpileTS(req.Code)
+	if req.ContextID == "" && isTypeScript(req.Language) || req.ContextID != "" && s.contextLanguage(ctx, req.ContextID) == lang.TypeScript {
+		js, perr := typescript.Transpile(req.Code)
 		if perr != nil {
 			if onEvent != nil {
 				if err := onEvent(agentproto.Event{Type: agentproto.EventError, Error: perr}); err != nil {

@@ -1,0 +1,43 @@
+// Package lang is the one table of the languages code contexts speak:
+// their canonical names and the aliases callers may use. The host (the
+// engine, the E2B surface) and the agent (its kernels) both import it, so
+// that a name means the same on both sides of the agent protocol.
+//
+// Imports: the standard library only.
+package lang
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// The canonical languages.
+const (
+	Python     = "python"
+	JavaScript = "javascript"
+	TypeScript = "typescript" // run by the JavaScript kernel; the host transpiles cells
+	Bash       = "bash"
+)
+
+// ErrUnsupported reports an unknown language.
+var ErrUnsupported = errors.New("unsupported language")
+
+// All lists the canonical names, the default (Python) first.
+func All() []string { return []string{Python, JavaScript, TypeScript, Bash} }
+
+// Canonical maps a language name or alias (any case; "" is Python) to its
+// canonical name.
+func Canonical(name string) (string, error) {
+	switch strings.ToLower(strings.TrimSpace(name)) {
+	case "", "python", "py", "python3":
+		return Python, nil
+	case "javascript", "js", "node", "nodejs":
+		return JavaScript, nil
+	case "typescript", "ts":
+		return TypeScript, nil
+	case "bash", "sh", "shell":
+		return Bash, nil
+	}
+	return "", fmt.Errorf("%w: %q (supported: python, javascript, typescript, bash)", ErrUnsupported, name)
+}
