@@ -20,7 +20,8 @@ type SandboxConfig struct {
 	// MaxExecutionTime is the default and longest timeout of one execution.
 	MaxExecutionTime time.Duration `json:"-"`
 	MaxMemoryMB      int64         `json:"max_memory_mb,omitempty"`
-	// NetworkRestricted must stay nil or true: egress is not available yet.
+	// NetworkRestricted false is the security policy's network mode
+	// "public"; nil or true is "none".
 	NetworkRestricted  *bool `json:"network_restricted,omitempty"`
 	FilesystemReadonly bool  `json:"filesystem_readonly,omitempty"`
 }

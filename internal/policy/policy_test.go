@@ -88,6 +88,10 @@ func TestShorthand(t *testing.T) {
 	if p.MemoryBytes() != 512<<20 || !slices.Equal(p.AllowedImports(), []string{"json"}) || p.NetworkMode() != NetworkNone || !p.Writable("/work/a") || p.Writable("/etc") {
 		t.Fatalf("security_policy wins, the rest is mapped: %+v", p)
 	}
+	s, _ = ParseShorthand([]byte(`{"network_restricted":false}`), "sandbox_config")
+	if p, err := s.Merge(nil, "sandbox_config"); err != nil || p.NetworkMode() != NetworkPublic {
+		t.Fatalf("network_restricted false is network.mode public: %v %v", p, err)
+	}
 	s, _ = ParseShorthand([]byte(`{"max_memory_mb":4}`), "sandbox_config")
 	if _, err := s.Merge(nil, "sandbox_config"); err == nil || !strings.Contains(err.Error(), "sandbox_config.max_memory_mb") {
 		t.Fatalf("names the shorthand's field: %v", err)

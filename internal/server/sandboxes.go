@@ -126,9 +126,6 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 		return invalidPolicy(err)
 	}
 	if sc != nil {
-		if sc.NetworkRestricted != nil && !*sc.NetworkRestricted {
-			return apierr.New(apierr.NetworkRestricted, "egress is not available yet: sandboxes have no network")
-		}
 		if sc.MaxExecutionTime != nil {
 			if execTimeout, err = seconds("sandbox_config.max_execution_time", *sc.MaxExecutionTime, 24*time.Hour); err != nil {
 				return err

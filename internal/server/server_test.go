@@ -181,7 +181,7 @@ func TestCreateValidation(t *testing.T) {
 		{"huge timeout", `{"timeout":1e12}`, 400, "ERR_BAD_REQUEST"},
 		{"tiny memory", `{"resources":{"memory_mb":1}}`, 400, "ERR_BAD_REQUEST"},
 		{"unknown template", `{"template":"cobol"}`, 404, "ERR_TEMPLATE_NOT_FOUND"},
-		{"network", `{"sandbox_config":{"network_restricted":false}}`, 403, "ERR_NETWORK_RESTRICTED"},
+		{"network", `{"sandbox_config":{"network_restricted":"no"}}`, 400, "ERR_INVALID_POLICY"},
 		{"bad env", `{"env":{"A=B":"c"}}`, 400, "ERR_BAD_REQUEST"},
 	}
 	for _, tt := range tests {
