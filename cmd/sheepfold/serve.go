@@ -25,9 +25,6 @@ import (
 	"github.com/sheepfold/sheepfold/internal/template"
 )
 
-// drainTimeout bounds how long shutdown waits for requests in flight.
-const drainTimeout = 30 * time.Second
-
 func serveCmd(cfg *config.Config) *cobra.Command {
 	var (
 		listen       string
@@ -35,8 +32,9 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		maxSandboxes int
 		logFormat    string
 	)
-	var idleTimeout, eventRetention, retention time.Duration
+	var idleTimeout, eventRetention, retention, shutdownTimeout time.Duration
 	var webhookHosts []string
+	overcommit := 2.0
 	poolSize := sandbox.DefaultPoolSize()
 	instance := ""
 	var (
@@ -52,7 +50,9 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		Short: "Serve the REST API (/v1) on --listen",
 		Long: `Serve the REST API. Start order: configuration, database (DATA_DIR/sheepfold.db),
 engine, HTTP. SIGINT or SIGTERM stops accepting requests, lets those in flight
-finish (up to 30 s), then stops every sandbox and closes the database.
+finish (up to --shutdown-timeout; /readyz answers 503 from the first moment,
+requests cut off at the end get ERR_SHUTTING_DOWN), then stops every sandbox
+and closes the database.
 
 Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		Args: cobra.NoArgs,
@@ -76,8 +76,11 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if instance == "" {
 				instance = serverInstance(cfg.DataDir)
 			}
-			if eventRetention <= 0 || retention <= 0 {
-				return errors.New("--event-retention and --retention must be positive")
+			if eventRetention <= 0 || retention <= 0 || shutdownTimeout <= 0 {
+				return errors.New("--event-retention, --retention and --shutdown-timeout must be positive")
+			}
+			if overcommit <= 0 {
+				return errors.New("--overcommit must be positive")
 			}
 			if err := server.CheckWebhookHosts(webhookHosts); err != nil {
 				return fmt.Errorf("--webhook-allow-hosts: %w", err)
@@ -105,6 +108,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			return serve(cmd.Context(), *cfg, listen, server.Config{
 				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version, Retention: retention,
 				WebhookAllowHosts: webhookHosts, Accounts: acfg, Metering: mcfg, NoAccounting: noAccounting,
+				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) { c.PoolSize = poolSize })
 		},
@@ -120,6 +124,10 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"how long records of stopped sandboxes and of executions are kept")
 	cmd.Flags().StringSliceVar(&webhookHosts, "webhook-allow-hosts", nil,
 		"hosts (name, *.domain) and CIDRs webhooks may deliver to (default: any but link-local, unspecified and multicast; consider restricting it when keys belong to others)")
+	cmd.Flags().DurationVar(&shutdownTimeout, "shutdown-timeout", 10*time.Second,
+		"how long a shutdown waits for requests in flight before cutting them off")
+	cmd.Flags().Float64Var(&overcommit, "overcommit", overcommit,
+		"how many times the host's memory the sandboxes' memory plus disk limits may add up to (sandboxes past it get 503 ERR_CAPACITY)")
 	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	cmd.Flags().IntVar(&poolSize, "pool", poolSize,
 		"sandboxes of the python template kept started ahead, pandas, numpy and matplotlib imported (0: no warm pool; default: one per CPU, at most one per 2 GiB)")
@@ -202,6 +210,10 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 		return err
 	}
 	scfg.Runtime = eng.rt.Name()
+	scfg.DataDir = cfg.DataDir
+	if scfg.ShutdownTimeout <= 0 {
+		scfg.ShutdownTimeout = 10 * time.Second
+	}
 	scfg.Cgroups = "v1"
 	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
 		scfg.Cgroups = "v2"
@@ -224,11 +236,12 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 		log.Error("server stopped", "err", err)
 	case <-ctx.Done():
 		stop() // a second signal ends the process at once
-		log.Info("shutting down: draining requests", "timeout", drainTimeout)
+		srv.Drain()
+		log.Info("shutting down: draining requests", "timeout", scfg.ShutdownTimeout)
 	}
 
 	// Stop in reverse: HTTP (drain), engine, records, events, database.
-	dctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	dctx, cancel := context.WithTimeout(context.Background(), scfg.ShutdownTimeout)
 	defer cancel()
 	if serr := srv.Shutdown(dctx); serr != nil {
 		log.Warn("requests still running at the drain timeout", "err", serr)

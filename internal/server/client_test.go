@@ -129,16 +129,23 @@ func TestGoSDK(t *testing.T) {
 		t.Fatalf("ListCommands = %+v, %v", ps, err)
 	}
 	got := make(chan string, 1)
+	attached := make(chan struct{})
 	go func() {
 		var b strings.Builder
-		_, err := c.ConnectCommand(ctx, sb.ID, pid, client.CommandHandlers{OnStdout: func(s string) { b.WriteString(s) }})
+		_, err := c.ConnectCommand(ctx, sb.ID, pid, client.CommandHandlers{
+			OnStart:  func(int) { close(attached) },
+			OnStdout: func(s string) { b.WriteString(s) }})
 		if err != nil {
 			got <- "error: " + err.Error()
 			return
 		}
 		got <- b.String()
 	}()
-	time.Sleep(300 * time.Millisecond)
+	select {
+	case <-attached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("ConnectCommand never attached")
+	}
 	if err := c.SendInput(ctx, sb.ID, pid, []byte("ping\n"), true); err != nil {
 		t.Fatal(err)
 	}

@@ -118,7 +118,7 @@ func TestServeAndShutdown(t *testing.T) {
 	inflight := make(chan result, 1)
 	go func() {
 		req, _ := http.NewRequest("POST", url+"/v1/sandboxes/"+id+"/execute",
-			strings.NewReader(`{"code":"import time\ntime.sleep(1)\nprint('finished')"}`))
+			strings.NewReader(`{"code":"import time\nopen('started', 'w').close()\ntime.sleep(1)\nprint('finished')"}`))
 		req.Header.Set("Authorization", "Bearer "+e.keyA)
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -130,7 +130,16 @@ func TestServeAndShutdown(t *testing.T) {
 		b.ReadFrom(res.Body)
 		inflight <- result{status: res.StatusCode, body: b.String()}
 	}()
-	time.Sleep(300 * time.Millisecond) // the execution is running
+	// The execution is running once it made its file.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := os.Stat(filepath.Join(e.home(id), "started")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the execution never started")
+		}
+		time.Sleep(10 * time.Millisecond) // polling the real condition
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := e.srv.Shutdown(ctx); err != nil {

@@ -3,8 +3,11 @@ package server
 import (
 	"net/http"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
 func (s *Server) healthRoutes(add addFunc) {
@@ -19,13 +22,31 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// readyz answers 200 when a default sandbox could be created now: not
+// while draining, when the engine is not ready, when the sandbox caps
+// (count, committed memory) are reached, or when the data dir is full.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 	if s.draining.Load() {
-		return apierr.New(apierr.Capacity, "the server is shutting down")
+		return apierr.New(apierr.ShuttingDown, "the server is shutting down")
 	}
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(r.Context()); err != nil {
 			return apierr.Wrap(err, apierr.Capacity, "the engine cannot create sandboxes: %v", err)
+		}
+	}
+	s.mu.Lock()
+	err := s.admit(footprint(runtime.Limits{}))
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if s.cfg.DataDir != "" {
+		var st unix.Statfs_t
+		if err := unix.Statfs(s.cfg.DataDir, &st); err != nil {
+			return apierr.Wrap(err, apierr.Capacity, "the data dir cannot be read")
+		}
+		if free := int64(st.Bavail) * st.Bsize; free < s.cfg.MinFreeDiskBytes {
+			return apierr.New(apierr.Capacity, "the data dir has %d MiB free, less than %d MiB", free>>20, s.cfg.MinFreeDiskBytes>>20)
 		}
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

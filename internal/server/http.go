@@ -126,6 +126,11 @@ func classify(err error) error {
 
 func (s *Server) errorJSON(r *http.Request, err error) (*apierr.Error, errorJSON) {
 	e := apierr.From(classify(err))
+	if s.draining.Load() && (e.Code == apierr.Internal || e.Code == apierr.SandboxState) {
+		// Cut off by the shutdown (its sandbox stopped with the engine):
+		// say so, rather than "internal error" or "sandbox stopped".
+		e = apierr.Wrap(err, apierr.ShuttingDown, "the server is shutting down; the request was cut off")
+	}
 	rid := requestIDFrom(r.Context())
 	if e.Code == apierr.Internal {
 		s.log.Error("request failed", "request_id", rid, "method", r.Method, "path", r.URL.Path, "err", err)

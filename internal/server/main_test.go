@@ -25,14 +25,9 @@ import (
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
-// agentBin is the agent the fake runtime runs: cmd/sheepfold-agent when it
-// builds, else testdata/testagent (the real internal/agent with a
-// one-process-per-execution kernel), so that these tests run while the
-// agent command is still being written. realAgent says which.
-var (
-	agentBin  string
-	realAgent bool
-)
+// agentBin is the agent the fake runtime runs: cmd/sheepfold-agent, built
+// for these tests. A build failure fails the tests: there is no stand-in.
+var agentBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "sf-server-agent-")
@@ -41,22 +36,12 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	agentBin = filepath.Join(dir, "sheepfold-agent")
-	build := func(pkg string) error {
-		cmd := exec.Command("go", "build", "-o", agentBin, pkg)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
-		}
-		return nil
-	}
-	if err := build("github.com/sheepfold/sheepfold/cmd/sheepfold-agent"); err == nil {
-		realAgent = true
-	} else if err2 := build("./testdata/testagent"); err2 != nil {
-		fmt.Fprintf(os.Stderr, "build agent: %v\nbuild test agent: %v\n", err, err2)
+	cmd := exec.Command("go", "build", "-o", agentBin, "github.com/sheepfold/sheepfold/cmd/sheepfold-agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build the agent: %v\n%s", err, out)
+		os.RemoveAll(dir)
 		os.Exit(1)
-	} else {
-		fmt.Fprintln(os.Stderr, "cmd/sheepfold-agent does not build yet; using testdata/testagent")
 	}
 	code := m.Run()
 	os.RemoveAll(dir)

@@ -159,21 +159,25 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	if err := checkStrings("env", opt.Env, maxEnv); err != nil {
 		return nil, err
 	}
+	if s.draining.Load() {
+		return nil, apierr.New(apierr.ShuttingDown, "the server is shutting down")
+	}
 	// The account's limits first (a slot of its concurrent cap), then a
-	// slot of the server's, so that concurrent creates pass neither cap.
+	// slot and the footprint of the server's, so that concurrent creates
+	// pass no cap.
 	acct, err := s.admitCreate(ctx, own, &opt)
 	if err != nil {
 		return nil, err
 	}
+	need := footprint(opt.Limits)
 	s.mu.Lock()
-	if s.cfg.MaxSandboxes > 0 && len(s.boxes) >= s.cfg.MaxSandboxes {
+	if err := s.admit(need); err != nil {
 		s.mu.Unlock()
 		acct.ReleaseSandbox()
-		return nil, &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
-			Message: fmt.Sprintf("all %d sandbox slots of this server are in use", s.cfg.MaxSandboxes)}
+		return nil, err
 	}
 	placeholder := "pending-" + newID("")
-	s.boxes[placeholder] = &box{owner: own}
+	s.boxes[placeholder] = &box{owner: own, footprint: need}
 	s.mu.Unlock()
 	release := func() {
 		s.mu.Lock()
@@ -207,9 +211,46 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	}
 	s.mu.Lock()
 	delete(s.boxes, placeholder)
-	s.boxes[sb.ID] = &box{sb: sb, owner: own, execTimeout: execTimeout}
+	s.boxes[sb.ID] = &box{sb: sb, owner: own, execTimeout: execTimeout, footprint: footprint(info.Limits)}
 	s.mu.Unlock()
 	return sb, nil
+}
+
+// footprint is what a sandbox of these limits may take of the host's
+// memory: its memory limit plus its disk (a tmpfs); zero fields are the
+// engine's defaults.
+func footprint(l runtime.Limits) int64 {
+	mem, disk := l.MemoryBytes, l.DiskBytes
+	if mem <= 0 {
+		mem = sandbox.DefaultLimits.MemoryBytes
+	}
+	if disk <= 0 {
+		disk = sandbox.DefaultLimits.DiskBytes
+	}
+	return mem + disk
+}
+
+// admit checks that one more sandbox of footprint need fits the server's
+// caps. s.mu is held.
+func (s *Server) admit(need int64) error {
+	if s.cfg.MaxSandboxes > 0 && len(s.boxes) >= s.cfg.MaxSandboxes {
+		return &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
+			Message: fmt.Sprintf("all %d sandbox slots of this server are in use", s.cfg.MaxSandboxes)}
+	}
+	if s.cfg.HostMemoryBytes <= 0 {
+		return nil
+	}
+	capacity := int64(float64(s.cfg.HostMemoryBytes) * s.cfg.Overcommit)
+	var used int64
+	for _, b := range s.boxes {
+		used += b.footprint
+	}
+	if used+need > capacity {
+		return &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
+			Message: fmt.Sprintf("the host cannot hold another sandbox of %d MiB (memory plus disk): %d of %d MiB are committed",
+				need>>20, used>>20, capacity>>20)}
+	}
+	return nil
 }
 
 // stringsLimit bounds a map of strings a sandbox keeps (metadata, env).

@@ -82,6 +82,20 @@ type Config struct {
 	// IdleTimeout bounds a kept-alive connection between requests [2m].
 	ReadHeaderTimeout time.Duration
 	IdleTimeout       time.Duration
+	// HostMemoryBytes is the memory sandboxes may commit, times
+	// Overcommit [2]: admission refuses a sandbox whose memory and disk
+	// limits (the disk is a tmpfs, so memory too) would take the sum of
+	// all sandboxes' past it (503 ERR_CAPACITY). 0 turns the check off.
+	HostMemoryBytes int64
+	Overcommit      float64
+	// DataDir is where the server keeps its database and sandboxes;
+	// /readyz is not ready while it has less than MinFreeDiskBytes free
+	// [256 MiB]. "" skips the check.
+	DataDir          string
+	MinFreeDiskBytes int64
+	// ShutdownTimeout is how long the caller of Shutdown lets requests
+	// in flight run (sheepfold serve --shutdown-timeout) [10s].
+	ShutdownTimeout time.Duration
 	// Retention is how long records of stopped sandboxes and executions
 	// are kept [7 days]; PruneInterval is how often older ones are
 	// deleted [1h].
@@ -140,6 +154,15 @@ func (c *Config) setDefaults() {
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 2 * time.Minute
 	}
+	if c.Overcommit <= 0 {
+		c.Overcommit = 2
+	}
+	if c.MinFreeDiskBytes <= 0 {
+		c.MinFreeDiskBytes = 256 << 20
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 10 * time.Second
+	}
 	if c.Retention <= 0 {
 		c.Retention = 7 * 24 * time.Hour
 	}
@@ -187,6 +210,7 @@ type box struct {
 	sb          *sandbox.Sandbox
 	owner       string
 	execTimeout time.Duration // default (and longest) execution timeout; 0: the engine's
+	footprint   int64         // memory plus disk limit, in bytes: what admission counts
 }
 
 // New returns a Server over a store and an engine. It starts a goroutine
@@ -274,11 +298,16 @@ func (s *Server) Serve(ln net.Listener) error {
 	return err
 }
 
+// Drain marks the server as shutting down: /readyz answers 503 at once,
+// new sandboxes are refused, and requests cut off from now on get
+// ERR_SHUTTING_DOWN. Shutdown drains too.
+func (s *Server) Drain() { s.draining.Store(true) }
+
 // Shutdown stops accepting requests and waits (until ctx ends) for those
 // in flight; it then stops the sweeper. The engine is the caller's to
 // close; call RecordStopped after closing it.
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.draining.Store(true)
+	s.Drain()
 	s.endStreams()
 	err := s.http.Shutdown(ctx)
 	s.stopOnce.Do(func() { close(s.stop) })

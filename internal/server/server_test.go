@@ -584,26 +584,24 @@ func TestCommands(t *testing.T) {
 	if !found {
 		t.Fatalf("pid %d not listed: %s", pid, r.body)
 	}
-	streamed := make(chan resp, 1)
-	go func() {
-		streamed <- e.do("GET", fmt.Sprintf("%s/%d/stream", base, pid), e.keyA, nil, "Accept", "application/x-ndjson")
-	}()
-	time.Sleep(300 * time.Millisecond) // let the stream attach
+	// The stream is attached once its start event arrived.
+	streamed := e.openNDJSON("GET", fmt.Sprintf("%s/%d/stream", base, pid), nil, func(m map[string]any) bool { return m["type"] == "start" })
 	want(t, e.do("POST", fmt.Sprintf("%s/%d/input", base, pid), e.keyA, map[string]any{"data": "hello\n"}), http.StatusNoContent, "")
 	want(t, e.do("POST", fmt.Sprintf("%s/%d/input", base, pid), e.keyA, map[string]any{"data_base64": "d29ybGQK", "eof": true}), http.StatusNoContent, "")
+	var sr ndjsonRest
 	select {
-	case r = <-streamed:
+	case sr = <-streamed:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stream did not end after eof")
 	}
 	var out strings.Builder
-	for _, l := range readNDJSON(t, r.body) {
+	for _, l := range sr.lines {
 		if l["type"] == "stdout" {
 			out.WriteString(l["text"].(string))
 		}
 	}
 	if out.String() != "hello\nworld\n" {
-		t.Fatalf("streamed %q: %s", out.String(), r.body)
+		t.Fatalf("streamed %q: %v", out.String(), sr.lines)
 	}
 
 	// Signals, by name and number.
@@ -733,25 +731,22 @@ func TestStreamFailure(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, server.Config{})
 	id := e.create(e.keyA, nil)
-	done := make(chan resp, 1)
-	go func() {
-		done <- e.do("POST", "/v1/sandboxes/"+id+"/execute?stream=1", e.keyA,
-			map[string]any{"code": "import time\nprint('x', flush=True)\ntime.sleep(20)"})
-	}()
-	time.Sleep(700 * time.Millisecond)
+	done := e.openNDJSON("POST", "/v1/sandboxes/"+id+"/execute?stream=1",
+		map[string]any{"code": "import time\nprint('x', flush=True)\ntime.sleep(20)"}, stdoutHas("x"))
 	want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
-	var r resp
+	var r ndjsonRest
 	select {
 	case r = <-done:
 	case <-time.After(15 * time.Second):
 		t.Fatal("the stream did not end when its sandbox was killed")
 	}
-	want(t, r, http.StatusOK, "")
-	lines := readNDJSON(t, r.body)
-	last := lines[len(lines)-1]
+	if r.status != http.StatusOK {
+		t.Fatalf("status %d", r.status)
+	}
+	last := r.lines[len(r.lines)-1]
 	errObj, _ := last["error"].(map[string]any)
 	if last["type"] != "failure" || errObj["code"] == "" || errObj["request_id"] != r.header.Get("X-Request-Id") {
-		t.Fatalf("stream ended with %s", r.body)
+		t.Fatalf("stream ended with %v", r.lines)
 	}
 }
 
