@@ -35,9 +35,9 @@ func (h *Handler) controlMux() http.Handler {
 	mux := http.NewServeMux()
 	add := func(pattern string, f func(w http.ResponseWriter, r *http.Request, owner string) error) {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-			owner, err := h.backend.Authenticate(r.Context(), r.Header.Get("X-API-Key"))
+			owner, keyID, err := h.backend.Authenticate(r.Context(), r.Header.Get("X-API-Key"))
 			if err == nil {
-				err = f(w, r, owner)
+				err = f(w, r.WithContext(context.WithValue(r.Context(), keyIDKey, keyID)), owner)
 			}
 			if err != nil {
 				writeControlError(w, err)
@@ -204,10 +204,12 @@ func (h *Handler) alias(sb *sandbox.Sandbox) string {
 	return sb.Template
 }
 
-func (h *Handler) sandboxOf(sb *sandbox.Sandbox) sandboxJSON {
+// sandboxOf describes sb to the key of ctx, with its tokens for that key.
+func (h *Handler) sandboxOf(ctx context.Context, sb *sandbox.Sandbox) sandboxJSON {
 	a := h.alias(sb)
+	keyID, _ := ctx.Value(keyIDKey).(string)
 	return sandboxJSON{SandboxID: sb.ID, TemplateID: a, Alias: a, ClientID: clientID,
-		EnvdVersion: EnvdVersion, EnvdAccessToken: h.token(sb.ID), TrafficAccessToken: h.trafficToken(sb.ID)}
+		EnvdVersion: EnvdVersion, EnvdAccessToken: h.issue(sb.ID, keyID), TrafficAccessToken: h.trafficToken(sb.ID, keyID)}
 }
 
 func (h *Handler) listedOf(sb *sandbox.Sandbox) listedJSON {
@@ -272,7 +274,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 		h.aliases[sb.ID] = req.TemplateID
 		h.mu.Unlock()
 	}
-	writeJSON(w, http.StatusCreated, h.sandboxOf(sb))
+	writeJSON(w, http.StatusCreated, h.sandboxOf(r.Context(), sb))
 	return nil
 }
 
@@ -316,7 +318,8 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request, owner string) erro
 	if err != nil {
 		return err
 	}
-	d := detailJSON{listedJSON: h.listedOf(sb), EnvdAccessToken: h.token(sb.ID), AllowInternetAccess: sb.NetworkMode() != policy.NetworkNone}
+	keyID, _ := r.Context().Value(keyIDKey).(string)
+	d := detailJSON{listedJSON: h.listedOf(sb), EnvdAccessToken: h.issue(sb.ID, keyID), AllowInternetAccess: sb.NetworkMode() != policy.NetworkNone}
 	d.Lifecycle.OnTimeout = "kill"
 	writeJSON(w, http.StatusOK, d)
 	return nil
@@ -580,7 +583,7 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, owner string) 
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, h.sandboxOf(sb))
+	writeJSON(w, http.StatusOK, h.sandboxOf(r.Context(), sb))
 	return nil
 }
 

@@ -23,9 +23,15 @@
 // is open, the connection is aborted (not ended cleanly), so that the SDK
 // probes /health, sees 502 and reports the sandbox as killed.
 //
-// Access and traffic tokens are HMAC-SHA256 of the sandbox id under a key
-// drawn at start, so they need no storage and die with the server (as its
-// sandboxes do).
+// Access and traffic tokens are "<key id>.<HMAC-SHA256>" of the sandbox id
+// and the id of the API key that asked for them (create, connect, get),
+// under a key drawn at start: bound to the sandbox and the key, they need
+// no storage, die with the server (as its sandboxes do), work only while
+// the sandbox runs and stop working once the key is revoked (checked on
+// every use, through the backend's short cache). Signed file URLs are
+// signed with such a token, so they die with it; a URL without a sandbox
+// header is matched against the tokens issued for live sandboxes (one
+// SHA-256 each, no HMAC).
 //
 // Imports: internal/sandbox, internal/agentproto, internal/apierr and the
 // generated envdpb packages. The caller (internal/server) supplies a Backend
@@ -67,8 +73,11 @@ const (
 // Backend is what the E2B surface needs from the server: API keys, sandboxes
 // bound to their owner, and the records kept of them.
 type Backend interface {
-	// Authenticate returns the owner an API key acts for.
-	Authenticate(ctx context.Context, key string) (owner string, err error)
+	// Authenticate returns the owner an API key acts for, and the key's id.
+	Authenticate(ctx context.Context, key string) (owner, keyID string, err error)
+	// KeyOwner returns the owner of the key with this id while it is not
+	// revoked, and an error once it is (or never existed).
+	KeyOwner(ctx context.Context, keyID string) (string, error)
 	// Create starts a sandbox for owner.
 	Create(ctx context.Context, owner string, opt sandbox.CreateOptions) (*sandbox.Sandbox, error)
 	// Sandbox returns owner's running sandbox; owner "" matches any owner
@@ -104,9 +113,10 @@ type Handler struct {
 
 	// mu guards the fields below.
 	mu       sync.Mutex
-	aliases  map[string]string         // sandbox id → the template name the client asked for
-	counts   map[string]map[string]int // sandbox id → context id → executions so far
-	watchers map[string]*pollWatcher   // watcher id → polling watcher
+	aliases  map[string]string            // sandbox id → the template name the client asked for
+	issued   map[string]map[string]string // sandbox id → key id → access token issued
+	counts   map[string]map[string]int    // sandbox id → context id → executions so far
+	watchers map[string]*pollWatcher      // watcher id → polling watcher
 }
 
 // New returns a Handler over a backend.
@@ -121,7 +131,7 @@ func New(cfg Config, b Backend) *Handler {
 		cfg.MaxUploadBytes = 100 << 20
 	}
 	h := &Handler{cfg: cfg, backend: b, key: make([]byte, 32),
-		aliases: map[string]string{}, counts: map[string]map[string]int{}, watchers: map[string]*pollWatcher{}}
+		aliases: map[string]string{}, issued: map[string]map[string]string{}, counts: map[string]map[string]int{}, watchers: map[string]*pollWatcher{}}
 	if _, err := rand.Read(h.key); err != nil {
 		panic(err) // crypto/rand never fails on Linux
 	}
@@ -171,24 +181,73 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// token is a sandbox's envd access token.
-func (h *Handler) token(id string) string { return h.mac("envd-access-token", id) }
+// token is the envd access token of sandbox id for the API key keyID.
+func (h *Handler) token(id, keyID string) string {
+	return keyID + "." + h.mac("envd-access-token", id, keyID)
+}
 
-// trafficToken is a sandbox's traffic token: what the code-interpreter SDK
-// sends on every call (unlike the access token, which older SDKs leave off
-// /contexts).
-func (h *Handler) trafficToken(id string) string { return h.mac("traffic-access-token", id) }
+// trafficToken is the traffic token of sandbox id for keyID: what the
+// code-interpreter SDK sends on every call (unlike the access token, which
+// older SDKs leave off /contexts).
+func (h *Handler) trafficToken(id, keyID string) string {
+	return keyID + "." + h.mac("traffic-access-token", id, keyID)
+}
 
-func (h *Handler) mac(purpose, id string) string {
+func (h *Handler) mac(purpose, id, keyID string) string {
 	m := hmac.New(sha256.New, h.key)
-	m.Write([]byte(purpose + "\x00" + id))
+	m.Write([]byte(purpose + "\x00" + id + "\x00" + keyID))
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// validToken reports whether tok is the access token of sandbox id.
-func (h *Handler) validToken(id, tok string) bool { return valid(tok, h.token(id)) }
+// issue returns the access token of sandbox id for keyID and remembers it
+// for signed URLs.
+func (h *Handler) issue(id, keyID string) string {
+	tok := h.token(id, keyID)
+	h.mu.Lock()
+	if h.issued[id] == nil {
+		h.issued[id] = map[string]string{}
+	}
+	h.issued[id][keyID] = tok
+	h.mu.Unlock()
+	return tok
+}
 
-func (h *Handler) validTrafficToken(id, tok string) bool { return valid(tok, h.trafficToken(id)) }
+// issuedTokens returns the access tokens issued for sandbox id.
+func (h *Handler) issuedTokens(id string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]string, 0, len(h.issued[id]))
+	for _, tok := range h.issued[id] {
+		out = append(out, tok)
+	}
+	return out
+}
+
+// validToken reports whether tok is an access token of sandbox id whose
+// key is not revoked and acts for the sandbox's owner.
+func (h *Handler) validToken(id, tok string) bool { return h.validFor(id, tok, h.token) }
+
+// validTrafficToken is validToken for traffic tokens.
+func (h *Handler) validTrafficToken(id, tok string) bool { return h.validFor(id, tok, h.trafficToken) }
+
+func (h *Handler) validFor(id, tok string, want func(id, keyID string) string) bool {
+	keyID, _, ok := strings.Cut(tok, ".")
+	if !ok || !valid(tok, want(id, keyID)) {
+		return false
+	}
+	return h.keyMayUse(id, keyID)
+}
+
+// keyMayUse reports whether keyID is live and its owner's is sandbox id.
+func (h *Handler) keyMayUse(id, keyID string) bool {
+	ctx := context.Background()
+	owner, err := h.backend.KeyOwner(ctx, keyID)
+	if err != nil {
+		return false
+	}
+	_, err = h.backend.Sandbox(ctx, owner, id)
+	return err == nil
+}
 
 func valid(tok, want string) bool { return tok != "" && hmac.Equal([]byte(tok), []byte(want)) }
 
@@ -196,6 +255,7 @@ func valid(tok, want string) bool { return tok != "" && hmac.Equal([]byte(tok), 
 func (h *Handler) forget(id string) {
 	h.mu.Lock()
 	delete(h.aliases, id)
+	delete(h.issued, id)
 	delete(h.counts, id)
 	h.mu.Unlock()
 }
@@ -205,8 +265,11 @@ func (h *Handler) forget(id string) {
 // keeps stays as large as the set of live sandboxes.
 func (h *Handler) prune(ctx context.Context) {
 	h.mu.Lock()
-	ids := make([]string, 0, len(h.aliases)+len(h.counts))
+	ids := make([]string, 0, len(h.aliases)+len(h.issued)+len(h.counts))
 	for id := range h.aliases {
+		ids = append(ids, id)
+	}
+	for id := range h.issued {
 		ids = append(ids, id)
 	}
 	for id := range h.counts {

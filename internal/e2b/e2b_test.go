@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,9 +74,13 @@ func TestLanguage(t *testing.T) {
 func TestSignatureAndUser(t *testing.T) {
 	t.Parallel()
 	h := New(Config{}, nil)
-	tok := h.token("sbx")
-	if tok == h.token("other") || !h.validToken("sbx", tok) || h.validToken("sbx", "") || h.validToken("other", tok) {
-		t.Fatal("access tokens do not tell sandboxes apart")
+	tok := h.token("sbx", "key_a")
+	if tok == h.token("other", "key_a") || tok == h.token("sbx", "key_b") || tok == h.trafficToken("sbx", "key_a") ||
+		!valid(tok, h.token("sbx", "key_a")) || valid("", "") {
+		t.Fatal("access tokens do not tell sandboxes, keys and purposes apart")
+	}
+	if h.validToken("sbx", "key_a."+strings.Repeat("0", 64)) || h.validToken("sbx", "garbage") {
+		t.Fatal("a forged token passed") // refused before the (nil) backend is asked
 	}
 	// The SDK's algorithm, for path "a.txt", read, no user, token "t":
 	// base64(sha256("a.txt:read::t")) without padding (computed with node crypto).
@@ -83,10 +88,10 @@ func TestSignatureAndUser(t *testing.T) {
 		t.Errorf("sign = %s", got)
 	}
 	r := httptest.NewRequest("GET", "/files?path=a.txt&signature="+url.QueryEscape(sign("a.txt", "read", "", tok, "")), nil)
-	if ok, msg := h.checkSignature("sbx", r); !ok {
+	if ok, msg := checkSignature(tok, r); !ok {
 		t.Errorf("valid signature refused: %s", msg)
 	}
-	if ok, _ := h.checkSignature("other", r); ok {
+	if ok, _ := checkSignature(h.token("other", "key_a"), r); ok {
 		t.Error("signature accepted for another sandbox")
 	}
 	for in, want := range map[string]string{"": "Basic dXNlcjo=", "root": "Basic cm9vdDo="} {

@@ -27,6 +27,7 @@ type ctxKey int
 const (
 	sandboxKey ctxKey = iota
 	userKey
+	keyIDKey // the API key of a control-plane request
 )
 
 // sandboxFrom returns the sandbox a data-plane request addresses.
@@ -79,14 +80,16 @@ func (h *Handler) envdMux() http.Handler {
 		if sb == nil {
 			return
 		}
-		if r.URL.Path == "/health" {
-			w.WriteHeader(http.StatusNoContent)
-			return
-		}
-		// /files may instead carry a signature, checked there.
+		// /files may instead carry a signature, checked there; /health
+		// needs the token too (only a dead sandbox's answer, 502, is
+		// given to anyone).
 		if r.URL.Path != "/files" && !h.validToken(id, r.Header.Get("X-Access-Token")) {
 			writeJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized,
 				"message": "unauthorized access, please provide a valid access token or method signing if supported"})
+			return
+		}
+		if r.URL.Path == "/health" {
+			w.WriteHeader(http.StatusNoContent)
 			return
 		}
 		user, err := basicUser(r.Header.Get("Authorization"))

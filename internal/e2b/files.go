@@ -45,15 +45,15 @@ func sign(p, operation, user, token, expiration string) string {
 	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
 }
 
-// checkSignature validates a signed /files request for sandbox id: the
-// signature first, then its expiry.
-func (h *Handler) checkSignature(id string, r *http.Request) (ok bool, msg string) {
+// checkSignature validates a signed /files request against an access
+// token: the signature first, then its expiry.
+func checkSignature(tok string, r *http.Request) (ok bool, msg string) {
 	q := r.URL.Query()
 	op := "read"
 	if r.Method == http.MethodPost {
 		op = "write"
 	}
-	want := sign(q.Get("path"), op, q.Get("username"), h.token(id), q.Get("signature_expiration"))
+	want := sign(q.Get("path"), op, q.Get("username"), tok, q.Get("signature_expiration"))
 	if subtle.ConstantTimeCompare([]byte(want), []byte(q.Get("signature"))) != 1 {
 		return false, "invalid signature"
 	}
@@ -66,23 +66,53 @@ func (h *Handler) checkSignature(id string, r *http.Request) (ok bool, msg strin
 	return true, ""
 }
 
+// signedBy finds the token issued for sandbox id that signed r, and checks
+// that its key may still use the sandbox.
+func (h *Handler) signedBy(id string, r *http.Request) (ok bool, msg string) {
+	for _, tok := range h.issuedTokens(id) {
+		if ok, msg := checkSignature(tok, r); ok || msg != "invalid signature" {
+			if ok {
+				keyID, _, _ := strings.Cut(tok, ".")
+				if !h.keyMayUse(id, keyID) {
+					return false, "the signature's key was revoked"
+				}
+			}
+			return ok, msg
+		}
+	}
+	return false, "invalid signature"
+}
+
 // signedFiles serves /files requests that arrived without sandbox headers
-// (signed URLs fetched by plain HTTP clients): the sandbox is the one whose
-// access token reproduces the signature.
+// (signed URLs fetched by plain HTTP clients): the sandbox is the one an
+// issued access token of which reproduces the signature.
 func (h *Handler) signedFiles(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Get("signature") == "" {
 		writeFilesError(w, http.StatusUnauthorized, "a signature or the E2b-Sandbox-Id and X-Access-Token headers are required")
 		return
 	}
-	for _, sb := range h.backend.Sandboxes(r.Context(), "") {
-		if ok, msg := h.checkSignature(sb.ID, r); ok || msg != "invalid signature" {
-			if !ok {
-				writeFilesError(w, http.StatusUnauthorized, "%s", msg)
-				return
-			}
-			h.serveFiles(w, r.WithContext(context.WithValue(r.Context(), sandboxKey, sb)))
+	h.mu.Lock()
+	ids := make([]string, 0, len(h.issued))
+	for id := range h.issued {
+		ids = append(ids, id)
+	}
+	h.mu.Unlock()
+	for _, id := range ids {
+		ok, msg := h.signedBy(id, r)
+		if !ok && msg == "invalid signature" {
+			continue
+		}
+		if !ok {
+			writeFilesError(w, http.StatusUnauthorized, "%s", msg)
 			return
 		}
+		sb, err := h.backend.Sandbox(r.Context(), "", id)
+		if err != nil || sb.State() != sandbox.StateRunning {
+			sandboxGone(w, id)
+			return
+		}
+		h.serveFiles(w, r.WithContext(context.WithValue(r.Context(), sandboxKey, sb)))
+		return
 	}
 	writeFilesError(w, http.StatusUnauthorized, "invalid signature")
 }
@@ -96,7 +126,7 @@ func (h *Handler) files(w http.ResponseWriter, r *http.Request) {
 			writeFilesError(w, http.StatusUnauthorized, "unauthorized access, please provide a valid access token or method signing if supported")
 			return
 		}
-		if ok, msg := h.checkSignature(sb.ID, r); !ok {
+		if ok, msg := h.signedBy(sb.ID, r); !ok {
 			writeFilesError(w, http.StatusUnauthorized, "%s", msg)
 			return
 		}

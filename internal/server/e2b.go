@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/store"
 )
 
 // e2bBackend gives the E2B surface (internal/e2b) the server's keys,
@@ -20,19 +22,57 @@ var _ e2b.Backend = e2bBackend{}
 
 // Authenticate checks the key and takes the request from its account's
 // per-minute budget (E2B clients get 429 with a numeric code).
-func (b e2bBackend) Authenticate(ctx context.Context, key string) (string, error) {
+func (b e2bBackend) Authenticate(ctx context.Context, key string) (string, string, error) {
 	p, err := b.s.auth.Check(ctx, key)
 	if err != nil || b.s.cfg.NoAccounting {
-		return p.Owner, classify(err)
+		return p.Owner, p.KeyID, classify(err)
 	}
 	a, err := b.s.accounts.Get(ctx, p.Owner)
 	if err != nil {
-		return "", classify(err)
+		return "", "", classify(err)
 	}
 	if res := a.AllowRequest(); !res.Allowed {
-		return "", account.RateLimitError(res, "requests")
+		return "", "", account.RateLimitError(res, "requests")
 	}
-	return p.Owner, nil
+	return p.Owner, p.KeyID, nil
+}
+
+// keyCacheTTL is how long a key's state is trusted: a key revoked (by
+// `sheepfold keys revoke`, another process) stops its E2B tokens within it.
+const keyCacheTTL = 2 * time.Second
+
+// keyState is a cached look-up of a key.
+type keyState struct {
+	owner string
+	err   error
+	at    time.Time
+}
+
+// KeyOwner returns the owner of a live key, from a cache of keyCacheTTL.
+func (b e2bBackend) KeyOwner(ctx context.Context, keyID string) (string, error) {
+	s := b.s
+	s.keysMu.Lock()
+	ks, ok := s.keys[keyID]
+	s.keysMu.Unlock()
+	if ok && time.Since(ks.at) < keyCacheTTL {
+		return ks.owner, ks.err
+	}
+	k, err := s.store.KeyByID(ctx, keyID)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		err = apierr.New(apierr.AuthenticationFailed, "unknown key")
+	case err != nil:
+		return "", classify(err) // not cached: the store may answer next time
+	case k.RevokedAt != nil:
+		err = apierr.New(apierr.AuthenticationFailed, "the key was revoked")
+	}
+	s.keysMu.Lock()
+	if len(s.keys) > 10000 {
+		clear(s.keys) // keys are few; a flood of made-up ids does not grow it
+	}
+	s.keys[keyID] = keyState{owner: k.Owner, err: err, at: time.Now()}
+	s.keysMu.Unlock()
+	return k.Owner, err
 }
 
 func (b e2bBackend) Create(ctx context.Context, owner string, opt sandbox.CreateOptions) (*sandbox.Sandbox, error) {

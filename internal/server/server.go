@@ -203,6 +203,10 @@ type Server struct {
 	tenants  sync.Map   // sandbox id → *tenant (quota.go)
 	tenantMu sync.Mutex // guards tenant.released
 	alertQ   chan store.Alert
+
+	// keysMu guards keys, the E2B surface's cache of key states.
+	keysMu sync.Mutex
+	keys   map[string]keyState
 }
 
 // box is what the server keeps about each live sandbox it created.
@@ -223,9 +227,9 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	s := &Server{
 		cfg: cfg, store: st, engine: m, log: log,
 		auth:  &auth.Authenticator{Store: st},
-		boxes: map[string]*box{},
-		stop:  make(chan struct{}),
-		bus:   cfg.Events, streamsDone: make(chan struct{}),
+		boxes: map[string]*box{}, keys: map[string]keyState{},
+		stop: make(chan struct{}),
+		bus:  cfg.Events, streamsDone: make(chan struct{}),
 		accounts: account.NewRegistry(cfg.Accounts, st),
 	}
 	if s.bus == nil && st != nil {

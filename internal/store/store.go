@@ -86,6 +86,8 @@ type Store interface {
 	CreateKey(ctx context.Context, k Key) error
 	// KeyByHash returns the key with this hash, revoked or not.
 	KeyByHash(ctx context.Context, hash string) (Key, error)
+	// KeyByID returns the key with this id, revoked or not.
+	KeyByID(ctx context.Context, id string) (Key, error)
 	ListKeys(ctx context.Context) ([]Key, error)
 	// RevokeKey marks a key revoked; revoking twice keeps the first time.
 	RevokeKey(ctx context.Context, id string, at time.Time) error

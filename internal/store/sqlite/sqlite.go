@@ -247,6 +247,15 @@ func (d *DB) KeyByHash(ctx context.Context, hash string) (store.Key, error) {
 	return k, storeErr("look up key", err)
 }
 
+// KeyByID implements store.Store.
+func (d *DB) KeyByID(ctx context.Context, id string) (store.Key, error) {
+	k, err := scanKey(d.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM keys WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return k, store.ErrNotFound
+	}
+	return k, storeErr("look up key", err)
+}
+
 // ListKeys implements store.Store.
 func (d *DB) ListKeys(ctx context.Context) ([]store.Key, error) {
 	rows, err := d.db.QueryContext(ctx, `SELECT `+keyCols+` FROM keys ORDER BY created_at, id`)
