@@ -94,7 +94,9 @@ func (h *Handler) envdMux() http.Handler {
 		}
 		user, err := basicUser(r.Header.Get("Authorization"))
 		if err != nil {
-			writeConnectError(w, connect.NewError(connect.CodeUnauthenticated, err))
+			// Connect's own error writer: the status and body each
+			// protocol expects (no table of ours).
+			connect.NewErrorWriter().Write(w, r, connect.NewError(connect.CodeUnauthenticated, err))
 			return
 		}
 		ctx := context.WithValue(r.Context(), sandboxKey, sb)
@@ -130,35 +132,6 @@ func checkUser(user string) (string, error) {
 		return rootUser, nil
 	}
 	return "", fmt.Errorf("user %q does not exist in the sandbox (use %q or %q)", user, defaultUser, rootUser)
-}
-
-// writeConnectError answers a plain HTTP request with a Connect error body.
-func writeConnectError(w http.ResponseWriter, err *connect.Error) {
-	writeJSON(w, connectHTTPStatus(err.Code()), map[string]any{"code": err.Code().String(), "message": err.Message()})
-}
-
-func connectHTTPStatus(c connect.Code) int {
-	switch c {
-	case connect.CodeInvalidArgument, connect.CodeFailedPrecondition, connect.CodeOutOfRange:
-		return http.StatusBadRequest
-	case connect.CodeUnauthenticated:
-		return http.StatusUnauthorized
-	case connect.CodePermissionDenied:
-		return http.StatusForbidden
-	case connect.CodeNotFound:
-		return http.StatusNotFound
-	case connect.CodeAlreadyExists, connect.CodeAborted:
-		return http.StatusConflict
-	case connect.CodeResourceExhausted:
-		return http.StatusTooManyRequests
-	case connect.CodeUnimplemented:
-		return http.StatusNotImplemented
-	case connect.CodeUnavailable:
-		return http.StatusServiceUnavailable
-	case connect.CodeDeadlineExceeded:
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusInternalServerError
 }
 
 // connectError maps an engine error to a Connect error. When the sandbox

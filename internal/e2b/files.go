@@ -152,21 +152,11 @@ func (h *Handler) serveFiles(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// filesStatus maps an engine error to the status /files answers with.
-func filesStatus(err error) int {
-	switch apierr.CodeOf(err) {
-	case apierr.NotFound:
-		return http.StatusNotFound
-	case apierr.BadRequest:
-		return http.StatusBadRequest
-	case apierr.PathNotAllowed:
-		return http.StatusForbidden
-	case apierr.FileTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case apierr.DiskFull:
-		return http.StatusInsufficientStorage
-	}
-	return http.StatusInternalServerError
+// filesError answers a /files request with an engine error, its status
+// from apierr's one table.
+func filesError(w http.ResponseWriter, err error) {
+	e := apierr.From(err)
+	writeFilesError(w, e.HTTPStatus(), "%s", e.Message)
 }
 
 func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
@@ -180,7 +170,7 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 	fi, err := sb.Stat(ctx, p, as(ctx))
 	if err != nil {
 		abortIfGone(ctx)
-		writeFilesError(w, filesStatus(err), "%s", apierr.From(err).Message)
+		filesError(w, err)
 		return
 	}
 	if fi.Type == "dir" {
@@ -192,7 +182,7 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 	out := &lazyBody{w: w, gzip: acceptsGzip(r.Header.Get("Accept-Encoding")), size: fi.Size, name: path.Base(fi.Path)}
 	if _, err := sb.ReadFile(ctx, p, out, 0, as(ctx)); err != nil {
 		if !out.started {
-			writeFilesError(w, filesStatus(err), "%s", apierr.From(err).Message)
+			filesError(w, err)
 			return
 		}
 		panic(http.ErrAbortHandler) // the body is cut short: make it visible
@@ -296,7 +286,7 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 		}
 		if err != nil {
 			abortIfGone(ctx)
-			writeFilesError(w, filesStatus(err), "%s", apierr.From(err).Message)
+			filesError(w, err)
 			return fileEntry{}, false
 		}
 		return fileEntry{Name: fi.Name, Type: "file", Path: fi.Path, Metadata: fi.Metadata}, true

@@ -26,11 +26,19 @@
 //     their caller goes away; background ones have no timeout unless given.
 //   - Sandboxes the engine stops on its own (timeouts, crashes) are
 //     recorded in the store by a sweeper every Config.SweepInterval, and
-//     at once by any request that meets them.
+//     at once by any request that meets them; a record the store could
+//     not write is retried. Records past Config.Retention are pruned.
+//   - Every body is bounded and a stalled one cut (bodyDeadline);
+//     admission counts memory plus disk limits against the host (admit);
+//     a wrong method on a known path is 405 with Allow.
 //
-// Imports: internal/sandbox, internal/store, internal/events, internal/auth, internal/apierr,
-// internal/agentproto, internal/runtime (limits) and api (the OpenAPI
-// document). Never a runtime implementation: the engine is handed in.
+// It also serves the E2B surface (internal/e2b) on the same handler, as
+// that package's Backend (e2b.go).
+//
+// Imports: internal/sandbox, internal/store, internal/events, internal/auth,
+// internal/apierr, internal/e2b, internal/agentproto, internal/runtime
+// (limits) and api (the OpenAPI document). Never a runtime implementation:
+// the engine is handed in.
 package server
 
 import (

@@ -1,5 +1,7 @@
 // Package sqlite is the store.Store for one host: a SQLite database
-// (modernc.org/sqlite, pure Go) in WAL mode. Migrations are the embedded
+// (modernc.org/sqlite, pure Go) in WAL mode, with a busy timeout and a
+// bounded pool (MaxOpenConns); a busy, locked, full or failing database
+// is reported as store.ErrUnavailable. Migrations are the embedded
 // migrations/NNNN_name.sql files, applied in order, each in its own
 // transaction, and recorded in schema_migrations.
 //
