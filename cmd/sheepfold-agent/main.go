@@ -26,9 +26,7 @@
 // included, can ptrace them or read their /proc files.
 //
 // For tests and debugging, "serve --listen PATH" (also through init)
-// creates the socket itself. "hold" only waits for its stdin to close: the
-// host runs it, outside any sandbox, to keep a new user namespace alive
-// while runc joins it.
+// creates the socket itself.
 //
 // The flag package is enough for two sub-commands of an in-sandbox binary;
 // cobra stays in cmd/sheepfold.
@@ -87,11 +85,6 @@ func main() {
 		os.Exit(runServe(os.Args[2:]))
 	case "version":
 		fmt.Println(version)
-	case "hold":
-		// The host runs this in a user namespace it is making for a
-		// sandbox (internal/runtime/oci), to keep the namespace alive
-		// until runc has joined it: wait for stdin to close.
-		_, _ = io.Copy(io.Discard, os.Stdin)
 	default:
 		usage()
 		os.Exit(2)

@@ -27,6 +27,7 @@ type OCI struct {
 	cfg     Config
 	cg      *cgroups
 	ids     *idRanges
+	ns      nsTools
 	dir     string   // StateDir/Instance
 	bundles string   // dir/sandboxes
 	runcDir string   // dir/runc: the runtime's own --root
@@ -71,8 +72,12 @@ func New(cfg Config) (*OCI, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", runtime.ErrUnsupported, err)
 	}
+	ns, err := findNSTools()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", runtime.ErrUnsupported, err)
+	}
 	raiseHostLimits(cfg.Logger)
-	o, err := open(cfg, ids)
+	o, err := open(cfg, ids, ns)
 	if err != nil {
 		return nil, err
 	}
@@ -88,14 +93,14 @@ func New(cfg Config) (*OCI, error) {
 // concurrent sweep may remove the directory between our mkdir and our
 // lock; then the locked file is no longer the one at the path, and we
 // start over.
-func open(cfg Config, ids *idRanges) (*OCI, error) {
+func open(cfg Config, ids *idRanges, ns nsTools) (*OCI, error) {
 	cg, err := detectCgroups(cfg.CgroupParent + "/" + cfg.Instance)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", runtime.ErrUnsupported, err)
 	}
 	dir := filepath.Join(cfg.StateDir, cfg.Instance)
 	o := &OCI{
-		cfg: cfg, cg: cg, ids: ids, dir: dir,
+		cfg: cfg, cg: cg, ids: ids, ns: ns, dir: dir,
 		bundles: filepath.Join(dir, "sandboxes"),
 		runcDir: filepath.Join(dir, "runc"),
 		pending: map[string]bool{},
@@ -192,7 +197,7 @@ func (o *OCI) sweepOnce() (left int) {
 		}
 		cfg := o.cfg
 		cfg.Instance = e.Name()
-		dead, err := open(cfg, o.ids)
+		dead, err := open(cfg, o.ids, o.ns)
 		if err != nil {
 			continue // alive, or not ours
 		}
@@ -283,7 +288,7 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	if err != nil {
 		return nil, err
 	}
-	userns, err := newUserns(o.cfg.AgentBin, base, idRange{Inside: 0, Host: base, Size: o.cfg.IDMap.Size})
+	userns, err := o.ns.newUserns(base, idRange{Inside: 0, Host: base, Size: o.cfg.IDMap.Size})
 	if err != nil {
 		return nil, err
 	}
@@ -448,7 +453,7 @@ func (o *OCI) idmapUserns(base uint32) (*os.File, error) {
 	if f := o.idmaps[base]; f != nil {
 		return f, nil
 	}
-	h, err := newUserns(o.cfg.AgentBin, 0, idRange{Inside: o.cfg.IDMap.HostID, Host: base, Size: o.cfg.IDMap.Size})
+	h, err := o.ns.newUserns(0, idRange{Inside: o.cfg.IDMap.HostID, Host: base, Size: o.cfg.IDMap.Size})
 	if err != nil {
 		return nil, err
 	}
