@@ -34,7 +34,9 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Client talks to one Sheepfold server with one API key. It is safe for
@@ -72,6 +74,8 @@ type Error struct {
 	Message   string
 	Status    int // HTTP status; 0 when reported inside a stream
 	RequestID string
+	// RetryAfter is the server's Retry-After (rate limits, capacity).
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {
@@ -145,7 +149,11 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 		return nil, &Error{Code: "ERR_HTTP", Message: fmt.Sprintf("%s: %s", res.Status, strings.TrimSpace(string(b))),
 			Status: res.StatusCode, RequestID: res.Header.Get("X-Request-Id")}
 	}
-	return nil, eb.err(res.StatusCode)
+	e := eb.err(res.StatusCode)
+	if ra, err := strconv.Atoi(res.Header.Get("Retry-After")); err == nil && ra >= 0 {
+		e.RetryAfter = time.Duration(ra) * time.Second
+	}
+	return nil, e
 }
 
 // call sends r and decodes a JSON answer into out (which may be nil).

@@ -67,7 +67,8 @@ Scenarios: create → first print(1) from the warm pool (hit) and without it
 (miss: a sandbox-wide env var makes the request unpoolable); a warm 1+1 round
 trip, and the same alternating between a sandbox with a full security policy
 and one without; the Black-Friday ticket (upload orders.csv, pandas groupby, one chart) in
-a fresh sandbox; executions per second with 2, 8 and 32 clients (one sandbox
+a fresh sandbox; a warm 1+1 on a server with accounts, limits and metering
+against one with --no-accounting, alternating; executions per second with 2, 8 and 32 clients (one sandbox
 each); memory of idle sandboxes. Hit scenarios wait for the pool to be full
 before each iteration, so they measure a hit, not the refill.`,
 		Args: cobra.NoArgs,
@@ -197,7 +198,7 @@ func runBench(ctx context.Context, cfg config.Config, o benchOptions) error {
 	url, key := o.url, o.key
 	instance := ""
 	if url == "" {
-		srv, err := startBenchServer(ctx, cfg, o.pool)
+		srv, err := startBenchServer(ctx, cfg, o.pool, "")
 		if err != nil {
 			return err
 		}
@@ -223,6 +224,7 @@ func runBench(ctx context.Context, cfg config.Config, o benchOptions) error {
 		{"create → first print(1), pool miss", b.createMiss},
 		{"warm 1+1", b.warmRoundTrip},
 		{"warm 1+1, full policy against none", b.policyCost},
+		{"warm 1+1, accounting against none", b.accountingCost(cfg)},
 		{"Black-Friday ticket", b.blackFriday},
 		{"throughput", b.throughput},
 		{"density", b.density},
@@ -347,7 +349,9 @@ type benchServer struct {
 	done                    chan error
 }
 
-func startBenchServer(ctx context.Context, cfg config.Config, pool int) (*benchServer, error) {
+// startBenchServer starts a server; name tells several apart (engine
+// instance), args are added to its serve flags.
+func startBenchServer(ctx context.Context, cfg config.Config, pool int, name string, args ...string) (*benchServer, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -356,7 +360,7 @@ func startBenchServer(ctx context.Context, cfg config.Config, pool int) (*benchS
 	if err != nil {
 		return nil, err
 	}
-	s := &benchServer{dir: dir, instance: fmt.Sprintf("bench-%d", os.Getpid())}
+	s := &benchServer{dir: dir, instance: fmt.Sprintf("bench-%d%s", os.Getpid(), name)}
 	fail := func(err error) (*benchServer, error) {
 		os.RemoveAll(dir)
 		return nil, err
@@ -388,8 +392,8 @@ func startBenchServer(ctx context.Context, cfg config.Config, pool int) (*benchS
 	if err != nil {
 		return fail(err)
 	}
-	s.cmd = exec.Command(exe, "--data-dir", dir, "serve", "--listen", addr, "--pool", strconv.Itoa(pool),
-		"--instance", s.instance, "--log-format", "text")
+	s.cmd = exec.Command(exe, append([]string{"--data-dir", dir, "serve", "--listen", addr, "--pool", strconv.Itoa(pool),
+		"--instance", s.instance, "--log-format", "text"}, args...)...)
 	s.cmd.Env = env
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
@@ -622,6 +626,66 @@ func (b *bencher) policyCost(ctx context.Context) error {
 	b.record(benchWarmNone, ms[0])
 	b.record(benchWarmPolicy, ms[1])
 	return nil
+}
+
+// Names of the accounting-cost scenario's two series.
+const (
+	benchWarmNoAccounting = "warm 1+1, no accounting (paired)"
+	benchWarmAccounting   = "warm 1+1, accounts+limits+metering (paired)"
+)
+
+// accountingCost measures warm 1+1 on two servers the bench starts, one
+// with accounts, every limit set (high enough never to refuse) and
+// metering, one with --no-accounting, alternating, so that both see the
+// same machine.
+func (b *bencher) accountingCost(cfg config.Config) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		if b.o.url != "" {
+			b.res.Notes = append(b.res.Notes, "accounting cost: needs servers the bench starts (not --url)")
+			return nil
+		}
+		var cs [2]*client.Client
+		var ids [2]string
+		for i, args := range [][]string{{"--no-accounting"}, {
+			"--account-max-sandboxes", "1000", "--account-requests-per-minute", "100000000",
+			"--account-executions-per-minute", "100000000", "--account-monthly-executions", "100000000000",
+			"--account-monthly-cpu-seconds", "100000000000", "--account-monthly-sandbox-seconds", "100000000000",
+			"--account-monthly-gb-seconds", "100000000000", "--account-max-cpus", "2", "--account-max-memory-mb", "8192"}} {
+			srv, err := startBenchServer(ctx, cfg, 0, fmt.Sprintf("-acct%d", i), args...)
+			if err != nil {
+				return err
+			}
+			defer srv.stop()
+			hc := &http.Client{Transport: &http.Transport{MaxIdleConns: 16, MaxIdleConnsPerHost: 16, IdleConnTimeout: time.Minute}}
+			cs[i] = client.New(srv.url, srv.key, client.WithHTTPClient(hc), client.WithUserAgent("sheepfold-bench"))
+			sb, err := cs[i].CreateSandbox(ctx, client.CreateSandboxRequest{})
+			if err != nil {
+				return err
+			}
+			defer cs[i].Kill(context.WithoutCancel(ctx), sb.ID)
+			ids[i] = sb.ID
+		}
+		var ms [2][]float64
+		for i := -50; i < b.o.warm; i++ {
+			for j := range cs {
+				t := time.Now()
+				ex, err := cs[j].Execute(ctx, ids[j], client.ExecuteRequest{Code: "1+1"})
+				d := since(t)
+				if err != nil {
+					return err
+				}
+				if len(ex.Results) != 1 || ex.Results[0].Text != "2" {
+					return fmt.Errorf("1+1: %+v", ex)
+				}
+				if i >= 0 {
+					ms[j] = append(ms[j], d)
+				}
+			}
+		}
+		b.record(benchWarmNoAccounting, ms[0])
+		b.record(benchWarmAccounting, ms[1])
+		return nil
+	}
 }
 
 // ordersCSV is the Black-Friday ticket's data: 5,000 orders from 8
@@ -902,6 +966,11 @@ func (r *benchResults) evaluate() {
 	if n, ok := r.Scenarios[benchWarmNone]; ok {
 		if p, ok := r.Scenarios[benchWarmPolicy]; ok {
 			add("warm 1+1 full policy − none, p50", p.P50-n.P50, 0.3, "ms", true)
+		}
+	}
+	if n, ok := r.Scenarios[benchWarmNoAccounting]; ok {
+		if a, ok := r.Scenarios[benchWarmAccounting]; ok {
+			add("warm 1+1 accounting − none, p50", a.P50-n.P50, 0.2, "ms", true)
 		}
 	}
 	for _, t := range r.Throughput {

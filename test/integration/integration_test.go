@@ -203,8 +203,13 @@ func TestPythonSDK(t *testing.T) {
 	s := start(t)
 	cmd := exec.Command("/usr/bin/python3", "-m", "unittest", "-v", "test_e2e")
 	cmd.Dir = "../../sdk/python/tests"
-	cmd.Env = append(os.Environ(), "PYTHONPATH=..", "SHEEPFOLD_E2E_URL="+s.url, "SHEEPFOLD_E2E_KEY="+s.key)
-	out, err := cmd.CombinedOutput()
+	out, err := exec.Command(s.bin, "--data-dir", s.dataDir, "keys", "create", "--admin", "--name", "python-sdk-admin").CombinedOutput()
+	if err != nil {
+		t.Fatalf("keys create --admin: %v: %s", err, out)
+	}
+	admin := regexp.MustCompile(`sf_[0-9a-f]{40}`).FindString(string(out))
+	cmd.Env = append(os.Environ(), "PYTHONPATH=..", "SHEEPFOLD_E2E_URL="+s.url, "SHEEPFOLD_E2E_KEY="+s.key, "SHEEPFOLD_E2E_ADMIN_KEY="+admin)
+	out, err = cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("\nOK")) || bytes.Contains(out, []byte("skipped")) {
 		t.Fatalf("python SDK end-to-end: %v\n%s", err, out)
 	}

@@ -282,4 +282,13 @@ func TestMeteringKill9(t *testing.T) {
 	if !found {
 		t.Fatalf("the killed sandbox is not in the report: %+v", rep)
 	}
+	// The CLI prints the same report.
+	out, err := exec.Command(p2.bin, "usage", "--url", p2.url, "--api-key", key, "--group-by", "sandbox", "--json").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), sb.ID) {
+		t.Fatalf("sheepfold usage --json: %v\n%s", err, out)
+	}
+	out, err = exec.Command(p2.bin, "usage", "--url", p2.url, "--api-key", key, "--group-by", "sandbox").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), sb.ID) || !strings.Contains(string(out), "total") {
+		t.Fatalf("sheepfold usage: %v\n%s", err, out)
+	}
 }

@@ -10,6 +10,7 @@ Standard library only. See README.md.
 """
 
 from ._version import __version__
+from .accounts import Account, Admin, Alert, Credits
 from .commands import CommandHandle, Commands
 from .errors import (
     AuthenticationError,
@@ -56,6 +57,10 @@ from .sandbox import Sandbox
 __all__ = [
     "__version__",
     "Sandbox",
+    "Account",
+    "Admin",
+    "Alert",
+    "Credits",
     "Event",
     "EventPage",
     "Events",

@@ -25,7 +25,11 @@ import unittest
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from sheepfold import (  # noqa: E402
+    Account,
+    Admin,
     CommandHandle,
+    PermissionDeniedError,
+    RateLimitError,
     Events,
     InvalidArgumentError,
     NotFoundError,
@@ -38,6 +42,7 @@ from sheepfold import (  # noqa: E402
 
 E2E_URL = os.environ.get("SHEEPFOLD_E2E_URL")
 E2E_KEY = os.environ.get("SHEEPFOLD_E2E_KEY")
+E2E_ADMIN_KEY = os.environ.get("SHEEPFOLD_E2E_ADMIN_KEY")  # for the accounts test
 TEMPLATE = os.environ.get("SHEEPFOLD_E2E_TEMPLATE", "python")
 
 ORDERS = "id,country,amount\n1,DE,10\n2,FR,20\n3,DE,5\n4,US,7.5\n"
@@ -182,6 +187,45 @@ class TestEndToEnd(unittest.TestCase):
         sb.restart_code_context(ctx)
         self.assertEqual(sb.run_code("x", context=ctx).error.name, "NameError")
         sb.remove_code_context(ctx)
+
+    @unittest.skipUnless(E2E_ADMIN_KEY, "set SHEEPFOLD_E2E_ADMIN_KEY (an admin key) to run the accounts test")
+    def test_accounts_usage_credits_alerts(self) -> None:
+        admin = Admin(api_key=E2E_ADMIN_KEY, base_url=E2E_URL)
+        with self.assertRaises(PermissionDeniedError):
+            Admin(api_key=E2E_KEY, base_url=E2E_URL).list_accounts()
+        name = "pysdk-" + base64.b32encode(os.urandom(5)).decode().lower()
+        acct = admin.create_account(name, limits={"max_sandboxes": 1})
+        self.assertEqual(acct["limits"]["max_sandboxes"], 1)
+        with self.assertRaises(Exception) as bad:
+            admin.set_limits(name, max_cpus=-1)
+        self.assertIn("max_cpus", str(bad.exception))
+        admin.set_limits(name, monthly_executions=1000, reset=["max_sandboxes"])
+        self.assertEqual(admin.get_account(name)["overrides"], {"monthly_executions": 1000})
+        self.assertEqual(admin.credit(name, "3.50", reason="sdk test").granted_micros, 3_500_000)
+        key = admin.create_key(name, name="py")["key"]
+
+        me = Account(api_key=key, base_url=E2E_URL)
+        self.assertEqual(me.info()["name"], name)
+        sb = Sandbox.create(template=TEMPLATE, timeout=120, api_key=key, base_url=E2E_URL)
+        try:
+            self.assertEqual(sb.run_code("6 * 7").text, "42")
+            live = me.sandbox_usage(sb.sandbox_id)
+            self.assertTrue(live["live"])
+            self.assertEqual(live["executions"], 1)
+        finally:
+            sb.kill()
+        report = me.usage(group_by="sandbox")
+        ids = [g["sandbox_id"] for g in report["groups"]]
+        self.assertIn(sb.sandbox_id, ids)
+        self.assertGreater(report["total"]["sandbox_seconds"], 0)
+        self.assertEqual(me.info()["month"]["usage"]["executions"], 1)
+        self.assertEqual(me.credits().granted_micros, 3_500_000)
+
+        alert = me.create_alert("medium", "from the SDK", sandbox_id=sb.sandbox_id)
+        self.assertEqual([a.id for a in me.alerts(unacknowledged=True)], [alert.id])
+        self.assertTrue(me.ack_alert(alert).acknowledged)
+        self.assertEqual(me.alerts(unacknowledged=True), [])
+        self.assertTrue(issubclass(RateLimitError, Exception))
 
     def test_bad_key(self) -> None:
         from sheepfold import AuthenticationError
