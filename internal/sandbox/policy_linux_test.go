@@ -258,6 +258,18 @@ func TestPolicyFilesystem(t *testing.T) {
 	if _, err := s.SetPolicy(&policy.Policy{}); apierr.CodeOf(err) != apierr.InvalidPolicy {
 		t.Fatalf("changing filesystem rules: %v", err)
 	}
+
+	// filesystem.readonly: nothing is writable, by code or the file API.
+	ro := newSandbox(t, m, sandbox.CreateOptions{Policy: &policy.Policy{Filesystem: &policy.Filesystem{ReadOnly: pb(true)}}})
+	if ex := run(t, free, "python", "open('/tmp/w', 'w').write('x')"); ex.Error != nil {
+		t.Fatalf("unconfined: %+v", ex.Error)
+	}
+	if ex := run(t, ro, "python", "open('/tmp/w', 'w').write('x')"); ex.Error == nil || !strings.Contains(ex.Error.Value, "Read-only file system") {
+		t.Fatalf("read-only root: %+v", ex.Error)
+	}
+	if _, err := ro.WriteFile(ctx, "/tmp/w", strings.NewReader("x"), 0, 0); apierr.CodeOf(err) != apierr.PathNotAllowed {
+		t.Fatalf("file API on a read-only root: %v", err)
+	}
 }
 
 // TestPolicyResources: each resource limit stops what passes it, with its
