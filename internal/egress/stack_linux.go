@@ -9,22 +9,25 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	goruntime "runtime"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
-
-	"github.com/sheepfold/sheepfold/internal/events"
 	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
+	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 	"gvisor.dev/gvisor/pkg/waiter"
+
+	"github.com/sheepfold/sheepfold/internal/events"
 )
 
 const nicID = 1
@@ -46,11 +49,12 @@ func (g *Gateway) Attach(ctx context.Context, pid int) (err error) {
 			g.Close()
 		}
 	}()
-	g.closers = append(g.closers, func() { unix.Close(fd) })
-	ep, err := fdbased.New(&fdbased.Options{FDs: []int{fd}, MTU: MTU, RXChecksumOffload: true, ProcessorsPerChannel: 1})
+	ep, tun, err := newLink(fd)
 	if err != nil {
+		unix.Close(fd)
 		return fmt.Errorf("egress link: %w", err)
 	}
+	g.closers = append(g.closers, func() { tun.Close() })
 	s := stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
@@ -95,8 +99,57 @@ func (g *Gateway) Attach(ctx context.Context, pid int) (err error) {
 
 	s.SetTransportProtocolHandler(tcp.ProtocolNumber, tcp.NewForwarder(s, 0, 1024, g.handleTCP).HandlePacket)
 	s.SetTransportProtocolHandler(udp.ProtocolNumber, udp.NewForwarder(s, g.handleUDP).HandlePacket)
+	go readLink(tun, ep)
 	g.log.Debug("egress attached", "pid", pid, "mode", g.pol.Load().Mode)
 	return nil
+}
+
+// newLink wraps the TUN fd as the stack's link. Packets are carried with
+// as few goroutine hops as possible (each costs latency on a busy host):
+// readLink delivers what the sandbox sends from the goroutine that read
+// it, and the stack's outgoing packets are written to the TUN by the
+// goroutine that produced them.
+func newLink(fd int) (*channel.Endpoint, *os.File, error) {
+	if err := unix.SetNonblock(fd, true); err != nil {
+		return nil, nil, err
+	}
+	tun := os.NewFile(uintptr(fd), "tun") // non-blocking: reads wait in Go's netpoller
+	ep := channel.New(256, MTU, "")
+	ep.LinkEPCapabilities = stack.CapabilityRXChecksumOffload // the sandbox's kernel computed them
+	var mu sync.Mutex                                         // keeps the queue's order on the wire
+	ep.AddNotify(notifyFunc(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for pkt := ep.Read(); pkt != nil; pkt = ep.Read() {
+			v := pkt.ToView()
+			_, _ = tun.Write(v.AsSlice())
+			v.Release()
+			pkt.DecRef()
+		}
+	}))
+	return ep, tun, nil
+}
+
+type notifyFunc func()
+
+func (f notifyFunc) WriteNotify() { f() }
+
+// readLink delivers the sandbox's IPv4 packets to the stack until the
+// TUN is closed. IPv6 (the sandbox has no route for it) is dropped.
+func readLink(tun *os.File, ep *channel.Endpoint) {
+	buf := make([]byte, MTU)
+	for {
+		n, err := tun.Read(buf)
+		if err != nil {
+			return
+		}
+		if n == 0 || buf[0]>>4 != 4 {
+			continue
+		}
+		pkt := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(buf[:n])})
+		ep.InjectInbound(ipv4.ProtocolNumber, pkt)
+		pkt.DecRef()
+	}
 }
 
 // openTUN creates the TUN device inside the network namespace of pid and
