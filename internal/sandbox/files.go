@@ -69,12 +69,19 @@ func (s *Sandbox) WriteFileWith(ctx context.Context, path string, r io.Reader, o
 
 // ListDir lists a directory; depth 1 lists its children, more recurses.
 func (s *Sandbox) ListDir(ctx context.Context, path string, depth int, opts ...FileOption) ([]FileInfo, error) {
+	entries, _, err := s.ListDirCapped(ctx, path, depth, opts...)
+	return entries, err
+}
+
+// ListDirCapped is ListDir that also reports whether the agent cut the
+// listing at its cap (10,000 entries, or what fits one frame).
+func (s *Sandbox) ListDirCapped(ctx context.Context, path string, depth int, opts ...FileOption) ([]FileInfo, bool, error) {
 	var done agentproto.Event
 	err := s.fileCall(ctx, withUser(agentproto.Request{Op: agentproto.OpFileList, Path: path, Depth: depth}, opts), nil, nil, nil, &done)
 	if done.Entries == nil {
 		done.Entries = []FileInfo{}
 	}
-	return done.Entries, err
+	return done.Entries, done.Truncated, err
 }
 
 // Stat describes one path.

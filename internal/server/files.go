@@ -244,11 +244,13 @@ func (s *Server) listDir(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	entries, err := b.sb.ListDir(r.Context(), p, depth)
+	entries, truncated, err := b.sb.ListDirCapped(r.Context(), p, depth)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"entries": entries})
+	// truncated: the sandbox's agent stopped at its cap (10,000 entries);
+	// list deeper directories one by one to see the rest.
+	writeJSON(w, http.StatusOK, map[string]any{"entries": entries, "truncated": truncated})
 	return nil
 }
 

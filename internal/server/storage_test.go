@@ -3,7 +3,10 @@ package server_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -69,4 +72,29 @@ func TestRetentionAndPages(t *testing.T) {
 	}
 	// Running sandboxes are never pruned.
 	want(t, e.do("GET", "/v1/sandboxes/"+ids[1], e.keyA, nil), http.StatusOK, "")
+}
+
+// TestListDirSaysTruncated: a listing the agent cut at its cap says so.
+func TestListDirSaysTruncated(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	id := e.create(e.keyA, nil)
+	dir := filepath.Join(e.home(id), "many")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10050 {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%05d", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := e.do("GET", "/v1/sandboxes/"+id+"/files/list?path=many", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	if m := r.json(t); m["truncated"] != true || len(m["entries"].([]any)) != 10000 {
+		t.Fatalf("a 10,050-entry listing: truncated %v, %d entries", m["truncated"], len(m["entries"].([]any)))
+	}
+	r = e.do("GET", "/v1/sandboxes/"+id+"/files/list?path=.", e.keyA, nil)
+	if m := r.json(t); m["truncated"] != false {
+		t.Fatalf("a small listing says truncated: %s", r.body)
+	}
 }
