@@ -62,6 +62,9 @@ func assertGone(t *testing.T, o *OCI, id string) {
 	if _, err := os.Stat(o.bundle(id)); err == nil {
 		t.Errorf("bundle left: %s", o.bundle(id))
 	}
+	if _, held, err := o.ids.find(o.bundle(id)); held || err != nil {
+		t.Errorf("id range of %s still held (%v)", id, err)
+	}
 }
 
 func TestCreateDestroy(t *testing.T) {
@@ -83,6 +86,19 @@ func TestCreateDestroy(t *testing.T) {
 	}
 	if _, err := o.Create(context.Background(), runtime.Spec{ID: "one", RootFS: rootfs}); err == nil {
 		t.Fatal("a second sandbox with the same id was created")
+	}
+	// Another sandbox gets other host ids; its bundle's group is its own.
+	if _, err := o.Create(context.Background(), runtime.Spec{ID: "two", RootFS: rootfs,
+		Limits: runtime.Limits{MemoryBytes: 64 << 20, Pids: 16, DiskBytes: 1 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	var st1, st2 syscall.Stat_t
+	if syscall.Stat(o.bundle("one"), &st1) != nil || syscall.Stat(o.bundle("two"), &st2) != nil ||
+		st1.Gid == st2.Gid || st1.Gid < DefaultIDMap.HostID+DefaultIDMap.Size || st1.Mode&0o777 != 0o710 {
+		t.Errorf("bundles: gid %d mode %o and gid %d: want 0710 and distinct ranges after the template's", st1.Gid, st1.Mode&0o777, st2.Gid)
+	}
+	if err := o.Destroy(context.Background(), "two"); err != nil {
+		t.Fatal(err)
 	}
 	if ids, _ := o.List(context.Background()); len(ids) != 1 || ids[0] != "one" {
 		t.Fatalf("List = %v", ids)
@@ -107,9 +123,16 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 	bad := t.TempDir()
 	os.MkdirAll(filepath.Join(bad, "usr"), 0o755)
 	os.WriteFile(filepath.Join(bad, "proc"), []byte("not a dir"), 0o644)
+	// Owned as templates are, so that it fails in runc, not before.
+	for _, p := range []string{bad, filepath.Join(bad, "usr"), filepath.Join(bad, "proc")} {
+		os.Chown(p, int(DefaultIDMap.HostID), int(DefaultIDMap.HostID))
+	}
+	os.Chmod(bad, 0o755)
 	if _, err := o.Create(context.Background(), runtime.Spec{ID: "bad", RootFS: bad,
 		Limits: runtime.Limits{MemoryBytes: 64 << 20, Pids: 16, DiskBytes: 1 << 20}}); err == nil {
 		t.Fatal("create with a broken rootfs succeeded")
+	} else if !strings.Contains(err.Error(), "runc") {
+		t.Fatalf("create failed before runc ran: %v", err)
 	}
 	assertGone(t, o, "bad")
 	for _, id := range []string{"../x", "UPPER", ""} {
