@@ -21,6 +21,10 @@ func TestImportArrows(t *testing.T) {
 		// for TypeScript, is the host's).
 		mod + "cmd/sheepfold-agent": {"github.com/evanw/esbuild", mod + "internal/sandbox", mod + "internal/server",
 			mod + "internal/runtime", "connectrpc.com", "modernc.org"},
+		// Accounts and metering know the engine's interface, never a
+		// runtime implementation, the transport or the database driver.
+		mod + "internal/account":  {mod + "internal/sandbox", mod + "internal/server", mod + "internal/store/sqlite", mod + "internal/runtime"},
+		mod + "internal/metering": {mod + "internal/server", mod + "internal/store/sqlite", mod + "internal/runtime/oci", mod + "internal/runtime/fake"},
 		mod + "internal/e2b": {mod + "internal/server", mod + "internal/store", mod + "internal/auth", mod + "internal/runtime/oci",
 			mod + "internal/runtime/fake", mod + "internal/agent", mod + "internal/kernel", mod + "cmd"},
 		// The engine speaks to the agent through agentproto alone; the

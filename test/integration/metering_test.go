@@ -172,12 +172,28 @@ func cgroupCPU(t *testing.T, id string) uint64 {
 func TestMeteringAccuracy(t *testing.T) {
 	dir, key := newDataDir(t)
 	p := serveOn(t, dir, key, "--pool", "1")
+	// A full pool, so that the sandbox is a member handed out: its CPU
+	// before (the preload) is not metered. TestMeteringKill9 meters
+	// sandboxes without a pool, from their start.
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		var v struct {
+			Pool *struct{ Size, Ready int }
+		}
+		p.call("GET", "/v1/version", nil, &v)
+		if v.Pool != nil && v.Pool.Ready >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool did not fill: %+v", v.Pool)
+		}
+	}
 	var sb struct{ ID string }
 	hdr := p.call("POST", "/v1/sandboxes", map[string]any{}, &sb)
 	c0 := cgroupCPU(t, sb.ID)
 	var ex struct{ Status, Stderr string }
 	p.call("POST", "/v1/sandboxes/"+sb.ID+"/execute", map[string]any{
-		"code": "import time\nt = time.process_time()\nwhile time.process_time() - t < 2.0:\n    pass\n", "timeout_ms": 60000}, &ex)
+		"code": "import time\nopen('/home/user/blob', 'wb').write(b'x' * 5_000_000)\nt = time.process_time()\nwhile time.process_time() - t < 2.0:\n    pass\n",
+		"timeout_ms": 60000}, &ex)
 	if ex.Status != "success" {
 		t.Fatalf("burn: %+v", ex)
 	}
@@ -185,6 +201,7 @@ func TestMeteringAccuracy(t *testing.T) {
 	p.call("DELETE", "/v1/sandboxes/"+sb.ID, nil, nil)
 	var u struct {
 		CPUSeconds float64 `json:"cpu_seconds"`
+		DiskPeak   int64   `json:"disk_peak_bytes"`
 		Live       bool
 	}
 	p.call("GET", "/v1/sandboxes/"+sb.ID+"/usage", nil, &u)
@@ -196,6 +213,12 @@ func TestMeteringAccuracy(t *testing.T) {
 		hdr.Get("Sheepfold-Pool"), float64(c0)/1e9, float64(c1)/1e9, u.CPUSeconds, want)
 	if want < 2.0 || u.CPUSeconds < want*0.95 || u.CPUSeconds > want*1.05 {
 		t.Fatalf("metered %.3f CPU-seconds; the cgroup counted %.3f", u.CPUSeconds, want)
+	}
+	if hdr.Get("Sheepfold-Pool") != "hit" {
+		t.Fatalf("the sandbox was not a pool member (%q): the hand-out case went untested", hdr.Get("Sheepfold-Pool"))
+	}
+	if u.DiskPeak < 5_000_000 {
+		t.Fatalf("disk high-water mark %d bytes; the sandbox wrote 5 MB", u.DiskPeak)
 	}
 }
 
