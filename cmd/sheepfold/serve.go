@@ -191,6 +191,11 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 	defer bus.Close()
 	scfg.Events = bus
 	engineOpts = append(engineOpts, func(c *sandbox.Config) { c.Events = bus })
+	// Sandboxes with a network never reach the server itself (the host's
+	// own addresses are refused too, which covers a wildcard listener).
+	if a, err := net.ResolveTCPAddr("tcp", listen); err == nil {
+		engineOpts = append(engineOpts, func(c *sandbox.Config) { c.Egress.Self = append(c.Egress.Self, a.AddrPort()) })
+	}
 	// 4. The engine.
 	eng, err := openEngine(ctx, cfg, instance, idleTimeout, log, engineOpts...)
 	if err != nil {

@@ -71,8 +71,9 @@ type Options struct {
 	Events events.Sink
 	// Logger receives one line per decision.
 	Logger *slog.Logger
-	// Self are the server's own listeners: refused in every mode (the
-	// host's interface addresses are refused too).
+	// Self are the server's own listeners: refused in every mode, also
+	// as a test route's target (the host's interface addresses are
+	// refused too, all ports).
 	Self []netip.AddrPort
 	// DialTimeout bounds one outgoing connection [10s].
 	DialTimeout time.Duration
@@ -347,7 +348,9 @@ func (g *Gateway) target(dst netip.AddrPort) (netip.AddrPort, decision) {
 		t = r
 	}
 	for _, s := range g.opt.Self {
-		if s.Port() == t.Port() && (s.Addr() == t.Addr() || s.Addr().IsUnspecified()) {
+		// A wildcard listener is reached through the host's own
+		// addresses, which checkConn refuses.
+		if s.Port() == t.Port() && s.Addr().Unmap() == t.Addr().Unmap() {
 			return t, deny(events.KindNetworkDenied, "forbidden destination: the server's own port")
 		}
 	}
