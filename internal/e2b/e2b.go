@@ -100,6 +100,10 @@ type Config struct {
 	MaxTimeout time.Duration
 	// MaxUploadBytes bounds one uploaded file [100 MiB].
 	MaxUploadBytes int64
+	// WriteTimeout bounds each write of a stream (/execute) to its client:
+	// one that stops reading breaks its stream, which interrupts the code
+	// [30s].
+	WriteTimeout time.Duration
 }
 
 // Handler serves the E2B protocols.
@@ -129,6 +133,9 @@ func New(cfg Config, b Backend) *Handler {
 	}
 	if cfg.MaxUploadBytes <= 0 {
 		cfg.MaxUploadBytes = 100 << 20
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 30 * time.Second
 	}
 	h := &Handler{cfg: cfg, backend: b, key: make([]byte, 32),
 		aliases: map[string]string{}, issued: map[string]map[string]string{}, counts: map[string]map[string]int{}, watchers: map[string]*pollWatcher{}}

@@ -25,10 +25,6 @@ const (
 	interpMaxOutput = 64 << 20
 )
 
-// interpWriteTimeout bounds each write to the client: one that stops
-// reading breaks its stream, which interrupts the code.
-var interpWriteTimeout = 30 * time.Second
-
 func (h *Handler) interpreterMux() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
@@ -85,16 +81,17 @@ type executeBody struct {
 }
 
 // ndjson writes one JSON object per line and flushes it, each write
-// within interpWriteTimeout. It is safe for concurrent use.
+// within timeout (Config.WriteTimeout). It is safe for concurrent use.
 type ndjson struct {
-	mu  sync.Mutex
-	w   http.ResponseWriter
-	rc  *http.ResponseController
-	err error
+	mu      sync.Mutex
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+	err     error
 }
 
-func newNDJSON(w http.ResponseWriter) *ndjson {
-	return &ndjson{w: w, rc: http.NewResponseController(w)}
+func newNDJSON(w http.ResponseWriter, timeout time.Duration) *ndjson {
+	return &ndjson{w: w, rc: http.NewResponseController(w), timeout: timeout}
 }
 
 // line writes v and returns the error of the first write that failed.
@@ -109,7 +106,7 @@ func (n *ndjson) line(v any) error {
 		n.err = err
 		return err
 	}
-	n.rc.SetWriteDeadline(time.Now().Add(interpWriteTimeout))
+	n.rc.SetWriteDeadline(time.Now().Add(n.timeout))
 	if _, n.err = n.w.Write(append(b, '\n')); n.err == nil {
 		n.err = n.rc.Flush()
 	}
@@ -205,7 +202,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.WriteHeader(http.StatusOK)
-	out := newNDJSON(w)
+	out := newNDJSON(w, h.cfg.WriteTimeout)
 	defer out.end()
 	out.line(map[string]any{"type": "number_of_executions", "execution_count": h.nextCount(sb.ID, counter)})
 

@@ -6,12 +6,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -204,5 +206,56 @@ print("after the figure")
 	want(t, r, http.StatusOK, "")
 	if res := r.json(t)["results"].([]any); len(res) != 1 {
 		t.Fatalf("1+1 after the flood: %s", r.body)
+	}
+}
+
+// TestSlowClientPinsNothing: a client that stops reading a stream breaks
+// it at the write deadline, which stops the execution: the context is free
+// for the next one. Through the E2B interpreter, whose output cap (64 MiB)
+// is far over what the socket buffers hold. Not parallel: it shortens the
+// deadline.
+func TestSlowClientPinsNothing(t *testing.T) {
+	defer server.SetStreamWriteTimeout(500 * time.Millisecond)()
+	e := newEnv(t, server.Config{})
+	sb := e.e2bCreate(e.keyA, map[string]any{"templateID": "code-interpreter-v1"})
+	// A client with a tiny receive window that never reads.
+	d := net.Dialer{Control: func(network, address string, c syscall.RawConn) error {
+		var serr error
+		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return serr
+	}}
+	conn, err := d.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"code":"import sys\nwhile True:\n    sys.stdout.write('x' * 65536)"}`
+	fmt.Fprintf(conn, "POST /execute HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: %s\r\nE2b-Sandbox-Port: 49999\r\nX-Access-Token: %s\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", sb.ID, sb.Token, len(body), body)
+
+	// Read until the flood's output shows, then stop reading.
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	var seen []byte
+	for buf := make([]byte, 4096); !bytes.Contains(seen, []byte(`"type":"stdout"`)); {
+		n, err := conn.Read(buf)
+		if err != nil {
+			t.Fatalf("the flood did not start: %v: %q", err, seen)
+		}
+		seen = append(seen, buf[:n]...)
+	}
+	// The next execution in the same (default) context.
+	done := make(chan resp, 1)
+	go func() {
+		done <- e.do("POST", "/execute", "", map[string]any{"code": "1+1"},
+			"E2b-Sandbox-Id", sb.ID, "E2b-Sandbox-Port", "49999", "X-Access-Token", sb.Token)
+	}()
+	select {
+	case r := <-done:
+		want(t, r, http.StatusOK, "")
+		if !strings.Contains(string(r.body), `"text":"2"`) {
+			t.Fatalf("1+1: %s", r.body)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the next execution waited behind a stream nobody reads")
 	}
 }

@@ -120,7 +120,18 @@ func (s *Server) followProcess(w http.ResponseWriter, r *http.Request, b *box, m
 		st = newStreamer(w, mode)
 	}
 	texts := textStreams{}
-	res, err := run(r.Context(), func(ev agentproto.Event) {
+	// A client that stops reading breaks its stream (write deadlines):
+	// that ends the following, as the client leaving does.
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	res, err := run(ctx, func(ev agentproto.Event) {
+		if st != nil {
+			defer func() {
+				if werr := st.err(); werr != nil {
+					cancel(werr)
+				}
+			}()
+		}
 		switch ev.Type {
 		case agentproto.EventStart:
 			pid = ev.PID
@@ -141,8 +152,9 @@ func (s *Server) followProcess(w http.ResponseWriter, r *http.Request, b *box, m
 			}
 		}
 	})
-	if err != nil && r.Context().Err() != nil && pid != 0 && r.Method == http.MethodPost {
-		// The caller of a foreground command went away: stop it.
+	if err != nil && ctx.Err() != nil && pid != 0 && r.Method == http.MethodPost {
+		// The caller of a foreground command went away (or stopped
+		// reading): stop it.
 		_ = b.sb.Signal(context.Background(), pid, int(syscall.SIGKILL))
 	}
 	var out commandJSON

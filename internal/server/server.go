@@ -272,7 +272,8 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	}
 	mux := http.NewServeMux()
 	s.routesInto(mux)
-	e2bHandler := e2b.New(e2b.Config{MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes}, e2bBackend{s})
+	e2bHandler := e2b.New(e2b.Config{MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
+		WriteTimeout: streamWriteTimeout}, e2bBackend{s})
 	// The E2B protocols share the listener; their requests carry an
 	// E2b-Sandbox-Port header or use E2B's own paths.
 	top := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
