@@ -1,58 +1,10 @@
 package main
 
-import (
-	"context"
-	"log/slog"
-	"time"
+import sfengine "github.com/sheepfold/sheepfold/internal/engine"
 
-	"github.com/sheepfold/sheepfold/internal/config"
-	"github.com/sheepfold/sheepfold/internal/runtime/oci"
-	"github.com/sheepfold/sheepfold/internal/sandbox"
-	"github.com/sheepfold/sheepfold/internal/template"
-)
+// engine is the sandbox engine on this host (internal/engine).
+type engine = sfengine.Engine
 
-// engine is a sandbox Manager with the runtime under it, closed in reverse.
-type engine struct {
-	*sandbox.Manager
-	rt *oci.OCI
-}
-
-// openEngine starts the runtime (as instance) and the sandbox manager.
-// idle is the idle limit (0: none); opts adjust the manager's Config.
-func openEngine(ctx context.Context, cfg config.Config, instance string, idle time.Duration, log *slog.Logger,
-	opts ...func(*sandbox.Config)) (*engine, error) {
-	rt, err := oci.New(oci.Config{
-		RuntimePath: cfg.RuntimePath, StateDir: cfg.StateDir(), AgentBin: cfg.AgentPath,
-		Instance: instance, Logger: log,
-	})
-	if err != nil {
-		return nil, err
-	}
-	scfg := sandbox.Config{
-		Runtime: rt,
-		Templates: sandbox.TemplatesFunc(func(name string) (string, error) {
-			info, err := template.Get(cfg.DataDir, name)
-			return info.Path, err
-		}),
-		IdleTimeout: idle,
-		Logger:      log,
-	}
-	for _, o := range opts {
-		o(&scfg)
-	}
-	m, err := sandbox.New(ctx, scfg)
-	if err != nil {
-		rt.Close()
-		return nil, err
-	}
-	return &engine{Manager: m, rt: rt}, nil
-}
-
-// Close destroys every sandbox, then releases the runtime.
-func (e *engine) Close(ctx context.Context) error {
-	err := e.Manager.Close(ctx)
-	if cerr := e.rt.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
+// openEngine starts the runtime (as instance) and the sandbox manager;
+// see engine.Open.
+var openEngine = sfengine.Open

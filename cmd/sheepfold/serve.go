@@ -214,7 +214,7 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 	if err != nil {
 		return err
 	}
-	scfg.Runtime = eng.rt.Name()
+	scfg.Runtime = eng.Runtime.Name()
 	scfg.DataDir = cfg.DataDir
 	if scfg.ShutdownTimeout <= 0 {
 		scfg.ShutdownTimeout = 10 * time.Second

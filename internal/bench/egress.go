@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -24,6 +24,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/config"
 	"github.com/sheepfold/sheepfold/internal/egress"
+	"github.com/sheepfold/sheepfold/internal/engine"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
@@ -102,7 +103,7 @@ func egressBench(ctx context.Context, cfg config.Config, n int, res *benchResult
 		Routes: map[netip.AddrPort]netip.AddrPort{netip.AddrPortFrom(virtual, 443): addr},
 	}
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	eng, err := openEngine(ctx, cfg, fmt.Sprintf("bench-egress-%d", os.Getpid()), 0, quiet, func(c *sandbox.Config) {
+	eng, err := engine.Open(ctx, cfg, fmt.Sprintf("bench-egress-%d", os.Getpid()), 0, quiet, func(c *sandbox.Config) {
 		c.Egress.Test = test
 	})
 	if err != nil {

@@ -1,0 +1,61 @@
+// Package engine opens the sandbox engine on this host: the OCI runtime
+// (runc) under a sandbox.Manager, closed in reverse. sheepfold serve, run
+// and bench (internal/bench) share it.
+package engine
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/config"
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/template"
+)
+
+// Engine is a sandbox Manager with the runtime under it, closed in reverse.
+type Engine struct {
+	*sandbox.Manager
+	Runtime *oci.OCI // the runtime under the Manager
+}
+
+// Open starts the runtime (as instance) and the sandbox manager.
+// idle is the idle limit (0: none); opts adjust the manager's Config.
+func Open(ctx context.Context, cfg config.Config, instance string, idle time.Duration, log *slog.Logger,
+	opts ...func(*sandbox.Config)) (*Engine, error) {
+	rt, err := oci.New(oci.Config{
+		RuntimePath: cfg.RuntimePath, StateDir: cfg.StateDir(), AgentBin: cfg.AgentPath,
+		Instance: instance, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	scfg := sandbox.Config{
+		Runtime: rt,
+		Templates: sandbox.TemplatesFunc(func(name string) (string, error) {
+			info, err := template.Get(cfg.DataDir, name)
+			return info.Path, err
+		}),
+		IdleTimeout: idle,
+		Logger:      log,
+	}
+	for _, o := range opts {
+		o(&scfg)
+	}
+	m, err := sandbox.New(ctx, scfg)
+	if err != nil {
+		rt.Close()
+		return nil, err
+	}
+	return &Engine{Manager: m, Runtime: rt}, nil
+}
+
+// Close destroys every sandbox, then releases the runtime.
+func (e *Engine) Close(ctx context.Context) error {
+	err := e.Manager.Close(ctx)
+	if cerr := e.Runtime.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
