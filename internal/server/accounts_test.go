@@ -12,6 +12,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 )
@@ -320,4 +321,17 @@ func TestAccountLimitsE2B(t *testing.T) {
 	if b := r.json(t); r.status != http.StatusTooManyRequests || b["code"] != 429.0 || !strings.Contains(b["message"].(string), "rate limit of 4 requests per minute") || r.header.Get("Retry-After") == "" {
 		t.Fatalf("rate limited E2B call: %d %s %v", r.status, r.body, r.header)
 	}
+}
+
+// TestAccountLimitsFromDatabase: limits the CLI writes to the database
+// (not through the API) reach a running server at its next flush.
+func TestAccountLimitsFromDatabase(t *testing.T) {
+	e := newEnv(t, server.Config{Metering: metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 50 * time.Millisecond}})
+	acct := e.do("GET", "/v1/account", e.keyA, nil).json(t)["id"].(string) // loads the account
+	if err := e.store.SetAccountLimits(context.Background(), acct, []byte(`{"requests_per_minute":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the new limit", func() bool {
+		return e.do("GET", "/v1/sandboxes", e.keyA, nil).header.Get("X-RateLimit-Limit") == "2"
+	})
 }
