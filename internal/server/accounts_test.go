@@ -15,6 +15,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // adminKey makes an admin key (of an account of its own).
@@ -174,6 +175,9 @@ func TestAccountLimitsEnforced(t *testing.T) {
 // let through never exceed the bucket: a minute's worth at the start plus
 // the refill over the run.
 func TestAccountHammer(t *testing.T) {
+	if testutil.Race {
+		t.Skip("measures admission throughput; the race detector distorts it (make test also runs it without -race)")
+	}
 	const capN, rpm = 3, 600
 	e := newEnv(t, server.Config{Accounts: account.Config{Defaults: account.Limits{MaxSandboxes: capN, RequestsPerMinute: rpm}}})
 	var admitted, refused, capHits atomic.Int64

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // memPeak samples the process's Go heap and RSS until stop is called and
@@ -148,6 +149,9 @@ func executeLean(t *testing.T, e *env, id, code string, stream bool) (ex executi
 // was not delivered is reported (truncated, dropped), never silently lost.
 // Not parallel: it measures the process's memory.
 func TestResultsBounded(t *testing.T) {
+	if testutil.Race {
+		t.Skip("measures the server's memory; the race detector distorts it (make test also runs it without -race)")
+	}
 	e := newEnv(t, server.Config{})
 	id := e.create(e.keyA, nil)
 	const flood = `

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/server"
 	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 func TestAuth(t *testing.T) {
@@ -377,6 +378,9 @@ func TestExecuteStreaming(t *testing.T) {
 }
 
 func TestStreamFlushesEachEvent(t *testing.T) {
+	if testutil.Race {
+		t.Skip("measures flush latency; the race detector distorts it (make test also runs it without -race)")
+	}
 	t.Parallel()
 	e := newEnv(t, server.Config{})
 	id := e.create(e.keyA, nil)
