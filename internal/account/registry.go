@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/ratelimit"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
@@ -110,8 +111,8 @@ type Account struct {
 	mu          sync.Mutex
 	overrides   Overrides
 	limits      Limits
-	requests    bucket
-	executions  bucket
+	requests    ratelimit.Bucket
+	executions  ratelimit.Bucket
 	running     int64 // sandboxes counted against MaxSandboxes
 	month       time.Time
 	used        Usage     // this month, unflushed included
@@ -231,60 +232,20 @@ func (a *Account) Limits() (Limits, Overrides) {
 
 // RateResult is the outcome of one request against the account's
 // per-minute budget.
-type RateResult struct {
-	Allowed    bool
-	Limit      int64         // requests per minute; 0: unlimited
-	Remaining  int64         // whole tokens left
-	Reset      time.Duration // until the bucket is full again
-	RetryAfter time.Duration // until one token is back, when refused
-}
+type RateResult = ratelimit.Result
 
 // AllowRequest takes one API request from the account's budget.
 func (a *Account) AllowRequest() RateResult {
 	now := a.r.now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	limit := a.limits.RequestsPerMinute
-	if limit <= 0 {
-		return RateResult{Allowed: true}
-	}
-	return a.requests.take(now, limit)
+	return a.requests.Take(now, a.limits.RequestsPerMinute)
 }
 
 // RateLimitError is the error of a refused request.
 func RateLimitError(res RateResult, what string) error {
 	return &apierr.Error{Code: apierr.RateLimited, RetryAfter: res.RetryAfter,
 		Message: fmt.Sprintf("rate limit of %d %s per minute reached; retry in %.1f s", res.Limit, what, res.RetryAfter.Seconds())}
-}
-
-// bucket is a token bucket holding up to a minute's worth of tokens and
-// refilled continuously.
-type bucket struct {
-	tokens float64
-	last   time.Time
-}
-
-func (b *bucket) take(now time.Time, perMinute int64) RateResult {
-	capacity := float64(perMinute)
-	rate := capacity / 60 // tokens per second
-	if b.last.IsZero() {
-		b.tokens, b.last = capacity, now
-	}
-	if el := now.Sub(b.last).Seconds(); el > 0 {
-		b.tokens += el * rate
-		b.last = now
-	}
-	b.tokens = min(b.tokens, capacity)
-	res := RateResult{Limit: perMinute}
-	if b.tokens >= 1 {
-		b.tokens--
-		res.Allowed = true
-	} else {
-		res.RetryAfter = time.Duration((1 - b.tokens) / rate * float64(time.Second))
-	}
-	res.Remaining = int64(math.Floor(b.tokens))
-	res.Reset = time.Duration((capacity - b.tokens) / rate * float64(time.Second))
-	return res
 }
 
 // rollMonth starts a new month's totals when the month has changed; a.mu
@@ -380,7 +341,7 @@ func (a *Account) AdmitWork(execution bool) error {
 		return err
 	}
 	if limit := a.limits.ExecutionsPerMinute; limit > 0 {
-		if res := a.executions.take(now, limit); !res.Allowed {
+		if res := a.executions.Take(now, limit); !res.Allowed {
 			return RateLimitError(res, "executions")
 		}
 	}
