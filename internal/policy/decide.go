@@ -73,6 +73,15 @@ func (p *Policy) FileSizeBytes() int64 {
 	return *p.ResourceLimits.FileSizeUploadMB << 20
 }
 
+// ExecutionsPerMinute is rate_limiting.requests_per_minute: executions one
+// sandbox may start per minute. 0 means no bound.
+func (p *Policy) ExecutionsPerMinute() int64 {
+	if p == nil || p.RateLimiting == nil || p.RateLimiting.RequestsPerMinute == nil {
+		return 0
+	}
+	return *p.RateLimiting.RequestsPerMinute
+}
+
 // ReadOnlyRoot reports whether the root filesystem is mounted read-only:
 // filesystem.readonly, or writable_paths naming the only writable places.
 func (p *Policy) ReadOnlyRoot() bool {

@@ -84,6 +84,9 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		return nil, err
 	}
 	defer end()
+	if err := s.takeExecution(); err != nil {
+		return nil, err
+	}
 	if err := s.m.admit(s, WorkExecution); err != nil {
 		return nil, err
 	}

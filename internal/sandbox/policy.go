@@ -2,14 +2,17 @@ package sandbox
 
 import (
 	"errors"
+	"fmt"
 	"path"
 	"runtime"
 	"strings"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
+	"github.com/sheepfold/sheepfold/internal/ratelimit"
 )
 
 // policyState is a sandbox's security policy and what its code contexts
@@ -20,6 +23,22 @@ type policyState struct {
 	kernel     *agentproto.KernelPolicy
 	gen        int64
 	restartGen int64
+	executions ratelimit.Bucket // rate_limiting.requests_per_minute
+}
+
+// takeExecution takes one execution from the policy's per-minute budget
+// (rate_limiting.requests_per_minute): ERR_RATE_LIMITED with Retry-After
+// once it is spent.
+func (s *Sandbox) takeExecution() error {
+	s.mu.Lock()
+	res := s.pol.executions.Take(time.Now(), s.pol.pol.ExecutionsPerMinute())
+	s.mu.Unlock()
+	if res.Allowed {
+		return nil
+	}
+	return &apierr.Error{Code: apierr.RateLimited, RetryAfter: res.RetryAfter,
+		Message: fmt.Sprintf("this sandbox's rate limit of %d executions per minute is reached (rate_limiting.requests_per_minute); retry in %.1f s",
+			res.Limit, res.RetryAfter.Seconds())}
 }
 
 // kernelPolicy is the part of p the code contexts enforce. Every sandbox
