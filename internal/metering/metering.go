@@ -238,8 +238,8 @@ func (m *Meter) sample(t *tracker, now time.Time) {
 		p = &store.UsageDelta{SandboxID: t.sb.ID, Account: t.account.ID, Template: t.template, Hour: hour}
 		t.pending[hour] = p
 	}
-	add(p, d)
-	add(&t.total, d)
+	p.Add(d)
+	t.total.Add(d)
 	cpu := float64(d.CPUNanos) / 1e9
 	t.account.Accrue(account.Usage{SandboxSeconds: dt.Seconds(), CPUSeconds: cpu, GBSeconds: d.GBSecondsReserved,
 		Executions: d.Executions}, m.cfg.Prices.Cost(cpu, d.GBSecondsReserved, d.Executions))
@@ -252,16 +252,6 @@ func cpuDelta(u runtime.Usage, last *uint64) int64 {
 	d := int64(u.CPUNanos - *last)
 	*last = u.CPUNanos
 	return d
-}
-
-func add(p *store.UsageDelta, d store.UsageDelta) {
-	p.WallNanos += d.WallNanos
-	p.CPUNanos += d.CPUNanos
-	p.GBSecondsReserved += d.GBSecondsReserved
-	p.GBSecondsUsed += d.GBSecondsUsed
-	p.DiskPeakBytes = max(p.DiskPeakBytes, d.DiskPeakBytes)
-	p.Executions += d.Executions
-	p.Commands += d.Commands
 }
 
 func (m *Meter) loop() {

@@ -73,16 +73,6 @@ func parseTimeParam(r *http.Request, name string) (time.Time, bool, error) {
 	return time.Time{}, false, apierr.New(apierr.BadRequest, "%s must be an RFC 3339 time or a date (YYYY-MM-DD)", name)
 }
 
-func addDelta(p *store.UsageDelta, d store.UsageDelta) {
-	p.WallNanos += d.WallNanos
-	p.CPUNanos += d.CPUNanos
-	p.GBSecondsReserved += d.GBSecondsReserved
-	p.GBSecondsUsed += d.GBSecondsUsed
-	p.DiskPeakBytes = max(p.DiskPeakBytes, d.DiskPeakBytes)
-	p.Executions += d.Executions
-	p.Commands += d.Commands
-}
-
 // groupKey is a delta's key under a grouping, as the API shows it.
 func groupKey(d store.UsageDelta, by string) string {
 	switch by {
@@ -159,7 +149,7 @@ func (s *Server) accountUsage(w http.ResponseWriter, r *http.Request) error {
 				groups[k].Template = d.Template
 			}
 		}
-		addDelta(sums[k], d)
+		sums[k].Add(d)
 	}
 	for _, row := range rows {
 		d := row.UsageDelta
@@ -185,7 +175,7 @@ func (s *Server) accountUsage(w http.ResponseWriter, r *http.Request) error {
 		g := groups[k]
 		g.usageFigures = figures(*sums[k], prices)
 		out.Groups = append(out.Groups, *g)
-		addDelta(&total, *sums[k])
+		total.Add(*sums[k])
 	}
 	out.Total = figures(total, prices)
 	writeJSON(w, http.StatusOK, out)

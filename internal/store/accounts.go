@@ -43,6 +43,18 @@ type UsageDelta struct {
 	Commands          int64
 }
 
+// Add adds d's figures to u's (the disk figure is a high-water mark);
+// u's keys stay as they are.
+func (u *UsageDelta) Add(d UsageDelta) {
+	u.WallNanos += d.WallNanos
+	u.CPUNanos += d.CPUNanos
+	u.GBSecondsReserved += d.GBSecondsReserved
+	u.GBSecondsUsed += d.GBSecondsUsed
+	u.DiskPeakBytes = max(u.DiskPeakBytes, d.DiskPeakBytes)
+	u.Executions += d.Executions
+	u.Commands += d.Commands
+}
+
 // UsageRow is usage summed over a group: Key is the group's value (an
 // hour or a day in RFC 3339, a sandbox id, a template name, an account).
 type UsageRow struct {
