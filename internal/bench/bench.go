@@ -570,26 +570,37 @@ func (b *bencher) policyCost(ctx context.Context) error {
 	if _, err := b.waitPool(ctx); err != nil {
 		return err
 	}
+	ms, err := b.pairedWarm(ctx, [2]*client.Client{b.c, b.c}, ids)
+	if err != nil {
+		return err
+	}
+	b.record(benchWarmNone, ms[0])
+	b.record(benchWarmPolicy, ms[1])
+	return nil
+}
+
+// pairedWarm runs warm 1+1 in sandbox ids[0] through cs[0] and ids[1]
+// through cs[1], alternating (after 50 unmeasured rounds each), so that
+// both series see the same machine, and returns their latencies in ms.
+func (b *bencher) pairedWarm(ctx context.Context, cs [2]*client.Client, ids [2]string) ([2][]float64, error) {
 	var ms [2][]float64
 	for i := -50; i < b.o.Warm; i++ {
-		for j, id := range ids {
+		for j := range cs {
 			t := time.Now()
-			ex, err := b.c.Execute(ctx, id, client.ExecuteRequest{Code: "1+1"})
+			ex, err := cs[j].Execute(ctx, ids[j], client.ExecuteRequest{Code: "1+1"})
 			d := since(t)
 			if err != nil {
-				return err
+				return ms, err
 			}
 			if len(ex.Results) != 1 || ex.Results[0].Text != "2" {
-				return fmt.Errorf("1+1: %+v", ex)
+				return ms, fmt.Errorf("1+1: %+v", ex)
 			}
 			if i >= 0 {
 				ms[j] = append(ms[j], d)
 			}
 		}
 	}
-	b.record(benchWarmNone, ms[0])
-	b.record(benchWarmPolicy, ms[1])
-	return nil
+	return ms, nil
 }
 
 // Names of the accounting-cost scenario's two series.
@@ -629,22 +640,9 @@ func (b *bencher) accountingCost(cfg config.Config) func(ctx context.Context) er
 			defer cs[i].Kill(context.WithoutCancel(ctx), sb.ID)
 			ids[i] = sb.ID
 		}
-		var ms [2][]float64
-		for i := -50; i < b.o.Warm; i++ {
-			for j := range cs {
-				t := time.Now()
-				ex, err := cs[j].Execute(ctx, ids[j], client.ExecuteRequest{Code: "1+1"})
-				d := since(t)
-				if err != nil {
-					return err
-				}
-				if len(ex.Results) != 1 || ex.Results[0].Text != "2" {
-					return fmt.Errorf("1+1: %+v", ex)
-				}
-				if i >= 0 {
-					ms[j] = append(ms[j], d)
-				}
-			}
+		ms, err := b.pairedWarm(ctx, cs, ids)
+		if err != nil {
+			return err
 		}
 		b.record(benchWarmNoAccounting, ms[0])
 		b.record(benchWarmAccounting, ms[1])
