@@ -100,6 +100,7 @@ type UsageFigures struct {
 	DiskPeakBytes     int64   `json:"disk_peak_bytes"`
 	Executions        int64   `json:"executions"`
 	Commands          int64   `json:"commands"`
+	EgressRequests    int64   `json:"egress_requests"` // through the egress gateway
 	CostMicros        int64   `json:"cost_micros"`
 	Cost              string  `json:"cost"`
 }

@@ -67,10 +67,10 @@ func printUsage(w io.Writer, rep *client.UsageReport, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "usage %s – %s by %s\n\n", rep.From.Format(time.RFC3339), rep.To.Format(time.RFC3339), rep.GroupBy)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "GROUP\tSANDBOX-S\tCPU-S\tGB-S RESERVED\tGB-S USED\tEXECUTIONS\tCOMMANDS\tCOST\t")
+	fmt.Fprintln(tw, "GROUP\tSANDBOX-S\tCPU-S\tGB-S RESERVED\tGB-S USED\tEXECUTIONS\tCOMMANDS\tEGRESS\tCOST\t")
 	row := func(key string, f client.UsageFigures) {
-		fmt.Fprintf(tw, "%s\t%.1f\t%.3f\t%.3f\t%.3f\t%d\t%d\t%s\t\n", key, f.SandboxSeconds, f.CPUSeconds,
-			f.GBSecondsReserved, f.GBSecondsUsed, f.Executions, f.Commands, f.Cost)
+		fmt.Fprintf(tw, "%s\t%.1f\t%.3f\t%.3f\t%.3f\t%d\t%d\t%d\t%s\t\n", key, f.SandboxSeconds, f.CPUSeconds,
+			f.GBSecondsReserved, f.GBSecondsUsed, f.Executions, f.Commands, f.EgressRequests, f.Cost)
 	}
 	for _, g := range rep.Groups {
 		row(g.Key, g.UsageFigures)

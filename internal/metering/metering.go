@@ -106,11 +106,12 @@ type tracker struct {
 	commands   atomic.Int64
 
 	// Guarded by Meter.mu.
-	last    time.Time
-	lastCPU uint64
-	stopped bool
-	pending map[time.Time]*store.UsageDelta // by hour, not yet flushed
-	total   store.UsageDelta                // the sandbox's life so far
+	last       time.Time
+	lastCPU    uint64
+	lastEgress int64 // the gateway's request count at the last sample
+	stopped    bool
+	pending    map[time.Time]*store.UsageDelta // by hour, not yet flushed
+	total      store.UsageDelta                // the sandbox's life so far
 }
 
 // New returns a Meter and starts its loop; Close ends it.
@@ -226,6 +227,9 @@ func (m *Meter) sample(t *tracker, now time.Time) {
 		GBSecondsReserved: float64(t.reserved) / gib * dt.Seconds(),
 		Executions:        t.executions.Swap(0),
 		Commands:          t.commands.Swap(0),
+	}
+	if n := t.sb.EgressRequests(); n > t.lastEgress {
+		d.EgressRequests, t.lastEgress = n-t.lastEgress, n
 	}
 	if err == nil {
 		d.CPUNanos = cpuDelta(u, &t.lastCPU)

@@ -439,6 +439,10 @@ print([get("api.test") for _ in range(3)])`)
 	if len(evs) != 1 || fmt.Sprint(evs[0].Details["limit"]) != "2" {
 		t.Fatalf("resource_exceeded events = %+v", evs)
 	}
+	// What metering reads: the requests let through, not the refused one.
+	if n := s.EgressRequests(); n != 2 {
+		t.Fatalf("EgressRequests = %d, want 2", n)
+	}
 }
 
 // TestEgressClients checks clients that ignore proxies: each reaches an

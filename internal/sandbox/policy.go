@@ -95,6 +95,16 @@ func applyCreatePolicy(opt *CreateOptions) (*agentproto.KernelPolicy, error) {
 	return k, nil
 }
 
+// EgressRequests is how many requests the sandbox has made through its
+// egress gateway (connections, and plain HTTP requests after a
+// connection's first); 0 without a network.
+func (s *Sandbox) EgressRequests() int64 {
+	if s.net == nil {
+		return 0
+	}
+	return s.net.Requests()
+}
+
 // Policy returns the sandbox's security policy (nil: none given).
 func (s *Sandbox) Policy() *policy.Policy {
 	s.mu.Lock()

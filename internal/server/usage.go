@@ -30,6 +30,7 @@ type usageFigures struct {
 	DiskPeakBytes     int64   `json:"disk_peak_bytes"`
 	Executions        int64   `json:"executions"`
 	Commands          int64   `json:"commands"`
+	EgressRequests    int64   `json:"egress_requests"`
 	CostMicros        int64   `json:"cost_micros"`
 	Cost              string  `json:"cost"`
 }
@@ -38,7 +39,7 @@ func figures(d store.UsageDelta, p metering.Prices) usageFigures {
 	cpu := float64(d.CPUNanos) / 1e9
 	cost := int64(math.Round(p.Cost(cpu, d.GBSecondsReserved, d.Executions)))
 	return usageFigures{SandboxSeconds: float64(d.WallNanos) / 1e9, CPUSeconds: cpu, GBSecondsReserved: d.GBSecondsReserved,
-		GBSecondsUsed: d.GBSecondsUsed, DiskPeakBytes: d.DiskPeakBytes, Executions: d.Executions, Commands: d.Commands,
+		GBSecondsUsed: d.GBSecondsUsed, DiskPeakBytes: d.DiskPeakBytes, Executions: d.Executions, Commands: d.Commands, EgressRequests: d.EgressRequests,
 		CostMicros: cost, Cost: account.FormatMicros(cost)}
 }
 

@@ -41,6 +41,7 @@ type UsageDelta struct {
 	DiskPeakBytes     int64
 	Executions        int64
 	Commands          int64
+	EgressRequests    int64 // connections and plain HTTP requests through the egress gateway
 }
 
 // Add adds d's figures to u's (the disk figure is a high-water mark);
@@ -53,6 +54,7 @@ func (u *UsageDelta) Add(d UsageDelta) {
 	u.DiskPeakBytes = max(u.DiskPeakBytes, d.DiskPeakBytes)
 	u.Executions += d.Executions
 	u.Commands += d.Commands
+	u.EgressRequests += d.EgressRequests
 }
 
 // UsageRow is usage summed over a group: Key is the group's value (an

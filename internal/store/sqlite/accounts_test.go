@@ -111,7 +111,7 @@ func TestAccountsUsageLedgerAlerts(t *testing.T) {
 	h2 := h1.Add(time.Hour)
 	d := func(sb, tmpl string, h time.Time, cpu int64) store.UsageDelta {
 		return store.UsageDelta{SandboxID: sb, Account: "acct_1", Template: tmpl, Hour: h, WallNanos: 1e9, CPUNanos: cpu,
-			GBSecondsReserved: 0.5, GBSecondsUsed: 0.25, DiskPeakBytes: cpu, Executions: 1, Commands: 2}
+			GBSecondsReserved: 0.5, GBSecondsUsed: 0.25, DiskPeakBytes: cpu, Executions: 1, Commands: 2, EgressRequests: 3}
 	}
 	// The same bucket twice adds up; the disk peak keeps the larger.
 	if err := db.AddUsage(ctx, []store.UsageDelta{d("sb1", "python", h1, 100), d("sb2", "node", h2, 50)},
@@ -125,7 +125,8 @@ func TestAccountsUsageLedgerAlerts(t *testing.T) {
 	if err != nil || len(rows) != 2 {
 		t.Fatalf("by sandbox %+v, %v", rows, err)
 	}
-	if r := rows[0]; r.Key != "sb1" || r.CPUNanos != 400 || r.WallNanos != 2e9 || r.DiskPeakBytes != 300 || r.Executions != 2 || r.Template != "python" {
+	if r := rows[0]; r.Key != "sb1" || r.CPUNanos != 400 || r.WallNanos != 2e9 || r.DiskPeakBytes != 300 || r.Executions != 2 || r.Template != "python" ||
+		r.Commands != 4 || r.EgressRequests != 6 {
 		t.Fatalf("sb1 %+v", r)
 	}
 	rows, err = db.QueryUsage(ctx, store.UsageFilter{Account: "acct_1", From: h2, GroupBy: store.GroupNone})
