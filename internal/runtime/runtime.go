@@ -98,5 +98,9 @@ type Runtime interface {
 // ErrNotFound reports an unknown sandbox.
 var ErrNotFound = errors.New("sandbox not found")
 
+// ErrCapacity reports that the host has no room for another sandbox (a
+// per-host resource the runtime hands out is used up).
+var ErrCapacity = errors.New("no room for another sandbox on this host")
+
 // ErrUnsupported reports a runtime that cannot work on this host.
 var ErrUnsupported = errors.New("runtime not supported on this host")

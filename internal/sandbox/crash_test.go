@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -235,5 +236,30 @@ func TestSetTimeoutMovesTheAgentsDeadline(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	if _, err := s.Execute(ctx, sandbox.ExecuteRequest{Language: "bash", Code: "true"}, nil); err != nil {
 		t.Fatalf("after the first deadline: %v", err)
+	}
+}
+
+// fullRuntime is a runtime whose host has no room left.
+type fullRuntime struct{ *fake.Runtime }
+
+func (fullRuntime) Create(context.Context, runtime.Spec) (*runtime.Instance, error) {
+	return nil, fmt.Errorf("%w: every id range is in use", runtime.ErrCapacity)
+}
+
+// TestFullHostIsCapacity: a runtime out of a per-host resource answers
+// ERR_CAPACITY (503, retry later), not ERR_INTERNAL, and leaves nothing.
+func TestFullHostIsCapacity(t *testing.T) {
+	t.Parallel()
+	rt := &fake.Runtime{AgentBin: testutil.AgentBin(t), Dir: testutil.ShortTempDir(t)}
+	m, err := sandbox.New(context.Background(), sandbox.Config{Runtime: fullRuntime{rt},
+		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return "/", nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(context.Background())
+	_, err = m.Create(context.Background(), sandbox.CreateOptions{})
+	wantCode(t, err, apierr.Capacity)
+	if l := m.List(); len(l) != 0 {
+		t.Fatalf("a refused create is listed: %+v", l)
 	}
 }

@@ -327,6 +327,9 @@ func (m *Manager) startErr(err error, msg string) error {
 	if m.ctx.Err() != nil {
 		return apierr.Wrap(err, apierr.Capacity, "the engine is shutting down")
 	}
+	if errors.Is(err, runtime.ErrCapacity) {
+		return apierr.Wrap(err, apierr.Capacity, "this host has no room for another sandbox; try again when one stops")
+	}
 	return apierr.Wrap(err, apierr.Internal, "%s", msg)
 }
 

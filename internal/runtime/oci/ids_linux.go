@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
 // Host id ranges, one per sandbox.
@@ -42,7 +44,7 @@ import (
 // crash sweep, even when the engine that made it has died.
 
 // ErrNoIDs reports that every id range is in use.
-var ErrNoIDs = errors.New("no free host id range for another sandbox")
+var ErrNoIDs = fmt.Errorf("%w: no free host id range", runtime.ErrCapacity)
 
 // idRanges hands out host id ranges (see above).
 type idRanges struct {
