@@ -26,7 +26,10 @@ func openStore(ctx context.Context, cfg *config.Config) (*sqlite.DB, error) {
 	if err := cfg.ResolveDataDir(); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+	// 0711, as setup makes it: each sandbox's own host user must pass
+	// through to its rootfs, and nobody may list what is here (the
+	// database itself is 0600).
+	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
 		return nil, fmt.Errorf("create data directory: %w", err)
 	}
 	return sqlite.Open(ctx, dbPath(*cfg))
