@@ -37,6 +37,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	overcommit := 2.0
 	poolSize := sandbox.DefaultPoolSize()
 	instance := ""
+	configPath := ""
 	var (
 		freeCredits, creditsLow string
 		acfg                    account.Config
@@ -57,6 +58,15 @@ and closes the database.
 Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if configPath == "" {
+				configPath = os.Getenv("SHEEPFOLD_CONFIG")
+			}
+			if _, err := applyConfig(cmd.Flags(), configPath, os.Getenv); err != nil {
+				return err
+			}
+			if err := cfg.ResolveDataDir(); err != nil {
+				return err
+			}
 			verbose, _ := cmd.Flags().GetBool("verbose")
 			level := slog.LevelInfo
 			if verbose {
@@ -113,6 +123,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				func(c *sandbox.Config) { c.PoolSize = poolSize })
 		},
 	}
+	cmd.Flags().StringVar(&configPath, "config", "", "config file: TOML whose keys are these flags' names (default: $SHEEPFOLD_CONFIG, else "+DefaultConfigFile+" if it exists); the environment (SHEEPFOLD_<FLAG>) overrides it and flags override both")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
 	cmd.Flags().Int64Var(&uploadMB, "file-size-upload-mb", 100, "largest file one upload may write, in MiB")
 	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's limit)")

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sheepfold/sheepfold/internal/config"
+)
+
+func writeConfig(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestConfigPrecedence: a flag beats the environment, which beats the
+// file, which beats the default; '_' may stand for '-'; lists are lists.
+func TestConfigPrecedence(t *testing.T) {
+	var cfg config.Config
+	cmd := serveCmd(&cfg)
+	if err := cmd.ParseFlags([]string{"--pool", "0", "--listen", "127.0.0.1:1"}); err != nil {
+		t.Fatal(err)
+	}
+	path := writeConfig(t, `
+listen = "127.0.0.1:2"          # the flag wins
+idle-timeout = "1m"             # the environment wins
+max_sandboxes = 7               # '_' for '-'
+account-max-sandboxes = 5
+webhook-allow-hosts = ["a.example", "10.0.0.0/8"]
+`)
+	env := map[string]string{"SHEEPFOLD_IDLE_TIMEOUT": "3m", "SHEEPFOLD_RETENTION": "48h"}
+	settings, err := applyConfig(cmd.Flags(), path, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]setting{}
+	for _, s := range settings {
+		got[s.Name] = s
+	}
+	want := map[string][2]string{
+		"listen":                {"127.0.0.1:1", sourceFlag},
+		"pool":                  {"0", sourceFlag},
+		"idle-timeout":          {"3m0s", sourceEnv},
+		"retention":             {"48h0m0s", sourceEnv},
+		"max-sandboxes":         {"7", sourceFile},
+		"account-max-sandboxes": {"5", sourceFile},
+		"webhook-allow-hosts":   {"[a.example,10.0.0.0/8]", sourceFile},
+		"shutdown-timeout":      {"10s", sourceDefault},
+	}
+	for name, w := range want {
+		if s := got[name]; s.Value != w[0] || s.Source != w[1] {
+			t.Errorf("%s = %q from %s, want %q from %s", name, s.Value, s.Source, w[0], w[1])
+		}
+	}
+	if v, _ := cmd.Flags().GetInt("max-sandboxes"); v != 7 {
+		t.Errorf("the flag's variable holds %d, not the file's 7", v)
+	}
+	var out bytes.Buffer
+	printSettings(&out, settings)
+	if !strings.Contains(out.String(), `max-sandboxes = "7"  # file`) {
+		t.Errorf("print:\n%s", out.String())
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for name, c := range map[string]struct{ body, want string }{
+		"unknown key":  {"max-sandbox = 3\n", `unknown key "max-sandbox"`},
+		"bad value":    {"max-sandboxes = \"many\"\n", "max-sandboxes"},
+		"table":        {"[limits]\nx = 1\n", "limits"},
+		"twice":        {"max-sandboxes = 1\nmax_sandboxes = 2\n", "given twice"},
+		"not toml":     {"max-sandboxes = = 1\n", "config file"},
+		"config in it": {"config = \"/etc/other.toml\"\n", `unknown key "config"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var cfg config.Config
+			cmd := serveCmd(&cfg)
+			_, err := applyConfig(cmd.Flags(), writeConfig(t, c.body), func(string) string { return "" })
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want one naming %q", err, c.want)
+			}
+		})
+	}
+	var cfg config.Config
+	if _, err := applyConfig(serveCmd(&cfg).Flags(), filepath.Join(t.TempDir(), "none.toml"), os.Getenv); err == nil {
+		t.Fatal("a named config file that does not exist is no error")
+	}
+}
