@@ -91,13 +91,16 @@ func accountsCmd(cfg *config.Config) *cobra.Command {
 	var freeCredits string
 	create := &cobra.Command{Use: "create NAME", Short: "Create an account", Args: cobra.ExactArgs(1)}
 	createLimits := addLimitFlags(create.Flags(), "", "")
-	create.Flags().StringVar(&freeCredits, "credits", "", "credits it starts with, e.g. 10.00 (default: none)")
+	create.Flags().StringVar(&freeCredits, "credits", "", "credits it starts with, e.g. 10.00 (default: the server's free-credits setting, from SHEEPFOLD_FREE_CREDITS or the config file)")
 	create.RunE = withStore(func(ctx context.Context, st store.Store, out io.Writer, args []string) error {
 		over, err := createLimits.overrides(create.Flags())
 		if err != nil {
 			return err
 		}
-		var micros int64
+		micros, err := configuredFreeCredits(cfg)
+		if err != nil {
+			return err
+		}
 		if freeCredits != "" {
 			if micros, err = account.ParseAmount(freeCredits); err != nil || micros < 0 {
 				return fmt.Errorf("--credits must be a non-negative decimal amount such as 10.00")

@@ -12,6 +12,9 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/sheepfold/sheepfold/internal/account"
+	"github.com/sheepfold/sheepfold/internal/config"
 )
 
 // DefaultConfigFile is read by `sheepfold serve` when --config is not
@@ -130,6 +133,25 @@ func configText(v any) (string, error) {
 	default:
 		return fmt.Sprint(v), nil
 	}
+}
+
+// configuredFreeCredits returns the free credits a new account gets
+// under the server's configuration (serve's --free-credits from the
+// environment or the config file), for accounts the CLI creates.
+func configuredFreeCredits(cfg *config.Config) (int64, error) {
+	s := serveCmd(cfg)
+	if _, err := applyConfig(s.Flags(), os.Getenv("SHEEPFOLD_CONFIG"), os.Getenv); err != nil {
+		return 0, err
+	}
+	v := s.Flags().Lookup("free-credits").Value.String()
+	if v == "" {
+		return 0, nil
+	}
+	micros, err := account.ParseAmount(v)
+	if err != nil || micros < 0 {
+		return 0, fmt.Errorf("free-credits %q must be a non-negative decimal amount such as 5.00", v)
+	}
+	return micros, nil
 }
 
 // printSettings writes settings as a TOML file with each value's source.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -89,5 +90,45 @@ func TestConfigErrors(t *testing.T) {
 	var cfg config.Config
 	if _, err := applyConfig(serveCmd(&cfg).Flags(), filepath.Join(t.TempDir(), "none.toml"), os.Getenv); err == nil {
 		t.Fatal("a named config file that does not exist is no error")
+	}
+}
+
+// TestFreeCreditsFromConfig: an account the CLI makes (a key's own, or
+// accounts create without --credits) starts with the server's configured
+// free credits, from the environment or the config file.
+func TestFreeCreditsFromConfig(t *testing.T) {
+	cfg := config.Config{DataDir: t.TempDir() + "/data"}
+	t.Setenv("SHEEPFOLD_CONFIG", writeConfig(t, `free-credits = "1.25"`+"\n"))
+	if got, err := configuredFreeCredits(&cfg); err != nil || got != 1_250_000 {
+		t.Fatalf("from the file: %d, %v", got, err)
+	}
+	t.Setenv("SHEEPFOLD_FREE_CREDITS", "2.50")
+	if got, err := configuredFreeCredits(&cfg); err != nil || got != 2_500_000 {
+		t.Fatalf("from the environment: %d, %v", got, err)
+	}
+	// Through the command: the key's new account holds them.
+	root := keysCmd(&cfg)
+	root.SetArgs([]string{"create", "--name", "free"})
+	var out bytes.Buffer
+	root.SetOut(&out)
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := openStore(context.Background(), &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	keys, err := st.ListKeys(context.Background())
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("keys %+v, %v", keys, err)
+	}
+	ct, err := st.CreditTotals(context.Background(), keys[0].Owner)
+	if err != nil || ct.FreeMicros != 2_500_000 {
+		t.Fatalf("the new account's credits %+v, %v", ct, err)
+	}
+	t.Setenv("SHEEPFOLD_FREE_CREDITS", "-1")
+	if _, err := configuredFreeCredits(&cfg); err == nil {
+		t.Fatal("negative free credits accepted")
 	}
 }

@@ -52,7 +52,11 @@ func keysCmd(cfg *config.Config) *cobra.Command {
 				return err
 			}
 			defer st.Close()
-			opt := auth.CreateOptions{Name: name, Owner: owner, E2B: e2b, Admin: admin}
+			free, err := configuredFreeCredits(cfg)
+			if err != nil {
+				return err
+			}
+			opt := auth.CreateOptions{Name: name, Owner: owner, E2B: e2b, Admin: admin, FreeMicros: free}
 			if acct != "" {
 				if owner != "" {
 					return errors.New("give --account or --owner, not both")
