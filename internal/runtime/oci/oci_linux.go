@@ -68,6 +68,9 @@ func New(cfg Config) (*OCI, error) {
 	if err := mkdirs(0o711, cfg.StateDir); err != nil {
 		return nil, err
 	}
+	if err := traversable(cfg.StateDir); err != nil {
+		return nil, fmt.Errorf("%w: %v", runtime.ErrUnsupported, err)
+	}
 	ids, err := newIDRanges(cfg.IDsDir, cfg.IDMap, cfg.Slots)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", runtime.ErrUnsupported, err)
@@ -221,6 +224,26 @@ func (o *OCI) sweepOnce() (left int) {
 
 // destroyTimeout bounds one destroy of the sweep.
 const destroyTimeout = time.Minute
+
+// traversable checks that every directory above dir lets other users pass
+// through (the x bit for others): runc's init runs as the sandbox's own
+// host user and must reach the bundle under dir. Without it every create
+// would fail; a server refuses to start instead, saying what to change.
+func traversable(dir string) error {
+	for d := filepath.Dir(filepath.Clean(dir)); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("sandboxes cannot reach their files under %s: %s (mode %04o) does not let other users pass through; "+
+				"make it 0711 (chmod o+x %s) or use another data dir", dir, d, fi.Mode().Perm(), d)
+		}
+		if d == "/" || d == "." {
+			return nil
+		}
+	}
+}
 
 func mkdirs(mode os.FileMode, dirs ...string) error {
 	for _, d := range dirs {
