@@ -2,8 +2,6 @@ package sandbox_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"net"
 	"os"
 	"strings"
@@ -12,7 +10,6 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/runtime"
-	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
@@ -42,20 +39,7 @@ func TestRuncOOMScore(t *testing.T) {
 func TestRuncLifetimeHoldsWithoutEngine(t *testing.T) {
 	testutil.RequireRoot(t)
 	t.Parallel()
-	state := testutil.ShortTempDir(t)
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	var b [4]byte
-	rand.Read(b[:])
-	instance := "t" + hex.EncodeToString(b[:])
-	rt, err := oci.New(oci.Config{
-		RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
-		CgroupParent: testCgroupParent, Instance: instance,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rt, noLeaks := runcRuntime(t)
 	ctx := context.Background()
 	const id = "lifetime"
 	inst, err := rt.Create(ctx, runtime.Spec{ID: id, RootFS: testutil.TemplateRootFS(t, "python"),
@@ -70,7 +54,7 @@ func TestRuncLifetimeHoldsWithoutEngine(t *testing.T) {
 		if err := rt.Close(); err != nil {
 			t.Error(err)
 		}
-		assertNoLeaks(t, state, instance)
+		noLeaks()
 	})
 	call := func(req agentproto.Request) agentproto.Event {
 		t.Helper()

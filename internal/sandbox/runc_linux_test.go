@@ -19,13 +19,11 @@ import (
 
 const testCgroupParent = "sheepfold-test"
 
-// runcEngine is a Manager on the real runc runtime with its own state dir
-// and cgroup instance; its cleanup destroys everything and checks that no
-// mount, cgroup or process of it is left. opts adjust the engine's Config.
-func runcEngine(t testing.TB, opts ...func(*sandbox.Config)) *sandbox.Manager {
+// runcRuntime is the real runc runtime with a state dir and a cgroup
+// instance of its own; the caller closes it, then calls noLeaks to check
+// that nothing of the instance is left on the host.
+func runcRuntime(t testing.TB) (rt *oci.OCI, noLeaks func()) {
 	t.Helper()
-	testutil.RequireRoot(t)
-	rootfs := testutil.TemplateRootFS(t, "python")
 	state := testutil.ShortTempDir(t)
 	if err := os.Chmod(state, 0o711); err != nil {
 		t.Fatal(err)
@@ -40,6 +38,17 @@ func runcEngine(t testing.TB, opts ...func(*sandbox.Config)) *sandbox.Manager {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rt, func() { assertNoLeaks(t, state, instance) }
+}
+
+// runcEngine is a Manager on the real runc runtime with its own state dir
+// and cgroup instance; its cleanup destroys everything and checks that no
+// mount, cgroup or process of it is left. opts adjust the engine's Config.
+func runcEngine(t testing.TB, opts ...func(*sandbox.Config)) *sandbox.Manager {
+	t.Helper()
+	testutil.RequireRoot(t)
+	rootfs := testutil.TemplateRootFS(t, "python")
+	rt, noLeaks := runcRuntime(t)
 	cfg := sandbox.Config{
 		Runtime: rt,
 		Templates: sandbox.TemplatesFunc(func(name string) (string, error) {
@@ -63,7 +72,7 @@ func runcEngine(t testing.TB, opts ...func(*sandbox.Config)) *sandbox.Manager {
 		if err := rt.Close(); err != nil {
 			t.Errorf("close runtime: %v", err)
 		}
-		assertNoLeaks(t, state, instance)
+		noLeaks()
 	})
 	return m
 }
