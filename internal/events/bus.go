@@ -351,5 +351,8 @@ func (s *Subscription) Close() {
 
 // Query returns stored events.
 func (b *Bus) Query(ctx context.Context, q Query) ([]Event, error) {
+	if err := b.Sync(ctx); err != nil {
+		return nil, err
+	}
 	return b.store.ListEvents(ctx, q)
 }

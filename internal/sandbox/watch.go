@@ -118,13 +118,14 @@ func (w *Watcher) run(ctx context.Context, s *Sandbox, req agentproto.Request, s
 		}
 		return nil
 	}}, callOptions{})
+	// The context first: the agent may end the call cleanly after a cancel.
 	switch cause := context.Cause(ctx); {
-	case err == nil:
-		return nil // the watched directory was removed
 	case errors.Is(cause, errWatchClosed):
 		return nil
 	case ctx.Err() != nil:
 		return cause
+	case err == nil:
+		return nil // the watched directory was removed
 	}
 	return s.watchGone(err)
 }
