@@ -374,3 +374,18 @@ func TestOversizeMessages(t *testing.T) {
 		}
 	})
 }
+
+// TestPythonIndentedCell: a cell whose lines share an indentation runs as
+// IPython runs it, the first line's indentation removed from every line.
+func TestPythonIndentedCell(t *testing.T) {
+	t.Parallel()
+	k := start(t, "python", nil)
+	r := run(t, k, code("\n    def f(x):\n        return x * 2\n\n    print('ok')\n    f(21)\n  "))
+	if r.err != nil || r.stdout != "ok\n" || main(r) != "42" {
+		t.Fatalf("indented cell: %+v (error %+v)", r, r.err)
+	}
+	// A line indented less than the first is kept as it is: still an error.
+	if r := run(t, k, code("    x = 1\n  y = 2")); r.err == nil || r.err.Name != "IndentationError" {
+		t.Fatalf("inconsistent indentation: %+v", r)
+	}
+}

@@ -431,7 +431,25 @@ def _error(e):
     _send({"type": "error", "error": {"name": type(e).__name__, "value": str(e), "traceback": text}})
 
 
+def _dedent(code):
+    """Remove the indentation of the cell's first non-blank line from every
+    line that has it, as IPython does before it compiles a cell: a cell
+    written inside an indented block (a template string, a triple-quoted
+    string) runs as if it were written flush left."""
+    lines = code.splitlines(True)
+    for line in lines:
+        if line.strip():
+            indent = line[:len(line) - len(line.lstrip(" \t"))]
+            break
+    else:
+        return code
+    if not indent:
+        return code
+    return "".join(ln[len(indent):] if ln.startswith(indent) else ln for ln in lines)
+
+
 def _run(code, n):
+    code = _dedent(code)
     name = "<cell-%d>" % n
     linecache.cache[name] = (len(code), None, code.splitlines(True), name)
     try:

@@ -295,3 +295,18 @@ test('timeoutMs on runCode: TimeoutError, and the kernel is free again', T, asyn
   assert.equal(ex.text, '2')
   assert.ok(Date.now() - t1 < 10_000, `the next run waited ${Date.now() - t1} ms: the abandoned one was not interrupted`)
 })
+
+test('an indented cell runs as IPython runs it (common indentation removed)', T, async () => {
+  // What a user gets from a template string written inside a function.
+  const ex = await sbx.runCode(`
+    import datetime
+    def double(x):
+        return x * 2
+
+    print(datetime.date(2024, 1, 2).isoformat())
+    double(21)
+  `)
+  assert.equal(ex.error, undefined, `error ${JSON.stringify(ex.error)}`)
+  assert.deepEqual(ex.logs.stdout, ['2024-01-02\n'])
+  assert.equal(ex.text, '42')
+})
