@@ -75,9 +75,29 @@ def _result(value, main):
         r["text"] = repr(value)
     except Exception as e:
         r["text"] = "<unrepresentable %s: %s>" % (type(value).__name__, e)
+    data = _frame_data(value)
+    if data is not None:
+        r["extra"] = {"e2b/data": data}
     if main:
         r["is_main_result"] = True
     _emit_result(r)
+
+
+def _frame_data(value):
+    """A pandas DataFrame as E2B's "data" rendering: its columns as lists
+    (to_dict(orient="list")), values JSON can't hold as strings, NaN and
+    infinities as null. None for anything else, and for a frame whose data
+    would not leave room in one message for its other renderings."""
+    pd = sys.modules.get("pandas")
+    if pd is None or not isinstance(value, pd.DataFrame):
+        return None
+    try:
+        s = json.dumps(value.to_dict(orient="list"), default=str)
+        if len(s) > _MAX_RESULT // 2:
+            return None
+        return json.loads(s, parse_constant=lambda _: None)
+    except Exception:
+        return None
 
 
 def _emit_result(r):

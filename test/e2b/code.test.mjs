@@ -310,3 +310,19 @@ test('an indented cell runs as IPython runs it (common indentation removed)', T,
   assert.deepEqual(ex.logs.stdout, ['2024-01-02\n'])
   assert.equal(ex.text, '42')
 })
+
+test('a pandas DataFrame result carries data (its columns as lists) besides text and html', T, async () => {
+  const ex = await sbx.runCode(
+    'import pandas as pd\ndf = pd.DataFrame({"city": ["Oslo", "Lima"], "n": [11, 22], "x": [0.5, float("nan")]})\ndisplay(df)\ndf'
+  )
+  assert.equal(ex.error, undefined, `error ${JSON.stringify(ex.error)}`)
+  assert.equal(ex.results.length, 2)
+  for (const r of ex.results) {
+    assert.deepEqual(r.data, { city: ['Oslo', 'Lima'], n: [11, 22], x: [0.5, null] })
+    assert.match(r.html ?? '', /<table/)
+    assert.match(r.text ?? '', /Oslo/)
+    assert.deepEqual(r.extra, {})
+    assert.ok(r.formats().includes('data'), `formats ${r.formats()}`)
+  }
+  assert.equal(ex.results[1].isMainResult, true)
+})
