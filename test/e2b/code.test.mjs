@@ -326,3 +326,80 @@ test('a pandas DataFrame result carries data (its columns as lists) besides text
   }
   assert.equal(ex.results[1].isMainResult, true)
 })
+
+test('figures: png, text and chart as E2B gives them (null title, pie degrees, box plots, date and category scales)', T, async () => {
+  const chartOf = async (code) => {
+    const ex = await sbx.runCode(code)
+    assert.equal(ex.error, undefined, `error ${JSON.stringify(ex.error)}`)
+    assert.equal(ex.results.length, 1, `results ${JSON.stringify(ex.results.map((r) => r.formats()))}`)
+    const r = ex.results[0]
+    assert.ok(r.png, 'no png')
+    assert.match(r.text ?? '', /^<Figure size/)
+    assert.deepEqual(r.extra, {}, 'extra is empty for a figure')
+    assert.ok(r.chart, 'no chart')
+    return r.chart
+  }
+
+  const pie = await chartOf(`
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    ax.pie([90, 10], labels=["No", "No, in blue"], startangle=90)
+    plt.show()
+  `)
+  assert.equal(pie.type, 'pie')
+  assert.equal(pie.title, null, 'an unset title is null')
+  assert.deepEqual(
+    pie.elements.map((e) => [e.label, e.angle, e.radius]),
+    [
+      ['No', 324, 1],
+      ['No, in blue', 36, 1],
+    ]
+  )
+
+  const box = await chartOf(`
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    ax.boxplot([[1, 2, 3, 4, 5], [2, 4, 6, 8, 10]], labels=["A", "B"], patch_artist=True)
+    ax.set_title("Scores")
+    ax.set_xlabel("Class")
+    ax.set_ylabel("Score [pts]")
+    plt.show()
+  `)
+  assert.equal(box.type, 'box_and_whisker')
+  assert.equal(box.title, 'Scores')
+  assert.equal(box.x_label, 'Class')
+  assert.equal(box.x_unit, null)
+  assert.equal(box.y_unit, 'pts')
+  assert.deepEqual(box.elements, [
+    { label: 'A', min: 1, first_quartile: 2, median: 3, third_quartile: 4, max: 5, outliers: [] },
+    { label: 'B', min: 2, first_quartile: 4, median: 6, third_quartile: 8, max: 10, outliers: [] },
+  ])
+
+  const dates = await chartOf(`
+    import datetime
+    import matplotlib.pyplot as plt
+    days = [datetime.date(2024, 1, 1) + datetime.timedelta(days=i) for i in range(5)]
+    plt.figure()
+    plt.plot(days, [1, 3, 2, 5, 4], label="visits")
+    plt.show()
+  `)
+  assert.equal(dates.type, 'line')
+  assert.equal(dates.x_scale, 'datetime')
+  assert.equal(dates.y_scale, 'linear')
+  assert.equal(dates.title, null)
+  assert.equal(dates.x_label, null)
+  assert.equal(dates.elements[0].label, 'visits')
+  assert.deepEqual(dates.elements[0].points[0], ['2024-01-01', 1])
+  assert.ok(dates.x_ticks.every((t) => typeof t === 'string' && !Number.isNaN(Date.parse(t))), `x_ticks ${dates.x_ticks}`)
+
+  const cats = await chartOf(`
+    import matplotlib.pyplot as plt
+    plt.figure()
+    plt.plot([1, 2, 3], ["low", "mid", "high"])
+    plt.show()
+  `)
+  assert.equal(cats.x_scale, 'linear')
+  assert.equal(cats.y_scale, 'categorical')
+  assert.deepEqual(cats.y_tick_labels, ['low', 'mid', 'high'])
+  assert.equal(cats.elements[0].label, 'Line 0', 'an unnamed line is named as E2B names it')
+})
