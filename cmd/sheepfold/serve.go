@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sheepfold/sheepfold/internal/account"
+	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/config"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/metering"
@@ -180,7 +181,8 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 		return err
 	}
 	// 2. The database: what was running before this start is gone (the
-	// engine destroys leftovers), so it is recorded as stopped.
+	// engine destroys leftovers), so it is recorded as stopped, and the
+	// executions it was running as ended by the restart.
 	st, err := openStore(ctx, &cfg)
 	if err != nil {
 		return err
@@ -194,6 +196,11 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 		return err
 	} else if n > 0 {
 		log.Info("marked sandboxes of the previous run stopped", "count", n)
+	}
+	if n, err := st.EndRunningExecutions(ctx, string(apierr.Internal), "server restarted"); err != nil {
+		return err
+	} else if n > 0 {
+		log.Info("marked executions the previous run cut ended", "count", n)
 	}
 	// 3. The event bus (stored, streamed, posted to webhooks): closed
 	// after the engine, so that every sandbox.stopped is kept.

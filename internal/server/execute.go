@@ -74,15 +74,15 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 	}
 	ereq := sandbox.ExecuteRequest{ID: newID("exe_"), Code: req.Code, Language: req.Language, ContextID: req.ContextID,
 		Env: req.Env, Timeout: timeout}
-	started := time.Now()
+	rec := s.beginExecution(r, b, ereq.ID, req)
 
 	mode := wantStream(r, streamNone)
 	if mode == streamNone {
 		ex, err := b.sb.Execute(r.Context(), ereq, nil)
+		rec.end(ex, err)
 		if err != nil {
 			return err
 		}
-		s.recordExecution(r, b, ereq.ID, req, ex, started)
 		writeJSON(w, http.StatusOK, executionOf(ex))
 		return nil
 	}
@@ -107,23 +107,57 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 		}
 		return st.err()
 	})
-	if err == nil {
-		s.recordExecution(r, b, ereq.ID, req, ex, started)
-	}
+	rec.end(ex, err)
 	view := executionOf(ex)
 	s.end(st, w, r, err, "done", view, map[string]any{"type": "done", "execution": view})
 	return nil
 }
 
-func (s *Server) recordExecution(r *http.Request, b *box, id string, req executeRequest, ex *sandbox.Execution, started time.Time) {
+// An executionRecord is an execution's record in the store: written as
+// it starts (status running, so that an execution a crash cuts still
+// leaves a record, which the next start ends with "server restarted")
+// and replaced when it ends. The first write runs beside the execution,
+// off the caller's path; the last waits for it.
+type executionRecord struct {
+	s       *Server
+	r       *http.Request
+	rec     store.Execution
+	started chan struct{}
+}
+
+func (s *Server) beginExecution(r *http.Request, b *box, id string, req executeRequest) *executionRecord {
 	lang := req.Language
 	if lang == "" && req.ContextID == "" {
 		lang = "python"
 	}
-	rec := store.Execution{ID: id, SandboxID: b.sb.ID, Owner: b.owner, Language: lang,
-		Status: ex.Status, ErrorCode: string(ex.ErrorCode), ExecutionTimeMS: ex.ExecutionTimeMS,
-		CPUTimeMS: ex.CPUTimeMS, PeakMemoryBytes: ex.PeakMemoryBytes, CreatedAt: started}
-	if err := s.store.AddExecution(context.WithoutCancel(r.Context()), rec); err != nil {
-		s.log.Error("record execution", "sandbox", b.sb.ID, "request_id", requestIDFrom(r.Context()), "err", err)
+	er := &executionRecord{s: s, r: r, started: make(chan struct{}),
+		rec: store.Execution{ID: id, SandboxID: b.sb.ID, Owner: b.owner, Language: lang,
+			Status: store.ExecutionRunning, CreatedAt: time.Now()}}
+	go func() {
+		defer close(er.started)
+		er.write(er.rec)
+	}()
+	return er
+}
+
+// end records how the execution ended: its outcome, or the error that
+// ended it without one.
+func (er *executionRecord) end(ex *sandbox.Execution, err error) {
+	rec := er.rec
+	switch {
+	case err != nil:
+		ae := apierr.From(err)
+		rec.Status, rec.ErrorCode, rec.Error = store.ExecutionError, string(ae.Code), ae.Message
+	case ex != nil:
+		rec.Status, rec.ErrorCode, rec.ExecutionTimeMS = ex.Status, string(ex.ErrorCode), ex.ExecutionTimeMS
+		rec.CPUTimeMS, rec.PeakMemoryBytes = ex.CPUTimeMS, ex.PeakMemoryBytes
+	}
+	<-er.started
+	er.write(rec)
+}
+
+func (er *executionRecord) write(rec store.Execution) {
+	if err := er.s.store.AddExecution(context.WithoutCancel(er.r.Context()), rec); err != nil {
+		er.s.log.Error("record execution", "sandbox", rec.SandboxID, "request_id", requestIDFrom(er.r.Context()), "err", err)
 	}
 }

@@ -260,11 +260,14 @@ func TestExecute(t *testing.T) {
 	want(t, e.do("POST", path, e.keyA, ``), http.StatusBadRequest, "ERR_BAD_REQUEST")
 
 	execs, err := e.store.ListExecutions(context.Background(), id)
-	if err != nil || len(execs) != 5 {
-		t.Fatalf("recorded executions %d (%v), want 5", len(execs), err)
+	// The refused one too: every execution that reached the engine is
+	// recorded with how it ended (bad JSON never reached it).
+	if err != nil || len(execs) != 6 {
+		t.Fatalf("recorded executions %d (%v), want 6", len(execs), err)
 	}
 	if execs[0].Status != "success" || execs[0].Language != "python" || execs[1].Status != "error" ||
-		execs[2].ErrorCode != "ERR_SANDBOX_TIMEOUT" || execs[3].Language != "bash" {
+		execs[2].ErrorCode != "ERR_SANDBOX_TIMEOUT" || execs[3].Language != "bash" ||
+		execs[5].Status != "error" || execs[5].ErrorCode != "ERR_UNSUPPORTED_LANGUAGE" || execs[5].Error == "" {
 		t.Fatalf("records %+v", execs)
 	}
 }

@@ -56,6 +56,14 @@ type Sandbox struct {
 	Policy     json.RawMessage // the security policy (internal/policy JSON); nil when none was given
 }
 
+// ExecutionRunning is the status of an execution recorded as it started
+// and not yet ended; the others are the engine's (success, error,
+// timeout).
+const ExecutionRunning = "running"
+
+// ExecutionError is the status of an execution that ended in an error.
+const ExecutionError = "error"
+
 // Execution is the record of one code execution.
 type Execution struct {
 	ID              string
@@ -64,6 +72,7 @@ type Execution struct {
 	Language        string
 	Status          string
 	ErrorCode       string
+	Error           string // why it ended without an outcome of its own ("server restarted"); "" otherwise
 	ExecutionTimeMS float64
 	CPUTimeMS       float64
 	PeakMemoryBytes int64
@@ -113,7 +122,13 @@ type Store interface {
 	// t, and executions made before t, and says how many of each went.
 	DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes, executions int, err error)
 
+	// AddExecution records an execution, replacing the record with its ID:
+	// once as it starts (ExecutionRunning), again when it ends.
 	AddExecution(ctx context.Context, e Execution) error
+	// EndRunningExecutions marks every execution still recorded as running
+	// ended (ExecutionError with code and message) and returns how many
+	// there were: at start, those are what a crashed server was running.
+	EndRunningExecutions(ctx context.Context, code, message string) (int, error)
 	ListExecutions(ctx context.Context, sandboxID string) ([]Execution, error)
 
 	AccountStore

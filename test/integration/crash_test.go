@@ -20,6 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/client"
+	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/store/sqlite"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
@@ -376,6 +378,16 @@ time.sleep(1000)`}, client.ExecuteHandlers{OnStdout: func(string) { once.Do(func
 		if err != nil || sb.State != "stopped" || sb.StopReason != want {
 			t.Errorf("record of %s: %+v %v, want stopped (%s)", id, sb, err, want)
 		}
+	}
+	// The execution the crash cut is recorded as ended by the restart.
+	db, err := sqlite.Open(ctx, filepath.Join(s.dir, "sheepfold.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exs, err := db.ListExecutions(ctx, long.ID)
+	db.Close()
+	if err != nil || len(exs) != 1 || exs[0].Status != store.ExecutionError || exs[0].Error != "server restarted" {
+		t.Errorf("executions of %s: %+v %v, want one ended with error \"server restarted\"", long.ID, exs, err)
 	}
 	// Everything of the stuck one but its bundle went at once; the bundle
 	// is retried in the background and goes once it can.

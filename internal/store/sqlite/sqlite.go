@@ -462,10 +462,10 @@ func (d *DB) DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes, e
 
 // AddExecution implements store.Store.
 func (d *DB) AddExecution(ctx context.Context, e store.Execution) error {
-	_, err := d.db.ExecContext(ctx, `INSERT INTO executions
-		(id, sandbox_id, owner, language, status, error_code, execution_time_ms, cpu_time_ms, peak_memory_bytes, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		e.ID, e.SandboxID, e.Owner, e.Language, e.Status, e.ErrorCode, e.ExecutionTimeMS, e.CPUTimeMS,
+	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO executions
+		(id, sandbox_id, owner, language, status, error_code, error, execution_time_ms, cpu_time_ms, peak_memory_bytes, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		e.ID, e.SandboxID, e.Owner, e.Language, e.Status, e.ErrorCode, e.Error, e.ExecutionTimeMS, e.CPUTimeMS,
 		e.PeakMemoryBytes, fmtTime(e.CreatedAt))
 	if err != nil {
 		return storeErr("add execution", err)
@@ -473,9 +473,20 @@ func (d *DB) AddExecution(ctx context.Context, e store.Execution) error {
 	return nil
 }
 
+// EndRunningExecutions implements store.Store.
+func (d *DB) EndRunningExecutions(ctx context.Context, code, message string) (int, error) {
+	res, err := d.db.ExecContext(ctx, `UPDATE executions SET status = ?, error_code = ?, error = ? WHERE status = ?`,
+		store.ExecutionError, code, message, store.ExecutionRunning)
+	if err != nil {
+		return 0, storeErr("end running executions", err)
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
+
 // ListExecutions implements store.Store, oldest first.
 func (d *DB) ListExecutions(ctx context.Context, sandboxID string) ([]store.Execution, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT id, sandbox_id, owner, language, status, error_code,
+	rows, err := d.db.QueryContext(ctx, `SELECT id, sandbox_id, owner, language, status, error_code, error,
 		execution_time_ms, cpu_time_ms, peak_memory_bytes, created_at FROM executions
 		WHERE sandbox_id = ? ORDER BY created_at, id`, sandboxID)
 	if err != nil {
@@ -486,7 +497,7 @@ func (d *DB) ListExecutions(ctx context.Context, sandboxID string) ([]store.Exec
 	for rows.Next() {
 		var e store.Execution
 		var created string
-		if err := rows.Scan(&e.ID, &e.SandboxID, &e.Owner, &e.Language, &e.Status, &e.ErrorCode,
+		if err := rows.Scan(&e.ID, &e.SandboxID, &e.Owner, &e.Language, &e.Status, &e.ErrorCode, &e.Error,
 			&e.ExecutionTimeMS, &e.CPUTimeMS, &e.PeakMemoryBytes, &created); err != nil {
 			return nil, err
 		}

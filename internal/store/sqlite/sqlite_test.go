@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -170,6 +171,55 @@ func TestExecutions(t *testing.T) {
 	l, err := db.ListExecutions(ctx, "s")
 	if err != nil || len(l) != 1 || l[0].PeakMemoryBytes != 42 || l[0].ExecutionTimeMS != 1.5 || l[0].Language != "python" {
 		t.Fatalf("ListExecutions = %+v, %v", l, err)
+	}
+}
+
+// TestExecutionsCutByRestart: an execution is recorded as it starts and
+// replaced when it ends; one still running when the server died is ended
+// at the next start with the reason, and only those.
+func TestExecutionsCutByRestart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := open(t, filepath.Join(t.TempDir(), "s.db"))
+	defer db.Close()
+	at := time.Now()
+	for _, e := range []store.Execution{
+		{ID: "done", SandboxID: "s", Owner: "o", Status: store.ExecutionRunning, CreatedAt: at},
+		{ID: "done", SandboxID: "s", Owner: "o", Status: "success", ExecutionTimeMS: 3, CreatedAt: at},
+		{ID: "cut", SandboxID: "s", Owner: "o", Status: store.ExecutionRunning, CreatedAt: at.Add(time.Millisecond)},
+	} {
+		if err := db.AddExecution(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := db.EndRunningExecutions(ctx, "ERR_INTERNAL", "server restarted")
+	if err != nil || n != 1 {
+		t.Fatalf("EndRunningExecutions = %d, %v; want 1", n, err)
+	}
+	l, err := db.ListExecutions(ctx, "s")
+	if err != nil || len(l) != 2 {
+		t.Fatalf("ListExecutions = %+v, %v; want two records", l, err)
+	}
+	if l[0].ID != "done" || l[0].Status != "success" || l[0].ExecutionTimeMS != 3 || l[0].Error != "" {
+		t.Errorf("finished execution: %+v", l[0])
+	}
+	if l[1].ID != "cut" || l[1].Status != store.ExecutionError || l[1].ErrorCode != "ERR_INTERNAL" || l[1].Error != "server restarted" {
+		t.Errorf("cut execution: %+v", l[1])
+	}
+}
+
+func BenchmarkAddExecution(b *testing.B) {
+	ctx := context.Background()
+	db, err := sqlite.Open(ctx, filepath.Join(b.TempDir(), "s.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	for i := range b.N {
+		e := store.Execution{ID: fmt.Sprint("e", i), SandboxID: "s", Owner: "o", Status: store.ExecutionRunning, CreatedAt: time.Now()}
+		if err := db.AddExecution(ctx, e); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
