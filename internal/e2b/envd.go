@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -59,8 +60,15 @@ func (h *Handler) envdMux() http.Handler {
 	bounded := func(pattern string, hd http.Handler) (string, http.Handler) {
 		return pattern, http.MaxBytesHandler(hd, maxMessageBytes+connectEnvelope)
 	}
-	mux.Handle(processpbconnect.NewProcessHandler(&processService{h: h}, limit))
-	mux.Handle(bounded(filesystempbconnect.NewFilesystemHandler(&filesystemService{h: h}, limit)))
+	// Every write of an RPC's response, a stream's message included,
+	// must reach the client within WriteTimeout: one that stops reading
+	// breaks its stream (Start and Connect then detach from the process,
+	// WatchDir ends its watch) instead of pinning it.
+	deadline := func(pattern string, hd http.Handler) (string, http.Handler) {
+		return pattern, writeDeadlines(hd, h.cfg.WriteTimeout)
+	}
+	mux.Handle(deadline(processpbconnect.NewProcessHandler(&processService{h: h}, limit)))
+	mux.Handle(deadline(bounded(filesystempbconnect.NewFilesystemHandler(&filesystemService{h: h}, limit))))
 	mux.HandleFunc("GET /envs", func(w http.ResponseWriter, r *http.Request) {
 		env := sandboxFrom(r.Context()).Env
 		if env == nil {
@@ -170,3 +178,47 @@ func connectError(ctx context.Context, err error) error {
 	}
 	return connect.NewError(code, errors.New(e.Message))
 }
+
+// writeDeadlines gives every write and flush of next's response a
+// deadline of timeout from its start, and clears it when next returns.
+func writeDeadlines(next http.Handler, timeout time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		dw := &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: timeout}
+		next.ServeHTTP(dw, r)
+		if dw.err == nil {
+			dw.rc.SetWriteDeadline(time.Time{})
+		}
+	})
+}
+
+// deadlineWriter is a ResponseWriter whose writes each have a deadline;
+// once one fails, every later one fails with the same error. Connect
+// writes a stream's messages from one goroutine at a time.
+type deadlineWriter struct {
+	http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+	err     error // the first failed write or flush
+}
+
+func (d *deadlineWriter) Write(p []byte) (int, error) {
+	if d.err != nil {
+		return 0, d.err
+	}
+	d.rc.SetWriteDeadline(time.Now().Add(d.timeout))
+	n, err := d.ResponseWriter.Write(p)
+	d.err = err
+	return n, err
+}
+
+// Flush implements http.Flusher, which Connect's streams need.
+func (d *deadlineWriter) Flush() {
+	if d.err != nil {
+		return
+	}
+	d.rc.SetWriteDeadline(time.Now().Add(d.timeout))
+	d.err = d.rc.Flush()
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (d *deadlineWriter) Unwrap() http.ResponseWriter { return d.ResponseWriter }

@@ -52,17 +52,29 @@ func (p *processService) List(ctx context.Context, _ *connect.Request[processpb.
 // eventStream sends ProcessEvents on a server stream, with keepalives
 // during silences. Send is safe for concurrent use.
 type eventStream struct {
-	mu   sync.Mutex
-	send func(*processpb.ProcessEvent) error
-	err  error // the first failed send
+	send   func(*processpb.ProcessEvent) error
+	failed func() // called once, when a send fails
+
+	// mu guards err and serialises sends.
+	mu  sync.Mutex
+	err error // the first failed send
 }
 
 func (s *eventStream) event(ev *processpb.ProcessEvent) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.err == nil {
-		s.err = s.send(ev)
+	if s.err != nil {
+		return
 	}
+	if s.err = s.send(ev); s.err != nil && s.failed != nil {
+		s.failed()
+	}
+}
+
+func (s *eventStream) sendErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
 }
 
 // keepalive sends keepalive events every interval until stop is closed.
@@ -138,9 +150,9 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 		// envd kills a process at its request's deadline.
 		spec.TimeoutMS = max(1, time.Until(dl).Milliseconds())
 	}
-	runErr, sendErr := streamProcess(req.Header(), func(ev *processpb.ProcessEvent) error {
+	runErr, sendErr := streamProcess(ctx, req.Header(), func(ev *processpb.ProcessEvent) error {
 		return stream.Send(&processpb.StartResponse{Event: ev})
-	}, func(onEvent func(agentproto.Event)) (*sandbox.ProcessResult, error) {
+	}, func(ctx context.Context, onEvent func(agentproto.Event)) (*sandbox.ProcessResult, error) {
 		return sandboxFrom(ctx).Run(ctx, spec, onEvent)
 	})
 	if apierrIsNotFound(runErr) && spec.Cwd != "" {
@@ -160,9 +172,9 @@ func (p *processService) Connect(ctx context.Context, req *connect.Request[proce
 	if err != nil {
 		return err
 	}
-	runErr, sendErr := streamProcess(req.Header(), func(ev *processpb.ProcessEvent) error {
+	runErr, sendErr := streamProcess(ctx, req.Header(), func(ev *processpb.ProcessEvent) error {
 		return stream.Send(&processpb.ConnectResponse{Event: ev})
-	}, func(onEvent func(agentproto.Event)) (*sandbox.ProcessResult, error) {
+	}, func(ctx context.Context, onEvent func(agentproto.Event)) (*sandbox.ProcessResult, error) {
 		return sb.Connect(ctx, pid, onEvent)
 	})
 	if runErr != nil {
@@ -172,20 +184,27 @@ func (p *processService) Connect(ctx context.Context, req *connect.Request[proce
 }
 
 // streamProcess sends a process's events (start, data, then end) with
-// keepalives during silences. runErr is run's failure, sendErr the
-// stream's.
-func streamProcess(hdr http.Header, send func(*processpb.ProcessEvent) error,
-	run func(onEvent func(agentproto.Event)) (*sandbox.ProcessResult, error)) (runErr, sendErr error) {
-	es := &eventStream{send: send}
+// keepalives during silences. A send that fails (the client went, or
+// stopped reading past its write deadline) ends run's context: the
+// stream detaches from the process, which runs on. runErr is run's
+// failure, sendErr the stream's.
+func streamProcess(ctx context.Context, hdr http.Header, send func(*processpb.ProcessEvent) error,
+	run func(ctx context.Context, onEvent func(agentproto.Event)) (*sandbox.ProcessResult, error)) (runErr, sendErr error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	es := &eventStream{send: send, failed: cancel}
 	stop := make(chan struct{})
 	defer close(stop)
 	go es.keepalive(keepaliveInterval(hdr), stop)
-	res, err := run(es.forward)
+	res, err := run(ctx, es.forward)
+	if serr := es.sendErr(); serr != nil {
+		return nil, serr
+	}
 	if err != nil {
 		return err, nil
 	}
 	es.end(res)
-	return nil, es.err
+	return nil, es.sendErr()
 }
 
 // pid resolves a selector: a pid, or the tag of a running process.

@@ -3,6 +3,8 @@ package server_test
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -17,6 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
+	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/processpb"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
@@ -261,5 +267,80 @@ func TestSlowClientPinsNothing(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("the next execution waited behind a stream nobody reads")
+	}
+}
+
+// TestSlowEnvdClientPinsNothing: an envd process stream (Connect's
+// Process.Start) whose client stops reading breaks at its write
+// deadline: the server ends the stream and detaches from the process,
+// which runs on, as when a client closes its stream. Without the
+// deadline the stream, its handler and the agent call behind it stay
+// blocked for as long as the client keeps the connection. Not parallel:
+// it shortens the deadline.
+func TestSlowEnvdClientPinsNothing(t *testing.T) {
+	const writeTimeout = 300 * time.Millisecond
+	defer server.SetStreamWriteTimeout(writeTimeout)()
+	// A fast output rate fills the socket buffers (megabytes) at once.
+	e := newEnv(t, server.Config{}, func(c *sandbox.Config) { c.OutputRate = 256 << 20 })
+	sb := e.e2bCreate(e.keyA, map[string]any{"templateID": "base"})
+	d := net.Dialer{Control: func(network, address string, c syscall.RawConn) error {
+		var serr error
+		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return serr
+	}}
+	conn, err := d.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	msg := []byte(`{"process":{"cmd":"/bin/sh","args":["-c","exec yes flood"]},"tag":"flood"}`)
+	body := append([]byte{0, 0, 0, 0, 0}, msg...)
+	binary.BigEndian.PutUint32(body[1:], uint32(len(msg)))
+	fmt.Fprintf(conn, "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: %s\r\nE2b-Sandbox-Port: 49983\r\nX-Access-Token: %s\r\n"+
+		"Content-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\nContent-Length: %d\r\n\r\n%s", sb.ID, sb.Token, len(body), body)
+
+	// Read until the flood's output shows, then stop reading for ten
+	// write deadlines: the client that stops reading is what is tested.
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	var seen []byte
+	for buf := make([]byte, 4096); !bytes.Contains(seen, []byte(`"stdout"`)); {
+		n, err := conn.Read(buf)
+		if err != nil {
+			t.Fatalf("the flood did not start: %v: %q", err, seen)
+		}
+		seen = append(seen, buf[:n]...)
+	}
+	time.Sleep(10 * writeTimeout)
+
+	// The server gave up on the stream: reading again finds what the
+	// socket buffers held, then the end of the connection; a stream still
+	// open would flow on at the sandbox's output rate.
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	n, err := io.Copy(io.Discard, conn)
+	if err != nil {
+		t.Fatalf("the stream was still open after its client stopped reading (%d bytes more): %v", n, err)
+	}
+	t.Logf("%d bytes were left in the buffers", n)
+
+	// The process runs on, detached, as after a closed stream.
+	proc, _ := e.rpcClients(sb, "")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	list, err := proc.List(ctx, connect.NewRequest(&processpb.ListRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid uint32
+	for _, p := range list.Msg.GetProcesses() {
+		if p.GetTag() == "flood" {
+			pid = p.GetPid()
+		}
+	}
+	if pid == 0 {
+		t.Fatalf("the flood process is gone: %v", list.Msg.GetProcesses())
+	}
+	if _, err := proc.SendSignal(ctx, connect.NewRequest(&processpb.SendSignalRequest{
+		Process: &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Pid{Pid: pid}}, Signal: processpb.Signal_SIGNAL_SIGKILL})); err != nil {
+		t.Fatal(err)
 	}
 }
