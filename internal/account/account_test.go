@@ -208,3 +208,65 @@ func TestConcurrentCap(t *testing.T) {
 		t.Fatalf("most held %d, running %d", most, a.Running())
 	}
 }
+
+// pausingStore lets a test change an account while Refresh is between
+// its reads of the store and its updates.
+type pausingStore struct {
+	store.AccountStore
+	listed chan struct{} // closed once ListAccounts has read
+	resume chan struct{}
+}
+
+func (p *pausingStore) ListAccounts(ctx context.Context) ([]store.Account, error) {
+	l, err := p.AccountStore.ListAccounts(ctx)
+	close(p.listed)
+	<-p.resume
+	return l, err
+}
+
+// TestRefreshKeepsNewerChanges: limits and grants made through the
+// registry while a Refresh reads the store are not undone by it (the
+// meter refreshes after every flush; the admin API's change was lost).
+func TestRefreshKeepsNewerChanges(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	_, db, _ := newRegistry(t, Config{Defaults: Limits{RequestsPerMinute: 600}})
+	rec, err := Create(ctx, db, "team", Overrides{RequestsPerMinute: i64(3)}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := &pausingStore{AccountStore: db, listed: make(chan struct{}), resume: make(chan struct{})}
+	r := NewRegistry(Config{Defaults: Limits{RequestsPerMinute: 600}}, ps)
+	a, err := r.Get(ctx, rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() { done <- r.Refresh(ctx) }()
+	<-ps.listed
+	// The admin API: the store first, then the live account.
+	if err := db.SetAccountLimits(ctx, rec.ID, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	a.SetOverrides(Overrides{})
+	a.Granted(5_000_000)
+	close(ps.resume)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := a.Limits(); l.RequestsPerMinute != 600 {
+		t.Fatalf("requests_per_minute after Refresh: %d, want the new 600", l.RequestsPerMinute)
+	}
+	if b := a.Balance(); b != 5_000_000 {
+		t.Fatalf("balance after Refresh: %d, want the grant's 5000000", b)
+	}
+	// The next Refresh reads the store, which has the limits now.
+	ps.listed, ps.resume = make(chan struct{}), make(chan struct{})
+	close(ps.resume)
+	if err := r.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := a.Limits(); l.RequestsPerMinute != 600 {
+		t.Fatalf("requests_per_minute after a second Refresh: %d", l.RequestsPerMinute)
+	}
+}

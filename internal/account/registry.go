@@ -119,6 +119,9 @@ type Account struct {
 	ledger      int64     // the ledger's sum as last read, plus grants since
 	owed        float64   // cost accrued and not yet in the ledger, micro-units
 	exhaustedAt time.Time // when the balance last reached zero; zero while positive
+	// changes counts the changes made here (SetOverrides, Granted): a
+	// Refresh that read the store before one of them must not undo it.
+	changes uint64
 }
 
 // Get returns the account's live state, reading the account from the
@@ -167,7 +170,15 @@ func usageOf(d store.UsageDelta) Usage {
 // Refresh re-reads every known account's limits and balance from the
 // store (the CLI changes the database directly). The meter calls it
 // right after a flush, so that no cost is both in the ledger and owed.
+// An account changed through this registry while the store was being read
+// keeps its newer state (the next Refresh reads it from the store).
 func (r *Registry) Refresh(ctx context.Context) error {
+	before := map[*Account]uint64{}
+	r.Each(func(a *Account) {
+		a.mu.Lock()
+		before[a] = a.changes
+		a.mu.Unlock()
+	})
 	accts, err := r.st.ListAccounts(ctx)
 	if err != nil {
 		return err
@@ -180,14 +191,19 @@ func (r *Registry) Refresh(ctx context.Context) error {
 	defer r.mu.RUnlock()
 	for _, rec := range accts {
 		a := r.accounts[rec.ID]
-		if a == nil {
-			continue
+		seen, ok := before[a]
+		if a == nil || !ok {
+			continue // loaded from the store after the snapshot: current
 		}
-		if err := a.setOverridesJSON(rec.Limits); err != nil {
+		o, err := ParseOverrides(rec.Limits)
+		if err != nil {
 			return err
 		}
 		a.mu.Lock()
-		a.ledger = bal[rec.ID]
+		if a.changes == seen {
+			a.overrides, a.limits = o, o.Apply(r.cfg.Defaults)
+			a.ledger = bal[rec.ID]
+		}
 		a.mu.Unlock()
 	}
 	return nil
@@ -220,6 +236,7 @@ func (a *Account) SetOverrides(o Overrides) {
 	a.mu.Lock()
 	a.overrides = o
 	a.limits = o.Apply(a.r.cfg.Defaults)
+	a.changes++
 	a.mu.Unlock()
 }
 
@@ -408,6 +425,7 @@ func (a *Account) Settled(micros int64) {
 func (a *Account) Granted(micros int64) {
 	a.mu.Lock()
 	a.ledger += micros
+	a.changes++
 	if a.balanceLocked() > 0 {
 		a.exhaustedAt = time.Time{}
 	}
