@@ -83,6 +83,10 @@ func main() {
 		os.Exit(runInit(os.Args[2:]))
 	case "serve":
 		os.Exit(runServe(os.Args[2:]))
+	case "seccomp-exec":
+		// Runs an interpreter under the no-subprocess filter
+		// (kernel.SeccompExec); the agent starts it, never the host.
+		os.Exit(kernel.SeccompExec(os.Args[2:]))
 	case "version":
 		fmt.Println(version)
 	default:
@@ -92,7 +96,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintf(os.Stderr, "usage: %s init|serve [--root DIR] [--home DIR] [--listen SOCKET]\n", os.Args[0])
+	fmt.Fprintf(os.Stderr, "usage: %s init|serve [--root DIR] [--home DIR] [--listen SOCKET] | seccomp-exec FILTER SYSCALL PROGRAM [ARG...]\n", os.Args[0])
 }
 
 func runServe(args []string) int {
@@ -141,12 +145,19 @@ func runServe(args []string) int {
 	}
 	// Code contexts run as "user" when the agent is the sandbox's root.
 	kernelCred := agent.KernelCredential(*root)
+	// The agent's own binary is the seccomp-exec helper of Node contexts
+	// under allow_subprocess: false.
+	self, err := os.Executable()
+	if err != nil {
+		log.Error("own path", "err", err)
+		return 1
+	}
 	cfg := agent.Config{
 		Root:    *root,
 		Home:    *home,
 		Version: version,
 		NewKernel: func(ctx context.Context, spec agentproto.ContextSpec) (agent.Kernel, error) {
-			k, err := kernel.Start(ctx, spec, kernel.Options{BaseEnv: os.Environ(), Credential: kernelCred,
+			k, err := kernel.Start(ctx, spec, kernel.Options{BaseEnv: os.Environ(), Credential: kernelCred, Helper: self,
 				StartOn: func(start func() error) error { return agent.StartBounded(kernelCred, start) }})
 			if err != nil {
 				return nil, err

@@ -195,13 +195,16 @@ type ExecuteSpec struct {
 }
 
 // KernelPolicy is the part of a sandbox's security policy its code
-// contexts enforce. Python enforces all of it; Node and Bash contexts
-// cannot filter their own system calls and refuse to run code while
-// DenySubprocess is set.
+// contexts enforce. Python enforces all of it; Node enforces
+// DenySubprocess (and CPUTimeMS, counted by the agent); Bash contexts
+// refuse to run code while DenySubprocess is set (a shell that cannot
+// fork runs only its builtins).
 type KernelPolicy struct {
-	// DenySubprocess installs a seccomp filter (Seccomp) in the
-	// interpreter denying execve, execveat, fork, vfork and clone without
-	// CLONE_THREAD, and reports attempts the interpreter sees.
+	// DenySubprocess puts the interpreter under a seccomp filter
+	// (Seccomp) that hands execve, execveat, fork, vfork and clone without
+	// CLONE_THREAD to the agent, which refuses each with EPERM and
+	// reports it (EventViolation, coalesced); Python installs it on
+	// itself, Node starts under it.
 	DenySubprocess bool `json:"deny_subprocess,omitempty"`
 	// Seccomp is the classic BPF program (struct sock_filter records,
 	// native byte order) the interpreter installs on itself with
@@ -231,6 +234,11 @@ type KernelPolicy struct {
 type Violation struct {
 	Kind   string `json:"kind"`
 	Target string `json:"target"`
+	// Count is how many attempts the report stands for (0: one). The
+	// seccomp supervisor coalesces repeated refusals: the first of a
+	// kind and target in an execution is reported at once, the rest in
+	// one report at the end of the execution.
+	Count int64 `json:"count,omitempty"`
 }
 
 // Event is every frame the agent sends back; Type says which fields are set.

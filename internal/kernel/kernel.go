@@ -25,11 +25,13 @@ import (
 	"context"
 	"crypto/rand"
 	_ "embed"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"sort"
@@ -68,6 +70,10 @@ type Options struct {
 	// interpreter's capability bounding set is empty); nil: it is called
 	// directly.
 	StartOn func(start func() error) error
+	// Helper is a program whose first argument "seccomp-exec" runs
+	// SeccompExec (the agent's own binary): Node contexts start through it
+	// under allow_subprocess: false. Empty: they refuse to run then.
+	Helper string
 }
 
 // Kernel is one context's interpreter. Its methods are safe for concurrent
@@ -85,6 +91,10 @@ type Kernel struct {
 	// applied is the policy generation the running interpreter has
 	// applied (ExecuteSpec.PolicyGen); 0 for a fresh one.
 	applied int64
+	// filter, when set, is the no-subprocess seccomp filter (and the
+	// number of the seccomp system call) a Node interpreter starts under.
+	filter   []byte
+	filterNR int
 }
 
 // proc is one running interpreter.
@@ -96,6 +106,15 @@ type proc struct {
 	exited chan struct{} // closed when the process has been waited for
 
 	pipes [2]syscall.RawConn // read ends of stdout and stderr
+
+	filtered bool     // started under the no-subprocess filter (Node)
+	used     bool     // an execution has run in it
+	deny     *denials // what its seccomp filter refused, for the execution loop
+	// lmu guards lconn, the kernel's end of the socket pair the filter's
+	// listener arrives over, and listener, once it has arrived.
+	lmu      sync.Mutex
+	lconn    *net.UnixConn
+	listener *os.File
 	// readMu is held by a pump from each read of a pipe until the chunk
 	// read is queued on out, so that a reader holding it sees output
 	// either in the pipes or queued, never in between.
@@ -181,6 +200,10 @@ func (k *Kernel) command() *exec.Cmd {
 	case "python":
 		return exec.Command(k.opt.Python, "-c", pythonBoot, pythonDriver, pythonCharts)
 	case "javascript", "typescript": // the host sends TypeScript cells transpiled
+		if k.filter != nil {
+			return exec.Command(k.opt.Helper, "seccomp-exec", base64.StdEncoding.EncodeToString(k.filter),
+				strconv.Itoa(k.filterNR), k.opt.Node, "-e", nodeDriver)
+		}
 		return exec.Command(k.opt.Node, "-e", nodeDriver)
 	default:
 		return exec.Command(k.opt.Bash, "--noprofile", "--norc", "-c", bashDriver)
@@ -235,11 +258,27 @@ func (k *Kernel) start() error {
 		}
 	}
 	cmd.ExtraFiles = []*os.File{reqR, msgW}
+	// A filter's listener comes back over fd 5: Python installs the
+	// filter itself when a policy asks, Node starts under it.
+	filtered := k.filter != nil && k.lang != "python" && k.lang != "bash"
+	var lconn *net.UnixConn
+	if k.lang == "python" || filtered {
+		child, own, err := listenerChannel()
+		if err != nil {
+			return errors.Join(fmt.Errorf("start %s: %w", k.lang, err), closeAll(reqR, reqW, msgR, msgW))
+		}
+		defer child.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, child)
+		lconn = own
+	}
 	startOn := k.opt.StartOn
 	if startOn == nil {
 		startOn = func(start func() error) error { return start() }
 	}
 	if err := startOn(cmd.Start); err != nil {
+		if lconn != nil {
+			lconn.Close()
+		}
 		return errors.Join(fmt.Errorf("start %s: %w", k.lang, err), closeAll(reqR, reqW, msgR, msgW))
 	}
 	reqR.Close()
@@ -248,7 +287,15 @@ func (k *Kernel) start() error {
 	// score the runtime sets to 500; raising needs no privilege).
 	_ = os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", cmd.Process.Pid), []byte("1000"), 0)
 
-	p := &proc{cmd: cmd, ctlW: reqW, out: make(chan chunk, 64), ctl: make(chan ctlMsg, 16), exited: make(chan struct{}), pipes: pipes}
+	p := &proc{cmd: cmd, ctlW: reqW, out: make(chan chunk, 64), ctl: make(chan ctlMsg, 16), exited: make(chan struct{}), pipes: pipes,
+		filtered: filtered, deny: newDenials(), lconn: lconn}
+	if lconn != nil {
+		execPID := 0
+		if filtered {
+			execPID = cmd.Process.Pid // the helper, whose exec of Node is let through
+		}
+		go receiveListener(lconn, execPID, p.deny, &p.lmu, &p.listener)
+	}
 	var readers sync.WaitGroup
 	readers.Add(2)
 	go p.pump(1, p.pipes[0], &readers)
@@ -392,6 +439,14 @@ func closeAll(fs ...*os.File) error {
 func (p *proc) kill() {
 	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	p.ctlW.Close()
+	p.lmu.Lock()
+	if p.lconn != nil {
+		p.lconn.Close()
+	}
+	if p.listener != nil {
+		p.listener.Close()
+	}
+	p.lmu.Unlock()
 	// Drain the readers so they reach the end of their pipes and exit.
 	go func() {
 		for range p.out {
@@ -549,6 +604,13 @@ func (k *Kernel) Execute(ctx context.Context, spec agentproto.ExecuteSpec, emit 
 			emitting = false
 		}
 	}
+	// What the filter refused since the last execution (a thread left
+	// running, say) is reported first, marked as such.
+	for _, v := range sortedViolations(p.deny.take()) {
+		v.Target += " (between executions)"
+		send(agentproto.Event{Type: agentproto.EventViolation, Violation: &v})
+	}
+	p.used = true
 	marker := newMarker()
 	request := k.request(spec, marker)
 	if spec.Policy != nil {
@@ -674,11 +736,28 @@ func (k *Kernel) Execute(ctx context.Context, spec agentproto.ExecuteSpec, emit 
 			time.Sleep(50 * time.Microsecond)
 		}
 	}
+	// Refusals of the seccomp filter: the first of each kind and target
+	// at once, the rest counted in one event at the end.
+	reported := map[agentproto.Violation]bool{}
+	later := map[agentproto.Violation]int64{}
+	denied := func() {
+		for _, v := range sortedViolations(p.deny.take()) {
+			if reported[agentproto.Violation{Kind: v.Kind, Target: v.Target}] {
+				later[agentproto.Violation{Kind: v.Kind, Target: v.Target}] += v.Count
+				continue
+			}
+			reported[agentproto.Violation{Kind: v.Kind, Target: v.Target}] = true
+			settle()
+			send(agentproto.Event{Type: agentproto.EventViolation, Violation: &v})
+		}
+	}
 loop:
 	for !(gotDone && seen[1] && seen[2]) {
 		select {
 		case c, ok := <-out:
 			handle(c, ok)
+		case <-p.deny.kick:
+			denied()
 		case m, ok := <-ctl:
 			if !ok {
 				break loop // the interpreter is gone
@@ -739,6 +818,10 @@ loop:
 			exited = nil
 		}
 	}
+	denied() // counted before the calls returned: all are in
+	for _, v := range sortedViolations(later) {
+		send(agentproto.Event{Type: agentproto.EventViolation, Violation: &v})
+	}
 	if killed || !gotDone || policyFailed {
 		// A policy the interpreter could not apply is applied by a
 		// fresh one at the next execution.
@@ -797,6 +880,23 @@ loop:
 		done.Stats.PeakMemoryBytes = peakRSS(pid)
 	}
 	return done
+}
+
+// sortedViolations returns counts as violations carrying their count, in
+// a stable order.
+func sortedViolations(counts map[agentproto.Violation]int64) []agentproto.Violation {
+	out := make([]agentproto.Violation, 0, len(counts))
+	for v, n := range counts {
+		v.Count = n
+		out = append(out, v)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Kind != out[j].Kind {
+			return out[i].Kind < out[j].Kind
+		}
+		return out[i].Target < out[j].Target
+	})
+	return out
 }
 
 // signalled reports whether the interpreter was ended by sig.

@@ -32,7 +32,17 @@ function send(msg) {
   fs.writeSync(4, s + '\n');
 }
 
+// denySubprocess: the interpreter runs under the no-subprocess seccomp
+// filter (the agent started it so); a spawn that failed with EPERM is
+// reported as the policy's refusal.
+let denySubprocess = false;
+
 function errorOf(e) {
+  if (denySubprocess && e && e.code === 'EPERM' && typeof e.syscall === 'string' && e.syscall.startsWith('spawn')) {
+    return { name: 'SubprocessDeniedError',
+      value: `Running programs and creating processes is blocked by security policy (${e.syscall})`,
+      traceback: String(e.stack || e) };
+  }
   if (e instanceof Error || (e && typeof e === 'object' && 'stack' in e)) {
     return { name: e.name || 'Error', value: String(e.message), traceback: String(e.stack || e) };
   }
@@ -70,6 +80,7 @@ function asyncCell(code) {
 }
 
 async function run(req) {
+  if (req.policy && req.policy.deny_subprocess) denySubprocess = true;
   const saved = {};
   for (const [k, v] of Object.entries(req.env || {})) {
     saved[k] = process.env[k];

@@ -14,24 +14,47 @@ const pythonBoot = `import sys;exec(compile(sys.argv.pop(1),"<frozen sheepfold_d
 
 // policyGate applies what a policy asks before an execution starts; k.mu
 // is held. It restarts an interpreter that applied a policy a later
-// change loosened (ExecuteSpec.PolicyRestartGen), and refuses to run
-// Node or Bash code under allow_subprocess: false, which those kernels
-// cannot enforce on themselves (a non-nil Done says so).
+// change loosened (ExecuteSpec.PolicyRestartGen), starts Node under the
+// no-subprocess filter when the policy asks for it (restarting one that
+// runs without; state is lost, and said so when code had run), and
+// refuses to run Bash code under allow_subprocess: false (a non-nil Done
+// says so).
 func (k *Kernel) policyGate(spec agentproto.ExecuteSpec, emit func(agentproto.Event) error) *agentproto.Event {
 	pol := spec.Policy
 	if pol == nil {
 		return nil
 	}
-	if pol.DenySubprocess && k.lang != "python" {
+	node := k.lang == "javascript" || k.lang == "typescript"
+	if pol.DenySubprocess && (k.lang == "bash" || node && k.opt.Helper == "") {
+		why := "a shell that cannot fork runs only its builtins: use a python or javascript context"
+		if node {
+			why = "this agent cannot start Node under the seccomp filter (no seccomp-exec helper); use a python context"
+		}
 		_ = emit(agentproto.Event{Type: agentproto.EventViolation, Violation: &agentproto.Violation{
 			Kind: "subprocess_denied", Target: k.lang + " context"}})
 		_ = emit(agentproto.Event{Type: agentproto.EventError, Error: &agentproto.ExecError{
-			Name: "SubprocessDeniedError",
-			Value: fmt.Sprintf("a %s context cannot run while allow_subprocess is false: it cannot filter its own "+
-				"system calls; use a python context", k.lang)}})
+			Name:  "SubprocessDeniedError",
+			Value: fmt.Sprintf("a %s context cannot run while allow_subprocess is false: %s", k.lang, why)}})
 		return &agentproto.Event{Type: agentproto.EventDone, Status: agentproto.StatusError, Stats: &agentproto.Stats{}}
 	}
 	if k.p != nil && k.applied > 0 && k.applied < spec.PolicyRestartGen {
+		k.p.kill()
+		k.p = nil
+	}
+	if !node {
+		return nil
+	}
+	if !pol.DenySubprocess {
+		// A filtered interpreter stays so until a loosening restarts it.
+		k.filter, k.filterNR = nil, 0
+		return nil
+	}
+	k.filter, k.filterNR = pol.Seccomp, pol.SeccompSyscall
+	if k.p != nil && !k.p.filtered {
+		if k.p.used {
+			_ = emit(agentproto.Event{Type: agentproto.EventStderr, Data: []byte(
+				"[sheepfold] this context was restarted to run under allow_subprocess: false; its earlier state is lost\n")})
+		}
 		k.p.kill()
 		k.p = nil
 	}

@@ -10,10 +10,10 @@ import (
 // The seccomp return values and data offsets the filter uses
 // (linux/seccomp.h, linux/audit.h).
 const (
-	seccompRetAllow = 0x7fff0000
-	seccompRetErrno = 0x00050000
-	errnoEPERM      = 1
-	errnoENOSYS     = 38
+	seccompRetAllow  = 0x7fff0000
+	seccompRetErrno  = 0x00050000
+	seccompRetNotify = 0x7fc00000 // SECCOMP_RET_USER_NOTIF
+	errnoENOSYS      = 38
 	cloneThread     = 0x00010000
 	offNr           = 0  // seccomp_data.nr
 	offArch         = 4  // seccomp_data.arch
@@ -40,13 +40,19 @@ var seccompArches = map[string]seccompArch{
 // false for an architecture (GOARCH name) as struct sock_filter records in
 // little-endian order, and the number of the seccomp system call there.
 //
-// The filter denies with EPERM: execve, execveat, fork, vfork, and clone
-// unless CLONE_THREAD is set (so threads keep working), and any system
-// call made with another architecture's convention (32-bit int 0x80, x32).
-// clone3 fails with ENOSYS, which makes the C library fall back to clone,
-// whose flags a filter can read (clone3 passes them in memory). The
-// interpreter installs it on itself after it has started: filters cannot
-// be removed, and no_new_privs is already set for the whole sandbox.
+// The filter hands to a supervisor (SECCOMP_RET_USER_NOTIF): execve,
+// execveat, fork, vfork, and clone unless CLONE_THREAD is set (so threads
+// keep working), and any system call made with another architecture's
+// convention (32-bit int 0x80, x32). It is installed with
+// SECCOMP_FILTER_FLAG_NEW_LISTENER and the listener goes to the agent
+// (internal/kernel), which answers every such call with EPERM and reports
+// it; if no supervisor holds the listener any more, the kernel fails those
+// calls with ENOSYS, so they are refused either way. clone3 fails with
+// ENOSYS at once, which makes the C library fall back to clone, whose flags
+// a filter can read (clone3 passes them in memory). Python installs it on
+// itself after it has started (filters cannot be removed, and
+// no_new_privs is already set for the whole sandbox); Node starts under it
+// (the agent's seccomp-exec helper).
 func NoSubprocessFilter(goarch string) ([]byte, int, error) {
 	a, ok := seccompArches[goarch]
 	if !ok {
@@ -85,7 +91,7 @@ func NoSubprocessFilter(goarch string) ([]byte, int, error) {
 	labels["allow"] = len(prog)
 	emit(bpf.RetConstant{Val: seccompRetAllow})
 	labels["deny"] = len(prog)
-	emit(bpf.RetConstant{Val: seccompRetErrno | errnoEPERM})
+	emit(bpf.RetConstant{Val: seccompRetNotify})
 	labels["enosys"] = len(prog)
 	emit(bpf.RetConstant{Val: seccompRetErrno | errnoENOSYS})
 

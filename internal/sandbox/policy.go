@@ -178,13 +178,18 @@ func (s *Sandbox) executePolicy(spec *agentproto.ExecuteSpec) {
 }
 
 // violation reports what the code tried (an EventViolation) as a
-// security_violation, or a resource_exceeded for the resources.
+// security_violation (with "count" when the agent coalesced repeated
+// refusals into one report), or a resource_exceeded for the resources.
 func (s *Sandbox) violation(execID string, v *agentproto.Violation) {
 	if v.Kind == "resource" {
 		s.emit(events.ResourceExceeded, execID, map[string]any{"resource": v.Target})
 		return
 	}
-	s.emit(events.SecurityViolation, execID, map[string]any{"kind": v.Kind, "target": v.Target})
+	details := map[string]any{"kind": v.Kind, "target": v.Target}
+	if v.Count > 1 {
+		details["count"] = v.Count // repeated refusals, coalesced by the agent
+	}
+	s.emit(events.SecurityViolation, execID, details)
 }
 
 // errorCodes maps the exceptions the kernels raise for policy refusals to

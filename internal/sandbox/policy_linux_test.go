@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -101,6 +102,7 @@ func TestPolicyHostile(t *testing.T) {
 	cases := []struct {
 		name, box, lang, code string
 		control               string // the box of the unconfined run ("free" when empty)
+		replaces              bool   // unconfined, the attack replaces the interpreter (execve)
 		errName               string
 		code_                 apierr.Code
 		kind, target          string // the security_violation expected ("" for none)
@@ -125,11 +127,15 @@ func TestPolicyHostile(t *testing.T) {
 		{name: "shell escape", box: "nosub", code: "!true", errName: "SubprocessDeniedError", code_: apierr.SubprocessDenied, kind: "subprocess_denied", target: "subprocess.Popen"},
 		{name: "ctypes libc.fork", box: "nosub", code: libc + "pid = libc.fork()\nif pid == 0: libc._exit(0)\nassert pid > 0", errName: "SubprocessDeniedError", code_: apierr.SubprocessDenied, kind: "subprocess_denied", target: "fork"},
 		{name: "ctypes libc.system", box: "nosub", code: libc + "assert libc.system(b'true') == 0", errName: "SubprocessDeniedError", code_: apierr.SubprocessDenied, kind: "subprocess_denied", target: "system"},
+		{name: "ctypes libc.execve", box: "nosub", replaces: true, code: libc + "libc.execve(b'/bin/true', (ctypes.c_char_p * 2)(b'true', None), None)", errName: "SubprocessDeniedError", code_: apierr.SubprocessDenied, kind: "subprocess_denied", target: "execve"},
 		// Raw system calls pass every Python-level check: seccomp refuses
-		// them (EPERM), silently.
-		{name: "raw execve", box: "nosub", code: libc + nr + "r = libc.syscall(nr[0], b'/bin/true', (ctypes.c_char_p * 2)(b'true', None), None)\nraise SystemExit('execve returned %d errno %d' % (r, ctypes.get_errno()))", errName: "SystemExit"},
-		{name: "raw clone", box: "nosub", code: libc + nr + "r = libc.syscall(nr[1], 17, None, None, None, None)\nif r == 0: libc._exit(0)\nassert r > 0, ctypes.get_errno()", errName: "AssertionError"},
-		{name: "node child_process", box: "nosub", lang: "javascript", code: "require('child_process').execSync('true')", errName: "SubprocessDeniedError", code_: apierr.SubprocessDenied, kind: "subprocess_denied", target: "javascript"},
+		// them (EPERM) and the agent, its supervisor, reports them.
+		{name: "raw execve", box: "nosub", replaces: true, code: libc + nr + "r = libc.syscall(nr[0], b'/bin/true', (ctypes.c_char_p * 2)(b'true', None), None)\nraise SystemExit('execve returned %d errno %d' % (r, ctypes.get_errno()))", errName: "SystemExit", kind: "subprocess_denied", target: "execve"},
+		{name: "raw clone", box: "nosub", code: libc + nr + "r = libc.syscall(nr[1], 17, None, None, None, None)\nif r == 0: libc._exit(0)\nassert r > 0, ctypes.get_errno()", errName: "AssertionError", kind: "subprocess_denied", target: "clone"},
+		// Node runs under the same filter (started through the agent's
+		// seccomp-exec helper); libuv forks with clone(2).
+		{name: "node execSync", box: "nosub", lang: "javascript", code: "require('child_process').execSync('true').length", errName: "SubprocessDeniedError", code_: apierr.SubprocessDenied, kind: "subprocess_denied", target: "clone"},
+		{name: "node spawn", box: "nosub", lang: "javascript", code: "await new Promise((ok, fail) => { const c = require('child_process').spawn('true'); c.on('error', fail); c.on('exit', ok); })", errName: "SubprocessDeniedError", code_: apierr.SubprocessDenied, kind: "subprocess_denied", target: "clone"},
 		{name: "bash", box: "nosub", lang: "bash", code: "/bin/true", errName: "SubprocessDeniedError", code_: apierr.SubprocessDenied, kind: "subprocess_denied", target: "bash"},
 		{name: "connect out", box: "none", control: "public", code: "import socket\ns = socket.socket()\ns.settimeout(1)\ntry:\n    s.connect(('192.0.2.1', 80))\nexcept OSError as e:\n    if type(e).__name__ == 'NetworkRestrictedError': raise\n", errName: "NetworkRestrictedError", code_: apierr.NetworkRestricted, kind: "network_denied", target: "192.0.2.1:80"},
 		{name: "udp out", box: "none", control: "public", code: "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ntry:\n    s.sendto(b'x', ('198.51.100.7', 53))\nexcept OSError as e:\n    if type(e).__name__ == 'NetworkRestrictedError': raise\n", errName: "NetworkRestrictedError", code_: apierr.NetworkRestricted, kind: "network_denied", target: "198.51.100.7:53"},
@@ -145,7 +151,7 @@ func TestPolicyHostile(t *testing.T) {
 				control = "free"
 			}
 			free, _ := inContext(t, boxes[control], lang, c.code)
-			wantOK := c.name != "raw execve" // execve replaces the interpreter: the context dies, as it should
+			wantOK := !c.replaces // execve replaces the interpreter: the context dies, as it should
 			if wantOK && (free.Status != sandbox.ExecSuccess || free.Error != nil) {
 				t.Fatalf("unconfined, the attack must work: %+v %+v", free, free.Error)
 			}
@@ -167,11 +173,55 @@ func TestPolicyHostile(t *testing.T) {
 				if len(vs) != 0 {
 					t.Fatalf("no event expected (seccomp refuses silently), got %+v", vs)
 				}
-			} else if len(vs) == 0 || vs[0].Details["kind"] != c.kind || !strings.Contains(vs[0].Details["target"].(string), c.target) {
-				t.Fatalf("events %+v, want %s %s", vs, c.kind, c.target)
+			} else if len(vs) == 0 || vs[0].Details["kind"] != c.kind || !strings.Contains(vs[0].Details["target"].(string), c.target) ||
+				vs[0].ExecutionID != id {
+				t.Fatalf("events %+v, want %s %s of %s", vs, c.kind, c.target, id)
 			}
 		})
 	}
+	t.Run("fork loop", func(t *testing.T) {
+		loop := libc + nr + "import os\nn = 0\nfor i in range(%d):\n    r = libc.syscall(nr[1], 17, None, None, None, None)\n" +
+			"    if r == 0: libc._exit(0)\n    if r > 0: os.waitpid(r, 0); n += 1\nn"
+		if ex, _ := inContext(t, boxes["free"], "python", fmt.Sprintf(loop, 200)); mainText(ex) != "200" {
+			t.Fatalf("unconfined, the forks work: %+v %+v", ex, ex.Error)
+		}
+		ex, id := inContext(t, boxes["nosub"], "python", fmt.Sprintf(loop, 5000))
+		if mainText(ex) != "0" {
+			t.Fatalf("confined, no fork may work: %+v %+v", ex, ex.Error)
+		}
+		// One coalesced stream: the first refusal at once, the rest in
+		// one counted event.
+		vs := log.of(events.SecurityViolation, boxes["nosub"].ID, id)
+		var total int64
+		for _, v := range vs {
+			if v.Details["kind"] != events.KindSubprocessDenied || v.Details["target"] != "clone" {
+				t.Fatalf("event %+v", v)
+			}
+			n, _ := v.Details["count"].(int64)
+			total += max(n, 1)
+		}
+		if len(vs) > 2 || total != 5000 {
+			t.Fatalf("%d events counting %d, want at most 2 counting 5000: %+v", len(vs), total, vs)
+		}
+		if ex := run(t, neighbour, "python", "1 + 1"); mainText(ex) != "2" {
+			t.Fatalf("the neighbour sandbox: %+v", ex)
+		}
+		if out, err := exec.Command("/bin/sh", "-c", "echo host").Output(); err != nil || string(out) != "host\n" {
+			t.Fatalf("the host forks: %q %v", out, err)
+		}
+	})
+	t.Run("node works under the filter", func(t *testing.T) {
+		code := "const { Worker } = require('worker_threads');\n" +
+			"const v = await new Promise((ok, fail) => { const w = new Worker('require(\"worker_threads\").parentPort.postMessage(6 * 7)', { eval: true }); w.on('message', ok); w.on('error', fail); });\n" +
+			"[v, JSON.stringify({a: [1, 2]}), require('fs').readdirSync('/').includes('tmp')]"
+		ex, id := inContext(t, boxes["nosub"], "javascript", code)
+		if mainText(ex) != "[ 42, '{\"a\":[1,2]}', true ]" || ex.Error != nil {
+			t.Fatalf("%+v %+v", ex, ex.Error)
+		}
+		if vs := log.of(events.SecurityViolation, boxes["nosub"].ID, id); len(vs) != 0 {
+			t.Fatalf("no event expected: %+v", vs)
+		}
+	})
 	t.Run("threads still work", func(t *testing.T) {
 		ex, _ := inContext(t, boxes["nosub"], "python", "import threading, concurrent.futures as cf\nwith cf.ThreadPoolExecutor(4) as p:\n    r = sum(p.map(lambda x: x * x, range(10)))\nr")
 		if mainText(ex) != "285" {
