@@ -14,11 +14,11 @@ const (
 	seccompRetErrno  = 0x00050000
 	seccompRetNotify = 0x7fc00000 // SECCOMP_RET_USER_NOTIF
 	errnoENOSYS      = 38
-	cloneThread     = 0x00010000
-	offNr           = 0  // seccomp_data.nr
-	offArch         = 4  // seccomp_data.arch
-	offArg0         = 16 // seccomp_data.args[0], its low 32 bits on little-endian machines
-	x32SyscallBit   = 0x40000000
+	cloneThread      = 0x00010000
+	offNr            = 0  // seccomp_data.nr
+	offArch          = 4  // seccomp_data.arch
+	offArg0          = 16 // seccomp_data.args[0], its low 32 bits on little-endian machines
+	x32SyscallBit    = 0x40000000
 )
 
 // seccompArch holds what the no-subprocess filter needs to know of one
