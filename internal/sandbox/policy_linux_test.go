@@ -182,10 +182,10 @@ func TestPolicyHostile(t *testing.T) {
 	t.Run("fork loop", func(t *testing.T) {
 		loop := libc + nr + "import os\nn = 0\nfor i in range(%d):\n    r = libc.syscall(nr[1], 17, None, None, None, None)\n" +
 			"    if r == 0: libc._exit(0)\n    if r > 0: os.waitpid(r, 0); n += 1\nn"
-		if ex, _ := inContext(t, boxes["free"], "python", fmt.Sprintf(loop, 200)); mainText(ex) != "200" {
+		if ex, _ := inContext(t, boxes["free"], "python", fmt.Sprintf(loop, 50)); mainText(ex) != "50" {
 			t.Fatalf("unconfined, the forks work: %+v %+v", ex, ex.Error)
 		}
-		ex, id := inContext(t, boxes["nosub"], "python", fmt.Sprintf(loop, 5000))
+		ex, id := inContext(t, boxes["nosub"], "python", fmt.Sprintf(loop, 2000))
 		if mainText(ex) != "0" {
 			t.Fatalf("confined, no fork may work: %+v %+v", ex, ex.Error)
 		}
@@ -200,8 +200,8 @@ func TestPolicyHostile(t *testing.T) {
 			n, _ := v.Details["count"].(int64)
 			total += max(n, 1)
 		}
-		if len(vs) > 2 || total != 5000 {
-			t.Fatalf("%d events counting %d, want at most 2 counting 5000: %+v", len(vs), total, vs)
+		if len(vs) > 2 || total != 2000 {
+			t.Fatalf("%d events counting %d, want at most 2 counting 2000: %+v", len(vs), total, vs)
 		}
 		if ex := run(t, neighbour, "python", "1 + 1"); mainText(ex) != "2" {
 			t.Fatalf("the neighbour sandbox: %+v", ex)
