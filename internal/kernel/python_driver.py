@@ -153,12 +153,39 @@ def _figures(*_args, **_kwargs):
         sys.stderr.write("sheepfold: could not render figures: %s\n" % e)
 
 
-class _PyplotHook:
-    """Makes plt.show() emit the figures, as a notebook's inline backend
-    does, by wrapping matplotlib.pyplot when it is first imported."""
+def _patch_pyplot(module):
+    """plt.show() emits the figures, as a notebook's inline backend does."""
+    module.show = _figures
+
+
+def _patch_pil(module):
+    """As in E2B's sandbox: image.show() displays the image (no viewer is
+    started) and image.save() to a file name displays it too."""
+    cls = getattr(module, "Image", None)
+    if cls is None:
+        return
+    save = cls.save
+
+    def show(self, title=None, **options):
+        display(self)
+
+    def save_and_display(self, fp, format=None, **params):
+        if isinstance(fp, str):
+            display(self)
+        return save(self, fp, format, **params)
+
+    cls.show = show
+    cls.save = save_and_display
+
+
+class _ImportHook:
+    """Patches a module of a library the first time it is imported (see
+    _PATCHES), wrapping its loader so that nothing is imported before the
+    user's code asks for it."""
 
     def find_spec(self, name, path=None, target=None):
-        if name != "matplotlib.pyplot":
+        patch = _PATCHES.get(name)
+        if patch is None:
             return None
         import importlib.machinery
         spec = importlib.machinery.PathFinder.find_spec(name, path)
@@ -168,12 +195,13 @@ class _PyplotHook:
 
         def patched(module):
             exec_module(module)
-            module.show = _figures
+            patch(module)
         spec.loader.exec_module = patched
         return spec
 
 
-sys.meta_path.insert(0, _PyplotHook())
+_PATCHES = {"matplotlib.pyplot": _patch_pyplot, "PIL.Image": _patch_pil}
+sys.meta_path.insert(0, _ImportHook())
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
