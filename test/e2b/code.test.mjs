@@ -403,3 +403,23 @@ test('figures: png, text and chart as E2B gives them (null title, pie degrees, b
   assert.deepEqual(cats.y_tick_labels, ['low', 'mid', 'high'])
   assert.equal(cats.elements[0].label, 'Line 0', 'an unnamed line is named as E2B names it')
 })
+
+test('PIL images: the last expression, image.show() and image.save("x.png") each give a PNG result', T, async () => {
+  const isPNG = (r) => r.png && Buffer.from(r.png, 'base64').subarray(0, 4).equals(Buffer.from([0x89, 0x50, 0x4e, 0x47]))
+  const last = await sbx.runCode('from PIL import Image\nImage.new("RGB", (8, 8), "blue")')
+  assert.equal(last.results.length, 1)
+  assert.ok(isPNG(last.results[0]) && last.results[0].isMainResult, 'the last expression')
+
+  const shown = await sbx.runCode('from PIL import Image\nimg = Image.new("RGB", (8, 8), "green")\nimg.show()\nprint("after show")')
+  assert.equal(shown.error, undefined, `error ${JSON.stringify(shown.error)}`)
+  assert.equal(shown.results.length, 1, `results ${JSON.stringify(shown.results.map((r) => r.formats()))}`)
+  assert.ok(isPNG(shown.results[0]) && !shown.results[0].isMainResult, 'image.show()')
+  assert.deepEqual(shown.logs.stdout, ['after show\n'])
+
+  const saved = await sbx.runCode('from PIL import Image\nimport io\nimg = Image.new("RGB", (8, 8), "red")\nimg.save("pil-saved.png")\nimg.save(io.BytesIO(), format="PNG")')
+  assert.equal(saved.error, undefined, `error ${JSON.stringify(saved.error)}`)
+  assert.equal(saved.results.length, 1, 'a save to a file name displays the image; a save to a buffer does not')
+  assert.ok(isPNG(saved.results[0]), 'image.save()')
+  const file = await sbx.files.read('/home/user/pil-saved.png', { format: 'bytes' })
+  assert.deepEqual([...file.subarray(0, 4)], [0x89, 0x50, 0x4e, 0x47], 'the file is written too')
+})
