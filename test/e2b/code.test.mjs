@@ -423,3 +423,21 @@ test('PIL images: the last expression, image.show() and image.save("x.png") each
   const file = await sbx.files.read('/home/user/pil-saved.png', { format: 'bytes' })
   assert.deepEqual([...file.subarray(0, 4)], [0x89, 0x50, 0x4e, 0x47], 'the file is written too')
 })
+
+test('results reach onResult as they are produced (display, plt.show), not when the cell ends', T, async () => {
+  const t0 = Date.now()
+  const at = []
+  const ex = await sbx.runCode(
+    'import time\nimport matplotlib.pyplot as plt\ndisplay("first")\nplt.plot([1, 2])\nplt.show()\ntime.sleep(2)\n"last"',
+    { onResult: (r) => at.push([r.isMainResult ? 'main' : r.png ? 'png' : r.text, Date.now() - t0]) }
+  )
+  const end = Date.now() - t0
+  assert.equal(ex.error, undefined, `error ${JSON.stringify(ex.error)}`)
+  assert.deepEqual(
+    at.map(([what]) => what),
+    ['first', 'png', 'main']
+  )
+  for (const [what, ms] of at.slice(0, 2)) {
+    assert.ok(end - ms >= 1_500, `${what} arrived ${end - ms} ms before the end: it was not streamed`)
+  }
+})
