@@ -130,12 +130,7 @@ func (s *server) language(lang string) (string, *agentproto.Event) {
 // startKernel starts a kernel for spec (whose Language is canonical) and
 // returns its context, not yet registered.
 func (s *server) startKernel(id string, spec agentproto.ContextSpec) (*kernelContext, error) {
-	if spec.Cwd == "" {
-		spec.Cwd = s.cfg.Home
-	} else if !path.IsAbs(spec.Cwd) {
-		spec.Cwd = path.Join(s.cfg.Home, spec.Cwd)
-	}
-	info := agentproto.ContextInfo{ID: id, Cwd: path.Clean(spec.Cwd)}
+	info := agentproto.ContextInfo{ID: id, Cwd: s.contextCwd(spec.Cwd)}
 	spec.Cwd = hostPath(s.cfg.Root, info.Cwd)
 	k, err := s.cfg.NewKernel(s.ctx, spec)
 	if err != nil {
@@ -150,6 +145,18 @@ func (s *server) startKernel(id string, spec agentproto.ContextSpec) (*kernelCon
 		k:    k,
 		turn: make(chan struct{}, 1),
 	}, nil
+}
+
+// contextCwd is the sandbox path a context asked to start in cwd starts
+// in: the home directory when cwd is empty, relative ones under it.
+func (s *server) contextCwd(cwd string) string {
+	if cwd == "" {
+		return s.cfg.Home
+	}
+	if !path.IsAbs(cwd) {
+		cwd = path.Join(s.cfg.Home, cwd)
+	}
+	return path.Clean(cwd)
 }
 
 // defaultContext returns the default context of a canonical language,
@@ -211,6 +218,11 @@ func (s *server) contextCreate(req *agentproto.Request) agentproto.Event {
 		return *bad
 	}
 	spec.Language = lang
+	// A working directory the context's user cannot enter is the caller's
+	// mistake, named as such (not found, permission), not a failed start.
+	if bad := s.enterable(s.contextCwd(spec.Cwd)); bad != nil {
+		return *bad
+	}
 	kc, err := s.startKernel(newContextID(), spec)
 	if err != nil {
 		s.log.Warn("start kernel", "language", lang, "err", err)

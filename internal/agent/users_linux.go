@@ -64,6 +64,12 @@ func (s *server) asFileUser(req *agentproto.Request, fn func() agentproto.Event)
 			req.Path = id.home
 		}
 	}
+	return s.asIdentity(id, fn)
+}
+
+// asIdentity runs fn with id's filesystem credentials when the agent
+// switches users (see asFileUser), else as the agent.
+func (s *server) asIdentity(id identity, fn func() agentproto.Event) agentproto.Event {
 	if !s.switchUsers || id.uid == 0 && id.gid == 0 {
 		return fn() // the agent is this user already
 	}
@@ -166,4 +172,26 @@ func KernelCredential(root string) *syscall.Credential {
 		return nil
 	}
 	return &syscall.Credential{Uid: defaultUID, Gid: defaultGID, Groups: []uint32{defaultGID}}
+}
+
+// enterable checks that the default user (who runs code contexts) may make
+// dir, a sandbox path, its working directory: that it exists and the user
+// may search it and every directory above it. Looking up "." inside dir
+// needs exactly that, so a stat of dir/. as the user decides it.
+func (s *server) enterable(dir string) *agentproto.Event {
+	id, bad := s.user(agentproto.UserDefault, nil)
+	if bad != nil {
+		return bad
+	}
+	ev := s.asIdentity(id, func() agentproto.Event {
+		var st unix.Stat_t
+		if err := unix.Stat(hostPath(s.cfg.Root, dir)+"/.", &st); err != nil {
+			return failErr(dir, err)
+		}
+		return ok()
+	})
+	if ev.Code != "" {
+		return &ev
+	}
+	return nil
 }

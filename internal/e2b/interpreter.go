@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -183,6 +184,9 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "only one of context_id and language may be given", http.StatusBadRequest)
 		return
 	}
+	if l, ok := defaultLanguage(body.ContextID); ok {
+		body.ContextID, body.Language = "", l // started at its first use
+	}
 	req := sandbox.ExecuteRequest{Code: body.Code, ContextID: body.ContextID, Env: body.EnvVars, MaxOutput: interpMaxOutput}
 	counter := body.ContextID
 	if body.ContextID == "" {
@@ -191,7 +195,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		req.Language, counter = canon, "default-"+canon
+		req.Language, counter = canon, defaultContextID(canon)
 	} else if _, err := h.findContext(ctx, sb, body.ContextID); err != nil {
 		interpError(w, r, err)
 		return
@@ -316,12 +320,57 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 	if body.Cwd == "" {
 		body.Cwd = "/home/user"
 	}
-	c, err := sandboxFrom(r.Context()).CreateContext(r.Context(), agentproto.ContextSpec{Language: canon, Cwd: body.Cwd})
+	sb := sandboxFrom(r.Context())
+	c, err := sb.CreateContext(r.Context(), agentproto.ContextSpec{Language: canon, Cwd: body.Cwd})
+	if err != nil && cwdRefused(err) {
+		// E2B's rule: a new context changes into its cwd with the
+		// language's own command once its kernel runs. Where that fails
+		// Python's %cd and Bash's cd only print, so the context is made
+		// and stays in its first directory (the home: we say so in its
+		// cwd); JavaScript's process.chdir throws, and the request fails.
+		if canon != "python" && canon != "bash" {
+			http.Error(w, "Failed to set working directory", http.StatusInternalServerError)
+			return
+		}
+		c, err = sb.CreateContext(r.Context(), agentproto.ContextSpec{Language: canon})
+	}
 	if err != nil {
 		interpError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, contextOf(c))
+}
+
+// cwdRefused reports whether a context was refused for its working
+// directory: missing, not a directory, or one the sandbox user may not
+// enter (the agent checks it before it starts a kernel).
+func cwdRefused(err error) bool {
+	switch apierr.CodeOf(err) {
+	case apierr.NotFound, apierr.BadRequest, apierr.PathNotAllowed:
+		return true
+	}
+	return false
+}
+
+// defaultLanguages are the languages whose default contexts E2B's code
+// interpreter starts with, and lists from the first call on. Sheepfold
+// starts a default context at its first execution; until then it is
+// listed as it will be (its id, language and cwd), and it may be used,
+// restarted or removed by that id.
+var defaultLanguages = []string{"python", "javascript"}
+
+// defaultContextID is the id of a language's default context (the agent's
+// naming).
+func defaultContextID(canon string) string { return "default-" + canon }
+
+// defaultLanguage returns the language of a default context's id.
+func defaultLanguage(id string) (string, bool) {
+	for _, l := range defaultLanguages {
+		if id == defaultContextID(l) {
+			return l, true
+		}
+	}
+	return "", false
 }
 
 func (h *Handler) listContexts(w http.ResponseWriter, r *http.Request) {
@@ -330,16 +379,26 @@ func (h *Handler) listContexts(w http.ResponseWriter, r *http.Request) {
 		interpError(w, r, err)
 		return
 	}
-	out := make([]contextJSON, 0, len(all))
+	// The default contexts first, as E2B lists them, started or not.
+	out := make([]contextJSON, 0, len(all)+len(defaultLanguages))
+	for _, l := range defaultLanguages {
+		c := contextJSON{ID: defaultContextID(l), Language: l, Cwd: "/home/user"}
+		if i := slices.IndexFunc(all, func(a agentproto.ContextInfo) bool { return a.ID == c.ID }); i >= 0 {
+			c = contextOf(all[i])
+		}
+		out = append(out, c)
+	}
 	for _, c := range all {
-		out = append(out, contextOf(c))
+		if _, ok := defaultLanguage(c.ID); !ok {
+			out = append(out, contextOf(c))
+		}
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
 func (h *Handler) deleteContext(w http.ResponseWriter, r *http.Request) {
 	sb, id := sandboxFrom(r.Context()), r.PathValue("id")
-	if err := sb.DeleteContext(r.Context(), id); err != nil {
+	if err := sb.DeleteContext(r.Context(), id); err != nil && !unstartedDefault(id, err) {
 		interpError(w, r, err)
 		return
 	}
@@ -347,9 +406,16 @@ func (h *Handler) deleteContext(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, nil)
 }
 
+// unstartedDefault reports whether err says that id, a default context's,
+// is not started: there is nothing to restart or remove.
+func unstartedDefault(id string, err error) bool {
+	_, ok := defaultLanguage(id)
+	return ok && apierr.CodeOf(err) == apierr.NotFound
+}
+
 func (h *Handler) restartContext(w http.ResponseWriter, r *http.Request) {
 	sb, id := sandboxFrom(r.Context()), r.PathValue("id")
-	if _, err := sb.RestartContext(r.Context(), id); err != nil {
+	if _, err := sb.RestartContext(r.Context(), id); err != nil && !unstartedDefault(id, err) {
 		interpError(w, r, err)
 		return
 	}

@@ -441,3 +441,80 @@ test('results reach onResult as they are produced (display, plt.show), not when 
     assert.ok(end - ms >= 1_500, `${what} arrived ${end - ms} ms before the end: it was not streamed`)
   }
 })
+
+test('a fresh sandbox lists its default python and javascript contexts, usable by id', T, async () => {
+  const fresh = track(await Sandbox.create({ metadata: meta({ case: 'default-contexts' }), timeoutMs: 120_000 }))
+  try {
+    const listed = await fresh.listCodeContexts()
+    const byLang = Object.fromEntries(listed.map((c) => [c.language, c]))
+    for (const l of ['python', 'javascript']) {
+      assert.ok(byLang[l], `no default ${l} context: ${JSON.stringify(listed)}`)
+      assert.equal(typeof byLang[l].id, 'string')
+      assert.ok(byLang[l].id.length > 0)
+      assert.equal(byLang[l].cwd, '/home/user')
+    }
+    assert.equal(new Set(listed.map((c) => c.id)).size, listed.length, 'ids are unique')
+    // The listed javascript context is the one runCode's language picks.
+    assert.equal((await fresh.runCode('var shared = 6 * 7', { context: byLang.javascript })).error, undefined)
+    assert.equal((await fresh.runCode('shared', { language: 'javascript' })).text, '42')
+    assert.equal((await fresh.runCode('import os\nos.getcwd()', { context: byLang.python })).text, '/home/user')
+    const again = await fresh.listCodeContexts()
+    assert.deepEqual(
+      again.filter((c) => c.id === byLang.python.id || c.id === byLang.javascript.id),
+      [byLang.python, byLang.javascript],
+      'a started default context is listed as before'
+    )
+  } finally {
+    await fresh.kill()
+  }
+})
+
+test('createCodeContext: a new id each time; cwd and language combinations; E2B\'s cwd rule', T, async () => {
+  const a = await sbx.createCodeContext()
+  const b = await sbx.createCodeContext()
+  const made = [a, b]
+  try {
+    assert.notEqual(a.id, b.id)
+    const defaults = (await sbx.listCodeContexts()).filter((c) => c.id !== a.id && c.id !== b.id).map((c) => c.id)
+    assert.ok(!defaults.includes(a.id) && !defaults.includes(b.id), 'a new context is not a default one')
+    assert.deepEqual([a.language, a.cwd], ['python', '/home/user'])
+    await sbx.runCode('mine = "a"', { context: a })
+    assert.equal((await sbx.runCode('mine', { context: b })).error?.name, 'NameError', 'two new contexts share state')
+
+    for (const [opts, want] of [
+      [{ cwd: '/tmp', language: 'python' }, '/tmp'],
+      [{ cwd: '/tmp', language: 'javascript' }, '/tmp'],
+      [{ cwd: '/tmp', language: 'bash' }, '/tmp'],
+      [{ cwd: '/home/user' }, '/home/user'],
+      [{ language: 'typescript' }, '/home/user'],
+    ]) {
+      const c = await sbx.createCodeContext(opts)
+      made.push(c)
+      assert.equal(c.cwd, want, JSON.stringify(opts))
+      const code = { python: 'import os\nos.getcwd()', javascript: 'process.cwd()', typescript: 'process.cwd() as string', bash: 'pwd' }[c.language]
+      const ex = await sbx.runCode(code, { context: c })
+      assert.equal(ex.error, undefined, `${JSON.stringify(opts)}: ${JSON.stringify(ex.error)}`)
+      assert.equal((ex.text ?? ex.logs.stdout.join('')).trim().replace(/^'|'$/g, ''), want, JSON.stringify(opts))
+    }
+
+    // Contexts run as the sandbox's user, who cannot enter /root. As in
+    // E2B, Python's context is made anyway and stays in its home (its %cd
+    // only prints); JavaScript's chdir throws and the call fails.
+    const root = await sbx.createCodeContext({ cwd: '/root', language: 'python' })
+    made.push(root)
+    assert.equal(root.language, 'python')
+    assert.ok(!defaults.includes(root.id))
+    const who = await sbx.runCode('import os, getpass\nprint(getpass.getuser(), os.getcwd())', { context: root })
+    assert.deepEqual(who.logs.stdout, [`user ${root.cwd}\n`])
+    let err
+    try {
+      made.push(await sbx.createCodeContext({ cwd: '/root', language: 'javascript' }))
+    } catch (e) {
+      err = e
+    }
+    assert.ok(err, 'a javascript context in /root was made')
+    assert.match(String(err.message), /500/)
+  } finally {
+    for (const c of made) await sbx.removeCodeContext(c)
+  }
+})
