@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -131,8 +133,16 @@ func TestContexts(t *testing.T) {
 		},
 	})
 
+	// a cwd that does not exist is refused, naming it, before any kernel
+	r := a.call(t, agentproto.Request{Op: agentproto.OpContextCreate, Context: &agentproto.ContextSpec{Language: "py", Cwd: "work"}})
+	if r.done.Code != agentproto.CodeNotFound || !strings.Contains(r.done.Message, "/home/user/work") || fk.started.Load() != 0 {
+		t.Fatalf("create in a missing cwd: %+v, %d kernels started", r.done, fk.started.Load())
+	}
+	if err := os.Mkdir(filepath.Join(a.cfg.Root, "home/user/work"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	// create, with an alias and a relative cwd
-	r := a.call(t, agentproto.Request{Op: agentproto.OpContextCreate, Context: &agentproto.ContextSpec{Language: "py", Cwd: "work"}}).mustOK(t)
+	r = a.call(t, agentproto.Request{Op: agentproto.OpContextCreate, Context: &agentproto.ContextSpec{Language: "py", Cwd: "work"}}).mustOK(t)
 	info := r.done.Context
 	if info == nil || len(info.ID) != 16 || info.Language != "python" || info.Cwd != "/home/user/work" {
 		t.Fatalf("created %+v", info)
