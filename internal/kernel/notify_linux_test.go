@@ -178,3 +178,25 @@ func TestNodeNoSubprocess(t *testing.T) {
 		}
 	})
 }
+
+// TestPythonOwnListener: code under the filter cannot take the refusal
+// over with a filter and listener of its own (a newer filter's
+// notification would win the tie with ours, and its "continue" would run
+// the fork): the kernel allows one listener per filter chain and refuses a
+// second with EBUSY. Unconfined the trick forks.
+func TestPythonOwnListener(t *testing.T) {
+	t.Parallel()
+	src, err := os.ReadFile("testdata/own_listener.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	free := start(t, "python", nil)
+	if r := run(t, free, code(string(src))); r.err != nil || strings.HasPrefix(r.stdout, "-1") || r.stdout == "" {
+		t.Fatalf("unconfined, the own listener lets the fork through: %v", r)
+	}
+	k := start(t, "python", nil)
+	r := run(t, k, withPolicy(string(src), noSubprocess(t)))
+	if r.err == nil || r.err.Name != "OSError" || !strings.Contains(r.err.Value, "[Errno 16]") {
+		t.Fatalf("confined, a second listener must be refused (EBUSY): %v", r)
+	}
+}
