@@ -52,16 +52,64 @@ func (c *Client) OpenFile(ctx context.Context, sandboxID, path string) (io.ReadC
 	return res.Body, nil
 }
 
-// ListFiles lists a directory; depth 1 lists its children, more recurses.
+// ListFiles lists a directory, every page of it; depth 1 lists its
+// children, more recurses. Entries come in a stable order: each
+// directory's by name, a directory's contents right after it.
 func (c *Client) ListFiles(ctx context.Context, sandboxID, path string, depth int) ([]FileInfo, error) {
-	q := fileQuery(path)
-	if depth > 0 {
-		q.Set("depth", strconv.Itoa(depth))
+	var all []FileInfo
+	q := FileListQuery{Depth: depth}
+	for {
+		p, err := c.ListFilesPage(ctx, sandboxID, path, q)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, p.Entries...)
+		if p.NextCursor == "" {
+			return all, nil
+		}
+		q.Cursor = p.NextCursor
+	}
+}
+
+// FileListQuery selects a page of a directory listing.
+type FileListQuery struct {
+	Depth  int    // 1 (or 0) lists the children, more recurses (at most 32)
+	Limit  int    // at most this many entries (1 to 10000); 0 for the server's page size
+	Cursor string // the previous page's NextCursor, for the same path and depth; "" from the start
+}
+
+// FileListPage is one page of a directory listing.
+type FileListPage struct {
+	Entries []FileInfo
+	// NextCursor continues the listing (FileListQuery.Cursor); empty on
+	// the last page.
+	NextCursor string
+}
+
+// ListFilesPage lists one page of a directory.
+func (c *Client) ListFilesPage(ctx context.Context, sandboxID, path string, q FileListQuery) (*FileListPage, error) {
+	v := fileQuery(path)
+	if q.Depth > 0 {
+		v.Set("depth", strconv.Itoa(q.Depth))
+	}
+	if q.Limit > 0 {
+		v.Set("limit", strconv.Itoa(q.Limit))
+	}
+	if q.Cursor != "" {
+		v.Set("cursor", q.Cursor)
 	}
 	var out struct {
-		Entries []FileInfo `json:"entries"`
+		Entries    []FileInfo `json:"entries"`
+		NextCursor *string    `json:"next_cursor"`
 	}
-	return out.Entries, c.call(ctx, request{method: "GET", path: sandboxPath(sandboxID, "files", "list"), query: q}, &out)
+	if err := c.call(ctx, request{method: "GET", path: sandboxPath(sandboxID, "files", "list"), query: v}, &out); err != nil {
+		return nil, err
+	}
+	p := &FileListPage{Entries: out.Entries}
+	if out.NextCursor != nil {
+		p.NextCursor = *out.NextCursor
+	}
+	return p, nil
 }
 
 // StatFile describes a path.

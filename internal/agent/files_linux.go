@@ -449,9 +449,12 @@ func (s *server) fileMkdir(req *agentproto.Request) agentproto.Event {
 	return ev
 }
 
-// listing collects the entries of a file.list.
+// listing collects the entries of a file.list, in a stable order: each
+// directory's entries by name (bytewise), a directory's contents right
+// after it. A page resumes after the entry Request.After names.
 type listing struct {
 	names     *idNames
+	max       int
 	entries   []agentproto.FileInfo
 	truncated bool
 }
@@ -465,14 +468,24 @@ func (s *server) fileList(req *agentproto.Request) agentproto.Event {
 	if bad != nil {
 		return *bad
 	}
+	var after []string
+	if req.After != "" {
+		rel, ok := strings.CutPrefix(path.Clean(req.After), strings.TrimSuffix(sp, "/")+"/")
+		if !ok || !path.IsAbs(req.After) || rel == "" {
+			return fail(agentproto.CodeBadRequest, "the cursor is not an entry of this listing")
+		}
+		after = strings.Split(rel, "/")
+	}
 	depth := min(max(req.Depth, 1), maxListDepth)
 	fd, err := s.files.open(sp, unix.O_RDONLY|unix.O_DIRECTORY)
 	if err != nil {
 		return failErr(sp, err)
 	}
-	l := &listing{names: s.files.names(), entries: []agentproto.FileInfo{}}
-	walk(fd, sp, depth, l)
-	slices.SortFunc(l.entries, func(a, b agentproto.FileInfo) int { return strings.Compare(a.Path, b.Path) })
+	l := &listing{names: s.files.names(), max: maxListEntries, entries: []agentproto.FileInfo{}}
+	if req.Limit > 0 && req.Limit < int64(l.max) {
+		l.max = int(req.Limit)
+	}
+	walk(fd, sp, depth, after, l)
 
 	ev := ok()
 	ev.Entries = l.entries
@@ -490,38 +503,57 @@ func (s *server) fileList(req *agentproto.Request) agentproto.Event {
 }
 
 // walk lists the directory open at fd (and takes ownership of fd), down to
-// depth levels. It never follows a symlink: subdirectories are opened by a
-// single name with O_NOFOLLOW relative to their parent.
-func walk(fd int, dir string, depth int, l *listing) {
+// depth levels, leaving out the entries up to and including the one
+// after names (its path below dir, split; nil for none). It never follows
+// a symlink: subdirectories are opened by a single name with O_NOFOLLOW
+// relative to their parent.
+func walk(fd int, dir string, depth int, after []string, l *listing) {
 	f := os.NewFile(uintptr(fd), dir)
 	defer f.Close()
-	for {
-		batch, err := f.Readdirnames(1024)
-		for _, name := range batch {
-			if len(l.entries) >= maxListEntries {
-				l.truncated = true
-				return
+	names, _ := f.Readdirnames(-1)
+	slices.Sort(names)
+	if after != nil {
+		// Names before the cursor's (and their contents) were listed.
+		i, _ := slices.BinarySearch(names, after[0])
+		names = names[i:]
+	}
+	for _, name := range names {
+		var below []string // the cursor's path inside this entry
+		listed := false    // the entry itself was listed on an earlier page
+		if after != nil {
+			if name == after[0] {
+				listed, below = true, after[1:]
 			}
-			var st unix.Stat_t
-			if unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
-				continue // vanished meanwhile
-			}
+			after = nil // everything past the cursor's name follows it
+		}
+		if !listed && len(l.entries) >= l.max {
+			l.truncated = true
+			return
+		}
+		var st unix.Stat_t
+		if unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
+			continue // vanished meanwhile
+		}
+		sp := path.Join(dir, name)
+		if !listed {
 			var target string
 			if st.Mode&unix.S_IFMT == unix.S_IFLNK {
 				target = readlinkat(fd, name)
 			}
-			sp := path.Join(dir, name)
 			fi := fileInfo(sp, &st, l.names, target)
 			fi.Metadata = metadataAt(fd, name, &st)
 			l.entries = append(l.entries, fi)
-			if depth > 1 && st.Mode&unix.S_IFMT == unix.S_IFDIR {
-				cfd, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-				if err == nil {
-					walk(cfd, sp, depth-1, l)
+		}
+		if depth > 1 && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+			cfd, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err == nil {
+				if len(below) == 0 {
+					below = nil
 				}
+				walk(cfd, sp, depth-1, below, l)
 			}
 		}
-		if err != nil {
+		if l.truncated {
 			return
 		}
 	}

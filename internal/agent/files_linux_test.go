@@ -267,12 +267,13 @@ func TestFileList(t *testing.T) {
 		}
 	}
 	r := a.call(t, agentproto.Request{Op: agentproto.OpFileList, Path: ".", Depth: 2}).mustOK(t)
-	want := []string{"/home/user/a.txt", "/home/user/b", "/home/user/b-x", "/home/user/b/c.txt", "/home/user/b/d", "/home/user/etc", "/home/user/link", "/home/user/stranger"}
+	// Each directory's entries by name, a directory's contents right after it.
+	want := []string{"/home/user/a.txt", "/home/user/b", "/home/user/b/c.txt", "/home/user/b/d", "/home/user/b-x", "/home/user/etc", "/home/user/link", "/home/user/stranger"}
 	if got := paths(r); !slices.Equal(got, want) {
 		t.Fatalf("depth 2: %v", got)
 	}
 	r = a.call(t, agentproto.Request{Op: agentproto.OpFileList, Depth: 10}).mustOK(t) // empty path: home
-	want = slices.Insert(want, 5, "/home/user/b/d/e.txt")
+	want = slices.Insert(want, 4, "/home/user/b/d/e.txt")
 	if got := paths(r); !slices.Equal(got, want) || r.done.Truncated {
 		t.Fatalf("depth 10 (never into the /etc symlink): %v", got)
 	}
@@ -322,6 +323,60 @@ func TestFileListTruncated(t *testing.T) {
 	r := a.call(t, agentproto.Request{Op: agentproto.OpFileList, Path: "~"}).mustOK(t)
 	if len(r.done.Entries) != 3 || !r.done.Truncated {
 		t.Fatalf("%d entries, truncated %v", len(r.done.Entries), r.done.Truncated)
+	}
+}
+
+// TestFileListPages: a listing resumes after the entry it names, in the
+// same order, without repeating or missing one, at every depth and page
+// size, also when the cursor's entry is gone; a cursor outside the
+// listing is refused.
+func TestFileListPages(t *testing.T) {
+	t.Parallel()
+	root := sandboxRoot(t)
+	for _, f := range []string{"a/1", "a/2/x", "a/2/y", "a-b", "b/z", "c", "d/e/f/g"} {
+		write(t, filepath.Join(root, "home/user", f), "")
+	}
+	a := startAgent(t, Config{Root: root})
+	paths := func(es []agentproto.FileInfo) (out []string) {
+		for _, e := range es {
+			out = append(out, e.Path)
+		}
+		return out
+	}
+	for _, depth := range []int{1, 2, 3, 10} {
+		all := a.call(t, agentproto.Request{Op: agentproto.OpFileList, Path: "~", Depth: depth}).mustOK(t)
+		want := paths(all.done.Entries)
+		for limit := 1; limit <= len(want); limit++ {
+			var got []string
+			after := ""
+			for page := 0; ; page++ {
+				if page > len(want) {
+					t.Fatalf("depth %d, limit %d: pages without end: %v", depth, limit, got)
+				}
+				r := a.call(t, agentproto.Request{Op: agentproto.OpFileList, Path: "~", Depth: depth, Limit: int64(limit), After: after}).mustOK(t)
+				if len(r.done.Entries) > limit {
+					t.Fatalf("depth %d, limit %d: a page of %d", depth, limit, len(r.done.Entries))
+				}
+				got = append(got, paths(r.done.Entries)...)
+				if !r.done.Truncated {
+					break
+				}
+				after = r.done.Entries[len(r.done.Entries)-1].Path
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("depth %d, limit %d: pages %v, want %v", depth, limit, got, want)
+			}
+		}
+	}
+	// The cursor's entry removed: the listing goes on after where it was.
+	r := a.call(t, agentproto.Request{Op: agentproto.OpFileList, Path: "~", Depth: 2, After: "/home/user/a/1.5"}).mustOK(t)
+	if got := paths(r.done.Entries); !slices.Equal(got, []string{"/home/user/a/2", "/home/user/a-b", "/home/user/b", "/home/user/b/z", "/home/user/c", "/home/user/d", "/home/user/d/e"}) {
+		t.Fatalf("after a vanished entry: %v", got)
+	}
+	for _, after := range []string{"/home/other/x", "/home/user", "home/user/a", "/home/username"} {
+		if r := a.call(t, agentproto.Request{Op: agentproto.OpFileList, Path: "~", After: after}); r.done.Code != agentproto.CodeBadRequest {
+			t.Errorf("after %q: %+v", after, r.done)
+		}
 	}
 }
 

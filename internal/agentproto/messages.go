@@ -23,7 +23,7 @@ const (
 
 	OpFileRead   = "file.read"   // Request.Path, Request.Limit; event file (Entry), data frames, empty data frame, then Done
 	OpFileWrite  = "file.write"  // Request.Path, Request.Mode, Request.Limit; client sends data frames and an empty one; Done.Entry
-	OpFileList   = "file.list"   // Request.Path, Request.Depth; Done.Entries
+	OpFileList   = "file.list"   // Request.Path, Depth, Limit, After; Done.Entries, Truncated
 	OpFileStat   = "file.stat"   // Request.Path; Done.Entry
 	OpFileMkdir  = "file.mkdir"  // Request.Path, Request.Mode; makes parents; Done.Entry
 	OpFileRemove = "file.remove" // Request.Path; removes directories recursively
@@ -103,7 +103,8 @@ type Request struct {
 	NewPath string `json:"new_path,omitempty"`
 	Mode    uint32 `json:"mode,omitempty"`  // permission bits for file.write and file.mkdir; 0 means 0644 / 0755
 	Depth   int    `json:"depth,omitempty"` // file.list: 1 (or 0) lists direct children only
-	Limit   int64  `json:"limit,omitempty"` // file.read/file.write: refuse bodies larger than this (0: no limit)
+	Limit   int64  `json:"limit,omitempty"` // file.read/file.write: refuse bodies larger than this (0: no limit); file.list: at most this many entries
+	After   string `json:"after,omitempty"` // file.list: resume after this entry (a path the listing returned)
 
 	// Metadata (file.write) is stored with the file as the extended
 	// attributes user.e2b.<key>; the written file carries exactly these

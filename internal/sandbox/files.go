@@ -69,19 +69,36 @@ func (s *Sandbox) WriteFileWith(ctx context.Context, path string, r io.Reader, o
 
 // ListDir lists a directory; depth 1 lists its children, more recurses.
 func (s *Sandbox) ListDir(ctx context.Context, path string, depth int, opts ...FileOption) ([]FileInfo, error) {
-	entries, _, err := s.ListDirCapped(ctx, path, depth, opts...)
-	return entries, err
+	page, err := s.ListDirPage(ctx, path, ListOptions{Depth: depth}, opts...)
+	return page.Entries, err
 }
 
-// ListDirCapped is ListDir that also reports whether the agent cut the
-// listing at its cap (10,000 entries, or what fits one frame).
-func (s *Sandbox) ListDirCapped(ctx context.Context, path string, depth int, opts ...FileOption) ([]FileInfo, bool, error) {
+// ListOptions select one page of a directory listing.
+type ListOptions struct {
+	Depth int    // 1 lists the children, more recurses
+	After string // resume after this entry (the Path of the last entry of the previous page); "" from the start
+	Limit int    // at most this many entries; 0 (or more than the agent's cap, 10,000) for the cap
+}
+
+// ListPage is one page of a directory listing: each directory's entries
+// by name (bytewise), a directory's contents right after it.
+type ListPage struct {
+	Entries []FileInfo
+	// Truncated says the listing goes on after the last entry (the page
+	// is full, or the agent's reply reached a frame's size).
+	Truncated bool
+}
+
+// ListDirPage lists one page of a directory. An After that is not below
+// path is ERR_BAD_REQUEST.
+func (s *Sandbox) ListDirPage(ctx context.Context, path string, opt ListOptions, opts ...FileOption) (ListPage, error) {
 	var done agentproto.Event
-	err := s.fileCall(ctx, withUser(agentproto.Request{Op: agentproto.OpFileList, Path: path, Depth: depth}, opts), nil, nil, nil, &done)
+	err := s.fileCall(ctx, withUser(agentproto.Request{Op: agentproto.OpFileList, Path: path, Depth: opt.Depth,
+		After: opt.After, Limit: int64(opt.Limit)}, opts), nil, nil, nil, &done)
 	if done.Entries == nil {
 		done.Entries = []FileInfo{}
 	}
-	return done.Entries, done.Truncated, err
+	return ListPage{Entries: done.Entries, Truncated: done.Truncated && len(done.Entries) > 0}, err
 }
 
 // Stat describes one path.

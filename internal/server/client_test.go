@@ -89,6 +89,19 @@ func TestGoSDK(t *testing.T) {
 	if l, err := c.ListFiles(ctx, sb.ID, "up", 1); err != nil || len(l) != 2 {
 		t.Fatalf("ListFiles = %+v, %v", l, err)
 	}
+	// By pages of one: a cursor each, none on the last; ListFiles
+	// follows them.
+	p, err := c.ListFilesPage(ctx, sb.ID, ".", client.FileListQuery{Depth: 2, Limit: 1})
+	if err != nil || len(p.Entries) != 1 || p.Entries[0].Path != "/home/user/d" || p.NextCursor == "" {
+		t.Fatalf("ListFilesPage = %+v, %v", p, err)
+	}
+	if p, err = c.ListFilesPage(ctx, sb.ID, ".", client.FileListQuery{Depth: 2, Limit: 1, Cursor: p.NextCursor}); err != nil ||
+		len(p.Entries) != 1 || p.Entries[0].Path != "/home/user/d/f.txt" || p.NextCursor == "" {
+		t.Fatalf("ListFilesPage (second) = %+v, %v", p, err)
+	}
+	if _, err := c.ListFilesPage(ctx, sb.ID, "up", client.FileListQuery{Cursor: p.NextCursor}); !errors.As(err, &apiErr) || apiErr.Code != "ERR_BAD_REQUEST" {
+		t.Fatalf("a cursor of another listing: %v", err)
+	}
 	if _, err := c.MakeDir(ctx, sb.ID, "m/n"); err != nil {
 		t.Fatal(err)
 	}

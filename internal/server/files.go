@@ -1,6 +1,8 @@
 package server
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"io"
 	"mime"
@@ -229,28 +231,80 @@ func (s *Server) removeFile(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// maxListPage is the most entries one page of a directory listing holds
+// (the sandbox agent's cap).
+const maxListPage = 10000
+
+// A listCursor continues a directory listing after its entry After; it
+// is bound to the listing's path and depth. On the wire it is opaque:
+// base64url of its JSON.
+type listCursor struct {
+	Path  string `json:"p"`
+	Depth int    `json:"d"`
+	After string `json:"a"`
+}
+
+func (c listCursor) String() string {
+	b, _ := json.Marshal(c)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func parseListCursor(v, path string, depth int) (string, error) {
+	if v == "" {
+		return "", nil
+	}
+	var c listCursor
+	b, err := base64.RawURLEncoding.DecodeString(v)
+	if err == nil {
+		err = json.Unmarshal(b, &c)
+	}
+	if err != nil || c.After == "" {
+		return "", apierr.New(apierr.BadRequest, "cursor is not one a listing returned (next_cursor)")
+	}
+	if c.Path != path || c.Depth != depth {
+		return "", apierr.New(apierr.BadRequest, "cursor belongs to another listing: pass the same path and depth as the listing that returned it")
+	}
+	return c.After, nil
+}
+
 func (s *Server) listDir(w http.ResponseWriter, r *http.Request) error {
 	p, err := queryPath(r)
 	if err != nil {
 		return err
 	}
+	q := r.URL.Query()
 	depth := 1
-	if d := r.URL.Query().Get("depth"); d != "" {
+	if d := q.Get("depth"); d != "" {
 		if depth, err = strconv.Atoi(d); err != nil || depth < 1 || depth > 32 {
 			return apierr.New(apierr.BadRequest, "depth must be an integer from 1 to 32")
 		}
+	}
+	limit := maxListPage
+	if v := q.Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > maxListPage {
+			return apierr.New(apierr.BadRequest, "limit must be an integer from 1 to %d", maxListPage)
+		}
+	}
+	after, err := parseListCursor(q.Get("cursor"), p, depth)
+	if err != nil {
+		return err
 	}
 	b, err := s.lookup(r)
 	if err != nil {
 		return err
 	}
-	entries, truncated, err := b.sb.ListDirCapped(r.Context(), p, depth)
+	page, err := b.sb.ListDirPage(r.Context(), p, sandbox.ListOptions{Depth: depth, After: after, Limit: limit})
 	if err != nil {
 		return err
 	}
-	// truncated: the sandbox's agent stopped at its cap (10,000 entries);
-	// list deeper directories one by one to see the rest.
-	writeJSON(w, http.StatusOK, map[string]any{"entries": entries, "truncated": truncated})
+	// truncated: more entries follow; next_cursor continues after the
+	// last one (a page holds at most limit entries, and what fits one
+	// reply of the sandbox's agent).
+	out := map[string]any{"entries": page.Entries, "truncated": page.Truncated}
+	if page.Truncated {
+		out["next_cursor"] = listCursor{Path: p, Depth: depth, After: page.Entries[len(page.Entries)-1].Path}.String()
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 

@@ -3,10 +3,14 @@ package server_test
 import (
 	"context"
 	"database/sql"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -74,8 +78,10 @@ func TestRetentionAndPages(t *testing.T) {
 	want(t, e.do("GET", "/v1/sandboxes/"+ids[1], e.keyA, nil), http.StatusOK, "")
 }
 
-// TestListDirSaysTruncated: a listing the agent cut at its cap says so.
-func TestListDirSaysTruncated(t *testing.T) {
+// TestListDirPages: a listing over a page says so and gives a cursor;
+// following it lists 25,000 entries once each, in order, by pages of the
+// default size and of a given limit; a bad cursor is a 400.
+func TestListDirPages(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, server.Config{})
 	id := e.create(e.keyA, nil)
@@ -83,18 +89,62 @@ func TestListDirSaysTruncated(t *testing.T) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for i := range 10050 {
+	const n = 25000
+	for i := range n {
 		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%05d", i)), nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	r := e.do("GET", "/v1/sandboxes/"+id+"/files/list?path=many", e.keyA, nil)
-	want(t, r, http.StatusOK, "")
-	if m := r.json(t); m["truncated"] != true || len(m["entries"].([]any)) != 10000 {
-		t.Fatalf("a 10,050-entry listing: truncated %v, %d entries", m["truncated"], len(m["entries"].([]any)))
+	base := "/v1/sandboxes/" + id + "/files/list?path=many"
+	var cursor0 string
+	for _, c := range []struct {
+		limit string
+		pages []int
+	}{{"", []int{10000, 10000, 5000}}, {"&limit=9999", []int{9999, 9999, 5002}}} {
+		var pages []int
+		seen := 0
+		for cursor := ""; ; {
+			r := e.do("GET", base+c.limit+cursor, e.keyA, nil)
+			want(t, r, http.StatusOK, "")
+			var page struct {
+				Entries    []struct{ Path string }
+				Truncated  bool
+				NextCursor *string `json:"next_cursor"`
+			}
+			if err := json.Unmarshal(r.body, &page); err != nil {
+				t.Fatal(err)
+			}
+			pages = append(pages, len(page.Entries))
+			for _, en := range page.Entries {
+				if want := fmt.Sprintf("/home/user/many/f%05d", seen); en.Path != want {
+					t.Fatalf("limit %q: entry %d is %s, want %s", c.limit, seen, en.Path, want)
+				}
+				seen++
+			}
+			if page.Truncated != (page.NextCursor != nil) {
+				t.Fatalf("truncated %v with next_cursor %v", page.Truncated, page.NextCursor)
+			}
+			if page.NextCursor == nil || len(pages) > 5 {
+				break
+			}
+			if cursor0 == "" {
+				cursor0 = *page.NextCursor
+			}
+			cursor = "&cursor=" + url.QueryEscape(*page.NextCursor)
+		}
+		if seen != n || !slices.Equal(pages, c.pages) {
+			t.Fatalf("limit %q: pages of %v entries, %d in all; want %v", c.limit, pages, seen, c.pages)
+		}
 	}
-	r = e.do("GET", "/v1/sandboxes/"+id+"/files/list?path=.", e.keyA, nil)
-	if m := r.json(t); m["truncated"] != false {
+	// A small listing is one page.
+	r := e.do("GET", "/v1/sandboxes/"+id+"/files/list?path=.", e.keyA, nil)
+	if m := r.json(t); m["truncated"] != false || m["next_cursor"] != nil {
 		t.Fatalf("a small listing says truncated: %s", r.body)
 	}
+	forged := base64.RawURLEncoding.EncodeToString([]byte(`{"p":"many","d":1,"a":"/etc/passwd"}`))
+	for _, q := range []string{"&cursor=%25%25", "&cursor=bm90IGpzb24", "&cursor=" + forged, "&depth=2&cursor=" + cursor0,
+		"&limit=0", "&limit=10001"} {
+		want(t, e.do("GET", base+q, e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	}
+	want(t, e.do("GET", "/v1/sandboxes/"+id+"/files/list?path=.&cursor="+cursor0, e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST")
 }

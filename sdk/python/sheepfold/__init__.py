@@ -38,7 +38,7 @@ from .errors import (
     UnsupportedLanguageError,
 )
 from .events import Event, EventPage, Events, Webhook, WebhookDelivery, Webhooks, verify_webhook
-from .files import Filesystem, WriteEntry
+from .files import FilePage, Filesystem, WriteEntry
 from .models import (
     CodeContext,
     CommandResult,
@@ -68,6 +68,7 @@ __all__ = [
     "WebhookDelivery",
     "Webhooks",
     "verify_webhook",
+    "FilePage",
     "Filesystem",
     "WriteEntry",
     "Commands",

@@ -15,9 +15,17 @@ from ._http import HTTPClient, path_segment
 from .errors import NotFoundError
 from .models import FileInfo
 
-__all__ = ["Filesystem", "WriteEntry"]
+__all__ = ["Filesystem", "FilePage", "WriteEntry"]
 
 Data = Union[str, bytes, bytearray, memoryview, IO[bytes], IO[str]]
+
+
+@dataclass
+class FilePage:
+    """One page of a directory listing (:meth:`Filesystem.list_page`)."""
+
+    entries: List[FileInfo]
+    next_cursor: Optional[str]  # pass as cursor for the next page; None on the last
 
 
 @dataclass
@@ -137,9 +145,27 @@ class Filesystem:
             fh.write(data)  # type: ignore[arg-type]
 
     def list(self, path: str = "/home/user", depth: int = 1) -> List[FileInfo]:
-        """The entries of a directory, down to ``depth`` levels (1 to 32)."""
-        doc = self._http.get_json(self._base + "/list", params={"path": path, "depth": depth}) or {}
-        return [FileInfo.from_dict(x) for x in doc.get("entries") or []]
+        """The entries of a directory, down to ``depth`` levels (1 to 32), every
+        page of them: each directory's entries by name, a directory's contents
+        right after it."""
+        out: List[FileInfo] = []
+        cursor: Optional[str] = None
+        while True:
+            page = self.list_page(path, depth=depth, cursor=cursor)
+            out.extend(page.entries)
+            if page.next_cursor is None:
+                return out
+            cursor = page.next_cursor
+
+    def list_page(self, path: str = "/home/user", depth: int = 1, cursor: Optional[str] = None,
+                  limit: Optional[int] = None) -> "FilePage":
+        """One page of a directory's entries (at most ``limit``, 1 to 10000);
+        pass its ``next_cursor`` as ``cursor``, with the same path and depth,
+        for the next."""
+        doc = self._http.get_json(self._base + "/list", params={
+            "path": path, "depth": depth, "cursor": cursor, "limit": limit}) or {}
+        return FilePage(entries=[FileInfo.from_dict(x) for x in doc.get("entries") or []],
+                        next_cursor=doc.get("next_cursor"))
 
     def get_info(self, path: str) -> FileInfo:
         """Stat a path; raises NotFoundError when it does not exist."""

@@ -455,7 +455,17 @@ class Handler(BaseHTTPRequestHandler):
             d = norm(rec.q("path") or "")
             entries = [file_info(p, len(b)) for p, b in sorted(fs.items()) if p.rsplit("/", 1)[0] == d]
             entries += [file_info(p, 0, "dir") for p in sorted(dirs) if p.rsplit("/", 1)[0] == d]
-            return 200, {"entries": entries}, {}
+            entries.sort(key=lambda e: e["path"])
+            # Pages of limit (here 3 by default); the cursor is the last path.
+            cursor, limit = rec.q("cursor"), int(rec.q("limit") or 3)
+            if cursor is not None:
+                if not cursor.startswith(d + "/"):
+                    return err("ERR_BAD_REQUEST", "cursor belongs to another listing", 400)
+                entries = [e for e in entries if e["path"] > cursor]
+            page = {"entries": entries[:limit], "truncated": len(entries) > limit}
+            if len(entries) > limit:
+                page["next_cursor"] = entries[limit - 1]["path"]
+            return 200, page, {}
         if rest == "/files/stat" and m == "GET":
             path = norm(rec.q("path") or "")
             if path in fs:

@@ -550,6 +550,19 @@ class TestFiles(FakeServerTest):
         self.assertEqual((req.q("path"), req.q("depth")), ("/home/user", "1"))
         sb.files.list("/home/user", depth=3)
         self.assertEqual(self.server.calls("GET", r".*/files/list")[1].q("depth"), "3")
+        # Listings page: list follows the cursors, list_page gives one page.
+        for i in range(5):
+            sb.files.write(f"many/{i}", "")
+        self.assertEqual([e.name for e in sb.files.list("many")], ["0", "1", "2", "3", "4"])
+        lists = self.server.calls("GET", r".*/files/list")[2:]
+        self.assertEqual([c.q("cursor") for c in lists], [None, "/home/user/many/2"])
+        page = sb.files.list_page("many", limit=4)
+        self.assertEqual(([e.name for e in page.entries], page.next_cursor), (["0", "1", "2", "3"], "/home/user/many/3"))
+        page = sb.files.list_page("many", limit=4, cursor=page.next_cursor)
+        self.assertEqual(([e.name for e in page.entries], page.next_cursor), (["4"], None))
+        with self.assertRaises(SheepfoldError) as cm:
+            sb.files.list_page("/home/user", cursor="/etc/x")
+        self.assertEqual(cm.exception.code, "ERR_BAD_REQUEST")
         self.assertTrue(sb.files.exists("a.txt"))
         self.assertFalse(sb.files.exists("nope.txt"))
         self.assertEqual(sb.files.get_info("a.txt").size, 1)
