@@ -41,6 +41,7 @@ func (s *Server) routesInto(mux *http.ServeMux) {
 	s.accountRoutes(add)
 	s.usageRoutes(add)
 	s.alertRoutes(add)
+	s.mcpRoutes(add)
 	// Anything else is a JSON 405 for a known path, else a JSON 404, not
 	// the mux's plain text.
 	mux.Handle("/", s.endpoint(false, func(w http.ResponseWriter, r *http.Request) error {
