@@ -25,6 +25,10 @@
 // both keep themselves non-dumpable, so that no code in the sandbox, root
 // included, can ptrace them or read their /proc files.
 //
+// "seccomp-exec FILTER SYSCALL PROGRAM [ARG...]" is run by serve, never by
+// the host: it starts a Node interpreter under the no-subprocess seccomp
+// filter and hands the filter's listener back to serve (kernel.SeccompExec).
+//
 // For tests and debugging, "serve --listen PATH" (also through init)
 // creates the socket itself.
 //

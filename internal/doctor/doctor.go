@@ -275,7 +275,14 @@ func (d doctor) seccomp() Result {
 		return result("seccomp", Fail, "use a kernel built with CONFIG_SECCOMP_FILTER", "seccomp filters cannot return errors (actions: %q)", actions)
 	}
 	if !strings.Contains(" "+actions+" ", " user_notif ") {
-		return result("seccomp", Warn, "", "seccomp filters work, without user notification")
+		return result("seccomp", Warn, "upgrade the kernel", "seccomp filters work, without user notification: "+
+			"contexts cannot apply allow_subprocess: false")
+	}
+	if rel, err := d.read("proc/sys/kernel/osrelease"); err == nil {
+		if v, ok := parseVersion(rel); ok && !less(v, MinKernel) && less(v, [2]int{5, 7}) { // older: the kernel check fails
+			return result("seccomp", Warn, "upgrade the kernel", "Linux %s lacks SECCOMP_FILTER_FLAG_TSYNC_ESRCH (5.7): "+
+				"contexts cannot apply allow_subprocess: false", rel)
+		}
 	}
 	return result("seccomp", OK, "", "seccomp filters (%s)", actions)
 }

@@ -209,6 +209,18 @@ func TestOneThingBroken(t *testing.T) {
 	}
 }
 
+// TestSeccompTSYNCESRCH: Linux 5.6 passes the kernel check (with a warning)
+// but cannot give a filter that syncs all threads a listener, which
+// allow_subprocess: false needs.
+func TestSeccompTSYNCESRCH(t *testing.T) {
+	t.Parallel()
+	o := options(t)
+	write(t, filepath.Join(o.Root, "proc/sys/kernel/osrelease"), "5.6.19")
+	if r := find(t, Run(context.Background(), o), "seccomp"); r.Status != Warn || !strings.Contains(r.Detail, "allow_subprocess") {
+		t.Fatalf("%+v", r)
+	}
+}
+
 func TestRuncVersions(t *testing.T) {
 	t.Parallel()
 	for out, fixed := range map[string]bool{

@@ -8,6 +8,9 @@
 // results, the error and "done" out. At the end of every execution the
 // driver writes a per-execution random marker to stdout and stderr, so the
 // kernel knows when all output of that execution has been read.
+// Python interpreters, and Node ones started under allow_subprocess:
+// false, also get fd 5, a socket the no-subprocess seccomp filter's
+// listener comes back over (notify_linux.go).
 //
 // Timeouts and the output cap send SIGINT to the group, then SIGKILL after
 // Options.InterruptGrace; an interpreter that died is restarted on the next
