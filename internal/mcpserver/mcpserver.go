@@ -117,13 +117,13 @@ type runCodeIn struct {
 
 // runCodeOut is run_code's structured result; images are in the content.
 type runCodeOut struct {
-	Status          string           `json:"status"`
-	Stdout          string           `json:"stdout"`
-	Stderr          string           `json:"stderr"`
-	Results         []string         `json:"results"` // each result's text form
+	Status          string            `json:"status"`
+	Stdout          string            `json:"stdout"`
+	Stderr          string            `json:"stderr"`
+	Results         []string          `json:"results"` // each result's text form
 	Error           *client.ExecError `json:"error,omitempty"`
-	ErrorCode       string           `json:"error_code,omitempty"`
-	ExecutionTimeMS float64          `json:"execution_time_ms"`
+	ErrorCode       string            `json:"error_code,omitempty"`
+	ExecutionTimeMS float64           `json:"execution_time_ms"`
 }
 
 func (t tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in runCodeIn) (*mcp.CallToolResult, runCodeOut, error) {

@@ -192,7 +192,7 @@ func TestMeteringAccuracy(t *testing.T) {
 	c0 := cgroupCPU(t, sb.ID)
 	var ex struct{ Status, Stderr string }
 	p.call("POST", "/v1/sandboxes/"+sb.ID+"/execute", map[string]any{
-		"code": "import time\nopen('/home/user/blob', 'wb').write(b'x' * 5_000_000)\nt = time.process_time()\nwhile time.process_time() - t < 2.0:\n    pass\n",
+		"code":       "import time\nopen('/home/user/blob', 'wb').write(b'x' * 5_000_000)\nt = time.process_time()\nwhile time.process_time() - t < 2.0:\n    pass\n",
 		"timeout_ms": 60000}, &ex)
 	if ex.Status != "success" {
 		t.Fatalf("burn: %+v", ex)
