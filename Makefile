@@ -25,7 +25,7 @@ run: template ## start the server on $(LISTEN) with everything it needs
 	bin/sheepfold serve --listen $(LISTEN)
 
 lint: ## gofmt, go vet
-	@fmt=$$(gofmt -l cmd internal client api 2>/dev/null); if [ -n "$$fmt" ]; then echo "gofmt needed:"; echo "$$fmt"; exit 1; fi
+	@fmt=$$(gofmt -l cmd internal client api test 2>/dev/null); if [ -n "$$fmt" ]; then echo "gofmt needed:"; echo "$$fmt"; exit 1; fi
 	go vet ./...
 
 PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
