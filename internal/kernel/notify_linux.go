@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -235,7 +236,7 @@ func supervise(listener *os.File, execPID int, d *denials) {
 		}
 		resp := seccompNotifResp{ID: n.ID, Error: -int32(unix.EPERM)}
 		kind, target := classify(n.Data)
-		if execPID != 0 && int(n.PID) == execPID && target == "execve" && kind == "subprocess_denied" {
+		if execPID != 0 && target == "execve" && kind == "subprocess_denied" && tgid(int(n.PID)) == execPID {
 			// The helper's exec of the interpreter: no user code has
 			// run in this process yet.
 			resp = seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
@@ -249,6 +250,23 @@ func supervise(listener *os.File, execPID int, d *denials) {
 			unix.Syscall(unix.SYS_IOCTL, fd, unix.SECCOMP_IOCTL_NOTIF_SEND, uintptr(unsafe.Pointer(&resp)))
 		})
 	}
+}
+
+// tgid returns the process (thread group) of a thread: a notification
+// names the calling thread, and the helper's Go runtime may exec from any
+// of its threads. The thread exists: its call waits for our answer.
+func tgid(tid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(tid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
 }
 
 // installFilter installs prog (struct sock_filter records) on every thread
