@@ -484,7 +484,7 @@ _cpu = [None, None]  # the soft RLIMIT_CPU set (None: the interpreter's own), th
 
 def _error(e):
     if isinstance(e, OSError) and e.errno in (27, 28, 122):  # EFBIG, ENOSPC, EDQUOT
-        _violation("resource", "disk")
+        _violation("resource", "file_size" if e.errno == 27 else "disk")
     tb = e.__traceback__
     while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell"):
         tb = tb.tb_next

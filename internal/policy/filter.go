@@ -200,6 +200,44 @@ func (f *OutputFilter) Text(s string) string {
 	return s
 }
 
+// JSON filters a decoded JSON value (a result's application/json): each
+// string, key or value, at any depth, is filtered as Text (keys are only
+// redacted), so the structure stays valid JSON. Numbers, booleans and
+// null pass. v is not modified; the filtered copy is returned.
+func (f *OutputFilter) JSON(v any) any {
+	if f == nil {
+		return v
+	}
+	switch x := v.(type) {
+	case string:
+		return f.Text(x)
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = f.JSON(e)
+		}
+		return out
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			if f.redact {
+				k = f.Redact(k)
+			}
+			out[k] = f.JSON(e)
+		}
+		return out
+	}
+	return v
+}
+
+// TextualMIME reports whether a MIME type carries text (text/*, JSON,
+// XML, JavaScript) rather than binary data such as a base64 image.
+func TextualMIME(mime string) bool {
+	mime, _, _ = strings.Cut(mime, ";")
+	return strings.HasPrefix(mime, "text/") || strings.HasSuffix(mime, "/json") || strings.HasSuffix(mime, "+json") ||
+		strings.HasSuffix(mime, "/xml") || strings.HasSuffix(mime, "+xml") || mime == "application/javascript"
+}
+
 // Redact redacts a whole text.
 func (f *OutputFilter) Redact(s string) string {
 	if !f.Redacts() || !f.mayMatch([]byte(s)) {

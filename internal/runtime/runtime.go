@@ -12,6 +12,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // Limits bound what a sandbox may use. Zero means "no limit" for CPUs; the
@@ -74,7 +75,16 @@ type Usage struct {
 	OOMKills        uint64 // processes killed by the OOM killer in this sandbox
 	CPUNanos        uint64 // CPU time used by all its processes
 	Pids            int64  // tasks alive now
+	PidsDenied      uint64 // forks refused at the pids limit (pids.events "max")
 	DiskBytes       int64  // bytes used in the writable layer now
+}
+
+// CPUCounter is implemented by runtimes that can read a sandbox's CPU
+// time alone, cheaply (one cgroup file): the engine reads it a few times
+// per execution that has a CPU time limit. It counts every process and
+// thread of the sandbox, background ones included.
+type CPUCounter interface {
+	CPUTime(id string) (time.Duration, error)
 }
 
 // Runtime starts and stops sandboxes.

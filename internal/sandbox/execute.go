@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -66,6 +67,7 @@ type Execution struct {
 	PeakMemoryBytes int64                 `json:"peak_memory_bytes"`
 
 	outputBytes int64 // stdout plus stderr seen, kept or streamed
+	memoryPeak  int64 // the cgroup's peak memory, read after an OOM kill
 }
 
 // Dropped counts the results an execution produced but did not deliver:
@@ -129,17 +131,45 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 
 	ctx, cancel := context.WithTimeout(ctx, req.Timeout+agentGrace)
 	defer cancel()
-	run := &execRun{ctx: ctx, s: s, req: req, stream: onEvent, ex: &Execution{Results: []agentproto.Result{}},
-		violation: func(v *agentproto.Violation) { s.violation(req.ID, v) }}
-	run.hold.sandbox, run.hold.engine = s.resultBudgets()
-	defer run.hold.release()
 	spec := &agentproto.ExecuteSpec{
 		Code: req.Code, ContextID: req.ContextID, Language: req.Language, Env: req.Env,
 		TimeoutMS: req.Timeout.Milliseconds(), MaxOutputBytes: req.MaxOutput,
 	}
 	s.executePolicy(spec)
+	// A CPU time limit is counted on the sandbox's cgroup (cpu.go), which
+	// stops the call past it.
+	cpu := s.newCPUWatch(spec.Policy)
+	var stopCPU context.CancelCauseFunc
+	if cpu != nil {
+		ctx, stopCPU = context.WithCancelCause(ctx)
+		defer stopCPU(nil)
+		cpu.run(ctx, stopCPU)
+	}
+	started := time.Now()
+	run := &execRun{ctx: ctx, s: s, req: req, stream: onEvent, ex: &Execution{Results: []agentproto.Result{}},
+		violation: func(v *agentproto.Violation) { s.violation(req.ID, v) }}
+	run.hold.sandbox, run.hold.engine = s.resultBudgets()
+	defer run.hold.release()
 	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpExecute, Execute: spec},
 		nil, agentproto.Handlers{Event: run.handle, Admit: run.hold.admit(ctx)}, callOptions{})
+	var cpuUsed time.Duration
+	if cpu != nil {
+		stopCPU(nil)
+		cpuUsed = cpu.finish()
+		if errors.Is(context.Cause(ctx), errCPUTime) {
+			// The host stopped it: the agent's Done, if any, is not read.
+			ex := run.ex
+			ex.Stdout, ex.Stderr = run.stdout.String(), run.stderr.String()
+			ex.ExecutionTimeMS = float64(time.Since(started).Microseconds()) / 1000
+			cpu.exceeded(ex, cpuUsed)
+			if onEvent != nil {
+				if err := onEvent(agentproto.Event{Type: agentproto.EventError, Error: ex.Error}); err != nil {
+					return nil, err
+				}
+			}
+			return ex, nil
+		}
+	}
 	if err != nil {
 		if ctx.Err() != nil && context.Cause(ctx) == context.DeadlineExceeded {
 			return nil, apierr.Wrap(err, apierr.SandboxTimeout, "the sandbox did not answer within %s", req.Timeout+agentGrace)
@@ -153,6 +183,10 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		ex.ExecutionTimeMS = done.Stats.DurationMS
 		ex.CPUTimeMS = done.Stats.CPUTimeMS
 		ex.PeakMemoryBytes = done.Stats.PeakMemoryBytes
+	}
+	if cpu != nil {
+		// The cgroup's count, the one the limit is judged by.
+		ex.CPUTimeMS = float64(cpuUsed.Microseconds()) / 1000
 	}
 	switch done.Status {
 	case agentproto.StatusOK:
@@ -177,12 +211,21 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 			ex.ErrorCode = apierr.OutOfMemory
 			ex.Error = &agentproto.ExecError{Name: "OutOfMemoryError",
 				Value: "the code ran out of memory (limit " + mib(s.Limits.MemoryBytes) + ") and was killed; the context's state is lost"}
+			ex.memoryPeak = after.MemoryPeakBytes
 		}
+		s.reportLimits(req.ID, after, false, false)
 	default:
 		ex.Status = ExecError
 	}
 	if ex.ErrorCode == "" && ex.Error != nil {
 		ex.ErrorCode = errorCodes[ex.Error.Name]
+	}
+	if ex.Status != ExecSuccess && done.Status != agentproto.StatusKilled {
+		// Off the way of executions that went well: a fork refused at
+		// the pids limit (limits.go).
+		if u, err := s.m.cfg.Runtime.Usage(ctx, s.ID); err == nil {
+			s.reportLimits(req.ID, u, false, false)
+		}
 	}
 	return ex, nil
 }

@@ -54,8 +54,11 @@ func (s *Sandbox) executionFinished(req ExecuteRequest, ex *Execution, err error
 		code := apierr.CodeOf(err)
 		s.emit(events.ExecutionFinished, req.ID, map[string]any{"status": "failed", "error_code": code})
 		if code == apierr.SandboxState && s.State() != StateRunning && s.Info().StopReason == reasonOOM {
+			s.mu.Lock()
+			peak := s.seen.memoryPeak
+			s.mu.Unlock()
 			s.emit(events.ResourceExceeded, req.ID, map[string]any{"resource": events.ResourceMemory,
-				"limit": s.Limits.MemoryBytes, "unit": "bytes"})
+				"limit": s.Limits.MemoryBytes, "observed": peak, "unit": "bytes"})
 		}
 		return
 	}
@@ -82,7 +85,7 @@ func (s *Sandbox) executionFinished(req ExecuteRequest, ex *Execution, err error
 			"observed": ex.CPUTimeMS, "unit": "ms"}
 	case ex.ErrorCode == apierr.OutOfMemory:
 		exceeded = map[string]any{"resource": events.ResourceMemory, "limit": s.Limits.MemoryBytes,
-			"observed": ex.PeakMemoryBytes, "unit": "bytes"}
+			"observed": max(ex.memoryPeak, ex.PeakMemoryBytes), "unit": "bytes"}
 	}
 	if exceeded != nil {
 		s.emit(events.ResourceExceeded, req.ID, exceeded)

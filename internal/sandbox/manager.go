@@ -577,6 +577,9 @@ func (s *Sandbox) gone(err error) error {
 		reason = "the sandbox stopped unexpectedly"
 		if u, uerr := s.m.cfg.Runtime.Usage(context.Background(), s.ID); uerr == nil && u.OOMKills > 0 {
 			reason = reasonOOM
+			s.mu.Lock()
+			s.seen.memoryPeak = u.MemoryPeakBytes
+			s.mu.Unlock()
 		}
 	}
 	_ = s.m.destroy(s, reason)

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
 )
 
@@ -101,12 +102,26 @@ func (o *outputFilter) finish(ex *Execution) {
 	}
 }
 
-// result filters a result's text renderings (not images, PDF or JSON).
+// result filters a result's text renderings, its JSON (every string in
+// it) and its other textual MIME types; not images or PDF.
 func (o *outputFilter) result(r agentproto.Result) agentproto.Result {
 	for _, p := range []*string{&r.Text, &r.HTML, &r.Markdown, &r.LaTeX, &r.SVG, &r.JavaScript} {
 		if *p != "" {
 			*p = o.f.Text(*p)
 		}
+	}
+	if r.JSON != nil {
+		r.JSON = o.f.JSON(r.JSON)
+	}
+	if len(r.Extra) > 0 {
+		extra := make(map[string]any, len(r.Extra))
+		for mime, v := range r.Extra {
+			if policy.TextualMIME(mime) {
+				v = o.f.JSON(v)
+			}
+			extra[mime] = v
+		}
+		r.Extra = extra
 	}
 	return r
 }
@@ -119,4 +134,73 @@ func (o *outputFilter) error(e agentproto.ExecError) agentproto.ExecError {
 	}
 	e.Value, e.Traceback = o.f.Text(e.Value), o.f.Text(e.Traceback)
 	return e
+}
+
+// commandFilter applies the policy's output_filtering to a command's
+// streamed stdout and stderr (/v1 commands and E2B processes alike):
+// redacted per stream as they come (a secret split across writes is held
+// back until its line is whole) and cut at max_output_length per call,
+// with the marker at the end. nil when the policy filters nothing.
+type commandFilter struct {
+	f        *policy.OutputFilter
+	out, err *policy.Redactor
+	cap      policy.Cap
+	forward  func(agentproto.Event)
+}
+
+// newCommandFilter returns the filter of the sandbox's current policy for
+// one command's stream to forward, or nil. The secret env vars are the
+// sandbox's and the command's.
+func (s *Sandbox) newCommandFilter(env map[string]string, forward func(agentproto.Event)) *commandFilter {
+	p := s.Policy()
+	if p == nil || p.OutputFiltering == nil || forward == nil {
+		return nil
+	}
+	f := policy.NewOutputFilter(p.OutputFiltering, s.Env, env)
+	if f == nil {
+		return nil
+	}
+	return &commandFilter{f: f, out: f.NewRedactor(), err: f.NewRedactor(), cap: policy.Cap{Limit: f.MaxOutputLength()},
+		forward: forward}
+}
+
+// event is the onEvent the command streams to.
+func (c *commandFilter) event(ev agentproto.Event) {
+	switch ev.Type {
+	case agentproto.EventStdout:
+		c.text(ev.Type, c.out.Write(ev.Data))
+	case agentproto.EventStderr:
+		c.text(ev.Type, c.err.Write(ev.Data))
+	default:
+		c.forward(ev)
+	}
+}
+
+func (c *commandFilter) text(typ string, p []byte) {
+	if p = c.cap.Take(p); len(p) > 0 {
+		c.forward(agentproto.Event{Type: typ, Data: p})
+	}
+}
+
+// finish releases what the redactors hold and the truncation marker, and
+// reports a cut (resource_exceeded output).
+func (c *commandFilter) finish(s *Sandbox, res *ProcessResult) {
+	c.text(agentproto.EventStdout, c.out.Flush())
+	c.text(agentproto.EventStderr, c.err.Flush())
+	if c.cap.Dropped == 0 {
+		return
+	}
+	c.forward(agentproto.Event{Type: agentproto.EventStdout, Data: []byte(c.cap.Marker())})
+	if res != nil {
+		res.Truncated = true
+	}
+	s.emit(events.ResourceExceeded, "", map[string]any{"resource": events.ResourceOutput, "limit": c.cap.Limit,
+		"observed": c.cap.Used + c.cap.Dropped, "unit": "bytes", "rule": "output_filtering.max_output_length", "pid": pidOf(res)})
+}
+
+func pidOf(res *ProcessResult) int {
+	if res == nil {
+		return 0
+	}
+	return res.PID
 }

@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"strings"
 	"sync"
 	"testing"
@@ -255,4 +256,159 @@ func TestOnViolationTerminate(t *testing.T) {
 	if len(stopped) != 1 || !strings.Contains(stopped[0].Details["reason"].(string), "security violation") {
 		t.Fatalf("stopped events %+v", stopped)
 	}
+}
+
+// Results: a JSON result (every string in it, keys too, at any depth)
+// and an HTML one are redacted; a PNG passes untouched.
+func TestOutputFilterResults(t *testing.T) {
+	t.Parallel()
+	m, _ := fakeEngine(t, sandbox.Config{})
+	code := `class R:
+    def _repr_json_(self): return {"config": {"api_key": "` + ghToken + `", "n": 1, "list": ["ok", "pw ` + filterSecret + `"]}, "` + ghToken + `": True}
+    def _repr_html_(self): return "<b>token ` + ghToken + `</b>"
+    def _repr_png_(self): return "iVBORw0KGgo` + ghToken + `"
+R()`
+	check := func(t *testing.T, sb *sandbox.Sandbox, redacted bool) {
+		ex, _, evs := runBoth(t, sb, code)
+		var streamed []agentproto.Result
+		for _, ev := range evs {
+			if ev.Result != nil {
+				streamed = append(streamed, *ev.Result)
+			}
+		}
+		for _, rs := range [][]agentproto.Result{ex.Results, streamed} {
+			if len(rs) != 1 {
+				t.Fatalf("results %+v", rs)
+			}
+			b, _ := json.Marshal(rs[0].JSON)
+			leaked := strings.Contains(string(b)+rs[0].HTML, ghToken) || strings.Contains(string(b), filterSecret)
+			if leaked == redacted {
+				t.Fatalf("redacting %v: json %s html %q", redacted, b, rs[0].HTML)
+			}
+			if !strings.Contains(rs[0].PNG, ghToken) {
+				t.Fatalf("the PNG was changed: %q", rs[0].PNG)
+			}
+			if !redacted {
+				continue
+			}
+			want := `{"[REDACTED:github_token]":true,"config":{"api_key":"[REDACTED:github_token]","list":["ok","pw [REDACTED:secret_env]"],"n":1}}`
+			if string(b) != want || rs[0].HTML != "<b>token [REDACTED:github_token]</b>" {
+				t.Fatalf("json %s\nhtml %q", b, rs[0].HTML)
+			}
+		}
+	}
+	env := map[string]string{"DB_PASSWORD": filterSecret}
+	filtered, err := m.Create(context.Background(), sandbox.CreateOptions{Env: env,
+		Policy: &policy.Policy{OutputFiltering: &policy.OutputFiltering{StripSensitiveData: ptr(true)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := m.Create(context.Background(), sandbox.CreateOptions{Env: env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("filtered", func(t *testing.T) { check(t, filtered, true) })
+	t.Run("unfiltered", func(t *testing.T) { check(t, plain, false) })
+}
+
+// Commands (/v1 commands and E2B processes both run through Run and
+// Connect): a secret printed whole, split across two writes with a pause,
+// base64-encoded, or in the command's own env, is redacted; the cap cuts
+// with its marker and reports resource_exceeded output.
+func TestOutputFilterCommands(t *testing.T) {
+	t.Parallel()
+	sink := &collector{}
+	m, _ := fakeEngine(t, sandbox.Config{Events: sink})
+	b64 := base64.StdEncoding.EncodeToString([]byte(filterSecret))
+	script := `printf 'tok=%s\n' "` + ghToken + `"; printf 'pw=%s' "${DB_PASSWORD:0:7}"; sleep 0.2; printf '%s\n' "${DB_PASSWORD:7}"
+printf '%s\n' "$(printf %s "$DB_PASSWORD" | base64)" >&2; printf 'own=%s\n' "$CMD_TOKEN"`
+	cmdSecret := "cmd-only-secret-42424242"
+	run := func(t *testing.T, sb *sandbox.Sandbox, start bool) (string, *sandbox.ProcessResult) {
+		var out strings.Builder
+		var mu sync.Mutex
+		on := func(ev agentproto.Event) {
+			if ev.Type == agentproto.EventStdout || ev.Type == agentproto.EventStderr {
+				mu.Lock()
+				out.Write(ev.Data)
+				mu.Unlock()
+			}
+		}
+		spec := sandbox.ProcessSpec{Cmd: "bash", Args: []string{"-c", script}, Env: map[string]string{"CMD_TOKEN": cmdSecret}}
+		var res *sandbox.ProcessResult
+		var err error
+		if start {
+			spec.Args[1] = "sleep 0.3; " + script
+			pid, serr := sb.Start(context.Background(), spec)
+			if serr != nil {
+				t.Fatal(serr)
+			}
+			res, err = sb.Connect(context.Background(), pid, on)
+		} else {
+			res, err = sb.Run(context.Background(), spec, on)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), res
+	}
+	env := map[string]string{"DB_PASSWORD": filterSecret}
+	filtered, err := m.Create(context.Background(), sandbox.CreateOptions{Env: env,
+		Policy: &policy.Policy{OutputFiltering: &policy.OutputFiltering{StripSensitiveData: ptr(true)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := m.Create(context.Background(), sandbox.CreateOptions{Env: env})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaks := []string{ghToken, filterSecret, filterSecret[7:], b64[:12], cmdSecret}
+	for _, mode := range []string{"run", "connect"} {
+		t.Run(mode, func(t *testing.T) {
+			// Unfiltered, every secret shows: the test can fail.
+			got, _ := run(t, plain, mode == "connect")
+			for _, s := range leaks {
+				if !strings.Contains(got, s) {
+					t.Fatalf("unfiltered output lacks %q: %q", s, got)
+				}
+			}
+			got, _ = run(t, filtered, mode == "connect")
+			for _, s := range leaks {
+				if strings.Contains(got, s) {
+					t.Fatalf("%q leaked: %q", s, got)
+				}
+			}
+			for _, want := range []string{"tok=[REDACTED:github_token]\n", "pw=[REDACTED:secret_env]\n", "[REDACTED:secret_env_base64]\n", "own=[REDACTED:secret_env]\n"} {
+				if !strings.Contains(got, want) {
+					t.Fatalf("output lacks %q: %q", want, got)
+				}
+			}
+		})
+	}
+	t.Run("max_output_length", func(t *testing.T) {
+		capped, err := m.Create(context.Background(), sandbox.CreateOptions{
+			Policy: &policy.Policy{OutputFiltering: &policy.OutputFiltering{MaxOutputLength: ptr(int64(100))}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		res, err := capped.Run(context.Background(), sandbox.ProcessSpec{Cmd: "bash", Args: []string{"-c", "head -c 5000 /dev/zero | tr '\\0' x"}},
+			func(ev agentproto.Event) { out.Write(ev.Data) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := strings.Repeat("x", 100) + "\n[truncated: 4900 more bytes dropped by max_output_length]\n"
+		if out.String() != want || !res.Truncated {
+			t.Fatalf("output %q, %+v", out.String(), res)
+		}
+		var found bool
+		for _, ev := range sink.of(events.ResourceExceeded) {
+			if ev.SandboxID == capped.ID && ev.Details["resource"] == events.ResourceOutput && ev.Details["limit"] == int64(100) &&
+				ev.Details["observed"] == int64(5000) {
+				found = true
+			}
+		}
+		if !found {
+			t.Fatalf("no resource_exceeded output: %+v", sink.of(events.ResourceExceeded))
+		}
+	})
 }

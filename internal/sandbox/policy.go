@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path"
@@ -182,7 +183,19 @@ func (s *Sandbox) executePolicy(spec *agentproto.ExecuteSpec) {
 // refusals into one report), or a resource_exceeded for the resources.
 func (s *Sandbox) violation(execID string, v *agentproto.Violation) {
 	if v.Kind == "resource" {
-		s.emit(events.ResourceExceeded, execID, map[string]any{"resource": v.Target})
+		d := map[string]any{"resource": v.Target}
+		switch v.Target {
+		case "disk": // ENOSPC: the writable layer is full
+			d["resource"], d["limit"], d["unit"] = events.ResourceDisk, s.Limits.DiskBytes, "bytes"
+			if u, err := s.m.cfg.Runtime.Usage(context.Background(), s.ID); err == nil {
+				d["observed"] = u.DiskBytes
+			}
+		case "file_size": // EFBIG: a file reached RLIMIT_FSIZE
+			limit := s.Policy().FileSizeBytes()
+			d["resource"], d["limit"], d["observed"], d["unit"] = events.ResourceDisk, limit, limit, "bytes"
+			d["rule"] = "resource_limits.file_size_upload_mb"
+		}
+		s.emit(events.ResourceExceeded, execID, d)
 		return
 	}
 	details := map[string]any{"kind": v.Kind, "target": v.Target}

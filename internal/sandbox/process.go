@@ -7,6 +7,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/events"
 )
 
 // ProcessSpec describes a command to run in a sandbox. Its User is
@@ -42,6 +43,12 @@ func (s *Sandbox) Run(ctx context.Context, spec ProcessSpec, onEvent func(agentp
 		return nil, err
 	}
 	res := &ProcessResult{}
+	// The policy's output filtering sits between the command and the
+	// caller (outfilter.go).
+	cf := s.newCommandFilter(spec.Env, onEvent)
+	if cf != nil {
+		onEvent = cf.event
+	}
 	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpProcessStart, Process: &spec}, nil,
 		agentproto.Handlers{Event: func(ev agentproto.Event) error {
 			if ev.Type == agentproto.EventStart {
@@ -50,9 +57,31 @@ func (s *Sandbox) Run(ctx context.Context, spec ProcessSpec, onEvent func(agentp
 			return s.forward(ctx, ev, onEvent)
 		}}, callOptions{})
 	if err != nil {
+		if cf != nil {
+			cf.finish(s, nil)
+		}
 		return nil, s.gone(err)
 	}
-	return finish(res, done), nil
+	return s.ended(finish(res, done), cf, spec.MaxOutputBytes), nil
+}
+
+// ended finishes a command's filtered stream and reports the limits it
+// hit: the agent's output cap, and (when it failed) memory, pids and disk.
+func (s *Sandbox) ended(res *ProcessResult, cf *commandFilter, maxOutput int64) *ProcessResult {
+	if cf != nil {
+		cf.finish(s, res)
+	}
+	if res.Status == agentproto.StatusOutputLimit {
+		// The agent stopped it at the cap; what it would have written
+		// past it is not known.
+		d := map[string]any{"resource": events.ResourceOutput, "unit": "bytes", "pid": res.PID}
+		if maxOutput > 0 {
+			d["limit"], d["observed"] = maxOutput, maxOutput
+		}
+		s.emit(events.ResourceExceeded, "", d)
+	}
+	s.commandEnded(res)
+	return res
 }
 
 // errStarted stops reading a process's stream once it has started.
@@ -79,6 +108,9 @@ func (s *Sandbox) Start(ctx context.Context, spec ProcessSpec) (int, error) {
 			return nil
 		}}, callOptions{idle: agentIdle})
 	if errors.Is(err, errStarted) {
+		if len(spec.Env) > 0 {
+			s.procEnv.Store(pid, spec.Env) // its secrets, for the output filter of Connect
+		}
 		return pid, nil
 	}
 	if err == nil {
@@ -94,14 +126,26 @@ func (s *Sandbox) Connect(ctx context.Context, pid int, onEvent func(agentproto.
 		return nil, err
 	}
 	defer end()
+	var env map[string]string
+	if v, ok := s.procEnv.Load(pid); ok {
+		env = v.(map[string]string)
+	}
+	cf := s.newCommandFilter(env, onEvent)
+	if cf != nil {
+		onEvent = cf.event
+	}
 	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpProcessConnect, PID: pid}, nil,
 		agentproto.Handlers{Event: func(ev agentproto.Event) error {
 			return s.forward(ctx, ev, onEvent)
 		}}, callOptions{})
 	if err != nil {
+		if cf != nil {
+			cf.finish(s, nil)
+		}
 		return nil, s.gone(err)
 	}
-	return finish(&ProcessResult{PID: pid}, done), nil
+	s.procEnv.Delete(pid)
+	return s.ended(finish(&ProcessResult{PID: pid}, done), cf, 0), nil
 }
 
 // forward passes a process's event on, its output at the sandbox's

@@ -44,6 +44,9 @@ type Sandbox struct {
 	// ctxLangs maps the ids of the sandbox's code contexts to their
 	// languages (TypeScript cells are transpiled before they are sent).
 	ctxLangs sync.Map
+	// procEnv maps the pids of background commands started with an env
+	// to it: the output filter of Connect redacts its secrets.
+	procEnv sync.Map
 	// created is closed once the runtime's Create has returned: destroy
 	// waits for it, so that it never runs under a create in flight.
 	created chan struct{}
@@ -67,6 +70,7 @@ type Sandbox struct {
 	lastCPU    uint64    // CPUNanos at the last idle check
 	busy       int       // requests in flight
 	announced  bool      // sandbox.created was emitted, so sandbox.stopped will be
+	seen       limitCounts // the cgroup's limit counters already reported (limits.go)
 }
 
 // Info is a snapshot of a sandbox for listings.

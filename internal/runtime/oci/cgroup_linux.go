@@ -117,6 +117,7 @@ func (c *cgroups) usage(id string) (runtime.Usage, error) {
 		u.OOMKills = uint64(readKey(filepath.Join(d, "memory.events"), "oom_kill"))
 		u.CPUNanos = uint64(readKey(filepath.Join(d, "cpu.stat"), "usage_usec")) * 1000
 		u.Pids = readInt(filepath.Join(d, "pids.current"))
+		u.PidsDenied = uint64(readKey(filepath.Join(d, "pids.events"), "max"))
 		return u, nil
 	}
 	mem := c.controller(id, "memory")
@@ -132,8 +133,37 @@ func (c *cgroups) usage(id string) (runtime.Usage, error) {
 	}
 	if d := c.controller(id, "pids"); d != "" {
 		u.Pids = readInt(filepath.Join(d, "pids.current"))
+		u.PidsDenied = uint64(readKey(filepath.Join(d, "pids.events"), "max"))
 	}
 	return u, nil
+}
+
+// cpuTime reads the sandbox's CPU time alone: v1 cpuacct.usage
+// (nanoseconds), v2 cpu.stat usage_usec. One file, a few microseconds.
+func (c *cgroups) cpuTime(id string) (time.Duration, error) {
+	if c.v2 {
+		b, err := os.ReadFile(filepath.Join(c.mounts[0], c.parent, id, "cpu.stat"))
+		if err != nil {
+			return 0, err
+		}
+		for line := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+				n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				return time.Duration(n) * time.Microsecond, err
+			}
+		}
+		return 0, errors.New("cpu.stat has no usage_usec")
+	}
+	d := c.controller(id, "cpuacct")
+	if d == "" {
+		return 0, errors.New("no cpuacct cgroup hierarchy")
+	}
+	b, err := os.ReadFile(filepath.Join(d, "cpuacct.usage"))
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
+	return time.Duration(n), err
 }
 
 // kill kills every process of the sandbox at once and waits until they

@@ -20,7 +20,10 @@ import (
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
-var _ runtime.Runtime = (*OCI)(nil)
+var (
+	_ runtime.Runtime    = (*OCI)(nil)
+	_ runtime.CPUCounter = (*OCI)(nil)
+)
 
 // OCI runs sandboxes with an OCI runtime binary (runc; runsc later).
 type OCI struct {
@@ -577,6 +580,14 @@ func (o *OCI) Usage(_ context.Context, id string) (runtime.Usage, error) {
 		u.DiskBytes = int64(st.Blocks-st.Bfree) * st.Bsize
 	}
 	return u, nil
+}
+
+// CPUTime implements runtime.CPUCounter.
+func (o *OCI) CPUTime(id string) (time.Duration, error) {
+	if !validID(id) {
+		return 0, runtime.ErrNotFound
+	}
+	return o.cg.cpuTime(id)
 }
 
 // List implements runtime.Runtime: bundles, runtime state and cgroups all

@@ -1,0 +1,159 @@
+package sandbox_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/policy"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+// TestPolicyCPUTimeCgroup: cpu_time_seconds counts the sandbox cgroup's
+// CPU time, so CPU burnt in a thread or in a background process the code
+// started (which the interpreter's own counters never see: it is not
+// waited for) stops the execution too, with ERR_CPU_TIME_EXCEEDED and a
+// resource_exceeded event carrying the limit and what was observed.
+func TestPolicyCPUTimeCgroup(t *testing.T) {
+	log := &policyLog{}
+	m := runcEngine(t, func(c *sandbox.Config) { c.Events = log })
+	// The code sleeps SECONDS while what it started spins.
+	const wait = "import time\nt = time.time()\nwhile time.time() - t < SECONDS: time.sleep(0.05)\n'slept'"
+	cases := []struct{ name, code string }{
+		{"thread", "import threading\ndef spin():\n    while True: pass\nthreading.Thread(target=spin, daemon=True).start()\n" + wait},
+		{"background process", "import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'while True: pass'], start_new_session=True)\n" + wait},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			// Unconfined, the code sleeps its time out.
+			free := newSandbox(t, m, sandbox.CreateOptions{})
+			if ex, _ := inContext(t, free, "python", strings.Replace(c.code, "SECONDS", "2", 1)); mainText(ex) != "'slept'" {
+				t.Fatalf("unconfined: %+v %+v", ex, ex.Error)
+			}
+			s := newSandbox(t, m, sandbox.CreateOptions{Policy: &policy.Policy{ResourceLimits: &policy.ResourceLimits{
+				CPUTimeSeconds: pf(0.5)}}})
+			ex, id := inContext(t, s, "python", strings.Replace(c.code, "SECONDS", "25", 1))
+			if ex.ErrorCode != apierr.CPUTimeExceeded || ex.CPUTimeMS < 500 || ex.CPUTimeMS > 2000 || ex.ExecutionTimeMS > 20000 {
+				t.Fatalf("%+v %+v", ex, ex.Error)
+			}
+			ev := log.of(events.ResourceExceeded, s.ID, id)
+			if len(ev) != 1 || ev[0].Details["resource"] != events.ResourceCPUTime || fmt.Sprint(ev[0].Details["limit"]) != "500" ||
+				ev[0].Details["observed"].(float64) < 500 {
+				t.Fatalf("events %+v", ev)
+			}
+			// The sandbox still works.
+			if ex, _ := inContext(t, s, "python", "1 + 1"); mainText(ex) != "2" {
+				t.Fatalf("after: %+v %+v", ex, ex.Error)
+			}
+		})
+	}
+}
+
+// TestResourceExceededCgroup: the limits the cgroup and the writable
+// layer enforce are reported as resource_exceeded with their limit and
+// what was observed, for executions and for commands: pids (forks refused
+// at pids.max, from pids.events), memory (an OOM kill) and disk (the
+// writable layer full). Each program first runs where the limit is
+// roomy, where it must succeed.
+func TestResourceExceededCgroup(t *testing.T) {
+	log := &policyLog{}
+	m := runcEngine(t, func(c *sandbox.Config) { c.Events = log })
+	ctx := context.Background()
+	free := newSandbox(t, m, sandbox.CreateOptions{})
+	tight := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{Pids: 32, MemoryBytes: 128 << 20, DiskBytes: 16 << 20}})
+	forks := "import os, time\nfor i in range(48):\n    if os.fork() == 0:\n        time.sleep(5)\n        os._exit(0)\n'forked'"
+	command := func(s *sandbox.Sandbox, script string) *sandbox.ProcessResult {
+		t.Helper()
+		res, err := s.Run(ctx, sandbox.ProcessSpec{Cmd: "bash", Args: []string{"-c", script}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	// last returns the newest resource_exceeded event of tight about
+	// resource, after n events of it were seen.
+	last := func(t *testing.T, resource string, n int) events.Event {
+		t.Helper()
+		var got []events.Event
+		for _, ev := range log.of(events.ResourceExceeded, tight.ID, "") {
+			if ev.Details["resource"] == resource {
+				got = append(got, ev)
+			}
+		}
+		if len(got) != n+1 {
+			t.Fatalf("%d resource_exceeded %s events, want %d: %+v", len(got), resource, n+1, got)
+		}
+		return got[n]
+	}
+
+	t.Run("pids in an execution", func(t *testing.T) {
+		if ex, _ := inContext(t, free, "python", forks); mainText(ex) != "'forked'" {
+			t.Fatalf("unconfined: %+v %+v", ex, ex.Error)
+		}
+		ex, id := inContext(t, tight, "python", forks)
+		if ex.Error == nil || ex.Error.Name != "BlockingIOError" {
+			t.Fatalf("%+v %+v", ex, ex.Error)
+		}
+		ev := last(t, events.ResourcePids, 0)
+		if ev.ExecutionID != id || ev.Details["limit"] != int64(32) || ev.Details["observed"] != int64(32) || ev.Details["refused"].(uint64) < 1 {
+			t.Fatalf("event %+v", ev)
+		}
+	})
+	t.Run("pids in a command", func(t *testing.T) {
+		script := "python3 -c \"" + strings.ReplaceAll(strings.TrimSuffix(forks, "'forked'"), "\n", "\n") + "\""
+		if res := command(free, script); res.ExitCode != 0 {
+			t.Fatalf("unconfined: %+v", res)
+		}
+		if res := command(tight, script); res.ExitCode == 0 {
+			t.Fatalf("%+v", res)
+		}
+		if ev := last(t, events.ResourcePids, 1); ev.Details["limit"] != int64(32) {
+			t.Fatalf("event %+v", ev)
+		}
+	})
+	t.Run("memory in a command", func(t *testing.T) {
+		script := "python3 -c 'b = bytearray(300 << 20); print(len(b))'"
+		if res := command(free, script); res.ExitCode != 0 {
+			t.Fatalf("unconfined: %+v", res)
+		}
+		if res := command(tight, script); res.Signal != 9 {
+			t.Fatalf("%+v", res)
+		}
+		ev := last(t, events.ResourceMemory, 0)
+		if ev.Details["limit"] != int64(128<<20) || ev.Details["observed"].(int64) < 100<<20 {
+			t.Fatalf("event %+v", ev)
+		}
+	})
+	t.Run("disk in a command", func(t *testing.T) {
+		// Seen when the command ends: the layer is still full then.
+		script := "head -c 24M /dev/zero > /tmp/fill"
+		if res := command(free, script); res.ExitCode != 0 {
+			t.Fatalf("unconfined: %+v", res)
+		}
+		if res := command(tight, script); res.ExitCode == 0 {
+			t.Fatalf("%+v", res)
+		}
+		defer command(tight, "rm /tmp/fill")
+		ev := last(t, events.ResourceDisk, 0)
+		if ev.Details["limit"] != int64(16<<20) || ev.Details["observed"].(int64) < 15<<20 {
+			t.Fatalf("event %+v", ev)
+		}
+	})
+	t.Run("disk in an execution", func(t *testing.T) {
+		code := "open('/tmp/fill', 'wb').write(b'x' * (24 << 20))"
+		ex, id := inContext(t, tight, "python", code)
+		if ex.Error == nil || !strings.Contains(ex.Error.Value, "No space left") {
+			t.Fatalf("%+v", ex.Error)
+		}
+		ev := last(t, events.ResourceDisk, 1)
+		if ev.ExecutionID != id || ev.Details["limit"] != int64(16<<20) || ev.Details["observed"].(int64) < 15<<20 {
+			t.Fatalf("event %+v", ev)
+		}
+		inContext(t, tight, "python", "import os; os.remove('/tmp/fill')")
+	})
+}
