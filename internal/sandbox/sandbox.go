@@ -66,10 +66,10 @@ type Sandbox struct {
 	deadline   time.Time
 	timer      *time.Timer
 	stopReason string
-	lastActive time.Time // the last request, or the last CPU seen in use
-	lastCPU    uint64    // CPUNanos at the last idle check
-	busy       int       // requests in flight
-	announced  bool      // sandbox.created was emitted, so sandbox.stopped will be
+	lastActive time.Time   // the last request, or the last CPU seen in use
+	lastCPU    uint64      // CPUNanos at the last idle check
+	busy       int         // requests in flight
+	announced  bool        // sandbox.created was emitted, so sandbox.stopped will be
 	seen       limitCounts // the cgroup's limit counters already reported (limits.go)
 }
 
