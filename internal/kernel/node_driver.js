@@ -13,6 +13,13 @@ const sandbox = {
   queueMicrotask, structuredClone, fetch: globalThis.fetch, module: { exports: {} },
 };
 sandbox.exports = sandbox.module.exports;
+// __sheepfold_import is what a cell's static imports become (esmImports): the
+// driver's own import(), which a vm script cannot make itself, with
+// relative paths taken from the current directory.
+sandbox.__sheepfold_import = (spec) => {
+  const rel = spec.startsWith('./') || spec.startsWith('../') || spec.startsWith('/');
+  return import(rel ? require('url').pathToFileURL(require('path').resolve(process.cwd(), spec)).href : spec);
+};
 const context = vm.createContext(sandbox);
 process.on('SIGINT', () => {});
 
@@ -79,6 +86,32 @@ function asyncCell(code) {
   }
 }
 
+// esmImports rewrites the static imports at the start of a cell's lines
+// (import d from 'm', import * as ns from 'm', import { a, b as c } from
+// 'm', import d, { a } from 'm', import 'm') into awaited dynamic imports
+// whose bindings become globals, so that they outlive the cell as its other
+// declarations do. Each rewrite keeps the statement's line count. It
+// returns null for a cell without static imports.
+function esmImports(code) {
+  const stmt = /^([ \t]*)import(?:\s+([A-Za-z_$][\w$]*)\s*,?)?\s*(?:\*\s*as\s+([A-Za-z_$][\w$]*)|\{([^}]*)\})?\s*(?:from\s*)?(['"])([^'"\n]+)\5[ \t]*;?/gm;
+  let changed = false;
+  const out = code.replace(stmt, (m, indent, def, ns, named, q, spec) => {
+    if (!def && !ns && named === undefined && /\bfrom\s*['"]/.test(m)) return m;
+    if ((def || ns || named !== undefined) && !/\bfrom\s*['"]/.test(m)) return m;
+    const binds = [];
+    if (def) binds.push(`globalThis.${def} = __m.default;`);
+    if (ns) binds.push(`globalThis.${ns} = __m;`);
+    for (const part of (named || '').split(',')) {
+      const p = part.trim().match(/^([A-Za-z_$][\w$]*)(?:\s+as\s+([A-Za-z_$][\w$]*))?$/);
+      if (p) binds.push(`globalThis.${p[2] || p[1]} = __m.${p[1]};`);
+    }
+    changed = true;
+    const lines = '\n'.repeat((m.match(/\n/g) || []).length);
+    return `${indent}{ const __m = await __sheepfold_import(${JSON.stringify(spec)}); ${binds.join(' ')} }${lines}`;
+  });
+  return changed ? out : null;
+}
+
 async function run(req) {
   if (req.policy && req.policy.deny_subprocess) denySubprocess = true;
   const saved = {};
@@ -88,8 +121,14 @@ async function run(req) {
   }
   try {
     let value;
+    const imported = esmImports(req.code);
     try {
-      value = new vm.Script(req.code, { filename: '<cell>' }).runInContext(context, { breakOnSigint: true });
+      if (imported !== null) {
+        // Static imports: the cell runs as an async function.
+        value = asyncCell(imported).runInContext(context, { breakOnSigint: true });
+      } else {
+        value = new vm.Script(req.code, { filename: '<cell>' }).runInContext(context, { breakOnSigint: true });
+      }
     } catch (e) {
       // Top-level await: run the cell as an async function (see asyncCell).
       if (e instanceof SyntaxError && /await/.test(e.message)) {

@@ -518,3 +518,24 @@ test('createCodeContext: a new id each time; cwd and language combinations; E2B\
     for (const c of made) await sbx.removeCodeContext(c)
   }
 })
+
+test('javascript: static ESM imports next to require and top-level await', T, async () => {
+  await sbx.files.write('/home/user/esm-helper.mjs', 'export const answer = 42\nexport default function greet(n) { return `hi ${n}` }\n')
+  const ex = await sbx.runCode(
+    `import { readFileSync } from 'fs'
+import * as path from 'node:path'
+import greet, { answer as theAnswer } from './esm-helper.mjs'
+const os = require('os')
+const text = readFileSync('/home/user/esm-helper.mjs', 'utf8')
+const slept = await new Promise((r) => setTimeout(() => r('awaited'), 10))
+console.log(path.join('a', 'b'), typeof os.hostname(), slept)
+greet(theAnswer + (text.includes('answer') ? 0 : 1))`,
+    { language: 'javascript' }
+  )
+  assert.equal(ex.error, undefined, `error ${JSON.stringify(ex.error)}`)
+  assert.deepEqual(ex.logs.stdout, ['a/b string awaited\n'])
+  assert.equal(ex.text, 'hi 42')
+  // The imported names outlive the cell, as other declarations do.
+  const later = await sbx.runCode('typeof readFileSync + " " + theAnswer', { language: 'javascript' })
+  assert.equal(later.text, 'function 42')
+})
