@@ -220,7 +220,9 @@ func (fs *fileSystem) stat(sp string, names *idNames) (agentproto.FileInfo, erro
 
 // mkdirAll makes the directory sp and its missing parents (mode 0755).
 // Through a dangling symlink it fails rather than create the target.
-func (fs *fileSystem) mkdirAll(sp string) error {
+// mkdirAll makes directory sp and its missing parents; own, when not nil,
+// is called on each directory it makes.
+func (fs *fileSystem) mkdirAll(sp string, own func(pfd int, name string) error) error {
 	fd, err := fs.open(sp, unix.O_PATH|unix.O_DIRECTORY)
 	if err == nil {
 		unix.Close(fd)
@@ -229,7 +231,7 @@ func (fs *fileSystem) mkdirAll(sp string) error {
 	if err != unix.ENOENT || sp == "/" {
 		return err
 	}
-	if err := fs.mkdirAll(path.Dir(sp)); err != nil {
+	if err := fs.mkdirAll(path.Dir(sp), own); err != nil {
 		return err
 	}
 	pfd, name, err := fs.parent(sp)
@@ -237,7 +239,11 @@ func (fs *fileSystem) mkdirAll(sp string) error {
 		return err
 	}
 	defer unix.Close(pfd)
-	if err := unix.Mkdirat(pfd, name, 0o755); err != nil && err != unix.EEXIST {
+	err = unix.Mkdirat(pfd, name, 0o755)
+	if err == nil && own != nil {
+		err = own(pfd, name)
+	}
+	if err != nil && err != unix.EEXIST {
 		return err
 	}
 	fd, err = fs.open(sp, unix.O_PATH|unix.O_DIRECTORY)
@@ -355,7 +361,8 @@ func (s *server) fileWrite(c *conn, req *agentproto.Request) agentproto.Event {
 	if mode == 0 {
 		mode = 0o644
 	}
-	if err := s.files.mkdirAll(path.Dir(sp)); err != nil {
+	own := s.chowner(req)
+	if err := s.files.mkdirAll(path.Dir(sp), own); err != nil {
 		return failErr(path.Dir(sp), err)
 	}
 	pfd, name, err := s.files.parent(sp)
@@ -380,6 +387,9 @@ func (s *server) fileWrite(c *conn, req *agentproto.Request) agentproto.Event {
 	}
 	f := os.NewFile(uintptr(fd), tmp)
 	_, err = c.pc.ReadBody(f, req.Limit)
+	if err == nil && own != nil {
+		err = own(pfd, tmp)
+	}
 	if err == nil {
 		err = unix.Fchmod(fd, mode)
 	}
@@ -420,7 +430,8 @@ func (s *server) fileMkdir(req *agentproto.Request) agentproto.Event {
 	if mode == 0 {
 		mode = 0o755
 	}
-	if err := s.files.mkdirAll(path.Dir(sp)); err != nil {
+	own := s.chowner(req)
+	if err := s.files.mkdirAll(path.Dir(sp), own); err != nil {
 		return failErr(path.Dir(sp), err)
 	}
 	pfd, name, err := s.files.parent(sp)
@@ -430,6 +441,11 @@ func (s *server) fileMkdir(req *agentproto.Request) agentproto.Event {
 	defer unix.Close(pfd)
 	if err := unix.Mkdirat(pfd, name, 0o700); err != nil {
 		return failErr(sp, err)
+	}
+	if own != nil {
+		if err := own(pfd, name); err != nil {
+			return failErr(sp, err)
+		}
 	}
 	// Set the mode exactly (no umask) on the directory just made.
 	fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -624,7 +640,7 @@ func (s *server) fileMove(req *agentproto.Request) agentproto.Event {
 	if src == "/" || dst == "/" {
 		return fail(agentproto.CodeBadRequest, "cannot move /")
 	}
-	if err := s.files.mkdirAll(path.Dir(dst)); err != nil {
+	if err := s.files.mkdirAll(path.Dir(dst), nil); err != nil {
 		return failErr(path.Dir(dst), err)
 	}
 	opfd, oname, err := s.files.parent(src)

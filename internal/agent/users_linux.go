@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -53,7 +54,14 @@ func (s *server) asFileUser(req *agentproto.Request, fn func() agentproto.Event)
 	if !fileOps[req.Op] {
 		return fn()
 	}
-	id, bad := s.user(req.User, s.passwd)
+	name := req.User
+	if req.Owner != "" {
+		if req.Op != agentproto.OpFileWrite && req.Op != agentproto.OpFileMkdir {
+			return fail(agentproto.CodeBadRequest, "owner is for file.write and file.mkdir only")
+		}
+		name = req.Owner
+	}
+	id, bad := s.user(name, s.passwd)
 	if bad != nil {
 		return *bad
 	}
@@ -64,7 +72,26 @@ func (s *server) asFileUser(req *agentproto.Request, fn func() agentproto.Event)
 			req.Path = id.home
 		}
 	}
+	if req.Owner != "" {
+		return fn() // with the agent's permissions; the handler chowns
+	}
 	return s.asIdentity(id, fn)
+}
+
+// chowner returns what gives a new entry (named name in the directory
+// pfd) to the owner of req (Request.Owner), or nil when there is none or
+// the agent acts as every user itself.
+func (s *server) chowner(req *agentproto.Request) func(pfd int, name string) error {
+	if req.Owner == "" || !s.switchUsers {
+		return nil
+	}
+	id, bad := s.user(req.Owner, s.passwd)
+	if bad != nil {
+		return func(int, string) error { return errors.New(bad.Message) }
+	}
+	return func(pfd int, name string) error {
+		return unix.Fchownat(pfd, name, int(id.uid), int(id.gid), unix.AT_SYMLINK_NOFOLLOW)
+	}
 }
 
 // asIdentity runs fn with id's filesystem credentials when the agent

@@ -135,6 +135,33 @@ func TestActAsUser(t *testing.T) {
 		t.Errorf("guest writing user's home: %+v", r.done)
 	}
 
+	// Owner: root's permissions, the user's ownership of all it makes
+	// (E2B's envd); relative paths at the owner's home; only for writes
+	// and mkdirs.
+	if r := a.callBody(t, agentproto.Request{Op: agentproto.OpFileWrite, Path: "/srv/new/deep/o.txt", Owner: "user"}, strings.NewReader("o")); r.done.Code != "" || r.done.Entry.Owner != "user" {
+		t.Fatalf("owned write: %+v", r.done)
+	}
+	for _, p := range []string{"srv", "srv/new", "srv/new/deep", "srv/new/deep/o.txt"} {
+		if u, g, _ := owner(p); u != 1000 || g != 1000 {
+			t.Errorf("owned write: %s is %d:%d", p, u, g)
+		}
+	}
+	if r := a.callBody(t, agentproto.Request{Op: agentproto.OpFileWrite, Path: "o.txt", Owner: "guest"}, strings.NewReader("o")); r.done.Code != "" || r.done.Entry.Path != "/home/guest/o.txt" {
+		t.Errorf("owned relative write: %+v", r.done)
+	}
+	a.call(t, agentproto.Request{Op: agentproto.OpFileMkdir, Path: "/etc/made/here", Owner: "user"}).mustOK(t)
+	if u, _, _ := owner("etc"); u != 0 {
+		t.Errorf("owned mkdir gave away an existing parent: /etc is %d", u)
+	}
+	for _, p := range []string{"etc/made", "etc/made/here"} {
+		if u, g, m := owner(p); u != 1000 || g != 1000 || m != 0o755 {
+			t.Errorf("owned mkdir: %s is %d:%d %o", p, u, g, m)
+		}
+	}
+	if r := a.call(t, agentproto.Request{Op: agentproto.OpFileRead, Path: "/root/secret", Owner: "user"}); r.done.Code != agentproto.CodeBadRequest {
+		t.Errorf("owner on a read: %+v", r.done)
+	}
+
 	// A watch is the user's too.
 	if r := a.call(t, agentproto.Request{Op: agentproto.OpFileWatch, Path: "/root"}); r.done.Code != agentproto.CodePermission {
 		t.Errorf("user watching /root: %+v", r.done)

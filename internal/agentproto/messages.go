@@ -128,6 +128,13 @@ type Request struct {
 	// sandbox; any other name must be in the sandbox's /etc/passwd
 	// (CodeBadRequest "unknown user" otherwise).
 	User string `json:"user,omitempty"`
+	// Owner (file.write, file.mkdir), when set, replaces User: the
+	// operation acts with the agent's own permissions (root's in the
+	// sandbox) and makes what it creates (the file, missing parent
+	// directories) owned by this user, whose home relative paths start
+	// at. This is E2B's envd's way: it writes as root on the user's
+	// behalf. Other operations refuse it (CodeBadRequest).
+	Owner string `json:"owner,omitempty"`
 }
 
 // Sandbox users a request may name (ProcessSpec.User, Request.User).

@@ -278,7 +278,7 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 	// upload writes at most the upload limit plus its framing in all.
 	body = &totalReader{r: body, left: h.cfg.MaxUploadBytes + uploadFraming}
 	write := func(p string, data io.Reader) (fileEntry, bool) {
-		fi, err := sb.WriteFileWith(ctx, homePath(ctx, p), data, sandbox.WriteOptions{Limit: h.cfg.MaxUploadBytes, Metadata: meta}, as(ctx))
+		fi, err := sb.WriteFileWith(ctx, homePath(ctx, p), data, sandbox.WriteOptions{Limit: h.cfg.MaxUploadBytes, Metadata: meta}, owned(ctx))
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) || errors.Is(err, errUploadTooLarge) {
 			writeFilesError(w, http.StatusRequestEntityTooLarge, "the upload is larger than the limit of %d MiB (per file, and per request in all)", h.cfg.MaxUploadBytes>>20)

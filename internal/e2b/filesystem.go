@@ -84,7 +84,7 @@ func (f *filesystemService) MakeDir(ctx context.Context, req *connect.Request[fi
 		}
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New(fi.Path+" exists and is not a directory"))
 	}
-	fi, err := sb.MakeDir(ctx, path, as(ctx))
+	fi, err := sb.MakeDir(ctx, path, owned(ctx))
 	if err != nil {
 		return nil, connectError(ctx, err)
 	}

@@ -16,4 +16,9 @@ func setUser(spec *sandbox.ProcessSpec, user string) {
 // as is the file-call option for the request's user.
 func as(ctx context.Context) sandbox.FileOption { return sandbox.AsUser(userFrom(ctx)) }
 
+// owned is the option of calls that create (writes, makeDir): as E2B's
+// envd, which runs as root, they may create anywhere, and what they create
+// (missing parents included) is the request's user's.
+func owned(ctx context.Context) sandbox.FileOption { return sandbox.OwnedBy(userFrom(ctx)) }
+
 func apierrIsNotFound(err error) bool { return apierr.CodeOf(err) == apierr.NotFound }

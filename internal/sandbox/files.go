@@ -17,7 +17,10 @@ type FileInfo = agentproto.FileInfo
 // symlinks lead out of the sandbox's root.
 
 // FileOption changes how a file call acts.
-type FileOption struct{ user string }
+type FileOption struct {
+	user  string
+	owner bool // user owns what the call creates; root's permissions
+}
 
 // AsUser makes a file call act as a sandbox user: "user" (the default, uid
 // 1000), "root" (root inside the sandbox), or another name from the
@@ -25,6 +28,12 @@ type FileOption struct{ user string }
 // call's permission checks are that user's, what it creates is owned by
 // that user, and relative paths start at that user's home.
 func AsUser(name string) FileOption { return FileOption{user: name} }
+
+// OwnedBy makes a write or a mkdir act with root's permissions inside the
+// sandbox and leave what it creates (parents included) owned by the user
+// name, relative paths starting at that user's home: what E2B's envd does
+// for every user. It gives the caller nothing AsUser("root") would not.
+func OwnedBy(name string) FileOption { return FileOption{user: name, owner: true} }
 
 // ReadFile copies a file of the sandbox into w; limit > 0 refuses larger files.
 func (s *Sandbox) ReadFile(ctx context.Context, path string, w io.Writer, limit int64, opts ...FileOption) (FileInfo, error) {
@@ -163,8 +172,10 @@ func (s *Sandbox) fileCall(ctx context.Context, req agentproto.Request, body io.
 // withUser sets the request's user from the last AsUser option.
 func withUser(req agentproto.Request, opts []FileOption) agentproto.Request {
 	for _, o := range opts {
-		if o.user != "" {
-			req.User = o.user
+		if o.user != "" && o.owner {
+			req.User, req.Owner = "", o.user
+		} else if o.user != "" {
+			req.User, req.Owner = o.user, ""
 		}
 	}
 	return req

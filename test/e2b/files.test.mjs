@@ -268,3 +268,36 @@ test('downloadUrl and uploadUrl work with plain fetch', T, async () => {
   assert.equal(exp.status, 401, 'an expired signature')
   assert.deepEqual(await exp.json(), { code: 401, message: 'signature is already expired' })
 })
+
+test('writes anywhere as user: missing parents and the file are made, owned by user (as envd does)', T, async () => {
+  const w = await sbx.files.write('/0/x.txt', 'at the root')
+  assert.equal(w.path, '/0/x.txt')
+  assert.equal(await sbx.files.read('/0/x.txt'), 'at the root')
+  const many = await sbx.files.write([
+    { path: '/srv/new/deep/a.txt', data: 'a' },
+    { path: '/1/b.txt', data: 'b' },
+  ])
+  assert.deepEqual(
+    many.map((e) => e.path),
+    ['/srv/new/deep/a.txt', '/1/b.txt']
+  )
+  assert.equal(await sbx.files.makeDir('/opt/made-by-user'), true)
+  const ls = await sbx.commands.run('stat -c "%n %a %U:%G" /0 /0/x.txt /srv/new /srv/new/deep /srv/new/deep/a.txt /1/b.txt /opt/made-by-user')
+  assert.equal(
+    ls.stdout,
+    [
+      '/0 755 user:user',
+      '/0/x.txt 644 user:user',
+      '/srv/new 755 user:user',
+      '/srv/new/deep 755 user:user',
+      '/srv/new/deep/a.txt 644 user:user',
+      '/1/b.txt 644 user:user',
+      '/opt/made-by-user 755 user:user',
+    ].join('\n') + '\n'
+  )
+  // What existed keeps its owner; the user's own processes still cannot
+  // write there.
+  assert.equal((await sbx.files.getInfo('/srv')).owner, 'root')
+  const denied = await sbx.commands.run('touch /srv/by-process 2>&1 || echo refused')
+  assert.match(denied.stdout, /refused/)
+})
