@@ -630,6 +630,42 @@ print("|".join(out), end="")`
 	}
 }
 
+// TestEgressKeepAliveTLS: requests inside TLS are not visible to the
+// gateway, so a kept-alive HTTPS connection counts once against
+// network_requests however many requests it carries; a second connection
+// counts again.
+func TestEgressKeepAliveTLS(t *testing.T) {
+	w := newEgressWorld(t)
+	m, log := w.engine(t)
+	limit := int64(2)
+	pol := allowlist("api.test")
+	pol.ResourceLimits = &policy.ResourceLimits{NetworkRequests: &limit}
+	s := w.sandbox(t, m, sandbox.CreateOptions{Policy: pol})
+	got := py(t, s, netProbe+`
+def conn(n):
+    out = []
+    try:
+        c = http.client.HTTPSConnection("api.test", 443, timeout=10, context=ssl.create_default_context(cafile="/tmp/ca.pem"))
+        for _ in range(n):
+            c.request("GET", "/x")
+            out.append(c.getresponse().read().decode())
+    except Exception as e:
+        out.append(err(e))
+    return out
+print("|".join(conn(5) + conn(1) + conn(1)), end="")`)
+	answers := strings.Split(got, "|")
+	want := strings.Repeat("hello from api.test|", 6)
+	if len(answers) != 7 || !strings.HasPrefix(got, want) || answers[6] != "ECONNREFUSED" {
+		t.Fatalf("five requests on one TLS connection, then two connections, under a limit of 2: %q", got)
+	}
+	if n := s.EgressRequests(); n != 2 {
+		t.Fatalf("EgressRequests = %d, want 2", n)
+	}
+	if evs := log.find(s.ID, events.ResourceExceeded, "resource", events.ResourceNetworkRequests); len(evs) != 1 {
+		t.Fatalf("resource_exceeded events %+v", evs)
+	}
+}
+
 // testRepo makes a bare git repository served by dumb HTTP, whose one
 // file "greeting" says "hello from api.test".
 func testRepo(t *testing.T) string {
