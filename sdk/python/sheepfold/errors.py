@@ -117,6 +117,13 @@ class InvalidArgumentError(SheepfoldError, ValueError):
     default_code = "ERR_BAD_REQUEST"
 
 
+class InvalidPolicyError(InvalidArgumentError):
+    """400 ERR_INVALID_POLICY: a security policy was refused; the message
+    names the field."""
+
+    default_code = "ERR_INVALID_POLICY"
+
+
 class UnsupportedLanguageError(InvalidArgumentError):
     default_code = "ERR_UNSUPPORTED_LANGUAGE"
 
@@ -220,6 +227,7 @@ _BY_CODE: Dict[str, Type[SheepfoldError]] = {
     "ERR_PATH_NOT_ALLOWED": PathNotAllowedError,
     "ERR_CONFLICT": ConflictError,
     "ERR_UNSUPPORTED_LANGUAGE": UnsupportedLanguageError,
+    "ERR_INVALID_POLICY": InvalidPolicyError,
     "ERR_TEMPLATE_NOT_FOUND": TemplateNotFoundError,
     "ERR_MODULE_BLOCKED": ModuleBlockedError,
     "ERR_NETWORK_RESTRICTED": NetworkRestrictedError,

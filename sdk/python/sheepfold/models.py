@@ -369,3 +369,21 @@ class FileInfo:
 
 # E2B's name for a directory entry.
 EntryInfo = FileInfo
+
+
+@dataclass
+class PolicyAnswer:
+    """A sandbox's security policy as the server reports it (get_policy,
+    set_policy): ``policy`` is the policy's JSON object ({} when none was
+    given). ``restart_required`` says the last change loosened a rule a
+    running interpreter cannot drop (named in ``loosened``): each code
+    context restarts, losing its state, before its next execution."""
+
+    policy: Dict[str, Any]
+    restart_required: bool = False
+    loosened: List[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "PolicyAnswer":
+        return cls(policy=d.get("policy") or {}, restart_required=bool(d.get("restart_required")),
+                   loosened=list(d.get("loosened") or []))

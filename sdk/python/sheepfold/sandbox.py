@@ -9,7 +9,7 @@ from .commands import Commands
 from .events import Events
 from .errors import NotFoundError, SandboxStateError, SheepfoldError
 from .files import Filesystem
-from .models import CodeContext, Execution, ExecutionError, Resources, Result, SandboxInfo
+from .models import CodeContext, Execution, ExecutionError, PolicyAnswer, Resources, Result, SandboxInfo
 
 __all__ = ["Sandbox"]
 
@@ -50,6 +50,7 @@ class Sandbox:
         envs: Optional[Dict[str, str]] = None,
         resources: Optional[Union[Resources, Dict[str, Any]]] = None,
         sandbox_config: Optional[Dict[str, Any]] = None,
+        security_policy: Optional[Dict[str, Any]] = None,
         api_key: Optional[str] = None,
         base_url: Optional[str] = None,
         request_timeout: Optional[float] = None,
@@ -65,6 +66,11 @@ class Sandbox:
             resources: {"cpus", "memory_mb", "disk_mb", "pids"} (or Resources).
             sandbox_config: {"max_execution_time", "max_memory_mb",
                 "network_restricted", "filesystem_readonly"}.
+            security_policy: the sandbox's security policy, the JSON object of
+                the README's "Policies and network" (resource_limits,
+                access_control, filesystem, network, output_filtering,
+                rate_limiting, on_violation); a bad one raises
+                InvalidPolicyError naming the field.
             request_timeout: the HTTP timeout in seconds of each API call
                 (default 60; run_code and commands.run use their own).
         """
@@ -82,6 +88,8 @@ class Sandbox:
             body["metadata"] = dict(metadata)
         if sandbox_config:
             body["sandbox_config"] = dict(sandbox_config)
+        if security_policy is not None:
+            body["security_policy"] = dict(security_policy)
         info = SandboxInfo.from_dict(http.post_json("/v1/sandboxes", body))
         return cls(info, http)
 
@@ -140,6 +148,22 @@ class Sandbox:
             return self.get_info().state == "running"
         except (NotFoundError, SandboxStateError):
             return False
+
+    # Security policy.
+
+    def get_policy(self) -> PolicyAnswer:
+        """The sandbox's security policy ({} when none was given)."""
+        return PolicyAnswer.from_dict(self._http.get_json(self._base + "/policy"))
+
+    def set_policy(self, policy: Dict[str, Any]) -> PolicyAnswer:
+        """Replace the sandbox's security policy with ``policy`` (the whole
+        new policy: rules left out are unset). Tightening applies from the
+        next execution with state kept; a loosening a running interpreter
+        cannot apply answers ``restart_required``. Filesystem rules, memory
+        and disk are fixed at create: changing them raises
+        InvalidPolicyError."""
+        resp = self._http.request("PUT", self._base + "/policy", json_body=dict(policy))
+        return PolicyAnswer.from_dict(resp.json())
 
     def __enter__(self) -> "Sandbox":
         return self

@@ -32,6 +32,7 @@ from sheepfold import (  # noqa: E402
     RateLimitError,
     Events,
     InvalidArgumentError,
+    InvalidPolicyError,
     NotFoundError,
     Sandbox,
     SandboxNotFoundError,
@@ -176,6 +177,48 @@ class TestEndToEnd(unittest.TestCase):
         self.assertTrue(verify_webhook(hook.secret, ts, sig, body))
         self.assertFalse(verify_webhook("another secret", ts, sig, body))
         self.assertIn(b'"sandbox.stopped"', body)
+
+    def test_security_policy(self) -> None:
+        secret = "s3cr3t-abcdefgh-12345678"
+        sb = Sandbox.create(template=TEMPLATE, timeout=300, envs={"API_TOKEN": secret}, api_key=E2E_KEY, base_url=E2E_URL,
+                            security_policy={"access_control": {"blocked_modules": ["socket"]},
+                                             "output_filtering": {"strip_sensitive_data": True},
+                                             "resource_limits": {"cpu_time_seconds": 5}})
+        self.addCleanup(sb.kill)
+        pol = sb.get_policy()
+        self.assertEqual(pol.policy["access_control"], {"blocked_modules": ["socket"]})
+        self.assertEqual(pol.policy["resource_limits"], {"cpu_time_seconds": 5})
+
+        ex = sb.run_code("import socket")
+        self.assertEqual(ex.error.name, "ModuleBlockedError")
+        self.assertEqual(ex.error_code, "ERR_MODULE_BLOCKED")
+        ex = sb.run_code("import os\nprint('tok', os.environ['API_TOKEN'])\n{'token': os.environ['API_TOKEN']}")
+        self.assertEqual("".join(ex.logs.stdout), "tok [REDACTED:secret_env]\n")
+        self.assertNotIn(secret, str(ex.raw))
+        res = sb.commands.run("echo tok $API_TOKEN")
+        self.assertEqual(res.stdout, "tok [REDACTED:secret_env]\n")
+
+        # Loosening a rule the interpreter cannot drop needs a restart.
+        changed = sb.set_policy({"output_filtering": {"strip_sensitive_data": True}})
+        self.assertTrue(changed.restart_required)
+        self.assertIn("access_control.blocked_modules", changed.loosened)
+        self.assertEqual(sb.get_policy().policy, {"output_filtering": {"strip_sensitive_data": True}})
+        self.assertIsNone(sb.run_code("import socket").error)
+        with self.assertRaises(InvalidPolicyError) as cm:
+            sb.set_policy({"filesystem": {"readonly": True}})
+        self.assertIn("filesystem", str(cm.exception))
+        with self.assertRaises(InvalidPolicyError) as cm:
+            Sandbox.create(template=TEMPLATE, api_key=E2E_KEY, base_url=E2E_URL,
+                           security_policy={"resource_limits": {"cpu_time_seconds": 0}})
+        self.assertIn("resource_limits.cpu_time_seconds", str(cm.exception))
+
+        # The events say what happened, listed and streamed.
+        violations = sb.events.list(types=["security_violation"]).events
+        self.assertEqual([(e.details["kind"], e.details["target"]) for e in violations], [("module_blocked", "socket")])
+        self.assertEqual(len(sb.events.list(types=["policy.changed"]).events), 1)
+        sb.kill()
+        streamed = [e.type for e in sb.events.stream(types=["security_violation", "policy.changed", "sandbox.stopped"])]
+        self.assertEqual(streamed, ["security_violation", "policy.changed", "sandbox.stopped"])
 
     def test_code_context_isolation(self) -> None:
         sb = self.create()
