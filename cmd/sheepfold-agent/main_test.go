@@ -180,15 +180,18 @@ func TestInitReapsAndForwards(t *testing.T) {
 	if done.Code != "" || done.ExitCode == nil || *done.ExitCode != 0 {
 		t.Fatalf("start: %+v", done)
 	}
-	time.Sleep(100 * time.Millisecond)
+	// Wait until it is reparented (sh may still be exiting), well within
+	// its 0.3 s life.
 	var orphan int
-	for _, k := range children(a.cmd.Process.Pid) {
-		if k != serve {
-			orphan = k
+	for deadline := time.Now().Add(5 * time.Second); orphan == 0; time.Sleep(5 * time.Millisecond) {
+		for _, k := range children(a.cmd.Process.Pid) {
+			if k != serve {
+				orphan = k
+			}
 		}
-	}
-	if orphan == 0 {
-		t.Fatal("the orphan was not reparented to init")
+		if orphan == 0 && time.Now().After(deadline) {
+			t.Fatal("the orphan was not reparented to init")
+		}
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for st := state(orphan); st != ""; st = state(orphan) {

@@ -65,9 +65,9 @@ func TestServeShutdown(t *testing.T) {
 	// an upload stalled mid-body
 	_, up := a.upload(t, agentproto.Request{Op: agentproto.OpFileWrite, Path: "stalled"})
 	up.WriteData([]byte("partial"))
+	waitFor(t, "the stalled upload's temporary file to hold its data", func() bool { return uploadedBytes(t, home) == len("partial") })
 	// a connection that never sends its request
 	a.dial(t)
-	time.Sleep(100 * time.Millisecond) // let the agent take all of them in hand
 
 	start := time.Now()
 	if err := a.stop(); err != nil {

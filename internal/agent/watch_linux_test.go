@@ -124,7 +124,7 @@ func TestWatchEvents(t *testing.T) {
 	w.expect("agent remove", "remove moved.txt")
 	bigNC, big := a.upload(t, agentproto.Request{Op: agentproto.OpFileWrite, Path: "w/aborted"})
 	big.WriteData([]byte("partial"))
-	time.Sleep(50 * time.Millisecond)
+	waitFor(t, "the upload's temporary file to hold its data", func() bool { return uploadedBytes(t, dir) == len("partial") })
 	bigNC.Close()
 	w.expect("aborted upload") // settle fails on the temporary's events
 
@@ -271,6 +271,18 @@ func inotifyFDs(t *testing.T) int {
 		}
 	}
 	return n
+}
+
+// uploadedBytes is the size of the temporary upload file in dir (-1 if
+// there is none).
+func uploadedBytes(t *testing.T, dir string) int {
+	t.Helper()
+	for _, name := range uploads(t, dir) {
+		if fi, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			return int(fi.Size())
+		}
+	}
+	return -1
 }
 
 // waitFor polls cond for up to 10 s.

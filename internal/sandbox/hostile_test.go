@@ -171,7 +171,7 @@ func (a *hostileAgent) misbehave(nc net.Conn, c *agentproto.Conn, code string) b
 		hang()
 	case "result flood": // results as large as frames allow, as fast as possible
 		res := agentproto.Event{Type: agentproto.EventResult, Result: &agentproto.Result{Text: strings.Repeat("r", agentproto.MaxFrame-200)}}
-		for range 40 {
+		for range floodResults {
 			if c.WriteJSON(res) != nil {
 				return true
 			}
@@ -185,6 +185,16 @@ func (a *hostileAgent) misbehave(nc net.Conn, c *agentproto.Conn, code string) b
 	}
 	return true
 }
+
+// floodResults is how many frame-sized results the "result flood" agent
+// sends: more than the execution's budget holds (4). The agent here runs
+// in the test's process, which encodes and decodes each 4 MiB frame of
+// JSON; under the race detector that is some fifty times slower, so the
+// flood is shorter there and has longer to run.
+var (
+	floodResults = map[bool]int{false: 40, true: 6}[testutil.Race]
+	floodTimeout = map[bool]time.Duration{false: 20 * time.Second, true: 90 * time.Second}[testutil.Race]
+)
 
 // TestHostileAgent drives the engine through agents that send huge,
 // malformed, slow, never-ending and out-of-order replies: each call fails
@@ -255,7 +265,7 @@ func TestHostileAgent(t *testing.T) {
 			start := time.Now()
 			timeout := time.Second
 			if tt.code == "result flood" {
-				timeout = 20 * time.Second
+				timeout = floodTimeout
 			}
 			ex, err := s.Execute(ctx, sandbox.ExecuteRequest{Code: tt.code, Timeout: timeout}, nil)
 			took := time.Since(start)
@@ -268,7 +278,7 @@ func TestHostileAgent(t *testing.T) {
 			if alive := s.State() == sandbox.StateRunning; alive != tt.alive {
 				t.Fatalf("after %q the sandbox is %s", tt.code, s.State())
 			}
-			if tt.code == "result flood" && (ex.Dropped == nil || len(ex.Results)+ex.Dropped.Results != 40 || len(ex.Results) > 4) {
+			if tt.code == "result flood" && (ex.Dropped == nil || len(ex.Results)+ex.Dropped.Results != floodResults || len(ex.Results) > 4) {
 				t.Fatalf("a flood of results was not bounded: kept %d, dropped %+v", len(ex.Results), ex.Dropped)
 			}
 			// A call that is not an execution has a deadline too.
