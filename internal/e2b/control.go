@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -15,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
@@ -73,31 +71,11 @@ func (h *Handler) controlMux() http.Handler {
 	return mux
 }
 
-// statusError is an answer with an explicit HTTP status.
-type statusError struct {
-	status  int
-	message string
-}
-
-func (e *statusError) Error() string { return e.message }
-
 // writeControlError renders err in E2B's control-plane shape. The SDK reads
 // the numeric code from the body (404 makes kill return false).
 func writeControlError(w http.ResponseWriter, err error) {
-	var se *statusError
-	status, msg := 0, ""
-	if errors.As(err, &se) {
-		status, msg = se.status, se.message
-	} else {
-		e := apierr.From(err)
-		status, msg = e.HTTPStatus(), e.Message
-		if e.Code == apierr.SandboxState {
-			status = http.StatusNotFound // a stopped sandbox is gone, for E2B clients
-		}
-		if e.RetryAfter > 0 {
-			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(e.RetryAfter.Seconds()))))
-		}
-	}
+	status, msg, retry := httpStatus(err)
+	setRetryAfter(w, retry)
 	writeJSON(w, status, map[string]any{"code": status, "message": msg})
 }
 

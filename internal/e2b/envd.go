@@ -11,7 +11,6 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/filesystempb/filesystempbconnect"
 	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/processpb/processpbconnect"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -140,43 +139,6 @@ func checkUser(user string) (string, error) {
 		return rootUser, nil
 	}
 	return "", fmt.Errorf("user %q does not exist in the sandbox (use %q or %q)", user, defaultUser, rootUser)
-}
-
-// connectError maps an engine error to a Connect error. When the sandbox
-// itself is gone, the open connection is aborted instead, as the SDK
-// expects of a killed sandbox.
-func connectError(ctx context.Context, err error) error {
-	if err == nil {
-		return nil
-	}
-	if sb := sandboxFrom(ctx); sb != nil && sb.State() != sandbox.StateRunning {
-		panic(http.ErrAbortHandler)
-	}
-	if ctx.Err() != nil {
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
-		}
-		return connect.NewError(connect.CodeCanceled, ctx.Err())
-	}
-	e := apierr.From(err)
-	code := connect.CodeInternal
-	switch e.Code {
-	case apierr.BadRequest, apierr.UnsupportedLanguage:
-		code = connect.CodeInvalidArgument
-	case apierr.NotFound, apierr.SandboxNotFound:
-		code = connect.CodeNotFound
-	case apierr.Conflict:
-		code = connect.CodeAlreadyExists
-	case apierr.PathNotAllowed:
-		code = connect.CodePermissionDenied
-	case apierr.FileTooLarge, apierr.DiskFull:
-		code = connect.CodeResourceExhausted
-	case apierr.SandboxState:
-		code = connect.CodeUnavailable
-	case apierr.SandboxTimeout:
-		code = connect.CodeDeadlineExceeded
-	}
-	return connect.NewError(code, errors.New(e.Message))
 }
 
 // writeDeadlines gives every write and flush of next's response a

@@ -17,7 +17,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
@@ -152,11 +151,11 @@ func (h *Handler) serveFiles(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// filesError answers a /files request with an engine error, its status
-// from apierr's one table.
+// filesError answers a /files request with an engine error.
 func filesError(w http.ResponseWriter, err error) {
-	e := apierr.From(err)
-	writeFilesError(w, e.HTTPStatus(), "%s", e.Message)
+	status, msg, retry := httpStatus(err)
+	setRetryAfter(w, retry)
+	writeFilesError(w, status, "%s", msg)
 }
 
 func (h *Handler) download(w http.ResponseWriter, r *http.Request) {

@@ -63,15 +63,9 @@ func (h *Handler) interpreterMux() http.Handler {
 // as the E2B server does.
 func interpError(w http.ResponseWriter, r *http.Request, err error) {
 	abortIfGone(r.Context())
-	e := apierr.From(err)
-	status := e.HTTPStatus()
-	switch e.Code {
-	case apierr.NotFound:
-		status = http.StatusNotFound
-	case apierr.UnsupportedLanguage:
-		status = http.StatusBadRequest
-	}
-	http.Error(w, e.Message, status)
+	status, msg, retry := httpStatus(err)
+	setRetryAfter(w, retry)
+	http.Error(w, msg, status)
 }
 
 type executeBody struct {
