@@ -1,0 +1,481 @@
+package kernel
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+)
+
+// An execution goes through these states, each one step (a method of
+// execution) that returns the next:
+//
+//	admit ──refused──────────────────────────────┐
+//	  │                                          │
+//	ready (start or restart the interpreter,     │
+//	  │    drop output between executions) ─fail─┤
+//	send (baseline stats, the request) ─────fail─┤
+//	  │                                          │
+//	run (output, results, control messages,      │
+//	  │  until done, a kill or the end)          │
+//	finish (the outcome, the stats) ─────────────┴──► end
+type execState int
+
+const (
+	execAdmit execState = iota
+	execReady
+	execSend
+	execRun
+	execFinish
+	execEnd
+)
+
+func (s execState) String() string {
+	return [...]string{"admit", "ready", "send", "run", "finish", "end"}[s]
+}
+
+// Reasons the kernel interrupts an execution (execution.why).
+const (
+	whyTimeout = "timeout"
+	whyOutput  = "output"
+	whyCancel  = "cancel"
+	whyCPU     = "cpu"
+)
+
+// execution is the state of one Execute; k.mu is held throughout.
+type execution struct {
+	k     *Kernel
+	ctx   context.Context
+	spec  agentproto.ExecuteSpec
+	emit  func(agentproto.Event) error
+	start time.Time
+	done  agentproto.Event // the Done returned
+
+	p        *proc
+	pid      int
+	cpu0     float64
+	cpu      *cpuWatch
+	emitting bool   // false once emit failed: the rest is not sent
+	mark     []byte // the end-of-output marker on stdout and stderr
+
+	// Set by run.
+	out       <-chan chunk // nil once the pumps have ended
+	killTimer <-chan time.Time
+	why       string // set once the kernel interrupts: whyTimeout and the like
+	outBytes  int64
+	seen      [3]bool   // the marker (or the end) was seen on stdout, stderr
+	pending   [3][]byte // the end of a chunk that may be the start of the marker
+	gotDone   bool
+	killed    bool // the interrupt's grace passed: the interpreter was killed
+	execErr   *agentproto.ExecError
+	policyErr bool // the driver could not apply the execution's policy
+	// Refusals of the seccomp filter: the first of each kind and target
+	// at once, the rest counted in one event at the end. The maps are
+	// made at the first refusal: none on the common path.
+	reported map[agentproto.Violation]bool
+	later    map[agentproto.Violation]int64
+}
+
+// Execute runs code; see the agent's Kernel interface.
+func (k *Kernel) Execute(ctx context.Context, spec agentproto.ExecuteSpec, emit func(agentproto.Event) error) agentproto.Event {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	x := &execution{k: k, ctx: ctx, spec: spec, emit: emit, start: time.Now(), emitting: true,
+		done: agentproto.Event{Type: agentproto.EventDone}}
+	defer func() { x.cpu.stop() }()
+	for st := execAdmit; st != execEnd; {
+		if k.onState != nil {
+			k.onState(st)
+		}
+		st = x.step(st)
+	}
+	return x.done
+}
+
+func (x *execution) step(st execState) execState {
+	switch st {
+	case execAdmit:
+		return x.admit()
+	case execReady:
+		return x.ready()
+	case execSend:
+		return x.sendRequest()
+	case execRun:
+		return x.run()
+	case execFinish:
+		return x.finish()
+	}
+	panic(fmt.Sprintf("kernel: execution in unknown state %d", st))
+}
+
+// admit refuses what this kernel cannot run.
+func (x *execution) admit() execState {
+	k := x.k
+	if k.closed {
+		x.done.Code, x.done.Message = agentproto.CodeNotFound, "the context was deleted"
+		return execEnd
+	}
+	if x.spec.Preload != nil && k.lang != "python" {
+		x.done.Code, x.done.Message = agentproto.CodeUnsupported, "preloading modules needs a python context"
+		return execEnd
+	}
+	if refused := k.policyGate(x.spec, x.emit); refused != nil {
+		x.done = *refused
+		return execEnd
+	}
+	return execReady
+}
+
+// ready makes sure an interpreter runs, and drops output written between
+// executions (a background thread, say), which belongs to none; an
+// interpreter whose pipes ended is replaced.
+func (x *execution) ready() execState {
+	k := x.k
+	if k.p == nil || !k.p.alive() {
+		if k.p != nil {
+			k.p.kill()
+		}
+		if !x.startInterpreter() {
+			return execEnd
+		}
+	}
+	for {
+		select {
+		case c := <-k.p.out:
+			if c.eof {
+				k.p.kill()
+				k.p = nil
+				if !x.startInterpreter() {
+					return execEnd
+				}
+			}
+		default:
+			x.p, x.pid = k.p, k.p.cmd.Process.Pid
+			return execSend
+		}
+	}
+}
+
+// startInterpreter starts a fresh interpreter; on failure the Done says why.
+func (x *execution) startInterpreter() bool {
+	if err := x.k.start(); err != nil {
+		x.done.Code, x.done.Message = agentproto.CodeInternal, err.Error()
+		return false
+	}
+	return true
+}
+
+// sendRequest takes the baseline of the statistics, reports what the
+// filter refused since the last execution, and writes the request.
+func (x *execution) sendRequest() execState {
+	k, p := x.k, x.p
+	x.cpu0 = cpuMS(x.pid)
+	_ = os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", x.pid), []byte("5"), 0)
+	for _, v := range sortedViolations(p.deny.take()) {
+		v.Target += " (between executions)"
+		x.send(agentproto.Event{Type: agentproto.EventViolation, Violation: &v})
+	}
+	p.used = true
+	marker := newMarker()
+	x.mark = []byte("\x1e" + marker + "\n")
+	request := k.request(x.spec, marker)
+	if x.spec.Policy != nil {
+		k.applied = x.spec.PolicyGen
+	}
+	if _, err := p.ctlW.Write(request); err != nil {
+		p.kill()
+		k.p = nil
+		x.done.Status = agentproto.StatusKilled
+		x.send(agentproto.Event{Type: agentproto.EventError, Error: &agentproto.ExecError{
+			Name: "KernelDied", Value: "the interpreter was not running; state is lost", Traceback: err.Error()}})
+		return execEnd
+	}
+	return execRun
+}
+
+// run forwards output, results and control messages until the driver is
+// done and both streams reached the marker, the interrupt's grace ends
+// (the interpreter is then killed) or the interpreter is gone.
+func (x *execution) run() execState {
+	p := x.p
+	var timer <-chan time.Time
+	if x.spec.TimeoutMS > 0 {
+		timer = time.After(time.Duration(x.spec.TimeoutMS) * time.Millisecond)
+	}
+	x.cpu = newCPUWatch(x.spec.Policy, x.pid, x.cpu0)
+	x.out = p.out
+	ctxDone, ctl, exited := x.ctx.Done(), p.ctl, p.exited
+	for !(x.gotDone && x.seen[1] && x.seen[2]) {
+		select {
+		case c, ok := <-x.out:
+			x.handle(c, ok)
+		case <-p.deny.kick:
+			x.denied()
+		case m, ok := <-ctl:
+			if !ok {
+				return execFinish // the interpreter is gone
+			}
+			x.control(m)
+		case <-timer:
+			timer = nil
+			x.interrupt(whyTimeout)
+		case <-x.cpu.tick():
+			if x.cpu.exceeded() {
+				x.interrupt(whyCPU)
+			}
+		case <-ctxDone:
+			ctxDone = nil
+			x.interrupt(whyCancel)
+		case <-x.killTimer:
+			x.killed = true
+			return execFinish
+		case <-exited:
+			// The control pipe closes too; its last messages come first.
+			exited = nil
+		}
+	}
+	return execFinish
+}
+
+// finish reports the refusals counted, replaces an interpreter that must
+// not serve again, and classifies the outcome.
+func (x *execution) finish() execState {
+	k, p, spec := x.k, x.p, x.spec
+	x.denied() // counted before the calls returned: all are in
+	for _, v := range sortedViolations(x.later) {
+		x.send(agentproto.Event{Type: agentproto.EventViolation, Violation: &v})
+	}
+	if x.killed || !x.gotDone || x.policyErr {
+		// A policy the interpreter could not apply is applied by a
+		// fresh one at the next execution.
+		p.kill()
+		k.p = nil
+	}
+	status := agentproto.StatusOK
+	if !x.killed && !x.gotDone {
+		// The interpreter died on its own (a signal such as the OOM
+		// killer's, or exit in a shell).
+		status = agentproto.StatusKilled
+		x.execErr = &agentproto.ExecError{Name: "KernelDied", Value: diedHow(p) + "; state is lost"}
+	}
+	switch x.why {
+	case whyTimeout:
+		status = agentproto.StatusTimeout
+		x.execErr = &agentproto.ExecError{Name: "TimeoutError",
+			Value: fmt.Sprintf("execution exceeded %s", time.Duration(spec.TimeoutMS)*time.Millisecond)}
+		if x.killed {
+			x.execErr.Value += "; the interpreter did not stop and was killed, state is lost"
+		}
+	case whyOutput:
+		status = agentproto.StatusOutputLimit
+		x.done.Truncated = true
+		x.execErr = &agentproto.ExecError{Name: "OutputLimitExceeded",
+			Value: fmt.Sprintf("output passed %d bytes and the execution was stopped", spec.MaxOutputBytes)}
+	case whyCancel:
+		status = agentproto.StatusError
+		x.execErr = &agentproto.ExecError{Name: "Cancelled", Value: "the execution was cancelled"}
+	case whyCPU:
+		status = agentproto.StatusCPULimit
+		x.execErr = x.cpu.error(x.killed)
+	}
+	if x.why == "" && !x.gotDone && x.cpu != nil && (x.cpu.exceeded() || signalled(p, syscall.SIGXCPU)) {
+		// RLIMIT_CPU, the backstop, ended the interpreter first.
+		status = agentproto.StatusCPULimit
+		x.execErr = x.cpu.error(true)
+	}
+	if x.execErr != nil && status == agentproto.StatusOK {
+		status = agentproto.StatusError
+	}
+	if x.execErr != nil {
+		x.send(agentproto.Event{Type: agentproto.EventError, Error: x.execErr})
+	}
+	x.done.Status = status
+	x.done.Stats = &agentproto.Stats{DurationMS: float64(time.Since(x.start).Microseconds()) / 1000}
+	if k.p != nil {
+		x.done.Stats.CPUTimeMS = cpuMS(x.pid) - x.cpu0
+		x.done.Stats.PeakMemoryBytes = peakRSS(x.pid)
+	}
+	return execEnd
+}
+
+// diedHow describes how an interpreter that ended on its own ended.
+func diedHow(p *proc) string {
+	st := p.cmd.ProcessState
+	if st == nil {
+		return "the interpreter exited"
+	}
+	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return fmt.Sprintf("the interpreter was killed by signal %d (%s), possibly out of memory", int(ws.Signal()), ws.Signal())
+	}
+	return fmt.Sprintf("the interpreter exited with status %d", st.ExitCode())
+}
+
+// send emits ev unless an earlier emit failed.
+func (x *execution) send(ev agentproto.Event) {
+	if x.emitting && x.emit(ev) != nil {
+		x.emitting = false
+	}
+}
+
+// interrupt sends SIGINT to the interpreter's group, once, and gives it
+// Options.InterruptGrace before run kills it.
+func (x *execution) interrupt(reason string) {
+	if x.why != "" {
+		return
+	}
+	x.why = reason
+	_ = syscall.Kill(-x.pid, syscall.SIGINT)
+	x.killTimer = time.After(x.k.opt.InterruptGrace)
+}
+
+// output forwards data of a stream, up to the output cap.
+func (x *execution) output(stream int, data []byte) {
+	if len(data) == 0 {
+		return
+	}
+	if x.spec.MaxOutputBytes > 0 {
+		room := x.spec.MaxOutputBytes - x.outBytes
+		if room <= 0 {
+			x.done.Truncated = true
+			x.interrupt(whyOutput)
+			return
+		}
+		if int64(len(data)) > room {
+			data = data[:room]
+			x.done.Truncated = true
+			x.interrupt(whyOutput)
+		}
+	}
+	x.outBytes += int64(len(data))
+	typ := agentproto.EventStdout
+	if stream == 2 {
+		typ = agentproto.EventStderr
+	}
+	x.send(agentproto.Event{Type: typ, Data: data})
+}
+
+// handle takes one chunk of output: up to the marker it is this
+// execution's; the bytes that may be the marker's start wait for the next.
+func (x *execution) handle(c chunk, ok bool) {
+	if !ok {
+		x.out = nil
+		return
+	}
+	if c.eof {
+		x.seen[c.stream] = true
+		x.output(c.stream, x.pending[c.stream])
+		x.pending[c.stream] = nil
+		return
+	}
+	if x.seen[c.stream] {
+		return // output after the marker belongs to no execution
+	}
+	buf := append(x.pending[c.stream], c.data...)
+	if i := bytes.Index(buf, x.mark); i >= 0 {
+		x.output(c.stream, buf[:i])
+		x.pending[c.stream] = nil
+		x.seen[c.stream] = true
+		return
+	}
+	keep := partialSuffix(buf, x.mark)
+	x.output(c.stream, buf[:len(buf)-keep])
+	x.pending[c.stream] = bytes.Clone(buf[len(buf)-keep:])
+}
+
+// drainQueued handles the output already queued.
+func (x *execution) drainQueued() {
+	for x.out != nil {
+		select {
+		case c, ok := <-x.out:
+			x.handle(c, ok)
+		default:
+			return
+		}
+	}
+}
+
+// settle forwards the output written before a result arrived, so that
+// events keep the order in which the code produced them: once the pipes
+// hold nothing unread (and no pump is between a read and its queueing),
+// all of it is queued; take what is queued. It waits at most a second for
+// a busy pump.
+func (x *execution) settle() {
+	deadline := time.Now().Add(time.Second)
+	for x.out != nil {
+		x.drainQueued()
+		if !x.p.unread() {
+			x.drainQueued()
+			return
+		}
+		if time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+}
+
+// denied reports the seccomp filter's refusals: the first of each kind
+// and target now, the others counted for finish.
+func (x *execution) denied() {
+	for _, v := range sortedViolations(x.p.deny.take()) {
+		key := agentproto.Violation{Kind: v.Kind, Target: v.Target}
+		if x.reported[key] {
+			x.later[key] += v.Count
+			continue
+		}
+		if x.reported == nil {
+			x.reported, x.later = map[agentproto.Violation]bool{}, map[agentproto.Violation]int64{}
+		}
+		x.reported[key] = true
+		x.settle()
+		x.send(agentproto.Event{Type: agentproto.EventViolation, Violation: &v})
+	}
+}
+
+// control takes one message of the driver's control pipe.
+func (x *execution) control(m ctlMsg) {
+	switch m.Type {
+	case "result":
+		if m.Result != nil {
+			x.settle()
+			x.send(agentproto.Event{Type: agentproto.EventResult, Result: m.Result})
+		}
+	case "dropped":
+		x.settle()
+		if m.What == "error" {
+			x.execErr = &agentproto.ExecError{Name: "ErrorTooLarge",
+				Value: fmt.Sprintf("the code raised an error whose report (%d bytes) is too large to send", m.Bytes)}
+			return
+		}
+		what := m.What
+		if what == "" || what == "message" {
+			what = agentproto.EventResult
+		}
+		x.send(agentproto.Event{Type: agentproto.EventDropped, Dropped: &agentproto.Dropped{Type: what, Bytes: m.Bytes,
+			Reason: fmt.Sprintf("a %s of %d bytes is over the limit of %d bytes", what, m.Bytes, agentproto.MaxResult)}})
+	case "error":
+		x.execErr = m.Error
+	case "violation":
+		if m.Kind != "" {
+			x.settle()
+			x.send(agentproto.Event{Type: agentproto.EventViolation, Violation: &agentproto.Violation{Kind: m.Kind, Target: m.Target}})
+		}
+	case "policy_failed":
+		x.policyErr = true
+	case "done":
+		x.gotDone = true
+		if x.k.lang == "bash" {
+			var rc int
+			fmt.Sscanf(strings.TrimPrefix(m.raw, "done "), "%d", &rc)
+			if rc != 0 {
+				x.execErr = &agentproto.ExecError{Name: "ExitError", Value: "exit status " + strconv.Itoa(rc)}
+			}
+		}
+	}
+}
