@@ -977,8 +977,21 @@ func TestRemoveStagingUnmounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	mount(t, "tmpfs", filepath.Join(staging, "rootfs/sys/fs/cgroup"), "tmpfs")
-	if mps, _ := mountsUnder(staging); len(mps) != 4 {
-		t.Fatalf("set up %d mounts, want 4: %v", len(mps), mps)
+	// A name mountinfo escapes (space, tab, backslash), and a sibling
+	// whose name starts like the staging dir's, which is not under it.
+	odd := filepath.Join(staging, "rootfs/a b\\c\td")
+	if err := os.MkdirAll(odd, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mount(t, "tmpfs", odd, "tmpfs")
+	sibling := staging + "x"
+	if err := os.MkdirAll(sibling, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mount(t, "tmpfs", sibling, "tmpfs")
+	defer exec.Command("umount", "-l", sibling).Run()
+	if mps, _ := mountsUnder(staging); len(mps) != 5 || !slices.Contains(mps, odd) {
+		t.Fatalf("set up %d mounts, want 5 with %q: %q", len(mps), odd, mps)
 	}
 	if err := removeStaging(staging); err != nil {
 		t.Fatal(err)
