@@ -5,7 +5,8 @@
 // the request path is in memory; the store is the record, read at start
 // and refreshed in the background.
 //
-// Imports: internal/store, internal/apierr and the standard library.
+// Imports: internal/store, internal/apierr, internal/ratelimit (the token
+// buckets) and the standard library.
 package account
 
 import (

@@ -3,6 +3,11 @@
 // to baselines taken in the same run (the host, bare runc, bwrap), and
 // judges the figures against the project's targets. cmd/sheepfold only
 // wires its flags (sheepfold bench).
+//
+// Imports: internal/engine (to open the host's engine, as serve does),
+// internal/sandbox, internal/config, internal/template, internal/policy,
+// internal/egress and internal/agentproto for its scenarios, the Go SDK
+// (client) to drive the server, and the standard library.
 package bench
 
 import (

@@ -7,6 +7,9 @@
 // so tests run them against a fake tree; the probes that must act to know
 // (creating a user namespace, mounting an overlay, running the runtime)
 // run only against the real root ("/").
+//
+// Imports: internal/template (where templates live), the standard library
+// and golang.org/x/sys.
 package doctor
 
 import (

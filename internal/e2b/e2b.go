@@ -33,8 +33,10 @@
 // header is matched against the tokens issued for live sandboxes (one
 // SHA-256 each, no HMAC).
 //
-// Imports: internal/sandbox, internal/agentproto, internal/apierr and the
-// generated envdpb packages. The caller (internal/server) supplies a Backend
+// Imports: internal/sandbox, internal/agentproto, internal/apierr,
+// internal/lang (language names), internal/policy (a sandbox's policy at
+// create), the generated envdpb packages with connectrpc.com/connect and
+// protobuf. The caller (internal/server) supplies a Backend
 // for keys, ownership and records.
 package e2b
 

@@ -1,6 +1,9 @@
 // Package engine opens the sandbox engine on this host: the OCI runtime
 // (runc) under a sandbox.Manager, closed in reverse. sheepfold serve, run
 // and bench (internal/bench) share it.
+//
+// Imports: internal/config, internal/runtime/oci, internal/sandbox,
+// internal/template and the standard library.
 package engine
 
 import (

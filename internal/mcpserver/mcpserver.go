@@ -10,6 +10,10 @@
 // a client of a running server; the server's `/mcp` endpoint serves them
 // over streamable HTTP with a client that calls the server in process
 // (Transport).
+//
+// Imports: the Go SDK (client), the MCP SDK
+// (github.com/modelcontextprotocol/go-sdk) and the standard library;
+// nothing of the engine.
 package mcpserver
 
 import (

@@ -11,6 +11,10 @@
 // sandboxed code's uid), so nothing it says is believed beyond its own
 // sandbox.
 //
-// Imports: runtime, agentproto, apierr and the standard library; never
-// net/http, never a transport.
+// Imports: internal/runtime, internal/agentproto, internal/apierr,
+// internal/events (what it emits), internal/policy (the decisions it
+// enforces), internal/egress (a networked sandbox's gateway), internal/lang,
+// internal/typescript (transpiling before the agent), internal/ratelimit,
+// golang.org/x/sync and x/time, and the standard library; never net/http,
+// never a transport.
 package sandbox

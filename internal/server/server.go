@@ -36,9 +36,11 @@
 // that package's Backend (e2b.go).
 //
 // Imports: internal/sandbox, internal/store, internal/events, internal/auth,
-// internal/apierr, internal/e2b, internal/agentproto, internal/runtime
-// (limits) and api (the OpenAPI document). Never a runtime implementation:
-// the engine is handed in.
+// internal/account (limits and balances), internal/metering,
+// internal/policy, internal/apierr, internal/e2b, internal/mcpserver (the
+// /mcp endpoint, with a Go SDK client that calls this server in process),
+// internal/agentproto, internal/runtime (limits) and api (the OpenAPI
+// document). Never a runtime implementation: the engine is handed in.
 package server
 
 import (

@@ -2,6 +2,8 @@
 // plain child process on the host, with its file operations confined to a
 // temporary root, and no isolation at all. Use it to test the engine and
 // the transports without root; never to run untrusted code.
+//
+// Imports: internal/runtime and the standard library.
 package fake
 
 import (

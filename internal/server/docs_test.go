@@ -1,0 +1,115 @@
+package server_test
+
+import (
+	"encoding/json"
+	"go/parser"
+	"go/token"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestPackageDocsNameImports keeps the package docs true: where a
+// package's doc says what it imports, every package of this module it
+// imports is named there (as internal/x, or x); a package whose doc says
+// nothing of its imports imports nothing of this module.
+func TestPackageDocsNameImports(t *testing.T) {
+	t.Parallel()
+	const mod = "github.com/sheepfold/sheepfold/"
+	out, err := exec.Command("go", "list", "-json", "../../internal/...", "../../client/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	n := 0
+	for dec.More() {
+		var p struct {
+			ImportPath, Dir string
+			Imports         []string
+		}
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(p.ImportPath, "/envdpb/") {
+			continue // generated
+		}
+		n++
+		pkgs, err := parser.ParseDir(token.NewFileSet(), p.Dir, nil, parser.PackageClauseOnly|parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc string
+		for name, pkg := range pkgs {
+			if strings.HasSuffix(name, "_test") {
+				continue
+			}
+			for _, f := range pkg.Files {
+				if f.Doc != nil {
+					doc += f.Doc.Text()
+				}
+			}
+		}
+		if doc == "" {
+			t.Errorf("%s has no package doc", p.ImportPath)
+			continue
+		}
+		// The part of the doc that speaks of imports: from the first
+		// "import" on.
+		i := strings.Index(strings.ToLower(doc), "import")
+		said := ""
+		if i >= 0 {
+			said = strings.Join(strings.Fields(doc[i:]), " ")
+		}
+		for _, imp := range p.Imports {
+			rel, ok := strings.CutPrefix(imp, mod)
+			if !ok {
+				continue
+			}
+			if said == "" {
+				t.Errorf("%s imports %s, and its doc says nothing of its imports", p.ImportPath, rel)
+				continue
+			}
+			if !named(said, rel) {
+				t.Errorf("%s imports %s, which its doc does not name: %q", p.ImportPath, rel, said)
+			}
+		}
+	}
+	if n < 20 {
+		t.Fatalf("only %d packages listed", n)
+	}
+}
+
+// named reports whether text names the package rel (internal/e2b/envdpb/x
+// is named by internal/e2b/envdpb/x, x, or envdpb: the generated tree).
+func named(text, rel string) bool {
+	if mentions(text, rel) {
+		return true
+	}
+	for _, el := range strings.Split(strings.TrimPrefix(rel, "internal/"), "/") {
+		if mentions(text, el) {
+			return true
+		}
+	}
+	return false
+}
+
+// mentions reports whether text names pkg as a word.
+func mentions(text, pkg string) bool {
+	for i := 0; ; {
+		j := strings.Index(text[i:], pkg)
+		if j < 0 {
+			return false
+		}
+		j += i
+		before := j == 0 || !word(text[j-1])
+		after := j+len(pkg) == len(text) || !word(text[j+len(pkg)])
+		if before && after {
+			return true
+		}
+		i = j + 1
+	}
+}
+
+func word(c byte) bool {
+	return c == '_' || c == '/' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+}
