@@ -64,7 +64,7 @@ func (h *Handler) controlMux() http.Handler {
 		return &statusError{http.StatusNotImplemented, "pausing sandboxes is not supported by this server"}
 	})
 	// Signed file URLs arrive without sandbox headers.
-	mux.HandleFunc("/files", h.signedFiles)
+	mux.Handle("/files", writeDeadlines(http.HandlerFunc(h.signedFiles), h.cfg.WriteTimeout))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeControlError(w, noRoute(w, mux, r))
 	})

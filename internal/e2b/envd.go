@@ -75,7 +75,7 @@ func (h *Handler) envdMux() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, env)
 	})
-	mux.HandleFunc("/files", h.files)
+	mux.Handle("/files", writeDeadlines(http.HandlerFunc(h.files), h.cfg.WriteTimeout))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		e := noRoute(w, mux, r)
 		writeJSON(w, e.status, map[string]any{"code": e.status, "message": e.message})

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/processpb"
+	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 	"github.com/sheepfold/sheepfold/internal/testutil"
@@ -343,4 +345,101 @@ func TestSlowEnvdClientPinsNothing(t *testing.T) {
 		Process: &processpb.ProcessSelector{Selector: &processpb.ProcessSelector_Pid{Pid: pid}}, Signal: processpb.Signal_SIGNAL_SIGKILL})); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestSlowEventClientPinsNothing: an SSE event stream whose client stops
+// reading ends at its write deadline, with its subscription, instead of
+// staying open for as long as the client keeps the connection. Not
+// parallel: it shortens the deadline.
+func TestSlowEventClientPinsNothing(t *testing.T) {
+	const writeTimeout = 300 * time.Millisecond
+	defer server.SetStreamWriteTimeout(writeTimeout)()
+	e := newEnv(t, server.Config{})
+	id := e.create(e.keyA, nil)
+	rec, err := e.store.GetSandbox(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := net.Dialer{Control: func(network, address string, c syscall.RawConn) error {
+		var serr error
+		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return serr
+	}}
+	conn, err := d.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nAccept: text/event-stream\r\n\r\n", e.keyA)
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	var seen []byte
+	for buf := make([]byte, 4096); !bytes.Contains(seen, []byte(": stream")); {
+		n, err := conn.Read(buf)
+		if err != nil {
+			t.Fatalf("the stream did not start: %v: %q", err, seen)
+		}
+		seen = append(seen, buf[:n]...)
+	}
+	// Far more than the socket buffers hold, while the client reads
+	// nothing for ten write deadlines: that client is what is tested.
+	pad := strings.Repeat("x", 64<<10)
+	for i := range 300 {
+		e.bus.Emit(events.Event{Type: events.ExecutionFinished, SandboxID: id, Owner: rec.Owner,
+			Details: map[string]any{"n": i, "pad": pad}})
+		if i%50 == 49 {
+			e.bus.Sync(context.Background())
+		}
+	}
+	time.Sleep(10 * writeTimeout)
+
+	// The server gave up: reading again finds what the buffers held, then
+	// the end of the connection.
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	n, err := io.Copy(io.Discard, conn)
+	if err != nil {
+		t.Fatalf("the event stream was still open after its client stopped reading (%d bytes more): %v", n, err)
+	}
+	if n >= 300*64<<10 {
+		t.Fatalf("all %d bytes arrived: the stream was never cut", n)
+	}
+	t.Logf("%d bytes were left in the buffers", n)
+}
+
+// TestSlowDownloadPinsNothing: a file download whose client stops
+// reading ends at its write deadline, and with it the agent call that
+// reads the file. Not parallel: it shortens the deadline.
+func TestSlowDownloadPinsNothing(t *testing.T) {
+	const writeTimeout = 300 * time.Millisecond
+	defer server.SetStreamWriteTimeout(writeTimeout)()
+	e := newEnv(t, server.Config{})
+	id := e.create(e.keyA, nil)
+	const size = 64 << 20
+	if err := os.WriteFile(filepath.Join(e.home(id), "big"), make([]byte, size), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := net.Dialer{Control: func(network, address string, c syscall.RawConn) error {
+		var serr error
+		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return serr
+	}}
+	conn, err := d.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET /v1/sandboxes/%s/files?path=big HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", id, e.keyA)
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.ReadFull(conn, make([]byte, 4096)); err != nil {
+		t.Fatalf("the download did not start: %v", err)
+	}
+	time.Sleep(10 * writeTimeout) // the client that stops reading is what is tested
+
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	n, err := io.Copy(io.Discard, conn)
+	if err != nil || n >= size {
+		t.Fatalf("the download went on after its client stopped reading (%d more bytes of %d): %v", n, size, err)
+	}
+	t.Logf("%d bytes were left in the buffers", n)
+	// The sandbox still answers.
+	want(t, e.do("GET", "/v1/sandboxes/"+id+"/files/stat?path=big", e.keyA, nil), http.StatusOK, "")
 }

@@ -169,6 +169,12 @@ func (s *Server) ownerEvents(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, eq eventQuery, replay bool, stopped func() bool) error {
 	sub := s.bus.Subscribe(eq.filter)
 	defer sub.Close()
+	// Every write has the stream write deadline: a client that stops
+	// reading ends its stream (and its subscription) instead of pinning
+	// them for as long as it keeps the connection.
+	dw := &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w)}
+	defer dw.end()
+	w = dw
 	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -262,10 +268,9 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, eq eventQu
 				return nil
 			}
 		case <-beat.C:
-			if _, err := fmt.Fprint(w, ": ping\n\n"); err != nil {
+			if _, err := fmt.Fprint(w, ": ping\n\n"); err != nil || rc.Flush() != nil {
 				return nil
 			}
-			rc.Flush()
 		case <-r.Context().Done():
 			return nil
 		case <-s.streamsDone:

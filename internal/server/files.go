@@ -73,7 +73,11 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	lw := &lazyWriter{w: w}
+	// Each write has the stream write deadline: a client that stops
+	// reading ends the download, and the agent call behind it.
+	dw := &deadlineWriter{ResponseWriter: w, rc: http.NewResponseController(w)}
+	defer dw.end()
+	lw := &lazyWriter{w: dw}
 	_, err = b.sb.ReadFile(r.Context(), p, lw, 0)
 	if err != nil {
 		if lw.started {

@@ -215,3 +215,41 @@ func (ts textStreams) text(typ string, p []byte) string {
 	}
 	return c.text(p)
 }
+
+// deadlineWriter gives each write and flush of a response the stream
+// write deadline (streamWriteTimeout); once one fails, every later one
+// fails the same. end clears the deadline after a stream that ended well.
+type deadlineWriter struct {
+	http.ResponseWriter
+	rc  *http.ResponseController
+	err error // the first failed write or flush
+}
+
+func (d *deadlineWriter) Write(p []byte) (int, error) {
+	if d.err != nil {
+		return 0, d.err
+	}
+	d.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+	n, err := d.ResponseWriter.Write(p)
+	d.err = err
+	return n, err
+}
+
+// FlushError lets http.ResponseController flush with a deadline too.
+func (d *deadlineWriter) FlushError() error {
+	if d.err != nil {
+		return d.err
+	}
+	d.rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+	d.err = d.rc.Flush()
+	return d.err
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (d *deadlineWriter) Unwrap() http.ResponseWriter { return d.ResponseWriter }
+
+func (d *deadlineWriter) end() {
+	if d.err == nil {
+		d.rc.SetWriteDeadline(time.Time{})
+	}
+}
