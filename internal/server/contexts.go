@@ -82,10 +82,16 @@ func (s *Server) deleteContext(w http.ResponseWriter, r *http.Request) error {
 
 // explainCwd turns a failure to start something in cwd into a 400 when cwd
 // is the reason: the kernel's own error ("fork/exec /usr/bin/python3: no
-// such file or directory") names the interpreter, not the directory. It
-// costs a Stat only after a failure.
+// such file or directory") names the interpreter, not the directory, and
+// the agent's own check of cwd answers not found or not allowed, which
+// here is the request's mistake. It costs a Stat only after a failure.
 func explainCwd(ctx context.Context, sb *sandbox.Sandbox, cwd string, err error) error {
-	if cwd == "" || apierr.CodeOf(err) != apierr.Internal || ctx.Err() != nil {
+	switch apierr.CodeOf(err) {
+	case apierr.Internal, apierr.NotFound, apierr.PathNotAllowed:
+	default:
+		return err
+	}
+	if cwd == "" || ctx.Err() != nil {
 		return err
 	}
 	fi, serr := sb.Stat(ctx, cwd)
