@@ -54,6 +54,7 @@ func (h *Handler) controlMux() http.Handler {
 	add("DELETE /sandboxes/{id}", h.kill)
 	add("POST /sandboxes/{id}/timeout", h.setTimeout)
 	add("POST /sandboxes/{id}/refreshes", h.refresh)
+	add("GET /sandboxes/{id}/metrics", h.getMetrics)
 	add("POST /sandboxes/{id}/connect", h.connect)
 	add("POST /v2/sandboxes/{id}/connect", h.connect)
 	add("POST /sandboxes/{id}/resume", h.connect)
@@ -223,8 +224,6 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 	switch {
 	case req.AutoPause != nil && *req.AutoPause:
 		return badRequest("pausing sandboxes is not supported by this server")
-	case len(req.MCP) > 0 && string(req.MCP) != "null":
-		return badRequest("MCP gateways are not supported by this server")
 	case len(req.VolumeMounts) > 0:
 		return badRequest("volumes are not supported by this server")
 	}
@@ -252,6 +251,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 		h.aliases[sb.ID] = req.TemplateID
 		h.mu.Unlock()
 	}
+	h.sampleMetrics(sb)
 	writeJSON(w, http.StatusCreated, h.sandboxOf(r.Context(), sb))
 	return nil
 }

@@ -96,7 +96,11 @@ type Backend interface {
 // Config tunes the E2B surface. Zero fields take the defaults in brackets.
 type Config struct {
 	// Templates maps E2B template names to Sheepfold templates
-	// [base and code-interpreter-v1 → python].
+	// [base, code-interpreter-v1 and mcp-gateway → python]. With E2B's
+	// mcp option the SDK creates an mcp-gateway sandbox and runs the
+	// gateway in it; no Sheepfold template has one, so the SDK reports
+	// "Failed to start MCP gateway" and kills the sandbox, as it does on
+	// E2B for a template that cannot start it.
 	Templates map[string]string
 	// MaxTimeout bounds sandbox lifetimes [24h].
 	MaxTimeout time.Duration
@@ -123,12 +127,13 @@ type Handler struct {
 	issued   map[string]map[string]string // sandbox id → key id → access token issued
 	counts   map[string]map[string]int    // sandbox id → context id → executions so far
 	watchers map[string]*pollWatcher      // watcher id → polling watcher
+	metrics  map[string]*metricsLog       // sandbox id → its metric samples
 }
 
 // New returns a Handler over a backend.
 func New(cfg Config, b Backend) *Handler {
 	if cfg.Templates == nil {
-		cfg.Templates = map[string]string{"base": "python", "code-interpreter-v1": "python"}
+		cfg.Templates = map[string]string{"base": "python", "code-interpreter-v1": "python", "mcp-gateway": "python"}
 	}
 	if cfg.MaxTimeout <= 0 {
 		cfg.MaxTimeout = 24 * time.Hour
@@ -140,7 +145,8 @@ func New(cfg Config, b Backend) *Handler {
 		cfg.WriteTimeout = 30 * time.Second
 	}
 	h := &Handler{cfg: cfg, backend: b, key: make([]byte, 32),
-		aliases: map[string]string{}, issued: map[string]map[string]string{}, counts: map[string]map[string]int{}, watchers: map[string]*pollWatcher{}}
+		aliases: map[string]string{}, issued: map[string]map[string]string{}, counts: map[string]map[string]int{}, watchers: map[string]*pollWatcher{},
+		metrics: map[string]*metricsLog{}}
 	if _, err := rand.Read(h.key); err != nil {
 		panic(err) // crypto/rand never fails on Linux
 	}
@@ -266,6 +272,7 @@ func (h *Handler) forget(id string) {
 	delete(h.aliases, id)
 	delete(h.issued, id)
 	delete(h.counts, id)
+	delete(h.metrics, id)
 	h.mu.Unlock()
 }
 
@@ -274,7 +281,7 @@ func (h *Handler) forget(id string) {
 // keeps stays as large as the set of live sandboxes.
 func (h *Handler) prune(ctx context.Context) {
 	h.mu.Lock()
-	ids := make([]string, 0, len(h.aliases)+len(h.issued)+len(h.counts))
+	ids := make([]string, 0, len(h.aliases)+len(h.issued)+len(h.counts)+len(h.metrics))
 	for id := range h.aliases {
 		ids = append(ids, id)
 	}
@@ -282,6 +289,9 @@ func (h *Handler) prune(ctx context.Context) {
 		ids = append(ids, id)
 	}
 	for id := range h.counts {
+		ids = append(ids, id)
+	}
+	for id := range h.metrics {
 		ids = append(ids, id)
 	}
 	h.mu.Unlock()

@@ -185,3 +185,51 @@ test('a wrong API key is refused', T, async () => {
   await rejectsWith(Sandbox.create({ apiKey, metadata: meta({ case: 'bad-key' }) }), AuthenticationError, 'create with a wrong key')
   await rejectsWith(Sandbox.list({ apiKey }).nextItems(), AuthenticationError, 'list with a wrong key')
 })
+
+test('getMetrics: CPU, memory and disk from the cgroup and filesystem, every 5 s as in E2B', T, async () => {
+  const sbx = track(await Sandbox.create({ metadata: meta({ case: 'metrics' }), timeoutMs: 120_000 }))
+  await sbx.commands.run('head -c 8000000 /dev/urandom > /home/user/ballast && timeout 2 sh -c "while :; do :; done" || true')
+  const ms = await eventually(
+    async () => {
+      const all = await sbx.getMetrics()
+      return all.length >= 2 ? all : null
+    },
+    { timeoutMs: 20_000, intervalMs: 1_000 }
+  )
+  assert.ok(ms, 'fewer than two samples after 20 s')
+  for (const m of ms) {
+    assert.ok(m.timestamp instanceof Date && !isNaN(m.timestamp), `timestamp ${m.timestamp}`)
+    assert.ok(Number.isInteger(m.cpuCount) && m.cpuCount >= 1, `cpuCount ${m.cpuCount}`)
+    assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, `cpuUsedPct ${m.cpuUsedPct}`)
+    assert.ok(m.memUsed > 0 && m.memTotal >= m.memUsed, `mem ${m.memUsed}/${m.memTotal}`)
+    assert.ok(m.diskTotal > 0 && m.diskUsed >= 0 && m.diskUsed <= m.diskTotal, `disk ${m.diskUsed}/${m.diskTotal}`)
+  }
+  const last = ms[ms.length - 1]
+  assert.ok(last.diskUsed >= 8_000_000, `diskUsed ${last.diskUsed} after writing 8 MB`)
+  assert.ok(ms.some((m) => m.cpuUsedPct > 0), `no CPU use seen: ${ms.map((m) => m.cpuUsedPct)}`)
+  const gaps = ms.slice(1).map((m, i) => m.timestamp - ms[i].timestamp)
+  assert.ok(gaps.every((g) => g >= 4_000 && g <= 6_000), `sample gaps ${gaps} ms, want ~5000`)
+
+  // The static form, and a time window.
+  const byId = await Sandbox.getMetrics(sbx.sandboxId)
+  assert.ok(byId.length >= ms.length)
+  const none = await Sandbox.getMetrics(sbx.sandboxId, { end: new Date(Date.now() - 3_600_000) })
+  assert.deepEqual(none, [])
+  await sbx.kill()
+  await rejectsWith(Sandbox.getMetrics(sbx.sandboxId), SandboxNotFoundError, 'metrics of a killed sandbox')
+})
+
+test("the mcp option: 'Failed to start MCP gateway', and no sandbox left running", T, async () => {
+  const tag = meta({ case: 'mcp' })
+  let err
+  try {
+    track(await Sandbox.create({ mcp: { exa: { apiKey: 'x' } }, metadata: tag, timeoutMs: 60_000 }))
+  } catch (e) {
+    err = e
+  }
+  assert.ok(err, 'create with mcp succeeded')
+  assert.equal(err.name, 'SandboxError', `${err.name}: ${err.message}`)
+  assert.match(err.message, /^Failed to start MCP gateway: .*mcp-gateway/)
+  const left = await Sandbox.list({ query: { metadata: tag, state: ['running'] } }).nextItems()
+  assert.deepEqual(left, [], 'the sandbox was left running')
+})

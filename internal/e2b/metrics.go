@@ -1,0 +1,142 @@
+package e2b
+
+import (
+	"context"
+	"math"
+	"net/http"
+	goruntime "runtime"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+// Sandbox metrics (GET /sandboxes/{id}/metrics, the SDK's getMetrics):
+// a sample every metricsInterval, E2B's, from the sandbox's cgroup (CPU
+// time, memory) and its writable layer (disk), kept for metricsKept
+// samples. A sandbox's sampling starts when the E2B surface creates it
+// (or, for one made through /v1, at its first metrics call) and ends with
+// it: one goroutine and one timer per sandbox, a few cgroup reads and a
+// statfs every five seconds.
+const (
+	metricsInterval = 5 * time.Second
+	metricsKept     = 720 // an hour
+)
+
+// metric is one sample in E2B's SandboxMetric shape. memCache, which E2B
+// also reports, is left out: the cgroup figures read here do not split
+// the page cache from the rest.
+type metric struct {
+	Timestamp     string  `json:"timestamp"`
+	TimestampUnix int64   `json:"timestampUnix"`
+	CPUCount      int     `json:"cpuCount"`
+	CPUUsedPct    float64 `json:"cpuUsedPct"`
+	MemUsed       int64   `json:"memUsed"`
+	MemTotal      int64   `json:"memTotal"`
+	DiskUsed      int64   `json:"diskUsed"`
+	DiskTotal     int64   `json:"diskTotal"`
+}
+
+// metricsLog is one sandbox's samples.
+type metricsLog struct {
+	sb *sandbox.Sandbox
+
+	// mu guards the fields below.
+	mu      sync.Mutex
+	samples []metric
+	lastAt  time.Time // when the CPU counter was last read
+	lastCPU uint64
+}
+
+// sampleMetrics starts sampling sb unless it is sampled already, and
+// returns its log.
+func (h *Handler) sampleMetrics(sb *sandbox.Sandbox) *metricsLog {
+	h.mu.Lock()
+	l := h.metrics[sb.ID]
+	if l != nil {
+		h.mu.Unlock()
+		return l
+	}
+	l = &metricsLog{sb: sb, lastAt: sb.Created}
+	h.metrics[sb.ID] = l
+	h.mu.Unlock()
+	l.sample(time.Now()) // the first covers the time since the start
+	go func() {
+		t := time.NewTicker(metricsInterval)
+		defer t.Stop()
+		for now := range t.C {
+			if sb.State() != sandbox.StateRunning || !l.sample(now) {
+				return
+			}
+		}
+	}()
+	return l
+}
+
+// sample reads the sandbox's usage and appends a sample; false once the
+// sandbox is gone.
+func (l *metricsLog) sample(now time.Time) bool {
+	u, err := l.sb.Usage(context.Background())
+	if err != nil {
+		return false
+	}
+	cpus := goruntime.NumCPU()
+	if c := l.sb.Limits.CPUs; c > 0 {
+		cpus = int(math.Ceil(c))
+	}
+	memTotal := l.sb.Limits.MemoryBytes
+	if memTotal <= 0 {
+		memTotal = u.MemoryLimit
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	pct := 0.0
+	if wall := now.Sub(l.lastAt); wall > 0 && u.CPUNanos >= l.lastCPU {
+		pct = float64(u.CPUNanos-l.lastCPU) / float64(wall.Nanoseconds()) / float64(cpus) * 100
+		pct = math.Round(min(pct, 100)*100) / 100
+	}
+	l.lastAt, l.lastCPU = now, u.CPUNanos
+	if len(l.samples) == metricsKept {
+		l.samples = append(l.samples[:0], l.samples[1:]...)
+	}
+	l.samples = append(l.samples, metric{
+		Timestamp: now.UTC().Format(time.RFC3339), TimestampUnix: now.Unix(),
+		CPUCount: cpus, CPUUsedPct: pct, MemUsed: u.MemoryBytes, MemTotal: memTotal,
+		DiskUsed: u.DiskBytes, DiskTotal: l.sb.Limits.DiskBytes,
+	})
+	return true
+}
+
+// between returns the samples taken in [start, end] (unix seconds; 0: open).
+func (l *metricsLog) between(start, end int64) []metric {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := []metric{}
+	for _, m := range l.samples {
+		if (start == 0 || m.TimestampUnix >= start) && (end == 0 || m.TimestampUnix <= end) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// getMetrics answers GET /sandboxes/{id}/metrics?start=&end=.
+func (h *Handler) getMetrics(w http.ResponseWriter, r *http.Request, owner string) error {
+	var bounds [2]int64
+	for i, k := range []string{"start", "end"} {
+		if v := r.URL.Query().Get(k); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return badRequest("%s must be a unix time in seconds", k)
+			}
+			bounds[i] = n
+		}
+	}
+	sb, err := h.backend.Sandbox(r.Context(), owner, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, h.sampleMetrics(sb).between(bounds[0], bounds[1]))
+	return nil
+}
