@@ -413,6 +413,46 @@ func TestEgressAttacks(t *testing.T) {
 	}
 }
 
+// TestEgressPublic: mode public reaches any public address, by any name
+// or as a literal, and still refuses private, loopback (rebinding),
+// metadata and the server's own addresses, with the rule in the event. A
+// sandbox with mode none next to it reaches nothing (the control).
+func TestEgressPublic(t *testing.T) {
+	w := newEgressWorld(t)
+	m, log := w.engine(t)
+	s := w.sandbox(t, m, sandbox.CreateOptions{Policy: &policy.Policy{Network: &policy.Network{Mode: policy.NetworkPublic}}})
+	none := w.sandbox(t, m, sandbox.CreateOptions{})
+	cases := []struct {
+		name, code, want string
+		target, rule     string // the event expected ("" for none)
+	}{
+		{"any name", `get("evil.test")`, "hello from evil.test", "", ""},
+		{"an ip literal", `get("203.0.113.30")`, "hello from 203.0.113.30", "", ""},
+		{"https", `tls("api.test", "api.test")`, "hello from api.test", "", ""},
+		{"private address", `tcp("10.0.0.1", 80)`, "ECONNREFUSED", "10.0.0.1:80", "private"},
+		{"metadata address", `tcp("169.254.169.254", 80)`, "ECONNREFUSED", "169.254.169.254:80", "cloud metadata"},
+		{"rebinding to loopback", `dns("rebind.test")`, "NXDOMAIN/0", "rebind.test", "127.0.0.1 (loopback)"},
+		{"the server's own port", `get("self.test")`, "ECONNREFUSED", "203.0.113.20:80", "the server's own port"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := py(t, s, netProbe+"\nprint("+c.code+", end='')"); got != c.want {
+				t.Fatalf("%s = %q, want %q", c.code, got, c.want)
+			}
+			if c.target == "" {
+				if got := py(t, none, netProbe+"\nprint("+c.code+", end='')"); got == c.want {
+					t.Fatalf("without a network %s = %q too", c.code, got)
+				}
+				return
+			}
+			evs := log.find(s.ID, events.SecurityViolation, "target", c.target)
+			if len(evs) == 0 || !strings.Contains(fmt.Sprint(evs[0].Details["rule"]), c.rule) {
+				t.Fatalf("events for %s: %+v, want a rule with %q", c.target, evs, c.rule)
+			}
+		})
+	}
+}
+
 // isRefusal accepts the ways a client sees a connection the gateway closed
 // after reading its first message.
 func isRefusal(got string) bool {
