@@ -15,6 +15,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/config"
+	"github.com/sheepfold/sheepfold/internal/llm"
 )
 
 // DefaultConfigFile is read by `sheepfold serve` when --config is not
@@ -101,6 +102,9 @@ func readConfig(path string) (map[string]string, string, error) {
 	}
 	out := make(map[string]string, len(raw))
 	for k, v := range raw {
+		if k == providersKey {
+			continue // tables of their own (readProviders)
+		}
 		key := strings.ReplaceAll(k, "_", "-")
 		if _, dup := out[key]; dup {
 			return nil, path, fmt.Errorf("config file %s: %q is given twice", path, key)
@@ -112,6 +116,38 @@ func readConfig(path string) (map[string]string, string, error) {
 		out[key] = text
 	}
 	return out, path, nil
+}
+
+// providersKey is the config file's array of model provider tables
+// ([[providers]]), the one key that is not a flag.
+const providersKey = "providers"
+
+// readProviders reads the model providers of the config file at path (""
+// reads DefaultConfigFile if it exists), checked by llm.Validate; an
+// unknown key of a provider is an error naming it.
+func readProviders(path string) ([]llm.Provider, error) {
+	if path == "" {
+		path = DefaultConfigFile
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+	}
+	var file struct {
+		Providers []llm.Provider `toml:"providers"`
+	}
+	md, err := toml.DecodeFile(path, &file)
+	if err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	for _, k := range md.Undecoded() {
+		if len(k) > 0 && k[0] == providersKey {
+			return nil, fmt.Errorf("config file %s: unknown key %q", path, k.String())
+		}
+	}
+	if err := llm.Validate(file.Providers); err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	return file.Providers, nil
 }
 
 // configText turns a TOML value into the text its flag parses: lists are

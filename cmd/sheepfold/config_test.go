@@ -132,3 +132,47 @@ func TestFreeCreditsFromConfig(t *testing.T) {
 		t.Fatal("negative free credits accepted")
 	}
 }
+
+// TestConfigProviders: [[providers]] tables sit beside the flags' keys;
+// the key comes from the environment, never the file; mistakes name
+// themselves.
+func TestConfigProviders(t *testing.T) {
+	path := writeConfig(t, `
+max-sandboxes = 3
+
+[[providers]]
+name = "deepseek"
+base_url = "https://api.deepseek.com/v1"
+api_key_env = "DEEPSEEK_API_KEY"
+models = ["deepseek-chat", "deepseek-reasoner"]
+price_input_per_mtok = 0.27
+price_output_per_mtok = 1.10
+monthly_token_quota = 1000000
+quota_fallback_model = "deepseek-chat"
+timeout_seconds = 30
+`)
+	var cfg config.Config
+	cmd := serveCmd(&cfg)
+	if _, err := applyConfig(cmd.Flags(), path, func(string) string { return "" }); err != nil {
+		t.Fatalf("the providers table upset the flags: %v", err)
+	}
+	ps, err := readProviders(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 1 || ps[0].Name != "deepseek" || len(ps[0].Models) != 2 || ps[0].PriceOutputPerMTok != 1.10 ||
+		ps[0].MonthlyTokenQuota != 1000000 || ps[0].Timeout().Seconds() != 30 {
+		t.Fatalf("providers %+v", ps)
+	}
+	for name, c := range map[string]struct{ body, want string }{
+		"a key in the file": {"[[providers]]\nname = \"x\"\nbase_url = \"http://h/v1\"\nmodels = [\"m\"]\napi_key = \"sk-1\"\n", `unknown key "providers.api_key"`},
+		"no models":         {"[[providers]]\nname = \"x\"\nbase_url = \"http://h/v1\"\n", "models must name at least one model"},
+		"bad url":           {"[[providers]]\nname = \"x\"\nbase_url = \"h\"\nmodels = [\"m\"]\n", "base_url"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := readProviders(writeConfig(t, c.body)); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want one naming %q", err, c.want)
+			}
+		})
+	}
+}

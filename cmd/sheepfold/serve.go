@@ -20,6 +20,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/config"
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
@@ -116,15 +117,26 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				return errors.New("--price-* must not be negative")
 			}
 			mcfg.Prices = &prices
+			providers, err := readProviders(configPath)
+			if err != nil {
+				return err
+			}
+			var relay *llm.Relay
+			if len(providers) > 0 {
+				if relay, err = llm.New(providers, os.Getenv); err != nil {
+					return fmt.Errorf("config file: %w", err)
+				}
+			}
 			return serve(cmd.Context(), *cfg, listen, server.Config{
 				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version, Retention: retention,
 				WebhookAllowHosts: webhookHosts, Accounts: acfg, Metering: mcfg, NoAccounting: noAccounting,
 				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
+				Models: relay,
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) { c.PoolSize = poolSize })
 		},
 	}
-	cmd.Flags().StringVar(&configPath, "config", "", "config file: TOML whose keys are these flags' names (default: $SHEEPFOLD_CONFIG, else "+DefaultConfigFile+" if it exists); the environment (SHEEPFOLD_<FLAG>) overrides it and flags override both")
+	cmd.Flags().StringVar(&configPath, "config", "", "config file: TOML whose keys are these flags' names, plus [[providers]] tables of model providers (default: $SHEEPFOLD_CONFIG, else "+DefaultConfigFile+" if it exists); the environment (SHEEPFOLD_<FLAG>) overrides it and flags override both")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
 	cmd.Flags().Int64Var(&uploadMB, "file-size-upload-mb", 100, "largest file one upload may write, in MiB")
 	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's limit)")

@@ -512,3 +512,11 @@ func cut(s string, sep byte) (string, string, bool) {
 	}
 	return s, "", false
 }
+
+// CheckCredits refuses work of an account without credits when credits
+// are enforced (model completions check it; sandboxes use AdmitWork).
+func (a *Account) CheckCredits() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.checkCredits()
+}

@@ -45,6 +45,10 @@ const (
 	InvalidPolicy        Code = "ERR_INVALID_POLICY"
 	SubprocessDenied     Code = "ERR_SUBPROCESS_DENIED"
 	CPUTimeExceeded      Code = "ERR_CPU_TIME_EXCEEDED"
+	ModelNotFound        Code = "ERR_MODEL_NOT_FOUND"
+	Provider             Code = "ERR_PROVIDER"
+	ProviderTimeout      Code = "ERR_PROVIDER_TIMEOUT"
+	SessionNotFound      Code = "ERR_SESSION_NOT_FOUND"
 )
 
 // Status is the HTTP status of each code.
@@ -76,6 +80,10 @@ var Status = map[Code]int{
 	InvalidPolicy:        http.StatusBadRequest,
 	SubprocessDenied:     http.StatusForbidden,
 	CPUTimeExceeded:      http.StatusUnprocessableEntity,
+	ModelNotFound:        http.StatusNotFound,
+	Provider:             http.StatusBadGateway,
+	ProviderTimeout:      http.StatusGatewayTimeout,
+	SessionNotFound:      http.StatusNotFound,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

@@ -7,7 +7,8 @@
 // transaction with the cost they add to the credit ledger: a crash loses
 // at most one interval, and since only deltas are written, a restart
 // never counts a second twice. Nothing here runs on the request path but
-// Count, an atomic add.
+// Count, an atomic add, and AddTokens (model tokens, tokens.go), a map
+// update.
 //
 // A GB is 2^30 bytes. A sample's delta goes to the hour the sample was
 // taken in.
@@ -90,6 +91,8 @@ type Meter struct {
 	mu       sync.Mutex
 	trackers map[string]*tracker // live and stopped-but-unflushed
 
+	tok tokens // model tokens (tokens.go)
+
 	kick chan struct{} // a sandbox stopped: flush now
 	quit chan struct{}
 	done chan struct{}
@@ -119,6 +122,9 @@ func New(cfg Config, st store.AccountStore, accounts *account.Registry) *Meter {
 	cfg.setDefaults()
 	m := &Meter{cfg: cfg, st: st, accounts: accounts, trackers: map[string]*tracker{},
 		kick: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
+	m.tok.pending = map[tokenKey]map[time.Time]*store.TokenDelta{}
+	m.tok.used = map[tokenKey]*tokenMonth{}
+	m.tok.st, _ = st.(store.ModelStore)
 	go m.loop()
 	return m
 }
@@ -324,6 +330,13 @@ func (m *Meter) Flush(ctx context.Context) error {
 	if err := m.st.AddUsage(ctx, deltas, ledger); err != nil {
 		return err // everything stays pending for the next flush
 	}
+	// The tokens' cost is in the ledger now; their counts follow (and
+	// stay pending if this fails).
+	defer func() {
+		if err := m.flushTokens(ctx); err != nil {
+			m.cfg.Logger.Error("flush model tokens", "err", err)
+		}
+	}()
 	for a, micros := range owed {
 		a.Settled(micros)
 	}

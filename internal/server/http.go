@@ -42,6 +42,8 @@ func (s *Server) routesInto(mux *http.ServeMux) {
 	s.usageRoutes(add)
 	s.alertRoutes(add)
 	s.mcpRoutes(add)
+	s.modelRoutes(add)
+	s.sessionRoutes(add)
 	// Anything else is a JSON 405 for a known path, else a JSON 404, not
 	// the mux's plain text.
 	mux.Handle("/", s.endpoint(false, func(w http.ResponseWriter, r *http.Request) error {

@@ -101,41 +101,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req, true); err != nil {
 		return err
 	}
-	opt := sandbox.CreateOptions{Template: req.Template, Env: req.Env, Metadata: req.Metadata}
-	var err error
-	if req.Timeout != nil {
-		if opt.Timeout, err = seconds("timeout", *req.Timeout, s.cfg.MaxTimeout); err != nil {
-			return err
-		}
-	}
-	if res := req.Resources; res != nil {
-		if res.CPUs < 0 || res.MemoryMB < 0 || res.DiskMB < 0 || res.Pids < 0 {
-			return apierr.New(apierr.BadRequest, "resources must not be negative")
-		}
-		if res.CPUs > maxCPUs || res.MemoryMB > maxMB || res.DiskMB > maxMB || res.Pids > maxPids {
-			return apierr.New(apierr.BadRequest, "resources are too large: at most %d cpus, %d memory_mb and disk_mb, %d pids", maxCPUs, maxMB, maxPids)
-		}
-		opt.Limits = runtime.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryMB << 20, DiskBytes: res.DiskMB << 20, Pids: res.Pids}
-	}
-	var execTimeout time.Duration
-	if opt.Policy, err = parsePolicy(req.SecurityPolicy); err != nil {
+	opt, execTimeout, err := s.createOptions(req)
+	if err != nil {
 		return err
 	}
-	sc, err := policy.ParseShorthand(req.SandboxConfig, "sandbox_config")
-	if err != nil {
-		return invalidPolicy(err)
-	}
-	if sc != nil {
-		if sc.MaxExecutionTime != nil {
-			if execTimeout, err = seconds("sandbox_config.max_execution_time", *sc.MaxExecutionTime, 24*time.Hour); err != nil {
-				return err
-			}
-		}
-		if opt.Policy, err = sc.Merge(opt.Policy, "sandbox_config"); err != nil {
-			return invalidPolicy(err)
-		}
-	}
-
 	sb, err := s.create(r.Context(), owner(r), opt, execTimeout)
 	if err != nil {
 		return err
@@ -148,6 +117,47 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusCreated, out)
 	return nil
+}
+
+// createOptions checks a create request (of a sandbox or a session) and
+// returns the engine's options and the execution timeout
+// (sandbox_config.max_execution_time).
+func (s *Server) createOptions(req createRequest) (sandbox.CreateOptions, time.Duration, error) {
+	opt := sandbox.CreateOptions{Template: req.Template, Env: req.Env, Metadata: req.Metadata}
+	var err error
+	if req.Timeout != nil {
+		if opt.Timeout, err = seconds("timeout", *req.Timeout, s.cfg.MaxTimeout); err != nil {
+			return opt, 0, err
+		}
+	}
+	if res := req.Resources; res != nil {
+		if res.CPUs < 0 || res.MemoryMB < 0 || res.DiskMB < 0 || res.Pids < 0 {
+			return opt, 0, apierr.New(apierr.BadRequest, "resources must not be negative")
+		}
+		if res.CPUs > maxCPUs || res.MemoryMB > maxMB || res.DiskMB > maxMB || res.Pids > maxPids {
+			return opt, 0, apierr.New(apierr.BadRequest, "resources are too large: at most %d cpus, %d memory_mb and disk_mb, %d pids", maxCPUs, maxMB, maxPids)
+		}
+		opt.Limits = runtime.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryMB << 20, DiskBytes: res.DiskMB << 20, Pids: res.Pids}
+	}
+	var execTimeout time.Duration
+	if opt.Policy, err = parsePolicy(req.SecurityPolicy); err != nil {
+		return opt, 0, err
+	}
+	sc, err := policy.ParseShorthand(req.SandboxConfig, "sandbox_config")
+	if err != nil {
+		return opt, 0, invalidPolicy(err)
+	}
+	if sc != nil {
+		if sc.MaxExecutionTime != nil {
+			if execTimeout, err = seconds("sandbox_config.max_execution_time", *sc.MaxExecutionTime, 24*time.Hour); err != nil {
+				return opt, 0, err
+			}
+		}
+		if opt.Policy, err = sc.Merge(opt.Policy, "sandbox_config"); err != nil {
+			return opt, 0, invalidPolicy(err)
+		}
+	}
+	return opt, execTimeout, nil
 }
 
 // create starts a sandbox for own and records it. The sandbox does not die

@@ -37,7 +37,7 @@
 //
 // Imports: internal/sandbox, internal/store, internal/events, internal/auth,
 // internal/account (limits and balances), internal/metering,
-// internal/policy, internal/apierr, internal/e2b, internal/mcpserver (the
+// internal/policy, internal/llm (the model relay), internal/apierr, internal/e2b, internal/mcpserver (the
 // /mcp endpoint, with a Go SDK client that calls this server in process),
 // internal/agentproto, internal/runtime (limits) and api (the OpenAPI
 // document). Never a runtime implementation: the engine is handed in.
@@ -60,6 +60,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
@@ -134,6 +135,9 @@ type Config struct {
 	// NoAccounting turns account limits, rate limits and metering off
 	// (benchmarks compare the two).
 	NoAccounting bool
+	// Models relays chat completions to the configured model providers
+	// (models.go); nil serves no model.
+	Models *llm.Relay
 }
 
 func (c *Config) setDefaults() {

@@ -57,6 +57,56 @@ type usageReport struct {
 	Groups  []usageGroup    `json:"groups"`
 	Total   usageFigures    `json:"total"`
 	Prices  metering.Prices `json:"prices"`
+	// Model tokens in the period: in total, per model (with each model's
+	// monthly quota), and the sum of the configured models' quotas
+	// (null when any configured model has none).
+	TokensUsed  int64        `json:"tokens_used"`
+	TokensLimit *int64       `json:"tokens_limit"`
+	Models      []modelUsage `json:"models"`
+}
+
+// modelUsage is an account's tokens of one model.
+type modelUsage struct {
+	Model            string `json:"model"`
+	Requests         int64  `json:"requests"`
+	PromptTokens     int64  `json:"prompt_tokens"`
+	CompletionTokens int64  `json:"completion_tokens"`
+	TotalTokens      int64  `json:"total_tokens"`
+	MonthlyLimit     *int64 `json:"monthly_limit"`
+	CostMicros       int64  `json:"cost_micros"`
+	Cost             string `json:"cost"`
+}
+
+// tokenReport fills a report's model tokens.
+func (s *Server) tokenReport(r *http.Request, own string, out *usageReport) error {
+	rows, err := s.meter.Tokens(r.Context(), own, out.From, out.To)
+	if err != nil {
+		return err
+	}
+	out.Models = []modelUsage{}
+	for _, d := range rows {
+		cost := int64(math.Round(d.CostMicros))
+		mu := modelUsage{Model: d.Model, Requests: d.Requests, PromptTokens: d.PromptTokens, CompletionTokens: d.CompletionTokens,
+			TotalTokens: d.PromptTokens + d.CompletionTokens, CostMicros: cost, Cost: account.FormatMicros(cost)}
+		if p := s.cfg.Models.Provider(d.Model); p != nil && p.MonthlyTokenQuota > 0 {
+			mu.MonthlyLimit = &p.MonthlyTokenQuota
+		}
+		out.TokensUsed += mu.TotalTokens
+		out.Models = append(out.Models, mu)
+	}
+	var limit int64
+	models := s.cfg.Models.Models()
+	for _, m := range models {
+		q := s.cfg.Models.Provider(m.ID).MonthlyTokenQuota
+		if q <= 0 {
+			return nil
+		}
+		limit += q
+	}
+	if len(models) > 0 {
+		out.TokensLimit = &limit
+	}
+	return nil
 }
 
 // parseTimeParam reads an RFC 3339 time or a date (YYYY-MM-DD, UTC).
@@ -179,6 +229,9 @@ func (s *Server) accountUsage(w http.ResponseWriter, r *http.Request) error {
 		total.Add(*sums[k])
 	}
 	out.Total = figures(total, prices)
+	if err := s.tokenReport(r, own, &out); err != nil {
+		return err
+	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }

@@ -132,6 +132,7 @@ type Store interface {
 	ListExecutions(ctx context.Context, sandboxID string) ([]Execution, error)
 
 	AccountStore
+	ModelStore
 
 	Close() error
 }

@@ -449,6 +449,10 @@ func (d *DB) DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes, e
 		return 0, 0, storeErr("prune executions", err)
 	}
 	ne, _ := res.RowsAffected()
+	if _, err := tx.ExecContext(ctx, `DELETE FROM sessions
+		WHERE id IN (SELECT id FROM sandboxes WHERE state = ? AND stopped_at < ?)`, store.SandboxStopped, at); err != nil {
+		return 0, 0, storeErr("prune sessions", err)
+	}
 	res, err = tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE state = ? AND stopped_at < ?`, store.SandboxStopped, at)
 	if err != nil {
 		return 0, 0, storeErr("prune sandboxes", err)

@@ -1,0 +1,230 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go"
+	"github.com/openai/openai-go/option"
+
+	"github.com/sheepfold/sheepfold/internal/account"
+	"github.com/sheepfold/sheepfold/internal/llm"
+	"github.com/sheepfold/sheepfold/internal/llm/llmtest"
+	"github.com/sheepfold/sheepfold/internal/server"
+)
+
+// newModelEnv starts a server whose models are served by a scripted
+// provider: "small" (cheap, no quota) and "big" (with quota and fallback
+// when fallback is set).
+func newModelEnv(t *testing.T, quota int64, fallback bool, cfg server.Config) (*env, *llmtest.Server) {
+	t.Helper()
+	prov := llmtest.New(nil)
+	t.Cleanup(prov.Close)
+	prov.RequireKey("sk-provider")
+	ps := []llm.Provider{
+		{Name: "cheap", BaseURL: prov.URL, APIKeyEnv: "K", Models: []string{"small"}, PriceInputPerMTok: 0.1, PriceOutputPerMTok: 0.2},
+		{Name: "dear", BaseURL: prov.URL, APIKeyEnv: "K", Models: []string{"big"}, PriceInputPerMTok: 1000, PriceOutputPerMTok: 2000,
+			MonthlyTokenQuota: quota, TimeoutSeconds: 2, MaxRetries: -1},
+	}
+	if fallback {
+		ps[1].QuotaFallbackModel = "small"
+	}
+	relay, err := llm.New(ps, func(string) string { return "sk-provider" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay.SetBackoff(time.Millisecond)
+	cfg.Models = relay
+	return newEnv(t, cfg), prov
+}
+
+const chatBody = `{"model":"big","messages":[{"role":"user","content":"hi"}]}`
+
+func TestChatCompletionsRelay(t *testing.T) {
+	e, prov := newModelEnv(t, 0, false, server.Config{})
+	prov.Push(llmtest.Reply{Content: "hello there", Usage: &llm.Usage{PromptTokens: 100, CompletionTokens: 50}})
+	r := e.do("POST", "/v1/chat/completions", e.keyA, chatBody)
+	want(t, r, 200, "")
+	m := r.json(t)
+	if got := m["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)["content"]; got != "hello there" {
+		t.Fatalf("content %v", got)
+	}
+	got := prov.Requests()[0]
+	if got.Header.Get("Authorization") != "Bearer sk-provider" || string(got.Raw) != chatBody {
+		t.Fatalf("provider got %q with %q", got.Raw, got.Header.Get("Authorization"))
+	}
+
+	// The tokens show in the usage report, per model.
+	u := e.do("GET", "/v1/account/usage", e.keyA, nil).json(t)
+	if u["tokens_used"] != 150.0 {
+		t.Fatalf("tokens_used %v in %v", u["tokens_used"], u)
+	}
+	models := u["models"].([]any)
+	if len(models) != 1 || models[0].(map[string]any)["model"] != "big" || models[0].(map[string]any)["cost_micros"] != 200000.0 {
+		t.Fatalf("models %v", models)
+	}
+	// Another account sees none of them.
+	if u := e.do("GET", "/v1/account/usage", e.keyB, nil).json(t); u["tokens_used"] != 0.0 {
+		t.Fatalf("B's tokens %v", u["tokens_used"])
+	}
+
+	// Errors.
+	want(t, e.do("POST", "/v1/chat/completions", e.keyA, `{"model":"nope","messages":[]}`), 404, "ERR_MODEL_NOT_FOUND")
+	want(t, e.do("POST", "/v1/chat/completions", e.keyA, `{"messages":[]}`), 400, "ERR_BAD_REQUEST")
+	want(t, e.do("POST", "/v1/chat/completions", "", chatBody), 401, "ERR_AUTHENTICATION_FAILED")
+	prov.Push(llmtest.Reply{Status: 500, ErrorMessage: "boom"})
+	want(t, e.do("POST", "/v1/chat/completions", e.keyA, chatBody), 502, "ERR_PROVIDER")
+	prov.Push(llmtest.Reply{Hang: true})
+	start := time.Now()
+	want(t, e.do("POST", "/v1/chat/completions", e.keyA, chatBody), 504, "ERR_PROVIDER_TIMEOUT")
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("a hanging provider took %s", d)
+	}
+	// The relay still works afterwards.
+	want(t, e.do("POST", "/v1/chat/completions", e.keyA, chatBody), 200, "")
+
+	// GET /v1/models.
+	lm := e.do("GET", "/v1/models", e.keyA, nil).json(t)
+	data := lm["data"].([]any)
+	if lm["object"] != "list" || len(data) != 2 || data[0].(map[string]any)["id"] != "big" || data[0].(map[string]any)["owned_by"] != "dear" {
+		t.Fatalf("models %v", lm)
+	}
+}
+
+func TestChatCompletionsStream(t *testing.T) {
+	e, prov := newModelEnv(t, 0, false, server.Config{})
+	prov.Push(llmtest.Reply{Content: "a b c d e f", Usage: &llm.Usage{PromptTokens: 3, CompletionTokens: 4}})
+	r := e.do("POST", "/v1/chat/completions", e.keyA, `{"model":"small","stream":true,"messages":[]}`)
+	want(t, r, 200, "")
+	if ct := r.header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("content type %q", ct)
+	}
+	body := string(r.body)
+	if !strings.HasSuffix(body, "data: [DONE]\n\n") || strings.Contains(body, `"usage"`) {
+		t.Fatalf("stream %s", body)
+	}
+	if u := e.do("GET", "/v1/account/usage", e.keyA, nil).json(t); u["tokens_used"] != 7.0 {
+		t.Fatalf("tokens_used %v", u["tokens_used"])
+	}
+	// A stream the provider drops mid-way ends with an error event.
+	prov.Push(llmtest.Reply{Content: "a b c d e f g h i j k l", DropAfter: 2})
+	r = e.do("POST", "/v1/chat/completions", e.keyA, `{"model":"small","stream":true,"messages":[]}`)
+	if !strings.Contains(string(r.body), `"code":"ERR_PROVIDER"`) || strings.Contains(string(r.body), "[DONE]") {
+		t.Fatalf("dropped stream gave %s", r.body)
+	}
+}
+
+func TestModelQuota(t *testing.T) {
+	e, prov := newModelEnv(t, 100, false, server.Config{})
+	prov.Push(llmtest.Reply{Content: "x", Usage: &llm.Usage{PromptTokens: 90, CompletionTokens: 20}})
+	want(t, e.do("POST", "/v1/chat/completions", e.keyA, chatBody), 200, "")
+	r := e.do("POST", "/v1/chat/completions", e.keyA, chatBody)
+	want(t, r, 429, "ERR_SESSION_QUOTA_EXCEEDED")
+	if msg := r.json(t)["error"].(map[string]any)["message"]; msg != "Monthly quota exceeded for model big" {
+		t.Fatalf("message %q", msg)
+	}
+	// The quota is per account: B still may.
+	want(t, e.do("POST", "/v1/chat/completions", e.keyB, chatBody), 200, "")
+	if n := len(prov.Requests()); n != 2 {
+		t.Fatalf("the provider saw %d requests, want 2 (the refused one never reaches it)", n)
+	}
+}
+
+func TestModelQuotaFallback(t *testing.T) {
+	e, prov := newModelEnv(t, 10, true, server.Config{})
+	prov.Push(llmtest.Reply{Content: "x", Usage: &llm.Usage{PromptTokens: 10, CompletionTokens: 1}})
+	want(t, e.do("POST", "/v1/chat/completions", e.keyA, chatBody), 200, "")
+	r := e.do("POST", "/v1/chat/completions", e.keyA, chatBody)
+	want(t, r, 200, "")
+	if r.header.Get("Sheepfold-Model-Fallback") != "small" {
+		t.Fatalf("no fallback header: %v", r.header)
+	}
+	if reqs := prov.Requests(); !strings.Contains(string(reqs[1].Raw), `"model":"small"`) {
+		t.Fatalf("the provider got %s", reqs[1].Raw)
+	}
+}
+
+func TestModelCostDeductedFromCredits(t *testing.T) {
+	e, prov := newModelEnv(t, 0, false, server.Config{
+		Accounts: account.Config{FreeCreditsMicros: 5_000_000, EnforceCredits: true, CreditsGrace: time.Minute, CreditsLowMicros: 1},
+	})
+	admin := e.adminKey()
+	want(t, e.do("POST", "/v1/admin/accounts", admin, map[string]any{"name": "tokens"}), 201, "")
+	r := e.do("POST", "/v1/admin/keys", admin, map[string]any{"account": "tokens"})
+	want(t, r, 201, "")
+	key := r.json(t)["key"].(string)
+	prov.Push(llmtest.Reply{Content: "x", Usage: &llm.Usage{PromptTokens: 1000, CompletionTokens: 2000}}) // 1000*1000 + 2000*2000 micros = 5.0
+	want(t, e.do("POST", "/v1/chat/completions", key, chatBody), 200, "")
+	c := e.do("GET", "/v1/account/credits", key, nil).json(t)
+	if c["available_micros"] != 0.0 {
+		t.Fatalf("credits %v", c)
+	}
+	want(t, e.do("POST", "/v1/chat/completions", key, chatBody), 429, "ERR_SESSION_QUOTA_EXCEEDED")
+}
+
+// TestOpenAIGoClient drives /v1 with the official Go client, unchanged.
+func TestOpenAIGoClient(t *testing.T) {
+	e, prov := newModelEnv(t, 0, false, server.Config{})
+	ctx := context.Background()
+	c := openai.NewClient(option.WithAPIKey(e.keyA), option.WithBaseURL(e.url+"/v1/"), option.WithMaxRetries(0))
+
+	prov.Push(llmtest.Text("plain answer"))
+	res, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+		Model: "small", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Choices[0].Message.Content != "plain answer" {
+		t.Fatalf("content %q", res.Choices[0].Message.Content)
+	}
+
+	// Tool calls, streamed, accumulated by the client.
+	prov.Push(llmtest.RunCode("print(6*7)"))
+	st := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+		Model: "small", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("compute")},
+		Tools: []openai.ChatCompletionToolParam{{Function: openai.FunctionDefinitionParam{Name: "run_code",
+			Parameters: openai.FunctionParameters{"type": "object", "properties": map[string]any{"code": map[string]any{"type": "string"}}}}}},
+	})
+	var acc openai.ChatCompletionAccumulator
+	for st.Next() {
+		acc.AddChunk(st.Current())
+	}
+	if err := st.Err(); err != nil {
+		t.Fatal(err)
+	}
+	calls := acc.Choices[0].Message.ToolCalls
+	if len(calls) != 1 || calls[0].Function.Name != "run_code" || !strings.Contains(calls[0].Function.Arguments, `print(6*7)`) {
+		t.Fatalf("tool calls %+v", calls)
+	}
+	if got := prov.Requests()[1]; !strings.Contains(string(got.Raw), `"tools"`) {
+		t.Fatalf("the tools did not reach the provider: %s", got.Raw)
+	}
+
+	page, err := c.Models.List(ctx)
+	if err != nil || len(page.Data) != 2 || page.Data[1].ID != "small" {
+		t.Fatalf("models %+v, %v", page, err)
+	}
+
+	// Errors arrive as the client's API errors, with our code.
+	_, err = c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "missing",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusNotFound || !strings.Contains(apiErr.RawJSON(), "ERR_MODEL_NOT_FOUND") {
+		t.Fatalf("err = %v", err)
+	}
+
+	// A stream dropped mid-way is an error in the client, not a hang or a
+	// short answer taken for a whole one.
+	prov.Push(llmtest.Reply{Content: "a b c d e f g h i j k l", DropAfter: 2})
+	st = c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "small",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+	for st.Next() {
+	}
+	if err := st.Err(); err == nil || !strings.Contains(err.Error(), "ended the stream before it was complete") {
+		t.Fatalf("dropped stream: err = %v", err)
+	}
+}

@@ -1,0 +1,254 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/store"
+)
+
+// Sessions: a model bound to a sandbox under a security policy. A
+// session's id is its sandbox's, so every sandbox route (policy, events,
+// files, usage) takes it too; deleting either ends both. The session adds
+// the seeds' execute shape (/execute) and the model loop (/ask,
+// session_ask.go).
+
+func (s *Server) sessionRoutes(add addFunc) {
+	add("POST /v1/sessions", true, s.createSession)
+	add("GET /v1/sessions/{id}", true, s.getSession)
+	add("DELETE /v1/sessions/{id}", true, s.deleteSession)
+	add("POST /v1/sessions/{id}/execute", true, s.sessionExecute)
+	add("POST /v1/sessions/{id}/ask", true, s.sessionAsk)
+}
+
+type sessionRequest struct {
+	Model          string            `json:"model"`
+	Template       string            `json:"template"`
+	SandboxConfig  json.RawMessage   `json:"sandbox_config"`
+	SecurityPolicy json.RawMessage   `json:"security_policy"`
+	Timeout        *float64          `json:"timeout"`
+	Resources      *resourcesJSON    `json:"resources"`
+	Metadata       map[string]string `json:"metadata"`
+}
+
+type sessionJSON struct {
+	ID         string        `json:"id"`
+	Model      string        `json:"model"`
+	SandboxID  string        `json:"sandbox_id"`
+	Template   string        `json:"template"`
+	State      string        `json:"state"`
+	CreatedAt  time.Time     `json:"created_at"`
+	ExpiresAt  time.Time     `json:"expires_at"`
+	Resources  resourcesJSON `json:"resources"`
+	StopReason string        `json:"stop_reason,omitempty"`
+}
+
+func sessionOf(rec store.Session, sb sandboxJSON) sessionJSON {
+	return sessionJSON{ID: rec.ID, Model: rec.Model, SandboxID: sb.ID, Template: sb.Template, State: sb.State,
+		CreatedAt: rec.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt, Resources: sb.Resources, StopReason: sb.StopReason}
+}
+
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
+	var req sessionRequest
+	if err := decodeJSON(w, r, &req, false); err != nil {
+		return err
+	}
+	if req.Model == "" {
+		return apierr.New(apierr.BadRequest, "model is required")
+	}
+	if s.cfg.Models.Provider(req.Model) == nil {
+		return apierr.New(apierr.ModelNotFound, "model %q is not served by this server; GET /v1/models lists the models that are", req.Model)
+	}
+	opt, execTimeout, err := s.createOptions(createRequest{Template: req.Template, Timeout: req.Timeout, Resources: req.Resources,
+		Metadata: req.Metadata, SandboxConfig: req.SandboxConfig, SecurityPolicy: req.SecurityPolicy})
+	if err != nil {
+		return err
+	}
+	own := owner(r)
+	sb, err := s.create(r.Context(), own, opt, execTimeout)
+	if err != nil {
+		return err
+	}
+	rec := store.Session{ID: sb.ID, Owner: own, Model: req.Model, CreatedAt: time.Now()}
+	if err := s.store.PutSession(context.WithoutCancel(r.Context()), rec); err != nil {
+		if b, lerr := s.lookupID(r.Context(), own, sb.ID); lerr == nil {
+			_ = s.engine.Kill(context.Background(), sb.ID)
+			s.forget(context.Background(), b)
+		}
+		return fmt.Errorf("record session: %w", err)
+	}
+	writeJSON(w, http.StatusCreated, sessionOf(rec, sandboxFromInfo(sb.Info())))
+	return nil
+}
+
+// lookupSession returns the caller's session record; another owner's is
+// not found, as an unknown one.
+func (s *Server) lookupSession(r *http.Request) (store.Session, error) {
+	id := r.PathValue("id")
+	rec, err := s.store.GetSession(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) || err == nil && rec.Owner != owner(r) {
+		return rec, apierr.New(apierr.SessionNotFound, "session %q not found", id)
+	}
+	return rec, err
+}
+
+// sessionBox returns the caller's session and its running sandbox.
+func (s *Server) sessionBox(r *http.Request) (store.Session, *box, error) {
+	rec, err := s.lookupSession(r)
+	if err != nil {
+		return rec, nil, err
+	}
+	b, err := s.lookupID(r.Context(), rec.Owner, rec.ID)
+	if apierr.CodeOf(err) == apierr.SandboxNotFound {
+		// Recorded and not held: from before a restart.
+		return rec, nil, apierr.New(apierr.SandboxState, "session %s has stopped", rec.ID)
+	}
+	return rec, b, err
+}
+
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request) error {
+	rec, b, err := s.sessionBox(r)
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, sessionOf(rec, sandboxFromInfo(b.sb.Info())))
+		return nil
+	case apierr.CodeOf(err) != apierr.SandboxState:
+		return err
+	}
+	sb, err := s.store.GetSandbox(r.Context(), rec.ID)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sessionOf(rec, sandboxFromRecord(sb)))
+	return nil
+}
+
+// deleteSession ends a session and its sandbox; ending one that has
+// already stopped succeeds too.
+func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) error {
+	_, b, err := s.sessionBox(r)
+	if apierr.CodeOf(err) == apierr.SandboxState {
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := s.engine.Kill(context.WithoutCancel(r.Context()), b.sb.ID); err != nil && apierr.CodeOf(err) != apierr.SandboxNotFound {
+		return err
+	}
+	s.forget(r.Context(), b)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// sessionExecRequest is the seeds' execute request.
+type sessionExecRequest struct {
+	Code      string `json:"code"`
+	Language  string `json:"language"`
+	TimeoutMS *int64 `json:"timeout_ms"`
+}
+
+// execErrorJSON is why an execution did not succeed: a stable code when
+// Sheepfold stopped it (ERR_SANDBOX_TIMEOUT, ERR_MODULE_BLOCKED,
+// ERR_NETWORK_RESTRICTED ...), else the code's own exception.
+type execErrorJSON struct {
+	Code      string `json:"code,omitempty"`
+	Message   string `json:"message"`
+	Name      string `json:"name,omitempty"`
+	Traceback string `json:"traceback,omitempty"`
+}
+
+// chartJSON is an image an execution produced (base64).
+type chartJSON struct {
+	Format string `json:"format"`
+	Data   string `json:"data"`
+}
+
+// sessionExecJSON is the seeds' execution shape, with charts.
+type sessionExecJSON struct {
+	Code            string         `json:"code,omitempty"`
+	Language        string         `json:"language,omitempty"`
+	Output          string         `json:"output"`
+	Status          string         `json:"status"`
+	ExecutionTimeMS float64        `json:"execution_time_ms"`
+	Error           *execErrorJSON `json:"error"`
+	Charts          []chartJSON    `json:"charts"`
+	Results         []string       `json:"results,omitempty"` // text of the trailing expression and display() calls
+}
+
+// sessionExecOf turns an engine execution into the seeds' shape.
+func sessionExecOf(ex *sandbox.Execution, timeout time.Duration) sessionExecJSON {
+	out := sessionExecJSON{Output: ex.Stdout + ex.Stderr, Status: ex.Status, ExecutionTimeMS: ex.ExecutionTimeMS, Charts: []chartJSON{}}
+	for _, res := range ex.Results {
+		switch {
+		case res.PNG != "":
+			out.Charts = append(out.Charts, chartJSON{Format: "png", Data: res.PNG})
+		case res.JPEG != "":
+			out.Charts = append(out.Charts, chartJSON{Format: "jpeg", Data: res.JPEG})
+		case res.SVG != "":
+			out.Charts = append(out.Charts, chartJSON{Format: "svg", Data: res.SVG})
+		case res.Text != "":
+			out.Results = append(out.Results, res.Text)
+		}
+	}
+	if ex.Status == sandbox.ExecSuccess {
+		return out
+	}
+	e := &execErrorJSON{Code: string(ex.ErrorCode)}
+	if ex.Error != nil {
+		e.Name, e.Message, e.Traceback = ex.Error.Name, ex.Error.Value, ex.Error.Traceback
+	}
+	if ex.ErrorCode == apierr.SandboxTimeout || ex.Status == sandbox.ExecTimeout {
+		e.Code = string(apierr.SandboxTimeout)
+		e.Message = fmt.Sprintf("Sandbox execution timeout after %dms", timeout.Milliseconds())
+	}
+	if e.Message == "" {
+		e.Message = strings.TrimSpace(ex.Stderr)
+	}
+	out.Error = e
+	return out
+}
+
+// runInSession runs code in a session's sandbox and records it.
+func (s *Server) runInSession(r *http.Request, b *box, code, lang string, timeoutMS *int64) (sessionExecJSON, error) {
+	timeout, err := b.execTimeoutFor(timeoutMS)
+	if err != nil {
+		return sessionExecJSON{}, err
+	}
+	if timeout == 0 {
+		timeout = sandbox.DefaultExecTimeout
+	}
+	ereq := sandbox.ExecuteRequest{ID: newID("exe_"), Code: code, Language: lang, Timeout: timeout}
+	rec := s.beginExecution(r, b, ereq.ID, executeRequest{Language: lang})
+	ex, err := b.sb.Execute(r.Context(), ereq, nil)
+	rec.end(ex, err)
+	if err != nil {
+		return sessionExecJSON{}, err
+	}
+	return sessionExecOf(ex, timeout), nil
+}
+
+func (s *Server) sessionExecute(w http.ResponseWriter, r *http.Request) error {
+	var req sessionExecRequest
+	if err := decodeJSON(w, r, &req, false); err != nil {
+		return err
+	}
+	_, b, err := s.sessionBox(r)
+	if err != nil {
+		return err
+	}
+	out, err := s.runInSession(r, b, req.Code, req.Language, req.TimeoutMS)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
