@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/events"
@@ -66,8 +67,11 @@ func TestResourceExceededCgroup(t *testing.T) {
 	ctx := context.Background()
 	free := newSandbox(t, m, sandbox.CreateOptions{})
 	tight := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{Pids: 32, MemoryBytes: 128 << 20, DiskBytes: 16 << 20}})
-	forks := "import os, time\nfor i in range(48):\n    if os.fork() == 0:\n        time.sleep(5)\n        os._exit(0)\n'forked'"
-	command := func(s *sandbox.Sandbox, script string) *sandbox.ProcessResult {
+	// The children are waited for before the code ends, refused or not:
+	// the sandbox's agent shares the pids limit and needs a thread now
+	// and then.
+	forks := "import os, time\nkids = []\ntry:\n    for i in range(48):\n        pid = os.fork()\n        if pid == 0:\n            time.sleep(0.5)\n            os._exit(0)\n        kids.append(pid)\nfinally:\n    for k in kids: os.waitpid(k, 0)\n'forked'"
+	command := func(t *testing.T, s *sandbox.Sandbox, script string) *sandbox.ProcessResult {
 		t.Helper()
 		res, err := s.Run(ctx, sandbox.ProcessSpec{Cmd: "bash", Args: []string{"-c", script}}, nil)
 		if err != nil {
@@ -106,10 +110,10 @@ func TestResourceExceededCgroup(t *testing.T) {
 	})
 	t.Run("pids in a command", func(t *testing.T) {
 		script := "python3 -c \"" + strings.ReplaceAll(strings.TrimSuffix(forks, "'forked'"), "\n", "\n") + "\""
-		if res := command(free, script); res.ExitCode != 0 {
+		if res := command(t, free, script); res.ExitCode != 0 {
 			t.Fatalf("unconfined: %+v", res)
 		}
-		if res := command(tight, script); res.ExitCode == 0 {
+		if res := command(t, tight, script); res.ExitCode == 0 {
 			t.Fatalf("%+v", res)
 		}
 		if ev := last(t, events.ResourcePids, 1); ev.Details["limit"] != int64(32) {
@@ -118,10 +122,10 @@ func TestResourceExceededCgroup(t *testing.T) {
 	})
 	t.Run("memory in a command", func(t *testing.T) {
 		script := "python3 -c 'b = bytearray(300 << 20); print(len(b))'"
-		if res := command(free, script); res.ExitCode != 0 {
+		if res := command(t, free, script); res.ExitCode != 0 {
 			t.Fatalf("unconfined: %+v", res)
 		}
-		if res := command(tight, script); res.Signal != 9 {
+		if res := command(t, tight, script); res.Signal != 9 {
 			t.Fatalf("%+v", res)
 		}
 		ev := last(t, events.ResourceMemory, 0)
@@ -132,16 +136,36 @@ func TestResourceExceededCgroup(t *testing.T) {
 	t.Run("disk in a command", func(t *testing.T) {
 		// Seen when the command ends: the layer is still full then.
 		script := "head -c 24M /dev/zero > /tmp/fill"
-		if res := command(free, script); res.ExitCode != 0 {
+		if res := command(t, free, script); res.ExitCode != 0 {
 			t.Fatalf("unconfined: %+v", res)
 		}
-		if res := command(tight, script); res.ExitCode == 0 {
+		if res := command(t, tight, script); res.ExitCode == 0 {
 			t.Fatalf("%+v", res)
 		}
-		defer command(tight, "rm /tmp/fill")
+		defer command(t, tight, "rm /tmp/fill")
 		ev := last(t, events.ResourceDisk, 0)
 		if ev.Details["limit"] != int64(16<<20) || ev.Details["observed"].(int64) < 15<<20 {
 			t.Fatalf("event %+v", ev)
+		}
+	})
+	t.Run("wall time and output of executions", func(t *testing.T) {
+		for _, c := range []struct {
+			resource string
+			req      sandbox.ExecuteRequest
+			code     apierr.Code
+			limit    int64
+		}{
+			{events.ResourceWallTime, sandbox.ExecuteRequest{ID: "exe_wall", Code: "import time\ntime.sleep(10)", Timeout: 500 * time.Millisecond}, apierr.SandboxTimeout, 500},
+			{events.ResourceOutput, sandbox.ExecuteRequest{ID: "exe_out", Code: "print('x' * 5000)", MaxOutput: 1000}, apierr.OutputLimit, 1000},
+		} {
+			ex, err := tight.Execute(ctx, c.req, nil)
+			if err != nil || ex.ErrorCode != c.code {
+				t.Fatalf("%s: %+v, %v", c.resource, ex, err)
+			}
+			ev := last(t, c.resource, 0)
+			if ev.ExecutionID != c.req.ID || fmt.Sprint(ev.Details["limit"]) != fmt.Sprint(c.limit) || number(ev.Details["observed"]) < float64(c.limit) {
+				t.Fatalf("event %+v", ev)
+			}
 		}
 	})
 	t.Run("disk in an execution", func(t *testing.T) {
@@ -156,4 +180,11 @@ func TestResourceExceededCgroup(t *testing.T) {
 		}
 		inContext(t, tight, "python", "import os; os.remove('/tmp/fill')")
 	})
+}
+
+// number reads an event detail that holds a number of any Go type.
+func number(v any) float64 {
+	var f float64
+	fmt.Sscan(fmt.Sprint(v), &f)
+	return f
 }
