@@ -6,7 +6,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 PYTHON := /usr/bin/python3
 export SHEEPFOLD_DATA_DIR := $(DATA_DIR)
 
-.PHONY: help setup build template run test test-unit lint proto bench clean
+.PHONY: help setup build template run test test-unit lint proto bench clean ui ui-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -28,6 +28,13 @@ lint: ## gofmt, go vet
 	@fmt=$$(gofmt -l cmd internal client api test 2>/dev/null); if [ -n "$$fmt" ]; then echo "gofmt needed:"; echo "$$fmt"; exit 1; fi
 	go vet ./...
 
+ui: ## rebuild the dashboard (web/) into internal/ui/dist, which the binary embeds
+	cd web && npm ci --no-audit --no-fund && npm run build
+
+ui-check: ui ## fail when the embedded dashboard is not the build of web/
+	@git diff --quiet --exit-code -- internal/ui/dist && test -z "$$(git ls-files --others --exclude-standard internal/ui/dist)" || \
+		{ echo "internal/ui/dist is stale: run make ui and commit it"; git status --short internal/ui/dist; exit 1; }
+
 PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_CONNECT := connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1
 proto: ## regenerate internal/e2b/envdpb from api/envd/*.proto (protoc from apt's protobuf-compiler)
@@ -46,7 +53,7 @@ test-unit: ## tests that need neither root nor a template
 # run again under the race detector (tests that measure time or memory skip
 # their measurement there: testutil.Race).
 RACE_PKGS := ./internal/server/... ./internal/e2b/... ./internal/agentproto/... ./internal/store/... ./internal/sandbox/...
-test: template lint ## everything: unit, privileged (as root), SDK and end-to-end tests; then -race where it matters
+test: template lint ui-check ## everything: unit, privileged (as root), SDK and end-to-end tests; then -race where it matters
 	$(PYTHON) -m unittest discover -s sdk/python/tests
 	go test -count=1 -timeout 40m ./...
 	go test -race -count=1 -timeout 30m $(RACE_PKGS)

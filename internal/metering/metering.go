@@ -112,6 +112,7 @@ type tracker struct {
 	last       time.Time
 	lastCPU    uint64
 	lastEgress int64 // the gateway's request count at the last sample
+	memory     int64 // the cgroup's memory use at the last sample, bytes
 	stopped    bool
 	pending    map[time.Time]*store.UsageDelta // by hour, not yet flushed
 	total      store.UsageDelta                // the sandbox's life so far
@@ -219,6 +220,19 @@ func (m *Meter) Live(id string) (store.UsageDelta, bool) {
 	return t.total, true
 }
 
+// Now samples a running sandbox and returns its CPU time so far and the
+// memory it uses now; ok is false for a sandbox not metered or stopped.
+func (m *Meter) Now(id string) (cpu time.Duration, memoryBytes int64, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t := m.trackers[id]
+	if t == nil || t.stopped {
+		return 0, 0, false
+	}
+	m.sample(t, time.Now())
+	return time.Duration(t.total.CPUNanos), t.memory, true
+}
+
 // sample reads the sandbox's cgroup and adds what it used since the last
 // sample; m.mu is held.
 func (m *Meter) sample(t *tracker, now time.Time) {
@@ -240,6 +254,7 @@ func (m *Meter) sample(t *tracker, now time.Time) {
 	if err == nil {
 		d.CPUNanos = cpuDelta(u, &t.lastCPU)
 		d.GBSecondsUsed = float64(u.MemoryBytes) / gib * dt.Seconds()
+		t.memory = int64(u.MemoryBytes)
 		d.DiskPeakBytes = u.DiskBytes
 	}
 	hour := now.UTC().Truncate(time.Hour)

@@ -44,6 +44,7 @@ func (s *Server) routesInto(mux *http.ServeMux) {
 	s.mcpRoutes(add)
 	s.modelRoutes(add)
 	s.sessionRoutes(add)
+	s.uiRoutes(add, mux)
 	// Anything else is a JSON 405 for a known path, else a JSON 404, not
 	// the mux's plain text.
 	mux.Handle("/", s.endpoint(false, func(w http.ResponseWriter, r *http.Request) error {
@@ -75,7 +76,7 @@ type addFunc func(pattern string, authed bool, h handlerFunc)
 func (s *Server) endpoint(authed bool, h handlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if authed {
-			p, err := s.auth.Check(r.Context(), auth.FromRequest(r))
+			p, err := s.auth.Check(r.Context(), s.secretOf(r))
 			if err != nil {
 				s.writeError(w, r, err)
 				return

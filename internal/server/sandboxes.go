@@ -47,6 +47,14 @@ type sandboxJSON struct {
 	Resources  resourcesJSON     `json:"resources"`
 	Metadata   map[string]string `json:"metadata"`
 	StopReason string            `json:"stop_reason,omitempty"`
+	Usage      *liveUsageJSON    `json:"usage,omitempty"` // with ?usage=1, for running sandboxes
+}
+
+// liveUsageJSON is a running sandbox's use now: what a dashboard polls
+// (CPU time so far, whose rate of change is the CPU load; memory now).
+type liveUsageJSON struct {
+	CPUSeconds  float64 `json:"cpu_seconds"`
+	MemoryBytes int64   `json:"memory_bytes"`
 }
 
 func sandboxFromInfo(in sandbox.Info) sandboxJSON {
@@ -380,6 +388,14 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	if state != "" && state != "all" && state != "running" {
 		return apierr.New(apierr.BadRequest, "state must be running or all")
 	}
+	withUsage := false
+	switch v := r.URL.Query().Get("usage"); v {
+	case "", "0", "false":
+	case "1", "true":
+		withUsage = true
+	default:
+		return apierr.New(apierr.BadRequest, "usage must be 1 or 0, not %q", v)
+	}
 	s.RecordStopped(r.Context())
 	own := owner(r)
 	filter := store.SandboxFilter{Owner: own, State: store.SandboxRunning}
@@ -412,7 +428,13 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	out := make([]sandboxJSON, 0, len(recs))
 	for _, rec := range recs {
 		if sb, ok := live[rec.ID]; ok {
-			out = append(out, sandboxFromInfo(sb.Info()))
+			j := sandboxFromInfo(sb.Info())
+			if withUsage {
+				if cpu, mem, ok := s.meter.Now(rec.ID); ok {
+					j.Usage = &liveUsageJSON{CPUSeconds: cpu.Seconds(), MemoryBytes: mem}
+				}
+			}
+			out = append(out, j)
 		} else if rec.State != store.SandboxRunning {
 			out = append(out, sandboxFromRecord(rec))
 		}

@@ -214,6 +214,7 @@ type Server struct {
 
 	accounts *account.Registry
 	meter    *metering.Meter
+	ui       uiSessions // dashboard logins
 	tenants  sync.Map   // sandbox id → *tenant (quota.go)
 	tenantMu sync.Mutex // guards tenant.released
 	alertQ   chan store.Alert

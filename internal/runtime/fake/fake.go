@@ -26,6 +26,8 @@ var _ runtime.Runtime = (*Runtime)(nil)
 type Runtime struct {
 	AgentBin string // the agent binary
 	Dir      string // each sandbox gets Dir/<id>, with root/ and agent.sock
+	// Used is what Usage reports for every sandbox (the fake has no cgroup).
+	Used runtime.Usage
 
 	// mu guards procs.
 	mu    sync.Mutex
@@ -106,7 +108,7 @@ func (r *Runtime) Usage(_ context.Context, id string) (runtime.Usage, error) {
 	if _, ok := r.procs[id]; !ok {
 		return runtime.Usage{}, runtime.ErrNotFound
 	}
-	return runtime.Usage{}, nil
+	return r.Used, nil
 }
 
 // List implements runtime.Runtime.
