@@ -628,3 +628,89 @@ func TestE2BInterpreter(t *testing.T) {
 		t.Fatalf("port 8080: %d", r.status)
 	}
 }
+
+// TestE2BListMany pages and filters GET /v2/sandboxes over more sandboxes
+// than one small page holds, in both orders, as the SDK's paginator does.
+func TestE2BListMany(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	const n = 55
+	created := map[string]int{} // id → creation index
+	for i := range n {
+		sb := e.e2bCreate(e.keyA, map[string]any{"templateID": "base",
+			"metadata": map[string]string{"batch": "many", "parity": strconv.Itoa(i % 2)}})
+		created[sb.ID] = i
+	}
+	e.e2bCreate(e.keyB, map[string]any{"templateID": "base", "metadata": map[string]string{"batch": "many"}})
+
+	// all pages the paginator would fetch, following X-Next-Token
+	pages := func(query string, limit int) ([]map[string]any, int) {
+		var all []map[string]any
+		next, calls := "", 0
+		for {
+			q := query + "&limit=" + strconv.Itoa(limit)
+			if next != "" {
+				q += "&nextToken=" + url.QueryEscape(next)
+			}
+			r := e.e2bDo("GET", "/v2/sandboxes?"+q, e.keyA, nil)
+			want(t, r, http.StatusOK, "")
+			var items []map[string]any
+			if err := json.Unmarshal(r.body, &items); err != nil {
+				t.Fatal(err)
+			}
+			calls++
+			if len(items) > limit {
+				t.Fatalf("%d items on a page of %d", len(items), limit)
+			}
+			all = append(all, items...)
+			if next = r.header.Get("X-Next-Token"); next == "" {
+				return all, calls
+			}
+			if calls > n {
+				t.Fatal("the paging does not end")
+			}
+		}
+	}
+	check := func(name string, items []map[string]any, wantIDs func(i int) bool, asc bool) {
+		t.Helper()
+		seen := map[string]bool{}
+		var last time.Time
+		for k, it := range items {
+			id := it["sandboxID"].(string)
+			i, ok := created[id]
+			if !ok || seen[id] || !wantIDs(i) {
+				t.Fatalf("%s: item %d is %s (known %v, seen %v)", name, k, id, ok, seen[id])
+			}
+			seen[id] = true
+			at, err := time.Parse(time.RFC3339Nano, it["startedAt"].(string))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k > 0 && (asc && at.Before(last) || !asc && at.After(last)) {
+				t.Fatalf("%s: out of order at %d: %v after %v", name, k, at, last)
+			}
+			last = at
+		}
+		for id, i := range created {
+			if wantIDs(i) && !seen[id] {
+				t.Fatalf("%s: %s (created %d) missing from %d items", name, id, i, len(items))
+			}
+		}
+	}
+	all, calls := pages("metadata="+url.QueryEscape("batch=many"), 10)
+	check("all, newest first", all, func(int) bool { return true }, false)
+	if calls != 6 {
+		t.Errorf("55 items in pages of 10 took %d calls, want 6", calls)
+	}
+	asc, _ := pages("order=asc&metadata="+url.QueryEscape("batch=many"), 7)
+	check("all, oldest first", asc, func(int) bool { return true }, true)
+	odd, _ := pages("state=running&metadata="+url.QueryEscape("batch=many&parity=1"), 4)
+	check("odd", odd, func(i int) bool { return i%2 == 1 }, false)
+	if len(odd) != n/2 {
+		t.Errorf("%d odd ones, want %d", len(odd), n/2)
+	}
+	full, calls := pages("metadata="+url.QueryEscape("batch=many"), 100)
+	if len(full) != n || calls != 1 {
+		t.Errorf("a page of 100: %d items in %d calls", len(full), calls)
+	}
+}
