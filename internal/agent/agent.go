@@ -315,6 +315,8 @@ func (s *server) dispatchOp(c *conn, req *agentproto.Request) agentproto.Event {
 		return s.processInput(req)
 	case agentproto.OpProcessSignal:
 		return s.processSignal(req)
+	case agentproto.OpProcessResize:
+		return s.processResize(req)
 	case agentproto.OpProcessList:
 		return s.processList()
 

@@ -3,10 +3,12 @@ package agent
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -133,6 +135,7 @@ type process struct {
 	pumpsDone chan struct{} // closed when both output pipes reached EOF
 
 	stdin       *os.File // write end of stdin, nil unless ProcessSpec.Stdin
+	pty         *os.File // the terminal's master side, nil unless ProcessSpec.PTY
 	stdinMu     sync.Mutex
 	stdinClosed atomic.Bool
 
@@ -384,8 +387,12 @@ func (s *server) processStart(c *conn, req *agentproto.Request) agentproto.Event
 	if err := s.procs.add(p); err != nil {
 		unix.Kill(-p.pid, unix.SIGKILL)
 	}
-	s.wg.Go(func() { s.pump(p, p.outputs[0], agentproto.EventStdout) })
-	s.wg.Go(func() { s.pump(p, p.outputs[1], agentproto.EventStderr) })
+	if p.pty != nil {
+		s.wg.Go(func() { s.pump(p, p.outputs[0], agentproto.EventPTY) })
+	} else {
+		s.wg.Go(func() { s.pump(p, p.outputs[0], agentproto.EventStdout) })
+		s.wg.Go(func() { s.pump(p, p.outputs[1], agentproto.EventStderr) })
+	}
 	s.wg.Go(func() { s.reap(p) })
 	return s.stream(c, p, sb)
 }
@@ -406,6 +413,9 @@ func (s *server) spawn(exe string, spec *agentproto.ProcessSpec, env []string, c
 		return nil, err
 	}
 
+	if spec.PTY != nil {
+		return s.spawnPTY(exe, spec, env, cwd, cred)
+	}
 	var stdin, stdinW *os.File
 	if spec.Stdin {
 		r, w, err := os.Pipe()
@@ -469,6 +479,126 @@ func (s *server) spawn(exe string, spec *agentproto.ProcessSpec, env []string, c
 	}
 	p.pumpsLeft.Store(2)
 	return p, nil
+}
+
+// spawnPTY starts the process on a new pseudo-terminal (from the
+// sandbox's own devpts instance) as the leader of a new session whose
+// controlling terminal it is. The agent keeps only the master side: once
+// every process holding the terminal has gone, reading it ends (EIO).
+func (s *server) spawnPTY(exe string, spec *agentproto.ProcessSpec, env []string, cwd string, cred *syscall.Credential) (*process, error) {
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open a terminal: %w", err)
+	}
+	slave, err := openPeer(master, spec.PTY, cred)
+	if err != nil {
+		master.Close()
+		return nil, err
+	}
+	defer slave.Close()
+	started := time.Now()
+	var proc *os.Process
+	err = StartBounded(cred, func() (err error) {
+		proc, err = os.StartProcess(exe, append([]string{spec.Cmd}, spec.Args...), &os.ProcAttr{
+			Dir:   cwd,
+			Env:   env,
+			Files: []*os.File{slave, slave, slave},
+			Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0, Credential: cred},
+		})
+		return err
+	})
+	if err != nil {
+		master.Close()
+		return nil, err
+	}
+	p := &process{
+		pid:     proc.Pid,
+		proc:    proc,
+		started: started,
+		outputs: []*os.File{master},
+		pty:     master,
+		subs:    make(map[*subscriber]struct{}),
+		info: agentproto.ProcessInfo{PID: proc.Pid, Cmd: spec.Cmd, Args: spec.Args, Env: spec.Env, Cwd: cwd,
+			Tag: spec.Tag, Started: started.UTC()},
+		pumpsDone: make(chan struct{}),
+	}
+	p.pumpsLeft.Store(1)
+	return p, nil
+}
+
+// openPeer unlocks a terminal's master side, sets its size and opens its
+// slave side, which it gives to cred's user (nil: the agent's).
+func openPeer(master *os.File, size *agentproto.TermSize, cred *syscall.Credential) (*os.File, error) {
+	var n uint32
+	err := control(master, func(fd int) error {
+		if err := unix.IoctlSetPointerInt(fd, unix.TIOCSPTLCK, 0); err != nil {
+			return fmt.Errorf("unlock the terminal: %w", err)
+		}
+		var err error
+		if n, err = unix.IoctlGetUint32(fd, unix.TIOCGPTN); err != nil {
+			return fmt.Errorf("terminal number: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := setSize(master, size); err != nil {
+		return nil, err
+	}
+	slave, err := os.OpenFile("/dev/pts/"+strconv.FormatUint(uint64(n), 10), os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open the terminal: %w", err)
+	}
+	if cred != nil {
+		if err := control(slave, func(fd int) error { return unix.Fchown(fd, int(cred.Uid), int(cred.Gid)) }); err != nil {
+			slave.Close()
+			return nil, fmt.Errorf("give the terminal to its user: %w", err)
+		}
+	}
+	return slave, nil
+}
+
+// setSize sets a terminal's size (TIOCSWINSZ on the master side; the
+// session gets SIGWINCH).
+func setSize(master *os.File, size *agentproto.TermSize) error {
+	if size == nil || size.Cols == 0 || size.Rows == 0 {
+		return errors.New("a terminal needs a size of at least 1x1")
+	}
+	ws := &unix.Winsize{Col: size.Cols, Row: size.Rows}
+	if err := control(master, func(fd int) error { return unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, ws) }); err != nil {
+		return fmt.Errorf("set the terminal's size: %w", err)
+	}
+	return nil
+}
+
+// control calls fn with f's descriptor without taking it out of the
+// runtime's poller (as File.Fd would).
+func control(f *os.File, fn func(fd int) error) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = fn(int(fd)) }); err != nil {
+		return err
+	}
+	return ferr
+}
+
+// processResize changes the size of a process's terminal.
+func (s *server) processResize(req *agentproto.Request) agentproto.Event {
+	p := s.procs.get(req.PID)
+	if p == nil {
+		return fail(agentproto.CodeNotFound, "no process %d", req.PID)
+	}
+	if p.pty == nil {
+		return fail(agentproto.CodeBadRequest, "process %d has no terminal", req.PID)
+	}
+	if err := setSize(p.pty, req.Size); err != nil {
+		return fail(agentproto.CodeBadRequest, "%v", err)
+	}
+	return ok()
 }
 
 // pump reads one output pipe until EOF and broadcasts what it reads.
@@ -573,6 +703,19 @@ func (s *server) processInput(req *agentproto.Request) agentproto.Event {
 	p := s.procs.get(req.PID)
 	if p == nil {
 		return fail(agentproto.CodeNotFound, "no process %d", req.PID)
+	}
+	if p.pty != nil {
+		// Typed on its terminal. A terminal has no end of input to close.
+		if req.EOF {
+			return fail(agentproto.CodeBadRequest, "process %d reads a terminal: there is no stdin to close", req.PID)
+		}
+		if _, err := p.pty.Write(req.Data); err != nil {
+			if errors.Is(err, os.ErrClosed) || errors.Is(err, unix.EIO) {
+				return fail(agentproto.CodeBadRequest, "the terminal of process %d is closed", req.PID)
+			}
+			return failErr("terminal", err)
+		}
+		return ok()
 	}
 	if p.stdin == nil {
 		return fail(agentproto.CodeBadRequest, "process %d was started without stdin", req.PID)

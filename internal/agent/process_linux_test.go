@@ -126,6 +126,60 @@ func TestProcessStdin(t *testing.T) {
 	s.until(agentproto.EventDone)
 }
 
+// TestProcessPTY: a process on a terminal of its own: it is a tty of the
+// size asked for, output comes as pty events, input is typed (and echoed),
+// the size changes, and closing its input is refused.
+func TestProcessPTY(t *testing.T) {
+	t.Parallel()
+	a := startProcAgent(t)
+	s := a.open(t, agentproto.Request{Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{Cmd: "sh",
+		PTY: &agentproto.TermSize{Cols: 77, Rows: 11}}})
+	pid := s.next().PID
+	var out strings.Builder
+	read := func(want string) {
+		t.Helper()
+		for !strings.Contains(out.String(), want) {
+			ev := s.next()
+			if ev.Type != agentproto.EventPTY {
+				t.Fatalf("event %+v while waiting for %q in %q", ev, want, out.String())
+			}
+			out.Write(ev.Data)
+		}
+	}
+	a.call(t, agentproto.Request{Op: agentproto.OpProcessInput, PID: pid, Data: []byte("test -t 0 && stty size && echo tty-$((2*3))\n")}).mustOK(t)
+	read("tty-6")
+	if !strings.Contains(out.String(), "11 77") || !strings.Contains(out.String(), "echo tty-$((2*3))") {
+		t.Fatalf("terminal output %q: want its size and the echoed input", out.String())
+	}
+	a.call(t, agentproto.Request{Op: agentproto.OpProcessResize, PID: pid, Size: &agentproto.TermSize{Cols: 120, Rows: 40}}).mustOK(t)
+	a.call(t, agentproto.Request{Op: agentproto.OpProcessInput, PID: pid, Data: []byte("stty size\n")}).mustOK(t)
+	read("40 120")
+	if r := a.call(t, agentproto.Request{Op: agentproto.OpProcessInput, PID: pid, EOF: true}); r.done.Code != agentproto.CodeBadRequest {
+		t.Errorf("closing a terminal's stdin: %+v", r.done)
+	}
+	if r := a.call(t, agentproto.Request{Op: agentproto.OpProcessResize, PID: pid, Size: &agentproto.TermSize{}}); r.done.Code != agentproto.CodeBadRequest {
+		t.Errorf("a 0x0 terminal: %+v", r.done)
+	}
+	a.call(t, agentproto.Request{Op: agentproto.OpProcessInput, PID: pid, Data: []byte("exit 4\n")}).mustOK(t)
+	for {
+		ev := s.next()
+		if ev.Type == agentproto.EventDone {
+			if ev.ExitCode == nil || *ev.ExitCode != 4 {
+				t.Fatalf("done %+v", ev)
+			}
+			break
+		}
+	}
+	// a process without a terminal cannot be resized
+	p := a.open(t, agentproto.Request{Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{Cmd: "sleep", Args: []string{"30"}}})
+	pid = p.next().PID
+	if r := a.call(t, agentproto.Request{Op: agentproto.OpProcessResize, PID: pid, Size: &agentproto.TermSize{Cols: 1, Rows: 1}}); r.done.Code != agentproto.CodeBadRequest {
+		t.Errorf("resizing a process without a terminal: %+v", r.done)
+	}
+	a.call(t, agentproto.Request{Op: agentproto.OpProcessSignal, PID: pid, Signal: 9}).mustOK(t)
+	p.until(agentproto.EventDone)
+}
+
 // TestProcessSignalGroup: a signal reaches the whole process group, so a
 // shell's children die with it.
 func TestProcessSignalGroup(t *testing.T) {

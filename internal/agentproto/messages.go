@@ -13,6 +13,7 @@ const (
 	OpProcessConnect = "process.connect" // Request.PID; streams the running process's output from now on, then Done
 	OpProcessInput   = "process.input"   // Request.PID, Request.Data; Request.EOF closes stdin
 	OpProcessSignal  = "process.signal"  // Request.PID, Request.Signal
+	OpProcessResize  = "process.resize"  // Request.PID, Request.Size: a terminal's new size
 	OpProcessList    = "process.list"    // Done.Processes
 
 	OpContextCreate  = "context.create"  // Request.Context; Done.Context
@@ -40,6 +41,7 @@ const (
 	EventStart  = "start"  // a process started: PID
 	EventStdout = "stdout" // Data
 	EventStderr = "stderr" // Data
+	EventPTY    = "pty"    // Data: what a process started with a terminal wrote to it
 	EventResult = "result" // Result
 	EventError  = "error"  // Error: an exception raised by executed code
 	EventFile   = "file"   // Entry, before the data frames of a file.read
@@ -120,6 +122,8 @@ type Request struct {
 	// sandbox this many milliseconds from now unless a later ping moves
 	// it: the host's deadline holds even while no host engine runs.
 	LifetimeMS int64 `json:"lifetime_ms,omitempty"`
+	// Size (process.resize) is a terminal's new size.
+	Size *TermSize `json:"size,omitempty"`
 	// User (file.read, file.write, file.list, file.stat, file.mkdir,
 	// file.remove, file.move, file.watch) is the sandbox user the
 	// operation acts as: its permission checks are that user's, what it
@@ -165,6 +169,19 @@ type ProcessSpec struct {
 	// namespace. HOME, USER and LOGNAME are the user's, and the default
 	// working directory is the user's home.
 	User string `json:"user,omitempty"`
+	// PTY, when set, starts the process on a new pseudo-terminal of this
+	// size, as the leader of a new session with the terminal as its
+	// controlling terminal and stdin, stdout and stderr: its output comes
+	// as EventPTY, process.input writes to the terminal (the process
+	// reads it as typed) and process.resize changes its size. Stdin is
+	// ignored then.
+	PTY *TermSize `json:"pty,omitempty"`
+}
+
+// TermSize is a terminal's size in characters.
+type TermSize struct {
+	Cols uint16 `json:"cols"`
+	Rows uint16 `json:"rows"`
 }
 
 // ContextSpec describes a code context (a long-lived interpreter).

@@ -110,6 +110,9 @@ func (s *eventStream) forward(ev agentproto.Event) {
 	case agentproto.EventStderr:
 		s.event(&processpb.ProcessEvent{Event: &processpb.ProcessEvent_Data{Data: &processpb.ProcessEvent_DataEvent{
 			Output: &processpb.ProcessEvent_DataEvent_Stderr{Stderr: ev.Data}}}})
+	case agentproto.EventPTY:
+		s.event(&processpb.ProcessEvent{Event: &processpb.ProcessEvent_Data{Data: &processpb.ProcessEvent_DataEvent{
+			Output: &processpb.ProcessEvent_DataEvent_Pty{Pty: ev.Data}}}})
 	}
 }
 
@@ -135,15 +138,19 @@ func (s *eventStream) end(res *sandbox.ProcessResult) {
 
 func (p *processService) Start(ctx context.Context, req *connect.Request[processpb.StartRequest], stream *connect.ServerStream[processpb.StartResponse]) error {
 	m := req.Msg
-	if m.GetPty() != nil {
-		return connect.NewError(connect.CodeUnimplemented, errors.New("terminals (pty) are not supported by this server"))
-	}
 	if m.GetProcess().GetCmd() == "" {
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is required"))
 	}
 	spec := sandbox.ProcessSpec{
 		Cmd: m.Process.Cmd, Args: m.Process.Args, Env: m.Process.Envs, Cwd: m.Process.GetCwd(),
 		Tag: m.GetTag(), Stdin: m.Stdin == nil || *m.Stdin,
+	}
+	if pty := m.GetPty(); pty != nil {
+		size, err := termSize(pty)
+		if err != nil {
+			return err
+		}
+		spec.PTY, spec.Stdin = size, false
 	}
 	setUser(&spec, userFrom(ctx))
 	if dl, ok := ctx.Deadline(); ok {
@@ -241,7 +248,7 @@ func (p *processService) input(ctx context.Context, sel *processpb.ProcessSelect
 		return err
 	}
 	if in.GetPty() != nil {
-		return connect.NewError(connect.CodeUnimplemented, errors.New("terminals (pty) are not supported by this server"))
+		return connectError(ctx, sb.SendInput(ctx, pid, in.GetPty(), false)) // typed on its terminal
 	}
 	return connectError(ctx, sb.SendInput(ctx, pid, in.GetStdin(), false))
 }
@@ -302,6 +309,30 @@ func (p *processService) SendSignal(ctx context.Context, req *connect.Request[pr
 	return connect.NewResponse(&processpb.SendSignalResponse{}), nil
 }
 
-func (p *processService) Update(context.Context, *connect.Request[processpb.UpdateRequest]) (*connect.Response[processpb.UpdateResponse], error) {
-	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("terminals (pty) are not supported by this server"))
+// Update resizes a process's terminal (the SDK's pty.resize).
+func (p *processService) Update(ctx context.Context, req *connect.Request[processpb.UpdateRequest]) (*connect.Response[processpb.UpdateResponse], error) {
+	sb := sandboxFrom(ctx)
+	pid, err := p.pid(ctx, sb, req.Msg.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	if pty := req.Msg.GetPty(); pty != nil {
+		size, err := termSize(pty)
+		if err != nil {
+			return nil, err
+		}
+		if err := sb.Resize(ctx, pid, *size); err != nil {
+			return nil, connectError(ctx, err)
+		}
+	}
+	return connect.NewResponse(&processpb.UpdateResponse{}), nil
+}
+
+// termSize checks a terminal size of a request.
+func termSize(pty *processpb.PTY) (*agentproto.TermSize, error) {
+	c, r := pty.GetSize().GetCols(), pty.GetSize().GetRows()
+	if c == 0 || r == 0 || c > 65535 || r > 65535 {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("a terminal of %dx%d: cols and rows must be 1 to 65535", c, r))
+	}
+	return &agentproto.TermSize{Cols: uint16(c), Rows: uint16(r)}, nil
 }

@@ -167,7 +167,7 @@ func (s *Sandbox) newCommandFilter(env map[string]string, forward func(agentprot
 // event is the onEvent the command streams to.
 func (c *commandFilter) event(ev agentproto.Event) {
 	switch ev.Type {
-	case agentproto.EventStdout:
+	case agentproto.EventStdout, agentproto.EventPTY: // a terminal's output is filtered as stdout
 		c.text(ev.Type, c.out.Write(ev.Data))
 	case agentproto.EventStderr:
 		c.text(ev.Type, c.err.Write(ev.Data))

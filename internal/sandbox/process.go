@@ -151,7 +151,7 @@ func (s *Sandbox) Connect(ctx context.Context, pid int, onEvent func(agentproto.
 // forward passes a process's event on, its output at the sandbox's
 // output rate.
 func (s *Sandbox) forward(ctx context.Context, ev agentproto.Event, onEvent func(agentproto.Event)) error {
-	if ev.Type == agentproto.EventStdout || ev.Type == agentproto.EventStderr {
+	if ev.Type == agentproto.EventStdout || ev.Type == agentproto.EventStderr || ev.Type == agentproto.EventPTY {
 		if err := s.waitOutput(ctx, len(ev.Data)); err != nil {
 			return err
 		}
@@ -178,6 +178,12 @@ func finish(res *ProcessResult, done agentproto.Event) *ProcessResult {
 // SendInput writes to a process's stdin (started with Stdin: true); eof closes it.
 func (s *Sandbox) SendInput(ctx context.Context, pid int, data []byte, eof bool) error {
 	return s.simple(ctx, agentproto.Request{Op: agentproto.OpProcessInput, PID: pid, Data: data, EOF: eof}, nil)
+}
+
+// Resize changes the size of the terminal of a process started with one
+// (ProcessSpec.PTY).
+func (s *Sandbox) Resize(ctx context.Context, pid int, size agentproto.TermSize) error {
+	return s.simple(ctx, agentproto.Request{Op: agentproto.OpProcessResize, PID: pid, Size: &size}, nil)
 }
 
 // Signal sends a signal to a process's group.
