@@ -85,6 +85,12 @@ var connectCodes = map[apierr.Code]connect.Code{
 	apierr.SandboxTimeout:       connect.CodeDeadlineExceeded,
 	apierr.MethodNotAllowed:     connect.CodeUnimplemented,
 	apierr.Internal:             connect.CodeInternal,
+	// The model relay's codes never arise on envd; mapped for the table's
+	// completeness.
+	apierr.ModelNotFound:   connect.CodeNotFound,
+	apierr.SessionNotFound: connect.CodeNotFound,
+	apierr.Provider:        connect.CodeUnavailable,
+	apierr.ProviderTimeout: connect.CodeDeadlineExceeded,
 }
 
 // connectError maps an engine error to a Connect error. When the sandbox
