@@ -87,6 +87,13 @@ type CPUCounter interface {
 	CPUTime(id string) (time.Duration, error)
 }
 
+// OOMCounter is implemented by runtimes that can read a sandbox's OOM-kill
+// count alone, cheaply (one cgroup file): the engine reads it before
+// every execution, to tell an out-of-memory kill from another death.
+type OOMCounter interface {
+	OOMKills(id string) (uint64, error)
+}
+
 // Runtime starts and stops sandboxes.
 type Runtime interface {
 	// Name says which runtime this is ("runc", "runsc", "fake").

@@ -120,14 +120,12 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		req.Code = js
 	}
 	// The OOM-kill count before the execution tells an out-of-memory kill
-	// from another death. Reading the cgroup costs about 0.4 ms on a
-	// cgroup v1 host, so it is read while the request goes to the agent:
-	// an allocation large enough to be killed takes far longer than that.
-	beforeCh := make(chan runtime.Usage, 1)
-	go func(ctx context.Context) {
-		u, _ := s.m.cfg.Runtime.Usage(ctx, s.ID)
-		beforeCh <- u
-	}(ctx)
+	// from another death. It is read while the request goes to the agent
+	// (an allocation large enough to be killed takes far longer), from
+	// one cgroup file where the runtime can (runtime.OOMCounter): all of
+	// Usage cost about 0.35 ms of CPU per execution on a cgroup v1 host.
+	beforeCh := make(chan uint64, 1)
+	go func(ctx context.Context) { beforeCh <- s.oomKills(ctx) }(ctx)
 
 	ctx, cancel := context.WithTimeout(ctx, req.Timeout+agentGrace)
 	defer cancel()
@@ -207,7 +205,7 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		ex.Status = ExecError
 		before := <-beforeCh
 		after, _ := s.m.cfg.Runtime.Usage(ctx, s.ID)
-		if after.OOMKills > before.OOMKills {
+		if after.OOMKills > before {
 			ex.ErrorCode = apierr.OutOfMemory
 			ex.Error = &agentproto.ExecError{Name: "OutOfMemoryError",
 				Value: "the code ran out of memory (limit " + mib(s.Limits.MemoryBytes) + ") and was killed; the context's state is lost"}
@@ -228,6 +226,16 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		}
 	}
 	return ex, nil
+}
+
+// oomKills is the sandbox's OOM-kill count, 0 when it cannot be read.
+func (s *Sandbox) oomKills(ctx context.Context) uint64 {
+	if c, ok := s.m.cfg.Runtime.(runtime.OOMCounter); ok {
+		n, _ := c.OOMKills(s.ID)
+		return n
+	}
+	u, _ := s.m.cfg.Runtime.Usage(ctx, s.ID)
+	return u.OOMKills
 }
 
 // execRun is one execution on its way: every event the agent sends passes

@@ -138,6 +138,30 @@ func (c *cgroups) usage(id string) (runtime.Usage, error) {
 	return u, nil
 }
 
+// oomKills reads the sandbox's OOM-kill count alone: v1 memory.oom_control,
+// v2 memory.events (oom_kill). One file, where usage reads nine and
+// stats the writable layer.
+func (c *cgroups) oomKills(id string) (uint64, error) {
+	path := filepath.Join(c.controller(id, "memory"), "memory.oom_control")
+	if c.v2 {
+		path = filepath.Join(c.controller(id, ""), "memory.events")
+	}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, runtime.ErrNotFound
+	}
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			return n, err
+		}
+	}
+	return 0, nil // a kernel that does not count OOM kills
+}
+
 // cpuTime reads the sandbox's CPU time alone: v1 cpuacct.usage
 // (nanoseconds), v2 cpu.stat usage_usec. One file, a few microseconds.
 func (c *cgroups) cpuTime(id string) (time.Duration, error) {

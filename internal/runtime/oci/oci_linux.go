@@ -590,6 +590,14 @@ func (o *OCI) CPUTime(id string) (time.Duration, error) {
 	return o.cg.cpuTime(id)
 }
 
+// OOMKills implements runtime.OOMCounter.
+func (o *OCI) OOMKills(id string) (uint64, error) {
+	if !validID(id) {
+		return 0, runtime.ErrNotFound
+	}
+	return o.cg.oomKills(id)
+}
+
 // List implements runtime.Runtime: bundles, runtime state and cgroups all
 // count, so that a crash between any two steps is still found.
 func (o *OCI) List(_ context.Context) ([]string, error) {

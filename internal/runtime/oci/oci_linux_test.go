@@ -84,6 +84,9 @@ func TestCreateDestroy(t *testing.T) {
 	if err != nil || u.MemoryLimit != 128<<20 || u.Pids == 0 {
 		t.Fatalf("usage %+v %v", u, err)
 	}
+	if n, err := o.OOMKills("one"); err != nil || n != u.OOMKills {
+		t.Fatalf("OOMKills = %d, %v; Usage says %d", n, err, u.OOMKills)
+	}
 	if _, err := o.Create(context.Background(), runtime.Spec{ID: "one", RootFS: rootfs}); err == nil {
 		t.Fatal("a second sandbox with the same id was created")
 	}
@@ -107,9 +110,53 @@ func TestCreateDestroy(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertGone(t, o, "one")
+	if _, err := o.OOMKills("one"); !errors.Is(err, runtime.ErrNotFound) {
+		t.Errorf("OOMKills of a destroyed sandbox: %v, want ErrNotFound", err)
+	}
 	if err := o.Destroy(context.Background(), "one"); err != nil {
 		t.Fatalf("second destroy: %v", err)
 	}
+}
+
+// BenchmarkUsage and BenchmarkOOMKills are the two ways the engine can read
+// a sandbox's OOM-kill count before each execution: all of Usage, or the
+// one file of OOMKills.
+func BenchmarkUsage(b *testing.B) {
+	o, id := benchSandbox(b)
+	for b.Loop() {
+		if _, err := o.Usage(context.Background(), id); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkOOMKills(b *testing.B) {
+	o, id := benchSandbox(b)
+	for b.Loop() {
+		if _, err := o.OOMKills(id); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func benchSandbox(b *testing.B) (*OCI, string) {
+	testutil.RequireRoot(b)
+	o, err := New(Config{RuntimePath: testutil.Runc(b), StateDir: testutil.ShortTempDir(b), AgentBin: testutil.AgentBin(b),
+		CgroupParent: "sheepfold-test", Instance: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { o.Close() })
+	if _, err := o.Create(context.Background(), runtime.Spec{ID: "bench", RootFS: testutil.TemplateRootFS(b, "python"),
+		Limits: runtime.Limits{MemoryBytes: 128 << 20, Pids: 32, DiskBytes: 16 << 20}}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := o.Destroy(context.Background(), "bench"); err != nil {
+			b.Error(err)
+		}
+	})
+	return o, "bench"
 }
 
 func TestFailedCreateLeavesNothing(t *testing.T) {
