@@ -128,6 +128,23 @@ type UsageReport struct {
 	Groups  []UsageGroup `json:"groups"`
 	Total   UsageFigures `json:"total"`
 	Prices  Prices       `json:"prices"`
+	// Model tokens in the period; TokensLimit is the configured models'
+	// monthly quotas summed (nil: some model has none).
+	TokensUsed  int64        `json:"tokens_used"`
+	TokensLimit *int64       `json:"tokens_limit"`
+	Models      []ModelUsage `json:"models"`
+}
+
+// ModelUsage is the account's tokens of one model.
+type ModelUsage struct {
+	Model            string `json:"model"`
+	Requests         int64  `json:"requests"`
+	PromptTokens     int64  `json:"prompt_tokens"`
+	CompletionTokens int64  `json:"completion_tokens"`
+	TotalTokens      int64  `json:"total_tokens"`
+	MonthlyLimit     *int64 `json:"monthly_limit"`
+	CostMicros       int64  `json:"cost_micros"`
+	Cost             string `json:"cost"`
 }
 
 // UsageQuery selects a usage report; zero fields take the server's

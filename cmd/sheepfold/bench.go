@@ -33,7 +33,10 @@ Scenarios: create → first print(1) from the warm pool (hit) and without it
 trip, and the same alternating between a sandbox with a full security policy
 and one without; the Black-Friday ticket (upload orders.csv, pandas groupby, one chart) in
 a fresh sandbox; a warm 1+1 on a server with accounts, limits and metering
-against one with --no-accounting, alternating; executions per second with 2, 8 and 32 clients (one sandbox
+against one with --no-accounting, alternating; a chat completion sent to the scripted model directly and
+through the server's /v1/chat/completions, alternating (the relay's overhead); the Black-Friday
+tickets of examples/black_friday.py through sessions (--session-tickets by --session-clients
+clients at once; Sheepfold's own time per ticket, the model's excluded); executions per second with 2, 8 and 32 clients (one sandbox
 each); memory of idle sandboxes. Hit scenarios wait for the pool to be full
 before each iteration, so they measure a hit, not the refill.`,
 		Args: cobra.NoArgs,
@@ -50,6 +53,8 @@ before each iteration, so they measure a hit, not the refill.`,
 	f.DurationVar(&o.Duration, "duration", 5*time.Second, "length of each throughput level")
 	f.IntVar(&o.Density, "density", 8, "idle sandboxes whose memory is measured")
 	f.StringVar(&o.JSONOut, "json", "", "also write the results to this file as JSON")
+	f.IntVar(&o.SessionTickets, "session-tickets", 200, "Black-Friday tickets sent through sessions")
+	f.IntVar(&o.SessionClients, "session-clients", 8, "clients sending them at once, each with its own session")
 	f.StringVar(&o.Only, "only", "", `run only the steps whose name contains this ("policy", "warm", "egress", "baselines"...)`)
 	return cmd
 }

@@ -124,7 +124,9 @@ type Authenticator struct {
 // errAuth is the one answer to every authentication failure, so that a
 // caller learns nothing about which keys exist.
 func errAuth(cause error) error {
-	return apierr.Wrap(cause, apierr.AuthenticationFailed, "missing, invalid or revoked API key: send Authorization: Bearer <key> or X-API-Key: <key>")
+	// The seeds' message, word for word (the key goes in Authorization:
+	// Bearer <key> or X-API-Key: <key>; the cause stays in the log).
+	return apierr.Wrap(cause, apierr.AuthenticationFailed, "Authentication failed. Invalid API key")
 }
 
 // FromRequest reads the key from Authorization: Bearer or X-API-Key.

@@ -37,6 +37,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/client"
 	"github.com/sheepfold/sheepfold/internal/config"
+	"github.com/sheepfold/sheepfold/internal/llm/llmtest"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/template"
 )
@@ -52,6 +53,10 @@ type Options struct {
 	JSONOut    string        // also write the results here
 	Only       string        // run only the steps whose name contains this ("" all)
 	Version    string        // of the binary, reported with the results
+	// SessionTickets Black-Friday tickets go through sessions from
+	// SessionClients clients at once [200, 8].
+	SessionTickets int
+	SessionClients int
 }
 
 // runs reports whether the step named name is to run.
@@ -166,20 +171,27 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 
 	url, key := o.URL, o.Key
 	instance := ""
+	var model *llmtest.Server
 	if url == "" {
-		srv, err := startBenchServer(ctx, cfg, o.Pool, "")
+		// The scripted model serves the session scenarios (sessions.go).
+		prov, config, stopModel, err := modelProvider()
+		if err != nil {
+			return err
+		}
+		defer stopModel()
+		srv, err := startBenchServer(ctx, cfg, o.Pool, "", "--config", config)
 		if err != nil {
 			return err
 		}
 		defer srv.stop()
-		url, key, instance = srv.url, srv.key, srv.instance
+		url, key, instance, model = srv.url, srv.key, srv.instance, prov
 		res.Pool = o.Pool
 	} else if key == "" {
 		return errors.New("--url needs --api-key (or SHEEPFOLD_API_KEY)")
 	}
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConns: 128, MaxIdleConnsPerHost: 128, IdleConnTimeout: time.Minute}}
 	c := client.New(url, key, client.WithHTTPClient(hc), client.WithUserAgent("sheepfold-bench"))
-	b := &bencher{c: c, res: res, o: o, instance: instance}
+	b := &bencher{c: c, res: res, o: o, instance: instance, model: model, url: url, key: key}
 	if v, err := c.Version(ctx); err != nil {
 		return fmt.Errorf("server at %s: %w", url, err)
 	} else if v.Pool != nil {
@@ -195,6 +207,8 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		{"warm 1+1, full policy against none", b.policyCost},
 		{"warm 1+1, accounting against none", b.accountingCost(cfg)},
 		{"Black-Friday ticket", b.blackFriday},
+		{"chat completion relay", b.relayOverhead},
+		{"Black-Friday tickets via sessions", b.sessionTicketsRun},
 		{"throughput", b.throughput},
 		{"density", b.density},
 	}
@@ -415,7 +429,9 @@ type bencher struct {
 	c        *client.Client
 	res      *benchResults
 	o        Options
-	instance string // the engine instance of a server the bench started
+	instance string          // the engine instance of a server the bench started
+	model    *llmtest.Server // the scripted model of a server the bench started; nil otherwise
+	url, key string
 }
 
 func (b *bencher) record(name string, ms []float64) {
@@ -936,6 +952,14 @@ func (r *benchResults) evaluate() {
 	}
 	if s, ok := r.Scenarios["Black-Friday ticket, pool hit"]; ok {
 		add("Black-Friday ticket p50", s.P50, 150, "ms", true)
+	}
+	if s, ok := r.Scenarios[benchSessionBF]; ok {
+		add("Black-Friday ticket via a session, Sheepfold's own time p50", s.P50, 150, "ms", true)
+	}
+	if d, ok := r.Scenarios[benchChatDirect]; ok {
+		if rl, ok := r.Scenarios[benchChatRelayed]; ok {
+			add("chat completion through Sheepfold − direct, p50", rl.P50-d.P50, 2, "ms", true)
+		}
 	}
 	if h, ok := r.Scenarios[benchHTTPSHost]; ok {
 		if g, ok := r.Scenarios[benchHTTPSGateway]; ok {

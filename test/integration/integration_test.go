@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/client"
+	"github.com/sheepfold/sheepfold/internal/llm/llmtest"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
@@ -37,6 +38,7 @@ var (
 	srv     *server
 	srvErr  error
 	stop    func()
+	model   *llmtest.Server // the sessions' scripted model
 )
 
 func TestMain(m *testing.M) {
@@ -106,7 +108,25 @@ func launch(runc, templates string) (*server, error) {
 	addr := ln.Addr().String()
 	ln.Close()
 	s.url = "http://" + addr
-	cmd := exec.Command(s.bin, "--data-dir", dir, "serve", "--listen", addr)
+	// The model of sessions: the scripted brain on loopback, as a provider
+	// of the config file (the examples' tests use it).
+	model = llmtest.New(llmtest.Brain)
+	model.RequireKey("sk-scripted")
+	config := filepath.Join(dir, "config.toml")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(`
+[[providers]]
+name = "scripted"
+base_url = %q
+api_key_env = "SCRIPTED_MODEL_KEY"
+models = ["scripted"]
+price_input_per_mtok = 0.27
+price_output_per_mtok = 1.10
+timeout_seconds = 30
+`, model.URL)), 0o600); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(s.bin, "--data-dir", dir, "serve", "--listen", addr, "--config", config)
+	cmd.Env = append(os.Environ(), "SCRIPTED_MODEL_KEY=sk-scripted")
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
@@ -122,6 +142,7 @@ func launch(runc, templates string) (*server, error) {
 			cmd.Process.Kill()
 			<-done
 		}
+		model.Close()
 		os.RemoveAll(dir)
 	}
 	c := client.New(s.url, s.key)

@@ -84,13 +84,13 @@ type Server struct {
 	// base_url.
 	URL string
 
-	srv     *httptest.Server
-	handler func(Request) Reply
-	closed  chan struct{}
-	once    sync.Once
+	srv    *httptest.Server
+	closed chan struct{}
+	once   sync.Once
 
 	// mu guards the fields below.
 	mu       sync.Mutex
+	handler  func(Request) Reply
 	key      string
 	script   []Reply
 	requests []Request
@@ -116,6 +116,13 @@ func (s *Server) Close() {
 	s.once.Do(func() { close(s.closed) })
 	s.srv.CloseClientConnections()
 	s.srv.Close()
+}
+
+// SetHandler replaces the handler that answers once the script is done.
+func (s *Server) SetHandler(h func(Request) Reply) {
+	s.mu.Lock()
+	s.handler = h
+	s.mu.Unlock()
 }
 
 // RequireKey makes requests without "Authorization: Bearer key" fail 401.
@@ -177,6 +184,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	}
 	s.n++
 	id := fmt.Sprintf("chatcmpl-%d", s.n)
+	handler := s.handler
 	s.mu.Unlock()
 	if key != "" && r.Header.Get("Authorization") != "Bearer "+key {
 		writeError(w, 401, "invalid API key")
@@ -184,8 +192,8 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case scripted:
-	case s.handler != nil:
-		reply = s.handler(req)
+	case handler != nil:
+		reply = handler(req)
 	default:
 		reply = Text("ok")
 	}

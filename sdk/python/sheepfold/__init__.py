@@ -11,16 +11,19 @@ Standard library only. See README.md.
 
 from ._version import __version__
 from .accounts import Account, Admin, Alert, Credits
+from .client import Answer, Client, Monitor, Session, SessionExecution, Step, Tokens, Usage
 from .commands import CommandHandle, Commands
 from .errors import (
     AuthenticationError,
     CapacityError,
+    CodeExecutionError,
     ConflictError,
     DiskFullError,
     FileTooLargeError,
     InternalServerError,
     InvalidArgumentError,
     InvalidPolicyError,
+    ModelNotFoundError,
     ModuleBlockedError,
     NetworkRestrictedError,
     NotFoundError,
@@ -28,10 +31,13 @@ from .errors import (
     OutputLimitError,
     PathNotAllowedError,
     PermissionDeniedError,
+    ProviderError,
+    ProviderTimeoutError,
     RateLimitError,
     SandboxNotFoundError,
     SandboxStateError,
     SandboxTimeoutError,
+    SessionNotFoundError,
     SessionQuotaExceededError,
     SheepfoldConnectionError,
     SheepfoldError,
@@ -58,6 +64,20 @@ from .sandbox import Sandbox
 
 __all__ = [
     "__version__",
+    "Client",
+    "Session",
+    "SessionExecution",
+    "Answer",
+    "Step",
+    "Tokens",
+    "Usage",
+    "Monitor",
+    "CodeExecutionError",
+    "InvalidPolicyError",
+    "ModelNotFoundError",
+    "ProviderError",
+    "ProviderTimeoutError",
+    "SessionNotFoundError",
     "Sandbox",
     "Account",
     "Admin",
@@ -81,7 +101,6 @@ __all__ = [
     "Execution",
     "ExecutionError",
     "PolicyAnswer",
-    "InvalidPolicyError",
     "FileInfo",
     "Logs",
     "ProcessInfo",

@@ -47,6 +47,16 @@ class Credits:
     available_micros: int  # balance - pending
     enforced: bool
 
+    @property
+    def free_credits(self) -> float:
+        """Free credits left, in units of the operator's currency."""
+        return self.free_left_micros / 1e6
+
+    @property
+    def balance_units(self) -> float:
+        """The balance, in units of the operator's currency."""
+        return self.balance_micros / 1e6
+
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "Credits":
         return cls(balance=d.get("balance", "0.000000"), balance_micros=int(d.get("balance_micros", 0)),

@@ -33,6 +33,12 @@ __all__ = [
     "DiskFullError",
     "RateLimitError",
     "SessionQuotaExceededError",
+    "SessionNotFoundError",
+    "ModelNotFoundError",
+    "InvalidPolicyError",
+    "ProviderError",
+    "ProviderTimeoutError",
+    "CodeExecutionError",
     "CapacityError",
     "InternalServerError",
     "SheepfoldConnectionError",
@@ -195,6 +201,45 @@ class SessionQuotaExceededError(RateLimitError):
     default_code = "ERR_SESSION_QUOTA_EXCEEDED"
 
 
+class SessionNotFoundError(NotFoundError):
+    """404 ERR_SESSION_NOT_FOUND: no such session (or it belongs to someone else)."""
+
+    default_code = "ERR_SESSION_NOT_FOUND"
+
+
+class ModelNotFoundError(NotFoundError):
+    """404 ERR_MODEL_NOT_FOUND: the server's providers do not serve the model."""
+
+    default_code = "ERR_MODEL_NOT_FOUND"
+
+
+class ProviderError(SheepfoldError):
+    """502 ERR_PROVIDER: the model's provider failed or answered nonsense."""
+
+    default_code = "ERR_PROVIDER"
+
+
+class ProviderTimeoutError(ProviderError, TimeoutError):
+    """504 ERR_PROVIDER_TIMEOUT: the model's provider did not answer in time."""
+
+    default_code = "ERR_PROVIDER_TIMEOUT"
+
+
+class CodeExecutionError(SheepfoldError):
+    """The code itself raised (an execution's ``error`` without a Sheepfold
+    code): ``name`` is the exception's class, ``traceback`` its traceback.
+    ``ERR_CODE_EXCEPTION`` is the SDK's own code for it."""
+
+    default_code = "ERR_CODE_EXCEPTION"
+
+    def __init__(self, message: str = "", code: Optional[str] = None, status: Optional[int] = None,
+                 request_id: Optional[str] = None, retry_after: Optional[float] = None,
+                 name: str = "", traceback: str = "") -> None:
+        super().__init__(message, code=code, status=status, request_id=request_id, retry_after=retry_after)
+        self.name = name
+        self.traceback = traceback
+
+
 class CapacityError(SheepfoldError):
     """503 ERR_CAPACITY: the server cannot take more sandboxes right now."""
 
@@ -235,6 +280,10 @@ _BY_CODE: Dict[str, Type[SheepfoldError]] = {
     "ERR_RATE_LIMITED": RateLimitError,
     "ERR_CAPACITY": CapacityError,
     "ERR_INTERNAL": InternalServerError,
+    "ERR_SESSION_NOT_FOUND": SessionNotFoundError,
+    "ERR_MODEL_NOT_FOUND": ModelNotFoundError,
+    "ERR_PROVIDER": ProviderError,
+    "ERR_PROVIDER_TIMEOUT": ProviderTimeoutError,
 }
 
 _BY_STATUS: Dict[int, Type[SheepfoldError]] = {

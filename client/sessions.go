@@ -1,0 +1,242 @@
+package client
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"net/url"
+	"time"
+)
+
+// Sessions: a model bound to a sandbox (its id is the sandbox's, so the
+// sandbox calls — SetPolicy, StreamEvents, files — take it too).
+//
+//	s, err := c.CreateSession(ctx, client.SessionRequest{Model: "deepseek-chat",
+//		SandboxConfig: map[string]any{"allowed_modules": []string{"pandas"}}})
+//	ex, err := c.SessionExecute(ctx, s.ID, client.SessionExecuteRequest{Code: "print(1)"})
+//	ans, err := c.Ask(ctx, s.ID, client.AskRequest{Prompt: "Total revenue per country?",
+//		Files: []client.AskFile{client.TextFile("orders.csv", csv)}})
+//	fmt.Println(ans.Text, ans.Tokens.TotalTokens, ans.Cost)
+
+// SessionRequest creates a session.
+type SessionRequest struct {
+	Model          string            `json:"model"`
+	Template       string            `json:"template,omitempty"`
+	SandboxConfig  any               `json:"sandbox_config,omitempty"`  // the seeds' shorthand
+	SecurityPolicy any               `json:"security_policy,omitempty"` // the full policy
+	Timeout        float64           `json:"timeout,omitempty"`         // the sandbox's lifetime, seconds
+	Metadata       map[string]string `json:"metadata,omitempty"`
+}
+
+// Session is a model bound to a sandbox.
+type Session struct {
+	ID         string    `json:"id"`
+	Model      string    `json:"model"`
+	SandboxID  string    `json:"sandbox_id"`
+	Template   string    `json:"template"`
+	State      string    `json:"state"`
+	CreatedAt  time.Time `json:"created_at"`
+	ExpiresAt  time.Time `json:"expires_at"`
+	Resources  Resources `json:"resources"`
+	StopReason string    `json:"stop_reason,omitempty"`
+}
+
+func sessionPath(id string, parts ...string) string {
+	p := "/v1/sessions/" + url.PathEscape(id)
+	for _, s := range parts {
+		p += "/" + s
+	}
+	return p
+}
+
+// CreateSession creates a session.
+func (c *Client) CreateSession(ctx context.Context, req SessionRequest) (*Session, error) {
+	var s Session
+	return &s, c.call(ctx, request{method: "POST", path: "/v1/sessions", json: req}, &s)
+}
+
+// GetSession returns a session, running or stopped.
+func (c *Client) GetSession(ctx context.Context, id string) (*Session, error) {
+	var s Session
+	return &s, c.call(ctx, request{method: "GET", path: sessionPath(id)}, &s)
+}
+
+// DeleteSession ends a session and its sandbox (ending one that has
+// stopped succeeds too).
+func (c *Client) DeleteSession(ctx context.Context, id string) error {
+	return c.call(ctx, request{method: "DELETE", path: sessionPath(id)}, nil)
+}
+
+// SessionExecuteRequest runs code in a session's sandbox.
+type SessionExecuteRequest struct {
+	Code      string `json:"code"`
+	Language  string `json:"language,omitempty"`   // python (default), javascript, bash...
+	TimeoutMS int64  `json:"timeout_ms,omitempty"` // default and cap: the session's max_execution_time
+}
+
+// ExecutionError is why an execution failed: Code is set when Sheepfold
+// stopped it (ERR_SANDBOX_TIMEOUT, ERR_MODULE_BLOCKED,
+// ERR_NETWORK_RESTRICTED...), empty for the code's own exception (Name).
+type ExecutionError struct {
+	Code      string `json:"code,omitempty"`
+	Message   string `json:"message"`
+	Name      string `json:"name,omitempty"`
+	Traceback string `json:"traceback,omitempty"`
+}
+
+func (e *ExecutionError) Error() string {
+	if e.Code != "" {
+		return e.Code + ": " + e.Message
+	}
+	return e.Name + ": " + e.Message
+}
+
+// Chart is an image an execution produced.
+type Chart struct {
+	Format string `json:"format"` // png, jpeg or svg
+	Data   string `json:"data"`   // base64 (svg: the text)
+}
+
+// Bytes decodes the chart's image.
+func (ch Chart) Bytes() ([]byte, error) {
+	if ch.Format == "svg" {
+		return []byte(ch.Data), nil
+	}
+	return base64.StdEncoding.DecodeString(ch.Data)
+}
+
+// SessionExecution is an execution in the seeds' shape.
+type SessionExecution struct {
+	Code            string          `json:"code,omitempty"` // in an answer: the code the model ran
+	Language        string          `json:"language,omitempty"`
+	Output          string          `json:"output"`
+	Status          string          `json:"status"` // success, error or timeout
+	ExecutionTimeMS float64         `json:"execution_time_ms"`
+	Error           *ExecutionError `json:"error"`
+	Charts          []Chart         `json:"charts"`
+	Results         []string        `json:"results,omitempty"`
+}
+
+// Err returns the execution's error as an error (nil on success).
+func (e *SessionExecution) Err() error {
+	if e.Error == nil {
+		return nil
+	}
+	return e.Error
+}
+
+// SessionExecute runs code in a session's sandbox under its policy. A
+// failure of the code (timeout, blocked module...) is in the result's
+// Status and Error, not in the returned error.
+func (c *Client) SessionExecute(ctx context.Context, id string, req SessionExecuteRequest) (*SessionExecution, error) {
+	var ex SessionExecution
+	return &ex, c.call(ctx, request{method: "POST", path: sessionPath(id, "execute"), json: req}, &ex)
+}
+
+// AskFile is a file given to an ask, put under /home/user.
+type AskFile struct {
+	Path     string `json:"path"`
+	Content  string `json:"content"`
+	Encoding string `json:"encoding,omitempty"` // "" (text) or "base64"
+}
+
+// TextFile is a text file for an ask.
+func TextFile(path, content string) AskFile { return AskFile{Path: path, Content: content} }
+
+// BinaryFile is a file of any bytes for an ask.
+func BinaryFile(path string, data []byte) AskFile {
+	return AskFile{Path: path, Content: base64.StdEncoding.EncodeToString(data), Encoding: "base64"}
+}
+
+// AskRequest asks a session's model.
+type AskRequest struct {
+	Prompt    string    `json:"prompt"`
+	Files     []AskFile `json:"files,omitempty"`
+	MaxSteps  int       `json:"max_steps,omitempty"`  // model calls at most [8]
+	TimeoutMS int64     `json:"timeout_ms,omitempty"` // the ask's time limit [300000]
+}
+
+// Tokens counts model tokens.
+type Tokens struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	TotalTokens      int64 `json:"total_tokens"`
+}
+
+// Answer is what an ask ends with.
+type Answer struct {
+	SessionID       string             `json:"session_id"`
+	Model           string             `json:"model"`
+	Text            string             `json:"text"`
+	StopReason      string             `json:"stop_reason"` // answered, max_steps or time_limit
+	Steps           int                `json:"steps"`
+	Executions      []SessionExecution `json:"executions"`
+	Tokens          Tokens             `json:"tokens"`
+	TimeMS          float64            `json:"time_ms"`
+	ModelTimeMS     float64            `json:"model_time_ms"`
+	SheepfoldTimeMS float64            `json:"sheepfold_time_ms"`
+	CostMicros      int64              `json:"cost_micros"`
+	Cost            string             `json:"cost"`
+}
+
+// AskStep is one step of an ask, as it happens: a model reply or an
+// execution.
+type AskStep struct {
+	Type      string            `json:"type"` // "model" or "execution"
+	Step      int               `json:"step"`
+	Content   string            `json:"content,omitempty"`
+	ToolCalls []json.RawMessage `json:"tool_calls,omitempty"`
+	Execution *SessionExecution `json:"execution,omitempty"`
+}
+
+// Ask runs the session's model loop until it answers.
+func (c *Client) Ask(ctx context.Context, id string, req AskRequest) (*Answer, error) {
+	var a Answer
+	return &a, c.call(ctx, request{method: "POST", path: sessionPath(id, "ask"), json: req}, &a)
+}
+
+// AskStream is Ask with each step passed to onStep as it happens.
+func (c *Client) AskStream(ctx context.Context, id string, req AskRequest, onStep func(AskStep)) (*Answer, error) {
+	var ans *Answer
+	err := c.stream(ctx, request{method: "POST", path: sessionPath(id, "ask"), json: req}, func(typ string, line []byte) error {
+		switch typ {
+		case "step":
+			var v struct {
+				Step AskStep `json:"step"`
+			}
+			if err := json.Unmarshal(line, &v); err != nil {
+				return err
+			}
+			if onStep != nil {
+				onStep(v.Step)
+			}
+		case "done":
+			var v struct {
+				Answer Answer `json:"answer"`
+			}
+			if err := json.Unmarshal(line, &v); err != nil {
+				return err
+			}
+			ans = &v.Answer
+		}
+		return nil
+	})
+	if err == nil && ans == nil {
+		err = errNoDone
+	}
+	return ans, err
+}
+
+// Model is one model the server's providers serve.
+type Model struct {
+	ID      string `json:"id"`
+	OwnedBy string `json:"owned_by"` // the provider
+}
+
+// Models lists the models the server serves.
+func (c *Client) Models(ctx context.Context) ([]Model, error) {
+	var body struct {
+		Data []Model `json:"data"`
+	}
+	return body.Data, c.call(ctx, request{method: "GET", path: "/v1/models"}, &body)
+}
