@@ -227,7 +227,7 @@ func (s *Sandbox) checkWritable(req agentproto.Request) error {
 		}
 		if !strings.HasPrefix(target, "/") {
 			home := "/home/user"
-			if req.User == agentproto.UserRoot {
+			if req.User == agentproto.UserRoot || req.Owner == agentproto.UserRoot {
 				home = "/root"
 			}
 			target = path.Join(home, target)
