@@ -48,6 +48,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -78,6 +79,10 @@ const exitLifetime = 124
 var languages = lang.All()
 
 func main() {
+	if filepath.Base(os.Args[0]) == "sudo" {
+		// Bind-mounted as the sandbox's sudo (oci.SudoPath).
+		os.Exit(agent.Sudo(os.Args[1:]))
+	}
 	if len(os.Args) < 2 {
 		usage()
 		os.Exit(2)

@@ -136,6 +136,9 @@ func serve(ctx context.Context, ln net.Listener, cfg Config, started func(*serve
 	}
 	stop := context.AfterFunc(s.ctx, func() { ln.Close() })
 	defer stop()
+	if s.switchUsers {
+		s.wg.Go(s.serveSudo) // in a sandbox: sudo_linux.go
+	}
 
 	var serveErr error
 	delay := time.Duration(0)

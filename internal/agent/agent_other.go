@@ -31,6 +31,7 @@ func (s *server) processStart(*conn, *agentproto.Request) agentproto.Event   { r
 func (s *server) processConnect(*conn, *agentproto.Request) agentproto.Event { return unsupported() }
 func (s *server) processInput(*agentproto.Request) agentproto.Event          { return unsupported() }
 func (s *server) processSignal(*agentproto.Request) agentproto.Event         { return unsupported() }
+func (s *server) processResize(*agentproto.Request) agentproto.Event         { return unsupported() }
 func (s *server) processList() agentproto.Event                              { return unsupported() }
 func (s *server) fileRead(*conn, *agentproto.Request) agentproto.Event       { return unsupported() }
 func (s *server) fileWrite(*conn, *agentproto.Request) agentproto.Event      { return unsupported() }
@@ -39,3 +40,6 @@ func (s *server) fileStat(*agentproto.Request) agentproto.Event              { r
 func (s *server) fileMkdir(*agentproto.Request) agentproto.Event             { return unsupported() }
 func (s *server) fileRemove(*agentproto.Request) agentproto.Event            { return unsupported() }
 func (s *server) fileMove(*agentproto.Request) agentproto.Event              { return unsupported() }
+
+// serveSudo: sudo exists inside Linux sandboxes only.
+func (s *server) serveSudo() {}

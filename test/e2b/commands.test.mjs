@@ -162,3 +162,32 @@ test('per-command timeoutMs: TimeoutError, and the command is killed', T, async 
   await sleep(4_000)
   assert.equal(await sbx.files.exists(marker), false, 'the command kept running past its timeoutMs')
 })
+
+test('sudo works for user without a password, with sudo\'s environment rules, and no setuid', T, async () => {
+  assert.equal((await sbx.commands.run('sudo id -u')).stdout, '0\n')
+  assert.equal((await sbx.commands.run('sudo -n whoami && id -un')).stdout, 'root\nuser\n')
+  await sbx.commands.run('sudo mkdir -p /etc/by-sudo && sudo touch /etc/by-sudo/f')
+  assert.equal((await sbx.files.getInfo('/etc/by-sudo/f')).owner, 'root')
+  const exit = await sbx.commands.run('sudo sh -c "echo out; echo err >&2; exit 3"').catch((e) => e)
+  assert.equal(exit.exitCode, 3)
+  assert.equal(exit.stdout, 'out\n')
+  assert.equal(exit.stderr, 'err\n')
+  // Pipes and stdin pass through.
+  assert.equal((await sbx.commands.run('echo piped | sudo cat')).stdout, 'piped\n')
+
+  // A command's scoped envs stay with it: sudo resets the environment (as
+  // sudo's env_reset), -E keeps it, and later commands never see them.
+  const scoped = await sbx.commands.run('sudo printenv SF_SCOPED || echo unset; sudo -E printenv SF_SCOPED', {
+    envs: { SF_SCOPED: 'only-here' },
+  })
+  assert.equal(scoped.stdout, 'unset\nonly-here\n')
+  assert.equal((await sbx.commands.run('sudo printenv SF_SCOPED || printenv SF_SCOPED || echo unset')).stdout, 'unset\n')
+  assert.equal((await sbx.commands.run('sudo sh -c \'echo $HOME $USER $SUDO_USER\'')).stdout, '/root root user\n')
+
+  // No setuid anywhere: sudo is an ordinary file, and root under sudo
+  // still has no_new_privs and the sandbox's seccomp filter.
+  assert.doesNotMatch((await sbx.commands.run('stat -c %A "$(command -v sudo)"')).stdout, /s/)
+  const status = await sbx.commands.run('sudo grep -E "^(NoNewPrivs|Seccomp):" /proc/self/status')
+  assert.match(status.stdout, /NoNewPrivs:\t1/)
+  assert.match(status.stdout, /Seccomp:\t2/)
+})

@@ -8,7 +8,8 @@ import (
 
 // Paths inside every sandbox.
 const (
-	AgentPath   = "/.sheepfold/agent" // the agent binary, bind-mounted read-only
+	AgentPath   = "/.sheepfold/agent"   // the agent binary, bind-mounted read-only
+	SudoPath    = "/usr/local/bin/sudo" // the agent binary again, as sudo (agent.Sudo)
 	SandboxHome = "/home/user"
 	SandboxUID  = 1000 // "user" inside; the template's passwd has it
 	SandboxGID  = 1000

@@ -181,6 +181,8 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: AgentPath, Type: "bind", Source: in.AgentBin, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+			// The agent binary is also the sandbox's sudo (agent.Sudo).
+			{Destination: SudoPath, Type: "bind", Source: in.AgentBin, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: in.CgroupDir,
