@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Sheepfold needs on a Debian host, idempotently:
 #   - apt packages: debootstrap (templates), libseccomp-dev (runc's seccomp), nodejs/npm (E2B SDK tests),
-#     bubblewrap (`sheepfold bench`'s bwrap baseline), git (the egress tests serve a repository)
+#     bubblewrap (`sheepfold bench`'s bwrap baseline), git (the egress tests serve a repository),
+#     chromium (the dashboard's browser test)
 #   - runc at a pinned release, built from the Go module proxy with seccomp,
 #     into $DATA_DIR/bin (Debian's runc 1.1.5 lacks the November 2025 fixes).
 #   - root's entries in /etc/subuid and /etc/subgid for the host ids of the
@@ -19,7 +20,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for pkg in debootstrap libseccomp-dev pkg-config gcc bubblewrap git; do
+for pkg in debootstrap libseccomp-dev pkg-config gcc bubblewrap git chromium; do
 	status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
 	[ "$status" = "install ok installed" ] || need+=("$pkg")
 done

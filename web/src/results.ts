@@ -19,6 +19,6 @@ export function Execution({ x }: { x: any }) {
     ${x.stdout && html`<pre class="stdout">${x.stdout}</pre>`}
     ${x.stderr && html`<pre class="stderr">${x.stderr}</pre>`}
     ${(x.results ?? []).map((r: any) => html`<${Result} r=${r} />`)}
-    ${x.error && html`<pre class="stderr">${x.error.name}: ${x.error.value}\n${x.error.traceback ?? ''}</pre>`}
+    ${x.error && html`<pre class="stderr">${x.error.traceback || `${x.error.name}: ${x.error.value}`}</pre>`}
   </div>`
 }

@@ -46,7 +46,7 @@ export function Sandboxes() {
   return html`<section>
     <div class="bar"><h2>Sandboxes</h2><button id="create" disabled=${busy} onClick=${create}>New sandbox</button></div>
     ${err && html`<p class="error">${err}</p>`}
-    ${rows === null ? html`<p class="muted">Loading…</p>` : rows.length === 0 ? html`<p class="muted">No running sandboxes.</p>` :
+    ${rows === null ? html`<p class="muted">Loading…</p>` : rows.length === 0 ? html`<p id="no-sandboxes" class="muted">No running sandboxes.</p>` :
       html`<table id="sandboxes"><thead><tr><th>ID</th><th>Template</th><th>State</th><th>Age</th><th>CPU</th><th>Memory</th></tr></thead>
       <tbody>${rows.map(r => html`<tr key=${r.id}>
         <td><a href=${`#/sandbox/${r.id}`}>${r.id}</a></td><td>${r.template}</td><td>${r.state}</td><td>${age(r.created_at)}</td>

@@ -7,7 +7,7 @@
 `)}t(n)}}}}function Ne(e,t=Date.now()){let n=Math.max(0,Math.round((t-new Date(e).getTime())/1e3));return n<60?`${n}s`:n<3600?`${Math.floor(n/60)}m ${n%60}s`:`${Math.floor(n/3600)}h ${Math.floor(n%3600/60)}m`}function Pe(e){if(e<1024)return`${e} B`;let t=[`KiB`,`MiB`,`GiB`,`TiB`],n=e/1024,r=0;for(;n>=1024&&r<t.length-1;)n/=1024,r++;return`${n.toFixed(+(n<10))} ${t[r]}`}function Fe(e){return new Date(e).toLocaleTimeString()}function Ie(){let[e,t]=K(null),[n,r]=K(``),[i,a]=K(!1),o=ve(new Map);return q(()=>{let e=!1,n=0,i=async()=>{try{let e=await X(`GET`,`/v1/sandboxes?usage=1`),n=performance.now(),i=o.current,a=new Map;t(e.sandboxes.map(e=>{let t={id:e.id,template:e.template,state:e.state,created_at:e.created_at};if(e.usage){let r=i.get(e.id);r&&n>r.at&&(t.cpu=Math.max(0,(e.usage.cpu_seconds-r.cpu)/((n-r.at)/1e3))),t.memory=e.usage.memory_bytes,a.set(e.id,{cpu:e.usage.cpu_seconds,at:n})}return t})),o.current=a,r(``)}catch(e){r(e.message)}e||(n=setTimeout(i,2e3))};return i(),()=>{e=!0,clearTimeout(n)}},[]),R`<section>
     <div class="bar"><h2>Sandboxes</h2><button id="create" disabled=${i} onClick=${async()=>{a(!0);try{let e=await X(`POST`,`/v1/sandboxes`,{timeout:3600});location.hash=`#/sandbox/${e.id}`}catch(e){r(e.message)}finally{a(!1)}}}>New sandbox</button></div>
     ${n&&R`<p class="error">${n}</p>`}
-    ${e===null?R`<p class="muted">Loading…</p>`:e.length===0?R`<p class="muted">No running sandboxes.</p>`:R`<table id="sandboxes"><thead><tr><th>ID</th><th>Template</th><th>State</th><th>Age</th><th>CPU</th><th>Memory</th></tr></thead>
+    ${e===null?R`<p class="muted">Loading…</p>`:e.length===0?R`<p id="no-sandboxes" class="muted">No running sandboxes.</p>`:R`<table id="sandboxes"><thead><tr><th>ID</th><th>Template</th><th>State</th><th>Age</th><th>CPU</th><th>Memory</th></tr></thead>
       <tbody>${e.map(e=>R`<tr key=${e.id}>
         <td><a href=${`#/sandbox/${e.id}`}>${e.id}</a></td><td>${e.template}</td><td>${e.state}</td><td>${Ne(e.created_at)}</td>
         <td>${e.cpu===void 0?`–`:`${(e.cpu*100).toFixed(0)} %`}</td><td>${e.memory===void 0?`–`:Pe(e.memory)}</td>
@@ -18,7 +18,7 @@
     ${e.stdout&&R`<pre class="stdout">${e.stdout}</pre>`}
     ${e.stderr&&R`<pre class="stderr">${e.stderr}</pre>`}
     ${(e.results??[]).map(e=>R`<${Le} r=${e} />`)}
-    ${e.error&&R`<pre class="stderr">${e.error.name}: ${e.error.value}\n${e.error.traceback??``}</pre>`}
+    ${e.error&&R`<pre class="stderr">${e.error.traceback||`${e.error.name}: ${e.error.value}`}</pre>`}
   </div>`}function ze({id:e}){let[t,n]=K(null),[r,i]=K(``);return q(()=>{X(`GET`,`/v1/sandboxes/${e}`).then(n,e=>i(e.message))},[e]),r?R`<p class="error">${r}</p>`:t?R`<section>
     <div class="bar"><h2>${e}</h2><button class="danger" onClick=${async()=>{try{await X(`DELETE`,`/v1/sandboxes/${e}`),location.hash=`#/`}catch(e){i(e.message)}}}>Kill</button></div>
     <p class="muted">${t.template} · ${t.state} · ${Ne(t.created_at)} old · ${t.resources?.cpus??`?`} CPUs · ${t.resources?.memory_mb??`?`} MiB</p>
