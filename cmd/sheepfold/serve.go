@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -29,10 +30,12 @@ import (
 
 func serveCmd(cfg *config.Config) *cobra.Command {
 	var (
-		listen       string
-		uploadMB     int64
-		maxSandboxes int
-		logFormat    string
+		listen        string
+		uploadMB      int64
+		maxSandboxes  int
+		logFormat     string
+		previewDomain string
+		metricsListen string
 	)
 	var idleTimeout, eventRetention, retention, shutdownTimeout time.Duration
 	var webhookHosts []string
@@ -76,8 +79,17 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			}
 			opts := &slog.HandlerOptions{Level: level}
 			var h slog.Handler = slog.NewTextHandler(os.Stderr, opts)
-			if logFormat == "json" {
+			switch logFormat {
+			case "text":
+			case "json":
 				h = slog.NewJSONHandler(os.Stderr, opts)
+			default:
+				return fmt.Errorf("--log-format must be text or json, not %q", logFormat)
+			}
+			if previewDomain != "" {
+				if err := server.CheckPreviewDomain(previewDomain); err != nil {
+					return fmt.Errorf("--preview-domain: %w", err)
+				}
 			}
 			if uploadMB <= 0 {
 				return errors.New("--file-size-upload-mb must be positive")
@@ -127,11 +139,11 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 					return fmt.Errorf("config file: %w", err)
 				}
 			}
-			return serve(cmd.Context(), *cfg, listen, server.Config{
+			return serve(cmd.Context(), *cfg, listen, metricsListen, server.Config{
 				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version, Retention: retention,
 				WebhookAllowHosts: webhookHosts, Accounts: acfg, Metering: mcfg, NoAccounting: noAccounting,
 				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
-				Models: relay,
+				Models: relay, PreviewDomain: previewDomain,
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) { c.PoolSize = poolSize })
 		},
@@ -152,7 +164,11 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"how long a shutdown waits for requests in flight before cutting them off")
 	cmd.Flags().Float64Var(&overcommit, "overcommit", overcommit,
 		"how many times the host's memory the sandboxes' memory plus disk limits may add up to (sandboxes past it get 503 ERR_CAPACITY)")
-	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text or json (one object a line; requests carry request_id, account and sandbox)")
+	cmd.Flags().StringVar(&previewDomain, "preview-domain", "",
+		"serve preview URLs in the host form {port}-{sandbox id}.DOMAIN (a wildcard DNS name for this server; \"localhost\" needs no DNS); the path form /v1/sandboxes/{id}/proxy/{port}/ works without it")
+	cmd.Flags().StringVar(&metricsListen, "metrics-listen", "",
+		"also serve Prometheus /metrics without a key on this address (keep it private, e.g. 127.0.0.1:9464); on --listen, /metrics needs an admin key")
 	cmd.Flags().IntVar(&poolSize, "pool", poolSize,
 		"sandboxes of the python template kept started ahead, pandas, numpy and matplotlib imported (0: no warm pool; default: one per CPU, at most one per 2 GiB)")
 	// The engine instance names the state directory and the cgroup
@@ -183,7 +199,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	return cmd
 }
 
-func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Config, bcfg events.BusConfig,
+func serve(ctx context.Context, cfg config.Config, listen, metricsListen string, scfg server.Config, bcfg events.BusConfig,
 	idleTimeout time.Duration, log *slog.Logger, instance string, engineOpts ...func(*sandbox.Config)) (err error) {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -262,6 +278,20 @@ func serve(ctx context.Context, cfg config.Config, listen string, scfg server.Co
 	fmt.Fprintf(os.Stderr, "sheepfold: serving the API on http://%s/v1\n", ln.Addr())
 	if n, err := st.CountActiveKeys(ctx); err == nil && n == 0 {
 		fmt.Fprintf(os.Stderr, "sheepfold: there is no API key yet; create one with:\n  sheepfold keys create --data-dir %s --name NAME\n", cfg.DataDir)
+	}
+
+	if metricsListen != "" {
+		mln, err := net.Listen("tcp", metricsListen)
+		if err != nil {
+			srv.Shutdown(context.Background())
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", srv.MetricsHandler())
+		ms := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go ms.Serve(mln)
+		defer ms.Close()
+		log.Info("serving metrics", "addr", mln.Addr().String())
 	}
 
 	served := make(chan error, 1)

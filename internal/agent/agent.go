@@ -350,6 +350,11 @@ func (s *server) dispatchOp(c *conn, req *agentproto.Request) agentproto.Event {
 		return s.fileMove(req)
 	case agentproto.OpFileWatch:
 		return s.fileWatch(c, req)
+
+	case agentproto.OpPortConnect:
+		return s.portConnect(c, req)
+	case agentproto.OpPortList:
+		return s.portList()
 	}
 	return fail(agentproto.CodeBadRequest, "unknown op %q", req.Op)
 }

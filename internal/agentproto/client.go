@@ -128,3 +128,46 @@ func (s *sourceReader) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// Connect performs a port.connect request on a fresh connection rw: it
+// writes req and reads exactly one frame, unbuffered, so that every byte
+// after it is the TCP stream's. It returns the connected event, or the
+// failed Done (Code set, e.g. CodeRefused) when the agent did not connect.
+func Connect(rw io.ReadWriter, req Request) (Event, error) {
+	if err := WriteFrame(rw, FrameJSON, mustJSON(req)); err != nil {
+		return Event{}, err
+	}
+	kind, p, err := ReadFrame(rw)
+	if err != nil {
+		if err == io.EOF {
+			return Event{}, fmt.Errorf("%w: %w before connected", ErrBadFrame, io.EOF)
+		}
+		return Event{}, err
+	}
+	if kind != FrameJSON {
+		return Event{}, fmt.Errorf("%w: want a JSON frame, got %q", ErrBadFrame, kind)
+	}
+	ev, err := DecodeEvent(p)
+	if err != nil {
+		return Event{}, err
+	}
+	switch ev.Type {
+	case EventConnected:
+		return ev, nil
+	case EventDone:
+		if ev.Code == "" {
+			return Event{}, fmt.Errorf("%w: port.connect ended without connecting or failing", ErrBadFrame)
+		}
+		return ev, nil
+	}
+	return Event{}, fmt.Errorf("%w: unexpected %q event before connected", ErrBadFrame, ev.Type)
+}
+
+// mustJSON encodes a Request, which always encodes.
+func mustJSON(req Request) []byte {
+	b, err := MarshalJSON(req)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

@@ -204,3 +204,16 @@ func (c *Conn) ReadBody(w io.Writer, limit int64) (int64, error) {
 
 // ErrBodyTooLarge reports a file body over the caller's limit.
 var ErrBodyTooLarge = errors.New("agentproto: body too large")
+
+// Buffered returns (and consumes) what the Conn has read ahead of the
+// frames it returned: the first bytes of a raw stream that follows them.
+func (c *Conn) Buffered() []byte {
+	n := c.r.Buffered()
+	if n == 0 {
+		return nil
+	}
+	p, _ := c.r.Peek(n)
+	out := append([]byte(nil), p...)
+	c.r.Discard(n)
+	return out
+}

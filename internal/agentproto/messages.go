@@ -34,6 +34,17 @@ const (
 	// then an event fs per change, until the client closes the connection
 	// (no Done then), or a Done when the watched directory is removed.
 	OpFileWatch = "file.watch"
+
+	// OpPortConnect opens a TCP connection to Request.Port on the
+	// sandbox's loopback (127.0.0.1, else ::1): an event connected once it
+	// is open, after which the agent connection carries that TCP stream's
+	// bytes raw, both ways (no frames), until either side closes (a
+	// half-close is passed on). Nothing listening is a failed Done with
+	// CodeRefused, at once. Connect (client.go) is the host's side.
+	OpPortConnect = "port.connect"
+	// OpPortList lists the TCP ports listening inside the sandbox (from
+	// /proc/net/tcp and tcp6): Done.Ports.
+	OpPortList = "port.list"
 )
 
 // Event types.
@@ -54,6 +65,9 @@ const (
 	// what its own code did and may be forged by that code.
 	EventViolation = "violation"
 	EventDone      = "done" // the last event of every request
+	// EventConnected (port.connect) is the last frame of its connection:
+	// raw bytes of the TCP stream follow.
+	EventConnected = "connected"
 )
 
 // Event types of file.watch.
@@ -74,6 +88,7 @@ const (
 	CodeTooLarge    = "too_large"   // a body passed Request.Limit
 	CodeNoSpace     = "no_space"    // the sandbox's disk is full
 	CodeUnsupported = "unsupported" // unknown language or operation
+	CodeRefused     = "refused"     // port.connect: nothing listens on the port
 	CodeInternal    = "internal"    // anything else
 )
 
@@ -139,6 +154,8 @@ type Request struct {
 	// at. This is E2B's envd's way: it writes as root on the user's
 	// behalf. Other operations refuse it (CodeBadRequest).
 	Owner string `json:"owner,omitempty"`
+	// Port (port.connect) is the TCP port on the sandbox's loopback.
+	Port int `json:"port,omitempty"`
 }
 
 // Sandbox users a request may name (ProcessSpec.User, Request.User).
@@ -294,6 +311,15 @@ type Event struct {
 	Contexts  []ContextInfo `json:"contexts,omitempty"`
 	Processes []ProcessInfo `json:"processes,omitempty"`
 	Entries   []FileInfo    `json:"entries,omitempty"`
+	Ports     []PortInfo    `json:"ports,omitempty"` // port.list
+}
+
+// PortInfo is one listening TCP socket inside the sandbox (port.list).
+type PortInfo struct {
+	Port int `json:"port"`
+	// Address is the address it is bound to ("0.0.0.0", "127.0.0.1",
+	// "::", "::1", ...).
+	Address string `json:"address"`
 }
 
 // Result is one rich value produced by executed code, as MIME renderings.

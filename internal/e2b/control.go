@@ -127,6 +127,9 @@ type newSandbox struct {
 	Network             *struct {
 		AllowOut []string `json:"allowOut"`
 		DenyOut  []string `json:"denyOut"`
+		// AllowPublicTraffic false makes the ports need the traffic
+		// token (E2B-Traffic-Access-Token); E2B's default is true.
+		AllowPublicTraffic *bool `json:"allowPublicTraffic"`
 	} `json:"network"`
 	AutoPause    *bool           `json:"autoPause"`
 	MCP          json.RawMessage `json:"mcp"`
@@ -187,8 +190,17 @@ func (h *Handler) alias(sb *sandbox.Sandbox) string {
 func (h *Handler) sandboxOf(ctx context.Context, sb *sandbox.Sandbox) sandboxJSON {
 	a := h.alias(sb)
 	keyID, _ := ctx.Value(keyIDKey).(string)
-	return sandboxJSON{SandboxID: sb.ID, TemplateID: a, Alias: a, ClientID: clientID,
+	return sandboxJSON{SandboxID: sb.ID, TemplateID: a, Alias: a, ClientID: clientID, Domain: h.domain(),
 		EnvdVersion: EnvdVersion, EnvdAccessToken: h.issue(sb.ID, keyID), TrafficAccessToken: h.trafficToken(sb.ID, keyID)}
+}
+
+// domain is the domain sandboxes report (nil: none, so the SDK uses its own).
+func (h *Handler) domain() *string {
+	if h.cfg.Domain == "" {
+		return nil
+	}
+	d := h.cfg.Domain
+	return &d
 }
 
 func (h *Handler) listedOf(sb *sandbox.Sandbox) listedJSON {
@@ -246,11 +258,12 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 	if err != nil {
 		return err
 	}
+	h.mu.Lock()
 	if req.TemplateID != "" {
-		h.mu.Lock()
 		h.aliases[sb.ID] = req.TemplateID
-		h.mu.Unlock()
 	}
+	h.traffic[sb.ID] = req.Network == nil || req.Network.AllowPublicTraffic == nil || *req.Network.AllowPublicTraffic
+	h.mu.Unlock()
 	h.sampleMetrics(sb)
 	writeJSON(w, http.StatusCreated, h.sandboxOf(r.Context(), sb))
 	return nil
@@ -297,7 +310,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request, owner string) erro
 		return err
 	}
 	keyID, _ := r.Context().Value(keyIDKey).(string)
-	d := detailJSON{listedJSON: h.listedOf(sb), EnvdAccessToken: h.issue(sb.ID, keyID), AllowInternetAccess: sb.NetworkMode() != policy.NetworkNone}
+	d := detailJSON{listedJSON: h.listedOf(sb), Domain: h.domain(), EnvdAccessToken: h.issue(sb.ID, keyID), AllowInternetAccess: sb.NetworkMode() != policy.NetworkNone}
 	d.Lifecycle.OnTimeout = "kill"
 	writeJSON(w, http.StatusOK, d)
 	return nil

@@ -15,7 +15,10 @@
 //     authenticated with the sandbox's access token (X-Access-Token) or, for
 //     /files, a signed URL;
 //   - 49999: the code interpreter: POST /execute streaming NDJSON, and
-//     /contexts.
+//     /contexts;
+//   - any other port: Config.Ports, the server's preview proxy to that
+//     port inside the sandbox, under E2B's traffic rules (PublicTraffic,
+//     ValidTrafficToken).
 //
 // A request for a sandbox that is unknown, stopped or not the caller's gets
 // 502 {"sandboxId", "message": "The sandbox was not found", "code": 502},
@@ -110,6 +113,14 @@ type Config struct {
 	// one that stops reading breaks its stream, which interrupts the code
 	// [30s].
 	WriteTimeout time.Duration
+	// Domain is reported as every sandbox's domain, so that the SDKs'
+	// getHost(port) names {port}-{sandboxID}.{Domain} (the server's
+	// preview domain); "" reports none.
+	Domain string
+	// Ports serves E2b-Sandbox-Port traffic for ports other than envd's
+	// and the code interpreter's (the server's preview proxy, which asks
+	// PublicTraffic and ValidTrafficToken); nil answers 502.
+	Ports http.Handler
 }
 
 // Handler serves the E2B protocols.
@@ -128,6 +139,10 @@ type Handler struct {
 	counts   map[string]map[string]int    // sandbox id → context id → executions so far
 	watchers map[string]*pollWatcher      // watcher id → polling watcher
 	metrics  map[string]*metricsLog       // sandbox id → its metric samples
+	// traffic holds, for each sandbox created here, whether its ports
+	// take traffic without the traffic token (E2B's allowPublicTraffic,
+	// true unless the client said false).
+	traffic map[string]bool
 }
 
 // New returns a Handler over a backend.
@@ -146,7 +161,8 @@ func New(cfg Config, b Backend) *Handler {
 	}
 	h := &Handler{cfg: cfg, backend: b, key: make([]byte, 32),
 		aliases: map[string]string{}, issued: map[string]map[string]string{}, counts: map[string]map[string]int{}, watchers: map[string]*pollWatcher{},
-		metrics: map[string]*metricsLog{}}
+		metrics: map[string]*metricsLog{},
+		traffic: map[string]bool{}}
 	if _, err := rand.Read(h.key); err != nil {
 		panic(err) // crypto/rand never fails on Linux
 	}
@@ -190,7 +206,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case InterpreterPort:
 		h.interp.ServeHTTP(w, r)
 	default:
-		// Preview URLs for ports are not served yet.
+		if h.cfg.Ports != nil {
+			h.cfg.Ports.ServeHTTP(w, r)
+			return
+		}
 		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": r.Header.Get("E2b-Sandbox-Id"),
 			"message": "port " + port + " of the sandbox is not reachable", "code": http.StatusBadGateway})
 	}
@@ -245,6 +264,21 @@ func (h *Handler) validToken(id, tok string) bool { return h.validFor(id, tok, h
 // validTrafficToken is validToken for traffic tokens.
 func (h *Handler) validTrafficToken(id, tok string) bool { return h.validFor(id, tok, h.trafficToken) }
 
+// ValidTrafficToken reports whether tok is a traffic token (the SDKs'
+// E2B-Traffic-Access-Token) of sandbox id, issued to a key that is not
+// revoked and acts for the sandbox's owner.
+func (h *Handler) ValidTrafficToken(id, tok string) bool { return h.validTrafficToken(id, tok) }
+
+// PublicTraffic reports whether sandbox id was created through E2B's
+// control plane without network.allowPublicTraffic false: E2B's rule is
+// that such a sandbox's ports take traffic without a token. Sandboxes
+// created otherwise are not public here.
+func (h *Handler) PublicTraffic(id string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.traffic[id]
+}
+
 func (h *Handler) validFor(id, tok string, want func(id, keyID string) string) bool {
 	keyID, _, ok := strings.Cut(tok, ".")
 	if !ok || !valid(tok, want(id, keyID)) {
@@ -273,6 +307,7 @@ func (h *Handler) forget(id string) {
 	delete(h.issued, id)
 	delete(h.counts, id)
 	delete(h.metrics, id)
+	delete(h.traffic, id)
 	h.mu.Unlock()
 }
 
@@ -281,7 +316,10 @@ func (h *Handler) forget(id string) {
 // keeps stays as large as the set of live sandboxes.
 func (h *Handler) prune(ctx context.Context) {
 	h.mu.Lock()
-	ids := make([]string, 0, len(h.aliases)+len(h.issued)+len(h.counts)+len(h.metrics))
+	ids := make([]string, 0, len(h.aliases)+len(h.issued)+len(h.counts)+len(h.metrics)+len(h.traffic))
+	for id := range h.traffic {
+		ids = append(ids, id)
+	}
 	for id := range h.aliases {
 		ids = append(ids, id)
 	}

@@ -39,6 +39,8 @@ var (
 // agentClient talks to one sandbox's agent: one connection per request.
 type agentClient struct {
 	socket string
+	// observe, when set, is told each call's operation and duration.
+	observe func(op string, d time.Duration)
 }
 
 // callOptions say how one call reads its reply.
@@ -52,13 +54,14 @@ type callOptions struct {
 // Done that reports a failure becomes an *apierr.Error.
 func (c *agentClient) call(ctx context.Context, req agentproto.Request, body io.Reader,
 	h agentproto.Handlers, opt callOptions) (agentproto.Event, error) {
+	if c.observe != nil {
+		start := time.Now()
+		defer func() { c.observe(req.Op, time.Since(start)) }()
+	}
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unix", c.socket)
 	if err != nil {
-		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
-			return agentproto.Event{}, errAgentGone
-		}
-		return agentproto.Event{}, fmt.Errorf("dial agent: %w", err)
+		return agentproto.Event{}, dialErr(err)
 	}
 	dc := &deadlineConn{Conn: nc, idle: opt.idle}
 	defer dc.Close()
@@ -89,6 +92,15 @@ func (c *agentClient) call(ctx context.Context, req agentproto.Request, body io.
 		return done, agentError(done)
 	}
 	return done, nil
+}
+
+// dialErr classifies a failed dial of the agent's socket: refused or
+// missing means the agent is gone.
+func dialErr(err error) error {
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
+		return errAgentGone
+	}
+	return fmt.Errorf("dial agent: %w", err)
 }
 
 // ioErr classifies a failed call. A connection cut off or a reply that

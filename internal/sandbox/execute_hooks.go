@@ -32,6 +32,11 @@ func (s *Sandbox) Execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	if lang == "" && req.ContextID == "" {
 		lang = "python"
 	}
+	if lang == "" {
+		if l, ok := s.ctxLangs.Load(req.ContextID); ok {
+			lang = l.(string)
+		}
+	}
 	s.emit(events.ExecutionStarted, req.ID, map[string]any{"language": lang, "context_id": req.ContextID})
 	// The policy's output filtering (outfilter.go) sits between the
 	// execution and the caller.
@@ -43,16 +48,17 @@ func (s *Sandbox) Execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	if of != nil && ex != nil {
 		of.finish(ex)
 	}
-	s.executionFinished(req, ex, err, of)
+	s.executionFinished(req, lang, ex, err, of)
 	return ex, err
 }
 
 // executionFinished emits execution.finished, and resource_exceeded when
-// the execution hit a limit.
-func (s *Sandbox) executionFinished(req ExecuteRequest, ex *Execution, err error, of *outputFilter) {
+// the execution hit a limit. lang is the execution's language as far as
+// the host knows it ("" for a context it has not seen).
+func (s *Sandbox) executionFinished(req ExecuteRequest, lang string, ex *Execution, err error, of *outputFilter) {
 	if err != nil {
 		code := apierr.CodeOf(err)
-		s.emit(events.ExecutionFinished, req.ID, map[string]any{"status": "failed", "error_code": code})
+		s.emit(events.ExecutionFinished, req.ID, map[string]any{"status": "failed", "error_code": code, "language": lang})
 		if code == apierr.SandboxState && s.State() != StateRunning && s.Info().StopReason == reasonOOM {
 			s.mu.Lock()
 			peak := s.seen.memoryPeak
@@ -62,7 +68,7 @@ func (s *Sandbox) executionFinished(req ExecuteRequest, ex *Execution, err error
 		}
 		return
 	}
-	s.emit(events.ExecutionFinished, req.ID, map[string]any{"status": ex.Status, "error_code": ex.ErrorCode,
+	s.emit(events.ExecutionFinished, req.ID, map[string]any{"status": ex.Status, "error_code": ex.ErrorCode, "language": lang,
 		"duration_ms": ex.ExecutionTimeMS, "cpu_time_ms": ex.CPUTimeMS, "peak_memory_bytes": ex.PeakMemoryBytes})
 	var exceeded map[string]any
 	switch {

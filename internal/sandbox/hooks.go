@@ -27,6 +27,10 @@ type Hooks struct {
 	// left the running state and before the runtime destroys it: its
 	// cgroup can still be read (the last metering sample).
 	Stopping func(s *Sandbox)
+	// AgentCall observes each host→agent call: its operation and the time
+	// from request to Done (metrics). It must be cheap: it runs on every
+	// call's path.
+	AgentCall func(op string, d time.Duration)
 }
 
 // SetHooks installs hooks; later calls replace earlier ones. Safe to call
@@ -38,6 +42,13 @@ func (m *Manager) admit(s *Sandbox, w Work) error {
 		return h.Admit(s, w)
 	}
 	return nil
+}
+
+// agentCall reports a finished agent call to the AgentCall hook.
+func (m *Manager) agentCall(op string, d time.Duration) {
+	if h := m.hooks.Load(); h != nil && h.AgentCall != nil {
+		h.AgentCall(op, d)
+	}
 }
 
 func (m *Manager) stopping(s *Sandbox) {

@@ -301,7 +301,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	defer context.AfterFunc(m.ctx, cancel)()
 	inst, err := m.cfg.Runtime.Create(ctx, spec)
 	if err == nil {
-		s.agent = agentClient{socket: inst.Socket}
+		s.agent = agentClient{socket: inst.Socket, observe: m.agentCall}
 	}
 	close(s.created)
 	if err != nil {

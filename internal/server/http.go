@@ -27,7 +27,11 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 func (s *Server) routesInto(mux *http.ServeMux) {
 	add := func(pattern string, authed bool, h handlerFunc) {
 		s.routes = append(s.routes, pattern)
-		mux.Handle(pattern, s.endpoint(authed, h))
+		e := s.endpoint(authed, h)
+		mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			setRoute(r, pattern)
+			e.ServeHTTP(w, r)
+		}))
 	}
 	s.healthRoutes(add)
 	s.sandboxRoutes(add)
@@ -45,6 +49,8 @@ func (s *Server) routesInto(mux *http.ServeMux) {
 	s.modelRoutes(add)
 	s.sessionRoutes(add)
 	s.uiRoutes(add, mux)
+	s.portRoutes(add)
+	s.metricsRoutes(add)
 	// Anything else is a JSON 405 for a known path, else a JSON 404, not
 	// the mux's plain text.
 	mux.Handle("/", s.endpoint(false, func(w http.ResponseWriter, r *http.Request) error {
@@ -324,7 +330,27 @@ func (s *Server) requestID(next http.Handler) http.Handler {
 	})
 }
 
-type logInfo struct{ owner string }
+// logInfo is what handlers learn about a request for its log line and
+// metrics: filled in as they go (one request, one goroutine).
+type logInfo struct {
+	owner   string
+	sandbox string
+	route   string // the route's pattern, "preview" or "e2b"; "" for none (404, 405)
+}
+
+// setRoute records the route a request took.
+func setRoute(r *http.Request, route string) {
+	if li := logInfoFrom(r.Context()); li != nil {
+		li.route = route
+	}
+}
+
+// setSandbox records the sandbox a request is about.
+func setSandbox(r *http.Request, id string) {
+	if li := logInfoFrom(r.Context()); li != nil {
+		li.sandbox = id
+	}
+}
 
 func logInfoFrom(ctx context.Context) *logInfo {
 	li, _ := ctx.Value(keyLogInfo).(*logInfo)
@@ -369,10 +395,16 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		sw := &statusWriter{ResponseWriter: w}
 		li := &logInfo{}
 		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), keyLogInfo, li)))
+		d := time.Since(start)
+		route := li.route
+		if route == "" {
+			route = "other"
+		}
+		s.metrics.httpRequest(route, sw.status, d)
 		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request",
 			slog.String("request_id", requestIDFrom(r.Context())), slog.String("method", r.Method),
 			slog.String("path", r.URL.Path), slog.Int("status", sw.status), slog.Int64("bytes", sw.bytes),
-			slog.Duration("duration", time.Since(start)), slog.String("owner", li.owner))
+			slog.Duration("duration", d), slog.String("account", li.owner), slog.String("sandbox", li.sandbox))
 	})
 }
 

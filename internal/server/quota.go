@@ -25,7 +25,11 @@ type tenant struct {
 
 // installHooks connects the engine's hooks to the accounts.
 func (s *Server) installHooks() {
-	s.engine.SetHooks(sandbox.Hooks{Admit: s.admitWork, Stopping: s.sandboxStopping})
+	h := sandbox.Hooks{AgentCall: s.metrics.agentCallDone}
+	if !s.cfg.NoAccounting {
+		h.Admit, h.Stopping = s.admitWork, s.sandboxStopping
+	}
+	s.engine.SetHooks(h)
 }
 
 // admitWork is the engine's Admit hook: the account's executions per

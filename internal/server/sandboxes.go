@@ -205,11 +205,13 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	}
 
 	opt.Owner = own
+	start := time.Now()
 	sb, err := s.engine.Create(context.WithoutCancel(ctx), opt)
 	if err != nil {
 		release()
 		return nil, err
 	}
+	s.metrics.created(sb, time.Since(start))
 	s.started(sb, acct)
 	info := sb.Info()
 	out := sandboxFromInfo(info)
@@ -319,7 +321,9 @@ func notFound(id string) error {
 // or from before a restart) is ERR_SANDBOX_STATE with the reason it
 // stopped.
 func (s *Server) lookup(r *http.Request) (*box, error) {
-	return s.lookupID(r.Context(), owner(r), r.PathValue("id"))
+	id := r.PathValue("id")
+	setSandbox(r, id)
+	return s.lookupID(r.Context(), owner(r), id)
 }
 
 // lookupID is lookup for an owner and id.

@@ -51,6 +51,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -138,6 +139,12 @@ type Config struct {
 	// Models relays chat completions to the configured model providers
 	// (models.go); nil serves no model.
 	Models *llm.Relay
+	// PreviewDomain turns on the host form of preview URLs:
+	// {port}-{sandbox id}.{PreviewDomain} reaches that port inside the
+	// sandbox (a wildcard DNS name pointing at the server; "localhost"
+	// works without DNS). The path form /v1/sandboxes/{id}/proxy/{port}/
+	// works either way (preview.go).
+	PreviewDomain string
 }
 
 func (c *Config) setDefaults() {
@@ -222,6 +229,11 @@ type Server struct {
 	// keysMu guards keys, the E2B surface's cache of key states.
 	keysMu sync.Mutex
 	keys   map[string]keyState
+
+	e2b        *e2b.Handler
+	preview    *httputil.ReverseProxy // preview.go
+	previewKey []byte                 // signs preview tokens and URLs
+	metrics    *metrics
 }
 
 // box is what the server keeps about each live sandbox it created.
@@ -230,6 +242,7 @@ type box struct {
 	owner       string
 	execTimeout time.Duration // default (and longest) execution timeout; 0: the engine's
 	footprint   int64         // memory plus disk limit, in bytes: what admission counts
+	public      map[int]bool  // ports made public (preview.go); guarded by Server.mu
 }
 
 // New returns a Server over a store and an engine. It starts a goroutine
@@ -256,6 +269,12 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		log.Error("webhook allowed hosts", "err", err)
 		rules = []hostRule{{name: "\x00"}}
 	}
+	s.previewKey = make([]byte, 32)
+	if _, err := rand.Read(s.previewKey); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	s.metrics = newMetrics(s)
+	s.preview = s.newPreviewProxy()
 	s.hooks = newWebhooks(s, rules)
 	if st != nil {
 		if err := s.hooks.start(context.Background()); err != nil {
@@ -266,7 +285,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	mcfg.Logger = log
 	mcfg.AfterFlush = s.afterFlush
 	s.meter = metering.New(mcfg, st, s.accounts)
-	if !cfg.NoAccounting && m != nil {
+	if m != nil {
 		s.installHooks()
 	}
 	s.alertQ = make(chan store.Alert, 256)
@@ -276,16 +295,25 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		if s.bus != nil && !cfg.NoAccounting {
 			s.bus.OnEvent(s.onSecurityEvent)
 		}
+		if s.bus != nil {
+			s.bus.OnEvent(s.metrics.onEvent)
+		}
 	}
 	mux := http.NewServeMux()
 	s.routesInto(mux)
-	e2bHandler := e2b.New(e2b.Config{MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
-		WriteTimeout: streamWriteTimeout}, e2bBackend{s})
-	// The E2B protocols share the listener; their requests carry an
-	// E2b-Sandbox-Port header or use E2B's own paths.
+	s.e2b = e2b.New(e2b.Config{MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
+		WriteTimeout: streamWriteTimeout, Domain: cfg.PreviewDomain, Ports: http.HandlerFunc(s.e2bPreview)}, e2bBackend{s})
+	// Previews (by Host or path) and the E2B protocols (an
+	// E2b-Sandbox-Port header or E2B's own paths) share the listener.
 	top := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if t, ok := s.previewOf(r); ok {
+			setRoute(r, "preview")
+			s.servePreview(w, r, t)
+			return
+		}
 		if e2b.Handles(r) {
-			e2bHandler.ServeHTTP(w, r)
+			setRoute(r, "e2b")
+			s.e2b.ServeHTTP(w, r)
 			return
 		}
 		mux.ServeHTTP(w, r)
@@ -435,6 +463,8 @@ func (s *Server) bodyLimit(r *http.Request) int64 {
 	switch {
 	case e2b.IsStream(r):
 		return 0
+	case s.isPreview(r):
+		return 0 // streamed to the app, never held: the app bounds it
 	case e2b.IsUpload(r),
 		(r.Method == http.MethodPut || r.Method == http.MethodPost) && strings.HasPrefix(r.URL.Path, "/v1/sandboxes/") && strings.HasSuffix(r.URL.Path, "/files"):
 		return s.cfg.MaxUploadBytes + uploadFraming

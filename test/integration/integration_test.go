@@ -125,7 +125,7 @@ timeout_seconds = 30
 `, model.URL)), 0o600); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(s.bin, "--data-dir", dir, "serve", "--listen", addr, "--config", config)
+	cmd := exec.Command(s.bin, "--data-dir", dir, "serve", "--listen", addr, "--config", config, "--preview-domain", "localhost")
 	cmd.Env = append(os.Environ(), "SCRIPTED_MODEL_KEY=sk-scripted")
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log

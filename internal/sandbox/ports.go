@@ -1,0 +1,73 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+)
+
+// ErrNoListener reports that nothing listens on a port inside the sandbox.
+var ErrNoListener = errors.New("nothing listens on the port inside the sandbox")
+
+// portConnectTimeout bounds opening a port.connect (the agent's dial on
+// the loopback included) when ctx has no earlier deadline.
+const portConnectTimeout = 10 * time.Second
+
+// DialPort opens a TCP connection to port on the sandbox's loopback,
+// through its agent (the sandbox has no other interface the host could
+// reach). The returned connection carries the stream's bytes; closing it
+// closes the connection inside. Nothing listening is ErrNoListener, at
+// once. ctx bounds only the opening.
+func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
+	if err := s.running(); err != nil {
+		return nil, err
+	}
+	s.touch()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "unix", s.agent.socket)
+	if err != nil {
+		return nil, s.gone(dialErr(err))
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(portConnectTimeout)
+	}
+	nc.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
+	ev, err := agentproto.Connect(nc, agentproto.Request{Op: agentproto.OpPortConnect, Port: port})
+	if !stop() || err != nil || ev.Type != agentproto.EventConnected {
+		nc.Close()
+		switch {
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case err != nil:
+			return nil, s.gone(s.agent.ioErr(err))
+		case ev.Code == agentproto.CodeRefused:
+			return nil, fmt.Errorf("port %d: %w", port, ErrNoListener)
+		}
+		return nil, agentError(ev)
+	}
+	nc.SetDeadline(time.Time{})
+	return nc, nil
+}
+
+// Ports lists the TCP ports listening inside the sandbox.
+func (s *Sandbox) Ports(ctx context.Context) ([]agentproto.PortInfo, error) {
+	var done agentproto.Event
+	if err := s.do(ctx, agentproto.Request{Op: agentproto.OpPortList}, nil, nil, nil, &done); err != nil {
+		return nil, err
+	}
+	return done.Ports, nil
+}
+
+// touch records activity (a preview connection opened), which keeps an
+// idle timeout from stopping the sandbox.
+func (s *Sandbox) touch() {
+	s.mu.Lock()
+	s.lastActive = time.Now()
+	s.mu.Unlock()
+}
