@@ -6,8 +6,10 @@
 //
 // Imports: internal/engine (to open the host's engine, as serve does),
 // internal/sandbox, internal/config, internal/template, internal/policy,
-// internal/egress and internal/agentproto for its scenarios, the Go SDK
-// (client) to drive the server, and the standard library.
+// internal/egress and internal/agentproto for its scenarios,
+// internal/llm/llmtest (a scripted model provider for the sessions
+// scenario), the Go SDK (client) to drive the server, and the standard
+// library.
 package bench
 
 import (
