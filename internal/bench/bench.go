@@ -133,6 +133,7 @@ type benchResults struct {
 	Scenarios  map[string]stat    `json:"scenarios"`
 	Throughput []throughputResult `json:"throughput"`
 	Density    *density           `json:"density,omitempty"`
+	Preview    *previewResult     `json:"preview,omitempty"`
 	Targets    []target           `json:"targets"`
 	Notes      []string           `json:"notes,omitempty"`
 	PoolStats  *client.PoolStats  `json:"pool_stats,omitempty"`
@@ -211,6 +212,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		{"Black-Friday ticket", b.blackFriday},
 		{"chat completion relay", b.relayOverhead},
 		{"Black-Friday tickets via sessions", b.sessionTicketsRun},
+		{"preview", b.preview},
 		{"throughput", b.throughput},
 		{"density", b.density},
 	}
@@ -983,6 +985,10 @@ func (r *benchResults) evaluate() {
 			add("executions/s at 8 clients", t.PerSecond, 300, "/s", false)
 		}
 	}
+	if p := r.Preview; p != nil {
+		add("preview GET − direct, p50", p.Proxied.P50-p.Direct.P50, 1, "ms", true)
+		add("preview GETs/s", p.ProxiedRPS, 2000, "/s", false)
+	}
 	if r.Density != nil {
 		add("idle sandbox without its kernel", r.Density.NoKernelMiB, 30, "MiB", true)
 	}
@@ -1044,6 +1050,10 @@ func (r *benchResults) print(w io.Writer) {
 		fmt.Fprintf(w, "\nmemory per idle sandbox (cgroup, median of %d): %.1f MiB without a kernel, %.1f MiB with python, %.1f MiB as a pool member (pandas, numpy, matplotlib)\n",
 			d.Sandboxes, d.NoKernelMiB, d.PythonMiB, d.PooledMiB)
 		fmt.Fprintf(w, "idle sandboxes in 8 GiB: %d with python, %d preloaded\n", d.FitIn8GiB, d.FitIn8GiBPreload)
+	}
+	if p := r.Preview; p != nil {
+		fmt.Fprintf(w, "\npreview: %d clients: %.0f GETs/s through the preview (%d errors), %.0f/s direct inside the sandbox\n",
+			p.Clients, p.ProxiedRPS, p.Errors, p.DirectRPS)
 	}
 	if p := r.PoolStats; p != nil {
 		fmt.Fprintf(w, "warm pool: size %d, %d hits, %d misses\n", p.Size, p.Hits, p.Misses)
