@@ -184,6 +184,13 @@ test('sudo works for user without a password, with sudo\'s environment rules, an
   assert.equal((await sbx.commands.run('sudo printenv SF_SCOPED || printenv SF_SCOPED || echo unset')).stdout, 'unset\n')
   assert.equal((await sbx.commands.run('sudo sh -c \'echo $HOME $USER $SUDO_USER\'')).stdout, '/root root user\n')
 
+  // Only user and root may: another user of the sandbox is refused.
+  const guest = await sbx.commands
+    .run('setpriv --reuid 1001 --regid 1001 --clear-groups sudo id -u', { user: 'root' })
+    .catch((e) => e)
+  assert.equal(guest.exitCode, 1)
+  assert.match(guest.stderr, /not in the sudoers file/)
+
   // No setuid anywhere: sudo is an ordinary file, and root under sudo
   // still has no_new_privs and the sandbox's seccomp filter.
   assert.doesNotMatch((await sbx.commands.run('stat -c %A "$(command -v sudo)"')).stdout, /s/)
