@@ -31,6 +31,11 @@ var (
 	// stay open (held by its own background children) before Done is sent
 	// anyway. The rest of their output is read and discarded.
 	drainGrace = 200 * time.Millisecond
+	// drainMax bounds how long Done waits, past drainGrace, for output
+	// still unread in the pipes: what the process wrote before it exited,
+	// which a pump not scheduled in time (a loaded host, a throttled
+	// sandbox) has not read yet.
+	drainMax = 5 * time.Second
 	// finishedRetention is how long a finished process's Done stays
 	// available to process.connect (for a client racing the exit).
 	finishedRetention = 10 * time.Second
@@ -586,6 +591,22 @@ func control(f *os.File, fn func(fd int) error) error {
 	return ferr
 }
 
+// unread reports whether output waits unread in the process's pipes (or
+// terminal).
+func (p *process) unread() bool {
+	for _, f := range p.outputs {
+		n := 0
+		control(f, func(fd int) error {
+			n, _ = unix.IoctlGetInt(fd, unix.TIOCINQ) // FIONREAD; an error (closed: read to its end) leaves 0
+			return nil
+		})
+		if n > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // processResize changes the size of a process's terminal.
 func (s *server) processResize(req *agentproto.Request) agentproto.Event {
 	p := s.procs.get(req.PID)
@@ -644,9 +665,18 @@ func (s *server) reap(p *process) {
 	p.closeStdin()
 
 	grace := time.NewTimer(drainGrace)
-	select {
-	case <-p.pumpsDone:
-	case <-grace.C:
+drain:
+	for {
+		select {
+		case <-p.pumpsDone:
+			break drain
+		case <-grace.C:
+			if time.Since(end) < drainMax && p.unread() {
+				grace.Reset(drainGrace)
+				continue
+			}
+			break drain
+		}
 	}
 	grace.Stop()
 
