@@ -42,7 +42,10 @@ test('pty: create, sendInput, resize, connect, kill', T, async () => {
   assert.ok(await eventually(() => /second-42/.test(seen)), `connected stream: ${JSON.stringify(seen)}`)
 
   // Ctrl-C reaches the foreground job through the terminal.
-  await sbx.pty.sendInput(term.pid, enc.encode('sleep 30; echo slept\n'))
+  await sbx.pty.sendInput(term.pid, enc.encode('sleep 31; echo slept\n'))
+  // Once the job runs (a ^C typed before that would go to the shell).
+  const running = await eventually(async () => (await sbx.commands.run('pgrep -fx "sleep 31" || true')).stdout.trim())
+  assert.ok(running, 'the sleep did not start')
   await sbx.pty.sendInput(term.pid, new Uint8Array([3]))
   await sbx.pty.sendInput(term.pid, enc.encode('echo after-$((1+1))\n'))
   assert.ok(await eventually(() => /after-2/.test(out), { timeoutMs: 10_000 }), `after ^C: ${JSON.stringify(out.slice(-300))}`)
