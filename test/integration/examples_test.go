@@ -50,11 +50,11 @@ func TestExampleBlackFriday(t *testing.T) {
 	t.Logf("%s", lastLines([]byte(out), 2))
 }
 
-// TestExampleBlackFridayConcurrent: 8 clients, each with its own session,
-// answer tickets at once with none failed.
+// TestExampleBlackFridayConcurrent: 4 clients, each with its own session,
+// answer tickets at once with none failed (sheepfold bench sends 200 from 8).
 func TestExampleBlackFridayConcurrent(t *testing.T) {
 	s := start(t)
-	out := runExample(t, s, "examples/black_friday.py", "--out", t.TempDir(), "--quiet", "--repeat", "5", "--concurrency", "8")
+	out := runExample(t, s, "examples/black_friday.py", "--out", t.TempDir(), "--quiet", "--repeat", "5", "--concurrency", "4")
 	if !regexp.MustCompile(`(?m)^20 tickets in .* 0 failed`).MatchString(out) {
 		t.Fatalf("output:\n%s", out)
 	}
@@ -73,6 +73,24 @@ func TestExamplePolicyMonitor(t *testing.T) {
 		"alert ", "session stopped",
 	} {
 		if !strings.Contains(out, want) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+}
+
+// TestExampleGo runs the Go example (examples/session).
+func TestExampleGo(t *testing.T) {
+	s := start(t)
+	cmd := exec.Command("go", "run", "./examples/session")
+	cmd.Dir = "../.."
+	cmd.Env = append(os.Environ(), "SHEEPFOLD_API_KEY="+s.key, "SHEEPFOLD_URL="+s.url+"/v1", "SHEEPFOLD_MODEL=scripted")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go run ./examples/session: %v\n%s", err, out)
+	}
+	for _, want := range []string{"blocked: ERR_MODULE_BLOCKED Module 'os' is blocked by security policy",
+		"step 1 ran: 3\n", "answer: Result: 3\n1 executions"} {
+		if !strings.Contains(string(out), want) {
 			t.Errorf("no %q in:\n%s", want, out)
 		}
 	}

@@ -12,6 +12,8 @@ import (
 //   - a prompt "RUN:\n<code>" calls run_code with the code; "FENCE:\n<code>"
 //     answers with the code in a Python fence; "SAY: <text>" answers text;
 //     "HANG" never answers;
+//   - "How many distinct orders are in orders.csv?" (examples/session)
+//     counts them with the csv module;
 //   - a Black Friday ticket (examples/black_friday.py) gets the pandas code
 //     an analyst would write, fenced, as the seeds' models answer;
 //   - anything else gets "I cannot help with that."
@@ -44,6 +46,9 @@ func Brain(req Request) Reply {
 		return Text(strings.TrimPrefix(prompt, "SAY: "))
 	case prompt == "HANG":
 		return Reply{Hang: true}
+	}
+	if strings.Contains(prompt, "distinct orders") {
+		return RunCode("import csv\nprint(len({r['order_id'] for r in csv.DictReader(open('orders.csv'))}))")
 	}
 	if code, ok := blackFriday(prompt); ok {
 		return Fenced("python", code)
