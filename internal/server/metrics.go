@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/lang"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
@@ -139,20 +140,49 @@ func (m *metrics) onEvent(e events.Event) {
 	}
 	switch e.Type {
 	case events.ExecutionFinished:
-		lang := str("language")
-		m.executions.WithLabelValues(str("status"), lang).Inc()
+		lang := bounded(str("language"), knownLanguages)
+		m.executions.WithLabelValues(bounded(str("status"), knownStatuses), lang).Inc()
 		if ms, ok := number(e.Details["duration_ms"]); ok {
 			m.execSeconds.WithLabelValues(lang).Observe(ms / 1000)
 		}
 	case events.ResourceExceeded:
-		res := str("resource")
+		res := bounded(str("resource"), knownResources)
 		m.exceeded.WithLabelValues(res).Inc()
 		if res == events.ResourceMemory {
 			m.oomKills.Inc()
 		}
 	case events.SecurityViolation:
-		m.violations.WithLabelValues(str("kind")).Inc()
+		m.violations.WithLabelValues(bounded(str("kind"), knownKinds)).Inc()
 	}
+}
+
+// Label values taken from events are limited to these sets: some are
+// reported from inside the sandbox (a violation's kind, a resource, a
+// context's language) and code there could otherwise make up a new
+// series per report. Anything else counts as "other".
+var (
+	knownLanguages = set(lang.Python, lang.JavaScript, lang.TypeScript, lang.Bash)
+	knownStatuses  = set(sandbox.ExecSuccess, sandbox.ExecError, sandbox.ExecTimeout, "failed")
+	knownResources = set(events.ResourceCPUTime, events.ResourceWallTime, events.ResourceMemory, events.ResourceDisk,
+		events.ResourceOutput, events.ResourceNetworkRequests, events.ResourcePids)
+	knownKinds = set(events.KindModuleBlocked, events.KindSubprocessDenied, events.KindNetworkDenied, events.KindDNSDenied,
+		events.KindPathDenied, events.KindSyscallDenied)
+)
+
+func set(vs ...string) map[string]bool {
+	m := make(map[string]bool, len(vs))
+	for _, v := range vs {
+		m[v] = true
+	}
+	return m
+}
+
+// bounded is v when it is one of known, else "other".
+func bounded(v string, known map[string]bool) string {
+	if known[v] {
+		return v
+	}
+	return "other"
 }
 
 // number reads a JSON-able number of an event's details (its own type

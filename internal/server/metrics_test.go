@@ -88,13 +88,17 @@ func TestMetrics(t *testing.T) {
 	want(t, e.get("GET", "", "/v1/sandboxes/"+id+"/proxy/"+strconv.Itoa(app.port)+"/", "Sheepfold-Preview-Token", tok), http.StatusOK, "")
 	e.bus.Emit(events.Event{Type: events.SecurityViolation, SandboxID: id, Details: map[string]any{"kind": events.KindModuleBlocked}})
 	e.bus.Emit(events.Event{Type: events.ResourceExceeded, SandboxID: id, Details: map[string]any{"resource": events.ResourceMemory}})
+	// Kinds are reported from inside the sandbox: a made-up one is "other",
+	// never a new series.
+	e.bus.Emit(events.Event{Type: events.SecurityViolation, SandboxID: id, Details: map[string]any{"kind": "made-up-by-code-1"}})
 
 	// Counters fed by the event bus move once it has delivered.
 	var after map[string]*dto.MetricFamily
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		after = e.scrape(admin)
-		if value(after, "sheepfold_resource_exceeded_total", "resource", "memory") == 1 || time.Now().After(deadline) {
+		// The made-up kind was emitted last; the bus delivers in order.
+		if value(after, "sheepfold_security_violations_total", "kind", "other") >= 1 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond) // polling the scrape: the bus delivers on its own goroutine
@@ -119,10 +123,14 @@ func TestMetrics(t *testing.T) {
 		{"sheepfold_security_violations_total", []string{"kind", "module_blocked"}, 1},
 		{"sheepfold_resource_exceeded_total", []string{"resource", "memory"}, 1},
 		{"sheepfold_oom_kills_total", nil, 1},
+		{"sheepfold_security_violations_total", []string{"kind", "other"}, 1},
 	} {
 		if got, was := value(after, c.name, c.labels...), value(before, c.name, c.labels...); got-was < c.min {
 			t.Errorf("%s%v: %v before, %v after; want it up by %v", c.name, c.labels, was, got, c.min)
 		}
+	}
+	if value(after, "sheepfold_security_violations_total", "kind", "made-up-by-code-1") != 0 {
+		t.Fatal("a kind made up inside the sandbox became a label value")
 	}
 	want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
 	if v := value(e.scrape(admin), "sheepfold_sandboxes", "state", "running"); v != 0 {

@@ -39,7 +39,8 @@
 // internal/account (limits and balances), internal/metering,
 // internal/policy, internal/llm (the model relay), internal/apierr, internal/e2b, internal/mcpserver (the
 // /mcp endpoint, with a Go SDK client that calls this server in process),
-// internal/agentproto, internal/runtime (limits), internal/ui (the
+// internal/agentproto, internal/runtime (limits), internal/lang (metric
+// labels), internal/ui (the
 // dashboard's embedded front end) and api (the OpenAPI document). Never a runtime implementation: the engine is handed in.
 package server
 
