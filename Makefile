@@ -6,10 +6,10 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 PYTHON := /usr/bin/python3
 export SHEEPFOLD_DATA_DIR := $(DATA_DIR)
 
-.PHONY: help setup build template run test test-unit lint proto bench clean ui ui-check
+.PHONY: help setup build template run test test-unit test-cgroupv2 lint proto bench deb install clean ui ui-check
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 setup: ## install host packages and build the pinned runc (idempotent)
 	@scripts/setup.sh
@@ -57,6 +57,25 @@ test: template lint ui-check ## everything: unit, privileged (as root), SDK and 
 	$(PYTHON) -m unittest discover -s sdk/python/tests
 	go test -count=1 -timeout 40m ./...
 	go test -race -count=1 -timeout 30m $(RACE_PKGS)
+
+test-cgroupv2: template deb ## the engine's privileged tests, limits and the installed .deb's service in a qemu guest: Debian, systemd, pure cgroup v2 (test/cgroupv2)
+	test/cgroupv2/run.sh
+
+NFPM := github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.48.0
+DEB_VERSION := 0.0~$(subst -,.,$(VERSION))
+deb: setup build ## bin/sheepfold.deb: both binaries, the pinned runc, sheepfold.service, /etc/sheepfold/config.toml (nfpm from the Go proxy)
+	GOBIN=$(CURDIR)/bin/tools go install $(NFPM)
+	install -m 0755 $(DATA_DIR)/bin/runc bin/runc
+	SHEEPFOLD_DEB_VERSION=$(DEB_VERSION) bin/tools/nfpm package --packager deb --config packaging/nfpm.yaml --target bin/sheepfold.deb
+
+PREFIX ?= /usr/local
+install: setup build ## sheepfold and the agent into $(PREFIX)/bin, the pinned runc, sheepfold.service and /etc/sheepfold/config.toml; enables and starts the service
+	install -D -m 0755 bin/sheepfold $(PREFIX)/bin/sheepfold
+	install -D -m 0755 bin/sheepfold-agent $(PREFIX)/bin/sheepfold-agent
+	install -D -m 0755 $(DATA_DIR)/bin/runc $(PREFIX)/lib/sheepfold/runc
+	sed 's#/usr/#$(PREFIX)/#g' packaging/sheepfold.service >/etc/systemd/system/sheepfold.service
+	test -e /etc/sheepfold/config.toml || install -D -m 0644 packaging/config.toml /etc/sheepfold/config.toml
+	packaging/postinst configure
 
 BENCH_FLAGS ?=
 bench: template ## a real `sheepfold serve` against host/runc/bwrap baselines (BENCHMARKS.md); also writes bench.json

@@ -179,6 +179,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	// leftovers, and servers of different data dirs stay apart.
 	cmd.Flags().StringVar(&instance, "instance", "", "engine instance name: state directory and cgroup of this server's sandboxes (default: server-<hash of the data dir>)")
 	cmd.Flags().MarkHidden("instance")
+	cmd.Flags().StringVar(&cfg.CgroupRoot, "cgroup-root", "",
+		"cgroup under which sandboxes' cgroups are made, e.g. / for the hierarchy's root (default: on cgroup v2 under systemd, the service's own delegated cgroup (Delegate=yes); else /)")
 	// Accounts: the default limits of every account (each may override
 	// them: sheepfold accounts set-limits), credits and prices.
 	limits = addLimitFlags(cmd.Flags(), "account-", "default per account: ")

@@ -21,6 +21,11 @@ type Config struct {
 	// AgentPath is the static agent binary mounted into every sandbox.
 	// [sheepfold-agent beside this executable, else DataDir/bin/sheepfold-agent; SHEEPFOLD_AGENT]
 	AgentPath string
+	// CgroupRoot is the cgroup under which sandboxes' cgroups are made
+	// ("/" the hierarchy's root). Empty chooses: the service's own
+	// delegated cgroup under systemd on cgroup v2, else the root (see
+	// oci.Config.CgroupRoot). [auto; serve --cgroup-root]
+	CgroupRoot string
 }
 
 // FromEnv returns the defaults overridden by the environment.

@@ -29,7 +29,7 @@ func Open(ctx context.Context, cfg config.Config, instance string, idle time.Dur
 	opts ...func(*sandbox.Config)) (*Engine, error) {
 	rt, err := oci.New(oci.Config{
 		RuntimePath: cfg.RuntimePath, StateDir: cfg.StateDir(), AgentBin: cfg.AgentPath,
-		Instance: instance, Logger: log,
+		Instance: instance, CgroupRoot: cfg.CgroupRoot, Logger: log,
 	})
 	if err != nil {
 		return nil, err

@@ -38,7 +38,8 @@ func runcRuntime(t testing.TB) (rt *oci.OCI, noLeaks func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return rt, func() { assertNoLeaks(t, state, instance) }
+	cgroup := rt.CgroupPath()
+	return rt, func() { assertNoLeaks(t, state, instance, cgroup) }
 }
 
 // runcEngine is a Manager on the real runc runtime with its own state dir
@@ -77,15 +78,16 @@ func runcEngine(t testing.TB, opts ...func(*sandbox.Config)) *sandbox.Manager {
 	return m
 }
 
-// assertNoLeaks checks the host for anything of one engine instance.
-func assertNoLeaks(t testing.TB, state, instance string) {
+// assertNoLeaks checks the host for anything of one engine instance, whose
+// cgroup is cgroup in each hierarchy.
+func assertNoLeaks(t testing.TB, state, instance, cgroup string) {
 	t.Helper()
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	if bytes.Contains(mounts, []byte(state)) {
 		t.Errorf("mounts left under %s", state)
 	}
 	for _, m := range []string{"memory", "pids", "cpu", "freezer", "unified", ""} {
-		d := filepath.Join("/sys/fs/cgroup", m, testCgroupParent, instance)
+		d := filepath.Join("/sys/fs/cgroup", m, cgroup)
 		if _, err := os.Stat(d); err == nil {
 			t.Errorf("cgroup left: %s", d)
 		}

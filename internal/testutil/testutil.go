@@ -64,9 +64,17 @@ var (
 
 // AgentBin builds the static agent once per test binary and returns its
 // path. The file lives in a directory that every uid may traverse, so the
-// sandbox's unprivileged root can reach its bind mount.
+// sandbox's unprivileged root can reach its bind mount. Where there is no Go
+// toolchain (the cgroup v2 guest runs compiled test binaries),
+// SHEEPFOLD_AGENT_BIN names a built agent instead.
 func AgentBin(t testing.TB) string {
 	t.Helper()
+	if p := os.Getenv("SHEEPFOLD_AGENT_BIN"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("SHEEPFOLD_AGENT_BIN: %v", err)
+		}
+		return p
+	}
 	agentOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "sheepfold-agent-")
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -313,4 +314,90 @@ func readKey(path, key string) int64 {
 		}
 	}
 	return 0
+}
+
+// supervisorLeaf is the cgroup, in a delegated one, that the engine's own
+// process moves into (see cgroupRoot).
+const supervisorLeaf = "supervisor"
+
+// cgroupRoot returns the cgroup under which the engine makes its own:
+// root as configured, or, when root is empty, the one this process may
+// manage. On cgroup v2 that is the cgroup systemd delegated to its service
+// (Delegate=yes, which systemd marks with a trusted.delegate or
+// user.delegate attribute) or the root of a private cgroup namespace (a
+// container's): sandboxes then live inside the service, as systemd's
+// delegation contract asks (systemd owns the hierarchy's root and may
+// rewrite its subtree_control, and stopping the service reaches the
+// sandboxes). A cgroup with processes in it cannot give controllers to its
+// children ("no internal processes"), so this process first moves itself
+// into the leaf <delegated>/supervisor. Anywhere else (cgroup v1, a shell's
+// session) it is the hierarchy's root, "/".
+func cgroupRoot(root string) (string, error) {
+	if root != "" {
+		return root, nil
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/cgroup", &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		return "/", nil
+	}
+	own, err := ownCgroup()
+	if err != nil {
+		return "", err
+	}
+	d, ok := delegatedCgroup(own)
+	if !ok {
+		return "/", nil
+	}
+	if own == d {
+		leaf := filepath.Join("/sys/fs/cgroup", d, supervisorLeaf)
+		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return "", fmt.Errorf("make the server's leaf cgroup: %w", err)
+		}
+		// "0" is the writer: the whole process, every thread, moves.
+		if err := cg.WriteFile(leaf, "cgroup.procs", "0"); err != nil {
+			return "", fmt.Errorf("move into the leaf cgroup %s: %w", leaf, err)
+		}
+	}
+	return d, nil
+}
+
+// ownCgroup reads this process's cgroup v2 path from /proc/self/cgroup.
+func ownCgroup() (string, error) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(line, "0::"); ok {
+			return p, nil
+		}
+	}
+	return "", errors.New("no cgroup v2 entry in /proc/self/cgroup")
+}
+
+// delegatedCgroup returns own, or its parent when own is our supervisor
+// leaf, if that cgroup was delegated to this process: marked so by
+// systemd, or the root of a private cgroup namespace (which, unlike the
+// hierarchy's real root, has a cgroup.type file). Cgroups further up are
+// not ours even when delegated (a user's systemd instance).
+func delegatedCgroup(own string) (string, bool) {
+	cands := []string{own}
+	if path.Base(own) == supervisorLeaf {
+		cands = append(cands, path.Dir(own))
+	}
+	for _, c := range cands {
+		dir := filepath.Join("/sys/fs/cgroup", c)
+		for _, attr := range []string{"trusted.delegate", "user.delegate"} {
+			var v [8]byte
+			if n, err := unix.Getxattr(dir, attr, v[:]); err == nil && string(v[:n]) == "1" {
+				return c, true
+			}
+		}
+		if c == "/" {
+			if _, err := os.Stat("/sys/fs/cgroup/cgroup.type"); err == nil {
+				return c, true
+			}
+		}
+	}
+	return "", false
 }

@@ -2,7 +2,9 @@ package oci
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
+	"path"
 	"path/filepath"
 )
 
@@ -62,9 +64,15 @@ type Config struct {
 	// AgentBin is the host path of the static agent binary, bind-mounted
 	// read-only into every sandbox.
 	AgentBin string
-	// CgroupParent names the cgroup under which every sandbox gets its own;
-	// default "sheepfold".
+	// CgroupParent names the cgroup, under CgroupRoot, in which each
+	// instance has one with a cgroup per sandbox; default "sheepfold".
 	CgroupParent string
+	// CgroupRoot is the cgroup (a path in the hierarchy, "/" its root)
+	// under which CgroupParent is made. Empty chooses (cgroupRoot): on
+	// cgroup v2, the cgroup systemd delegated to this process's service
+	// (Delegate=yes) or the root of a private cgroup namespace, after
+	// moving this process into a leaf of it; otherwise "/".
+	CgroupRoot string
 	// IDMap is the host id range templates are built with (their files'
 	// owners); default DefaultIDMap. Sandboxes' ranges (of IDMap.Size
 	// ids each) follow it.
@@ -94,6 +102,9 @@ func (c *Config) setDefaults() error {
 	}
 	if !validID(c.CgroupParent) || !validID(c.Instance) {
 		return errors.New("oci: CgroupParent and Instance must be lowercase letters, digits and '-'")
+	}
+	if c.CgroupRoot != "" && (!path.IsAbs(c.CgroupRoot) || path.Clean(c.CgroupRoot) != c.CgroupRoot) {
+		return fmt.Errorf("oci: CgroupRoot %q is not a clean absolute cgroup path such as /system.slice/sheepfold.service", c.CgroupRoot)
 	}
 	if c.IDMap.Size == 0 {
 		c.IDMap = DefaultIDMap

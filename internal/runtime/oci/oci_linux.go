@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -100,7 +101,11 @@ func New(cfg Config) (*OCI, error) {
 // lock; then the locked file is no longer the one at the path, and we
 // start over.
 func open(cfg Config, ids *idRanges, ns nsTools) (*OCI, error) {
-	cg, err := detectCgroups(cfg.CgroupParent + "/" + cfg.Instance)
+	root, err := cgroupRoot(cfg.CgroupRoot)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", runtime.ErrUnsupported, err)
+	}
+	cg, err := detectCgroups(path.Join(root, cfg.CgroupParent, cfg.Instance)[1:])
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", runtime.ErrUnsupported, err)
 	}
@@ -265,6 +270,11 @@ func (o *OCI) Name() string { return filepath.Base(o.cfg.RuntimePath) }
 
 // CgroupMode says "v1" or "v2".
 func (o *OCI) CgroupMode() string { return o.cg.mode() }
+
+// CgroupPath is the cgroup (a path in each hierarchy) under which this
+// instance makes one per sandbox, e.g.
+// /system.slice/sheepfold.service/sheepfold/server-1a2b3c4d.
+func (o *OCI) CgroupPath() string { return "/" + o.cg.parent }
 
 func (o *OCI) bundle(id string) string { return filepath.Join(o.bundles, id) }
 

@@ -1,0 +1,182 @@
+//go:build cgroupv2guest
+
+// Package cgroupv2 is the end-to-end check that run.sh's guest runs against
+// the installed `sheepfold.service` on a pure cgroup v2 host with systemd:
+// sandboxes live in the service's delegated cgroup with their limits in
+// the v2 files, an OOM is reported as ERR_OUT_OF_MEMORY, pids and CPU
+// quota hold. It is built only with -tags cgroupv2guest (run.sh) and fails,
+// never skips, without the server it is pointed at.
+package cgroupv2
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/client"
+)
+
+// env returns a required setting of the guest's run.
+func env(t *testing.T, name string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		t.Fatalf("%s is not set: in-guest.sh sets it", name)
+	}
+	return v
+}
+
+// sandboxCgroups returns every cgroup directory named id.
+func sandboxCgroups(t *testing.T, id string) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir("/sys/fs/cgroup", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // cgroups come and go while we walk
+		}
+		if d.IsDir() && d.Name() == id {
+			out = append(out, p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func read(t *testing.T, dir, file string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func text(ex *client.Execution) string {
+	for _, r := range ex.Results {
+		if r.IsMainResult {
+			return r.Text
+		}
+	}
+	return ""
+}
+
+func TestServiceOnCgroupV2(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c := client.New(env(t, "SHEEPFOLD_URL"), env(t, "SHEEPFOLD_API_KEY"))
+	service := env(t, "SHEEPFOLD_SERVICE_CGROUP") // e.g. /system.slice/sheepfold.service
+
+	v, err := c.Version(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Cgroups != "v2" {
+		t.Fatalf("server reports cgroups %q, want v2", v.Cgroups)
+	}
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Timeout: 10 * time.Minute,
+		Resources: &client.Resources{MemoryMB: 256, Pids: 64, CPUs: 0.5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Kill(context.Background(), sb.ID)
+
+	ex, err := c.Execute(ctx, sb.ID, client.ExecuteRequest{Code: "1+1"})
+	if err != nil || text(ex) != "2" {
+		t.Fatalf("1+1: %v %+v", err, ex)
+	}
+
+	// One cgroup, inside the service's delegated one, with the limits.
+	dirs := sandboxCgroups(t, sb.ID)
+	if len(dirs) != 1 || !strings.HasPrefix(dirs[0], "/sys/fs/cgroup"+service+"/") {
+		t.Fatalf("sandbox cgroups %v, want one under %s", dirs, service)
+	}
+	dir := dirs[0]
+	t.Logf("sandbox cgroup %s", dir)
+	for file, want := range map[string]string{
+		"memory.max": strconv.Itoa(256 << 20),
+		"pids.max":   "64",
+		"cpu.max":    "50000 100000",
+	} {
+		if got := read(t, dir, file); got != want {
+			t.Errorf("%s = %q, want %q", file, got, want)
+		}
+	}
+
+	t.Run("pids", func(t *testing.T) {
+		ex, err := c.Execute(ctx, sb.ID, client.ExecuteRequest{Code: `
+import os, time
+kids = []
+try:
+    for _ in range(200):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        kids.append(pid)
+    refused = False
+except (BlockingIOError, OSError):
+    refused = True
+for pid in kids:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+(refused, len(kids))`})
+		if err != nil || !strings.HasPrefix(text(ex), "(True, ") {
+			t.Fatalf("forks past pids.max: %v %+v", err, ex)
+		}
+		n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(text(ex), "(True, "), ")"))
+		if n >= 64 {
+			t.Fatalf("%d forks with pids.max 64", n)
+		}
+	})
+
+	t.Run("cpu quota", func(t *testing.T) {
+		ex, err := c.Execute(ctx, sb.ID, client.ExecuteRequest{Code: `
+import time
+end = time.monotonic() + 3
+while time.monotonic() < end:
+    pass`})
+		if err != nil || ex.Status != client.StatusSuccess {
+			t.Fatalf("busy loop: %v %+v", err, ex)
+		}
+		// Half a CPU: at most about half the wall time on the CPU.
+		if ratio := ex.CPUTimeMS / ex.ExecutionTimeMS; ratio > 0.7 {
+			t.Fatalf("cpu %.0f ms in %.0f ms (%.2f) with cpus 0.5", ex.CPUTimeMS, ex.ExecutionTimeMS, ratio)
+		}
+		if thr := read(t, dir, "cpu.stat"); !strings.Contains(thr, "nr_throttled") || strings.Contains(thr, "nr_throttled 0\n") {
+			t.Fatalf("not throttled: %s", thr)
+		}
+	})
+
+	t.Run("out of memory", func(t *testing.T) {
+		ex, err := c.Execute(ctx, sb.ID, client.ExecuteRequest{Code: "a = []\nwhile True:\n    a.append(bytearray(16 << 20))", Timeout: 2 * time.Minute})
+		if err != nil || ex.ErrorCode != "ERR_OUT_OF_MEMORY" {
+			t.Fatalf("want ERR_OUT_OF_MEMORY: %v %+v", err, ex)
+		}
+		if ex.PeakMemoryBytes < 128<<20 {
+			t.Fatalf("peak memory %d after filling 256 MiB", ex.PeakMemoryBytes)
+		}
+		if n := read(t, dir, "memory.events"); !strings.Contains(n, "oom_kill ") || strings.Contains(n, "oom_kill 0\n") {
+			t.Fatalf("memory.events: %s", n)
+		}
+		ex, err = c.Execute(ctx, sb.ID, client.ExecuteRequest{Code: "'still ' + 'here'"})
+		if err != nil || text(ex) != "'still here'" {
+			t.Fatalf("sandbox unusable after OOM: %v %+v", err, ex)
+		}
+	})
+
+	if err := c.Kill(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("cgroup %s still there after kill: %v", dir, err)
+	}
+}

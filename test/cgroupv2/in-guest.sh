@@ -1,0 +1,116 @@
+#!/bin/bash
+# Runs inside the cgroup v2 guest (run.sh boots it), as root from
+# sheepfold-ci.service (Delegate=yes). /ci is the checkout (read-only),
+# /ci-out the outbox; the template's disk is /dev/vdb. Every step runs; the
+# exit status is non-zero when any failed.
+set -uo pipefail
+export SHEEPFOLD_DATA_DIR=/var/lib/sheepfold
+# run.sh may narrow the run for development (GUEST_STEPS="oci sandbox").
+[ -f /ci-out/env ] && . /ci-out/env
+STEPS=${GUEST_STEPS:-prepare leaf host oci sandbox doctor nocgroups e2e}
+failed=()
+t0=$(date +%s)
+
+step() {
+	local name=$1
+	shift
+	case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
+	echo "=== $name"
+	local s
+	s=$(date +%s)
+	if "$@"; then
+		echo "--- ok $name ($(($(date +%s) - s))s)"
+	else
+		echo "--- FAIL $name ($(($(date +%s) - s))s)"
+		failed+=("$name")
+	fi
+}
+
+# The host as a user's: the data dir, runc and the template, the ids
+# setup.sh reserves.
+prepare() {
+	mkdir -p $SHEEPFOLD_DATA_DIR/bin $SHEEPFOLD_DATA_DIR/templates/python /opt/ci &&
+		chmod 0711 $SHEEPFOLD_DATA_DIR &&
+		mount -o ro /dev/vdb $SHEEPFOLD_DATA_DIR/templates/python &&
+		cp /ci/bin/cgroupv2/* /opt/ci/ &&
+		chmod 0755 /opt/ci && install -m 0755 /ci/bin/cgroupv2/runc $SHEEPFOLD_DATA_DIR/bin/runc &&
+		echo "root:1000000:$((65536 * 4097))" >>/etc/subuid &&
+		echo "root:1000000:$((65536 * 4097))" >>/etc/subgid
+}
+
+# This script and the unit's runner move into a leaf of the delegated
+# cgroup, as the engine does: a cgroup with processes in it cannot give
+# controllers to children ("no internal processes").
+leaf() {
+	local d=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup) p
+	mkdir -p "$d/ci" && for p in $(cat "$d/cgroup.procs"); do echo "$p" >"$d/ci/cgroup.procs" || return 1; done
+}
+
+# What this guest is: the point of the exercise.
+host() {
+	uname -r
+	systemctl --version | head -1
+	[ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ] || { echo "not pure cgroup v2"; return 1; }
+	echo "own cgroup: $(cat /proc/self/cgroup)"
+	echo "root controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
+	echo "delegated: $(cat "/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/cgroup.controllers")"
+	[ ! -d /sys/fs/cgroup/unified ] || { echo "hybrid layout"; return 1; }
+}
+
+# gotest PKG [go test flags]: a compiled test binary, run in its package's
+# source directory (testdata) and verbose enough to show what ran.
+gotest() {
+	local pkg=$1
+	shift
+	(cd "/ci/$pkg" && SHEEPFOLD_AGENT_BIN=/opt/ci/sheepfold-agent \
+		"/opt/ci/$(basename "$pkg").test" -test.v -test.count=1 -test.timeout=15m "$@" 2>&1 |
+		grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic|\s+\S+_test\.go)' | grep -v '^=== RUN')
+	return "${PIPESTATUS[0]}"
+}
+
+# The package as a user installs it: the unit starts (its first-run step
+# finds the template current), the Go SDK end-to-end check runs against it,
+# and stopping it leaves no sandbox behind.
+e2e() {
+	echo "SHEEPFOLD_POOL=1" >/etc/default/sheepfold
+	DEBIAN_FRONTEND=noninteractive dpkg -i /ci/bin/sheepfold.deb || return 1
+	systemctl is-enabled sheepfold.service || return 1
+	local i
+	for i in $(seq 600); do
+		(exec 3<>/dev/tcp/127.0.0.1/8080) 2>/dev/null && break
+		systemctl -q is-failed sheepfold.service && break
+		sleep 1
+	done
+	systemctl --no-pager status sheepfold.service | head -12
+	local key
+	key=$(sheepfold keys create --name ci | grep -o 'sf_[0-9a-f]\{40\}') || return 1
+	local service
+	service=$(systemctl show -P ControlGroup sheepfold.service)
+	SHEEPFOLD_URL=http://127.0.0.1:8080 SHEEPFOLD_API_KEY=$key SHEEPFOLD_SERVICE_CGROUP=$service \
+		/opt/ci/e2e.test -test.v -test.count=1 -test.timeout=15m 2>&1 | grep -Ev '^=== (RUN|PAUSE|CONT)'
+	local rc=${PIPESTATUS[0]}
+	journalctl -u sheepfold.service --no-pager | grep -E 'level=(WARN|ERROR)' | tail -20
+	systemctl stop sheepfold.service || rc=1
+	find "/sys/fs/cgroup$service" -mindepth 1 -type d | grep . && { echo "cgroups left in $service after stop"; rc=1; }
+	return $rc
+}
+
+# No cgroup is left behind by the tests: an engine removes its parent
+# cgroup (sheepfold, or the tests' sheepfold-test) with its last sandbox.
+nocgroups() {
+	local left
+	left=$(find /sys/fs/cgroup -type d \( -name sheepfold -o -name sheepfold-test \))
+	[ -z "$left" ] || { echo "cgroups left behind:"; find $left -type d; return 1; }
+}
+
+step prepare prepare
+step leaf leaf
+case " ${failed[*]} " in *" prepare "* | *" leaf "*) STEPS="" ;; esac
+step host host
+step oci gotest internal/runtime/oci
+step sandbox gotest internal/sandbox -test.run "${SANDBOX_RUN:-.}" -test.skip 'Egress|Bench'
+step doctor gotest internal/doctor
+step nocgroups nocgroups
+step e2e e2e
+echo "=== guest done in $(($(date +%s) - t0))s; failed: ${failed[*]:-none}"
+[ ${#failed[@]} -eq 0 ]
