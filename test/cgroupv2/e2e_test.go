@@ -102,9 +102,10 @@ func TestServiceOnCgroupV2(t *testing.T) {
 	dir := dirs[0]
 	t.Logf("sandbox cgroup %s", dir)
 	for file, want := range map[string]string{
-		"memory.max": strconv.Itoa(256 << 20),
-		"pids.max":   "64",
-		"cpu.max":    "50000 100000",
+		"memory.max":      strconv.Itoa(256 << 20),
+		"memory.swap.max": "0", // memory+swap = memory: never swapped out
+		"pids.max":        "64",
+		"cpu.max":         "50000 100000",
 	} {
 		if got := read(t, dir, file); got != want {
 			t.Errorf("%s = %q, want %q", file, got, want)

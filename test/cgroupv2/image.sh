@@ -19,7 +19,13 @@ PACKAGES=systemd,systemd-sysv,udev,kmod,linux-image-amd64,initramfs-tools,dbus,p
 CACHE=${SHEEPFOLD_GUEST_CACHE:-/var/cache/sheepfold-guest}
 
 work=$(mktemp -d /var/tmp/sheepfold-guest.XXXXXX)
-trap 'umount -R "$work/root" 2>/dev/null || true; rm -rf "$work"' EXIT
+# debootstrap mounts /proc and more in the root; an interrupted build
+# leaves them.
+cleanup() {
+	findmnt -rno TARGET | grep "^$work/" | sort -r | xargs -r umount -l
+	rm -rf "$work"
+}
+trap cleanup EXIT
 root=$work/root
 
 echo "image: debootstrap $SUITE ($PACKAGES) from $MIRROR"
@@ -71,7 +77,8 @@ cp "$kernel" "$OUT.tmp/vmlinuz"
 cp "$initrd" "$OUT.tmp/initrd.img"
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* "$root"/usr/share/man/*
 # The root disk: the rootfs plus room for the tests' sandboxes.
-mkfs.ext4 -q -L root -d "$root" "$OUT.tmp/root.img" 4G
+truncate -s 4G "$OUT.tmp/root.img"
+mkfs.ext4 -q -L root -d "$root" "$OUT.tmp/root.img"
 rm -rf "$OUT"
 mv "$OUT.tmp" "$OUT"
 echo "image: built $OUT ($(du -sh --apparent-size "$OUT" | cut -f1), $(basename "$kernel"))"

@@ -44,7 +44,9 @@ if [ ! -f "$timg" ]; then
 	rm -f "$GUEST_DIR"/template-*.img
 	echo "test-cgroupv2: making the template's disk $timg"
 	size=$(du -sm "$template" | cut -f1)
-	mkfs.ext4 -q -L template -d "$template" "$timg.tmp" "$((size * 13 / 10 + 256))M"
+	rm -f "$timg.tmp"
+	truncate -s "$((size * 13 / 10 + 256))M" "$timg.tmp"
+	mkfs.ext4 -q -L template -d "$template" "$timg.tmp"
 	mv "$timg.tmp" "$timg"
 fi
 
@@ -62,6 +64,11 @@ echo "test-cgroupv2: payload ready ($(elapsed))"
 # 4. Boot.
 outbox=$(mktemp -d /var/tmp/sheepfold-cgroupv2.XXXXXX)
 trap 'rm -rf "$outbox"' EXIT
+# For development: GUEST_STEPS="prepare leaf host oci" runs only those steps,
+# SANDBOX_RUN narrows internal/sandbox's tests.
+for v in GUEST_STEPS SANDBOX_RUN; do
+	[ -z "${!v:-}" ] || printf '%s=%q\n' "$v" "${!v}" >>"$outbox/env"
+done
 accel=(-accel tcg,thread=multi -cpu max)
 if [ -w /dev/kvm ]; then
 	accel=(-accel kvm -cpu host)
