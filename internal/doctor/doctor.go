@@ -245,8 +245,16 @@ func (d doctor) cgroups() Result {
 
 func (d doctor) overlay() Result {
 	fss, err := d.read("proc/filesystems")
+	// Stock kernels (Debian's) build overlayfs as a module that the first
+	// overlay mount loads: until then it is not in /proc/filesystems.
+	module := false
 	if err != nil || !hasField(fss, "overlay") {
-		return result("overlay", Fail, "load or build in overlayfs", "overlayfs is not available")
+		rel, _ := d.read("proc/sys/kernel/osrelease")
+		ko, _ := filepath.Glob(d.path("lib/modules/" + rel + "/kernel/fs/overlayfs/overlay.ko*"))
+		if rel == "" || len(ko) == 0 {
+			return result("overlay", Fail, "load or build in overlayfs", "overlayfs is not available")
+		}
+		module = true
 	}
 	if d.live() && d.o.DataDir != "" {
 		if err := probeOverlay(d.o.DataDir); err != nil {
@@ -254,6 +262,9 @@ func (d doctor) overlay() Result {
 				"cannot mount an overlay over %s: %v", d.o.DataDir, err)
 		}
 		return result("overlay", OK, "", "overlayfs mounts over %s", d.o.DataDir)
+	}
+	if module {
+		return result("overlay", OK, "", "overlayfs available (a module, loaded by the first overlay mount)")
 	}
 	return result("overlay", OK, "", "overlayfs available")
 }

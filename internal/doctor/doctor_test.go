@@ -147,6 +147,10 @@ func TestOneThingBroken(t *testing.T) {
 		{"no overlayfs", func(t *testing.T, o *Options) {
 			write(t, filepath.Join(o.Root, "proc/filesystems"), "nodev\ttmpfs\n\text4\n")
 		}, "overlay", Fail, "not available"},
+		{"overlayfs a module not loaded yet", func(t *testing.T, o *Options) {
+			write(t, filepath.Join(o.Root, "proc/filesystems"), "nodev\ttmpfs\n\text4\n")
+			write(t, filepath.Join(o.Root, "lib/modules/6.8.0-45-generic/kernel/fs/overlayfs/overlay.ko.zst"), "")
+		}, "overlay", OK, "a module"},
 		{"no seccomp", func(t *testing.T, o *Options) {
 			write(t, filepath.Join(o.Root, "proc/self/status"), "Name:\tcat\n")
 		}, "seccomp", Fail, "not available"},

@@ -206,6 +206,9 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		before := <-beforeCh
 		after, _ := s.m.cfg.Runtime.Usage(ctx, s.ID)
 		if after.OOMKills > before {
+			// The killed interpreter's own high-water mark went with it;
+			// the sandbox's cgroup peak is what it reached.
+			ex.PeakMemoryBytes = max(ex.PeakMemoryBytes, after.MemoryPeakBytes)
 			ex.ErrorCode = apierr.OutOfMemory
 			ex.Error = &agentproto.ExecError{Name: "OutOfMemoryError",
 				Value: "the code ran out of memory (limit " + mib(s.Limits.MemoryBytes) + ") and was killed; the context's state is lost"}

@@ -12,9 +12,9 @@ MIRROR=${SHEEPFOLD_GUEST_MIRROR:-http://deb.debian.org/debian}
 # systemd as init (cgroup v2 unified, controllers delegated as on a stock
 # host), the kernel (its initrd from initramfs-tools loads virtio), udev and
 # kmod for the 9p modules, libseccomp2 for runc, debootstrap because the
-# .deb depends on it; util-linux (mount, unshare) and coreutils come with
-# minbase.
-PACKAGES=systemd,systemd-sysv,udev,kmod,linux-image-amd64,initramfs-tools,dbus,procps,libseccomp2,debootstrap
+# .deb depends on it, python3 for the isolation tests' unconfined control
+# runs; util-linux (mount, unshare) and coreutils come with minbase.
+PACKAGES=systemd,systemd-sysv,udev,kmod,linux-image-amd64,initramfs-tools,dbus,procps,libseccomp2,debootstrap,python3
 # Downloaded packages are kept for the next build of the image.
 CACHE=${SHEEPFOLD_GUEST_CACHE:-/var/cache/sheepfold-guest}
 

@@ -1,6 +1,7 @@
 #!/bin/bash
 # Runs inside the cgroup v2 guest (run.sh boots it), as root from
-# sheepfold-ci.service (Delegate=yes). /ci is the checkout (read-only),
+# sheepfold-ci.service (Delegate=yes). /ci is run.sh's bin/cgroupv2
+# (read-only),
 # /ci-out the outbox; the template's disk is labelled template. Every step runs; the
 # exit status is non-zero when any failed.
 set -uo pipefail
@@ -32,18 +33,23 @@ prepare() {
 	mkdir -p $SHEEPFOLD_DATA_DIR/bin $SHEEPFOLD_DATA_DIR/templates/python /opt/ci &&
 		chmod 0711 $SHEEPFOLD_DATA_DIR &&
 		mount -o ro -L template $SHEEPFOLD_DATA_DIR/templates/python &&
-		cp /ci/bin/cgroupv2/* /opt/ci/ &&
-		chmod 0755 /opt/ci && install -m 0755 /ci/bin/cgroupv2/runc $SHEEPFOLD_DATA_DIR/bin/runc &&
+		cp /ci/* /opt/ci/ &&
+		chmod 0755 /opt/ci && install -m 0755 /ci/runc $SHEEPFOLD_DATA_DIR/bin/runc &&
 		echo "root:1000000:$((65536 * 4097))" >>/etc/subuid &&
 		echo "root:1000000:$((65536 * 4097))" >>/etc/subgid
 }
 
-# This script and the unit's runner move into a leaf of the delegated
-# cgroup, as the engine does: a cgroup with processes in it cannot give
-# controllers to children ("no internal processes").
+# This script and the unit's runner move into the leaf of the delegated
+# cgroup that the engine itself moves into (oci.cgroupRoot): a cgroup with
+# processes in it cannot give controllers to children ("no internal
+# processes"), and the engines of the tests find the delegated cgroup as
+# the leaf's parent.
 leaf() {
 	local d=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup) p
-	mkdir -p "$d/ci" && for p in $(cat "$d/cgroup.procs"); do echo "$p" >"$d/ci/cgroup.procs" || return 1; done
+	mkdir -p "$d/supervisor" || return 1
+	# (a pid may be gone by the time it is written: the list's own reader)
+	for p in $(cat "$d/cgroup.procs"); do echo "$p" >"$d/supervisor/cgroup.procs" 2>/dev/null; done
+	[ -z "$(cat "$d/cgroup.procs")" ] || { echo "still in $d: $(cat "$d/cgroup.procs")"; return 1; }
 }
 
 # What this guest is: the point of the exercise.
@@ -53,16 +59,16 @@ host() {
 	[ "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs ] || { echo "not pure cgroup v2"; return 1; }
 	echo "own cgroup: $(cat /proc/self/cgroup)"
 	echo "root controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
-	echo "delegated: $(cat "/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)/cgroup.controllers")"
+	echo "delegated: $(cat "/sys/fs/cgroup$(dirname "$(cut -d: -f3 /proc/self/cgroup)")/cgroup.controllers")"
 	[ ! -d /sys/fs/cgroup/unified ] || { echo "hybrid layout"; return 1; }
 }
 
-# gotest PKG [go test flags]: a compiled test binary, run in its package's
-# source directory (testdata) and verbose enough to show what ran.
+# gotest PKG [go test flags]: a compiled test binary (these packages have
+# no testdata), verbose enough to show what ran.
 gotest() {
 	local pkg=$1
 	shift
-	(cd "/ci/$pkg" && SHEEPFOLD_AGENT_BIN=/opt/ci/sheepfold-agent \
+	(cd /opt/ci && SHEEPFOLD_AGENT_BIN=/opt/ci/sheepfold-agent \
 		"/opt/ci/$(basename "$pkg").test" -test.v -test.count=1 -test.timeout=15m "$@" 2>&1 |
 		grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic|\s+\S+_test\.go)' | grep -v '^=== RUN')
 	return "${PIPESTATUS[0]}"
@@ -73,7 +79,7 @@ gotest() {
 # and stopping it leaves no sandbox behind.
 e2e() {
 	echo "SHEEPFOLD_POOL=1" >/etc/default/sheepfold
-	DEBIAN_FRONTEND=noninteractive dpkg -i /ci/bin/sheepfold.deb || return 1
+	DEBIAN_FRONTEND=noninteractive dpkg -i /ci/sheepfold.deb || return 1
 	systemctl is-enabled sheepfold.service || return 1
 	local i
 	for i in $(seq 600); do
@@ -90,8 +96,10 @@ e2e() {
 		/opt/ci/e2e.test -test.v -test.count=1 -test.timeout=15m 2>&1 | grep -Ev '^=== (RUN|PAUSE|CONT)'
 	local rc=${PIPESTATUS[0]}
 	journalctl -u sheepfold.service --no-pager | grep -E 'level=(WARN|ERROR)' | tail -20
+	# The server's own host checks find nothing wrong on a stock host.
+	journalctl -u sheepfold.service --no-pager | grep 'host check failed' && rc=1
 	systemctl stop sheepfold.service || rc=1
-	find "/sys/fs/cgroup$service" -mindepth 1 -type d | grep . && { echo "cgroups left in $service after stop"; rc=1; }
+	[ ! -d "/sys/fs/cgroup$service" ] || { echo "cgroups left after stop: $(find "/sys/fs/cgroup$service" -type d)"; rc=1; }
 	return $rc
 }
 
@@ -144,5 +152,7 @@ step doctor gotest internal/doctor
 step nocgroups nocgroups
 step e2e e2e
 step doctorbreaks doctorbreaks
+# What the kernel said (overlayfs and the OOM killer explain themselves there).
+[ ${#failed[@]} -eq 0 ] || dmesg | grep -iE 'overlay|oom|cgroup|9p' | tail -30
 echo "=== guest done in $(($(date +%s) - t0))s; failed: ${failed[*]:-none}"
 [ ${#failed[@]} -eq 0 ]

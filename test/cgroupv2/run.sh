@@ -10,9 +10,9 @@
 # The guest image (image.sh) and the template's disk are built once and
 # cached under $DATA_DIR/guest, again when image.sh or the template
 # changes. Each run boots the cached image with its writes thrown away
-# (snapshot), shares this checkout read-only over 9p (the compiled test
-# binaries under bin/cgroupv2, in-guest.sh) and an outbox where the guest
-# leaves its log and exit status. No status is a failure: this never skips.
+# (snapshot), shares bin/cgroupv2 read-only over 9p (the binaries, the
+# .deb, runc, the compiled tests, in-guest.sh) and an outbox where the
+# guest leaves its log and exit status. No status is a failure: this never skips.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -24,6 +24,7 @@ SMP=${SHEEPFOLD_GUEST_SMP:-2}
 start=$(date +%s)
 elapsed() { echo "$(($(date +%s) - start))s"; }
 
+[ -f bin/sheepfold.deb ] || { echo "test-cgroupv2: bin/sheepfold.deb missing: run make deb" >&2; exit 1; }
 command -v qemu-system-x86_64 >/dev/null || { echo "test-cgroupv2: qemu-system-x86_64 missing: run make setup" >&2; exit 1; }
 template=$DATA_DIR/templates/python
 [ -f "$template/template.json" ] || { echo "test-cgroupv2: template $template missing: run make template" >&2; exit 1; }
@@ -54,7 +55,7 @@ fi
 out=bin/cgroupv2
 rm -rf "$out"
 mkdir -p "$out"
-cp bin/sheepfold bin/sheepfold-agent "$DATA_DIR/bin/runc" "$out/"
+cp bin/sheepfold bin/sheepfold-agent bin/sheepfold.deb "$DATA_DIR/bin/runc" test/cgroupv2/in-guest.sh "$out/"
 for pkg in internal/runtime/oci internal/sandbox internal/doctor; do
 	go test -c -o "$out/$(basename "$pkg").test" "./$pkg"
 done
@@ -83,7 +84,7 @@ timeout --foreground -k 10 "$TIMEOUT" qemu-system-x86_64 \
 	-drive "file=$image/root.img,format=raw,if=virtio,snapshot=on" \
 	-drive "file=$timg,format=raw,if=virtio,readonly=on" \
 	-device virtio-rng-pci \
-	-virtfs "local,path=$PWD,mount_tag=ci,security_model=none,readonly=on" \
+	-virtfs "local,path=$PWD/$out,mount_tag=ci,security_model=none,readonly=on" \
 	-virtfs "local,path=$outbox,mount_tag=ciout,security_model=none" </dev/null || rc=$?
 if [ "$rc" -ne 0 ]; then
 	echo "test-cgroupv2: FAIL: qemu exited with $rc after $(elapsed) (124: timed out)" >&2

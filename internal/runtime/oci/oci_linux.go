@@ -473,12 +473,27 @@ func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (string, error) {
 		return "", err
 	}
 	defer unix.Close(lower)
-	// The overlay takes its own reference to the detached lower mount.
-	ovl := fmt.Sprintf("lowerdir=/proc/self/fd/%d,upperdir=%s,workdir=%s", lower, upper, work)
-	if err := unix.Mount("overlay", rootfs, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl); err != nil {
+	// Kernels before 6.15 refuse a detached mount as an overlay layer
+	// (overlayfs clones each layer, and cloning wants a mount of our own
+	// namespace: "failed to clone lowerpath"). So the idmapped tree is
+	// attached at b/lower while the overlay is mounted; the overlay keeps
+	// its own private clone, and the attachment goes again at once.
+	at := filepath.Join(b, "lower")
+	if err := os.Mkdir(at, 0o700); err != nil {
+		return "", err
+	}
+	if err := unix.MoveMount(lower, "", unix.AT_FDCWD, at, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return "", fmt.Errorf("attach the template's idmapped mount: %w", err)
+	}
+	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", at, upper, work)
+	err = unix.Mount("overlay", rootfs, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl)
+	if uerr := unix.Unmount(at, unix.MNT_DETACH); uerr != nil && err == nil {
+		err = uerr
+	}
+	if err != nil {
 		return "", fmt.Errorf("mount overlay: %w", err)
 	}
-	return rootfs, nil
+	return rootfs, os.Remove(at)
 }
 
 // idmapUserns returns a user namespace that maps the template's owners
