@@ -22,7 +22,7 @@ work=$(mktemp -d /var/tmp/sheepfold-guest.XXXXXX)
 # debootstrap mounts /proc and more in the root; an interrupted build
 # leaves them.
 cleanup() {
-	findmnt -rno TARGET | grep "^$work/" | sort -r | xargs -r umount -l
+	findmnt -rno TARGET | { grep "^$work/" || true; } | sort -r | xargs -r umount -l
 	rm -rf "$work"
 }
 trap cleanup EXIT
