@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,13 +44,26 @@ func TestDashboardBrowser(t *testing.T) {
 	}
 	defer c.Kill(context.Background(), sb.ID)
 
+	// A sandbox serving HTTP on port 8000, for the previews panel.
+	web, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Timeout: 5 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Kill(context.Background(), web.ID)
+	if _, err := c.WriteFile(ctx, web.ID, "site/index.html", strings.NewReader("<h1>hello from the sandbox</h1>")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.StartCommand(ctx, web.ID, client.CommandRequest{Cmd: "python3", Args: []string{"-m", "http.server", "8000"}, Cwd: "/home/user/site"}); err != nil {
+		t.Fatal(err)
+	}
+
 	artifacts := os.Getenv("SHEEPFOLD_ARTIFACTS")
 	if artifacts == "" {
 		artifacts = filepath.Join(dir, "artifacts")
 	}
 	cmd := exec.CommandContext(ctx, node, "dashboard.mjs")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "SHEEPFOLD_URL="+s.url, "SHEEPFOLD_API_KEY="+s.key, "POLICY_SANDBOX="+sb.ID, "ARTIFACTS="+artifacts)
+	cmd.Env = append(os.Environ(), "SHEEPFOLD_URL="+s.url, "SHEEPFOLD_API_KEY="+s.key, "POLICY_SANDBOX="+sb.ID, "PREVIEW_SANDBOX="+web.ID, "ARTIFACTS="+artifacts)
 	out, err := cmd.CombinedOutput()
 	t.Logf("dashboard.mjs:\n%s", out)
 	if err != nil {

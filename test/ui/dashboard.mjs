@@ -10,7 +10,7 @@ import { mkdirSync } from 'node:fs'
 const url = process.env.SHEEPFOLD_URL
 const key = process.env.SHEEPFOLD_API_KEY
 const policySandbox = process.env.POLICY_SANDBOX
-const previewSandbox = process.env.PREVIEW_SANDBOX // optional: a sandbox serving HTTP on a port
+const previewSandbox = process.env.PREVIEW_SANDBOX // a sandbox serving HTTP on port 8000
 const out = process.env.ARTIFACTS
 mkdirSync(out, { recursive: true })
 
@@ -77,7 +77,7 @@ try {
   await page.waitForSelector('#usage meter, #usage .gauge')
   await shot('usage')
 
-  if (previewSandbox) {
+  {
     await page.goto(`${url}/ui/#/sandbox/${previewSandbox}`)
     const link = await page.waitForSelector('#previews a', { timeout: 30000 })
     await shot('previews')
@@ -85,6 +85,7 @@ try {
     const preview = await browser.newPage()
     const r = await preview.goto(new URL(href, url).toString())
     assert.equal(r.status(), 200, `preview ${href}: ${r.status()}`)
+    assert.ok((await preview.textContent('h1')).includes('hello from the sandbox'))
     await preview.screenshot({ path: `${out}/${String(++step).padStart(2, '0')}-preview-open.png` })
     console.log(`step ${step}: preview opened`)
   }

@@ -71,9 +71,9 @@ function Previews({ id }: { id: string }) {
     poll()
     return () => { stop = true; clearTimeout(timer) }
   }, [id])
-  if (!ports || ports.length === 0) return null
+  if (!ports || !ports.some(p => p.listening)) return null
   return html`<div class="panel" id="previews"><h3>Previews</h3><ul>
-    ${ports.map(p => html`<li><a target="_blank" rel="noopener noreferrer" href=${p.url ?? p.path_url}>port ${p.port}</a>${p.public ? ' (public)' : ''}</li>`)}
+    ${ports.filter(p => p.listening).map(p => html`<li><a target="_blank" rel="noopener noreferrer" href=${p.signed_url || p.url || p.proxy_url}>port ${p.port}</a>${p.public ? ' (public)' : ''}</li>`)}
   </ul></div>`
 }
 

@@ -39,8 +39,8 @@
     <h3>Command</h3>
     <input id="command" value=${t} onInput=${e=>n(e.target.value)} placeholder="ls -la" />
     ${r&&R`<div><span class="muted">exit ${r.exit_code}</span>${r.stdout&&R`<pre class="stdout">${r.stdout}</pre>`}${r.stderr&&R`<pre class="stderr">${r.stderr}</pre>`}</div>`}
-  </form>`}function He({id:e}){let[t,n]=K(null);return q(()=>{let t=!1,r=0,i=()=>X(`GET`,`/v1/sandboxes/${e}/ports`).then(e=>{t||(n(e.ports??[]),r=setTimeout(i,3e3))},()=>n(null));return i(),()=>{t=!0,clearTimeout(r)}},[e]),!t||t.length===0?null:R`<div class="panel" id="previews"><h3>Previews</h3><ul>
-    ${t.map(e=>R`<li><a target="_blank" rel="noopener noreferrer" href=${e.url??e.path_url}>port ${e.port}</a>${e.public?` (public)`:``}</li>`)}
+  </form>`}function He({id:e}){let[t,n]=K(null);return q(()=>{let t=!1,r=0,i=()=>X(`GET`,`/v1/sandboxes/${e}/ports`).then(e=>{t||(n(e.ports??[]),r=setTimeout(i,3e3))},()=>n(null));return i(),()=>{t=!0,clearTimeout(r)}},[e]),!t||!t.some(e=>e.listening)?null:R`<div class="panel" id="previews"><h3>Previews</h3><ul>
+    ${t.filter(e=>e.listening).map(e=>R`<li><a target="_blank" rel="noopener noreferrer" href=${e.signed_url||e.url||e.proxy_url}>port ${e.port}</a>${e.public?` (public)`:``}</li>`)}
   </ul></div>`}function Ue({id:e}){let[t,n]=K(`/home/user`),[r,i]=K([]),[a,o]=K(``),s=()=>X(`GET`,`/v1/sandboxes/${e}/files/list?path=${encodeURIComponent(t)}`).then(e=>{i(e.entries),o(``)},e=>o(e.message));q(()=>{s()},[e,t]);let c=async(t,n)=>{let r=await X(`GET`,`/v1/sandboxes/${e}/files?path=${encodeURIComponent(t)}`),i=document.createElement(`a`);i.href=URL.createObjectURL(r),i.download=n,i.click(),setTimeout(()=>URL.revokeObjectURL(i.href),1e4)},l=async n=>{for(let r of n.target.files)await X(`PUT`,`/v1/sandboxes/${e}/files?path=${encodeURIComponent(`${t}/${r.name}`)}`,r).catch(e=>o(e.message));n.target.value=``,s()},u=t.replace(/\/[^/]+$/,``)||`/`;return R`<div class="panel" id="files">
     <h3>Files <span class="muted">${t}</span></h3>
     ${a&&R`<p class="error">${a}</p>`}
