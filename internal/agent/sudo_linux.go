@@ -86,11 +86,8 @@ func (s *server) serveSudo() {
 // "error MESSAGE".
 func (s *server) sudo(c *net.UnixConn) {
 	answer := func(format string, args ...any) { fmt.Fprintf(c, format+"\n", args...) }
-	uid, err := peerUID(c)
-	if err != nil || (uid != defaultUID && uid != 0) {
-		answer("error user %d is not in the sudoers file", uid)
-		return
-	}
+	// The request is read before any answer, so that sudo, still sending
+	// it, never finds the connection closed.
 	buf, oob := make([]byte, 256<<10), make([]byte, unix.CmsgSpace(3*4))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
@@ -101,6 +98,11 @@ func (s *server) sudo(c *net.UnixConn) {
 	for i, fd := range fds {
 		files[i] = os.NewFile(uintptr(fd), "sudo-fd"+strconv.Itoa(i))
 		defer files[i].Close()
+	}
+	uid, err := peerUID(c)
+	if err != nil || (uid != defaultUID && uid != 0) {
+		answer("error user %d is not in the sudoers file", uid)
+		return
 	}
 	var req sudoRequest
 	if err := json.Unmarshal(buf[:n], &req); err != nil || len(req.Argv) == 0 || len(files) != 3 {
