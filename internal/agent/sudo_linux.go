@@ -46,7 +46,11 @@ const SudoPath = "/usr/local/bin/sudo"
 // sudoSocket is the agent's sudo socket, abstract: not in any filesystem.
 const sudoSocket = "@sheepfold-sudo"
 
-// sudoRequest is what sudo sends, with its three standard fds.
+// maxSudoRequest bounds a request (its environment, mostly).
+const maxSudoRequest = 256 << 10
+
+// sudoRequest is what sudo sends, with its three standard fds, as one
+// line of JSON.
 type sudoRequest struct {
 	Argv []string          `json:"argv"`
 	Cwd  string            `json:"cwd"`
@@ -88,12 +92,21 @@ func (s *server) sudo(c *net.UnixConn) {
 	answer := func(format string, args ...any) { fmt.Fprintf(c, format+"\n", args...) }
 	// The request is read before any answer, so that sudo, still sending
 	// it, never finds the connection closed.
-	buf, oob := make([]byte, 256<<10), make([]byte, unix.CmsgSpace(3*4))
+	// It ends with a newline; a large one arrives in several reads (the
+	// kernel ends the first read with the part that carries the fds).
+	buf, oob := make([]byte, maxSudoRequest), make([]byte, unix.CmsgSpace(3*4))
 	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
 	if err != nil {
 		return
 	}
 	fds := receivedFDs(oob[:oobn])
+	for n < len(buf) && (n == 0 || buf[n-1] != '\n') {
+		m, err := c.Read(buf[n:])
+		if err != nil {
+			break
+		}
+		n += m
+	}
 	files := make([]*os.File, len(fds))
 	for i, fd := range fds {
 		files[i] = os.NewFile(uintptr(fd), "sudo-fd"+strconv.Itoa(i))
@@ -264,7 +277,21 @@ done:
 	if err != nil {
 		return fail("%v", err)
 	}
-	if _, _, err := c.WriteMsgUnix(b, unix.UnixRights(0, 1, 2), nil); err != nil {
+	b = append(b, '\n')
+	if len(b) > maxSudoRequest {
+		return fail("the environment is too large (%d bytes; at most %d)", len(b), maxSudoRequest)
+	}
+	answer := bufio.NewReader(c)
+	n, _, err := c.WriteMsgUnix(b, unix.UnixRights(0, 1, 2), nil)
+	if err == nil && n < len(b) {
+		_, err = c.Write(b[n:]) // a large request goes in several writes
+	}
+	if err != nil {
+		// The agent may have answered (a refusal) and closed before the
+		// whole request was sent: its answer is still ours to read.
+		if line, rerr := answer.ReadString('\n'); rerr == nil && strings.HasPrefix(line, "error ") {
+			return fail("%s", strings.TrimSpace(strings.TrimPrefix(line, "error ")))
+		}
 		return fail("cannot reach the sandbox's agent: %v", err)
 	}
 	sigs := make(chan os.Signal, 4)
@@ -274,7 +301,7 @@ done:
 			fmt.Fprintf(c, "signal %d\n", sig.(unix.Signal))
 		}
 	}()
-	line, err := bufio.NewReader(c).ReadString('\n')
+	line, err := answer.ReadString('\n')
 	if err != nil {
 		return fail("the agent ended the request: %v", err)
 	}

@@ -184,6 +184,11 @@ test('sudo works for user without a password, with sudo\'s environment rules, an
   assert.equal((await sbx.commands.run('sudo printenv SF_SCOPED || printenv SF_SCOPED || echo unset')).stdout, 'unset\n')
   assert.equal((await sbx.commands.run('sudo sh -c \'echo $HOME $USER $SUDO_USER\'')).stdout, '/root root user\n')
 
+  // A large environment (100 kB, more than one socket buffer's chunk)
+  // reaches the agent whole.
+  const big = await sbx.commands.run('sudo -E printenv SF_BIG | wc -c', { envs: { SF_BIG: 'x'.repeat(100000) } })
+  assert.equal(big.stdout.trim(), '100001')
+
   // Only user and root may: another user of the sandbox is refused.
   const guest = await sbx.commands
     .run('setpriv --reuid 1001 --regid 1001 --clear-groups sudo id -u', { user: 'root' })
