@@ -8,7 +8,6 @@ import (
 	"os"
 	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"unsafe"
 
@@ -199,7 +198,8 @@ func isListener(fd int) bool {
 
 // supervise answers the listener's notifications until the filter has no
 // process left or the listener is closed: EPERM for each (counted in d),
-// but the first execve of execPID (when not 0), which continues.
+// but, when execPID is not 0 (the seccomp-exec helper), the listener's
+// first notification when it is that helper's execve, which continues.
 func supervise(listener *os.File, execPID int, d *denials) {
 	defer listener.Close()
 	rc, err := listener.SyscallConn()
@@ -236,9 +236,15 @@ func supervise(listener *os.File, execPID int, d *denials) {
 		}
 		resp := seccompNotifResp{ID: n.ID, Error: -int32(unix.EPERM)}
 		kind, target := classify(n.Data)
-		if execPID != 0 && target == "execve" && kind == "subprocess_denied" && tgid(int(n.PID)) == execPID {
-			// The helper's exec of the interpreter: no user code has
-			// run in this process yet.
+		if execPID != 0 && (target != "execve" || kind != "subprocess_denied") {
+			execPID = 0 // the first call was not the exec: nothing is let through
+		}
+		if execPID != 0 && target == "execve" && kind == "subprocess_denied" {
+			// The listener's first notification is the helper's exec of
+			// the interpreter: the filter is on the helper alone, which
+			// makes no other call the filter hands over before it, and no
+			// user code has run. (Matching the caller's thread group
+			// through /proc, as before, failed now and then.)
 			resp = seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
 			execPID = 0
 		} else {
@@ -250,23 +256,6 @@ func supervise(listener *os.File, execPID int, d *denials) {
 			unix.Syscall(unix.SYS_IOCTL, fd, unix.SECCOMP_IOCTL_NOTIF_SEND, uintptr(unsafe.Pointer(&resp)))
 		})
 	}
-}
-
-// tgid returns the process (thread group) of a thread: a notification
-// names the calling thread, and the helper's Go runtime may exec from any
-// of its threads. The thread exists: its call waits for our answer.
-func tgid(tid int) int {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(tid) + "/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
-			n, _ := strconv.Atoi(strings.TrimSpace(v))
-			return n
-		}
-	}
-	return 0
 }
 
 // installFilter installs prog (struct sock_filter records) on every thread
