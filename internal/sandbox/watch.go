@@ -57,8 +57,9 @@ type Watcher struct {
 	// cancel ends the watch's call to the agent, with its reason
 	// (errWatchClosed for Close).
 	cancel context.CancelCauseFunc
-	done   chan struct{} // closed when the call has returned
-	err    error         // set before done is closed
+	ended  chan struct{} // closed once err is set, before events is closed
+	done   chan struct{} // closed last, after events
+	err    error
 }
 
 // errWatchClosed is the cause of a watch ended by Close.
@@ -80,13 +81,17 @@ func (s *Sandbox) WatchDir(ctx context.Context, path string, opt WatchOptions) (
 		Op: agentproto.OpFileWatch, Path: path, Recursive: opt.Recursive, IncludeEntry: opt.IncludeEntry, User: opt.User,
 	}
 	wctx, cancel := context.WithCancelCause(ctx)
-	w := &Watcher{events: make(chan WatchEvent, watchBuffer), cancel: cancel, done: make(chan struct{})}
+	w := &Watcher{
+		events: make(chan WatchEvent, watchBuffer), cancel: cancel,
+		ended: make(chan struct{}), done: make(chan struct{}),
+	}
 	started := make(chan struct{})
 	go func() {
 		defer close(w.done)
 		defer close(w.events)
 		defer cancel(nil)
 		w.err = w.run(wctx, s, req, started)
+		close(w.ended) // Err answers as soon as a reader sees Events closed
 	}()
 	select {
 	case <-started:
@@ -147,7 +152,7 @@ func (w *Watcher) Close() error {
 // watch runs it returns nil.
 func (w *Watcher) Err() error {
 	select {
-	case <-w.done:
+	case <-w.ended:
 		return w.err
 	default:
 		return nil
