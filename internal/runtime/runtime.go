@@ -77,6 +77,21 @@ type Usage struct {
 	Pids            int64  // tasks alive now
 	PidsDenied      uint64 // forks refused at the pids limit (pids.events "max")
 	DiskBytes       int64  // bytes used in the writable layer now
+	// Pressure is the sandbox's pressure stall information, on cgroup v2
+	// hosts whose kernel keeps it; nil elsewhere.
+	Pressure *Pressure
+}
+
+// Pressure is PSI (cpu.pressure, memory.pressure, io.pressure of a
+// cgroup v2): the share of the last 10 seconds, in percent, in which
+// some of the sandbox's tasks (Some) or all of them (Full) were stalled
+// waiting for the resource.
+type Pressure struct {
+	CPUSome    float64
+	MemorySome float64
+	MemoryFull float64
+	IOSome     float64
+	IOFull     float64
 }
 
 // CPUCounter is implemented by runtimes that can read a sandbox's CPU

@@ -55,6 +55,45 @@ type sandboxJSON struct {
 type liveUsageJSON struct {
 	CPUSeconds  float64 `json:"cpu_seconds"`
 	MemoryBytes int64   `json:"memory_bytes"`
+	// The rest only for one sandbox (GET /v1/sandboxes/{id}?usage=1),
+	// read from its cgroup and writable layer at the call.
+	MemoryPeakBytes  int64         `json:"memory_peak_bytes,omitempty"`
+	MemoryLimitBytes int64         `json:"memory_limit_bytes,omitempty"`
+	Pids             int64         `json:"pids,omitempty"`
+	DiskBytes        int64         `json:"disk_bytes,omitempty"`
+	OOMKills         uint64        `json:"oom_kills,omitempty"`
+	Pressure         *pressureJSON `json:"pressure,omitempty"` // cgroup v2 only
+}
+
+// pressureJSON is PSI: the percentage of the last 10 s in which some (or
+// all) of the sandbox's tasks stalled on the resource.
+type pressureJSON struct {
+	CPUSome    float64 `json:"cpu_some_avg10"`
+	MemorySome float64 `json:"memory_some_avg10"`
+	MemoryFull float64 `json:"memory_full_avg10"`
+	IOSome     float64 `json:"io_some_avg10"`
+	IOFull     float64 `json:"io_full_avg10"`
+}
+
+func liveUsageOf(u runtime.Usage) *liveUsageJSON {
+	out := &liveUsageJSON{CPUSeconds: float64(u.CPUNanos) / 1e9, MemoryBytes: u.MemoryBytes, MemoryPeakBytes: u.MemoryPeakBytes,
+		MemoryLimitBytes: u.MemoryLimit, Pids: u.Pids, DiskBytes: u.DiskBytes, OOMKills: u.OOMKills}
+	if p := u.Pressure; p != nil {
+		out.Pressure = &pressureJSON{CPUSome: p.CPUSome, MemorySome: p.MemorySome, MemoryFull: p.MemoryFull, IOSome: p.IOSome, IOFull: p.IOFull}
+	}
+	return out
+}
+
+// usageParam reads the ?usage= switch.
+func usageParam(r *http.Request) (bool, error) {
+	switch v := r.URL.Query().Get("usage"); v {
+	case "", "0", "false":
+		return false, nil
+	case "1", "true":
+		return true, nil
+	default:
+		return false, apierr.New(apierr.BadRequest, "usage must be 1 or 0, not %q", v)
+	}
 }
 
 func sandboxFromInfo(in sandbox.Info) sandboxJSON {
@@ -370,6 +409,10 @@ func (s *Server) forget(ctx context.Context, b *box) {
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
+	withUsage, err := usageParam(r)
+	if err != nil {
+		return err
+	}
 	b, err := s.lookup(r)
 	if apierr.CodeOf(err) == apierr.SandboxState {
 		// A stopped sandbox of the caller's is still shown, as stopped.
@@ -383,7 +426,13 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, sandboxFromInfo(b.sb.Info()))
+	out := sandboxFromInfo(b.sb.Info())
+	if withUsage {
+		if u, err := b.sb.Usage(r.Context()); err == nil {
+			out.Usage = liveUsageOf(u)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -392,13 +441,9 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	if state != "" && state != "all" && state != "running" {
 		return apierr.New(apierr.BadRequest, "state must be running or all")
 	}
-	withUsage := false
-	switch v := r.URL.Query().Get("usage"); v {
-	case "", "0", "false":
-	case "1", "true":
-		withUsage = true
-	default:
-		return apierr.New(apierr.BadRequest, "usage must be 1 or 0, not %q", v)
+	withUsage, err := usageParam(r)
+	if err != nil {
+		return err
 	}
 	s.RecordStopped(r.Context())
 	own := owner(r)

@@ -87,3 +87,25 @@ func TestListSandboxesUsage(t *testing.T) {
 	}
 	want(t, e.do("GET", "/v1/sandboxes?usage=maybe", e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST")
 }
+
+// TestGetSandboxUsage: one sandbox's live figures, PSI included where the
+// runtime reads it (cgroup v2), and none without ?usage=1.
+func TestGetSandboxUsage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	e.rt.Used = runtime.Usage{CPUNanos: 2_000_000_000, MemoryBytes: 30 << 20, MemoryPeakBytes: 40 << 20, MemoryLimit: 512 << 20,
+		Pids: 3, DiskBytes: 4096, Pressure: &runtime.Pressure{CPUSome: 1.5, MemorySome: 12.25, MemoryFull: 3}}
+	id := e.create(e.keyA, nil)
+	r := e.do("GET", "/v1/sandboxes/"+id+"?usage=1", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	u, _ := r.json(t)["usage"].(map[string]any)
+	p, _ := u["pressure"].(map[string]any)
+	if u["cpu_seconds"] != 2.0 || u["memory_peak_bytes"] != float64(40<<20) || u["memory_limit_bytes"] != float64(512<<20) ||
+		u["pids"] != 3.0 || u["disk_bytes"] != 4096.0 || p == nil || p["memory_some_avg10"] != 12.25 || p["cpu_some_avg10"] != 1.5 {
+		t.Fatalf("usage=1: %s", r.body)
+	}
+	if _, ok := e.do("GET", "/v1/sandboxes/"+id, e.keyA, nil).json(t)["usage"]; ok {
+		t.Fatal("usage without ?usage=1")
+	}
+	want(t, e.do("GET", "/v1/sandboxes/"+id+"?usage=2", e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST")
+}

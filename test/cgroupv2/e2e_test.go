@@ -10,8 +10,10 @@ package cgroupv2
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -103,7 +105,8 @@ func TestServiceOnCgroupV2(t *testing.T) {
 	t.Logf("sandbox cgroup %s", dir)
 	for file, want := range map[string]string{
 		"memory.max":      strconv.Itoa(256 << 20),
-		"memory.swap.max": "0", // memory+swap = memory: never swapped out
+		"memory.high":     strconv.Itoa(224 << 20), // an eighth below: slowed before killed
+		"memory.swap.max": "0",                     // memory+swap = memory: never swapped out
 		"pids.max":        "64",
 		"cpu.max":         "50000 100000",
 	} {
@@ -165,13 +168,44 @@ while time.monotonic() < end:
 		if ex.PeakMemoryBytes < 128<<20 {
 			t.Fatalf("peak memory %d after filling 256 MiB", ex.PeakMemoryBytes)
 		}
-		if n := read(t, dir, "memory.events"); !strings.Contains(n, "oom_kill ") || strings.Contains(n, "oom_kill 0\n") {
+		n := read(t, dir, "memory.events") + "\n"
+		if !strings.Contains(n, "oom_kill ") || strings.Contains(n, "oom_kill 0\n") {
 			t.Fatalf("memory.events: %s", n)
+		}
+		if strings.Contains(n, "high 0\n") {
+			t.Fatalf("memory.high never reached before the OOM kill: %s", n)
 		}
 		ex, err = c.Execute(ctx, sb.ID, client.ExecuteRequest{Code: "'still ' + 'here'"})
 		if err != nil || text(ex) != "'still here'" {
 			t.Fatalf("sandbox unusable after OOM: %v %+v", err, ex)
 		}
+	})
+
+	t.Run("pressure", func(t *testing.T) {
+		// The busy loop above ran at half a CPU: the sandbox's PSI shows
+		// it, through the API.
+		req, _ := http.NewRequestWithContext(ctx, "GET", env(t, "SHEEPFOLD_URL")+"/v1/sandboxes/"+sb.ID+"?usage=1", nil)
+		req.Header.Set("Authorization", "Bearer "+env(t, "SHEEPFOLD_API_KEY"))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct {
+			Usage *struct {
+				MemoryLimitBytes int64 `json:"memory_limit_bytes"`
+				Pressure         *struct {
+					CPUSome float64 `json:"cpu_some_avg10"`
+				} `json:"pressure"`
+			} `json:"usage"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("GET ?usage=1: %d %v", resp.StatusCode, err)
+		}
+		if out.Usage == nil || out.Usage.Pressure == nil || out.Usage.MemoryLimitBytes != 256<<20 {
+			t.Fatalf("usage without pressure on cgroup v2: %+v", out.Usage)
+		}
+		t.Logf("cpu some avg10 %.2f%%", out.Usage.Pressure.CPUSome)
 	})
 
 	if err := c.Kill(ctx, sb.ID); err != nil {
