@@ -20,7 +20,7 @@
 // the socket, not the files in the sandbox. Malformed input gets a Done with
 // CodeBadRequest; a panic ends only the connection that caused it.
 //
-// Imports: internal/agentproto, internal/osthread (threads locked into a
+// Imports: internal/agentproto, internal/fdpass, internal/osthread (threads locked into a
 // namespace or credentials), the standard library and golang.org/x/sys.
 // Never the server, the engine or internal/kernel: the language drivers
 // reach this package only through the Kernel interface, wired up by

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/fdpass"
 )
 
 // sudo without setuid.
@@ -99,7 +100,7 @@ func (s *server) sudo(c *net.UnixConn) {
 	if err != nil {
 		return
 	}
-	fds := receivedFDs(oob[:oobn])
+	fds := fdpass.Received(oob[:oobn])
 	for n < len(buf) && (n == 0 || buf[n-1] != '\n') {
 		m, err := c.Read(buf[n:])
 		if err != nil {
@@ -200,21 +201,6 @@ func peerUID(c *net.UnixConn) (uint32, error) {
 		return 0, cerr
 	}
 	return cred.Uid, nil
-}
-
-// receivedFDs returns the descriptors an SCM_RIGHTS message carried.
-func receivedFDs(oob []byte) []int {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil
-	}
-	var fds []int
-	for _, m := range msgs {
-		if got, err := unix.ParseUnixRights(&m); err == nil {
-			fds = append(fds, got...)
-		}
-	}
-	return fds
 }
 
 // Sudo is the sudo command (the agent binary called as "sudo"): it runs

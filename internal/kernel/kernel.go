@@ -19,7 +19,7 @@
 //
 // Languages and their names are internal/lang's.
 //
-// Imports: agentproto, lang, the standard library and x/sys only.
+// Imports: agentproto, fdpass, lang, the standard library and x/sys only.
 package kernel
 
 import (

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/fdpass"
 )
 
 // The supervisor side of the no-subprocess filter (internal/policy's
@@ -155,7 +156,7 @@ func receiveListener(own *net.UnixConn, execPID int, d *denials, mu *sync.Mutex,
 			return
 		}
 		var listener *os.File
-		for _, fd := range rights(oob[:oobn]) {
+		for _, fd := range fdpass.Received(oob[:oobn]) {
 			// Non-blocking, so that the File waits in the runtime's
 			// poller and Close ends the wait.
 			if listener == nil && isListener(fd) && unix.SetNonblock(fd, true) == nil {
@@ -174,21 +175,6 @@ func receiveListener(own *net.UnixConn, execPID int, d *denials, mu *sync.Mutex,
 		supervise(listener, execPID, d)
 		return
 	}
-}
-
-// rights returns the descriptors of SCM_RIGHTS messages in oob.
-func rights(oob []byte) []int {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil
-	}
-	var fds []int
-	for _, m := range msgs {
-		if got, err := unix.ParseUnixRights(&m); err == nil {
-			fds = append(fds, got...)
-		}
-	}
-	return fds
 }
 
 func isListener(fd int) bool {
