@@ -105,8 +105,8 @@ func TestServiceOnCgroupV2(t *testing.T) {
 	t.Logf("sandbox cgroup %s", dir)
 	for file, want := range map[string]string{
 		"memory.max":      strconv.Itoa(256 << 20),
-		"memory.high":     strconv.Itoa(224 << 20), // an eighth below: slowed before killed
-		"memory.swap.max": "0",                     // memory+swap = memory: never swapped out
+		"memory.high":     "max", // see oci.resources: throttling would stall, not help
+		"memory.swap.max": "0",   // memory+swap = memory: never swapped out
 		"pids.max":        "64",
 		"cpu.max":         "50000 100000",
 	} {
@@ -172,9 +172,7 @@ while time.monotonic() < end:
 		if !strings.Contains(n, "oom_kill ") || strings.Contains(n, "oom_kill 0\n") {
 			t.Fatalf("memory.events: %s", n)
 		}
-		if strings.Contains(n, "high 0\n") {
-			t.Fatalf("memory.high never reached before the OOM kill: %s", n)
-		}
+
 		ex, err = c.Execute(ctx, sb.ID, client.ExecuteRequest{Code: "'still ' + 'here'"})
 		if err != nil || text(ex) != "'still here'" {
 			t.Fatalf("sandbox unusable after OOM: %v %+v", err, ex)

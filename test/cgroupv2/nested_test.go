@@ -84,6 +84,12 @@ func TestServerInContainer(t *testing.T) {
 	if err := unix.Mount("/", rootfs, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		t.Fatal(err)
 	}
+	// Private, or the copy's mounts stay peers of the guest's own, and
+	// unmounting the copy unmounts them too (/ci, /sys/fs/cgroup).
+	if err := unix.Mount("", rootfs, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+		unix.Unmount(rootfs, unix.MNT_DETACH)
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		unix.Unmount(rootfs, unix.MNT_DETACH)
 		os.Remove(rootfs)
@@ -103,10 +109,10 @@ func TestServerInContainer(t *testing.T) {
 		},
 		Root:     &specs.Root{Path: rootfs},
 		Hostname: "nested",
+		// /proc, /dev and /sys are the guest's, in the bound tree; only the
+		// cgroup filesystem is mounted afresh, to show the container's
+		// cgroup namespace.
 		Mounts: []specs.Mount{
-			{Destination: "/proc", Type: "proc", Source: "proc"},
-			{Destination: "/dev", Type: "bind", Source: "/dev", Options: []string{"rbind", "rw"}},
-			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev"}},
 			// Read-write: the server makes its sandboxes' cgroups here.
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "rw"}},
 			{Destination: filepath.Join(data, "templates"), Type: "bind", Source: filepath.Join(hostData, "templates"), Options: []string{"rbind", "ro"}},

@@ -329,7 +329,7 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 		return nil, err
 	}
 	defer userns.close()
-	in := specInput{Spec: s, RootFS: rootfs, AgentBin: o.cfg.AgentBin, Writable: filepath.Join(b, "rw"), CgroupDir: o.cg.path(s.ID), Userns: userns.path(), CgroupV2: o.cg.v2}
+	in := specInput{Spec: s, RootFS: rootfs, AgentBin: o.cfg.AgentBin, Writable: filepath.Join(b, "rw"), CgroupDir: o.cg.path(s.ID), Userns: userns.path()}
 	if s.Network != nil {
 		in.ResolvConf = filepath.Join(b, "resolv.conf")
 		if err := os.WriteFile(in.ResolvConf, []byte(s.Network.ResolvConf), 0o644); err != nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 
 	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -132,9 +131,6 @@ type specInput struct {
 	// a sandbox with a network; "" leaves the template's.
 	ResolvConf string
 	Writable   string // the host dir holding the writable paths' contents (writableDir)
-	// CgroupV2 enables the limits only the unified hierarchy can express
-	// (memory.high).
-	CgroupV2 bool
 }
 
 // writableDir is where the contents of Spec.WritablePaths[i] live on the host.
@@ -190,7 +186,7 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: in.CgroupDir,
-			Resources:   resources(s.Limits, in.CgroupV2),
+			Resources:   resources(s.Limits),
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
 				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.UserNamespace, Path: in.Userns},
@@ -223,19 +219,18 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 
 // resources turns limits into cgroup settings. Memory and memory+swap are
 // equal so that swap, where a host has it, adds nothing (v2:
-// memory.swap.max 0). On cgroup v2 memory.high sits below memory.max
-// (memoryHigh): a sandbox nearing its limit is slowed and reclaimed
-// before the OOM killer ends it.
-func resources(l runtime.Limits, v2 bool) *specs.LinuxResources {
+// memory.swap.max 0). No memory.high on cgroup v2: what a sandbox holds
+// above it (anonymous memory without swap, its tmpfs disk) cannot be
+// reclaimed, so the throttling only stalls the sandbox — measured in the
+// v2 guest, a memory bomb that memory.max ends at once with
+// ERR_OUT_OF_MEMORY ran into its 30 s execution timeout instead.
+func resources(l runtime.Limits) *specs.LinuxResources {
 	r := &specs.LinuxResources{
 		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
 	}
 	if l.MemoryBytes > 0 {
 		m := l.MemoryBytes
 		r.Memory = &specs.LinuxMemory{Limit: &m, Swap: &m}
-		if v2 {
-			r.Unified = map[string]string{"memory.high": strconv.FormatInt(memoryHigh(m), 10)}
-		}
 	}
 	if l.Pids > 0 {
 		r.Pids = &specs.LinuxPids{Limit: &l.Pids}
@@ -246,16 +241,6 @@ func resources(l runtime.Limits, v2 bool) *specs.LinuxResources {
 		r.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
 	}
 	return r
-}
-
-// memoryHigh is the memory.high of a sandbox whose memory.max is limit:
-// an eighth below it, at least 16 MiB below and never under half of it.
-// What a sandbox holds in tmpfs (its writable layer) cannot be reclaimed
-// without swap, so the margin is kept small enough that a sandbox filling
-// its disk is slowed, not stalled for long, before it is killed.
-func memoryHigh(limit int64) int64 {
-	margin := max(limit/8, 16<<20)
-	return max(limit-margin, limit/2)
 }
 
 // denySyscalls drops names from every allow rule, so the profile's default
