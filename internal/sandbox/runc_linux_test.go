@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -152,9 +153,13 @@ func TestRuncStatefulPython(t *testing.T) {
 	if !strings.HasPrefix(ex.Results[0].PNG, "iVBORw0KGgo") { // base64 of the PNG magic
 		t.Fatalf("result is not a PNG: %.20s", ex.Results[0].PNG)
 	}
-	ex = run(t, s, "python", "import pandas as pd\npd.DataFrame({'country': ['DE', 'FR'], 'amount': [10, 20]})")
+	ex = run(t, s, "python", "import pandas as pd\npd.DataFrame({'country': ['DE', 'FR'], 'amount': [10, 20], 'day': pd.to_datetime(['2024-01-02', '2024-03-04 05:06:07'])})")
 	if len(ex.Results) == 0 || !strings.Contains(ex.Results[0].HTML, "<table") || !strings.Contains(ex.Results[0].Text, "country") {
 		t.Fatalf("DataFrame: want html and text: %+v", ex)
+	}
+	// E2B's data: the columns as lists, timestamps in ISO 8601.
+	if got, _ := json.Marshal(ex.Results[0].Extra["e2b/data"]); string(got) != `{"amount":[10,20],"country":["DE","FR"],"day":["2024-01-02T00:00:00","2024-03-04T05:06:07"]}` {
+		t.Fatalf("DataFrame data: %s", got)
 	}
 	ex = run(t, s, "python", "def f():\n    raise ValueError('bad input')\nf()")
 	if ex.Status != sandbox.ExecError || ex.Error == nil || ex.Error.Name != "ValueError" ||

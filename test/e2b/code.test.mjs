@@ -313,12 +313,14 @@ test('an indented cell runs as IPython runs it (common indentation removed)', T,
 
 test('a pandas DataFrame result carries data (its columns as lists) besides text and html', T, async () => {
   const ex = await sbx.runCode(
-    'import pandas as pd\ndf = pd.DataFrame({"city": ["Oslo", "Lima"], "n": [11, 22], "x": [0.5, float("nan")]})\ndisplay(df)\ndf'
+    'import pandas as pd\ndf = pd.DataFrame({"city": ["Oslo", "Lima"], "n": [11, 22], "x": [0.5, float("nan")],' +
+      ' "day": pd.to_datetime(["2024-01-02", "2024-03-04 05:06:07"])})\ndisplay(df)\ndf'
   )
   assert.equal(ex.error, undefined, `error ${JSON.stringify(ex.error)}`)
   assert.equal(ex.results.length, 2)
   for (const r of ex.results) {
-    assert.deepEqual(r.data, { city: ['Oslo', 'Lima'], n: [11, 22], x: [0.5, null] })
+    // Timestamps in ISO 8601, as E2B's data formatter gives them.
+    assert.deepEqual(r.data, { city: ['Oslo', 'Lima'], n: [11, 22], x: [0.5, null], day: ['2024-01-02T00:00:00', '2024-03-04T05:06:07'] })
     assert.match(r.html ?? '', /<table/)
     assert.match(r.text ?? '', /Oslo/)
     assert.deepEqual(r.extra, {})
