@@ -167,7 +167,7 @@ func runServe(args []string) int {
 		Version: version,
 		NewKernel: func(ctx context.Context, spec agentproto.ContextSpec) (agent.Kernel, error) {
 			k, err := kernel.Start(ctx, spec, kernel.Options{BaseEnv: os.Environ(), Credential: kernelCred, Helper: self,
-				StartOn: func(start func() error) error { return agent.StartBounded(kernelCred, start) }})
+				StartOn: func(dir string, start func() error) error { return agent.StartIn(kernelCred, dir, start) }})
 			if err != nil {
 				return nil, err
 			}

@@ -138,6 +138,16 @@ func TestContexts(t *testing.T) {
 	if r.done.Code != agentproto.CodeNotFound || !strings.Contains(r.done.Message, "/home/user/work") || fk.started.Load() != 0 {
 		t.Fatalf("create in a missing cwd: %+v, %d kernels started", r.done, fk.started.Load())
 	}
+	if err := os.WriteFile(filepath.Join(a.cfg.Root, "home/user/work"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = a.call(t, agentproto.Request{Op: agentproto.OpContextCreate, Context: &agentproto.ContextSpec{Language: "py", Cwd: "work"}})
+	if r.done.Code != agentproto.CodeNotDir || !strings.Contains(r.done.Message, "/home/user/work") || fk.started.Load() != 0 {
+		t.Fatalf("create in a file: %+v, %d kernels started", r.done, fk.started.Load())
+	}
+	if err := os.Remove(filepath.Join(a.cfg.Root, "home/user/work")); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.Mkdir(filepath.Join(a.cfg.Root, "home/user/work"), 0o755); err != nil {
 		t.Fatal(err)
 	}

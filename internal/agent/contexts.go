@@ -218,9 +218,9 @@ func (s *server) contextCreate(req *agentproto.Request) agentproto.Event {
 		return *bad
 	}
 	spec.Language = lang
-	// A working directory the context's user cannot enter is the caller's
-	// mistake, named as such (not found, permission), not a failed start.
-	if bad := s.enterable(s.contextCwd(spec.Cwd)); bad != nil {
+	// A missing working directory is the caller's mistake, named as such
+	// (not found, not a directory), not a failed start.
+	if bad := s.contextDir(s.contextCwd(spec.Cwd)); bad != nil {
 		return *bad
 	}
 	kc, err := s.startKernel(newContextID(), spec)

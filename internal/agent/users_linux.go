@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"syscall"
@@ -172,10 +173,39 @@ func (s *server) credential(id identity) *syscall.Credential {
 // cred nil (the agent does not switch
 // users) start is called as it is.
 func StartBounded(cred *syscall.Credential, start func() error) error {
-	if cred == nil {
+	return StartIn(cred, "", start)
+}
+
+// StartIn is StartBounded for a process that must start in dir (a host
+// path) and leaves its SysProcAttr and Dir unset: it calls start on a
+// thread whose own working directory is dir, and the process inherits
+// it. The thread enters dir as the agent, before the process takes
+// cred, so a process may start in a directory its user may not enter,
+// as code contexts in E2B's sandboxes do (their kernels run as root
+// there: a context made with cwd /root runs in /root). That gives the
+// user nothing: every lookup from a working directory still needs search
+// permission on it, so such a process can read no name in it, and
+// getcwd(2) only names it. The thread gets its working directory of its
+// own with unshare(CLONE_FS), which makes no namespace (fork does the
+// same for a child; the sandbox's seccomp profile lets exactly this flag
+// through), and ends afterwards like StartBounded's. dir "" is
+// StartBounded.
+func StartIn(cred *syscall.Credential, dir string, start func() error) error {
+	if cred == nil && dir == "" {
 		return start()
 	}
 	return osthread.Discarded(func() error {
+		if dir != "" {
+			if err := unix.Unshare(unix.CLONE_FS); err != nil {
+				return fmt.Errorf("a working directory of its own: %w", err)
+			}
+			if err := unix.Chdir(dir); err != nil {
+				return &os.PathError{Op: "chdir", Path: dir, Err: err}
+			}
+		}
+		if cred == nil {
+			return start()
+		}
 		for c := 0; c <= unix.CAP_LAST_CAP; c++ {
 			if cred.Uid == 0 && c != unix.CAP_SETPCAP {
 				continue
@@ -201,23 +231,18 @@ func KernelCredential(root string) *syscall.Credential {
 	return &syscall.Credential{Uid: defaultUID, Gid: defaultGID, Groups: []uint32{defaultGID}}
 }
 
-// enterable checks that the default user (who runs code contexts) may make
-// dir, a sandbox path, its working directory: that it exists and the user
-// may search it and every directory above it. Looking up "." inside dir
-// needs exactly that, so a stat of dir/. as the user decides it.
-func (s *server) enterable(dir string) *agentproto.Event {
-	id, bad := s.user(agentproto.UserDefault, nil)
-	if bad != nil {
-		return bad
+// contextDir checks that dir, a sandbox path, can be a code context's
+// working directory: that it exists and is a directory, as the agent sees
+// it. Whether the context's user may enter it does not matter: its
+// kernel starts there all the same (StartIn).
+func (s *server) contextDir(dir string) *agentproto.Event {
+	var st unix.Stat_t
+	if err := unix.Stat(hostPath(s.cfg.Root, dir), &st); err != nil {
+		ev := failErr(dir, err)
+		return &ev
 	}
-	ev := s.asIdentity(id, func() agentproto.Event {
-		var st unix.Stat_t
-		if err := unix.Stat(hostPath(s.cfg.Root, dir)+"/.", &st); err != nil {
-			return failErr(dir, err)
-		}
-		return ok()
-	})
-	if ev.Code != "" {
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		ev := failErr(dir, unix.ENOTDIR)
 		return &ev
 	}
 	return nil

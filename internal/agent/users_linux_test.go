@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -221,5 +222,78 @@ func TestActAsUser(t *testing.T) {
 	}
 	if len(bad) > 0 {
 		t.Errorf("threads left with a user's credentials: %q", bad)
+	}
+}
+
+// TestStartInDirUserCannotEnter: StartIn starts a process as a user in a
+// directory that user may not enter; it runs there (getcwd names it) and
+// still may not read it. Started the ordinary way (Dir, which Go enters
+// after taking the credential), the same process fails.
+func TestStartInDirUserCannotEnter(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := filepath.Join(t.TempDir(), "private")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "secret"), []byte("s"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cred := &syscall.Credential{Uid: defaultUID, Gid: defaultGID, Groups: []uint32{defaultGID}}
+	script := `pwd -P; id -u; cat secret 2>/dev/null || echo no-read; cat /proc/self/status | grep ^CapBnd`
+	run := func(start func(attr *os.ProcAttr) (*os.Process, error), attr *os.ProcAttr) (string, error) {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		attr.Files = []*os.File{nil, w, w}
+		attr.Sys = &syscall.SysProcAttr{Credential: cred}
+		p, err := start(attr)
+		w.Close()
+		if err != nil {
+			return "", err
+		}
+		var out strings.Builder
+		buf := make([]byte, 4096)
+		for {
+			n, err := r.Read(buf)
+			out.Write(buf[:n])
+			if err != nil {
+				break
+			}
+		}
+		if _, err := p.Wait(); err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), nil
+	}
+	startSh := func(attr *os.ProcAttr) (*os.Process, error) {
+		return os.StartProcess("/bin/sh", []string{"sh", "-c", script}, attr)
+	}
+
+	if _, err := run(startSh, &os.ProcAttr{Dir: dir}); !errors.Is(err, syscall.EACCES) {
+		t.Fatalf("started the ordinary way in %s: %v, want EACCES (the test's directory does not shut the user out)", dir, err)
+	}
+	var out string
+	err := StartIn(cred, dir, func() (err error) {
+		out, err = run(startSh, &os.ProcAttr{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := dir + "\n1000\nno-read\nCapBnd:\t0000000000000000\n"
+	if out != want {
+		t.Fatalf("got %q, want %q", out, want)
+	}
+	// The caller's thread and process keep their working directory.
+	if wd, _ := os.Getwd(); wd == dir {
+		t.Fatalf("the test process moved to %s", dir)
+	}
+	// A directory that does not exist fails before anything starts.
+	started := false
+	err = StartIn(cred, filepath.Join(dir, "nope"), func() error { started = true; return nil })
+	if err == nil || started {
+		t.Fatalf("StartIn in a missing dir: %v, started %v", err, started)
 	}
 }

@@ -9,5 +9,5 @@ func (s *server) asFileUser(_ *agentproto.Request, fn func() agentproto.Event) a
 	return fn()
 }
 
-// enterable: elsewhere kernels start where they are told or fail.
-func (s *server) enterable(string) *agentproto.Event { return nil }
+// contextDir: elsewhere kernels start where they are told or fail.
+func (s *server) contextDir(string) *agentproto.Event { return nil }

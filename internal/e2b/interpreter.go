@@ -317,16 +317,18 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxFrom(r.Context())
 	c, err := sb.CreateContext(r.Context(), agentproto.ContextSpec{Language: canon, Cwd: body.Cwd})
 	if err != nil && cwdRefused(err) {
-		// E2B's rule: a new context changes into its cwd with the
-		// language's own command once its kernel runs. Where that fails
-		// Python's %cd and Bash's cd only print, so the context is made
-		// and stays in its first directory (the home: we say so in its
-		// cwd); JavaScript's process.chdir throws, and the request fails.
-		if canon != "python" && canon != "bash" {
-			http.Error(w, "Failed to set working directory", http.StatusInternalServerError)
-			return
+		// E2B changes into the cwd as root, so any directory there is
+		// works, one the sandbox's user may not enter included: so does
+		// Sheepfold's (the kernel starts in it, as "user"). One that is
+		// not there, or not a directory, is the request's mistake: a 400
+		// naming it, where E2B answers 500 (or, for Python, makes the
+		// context anyway in another directory than it reports).
+		msg := fmt.Sprintf("cwd %s does not exist", body.Cwd)
+		if apierr.CodeOf(err) == apierr.BadRequest {
+			msg = "cwd " + apierr.From(err).Message // "/etc/passwd: not a directory"
 		}
-		c, err = sb.CreateContext(r.Context(), agentproto.ContextSpec{Language: canon})
+		http.Error(w, msg, http.StatusBadRequest)
+		return
 	}
 	if err != nil {
 		interpError(w, r, err)
@@ -336,11 +338,11 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 }
 
 // cwdRefused reports whether a context was refused for its working
-// directory: missing, not a directory, or one the sandbox user may not
-// enter (the agent checks it before it starts a kernel).
+// directory: missing (not found) or not a directory (bad request); the
+// agent checks it before it starts a kernel.
 func cwdRefused(err error) bool {
 	switch apierr.CodeOf(err) {
-	case apierr.NotFound, apierr.BadRequest, apierr.PathNotAllowed:
+	case apierr.NotFound, apierr.BadRequest:
 		return true
 	}
 	return false

@@ -14,19 +14,22 @@ import (
 
 // Sandbox metrics (GET /sandboxes/{id}/metrics, the SDK's getMetrics):
 // a sample every metricsInterval, E2B's, from the sandbox's cgroup (CPU
-// time, memory) and its writable layer (disk), kept for metricsKept
-// samples. A sandbox's sampling starts when the E2B surface creates it
-// (or, for one made through /v1, at its first metrics call) and ends with
-// it: one goroutine and one timer per sandbox, a few cgroup reads and a
-// statfs every five seconds.
+// time and limit, memory and page cache) and its writable layer (disk),
+// kept for metricsKept samples. A sandbox's sampling starts when the E2B
+// surface creates it (or, for one made through /v1, at its first metrics
+// call) and ends with it: one goroutine and one timer per sandbox, a few
+// cgroup reads and a statfs every five seconds.
 const (
 	metricsInterval = 5 * time.Second
 	metricsKept     = 720 // an hour
 )
 
-// metric is one sample in E2B's SandboxMetric shape. memCache, which E2B
-// also reports, is left out: the cgroup figures read here do not split
-// the page cache from the rest.
+// metric is one sample in E2B's SandboxMetric shape, every field of it,
+// with E2B's meanings (envd's, which reads them in its VM): memUsed is
+// memory in use less the page cache, which memCache reports apart (on
+// the sandbox's cgroup: its charge less the file pages, tmpfs included,
+// which is where the sandbox's disk lives); disk figures are those of the
+// writable layer. Sizes are bytes.
 type metric struct {
 	Timestamp     string  `json:"timestamp"`
 	TimestampUnix int64   `json:"timestampUnix"`
@@ -34,6 +37,7 @@ type metric struct {
 	CPUUsedPct    float64 `json:"cpuUsedPct"`
 	MemUsed       int64   `json:"memUsed"`
 	MemTotal      int64   `json:"memTotal"`
+	MemCache      int64   `json:"memCache"`
 	DiskUsed      int64   `json:"diskUsed"`
 	DiskTotal     int64   `json:"diskTotal"`
 }
@@ -81,13 +85,23 @@ func (l *metricsLog) sample(now time.Time) bool {
 	if err != nil {
 		return false
 	}
+	// The CPUs the sandbox may use: its cgroup's quota, rounded up (as
+	// getInfo's cpuCount); the host's without one.
 	cpus := goruntime.NumCPU()
-	if c := l.sb.Limits.CPUs; c > 0 {
+	if c := u.CPULimit; c > 0 {
+		cpus = int(math.Ceil(c))
+	} else if c := l.sb.Limits.CPUs; c > 0 {
 		cpus = int(math.Ceil(c))
 	}
-	memTotal := l.sb.Limits.MemoryBytes
-	if memTotal <= 0 {
-		memTotal = u.MemoryLimit
+	// The cgroup's limit; v1 shows none as a huge number, v2 as -1.
+	memTotal := u.MemoryLimit
+	if memTotal <= 0 || memTotal >= 1<<60 {
+		memTotal = l.sb.Limits.MemoryBytes
+	}
+	memCache := min(max(u.MemoryCacheBytes, 0), u.MemoryBytes)
+	diskTotal := u.DiskTotalBytes
+	if diskTotal <= 0 {
+		diskTotal = l.sb.Limits.DiskBytes
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -102,8 +116,8 @@ func (l *metricsLog) sample(now time.Time) bool {
 	}
 	l.samples = append(l.samples, metric{
 		Timestamp: now.UTC().Format(time.RFC3339), TimestampUnix: now.Unix(),
-		CPUCount: cpus, CPUUsedPct: pct, MemUsed: u.MemoryBytes, MemTotal: memTotal,
-		DiskUsed: u.DiskBytes, DiskTotal: l.sb.Limits.DiskBytes,
+		CPUCount: cpus, CPUUsedPct: pct, MemUsed: u.MemoryBytes - memCache, MemTotal: memTotal, MemCache: memCache,
+		DiskUsed: u.DiskBytes, DiskTotal: diskTotal,
 	})
 	return true
 }

@@ -68,11 +68,14 @@ type Options struct {
 	// Credential is the interpreter's uid, gid and groups; nil: the
 	// caller's own (agent.KernelCredential says which).
 	Credential *syscall.Credential
-	// StartOn, when set, is given the function that starts the
-	// interpreter and calls it (agent.StartBounded, so that the
-	// interpreter's capability bounding set is empty); nil: it is called
-	// directly.
-	StartOn func(start func() error) error
+	// StartOn, when set, is given the context's working directory (a
+	// host path) and the function that starts the interpreter, and calls
+	// it on a thread whose working directory is dir: the interpreter's
+	// command has no Dir and inherits it (agent.StartIn, so that the
+	// interpreter runs in dir even where its user may not enter it, with
+	// an empty capability bounding set). Nil: the command's Dir is dir
+	// and start is called directly.
+	StartOn func(dir string, start func() error) error
 	// Helper is a program whose first argument "seccomp-exec" runs
 	// SeccompExec (the agent's own binary): Node contexts start through it
 	// under allow_subprocess: false. Empty: they refuse to run then.
@@ -219,7 +222,11 @@ func (k *Kernel) command() *exec.Cmd {
 // start launches the interpreter; k.mu is held.
 func (k *Kernel) start() error {
 	cmd := k.command()
-	cmd.Dir = k.spec.Cwd
+	startOn := k.opt.StartOn
+	if startOn == nil {
+		cmd.Dir = k.spec.Cwd
+		startOn = func(_ string, start func() error) error { return start() }
+	}
 	env := append([]string{}, k.opt.BaseEnv...)
 	if k.lang == "python" {
 		env = append(env, "MPLBACKEND=Agg")
@@ -277,11 +284,7 @@ func (k *Kernel) start() error {
 		cmd.ExtraFiles = append(cmd.ExtraFiles, child)
 		lconn = own
 	}
-	startOn := k.opt.StartOn
-	if startOn == nil {
-		startOn = func(start func() error) error { return start() }
-	}
-	if err := startOn(cmd.Start); err != nil {
+	if err := startOn(k.spec.Cwd, cmd.Start); err != nil {
 		if lconn != nil {
 			lconn.Close()
 		}

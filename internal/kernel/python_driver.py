@@ -92,14 +92,21 @@ def _result(value, main):
 
 def _frame_data(value):
     """A pandas DataFrame as E2B's "data" rendering: its columns as lists
-    (to_dict(orient="list")), values JSON can't hold as strings, NaN and
-    infinities as null. None for anything else, and for a frame whose data
-    would not leave room in one message for its other renderings."""
+    (to_dict(orient="list")), timestamps in ISO 8601 as E2B gives them
+    ("2024-01-02T00:00:00"), other values JSON can't hold as strings, NaN
+    and infinities as null. None for anything else, and for a frame whose
+    data would not leave room in one message for its other renderings."""
     pd = sys.modules.get("pandas")
     if pd is None or not isinstance(value, pd.DataFrame):
         return None
+
+    def plain(v):
+        if isinstance(v, pd.Timestamp):
+            return v.isoformat()
+        return str(v)
+
     try:
-        s = json.dumps(value.to_dict(orient="list"), default=str)
+        s = json.dumps(value.to_dict(orient="list"), default=plain)
         if len(s) > _MAX_RESULT // 2:
             return None
         return json.loads(s, parse_constant=lambda _: None)

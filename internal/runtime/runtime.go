@@ -69,14 +69,17 @@ type Instance struct {
 
 // Usage is a sandbox's resource usage read from its cgroup.
 type Usage struct {
-	MemoryBytes     int64  // current memory use
-	MemoryPeakBytes int64  // highest memory use since the sandbox started
-	MemoryLimit     int64  // the limit in force
-	OOMKills        uint64 // processes killed by the OOM killer in this sandbox
-	CPUNanos        uint64 // CPU time used by all its processes
-	Pids            int64  // tasks alive now
-	PidsDenied      uint64 // forks refused at the pids limit (pids.events "max")
-	DiskBytes       int64  // bytes used in the writable layer now
+	MemoryBytes      int64   // current memory use, page cache included
+	MemoryCacheBytes int64   // the page cache within MemoryBytes (file pages, tmpfs included)
+	MemoryPeakBytes  int64   // highest memory use since the sandbox started
+	MemoryLimit      int64   // the limit in force
+	OOMKills         uint64  // processes killed by the OOM killer in this sandbox
+	CPUNanos         uint64  // CPU time used by all its processes
+	CPULimit         float64 // the CPU limit in force, in CPUs (quota / period); 0: none
+	Pids             int64   // tasks alive now
+	PidsDenied       uint64  // forks refused at the pids limit (pids.events "max")
+	DiskBytes        int64   // bytes used in the writable layer now
+	DiskTotalBytes   int64   // the writable layer's size
 	// Pressure is the sandbox's pressure stall information, on cgroup v2
 	// hosts whose kernel keeps it; nil elsewhere.
 	Pressure *Pressure

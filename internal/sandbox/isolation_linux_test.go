@@ -186,6 +186,20 @@ print(json.dumps({"unshare": os.waitstatus_to_exitcode(status)}))`,
 			host:     isOK("unshare"),
 		},
 		{
+			// The profile lets unshare through with CLONE_FS alone
+			// (agent.StartIn); with it, a namespace flag is refused.
+			name: "unshare with CLONE_FS",
+			code: `
+CLONE_FS, CLONE_NEWUSER = 0x00000200, 0x10000000
+pid = os.fork()
+if pid == 0:
+    os._exit(err(libc.unshare(CLONE_FS | CLONE_NEWUSER)))
+_, status = os.waitpid(pid, 0)
+print(json.dumps({"unshare": os.waitstatus_to_exitcode(status)}))`,
+			confined: isErr("unshare", eperm),
+			host:     isOK("unshare"),
+		},
+		{
 			name: "ptrace",
 			code: `
 import signal, time

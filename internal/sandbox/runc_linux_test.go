@@ -5,12 +5,17 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -148,9 +153,13 @@ func TestRuncStatefulPython(t *testing.T) {
 	if !strings.HasPrefix(ex.Results[0].PNG, "iVBORw0KGgo") { // base64 of the PNG magic
 		t.Fatalf("result is not a PNG: %.20s", ex.Results[0].PNG)
 	}
-	ex = run(t, s, "python", "import pandas as pd\npd.DataFrame({'country': ['DE', 'FR'], 'amount': [10, 20]})")
+	ex = run(t, s, "python", "import pandas as pd\npd.DataFrame({'country': ['DE', 'FR'], 'amount': [10, 20], 'day': pd.to_datetime(['2024-01-02', '2024-03-04 05:06:07'])})")
 	if len(ex.Results) == 0 || !strings.Contains(ex.Results[0].HTML, "<table") || !strings.Contains(ex.Results[0].Text, "country") {
 		t.Fatalf("DataFrame: want html and text: %+v", ex)
+	}
+	// E2B's data: the columns as lists, timestamps in ISO 8601.
+	if got, _ := json.Marshal(ex.Results[0].Extra["e2b/data"]); string(got) != `{"amount":[10,20],"country":["DE","FR"],"day":["2024-01-02T00:00:00","2024-03-04T05:06:07"]}` {
+		t.Fatalf("DataFrame data: %s", got)
 	}
 	ex = run(t, s, "python", "def f():\n    raise ValueError('bad input')\nf()")
 	if ex.Status != sandbox.ExecError || ex.Error == nil || ex.Error.Name != "ValueError" ||
@@ -213,5 +222,59 @@ func TestRuncMemoryBomb(t *testing.T) {
 	}
 	if ex := run(t, s, "python", "'still ' + 'here'"); mainText(ex) != "'still here'" {
 		t.Fatalf("sandbox unusable after OOM: %+v", ex)
+	}
+}
+
+// TestRuncContextCwdUserCannotEnter: a code context asked to start in a
+// directory its user ("user") may not enter, /root, runs there in every
+// language, as E2B's do: the interpreter's own working directory is /root
+// (getcwd names it), still as "user", who can read nothing in it; a
+// restart keeps it there. Node under allow_subprocess: false starts
+// through the seccomp helper, in /root too. A missing directory or a file
+// is refused before any kernel starts.
+func TestRuncContextCwdUserCannotEnter(t *testing.T) {
+	m := runcEngine(t)
+	ctx := context.Background()
+	no := false
+	s := newSandbox(t, m, sandbox.CreateOptions{})
+	strict := newSandbox(t, m, sandbox.CreateOptions{Policy: &policy.Policy{AccessControl: &policy.AccessControl{AllowSubprocess: &no}}})
+	code := map[string]string{
+		"python":     "import os\ntry:\n    os.listdir('.'); r = 'listed'\nexcept PermissionError:\n    r = 'denied'\nprint(os.getcwd(), os.getuid(), r)",
+		"javascript": "let r; try { require('fs').readdirSync('.'); r = 'listed' } catch (e) { r = e.code === 'EACCES' ? 'denied' : e.code }\nconsole.log(process.cwd(), process.getuid(), r)",
+		"typescript": "let r: string; try { require('fs').readdirSync('.'); r = 'listed' } catch (e: any) { r = e.code === 'EACCES' ? 'denied' : e.code }\nconsole.log(process.cwd(), process.getuid!(), r)",
+		"bash":       `if ls . >/dev/null 2>&1; then r=listed; else r=denied; fi; echo "$(pwd -P) $(id -u) $r"`,
+	}
+	for _, c := range []struct {
+		s    *sandbox.Sandbox
+		lang string
+	}{{s, "python"}, {s, "javascript"}, {s, "typescript"}, {s, "bash"}, {strict, "javascript"}} {
+		info, err := c.s.CreateContext(ctx, agentproto.ContextSpec{Language: c.lang, Cwd: "/root"})
+		if err != nil {
+			t.Fatalf("%s context in /root: %v", c.lang, err)
+		}
+		if info.Cwd != "/root" || info.Language != c.lang {
+			t.Errorf("%s context: %+v", c.lang, info)
+		}
+		for i := range 2 {
+			ex := runReq(t, c.s, sandbox.ExecuteRequest{ContextID: info.ID, Code: code[c.lang]})
+			if ex.Stdout != "/root 1000 denied\n" {
+				t.Errorf("%s context (restarts: %d): stdout %q, error %+v", c.lang, i, ex.Stdout, ex.Error)
+			}
+			if _, err := c.s.RestartContext(ctx, info.ID); err != nil {
+				t.Fatalf("restart %s context: %v", c.lang, err)
+			}
+		}
+		all, err := c.s.Contexts(ctx)
+		if err != nil || !slices.ContainsFunc(all, func(l agentproto.ContextInfo) bool { return l.ID == info.ID && l.Cwd == "/root" }) {
+			t.Errorf("listed contexts %+v (%v), want %s in /root", all, err, info.ID)
+		}
+		if err := c.s.DeleteContext(ctx, info.ID); err != nil {
+			t.Error(err)
+		}
+	}
+	for cwd, code := range map[string]apierr.Code{"/no/such/dir": apierr.NotFound, "/etc/passwd": apierr.BadRequest} {
+		if _, err := s.CreateContext(ctx, agentproto.ContextSpec{Language: "python", Cwd: cwd}); apierr.CodeOf(err) != code || !strings.Contains(err.Error(), cwd) {
+			t.Errorf("context in %s: %v, want %s naming it", cwd, err, code)
+		}
 	}
 }

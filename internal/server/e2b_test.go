@@ -713,4 +713,18 @@ func TestE2BListMany(t *testing.T) {
 	if len(full) != n || calls != 1 {
 		t.Errorf("a page of 100: %d items in %d calls", len(full), calls)
 	}
+	// The v1 list (older SDKs) has no pages: every match at once, newest
+	// first, filtered the same way, only the key owner's.
+	for q, wantIDs := range map[string]func(int) bool{
+		"batch=many":          func(int) bool { return true },
+		"batch=many&parity=0": func(i int) bool { return i%2 == 0 },
+	} {
+		r := e.e2bDo("GET", "/sandboxes?metadata="+url.QueryEscape(q), e.keyA, nil)
+		want(t, r, http.StatusOK, "")
+		var items []map[string]any
+		if err := json.Unmarshal(r.body, &items); err != nil {
+			t.Fatal(err)
+		}
+		check("v1 "+q, items, wantIDs, false)
+	}
 }

@@ -2,8 +2,8 @@
 // (/execute and /contexts on port 49999 of the E2B data plane).
 import { after, before, test } from 'node:test'
 import assert from 'node:assert/strict'
-import { NotFoundError, Sandbox, TimeoutError } from '@e2b/code-interpreter'
-import { killAll, meta, rejectsWith, track } from './helpers.mjs'
+import { NotFoundError, Sandbox, SandboxError, TimeoutError } from '@e2b/code-interpreter'
+import { killAll, meta, rejectsWith, sandboxUrl, track } from './helpers.mjs'
 
 let sbx
 before(async () => {
@@ -313,12 +313,14 @@ test('an indented cell runs as IPython runs it (common indentation removed)', T,
 
 test('a pandas DataFrame result carries data (its columns as lists) besides text and html', T, async () => {
   const ex = await sbx.runCode(
-    'import pandas as pd\ndf = pd.DataFrame({"city": ["Oslo", "Lima"], "n": [11, 22], "x": [0.5, float("nan")]})\ndisplay(df)\ndf'
+    'import pandas as pd\ndf = pd.DataFrame({"city": ["Oslo", "Lima"], "n": [11, 22], "x": [0.5, float("nan")],' +
+      ' "day": pd.to_datetime(["2024-01-02", "2024-03-04 05:06:07"])})\ndisplay(df)\ndf'
   )
   assert.equal(ex.error, undefined, `error ${JSON.stringify(ex.error)}`)
   assert.equal(ex.results.length, 2)
   for (const r of ex.results) {
-    assert.deepEqual(r.data, { city: ['Oslo', 'Lima'], n: [11, 22], x: [0.5, null] })
+    // Timestamps in ISO 8601, as E2B's data formatter gives them.
+    assert.deepEqual(r.data, { city: ['Oslo', 'Lima'], n: [11, 22], x: [0.5, null], day: ['2024-01-02T00:00:00', '2024-03-04T05:06:07'] })
     assert.match(r.html ?? '', /<table/)
     assert.match(r.text ?? '', /Oslo/)
     assert.deepEqual(r.extra, {})
@@ -497,23 +499,55 @@ test('createCodeContext: a new id each time; cwd and language combinations; E2B\
       assert.equal((ex.text ?? ex.logs.stdout.join('')).trim().replace(/^'|'$/g, ''), want, JSON.stringify(opts))
     }
 
-    // Contexts run as the sandbox's user, who cannot enter /root. As in
-    // E2B, Python's context is made anyway and stays in its home (its %cd
-    // only prints); JavaScript's chdir throws and the call fails.
-    const root = await sbx.createCodeContext({ cwd: '/root', language: 'python' })
-    made.push(root)
-    assert.equal(root.language, 'python')
-    assert.ok(!defaults.includes(root.id))
-    const who = await sbx.runCode('import os, getpass\nprint(getpass.getuser(), os.getcwd())', { context: root })
-    assert.deepEqual(who.logs.stdout, [`user ${root.cwd}\n`])
-    let err
-    try {
-      made.push(await sbx.createCodeContext({ cwd: '/root', language: 'javascript' }))
-    } catch (e) {
-      err = e
+    // Contexts run as the sandbox's user, who cannot enter /root. E2B's
+    // server changes each new context into its cwd as root: the context
+    // reports that directory and really runs in it. So does Sheepfold's,
+    // in every language, still as "user" (who may read nothing there).
+    const inRoot = {
+      python: 'import os, getpass\nprint(getpass.getuser(), os.getcwd())',
+      javascript: 'console.log(require("os").userInfo().username, process.cwd())',
+      typescript: 'console.log(require("os").userInfo().username as string, process.cwd())',
+      bash: 'echo "$(whoami) $(pwd)"',
     }
-    assert.ok(err, 'a javascript context in /root was made')
-    assert.match(String(err.message), /500/)
+    for (const language of Object.keys(inRoot)) {
+      const root = await sbx.createCodeContext({ cwd: '/root', language })
+      made.push(root)
+      assert.deepEqual([root.language, root.cwd], [language, '/root'])
+      assert.ok(!defaults.includes(root.id))
+      const who = await sbx.runCode(inRoot[language], { context: root })
+      assert.equal(who.error, undefined, `${language}: ${JSON.stringify(who.error)}`)
+      assert.deepEqual(who.logs.stdout, ['user /root\n'], language)
+      const listed = (await sbx.listCodeContexts()).find((c) => c.id === root.id)
+      assert.deepEqual(listed, { id: root.id, language, cwd: '/root' }, `${language}: listed`)
+    }
+    // A cwd that is not there, or not a directory, is the request's
+    // mistake: a 400 (E2B answers 500, or for Python makes the context in
+    // another directory than the one it reports).
+    for (const [cwd, language] of [
+      ['/no/such/dir', 'python'],
+      ['/no/such/dir', 'javascript'],
+      ['/etc/passwd', 'bash'],
+    ]) {
+      const err = await rejectsWith(sbx.createCodeContext({ cwd, language }), SandboxError, `a ${language} context in ${cwd}`)
+      assert.match(err.message, /^400 Bad Request/, `${language} in ${cwd}`)
+    }
+    // The SDK shows only the status; the body names the reason.
+    for (const [cwd, want] of [
+      ['/no/such/dir', 'cwd /no/such/dir does not exist\n'],
+      ['/etc/passwd', 'cwd /etc/passwd: not a directory\n'],
+    ]) {
+      const res = await fetch(`${sandboxUrl}/contexts`, {
+        method: 'POST',
+        headers: {
+          'Content-Type': 'application/json',
+          'E2b-Sandbox-Id': sbx.sandboxId,
+          'E2b-Sandbox-Port': '49999',
+          'E2B-Traffic-Access-Token': sbx.trafficAccessToken,
+        },
+        body: JSON.stringify({ cwd, language: 'python' }),
+      })
+      assert.deepEqual([res.status, await res.text()], [400, want], cwd)
+    }
   } finally {
     for (const c of made) await sbx.removeCodeContext(c)
   }

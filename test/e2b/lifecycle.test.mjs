@@ -186,8 +186,14 @@ test('a wrong API key is refused', T, async () => {
   await rejectsWith(Sandbox.list({ apiKey }).nextItems(), AuthenticationError, 'list with a wrong key')
 })
 
-test('getMetrics: CPU, memory and disk from the cgroup and filesystem, every 5 s as in E2B', T, async () => {
+test('getMetrics: every field of E2B\'s SandboxMetric, from the cgroup and filesystem, every 5 s as in E2B', T, async () => {
   const sbx = track(await Sandbox.create({ metadata: meta({ case: 'metrics' }), timeoutMs: 120_000 }))
+  const info = await sbx.getInfo()
+  const api = (path) => fetch(`${process.env.E2B_API_URL}${path}`, { headers: { 'X-API-KEY': process.env.E2B_API_KEY } })
+  const { diskSizeMB } = await (await api(`/sandboxes/${sbx.sandboxId}`)).json() // not in the SDK's info
+  assert.ok(diskSizeMB > 0, `diskSizeMB ${diskSizeMB}`)
+  // 8 MB in the sandbox's disk (its writable layer, a tmpfs: page cache
+  // of the sandbox's memory), then 2 s of a busy CPU.
   await sbx.commands.run('head -c 8000000 /dev/urandom > /home/user/ballast && timeout 2 sh -c "while :; do :; done" || true')
   const ms = await eventually(
     async () => {
@@ -198,17 +204,35 @@ test('getMetrics: CPU, memory and disk from the cgroup and filesystem, every 5 s
   )
   assert.ok(ms, 'fewer than two samples after 20 s')
   for (const m of ms) {
+    // The SDK's SandboxMetrics, each field a value (none undefined).
+    assert.deepEqual(Object.keys(m).sort(), ['cpuCount', 'cpuUsedPct', 'diskTotal', 'diskUsed', 'memCache', 'memTotal', 'memUsed', 'timestamp'])
     assert.ok(m.timestamp instanceof Date && !isNaN(m.timestamp), `timestamp ${m.timestamp}`)
-    assert.ok(Number.isInteger(m.cpuCount) && m.cpuCount >= 1, `cpuCount ${m.cpuCount}`)
+    assert.equal(m.cpuCount, info.cpuCount, 'cpuCount: the sandbox\'s CPUs, as getInfo says')
     assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, `cpuUsedPct ${m.cpuUsedPct}`)
-    assert.ok(m.memUsed > 0 && m.memTotal >= m.memUsed, `mem ${m.memUsed}/${m.memTotal}`)
-    assert.ok(m.diskTotal > 0 && m.diskUsed >= 0 && m.diskUsed <= m.diskTotal, `disk ${m.diskUsed}/${m.diskTotal}`)
+    assert.equal(m.memTotal, info.memoryMB * 2 ** 20, 'memTotal: the memory limit, as getInfo says')
+    assert.ok(Number.isInteger(m.memCache) && m.memCache >= 0, `memCache ${m.memCache}`)
+    assert.ok(m.memUsed > 0 && m.memUsed + m.memCache <= m.memTotal, `mem ${m.memUsed} + cache ${m.memCache} / ${m.memTotal}`)
+    assert.equal(m.diskTotal, diskSizeMB * 2 ** 20, 'diskTotal: the disk size, as the sandbox\'s detail says')
+    assert.ok(m.diskUsed >= 0 && m.diskUsed <= m.diskTotal, `disk ${m.diskUsed}/${m.diskTotal}`)
   }
   const last = ms[ms.length - 1]
   assert.ok(last.diskUsed >= 8_000_000, `diskUsed ${last.diskUsed} after writing 8 MB`)
+  // The file's pages are the sandbox's page cache: memCache, not memUsed
+  // (as E2B's memUsed leaves the page cache out).
+  assert.ok(last.memCache >= 8_000_000, `memCache ${last.memCache} with an 8 MB file in the disk`)
   assert.ok(ms.some((m) => m.cpuUsedPct > 0), `no CPU use seen: ${ms.map((m) => m.cpuUsedPct)}`)
   const gaps = ms.slice(1).map((m, i) => m.timestamp - ms[i].timestamp)
   assert.ok(gaps.every((g) => g >= 4_000 && g <= 6_000), `sample gaps ${gaps} ms, want ~5000`)
+
+  // On the wire: exactly E2B's SandboxMetric fields.
+  const res = await api(`/sandboxes/${sbx.sandboxId}/metrics`)
+  assert.equal(res.status, 200)
+  const wire = await res.json()
+  assert.ok(wire.length >= ms.length)
+  assert.deepEqual(Object.keys(wire[0]).sort(), [
+    'cpuCount', 'cpuUsedPct', 'diskTotal', 'diskUsed', 'memCache', 'memTotal', 'memUsed', 'timestamp', 'timestampUnix',
+  ])
+  assert.equal(wire[0].timestampUnix, Math.floor(Date.parse(wire[0].timestamp) / 1000))
 
   // The static form, and a time window.
   const byId = await Sandbox.getMetrics(sbx.sandboxId)

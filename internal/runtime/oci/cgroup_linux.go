@@ -113,10 +113,12 @@ func (c *cgroups) usage(id string) (runtime.Usage, error) {
 			return u, runtime.ErrNotFound
 		}
 		u.MemoryBytes = readInt(filepath.Join(d, "memory.current"))
+		u.MemoryCacheBytes = readKey(filepath.Join(d, "memory.stat"), "file")
 		u.MemoryPeakBytes = readInt(filepath.Join(d, "memory.peak"))
 		u.MemoryLimit = readInt(filepath.Join(d, "memory.max"))
 		u.OOMKills = uint64(readKey(filepath.Join(d, "memory.events"), "oom_kill"))
 		u.CPUNanos = uint64(readKey(filepath.Join(d, "cpu.stat"), "usage_usec")) * 1000
+		u.CPULimit = cpuMax(filepath.Join(d, "cpu.max"))
 		u.Pids = readInt(filepath.Join(d, "pids.current"))
 		u.PidsDenied = uint64(readKey(filepath.Join(d, "pids.events"), "max"))
 		u.Pressure = readPressure(d)
@@ -127,11 +129,18 @@ func (c *cgroups) usage(id string) (runtime.Usage, error) {
 		return u, runtime.ErrNotFound
 	}
 	u.MemoryBytes = readInt(filepath.Join(mem, "memory.usage_in_bytes"))
+	// total_cache counts the cgroup and its children, as usage_in_bytes.
+	u.MemoryCacheBytes = readKey(filepath.Join(mem, "memory.stat"), "total_cache")
 	u.MemoryPeakBytes = readInt(filepath.Join(mem, "memory.max_usage_in_bytes"))
 	u.MemoryLimit = readInt(filepath.Join(mem, "memory.limit_in_bytes"))
 	u.OOMKills = uint64(readKey(filepath.Join(mem, "memory.oom_control"), "oom_kill"))
 	if d := c.controller(id, "cpuacct"); d != "" {
 		u.CPUNanos = uint64(readInt(filepath.Join(d, "cpuacct.usage")))
+	}
+	if d := c.controller(id, "cpu"); d != "" {
+		if quota, period := readInt(filepath.Join(d, "cpu.cfs_quota_us")), readInt(filepath.Join(d, "cpu.cfs_period_us")); quota > 0 && period > 0 {
+			u.CPULimit = float64(quota) / float64(period)
+		}
 	}
 	if d := c.controller(id, "pids"); d != "" {
 		u.Pids = readInt(filepath.Join(d, "pids.current"))
@@ -354,6 +363,22 @@ func readInt(path string) int64 {
 	}
 	n, _ := strconv.ParseInt(s, 10, 64)
 	return n
+}
+
+// cpuMax reads a cgroup v2 cpu.max ("quota period", or "max period" for
+// no limit) as a number of CPUs; 0 for none.
+func cpuMax(path string) float64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	q, p, ok := strings.Cut(strings.TrimSpace(string(b)), " ")
+	quota, err1 := strconv.ParseInt(q, 10, 64)
+	period, err2 := strconv.ParseInt(p, 10, 64)
+	if !ok || err1 != nil || err2 != nil || quota <= 0 || period <= 0 {
+		return 0
+	}
+	return float64(quota) / float64(period)
 }
 
 // readKey reads "key value" lines (memory.events, cpu.stat, memory.oom_control).

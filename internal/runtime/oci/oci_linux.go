@@ -603,6 +603,7 @@ func (o *OCI) Usage(_ context.Context, id string) (runtime.Usage, error) {
 	var st unix.Statfs_t
 	if unix.Statfs(filepath.Join(o.bundles, id, "rw"), &st) == nil && st.Type == unix.TMPFS_MAGIC {
 		u.DiskBytes = int64(st.Blocks-st.Bfree) * st.Bsize
+		u.DiskTotalBytes = int64(st.Blocks) * st.Bsize
 	}
 	return u, nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
@@ -75,7 +76,9 @@ var deniedSyscalls = []string{"ptrace", "process_vm_readv", "process_vm_writev"}
 // CAP_SYS_CHROOT and CAP_DAC_READ_SEARCH (open_by_handle_at). Docker's
 // seccomp profile, built from AgentCapabilities, therefore keeps refusing
 // the system calls it ties to those (mount, unshare, setns, clone with
-// namespace flags, ptrace, module loading...).
+// namespace flags, ptrace, module loading...); unshare only with
+// CLONE_FS alone, which makes no namespace, is let through
+// (ownWorkdirRule).
 var RootCapabilities = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
 }
@@ -214,7 +217,20 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 		return nil, fmt.Errorf("seccomp profile: %w", err)
 	}
 	spec.Linux.Seccomp = denySyscalls(sc, deniedSyscalls)
+	spec.Linux.Seccomp.Syscalls = append(spec.Linux.Seccomp.Syscalls, ownWorkdirRule)
 	return spec, nil
+}
+
+// ownWorkdirRule lets unshare(2) through with exactly CLONE_FS, which
+// gives the calling thread a working directory (and root and umask) of
+// its own and makes no namespace: every child made by fork has that
+// already. The agent uses it to start a code context's kernel in a
+// directory its user may not enter (agent.StartIn). Any other flag, alone
+// or with CLONE_FS, stays refused.
+var ownWorkdirRule = specs.LinuxSyscall{
+	Names:  []string{"unshare"},
+	Action: specs.ActAllow,
+	Args:   []specs.LinuxSeccompArg{{Index: 0, Value: unix.CLONE_FS, Op: specs.OpEqualTo}},
 }
 
 // resources turns limits into cgroup settings. Memory and memory+swap are

@@ -137,6 +137,22 @@ func TestSeccompDeniesDangerousSyscalls(t *testing.T) {
 	}
 }
 
+// TestSeccompUnshareOnlyOwnWorkdir: unshare is allowed by one rule only,
+// for flags equal to CLONE_FS (no namespace), never by name alone.
+func TestSeccompUnshareOnlyOwnWorkdir(t *testing.T) {
+	sc := testSpec(t, runtime.Spec{ID: "abc"}).Linux.Seccomp
+	var rules []specs.LinuxSyscall
+	for _, r := range sc.Syscalls {
+		if r.Action == specs.ActAllow && slices.Contains(r.Names, "unshare") {
+			rules = append(rules, r)
+		}
+	}
+	want := []specs.LinuxSeccompArg{{Index: 0, Value: 0x200, Op: specs.OpEqualTo}}
+	if len(rules) != 1 || len(rules[0].Names) != 1 || !slices.Equal(rules[0].Args, want) {
+		t.Fatalf("unshare allowed by %+v, want one rule with args %+v", rules, want)
+	}
+}
+
 // TestAgentCapabilitiesOpenNoSyscalls: Docker's profile allows some system
 // calls only to holders of some capabilities (mount to CAP_SYS_ADMIN,
 // ptrace to CAP_SYS_PTRACE...). The agent's capabilities must open none.
