@@ -57,6 +57,13 @@ func TestDashboardBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A plot run through the API, not the page: the sandbox page shows it
+	// from the server's execution history.
+	ex, err := c.Execute(ctx, web.ID, client.ExecuteRequest{Code: "import matplotlib.pyplot as plt\nplt.plot([2, 7, 1, 8])\nplt.title(\"from the API\")\nplt.show()\nprint(\"plotted-by-api\")"})
+	if err != nil || ex.Status != "success" || len(ex.Results) == 0 || ex.Results[0].PNG == "" {
+		t.Fatalf("plot through the API: %+v, %v", ex, err)
+	}
+
 	artifacts := os.Getenv("SHEEPFOLD_ARTIFACTS")
 	if artifacts == "" {
 		artifacts = filepath.Join(dir, "artifacts")
