@@ -48,6 +48,7 @@ func BenchmarkPreview(b *testing.B) {
 			}
 		}
 		get()
+		b.ReportAllocs()
 		b.ResetTimer()
 		start := time.Now()
 		b.RunParallel(func(pb *testing.PB) {
