@@ -15,9 +15,11 @@ import (
 )
 
 // A sandbox's execution history: each execution run through the API
-// (POST /v1/sandboxes/{id}/execute, streamed or not) is recorded with
-// its code and its output, so that the dashboard's sandbox page shows
-// what was run from anywhere, not only from the page.
+// (POST /v1/sandboxes/{id}/execute, streamed or not, and a session's
+// executions) is recorded with its code and its output, so that the
+// dashboard's sandbox page shows what was run from anywhere, not only
+// from the page. The E2B surface's executions are not recorded (they
+// never were, in the executions table either).
 //
 // Bounds: the code is kept up to maxRecordedCode bytes; the output
 // (stdout, stderr, results, error) up to maxRecordedOutput bytes of
