@@ -119,7 +119,7 @@ func TestMetricsSummary(t *testing.T) {
 		t.Fatalf("B sees A's figures: %v", b["account"])
 	}
 	a := e.do("GET", "/v1/metrics", admin, nil).json(t)["admin"].(map[string]any)
-	if a == nil || a["sandboxes"].(map[string]any)["running"] != 1.0 || a["goroutines"].(float64) == 0 ||
+	if a == nil || a["sandboxes"].(map[string]any)["running"] != 1.0 || a["goroutines"].(float64) == 0 || a["heap_bytes"].(float64) == 0 ||
 		a["executions"].(map[string]any)["success"].(float64) < 1 {
 		t.Fatalf("admin figures: %v", a)
 	}
