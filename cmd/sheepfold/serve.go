@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -145,13 +146,20 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
 				Models: relay, PreviewDomain: previewDomain,
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
-				func(c *sandbox.Config) { c.PoolSize = poolSize })
+				func(c *sandbox.Config) {
+					c.PoolSize = poolSize
+					if maxSandboxes > 0 {
+						// The engine's own cap follows, so that the flag
+						// can raise the default as well as lower it.
+						c.MaxSandboxes = maxSandboxes
+					}
+				})
 		},
 	}
 	cmd.Flags().StringVar(&configPath, "config", "", "config file: TOML whose keys are these flags' names, plus [[providers]] tables of model providers (default: $SHEEPFOLD_CONFIG, else "+DefaultConfigFile+" if it exists); the environment (SHEEPFOLD_<FLAG>) overrides it and flags override both")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
 	cmd.Flags().Int64Var(&uploadMB, "file-size-upload-mb", 100, "largest file one upload may write, in MiB")
-	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's limit)")
+	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's default, "+strconv.Itoa(sandbox.DefaultMaxSandboxes)+")")
 	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 10*time.Minute,
 		"stop a sandbox after this long with no request and no CPU use (0: never)")
 	cmd.Flags().DurationVar(&eventRetention, "event-retention", 7*24*time.Hour,

@@ -90,14 +90,17 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 	// event's execution has no stdout, stderr or results of its own.
 	st := newStreamer(w, mode)
 	texts := textStreams{}
+	rec.streamed = &outputRecorder{}
 	ex, err := b.sb.Execute(r.Context(), ereq, func(ev agentproto.Event) error {
 		switch ev.Type {
 		case agentproto.EventStdout, agentproto.EventStderr:
 			if text := texts.text(ev.Type, ev.Data); text != "" {
+				rec.streamed.text(ev.Type, text)
 				st.send(ev.Type, textJSON{text}, map[string]any{"type": ev.Type, "text": text})
 			}
 		case agentproto.EventResult:
 			if ev.Result != nil {
+				rec.streamed.result(*ev.Result)
 				st.send("result", ev.Result, map[string]any{"type": "result", "result": ev.Result})
 			}
 		case agentproto.EventError:
@@ -119,10 +122,11 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 // and replaced when it ends. The first write runs beside the execution,
 // off the caller's path; the last waits for it.
 type executionRecord struct {
-	s       *Server
-	r       *http.Request
-	rec     store.Execution
-	started chan struct{}
+	s        *Server
+	r        *http.Request
+	rec      store.Execution
+	started  chan struct{}
+	streamed *outputRecorder // a streamed execution's output as it came; nil when not streamed
 }
 
 func (s *Server) beginExecution(r *http.Request, b *box, id string, req executeRequest) *executionRecord {
@@ -132,7 +136,7 @@ func (s *Server) beginExecution(r *http.Request, b *box, id string, req executeR
 	}
 	er := &executionRecord{s: s, r: r, started: make(chan struct{}),
 		rec: store.Execution{ID: id, SandboxID: b.sb.ID, Owner: b.owner, Language: lang,
-			Status: store.ExecutionRunning, CreatedAt: time.Now()}}
+			Status: store.ExecutionRunning, CreatedAt: time.Now(), Code: cutUTF8(req.Code, maxRecordedCode)}}
 	go func() {
 		defer close(er.started)
 		er.write(er.rec)
@@ -151,6 +155,7 @@ func (er *executionRecord) end(ex *sandbox.Execution, err error) {
 	case ex != nil:
 		rec.Status, rec.ErrorCode, rec.ExecutionTimeMS = ex.Status, string(ex.ErrorCode), ex.ExecutionTimeMS
 		rec.CPUTimeMS, rec.PeakMemoryBytes = ex.CPUTimeMS, ex.PeakMemoryBytes
+		rec.Output = recordOutput(ex, er.streamed)
 	}
 	<-er.started
 	er.write(rec)

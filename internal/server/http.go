@@ -51,6 +51,8 @@ func (s *Server) routesInto(mux *http.ServeMux) {
 	s.uiRoutes(add, mux)
 	s.portRoutes(add)
 	s.metricsRoutes(add)
+	s.metricsSummaryRoutes(add)
+	s.executionHistoryRoutes(add)
 	// Anything else is a JSON 405 for a known path, else a JSON 404, not
 	// the mux's plain text.
 	mux.Handle("/", s.endpoint(false, func(w http.ResponseWriter, r *http.Request) error {

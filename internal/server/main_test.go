@@ -50,7 +50,7 @@ func TestMain(m *testing.M) {
 
 // env is one server over the fake runtime with two owners' keys.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	srv     *server.Server
 	url     string
 	store   *sqlite.DB
@@ -64,7 +64,7 @@ type env struct {
 }
 
 // newEnv starts a server; opts adjust the engine's Config.
-func newEnv(t *testing.T, cfg server.Config, opts ...func(*sandbox.Config)) *env {
+func newEnv(t testing.TB, cfg server.Config, opts ...func(*sandbox.Config)) *env {
 	t.Helper()
 	ctx := context.Background()
 	dbPath := filepath.Join(t.TempDir(), "sheepfold.db")
@@ -131,7 +131,7 @@ type resp struct {
 	body   []byte
 }
 
-func (r resp) json(t *testing.T) map[string]any {
+func (r resp) json(t testing.TB) map[string]any {
 	t.Helper()
 	var m map[string]any
 	if err := json.Unmarshal(r.body, &m); err != nil {
@@ -141,7 +141,7 @@ func (r resp) json(t *testing.T) map[string]any {
 }
 
 // errCode returns the error code of an error response.
-func (r resp) errCode(t *testing.T) string {
+func (r resp) errCode(t testing.TB) string {
 	t.Helper()
 	m := r.json(t)
 	e, ok := m["error"].(map[string]any)
@@ -198,7 +198,7 @@ func (e *env) do(method, path, key string, body any, hdr ...string) resp {
 }
 
 // want fails unless r has the status (and, for errors, the code).
-func want(t *testing.T, r resp, status int, code string) {
+func want(t testing.TB, r resp, status int, code string) {
 	t.Helper()
 	if r.status != status {
 		t.Fatalf("status %d, want %d: %s", r.status, status, r.body)

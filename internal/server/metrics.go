@@ -45,6 +45,8 @@ type metrics struct {
 	agentCall     *prometheus.HistogramVec // op
 	previewIn     prometheus.Counter       // previewBytes' children, resolved once
 	previewOut    prometheus.Counter
+
+	own ownCounts // per-owner event counts for GET /v1/metrics
 }
 
 // Buckets of the latency histograms, in seconds: from 0.5 ms (a warm
@@ -138,6 +140,7 @@ func (m *metrics) onEvent(e events.Event) {
 		}
 		return ""
 	}
+	m.own.add(e, str)
 	switch e.Type {
 	case events.ExecutionFinished:
 		lang := bounded(str("language"), knownLanguages)

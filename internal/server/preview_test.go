@@ -33,7 +33,7 @@ type appServer struct {
 	next chan struct{}
 }
 
-func startApp(t *testing.T) *appServer {
+func startApp(t testing.TB) *appServer {
 	t.Helper()
 	a := &appServer{next: make(chan struct{})}
 	mux := http.NewServeMux()

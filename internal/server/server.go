@@ -241,9 +241,10 @@ type Server struct {
 type box struct {
 	sb          *sandbox.Sandbox
 	owner       string
-	execTimeout time.Duration // default (and longest) execution timeout; 0: the engine's
-	footprint   int64         // memory plus disk limit, in bytes: what admission counts
-	public      map[int]bool  // ports made public (preview.go); guarded by Server.mu
+	execTimeout time.Duration          // default (and longest) execution timeout; 0: the engine's
+	footprint   int64                  // memory plus disk limit, in bytes: what admission counts
+	public      map[int]bool           // ports made public (preview.go); guarded by Server.mu
+	token       atomic.Pointer[string] // its preview token, computed at first use (preview.go)
 }
 
 // New returns a Server over a store and an engine. It starts a goroutine

@@ -227,7 +227,7 @@ func (s *Server) runInSession(r *http.Request, b *box, code, lang string, timeou
 		timeout = sandbox.DefaultExecTimeout
 	}
 	ereq := sandbox.ExecuteRequest{ID: newID("exe_"), Code: code, Language: lang, Timeout: timeout}
-	rec := s.beginExecution(r, b, ereq.ID, executeRequest{Language: lang})
+	rec := s.beginExecution(r, b, ereq.ID, executeRequest{Code: code, Language: lang})
 	ex, err := b.sb.Execute(r.Context(), ereq, nil)
 	rec.end(ex, err)
 	if err != nil {

@@ -77,6 +77,19 @@ type Execution struct {
 	CPUTimeMS       float64
 	PeakMemoryBytes int64
 	CreatedAt       time.Time
+	Code            string          // the code it ran (the server cuts it to a bound)
+	Output          json.RawMessage // stdout, stderr, results and error as a JSON object; nil while running
+}
+
+// KeptOutputs is how many of a sandbox's newest executions keep their
+// Output; older records keep the rest of their fields.
+const KeptOutputs = 50
+
+// ExecutionFilter selects a page of a sandbox's executions, newest first.
+type ExecutionFilter struct {
+	SandboxID string // required
+	Before    string // only executions older than the one with this ID (a cursor); "" from the newest
+	Limit     int    // at most this many; 0 for all
 }
 
 // SandboxFilter selects sandbox records, oldest first.
@@ -130,6 +143,9 @@ type Store interface {
 	// there were: at start, those are what a crashed server was running.
 	EndRunningExecutions(ctx context.Context, code, message string) (int, error)
 	ListExecutions(ctx context.Context, sandboxID string) ([]Execution, error)
+	// PageExecutions lists a sandbox's executions newest first, with their
+	// code and output.
+	PageExecutions(ctx context.Context, f ExecutionFilter) ([]Execution, error)
 
 	AccountStore
 	ModelStore

@@ -31,6 +31,7 @@ type crashServer struct {
 	t                *testing.T
 	bin, dir, addr   string
 	key              string
+	extra            []string // more flags of serve
 	cmd              *exec.Cmd
 	exited           chan struct{}
 	log              *lockedBuffer
@@ -111,7 +112,7 @@ func (s *crashServer) client() *client.Client { return client.New("http://"+s.ad
 func (s *crashServer) start(pool int) {
 	s.t.Helper()
 	s.log = &lockedBuffer{}
-	s.cmd = exec.Command(s.bin, "--data-dir", s.dir, "serve", "--listen", s.addr, "--pool", strconv.Itoa(pool))
+	s.cmd = exec.Command(s.bin, append([]string{"--data-dir", s.dir, "serve", "--listen", s.addr, "--pool", strconv.Itoa(pool)}, s.extra...)...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	begin := time.Now()
 	if err := s.cmd.Start(); err != nil {

@@ -1,8 +1,10 @@
 // The dashboard end to end in a real browser (Debian's chromium, driven by
 // playwright-core): log in, create a sandbox, run code that plots and see
-// the PNG, see a blocked import appear live in the events, open a preview
-// link, and check the key is kept nowhere in the page. Each step leaves a
-// screenshot in $ARTIFACTS. Run by test/integration's TestDashboardBrowser.
+// the PNG, see a blocked import appear live in the events, see a plot run
+// through the API (not the page) in the sandbox's execution history, open
+// a preview link, watch the metrics page move, and check the key is kept
+// nowhere in the page. Each step leaves a screenshot in $ARTIFACTS. Run by
+// test/integration's TestDashboardBrowser.
 import { chromium } from 'playwright-core'
 import assert from 'node:assert/strict'
 import { mkdirSync } from 'node:fs'
@@ -10,7 +12,7 @@ import { mkdirSync } from 'node:fs'
 const url = process.env.SHEEPFOLD_URL
 const key = process.env.SHEEPFOLD_API_KEY
 const policySandbox = process.env.POLICY_SANDBOX
-const previewSandbox = process.env.PREVIEW_SANDBOX // a sandbox serving HTTP on port 8000
+const previewSandbox = process.env.PREVIEW_SANDBOX // a sandbox serving HTTP on port 8000, where the API ran a plot
 const out = process.env.ARTIFACTS
 mkdirSync(out, { recursive: true })
 
@@ -35,9 +37,9 @@ try {
   const t0 = Date.now()
   await page.click('#login')
   await page.waitForSelector('#sandboxes, #no-sandboxes')
-  const listMS = Date.now() - t0
-  console.log(`the sandbox list showed ${listMS} ms after login`)
-  assert.ok(listMS < 1000, `the sandbox list took ${listMS} ms`)
+  // A figure, not an assertion (the machine may be loaded): the bound of
+  // 1 s with 200 sandboxes is measured by TestDashboardList200.
+  console.log(`the sandbox list showed ${Date.now() - t0} ms after login`)
   await shot('sandboxes')
 
   // The key is kept nowhere the page can reach.
@@ -78,7 +80,14 @@ try {
   await shot('usage')
 
   {
+    // The plot the API ran (TestDashboardBrowser, through the Go SDK)
+    // shows in the sandbox's history, its PNG rendered.
     await page.goto(`${url}/ui/#/sandbox/${previewSandbox}`)
+    const plotted = page.locator('#executions .execution', { hasText: 'plotted-by-api' })
+    await plotted.waitFor({ timeout: 30000 })
+    assert.match(await plotted.locator('img.result').getAttribute('src'), /^data:image\/png;base64,iVBOR/)
+    assert.ok(await plotted.locator('pre.code >> text=plt.title("from the API")').isVisible())
+    await shot('api-execution-history')
     const link = await page.waitForSelector('#previews a', { timeout: 30000 })
     await shot('previews')
     const href = await link.getAttribute('href')
@@ -89,6 +98,23 @@ try {
     await preview.screenshot({ path: `${out}/${String(++step).padStart(2, '0')}-preview-open.png` })
     console.log(`step ${step}: preview opened`)
   }
+
+  // The metrics page: the account's executions counted, the service's
+  // latencies, live (a poll later the figures move with new work).
+  await page.goto(`${url}/ui/#/metrics`)
+  await page.waitForSelector('#m-executions td >> text=success', { timeout: 30000 })
+  await page.waitForSelector('#m-latency td >> text=execution')
+  const count = async () => Number(await page.locator('#m-executions tr', { hasText: 'success' }).locator('td.num').textContent())
+  const before = await count()
+  const r = await fetch(`${url}/v1/sandboxes/${previewSandbox}/execute`, { method: 'POST',
+    headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' }, body: JSON.stringify({ code: '1+1' }) })
+  assert.equal(r.status, 200)
+  await page.waitForFunction(([b]) => {
+    const row = [...document.querySelectorAll('#m-executions tr')].find(tr => tr.textContent.includes('success'))
+    return row && Number(row.querySelector('td.num').textContent) > b
+  }, [before], { timeout: 30000 })
+  console.log(`successful executions on the metrics page: ${before} then ${await count()}`)
+  await shot('metrics')
 
   // Log out: the session no longer works.
   await page.goto(`${url}/ui/`)

@@ -6,6 +6,7 @@ import { Sandboxes } from './sandboxes'
 import { SandboxPage } from './sandbox'
 import { Usage } from './usage'
 import { SecurityEvents } from './events'
+import { Metrics } from './metrics'
 import './style.css'
 
 function useHash(): string {
@@ -57,6 +58,7 @@ function App() {
     case 'sandbox': body = html`<${SandboxPage} id=${decodeURIComponent(arg ?? '')} />`; break
     case 'usage': body = html`<${Usage} account=${account} />`; break
     case 'security': body = html`<${SecurityEvents} />`; break
+    case 'metrics': body = html`<${Metrics} />`; break
     default: body = html`<${Sandboxes} />`
   }
   const out = async () => { await logout().catch(() => {}); setAccount(null) }
@@ -67,6 +69,7 @@ function App() {
         <a class=${active('')} href="#/">Sandboxes</a>
         <a class=${active('usage')} href="#/usage">Usage</a>
         <a class=${active('security')} href="#/security">Security events</a>
+        <a class=${active('metrics')} href="#/metrics">Metrics</a>
       </nav>
       <span class="muted">${account.name ?? account.id}</span>
       <button class="link" onClick=${out}>Log out</button>

@@ -13,9 +13,9 @@ export function Result({ r }: { r: any }) {
 }
 
 export function Execution({ x }: { x: any }) {
-  return html`<div class="execution">
+  return html`<div class="execution" data-id=${x.id}>
     <pre class="code">${x.code}</pre>
-    <div class="muted">${x.status}${x.execution_time_ms !== undefined ? ` · ${x.execution_time_ms.toFixed(1)} ms` : ''}${x.error_code ? ` · ${x.error_code}` : ''}</div>
+    <div class="muted">${x.created_at ? `${new Date(x.created_at).toLocaleTimeString()} · ` : ''}${x.language ? `${x.language} · ` : ''}${x.status}${x.execution_time_ms !== undefined ? ` · ${x.execution_time_ms.toFixed(1)} ms` : ''}${x.error_code ? ` · ${x.error_code}` : ''}${x.cut ? ' · cut to the history\'s bounds' : ''}${x.unkept ? ' · output no longer kept' : ''}</div>
     ${x.stdout && html`<pre class="stdout">${x.stdout}</pre>`}
     ${x.stderr && html`<pre class="stderr">${x.stderr}</pre>`}
     ${(x.results ?? []).map((r: any) => html`<${Result} r=${r} />`)}

@@ -7,7 +7,21 @@ import { Execution } from './results'
 export function SandboxPage({ id }: { id: string }) {
   const [sb, setSb] = useState<any>(null)
   const [err, setErr] = useState('')
+  const [events, setEvents] = useState<any[]>([])
+  // ran counts executions the page has seen end (its event stream), so
+  // the history reloads when code runs from anywhere.
+  const [ran, setRan] = useState(0)
   useEffect(() => { api('GET', `/v1/sandboxes/${id}`).then(setSb, (x) => setErr(x.message)) }, [id])
+  useEffect(() => {
+    const ctl = new AbortController()
+    const seen: any[] = []
+    stream(`/v1/sandboxes/${id}/events`, (e) => {
+      seen.unshift(e.data)
+      setEvents(seen.slice(0, 200))
+      if (e.data?.type === 'execution.finished') setRan((n) => n + 1)
+    }, ctl.signal).catch(() => {})
+    return () => ctl.abort()
+  }, [id])
   const kill = async () => {
     try { await api('DELETE', `/v1/sandboxes/${id}`); location.hash = '#/' } catch (x: any) { setErr(x.message) }
   }
@@ -17,26 +31,59 @@ export function SandboxPage({ id }: { id: string }) {
     <div class="bar"><h2>${id}</h2><button class="danger" onClick=${kill}>Kill</button></div>
     <p class="muted">${sb.template} · ${sb.state} · ${age(sb.created_at)} old · ${sb.resources?.cpus ?? '?'} CPUs · ${sb.resources?.memory_mb ?? '?'} MiB</p>
     <div class="columns">
-      <div><${Code} id=${id} /><${Command} id=${id} /></div>
-      <div><${Previews} id=${id} /><${Files} id=${id} /><${Events} id=${id} /></div>
+      <div><${Code} id=${id} ran=${ran} /><${Command} id=${id} /></div>
+      <div><${Previews} id=${id} /><${Files} id=${id} /><div class="panel" id="events"><h3>Events (live)</h3><${EventList} events=${events} /></div></div>
     </div>
   </section>`
 }
 
-function Code({ id }: { id: string }) {
+// historyItem is a recorded execution (GET /v1/sandboxes/{id}/executions)
+// in the shape Execution renders.
+function historyItem(x: any): any {
+  const o = x.output ?? {}
+  return { ...o, id: x.id, code: x.code, status: x.status, execution_time_ms: x.execution_time_ms,
+    error_code: x.error_code, stderr: [o.stderr, x.message].filter(Boolean).join('\n'), language: x.language,
+    created_at: x.created_at, cut: x.code_truncated || o.truncated, unkept: x.output === null && x.status !== 'running' && !x.message }
+}
+
+const historyPage = 10
+
+// Code runs code and shows the sandbox's executions: its history on the
+// server, newest first, whoever ran them (the page, the API, an SDK),
+// reloaded when an execution ends, older pages on demand.
+function Code({ id, ran }: { id: string; ran: number }) {
   const [code, setCode] = useState('')
   const [language, setLanguage] = useState('python')
-  const [runs, setRuns] = useState<any[]>([])
+  const [history, setHistory] = useState<any[] | null>(null)
+  const [older, setOlder] = useState<any[]>([])
+  const [next, setNext] = useState('')
+  const [refused, setRefused] = useState<any>(null)
   const [busy, setBusy] = useState(false)
+  const [err, setErr] = useState('')
+  const load = () => api('GET', `/v1/sandboxes/${id}/executions?limit=${historyPage}`).then((p) => {
+    setHistory(p.executions.map(historyItem))
+    if (older.length === 0) setNext(p.next ?? '')
+    setErr('')
+  }, (x) => setErr(x.message))
+  useEffect(() => { load() }, [id, ran])
+  const more = async () => {
+    try {
+      const p = await api('GET', `/v1/sandboxes/${id}/executions?limit=${historyPage}&cursor=${encodeURIComponent(next)}`)
+      setOlder([...older, ...p.executions.map(historyItem)])
+      setNext(p.next ?? '')
+    } catch (x: any) { setErr(x.message) }
+  }
   const run = async () => {
     setBusy(true)
+    setRefused(null)
     try {
-      const x = await api('POST', `/v1/sandboxes/${id}/execute`, { code, language })
-      setRuns([{ ...x, code }, ...runs])
+      await api('POST', `/v1/sandboxes/${id}/execute`, { code, language })
     } catch (e: any) {
-      setRuns([{ code, status: 'refused', error_code: e.code, stderr: e.message }, ...runs])
-    } finally { setBusy(false) }
+      setRefused({ code, status: 'refused', error_code: e.code, stderr: e.message })
+    } finally { setBusy(false); load() }
   }
+  const seen = new Set((history ?? []).map(x => x.id))
+  const all = [...(history ?? []), ...older.filter(x => !seen.has(x.id))]
   return html`<div class="panel">
     <h3>Run code</h3>
     <select value=${language} onChange=${(e: any) => setLanguage(e.target.value)}>
@@ -45,7 +92,14 @@ function Code({ id }: { id: string }) {
     <textarea id="code" rows="8" spellcheck=${false} value=${code} onInput=${(e: any) => setCode(e.target.value)}
       onKeyDown=${(e: KeyboardEvent) => { if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) run() }}></textarea>
     <button id="run" disabled=${busy} onClick=${run}>${busy ? 'Running…' : 'Run (Ctrl+Enter)'}</button>
-    <div id="executions">${runs.map(x => html`<${Execution} x=${x} />`)}</div>
+    ${err && html`<p class="error">${err}</p>`}
+    <h3 class="gap">Executions <span class="muted">(newest first, from every client)</span></h3>
+    <div id="executions">
+      ${refused && html`<${Execution} x=${refused} />`}
+      ${history === null ? html`<p class="muted">Loading…</p>` : all.length === 0 && !refused ? html`<p class="muted">No executions yet.</p>` : null}
+      ${all.map(x => html`<${Execution} key=${x.id} x=${x} />`)}
+    </div>
+    ${next && html`<div class="pager"><button id="older" onClick=${more}>Older executions</button></div>`}
   </div>`
 }
 
@@ -126,15 +180,4 @@ export function describe(e: any): string {
     case 'sandbox.stopped': return d.reason ?? ''
     default: return ''
   }
-}
-
-function Events({ id }: { id: string }) {
-  const [events, setEvents] = useState<any[]>([])
-  useEffect(() => {
-    const ctl = new AbortController()
-    const seen: any[] = []
-    stream(`/v1/sandboxes/${id}/events`, (e) => { seen.unshift(e.data); setEvents(seen.slice(0, 200)) }, ctl.signal).catch(() => {})
-    return () => ctl.abort()
-  }, [id])
-  return html`<div class="panel" id="events"><h3>Events (live)</h3><${EventList} events=${events} /></div>`
 }

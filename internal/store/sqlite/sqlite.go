@@ -464,15 +464,25 @@ func (d *DB) DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes, e
 	return int(ns), int(ne), nil
 }
 
-// AddExecution implements store.Store.
+// AddExecution implements store.Store. An execution recorded with its
+// output clears the output of the sandbox's executions past the newest
+// store.KeptOutputs, so that a sandbox's history stays bounded.
 func (d *DB) AddExecution(ctx context.Context, e store.Execution) error {
 	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO executions
-		(id, sandbox_id, owner, language, status, error_code, error, execution_time_ms, cpu_time_ms, peak_memory_bytes, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		(id, sandbox_id, owner, language, status, error_code, error, execution_time_ms, cpu_time_ms, peak_memory_bytes,
+		created_at, code, output)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		e.ID, e.SandboxID, e.Owner, e.Language, e.Status, e.ErrorCode, e.Error, e.ExecutionTimeMS, e.CPUTimeMS,
-		e.PeakMemoryBytes, fmtTime(e.CreatedAt))
+		e.PeakMemoryBytes, fmtTime(e.CreatedAt), e.Code, string(e.Output))
 	if err != nil {
 		return storeErr("add execution", err)
+	}
+	if len(e.Output) > 0 {
+		if _, err := d.db.ExecContext(ctx, `UPDATE executions SET output = '' WHERE sandbox_id = ? AND output != ''
+			AND id NOT IN (SELECT id FROM executions WHERE sandbox_id = ? ORDER BY created_at DESC, id DESC LIMIT ?)`,
+			e.SandboxID, e.SandboxID, store.KeptOutputs); err != nil {
+			return storeErr("trim execution outputs", err)
+		}
 	}
 	return nil
 }
@@ -490,23 +500,54 @@ func (d *DB) EndRunningExecutions(ctx context.Context, code, message string) (in
 
 // ListExecutions implements store.Store, oldest first.
 func (d *DB) ListExecutions(ctx context.Context, sandboxID string) ([]store.Execution, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT id, sandbox_id, owner, language, status, error_code, error,
-		execution_time_ms, cpu_time_ms, peak_memory_bytes, created_at FROM executions
+	rows, err := d.db.QueryContext(ctx, `SELECT `+executionColumns+` FROM executions
 		WHERE sandbox_id = ? ORDER BY created_at, id`, sandboxID)
 	if err != nil {
 		return nil, storeErr("list executions", err)
 	}
+	return scanExecutions(rows)
+}
+
+// PageExecutions implements store.Store: newest first, before the
+// cursor's (created_at, id).
+func (d *DB) PageExecutions(ctx context.Context, f store.ExecutionFilter) ([]store.Execution, error) {
+	q := `SELECT ` + executionColumns + ` FROM executions WHERE sandbox_id = ?`
+	args := []any{f.SandboxID}
+	if f.Before != "" {
+		q += ` AND (created_at, id) < (SELECT created_at, id FROM executions WHERE id = ? AND sandbox_id = ?)`
+		args = append(args, f.Before, f.SandboxID)
+	}
+	q += ` ORDER BY created_at DESC, id DESC`
+	if f.Limit > 0 {
+		q += ` LIMIT ?`
+		args = append(args, f.Limit)
+	}
+	rows, err := d.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, storeErr("page executions", err)
+	}
+	return scanExecutions(rows)
+}
+
+const executionColumns = `id, sandbox_id, owner, language, status, error_code, error,
+		execution_time_ms, cpu_time_ms, peak_memory_bytes, created_at, code, output`
+
+func scanExecutions(rows *sql.Rows) ([]store.Execution, error) {
 	defer rows.Close()
 	out := []store.Execution{}
 	for rows.Next() {
 		var e store.Execution
-		var created string
+		var created, output string
 		if err := rows.Scan(&e.ID, &e.SandboxID, &e.Owner, &e.Language, &e.Status, &e.ErrorCode, &e.Error,
-			&e.ExecutionTimeMS, &e.CPUTimeMS, &e.PeakMemoryBytes, &created); err != nil {
+			&e.ExecutionTimeMS, &e.CPUTimeMS, &e.PeakMemoryBytes, &created, &e.Code, &output); err != nil {
 			return nil, err
 		}
+		var err error
 		if e.CreatedAt, err = parseTime(created); err != nil {
 			return nil, err
+		}
+		if output != "" {
+			e.Output = json.RawMessage(output)
 		}
 		out = append(out, e)
 	}

@@ -246,3 +246,41 @@ func TestDatabasePrivate(t *testing.T) {
 		}
 	}
 }
+
+// TestPageExecutions: pages newest first before a cursor, with code and
+// output; only a sandbox's newest store.KeptOutputs keep their output.
+func TestPageExecutions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := open(t, filepath.Join(t.TempDir(), "s.db"))
+	defer db.Close()
+	at := time.Now()
+	n := store.KeptOutputs + 2
+	for i := range n {
+		e := store.Execution{ID: fmt.Sprintf("e%03d", i), SandboxID: "s", Owner: "o", Status: "success",
+			CreatedAt: at.Add(time.Duration(i) * time.Millisecond), Code: fmt.Sprint("print(", i, ")"),
+			Output: json.RawMessage(fmt.Sprintf(`{"stdout":"%d\n"}`, i))}
+		if err := db.AddExecution(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another sandbox's executions keep theirs.
+	db.AddExecution(ctx, store.Execution{ID: "other", SandboxID: "t", Owner: "o", Status: "success", CreatedAt: at, Output: json.RawMessage(`{}`)})
+	page, err := db.PageExecutions(ctx, store.ExecutionFilter{SandboxID: "s", Limit: 2})
+	if err != nil || len(page) != 2 || page[0].ID != fmt.Sprintf("e%03d", n-1) || page[0].Code != fmt.Sprint("print(", n-1, ")") ||
+		string(page[0].Output) != fmt.Sprintf(`{"stdout":"%d\n"}`, n-1) {
+		t.Fatalf("first page: %+v, %v", page, err)
+	}
+	page, err = db.PageExecutions(ctx, store.ExecutionFilter{SandboxID: "s", Before: page[1].ID})
+	if err != nil || len(page) != n-2 || page[0].ID != fmt.Sprintf("e%03d", n-3) {
+		t.Fatalf("after the cursor: %d, %v", len(page), err)
+	}
+	for _, e := range page {
+		if kept := e.ID >= fmt.Sprintf("e%03d", n-store.KeptOutputs); kept != (e.Output != nil) {
+			t.Fatalf("%s: output %q (kept %v)", e.ID, e.Output, kept)
+		}
+	}
+	if l, _ := db.PageExecutions(ctx, store.ExecutionFilter{SandboxID: "t"}); len(l) != 1 || l[0].Output == nil {
+		t.Fatalf("sandbox t: %+v", l)
+	}
+}

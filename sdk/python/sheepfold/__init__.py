@@ -60,6 +60,7 @@ from .models import (
     Result,
     SandboxInfo,
 )
+from .ports import Port, PortList
 from .sandbox import Sandbox
 
 __all__ = [
@@ -79,6 +80,8 @@ __all__ = [
     "ProviderTimeoutError",
     "SessionNotFoundError",
     "Sandbox",
+    "Port",
+    "PortList",
     "Account",
     "Admin",
     "Alert",

@@ -10,6 +10,7 @@ from .events import Events
 from .errors import NotFoundError, SandboxStateError, SheepfoldError
 from .files import Filesystem
 from .models import CodeContext, Execution, ExecutionError, PolicyAnswer, Resources, Result, SandboxInfo
+from .ports import Port, PortList
 
 __all__ = ["Sandbox"]
 
@@ -148,6 +149,44 @@ class Sandbox:
             return self.get_info().state == "running"
         except (NotFoundError, SandboxStateError):
             return False
+
+    # Preview ports.
+
+    def list_ports(self, expires_in: Optional[float] = None) -> PortList:
+        """The ports the sandbox listens on and the ports made public, each
+        with its preview URLs, and the sandbox's preview token. Signed URLs
+        live ``expires_in`` seconds (default: the server's, an hour)."""
+        params = {"expires_in": int(expires_in)} if expires_in is not None else None
+        return PortList.from_dict(self._http.get_json(self._base + "/ports", params=params))
+
+    def set_port_public(self, port: int, public: bool = True) -> Port:
+        """Make port's preview public (reachable without a credential) or
+        private again; the port need not listen yet."""
+        if isinstance(port, bool) or not isinstance(port, int):
+            raise TypeError("port must be an int")
+        return Port.from_dict(self._http.request("PUT", f"{self._base}/ports/{port}",
+                                                 json_body={"public": bool(public)}).json())
+
+    def get_preview_url(self, port: int, signed: bool = False, expires_in: Optional[float] = None) -> str:
+        """The preview URL of port: the host form
+        ``http://{port}-{id}.{preview domain}/`` when the server has a preview
+        domain, else the path form ``.../v1/sandboxes/{id}/proxy/{port}/``
+        (the path form for a port that neither listens nor is public yet).
+        A private port's URL needs the token of :meth:`list_ports` in its
+        header; with ``signed``, the URL a browser opens without it (it sets
+        a cookie) until it expires, for a port that listens or is public
+        (else NotFoundError).
+        """
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise ValueError("port must be an int from 1 to 65535")
+        p = self.list_ports(expires_in).get(port)
+        if signed:
+            if p is None or not p.signed_url:
+                raise NotFoundError(f"port {port} of sandbox {self.sandbox_id} neither listens nor is public")
+            return p.signed_url
+        if p is not None and p.preview_url:
+            return p.preview_url
+        return f"{self._http.base_url}{self._base}/proxy/{port}/"
 
     # Security policy.
 

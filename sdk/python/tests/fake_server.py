@@ -238,7 +238,34 @@ class Handler(BaseHTTPRequestHandler):
             return self.commands(rec, sid, rest)
         if rest.startswith("/files"):
             return self.files(rec, sid, rest)
+        if rest.startswith("/ports"):
+            return self.ports(rec, sid, sb, rest)
         return err("ERR_NOT_FOUND", f"no route {m} {p}", 404)
+
+    def ports(self, rec: Recorded, sid: str, sb: Dict[str, Any], rest: str) -> Tuple[int, Any, Dict[str, str]]:
+        # Port 8000 listens in every fake sandbox; others once made public.
+        public = sb.setdefault("public_ports", set())
+
+        def entry(port: int) -> Dict[str, Any]:
+            proxy = f"{self.server.url}/v1/sandboxes/{sid}/proxy/{port}/"
+            return {"port": port, "listening": port == 8000, "addresses": ["127.0.0.1"] if port == 8000 else [],
+                    "public": port in public, "proxy_url": proxy, "signed_url": proxy + "?sf_preview=123.abc",
+                    "signed_url_expires_at": LATER}
+        if rest == "/ports" and rec.method == "GET":
+            sb["ports_expires_in"] = rec.q("expires_in")
+            return 200, {"ports": [entry(p) for p in sorted({8000} | public)], "token": "sfp_fake",
+                         "token_header": "Sheepfold-Preview-Token"}, {}
+        mt = re.fullmatch(r"/ports/([0-9]+)", rest)
+        if mt and rec.method == "PUT":
+            port = int(mt.group(1))
+            if not 1 <= port <= 65535:
+                return err("ERR_BAD_REQUEST", "port must be a number between 1 and 65535", 400)
+            if rec.json().get("public"):
+                public.add(port)
+            else:
+                public.discard(port)
+            return 200, entry(port), {}
+        return err("ERR_NOT_FOUND", f"no route {rec.method} {rec.path}", 404)
 
     def create(self, rec: Recorded) -> Tuple[int, Any, Dict[str, str]]:
         try:

@@ -270,6 +270,69 @@ class TestEndToEnd(unittest.TestCase):
         self.assertEqual(me.alerts(unacknowledged=True), [])
         self.assertTrue(issubclass(RateLimitError, Exception))
 
+    def test_preview_ports(self) -> None:
+        import http.cookiejar
+        import time
+        import urllib.error
+        import urllib.request
+
+        sb = self.create()
+        sb.files.write("site/index.html", "<h1>hello from the preview</h1>")
+        sb.commands.run("python3 -m http.server 8000", cwd="/home/user/site", background=True)
+        deadline = time.monotonic() + 60
+        while True:
+            ports = sb.list_ports(expires_in=600)
+            p = ports.get(8000)
+            if p is not None and p.listening:
+                break
+            if time.monotonic() > deadline:
+                self.fail(f"port 8000 never listened: {ports}")
+            time.sleep(0.2)  # polling: the server starts in the background
+        self.assertFalse(p.public)
+        self.assertTrue(p.proxy_url.endswith(f"/v1/sandboxes/{sb.sandbox_id}/proxy/8000/"), p.proxy_url)
+        self.assertIn("sf_preview=", p.signed_url)
+        self.assertIsNotNone(p.signed_url_expires_at)
+        self.assertTrue(ports.token)
+        self.assertEqual(sb.get_preview_url(8000), p.url or p.proxy_url)
+        self.assertEqual(sb.get_preview_url(9), f"{E2E_URL.rstrip('/')}/v1/sandboxes/{sb.sandbox_id}/proxy/9/")
+        with self.assertRaises(NotFoundError):
+            sb.get_preview_url(9, signed=True)
+
+        def fetch(url: str, headers: dict = {}, opener: object = None) -> tuple:
+            req = urllib.request.Request(url, headers=headers)
+            try:
+                with (opener or urllib.request.build_opener()).open(req, timeout=30) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read().decode()
+
+        # Private: refused without a credential; the token opens it; the
+        # signed URL opens it in a client with cookies (it redirects).
+        self.assertEqual(fetch(p.proxy_url)[0], 401)
+        status, body = fetch(p.proxy_url, ports.headers)
+        self.assertEqual((status, "hello from the preview" in body), (200, True), body)
+        jar = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        signed = sb.get_preview_url(8000, signed=True)
+        self.assertTrue(signed.startswith(p.url or p.proxy_url), signed)
+        # The signature is the sandbox's, port's and expiry's, whatever the
+        # form: opened on the path form (the host form needs wildcard DNS).
+        status, body = fetch(p.proxy_url + "?" + signed.split("?", 1)[1], opener=jar)
+        self.assertEqual(status, 200, body)
+
+        # Public, then private again.
+        pub = sb.set_port_public(8000)
+        self.assertTrue(pub.public)
+        self.assertTrue(sb.list_ports().get(8000).public)
+        self.assertEqual(fetch(p.proxy_url)[0], 200)
+        self.assertFalse(sb.set_port_public(8000, False).public)
+        self.assertEqual(fetch(p.proxy_url)[0], 401)
+        # A port made public before anything listens on it is listed.
+        self.assertTrue(sb.set_port_public(8123).public)
+        later = sb.list_ports().get(8123)
+        self.assertTrue(later is not None and later.public and not later.listening)
+        with self.assertRaises(InvalidArgumentError):
+            sb.set_port_public(70000)
+
     def test_bad_key(self) -> None:
         from sheepfold import AuthenticationError
         with self.assertRaises(AuthenticationError):

@@ -143,6 +143,42 @@ class TestSandboxLifecycle(FakeServerTest):
         self.assertEqual(self.server.requests[-1].path, "/v1/sandboxes/a%2Fb%3Fc")
 
 
+class TestPorts(FakeServerTest):
+    def test_list_ports_public_and_preview_urls(self) -> None:
+        sb = self.sandbox()
+        ports = sb.list_ports(expires_in=600)
+        self.assertEqual(self.server.sandboxes[sb.sandbox_id]["ports_expires_in"], "600")
+        p = ports.get(8000)
+        self.assertTrue(p.listening and not p.public)
+        self.assertEqual(p.addresses, ["127.0.0.1"])
+        self.assertEqual(p.preview_url, p.proxy_url)
+        self.assertIsNotNone(p.signed_url_expires_at)
+        self.assertEqual(ports.headers, {"Sheepfold-Preview-Token": "sfp_fake"})
+        self.assertIsNone(ports.get(9000))
+
+        self.assertEqual(sb.get_preview_url(8000), f"{self.server.url}/v1/sandboxes/{sb.sandbox_id}/proxy/8000/")
+        self.assertTrue(sb.get_preview_url(8000, signed=True).endswith("/proxy/8000/?sf_preview=123.abc"))
+        # A port that does not listen: the path form, and no signed URL.
+        self.assertEqual(sb.get_preview_url(9000), f"{self.server.url}/v1/sandboxes/{sb.sandbox_id}/proxy/9000/")
+        with self.assertRaises(NotFoundError):
+            sb.get_preview_url(9000, signed=True)
+        for bad in (0, 70000, True, "8000"):
+            with self.assertRaises(ValueError):
+                sb.get_preview_url(bad)  # type: ignore[arg-type]
+
+        pub = sb.set_port_public(9000)
+        self.assertTrue(pub.public and not pub.listening)
+        self.assertEqual(self.server.calls("PUT", r".*/ports/9000$")[-1].json(), {"public": True})
+        self.assertTrue(sb.list_ports().get(9000).public)
+        self.assertTrue(sb.get_preview_url(9000, signed=True))
+        self.assertFalse(sb.set_port_public(9000, False).public)
+        self.assertIsNone(sb.list_ports().get(9000))
+        with self.assertRaises(InvalidArgumentError):
+            sb.set_port_public(70000)
+        with self.assertRaises(TypeError):
+            sb.set_port_public("80")  # type: ignore[arg-type]
+
+
 class TestErrors(FakeServerTest):
     def test_bad_key_is_authentication_error(self) -> None:
         with self.assertRaises(AuthenticationError) as cm:

@@ -1,0 +1,126 @@
+package server_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/server"
+)
+
+// TestExecutionHistory: executions run through the API, plain and
+// streamed, are listed newest first with their code and output, in
+// pages; another account's sandbox is not found; a bad limit is refused.
+func TestExecutionHistory(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	id := e.create(e.keyA, nil)
+	path := "/v1/sandboxes/" + id + "/execute"
+	want(t, e.do("POST", path, e.keyA, map[string]any{"code": "print('first')"}), http.StatusOK, "")
+	want(t, e.do("POST", path, e.keyA, map[string]any{"code": "raise ValueError('second')"}), http.StatusOK, "")
+	r := e.do("POST", path+"?stream=1", e.keyA, map[string]any{"code": "print('third')\n6*7"})
+	want(t, r, http.StatusOK, "")
+
+	hist := "/v1/sandboxes/" + id + "/executions"
+	r = e.do("GET", hist+"?limit=2", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	page := r.json(t)
+	l := page["executions"].([]any)
+	if len(l) != 2 || page["next"] == nil {
+		t.Fatalf("first page: %s", r.body)
+	}
+	third, second := l[0].(map[string]any), l[1].(map[string]any)
+	out3, _ := third["output"].(map[string]any)
+	if third["code"] != "print('third')\n6*7" || third["status"] != "success" || out3 == nil || out3["stdout"] != "third\n" {
+		t.Fatalf("streamed execution: %v", third)
+	}
+	if res, _ := out3["results"].([]any); len(res) != 1 || res[0].(map[string]any)["text"] != "42" {
+		t.Fatalf("streamed execution's results: %v", out3)
+	}
+	out2, _ := second["output"].(map[string]any)
+	if errObj, _ := out2["error"].(map[string]any); second["status"] != "error" || errObj["name"] != "ValueError" {
+		t.Fatalf("failed execution: %v", second)
+	}
+	r = e.do("GET", hist+"?limit=2&cursor="+page["next"].(string), e.keyA, nil)
+	page = r.json(t)
+	l = page["executions"].([]any)
+	if len(l) != 1 || page["next"] != nil || l[0].(map[string]any)["output"].(map[string]any)["stdout"] != "first\n" {
+		t.Fatalf("second page: %s", r.body)
+	}
+
+	want(t, e.do("GET", hist, e.keyB, nil), http.StatusNotFound, "ERR_SANDBOX_NOT_FOUND")
+	want(t, e.do("GET", "/v1/sandboxes/nope/executions", e.keyA, nil), http.StatusNotFound, "ERR_SANDBOX_NOT_FOUND")
+	want(t, e.do("GET", hist+"?limit=51", e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST")
+
+	// The history stays after the sandbox stopped.
+	want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
+	if l := e.do("GET", hist, e.keyA, nil).json(t)["executions"].([]any); len(l) != 3 {
+		t.Fatalf("after stop: %d executions", len(l))
+	}
+}
+
+// TestExecutionHistoryBounds: a record keeps at most 64 KiB of code and
+// of each stream, and says it was cut.
+func TestExecutionHistoryBounds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	id := e.create(e.keyA, nil)
+	code := "print('x' * 200000)\n#" + strings.Repeat("y", 70<<10)
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/execute", e.keyA, map[string]any{"code": code}), http.StatusOK, "")
+	r := e.do("GET", "/v1/sandboxes/"+id+"/executions", e.keyA, nil)
+	x := r.json(t)["executions"].([]any)[0].(map[string]any)
+	out := x["output"].(map[string]any)
+	if len(x["code"].(string)) != 64<<10 || x["code_truncated"] != true || len(out["stdout"].(string)) != 64<<10 || out["truncated"] != true {
+		t.Fatalf("code %d bytes, stdout %d bytes, %v %v", len(x["code"].(string)), len(out["stdout"].(string)), x["code_truncated"], out["truncated"])
+	}
+}
+
+// TestMetricsSummary: GET /v1/metrics shows an account its own figures
+// and the server's latencies; the server-wide counters only to admins.
+func TestMetricsSummary(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	_, admin, err := auth.Create(context.Background(), e.store, auth.CreateOptions{Admin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(t, e.do("GET", "/v1/metrics", "", nil), http.StatusUnauthorized, "ERR_AUTHENTICATION_FAILED")
+	id := e.create(e.keyA, nil)
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/execute", e.keyA, map[string]any{"code": "1+1"}), http.StatusOK, "")
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/execute", e.keyA, map[string]any{"code": "raise ValueError()"}), http.StatusOK, "")
+
+	var m map[string]any
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m = e.do("GET", "/v1/metrics", e.keyA, nil).json(t)
+		ex := m["account"].(map[string]any)["executions"].(map[string]any)
+		if ex["success"] == 1.0 && ex["error"] == 1.0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("account's executions never counted: %v", m)
+		}
+		time.Sleep(20 * time.Millisecond) // the bus counts on its own goroutine
+	}
+	if m["account"].(map[string]any)["sandboxes"].(map[string]any)["running"] != 1.0 {
+		t.Fatalf("account's sandboxes: %v", m["account"])
+	}
+	if p, _ := m["server"].(map[string]any)["execution_seconds"].(map[string]any)["python"].(map[string]any); p == nil || p["p50"].(float64) <= 0 {
+		t.Fatalf("server latencies: %v", m["server"])
+	}
+	if _, ok := m["admin"]; ok {
+		t.Fatal("an account's key sees the admin figures")
+	}
+	b := e.do("GET", "/v1/metrics", e.keyB, nil).json(t)
+	if len(b["account"].(map[string]any)["executions"].(map[string]any)) != 0 || len(b["account"].(map[string]any)["sandboxes"].(map[string]any)) != 0 {
+		t.Fatalf("B sees A's figures: %v", b["account"])
+	}
+	a := e.do("GET", "/v1/metrics", admin, nil).json(t)["admin"].(map[string]any)
+	if a == nil || a["sandboxes"].(map[string]any)["running"] != 1.0 || a["goroutines"].(float64) == 0 || a["heap_bytes"].(float64) == 0 ||
+		a["executions"].(map[string]any)["success"].(float64) < 1 {
+		t.Fatalf("admin figures: %v", a)
+	}
+}
