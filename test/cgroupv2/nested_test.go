@@ -109,10 +109,12 @@ func TestServerInContainer(t *testing.T) {
 		},
 		Root:     &specs.Root{Path: rootfs},
 		Hostname: "nested",
-		// /proc, /dev and /sys are the guest's, in the bound tree; only the
-		// cgroup filesystem is mounted afresh, to show the container's
-		// cgroup namespace.
+		// /proc and /sys are the guest's, in the bound tree; /dev is named
+		// as a bind so that runc leaves it as it is (it would make device
+		// nodes and links in it); only the cgroup filesystem is mounted
+		// afresh, to show the container's cgroup namespace.
 		Mounts: []specs.Mount{
+			{Destination: "/dev", Type: "bind", Source: "/dev", Options: []string{"rbind", "rw"}},
 			// Read-write: the server makes its sandboxes' cgroups here.
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "rw"}},
 			{Destination: filepath.Join(data, "templates"), Type: "bind", Source: filepath.Join(hostData, "templates"), Options: []string{"rbind", "ro"}},
