@@ -17,7 +17,6 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/client"
 )
@@ -75,25 +74,16 @@ func TestServerInContainer(t *testing.T) {
 		t.Fatalf("keys create: %v\n%s", err, out)
 	}
 
-	// The container's root: the guest's own tree, bound (the nested
-	// server is a host program run in a container, not a sandbox).
-	rootfs := filepath.Join("/var/tmp", name)
-	if err := os.MkdirAll(rootfs, 0o755); err != nil {
+	// The container's root: an empty directory under which runc, in the
+	// container's own mount namespace, binds what the server needs from
+	// the guest (nothing is mounted in the guest's namespace).
+	rootfs := t.TempDir()
+	if err := os.MkdirAll("/run/sheepfold", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Mount("/", rootfs, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		t.Fatal(err)
+	ro := func(p string) specs.Mount {
+		return specs.Mount{Destination: p, Type: "bind", Source: p, Options: []string{"rbind", "ro"}}
 	}
-	// Private, or the copy's mounts stay peers of the guest's own, and
-	// unmounting the copy unmounts them too (/ci, /sys/fs/cgroup).
-	if err := unix.Mount("", rootfs, "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
-		unix.Unmount(rootfs, unix.MNT_DETACH)
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		unix.Unmount(rootfs, unix.MNT_DETACH)
-		os.Remove(rootfs)
-	})
 
 	port := freePort(t)
 	bundle := t.TempDir()
@@ -109,14 +99,19 @@ func TestServerInContainer(t *testing.T) {
 		},
 		Root:     &specs.Root{Path: rootfs},
 		Hostname: "nested",
-		// /proc and /sys are the guest's, in the bound tree; /dev is named
-		// as a bind so that runc leaves it as it is (it would make device
-		// nodes and links in it); only the cgroup filesystem is mounted
-		// afresh, to show the container's cgroup namespace.
 		Mounts: []specs.Mount{
-			{Destination: "/dev", Type: "bind", Source: "/dev", Options: []string{"rbind", "rw"}},
-			// Read-write: the server makes its sandboxes' cgroups here.
+			ro("/usr"), ro("/bin"), ro("/sbin"), ro("/lib"), ro("/lib64"), ro("/etc"), ro(bin),
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "mode=755"}},
+			{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "ro"}},
+			// Read-write and afresh: the container's cgroup namespace, where
+			// the server makes its sandboxes' cgroups.
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "rw"}},
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev"}},
+			// The host-wide registry of sandboxes' id ranges, shared with
+			// every engine on the guest.
+			{Destination: "/run/sheepfold", Type: "bind", Source: "/run/sheepfold", Options: []string{"rbind", "rw"}},
+			{Destination: data, Type: "bind", Source: data, Options: []string{"rbind", "rw"}},
 			{Destination: filepath.Join(data, "templates"), Type: "bind", Source: filepath.Join(hostData, "templates"), Options: []string{"rbind", "ro"}},
 			{Destination: filepath.Join(data, "bin"), Type: "bind", Source: filepath.Dir(runc), Options: []string{"rbind", "ro"}},
 		},
