@@ -179,6 +179,64 @@ func TestPythonShowAndShell(t *testing.T) {
 	}
 }
 
+// TestPythonInterruptedImport: a timeout that cuts off a package's import
+// leaves the package out of sys.modules but the submodules it had finished
+// in, holding the cut-off package object; the next import of the package
+// must work all the same (it failed: "partially initialized module").
+func TestPythonInterruptedImport(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	files := map[string]string{
+		// pkg imports a, then slow; a reads pkg.slow through the package
+		// object it imported.
+		"pkg/__init__.py": "from pkg import a\nfrom pkg import slow\nVALUE = a.get()\n",
+		"pkg/a.py":        "import pkg\ndef get():\n    return pkg.slow.X\n",
+		// slow waits for the file "go" (until then the import hangs, so the
+		// timeout always lands inside it), saying so with "started".
+		"pkg/slow.py": "import os, time\nhere = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))\n" +
+			"open(os.path.join(here, 'started'), 'w').close()\n" +
+			"while not os.path.exists(os.path.join(here, 'go')):\n    time.sleep(0.01)\nX = 42\n",
+	}
+	for name, src := range files {
+		os.MkdirAll(filepath.Join(dir, filepath.Dir(name)), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k, err := Start(context.Background(), agentproto.ContextSpec{Language: "python", Cwd: dir},
+		Options{BaseEnv: []string{"PATH=/usr/bin:/bin", "HOME=/tmp"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	run(t, k, code("import sys\nsys.path.insert(0, '.')\ny = 7"))
+	// A generous timeout: the import reaches slow long before on any
+	// machine, and waits there whatever the timeout.
+	r := run(t, k, agentproto.ExecuteSpec{Code: "import pkg", TimeoutMS: 5000})
+	if r.done.Status != agentproto.StatusTimeout {
+		t.Fatalf("the import was not cut off: %+v %+v", r.done, r.err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "started")); err != nil {
+		t.Fatalf("the timeout did not land inside pkg.slow: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = run(t, k, code("import pkg\npkg.VALUE + y - 7"))
+	if r.err != nil || main(r) != "42" {
+		t.Fatalf("import after an interrupted import: %+v %+v", r.err, r)
+	}
+	// What was imported whole before stays as it was (the module object is
+	// the same).
+	r = run(t, k, code("import json\nj = json\n1/0"))
+	if r.err == nil || r.err.Name != "ZeroDivisionError" {
+		t.Fatalf("want ZeroDivisionError: %+v", r)
+	}
+	if r = run(t, k, code("import json\njson is j and 'json.decoder' in sys.modules")); main(r) != "True" {
+		t.Fatalf("a module imported whole was dropped: %+v", r)
+	}
+}
+
 func TestPythonTimeoutKeepsState(t *testing.T) {
 	t.Parallel()
 	k := start(t, "python", nil)
