@@ -3,8 +3,10 @@ package kernel
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -235,6 +237,57 @@ func TestPythonInterruptedImport(t *testing.T) {
 	if r = run(t, k, code("import json\njson is j and 'json.decoder' in sys.modules")); main(r) != "True" {
 		t.Fatalf("a module imported whole was dropped: %+v", r)
 	}
+}
+
+// TestPythonInterruptBetweenExecutions: a SIGINT that arrives while no
+// execution runs (a late interrupt, a put-off one retried after its
+// execution ended) is ignored: it used to raise KeyboardInterrupt in the
+// driver's loop, which ended the interpreter and lost the context's state.
+func TestPythonInterruptBetweenExecutions(t *testing.T) {
+	t.Parallel()
+	k := start(t, "python", nil)
+	if r := run(t, k, code("y = 5")); r.done.Status != agentproto.StatusOK {
+		t.Fatalf("y = 5: %+v", r)
+	}
+	k.mu.Lock()
+	pid := k.p.cmd.Process.Pid
+	k.mu.Unlock()
+	if err := syscall.Kill(pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	// Once the signal is no longer pending, the interpreter's main thread
+	// (blocked reading its next request) has taken it and runs the Python
+	// handler before it reads again.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !pendingSIGINT(string(st)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("SIGINT still pending:\n%s", st)
+		}
+	}
+	if r := run(t, k, code("y")); main(r) != "5" {
+		t.Fatalf("state after a SIGINT between executions: %+v", r)
+	}
+}
+
+// pendingSIGINT reads SigPnd and ShdPnd of a /proc/PID/status.
+func pendingSIGINT(status string) bool {
+	for _, line := range strings.Split(status, "\n") {
+		name, mask, ok := strings.Cut(line, ":")
+		if !ok || (name != "SigPnd" && name != "ShdPnd") {
+			continue
+		}
+		v, err := strconv.ParseUint(strings.TrimSpace(mask), 16, 64)
+		if err == nil && v&(1<<(uint(syscall.SIGINT)-1)) != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func TestPythonTimeoutKeepsState(t *testing.T) {

@@ -45,11 +45,18 @@ def _in_extension_init(frame):
 
 def _on_sigint(signum, frame):
     """SIGINT (a timeout, the output cap, an interrupt) raises
-    KeyboardInterrupt, except inside an extension module's initialisation:
-    there it is put off and tried again every 10 ms from a helper thread,
-    until the extension is done (the agent kills the interpreter if that
-    takes longer than its grace)."""
-    if frame is not None and _in_extension_init(frame):
+    KeyboardInterrupt, except inside the import system's own code (where it
+    could leave a module lock taken, or be swallowed by a weakref callback)
+    and inside an extension module's initialisation: there it is put off
+    and tried again every 10 ms from a helper thread, until that is done
+    (the agent kills the interpreter if it takes longer than its grace).
+    A retry is dropped once its execution has ended, and a SIGINT between
+    executions is ignored: neither may reach the driver's loop or the next
+    execution."""
+    running = _running[0]
+    if not running:
+        return
+    if frame is not None and (frame.f_code.co_filename.startswith("<frozen importlib") or _in_extension_init(frame)):
         if not _sigint_retry[0]:
             _sigint_retry[0] = True
             import _thread, time
@@ -57,13 +64,15 @@ def _on_sigint(signum, frame):
             def retry(pid=os.getpid()):
                 time.sleep(0.01)
                 _sigint_retry[0] = False
-                os.kill(pid, signal.SIGINT)
+                if _running[0] == running:
+                    os.kill(pid, signal.SIGINT)
 
             _thread.start_new_thread(retry, ())
         return
     raise KeyboardInterrupt
 
 
+_running = [0]  # the number of the execution running (0: none)
 _sigint_retry = [False]  # a retry of a put-off SIGINT is pending
 signal.signal(signal.SIGINT, _on_sigint)
 # Line-buffered stdout and stderr: a print() arrives as one chunk, and
@@ -646,11 +655,14 @@ def _drop_orphans():
 
 def main():
     n = 0
+    seq = 0
     for line in _ctl_in:
         req = json.loads(line)
         preload = req.get("preload")
         if preload is None:
             n += 1
+        seq += 1
+        _running[0] = seq
         pol = req.get("policy")
         policy_error = None
         try:
@@ -684,6 +696,7 @@ def main():
             except BaseException:
                 pass
         finally:
+            _running[0] = 0
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
