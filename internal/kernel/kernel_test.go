@@ -3,8 +3,10 @@ package kernel
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -177,6 +179,115 @@ func TestPythonShowAndShell(t *testing.T) {
 	if r = run(t, k, code("x = = 1")); r.err == nil || r.err.Name != "SyntaxError" {
 		t.Fatalf("syntax error: %+v", r.err)
 	}
+}
+
+// TestPythonInterruptedImport: a timeout that cuts off a package's import
+// leaves the package out of sys.modules but the submodules it had finished
+// in, holding the cut-off package object; the next import of the package
+// must work all the same (it failed: "partially initialized module").
+func TestPythonInterruptedImport(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	files := map[string]string{
+		// pkg imports a, then slow; a reads pkg.slow through the package
+		// object it imported.
+		"pkg/__init__.py": "from pkg import a\nfrom pkg import slow\nVALUE = a.get()\n",
+		"pkg/a.py":        "import pkg\ndef get():\n    return pkg.slow.X\n",
+		// slow waits for the file "go" (until then the import hangs, so the
+		// timeout always lands inside it), saying so with "started".
+		"pkg/slow.py": "import os, time\nhere = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))\n" +
+			"open(os.path.join(here, 'started'), 'w').close()\n" +
+			"while not os.path.exists(os.path.join(here, 'go')):\n    time.sleep(0.01)\nX = 42\n",
+	}
+	for name, src := range files {
+		os.MkdirAll(filepath.Join(dir, filepath.Dir(name)), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k, err := Start(context.Background(), agentproto.ContextSpec{Language: "python", Cwd: dir},
+		Options{BaseEnv: []string{"PATH=/usr/bin:/bin", "HOME=/tmp"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	run(t, k, code("import sys\nsys.path.insert(0, '.')\ny = 7"))
+	// A generous timeout: the import reaches slow long before on any
+	// machine, and waits there whatever the timeout.
+	r := run(t, k, agentproto.ExecuteSpec{Code: "import pkg", TimeoutMS: 5000})
+	if r.done.Status != agentproto.StatusTimeout {
+		t.Fatalf("the import was not cut off: %+v %+v", r.done, r.err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "started")); err != nil {
+		t.Fatalf("the timeout did not land inside pkg.slow: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = run(t, k, code("import pkg\npkg.VALUE + y - 7"))
+	if r.err != nil || main(r) != "42" {
+		t.Fatalf("import after an interrupted import: %+v %+v", r.err, r)
+	}
+	// What was imported whole before stays as it was (the module object is
+	// the same).
+	r = run(t, k, code("import json\nj = json\n1/0"))
+	if r.err == nil || r.err.Name != "ZeroDivisionError" {
+		t.Fatalf("want ZeroDivisionError: %+v", r)
+	}
+	if r = run(t, k, code("import json\njson is j and 'json.decoder' in sys.modules")); main(r) != "True" {
+		t.Fatalf("a module imported whole was dropped: %+v", r)
+	}
+}
+
+// TestPythonInterruptBetweenExecutions: a SIGINT that arrives while no
+// execution runs (a late interrupt, a put-off one retried after its
+// execution ended) is ignored: it used to raise KeyboardInterrupt in the
+// driver's loop, which ended the interpreter and lost the context's state.
+func TestPythonInterruptBetweenExecutions(t *testing.T) {
+	t.Parallel()
+	k := start(t, "python", nil)
+	if r := run(t, k, code("y = 5")); r.done.Status != agentproto.StatusOK {
+		t.Fatalf("y = 5: %+v", r)
+	}
+	k.mu.Lock()
+	pid := k.p.cmd.Process.Pid
+	k.mu.Unlock()
+	if err := syscall.Kill(pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	// Once the signal is no longer pending, the interpreter's main thread
+	// (blocked reading its next request) has taken it and runs the Python
+	// handler before it reads again.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !pendingSIGINT(string(st)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("SIGINT still pending:\n%s", st)
+		}
+	}
+	if r := run(t, k, code("y")); main(r) != "5" {
+		t.Fatalf("state after a SIGINT between executions: %+v", r)
+	}
+}
+
+// pendingSIGINT reads SigPnd and ShdPnd of a /proc/PID/status.
+func pendingSIGINT(status string) bool {
+	for _, line := range strings.Split(status, "\n") {
+		name, mask, ok := strings.Cut(line, ":")
+		if !ok || (name != "SigPnd" && name != "ShdPnd") {
+			continue
+		}
+		v, err := strconv.ParseUint(strings.TrimSpace(mask), 16, 64)
+		if err == nil && v&(1<<(uint(syscall.SIGINT)-1)) != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func TestPythonTimeoutKeepsState(t *testing.T) {

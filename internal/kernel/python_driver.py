@@ -26,7 +26,55 @@ _globals = {"__name__": "__main__", "__builtins__": builtins}
 # compiled the first time a figure is rendered.
 _charts_src = sys.argv.pop(1) if len(sys.argv) > 1 else ""
 _charts = None
-signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _in_extension_init(frame):
+    """Whether frame runs under a C extension module's initialisation
+    (ExtensionFileLoader.create_module or exec_module on the stack): one
+    that a KeyboardInterrupt cuts off may stay half-initialised for the
+    life of the interpreter (Cython modules hand back the same module
+    object on the next import, and skip its initialisation)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in ("create_module", "exec_module") and code.co_filename.startswith("<frozen importlib"):
+            if type(frame.f_locals.get("self")).__name__ == "ExtensionFileLoader":
+                return True
+        frame = frame.f_back
+    return False
+
+
+def _on_sigint(signum, frame):
+    """SIGINT (a timeout, the output cap, an interrupt) raises
+    KeyboardInterrupt, except inside the import system's own code (where it
+    could leave a module lock taken, or be swallowed by a weakref callback)
+    and inside an extension module's initialisation: there it is put off
+    and tried again every 10 ms from a helper thread, until that is done
+    (the agent kills the interpreter if it takes longer than its grace).
+    A retry is dropped once its execution has ended, and a SIGINT between
+    executions is ignored: neither may reach the driver's loop or the next
+    execution."""
+    running = _running[0]
+    if not running:
+        return
+    if frame is not None and (frame.f_code.co_filename.startswith("<frozen importlib") or _in_extension_init(frame)):
+        if not _sigint_retry[0]:
+            _sigint_retry[0] = True
+            import _thread, time
+
+            def retry(pid=os.getpid()):
+                time.sleep(0.01)
+                _sigint_retry[0] = False
+                if _running[0] == running:
+                    os.kill(pid, signal.SIGINT)
+
+            _thread.start_new_thread(retry, ())
+        return
+    raise KeyboardInterrupt
+
+
+_running = [0]  # the number of the execution running (0: none)
+_sigint_retry = [False]  # a retry of a put-off SIGINT is pending
+signal.signal(signal.SIGINT, _on_sigint)
 # Line-buffered stdout and stderr: a print() arrives as one chunk, and
 # partial lines are flushed at the end of every execution.
 sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8",
@@ -593,13 +641,35 @@ def _warm():
             plt.close("all")
 
 
+def _drop_orphans():
+    """After an execution that raised. An import that was cut off (a
+    timeout's KeyboardInterrupt, a MemoryError) takes the modules it was
+    running out of sys.modules, but not the submodules they had finished:
+    those hold the cut-off package object, which never gets the rest of
+    its names, and the next import of the package would run it again
+    against them and fail ("partially initialized module"). Every module
+    whose parent package is no longer loaded is dropped, so that the next
+    import starts clean; modules imported whole are untouched."""
+    mods = sys.modules
+    gone = set()
+    for name in sorted(mods):  # a package sorts before its submodules
+        parent = name.rpartition(".")[0]
+        if parent and (parent in gone or parent not in mods):
+            gone.add(name)
+    for name in gone:
+        mods.pop(name, None)
+
+
 def main():
     n = 0
+    seq = 0
     for line in _ctl_in:
         req = json.loads(line)
         preload = req.get("preload")
         if preload is None:
             n += 1
+        seq += 1
+        _running[0] = seq
         pol = req.get("policy")
         policy_error = None
         try:
@@ -628,7 +698,12 @@ def main():
                 _error(e)
             except BaseException:
                 pass
+            try:
+                _drop_orphans()
+            except BaseException:
+                pass
         finally:
+            _running[0] = 0
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)

@@ -103,6 +103,8 @@ func TestProviderErrors(t *testing.T) {
 			apierr.Provider, `provider "scripted" answered with something that is not a chat completion`},
 		{"hang", llm.Provider{TimeoutSeconds: 0.3}, []llmtest.Reply{{Hang: true}},
 			apierr.ProviderTimeout, `provider "scripted" did not answer within 300ms`},
+		{"body dropped mid-way", llm.Provider{MaxRetries: -1}, []llmtest.Reply{{Content: "a long answer", DropAfter: 40}},
+			apierr.Provider, `the connection to provider "scripted" broke`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, prov := newRelay(t, tc.p)
@@ -204,12 +206,22 @@ func TestStreamFailures(t *testing.T) {
 		{"dropped mid-way", llmtest.Reply{Content: "a b c d e f g h i j", DropAfter: 2}, apierr.Provider, "ended the stream before it was complete"},
 		{"garbage chunk", llmtest.Reply{Content: "a", Garbage: true}, apierr.Provider, "sent a stream chunk that is not JSON"},
 		{"hang", llmtest.Reply{Hang: true}, apierr.ProviderTimeout, "did not answer within 300ms"},
+		{"stalls mid-way", llmtest.Reply{Content: "a b c d e f g h i j", StallAfter: 2}, apierr.ProviderTimeout, "sent nothing for 300ms during the stream"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, prov := newRelay(t, llm.Provider{TimeoutSeconds: 0.3})
 			prov.Push(tc.reply)
+			start := time.Now()
 			_, _, err := stream(t, r, streamBody)
 			wantCode(t, err, tc.code, tc.msg)
+			if d := time.Since(start); d > 10*time.Second {
+				t.Fatalf("took %s", d)
+			}
+			// The next call is answered.
+			prov.Push(llmtest.Text("fine"))
+			if _, _, err := stream(t, r, streamBody); err != nil {
+				t.Fatalf("after the failure: %v", err)
+			}
 		})
 	}
 }

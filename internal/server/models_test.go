@@ -116,6 +116,23 @@ func TestChatCompletionsStream(t *testing.T) {
 	if !strings.Contains(string(r.body), `"code":"ERR_PROVIDER"`) || strings.Contains(string(r.body), "[DONE]") {
 		t.Fatalf("dropped stream gave %s", r.body)
 	}
+	// A stream that stalls mid-way ends with a timeout event within the
+	// provider's timeout (2 s for "big"), and the relay works afterwards.
+	prov.Push(llmtest.Reply{Content: "a b c d e f g h i j k l", StallAfter: 2})
+	start := time.Now()
+	r = e.do("POST", "/v1/chat/completions", e.keyA, `{"model":"big","stream":true,"messages":[]}`)
+	if !strings.Contains(string(r.body), `"code":"ERR_PROVIDER_TIMEOUT"`) || !strings.Contains(string(r.body), "sent nothing for 2s") ||
+		strings.Contains(string(r.body), "[DONE]") {
+		t.Fatalf("stalled stream gave %s", r.body)
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Fatalf("a stalled stream took %s", d)
+	}
+	prov.Push(llmtest.Text("again"))
+	r = e.do("POST", "/v1/chat/completions", e.keyA, `{"model":"big","stream":true,"messages":[]}`)
+	if !strings.HasSuffix(string(r.body), "data: [DONE]\n\n") || !strings.Contains(string(r.body), "again") {
+		t.Fatalf("after the failures: %s", r.body)
+	}
 }
 
 func TestModelQuota(t *testing.T) {

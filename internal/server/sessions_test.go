@@ -182,6 +182,20 @@ func TestSessionAskStreamAndFailures(t *testing.T) {
 	}
 	prov.Push(llmtest.Reply{Garbage: true})
 	want(t, e.do("POST", "/v1/sessions/"+id+"/ask", e.keyA, map[string]any{"prompt": "go"}), 502, "ERR_PROVIDER")
+	// An answer whose connection breaks mid-body.
+	prov.Push(llmtest.Reply{Content: "an answer cut short", DropAfter: 30})
+	wantMsg(t, e.do("POST", "/v1/sessions/"+id+"/ask", e.keyA, map[string]any{"prompt": "go"}), 502, "ERR_PROVIDER",
+		`the connection to provider "dear" broke`)
+	// A failure after an execution: the step's output is kept in the
+	// sandbox, the session answers the next ask.
+	prov.Push(llmtest.RunCode("survivor = 41"), llmtest.Reply{Hang: true})
+	want(t, e.do("POST", "/v1/sessions/"+id+"/ask", e.keyA, map[string]any{"prompt": "go"}), 504, "ERR_PROVIDER_TIMEOUT")
+	prov.Push(llmtest.RunCode("print(survivor + 1)"), llmtest.Text("42"))
+	r = e.do("POST", "/v1/sessions/"+id+"/ask", e.keyA, map[string]any{"prompt": "go"})
+	want(t, r, 200, "")
+	if a := r.json(t); a["text"] != "42" || !strings.Contains(string(r.body), `42\n`) {
+		t.Fatalf("after a failure mid-ask: %s", r.body)
+	}
 	prov.Push(llmtest.Text("fine"))
 	r = e.do("POST", "/v1/sessions/"+id+"/ask", e.keyA, map[string]any{"prompt": "go"})
 	want(t, r, 200, "")

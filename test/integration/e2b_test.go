@@ -28,23 +28,18 @@ func TestE2BJSSDK(t *testing.T) {
 	s := start(t)
 	node := lookNode(t)
 
-	out, err := exec.Command(s.bin, "--data-dir", s.dataDir, "keys", "create", "--e2b", "--name", "e2b-js", "--owner", "e2b-js-suite").CombinedOutput()
-	if err != nil {
-		t.Fatalf("keys create --e2b: %v\n%s", err, out)
-	}
-	key := regexp.MustCompile(`e2b_[0-9a-f]{40}`).FindString(string(out))
-	if key == "" {
-		t.Fatalf("keys create --e2b printed no e2b_ key: %s", out)
-	}
+	key := e2bKey(t, s, "e2b-js-suite")
+	npmCI(t, e2bDir)
 
-	npmCI(t)
-
-	files, err := filepath.Glob(filepath.Join(e2bDir, "*.test.mjs"))
-	if err != nil || len(files) == 0 {
+	all, err := filepath.Glob(filepath.Join(e2bDir, "*.test.mjs"))
+	if err != nil || len(all) == 0 {
 		t.Fatalf("no test files in %s (%v)", e2bDir, err)
 	}
-	for i, f := range files {
-		files[i] = filepath.Base(f)
+	var files []string
+	for _, f := range all {
+		if f := filepath.Base(f); f != openAITest { // TestOpenAINodeClient's
+			files = append(files, f)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
@@ -62,13 +57,57 @@ func TestE2BJSSDK(t *testing.T) {
 	)
 	cmd.WaitDelay = 10 * time.Second
 	start := time.Now()
-	out, err = cmd.CombinedOutput()
+	out, err := cmd.CombinedOutput()
 	t.Logf("node --test took %s", time.Since(start).Round(time.Second))
 	sum := nodeSummary(out)
 	if err != nil || sum["fail"] != 0 || sum["cancelled"] != 0 || sum["skipped"] != 0 || sum["todo"] != 0 || sum["pass"] == 0 || sum["pass"] != sum["tests"] {
 		t.Fatalf("E2B JS SDK suite: %v (summary %v)\n%s", err, sum, out)
 	}
 	t.Logf("E2B JS SDK suite: %d tests passed", sum["pass"])
+}
+
+// openAITest is the file of test/e2b that drives the openai npm client.
+const openAITest = "openai.test.mjs"
+
+// TestOpenAINodeClient runs the official `openai` npm client, unchanged and
+// configured only through its environment, against /v1: models, a chat
+// completion as JSON and streamed, tool calls (plain and through the
+// streaming helper) and typed errors (test/e2b/openai.test.mjs).
+func TestOpenAINodeClient(t *testing.T) {
+	s := start(t)
+	node := lookNode(t)
+	npmCI(t, e2bDir)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=spec", "--test-timeout=300000", openAITest)
+	cmd.Dir = e2bDir
+	cmd.Env = append(openAIEnviron(),
+		"OPENAI_BASE_URL="+s.url+"/v1",
+		"OPENAI_API_KEY="+s.key,
+		"SHEEPFOLD_MODEL=scripted",
+		"NO_COLOR=1",
+	)
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.CombinedOutput()
+	sum := nodeSummary(out)
+	if err != nil || sum["fail"] != 0 || sum["cancelled"] != 0 || sum["skipped"] != 0 || sum["pass"] < 6 || sum["pass"] != sum["tests"] {
+		t.Fatalf("openai npm client: %v (summary %v)\n%s", err, sum, out)
+	}
+	t.Logf("openai npm client: %d tests passed", sum["pass"])
+}
+
+// e2bKey mints an e2b_ key for a new account named owner.
+func e2bKey(t *testing.T, s *server, owner string) string {
+	t.Helper()
+	out, err := exec.Command(s.bin, "--data-dir", s.dataDir, "keys", "create", "--e2b", "--name", owner, "--owner", owner).CombinedOutput()
+	if err != nil {
+		t.Fatalf("keys create --e2b: %v\n%s", err, out)
+	}
+	key := regexp.MustCompile(`e2b_[0-9a-f]{40}`).FindString(string(out))
+	if key == "" {
+		t.Fatalf("keys create --e2b printed no e2b_ key: %s", out)
+	}
+	return key
 }
 
 // lookNode finds node and checks it is new enough for the pinned SDKs.
@@ -98,20 +137,20 @@ func lookNode(t *testing.T) string {
 	return node
 }
 
-// npmCI installs the locked dependencies into test/e2b/node_modules unless
-// the install there already matches the lock file and node version. A lock
-// serialises concurrent test runs in the same tree; npm's download cache
-// lives in the test's temporary directory.
-func npmCI(t *testing.T) {
+// npmCI installs the locked dependencies into dir/node_modules (test/e2b,
+// examples) unless the install there already matches the lock file and
+// node version. A lock serialises concurrent test runs in the same tree;
+// npm's download cache lives in the test's temporary directory.
+func npmCI(t *testing.T, dir string) {
 	t.Helper()
-	lock, err := os.ReadFile(filepath.Join(e2bDir, "package-lock.json"))
+	lock, err := os.ReadFile(filepath.Join(dir, "package-lock.json"))
 	if err != nil {
 		t.Fatalf("read lock file: %v", err)
 	}
 	nodeVersion, _ := exec.Command("node", "--version").Output()
 	sum := sha256.Sum256(append(lock, nodeVersion...))
 	want := hex.EncodeToString(sum[:])
-	stamp := filepath.Join(e2bDir, "node_modules", ".sheepfold-installed")
+	stamp := filepath.Join(dir, "node_modules", ".sheepfold-installed")
 
 	lf, err := os.OpenFile(filepath.Join(os.TempDir(), "sheepfold-e2b-npm.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
@@ -129,10 +168,10 @@ func npmCI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts")
-	cmd.Dir = e2bDir
+	cmd.Dir = dir
 	cmd.Env = append(e2bEnviron(), "npm_config_cache="+filepath.Join(t.TempDir(), "npm-cache"), "npm_config_update_notifier=false")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("npm ci in test/e2b: %v\n%s", err, out)
+		t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
 	}
 	if err := os.WriteFile(stamp, []byte(want), 0o644); err != nil {
 		t.Fatal(err)
@@ -150,6 +189,18 @@ func e2bEnviron() []string {
 		env = append(env, kv)
 	}
 	return append(env, "NO_PROXY=127.0.0.1,localhost", "no_proxy=127.0.0.1,localhost")
+}
+
+// openAIEnviron is the environment without the caller's own OPENAI_*
+// settings, and without proxies for loopback.
+func openAIEnviron() []string {
+	var env []string
+	for _, kv := range e2bEnviron() {
+		if !strings.HasPrefix(kv, "OPENAI_") {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 // nodeSummary reads the counters that node's spec reporter prints last

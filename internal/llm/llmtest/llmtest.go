@@ -2,12 +2,14 @@
 // on loopback, for tests, the examples' tests and the bench: each request
 // gets the next scripted Reply, or the answer of a handler function, as
 // JSON or as SSE (when the request streams), with tool calls, fenced code,
-// error statuses, delays, a hang, garbage and a stream dropped mid-way.
+// error statuses, delays, a hang, garbage, a body or stream dropped
+// mid-way and a stream that stalls.
 //
 // Imports: internal/llm (the chat shapes) and the standard library.
 package llmtest
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -38,8 +40,13 @@ type Reply struct {
 	// stream: a chunk that is not JSON).
 	Garbage bool
 	// DropAfter, for a stream, breaks the connection after this many
-	// chunks, before [DONE].
+	// chunks, before [DONE]; for a JSON reply, after this many bytes of
+	// the body (its Content-Length announcing the whole).
 	DropAfter int
+	// StallAfter, for a stream, stops sending after this many chunks and
+	// holds the connection open, as a provider stuck mid-answer (until the
+	// caller gives up or the server closes).
+	StallAfter int
 	// Usage is the usage reported; nil computes one from the sizes.
 	// NoUsage reports none.
 	Usage   *llm.Usage
@@ -243,7 +250,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		usage = nil
 	}
 	if req.Chat.Stream {
-		s.stream(w, id, req, reply, usage)
+		s.stream(r.Context(), w, id, req, reply, usage)
 		return
 	}
 	if reply.Garbage {
@@ -267,6 +274,15 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	if usage != nil {
 		out["usage"] = usageJSON(*usage)
 	}
+	if reply.DropAfter > 0 {
+		b, _ := json.Marshal(out)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", fmt.Sprint(len(b)))
+		w.WriteHeader(200)
+		w.Write(b[:min(reply.DropAfter, len(b)-1)])
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // the connection breaks mid-body
+	}
 	writeJSON(w, 200, out)
 }
 
@@ -277,7 +293,7 @@ func usageJSON(u llm.Usage) map[string]int64 {
 // stream answers as OpenAI streams: a role chunk, content in pieces, tool
 // calls (name, then arguments in two pieces), the finish chunk, the usage
 // chunk when asked for, [DONE].
-func (s *Server) stream(w http.ResponseWriter, id string, req Request, reply Reply, usage *llm.Usage) {
+func (s *Server) stream(ctx context.Context, w http.ResponseWriter, id string, req Request, reply Reply, usage *llm.Usage) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(200)
@@ -287,6 +303,14 @@ func (s *Server) stream(w http.ResponseWriter, id string, req Request, reply Rep
 		if reply.DropAfter > 0 && sent == reply.DropAfter {
 			fl.Flush()
 			panic(http.ErrAbortHandler) // the connection breaks mid-way
+		}
+		if reply.StallAfter > 0 && sent == reply.StallAfter {
+			fl.Flush()
+			select { // stuck mid-answer
+			case <-ctx.Done():
+			case <-s.closed:
+			}
+			panic(http.ErrAbortHandler)
 		}
 		b, _ := json.Marshal(v)
 		fmt.Fprintf(w, "data: %s\n\n", b)
