@@ -52,10 +52,13 @@ type OCI struct {
 
 	spareKick chan struct{} // capacity 1: "look at the next free slot"
 	spareWG   sync.WaitGroup
-	// spareMu guards spares: user namespaces made in advance, by the
-	// base of their range (spare_linux.go).
+	// spareMu guards spares (user namespaces made in advance, by the
+	// base of their range: spare_linux.go) and the one being made: for
+	// the range at making, until madeCh is closed.
 	spareMu sync.Mutex
 	spares  map[uint32]*nsHolder
+	making  uint32
+	madeCh  chan struct{}
 }
 
 // New checks the configuration and the host, takes the instance's lock,

@@ -22,9 +22,16 @@ package oci
 const maxSpares = 2
 
 // userns returns the user namespace for a sandbox with the range at base:
-// a spare made for it, or a new one.
+// a spare made for it (waiting for one being made: a create right after a
+// destroy finds the freed range's spare under way), or a new one.
 func (o *OCI) userns(base uint32) (*nsHolder, error) {
 	o.spareMu.Lock()
+	if o.making == base && o.madeCh != nil {
+		ch := o.madeCh
+		o.spareMu.Unlock()
+		<-ch
+		o.spareMu.Lock()
+	}
 	h := o.spares[base]
 	delete(o.spares, base)
 	o.spareMu.Unlock()
@@ -58,26 +65,24 @@ func (o *OCI) makeSpares() {
 		}
 		o.spareMu.Lock()
 		have := o.spares[base] != nil
+		if !have {
+			o.making, o.madeCh = base, make(chan struct{})
+		}
 		o.spareMu.Unlock()
 		if have {
 			continue
 		}
-		// The range's idmapped view of templates is made once per range
-		// (idmapUserns); the first create in a range need not make it.
-		if _, err := o.idmapUserns(base); err != nil {
-			o.cfg.Logger.Warn("make a user namespace in advance", "err", err)
-			continue
-		}
-		h, err := o.ns.newUserns(base, idRange{Inside: 0, Host: base, Size: o.cfg.IDMap.Size})
-		if err != nil {
-			o.cfg.Logger.Warn("make a user namespace in advance", "err", err)
-			continue
-		}
+		h, err := o.makeSpare(base)
 		var drop []*nsHolder
 		o.spareMu.Lock()
-		if o.spares[base] != nil { // unreachable: only this goroutine adds
+		close(o.madeCh)
+		o.making, o.madeCh = 0, nil
+		switch {
+		case err != nil:
+			o.cfg.Logger.Warn("make a user namespace in advance", "err", err)
+		case o.spares[base] != nil: // unreachable: only this goroutine adds
 			drop = append(drop, h)
-		} else {
+		default:
 			o.spares[base] = h
 		}
 		// Past the bound, keep the lowest ranges: allocation takes the
@@ -95,6 +100,16 @@ func (o *OCI) makeSpares() {
 			h.close()
 		}
 	}
+}
+
+// makeSpare makes a namespace for the range at base, and the range's
+// idmapped view of templates (made once per range: idmapUserns), so that
+// the first create in a range need not make it either.
+func (o *OCI) makeSpare(base uint32) (*nsHolder, error) {
+	if _, err := o.idmapUserns(base); err != nil {
+		return nil, err
+	}
+	return o.ns.newUserns(base, idRange{Inside: 0, Host: base, Size: o.cfg.IDMap.Size})
 }
 
 // closeSpares ends the spares (Close, after makeSpares stopped).
