@@ -55,6 +55,6 @@ before each iteration, so they measure a hit, not the refill.`,
 	f.StringVar(&o.JSONOut, "json", "", "also write the results to this file as JSON")
 	f.IntVar(&o.SessionTickets, "session-tickets", 200, "Black-Friday tickets sent through sessions")
 	f.IntVar(&o.SessionClients, "session-clients", 8, "clients sending them at once, each with its own session")
-	f.StringVar(&o.Only, "only", "", `run only the steps whose name contains this ("policy", "warm", "egress", "baselines"...)`)
+	f.StringVar(&o.Only, "only", "", `run only the steps whose name contains one of these comma-separated words ("policy", "warm", "egress", "baselines,pool"...)`)
 	return cmd
 }

@@ -53,7 +53,7 @@ type Options struct {
 	Duration   time.Duration // of each throughput level
 	Density    int           // sandboxes measured for memory
 	JSONOut    string        // also write the results here
-	Only       string        // run only the steps whose name contains this ("" all)
+	Only       string        // run only the steps whose name contains one of these comma-separated words ("" all)
 	Version    string        // of the binary, reported with the results
 	// SessionTickets Black-Friday tickets go through sessions from
 	// SessionClients clients at once [200, 8].
@@ -61,8 +61,19 @@ type Options struct {
 	SessionClients int
 }
 
-// runs reports whether the step named name is to run.
-func (o Options) runs(name string) bool { return o.Only == "" || strings.Contains(name, o.Only) }
+// runs reports whether the step named name is to run: Only is empty, or
+// one of its comma-separated words is in the name.
+func (o Options) runs(name string) bool {
+	if o.Only == "" {
+		return true
+	}
+	for _, w := range strings.Split(o.Only, ",") {
+		if w = strings.TrimSpace(w); w != "" && strings.Contains(name, w) {
+			return true
+		}
+	}
+	return false
+}
 
 // stat summarises one series of latencies, in milliseconds.
 type stat struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -250,5 +251,102 @@ func TestBusSync(t *testing.T) {
 	}
 	if n := len(sub.C()); n != 300 {
 		t.Fatalf("%d of 300 fanned out after Sync", n)
+	}
+}
+
+// countingStore counts the store's transactions (AddEvents calls).
+type countingStore struct {
+	memStore
+	calls atomic.Int64
+}
+
+func (c *countingStore) AddEvents(ctx context.Context, evs []events.Event) error {
+	c.calls.Add(1)
+	return c.memStore.AddEvents(ctx, evs)
+}
+
+// The writer waits FlushDelay for more events before it writes (group
+// commit), so events emitted apart share one transaction; Sync, and so
+// Query, writes them at once: a reader sees what was emitted before it.
+func TestBusGroupCommitKeepsReadYourWrites(t *testing.T) {
+	t.Parallel()
+	st := &countingStore{}
+	b := events.NewBus(st, events.BusConfig{FlushDelay: time.Hour, SubscriberBuffer: 1000})
+	defer b.Close()
+	sub := b.Subscribe(events.Filter{Owner: "o"})
+	defer sub.Close()
+	b.Emit(events.Event{Type: events.ExecutionStarted, SandboxID: "s", Owner: "o"})
+	// Nothing is written while the batch may still fill (without the
+	// wait, the first event is written as soon as the writer wakes).
+	for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if n := st.calls.Load(); n != 0 {
+			t.Fatalf("the writer wrote %d batches before its delay or a Sync", n)
+		}
+	}
+	for i := 1; i < 100; i++ {
+		b.Emit(events.Event{Type: events.ExecutionFinished, SandboxID: "s", Owner: "o"})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got, err := b.Query(ctx, events.Query{Filter: events.Filter{Owner: "o"}})
+	if err != nil {
+		t.Fatalf("Query did not cut the writer's delay short: %v", err)
+	}
+	if len(got) != 100 {
+		t.Fatalf("Query saw %d of the 100 events emitted before it", len(got))
+	}
+	if n := st.calls.Load(); n != 1 {
+		t.Fatalf("100 events took %d transactions, want 1", n)
+	}
+	if n := len(sub.C()); n != 100 {
+		t.Fatalf("%d of 100 fanned out after Query", n)
+	}
+	// Once written, the next event waits for its own batch again.
+	b.Emit(events.Event{Type: events.ExecutionStarted, SandboxID: "s", Owner: "o"})
+	if err := b.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(query(b, "o", 0, 0)); n != 101 {
+		t.Fatalf("%d of 101 stored after Sync", n)
+	}
+}
+
+// A clean shutdown loses nothing: Close writes what is pending at once,
+// whatever the delay, and a batch that fills is written without waiting.
+func TestBusCloseWritesPendingWithoutWaiting(t *testing.T) {
+	t.Parallel()
+	st := &countingStore{}
+	b := events.NewBus(st, events.BusConfig{FlushDelay: time.Hour})
+	const n = 1500 // more than two full batches
+	var wg sync.WaitGroup
+	for g := 0; g < 3; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < n/3; i++ {
+				b.Emit(events.Event{Type: events.ExecutionStarted, SandboxID: "s", Owner: "o"})
+			}
+		}()
+	}
+	wg.Wait()
+	// Full batches do not wait for the delay.
+	for deadline := time.Now().Add(time.Minute); st.calls.Load() < 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("full batches were not written: %d transactions", st.calls.Load())
+		}
+	}
+	closed := make(chan struct{})
+	go func() { b.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(time.Minute):
+		t.Fatal("Close waited for the flush delay")
+	}
+	ids := map[int64]bool{}
+	for _, e := range st.evs {
+		ids[e.ID] = true
+	}
+	if len(st.evs) != n || len(ids) != n {
+		t.Fatalf("%d events stored (%d distinct), want %d", len(st.evs), len(ids), n)
 	}
 }

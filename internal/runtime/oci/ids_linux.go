@@ -120,6 +120,17 @@ func (r *idRanges) allocate(bundle string) (uint32, error) {
 	return 0, ErrNoIDs
 }
 
+// next returns the base of the range allocate would hand out now (the
+// lowest free slot), if any is free.
+func (r *idRanges) next() (uint32, bool) {
+	for slot, base := range r.bases {
+		if _, err := os.Lstat(r.entry(slot)); errors.Is(err, os.ErrNotExist) {
+			return base, true
+		}
+	}
+	return 0, false
+}
+
 // release gives back the range held by bundle, if any. It holds the
 // registry's lock, as reclaim does: otherwise a reclaimer that read this
 // entry before its release could remove the entry that reuses the slot.

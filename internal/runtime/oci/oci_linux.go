@@ -49,6 +49,16 @@ type OCI struct {
 	// They are made once per range and kept while the runtime lives.
 	nsMu   sync.Mutex
 	idmaps map[uint32]*os.File
+
+	spareKick chan struct{} // capacity 1: "look at the next free slot"
+	spareWG   sync.WaitGroup
+	// spareMu guards spares (user namespaces made in advance, by the
+	// base of their range: spare_linux.go) and the one being made: for
+	// the range at making, until madeCh is closed.
+	spareMu sync.Mutex
+	spares  map[uint32]*nsHolder
+	making  uint32
+	madeCh  chan struct{}
 }
 
 // New checks the configuration and the host, takes the instance's lock,
@@ -92,6 +102,8 @@ func New(cfg Config) (*OCI, error) {
 	if err := ids.reclaim(); err != nil {
 		cfg.Logger.Warn("reclaim id ranges", "err", err)
 	}
+	o.spareWG.Go(o.makeSpares)
+	o.kickSpares()
 	cfg.Logger.Debug("oci runtime ready", "runtime", cfg.RuntimePath, "cgroups", o.cg.mode(), "state", o.dir)
 	return o, nil
 }
@@ -117,6 +129,9 @@ func open(cfg Config, ids *idRanges, ns nsTools) (*OCI, error) {
 		pending: map[string]bool{},
 		idmaps:  map[uint32]*os.File{},
 		quit:    make(chan struct{}),
+
+		spareKick: make(chan struct{}, 1),
+		spares:    map[uint32]*nsHolder{},
 	}
 	for attempt := 0; ; attempt++ {
 		lock, err := lockDir(dir)
@@ -290,6 +305,7 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 		return nil, err
 	}
 	defer o.release(s.ID)
+	defer o.kickSpares() // the next free slot moved
 
 	b := o.bundle(s.ID)
 	if err := os.Mkdir(b, 0o700); err != nil {
@@ -324,7 +340,7 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	if err != nil {
 		return nil, err
 	}
-	userns, err := o.ns.newUserns(base, idRange{Inside: 0, Host: base, Size: o.cfg.IDMap.Size})
+	userns, err := o.userns(base)
 	if err != nil {
 		return nil, err
 	}
@@ -526,6 +542,7 @@ func (o *OCI) Destroy(ctx context.Context, id string) error {
 		return err
 	}
 	defer o.release(id)
+	defer o.kickSpares() // a slot may be free
 	return o.destroy(ctx, id)
 }
 
@@ -656,6 +673,8 @@ func (o *OCI) List(_ context.Context) ([]string, error) {
 func (o *OCI) Close() error {
 	defer o.lock.Close()
 	o.stopSweep()
+	o.spareWG.Wait()
+	o.closeSpares()
 	o.nsMu.Lock()
 	for base, f := range o.idmaps {
 		f.Close()

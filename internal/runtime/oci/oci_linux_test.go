@@ -338,13 +338,20 @@ func start(t *testing.T, sock, script string) {
 }
 
 // hostProcs lists the live host processes (zombies are dead; the host's
-// init reaps them) whose uid is in [base, base+size).
+// init reaps them) whose uid is in [base, base+size), outside the host's
+// mount namespace: a sandbox's processes never share it, while the holder
+// of a user namespace the runtime made in advance for the range
+// (spare_linux.go) lives in it and belongs to no sandbox.
 func hostProcs(base, size uint32) []string {
 	var out []string
+	self, _ := os.Readlink("/proc/self/ns/mnt")
 	statuses, _ := filepath.Glob("/proc/[0-9]*/status")
 	for _, f := range statuses {
 		b, _ := os.ReadFile(f)
 		if strings.Contains(string(b), "\nState:\tZ") {
+			continue
+		}
+		if mnt, _ := os.Readlink(filepath.Join(filepath.Dir(f), "ns", "mnt")); mnt == self {
 			continue
 		}
 		for _, line := range strings.Split(string(b), "\n") {
