@@ -3,6 +3,7 @@ package doctor
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,15 +46,42 @@ func write(t *testing.T, path, body string) {
 	}
 }
 
-// fakeRunc writes a script that answers --version and features as a runc
-// of the given version would.
+// fakeRuncs are scripts that answer --version and features as a runc of
+// a version would, by "version seccomp" ("1.5.3 true"). They are written
+// in TestMain, before any test runs: a script written while a parallel
+// test forks can be held open for writing by the child until it execs, and
+// running it then fails with ETXTBSY ("text file busy").
+var fakeRuncs = map[string]string{}
+
+func writeFakeRuncs() (cleanup func(), err error) {
+	dir, err := os.MkdirTemp("", "doctor-runc")
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range []string{"1.1.5", "1.3.2", "1.4.0-rc.2", "1.5.3"} {
+		for _, seccomp := range []bool{true, false} {
+			key := fmt.Sprintf("%s %v", v, seccomp)
+			p := filepath.Join(dir, strings.ReplaceAll(key, " ", "-"), "runc")
+			feat := fmt.Sprintf(`{"linux":{"seccomp":{"enabled":%v}}}`, seccomp)
+			body := "#!/bin/sh\nif [ \"$1\" = --version ]; then printf 'runc version " + v + "\\nspec: 1.3.0\\n'; else echo '" + feat + "'; fi\n"
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				return nil, err
+			}
+			if err := os.WriteFile(p, []byte(body), 0o755); err != nil {
+				return nil, err
+			}
+			fakeRuncs[key] = p
+		}
+	}
+	return func() { os.RemoveAll(dir) }, nil
+}
+
+// fakeRunc returns the script of a runc of the given version.
 func fakeRunc(t *testing.T, version string, seccomp bool) string {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), "runc")
-	feat := `{"linux":{"seccomp":{"enabled":` + map[bool]string{true: "true", false: "false"}[seccomp] + `}}}`
-	write(t, p, "#!/bin/sh\nif [ \"$1\" = --version ]; then printf 'runc version "+version+"\\nspec: 1.3.0\\n'; else echo '"+feat+"'; fi\n")
-	if err := os.Chmod(p, 0o755); err != nil {
-		t.Fatal(err)
+	p, ok := fakeRuncs[fmt.Sprintf("%s %v", version, seccomp)]
+	if !ok {
+		t.Fatalf("no fake runc %s (seccomp %v): add it to writeFakeRuncs", version, seccomp)
 	}
 	return p
 }
@@ -299,4 +327,11 @@ func TestThisHost(t *testing.T) {
 	}
 }
 
-func TestMain(m *testing.M) { testutil.Main(m) }
+func TestMain(m *testing.M) {
+	cleanup, err := writeFakeRuncs()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fake runcs:", err)
+		os.Exit(1)
+	}
+	testutil.Main(m, cleanup)
+}

@@ -108,10 +108,13 @@ func ShortTempDir(t testing.TB) string {
 	return dir
 }
 
-// Main runs a package's tests and removes what AgentBin built. Packages
+// Main runs a package's tests, then cleanups, and removes what AgentBin built. Packages
 // that call AgentBin use it as their TestMain: func TestMain(m *testing.M) { testutil.Main(m) }.
-func Main(m *testing.M) {
+func Main(m *testing.M, cleanups ...func()) {
 	code := m.Run()
+	for _, c := range cleanups {
+		c()
+	}
 	if agentPath != "" {
 		os.RemoveAll(filepath.Dir(agentPath))
 	}
