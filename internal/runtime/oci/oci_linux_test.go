@@ -190,6 +190,23 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 	}
 }
 
+// die makes o as a dead process leaves it: nothing of it runs any more
+// (its background sweep and the maker of spare user namespaces, whose
+// programs, between fork and exec, hold a copy of every descriptor,
+// the lock's included), its descriptors are closed, its sandboxes stay.
+func die(o *OCI) {
+	o.stopSweep()
+	o.spareWG.Wait()
+	o.closeSpares()
+	o.nsMu.Lock()
+	for base, f := range o.idmaps {
+		f.Close()
+		delete(o.idmaps, base)
+	}
+	o.nsMu.Unlock()
+	o.lock.Close()
+}
+
 func TestSweepDeadInstance(t *testing.T) {
 	cfg := testConfig(t, "dead")
 	crashed, err := New(cfg)
@@ -203,7 +220,7 @@ func TestSweepDeadInstance(t *testing.T) {
 	if _, err := New(cfg); err == nil {
 		t.Fatal("a second process took a live instance's lock")
 	}
-	crashed.lock.Close() // the process "dies": its lock goes, its sandbox stays
+	die(crashed) // the process "dies": its lock goes, its sandbox stays
 
 	cfg.Instance = "survivor"
 	o, err := New(cfg)
@@ -469,7 +486,7 @@ func TestSweepRetriesStubbornLeftovers(t *testing.T) {
 			setImmutable(t, stuck, false)
 		}
 	}()
-	crashed.lock.Close() // the process dies
+	die(crashed) // the process dies
 
 	cfg.Instance = "survivor"
 	start := time.Now()
