@@ -672,15 +672,7 @@ func (o *OCI) List(_ context.Context) ([]string, error) {
 // sweep and says how many sandboxes remain.
 func (o *OCI) Close() error {
 	defer o.lock.Close()
-	o.stopSweep()
-	o.spareWG.Wait()
-	o.closeSpares()
-	o.nsMu.Lock()
-	for base, f := range o.idmaps {
-		f.Close()
-		delete(o.idmaps, base)
-	}
-	o.nsMu.Unlock()
+	o.stopBackground()
 	ids, err := o.List(context.Background())
 	if err != nil {
 		return err
@@ -690,6 +682,21 @@ func (o *OCI) Close() error {
 	}
 	o.cg.removeParent()
 	return os.RemoveAll(o.dir)
+}
+
+// stopBackground ends what the runtime runs on its own (the sweep, the
+// maker of spare user namespaces) and closes the spares and the idmapped
+// template views; the sandboxes and the lock stay.
+func (o *OCI) stopBackground() {
+	o.stopSweep()
+	o.spareWG.Wait()
+	o.closeSpares()
+	o.nsMu.Lock()
+	for base, f := range o.idmaps {
+		f.Close()
+		delete(o.idmaps, base)
+	}
+	o.nsMu.Unlock()
 }
 
 // stopSweep ends the background sweep (Close; once).

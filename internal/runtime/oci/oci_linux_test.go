@@ -195,15 +195,7 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 // programs, between fork and exec, hold a copy of every descriptor,
 // the lock's included), its descriptors are closed, its sandboxes stay.
 func die(o *OCI) {
-	o.stopSweep()
-	o.spareWG.Wait()
-	o.closeSpares()
-	o.nsMu.Lock()
-	for base, f := range o.idmaps {
-		f.Close()
-		delete(o.idmaps, base)
-	}
-	o.nsMu.Unlock()
+	o.stopBackground()
 	o.lock.Close()
 }
 
