@@ -171,7 +171,7 @@ func sandboxGets(ctx context.Context, sb *sandbox.Sandbox, n int) ([]float64, er
 	}
 	var ms []float64
 	if r.ExitCode != 0 || json.Unmarshal(stdout.Bytes(), &ms) != nil {
-		return nil, fmt.Errorf("sandbox GET: exit %d: %s %s", r.ExitCode, stdout.String(), stderr.String())
+		return nil, fmt.Errorf("sandbox GET: exit %d: %s %s\ngateway: %s", r.ExitCode, stdout.String(), stderr.String(), sb.EgressDiagnosis())
 	}
 	return ms, nil
 }

@@ -104,12 +104,38 @@ type Gateway struct {
 
 	pol      atomic.Pointer[policy.Egress]
 	requests atomic.Int64
+	seen     counters
+	stackSum func() string // the userspace stack's counters, once attached
 
 	// mu guards resolved, parents and reported.
 	mu       sync.Mutex
 	resolved map[netip.Addr]map[string]bool // address → names it answered in this sandbox
 	parents  map[string]map[string]bool     // parent zone → distinct names asked under it
 	reported map[string]time.Time           // denial → when its event was last emitted
+}
+
+// counters are what the gateway saw of its sandbox's connections and
+// link, for Diagnose.
+type counters struct {
+	syns, carried, refused, dialFailed, handshakeFailed atomic.Uint64
+	linkWriteErrs                                       atomic.Uint64
+	lastLinkErr                                         atomic.Pointer[string]
+}
+
+// Diagnose summarises what the gateway saw: the connections the sandbox
+// asked for and what became of them, the packets the TUN refused and the
+// stack's drops. It is for error messages and logs when traffic stalls.
+func (g *Gateway) Diagnose() string {
+	c := &g.seen
+	out := fmt.Sprintf("tcp: %d asked, %d carried, %d refused, %d dial failures, %d handshake failures; link: %d write errors",
+		c.syns.Load(), c.carried.Load(), c.refused.Load(), c.dialFailed.Load(), c.handshakeFailed.Load(), c.linkWriteErrs.Load())
+	if e := c.lastLinkErr.Load(); e != nil {
+		out += " (last: " + *e + ")"
+	}
+	if g.stackSum != nil {
+		out += "; stack: " + g.stackSum()
+	}
+	return out
 }
 
 // maxResolved bounds the remembered answers of one sandbox.

@@ -49,7 +49,7 @@ func (g *Gateway) Attach(ctx context.Context, pid int) (err error) {
 			g.Close()
 		}
 	}()
-	ep, tun, err := newLink(fd)
+	ep, tun, err := newLink(fd, g.linkWriteFailed)
 	if err != nil {
 		unix.Close(fd)
 		return fmt.Errorf("egress link: %w", err)
@@ -60,6 +60,7 @@ func (g *Gateway) Attach(ctx context.Context, pid int) (err error) {
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
 	})
 	g.closers = append(g.closers, func() { s.Close(); s.Wait() })
+	g.stackSum = func() string { return stackSummary(s.Stats()) }
 	if terr := s.CreateNIC(nicID, ep); terr != nil {
 		return fmt.Errorf("egress nic: %s", terr)
 	}
@@ -109,7 +110,7 @@ func (g *Gateway) Attach(ctx context.Context, pid int) (err error) {
 // readLink delivers what the sandbox sends from the goroutine that read
 // it, and the stack's outgoing packets are written to the TUN by the
 // goroutine that produced them.
-func newLink(fd int) (*channel.Endpoint, *os.File, error) {
+func newLink(fd int, writeFailed func(error)) (*channel.Endpoint, *os.File, error) {
 	if err := unix.SetNonblock(fd, true); err != nil {
 		return nil, nil, err
 	}
@@ -122,12 +123,32 @@ func newLink(fd int) (*channel.Endpoint, *os.File, error) {
 		defer mu.Unlock()
 		for pkt := ep.Read(); pkt != nil; pkt = ep.Read() {
 			v := pkt.ToView()
-			_, _ = tun.Write(v.AsSlice())
+			if _, err := tun.Write(v.AsSlice()); err != nil {
+				writeFailed(err)
+			}
 			v.Release()
 			pkt.DecRef()
 		}
 	}))
 	return ep, tun, nil
+}
+
+// linkWriteFailed counts a packet the TUN refused; the first of each
+// gateway is logged as a warning (the sandbox loses that packet).
+func (g *Gateway) linkWriteFailed(err error) {
+	msg := err.Error()
+	g.seen.lastLinkErr.Store(&msg)
+	if g.seen.linkWriteErrs.Add(1) == 1 {
+		g.log.Warn("egress link write failed", "err", err)
+	}
+}
+
+// stackSummary picks the userspace stack's counters that explain a stall.
+func stackSummary(st tcpip.Stats) string {
+	return fmt.Sprintf("%d packets dropped, %d malformed ip, %d invalid tcp segments, %d tcp checksum errors, %d forwarder in-flight drops, %d failed connections, %d tcp retransmits, %d tcp timeouts",
+		st.DroppedPackets.Value(), st.IP.MalformedPacketsReceived.Value(), st.TCP.InvalidSegmentsReceived.Value(),
+		st.TCP.ChecksumErrors.Value(), st.TCP.ForwardMaxInFlightDrop.Value(), st.TCP.FailedConnectionAttempts.Value(),
+		st.TCP.Retransmits.Value(), st.TCP.Timeouts.Value())
 }
 
 type notifyFunc func()
@@ -241,6 +262,7 @@ func addrPort(a tcpip.Address, port uint16) netip.AddrPort {
 // handleTCP decides a new connection from the sandbox (a SYN nobody
 // listens for) and, if allowed, dials out and carries it.
 func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
+	g.seen.syns.Add(1)
 	id := r.ID()
 	dst := addrPort(id.LocalAddress, id.LocalPort)
 	target := dst.String()
@@ -254,11 +276,13 @@ func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
 	}
 	g.report(d, "tcp", target)
 	if !d.ok || !g.countRequest(target) {
+		g.seen.refused.Add(1)
 		r.Complete(true)
 		return
 	}
 	up, err := g.dial(g.ctx, t)
 	if err != nil {
+		g.seen.dialFailed.Add(1)
 		g.log.Info("egress dial failed", "target", target, "err", err)
 		r.Complete(true)
 		return
@@ -266,11 +290,14 @@ func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
 	var wq waiter.Queue
 	ep, terr := r.CreateEndpoint(&wq)
 	if terr != nil {
+		g.seen.handshakeFailed.Add(1)
+		g.log.Info("egress handshake failed", "target", target, "err", terr)
 		up.Close()
 		r.Complete(true)
 		return
 	}
 	r.Complete(false)
+	g.seen.carried.Add(1)
 	g.splice(gonet.NewTCPConn(&wq, ep), up, byName && g.pol.Load().Mode == "allowlist", dst.Port(), target)
 }
 

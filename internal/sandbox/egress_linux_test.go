@@ -483,6 +483,10 @@ print([get("api.test") for _ in range(3)])`)
 	if n := s.EgressRequests(); n != 2 {
 		t.Fatalf("EgressRequests = %d, want 2", n)
 	}
+	// What a stalled connection's error would show.
+	if d := s.EgressDiagnosis(); !strings.HasPrefix(d, "tcp: 3 asked, 2 carried, 1 refused, 0 dial failures, 0 handshake failures; link: 0 write errors; stack: ") {
+		t.Fatalf("EgressDiagnosis = %q", d)
+	}
 }
 
 // TestEgressClients checks clients that ignore proxies: each reaches an

@@ -106,6 +106,16 @@ func (s *Sandbox) EgressRequests() int64 {
 	return s.net.Requests()
 }
 
+// EgressDiagnosis summarises what the sandbox's egress gateway saw of
+// its connections, link and stack (egress.Gateway.Diagnose); empty
+// without a network.
+func (s *Sandbox) EgressDiagnosis() string {
+	if s.net == nil {
+		return ""
+	}
+	return s.net.Diagnose()
+}
+
 // Policy returns the sandbox's security policy (nil: none given).
 func (s *Sandbox) Policy() *policy.Policy {
 	s.mu.Lock()
