@@ -542,7 +542,7 @@ func (b *bencher) createHit(ctx context.Context) error {
 }
 
 func (b *bencher) createMiss(ctx context.Context) error {
-	var ms []float64
+	var ms, create, exec []float64
 	for i := 0; i < b.o.Iterations; i++ {
 		if _, err := b.waitPool(ctx); err != nil { // no refill competing for the CPU
 			return err
@@ -554,9 +554,12 @@ func (b *bencher) createMiss(ctx context.Context) error {
 		if err := b.c.Kill(ctx, id); err != nil {
 			return err
 		}
-		ms = append(ms, d.total)
+		ms, create, exec = append(ms, d.total), append(create, d.create), append(exec, d.exec)
 	}
 	b.record("create→print(1) pool miss", ms)
+	// The container's start (create) and the interpreter's (first print).
+	b.res.Breakdown["pool miss: create"] = summarize(create)
+	b.res.Breakdown["pool miss: first print(1)"] = summarize(exec)
 	return nil
 }
 

@@ -299,7 +299,9 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(m.ctx, cancel)()
+	began := time.Now()
 	inst, err := m.cfg.Runtime.Create(ctx, spec)
+	runtimeDone := time.Now()
 	if err == nil {
 		s.agent = agentClient{socket: inst.Socket, observe: m.agentCall}
 	}
@@ -316,7 +318,8 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		// Stopped while starting: the engine is closing, or a Kill.
 		return nil, s.running()
 	}
-	m.log.Info("sandbox created", "sandbox", s.ID, "template", s.Template)
+	m.log.Info("sandbox created", "sandbox", s.ID, "template", s.Template,
+		"runtime", runtimeDone.Sub(began).Round(10*time.Microsecond), "agent", time.Since(runtimeDone).Round(10*time.Microsecond))
 	s.announce(false)
 	return s, nil
 }

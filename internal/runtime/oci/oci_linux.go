@@ -305,7 +305,7 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 		return nil, err
 	}
 	defer o.release(s.ID)
-	defer o.kickSpares() // the next free slot moved
+	defer o.kickSpares() // a spare may have been taken
 
 	b := o.bundle(s.ID)
 	if err := os.Mkdir(b, 0o700); err != nil {
@@ -326,7 +326,7 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 
 	// The sandbox's own host ids, then its bundle opened to them alone:
 	// runc's init, as the sandbox's root, passes through to the rootfs.
-	base, err := o.ids.allocate(b)
+	base, err := o.ids.allocate(b, o.readySpares()...)
 	if err != nil {
 		return nil, err
 	}
@@ -336,14 +336,17 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	if err := os.Chmod(b, 0o710); err != nil {
 		return nil, err
 	}
+	began := time.Now()
 	rootfs, err := o.mountRoot(b, s, base)
 	if err != nil {
 		return nil, err
 	}
+	mounted := time.Now()
 	userns, err := o.userns(base)
 	if err != nil {
 		return nil, err
 	}
+	nsReady := time.Now()
 	defer userns.close()
 	in := specInput{Spec: s, RootFS: rootfs, AgentBin: o.cfg.AgentBin, Writable: filepath.Join(b, "rw"), CgroupDir: o.cg.path(s.ID), Userns: userns.path()}
 	if s.Network != nil {
@@ -405,10 +408,14 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	cmd.ExtraFiles = []*os.File{lnFile}
 	cmd.Stdout = logf
 	cmd.Stderr = logf
+	ran := time.Now()
 	if err := cmd.Run(); err != nil {
 		log, _ := os.ReadFile(logf.Name())
 		return nil, fmt.Errorf("%s %s: %w: %s", o.Name(), verb, err, tail(log))
 	}
+	const r = 10 * time.Microsecond
+	o.cfg.Logger.Debug("sandbox container started", "id", s.ID, "root", mounted.Sub(began).Round(r),
+		"userns", nsReady.Sub(mounted).Round(r), "spec", ran.Sub(nsReady).Round(r), "runc", time.Since(ran).Round(r))
 	pid, err := readPid(pidFile)
 	if err != nil {
 		return nil, err
