@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -86,9 +87,11 @@ func newIDRanges(dir string, tmpl IDMap, slots int) (*idRanges, error) {
 }
 
 // allocate takes a free range for the sandbox whose bundle is given and
-// returns the host id of its uid 0. The entry appears with its content
-// (linked from a temporary file), so no one ever reads a half-written one.
-func (r *idRanges) allocate(bundle string) (uint32, error) {
+// returns the host id of its uid 0: the first free one of prefer (ranges
+// with a user namespace made in advance), else the lowest free one. The
+// entry appears with its content (linked from a temporary file), so no
+// one ever reads a half-written one.
+func (r *idRanges) allocate(bundle string, prefer ...uint32) (uint32, error) {
 	tmp, err := os.CreateTemp(r.dir, ".new-")
 	if err != nil {
 		return 0, fmt.Errorf("id registry: %w", err)
@@ -101,11 +104,20 @@ func (r *idRanges) allocate(bundle string) (uint32, error) {
 	if err != nil {
 		return 0, fmt.Errorf("id registry: %w", err)
 	}
+	order := make([]int, 0, len(prefer)+len(r.bases))
+	for _, b := range prefer {
+		if slot, ok := r.slotOf(b); ok {
+			order = append(order, slot)
+		}
+	}
+	for slot := range r.bases {
+		order = append(order, slot)
+	}
 	for attempt := 0; attempt < 2; attempt++ {
-		for slot, base := range r.bases {
+		for _, slot := range order {
 			err := os.Link(tmp.Name(), r.entry(slot))
 			if err == nil {
-				return base, nil
+				return r.bases[slot], nil
 			}
 			if !errors.Is(err, os.ErrExist) {
 				return 0, fmt.Errorf("id registry: %w", err)
@@ -120,15 +132,31 @@ func (r *idRanges) allocate(bundle string) (uint32, error) {
 	return 0, ErrNoIDs
 }
 
-// next returns the base of the range allocate would hand out now (the
-// lowest free slot), if any is free.
-func (r *idRanges) next() (uint32, bool) {
+// nextFree returns the base of the lowest free range that skip does not
+// exclude, if any.
+func (r *idRanges) nextFree(skip func(base uint32) bool) (uint32, bool) {
 	for slot, base := range r.bases {
-		if _, err := os.Lstat(r.entry(slot)); errors.Is(err, os.ErrNotExist) {
+		if !skip(base) && r.slotFree(slot) {
 			return base, true
 		}
 	}
 	return 0, false
+}
+
+// isFree reports whether the range at base is free now.
+func (r *idRanges) isFree(base uint32) bool {
+	slot, ok := r.slotOf(base)
+	return ok && r.slotFree(slot)
+}
+
+func (r *idRanges) slotFree(slot int) bool {
+	_, err := os.Lstat(r.entry(slot))
+	return errors.Is(err, os.ErrNotExist)
+}
+
+// slotOf returns the slot of the range at base (bases ascend).
+func (r *idRanges) slotOf(base uint32) (int, bool) {
+	return slices.BinarySearch(r.bases, base)
 }
 
 // release gives back the range held by bundle, if any. It holds the

@@ -70,3 +70,35 @@ func TestIDRanges(t *testing.T) {
 		t.Errorf("temporaries left: %v", names)
 	}
 }
+
+// allocate takes the first free range of those preferred (ranges with a
+// user namespace made in advance), else the lowest free one; nextFree
+// skips what it is told to.
+func TestIDRangesPrefer(t *testing.T) {
+	dir := t.TempDir()
+	r := &idRanges{dir: dir, bases: []uint32{1065536, 1131072, 1196608}, size: 65536}
+	bundle := func(name string) string {
+		b := filepath.Join(dir, name)
+		os.Mkdir(b, 0o700)
+		return b
+	}
+	if got, err := r.allocate(bundle("a"), 1196608, 1131072); err != nil || got != 1196608 {
+		t.Fatalf("preferring the third: %d %v", got, err)
+	}
+	if r.isFree(1196608) || !r.isFree(1065536) || r.isFree(42) {
+		t.Error("isFree")
+	}
+	// A preferred range that is taken, or not a range at all, is passed by.
+	if got, err := r.allocate(bundle("b"), 1196608, 42, 1131072); err != nil || got != 1131072 {
+		t.Fatalf("preferring a taken one, then the second: %d %v", got, err)
+	}
+	if got, ok := r.nextFree(func(uint32) bool { return false }); !ok || got != 1065536 {
+		t.Fatalf("nextFree = %d %v", got, ok)
+	}
+	if _, ok := r.nextFree(func(b uint32) bool { return b == 1065536 }); ok {
+		t.Fatal("nextFree skipping the only free range found one")
+	}
+	if got, err := r.allocate(bundle("c"), 1131072); err != nil || got != 1065536 {
+		t.Fatalf("with no preferred one free: %d %v", got, err)
+	}
+}

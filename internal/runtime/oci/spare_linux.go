@@ -1,29 +1,42 @@
 package oci
 
+import (
+	"maps"
+	"slices"
+)
+
 // User namespaces made ahead of need.
 //
 // Making a sandbox's user namespace runs two programs as its owner
 // (userns_linux.go): on the development machine about 7 ms of CPU and
 // 10 ms of wall time, all of it on a pool miss's critical path, before
-// `runc run`. So the runtime keeps a few made in advance, each for the
-// range the next allocation is expected to hand out (the lowest free
-// slot), made in the background after each create and destroy. A spare
-// is a namespace like any other: fresh (nothing has ever run in it but
-// its holder, which has no capabilities), owned by its range's uid and
-// mapping that range, so using it gives the sandbox exactly what making
-// it on demand would. It is used only by a create that was allocated its
-// range; one made for a range another sandbox took meanwhile waits until
-// that range is free again. Nothing is reused: a namespace a sandbox ran
-// in dies with it.
+// `runc run`. So the runtime keeps a few made in advance, each for a free
+// range, made in the background after each create and destroy, and a
+// create takes a range that has one ready in preference to the lowest
+// free range. (A spare made only for the lowest free range was waited
+// for: a create right after a destroy takes the freed range, whose spare
+// the destroy had only just begun.) A spare is a namespace like any
+// other: fresh (nothing has ever run in it but its holder, which has no
+// capabilities), owned by its range's uid and mapping that range, so
+// using it gives the sandbox exactly what making it on demand would. It
+// is used only by a create that was allocated its range; one whose range
+// another engine took meanwhile waits until that range is free again.
+// Nothing is reused: a namespace a sandbox ran in dies with it.
 
-// maxSpares bounds the namespaces kept made in advance: one for the next
-// slot, and one more for a slot a destroy freed meanwhile (a create after
-// a destroy takes the freed slot, not the one the spare was made for).
+// maxSpares bounds the namespaces kept made in advance for free ranges:
+// two creates in a row find one ready.
 const maxSpares = 2
 
+// readySpares returns the ranges with a namespace made in advance, lowest
+// first: allocate tries them before the others.
+func (o *OCI) readySpares() []uint32 {
+	o.spareMu.Lock()
+	defer o.spareMu.Unlock()
+	return slices.Sorted(maps.Keys(o.spares))
+}
+
 // userns returns the user namespace for a sandbox with the range at base:
-// a spare made for it (waiting for one being made: a create right after a
-// destroy finds the freed range's spare under way), or a new one.
+// a spare made for it (waiting for one being made), or a new one.
 func (o *OCI) userns(base uint32) (*nsHolder, error) {
 	o.spareMu.Lock()
 	if o.making == base && o.madeCh != nil {
@@ -42,7 +55,7 @@ func (o *OCI) userns(base uint32) (*nsHolder, error) {
 }
 
 // kickSpares asks the spare maker to look again (after a create or a
-// destroy moved the lowest free slot); it never waits.
+// destroy changed which ranges are free); it never waits.
 func (o *OCI) kickSpares() {
 	select {
 	case o.spareKick <- struct{}{}:
@@ -50,8 +63,8 @@ func (o *OCI) kickSpares() {
 	}
 }
 
-// makeSpares runs until Close, keeping a namespace made for the range the
-// next allocation will take.
+// makeSpares runs until Close, keeping maxSpares namespaces made for free
+// ranges.
 func (o *OCI) makeSpares() {
 	for {
 		select {
@@ -59,47 +72,64 @@ func (o *OCI) makeSpares() {
 			return
 		case <-o.spareKick:
 		}
-		base, ok := o.ids.next()
-		if !ok {
-			continue
-		}
-		o.spareMu.Lock()
-		have := o.spares[base] != nil
-		if !have {
-			o.making, o.madeCh = base, make(chan struct{})
-		}
-		o.spareMu.Unlock()
-		if have {
-			continue
-		}
-		h, err := o.makeSpare(base)
-		var drop []*nsHolder
-		o.spareMu.Lock()
-		close(o.madeCh)
-		o.making, o.madeCh = 0, nil
-		switch {
-		case err != nil:
-			o.cfg.Logger.Warn("make a user namespace in advance", "err", err)
-		case o.spares[base] != nil: // unreachable: only this goroutine adds
-			drop = append(drop, h)
-		default:
-			o.spares[base] = h
-		}
-		// Past the bound, keep the lowest ranges: allocation takes the
-		// lowest free slot.
-		for len(o.spares) > maxSpares {
-			var top uint32
-			for b := range o.spares {
-				top = max(top, b)
-			}
-			drop = append(drop, o.spares[top])
-			delete(o.spares, top)
-		}
-		o.spareMu.Unlock()
-		for _, h := range drop {
-			h.close()
+		for o.makeOneSpare() {
 		}
 	}
+}
+
+// makeOneSpare makes a namespace for the lowest free range without one,
+// unless maxSpares free ranges have one; false when it made none.
+func (o *OCI) makeOneSpare() bool {
+	select {
+	case <-o.quit:
+		return false
+	default:
+	}
+	o.spareMu.Lock()
+	usable := 0
+	for b := range o.spares {
+		if o.ids.isFree(b) {
+			usable++
+		}
+	}
+	base, ok := o.ids.nextFree(func(b uint32) bool { return o.spares[b] != nil })
+	if !ok || usable >= maxSpares {
+		o.spareMu.Unlock()
+		return false
+	}
+	o.making, o.madeCh = base, make(chan struct{})
+	o.spareMu.Unlock()
+
+	h, err := o.makeSpare(base)
+	var drop []*nsHolder
+	o.spareMu.Lock()
+	close(o.madeCh)
+	o.making, o.madeCh = 0, nil
+	if err != nil {
+		o.cfg.Logger.Warn("make a user namespace in advance", "err", err)
+	} else {
+		o.spares[base] = h
+	}
+	// Past the bound, drop the spares of ranges taken meanwhile (by
+	// another engine; a create of this one takes its spare at once), then
+	// the highest.
+	for len(o.spares) > maxSpares {
+		var pick uint32
+		for b := range o.spares {
+			if !o.ids.isFree(b) {
+				pick = b
+				break
+			}
+			pick = max(pick, b)
+		}
+		drop = append(drop, o.spares[pick])
+		delete(o.spares, pick)
+	}
+	o.spareMu.Unlock()
+	for _, h := range drop {
+		h.close()
+	}
+	return err == nil
 }
 
 // makeSpare makes a namespace for the range at base, and the range's

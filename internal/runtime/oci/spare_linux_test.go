@@ -3,7 +3,9 @@ package oci
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,16 +18,20 @@ import (
 )
 
 // waitSpare waits for a namespace made in advance for the range the next
-// create is to get, and returns the range and the namespace's inode.
+// create is to get (the lowest free one with a spare), and returns the
+// range and the namespace's inode.
 func waitSpare(t testing.TB, o *OCI) (uint32, uint64) {
 	t.Helper()
 	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		base, ok := o.ids.next()
-		if !ok {
-			t.Fatal("no free id range")
-		}
+		var base uint32
+		var h *nsHolder
 		o.spareMu.Lock()
-		h := o.spares[base]
+		for _, b := range slices.Sorted(maps.Keys(o.spares)) {
+			if o.ids.isFree(b) {
+				base, h = b, o.spares[b]
+				break
+			}
+		}
 		o.spareMu.Unlock()
 		if h != nil {
 			var st syscall.Stat_t
@@ -116,7 +122,7 @@ func TestSpareUserns(t *testing.T) {
 			}
 		}
 		o.spareMu.Unlock()
-		// The same range again for the next one (the lowest free slot).
+		// The next create takes a range with a spare ready, none waited for.
 		if err := o.Destroy(context.Background(), id); err != nil {
 			t.Fatal(err)
 		}
