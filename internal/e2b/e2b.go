@@ -58,6 +58,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/processpb/processpbconnect"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
@@ -94,6 +95,19 @@ type Backend interface {
 	SetTimeout(ctx context.Context, owner, id string, d time.Duration) error
 	// Kill stops owner's sandbox.
 	Kill(ctx context.Context, owner, id string) error
+	// BeginExecution records a code-interpreter execution in the
+	// server's execution history as it starts.
+	BeginExecution(ctx context.Context, sb *sandbox.Sandbox, language, code string) RecordedExecution
+}
+
+// RecordedExecution is an execution's record while it runs.
+type RecordedExecution interface {
+	// ID is the id the execution runs under (its events carry it).
+	ID() string
+	// Event records what one of its events streamed.
+	Event(agentproto.Event)
+	// End records how it ended.
+	End(*sandbox.Execution, error)
 }
 
 // Config tunes the E2B surface. Zero fields take the defaults in brackets.

@@ -190,9 +190,11 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		req.Language, counter = canon, defaultContextID(canon)
-	} else if _, err := h.findContext(ctx, sb, body.ContextID); err != nil {
+	} else if c, err := h.findContext(ctx, sb, body.ContextID); err != nil {
 		interpError(w, r, err)
 		return
+	} else {
+		req.Language = c.Language // for the record; the context decides
 	}
 	// No execution limit of its own, as in E2B: the client's timeout (which
 	// interrupts by disconnecting) and the sandbox's lifetime bound it.
@@ -229,8 +231,12 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	sentError := false
-	// Everything is streamed through as it comes; nothing is kept.
+	rec := h.backend.BeginExecution(ctx, sb, req.Language, req.Code)
+	req.ID = rec.ID()
+	// Everything is streamed through as it comes; nothing is kept but the
+	// execution's record (bounded).
 	ex, err := sb.Execute(ctx, req, func(ev agentproto.Event) error {
+		rec.Event(ev)
 		mu.Lock()
 		last = time.Now()
 		mu.Unlock()
@@ -257,6 +263,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 		}
 		return nil
 	})
+	rec.End(ex, err)
 	if err != nil {
 		abortIfGone(ctx)
 		if ctx.Err() != nil {

@@ -80,6 +80,19 @@ func (b e2bBackend) Create(ctx context.Context, owner string, opt sandbox.Create
 	return sb, classify(err)
 }
 
+// BeginExecution records a code-interpreter execution as the /v1 API
+// records its own: the sandbox's page in the dashboard lists both.
+func (b e2bBackend) BeginExecution(ctx context.Context, sb *sandbox.Sandbox, language, code string) e2b.RecordedExecution {
+	b.s.mu.Lock()
+	bx := b.s.boxes[sb.ID]
+	b.s.mu.Unlock()
+	owner := ""
+	if bx != nil {
+		owner = bx.owner
+	}
+	return b.s.recordExecution(ctx, sb.ID, owner, newID("exe_"), language, code)
+}
+
 // Sandbox returns a running sandbox; owner "" matches any owner.
 func (b e2bBackend) Sandbox(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
 	if owner == "" {

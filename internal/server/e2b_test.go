@@ -586,6 +586,28 @@ func TestE2BInterpreter(t *testing.T) {
 	if ls[0]["execution_count"] != 2.0 || ls[1]["type"] != "error" || ls[1]["name"] != "ZeroDivisionError" || ls[1]["traceback"] == "" {
 		t.Fatalf("error lines: %v", ls)
 	}
+	// Both are in the sandbox's execution history, as /v1's are.
+	r := e.do("GET", "/v1/sandboxes/"+sb.ID+"/executions", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	hist := r.json(t)["executions"].([]any)
+	if len(hist) != 2 {
+		t.Fatalf("history: %s", r.body)
+	}
+	last, first := hist[0].(map[string]any), hist[1].(map[string]any)
+	out1, _ := first["output"].(map[string]any)
+	if first["code"] != "print('hi')\nx = 41\nx + 1" || first["status"] != "success" || first["language"] != "python" || out1["stdout"] != "hi\n" {
+		t.Fatalf("first recorded: %v", first)
+	}
+	if res, _ := out1["results"].([]any); len(res) != 1 || res[0].(map[string]any)["text"] != "42" {
+		t.Fatalf("first recorded results: %v", out1)
+	}
+	out2, _ := last["output"].(map[string]any)
+	if errObj, _ := out2["error"].(map[string]any); last["status"] != "error" || errObj["name"] != "ZeroDivisionError" {
+		t.Fatalf("second recorded: %v", last)
+	}
+	if id, _ := first["id"].(string); !strings.HasPrefix(id, "exe_") {
+		t.Fatalf("recorded id %q", id)
+	}
 	if r := interp("POST", "/execute", map[string]any{"code": "1", "language": "python", "context_id": "x"}, sb.Token); r.status != 400 {
 		t.Fatalf("context and language: %d", r.status)
 	}
@@ -600,7 +622,7 @@ func TestE2BInterpreter(t *testing.T) {
 	if r := interp("POST", "/contexts", map[string]any{"language": "python"}, ""); r.status != 401 {
 		t.Fatalf("contexts without a token: %d", r.status)
 	}
-	r := traffic("POST", "/contexts", map[string]any{"language": "python"})
+	r = traffic("POST", "/contexts", map[string]any{"language": "python"})
 	want(t, r, http.StatusOK, "")
 	c := r.json(t)
 	cid, _ := c["id"].(string)

@@ -123,10 +123,11 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 // off the caller's path; the last waits for it.
 type executionRecord struct {
 	s        *Server
-	r        *http.Request
+	ctx      context.Context // the request's values, never canceled
 	rec      store.Execution
 	started  chan struct{}
 	streamed *outputRecorder // a streamed execution's output as it came; nil when not streamed
+	texts    textStreams     // Event's decoding of streamed text
 }
 
 func (s *Server) beginExecution(r *http.Request, b *box, id string, req executeRequest) *executionRecord {
@@ -134,15 +135,43 @@ func (s *Server) beginExecution(r *http.Request, b *box, id string, req executeR
 	if lang == "" && req.ContextID == "" {
 		lang = "python"
 	}
-	er := &executionRecord{s: s, r: r, started: make(chan struct{}),
-		rec: store.Execution{ID: id, SandboxID: b.sb.ID, Owner: b.owner, Language: lang,
-			Status: store.ExecutionRunning, CreatedAt: time.Now(), Code: cutUTF8(req.Code, maxRecordedCode)}}
+	return s.recordExecution(r.Context(), b.sb.ID, b.owner, id, lang, req.Code)
+}
+
+// recordExecution starts the record of an execution in the store.
+func (s *Server) recordExecution(ctx context.Context, sandboxID, owner, id, lang, code string) *executionRecord {
+	er := &executionRecord{s: s, ctx: context.WithoutCancel(ctx), started: make(chan struct{}), texts: textStreams{},
+		rec: store.Execution{ID: id, SandboxID: sandboxID, Owner: owner, Language: lang,
+			Status: store.ExecutionRunning, CreatedAt: time.Now(), Code: cutUTF8(code, maxRecordedCode)}}
 	go func() {
 		defer close(er.started)
 		er.write(er.rec)
 	}()
 	return er
 }
+
+// ID is the execution's id (e2b.RecordedExecution).
+func (er *executionRecord) ID() string { return er.rec.ID }
+
+// Event records a streamed event's output (e2b.RecordedExecution).
+func (er *executionRecord) Event(ev agentproto.Event) {
+	if er.streamed == nil {
+		er.streamed = &outputRecorder{}
+	}
+	switch ev.Type {
+	case agentproto.EventStdout, agentproto.EventStderr:
+		if text := er.texts.text(ev.Type, ev.Data); text != "" {
+			er.streamed.text(ev.Type, text)
+		}
+	case agentproto.EventResult:
+		if ev.Result != nil {
+			er.streamed.result(*ev.Result)
+		}
+	}
+}
+
+// End records how the execution ended (e2b.RecordedExecution).
+func (er *executionRecord) End(ex *sandbox.Execution, err error) { er.end(ex, err) }
 
 // end records how the execution ended: its outcome, or the error that
 // ended it without one.
@@ -162,7 +191,7 @@ func (er *executionRecord) end(ex *sandbox.Execution, err error) {
 }
 
 func (er *executionRecord) write(rec store.Execution) {
-	if err := er.s.store.AddExecution(context.WithoutCancel(er.r.Context()), rec); err != nil {
-		er.s.log.Error("record execution", "sandbox", rec.SandboxID, "request_id", requestIDFrom(er.r.Context()), "err", err)
+	if err := er.s.store.AddExecution(er.ctx, rec); err != nil {
+		er.s.log.Error("record execution", "sandbox", rec.SandboxID, "request_id", requestIDFrom(er.ctx), "err", err)
 	}
 }
