@@ -24,7 +24,9 @@ func TestStorageUnavailableIs503(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, server.Config{})
 	ctx := context.Background()
-	other, err := sql.Open("sqlite", "file:"+e.dbPath)
+	// The test's own lock waits for a write the server may be making
+	// (startup, the event bus): only then does the server find it locked.
+	other, err := sql.Open("sqlite", "file:"+e.dbPath+"?_pragma=busy_timeout(30000)")
 	if err != nil {
 		t.Fatal(err)
 	}
