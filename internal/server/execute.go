@@ -79,7 +79,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 	mode := wantStream(r, streamNone)
 	if mode == streamNone {
 		ex, err := b.sb.Execute(r.Context(), ereq, nil)
-		rec.end(ex, err)
+		rec.End(ex, err)
 		if err != nil {
 			return err
 		}
@@ -90,17 +90,15 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 	// event's execution has no stdout, stderr or results of its own.
 	st := newStreamer(w, mode)
 	texts := textStreams{}
-	rec.streamed = &outputRecorder{}
 	ex, err := b.sb.Execute(r.Context(), ereq, func(ev agentproto.Event) error {
+		rec.Event(ev)
 		switch ev.Type {
 		case agentproto.EventStdout, agentproto.EventStderr:
 			if text := texts.text(ev.Type, ev.Data); text != "" {
-				rec.streamed.text(ev.Type, text)
 				st.send(ev.Type, textJSON{text}, map[string]any{"type": ev.Type, "text": text})
 			}
 		case agentproto.EventResult:
 			if ev.Result != nil {
-				rec.streamed.result(*ev.Result)
 				st.send("result", ev.Result, map[string]any{"type": "result", "result": ev.Result})
 			}
 		case agentproto.EventError:
@@ -110,7 +108,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 		}
 		return st.err()
 	})
-	rec.end(ex, err)
+	rec.End(ex, err)
 	view := executionOf(ex)
 	s.end(st, w, r, err, "done", view, map[string]any{"type": "done", "execution": view})
 	return nil
@@ -153,7 +151,8 @@ func (s *Server) recordExecution(ctx context.Context, sandboxID, owner, id, lang
 // ID is the execution's id (e2b.RecordedExecution).
 func (er *executionRecord) ID() string { return er.rec.ID }
 
-// Event records a streamed event's output (e2b.RecordedExecution).
+// Event records a streamed event's output (e2b.RecordedExecution): the
+// record of a streamed execution is its output as it came.
 func (er *executionRecord) Event(ev agentproto.Event) {
 	if er.streamed == nil {
 		er.streamed = &outputRecorder{}
@@ -170,12 +169,9 @@ func (er *executionRecord) Event(ev agentproto.Event) {
 	}
 }
 
-// End records how the execution ended (e2b.RecordedExecution).
-func (er *executionRecord) End(ex *sandbox.Execution, err error) { er.end(ex, err) }
-
-// end records how the execution ended: its outcome, or the error that
-// ended it without one.
-func (er *executionRecord) end(ex *sandbox.Execution, err error) {
+// End records how the execution ended: its outcome, or the error that
+// ended it without one (e2b.RecordedExecution).
+func (er *executionRecord) End(ex *sandbox.Execution, err error) {
 	rec := er.rec
 	switch {
 	case err != nil:

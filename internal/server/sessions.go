@@ -229,7 +229,7 @@ func (s *Server) runInSession(r *http.Request, b *box, code, lang string, timeou
 	ereq := sandbox.ExecuteRequest{ID: newID("exe_"), Code: code, Language: lang, Timeout: timeout}
 	rec := s.beginExecution(r, b, ereq.ID, executeRequest{Code: code, Language: lang})
 	ex, err := b.sb.Execute(r.Context(), ereq, nil)
-	rec.end(ex, err)
+	rec.End(ex, err)
 	if err != nil {
 		return sessionExecJSON{}, err
 	}
