@@ -30,7 +30,9 @@
 // filter and hands the filter's listener back to serve (kernel.SeccompExec).
 //
 // For tests and debugging, "serve --listen PATH" (also through init)
-// creates the socket itself.
+// creates the socket itself. In a Kubernetes Pod, "init --listen-tcp
+// ADDR --tls-dir DIR" listens on the Pod's network instead, with TLS that
+// admits only the server (package agenttls).
 //
 // The flag package is enough for two sub-commands of an in-sandbox binary;
 // cobra stays in cmd/sheepfold.
@@ -38,6 +40,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"flag"
@@ -59,6 +62,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agent"
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/agenttls"
 	"github.com/sheepfold/sheepfold/internal/kernel"
 	"github.com/sheepfold/sheepfold/internal/lang"
 )
@@ -105,7 +109,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintf(os.Stderr, "usage: %s init|serve [--root DIR] [--home DIR] [--listen SOCKET] | seccomp-exec FILTER SYSCALL PROGRAM [ARG...]\n", os.Args[0])
+	fmt.Fprintf(os.Stderr, "usage: %s init|serve [--root DIR] [--home DIR] [--listen SOCKET | --listen-tcp ADDR --tls-dir DIR] | seccomp-exec FILTER SYSCALL PROGRAM [ARG...]\n", os.Args[0])
 }
 
 func runServe(args []string) int {
@@ -115,6 +119,8 @@ func runServe(args []string) int {
 	root := fs.String("root", "/", "directory file operations are confined to")
 	home := fs.String("home", "/home/user", "sandbox path of the user's home")
 	listen := fs.String("listen", "", "create and listen on this unix socket instead of using fd 3")
+	listenTCP := fs.String("listen-tcp", "", "listen on this TCP address (host:port) with TLS instead (a sandbox in a Pod); needs --tls-dir")
+	tlsDir := fs.String("tls-dir", "", "directory of the agent's TLS credential for --listen-tcp ("+agenttls.CertFile+", "+agenttls.KeyFile+", "+agenttls.CAFile+")")
 	toInit := fs.Bool("lifetime-fd", false, "send deadlines to init over fd 4 (init passes it); otherwise serve keeps them itself")
 	switchUsers := fs.Bool("switch-users", false, "refuse to serve unless every request can run as its own user (a sandbox's agent)")
 	if err := fs.Parse(args); err != nil {
@@ -129,6 +135,13 @@ func runServe(args []string) int {
 	var ln net.Listener
 	var err error
 	switch {
+	case *listenTCP != "":
+		// Reached over a network: every connection must be the server's
+		// (agenttls).
+		if inherited != nil {
+			inherited.Close()
+		}
+		ln, err = listenTLS(*listenTCP, *tlsDir)
 	case *listen != "":
 		if inherited != nil {
 			inherited.Close()
@@ -186,6 +199,23 @@ func runServe(args []string) int {
 	}
 	log.Info("stopped")
 	return 0
+}
+
+// listenTLS listens on a TCP address with the credential in dir: TLS 1.3,
+// the server's client certificate required.
+func listenTLS(addr, dir string) (net.Listener, error) {
+	if dir == "" {
+		return nil, errors.New("--listen-tcp needs --tls-dir")
+	}
+	cfg, err := agenttls.LoadAgentConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return tls.NewListener(ln, cfg), nil
 }
 
 // lifetimeKeeper returns serve's SetLifetime. Under init (toInit) it sends

@@ -3,6 +3,8 @@
 package main
 
 import (
+	"crypto/tls"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/agenttls"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
@@ -293,4 +296,113 @@ func TestInitEndsSandboxAtDeadline(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestInitOverTLS is the Pod path: init --listen-tcp with a credential
+// directory. The server's client is served; a client without the server's
+// certificate is refused before any request.
+func TestInitOverTLS(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	ca, err := agenttls.NewCA(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentCred, err := ca.IssueAgent("sbx-tls", now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverCred, err := ca.IssueServer(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := agenttls.NewClient(serverCred, ca.CertPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for name, b := range map[string][]byte{agenttls.CertFile: agentCred.CertPEM, agenttls.KeyFile: agentCred.KeyPEM, agenttls.CAFile: ca.CertPEM} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A free port: listen, note it, close; init listens there next.
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := probe.Addr().String()
+	probe.Close()
+
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "home/user"), 0o755)
+	cmd := exec.Command(testutil.AgentBin(t), "init", "--root", root, "--home", "/home/user", "--listen-tcp", addr, "--tls-dir", dir)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-exited })
+
+	dial := func(cfg *tls.Config) (*tls.Conn, error) {
+		var c *tls.Conn
+		var err error
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if c, err = tls.DialWithDialer(&net.Dialer{Timeout: 2 * time.Second}, "tcp", addr, cfg); err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+				break
+			}
+		}
+		return c, err
+	}
+	c, err := dial(client.Config("sbx-tls"))
+	if err != nil {
+		t.Fatalf("dial as the server: %v", err)
+	}
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	done, err := agentproto.Call(c, agentproto.Request{Op: agentproto.OpPing}, nil, agentproto.Handlers{})
+	c.Close()
+	if err != nil || done.Agent == nil || done.Agent.Version != version {
+		t.Fatalf("ping over TLS: %+v, %v", done, err)
+	}
+
+	// The same, without a client certificate: TLS 1.3 finishes the
+	// client's side of the handshake first; the agent's refusal arrives
+	// at the first read.
+	anon := client.Config("sbx-tls")
+	anon.Certificates, anon.ClientSessionCache = nil, nil
+	if c, err := dial(anon); err == nil {
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		_, err = agentproto.Call(c, agentproto.Request{Op: agentproto.OpPing}, nil, agentproto.Handlers{})
+		c.Close()
+		if err == nil {
+			t.Fatal("the agent answered a client without the server's certificate")
+		}
+	}
+}
+
+// TestListenTCPNeedsCredential: --listen-tcp without a credential does not
+// serve in the clear.
+func TestListenTCPNeedsCredential(t *testing.T) {
+	t.Parallel()
+	for name, args := range map[string][]string{
+		"no --tls-dir":    {"serve", "--listen-tcp", "127.0.0.1:0"},
+		"empty --tls-dir": {"serve", "--listen-tcp", "127.0.0.1:0", "--tls-dir", t.TempDir()},
+	} {
+		out, err := exec.Command(testutil.AgentBin(t), args...).CombinedOutput()
+		if code := exitCode(err); code != 1 {
+			t.Errorf("%s: exit %d (%v), want 1; output %s", name, code, err, out)
+		}
+	}
+}
+
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
 }

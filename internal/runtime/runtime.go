@@ -12,6 +12,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"net"
 	"time"
 )
 
@@ -63,6 +64,10 @@ type Instance struct {
 	ID string
 	// Socket is the host path of the agent's listening unix socket.
 	Socket string
+	// Dial, when set, connects to the agent instead of Socket: a runtime
+	// whose sandboxes the host reaches over a network (each connection
+	// authenticated both ways, package agenttls).
+	Dial func(ctx context.Context) (net.Conn, error)
 	// PID is the host pid of the sandbox's init process.
 	PID int
 }

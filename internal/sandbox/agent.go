@@ -12,6 +12,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
 // errAgentGone reports that the agent's socket no longer answers: the
@@ -38,7 +39,9 @@ var (
 
 // agentClient talks to one sandbox's agent: one connection per request.
 type agentClient struct {
-	socket string
+	// dial connects to the agent: its unix socket, or its TLS listener
+	// in a Pod (runtime.Instance.Dial).
+	dial func(ctx context.Context) (net.Conn, error)
 	// observe, when set, is told each call's operation and duration.
 	observe func(op string, d time.Duration)
 }
@@ -58,8 +61,7 @@ func (c *agentClient) call(ctx context.Context, req agentproto.Request, body io.
 		start := time.Now()
 		defer func() { c.observe(req.Op, time.Since(start)) }()
 	}
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "unix", c.socket)
+	nc, err := c.dial(ctx)
 	if err != nil {
 		return agentproto.Event{}, dialErr(err)
 	}
@@ -94,10 +96,24 @@ func (c *agentClient) call(ctx context.Context, req agentproto.Request, body io.
 	return done, nil
 }
 
-// dialErr classifies a failed dial of the agent's socket: refused or
-// missing means the agent is gone.
+// newAgentClient returns the client of the agent of inst.
+func newAgentClient(inst *runtime.Instance, observe func(op string, d time.Duration)) agentClient {
+	dial := inst.Dial
+	if dial == nil {
+		sock := inst.Socket
+		dial = func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		}
+	}
+	return agentClient{dial: dial, observe: observe}
+}
+
+// dialErr classifies a failed dial of the agent: refused, missing or
+// unreachable means the agent is gone.
 func dialErr(err error) error {
-	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) ||
+		errors.Is(err, syscall.EHOSTUNREACH) || errors.Is(err, syscall.ENETUNREACH) {
 		return errAgentGone
 	}
 	return fmt.Errorf("dial agent: %w", err)
@@ -127,8 +143,7 @@ func (c *agentClient) ioErr(err error) error {
 func (c *agentClient) alive() bool {
 	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 	defer cancel()
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "unix", c.socket)
+	nc, err := c.dial(ctx)
 	if err != nil {
 		return false
 	}

@@ -303,7 +303,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	inst, err := m.cfg.Runtime.Create(ctx, spec)
 	runtimeDone := time.Now()
 	if err == nil {
-		s.agent = agentClient{socket: inst.Socket, observe: m.agentCall}
+		s.agent = newAgentClient(inst, m.agentCall)
 	}
 	close(s.created)
 	if err != nil {

@@ -208,7 +208,7 @@ func (p *pool) start(tmpl string) (*Sandbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create: %w", err)
 	}
-	s.agent = agentClient{socket: inst.Socket, observe: m.agentCall}
+	s.agent = newAgentClient(inst, m.agentCall)
 	if err := s.waitAgent(p.ctx, m.cfg.AgentTimeout, poolLease); err != nil {
 		m.destroy(s, reasonFailed)
 		return nil, fmt.Errorf("agent: %w", err)

@@ -27,8 +27,7 @@ func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 		return nil, err
 	}
 	s.touch()
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "unix", s.agent.socket)
+	nc, err := s.agent.dial(ctx)
 	if err != nil {
 		return nil, s.gone(dialErr(err))
 	}
