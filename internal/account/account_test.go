@@ -2,6 +2,7 @@ package account
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -98,17 +99,17 @@ func TestLimitsEnforced(t *testing.T) {
 	if err := a.CheckResources(2, 0, 0, 0); apierr.CodeOf(err) != apierr.BadRequest || !strings.Contains(err.Error(), "max_cpus of 1") {
 		t.Fatalf("cpus above the account's max: %v", err)
 	}
-	for i := 0; i < 2; i++ {
-		if err := a.AcquireSandbox(); err != nil {
+	for _, h := range []string{"h1", "h2"} {
+		if err := acquire(a, h); err != nil {
 			t.Fatal(err)
 		}
 	}
-	err = a.AcquireSandbox()
+	err = acquire(a, "h3")
 	if e := apierr.From(err); e.Code != apierr.SessionQuotaExceeded || e.Message != "concurrent sandbox limit of 2 reached" {
 		t.Fatalf("third sandbox: %v", err)
 	}
-	a.ReleaseSandbox()
-	if err := a.AcquireSandbox(); err != nil {
+	release(t, a, db, "h1")
+	if err := acquire(a, "h3"); err != nil {
 		t.Fatalf("after a release: %v", err)
 	}
 	for i := 0; i < 3; i++ {
@@ -125,13 +126,84 @@ func TestLimitsEnforced(t *testing.T) {
 		t.Fatalf("a command does not count as an execution: %v", err)
 	}
 	a.Accrue(Usage{CPUSeconds: 10}, 0)
-	a.ReleaseSandbox()
-	if err := a.AcquireSandbox(); apierr.CodeOf(err) != apierr.SessionQuotaExceeded || !strings.Contains(err.Error(), "cpu-seconds") {
+	release(t, a, db, "h2")
+	if err := acquire(a, "h4"); apierr.CodeOf(err) != apierr.SessionQuotaExceeded || !strings.Contains(err.Error(), "cpu-seconds") {
 		t.Fatalf("cpu quota: %v", err)
 	}
 	// A new month starts afresh.
 	*now = now.Add(2 * time.Hour)
-	if err := a.AcquireSandbox(); err != nil {
+	if err := acquire(a, "h4"); err != nil {
+		t.Fatalf("in the new month: %v", err)
+	}
+}
+
+// acquire is AcquireSandbox with holder; an account with a cap reserves
+// in the store.
+func acquire(a *Account, holder string) error {
+	reserved, err := a.AcquireSandbox(context.Background(), holder)
+	if err == nil && reserved != (a.limits.MaxSandboxes > 0) {
+		return fmt.Errorf("reserved %v with max_sandboxes %d", reserved, a.limits.MaxSandboxes)
+	}
+	return err
+}
+
+// release gives back what acquire(a, holder) took.
+func release(t *testing.T, a *Account, st store.AdmissionStore, holder string) {
+	t.Helper()
+	a.ReleaseSandbox()
+	if err := st.DropReservation(context.Background(), holder); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLimitsAcrossServers: two registries over one database (two servers
+// sharing a store) together keep an account's concurrent cap and its
+// monthly executions quota, though neither sees the other's counts.
+func TestLimitsAcrossServers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	cfg := Config{Defaults: Limits{MaxSandboxes: 2, MonthlyExecutions: 3}}
+	r1, db, now := newRegistry(t, cfg)
+	r2 := NewRegistry(cfg, db)
+	r2.now = r1.now
+	rec, err := Create(ctx, db, "team", Overrides{}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a1, _ := r1.Get(ctx, rec.ID)
+	a2, _ := r2.Get(ctx, rec.ID)
+	if err := acquire(a1, "h1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := acquire(a2, "h2"); err != nil {
+		t.Fatal(err)
+	}
+	for name, a := range map[string]*Account{"the first server": a1, "the second server": a2} {
+		if err := acquire(a, "h3"); apierr.CodeOf(err) != apierr.SessionQuotaExceeded {
+			t.Fatalf("a third sandbox through %s: %v", name, err)
+		}
+	}
+	if a1.Running() != 1 || a2.Running() != 1 {
+		t.Fatalf("a refused create kept its local slot: %d, %d", a1.Running(), a2.Running())
+	}
+	release(t, a1, db, "h1")
+	if err := acquire(a2, "h3"); err != nil {
+		t.Fatalf("after the first server's sandbox ended: %v", err)
+	}
+
+	for i, a := range []*Account{a1, a2, a1} {
+		if err := a.AdmitWork(true); err != nil {
+			t.Fatalf("execution %d: %v", i+1, err)
+		}
+	}
+	if err := a2.AdmitWork(true); apierr.CodeOf(err) != apierr.SessionQuotaExceeded {
+		t.Fatalf("a fourth execution on the server that ran one: %v", err)
+	}
+	if u, _ := a2.Month(); u.Executions != 1 {
+		t.Fatalf("the refused execution stayed counted: %d", u.Executions)
+	}
+	*now = now.Add(2 * time.Hour) // January
+	if err := a2.AdmitWork(true); err != nil {
 		t.Fatalf("in the new month: %v", err)
 	}
 }
@@ -149,7 +221,7 @@ func TestCredits(t *testing.T) {
 		t.Fatalf("free credits: %d", a.Balance())
 	}
 	a.Accrue(Usage{}, 999.5)
-	if err := a.AcquireSandbox(); err == nil || !strings.Contains(err.Error(), "credits exhausted") {
+	if err := acquire(a, "h1"); err == nil || !strings.Contains(err.Error(), "credits exhausted") {
 		t.Fatalf("a balance under one micro-unit is exhausted: %v", err)
 	}
 	if a.Exhausted() {
@@ -188,8 +260,9 @@ func TestConcurrentCap(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; i < 2000; i++ {
-				if a.AcquireSandbox() != nil {
+			for i := 0; i < 200; i++ {
+				h := fmt.Sprintf("g%d-%d", g, i)
+				if acquire(a, h) != nil {
 					continue
 				}
 				mu.Lock()
@@ -200,6 +273,9 @@ func TestConcurrentCap(t *testing.T) {
 				held--
 				mu.Unlock()
 				a.ReleaseSandbox()
+				if err := db.DropReservation(ctx, h); err != nil {
+					panic(err)
+				}
 			}
 		}()
 	}
@@ -212,13 +288,13 @@ func TestConcurrentCap(t *testing.T) {
 // pausingStore lets a test change an account while Refresh is between
 // its reads of the store and its updates.
 type pausingStore struct {
-	store.AccountStore
+	Store
 	listed chan struct{} // closed once ListAccounts has read
 	resume chan struct{}
 }
 
 func (p *pausingStore) ListAccounts(ctx context.Context) ([]store.Account, error) {
-	l, err := p.AccountStore.ListAccounts(ctx)
+	l, err := p.Store.ListAccounts(ctx)
 	close(p.listed)
 	<-p.resume
 	return l, err
@@ -235,7 +311,7 @@ func TestRefreshKeepsNewerChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps := &pausingStore{AccountStore: db, listed: make(chan struct{}), resume: make(chan struct{})}
+	ps := &pausingStore{Store: db, listed: make(chan struct{}), resume: make(chan struct{})}
 	r := NewRegistry(Config{Defaults: Limits{RequestsPerMinute: 600}}, ps)
 	a, err := r.Get(ctx, rec.ID)
 	if err != nil {

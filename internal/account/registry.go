@@ -83,10 +83,20 @@ func (u *Usage) add(d Usage) {
 	u.Executions += d.Executions
 }
 
+// Store is what the registry reads and counts in: accounts, usage and
+// credits, and the admissions every server sharing the store must see.
+type Store interface {
+	store.AccountStore
+	store.AdmissionStore
+}
+
+// storeTimeout bounds an admission's round trip to the store.
+const storeTimeout = 10 * time.Second
+
 // Registry holds every account the server has seen.
 type Registry struct {
 	cfg Config
-	st  store.AccountStore
+	st  Store
 	now func() time.Time
 
 	// mu guards accounts.
@@ -95,7 +105,7 @@ type Registry struct {
 }
 
 // NewRegistry returns a Registry over a store; cfg must be valid.
-func NewRegistry(cfg Config, st store.AccountStore) *Registry {
+func NewRegistry(cfg Config, st Store) *Registry {
 	return &Registry{cfg: cfg, st: st, now: time.Now, accounts: map[string]*Account{}}
 }
 
@@ -309,21 +319,46 @@ func (a *Account) balanceLocked() int64 { return a.ledger - int64(math.Ceil(a.ow
 // AcquireSandbox counts a new sandbox against the account's limits:
 // credits, monthly quotas and the concurrent cap. Release it with
 // ReleaseSandbox once the sandbox has stopped (or failed to start).
-func (a *Account) AcquireSandbox() error {
+//
+// The cap is counted here, for this server, and, when the account has
+// one, in the store that every server shares: reserved says a slot was
+// reserved there under holder, which the caller passes to its sandbox's
+// record (store.ConfirmSandbox) or drops (store.DropReservation).
+func (a *Account) AcquireSandbox(ctx context.Context, holder string) (reserved bool, err error) {
 	now := a.r.now()
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if err := a.checkCredits(); err != nil {
-		return err
+		a.mu.Unlock()
+		return false, err
 	}
 	if err := a.checkMonthly(now, false); err != nil {
-		return err
+		a.mu.Unlock()
+		return false, err
 	}
-	if max := a.limits.MaxSandboxes; max > 0 && a.running >= max {
-		return apierr.New(apierr.SessionQuotaExceeded, "concurrent sandbox limit of %d reached", max)
+	max := a.limits.MaxSandboxes
+	if max > 0 && a.running >= max {
+		a.mu.Unlock()
+		return false, capError(max)
 	}
 	a.running++
-	return nil
+	a.mu.Unlock()
+	if max <= 0 {
+		return false, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	if err := a.r.st.ReserveSandbox(ctx, a.ID, holder, max, now); err != nil {
+		a.ReleaseSandbox()
+		if errors.Is(err, store.ErrLimit) {
+			return false, capError(max) // another server's sandboxes fill it
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+func capError(max int64) error {
+	return apierr.New(apierr.SessionQuotaExceeded, "concurrent sandbox limit of %d reached", max)
 }
 
 // ReleaseSandbox undoes one AcquireSandbox; on nil it does nothing.
@@ -347,25 +382,49 @@ func (a *Account) Running() int64 {
 // per-minute budget, its monthly quotas and its credits, and counts an
 // admitted execution against the monthly executions quota (the meter
 // records it per sandbox; Accrue does not count executions again).
+//
+// With a monthly executions quota, the store every server shares counts
+// the execution too: the quota holds across servers.
 func (a *Account) AdmitWork(execution bool) error {
 	now := a.r.now()
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if err := a.checkCredits(); err != nil {
+		a.mu.Unlock()
 		return err
 	}
 	if err := a.checkMonthly(now, execution); err != nil {
+		a.mu.Unlock()
 		return err
 	}
 	if limit := a.limits.ExecutionsPerMinute; limit > 0 {
 		if res := a.executions.Take(now, limit); !res.Allowed {
+			a.mu.Unlock()
 			return RateLimitError(res, "executions")
 		}
 	}
+	quota, month := a.limits.MonthlyExecutions, a.month
 	if execution {
 		a.used.Executions++ // counted here, so that the quota is exact under concurrency
 	}
-	return nil
+	a.mu.Unlock()
+	if !execution || quota <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	err := a.r.st.CountExecution(ctx, a.ID, month, quota)
+	if err == nil {
+		return nil
+	}
+	a.mu.Lock()
+	if a.month.Equal(month) {
+		a.used.Executions--
+	}
+	a.mu.Unlock()
+	if errors.Is(err, store.ErrLimit) {
+		return quotaError("executions", quota, now) // other servers' executions used it up
+	}
+	return err
 }
 
 // CheckResources refuses a sandbox that asks for more than the account

@@ -70,13 +70,52 @@ func (s *Server) release(id string) {
 	}
 }
 
-// admitCreate checks a new sandbox of an account against its limits and
-// takes a slot of its concurrent cap (ReleaseSandbox gives it back when
-// the create fails). With accounting off it returns nil.
-func (s *Server) admitCreate(ctx context.Context, own string, opt *sandbox.CreateOptions) (*account.Account, error) {
-	if s.cfg.NoAccounting {
-		return nil, nil
+// admission is an admitted create's hold on its account.
+type admission struct {
+	acct *account.Account // nil with accounting off
+	// holder names the create's reservation in the store when the
+	// account has a concurrent cap; "" otherwise.
+	holder string
+}
+
+// release gives the slot back after a failed create.
+func (ad admission) release(st store.Store) {
+	ad.acct.ReleaseSandbox()
+	if ad.holder != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		// Left behind on failure, the reservation lapses after
+		// store.ReservationTTL.
+		_ = st.DropReservation(ctx, ad.holder)
 	}
+}
+
+// admitCreate checks a new sandbox of an account against its limits and
+// takes a slot of its concurrent cap, here and in the store (release
+// gives it back when the create fails). With accounting off it admits
+// everything.
+func (s *Server) admitCreate(ctx context.Context, own string, opt *sandbox.CreateOptions) (admission, error) {
+	if s.cfg.NoAccounting {
+		return admission{}, nil
+	}
+	ad, err := s.admitAccount(ctx, own, opt)
+	if err != nil {
+		return admission{}, err
+	}
+	holder := "create-" + newID("")
+	reserved, err := ad.AcquireSandbox(ctx, holder)
+	if err != nil {
+		return admission{}, err
+	}
+	if !reserved {
+		holder = ""
+	}
+	return admission{acct: ad, holder: holder}, nil
+}
+
+// admitAccount checks a new sandbox's resources against its account's
+// limits, filling in what the caller left to the account's maxima.
+func (s *Server) admitAccount(ctx context.Context, own string, opt *sandbox.CreateOptions) (*account.Account, error) {
 	a, err := s.accounts.Get(ctx, own)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, apierr.Wrap(err, apierr.AuthenticationFailed, "the key's account %q does not exist", own)
@@ -101,9 +140,6 @@ func (s *Server) admitCreate(ctx context.Context, own string, opt *sandbox.Creat
 		opt.Timeout = min(s.engine.DefaultTimeout(), time.Duration(lim.MaxTimeout)*time.Second)
 	}
 	if err := a.CheckResources(opt.Limits.CPUs, opt.Limits.MemoryBytes>>20, opt.Limits.DiskBytes>>20, opt.Timeout); err != nil {
-		return nil, err
-	}
-	if err := a.AcquireSandbox(); err != nil {
 		return nil, err
 	}
 	return a, nil

@@ -222,7 +222,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	// The account's limits first (a slot of its concurrent cap), then a
 	// slot and the footprint of the server's, so that concurrent creates
 	// pass no cap.
-	acct, err := s.admitCreate(ctx, own, &opt)
+	ad, err := s.admitCreate(ctx, own, &opt)
 	if err != nil {
 		return nil, err
 	}
@@ -230,7 +230,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	s.mu.Lock()
 	if err := s.admit(need); err != nil {
 		s.mu.Unlock()
-		acct.ReleaseSandbox()
+		ad.release(s.store)
 		return nil, err
 	}
 	placeholder := "pending-" + newID("")
@@ -240,7 +240,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 		s.mu.Lock()
 		delete(s.boxes, placeholder)
 		s.mu.Unlock()
-		acct.ReleaseSandbox()
+		ad.release(s.store)
 	}
 
 	opt.Owner = own
@@ -251,7 +251,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 		return nil, err
 	}
 	s.metrics.created(sb, time.Since(start))
-	s.started(sb, acct)
+	s.started(sb, ad.acct)
 	info := sb.Info()
 	out := sandboxFromInfo(info)
 	md, _ := json.Marshal(out.Metadata)
@@ -261,11 +261,19 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	if p := sb.Policy(); p != nil {
 		rec.Policy = policyJSON(p)
 	}
-	if err := s.store.PutSandbox(context.WithoutCancel(ctx), rec); err != nil {
+	// The record takes over the create's reservation, if it had one.
+	put := func() error { return s.store.PutSandbox(context.WithoutCancel(ctx), rec) }
+	if ad.holder != "" {
+		put = func() error { return s.store.ConfirmSandbox(context.WithoutCancel(ctx), ad.holder, rec) }
+	}
+	if err := put(); err != nil {
 		s.mu.Lock()
 		delete(s.boxes, placeholder)
 		s.mu.Unlock()
 		_ = s.engine.Kill(context.Background(), sb.ID) // gives the account's slot back
+		if ad.holder != "" {
+			_ = s.store.DropReservation(context.Background(), ad.holder)
+		}
 		return nil, fmt.Errorf("record sandbox: %w", err)
 	}
 	s.mu.Lock()

@@ -148,6 +148,7 @@ type Store interface {
 	PageExecutions(ctx context.Context, f ExecutionFilter) ([]Execution, error)
 
 	AccountStore
+	AdmissionStore
 	ModelStore
 
 	Close() error

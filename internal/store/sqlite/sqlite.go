@@ -297,7 +297,11 @@ func (d *DB) CountActiveKeys(ctx context.Context) (int, error) {
 
 // PutSandbox implements store.Store: it inserts or replaces the record.
 func (d *DB) PutSandbox(ctx context.Context, s store.Sandbox) error {
-	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
+	return putSandbox(ctx, d.db, s)
+}
+
+func putSandbox(ctx context.Context, db execer, s store.Sandbox) error {
+	_, err := db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
 		(id, owner, template, state, created_at, expires_at, stopped_at, stop_reason, metadata, resources, policy)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		s.ID, s.Owner, s.Template, s.State, fmtTime(s.CreatedAt), fmtTime(s.ExpiresAt), fmtTimePtr(s.StoppedAt),
