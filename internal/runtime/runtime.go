@@ -1,12 +1,14 @@
 // Package runtime defines how the sandbox engine starts and stops isolated
 // sandboxes. Implementations: oci (runc or runsc driven through a generated
-// OCI spec) and fake (for unit tests of the engine).
+// OCI spec), kubernetes (a Pod per sandbox) and fake (for unit tests of the
+// engine).
 //
 // A runtime knows nothing of code, languages or files: it starts the agent
-// in a confined root filesystem, hands back the path of the agent's socket,
-// reports resource usage and tears everything down again. It may import
-// only the standard library, x/sys, the OCI spec and seccomp libraries,
-// and (oci) runc's cgroup library and moby's mountinfo parser.
+// in a confined root filesystem, hands back how to reach the agent (its
+// socket, or a dialer), reports resource usage and tears everything down
+// again. It may import only the standard library, x/sys, the OCI spec and
+// seccomp libraries, (oci) runc's cgroup library and moby's mountinfo
+// parser, and (kubernetes) client-go and agenttls.
 package runtime
 
 import (
@@ -29,8 +31,11 @@ type Limits struct {
 type Spec struct {
 	// ID names the sandbox; lowercase letters, digits and '-', at most 32.
 	ID string
-	// RootFS is the template's root filesystem: the read-only lower layer.
-	RootFS string
+	// Template names the template; RootFS is its root filesystem, the
+	// read-only lower layer (a runtime that runs images maps Template to
+	// its image instead).
+	Template string
+	RootFS   string
 	// Limits are enforced by cgroups and the size of the writable layer.
 	Limits Limits
 	// ReadOnly makes the whole root filesystem read-only.

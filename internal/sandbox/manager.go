@@ -281,7 +281,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	m.mu.Unlock()
 
 	spec := runtime.Spec{
-		ID: s.ID, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: append(threadEnv(limits, opt.Env), env...),
+		ID: s.ID, Template: opt.Template, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: append(threadEnv(limits, opt.Env), env...),
 		WritablePaths: opt.Policy.WritablePaths(),
 	}
 	if egressPolicy.Enabled() {

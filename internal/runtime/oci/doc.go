@@ -29,7 +29,7 @@
 //   - cgroup limits for memory (= memory+swap), pids and CPU, on cgroup v1
 //     (including the hybrid layout) and v2;
 //   - rlimits: no core dumps, 4096 open files, 64 KiB locked memory (set by
-//     the agent's init on itself: see rlimitFlags).
+//     the agent's init on itself: see RlimitFlags).
 //
 // Destroy kills every task at once through the cgroup (cgroup.kill, or the
 // v1 freezer), lets runc forget the container, removes the cgroups,

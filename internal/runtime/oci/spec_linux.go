@@ -113,14 +113,14 @@ var NamespaceLimits = map[string]string{
 	"user.max_time_namespaces":   "0",
 }
 
-// rlimitFlags are the sandbox's rlimits (no core dumps, 4096 open files,
+// RlimitFlags are the sandbox's rlimits (no core dumps, 4096 open files,
 // 64 KiB locked memory), which the agent's init sets on itself before
 // anything else runs and everything inherits. They are not the spec's
 // process.rlimits: runc sets those from the host with prlimit, which needs
 // CAP_SYS_RESOURCE over the sandbox's user namespace; host root is not
 // that namespace's owner (the sandbox's own uid is), and some hosts, this
 // one included, withhold CAP_SYS_RESOURCE from root.
-var rlimitFlags = []string{"--rlimit=core=0", "--rlimit=nofile=4096", fmt.Sprintf("--rlimit=memlock=%d", 64<<10)}
+var RlimitFlags = []string{"--rlimit=core=0", "--rlimit=nofile=4096", fmt.Sprintf("--rlimit=memlock=%d", 64<<10)}
 
 // specInput is everything buildSpec needs; it does no I/O.
 type specInput struct {
@@ -167,7 +167,7 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0}, // no supplementary groups
 
-			Args:            append([]string{AgentPath, "init"}, rlimitFlags...),
+			Args:            append([]string{AgentPath, "init"}, RlimitFlags...),
 			Env:             env,
 			Cwd:             SandboxHome,
 			Capabilities:    caps,

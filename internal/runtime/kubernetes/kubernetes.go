@@ -1,0 +1,537 @@
+//go:build linux
+
+// Package kubernetes runs sandboxes as Pods of a Kubernetes cluster: the
+// runtime.Runtime of `serve --backend kubernetes`.
+//
+// Each sandbox is three objects in one namespace, all labelled with the
+// sandbox's id and the deployment's instance name:
+//
+//   - a NetworkPolicy, made first, that denies the sandbox's Pod every
+//     egress and admits ingress only to the agent's port (from the server's
+//     Pods when their labels are configured);
+//   - a Secret with the agent's credential (package agenttls): its own
+//     certificate and key, and the authority's certificate;
+//   - the Pod: the template's image (sheepfold template export), our agent
+//     as pid 1 listening on TCP with TLS, the sandbox's limits as requests
+//     and limits, the RuntimeClass configured (runc, gVisor...), and a
+//     security context as strict as the local engine's: no privilege
+//     escalation (no_new_privs), every capability dropped but the agent's
+//     own six (which it empties from the bounding set of user code),
+//     seccomp RuntimeDefault, and a user namespace (hostUsers: false)
+//     unless turned off for clusters without them.
+//
+// The server dials the agent at the Pod's IP; the handshake proves both
+// ends (the agent's certificate names its sandbox, so a reused Pod IP
+// never reaches another sandbox).
+//
+// Deleting a sandbox deletes the three objects; List finds every object
+// of the instance, so that a garbage collector can remove those whose
+// record is gone.
+package kubernetes
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/sheepfold/sheepfold/internal/agenttls"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
+)
+
+// Labels on every object of a sandbox.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	managedBy      = "sheepfold"
+	LabelSandbox   = "sheepfold.dev/sandbox"
+	LabelInstance  = "sheepfold.dev/instance"
+)
+
+// Defaults of Config.
+const (
+	DefaultAgentPort    = 49983
+	DefaultInstance     = "sheepfold"
+	DefaultStartTimeout = 2 * time.Minute
+	DefaultMaxLifetime  = 30 * 24 * time.Hour
+	DefaultCPURequest   = 0.1
+)
+
+// tlsDir is where the Pod mounts its Secret.
+const tlsDir = "/.sheepfold/tls"
+
+// container is the name of the sandbox's container in its Pod.
+const container = "sandbox"
+
+// Config says where and how sandboxes run. Zero fields take the defaults
+// in brackets.
+type Config struct {
+	// Namespace holds the sandboxes' objects (required).
+	Namespace string
+	// Instance names this Sheepfold deployment; every replica of it
+	// shares it, and only its objects are listed and collected
+	// [DefaultInstance].
+	Instance string
+	// Images maps each template to its image (sheepfold template export).
+	Images map[string]string
+	// RuntimeClass is the Pods' RuntimeClass; "" the cluster's default.
+	RuntimeClass string
+	// HostUsers runs Pods in the host's user namespace; the default
+	// (false) asks for a user namespace per Pod, which the cluster must
+	// support (Kubernetes 1.33+, containerd 2, a kernel with idmapped
+	// mounts on the node's filesystems).
+	HostUsers bool
+	// PullPolicy is the containers' image pull policy [IfNotPresent].
+	PullPolicy corev1.PullPolicy
+	// AgentPort is where each agent listens in its Pod [DefaultAgentPort].
+	AgentPort int
+	// CPURequest is the CPU a sandbox requests, in cores, at most its
+	// limit: what the scheduler reserves for it [DefaultCPURequest].
+	// Memory is requested as much as its limit.
+	CPURequest float64
+	// ServerPods, when set, are the labels of the server's Pods (in
+	// Namespace): the only Pods let in to agents. Empty admits any
+	// source on the agent's port, where TLS still refuses all but the
+	// server (a server outside the cluster).
+	ServerPods map[string]string
+	// MaxLifetime is how long an agent's certificate is valid: the
+	// longest a sandbox may live [DefaultMaxLifetime].
+	MaxLifetime time.Duration
+	// StartTimeout bounds a Pod's way to running [DefaultStartTimeout].
+	StartTimeout time.Duration
+	// CA issues the agents' credentials, and Client is the server's side
+	// (both required; every replica must have the same authority).
+	CA     *agenttls.CA
+	Client *agenttls.Client
+}
+
+// Runtime runs sandboxes as Pods.
+type Runtime struct {
+	cs  kubernetes.Interface
+	cfg Config
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// New returns a runtime over the cluster of cs.
+func New(cs kubernetes.Interface, cfg Config) (*Runtime, error) {
+	if cfg.Namespace == "" {
+		return nil, errors.New("kubernetes: a namespace is required")
+	}
+	if cfg.CA == nil || cfg.Client == nil {
+		return nil, errors.New("kubernetes: the agents' authority and the server's credential are required")
+	}
+	if cfg.Instance == "" {
+		cfg.Instance = DefaultInstance
+	}
+	if cfg.PullPolicy == "" {
+		cfg.PullPolicy = corev1.PullIfNotPresent
+	}
+	if cfg.AgentPort == 0 {
+		cfg.AgentPort = DefaultAgentPort
+	}
+	if cfg.CPURequest == 0 {
+		cfg.CPURequest = DefaultCPURequest
+	}
+	if cfg.MaxLifetime == 0 {
+		cfg.MaxLifetime = DefaultMaxLifetime
+	}
+	if cfg.StartTimeout == 0 {
+		cfg.StartTimeout = DefaultStartTimeout
+	}
+	if msgs := validLabel(cfg.Instance); msgs != "" {
+		return nil, fmt.Errorf("kubernetes: instance %q: %s", cfg.Instance, msgs)
+	}
+	return &Runtime{cs: cs, cfg: cfg}, nil
+}
+
+var labelValue = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$`)
+
+func validLabel(v string) string {
+	if !labelValue.MatchString(v) {
+		return "must be lowercase letters, digits and '-', at most 42, starting and ending alphanumeric"
+	}
+	return ""
+}
+
+// Name implements runtime.Runtime.
+func (r *Runtime) Name() string { return "kubernetes" }
+
+// objectName is the name of a sandbox's Pod, Secret and NetworkPolicy.
+func objectName(id string) string { return "sf-" + id }
+
+func (r *Runtime) labels(id string) map[string]string {
+	return map[string]string{LabelManagedBy: managedBy, LabelInstance: r.cfg.Instance, LabelSandbox: id}
+}
+
+// selector selects every object of this instance.
+func (r *Runtime) selector() string {
+	return labels.SelectorFromSet(labels.Set{LabelManagedBy: managedBy, LabelInstance: r.cfg.Instance}).String()
+}
+
+// Create implements runtime.Runtime: the NetworkPolicy, the Secret and the
+// Pod, then it waits until the Pod runs and has an IP. On error every
+// object made is deleted.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (inst *runtime.Instance, err error) {
+	image, ok := r.cfg.Images[spec.Template]
+	if !ok {
+		return nil, fmt.Errorf("kubernetes: template %q has no image configured (sheepfold template export, then [kubernetes.images])", spec.Template)
+	}
+	if spec.Network != nil {
+		return nil, fmt.Errorf("%w: network egress through the gateway is not available for Pods yet", runtime.ErrUnsupported)
+	}
+	if msgs := validLabel(spec.ID); msgs != "" {
+		return nil, fmt.Errorf("kubernetes: sandbox id %q: %s", spec.ID, msgs)
+	}
+	cred, err := r.cfg.CA.IssueAgent(spec.ID, time.Now(), r.cfg.MaxLifetime)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			_ = r.Destroy(ctx, spec.ID)
+		}
+	}()
+	ns := r.cfg.Namespace
+	if _, err := r.cs.NetworkingV1().NetworkPolicies(ns).Create(ctx, r.networkPolicy(spec.ID), metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("kubernetes: create the sandbox's network policy: %w", err)
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: objectName(spec.ID), Labels: r.labels(spec.ID)},
+		Type:       corev1.SecretTypeOpaque,
+		Data: map[string][]byte{
+			agenttls.CertFile: cred.CertPEM, agenttls.KeyFile: cred.KeyPEM, agenttls.CAFile: r.cfg.CA.CertPEM,
+		},
+	}
+	if _, err := r.cs.CoreV1().Secrets(ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("kubernetes: create the sandbox's secret: %w", err)
+	}
+	pod, err := r.pod(spec, image)
+	if err != nil {
+		return nil, err
+	}
+	created, err := r.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: create the sandbox's pod: %w", err)
+	}
+	ip, err := r.waitRunning(ctx, created)
+	if err != nil {
+		return nil, err
+	}
+	return &runtime.Instance{ID: spec.ID, Dial: r.dialer(spec.ID, ip)}, nil
+}
+
+// dialer connects to a sandbox's agent at ip with TLS that accepts only
+// that sandbox's agent.
+func (r *Runtime) dialer(id, ip string) func(ctx context.Context) (net.Conn, error) {
+	addr := net.JoinHostPort(ip, strconv.Itoa(r.cfg.AgentPort))
+	d := &tls.Dialer{Config: r.cfg.Client.Config(id)}
+	return func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
+}
+
+func (r *Runtime) networkPolicy(id string) *networkingv1.NetworkPolicy {
+	tcp := corev1.ProtocolTCP
+	port := intstr.FromInt32(int32(r.cfg.AgentPort))
+	in := networkingv1.NetworkPolicyIngressRule{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}}}
+	if len(r.cfg.ServerPods) > 0 {
+		in.From = []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: r.cfg.ServerPods}}}
+	}
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: objectName(id), Labels: r.labels(id)},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelSandbox: id, LabelInstance: r.cfg.Instance}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+			Ingress:     []networkingv1.NetworkPolicyIngressRule{in},
+			Egress:      []networkingv1.NetworkPolicyEgressRule{}, // none: every egress denied
+		},
+	}
+}
+
+// capabilities are oci.AgentCapabilities as Kubernetes names them.
+func capabilities() []corev1.Capability {
+	out := make([]corev1.Capability, len(oci.AgentCapabilities))
+	for i, c := range oci.AgentCapabilities {
+		out[i] = corev1.Capability(strings.TrimPrefix(c, "CAP_"))
+	}
+	return out
+}
+
+func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
+	env := make([]corev1.EnvVar, 0, len(spec.Env))
+	for _, kv := range spec.Env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("kubernetes: environment entry %q is not KEY=VALUE", kv)
+		}
+		env = append(env, corev1.EnvVar{Name: k, Value: v})
+	}
+	lim := spec.Limits
+	limits := corev1.ResourceList{}
+	requests := corev1.ResourceList{}
+	if lim.MemoryBytes > 0 {
+		limits[corev1.ResourceMemory] = *resource.NewQuantity(lim.MemoryBytes, resource.BinarySI)
+		requests[corev1.ResourceMemory] = *resource.NewQuantity(lim.MemoryBytes, resource.BinarySI)
+	}
+	if lim.DiskBytes > 0 {
+		limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(lim.DiskBytes, resource.BinarySI)
+	}
+	cpuReq := r.cfg.CPURequest
+	if lim.CPUs > 0 {
+		limits[corev1.ResourceCPU] = *resource.NewMilliQuantity(int64(lim.CPUs*1000), resource.DecimalSI)
+		cpuReq = min(cpuReq, lim.CPUs)
+	}
+	requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(int64(cpuReq*1000), resource.DecimalSI)
+
+	mounts := []corev1.VolumeMount{{Name: "agent-tls", MountPath: tlsDir, ReadOnly: true}}
+	volumes := []corev1.Volume{{Name: "agent-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+		SecretName: objectName(spec.ID), DefaultMode: ptr(int32(0o400)),
+	}}}}
+	// A read-only sandbox writes only to its writable paths, which share
+	// its disk limit as the local engine's do (each is bounded by it).
+	for i, p := range spec.WritablePaths {
+		name := "writable-" + strconv.Itoa(i)
+		ed := &corev1.EmptyDirVolumeSource{}
+		if lim.DiskBytes > 0 {
+			ed.SizeLimit = resource.NewQuantity(lim.DiskBytes, resource.BinarySI)
+		}
+		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: ed}})
+		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: p})
+	}
+	args := append([]string{oci.AgentPath, "init"}, oci.RlimitFlags...)
+	args = append(args, "--listen-tcp", ":"+strconv.Itoa(r.cfg.AgentPort), "--tls-dir", tlsDir)
+	hostname := spec.Hostname
+	if hostname == "" {
+		hostname = "sandbox"
+	}
+	seccomp := &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: objectName(spec.ID), Labels: r.labels(spec.ID)},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			AutomountServiceAccountToken:  ptr(false),
+			EnableServiceLinks:            ptr(false),
+			TerminationGracePeriodSeconds: ptr(int64(0)),
+			Hostname:                      hostname,
+			HostUsers:                     ptr(r.cfg.HostUsers),
+			SecurityContext:               &corev1.PodSecurityContext{SeccompProfile: seccomp},
+			// Spread over nodes: a node's loss takes as few as can be.
+			TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{
+				MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: corev1.ScheduleAnyway,
+				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: managedBy, LabelInstance: r.cfg.Instance}},
+			}},
+			Volumes: volumes,
+			Containers: []corev1.Container{{
+				Name:            container,
+				Image:           image,
+				ImagePullPolicy: r.cfg.PullPolicy,
+				Command:         args,
+				Env:             env,
+				WorkingDir:      oci.SandboxHome,
+				Ports:           []corev1.ContainerPort{{Name: "agent", ContainerPort: int32(r.cfg.AgentPort), Protocol: corev1.ProtocolTCP}},
+				Resources:       corev1.ResourceRequirements{Limits: limits, Requests: requests},
+				VolumeMounts:    mounts,
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: ptr(false),
+					Privileged:               ptr(false),
+					ReadOnlyRootFilesystem:   ptr(spec.ReadOnly),
+					RunAsUser:                ptr(int64(0)),
+					RunAsGroup:               ptr(int64(0)),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: capabilities()},
+					SeccompProfile:           seccomp,
+				},
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+			}},
+		},
+	}
+	if r.cfg.RuntimeClass != "" {
+		pod.Spec.RuntimeClassName = ptr(r.cfg.RuntimeClass)
+	}
+	return pod, nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// errPodFailed reports a Pod that cannot run: its phase, or its
+// container's reason and message.
+var errPodFailed = errors.New("kubernetes: the sandbox's pod cannot run")
+
+// fatalWaiting are container waiting reasons no retry mends.
+var fatalWaiting = map[string]bool{
+	"ErrImageNeverPull": true, "InvalidImageName": true, "ImagePullBackOff": true, "ErrImagePull": true,
+	"CreateContainerConfigError": true, "CreateContainerError": true, "RunContainerError": true,
+}
+
+// waitRunning watches the Pod until it runs with an IP, and fails at once
+// when it cannot.
+func (r *Runtime) waitRunning(ctx context.Context, pod *corev1.Pod) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartTimeout)
+	defer cancel()
+	if ip, done, err := podReady(pod); done {
+		return ip, err
+	}
+	w, err := r.cs.CoreV1().Pods(pod.Namespace).Watch(ctx, metav1.ListOptions{
+		FieldSelector:   fields.OneTermEqualSelector("metadata.name", pod.Name).String(),
+		ResourceVersion: pod.ResourceVersion,
+	})
+	if err != nil {
+		return "", fmt.Errorf("kubernetes: watch the sandbox's pod: %w", err)
+	}
+	defer w.Stop()
+	last := pod
+	for {
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("kubernetes: the sandbox's pod did not run in %s (phase %s%s): %w",
+				r.cfg.StartTimeout, last.Status.Phase, waitingReason(last), ctx.Err())
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				// The watch ended (the API server's timeout): resume
+				// from the Pod as it is now.
+				p, err := r.cs.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+				if err != nil {
+					return "", fmt.Errorf("kubernetes: read the sandbox's pod: %w", err)
+				}
+				return r.waitRunning(ctx, p)
+			}
+			switch ev.Type {
+			case watch.Deleted:
+				return "", fmt.Errorf("%w: deleted while starting", errPodFailed)
+			case watch.Error:
+				return "", fmt.Errorf("kubernetes: watch the sandbox's pod: %v", apierrors.FromObject(ev.Object))
+			}
+			p, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			last = p
+			if ip, done, err := podReady(p); done {
+				return ip, err
+			}
+		}
+	}
+}
+
+// podReady says whether p runs with an IP (ip), or can never (err).
+func podReady(p *corev1.Pod) (ip string, done bool, err error) {
+	switch p.Status.Phase {
+	case corev1.PodRunning:
+		if p.Status.PodIP != "" {
+			return p.Status.PodIP, true, nil
+		}
+	case corev1.PodFailed, corev1.PodSucceeded:
+		return "", true, fmt.Errorf("%w: phase %s%s%s", errPodFailed, p.Status.Phase, prefixed(p.Status.Reason), waitingReason(p))
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if w := cs.State.Waiting; w != nil && fatalWaiting[w.Reason] {
+			return "", true, fmt.Errorf("%w: %s: %s", errPodFailed, w.Reason, w.Message)
+		}
+		if t := cs.State.Terminated; t != nil {
+			return "", true, fmt.Errorf("%w: the agent exited with %d (%s): %s", errPodFailed, t.ExitCode, t.Reason, t.Message)
+		}
+	}
+	return "", false, nil
+}
+
+func prefixed(s string) string {
+	if s == "" {
+		return ""
+	}
+	return ", " + s
+}
+
+func waitingReason(p *corev1.Pod) string {
+	for _, cs := range p.Status.ContainerStatuses {
+		if w := cs.State.Waiting; w != nil && w.Reason != "" {
+			return ", " + w.Reason
+		}
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Status != corev1.ConditionTrue && c.Message != "" {
+			return ", " + c.Message
+		}
+	}
+	return ""
+}
+
+// Destroy implements runtime.Runtime: the Pod (at once, no grace), its
+// Secret and its NetworkPolicy. Objects already gone are not errors.
+func (r *Runtime) Destroy(ctx context.Context, id string) error {
+	ns, name := r.cfg.Namespace, objectName(id)
+	now := metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}
+	errs := []error{
+		ignoreNotFound(r.cs.CoreV1().Pods(ns).Delete(ctx, name, now)),
+		ignoreNotFound(r.cs.CoreV1().Secrets(ns).Delete(ctx, name, metav1.DeleteOptions{})),
+		ignoreNotFound(r.cs.NetworkingV1().NetworkPolicies(ns).Delete(ctx, name, metav1.DeleteOptions{})),
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("kubernetes: delete sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+func ignoreNotFound(err error) error {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// List implements runtime.Runtime: the ids of every Pod, Secret and
+// NetworkPolicy of this instance.
+func (r *Runtime) List(ctx context.Context) ([]string, error) {
+	ns, opt := r.cfg.Namespace, metav1.ListOptions{LabelSelector: r.selector()}
+	seen := map[string]bool{}
+	var ids []string
+	add := func(l map[string]string) {
+		if id := l[LabelSandbox]; id != "" && !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	pods, err := r.cs.CoreV1().Pods(ns).List(ctx, opt)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: list pods: %w", err)
+	}
+	for _, p := range pods.Items {
+		add(p.Labels)
+	}
+	secrets, err := r.cs.CoreV1().Secrets(ns).List(ctx, opt)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: list secrets: %w", err)
+	}
+	for _, s := range secrets.Items {
+		add(s.Labels)
+	}
+	nps, err := r.cs.NetworkingV1().NetworkPolicies(ns).List(ctx, opt)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: list network policies: %w", err)
+	}
+	for _, n := range nps.Items {
+		add(n.Labels)
+	}
+	return ids, nil
+}
+
+// Usage implements runtime.Runtime. A Pod's cgroup is on its node, out of
+// the server's reach: not measured yet.
+func (r *Runtime) Usage(ctx context.Context, id string) (runtime.Usage, error) {
+	return runtime.Usage{}, fmt.Errorf("%w: resource usage of Pods is not measured yet", runtime.ErrUnsupported)
+}

@@ -1,0 +1,242 @@
+//go:build linux
+
+package kubernetes
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/sheepfold/sheepfold/internal/agenttls"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+)
+
+const ns = "sandboxes"
+
+func newRuntime(t *testing.T, cfg Config) (*Runtime, *fake.Clientset) {
+	t.Helper()
+	now := time.Now()
+	ca, err := agenttls.NewCA(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := ca.IssueServer(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := agenttls.NewClient(sc, ca.CertPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Namespace, cfg.CA, cfg.Client = ns, ca, client
+	if cfg.Images == nil {
+		cfg.Images = map[string]string{"python": "sheepfold.local/template/python:abc"}
+	}
+	cs := fake.NewClientset()
+	r, err := New(cs, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, cs
+}
+
+// kubelet plays the node for the Pod named name: once it exists, set
+// its status.
+func kubelet(t *testing.T, cs *fake.Clientset, name string, status corev1.PodStatus) {
+	go func() {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			p, err := cs.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+			if err != nil {
+				continue
+			}
+			p.Status = status
+			if _, err := cs.CoreV1().Pods(ns).UpdateStatus(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+				t.Errorf("update status: %v", err)
+			}
+			return
+		}
+		t.Errorf("pod %s was never created", name)
+	}()
+}
+
+func spec(id string) runtime.Spec {
+	return runtime.Spec{ID: id, Template: "python", Env: []string{"A=1", "B=x=y"},
+		Limits: runtime.Limits{MemoryBytes: 512 << 20, CPUs: 1.5, DiskBytes: 1 << 30, Pids: 256}}
+}
+
+func TestCreateMakesStrictPod(t *testing.T) {
+	t.Parallel()
+	r, cs := newRuntime(t, Config{RuntimeClass: "gvisor", ServerPods: map[string]string{"app": "sheepfold"}})
+	kubelet(t, cs, "sf-abc", corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.88.1.7"})
+	inst, err := r.Create(context.Background(), spec("abc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inst.ID != "abc" || inst.Dial == nil || inst.Socket != "" {
+		t.Fatalf("instance %+v", inst)
+	}
+	ctx := context.Background()
+	pod, err := cs.CoreV1().Pods(ns).Get(ctx, "sf-abc", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := pod.Spec
+	if ps.HostUsers == nil || *ps.HostUsers || ps.RuntimeClassName == nil || *ps.RuntimeClassName != "gvisor" ||
+		*ps.AutomountServiceAccountToken || *ps.EnableServiceLinks || ps.RestartPolicy != corev1.RestartPolicyNever {
+		t.Fatalf("pod spec: %+v", ps)
+	}
+	if len(ps.Containers) != 1 {
+		t.Fatalf("containers: %+v", ps.Containers)
+	}
+	c := ps.Containers[0]
+	sc := c.SecurityContext
+	if *sc.AllowPrivilegeEscalation || *sc.Privileged || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault ||
+		!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Fatalf("security context: %+v", sc)
+	}
+	var added []string
+	for _, c := range sc.Capabilities.Add {
+		added = append(added, string(c))
+	}
+	sort.Strings(added)
+	if strings.Join(added, ",") != "CHOWN,DAC_OVERRIDE,FOWNER,KILL,SETGID,SETPCAP,SETUID" {
+		t.Fatalf("capabilities added: %v", added)
+	}
+	if c.Image != "sheepfold.local/template/python:abc" || c.Command[0] != "/.sheepfold/agent" || c.Command[1] != "init" ||
+		!strings.Contains(strings.Join(c.Command, " "), "--listen-tcp :49983 --tls-dir /.sheepfold/tls") {
+		t.Fatalf("container: image %s, command %v", c.Image, c.Command)
+	}
+	if len(c.Env) != 2 || c.Env[1].Name != "B" || c.Env[1].Value != "x=y" {
+		t.Fatalf("env: %+v", c.Env)
+	}
+	lim, req := c.Resources.Limits, c.Resources.Requests
+	if lim.Memory().Value() != 512<<20 || lim.Cpu().MilliValue() != 1500 || lim.StorageEphemeral().Value() != 1<<30 ||
+		req.Memory().Value() != 512<<20 || req.Cpu().MilliValue() != 100 {
+		t.Fatalf("resources: limits %v, requests %v", lim, req)
+	}
+
+	// The Secret: a credential of this sandbox's agent, from the authority.
+	sec, err := cs.CoreV1().Secrets(ns).Get(ctx, "sf-abc", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(sec.Data[agenttls.CertFile])
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(r.cfg.CA.Cert)
+	if _, err := cert.Verify(x509.VerifyOptions{DNSName: agenttls.ServerName("abc"), Roots: roots,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}); err != nil {
+		t.Fatalf("the agent's certificate: %v", err)
+	}
+	if len(sec.Data[agenttls.KeyFile]) == 0 || string(sec.Data[agenttls.CAFile]) != string(r.cfg.CA.CertPEM) {
+		t.Fatal("the secret lacks the key or the authority")
+	}
+	if v := ps.Volumes[0].Secret; v == nil || v.SecretName != "sf-abc" || *v.DefaultMode != 0o400 {
+		t.Fatalf("secret volume: %+v", ps.Volumes[0])
+	}
+
+	// The NetworkPolicy: no egress, ingress to the agent's port from the
+	// server's Pods.
+	np, err := cs.NetworkingV1().NetworkPolicies(ns).Get(ctx, "sf-abc", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if np.Spec.PodSelector.MatchLabels[LabelSandbox] != "abc" || len(np.Spec.Egress) != 0 ||
+		!slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) || len(np.Spec.Ingress) != 1 ||
+		np.Spec.Ingress[0].Ports[0].Port.IntValue() != 49983 || np.Spec.Ingress[0].From[0].PodSelector.MatchLabels["app"] != "sheepfold" {
+		t.Fatalf("network policy: %+v", np.Spec)
+	}
+
+	ids, err := r.List(ctx)
+	if err != nil || !slices.Equal(ids, []string{"abc"}) {
+		t.Fatalf("List: %v, %v", ids, err)
+	}
+	if err := r.Destroy(ctx, "abc"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Destroy(ctx, "abc"); err != nil {
+		t.Fatalf("destroying twice: %v", err)
+	}
+	if ids, err := r.List(ctx); err != nil || len(ids) != 0 {
+		t.Fatalf("List after Destroy: %v, %v", ids, err)
+	}
+}
+
+func TestCreateFailureLeavesNothing(t *testing.T) {
+	t.Parallel()
+	r, cs := newRuntime(t, Config{})
+	kubelet(t, cs, "sf-bad", corev1.PodStatus{Phase: corev1.PodPending, ContainerStatuses: []corev1.ContainerStatus{{
+		Name: container, State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+			Reason: "ErrImageNeverPull", Message: `image "x" is not present`}},
+	}}})
+	_, err := r.Create(context.Background(), spec("bad"))
+	if !errors.Is(err, errPodFailed) || !strings.Contains(err.Error(), "ErrImageNeverPull") {
+		t.Fatalf("create: %v", err)
+	}
+	if ids, err := r.List(context.Background()); err != nil || len(ids) != 0 {
+		t.Fatalf("left behind: %v, %v", ids, err)
+	}
+}
+
+func TestCreateTimesOut(t *testing.T) {
+	t.Parallel()
+	r, _ := newRuntime(t, Config{StartTimeout: 200 * time.Millisecond})
+	_, err := r.Create(context.Background(), spec("slow"))
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "did not run in 200ms") {
+		t.Fatalf("create: %v", err)
+	}
+	if ids, _ := r.List(context.Background()); len(ids) != 0 {
+		t.Fatalf("left behind: %v", ids)
+	}
+}
+
+func TestCreateRefuses(t *testing.T) {
+	t.Parallel()
+	r, _ := newRuntime(t, Config{})
+	for name, s := range map[string]runtime.Spec{
+		"unknown template": {ID: "a1", Template: "ruby"},
+		"network":          {ID: "a2", Template: "python", Network: &runtime.Network{}},
+		"bad id":           {ID: "A_B", Template: "python"},
+		"bad env":          {ID: "a3", Template: "python", Env: []string{"NOEQUALS"}},
+	} {
+		if _, err := r.Create(context.Background(), s); err == nil {
+			t.Errorf("%s: created", name)
+		}
+	}
+	if ids, _ := r.List(context.Background()); len(ids) != 0 {
+		t.Fatalf("left behind: %v", ids)
+	}
+}
+
+// TestListOnlyThisInstance: objects of another deployment in the
+// namespace are not ours to list or collect.
+func TestListOnlyThisInstance(t *testing.T) {
+	t.Parallel()
+	r, cs := newRuntime(t, Config{Instance: "blue"})
+	ctx := context.Background()
+	for _, o := range []struct{ id, instance string }{{"s1", "blue"}, {"s2", "green"}} {
+		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sf-" + o.id, Namespace: ns,
+			Labels: map[string]string{LabelManagedBy: managedBy, LabelInstance: o.instance, LabelSandbox: o.id}}}
+		if _, err := cs.CoreV1().Secrets(ns).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids, err := r.List(ctx)
+	if err != nil || !slices.Equal(ids, []string{"s1"}) {
+		t.Fatalf("List: %v, %v", ids, err)
+	}
+}
