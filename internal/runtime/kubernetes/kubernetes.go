@@ -535,3 +535,68 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 func (r *Runtime) Usage(ctx context.Context, id string) (runtime.Usage, error) {
 	return runtime.Usage{}, fmt.Errorf("%w: resource usage of Pods is not measured yet", runtime.ErrUnsupported)
 }
+
+// Close implements the engine's runtime: the runtime holds nothing
+// beyond its client.
+func (r *Runtime) Close() error { return nil }
+
+// Ready reports whether the cluster answers for the namespace: the API
+// server is reachable and the server may list Pods there.
+func (r *Runtime) Ready(ctx context.Context) error {
+	_, err := r.cs.CoreV1().Pods(r.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: r.selector(), Limit: 1})
+	if err != nil {
+		return fmt.Errorf("kubernetes: the cluster does not answer: %w", err)
+	}
+	return nil
+}
+
+// HasTemplate reports whether a template has an image.
+func (r *Runtime) HasTemplate(name string) bool {
+	_, ok := r.cfg.Images[name]
+	return ok
+}
+
+// LabelRole marks objects of the deployment that are not a sandbox's.
+const LabelRole = "sheepfold.dev/role"
+
+// authoritySecret names the Secret holding the agents' authority.
+func authoritySecret(instance string) string { return instance + "-agent-authority" }
+
+// LoadCA returns the agents' authority of instance, kept in a Secret of
+// namespace, and makes it on first use. Replicas starting together agree:
+// the first create wins and the others read it.
+func LoadCA(ctx context.Context, cs kubernetes.Interface, namespace, instance string) (*agenttls.CA, error) {
+	secrets := cs.CoreV1().Secrets(namespace)
+	name := authoritySecret(instance)
+	for range 2 {
+		s, err := secrets.Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			ca, err := agenttls.ParseCA(s.Data["ca.crt"], s.Data["ca.key"])
+			if err != nil {
+				return nil, fmt.Errorf("kubernetes: secret %s/%s: %w", namespace, name, err)
+			}
+			return ca, nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("kubernetes: read the agents' authority: %w", err)
+		}
+		ca, err := agenttls.NewCA(time.Now())
+		if err != nil {
+			return nil, err
+		}
+		_, err = secrets.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{
+				LabelManagedBy: managedBy, LabelInstance: instance, LabelRole: "agent-authority"}},
+			Type: corev1.SecretTypeOpaque,
+			Data: map[string][]byte{"ca.crt": ca.CertPEM, "ca.key": ca.KeyPEM},
+		}, metav1.CreateOptions{})
+		if err == nil {
+			return ca, nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("kubernetes: save the agents' authority: %w", err)
+		}
+		// Another replica made it first: read theirs.
+	}
+	return nil, fmt.Errorf("kubernetes: secret %s/%s keeps changing", namespace, name)
+}

@@ -240,3 +240,42 @@ func TestListOnlyThisInstance(t *testing.T) {
 		t.Fatalf("List: %v, %v", ids, err)
 	}
 }
+
+func TestLoadCASharedByReplicas(t *testing.T) {
+	t.Parallel()
+	cs := fake.NewClientset()
+	ctx := context.Background()
+	a, err := LoadCA(ctx, cs, ns, "blue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := LoadCA(ctx, cs, ns, "blue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.Cert.Equal(b.Cert) {
+		t.Fatal("a second replica got another authority")
+	}
+	c, err := LoadCA(ctx, cs, ns, "green")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Cert.Equal(c.Cert) {
+		t.Fatal("two instances share an authority")
+	}
+	// The authority's Secret is not a sandbox's.
+	r, err := New(cs, Config{Namespace: ns, Instance: "blue", CA: a, Client: &agenttls.Client{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := r.List(ctx); err != nil || len(ids) != 0 {
+		t.Fatalf("List: %v, %v", ids, err)
+	}
+	// A damaged Secret is an error, not a new authority.
+	sec, _ := cs.CoreV1().Secrets(ns).Get(ctx, "blue-agent-authority", metav1.GetOptions{})
+	sec.Data["ca.key"] = c.KeyPEM
+	cs.CoreV1().Secrets(ns).Update(ctx, sec, metav1.UpdateOptions{})
+	if _, err := LoadCA(ctx, cs, ns, "blue"); err == nil {
+		t.Fatal("a mismatched key was accepted")
+	}
+}
