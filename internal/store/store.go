@@ -101,7 +101,8 @@ type SandboxFilter struct {
 }
 
 // Store persists the server's state. Implementations are safe for
-// concurrent use.
+// concurrent use, keep times to the microsecond (at least) and give them
+// back in UTC; storetest is the suite every implementation passes.
 type Store interface {
 	EventStore
 
