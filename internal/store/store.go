@@ -1,7 +1,7 @@
 // Package store is the server's persistence: API keys, sandbox records,
 // execution records, events and webhooks (events.go). Store is the
-// interface the server uses; sqlite/ is the implementation for one host
-// (postgres/ can follow behind the same interface).
+// interface the server uses; sqlite/ is the implementation for one host,
+// postgres/ the one on PostgreSQL; storetest/ is the suite both pass.
 //
 // Imports: the standard library only. Implementations live in
 // subpackages and may import their database driver.

@@ -97,7 +97,7 @@ func testEvents(t *testing.T, s store.Store) {
 // event: no id becomes visible after a larger one was read.
 func testEventsVisibleInIDOrder(t *testing.T, s store.Store) {
 	ctx := context.Background()
-	const writers, batches, perBatch = 4, 15, 3
+	const writers, batches, perBatch = 6, 40, 3
 	const total = writers * batches * perBatch
 	at := now()
 	errs := make(chan error, writers)
@@ -118,10 +118,21 @@ func testEventsVisibleInIDOrder(t *testing.T, s store.Store) {
 			}
 		}()
 	}
+	written := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(written)
+	}()
+	// Page until the writers are done and a page read after that is
+	// empty: then everything committed has been offered.
 	var seen []int64
 	var cursor int64
-	deadline := time.Now().Add(time.Minute)
-	for len(seen) < total && time.Now().Before(deadline) {
+	for done := false; ; {
+		select {
+		case <-written:
+			done = true
+		default:
+		}
 		page, err := s.ListEvents(ctx, store.EventFilter{Owner: "o", AfterID: cursor})
 		if err != nil {
 			t.Fatal(err)
@@ -130,8 +141,10 @@ func testEventsVisibleInIDOrder(t *testing.T, s store.Store) {
 			seen = append(seen, e.ID)
 			cursor = e.ID
 		}
+		if done && len(page) == 0 {
+			break
+		}
 	}
-	wg.Wait()
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)

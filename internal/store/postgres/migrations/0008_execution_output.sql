@@ -1,0 +1,6 @@
+-- An execution's record keeps the code it ran and its output (stdout,
+-- stderr, results, error as the API showed them, JSON) for the
+-- sandbox's execution history; the server bounds both, and the output
+-- of all but a sandbox's newest executions is cleared (sandboxes.go).
+ALTER TABLE executions ADD COLUMN code text NOT NULL DEFAULT '';
+ALTER TABLE executions ADD COLUMN output text NOT NULL DEFAULT '';
