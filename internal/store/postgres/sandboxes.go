@@ -165,7 +165,7 @@ func (s *Store) AddExecution(ctx context.Context, e store.Execution) error {
 			peak_memory_bytes = excluded.peak_memory_bytes, created_at = excluded.created_at, code = excluded.code,
 			output = excluded.output`,
 		e.ID, e.SandboxID, e.Owner, e.Language, e.Status, e.ErrorCode, e.Error, e.ExecutionTimeMS, e.CPUTimeMS,
-		e.PeakMemoryBytes, dbTime(e.CreatedAt), e.Code, string(e.Output))
+		e.PeakMemoryBytes, dbTime(e.CreatedAt), []byte(e.Code), string(e.Output))
 	if err != nil {
 		return storeErr("add execution", err)
 	}
@@ -226,10 +226,11 @@ const executionCols = `id, sandbox_id, owner, language, status, error_code, erro
 
 func scanExecution(row pgx.CollectableRow) (store.Execution, error) {
 	var e store.Execution
+	var code []byte // bytea (migrations/0008)
 	var output string
 	err := row.Scan(&e.ID, &e.SandboxID, &e.Owner, &e.Language, &e.Status, &e.ErrorCode, &e.Error,
-		&e.ExecutionTimeMS, &e.CPUTimeMS, &e.PeakMemoryBytes, &e.CreatedAt, &e.Code, &output)
-	e.CreatedAt = e.CreatedAt.UTC()
+		&e.ExecutionTimeMS, &e.CPUTimeMS, &e.PeakMemoryBytes, &e.CreatedAt, &code, &output)
+	e.CreatedAt, e.Code = e.CreatedAt.UTC(), string(code)
 	if output != "" {
 		e.Output = json.RawMessage(output)
 	}

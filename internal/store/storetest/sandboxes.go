@@ -280,8 +280,11 @@ func mustNil(t *testing.T, err error) {
 func testExecutions(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	now := now()
+	// Code is the user's: any character, NUL too (JSON's \u0000), comes
+	// back as it was.
+	code := "print('a\x00b', \"\u00e9\U0001F600\")\n"
 	e := store.Execution{ID: "e1", SandboxID: "s", Owner: "o", Language: "python", Status: "success",
-		ExecutionTimeMS: 1.5, CPUTimeMS: 1, PeakMemoryBytes: 42, CreatedAt: now}
+		ExecutionTimeMS: 1.5, CPUTimeMS: 1, PeakMemoryBytes: 42, CreatedAt: now, Code: code}
 	if err := s.AddExecution(ctx, e); err != nil {
 		t.Fatal(err)
 	}
@@ -289,6 +292,9 @@ func testExecutions(t *testing.T, s store.Store) {
 	if err != nil || len(l) != 1 || l[0].PeakMemoryBytes != 42 || l[0].ExecutionTimeMS != 1.5 || l[0].CPUTimeMS != 1 ||
 		l[0].Language != "python" || l[0].Owner != "o" || !l[0].CreatedAt.Equal(now) || l[0].Output != nil {
 		t.Fatalf("ListExecutions = %+v, %v", l, err)
+	}
+	if l[0].Code != code {
+		t.Fatalf("code %q read back as %q", code, l[0].Code)
 	}
 	if l, err := s.ListExecutions(ctx, "none"); err != nil || l == nil || len(l) != 0 {
 		t.Fatalf("executions of an unknown sandbox: %#v, %v (want an empty, non-nil list)", l, err)
