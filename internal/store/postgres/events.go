@@ -10,35 +10,46 @@ import (
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
-// AddEvents implements store.EventStore: one transaction for the batch.
-//
-// Readers page by "ids after the last one seen", so an id must never
-// become visible after a larger one: a sequence alone gives ids in the
-// order transactions draw them, not the order they commit. The
-// transaction advisory lock makes writers draw and commit one batch at a
-// time; it is released after the commit is visible.
+// AddEvents implements store.EventStore: one transaction for the batch,
+// its ids in commit order (inIDOrder).
 func (s *Store) AddEvents(ctx context.Context, evs []store.Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
+	err := s.inIDOrder(ctx, eventsLock, func(b *pgx.Batch) {
+		for i := range evs {
+			e := &evs[i]
+			b.Queue(`INSERT INTO events (time, type, sandbox_id, owner, execution_id, details)
+				VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
+				dbTime(e.Time), e.Type, e.SandboxID, e.Owner, e.ExecutionID, jsonText(e.Details)).
+				QueryRow(func(row pgx.Row) error { return row.Scan(&e.ID) })
+		}
+	})
+	return storeErr("add events", err)
+}
+
+// inIDOrder runs the statements queue queues in one transaction that
+// first takes the advisory lock key, and commits it.
+//
+// Readers page events and deliveries by "ids after the last one seen", so
+// an id must never become visible after a larger one; but a sequence
+// gives ids in the order transactions draw them, not the order they
+// commit. Under the lock, writers draw and commit one at a time (as
+// SQLite's single writer does); a transaction lock is released only after
+// its commit is visible.
+func (s *Store) inIDOrder(ctx context.Context, key int64, queue func(b *pgx.Batch)) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return storeErr("add events", err)
+		return err
 	}
 	defer tx.Rollback(ctx)
 	b := &pgx.Batch{}
-	b.Queue(`SELECT pg_advisory_xact_lock($1)`, eventsLock)
-	for i := range evs {
-		e := &evs[i]
-		b.Queue(`INSERT INTO events (time, type, sandbox_id, owner, execution_id, details)
-			VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
-			dbTime(e.Time), e.Type, e.SandboxID, e.Owner, e.ExecutionID, jsonText(e.Details)).
-			QueryRow(func(row pgx.Row) error { return row.Scan(&e.ID) })
-	}
+	b.Queue(`SELECT pg_advisory_xact_lock($1)`, key)
+	queue(b)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return storeErr("add events", err)
+		return err
 	}
-	return storeErr("add events", tx.Commit(ctx))
+	return tx.Commit(ctx)
 }
 
 // ListEvents implements store.EventStore.
@@ -130,12 +141,16 @@ func (s *Store) DeleteWebhook(ctx context.Context, owner, id string) error {
 	return nil
 }
 
-// AddDelivery implements store.EventStore.
+// AddDelivery implements store.EventStore. Several workers deliver at
+// once, and the delivery log is paged by id: ids in commit order
+// (inIDOrder).
 func (s *Store) AddDelivery(ctx context.Context, w store.WebhookDelivery) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO webhook_deliveries
-		(webhook_id, event_id, event_type, attempt, status_code, error, succeeded, time, duration_ms)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-		w.WebhookID, w.EventID, w.EventType, w.Attempt, w.StatusCode, w.Error, w.Succeeded, dbTime(w.Time), w.DurationMS)
+	err := s.inIDOrder(ctx, deliveriesLock, func(b *pgx.Batch) {
+		b.Queue(`INSERT INTO webhook_deliveries
+			(webhook_id, event_id, event_type, attempt, status_code, error, succeeded, time, duration_ms)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+			w.WebhookID, w.EventID, w.EventType, w.Attempt, w.StatusCode, w.Error, w.Succeeded, dbTime(w.Time), w.DurationMS)
+	})
 	return storeErr("add webhook delivery", err)
 }
 

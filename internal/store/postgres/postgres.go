@@ -12,8 +12,9 @@
 //   - Times are timestamptz: written in UTC truncated to the microsecond
 //     (what PostgreSQL keeps), read back in UTC.
 //   - JSON is kept as text, verbatim (jsonb would reformat it).
-//   - Event ids grow in commit order: AddEvents holds a transaction
-//     advisory lock while it draws ids and commits (events.go).
+//   - Event and webhook delivery ids grow in commit order: their inserts
+//     hold a transaction advisory lock while they draw ids and commit
+//     (events.go).
 //   - A missing row is store.ErrNotFound; a taken unique name
 //     store.ErrExists; a database that cannot answer now (connection
 //     failures, a lock not granted within the lock timeout, serialisation
@@ -54,10 +55,11 @@ var _ store.Store = (*Store)(nil)
 var migrations embed.FS
 
 // Advisory lock keys, in the database's own key space: "Sheepfol" in
-// ASCII, and the next number.
+// ASCII, and the next numbers.
 const (
-	migrationLock int64 = 0x5368656570666f6c
-	eventsLock    int64 = migrationLock + 1
+	migrationLock  int64 = 0x5368656570666f6c
+	eventsLock     int64 = migrationLock + 1
+	deliveriesLock int64 = migrationLock + 2
 )
 
 // Store is a PostgreSQL-backed store.Store.
