@@ -4,6 +4,8 @@
 #     bubblewrap (`sheepfold bench`'s bwrap baseline), git (the egress tests serve a repository),
 #     chromium (the dashboard's browser test),
 #     qemu-system-x86 (`make test-cgroupv2` boots a cgroup v2 guest)
+#   - postgresql, WITHOUT its default cluster: the tests of the PostgreSQL
+#     store start their own (internal/testutil/pgtest) under the postgres user.
 #   - runc at a pinned release, built from the Go module proxy with seccomp,
 #     into $DATA_DIR/bin (Debian's runc 1.1.5 lacks the November 2025 fixes).
 #   - root's entries in /etc/subuid and /etc/subgid for the host ids of the
@@ -20,15 +22,35 @@ if [ "$(id -u)" -ne 0 ]; then
 	exit 1
 fi
 
+installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" = "install ok installed" ]; }
 need=()
 for pkg in debootstrap libseccomp-dev pkg-config gcc bubblewrap git chromium qemu-system-x86; do
-	status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
-	[ "$status" = "install ok installed" ] || need+=("$pkg")
+	installed "$pkg" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
 	echo "setup: installing ${need[*]}"
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# PostgreSQL's server binaries (/usr/lib/postgresql/NN/bin) for the postgres
+# store's tests. postgresql-NN's postinst would create and start a cluster
+# "main" on port 5432; postgresql-common is installed first so that its
+# createcluster.conf can say not to, before the server package comes.
+if ! installed postgresql-common; then
+	echo "setup: installing postgresql-common"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-common >/dev/null
+fi
+conf=/etc/postgresql-common/createcluster.conf
+if ! grep -Eq '^[[:space:]]*create_main_cluster[[:space:]]*=[[:space:]]*false' "$conf"; then
+	sed -i -E 's/^[[:space:]]*#?[[:space:]]*(create_main_cluster)[[:space:]]*=.*$/\1 = false/' "$conf"
+	grep -Eq '^create_main_cluster = false' "$conf" || echo 'create_main_cluster = false' >>"$conf"
+	echo "setup: $conf: create_main_cluster = false"
+fi
+if ! installed postgresql; then
+	echo "setup: installing postgresql (no default cluster)"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
 fi
 
 mkdir -p "$DATA_DIR/bin"

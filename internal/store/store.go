@@ -1,7 +1,7 @@
 // Package store is the server's persistence: API keys, sandbox records,
 // execution records, events and webhooks (events.go). Store is the
-// interface the server uses; sqlite/ is the implementation for one host
-// (postgres/ can follow behind the same interface).
+// interface the server uses; sqlite/ is the implementation for one host,
+// postgres/ the one on PostgreSQL; storetest/ is the suite both pass.
 //
 // Imports: the standard library only. Implementations live in
 // subpackages and may import their database driver.
@@ -101,7 +101,8 @@ type SandboxFilter struct {
 }
 
 // Store persists the server's state. Implementations are safe for
-// concurrent use.
+// concurrent use, keep times to the microsecond (at least) and give them
+// back in UTC; storetest is the suite every implementation passes.
 type Store interface {
 	EventStore
 
