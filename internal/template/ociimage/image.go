@@ -28,6 +28,10 @@ const AnnotationImageName = "io.containerd.image.name"
 // runtime maps 0..65535).
 const DefaultIDs = 65536
 
+// ErrOwner: a file in the tree is owned by a host id outside the shifted
+// range, which the image has no id for.
+var ErrOwner = errors.New("owner outside the shifted ids")
+
 // File is a host file added to the image's second layer, owned by root.
 type File struct {
 	Path   string      // absolute path in the image, e.g. /.sheepfold/agent

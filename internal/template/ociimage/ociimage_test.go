@@ -608,12 +608,12 @@ func TestWriteRefuses(t *testing.T) {
 			if err := os.Lchown(filepath.Join(root, "etc/passwd"), 0, 0); err != nil {
 				t.Fatal(err)
 			}
-		}, "etc/passwd: owner 0:0 is outside the shifted ids 1000000..1065535"},
+		}, "etc/passwd: owner outside the shifted ids: 0:0 is not in 1000000..1065535"},
 		{"owner above the range", func(t *testing.T, root string, opt *Options) {
 			if err := os.Lchown(filepath.Join(root, "bin"), testShift, testShift+65536); err != nil {
 				t.Fatal(err)
 			}
-		}, "bin: owner 1000000:1065536 is outside"},
+		}, "bin: owner outside the shifted ids: 1000000:1065536 is not in"},
 		{"whiteout name", func(t *testing.T, root string, opt *Options) {
 			if err := os.WriteFile(filepath.Join(root, "etc/.wh.passwd"), nil, 0o644); err != nil {
 				t.Fatal(err)

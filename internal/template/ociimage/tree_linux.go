@@ -99,7 +99,7 @@ func (w *treeWriter) entry(p, name string, st *unix.Stat_t) (bool, error) {
 	uid, uok := w.ids.unshift(st.Uid)
 	gid, gok := w.ids.unshift(st.Gid)
 	if !uok || !gok {
-		return false, fmt.Errorf("%s: owner %d:%d is outside the shifted ids %d..%d", p, st.Uid, st.Gid,
+		return false, fmt.Errorf("%s: %w: %d:%d is not in %d..%d", p, ErrOwner, st.Uid, st.Gid,
 			w.ids.host, uint64(w.ids.host)+uint64(w.ids.n)-1)
 	}
 	hdr := &tar.Header{
