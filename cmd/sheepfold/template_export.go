@@ -149,6 +149,9 @@ func exportTemplate(ctx context.Context, name string, o exportOptions) (ociimage
 		if term.IsTerminal(int(os.Stdout.Fd())) {
 			return ociimage.Result{}, errors.New("not writing an image archive to a terminal: redirect stdout or use -o FILE")
 		}
+		// The staged layers (unlinked at once) go beside the templates,
+		// on a disk that holds them, not in a /tmp that may be a tmpfs.
+		opt.TempDir = o.DataDir
 		res, err := ociimage.Write(ctx, os.Stdout, opt)
 		return res, exportError(name, err)
 	}
