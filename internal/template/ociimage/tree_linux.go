@@ -112,6 +112,8 @@ func (w *treeWriter) entry(p, name string, st *unix.Stat_t) (bool, error) {
 	if typ != unix.S_IFDIR && st.Nlink > 1 {
 		id := fileID{dev: st.Dev, ino: st.Ino}
 		if first, ok := w.links[id]; ok {
+			// hdr keeps the inode's mode, owner and mtime, which
+			// unpackers apply to the linked inode.
 			hdr.Typeflag, hdr.Linkname = tar.TypeLink, first
 			return true, w.write(hdr)
 		}
@@ -318,7 +320,10 @@ func addFiles(tw *tar.Writer, rootfs string, ids idRange, files []File, mtime ti
 			return w.n, err
 		}
 		for _, l := range f.Links {
-			if err := w.write(&tar.Header{Typeflag: tar.TypeLink, Name: l[1:], Linkname: f.Path[1:], ModTime: mtime}); err != nil {
+			// Unpackers (containerd's among them) give the linked inode a
+			// link entry's mode, owner and mtime: they must be the file's.
+			if err := w.write(&tar.Header{Typeflag: tar.TypeLink, Name: l[1:], Linkname: f.Path[1:],
+				Mode: int64(f.Mode.Perm()), ModTime: mtime}); err != nil {
 				return w.n, err
 			}
 		}
