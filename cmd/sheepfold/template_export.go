@@ -170,7 +170,6 @@ func exportTemplate(ctx context.Context, name string, o exportOptions) (ociimage
 		return ociimage.Result{}, err
 	}
 	dir := filepath.Dir(out)
-	opt.TempDir = dir // the staged layers, as large as the template: not in a tmpfs /tmp
 	f, err := os.CreateTemp(dir, filepath.Base(out)+".tmp-*")
 	if err != nil {
 		return ociimage.Result{}, err

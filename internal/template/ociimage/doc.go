@@ -29,10 +29,12 @@
 // the files' mtimes and Options.Created, so the same tree, files and
 // options give the same archive byte for byte.
 //
-// Each layer is written once, to an unlinked temporary file in
-// Options.TempDir (the archive's tar header needs its size first), while
-// the sha256 of the uncompressed tar (its diff_id) and of the blob are
-// computed; the temporary file is then copied into the archive.
+// Each layer is written once, while the sha256 of the uncompressed tar
+// (its diff_id) and of the blob are computed. Its tar header in the
+// archive needs its size and digest first: into a regular file the layer
+// goes in place after a placeholder block that the header then overwrites;
+// into anything else (a pipe) it goes to an unlinked temporary file in
+// Options.TempDir first and is copied from there. Both give the same bytes.
 //
 // This package imports the standard library, golang.org/x/sys/unix, the
 // OCI image-spec types and klauspost/pgzip (gzip on all cores); it knows

@@ -2,6 +2,7 @@ package ociimage
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -71,7 +72,8 @@ type Options struct {
 	// faster to write and to import.
 	Gzip bool
 	// TempDir holds the layers while they are written (as unlinked files,
-	// as large as the layers); empty means os.TempDir().
+	// as large as the layers) when Write's writer is not a regular file;
+	// empty means os.TempDir().
 	TempDir string
 }
 
@@ -163,14 +165,25 @@ func Write(ctx context.Context, w io.Writer, opt Options) (Result, error) {
 	}
 	ids := idRange{host: opt.HostID, n: opt.IDs}
 
-	var res Result
-	var staged []*stagedLayer
-	defer func() {
-		for _, s := range staged {
-			s.close()
+	cw := &countWriter{w: w}
+	a := &archive{tw: tar.NewWriter(cw), cw: cw, mtime: opt.Created.Truncate(time.Second), tempDir: opt.TempDir, gzip: opt.Gzip}
+	if f, ok := w.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+			if off, err := f.Seek(0, io.SeekCurrent); err == nil {
+				a.file, a.base = f, off
+			}
 		}
-	}()
-	root, err := stageLayer(opt.TempDir, opt.Gzip, func(tw *tar.Writer) (int, error) {
+	}
+	layoutJSON, err := json.Marshal(v1.ImageLayout{Version: v1.ImageLayoutVersion})
+	if err != nil {
+		return Result{}, err
+	}
+	a.bytes(v1.ImageLayoutFile, layoutJSON)
+	a.dir("blobs/")
+	a.dir("blobs/sha256/")
+
+	var res Result
+	root, err := a.layer(ctx, func(tw *tar.Writer) (int, error) {
 		n, skipped, err := addTree(ctx, tw, opt.RootFS, ids)
 		res.Skipped = skipped
 		return n, err
@@ -178,16 +191,16 @@ func Write(ctx context.Context, w io.Writer, opt Options) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("layer of %s: %w", opt.RootFS, err)
 	}
-	staged = append(staged, root)
+	res.Layers = append(res.Layers, root)
 	history := []v1.History{{Created: &opt.Created, CreatedBy: opt.CreatedBy}}
 	if len(opt.Files) > 0 {
-		files, err := stageLayer(opt.TempDir, opt.Gzip, func(tw *tar.Writer) (int, error) {
+		files, err := a.layer(ctx, func(tw *tar.Writer) (int, error) {
 			return addFiles(tw, opt.RootFS, ids, opt.Files, opt.Created)
 		})
 		if err != nil {
 			return Result{}, fmt.Errorf("layer of added files: %w", err)
 		}
-		staged = append(staged, files)
+		res.Layers = append(res.Layers, files)
 		var paths []string
 		for _, f := range opt.Files {
 			paths = append(paths, f.Path)
@@ -203,9 +216,8 @@ func Write(ctx context.Context, w io.Writer, opt Options) (Result, error) {
 		RootFS:   v1.RootFS{Type: "layers"},
 		History:  history,
 	}
-	for _, s := range staged {
-		res.Layers = append(res.Layers, s.layer)
-		img.RootFS.DiffIDs = append(img.RootFS.DiffIDs, s.layer.DiffID)
+	for _, l := range res.Layers {
+		img.RootFS.DiffIDs = append(img.RootFS.DiffIDs, l.DiffID)
 	}
 	configJSON, err := json.Marshal(img)
 	if err != nil {
@@ -245,22 +257,9 @@ func Write(ctx context.Context, w io.Writer, opt Options) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	layoutJSON, err := json.Marshal(v1.ImageLayout{Version: v1.ImageLayoutVersion})
-	if err != nil {
-		return Result{}, err
-	}
-
-	cw := &countWriter{w: w}
-	a := &archive{tw: tar.NewWriter(cw), mtime: opt.Created.Truncate(time.Second)}
-	a.file(v1.ImageLayoutFile, layoutJSON)
-	a.dir("blobs/")
-	a.dir("blobs/sha256/")
-	a.file(blobPath(res.Config.Digest), configJSON)
-	for _, s := range staged {
-		a.copy(ctx, blobPath(s.layer.Digest), s.f, s.layer.Size)
-	}
-	a.file(blobPath(res.Manifest.Digest), manifestJSON)
-	a.file(v1.ImageIndexFile, indexJSON)
+	a.bytes(blobPath(res.Config.Digest), configJSON)
+	a.bytes(blobPath(res.Manifest.Digest), manifestJSON)
+	a.bytes(v1.ImageIndexFile, indexJSON)
 	if a.err == nil {
 		a.err = a.tw.Close()
 	}
@@ -280,11 +279,19 @@ func blobPath(d digest.Digest) string {
 }
 
 // archive writes the entries of the image layout archive; the first error
-// sticks and the calls after it do nothing.
+// of bytes and dir sticks and makes the calls after it do nothing.
 type archive struct {
-	tw    *tar.Writer
-	mtime time.Time
-	err   error
+	tw      *tar.Writer
+	cw      *countWriter // under tw: what has been written
+	mtime   time.Time
+	tempDir string
+	gzip    bool
+	err     error
+
+	// file, if not nil, is the regular file the archive goes to, from
+	// offset base: layers are written to it in place.
+	file *os.File
+	base int64
 }
 
 func (a *archive) header(name string, typ byte, mode, size int64) {
@@ -297,27 +304,99 @@ func (a *archive) header(name string, typ byte, mode, size int64) {
 
 func (a *archive) dir(name string) { a.header(name, tar.TypeDir, 0o755, 0) }
 
-func (a *archive) file(name string, b []byte) {
+func (a *archive) bytes(name string, b []byte) {
 	a.header(name, tar.TypeReg, 0o644, int64(len(b)))
 	if a.err == nil {
 		_, a.err = a.tw.Write(b)
 	}
 }
 
-// copy adds a blob of size bytes read from f's start.
-func (a *archive) copy(ctx context.Context, name string, f *os.File, size int64) {
-	a.header(name, tar.TypeReg, 0o644, size)
+// blockSize is the tar block size: headers are one, contents are padded to
+// whole ones.
+const blockSize = 512
+
+// layer adds the blob of the layer that fill makes. Its tar header needs
+// the blob's size and digest, known once the blob is written: into a
+// regular file the blob goes in place after a placeholder block, and the
+// header is written over that at the end; into anything else the blob is
+// staged in a temporary file first. Both write the same bytes.
+func (a *archive) layer(ctx context.Context, fill func(*tar.Writer) (int, error)) (Layer, error) {
 	if a.err != nil {
-		return
+		return Layer{}, a.err
 	}
-	if _, a.err = f.Seek(0, io.SeekStart); a.err != nil {
-		return
+	if err := a.tw.Flush(); err != nil { // the padding of the entry before
+		return Layer{}, err
 	}
-	n, err := io.CopyBuffer(a.tw, ctxReader{ctx, f}, make([]byte, copyBuffer))
-	if err == nil && n != size {
-		err = fmt.Errorf("%s: staged blob has %d bytes, want %d", name, n, size)
+	if a.file != nil {
+		start := a.base + a.cw.n
+		if _, err := a.cw.Write(make([]byte, blockSize)); err != nil {
+			return Layer{}, err
+		}
+		l, err := writeLayer(a.cw, a.gzip, fill)
+		if err != nil {
+			return Layer{}, err
+		}
+		if err := a.pad(l.Size); err != nil {
+			return Layer{}, err
+		}
+		hdr, err := blobHeader(blobPath(l.Digest), l.Size, a.mtime)
+		if err != nil {
+			return Layer{}, err
+		}
+		if _, err := a.file.WriteAt(hdr, start); err != nil {
+			return Layer{}, err
+		}
+		return l, nil
 	}
-	a.err = err
+
+	s, err := stageLayer(a.tempDir, a.gzip, fill)
+	if err != nil {
+		return Layer{}, err
+	}
+	defer s.close()
+	hdr, err := blobHeader(blobPath(s.layer.Digest), s.layer.Size, a.mtime)
+	if err != nil {
+		return Layer{}, err
+	}
+	if _, err := a.cw.Write(hdr); err != nil {
+		return Layer{}, err
+	}
+	if _, err := s.f.Seek(0, io.SeekStart); err != nil {
+		return Layer{}, err
+	}
+	n, err := io.CopyBuffer(a.cw, ctxReader{ctx, s.f}, make([]byte, copyBuffer))
+	if err != nil {
+		return Layer{}, err
+	}
+	if n != s.layer.Size {
+		return Layer{}, fmt.Errorf("staged layer has %d bytes, want %d", n, s.layer.Size)
+	}
+	return s.layer, a.pad(n)
+}
+
+// pad writes the zeros that fill a blob of size bytes up to whole blocks.
+func (a *archive) pad(size int64) error {
+	if r := size % blockSize; r != 0 {
+		_, err := a.cw.Write(make([]byte, blockSize-r))
+		return err
+	}
+	return nil
+}
+
+// blobHeader returns the tar header block of a blob: one block, in the GNU
+// format, which can give a size of 8 GiB or more without extra records.
+func blobHeader(name string, size int64, mtime time.Time) ([]byte, error) {
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b) // never closed: only the header is wanted
+	err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: size,
+		ModTime: mtime, Format: tar.FormatGNU})
+	if err != nil {
+		return nil, err
+	}
+	if b.Len() != blockSize {
+		return nil, fmt.Errorf("tar header of %s takes %d bytes", name, b.Len())
+	}
+	return b.Bytes(), nil
 }
 
 // copyBuffer is the buffer size for copying file contents.

@@ -567,6 +567,36 @@ func TestWriteDeterministic(t *testing.T) {
 	if sum(t, a) != sum(t, b) {
 		t.Error("two exports of one tree differ")
 	}
+	// Not into a regular file, the layers are staged in TempDir first:
+	// the same bytes.
+	var buf bytes.Buffer
+	if _, err := Write(context.Background(), struct{ io.Writer }{&buf}, opt); err != nil {
+		t.Fatal(err)
+	}
+	if s := sha256.Sum256(buf.Bytes()); hex.EncodeToString(s[:]) != sum(t, a) {
+		t.Error("the archive written through a plain io.Writer differs from the one written into a file")
+	}
+	// Into a file already holding something: the archive starts where the
+	// file's offset is.
+	f, err := os.Create(filepath.Join(t.TempDir(), "prefixed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	prefix := strings.Repeat("x", 1000)
+	if _, err := f.WriteString(prefix); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Write(context.Background(), f, opt); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(got, []byte(prefix)) || !bytes.Equal(got[len(prefix):], buf.Bytes()) {
+		t.Error("an archive written into a file after 1000 bytes differs")
+	}
 	opt.Gzip = true
 	opt.Tag = "v1"
 	res, c := export(t, opt)

@@ -22,10 +22,9 @@ type stagedLayer struct {
 
 func (s *stagedLayer) close() { s.f.Close() }
 
-// stageLayer writes the layer that fill makes (fill returns the number of
-// entries it wrote) to an unlinked temporary file in dir, gzipped if gz,
-// hashing the tar and the blob on the way.
-func stageLayer(dir string, gz bool, fill func(*tar.Writer) (int, error)) (_ *stagedLayer, err error) {
+// stageLayer writes the layer that fill makes to an unlinked temporary
+// file in dir.
+func stageLayer(dir string, gz bool, fill func(*tar.Writer) (int, error)) (*stagedLayer, error) {
 	f, err := os.CreateTemp(dir, ".sheepfold-layer-*")
 	if err != nil {
 		return nil, err
@@ -35,13 +34,19 @@ func stageLayer(dir string, gz bool, fill func(*tar.Writer) (int, error)) (_ *st
 		f.Close()
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			f.Close()
-		}
-	}()
+	l, err := writeLayer(f, gz, fill)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &stagedLayer{f: f, layer: l}, nil
+}
 
-	bw := bufio.NewWriterSize(f, copyBuffer)
+// writeLayer writes the layer that fill makes (fill returns the number of
+// entries it wrote) to out, gzipped if gz, hashing the tar and the blob on
+// the way.
+func writeLayer(out io.Writer, gz bool, fill func(*tar.Writer) (int, error)) (Layer, error) {
+	bw := bufio.NewWriterSize(out, copyBuffer)
 	blob := &hashWriter{h: sha256.New()}
 	blobOut := io.MultiWriter(bw, blob)
 	diff, tarOut := blob, blobOut
@@ -58,25 +63,25 @@ func stageLayer(dir string, gz bool, fill func(*tar.Writer) (int, error)) (_ *st
 	tw := tar.NewWriter(tarOut)
 	n, err := fill(tw)
 	if err != nil {
-		return nil, err
+		return Layer{}, err
 	}
 	if err := tw.Close(); err != nil {
-		return nil, err
+		return Layer{}, err
 	}
 	if zw != nil {
 		if err := zw.Close(); err != nil {
-			return nil, err
+			return Layer{}, err
 		}
 	}
 	if err := bw.Flush(); err != nil {
-		return nil, err
+		return Layer{}, err
 	}
-	return &stagedLayer{f: f, layer: Layer{
+	return Layer{
 		Descriptor: v1.Descriptor{MediaType: mediaType, Digest: blob.digest(), Size: blob.n},
 		DiffID:     diff.digest(),
 		TarSize:    diff.n,
 		Entries:    n,
-	}}, nil
+	}, nil
 }
 
 // hashWriter hashes and counts what is written to it.
