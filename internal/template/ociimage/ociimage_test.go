@@ -757,26 +757,29 @@ func TestUnshiftCapability(t *testing.T) {
 }
 
 // TestWriteRealTemplate exports the python template that `make template`
-// builds, when SHEEPFOLD_EXPORT_TEST=1 (about half a minute and twice the
-// template's size in temporary files), and logs how long it took. As root
-// with the variable set, a missing template is a failure.
+// builds (as root, where a missing template is a failure) and logs how
+// long it took: about 6 s uncompressed and 3 s to read back on 2 cores.
+// SHEEPFOLD_EXPORT_GZIP=1 gzips the layers (about twice as long).
 func TestWriteRealTemplate(t *testing.T) {
-	if os.Getenv("SHEEPFOLD_EXPORT_TEST") == "" {
-		t.Skip("set SHEEPFOLD_EXPORT_TEST=1 to export the real python template (SHEEPFOLD_EXPORT_GZIP=1: gzipped)")
-	}
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
 	opt := testOptions(t, rootfs)
 	opt.Name = "sheepfold.local/template/python"
 	opt.Gzip = os.Getenv("SHEEPFOLD_EXPORT_GZIP") == "1"
-	dir := filepath.Dir(opt.TempDir) // on the same disk as TempDir, not a tmpfs
+	// The archive (as large as the template) goes beside the templates,
+	// on a disk that holds them, not in a /tmp that may be a tmpfs.
+	dir, err := os.MkdirTemp(testutil.DataDir(), ".export-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	opt.TempDir = dir
-	out := filepath.Join(dir, "python.tar")
-	f, err := os.Create(out)
+	f, err := os.Create(filepath.Join(dir, "python.tar"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
+	out := f.Name()
 	start := time.Now()
 	res, err := Write(context.Background(), f, opt)
 	if err != nil {
