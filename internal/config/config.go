@@ -93,7 +93,11 @@ func (c *Config) defaultAgentPath() {
 func checkBinary(name, p string) error {
 	if _, err := os.Stat(p); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("%s binary %s not found: run `make setup` (or set SHEEPFOLD_%s)", name, p, envName(name))
+			target := "setup" // builds the pinned runc
+			if name == "agent" {
+				target = "build"
+			}
+			return fmt.Errorf("%s binary %s not found: run `make %s` (or set SHEEPFOLD_%s)", name, p, target, envName(name))
 		}
 		return err
 	}
