@@ -16,7 +16,7 @@ import (
 )
 
 func templateCmd(cfg *config.Config) *cobra.Command {
-	cmd := &cobra.Command{Use: "template", Short: "Build, list and remove sandbox templates"}
+	cmd := &cobra.Command{Use: "template", Short: "Build, list, export and remove sandbox templates"}
 
 	var force, update, quiet bool
 	var logFile string
@@ -132,6 +132,6 @@ func templateCmd(cfg *config.Config) *cobra.Command {
 			return template.Remove(cfg.DataDir, args[0])
 		},
 	}
-	cmd.AddCommand(build, list, rm)
+	cmd.AddCommand(build, list, rm, templateExportCmd(cfg))
 	return cmd
 }

@@ -59,22 +59,47 @@ func (c *Config) Resolve() error {
 	if c.RuntimePath == "" {
 		c.RuntimePath = filepath.Join(c.DataDir, "bin", "runc")
 	}
-	if c.AgentPath == "" {
-		c.AgentPath = filepath.Join(c.DataDir, "bin", "sheepfold-agent")
-		if exe, err := os.Executable(); err == nil {
-			beside := filepath.Join(filepath.Dir(exe), "sheepfold-agent")
-			if _, err := os.Stat(beside); err == nil {
-				c.AgentPath = beside
-			}
+	c.defaultAgentPath()
+	if err := checkBinary("runtime", c.RuntimePath); err != nil {
+		return err
+	}
+	return checkBinary("agent", c.AgentPath)
+}
+
+// ResolveAgent is Resolve for commands that need the agent binary but no
+// runtime (template export): it fills DataDir and AgentPath and checks
+// that the agent exists.
+func (c *Config) ResolveAgent() error {
+	if err := c.ResolveDataDir(); err != nil {
+		return err
+	}
+	c.defaultAgentPath()
+	return checkBinary("agent", c.AgentPath)
+}
+
+func (c *Config) defaultAgentPath() {
+	if c.AgentPath != "" {
+		return
+	}
+	c.AgentPath = filepath.Join(c.DataDir, "bin", "sheepfold-agent")
+	if exe, err := os.Executable(); err == nil {
+		beside := filepath.Join(filepath.Dir(exe), "sheepfold-agent")
+		if _, err := os.Stat(beside); err == nil {
+			c.AgentPath = beside
 		}
 	}
-	for name, p := range map[string]string{"runtime": c.RuntimePath, "agent": c.AgentPath} {
-		if _, err := os.Stat(p); err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				return fmt.Errorf("%s binary %s not found: run `make setup` (or set SHEEPFOLD_%s)", name, p, envName(name))
+}
+
+func checkBinary(name, p string) error {
+	if _, err := os.Stat(p); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			target := "setup" // builds the pinned runc
+			if name == "agent" {
+				target = "build"
 			}
-			return err
+			return fmt.Errorf("%s binary %s not found: run `make %s` (or set SHEEPFOLD_%s)", name, p, target, envName(name))
 		}
+		return err
 	}
 	return nil
 }

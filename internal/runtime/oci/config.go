@@ -17,6 +17,21 @@ const (
 	SandboxGID  = 1000
 )
 
+// BaseEnv is the environment every sandbox starts with; Spec.Env adds to
+// it. Images exported from templates carry it as their Env too. Do not
+// modify it.
+var BaseEnv = []string{
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"HOME=" + SandboxHome,
+	"USER=user",
+	"LOGNAME=user",
+	"SHELL=/bin/bash",
+	"LANG=C.UTF-8",
+	"LC_ALL=C.UTF-8",
+	"PYTHONUNBUFFERED=1",
+	"MPLBACKEND=Agg",
+}
+
 // SandboxOOMScoreAdj is the oom_score_adj of a sandbox's init, and so of
 // every process in it: when the host runs out of memory, the kernel kills
 // sandboxed processes before the server (whose own score is left as it

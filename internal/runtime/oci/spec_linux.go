@@ -13,19 +13,6 @@ import (
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
-// baseEnv is the environment every sandbox starts with; Spec.Env adds to it.
-var baseEnv = []string{
-	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-	"HOME=" + SandboxHome,
-	"USER=user",
-	"LOGNAME=user",
-	"SHELL=/bin/bash",
-	"LANG=C.UTF-8",
-	"LC_ALL=C.UTF-8",
-	"PYTHONUNBUFFERED=1",
-	"MPLBACKEND=Agg",
-}
-
 // maskedPaths are hidden from the sandbox (Docker's list plus the kernel
 // address files this host leaves readable: kernel.kptr_restrict=0).
 var maskedPaths = []string{
@@ -152,7 +139,7 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 	if hostname == "" {
 		hostname = "sandbox"
 	}
-	env := slices.Concat(baseEnv, s.Env)
+	env := slices.Concat(BaseEnv, s.Env)
 	caps := &specs.LinuxCapabilities{
 		Bounding: slices.Clone(AgentCapabilities), Effective: slices.Clone(AgentCapabilities),
 		Permitted: slices.Clone(AgentCapabilities), Inheritable: []string{}, Ambient: []string{},
