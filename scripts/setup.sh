@@ -3,7 +3,8 @@
 #   - apt packages: debootstrap (templates), libseccomp-dev (runc's seccomp), nodejs/npm (E2B SDK tests),
 #     bubblewrap (`sheepfold bench`'s bwrap baseline), git (the egress tests serve a repository),
 #     chromium (the dashboard's browser test),
-#     qemu-system-x86 (`make test-cgroupv2` boots a cgroup v2 guest)
+#     qemu-system-x86 (`make test-cgroupv2` boots a cgroup v2 guest),
+#     containernetworking-plugins (the CNI plugins of `make test-kubernetes`'s cluster)
 #   - runc at a pinned release, built from the Go module proxy with seccomp,
 #     into $DATA_DIR/bin (Debian's runc 1.1.5 lacks the November 2025 fixes).
 #   - root's entries in /etc/subuid and /etc/subgid for the host ids of the
@@ -21,7 +22,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for pkg in debootstrap libseccomp-dev pkg-config gcc bubblewrap git chromium qemu-system-x86; do
+for pkg in debootstrap libseccomp-dev pkg-config gcc bubblewrap git chromium qemu-system-x86 containernetworking-plugins; do
 	status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
 	[ "$status" = "install ok installed" ] || need+=("$pkg")
 done
