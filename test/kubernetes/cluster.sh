@@ -73,7 +73,12 @@ READY_TIMEOUT=${SHEEPFOLD_KUBE_READY_TIMEOUT:-90}
 # Kernel tunables the kubelet sets at start (pkg/kubelet/cm: setupKernelTunables).
 KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
 # Default paths the daemons may create on the host whatever their
-# configuration says; `down` removes those that `up` did not find.
+# configuration says; `down` removes those that `up` did not find. Seen:
+# /var/lib/kubelet/device-plugins (the kubelet's device plugin socket has a
+# fixed path: both kubelets bind it in turn, harmless without device
+# plugins), /var/log/containers (the kubelet's links to the pods' logs),
+# /var/lib/cni/results (libcni's cache), /run/containerd/s (the shims'
+# sockets, named by a hash of the containerd address: distinct).
 HOST_PATHS=(/var/log/containers /var/log/pods /var/lib/cni /run/containerd /var/run/containerd /opt/containerd
 	/run/nri /var/run/nri /var/lib/kubelet /etc/cni /etc/kubernetes /usr/libexec/kubernetes /var/run/cdi /run/cdi /etc/cdi /var/lib/containerd)
 
@@ -186,6 +191,7 @@ save_host() {
 		[ -e "$f" ] && echo "$f" >>"$HOST/paths"
 	done
 	ls /run/netns 2>/dev/null >"$HOST/netns" || true
+	ls /run/containerd/s 2>/dev/null >"$HOST/shim-sockets" || true
 }
 
 # cgroup_mounts prints the mount point of every cgroup hierarchy (v1, the
@@ -320,7 +326,8 @@ start_controllers() {
 		--authorization-kubeconfig "$KUBE_ROOT/controller-manager.kubeconfig" \
 		--bind-address 127.0.0.1 --secure-port 36257 --leader-elect=false \
 		--service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
-		--use-service-account-credentials=true --profiling=false
+		--use-service-account-credentials=true --profiling=false \
+		--flex-volume-plugin-dir "$KUBE_ROOT/flexvolume"
 	start kube-scheduler "$BIN/kube-scheduler" \
 		--kubeconfig "$KUBE_ROOT/scheduler.kubeconfig" \
 		--authentication-kubeconfig "$KUBE_ROOT/scheduler.kubeconfig" \
@@ -582,11 +589,13 @@ cmd_import_image() {
 # ---------------------------------------------------------------- down
 
 # our_pids prints the processes of the cluster that are not in its cgroups:
-# the daemons and the shims, found by their binary (the cached ones, or
-# runc) and an argument naming the state dirs.
+# the daemons, the shims and runc, found by their binary and an argument
+# naming the state dirs. Clients (ctr, kubectl) are not the cluster's: they
+# end by themselves.
 our_pids() {
 	local exe p
-	find /proc -mindepth 2 -maxdepth 2 -name exe \( -lname "$BIN/*" -o -lname "$RUNC" \) 2>/dev/null |
+	find /proc -mindepth 2 -maxdepth 2 -name exe \( -lname "$BIN/containerd" -o -lname "$BIN/containerd-shim-runc-v2" \
+		-o -lname "$BIN/kube*" ! -lname "$BIN/kubectl" -o -lname "$BIN/etcd" -o -lname "$RUNC" \) 2>/dev/null |
 		while read -r exe; do
 			p=${exe%/exe}
 			if tr '\0' '\n' <"$p/cmdline" 2>/dev/null | grep -qE "^($KUBE_ROOT|$KUBE_RUN)(/|$)|(=|^unix://)($KUBE_ROOT|$KUBE_RUN)/"; then
@@ -606,21 +615,26 @@ cgroup_pids() {
 	done | sort -u
 }
 
-# stop_pid NAME: SIGTERM the daemon of pid file NAME, SIGKILL after 5s.
-stop_pid() {
-	local f=$KUBE_RUN/pids/$1 pid i
-	[ -f "$f" ] || return 0
-	pid=$(cat "$f")
-	# Only if it is still ours: the same pid may since name another process.
-	if [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$BIN/${1%-[ab]}" ]; then
-		kill -TERM "$pid" 2>/dev/null || true
-		for i in $(seq 50); do
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill -KILL "$pid" 2>/dev/null || true
-	fi
-	rm -f "$f"
+# stop NAME...: SIGTERM the daemons of pid files NAME..., SIGKILL those
+# still there after 5s.
+stop() {
+	local name f pid i pids=()
+	for name in "$@"; do
+		f=$KUBE_RUN/pids/$name
+		[ -f "$f" ] || continue
+		pid=$(cat "$f")
+		# Only if it is still ours: the same pid may since name another process.
+		if [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$BIN/${name%-[ab]}" ]; then
+			kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
+		fi
+		rm -f "$f"
+	done
+	[ ${#pids[@]} -gt 0 ] || return 0
+	for i in $(seq 50); do
+		for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && break; done || return 0
+		sleep 0.1
+	done
+	kill -KILL "${pids[@]}" 2>/dev/null || true
 }
 
 kill_all() {
@@ -744,6 +758,12 @@ remove_cgroups() {
 # the links the kubelets made in /var/log/containers.
 remove_host_paths() {
 	local f
+	# The sockets of shims that were killed (they remove their own on a clean exit).
+	if [ -f "$HOST/shim-sockets" ] && [ -d /run/containerd/s ]; then
+		for f in /run/containerd/s/*; do
+			[ -S "$f" ] && ! grep -qxF "${f##*/}" "$HOST/shim-sockets" && rm -f "$f"
+		done
+	fi
 	if [ -d /var/log/containers ]; then
 		find /var/log/containers -maxdepth 1 -type l -lname "$KUBE_ROOT/*" -delete 2>/dev/null || true
 	fi
@@ -762,14 +782,14 @@ remove_host_paths() {
 
 cmd_down() {
 	[ "$(id -u)" -eq 0 ] || die "must run as root"
-	local ok=0 n
-	# The kubelets first, so that nothing restarts a pod; then the control plane.
-	for n in "${NODES[@]}"; do stop_pid "kubelet-$n"; done
-	for n in kube-scheduler kube-controller-manager; do stop_pid "$n"; done
+	local ok=0
+	# The kubelets and controllers first, so that nothing restarts a pod; then
+	# the pods, the containerds, the apiserver, etcd.
+	stop kubelet-a kubelet-b kube-scheduler kube-controller-manager
 	kill_all || ok=1
-	for n in "${NODES[@]}"; do stop_pid "containerd-$n"; done
-	stop_pid kube-apiserver
-	stop_pid etcd
+	stop containerd-a containerd-b
+	stop kube-apiserver
+	stop etcd
 	kill_all || ok=1
 	unmount_all || ok=1
 	delete_network

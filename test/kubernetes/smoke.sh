@@ -49,6 +49,7 @@ spec:
   runtimeClassName: runc
   nodeSelector: {kubernetes.io/hostname: sf-node-$1}
   terminationGracePeriodSeconds: 2
+  dnsPolicy: Default # the cluster has no DNS service
   containers:
   - name: echo
     image: $ECHO_IMAGE
@@ -113,9 +114,11 @@ echo "smoke: pods deleted in $(seconds $(($(now_ms) - t)))"
 # (tearing down their network) shortly after the pods are gone.
 left() {
 	local n m
-	[ -z "$(k get pods -o name 2>/dev/null)" ] || { echo "pods: $(k get pods -o name | tr '\n' ' ')"; return; }
+	m=$(k get pods -o name 2>/dev/null) || { echo "kubectl get pods failed"; return; }
+	[ -z "$m" ] || { echo "pods: $m"; return; }
 	for n in "${NODES[@]}"; do
-		m=$("$BIN/ctr" --address "$KUBE_RUN/$n/containerd.sock" -n k8s.io tasks list -q 2>&1) || { echo "ctr on node $n: $m"; return; }
+		# (ctr warns on stderr that cgroup v1 is deprecated.)
+		m=$("$BIN/ctr" --address "$KUBE_RUN/$n/containerd.sock" -n k8s.io tasks list -q 2>/dev/null) || { echo "ctr tasks list on node $n failed"; return; }
 		[ -z "$m" ] || { echo "running tasks on node $n: $m"; return; }
 		m=$(ip -o link show master "sfk-$n" 2>/dev/null | awk -F': ' '{ print $2 }')
 		[ -z "$m" ] || { echo "veths on sfk-$n: $m"; return; }

@@ -34,7 +34,10 @@ host_state() {
 	ls -d /var/log/containers /var/log/pods /var/lib/cni /run/containerd /opt/containerd /run/nri /var/lib/kubelet \
 		/etc/cni /etc/kubernetes /usr/libexec/kubernetes "$KUBE_ROOT" "$KUBE_RUN" >"$d/paths" 2>/dev/null
 	for p in /proc/[0-9]*; do
-		case $(readlink "$p/exe" 2>/dev/null) in "$BIN"/*) echo "process ${p#/proc/}: $(tr '\0' ' ' <"$p/cmdline")" ;; esac
+		case $(readlink "$p/exe" 2>/dev/null) in
+		"$BIN"/ctr | "$BIN"/kubectl) ;; # clients, maybe someone else's
+		"$BIN"/*) echo "process ${p#/proc/}: $(tr '\0' ' ' <"$p/cmdline")" ;;
+		esac
 	done >"$d/processes"
 }
 
