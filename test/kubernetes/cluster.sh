@@ -108,7 +108,7 @@ ctr() { local n=$1; shift; "$BIN/ctr" --address "$(node_sock "$n")" --namespace 
 stamp() {
 	echo "kubernetes $KUBE_VERSION etcd $ETCD_VERSION containerd $CONTAINERD_VERSION"
 	go version
-	(cd "$HERE" && cat build/*/go.mod build/*/go.sum pause/*.go echo/*.go ociimage/*.go pki/*.go | sha256sum)
+	(cd "$HERE" && find build/*/go.mod build/*/go.sum pause echo ociimage pki -type f ! -name '*_test.go' | sort | xargs cat | sha256sum)
 }
 
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd containerd containerd-shim-runc-v2 ctr sheepfold-kube-pki)
