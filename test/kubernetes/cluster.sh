@@ -522,7 +522,13 @@ cmd_up() {
 	if [ -e "$KUBE_ROOT" ] || [ -e "$KUBE_RUN" ]; then
 		die "$KUBE_ROOT or $KUBE_RUN exists: a cluster is up or was not taken down; run $0 down"
 	fi
-	local t0 n
+	local n
+	for n in "${NODES[@]}"; do
+		if ip link show "$(node_bridge "$n")" >/dev/null 2>&1 || [ -n "$(find /sys/fs/cgroup -maxdepth 2 -name "$(node_cgroup "$n")")" ]; then
+			die "bridge $(node_bridge "$n") or cgroup $(node_cgroup "$n") exists: left by an earlier cluster; run $0 down"
+		fi
+	done
+	local t0
 	t0=$(now_ms)
 	mkdir -p "$KUBE_ROOT" "$KUBE_RUN/pids" "$LOGS"
 	save_host
