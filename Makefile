@@ -6,7 +6,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 PYTHON := /usr/bin/python3
 export SHEEPFOLD_DATA_DIR := $(DATA_DIR)
 
-.PHONY: help setup build template run test test-unit test-cgroupv2 lint proto bench deb install clean ui ui-check
+.PHONY: help setup build template run test test-unit test-cgroupv2 lint proto bench deb install clean ui ui-check kubernetes-cluster test-kubernetes
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -60,6 +60,12 @@ test: template lint ui-check ## everything: unit, privileged (as root), SDK and 
 
 test-cgroupv2: template deb ## the engine's privileged tests, limits and the installed .deb's service in a qemu guest: Debian, systemd, pure cgroup v2 (test/cgroupv2)
 	test/cgroupv2/run.sh
+
+kubernetes-cluster: setup ## build the test Kubernetes cluster's binaries and images once (test/kubernetes/cluster.sh; about 20 minutes the first time)
+	test/kubernetes/cluster.sh build
+
+test-kubernetes: kubernetes-cluster ## a real two-node Kubernetes cluster on this host: up, smoke test, down (always), host restored (test/kubernetes)
+	test/kubernetes/test.sh
 
 NFPM := github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.48.0
 DEB_VERSION := 0.0~$(subst -,.,$(VERSION))

@@ -3,7 +3,8 @@
 #   - apt packages: debootstrap (templates), libseccomp-dev (runc's seccomp), nodejs/npm (E2B SDK tests),
 #     bubblewrap (`sheepfold bench`'s bwrap baseline), git (the egress tests serve a repository),
 #     chromium (the dashboard's browser test),
-#     qemu-system-x86 (`make test-cgroupv2` boots a cgroup v2 guest)
+#     qemu-system-x86 (`make test-cgroupv2` boots a cgroup v2 guest),
+#     containernetworking-plugins (the CNI plugins of `make test-kubernetes`'s cluster)
 #   - postgresql, WITHOUT its default cluster: the tests of the PostgreSQL
 #     store start their own (internal/testutil/pgtest) under the postgres user.
 #   - runc at a pinned release, built from the Go module proxy with seccomp,
@@ -24,7 +25,7 @@ fi
 
 installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" = "install ok installed" ]; }
 need=()
-for pkg in debootstrap libseccomp-dev pkg-config gcc bubblewrap git chromium qemu-system-x86; do
+for pkg in debootstrap libseccomp-dev pkg-config gcc bubblewrap git chromium qemu-system-x86 containernetworking-plugins; do
 	installed "$pkg" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
