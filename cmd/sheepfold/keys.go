@@ -15,14 +15,25 @@ import (
 	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/config"
 	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/store/postgres"
 	"github.com/sheepfold/sheepfold/internal/store/sqlite"
 )
 
-// dbPath is where the server's database lives.
-func dbPath(cfg config.Config) string { return filepath.Join(cfg.DataDir, "sheepfold.db") }
+// dbPath is where the server's SQLite database lives unless --database
+// says otherwise.
+func dbPath(cfg config.Config) string {
+	if cfg.Database != "" && !postgres.IsURL(cfg.Database) {
+		return cfg.Database
+	}
+	return filepath.Join(cfg.DataDir, "sheepfold.db")
+}
 
-// openStore opens the server's database, creating the data directory.
-func openStore(ctx context.Context, cfg *config.Config) (*sqlite.DB, error) {
+// openStore opens the server's database: PostgreSQL for a postgres:// URL,
+// else SQLite (creating the data directory).
+func openStore(ctx context.Context, cfg *config.Config) (store.Store, error) {
+	if postgres.IsURL(cfg.Database) {
+		return postgres.Open(ctx, cfg.Database)
+	}
 	if err := cfg.ResolveDataDir(); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -10,11 +11,27 @@ import (
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/config"
+	"github.com/sheepfold/sheepfold/internal/testutil"
+	"github.com/sheepfold/sheepfold/internal/testutil/pgtest"
 )
 
+func TestMain(m *testing.M) { testutil.Main(m, pgtest.StopShared) }
+
+// TestKeysCLI runs the keys commands on SQLite (the default) and on a
+// PostgreSQL given as --database.
 func TestKeysCLI(t *testing.T) {
+	t.Run("sqlite", func(t *testing.T) { testKeysCLI(t, config.Config{DataDir: t.TempDir() + "/data"}) })
+	t.Run("postgres", func(t *testing.T) {
+		cfg := config.Config{DataDir: t.TempDir() + "/data", Database: pgtest.New(t)}
+		testKeysCLI(t, cfg)
+		if _, err := os.Stat(cfg.DataDir); !os.IsNotExist(err) {
+			t.Fatalf("a PostgreSQL store made the data dir: %v", err)
+		}
+	})
+}
+
+func testKeysCLI(t *testing.T, cfg config.Config) {
 	ctx := context.Background()
-	cfg := config.Config{DataDir: t.TempDir() + "/data"}
 	st, err := openStore(ctx, &cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -33,6 +33,7 @@ func main() {
 		Version:       version,
 	}
 	root.PersistentFlags().StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data directory (default /var/lib/sheepfold; env SHEEPFOLD_DATA_DIR)")
+	root.PersistentFlags().StringVar(&cfg.Database, "database", cfg.Database, "the server's database: a postgres:// URL (servers may share it) or a SQLite file (default DATA_DIR/sheepfold.db; env SHEEPFOLD_DATABASE)")
 	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "log debug messages")
 	logger := func() *slog.Logger {
 		level := slog.LevelWarn

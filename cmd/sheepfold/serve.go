@@ -55,7 +55,8 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Serve the REST API (/v1) on --listen",
-		Long: `Serve the REST API. Start order: configuration, database (DATA_DIR/sheepfold.db),
+		Long: `Serve the REST API. Start order: configuration, database (--database: DATA_DIR/sheepfold.db
+or a postgres:// URL several servers may share),
 engine, HTTP. SIGINT or SIGTERM stops accepting requests, lets those in flight
 finish (up to --shutdown-timeout; /readyz answers 503 from the first moment,
 requests cut off at the end get ERR_SHUTTING_DOWN), then stops every sandbox

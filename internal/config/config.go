@@ -14,6 +14,10 @@ type Config struct {
 	// DataDir holds templates, runtime state and (for the server) the
 	// database. [/var/lib/sheepfold; SHEEPFOLD_DATA_DIR]
 	DataDir string
+	// Database is the server's database: a postgres:// URL (several
+	// servers may share it), or the path of a SQLite file.
+	// [DataDir/sheepfold.db; SHEEPFOLD_DATABASE]
+	Database string
 	// RuntimePath is the OCI runtime binary. Debian's runc 1.1.5 lacks the
 	// November 2025 fixes, so the default is the one `make setup` builds.
 	// [DataDir/bin/runc; SHEEPFOLD_RUNTIME]
@@ -34,6 +38,7 @@ func FromEnv() Config {
 		DataDir:     os.Getenv("SHEEPFOLD_DATA_DIR"),
 		RuntimePath: os.Getenv("SHEEPFOLD_RUNTIME"),
 		AgentPath:   os.Getenv("SHEEPFOLD_AGENT"),
+		Database:    os.Getenv("SHEEPFOLD_DATABASE"),
 	}
 	return c
 }
