@@ -64,7 +64,7 @@ test-cgroupv2: template deb ## the engine's privileged tests, limits and the ins
 kubernetes-cluster: setup ## build the test Kubernetes cluster's binaries and images once (test/kubernetes/cluster.sh; about 20 minutes the first time)
 	test/kubernetes/cluster.sh build
 
-test-kubernetes: kubernetes-cluster ## a real two-node Kubernetes cluster on this host: up, smoke test, down (always), host restored (test/kubernetes)
+test-kubernetes: kubernetes-cluster template ## a real two-node Kubernetes cluster on this host: up, smoke test, serve --backend kubernetes end to end, down (always), host restored (test/kubernetes)
 	test/kubernetes/test.sh
 
 NFPM := github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.48.0

@@ -21,9 +21,11 @@ import (
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/config"
+	sfengine "github.com/sheepfold/sheepfold/internal/engine"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/metering"
+	"github.com/sheepfold/sheepfold/internal/runtime/kubernetes"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 	"github.com/sheepfold/sheepfold/internal/template"
@@ -44,6 +46,9 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	poolSize := sandbox.DefaultPoolSize()
 	instance := ""
 	configPath := ""
+	backend := "local"
+	var kube sfengine.KubernetesOptions
+	var kubeImages, kubeServerPods map[string]string
 	var (
 		freeCredits, creditsLow string
 		acfg                    account.Config
@@ -141,7 +146,19 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 					return fmt.Errorf("config file: %w", err)
 				}
 			}
-			return serve(cmd.Context(), *cfg, listen, metricsListen, server.Config{
+			var ko *sfengine.KubernetesOptions
+			switch backend {
+			case "local":
+			case "kubernetes":
+				if kube.Config.Namespace == "" {
+					return errors.New("--backend kubernetes needs --kubernetes-namespace")
+				}
+				kube.Config.Images, kube.Config.ServerPods = kubeImages, kubeServerPods
+				ko = &kube
+			default:
+				return fmt.Errorf("--backend must be local or kubernetes, not %q", backend)
+			}
+			return serve(cmd.Context(), *cfg, ko, listen, metricsListen, server.Config{
 				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version, Retention: retention,
 				WebhookAllowHosts: webhookHosts, Accounts: acfg, Metering: mcfg, NoAccounting: noAccounting,
 				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
@@ -159,6 +176,15 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	}
 	cmd.Flags().StringVar(&configPath, "config", "", "config file: TOML whose keys are these flags' names, plus [[providers]] tables of model providers (default: $SHEEPFOLD_CONFIG, else "+DefaultConfigFile+" if it exists); the environment (SHEEPFOLD_<FLAG>) overrides it and flags override both")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address to listen on")
+	cmd.Flags().StringVar(&backend, "backend", backend, "where sandboxes run: local (runc on this host) or kubernetes (a Pod each; --kubernetes-*)")
+	cmd.Flags().StringVar(&kube.Kubeconfig, "kubeconfig", "", "with --backend kubernetes: the cluster's kubeconfig (default: the Pod's in-cluster service account)")
+	cmd.Flags().StringVar(&kube.Config.Namespace, "kubernetes-namespace", "", "with --backend kubernetes: the namespace of the sandboxes' Pods, Secrets and NetworkPolicies")
+	cmd.Flags().StringVar(&kube.Config.Instance, "kubernetes-instance", "sheepfold", "with --backend kubernetes: the name every replica of this deployment shares (labels, the agents' authority)")
+	cmd.Flags().StringToStringVar(&kubeImages, "kubernetes-image", nil, "with --backend kubernetes: TEMPLATE=IMAGE, the image of each template (sheepfold template export)")
+	cmd.Flags().StringVar(&kube.Config.RuntimeClass, "kubernetes-runtime-class", "", "with --backend kubernetes: the Pods' RuntimeClass, e.g. runc or gvisor (default: the cluster's)")
+	cmd.Flags().BoolVar(&kube.Config.HostUsers, "kubernetes-host-users", false, "with --backend kubernetes: run Pods in the node's user namespace (for clusters without user namespaces; default: a user namespace per Pod)")
+	cmd.Flags().StringVar(&kube.Config.SeccompProfile, "kubernetes-seccomp-profile", "sheepfold/agent.json", "with --backend kubernetes: the Pods' Localhost seccomp profile in each node's kubelet seccomp directory (write it with sheepfold seccomp-profile), or RuntimeDefault (code contexts cannot start under it)")
+	cmd.Flags().StringToStringVar(&kubeServerPods, "kubernetes-server-pods", nil, "with --backend kubernetes: labels of the server's Pods, the only ones let in to agents (default: any source; TLS admits only the server)")
 	cmd.Flags().Int64Var(&uploadMB, "file-size-upload-mb", 100, "largest file one upload may write, in MiB")
 	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's default, "+strconv.Itoa(sandbox.DefaultMaxSandboxes)+")")
 	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 10*time.Minute,
@@ -210,13 +236,18 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	return cmd
 }
 
-func serve(ctx context.Context, cfg config.Config, listen, metricsListen string, scfg server.Config, bcfg events.BusConfig,
+func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOptions, listen, metricsListen string, scfg server.Config, bcfg events.BusConfig,
 	idleTimeout time.Duration, log *slog.Logger, instance string, engineOpts ...func(*sandbox.Config)) (err error) {
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	// 1. Configuration.
-	if err := cfg.Resolve(); err != nil {
+	// 1. Configuration. Pods carry their agent in their image: only the
+	// local backend needs the runtime and agent binaries.
+	if kube == nil {
+		if err := cfg.Resolve(); err != nil {
+			return err
+		}
+	} else if err := cfg.ResolveDataDir(); err != nil {
 		return err
 	}
 	// 2. The database: what was running before this start is gone (the
@@ -254,7 +285,13 @@ func serve(ctx context.Context, cfg config.Config, listen, metricsListen string,
 		engineOpts = append(engineOpts, func(c *sandbox.Config) { c.Egress.Self = append(c.Egress.Self, a.AddrPort()) })
 	}
 	// 4. The engine.
-	eng, err := openEngine(ctx, cfg, instance, idleTimeout, log, engineOpts...)
+	var eng *engine
+	var kubeRT *kubernetes.Runtime
+	if kube == nil {
+		eng, err = openEngine(ctx, cfg, instance, idleTimeout, log, engineOpts...)
+	} else {
+		eng, kubeRT, err = sfengine.OpenKubernetes(ctx, *kube, idleTimeout, log, engineOpts...)
+	}
 	if err != nil {
 		return err
 	}
@@ -265,7 +302,9 @@ func serve(ctx context.Context, cfg config.Config, listen, metricsListen string,
 		}
 	}()
 	// The engine has raised the host's per-user limits: check the rest.
-	checkHost(ctx, cfg, scfg.MaxSandboxes, eng.PoolStats().Size, log)
+	if kube == nil {
+		checkHost(ctx, cfg, scfg.MaxSandboxes, eng.PoolStats().Size, log)
+	}
 	// 5. HTTP.
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
@@ -283,6 +322,10 @@ func serve(ctx context.Context, cfg config.Config, listen, metricsListen string,
 	scfg.Ready = func(context.Context) error {
 		_, err := template.Get(cfg.DataDir, "python")
 		return err
+	}
+	if kubeRT != nil {
+		// Ready while the cluster answers.
+		scfg.Ready = kubeRT.Ready
 	}
 	srv := server.New(scfg, st, eng.Manager, log)
 	log.Info("listening", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "runtime", scfg.Runtime)

@@ -1,9 +1,11 @@
-// Package engine opens the sandbox engine on this host: the OCI runtime
-// (runc) under a sandbox.Manager, closed in reverse. sheepfold serve, run
-// and bench (internal/bench) share it.
+// Package engine opens the sandbox engine: the OCI runtime (runc) on this
+// host, or a Kubernetes cluster (kubernetes.go), under a sandbox.Manager,
+// closed in reverse. sheepfold serve, run and bench (internal/bench) share
+// it.
 //
-// Imports: internal/config, internal/runtime/oci, internal/sandbox,
-// internal/template and the standard library.
+// Imports: internal/config, internal/runtime/..., internal/sandbox,
+// internal/template, internal/agenttls, client-go and the standard
+// library.
 package engine
 
 import (
@@ -12,15 +14,22 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/config"
+	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/template"
 )
 
+// Runtime is a runtime the engine closes after its Manager.
+type Runtime interface {
+	runtime.Runtime
+	Close() error
+}
+
 // Engine is a sandbox Manager with the runtime under it, closed in reverse.
 type Engine struct {
 	*sandbox.Manager
-	Runtime *oci.OCI // the runtime under the Manager
+	Runtime Runtime // the runtime under the Manager
 }
 
 // Open starts the runtime (as instance) and the sandbox manager.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make test-kubernetes`: cluster.sh up, smoke.sh, then cluster.sh down
+# `make test-kubernetes`: cluster.sh up, smoke.sh, sheepfold.sh (the
+# Kubernetes backend end to end), then cluster.sh down
 # whatever happened, and a check that down left the host as up found it:
 # the same iptables, ip6tables and nft rulesets, links, network namespaces,
 # sysctls, no mount under the state dirs, no cgroup of the cluster, no
@@ -48,6 +49,9 @@ cat "$snap/up.out"
 if [ $status = 0 ]; then
 	"$CLUSTER" status || status=1
 	"$HERE/smoke.sh" || status=1
+fi
+if [ $status = 0 ]; then
+	"$HERE/sheepfold.sh" || status=1
 fi
 # Leave a running pod on each node, with a tmpfs volume, for down to clean
 # up: down must not depend on the pods having been deleted.

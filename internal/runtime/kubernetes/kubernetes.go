@@ -16,9 +16,10 @@
 //     and limits, the RuntimeClass configured (runc, gVisor...), and a
 //     security context as strict as the local engine's: no privilege
 //     escalation (no_new_privs), every capability dropped but the agent's
-//     own six (which it empties from the bounding set of user code),
-//     seccomp RuntimeDefault, and a user namespace (hostUsers: false)
-//     unless turned off for clusters without them.
+//     own seven (which it empties from the bounding set of user code),
+//     the local engine's seccomp profile (a Localhost profile on each
+//     node; RuntimeDefault where asked), and a user namespace (hostUsers:
+//     false) unless turned off for clusters without them.
 //
 // The server dials the agent at the Pod's IP; the handshake proves both
 // ends (the agent's certificate names its sandbox, so a reused Pod IP
@@ -71,6 +72,9 @@ const (
 	DefaultStartTimeout = 2 * time.Minute
 	DefaultMaxLifetime  = 30 * 24 * time.Hour
 	DefaultCPURequest   = 0.1
+	// DefaultSeccompProfile is where operators put the agent's profile
+	// on each node (/var/lib/kubelet/seccomp/ by default).
+	DefaultSeccompProfile = "sheepfold/agent.json"
 )
 
 // tlsDir is where the Pod mounts its Secret.
@@ -113,6 +117,13 @@ type Config struct {
 	// MaxLifetime is how long an agent's certificate is valid: the
 	// longest a sandbox may live [DefaultMaxLifetime].
 	MaxLifetime time.Duration
+	// SeccompProfile is the Pods' Localhost seccomp profile, relative to
+	// each node's kubelet seccomp directory: the JSON of `sheepfold
+	// seccomp-profile` (the local engine's, which lets the agent give a
+	// kernel a working directory of its own; RuntimeDefault refuses that,
+	// and no code context starts). "RuntimeDefault" asks for the
+	// runtime's default instead [DefaultSeccompProfile].
+	SeccompProfile string
 	// StartTimeout bounds a Pod's way to running [DefaultStartTimeout].
 	StartTimeout time.Duration
 	// CA issues the agents' credentials, and Client is the server's side
@@ -154,6 +165,9 @@ func New(cs kubernetes.Interface, cfg Config) (*Runtime, error) {
 	}
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = DefaultStartTimeout
+	}
+	if cfg.SeccompProfile == "" {
+		cfg.SeccompProfile = DefaultSeccompProfile
 	}
 	if msgs := validLabel(cfg.Instance); msgs != "" {
 		return nil, fmt.Errorf("kubernetes: instance %q: %s", cfg.Instance, msgs)
@@ -321,7 +335,10 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	if hostname == "" {
 		hostname = "sandbox"
 	}
-	seccomp := &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
+	seccomp := &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: ptr(r.cfg.SeccompProfile)}
+	if r.cfg.SeccompProfile == "RuntimeDefault" {
+		seccomp = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
+	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: objectName(spec.ID), Labels: r.labels(spec.ID)},
 		Spec: corev1.PodSpec{

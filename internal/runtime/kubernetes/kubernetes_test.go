@@ -101,7 +101,8 @@ func TestCreateMakesStrictPod(t *testing.T) {
 	}
 	c := ps.Containers[0]
 	sc := c.SecurityContext
-	if *sc.AllowPrivilegeEscalation || *sc.Privileged || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault ||
+	if *sc.AllowPrivilegeEscalation || *sc.Privileged || sc.SeccompProfile.Type != corev1.SeccompProfileTypeLocalhost ||
+		*sc.SeccompProfile.LocalhostProfile != DefaultSeccompProfile ||
 		!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
 		t.Fatalf("security context: %+v", sc)
 	}

@@ -199,12 +199,11 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 				Options: []string{"rbind", "rw", "nosuid", "nodev"}})
 		}
 	}
-	sc, err := seccomp.GetDefaultProfile(spec)
+	sc, err := SeccompProfile()
 	if err != nil {
-		return nil, fmt.Errorf("seccomp profile: %w", err)
+		return nil, err
 	}
-	spec.Linux.Seccomp = denySyscalls(sc, deniedSyscalls)
-	spec.Linux.Seccomp.Syscalls = append(spec.Linux.Seccomp.Syscalls, ownWorkdirRule)
+	spec.Linux.Seccomp = sc
 	return spec, nil
 }
 
@@ -263,4 +262,20 @@ func denySyscalls(sc *specs.LinuxSeccomp, names []string) *specs.LinuxSeccomp {
 		out.Syscalls = append(out.Syscalls, rule)
 	}
 	return &out
+}
+
+// SeccompProfile is the seccomp profile every sandbox's processes run
+// under: Docker's default for AgentCapabilities, less deniedSyscalls,
+// plus ownWorkdirRule. A Kubernetes node takes it as a Localhost profile
+// (JSON of this type) for sandboxes run as Pods.
+func SeccompProfile() (*specs.LinuxSeccomp, error) {
+	caps := slices.Clone(AgentCapabilities)
+	sc, err := seccomp.GetDefaultProfile(&specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{
+		Bounding: caps, Effective: caps, Permitted: caps}}})
+	if err != nil {
+		return nil, fmt.Errorf("seccomp profile: %w", err)
+	}
+	out := denySyscalls(sc, deniedSyscalls)
+	out.Syscalls = append(out.Syscalls, ownWorkdirRule)
+	return out, nil
 }

@@ -1,0 +1,289 @@
+//go:build kubernetes_e2e
+
+// Package e2e runs `sheepfold serve --backend kubernetes` against the
+// real cluster of test/kubernetes (test.sh starts it and runs this with
+// -tags kubernetes_e2e), with its records in a real PostgreSQL: sandboxes
+// become Pods spread over both nodes, run the Black-Friday analysis, and
+// leave nothing in the cluster once killed and once the server stops.
+//
+// It never skips: run without its cluster, it fails.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sheepfold/sheepfold/internal/testutil"
+	"github.com/sheepfold/sheepfold/internal/testutil/pgtest"
+)
+
+func TestMain(m *testing.M) { testutil.Main(m, pgtest.StopShared) }
+
+func env(t *testing.T, name string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		t.Fatalf("%s is not set: run test/kubernetes/test.sh (make test-kubernetes)", name)
+	}
+	return v
+}
+
+// server is a running sheepfold serve.
+type server struct {
+	url, key string
+	cmd      *exec.Cmd
+	exited   chan error
+}
+
+func (s *server) do(t *testing.T, method, path string, body any) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, s.url+path, rd)
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := (&http.Client{Timeout: 3 * time.Minute}).Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, b
+}
+
+func freePort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+const blackFriday = `
+import io, base64
+import pandas as pd
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+csv = "order_id,sku,qty,price\n" + "\n".join(f"{i},{'SKU'+str(i%7)},{1+i%3},{9.99+i%5}" for i in range(2000)) + "\n17,SKU3,2,11.99\n"
+df = pd.read_csv(io.StringIO(csv))
+dups = df[df.duplicated("order_id", keep=False)]
+stock = df.groupby("sku")["qty"].sum().sort_values()
+stock.plot(kind="bar", title="units sold")
+plt.show()
+print("duplicates", sorted(set(dups.order_id)), "revenue", round((df.qty * df.price).sum(), 2))
+stock
+`
+
+func TestSandboxesAsPods(t *testing.T) {
+	kubeconfig := env(t, "SHEEPFOLD_E2E_KUBECONFIG")
+	image := env(t, "SHEEPFOLD_E2E_IMAGE")
+	bin := env(t, "SHEEPFOLD_E2E_BIN")
+	ctx := context.Background()
+
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := fmt.Sprintf("sf-e2e-%d", time.Now().UnixNano()%1_000_000)
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
+	})
+
+	dsn := pgtest.New(t)
+	data := t.TempDir()
+	out, err := exec.Command(bin, "keys", "create", "--data-dir", data, "--database", dsn, "--name", "e2e").CombinedOutput()
+	if err != nil {
+		t.Fatalf("keys create: %v\n%s", err, out)
+	}
+	m := regexp.MustCompile(`key:\s+(\S+)`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("keys create printed %s", out)
+	}
+	addr := freePort(t)
+	srv := &server{url: "http://" + addr, key: string(m[1]), exited: make(chan error, 1)}
+	logPath := filepath.Join(data, "serve.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	srv.cmd = exec.Command(bin, "serve", "--data-dir", data, "--database", dsn, "--listen", addr, "--pool", "0",
+		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--kubernetes-namespace", ns,
+		"--kubernetes-image", "python="+image)
+	srv.cmd.Stdout, srv.cmd.Stderr = logf, logf
+	if err := srv.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { srv.exited <- srv.cmd.Wait() }()
+	t.Cleanup(func() {
+		srv.cmd.Process.Kill()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("serve's log:\n%s", b)
+		}
+	})
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		res, err := http.Get(srv.url + "/readyz")
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server is not ready: %v", err)
+		}
+	}
+
+	// Four sandboxes at once: Pods over both nodes, each runs the
+	// analysis; create → first result is timed.
+	const n = 4
+	ids := make([]string, n)
+	took := make([]time.Duration, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			start := time.Now()
+			code, b := srv.do(t, "POST", "/v1/sandboxes", map[string]any{"template": "python"})
+			if code != 201 {
+				t.Errorf("create: %d %s", code, b)
+				return
+			}
+			var sb struct{ ID string }
+			json.Unmarshal(b, &sb)
+			ids[i] = sb.ID
+			code, b = srv.do(t, "POST", "/v1/sandboxes/"+sb.ID+"/execute", map[string]any{"code": "print(1+1)", "language": "python"})
+			took[i] = time.Since(start)
+			if code != 200 || !strings.Contains(string(b), `"stdout":"2\n"`) {
+				t.Errorf("1+1: %d %s", code, b)
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Logf("create → first result of %d sandboxes at once: %v", n, took)
+
+	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := map[string]int{}
+	for _, p := range pods.Items {
+		nodes[p.Spec.NodeName]++
+		if p.Spec.HostUsers == nil || *p.Spec.HostUsers {
+			t.Errorf("pod %s is not in a user namespace of its own", p.Name)
+		}
+	}
+	if len(pods.Items) != n || len(nodes) < 2 {
+		t.Fatalf("%d pods on nodes %v: want %d spread over both", len(pods.Items), nodes, n)
+	}
+
+	code, b := srv.do(t, "POST", "/v1/sandboxes/"+ids[0]+"/execute", map[string]any{"code": blackFriday, "language": "python"})
+	var res struct {
+		Status  string
+		Stdout  string
+		Results []map[string]any
+	}
+	json.Unmarshal(b, &res)
+	var png bool
+	for _, r := range res.Results {
+		if s, ok := r["png"].(string); ok && strings.HasPrefix(s, "iVBOR") {
+			png = true
+		}
+	}
+	if code != 200 || res.Status != "success" || !strings.Contains(res.Stdout, "duplicates [17]") || !png {
+		t.Fatalf("Black Friday: %d %s", code, b)
+	}
+	// State survives between executions in one sandbox.
+	if code, b := srv.do(t, "POST", "/v1/sandboxes/"+ids[0]+"/execute", map[string]any{"code": "print(len(df))", "language": "python"}); code != 200 || !strings.Contains(string(b), `"stdout":"2001\n"`) {
+		t.Fatalf("state across executions: %d %s", code, b)
+	}
+	// The code runs as "user" without capabilities.
+	if code, b := srv.do(t, "POST", "/v1/sandboxes/"+ids[1]+"/execute", map[string]any{"language": "python",
+		"code": "import os; print(os.getuid(), [l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1])"}); code != 200 || !strings.Contains(string(b), `"stdout":"1000 0000000000000000\n"`) {
+		t.Fatalf("user code's identity: %d %s", code, b)
+	}
+
+	// Killing a sandbox deletes its Pod, Secret and NetworkPolicy.
+	if code, b := srv.do(t, "DELETE", "/v1/sandboxes/"+ids[0], nil); code != 204 && code != 200 {
+		t.Fatalf("kill: %d %s", code, b)
+	}
+	waitGone(t, cs, ns, "sheepfold.dev/sandbox="+ids[0])
+
+	// A server that stops ends its sandboxes: nothing of them stays.
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-srv.exited:
+		if err != nil {
+			t.Fatalf("serve exited: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	waitGone(t, cs, ns, "sheepfold.dev/sandbox")
+}
+
+// waitGone waits until no Pod, Secret or NetworkPolicy matches sel.
+func waitGone(t *testing.T, cs kubernetes.Interface, ns, sel string) {
+	t.Helper()
+	ctx := context.Background()
+	opt := metav1.ListOptions{LabelSelector: sel}
+	var left []string
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		left = left[:0]
+		if l, err := cs.CoreV1().Pods(ns).List(ctx, opt); err == nil {
+			for _, p := range l.Items {
+				left = append(left, "pod/"+p.Name)
+			}
+		}
+		if l, err := cs.CoreV1().Secrets(ns).List(ctx, opt); err == nil {
+			for _, s := range l.Items {
+				left = append(left, "secret/"+s.Name)
+			}
+		}
+		if l, err := cs.NetworkingV1().NetworkPolicies(ns).List(ctx, opt); err == nil {
+			for _, p := range l.Items {
+				left = append(left, "networkpolicy/"+p.Name)
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+	}
+	slices.Sort(left)
+	t.Fatalf("left in the cluster: %v", left)
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Run by test.sh on a cluster that is up: Sheepfold's Kubernetes backend
+# end to end. The python template becomes an image (sheepfold template
+# export) imported into both nodes, the sandboxes' seccomp profile goes
+# into each kubelet's seccomp directory, and test/kubernetes/e2e runs
+# `sheepfold serve --backend kubernetes` over a real PostgreSQL against the
+# cluster. Everything it writes is under the cluster's state dir, which
+# down removes.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+CLUSTER=$HERE/cluster.sh
+eval "$("$CLUSTER" env)"
+BIN_SF=$REPO/bin/sheepfold
+
+for n in "${NODES[@]}"; do
+	dir=$KUBE_ROOT/$n/kubelet/seccomp/sheepfold
+	mkdir -p "$dir"
+	"$BIN_SF" seccomp-profile >"$dir/agent.json"
+done
+
+archive=$KUBE_ROOT/python.oci.tar
+t=$(date +%s%3N)
+out=$("$BIN_SF" template export python -o "$archive" --force)
+echo "$out"
+image=$(awk '$1 == "image" { print $2 }' <<<"$out")
+[ -n "$image" ] || { echo "sheepfold.sh: FAIL: no image name in the export's output" >&2; exit 1; }
+echo "sheepfold.sh: template exported in $(($(date +%s%3N) - t)) ms"
+t=$(date +%s%3N)
+"$CLUSTER" import-image "$archive"
+echo "sheepfold.sh: image imported into both nodes in $(($(date +%s%3N) - t)) ms"
+rm -f "$archive"
+
+cd "$REPO"
+SHEEPFOLD_E2E_KUBECONFIG=$KUBECONFIG_ADMIN SHEEPFOLD_E2E_IMAGE=$image SHEEPFOLD_E2E_BIN=$BIN_SF \
+	go test -tags kubernetes_e2e -count=1 -v -timeout 15m ./test/kubernetes/e2e/
