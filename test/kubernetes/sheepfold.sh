@@ -34,3 +34,13 @@ rm -f "$archive"
 cd "$REPO"
 SHEEPFOLD_E2E_KUBECONFIG=$KUBECONFIG_ADMIN SHEEPFOLD_E2E_IMAGE=$image SHEEPFOLD_E2E_BIN=$BIN_SF \
 	go test -tags kubernetes_e2e -count=1 -v -timeout 15m ./test/kubernetes/e2e/
+
+# The manifests of deploy/kubernetes are valid for this API server (a
+# server-side dry run: nothing is made).
+kc() { "$CLUSTER" kubectl "$@"; }
+kc apply --dry-run=server -f "$REPO/deploy/kubernetes/namespace.yaml"
+kc create namespace sheepfold >/dev/null
+trap 'kc delete namespace sheepfold --wait=false >/dev/null' EXIT
+for f in rbac server runtimeclasses; do
+	kc apply --dry-run=server -f "$REPO/deploy/kubernetes/$f.yaml"
+done
