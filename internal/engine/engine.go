@@ -3,9 +3,9 @@
 // closed in reverse. sheepfold serve, run and bench (internal/bench) share
 // it.
 //
-// Imports: internal/config, internal/runtime/..., internal/sandbox,
-// internal/template, internal/agenttls, client-go and the standard
-// library.
+// Imports: internal/config, internal/runtime, internal/runtime/oci,
+// internal/runtime/kubernetes, internal/sandbox, internal/template,
+// internal/agenttls, client-go and the standard library.
 package engine
 
 import (

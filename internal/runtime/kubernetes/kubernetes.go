@@ -28,6 +28,10 @@
 // Deleting a sandbox deletes the three objects; List finds every object
 // of the instance, so that a garbage collector can remove those whose
 // record is gone.
+//
+// Imports: internal/runtime, internal/runtime/oci (the agent's path,
+// capabilities and rlimits), internal/agenttls, client-go and the standard
+// library.
 package kubernetes
 
 import (
