@@ -55,6 +55,7 @@ before each iteration, so they measure a hit, not the refill.`,
 	f.StringVar(&o.JSONOut, "json", "", "also write the results to this file as JSON")
 	f.IntVar(&o.SessionTickets, "session-tickets", 200, "Black-Friday tickets sent through sessions")
 	f.IntVar(&o.SessionClients, "session-clients", 8, "clients sending them at once, each with its own session")
+	f.BoolVar(&o.LocalBaseline, "local-baseline", false, "with --url: also measure the pool hit on this host's own engine (a server the bench starts) as a baseline (×local), e.g. for a Kubernetes-backed server")
 	f.StringVar(&o.Only, "only", "", `run only the steps whose name contains one of these comma-separated words ("policy", "warm", "egress", "baselines,pool"...)`)
 	return cmd
 }

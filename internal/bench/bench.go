@@ -54,6 +54,10 @@ type Options struct {
 	Density    int           // sandboxes measured for memory
 	JSONOut    string        // also write the results here
 	Only       string        // run only the steps whose name contains one of these comma-separated words ("" all)
+	// LocalBaseline, with URL, measures the pool hit on this host's own
+	// engine too (a server the bench starts), as a baseline of the
+	// server at URL (a Kubernetes-backed one, say).
+	LocalBaseline bool
 	Version    string        // of the binary, reported with the results
 	// SessionTickets Black-Friday tickets go through sessions from
 	// SessionClients clients at once [200, 8].
@@ -204,6 +208,14 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		return errors.New("--url needs --api-key (or SHEEPFOLD_API_KEY)")
 	}
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConns: 128, MaxIdleConnsPerHost: 128, IdleConnTimeout: time.Minute}}
+	if o.LocalBaseline {
+		if o.URL == "" {
+			return errors.New("--local-baseline compares the server at --url with this host's engine")
+		}
+		if err := localBaseline(ctx, cfg, o, hc, res); err != nil {
+			return fmt.Errorf("local baseline: %w", err)
+		}
+	}
 	c := client.New(url, key, client.WithHTTPClient(hc), client.WithUserAgent("sheepfold-bench"))
 	b := &bencher{c: c, res: res, o: o, instance: instance, model: model, url: url, key: key}
 	if v, err := c.Version(ctx); err != nil {
@@ -252,6 +264,35 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		}
 		fmt.Fprintf(os.Stderr, "bench: results written to %s\n", o.JSONOut)
 	}
+	return nil
+}
+
+// localBaselineName is the baseline of --local-baseline; its first word
+// heads its ratio column (×local).
+const localBaselineName = "local engine: create→print(1) pool hit"
+
+// localBaseline measures the pool hit on a server of this host's engine
+// the bench starts (pool of at least one) and records it as a baseline.
+func localBaseline(ctx context.Context, cfg config.Config, o Options, hc *http.Client, res *benchResults) error {
+	fmt.Fprintln(os.Stderr, "bench: baseline: create → first print(1), pool hit, on this host's engine")
+	srv, err := startBenchServer(ctx, cfg, max(o.Pool, 1), "")
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	local := &benchResults{Scenarios: map[string]stat{}, Breakdown: map[string]stat{}, Baselines: map[string]stat{}}
+	lb := &bencher{c: client.New(srv.url, srv.key, client.WithHTTPClient(hc), client.WithUserAgent("sheepfold-bench")),
+		res: local, o: o, instance: srv.instance, url: srv.url, key: srv.key}
+	if err := lb.createHit(ctx); err != nil {
+		return err
+	}
+	s, ok := local.Scenarios["create→print(1) pool hit"]
+	if !ok || s.N == 0 {
+		return errors.New("no pool hit measured on this host's engine")
+	}
+	res.Baselines[localBaselineName] = s
+	res.baseOrder = append(res.baseOrder, localBaselineName)
+	res.Notes = append(res.Notes, local.Notes...)
 	return nil
 }
 
@@ -1037,7 +1078,7 @@ func (r *benchResults) print(w io.Writer) {
 		row(name, r.Scenarios[name])
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "  (×host, ×runc, ×bwrap: p50 over the baseline's p50)")
+	fmt.Fprintln(w, "  (×host, ×runc, ×bwrap, ×local: p50 over the baseline's p50)")
 	if len(r.Breakdown) > 0 {
 		fmt.Fprintln(w)
 		fmt.Fprintln(tw, "step\tn\tp50 ms\tp95 ms\tp99 ms\t")

@@ -830,6 +830,31 @@ cmd_down() {
 	log "down"
 }
 
+# ---------------------------------------------------------------- a node's kubelet
+
+# stop-kubelet N: the node's kubelet dies (SIGKILL); its pods' containers
+# run on, as on a node whose kubelet crashed. start-kubelet N starts it
+# again, and it removes the containers of pods no longer in the API.
+cmd_stop_kubelet() {
+	local n=$1 pid
+	[[ " ${NODES[*]} " == *" $n "* ]] || die "usage: $0 stop-kubelet|start-kubelet NODE (one of ${NODES[*]})"
+	pid=$(cat "$KUBE_RUN/pids/kubelet-$n" 2>/dev/null) || die "kubelet-$n is not running"
+	kill -KILL "$pid" 2>/dev/null || die "kubelet-$n is not running"
+	while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+	log "kubelet-$n killed"
+}
+
+cmd_start_kubelet() {
+	local n=$1 pid
+	[[ " ${NODES[*]} " == *" $n "* ]] || die "usage: $0 stop-kubelet|start-kubelet NODE (one of ${NODES[*]})"
+	pid=$(cat "$KUBE_RUN/pids/kubelet-$n" 2>/dev/null || true)
+	if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+		die "kubelet-$n is running"
+	fi
+	start_kubelet "$n"
+	log "kubelet-$n started"
+}
+
 # ---------------------------------------------------------------- status
 
 cmd_status() {
@@ -863,7 +888,9 @@ main() {
 	status) cmd_status ;;
 	import-image) cmd_import_image "${2:-}" ;;
 	kubectl) shift; kubectl "$@" ;;
-	*) die "usage: $0 build|up|down|status|import-image FILE.tar|kubectl ARGS...|env" ;;
+	stop-kubelet) cmd_stop_kubelet "${2:-}" ;;
+	start-kubelet) cmd_start_kubelet "${2:-}" ;;
+	*) die "usage: $0 build|up|down|status|import-image FILE.tar|kubectl ARGS...|env|stop-kubelet N|start-kubelet N" ;;
 	esac
 }
 

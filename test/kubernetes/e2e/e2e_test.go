@@ -238,6 +238,8 @@ func TestSandboxesAsPods(t *testing.T) {
 		t.Fatalf("user code's identity: %d %s", code, b)
 	}
 
+	nodeLoss(t, srv, cs, ns, env(t, "SHEEPFOLD_E2E_CLUSTER"))
+
 	// Killing a sandbox deletes its Pod, Secret and NetworkPolicy.
 	if code, b := srv.do(t, "DELETE", "/v1/sandboxes/"+ids[0], nil); code != 204 && code != 200 {
 		t.Fatalf("kill: %d %s", code, b)
@@ -255,6 +257,70 @@ func TestSandboxesAsPods(t *testing.T) {
 		t.Fatal("serve did not stop")
 	}
 	waitGone(t, cs, ns, "sheepfold.dev/sandbox")
+}
+
+// nodeLoss: node b's kubelet dies. Its Pods' containers run on, so its
+// sandboxes keep answering; killing one deletes its objects at once (no
+// kubelet confirms a Pod's end: the deletion has no grace period); once
+// the kubelet is back it ends the orphaned container.
+func nodeLoss(t *testing.T, srv *server, cs kubernetes.Interface, ns, cluster string) {
+	ctx := context.Background()
+	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id, ip string
+	for _, p := range pods.Items {
+		if p.Spec.NodeName == "sf-node-b" {
+			id, ip = p.Labels["sheepfold.dev/sandbox"], p.Status.PodIP
+			break
+		}
+	}
+	if id == "" || ip == "" {
+		t.Fatalf("no sandbox on sf-node-b among %d pods", len(pods.Items))
+	}
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(cluster, args...).CombinedOutput(); err != nil {
+			t.Fatalf("cluster.sh %v: %v\n%s", args, err, out)
+		}
+	}
+	run("stop-kubelet", "b")
+	restarted := false
+	defer func() {
+		if !restarted {
+			run("start-kubelet", "b")
+		}
+	}()
+	if code, b := srv.do(t, "POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"code": "print('still here')", "language": "python"}); code != 200 || !strings.Contains(string(b), `"stdout":"still here\n"`) {
+		t.Fatalf("a sandbox on the node whose kubelet died: %d %s", code, b)
+	}
+	start := time.Now()
+	if code, b := srv.do(t, "DELETE", "/v1/sandboxes/"+id, nil); code != 204 && code != 200 {
+		t.Fatalf("kill on the node whose kubelet died: %d %s", code, b)
+	}
+	waitGone(t, cs, ns, "sheepfold.dev/sandbox="+id)
+	t.Logf("a sandbox on a node without its kubelet: killed, its objects gone in %v", time.Since(start).Round(time.Millisecond))
+	if c, err := net.DialTimeout("tcp", net.JoinHostPort(ip, "49983"), 2*time.Second); err != nil {
+		t.Fatalf("the orphaned agent should still run until the kubelet is back: %v", err)
+	} else {
+		c.Close()
+	}
+	run("start-kubelet", "b")
+	restarted = true
+	start = time.Now()
+	for {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(ip, "49983"), time.Second)
+		if err != nil {
+			break
+		}
+		c.Close()
+		if time.Since(start) > 2*time.Minute {
+			t.Fatal("the kubelet, back, did not end the orphaned sandbox's container")
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Logf("the kubelet, back, ended the orphaned container in %v", time.Since(start).Round(time.Millisecond))
 }
 
 // waitGone waits until no Pod, Secret or NetworkPolicy matches sel.
