@@ -58,7 +58,7 @@ type Options struct {
 	// engine too (a server the bench starts), as a baseline of the
 	// server at URL (a Kubernetes-backed one, say).
 	LocalBaseline bool
-	Version    string        // of the binary, reported with the results
+	Version       string // of the binary, reported with the results
 	// SessionTickets Black-Friday tickets go through sessions from
 	// SessionClients clients at once [200, 8].
 	SessionTickets int
