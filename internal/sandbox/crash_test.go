@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -261,6 +262,35 @@ func TestFullHostIsCapacity(t *testing.T) {
 	defer m.Close(context.Background())
 	_, err = m.Create(context.Background(), sandbox.CreateOptions{})
 	wantCode(t, err, apierr.Capacity)
+	if l := m.List(); len(l) != 0 {
+		t.Fatalf("a refused create is listed: %+v", l)
+	}
+}
+
+// unableRuntime cannot do what the create asks (as the Kubernetes
+// runtime refuses a network).
+type unableRuntime struct{ *fake.Runtime }
+
+func (unableRuntime) Create(context.Context, runtime.Spec) (*runtime.Instance, error) {
+	return nil, fmt.Errorf("%w: network egress is not available for Pods yet", runtime.ErrUnsupported)
+}
+
+// TestUnsupportedIsBadRequest: what the runtime cannot do is the caller's
+// to change (ERR_BAD_REQUEST naming it), not ERR_INTERNAL.
+func TestUnsupportedIsBadRequest(t *testing.T) {
+	t.Parallel()
+	rt := &fake.Runtime{AgentBin: testutil.AgentBin(t), Dir: testutil.ShortTempDir(t)}
+	m, err := sandbox.New(context.Background(), sandbox.Config{Runtime: unableRuntime{rt},
+		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return "/", nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(context.Background())
+	_, err = m.Create(context.Background(), sandbox.CreateOptions{})
+	wantCode(t, err, apierr.BadRequest)
+	if !strings.Contains(err.Error(), "not available for Pods") {
+		t.Fatalf("the message does not say what: %v", err)
+	}
 	if l := m.List(); len(l) != 0 {
 		t.Fatalf("a refused create is listed: %+v", l)
 	}

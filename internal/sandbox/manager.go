@@ -333,6 +333,11 @@ func (m *Manager) startErr(err error, msg string) error {
 	if errors.Is(err, runtime.ErrCapacity) {
 		return apierr.Wrap(err, apierr.Capacity, "this host has no room for another sandbox; try again when one stops")
 	}
+	if errors.Is(err, runtime.ErrUnsupported) {
+		// The request asks for what this server's runtime cannot do
+		// (a network for a Pod): the caller's to change.
+		return apierr.Wrap(err, apierr.BadRequest, "%s: %v", msg, err)
+	}
 	return apierr.Wrap(err, apierr.Internal, "%s", msg)
 }
 
