@@ -42,6 +42,8 @@ type agentClient struct {
 	// dial connects to the agent: its unix socket, or its TLS listener
 	// in a Pod (runtime.Instance.Dial).
 	dial func(ctx context.Context) (net.Conn, error)
+	// conns are the connections dial opened and not yet closed.
+	conns *connSet
 	// observe, when set, is told each call's operation and duration.
 	observe func(op string, d time.Duration)
 }
@@ -96,7 +98,10 @@ func (c *agentClient) call(ctx context.Context, req agentproto.Request, body io.
 	return done, nil
 }
 
-// newAgentClient returns the client of the agent of inst.
+// newAgentClient returns the client of the agent of inst. Every
+// connection it opens is tracked, so that closeAll can end them when the
+// sandbox is destroyed: a Pod's network namespace goes away without a
+// reset reaching the server, and a stream would hang until its timeout.
 func newAgentClient(inst *runtime.Instance, observe func(op string, d time.Duration)) agentClient {
 	dial := inst.Dial
 	if dial == nil {
@@ -106,7 +111,69 @@ func newAgentClient(inst *runtime.Instance, observe func(op string, d time.Durat
 			return d.DialContext(ctx, "unix", sock)
 		}
 	}
-	return agentClient{dial: dial, observe: observe}
+	cs := &connSet{conns: map[*trackedConn]struct{}{}}
+	return agentClient{dial: cs.tracking(dial), conns: cs, observe: observe}
+}
+
+// connSet holds an agent client's open connections.
+type connSet struct {
+	mu     sync.Mutex
+	conns  map[*trackedConn]struct{}
+	closed bool
+}
+
+// tracking wraps dial: each connection joins the set until it closes, and
+// once the set is closed no dial succeeds (the agent is gone).
+func (cs *connSet) tracking(dial func(context.Context) (net.Conn, error)) func(context.Context) (net.Conn, error) {
+	return func(ctx context.Context) (net.Conn, error) {
+		cs.mu.Lock()
+		closed := cs.closed
+		cs.mu.Unlock()
+		if closed {
+			return nil, errAgentGone
+		}
+		nc, err := dial(ctx)
+		if err != nil {
+			return nil, err
+		}
+		tc := &trackedConn{Conn: nc, set: cs}
+		cs.mu.Lock()
+		defer cs.mu.Unlock()
+		if cs.closed {
+			nc.Close()
+			return nil, errAgentGone
+		}
+		cs.conns[tc] = struct{}{}
+		return tc, nil
+	}
+}
+
+// closeAll closes every open connection and refuses new ones.
+func (cs *connSet) closeAll() {
+	if cs == nil {
+		return
+	}
+	cs.mu.Lock()
+	cs.closed = true
+	conns := cs.conns
+	cs.conns = nil
+	cs.mu.Unlock()
+	for c := range conns {
+		c.Conn.Close()
+	}
+}
+
+// trackedConn leaves its set when closed.
+type trackedConn struct {
+	net.Conn
+	set *connSet
+}
+
+func (c *trackedConn) Close() error {
+	c.set.mu.Lock()
+	delete(c.set.conns, c)
+	c.set.mu.Unlock()
+	return c.Conn.Close()
 }
 
 // dialErr classifies a failed dial of the agent: refused, missing or
@@ -127,7 +194,8 @@ func (c *agentClient) ioErr(err error) error {
 	var ne net.Error
 	switch {
 	case errors.Is(err, agentproto.ErrBadFrame), errors.Is(err, agentproto.ErrFrameTooLarge),
-		errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, net.ErrClosed): // closed by closeAll: the sandbox was destroyed
 	case errors.As(err, &ne) && ne.Timeout():
 		return apierr.Wrap(err, apierr.SandboxTimeout, "the sandbox's agent did not answer in time")
 	default:

@@ -502,6 +502,9 @@ func (m *Manager) destroy(s *Sandbox, reason string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
 	defer cancel()
 	err := m.cfg.Runtime.Destroy(ctx, s.ID)
+	// Calls still streaming end now, whether or not the runtime's
+	// destroy cut their connections.
+	s.agent.conns.closeAll()
 	s.closeNet()
 	s.transition(StateStopped)
 	m.forget(s.ID)
