@@ -81,13 +81,19 @@ type admission struct {
 // release gives the slot back after a failed create.
 func (ad admission) release(st store.Store) {
 	ad.acct.ReleaseSandbox()
-	if ad.holder != "" {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		// Left behind on failure, the reservation lapses after
-		// store.ReservationTTL.
-		_ = st.DropReservation(ctx, ad.holder)
+	ad.drop(st)
+}
+
+// drop gives back the create's reservation in the store, if it has one.
+func (ad admission) drop(st store.Store) {
+	if ad.holder == "" {
+		return
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Left behind on failure, the reservation lapses after
+	// store.ReservationTTL.
+	_ = st.DropReservation(ctx, ad.holder)
 }
 
 // admitCreate checks a new sandbox of an account against its limits and

@@ -271,9 +271,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 		delete(s.boxes, placeholder)
 		s.mu.Unlock()
 		_ = s.engine.Kill(context.Background(), sb.ID) // gives the account's slot back
-		if ad.holder != "" {
-			_ = s.store.DropReservation(context.Background(), ad.holder)
-		}
+		ad.drop(s.store)
 		return nil, fmt.Errorf("record sandbox: %w", err)
 	}
 	s.mu.Lock()
