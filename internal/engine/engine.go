@@ -43,15 +43,16 @@ func Open(ctx context.Context, cfg config.Config, instance string, idle time.Dur
 	if err != nil {
 		return nil, err
 	}
-	scfg := sandbox.Config{
-		Runtime: rt,
-		Templates: sandbox.TemplatesFunc(func(name string) (string, error) {
-			info, err := template.Get(cfg.DataDir, name)
-			return info.Path, err
-		}),
-		IdleTimeout: idle,
-		Logger:      log,
-	}
+	return open(ctx, rt, sandbox.TemplatesFunc(func(name string) (string, error) {
+		info, err := template.Get(cfg.DataDir, name)
+		return info.Path, err
+	}), idle, log, opts)
+}
+
+// open starts the sandbox manager over rt; on error it closes rt.
+func open(ctx context.Context, rt Runtime, templates sandbox.Templates, idle time.Duration, log *slog.Logger,
+	opts []func(*sandbox.Config)) (*Engine, error) {
+	scfg := sandbox.Config{Runtime: rt, Templates: templates, IdleTimeout: idle, Logger: log}
 	for _, o := range opts {
 		o(&scfg)
 	}

@@ -78,23 +78,14 @@ func OpenKubernetes(ctx context.Context, ko KubernetesOptions, idle time.Duratio
 	if err := rt.Ready(ctx); err != nil {
 		return nil, nil, err
 	}
-	scfg := sandbox.Config{
-		Runtime: rt,
-		Templates: sandbox.TemplatesFunc(func(name string) (string, error) {
-			if !rt.HasTemplate(name) {
-				return "", fmt.Errorf("no image for template %q in this cluster", name)
-			}
-			return "", nil // the runtime maps the name to its image
-		}),
-		IdleTimeout: idle,
-		Logger:      log,
-	}
-	for _, o := range opts {
-		o(&scfg)
-	}
-	m, err := sandbox.New(ctx, scfg)
+	eng, err := open(ctx, rt, sandbox.TemplatesFunc(func(name string) (string, error) {
+		if !rt.HasTemplate(name) {
+			return "", fmt.Errorf("no image for template %q in this cluster", name)
+		}
+		return "", nil // the runtime maps the name to its image
+	}), idle, log, opts)
 	if err != nil {
 		return nil, nil, err
 	}
-	return &Engine{Manager: m, Runtime: rt}, rt, nil
+	return eng, rt, nil
 }
