@@ -28,6 +28,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/runtime/kubernetes"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/store/postgres"
 	"github.com/sheepfold/sheepfold/internal/template"
 )
 
@@ -129,6 +130,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if acfg.CreditsLowMicros, err = account.ParseAmount(creditsLow); err != nil || acfg.CreditsLowMicros <= 0 {
 				return errors.New("--credits-low must be a positive amount such as 1.00")
 			}
+			// Servers sharing a PostgreSQL count caps and quotas there too.
+			acfg.SharedStore = postgres.IsURL(cfg.Database)
 			if err := acfg.Validate(); err != nil {
 				return err
 			}

@@ -141,8 +141,8 @@ func TestLimitsEnforced(t *testing.T) {
 // in the store.
 func acquire(a *Account, holder string) error {
 	reserved, err := a.AcquireSandbox(context.Background(), holder)
-	if err == nil && reserved != (a.limits.MaxSandboxes > 0) {
-		return fmt.Errorf("reserved %v with max_sandboxes %d", reserved, a.limits.MaxSandboxes)
+	if want := a.limits.MaxSandboxes > 0 && a.r.cfg.SharedStore; err == nil && reserved != want {
+		return fmt.Errorf("reserved %v with max_sandboxes %d, shared store %v", reserved, a.limits.MaxSandboxes, a.r.cfg.SharedStore)
 	}
 	return err
 }
@@ -162,7 +162,7 @@ func release(t *testing.T, a *Account, st store.AdmissionStore, holder string) {
 func TestLimitsAcrossServers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cfg := Config{Defaults: Limits{MaxSandboxes: 2, MonthlyExecutions: 3}}
+	cfg := Config{Defaults: Limits{MaxSandboxes: 2, MonthlyExecutions: 3}, SharedStore: true}
 	r1, db, now := newRegistry(t, cfg)
 	r2 := NewRegistry(cfg, db)
 	r2.now = r1.now

@@ -36,6 +36,12 @@ type Config struct {
 	// that raises an alert: low, medium, high or critical; "none" turns
 	// them off [high].
 	SecurityAlertSeverity string `toml:"security_alert_severity"`
+	// SharedStore says other servers share the store (PostgreSQL): the
+	// concurrent cap and the monthly executions quota are then counted
+	// in the store too, one transaction each. A store of one server
+	// (SQLite) leaves them to this server's exact in-memory counts, off
+	// the execution's path.
+	SharedStore bool `toml:"-"`
 }
 
 // Validate checks the settings, naming the field at fault.
@@ -321,7 +327,7 @@ func (a *Account) balanceLocked() int64 { return a.ledger - int64(math.Ceil(a.ow
 // ReleaseSandbox once the sandbox has stopped (or failed to start).
 //
 // The cap is counted here, for this server, and, when the account has
-// one, in the store that every server shares: reserved says a slot was
+// one and the store is shared (Config.SharedStore), in the store too: reserved says a slot was
 // reserved there under holder, which the caller passes to its sandbox's
 // record (store.ConfirmSandbox) or drops (store.DropReservation).
 func (a *Account) AcquireSandbox(ctx context.Context, holder string) (reserved bool, err error) {
@@ -342,7 +348,7 @@ func (a *Account) AcquireSandbox(ctx context.Context, holder string) (reserved b
 	}
 	a.running++
 	a.mu.Unlock()
-	if max <= 0 {
+	if max <= 0 || !a.r.cfg.SharedStore {
 		return false, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
@@ -383,8 +389,9 @@ func (a *Account) Running() int64 {
 // admitted execution against the monthly executions quota (the meter
 // records it per sandbox; Accrue does not count executions again).
 //
-// With a monthly executions quota, the store every server shares counts
-// the execution too: the quota holds across servers.
+// With a monthly executions quota and a shared store
+// (Config.SharedStore), the store counts the execution too: the quota
+// holds across servers.
 func (a *Account) AdmitWork(execution bool) error {
 	now := a.r.now()
 	a.mu.Lock()
@@ -407,7 +414,7 @@ func (a *Account) AdmitWork(execution bool) error {
 		a.used.Executions++ // counted here, so that the quota is exact under concurrency
 	}
 	a.mu.Unlock()
-	if !execution || quota <= 0 {
+	if !execution || quota <= 0 || !a.r.cfg.SharedStore {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
