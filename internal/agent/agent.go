@@ -195,6 +195,13 @@ type server struct {
 
 	// panics counts recovered panics (tests and fuzzing check it).
 	panics atomic.Int64
+
+	// Activity, for pings: requests in flight other than pings, when the
+	// last one ended (unix nanoseconds), and the sandbox's deadline
+	// (unix nanoseconds; 0: none set).
+	busy     atomic.Int64
+	lastDone atomic.Int64
+	deadline atomic.Int64
 }
 
 // errCannotSwitchUsers refuses to serve when Config.SwitchUsers is set
@@ -219,6 +226,7 @@ func newServer(ctx context.Context, cfg Config) (*server, error) {
 		switchUsers: switchUsers,
 	}
 	s.ctx, s.cancel = context.WithCancel(ctx)
+	s.lastDone.Store(time.Now().UnixNano())
 	s.procs = newProcessTable()
 	s.ctxs = newContextTable()
 	return s, nil
@@ -280,6 +288,13 @@ func (s *server) serveConn(nc net.Conn) {
 		c.send(fail(agentproto.CodeBadRequest, "malformed request: %v", err))
 		return
 	}
+	if req.Op != agentproto.OpPing {
+		s.busy.Add(1)
+		defer func() {
+			s.lastDone.Store(time.Now().UnixNano())
+			s.busy.Add(-1)
+		}()
+	}
 	done := s.dispatch(c, req)
 	if done.Type == "" {
 		return // the client is gone, or the handler replied itself
@@ -304,9 +319,11 @@ func (s *server) dispatchOp(c *conn, req *agentproto.Request) agentproto.Event {
 			if s.cfg.SetLifetime == nil {
 				return fail(agentproto.CodeUnsupported, "this agent cannot end the sandbox at a deadline")
 			}
-			if err := s.cfg.SetLifetime(time.Duration(req.LifetimeMS) * time.Millisecond); err != nil {
+			d := time.Duration(req.LifetimeMS) * time.Millisecond
+			if err := s.cfg.SetLifetime(d); err != nil {
 				return fail(agentproto.CodeInternal, "set the sandbox's deadline: %v", err)
 			}
+			s.deadline.Store(time.Now().Add(d).UnixNano())
 		}
 		return s.ping()
 
@@ -364,10 +381,18 @@ func (s *server) ping() agentproto.Event {
 	if s.cfg.NewKernel == nil || langs == nil {
 		langs = []string{}
 	}
+	now := time.Now().UnixNano()
+	var left int64
+	if d := s.deadline.Load(); d > now {
+		left = (d - now) / int64(time.Millisecond)
+	}
 	return agentproto.Event{Type: agentproto.EventDone, Agent: &agentproto.AgentInfo{
 		Version:         s.cfg.Version,
 		ProtocolVersion: agentproto.ProtocolVersion,
 		Languages:       langs,
+		LifetimeLeftMS:  left,
+		Busy:            s.busy.Load(),
+		IdleMS:          max(now-s.lastDone.Load(), 0) / int64(time.Millisecond),
 	}}
 }
 

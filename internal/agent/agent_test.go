@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -372,5 +373,31 @@ func TestOversizeEvents(t *testing.T) {
 	}
 	if r.done.Status != agentproto.StatusError || r.done.Code != "" {
 		t.Fatalf("done %+v", r.done)
+	}
+}
+
+// TestPingReportsActivity: a ping says how long the sandbox has to live
+// and whether anyone uses it; pings themselves are not use.
+func TestPingReportsActivity(t *testing.T) {
+	t.Parallel()
+	var set atomic.Int64
+	a := startAgent(t, Config{SetLifetime: func(d time.Duration) error { set.Store(int64(d)); return nil }})
+	r := a.call(t, agentproto.Request{Op: agentproto.OpPing}).mustOK(t)
+	if r.done.Agent.LifetimeLeftMS != 0 {
+		t.Fatalf("no deadline set, yet %d ms left", r.done.Agent.LifetimeLeftMS)
+	}
+	r = a.call(t, agentproto.Request{Op: agentproto.OpPing, LifetimeMS: 60_000}).mustOK(t)
+	if left := r.done.Agent.LifetimeLeftMS; left < 59_000 || left > 60_000 || set.Load() != int64(time.Minute) {
+		t.Fatalf("lifetime left %d ms, set %v", left, time.Duration(set.Load()))
+	}
+	time.Sleep(30 * time.Millisecond)
+	r = a.call(t, agentproto.Request{Op: agentproto.OpPing}).mustOK(t)
+	if r.done.Agent.IdleMS < 30 || r.done.Agent.Busy != 0 {
+		t.Fatalf("after pings only: idle %d ms, busy %d", r.done.Agent.IdleMS, r.done.Agent.Busy)
+	}
+	a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{Code: "print 1"}}).mustOK(t)
+	r = a.call(t, agentproto.Request{Op: agentproto.OpPing}).mustOK(t)
+	if r.done.Agent.IdleMS >= 30 {
+		t.Fatalf("an execution just ended, yet idle %d ms", r.done.Agent.IdleMS)
 	}
 }

@@ -371,6 +371,16 @@ type AgentInfo struct {
 	Version         string   `json:"version"`
 	ProtocolVersion int      `json:"protocol_version"`
 	Languages       []string `json:"languages"`
+	// LifetimeLeftMS is how long until the agent ends the sandbox (the
+	// last deadline a ping set, grace included); 0 when none was set.
+	// Servers that share sandboxes read it: another may have moved it.
+	LifetimeLeftMS int64 `json:"lifetime_left_ms,omitempty"`
+	// Busy counts requests in flight other than pings; IdleMS is how
+	// long ago the last of them ended (or since the agent started, when
+	// none came). Every server's requests pass the agent, so these say
+	// whether anyone is using the sandbox.
+	Busy   int64 `json:"busy,omitempty"`
+	IdleMS int64 `json:"idle_ms,omitempty"`
 }
 
 // ContextInfo describes a code context.
