@@ -51,6 +51,10 @@ type Spec struct {
 	// Network, when set, gives the sandbox a network interface; nil keeps
 	// it to its loopback alone.
 	Network *Network
+	// Pool marks a sandbox started ahead by a warm pool: it has no record
+	// until handed out. A shared runtime labels it so, and its collector
+	// leaves it be (its agent ends it when no engine renews its lease).
+	Pool bool
 }
 
 // Network connects a sandbox to the host's egress gateway. The runtime
@@ -138,6 +142,33 @@ type Runtime interface {
 	// List returns the IDs of every sandbox the runtime holds state for,
 	// including ones left behind by a crashed process.
 	List(ctx context.Context) ([]string, error)
+}
+
+// Attacher is implemented by runtimes whose sandboxes outlive the engine
+// that created them and are served by every engine of a deployment (the
+// replicas of a Kubernetes-backed server): Attach reaches a running
+// sandbox another engine created. ErrNotFound: it is not running.
+type Attacher interface {
+	Attach(ctx context.Context, id string) (*Instance, error)
+}
+
+// Held is a sandbox a shared runtime holds, as its collector sees it.
+type Held struct {
+	ID      string
+	Created time.Time
+	// Pool: started ahead by a warm pool (Spec.Pool).
+	Pool bool
+	// Ended: nothing of it runs any more (its agent exited: its
+	// lifetime ended, or it crashed), or only leftovers of a failed
+	// create remain; destroying it is all that is left to do.
+	Ended bool
+}
+
+// Inventory is implemented by shared runtimes (see Attacher): it lists
+// what they hold, for the server's garbage collector, which compares it
+// with the sandboxes' records.
+type Inventory interface {
+	Inventory(ctx context.Context) ([]Held, error)
 }
 
 // ErrNotFound reports an unknown sandbox.

@@ -29,10 +29,16 @@ type Runtime struct {
 	// Used is what Usage reports for every sandbox (the fake has no cgroup).
 	Used runtime.Usage
 
-	// mu guards procs.
+	// mu guards procs and held.
 	mu    sync.Mutex
 	procs map[string]*exec.Cmd
+	held  map[string]runtime.Held
 }
+
+var (
+	_ runtime.Attacher  = (*Runtime)(nil)
+	_ runtime.Inventory = (*Runtime)(nil)
+)
 
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "fake" }
@@ -70,6 +76,10 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		r.procs = map[string]*exec.Cmd{}
 	}
 	r.procs[s.ID] = cmd
+	if r.held == nil {
+		r.held = map[string]runtime.Held{}
+	}
+	r.held[s.ID] = runtime.Held{ID: s.ID, Created: time.Now(), Pool: s.Pool}
 	r.mu.Unlock()
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if _, err := os.Stat(sock); err == nil {
@@ -90,6 +100,7 @@ func (r *Runtime) Destroy(_ context.Context, id string) error {
 	r.mu.Lock()
 	cmd, ok := r.procs[id]
 	delete(r.procs, id)
+	delete(r.held, id)
 	r.mu.Unlock()
 	if ok {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
@@ -120,4 +131,27 @@ func (r *Runtime) List(context.Context) ([]string, error) {
 		ids = append(ids, id)
 	}
 	return ids, nil
+}
+
+// Attach implements runtime.Attacher: engines sharing one fake runtime
+// play replicas sharing a cluster.
+func (r *Runtime) Attach(_ context.Context, id string) (*runtime.Instance, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cmd, ok := r.procs[id]
+	if !ok {
+		return nil, runtime.ErrNotFound
+	}
+	return &runtime.Instance{ID: id, Socket: filepath.Join(r.Dir, id, "agent.sock"), PID: cmd.Process.Pid}, nil
+}
+
+// Inventory implements runtime.Inventory.
+func (r *Runtime) Inventory(context.Context) ([]runtime.Held, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]runtime.Held, 0, len(r.held))
+	for _, h := range r.held {
+		out = append(out, h)
+	}
+	return out, nil
 }

@@ -67,6 +67,9 @@ const (
 	managedBy      = "sheepfold"
 	LabelSandbox   = "sheepfold.dev/sandbox"
 	LabelInstance  = "sheepfold.dev/instance"
+	// LabelPool marks the Pod of a warm pool member ("true"); it stays
+	// when the member is handed out (its record then tells them apart).
+	LabelPool = "sheepfold.dev/pool"
 )
 
 // Defaults of Config.
@@ -343,8 +346,12 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	if r.cfg.SeccompProfile == "RuntimeDefault" {
 		seccomp = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
 	}
+	podLabels := r.labels(spec.ID)
+	if spec.Pool {
+		podLabels[LabelPool] = "true"
+	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: objectName(spec.ID), Labels: r.labels(spec.ID)},
+		ObjectMeta: metav1.ObjectMeta{Name: objectName(spec.ID), Labels: podLabels},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			AutomountServiceAccountToken:  ptr(false),
@@ -551,6 +558,81 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
+var (
+	_ runtime.Attacher  = (*Runtime)(nil)
+	_ runtime.Inventory = (*Runtime)(nil)
+)
+
+// Attach implements runtime.Attacher: every replica of a deployment
+// reaches every sandbox's agent, at its Pod's IP.
+func (r *Runtime) Attach(ctx context.Context, id string) (*runtime.Instance, error) {
+	if msgs := validLabel(id); msgs != "" {
+		return nil, fmt.Errorf("%w: sandbox id %q: %s", runtime.ErrNotFound, id, msgs)
+	}
+	p, err := r.cs.CoreV1().Pods(r.cfg.Namespace).Get(ctx, objectName(id), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("%w: sandbox %s has no pod", runtime.ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: read the sandbox's pod: %w", err)
+	}
+	if p.Labels[LabelInstance] != r.cfg.Instance || p.Labels[LabelSandbox] != id {
+		return nil, fmt.Errorf("%w: pod %s is not sandbox %s of instance %s", runtime.ErrNotFound, p.Name, id, r.cfg.Instance)
+	}
+	ip, done, err := podReady(p)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("%w: %v", runtime.ErrNotFound, err)
+	case !done || p.DeletionTimestamp != nil:
+		return nil, fmt.Errorf("%w: sandbox %s's pod is not running (phase %s)", runtime.ErrNotFound, id, p.Status.Phase)
+	}
+	return &runtime.Instance{ID: id, Dial: r.dialer(id, ip)}, nil
+}
+
+// Inventory implements runtime.Inventory: every sandbox Pod of this
+// instance, and the Secrets and NetworkPolicies no Pod is left for
+// (a create that failed half-way), as ended.
+func (r *Runtime) Inventory(ctx context.Context) ([]runtime.Held, error) {
+	ns, opt := r.cfg.Namespace, metav1.ListOptions{LabelSelector: r.selector()}
+	pods, err := r.cs.CoreV1().Pods(ns).List(ctx, opt)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: list pods: %w", err)
+	}
+	var out []runtime.Held
+	seen := map[string]bool{}
+	for _, p := range pods.Items {
+		id := p.Labels[LabelSandbox]
+		if id == "" || seen[id] {
+			continue
+		}
+		seen[id] = true
+		_, done, err := podReady(&p)
+		out = append(out, runtime.Held{ID: id, Created: p.CreationTimestamp.Time, Pool: p.Labels[LabelPool] == "true",
+			Ended: done && err != nil || p.DeletionTimestamp != nil})
+	}
+	orphan := func(id string, created time.Time) {
+		if id != "" && !seen[id] {
+			seen[id] = true
+			out = append(out, runtime.Held{ID: id, Created: created, Ended: true})
+		}
+	}
+	secrets, err := r.cs.CoreV1().Secrets(ns).List(ctx, opt)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: list secrets: %w", err)
+	}
+	for _, s := range secrets.Items {
+		orphan(s.Labels[LabelSandbox], s.CreationTimestamp.Time)
+	}
+	nps, err := r.cs.NetworkingV1().NetworkPolicies(ns).List(ctx, opt)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: list network policies: %w", err)
+	}
+	for _, n := range nps.Items {
+		orphan(n.Labels[LabelSandbox], n.CreationTimestamp.Time)
+	}
+	return out, nil
+}
+
 // Usage implements runtime.Runtime. A Pod's cgroup is on its node, out of
 // the server's reach: not measured yet.
 func (r *Runtime) Usage(ctx context.Context, id string) (runtime.Usage, error) {
@@ -570,6 +652,10 @@ func (r *Runtime) Ready(ctx context.Context) error {
 	}
 	return nil
 }
+
+// PreviewKey is the key every replica signs preview URLs and tokens
+// with: derived from the agents' authority, which they share.
+func (r *Runtime) PreviewKey() []byte { return r.cfg.CA.DeriveKey("preview") }
 
 // HasTemplate reports whether a template has an image.
 func (r *Runtime) HasTemplate(name string) bool {

@@ -280,3 +280,74 @@ func TestLoadCASharedByReplicas(t *testing.T) {
 		t.Fatal("a mismatched key was accepted")
 	}
 }
+
+// TestAttachAndInventory: another replica reaches a running sandbox by
+// its Pod; the inventory tells pool members, ended Pods and leftovers of
+// a failed create apart.
+func TestAttachAndInventory(t *testing.T) {
+	t.Parallel()
+	r, cs := newRuntime(t, Config{})
+	ctx := context.Background()
+	running := corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.7"}
+	kubelet(t, cs, "sf-live", running)
+	if _, err := r.Create(ctx, spec("live")); err != nil {
+		t.Fatal(err)
+	}
+	pooled := spec("warm")
+	pooled.Pool = true
+	kubelet(t, cs, "sf-warm", running)
+	if _, err := r.Create(ctx, pooled); err != nil {
+		t.Fatal(err)
+	}
+	kubelet(t, cs, "sf-done", running)
+	if _, err := r.Create(ctx, spec("done")); err != nil {
+		t.Fatal(err)
+	}
+	p, err := cs.CoreV1().Pods(ns).Get(ctx, "sf-done", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Status = corev1.PodStatus{Phase: corev1.PodSucceeded}
+	if _, err := cs.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A create that failed after its Secret: no Pod.
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "sf-half", Namespace: ns, Labels: r.labels("half")}}
+	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	inst, err := r.Attach(ctx, "live")
+	if err != nil || inst.Dial == nil || inst.ID != "live" {
+		t.Fatalf("Attach live: %+v, %v", inst, err)
+	}
+	for _, id := range []string{"done", "half", "nope", "Bad_ID"} {
+		if _, err := r.Attach(ctx, id); !errors.Is(err, runtime.ErrNotFound) {
+			t.Errorf("Attach %s: %v, want ErrNotFound", id, err)
+		}
+	}
+
+	held, err := r.Inventory(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]runtime.Held{}
+	for _, h := range held {
+		h.Created = time.Time{} // the API server sets it; the fake does not
+		got[h.ID] = h
+	}
+	want := map[string]runtime.Held{
+		"live": {ID: "live"},
+		"warm": {ID: "warm", Pool: true},
+		"done": {ID: "done", Ended: true},
+		"half": {ID: "half", Ended: true},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("inventory %+v, want %+v", got, want)
+	}
+	for id, w := range want {
+		if got[id] != w {
+			t.Errorf("%s: %+v, want %+v", id, got[id], w)
+		}
+	}
+}
