@@ -94,10 +94,13 @@ type ExecutionFilter struct {
 
 // SandboxFilter selects sandbox records, oldest first.
 type SandboxFilter struct {
-	Owner string // required
-	State string // "" for every state
-	After string // only records after the one with this ID (a cursor); "" from the start
-	Limit int    // at most this many; 0 for all
+	Owner string // required, unless AnyOwner
+	// AnyOwner lists every owner's sandboxes (the collector of servers
+	// that share sandboxes); Owner is then ignored.
+	AnyOwner bool
+	State    string // "" for every state
+	After    string // only records after the one with this ID (a cursor); "" from the start
+	Limit    int    // at most this many; 0 for all
 }
 
 // Store persists the server's state. Implementations are safe for

@@ -66,7 +66,10 @@ func (s *Store) GetSandbox(ctx context.Context, id string) (store.Sandbox, error
 // ListSandboxes implements store.Store, oldest first.
 func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.Sandbox, error) {
 	var a args
-	q := `SELECT ` + sandboxCols + ` FROM sandboxes WHERE owner = ` + a.add(f.Owner)
+	q := `SELECT ` + sandboxCols + ` FROM sandboxes WHERE true`
+	if !f.AnyOwner {
+		q += ` AND owner = ` + a.add(f.Owner)
+	}
 	if f.State != "" {
 		q += ` AND state = ` + a.add(f.State)
 	}

@@ -358,6 +358,9 @@ func (d *DB) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
 func (d *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.Sandbox, error) {
 	q := `SELECT ` + sandboxCols + ` FROM sandboxes WHERE owner = ?`
 	args := []any{f.Owner}
+	if f.AnyOwner {
+		q, args = `SELECT `+sandboxCols+` FROM sandboxes WHERE true`, nil
+	}
 	if f.State != "" {
 		q += ` AND state = ?`
 		args = append(args, f.State)

@@ -123,6 +123,10 @@ func testSandboxesAndRestartMarking(t *testing.T, s store.Store) {
 	if len(all) != 2 || all[0].ID != "a" {
 		t.Fatalf("all of o1 = %+v", all)
 	}
+	if every, err := s.ListSandboxes(ctx, store.SandboxFilter{AnyOwner: true, State: store.SandboxRunning}); err != nil ||
+		len(every) != 2 || every[0].ID != "b" || every[1].ID != "c" {
+		t.Fatalf("running of every owner = %+v, %v", every, err)
+	}
 	if none, err := s.ListSandboxes(ctx, store.SandboxFilter{Owner: "nobody"}); err != nil || none == nil || len(none) != 0 {
 		t.Fatalf("an owner without sandboxes: %#v, %v (want an empty, non-nil list)", none, err)
 	}
