@@ -377,6 +377,15 @@ func (a *Account) ReleaseSandbox() {
 	a.mu.Unlock()
 }
 
+// HoldSandbox counts a sandbox this server did not admit: one another
+// server created in a store they share, served here now (ReleaseSandbox
+// gives it back). The store's count, which admitted it, is unchanged.
+func (a *Account) HoldSandbox() {
+	a.mu.Lock()
+	a.running++
+	a.mu.Unlock()
+}
+
 // Running is how many sandboxes are counted against the concurrent cap.
 func (a *Account) Running() int64 {
 	a.mu.Lock()

@@ -77,12 +77,20 @@ type Config struct {
 	// allows a network (internal/egress); its Events and Logger default
 	// to the Manager's.
 	Egress egress.Options
+	// Shared says that other engines (the server's other replicas) serve
+	// these sandboxes too, which outlive this engine (shared.go): nothing
+	// is destroyed at start or Close, and deadlines and idleness are the
+	// agent's. The Runtime must implement runtime.Attacher.
+	Shared bool
 	Logger *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
 	if c.Runtime == nil || c.Templates == nil {
 		return errors.New("sandbox: Runtime and Templates are required")
+	}
+	if _, ok := c.Runtime.(runtime.Attacher); c.Shared && !ok {
+		return fmt.Errorf("sandbox: the %s runtime cannot share sandboxes between engines", c.Runtime.Name())
 	}
 	if c.DefaultTemplate == "" {
 		c.DefaultTemplate = "python"
@@ -198,7 +206,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		m.cfg.Egress.Events = m.cfg.Events
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
-	m.reconcile(ctx)
+	if !cfg.Shared {
+		m.reconcile(ctx) // shared ones are the server's collector's
+	}
 	if cfg.IdleTimeout > 0 {
 		go m.idleLoop(min(cfg.IdleTimeout/4, 5*time.Second))
 	}
@@ -468,6 +478,18 @@ func (m *Manager) expire(s *Sandbox) {
 	if early {
 		return
 	}
+	if m.cfg.Shared {
+		// Another engine may have moved the deadline: the agent knows.
+		if d, ok := s.sharedDeadline(); ok {
+			s.mu.Lock()
+			if s.state == StateRunning {
+				s.deadline = d
+				s.timer.Reset(time.Until(d))
+			}
+			s.mu.Unlock()
+			return
+		}
+	}
 	m.log.Info("sandbox timed out", "sandbox", s.ID)
 	_ = m.destroy(s, reasonTimeout)
 }
@@ -541,6 +563,8 @@ func (m *Manager) forget(id string) {
 // Close stops accepting sandboxes, aborts creates in flight and destroys
 // every sandbox. Sandboxes whose destroy fails, or that were still being
 // destroyed in the background, are left to the next engine's start.
+// Shared sandboxes (Config.Shared) are released instead: they go on for
+// the other engines; only the warm pool's members are destroyed.
 func (m *Manager) Close(ctx context.Context) error {
 	m.cancel()
 	var poolErr error
@@ -554,6 +578,10 @@ func (m *Manager) Close(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(all))
 	for i, s := range all {
+		if m.cfg.Shared {
+			m.Release(s.ID, "")
+			continue
+		}
 		wg.Go(func() { errs[i] = m.destroy(s, reasonShutdown) })
 	}
 	wg.Wait()
@@ -628,6 +656,16 @@ func (m *Manager) idleLoop(every time.Duration) {
 // idleSince returns how long the sandbox has done nothing. Work counts:
 // requests in flight, and CPU its processes used since the last check.
 func (s *Sandbox) idleSince(now time.Time, interval time.Duration) time.Duration {
+	if s.m.cfg.Shared {
+		// The agent serves every engine's requests: it knows.
+		if idle, ok := s.sharedIdle(); ok {
+			s.mu.Lock()
+			if active := now.Add(-idle); active.After(s.lastActive) {
+				s.lastActive = active
+			}
+			s.mu.Unlock()
+		}
+	}
 	u, err := s.m.cfg.Runtime.Usage(context.Background(), s.ID)
 	s.mu.Lock()
 	defer s.mu.Unlock()

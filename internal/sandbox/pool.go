@@ -231,7 +231,7 @@ func (p *pool) start(tmpl string) (*Sandbox, error) {
 
 // runtimeSpec is what the runtime is asked to start for a pool member.
 func runtimeSpec(s *Sandbox, rootfs string) runtime.Spec {
-	return runtime.Spec{ID: s.ID, Template: s.Template, RootFS: rootfs, Limits: s.Limits, ReadOnly: s.ReadOnly, Env: threadEnv(s.Limits, nil)}
+	return runtime.Spec{ID: s.ID, Template: s.Template, RootFS: rootfs, Limits: s.Limits, ReadOnly: s.ReadOnly, Env: threadEnv(s.Limits, nil), Pool: true}
 }
 
 // threadVars size the thread pools of numerical libraries.

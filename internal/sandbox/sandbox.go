@@ -70,6 +70,7 @@ type Sandbox struct {
 	lastCPU    uint64      // CPUNanos at the last idle check
 	busy       int         // requests in flight
 	announced  bool        // sandbox.created was emitted, so sandbox.stopped will be
+	released   bool        // dropped by Release, not stopped here (shared.go)
 	seen       limitCounts // the cgroup's limit counters already reported (limits.go)
 }
 
