@@ -265,15 +265,21 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 			err = cerr
 		}
 	}()
-	if n, err := st.StopAllRunning(ctx, "server restarted", time.Now()); err != nil {
-		return err
-	} else if n > 0 {
-		log.Info("marked sandboxes of the previous run stopped", "count", n)
-	}
-	if n, err := st.EndRunningExecutions(ctx, string(apierr.Internal), "server restarted"); err != nil {
-		return err
-	} else if n > 0 {
-		log.Info("marked executions the previous run cut ended", "count", n)
+	// On Kubernetes, sandboxes outlive every replica and the others
+	// serve them meanwhile: records stay, and the collector ends those
+	// whose Pod is gone (internal/server/shared.go).
+	shared := kube != nil
+	if !shared {
+		if n, err := st.StopAllRunning(ctx, "server restarted", time.Now()); err != nil {
+			return err
+		} else if n > 0 {
+			log.Info("marked sandboxes of the previous run stopped", "count", n)
+		}
+		if n, err := st.EndRunningExecutions(ctx, string(apierr.Internal), "server restarted"); err != nil {
+			return err
+		} else if n > 0 {
+			log.Info("marked executions the previous run cut ended", "count", n)
+		}
 	}
 	// 3. The event bus (stored, streamed, posted to webhooks): closed
 	// after the engine, so that every sandbox.stopped is kept.
@@ -327,8 +333,12 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 		return err
 	}
 	if kubeRT != nil {
-		// Ready while the cluster answers.
+		// Ready while the cluster answers. Capacity is the cluster's
+		// (its scheduler's), not this host's memory; previews are
+		// signed with the replicas' shared key.
 		scfg.Ready = kubeRT.Ready
+		scfg.HostMemoryBytes = 0
+		scfg.PreviewKey = kubeRT.PreviewKey()
 	}
 	srv := server.New(scfg, st, eng.Manager, log)
 	log.Info("listening", "addr", ln.Addr().String(), "data_dir", cfg.DataDir, "runtime", scfg.Runtime)
@@ -376,8 +386,10 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 		log.Error("flush usage", "err", cerr)
 	}
 	srv.RecordStopped(context.Background())
-	if _, serr := st.StopAllRunning(context.Background(), "server shut down", time.Now()); serr != nil {
-		log.Error("record sandboxes stopped", "err", serr)
+	if !shared {
+		if _, serr := st.StopAllRunning(context.Background(), "server shut down", time.Now()); serr != nil {
+			log.Error("record sandboxes stopped", "err", serr)
+		}
 	}
 	log.Info("stopped")
 	return err

@@ -25,7 +25,9 @@ package agenttls
 import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -258,4 +260,14 @@ func (c *Client) Config(sandboxID string) *tls.Config {
 		ServerName:         ServerName(sandboxID),
 		ClientSessionCache: c.sessions,
 	}
+}
+
+// DeriveKey returns a 32-byte secret for purpose, the same in every
+// replica that holds this authority and known to nothing else (an HMAC
+// of purpose under the authority's private key): keys the replicas must
+// share, such as the one that signs preview URLs.
+func (ca *CA) DeriveKey(purpose string) []byte {
+	m := hmac.New(sha256.New, ca.KeyPEM)
+	m.Write([]byte("sheepfold derived key: " + purpose))
+	return m.Sum(nil)
 }

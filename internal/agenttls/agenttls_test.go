@@ -1,6 +1,7 @@
 package agenttls
 
 import (
+	"bytes"
 	"crypto/tls"
 	"io"
 	"net"
@@ -235,5 +236,30 @@ func unwrapAll(err error) error {
 			return err
 		}
 		err = u.Unwrap()
+	}
+}
+
+// TestDeriveKey: replicas holding one authority derive the same key per
+// purpose; another authority or purpose gives another.
+func TestDeriveKey(t *testing.T) {
+	now := time.Now()
+	a, err := NewCA(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewCA(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := ParseCA(a.CertPEM, a.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := a.DeriveKey("preview")
+	if len(k) != 32 || !bytes.Equal(k, again.DeriveKey("preview")) {
+		t.Fatalf("the same authority read back derives another key")
+	}
+	if bytes.Equal(k, b.DeriveKey("preview")) || bytes.Equal(k, a.DeriveKey("other")) {
+		t.Fatal("another authority or purpose derives the same key")
 	}
 }

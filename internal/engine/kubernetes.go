@@ -78,6 +78,8 @@ func OpenKubernetes(ctx context.Context, ko KubernetesOptions, idle time.Duratio
 	if err := rt.Ready(ctx); err != nil {
 		return nil, nil, err
 	}
+	// Pods outlive this server, and every replica serves every one.
+	opts = append(opts, func(c *sandbox.Config) { c.Shared = true })
 	eng, err := open(ctx, rt, sandbox.TemplatesFunc(func(name string) (string, error) {
 		if !rt.HasTemplate(name) {
 			return "", fmt.Errorf("no image for template %q in this cluster", name)

@@ -99,10 +99,19 @@ func (b e2bBackend) Sandbox(ctx context.Context, owner, id string) (*sandbox.San
 		b.s.mu.Lock()
 		bx, ok := b.s.boxes[id]
 		b.s.mu.Unlock()
-		if !ok || bx.sb == nil {
+		switch {
+		case ok && bx.sb != nil:
+			owner = bx.owner
+		case b.s.shared():
+			// Perhaps another replica's: its record names its owner.
+			rec, err := b.s.store.GetSandbox(ctx, id)
+			if err != nil {
+				return nil, notFound(id)
+			}
+			owner = rec.Owner
+		default:
 			return nil, notFound(id)
 		}
-		owner = bx.owner
 	}
 	bx, err := b.s.lookupID(ctx, owner, id)
 	if err != nil {
@@ -113,6 +122,9 @@ func (b e2bBackend) Sandbox(ctx context.Context, owner, id string) (*sandbox.San
 
 // Sandboxes lists running sandboxes; owner "" lists every owner's.
 func (b e2bBackend) Sandboxes(ctx context.Context, owner string) []*sandbox.Sandbox {
+	if b.s.shared() {
+		b.s.adoptAll(ctx, owner)
+	}
 	b.s.mu.Lock()
 	defer b.s.mu.Unlock()
 	var out []*sandbox.Sandbox

@@ -1,6 +1,9 @@
 package server
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // SetStreamWriteTimeout shortens the write deadline of streams for one
 // test (not a parallel one) and returns what restores it.
@@ -9,3 +12,14 @@ func SetStreamWriteTimeout(d time.Duration) (restore func()) {
 	streamWriteTimeout = d
 	return func() { streamWriteTimeout = old }
 }
+
+// SetCollectGrace shortens the collector's grace for one test (not a
+// parallel one) and returns what restores it.
+func SetCollectGrace(d time.Duration) (restore func()) {
+	old := collectGrace
+	collectGrace = d
+	return func() { collectGrace = old }
+}
+
+// Collect runs the replicas' collector once.
+func (s *Server) Collect() { s.collect(context.Background()) }

@@ -255,7 +255,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	info := sb.Info()
 	out := sandboxFromInfo(info)
 	md, _ := json.Marshal(out.Metadata)
-	res, _ := json.Marshal(out.Resources)
+	res, _ := json.Marshal(recordResources{resourcesJSON: out.Resources, MaxExecutionMS: execTimeout.Milliseconds()})
 	rec := store.Sandbox{ID: sb.ID, Owner: own, Template: info.Template, State: store.SandboxRunning,
 		CreatedAt: info.Created, ExpiresAt: info.Deadline, Metadata: md, Resources: res}
 	if p := sb.Policy(); p != nil {
@@ -373,6 +373,9 @@ func (s *Server) lookup(r *http.Request) (*box, error) {
 
 // lookupID is lookup for an owner and id.
 func (s *Server) lookupID(ctx context.Context, own, id string) (*box, error) {
+	if s.shared() {
+		return s.lookupShared(ctx, own, id)
+	}
 	s.mu.Lock()
 	b, ok := s.boxes[id]
 	s.mu.Unlock()
@@ -490,11 +493,12 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 				}
 			}
 			out = append(out, j)
-		} else if rec.State != store.SandboxRunning {
+		} else if rec.State != store.SandboxRunning || s.shared() {
 			out = append(out, sandboxFromRecord(rec))
 		}
 		// A record still "running" that this server does not hold is
-		// about to be swept; leave it out.
+		// about to be swept; leave it out (unless another replica holds
+		// it: shared.go).
 	}
 	page := map[string]any{"sandboxes": out}
 	if next != "" {

@@ -87,6 +87,13 @@ type Config struct {
 	// SweepInterval is how often stopped sandboxes (timed out, crashed)
 	// are recorded in the store [2s].
 	SweepInterval time.Duration
+	// CollectInterval is how often a server whose engine shares its
+	// sandboxes runs the replicas' collector (shared.go)
+	// [DefaultCollectInterval].
+	CollectInterval time.Duration
+	// PreviewKey signs preview tokens and URLs; replicas must share it.
+	// Empty: a random key of this server's own.
+	PreviewKey []byte
 	// BodyReadTimeout is the longest a request body may stall: every read
 	// of it must make progress within this time, so a long upload at any
 	// steady rate passes and a stalled one is cut [30s].
@@ -166,6 +173,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.SweepInterval <= 0 {
 		c.SweepInterval = 2 * time.Second
+	}
+	if c.CollectInterval <= 0 {
+		c.CollectInterval = DefaultCollectInterval
 	}
 	if c.BodyReadTimeout <= 0 {
 		c.BodyReadTimeout = 30 * time.Second
@@ -271,9 +281,12 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		log.Error("webhook allowed hosts", "err", err)
 		rules = []hostRule{{name: "\x00"}}
 	}
-	s.previewKey = make([]byte, 32)
-	if _, err := rand.Read(s.previewKey); err != nil {
-		panic(err) // crypto/rand never fails on Linux
+	s.previewKey = cfg.PreviewKey
+	if len(s.previewKey) == 0 {
+		s.previewKey = make([]byte, 32)
+		if _, err := rand.Read(s.previewKey); err != nil {
+			panic(err) // crypto/rand never fails on Linux
+		}
 	}
 	s.metrics = newMetrics(s)
 	s.preview = s.newPreviewProxy()
@@ -392,8 +405,10 @@ func (s *Server) RecordStopped(ctx context.Context) {
 			continue // a create in progress
 		}
 		if st := b.sb.State(); st == sandbox.StateStopping || st == sandbox.StateStopped {
-			stopped = append(stopped, b)
 			delete(s.boxes, id)
+			if !b.sb.Released() { // a released one's record is not ours (shared.go)
+				stopped = append(stopped, b)
+			}
 		}
 	}
 	s.mu.Unlock()
@@ -441,12 +456,21 @@ func (s *Server) sweep() {
 	if s.store != nil {
 		s.prune(context.Background())
 	}
+	var collect <-chan time.Time
+	if s.shared() {
+		s.collect(context.Background())
+		c := time.NewTicker(s.cfg.CollectInterval)
+		defer c.Stop()
+		collect = c.C
+	}
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
 			s.RecordStopped(context.Background())
+		case <-collect:
+			s.collect(context.Background())
 		case <-p.C:
 			s.prune(context.Background())
 		}

@@ -1,0 +1,166 @@
+package server_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/store/sqlite"
+)
+
+// replica is a second server over e's store and runtime: two replicas of
+// one deployment, whose sandboxes outlive each (sandbox.Config.Shared).
+type replica struct {
+	*env
+	close func() // shuts it down as `serve` does, leaving sandboxes running
+}
+
+func shared(c *sandbox.Config) { c.Shared = true }
+
+func newReplica(t *testing.T, e *env) *replica {
+	t.Helper()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, e.dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bus := events.NewBus(server.EventStore(st), events.BusConfig{Logger: log})
+	m, err := sandbox.New(ctx, sandbox.Config{Runtime: e.rt, Logger: log, Events: bus, Shared: true,
+		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return "/", nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := server.New(server.Config{Version: "test", Events: bus}, st, m, log)
+	hs := httptest.NewServer(srv)
+	r := &replica{env: &env{t: t, srv: srv, url: hs.URL, store: st, dbPath: e.dbPath, engine: m, rt: e.rt, bus: bus,
+		keyA: e.keyA, keyB: e.keyB}}
+	var once bool
+	r.close = func() {
+		if once {
+			return
+		}
+		once = true
+		hs.Close()
+		srv.Shutdown(ctx)
+		if err := m.Close(ctx); err != nil {
+			t.Error(err)
+		}
+		srv.Close(ctx)
+		srv.RecordStopped(ctx)
+		bus.Close()
+		st.Close()
+	}
+	t.Cleanup(r.close)
+	return r
+}
+
+// TestReplicasShareSandboxes: any replica serves any sandbox, with its
+// state; a timeout set on one holds on the other; a kill on one is seen
+// by the other; a replica that stops leaves its sandboxes to the rest.
+func TestReplicasShareSandboxes(t *testing.T) {
+	t.Parallel()
+	a := newEnv(t, server.Config{}, shared)
+	b := newReplica(t, a)
+
+	id := a.create(a.keyA, map[string]any{"timeout": 60})
+	want(t, a.do("POST", "/v1/sandboxes/"+id+"/execute", a.keyA, map[string]any{"code": "x = 41"}), http.StatusOK, "")
+	r := b.do("POST", "/v1/sandboxes/"+id+"/execute", b.keyA, map[string]any{"code": "print(x + 1)"})
+	want(t, r, http.StatusOK, "")
+	if out := r.json(t)["stdout"]; out != "42\n" {
+		t.Fatalf("on the other replica: stdout %q, want the first's state", out)
+	}
+	// Another owner does not see it on either.
+	want(t, b.do("GET", "/v1/sandboxes/"+id, b.keyB, nil), http.StatusNotFound, "ERR_SANDBOX_NOT_FOUND")
+
+	// A longer lifetime set on B holds on A, whose timer would end it.
+	want(t, b.do("POST", "/v1/sandboxes/"+id+"/timeout", b.keyA, map[string]any{"timeout": 600}), http.StatusOK, "")
+	got := a.do("GET", "/v1/sandboxes/"+id, a.keyA, nil).json(t)
+	exp, _ := time.Parse(time.RFC3339Nano, got["expires_at"].(string))
+	if d := time.Until(exp); d < 590*time.Second {
+		t.Fatalf("replica A says it expires in %v; B extended it to 600s", d)
+	}
+
+	// Listed on both.
+	for _, rp := range []*env{a, b.env} {
+		l := rp.do("GET", "/v1/sandboxes", rp.keyA, nil).json(t)["sandboxes"].([]any)
+		if len(l) != 1 || l[0].(map[string]any)["id"] != id || l[0].(map[string]any)["state"] != "running" {
+			t.Fatalf("listing: %v", l)
+		}
+	}
+
+	// Killed on B: A answers it stopped, and holds it no more.
+	want(t, b.do("DELETE", "/v1/sandboxes/"+id, b.keyA, nil), http.StatusNoContent, "")
+	r = a.do("POST", "/v1/sandboxes/"+id+"/execute", a.keyA, map[string]any{"code": "1"})
+	want(t, r, http.StatusConflict, "ERR_SANDBOX_STATE")
+	if _, err := a.engine.Get(id); err == nil {
+		t.Fatal("replica A still holds a sandbox B killed")
+	}
+	if rec, _ := a.store.GetSandbox(context.Background(), id); rec.State != store.SandboxStopped || rec.StopReason != "killed" {
+		t.Fatalf("record %+v", rec)
+	}
+
+	// A replica that stops leaves its sandboxes running: the other
+	// serves them, state and all.
+	id2 := b.create(b.keyA, map[string]any{"timeout": 60})
+	want(t, b.do("POST", "/v1/sandboxes/"+id2+"/execute", b.keyA, map[string]any{"code": "y = 7"}), http.StatusOK, "")
+	b.close()
+	r = a.do("POST", "/v1/sandboxes/"+id2+"/execute", a.keyA, map[string]any{"code": "print(y * 6)"})
+	want(t, r, http.StatusOK, "")
+	if out := r.json(t)["stdout"]; out != "42\n" {
+		t.Fatalf("after its creator stopped: stdout %q", out)
+	}
+	want(t, a.do("DELETE", "/v1/sandboxes/"+id2, a.keyA, nil), http.StatusNoContent, "")
+	if ids, _ := a.rt.List(context.Background()); len(ids) != 0 {
+		t.Fatalf("left in the runtime: %v", ids)
+	}
+}
+
+// TestReplicasCollector: the collector destroys what no record claims
+// and ends records whose sandbox is gone; it spares creates in flight
+// and warm pool members.
+func TestReplicasCollector(t *testing.T) {
+	defer server.SetCollectGrace(200 * time.Millisecond)()
+	a := newEnv(t, server.Config{CollectInterval: time.Hour}, shared)
+	ctx := context.Background()
+
+	// A sandbox whose record is lost (its replica died between the two),
+	// a pool member, and a recorded sandbox whose runtime lost it.
+	if _, err := a.rt.Create(ctx, runtime.Spec{ID: "orphan0000000000"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.rt.Create(ctx, runtime.Spec{ID: "warm00000000000", Pool: true}); err != nil {
+		t.Fatal(err)
+	}
+	lost := a.create(a.keyA, map[string]any{"timeout": 60})
+	if err := a.rt.Destroy(ctx, lost); err != nil {
+		t.Fatal(err)
+	}
+	a.srv.Collect() // all within the grace: nothing happens
+	if ids, _ := a.rt.List(ctx); len(ids) != 2 {
+		t.Fatalf("within the grace the collector took: %v left", ids)
+	}
+	time.Sleep(300 * time.Millisecond)
+	a.srv.Collect()
+	ids, _ := a.rt.List(ctx)
+	if len(ids) != 1 || ids[0] != "warm00000000000" {
+		t.Fatalf("after the grace: %v left, want the pool member alone", ids)
+	}
+	rec, err := a.store.GetSandbox(ctx, lost)
+	if err != nil || rec.State != store.SandboxStopped || rec.StopReason == "" {
+		t.Fatalf("record of the lost sandbox: %+v, %v", rec, err)
+	}
+	want(t, a.do("POST", "/v1/sandboxes/"+lost+"/execute", a.keyA, map[string]any{"code": "1"}), http.StatusConflict, "ERR_SANDBOX_STATE")
+	if err := a.rt.Destroy(ctx, "warm00000000000"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,267 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/store"
+)
+
+// Replicas. When the engine shares its sandboxes (sandbox.Config.Shared:
+// the Kubernetes backend, where sandboxes are Pods), several servers over
+// one store serve every sandbox, and each sandbox outlives the server
+// that created it:
+//
+//   - The record decides. Every lookup reads it: a sandbox another
+//     replica stopped is released here (not destroyed), and a running one
+//     this replica does not hold is adopted (sandbox.Manager.Adopt), then
+//     served as if created here. Streams and previews need no routing:
+//     each replica reaches every agent itself.
+//   - Starting and stopping a replica leave sandboxes and records alone.
+//   - The collector (collect), in every replica, compares the runtime's
+//     inventory with the records: it destroys sandboxes no record claims
+//     (past a grace for creates in flight; warm pool members end on their
+//     own when their replica is gone) and ends records whose sandbox is
+//     gone or ended. Collecting twice is harmless.
+//
+// What each replica keeps to itself: the usage meter of the sandboxes it
+// created (a sandbox whose creator is gone is not metered further), ports
+// made public (preview.go), and per-minute rate limits.
+
+// collectGrace is how long a sandbox may exist without a record (a
+// create in flight) and a record without its sandbox, before the
+// collector acts.
+var collectGrace = 2 * time.Minute
+
+// DefaultCollectInterval is how often replicas run the collector.
+const DefaultCollectInterval = 15 * time.Second
+
+// recordResources is what a sandbox's record keeps of its resources: the
+// API's, and its execution timeout, which a replica adopting it needs.
+type recordResources struct {
+	resourcesJSON
+	MaxExecutionMS int64 `json:"max_execution_ms,omitempty"`
+}
+
+// shared reports whether this server shares its sandboxes with others.
+func (s *Server) shared() bool { return s.engine != nil && s.engine.Shared() }
+
+// lookupShared is lookupID for shared sandboxes: the record decides.
+func (s *Server) lookupShared(ctx context.Context, own, id string) (*box, error) {
+	rec, err := s.store.GetSandbox(ctx, id)
+	if errors.Is(err, store.ErrNotFound) || err == nil && rec.Owner != own {
+		return nil, notFound(id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	b, held := s.boxes[id]
+	s.mu.Unlock()
+	held = held && b.sb != nil
+	if rec.State != store.SandboxRunning {
+		if held {
+			s.drop(b, rec.StopReason) // another replica stopped it
+		}
+		return nil, stoppedErr(rec)
+	}
+	if held {
+		if b.sb.State() == sandbox.StateRunning {
+			b.sb.Follow(rec.ExpiresAt) // another replica may have extended it
+			return b, nil
+		}
+		s.forget(ctx, b) // stopped here: record it
+		return nil, apierr.New(apierr.SandboxState, "sandbox %s is %s (%s)", id, b.sb.State(), b.sb.Info().StopReason)
+	}
+	return s.adopt(ctx, rec)
+}
+
+// stoppedErr is the error for a stopped sandbox's record.
+func stoppedErr(rec store.Sandbox) error {
+	msg := fmt.Sprintf("sandbox %s is %s", rec.ID, rec.State)
+	if rec.StopReason != "" {
+		msg += " (" + rec.StopReason + ")"
+	}
+	return apierr.New(apierr.SandboxState, "%s", msg)
+}
+
+// adopt takes a running sandbox another replica created into this one.
+func (s *Server) adopt(ctx context.Context, rec store.Sandbox) (*box, error) {
+	var res recordResources
+	md := map[string]string{}
+	if err := errors.Join(unmarshalObject(rec.Resources, &res), unmarshalObject(rec.Metadata, &md)); err != nil {
+		return nil, fmt.Errorf("sandbox %s's record: %w", rec.ID, err)
+	}
+	pol, err := parsePolicy(rec.Policy)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s's recorded policy: %w", rec.ID, err)
+	}
+	limits := runtime.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryMB << 20, DiskBytes: res.DiskMB << 20, Pids: res.Pids}
+	sb, err := s.engine.Adopt(ctx, sandbox.AdoptOptions{ID: rec.ID, Template: rec.Template, Limits: limits, Metadata: md,
+		Created: rec.CreatedAt, Deadline: rec.ExpiresAt, Policy: pol, Owner: rec.Owner})
+	if apierr.CodeOf(err) == apierr.SandboxNotFound {
+		// Recorded as running, and nothing runs: it ended while no
+		// replica held it (its lifetime, a crash, its node's loss).
+		reason := sandboxGone
+		if time.Now().After(rec.ExpiresAt) {
+			reason = store.ReasonTimedOut
+		}
+		if serr := s.store.StopSandbox(ctx, rec.ID, reason, time.Now()); serr != nil {
+			return nil, serr
+		}
+		rec.State, rec.StopReason = store.SandboxStopped, reason
+		return nil, stoppedErr(rec)
+	}
+	if err != nil {
+		return nil, err
+	}
+	b := &box{sb: sb, owner: rec.Owner, execTimeout: time.Duration(res.MaxExecutionMS) * time.Millisecond, footprint: footprint(limits)}
+	s.mu.Lock()
+	if other, ok := s.boxes[rec.ID]; ok && other.sb != nil {
+		s.mu.Unlock()
+		return other, nil // a concurrent lookup adopted it first
+	}
+	s.boxes[rec.ID] = b
+	s.mu.Unlock()
+	if !s.cfg.NoAccounting {
+		if a, err := s.accounts.Get(ctx, rec.Owner); err == nil {
+			// Counted, not metered: its creator meters it.
+			a.HoldSandbox()
+			s.tenants.Store(rec.ID, &tenant{acct: a})
+			if st := sb.State(); st == sandbox.StateStopping || st == sandbox.StateStopped {
+				s.release(rec.ID)
+			}
+		}
+	}
+	return b, nil
+}
+
+// sandboxGone is the stop reason of a sandbox whose Pod is gone.
+const sandboxGone = "the sandbox stopped unexpectedly"
+
+func unmarshalObject(raw json.RawMessage, v any) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	return json.Unmarshal(raw, v)
+}
+
+// drop lets go of a sandbox another replica stopped: nothing is
+// destroyed and nothing recorded.
+func (s *Server) drop(b *box, reason string) {
+	s.engine.Release(b.sb.ID, reason)
+	s.mu.Lock()
+	if s.boxes[b.sb.ID] == b {
+		delete(s.boxes, b.sb.ID)
+	}
+	s.mu.Unlock()
+}
+
+// collect is the replicas' garbage collector (see the top of this file).
+func (s *Server) collect(ctx context.Context) {
+	held, err := s.engine.Inventory(ctx)
+	if err != nil {
+		s.log.Error("collector: list sandboxes", "err", err)
+		return
+	}
+	recs, err := s.store.ListSandboxes(ctx, store.SandboxFilter{AnyOwner: true, State: store.SandboxRunning})
+	if err != nil {
+		s.log.Error("collector: list records", "err", err)
+		return
+	}
+	now := time.Now()
+	running := make(map[string]store.Sandbox, len(recs))
+	for _, r := range recs {
+		running[r.ID] = r
+	}
+	exists := make(map[string]bool, len(held))
+	for _, h := range held {
+		exists[h.ID] = true
+		rec, recorded := running[h.ID]
+		switch {
+		case recorded && h.Ended:
+			reason := sandboxGone
+			if now.After(rec.ExpiresAt) {
+				reason = store.ReasonTimedOut
+			}
+			s.collectOne(ctx, h.ID, reason, true)
+		case recorded, now.Sub(h.Created) < collectGrace, h.Pool && !h.Ended:
+			// A live sandbox, a create in flight, or a warm pool
+			// member (which ends itself when its replica is gone).
+		default:
+			s.collectOne(ctx, h.ID, "no record", false)
+		}
+	}
+	for id, rec := range running {
+		if !exists[id] && now.Sub(rec.CreatedAt) > collectGrace {
+			reason := sandboxGone
+			if now.After(rec.ExpiresAt) {
+				reason = store.ReasonTimedOut
+			}
+			s.collectOne(ctx, id, reason, true)
+		}
+	}
+	// Sandboxes held here that another replica stopped.
+	s.mu.Lock()
+	var stale []*box
+	for id, b := range s.boxes {
+		if _, ok := running[id]; !ok && b.sb != nil && b.sb.State() == sandbox.StateRunning {
+			stale = append(stale, b)
+		}
+	}
+	s.mu.Unlock()
+	for _, b := range stale {
+		rec, err := s.store.GetSandbox(ctx, b.sb.ID)
+		if err == nil && rec.State != store.SandboxRunning {
+			s.drop(b, rec.StopReason)
+		}
+	}
+}
+
+// collectOne destroys a sandbox and, when it has a running record,
+// records it stopped for reason.
+func (s *Server) collectOne(ctx context.Context, id, reason string, recorded bool) {
+	s.log.Info("collector: destroying a sandbox", "sandbox", id, "reason", reason)
+	if err := s.engine.Collect(ctx, id, reason); err != nil && apierr.CodeOf(err) != apierr.SandboxNotFound {
+		s.log.Error("collector: destroy", "sandbox", id, "err", err)
+		return
+	}
+	if !recorded {
+		return
+	}
+	if err := s.store.StopSandbox(ctx, id, reason, time.Now()); err != nil {
+		s.log.Error("collector: record the stop", "sandbox", id, "err", err)
+	}
+	s.mu.Lock()
+	b, ok := s.boxes[id]
+	if ok && b.sb != nil && b.sb.State() != sandbox.StateRunning {
+		delete(s.boxes, id) // destroyed here: recorded just now
+	}
+	s.mu.Unlock()
+}
+
+// adoptAll adopts every running sandbox of owner ("": of every owner)
+// that this replica does not hold yet, for listings of live sandboxes.
+func (s *Server) adoptAll(ctx context.Context, owner string) {
+	recs, err := s.store.ListSandboxes(ctx, store.SandboxFilter{Owner: owner, AnyOwner: owner == "", State: store.SandboxRunning})
+	if err != nil {
+		s.log.Error("list sandboxes of other replicas", "err", err)
+		return
+	}
+	for _, rec := range recs {
+		s.mu.Lock()
+		_, held := s.boxes[rec.ID]
+		s.mu.Unlock()
+		if !held {
+			if _, err := s.adopt(ctx, rec); err != nil {
+				s.log.Debug("adopt a sandbox for a listing", "sandbox", rec.ID, "err", err)
+			}
+		}
+	}
+}
