@@ -254,16 +254,13 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 		opt.Timeout = d
 	}
 	h.prune(r.Context())
-	sb, err := h.backend.Create(context.WithoutCancel(r.Context()), owner, opt)
+	origin := Origin{Alias: req.TemplateID,
+		PublicTraffic: req.Network == nil || req.Network.AllowPublicTraffic == nil || *req.Network.AllowPublicTraffic}
+	sb, err := h.backend.Create(context.WithoutCancel(r.Context()), owner, opt, origin)
 	if err != nil {
 		return err
 	}
-	h.mu.Lock()
-	if req.TemplateID != "" {
-		h.aliases[sb.ID] = req.TemplateID
-	}
-	h.traffic[sb.ID] = req.Network == nil || req.Network.AllowPublicTraffic == nil || *req.Network.AllowPublicTraffic
-	h.mu.Unlock()
+	h.Adopted(sb.ID, origin)
 	h.sampleMetrics(sb)
 	writeJSON(w, http.StatusCreated, h.sandboxOf(r.Context(), sb))
 	return nil

@@ -84,8 +84,10 @@ type Backend interface {
 	// KeyOwner returns the owner of the key with this id while it is not
 	// revoked, and an error once it is (or never existed).
 	KeyOwner(ctx context.Context, keyID string) (string, error)
-	// Create starts a sandbox for owner.
-	Create(ctx context.Context, owner string, opt sandbox.CreateOptions) (*sandbox.Sandbox, error)
+	// Create starts a sandbox for owner; the server keeps origin with
+	// its record and gives it back through Handler.Adopted to every
+	// replica that serves the sandbox later.
+	Create(ctx context.Context, owner string, opt sandbox.CreateOptions, origin Origin) (*sandbox.Sandbox, error)
 	// Sandbox returns owner's running sandbox; owner "" matches any owner
 	// (the data plane, where the access token is the credential).
 	Sandbox(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
@@ -98,6 +100,30 @@ type Backend interface {
 	// BeginExecution records a code-interpreter execution in the
 	// server's execution history as it starts.
 	BeginExecution(ctx context.Context, sb *sandbox.Sandbox, language, code string) RecordedExecution
+	// SignerKeys maps running sandbox id ("": every running sandbox) to
+	// the ids of the keys that act for its owner and are not revoked:
+	// access tokens another replica issued are among theirs, and with
+	// them the signatures of signed URLs.
+	SignerKeys(ctx context.Context, id string) map[string][]string
+}
+
+// Origin is what the control plane knows of a sandbox it created beyond
+// the engine's options: the template alias it was asked for, and
+// whether its ports take traffic without a token.
+type Origin struct {
+	Alias         string `json:"alias,omitempty"`
+	PublicTraffic bool   `json:"public_traffic,omitempty"`
+}
+
+// Adopted tells the handler of a sandbox another replica created
+// through E2B's control plane (origin as that replica recorded it).
+func (h *Handler) Adopted(id string, origin Origin) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if origin.Alias != "" {
+		h.aliases[id] = origin.Alias
+	}
+	h.traffic[id] = origin.PublicTraffic
 }
 
 // RecordedExecution is an execution's record while it runs.
@@ -135,6 +161,9 @@ type Config struct {
 	// and the code interpreter's (the server's preview proxy, which asks
 	// PublicTraffic and ValidTrafficToken); nil answers 502.
 	Ports http.Handler
+	// Key makes the access tokens (an HMAC key); replicas must share it.
+	// Empty: a random key of this handler's own.
+	Key []byte
 }
 
 // Handler serves the E2B protocols.
@@ -177,7 +206,9 @@ func New(cfg Config, b Backend) *Handler {
 		aliases: map[string]string{}, issued: map[string]map[string]string{}, counts: map[string]map[string]int{}, watchers: map[string]*pollWatcher{},
 		metrics: map[string]*metricsLog{},
 		traffic: map[string]bool{}}
-	if _, err := rand.Read(h.key); err != nil {
+	if len(cfg.Key) > 0 {
+		h.key = cfg.Key
+	} else if _, err := rand.Read(h.key); err != nil {
 		panic(err) // crypto/rand never fails on Linux
 	}
 	h.control = h.controlMux()

@@ -68,7 +68,27 @@ func checkSignature(tok string, r *http.Request) (ok bool, msg string) {
 // signedBy finds the token issued for sandbox id that signed r, and checks
 // that its key may still use the sandbox.
 func (h *Handler) signedBy(id string, r *http.Request) (ok bool, msg string) {
-	for _, tok := range h.issuedTokens(id) {
+	ok, msg = h.signedByAny(id, r, h.issuedTokens(id))
+	if ok || msg != "invalid signature" {
+		return ok, msg
+	}
+	// Issued by another replica, or before a restart: the tokens of the
+	// owner's keys.
+	return h.signedByAny(id, r, h.ownerTokens(id, h.backend.SignerKeys(r.Context(), id)[id]))
+}
+
+// ownerTokens are the access tokens of sandbox id for these keys.
+func (h *Handler) ownerTokens(id string, keyIDs []string) []string {
+	toks := make([]string, len(keyIDs))
+	for i, k := range keyIDs {
+		toks[i] = h.token(id, k)
+	}
+	return toks
+}
+
+// signedByAny is signedBy over toks.
+func (h *Handler) signedByAny(id string, r *http.Request, toks []string) (ok bool, msg string) {
+	for _, tok := range toks {
 		if ok, msg := checkSignature(tok, r); ok || msg != "invalid signature" {
 			if ok {
 				keyID, _, _ := strings.Cut(tok, ".")
@@ -84,11 +104,28 @@ func (h *Handler) signedBy(id string, r *http.Request) (ok bool, msg string) {
 
 // signedFiles serves /files requests that arrived without sandbox headers
 // (signed URLs fetched by plain HTTP clients): the sandbox is the one an
-// issued access token of which reproduces the signature.
+// access token of which reproduces the signature: one issued here, else
+// one of a running sandbox's owner's keys (issued by another replica).
 func (h *Handler) signedFiles(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Get("signature") == "" {
 		writeFilesError(w, http.StatusUnauthorized, "a signature or the E2b-Sandbox-Id and X-Access-Token headers are required")
 		return
+	}
+	serve := func(id string, ok bool, msg string) bool {
+		if !ok && msg == "invalid signature" {
+			return false
+		}
+		if !ok {
+			writeFilesError(w, http.StatusUnauthorized, "%s", msg)
+			return true
+		}
+		sb, err := h.backend.Sandbox(r.Context(), "", id)
+		if err != nil || sb.State() != sandbox.StateRunning {
+			sandboxGone(w, id)
+			return true
+		}
+		h.serveFiles(w, r.WithContext(context.WithValue(r.Context(), sandboxKey, sb)))
+		return true
 	}
 	h.mu.Lock()
 	ids := make([]string, 0, len(h.issued))
@@ -97,21 +134,14 @@ func (h *Handler) signedFiles(w http.ResponseWriter, r *http.Request) {
 	}
 	h.mu.Unlock()
 	for _, id := range ids {
-		ok, msg := h.signedBy(id, r)
-		if !ok && msg == "invalid signature" {
-			continue
-		}
-		if !ok {
-			writeFilesError(w, http.StatusUnauthorized, "%s", msg)
+		if ok, msg := h.signedByAny(id, r, h.issuedTokens(id)); serve(id, ok, msg) {
 			return
 		}
-		sb, err := h.backend.Sandbox(r.Context(), "", id)
-		if err != nil || sb.State() != sandbox.StateRunning {
-			sandboxGone(w, id)
+	}
+	for id, keys := range h.backend.SignerKeys(r.Context(), "") {
+		if ok, msg := h.signedByAny(id, r, h.ownerTokens(id, keys)); serve(id, ok, msg) {
 			return
 		}
-		h.serveFiles(w, r.WithContext(context.WithValue(r.Context(), sandboxKey, sb)))
-		return
 	}
 	writeFilesError(w, http.StatusUnauthorized, "invalid signature")
 }

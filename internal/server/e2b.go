@@ -75,9 +75,45 @@ func (b e2bBackend) KeyOwner(ctx context.Context, keyID string) (string, error) 
 	return k.Owner, err
 }
 
-func (b e2bBackend) Create(ctx context.Context, owner string, opt sandbox.CreateOptions) (*sandbox.Sandbox, error) {
-	sb, err := b.s.create(ctx, owner, opt, 0)
+func (b e2bBackend) Create(ctx context.Context, owner string, opt sandbox.CreateOptions, origin e2b.Origin) (*sandbox.Sandbox, error) {
+	sb, err := b.s.create(ctx, owner, opt, 0, &origin)
 	return sb, classify(err)
+}
+
+// SignerKeys implements e2b.Backend. Only replicas need it: a server
+// alone issued every token of its sandboxes itself.
+func (b e2bBackend) SignerKeys(ctx context.Context, id string) map[string][]string {
+	if !b.s.shared() {
+		return nil
+	}
+	var recs []store.Sandbox
+	if id != "" {
+		rec, err := b.s.store.GetSandbox(ctx, id)
+		if err != nil || rec.State != store.SandboxRunning {
+			return nil
+		}
+		recs = []store.Sandbox{rec}
+	} else {
+		var err error
+		if recs, err = b.s.store.ListSandboxes(ctx, store.SandboxFilter{AnyOwner: true, State: store.SandboxRunning}); err != nil {
+			return nil
+		}
+	}
+	keys, err := b.s.store.ListKeys(ctx)
+	if err != nil {
+		return nil
+	}
+	byOwner := map[string][]string{}
+	for _, k := range keys {
+		if k.RevokedAt == nil {
+			byOwner[k.Owner] = append(byOwner[k.Owner], k.ID)
+		}
+	}
+	out := make(map[string][]string, len(recs))
+	for _, rec := range recs {
+		out[rec.ID] = byOwner[rec.Owner]
+	}
+	return out
 }
 
 // BeginExecution records a code-interpreter execution as the /v1 API

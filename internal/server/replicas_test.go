@@ -2,10 +2,14 @@ package server_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,6 +30,10 @@ type replica struct {
 
 func shared(c *sandbox.Config) { c.Shared = true }
 
+// replicaKey is the preview key the replicas of these tests share (serve
+// derives it from the agents' authority).
+var replicaKey = []byte("0123456789abcdef0123456789abcdef")
+
 func newReplica(t *testing.T, e *env) *replica {
 	t.Helper()
 	ctx := context.Background()
@@ -40,7 +48,7 @@ func newReplica(t *testing.T, e *env) *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(server.Config{Version: "test", Events: bus}, st, m, log)
+	srv := server.New(server.Config{Version: "test", Events: bus, PreviewKey: replicaKey}, st, m, log)
 	hs := httptest.NewServer(srv)
 	r := &replica{env: &env{t: t, srv: srv, url: hs.URL, store: st, dbPath: e.dbPath, engine: m, rt: e.rt, bus: bus,
 		keyA: e.keyA, keyB: e.keyB}}
@@ -69,7 +77,7 @@ func newReplica(t *testing.T, e *env) *replica {
 // by the other; a replica that stops leaves its sandboxes to the rest.
 func TestReplicasShareSandboxes(t *testing.T) {
 	t.Parallel()
-	a := newEnv(t, server.Config{}, shared)
+	a := newEnv(t, server.Config{PreviewKey: replicaKey}, shared)
 	b := newReplica(t, a)
 
 	id := a.create(a.keyA, map[string]any{"timeout": 60})
@@ -130,7 +138,7 @@ func TestReplicasShareSandboxes(t *testing.T) {
 // and warm pool members.
 func TestReplicasCollector(t *testing.T) {
 	defer server.SetCollectGrace(200 * time.Millisecond)()
-	a := newEnv(t, server.Config{CollectInterval: time.Hour}, shared)
+	a := newEnv(t, server.Config{CollectInterval: time.Hour, PreviewKey: replicaKey}, shared)
 	ctx := context.Background()
 
 	// A sandbox whose record is lost (its replica died between the two),
@@ -163,4 +171,40 @@ func TestReplicasCollector(t *testing.T) {
 	if err := a.rt.Destroy(ctx, "warm00000000000"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestReplicasE2B: a sandbox made through E2B's control plane on one
+// replica is served by the other with the same access token, signed URLs
+// and template alias.
+func TestReplicasE2B(t *testing.T) {
+	t.Parallel()
+	a := newEnv(t, server.Config{PreviewKey: replicaKey}, shared)
+	b := newReplica(t, a)
+	sb := a.e2bCreate(a.keyA, map[string]any{"templateID": "base"})
+
+	// The access token works on B; a forged one does not.
+	want(t, b.envd(sb, "POST", "/files?path=hello.txt", "from B", "Content-Type", "application/octet-stream"), http.StatusOK, "")
+	forged := sb
+	forged.Token = sb.Token[:len(sb.Token)-1] + "0"
+	if forged.Token == sb.Token {
+		forged.Token = sb.Token[:len(sb.Token)-1] + "1"
+	}
+	if r := b.envd(forged, "GET", "/files?path=hello.txt", nil); r.status != http.StatusUnauthorized {
+		t.Fatalf("a forged token on B: %d %s", r.status, r.body)
+	}
+	// A signed URL (no sandbox headers) made with A's token, on B.
+	raw := "hello.txt:read::" + sb.Token
+	sum := sha256.Sum256([]byte(raw))
+	sig := "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+	r := b.do("GET", "/files?path=hello.txt&signature="+url.QueryEscape(sig), "", nil)
+	if r.status != http.StatusOK || string(r.body) != "from B" {
+		t.Fatalf("a signed URL on the other replica: %d %s", r.status, r.body)
+	}
+	// B lists it with the alias it was created with.
+	l := b.e2bDo("GET", "/sandboxes", b.keyA, nil)
+	want(t, l, http.StatusOK, "")
+	if !strings.Contains(string(l.body), `"templateID":"base"`) || !strings.Contains(string(l.body), sb.ID) {
+		t.Fatalf("listing on B: %s", l.body)
+	}
+	want(t, b.e2bDo("DELETE", "/sandboxes/"+sb.ID, b.keyA, nil), http.StatusNoContent, "")
 }

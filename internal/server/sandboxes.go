@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -152,7 +153,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	sb, err := s.create(r.Context(), owner(r), opt, execTimeout)
+	sb, err := s.create(r.Context(), owner(r), opt, execTimeout, nil)
 	if err != nil {
 		return err
 	}
@@ -207,9 +208,10 @@ func (s *Server) createOptions(req createRequest) (sandbox.CreateOptions, time.D
 	return opt, execTimeout, nil
 }
 
-// create starts a sandbox for own and records it. The sandbox does not die
-// with the request's context.
-func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptions, execTimeout time.Duration) (*sandbox.Sandbox, error) {
+// create starts a sandbox for own and records it, with origin when E2B's
+// control plane created it. The sandbox does not die with the request's
+// context.
+func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptions, execTimeout time.Duration, origin *e2b.Origin) (*sandbox.Sandbox, error) {
 	if err := checkStrings("metadata", opt.Metadata, maxMetadata); err != nil {
 		return nil, err
 	}
@@ -255,7 +257,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	info := sb.Info()
 	out := sandboxFromInfo(info)
 	md, _ := json.Marshal(out.Metadata)
-	res, _ := json.Marshal(recordResources{resourcesJSON: out.Resources, MaxExecutionMS: execTimeout.Milliseconds()})
+	res, _ := json.Marshal(recordResources{resourcesJSON: out.Resources, MaxExecutionMS: execTimeout.Milliseconds(), E2B: origin})
 	rec := store.Sandbox{ID: sb.ID, Owner: own, Template: info.Template, State: store.SandboxRunning,
 		CreatedAt: info.Created, ExpiresAt: info.Deadline, Metadata: md, Resources: res}
 	if p := sb.Policy(); p != nil {

@@ -46,7 +46,9 @@ package server
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"log/slog"
@@ -316,8 +318,13 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	}
 	mux := http.NewServeMux()
 	s.routesInto(mux)
+	// E2B's access tokens: from the preview key, so that replicas, which
+	// share it, accept each other's.
+	tokenKey := hmac.New(sha256.New, s.previewKey)
+	tokenKey.Write([]byte("e2b access tokens"))
 	s.e2b = e2b.New(e2b.Config{MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
-		WriteTimeout: streamWriteTimeout, Domain: cfg.PreviewDomain, Ports: http.HandlerFunc(s.e2bPreview)}, e2bBackend{s})
+		WriteTimeout: streamWriteTimeout, Domain: cfg.PreviewDomain, Ports: http.HandlerFunc(s.e2bPreview),
+		Key: tokenKey.Sum(nil)}, e2bBackend{s})
 	// Previews (by Host or path) and the E2B protocols (an
 	// E2b-Sandbox-Port header or E2B's own paths) share the listener.
 	top := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

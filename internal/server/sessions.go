@@ -72,7 +72,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	own := owner(r)
-	sb, err := s.create(r.Context(), own, opt, execTimeout)
+	sb, err := s.create(r.Context(), own, opt, execTimeout, nil)
 	if err != nil {
 		return err
 	}

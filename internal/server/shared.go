@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
@@ -42,11 +43,14 @@ var collectGrace = 2 * time.Minute
 // DefaultCollectInterval is how often replicas run the collector.
 const DefaultCollectInterval = 15 * time.Second
 
-// recordResources is what a sandbox's record keeps of its resources: the
-// API's, and its execution timeout, which a replica adopting it needs.
+// recordResources is what a sandbox's record keeps in its resources
+// column: the API's resources, and what a replica adopting the sandbox
+// needs besides (its execution timeout, and what the E2B control plane
+// knew of it). The API shows only the resources.
 type recordResources struct {
 	resourcesJSON
-	MaxExecutionMS int64 `json:"max_execution_ms,omitempty"`
+	MaxExecutionMS int64       `json:"max_execution_ms,omitempty"`
+	E2B            *e2b.Origin `json:"e2b,omitempty"`
 }
 
 // shared reports whether this server shares its sandboxes with others.
@@ -129,6 +133,9 @@ func (s *Server) adopt(ctx context.Context, rec store.Sandbox) (*box, error) {
 	}
 	s.boxes[rec.ID] = b
 	s.mu.Unlock()
+	if res.E2B != nil {
+		s.e2b.Adopted(rec.ID, *res.E2B)
+	}
 	if !s.cfg.NoAccounting {
 		if a, err := s.accounts.Get(ctx, rec.Owner); err == nil {
 			// Counted, not metered: its creator meters it.
