@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
 	"github.com/sheepfold/sheepfold/client"
+	"github.com/sheepfold/sheepfold/internal/testutil/nodejs"
+	"golang.org/x/sync/errgroup"
 )
 
 // TestDashboardBrowser runs test/ui/dashboard.mjs: the dashboard in
@@ -24,7 +24,7 @@ import (
 // test/ui/artifacts).
 func TestDashboardBrowser(t *testing.T) {
 	s := start(t)
-	node := lookNode(t)
+	node := nodejs.LookNode(t)
 	if _, err := os.Stat("/usr/bin/chromium"); err != nil {
 		t.Fatalf("chromium is missing (scripts/setup.sh installs it): %v", err)
 	}
@@ -94,7 +94,7 @@ func TestDashboardBrowser(t *testing.T) {
 // listed.
 func TestDashboardList200(t *testing.T) {
 	const n = 200
-	node := lookNode(t)
+	node := nodejs.LookNode(t)
 	dir, err := filepath.Abs("../ui")
 	if err != nil {
 		t.Fatal(err)

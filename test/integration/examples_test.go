@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sheepfold/sheepfold/internal/testutil/nodejs"
 )
 
 // runExample runs one of examples/ against the server, its model the
@@ -89,14 +91,14 @@ func TestExamplePolicyMonitor(t *testing.T) {
 // model calls run_code, the E2B SDK runs it, the answer is printed.
 func TestExampleE2BWithLLM(t *testing.T) {
 	s := start(t)
-	node := lookNode(t)
-	npmCI(t, "../../examples")
+	node := nodejs.LookNode(t)
+	nodejs.NpmCI(t, "../../examples")
 	key := e2bKey(t, s, "e2b-with-llm")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "e2b_with_llm.mjs")
 	cmd.Dir = "../../examples"
-	cmd.Env = append(openAIEnviron(),
+	cmd.Env = append(nodejs.Environ("E2B_", "OPENAI_"),
 		// One server, one key: the e2b_ key also authenticates /v1.
 		"OPENAI_BASE_URL="+s.url+"/v1", "OPENAI_API_KEY="+key,
 		"E2B_API_KEY="+key, "E2B_API_URL="+s.url, "E2B_SANDBOX_URL="+s.url,
