@@ -32,8 +32,8 @@ echo "sheepfold.sh: image imported into both nodes in $(($(date +%s%3N) - t)) ms
 rm -f "$archive"
 
 cd "$REPO"
-SHEEPFOLD_E2E_KUBECONFIG=$KUBECONFIG_ADMIN SHEEPFOLD_E2E_IMAGE=$image SHEEPFOLD_E2E_BIN=$BIN_SF SHEEPFOLD_E2E_CLUSTER=$CLUSTER \
-	go test -tags kubernetes_e2e -count=1 -v -timeout 15m ./test/kubernetes/e2e/
+SHEEPFOLD_E2E_KUBECONFIG=$KUBECONFIG_ADMIN SHEEPFOLD_E2E_IMAGE=$image SHEEPFOLD_E2E_BIN=$BIN_SF SHEEPFOLD_E2E_CLUSTER=$CLUSTER SHEEPFOLD_E2E_E2B_DIR=$REPO/test/e2b \
+	go test -tags kubernetes_e2e -count=1 -v -timeout 30m ./test/kubernetes/e2e/
 
 # The manifests of deploy/kubernetes are valid for this API server (a
 # server-side dry run: nothing is made).

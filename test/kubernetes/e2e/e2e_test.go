@@ -1,10 +1,12 @@
 //go:build kubernetes_e2e
 
-// Package e2e runs `sheepfold serve --backend kubernetes` against the
-// real cluster of test/kubernetes (test.sh starts it and runs this with
-// -tags kubernetes_e2e), with its records in a real PostgreSQL: sandboxes
-// become Pods spread over both nodes, run the Black-Friday analysis, and
-// leave nothing in the cluster once killed and once the server stops.
+// Package e2e runs two replicas of `sheepfold serve --backend kubernetes`
+// against the real cluster of test/kubernetes (test.sh starts it and runs
+// this with -tags kubernetes_e2e), with their records in one real
+// PostgreSQL, behind a balancer: sandboxes become Pods spread over both
+// nodes, run the Black-Friday analysis, survive a replica's death
+// mid-execution, pass the official E2B SDKs' suite, and leave nothing in
+// the cluster once killed.
 //
 // It never skips: run without its cluster, it fails.
 package e2e
@@ -17,6 +19,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,6 +29,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -34,6 +40,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sheepfold/sheepfold/internal/testutil"
+	"github.com/sheepfold/sheepfold/internal/testutil/nodejs"
 	"github.com/sheepfold/sheepfold/internal/testutil/pgtest"
 )
 
@@ -99,10 +106,95 @@ print("duplicates", sorted(set(dups.order_id)), "revenue", round((df.qty * df.pr
 stock
 `
 
+// startServer starts `sheepfold serve` with args on addr and waits until
+// it is ready.
+func startServer(t *testing.T, bin, name, addr, key string, args ...string) *server {
+	t.Helper()
+	srv := &server{url: "http://" + addr, key: key, exited: make(chan error, 1)}
+	logPath := filepath.Join(t.TempDir(), name+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.cmd = exec.Command(bin, append([]string{"serve", "--listen", addr}, args...)...)
+	srv.cmd.Stdout, srv.cmd.Stderr = logf, logf
+	if err := srv.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { srv.exited <- srv.cmd.Wait(); logf.Close() }()
+	t.Cleanup(func() {
+		srv.cmd.Process.Kill()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("%s's log:\n%s", name, b)
+		}
+	})
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		res, err := http.Get(srv.url + "/readyz")
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == 200 {
+				return srv
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is not ready: %v", name, err)
+		}
+	}
+}
+
+// balancer spreads requests over replicas in turn, as a Service does,
+// and passes a replica over for a while once it refuses connections
+// (an endpoint that failed its readiness). It never retries: a request
+// cut by a replica's death fails, and the client retries.
+type balancer struct {
+	backends []*url.URL
+	next     atomic.Uint64
+	mu       sync.Mutex
+	down     map[string]time.Time
+}
+
+func newBalancer(t *testing.T, replicas ...*server) *server {
+	b := &balancer{down: map[string]time.Time{}}
+	for _, r := range replicas {
+		u, _ := url.Parse(r.url)
+		b.backends = append(b.backends, u)
+	}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(b.pick())
+			pr.Out.Host = pr.In.Host
+		},
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			b.mu.Lock()
+			b.down[r.URL.Host] = time.Now().Add(3 * time.Second)
+			b.mu.Unlock()
+			http.Error(w, "replica unavailable: "+err.Error(), http.StatusBadGateway)
+		},
+	}
+	hs := httptest.NewServer(rp)
+	t.Cleanup(hs.Close)
+	return &server{url: hs.URL, key: replicas[0].key}
+}
+
+func (b *balancer) pick() *url.URL {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for range b.backends {
+		u := b.backends[b.next.Add(1)%uint64(len(b.backends))]
+		if time.Now().After(b.down[u.Host]) {
+			return u
+		}
+	}
+	return b.backends[0]
+}
+
 func TestSandboxesAsPods(t *testing.T) {
 	kubeconfig := env(t, "SHEEPFOLD_E2E_KUBECONFIG")
 	image := env(t, "SHEEPFOLD_E2E_IMAGE")
 	bin := env(t, "SHEEPFOLD_E2E_BIN")
+	e2bDir := env(t, "SHEEPFOLD_E2E_E2B_DIR")
 	ctx := context.Background()
 
 	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
@@ -123,49 +215,29 @@ func TestSandboxesAsPods(t *testing.T) {
 
 	dsn := pgtest.New(t)
 	data := t.TempDir()
-	out, err := exec.Command(bin, "keys", "create", "--data-dir", data, "--database", dsn, "--name", "e2e").CombinedOutput()
-	if err != nil {
-		t.Fatalf("keys create: %v\n%s", err, out)
+	newKey := func(args ...string) string {
+		out, err := exec.Command(bin, append([]string{"keys", "create", "--data-dir", data, "--database", dsn}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("keys create: %v\n%s", err, out)
+		}
+		m := regexp.MustCompile(`key:\s+(\S+)`).FindSubmatch(out)
+		if m == nil {
+			t.Fatalf("keys create printed %s", out)
+		}
+		return string(m[1])
 	}
-	m := regexp.MustCompile(`key:\s+(\S+)`).FindSubmatch(out)
-	if m == nil {
-		t.Fatalf("keys create printed %s", out)
-	}
-	addr := freePort(t)
-	srv := &server{url: "http://" + addr, key: string(m[1]), exited: make(chan error, 1)}
-	logPath := filepath.Join(data, "serve.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	srv.cmd = exec.Command(bin, "serve", "--data-dir", data, "--database", dsn, "--listen", addr, "--pool", "0",
+	key := newKey("--name", "e2e")
+	e2bKey := newKey("--e2b", "--name", "e2b-suite", "--owner", "e2b-suite")
+
+	// Two replicas over one PostgreSQL and one namespace, behind a
+	// balancer: every request may land on either.
+	args := []string{"--data-dir", data, "--database", dsn, "--pool", "0",
 		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--kubernetes-namespace", ns,
-		"--kubernetes-image", "python="+image)
-	srv.cmd.Stdout, srv.cmd.Stderr = logf, logf
-	if err := srv.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { srv.exited <- srv.cmd.Wait() }()
-	t.Cleanup(func() {
-		srv.cmd.Process.Kill()
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("serve's log:\n%s", b)
-		}
-	})
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		res, err := http.Get(srv.url + "/readyz")
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == 200 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the server is not ready: %v", err)
-		}
-	}
+		"--kubernetes-image", "python=" + image}
+	addrA, addrB := freePort(t), freePort(t)
+	replicaA := startServer(t, bin, "replica-a", addrA, key, args...)
+	replicaB := startServer(t, bin, "replica-b", addrB, key, args...)
+	srv := newBalancer(t, replicaA, replicaB)
 
 	// Four sandboxes at once: Pods over both nodes, each runs the
 	// analysis; create → first result is timed.
@@ -196,7 +268,6 @@ func TestSandboxesAsPods(t *testing.T) {
 		t.FailNow()
 	}
 	t.Logf("create → first result of %d sandboxes at once: %v", n, took)
-
 	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -238,6 +309,11 @@ func TestSandboxesAsPods(t *testing.T) {
 		t.Fatalf("user code's identity: %d %s", code, b)
 	}
 
+	replicaA = replicaKill(t, srv, replicaA, ids[0], func() *server { return startServer(t, bin, "replica-a2", addrA, key, args...) })
+
+	// The official E2B SDKs' suite, through both replicas.
+	nodejs.E2BSuite(t, e2bDir, srv.url, e2bKey)
+
 	nodeLoss(t, srv, cs, ns, env(t, "SHEEPFOLD_E2E_CLUSTER"))
 
 	// Killing a sandbox deletes its Pod, Secret and NetworkPolicy.
@@ -246,17 +322,76 @@ func TestSandboxesAsPods(t *testing.T) {
 	}
 	waitGone(t, cs, ns, "sheepfold.dev/sandbox="+ids[0])
 
-	// A server that stops ends its sandboxes: nothing of them stays.
-	srv.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-srv.exited:
-		if err != nil {
-			t.Fatalf("serve exited: %v", err)
+	// Replicas that stop leave sandboxes to the others: the last ones
+	// are killed through the API, and then nothing of them stays.
+	for _, id := range ids[1:] {
+		if code, b := srv.do(t, "DELETE", "/v1/sandboxes/"+id, nil); code != 204 && code != 200 {
+			t.Fatalf("kill %s: %d %s", id, code, b)
 		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("serve did not stop")
+	}
+	for _, r := range []*server{replicaA, replicaB} {
+		r.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-r.exited:
+			if err != nil {
+				t.Fatalf("serve exited: %v", err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("serve did not stop")
+		}
 	}
 	waitGone(t, cs, ns, "sheepfold.dev/sandbox")
+}
+
+// replicaKill: replica A dies (SIGKILL) in the middle of an execution
+// sent to it; the client's retry through the balancer succeeds on the
+// other replica, with the sandbox's state. A started again serves the
+// sandbox too: replicas leave sandboxes alone when they start and stop.
+// It returns the new replica A.
+func replicaKill(t *testing.T, lb, a *server, id string, restart func() *server) *server {
+	if code, b := lb.do(t, "POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"code": "kept = 'state kept'", "language": "python"}); code != 200 {
+		t.Fatalf("set state: %d %s", code, b)
+	}
+	slow := map[string]any{"code": "import time; time.sleep(4); print(kept)", "language": "python"}
+	cut := make(chan error, 1)
+	go func() {
+		body, _ := json.Marshal(slow)
+		req, _ := http.NewRequest("POST", a.url+"/v1/sandboxes/"+id+"/execute", bytes.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+a.key)
+		req.Header.Set("Content-Type", "application/json")
+		res, err := http.DefaultClient.Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			err = fmt.Errorf("answered %d %s", res.StatusCode, b)
+		}
+		cut <- err
+	}()
+	time.Sleep(1500 * time.Millisecond)
+	if err := a.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-a.exited
+	if err := <-cut; err == nil || strings.Contains(err.Error(), "answered") {
+		t.Fatalf("the request to the replica that died: %v (want it cut)", err)
+	}
+	// The client retries through the balancer until a replica answers.
+	start := time.Now()
+	for attempt := 1; ; attempt++ {
+		code, b := lb.do(t, "POST", "/v1/sandboxes/"+id+"/execute", slow)
+		if code == 200 && strings.Contains(string(b), `"stdout":"state kept\n"`) {
+			t.Logf("replica killed mid-execution: the retry succeeded on the other after %d attempts in %v", attempt, time.Since(start).Round(time.Millisecond))
+			break
+		}
+		if code != http.StatusBadGateway || attempt > 5 {
+			t.Fatalf("retry after a replica's death: %d %s", code, b)
+		}
+	}
+	a = restart()
+	if code, b := a.do(t, "POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"code": "print(kept)", "language": "python"}); code != 200 || !strings.Contains(string(b), `"stdout":"state kept\n"`) {
+		t.Fatalf("the restarted replica: %d %s", code, b)
+	}
+	return a
 }
 
 // nodeLoss: node b's kubelet dies. Its Pods' containers run on, so its
