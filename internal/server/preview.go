@@ -152,7 +152,7 @@ type previewCtxKey struct{}
 
 // servePreview checks access to t and proxies r there.
 func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, t previewTarget) {
-	b := s.liveBox(t.id)
+	b := s.liveBox(r.Context(), t.id)
 	if b == nil {
 		if t.form == formE2B {
 			writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": t.id, "message": "The sandbox was not found", "code": http.StatusBadGateway})
@@ -194,8 +194,20 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, t previewT
 	s.preview.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), previewCtxKey{}, &t)))
 }
 
-// liveBox returns the running sandbox id of any owner, or nil.
-func (s *Server) liveBox(id string) *box {
+// liveBox returns the running sandbox id of any owner, or nil. A replica
+// looks it up by its record (shared.go).
+func (s *Server) liveBox(ctx context.Context, id string) *box {
+	if s.shared() {
+		rec, err := s.store.GetSandbox(ctx, id)
+		if err != nil {
+			return nil
+		}
+		b, err := s.lookupShared(ctx, rec.Owner, id)
+		if err != nil {
+			return nil
+		}
+		return b
+	}
 	s.mu.Lock()
 	b, ok := s.boxes[id]
 	s.mu.Unlock()
@@ -376,7 +388,7 @@ func (s *Server) dialPreview(ctx context.Context, _, addr string) (net.Conn, err
 	if err != nil {
 		return nil, err
 	}
-	b := s.liveBox(id)
+	b := s.liveBox(ctx, id)
 	if b == nil {
 		return nil, notFound(id)
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -206,5 +207,18 @@ func TestReplicasE2B(t *testing.T) {
 	if !strings.Contains(string(l.body), `"templateID":"base"`) || !strings.Contains(string(l.body), sb.ID) {
 		t.Fatalf("listing on B: %s", l.body)
 	}
+	// Previews on B follow E2B's traffic rules as A recorded them.
+	app := startApp(t)
+	port := strconv.Itoa(app.port)
+	r = b.get("GET", "", "/x", "E2b-Sandbox-Id", sb.ID, "E2b-Sandbox-Port", port)
+	want(t, r, http.StatusOK, "")
+	closed := a.e2bCreate(a.keyA, map[string]any{"templateID": "base", "network": map[string]any{"allowPublicTraffic": false}})
+	hdr := []string{"E2b-Sandbox-Id", closed.ID, "E2b-Sandbox-Port", port}
+	if r := b.get("GET", "", "/", hdr...); r.status != http.StatusUnauthorized {
+		t.Fatalf("a private sandbox's port on B without a token: %d", r.status)
+	}
+	want(t, b.get("GET", "", "/", append(hdr, "E2B-Traffic-Access-Token", closed.Traffic)...), http.StatusOK, "")
+
 	want(t, b.e2bDo("DELETE", "/sandboxes/"+sb.ID, b.keyA, nil), http.StatusNoContent, "")
+	want(t, b.e2bDo("DELETE", "/sandboxes/"+closed.ID, b.keyA, nil), http.StatusNoContent, "")
 }
