@@ -74,11 +74,12 @@ const (
 
 // Defaults of Config.
 const (
-	DefaultAgentPort    = 49983
-	DefaultInstance     = "sheepfold"
-	DefaultStartTimeout = 2 * time.Minute
-	DefaultMaxLifetime  = 30 * 24 * time.Hour
-	DefaultCPURequest   = 0.1
+	DefaultAgentPort      = 49983
+	DefaultInstance       = "sheepfold"
+	DefaultStartTimeout   = 2 * time.Minute
+	DefaultKubeletTimeout = 15 * time.Second
+	DefaultMaxLifetime    = 30 * 24 * time.Hour
+	DefaultCPURequest     = 0.1
 	// DefaultSeccompProfile is where operators put the agent's profile
 	// on each node (/var/lib/kubelet/seccomp/ by default).
 	DefaultSeccompProfile = "sheepfold/agent.json"
@@ -133,6 +134,11 @@ type Config struct {
 	SeccompProfile string
 	// StartTimeout bounds a Pod's way to running [DefaultStartTimeout].
 	StartTimeout time.Duration
+	// KubeletTimeout is how long a Pod bound to a node may wait for the
+	// node's kubelet to take it; past it the Pod is made again on
+	// another node (a kubelet that died, its node not yet NotReady)
+	// [DefaultKubeletTimeout].
+	KubeletTimeout time.Duration
 	// CA issues the agents' credentials, and Client is the server's side
 	// (both required; every replica must have the same authority).
 	CA     *agenttls.CA
@@ -172,6 +178,9 @@ func New(cs kubernetes.Interface, cfg Config) (*Runtime, error) {
 	}
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = DefaultStartTimeout
+	}
+	if cfg.KubeletTimeout == 0 {
+		cfg.KubeletTimeout = DefaultKubeletTimeout
 	}
 	if cfg.SeccompProfile == "" {
 		cfg.SeccompProfile = DefaultSeccompProfile
@@ -249,15 +258,74 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (inst *runtime.
 	if err != nil {
 		return nil, err
 	}
-	created, err := r.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes: create the sandbox's pod: %w", err)
+	// A Pod bound to a node whose kubelet is gone (and not yet marked
+	// NotReady) would wait out the start timeout: it is made again away
+	// from such nodes, a few times.
+	var absent []string
+	for attempt := 1; ; attempt++ {
+		created, err := r.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes: create the sandbox's pod: %w", err)
+		}
+		ip, err := r.waitRunning(ctx, created)
+		var na *nodeAbsentError
+		if errors.As(err, &na) && attempt < maxPlacements {
+			absent = append(absent, na.node)
+			if err := r.deletePod(ctx, pod.Name); err != nil {
+				return nil, err
+			}
+			avoidNodes(pod, absent)
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &runtime.Instance{ID: spec.ID, Dial: r.dialer(spec.ID, ip)}, nil
 	}
-	ip, err := r.waitRunning(ctx, created)
-	if err != nil {
-		return nil, err
+}
+
+// maxPlacements bounds how many nodes a create tries when kubelets do
+// not take its Pod.
+const maxPlacements = 3
+
+// nodeAbsentError reports a Pod bound to a node whose kubelet did not
+// take it within Config.KubeletTimeout.
+type nodeAbsentError struct{ node string }
+
+func (e *nodeAbsentError) Error() string {
+	return fmt.Sprintf("kubernetes: node %s did not start the sandbox's pod: its kubelet does not answer", e.node)
+}
+
+// avoidNodes keeps pod off these nodes.
+func avoidNodes(pod *corev1.Pod, nodes []string) {
+	pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: nodes}},
+		}}},
+	}}
+}
+
+// deletePod deletes a Pod at once and waits until it is gone, so that
+// one of the same name can be made.
+func (r *Runtime) deletePod(ctx context.Context, name string) error {
+	pods := r.cs.CoreV1().Pods(r.cfg.Namespace)
+	if err := ignoreNotFound(pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))})); err != nil {
+		return fmt.Errorf("kubernetes: delete the sandbox's pod: %w", err)
 	}
-	return &runtime.Instance{ID: spec.ID, Dial: r.dialer(spec.ID, ip)}, nil
+	for {
+		_, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("kubernetes: read the sandbox's pod: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // dialer connects to a sandbox's agent at ip with TLS that accepts only
@@ -424,11 +492,26 @@ func (r *Runtime) waitRunning(ctx context.Context, pod *corev1.Pod) (string, err
 	}
 	defer w.Stop()
 	last := pod
+	// Once the Pod is bound, its node's kubelet has KubeletTimeout to
+	// take it (it sets the Pod's start time).
+	var untaken <-chan time.Time
 	for {
+		if untaken == nil && last.Spec.NodeName != "" && last.Status.StartTime == nil {
+			untaken = time.After(r.cfg.KubeletTimeout)
+		}
 		select {
 		case <-ctx.Done():
 			return "", fmt.Errorf("kubernetes: the sandbox's pod did not run in %s (phase %s%s): %w",
 				r.cfg.StartTimeout, last.Status.Phase, waitingReason(last), ctx.Err())
+		case <-untaken:
+			p, err := r.cs.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+			if err != nil {
+				return "", fmt.Errorf("kubernetes: read the sandbox's pod: %w", err)
+			}
+			if p.Status.StartTime == nil {
+				return "", &nodeAbsentError{node: p.Spec.NodeName}
+			}
+			last = p
 		case ev, ok := <-w.ResultChan():
 			if !ok {
 				// The watch ended (the API server's timeout): resume

@@ -351,3 +351,54 @@ func TestAttachAndInventory(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateAvoidsAbsentKubelet: a Pod bound to a node whose kubelet
+// never takes it is made again away from that node.
+func TestCreateAvoidsAbsentKubelet(t *testing.T) {
+	t.Parallel()
+	r, cs := newRuntime(t, Config{KubeletTimeout: 100 * time.Millisecond})
+	ctx := context.Background()
+	pods := cs.CoreV1().Pods(ns)
+	go func() {
+		// The scheduler binds the Pod to node "dead", whose kubelet
+		// never answers; the Pod made again goes to "live".
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			p, err := pods.Get(ctx, "sf-sb", metav1.GetOptions{})
+			if err != nil {
+				continue
+			}
+			if p.Spec.NodeName == "" && p.Spec.Affinity == nil {
+				p.Spec.NodeName = "dead"
+				if _, err := pods.Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+					t.Errorf("bind: %v", err)
+					return
+				}
+				continue
+			}
+			if p.Spec.Affinity != nil {
+				p.Spec.NodeName = "live"
+				if p, err = pods.Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+					t.Errorf("bind again: %v", err)
+					return
+				}
+				p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.9", StartTime: &metav1.Time{Time: time.Now()}}
+				if _, err := pods.UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+					t.Errorf("status: %v", err)
+				}
+				return
+			}
+		}
+		t.Error("the pod was never made again away from the dead node")
+	}()
+	if _, err := r.Create(ctx, spec("sb")); err != nil {
+		t.Fatal(err)
+	}
+	p, err := pods.Get(ctx, "sf-sb", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	terms := p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if p.Spec.NodeName != "live" || len(terms) != 1 || !slices.Equal(terms[0].MatchFields[0].Values, []string{"dead"}) {
+		t.Fatalf("pod on %s with affinity %+v", p.Spec.NodeName, terms)
+	}
+}

@@ -430,7 +430,39 @@ func nodeLoss(t *testing.T, srv *server, cs kubernetes.Interface, ns, cluster st
 	if code, b := srv.do(t, "POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"code": "print('still here')", "language": "python"}); code != 200 || !strings.Contains(string(b), `"stdout":"still here\n"`) {
 		t.Fatalf("a sandbox on the node whose kubelet died: %d %s", code, b)
 	}
+	// Creates meanwhile: the scheduler still sees node b Ready, so it
+	// binds Pods there; the runtime makes them again on node a once b's
+	// kubelet has not taken them for 15 s.
 	start := time.Now()
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			code, b := srv.do(t, "POST", "/v1/sandboxes", map[string]any{"template": "python"})
+			if code != 201 {
+				t.Errorf("create while a kubelet is down: %d %s", code, b)
+				return
+			}
+			var sb struct{ ID string }
+			json.Unmarshal(b, &sb)
+			if code, b := srv.do(t, "POST", "/v1/sandboxes/"+sb.ID+"/execute", map[string]any{"code": "print(1)", "language": "python"}); code != 200 {
+				t.Errorf("first execution while a kubelet is down: %d %s", code, b)
+			}
+			p, err := cs.CoreV1().Pods(ns).Get(ctx, "sf-"+sb.ID, metav1.GetOptions{})
+			if err != nil || p.Spec.NodeName != "sf-node-a" {
+				t.Errorf("a sandbox created while b's kubelet is down runs on %q (%v)", p.Spec.NodeName, err)
+			}
+			if code, b := srv.do(t, "DELETE", "/v1/sandboxes/"+sb.ID, nil); code != 204 {
+				t.Errorf("kill: %d %s", code, b)
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Logf("two sandboxes created while b's kubelet was down, on node a in %v", time.Since(start).Round(time.Millisecond))
+
+	start = time.Now()
 	if code, b := srv.do(t, "DELETE", "/v1/sandboxes/"+id, nil); code != 204 && code != 200 {
 		t.Fatalf("kill on the node whose kubelet died: %d %s", code, b)
 	}
