@@ -50,6 +50,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	backend := "local"
 	var kube sfengine.KubernetesOptions
 	var kubeImages, kubeServerPods map[string]string
+	var kubeConnect string
 	var (
 		freeCredits, creditsLow string
 		acfg                    account.Config
@@ -157,6 +158,13 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 					return errors.New("--backend kubernetes needs --kubernetes-namespace")
 				}
 				kube.Config.Images, kube.Config.ServerPods = kubeImages, kubeServerPods
+				switch kubeConnect {
+				case "pod-ip":
+				case "port-forward":
+					kube.PortForward = true
+				default:
+					return fmt.Errorf("--kubernetes-connect must be pod-ip or port-forward, not %q", kubeConnect)
+				}
 				ko = &kube
 			default:
 				return fmt.Errorf("--backend must be local or kubernetes, not %q", backend)
@@ -187,6 +195,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().StringVar(&kube.Config.RuntimeClass, "kubernetes-runtime-class", "", "with --backend kubernetes: the Pods' RuntimeClass, e.g. runc or gvisor (default: the cluster's)")
 	cmd.Flags().BoolVar(&kube.Config.HostUsers, "kubernetes-host-users", false, "with --backend kubernetes: run Pods in the node's user namespace (for clusters without user namespaces; default: a user namespace per Pod)")
 	cmd.Flags().StringVar(&kube.Config.SeccompProfile, "kubernetes-seccomp-profile", "sheepfold/agent.json", "with --backend kubernetes: the Pods' Localhost seccomp profile in each node's kubelet seccomp directory (write it with sheepfold seccomp-profile), or RuntimeDefault (code contexts cannot start under it)")
+	cmd.Flags().StringVar(&kubeConnect, "kubernetes-connect", "pod-ip", "with --backend kubernetes: how the server reaches agents: pod-ip (it must reach the pod network) or port-forward (through the API server, for a server outside the cluster)")
 	cmd.Flags().StringToStringVar(&kubeServerPods, "kubernetes-server-pods", nil, "with --backend kubernetes: labels of the server's Pods, the only ones let in to agents (default: any source; TLS admits only the server)")
 	cmd.Flags().Int64Var(&uploadMB, "file-size-upload-mb", 100, "largest file one upload may write, in MiB")
 	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's default, "+strconv.Itoa(sandbox.DefaultMaxSandboxes)+")")

@@ -24,6 +24,9 @@ type KubernetesOptions struct {
 	// Config is the runtime's (its CA and Client are made here: the
 	// authority is the deployment's, in a Secret of the namespace).
 	Config kubernetes.Config
+	// PortForward reaches agents through the API server's port-forward
+	// instead of Pod IPs (a server outside the cluster's network).
+	PortForward bool
 }
 
 // RESTConfig loads the cluster's client configuration.
@@ -58,6 +61,9 @@ func OpenKubernetes(ctx context.Context, ko KubernetesOptions, idle time.Duratio
 		return nil, nil, fmt.Errorf("kubernetes: %w", err)
 	}
 	cfg := ko.Config
+	if ko.PortForward {
+		cfg.PortForward = rc
+	}
 	if cfg.Instance == "" {
 		cfg.Instance = kubernetes.DefaultInstance
 	}

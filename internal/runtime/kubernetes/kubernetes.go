@@ -55,6 +55,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/sheepfold/sheepfold/internal/agenttls"
 	"github.com/sheepfold/sheepfold/internal/runtime"
@@ -132,6 +133,11 @@ type Config struct {
 	// and no code context starts). "RuntimeDefault" asks for the
 	// runtime's default instead [DefaultSeccompProfile].
 	SeccompProfile string
+	// PortForward, when set, is how the server reaches agents: through
+	// the API server's port-forward of each Pod, for a server outside the
+	// cluster's network. Nil: at each Pod's IP (the server must reach the
+	// pod network).
+	PortForward *rest.Config
 	// StartTimeout bounds a Pod's way to running [DefaultStartTimeout].
 	StartTimeout time.Duration
 	// KubeletTimeout is how long a Pod bound to a node may wait for the
@@ -149,6 +155,7 @@ type Config struct {
 type Runtime struct {
 	cs  kubernetes.Interface
 	cfg Config
+	fwd *forwarder // nil unless Config.PortForward
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -188,7 +195,11 @@ func New(cs kubernetes.Interface, cfg Config) (*Runtime, error) {
 	if msgs := validLabel(cfg.Instance); msgs != "" {
 		return nil, fmt.Errorf("kubernetes: instance %q: %s", cfg.Instance, msgs)
 	}
-	return &Runtime{cs: cs, cfg: cfg}, nil
+	r := &Runtime{cs: cs, cfg: cfg}
+	if cfg.PortForward != nil {
+		r.fwd = newForwarder(cfg.PortForward, cfg.Namespace)
+	}
+	return r, nil
 }
 
 var labelValue = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$`)
@@ -330,7 +341,24 @@ func (r *Runtime) deletePod(ctx context.Context, name string) error {
 
 // dialer connects to a sandbox's agent at ip with TLS that accepts only
 // that sandbox's agent.
+// Through the port-forward (Config.PortForward), the same TLS runs over
+// the forwarded stream.
 func (r *Runtime) dialer(id, ip string) func(ctx context.Context) (net.Conn, error) {
+	if r.fwd != nil {
+		cfg := r.cfg.Client.Config(id)
+		return func(ctx context.Context) (net.Conn, error) {
+			raw, err := r.fwd.dial(ctx, objectName(id), r.cfg.AgentPort)
+			if err != nil {
+				return nil, err
+			}
+			conn := tls.Client(raw, cfg)
+			if err := conn.HandshakeContext(ctx); err != nil {
+				raw.Close()
+				return nil, err
+			}
+			return conn, nil
+		}
+	}
 	addr := net.JoinHostPort(ip, strconv.Itoa(r.cfg.AgentPort))
 	d := &tls.Dialer{Config: r.cfg.Client.Config(id)}
 	return func(ctx context.Context) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
@@ -586,6 +614,9 @@ func waitingReason(p *corev1.Pod) string {
 // Secret and its NetworkPolicy. Objects already gone are not errors.
 func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	ns, name := r.cfg.Namespace, objectName(id)
+	if r.fwd != nil {
+		r.fwd.forget(name)
+	}
 	now := metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}
 	errs := []error{
 		ignoreNotFound(r.cs.CoreV1().Pods(ns).Delete(ctx, name, now)),

@@ -236,7 +236,9 @@ func TestSandboxesAsPods(t *testing.T) {
 		"--kubernetes-image", "python=" + image}
 	addrA, addrB := freePort(t), freePort(t)
 	replicaA := startServer(t, bin, "replica-a", addrA, key, args...)
-	replicaB := startServer(t, bin, "replica-b", addrB, key, args...)
+	// B reaches agents through the API server's port-forward, A at
+	// their Pod IPs: requests take both ways.
+	replicaB := startServer(t, bin, "replica-b", addrB, key, append(slices.Clone(args), "--kubernetes-connect", "port-forward")...)
 	srv := newBalancer(t, replicaA, replicaB)
 
 	// Four sandboxes at once: Pods over both nodes, each runs the
