@@ -446,6 +446,19 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	if spec.Pool {
 		podLabels[LabelPool] = "true"
 	}
+	// Spread over nodes: a node's loss takes as few as can be. Warm
+	// pool members are spread among themselves too, so that every node
+	// keeps some ready.
+	spread := []corev1.TopologySpreadConstraint{{
+		MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: corev1.ScheduleAnyway,
+		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: managedBy, LabelInstance: r.cfg.Instance}},
+	}}
+	if spec.Pool {
+		spread = append(spread, corev1.TopologySpreadConstraint{
+			MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: corev1.ScheduleAnyway,
+			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: managedBy, LabelInstance: r.cfg.Instance, LabelPool: "true"}},
+		})
+	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: objectName(spec.ID), Labels: podLabels},
 		Spec: corev1.PodSpec{
@@ -456,12 +469,8 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 			Hostname:                      hostname,
 			HostUsers:                     ptr(r.cfg.HostUsers),
 			SecurityContext:               &corev1.PodSecurityContext{SeccompProfile: seccomp},
-			// Spread over nodes: a node's loss takes as few as can be.
-			TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{
-				MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: corev1.ScheduleAnyway,
-				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: managedBy, LabelInstance: r.cfg.Instance}},
-			}},
-			Volumes: volumes,
+			TopologySpreadConstraints:     spread,
+			Volumes:                       volumes,
 			Containers: []corev1.Container{{
 				Name:            container,
 				Image:           image,
@@ -557,8 +566,8 @@ func (r *Runtime) waitRunning(ctx context.Context, pod *corev1.Pod) (string, err
 				return "", fmt.Errorf("kubernetes: watch the sandbox's pod: %v", apierrors.FromObject(ev.Object))
 			}
 			p, ok := ev.Object.(*corev1.Pod)
-			if !ok {
-				continue
+			if !ok || p.Name != pod.Name {
+				continue // (a watch that ignores the field selector)
 			}
 			last = p
 			if ip, done, err := podReady(p); done {

@@ -307,6 +307,9 @@ func TestAttachAndInventory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if p.Status.Phase != corev1.PodRunning {
+		t.Fatalf("Create returned with its pod %s", p.Status.Phase)
+	}
 	p.Status = corev1.PodStatus{Phase: corev1.PodSucceeded}
 	if _, err := cs.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
@@ -335,6 +338,13 @@ func TestAttachAndInventory(t *testing.T) {
 	for _, h := range held {
 		h.Created = time.Time{} // the API server sets it; the fake does not
 		got[h.ID] = h
+	}
+	warm, err := cs.CoreV1().Pods(ns).Get(ctx, "sf-warm", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tsc := warm.Spec.TopologySpreadConstraints; len(tsc) != 2 || tsc[1].LabelSelector.MatchLabels[LabelPool] != "true" {
+		t.Errorf("a warm pool member is not spread among the pool's: %+v", tsc)
 	}
 	want := map[string]runtime.Held{
 		"live": {ID: "live"},
