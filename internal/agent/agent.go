@@ -62,6 +62,10 @@ type Config struct {
 	SetLifetime func(d time.Duration) error
 	// Logger receives the agent's logs; nil discards them.
 	Logger *slog.Logger
+	// CgroupRoot is where the usage op finds the sandbox's cgroup
+	// hierarchies (usage.go) [/sys/fs/cgroup]; tests point it at a fake
+	// tree.
+	CgroupRoot string
 }
 
 // Kernel is a long-lived interpreter behind a code context.
@@ -355,6 +359,9 @@ func (s *server) dispatchOp(c *conn, req *agentproto.Request) agentproto.Event {
 		return s.portConnect(c, req)
 	case agentproto.OpPortList:
 		return s.portList()
+
+	case agentproto.OpUsage:
+		return s.usage()
 	}
 	return fail(agentproto.CodeBadRequest, "unknown op %q", req.Op)
 }
