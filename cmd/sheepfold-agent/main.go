@@ -123,6 +123,7 @@ func runServe(args []string) int {
 	tlsDir := fs.String("tls-dir", "", "directory of the agent's TLS credential for --listen-tcp ("+agenttls.CertFile+", "+agenttls.KeyFile+", "+agenttls.CAFile+")")
 	toInit := fs.Bool("lifetime-fd", false, "send deadlines to init over fd 4 (init passes it); otherwise serve keeps them itself")
 	switchUsers := fs.Bool("switch-users", false, "refuse to serve unless every request can run as its own user (a sandbox's agent)")
+	cgroupRoot := fs.String("cgroup-root", "/sys/fs/cgroup", "where the usage op reads the sandbox's cgroups (tests point it at a fake tree)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -191,6 +192,7 @@ func runServe(args []string) int {
 		SetLifetime: setLifetime,
 		SwitchUsers: *switchUsers,
 		Logger:      log,
+		CgroupRoot:  *cgroupRoot,
 	}
 	log.Info("serving", "version", version, "root", *root, "home", *home, "addr", ln.Addr().String())
 	if err := agent.Serve(ctx, ln, cfg); err != nil {

@@ -552,9 +552,11 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 }
 
 // Usage implements runtime.Runtime. A Pod's cgroup is on its node, out of
-// the server's reach: not measured yet.
+// the server's reach: ErrUnsupported, on which the engine asks the
+// sandbox's agent, which reads its container's cgroup
+// (agentproto.OpUsage).
 func (r *Runtime) Usage(ctx context.Context, id string) (runtime.Usage, error) {
-	return runtime.Usage{}, fmt.Errorf("%w: resource usage of Pods is not measured yet", runtime.ErrUnsupported)
+	return runtime.Usage{}, fmt.Errorf("%w: a Pod's cgroup is on its node; its agent reads it", runtime.ErrUnsupported)
 }
 
 // Close implements the engine's runtime: the runtime holds nothing
