@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path"
 	"path/filepath"
 	"runtime/debug"
@@ -66,6 +67,12 @@ type Config struct {
 	// hierarchies (usage.go) [/sys/fs/cgroup]; tests point it at a fake
 	// tree.
 	CgroupRoot string
+	// UserNproc, when positive, is the RLIMIT_NPROC (soft and hard) of
+	// every process and interpreter the agent starts as a user other than
+	// root (nproc.go): a Pod's bound on its user's tasks. Helper is the
+	// agent's binary, which sets it (NprocExec) [os.Executable()].
+	UserNproc int64
+	Helper    string
 }
 
 // Kernel is a long-lived interpreter behind a code context.
@@ -191,6 +198,8 @@ type server struct {
 	// switchUsers: processes and file operations run as the requested
 	// user (canSwitchUsers, users_linux.go); otherwise as the agent.
 	switchUsers bool
+	// helper is the agent's binary, for nproc-exec (nproc.go).
+	helper string
 
 	// mu guards conns and closed.
 	mu     sync.Mutex
@@ -214,11 +223,19 @@ func newServer(ctx context.Context, cfg Config) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
+	helper := cfg.Helper
+	if helper == "" && cfg.UserNproc > 0 {
+		if helper, err = os.Executable(); err != nil {
+			fs.Close()
+			return nil, fmt.Errorf("agent: own binary for nproc-exec: %w", err)
+		}
+	}
 	s := &server{
-		cfg:   cfg,
-		log:   cfg.Logger,
-		files: fs,
-		conns: make(map[net.Conn]struct{}),
+		cfg:    cfg,
+		helper: helper,
+		log:    cfg.Logger,
+		files:  fs,
+		conns:  make(map[net.Conn]struct{}),
 
 		switchUsers: switchUsers,
 	}
