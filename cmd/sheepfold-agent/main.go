@@ -28,8 +28,8 @@
 // "seccomp-exec FILTER SYSCALL PROGRAM [ARG...]" is run by serve, never by
 // the host: it starts a Node interpreter under the no-subprocess seccomp
 // filter and hands the filter's listener back to serve (kernel.SeccompExec).
-// "nproc-exec N PATH ARGV0 [ARG...]" likewise starts a user's program
-// under RLIMIT_NPROC N, when serve has --user-nproc (agent.NprocExec).
+// "nproc-exec N PATH ARGV0 [ARG...]" likewise starts a program under
+// RLIMIT_NPROC N, when serve has --nproc (agent.NprocExec).
 //
 // For tests and debugging, "serve --listen PATH" (also through init)
 // creates the socket itself. In a Kubernetes Pod, "init --listen-tcp
@@ -99,8 +99,8 @@ func main() {
 	case "serve":
 		os.Exit(runServe(os.Args[2:]))
 	case agent.NprocExecCommand:
-		// Starts a user's program under RLIMIT_NPROC (--user-nproc);
-		// the agent runs it, never the host.
+		// Starts a program under RLIMIT_NPROC (serve's --nproc); serve
+		// runs it, never the host.
 		os.Exit(agent.NprocExec(os.Args[2:]))
 	case "seccomp-exec":
 		// Runs an interpreter under the no-subprocess filter
@@ -129,7 +129,7 @@ func runServe(args []string) int {
 	tlsDir := fs.String("tls-dir", "", "directory of the agent's TLS credential for --listen-tcp ("+agenttls.CertFile+", "+agenttls.KeyFile+", "+agenttls.CAFile+")")
 	toInit := fs.Bool("lifetime-fd", false, "send deadlines to init over fd 4 (init passes it); otherwise serve keeps them itself")
 	switchUsers := fs.Bool("switch-users", false, "refuse to serve unless every request can run as its own user (a sandbox's agent)")
-	userNproc := fs.Int64("user-nproc", 0, "RLIMIT_NPROC of every process the agent starts as a user other than root (a Pod with a user namespace of its own); 0: none")
+	nproc := fs.Int64("nproc", 0, "RLIMIT_NPROC of every process the agent starts (a Pod with a user namespace of its own); 0: none")
 	cgroupRoot := fs.String("cgroup-root", "/sys/fs/cgroup", "where the usage op reads the sandbox's cgroups (tests point it at a fake tree)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -182,16 +182,15 @@ func runServe(args []string) int {
 		log.Error("own path", "err", err)
 		return 1
 	}
-	if *userNproc < 0 {
-		log.Error("--user-nproc must not be negative")
+	if *nproc < 0 {
+		log.Error("--nproc must not be negative")
 		return 2
 	}
-	// Interpreters run as "user" (or as the agent itself, outside a
-	// sandbox): under --user-nproc as every user process.
+	// Interpreters start under --nproc as every process does.
 	var kernelWrap func(string, []string) (string, []string)
-	if *userNproc > 0 {
+	if *nproc > 0 {
 		kernelWrap = func(path string, argv []string) (string, []string) {
-			return agent.NprocCommand(self, *userNproc, path, argv)
+			return agent.NprocCommand(self, *nproc, path, argv)
 		}
 	}
 	cfg := agent.Config{
@@ -213,7 +212,7 @@ func runServe(args []string) int {
 		SwitchUsers: *switchUsers,
 		Logger:      log,
 		CgroupRoot:  *cgroupRoot,
-		UserNproc:   *userNproc,
+		Nproc:       *nproc,
 		Helper:      self,
 	}
 	log.Info("serving", "version", version, "root", *root, "home", *home, "addr", ln.Addr().String())

@@ -32,9 +32,9 @@ type agentProc struct {
 }
 
 // startInit runs the agent binary's init with a Root in a temporary
-// directory. With viaFD it passes a listening socket as fd 3, as runc
-// does; otherwise init is told to --listen.
-func startInit(t *testing.T, viaFD bool) *agentProc {
+// directory, and serve's extra flags. With viaFD it passes a listening
+// socket as fd 3, as runc does; otherwise init is told to --listen.
+func startInit(t *testing.T, viaFD bool, extra ...string) *agentProc {
 	t.Helper()
 
 	bin := testutil.AgentBin(t)
@@ -43,7 +43,7 @@ func startInit(t *testing.T, viaFD bool) *agentProc {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(testutil.ShortTempDir(t), "agent.sock")
-	args := []string{"init", "--root", root, "--home", "/home/user"}
+	args := append([]string{"init", "--root", root, "--home", "/home/user"}, extra...)
 	var lnFile *os.File
 	if viaFD {
 		ln, err := net.Listen("unix", sock)
@@ -448,5 +448,34 @@ func TestNprocExec(t *testing.T) {
 		if out, code := run(tc.args...); code != tc.code {
 			t.Errorf("nproc-exec %q: exit %d (%q), want %d", tc.args, code, out, tc.code)
 		}
+	}
+}
+
+// serve's --nproc reaches the processes it starts, through init as in a
+// Pod (the kubernetes runtime passes it after its own flags).
+func TestServeNprocFlag(t *testing.T) {
+	a := startInit(t, false, "--nproc", "55")
+	var out strings.Builder
+	c, err := net.Dial("unix", a.sock)
+	for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		c, err = net.Dial("unix", a.sock)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	done, err := agentproto.Call(c, agentproto.Request{Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{
+		Cmd: "cat", Args: []string{"/proc/self/limits"}, Cwd: "/"}}, nil, agentproto.Handlers{Event: func(ev agentproto.Event) error {
+		if ev.Type == agentproto.EventStdout {
+			out.Write(ev.Data)
+		}
+		return nil
+	}})
+	if err != nil || done.Code != "" {
+		t.Fatalf("process.start: %v %+v", err, done)
+	}
+	if !regexp.MustCompile(`(?m)^Max processes\s+55\s+55\s`).MatchString(out.String()) {
+		t.Fatalf("limits %q", out.String())
 	}
 }

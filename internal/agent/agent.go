@@ -67,12 +67,12 @@ type Config struct {
 	// hierarchies (usage.go) [/sys/fs/cgroup]; tests point it at a fake
 	// tree.
 	CgroupRoot string
-	// UserNproc, when positive, is the RLIMIT_NPROC (soft and hard) of
-	// every process and interpreter the agent starts as a user other than
-	// root (nproc.go): a Pod's bound on its user's tasks. Helper is the
-	// agent's binary, which sets it (NprocExec) [os.Executable()].
-	UserNproc int64
-	Helper    string
+	// Nproc, when positive, is the RLIMIT_NPROC (soft and hard) of every
+	// process, interpreter and sudo command the agent starts (nproc.go):
+	// a Pod's bound on each of its uids' tasks. Helper is the agent's
+	// binary, which sets it (NprocExec) [os.Executable()].
+	Nproc  int64
+	Helper string
 }
 
 // Kernel is a long-lived interpreter behind a code context.
@@ -224,7 +224,7 @@ func newServer(ctx context.Context, cfg Config) (*server, error) {
 		return nil, err
 	}
 	helper := cfg.Helper
-	if helper == "" && cfg.UserNproc > 0 {
+	if helper == "" && cfg.Nproc > 0 {
 		if helper, err = os.Executable(); err != nil {
 			fs.Close()
 			return nil, fmt.Errorf("agent: own binary for nproc-exec: %w", err)

@@ -2,28 +2,30 @@ package agent
 
 import "strconv"
 
-// A bound on the sandbox user's tasks where no cgroup bounds the sandbox's.
+// A bound on each uid's tasks where no cgroup bounds the sandbox's.
 //
 // A Pod has no pids limit of its own in Kubernetes (only the kubelet's
 // node-wide podPidsLimit). With a user namespace per Pod (hostUsers:
-// false) uid 1000 inside is a host uid no other Pod has, so RLIMIT_NPROC
-// on the user's processes (the kernel counts a uid's tasks, threads
-// included) bounds this sandbox's user code alone. Config.UserNproc sets
-// it: every process and interpreter the agent starts as a user other
-// than root starts through the agent's own binary, "nproc-exec N PATH
-// ARGV0 [ARG...]" (NprocExec), which lowers its RLIMIT_NPROC, soft and
-// hard, to N and executes the program. Rlimits belong to a whole process,
-// so the agent cannot set one on a child between fork and exec itself,
-// and lowering its own would bound its threads (its uid's count) and, the
-// hard limit being for good, everything it starts. No process can raise
-// its hard limit again without CAP_SYS_RESOURCE, which no user process
-// holds. A fork past the limit fails with EAGAIN; each start by the agent
-// is let through (the kernel checks the count at fork, and at exec only
-// after a setuid over the limit), so the user may hold N tasks plus the
-// ones the agent started.
+// false) every uid inside is a host uid no other Pod has, so an
+// RLIMIT_NPROC (the kernel counts a uid's tasks, threads included)
+// bounds this sandbox's tasks of that uid alone. Config.Nproc sets it:
+// every process, interpreter and sudo command the agent starts starts
+// through the agent's own binary, "nproc-exec N PATH ARGV0 [ARG...]"
+// (NprocExec), which lowers its RLIMIT_NPROC, soft and hard, to N and
+// executes the program. Root's commands too: "user" may run `sudo CMD`
+// (sudo_linux.go), and unbounded root processes would undo the user's
+// bound. Rlimits belong to a whole process, so the agent cannot set one
+// on a child between fork and exec itself, and it keeps its own
+// unlimited: its threads count in root's tasks (so root's processes get
+// N less the agent's threads) but are never refused. No process can
+// raise its hard limit again without CAP_SYS_RESOURCE in the host's
+// namespace, which nothing in a sandbox holds. A fork past the limit
+// fails with EAGAIN; each start by the agent is let through (the kernel
+// checks the count at fork, and at exec only after a setuid over the
+// limit), so a uid may hold N tasks plus the ones the agent started.
 //
-// The local engine never sets it: there uid 1000 is one host uid shared
-// by every sandbox, and each sandbox's pids cgroup bounds it.
+// The local engine never sets it: each sandbox's pids cgroup bounds all
+// its tasks together, whatever their uid, which is the stronger bound.
 
 // NprocExecCommand is the agent binary's sub-command NprocExec.
 const NprocExecCommand = "nproc-exec"

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,13 +38,11 @@ func NprocExec(args []string) int {
 	return 126
 }
 
-// userCommand is the command that starts exe with argv as cred: through
-// nproc-exec when Config.UserNproc is set and cred is not root's (nil,
-// the agent's own identity when it does not switch users, counts as a
-// user).
-func (s *server) userCommand(exe string, argv []string, cred *syscall.Credential) (string, []string) {
-	if s.cfg.UserNproc <= 0 || cred != nil && cred.Uid == 0 {
+// nprocCommand is the command that starts exe with argv: through
+// nproc-exec when Config.Nproc is set.
+func (s *server) nprocCommand(exe string, argv []string) (string, []string) {
+	if s.cfg.Nproc <= 0 {
 		return exe, argv
 	}
-	return NprocCommand(s.helper, s.cfg.UserNproc, exe, argv)
+	return NprocCommand(s.helper, s.cfg.Nproc, exe, argv)
 }

@@ -452,7 +452,7 @@ func (s *server) spawn(exe string, spec *agentproto.ProcessSpec, env []string, c
 
 	started := time.Now()
 	var proc *os.Process
-	exe, argv := s.userCommand(exe, append([]string{spec.Cmd}, spec.Args...), cred)
+	exe, argv := s.nprocCommand(exe, append([]string{spec.Cmd}, spec.Args...))
 	err = StartBounded(cred, func() (err error) {
 		proc, err = os.StartProcess(exe, argv, &os.ProcAttr{
 			Dir:   cwd,
@@ -504,7 +504,7 @@ func (s *server) spawnPTY(exe string, spec *agentproto.ProcessSpec, env []string
 	defer slave.Close()
 	started := time.Now()
 	var proc *os.Process
-	exe, argv := s.userCommand(exe, append([]string{spec.Cmd}, spec.Args...), cred)
+	exe, argv := s.nprocCommand(exe, append([]string{spec.Cmd}, spec.Args...))
 	err = StartBounded(cred, func() (err error) {
 		proc, err = os.StartProcess(exe, argv, &os.ProcAttr{
 			Dir:   cwd,
