@@ -38,6 +38,14 @@ func (s *Sandbox) usage(ctx context.Context) (runtime.Usage, error) {
 	if err == nil || !errors.Is(err, runtime.ErrUnsupported) {
 		return u, err
 	}
+	select {
+	case <-s.created: // s.agent is set (or the create failed)
+	default:
+		return u, err // still starting (the idle loop sees such sandboxes)
+	}
+	if s.agent.dial == nil {
+		return u, err
+	}
 	return s.agentUsage(ctx)
 }
 
