@@ -33,11 +33,14 @@ import (
 // sandbox's user namespace, non-dumpable, so nothing in the sandbox can
 // ptrace it or read its memory). User code runs as uid 1000 with no
 // capabilities, and even the sandbox's root lacks CAP_SYS_ADMIN and
-// CAP_SYS_PTRACE: the cgroup files are on a read-only mount, owned by ids
-// outside the namespace, and nothing in the sandbox can mount over them
-// or reach into the agent, so no code of the sandbox can change what the
-// agent answers. It can only kill the sandbox (its root may signal the
-// agent's serve), and a dead agent answers nothing.
+// CAP_SYS_PTRACE. The counters (memory.current, cpu.stat, the events
+// files) are the kernel's, which no write changes; the files that could
+// be written (the limits) are on the read-only mount container runtimes
+// give unprivileged containers; and nothing in the sandbox can remount or
+// mount over /sys/fs/cgroup or reach into the agent. So no code of the
+// sandbox can change what the agent answers. It can only kill the
+// sandbox (its root may signal the agent's serve), and a dead agent
+// answers nothing.
 
 // cgroupRoot is where a container sees its cgroups.
 const cgroupRoot = "/sys/fs/cgroup"
