@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -116,6 +118,35 @@ func TestUsageFromAgent(t *testing.T) {
 		default:
 			t.Fatalf("event %+v", ev.Details)
 		}
+	}
+}
+
+// An execution whose interpreter the OOM killer ended is told apart
+// from another death by the OOM count the agent reads, before and after.
+func TestOOMKillFromAgent(t *testing.T) {
+	t.Parallel()
+	m, rt := fakeEngine(t, sandbox.Config{})
+	cg := fakeCgroupV2(t)
+	rt.Unmeasured, rt.CgroupRoot = true, cg
+	s, err := m.Create(context.Background(), sandbox.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := s.Execute(ctx, sandbox.ExecuteRequest{Code: "1"}, nil); err != nil { // the context starts
+		t.Fatal(err)
+	}
+	// A death without an OOM kill counted: not out of memory.
+	ex, err := s.Execute(ctx, sandbox.ExecuteRequest{Code: "import os, time\ntime.sleep(0.3)\nos.kill(os.getpid(), 9)"}, nil)
+	if err != nil || ex.ErrorCode == apierr.OutOfMemory {
+		t.Fatalf("killed without an OOM kill: %+v, %v", ex, err)
+	}
+	// The "OOM killer" counts one more, then ends the interpreter.
+	code := fmt.Sprintf("import os, time\ntime.sleep(0.3)\nopen(%q, 'w').write('oom 2\\noom_kill 2\\n')\nos.kill(os.getpid(), 9)",
+		filepath.Join(cg, "memory.events"))
+	ex, err = s.Execute(ctx, sandbox.ExecuteRequest{Code: code}, nil)
+	if err != nil || ex.ErrorCode != apierr.OutOfMemory || ex.PeakMemoryBytes != 128<<20 {
+		t.Fatalf("OOM-killed: %+v, %v", ex, err)
 	}
 }
 
