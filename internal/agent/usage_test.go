@@ -199,3 +199,26 @@ func merge(maps ...map[string]string) map[string]string {
 	}
 	return out
 }
+
+func TestParseProcCgroup(t *testing.T) {
+	t.Parallel()
+	got := parseProcCgroup(v1Self + "garbage\n7:blkio\n")
+	want := map[string]string{"pids": "/kubepods/burstable/pod1/abc", "cpu": "/kubepods/burstable/pod1/abc",
+		"cpuacct": "/kubepods/burstable/pod1/abc", "memory": "/kubepods/burstable/pod1/abc",
+		"name=systemd": "/kubepods/burstable/pod1/abc", "": "/kubepods/burstable/pod1/abc"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v", got)
+	}
+}
+
+// The cgroup files come from the kernel, but the parsers must not fail
+// on anything (a future format, a fake tree).
+func FuzzCgroupText(f *testing.F) {
+	f.Add(v1Self)
+	f.Add("some avg10=1.50 avg60=0.30 avg300=0.06 total=123456\nfull avg10=x\n")
+	f.Add("0::/\n")
+	f.Fuzz(func(t *testing.T, text string) {
+		parseProcCgroup(text)
+		parsePressure(text)
+	})
+}
