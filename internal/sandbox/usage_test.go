@@ -14,6 +14,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
@@ -147,6 +148,29 @@ func TestOOMKillFromAgent(t *testing.T) {
 	ex, err = s.Execute(ctx, sandbox.ExecuteRequest{Code: code}, nil)
 	if err != nil || ex.ErrorCode != apierr.OutOfMemory || ex.PeakMemoryBytes != 128<<20 {
 		t.Fatalf("OOM-killed: %+v, %v", ex, err)
+	}
+}
+
+// On a runtime that cannot count a sandbox's CPU time (no
+// runtime.CPUCounter: Pods, and the fake), an execution's CPU time limit
+// still holds: the agent counts its interpreter.
+func TestCPUTimeLimitWithoutCounter(t *testing.T) {
+	t.Parallel()
+	m, rt := fakeEngine(t, sandbox.Config{})
+	rt.Unmeasured, rt.CgroupRoot = true, fakeCgroupV2(t)
+	if _, ok := any(rt).(runtime.CPUCounter); ok {
+		t.Fatal("the fake runtime counts CPU time: this test would not test the agent's count")
+	}
+	limit := 0.5
+	s, err := m.Create(context.Background(), sandbox.CreateOptions{Policy: &policy.Policy{
+		ResourceLimits: &policy.ResourceLimits{CPUTimeSeconds: &limit}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spin := "import time\nt = time.process_time()\nwhile time.process_time() - t < 3: pass\n'spun'"
+	ex, err := s.Execute(context.Background(), sandbox.ExecuteRequest{Code: spin, Timeout: 20 * time.Second}, nil)
+	if err != nil || ex.ErrorCode != apierr.CPUTimeExceeded || ex.CPUTimeMS > 2000 {
+		t.Fatalf("%+v, %v", ex, err)
 	}
 }
 
