@@ -28,6 +28,8 @@
 // "seccomp-exec FILTER SYSCALL PROGRAM [ARG...]" is run by serve, never by
 // the host: it starts a Node interpreter under the no-subprocess seccomp
 // filter and hands the filter's listener back to serve (kernel.SeccompExec).
+// "nproc-exec N PATH ARGV0 [ARG...]" likewise starts a program under
+// RLIMIT_NPROC N, when serve has --nproc (agent.NprocExec).
 //
 // For tests and debugging, "serve --listen PATH" (also through init)
 // creates the socket itself. In a Kubernetes Pod, "init --listen-tcp
@@ -96,6 +98,10 @@ func main() {
 		os.Exit(runInit(os.Args[2:]))
 	case "serve":
 		os.Exit(runServe(os.Args[2:]))
+	case agent.NprocExecCommand:
+		// Starts a program under RLIMIT_NPROC (serve's --nproc); serve
+		// runs it, never the host.
+		os.Exit(agent.NprocExec(os.Args[2:]))
 	case "seccomp-exec":
 		// Runs an interpreter under the no-subprocess filter
 		// (kernel.SeccompExec); the agent starts it, never the host.
@@ -123,6 +129,8 @@ func runServe(args []string) int {
 	tlsDir := fs.String("tls-dir", "", "directory of the agent's TLS credential for --listen-tcp ("+agenttls.CertFile+", "+agenttls.KeyFile+", "+agenttls.CAFile+")")
 	toInit := fs.Bool("lifetime-fd", false, "send deadlines to init over fd 4 (init passes it); otherwise serve keeps them itself")
 	switchUsers := fs.Bool("switch-users", false, "refuse to serve unless every request can run as its own user (a sandbox's agent)")
+	nproc := fs.Int64("nproc", 0, "RLIMIT_NPROC of every process the agent starts (a Pod with a user namespace of its own); 0: none")
+	cgroupRoot := fs.String("cgroup-root", "/sys/fs/cgroup", "where the usage op reads the sandbox's cgroups (tests point it at a fake tree)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -174,13 +182,25 @@ func runServe(args []string) int {
 		log.Error("own path", "err", err)
 		return 1
 	}
+	if *nproc < 0 {
+		log.Error("--nproc must not be negative")
+		return 2
+	}
+	// Interpreters start under --nproc as every process does.
+	var kernelWrap func(string, []string) (string, []string)
+	if *nproc > 0 {
+		kernelWrap = func(path string, argv []string) (string, []string) {
+			return agent.NprocCommand(self, *nproc, path, argv)
+		}
+	}
 	cfg := agent.Config{
 		Root:    *root,
 		Home:    *home,
 		Version: version,
 		NewKernel: func(ctx context.Context, spec agentproto.ContextSpec) (agent.Kernel, error) {
 			k, err := kernel.Start(ctx, spec, kernel.Options{BaseEnv: os.Environ(), Credential: kernelCred, Helper: self,
-				StartOn: func(dir string, start func() error) error { return agent.StartIn(kernelCred, dir, start) }})
+				StartOn: func(dir string, start func() error) error { return agent.StartIn(kernelCred, dir, start) },
+				Wrap:    kernelWrap})
 			if err != nil {
 				return nil, err
 			}
@@ -191,6 +211,9 @@ func runServe(args []string) int {
 		SetLifetime: setLifetime,
 		SwitchUsers: *switchUsers,
 		Logger:      log,
+		CgroupRoot:  *cgroupRoot,
+		Nproc:       *nproc,
+		Helper:      self,
 	}
 	log.Info("serving", "version", version, "root", *root, "home", *home, "addr", ln.Addr().String())
 	if err := agent.Serve(ctx, ln, cfg); err != nil {

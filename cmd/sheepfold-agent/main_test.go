@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,9 +32,9 @@ type agentProc struct {
 }
 
 // startInit runs the agent binary's init with a Root in a temporary
-// directory. With viaFD it passes a listening socket as fd 3, as runc
-// does; otherwise init is told to --listen.
-func startInit(t *testing.T, viaFD bool) *agentProc {
+// directory, and serve's extra flags. With viaFD it passes a listening
+// socket as fd 3, as runc does; otherwise init is told to --listen.
+func startInit(t *testing.T, viaFD bool, extra ...string) *agentProc {
 	t.Helper()
 
 	bin := testutil.AgentBin(t)
@@ -42,7 +43,7 @@ func startInit(t *testing.T, viaFD bool) *agentProc {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(testutil.ShortTempDir(t), "agent.sock")
-	args := []string{"init", "--root", root, "--home", "/home/user"}
+	args := append([]string{"init", "--root", root, "--home", "/home/user"}, extra...)
 	var lnFile *os.File
 	if viaFD {
 		ln, err := net.Listen("unix", sock)
@@ -405,4 +406,76 @@ func exitCode(err error) int {
 		return -1
 	}
 	return 0
+}
+
+// nproc-exec bounds the tasks of its program's uid: a user at its limit
+// cannot fork, while the same program under a higher limit can (the
+// attack works where it is not confined). Run as a uid no one else uses.
+func TestNprocExec(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := testutil.AgentBin(t)
+	run := func(args ...string) (string, int) {
+		cmd := exec.Command(bin, append([]string{"nproc-exec"}, args...)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 54321, Gid: 54321}}
+		cmd.Dir = "/"
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return string(out), cmd.ProcessState.ExitCode()
+	}
+	const fork = "/bin/true && echo forked"
+	if out, code := run("1000", "/bin/sh", "sh", "-c", fork); code != 0 || out != "forked\n" {
+		t.Fatalf("under 1000: exit %d, %q", code, out)
+	}
+	if out, code := run("1", "/bin/sh", "sh", "-c", fork); code == 0 || strings.Contains(out, "forked") {
+		t.Fatalf("under 1: exit %d, %q: the fork went through", code, out)
+	}
+	if out, _ := run("9", "/bin/cat", "cat", "/proc/self/limits"); !regexp.MustCompile(`(?m)^Max processes\s+9\s+9\s`).MatchString(out) {
+		t.Fatalf("limits %q", out)
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"9", "/bin/sh"}, 2},
+		{[]string{"x", "/bin/sh", "sh"}, 2},
+		{[]string{"0", "/bin/sh", "sh"}, 2},
+		{[]string{"9", "/nonexistent", "x"}, 127},
+		{[]string{"9", "/etc/passwd", "x"}, 126},
+	} {
+		if out, code := run(tc.args...); code != tc.code {
+			t.Errorf("nproc-exec %q: exit %d (%q), want %d", tc.args, code, out, tc.code)
+		}
+	}
+}
+
+// serve's --nproc reaches the processes it starts, through init as in a
+// Pod (the kubernetes runtime passes it after its own flags).
+func TestServeNprocFlag(t *testing.T) {
+	a := startInit(t, false, "--nproc", "55")
+	var out strings.Builder
+	c, err := net.Dial("unix", a.sock)
+	for deadline := time.Now().Add(10 * time.Second); err != nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		c, err = net.Dial("unix", a.sock)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	done, err := agentproto.Call(c, agentproto.Request{Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{
+		Cmd: "cat", Args: []string{"/proc/self/limits"}, Cwd: "/"}}, nil, agentproto.Handlers{Event: func(ev agentproto.Event) error {
+		if ev.Type == agentproto.EventStdout {
+			out.Write(ev.Data)
+		}
+		return nil
+	}})
+	if err != nil || done.Code != "" {
+		t.Fatalf("process.start: %v %+v", err, done)
+	}
+	if !regexp.MustCompile(`(?m)^Max processes\s+55\s+55\s`).MatchString(out.String()) {
+		t.Fatalf("limits %q", out.String())
+	}
 }

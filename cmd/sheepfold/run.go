@@ -145,7 +145,7 @@ func exitStatus(ctx context.Context, eng *engine, sb *sandbox.Sandbox, res *sand
 		fmt.Fprintf(os.Stderr, "sheepfold: %s: the program's output passed the limit and it was killed\n", apierr.OutputLimit)
 		return exitError{1}
 	case res.Signal != 0:
-		if u, err := eng.Runtime.Usage(ctx, sb.ID); err == nil && u.OOMKills > 0 {
+		if u, err := sb.Usage(ctx); err == nil && u.OOMKills > 0 {
 			fmt.Fprintf(os.Stderr, "sheepfold: %s: the program ran out of memory (limit %d MiB) and was killed\n",
 				apierr.OutOfMemory, sb.Limits.MemoryBytes>>20)
 		}

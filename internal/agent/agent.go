@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path"
 	"path/filepath"
 	"runtime/debug"
@@ -62,6 +63,16 @@ type Config struct {
 	SetLifetime func(d time.Duration) error
 	// Logger receives the agent's logs; nil discards them.
 	Logger *slog.Logger
+	// CgroupRoot is where the usage op finds the sandbox's cgroup
+	// hierarchies (usage.go) [/sys/fs/cgroup]; tests point it at a fake
+	// tree.
+	CgroupRoot string
+	// Nproc, when positive, is the RLIMIT_NPROC (soft and hard) of every
+	// process, interpreter and sudo command the agent starts (nproc.go):
+	// a Pod's bound on each of its uids' tasks. Helper is the agent's
+	// binary, which sets it (NprocExec) [os.Executable()].
+	Nproc  int64
+	Helper string
 }
 
 // Kernel is a long-lived interpreter behind a code context.
@@ -187,6 +198,8 @@ type server struct {
 	// switchUsers: processes and file operations run as the requested
 	// user (canSwitchUsers, users_linux.go); otherwise as the agent.
 	switchUsers bool
+	// helper is the agent's binary, for nproc-exec (nproc.go).
+	helper string
 
 	// mu guards conns and closed.
 	mu     sync.Mutex
@@ -217,11 +230,19 @@ func newServer(ctx context.Context, cfg Config) (*server, error) {
 	if err != nil {
 		return nil, err
 	}
+	helper := cfg.Helper
+	if helper == "" && cfg.Nproc > 0 {
+		if helper, err = os.Executable(); err != nil {
+			fs.Close()
+			return nil, fmt.Errorf("agent: own binary for nproc-exec: %w", err)
+		}
+	}
 	s := &server{
-		cfg:   cfg,
-		log:   cfg.Logger,
-		files: fs,
-		conns: make(map[net.Conn]struct{}),
+		cfg:    cfg,
+		helper: helper,
+		log:    cfg.Logger,
+		files:  fs,
+		conns:  make(map[net.Conn]struct{}),
 
 		switchUsers: switchUsers,
 	}
@@ -288,7 +309,7 @@ func (s *server) serveConn(nc net.Conn) {
 		c.send(fail(agentproto.CodeBadRequest, "malformed request: %v", err))
 		return
 	}
-	if req.Op != agentproto.OpPing {
+	if req.Op != agentproto.OpPing && req.Op != agentproto.OpUsage { // the engines' own checks are not use
 		s.busy.Add(1)
 		defer func() {
 			s.lastDone.Store(time.Now().UnixNano())
@@ -372,6 +393,9 @@ func (s *server) dispatchOp(c *conn, req *agentproto.Request) agentproto.Event {
 		return s.portConnect(c, req)
 	case agentproto.OpPortList:
 		return s.portList()
+
+	case agentproto.OpUsage:
+		return s.usage()
 	}
 	return fail(agentproto.CodeBadRequest, "unknown op %q", req.Op)
 }

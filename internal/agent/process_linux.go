@@ -452,8 +452,9 @@ func (s *server) spawn(exe string, spec *agentproto.ProcessSpec, env []string, c
 
 	started := time.Now()
 	var proc *os.Process
+	exe, argv := s.nprocCommand(exe, append([]string{spec.Cmd}, spec.Args...))
 	err = StartBounded(cred, func() (err error) {
-		proc, err = os.StartProcess(exe, append([]string{spec.Cmd}, spec.Args...), &os.ProcAttr{
+		proc, err = os.StartProcess(exe, argv, &os.ProcAttr{
 			Dir:   cwd,
 			Env:   env,
 			Files: []*os.File{stdin, outW, errW},
@@ -503,8 +504,9 @@ func (s *server) spawnPTY(exe string, spec *agentproto.ProcessSpec, env []string
 	defer slave.Close()
 	started := time.Now()
 	var proc *os.Process
+	exe, argv := s.nprocCommand(exe, append([]string{spec.Cmd}, spec.Args...))
 	err = StartBounded(cred, func() (err error) {
-		proc, err = os.StartProcess(exe, append([]string{spec.Cmd}, spec.Args...), &os.ProcAttr{
+		proc, err = os.StartProcess(exe, argv, &os.ProcAttr{
 			Dir:   cwd,
 			Env:   env,
 			Files: []*os.File{slave, slave, slave},

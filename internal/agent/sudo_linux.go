@@ -151,9 +151,10 @@ func (s *server) sudo(c *net.UnixConn) {
 		return
 	}
 	cred := s.credential(root)
+	exe, argv := s.nprocCommand(exe, req.Argv)
 	var proc *os.Process
 	err = StartBounded(cred, func() (err error) {
-		proc, err = os.StartProcess(exe, req.Argv, &os.ProcAttr{Dir: cwd, Env: env, Files: files,
+		proc, err = os.StartProcess(exe, argv, &os.ProcAttr{Dir: cwd, Env: env, Files: files,
 			Sys: &syscall.SysProcAttr{Setpgid: true, Credential: cred}})
 		return err
 	})

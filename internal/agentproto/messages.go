@@ -45,6 +45,12 @@ const (
 	// OpPortList lists the TCP ports listening inside the sandbox (from
 	// /proc/net/tcp and tcp6): Done.Ports.
 	OpPortList = "port.list"
+
+	// OpUsage reads the sandbox's resource usage from the agent's own
+	// cgroup, the container's (Done.Usage): how the host measures a
+	// sandbox whose cgroup it cannot read itself (a Pod, whose cgroup is
+	// on its node). CodeUnsupported when the agent finds no cgroup.
+	OpUsage = "usage"
 )
 
 // Event types.
@@ -312,6 +318,38 @@ type Event struct {
 	Processes []ProcessInfo `json:"processes,omitempty"`
 	Entries   []FileInfo    `json:"entries,omitempty"`
 	Ports     []PortInfo    `json:"ports,omitempty"` // port.list
+	Usage     *Usage        `json:"usage,omitempty"` // usage
+}
+
+// Usage is the sandbox's resource usage as its agent reads it from its
+// own cgroup (usage); the fields mean what runtime.Usage's do. It has no
+// disk figures: a Pod's writable layer lives in its node's snapshotter,
+// and statfs inside the sandbox sees the node's filesystem, not the
+// sandbox's share of it.
+type Usage struct {
+	// Cgroup says which hierarchy the figures came from: "v1" or "v2".
+	Cgroup           string  `json:"cgroup"`
+	MemoryBytes      int64   `json:"memory_bytes"`       // page cache included
+	MemoryCacheBytes int64   `json:"memory_cache_bytes"` // v1 total_cache, v2 memory.stat file
+	MemoryPeakBytes  int64   `json:"memory_peak_bytes"`  // 0 where the kernel keeps no peak (v2 before 5.19)
+	MemoryLimit      int64   `json:"memory_limit"`       // v2: -1 for none; v1: its huge "none" as is
+	OOMKills         uint64  `json:"oom_kills"`
+	CPUNanos         uint64  `json:"cpu_nanos"`
+	CPULimit         float64 `json:"cpu_limit"` // CPUs (quota / period); 0: none
+	Pids             int64   `json:"pids"`
+	PidsDenied       uint64  `json:"pids_denied"`
+	// Pressure is the cgroup's PSI (v2 with a kernel that keeps it).
+	Pressure *Pressure `json:"pressure,omitempty"`
+}
+
+// Pressure is a cgroup v2's pressure stall information: the avg10 figure
+// (percent of the last 10 s) of each file's "some" and "full" lines.
+type Pressure struct {
+	CPUSome    float64 `json:"cpu_some"`
+	MemorySome float64 `json:"memory_some"`
+	MemoryFull float64 `json:"memory_full"`
+	IOSome     float64 `json:"io_some"`
+	IOFull     float64 `json:"io_full"`
 }
 
 // PortInfo is one listening TCP socket inside the sandbox (port.list).
@@ -375,7 +413,7 @@ type AgentInfo struct {
 	// last deadline a ping set, grace included); 0 when none was set.
 	// Servers that share sandboxes read it: another may have moved it.
 	LifetimeLeftMS int64 `json:"lifetime_left_ms,omitempty"`
-	// Busy counts requests in flight other than pings; IdleMS is how
+	// Busy counts requests in flight other than pings and usage reads; IdleMS is how
 	// long ago the last of them ended (or since the agent started, when
 	// none came). Every server's requests pass the agent, so these say
 	// whether anyone is using the sandbox.

@@ -70,20 +70,23 @@ func (h *Handler) sampleMetrics(sb *sandbox.Sandbox) *metricsLog {
 		t := time.NewTicker(metricsInterval)
 		defer t.Stop()
 		for now := range t.C {
-			if sb.State() != sandbox.StateRunning || !l.sample(now) {
+			if sb.State() != sandbox.StateRunning {
 				return
 			}
+			// A sample that failed is skipped: a Pod's usage comes from
+			// its agent, over the network, which may miss one.
+			l.sample(now)
 		}
 	}()
 	return l
 }
 
-// sample reads the sandbox's usage and appends a sample; false once the
-// sandbox is gone.
-func (l *metricsLog) sample(now time.Time) bool {
+// sample reads the sandbox's usage and appends a sample; nothing when it
+// cannot be read.
+func (l *metricsLog) sample(now time.Time) {
 	u, err := l.sb.Usage(context.Background())
 	if err != nil {
-		return false
+		return
 	}
 	// The CPUs the sandbox may use: its cgroup's quota, rounded up (as
 	// getInfo's cpuCount); the host's without one.
@@ -119,7 +122,6 @@ func (l *metricsLog) sample(now time.Time) bool {
 		CPUCount: cpus, CPUUsedPct: pct, MemUsed: u.MemoryBytes - memCache, MemTotal: memTotal, MemCache: memCache,
 		DiskUsed: u.DiskBytes, DiskTotal: diskTotal,
 	})
-	return true
 }
 
 // between returns the samples taken in [start, end] (unix seconds; 0: open).

@@ -80,6 +80,10 @@ type Options struct {
 	// SeccompExec (the agent's own binary): Node contexts start through it
 	// under allow_subprocess: false. Empty: they refuse to run then.
 	Helper string
+	// Wrap, when set, turns the interpreter's command (its path and argv)
+	// into the one that starts it: the agent's nproc-exec, which bounds
+	// the user's tasks in a Pod (internal/agent, nproc.go).
+	Wrap func(path string, argv []string) (string, []string)
 }
 
 // Kernel is one context's interpreter. Its methods are safe for concurrent
@@ -222,6 +226,9 @@ func (k *Kernel) command() *exec.Cmd {
 // start launches the interpreter; k.mu is held.
 func (k *Kernel) start() error {
 	cmd := k.command()
+	if k.opt.Wrap != nil && cmd.Err == nil {
+		cmd.Path, cmd.Args = k.opt.Wrap(cmd.Path, cmd.Args)
+	}
 	startOn := k.opt.StartOn
 	if startOn == nil {
 		cmd.Dir = k.spec.Cwd

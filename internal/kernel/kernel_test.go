@@ -500,3 +500,27 @@ func TestPythonIndentedCell(t *testing.T) {
 		t.Fatalf("inconsistent indentation: %+v", r)
 	}
 }
+
+// Options.Wrap starts the interpreter through another command (the
+// agent's nproc-exec), also when it restarts.
+func TestWrap(t *testing.T) {
+	t.Parallel()
+	wrap := func(path string, argv []string) (string, []string) {
+		return "/usr/bin/env", append([]string{"env", "WRAPPED=yes", path}, argv[1:]...)
+	}
+	k, err := Start(context.Background(), agentproto.ContextSpec{Language: "bash", Cwd: t.TempDir()},
+		Options{BaseEnv: []string{"PATH=/usr/bin:/bin", "HOME=/tmp"}, Wrap: wrap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { k.Close() })
+	if r := run(t, k, code("echo $WRAPPED")); r.stdout != "yes\n" {
+		t.Fatalf("stdout %q, stderr %q", r.stdout, r.stderr)
+	}
+	if err := k.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, k, code("echo $WRAPPED")); r.stdout != "yes\n" {
+		t.Fatalf("after a restart: stdout %q", r.stdout)
+	}
+}

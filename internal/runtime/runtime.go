@@ -137,7 +137,10 @@ type Runtime interface {
 	// mounts and files. Destroying an unknown or already destroyed sandbox
 	// returns nil.
 	Destroy(ctx context.Context, id string) error
-	// Usage reads the sandbox's resource usage.
+	// Usage reads the sandbox's resource usage. A runtime whose host
+	// cannot read its sandboxes' cgroups (kubernetes: they are on the
+	// nodes) returns ErrUnsupported, and the engine asks the sandbox's
+	// agent instead (agentproto.OpUsage).
 	Usage(ctx context.Context, id string) (Usage, error)
 	// List returns the IDs of every sandbox the runtime holds state for,
 	// including ones left behind by a crashed process.
@@ -178,5 +181,6 @@ var ErrNotFound = errors.New("sandbox not found")
 // per-host resource the runtime hands out is used up).
 var ErrCapacity = errors.New("no room for another sandbox on this host")
 
-// ErrUnsupported reports a runtime that cannot work on this host.
+// ErrUnsupported reports a runtime that cannot work on this host, or
+// cannot do what was asked of it (a network for a Pod, a Pod's usage).
 var ErrUnsupported = errors.New("runtime not supported on this host")

@@ -32,8 +32,16 @@ type cpuWatch struct {
 }
 
 // newCPUWatch returns the watch of an execution under pol, or nil when it
-// has no CPU time limit or the runtime cannot count (the fake runtime:
-// then the agent's own watch of its interpreter and RLIMIT_CPU apply).
+// has no CPU time limit or the runtime cannot count (runtime.CPUCounter).
+// Then the agent's own watch of its interpreter applies (internal/kernel:
+// the interpreter's threads and the children it waited for, read from
+// /proc a few times per limit), with the interpreter's RLIMIT_CPU as the
+// backstop; CPU burnt by background processes the code left running is
+// not counted against the execution, only against the sandbox's CPU
+// quota. That holds for the fake runtime and for Pods (kubernetes): a
+// Pod's cgroup is on its node, and reading it through the agent (usage.go)
+// up to a hundred times a second, over the network, would cost more than
+// the limit is worth.
 func (s *Sandbox) newCPUWatch(pol *agentproto.KernelPolicy) *cpuWatch {
 	if pol == nil || pol.CPUTimeMS <= 0 {
 		return nil

@@ -124,6 +124,8 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	// (an allocation large enough to be killed takes far longer), from
 	// one cgroup file where the runtime can (runtime.OOMCounter): all of
 	// Usage cost about 0.35 ms of CPU per execution on a cgroup v1 host.
+	// A Pod's count comes from its agent (usage.go), one more call per
+	// execution, in parallel with it.
 	beforeCh := make(chan uint64, 1)
 	go func(ctx context.Context) { beforeCh <- s.oomKills(ctx) }(ctx)
 
@@ -204,7 +206,7 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	case agentproto.StatusKilled:
 		ex.Status = ExecError
 		before := <-beforeCh
-		after, _ := s.m.cfg.Runtime.Usage(ctx, s.ID)
+		after, _ := s.usage(ctx)
 		if after.OOMKills > before {
 			// The killed interpreter's own high-water mark went with it;
 			// the sandbox's cgroup peak is what it reached.
@@ -224,7 +226,7 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	if ex.Status != ExecSuccess && done.Status != agentproto.StatusKilled {
 		// Off the way of executions that went well: a fork refused at
 		// the pids limit (limits.go).
-		if u, err := s.m.cfg.Runtime.Usage(ctx, s.ID); err == nil {
+		if u, err := s.usage(ctx); err == nil {
 			s.reportLimits(req.ID, u, false, false)
 		}
 	}
@@ -237,7 +239,7 @@ func (s *Sandbox) oomKills(ctx context.Context) uint64 {
 		n, _ := c.OOMKills(s.ID)
 		return n
 	}
-	u, _ := s.m.cfg.Runtime.Usage(ctx, s.ID)
+	u, _ := s.usage(ctx)
 	return u.OOMKills
 }
 

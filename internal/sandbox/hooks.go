@@ -57,11 +57,6 @@ func (m *Manager) stopping(s *Sandbox) {
 	}
 }
 
-// Usage reads the sandbox's resource usage from its cgroup.
-func (s *Sandbox) Usage(ctx context.Context) (runtime.Usage, error) {
-	return s.m.cfg.Runtime.Usage(ctx, s.ID)
-}
-
 // DefaultLimits are the limits a sandbox gets for what its creator does
 // not set.
 func (m *Manager) DefaultLimits() runtime.Limits { return m.cfg.DefaultLimits }

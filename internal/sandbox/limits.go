@@ -50,7 +50,7 @@ func (s *Sandbox) commandEnded(res *ProcessResult) {
 	if res.ExitCode == 0 && res.Signal == 0 {
 		return
 	}
-	u, err := s.m.cfg.Runtime.Usage(context.Background(), s.ID)
+	u, err := s.usage(context.Background())
 	if err != nil {
 		return
 	}

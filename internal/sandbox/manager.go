@@ -600,7 +600,9 @@ const reasonOOM = "the sandbox ran out of memory"
 // error says truthfully why, in the words the sandbox's record uses: the
 // reason it was stopped for (a Kill, the engine's timer), "timed out" when
 // its deadline has passed (the agent ends a sandbox at its deadline on its
-// own), an OOM kill, or else an unexpected stop.
+// own), an OOM kill, or else an unexpected stop. A Pod's OOM kills are
+// counted by its agent (usage.go), which is gone by now: a Pod whose
+// agent the OOM killer ended stopped "unexpectedly".
 func (s *Sandbox) gone(err error) error {
 	if !errors.Is(err, errAgentGone) {
 		return err
@@ -614,7 +616,7 @@ func (s *Sandbox) gone(err error) error {
 		reason = reasonTimeout
 	default:
 		reason = "the sandbox stopped unexpectedly"
-		if u, uerr := s.m.cfg.Runtime.Usage(context.Background(), s.ID); uerr == nil && u.OOMKills > 0 {
+		if u, uerr := s.usage(context.Background()); uerr == nil && u.OOMKills > 0 {
 			reason = reasonOOM
 			s.mu.Lock()
 			s.seen.memoryPeak = u.MemoryPeakBytes
@@ -666,7 +668,7 @@ func (s *Sandbox) idleSince(now time.Time, interval time.Duration) time.Duration
 			s.mu.Unlock()
 		}
 	}
-	u, err := s.m.cfg.Runtime.Usage(context.Background(), s.ID)
+	u, err := s.usage(context.Background())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state != StateRunning {

@@ -197,7 +197,7 @@ func (s *Sandbox) violation(execID string, v *agentproto.Violation) {
 		switch v.Target {
 		case "disk": // ENOSPC: the writable layer is full
 			d["resource"], d["limit"], d["unit"] = events.ResourceDisk, s.Limits.DiskBytes, "bytes"
-			if u, err := s.m.cfg.Runtime.Usage(context.Background(), s.ID); err == nil {
+			if u, err := s.usage(context.Background()); err == nil {
 				d["observed"] = u.DiskBytes
 			}
 		case "file_size": // EFBIG: a file reached RLIMIT_FSIZE

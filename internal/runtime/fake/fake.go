@@ -28,6 +28,13 @@ type Runtime struct {
 	Dir      string // each sandbox gets Dir/<id>, with root/ and agent.sock
 	// Used is what Usage reports for every sandbox (the fake has no cgroup).
 	Used runtime.Usage
+	// Unmeasured makes Usage fail with runtime.ErrUnsupported, as a
+	// runtime whose host cannot read its sandboxes' cgroups (kubernetes):
+	// the engine then asks each sandbox's agent (agentproto.OpUsage).
+	Unmeasured bool
+	// CgroupRoot, when set, is where the agents read their usage
+	// (--cgroup-root): a fake cgroup tree of the test's.
+	CgroupRoot string
 
 	// mu guards procs and held.
 	mu    sync.Mutex
@@ -58,7 +65,11 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		return nil, err
 	}
 	sock := filepath.Join(dir, "agent.sock")
-	cmd := exec.Command(r.AgentBin, "serve", "--listen", sock, "--root", filepath.Join(dir, "root"), "--home", "/home/user")
+	args := []string{"serve", "--listen", sock, "--root", filepath.Join(dir, "root"), "--home", "/home/user"}
+	if r.CgroupRoot != "" {
+		args = append(args, "--cgroup-root", r.CgroupRoot)
+	}
+	cmd := exec.Command(r.AgentBin, args...)
 	cmd.Dir = home
 	cmd.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "LANG=C.UTF-8"}, s.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -114,6 +125,9 @@ func (r *Runtime) Destroy(_ context.Context, id string) error {
 
 // Usage implements runtime.Runtime; the fake measures nothing.
 func (r *Runtime) Usage(_ context.Context, id string) (runtime.Usage, error) {
+	if r.Unmeasured {
+		return runtime.Usage{}, fmt.Errorf("%w: the fake runtime measures nothing", runtime.ErrUnsupported)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.procs[id]; !ok {

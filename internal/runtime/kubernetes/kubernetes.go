@@ -19,7 +19,8 @@
 //     own seven (which it empties from the bounding set of user code),
 //     the local engine's seccomp profile (a Localhost profile on each
 //     node; RuntimeDefault where asked), and a user namespace (hostUsers:
-//     false) unless turned off for clusters without them.
+//     false) unless turned off for clusters without them; in one, the
+//     sandbox's pids limit as every process's RLIMIT_NPROC (nproc).
 //
 // The server dials the agent at the Pod's IP; the handshake proves both
 // ends (the agent's certificate names its sandbox, so a reused Pod IP
@@ -434,6 +435,9 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	}
 	args := append([]string{oci.AgentPath, "init"}, oci.RlimitFlags...)
 	args = append(args, "--listen-tcp", ":"+strconv.Itoa(r.cfg.AgentPort), "--tls-dir", tlsDir)
+	if n := nproc(r.cfg.HostUsers, lim.Pids); n > 0 {
+		args = append(args, "--nproc", strconv.FormatInt(n, 10))
+	}
 	hostname := spec.Hostname
 	if hostname == "" {
 		hostname = "sandbox"
@@ -501,6 +505,23 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// nproc is the RLIMIT_NPROC the agent sets on every process it starts
+// (its --nproc; internal/agent, nproc.go), or 0 for none. Kubernetes has
+// no pids limit per Pod, only the kubelet's node-wide podPidsLimit. In a
+// user namespace of the Pod's own (hostUsers: false) each uid inside is a
+// host uid no other Pod has, so the kernel's count of its tasks is this
+// sandbox's alone, and the sandbox's pids limit bounds each of its uids
+// (the user's code; root's, which sudo reaches). With hostUsers: true
+// uid 1000 is the node's, shared with every other Pod running as it: a
+// limit would count their tasks too, so none is set, and the node's
+// podPidsLimit is what bounds the sandbox.
+func nproc(hostUsers bool, pids int64) int64 {
+	if hostUsers || pids <= 0 {
+		return 0
+	}
+	return pids
+}
 
 // errPodFailed reports a Pod that cannot run: its phase, or its
 // container's reason and message.
@@ -757,9 +778,11 @@ func (r *Runtime) Inventory(ctx context.Context) ([]runtime.Held, error) {
 }
 
 // Usage implements runtime.Runtime. A Pod's cgroup is on its node, out of
-// the server's reach: not measured yet.
+// the server's reach: ErrUnsupported, on which the engine asks the
+// sandbox's agent, which reads its container's cgroup
+// (agentproto.OpUsage).
 func (r *Runtime) Usage(ctx context.Context, id string) (runtime.Usage, error) {
-	return runtime.Usage{}, fmt.Errorf("%w: resource usage of Pods is not measured yet", runtime.ErrUnsupported)
+	return runtime.Usage{}, fmt.Errorf("%w: a Pod's cgroup is on its node; its agent reads it", runtime.ErrUnsupported)
 }
 
 // Close implements the engine's runtime: the runtime holds nothing

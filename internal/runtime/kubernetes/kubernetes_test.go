@@ -412,3 +412,34 @@ func TestCreateAvoidsAbsentKubelet(t *testing.T) {
 		t.Fatalf("pod on %s with affinity %+v", p.Spec.NodeName, terms)
 	}
 }
+
+// The sandbox's pids limit bounds each of its uids' tasks (the agent's
+// --nproc) when the Pod has a user namespace of its own; with the host's,
+// uid 1000 is shared with other Pods and none is set.
+func TestPodNproc(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		hostUsers bool
+		pids      int64
+		want      string // the flag and its value; "" for none
+	}{
+		{false, 256, "--nproc 256"},
+		{false, 0, ""},
+		{true, 256, ""},
+	} {
+		r, _ := newRuntime(t, Config{HostUsers: tc.hostUsers})
+		sp := spec("abc")
+		sp.Limits.Pids = tc.pids
+		pod, err := r.pod(sp, "image")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := strings.Join(pod.Spec.Containers[0].Command, " ")
+		if tc.want == "" && strings.Contains(cmd, "--nproc") || tc.want != "" && !strings.HasSuffix(cmd, " "+tc.want) {
+			t.Errorf("hostUsers %v, pids %d: command %q, want %q", tc.hostUsers, tc.pids, cmd, tc.want)
+		}
+		if *pod.Spec.HostUsers != tc.hostUsers {
+			t.Errorf("hostUsers %v: pod's %v", tc.hostUsers, *pod.Spec.HostUsers)
+		}
+	}
+}

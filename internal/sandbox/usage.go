@@ -1,0 +1,77 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+)
+
+// agentUsageTimeout bounds a usage call to an agent (a dozen small file
+// reads on its side).
+var agentUsageTimeout = 5 * time.Second
+
+// Usage reads the sandbox's resource usage from its cgroup: metrics,
+// metering and the service layer's readers call it.
+func (s *Sandbox) Usage(ctx context.Context) (runtime.Usage, error) {
+	return s.usage(ctx)
+}
+
+// usage is how the engine reads a sandbox's resource usage, every reader
+// of it (metrics, metering, the idle stop, OOM and limit reports): from
+// the runtime, which reads the sandbox's cgroup on this host, or, where
+// the runtime cannot (runtime.ErrUnsupported: a Pod, whose cgroup is on
+// its node), from the sandbox's agent, which reads its container's own
+// cgroup (agentproto.OpUsage). A runtime that measures pays nothing more:
+// the agent is asked only after the runtime said it cannot.
+//
+// What the agent answers is the kernel's counters, which no code in the
+// sandbox can change (internal/agent/usage.go says why); like every
+// answer of an agent it speaks only of its own sandbox. It has no disk
+// figures (DiskBytes, DiskTotalBytes stay 0): a Pod's writable layer is
+// its node's. A dead agent answers nothing: the error is the call's.
+func (s *Sandbox) usage(ctx context.Context) (runtime.Usage, error) {
+	u, err := s.m.cfg.Runtime.Usage(ctx, s.ID)
+	if err == nil || !errors.Is(err, runtime.ErrUnsupported) {
+		return u, err
+	}
+	select {
+	case <-s.created: // s.agent is set (or the create failed)
+	default:
+		return u, err // still starting (the idle loop sees such sandboxes)
+	}
+	if s.agent.dial == nil {
+		return u, err
+	}
+	return s.agentUsage(ctx)
+}
+
+// agentUsage asks the sandbox's agent for its usage.
+func (s *Sandbox) agentUsage(ctx context.Context) (runtime.Usage, error) {
+	ctx, cancel := context.WithTimeout(ctx, agentUsageTimeout)
+	defer cancel()
+	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpUsage}, nil, agentproto.Handlers{}, callOptions{idle: agentUsageTimeout})
+	if done.Code == agentproto.CodeUnsupported || done.Code == agentproto.CodeBadRequest {
+		// No cgroup in the sandbox, or an agent older than the op.
+		return runtime.Usage{}, fmt.Errorf("%w: the sandbox's agent cannot read its usage: %s", runtime.ErrUnsupported, done.Message)
+	}
+	if err != nil {
+		return runtime.Usage{}, fmt.Errorf("read usage from the sandbox's agent: %w", err)
+	}
+	if done.Usage == nil {
+		return runtime.Usage{}, fmt.Errorf("%w: a usage reply without usage", errAgentBroke)
+	}
+	a := done.Usage
+	u := runtime.Usage{
+		MemoryBytes: a.MemoryBytes, MemoryCacheBytes: a.MemoryCacheBytes, MemoryPeakBytes: a.MemoryPeakBytes,
+		MemoryLimit: a.MemoryLimit, OOMKills: a.OOMKills, CPUNanos: a.CPUNanos, CPULimit: a.CPULimit,
+		Pids: a.Pids, PidsDenied: a.PidsDenied,
+	}
+	if p := a.Pressure; p != nil {
+		u.Pressure = &runtime.Pressure{CPUSome: p.CPUSome, MemorySome: p.MemorySome, MemoryFull: p.MemoryFull, IOSome: p.IOSome, IOFull: p.IOFull}
+	}
+	return u, nil
+}
