@@ -51,6 +51,10 @@ type Spec struct {
 	// Network, when set, gives the sandbox a network interface; nil keeps
 	// it to its loopback alone.
 	Network *Network
+	// Runtime chooses how the sandbox is isolated, among the names the
+	// runtime offers (Offered): "gvisor", "runc"...; "" is the runtime's
+	// default.
+	Runtime string
 }
 
 // Network connects a sandbox to the host's egress gateway. The runtime
@@ -138,6 +142,24 @@ type Runtime interface {
 	// List returns the IDs of every sandbox the runtime holds state for,
 	// including ones left behind by a crashed process.
 	List(ctx context.Context) ([]string, error)
+}
+
+// Chooser is implemented by a runtime that offers each sandbox a choice
+// of isolation (Spec.Runtime), such as the kubernetes runtime's
+// RuntimeClasses.
+type Chooser interface {
+	// Runtimes names the choices, sorted.
+	Runtimes() []string
+}
+
+// Offered names the values of Spec.Runtime that r accepts besides "":
+// a Chooser's Runtimes, or else r's Name alone (a runtime without a
+// choice is only itself).
+func Offered(r Runtime) []string {
+	if c, ok := r.(Chooser); ok {
+		return c.Runtimes()
+	}
+	return []string{r.Name()}
 }
 
 // ErrNotFound reports an unknown sandbox.

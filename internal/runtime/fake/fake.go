@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -28,20 +29,42 @@ type Runtime struct {
 	Dir      string // each sandbox gets Dir/<id>, with root/ and agent.sock
 	// Used is what Usage reports for every sandbox (the fake has no cgroup).
 	Used runtime.Usage
+	// Choices are the values of Spec.Runtime it accepts besides "" (its
+	// Runtimes); nil offers "fake" alone. They all run the same way.
+	Choices []string
 
-	// mu guards procs.
-	mu    sync.Mutex
-	procs map[string]*exec.Cmd
+	// mu guards procs and chosen.
+	mu     sync.Mutex
+	procs  map[string]*exec.Cmd
+	chosen map[string]string // sandbox id → its Spec.Runtime
 }
 
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "fake" }
+
+// Runtimes implements runtime.Chooser.
+func (r *Runtime) Runtimes() []string {
+	if r.Choices == nil {
+		return []string{"fake"}
+	}
+	return r.Choices
+}
+
+// Chosen returns the Spec.Runtime that sandbox id was created with.
+func (r *Runtime) Chosen(id string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.chosen[id]
+}
 
 // Create implements runtime.Runtime.
 func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance, error) {
 	if s.Network != nil {
 		// The fake's agent runs in the host's own network.
 		return nil, fmt.Errorf("%w: the fake runtime has no sandbox networks", runtime.ErrUnsupported)
+	}
+	if s.Runtime != "" && !slices.Contains(r.Runtimes(), s.Runtime) {
+		return nil, fmt.Errorf("%w: runtime %q is not offered", runtime.ErrUnsupported, s.Runtime)
 	}
 	dir := filepath.Join(r.Dir, s.ID)
 	home := filepath.Join(dir, "root", "home", "user")
@@ -70,6 +93,10 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		r.procs = map[string]*exec.Cmd{}
 	}
 	r.procs[s.ID] = cmd
+	if r.chosen == nil {
+		r.chosen = map[string]string{}
+	}
+	r.chosen[s.ID] = s.Runtime
 	r.mu.Unlock()
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if _, err := os.Stat(sock); err == nil {
