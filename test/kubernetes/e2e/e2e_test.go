@@ -99,7 +99,9 @@ print("duplicates", sorted(set(dups.order_id)), "revenue", round((df.qty * df.pr
 stock
 `
 
-func TestSandboxesAsPods(t *testing.T) {
+// startServer starts `sheepfold serve --backend kubernetes` with its
+// sandboxes in a namespace of their own, and args added to its command.
+func startServer(t *testing.T, args ...string) (*server, kubernetes.Interface, string) {
 	kubeconfig := env(t, "SHEEPFOLD_E2E_KUBECONFIG")
 	image := env(t, "SHEEPFOLD_E2E_IMAGE")
 	bin := env(t, "SHEEPFOLD_E2E_BIN")
@@ -138,10 +140,10 @@ func TestSandboxesAsPods(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer logf.Close()
-	srv.cmd = exec.Command(bin, "serve", "--data-dir", data, "--database", dsn, "--listen", addr, "--pool", "0",
+	t.Cleanup(func() { logf.Close() })
+	srv.cmd = exec.Command(bin, append([]string{"serve", "--data-dir", data, "--database", dsn, "--listen", addr, "--pool", "0",
 		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--kubernetes-namespace", ns,
-		"--kubernetes-image", "python="+image)
+		"--kubernetes-image", "python=" + image}, args...)...)
 	srv.cmd.Stdout, srv.cmd.Stderr = logf, logf
 	if err := srv.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -166,6 +168,79 @@ func TestSandboxesAsPods(t *testing.T) {
 			t.Fatalf("the server is not ready: %v", err)
 		}
 	}
+	return srv, cs, ns
+}
+
+// TestGVisor: a sandbox that chooses the runtime gvisor runs in a Pod of
+// RuntimeClass gvisor, under gVisor's kernel, beside one of the default
+// runtime (runc) on the host's; a runtime not offered is refused.
+func TestGVisor(t *testing.T) {
+	srv, cs, ns := startServer(t, "--kubernetes-runtime-class", "runc", "--kubernetes-runtime-classes", "gvisor=gvisor,runc=runc")
+	ctx := context.Background()
+	// What the code sees of its kernel: gVisor names itself in
+	// /proc/version ("Linux version 4.19.0-gvisor ...").
+	const probe = "print(open('/proc/version').read().strip())"
+	kernel := map[string]string{}
+	for _, rt := range []string{"gvisor", ""} {
+		req := map[string]any{"template": "python"}
+		if rt != "" {
+			req["runtime"] = rt
+		}
+		code, b := srv.do(t, "POST", "/v1/sandboxes", req)
+		if code != 201 {
+			t.Fatalf("create with runtime %q: %d %s", rt, code, b)
+		}
+		var sb struct{ ID string }
+		json.Unmarshal(b, &sb)
+		code, b = srv.do(t, "POST", "/v1/sandboxes/"+sb.ID+"/execute", map[string]any{"code": probe, "language": "python"})
+		var res struct{ Status, Stdout string }
+		json.Unmarshal(b, &res)
+		if code != 200 || res.Status != "success" {
+			t.Fatalf("runtime %q: probe: %d %s", rt, code, b)
+		}
+		kernel[rt] = res.Stdout
+		// The agent switches users under gVisor too (its uid 0 is the
+		// sentry's): the code runs as "user" without capabilities.
+		if code, b := srv.do(t, "POST", "/v1/sandboxes/"+sb.ID+"/execute", map[string]any{"language": "python",
+			"code": "import os; print(os.getuid(), [l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1])"}); code != 200 || !strings.Contains(string(b), `"stdout":"1000 0000000000000000\n"`) {
+			t.Errorf("runtime %q: user code's identity: %d %s", rt, code, b)
+		}
+		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "sheepfold.dev/sandbox=" + sb.ID})
+		if err != nil || len(pods.Items) != 1 {
+			t.Fatalf("the pod of %s: %v, %d pods", sb.ID, err, len(pods.Items))
+		}
+		class := pods.Items[0].Spec.RuntimeClassName
+		want := map[string]string{"gvisor": "gvisor", "": "runc"}[rt]
+		if class == nil || *class != want {
+			t.Errorf("runtime %q: the pod's RuntimeClass is %v, want %s", rt, class, want)
+		}
+		t.Logf("runtime %q (RuntimeClass %s, node %s): %s", rt, want, pods.Items[0].Spec.NodeName, res.Stdout)
+	}
+	if !strings.Contains(kernel["gvisor"], "gvisor") {
+		t.Errorf("the gvisor sandbox's kernel does not say gVisor: %s", kernel["gvisor"])
+	}
+	if strings.Contains(kernel[""], "gvisor") || kernel[""] == kernel["gvisor"] {
+		t.Errorf("the default (runc) sandbox's kernel is gVisor's: %s", kernel[""])
+	}
+	code, b := srv.do(t, "POST", "/v1/sandboxes", map[string]any{"template": "python", "runtime": "kata"})
+	if code != 400 || !strings.Contains(string(b), "ERR_BAD_REQUEST") || !strings.Contains(string(b), "gvisor, runc") {
+		t.Errorf("create with runtime kata: %d %s; want 400 naming gvisor, runc", code, b)
+	}
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-srv.exited:
+		if err != nil {
+			t.Fatalf("serve exited: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	waitGone(t, cs, ns, "sheepfold.dev/sandbox")
+}
+
+func TestSandboxesAsPods(t *testing.T) {
+	srv, cs, ns := startServer(t)
+	ctx := context.Background()
 
 	// Four sandboxes at once: Pods over both nodes, each runs the
 	// analysis; create → first result is timed.
