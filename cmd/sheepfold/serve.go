@@ -49,7 +49,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	configPath := ""
 	backend := "local"
 	var kube sfengine.KubernetesOptions
-	var kubeImages, kubeServerPods map[string]string
+	var kubeImages, kubeServerPods, kubeRuntimeClasses map[string]string
 	var kubeConnect string
 	var (
 		freeCredits, creditsLow string
@@ -165,6 +165,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				default:
 					return fmt.Errorf("--kubernetes-connect must be pod-ip or port-forward, not %q", kubeConnect)
 				}
+				kube.Config.RuntimeClasses = kubeRuntimeClasses
 				ko = &kube
 			default:
 				return fmt.Errorf("--backend must be local or kubernetes, not %q", backend)
@@ -193,6 +194,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().StringVar(&kube.Config.Instance, "kubernetes-instance", "sheepfold", "with --backend kubernetes: the name every replica of this deployment shares (labels, the agents' authority)")
 	cmd.Flags().StringToStringVar(&kubeImages, "kubernetes-image", nil, "with --backend kubernetes: TEMPLATE=IMAGE, the image of each template (sheepfold template export)")
 	cmd.Flags().StringVar(&kube.Config.RuntimeClass, "kubernetes-runtime-class", "", "with --backend kubernetes: the Pods' RuntimeClass, e.g. runc or gvisor (default: the cluster's)")
+	cmd.Flags().StringToStringVar(&kubeRuntimeClasses, "kubernetes-runtime-classes", nil, `with --backend kubernetes: NAME=RUNTIMECLASS, the runtimes a create request may choose ("runtime": NAME), e.g. gvisor=gvisor,runc=runc (default: none; every Pod gets --kubernetes-runtime-class)`)
+	cmd.Flags().StringSliceVar(&kube.Config.HostUsersRuntimes, "kubernetes-host-users-runtimes", []string{"gvisor"}, "with --backend kubernetes: runtimes of --kubernetes-runtime-classes whose Pods run in the node's user namespace (gVisor's cannot join a Pod's own)")
 	cmd.Flags().BoolVar(&kube.Config.HostUsers, "kubernetes-host-users", false, "with --backend kubernetes: run Pods in the node's user namespace (for clusters without user namespaces; default: a user namespace per Pod)")
 	cmd.Flags().StringVar(&kube.Config.SeccompProfile, "kubernetes-seccomp-profile", "sheepfold/agent.json", "with --backend kubernetes: the Pods' Localhost seccomp profile in each node's kubelet seccomp directory (write it with sheepfold seccomp-profile), or RuntimeDefault (code contexts cannot start under it)")
 	cmd.Flags().StringVar(&kubeConnect, "kubernetes-connect", "pod-ip", "with --backend kubernetes: how the server reaches agents: pod-ip (it must reach the pod network) or port-forward (through the API server, for a server outside the cluster)")

@@ -32,13 +32,28 @@ const (
 
 // canSwitchUsers reports whether the agent runs processes and file
 // operations as the requested user: only when it is uid 0 of a user
-// namespace other than the host's and its Root is "/", which is how it
+// namespace other than the host's, or of gVisor's kernel (a sandbox of
+// the runtime gvisor: its uid 0 is the sentry's, not the host's, and runsc
+// cannot run a Pod in a user namespace), and its Root is "/", which is how it
 // runs as a sandbox's init (an unprivileged uid outside). Run any other way (the
 // fake runtime and tests, as any uid, root included) it does everything as
 // itself and only validates the names.
 // A variable so that root tests can make an agent on the host switch.
 var canSwitchUsers = func(root string) bool {
-	return os.Geteuid() == 0 && filepath.Clean(root) == "/" && inUserNamespace()
+	return os.Geteuid() == 0 && filepath.Clean(root) == "/" && (inUserNamespace() || underGVisor())
+}
+
+// underGVisor reports whether the agent's kernel is gVisor's.
+func underGVisor() bool {
+	b, err := os.ReadFile("/proc/version")
+	return err == nil && gvisorVersion(string(b))
+}
+
+// gvisorVersion reports whether a /proc/version is gVisor's: its release
+// ends in "-gvisor" ("Linux version 4.19.0-gvisor #1 SMP ...").
+func gvisorVersion(v string) bool {
+	f := strings.Fields(v)
+	return len(f) >= 3 && f[0] == "Linux" && f[1] == "version" && strings.HasSuffix(f[2], "-gvisor")
 }
 
 // inUserNamespace reports whether the process is in a user namespace other

@@ -79,3 +79,17 @@ func TestSwitchUsersFailsClosed(t *testing.T) {
 		t.Fatal("the agent still accepts connections")
 	}
 }
+
+func TestGVisorVersion(t *testing.T) {
+	for v, want := range map[string]bool{
+		"Linux version 4.19.0-gvisor #1 SMP Sun Jan 10 15:06:54 PST 2016\n":                                   true,
+		"Linux version 6.18.44-fc-v1272 (root@host) (gcc (Debian 14.2.0-19) 14.2.0) #1 SMP PREEMPT_DYNAMIC\n": false,
+		"Linux version 6.1.0-gvisor-like-name-but-not #1\n":                                                   false,
+		"":                       false,
+		"gvisor -gvisor -gvisor": false,
+	} {
+		if got := gvisorVersion(v); got != want {
+			t.Errorf("gvisorVersion(%q) = %v, want %v", v, got, want)
+		}
+	}
+}

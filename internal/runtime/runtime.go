@@ -55,6 +55,10 @@ type Spec struct {
 	// until handed out. A shared runtime labels it so, and its collector
 	// leaves it be (its agent ends it when no engine renews its lease).
 	Pool bool
+	// Runtime chooses how the sandbox is isolated, among the names the
+	// runtime offers (Offered): "gvisor", "runc"...; "" is the runtime's
+	// default.
+	Runtime string
 }
 
 // Network connects a sandbox to the host's egress gateway. The runtime
@@ -172,6 +176,24 @@ type Held struct {
 // with the sandboxes' records.
 type Inventory interface {
 	Inventory(ctx context.Context) ([]Held, error)
+}
+
+// Chooser is implemented by a runtime that offers each sandbox a choice
+// of isolation (Spec.Runtime), such as the kubernetes runtime's
+// RuntimeClasses.
+type Chooser interface {
+	// Runtimes names the choices, sorted.
+	Runtimes() []string
+}
+
+// Offered names the values of Spec.Runtime that r accepts besides "":
+// a Chooser's Runtimes, or else r's Name alone (a runtime without a
+// choice is only itself).
+func Offered(r Runtime) []string {
+	if c, ok := r.(Chooser); ok {
+		return c.Runtimes()
+	}
+	return []string{r.Name()}
 }
 
 // ErrNotFound reports an unknown sandbox.

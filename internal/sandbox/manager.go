@@ -232,6 +232,10 @@ type CreateOptions struct {
 	// Owner is who the sandbox belongs to (the server's key owner). The
 	// engine only copies it into the sandbox's events, for their fan-out.
 	Owner string
+	// Runtime chooses the sandbox's isolation among those the runtime
+	// offers (runtime.Offered), e.g. "gvisor"; "" is its default. A
+	// sandbox with a choice never comes from the warm pool.
+	Runtime string
 }
 
 // Create starts a sandbox and returns once its agent answers.
@@ -244,6 +248,11 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	}
 	if opt.Timeout < 0 || opt.Timeout > m.cfg.MaxTimeout {
 		return nil, apierr.New(apierr.BadRequest, "timeout must be between 1s and %s", m.cfg.MaxTimeout)
+	}
+	if opt.Runtime != "" {
+		if offered := runtime.Offered(m.cfg.Runtime); !slices.Contains(offered, opt.Runtime) {
+			return nil, apierr.New(apierr.BadRequest, "runtime %q is not offered by this server; offered: %s", opt.Runtime, strings.Join(offered, ", "))
+		}
 	}
 	kpol, err := applyCreatePolicy(&opt)
 	if err != nil {
@@ -266,7 +275,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	if err != nil {
 		return nil, invalidPolicy(err)
 	}
-	if !egressPolicy.Enabled() {
+	if !egressPolicy.Enabled() && opt.Runtime == "" {
 		if s, ok, err := m.fromPool(ctx, opt, limits, pol); ok {
 			return s, err
 		}
@@ -292,7 +301,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 
 	spec := runtime.Spec{
 		ID: s.ID, Template: opt.Template, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: append(threadEnv(limits, opt.Env), env...),
-		WritablePaths: opt.Policy.WritablePaths(),
+		WritablePaths: opt.Policy.WritablePaths(), Runtime: opt.Runtime,
 	}
 	if egressPolicy.Enabled() {
 		gw, err := egress.New(m.cfg.Egress, s.ID, egressPolicy, opt.Policy.NetworkRequests())

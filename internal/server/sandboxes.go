@@ -120,6 +120,10 @@ type createRequest struct {
 	Resources *resourcesJSON    `json:"resources"`
 	Env       map[string]string `json:"env"`
 	Metadata  map[string]string `json:"metadata"`
+	// Runtime chooses the sandbox's isolation among those the server
+	// offers (e.g. "gvisor" with --kubernetes-runtime-classes); "" is the
+	// server's default.
+	Runtime string `json:"runtime"`
 	// SandboxConfig is the seeds' shorthand (policy.Shorthand), mapped
 	// onto the security policy; SecurityPolicy is the policy itself.
 	// Both are parsed strictly by internal/policy (ERR_INVALID_POLICY).
@@ -171,7 +175,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 // returns the engine's options and the execution timeout
 // (sandbox_config.max_execution_time).
 func (s *Server) createOptions(req createRequest) (sandbox.CreateOptions, time.Duration, error) {
-	opt := sandbox.CreateOptions{Template: req.Template, Env: req.Env, Metadata: req.Metadata}
+	opt := sandbox.CreateOptions{Template: req.Template, Env: req.Env, Metadata: req.Metadata, Runtime: req.Runtime}
 	var err error
 	if req.Timeout != nil {
 		if opt.Timeout, err = seconds("timeout", *req.Timeout, s.cfg.MaxTimeout); err != nil {

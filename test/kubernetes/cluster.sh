@@ -14,12 +14,20 @@
 # proxy through the wrapper modules in build/ into
 # $DATA_DIR/kubernetes/<versions>/bin, once; a stamp there (the versions,
 # the Go version, and a hash of the wrapper modules and of the image
-# programs) makes a version bump or an edit rebuild. runc is Sheepfold's
+# programs) makes a version bump or an edit rebuild. gVisor's runsc and its
+# shim (containerd-shim-runsc-v1) are built the same way from build/gvisor
+# into $DATA_DIR/kubernetes/gvisor-<version>/bin with a stamp of their own:
+# adding or bumping them rebuilds only them (about 9 minutes, not 20). runc is Sheepfold's
 # own ($DATA_DIR/bin/runc, scripts/setup.sh); the CNI plugins are Debian's
 # (containernetworking-plugins, installed here with apt when missing). No
 # registry is reachable: the pause image and the smoke test's image are
 # static Go programs (pause/, echo/) written into OCI archives by ociimage/
 # and imported with ctr.
+#
+# Each node's containerd has two runtimes: runc (the default; RuntimeClass
+# runc) and gVisor's runsc (RuntimeClass gvisor, handler runsc) on the
+# systrap platform (no /dev/kvm on these hosts), its state in the node's
+# run dir.
 #
 # The cluster: etcd, kube-apiserver, kube-controller-manager and
 # kube-scheduler on loopback; two kubelets, sf-node-a and sf-node-b, each
@@ -55,6 +63,11 @@ DATA_DIR=${SHEEPFOLD_DATA_DIR:-/var/lib/sheepfold}
 CACHE=$DATA_DIR/kubernetes/kube-$KUBE_VERSION-etcd-$ETCD_VERSION-containerd-$CONTAINERD_VERSION
 BIN=$CACHE/bin
 IMAGES=$CACHE/images
+# gVisor's go branch (the Go module proxy's pseudo-version of its commit);
+# the same version must be in build/gvisor/go.mod.
+GVISOR_VERSION=v0.0.0-20260905035102-160fafc42237
+GVISOR_CACHE=$DATA_DIR/kubernetes/gvisor-$GVISOR_VERSION
+GVISOR_BIN=$GVISOR_CACHE/bin
 RUNC=$DATA_DIR/bin/runc
 CNI_BIN=/usr/lib/cni
 KUBE_ROOT=${SHEEPFOLD_KUBE_ROOT:-/var/lib/sheepfold-kube}
@@ -78,8 +91,10 @@ KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_
 # fixed path: both kubelets bind it in turn, harmless without device
 # plugins), /var/log/containers (the kubelet's links to the pods' logs),
 # /var/lib/cni/results (libcni's cache), /run/containerd/s (the shims'
-# sockets, named by a hash of the containerd address: distinct).
-HOST_PATHS=(/var/log/containers /var/log/pods /var/lib/cni /run/containerd /var/run/containerd /opt/containerd
+# sockets, named by a hash of the containerd address: distinct),
+# /run/containerd/runsc (the runsc shim's default state root: it is told
+# the node's, but uses the default where it reads no options).
+HOST_PATHS=(/var/log/containers /var/log/pods /var/lib/cni /run/containerd /run/containerd/runsc /var/run/containerd /opt/containerd
 	/run/nri /var/run/nri /var/lib/kubelet /etc/cni /etc/kubernetes /usr/libexec/kubernetes /var/run/cdi /run/cdi /etc/cdi /var/lib/containerd)
 
 log() { echo "cluster: $*" >&2; }
@@ -108,12 +123,27 @@ ctr() { local n=$1; shift; "$BIN/ctr" --address "$(node_sock "$n")" --namespace 
 stamp() {
 	echo "kubernetes $KUBE_VERSION etcd $ETCD_VERSION containerd $CONTAINERD_VERSION"
 	go version
-	(cd "$HERE" && find build/*/go.mod build/*/go.sum pause echo ociimage pki -type f ! -name '*_test.go' | sort | xargs cat | sha256sum)
+	(cd "$HERE" && find build/kubernetes build/etcd build/containerd pause echo ociimage pki -type f ! -name '*_test.go' | sort | xargs cat | sha256sum)
+}
+
+# gvisor_stamp: the same for the gVisor binaries.
+gvisor_stamp() {
+	echo "gvisor $GVISOR_VERSION"
+	go version
+	(cd "$HERE" && cat build/gvisor/go.mod build/gvisor/go.sum && declare -f build_gvisor) | sha256sum
 }
 
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd containerd containerd-shim-runc-v2 ctr sheepfold-kube-pki)
 
+GVISOR_BINARIES=(runsc containerd-shim-runsc-v1)
+
 cmd_build() {
+	command -v go >/dev/null || die "go is not on PATH"
+	build_kubernetes
+	build_gvisor
+}
+
+build_kubernetes() {
 	local want
 	want=$(stamp)
 	if [ -f "$CACHE/stamp" ] && [ "$(cat "$CACHE/stamp")" = "$want" ]; then
@@ -125,7 +155,6 @@ cmd_build() {
 			return
 		fi
 	fi
-	command -v go >/dev/null || die "go is not on PATH"
 	local start tmp
 	start=$(date +%s)
 	tmp=$CACHE.tmp
@@ -152,6 +181,55 @@ cmd_build() {
 	mv "$tmp" "$CACHE"
 	log "built in $(($(date +%s) - start))s"
 	echo "build-seconds $(($(date +%s) - start))"
+}
+
+# build_gvisor builds runsc and containerd-shim-runsc-v1 into $GVISOR_BIN.
+# gVisor builds from the Go module proxy only without cgo.
+build_gvisor() {
+	local want b ok=1
+	want=$(gvisor_stamp)
+	for b in "${GVISOR_BINARIES[@]}"; do [ -x "$GVISOR_BIN/$b" ] || ok=0; done
+	if [ $ok = 1 ] && [ -f "$GVISOR_CACHE/stamp" ] && [ "$(cat "$GVISOR_CACHE/stamp")" = "$want" ]; then
+		log "gVisor binaries cached in $GVISOR_BIN"
+		return
+	fi
+	grep -q "^[[:space:]]*gvisor.dev/gvisor $GVISOR_VERSION\b" "$HERE/build/gvisor/go.mod" ||
+		die "build/gvisor/go.mod does not require gvisor.dev/gvisor $GVISOR_VERSION (GVISOR_VERSION here)"
+	local start tmp
+	start=$(date +%s)
+	tmp=$GVISOR_CACHE.tmp
+	rm -rf "$tmp"
+	mkdir -p "$tmp/bin"
+	log "building gVisor $GVISOR_VERSION (runsc, containerd-shim-runsc-v1) into $GVISOR_BIN (about 9 minutes on 2 cores from an empty Go build cache)"
+	# The shim lowers its own oom_score_adj to -999 when it starts, and fails
+	# where it may not: root lacks CAP_SYS_RESOURCE on these hosts (the reason
+	# for restrict_oom_score_adj below). It is built from a copy of the module
+	# with that one constant set to 0 (containerd's own score, which needs no
+	# privilege), through a replace in a copy of build/gvisor/go.mod; the copy
+	# goes when the build ends. runsc is built from the module as it is.
+	local mod src
+	mod=$(cd "$HERE/build/gvisor" && go list -mod=readonly -m -f '{{.Dir}}' gvisor.dev/gvisor) || die "gvisor.dev/gvisor not found"
+	[ -d "$mod" ] || die "gvisor.dev/gvisor not in the module cache"
+	src=$tmp/gvisor
+	cp -r "$mod" "$src"
+	chmod -R u+w "$src"
+	sed -i 's/^\(\toomScoreMax\) = -999$/\1 = 0/' "$src/pkg/shim/v1/manager.go"
+	grep -q '^	oomScoreMax = 0$' "$src/pkg/shim/v1/manager.go" ||
+		die "$mod/pkg/shim/v1/manager.go has no 'oomScoreMax = -999' to change: look again at how the shim sets its OOM score"
+	cp "$HERE/build/gvisor/go.mod" "$tmp/shim.mod"
+	cp "$HERE/build/gvisor/go.sum" "$tmp/shim.sum"
+	echo "replace gvisor.dev/gvisor => $src" >>"$tmp/shim.mod"
+	(cd "$HERE/build/gvisor" &&
+		CGO_ENABLED=0 go build -mod=readonly -trimpath -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$GVISOR_VERSION" \
+			-o "$tmp/bin/runsc" gvisor.dev/gvisor/runsc &&
+		CGO_ENABLED=0 go build -mod=readonly -modfile "$tmp/shim.mod" -trimpath -ldflags "-s -w" \
+			-o "$tmp/bin/containerd-shim-runsc-v1" gvisor.dev/gvisor/shim) || { rm -rf "$tmp"; die "building gVisor failed"; }
+	rm -rf "$src" "$tmp/shim.mod" "$tmp/shim.sum"
+	echo "$want" >"$tmp/stamp"
+	rm -rf "$GVISOR_CACHE"
+	mv "$tmp" "$GVISOR_CACHE"
+	log "gVisor built in $(($(date +%s) - start))s"
+	echo "gvisor-build-seconds $(($(date +%s) - start))"
 }
 
 # build_images writes the pause and echo images into DIR/images, and the
@@ -338,9 +416,9 @@ start_controllers() {
 		--bind-address 127.0.0.1 --secure-port 36259 --leader-elect=false --profiling=false
 }
 
-# containerd_config N: containerd v2's config (version 3) for node N. More
-# runtimes (gVisor's runsc) are one more [...runtimes.NAME] table each, with
-# runtime_type 'io.containerd.runsc.v1' and a RuntimeClass whose handler is NAME.
+# containerd_config N: containerd v2's config (version 3) for node N. Each
+# runtime is one [...runtimes.NAME] table, and a RuntimeClass whose handler
+# is NAME selects it: runc, and runsc (gVisor).
 containerd_config() {
 	local n=$1 root run
 	root=$(node_root "$n")
@@ -400,12 +478,39 @@ disabled_plugins = [
         BinaryName = '$RUNC'
         Root = '$run/runc'
         SystemdCgroup = false
+    # gVisor: containerd starts the shim at runtime_path; the shim reads its
+    # own options (runsc's path, state root and flags) from ConfigPath.
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc]
+      runtime_type = 'io.containerd.runsc.v1'
+      runtime_path = '$GVISOR_BIN/containerd-shim-runsc-v1'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc.options]
+        TypeUrl = 'io.containerd.runsc.v1.options'
+        ConfigPath = '$root/runsc.toml'
 
 [plugins.'io.containerd.grpc.v1.cri']
   disable_tcp_service = true
   stream_server_address = '127.0.0.1'
   stream_server_port = '0'
 EOF
+}
+
+# runsc_config N: the options of node N's runsc shim. platform systrap:
+# there is no /dev/kvm here (and ptrace is slower); runsc's state (its
+# --root) is in the node's run dir, which `down` removes; its logs go to
+# $LOGS/runsc-N when SHEEPFOLD_KUBE_RUNSC_DEBUG is set.
+runsc_config() {
+	local n=$1
+	cat <<EOF
+binary_name = '$GVISOR_BIN/runsc'
+root = '$(node_run "$n")/runsc'
+
+[runsc_config]
+  platform = 'systrap'
+EOF
+	if [ -n "${SHEEPFOLD_KUBE_RUNSC_DEBUG:-}" ]; then
+		echo "  debug = 'true'"
+		echo "  debug-log = '$LOGS/runsc-$n/'"
+	fi
 }
 
 # cni_config N: node N's network: a bridge with host-local addresses in its subnet.
@@ -485,6 +590,7 @@ start_node() {
 	run=$(node_run "$n")
 	mkdir -p "$root/cni" "$root/cni-ipam" "$root/pod-logs" "$root/volume-plugins" "$run"
 	containerd_config "$n" >"$root/containerd.toml"
+	runsc_config "$n" >"$root/runsc.toml"
 	cni_config "$n" >"$root/cni/10-sheepfold.conflist"
 	kubelet_config "$n" >"$root/kubelet.yaml"
 	PATH=$BIN:$PATH start "containerd-$n" "$BIN/containerd" --config "$root/containerd.toml"
@@ -552,12 +658,18 @@ cmd_up() {
 		start_kubelet "$n"
 	done
 	wait_for kube-apiserver 60 apiserver_ready
-	kubectl apply -f - >/dev/null <<EOF || die "creating the RuntimeClass runc failed"
+	kubectl apply -f - >/dev/null <<EOF || die "creating the RuntimeClasses runc and gvisor failed"
 apiVersion: node.k8s.io/v1
 kind: RuntimeClass
 metadata:
   name: runc
 handler: runc
+---
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata:
+  name: gvisor
+handler: runsc
 EOF
 	local deadline=$(($(date +%s) + READY_TIMEOUT)) nodes_ms=
 	until [ -n "$nodes_ms" ] && kubectl get serviceaccount default >/dev/null 2>&1; do
@@ -610,13 +722,15 @@ cmd_import_image() {
 # ---------------------------------------------------------------- down
 
 # our_pids prints the processes of the cluster that are not in its cgroups:
-# the daemons, the shims and runc, found by their binary and an argument
+# the daemons, the shims, runc and runsc (a gVisor sandbox's gofer and
+# sandbox processes are runsc too), found by their binary and an argument
 # naming the state dirs. Clients (ctr, kubectl) are not the cluster's: they
 # end by themselves.
 our_pids() {
 	local exe p
 	find /proc -mindepth 2 -maxdepth 2 -name exe \( -lname "$BIN/containerd" -o -lname "$BIN/containerd-shim-runc-v2" \
-		-o -lname "$BIN/kube*" ! -lname "$BIN/kubectl" -o -lname "$BIN/etcd" -o -lname "$RUNC" \) 2>/dev/null |
+		-o -lname "$BIN/kube*" ! -lname "$BIN/kubectl" -o -lname "$BIN/etcd" -o -lname "$RUNC" \
+		-o -lname "$GVISOR_BIN/runsc" -o -lname "$GVISOR_BIN/containerd-shim-runsc-v1" \) 2>/dev/null |
 		while read -r exe; do
 			p=${exe%/exe}
 			if tr '\0' '\n' <"$p/cmdline" 2>/dev/null | grep -qE "^($KUBE_ROOT|$KUBE_RUN)(/|$)|(=|^unix://)($KUBE_ROOT|$KUBE_RUN)/"; then
@@ -873,7 +987,7 @@ cmd_status() {
 # other scripts: eval "$(cluster.sh env)".
 cmd_env() {
 	local v
-	for v in BIN IMAGES KUBE_ROOT KUBE_RUN LOGS KUBECONFIG_ADMIN PAUSE_IMAGE ECHO_IMAGE; do
+	for v in BIN GVISOR_BIN IMAGES KUBE_ROOT KUBE_RUN LOGS KUBECONFIG_ADMIN PAUSE_IMAGE ECHO_IMAGE; do
 		printf '%s=%q\n' "$v" "${!v}"
 	done
 	printf 'NODES=(%s)\n' "${NODES[*]}"

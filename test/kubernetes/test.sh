@@ -32,12 +32,12 @@ host_state() {
 	cat /proc/sys/net/bridge/bridge-nf-call-* >>"$d/sysctl" 2>/dev/null
 	awk '{ print $5 }' /proc/self/mountinfo | grep -E "^($KUBE_ROOT|$KUBE_RUN)(/|$)" >"$d/mounts"
 	find /sys/fs/cgroup -maxdepth 2 -type d -name 'sheepfold-kube-*' >"$d/cgroups"
-	ls -d /var/log/containers /var/log/pods /var/lib/cni /run/containerd /opt/containerd /run/nri /var/lib/kubelet \
+	ls -d /var/log/containers /var/log/pods /var/lib/cni /run/containerd /run/containerd/runsc /run/runsc /opt/containerd /run/nri /var/lib/kubelet \
 		/etc/cni /etc/kubernetes /usr/libexec/kubernetes "$KUBE_ROOT" "$KUBE_RUN" >"$d/paths" 2>/dev/null
 	for p in /proc/[0-9]*; do
 		case $(readlink "$p/exe" 2>/dev/null) in
 		"$BIN"/ctr | "$BIN"/kubectl) ;; # clients, maybe someone else's
-		"$BIN"/*) echo "process ${p#/proc/}: $(tr '\0' ' ' <"$p/cmdline")" ;;
+		"$BIN"/* | "$GVISOR_BIN"/*) echo "process ${p#/proc/}: $(tr '\0' ' ' <"$p/cmdline")" ;;
 		esac
 	done >"$d/processes"
 }
@@ -54,15 +54,19 @@ if [ $status = 0 ]; then
 	"$HERE/sheepfold.sh" || status=1
 fi
 # Leave a running pod on each node, with a tmpfs volume, for down to clean
-# up: down must not depend on the pods having been deleted.
+# up: down must not depend on the pods having been deleted. Node b's is a
+# gVisor sandbox (runsc's sandbox and gofer processes, its state dir).
 if [ $status = 0 ]; then
 	for n in "${NODES[@]}"; do
+		class=runc
+		[ "$n" = b ] && class=gvisor
 		"$CLUSTER" kubectl apply -f - >/dev/null <<EOF || status=1
 apiVersion: v1
 kind: Pod
 metadata: {name: left-$n}
 spec:
   nodeSelector: {kubernetes.io/hostname: sf-node-$n}
+  runtimeClassName: $class
   dnsPolicy: Default
   containers:
   - name: echo

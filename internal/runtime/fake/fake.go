@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -36,10 +37,15 @@ type Runtime struct {
 	// (--cgroup-root): a fake cgroup tree of the test's.
 	CgroupRoot string
 
-	// mu guards procs and held.
-	mu    sync.Mutex
-	procs map[string]*exec.Cmd
-	held  map[string]runtime.Held
+	// Choices are the values of Spec.Runtime it accepts besides "" (its
+	// Runtimes); nil offers "fake" alone. They all run the same way.
+	Choices []string
+
+	// mu guards procs, held and chosen.
+	mu     sync.Mutex
+	procs  map[string]*exec.Cmd
+	held   map[string]runtime.Held
+	chosen map[string]string // sandbox id → its Spec.Runtime
 }
 
 var (
@@ -50,11 +56,29 @@ var (
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "fake" }
 
+// Runtimes implements runtime.Chooser.
+func (r *Runtime) Runtimes() []string {
+	if r.Choices == nil {
+		return []string{"fake"}
+	}
+	return r.Choices
+}
+
+// Chosen returns the Spec.Runtime that sandbox id was created with.
+func (r *Runtime) Chosen(id string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.chosen[id]
+}
+
 // Create implements runtime.Runtime.
 func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance, error) {
 	if s.Network != nil {
 		// The fake's agent runs in the host's own network.
 		return nil, fmt.Errorf("%w: the fake runtime has no sandbox networks", runtime.ErrUnsupported)
+	}
+	if s.Runtime != "" && !slices.Contains(r.Runtimes(), s.Runtime) {
+		return nil, fmt.Errorf("%w: runtime %q is not offered", runtime.ErrUnsupported, s.Runtime)
 	}
 	dir := filepath.Join(r.Dir, s.ID)
 	home := filepath.Join(dir, "root", "home", "user")
@@ -91,6 +115,10 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		r.held = map[string]runtime.Held{}
 	}
 	r.held[s.ID] = runtime.Held{ID: s.ID, Created: time.Now(), Pool: s.Pool}
+	if r.chosen == nil {
+		r.chosen = map[string]string{}
+	}
+	r.chosen[s.ID] = s.Runtime
 	r.mu.Unlock()
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if _, err := os.Stat(sock); err == nil {

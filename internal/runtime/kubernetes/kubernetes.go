@@ -13,7 +13,8 @@
 //     certificate and key, and the authority's certificate;
 //   - the Pod: the template's image (sheepfold template export), our agent
 //     as pid 1 listening on TCP with TLS, the sandbox's limits as requests
-//     and limits, the RuntimeClass configured (runc, gVisor...), and a
+//     and limits, the RuntimeClass configured (runc, gVisor...) or the
+//     one the sandbox chose among those offered (Config.RuntimeClasses), and a
 //     security context as strict as the local engine's: no privilege
 //     escalation (no_new_privs), every capability dropped but the agent's
 //     own seven (which it empties from the bounding set of user code),
@@ -40,8 +41,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -106,11 +109,22 @@ type Config struct {
 	Images map[string]string
 	// RuntimeClass is the Pods' RuntimeClass; "" the cluster's default.
 	RuntimeClass string
+	// RuntimeClasses are the runtimes a sandbox may choose
+	// (runtime.Spec.Runtime), each name mapped to its RuntimeClass, e.g.
+	// gvisor → gvisor, runc → runc. A sandbox that chooses none gets
+	// RuntimeClass.
+	RuntimeClasses map[string]string
 	// HostUsers runs Pods in the host's user namespace; the default
 	// (false) asks for a user namespace per Pod, which the cluster must
 	// support (Kubernetes 1.33+, containerd 2, a kernel with idmapped
 	// mounts on the node's filesystems).
 	HostUsers bool
+	// HostUsersRuntimes are runtimes (names of RuntimeClasses) whose Pods
+	// run in the host's user namespace whatever HostUsers says: gVisor's
+	// runsc cannot join a Pod's user namespace (its gofer fails to enter
+	// it: "error setting namespace of type user"), and its own kernel is
+	// the boundary there.
+	HostUsersRuntimes []string
 	// PullPolicy is the containers' image pull policy [IfNotPresent].
 	PullPolicy corev1.PullPolicy
 	// AgentPort is where each agent listens in its Pod [DefaultAgentPort].
@@ -196,12 +210,23 @@ func New(cs kubernetes.Interface, cfg Config) (*Runtime, error) {
 	if msgs := validLabel(cfg.Instance); msgs != "" {
 		return nil, fmt.Errorf("kubernetes: instance %q: %s", cfg.Instance, msgs)
 	}
+	for name, class := range cfg.RuntimeClasses {
+		if msgs := validLabel(name); msgs != "" {
+			return nil, fmt.Errorf("kubernetes: runtime name %q: %s", name, msgs)
+		}
+		if !className.MatchString(class) {
+			return nil, fmt.Errorf("kubernetes: runtime %q: RuntimeClass %q is not a valid object name", name, class)
+		}
+	}
 	r := &Runtime{cs: cs, cfg: cfg}
 	if cfg.PortForward != nil {
 		r.fwd = newForwarder(cfg.PortForward, cfg.Namespace)
 	}
 	return r, nil
 }
+
+// className is a RuntimeClass's name: a DNS subdomain.
+var className = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 
 var labelValue = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$`)
 
@@ -214,6 +239,24 @@ func validLabel(v string) string {
 
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "kubernetes" }
+
+// Runtimes implements runtime.Chooser: the names of Config.RuntimeClasses.
+func (r *Runtime) Runtimes() []string {
+	return slices.Sorted(maps.Keys(r.cfg.RuntimeClasses))
+}
+
+// runtimeClass is the RuntimeClass of a sandbox that chose runtime name
+// ("" for the configured one).
+func (r *Runtime) runtimeClass(name string) (string, error) {
+	if name == "" {
+		return r.cfg.RuntimeClass, nil
+	}
+	class, ok := r.cfg.RuntimeClasses[name]
+	if !ok {
+		return "", fmt.Errorf("%w: runtime %q is not offered (offered: %s)", runtime.ErrUnsupported, name, strings.Join(r.Runtimes(), ", "))
+	}
+	return class, nil
+}
 
 // objectName is the name of a sandbox's Pod, Secret and NetworkPolicy.
 func objectName(id string) string { return "sf-" + id }
@@ -240,6 +283,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (inst *runtime.
 	}
 	if msgs := validLabel(spec.ID); msgs != "" {
 		return nil, fmt.Errorf("kubernetes: sandbox id %q: %s", spec.ID, msgs)
+	}
+	if _, err := r.runtimeClass(spec.Runtime); err != nil {
+		return nil, err
 	}
 	cred, err := r.cfg.CA.IssueAgent(spec.ID, time.Now(), r.cfg.MaxLifetime)
 	if err != nil {
@@ -471,7 +517,7 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 			EnableServiceLinks:            ptr(false),
 			TerminationGracePeriodSeconds: ptr(int64(0)),
 			Hostname:                      hostname,
-			HostUsers:                     ptr(r.cfg.HostUsers),
+			HostUsers:                     ptr(r.cfg.HostUsers || spec.Runtime != "" && slices.Contains(r.cfg.HostUsersRuntimes, spec.Runtime)),
 			SecurityContext:               &corev1.PodSecurityContext{SeccompProfile: seccomp},
 			TopologySpreadConstraints:     spread,
 			Volumes:                       volumes,
@@ -498,8 +544,12 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 			}},
 		},
 	}
-	if r.cfg.RuntimeClass != "" {
-		pod.Spec.RuntimeClassName = ptr(r.cfg.RuntimeClass)
+	class, err := r.runtimeClass(spec.Runtime)
+	if err != nil {
+		return nil, err
+	}
+	if class != "" {
+		pod.Spec.RuntimeClassName = ptr(class)
 	}
 	return pod, nil
 }

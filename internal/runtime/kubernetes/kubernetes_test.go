@@ -223,6 +223,72 @@ func TestCreateRefuses(t *testing.T) {
 	}
 }
 
+// TestRuntimeChoice: a sandbox that chooses a runtime gets its
+// RuntimeClass (and the host's user namespace where configured, as
+// gVisor needs); one that chooses none gets the configured class; a
+// name not offered is refused before anything is made.
+func TestRuntimeChoice(t *testing.T) {
+	t.Parallel()
+	r, cs := newRuntime(t, Config{RuntimeClass: "runc", HostUsersRuntimes: []string{"gvisor"},
+		RuntimeClasses: map[string]string{"runc": "runc", "gvisor": "gvisor-systrap"}})
+	if got := runtime.Offered(r); !slices.Equal(got, []string{"gvisor", "runc"}) {
+		t.Fatalf("offered: %v", got)
+	}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		id, runtime, class string
+		hostUsers          bool
+	}{
+		{"c1", "", "runc", false},
+		{"c2", "gvisor", "gvisor-systrap", true},
+		{"c3", "runc", "runc", false},
+	} {
+		kubelet(t, cs, "sf-"+tc.id, corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.88.1.7"})
+		s := spec(tc.id)
+		s.Runtime = tc.runtime
+		if _, err := r.Create(ctx, s); err != nil {
+			t.Fatalf("%q: %v", tc.runtime, err)
+		}
+		pod, err := cs.CoreV1().Pods(ns).Get(ctx, "sf-"+tc.id, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := pod.Spec.RuntimeClassName; c == nil || *c != tc.class {
+			t.Errorf("%q: RuntimeClass %v, want %s", tc.runtime, c, tc.class)
+		}
+		if h := pod.Spec.HostUsers; h == nil || *h != tc.hostUsers {
+			t.Errorf("%q: hostUsers %v, want %v", tc.runtime, h, tc.hostUsers)
+		}
+	}
+	s := spec("c4")
+	s.Runtime = "kata"
+	_, err := r.Create(ctx, s)
+	if !errors.Is(err, runtime.ErrUnsupported) || !strings.Contains(err.Error(), "offered: gvisor, runc") {
+		t.Fatalf("kata: %v", err)
+	}
+	if _, err := cs.NetworkingV1().NetworkPolicies(ns).Get(ctx, "sf-c4", metav1.GetOptions{}); err == nil {
+		t.Fatal("a refused runtime left a NetworkPolicy")
+	}
+}
+
+func TestNewRefusesBadRuntimeClasses(t *testing.T) {
+	t.Parallel()
+	ca, err := agenttls.NewCA(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, classes := range map[string]map[string]string{
+		"empty name":  {"": "gvisor"},
+		"bad name":    {"G_Visor": "gvisor"},
+		"empty class": {"gvisor": ""},
+		"bad class":   {"gvisor": "GVisor!"},
+	} {
+		if _, err := New(fake.NewClientset(), Config{Namespace: ns, CA: ca, Client: &agenttls.Client{}, RuntimeClasses: classes}); err == nil {
+			t.Errorf("%s: accepted %v", name, classes)
+		}
+	}
+}
+
 // TestListOnlyThisInstance: objects of another deployment in the
 // namespace are not ours to list or collect.
 func TestListOnlyThisInstance(t *testing.T) {

@@ -298,6 +298,10 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	if !validID(s.ID) {
 		return nil, fmt.Errorf("invalid sandbox id %q", s.ID)
 	}
+	if s.Runtime != "" && s.Runtime != o.Name() {
+		// One binary for all (runtime.Offered: its Name).
+		return nil, fmt.Errorf("%w: runtime %q: this server runs every sandbox with %s", runtime.ErrUnsupported, s.Runtime, o.Name())
+	}
 	if fi, err := os.Stat(filepath.Join(s.RootFS, "usr")); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("template root %s is not a root filesystem", s.RootFS)
 	}

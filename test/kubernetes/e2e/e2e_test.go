@@ -528,3 +528,116 @@ func waitGone(t *testing.T, cs kubernetes.Interface, ns, sel string) {
 	slices.Sort(left)
 	t.Fatalf("left in the cluster: %v", left)
 }
+
+// startAlone starts one `sheepfold serve --backend kubernetes` over a
+// PostgreSQL of its own, with its sandboxes in a namespace of their own
+// and args added to its command.
+func startAlone(t *testing.T, args ...string) (*server, kubernetes.Interface, string) {
+	kubeconfig := env(t, "SHEEPFOLD_E2E_KUBECONFIG")
+	image := env(t, "SHEEPFOLD_E2E_IMAGE")
+	bin := env(t, "SHEEPFOLD_E2E_BIN")
+	ctx := context.Background()
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := fmt.Sprintf("sf-e2e-%d", time.Now().UnixNano()%1_000_000)
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{}) })
+	dsn := pgtest.New(t)
+	data := t.TempDir()
+	out, err := exec.Command(bin, "keys", "create", "--data-dir", data, "--database", dsn, "--name", "e2e").CombinedOutput()
+	if err != nil {
+		t.Fatalf("keys create: %v\n%s", err, out)
+	}
+	m := regexp.MustCompile(`key:\s+(\S+)`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("keys create printed %s", out)
+	}
+	srv := startServer(t, bin, "serve", freePort(t), string(m[1]), append([]string{"--data-dir", data, "--database", dsn, "--pool", "0",
+		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--kubernetes-namespace", ns,
+		"--kubernetes-image", "python=" + image}, args...)...)
+	return srv, cs, ns
+}
+
+// TestGVisor: a sandbox that chooses the runtime gvisor runs in a Pod of
+// RuntimeClass gvisor, under gVisor's kernel, beside one of the default
+// runtime (runc) on the host's; a runtime not offered is refused.
+func TestGVisor(t *testing.T) {
+	srv, cs, ns := startAlone(t, "--kubernetes-runtime-class", "runc", "--kubernetes-runtime-classes", "gvisor=gvisor,runc=runc")
+	ctx := context.Background()
+	// What the code sees of its kernel: gVisor names itself in
+	// /proc/version ("Linux version 4.19.0-gvisor ...").
+	const probe = "print(open('/proc/version').read().strip())"
+	kernel := map[string]string{}
+	var ids []string
+	for _, rt := range []string{"gvisor", ""} {
+		req := map[string]any{"template": "python"}
+		if rt != "" {
+			req["runtime"] = rt
+		}
+		code, b := srv.do(t, "POST", "/v1/sandboxes", req)
+		if code != 201 {
+			t.Fatalf("create with runtime %q: %d %s", rt, code, b)
+		}
+		var sb struct{ ID string }
+		json.Unmarshal(b, &sb)
+		ids = append(ids, sb.ID)
+		code, b = srv.do(t, "POST", "/v1/sandboxes/"+sb.ID+"/execute", map[string]any{"code": probe, "language": "python"})
+		var res struct{ Status, Stdout string }
+		json.Unmarshal(b, &res)
+		if code != 200 || res.Status != "success" {
+			t.Fatalf("runtime %q: probe: %d %s", rt, code, b)
+		}
+		kernel[rt] = res.Stdout
+		// The agent switches users under gVisor too (its uid 0 is the
+		// sentry's): the code runs as "user" without capabilities.
+		if code, b := srv.do(t, "POST", "/v1/sandboxes/"+sb.ID+"/execute", map[string]any{"language": "python",
+			"code": "import os; print(os.getuid(), [l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1])"}); code != 200 || !strings.Contains(string(b), `"stdout":"1000 0000000000000000\n"`) {
+			t.Errorf("runtime %q: user code's identity: %d %s", rt, code, b)
+		}
+		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "sheepfold.dev/sandbox=" + sb.ID})
+		if err != nil || len(pods.Items) != 1 {
+			t.Fatalf("the pod of %s: %v, %d pods", sb.ID, err, len(pods.Items))
+		}
+		class := pods.Items[0].Spec.RuntimeClassName
+		want := map[string]string{"gvisor": "gvisor", "": "runc"}[rt]
+		if class == nil || *class != want {
+			t.Errorf("runtime %q: the pod's RuntimeClass is %v, want %s", rt, class, want)
+		}
+		t.Logf("runtime %q (RuntimeClass %s, node %s): %s", rt, want, pods.Items[0].Spec.NodeName, res.Stdout)
+	}
+	if !strings.Contains(kernel["gvisor"], "gvisor") {
+		t.Errorf("the gvisor sandbox's kernel does not say gVisor: %s", kernel["gvisor"])
+	}
+	if strings.Contains(kernel[""], "gvisor") || kernel[""] == kernel["gvisor"] {
+		t.Errorf("the default (runc) sandbox's kernel is gVisor's: %s", kernel[""])
+	}
+	code, b := srv.do(t, "POST", "/v1/sandboxes", map[string]any{"template": "python", "runtime": "kata"})
+	if code != 400 || !strings.Contains(string(b), "ERR_BAD_REQUEST") || !strings.Contains(string(b), "gvisor, runc") {
+		t.Errorf("create with runtime kata: %d %s; want 400 naming gvisor, runc", code, b)
+	}
+	// Sandboxes outlive the server (replicas share them): killed first.
+	for _, id := range ids {
+		if code, b := srv.do(t, "DELETE", "/v1/sandboxes/"+id, nil); code != 204 {
+			t.Errorf("kill %s: %d %s", id, code, b)
+		}
+	}
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-srv.exited:
+		if err != nil {
+			t.Fatalf("serve exited: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	waitGone(t, cs, ns, "sheepfold.dev/sandbox")
+}
+
