@@ -640,4 +640,3 @@ func TestGVisor(t *testing.T) {
 	}
 	waitGone(t, cs, ns, "sheepfold.dev/sandbox")
 }
-
