@@ -20,7 +20,7 @@ const e2bDir = "../e2b"
 // sandboxes at once.
 func TestE2BJSSDK(t *testing.T) {
 	s := start(t)
-	nodejs.E2BSuite(t, e2bDir, s.url, e2bKey(t, s, "e2b-js-suite"))
+	nodejs.E2BSuite(t, e2bDir, s.url, e2bKey(t, s, "e2b-js-suite"), nil)
 }
 
 // TestOpenAINodeClient runs the official `openai` npm client, unchanged and

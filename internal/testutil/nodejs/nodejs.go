@@ -128,8 +128,11 @@ const OpenAITest = "openai.test.mjs"
 
 // E2BSuite runs the unmodified official E2B JS SDKs' suite in dir
 // (test/e2b) against the server at url with an e2b_ key: every file but
-// OpenAITest, two at a time. Anything but every test passing fails t.
-func E2BSuite(t testing.TB, dir, url, key string) {
+// OpenAITest, two at a time. Anything but every test passing fails t,
+// except the known failures: test names (the start of their title) the
+// caller knows to fail, with why. Each of those must fail (one that
+// passes fails t too: the entry is stale), and nothing else may.
+func E2BSuite(t testing.TB, dir, url, key string, known map[string]string) {
 	t.Helper()
 	node := LookNode(t)
 	NpmCI(t, dir)
@@ -162,8 +165,42 @@ func E2BSuite(t testing.TB, dir, url, key string) {
 	out, err := cmd.CombinedOutput()
 	t.Logf("node --test took %s", time.Since(start).Round(time.Second))
 	sum := Summary(out)
-	if err != nil || sum["fail"] != 0 || sum["cancelled"] != 0 || sum["skipped"] != 0 || sum["todo"] != 0 || sum["pass"] == 0 || sum["pass"] != sum["tests"] {
-		t.Fatalf("E2B JS SDK suite: %v (summary %v)\n%s", err, sum, out)
+	failed := regexp.MustCompile(`(?m)^\s*✖ (.+?)(?: \([0-9.]+m?s\))?$`).FindAllSubmatch(out, -1)
+	unknown := 0
+	seen := map[string]bool{}
+	for _, f := range failed {
+		name := string(f[1])
+		if name == "failing tests:" {
+			continue
+		}
+		k := knownAs(name, known)
+		if k == "" {
+			unknown++
+		} else {
+			seen[k] = true
+		}
 	}
-	t.Logf("E2B JS SDK suite: %d tests passed", sum["pass"])
+	for k, why := range known {
+		if !seen[k] {
+			t.Errorf("E2B JS SDK suite: %q, known to fail (%s), did not fail: drop it from the known failures", k, why)
+		}
+	}
+	if unknown > 0 || sum["fail"] != len(known) || sum["cancelled"] != 0 || sum["skipped"] != 0 || sum["todo"] != 0 || sum["pass"] == 0 ||
+		sum["pass"]+len(known) != sum["tests"] || (err != nil && len(known) == 0) {
+		t.Fatalf("E2B JS SDK suite: %v (summary %v, known failures %d)\n%s", err, sum, len(known), out)
+	}
+	t.Logf("E2B JS SDK suite: %d tests passed, %d known failures", sum["pass"], len(known))
+	for k, why := range known {
+		t.Logf("known failure %q: %s", k, why)
+	}
+}
+
+// knownAs returns the known failure name starts with, or "".
+func knownAs(name string, known map[string]string) string {
+	for k := range known {
+		if strings.HasPrefix(name, k) {
+			return k
+		}
+	}
+	return ""
 }
