@@ -215,6 +215,14 @@ func (s *Sandbox) sharedDeadline() (time.Time, bool) {
 // sharedIdle is how long the agent of a shared sandbox has served no
 // engine's request; 0 while one is in flight.
 func (s *Sandbox) sharedIdle() (time.Duration, bool) {
+	select {
+	case <-s.created: // s.agent is set (or the create failed)
+	default:
+		return 0, false // still starting (the idle loop sees such sandboxes)
+	}
+	if s.agent.dial == nil {
+		return 0, false
+	}
 	info, err := s.agentInfo(s.m.ctx)
 	if err != nil {
 		return 0, false

@@ -159,7 +159,7 @@ func (b e2bBackend) Sandbox(ctx context.Context, owner, id string) (*sandbox.San
 // Sandboxes lists running sandboxes; owner "" lists every owner's.
 func (b e2bBackend) Sandboxes(ctx context.Context, owner string) []*sandbox.Sandbox {
 	if b.s.shared() {
-		b.s.adoptAll(ctx, owner)
+		return b.s.runningShared(ctx, owner)
 	}
 	b.s.mu.Lock()
 	defer b.s.mu.Unlock()

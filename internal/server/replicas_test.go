@@ -219,6 +219,10 @@ func TestReplicasE2B(t *testing.T) {
 	}
 	want(t, b.get("GET", "", "/", append(hdr, "E2B-Traffic-Access-Token", closed.Traffic)...), http.StatusOK, "")
 
-	want(t, b.e2bDo("DELETE", "/sandboxes/"+sb.ID, b.keyA, nil), http.StatusNoContent, "")
+	// Killed on A, it is no longer listed on B, which held it.
+	want(t, a.e2bDo("DELETE", "/sandboxes/"+sb.ID, a.keyA, nil), http.StatusNoContent, "")
+	if l := b.e2bDo("GET", "/sandboxes", b.keyA, nil); strings.Contains(string(l.body), sb.ID) {
+		t.Fatalf("B lists a sandbox A killed: %s", l.body)
+	}
 	want(t, b.e2bDo("DELETE", "/sandboxes/"+closed.ID, b.keyA, nil), http.StatusNoContent, "")
 }

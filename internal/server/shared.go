@@ -253,22 +253,45 @@ func (s *Server) collectOne(ctx context.Context, id, reason string, recorded boo
 	s.mu.Unlock()
 }
 
-// adoptAll adopts every running sandbox of owner ("": of every owner)
-// that this replica does not hold yet, for listings of live sandboxes.
-func (s *Server) adoptAll(ctx context.Context, owner string) {
+// runningShared lists the running sandboxes of owner ("": of every
+// owner) as their records say: held here, or adopted now. A sandbox held
+// here whose record says it stopped (another replica stopped it) is
+// released, not listed.
+func (s *Server) runningShared(ctx context.Context, owner string) []*sandbox.Sandbox {
 	recs, err := s.store.ListSandboxes(ctx, store.SandboxFilter{Owner: owner, AnyOwner: owner == "", State: store.SandboxRunning})
 	if err != nil {
 		s.log.Error("list sandboxes of other replicas", "err", err)
-		return
+		return nil
 	}
+	running := make(map[string]bool, len(recs))
+	var out []*sandbox.Sandbox
 	for _, rec := range recs {
+		running[rec.ID] = true
 		s.mu.Lock()
-		_, held := s.boxes[rec.ID]
+		b, held := s.boxes[rec.ID]
 		s.mu.Unlock()
-		if !held {
-			if _, err := s.adopt(ctx, rec); err != nil {
+		if !held || b.sb == nil {
+			if b, err = s.adopt(ctx, rec); err != nil {
 				s.log.Debug("adopt a sandbox for a listing", "sandbox", rec.ID, "err", err)
+				continue
 			}
 		}
+		if b.sb.State() == sandbox.StateRunning {
+			out = append(out, b.sb)
+		}
 	}
+	s.mu.Lock()
+	var stale []*box
+	for id, b := range s.boxes {
+		if b.sb != nil && !running[id] && (owner == "" || b.owner == owner) && b.sb.State() == sandbox.StateRunning {
+			stale = append(stale, b)
+		}
+	}
+	s.mu.Unlock()
+	for _, b := range stale {
+		if rec, err := s.store.GetSandbox(ctx, b.sb.ID); err == nil && rec.State != store.SandboxRunning {
+			s.drop(b, rec.StopReason)
+		}
+	}
+	return out
 }
