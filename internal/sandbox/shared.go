@@ -146,18 +146,18 @@ func (m *Manager) Collect(ctx context.Context, id, reason string) error {
 	return m.cfg.Runtime.Destroy(ctx, id)
 }
 
-// Follow moves the sandbox's deadline to d if d is later: another
-// engine extended it (its record says so). The agent, which that engine
-// told, already keeps d.
+// Follow moves the sandbox's deadline to d, the one its record has:
+// another engine set it (the agent, which that engine told, keeps d
+// already). Differences under a second are this engine's own rounding.
 func (s *Sandbox) Follow(d time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.state != StateRunning || !d.After(s.deadline) {
+	if s.state != StateRunning || d.IsZero() || d.Sub(s.deadline).Abs() < time.Second {
 		return
 	}
 	s.deadline = d
 	if s.timer != nil {
-		s.timer.Reset(time.Until(d))
+		s.timer.Reset(max(time.Until(d), time.Millisecond))
 	}
 }
 

@@ -77,7 +77,7 @@ func (s *Server) lookupShared(ctx context.Context, own, id string) (*box, error)
 	}
 	if held {
 		if b.sb.State() == sandbox.StateRunning {
-			b.sb.Follow(rec.ExpiresAt) // another replica may have extended it
+			b.sb.Follow(rec.ExpiresAt) // another replica may have moved it
 			return b, nil
 		}
 		s.forget(ctx, b) // stopped here: record it
