@@ -196,6 +196,9 @@ func (b e2bBackend) Kill(ctx context.Context, owner, id string) error {
 	if apierr.CodeOf(err) == apierr.SandboxState {
 		return notFound(id)
 	}
+	if b.s.shared() && apierr.CodeOf(err) == apierr.Internal {
+		return classify(b.s.killUnreachable(ctx, owner, id))
+	}
 	if err != nil {
 		return classify(err)
 	}

@@ -568,6 +568,13 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
 // has already stopped succeeds too: the call is idempotent.
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 	b, err := s.lookup(r)
+	if s.shared() && apierr.CodeOf(err) == apierr.Internal {
+		if err := s.killUnreachable(context.WithoutCancel(r.Context()), owner(r), r.PathValue("id")); err != nil {
+			return err
+		}
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
 	if apierr.CodeOf(err) == apierr.SandboxState {
 		w.WriteHeader(http.StatusNoContent)
 		return nil

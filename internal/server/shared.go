@@ -295,3 +295,18 @@ func (s *Server) runningShared(ctx context.Context, owner string) []*sandbox.San
 	}
 	return out
 }
+
+// killUnreachable destroys a sandbox this replica cannot reach though its
+// record says it runs (its Pod's node lost its kubelet, and this replica
+// reaches agents through port-forward): a kill must not depend on the
+// agent answering.
+func (s *Server) killUnreachable(ctx context.Context, own, id string) error {
+	rec, err := s.store.GetSandbox(ctx, id)
+	if err != nil || rec.Owner != own {
+		return notFound(id)
+	}
+	if err := s.engine.Collect(ctx, id, "killed"); err != nil && apierr.CodeOf(err) != apierr.SandboxNotFound {
+		return err
+	}
+	return s.store.StopSandbox(ctx, id, "killed", time.Now())
+}

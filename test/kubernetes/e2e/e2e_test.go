@@ -326,7 +326,10 @@ func TestSandboxesAsPods(t *testing.T) {
 		"getMetrics": "a Pod's disk use is not measured (its writable layer is on its node): diskTotal and diskUsed read 0",
 	})
 
-	nodeLoss(t, srv, cs, ns, env(t, "SHEEPFOLD_E2E_CLUSTER"))
+	// Node loss through replica A, which reaches agents at their Pod IPs
+	// (through port-forward, B's way, a Pod whose kubelet is down is out
+	// of reach; B then destroys it without its agent).
+	nodeLoss(t, replicaA, cs, ns, env(t, "SHEEPFOLD_E2E_CLUSTER"))
 
 	// Killing a sandbox deletes its Pod, Secret and NetworkPolicy.
 	if code, b := srv.do(t, "DELETE", "/v1/sandboxes/"+ids[0], nil); code != 204 && code != 200 {
