@@ -131,23 +131,27 @@ func (b e2bBackend) BeginExecution(ctx context.Context, sb *sandbox.Sandbox, lan
 
 // Sandbox returns a running sandbox; owner "" matches any owner.
 func (b e2bBackend) Sandbox(ctx context.Context, owner, id string) (*sandbox.Sandbox, error) {
+	if owner == "" && b.s.shared() {
+		// Perhaps another replica's: its record, which decides, names
+		// its owner.
+		rec, err := b.s.store.GetSandbox(ctx, id)
+		if err != nil {
+			return nil, notFound(id)
+		}
+		bx, err := b.s.lookupRecord(ctx, rec)
+		if err != nil {
+			return nil, classify(err)
+		}
+		return bx.sb, nil
+	}
 	if owner == "" {
 		b.s.mu.Lock()
 		bx, ok := b.s.boxes[id]
 		b.s.mu.Unlock()
-		switch {
-		case ok && bx.sb != nil:
-			owner = bx.owner
-		case b.s.shared():
-			// Perhaps another replica's: its record names its owner.
-			rec, err := b.s.store.GetSandbox(ctx, id)
-			if err != nil {
-				return nil, notFound(id)
-			}
-			owner = rec.Owner
-		default:
+		if !ok || bx.sb == nil {
 			return nil, notFound(id)
 		}
+		owner = bx.owner
 	}
 	bx, err := b.s.lookupID(ctx, owner, id)
 	if err != nil {

@@ -202,7 +202,7 @@ func (s *Server) liveBox(ctx context.Context, id string) *box {
 		if err != nil {
 			return nil
 		}
-		b, err := s.lookupShared(ctx, rec.Owner, id)
+		b, err := s.lookupRecord(ctx, rec)
 		if err != nil {
 			return nil
 		}

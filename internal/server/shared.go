@@ -65,6 +65,13 @@ func (s *Server) lookupShared(ctx context.Context, own, id string) (*box, error)
 	if err != nil {
 		return nil, err
 	}
+	return s.lookupRecord(ctx, rec)
+}
+
+// lookupRecord is lookupShared for a record already read (by a caller
+// that had to read it to learn the owner).
+func (s *Server) lookupRecord(ctx context.Context, rec store.Sandbox) (*box, error) {
+	id := rec.ID
 	s.mu.Lock()
 	b, held := s.boxes[id]
 	s.mu.Unlock()
