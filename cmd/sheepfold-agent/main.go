@@ -130,6 +130,7 @@ func runServe(args []string) int {
 	toInit := fs.Bool("lifetime-fd", false, "send deadlines to init over fd 4 (init passes it); otherwise serve keeps them itself")
 	switchUsers := fs.Bool("switch-users", false, "refuse to serve unless every request can run as its own user (a sandbox's agent)")
 	nproc := fs.Int64("nproc", 0, "RLIMIT_NPROC of every process the agent starts (a Pod with a user namespace of its own); 0: none")
+	scratch := fs.String("scratch", "", "the home and /tmp are the sandbox's scratch volume (a Pod's memory-backed emptyDir): unpack this home seed archive (sheepfold template export) into --home before serving, and report the volume as the sandbox's disk")
 	cgroupRoot := fs.String("cgroup-root", "/sys/fs/cgroup", "where the usage op reads the sandbox's cgroups (tests point it at a fake tree)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -173,6 +174,14 @@ func runServe(args []string) int {
 		log.Error("lifetime", "err", err)
 		return 1
 	}
+	var disk string
+	if *scratch != "" {
+		if err := agent.PrepareScratch(*root, *home, "/tmp", *scratch); err != nil {
+			log.Error("prepare the scratch volume", "err", err)
+			return 1
+		}
+		disk = *home
+	}
 	// Code contexts run as "user" when the agent is the sandbox's root.
 	kernelCred := agent.KernelCredential(*root)
 	// The agent's own binary is the seccomp-exec helper of Node contexts
@@ -212,6 +221,7 @@ func runServe(args []string) int {
 		SwitchUsers: *switchUsers,
 		Logger:      log,
 		CgroupRoot:  *cgroupRoot,
+		Disk:        disk,
 		Nproc:       *nproc,
 		Helper:      self,
 	}

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/sheepfold/sheepfold/internal/config"
+	"github.com/sheepfold/sheepfold/internal/homeseed"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/template"
 	"github.com/sheepfold/sheepfold/internal/template/ociimage"
@@ -51,7 +52,9 @@ func templateExportCmd(cfg *config.Config) *cobra.Command {
 imports (ctr -n k8s.io images import FILE), so that sandboxes can run as Pods
 from it. The image holds the template's root filesystem with its owners
 unshifted to the sandbox's ids and, in a second layer, the agent at
-` + oci.AgentPath + ` (also ` + oci.SudoPath + `); its entrypoint is the agent. It is
+` + oci.AgentPath + ` (also ` + oci.SudoPath + `) and the template's home as a tar archive at
+` + oci.HomeSeedPath + ` (a Pod's agent unpacks it into the memory-backed
+volume mounted over ` + oci.SandboxHome + `); its entrypoint is the agent. It is
 named ` + imageNamePrefix + `NAME:TAG, TAG by default the first 12 hex digits
 of the manifest's digest (the same template and agent give the same image).`,
 		Args: cobra.ExactArgs(1),
@@ -115,13 +118,21 @@ func exportTemplate(ctx context.Context, name string, o exportOptions) (ociimage
 	if err != nil {
 		return ociimage.Result{}, fmt.Errorf("agent binary: %w", err)
 	}
+	seed, err := homeSeed(filepath.Join(info.Path, oci.SandboxHome), o.DataDir)
+	if err != nil {
+		return ociimage.Result{}, err
+	}
+	defer os.Remove(seed)
 	opt := ociimage.Options{
-		Name:    imageNamePrefix + name,
-		Tag:     o.Tag,
-		RootFS:  info.Path,
-		HostID:  info.UIDShift,
-		IDs:     oci.DefaultIDMap.Size,
-		Files:   []ociimage.File{{Path: oci.AgentPath, Source: o.Agent, Mode: 0o755, Links: []string{oci.SudoPath}}},
+		Name:   imageNamePrefix + name,
+		Tag:    o.Tag,
+		RootFS: info.Path,
+		HostID: info.UIDShift,
+		IDs:    oci.DefaultIDMap.Size,
+		Files: []ociimage.File{
+			{Path: oci.AgentPath, Source: o.Agent, Mode: 0o755, Links: []string{oci.SudoPath}},
+			{Path: oci.HomeSeedPath, Source: seed, Mode: 0o644},
+		},
 		Created: info.Created,
 		CreatedBy: fmt.Sprintf("sheepfold template build %s (Debian %s: %s)", info.Name, info.Suite,
 			strings.Join(info.Packages, " ")),
@@ -213,6 +224,25 @@ func exportTemplate(ctx context.Context, name string, o exportOptions) (ociimage
 	}
 	done = true
 	return res, nil
+}
+
+// homeSeed writes the template's home (its host path) as a home seed
+// archive to a temporary file in dir and returns the file's path; the
+// caller removes it.
+func homeSeed(home, dir string) (string, error) {
+	f, err := os.CreateTemp(dir, "home-seed-*.tar")
+	if err != nil {
+		return "", err
+	}
+	_, err = homeseed.Write(f, home)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("the template's home: %w", err)
+	}
+	return f.Name(), nil
 }
 
 // fileDigest returns the sha256 digest of the regular file at p.

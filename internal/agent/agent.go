@@ -67,6 +67,10 @@ type Config struct {
 	// hierarchies (usage.go) [/sys/fs/cgroup]; tests point it at a fake
 	// tree.
 	CgroupRoot string
+	// Disk, when set, is the sandbox path whose file system is the
+	// sandbox's disk (a Pod's scratch volume, scratch_linux.go): the usage
+	// op reports its use and size.
+	Disk string
 	// Nproc, when positive, is the RLIMIT_NPROC (soft and hard) of every
 	// process, interpreter and sudo command the agent starts (nproc.go):
 	// a Pod's bound on each of its uids' tasks. Helper is the agent's

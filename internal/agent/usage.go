@@ -63,6 +63,11 @@ func (s *server) usage() agentproto.Event {
 	if err != nil {
 		return fail(agentproto.CodeInternal, "read the sandbox's cgroup: %v", err)
 	}
+	if s.cfg.Disk != "" {
+		if u.DiskBytes, u.DiskTotalBytes, err = diskUsage(hostPath(s.cfg.Root, s.cfg.Disk)); err != nil {
+			return fail(agentproto.CodeInternal, "read the sandbox's disk: %v", err)
+		}
+	}
 	return agentproto.Event{Type: agentproto.EventDone, Usage: &u}
 }
 

@@ -55,7 +55,7 @@ const (
 
 // Event types.
 const (
-	EventStart  = "start"  // a process started: PID
+	EventStart  = "start"  // a process started: PID; an execution started: ExecutionCount
 	EventStdout = "stdout" // Data
 	EventStderr = "stderr" // Data
 	EventPTY    = "pty"    // Data: what a process started with a terminal wrote to it
@@ -294,6 +294,9 @@ type Event struct {
 	Type string `json:"type"`
 
 	PID    int        `json:"pid,omitempty"`
+	// ExecutionCount numbers an execution in its context (1 for the
+	// first since the context started or restarted), in its EventStart.
+	ExecutionCount int64 `json:"execution_count,omitempty"`
 	Data   []byte     `json:"data,omitempty"`
 	Result *Result    `json:"result,omitempty"`
 	Error  *ExecError `json:"error,omitempty"`
@@ -322,10 +325,11 @@ type Event struct {
 }
 
 // Usage is the sandbox's resource usage as its agent reads it from its
-// own cgroup (usage); the fields mean what runtime.Usage's do. It has no
-// disk figures: a Pod's writable layer lives in its node's snapshotter,
-// and statfs inside the sandbox sees the node's filesystem, not the
-// sandbox's share of it.
+// own cgroup (usage); the fields mean what runtime.Usage's do. Its disk
+// figures are those of the sandbox's scratch volume where it has one (a
+// Pod's home and /tmp); a Pod's writable layer lives in its node's
+// snapshotter, which statfs inside the sandbox cannot tell apart from
+// the node's filesystem.
 type Usage struct {
 	// Cgroup says which hierarchy the figures came from: "v1" or "v2".
 	Cgroup           string  `json:"cgroup"`
@@ -338,6 +342,10 @@ type Usage struct {
 	CPULimit         float64 `json:"cpu_limit"` // CPUs (quota / period); 0: none
 	Pids             int64   `json:"pids"`
 	PidsDenied       uint64  `json:"pids_denied"`
+	// DiskBytes and DiskTotalBytes are the use and size of the sandbox's
+	// disk where the agent has one to measure (a Pod's scratch volume).
+	DiskBytes      int64 `json:"disk_bytes,omitempty"`
+	DiskTotalBytes int64 `json:"disk_total_bytes,omitempty"`
 	// Pressure is the cgroup's PSI (v2 with a kernel that keeps it).
 	Pressure *Pressure `json:"pressure,omitempty"`
 }

@@ -30,9 +30,11 @@ func (s *Sandbox) Usage(ctx context.Context) (runtime.Usage, error) {
 //
 // What the agent answers is the kernel's counters, which no code in the
 // sandbox can change (internal/agent/usage.go says why); like every
-// answer of an agent it speaks only of its own sandbox. It has no disk
-// figures (DiskBytes, DiskTotalBytes stay 0): a Pod's writable layer is
-// its node's. A dead agent answers nothing: the error is the call's.
+// answer of an agent it speaks only of its own sandbox. Its disk figures
+// are its scratch volume's (a Pod's home and /tmp, internal/agent,
+// scratch_linux.go); writes elsewhere go to the Pod's writable layer, its
+// node's, which only the node's ephemeral-storage limit bounds. A dead
+// agent answers nothing: the error is the call's.
 func (s *Sandbox) usage(ctx context.Context) (runtime.Usage, error) {
 	u, err := s.m.cfg.Runtime.Usage(ctx, s.ID)
 	if err == nil || !errors.Is(err, runtime.ErrUnsupported) {
@@ -68,7 +70,7 @@ func (s *Sandbox) agentUsage(ctx context.Context) (runtime.Usage, error) {
 	u := runtime.Usage{
 		MemoryBytes: a.MemoryBytes, MemoryCacheBytes: a.MemoryCacheBytes, MemoryPeakBytes: a.MemoryPeakBytes,
 		MemoryLimit: a.MemoryLimit, OOMKills: a.OOMKills, CPUNanos: a.CPUNanos, CPULimit: a.CPULimit,
-		Pids: a.Pids, PidsDenied: a.PidsDenied,
+		Pids: a.Pids, PidsDenied: a.PidsDenied, DiskBytes: a.DiskBytes, DiskTotalBytes: a.DiskTotalBytes,
 	}
 	if p := a.Pressure; p != nil {
 		u.Pressure = &runtime.Pressure{CPUSome: p.CPUSome, MemorySome: p.MemorySome, MemoryFull: p.MemoryFull, IOSome: p.IOSome, IOFull: p.IOFull}

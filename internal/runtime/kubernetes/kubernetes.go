@@ -468,8 +468,26 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	volumes := []corev1.Volume{{Name: "agent-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 		SecretName: objectName(spec.ID), DefaultMode: ptr(int32(0o400)),
 	}}}}
-	// A read-only sandbox writes only to its writable paths, which share
-	// its disk limit as the local engine's do (each is bounded by it).
+	// A sandbox's disk, as the local engine's tmpfs writable layer is: a
+	// memory-backed emptyDir of the disk size (a tmpfs, charged to the
+	// Pod's memory), mounted over the home and /tmp, which the agent
+	// prepares (internal/agent, scratch_linux.go) and measures. Writes
+	// elsewhere go to the container's writable layer, bounded by the
+	// ephemeral-storage limit. A read-only sandbox writes only to its
+	// writable paths, which share its disk limit as the local engine's do
+	// (each is bounded by it).
+	var scratch bool
+	if !spec.ReadOnly {
+		scratch = true
+		ed := &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}
+		if lim.DiskBytes > 0 {
+			ed.SizeLimit = resource.NewQuantity(lim.DiskBytes, resource.BinarySI)
+		}
+		volumes = append(volumes, corev1.Volume{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: ed}})
+		mounts = append(mounts,
+			corev1.VolumeMount{Name: "scratch", MountPath: oci.SandboxHome, SubPath: "home"},
+			corev1.VolumeMount{Name: "scratch", MountPath: "/tmp", SubPath: "tmp"})
+	}
 	for i, p := range spec.WritablePaths {
 		name := "writable-" + strconv.Itoa(i)
 		ed := &corev1.EmptyDirVolumeSource{}
@@ -481,6 +499,9 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	}
 	args := append([]string{oci.AgentPath, "init"}, oci.RlimitFlags...)
 	args = append(args, "--listen-tcp", ":"+strconv.Itoa(r.cfg.AgentPort), "--tls-dir", tlsDir)
+	if scratch {
+		args = append(args, "--scratch", oci.HomeSeedPath)
+	}
 	if n := nproc(r.cfg.HostUsers, lim.Pids); n > 0 {
 		args = append(args, "--nproc", strconv.FormatInt(n, 10))
 	}

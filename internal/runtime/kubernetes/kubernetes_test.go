@@ -150,6 +150,23 @@ func TestCreateMakesStrictPod(t *testing.T) {
 		t.Fatalf("secret volume: %+v", ps.Volumes[0])
 	}
 
+	// The disk: a memory-backed emptyDir of the disk size over the home
+	// and /tmp, which the agent prepares from the image's home seed.
+	if v := ps.Volumes[1]; v.Name != "scratch" || v.EmptyDir == nil || v.EmptyDir.Medium != corev1.StorageMediumMemory ||
+		v.EmptyDir.SizeLimit.Value() != 1<<30 {
+		t.Fatalf("scratch volume: %+v", v)
+	}
+	var scratch []string
+	for _, m := range c.VolumeMounts {
+		if m.Name == "scratch" {
+			scratch = append(scratch, m.MountPath+"="+m.SubPath)
+		}
+	}
+	if !slices.Equal(scratch, []string{"/home/user=home", "/tmp=tmp"}) ||
+		!strings.Contains(strings.Join(c.Command, " "), "--scratch /.sheepfold/home.tar") {
+		t.Fatalf("scratch mounts %v, command %v", scratch, c.Command)
+	}
+
 	// The NetworkPolicy: no egress, ingress to the agent's port from the
 	// server's Pods.
 	np, err := cs.NetworkingV1().NetworkPolicies(ns).Get(ctx, "sf-abc", metav1.GetOptions{})
@@ -507,5 +524,32 @@ func TestPodNproc(t *testing.T) {
 		if *pod.Spec.HostUsers != tc.hostUsers {
 			t.Errorf("hostUsers %v: pod's %v", tc.hostUsers, *pod.Spec.HostUsers)
 		}
+	}
+}
+
+// A read-only sandbox has no scratch volume: it writes only to its
+// writable paths, each an emptyDir bounded by its disk limit.
+func TestPodReadOnlyHasNoScratch(t *testing.T) {
+	t.Parallel()
+	r, _ := newRuntime(t, Config{})
+	sp := spec("abc")
+	sp.ReadOnly, sp.WritablePaths = true, []string{"/data"}
+	pod, err := r.pod(sp, "image")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := pod.Spec.Containers[0]
+	if cmd := strings.Join(c.Command, " "); strings.Contains(cmd, "--scratch") || !*c.SecurityContext.ReadOnlyRootFilesystem {
+		t.Fatalf("command %q, read-only root %v", cmd, *c.SecurityContext.ReadOnlyRootFilesystem)
+	}
+	var paths []string
+	for _, m := range c.VolumeMounts {
+		paths = append(paths, m.MountPath)
+	}
+	if !slices.Equal(paths, []string{"/.sheepfold/tls", "/data"}) {
+		t.Fatalf("mounts %v", paths)
+	}
+	if ed := pod.Spec.Volumes[1].EmptyDir; ed == nil || ed.Medium != "" || ed.SizeLimit.Value() != 1<<30 {
+		t.Fatalf("writable path volume %+v", pod.Spec.Volumes[1])
 	}
 }

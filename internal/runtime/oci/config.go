@@ -10,11 +10,15 @@ import (
 
 // Paths inside every sandbox.
 const (
-	AgentPath   = "/.sheepfold/agent"   // the agent binary, bind-mounted read-only
-	SudoPath    = "/usr/local/bin/sudo" // the agent binary again, as sudo (agent.Sudo)
-	SandboxHome = "/home/user"
-	SandboxUID  = 1000 // "user" inside; the template's passwd has it
-	SandboxGID  = 1000
+	AgentPath = "/.sheepfold/agent"   // the agent binary, bind-mounted read-only
+	SudoPath  = "/usr/local/bin/sudo" // the agent binary again, as sudo (agent.Sudo)
+	// HomeSeedPath is, in an exported image, the template's home as a tar
+	// archive (internal/homeseed), which a Pod's agent unpacks into the
+	// empty volume mounted over SandboxHome.
+	HomeSeedPath = "/.sheepfold/home.tar"
+	SandboxHome  = "/home/user"
+	SandboxUID   = 1000 // "user" inside; the template's passwd has it
+	SandboxGID   = 1000
 )
 
 // BaseEnv is the environment every sandbox starts with; Spec.Env adds to
