@@ -174,11 +174,13 @@ func TestContexts(t *testing.T) {
 
 	// events stream in order, the error status passes through
 	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{ContextID: id, Code: "raise boom"}}).mustOK(t)
-	if len(r.events) != 1 || r.events[0].Type != agentproto.EventError || r.events[0].Error.Value != "boom" || r.done.Status != agentproto.StatusError {
+	// (each execution's first event numbers it in its context)
+	if len(r.events) != 2 || r.events[0].Type != agentproto.EventStart || r.events[0].ExecutionCount != 4 ||
+		r.events[1].Type != agentproto.EventError || r.events[1].Error.Value != "boom" || r.done.Status != agentproto.StatusError {
 		t.Fatalf("raise: events %+v, done %+v", r.events, r.done)
 	}
 	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{ContextID: id, Code: "result 7", Env: map[string]string{"A": "b"}}}).mustOK(t)
-	if len(r.events) != 1 || r.events[0].Result == nil || r.events[0].Result.Text != "7" {
+	if len(r.events) != 2 || r.events[1].Result == nil || r.events[1].Result.Text != "7" {
 		t.Fatalf("result: events %+v", r.events)
 	}
 	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{ContextID: id, Code: "env A", Env: map[string]string{"A": "b"}}}).mustOK(t)
@@ -192,8 +194,8 @@ func TestContexts(t *testing.T) {
 		t.Fatalf("restart: %+v", r.done)
 	}
 	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{ContextID: id, Code: "get x"}}).mustOK(t)
-	if got := r.output(agentproto.EventStdout); got != "" {
-		t.Fatalf("after restart get x = %q", got)
+	if got := r.output(agentproto.EventStdout); got != "" || r.events[0].ExecutionCount != 1 {
+		t.Fatalf("after restart get x = %q, execution %d (want 1: counted anew)", got, r.events[0].ExecutionCount)
 	}
 
 	// default contexts: created on first use, per language, then reused
@@ -292,6 +294,9 @@ func TestExecuteHangupCancels(t *testing.T) {
 	t.Parallel()
 	a := startAgent(t, Config{})
 	s := a.open(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{Code: "block"}})
+	if ev := s.next(); ev.Type != agentproto.EventStart || ev.ExecutionCount != 1 {
+		t.Fatalf("first event %+v", ev)
+	}
 	if ev := s.next(); ev.Type != agentproto.EventStdout || string(ev.Data) != "blocking" {
 		t.Fatalf("first event %+v", ev)
 	}

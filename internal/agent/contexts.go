@@ -9,6 +9,7 @@ import (
 	"path"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 )
@@ -20,6 +21,10 @@ type kernelContext struct {
 	// turn admits one execution at a time: interpreters run one cell after
 	// another.
 	turn chan struct{}
+	// executions counts the executions started since the kernel started
+	// (Jupyter's execution_count): kept with the kernel, so that every
+	// server that reaches the sandbox numbers them alike.
+	executions atomic.Int64
 }
 
 // contextTable maps context ids to kernels.
@@ -252,6 +257,7 @@ func (s *server) contextRestart(c *conn, req *agentproto.Request) agentproto.Eve
 	if err := kc.k.Restart(ctx); err != nil {
 		return fail(agentproto.CodeInternal, "restart context %s: %v", req.ContextID, err)
 	}
+	kc.executions.Store(0)
 	ev := ok()
 	ev.Context = &kc.info
 	return ev
@@ -322,6 +328,10 @@ func (s *server) execute(c *conn, req *agentproto.Request) agentproto.Event {
 		return agentproto.Event{}
 	}
 	defer func() { <-kc.turn }()
+	// The execution starts now, with its number in its context.
+	if err := c.send(agentproto.Event{Type: agentproto.EventStart, ExecutionCount: kc.executions.Add(1)}); err != nil {
+		return agentproto.Event{} // the client hung up
+	}
 
 	emit := func(ev agentproto.Event) error {
 		if ev.Type == agentproto.EventDone {

@@ -179,7 +179,6 @@ type Handler struct {
 	mu       sync.Mutex
 	aliases  map[string]string            // sandbox id → the template name the client asked for
 	issued   map[string]map[string]string // sandbox id → key id → access token issued
-	counts   map[string]map[string]int    // sandbox id → context id → executions so far
 	watchers map[string]*pollWatcher      // watcher id → polling watcher
 	metrics  map[string]*metricsLog       // sandbox id → its metric samples
 	// traffic holds, for each sandbox created here, whether its ports
@@ -203,7 +202,7 @@ func New(cfg Config, b Backend) *Handler {
 		cfg.WriteTimeout = 30 * time.Second
 	}
 	h := &Handler{cfg: cfg, backend: b, key: make([]byte, 32),
-		aliases: map[string]string{}, issued: map[string]map[string]string{}, counts: map[string]map[string]int{}, watchers: map[string]*pollWatcher{},
+		aliases: map[string]string{}, issued: map[string]map[string]string{}, watchers: map[string]*pollWatcher{},
 		metrics: map[string]*metricsLog{},
 		traffic: map[string]bool{}}
 	if len(cfg.Key) > 0 {
@@ -350,7 +349,6 @@ func (h *Handler) forget(id string) {
 	h.mu.Lock()
 	delete(h.aliases, id)
 	delete(h.issued, id)
-	delete(h.counts, id)
 	delete(h.metrics, id)
 	delete(h.traffic, id)
 	h.mu.Unlock()
@@ -361,7 +359,7 @@ func (h *Handler) forget(id string) {
 // keeps stays as large as the set of live sandboxes.
 func (h *Handler) prune(ctx context.Context) {
 	h.mu.Lock()
-	ids := make([]string, 0, len(h.aliases)+len(h.issued)+len(h.counts)+len(h.metrics)+len(h.traffic))
+	ids := make([]string, 0, len(h.aliases)+len(h.issued)+len(h.metrics)+len(h.traffic))
 	for id := range h.traffic {
 		ids = append(ids, id)
 	}
@@ -369,9 +367,6 @@ func (h *Handler) prune(ctx context.Context) {
 		ids = append(ids, id)
 	}
 	for id := range h.issued {
-		ids = append(ids, id)
-	}
-	for id := range h.counts {
 		ids = append(ids, id)
 	}
 	for id := range h.metrics {
@@ -410,25 +405,6 @@ func (h *Handler) watcher(sandboxID, id string) (*pollWatcher, error) {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("watcher %q not found", id))
 	}
 	return w, nil
-}
-
-// nextCount counts an execution in a context and returns its number.
-func (h *Handler) nextCount(sandboxID, contextID string) int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	c := h.counts[sandboxID]
-	if c == nil {
-		c = map[string]int{}
-		h.counts[sandboxID] = c
-	}
-	c[contextID]++
-	return c[contextID]
-}
-
-func (h *Handler) resetCount(sandboxID, contextID string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	delete(h.counts[sandboxID], contextID)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

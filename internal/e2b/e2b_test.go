@@ -129,11 +129,10 @@ func TestPrune(t *testing.T) {
 	h := New(Config{}, liveBackend{live: map[string]bool{"live": true}})
 	for _, id := range []string{"live", "dead", "dead2"} {
 		h.aliases[id] = "base"
-		h.nextCount(id, "default-python")
 	}
-	h.nextCount("counted-only", "c1")
+	h.issued["issued-only"] = map[string]string{"t": "x"}
 	h.prune(context.Background())
-	if len(h.aliases) != 1 || h.aliases["live"] != "base" || len(h.counts) != 1 || h.counts["live"]["default-python"] != 1 {
-		t.Fatalf("after prune: aliases %v, counts %v", h.aliases, h.counts)
+	if len(h.aliases) != 1 || h.aliases["live"] != "base" || len(h.issued) != 0 {
+		t.Fatalf("after prune: aliases %v, issued %v", h.aliases, h.issued)
 	}
 }

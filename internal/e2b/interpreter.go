@@ -182,14 +182,13 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 		body.ContextID, body.Language = "", l // started at its first use
 	}
 	req := sandbox.ExecuteRequest{Code: body.Code, ContextID: body.ContextID, Env: body.EnvVars, MaxOutput: interpMaxOutput}
-	counter := body.ContextID
 	if body.ContextID == "" {
 		canon, err := lang.Canonical(body.Language)
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		req.Language, counter = canon, defaultContextID(canon)
+		req.Language = canon
 	} else if c, err := h.findContext(ctx, sb, body.ContextID); err != nil {
 		interpError(w, r, err)
 		return
@@ -204,7 +203,6 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 	out := newNDJSON(w, h.cfg.WriteTimeout)
 	defer out.end()
-	out.line(map[string]any{"type": "number_of_executions", "execution_count": h.nextCount(sb.ID, counter)})
 
 	stop := make(chan struct{})
 	defer close(stop)
@@ -241,6 +239,10 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 		last = time.Now()
 		mu.Unlock()
 		switch ev.Type {
+		case agentproto.EventStart:
+			// The agent numbers a context's executions (every replica
+			// reaches the same count), as the kernel does in E2B.
+			return out.line(map[string]any{"type": "number_of_executions", "execution_count": ev.ExecutionCount})
 		case agentproto.EventStdout:
 			return out.line(map[string]any{"type": "stdout", "text": string(ev.Data), "timestamp": stamp()})
 		case agentproto.EventStderr:
@@ -405,7 +407,6 @@ func (h *Handler) deleteContext(w http.ResponseWriter, r *http.Request) {
 		interpError(w, r, err)
 		return
 	}
-	h.resetCount(sb.ID, id)
 	writeJSON(w, http.StatusOK, nil)
 }
 
@@ -422,6 +423,5 @@ func (h *Handler) restartContext(w http.ResponseWriter, r *http.Request) {
 		interpError(w, r, err)
 		return
 	}
-	h.resetCount(sb.ID, id)
 	writeJSON(w, http.StatusOK, nil)
 }
