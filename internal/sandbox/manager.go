@@ -160,6 +160,12 @@ func fillLimits(l, def runtime.Limits) runtime.Limits {
 	return l
 }
 
+// createdNow is a sandbox's creation time: now, to the microsecond, as
+// every store keeps times (PostgreSQL's timestamptz), so that replicas
+// that read it from the record show, order and page sandboxes by the same
+// time as the one that created them.
+func createdNow() time.Time { return time.Now().Truncate(time.Microsecond) }
+
 // DefaultLimits are a sandbox's limits when neither the caller nor the
 // Config sets them.
 var DefaultLimits = runtime.Limits{MemoryBytes: 512 << 20, CPUs: 1, Pids: 256, DiskBytes: 256 << 20}
@@ -283,7 +289,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 
 	s := &Sandbox{
 		ID: newID(), Template: opt.Template, Limits: limits, ReadOnly: opt.ReadOnly,
-		Env: opt.Env, Metadata: opt.Metadata, Created: time.Now(), m: m, state: StateStarting, owner: opt.Owner, pol: pol,
+		Env: opt.Env, Metadata: opt.Metadata, Created: createdNow(), m: m, state: StateStarting, owner: opt.Owner, pol: pol,
 		created: make(chan struct{}),
 	}
 	m.mu.Lock()

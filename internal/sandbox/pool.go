@@ -436,7 +436,7 @@ func (m *Manager) fromPool(ctx context.Context, opt CreateOptions, limits runtim
 	// Until it is in the table the member is ours alone: its life as the
 	// caller's sandbox starts now.
 	s.Metadata, s.Env, s.owner = opt.Metadata, opt.Env, opt.Owner
-	s.Created = time.Now()
+	s.Created = createdNow()
 	s.mu.Lock()
 	s.pol = pol
 	s.mu.Unlock()
