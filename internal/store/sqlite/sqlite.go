@@ -116,7 +116,7 @@ func OpenOptions(ctx context.Context, path string, opt Options) (*DB, error) {
 	if opt.Existing {
 		flags = os.O_RDWR
 	}
-	lock, err := os.OpenFile(path, flags|syscall.O_CLOEXEC, 0o600)
+	lock, err := os.OpenFile(path, flags, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
