@@ -32,9 +32,9 @@ var now = time.Now().UTC().Truncate(time.Microsecond)
 // NUL (JSON's \u0000) and non-ASCII.
 const code = "print('a\x00b')  # é ✓"
 
-// populate fills every table of a SQLite store through its API, and
-// returns what the checks need to know. Each table must get rows here
-// (TestCopy checks), so that its copy is checked.
+// populate fills every table of a SQLite store through its API. Each
+// table must get rows here (TestCopy checks), so that its copy is
+// checked.
 func populate(t *testing.T, ctx context.Context, st store.Store) {
 	t.Helper()
 	must := func(err error) {
@@ -281,7 +281,7 @@ func sourceCounts(t *testing.T, path string) map[string]int64 {
 	return out
 }
 
-// ids lists a table's ids in order, from SQLite (a path) or PostgreSQL.
+// sqliteIDs and pgIDs list a table's ids in order.
 func sqliteIDs(t *testing.T, path, table string) []int64 {
 	t.Helper()
 	db, err := sql.Open("sqlite", "file:"+path)
