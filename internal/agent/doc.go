@@ -21,7 +21,8 @@
 // CodeBadRequest; a panic ends only the connection that caused it.
 //
 // Imports: internal/agentproto, internal/fdpass, internal/osthread (threads locked into a
-// namespace or credentials), the standard library and golang.org/x/sys.
+// namespace or credentials), internal/psi (a cgroup's pressure), the standard library and
+// golang.org/x/sys.
 // Never the server, the engine or internal/kernel: the language drivers
 // reach this package only through the Kernel interface, wired up by
 // cmd/sheepfold-agent.

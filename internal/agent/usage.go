@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/psi"
 )
 
 // The usage op: the sandbox's resource usage, read from the agent's own
@@ -105,7 +106,10 @@ func readV2(d string) (agentproto.Usage, error) {
 	u.Pids, _ = readInt(filepath.Join(d, "pids.current"))
 	denied, _ := readKey(filepath.Join(d, "pids.events"), "max")
 	u.PidsDenied = uint64(max(denied, 0))
-	u.Pressure = readPressure(d)
+	if p := psi.ReadCgroup(d); p != nil {
+		ap := agentproto.Pressure(*p)
+		u.Pressure = &ap
+	}
 	return u, nil
 }
 
@@ -261,60 +265,4 @@ func cpuMax(path string) float64 {
 		return 0
 	}
 	return float64(quota) / float64(period)
-}
-
-// readPressure reads the PSI files of a v2 cgroup; nil when there are
-// none (a kernel without PSI, or booted with psi=0).
-func readPressure(d string) *agentproto.Pressure {
-	var p agentproto.Pressure
-	found := false
-	for _, f := range []struct {
-		file       string
-		some, full *float64
-	}{
-		{"cpu.pressure", &p.CPUSome, nil},
-		{"memory.pressure", &p.MemorySome, &p.MemoryFull},
-		{"io.pressure", &p.IOSome, &p.IOFull},
-	} {
-		b, err := os.ReadFile(filepath.Join(d, f.file))
-		if err != nil {
-			continue
-		}
-		found = true
-		some, full := parsePressure(string(b))
-		*f.some = some
-		if f.full != nil {
-			*f.full = full
-		}
-	}
-	if !found {
-		return nil
-	}
-	return &p
-}
-
-// parsePressure reads the avg10 figures of a PSI file's "some" and "full"
-// lines ("some avg10=1.50 avg60=0.30 avg300=0.06 total=123456").
-func parsePressure(text string) (some, full float64) {
-	for line := range strings.Lines(text) {
-		fields := strings.Fields(line)
-		if len(fields) < 2 {
-			continue
-		}
-		v, ok := strings.CutPrefix(fields[1], "avg10=")
-		if !ok {
-			continue
-		}
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			continue
-		}
-		switch fields[0] {
-		case "some":
-			some = f
-		case "full":
-			full = f
-		}
-	}
-	return some, full
 }

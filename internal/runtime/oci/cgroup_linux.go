@@ -17,6 +17,7 @@ import (
 	cgfs "github.com/opencontainers/cgroups/fs"
 	"golang.org/x/sys/unix"
 
+	"github.com/sheepfold/sheepfold/internal/psi"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
@@ -121,7 +122,10 @@ func (c *cgroups) usage(id string) (runtime.Usage, error) {
 		u.CPULimit = cpuMax(filepath.Join(d, "cpu.max"))
 		u.Pids = readInt(filepath.Join(d, "pids.current"))
 		u.PidsDenied = uint64(readKey(filepath.Join(d, "pids.events"), "max"))
-		u.Pressure = readPressure(d)
+		if p := psi.ReadCgroup(d); p != nil {
+			rp := runtime.Pressure(*p)
+			u.Pressure = &rp
+		}
 		return u, nil
 	}
 	mem := c.controller(id, "memory")
@@ -295,61 +299,6 @@ func (c *cgroups) removeParent() {
 		_ = unix.Rmdir(filepath.Join(m, c.parent))
 		_ = unix.Rmdir(filepath.Join(m, filepath.Dir(c.parent)))
 	}
-}
-
-// readPressure reads a v2 cgroup's PSI files; nil when the kernel keeps
-// none (built without CONFIG_PSI, or booted with psi=0).
-func readPressure(dir string) *runtime.Pressure {
-	var p runtime.Pressure
-	found := false
-	for _, f := range []struct {
-		file       string
-		some, full *float64
-	}{
-		{"cpu.pressure", &p.CPUSome, nil},
-		{"memory.pressure", &p.MemorySome, &p.MemoryFull},
-		{"io.pressure", &p.IOSome, &p.IOFull},
-	} {
-		b, err := os.ReadFile(filepath.Join(dir, f.file))
-		if err != nil {
-			continue
-		}
-		found = true
-		some, full := parsePressure(string(b))
-		*f.some = some
-		if f.full != nil {
-			*f.full = full
-		}
-	}
-	if !found {
-		return nil
-	}
-	return &p
-}
-
-// parsePressure reads the avg10 figures of a PSI file's "some" and "full"
-// lines ("some avg10=1.50 avg60=0.30 avg300=0.06 total=123456").
-func parsePressure(text string) (some, full float64) {
-	for line := range strings.Lines(text) {
-		kind, rest, _ := strings.Cut(strings.TrimSpace(line), " ")
-		for field := range strings.FieldsSeq(rest) {
-			v, ok := strings.CutPrefix(field, "avg10=")
-			if !ok {
-				continue
-			}
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				break
-			}
-			switch kind {
-			case "some":
-				some = f
-			case "full":
-				full = f
-			}
-		}
-	}
-	return some, full
 }
 
 func readInt(path string) int64 {

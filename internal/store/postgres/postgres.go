@@ -191,6 +191,18 @@ func (a *args) add(v any) string {
 	return "$" + strconv.Itoa(len(*a))
 }
 
+// Versions returns the migrations this binary has, in order: the schema
+// version of a database it has migrated.
+func Versions() []string {
+	names, _ := fs.Glob(migrations, "migrations/*.sql")
+	sort.Strings(names)
+	out := make([]string, len(names))
+	for i, name := range names {
+		out[i] = strings.TrimSuffix(strings.TrimPrefix(name, "migrations/"), ".sql")
+	}
+	return out
+}
+
 // Migrations returns the names of the applied migrations, in order.
 func (s *Store) Migrations(ctx context.Context) ([]string, error) {
 	rows, err := s.pool.Query(ctx, `SELECT version FROM schema_migrations ORDER BY version`)

@@ -94,7 +94,7 @@ func TestMigrationsAppliedOnce(t *testing.T) {
 	dsn := pgtest.New(t)
 	s := open(t, dsn)
 	m, err := s.Migrations(ctx)
-	if err != nil || len(m) != migrationFiles(t) || m[0] != "0001_init" {
+	if err != nil || len(m) != migrationFiles(t) || m[0] != "0001_init" || !slices.Equal(m, postgres.Versions()) {
 		t.Fatalf("migrations %v, %v", m, err)
 	}
 	if err := s.CreateKey(ctx, store.Key{ID: "k", Owner: "k", Hash: "h", CreatedAt: time.Now()}); err != nil {

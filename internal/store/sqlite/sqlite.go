@@ -5,6 +5,12 @@
 // migrations/NNNN_name.sql files, applied in order, each in its own
 // transaction, and recorded in schema_migrations.
 //
+// Every DB holds a shared flock(2) on its database file while it is open
+// (SQLite's own locks are fcntl(2) ones, which flock does not touch), so
+// that `sheepfold database copy` (Options.Exclusive) can tell that no
+// other process has the database open, and a server does not start on a
+// database being copied: either is ErrInUse.
+//
 // Imports: internal/store, modernc.org/sqlite and the standard library.
 package sqlite
 
@@ -19,6 +25,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"modernc.org/sqlite" // registers the "sqlite" driver
@@ -56,9 +63,15 @@ func storeErr(what string, err error) error {
 // timeFormat is fixed width so that stored times sort as text.
 const timeFormat = "2006-01-02T15:04:05.000000000Z"
 
+// ErrInUse reports a database file another process holds: one being
+// copied (Options.Exclusive), or, for an exclusive open, one that another
+// process has open.
+var ErrInUse = errors.New("the database is in use by another sheepfold process")
+
 // DB is a SQLite-backed store.Store.
 type DB struct {
-	db *sql.DB
+	db   *sql.DB
+	lock *os.File // the database file, flocked while the DB is open
 }
 
 // Options tune a DB. Zero fields take the defaults in brackets.
@@ -66,6 +79,26 @@ type Options struct {
 	// BusyTimeout is how long a writer waits for another's lock before
 	// store.ErrUnavailable [5s].
 	BusyTimeout time.Duration
+	// Exclusive opens the database only when no other process has it
+	// open (ErrInUse otherwise), and keeps others from opening it until
+	// Close [false].
+	Exclusive bool
+	// Existing opens the database as it is: a missing file is an error
+	// rather than a new database, and no migration is applied
+	// (Migrations tells its version) [false].
+	Existing bool
+}
+
+// Versions returns the migrations this binary has, in order: the schema
+// version of a database it has migrated.
+func Versions() []string {
+	names, _ := fs.Glob(migrations, "migrations/*.sql")
+	sort.Strings(names)
+	out := make([]string, len(names))
+	for i, name := range names {
+		out[i] = strings.TrimSuffix(strings.TrimPrefix(name, "migrations/"), ".sql")
+	}
+	return out
 }
 
 // Open opens (creating if needed) the database at path and migrates it.
@@ -79,14 +112,31 @@ func OpenOptions(ctx context.Context, path string, opt Options) (*DB, error) {
 	// Only root may read the database (keys, tenants' metadata): the file
 	// is made 0600 before SQLite opens it, and SQLite gives its -wal and
 	// -shm files the database file's mode.
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	flags := os.O_CREATE | os.O_RDWR
+	if opt.Existing {
+		flags = os.O_RDWR
+	}
+	lock, err := os.OpenFile(path, flags, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
-	err = f.Chmod(0o600)
-	f.Close()
-	if err != nil {
+	if err := lockFile(lock, opt.Exclusive); err != nil {
+		lock.Close()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	// From here the lock's file stays open until Close, after SQLite's
+	// handles: closing any descriptor of the file would drop the fcntl
+	// locks SQLite holds in this process.
+	ok := false
+	defer func() {
+		if !ok {
+			lock.Close()
+		}
+	}()
+	if !opt.Existing {
+		if err := lock.Chmod(0o600); err != nil {
+			return nil, fmt.Errorf("open database %s: %w", path, err)
+		}
 	}
 	dsn := fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate",
 		path, opt.BusyTimeout.Milliseconds())
@@ -105,16 +155,64 @@ func OpenOptions(ctx context.Context, path string, opt Options) (*DB, error) {
 		db.Close()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
-	d := &DB{db: db}
-	if err := d.migrate(ctx); err != nil {
+	d := &DB{db: db, lock: lock}
+	if opt.Existing {
+		var n int
+		err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&n)
+		if err == nil && n == 0 {
+			err = errors.New("not a sheepfold database (it has no schema_migrations table)")
+		}
+		if err != nil {
+			db.Close()
+			return nil, fmt.Errorf("open database %s: %w", path, err)
+		}
+	} else if err := d.migrate(ctx); err != nil {
 		db.Close()
 		return nil, err
 	}
+	ok = true
 	return d, nil
 }
 
-// Close closes the database.
-func (d *DB) Close() error { return d.db.Close() }
+// lockFile takes a shared or exclusive flock on f without waiting;
+// ErrInUse when another process's lock is in the way.
+func lockFile(f *os.File, exclusive bool) error {
+	how := syscall.LOCK_SH
+	if exclusive {
+		how = syscall.LOCK_EX
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, syscall.EINTR):
+			continue
+		case errors.Is(err, syscall.EWOULDBLOCK):
+			return ErrInUse
+		default:
+			return fmt.Errorf("lock: %w", err)
+		}
+	}
+}
+
+// Close closes the database, then releases its lock.
+func (d *DB) Close() error {
+	err := d.db.Close()
+	return errors.Join(err, d.lock.Close())
+}
+
+// ReadTx runs fn in one transaction of the database, for a consistent
+// view of every table (`sheepfold database copy` reads them raw), and
+// rolls it back: fn is not meant to write.
+func (d *DB) ReadTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return storeErr("begin", err)
+	}
+	defer tx.Rollback()
+	return fn(tx)
+}
 
 // Migrations returns the names of the applied migrations, in order.
 func (d *DB) Migrations(ctx context.Context) ([]string, error) {
