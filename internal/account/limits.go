@@ -1,9 +1,13 @@
 // Package account keeps what the server knows about accounts while it
 // runs: each account's effective limits (the server's defaults overridden
 // per account), its request and execution token buckets, its running
-// sandboxes, its usage this month and its credit balance. Every check on
-// the request path is in memory; the store is the record, read at start
-// and refreshed in the background.
+// sandboxes, its usage this month and its credit balance. On a server
+// alone with its store (SQLite) every check on the request path is in
+// memory; the store is the record, read at start and refreshed in the
+// background. Servers sharing a store (Config.SharedStore) count what
+// must hold across them there too: the concurrent cap and the monthly
+// executions (store.AdmissionStore), and the requests and executions per
+// minute (store.RateStore; ratelimit.Stored gives their results).
 //
 // Imports: internal/store, internal/apierr, internal/ratelimit (the token
 // buckets) and the standard library.

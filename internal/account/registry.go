@@ -38,9 +38,10 @@ type Config struct {
 	SecurityAlertSeverity string `toml:"security_alert_severity"`
 	// SharedStore says other servers share the store (PostgreSQL): the
 	// concurrent cap and the monthly executions quota are then counted
-	// in the store too, one transaction each. A store of one server
-	// (SQLite) leaves them to this server's exact in-memory counts, off
-	// the execution's path.
+	// in the store too, one transaction each, and the per-minute
+	// requests and executions in the store only (store.RateStore, one
+	// statement each). A store of one server (SQLite) leaves them to
+	// this server's exact in-memory counts, off the request's path.
 	SharedStore bool `toml:"-"`
 }
 
@@ -90,10 +91,12 @@ func (u *Usage) add(d Usage) {
 }
 
 // Store is what the registry reads and counts in: accounts, usage and
-// credits, and the admissions every server sharing the store must see.
+// credits, and the admissions and rates every server sharing the store
+// must see.
 type Store interface {
 	store.AccountStore
 	store.AdmissionStore
+	store.RateStore
 }
 
 // storeTimeout bounds an admission's round trip to the store.
@@ -267,12 +270,53 @@ func (a *Account) Limits() (Limits, Overrides) {
 // per-minute budget.
 type RateResult = ratelimit.Result
 
-// AllowRequest takes one API request from the account's budget.
-func (a *Account) AllowRequest() RateResult {
+// AllowRequest takes one API request from the account's budget: the
+// result says whether it is allowed, and the error is the store's when
+// the budget is counted there (Config.SharedStore) and could not be (see
+// rateError).
+func (a *Account) AllowRequest(ctx context.Context) (RateResult, error) {
 	now := a.r.now()
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.requests.Take(now, a.limits.RequestsPerMinute)
+	limit := a.limits.RequestsPerMinute
+	if !a.r.cfg.SharedStore || limit <= 0 {
+		res := a.requests.Take(now, limit)
+		a.mu.Unlock()
+		return res, nil
+	}
+	a.mu.Unlock()
+	return a.takeShared(ctx, "requests", limit, now)
+}
+
+// takeShared takes one token from the account's what bucket of limit a
+// minute in the store, which every server sharing it counts in.
+//
+// A take the store cannot count fails closed: the request or execution is
+// refused with the store's error, which the server answers as any other
+// it cannot reach its store for (ERR_STORAGE_UNAVAILABLE, 503, Retry-After
+// 1, when the database is busy or unreachable; ERR_INTERNAL otherwise).
+// Its key was read from the same store a moment before (internal/auth),
+// so a server that fails here could not have served it anyway, and
+// failing open would lift the limit for every server exactly when the
+// database is under strain.
+func (a *Account) takeShared(ctx context.Context, what string, limit int64, now time.Time) (RateResult, error) {
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	t, err := a.r.st.TakeRate(ctx, what+"/"+a.ID, 1, limit, ratelimit.Interval(limit), now)
+	if err != nil {
+		return RateResult{}, rateError(parent, what, err)
+	}
+	return ratelimit.Stored(now, t.Full, t.Allowed, limit, 1), nil
+}
+
+// rateError is the error of a per-minute budget the store could not count.
+func rateError(parent context.Context, what string, err error) error {
+	if errors.Is(err, store.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) && parent.Err() == nil {
+		// The database is busy, failing or out of reach (storeTimeout).
+		return &apierr.Error{Code: apierr.StorageUnavailable, RetryAfter: time.Second, Err: err,
+			Message: fmt.Sprintf("the %s per minute could not be counted: the server's database is busy or unavailable; retry later", what)}
+	}
+	return fmt.Errorf("count %s per minute: %w", what, err)
 }
 
 // RateLimitError is the error of a refused request.
@@ -309,6 +353,15 @@ func (a *Account) checkMonthly(now time.Time, executions bool) error {
 		return quotaError("executions", l.MonthlyExecutions, now)
 	}
 	return nil
+}
+
+// checkWork refuses work when credits or a monthly quota are used up; a.mu
+// is held.
+func (a *Account) checkWork(now time.Time, execution bool) error {
+	if err := a.checkCredits(); err != nil {
+		return err
+	}
+	return a.checkMonthly(now, execution)
 }
 
 // checkCredits refuses when credits are enforced and used up; a.mu is held.
@@ -398,21 +451,34 @@ func (a *Account) Running() int64 {
 // admitted execution against the monthly executions quota (the meter
 // records it per sandbox; Accrue does not count executions again).
 //
-// With a monthly executions quota and a shared store
-// (Config.SharedStore), the store counts the execution too: the quota
-// holds across servers.
+// With a shared store (Config.SharedStore) the per-minute budget is
+// counted there (failing closed: takeShared), and with a monthly
+// executions quota the store counts the execution too: both hold across
+// servers.
 func (a *Account) AdmitWork(execution bool) error {
 	now := a.r.now()
 	a.mu.Lock()
-	if err := a.checkCredits(); err != nil {
+	if err := a.checkWork(now, execution); err != nil {
 		a.mu.Unlock()
 		return err
 	}
-	if err := a.checkMonthly(now, execution); err != nil {
+	if limit := a.limits.ExecutionsPerMinute; limit > 0 && a.r.cfg.SharedStore {
+		// The store's bucket, without holding a.mu; then the checks
+		// again, and the count, in one step.
 		a.mu.Unlock()
-		return err
-	}
-	if limit := a.limits.ExecutionsPerMinute; limit > 0 {
+		res, err := a.takeShared(context.Background(), "executions", limit, now)
+		if err != nil {
+			return err
+		}
+		if !res.Allowed {
+			return RateLimitError(res, "executions")
+		}
+		a.mu.Lock()
+		if err := a.checkWork(now, execution); err != nil {
+			a.mu.Unlock()
+			return err
+		}
+	} else if limit > 0 {
 		if res := a.executions.Take(now, limit); !res.Allowed {
 			a.mu.Unlock()
 			return RateLimitError(res, "executions")

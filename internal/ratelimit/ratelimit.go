@@ -3,6 +3,15 @@
 // a sandbox's executions under its policy's rate_limiting
 // (internal/sandbox). It does no locking and reads no clock: callers hold
 // their own lock and pass the time, so tests drive it with a fake clock.
+//
+// Bucket counts in memory, for one server. Servers sharing a store count
+// an account's buckets there (store.RateStore): the same bucket, kept as
+// the time it is full again (the generic cell rate algorithm), which
+// Stored turns into the Result that Bucket.Take gives. The two differ
+// only in rounding (Bucket counts float tokens, the store whole
+// nanoseconds of Interval) and when a limit changes: Bucket keeps its
+// tokens (cut to the new limit), the store its time to full (so the same
+// wait leaves fewer tokens under a lower limit).
 package ratelimit
 
 import (
@@ -51,5 +60,31 @@ func (b *Bucket) Take(now time.Time, perMinute int64) Result {
 	}
 	res.Remaining = int64(math.Floor(b.tokens))
 	res.Reset = time.Duration((capacity - b.tokens) / rate * float64(time.Second))
+	return res
+}
+
+// Interval is the time a bucket of perMinute tokens takes to get one
+// back, in whole nanoseconds, rounded down so that perMinute intervals fit
+// in a minute (a full bucket holds perMinute tokens); at least 1 ns.
+// perMinute must be positive.
+func Interval(perMinute int64) time.Duration {
+	return max(time.Minute/time.Duration(perMinute), time.Nanosecond)
+}
+
+// Stored is the Result of taking n tokens at now from a bucket of
+// perMinute tokens (perMinute > 0) kept as the time it is full again:
+// full and allowed as the store's take gave them (store.RateStore), full
+// after the take. Each Interval(perMinute) between now and full is one
+// token missing.
+func Stored(now, full time.Time, allowed bool, perMinute, n int64) Result {
+	every := Interval(perMinute)
+	span := time.Duration(perMinute) * every // empty to full
+	missing := max(full.Sub(now), 0)
+	res := Result{Allowed: allowed, Limit: perMinute, Reset: missing,
+		Remaining: max(int64((span-missing)/every), 0)}
+	if !allowed {
+		// Until n tokens are back.
+		res.RetryAfter = max(missing+time.Duration(n)*every-span, 0)
+	}
 	return res
 }

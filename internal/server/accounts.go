@@ -49,7 +49,10 @@ func (s *Server) limitRequest(w http.ResponseWriter, r *http.Request, p auth.Pri
 	if err != nil {
 		return err
 	}
-	res := a.AllowRequest()
+	res, err := a.AllowRequest(r.Context())
+	if err != nil {
+		return err
+	}
 	if res.Limit > 0 {
 		h := w.Header()
 		h.Set("X-RateLimit-Limit", strconv.FormatInt(res.Limit, 10))

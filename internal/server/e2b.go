@@ -31,7 +31,11 @@ func (b e2bBackend) Authenticate(ctx context.Context, key string) (string, strin
 	if err != nil {
 		return "", "", classify(err)
 	}
-	if res := a.AllowRequest(); !res.Allowed {
+	res, err := a.AllowRequest(ctx)
+	if err != nil {
+		return "", "", classify(err)
+	}
+	if !res.Allowed {
 		return "", "", account.RateLimitError(res, "requests")
 	}
 	return p.Owner, p.KeyID, nil

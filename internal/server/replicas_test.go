@@ -35,7 +35,7 @@ func shared(c *sandbox.Config) { c.Shared = true }
 // derives it from the agents' authority).
 var replicaKey = []byte("0123456789abcdef0123456789abcdef")
 
-func newReplica(t *testing.T, e *env) *replica {
+func newReplica(t *testing.T, e *env, opts ...func(*server.Config)) *replica {
 	t.Helper()
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, e.dbPath)
@@ -49,7 +49,11 @@ func newReplica(t *testing.T, e *env) *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(server.Config{Version: "test", Events: bus, PreviewKey: replicaKey}, st, m, log)
+	cfg := server.Config{Version: "test", Events: bus, PreviewKey: replicaKey}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	srv := server.New(cfg, st, m, log)
 	hs := httptest.NewServer(srv)
 	r := &replica{env: &env{t: t, srv: srv, url: hs.URL, store: st, dbPath: e.dbPath, engine: m, rt: e.rt, bus: bus,
 		keyA: e.keyA, keyB: e.keyB}}

@@ -119,8 +119,8 @@ type Config struct {
 	// in flight run (sheepfold serve --shutdown-timeout) [10s].
 	ShutdownTimeout time.Duration
 	// Retention is how long records of stopped sandboxes and executions
-	// are kept [7 days]; PruneInterval is how often older ones are
-	// deleted [1h].
+	// are kept [7 days]; PruneInterval is how often older ones (and rate
+	// buckets full again) are deleted [1h].
 	Retention     time.Duration
 	PruneInterval time.Duration
 	// Events is the bus the engine emits to (its Config.Events): the
@@ -442,8 +442,18 @@ func (s *Server) recordStop(ctx context.Context, b *box) {
 	}
 }
 
-// prune deletes the records older than the retention period.
+// rateGrace is how long after a rate bucket is full again it is
+// deleted: servers sharing the store may keep slightly different clocks.
+const rateGrace = time.Minute
+
+// prune deletes the records older than the retention period, and the
+// rate buckets (store.RateStore) full again, which no longer count.
 func (s *Server) prune(ctx context.Context) {
+	if n, err := s.store.DeleteRatesBefore(ctx, time.Now().Add(-rateGrace)); err != nil {
+		s.log.Warn("prune rate buckets", "err", err)
+	} else if n > 0 {
+		s.log.Debug("pruned rate buckets", "buckets", n)
+	}
 	ns, ne, err := s.store.DeleteStoppedBefore(ctx, time.Now().Add(-s.cfg.Retention))
 	if err != nil {
 		s.log.Warn("prune old records", "err", err)

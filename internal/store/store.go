@@ -153,6 +153,7 @@ type Store interface {
 
 	AccountStore
 	AdmissionStore
+	RateStore
 	ModelStore
 
 	Close() error

@@ -59,6 +59,17 @@ func TestAdmission(t *testing.T) {
 	storetest.Admission(t, a, b)
 }
 
+// TestRates: two servers' stores on one database count rate limits
+// together.
+func TestRates(t *testing.T) {
+	t.Parallel()
+	dsn := pgtest.New(t)
+	a, b := open(t, dsn), open(t, dsn)
+	defer a.Close()
+	defer b.Close()
+	storetest.Rates(t, a, b)
+}
+
 // TestMigrationsInLockstep: both stores have the same migrations, by
 // number and name, so that a schema change is made in both.
 func TestMigrationsInLockstep(t *testing.T) {
