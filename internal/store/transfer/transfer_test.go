@@ -118,6 +118,13 @@ func populate(t *testing.T, ctx context.Context, st store.Store) {
 	must(st.ReserveSandbox(ctx, "acct-b", "create-1", 5, now))
 	must(st.CountExecution(ctx, "acct-a", month, 100))
 	must(st.CountExecution(ctx, "acct-a", month, 100))
+
+	// rate_buckets: acct-a's requests bucket (3 a minute), emptied.
+	for range 3 {
+		if r, err := st.TakeRate(ctx, "requests/acct-a", 1, 3, 20*time.Second, now); err != nil || !r.Allowed {
+			t.Fatalf("take: %+v, %v", r, err)
+		}
+	}
 }
 
 // records is what a store's API shows of everything populate wrote.
@@ -385,6 +392,11 @@ func TestCopy(t *testing.T) {
 	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
 	if err := pg.CountExecution(ctx, "acct-a", month, 4); !errors.Is(err, store.ErrLimit) {
 		t.Errorf("count at a quota of 4 after 4 counted: %v, want ErrLimit", err)
+	}
+
+	// The rate bucket: acct-a's, empty at now, refuses a fourth take.
+	if r, err := pg.TakeRate(ctx, "requests/acct-a", 1, 3, 20*time.Second, now); err != nil || r.Allowed {
+		t.Errorf("a take from the copied empty bucket: %+v, %v; want refused", r, err)
 	}
 
 	// New rows take ids past the copied ones, and past the event SQLite
