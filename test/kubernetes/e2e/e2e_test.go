@@ -319,10 +319,9 @@ func TestSandboxesAsPods(t *testing.T) {
 
 	replicaA = replicaKill(t, srv, replicaA, ids[0], func() *server { return startServer(t, bin, "replica-a2", addrA, key, argsA...) })
 
-	// The official E2B SDKs' suite, on one replica. (Through both, five
-	// of its tests fail yet: per-replica execution counts, list pages,
-	// a kill's error on a stream another replica serves.)
-	nodejs.E2BSuite(t, e2bDir, replicaA.url, e2bKey, nil)
+	// The official E2B SDKs' suite through the balancer: every request
+	// of it may land on either replica.
+	nodejs.E2BSuite(t, e2bDir, srv.url, e2bKey, nil)
 
 	// Node loss through replica A, which reaches agents at their Pod IPs
 	// (through port-forward, B's way, a Pod whose kubelet is down is out
