@@ -6,7 +6,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 PYTHON := /usr/bin/python3
 export SHEEPFOLD_DATA_DIR := $(DATA_DIR)
 
-.PHONY: help setup build template run test test-unit test-cgroupv2 lint proto bench deb install clean ui ui-check kubernetes-cluster test-kubernetes
+.PHONY: help setup build template run test test-unit test-cgroupv2 lint proto bench deb install clean ui ui-check kubernetes-cluster test-kubernetes bench-kubernetes
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -66,6 +66,9 @@ kubernetes-cluster: setup ## build the test Kubernetes cluster's binaries and im
 
 test-kubernetes: kubernetes-cluster template ## a real two-node Kubernetes cluster on this host: up, smoke test, serve --backend kubernetes end to end, down (always), host restored (test/kubernetes)
 	test/kubernetes/test.sh
+
+bench-kubernetes: kubernetes-cluster template ## the test cluster up, a Kubernetes-backed server measured by `sheepfold bench --url --local-baseline` (pool hit ×local, warm 1+1), down
+	SHEEPFOLD_KUBE_BENCH=1 test/kubernetes/test.sh
 
 NFPM := github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.48.0
 DEB_VERSION := 0.0~$(subst -,.,$(VERSION))

@@ -20,9 +20,10 @@
 // the socket, not the files in the sandbox. Malformed input gets a Done with
 // CodeBadRequest; a panic ends only the connection that caused it.
 //
-// Imports: internal/agentproto, internal/fdpass, internal/osthread (threads locked into a
-// namespace or credentials), internal/psi (a cgroup's pressure), the standard library and
-// golang.org/x/sys.
+// Imports: internal/agentproto, internal/fdpass, internal/osthread
+// (threads locked into a namespace or credentials), internal/psi (a
+// cgroup's pressure), internal/homeseed (a Pod's home, scratch_linux.go),
+// the standard library and golang.org/x/sys.
 // Never the server, the engine or internal/kernel: the language drivers
 // reach this package only through the Kernel interface, wired up by
 // cmd/sheepfold-agent.

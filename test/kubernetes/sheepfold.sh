@@ -32,8 +32,13 @@ echo "sheepfold.sh: image imported into both nodes in $(($(date +%s%3N) - t)) ms
 rm -f "$archive"
 
 cd "$REPO"
-SHEEPFOLD_E2E_KUBECONFIG=$KUBECONFIG_ADMIN SHEEPFOLD_E2E_IMAGE=$image SHEEPFOLD_E2E_BIN=$BIN_SF SHEEPFOLD_E2E_CLUSTER=$CLUSTER SHEEPFOLD_E2E_E2B_DIR=$REPO/test/e2b \
-	go test -tags kubernetes_e2e -count=1 -v -timeout 30m ./test/kubernetes/e2e/
+export SHEEPFOLD_E2E_KUBECONFIG=$KUBECONFIG_ADMIN SHEEPFOLD_E2E_IMAGE=$image SHEEPFOLD_E2E_BIN=$BIN_SF SHEEPFOLD_E2E_CLUSTER=$CLUSTER SHEEPFOLD_E2E_E2B_DIR=$REPO/test/e2b
+if [ "${SHEEPFOLD_KUBE_BENCH:-}" = 1 ]; then
+	# make bench-kubernetes: the bench instead of the e2e test.
+	go test -tags 'kubernetes_e2e kubernetes_bench' -count=1 -v -timeout 30m -run '^TestBenchPods$' ./test/kubernetes/e2e/
+	exit
+fi
+go test -tags kubernetes_e2e -count=1 -v -timeout 30m ./test/kubernetes/e2e/
 
 # The manifests of deploy/kubernetes are valid for this API server (a
 # server-side dry run: nothing is made).
