@@ -226,3 +226,80 @@ func TestReplicasE2B(t *testing.T) {
 	}
 	want(t, b.e2bDo("DELETE", "/sandboxes/"+closed.ID, b.keyA, nil), http.StatusNoContent, "")
 }
+
+// TestReplicasEndExecutionsOfStoppedReplicas: the collector ends the
+// executions a replica that died recorded as running, and never those of
+// a live replica; a replica that stops ends its own at once.
+func TestReplicasEndExecutionsOfStoppedReplicas(t *testing.T) {
+	t.Parallel()
+	a := newEnv(t, server.Config{CollectInterval: time.Hour, PreviewKey: replicaKey}, shared)
+	b := newReplica(t, a)
+	ctx := context.Background()
+	if a.srv.Replica() == "" || a.srv.Replica() == b.srv.Replica() {
+		t.Fatalf("replica names %q and %q", a.srv.Replica(), b.srv.Replica())
+	}
+	// One execution running on each replica, each in a sandbox of its own.
+	long := map[string]any{"code": "import time\nprint('started', flush=True)\ntime.sleep(60)"}
+	onA, onB := a.create(a.keyA, map[string]any{"timeout": 120}), b.create(b.keyA, map[string]any{"timeout": 120})
+	restA := a.openNDJSON("POST", "/v1/sandboxes/"+onA+"/execute", long, stdoutHas("started"))
+	restB := b.openNDJSON("POST", "/v1/sandboxes/"+onB+"/execute", long, stdoutHas("started"))
+	record := func(sandbox string) store.Execution {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			l, err := a.store.ListExecutions(ctx, sandbox)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(l) == 1 { // its first write is beside the execution
+				return l[0]
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("executions of %s: %+v", sandbox, l)
+			}
+		}
+	}
+	if ra, rb := record(onA), record(onB); ra.Status != store.ExecutionRunning || rb.Status != store.ExecutionRunning {
+		t.Fatalf("records %+v, %+v; want both running", ra, rb)
+	}
+	// While both live, collecting ends nothing.
+	a.srv.Collect()
+	b.srv.Collect()
+	if ra, rb := record(onA), record(onB); ra.Status != store.ExecutionRunning || rb.Status != store.ExecutionRunning {
+		t.Fatalf("after collecting with both alive: %+v, %+v", ra, rb)
+	}
+	// B dies: its heartbeat lapses (its renewals are an hour apart). A's
+	// collector ends B's execution, and not its own.
+	if err := a.store.Heartbeat(ctx, b.srv.Replica(), time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	a.srv.Collect()
+	if rb := record(onB); rb.Status != store.ExecutionError || rb.ErrorCode != "ERR_INTERNAL" || rb.Error != "the server running it stopped" {
+		t.Fatalf("the dead replica's execution: %+v", rb)
+	}
+	if ra := record(onA); ra.Status != store.ExecutionRunning {
+		t.Fatalf("the live replica's execution: %+v", ra)
+	}
+	// A replica that stops ends what it still records as running.
+	c := newReplica(t, a)
+	if err := a.store.AddExecution(ctx, store.Execution{ID: "cut-by-stop", SandboxID: "sb-of-c", Owner: "o", Replica: c.srv.Replica(),
+		Status: store.ExecutionRunning, CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+	if rc := record("sb-of-c"); rc.Status != store.ExecutionError || rc.Error != "the server running it stopped" {
+		t.Fatalf("the stopped replica's execution: %+v", rc)
+	}
+	if ra := record(onA); ra.Status != store.ExecutionRunning {
+		t.Fatalf("the live replica's execution after another stopped: %+v", ra)
+	}
+	for _, id := range []string{onA, onB} {
+		want(t, a.do("DELETE", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusNoContent, "")
+	}
+	for _, rest := range []<-chan ndjsonRest{restA, restB} {
+		select {
+		case <-rest:
+		case <-time.After(15 * time.Second):
+			t.Fatal("an execution's stream did not end with its sandbox")
+		}
+	}
+}
