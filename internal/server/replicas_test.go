@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
@@ -37,6 +38,13 @@ var replicaKey = []byte("0123456789abcdef0123456789abcdef")
 
 func newReplica(t *testing.T, e *env) *replica {
 	t.Helper()
+	return newReplicaWith(t, e, server.Config{})
+}
+
+// newReplicaWith is newReplica with cfg (its Version, Events and
+// PreviewKey are set here).
+func newReplicaWith(t *testing.T, e *env, cfg server.Config) *replica {
+	t.Helper()
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, e.dbPath)
 	if err != nil {
@@ -49,7 +57,8 @@ func newReplica(t *testing.T, e *env) *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(server.Config{Version: "test", Events: bus, PreviewKey: replicaKey}, st, m, log)
+	cfg.Version, cfg.Events, cfg.PreviewKey = "test", bus, replicaKey
+	srv := server.New(cfg, st, m, log)
 	hs := httptest.NewServer(srv)
 	r := &replica{env: &env{t: t, srv: srv, url: hs.URL, store: st, dbPath: e.dbPath, engine: m, rt: e.rt, bus: bus,
 		keyA: e.keyA, keyB: e.keyB}}
@@ -301,5 +310,85 @@ func TestReplicasEndExecutionsOfStoppedReplicas(t *testing.T) {
 		case <-time.After(15 * time.Second):
 			t.Fatal("an execution's stream did not end with its sandbox")
 		}
+	}
+}
+
+// TestReplicasMeterOnce: a sandbox two replicas hold is metered once (its
+// CPU-seconds and GB-seconds are not counted twice), and goes on being
+// metered, from where its creator's last flush left it, when its creator
+// dies; its last usage is counted when another replica kills it.
+func TestReplicasMeterOnce(t *testing.T) {
+	t.Parallel()
+	mcfg := metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond}
+	a := newEnv(t, server.Config{PreviewKey: replicaKey, Metering: mcfg}, shared)
+	b := newReplicaWith(t, a, server.Config{Metering: mcfg})
+	ctx := context.Background()
+	const s = int64(time.Second)
+	created := time.Now()
+	id := b.create(b.keyA, map[string]any{"timeout": 120})
+	want(t, a.do("GET", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusOK, "") // A adopts it
+	stored := func() store.UsageRow {
+		t.Helper()
+		rows, err := a.store.QueryUsage(ctx, store.UsageFilter{SandboxID: id, GroupBy: store.GroupNone})
+		if err != nil || len(rows) > 1 {
+			t.Fatalf("usage %+v, %v", rows, err)
+		}
+		if len(rows) == 0 {
+			return store.UsageRow{}
+		}
+		return rows[0]
+	}
+	waitCPU := func(cpu int64) store.UsageRow {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if u := stored(); u.CPUNanos == cpu {
+				return u
+			} else if time.Now().After(deadline) {
+				t.Fatalf("stored usage %+v; want %d CPU-ns", u, cpu)
+			}
+		}
+	}
+	// Wall time (and the GB-seconds reserved, its multiple) counted once
+	// is at most the time since the create, and not much less.
+	once := func(u store.UsageRow, elapsed time.Duration) {
+		t.Helper()
+		wall := time.Duration(u.WallNanos)
+		if wall > elapsed || wall < elapsed-time.Second {
+			t.Fatalf("%v of wall time metered in %v: %+v", wall, elapsed, u)
+		}
+		if gb := u.GBSecondsReserved / wall.Seconds(); gb <= 0 || gb > 64 {
+			t.Fatalf("GB-seconds reserved %v for %v of wall time", u.GBSecondsReserved, wall)
+		}
+	}
+
+	// Both hold it: its CPU counter's 10 s are counted once, however
+	// many flushes both make.
+	a.rt.SetUsed(runtime.Usage{CPUNanos: uint64(10 * s), MemoryBytes: 1 << 30})
+	waitCPU(10 * s)
+	time.Sleep(500 * time.Millisecond)
+	u := waitCPU(10 * s)
+	once(u, time.Since(created))
+	gbPerSecond := u.GBSecondsReserved / time.Duration(u.WallNanos).Seconds()
+
+	// B, its creator and meter, dies: it reaches the store no more (what
+	// it sampled since its last flush is lost with it). A takes the lease
+	// once it lapsed and meters from B's last flush on.
+	if err := b.store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a.rt.SetUsed(runtime.Usage{CPUNanos: uint64(25 * s), MemoryBytes: 1 << 30})
+	once(waitCPU(25*s), time.Since(created))
+	b.close()
+	a.rt.SetUsed(runtime.Usage{CPUNanos: uint64(30 * s), MemoryBytes: 1 << 30})
+	waitCPU(30 * s)
+
+	// Killed through A: its last sample is counted, nothing after.
+	want(t, a.do("DELETE", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusNoContent, "")
+	elapsed := time.Since(created)
+	time.Sleep(300 * time.Millisecond)
+	u = waitCPU(30 * s)
+	once(u, elapsed)
+	if gb := u.GBSecondsReserved / time.Duration(u.WallNanos).Seconds(); gb < gbPerSecond*0.999 || gb > gbPerSecond*1.001 {
+		t.Fatalf("GB-seconds reserved per second: %v, then %v", gbPerSecond, gb)
 	}
 }

@@ -312,6 +312,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	mcfg := cfg.Metering
 	mcfg.Logger = log
 	mcfg.AfterFlush = s.afterFlush
+	mcfg.Replica = s.replica
 	s.meter = metering.New(mcfg, st, s.accounts)
 	if m != nil {
 		s.installHooks()

@@ -228,10 +228,13 @@ func (s *Server) adopt(ctx context.Context, rec store.Sandbox) (*box, error) {
 	}
 	if !s.cfg.NoAccounting {
 		if a, err := s.accounts.Get(ctx, rec.Owner); err == nil {
-			// Counted, not metered: its creator meters it.
+			// Counted, and metered by whichever replica holds its
+			// meter lease (internal/metering).
 			a.HoldSandbox()
 			s.tenants.Store(rec.ID, &tenant{acct: a})
+			s.meter.Adopt(sb, a)
 			if st := sb.State(); st == sandbox.StateStopping || st == sandbox.StateStopped {
+				s.meter.Stop(sb)
 				s.release(rec.ID)
 			}
 		}
