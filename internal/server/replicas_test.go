@@ -392,3 +392,38 @@ func TestReplicasMeterOnce(t *testing.T) {
 		t.Fatalf("GB-seconds reserved per second: %v, then %v", gbPerSecond, gb)
 	}
 }
+
+// TestReplicasMeterAfterStop: a replica that stops lets go of the meter
+// leases of the sandboxes it held (they run on), and another goes on
+// metering them from where it stopped.
+func TestReplicasMeterAfterStop(t *testing.T) {
+	t.Parallel()
+	mcfg := metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond}
+	a := newEnv(t, server.Config{PreviewKey: replicaKey, Metering: mcfg}, shared)
+	b := newReplicaWith(t, a, server.Config{Metering: mcfg})
+	ctx := context.Background()
+	id := b.create(b.keyA, map[string]any{"timeout": 120})
+	want(t, a.do("GET", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusOK, "")
+	cpu := func(want uint64) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			rows, err := a.store.QueryUsage(ctx, store.UsageFilter{SandboxID: id, GroupBy: store.GroupNone})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rows) == 1 && uint64(rows[0].CPUNanos) == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("usage %+v; want %d CPU-ns", rows, want)
+			}
+		}
+	}
+	a.rt.SetUsed(runtime.Usage{CPUNanos: 3e9})
+	cpu(3e9)
+	b.close() // its sandbox runs on
+	a.rt.SetUsed(runtime.Usage{CPUNanos: 7e9})
+	cpu(7e9)
+	want(t, a.do("DELETE", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusNoContent, "")
+	cpu(7e9)
+}
