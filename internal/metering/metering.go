@@ -383,14 +383,15 @@ func (m *Meter) Flush(ctx context.Context) error {
 	}
 	now := time.Now()
 	m.takeLeases(ctx, now)
-	// A flush refused for lost leases is made again without them (a
-	// third loss in a row, a race with takers, waits for the next flush).
-	for range 2 {
-		if err := m.flush(ctx, m.leases(now)); !m.lostLeases(err) {
+	// A flush refused for lost leases is made again without them (after
+	// a third loss in a row, a race with takers, the rest waits for the
+	// next flush).
+	for try := 1; ; try++ {
+		err := m.flush(ctx, m.leases(now))
+		if !m.lostLeases(err) || try == 3 {
 			return err
 		}
 	}
-	return m.flush(ctx, m.leases(now))
 }
 
 // flush writes every pending delta, the cost accrued since the last flush

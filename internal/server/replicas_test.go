@@ -427,3 +427,51 @@ func TestReplicasMeterAfterStop(t *testing.T) {
 	want(t, a.do("DELETE", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusNoContent, "")
 	cpu(7e9)
 }
+
+// TestReplicasMeterLeaseLost: a replica whose meter lease another took
+// (it was too slow to renew it) writes nothing more of the sandbox, and
+// the next holder goes on from the counters the lease holds.
+func TestReplicasMeterLeaseLost(t *testing.T) {
+	t.Parallel()
+	mcfg := metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond}
+	a := newEnv(t, server.Config{PreviewKey: replicaKey, Metering: mcfg}, shared)
+	b := newReplicaWith(t, a, server.Config{Metering: mcfg})
+	ctx := context.Background()
+	id := b.create(b.keyA, map[string]any{"timeout": 120})
+	want(t, a.do("GET", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusOK, "")
+	stored := func() int64 {
+		rows, err := a.store.QueryUsage(ctx, store.UsageFilter{SandboxID: id, GroupBy: store.GroupNone})
+		if err != nil || len(rows) > 1 {
+			t.Fatalf("usage %+v, %v", rows, err)
+		}
+		if len(rows) == 0 {
+			return 0
+		}
+		return rows[0].CPUNanos
+	}
+	a.rt.SetUsed(runtime.Usage{CPUNanos: 2e9})
+	for deadline := time.Now().Add(10 * time.Second); stored() != 2e9; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stored CPU %d, want 2e9", stored())
+		}
+	}
+	// A third party takes the lease as if its holder's had lapsed, for a
+	// second: both replicas' samples of that second are not counted.
+	l, held, err := a.store.TakeMeterLease(ctx, store.MeterLease{SandboxID: id, Replica: "thief", Until: time.Now().Add(time.Second)},
+		time.Now().Add(time.Hour))
+	if err != nil || !held || l.CPUNanos != 2e9 {
+		t.Fatalf("take the lease: %+v, %v, %v", l, held, err)
+	}
+	a.rt.SetUsed(runtime.Usage{CPUNanos: 5e9})
+	time.Sleep(600 * time.Millisecond)
+	if cpu := stored(); cpu != 2e9 {
+		t.Fatalf("stored CPU %d while neither replica held the lease; want 2e9", cpu)
+	}
+	// Once it lapsed, a replica takes it and counts from its counters.
+	for deadline := time.Now().Add(10 * time.Second); stored() != 5e9; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stored CPU %d after the lease lapsed, want 5e9", stored())
+		}
+	}
+	want(t, a.do("DELETE", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusNoContent, "")
+}
