@@ -24,7 +24,7 @@ import (
 //     gives back to the account what it had accrued (refund).
 //   - The others keep a standby tracker: they count the executions,
 //     commands and egress requests made through them (events of their
-//     own, counted once wherever they happen), and at every flush try to
+//     own, counted once wherever they happen), and at flushes try to
 //     take the lease; they get it once it lapsed (its holder died or
 //     stopped) and go on sampling from the counters it holds. So what a
 //     dead holder had sampled and not flushed is counted by its
@@ -39,6 +39,15 @@ import (
 //     again); one that only lets go of it (the replica stops) makes it
 //     lapse at once. A standby tracker tries to take a lease once the
 //     holder's last renewal it saw would lapse, not at every flush.
+//
+// Why a lease and not compare-and-set of the counters by every replica:
+// both are exactly once, but with a lease one replica samples each
+// sandbox, as on one box, instead of every replica sampling it and all
+// but one having their flush refused. That nothing is counted twice
+// rests on the store's checks of the holder, never on clocks: replicas'
+// clocks apart by more than a lease would only have leases change hands
+// too early (a refused flush, a refund), and a replica too slow to
+// renew likewise.
 //
 // On one box (Replica "") none of this runs: every tracker samples, and
 // flushes write no lease.
