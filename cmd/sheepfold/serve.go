@@ -279,7 +279,8 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	}()
 	// On Kubernetes, sandboxes outlive every replica and the others
 	// serve them meanwhile: records stay, and the collector ends those
-	// whose Pod is gone (internal/server/shared.go).
+	// whose Pod is gone, and the executions of replicas whose heartbeat
+	// lapsed (internal/server/shared.go).
 	shared := kube != nil
 	if !shared {
 		if n, err := st.StopAllRunning(ctx, "server restarted", time.Now()); err != nil {

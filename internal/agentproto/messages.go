@@ -293,15 +293,15 @@ type Violation struct {
 type Event struct {
 	Type string `json:"type"`
 
-	PID    int        `json:"pid,omitempty"`
+	PID int `json:"pid,omitempty"`
 	// ExecutionCount numbers an execution in its context (1 for the
 	// first since the context started or restarted), in its EventStart.
-	ExecutionCount int64 `json:"execution_count,omitempty"`
-	Data   []byte     `json:"data,omitempty"`
-	Result *Result    `json:"result,omitempty"`
-	Error  *ExecError `json:"error,omitempty"`
-	Entry  *FileInfo  `json:"entry,omitempty"`
-	FS     *FSEvent   `json:"fs,omitempty"` // EventFS
+	ExecutionCount int64      `json:"execution_count,omitempty"`
+	Data           []byte     `json:"data,omitempty"`
+	Result         *Result    `json:"result,omitempty"`
+	Error          *ExecError `json:"error,omitempty"`
+	Entry          *FileInfo  `json:"entry,omitempty"`
+	FS             *FSEvent   `json:"fs,omitempty"` // EventFS
 	// Dropped describes what an EventDropped stands for.
 	Dropped *Dropped `json:"dropped,omitempty"`
 

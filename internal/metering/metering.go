@@ -13,6 +13,9 @@
 // A GB is 2^30 bytes. A sample's delta goes to the hour the sample was
 // taken in.
 //
+// Where replicas share their sandboxes (Config.Replica), each sandbox is
+// metered by the one replica holding its lease in the store (leases.go).
+//
 // Imports: internal/account, internal/sandbox, internal/store,
 // internal/runtime and the standard library.
 package metering
@@ -58,6 +61,10 @@ type Config struct {
 	// refresh, the alert rules, the credits' grace check).
 	AfterFlush func(ctx context.Context)
 	Logger     *slog.Logger
+	// Replica is this server's name among the replicas sharing their
+	// sandboxes: each sandbox is then metered under a lease (leases.go).
+	// "" on one box.
+	Replica string `toml:"-"`
 }
 
 func (c *Config) setDefaults() {
@@ -83,6 +90,7 @@ func (c *Config) setDefaults() {
 type Meter struct {
 	cfg      Config
 	st       store.AccountStore
+	rs       store.ReplicaStore // st's leases; used when Config.Replica is set
 	accounts *account.Registry
 
 	live sync.Map // sandbox id → *tracker, for Count and Live
@@ -116,6 +124,12 @@ type tracker struct {
 	stopped    bool
 	pending    map[time.Time]*store.UsageDelta // by hour, not yet flushed
 	total      store.UsageDelta                // the sandbox's life so far
+
+	// Under a lease (leases.go), guarded by Meter.mu too.
+	holder    bool      // this replica samples it: it holds the lease, or is its creator and none exists yet
+	confirmed bool      // the store records this replica's lease
+	base      counters  // what a lease this replica records first starts from
+	retry     time.Time // a standby tracker tries to take the lease from then on
 }
 
 // New returns a Meter and starts its loop; Close ends it.
@@ -126,6 +140,7 @@ func New(cfg Config, st store.AccountStore, accounts *account.Registry) *Meter {
 	m.tok.pending = map[tokenKey]map[time.Time]*store.TokenDelta{}
 	m.tok.used = map[tokenKey]*tokenMonth{}
 	m.tok.st, _ = st.(store.ModelStore)
+	m.rs, _ = st.(store.ReplicaStore)
 	go m.loop()
 	return m
 }
@@ -144,6 +159,12 @@ func (m *Meter) Start(sb *sandbox.Sandbox, acct *account.Account) {
 		if u, err := sb.Usage(context.Background()); err == nil {
 			t.lastCPU = u.CPUNanos
 		}
+	}
+	if m.leased() {
+		// The creator samples from its first reading, to the
+		// microsecond the store keeps, and records its lease from it.
+		t.last = now.Truncate(time.Microsecond)
+		t.holder, t.base = true, counters{cpu: t.lastCPU, at: t.last}
 	}
 	m.mu.Lock()
 	m.trackers[sb.ID] = t
@@ -211,7 +232,9 @@ func (m *Meter) Live(id string) (store.UsageDelta, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t := m.trackers[id]
-	if t == nil {
+	if t == nil || m.leased() {
+		// A shared sandbox's usage is the stored one: replicas meter it
+		// in turns.
 		return store.UsageDelta{}, false
 	}
 	if !t.stopped {
@@ -226,16 +249,23 @@ func (m *Meter) Now(id string) (cpu time.Duration, memoryBytes int64, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	t := m.trackers[id]
-	if t == nil || t.stopped {
+	if t == nil || t.stopped || m.leased() && !t.holder {
 		return 0, 0, false
 	}
 	m.sample(t, time.Now())
+	if m.leased() {
+		return time.Duration(t.lastCPU), t.memory, true // the sandbox's counter: its total, whoever metered it
+	}
 	return time.Duration(t.total.CPUNanos), t.memory, true
 }
 
 // sample reads the sandbox's cgroup and adds what it used since the last
 // sample; m.mu is held.
 func (m *Meter) sample(t *tracker, now time.Time) {
+	if m.leased() && !t.holder {
+		m.count(t, now)
+		return
+	}
 	u, err := t.sb.Usage(context.Background())
 	dt := now.Sub(t.last)
 	if dt < 0 {
@@ -268,6 +298,28 @@ func (m *Meter) sample(t *tracker, now time.Time) {
 	cpu := float64(d.CPUNanos) / 1e9
 	t.account.Accrue(account.Usage{SandboxSeconds: dt.Seconds(), CPUSeconds: cpu, GBSeconds: d.GBSecondsReserved,
 		Executions: d.Executions}, m.cfg.Prices.Cost(cpu, d.GBSecondsReserved, d.Executions))
+}
+
+// count adds what a tracker counts where it does not sample (a shared
+// sandbox another replica meters): the executions, commands and egress
+// requests made through this replica; m.mu is held.
+func (m *Meter) count(t *tracker, now time.Time) {
+	d := store.UsageDelta{Executions: t.executions.Swap(0), Commands: t.commands.Swap(0)}
+	if n := t.sb.EgressRequests(); n > t.lastEgress {
+		d.EgressRequests, t.lastEgress = n-t.lastEgress, n
+	}
+	if d == (store.UsageDelta{}) {
+		return
+	}
+	hour := now.UTC().Truncate(time.Hour)
+	p := t.pending[hour]
+	if p == nil {
+		p = &store.UsageDelta{SandboxID: t.sb.ID, Account: t.account.ID, Template: t.template, Hour: hour}
+		t.pending[hour] = p
+	}
+	p.Add(d)
+	t.total.Add(d)
+	t.account.Accrue(account.Usage{Executions: d.Executions}, m.cfg.Prices.Cost(0, 0, d.Executions))
 }
 
 func cpuDelta(u runtime.Usage, last *uint64) int64 {
@@ -326,6 +378,25 @@ func (m *Meter) flushAndAfter() {
 func (m *Meter) Flush(ctx context.Context) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if !m.leased() {
+		return m.flush(ctx, nil)
+	}
+	now := time.Now()
+	m.takeLeases(ctx, now)
+	// A flush refused for lost leases is made again without them (after
+	// a third loss in a row, a race with takers, the rest waits for the
+	// next flush).
+	for try := 1; ; try++ {
+		err := m.flush(ctx, m.leases(now))
+		if !m.lostLeases(err) || try == 3 {
+			return err
+		}
+	}
+}
+
+// flush writes every pending delta, the cost accrued since the last flush
+// and leases, in one transaction; m.mu is held.
+func (m *Meter) flush(ctx context.Context, leases []store.MeterLease) error {
 	var deltas []store.UsageDelta
 	for _, t := range m.trackers {
 		for _, p := range t.pending {
@@ -342,7 +413,13 @@ func (m *Meter) Flush(ctx context.Context) error {
 				AmountMicros: -micros, Reason: "metered usage"})
 		}
 	})
-	if err := m.st.AddUsage(ctx, deltas, ledger); err != nil {
+	var err error
+	if leases == nil {
+		err = m.st.AddUsage(ctx, deltas, ledger)
+	} else {
+		err = m.rs.AddLeasedUsage(ctx, deltas, ledger, leases)
+	}
+	if err != nil {
 		return err // everything stays pending for the next flush
 	}
 	// The tokens' cost is in the ledger now; their counts follow (and

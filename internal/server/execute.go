@@ -116,8 +116,9 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 
 // An executionRecord is an execution's record in the store: written as
 // it starts (status running, so that an execution a crash cuts still
-// leaves a record, which the next start ends with "server restarted")
-// and replaced when it ends. The first write runs beside the execution,
+// leaves a record, which the next start ends with "server restarted", or
+// with replicas the others' collector: shared.go) and replaced when it
+// ends. The first write runs beside the execution,
 // off the caller's path; the last waits for it.
 type executionRecord struct {
 	s        *Server
@@ -140,7 +141,7 @@ func (s *Server) beginExecution(r *http.Request, b *box, id string, req executeR
 func (s *Server) recordExecution(ctx context.Context, sandboxID, owner, id, lang, code string) *executionRecord {
 	er := &executionRecord{s: s, ctx: context.WithoutCancel(ctx), started: make(chan struct{}), texts: textStreams{},
 		rec: store.Execution{ID: id, SandboxID: sandboxID, Owner: owner, Language: lang,
-			Status: store.ExecutionRunning, CreatedAt: time.Now(), Code: cutUTF8(code, maxRecordedCode)}}
+			Status: store.ExecutionRunning, CreatedAt: time.Now(), Code: cutUTF8(code, maxRecordedCode), Replica: s.replica}}
 	go func() {
 		defer close(er.started)
 		er.write(er.rec)

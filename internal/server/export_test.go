@@ -23,3 +23,6 @@ func SetCollectGrace(d time.Duration) (restore func()) {
 
 // Collect runs the replicas' collector once.
 func (s *Server) Collect() { s.collect(context.Background()) }
+
+// Replica is the server's name among replicas ("" when not shared).
+func (s *Server) Replica() string { return s.replica }

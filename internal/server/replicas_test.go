@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
@@ -37,6 +38,17 @@ var replicaKey = []byte("0123456789abcdef0123456789abcdef")
 
 func newReplica(t *testing.T, e *env, opts ...func(*server.Config)) *replica {
 	t.Helper()
+	var cfg server.Config
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return newReplicaWith(t, e, cfg)
+}
+
+// newReplicaWith is newReplica with cfg (its Version, Events and
+// PreviewKey are set here).
+func newReplicaWith(t *testing.T, e *env, cfg server.Config) *replica {
+	t.Helper()
 	ctx := context.Background()
 	st, err := sqlite.Open(ctx, e.dbPath)
 	if err != nil {
@@ -49,10 +61,7 @@ func newReplica(t *testing.T, e *env, opts ...func(*server.Config)) *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := server.Config{Version: "test", Events: bus, PreviewKey: replicaKey}
-	for _, o := range opts {
-		o(&cfg)
-	}
+	cfg.Version, cfg.Events, cfg.PreviewKey = "test", bus, replicaKey
 	srv := server.New(cfg, st, m, log)
 	hs := httptest.NewServer(srv)
 	r := &replica{env: &env{t: t, srv: srv, url: hs.URL, store: st, dbPath: e.dbPath, engine: m, rt: e.rt, bus: bus,
@@ -229,4 +238,244 @@ func TestReplicasE2B(t *testing.T) {
 		t.Fatalf("B lists a sandbox A killed: %s", l.body)
 	}
 	want(t, b.e2bDo("DELETE", "/sandboxes/"+closed.ID, b.keyA, nil), http.StatusNoContent, "")
+}
+
+// TestReplicasEndExecutionsOfStoppedReplicas: the collector ends the
+// executions a replica that died recorded as running, and never those of
+// a live replica; a replica that stops ends its own at once.
+func TestReplicasEndExecutionsOfStoppedReplicas(t *testing.T) {
+	t.Parallel()
+	a := newEnv(t, server.Config{CollectInterval: time.Hour, PreviewKey: replicaKey}, shared)
+	b := newReplica(t, a)
+	ctx := context.Background()
+	if a.srv.Replica() == "" || a.srv.Replica() == b.srv.Replica() {
+		t.Fatalf("replica names %q and %q", a.srv.Replica(), b.srv.Replica())
+	}
+	// One execution running on each replica, each in a sandbox of its own.
+	long := map[string]any{"code": "import time\nprint('started', flush=True)\ntime.sleep(60)"}
+	onA, onB := a.create(a.keyA, map[string]any{"timeout": 120}), b.create(b.keyA, map[string]any{"timeout": 120})
+	restA := a.openNDJSON("POST", "/v1/sandboxes/"+onA+"/execute", long, stdoutHas("started"))
+	restB := b.openNDJSON("POST", "/v1/sandboxes/"+onB+"/execute", long, stdoutHas("started"))
+	record := func(sandbox string) store.Execution {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			l, err := a.store.ListExecutions(ctx, sandbox)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(l) == 1 { // its first write is beside the execution
+				return l[0]
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("executions of %s: %+v", sandbox, l)
+			}
+		}
+	}
+	if ra, rb := record(onA), record(onB); ra.Status != store.ExecutionRunning || rb.Status != store.ExecutionRunning {
+		t.Fatalf("records %+v, %+v; want both running", ra, rb)
+	}
+	// While both live, collecting ends nothing.
+	a.srv.Collect()
+	b.srv.Collect()
+	if ra, rb := record(onA), record(onB); ra.Status != store.ExecutionRunning || rb.Status != store.ExecutionRunning {
+		t.Fatalf("after collecting with both alive: %+v, %+v", ra, rb)
+	}
+	// B dies: its heartbeat lapses (its renewals are an hour apart). A's
+	// collector ends B's execution, and not its own.
+	if err := a.store.Heartbeat(ctx, b.srv.Replica(), time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	a.srv.Collect()
+	if rb := record(onB); rb.Status != store.ExecutionError || rb.ErrorCode != "ERR_INTERNAL" || rb.Error != "the server running it stopped" {
+		t.Fatalf("the dead replica's execution: %+v", rb)
+	}
+	if ra := record(onA); ra.Status != store.ExecutionRunning {
+		t.Fatalf("the live replica's execution: %+v", ra)
+	}
+	// A replica that stops ends what it still records as running.
+	c := newReplica(t, a)
+	if err := a.store.AddExecution(ctx, store.Execution{ID: "cut-by-stop", SandboxID: "sb-of-c", Owner: "o", Replica: c.srv.Replica(),
+		Status: store.ExecutionRunning, CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+	if rc := record("sb-of-c"); rc.Status != store.ExecutionError || rc.Error != "the server running it stopped" {
+		t.Fatalf("the stopped replica's execution: %+v", rc)
+	}
+	if ra := record(onA); ra.Status != store.ExecutionRunning {
+		t.Fatalf("the live replica's execution after another stopped: %+v", ra)
+	}
+	for _, id := range []string{onA, onB} {
+		want(t, a.do("DELETE", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusNoContent, "")
+	}
+	for _, rest := range []<-chan ndjsonRest{restA, restB} {
+		select {
+		case <-rest:
+		case <-time.After(15 * time.Second):
+			t.Fatal("an execution's stream did not end with its sandbox")
+		}
+	}
+}
+
+// TestReplicasMeterOnce: a sandbox two replicas hold is metered once (its
+// CPU-seconds and GB-seconds are not counted twice), and goes on being
+// metered, from where its creator's last flush left it, when its creator
+// dies; its last usage is counted when another replica kills it.
+func TestReplicasMeterOnce(t *testing.T) {
+	t.Parallel()
+	mcfg := metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond}
+	a := newEnv(t, server.Config{PreviewKey: replicaKey, Metering: mcfg}, shared)
+	b := newReplicaWith(t, a, server.Config{Metering: mcfg})
+	ctx := context.Background()
+	const s = int64(time.Second)
+	created := time.Now()
+	id := b.create(b.keyA, map[string]any{"timeout": 120})
+	want(t, a.do("GET", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusOK, "") // A adopts it
+	stored := func() store.UsageRow {
+		t.Helper()
+		rows, err := a.store.QueryUsage(ctx, store.UsageFilter{SandboxID: id, GroupBy: store.GroupNone})
+		if err != nil || len(rows) > 1 {
+			t.Fatalf("usage %+v, %v", rows, err)
+		}
+		if len(rows) == 0 {
+			return store.UsageRow{}
+		}
+		return rows[0]
+	}
+	waitCPU := func(cpu int64) store.UsageRow {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if u := stored(); u.CPUNanos == cpu {
+				return u
+			} else if time.Now().After(deadline) {
+				t.Fatalf("stored usage %+v; want %d CPU-ns", u, cpu)
+			}
+		}
+	}
+	// Wall time (and the GB-seconds reserved, its multiple) counted once
+	// is at most the time since the create, and not much less.
+	once := func(u store.UsageRow, elapsed time.Duration) {
+		t.Helper()
+		wall := time.Duration(u.WallNanos)
+		if wall > elapsed || wall < elapsed-time.Second {
+			t.Fatalf("%v of wall time metered in %v: %+v", wall, elapsed, u)
+		}
+		if gb := u.GBSecondsReserved / wall.Seconds(); gb <= 0 || gb > 64 {
+			t.Fatalf("GB-seconds reserved %v for %v of wall time", u.GBSecondsReserved, wall)
+		}
+	}
+
+	// Both hold it: its CPU counter's 10 s are counted once, however
+	// many flushes both make.
+	a.rt.SetUsed(runtime.Usage{CPUNanos: uint64(10 * s), MemoryBytes: 1 << 30})
+	waitCPU(10 * s)
+	time.Sleep(500 * time.Millisecond)
+	u := waitCPU(10 * s)
+	once(u, time.Since(created))
+	gbPerSecond := u.GBSecondsReserved / time.Duration(u.WallNanos).Seconds()
+
+	// B, its creator and meter, dies: it reaches the store no more (what
+	// it sampled since its last flush is lost with it). A takes the lease
+	// once it lapsed and meters from B's last flush on.
+	if err := b.store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	a.rt.SetUsed(runtime.Usage{CPUNanos: uint64(25 * s), MemoryBytes: 1 << 30})
+	once(waitCPU(25*s), time.Since(created))
+	b.close()
+	a.rt.SetUsed(runtime.Usage{CPUNanos: uint64(30 * s), MemoryBytes: 1 << 30})
+	waitCPU(30 * s)
+
+	// Killed through A: its last sample is counted, nothing after.
+	want(t, a.do("DELETE", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusNoContent, "")
+	elapsed := time.Since(created)
+	time.Sleep(300 * time.Millisecond)
+	u = waitCPU(30 * s)
+	once(u, elapsed)
+	if gb := u.GBSecondsReserved / time.Duration(u.WallNanos).Seconds(); gb < gbPerSecond*0.999 || gb > gbPerSecond*1.001 {
+		t.Fatalf("GB-seconds reserved per second: %v, then %v", gbPerSecond, gb)
+	}
+}
+
+// TestReplicasMeterAfterStop: a replica that stops lets go of the meter
+// leases of the sandboxes it held (they run on), and another goes on
+// metering them from where it stopped.
+func TestReplicasMeterAfterStop(t *testing.T) {
+	t.Parallel()
+	mcfg := metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond}
+	a := newEnv(t, server.Config{PreviewKey: replicaKey, Metering: mcfg}, shared)
+	b := newReplicaWith(t, a, server.Config{Metering: mcfg})
+	ctx := context.Background()
+	id := b.create(b.keyA, map[string]any{"timeout": 120})
+	want(t, a.do("GET", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusOK, "")
+	cpu := func(want uint64) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			rows, err := a.store.QueryUsage(ctx, store.UsageFilter{SandboxID: id, GroupBy: store.GroupNone})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rows) == 1 && uint64(rows[0].CPUNanos) == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("usage %+v; want %d CPU-ns", rows, want)
+			}
+		}
+	}
+	a.rt.SetUsed(runtime.Usage{CPUNanos: 3e9})
+	cpu(3e9)
+	b.close() // its sandbox runs on
+	a.rt.SetUsed(runtime.Usage{CPUNanos: 7e9})
+	cpu(7e9)
+	want(t, a.do("DELETE", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusNoContent, "")
+	cpu(7e9)
+}
+
+// TestReplicasMeterLeaseLost: a replica whose meter lease another took
+// (it was too slow to renew it) writes nothing more of the sandbox, and
+// the next holder goes on from the counters the lease holds.
+func TestReplicasMeterLeaseLost(t *testing.T) {
+	t.Parallel()
+	mcfg := metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond}
+	a := newEnv(t, server.Config{PreviewKey: replicaKey, Metering: mcfg}, shared)
+	b := newReplicaWith(t, a, server.Config{Metering: mcfg})
+	ctx := context.Background()
+	id := b.create(b.keyA, map[string]any{"timeout": 120})
+	want(t, a.do("GET", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusOK, "")
+	stored := func() int64 {
+		rows, err := a.store.QueryUsage(ctx, store.UsageFilter{SandboxID: id, GroupBy: store.GroupNone})
+		if err != nil || len(rows) > 1 {
+			t.Fatalf("usage %+v, %v", rows, err)
+		}
+		if len(rows) == 0 {
+			return 0
+		}
+		return rows[0].CPUNanos
+	}
+	a.rt.SetUsed(runtime.Usage{CPUNanos: 2e9})
+	for deadline := time.Now().Add(10 * time.Second); stored() != 2e9; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stored CPU %d, want 2e9", stored())
+		}
+	}
+	// A third party takes the lease as if its holder's had lapsed, for a
+	// second: both replicas' samples of that second are not counted.
+	l, held, err := a.store.TakeMeterLease(ctx, store.MeterLease{SandboxID: id, Replica: "thief", Until: time.Now().Add(time.Second)},
+		time.Now().Add(time.Hour))
+	if err != nil || !held || l.CPUNanos != 2e9 {
+		t.Fatalf("take the lease: %+v, %v, %v", l, held, err)
+	}
+	a.rt.SetUsed(runtime.Usage{CPUNanos: 5e9})
+	time.Sleep(600 * time.Millisecond)
+	if cpu := stored(); cpu != 2e9 {
+		t.Fatalf("stored CPU %d while neither replica held the lease; want 2e9", cpu)
+	}
+	// Once it lapsed, a replica takes it and counts from its counters.
+	for deadline := time.Now().Add(10 * time.Second); stored() != 5e9; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("stored CPU %d after the lease lapsed, want 5e9", stored())
+		}
+	}
+	want(t, a.do("DELETE", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusNoContent, "")
 }

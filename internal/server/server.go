@@ -232,6 +232,11 @@ type Server struct {
 	mu    sync.Mutex
 	boxes map[string]*box
 
+	// replica names this server among those sharing its sandboxes (a new
+	// name at every start); "" when the engine shares nothing
+	// (shared.go).
+	replica string
+
 	accounts *account.Registry
 	meter    *metering.Meter
 	ui       uiSessions // dashboard logins
@@ -298,9 +303,16 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 			log.Error("load webhooks: none will be delivered", "err", err)
 		}
 	}
+	if m != nil && m.Shared() && st != nil {
+		s.replica = newReplicaID()
+		s.heartbeat(context.Background()) // before any execution names it
+		s.sweeper.Add(1)
+		go s.heartbeats()
+	}
 	mcfg := cfg.Metering
 	mcfg.Logger = log
 	mcfg.AfterFlush = s.afterFlush
+	mcfg.Replica = s.replica
 	s.meter = metering.New(mcfg, st, s.accounts)
 	if m != nil {
 		s.installHooks()
@@ -382,6 +394,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.http.Shutdown(ctx)
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.sweeper.Wait()
+	s.retire()
 	s.hooks.stop()
 	if s.ownBus {
 		s.bus.Close()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
@@ -31,9 +32,21 @@ import (
 //     own when their replica is gone) and ends records whose sandbox is
 //     gone or ended. Collecting twice is harmless.
 //
-// What each replica keeps to itself: the usage meter of the sandboxes it
-// created (a sandbox whose creator is gone is not metered further), ports
-// made public (preview.go), and per-minute rate limits.
+//   - Each replica has a name, new at every start, and a heartbeat in the
+//     store (store.ReplicaStore) that it renews every CollectInterval and
+//     that lasts replicaLapses of them; each execution it records names
+//     it. The collector of every replica ends the executions still
+//     recorded as running by replicas whose heartbeat lapsed: they died,
+//     since a live one renews it long before (a replica that could not
+//     reach the store for that long, and lives, writes the true outcome
+//     over it when its execution ends). A replica restarted under the
+//     same Pod is a new name, so its previous self's executions end
+//     this way too. A replica that stops lets its heartbeat lapse at
+//     once and ends its own (retire).
+//
+// What each replica keeps to itself: ports made public (preview.go), and
+// per-minute rate limits. Usage is metered by the one replica holding a
+// sandbox's meter lease (internal/metering).
 
 // collectGrace is how long a sandbox may exist without a record (a
 // create in flight) and a record without its sandbox, before the
@@ -42,6 +55,76 @@ var collectGrace = 2 * time.Minute
 
 // DefaultCollectInterval is how often replicas run the collector.
 const DefaultCollectInterval = 15 * time.Second
+
+// replicaLapses is how many CollectIntervals a replica's heartbeat
+// lasts: one missed renewal, or a slow store, does not make it dead.
+const replicaLapses = 4
+
+// cutByStop is the error message of an execution ended because the
+// replica running it stopped or died (its code is ERR_INTERNAL, as for
+// "server restarted" on one box).
+const cutByStop = "the server running it stopped"
+
+// newReplicaID returns a new replica name: the host's (the Pod's) name
+// and a random part.
+func newReplicaID() string {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "replica"
+	}
+	return newID(host + "-")
+}
+
+// heartbeat renews this replica's heartbeat.
+func (s *Server) heartbeat(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CollectInterval)
+	defer cancel()
+	if err := s.store.Heartbeat(ctx, s.replica, time.Now().Add(replicaLapses*s.cfg.CollectInterval)); err != nil {
+		s.log.Error("replica heartbeat", "replica", s.replica, "err", err)
+	}
+}
+
+// heartbeats renews the heartbeat every CollectInterval until Shutdown,
+// apart from the collector, which may be slow (it lists Pods).
+func (s *Server) heartbeats() {
+	defer s.sweeper.Done()
+	t := time.NewTicker(s.cfg.CollectInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.heartbeat(context.Background())
+		}
+	}
+}
+
+// endLapsed ends the executions of replicas that died.
+func (s *Server) endLapsed(ctx context.Context) {
+	n, err := s.store.EndLapsedExecutions(ctx, time.Now(), string(apierr.Internal), cutByStop)
+	if err != nil {
+		s.log.Error("collector: end the executions of stopped replicas", "err", err)
+	} else if n > 0 {
+		s.log.Info("collector: ended executions of stopped replicas", "count", n)
+	}
+}
+
+// retire ends this replica's heartbeat, and the executions it still
+// records as running (Shutdown waited for what it could): the others
+// need not wait for the heartbeat to lapse.
+func (s *Server) retire() {
+	if s.replica == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.store.Heartbeat(ctx, s.replica, time.Time{}); err != nil {
+		s.log.Error("end replica heartbeat", "replica", s.replica, "err", err)
+		return
+	}
+	s.endLapsed(ctx)
+}
 
 // recordResources is what a sandbox's record keeps in its resources
 // column: the API's resources, and what a replica adopting the sandbox
@@ -145,10 +228,13 @@ func (s *Server) adopt(ctx context.Context, rec store.Sandbox) (*box, error) {
 	}
 	if !s.cfg.NoAccounting {
 		if a, err := s.accounts.Get(ctx, rec.Owner); err == nil {
-			// Counted, not metered: its creator meters it.
+			// Counted, and metered by whichever replica holds its
+			// meter lease (internal/metering).
 			a.HoldSandbox()
 			s.tenants.Store(rec.ID, &tenant{acct: a})
+			s.meter.Adopt(sb, a)
 			if st := sb.State(); st == sandbox.StateStopping || st == sandbox.StateStopped {
+				s.meter.Stop(sb)
 				s.release(rec.ID)
 			}
 		}
@@ -179,6 +265,9 @@ func (s *Server) drop(b *box, reason string) {
 
 // collect is the replicas' garbage collector (see the top of this file).
 func (s *Server) collect(ctx context.Context) {
+	if s.replica != "" {
+		s.endLapsed(ctx)
+	}
 	held, err := s.engine.Inventory(ctx)
 	if err != nil {
 		s.log.Error("collector: list sandboxes", "err", err)

@@ -244,7 +244,8 @@ type sandboxUsageJSON struct {
 }
 
 // sandboxUsage is one sandbox's usage: sampled now while it runs, the
-// stored total once it has stopped.
+// stored total once it has stopped (and a shared sandbox's always: the
+// replicas meter it in turns, internal/metering).
 func (s *Server) sandboxUsage(w http.ResponseWriter, r *http.Request) error {
 	id := r.PathValue("id")
 	rec, err := s.store.GetSandbox(r.Context(), id)
@@ -265,7 +266,7 @@ func (s *Server) sandboxUsage(w http.ResponseWriter, r *http.Request) error {
 			d = row.UsageDelta
 		}
 	}
-	out.Live = live && rec.State == store.SandboxRunning
+	out.Live = (live || s.shared()) && rec.State == store.SandboxRunning
 	out.usageFigures = figures(d, s.meter.Prices())
 	writeJSON(w, http.StatusOK, out)
 	return nil

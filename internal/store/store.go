@@ -79,6 +79,9 @@ type Execution struct {
 	CreatedAt       time.Time
 	Code            string          // the code it ran (the server cuts it to a bound)
 	Output          json.RawMessage // stdout, stderr, results and error as a JSON object; nil while running
+	// Replica is the server running it when servers share their
+	// sandboxes (ReplicaStore); "" otherwise. It is only written.
+	Replica string
 }
 
 // KeptOutputs is how many of a sandbox's newest executions keep their
@@ -136,7 +139,8 @@ type Store interface {
 	StopAllRunning(ctx context.Context, reason string, at time.Time) (int, error)
 
 	// DeleteStoppedBefore removes the records of sandboxes stopped before
-	// t, and executions made before t, and says how many of each went.
+	// t, and executions made before t, and says how many of each went;
+	// meter leases that lapsed before t go too.
 	DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes, executions int, err error)
 
 	// AddExecution records an execution, replacing the record with its ID:
@@ -155,6 +159,7 @@ type Store interface {
 	AdmissionStore
 	RateStore
 	ModelStore
+	ReplicaStore
 
 	Close() error
 }

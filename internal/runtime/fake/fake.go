@@ -164,6 +164,13 @@ func (r *Runtime) Usage(_ context.Context, id string) (runtime.Usage, error) {
 	return r.Used, nil
 }
 
+// SetUsed sets Used while sandboxes run (Usage reads it under the lock).
+func (r *Runtime) SetUsed(u runtime.Usage) {
+	r.mu.Lock()
+	r.Used = u
+	r.mu.Unlock()
+}
+
 // List implements runtime.Runtime.
 func (r *Runtime) List(context.Context) ([]string, error) {
 	r.mu.Lock()

@@ -169,7 +169,13 @@ func (s *Store) SetAccountLimits(ctx context.Context, id string, limits json.Raw
 
 // AddUsage implements store.Store.
 func (s *Store) AddUsage(ctx context.Context, deltas []store.UsageDelta, ledger []store.LedgerEntry) error {
-	if len(deltas) == 0 && len(ledger) == 0 {
+	return s.AddLeasedUsage(ctx, deltas, ledger, nil)
+}
+
+// AddLeasedUsage implements store.ReplicaStore: the leases first, so that
+// a lost one writes nothing.
+func (s *Store) AddLeasedUsage(ctx context.Context, deltas []store.UsageDelta, ledger []store.LedgerEntry, leases []store.MeterLease) error {
+	if len(deltas) == 0 && len(ledger) == 0 && len(leases) == 0 {
 		return nil
 	}
 	tx, err := s.pool.Begin(ctx)
@@ -177,6 +183,9 @@ func (s *Store) AddUsage(ctx context.Context, deltas []store.UsageDelta, ledger 
 		return storeErr("add usage", err)
 	}
 	defer tx.Rollback(ctx)
+	if err := putLeases(ctx, tx, leases); err != nil {
+		return err
+	}
 	for _, u := range deltas {
 		if _, err := tx.Exec(ctx, `INSERT INTO usage_hours AS u
 			(sandbox_id, account_id, template, hour, wall_ns, cpu_ns, gb_seconds_reserved, gb_seconds_used, disk_peak_bytes,

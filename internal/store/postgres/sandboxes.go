@@ -158,6 +158,9 @@ func (s *Store) DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes
 		return 0, 0, storeErr("prune sandboxes", err)
 	}
 	ns := tag.RowsAffected()
+	if _, err := tx.Exec(ctx, `DELETE FROM meter_leases WHERE lease_until < $1`, at); err != nil {
+		return 0, 0, storeErr("prune meter leases", err)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, 0, storeErr("prune records", err)
 	}
@@ -170,15 +173,15 @@ func (s *Store) DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes
 func (s *Store) AddExecution(ctx context.Context, e store.Execution) error {
 	_, err := s.pool.Exec(ctx, `INSERT INTO executions
 		(id, sandbox_id, owner, language, status, error_code, error, execution_time_ms, cpu_time_ms, peak_memory_bytes,
-		created_at, code, output)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+		created_at, code, output, replica)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
 		ON CONFLICT (id) DO UPDATE SET sandbox_id = excluded.sandbox_id, owner = excluded.owner, language = excluded.language,
 			status = excluded.status, error_code = excluded.error_code, error = excluded.error,
 			execution_time_ms = excluded.execution_time_ms, cpu_time_ms = excluded.cpu_time_ms,
 			peak_memory_bytes = excluded.peak_memory_bytes, created_at = excluded.created_at, code = excluded.code,
-			output = excluded.output`,
+			output = excluded.output, replica = excluded.replica`,
 		e.ID, e.SandboxID, e.Owner, e.Language, e.Status, e.ErrorCode, e.Error, e.ExecutionTimeMS, e.CPUTimeMS,
-		e.PeakMemoryBytes, dbTime(e.CreatedAt), []byte(e.Code), string(e.Output))
+		e.PeakMemoryBytes, dbTime(e.CreatedAt), []byte(e.Code), string(e.Output), e.Replica)
 	if err != nil {
 		return storeErr("add execution", err)
 	}

@@ -131,14 +131,23 @@ func (d *DB) SetAccountLimits(ctx context.Context, id string, limits json.RawMes
 
 // AddUsage implements store.Store.
 func (d *DB) AddUsage(ctx context.Context, deltas []store.UsageDelta, ledger []store.LedgerEntry) error {
-	if len(deltas) == 0 && len(ledger) == 0 {
+	return d.AddLeasedUsage(ctx, deltas, ledger, nil)
+}
+
+// AddLeasedUsage implements store.ReplicaStore: the leases first, so that
+// a lost one writes nothing.
+func (d *DB) AddLeasedUsage(ctx context.Context, deltas []store.UsageDelta, ledger []store.LedgerEntry, leases []store.MeterLease) error {
+	if len(deltas) == 0 && len(ledger) == 0 && len(leases) == 0 {
 		return nil
 	}
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
-		return err
+		return storeErr("add usage", err)
 	}
 	defer tx.Rollback()
+	if err := putLeases(ctx, tx, leases); err != nil {
+		return err
+	}
 	stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage_hours
 		(sandbox_id, account_id, template, hour, wall_ns, cpu_ns, gb_seconds_reserved, gb_seconds_used, disk_peak_bytes, executions, commands, egress_requests)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)

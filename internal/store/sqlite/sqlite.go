@@ -563,6 +563,9 @@ func (d *DB) DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes, e
 		return 0, 0, storeErr("prune sandboxes", err)
 	}
 	ns, _ := res.RowsAffected()
+	if _, err := tx.ExecContext(ctx, `DELETE FROM meter_leases WHERE lease_until < ?`, at); err != nil {
+		return 0, 0, storeErr("prune meter leases", err)
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, 0, storeErr("prune records", err)
 	}
@@ -575,10 +578,10 @@ func (d *DB) DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes, e
 func (d *DB) AddExecution(ctx context.Context, e store.Execution) error {
 	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO executions
 		(id, sandbox_id, owner, language, status, error_code, error, execution_time_ms, cpu_time_ms, peak_memory_bytes,
-		created_at, code, output)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		created_at, code, output, replica)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		e.ID, e.SandboxID, e.Owner, e.Language, e.Status, e.ErrorCode, e.Error, e.ExecutionTimeMS, e.CPUTimeMS,
-		e.PeakMemoryBytes, fmtTime(e.CreatedAt), e.Code, string(e.Output))
+		e.PeakMemoryBytes, fmtTime(e.CreatedAt), e.Code, string(e.Output), e.Replica)
 	if err != nil {
 		return storeErr("add execution", err)
 	}

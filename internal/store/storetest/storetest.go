@@ -49,6 +49,8 @@ func Run(t *testing.T, open Open) {
 		{"UsageLedgerAlerts", testUsageLedgerAlerts},
 		{"UsageGroups", testUsageGroups},
 		{"TokensAndSessions", testTokensAndSessions},
+		{"ReplicaHeartbeats", testReplicaHeartbeats},
+		{"MeterLeases", testMeterLeases},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -66,7 +66,7 @@ func populate(t *testing.T, ctx context.Context, st store.Store) {
 		ExecutionTimeMS: 12.5, CPUTimeMS: 3.25, PeakMemoryBytes: 1 << 20, CreatedAt: now.Add(-time.Hour), Code: code,
 		Output: json.RawMessage(`{"stdout":"a\u0000b\n"}`)}))
 	must(st.AddExecution(ctx, store.Execution{ID: "ex-2", SandboxID: "sb-1", Owner: "acct-a", Language: "python",
-		Status: store.ExecutionRunning, CreatedAt: now.Add(-30 * time.Minute), Code: "while True: pass"}))
+		Status: store.ExecutionRunning, CreatedAt: now.Add(-30 * time.Minute), Code: "while True: pass", Replica: "replica-a"}))
 	must(st.PutSession(ctx, store.Session{ID: "sb-1", Owner: "acct-a", Model: "gpt-x", CreatedAt: now.Add(-2 * time.Hour)}))
 
 	// events: the newest one is deleted by retention (its time is old),
@@ -118,6 +118,14 @@ func populate(t *testing.T, ctx context.Context, st store.Store) {
 	must(st.ReserveSandbox(ctx, "acct-b", "create-1", 5, now))
 	must(st.CountExecution(ctx, "acct-a", month, 100))
 	must(st.CountExecution(ctx, "acct-a", month, 100))
+
+	// replicas and meter_leases: replica-a alive for an hour, metering
+	// sb-1 for a minute from 5 CPU-seconds.
+	must(st.Heartbeat(ctx, "replica-a", now.Add(time.Hour)))
+	if _, held, err := st.TakeMeterLease(ctx, store.MeterLease{SandboxID: "sb-1", Replica: "replica-a", Until: now.Add(time.Minute),
+		CPUNanos: 5e9, At: now}, now); err != nil || !held {
+		t.Fatalf("meter lease: held %v, %v", held, err)
+	}
 
 	// rate_buckets: acct-a's requests bucket (3 a minute), emptied.
 	for range 3 {
@@ -392,6 +400,16 @@ func TestCopy(t *testing.T) {
 	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
 	if err := pg.CountExecution(ctx, "acct-a", month, 4); !errors.Is(err, store.ErrLimit) {
 		t.Errorf("count at a quota of 4 after 4 counted: %v, want ErrLimit", err)
+	}
+
+	// The meter lease is replica-a's, with its counters; replica-a is
+	// alive, so its running execution stays running.
+	if l, held, err := pg.TakeMeterLease(ctx, store.MeterLease{SandboxID: "sb-1", Replica: "replica-b", Until: now.Add(time.Minute)}, now); err != nil ||
+		held || l.Replica != "replica-a" || l.CPUNanos != 5e9 || !l.At.Equal(now) {
+		t.Errorf("the copied lease: %+v, held by b %v, %v", l, held, err)
+	}
+	if n, err := pg.EndLapsedExecutions(ctx, now, "ERR_INTERNAL", "x"); err != nil || n != 0 {
+		t.Errorf("ended %d executions of a live replica, %v", n, err)
 	}
 
 	// The rate bucket: acct-a's, empty at now, refuses a fourth take.
