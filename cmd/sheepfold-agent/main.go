@@ -130,6 +130,7 @@ func runServe(args []string) int {
 	toInit := fs.Bool("lifetime-fd", false, "send deadlines to init over fd 4 (init passes it); otherwise serve keeps them itself")
 	switchUsers := fs.Bool("switch-users", false, "refuse to serve unless every request can run as its own user (a sandbox's agent)")
 	nproc := fs.Int64("nproc", 0, "RLIMIT_NPROC of every process the agent starts (a Pod with a user namespace of its own); 0: none")
+	egressListen := fs.String("egress-listen", "", "listen for the sandbox's proxied egress on this loopback address (host:port; HTTP_PROXY names it): each connection goes to the server's gateway through an egress.accept request (a Pod's network)")
 	scratch := fs.String("scratch", "", "the home and /tmp are the sandbox's scratch volume (a Pod's memory-backed emptyDir): unpack this home seed archive (sheepfold template export) into --home before serving, and report the volume as the sandbox's disk")
 	cgroupRoot := fs.String("cgroup-root", "/sys/fs/cgroup", "where the usage op reads the sandbox's cgroups (tests point it at a fake tree)")
 	if err := fs.Parse(args); err != nil {
@@ -173,6 +174,18 @@ func runServe(args []string) int {
 	if err != nil {
 		log.Error("lifetime", "err", err)
 		return 1
+	}
+	var egress net.Listener
+	if *egressListen != "" {
+		host, _, err := net.SplitHostPort(*egressListen)
+		if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+			log.Error("--egress-listen must be a loopback address and port", "addr", *egressListen)
+			return 2
+		}
+		if egress, err = net.Listen("tcp", *egressListen); err != nil {
+			log.Error("egress listener", "err", err)
+			return 1
+		}
 	}
 	var disk string
 	if *scratch != "" {
@@ -222,6 +235,7 @@ func runServe(args []string) int {
 		Logger:      log,
 		CgroupRoot:  *cgroupRoot,
 		Disk:        disk,
+		Egress:      egress,
 		Nproc:       *nproc,
 		Helper:      self,
 	}

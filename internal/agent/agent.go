@@ -67,6 +67,10 @@ type Config struct {
 	// hierarchies (usage.go) [/sys/fs/cgroup]; tests point it at a fake
 	// tree.
 	CgroupRoot string
+	// Egress, when set, is the sandbox's egress listener on its loopback
+	// (egress.go): each connection made to it goes to the host through
+	// an egress.accept request. Serve closes it.
+	Egress net.Listener
 	// Disk, when set, is the sandbox path whose file system is the
 	// sandbox's disk (a Pod's scratch volume, scratch_linux.go): the usage
 	// op reports its use and size.
@@ -154,6 +158,10 @@ func serve(ctx context.Context, ln net.Listener, cfg Config, started func(*serve
 	if s.switchUsers {
 		s.wg.Go(s.serveSudo) // in a sandbox: sudo_linux.go
 	}
+	if cfg.Egress != nil {
+		defer context.AfterFunc(s.ctx, func() { cfg.Egress.Close() })()
+		s.wg.Go(s.egressAccepts)
+	}
 
 	var serveErr error
 	delay := time.Duration(0)
@@ -219,6 +227,9 @@ type server struct {
 	busy     atomic.Int64
 	lastDone atomic.Int64
 	deadline atomic.Int64
+
+	// egress passes connections from egressAccepts to egress.accept.
+	egress chan net.Conn
 }
 
 // errCannotSwitchUsers refuses to serve when Config.SwitchUsers is set
@@ -247,6 +258,7 @@ func newServer(ctx context.Context, cfg Config) (*server, error) {
 		log:    cfg.Logger,
 		files:  fs,
 		conns:  make(map[net.Conn]struct{}),
+		egress: make(chan net.Conn),
 
 		switchUsers: switchUsers,
 	}
@@ -313,7 +325,9 @@ func (s *server) serveConn(nc net.Conn) {
 		c.send(fail(agentproto.CodeBadRequest, "malformed request: %v", err))
 		return
 	}
-	if req.Op != agentproto.OpPing && req.Op != agentproto.OpUsage { // the engines' own checks are not use
+	// The engines' own checks are not use; nor is an egress.accept
+	// waiting (it counts once it carries a connection).
+	if req.Op != agentproto.OpPing && req.Op != agentproto.OpUsage && req.Op != agentproto.OpEgressAccept {
 		s.busy.Add(1)
 		defer func() {
 			s.lastDone.Store(time.Now().UnixNano())
@@ -400,6 +414,8 @@ func (s *server) dispatchOp(c *conn, req *agentproto.Request) agentproto.Event {
 
 	case agentproto.OpUsage:
 		return s.usage()
+	case agentproto.OpEgressAccept:
+		return s.egressAccept(c)
 	}
 	return fail(agentproto.CodeBadRequest, "unknown op %q", req.Op)
 }

@@ -38,8 +38,15 @@ func (s *server) portConnect(c *conn, req *agentproto.Request) agentproto.Event 
 		return fail(agentproto.CodeInternal, "connect to port %d: %v", req.Port, err)
 	}
 	defer tc.Close()
+	connected(c, tc)
+	return agentproto.Event{}
+}
+
+// connected sends the connected event and then pipes bytes between the
+// host's connection and tc until both directions have ended.
+func connected(c *conn, tc *net.TCPConn) {
 	if err := c.send(agentproto.Event{Type: agentproto.EventConnected}); err != nil {
-		return agentproto.Event{}
+		return
 	}
 	// From here the connection is a byte stream: no deadlines (an idle
 	// WebSocket may be silent for long); the host ends it, or the agent's
@@ -50,7 +57,6 @@ func (s *server) portConnect(c *conn, req *agentproto.Request) agentproto.Event 
 		from = io.MultiReader(bytes.NewReader(early), c.nc)
 	}
 	pipe(c.nc, from, tc)
-	return agentproto.Event{}
 }
 
 // dialLoopback connects to port on 127.0.0.1, or on ::1 when nothing

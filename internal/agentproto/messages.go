@@ -46,6 +46,14 @@ const (
 	// /proc/net/tcp and tcp6): Done.Ports.
 	OpPortList = "port.list"
 
+	// OpEgressAccept waits for the next connection made to the sandbox's
+	// egress listener (a loopback port its HTTP_PROXY names, where the
+	// agent has one): an event connected once one is made, after which
+	// the agent connection carries that connection's bytes raw, both
+	// ways, as OpPortConnect's. The host hands it to the sandbox's egress
+	// gateway. CodeUnsupported when the agent has no egress listener.
+	OpEgressAccept = "egress.accept"
+
 	// OpUsage reads the sandbox's resource usage from the agent's own
 	// cgroup, the container's (Done.Usage): how the host measures a
 	// sandbox whose cgroup it cannot read itself (a Pod, whose cgroup is

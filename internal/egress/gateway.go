@@ -184,6 +184,9 @@ func (g *Gateway) SetPolicy(pol *policy.Egress, limit int64) {
 // Mode is the network mode the gateway enforces now.
 func (g *Gateway) Mode() string { return g.pol.Load().Mode }
 
+// Context ends when the gateway closes.
+func (g *Gateway) Context() context.Context { return g.ctx }
+
 // Requests returns how many connections the sandbox has made.
 func (g *Gateway) Requests() int64 { return g.requests.Load() }
 
@@ -342,6 +345,22 @@ func (g *Gateway) checkConn(dst netip.AddrPort) (decision, bool) {
 		return deny(events.KindNetworkDenied, fmt.Sprintf("port %d not allowed for %s", port, names[0])), false
 	}
 	return deny(events.KindNetworkDenied, "address not resolved from an allowed name in this sandbox"), false
+}
+
+// decide decides a TCP connection to dst (checkConn, then the server's
+// own listeners refused) and reports it under target: where to dial,
+// the decision, and whether a name allowed it.
+func (g *Gateway) decide(dst netip.AddrPort, target string) (netip.AddrPort, decision, bool) {
+	d, byName := g.checkConn(dst)
+	var t netip.AddrPort
+	if d.ok {
+		var td decision
+		if t, td = g.target(dst); !td.ok {
+			d = td
+		}
+	}
+	g.report(d, "tcp", target)
+	return t, d, byName
 }
 
 // checkName decides a name a connection claims (TLS SNI, HTTP Host).

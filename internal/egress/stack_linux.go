@@ -266,15 +266,7 @@ func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
 	id := r.ID()
 	dst := addrPort(id.LocalAddress, id.LocalPort)
 	target := dst.String()
-	d, byName := g.checkConn(dst)
-	var t netip.AddrPort
-	if d.ok {
-		var td decision
-		if t, td = g.target(dst); !td.ok {
-			d = td
-		}
-	}
-	g.report(d, "tcp", target)
+	t, d, byName := g.decide(dst, target)
 	if !d.ok || !g.countRequest(target) {
 		g.seen.refused.Add(1)
 		r.Complete(true)
@@ -305,7 +297,7 @@ func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
 // mode, allowed by name) the names the client's messages claim (TLS SNI,
 // the Host of each HTTP request) must be allowed. HTTP requests after a
 // connection's first count against network_requests in every mode.
-func (g *Gateway) splice(in *gonet.TCPConn, up net.Conn, check bool, port uint16, target string) {
+func (g *Gateway) splice(in HalfConn, up net.Conn, check bool, port uint16, target string) {
 	stop := context.AfterFunc(g.ctx, func() { in.Close(); up.Close() })
 	defer stop()
 	defer in.Close()

@@ -70,6 +70,19 @@ type Spec struct {
 type Network struct {
 	ResolvConf string
 	Attach     func(ctx context.Context, pid int) error
+	// Proxy, set for a runtime that is an EgressProxy instead, gives the
+	// sandbox no interface: its agent listens for the sandbox's proxied
+	// connections on egress.ProxyAddr, its environment names that proxy,
+	// and the engine fetches each connection through the agent for the
+	// gateway (ResolvConf and Attach are unset).
+	Proxy bool
+}
+
+// EgressProxy is a runtime whose sandboxes reach the network only through
+// their agent's egress listener (a Pod: its NetworkPolicy denies all
+// egress, and it has no interface the host could give it).
+type EgressProxy interface {
+	ProxiesEgress() bool
 }
 
 // Instance is a running sandbox as the runtime sees it.

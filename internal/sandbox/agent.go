@@ -169,6 +169,15 @@ type trackedConn struct {
 	set *connSet
 }
 
+// CloseWrite half-closes the connection where it can (a unix or TLS
+// connection): egress and port streams pass an end of stream on.
+func (c *trackedConn) CloseWrite() error {
+	if hc, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return hc.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}
+
 func (c *trackedConn) Close() error {
 	c.set.mu.Lock()
 	delete(c.set.conns, c)

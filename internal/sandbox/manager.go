@@ -318,6 +318,9 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		}
 		s.net = gw
 		spec.Network = &runtime.Network{ResolvConf: egress.ResolvConf, Attach: gw.Attach}
+		if m.proxiesEgress() {
+			spec.Network = &runtime.Network{Proxy: true}
+		}
 	}
 	// Close aborts a create in flight; the sandbox is then destroyed by
 	// whoever stops it, once the runtime's Create has returned.
@@ -342,6 +345,9 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	if !s.startLife(opt.Timeout) {
 		// Stopped while starting: the engine is closing, or a Kill.
 		return nil, s.running()
+	}
+	if spec.Network != nil && spec.Network.Proxy {
+		s.pumpEgress()
 	}
 	m.log.Info("sandbox created", "sandbox", s.ID, "template", s.Template,
 		"runtime", runtimeDone.Sub(began).Round(10*time.Microsecond), "agent", time.Since(runtimeDone).Round(10*time.Microsecond))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"reflect"
 	"runtime"
 	"strings"
 	"time"
@@ -161,6 +162,14 @@ func (s *Sandbox) SetPolicy(p *policy.Policy) (PolicyChange, error) {
 	if err := policy.FixedChange(cur, p); err != nil {
 		s.mu.Unlock()
 		return PolicyChange{}, invalidPolicy(err)
+	}
+	// Every replica holding a shared sandbox carries its egress with the
+	// policy it adopted: a change made through one would not reach the
+	// others' gateways, so the network rules are fixed there.
+	if s.m.cfg.Shared && s.net != nil && !reflect.DeepEqual(cur.NetworkPolicy(), p.NetworkPolicy()) {
+		s.mu.Unlock()
+		return PolicyChange{}, invalidPolicy(&policy.FieldError{Field: "network",
+			Reason: "the network rules of a sandbox served by several replicas are fixed when it is created; create a new sandbox to change them"})
 	}
 	ch := PolicyChange{Loosened: policy.Loosened(cur, p)}
 	ch.RestartRequired = len(ch.Loosened) > 0

@@ -27,31 +27,46 @@ func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 		return nil, err
 	}
 	s.touch()
-	nc, err := s.agent.dial(ctx)
-	if err != nil {
-		return nil, s.gone(dialErr(err))
-	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(portConnectTimeout)
 	}
+	nc, ev, err := s.connect(ctx, agentproto.Request{Op: agentproto.OpPortConnect, Port: port}, deadline)
+	switch {
+	case err != nil:
+		return nil, err
+	case nc == nil && ev.Code == agentproto.CodeRefused:
+		return nil, fmt.Errorf("port %d: %w", port, ErrNoListener)
+	case nc == nil:
+		return nil, agentError(ev)
+	}
+	return nc, nil
+}
+
+// connect sends req, an op that turns the agent connection into a byte
+// stream (port.connect, egress.accept), and returns the connection once
+// the agent said connected; a Done it answered instead is returned with
+// a nil connection. deadline (zero: none) bounds the wait, as ctx does.
+func (s *Sandbox) connect(ctx context.Context, req agentproto.Request, deadline time.Time) (net.Conn, agentproto.Event, error) {
+	nc, err := s.agent.dial(ctx)
+	if err != nil {
+		return nil, agentproto.Event{}, s.gone(dialErr(err))
+	}
 	nc.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
-	ev, err := agentproto.Connect(nc, agentproto.Request{Op: agentproto.OpPortConnect, Port: port})
+	ev, err := agentproto.Connect(nc, req)
 	if !stop() || err != nil || ev.Type != agentproto.EventConnected {
 		nc.Close()
 		switch {
 		case ctx.Err() != nil:
-			return nil, ctx.Err()
+			return nil, ev, ctx.Err()
 		case err != nil:
-			return nil, s.gone(s.agent.ioErr(err))
-		case ev.Code == agentproto.CodeRefused:
-			return nil, fmt.Errorf("port %d: %w", port, ErrNoListener)
+			return nil, ev, s.gone(s.agent.ioErr(err))
 		}
-		return nil, agentError(ev)
+		return nil, ev, nil
 	}
 	nc.SetDeadline(time.Time{})
-	return nc, nil
+	return nc, ev, nil
 }
 
 // Ports lists the TCP ports listening inside the sandbox.
@@ -69,4 +84,24 @@ func (s *Sandbox) touch() {
 	s.mu.Lock()
 	s.lastActive = time.Now()
 	s.mu.Unlock()
+}
+
+// AcceptEgress waits for the next connection the sandbox's code makes to
+// its egress listener (a sandbox whose network is proxied through its
+// agent: a Pod's) and returns it, a byte stream to the code's end; the
+// caller hands it to the sandbox's gateway. It waits until one is made,
+// ctx ends or the sandbox stops; a wait is not activity.
+func (s *Sandbox) AcceptEgress(ctx context.Context) (net.Conn, error) {
+	if err := s.running(); err != nil {
+		return nil, err
+	}
+	nc, ev, err := s.connect(ctx, agentproto.Request{Op: agentproto.OpEgressAccept}, time.Time{})
+	if err != nil {
+		return nil, err
+	}
+	if nc == nil {
+		return nil, agentError(ev)
+	}
+	s.touch()
+	return nc, nil
 }

@@ -104,6 +104,11 @@ func (m *Manager) Adopt(ctx context.Context, opt AdoptOptions) (*Sandbox, error)
 	s.mu.Lock()
 	s.announced = true // its creator announced it
 	s.mu.Unlock()
+	if opt.Policy != nil {
+		if err := s.adoptEgress(opt.Policy); err != nil {
+			m.log.Warn("adopted sandbox: its network", "sandbox", s.ID, "err", err)
+		}
+	}
 	m.log.Info("sandbox adopted", "sandbox", s.ID, "deadline", deadline.Round(time.Second))
 	return s, nil
 }
@@ -131,6 +136,7 @@ func (m *Manager) Release(id, reason string) {
 	s.mu.Unlock()
 	<-s.created
 	m.stopping(s)
+	s.closeNet()
 	s.agent.conns.closeAll()
 	s.transition(StateStopped)
 	m.forget(id)

@@ -62,6 +62,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/sheepfold/sheepfold/internal/agenttls"
+	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 )
@@ -278,8 +279,8 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (inst *runtime.
 	if !ok {
 		return nil, fmt.Errorf("kubernetes: template %q has no image configured (sheepfold template export, then [kubernetes.images])", spec.Template)
 	}
-	if spec.Network != nil {
-		return nil, fmt.Errorf("%w: network egress through the gateway is not available for Pods yet", runtime.ErrUnsupported)
+	if spec.Network != nil && !spec.Network.Proxy {
+		return nil, fmt.Errorf("%w: a Pod's network goes through its agent's egress proxy (runtime.Network.Proxy)", runtime.ErrUnsupported)
 	}
 	if msgs := validLabel(spec.ID); msgs != "" {
 		return nil, fmt.Errorf("kubernetes: sandbox id %q: %s", spec.ID, msgs)
@@ -429,6 +430,10 @@ func (r *Runtime) networkPolicy(id string) *networkingv1.NetworkPolicy {
 	}
 }
 
+// ProxiesEgress implements runtime.EgressProxy: a Pod has no interface the
+// server could give it; its network is its agent's egress listener.
+func (r *Runtime) ProxiesEgress() bool { return true }
+
 // capabilities are oci.AgentCapabilities as Kubernetes names them.
 func capabilities() []corev1.Capability {
 	out := make([]corev1.Capability, len(oci.AgentCapabilities))
@@ -502,6 +507,16 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	if scratch {
 		args = append(args, "--scratch", oci.HomeSeedPath)
 	}
+	if spec.Network != nil {
+		// Its only way out: the agent's egress listener, which the
+		// server's gateway serves (internal/egress, proxy_linux.go); the
+		// NetworkPolicy denies everything else.
+		args = append(args, "--egress-listen", egress.ProxyAddr)
+		for _, kv := range egress.ProxyEnv() {
+			k, v, _ := strings.Cut(kv, "=")
+			env = append(env, corev1.EnvVar{Name: k, Value: v})
+		}
+	}
 	if n := nproc(r.cfg.HostUsers, lim.Pids); n > 0 {
 		args = append(args, "--nproc", strconv.FormatInt(n, 10))
 	}
@@ -518,18 +533,17 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 		podLabels[LabelPool] = "true"
 	}
 	// Spread over nodes: a node's loss takes as few as can be. Warm
-	// pool members are spread among themselves too, so that every node
-	// keeps some ready.
+	// pool members are spread among themselves instead, so that every
+	// node keeps some ready (the API server refuses two constraints of
+	// one topology key and policy, so a Pod has one or the other).
+	sel := map[string]string{LabelManagedBy: managedBy, LabelInstance: r.cfg.Instance}
+	if spec.Pool {
+		sel[LabelPool] = "true"
+	}
 	spread := []corev1.TopologySpreadConstraint{{
 		MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: corev1.ScheduleAnyway,
-		LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: managedBy, LabelInstance: r.cfg.Instance}},
+		LabelSelector: &metav1.LabelSelector{MatchLabels: sel},
 	}}
-	if spec.Pool {
-		spread = append(spread, corev1.TopologySpreadConstraint{
-			MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: corev1.ScheduleAnyway,
-			LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: managedBy, LabelInstance: r.cfg.Instance, LabelPool: "true"}},
-		})
-	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: objectName(spec.ID), Labels: podLabels},
 		Spec: corev1.PodSpec{

@@ -426,8 +426,18 @@ func TestAttachAndInventory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tsc := warm.Spec.TopologySpreadConstraints; len(tsc) != 2 || tsc[1].LabelSelector.MatchLabels[LabelPool] != "true" {
+	// One constraint per Pod: the API server refuses two of one topology
+	// key and policy (the fake does not check).
+	if tsc := warm.Spec.TopologySpreadConstraints; len(tsc) != 1 || tsc[0].LabelSelector.MatchLabels[LabelPool] != "true" {
 		t.Errorf("a warm pool member is not spread among the pool's: %+v", tsc)
+	}
+	live, err := cs.CoreV1().Pods(ns).Get(ctx, "sf-live", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tsc := live.Spec.TopologySpreadConstraints; len(tsc) != 1 || tsc[0].LabelSelector.MatchLabels[LabelPool] != "" ||
+		tsc[0].LabelSelector.MatchLabels[LabelInstance] == "" {
+		t.Errorf("a sandbox is not spread among all of this instance's: %+v", tsc)
 	}
 	want := map[string]runtime.Held{
 		"live": {ID: "live"},

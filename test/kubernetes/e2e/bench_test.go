@@ -3,12 +3,8 @@
 package e2e
 
 import (
-	"context"
 	"os/exec"
 	"testing"
-	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // TestBenchPods is `make bench-kubernetes`, not part of the e2e test: a
@@ -22,17 +18,7 @@ func TestBenchPods(t *testing.T) {
 	srv, cs, ns := startAlone(t, "--pool", "2")
 	// The pool's Pods running before the bench starts (it waits for a
 	// full pool before each hit as well).
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		pods, err := cs.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "sheepfold.dev/pool=true", FieldSelector: "status.phase=Running"})
-		if err == nil && len(pods.Items) >= 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the warm pool did not fill in 2 minutes: %v", err)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
+	waitPool(t, cs, ns, 2)
 	cmd := exec.Command(bin, "bench", "--url", srv.url, "--api-key", srv.key, "--local-baseline",
 		"--only", "pool hit,warm 1+1", "-n", "20", "--warm", "200")
 	out, err := cmd.CombinedOutput()

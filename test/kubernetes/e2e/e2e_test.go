@@ -242,6 +242,8 @@ func TestSandboxesAsPods(t *testing.T) {
 	// their Pod IPs: requests take both ways.
 	replicaB := startServer(t, bin, "replica-b", addrB, key, append(slices.Clone(args), "--pool", "0", "--kubernetes-connect", "port-forward")...)
 	srv := newBalancer(t, replicaA, replicaB)
+	// A's warm Pod runs (a create that finds it is a hit).
+	waitPool(t, cs, ns, 1)
 
 	// Four sandboxes at once: Pods over both nodes, each runs the
 	// analysis; create → first result is timed.
@@ -322,6 +324,10 @@ func TestSandboxesAsPods(t *testing.T) {
 	// The official E2B SDKs' suite through the balancer: every request
 	// of it may land on either replica.
 	nodejs.E2BSuite(t, e2bDir, srv.url, e2bKey, nil)
+
+	// A network allowlist: through the agent's egress proxy and a
+	// replica's gateway, nothing else.
+	egressThroughGateway(t, srv, cs, ns)
 
 	// Node loss through replica A, which reaches agents at their Pod IPs
 	// (through port-forward, B's way, a Pod whose kubelet is down is out

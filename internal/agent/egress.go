@@ -1,0 +1,74 @@
+package agent
+
+import (
+	"errors"
+	"net"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+)
+
+// Egress through the agent. A sandbox whose runtime gives it no network
+// interface of the host's (a Pod, whose NetworkPolicy denies all egress)
+// may still reach the network its policy allows, through the server's
+// gateway: the agent listens on a loopback port inside the sandbox
+// (Config.Egress), which the sandbox's HTTP_PROXY and HTTPS_PROXY name,
+// and the server fetches each connection made to it with egress.accept
+// over its own connection to the agent, then hands it to the sandbox's
+// gateway (internal/egress, proxy.go), which decides it as it decides
+// any flow. No packet of the sandbox leaves but through the server.
+
+// egressAccepts hands the connections accepted on the egress listener to
+// egress.accept requests. It runs until the listener closes.
+func (s *server) egressAccepts() {
+	for {
+		nc, err := s.cfg.Egress.Accept()
+		if err != nil {
+			if s.ctx.Err() != nil || isClosed(err) {
+				return
+			}
+			s.log.Warn("egress accept", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		select {
+		case s.egress <- nc:
+		case <-s.ctx.Done():
+			nc.Close()
+			return
+		}
+	}
+}
+
+func isClosed(err error) bool { return errors.Is(err, net.ErrClosed) }
+
+// egressAccept serves egress.accept: it waits for the next connection
+// made to the egress listener, sends the connected event, and then pipes
+// bytes between it and the host's connection, as port.connect does. A
+// waiting request is not activity (the idle stop does not count it); a
+// connection being carried is.
+func (s *server) egressAccept(c *conn) agentproto.Event {
+	if s.cfg.Egress == nil {
+		return fail(agentproto.CodeUnsupported, "this sandbox has no egress listener")
+	}
+	ctx, cancel := s.requestContext(c)
+	defer cancel()
+	var nc net.Conn
+	select {
+	case nc = <-s.egress:
+	case <-ctx.Done():
+		return agentproto.Event{}
+	}
+	defer nc.Close()
+	// The hang-up watcher reads the host's connection: stop it before
+	// the host may send anything (it sends only once connected).
+	c.nc.SetReadDeadline(time.Unix(1, 0))
+	<-c.watchDone
+	s.busy.Add(1)
+	defer func() {
+		s.lastDone.Store(time.Now().UnixNano())
+		s.busy.Add(-1)
+	}()
+	connected(c, nc.(*net.TCPConn))
+	return agentproto.Event{}
+}
