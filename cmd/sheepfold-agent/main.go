@@ -131,6 +131,7 @@ func runServe(args []string) int {
 	switchUsers := fs.Bool("switch-users", false, "refuse to serve unless every request can run as its own user (a sandbox's agent)")
 	nproc := fs.Int64("nproc", 0, "RLIMIT_NPROC of every process the agent starts (a Pod with a user namespace of its own); 0: none")
 	egressListen := fs.String("egress-listen", "", "listen for the sandbox's proxied egress on this loopback address (host:port; HTTP_PROXY names it): each connection goes to the server's gateway through an egress.accept request (a Pod's network)")
+	history := fs.Bool("usage-history", false, "sample the sandbox's usage every 5 s and keep an hour of it for usage.history (a Pod's agent: every replica reads the same history)")
 	scratch := fs.String("scratch", "", "the home and /tmp are the sandbox's scratch volume (a Pod's memory-backed emptyDir): unpack this home seed archive (sheepfold template export) into --home before serving, and report the volume as the sandbox's disk")
 	cgroupRoot := fs.String("cgroup-root", "/sys/fs/cgroup", "where the usage op reads the sandbox's cgroups (tests point it at a fake tree)")
 	if err := fs.Parse(args); err != nil {
@@ -236,8 +237,10 @@ func runServe(args []string) int {
 		CgroupRoot:  *cgroupRoot,
 		Disk:        disk,
 		Egress:      egress,
-		Nproc:       *nproc,
-		Helper:      self,
+
+		UsageHistory: *history,
+		Nproc:        *nproc,
+		Helper:       self,
 	}
 	log.Info("serving", "version", version, "root", *root, "home", *home, "addr", ln.Addr().String())
 	if err := agent.Serve(ctx, ln, cfg); err != nil {

@@ -67,6 +67,9 @@ type Config struct {
 	// hierarchies (usage.go) [/sys/fs/cgroup]; tests point it at a fake
 	// tree.
 	CgroupRoot string
+	// UsageHistory makes the agent sample its usage every
+	// HistoryInterval for usage.history (history.go).
+	UsageHistory bool
 	// Egress, when set, is the sandbox's egress listener on its loopback
 	// (egress.go): each connection made to it goes to the host through
 	// an egress.accept request. Serve closes it.
@@ -158,6 +161,9 @@ func serve(ctx context.Context, ln net.Listener, cfg Config, started func(*serve
 	if s.switchUsers {
 		s.wg.Go(s.serveSudo) // in a sandbox: sudo_linux.go
 	}
+	if cfg.UsageHistory {
+		s.wg.Go(s.sampleUsage)
+	}
 	if cfg.Egress != nil {
 		defer context.AfterFunc(s.ctx, func() { cfg.Egress.Close() })()
 		s.wg.Go(s.egressAccepts)
@@ -230,6 +236,8 @@ type server struct {
 
 	// egress passes connections from egressAccepts to egress.accept.
 	egress chan net.Conn
+	// history is the usage samples of Config.UsageHistory.
+	history history
 }
 
 // errCannotSwitchUsers refuses to serve when Config.SwitchUsers is set
@@ -327,7 +335,7 @@ func (s *server) serveConn(nc net.Conn) {
 	}
 	// The engines' own checks are not use; nor is an egress.accept
 	// waiting (it counts once it carries a connection).
-	if req.Op != agentproto.OpPing && req.Op != agentproto.OpUsage && req.Op != agentproto.OpEgressAccept {
+	if req.Op != agentproto.OpPing && req.Op != agentproto.OpUsage && req.Op != agentproto.OpUsageHistory && req.Op != agentproto.OpEgressAccept {
 		s.busy.Add(1)
 		defer func() {
 			s.lastDone.Store(time.Now().UnixNano())
@@ -416,6 +424,8 @@ func (s *server) dispatchOp(c *conn, req *agentproto.Request) agentproto.Event {
 		return s.usage()
 	case agentproto.OpEgressAccept:
 		return s.egressAccept(c)
+	case agentproto.OpUsageHistory:
+		return s.usageHistory()
 	}
 	return fail(agentproto.CodeBadRequest, "unknown op %q", req.Op)
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 )
@@ -219,4 +220,27 @@ func FuzzCgroupText(f *testing.F) {
 	f.Fuzz(func(t *testing.T, text string) {
 		parseProcCgroup(text)
 	})
+}
+
+// TestUsageHistory: with UsageHistory the agent samples its usage at once
+// and keeps it for usage.history; without, the op is unsupported.
+func TestUsageHistory(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	writeTree(t, root, v2Files(""), nil)
+	a := startAgent(t, Config{CgroupRoot: root, UsageHistory: true})
+	var hist []agentproto.UsageSample
+	for deadline := time.Now().Add(5 * time.Second); len(hist) == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		hist = a.call(t, agentproto.Request{Op: agentproto.OpUsageHistory}).mustOK(t).done.History
+	}
+	if len(hist) != 1 || !reflect.DeepEqual(hist[0].Usage, v2Want) || time.Since(time.UnixMilli(hist[0].UnixMS)) > time.Minute {
+		t.Fatalf("history %+v", hist)
+	}
+	if info := a.call(t, agentproto.Request{Op: agentproto.OpPing}).mustOK(t).done.Agent; info.IdleMS == 0 && info.Busy != 0 {
+		t.Fatalf("history reads count as activity: %+v", info)
+	}
+	b := startAgent(t, Config{CgroupRoot: root})
+	if done := b.call(t, agentproto.Request{Op: agentproto.OpUsageHistory}).done; done.Code != agentproto.CodeUnsupported {
+		t.Fatalf("without a history: %+v", done)
+	}
 }

@@ -46,6 +46,11 @@ const (
 	// /proc/net/tcp and tcp6): Done.Ports.
 	OpPortList = "port.list"
 
+	// OpUsageHistory returns the usage samples the agent took every 5 s
+	// for the last hour (Done.History, oldest first), where it keeps them
+	// (a Pod's agent); CodeUnsupported elsewhere.
+	OpUsageHistory = "usage.history"
+
 	// OpEgressAccept waits for the next connection made to the sandbox's
 	// egress listener (a loopback port its HTTP_PROXY names, where the
 	// agent has one): an event connected once one is made, after which
@@ -328,8 +333,9 @@ type Event struct {
 	Contexts  []ContextInfo `json:"contexts,omitempty"`
 	Processes []ProcessInfo `json:"processes,omitempty"`
 	Entries   []FileInfo    `json:"entries,omitempty"`
-	Ports     []PortInfo    `json:"ports,omitempty"` // port.list
-	Usage     *Usage        `json:"usage,omitempty"` // usage
+	Ports     []PortInfo    `json:"ports,omitempty"`   // port.list
+	Usage     *Usage        `json:"usage,omitempty"`   // usage
+	History   []UsageSample `json:"history,omitempty"` // usage.history
 }
 
 // Usage is the sandbox's resource usage as its agent reads it from its
@@ -356,6 +362,12 @@ type Usage struct {
 	DiskTotalBytes int64 `json:"disk_total_bytes,omitempty"`
 	// Pressure is the cgroup's PSI (v2 with a kernel that keeps it).
 	Pressure *Pressure `json:"pressure,omitempty"`
+}
+
+// UsageSample is one sample of the agent's usage history.
+type UsageSample struct {
+	UnixMS int64 `json:"unix_ms"` // when it was taken
+	Usage  Usage `json:"usage"`
 }
 
 // Pressure is a cgroup v2's pressure stall information: the avg10 figure

@@ -38,7 +38,7 @@
 //
 // Imports: internal/sandbox, internal/agentproto, internal/apierr,
 // internal/lang (language names), internal/policy (a sandbox's policy at
-// create), the generated envdpb packages with connectrpc.com/connect and
+// create), internal/runtime (usage figures, for metrics), the generated envdpb packages with connectrpc.com/connect and
 // protobuf. The caller (internal/server) supplies a Backend
 // for keys, ownership and records.
 package e2b

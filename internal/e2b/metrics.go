@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
@@ -88,40 +89,67 @@ func (l *metricsLog) sample(now time.Time) {
 	if err != nil {
 		return
 	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m := newMetric(l.sb, u, now, l.lastAt, l.lastCPU)
+	l.lastAt, l.lastCPU = now, u.CPUNanos
+	if len(l.samples) == metricsKept {
+		l.samples = append(l.samples[:0], l.samples[1:]...)
+	}
+	l.samples = append(l.samples, m)
+}
+
+// newMetric is the sample of usage u read at now, whose CPU use is
+// measured since the CPU counter read lastCPU at lastAt.
+func newMetric(sb *sandbox.Sandbox, u runtime.Usage, now, lastAt time.Time, lastCPU uint64) metric {
 	// The CPUs the sandbox may use: its cgroup's quota, rounded up (as
 	// getInfo's cpuCount); the host's without one.
 	cpus := goruntime.NumCPU()
 	if c := u.CPULimit; c > 0 {
 		cpus = int(math.Ceil(c))
-	} else if c := l.sb.Limits.CPUs; c > 0 {
+	} else if c := sb.Limits.CPUs; c > 0 {
 		cpus = int(math.Ceil(c))
 	}
 	// The cgroup's limit; v1 shows none as a huge number, v2 as -1.
 	memTotal := u.MemoryLimit
 	if memTotal <= 0 || memTotal >= 1<<60 {
-		memTotal = l.sb.Limits.MemoryBytes
+		memTotal = sb.Limits.MemoryBytes
 	}
 	memCache := min(max(u.MemoryCacheBytes, 0), u.MemoryBytes)
 	diskTotal := u.DiskTotalBytes
 	if diskTotal <= 0 {
-		diskTotal = l.sb.Limits.DiskBytes
+		diskTotal = sb.Limits.DiskBytes
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	pct := 0.0
-	if wall := now.Sub(l.lastAt); wall > 0 && u.CPUNanos >= l.lastCPU {
-		pct = float64(u.CPUNanos-l.lastCPU) / float64(wall.Nanoseconds()) / float64(cpus) * 100
+	if wall := now.Sub(lastAt); wall > 0 && u.CPUNanos >= lastCPU {
+		pct = float64(u.CPUNanos-lastCPU) / float64(wall.Nanoseconds()) / float64(cpus) * 100
 		pct = math.Round(min(pct, 100)*100) / 100
 	}
-	l.lastAt, l.lastCPU = now, u.CPUNanos
-	if len(l.samples) == metricsKept {
-		l.samples = append(l.samples[:0], l.samples[1:]...)
-	}
-	l.samples = append(l.samples, metric{
+	return metric{
 		Timestamp: now.UTC().Format(time.RFC3339), TimestampUnix: now.Unix(),
 		CPUCount: cpus, CPUUsedPct: pct, MemUsed: u.MemoryBytes - memCache, MemTotal: memTotal, MemCache: memCache,
 		DiskUsed: u.DiskBytes, DiskTotal: diskTotal,
-	})
+	}
+}
+
+// historyMetrics are the samples of a sandbox's agent-kept usage history
+// (a Pod's: every replica shows the same) taken since it was created (a
+// warm Pod's agent sampled before it was handed out: those samples only
+// serve as the first one's CPU baseline) and in [start, end].
+func historyMetrics(sb *sandbox.Sandbox, hist []sandbox.UsageSample, start, end int64) []metric {
+	out := []metric{}
+	lastAt, lastCPU := sb.Created, uint64(0)
+	for _, h := range hist {
+		m := newMetric(sb, h.Usage, h.At, lastAt, lastCPU)
+		lastAt, lastCPU = h.At, h.CPUNanos
+		if h.At.Before(sb.Created) {
+			continue
+		}
+		if (start == 0 || m.TimestampUnix >= start) && (end == 0 || m.TimestampUnix <= end) {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // between returns the samples taken in [start, end] (unix seconds; 0: open).
@@ -152,6 +180,12 @@ func (h *Handler) getMetrics(w http.ResponseWriter, r *http.Request, owner strin
 	sb, err := h.backend.Sandbox(r.Context(), owner, r.PathValue("id"))
 	if err != nil {
 		return err
+	}
+	// A Pod's agent keeps the history, which every replica reads alike;
+	// elsewhere this server samples the sandbox itself.
+	if hist, err := sb.UsageHistory(r.Context()); err == nil {
+		writeJSON(w, http.StatusOK, historyMetrics(sb, hist, bounds[0], bounds[1]))
+		return nil
 	}
 	writeJSON(w, http.StatusOK, h.sampleMetrics(sb).between(bounds[0], bounds[1]))
 	return nil

@@ -66,7 +66,11 @@ func (s *Sandbox) agentUsage(ctx context.Context) (runtime.Usage, error) {
 	if done.Usage == nil {
 		return runtime.Usage{}, fmt.Errorf("%w: a usage reply without usage", errAgentBroke)
 	}
-	a := done.Usage
+	return fromAgent(*done.Usage), nil
+}
+
+// fromAgent is an agent's usage as the engine's.
+func fromAgent(a agentproto.Usage) runtime.Usage {
 	u := runtime.Usage{
 		MemoryBytes: a.MemoryBytes, MemoryCacheBytes: a.MemoryCacheBytes, MemoryPeakBytes: a.MemoryPeakBytes,
 		MemoryLimit: a.MemoryLimit, OOMKills: a.OOMKills, CPUNanos: a.CPUNanos, CPULimit: a.CPULimit,
@@ -75,5 +79,41 @@ func (s *Sandbox) agentUsage(ctx context.Context) (runtime.Usage, error) {
 	if p := a.Pressure; p != nil {
 		u.Pressure = &runtime.Pressure{CPUSome: p.CPUSome, MemorySome: p.MemorySome, MemoryFull: p.MemoryFull, IOSome: p.IOSome, IOFull: p.IOFull}
 	}
-	return u, nil
+	return u
+}
+
+// UsageSample is one sample of a sandbox's usage history.
+type UsageSample struct {
+	At time.Time
+	runtime.Usage
+}
+
+// UsageHistory returns the usage samples the sandbox's agent took (every
+// 5 s, the last hour, oldest first): a Pod's, which every replica reads
+// alike. runtime.ErrUnsupported where the agent keeps none (the local
+// engine's sandboxes: their server samples them itself).
+func (s *Sandbox) UsageHistory(ctx context.Context) ([]UsageSample, error) {
+	select {
+	case <-s.created:
+	default:
+		return nil, fmt.Errorf("%w: the sandbox is starting", runtime.ErrUnsupported)
+	}
+	if s.agent.dial == nil {
+		return nil, fmt.Errorf("%w: the sandbox has no agent", runtime.ErrUnsupported)
+	}
+	// As a usage read, not activity: the idle stop does not see it.
+	ctx, cancel := context.WithTimeout(ctx, agentUsageTimeout)
+	defer cancel()
+	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpUsageHistory}, nil, agentproto.Handlers{}, callOptions{idle: agentUsageTimeout})
+	if done.Code == agentproto.CodeUnsupported || done.Code == agentproto.CodeBadRequest {
+		return nil, fmt.Errorf("%w: the sandbox's agent keeps no usage history", runtime.ErrUnsupported)
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]UsageSample, 0, len(done.History))
+	for _, h := range done.History {
+		out = append(out, UsageSample{At: time.UnixMilli(h.UnixMS), Usage: fromAgent(h.Usage)})
+	}
+	return out, nil
 }

@@ -237,6 +237,10 @@ func TestReplicasE2B(t *testing.T) {
 	if l := b.e2bDo("GET", "/sandboxes", b.keyA, nil); strings.Contains(string(l.body), sb.ID) {
 		t.Fatalf("B lists a sandbox A killed: %s", l.body)
 	}
+	// The SDK's isRunning on B, which held it: the sandbox is gone (502).
+	if r := b.envd(sb, "GET", "/health", nil); r.status != http.StatusBadGateway {
+		t.Fatalf("health on B of a sandbox A killed: %d %s", r.status, r.body)
+	}
 	want(t, b.e2bDo("DELETE", "/sandboxes/"+closed.ID, b.keyA, nil), http.StatusNoContent, "")
 }
 

@@ -413,12 +413,18 @@ func (s *Server) lookupID(ctx context.Context, own, id string) (*box, error) {
 }
 
 // forget drops a stopped sandbox from memory and records its stop.
+//
+// The stop is recorded before forget returns even when the periodic sweep
+// (RecordStopped) took the box out of the table first and is still
+// writing: a kill's reply must find the record stopped, for every replica
+// reads that record next (StopSandbox keeps the first stop).
 func (s *Server) forget(ctx context.Context, b *box) {
 	s.mu.Lock()
-	_, ok := s.boxes[b.sb.ID]
-	delete(s.boxes, b.sb.ID)
+	if s.boxes[b.sb.ID] == b {
+		delete(s.boxes, b.sb.ID)
+	}
 	s.mu.Unlock()
-	if ok {
+	if !b.sb.Released() {
 		s.recordStop(ctx, b)
 	}
 }

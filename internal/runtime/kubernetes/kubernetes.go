@@ -32,7 +32,8 @@
 // record is gone.
 //
 // Imports: internal/runtime, internal/runtime/oci (the agent's path,
-// capabilities and rlimits), internal/agenttls, client-go and the standard
+// capabilities and rlimits), internal/agenttls, internal/egress (the
+// egress proxy's address and environment), client-go and the standard
 // library.
 package kubernetes
 
@@ -504,6 +505,8 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	}
 	args := append([]string{oci.AgentPath, "init"}, oci.RlimitFlags...)
 	args = append(args, "--listen-tcp", ":"+strconv.Itoa(r.cfg.AgentPort), "--tls-dir", tlsDir)
+	// The usage history every replica reads the same (E2B's metrics).
+	args = append(args, "--usage-history")
 	if scratch {
 		args = append(args, "--scratch", oci.HomeSeedPath)
 	}

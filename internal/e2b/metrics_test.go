@@ -1,0 +1,40 @@
+package e2b
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+// TestHistoryMetrics: an agent's history becomes E2B samples from the
+// sandbox's creation on, the first one's CPU use measured from the last
+// sample before it (a warm Pod's), the window applied.
+func TestHistoryMetrics(t *testing.T) {
+	t.Parallel()
+	created := time.Unix(1_000_000, 0)
+	sb := &sandbox.Sandbox{ID: "sb", Created: created,
+		Limits: runtime.Limits{CPUs: 2, MemoryBytes: 512 << 20, DiskBytes: 256 << 20}}
+	u := func(cpuSec float64, disk int64) runtime.Usage {
+		return runtime.Usage{CPUNanos: uint64(cpuSec * 1e9), MemoryBytes: 100 << 20, MemoryCacheBytes: 10 << 20,
+			MemoryLimit: 512 << 20, CPULimit: 2, DiskBytes: disk, DiskTotalBytes: 256 << 20}
+	}
+	hist := []sandbox.UsageSample{
+		{At: created.Add(-5 * time.Second), Usage: u(3, 0)}, // before the hand-out
+		{At: created.Add(2 * time.Second), Usage: u(3.7, 1<<20)},
+		{At: created.Add(7 * time.Second), Usage: u(8.7, 9<<20)},
+	}
+	ms := historyMetrics(sb, hist, 0, 0)
+	if len(ms) != 2 {
+		t.Fatalf("samples %+v", ms)
+	}
+	// 0.7 CPU-s over 7 s on 2 CPUs; then 5 over 5 s on 2.
+	if ms[0].CPUUsedPct != 5 || ms[1].CPUUsedPct != 50 || ms[1].DiskUsed != 9<<20 || ms[1].DiskTotal != 256<<20 ||
+		ms[1].MemUsed != 90<<20 || ms[1].MemCache != 10<<20 || ms[0].CPUCount != 2 || ms[1].TimestampUnix != created.Unix()+7 {
+		t.Fatalf("samples %+v", ms)
+	}
+	if w := historyMetrics(sb, hist, created.Unix()+5, 0); len(w) != 1 || w[0].TimestampUnix != created.Unix()+7 {
+		t.Fatalf("window: %+v", w)
+	}
+}
