@@ -210,6 +210,9 @@ func (b e2bBackend) Kill(ctx context.Context, owner, id string) error {
 	if err != nil {
 		return classify(err)
 	}
+	if err := b.s.recordKill(ctx, id); err != nil {
+		return classify(err)
+	}
 	if err := b.s.engine.Kill(ctx, id); err != nil && apierr.CodeOf(err) != apierr.SandboxNotFound {
 		return classify(err)
 	}

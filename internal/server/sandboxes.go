@@ -588,6 +588,9 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := s.recordKill(r.Context(), b.sb.ID); err != nil {
+		return err
+	}
 	if err := s.engine.Kill(context.WithoutCancel(r.Context()), b.sb.ID); err != nil && apierr.CodeOf(err) != apierr.SandboxNotFound {
 		return err
 	}
