@@ -423,8 +423,14 @@ func nodeLoss(t *testing.T, srv *server, cs kubernetes.Interface, ns, cluster st
 		t.Fatal(err)
 	}
 	var id, ip string
+	// One of the test's sandboxes (not a warm pool member, nobody's yet).
+	code, listed := srv.do(t, "GET", "/v1/sandboxes", nil)
+	if code != 200 {
+		t.Fatalf("list: %d %s", code, listed)
+	}
 	for _, p := range pods.Items {
-		if p.Spec.NodeName == "sf-node-b" {
+		if p.Spec.NodeName == "sf-node-b" && p.Status.Phase == corev1.PodRunning &&
+			strings.Contains(string(listed), `"`+p.Labels["sheepfold.dev/sandbox"]+`"`) {
 			id, ip = p.Labels["sheepfold.dev/sandbox"], p.Status.PodIP
 			break
 		}
