@@ -96,7 +96,21 @@ const refillQuiet = time.Second
 // poolLease is the lifetime a member's agent is given while it waits in
 // the pool, renewed every poolLease/4: a member outlives a crashed engine
 // by at most this long. At hand-out the agent gets the caller's lifetime.
-const poolLease = 10 * time.Minute
+// A shared engine's members (Pods, which no restart of this engine
+// reaps: the other replicas' collectors spare warm members) get
+// sharedPoolLease, so that a crashed replica's last at most a minute.
+const (
+	poolLease       = 10 * time.Minute
+	sharedPoolLease = time.Minute
+)
+
+// lease is the pool's member lease.
+func (p *pool) lease() time.Duration {
+	if p.m.cfg.Shared {
+		return sharedPoolLease
+	}
+	return poolLease
+}
 
 type pool struct {
 	m         *Manager
@@ -132,7 +146,7 @@ func newPool(m *Manager) *pool {
 // fill keeps every pooled template at its size, one new member at a time.
 func (p *pool) fill() {
 	defer close(p.done)
-	renew := time.NewTicker(poolLease / 4)
+	renew := time.NewTicker(p.lease() / 4)
 	defer renew.Stop()
 	backoff := time.Second
 	for {
@@ -209,7 +223,7 @@ func (p *pool) start(tmpl string) (*Sandbox, error) {
 		return nil, fmt.Errorf("create: %w", err)
 	}
 	s.agent = newAgentClient(inst, m.agentCall)
-	if err := s.waitAgent(p.ctx, m.cfg.AgentTimeout, poolLease); err != nil {
+	if err := s.waitAgent(p.ctx, m.cfg.AgentTimeout, p.lease()); err != nil {
 		m.destroy(s, reasonFailed)
 		return nil, fmt.Errorf("agent: %w", err)
 	}
@@ -315,7 +329,7 @@ func (s *Sandbox) renewLease(ctx context.Context) error {
 	if s.State() != StateStarting {
 		return nil
 	}
-	return s.tellLifetime(ctx, poolLease)
+	return s.tellLifetime(ctx, s.m.pool.lease())
 }
 
 // poolable reports whether a sandbox started ahead can serve opt.
