@@ -287,14 +287,7 @@ func (m *Meter) sample(t *tracker, now time.Time) {
 		t.memory = int64(u.MemoryBytes)
 		d.DiskPeakBytes = u.DiskBytes
 	}
-	hour := now.UTC().Truncate(time.Hour)
-	p := t.pending[hour]
-	if p == nil {
-		p = &store.UsageDelta{SandboxID: t.sb.ID, Account: t.account.ID, Template: t.template, Hour: hour}
-		t.pending[hour] = p
-	}
-	p.Add(d)
-	t.total.Add(d)
+	t.add(now, d)
 	cpu := float64(d.CPUNanos) / 1e9
 	t.account.Accrue(account.Usage{SandboxSeconds: dt.Seconds(), CPUSeconds: cpu, GBSeconds: d.GBSecondsReserved,
 		Executions: d.Executions}, m.cfg.Prices.Cost(cpu, d.GBSecondsReserved, d.Executions))
@@ -311,6 +304,13 @@ func (m *Meter) count(t *tracker, now time.Time) {
 	if d == (store.UsageDelta{}) {
 		return
 	}
+	t.add(now, d)
+	t.account.Accrue(account.Usage{Executions: d.Executions}, m.cfg.Prices.Cost(0, 0, d.Executions))
+}
+
+// add adds d to the tracker's pending delta of now's hour and to its
+// total.
+func (t *tracker) add(now time.Time, d store.UsageDelta) {
 	hour := now.UTC().Truncate(time.Hour)
 	p := t.pending[hour]
 	if p == nil {
@@ -319,7 +319,6 @@ func (m *Meter) count(t *tracker, now time.Time) {
 	}
 	p.Add(d)
 	t.total.Add(d)
-	t.account.Accrue(account.Usage{Executions: d.Executions}, m.cfg.Prices.Cost(0, 0, d.Executions))
 }
 
 func cpuDelta(u runtime.Usage, last *uint64) int64 {
