@@ -40,28 +40,45 @@ func (s *Sandbox) usage(ctx context.Context) (runtime.Usage, error) {
 	if err == nil || !errors.Is(err, runtime.ErrUnsupported) {
 		return u, err
 	}
-	select {
-	case <-s.created: // s.agent is set (or the create failed)
-	default:
+	if !s.agentReady() {
 		return u, err // still starting (the idle loop sees such sandboxes)
-	}
-	if s.agent.dial == nil {
-		return u, err
 	}
 	return s.agentUsage(ctx)
 }
 
-// agentUsage asks the sandbox's agent for its usage.
-func (s *Sandbox) agentUsage(ctx context.Context) (runtime.Usage, error) {
+// agentReady reports whether the sandbox's agent can be asked: its create
+// has returned (s.agent is set) and left it an agent.
+func (s *Sandbox) agentReady() bool {
+	select {
+	case <-s.created:
+		return s.agent.dial != nil
+	default:
+		return false
+	}
+}
+
+// agentRead sends the agent op, a read of the sandbox's usage, which is
+// not activity (the idle stop does not see it): an agent that cannot
+// answer it (no cgroup, no history, an agent older than the op) is
+// runtime.ErrUnsupported, saying what it could not.
+func (s *Sandbox) agentRead(ctx context.Context, op, what string) (agentproto.Event, error) {
 	ctx, cancel := context.WithTimeout(ctx, agentUsageTimeout)
 	defer cancel()
-	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpUsage}, nil, agentproto.Handlers{}, callOptions{idle: agentUsageTimeout})
+	done, err := s.agent.call(ctx, agentproto.Request{Op: op}, nil, agentproto.Handlers{}, callOptions{idle: agentUsageTimeout})
 	if done.Code == agentproto.CodeUnsupported || done.Code == agentproto.CodeBadRequest {
-		// No cgroup in the sandbox, or an agent older than the op.
-		return runtime.Usage{}, fmt.Errorf("%w: the sandbox's agent cannot read its usage: %s", runtime.ErrUnsupported, done.Message)
+		return done, fmt.Errorf("%w: the sandbox's agent cannot read its %s: %s", runtime.ErrUnsupported, what, done.Message)
 	}
 	if err != nil {
-		return runtime.Usage{}, fmt.Errorf("read usage from the sandbox's agent: %w", err)
+		return done, fmt.Errorf("read %s from the sandbox's agent: %w", what, err)
+	}
+	return done, nil
+}
+
+// agentUsage asks the sandbox's agent for its usage.
+func (s *Sandbox) agentUsage(ctx context.Context) (runtime.Usage, error) {
+	done, err := s.agentRead(ctx, agentproto.OpUsage, "usage")
+	if err != nil {
+		return runtime.Usage{}, err
 	}
 	if done.Usage == nil {
 		return runtime.Usage{}, fmt.Errorf("%w: a usage reply without usage", errAgentBroke)
@@ -93,21 +110,10 @@ type UsageSample struct {
 // alike. runtime.ErrUnsupported where the agent keeps none (the local
 // engine's sandboxes: their server samples them itself).
 func (s *Sandbox) UsageHistory(ctx context.Context) ([]UsageSample, error) {
-	select {
-	case <-s.created:
-	default:
-		return nil, fmt.Errorf("%w: the sandbox is starting", runtime.ErrUnsupported)
+	if !s.agentReady() {
+		return nil, fmt.Errorf("%w: the sandbox has no agent to ask yet", runtime.ErrUnsupported)
 	}
-	if s.agent.dial == nil {
-		return nil, fmt.Errorf("%w: the sandbox has no agent", runtime.ErrUnsupported)
-	}
-	// As a usage read, not activity: the idle stop does not see it.
-	ctx, cancel := context.WithTimeout(ctx, agentUsageTimeout)
-	defer cancel()
-	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpUsageHistory}, nil, agentproto.Handlers{}, callOptions{idle: agentUsageTimeout})
-	if done.Code == agentproto.CodeUnsupported || done.Code == agentproto.CodeBadRequest {
-		return nil, fmt.Errorf("%w: the sandbox's agent keeps no usage history", runtime.ErrUnsupported)
-	}
+	done, err := s.agentRead(ctx, agentproto.OpUsageHistory, "usage history")
 	if err != nil {
 		return nil, err
 	}
