@@ -15,7 +15,7 @@ import (
 // (Config.Egress), which the sandbox's HTTP_PROXY and HTTPS_PROXY name,
 // and the server fetches each connection made to it with egress.accept
 // over its own connection to the agent, then hands it to the sandbox's
-// gateway (internal/egress, proxy.go), which decides it as it decides
+// gateway (internal/egress, proxy_linux.go), which decides it as it decides
 // any flow. No packet of the sandbox leaves but through the server.
 
 // egressAccepts hands the connections accepted on the egress listener to
@@ -24,7 +24,7 @@ func (s *server) egressAccepts() {
 	for {
 		nc, err := s.cfg.Egress.Accept()
 		if err != nil {
-			if s.ctx.Err() != nil || isClosed(err) {
+			if s.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
 			}
 			s.log.Warn("egress accept", "err", err)
@@ -39,8 +39,6 @@ func (s *server) egressAccepts() {
 		}
 	}
 }
-
-func isClosed(err error) bool { return errors.Is(err, net.ErrClosed) }
 
 // egressAccept serves egress.accept: it waits for the next connection
 // made to the egress listener, sends the connected event, and then pipes

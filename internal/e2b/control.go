@@ -261,7 +261,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 		return err
 	}
 	h.Adopted(sb.ID, origin)
-	h.sampleMetrics(sb)
+	go h.watchMetrics(sb)
 	writeJSON(w, http.StatusCreated, h.sandboxOf(r.Context(), sb))
 	return nil
 }

@@ -54,6 +54,17 @@ type metricsLog struct {
 	lastCPU uint64
 }
 
+// watchMetrics starts this server's sampling of a sandbox it created,
+// unless the sandbox's agent keeps the history itself (a Pod's, which
+// getMetrics reads instead): one sampler per sandbox, off the create's
+// reply.
+func (h *Handler) watchMetrics(sb *sandbox.Sandbox) {
+	if _, err := sb.UsageHistory(context.Background()); err == nil {
+		return
+	}
+	h.sampleMetrics(sb)
+}
+
 // sampleMetrics starts sampling sb unless it is sampled already, and
 // returns its log.
 func (h *Handler) sampleMetrics(sb *sandbox.Sandbox) *metricsLog {
