@@ -66,18 +66,24 @@ func (h *Handler) watchMetrics(sb *sandbox.Sandbox) {
 }
 
 // sampleMetrics starts sampling sb unless it is sampled already, and
-// returns its log.
+// returns its log. A log is shared only once it holds its first sample,
+// so a metrics call racing the create's sampler never sees it empty.
 func (h *Handler) sampleMetrics(sb *sandbox.Sandbox) *metricsLog {
 	h.mu.Lock()
 	l := h.metrics[sb.ID]
+	h.mu.Unlock()
 	if l != nil {
-		h.mu.Unlock()
 		return l
 	}
 	l = &metricsLog{sb: sb, lastAt: sb.Created}
+	l.sample(time.Now()) // the first covers the time since the start
+	h.mu.Lock()
+	if prev := h.metrics[sb.ID]; prev != nil {
+		h.mu.Unlock()
+		return prev
+	}
 	h.metrics[sb.ID] = l
 	h.mu.Unlock()
-	l.sample(time.Now()) // the first covers the time since the start
 	go func() {
 		t := time.NewTicker(metricsInterval)
 		defer t.Stop()
