@@ -31,6 +31,10 @@
 // "nproc-exec N PATH ARGV0 [ARG...]" likewise starts a program under
 // RLIMIT_NPROC N, when serve has --nproc (agent.NprocExec).
 //
+// "netlock --agent-port N" is a Pod's init container: it closes the Pod's
+// network namespace to everything but the agent's port and replies
+// (agent.LockNetwork) before the sandbox starts.
+//
 // For tests and debugging, "serve --listen PATH" (also through init)
 // creates the socket itself. In a Kubernetes Pod, "init --listen-tcp
 // ADDR --tls-dir DIR" listens on the Pod's network instead, with TLS that
@@ -106,6 +110,10 @@ func main() {
 		// Runs an interpreter under the no-subprocess filter
 		// (kernel.SeccompExec); the agent starts it, never the host.
 		os.Exit(kernel.SeccompExec(os.Args[2:]))
+	case "netlock":
+		// A Pod's init container: closes the Pod's network to all but
+		// the agent's port (agent.LockNetwork), then exits.
+		os.Exit(runNetlock(os.Args[2:]))
 	case "version":
 		fmt.Println(version)
 	default:
@@ -115,7 +123,20 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintf(os.Stderr, "usage: %s init|serve [--root DIR] [--home DIR] [--listen SOCKET | --listen-tcp ADDR --tls-dir DIR] | seccomp-exec FILTER SYSCALL PROGRAM [ARG...]\n", os.Args[0])
+	fmt.Fprintf(os.Stderr, "usage: %s init|serve [--root DIR] [--home DIR] [--listen SOCKET | --listen-tcp ADDR --tls-dir DIR] | netlock --agent-port N | seccomp-exec FILTER SYSCALL PROGRAM [ARG...]\n", os.Args[0])
+}
+
+func runNetlock(args []string) int {
+	fs := flag.NewFlagSet("netlock", flag.ContinueOnError)
+	port := fs.Int("agent-port", 0, "the TCP port the agent listens on (--listen-tcp's), the only one the Pod admits connections to")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if err := agent.LockNetwork(*port); err != nil {
+		fmt.Fprintf(os.Stderr, "netlock: %v\n", err)
+		return 1
+	}
+	return 0
 }
 
 func runServe(args []string) int {

@@ -51,6 +51,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	var kube sfengine.KubernetesOptions
 	var kubeImages, kubeServerPods, kubeRuntimeClasses map[string]string
 	var kubeConnect string
+	podFirewall := true
 	var (
 		freeCredits, creditsLow string
 		acfg                    account.Config
@@ -158,6 +159,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 					return errors.New("--backend kubernetes needs --kubernetes-namespace")
 				}
 				kube.Config.Images, kube.Config.ServerPods = kubeImages, kubeServerPods
+				kube.Config.OpenNetwork = !podFirewall
 				switch kubeConnect {
 				case "pod-ip":
 				case "port-forward":
@@ -195,10 +197,12 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().StringToStringVar(&kubeImages, "kubernetes-image", nil, "with --backend kubernetes: TEMPLATE=IMAGE, the image of each template (sheepfold template export)")
 	cmd.Flags().StringVar(&kube.Config.RuntimeClass, "kubernetes-runtime-class", "", "with --backend kubernetes: the Pods' RuntimeClass, e.g. runc or gvisor (default: the cluster's)")
 	cmd.Flags().StringToStringVar(&kubeRuntimeClasses, "kubernetes-runtime-classes", nil, `with --backend kubernetes: NAME=RUNTIMECLASS, the runtimes a create request may choose ("runtime": NAME), e.g. gvisor=gvisor,runc=runc (default: none; every Pod gets --kubernetes-runtime-class)`)
-	cmd.Flags().StringSliceVar(&kube.Config.HostUsersRuntimes, "kubernetes-host-users-runtimes", []string{"gvisor"}, "with --backend kubernetes: runtimes of --kubernetes-runtime-classes whose Pods run in the node's user namespace (gVisor's cannot join a Pod's own)")
+	cmd.Flags().StringSliceVar(&kube.Config.HostUsersRuntimes, "kubernetes-host-users-runtimes", []string{"gvisor"}, "with --backend kubernetes: runtimes (names in --kubernetes-runtime-classes, or RuntimeClasses) whose Pods run in the node's user namespace (gVisor's cannot join a Pod's own)")
+	cmd.Flags().StringSliceVar(&kube.Config.OpenNetworkRuntimes, "kubernetes-open-network-runtimes", []string{"gvisor"}, "with --backend kubernetes: runtimes (as --kubernetes-host-users-runtimes) whose Pods get no Pod firewall (gVisor's netstack has no nftables): their NetworkPolicy alone closes them, which needs a CNI that enforces it")
 	cmd.Flags().BoolVar(&kube.Config.HostUsers, "kubernetes-host-users", false, "with --backend kubernetes: run Pods in the node's user namespace (for clusters without user namespaces; default: a user namespace per Pod)")
 	cmd.Flags().StringVar(&kube.Config.SeccompProfile, "kubernetes-seccomp-profile", "sheepfold/agent.json", "with --backend kubernetes: the Pods' Localhost seccomp profile in each node's kubelet seccomp directory (write it with sheepfold seccomp-profile), or RuntimeDefault (code contexts cannot start under it)")
 	cmd.Flags().StringVar(&kubeConnect, "kubernetes-connect", "pod-ip", "with --backend kubernetes: how the server reaches agents: pod-ip (it must reach the pod network) or port-forward (through the API server, for a server outside the cluster)")
+	cmd.Flags().BoolVar(&podFirewall, "kubernetes-pod-firewall", true, "with --backend kubernetes: an init container with NET_ADMIN closes each Pod's network to all but its agent's port, whatever the CNI plugin enforces; false leaves that to the NetworkPolicy (a CNI that enforces it, and a Pod Security admission that refuses NET_ADMIN)")
 	cmd.Flags().StringToStringVar(&kubeServerPods, "kubernetes-server-pods", nil, "with --backend kubernetes: labels of the server's Pods, the only ones let in to agents (default: any source; TLS admits only the server)")
 	cmd.Flags().Int64Var(&uploadMB, "file-size-upload-mb", 100, "largest file one upload may write, in MiB")
 	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's default, "+strconv.Itoa(sandbox.DefaultMaxSandboxes)+")")

@@ -8,7 +8,9 @@
 //
 //   - a NetworkPolicy, made first, that denies the sandbox's Pod every
 //     egress and admits ingress only to the agent's port (from the server's
-//     Pods when their labels are configured);
+//     Pods when their labels are configured); the Pod's init container
+//     netlock says the same in the Pod's own network namespace (nftables),
+//     which holds where the CNI plugin enforces no NetworkPolicy;
 //   - a Secret with the agent's credential (package agenttls): its own
 //     certificate and key, and the authority's certificate;
 //   - the Pod: the template's image (sheepfold template export), our agent
@@ -95,8 +97,12 @@ const (
 // tlsDir is where the Pod mounts its Secret.
 const tlsDir = "/.sheepfold/tls"
 
-// container is the name of the sandbox's container in its Pod.
-const container = "sandbox"
+// container is the name of the sandbox's container in its Pod, and
+// netlockContainer that of the init container that closes its network.
+const (
+	container        = "sandbox"
+	netlockContainer = "netlock"
+)
 
 // Config says where and how sandboxes run. Zero fields take the defaults
 // in brackets.
@@ -121,12 +127,26 @@ type Config struct {
 	// support (Kubernetes 1.33+, containerd 2, a kernel with idmapped
 	// mounts on the node's filesystems).
 	HostUsers bool
-	// HostUsersRuntimes are runtimes (names of RuntimeClasses) whose Pods
-	// run in the host's user namespace whatever HostUsers says: gVisor's
-	// runsc cannot join a Pod's user namespace (its gofer fails to enter
-	// it: "error setting namespace of type user"), and its own kernel is
-	// the boundary there.
+	// HostUsersRuntimes are runtimes (names a create may choose, or
+	// RuntimeClasses) whose Pods run in the host's user namespace
+	// whatever HostUsers says: gVisor's runsc cannot join a Pod's user
+	// namespace (its gofer fails to enter it: "error setting namespace of
+	// type user"), and its own kernel is the boundary there.
 	HostUsersRuntimes []string
+	// OpenNetwork leaves a Pod's network to its NetworkPolicy alone. By
+	// default an init container (the agent's netlock, with CAP_NET_ADMIN
+	// and nothing else) first closes the Pod's network namespace to all
+	// but the agent's port (agent.LockNetwork), whether or not the
+	// cluster's CNI enforces NetworkPolicies. For clusters that enforce
+	// them and whose Pod Security admission refuses NET_ADMIN.
+	OpenNetwork bool
+	// OpenNetworkRuntimes are runtimes (as HostUsersRuntimes) whose
+	// Pods get no netlock whatever OpenNetwork says, their NetworkPolicy
+	// alone closing them: gVisor's netstack has no nftables outside its
+	// tests (runsc's TESTONLY-nftables) and its iptables needs raw
+	// sockets, so netlock cannot run there; its packets leave through the
+	// Pod's namespace below any rule there, by a packet socket.
+	OpenNetworkRuntimes []string
 	// PullPolicy is the containers' image pull policy [IfNotPresent].
 	PullPolicy corev1.PullPolicy
 	// AgentPort is where each agent listens in its Pod [DefaultAgentPort].
@@ -445,6 +465,10 @@ func capabilities() []corev1.Capability {
 }
 
 func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
+	class, err := r.runtimeClass(spec.Runtime)
+	if err != nil {
+		return nil, err
+	}
 	env := make([]corev1.EnvVar, 0, len(spec.Env))
 	for _, kv := range spec.Env {
 		k, v, ok := strings.Cut(kv, "=")
@@ -547,6 +571,33 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 		MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: corev1.ScheduleAnyway,
 		LabelSelector: &metav1.LabelSelector{MatchLabels: sel},
 	}}
+	// The Pod's own firewall: an init container closes the network
+	// namespace before the sandbox's container starts in it. Its one
+	// capability never reaches the sandbox's code, which runs in the
+	// other container, so nothing there can undo the rules.
+	var initContainers []corev1.Container
+	if !r.cfg.OpenNetwork && !listed(r.cfg.OpenNetworkRuntimes, spec.Runtime, class) {
+		initContainers = []corev1.Container{{
+			Name:            netlockContainer,
+			Image:           image,
+			ImagePullPolicy: r.cfg.PullPolicy,
+			Command:         []string{oci.AgentPath, "netlock", "--agent-port", strconv.Itoa(r.cfg.AgentPort)},
+			// As much as the sandbox's: a Pod's request is the larger of
+			// its init and its main containers', so this changes neither
+			// its request nor its QoS class.
+			Resources: corev1.ResourceRequirements{Limits: limits, Requests: requests},
+			SecurityContext: &corev1.SecurityContext{
+				AllowPrivilegeEscalation: ptr(false),
+				Privileged:               ptr(false),
+				ReadOnlyRootFilesystem:   ptr(true),
+				RunAsUser:                ptr(int64(0)),
+				RunAsGroup:               ptr(int64(0)),
+				Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"NET_ADMIN"}},
+				SeccompProfile:           seccomp,
+			},
+			TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		}}
+	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: objectName(spec.ID), Labels: podLabels},
 		Spec: corev1.PodSpec{
@@ -555,10 +606,11 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 			EnableServiceLinks:            ptr(false),
 			TerminationGracePeriodSeconds: ptr(int64(0)),
 			Hostname:                      hostname,
-			HostUsers:                     ptr(r.cfg.HostUsers || spec.Runtime != "" && slices.Contains(r.cfg.HostUsersRuntimes, spec.Runtime)),
+			HostUsers:                     ptr(r.cfg.HostUsers || listed(r.cfg.HostUsersRuntimes, spec.Runtime, class)),
 			SecurityContext:               &corev1.PodSecurityContext{SeccompProfile: seccomp},
 			TopologySpreadConstraints:     spread,
 			Volumes:                       volumes,
+			InitContainers:                initContainers,
 			Containers: []corev1.Container{{
 				Name:            container,
 				Image:           image,
@@ -582,10 +634,6 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 			}},
 		},
 	}
-	class, err := r.runtimeClass(spec.Runtime)
-	if err != nil {
-		return nil, err
-	}
 	if class != "" {
 		pod.Spec.RuntimeClassName = ptr(class)
 	}
@@ -593,6 +641,14 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// listed reports whether a sandbox's runtime is in runtimes, which name
+// runtimes a create may choose (Config.RuntimeClasses' keys) or
+// RuntimeClasses: name is the one chosen ("" none), class its
+// RuntimeClass (Config.RuntimeClass when none was chosen).
+func listed(runtimes []string, name, class string) bool {
+	return name != "" && slices.Contains(runtimes, name) || class != "" && slices.Contains(runtimes, class)
+}
 
 // nproc is the RLIMIT_NPROC the agent sets on every process it starts
 // (its --nproc; internal/agent, nproc.go), or 0 for none. Kubernetes has
@@ -695,6 +751,14 @@ func podReady(p *corev1.Pod) (ip string, done bool, err error) {
 		}
 	case corev1.PodFailed, corev1.PodSucceeded:
 		return "", true, fmt.Errorf("%w: phase %s%s%s", errPodFailed, p.Status.Phase, prefixed(p.Status.Reason), waitingReason(p))
+	}
+	for _, cs := range p.Status.InitContainerStatuses {
+		if w := cs.State.Waiting; w != nil && fatalWaiting[w.Reason] {
+			return "", true, fmt.Errorf("%w: %s: %s: %s", errPodFailed, cs.Name, w.Reason, w.Message)
+		}
+		if t := cs.State.Terminated; t != nil && t.ExitCode != 0 {
+			return "", true, fmt.Errorf("%w: %s exited with %d (%s): %s", errPodFailed, cs.Name, t.ExitCode, t.Reason, t.Message)
+		}
 	}
 	for _, cs := range p.Status.ContainerStatuses {
 		if w := cs.State.Waiting; w != nil && fatalWaiting[w.Reason] {

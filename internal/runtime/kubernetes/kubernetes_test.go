@@ -563,3 +563,60 @@ func TestPodReadOnlyHasNoScratch(t *testing.T) {
 		t.Fatalf("writable path volume %+v", pod.Spec.Volumes[1])
 	}
 }
+
+// The Pod's firewall: an init container, the agent's netlock with
+// NET_ADMIN and nothing else, closes the Pod's network before the
+// sandbox starts; OpenNetwork leaves it out. A netlock that failed fails
+// the create, and says so.
+func TestPodNetlock(t *testing.T) {
+	t.Parallel()
+	r, cs := newRuntime(t, Config{})
+	pod, err := r.pod(spec("abc"), "image")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pod.Spec.InitContainers) != 1 {
+		t.Fatalf("init containers: %+v", pod.Spec.InitContainers)
+	}
+	ic := pod.Spec.InitContainers[0]
+	sc := ic.SecurityContext
+	if ic.Name != "netlock" || ic.Image != "image" || strings.Join(ic.Command, " ") != "/.sheepfold/agent netlock --agent-port 49983" ||
+		*sc.AllowPrivilegeEscalation || *sc.Privileged || !*sc.ReadOnlyRootFilesystem ||
+		!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !slices.Equal(sc.Capabilities.Add, []corev1.Capability{"NET_ADMIN"}) ||
+		sc.SeccompProfile.Type != corev1.SeccompProfileTypeLocalhost {
+		t.Fatalf("netlock container: %+v, security %+v", ic, sc)
+	}
+	main := pod.Spec.Containers[0]
+	if !ic.Resources.Limits.Memory().Equal(*main.Resources.Limits.Memory()) || !ic.Resources.Requests.Cpu().Equal(*main.Resources.Requests.Cpu()) {
+		t.Fatalf("netlock resources %v, the sandbox's %v", ic.Resources, main.Resources)
+	}
+	if slices.Contains(main.SecurityContext.Capabilities.Add, "NET_ADMIN") {
+		t.Fatal("the sandbox's container has NET_ADMIN")
+	}
+
+	open, _ := newRuntime(t, Config{OpenNetwork: true})
+	if pod, err := open.pod(spec("abc"), "image"); err != nil || len(pod.Spec.InitContainers) != 0 {
+		t.Fatalf("OpenNetwork: init containers %+v, %v", pod.Spec.InitContainers, err)
+	}
+	// A RuntimeClass whose kernel has no nftables (gVisor's), chosen or
+	// the default, gets none either; the others do.
+	gv, _ := newRuntime(t, Config{RuntimeClass: "gvisor", RuntimeClasses: map[string]string{"fast": "runc", "safe": "gvisor"}, OpenNetworkRuntimes: []string{"gvisor"}})
+	for rt, want := range map[string]int{"": 0, "safe": 0, "fast": 1} {
+		sp := spec("abc")
+		sp.Runtime = rt
+		if pod, err := gv.pod(sp, "image"); err != nil || len(pod.Spec.InitContainers) != want {
+			t.Fatalf("runtime %q: %d init containers, want %d (%v)", rt, len(pod.Spec.InitContainers), want, err)
+		}
+	}
+
+	kubelet(t, cs, "sf-nl", corev1.PodStatus{Phase: corev1.PodPending, InitContainerStatuses: []corev1.ContainerStatus{{
+		Name: "netlock", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: "netlock: nftables rules: operation not permitted"}},
+	}}})
+	_, err = r.Create(context.Background(), spec("nl"))
+	if err == nil || !strings.Contains(err.Error(), "netlock exited with 1 (Error): netlock: nftables rules: operation not permitted") {
+		t.Fatalf("create with a failed netlock: %v", err)
+	}
+	if ids, err := r.List(context.Background()); err != nil || len(ids) != 0 {
+		t.Fatalf("left behind: %v, %v", ids, err)
+	}
+}

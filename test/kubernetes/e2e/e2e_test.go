@@ -622,6 +622,19 @@ func TestGVisor(t *testing.T) {
 		if err != nil || len(pods.Items) != 1 {
 			t.Fatalf("the pod of %s: %v, %d pods", sb.ID, err, len(pods.Items))
 		}
+		// The runc Pod's firewall (its netlock init container) keeps its
+		// code from its node's kubelet; a gVisor Pod has none (gVisor's
+		// netstack has no nftables): only a NetworkPolicy, which this
+		// cluster's CNI does not enforce, closes it.
+		reach := connectOut(t, srv, sb.ID, "gateway", 10250)
+		inits := len(pods.Items[0].Spec.InitContainers)
+		switch {
+		case rt == "" && (reach != "refused 113" || inits != 1):
+			t.Errorf("runc: a connection to the node's kubelet: %s, %d init containers (want refused 113, netlock)", reach, inits)
+		case rt == "gvisor" && inits != 0:
+			t.Errorf("gvisor: %d init containers, want none", inits)
+		}
+		t.Logf("runtime %q: a connection to the node's kubelet: %s", rt, reach)
 		class := pods.Items[0].Spec.RuntimeClassName
 		want := map[string]string{"gvisor": "gvisor", "": "runc"}[rt]
 		if class == nil || *class != want {

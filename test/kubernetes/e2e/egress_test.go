@@ -89,11 +89,42 @@ except urllib.error.HTTPError as e:
 	if code != 200 || !strings.Contains(string(b), `A-1,7\nrefused 403 ERR_NETWORK_RESTRICTED`) {
 		t.Fatalf("egress through the gateway: %d %s", code, b)
 	}
+	// Around the proxy, straight to the address the policy allows, the
+	// Pod gets nowhere: its own firewall (the netlock init container)
+	// holds though this cluster's CNI enforces no NetworkPolicy.
+	if got := connectOut(t, srv, id, addr, 80); got != "refused 113" {
+		t.Fatalf("a connection to %s around the gateway: %s (want refused 113, EHOSTUNREACH)", addr, got)
+	}
 	np, err := cs.NetworkingV1().NetworkPolicies(ns).Get(context.Background(), "sf-"+id, metav1.GetOptions{})
 	if err != nil || len(np.Spec.Egress) != 0 {
 		t.Fatalf("the sandbox's NetworkPolicy: %+v, %v (want every egress denied)", np, err)
 	}
 	t.Logf("a Pod with network allowlist %s fetched from it through the gateway; another address refused", addr)
+}
+
+// connectOut is what came of sandbox id's code connecting to host:port
+// itself (no proxy): "connected", or "refused" and the errno ("None":
+// a timeout). host "gateway" is the Pod's default gateway: its node's
+// address, where the node's kubelet listens (port 10250).
+func connectOut(t *testing.T, srv *server, id, host string, port int) string {
+	t.Helper()
+	code, b := srv.do(t, "POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"language": "python", "code": fmt.Sprintf(`
+import socket, struct
+host = %q
+if host == "gateway":
+    routes = [l.split() for l in open("/proc/net/route").readlines()[1:]]
+    host = next(socket.inet_ntoa(struct.pack("<L", int(r[2], 16))) for r in routes if r[1] == "00000000")
+try:
+    socket.create_connection((host, %d), timeout=5).close()
+    print("connected")
+except OSError as e:
+    print("refused", e.errno)
+`, host, port)})
+	var res struct{ Status, Stdout string }
+	if err := json.Unmarshal(b, &res); err != nil || code != 200 || res.Status != "success" {
+		t.Fatalf("connect out of %s: %d %s", id, code, b)
+	}
+	return strings.TrimSpace(res.Stdout)
 }
 
 // jsonField is the string field name of the JSON object b.
