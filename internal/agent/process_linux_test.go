@@ -265,8 +265,9 @@ func TestProcessBackground(t *testing.T) {
 	spec.Tag = "bg"
 	s := a.open(t, agentproto.Request{Op: agentproto.OpProcessStart, Process: spec})
 	pid := s.next().PID
-	if ev := s.next(); string(ev.Data) != "first\n" {
-		t.Fatalf("first output %+v", ev)
+	// a loaded host may deliver a tick in the same read as "first"
+	if ev := s.next(); !strings.HasPrefix(string(ev.Data), "first\n") {
+		t.Fatalf("first output %q", ev.Data)
 	}
 	s.nc.Close() // the client goes away; the process must not
 

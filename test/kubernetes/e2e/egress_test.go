@@ -103,22 +103,29 @@ except urllib.error.HTTPError as e:
 }
 
 // connectOut is what came of sandbox id's code connecting to host:port
-// itself (no proxy): "connected", or "refused" and the errno ("None":
-// a timeout). host "gateway" is the Pod's default gateway: its node's
-// address, where the node's kubelet listens (port 10250).
+// itself, with no proxy: "connected", "refused 113" (EHOSTUNREACH: the
+// Pod's firewall), "refused 111" (nothing listens), "timeout" (5 s) or
+// what else bash said. The code is bash, not Python: the Python policy's
+// audit hook would refuse the connect before it reached the network, and
+// this measures the network. host "gateway" is the Pod's default gateway:
+// its node's address, where the node's kubelet listens (port 10250).
 func connectOut(t *testing.T, srv *server, id, host string, port int) string {
 	t.Helper()
-	code, b := srv.do(t, "POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"language": "python", "code": fmt.Sprintf(`
-import socket, struct
-host = %q
-if host == "gateway":
-    routes = [l.split() for l in open("/proc/net/route").readlines()[1:]]
-    host = next(socket.inet_ntoa(struct.pack("<L", int(r[2], 16))) for r in routes if r[1] == "00000000")
-try:
-    socket.create_connection((host, %d), timeout=5).close()
-    print("connected")
-except OSError as e:
-    print("refused", e.errno)
+	code, b := srv.do(t, "POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"language": "bash", "code": fmt.Sprintf(`
+h=%s
+if [ "$h" = gateway ]; then
+	while read -r _ dst gw _; do [ "$dst" = 00000000 ] && g=$gw; done </proc/net/route
+	h=$((16#${g:6:2})).$((16#${g:4:2})).$((16#${g:2:2})).$((16#${g:0:2}))
+fi
+err=$(timeout 5 bash -c "echo >/dev/tcp/$h/%d" 2>&1)
+rc=$?
+case "$rc:$err" in
+0:*) echo connected ;;
+124:*) echo timeout ;;
+*"No route to host"*) echo refused 113 ;;
+*"Connection refused"*) echo refused 111 ;;
+*) echo "failed $rc: $err" ;;
+esac
 `, host, port)})
 	var res struct{ Status, Stdout string }
 	if err := json.Unmarshal(b, &res); err != nil || code != 200 || res.Status != "success" {
