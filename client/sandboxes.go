@@ -122,10 +122,11 @@ type Version struct {
 
 // PoolStats describes the server's warm pool of sandboxes started ahead.
 type PoolStats struct {
-	Size   int    `json:"size"`   // members wanted per pooled template; 0: no pool
-	Ready  int    `json:"ready"`  // members ready now
-	Hits   uint64 `json:"hits"`   // creates served from the pool
-	Misses uint64 `json:"misses"` // creates that started a sandbox themselves
+	Size   int    `json:"size"`            // members wanted per pooled template (per node, with Nodes); 0: no pool
+	Nodes  int    `json:"nodes,omitempty"` // nodes the members are kept on (the kubernetes backend)
+	Ready  int    `json:"ready"`           // members ready now
+	Hits   uint64 `json:"hits"`            // creates served from the pool
+	Misses uint64 `json:"misses"`          // creates that started a sandbox themselves
 }
 
 // Version asks the server for its version.

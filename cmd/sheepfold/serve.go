@@ -224,7 +224,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().StringVar(&metricsListen, "metrics-listen", "",
 		"also serve Prometheus /metrics without a key on this address (keep it private, e.g. 127.0.0.1:9464); on --listen, /metrics needs an admin key")
 	cmd.Flags().IntVar(&poolSize, "pool", poolSize,
-		"sandboxes of the python template kept started ahead, pandas, numpy and matplotlib imported (0: no warm pool; default: one per CPU, at most one per 2 GiB)")
+		"sandboxes of the python template kept started ahead, pandas, numpy and matplotlib imported (0: no warm pool; default: one per CPU, at most one per 2 GiB); with --backend kubernetes, on each node")
 	// The engine instance names the state directory and the cgroup
 	// (sheepfold/<instance>) this server's sandboxes live in; a second
 	// server on the same host (`sheepfold bench` starts one) needs its own,

@@ -506,7 +506,7 @@ func (b *bencher) waitPool(ctx context.Context) (*client.PoolStats, error) {
 		if v.Pool == nil || v.Pool.Size == 0 {
 			return nil, nil
 		}
-		if v.Pool.Ready >= v.Pool.Size {
+		if v.Pool.Ready >= v.Pool.Size*max(1, v.Pool.Nodes) {
 			return v.Pool, nil
 		}
 		if time.Now().After(deadline) {

@@ -59,6 +59,9 @@ type Spec struct {
 	// runtime offers (Offered): "gvisor", "runc"...; "" is the runtime's
 	// default.
 	Runtime string
+	// Node, for a Placer, is the node the sandbox must run on; "" leaves
+	// the choice to the runtime.
+	Node string
 }
 
 // Network connects a sandbox to the host's egress gateway. The runtime
@@ -96,6 +99,8 @@ type Instance struct {
 	Dial func(ctx context.Context) (net.Conn, error)
 	// PID is the host pid of the sandbox's init process.
 	PID int
+	// Node is where a Placer's sandbox runs ("" for other runtimes).
+	Node string
 }
 
 // Usage is a sandbox's resource usage read from its cgroup.
@@ -197,6 +202,15 @@ type Inventory interface {
 type Chooser interface {
 	// Runtimes names the choices, sorted.
 	Runtimes() []string
+}
+
+// Placer is implemented by a runtime whose sandboxes run on several
+// nodes, such as the kubernetes runtime's: the warm pool keeps its
+// members on each node (Spec.Node) and hands out the one on the node
+// running the fewest sandboxes.
+type Placer interface {
+	// Nodes names the nodes a sandbox can start on now, sorted.
+	Nodes(ctx context.Context) ([]string, error)
 }
 
 // Offered names the values of Spec.Runtime that r accepts besides "":

@@ -9,3 +9,7 @@ func SetAgentDeadlines(idle, grace time.Duration) (restore func()) {
 	agentIdle, agentGrace = idle, grace
 	return func() { agentIdle, agentGrace = oldIdle, oldGrace }
 }
+
+// The warm pool's tests change a Placer's nodes and want the pool to see
+// it soon.
+func init() { nodeRefresh = 100 * time.Millisecond }

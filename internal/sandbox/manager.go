@@ -54,8 +54,9 @@ type Config struct {
 	// again; it doubles up to a minute [1s] (reap.go).
 	RetryInterval time.Duration
 	// PoolSize is how many sandboxes of each template in PoolTemplates
-	// the warm pool keeps started ahead (pool.go); 0 turns the pool off.
-	// Members do not count against MaxSandboxes until handed out.
+	// the warm pool keeps started ahead (pool.go), on each node of a
+	// runtime.Placer; 0 turns the pool off. Members do not count against
+	// MaxSandboxes until handed out.
 	PoolSize      int
 	PoolTemplates []string // [DefaultTemplate]
 	PoolPreload   []string // modules members import ahead [DefaultPoolPreload]
@@ -332,6 +333,9 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	runtimeDone := time.Now()
 	if err == nil {
 		s.agent = newAgentClient(inst, m.agentCall)
+		m.mu.Lock() // s is in the table: nodeLoad reads it
+		s.node = inst.Node
+		m.mu.Unlock()
 	}
 	close(s.created)
 	if err != nil {

@@ -40,6 +40,17 @@ import (
 // metadata, its Created time, its deadline and its lifetime timer, and
 // from then on it is an ordinary sandbox: it is never returned to the pool.
 //
+// A runtime whose sandboxes run on several nodes (a runtime.Placer: the
+// kubernetes runtime) gets Config.PoolSize members of each template on
+// every node it names, refreshed every nodeRefresh: a node that leaves the
+// list (NotReady, cordoned, tainted, deleted) has its members destroyed,
+// one that joins gets its own. A hand-out takes the member on the node
+// running the fewest of this engine's sandboxes, so that creates spread
+// and a node's loss takes as few as can be. A node where a member failed
+// to start is passed over for nodeCooldown. Until the runtime first names
+// its nodes (listing them may be forbidden), members are placed by the
+// runtime and Config.PoolSize counts them all.
+//
 // What a hand-out cannot change, because it is fixed when the container
 // starts, makes the request a miss: a template without a pool, limits other
 // than Config.DefaultLimits, a read-only root, and any sandbox-wide
@@ -79,10 +90,11 @@ func HostMemory() int64 {
 
 // PoolStats describes the warm pool.
 type PoolStats struct {
-	Size   int    `json:"size"`   // members wanted per pooled template
-	Ready  int    `json:"ready"`  // members ready now, over all templates
-	Hits   uint64 `json:"hits"`   // creates served from the pool
-	Misses uint64 `json:"misses"` // creates that started a sandbox themselves
+	Size   int    `json:"size"`            // members wanted per pooled template (per node, with Nodes)
+	Nodes  int    `json:"nodes,omitempty"` // nodes the members are kept on (a runtime.Placer's)
+	Ready  int    `json:"ready"`           // members ready now, over all templates and nodes
+	Hits   uint64 `json:"hits"`            // creates served from the pool
+	Misses uint64 `json:"misses"`          // creates that started a sandbox themselves
 }
 
 // preloadTimeout bounds one member's preload (a cold pandas import takes
@@ -103,6 +115,13 @@ const (
 	poolLease       = 10 * time.Minute
 	sharedPoolLease = time.Minute
 )
+
+// nodeRefresh is how often a Placer's nodes are listed (a variable for
+// the tests), and nodeCooldown how long a node where a member failed to
+// start is passed over.
+var nodeRefresh = 10 * time.Second
+
+const nodeCooldown = 30 * time.Second
 
 // lease is the pool's member lease.
 func (p *pool) lease() time.Duration {
@@ -125,11 +144,16 @@ type pool struct {
 
 	hits, misses atomic.Uint64
 
-	// mu guards ready, lastTake and closed.
+	placer   runtime.Placer // nil: the runtime places members
+	nodesErr string         // the last error listing the nodes, logged once
+
+	// mu guards ready, lastTake, closed, nodes and failed.
 	mu       sync.Mutex
 	ready    map[string][]*Sandbox // by template, oldest first
 	lastTake time.Time
 	closed   bool
+	nodes    []string             // the placer's nodes; nil until first listed
+	failed   map[string]time.Time // node → when a member last failed to start there
 }
 
 func newPool(m *Manager) *pool {
@@ -137,8 +161,9 @@ func newPool(m *Manager) *pool {
 	p := &pool{
 		m: m, size: m.cfg.PoolSize, templates: m.cfg.PoolTemplates, preload: m.cfg.PoolPreload,
 		ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{}),
-		ready: map[string][]*Sandbox{},
+		ready: map[string][]*Sandbox{}, failed: map[string]time.Time{},
 	}
+	p.placer, _ = m.cfg.Runtime.(runtime.Placer)
 	go p.fill()
 	return p
 }
@@ -148,9 +173,16 @@ func (p *pool) fill() {
 	defer close(p.done)
 	renew := time.NewTicker(p.lease() / 4)
 	defer renew.Stop()
+	var nodes <-chan time.Time
+	if p.placer != nil {
+		p.refreshNodes()
+		t := time.NewTicker(nodeRefresh)
+		defer t.Stop()
+		nodes = t.C
+	}
 	backoff := time.Second
 	for {
-		tmpl, wait := p.wanting()
+		tmpl, node, wait := p.wanting()
 		if tmpl == "" || wait > 0 {
 			var quiet <-chan time.Time
 			if wait > 0 {
@@ -163,15 +195,22 @@ func (p *pool) fill() {
 			case <-quiet:
 			case <-renew.C:
 				p.renewLeases()
+			case <-nodes:
+				p.refreshNodes()
 			}
 			continue
 		}
-		s, err := p.start(tmpl)
+		s, err := p.start(tmpl, node)
 		if err != nil {
 			if p.ctx.Err() != nil {
 				return
 			}
-			p.m.log.Warn("warm pool: could not start a sandbox", "template", tmpl, "err", err, "retry_in", backoff)
+			if node != "" {
+				p.mu.Lock()
+				p.failed[node] = time.Now()
+				p.mu.Unlock()
+			}
+			p.m.log.Warn("warm pool: could not start a sandbox", "template", tmpl, "node", node, "err", err, "retry_in", backoff)
 			select {
 			case <-p.ctx.Done():
 				return
@@ -192,37 +231,113 @@ func (p *pool) fill() {
 	}
 }
 
-// wanting returns a template whose pool is short of members, or "", and
-// how long to wait before starting its next member.
-func (p *pool) wanting() (string, time.Duration) {
+// wanting returns a template whose pool is short of members, or "", the
+// node to start its next member on ("" where the runtime places it), and
+// how long to wait before starting it.
+func (p *pool) wanting() (tmpl, node string, wait time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	quiet := max(0, refillQuiet-time.Since(p.lastTake))
+	var cooling time.Duration // the soonest a short node's cooldown ends
 	for _, t := range p.templates {
-		if n := len(p.ready[t]); n < p.size {
-			if wait := refillQuiet - time.Since(p.lastTake); n > 0 && wait > 0 {
-				return t, wait
+		members := p.ready[t]
+		if len(members) > 0 {
+			wait = quiet
+		} else {
+			wait = 0
+		}
+		if p.nodes == nil {
+			if len(members) < p.size {
+				return t, "", wait
 			}
-			return t, 0
+			continue
+		}
+		for _, n := range p.nodes {
+			if countOn(members, n) >= p.size {
+				continue
+			}
+			if c := nodeCooldown - time.Since(p.failed[n]); c > 0 {
+				if cooling == 0 || c < cooling {
+					cooling = c
+				}
+				continue
+			}
+			return t, n, wait
 		}
 	}
-	return "", 0
+	return "", "", cooling
 }
 
-// start creates one member: the sandbox, its agent, its preloaded kernel.
-func (p *pool) start(tmpl string) (*Sandbox, error) {
+// countOn counts the members on node.
+func countOn(members []*Sandbox, node string) int {
+	n := 0
+	for _, s := range members {
+		if s.node == node {
+			n++
+		}
+	}
+	return n
+}
+
+// refreshNodes lists the placer's nodes and destroys the members on
+// nodes no longer listed. When listing fails the last list stands.
+func (p *pool) refreshNodes() {
+	ctx, cancel := context.WithTimeout(p.ctx, nodeRefresh)
+	nodes, err := p.placer.Nodes(ctx)
+	cancel()
+	if err != nil {
+		if p.ctx.Err() == nil && err.Error() != p.nodesErr {
+			p.m.log.Warn("warm pool: could not list the nodes to keep members on", "err", err)
+		}
+		p.nodesErr = err.Error()
+		return
+	}
+	p.nodesErr = ""
+	if nodes == nil {
+		nodes = []string{}
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.nodes = nodes
+	var gone []*Sandbox
+	for t, members := range p.ready {
+		p.ready[t] = slices.DeleteFunc(members, func(s *Sandbox) bool {
+			if s.node != "" && !slices.Contains(nodes, s.node) {
+				gone = append(gone, s)
+				return true
+			}
+			return false
+		})
+	}
+	p.mu.Unlock()
+	for _, s := range gone {
+		p.m.log.Info("warm pool: member's node left", "sandbox", s.ID, "node", s.node)
+		_ = p.m.destroy(s, reasonShutdown)
+	}
+}
+
+// start creates one member, on node unless that is "": the sandbox, its
+// agent, its preloaded kernel.
+func (p *pool) start(tmpl, node string) (*Sandbox, error) {
 	m := p.m
 	rootfs, err := m.cfg.Templates.RootFS(tmpl)
 	if err != nil {
 		return nil, err
 	}
 	s := &Sandbox{ID: newID(), Template: tmpl, Limits: m.cfg.DefaultLimits, m: m, state: StateStarting, pooled: true,
-		created: make(chan struct{})}
+		node: node, created: make(chan struct{})}
 	inst, err := m.cfg.Runtime.Create(p.ctx, runtimeSpec(s, rootfs))
 	close(s.created)
 	if err != nil {
 		return nil, fmt.Errorf("create: %w", err)
 	}
 	s.agent = newAgentClient(inst, m.agentCall)
+	if inst.Node != "" {
+		s.node = inst.Node
+	}
 	if err := s.waitAgent(p.ctx, m.cfg.AgentTimeout, p.lease()); err != nil {
 		m.destroy(s, reasonFailed)
 		return nil, fmt.Errorf("agent: %w", err)
@@ -239,13 +354,13 @@ func (p *pool) start(tmpl string) (*Sandbox, error) {
 			m.log.Warn("warm pool: preload failed", "template", tmpl, "err", err)
 		}
 	}
-	m.log.Debug("warm pool: sandbox ready", "sandbox", s.ID, "template", tmpl)
+	m.log.Debug("warm pool: sandbox ready", "sandbox", s.ID, "template", tmpl, "node", s.node)
 	return s, nil
 }
 
 // runtimeSpec is what the runtime is asked to start for a pool member.
 func runtimeSpec(s *Sandbox, rootfs string) runtime.Spec {
-	return runtime.Spec{ID: s.ID, Template: s.Template, RootFS: rootfs, Limits: s.Limits, ReadOnly: s.ReadOnly, Env: threadEnv(s.Limits, nil), Pool: true}
+	return runtime.Spec{ID: s.ID, Template: s.Template, RootFS: rootfs, Limits: s.Limits, ReadOnly: s.ReadOnly, Env: threadEnv(s.Limits, nil), Pool: true, Node: s.node}
 }
 
 // threadVars size the thread pools of numerical libraries.
@@ -345,25 +460,30 @@ func (p *pool) poolable(tmpl string, limits runtime.Limits, opt CreateOptions) b
 	return false
 }
 
-// take removes a ready member of tmpl from the pool, or returns nil.
-func (p *pool) take(tmpl string) *Sandbox {
+// take removes a ready member of tmpl from the pool, or returns nil: the
+// oldest on the node with the fewest sandboxes by load (nil: the oldest).
+func (p *pool) take(tmpl string, load map[string]int) *Sandbox {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil
 	}
-	members := p.ready[tmpl]
-	for len(members) > 0 {
-		s := members[0]
-		members = members[1:]
-		p.ready[tmpl] = members
-		if s.State() == StateStarting {
-			p.lastTake = time.Now()
-			p.signal()
-			return s
+	members := slices.DeleteFunc(p.ready[tmpl], func(s *Sandbox) bool { return s.State() != StateStarting })
+	best := -1
+	for i, s := range members {
+		if best < 0 || load[s.node] < load[members[best].node] {
+			best = i
 		}
 	}
-	return nil
+	if best < 0 {
+		p.ready[tmpl] = members
+		return nil
+	}
+	s := members[best]
+	p.ready[tmpl] = slices.Delete(members, best, best+1)
+	p.lastTake = time.Now()
+	p.signal()
+	return s
 }
 
 // giveBack returns a member that was taken but never shown to anyone.
@@ -388,7 +508,7 @@ func (p *pool) signal() {
 func (p *pool) stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := PoolStats{Size: p.size, Hits: p.hits.Load(), Misses: p.misses.Load()}
+	st := PoolStats{Size: p.size, Nodes: len(p.nodes), Hits: p.hits.Load(), Misses: p.misses.Load()}
 	for _, members := range p.ready {
 		st.Ready += len(members)
 	}
@@ -424,7 +544,11 @@ func (m *Manager) fromPool(ctx context.Context, opt CreateOptions, limits runtim
 		return nil, false, nil
 	}
 	if p.poolable(opt.Template, limits, opt) {
-		s = p.take(opt.Template)
+		var load map[string]int
+		if p.placer != nil {
+			load = m.nodeLoad()
+		}
+		s = p.take(opt.Template, load)
 	}
 	if s == nil {
 		p.misses.Add(1)
@@ -474,6 +598,17 @@ func (m *Manager) fromPool(ctx context.Context, opt CreateOptions, limits runtim
 	m.log.Info("sandbox created", "sandbox", s.ID, "template", s.Template, "pool", "hit")
 	s.announce(true)
 	return s, true, nil
+}
+
+// nodeLoad counts the sandboxes running on each node.
+func (m *Manager) nodeLoad() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	load := map[string]int{}
+	for _, s := range m.sandboxes {
+		load[s.node]++
+	}
+	return load
 }
 
 // PoolStats reports the warm pool; the zero value when it is off.

@@ -2,8 +2,10 @@ package sandbox_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/runtime/fake"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // poolConfig is a pool of n over the fake runtime. The host's python has
@@ -298,5 +301,136 @@ func TestThreadEnv(t *testing.T) {
 		if err != nil || len(ex.Results) != 1 || ex.Results[0].Text != tt.want {
 			t.Errorf("%s: %v %+v, want %s", tt.name, err, ex, tt.want)
 		}
+	}
+}
+
+// placedRuntime is the fake runtime as a runtime.Placer: its nodes can
+// change, and a create on a node in broken fails.
+type placedRuntime struct {
+	*fake.Runtime
+	mu     sync.Mutex
+	nodes  []string
+	broken string
+	placed map[string]string // sandbox id → Spec.Node
+	tries  map[string]int    // node → creates asked of it
+}
+
+func (r *placedRuntime) Nodes(context.Context) ([]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.nodes), nil
+}
+
+func (r *placedRuntime) setNodes(nodes ...string) {
+	r.mu.Lock()
+	r.nodes = nodes
+	r.mu.Unlock()
+}
+
+func (r *placedRuntime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance, error) {
+	r.mu.Lock()
+	r.tries[s.Node]++
+	broken := s.Node == r.broken
+	r.mu.Unlock()
+	if broken {
+		return nil, errors.New("node " + s.Node + " does not start pods")
+	}
+	inst, err := r.Runtime.Create(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	inst.Node = s.Node
+	r.mu.Lock()
+	r.placed[s.ID] = s.Node
+	r.mu.Unlock()
+	return inst, nil
+}
+
+func (r *placedRuntime) node(id string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.placed[id]
+}
+
+// membersOn counts the runtime's sandboxes on each node.
+func (r *placedRuntime) membersOn(t *testing.T) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, id := range runtimeIDs(t, r.Runtime) {
+		out[r.node(id)]++
+	}
+	return out
+}
+
+// TestPoolPerNode: over a runtime with nodes the pool keeps its size on
+// each node, hands out the member on the node running the fewest
+// sandboxes, destroys the members of a node that leaves, fills one that
+// joins, and passes over a node where members fail to start.
+func TestPoolPerNode(t *testing.T) {
+	t.Parallel()
+	rt := &placedRuntime{Runtime: &fake.Runtime{AgentBin: testutil.AgentBin(t), Dir: testutil.ShortTempDir(t)},
+		nodes: []string{"a", "b", "c"}, broken: "c", placed: map[string]string{}, tries: map[string]int{}}
+	cfg := poolConfig(1)
+	cfg.Runtime = rt
+	cfg.Templates = sandbox.TemplatesFunc(func(string) (string, error) { return "/", nil })
+	m, err := sandbox.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+		if ids := runtimeIDs(t, rt.Runtime); len(ids) != 0 {
+			t.Errorf("sandboxes left after Close: %v", ids)
+		}
+	})
+	waitReady(t, m, 2)
+	if got := rt.membersOn(t); got["a"] != 1 || got["b"] != 1 || len(got) != 2 {
+		t.Fatalf("members on nodes %v, want one on a and one on b", got)
+	}
+	if st := m.PoolStats(); st.Nodes != 3 || st.Size != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+
+	// Two creates: each a hit, on different nodes.
+	ctx := context.Background()
+	var nodes []string
+	for range 2 {
+		s, err := m.Create(ctx, sandbox.CreateOptions{Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !s.FromPool() {
+			t.Fatal("a create missed the pool")
+		}
+		nodes = append(nodes, rt.node(s.ID))
+	}
+	if slices.Sort(nodes); !slices.Equal(nodes, []string{"a", "b"}) {
+		t.Fatalf("handed out on nodes %v, want one on each", nodes)
+	}
+
+	// Node b leaves: its member (refilled meanwhile or not) goes, and no
+	// new one is started there; node d joins and gets one.
+	waitReady(t, m, 2)
+	rt.setNodes("a", "c", "d")
+	waitReady(t, m, 2)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := rt.membersOn(t)
+		// the two handed out are on a and b
+		if got["a"] == 2 && got["b"] == 1 && got["d"] == 1 && len(got) == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandboxes on nodes %v, want a: 2 (one handed out), b: 1 (handed out), d: 1", got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	rt.mu.Lock()
+	tries := rt.tries["c"]
+	rt.mu.Unlock()
+	if tries != 1 {
+		t.Fatalf("%d creates on the broken node c, want 1 (then its cooldown)", tries)
 	}
 }

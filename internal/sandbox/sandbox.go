@@ -38,7 +38,8 @@ type Sandbox struct {
 	m      *Manager
 	owner  string // CreateOptions.Owner, copied into events
 	agent  agentClient
-	pooled bool // started ahead by the warm pool and handed out by it
+	pooled bool   // started ahead by the warm pool and handed out by it
+	node   string // where it runs, for a runtime.Placer (runtime.Instance.Node); set before its create returns, under m.mu once in the table
 	// net is the sandbox's egress gateway; nil without a network.
 	net *egress.Gateway
 	// ctxLangs maps the ids of the sandbox's code contexts to their

@@ -195,7 +195,10 @@ type Runtime struct {
 	fwd *forwarder // nil unless Config.PortForward
 }
 
-var _ runtime.Runtime = (*Runtime)(nil)
+var (
+	_ runtime.Runtime = (*Runtime)(nil)
+	_ runtime.Placer  = (*Runtime)(nil)
+)
 
 // New returns a runtime over the cluster of cs.
 func New(cs kubernetes.Interface, cfg Config) (*Runtime, error) {
@@ -340,16 +343,16 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (inst *runtime.
 	}
 	// A Pod bound to a node whose kubelet is gone (and not yet marked
 	// NotReady) would wait out the start timeout: it is made again away
-	// from such nodes, a few times.
+	// from such nodes, a few times, unless the caller chose the node.
 	var absent []string
 	for attempt := 1; ; attempt++ {
 		created, err := r.cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes: create the sandbox's pod: %w", err)
 		}
-		ip, err := r.waitRunning(ctx, created)
+		up, err := r.waitRunning(ctx, created)
 		var na *nodeAbsentError
-		if errors.As(err, &na) && attempt < maxPlacements {
+		if errors.As(err, &na) && attempt < maxPlacements && spec.Node == "" {
 			absent = append(absent, na.node)
 			if err := r.deletePod(ctx, pod.Name); err != nil {
 				return nil, err
@@ -360,7 +363,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (inst *runtime.
 		if err != nil {
 			return nil, err
 		}
-		return &runtime.Instance{ID: spec.ID, Dial: r.dialer(spec.ID, ip)}, nil
+		return &runtime.Instance{ID: spec.ID, Dial: r.dialer(spec.ID, up.Status.PodIP), Node: up.Spec.NodeName}, nil
 	}
 }
 
@@ -378,11 +381,54 @@ func (e *nodeAbsentError) Error() string {
 
 // avoidNodes keeps pod off these nodes.
 func avoidNodes(pod *corev1.Pod, nodes []string) {
-	pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+	pod.Spec.Affinity = nodeAffinity(corev1.NodeSelectorOpNotIn, nodes...)
+}
+
+// nodeAffinity requires a Pod's node to be (op In) or not to be (NotIn)
+// one of nodes.
+func nodeAffinity(op corev1.NodeSelectorOperator, nodes ...string) *corev1.Affinity {
+	return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: nodes}},
+			MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: op, Values: nodes}},
 		}}},
 	}}
+}
+
+// Nodes implements runtime.Placer: the nodes that are Ready, schedulable
+// and free of taints that keep new Pods off (NoSchedule, NoExecute; a
+// sandbox's Pod tolerates none). It needs the right to list nodes (a
+// ClusterRole: deploy/kubernetes/rbac.yaml).
+func (r *Runtime) Nodes(ctx context.Context) ([]string, error) {
+	list, err := r.cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: list the nodes: %w", err)
+	}
+	var out []string
+	for _, n := range list.Items {
+		if schedulable(&n) {
+			out = append(out, n.Name)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// schedulable reports whether a sandbox's Pod can start on n now.
+func schedulable(n *corev1.Node) bool {
+	if n.Spec.Unschedulable {
+		return false
+	}
+	for _, t := range n.Spec.Taints {
+		if t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute {
+			return false
+		}
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // deletePod deletes a Pod at once and waits until it is gone, so that
@@ -571,6 +617,13 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 		MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: corev1.ScheduleAnyway,
 		LabelSelector: &metav1.LabelSelector{MatchLabels: sel},
 	}}
+	// A Pod placed by the caller (a warm pool member of that node) is
+	// bound to it by affinity: the scheduler still checks its resources.
+	var affinity *corev1.Affinity
+	if spec.Node != "" {
+		spread = nil
+		affinity = nodeAffinity(corev1.NodeSelectorOpIn, spec.Node)
+	}
 	// The Pod's own firewall: an init container closes the network
 	// namespace before the sandbox's container starts in it. Its one
 	// capability never reaches the sandbox's code, which runs in the
@@ -609,6 +662,7 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 			HostUsers:                     ptr(r.cfg.HostUsers || listed(r.cfg.HostUsersRuntimes, spec.Runtime, class)),
 			SecurityContext:               &corev1.PodSecurityContext{SeccompProfile: seccomp},
 			TopologySpreadConstraints:     spread,
+			Affinity:                      affinity,
 			Volumes:                       volumes,
 			InitContainers:                initContainers,
 			Containers: []corev1.Container{{
@@ -677,20 +731,20 @@ var fatalWaiting = map[string]bool{
 	"CreateContainerConfigError": true, "CreateContainerError": true, "RunContainerError": true,
 }
 
-// waitRunning watches the Pod until it runs with an IP, and fails at once
-// when it cannot.
-func (r *Runtime) waitRunning(ctx context.Context, pod *corev1.Pod) (string, error) {
+// waitRunning watches the Pod until it runs with an IP, and returns it as
+// it is then; it fails at once when it cannot.
+func (r *Runtime) waitRunning(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartTimeout)
 	defer cancel()
-	if ip, done, err := podReady(pod); done {
-		return ip, err
+	if _, done, err := podReady(pod); done {
+		return running(pod, err)
 	}
 	w, err := r.cs.CoreV1().Pods(pod.Namespace).Watch(ctx, metav1.ListOptions{
 		FieldSelector:   fields.OneTermEqualSelector("metadata.name", pod.Name).String(),
 		ResourceVersion: pod.ResourceVersion,
 	})
 	if err != nil {
-		return "", fmt.Errorf("kubernetes: watch the sandbox's pod: %w", err)
+		return nil, fmt.Errorf("kubernetes: watch the sandbox's pod: %w", err)
 	}
 	defer w.Stop()
 	last := pod
@@ -703,15 +757,15 @@ func (r *Runtime) waitRunning(ctx context.Context, pod *corev1.Pod) (string, err
 		}
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("kubernetes: the sandbox's pod did not run in %s (phase %s%s): %w",
+			return nil, fmt.Errorf("kubernetes: the sandbox's pod did not run in %s (phase %s%s): %w",
 				r.cfg.StartTimeout, last.Status.Phase, waitingReason(last), ctx.Err())
 		case <-untaken:
 			p, err := r.cs.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 			if err != nil {
-				return "", fmt.Errorf("kubernetes: read the sandbox's pod: %w", err)
+				return nil, fmt.Errorf("kubernetes: read the sandbox's pod: %w", err)
 			}
 			if p.Status.StartTime == nil {
-				return "", &nodeAbsentError{node: p.Spec.NodeName}
+				return nil, &nodeAbsentError{node: p.Spec.NodeName}
 			}
 			last = p
 		case ev, ok := <-w.ResultChan():
@@ -720,26 +774,34 @@ func (r *Runtime) waitRunning(ctx context.Context, pod *corev1.Pod) (string, err
 				// from the Pod as it is now.
 				p, err := r.cs.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
 				if err != nil {
-					return "", fmt.Errorf("kubernetes: read the sandbox's pod: %w", err)
+					return nil, fmt.Errorf("kubernetes: read the sandbox's pod: %w", err)
 				}
 				return r.waitRunning(ctx, p)
 			}
 			switch ev.Type {
 			case watch.Deleted:
-				return "", fmt.Errorf("%w: deleted while starting", errPodFailed)
+				return nil, fmt.Errorf("%w: deleted while starting", errPodFailed)
 			case watch.Error:
-				return "", fmt.Errorf("kubernetes: watch the sandbox's pod: %v", apierrors.FromObject(ev.Object))
+				return nil, fmt.Errorf("kubernetes: watch the sandbox's pod: %v", apierrors.FromObject(ev.Object))
 			}
 			p, ok := ev.Object.(*corev1.Pod)
 			if !ok || p.Name != pod.Name {
 				continue // (a watch that ignores the field selector)
 			}
 			last = p
-			if ip, done, err := podReady(p); done {
-				return ip, err
+			if _, done, err := podReady(p); done {
+				return running(p, err)
 			}
 		}
 	}
+}
+
+// running is what waitRunning returns of p once podReady is done.
+func running(p *corev1.Pod, err error) (*corev1.Pod, error) {
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // podReady says whether p runs with an IP (ip), or can never (err).
@@ -882,7 +944,7 @@ func (r *Runtime) Attach(ctx context.Context, id string) (*runtime.Instance, err
 	case !done || p.DeletionTimestamp != nil:
 		return nil, fmt.Errorf("%w: sandbox %s's pod is not running (phase %s)", runtime.ErrNotFound, id, p.Status.Phase)
 	}
-	return &runtime.Instance{ID: id, Dial: r.dialer(id, ip)}, nil
+	return &runtime.Instance{ID: id, Dial: r.dialer(id, ip), Node: p.Spec.NodeName}, nil
 }
 
 // Inventory implements runtime.Inventory: every sandbox Pod of this

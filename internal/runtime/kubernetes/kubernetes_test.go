@@ -506,6 +506,105 @@ func TestCreateAvoidsAbsentKubelet(t *testing.T) {
 	}
 }
 
+// TestCreateOnNode: a sandbox placed on a node (a warm pool member of it)
+// is bound there by affinity, with no spread; its Instance names the node;
+// when that node's kubelet does not take it the create fails at once
+// (it is not made again elsewhere) and leaves nothing.
+func TestCreateOnNode(t *testing.T) {
+	t.Parallel()
+	r, cs := newRuntime(t, Config{KubeletTimeout: 100 * time.Millisecond})
+	ctx := context.Background()
+	pods := cs.CoreV1().Pods(ns)
+	// bind plays the scheduler and the kubelet of node for Pod name:
+	// bound there, and started unless absent.
+	bind := func(name, node string, absent bool) {
+		go func() {
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				p, err := pods.Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					continue
+				}
+				p.Spec.NodeName = node
+				if p, err = pods.Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+					t.Errorf("bind: %v", err)
+					return
+				}
+				if !absent {
+					p.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.7", StartTime: &metav1.Time{Time: time.Now()}}
+					if _, err := pods.UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+						t.Errorf("status: %v", err)
+					}
+				}
+				return
+			}
+			t.Errorf("pod %s was never created", name)
+		}()
+	}
+	sp := spec("placed")
+	sp.Pool, sp.Node = true, "n1"
+	bind("sf-placed", "n1", false)
+	inst, err := r.Create(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inst.Node != "n1" {
+		t.Fatalf("instance on node %q", inst.Node)
+	}
+	p, err := pods.Get(ctx, "sf-placed", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	terms := p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	if len(terms) != 1 || terms[0].MatchFields[0].Key != "metadata.name" || terms[0].MatchFields[0].Operator != corev1.NodeSelectorOpIn ||
+		!slices.Equal(terms[0].MatchFields[0].Values, []string{"n1"}) || len(p.Spec.TopologySpreadConstraints) != 0 {
+		t.Fatalf("affinity %+v, spread %+v", terms, p.Spec.TopologySpreadConstraints)
+	}
+
+	sp = spec("stuck")
+	sp.Pool, sp.Node = true, "n2"
+	bind("sf-stuck", "n2", true)
+	var na *nodeAbsentError
+	if _, err := r.Create(ctx, sp); !errors.As(err, &na) || na.node != "n2" {
+		t.Fatalf("create on a node whose kubelet is absent: %v", err)
+	}
+	if ids, err := r.List(ctx); err != nil || !slices.Equal(ids, []string{"placed"}) {
+		t.Fatalf("sandboxes after the failed create: %v, %v", ids, err)
+	}
+	if s, err := cs.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); err != nil || len(s.Items) != 1 {
+		t.Fatalf("secrets after the failed create: %v, %v", s, err)
+	}
+}
+
+// TestNodes: the nodes a sandbox can start on are the Ready ones, not
+// cordoned, without a taint that keeps Pods off.
+func TestNodes(t *testing.T) {
+	t.Parallel()
+	r, cs := newRuntime(t, Config{})
+	ready := corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}
+	nodes := []*corev1.Node{
+		{ObjectMeta: metav1.ObjectMeta{Name: "b-ready"}, Status: ready},
+		{ObjectMeta: metav1.ObjectMeta{Name: "a-prefer"}, Status: ready,
+			Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "k", Effect: corev1.TaintEffectPreferNoSchedule}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "not-ready"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+			{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse}, {Type: corev1.NodeReady, Status: corev1.ConditionUnknown}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "cordoned"}, Status: ready, Spec: corev1.NodeSpec{Unschedulable: true}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "no-schedule"}, Status: ready,
+			Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "k", Effect: corev1.TaintEffectNoSchedule}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "no-execute"}, Status: ready,
+			Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "node.kubernetes.io/unreachable", Effect: corev1.TaintEffectNoExecute}}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "unknown"}},
+	}
+	for _, n := range nodes {
+		if _, err := cs.CoreV1().Nodes().Create(context.Background(), n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := r.Nodes(context.Background())
+	if err != nil || !slices.Equal(got, []string{"a-prefer", "b-ready"}) {
+		t.Fatalf("nodes %v, %v", got, err)
+	}
+}
+
 // The sandbox's pids limit bounds each of its uids' tasks (the agent's
 // --nproc) when the Pod has a user namespace of its own; with the host's,
 // uid 1000 is shared with other Pods and none is set.

@@ -235,15 +235,19 @@ func TestSandboxesAsPods(t *testing.T) {
 		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--kubernetes-namespace", ns,
 		"--kubernetes-image", "python=" + image}
 	addrA, addrB := freePort(t), freePort(t)
-	// A keeps a warm Pod, B none: creates are hits and misses.
+	// A keeps a warm Pod on each node, B none: creates are hits and
+	// misses.
 	argsA := append(slices.Clone(args), "--pool", "1")
 	replicaA := startServer(t, bin, "replica-a", addrA, key, argsA...)
 	// B reaches agents through the API server's port-forward, A at
 	// their Pod IPs: requests take both ways.
 	replicaB := startServer(t, bin, "replica-b", addrB, key, append(slices.Clone(args), "--pool", "0", "--kubernetes-connect", "port-forward")...)
 	srv := newBalancer(t, replicaA, replicaB)
-	// A's warm Pod runs (a create that finds it is a hit).
-	waitPool(t, cs, ns, 1)
+	// A's warm Pods run, one on each node (a create that finds one is a
+	// hit).
+	if nodes := waitPool(t, cs, ns, 2); !slices.Equal(nodes, []string{"sf-node-a", "sf-node-b"}) {
+		t.Fatalf("warm pool Pods on nodes %v, want one on each", nodes)
+	}
 
 	// Four sandboxes at once: Pods over both nodes, each runs the
 	// analysis; create → first result is timed.

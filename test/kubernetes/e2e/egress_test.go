@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -148,14 +149,20 @@ func jsonField(t *testing.T, b []byte, name string) string {
 	return v
 }
 
-// waitPool waits until n warm pool Pods run in ns.
-func waitPool(t *testing.T, cs kubernetes.Interface, ns string, n int) {
+// waitPool waits until n warm pool Pods run in ns, and returns their
+// nodes, sorted.
+func waitPool(t *testing.T, cs kubernetes.Interface, ns string, n int) []string {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		pods, err := cs.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "sheepfold.dev/pool=true", FieldSelector: "status.phase=Running"})
 		if err == nil && len(pods.Items) >= n {
-			return
+			var nodes []string
+			for _, p := range pods.Items {
+				nodes = append(nodes, p.Spec.NodeName)
+			}
+			slices.Sort(nodes)
+			return nodes
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%d warm pool Pods did not run within 2 minutes (err %v)", n, err)
