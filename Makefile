@@ -14,8 +14,8 @@ help: ## list the targets
 setup: ## install host packages and build the pinned runc (idempotent)
 	@scripts/setup.sh
 
-build: ## build bin/sheepfold and the static bin/sheepfold-agent
-	go build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/sheepfold ./cmd/sheepfold
+build: ## build bin/sheepfold and bin/sheepfold-agent, both static (no libc: the server's image needs none)
+	CGO_ENABLED=0 go build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/sheepfold ./cmd/sheepfold
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/sheepfold-agent ./cmd/sheepfold-agent
 
 template: setup build ## build the python template once, again when its definition changes (--force to rebuild: bin/sheepfold template build --force python)

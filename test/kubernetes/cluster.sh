@@ -329,8 +329,11 @@ EOF
 }
 
 make_pki() {
+	# The API server listens on loopback; its certificate also names node
+	# a's address, where the e2e test relays to it for Pods (no kube-proxy:
+	# no Service IP), as a Pod's in-cluster config would reach it.
 	local n certs=(
-		"apiserver|kube-apiserver||IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local|server"
+		"apiserver|kube-apiserver||IP:127.0.0.1,IP:10.96.0.1,IP:$(node_ip a),DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local|server"
 		"apiserver-kubelet-client|kube-apiserver-kubelet-client|system:masters||client"
 		"admin|sheepfold-admin|system:masters||client"
 		"controller-manager|system:kube-controller-manager|||client"

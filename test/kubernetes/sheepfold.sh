@@ -2,9 +2,10 @@
 # Run by test.sh on a cluster that is up: Sheepfold's Kubernetes backend
 # end to end. The python template becomes an image (sheepfold template
 # export) imported into both nodes, the sandboxes' seccomp profile goes
-# into each kubelet's seccomp directory, and test/kubernetes/e2e runs
-# `sheepfold serve --backend kubernetes` over a real PostgreSQL against the
-# cluster. Everything it writes is under the cluster's state dir, which
+# into each kubelet's seccomp directory, bin/sheepfold becomes the server's
+# image (imported too), and test/kubernetes/e2e runs `sheepfold serve
+# --backend kubernetes` over a real PostgreSQL against the cluster, on the
+# host and as deploy/kubernetes's Deployment. Everything it writes is under the cluster's state dir, which
 # down removes.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -31,8 +32,16 @@ t=$(date +%s%3N)
 echo "sheepfold.sh: image imported into both nodes in $(($(date +%s%3N) - t)) ms"
 rm -f "$archive"
 
+# The server's own image, for the Deployment of deploy/kubernetes:
+# bin/sheepfold (static) alone, as its entrypoint.
+server_image=sheepfold.local/server:e2e
+archive=$KUBE_ROOT/server.oci.tar
+(cd "$REPO" && go run ./test/kubernetes/ociimage -name "$server_image" -bin "$BIN_SF" -out "$archive")
+"$CLUSTER" import-image "$archive"
+rm -f "$archive"
+
 cd "$REPO"
-export SHEEPFOLD_E2E_KUBECONFIG=$KUBECONFIG_ADMIN SHEEPFOLD_E2E_IMAGE=$image SHEEPFOLD_E2E_BIN=$BIN_SF SHEEPFOLD_E2E_CLUSTER=$CLUSTER SHEEPFOLD_E2E_E2B_DIR=$REPO/test/e2b
+export SHEEPFOLD_E2E_KUBECONFIG=$KUBECONFIG_ADMIN SHEEPFOLD_E2E_IMAGE=$image SHEEPFOLD_E2E_SERVER_IMAGE=$server_image SHEEPFOLD_E2E_BIN=$BIN_SF SHEEPFOLD_E2E_CLUSTER=$CLUSTER SHEEPFOLD_E2E_E2B_DIR=$REPO/test/e2b
 if [ "${SHEEPFOLD_KUBE_BENCH:-}" = 1 ]; then
 	# make bench-kubernetes: the bench instead of the e2e test.
 	go test -tags 'kubernetes_e2e kubernetes_bench' -count=1 -v -timeout 30m -run '^TestBenchPods$' ./test/kubernetes/e2e/
@@ -46,6 +55,6 @@ kc() { "$CLUSTER" kubectl "$@"; }
 kc apply --dry-run=server -f "$REPO/deploy/kubernetes/namespace.yaml"
 kc create namespace sheepfold >/dev/null
 trap 'kc delete namespace sheepfold --wait=false >/dev/null' EXIT
-for f in rbac server runtimeclasses; do
+for f in rbac rbac-portforward server runtimeclasses; do
 	kc apply --dry-run=server -f "$REPO/deploy/kubernetes/$f.yaml"
 done
