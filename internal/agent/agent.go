@@ -238,6 +238,8 @@ type server struct {
 	egress chan net.Conn
 	// history is the usage samples of Config.UsageHistory.
 	history history
+	// budgets are the sandbox's budgets its engines take from.
+	budgets budgets
 }
 
 // errCannotSwitchUsers refuses to serve when Config.SwitchUsers is set
@@ -334,8 +336,11 @@ func (s *server) serveConn(nc net.Conn) {
 		return
 	}
 	// The engines' own checks are not use; nor is an egress.accept
-	// waiting (it counts once it carries a connection).
-	if req.Op != agentproto.OpPing && req.Op != agentproto.OpUsage && req.Op != agentproto.OpUsageHistory && req.Op != agentproto.OpEgressAccept {
+	// waiting (it counts once it carries a connection), nor a budget
+	// taken (what it is taken for is).
+	switch req.Op {
+	case agentproto.OpPing, agentproto.OpUsage, agentproto.OpUsageHistory, agentproto.OpEgressAccept, agentproto.OpBudgetTake:
+	default:
 		s.busy.Add(1)
 		defer func() {
 			s.lastDone.Store(time.Now().UnixNano())
@@ -426,6 +431,8 @@ func (s *server) dispatchOp(c *conn, req *agentproto.Request) agentproto.Event {
 		return s.egressAccept(c)
 	case agentproto.OpUsageHistory:
 		return s.usageHistory()
+	case agentproto.OpBudgetTake:
+		return s.budgetTake(req)
 	}
 	return fail(agentproto.CodeBadRequest, "unknown op %q", req.Op)
 }

@@ -64,7 +64,41 @@ const (
 	// sandbox whose cgroup it cannot read itself (a Pod, whose cgroup is
 	// on its node). CodeUnsupported when the agent finds no cgroup.
 	OpUsage = "usage"
+
+	// OpBudgetTake takes one from a budget of the sandbox that its agent
+	// keeps (Request.Budget), so that every engine serving the sandbox
+	// (each of the server's replicas) counts against the same one:
+	// Done.Budget says whether it was taken. A total budget counts for
+	// the agent's life; a per-minute one is a token bucket holding a
+	// minute's worth.
+	OpBudgetTake = "budget.take"
 )
+
+// Budget names (BudgetSpec.Name).
+const (
+	BudgetNetworkRequests = "network_requests" // resource_limits.network_requests: a total
+	BudgetExecutions      = "executions"       // rate_limiting.requests_per_minute: per minute
+)
+
+// BudgetSpec names a budget and its size (budget.take). The size is
+// given with each take (a policy change applies to the next); a total
+// budget keeps its count when its limit changes, a per-minute one its
+// tokens, cut to the new limit.
+type BudgetSpec struct {
+	Name      string `json:"name"`
+	Limit     int64  `json:"limit"`                // > 0
+	PerMinute bool   `json:"per_minute,omitempty"` // a token bucket of Limit a minute, else a total
+}
+
+// BudgetTaken is the outcome of budget.take.
+type BudgetTaken struct {
+	Allowed bool `json:"allowed"`
+	// Count is how many the total budget has given, this take included
+	// when allowed; for a per-minute one, the whole tokens left.
+	Count int64 `json:"count"`
+	// RetryAfterMS is when a refused per-minute take would succeed.
+	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
+}
 
 // Event types.
 const (
@@ -175,6 +209,8 @@ type Request struct {
 	Owner string `json:"owner,omitempty"`
 	// Port (port.connect) is the TCP port on the sandbox's loopback.
 	Port int `json:"port,omitempty"`
+	// Budget (budget.take) is the budget to take one from.
+	Budget *BudgetSpec `json:"budget,omitempty"`
 }
 
 // Sandbox users a request may name (ProcessSpec.User, Request.User).
@@ -336,6 +372,7 @@ type Event struct {
 	Ports     []PortInfo    `json:"ports,omitempty"`   // port.list
 	Usage     *Usage        `json:"usage,omitempty"`   // usage
 	History   []UsageSample `json:"history,omitempty"` // usage.history
+	Budget    *BudgetTaken  `json:"budget,omitempty"`  // budget.take
 }
 
 // Usage is the sandbox's resource usage as its agent reads it from its

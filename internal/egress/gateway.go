@@ -98,6 +98,7 @@ type Gateway struct {
 	id      string
 	log     *slog.Logger
 	limit   int64 // network_requests; 0 = none
+	budget  Budget
 	ctx     context.Context
 	cancel  context.CancelFunc
 	closers []func() // run by Close, in reverse
@@ -249,21 +250,62 @@ func (g *Gateway) repeated(key string) bool {
 	return false
 }
 
+// Budget takes one request from a network_requests budget of limit kept
+// outside the gateway, where every gateway of the sandbox counts (each
+// replica of the server has one): whether it was taken and how many the
+// budget has given. An error refuses the request (failing closed).
+type Budget func(ctx context.Context, limit int64) (allowed bool, given int64, err error)
+
+// ErrNoBudget, from a Budget, says that it keeps no budget after all: the
+// gateway counts alone.
+var ErrNoBudget = errors.New("egress: no shared network_requests budget")
+
+// ShareBudget makes the gateway count network_requests in b rather than
+// alone; Requests still counts what this gateway carried. Call it before
+// the gateway carries traffic.
+func (g *Gateway) ShareBudget(b Budget) { g.budget = b }
+
 // countRequest counts one request and refuses it past the limit.
 func (g *Gateway) countRequest(target string) bool {
-	n := g.requests.Add(1)
 	limit := atomic.LoadInt64(&g.limit)
+	if limit > 0 && g.budget != nil {
+		ok, given, err := g.budget(g.ctx, limit)
+		if errors.Is(err, ErrNoBudget) {
+			return g.countAlone(target, limit)
+		}
+		if err != nil {
+			g.log.Warn("egress denied: the shared network_requests budget could not be counted", "target", target, "err", err)
+			return false
+		}
+		if ok {
+			g.requests.Add(1)
+			return true
+		}
+		g.overLimit(target, limit, given+1)
+		return false
+	}
+	return g.countAlone(target, limit)
+}
+
+// countAlone counts one request in the gateway's own count.
+func (g *Gateway) countAlone(target string, limit int64) bool {
+	n := g.requests.Add(1)
 	if limit == 0 || n <= limit {
 		return true
 	}
 	g.requests.Add(-1)
+	g.overLimit(target, limit, n)
+	return false
+}
+
+// overLimit reports a request refused past network_requests.
+func (g *Gateway) overLimit(target string, limit, n int64) {
 	g.log.Info("egress denied", "target", target, "rule", "resource_limits.network_requests", "limit", limit)
 	g.opt.Events.Emit(events.Event{
 		Type: events.ResourceExceeded, SandboxID: g.id,
 		Details: map[string]any{"resource": events.ResourceNetworkRequests, "limit": limit,
 			"observed": n, "target": target},
 	})
-	return false
 }
 
 // remember records that name resolved to addrs in this sandbox.

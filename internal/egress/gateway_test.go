@@ -196,6 +196,48 @@ func TestRequestLimit(t *testing.T) {
 	}
 }
 
+// TestSharedRequestLimit: two gateways of one sandbox (two replicas)
+// sharing a budget give network_requests in all, each counting what it
+// carried; a budget that cannot be counted refuses.
+func TestSharedRequestLimit(t *testing.T) {
+	var mu sync.Mutex
+	var given int64
+	budget := func(ctx context.Context, limit int64) (bool, int64, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if given >= limit {
+			return false, given, nil
+		}
+		given++
+		return true, given, nil
+	}
+	a, evA := testGateway(t, &policy.Network{Mode: "public"}, 3)
+	b, evB := testGateway(t, &policy.Network{Mode: "public"}, 3)
+	a.ShareBudget(budget)
+	b.ShareBudget(budget)
+	var allowed []bool
+	for _, g := range []*Gateway{a, b, a, b, a} {
+		allowed = append(allowed, g.countRequest("203.0.113.10:80"))
+	}
+	if fmt.Sprint(allowed) != "[true true true false false]" || a.Requests() != 2 || b.Requests() != 1 {
+		t.Fatalf("allowed %v, carried %d and %d", allowed, a.Requests(), b.Requests())
+	}
+	if evA.count() != 1 || evB.count() != 1 {
+		t.Fatalf("resource_exceeded events %d and %d", evA.count(), evB.count())
+	}
+	c, _ := testGateway(t, &policy.Network{Mode: "public"}, 3)
+	c.ShareBudget(func(context.Context, int64) (bool, int64, error) { return false, 0, context.DeadlineExceeded })
+	if c.countRequest("203.0.113.10:80") || c.Requests() != 0 {
+		t.Fatal("a budget that could not be counted allowed a request")
+	}
+	// A budget that is not kept after all: the gateway counts alone.
+	d, _ := testGateway(t, &policy.Network{Mode: "public"}, 1)
+	d.ShareBudget(func(context.Context, int64) (bool, int64, error) { return false, 0, ErrNoBudget })
+	if !d.countRequest("203.0.113.10:80") || d.countRequest("203.0.113.10:80") || d.Requests() != 1 {
+		t.Fatalf("counting alone: %d carried", d.Requests())
+	}
+}
+
 func TestSniff(t *testing.T) {
 	hello := clientHello(t, "api.test")
 	cases := []struct {

@@ -58,7 +58,7 @@ func (s *Sandbox) pumpEgress() {
 
 // adoptEgress gives an adopted sandbox whose policy allows a network the
 // gateway its creator gave it, and fetches its connections: any replica
-// holding it carries its egress (each counts its own network_requests).
+// holding it carries its egress, counting network_requests in the agent.
 func (s *Sandbox) adoptEgress(pol *policy.Policy) error {
 	egressPolicy, err := policy.CompileEgress(pol.NetworkPolicy())
 	if err != nil || !egressPolicy.Enabled() || !s.m.proxiesEgress() {
@@ -69,6 +69,7 @@ func (s *Sandbox) adoptEgress(pol *policy.Policy) error {
 		return err
 	}
 	s.net = gw
+	s.shareEgressBudget()
 	s.pumpEgress()
 	return nil
 }

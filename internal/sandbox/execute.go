@@ -86,7 +86,7 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		return nil, err
 	}
 	defer end()
-	if err := s.takeExecution(); err != nil {
+	if err := s.takeExecution(ctx); err != nil {
 		return nil, err
 	}
 	if err := s.m.admit(s, WorkExecution); err != nil {

@@ -321,6 +321,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		spec.Network = &runtime.Network{ResolvConf: egress.ResolvConf, Attach: gw.Attach}
 		if m.proxiesEgress() {
 			spec.Network = &runtime.Network{Proxy: true}
+			s.shareEgressBudget()
 		}
 	}
 	// Close aborts a create in flight; the sandbox is then destroyed by

@@ -30,17 +30,41 @@ type policyState struct {
 
 // takeExecution takes one execution from the policy's per-minute budget
 // (rate_limiting.requests_per_minute): ERR_RATE_LIMITED with Retry-After
-// once it is spent.
-func (s *Sandbox) takeExecution() error {
+// once it is spent. A shared sandbox's budget is its agent's, which
+// every replica takes from (agentbudget.go).
+func (s *Sandbox) takeExecution(ctx context.Context) error {
 	s.mu.Lock()
-	res := s.pol.executions.Take(time.Now(), s.pol.pol.ExecutionsPerMinute())
+	limit := s.pol.pol.ExecutionsPerMinute()
+	s.mu.Unlock()
+	if limit <= 0 {
+		return nil
+	}
+	if s.m.cfg.Shared {
+		t, err := s.takeBudget(ctx, agentproto.BudgetSpec{Name: agentproto.BudgetExecutions, Limit: limit, PerMinute: true})
+		switch {
+		case err == nil && t.Allowed:
+			return nil
+		case err == nil:
+			return executionsLimited(limit, time.Duration(t.RetryAfterMS)*time.Millisecond)
+		case !errors.Is(err, errNoAgentBudgets):
+			return err
+		}
+	}
+	s.mu.Lock()
+	res := s.pol.executions.Take(time.Now(), limit)
 	s.mu.Unlock()
 	if res.Allowed {
 		return nil
 	}
-	return &apierr.Error{Code: apierr.RateLimited, RetryAfter: res.RetryAfter,
+	return executionsLimited(res.Limit, res.RetryAfter)
+}
+
+// executionsLimited is the error of an execution past the sandbox's
+// rate_limiting.
+func executionsLimited(limit int64, retry time.Duration) error {
+	return &apierr.Error{Code: apierr.RateLimited, RetryAfter: retry,
 		Message: fmt.Sprintf("this sandbox's rate limit of %d executions per minute is reached (rate_limiting.requests_per_minute); retry in %.1f s",
-			res.Limit, res.RetryAfter.Seconds())}
+			limit, retry.Seconds())}
 }
 
 // kernelPolicy is the part of p the code contexts enforce. Every sandbox

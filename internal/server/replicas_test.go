@@ -147,6 +147,26 @@ func TestReplicasShareSandboxes(t *testing.T) {
 	}
 }
 
+// TestReplicasShareSandboxRateLimit: a sandbox's rate_limiting holds across
+// replicas (its agent keeps the budget): three executions a minute in
+// all, wherever they land, not three on each.
+func TestReplicasShareSandboxRateLimit(t *testing.T) {
+	t.Parallel()
+	a := newEnv(t, server.Config{PreviewKey: replicaKey}, shared)
+	b := newReplica(t, a)
+	id := a.create(a.keyA, map[string]any{"security_policy": map[string]any{"rate_limiting": map[string]any{"requests_per_minute": 3}}})
+	for _, rp := range []*env{a, b.env, b.env} {
+		want(t, rp.do("POST", "/v1/sandboxes/"+id+"/execute", rp.keyA, map[string]any{"code": "1"}), http.StatusOK, "")
+	}
+	for _, rp := range []*env{a, b.env} {
+		r := rp.do("POST", "/v1/sandboxes/"+id+"/execute", rp.keyA, map[string]any{"code": "1"})
+		want(t, r, http.StatusTooManyRequests, "ERR_RATE_LIMITED")
+		if r.header.Get("Retry-After") == "" {
+			t.Fatal("a refused execution without Retry-After")
+		}
+	}
+}
+
 // TestReplicasCollector: the collector destroys what no record claims
 // and ends records whose sandbox is gone; it spares creates in flight
 // and warm pool members.

@@ -65,7 +65,10 @@ func upstream(t *testing.T, dir string) string {
 // egressThroughGateway: a Pod sandbox whose policy allows one address
 // reaches it through its agent's egress proxy and the server's gateway
 // (HTTP_PROXY is set for it), and is refused another (the host's own)
-// with ERR_NETWORK_RESTRICTED; its NetworkPolicy stays deny-all.
+// with ERR_NETWORK_RESTRICTED; its NetworkPolicy stays deny-all. Its
+// network_requests hold across the replicas: once both carry its
+// connections, it gets what is left of the budget, not that much from
+// each.
 func egressThroughGateway(t *testing.T, srv *server, cs kubernetes.Interface, ns string) {
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "stock.csv"), []byte("sku,qty\nA-1,7\n"), 0o644); err != nil {
@@ -73,7 +76,8 @@ func egressThroughGateway(t *testing.T, srv *server, cs kubernetes.Interface, ns
 	}
 	addr := upstream(t, dir)
 	code, b := srv.do(t, "POST", "/v1/sandboxes", map[string]any{"template": "python",
-		"security_policy": map[string]any{"network": map[string]any{"mode": "allowlist", "allow": []string{addr}}}})
+		"security_policy": map[string]any{"network": map[string]any{"mode": "allowlist", "allow": []string{addr}},
+			"resource_limits": map[string]any{"network_requests": 4}}})
 	if code != 201 {
 		t.Fatalf("create with a network: %d %s", code, b)
 	}
@@ -90,6 +94,28 @@ except urllib.error.HTTPError as e:
 	if code != 200 || !strings.Contains(string(b), `A-1,7\nrefused 403 ERR_NETWORK_RESTRICTED`) {
 		t.Fatalf("egress through the gateway: %d %s", code, b)
 	}
+	// Both replicas hold it now (srv alternates), so both fetch its
+	// connections: of five more fetches, the three left of the budget
+	// succeed and two are refused, whichever replica carries them.
+	for range 2 {
+		if code, b := srv.do(t, "POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"language": "python", "code": "1"}); code != 200 {
+			t.Fatalf("execute: %d %s", code, b)
+		}
+	}
+	code, b = srv.do(t, "POST", "/v1/sandboxes/"+id+"/execute", map[string]any{"language": "python", "code": fmt.Sprintf(`
+import urllib.request, urllib.error
+got = []
+for _ in range(5):
+    try:
+        urllib.request.urlopen("http://%s/stock.csv", timeout=20).read()
+        got.append("ok")
+    except urllib.error.HTTPError as e:
+        got.append(str(e.code))
+print(" ".join(got))
+`, addr)})
+	if code != 200 || !strings.Contains(string(b), `"stdout":"ok ok ok 429 429\n"`) {
+		t.Fatalf("network_requests 4 across replicas, after one fetch: %d %s", code, b)
+	}
 	// Around the proxy, straight to the address the policy allows, the
 	// Pod gets nowhere: its own firewall (the netlock init container)
 	// holds though this cluster's CNI enforces no NetworkPolicy.
@@ -100,7 +126,7 @@ except urllib.error.HTTPError as e:
 	if err != nil || len(np.Spec.Egress) != 0 {
 		t.Fatalf("the sandbox's NetworkPolicy: %+v, %v (want every egress denied)", np, err)
 	}
-	t.Logf("a Pod with network allowlist %s fetched from it through the gateway; another address refused", addr)
+	t.Logf("a Pod with network allowlist %s fetched from it through the gateway, network_requests counted across replicas; another address refused", addr)
 }
 
 // connectOut is what came of sandbox id's code connecting to host:port
