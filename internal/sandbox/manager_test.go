@@ -34,6 +34,14 @@ func fakeEngine(t *testing.T, cfg sandbox.Config) (*sandbox.Manager, *fake.Runti
 			return "/", nil
 		})
 	}
+	return startEngine(t, cfg, rt), rt
+}
+
+// startEngine starts a Manager with cfg, whose runtime is rt or wraps it,
+// and closes it when the test ends, checking that it leaves no sandbox
+// in rt.
+func startEngine(t *testing.T, cfg sandbox.Config, rt *fake.Runtime) *sandbox.Manager {
+	t.Helper()
 	m, err := sandbox.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +54,7 @@ func fakeEngine(t *testing.T, cfg sandbox.Config) (*sandbox.Manager, *fake.Runti
 			t.Errorf("sandboxes left after Close: %v", ids)
 		}
 	})
-	return m, rt
+	return m
 }
 
 func wantCode(t *testing.T, err error, code apierr.Code) {

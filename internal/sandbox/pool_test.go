@@ -373,18 +373,7 @@ func TestPoolPerNode(t *testing.T) {
 	cfg := poolConfig(1)
 	cfg.Runtime = rt
 	cfg.Templates = sandbox.TemplatesFunc(func(string) (string, error) { return "/", nil })
-	m, err := sandbox.New(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Close(context.Background()); err != nil {
-			t.Error(err)
-		}
-		if ids := runtimeIDs(t, rt.Runtime); len(ids) != 0 {
-			t.Errorf("sandboxes left after Close: %v", ids)
-		}
-	})
+	m := startEngine(t, cfg, rt.Runtime)
 	waitReady(t, m, 2)
 	if got := rt.membersOn(t); got["a"] != 1 || got["b"] != 1 || len(got) != 2 {
 		t.Fatalf("members on nodes %v, want one on a and one on b", got)
