@@ -16,7 +16,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/sheepfold/sheepfold/internal/agenttls"
 	"github.com/sheepfold/sheepfold/internal/runtime"
@@ -717,5 +719,24 @@ func TestPodNetlock(t *testing.T) {
 	}
 	if ids, err := r.List(context.Background()); err != nil || len(ids) != 0 {
 		t.Fatalf("left behind: %v, %v", ids, err)
+	}
+}
+
+// TestReady: the runtime is ready while the API server answers a list of
+// its Pods in its namespace (what /readyz asks on this backend), and not
+// once it fails.
+func TestReady(t *testing.T) {
+	r, cs := newRuntime(t, Config{})
+	if err := r.Ready(context.Background()); err != nil {
+		t.Fatalf("ready: %v", err)
+	}
+	var asked string
+	cs.PrependReactor("list", "pods", func(a k8stesting.Action) (bool, k8sruntime.Object, error) {
+		asked = a.GetNamespace()
+		return true, nil, errors.New("connection refused")
+	})
+	err := r.Ready(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "the cluster does not answer") || asked != ns {
+		t.Fatalf("with the API server gone: %v (asked in %q)", err, asked)
 	}
 }

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -57,12 +59,12 @@ func TestServerInCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	apiRelay := relay(t, nodeA, "tcp", api.Host)
+	apiRelay, cutAPI := relay(t, nodeA, "tcp", api.Host)
 	pg, err := url.Parse(dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pgRelay := relay(t, nodeA, "unix", filepath.Join(pg.Query().Get("host"), ".s.PGSQL.5432"))
+	pgRelay, _ := relay(t, nodeA, "unix", filepath.Join(pg.Query().Get("host"), ".s.PGSQL.5432"))
 	podDSN := fmt.Sprintf("postgres://%s@%s%s?sslmode=disable", pg.Query().Get("user"), pgRelay, pg.Path)
 	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "sheepfold-database"},
@@ -121,6 +123,55 @@ func TestServerInCluster(t *testing.T) {
 		t.Fatalf("kill: %d %s", code, body)
 	}
 	waitGone(t, cs, ns, "sheepfold.dev/sandbox="+id)
+
+	// The cluster out of reach: both replicas' /readyz say so, and the
+	// kubelets' probes take them out of the Service.
+	cutAPI()
+	start = time.Now()
+	for _, p := range pods {
+		waitStatus(t, "http://"+net.JoinHostPort(p.Status.PodIP, "8080")+"/readyz", http.StatusServiceUnavailable)
+	}
+	t.Logf("the API server out of the replicas' reach: /readyz 503 on both in %v", time.Since(start).Round(time.Millisecond))
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(500 * time.Millisecond) {
+		l, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		if err == nil && len(l.Items) > 0 && !slices.ContainsFunc(l.Items, podReady) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("server Pods still Ready a minute after their /readyz failed")
+		}
+	}
+	t.Logf("both server Pods not Ready %v after the API server went", time.Since(start).Round(time.Millisecond))
+}
+
+// podReady reports whether p is Ready.
+func podReady(p corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// waitStatus waits up to 30 s until a GET of url answers status.
+func waitStatus(t *testing.T, url string, status int) {
+	t.Helper()
+	last := "no answer"
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		res, err := (&http.Client{Timeout: 10 * time.Second}).Get(url)
+		if err != nil {
+			last = err.Error()
+			continue
+		}
+		b, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode == status {
+			return
+		}
+		last = fmt.Sprintf("%d %s", res.StatusCode, b)
+	}
+	t.Fatalf("GET %s: %s after 30 s, want %d", url, last, status)
 }
 
 // deployHere adapts the manifest's Pod to the test cluster: namespace ns,
@@ -160,10 +211,8 @@ func waitReady(t *testing.T, cs kubernetes.Interface, ns, selector string, n int
 		}
 		last, ready = l, ready[:0]
 		for _, p := range l.Items {
-			for _, c := range p.Status.Conditions {
-				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue && p.DeletionTimestamp == nil {
-					ready = append(ready, p)
-				}
+			if podReady(p) && p.DeletionTimestamp == nil {
+				ready = append(ready, p)
 			}
 		}
 		if len(ready) >= n {
@@ -198,8 +247,9 @@ func nodesOf(pods []corev1.Pod) []string {
 
 // relay listens on host (any port) and copies each connection to and
 // from a new connection to addr on network; it stops, closing every
-// connection, when the test ends. It returns the address it listens on.
-func relay(t *testing.T, host, network, addr string) string {
+// connection, when the test ends or stop is called. It returns the
+// address it listens on and stop.
+func relay(t *testing.T, host, network, addr string) (string, func()) {
 	t.Helper()
 	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
@@ -209,7 +259,7 @@ func relay(t *testing.T, host, network, addr string) string {
 	var conns []net.Conn
 	closed := false
 	var wg sync.WaitGroup
-	t.Cleanup(func() {
+	stop := sync.OnceFunc(func() {
 		l.Close()
 		mu.Lock()
 		closed = true
@@ -219,6 +269,7 @@ func relay(t *testing.T, host, network, addr string) string {
 		mu.Unlock()
 		wg.Wait()
 	})
+	t.Cleanup(stop)
 	wg.Go(func() {
 		for {
 			in, err := l.Accept()
@@ -243,5 +294,5 @@ func relay(t *testing.T, host, network, addr string) string {
 			wg.Go(func() { io.Copy(in, out); in.Close(); out.Close() })
 		}
 	})
-	return l.Addr().String()
+	return l.Addr().String(), stop
 }
