@@ -419,14 +419,23 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // target returns the running sandbox a data-plane request addresses, or
-// answers 502 for it and returns nil.
+// answers 502 for it and returns nil. A sandbox found running and killed
+// before the lookup returned (a kill that overtook the request, as when
+// another replica had to adopt it first) aborts the connection instead,
+// as a killed VM's does on E2B: the SDK then finds the sandbox gone and
+// says it was killed while the request was in progress.
 func (h *Handler) target(w http.ResponseWriter, r *http.Request, id string) *sandbox.Sandbox {
 	sb, err := h.backend.Sandbox(r.Context(), "", id)
-	if err != nil || sb.State() != sandbox.StateRunning {
-		sandboxGone(w, id)
-		return nil
+	if err == nil {
+		switch sb.State() {
+		case sandbox.StateRunning:
+			return sb
+		case sandbox.StateStopping, sandbox.StateStopped:
+			panic(http.ErrAbortHandler)
+		}
 	}
-	return sb
+	sandboxGone(w, id)
+	return nil
 }
 
 // sandboxGone answers for a sandbox that is unknown, stopped or not the
