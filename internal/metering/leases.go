@@ -107,11 +107,13 @@ func (m *Meter) takeLeases(ctx context.Context, now time.Time) {
 			m.refund(t)
 			t.holder, t.confirmed, t.base = true, true, cp
 			t.lastCPU, t.last = cp.cpu, cp.at
+			t.epoch++
 		default:
 			// Another replica holds it, or it ended: only counts here,
 			// and the next try once the lease seen would lapse.
 			m.refund(t)
 			t.holder, t.retry = false, l.Until
+			t.epoch++
 			if l.Ended {
 				t.retry = now.Add(leaseFlushes * m.cfg.FlushInterval)
 			}
@@ -155,6 +157,7 @@ func (m *Meter) lostLeases(err error) bool {
 			m.cfg.Logger.Warn("meter lease lost: another replica meters the sandbox", "sandbox", id)
 			m.refund(t)
 			t.holder, t.confirmed = false, false
+			t.epoch++
 		}
 	}
 	return true

@@ -6,9 +6,15 @@
 // the store's per-hour buckets every FlushInterval (and at stop), in one
 // transaction with the cost they add to the credit ledger: a crash loses
 // at most one interval, and since only deltas are written, a restart
-// never counts a second twice. Nothing here runs on the request path but
-// Count, an atomic add, and AddTokens (model tokens, tokens.go), a map
-// update.
+// never counts a second twice. On the request path run Count, an atomic
+// add, AddTokens (model tokens, tokens.go), a map update, and a create's
+// or a kill's Start and Stop.
+//
+// No lock of the meter is held while a sandbox is read: a reading asks
+// the runtime or, for a Pod, the sandbox's agent, and an agent that is
+// slow or gone (its Pod deleted by another replica, its node lost)
+// delays its own sandbox's sample, by at most readTimeout, never another
+// sandbox's, a create or a kill.
 //
 // A GB is 2^30 bytes. A sample's delta goes to the hour the sample was
 // taken in.
@@ -34,6 +40,13 @@ import (
 )
 
 const gib = float64(1 << 30)
+
+// readTimeout bounds one reading of a sandbox's usage. A live agent
+// answers in milliseconds.
+const readTimeout = 2 * time.Second
+
+// maxReads is how many sandboxes one tick reads at once.
+const maxReads = 16
 
 // Prices are what usage costs, in micro-units of the operator's currency.
 // The defaults are in the range peers charge (E2B, Modal: a few
@@ -95,7 +108,8 @@ type Meter struct {
 
 	live sync.Map // sandbox id → *tracker, for Count and Live
 
-	// mu serialises sampling and flushing, and guards trackers.
+	// mu guards trackers and their counts, and serialises flushes; it
+	// is never held across a reading (tracker.sampling is).
 	mu       sync.Mutex
 	trackers map[string]*tracker // live and stopped-but-unflushed
 
@@ -116,14 +130,21 @@ type tracker struct {
 	executions atomic.Int64 // counted since the last sample
 	commands   atomic.Int64
 
+	// sampling is held across one sample, its reading and what it
+	// adds: a tracker's samples apply in the order they were read.
+	sampling sync.Mutex
+
 	// Guarded by Meter.mu.
 	last       time.Time
 	lastCPU    uint64
 	lastEgress int64 // the gateway's request count at the last sample
 	memory     int64 // the cgroup's memory use at the last sample, bytes
 	stopped    bool
-	pending    map[time.Time]*store.UsageDelta // by hour, not yet flushed
-	total      store.UsageDelta                // the sandbox's life so far
+	// epoch changes when the lease moves the counters a reading adds
+	// to (leases.go): a reading taken before is dropped.
+	epoch   uint64
+	pending map[time.Time]*store.UsageDelta // by hour, not yet flushed
+	total   store.UsageDelta                // the sandbox's life so far
 
 	// Under a lease (leases.go), guarded by Meter.mu too.
 	holder    bool      // this replica samples it: it holds the lease, or is its creator and none exists yet
@@ -156,9 +177,11 @@ func (m *Meter) Start(sb *sandbox.Sandbox, acct *account.Account) {
 		last: now, pending: map[time.Time]*store.UsageDelta{}}
 	t.total = store.UsageDelta{SandboxID: sb.ID, Account: acct.ID, Template: sb.Template}
 	if sb.FromPool() {
-		if u, err := sb.Usage(context.Background()); err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), readTimeout)
+		if u, err := sb.Usage(ctx); err == nil {
 			t.lastCPU = u.CPUNanos
 		}
+		cancel()
 	}
 	if m.leased() {
 		// The creator samples from its first reading, to the
@@ -191,11 +214,10 @@ func (m *Meter) Count(id string, w sandbox.Work) {
 func (m *Meter) Stop(sb *sandbox.Sandbox) {
 	m.mu.Lock()
 	t := m.trackers[sb.ID]
-	if t != nil && !t.stopped {
-		m.sample(t, time.Now())
-		t.stopped = true
-	}
 	m.mu.Unlock()
+	if t != nil {
+		m.sample(t, true)
+	}
 	m.live.Delete(sb.ID)
 	if t != nil {
 		select {
@@ -230,16 +252,16 @@ func (m *Meter) Pending(acct string, read func() error) ([]store.UsageDelta, err
 // Live returns a metered sandbox's usage so far, flushed or not.
 func (m *Meter) Live(id string) (store.UsageDelta, bool) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	t := m.trackers[id]
+	m.mu.Unlock()
 	if t == nil || m.leased() {
 		// A shared sandbox's usage is the stored one: replicas meter it
 		// in turns.
 		return store.UsageDelta{}, false
 	}
-	if !t.stopped {
-		m.sample(t, time.Now())
-	}
+	m.sample(t, false)
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	return t.total, true
 }
 
@@ -247,26 +269,63 @@ func (m *Meter) Live(id string) (store.UsageDelta, bool) {
 // memory it uses now; ok is false for a sandbox not metered or stopped.
 func (m *Meter) Now(id string) (cpu time.Duration, memoryBytes int64, ok bool) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	t := m.trackers[id]
-	if t == nil || t.stopped || m.leased() && !t.holder {
+	m.mu.Unlock()
+	if t == nil {
 		return 0, 0, false
 	}
-	m.sample(t, time.Now())
+	m.sample(t, false)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if t.stopped || m.leased() && !t.holder {
+		return 0, 0, false
+	}
 	if m.leased() {
 		return time.Duration(t.lastCPU), t.memory, true // the sandbox's counter: its total, whoever metered it
 	}
 	return time.Duration(t.total.CPUNanos), t.memory, true
 }
 
-// sample reads the sandbox's cgroup and adds what it used since the last
-// sample; m.mu is held.
-func (m *Meter) sample(t *tracker, now time.Time) {
-	if m.leased() && !t.holder {
-		m.count(t, now)
+// sample reads a sandbox's usage (m.mu not held) and adds what it used
+// since the last sample; stop makes it the last one. A stopped tracker's
+// samples are none.
+func (m *Meter) sample(t *tracker, stop bool) {
+	t.sampling.Lock()
+	defer t.sampling.Unlock()
+	m.mu.Lock()
+	if t.stopped {
+		m.mu.Unlock()
 		return
 	}
-	u, err := t.sb.Usage(context.Background())
+	// Only the lease's holder reads (leases.go); the others count.
+	read, epoch := !m.leased() || t.holder, t.epoch
+	m.mu.Unlock()
+	var u runtime.Usage
+	var err error
+	if read {
+		ctx, cancel := context.WithTimeout(context.Background(), readTimeout)
+		u, err = t.sb.Usage(ctx)
+		cancel()
+	}
+	now := time.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if read && epoch == t.epoch {
+		m.addReading(t, now, u, err)
+	} else {
+		// Not read, or read against counters the lease has moved
+		// since: what was counted here is added, the rest is the next
+		// sample's.
+		m.count(t, now)
+	}
+	if stop {
+		t.stopped = true
+	}
+}
+
+// addReading adds what a reading (u, or none: err) taken at now says the
+// sandbox used since the last sample; m.mu is held.
+func (m *Meter) addReading(t *tracker, now time.Time, u runtime.Usage, err error) {
 	dt := now.Sub(t.last)
 	if dt < 0 {
 		dt = 0
@@ -343,13 +402,7 @@ func (m *Meter) loop() {
 			lastFlush = time.Now()
 			m.flushAndAfter()
 		case now := <-sample.C:
-			m.mu.Lock()
-			for _, t := range m.trackers {
-				if !t.stopped {
-					m.sample(t, now)
-				}
-			}
-			m.mu.Unlock()
+			m.sampleAll()
 			if now.Sub(lastFlush) >= m.cfg.FlushInterval-m.cfg.SampleInterval/2 {
 				lastFlush = now
 				m.flushAndAfter()
@@ -445,15 +498,31 @@ func (m *Meter) flush(ctx context.Context, leases []store.MeterLease) error {
 func (m *Meter) Close(ctx context.Context) error {
 	m.once.Do(func() { close(m.quit) })
 	<-m.done
+	m.sampleAll()
+	return m.Flush(ctx)
+}
+
+// sampleAll samples every live tracker, maxReads at a time: a sandbox
+// slow to read holds up its own sample only.
+func (m *Meter) sampleAll() {
 	m.mu.Lock()
-	now := time.Now()
+	live := make([]*tracker, 0, len(m.trackers))
 	for _, t := range m.trackers {
 		if !t.stopped {
-			m.sample(t, now)
+			live = append(live, t)
 		}
 	}
 	m.mu.Unlock()
-	return m.Flush(ctx)
+	sem := make(chan struct{}, maxReads)
+	var wg sync.WaitGroup
+	for _, t := range live {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			m.sample(t, false)
+		})
+	}
+	wg.Wait()
 }
 
 // Sandboxes returns the live metered sandboxes of an account.

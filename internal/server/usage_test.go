@@ -123,3 +123,83 @@ func TestUsage(t *testing.T) {
 func storeFilter(id string) store.UsageFilter {
 	return store.UsageFilter{SandboxID: id, GroupBy: store.GroupSandbox}
 }
+
+// stallRuntime is the fake runtime whose usage reading of one sandbox
+// hangs until its caller gives up: an agent whose Pod is gone.
+type stallRuntime struct {
+	runtime.Runtime
+	mu      sync.Mutex
+	stall   string
+	stalled chan struct{} // a reading of stall began
+	done    chan struct{} // the test ended
+}
+
+func (s *stallRuntime) Usage(ctx context.Context, id string) (runtime.Usage, error) {
+	s.mu.Lock()
+	stall := s.stall
+	s.mu.Unlock()
+	if id != stall {
+		return s.Runtime.Usage(ctx, id)
+	}
+	select {
+	case s.stalled <- struct{}{}:
+	default:
+	}
+	select {
+	case <-ctx.Done():
+		return runtime.Usage{}, ctx.Err()
+	case <-s.done:
+		return runtime.Usage{}, context.Canceled
+	}
+}
+
+// TestMeterSlowSandbox: a sandbox whose usage cannot be read holds up no
+// other: while the meter waits on it, creates, kills and usage reports of
+// other sandboxes go on, and it is itself killed at once.
+func TestMeterSlowSandbox(t *testing.T) {
+	t.Parallel()
+	srt := &stallRuntime{stalled: make(chan struct{}, 1), done: make(chan struct{})}
+	e := newEnv(t, server.Config{Metering: metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond}},
+		func(c *sandbox.Config) { srt.Runtime = c.Runtime; c.Runtime = srt })
+	t.Cleanup(func() { close(srt.done) }) // before the env's own cleanup
+	slow := e.create(e.keyA, nil)
+	other := e.create(e.keyA, nil)
+	srt.mu.Lock()
+	srt.stall = slow
+	srt.mu.Unlock()
+	select {
+	case <-srt.stalled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the meter never read the sandbox")
+	}
+	// Unbounded, a hung reading would hold these for as long as it
+	// hangs (the test's end); the bound is far above what they take.
+	var rs [4]resp
+	within(t, 10*time.Second, "a create, a usage report and two kills while one sandbox's reading hangs", func() {
+		rs[0] = e.do("POST", "/v1/sandboxes", e.keyA, nil)
+		rs[1] = e.do("GET", "/v1/sandboxes/"+other+"/usage", e.keyA, nil)
+		rs[2] = e.do("DELETE", "/v1/sandboxes/"+other, e.keyA, nil)
+		rs[3] = e.do("DELETE", "/v1/sandboxes/"+slow, e.keyA, nil) // waits at most one bounded reading
+	})
+	want(t, rs[0], http.StatusCreated, "")
+	want(t, rs[1], http.StatusOK, "")
+	want(t, rs[2], http.StatusNoContent, "")
+	want(t, rs[3], http.StatusNoContent, "")
+}
+
+// within fails the test if f has not returned after d (f goes on, to
+// return once the test's cleanup frees what it waits on). f must not
+// end the test (t.Fatal): it runs on a goroutine of its own.
+func within(t *testing.T, d time.Duration, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("%s: not done after %v", what, d)
+	}
+}
