@@ -57,14 +57,15 @@ func (f *forwarder) dial(ctx context.Context, pod string, port int) (net.Conn, e
 	hdr.Set(corev1.StreamType, corev1.StreamTypeError)
 	hdr.Set(corev1.PortHeader, strconv.Itoa(port))
 	hdr.Set(corev1.PortForwardRequestIDHeader, id)
-	errStream, err := c.conn.CreateStream(hdr)
+	errStream, err := createStream(ctx, c.conn, hdr)
 	if err != nil {
 		f.drop(pod, c)
 		return nil, fmt.Errorf("kubernetes: port-forward to %s: %w", pod, err)
 	}
 	errStream.Close() // nothing is written to it
+	hdr = hdr.Clone()
 	hdr.Set(corev1.StreamType, corev1.StreamTypeData)
-	data, err := c.conn.CreateStream(hdr)
+	data, err := createStream(ctx, c.conn, hdr)
 	if err != nil {
 		c.conn.RemoveStreams(errStream)
 		f.drop(pod, c)
@@ -80,6 +81,34 @@ func (f *forwarder) dial(ctx context.Context, pod string, port int) (net.Conn, e
 		}
 	}()
 	return sc, nil
+}
+
+// createStream opens a stream of conn within ctx. Unbounded, it waits
+// for the connection's own timeout (30 s) when the far end does not
+// answer: a Pod deleted while its connection stayed open. The caller
+// drops a connection whose stream failed, which ends a creation left
+// running here.
+func createStream(ctx context.Context, conn httpstream.Connection, hdr http.Header) (httpstream.Stream, error) {
+	type result struct {
+		s   httpstream.Stream
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s, err := conn.CreateStream(hdr)
+		done <- result{s, err}
+	}()
+	select {
+	case r := <-done:
+		return r.s, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.s != nil {
+				conn.RemoveStreams(r.s)
+			}
+		}()
+		return nil, ctx.Err()
+	}
 }
 
 // connection returns the Pod's streaming connection, made on first use

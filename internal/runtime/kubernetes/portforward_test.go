@@ -3,12 +3,16 @@
 package kubernetes
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
 	"os"
+	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/httpstream"
 )
 
 // pipeStream is an httpstream.Stream over a pipe: what the far end writes
@@ -73,5 +77,52 @@ func TestStreamConnDeadlines(t *testing.T) {
 	c2.fail(errors.New("kubernetes: port-forward to sf-x: connection refused"))
 	if _, err := c2.Read(buf); err == nil || err.Error() != "kubernetes: port-forward to sf-x: connection refused" {
 		t.Fatalf("read after the kubelet's error: %v", err)
+	}
+}
+
+// hungConn is a port-forward connection whose far end never answers:
+// CreateStream waits until the connection closes.
+type hungConn struct {
+	closed chan bool
+	once   sync.Once
+}
+
+func (c *hungConn) CreateStream(http.Header) (httpstream.Stream, error) {
+	<-c.closed
+	return nil, errors.New("connection closed")
+}
+func (c *hungConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return nil
+}
+func (c *hungConn) CloseChan() <-chan bool             { return c.closed }
+func (c *hungConn) SetIdleTimeout(time.Duration)       {}
+func (c *hungConn) RemoveStreams(...httpstream.Stream) {}
+
+// TestDialHonoursContext: a dial over a connection whose Pod is gone
+// (its streams are never answered) ends with the caller's context, not
+// the connection's own timeout, and the connection is dropped.
+func TestDialHonoursContext(t *testing.T) {
+	t.Parallel()
+	f := newForwarder(nil, "ns")
+	hc := &hungConn{closed: make(chan bool)}
+	f.conns["sf-x"] = &forwardConn{conn: hc}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := f.dial(ctx, "sf-x", 49983)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("dial: %v, want the context's deadline", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("the dial returned after %v", d)
+	}
+	select {
+	case <-hc.closed:
+	default:
+		t.Fatal("the connection that did not answer was kept")
+	}
+	if len(f.conns) != 0 {
+		t.Fatalf("connections kept: %v", f.conns)
 	}
 }
