@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"syscall"
@@ -46,7 +47,16 @@ type agentClient struct {
 	conns *connSet
 	// observe, when set, is told each call's operation and duration.
 	observe func(op string, d time.Duration)
+	// log, when set, is told of connections slower than slowDial to
+	// make: a call waits on them before the agent sees it.
+	log      *slog.Logger
+	slowDial time.Duration
 }
+
+// slowDial is how long connecting to an agent may take before it is
+// logged: a local socket connects at once, a Pod's agent in
+// milliseconds (through the API server's port-forward, tens of them).
+const slowDial = time.Second
 
 // callOptions say how one call reads its reply.
 type callOptions struct {
@@ -63,7 +73,11 @@ func (c *agentClient) call(ctx context.Context, req agentproto.Request, body io.
 		start := time.Now()
 		defer func() { c.observe(req.Op, time.Since(start)) }()
 	}
+	dialStart := time.Now()
 	nc, err := c.dial(ctx)
+	if d := time.Since(dialStart); d > c.slowDial && c.log != nil {
+		c.log.Warn("slow agent connection", "op", req.Op, "took", d, "err", err)
+	}
 	if err != nil {
 		return agentproto.Event{}, dialErr(err)
 	}
@@ -102,7 +116,7 @@ func (c *agentClient) call(ctx context.Context, req agentproto.Request, body io.
 // connection it opens is tracked, so that closeAll can end them when the
 // sandbox is destroyed: a Pod's network namespace goes away without a
 // reset reaching the server, and a stream would hang until its timeout.
-func newAgentClient(inst *runtime.Instance, observe func(op string, d time.Duration)) agentClient {
+func newAgentClient(inst *runtime.Instance, observe func(op string, d time.Duration), log *slog.Logger) agentClient {
 	dial := inst.Dial
 	if dial == nil {
 		sock := inst.Socket
@@ -112,7 +126,7 @@ func newAgentClient(inst *runtime.Instance, observe func(op string, d time.Durat
 		}
 	}
 	cs := &connSet{conns: map[*trackedConn]struct{}{}}
-	return agentClient{dial: cs.tracking(dial), conns: cs, observe: observe}
+	return agentClient{dial: cs.tracking(dial), conns: cs, observe: observe, log: log, slowDial: slowDial}
 }
 
 // connSet holds an agent client's open connections.

@@ -1,12 +1,17 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
@@ -20,7 +25,7 @@ func TestCloseAllEndsStreams(t *testing.T) {
 		a, b := net.Pipe() // b never answers and is never closed
 		peers = append(peers, b)
 		return a, nil
-	}}, nil)
+	}}, nil, nil)
 	nc, err := c.dial(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -54,10 +59,32 @@ func TestCloseAllEndsStreams(t *testing.T) {
 	c2 := newAgentClient(&runtime.Instance{Dial: func(context.Context) (net.Conn, error) {
 		a, _ := net.Pipe()
 		return a, nil
-	}}, nil)
+	}}, nil, nil)
 	nc2, _ := c2.dial(context.Background())
 	nc2.Close()
 	if len(c2.conns.conns) != 0 {
 		t.Fatal("a closed connection stayed in the set")
+	}
+}
+
+// TestSlowDialLogged: a connection to an agent that is slow to make is
+// logged with the call's operation, whether it then failed or not.
+func TestSlowDialLogged(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	c := newAgentClient(&runtime.Instance{Dial: func(context.Context) (net.Conn, error) {
+		time.Sleep(30 * time.Millisecond)
+		return nil, syscall.ECONNREFUSED
+	}}, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+	if _, err := c.call(context.Background(), agentproto.Request{Op: agentproto.OpPing}, nil, agentproto.Handlers{}, callOptions{}); err == nil {
+		t.Fatal("a refused dial succeeded")
+	}
+	if logs.Len() != 0 {
+		t.Fatalf("a dial faster than %v logged:\n%s", c.slowDial, logs.String())
+	}
+	c.slowDial = 10 * time.Millisecond
+	c.call(context.Background(), agentproto.Request{Op: agentproto.OpPing}, nil, agentproto.Handlers{}, callOptions{})
+	if l := logs.String(); !strings.Contains(l, "slow agent connection") || !strings.Contains(l, "op="+agentproto.OpPing) || !strings.Contains(l, "connection refused") {
+		t.Fatalf("a slow dial is not logged with its op and error:\n%s", l)
 	}
 }

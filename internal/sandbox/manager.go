@@ -333,7 +333,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	inst, err := m.cfg.Runtime.Create(ctx, spec)
 	runtimeDone := time.Now()
 	if err == nil {
-		s.agent = newAgentClient(inst, m.agentCall)
+		s.agent = newAgentClient(inst, m.agentCall, m.log.With("sandbox", inst.ID))
 		m.mu.Lock() // s is in the table: nodeLoad reads it
 		s.node = inst.Node
 		m.mu.Unlock()

@@ -334,7 +334,7 @@ func (p *pool) start(tmpl, node string) (*Sandbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create: %w", err)
 	}
-	s.agent = newAgentClient(inst, m.agentCall)
+	s.agent = newAgentClient(inst, m.agentCall, m.log.With("sandbox", inst.ID))
 	if inst.Node != "" {
 		s.node = inst.Node
 	}
