@@ -392,9 +392,6 @@ func (s *Server) runningShared(ctx context.Context, owner string) []*sandbox.San
 	return out
 }
 
-// killUnreachable destroys a sandbox this replica cannot reach though its
-// record says it runs (its Pod's node lost its kubelet, and this replica
-// reaches agents through port-forward): a kill must not depend on the
 // recordKill records a shared sandbox killed before it is destroyed: the
 // record decides for every replica, and none may find it running once
 // the kill has begun (a stream this replica serves ends as the Pod goes,
@@ -408,6 +405,9 @@ func (s *Server) recordKill(ctx context.Context, id string) error {
 	return s.store.StopSandbox(context.WithoutCancel(ctx), id, "killed", time.Now())
 }
 
+// killUnreachable destroys a sandbox this replica cannot reach though its
+// record says it runs (its Pod's node lost its kubelet, and this replica
+// reaches agents through port-forward): a kill must not depend on the
 // agent answering.
 func (s *Server) killUnreachable(ctx context.Context, own, id string) error {
 	rec, err := s.store.GetSandbox(ctx, id)

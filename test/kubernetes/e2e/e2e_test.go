@@ -110,7 +110,12 @@ stock
 func startServer(t *testing.T, bin, name, addr, key string, args ...string) *server {
 	t.Helper()
 	srv := &server{url: "http://" + addr, key: key, exited: make(chan error, 1)}
-	logPath := filepath.Join(t.TempDir(), name+".log")
+	// SHEEPFOLD_E2E_LOG_DIR keeps the replicas' logs after the test.
+	dir := os.Getenv("SHEEPFOLD_E2E_LOG_DIR")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	logPath := filepath.Join(dir, name+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -123,9 +128,21 @@ func startServer(t *testing.T, bin, name, addr, key string, args ...string) *ser
 	go func() { srv.exited <- srv.cmd.Wait(); logf.Close() }()
 	t.Cleanup(func() {
 		srv.cmd.Process.Kill()
+		b, _ := os.ReadFile(logPath)
 		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
 			t.Logf("%s's log:\n%s", name, b)
+			return
+		}
+		// Passed: its warnings alone (slow agents, a throttled or slow
+		// API server) tell how close a run came to failing.
+		var warn []string
+		for l := range strings.Lines(string(b)) {
+			if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+				warn = append(warn, l)
+			}
+		}
+		if len(warn) > 0 {
+			t.Logf("%s's %d warnings and errors (the last 40):\n%s", name, len(warn), strings.Join(warn[max(0, len(warn)-40):], ""))
 		}
 	})
 	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
