@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net/http"
@@ -9,31 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8s "k8s.io/client-go/kubernetes"
+
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
-
-// syncBuffer is a log sink the client's goroutines may share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
 
 // apiServer answers every request with an empty PodList, after delay.
 func apiServer(t *testing.T, delay time.Duration) string {
@@ -90,7 +72,7 @@ func TestRESTConfigBounds(t *testing.T) {
 	// about 250 ms each for a token; waits are logged over slowWait.
 	defer func(w time.Duration) { slowWait = w }(slowWait)
 	slowWait = 100 * time.Millisecond
-	var logs syncBuffer
+	var logs testutil.Buffer
 	start := time.Now()
 	listPods(t, KubernetesOptions{Kubeconfig: kc, QPS: 4, Burst: 1, Log: slog.New(slog.NewTextHandler(&logs, nil))}, 3)
 	if d := time.Since(start); d < 400*time.Millisecond {
@@ -104,7 +86,7 @@ func TestRESTConfigBounds(t *testing.T) {
 func TestRESTConfigLogsSlowRequests(t *testing.T) {
 	defer func(d time.Duration) { slowRequest = d }(slowRequest)
 	slowRequest = 50 * time.Millisecond
-	var logs syncBuffer
+	var logs testutil.Buffer
 	listPods(t, KubernetesOptions{Kubeconfig: apiServer(t, 0), Log: slog.New(slog.NewTextHandler(&logs, nil))}, 2)
 	if strings.Contains(logs.String(), "slow") {
 		t.Fatalf("fast requests logged:\n%s", logs.String())

@@ -1,7 +1,7 @@
-// Package testutil holds helpers shared by tests: root gating, building
-// the agent, and finding the runtime and templates that privileged tests
-// need. As root (as in CI) a missing runtime or template fails the test; it
-// never skips silently.
+// Package testutil holds helpers shared by tests: root gating, a log
+// buffer goroutines share (Buffer), building the agent, and finding the
+// runtime and templates that privileged tests need. As root (as in CI) a
+// missing runtime or template fails the test; it never skips silently.
 package testutil
 
 import (

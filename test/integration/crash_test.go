@@ -34,25 +34,8 @@ type crashServer struct {
 	extra            []string // more flags of serve
 	cmd              *exec.Cmd
 	exited           chan struct{}
-	log              *lockedBuffer
+	log              *testutil.Buffer
 	started, upAfter time.Duration
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func newCrashServer(t *testing.T) *crashServer {
@@ -111,7 +94,7 @@ func (s *crashServer) client() *client.Client { return client.New("http://"+s.ad
 // long that took.
 func (s *crashServer) start(pool int) {
 	s.t.Helper()
-	s.log = &lockedBuffer{}
+	s.log = &testutil.Buffer{}
 	s.cmd = exec.Command(s.bin, append([]string{"--data-dir", s.dir, "serve", "--listen", s.addr, "--pool", strconv.Itoa(pool)}, s.extra...)...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	begin := time.Now()
