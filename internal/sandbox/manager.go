@@ -671,22 +671,43 @@ func (m *Manager) idleLoop(every time.Duration) {
 			m.mu.Lock()
 			all := slices.Collect(maps.Values(m.sandboxes))
 			m.mu.Unlock()
+			// Each check asks the sandbox's usage (and a shared one's
+			// agent): a few at once, each bounded, so that an agent that
+			// does not answer delays only its own sandbox's check.
+			sem := make(chan struct{}, idleChecks)
+			var wg sync.WaitGroup
 			for _, s := range all {
-				if s.idleSince(now, every) > m.cfg.IdleTimeout {
-					m.log.Info("sandbox idle", "sandbox", s.ID, "idle_timeout", m.cfg.IdleTimeout)
-					go m.destroy(s, "idle")
-				}
+				sem <- struct{}{}
+				wg.Go(func() {
+					defer func() { <-sem }()
+					ctx, cancel := context.WithTimeout(m.ctx, idleCheckTimeout)
+					defer cancel()
+					if s.idleSince(ctx, now, every) > m.cfg.IdleTimeout {
+						m.log.Info("sandbox idle", "sandbox", s.ID, "idle_timeout", m.cfg.IdleTimeout)
+						go m.destroy(s, "idle")
+					}
+				})
 			}
+			wg.Wait()
 		}
 	}
 }
 
+// idleChecks is how many sandboxes the idle loop checks at once, and
+// idleCheckTimeout bounds one check's calls (a live agent answers in
+// milliseconds; a check that fails leaves the sandbox as active as it
+// was).
+const (
+	idleChecks       = 16
+	idleCheckTimeout = 2 * time.Second
+)
+
 // idleSince returns how long the sandbox has done nothing. Work counts:
 // requests in flight, and CPU its processes used since the last check.
-func (s *Sandbox) idleSince(now time.Time, interval time.Duration) time.Duration {
+func (s *Sandbox) idleSince(ctx context.Context, now time.Time, interval time.Duration) time.Duration {
 	if s.m.cfg.Shared {
 		// The agent serves every engine's requests: it knows.
-		if idle, ok := s.sharedIdle(); ok {
+		if idle, ok := s.sharedIdle(ctx); ok {
 			s.mu.Lock()
 			if active := now.Add(-idle); active.After(s.lastActive) {
 				s.lastActive = active
@@ -694,7 +715,7 @@ func (s *Sandbox) idleSince(now time.Time, interval time.Duration) time.Duration
 			s.mu.Unlock()
 		}
 	}
-	u, err := s.usage(context.Background())
+	u, err := s.usage(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state != StateRunning {

@@ -252,6 +252,70 @@ func TestParallelSandboxes(t *testing.T) {
 	}
 }
 
+// hungUsage is the fake runtime whose usage reading of one sandbox
+// hangs until its caller gives up (an agent whose Pod is gone).
+type hungUsage struct {
+	*fake.Runtime
+	mu   sync.Mutex
+	hung string
+	done chan struct{} // the test ended
+}
+
+func (h *hungUsage) Usage(ctx context.Context, id string) (runtime.Usage, error) {
+	h.mu.Lock()
+	hung := h.hung
+	h.mu.Unlock()
+	if id != hung {
+		return h.Runtime.Usage(ctx, id)
+	}
+	select {
+	case <-ctx.Done():
+		return runtime.Usage{}, ctx.Err()
+	case <-h.done:
+		return runtime.Usage{}, context.Canceled
+	}
+}
+
+// TestIdleCheckOfHungSandbox: a sandbox whose usage cannot be read does
+// not hold up the idle stop of the others.
+func TestIdleCheckOfHungSandbox(t *testing.T) {
+	t.Parallel()
+	rt := &fake.Runtime{AgentBin: testutil.AgentBin(t), Dir: testutil.ShortTempDir(t)}
+	h := &hungUsage{Runtime: rt, done: make(chan struct{})}
+	m := startEngine(t, sandbox.Config{Runtime: h, IdleTimeout: 300 * time.Millisecond,
+		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return "/", nil })}, rt)
+	t.Cleanup(func() { close(h.done) }) // before the engine closes
+	hung, err := m.Create(context.Background(), sandbox.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	h.hung = hung.ID
+	h.mu.Unlock()
+	// Several others: checked one after another, most would wait behind
+	// the hung one, whatever the order.
+	var others []*sandbox.Sandbox
+	for range 4 {
+		s, err := m.Create(context.Background(), sandbox.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		others = append(others, s)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, s := range others {
+		for s.State() != sandbox.StateStopped {
+			if time.Now().After(deadline) {
+				t.Fatalf("sandbox %s not stopped as idle while another's usage hangs: %+v", s.ID, s.Info())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if r := s.Info().StopReason; r != "idle" {
+			t.Fatalf("sandbox %s stopped for %q", s.ID, r)
+		}
+	}
+}
+
 func TestIdleSandboxIsStopped(t *testing.T) {
 	t.Parallel()
 	m, _ := fakeEngine(t, sandbox.Config{IdleTimeout: 400 * time.Millisecond})

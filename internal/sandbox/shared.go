@@ -220,7 +220,7 @@ func (s *Sandbox) sharedDeadline() (time.Time, bool) {
 
 // sharedIdle is how long the agent of a shared sandbox has served no
 // engine's request; 0 while one is in flight.
-func (s *Sandbox) sharedIdle() (time.Duration, bool) {
+func (s *Sandbox) sharedIdle(ctx context.Context) (time.Duration, bool) {
 	select {
 	case <-s.created: // s.agent is set (or the create failed)
 	default:
@@ -229,7 +229,7 @@ func (s *Sandbox) sharedIdle() (time.Duration, bool) {
 	if s.agent.dial == nil {
 		return 0, false
 	}
-	info, err := s.agentInfo(s.m.ctx)
+	info, err := s.agentInfo(ctx)
 	if err != nil {
 		return 0, false
 	}
