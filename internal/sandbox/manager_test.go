@@ -252,46 +252,17 @@ func TestParallelSandboxes(t *testing.T) {
 	}
 }
 
-// hungUsage is the fake runtime whose usage reading of one sandbox
-// hangs until its caller gives up (an agent whose Pod is gone).
-type hungUsage struct {
-	*fake.Runtime
-	mu   sync.Mutex
-	hung string
-	done chan struct{} // the test ended
-}
-
-func (h *hungUsage) Usage(ctx context.Context, id string) (runtime.Usage, error) {
-	h.mu.Lock()
-	hung := h.hung
-	h.mu.Unlock()
-	if id != hung {
-		return h.Runtime.Usage(ctx, id)
-	}
-	select {
-	case <-ctx.Done():
-		return runtime.Usage{}, ctx.Err()
-	case <-h.done:
-		return runtime.Usage{}, context.Canceled
-	}
-}
-
 // TestIdleCheckOfHungSandbox: a sandbox whose usage cannot be read does
 // not hold up the idle stop of the others.
 func TestIdleCheckOfHungSandbox(t *testing.T) {
 	t.Parallel()
-	rt := &fake.Runtime{AgentBin: testutil.AgentBin(t), Dir: testutil.ShortTempDir(t)}
-	h := &hungUsage{Runtime: rt, done: make(chan struct{})}
-	m := startEngine(t, sandbox.Config{Runtime: h, IdleTimeout: 300 * time.Millisecond,
-		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return "/", nil })}, rt)
-	t.Cleanup(func() { close(h.done) }) // before the engine closes
+	m, rt := fakeEngine(t, sandbox.Config{IdleTimeout: 300 * time.Millisecond})
 	hung, err := m.Create(context.Background(), sandbox.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.mu.Lock()
-	h.hung = hung.ID
-	h.mu.Unlock()
+	_, release := rt.HangUsage(hung.ID)
+	t.Cleanup(release) // before the engine closes
 	// Several others: checked one after another, most would wait behind
 	// the hung one, whatever the order.
 	var others []*sandbox.Sandbox

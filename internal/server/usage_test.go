@@ -124,51 +124,18 @@ func storeFilter(id string) store.UsageFilter {
 	return store.UsageFilter{SandboxID: id, GroupBy: store.GroupSandbox}
 }
 
-// stallRuntime is the fake runtime whose usage reading of one sandbox
-// hangs until its caller gives up: an agent whose Pod is gone.
-type stallRuntime struct {
-	runtime.Runtime
-	mu      sync.Mutex
-	stall   string
-	stalled chan struct{} // a reading of stall began
-	done    chan struct{} // the test ended
-}
-
-func (s *stallRuntime) Usage(ctx context.Context, id string) (runtime.Usage, error) {
-	s.mu.Lock()
-	stall := s.stall
-	s.mu.Unlock()
-	if id != stall {
-		return s.Runtime.Usage(ctx, id)
-	}
-	select {
-	case s.stalled <- struct{}{}:
-	default:
-	}
-	select {
-	case <-ctx.Done():
-		return runtime.Usage{}, ctx.Err()
-	case <-s.done:
-		return runtime.Usage{}, context.Canceled
-	}
-}
-
 // TestMeterSlowSandbox: a sandbox whose usage cannot be read holds up no
 // other: while the meter waits on it, creates, kills and usage reports of
 // other sandboxes go on, and it is itself killed at once.
 func TestMeterSlowSandbox(t *testing.T) {
 	t.Parallel()
-	srt := &stallRuntime{stalled: make(chan struct{}, 1), done: make(chan struct{})}
-	e := newEnv(t, server.Config{Metering: metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond}},
-		func(c *sandbox.Config) { srt.Runtime = c.Runtime; c.Runtime = srt })
-	t.Cleanup(func() { close(srt.done) }) // before the env's own cleanup
+	e := newEnv(t, server.Config{Metering: metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond}})
 	slow := e.create(e.keyA, nil)
 	other := e.create(e.keyA, nil)
-	srt.mu.Lock()
-	srt.stall = slow
-	srt.mu.Unlock()
+	stalled, release := e.rt.HangUsage(slow)
+	t.Cleanup(release) // before the env's own cleanup
 	select {
-	case <-srt.stalled:
+	case <-stalled:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the meter never read the sandbox")
 	}

@@ -41,11 +41,35 @@ type Runtime struct {
 	// Runtimes); nil offers "fake" alone. They all run the same way.
 	Choices []string
 
-	// mu guards procs, held and chosen.
+	// mu guards procs, held, chosen and the hung reading's fields.
 	mu     sync.Mutex
 	procs  map[string]*exec.Cmd
 	held   map[string]runtime.Held
 	chosen map[string]string // sandbox id → its Spec.Runtime
+	// hung is the sandbox whose usage readings hang (HangUsage); began
+	// is told when one starts, unhung closes when they end.
+	hung   string
+	began  chan struct{}
+	unhung chan struct{}
+}
+
+// HangUsage makes every usage reading of sandbox id hang until its caller
+// gives up, as one of an agent whose Pod is gone. began receives when a
+// reading starts; release ends the readings still hanging, and the hang.
+func (r *Runtime) HangUsage(id string) (began <-chan struct{}, release func()) {
+	b, unhung := make(chan struct{}, 1), make(chan struct{})
+	r.mu.Lock()
+	r.hung, r.began, r.unhung = id, b, unhung
+	r.mu.Unlock()
+	var once sync.Once
+	return b, func() {
+		once.Do(func() {
+			r.mu.Lock()
+			r.hung = ""
+			r.mu.Unlock()
+			close(unhung)
+		})
+	}
 }
 
 var (
@@ -151,8 +175,25 @@ func (r *Runtime) Destroy(_ context.Context, id string) error {
 	return nil
 }
 
-// Usage implements runtime.Runtime; the fake measures nothing.
-func (r *Runtime) Usage(_ context.Context, id string) (runtime.Usage, error) {
+// Usage implements runtime.Runtime; the fake measures nothing (it reports
+// Used), and a reading of the sandbox HangUsage names hangs.
+func (r *Runtime) Usage(ctx context.Context, id string) (runtime.Usage, error) {
+	r.mu.Lock()
+	if id != "" && id == r.hung {
+		began, unhung := r.began, r.unhung
+		r.mu.Unlock()
+		select {
+		case began <- struct{}{}:
+		default:
+		}
+		select {
+		case <-ctx.Done():
+			return runtime.Usage{}, ctx.Err()
+		case <-unhung:
+			return runtime.Usage{}, context.Canceled
+		}
+	}
+	r.mu.Unlock()
 	if r.Unmeasured {
 		return runtime.Usage{}, fmt.Errorf("%w: the fake runtime measures nothing", runtime.ErrUnsupported)
 	}
