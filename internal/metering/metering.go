@@ -33,6 +33,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -513,16 +515,15 @@ func (m *Meter) sampleAll() {
 		}
 	}
 	m.mu.Unlock()
-	sem := make(chan struct{}, maxReads)
-	var wg sync.WaitGroup
+	var g errgroup.Group
+	g.SetLimit(maxReads)
 	for _, t := range live {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
+		g.Go(func() error {
 			m.sample(t, false)
+			return nil
 		})
 	}
-	wg.Wait()
+	g.Wait()
 }
 
 // Sandboxes returns the live metered sandboxes of an account.

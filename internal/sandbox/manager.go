@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/egress"
@@ -674,21 +676,20 @@ func (m *Manager) idleLoop(every time.Duration) {
 			// Each check asks the sandbox's usage (and a shared one's
 			// agent): a few at once, each bounded, so that an agent that
 			// does not answer delays only its own sandbox's check.
-			sem := make(chan struct{}, idleChecks)
-			var wg sync.WaitGroup
+			var g errgroup.Group
+			g.SetLimit(idleChecks)
 			for _, s := range all {
-				sem <- struct{}{}
-				wg.Go(func() {
-					defer func() { <-sem }()
+				g.Go(func() error {
 					ctx, cancel := context.WithTimeout(m.ctx, idleCheckTimeout)
 					defer cancel()
 					if s.idleSince(ctx, now, every) > m.cfg.IdleTimeout {
 						m.log.Info("sandbox idle", "sandbox", s.ID, "idle_timeout", m.cfg.IdleTimeout)
 						go m.destroy(s, "idle")
 					}
+					return nil
 				})
 			}
-			wg.Wait()
+			g.Wait()
 		}
 	}
 }
