@@ -18,6 +18,8 @@ func doctorCmd(cfg *config.Config) *cobra.Command {
 		asJSON       bool
 		tpl          string
 		maxSandboxes int
+		guestAccel   bool
+		guestProbe   string
 	)
 	poolSize := sandbox.DefaultPoolSize()
 	cmd := &cobra.Command{
@@ -26,10 +28,24 @@ func doctorCmd(cfg *config.Config) *cobra.Command {
 		Long: `Check the host: kernel, user namespaces, cgroups, overlayfs, seccomp, the runtime
 (refusing a runc without the November 2025 security fixes), the agent, the template,
 free disk and memory for the warm pool, and the per-user kernel counters every
-sandbox is charged to. One line per check; the exit status is 1 when a check fails
-(sandboxes cannot run), 0 when all are ok or only warn.`,
+sandbox is charged to; and what the host offers a full guest (/dev/kvm from
+hardware virtualization, from PVM, or none). One line per check; the exit status is
+1 when a check fails (sandboxes cannot run), 0 when all are ok or only warn.
+
+--guest-accel prints only the accelerator the cgroup v2 guest test boots with
+("kvm" or "tcg"), a tab and why; --guest-probe says what a KVM boot of the guest
+showed ("output" or "silent").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if guestAccel {
+				p, err := doctor.ParseProbe(guestProbe)
+				if err != nil {
+					return err
+				}
+				accel, reason := doctor.GuestAccel(doctor.ReadVirt("/"), p)
+				fmt.Printf("%s\t%s\n", accel, reason)
+				return nil
+			}
 			// A missing binary is a finding, not an error of the command.
 			_ = cfg.Resolve()
 			rs := doctor.Run(cmd.Context(), doctorOptions(*cfg, tpl, maxSandboxes, poolSize))
@@ -52,6 +68,8 @@ sandbox is charged to. One line per check; the exit status is 1 when a check fai
 	cmd.Flags().StringVar(&tpl, "template", "python", "the template sandboxes start from")
 	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "sandboxes the server will run at once (0: the engine's default)")
 	cmd.Flags().IntVar(&poolSize, "pool", poolSize, "warm pool size the server will keep")
+	cmd.Flags().BoolVar(&guestAccel, "guest-accel", false, "print the accelerator of the cgroup v2 guest test (kvm or tcg) and why, and nothing else")
+	cmd.Flags().StringVar(&guestProbe, "guest-probe", "", "with --guest-accel: what a KVM boot of the guest showed (output or silent)")
 	return cmd
 }
 

@@ -94,7 +94,7 @@ func Run(ctx context.Context, o Options) []Result {
 	d := doctor{o: o}
 	return []Result{
 		d.kernel(), d.userns(), d.cgroups(), d.overlay(), d.seccomp(),
-		d.runtime(ctx), d.agent(), d.template(), d.disk(), d.memory(), d.counters(),
+		d.runtime(ctx), d.agent(), d.template(), d.disk(), d.memory(), d.counters(), d.virt(),
 	}
 }
 
