@@ -36,8 +36,11 @@
 // header is matched against the tokens issued for live sandboxes (one
 // SHA-256 each, no HMAC).
 //
+// A response cut short (a sandbox killed under a stream, a download
+// broken mid-way) is broken off with internal/abort, never a panic here.
+//
 // Imports: internal/sandbox, internal/agentproto, internal/apierr,
-// internal/lang (language names), internal/policy (a sandbox's policy at
+// internal/abort (responses cut short), internal/lang (language names), internal/policy (a sandbox's policy at
 // create), internal/runtime (usage figures, for metrics), the generated envdpb packages with connectrpc.com/connect and
 // protobuf. The caller (internal/server) supplies a Backend
 // for keys, ownership and records.
@@ -52,12 +55,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/sheepfold/sheepfold/internal/abort"
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/processpb/processpbconnect"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -170,7 +175,9 @@ type Config struct {
 type Handler struct {
 	cfg     Config
 	backend Backend
-	key     []byte // the HMAC key of access tokens
+	key     []byte       // the HMAC key of access tokens
+	serve   http.Handler // dispatch, under abort.Handler
+	routes  []string     // Routes; made by New
 	control http.Handler
 	envd    http.Handler
 	interp  http.Handler
@@ -213,8 +220,25 @@ func New(cfg Config, b Backend) *Handler {
 	h.control = h.controlMux()
 	h.envd = h.envdMux()
 	h.interp = h.interpreterMux()
+	h.serve = abort.Handler(http.HandlerFunc(h.dispatch))
 	return h
 }
+
+// route records patterns served behind port ("": the control plane).
+func (h *Handler) route(port string, patterns ...string) {
+	for _, p := range patterns {
+		if port != "" {
+			p = port + " " + p
+		}
+		h.routes = append(h.routes, p)
+	}
+}
+
+// Routes lists every endpoint the handler serves, for tests that try
+// them all: control-plane patterns ("GET /sandboxes/{id}"), and
+// data-plane ones behind the E2b-Sandbox-Port they are reached on
+// ("49983 POST /process.Process/Start").
+func (h *Handler) Routes() []string { return slices.Clone(h.routes) }
 
 // Handles reports whether a request belongs to the E2B surface rather than
 // Sheepfold's own /v1 API.
@@ -241,7 +265,9 @@ func IsStream(r *http.Request) bool {
 }
 
 // ServeHTTP dispatches on the E2b-Sandbox-Port header.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.serve.ServeHTTP(w, r) }
+
+func (h *Handler) dispatch(w http.ResponseWriter, r *http.Request) {
 	switch port := r.Header.Get("E2b-Sandbox-Port"); port {
 	case "":
 		h.control.ServeHTTP(w, r)
@@ -421,7 +447,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // target returns the running sandbox a data-plane request addresses, or
 // answers 502 for it and returns nil. A sandbox found running and killed
 // before the lookup returned (a kill that overtook the request, as when
-// another replica had to adopt it first) aborts the connection instead,
+// another replica had to adopt it first) breaks the connection off instead,
 // as a killed VM's does on E2B: the SDK then finds the sandbox gone and
 // says it was killed while the request was in progress.
 func (h *Handler) target(w http.ResponseWriter, r *http.Request, id string) *sandbox.Sandbox {
@@ -431,7 +457,8 @@ func (h *Handler) target(w http.ResponseWriter, r *http.Request, id string) *san
 		case sandbox.StateRunning:
 			return sb
 		case sandbox.StateStopping, sandbox.StateStopped:
-			panic(http.ErrAbortHandler)
+			abort.Response(r.Context())
+			return nil
 		}
 	}
 	sandboxGone(w, id)

@@ -11,7 +11,11 @@ import (
 
 	"connectrpc.com/connect"
 
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/filesystempb"
 	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/filesystempb/filesystempbconnect"
+	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/processpb"
 	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/processpb/processpbconnect"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
@@ -68,6 +72,15 @@ func (h *Handler) envdMux() http.Handler {
 	}
 	mux.Handle(deadline(processpbconnect.NewProcessHandler(&processService{h: h}, limit)))
 	mux.Handle(deadline(bounded(filesystempbconnect.NewFilesystemHandler(&filesystemService{h: h}, limit))))
+	for _, fd := range []protoreflect.FileDescriptor{processpb.File_process_process_proto, filesystempb.File_filesystem_filesystem_proto} {
+		for i := range fd.Services().Len() {
+			sd := fd.Services().Get(i)
+			for j := range sd.Methods().Len() {
+				h.route(EnvdPort, "POST /"+string(sd.FullName())+"/"+string(sd.Methods().Get(j).Name()))
+			}
+		}
+	}
+	h.route(EnvdPort, "GET /health", "GET /envs", "GET /files", "POST /files")
 	mux.HandleFunc("GET /envs", func(w http.ResponseWriter, r *http.Request) {
 		env := sandboxFrom(r.Context()).Env
 		if env == nil {

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/abort"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
@@ -198,8 +199,9 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 	}
 	fi, err := sb.Stat(ctx, p, as(ctx))
 	if err != nil {
-		abortIfGone(ctx)
-		filesError(w, err)
+		if !abortIfGone(ctx) {
+			filesError(w, err)
+		}
 		return
 	}
 	if fi.Type == "dir" {
@@ -214,7 +216,8 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 			filesError(w, err)
 			return
 		}
-		panic(http.ErrAbortHandler) // the body is cut short: make it visible
+		abort.Response(ctx) // the body is cut short: make it visible
+		return
 	}
 	out.finish()
 }
@@ -273,11 +276,14 @@ func acceptsGzip(h string) bool {
 	return false
 }
 
-// abortIfGone aborts the connection when the sandbox died under a request.
-func abortIfGone(ctx context.Context) {
+// abortIfGone breaks the connection off when the sandbox died under a
+// request, and reports whether it did: the caller then returns.
+func abortIfGone(ctx context.Context) bool {
 	if sb := sandboxFrom(ctx); sb != nil && sb.State() != sandbox.StateRunning {
-		panic(http.ErrAbortHandler)
+		abort.Response(ctx)
+		return true
 	}
+	return false
 }
 
 // upload writes files: a multipart form (one part named "file" per file,
@@ -314,8 +320,9 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 			return fileEntry{}, false
 		}
 		if err != nil {
-			abortIfGone(ctx)
-			filesError(w, err)
+			if !abortIfGone(ctx) {
+				filesError(w, err)
+			}
 			return fileEntry{}, false
 		}
 		return fileEntry{Name: fi.Name, Type: "file", Path: fi.Path, Metadata: fi.Metadata}, true

@@ -28,6 +28,7 @@ const (
 
 func (h *Handler) interpreterMux() http.Handler {
 	mux := http.NewServeMux()
+	h.route(InterpreterPort, "GET /health", "POST /execute", "POST /contexts", "GET /contexts", "DELETE /contexts/{id}", "POST /contexts/{id}/restart")
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write([]byte(`"OK"`))
@@ -62,7 +63,9 @@ func (h *Handler) interpreterMux() http.Handler {
 // interpError answers a code-interpreter request with a plain-text error,
 // as the E2B server does.
 func interpError(w http.ResponseWriter, r *http.Request, err error) {
-	abortIfGone(r.Context())
+	if abortIfGone(r.Context()) {
+		return
+	}
 	status, msg, retry := httpStatus(err)
 	setRetryAfter(w, retry)
 	http.Error(w, msg, status)
@@ -267,8 +270,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	})
 	rec.End(ex, err)
 	if err != nil {
-		abortIfGone(ctx)
-		if ctx.Err() != nil {
+		if abortIfGone(ctx) || ctx.Err() != nil {
 			return // the client left; the agent interrupted the code
 		}
 		e := apierr.From(err)

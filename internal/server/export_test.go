@@ -26,3 +26,6 @@ func (s *Server) Collect() { s.collect(context.Background()) }
 
 // Replica is the server's name among replicas ("" when not shared).
 func (s *Server) Replica() string { return s.replica }
+
+// E2BRoutes lists the endpoints of the E2B surface (e2b.Handler.Routes).
+func (s *Server) E2BRoutes() []string { return s.e2b.Routes() }
