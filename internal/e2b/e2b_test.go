@@ -5,6 +5,7 @@ import (
 	"maps"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -88,11 +89,17 @@ func TestSignatureAndUser(t *testing.T) {
 		t.Errorf("sign = %s", got)
 	}
 	r := httptest.NewRequest("GET", "/files?path=a.txt&signature="+url.QueryEscape(sign("a.txt", "read", "", tok, "")), nil)
-	if ok, msg := checkSignature(tok, r); !ok {
-		t.Errorf("valid signature refused: %s", msg)
+	s, ok := signedOf(r)
+	if by, _ := s.by(tok, nil); !ok || !by || s.expired() {
+		t.Errorf("valid signature refused")
 	}
-	if ok, _ := checkSignature(h.token("other", "key_a"), r); ok {
+	if by, _ := s.by(h.token("other", "key_a"), nil); by {
 		t.Error("signature accepted for another sandbox")
+	}
+	past := strconv.FormatInt(time.Now().Add(-time.Minute).Unix(), 10)
+	r = httptest.NewRequest("POST", "/files?path=a.txt&signature_expiration="+past+"&signature="+url.QueryEscape(sign("a.txt", "write", "", tok, past)), nil)
+	if s, ok := signedOf(r); !ok || !s.expired() || !must(s.by(tok, nil)) {
+		t.Error("an expired write signature: not made by its token, or not expired")
 	}
 	for in, want := range map[string]string{"": "Basic dXNlcjo=", "root": "Basic cm9vdDo="} {
 		u, err := basicUser(want)
@@ -136,3 +143,5 @@ func TestPrune(t *testing.T) {
 		t.Fatalf("after prune: aliases %v, issued %v", h.aliases, h.issued)
 	}
 }
+
+func must(ok bool, _ []byte) bool { return ok }

@@ -49,7 +49,7 @@ func TestTargetKilledInFlight(t *testing.T) {
 	}
 	h := New(Config{}, overtakenBackend{m: m})
 	srv := httptest.NewServer(abort.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.target(w, r, r.URL.Query().Get("id"))
+		h.target(w, r, "owner", r.URL.Query().Get("id"))
 	})))
 	defer srv.Close()
 

@@ -337,7 +337,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	tokenKey.Write([]byte("e2b access tokens"))
 	s.e2b = e2b.New(e2b.Config{MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
 		WriteTimeout: streamWriteTimeout, Domain: cfg.PreviewDomain, Ports: http.HandlerFunc(s.e2bPreview),
-		Key: tokenKey.Sum(nil)}, e2bBackend{s})
+		Key: tokenKey.Sum(nil), LearnInterval: e2bLearnInterval}, e2bBackend{s})
 	// Previews (by Host or path) and the E2B protocols (an
 	// E2b-Sandbox-Port header or E2B's own paths) share the listener.
 	top := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
