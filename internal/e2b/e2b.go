@@ -352,17 +352,10 @@ func (h *Handler) issue(id, keyID string) string {
 	return tok
 }
 
-// validToken reports whether tok is an access token of sandbox id whose
-// key is not revoked and acts for the sandbox's owner.
-func (h *Handler) validToken(id, tok string) bool { return h.validFor(id, tok, h.token) }
-
-// validTrafficToken is validToken for traffic tokens.
-func (h *Handler) validTrafficToken(id, tok string) bool { return h.validFor(id, tok, h.trafficToken) }
-
 // ValidTrafficToken reports whether tok is a traffic token (the SDKs'
 // E2B-Traffic-Access-Token) of sandbox id, issued to a key that is not
 // revoked and acts for the sandbox's owner.
-func (h *Handler) ValidTrafficToken(id, tok string) bool { return h.validTrafficToken(id, tok) }
+func (h *Handler) ValidTrafficToken(id, tok string) bool { return h.validFor(id, tok, h.trafficToken) }
 
 // IsTrafficToken reports whether tok was made as a traffic token of
 // sandbox id: one HMAC, nothing looked up (ValidTrafficToken also checks

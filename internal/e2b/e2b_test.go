@@ -2,6 +2,8 @@ package e2b
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"maps"
 	"net/http/httptest"
 	"net/url"
@@ -80,8 +82,12 @@ func TestSignatureAndUser(t *testing.T) {
 		!valid(tok, h.token("sbx", "key_a")) || valid("", "") {
 		t.Fatal("access tokens do not tell sandboxes, keys and purposes apart")
 	}
-	if h.validToken("sbx", "key_a."+strings.Repeat("0", 64)) || h.validToken("sbx", "garbage") {
+	if h.ValidTrafficToken("sbx", "key_a."+strings.Repeat("0", 64)) || h.ValidTrafficToken("sbx", "garbage") ||
+		h.ValidTrafficToken("sbx", tok) {
 		t.Fatal("a forged token passed") // refused before the (nil) backend is asked
+	}
+	if k, ok := tokenKey("sbx", tok, h.token); !ok || k != "key_a" {
+		t.Fatalf("tokenKey of a token: %q, %v", k, ok)
 	}
 	// The SDK's algorithm, for path "a.txt", read, no user, token "t":
 	// base64(sha256("a.txt:read::t")) without padding (computed with node crypto).
@@ -145,3 +151,14 @@ func TestPrune(t *testing.T) {
 }
 
 func must(ok bool, _ []byte) bool { return ok }
+
+// sign computes a file URL signature as E2B clients do:
+// v1_ + base64(sha256("path:operation:user:token[:expiration]")), unpadded.
+func sign(p, operation, user, token, expiration string) string {
+	raw := p + ":" + operation + ":" + user + ":" + token
+	if expiration != "" {
+		raw += ":" + expiration
+	}
+	sum := sha256.Sum256([]byte(raw))
+	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+}

@@ -34,17 +34,6 @@ func writeFilesError(w http.ResponseWriter, status int, format string, args ...a
 	writeJSON(w, status, map[string]any{"code": status, "message": fmt.Sprintf(format, args...)})
 }
 
-// sign computes a file URL signature as E2B clients do:
-// v1_ + base64(sha256("path:operation:user:token[:expiration]")), unpadded.
-func sign(p, operation, user, token, expiration string) string {
-	raw := p + ":" + operation + ":" + user + ":" + token
-	if expiration != "" {
-		raw += ":" + expiration
-	}
-	sum := sha256.Sum256([]byte(raw))
-	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
-}
-
 // signedURL is what a signed /files request says, read once: the
 // SHA-256 its signature carries, and the SDK's preimage around the token
 // it was made with ("path:operation:user:" token [":expiration"]).
