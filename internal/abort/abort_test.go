@@ -126,3 +126,21 @@ func TestResponseInProcess(t *testing.T) {
 		t.Fatalf("the outer response read as %q, %v", b, err)
 	}
 }
+
+// BenchmarkHandler is what abort.Handler adds to every request: a
+// writer, a flag and a context value.
+func BenchmarkHandler(b *testing.B) {
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	r := httptest.NewRequest("GET", "/", nil)
+	for _, c := range []struct {
+		name string
+		h    http.Handler
+	}{{"bare", ok}, {"abort.Handler", abort.Handler(ok)}} {
+		b.Run(c.name, func(b *testing.B) {
+			w := httptest.NewRecorder()
+			for b.Loop() {
+				c.h.ServeHTTP(w, r)
+			}
+		})
+	}
+}
