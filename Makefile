@@ -24,9 +24,10 @@ template: setup build ## build the python template once, again when its definiti
 run: template ## start the server on $(LISTEN) with everything it needs
 	bin/sheepfold serve --listen $(LISTEN)
 
-lint: ## gofmt, go vet
+lint: ## gofmt, go vet, and the source rules kept by tests (no panic re-raised outside abort.Handler)
 	@fmt=$$(gofmt -l cmd internal client api test 2>/dev/null); if [ -n "$$fmt" ]; then echo "gofmt needed:"; echo "$$fmt"; exit 1; fi
 	go vet ./...
+	go test -count=1 -run '^TestNoRepanic' ./internal/abort
 
 ui: ## rebuild the dashboard (web/) into internal/ui/dist, which the binary embeds
 	cd web && npm ci --no-audit --no-fund && npm run build

@@ -32,6 +32,7 @@ const clientID = "sheepfold"
 func (h *Handler) controlMux() http.Handler {
 	mux := http.NewServeMux()
 	add := func(pattern string, f func(w http.ResponseWriter, r *http.Request, owner string) error) {
+		h.route("", pattern)
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			owner, keyID, err := h.backend.Authenticate(r.Context(), r.Header.Get("X-API-Key"))
 			if err == nil {
@@ -65,6 +66,7 @@ func (h *Handler) controlMux() http.Handler {
 		return &statusError{http.StatusNotImplemented, "pausing sandboxes is not supported by this server"}
 	})
 	// Signed file URLs arrive without sandbox headers.
+	h.route("", "GET /files", "POST /files")
 	mux.Handle("/files", writeDeadlines(http.HandlerFunc(h.signedFiles), h.cfg.WriteTimeout))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeControlError(w, noRoute(w, mux, r))

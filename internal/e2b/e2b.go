@@ -32,12 +32,26 @@
 // no storage, die with the server (as its sandboxes do), work only while
 // the sandbox runs and stop working once the key is revoked (checked on
 // every use, through the backend's short cache). Signed file URLs are
-// signed with such a token, so they die with it; a URL without a sandbox
-// header is matched against the tokens issued for live sandboxes (one
-// SHA-256 each, no HMAC).
+// signed with such a token, so they die with it.
+//
+// Authentication comes before any work: a data-plane request's token is
+// checked by one HMAC, with nothing looked up, and only a token that
+// holds leads to its key's owner and then to the sandbox (which a replica
+// may then adopt). A signed URL (a SHA-256 of the path, the user and the
+// token, naming no key) is matched against the tokens this handler knows
+// (issued here, or learned from the other replicas): one SHA-256 each,
+// no HMAC and no store; those of its sandbox alone when the request names
+// it (E2b-Sandbox-Id), all of them when it does not, as the E2B SDK's
+// downloadUrl and uploadUrl do behind E2B_SANDBOX_URL. A signature that
+// matches none makes the handler learn the other replicas' tokens
+// (Backend.SignerKeys) at most once per Config.LearnInterval, however
+// many arrive; a server alone learns nothing.
+//
+// A response cut short (a sandbox killed under a stream, a download
+// broken mid-way) is broken off with internal/abort, never a panic here.
 //
 // Imports: internal/sandbox, internal/agentproto, internal/apierr,
-// internal/lang (language names), internal/policy (a sandbox's policy at
+// internal/abort (responses cut short), internal/lang (language names), internal/policy (a sandbox's policy at
 // create), internal/runtime (usage figures, for metrics), the generated envdpb packages with connectrpc.com/connect and
 // protobuf. The caller (internal/server) supplies a Backend
 // for keys, ownership and records.
@@ -51,13 +65,17 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/sheepfold/sheepfold/internal/abort"
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/processpb/processpbconnect"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -89,7 +107,9 @@ type Backend interface {
 	// replica that serves the sandbox later.
 	Create(ctx context.Context, owner string, opt sandbox.CreateOptions, origin Origin) (*sandbox.Sandbox, error)
 	// Sandbox returns owner's running sandbox; owner "" matches any owner
-	// (the data plane, where the access token is the credential).
+	// (only to learn whether a sandbox this handler kept something of
+	// still runs: the data plane passes the owner its credential's key
+	// acts for).
 	Sandbox(ctx context.Context, owner, id string) (*sandbox.Sandbox, error)
 	// Sandboxes lists owner's running sandboxes.
 	Sandboxes(ctx context.Context, owner string) []*sandbox.Sandbox
@@ -100,11 +120,12 @@ type Backend interface {
 	// BeginExecution records a code-interpreter execution in the
 	// server's execution history as it starts.
 	BeginExecution(ctx context.Context, sb *sandbox.Sandbox, language, code string) RecordedExecution
-	// SignerKeys maps running sandbox id ("": every running sandbox) to
-	// the ids of the keys that act for its owner and are not revoked:
-	// access tokens another replica issued are among theirs, and with
-	// them the signatures of signed URLs.
-	SignerKeys(ctx context.Context, id string) map[string][]string
+	// SignerKeys maps every running sandbox's id to the ids of the keys
+	// that act for its owner and are not revoked: access tokens another
+	// replica issued are among theirs, and with them the signatures of
+	// signed URLs. A server that shares its sandboxes with no other
+	// returns nil (it issued every token itself).
+	SignerKeys(ctx context.Context) map[string][]string
 }
 
 // Origin is what the control plane knows of a sandbox it created beyond
@@ -164,23 +185,41 @@ type Config struct {
 	// Key makes the access tokens (an HMAC key); replicas must share it.
 	// Empty: a random key of this handler's own.
 	Key []byte
+	// LearnInterval is the shortest time between two learnings of the
+	// tokens other replicas issued, which a signed URL matching no token
+	// known here asks for [1s].
+	LearnInterval time.Duration
 }
 
 // Handler serves the E2B protocols.
 type Handler struct {
 	cfg     Config
 	backend Backend
-	key     []byte // the HMAC key of access tokens
+	key     []byte       // the HMAC key of access tokens
+	serve   http.Handler // dispatch, under abort.Handler
+	routes  []string     // Routes; made by New
 	control http.Handler
 	envd    http.Handler
 	interp  http.Handler
 
+	macs atomic.Int64 // HMACs computed, for tests
+
+	// learnMu serializes learnings (learn).
+	learnMu sync.Mutex
+
+	// tokMu guards the access tokens signed URLs are matched against: a
+	// search holds it for reading, apart from mu, which every request
+	// takes.
+	tokMu     sync.RWMutex
+	issued    map[string]map[string]string // sandbox id → key id → access token issued here
+	learned   map[string]map[string]string // the same, of every running sandbox, as of learnedAt
+	learnedAt time.Time                    // the last learning's end
+
 	// mu guards the fields below.
 	mu       sync.Mutex
-	aliases  map[string]string            // sandbox id → the template name the client asked for
-	issued   map[string]map[string]string // sandbox id → key id → access token issued
-	watchers map[string]*pollWatcher      // watcher id → polling watcher
-	metrics  map[string]*metricsLog       // sandbox id → its metric samples
+	aliases  map[string]string       // sandbox id → the template name the client asked for
+	watchers map[string]*pollWatcher // watcher id → polling watcher
+	metrics  map[string]*metricsLog  // sandbox id → its metric samples
 	// traffic holds, for each sandbox created here, whether its ports
 	// take traffic without the traffic token (E2B's allowPublicTraffic,
 	// true unless the client said false).
@@ -201,6 +240,9 @@ func New(cfg Config, b Backend) *Handler {
 	if cfg.WriteTimeout <= 0 {
 		cfg.WriteTimeout = 30 * time.Second
 	}
+	if cfg.LearnInterval <= 0 {
+		cfg.LearnInterval = time.Second
+	}
 	h := &Handler{cfg: cfg, backend: b, key: make([]byte, 32),
 		aliases: map[string]string{}, issued: map[string]map[string]string{}, watchers: map[string]*pollWatcher{},
 		metrics: map[string]*metricsLog{},
@@ -213,8 +255,25 @@ func New(cfg Config, b Backend) *Handler {
 	h.control = h.controlMux()
 	h.envd = h.envdMux()
 	h.interp = h.interpreterMux()
+	h.serve = abort.Handler(http.HandlerFunc(h.dispatch))
 	return h
 }
+
+// route records patterns served behind port ("": the control plane).
+func (h *Handler) route(port string, patterns ...string) {
+	for _, p := range patterns {
+		if port != "" {
+			p = port + " " + p
+		}
+		h.routes = append(h.routes, p)
+	}
+}
+
+// Routes lists every endpoint the handler serves, for tests that try
+// them all: control-plane patterns ("GET /sandboxes/{id}"), and
+// data-plane ones behind the E2b-Sandbox-Port they are reached on
+// ("49983 POST /process.Process/Start").
+func (h *Handler) Routes() []string { return slices.Clone(h.routes) }
 
 // Handles reports whether a request belongs to the E2B surface rather than
 // Sheepfold's own /v1 API.
@@ -241,7 +300,9 @@ func IsStream(r *http.Request) bool {
 }
 
 // ServeHTTP dispatches on the E2b-Sandbox-Port header.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.serve.ServeHTTP(w, r) }
+
+func (h *Handler) dispatch(w http.ResponseWriter, r *http.Request) {
 	switch port := r.Header.Get("E2b-Sandbox-Port"); port {
 	case "":
 		h.control.ServeHTTP(w, r)
@@ -272,6 +333,7 @@ func (h *Handler) trafficToken(id, keyID string) string {
 }
 
 func (h *Handler) mac(purpose, id, keyID string) string {
+	h.macs.Add(1)
 	m := hmac.New(sha256.New, h.key)
 	m.Write([]byte(purpose + "\x00" + id + "\x00" + keyID))
 	return hex.EncodeToString(m.Sum(nil))
@@ -281,37 +343,27 @@ func (h *Handler) mac(purpose, id, keyID string) string {
 // for signed URLs.
 func (h *Handler) issue(id, keyID string) string {
 	tok := h.token(id, keyID)
-	h.mu.Lock()
+	h.tokMu.Lock()
 	if h.issued[id] == nil {
 		h.issued[id] = map[string]string{}
 	}
 	h.issued[id][keyID] = tok
-	h.mu.Unlock()
+	h.tokMu.Unlock()
 	return tok
 }
-
-// issuedTokens returns the access tokens issued for sandbox id.
-func (h *Handler) issuedTokens(id string) []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := make([]string, 0, len(h.issued[id]))
-	for _, tok := range h.issued[id] {
-		out = append(out, tok)
-	}
-	return out
-}
-
-// validToken reports whether tok is an access token of sandbox id whose
-// key is not revoked and acts for the sandbox's owner.
-func (h *Handler) validToken(id, tok string) bool { return h.validFor(id, tok, h.token) }
-
-// validTrafficToken is validToken for traffic tokens.
-func (h *Handler) validTrafficToken(id, tok string) bool { return h.validFor(id, tok, h.trafficToken) }
 
 // ValidTrafficToken reports whether tok is a traffic token (the SDKs'
 // E2B-Traffic-Access-Token) of sandbox id, issued to a key that is not
 // revoked and acts for the sandbox's owner.
-func (h *Handler) ValidTrafficToken(id, tok string) bool { return h.validTrafficToken(id, tok) }
+func (h *Handler) ValidTrafficToken(id, tok string) bool { return h.validFor(id, tok, h.trafficToken) }
+
+// IsTrafficToken reports whether tok was made as a traffic token of
+// sandbox id: one HMAC, nothing looked up (ValidTrafficToken also checks
+// its key).
+func (h *Handler) IsTrafficToken(id, tok string) bool {
+	_, ok := tokenKey(id, tok, h.trafficToken)
+	return ok
+}
 
 // PublicTraffic reports whether sandbox id was created through E2B's
 // control plane without network.allowPublicTraffic false: E2B's rule is
@@ -324,11 +376,19 @@ func (h *Handler) PublicTraffic(id string) bool {
 }
 
 func (h *Handler) validFor(id, tok string, want func(id, keyID string) string) bool {
+	keyID, ok := tokenKey(id, tok, want)
+	return ok && h.keyMayUse(id, keyID)
+}
+
+// tokenKey returns the id of the key tok was made for, when tok is a
+// token (access or traffic, as want makes them) of sandbox id: one HMAC,
+// nothing looked up.
+func tokenKey(id, tok string, want func(id, keyID string) string) (string, bool) {
 	keyID, _, ok := strings.Cut(tok, ".")
-	if !ok || !valid(tok, want(id, keyID)) {
-		return false
+	if !ok || keyID == "" || id == "" || !valid(tok, want(id, keyID)) {
+		return "", false
 	}
-	return h.keyMayUse(id, keyID)
+	return keyID, true
 }
 
 // keyMayUse reports whether keyID is live and its owner's is sandbox id.
@@ -348,31 +408,33 @@ func valid(tok, want string) bool { return tok != "" && hmac.Equal([]byte(tok), 
 func (h *Handler) forget(id string) {
 	h.mu.Lock()
 	delete(h.aliases, id)
-	delete(h.issued, id)
 	delete(h.metrics, id)
 	delete(h.traffic, id)
 	h.mu.Unlock()
+	h.tokMu.Lock()
+	delete(h.issued, id)
+	h.tokMu.Unlock()
 }
 
 // prune forgets sandboxes that stopped without a kill through this
 // handler (their timeout, the idle stop, a /v1 call), so that what it
 // keeps stays as large as the set of live sandboxes.
 func (h *Handler) prune(ctx context.Context) {
+	h.tokMu.RLock()
+	ids := slices.Collect(maps.Keys(h.issued))
+	h.tokMu.RUnlock()
 	h.mu.Lock()
-	ids := make([]string, 0, len(h.aliases)+len(h.issued)+len(h.metrics)+len(h.traffic))
 	for id := range h.traffic {
 		ids = append(ids, id)
 	}
 	for id := range h.aliases {
 		ids = append(ids, id)
 	}
-	for id := range h.issued {
-		ids = append(ids, id)
-	}
 	for id := range h.metrics {
 		ids = append(ids, id)
 	}
 	h.mu.Unlock()
+	// (The learned tokens are not pruned: each learning replaces them.)
 	for _, id := range ids {
 		if _, err := h.backend.Sandbox(ctx, "", id); err != nil { // only running ones are found
 			h.forget(id)
@@ -418,24 +480,32 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(append(b, '\n'))
 }
 
-// target returns the running sandbox a data-plane request addresses, or
-// answers 502 for it and returns nil. A sandbox found running and killed
-// before the lookup returned (a kill that overtook the request, as when
-// another replica had to adopt it first) aborts the connection instead,
-// as a killed VM's does on E2B: the SDK then finds the sandbox gone and
-// says it was killed while the request was in progress.
-func (h *Handler) target(w http.ResponseWriter, r *http.Request, id string) *sandbox.Sandbox {
-	sb, err := h.backend.Sandbox(r.Context(), "", id)
+// target returns owner's running sandbox a data-plane request
+// addresses, once its credential has named the owner, or answers 502 for
+// it and returns nil. A sandbox found running and killed before the
+// lookup returned (a kill that overtook the request, as when another
+// replica had to adopt it first) breaks the connection off instead, as a
+// killed VM's does on E2B: the SDK then finds the sandbox gone and says
+// it was killed while the request was in progress.
+func (h *Handler) target(w http.ResponseWriter, r *http.Request, owner, id string) *sandbox.Sandbox {
+	sb, err := h.backend.Sandbox(r.Context(), owner, id)
 	if err == nil {
 		switch sb.State() {
 		case sandbox.StateRunning:
 			return sb
 		case sandbox.StateStopping, sandbox.StateStopped:
-			panic(http.ErrAbortHandler)
+			abort.Response(r.Context())
+			return nil
 		}
 	}
 	sandboxGone(w, id)
 	return nil
+}
+
+// keyOwner returns the owner keyID acts for while it is not revoked.
+func (h *Handler) keyOwner(ctx context.Context, keyID string) (string, bool) {
+	owner, err := h.backend.KeyOwner(ctx, keyID)
+	return owner, err == nil && owner != ""
 }
 
 // sandboxGone answers for a sandbox that is unknown, stopped or not the

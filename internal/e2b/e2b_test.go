@@ -2,9 +2,12 @@ package e2b
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"maps"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -79,8 +82,12 @@ func TestSignatureAndUser(t *testing.T) {
 		!valid(tok, h.token("sbx", "key_a")) || valid("", "") {
 		t.Fatal("access tokens do not tell sandboxes, keys and purposes apart")
 	}
-	if h.validToken("sbx", "key_a."+strings.Repeat("0", 64)) || h.validToken("sbx", "garbage") {
+	if h.ValidTrafficToken("sbx", "key_a."+strings.Repeat("0", 64)) || h.ValidTrafficToken("sbx", "garbage") ||
+		h.ValidTrafficToken("sbx", tok) {
 		t.Fatal("a forged token passed") // refused before the (nil) backend is asked
+	}
+	if k, ok := tokenKey("sbx", tok, h.token); !ok || k != "key_a" {
+		t.Fatalf("tokenKey of a token: %q, %v", k, ok)
 	}
 	// The SDK's algorithm, for path "a.txt", read, no user, token "t":
 	// base64(sha256("a.txt:read::t")) without padding (computed with node crypto).
@@ -88,11 +95,17 @@ func TestSignatureAndUser(t *testing.T) {
 		t.Errorf("sign = %s", got)
 	}
 	r := httptest.NewRequest("GET", "/files?path=a.txt&signature="+url.QueryEscape(sign("a.txt", "read", "", tok, "")), nil)
-	if ok, msg := checkSignature(tok, r); !ok {
-		t.Errorf("valid signature refused: %s", msg)
+	s, ok := signedOf(r)
+	if by, _ := s.by(tok, nil); !ok || !by || s.expired() {
+		t.Errorf("valid signature refused")
 	}
-	if ok, _ := checkSignature(h.token("other", "key_a"), r); ok {
+	if by, _ := s.by(h.token("other", "key_a"), nil); by {
 		t.Error("signature accepted for another sandbox")
+	}
+	past := strconv.FormatInt(time.Now().Add(-time.Minute).Unix(), 10)
+	r = httptest.NewRequest("POST", "/files?path=a.txt&signature_expiration="+past+"&signature="+url.QueryEscape(sign("a.txt", "write", "", tok, past)), nil)
+	if s, ok := signedOf(r); !ok || !s.expired() || !must(s.by(tok, nil)) {
+		t.Error("an expired write signature: not made by its token, or not expired")
 	}
 	for in, want := range map[string]string{"": "Basic dXNlcjo=", "root": "Basic cm9vdDo="} {
 		u, err := basicUser(want)
@@ -135,4 +148,17 @@ func TestPrune(t *testing.T) {
 	if len(h.aliases) != 1 || h.aliases["live"] != "base" || len(h.issued) != 0 {
 		t.Fatalf("after prune: aliases %v, issued %v", h.aliases, h.issued)
 	}
+}
+
+func must(ok bool, _ []byte) bool { return ok }
+
+// sign computes a file URL signature as E2B clients do:
+// v1_ + base64(sha256("path:operation:user:token[:expiration]")), unpadded.
+func sign(p, operation, user, token, expiration string) string {
+	raw := p + ":" + operation + ":" + user + ":" + token
+	if expiration != "" {
+		raw += ":" + expiration
+	}
+	sum := sha256.Sum256([]byte(raw))
+	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
 }

@@ -11,7 +11,11 @@ import (
 
 	"connectrpc.com/connect"
 
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/filesystempb"
 	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/filesystempb/filesystempbconnect"
+	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/processpb"
 	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/processpb/processpbconnect"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
@@ -68,6 +72,15 @@ func (h *Handler) envdMux() http.Handler {
 	}
 	mux.Handle(deadline(processpbconnect.NewProcessHandler(&processService{h: h}, limit)))
 	mux.Handle(deadline(bounded(filesystempbconnect.NewFilesystemHandler(&filesystemService{h: h}, limit))))
+	for _, fd := range []protoreflect.FileDescriptor{processpb.File_process_process_proto, filesystempb.File_filesystem_filesystem_proto} {
+		for i := range fd.Services().Len() {
+			sd := fd.Services().Get(i)
+			for j := range sd.Methods().Len() {
+				h.route(EnvdPort, "POST /"+string(sd.FullName())+"/"+string(sd.Methods().Get(j).Name()))
+			}
+		}
+	}
+	h.route(EnvdPort, "GET /health", "GET /envs", "GET /files", "POST /files")
 	mux.HandleFunc("GET /envs", func(w http.ResponseWriter, r *http.Request) {
 		env := sandboxFrom(r.Context()).Env
 		if env == nil {
@@ -75,24 +88,29 @@ func (h *Handler) envdMux() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, env)
 	})
-	mux.Handle("/files", writeDeadlines(http.HandlerFunc(h.files), h.cfg.WriteTimeout))
+	mux.Handle("/files", writeDeadlines(http.HandlerFunc(h.serveFiles), h.cfg.WriteTimeout))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		e := noRoute(w, mux, r)
 		writeJSON(w, e.status, map[string]any{"code": e.status, "message": e.message})
 	})
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The credential first, and nothing looked up before it holds:
+		// the access token (one HMAC), or for /files a signature. /health
+		// needs it too: a sandbox's state is its owner's to learn.
 		id := r.Header.Get("E2b-Sandbox-Id")
-		sb := h.target(w, r, id)
-		if sb == nil {
+		keyID, msg := h.envdKey(r.Context(), r, id)
+		if keyID == "" {
+			writeJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": msg})
 			return
 		}
-		// /files may instead carry a signature, checked there; /health
-		// needs the token too (only a dead sandbox's answer, 502, is
-		// given to anyone).
-		if r.URL.Path != "/files" && !h.validToken(id, r.Header.Get("X-Access-Token")) {
-			writeJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized,
-				"message": "unauthorized access, please provide a valid access token or method signing if supported"})
+		owner, ok := h.keyOwner(r.Context(), keyID)
+		if !ok {
+			writeJSON(w, http.StatusUnauthorized, map[string]any{"code": http.StatusUnauthorized, "message": errUnauthorized})
+			return
+		}
+		sb := h.target(w, r, owner, id)
+		if sb == nil {
 			return
 		}
 		if r.URL.Path == "/health" {
@@ -110,6 +128,31 @@ func (h *Handler) envdMux() http.Handler {
 		ctx = context.WithValue(ctx, userKey, user)
 		mux.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// errUnauthorized is envd's answer to a request without a valid
+// credential.
+const errUnauthorized = "unauthorized access, please provide a valid access token or method signing if supported"
+
+// envdKey returns the key whose access token authorizes an envd request
+// for sandbox id: its X-Access-Token, or for /files a signature made
+// with such a token (E2B's signed URLs); else "" and why.
+func (h *Handler) envdKey(ctx context.Context, r *http.Request, id string) (keyID, msg string) {
+	if tok := r.Header.Get("X-Access-Token"); tok != "" {
+		if k, ok := tokenKey(id, tok, h.token); ok {
+			return k, ""
+		}
+	}
+	if r.URL.Path == "/files" {
+		if s, ok := signedOf(r); ok {
+			if id == "" {
+				return "", "invalid signature"
+			}
+			_, k, msg := h.signer(ctx, id, s)
+			return k, msg
+		}
+	}
+	return "", errUnauthorized
 }
 
 // basicUser reads the user from "Authorization: Basic base64(user:)", as

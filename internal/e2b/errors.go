@@ -10,7 +10,6 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
-	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
 // Engine errors leave the E2B surface through one table per boundary:
@@ -94,14 +93,14 @@ var connectCodes = map[apierr.Code]connect.Code{
 }
 
 // connectError maps an engine error to a Connect error. When the sandbox
-// itself is gone, the open connection is aborted instead, as the SDK
-// expects of a killed sandbox.
+// itself is gone, the open connection is broken off instead, as the SDK
+// expects of a killed sandbox (the error returned is then never sent).
 func connectError(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
 	}
-	if sb := sandboxFrom(ctx); sb != nil && sb.State() != sandbox.StateRunning {
-		panic(http.ErrAbortHandler)
+	if abortIfGone(ctx) {
+		return connect.NewError(connect.CodeUnavailable, errors.New("the sandbox stopped"))
 	}
 	if ctx.Err() != nil {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/abort"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
@@ -33,134 +34,173 @@ func writeFilesError(w http.ResponseWriter, status int, format string, args ...a
 	writeJSON(w, status, map[string]any{"code": status, "message": fmt.Sprintf(format, args...)})
 }
 
-// sign computes a file URL signature as E2B clients do:
-// v1_ + base64(sha256("path:operation:user:token[:expiration]")), unpadded.
-func sign(p, operation, user, token, expiration string) string {
-	raw := p + ":" + operation + ":" + user + ":" + token
-	if expiration != "" {
-		raw += ":" + expiration
-	}
-	sum := sha256.Sum256([]byte(raw))
-	return "v1_" + strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "=")
+// signedURL is what a signed /files request says, read once: the
+// SHA-256 its signature carries, and the SDK's preimage around the token
+// it was made with ("path:operation:user:" token [":expiration"]).
+type signedURL struct {
+	before, after string
+	sum           []byte // nil: the signature cannot be one (no SHA-256 made it)
+	expiration    string
 }
 
-// checkSignature validates a signed /files request against an access
-// token: the signature first, then its expiry.
-func checkSignature(tok string, r *http.Request) (ok bool, msg string) {
+// signedOf reads a signed /files request; ok is false without a
+// signature.
+func signedOf(r *http.Request) (s signedURL, ok bool) {
 	q := r.URL.Query()
+	sig := q.Get("signature")
+	if sig == "" {
+		return signedURL{}, false
+	}
 	op := "read"
 	if r.Method == http.MethodPost {
 		op = "write"
 	}
-	want := sign(q.Get("path"), op, q.Get("username"), tok, q.Get("signature_expiration"))
-	if subtle.ConstantTimeCompare([]byte(want), []byte(q.Get("signature"))) != 1 {
-		return false, "invalid signature"
+	s = signedURL{before: q.Get("path") + ":" + op + ":" + q.Get("username") + ":", expiration: q.Get("signature_expiration")}
+	if s.expiration != "" {
+		s.after = ":" + s.expiration
 	}
-	if s := q.Get("signature_expiration"); s != "" {
-		exp, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || time.Now().Unix() > exp {
-			return false, "signature is already expired"
+	// v1_ and the SHA-256 in base64 without its padding.
+	if b64, ok := strings.CutPrefix(sig, "v1_"); ok {
+		if sum, err := base64.RawStdEncoding.DecodeString(b64); err == nil && len(sum) == sha256.Size {
+			s.sum = sum
 		}
 	}
-	return true, ""
+	return s, true
 }
 
-// signedBy finds the token issued for sandbox id that signed r, and checks
-// that its key may still use the sandbox.
-func (h *Handler) signedBy(id string, r *http.Request) (ok bool, msg string) {
-	ok, msg = h.signedByAny(id, r, h.issuedTokens(id))
-	if ok || msg != "invalid signature" {
-		return ok, msg
+// by reports whether tok made the signature: one SHA-256 (none for a
+// signature no SHA-256 made). buf is scratch space, returned for reuse.
+func (s signedURL) by(tok string, buf []byte) (bool, []byte) {
+	if s.sum == nil {
+		return false, buf
 	}
-	// Issued by another replica, or before a restart: the tokens of the
-	// owner's keys.
-	return h.signedByAny(id, r, h.ownerTokens(id, h.backend.SignerKeys(r.Context(), id)[id]))
+	buf = append(append(append(buf[:0], s.before...), tok...), s.after...)
+	sum := sha256.Sum256(buf)
+	return subtle.ConstantTimeCompare(sum[:], s.sum) == 1, buf
 }
 
-// ownerTokens are the access tokens of sandbox id for these keys.
-func (h *Handler) ownerTokens(id string, keyIDs []string) []string {
-	toks := make([]string, len(keyIDs))
-	for i, k := range keyIDs {
-		toks[i] = h.token(id, k)
+// expired reports whether the signature's expiration has passed (or is
+// not a time).
+func (s signedURL) expired() bool {
+	if s.expiration == "" {
+		return false
 	}
-	return toks
+	exp, err := strconv.ParseInt(s.expiration, 10, 64)
+	return err != nil || time.Now().Unix() > exp
 }
 
-// signedByAny is signedBy over toks.
-func (h *Handler) signedByAny(id string, r *http.Request, toks []string) (ok bool, msg string) {
-	for _, tok := range toks {
-		if ok, msg := checkSignature(tok, r); ok || msg != "invalid signature" {
-			if ok {
-				keyID, _, _ := strings.Cut(tok, ".")
-				if !h.keyMayUse(id, keyID) {
-					return false, "the signature's key was revoked"
-				}
+// signer finds the access token that made s: among those of sandbox id
+// when the request names it, else among every token known here. Each
+// candidate costs one SHA-256; nothing is looked up. When none matches,
+// the tokens of the other replicas are learned (learn, at most once per
+// LearnInterval) and searched once more. It returns the sandbox and the
+// key of the token, or a message for the 401.
+func (h *Handler) signer(ctx context.Context, id string, s signedURL) (sandboxID, keyID, msg string) {
+	if s.sum == nil {
+		return "", "", "invalid signature"
+	}
+	for try := 0; try < 2; try++ {
+		began := time.Now()
+		if sandboxID, keyID = h.signedBy(id, s); keyID != "" {
+			if s.expired() {
+				return "", "", "signature is already expired"
 			}
-			return ok, msg
+			return sandboxID, keyID, ""
+		}
+		if try == 0 && !h.learn(ctx, began) {
+			break
 		}
 	}
-	return false, "invalid signature"
+	return "", "", "invalid signature"
 }
 
-// signedFiles serves /files requests that arrived without sandbox headers
-// (signed URLs fetched by plain HTTP clients): the sandbox is the one an
-// access token of which reproduces the signature: one issued here, else
-// one of a running sandbox's owner's keys (issued by another replica).
+// signedBy is one search of signer's: the tokens issued here, then those
+// learned.
+func (h *Handler) signedBy(id string, s signedURL) (sandboxID, keyID string) {
+	h.tokMu.RLock()
+	defer h.tokMu.RUnlock()
+	var buf []byte
+	search := func(sid string, toks map[string]string) bool {
+		for k, tok := range toks {
+			var ok bool
+			if ok, buf = s.by(tok, buf); ok {
+				sandboxID, keyID = sid, k
+				return true
+			}
+		}
+		return false
+	}
+	for _, known := range []map[string]map[string]string{h.issued, h.learned} {
+		if id != "" {
+			if search(id, known[id]) {
+				break
+			}
+			continue
+		}
+		for sid, toks := range known {
+			if search(sid, toks) {
+				return sandboxID, keyID
+			}
+		}
+	}
+	return sandboxID, keyID
+}
+
+// learn replaces the learned tokens with the access tokens other replicas
+// may have issued (every running sandbox's, for each key of its owner).
+// It reports whether a learning ended after since, so that a search begun
+// then is worth repeating; it learns at most once per LearnInterval,
+// however many ask.
+func (h *Handler) learn(ctx context.Context, since time.Time) bool {
+	h.learnMu.Lock()
+	defer h.learnMu.Unlock()
+	h.tokMu.RLock()
+	last := h.learnedAt
+	h.tokMu.RUnlock()
+	if last.After(since) {
+		return true
+	}
+	if !last.IsZero() && time.Since(last) < h.cfg.LearnInterval {
+		return false
+	}
+	keys := h.backend.SignerKeys(ctx)
+	toks := make(map[string]map[string]string, len(keys))
+	for id, ks := range keys {
+		toks[id] = make(map[string]string, len(ks))
+		for _, k := range ks {
+			toks[id][k] = h.token(id, k)
+		}
+	}
+	h.tokMu.Lock()
+	defer h.tokMu.Unlock()
+	h.learned, h.learnedAt = toks, time.Now()
+	return len(toks) > 0
+}
+
+// signedFiles serves /files requests that arrived without sandbox
+// headers (signed URLs fetched by plain HTTP clients): the sandbox is the
+// one whose access token made the signature.
 func (h *Handler) signedFiles(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Query().Get("signature") == "" {
+	s, ok := signedOf(r)
+	if !ok {
 		writeFilesError(w, http.StatusUnauthorized, "a signature or the E2b-Sandbox-Id and X-Access-Token headers are required")
 		return
 	}
-	serve := func(id string, ok bool, msg string) bool {
-		if !ok && msg == "invalid signature" {
-			return false
-		}
-		if !ok {
-			writeFilesError(w, http.StatusUnauthorized, "%s", msg)
-			return true
-		}
-		sb, err := h.backend.Sandbox(r.Context(), "", id)
-		if err != nil || sb.State() != sandbox.StateRunning {
-			sandboxGone(w, id)
-			return true
-		}
-		h.serveFiles(w, r.WithContext(context.WithValue(r.Context(), sandboxKey, sb)))
-		return true
+	id, keyID, msg := h.signer(r.Context(), "", s)
+	if keyID == "" {
+		writeFilesError(w, http.StatusUnauthorized, "%s", msg)
+		return
 	}
-	h.mu.Lock()
-	ids := make([]string, 0, len(h.issued))
-	for id := range h.issued {
-		ids = append(ids, id)
+	owner, ok := h.keyOwner(r.Context(), keyID)
+	if !ok {
+		writeFilesError(w, http.StatusUnauthorized, "the signature's key was revoked")
+		return
 	}
-	h.mu.Unlock()
-	for _, id := range ids {
-		if ok, msg := h.signedByAny(id, r, h.issuedTokens(id)); serve(id, ok, msg) {
-			return
-		}
+	sb := h.target(w, r, owner, id)
+	if sb == nil {
+		return
 	}
-	for id, keys := range h.backend.SignerKeys(r.Context(), "") {
-		if ok, msg := h.signedByAny(id, r, h.ownerTokens(id, keys)); serve(id, ok, msg) {
-			return
-		}
-	}
-	writeFilesError(w, http.StatusUnauthorized, "invalid signature")
-}
-
-// files serves /files for a request routed to a sandbox: the access token
-// or a signature authorizes it.
-func (h *Handler) files(w http.ResponseWriter, r *http.Request) {
-	sb := sandboxFrom(r.Context())
-	if !h.validToken(sb.ID, r.Header.Get("X-Access-Token")) {
-		if r.URL.Query().Get("signature") == "" {
-			writeFilesError(w, http.StatusUnauthorized, "unauthorized access, please provide a valid access token or method signing if supported")
-			return
-		}
-		if ok, msg := h.signedBy(sb.ID, r); !ok {
-			writeFilesError(w, http.StatusUnauthorized, "%s", msg)
-			return
-		}
-	}
-	h.serveFiles(w, r)
+	h.serveFiles(w, r.WithContext(context.WithValue(r.Context(), sandboxKey, sb)))
 }
 
 func (h *Handler) serveFiles(w http.ResponseWriter, r *http.Request) {
@@ -198,8 +238,9 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 	}
 	fi, err := sb.Stat(ctx, p, as(ctx))
 	if err != nil {
-		abortIfGone(ctx)
-		filesError(w, err)
+		if !abortIfGone(ctx) {
+			filesError(w, err)
+		}
 		return
 	}
 	if fi.Type == "dir" {
@@ -214,7 +255,8 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request) {
 			filesError(w, err)
 			return
 		}
-		panic(http.ErrAbortHandler) // the body is cut short: make it visible
+		abort.Response(ctx) // the body is cut short: make it visible
+		return
 	}
 	out.finish()
 }
@@ -273,11 +315,14 @@ func acceptsGzip(h string) bool {
 	return false
 }
 
-// abortIfGone aborts the connection when the sandbox died under a request.
-func abortIfGone(ctx context.Context) {
+// abortIfGone breaks the connection off when the sandbox died under a
+// request, and reports whether it did: the caller then returns.
+func abortIfGone(ctx context.Context) bool {
 	if sb := sandboxFrom(ctx); sb != nil && sb.State() != sandbox.StateRunning {
-		panic(http.ErrAbortHandler)
+		abort.Response(ctx)
+		return true
 	}
+	return false
 }
 
 // upload writes files: a multipart form (one part named "file" per file,
@@ -314,8 +359,9 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request) {
 			return fileEntry{}, false
 		}
 		if err != nil {
-			abortIfGone(ctx)
-			filesError(w, err)
+			if !abortIfGone(ctx) {
+				filesError(w, err)
+			}
 			return fileEntry{}, false
 		}
 		return fileEntry{Name: fi.Name, Type: "file", Path: fi.Path, Metadata: fi.Metadata}, true

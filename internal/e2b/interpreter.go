@@ -28,6 +28,7 @@ const (
 
 func (h *Handler) interpreterMux() http.Handler {
 	mux := http.NewServeMux()
+	h.route(InterpreterPort, "GET /health", "POST /execute", "POST /contexts", "GET /contexts", "DELETE /contexts/{id}", "POST /contexts/{id}/restart")
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write([]byte(`"OK"`))
@@ -41,28 +42,59 @@ func (h *Handler) interpreterMux() http.Handler {
 		http.Error(w, "no route "+r.Method+" "+r.URL.Path, http.StatusNotFound)
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.Header.Get("E2b-Sandbox-Id")
-		sb := h.target(w, r, id)
-		if sb == nil {
-			return
-		}
 		// The SDKs send the access token on /execute (older ones not on
 		// /contexts) and the traffic token on every call; either will do,
-		// and a wrong one is refused.
-		access, traffic := r.Header.Get("X-Access-Token"), r.Header.Get("E2B-Traffic-Access-Token")
-		if (access == "" && traffic == "") || (access != "" && !h.validToken(id, access)) ||
-			(traffic != "" && !h.validTrafficToken(id, traffic)) {
+		// and a wrong one is refused. Both are checked (an HMAC each)
+		// before anything is looked up.
+		id := r.Header.Get("E2b-Sandbox-Id")
+		owner, ok := h.interpreterOwner(r.Context(), id, r.Header.Get("X-Access-Token"), r.Header.Get("E2B-Traffic-Access-Token"))
+		if !ok {
 			http.Error(w, "unauthorized: a valid X-Access-Token or E2B-Traffic-Access-Token is required", http.StatusUnauthorized)
+			return
+		}
+		sb := h.target(w, r, owner, id)
+		if sb == nil {
 			return
 		}
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey, sb)))
 	})
 }
 
+// interpreterOwner returns the owner whose tokens authorize a
+// code-interpreter request for sandbox id: every token given must be
+// sandbox id's, of a live key of that owner, and one at least is needed.
+func (h *Handler) interpreterOwner(ctx context.Context, id, access, traffic string) (string, bool) {
+	var keys []string
+	for _, t := range []struct {
+		tok  string
+		want func(id, keyID string) string
+	}{{access, h.token}, {traffic, h.trafficToken}} {
+		if t.tok == "" {
+			continue
+		}
+		k, ok := tokenKey(id, t.tok, t.want)
+		if !ok {
+			return "", false
+		}
+		keys = append(keys, k)
+	}
+	owner := ""
+	for _, k := range keys {
+		o, ok := h.keyOwner(ctx, k)
+		if !ok || owner != "" && o != owner {
+			return "", false
+		}
+		owner = o
+	}
+	return owner, owner != ""
+}
+
 // interpError answers a code-interpreter request with a plain-text error,
 // as the E2B server does.
 func interpError(w http.ResponseWriter, r *http.Request, err error) {
-	abortIfGone(r.Context())
+	if abortIfGone(r.Context()) {
+		return
+	}
 	status, msg, retry := httpStatus(err)
 	setRetryAfter(w, retry)
 	http.Error(w, msg, status)
@@ -267,8 +299,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	})
 	rec.End(ex, err)
 	if err != nil {
-		abortIfGone(ctx)
-		if ctx.Err() != nil {
+		if abortIfGone(ctx) || ctx.Err() != nil {
 			return // the client left; the agent interrupted the code
 		}
 		e := apierr.From(err)

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sheepfold/sheepfold/internal/abort"
 	"github.com/sheepfold/sheepfold/internal/runtime/fake"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/testutil"
@@ -47,9 +48,9 @@ func TestTargetKilledInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := New(Config{}, overtakenBackend{m: m})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.target(w, r, r.URL.Query().Get("id"))
-	}))
+	srv := httptest.NewServer(abort.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.target(w, r, "owner", r.URL.Query().Get("id"))
+	})))
 	defer srv.Close()
 
 	if res, err := http.Get(srv.URL + "/?id=" + sb.ID); err == nil {

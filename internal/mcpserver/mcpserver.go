@@ -23,6 +23,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"runtime/debug"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -49,27 +51,47 @@ func New(c *client.Client, version string) *mcp.Server {
 	t := tools{c: c}
 	mcp.AddTool(s, &mcp.Tool{Name: "create_sandbox",
 		Description: "Create a sandbox and return its id. Network is off unless the security policy allows it.",
-		Annotations: &mcp.ToolAnnotations{OpenWorldHint: ptr(false)}}, t.createSandbox)
+		Annotations: &mcp.ToolAnnotations{OpenWorldHint: ptr(false)}}, guard(t.createSandbox))
 	mcp.AddTool(s, &mcp.Tool{Name: "run_code",
 		Description: "Run code in a sandbox's stateful context (Python by default) and return its output, " +
-			"results (charts as images) and error."}, t.runCode)
+			"results (charts as images) and error."}, guard(t.runCode))
 	mcp.AddTool(s, &mcp.Tool{Name: "run_command",
-		Description: "Run a shell command (bash -c) in a sandbox and return its exit code and output."}, t.runCommand)
+		Description: "Run a shell command (bash -c) in a sandbox and return its exit code and output."}, guard(t.runCommand))
 	mcp.AddTool(s, &mcp.Tool{Name: "read_file",
 		Description: fmt.Sprintf("Read a file of a sandbox (at most %d bytes): UTF-8 text, or base64 when asked.", MaxReadBytes),
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, t.readFile)
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, guard(t.readFile))
 	mcp.AddTool(s, &mcp.Tool{Name: "write_file",
-		Description: "Write a file in a sandbox, creating its parent directories."}, t.writeFile)
+		Description: "Write a file in a sandbox, creating its parent directories."}, guard(t.writeFile))
 	mcp.AddTool(s, &mcp.Tool{Name: "list_files",
 		Description: "List a directory of a sandbox.",
-		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, t.listFiles)
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}}, guard(t.listFiles))
 	mcp.AddTool(s, &mcp.Tool{Name: "kill_sandbox",
 		Description: "Stop a sandbox and discard its files.",
-		Annotations: &mcp.ToolAnnotations{DestructiveHint: ptr(true)}}, t.killSandbox)
+		Annotations: &mcp.ToolAnnotations{DestructiveHint: ptr(true)}}, guard(t.killSandbox))
 	return s
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// guard recovers a panic of a tool's handler as that call's error
+// (ERR_INTERNAL), logged with its stack: the MCP SDK runs handlers on
+// goroutines of its own, where a panic would stop the whole server.
+func guard[In, Out any](h mcp.ToolHandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
+	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (res *mcp.CallToolResult, out Out, err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				name := ""
+				if req != nil && req.Params != nil {
+					name = req.Params.Name
+				}
+				slog.Default().Error("panic in an MCP tool", "tool", name, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+				var zero Out
+				res, out, err = nil, zero, errors.New("ERR_INTERNAL: internal error")
+			}
+		}()
+		return h(ctx, req, in)
+	}
+}
 
 type tools struct{ c *client.Client }
 

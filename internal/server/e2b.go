@@ -41,6 +41,10 @@ func (b e2bBackend) Authenticate(ctx context.Context, key string) (string, strin
 	return p.Owner, p.KeyID, nil
 }
 
+// e2bLearnInterval is e2b.Config.LearnInterval (0: its default); tests
+// change it.
+var e2bLearnInterval time.Duration
+
 // keyCacheTTL is how long a key's state is trusted: a key revoked (by
 // `sheepfold keys revoke`, another process) stops its E2B tokens within it.
 const keyCacheTTL = 2 * time.Second
@@ -85,23 +89,16 @@ func (b e2bBackend) Create(ctx context.Context, owner string, opt sandbox.Create
 }
 
 // SignerKeys implements e2b.Backend. Only replicas need it: a server
-// alone issued every token of its sandboxes itself.
-func (b e2bBackend) SignerKeys(ctx context.Context, id string) map[string][]string {
+// alone issued every token of its sandboxes itself. The E2B surface asks
+// at most once per e2b.Config.LearnInterval (a signed URL whose token it
+// does not know), never once per request.
+func (b e2bBackend) SignerKeys(ctx context.Context) map[string][]string {
 	if !b.s.shared() {
 		return nil
 	}
-	var recs []store.Sandbox
-	if id != "" {
-		rec, err := b.s.store.GetSandbox(ctx, id)
-		if err != nil || rec.State != store.SandboxRunning {
-			return nil
-		}
-		recs = []store.Sandbox{rec}
-	} else {
-		var err error
-		if recs, err = b.s.store.ListSandboxes(ctx, store.SandboxFilter{AnyOwner: true, State: store.SandboxRunning}); err != nil {
-			return nil
-		}
+	recs, err := b.s.store.ListSandboxes(ctx, store.SandboxFilter{AnyOwner: true, State: store.SandboxRunning})
+	if err != nil {
+		return nil
 	}
 	keys, err := b.s.store.ListKeys(ctx)
 	if err != nil {

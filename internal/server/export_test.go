@@ -26,3 +26,15 @@ func (s *Server) Collect() { s.collect(context.Background()) }
 
 // Replica is the server's name among replicas ("" when not shared).
 func (s *Server) Replica() string { return s.replica }
+
+// E2BRoutes lists the endpoints of the E2B surface (e2b.Handler.Routes).
+func (s *Server) E2BRoutes() []string { return s.e2b.Routes() }
+
+// SetE2BLearnInterval sets how often at most the E2B surface learns the
+// tokens other replicas issued, for one test (not a parallel one), and
+// returns what restores it.
+func SetE2BLearnInterval(d time.Duration) (restore func()) {
+	old := e2bLearnInterval
+	e2bLearnInterval = d
+	return func() { e2bLearnInterval = old }
+}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sheepfold/sheepfold/internal/abort"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
@@ -84,7 +85,8 @@ func (s *Server) readFile(w http.ResponseWriter, r *http.Request) error {
 			// Too late for a status: cut the body short so the client sees
 			// a broken transfer, not a short file.
 			s.log.Warn("file read failed mid-body", "request_id", requestIDFrom(r.Context()), "err", err)
-			panic(http.ErrAbortHandler)
+			abort.Response(r.Context())
+			return nil
 		}
 		return err
 	}

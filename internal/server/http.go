@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/abort"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/e2b"
@@ -410,8 +411,13 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 	})
 }
 
-// recoverPanics turns a panic into a 500 ERR_INTERNAL (when nothing was
-// written yet) and logs its cause and stack.
+// recoverPanics turns a panic into a 500 ERR_INTERNAL when nothing was
+// written yet, else cuts the response short (abort.Response), and logs
+// its cause and stack. It never raises a panic again: the request may be
+// served on a goroutine no net/http server recovers (the in-process
+// transport of /mcp). http.ErrAbortHandler, which the standard library
+// raises itself (httputil.ReverseProxy, when a body breaks mid-way),
+// becomes abort.Response too.
 func (s *Server) recoverPanics(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		sw, ok := w.(*statusWriter)
@@ -423,13 +429,14 @@ func (s *Server) recoverPanics(next http.Handler) http.Handler {
 			if v == nil {
 				return
 			}
-			if v == http.ErrAbortHandler {
-				panic(v)
+			if v != http.ErrAbortHandler {
+				s.log.Error("panic", "request_id", requestIDFrom(r.Context()), "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+				if sw.status == 0 {
+					s.writeError(sw, r, apierr.Wrap(fmt.Errorf("panic: %v", v), apierr.Internal, "internal error"))
+					return
+				}
 			}
-			s.log.Error("panic", "request_id", requestIDFrom(r.Context()), "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-			if sw.status == 0 {
-				s.writeError(sw, r, apierr.Wrap(fmt.Errorf("panic: %v", v), apierr.Internal, "internal error"))
-			}
+			abort.Response(r.Context())
 		}()
 		next.ServeHTTP(sw, r)
 	})

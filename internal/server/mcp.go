@@ -18,7 +18,7 @@ import (
 // policies.
 func (s *Server) mcpRoutes(add addFunc) {
 	h := mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
-		hc := &http.Client{Transport: mcpserver.Transport{Handler: http.HandlerFunc(s.ServeHTTP)}}
+		hc := &http.Client{Transport: mcpserver.Transport{Handler: http.HandlerFunc(s.ServeHTTP), Logger: s.log}}
 		return mcpserver.New(client.New("http://sheepfold.internal", auth.FromRequest(r), client.WithHTTPClient(hc)), s.cfg.Version)
 	}, &mcp.StreamableHTTPOptions{Stateless: true, Logger: s.log, MaxRequestBodyBytes: maxJSONBody,
 		// The SDK's DNS-rebinding guard refuses a loopback connection

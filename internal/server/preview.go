@@ -152,6 +152,10 @@ type previewCtxKey struct{}
 
 // servePreview checks access to t and proxies r there.
 func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, t previewTarget) {
+	if !s.previewCredentialed(r, t) && !s.previewMayBePublic(r.Context(), t.id) {
+		previewRefused(w, t) // preauth.go: nothing adopted, nothing dialled
+		return
+	}
 	b := s.liveBox(r.Context(), t.id)
 	if b == nil {
 		if t.form == formE2B {
@@ -185,13 +189,18 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, t previewT
 				return
 			}
 		} else {
-			previewPage(w, http.StatusUnauthorized, "This preview is private",
-				fmt.Sprintf("Port %d of sandbox %s is private: open it with a signed preview URL, or send the sandbox's %s header.", t.port, t.id, previewTokenHeader))
+			previewRefused(w, t)
 			return
 		}
 	}
 	s.metrics.previewRequest()
 	s.preview.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), previewCtxKey{}, &t)))
+}
+
+// previewRefused answers a preview request that may not reach t.
+func previewRefused(w http.ResponseWriter, t previewTarget) {
+	previewPage(w, http.StatusUnauthorized, "This preview is private",
+		fmt.Sprintf("Port %d of sandbox %s is private: open it with a signed preview URL, or send the sandbox's %s header.", t.port, t.id, previewTokenHeader))
 }
 
 // liveBox returns the running sandbox id of any owner, or nil. A replica

@@ -40,7 +40,7 @@
 // internal/policy, internal/llm (the model relay), internal/apierr, internal/e2b, internal/mcpserver (the
 // /mcp endpoint, with a Go SDK client that calls this server in process),
 // internal/agentproto, internal/runtime (limits), internal/lang (metric
-// labels), internal/ui (the
+// labels), internal/abort (responses cut short), internal/ui (the
 // dashboard's embedded front end) and api (the OpenAPI document). Never a runtime implementation: the engine is handed in.
 package server
 
@@ -60,6 +60,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/abort"
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/e2b"
@@ -336,7 +337,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	tokenKey.Write([]byte("e2b access tokens"))
 	s.e2b = e2b.New(e2b.Config{MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
 		WriteTimeout: streamWriteTimeout, Domain: cfg.PreviewDomain, Ports: http.HandlerFunc(s.e2bPreview),
-		Key: tokenKey.Sum(nil)}, e2bBackend{s})
+		Key: tokenKey.Sum(nil), LearnInterval: e2bLearnInterval}, e2bBackend{s})
 	// Previews (by Host or path) and the E2B protocols (an
 	// E2b-Sandbox-Port header or E2B's own paths) share the listener.
 	top := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -352,7 +353,10 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		}
 		mux.ServeHTTP(w, r)
 	})
-	s.handler = s.bodyDeadline(s.requestID(s.accessLog(s.recoverPanics(top))))
+	// abort.Handler is the one place a response is broken off (the
+	// handlers call abort.Response); bodyDeadline stays outermost, with
+	// the server's own ResponseWriter for its body limit.
+	s.handler = s.bodyDeadline(abort.Handler(s.requestID(s.accessLog(s.recoverPanics(top)))))
 	// No global ReadTimeout or WriteTimeout: they would cut long streams
 	// (executions, command output, uploads). Bodies get a per-read
 	// deadline instead (bodyDeadline); streams set their own.
