@@ -473,11 +473,29 @@ func TestSweepRetriesStubbornLeftovers(t *testing.T) {
 	}
 	stuck := filepath.Join(crashed.bundle("orphan"), "config.json")
 	setImmutable(t, stuck, true)
-	defer func() {
+	// Should the test fail before the survivor swept the leftover, one
+	// more instance sweeps it, so that nothing is left behind.
+	t.Cleanup(func() {
 		if _, err := os.Stat(stuck); err == nil {
 			setImmutable(t, stuck, false)
 		}
-	}()
+		if _, err := os.Stat(crashed.dir); err != nil {
+			return
+		}
+		cfg.Instance = "sweeper"
+		o, err := New(cfg)
+		if err != nil {
+			t.Errorf("sweep the leftover: %v", err)
+			return
+		}
+		defer o.Close()
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if _, err := os.Stat(crashed.dir); errors.Is(err, os.ErrNotExist) {
+				return
+			}
+		}
+		t.Errorf("the leftover %s is still there", crashed.dir)
+	})
 	die(crashed) // the process dies
 
 	cfg.Instance = "survivor"
