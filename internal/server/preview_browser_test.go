@@ -104,29 +104,14 @@ type hostileResults struct {
 // served before, obtains each of them.
 func TestPreviewBrowserIsolation(t *testing.T) {
 	t.Parallel()
-	node := nodejs.LookNode(t)
-	chromium := "/usr/bin/chromium"
-	if _, err := os.Stat(chromium); err != nil {
-		t.Fatalf("chromium is missing (scripts/setup.sh installs it): %v", err)
-	}
-	uiDir, err := filepath.Abs("../../test/ui")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nodejs.NpmCI(t, uiDir)
-
 	e := newEnv(t, server.Config{}) // previews on {port}-{id}.localhost
-	ctx := context.Background()
-	_, admin, err := auth.Create(ctx, e.store, auth.CreateOptions{Name: "viewer", Admin: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	admin := adminKey(t, e)
 
 	// The tenant's app (the fake runtime's sandbox ports are the host's
 	// loopback) records what reaches it.
 	var mu sync.Mutex
 	seen := map[bool][]http.Header{} // by whether the request came through a preview; guarded by mu
-	app := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	appAddr, appPort := serveApp(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		preview := strings.Contains(r.Host, ".localhost")
 		seen[preview] = append(seen[preview], r.Header.Clone())
@@ -134,20 +119,12 @@ func TestPreviewBrowserIsolation(t *testing.T) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Add("Set-Cookie", "planted_header=1; Domain=localhost; Path=/")
 		w.Write([]byte(hostilePage))
-	})
-	aln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	as := &http.Server{Handler: app}
-	go as.Serve(aln)
-	t.Cleanup(func() { as.Close() })
-	appPort := aln.Addr().(*net.TCPAddr).Port
+	}))
 
 	// The server, with the control beside it: /old-proxy/ passes to the
 	// same app as the path form once did, on the API's origin.
-	old := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: aln.Addr().String()})
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	old := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: appAddr})
+	api, lport := serveBrowsable(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if rest, ok := strings.CutPrefix(r.URL.Path, "/old-proxy"); ok && !strings.Contains(r.Host, ".localhost") {
 			r.URL.Path = rest
 			old.ServeHTTP(w, r)
@@ -155,39 +132,23 @@ func TestPreviewBrowserIsolation(t *testing.T) {
 		}
 		e.srv.ServeHTTP(w, r)
 	}))
-	t.Cleanup(hs.Close)
-	lport := strings.Split(hs.URL, ":")[2]
-	api := "http://localhost:" + lport
 
 	id := e.create(e.keyB, nil)
 	want(t, e.do("PUT", "/v1/sandboxes/"+id+"/ports/"+strconv.Itoa(appPort), e.keyB, map[string]any{"public": true}), http.StatusOK, "")
 	q := "?api=" + url.QueryEscape(api)
 	hostForm := "http://" + strconv.Itoa(appPort) + "-" + id + ".localhost:" + lport + "/"
-	runs := map[string]string{
-		"host":    hostForm + q,
-		"path":    api + "/v1/sandboxes/" + id + "/proxy/" + strconv.Itoa(appPort) + "/" + q,
-		"control": api + "/old-proxy/" + q, // last: it plants cookies on the API's origin
-	}
-	// The runs in this order (a JSON object keeps its keys' order in JS).
-	order := []byte(`{"host":` + strconv.Quote(runs["host"]) + `,"path":` + strconv.Quote(runs["path"]) + `,"control":` + strconv.Quote(runs["control"]) + `}`)
-
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(cctx, node, "preview-isolation.mjs")
-	cmd.Dir = uiDir
-	cmd.Env = append(nodejs.Environ(), "SHEEPFOLD_URL="+api, "SHEEPFOLD_API_KEY="+admin, "RUNS="+string(order), "CHROMIUM="+chromium)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("preview-isolation.mjs: %v\n%s\n%s", err, stdout, stderr.Bytes())
-	}
-	lines := strings.Split(strings.TrimSpace(string(stdout)), "\n")
-	var res map[string]hostileResults
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
-		t.Fatalf("preview-isolation.mjs printed %q: %v", stdout, err)
-	}
-	for name, r := range res {
+	raw := runBrowser(t, api, admin, [][2]string{
+		{"host", hostForm + q},
+		{"path", api + "/v1/sandboxes/" + id + "/proxy/" + strconv.Itoa(appPort) + "/" + q},
+		{"control", api + "/old-proxy/" + q}, // last: it plants cookies on the API's origin
+	})
+	res := map[string]hostileResults{}
+	for name, m := range raw {
+		var r hostileResults
+		if err := json.Unmarshal(m, &r); err != nil {
+			t.Fatalf("%s: %v: %s", name, err, m)
+		}
+		res[name] = r
 		t.Logf("%s: %+v", name, r)
 	}
 
@@ -250,4 +211,154 @@ func TestPreviewBrowserIsolation(t *testing.T) {
 			}
 		}
 	}
+}
+
+// crossPage is a tenant's page that makes the viewer's browser send a
+// request to another preview, $probe, with the viewer's credentials
+// (no-cors: the page cannot read the answer, but the request is made).
+const crossPage = `<!doctype html>
+<html><head><meta charset="utf-8"></head><body><script>
+(async () => {
+  const probe = new URLSearchParams(location.search).get('probe')
+  const r = {}
+  if (probe) {
+    try { await fetch(probe, { mode: 'no-cors', credentials: 'include' }); r.sent = true } catch (e) { r.error = e.name }
+  }
+  window.__results = r
+})()
+</script></body></html>
+`
+
+// TestPreviewCrossTenantSite: under the default preview domain, each
+// preview is a site of its own: the viewer holds the cookie of another
+// tenant's private preview (opened by its signed URL), and a tenant's
+// page that makes the browser request that preview sends no such cookie:
+// the server refuses the request and the victim's app never sees it.
+// Control: under preview.localhost, which is not a public suffix, the
+// previews share a site and the same request carries the cookie to the
+// victim's app (docs/security.md, section 2, "Not promised").
+func TestPreviewCrossTenantSite(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		domain string
+		shared bool
+	}{{"", false}, {"preview.localhost", true}} {
+		t.Run("domain="+c.domain, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, server.Config{PreviewDomain: c.domain})
+			domain := c.domain
+			if domain == "" {
+				domain = server.DefaultPreviewDomain
+			}
+			var mu sync.Mutex
+			var probed int // requests for /probe the victim's app got; guarded by mu
+			page := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/probe" {
+					mu.Lock()
+					probed++
+					mu.Unlock()
+				}
+				w.Header().Set("Content-Type", "text/html; charset=utf-8")
+				w.Write([]byte(crossPage))
+			})
+			_, victimPort := serveApp(t, page)
+			_, attackerPort := serveApp(t, page)
+			api, lport := serveBrowsable(t, e.srv)
+			victim := e.create(e.keyA, nil)
+			attacker := e.create(e.keyB, nil)
+			want(t, e.do("PUT", "/v1/sandboxes/"+attacker+"/ports/"+strconv.Itoa(attackerPort), e.keyB, map[string]any{"public": true}), http.StatusOK, "")
+			victimHost := "http://" + strconv.Itoa(victimPort) + "-" + victim + "." + domain + ":" + lport
+			var signed string
+			for _, p := range e.ports(e.keyA, victim, "").Ports {
+				if _, q, ok := strings.Cut(p.SignedURL, "/?"); ok && p.Port == victimPort {
+					signed = victimHost + "/?" + q // as the browser's server names it
+				}
+			}
+			if signed == "" {
+				t.Fatalf("no signed URL of port %d", victimPort)
+			}
+			victimURL := victimHost + "/probe"
+			runBrowser(t, api, adminKey(t, e), [][2]string{
+				{"victim", signed},
+				{"attacker", "http://" + strconv.Itoa(attackerPort) + "-" + attacker + "." + domain + ":" + lport + "/?probe=" + url.QueryEscape(victimURL)},
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			if got := probed > 0; got != c.shared {
+				t.Fatalf("the victim's app got %d requests from the attacker's page with the viewer's cookie; want some: %v", probed, c.shared)
+			}
+		})
+	}
+}
+
+// adminKey makes an admin key: the dashboard's viewer.
+func adminKey(t *testing.T, e *env) string {
+	t.Helper()
+	_, admin, err := auth.Create(context.Background(), e.store, auth.CreateOptions{Name: "viewer", Admin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return admin
+}
+
+// serveApp serves h on a loopback port: under the fake runtime, a port
+// inside the sandbox.
+func serveApp(t *testing.T, h http.Handler) (addr string, port int) {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: h}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+	return ln.Addr().String(), ln.Addr().(*net.TCPAddr).Port
+}
+
+// serveBrowsable serves h on a loopback port and returns its URL as a
+// browser names it (http://localhost:PORT, the API's origin) and the port.
+func serveBrowsable(t *testing.T, h http.Handler) (string, string) {
+	t.Helper()
+	hs := httptest.NewServer(h)
+	t.Cleanup(hs.Close)
+	lport := strings.Split(hs.URL, ":")[2]
+	return "http://localhost:" + lport, lport
+}
+
+// runBrowser runs test/ui/preview-isolation.mjs: Chromium logs in to the
+// dashboard at api with key, then opens each run's URL from it and
+// returns what each page left in window.__results.
+func runBrowser(t *testing.T, api, key string, runs [][2]string) map[string]json.RawMessage {
+	t.Helper()
+	node := nodejs.LookNode(t)
+	chromium := "/usr/bin/chromium"
+	if _, err := os.Stat(chromium); err != nil {
+		t.Fatalf("chromium is missing (scripts/setup.sh installs it): %v", err)
+	}
+	uiDir, err := filepath.Abs("../../test/ui")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodejs.NpmCI(t, uiDir)
+	list, err := json.Marshal(runs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "preview-isolation.mjs")
+	cmd.Dir = uiDir
+	cmd.Env = append(nodejs.Environ(), "SHEEPFOLD_URL="+api, "SHEEPFOLD_API_KEY="+key, "RUNS="+string(list), "CHROMIUM="+chromium)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("preview-isolation.mjs: %v\n%s\n%s", err, stdout, stderr.Bytes())
+	}
+	lines := strings.Split(strings.TrimSpace(string(stdout)), "\n")
+	var res map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		t.Fatalf("preview-isolation.mjs printed %q: %v", stdout, err)
+	}
+	return res
 }

@@ -4,8 +4,8 @@
 //
 // The viewer logs in to the dashboard at $SHEEPFOLD_URL with
 // $SHEEPFOLD_API_KEY; the API's origin also holds a cookie scripts may
-// read (api_readable). Then, for each run of $RUNS (a JSON object: name →
-// URL of the hostile page), the dashboard opens the page with
+// read (api_readable). Then, for each run of $RUNS (a JSON array of
+// [name, URL of the page], in order), the dashboard opens the page with
 // window.open, keeping window.opener (worse than the dashboard's own
 // links, which have noopener), and the page's script tries what a tenant
 // would: read document.cookie, fetch /v1/sandboxes and /v1/account with
@@ -30,7 +30,7 @@ try {
   await page.fill('#key', key)
   await page.click('#login')
   await page.waitForSelector('#sandboxes, #no-sandboxes')
-  for (const [name, target] of Object.entries(runs)) {
+  for (const [name, target] of runs) {
     const [hostile] = await Promise.all([ctx.waitForEvent('page'), page.evaluate((u) => { window.open(u) }, target)])
     await hostile.waitForFunction(() => window.__results !== undefined, null, { timeout: 60000 })
     out[name] = await hostile.evaluate(() => window.__results)
