@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
 	"net/http"
 	"net/url"
@@ -239,5 +240,26 @@ func TestDashboardNotSameSiteAsPreviews(t *testing.T) {
 	d := newEnv(t, server.Config{}) // localhost: each preview a site of its own
 	for _, host := range []string{"localhost:8080", "127.0.0.1", "api.example.com"} {
 		want(t, d.send("POST", host, "/ui/login", `{"key":"`+d.keyA+`"}`, ui...), http.StatusNoContent, "")
+	}
+}
+
+// TestE2BDownloadsAreNoPages: a signed download URL needs no header, so
+// a tenant can send one to a viewer and have it opened on the API's
+// origin (no sandbox header) or a preview host: what it answers is the
+// tenant's file, served as data a browser neither sniffs nor runs.
+func TestE2BDownloadsAreNoPages(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	sb := e.e2bCreate(e.keyA, map[string]any{"templateID": "base"})
+	page := `<!doctype html><script>fetch("/v1/account")</script>`
+	want(t, e.envd(sb, "POST", "/files?path=page.html", page, "Content-Type", "application/octet-stream"), http.StatusOK, "")
+	sum := sha256.Sum256([]byte("page.html:read::" + sb.Token))
+	signed := "/files?path=page.html&signature=" + url.QueryEscape("v1_"+strings.TrimRight(base64.StdEncoding.EncodeToString(sum[:]), "="))
+	for _, host := range []string{"", "49983-" + sb.ID + ".localhost"} {
+		r := e.get("GET", host, signed, "User-Agent", chromeUA)
+		if r.status != http.StatusOK || string(r.body) != page || r.header.Get("Content-Type") != "application/octet-stream" ||
+			r.header.Get("X-Content-Type-Options") != "nosniff" || r.header.Get("Content-Security-Policy") != "sandbox" {
+			t.Fatalf("host %q: %d %v %q", host, r.status, r.header, r.body)
+		}
 	}
 }
