@@ -13,8 +13,10 @@ type Port struct {
 	Listening bool     `json:"listening"` // something listens on it inside the sandbox
 	Addresses []string `json:"addresses"` // what its listeners are bound to
 	Public    bool     `json:"public"`    // its preview needs no credential
-	// URL is the host form http://{port}-{id}.{preview domain}/ (empty
-	// unless the server has a preview domain); ProxyURL the path form.
+	// URL is the preview's own origin, http://{port}-{id}.{preview
+	// domain}:{server port}/ (servers before its own origins: empty
+	// without a preview domain); ProxyURL the path form, for programs
+	// (browsers are sent to URL).
 	URL      string `json:"url,omitempty"`
 	ProxyURL string `json:"proxy_url"`
 	// SignedURL opens the preview in a browser (it sets a cookie) until

@@ -96,10 +96,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			default:
 				return fmt.Errorf("--log-format must be text or json, not %q", logFormat)
 			}
-			if previewDomain != "" {
-				if err := server.CheckPreviewDomain(previewDomain); err != nil {
-					return fmt.Errorf("--preview-domain: %w", err)
-				}
+			if err := server.CheckPreviewDomain(previewDomain); err != nil {
+				return fmt.Errorf("--preview-domain: %w", err)
 			}
 			if uploadMB <= 0 {
 				return errors.New("--file-size-upload-mb must be positive")
@@ -221,8 +219,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().Float64Var(&overcommit, "overcommit", overcommit,
 		"how many times the host's memory the sandboxes' memory plus disk limits may add up to (sandboxes past it get 503 ERR_CAPACITY)")
 	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text or json (one object a line; requests carry request_id, account and sandbox)")
-	cmd.Flags().StringVar(&previewDomain, "preview-domain", "",
-		"serve preview URLs in the host form {port}-{sandbox id}.DOMAIN (a wildcard DNS name for this server; \"localhost\" needs no DNS); the path form /v1/sandboxes/{id}/proxy/{port}/ works without it")
+	cmd.Flags().StringVar(&previewDomain, "preview-domain", server.DefaultPreviewDomain,
+		"previews live on origins of their own, {port}-{sandbox id}.DOMAIN on --listen's port: a wildcard DNS name for this server outside the site (registrable domain) of the API's own name (the default, localhost, needs no DNS: browsers resolve *.localhost to the loopback); a Host under it never reaches the API, and the path form /v1/sandboxes/{id}/proxy/{port}/ sends browsers there")
 	cmd.Flags().StringVar(&metricsListen, "metrics-listen", "",
 		"also serve Prometheus /metrics without a key on this address (keep it private, e.g. 127.0.0.1:9464); on --listen, /metrics needs an admin key")
 	cmd.Flags().IntVar(&poolSize, "pool", poolSize,

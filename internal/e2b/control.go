@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -36,7 +37,8 @@ func (h *Handler) controlMux() http.Handler {
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			owner, keyID, err := h.backend.Authenticate(r.Context(), r.Header.Get("X-API-Key"))
 			if err == nil {
-				err = f(w, r.WithContext(context.WithValue(r.Context(), keyIDKey, keyID)), owner)
+				ctx := context.WithValue(context.WithValue(r.Context(), keyIDKey, keyID), hostKey, r.Host)
+				err = f(w, r.WithContext(ctx), owner)
 			}
 			if err != nil {
 				writeControlError(w, err)
@@ -192,16 +194,24 @@ func (h *Handler) alias(sb *sandbox.Sandbox) string {
 func (h *Handler) sandboxOf(ctx context.Context, sb *sandbox.Sandbox) sandboxJSON {
 	a := h.alias(sb)
 	keyID, _ := ctx.Value(keyIDKey).(string)
-	return sandboxJSON{SandboxID: sb.ID, TemplateID: a, Alias: a, ClientID: clientID, Domain: h.domain(),
+	return sandboxJSON{SandboxID: sb.ID, TemplateID: a, Alias: a, ClientID: clientID, Domain: h.domain(ctx),
 		EnvdVersion: EnvdVersion, EnvdAccessToken: h.issue(sb.ID, keyID), TrafficAccessToken: h.trafficToken(sb.ID, keyID)}
 }
 
-// domain is the domain sandboxes report (nil: none, so the SDK uses its own).
-func (h *Handler) domain() *string {
+// domain is the domain sandboxes report (nil: none, so the SDK uses its
+// own): Config.Domain, with the port the request came to, so that
+// getHost(port) names a host a browser reaches (previews share the
+// API's listener): 3000-{id}.localhost:8080 by default.
+func (h *Handler) domain(ctx context.Context) *string {
 	if h.cfg.Domain == "" {
 		return nil
 	}
 	d := h.cfg.Domain
+	if host, _ := ctx.Value(hostKey).(string); host != "" {
+		if _, port, err := net.SplitHostPort(host); err == nil && port != "" {
+			d = net.JoinHostPort(d, port)
+		}
+	}
 	return &d
 }
 
@@ -309,7 +319,7 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request, owner string) erro
 		return err
 	}
 	keyID, _ := r.Context().Value(keyIDKey).(string)
-	d := detailJSON{listedJSON: h.listedOf(sb), Domain: h.domain(), EnvdAccessToken: h.issue(sb.ID, keyID), AllowInternetAccess: sb.NetworkMode() != policy.NetworkNone}
+	d := detailJSON{listedJSON: h.listedOf(sb), Domain: h.domain(r.Context()), EnvdAccessToken: h.issue(sb.ID, keyID), AllowInternetAccess: sb.NetworkMode() != policy.NetworkNone}
 	d.Lifecycle.OnTimeout = "kill"
 	writeJSON(w, http.StatusOK, d)
 	return nil

@@ -174,9 +174,10 @@ type Config struct {
 	// one that stops reading breaks its stream, which interrupts the code
 	// [30s].
 	WriteTimeout time.Duration
-	// Domain is reported as every sandbox's domain, so that the SDKs'
-	// getHost(port) names {port}-{sandboxID}.{Domain} (the server's
-	// preview domain); "" reports none.
+	// Domain is reported as every sandbox's domain, with the port of the
+	// request's Host, so that the SDKs' getHost(port) names
+	// {port}-{sandboxID}.{Domain}[:port] (the server's preview domain, on
+	// its listener); "" reports none.
 	Domain string
 	// Ports serves E2b-Sandbox-Port traffic for ports other than envd's
 	// and the code interpreter's (the server's preview proxy, which asks

@@ -32,6 +32,7 @@ const (
 	sandboxKey ctxKey = iota
 	userKey
 	keyIDKey // the API key of a control-plane request
+	hostKey  // the Host of a control-plane request
 )
 
 // sandboxFrom returns the sandbox a data-plane request addresses.

@@ -277,6 +277,10 @@ func (b *lazyBody) start() {
 	h := b.w.Header()
 	h.Set("Content-Type", "application/octet-stream")
 	h.Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": b.name}))
+	// A signed URL opens without a header, on the API's origin too: the
+	// sandbox's file is data there, never a page (docs/security.md, 2).
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Security-Policy", "sandbox")
 	if b.gzip {
 		h.Set("Content-Encoding", "gzip")
 		b.zw = gzip.NewWriter(b.w)

@@ -2,11 +2,31 @@ package server
 
 // Preview URLs: HTTP (and anything HTTP upgrades to) to a port inside a
 // sandbox, proxied through its agent (agentproto's port.connect: the
-// sandbox has only lo). Three ways in, one proxy:
-//   - the path form /v1/sandboxes/{id}/proxy/{port}/...;
-//   - the host form {port}-{id}.{PreviewDomain};
-//   - E2B's E2b-Sandbox-Id and E2b-Sandbox-Port headers (ports other than
-//     envd's and the interpreter's; internal/e2b hands them here).
+// sandbox has only lo).
+//
+// A preview lives on an origin of its own, never the API's: the host form
+// {port}-{id}.{PreviewDomain} (default "localhost", which browsers resolve
+// to the loopback and treat as a public suffix, so that each preview is
+// also a site of its own). The server tells the two sides apart by Host
+// alone (route):
+//   - a Host under the preview domain is a preview, or E2B's envd or
+//     interpreter when it names their ports, and nothing else: never the
+//     API, the dashboard or the E2B control plane;
+//   - any other Host is the API's origin, where an app's answer is never
+//     a page a browser runs. The path form /v1/sandboxes/{id}/proxy/{port}/
+//     redirects browsers to the host form and serves programs (curl, the
+//     SDKs, bench), as does E2B's E2b-Sandbox-Id/E2b-Sandbox-Port header
+//     form (internal/e2b hands ports other than envd's and the
+//     interpreter's here); what these serve is sandboxed (apiOrigin).
+//
+// Nothing of the client's credentials for the API reaches an app, in any
+// form: Sheepfold's preview token, traffic token, sf_preview parameter and
+// cookie, the dashboard's cookie and header, any header carrying an API
+// key; on the API's origin also every cookie and Authorization (they are
+// the API origin's). Nothing an app answers acts on the API's origin: on
+// it, Set-Cookie and the headers that act on an origin are dropped and
+// the answer carries Content-Security-Policy: sandbox (an opaque origin,
+// no script); on its own origin, its cookies lose their Domain.
 //
 // Access is private unless the port was made public (PUT
 // /v1/sandboxes/{id}/ports/{port}) or the sandbox was created through
@@ -15,13 +35,13 @@ package server
 // expiring sf_preview query parameter (which sets a cookie of the same
 // name, scoped to that preview, and redirects to the URL without it), or
 // E2B's traffic token (E2B-Traffic-Access-Token). API keys are not
-// preview credentials: Authorization passes to the app untouched, and
-// Sheepfold's own credentials are removed from what the app sees.
+// preview credentials.
 
 import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -37,8 +57,10 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"golang.org/x/net/publicsuffix"
 )
 
 // Names of the preview credentials.
@@ -71,24 +93,175 @@ type previewTarget struct {
 	prefix string // formPath: the path up to and excluding the app's own path
 }
 
+// apiOrigin reports whether t is served on the API's origin (the path
+// and E2B header forms) rather than on an origin of its own.
+func (t *previewTarget) apiOrigin() bool { return t.form != formHost }
+
 const proxyPathPrefix = "/v1/sandboxes/"
 
-// previewOf recognises a preview request by its path or Host (the E2B
-// header form reaches the proxy through internal/e2b). A Host of the
-// preview domain naming envd's or the interpreter's port is E2B's:
-// routing headers are set and ok is false, so that internal/e2b takes it.
-func (s *Server) previewOf(r *http.Request) (previewTarget, bool) {
-	if d := s.cfg.PreviewDomain; d != "" {
-		if t, ok := hostTarget(r.Host, d); ok {
-			if p := strconv.Itoa(t.port); p == e2b.EnvdPort || p == e2b.InterpreterPort {
-				r.Header.Set("E2b-Sandbox-Id", t.id)
-				r.Header.Set("E2b-Sandbox-Port", p)
-				return previewTarget{}, false
-			}
-			return t, true
+// DefaultPreviewDomain is the preview domain of a server given none.
+const DefaultPreviewDomain = "localhost"
+
+// route sends each request to its side (see the file's comment): a Host
+// under the preview domain to serveHost alone, the path form to
+// servePath, E2B's surface to internal/e2b, the rest to the API's mux.
+func (s *Server) route(mux http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if label, ok := underDomain(r.Host, s.cfg.PreviewDomain); ok {
+			s.serveHost(w, r, label)
+			return
 		}
+		if t, ok := pathTarget(r.URL.Path); ok {
+			setRoute(r, "preview")
+			s.servePath(w, r, t)
+			return
+		}
+		if e2b.Handles(r) {
+			setRoute(r, "e2b")
+			s.e2b.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// serveHost serves a request whose Host is label.{preview domain}: the
+// preview it names, or E2B's envd or interpreter for their ports, or a
+// page saying there is no such preview. Never anything of the API.
+func (s *Server) serveHost(w http.ResponseWriter, r *http.Request, label string) {
+	t, ok := hostTarget(label)
+	if !ok {
+		setRoute(r, "preview")
+		d := s.cfg.PreviewDomain
+		previewPage(w, http.StatusNotFound, "No such preview",
+			fmt.Sprintf("%s is under the preview domain %s, where only {port}-{sandbox id}.%s names a preview. The API is not served here.", r.Host, d, d))
+		return
 	}
-	rest, ok := strings.CutPrefix(r.URL.Path, proxyPathPrefix)
+	if p := strconv.Itoa(t.port); p == e2b.EnvdPort || p == e2b.InterpreterPort {
+		r.Header.Set("E2b-Sandbox-Id", t.id)
+		r.Header.Set("E2b-Sandbox-Port", p)
+		setRoute(r, "e2b")
+		s.e2b.ServeHTTP(w, r)
+		return
+	}
+	setRoute(r, "preview")
+	s.servePreview(w, r, t)
+}
+
+// servePath serves the path form. A browser is sent to the host form, so
+// that the app runs on its own origin; a program (no Fetch Metadata, no
+// browser's User-Agent) is served here, on the API's origin, sandboxed.
+func (s *Server) servePath(w http.ResponseWriter, r *http.Request, t previewTarget) {
+	if !fromBrowser(r) {
+		s.servePreview(w, r, t)
+		return
+	}
+	u := url.URL{Scheme: scheme(r), Host: s.previewHost(r, t.id, t.port), Path: strings.TrimPrefix(r.URL.Path, t.prefix), RawQuery: r.URL.RawQuery}
+	if raw, ok := strings.CutPrefix(r.URL.RawPath, t.prefix); ok {
+		u.RawPath = raw
+	}
+	if u.Path == "" {
+		u.Path, u.RawPath = "/", ""
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	http.Redirect(w, r, u.String(), http.StatusTemporaryRedirect)
+}
+
+// fromBrowser reports whether r comes from a web browser: browsers send
+// Fetch Metadata (Sec-Fetch-*) to trustworthy origins (https, localhost)
+// and a Mozilla/ User-Agent everywhere. A browser that sends neither is
+// still served a sandboxed answer (previewResponse).
+func fromBrowser(r *http.Request) bool {
+	return r.Header.Get("Sec-Fetch-Mode") != "" || r.Header.Get("Sec-Fetch-Dest") != "" ||
+		r.Header.Get("Sec-Fetch-Site") != "" || strings.HasPrefix(r.UserAgent(), "Mozilla/")
+}
+
+// scheme is the scheme r reached the server with (behind a TLS proxy,
+// its X-Forwarded-Proto).
+func scheme(r *http.Request) string {
+	if secureRequest(r) {
+		return "https"
+	}
+	return "http"
+}
+
+// previewHost is the Host of port of sandbox id's preview, on the port r
+// came to (previews share the API's listener).
+func (s *Server) previewHost(r *http.Request, id string, port int) string {
+	host := strconv.Itoa(port) + "-" + id + "." + s.cfg.PreviewDomain
+	if _, lp, err := net.SplitHostPort(r.Host); err == nil && lp != "" {
+		host = net.JoinHostPort(host, lp)
+	}
+	return host
+}
+
+// isPreview reports whether r is a preview request, of any form (its body
+// is the app's to bound).
+func (s *Server) isPreview(r *http.Request) bool {
+	if label, ok := underDomain(r.Host, s.cfg.PreviewDomain); ok {
+		t, ok := hostTarget(label)
+		p := strconv.Itoa(t.port)
+		return ok && p != e2b.EnvdPort && p != e2b.InterpreterPort
+	}
+	if p := r.Header.Get("E2b-Sandbox-Port"); p != "" {
+		return p != e2b.EnvdPort && p != e2b.InterpreterPort
+	}
+	_, ok := pathTarget(r.URL.Path)
+	return ok
+}
+
+// dashboardHostAllowed reports whether the dashboard's cookie may
+// authenticate on host: not when host is same-site with previews (it and
+// the preview domain share a registrable domain, as api.example.com and
+// preview.example.com do), since a preview could then set cookies the
+// dashboard would receive (a session of the tenant's own, in place of
+// the viewer's). With a preview domain that is itself a public suffix
+// (localhost by default; a name on the Public Suffix List), each preview
+// is a site of its own and no host shares one with it.
+func (s *Server) dashboardHostAllowed(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if net.ParseIP(host) != nil {
+		return true
+	}
+	one := "0-x." + s.cfg.PreviewDomain
+	previews, err := publicsuffix.EffectiveTLDPlusOne(one)
+	if err != nil || previews == one {
+		return true
+	}
+	site, err := publicsuffix.EffectiveTLDPlusOne(host)
+	return err != nil || site != previews
+}
+
+// underDomain returns what of host (its port and a final dot aside)
+// precedes "."+domain, if host is under domain. The domain itself is not
+// under it: with the default "localhost", the API may be reached as
+// localhost.
+func underDomain(host, domain string) (string, bool) {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	label, ok := strings.CutSuffix(host, "."+domain)
+	return label, ok && label != ""
+}
+
+// hostTarget parses the label {port}-{id} of a host under the preview
+// domain.
+func hostTarget(label string) (previewTarget, bool) {
+	ps, id, ok := strings.Cut(label, "-")
+	port, err := strconv.Atoi(ps)
+	if !ok || err != nil || port < 1 || port > 65535 || strconv.Itoa(port) != ps || id == "" || strings.Contains(id, ".") {
+		return previewTarget{}, false
+	}
+	return previewTarget{form: formHost, id: id, port: port}, true
+}
+
+// pathTarget parses the path form /v1/sandboxes/{id}/proxy/{port}/...
+func pathTarget(path string) (previewTarget, bool) {
+	rest, ok := strings.CutPrefix(path, proxyPathPrefix)
 	if !ok {
 		return previewTarget{}, false
 	}
@@ -106,36 +279,6 @@ func (s *Server) previewOf(r *http.Request) (previewTarget, bool) {
 		return previewTarget{}, false
 	}
 	return previewTarget{form: formPath, id: id, port: port, prefix: proxyPathPrefix + id + "/proxy/" + ps}, true
-}
-
-// isPreview reports whether r is a preview request, of any form.
-func (s *Server) isPreview(r *http.Request) bool {
-	if p := r.Header.Get("E2b-Sandbox-Port"); p != "" {
-		return p != e2b.EnvdPort && p != e2b.InterpreterPort
-	}
-	if d := s.cfg.PreviewDomain; d != "" {
-		if _, ok := hostTarget(r.Host, d); ok {
-			return true
-		}
-	}
-	return strings.HasPrefix(r.URL.Path, proxyPathPrefix) && strings.Contains(r.URL.Path, "/proxy/")
-}
-
-// hostTarget parses {port}-{id}.{domain}[:listener port].
-func hostTarget(host, domain string) (previewTarget, bool) {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	label, ok := strings.CutSuffix(strings.ToLower(host), "."+strings.ToLower(domain))
-	if !ok || strings.Contains(label, ".") {
-		return previewTarget{}, false
-	}
-	ps, id, ok := strings.Cut(label, "-")
-	port, err := strconv.Atoi(ps)
-	if !ok || err != nil || port < 1 || port > 65535 || strconv.Itoa(port) != ps || id == "" {
-		return previewTarget{}, false
-	}
-	return previewTarget{form: formHost, id: id, port: port}, true
 }
 
 // e2bPreview serves E2B's header form (internal/e2b's Config.Ports).
@@ -331,9 +474,10 @@ func (s *Server) newPreviewProxy() *httputil.ReverseProxy {
 			}
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
-			stripPreviewCredentials(pr.Out)
+			stripPreviewCredentials(pr.Out, t.apiOrigin())
 		},
-		ErrorHandler: s.previewError,
+		ModifyResponse: previewResponse,
+		ErrorHandler:   s.previewError,
 	}
 }
 
@@ -360,30 +504,131 @@ func (b *bufferPool) Put(buf []byte) {
 	}
 }
 
-// stripPreviewCredentials removes Sheepfold's preview credentials and
-// E2B's routing headers from what the app sees.
-func stripPreviewCredentials(out *http.Request) {
-	out.Header.Del(previewTokenHeader)
-	out.Header.Del(trafficTokenHeader)
-	out.Header.Del("E2b-Sandbox-Id")
-	out.Header.Del("E2b-Sandbox-Port")
+// stripPreviewCredentials removes from what the app sees whatever the
+// client holds for Sheepfold: the preview and traffic tokens, E2B's
+// routing headers, the dashboard's header, the sf_preview parameter,
+// Sheepfold's cookies, and any header carrying an API key. On the API's
+// origin every cookie and Authorization belong to that origin (a
+// dashboard session, a login of a proxy in front of the server): none
+// passes. On the preview's own origin they are the app's, and pass.
+func stripPreviewCredentials(out *http.Request, apiOrigin bool) {
+	h := out.Header
+	h.Del(previewTokenHeader)
+	h.Del(trafficTokenHeader)
+	h.Del("E2b-Sandbox-Id")
+	h.Del("E2b-Sandbox-Port")
+	h.Del(uiHeader)
 	if strings.Contains(out.URL.RawQuery, previewParam) {
 		q := out.URL.Query()
 		q.Del(previewParam)
 		out.URL.RawQuery = q.Encode()
 	}
-	if cs := out.Header.Values("Cookie"); len(cs) > 0 && strings.Contains(strings.Join(cs, ";"), previewParam) {
-		var kept []string
-		for _, c := range out.Cookies() {
-			if c.Name != previewParam {
-				kept = append(kept, c.String())
+	if apiOrigin {
+		h.Del("Cookie")
+		h.Del("Authorization")
+	} else if cs := h.Values("Cookie"); len(cs) > 0 {
+		if all := strings.Join(cs, ";"); strings.Contains(all, previewParam) || strings.Contains(all, uiCookie) {
+			var kept []string
+			for _, c := range out.Cookies() {
+				if c.Name != previewParam && c.Name != uiCookie {
+					kept = append(kept, c.String())
+				}
+			}
+			h.Del("Cookie")
+			if len(kept) > 0 {
+				h.Set("Cookie", strings.Join(kept, "; "))
 			}
 		}
-		out.Header.Del("Cookie")
-		if len(kept) > 0 {
-			out.Header.Set("Cookie", strings.Join(kept, "; "))
+	}
+	for name, vs := range h {
+		if slices.ContainsFunc(vs, carriesKey) {
+			delete(h, name)
 		}
 	}
+}
+
+// carriesKey reports whether a header value holds an API key (auth's
+// shape: sf_ or e2b_ and 40 lowercase hex characters), as is or inside
+// HTTP Basic credentials.
+func carriesKey(v string) bool {
+	if hasKey(v) {
+		return true
+	}
+	if sch, rest, ok := strings.Cut(v, " "); ok && strings.EqualFold(sch, "Basic") {
+		b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(rest))
+		return err == nil && hasKey(string(b))
+	}
+	return false
+}
+
+func hasKey(v string) bool {
+	for _, p := range []string{auth.PrefixSheepfold, auth.PrefixE2B} {
+		for rest := v; ; {
+			i := strings.Index(rest, p)
+			if i < 0 {
+				break
+			}
+			rest = rest[i+len(p):]
+			if len(rest) >= 40 && isLowerHex(rest[:40]) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func isLowerHex(s string) bool {
+	for _, c := range []byte(s) {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// apiOriginDropped are the answer headers that act on the origin they
+// are served from: none of an app's may act on the API's.
+var apiOriginDropped = []string{"Set-Cookie", "Set-Cookie2", "Clear-Site-Data", "Alt-Svc",
+	"Strict-Transport-Security", "Service-Worker-Allowed", "Origin-Agent-Cluster"}
+
+// previewResponse keeps an app's answer from acting on an origin not its
+// own. On the API's origin (programs' path form, E2B's header form) it
+// sets no cookie and nothing else of that origin, and a browser that
+// renders it anyway gives it an opaque origin and runs no script in it
+// (Content-Security-Policy: sandbox). On the preview's own origin its
+// cookies stay there: their Domain attribute, which could widen them to
+// the parent domain the API may be under, is removed.
+func previewResponse(res *http.Response) error {
+	t, _ := res.Request.Context().Value(previewCtxKey{}).(*previewTarget)
+	h := res.Header
+	if t == nil || t.apiOrigin() {
+		for _, k := range apiOriginDropped {
+			h.Del(k)
+		}
+		h.Add("Content-Security-Policy", "sandbox")
+		h.Set("X-Content-Type-Options", "nosniff")
+		return nil
+	}
+	for i, c := range h["Set-Cookie"] {
+		h["Set-Cookie"][i] = hostOnlyCookie(c)
+	}
+	return nil
+}
+
+// hostOnlyCookie returns a Set-Cookie value without its Domain attribute.
+func hostOnlyCookie(c string) string {
+	if !strings.Contains(strings.ToLower(c), "domain") {
+		return c
+	}
+	parts := strings.Split(c, ";")
+	kept := parts[:1]
+	for _, a := range parts[1:] {
+		name, _, _ := strings.Cut(a, "=")
+		if !strings.EqualFold(strings.TrimSpace(name), "domain") {
+			kept = append(kept, a)
+		}
+	}
+	return strings.Join(kept, ";")
 }
 
 // dialPreview opens a connection to "{id}:{port}" through the sandbox's
@@ -448,7 +693,7 @@ type portJSON struct {
 	Listening bool      `json:"listening"`
 	Addresses []string  `json:"addresses"`
 	Public    bool      `json:"public"`
-	URL       string    `json:"url,omitempty"`
+	URL       string    `json:"url"`
 	ProxyURL  string    `json:"proxy_url"`
 	SignedURL string    `json:"signed_url"`
 	ExpiresAt time.Time `json:"signed_url_expires_at"`
@@ -553,24 +798,13 @@ func (s *Server) setPort(w http.ResponseWriter, r *http.Request) error {
 
 // portOf describes port of b: its URLs as the caller reached the server.
 func (s *Server) portOf(r *http.Request, b *box, port int, ttl time.Duration) portJSON {
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
-	}
+	sch := scheme(r)
 	id := b.sb.ID
 	p := portJSON{Port: port, Addresses: []string{}, Public: s.portPublic(b, port) || s.e2b.PublicTraffic(id),
-		ProxyURL: fmt.Sprintf("%s://%s%s%s/proxy/%d/", scheme, r.Host, proxyPathPrefix, id, port)}
-	open := p.ProxyURL
-	if d := s.cfg.PreviewDomain; d != "" {
-		host := fmt.Sprintf("%d-%s.%s", port, id, d)
-		if _, lp, err := net.SplitHostPort(r.Host); err == nil {
-			host = net.JoinHostPort(host, lp)
-		}
-		p.URL = scheme + "://" + host + "/"
-		open = p.URL
-	}
+		URL:      sch + "://" + s.previewHost(r, id, port) + "/",
+		ProxyURL: fmt.Sprintf("%s://%s%s%s/proxy/%d/", sch, r.Host, proxyPathPrefix, id, port)}
 	p.ExpiresAt = time.Now().Add(ttl).Truncate(time.Second).UTC()
-	p.SignedURL = open + "?" + url.Values{previewParam: {s.signPreview(id, port, p.ExpiresAt)}}.Encode()
+	p.SignedURL = p.URL + "?" + url.Values{previewParam: {s.signPreview(id, port, p.ExpiresAt)}}.Encode()
 	return p
 }
 

@@ -74,8 +74,17 @@ func startApp(t testing.TB) *appServer {
 			"xff": r.Header.Get("X-Forwarded-For"), "xfh": r.Header.Get("X-Forwarded-Host"),
 			"xfp": r.Header.Get("X-Forwarded-Proto"), "prefix": r.Header.Get("X-Forwarded-Prefix"),
 			"cookie": r.Header.Get("Cookie"), "token": r.Header.Get("Sheepfold-Preview-Token"),
-			"authorization": r.Header.Get("Authorization"),
+			"authorization": r.Header.Get("Authorization"), "headers": r.Header,
 		})
+	})
+	// /set-cookie answers with what acts on an origin: cookies (one
+	// widened to a parent domain) and Clear-Site-Data.
+	mux.HandleFunc("/set-cookie", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Add("Set-Cookie", "app=1; Path=/; HttpOnly")
+		w.Header().Add("Set-Cookie", "wide=1; Domain="+r.URL.Query().Get("domain")+"; Path=/; SameSite=Lax")
+		w.Header().Set("Clear-Site-Data", `"cookies"`)
+		w.Header().Set("Alt-Svc", `h2="elsewhere.example:443"`)
+		w.WriteHeader(http.StatusNoContent)
 	})
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
@@ -107,7 +116,13 @@ var noRedirect = &http.Client{CheckRedirect: func(*http.Request, []*http.Request
 // server's), and header pairs.
 func (e *env) get(method, host, path string, hdr ...string) resp {
 	e.t.Helper()
-	req, err := http.NewRequest(method, e.url+path, nil)
+	return e.send(method, host, path, "", hdr...)
+}
+
+// send is get with a body.
+func (e *env) send(method, host, path, body string, hdr ...string) resp {
+	e.t.Helper()
+	req, err := http.NewRequest(method, e.url+path, strings.NewReader(body))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -204,14 +219,14 @@ func TestPreviewAccessAndForms(t *testing.T) {
 		want(t, r, http.StatusOK, "")
 		return r.json(t)
 	}
-	got := seen(e.get("GET", "", prefix+"/hello/w%20x?q=1", "Sheepfold-Preview-Token", pl.Token, "Authorization", "Basic app"))
+	got := seen(e.get("GET", "", prefix+"/hello/w%20x?q=1", "Sheepfold-Preview-Token", pl.Token))
 	srvHost := strings.TrimPrefix(e.url, "http://")
 	if got["uri"] != "/hello/w%20x?q=1" || got["host"] != srvHost || got["xfh"] != srvHost || got["xfp"] != "http" ||
-		got["xff"] != "127.0.0.1" || got["prefix"] != prefix || got["token"] != "" || got["authorization"] != "Basic app" {
+		got["xff"] != "127.0.0.1" || got["prefix"] != prefix || got["token"] != "" {
 		t.Fatalf("path form: the app saw %v", got)
 	}
-	got = seen(e.get("GET", hostForm, "/a?b=c", "Sheepfold-Preview-Token", pl.Token))
-	if got["uri"] != "/a?b=c" || got["host"] != hostForm || got["xfh"] != hostForm || got["prefix"] != "" {
+	got = seen(e.get("GET", hostForm, "/a?b=c", "Sheepfold-Preview-Token", pl.Token, "Authorization", "Basic app"))
+	if got["uri"] != "/a?b=c" || got["host"] != hostForm || got["xfh"] != hostForm || got["prefix"] != "" || got["authorization"] != "Basic app" {
 		t.Fatalf("host form: the app saw %v", got)
 	}
 	// The path form without its slash redirects to it.
@@ -399,7 +414,7 @@ func TestPreviewE2BTrafficRules(t *testing.T) {
 	r := e.e2bDo("POST", "/v2/sandboxes", e.keyA, map[string]any{"templateID": "base"})
 	want(t, r, http.StatusCreated, "")
 	m := r.json(t)
-	if m["domain"] != "e2b.localhost" {
+	if m["domain"] != "e2b.localhost:"+strings.Split(e.url, ":")[2] {
 		t.Fatalf("domain %v: getHost(port) would not name the preview host", m["domain"])
 	}
 	open := e2bSandbox{ID: m["sandboxID"].(string), Token: m["envdAccessToken"].(string), Traffic: m["trafficAccessToken"].(string)}

@@ -41,7 +41,9 @@
 // /mcp endpoint, with a Go SDK client that calls this server in process),
 // internal/agentproto, internal/runtime (limits), internal/lang (metric
 // labels), internal/abort (responses cut short), internal/ui (the
-// dashboard's embedded front end) and api (the OpenAPI document). Never a runtime implementation: the engine is handed in.
+// dashboard's embedded front end), api (the OpenAPI document) and
+// golang.org/x/net/publicsuffix (which hosts share a site with previews).
+// Never a runtime implementation: the engine is handed in.
 package server
 
 import (
@@ -150,11 +152,12 @@ type Config struct {
 	// Models relays chat completions to the configured model providers
 	// (models.go); nil serves no model.
 	Models *llm.Relay
-	// PreviewDomain turns on the host form of preview URLs:
-	// {port}-{sandbox id}.{PreviewDomain} reaches that port inside the
-	// sandbox (a wildcard DNS name pointing at the server; "localhost"
-	// works without DNS). The path form /v1/sandboxes/{id}/proxy/{port}/
-	// works either way (preview.go).
+	// PreviewDomain names the previews' origins: {port}-{sandbox id}.
+	// {PreviewDomain} reaches that port inside the sandbox, on the
+	// server's listener, and a Host under it never reaches the API
+	// (preview.go). A wildcard DNS name pointing at the server, outside
+	// the site of the API's own name ["localhost", which browsers resolve
+	// to the loopback without DNS].
 	PreviewDomain string
 }
 
@@ -204,6 +207,10 @@ func (c *Config) setDefaults() {
 	if c.PruneInterval <= 0 {
 		c.PruneInterval = time.Hour
 	}
+	if c.PreviewDomain == "" {
+		c.PreviewDomain = DefaultPreviewDomain
+	}
+	c.PreviewDomain = strings.ToLower(c.PreviewDomain)
 }
 
 // Server serves the API. It is an http.Handler; Serve and Shutdown run it
@@ -339,20 +346,9 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		WriteTimeout: streamWriteTimeout, Domain: cfg.PreviewDomain, Ports: http.HandlerFunc(s.e2bPreview),
 		Key: tokenKey.Sum(nil), LearnInterval: e2bLearnInterval}, e2bBackend{s})
 	// Previews (by Host or path) and the E2B protocols (an
-	// E2b-Sandbox-Port header or E2B's own paths) share the listener.
-	top := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if t, ok := s.previewOf(r); ok {
-			setRoute(r, "preview")
-			s.servePreview(w, r, t)
-			return
-		}
-		if e2b.Handles(r) {
-			setRoute(r, "e2b")
-			s.e2b.ServeHTTP(w, r)
-			return
-		}
-		mux.ServeHTTP(w, r)
-	})
+	// E2b-Sandbox-Port header or E2B's own paths) share the listener;
+	// route keeps previews off the API's origin.
+	top := s.route(mux)
 	// abort.Handler is the one place a response is broken off (the
 	// handlers call abort.Response); bodyDeadline stays outermost, with
 	// the server's own ResponseWriter for its body limit.

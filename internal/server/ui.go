@@ -94,7 +94,7 @@ func (s *Server) secretOf(r *http.Request) string {
 		return ""
 	}
 	c, err := r.Cookie(uiCookie)
-	if err != nil {
+	if err != nil || !s.dashboardHostAllowed(r.Host) {
 		return ""
 	}
 	return s.ui.secret(c.Value, time.Now())
@@ -113,6 +113,9 @@ func secureRequest(r *http.Request) bool {
 func (s *Server) uiLogin(w http.ResponseWriter, r *http.Request) error {
 	if r.Header.Get(uiHeader) == "" {
 		return apierr.New(apierr.BadRequest, "the dashboard's requests carry the %s header", uiHeader)
+	}
+	if !s.dashboardHostAllowed(r.Host) {
+		return apierr.New(apierr.Forbidden, "the dashboard is not served on %s: it shares a site with the previews under %s, whose pages could set its cookies; serve previews under a domain of their own (serve --preview-domain)", r.Host, s.cfg.PreviewDomain)
 	}
 	var req struct {
 		Key string `json:"key"`

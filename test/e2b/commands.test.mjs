@@ -2,6 +2,7 @@
 // Connect RPC service on the E2B data plane).
 import { after, before, test } from 'node:test'
 import assert from 'node:assert/strict'
+import http from 'node:http'
 import { CommandExitError, InvalidArgumentError, NotFoundError, Sandbox, TimeoutError } from 'e2b'
 import { eventually, killAll, meta, rejectsWith, sleep, track } from './helpers.mjs'
 
@@ -202,4 +203,31 @@ test('sudo works for user without a password, with sudo\'s environment rules, an
   const status = await sbx.commands.run('sudo grep -E "^(NoNewPrivs|Seccomp):" /proc/self/status')
   assert.match(status.stdout, /NoNewPrivs:\t1/)
   assert.match(status.stdout, /Seccomp:\t2/)
+})
+
+// getHost(port) is the preview of that port on an origin of its own
+// ({port}-{id}.{preview domain}:{server port}), which the server routes by
+// Host: asked at the API's address with that Host (node resolves no
+// *.localhost name), it reaches the app.
+test('getHost(port): an app in the sandbox, through its own origin', T, async () => {
+  await sbx.files.write('/tmp/site/index.html', 'hello from getHost\n')
+  const app = await sbx.commands.run('python3 -m http.server 8123 --bind 127.0.0.1', { background: true, cwd: '/tmp/site' })
+  try {
+    const api = new URL(process.env.E2B_API_URL)
+    const host = sbx.getHost(8123)
+    assert.match(host, new RegExp(`^8123-${sbx.sandboxId}\\.[a-z0-9.-]+:${api.port}$`))
+    const get = () => new Promise((resolve, reject) => {
+      http.get({ host: api.hostname, port: api.port, path: '/index.html', headers: { Host: host } }, (res) => {
+        let body = ''
+        res.setEncoding('utf8')
+        res.on('data', (c) => { body += c })
+        res.on('end', () => resolve([res.statusCode, body]))
+      }).on('error', reject)
+    })
+    // The app takes a moment to listen: poll until it answers.
+    const got = await eventually(async () => { const r = await get(); return r[0] === 200 ? r : null })
+    assert.deepEqual(got, [200, 'hello from getHost\n'])
+  } finally {
+    await app.kill()
+  }
 })

@@ -34,14 +34,9 @@ func TestDashboardBrowser(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "playwright-core")); err != nil {
-		cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--ignore-scripts")
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "npm_config_cache="+filepath.Join(t.TempDir(), "npm-cache"), "npm_config_update_notifier=false")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("npm ci in test/ui: %v\n%s", err, out)
-		}
-	}
+	// Under the lock internal/server's TestPreviewBrowserIsolation takes
+	// too: neither reinstalls while the other runs the browser.
+	nodejs.NpmCI(t, dir)
 	c := client.New(s.url, s.key)
 	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Timeout: 5 * time.Minute,
 		SecurityPolicy: map[string]any{"access_control": map[string]any{"blocked_modules": []string{"socket"}}}})
@@ -99,9 +94,7 @@ func TestDashboardList200(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "playwright-core")); err != nil {
-		t.Fatalf("playwright-core is not installed in test/ui (TestDashboardBrowser installs it): %v", err)
-	}
+	nodejs.NpmCI(t, dir)
 	s := newCrashServer(t)
 	s.extra = []string{"--max-sandboxes", strconv.Itoa(n + 10)}
 	s.start(0)
