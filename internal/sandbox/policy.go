@@ -98,18 +98,13 @@ func invalidPolicy(err error) error {
 	return apierr.Wrap(err, apierr.InvalidPolicy, "invalid security policy: %v", err)
 }
 
-// applyCreatePolicy folds the policy's create-time rules (memory, disk,
-// read-only root) into opt and checks it.
+// applyCreatePolicy checks the policy and folds its read-only root into
+// opt; its memory and disk are granted with the rest of the limits
+// (Grant, ceiling.go).
 func applyCreatePolicy(opt *CreateOptions) (*agentproto.KernelPolicy, error) {
 	p := opt.Policy
 	if err := p.Validate(); err != nil {
 		return nil, invalidPolicy(err)
-	}
-	if b := p.MemoryBytes(); b > 0 {
-		opt.Limits.MemoryBytes = b
-	}
-	if b := p.DiskBytes(); b > 0 {
-		opt.Limits.DiskBytes = b
 	}
 	if p.ReadOnlyRoot() {
 		opt.ReadOnly = true
