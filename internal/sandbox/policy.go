@@ -26,6 +26,10 @@ type policyState struct {
 	gen        int64
 	restartGen int64
 	executions ratelimit.Bucket // rate_limiting.requests_per_minute
+	// filter is the output filter of filterOf, the policy it was built
+	// for with the sandbox's env (policyFilter, outfilter.go).
+	filter   *policy.OutputFilter
+	filterOf *policy.Policy
 }
 
 // takeExecution takes one execution from the policy's per-minute budget
