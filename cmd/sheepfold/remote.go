@@ -39,6 +39,7 @@ func sandboxCmd() *cobra.Command {
 	var (
 		tmpl    string
 		timeout time.Duration
+		res     client.Resources
 	)
 	create := &cobra.Command{
 		Use: "create", Short: "Create a sandbox and print its id", Args: cobra.NoArgs,
@@ -47,7 +48,11 @@ func sandboxCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			sb, err := c.CreateSandbox(cmd.Context(), client.CreateSandboxRequest{Template: tmpl, Timeout: timeout})
+			req := client.CreateSandboxRequest{Template: tmpl, Timeout: timeout}
+			if res != (client.Resources{}) {
+				req.Resources = &res // the server grants them within the account's ceiling
+			}
+			sb, err := c.CreateSandbox(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
@@ -57,6 +62,10 @@ func sandboxCmd() *cobra.Command {
 	}
 	create.Flags().StringVarP(&tmpl, "template", "t", "", "template (default: the server's)")
 	create.Flags().DurationVar(&timeout, "timeout", 0, "lifetime (default: the server's)")
+	create.Flags().Float64Var(&res.CPUs, "cpus", 0, "CPU quota in cores (default: the server's)")
+	create.Flags().Int64Var(&res.MemoryMB, "memory-mb", 0, "memory limit, MiB (default: the server's)")
+	create.Flags().Int64Var(&res.DiskMB, "disk-mb", 0, "size of the writable disk, MiB (default: the server's)")
+	create.Flags().Int64Var(&res.Pids, "pids", 0, "most processes and threads (default: the server's)")
 	list := &cobra.Command{
 		Use: "list", Short: "List your sandboxes", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

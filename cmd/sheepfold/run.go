@@ -80,7 +80,8 @@ The program is read from FILE, or from standard input when FILE is - or absent.
 			}
 			defer eng.Close(context.Background())
 
-			sb, err := eng.Create(ctx, sandbox.CreateOptions{Template: tmpl, Limits: limits, Timeout: timeout + time.Minute})
+			sb, err := eng.Create(ctx, sandbox.CreateOptions{Template: tmpl, Limits: limits, Timeout: timeout + time.Minute,
+				Names: sandbox.FieldNames{CPUs: "--cpus", Memory: "--memory", Disk: "--disk", Pids: "--pids", Timeout: "--timeout"}})
 			if err != nil {
 				return err
 			}

@@ -138,7 +138,17 @@ type newSandbox struct {
 	AutoPause    *bool           `json:"autoPause"`
 	MCP          json.RawMessage `json:"mcp"`
 	VolumeMounts []any           `json:"volumeMounts"`
+	// CPUCount, MemoryMB and DiskSizeMB (E2B's names in a sandbox's
+	// description, set by its template there) ask for resources here,
+	// granted within the account's ceiling like /v1's resources.
+	CPUCount   *float64 `json:"cpuCount"`
+	MemoryMB   *int64   `json:"memoryMB"`
+	DiskSizeMB *int64   `json:"diskSizeMB"`
 }
+
+// maxResourceMB bounds memoryMB and diskSizeMB before the ceiling, so
+// that their bytes cannot overflow (1 PiB).
+const maxResourceMB = 1 << 30
 
 // sandboxJSON is E2B's Sandbox (create and connect answers).
 type sandboxJSON struct {
@@ -251,7 +261,27 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 	case len(req.VolumeMounts) > 0:
 		return badRequest("volumes are not supported by this server")
 	}
-	opt := sandbox.CreateOptions{Template: req.TemplateID, Timeout: def, Env: req.EnvVars, Metadata: req.Metadata}
+	opt := sandbox.CreateOptions{Template: req.TemplateID, Timeout: def, Env: req.EnvVars, Metadata: req.Metadata,
+		Names: sandbox.FieldNames{CPUs: "cpuCount", Memory: "memoryMB", Disk: "diskSizeMB", Timeout: "timeout"}}
+	if req.CPUCount != nil {
+		opt.Limits.CPUs = *req.CPUCount
+		if *req.CPUCount <= 0 {
+			return badRequest("cpuCount must be positive")
+		}
+	}
+	for _, f := range []struct {
+		name  string
+		v     *int64
+		bytes *int64
+	}{{"memoryMB", req.MemoryMB, &opt.Limits.MemoryBytes}, {"diskSizeMB", req.DiskSizeMB, &opt.Limits.DiskBytes}} {
+		if f.v == nil {
+			continue
+		}
+		if *f.v <= 0 || *f.v > maxResourceMB {
+			return badRequest("%s must be between 1 and %d", f.name, maxResourceMB)
+		}
+		*f.bytes = *f.v << 20
+	}
 	if netPolicy != nil {
 		opt.Policy = &policy.Policy{Network: netPolicy}
 	}

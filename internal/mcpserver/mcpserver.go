@@ -109,6 +109,14 @@ type createIn struct {
 	TimeoutSeconds int               `json:"timeout_seconds,omitempty" jsonschema:"the sandbox's lifetime in seconds (default: the server's)"`
 	Env            map[string]string `json:"env,omitempty" jsonschema:"environment variables of every process in the sandbox"`
 	SecurityPolicy map[string]any    `json:"security_policy,omitempty" jsonschema:"the security policy (README: Policies and network)"`
+	Resources      *resourcesIn      `json:"resources,omitempty" jsonschema:"the sandbox's limits (default: the server's), within the account's"`
+}
+
+type resourcesIn struct {
+	CPUs     float64 `json:"cpus,omitempty" jsonschema:"CPU quota in cores"`
+	MemoryMB int64   `json:"memory_mb,omitempty" jsonschema:"memory limit, MiB"`
+	DiskMB   int64   `json:"disk_mb,omitempty" jsonschema:"size of the writable disk, MiB"`
+	Pids     int64   `json:"pids,omitempty" jsonschema:"most processes and threads"`
 }
 
 type sandboxOut struct {
@@ -125,6 +133,9 @@ func (t tools) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in cre
 	req := client.CreateSandboxRequest{Template: in.Template, Timeout: time.Duration(in.TimeoutSeconds) * time.Second, Env: in.Env}
 	if in.SecurityPolicy != nil {
 		req.SecurityPolicy = in.SecurityPolicy
+	}
+	if r := in.Resources; r != nil {
+		req.Resources = &client.Resources{CPUs: r.CPUs, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids}
 	}
 	sb, err := t.c.CreateSandbox(ctx, req)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -41,6 +42,14 @@ import (
 // whitespace where there is some), so the hold-back stays bounded: a
 // single token longer than that may be cut. Once a PEM private key block
 // begins, everything up to its END line is dropped as it comes.
+//
+// A secret env value is also found with line breaks anywhere in it
+// (print(key[:10]); print(key[10:]), or a value that has line breaks of
+// its own printed with other ones): it is matched against the text with
+// its line breaks (\n, \r) skipped, and the stream holds back a line
+// whose end could be the start of one until what follows shows whether
+// it is (at most MaxHold bytes of line breaks in between). The patterns
+// and the base64 forms are matched within a line only.
 
 // MaxHold bounds the text a Redactor holds back waiting for a line end.
 const MaxHold = 4096
@@ -99,17 +108,21 @@ const pemEndHold = 64
 type literal struct {
 	value []byte
 	kind  string
-	multi bool // contains a line break, so it can span released lines
+	// split is the value without its line breaks, matched with line
+	// breaks anywhere (secret_env values of at least minSecretLen other
+	// bytes); nil when only the exact value is matched.
+	split []byte
 }
 
 // OutputFilter is one execution's output filtering, built by
-// NewOutputFilter. A nil *OutputFilter filters nothing.
+// NewOutputFilter. A nil *OutputFilter filters nothing. It is not
+// changed after NewOutputFilter, so one may serve many streams at once.
 type OutputFilter struct {
 	maxLen   int64 // 0: no cap
 	redact   bool
 	sanitize bool
 	literals []literal
-	maxMulti int // the longest multi-line literal
+	maxSplit int // the longest split form
 }
 
 // NewOutputFilter returns the filter of of with the sandbox's env vars
@@ -164,11 +177,30 @@ func (f *OutputFilter) addLiteral(v, kind string) {
 			return
 		}
 	}
-	multi := strings.ContainsAny(v, "\r\n")
-	f.literals = append(f.literals, literal{value: []byte(v), kind: kind, multi: multi})
-	if multi && len(v) > f.maxMulti {
-		f.maxMulti = len(v)
+	l := literal{value: []byte(v), kind: kind}
+	if kind == "secret_env" {
+		if c := dropBreaks([]byte(v)); len(c) >= minSecretLen {
+			l.split = c
+			f.maxSplit = max(f.maxSplit, len(c))
+		}
 	}
+	f.literals = append(f.literals, l)
+}
+
+func isBreak(c byte) bool { return c == '\n' || c == '\r' }
+
+// dropBreaks returns b without its line breaks (b itself when it has none).
+func dropBreaks(b []byte) []byte {
+	if bytes.IndexAny(b, "\r\n") < 0 {
+		return b
+	}
+	out := make([]byte, 0, len(b))
+	for _, c := range b {
+		if !isBreak(c) {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // MaxOutputLength is the cap on stdout plus stderr, in bytes (0: none).
@@ -200,17 +232,18 @@ func (f *OutputFilter) Text(s string) string {
 	return s
 }
 
-// JSON filters a decoded JSON value (a result's application/json): each
-// string, key or value, at any depth, is filtered as Text (keys are only
-// redacted), so the structure stays valid JSON. Numbers, booleans and
-// null pass. v is not modified; the filtered copy is returned.
+// JSON redacts a decoded JSON value (a result's application/json, a
+// data frame's data): each string, key or value, at any depth, so the
+// structure stays valid JSON. Numbers, booleans and null pass. v is not
+// modified; the redacted copy is returned. The length cap applies to the
+// whole value, not to each string (the caller's: Cap.TakeWhole).
 func (f *OutputFilter) JSON(v any) any {
-	if f == nil {
+	if !f.Redacts() {
 		return v
 	}
 	switch x := v.(type) {
 	case string:
-		return f.Text(x)
+		return f.Redact(x)
 	case []any:
 		out := make([]any, len(x))
 		for i, e := range x {
@@ -220,10 +253,7 @@ func (f *OutputFilter) JSON(v any) any {
 	case map[string]any:
 		out := make(map[string]any, len(x))
 		for k, e := range x {
-			if f.redact {
-				k = f.Redact(k)
-			}
-			out[k] = f.JSON(e)
+			out[f.Redact(k)] = f.JSON(e)
 		}
 		return out
 	}
@@ -264,6 +294,14 @@ func (f *OutputFilter) mayMatch(b []byte) bool {
 	for _, l := range f.literals {
 		if bytes.Contains(b, l.value) {
 			return true
+		}
+	}
+	if f.maxSplit > 0 && bytes.IndexAny(b, "\r\n") >= 0 {
+		c := dropBreaks(b)
+		for _, l := range f.literals {
+			if l.split != nil && bytes.Contains(c, l.split) {
+				return true
+			}
 		}
 	}
 	return false
@@ -345,6 +383,11 @@ func (f *OutputFilter) find(b []byte) []span {
 			off = end
 		}
 	}
+	if f.maxSplit > 0 && bytes.IndexAny(b, "\r\n") >= 0 {
+		for _, s := range f.findSplit(b) {
+			add(s)
+		}
+	}
 	if len(spans) < 2 {
 		return spans
 	}
@@ -364,6 +407,81 @@ func (f *OutputFilter) find(b []byte) []span {
 		out = append(out, s)
 	}
 	return out
+}
+
+// findSplit finds the secret env values of b with line breaks in them
+// (b's, or the value's own in other places): each found in b without its
+// line breaks, and mapped back to the span of b from its first byte to
+// its last.
+func (f *OutputFilter) findSplit(b []byte) []span {
+	c := make([]byte, 0, len(b))
+	at := make([]int32, 0, len(b)) // c[i] is b[at[i]]
+	for i, ch := range b {
+		if !isBreak(ch) {
+			c = append(c, ch)
+			at = append(at, int32(i))
+		}
+	}
+	var out []span
+	for _, l := range f.literals {
+		if l.split == nil {
+			continue
+		}
+		for off := 0; ; {
+			i := bytes.Index(c[off:], l.split)
+			if i < 0 {
+				break
+			}
+			first, last := off+i, off+i+len(l.split)-1
+			out = append(out, span{start: int(at[first]), end: int(at[last]) + 1, kind: l.kind})
+			off = last + 1
+		}
+	}
+	return out
+}
+
+// splitHold is where a stream must stop releasing b[:cut] so that a line
+// end that could be the start of a secret env value waits for what
+// follows: the start of the longest tail of b[:cut] (line breaks
+// skipped) that begins a split value, or cut when none does. It looks
+// back at most MaxHold bytes.
+func (f *OutputFilter) splitHold(b []byte, cut int) int {
+	if f.maxSplit == 0 || cut == 0 {
+		return cut
+	}
+	// The last maxSplit-1 bytes before cut that are not line breaks,
+	// and where each is in b.
+	want := f.maxSplit - 1
+	tail := make([]byte, 0, want)
+	at := make([]int, 0, want)
+	for i := cut - 1; i >= 0 && i >= cut-MaxHold && len(tail) < want; i-- {
+		if !isBreak(b[i]) {
+			tail = append(tail, b[i])
+			at = append(at, i)
+		}
+	}
+	slices.Reverse(tail)
+	slices.Reverse(at)
+	hold := cut
+	for _, l := range f.literals {
+		if l.split == nil {
+			continue
+		}
+		// Each place in the tail where the value's first byte is: does
+		// the rest of the tail begin the value?
+		for j := 0; j < len(tail); j++ {
+			k := bytes.IndexByte(tail[j:], l.split[0])
+			if k < 0 {
+				break
+			}
+			j += k
+			if n := len(tail) - j; n < len(l.split) && bytes.Equal(tail[j:], l.split[:n]) {
+				hold = min(hold, at[j])
+				break // the earliest start for this value
+			}
+		}
+	}
+	return hold
 }
 
 func isBase64(c byte) bool {
@@ -442,23 +560,18 @@ func (r *Redactor) process(b []byte, final bool) []byte {
 		r.inPEM = false
 		b = b[loc[1]:]
 	}
+	cut := len(b)
+	if !final {
+		cut = r.f.splitHold(b, releasePoint(b))
+	}
 	// Fast path: nothing that could be a secret.
 	if !r.f.mayMatch(b) {
-		cut := len(b)
-		if !final {
-			cut = releasePoint(b)
-		}
 		out = append(out, b[:cut]...)
 		r.pending = append([]byte(nil), b[cut:]...)
 		return out
 	}
 	spans := r.f.find(b)
-	cut := len(b)
 	if !final {
-		cut = releasePoint(b)
-		if r.f.maxMulti > 0 {
-			cut = min(cut, max(0, len(b)-(r.f.maxMulti-1)))
-		}
 		for _, s := range spans {
 			if s.start < cut && s.end > cut {
 				if s.open && !s.pemOpen {
@@ -510,8 +623,11 @@ func releasePoint(b []byte) int {
 	return force
 }
 
-// Cap limits stdout plus stderr to a number of bytes and counts what it
-// drops.
+// Cap limits the bytes of one answer (an execution's stdout, stderr,
+// results and error; a command's output) and counts what it drops. The
+// truncation markers are not counted: an answer holds at most Limit
+// bytes of output plus the marker of the one field the cap cut and the
+// final one.
 type Cap struct {
 	Limit   int64 // 0: no limit
 	Used    int64
@@ -533,6 +649,34 @@ func (c *Cap) Take(p []byte) []byte {
 	c.Used += int64(len(keep))
 	c.Dropped += int64(len(p) - len(keep))
 	return keep
+}
+
+// TakeText takes one whole field (a result's rendering, an error's
+// value): all of it when it fits; else what fits, at a UTF-8 boundary,
+// with the marker when anything of it is kept (the field that crosses
+// the cap says so), or "" once the cap is spent.
+func (c *Cap) TakeText(s string) string {
+	if c.Limit <= 0 || int64(len(s)) <= c.Limit-c.Used {
+		c.Used += int64(len(s))
+		return s
+	}
+	keep := string(c.Take([]byte(s)))
+	if keep == "" {
+		return ""
+	}
+	return keep + truncMarker(int64(len(s)-len(keep)))
+}
+
+// TakeWhole takes n bytes that cannot be cut (an image, a JSON document):
+// true when they fit; else they are counted as dropped and nothing is
+// taken.
+func (c *Cap) TakeWhole(n int64) bool {
+	if c.Limit <= 0 || n <= c.Limit-c.Used {
+		c.Used += n
+		return true
+	}
+	c.Dropped += n
+	return false
 }
 
 // Marker says how much was dropped, or is empty when nothing was.

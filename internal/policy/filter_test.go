@@ -105,6 +105,64 @@ func TestRedactorSplitWrites(t *testing.T) {
 	}
 }
 
+// TestRedactorSecretAcrossLines: a secret env value printed across lines
+// (print(key[:10]); print(key[10:])), a character a line, with CRLF, or a
+// value with line breaks of its own printed with other ones, is redacted
+// whole, in one write or split across writes anywhere. The control: the
+// text with its line breaks removed holds the secret, and the exact
+// matching alone (a filter without the split search, here the value's
+// halves are no secret) lets each half through.
+func TestRedactorSecretAcrossLines(t *testing.T) {
+	t.Parallel()
+	multi := "line-one-secret\nline-two-secret"
+	f := policy.NewOutputFilter(redactAll, env, map[string]string{"PEM_KEY": multi})
+	k := envSecret
+	every := ""
+	for i := range k {
+		every += k[i:i+1] + "\n"
+	}
+	for _, text := range []string{
+		k[:10] + "\n" + k[10:] + "\n",
+		"key: " + k[:3] + "\n" + k[3:] + " and more\n",
+		k[:5] + "\r\n" + k[5:] + "\r\n",
+		every,
+		"x " + k[:7] + "\n\n\n" + k[7:] + "\n",
+		"begin\n" + strings.ReplaceAll(multi, "\n", "\r\n") + "\nend\n",
+		strings.ReplaceAll(multi, "\n", "") + "\n",
+	} {
+		secret := k
+		if strings.HasPrefix(text, "begin") || strings.HasPrefix(text, "line-one") {
+			secret = strings.ReplaceAll(multi, "\n", "")
+		}
+		flat := func(s string) string { return strings.NewReplacer("\n", "", "\r", "").Replace(s) }
+		if !strings.Contains(flat(text), secret) {
+			t.Fatalf("control: %q does not hold the secret", text)
+		}
+		for i := 0; i <= len(text); i++ {
+			for j := i; j <= len(text); j++ {
+				r := f.NewRedactor()
+				out := string(r.Write([]byte(text[:i]))) + string(r.Write([]byte(text[i:j]))) +
+					string(r.Write([]byte(text[j:]))) + string(r.Flush())
+				if strings.Contains(flat(out), secret[:len(secret)/2+1]) || !strings.Contains(out, "[REDACTED:secret_env]") {
+					t.Fatalf("split at %d,%d of %q: %q", i, j, text, out)
+				}
+			}
+		}
+	}
+	// A line that ends like the start of a secret is held only until
+	// the next line shows it is not one; nothing is changed or lost.
+	r := f.NewRedactor()
+	if got := string(r.Write([]byte("a loop hu\n"))); got != "a loop " {
+		t.Fatalf("released %q before the next line", got)
+	}
+	if got := string(r.Write([]byte("nting\n"))) + string(r.Flush()); got != "hu\nnting\n" {
+		t.Fatalf("released %q after it", got)
+	}
+	if out := f.Redact("nothing here\nhunter\n3\n"); out != "nothing here\nhunter\n3\n" {
+		t.Fatalf("a near miss changed: %q", out)
+	}
+}
+
 // Complete lines leave at once; an unfinished one waits for its end.
 func TestRedactorReleasesLines(t *testing.T) {
 	t.Parallel()
@@ -285,6 +343,15 @@ func FuzzRedactorSplit(f *testing.F) {
 			if strings.Contains(out, secret) {
 				t.Fatalf("secret %q survived in %q", secret, out)
 			}
+		}
+		// The env secret printed across two lines, split where i says.
+		cut := 1 + int(i%uint(len(envSecret)-1))
+		text := pre + envSecret[:cut] + "\n" + envSecret[cut:] + post
+		a := int(j % uint(len(text)+1))
+		r := flt.NewRedactor()
+		out := string(r.Write([]byte(text[:a]))) + string(r.Write([]byte(text[a:]))) + string(r.Flush())
+		if strings.Contains(strings.ReplaceAll(out, "\n", ""), envSecret) && !strings.Contains(pre+post, envSecret[:cut]) {
+			t.Fatalf("the secret across lines survived in %q", out)
 		}
 		plain := strings.Map(func(r rune) rune {
 			if r == '@' || r == '-' || r == '_' || r == '.' {

@@ -245,18 +245,15 @@ type CreateOptions struct {
 	// offers (runtime.Offered), e.g. "gvisor"; "" is its default. A
 	// sandbox with a choice never comes from the warm pool.
 	Runtime string
+	// Names are the caller's names for Limits, Timeout and the policy's
+	// resource limits, for refusals (Grant, ceiling.go).
+	Names FieldNames
 }
 
 // Create starts a sandbox and returns once its agent answers.
 func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, error) {
 	if opt.Template == "" {
 		opt.Template = m.cfg.DefaultTemplate
-	}
-	if opt.Timeout == 0 {
-		opt.Timeout = m.cfg.DefaultTimeout
-	}
-	if opt.Timeout < 0 || opt.Timeout > m.cfg.MaxTimeout {
-		return nil, apierr.New(apierr.BadRequest, "timeout must be between 1s and %s", m.cfg.MaxTimeout)
 	}
 	if opt.Runtime != "" {
 		if offered := runtime.Offered(m.cfg.Runtime); !slices.Contains(offered, opt.Runtime) {
@@ -268,10 +265,14 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		return nil, err
 	}
 	pol := policyState{pol: opt.Policy, kernel: kpol, gen: 1}
-	limits := fillLimits(opt.Limits, m.cfg.DefaultLimits)
-	if err := checkLimits(limits, m.cfg.MaxLimits); err != nil {
+	// The engine's own bounds, whoever calls: the server granted within
+	// the account's ceiling already (ceiling.go).
+	g, err := m.Grant(opt, Ceiling{})
+	if err != nil {
 		return nil, err
 	}
+	limits := g.Limits
+	opt.Timeout = g.Timeout
 	env, err := envList(opt.Env)
 	if err != nil {
 		return nil, err
@@ -423,20 +424,6 @@ func (s *Sandbox) waitAgent(ctx context.Context, timeout, lifetime time.Duration
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-func checkLimits(l, max runtime.Limits) error {
-	switch {
-	case l.MemoryBytes < 32<<20 || l.MemoryBytes > max.MemoryBytes:
-		return apierr.New(apierr.BadRequest, "memory must be between 32 MiB and %d MiB", max.MemoryBytes>>20)
-	case l.DiskBytes < 1<<20 || l.DiskBytes > max.DiskBytes:
-		return apierr.New(apierr.BadRequest, "disk must be between 1 MiB and %d MiB", max.DiskBytes>>20)
-	case l.Pids < 8 || l.Pids > max.Pids:
-		return apierr.New(apierr.BadRequest, "pids must be between 8 and %d", max.Pids)
-	case l.CPUs < 0.05 || l.CPUs > max.CPUs:
-		return apierr.New(apierr.BadRequest, "cpus must be between 0.05 and %g", max.CPUs)
-	}
-	return nil
 }
 
 func envList(env map[string]string) ([]string, error) {

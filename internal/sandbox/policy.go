@@ -26,6 +26,10 @@ type policyState struct {
 	gen        int64
 	restartGen int64
 	executions ratelimit.Bucket // rate_limiting.requests_per_minute
+	// filter is the output filter of filterOf, the policy it was built
+	// for with the sandbox's env (policyFilter, outfilter.go).
+	filter   *policy.OutputFilter
+	filterOf *policy.Policy
 }
 
 // takeExecution takes one execution from the policy's per-minute budget
@@ -98,18 +102,13 @@ func invalidPolicy(err error) error {
 	return apierr.Wrap(err, apierr.InvalidPolicy, "invalid security policy: %v", err)
 }
 
-// applyCreatePolicy folds the policy's create-time rules (memory, disk,
-// read-only root) into opt and checks it.
+// applyCreatePolicy checks the policy and folds its read-only root into
+// opt; its memory and disk are granted with the rest of the limits
+// (Grant, ceiling.go).
 func applyCreatePolicy(opt *CreateOptions) (*agentproto.KernelPolicy, error) {
 	p := opt.Policy
 	if err := p.Validate(); err != nil {
 		return nil, invalidPolicy(err)
-	}
-	if b := p.MemoryBytes(); b > 0 {
-		opt.Limits.MemoryBytes = b
-	}
-	if b := p.DiskBytes(); b > 0 {
-		opt.Limits.DiskBytes = b
 	}
 	if p.ReadOnlyRoot() {
 		opt.ReadOnly = true

@@ -27,8 +27,12 @@ func TestAdmission(t *testing.T) {
 	if r.header.Get("Retry-After") == "" {
 		t.Fatal("no Retry-After")
 	}
-	want(t, e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 1024, "disk_mb": 64}}),
+	want(t, e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 768, "disk_mb": 64}}),
 		http.StatusServiceUnavailable, "ERR_CAPACITY")
+	// One sandbox larger than the host could ever hold is the request's
+	// mistake (TestHostCeiling), not a wait.
+	want(t, e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 1024, "disk_mb": 64}}),
+		http.StatusBadRequest, "ERR_BAD_REQUEST")
 	small := e.create(e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 128, "disk_mb": 64}})
 	want(t, e.do("DELETE", "/v1/sandboxes/"+first, e.keyA, nil), http.StatusNoContent, "")
 	want(t, e.do("DELETE", "/v1/sandboxes/"+small, e.keyA, nil), http.StatusNoContent, "")

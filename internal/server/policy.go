@@ -96,6 +96,9 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkPolicyLimits(r.Context(), b.owner, p); err != nil {
+		return err
+	}
 	ch, err := b.sb.SetPolicy(p)
 	if err != nil {
 		return err

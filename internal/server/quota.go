@@ -8,6 +8,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -96,71 +97,91 @@ func (ad admission) drop(st store.Store) {
 	_ = st.DropReservation(ctx, ad.holder)
 }
 
-// admitCreate checks a new sandbox of an account against its limits and
-// takes a slot of its concurrent cap, here and in the store (release
-// gives it back when the create fails). With accounting off it admits
-// everything.
+// admitCreate grants a new sandbox its resources within its account's
+// ceiling (grant) and takes a slot of the account's concurrent cap, here
+// and in the store (release gives it back when the create fails). With
+// accounting off only the host's ceiling applies.
 func (s *Server) admitCreate(ctx context.Context, own string, opt *sandbox.CreateOptions) (admission, error) {
-	if s.cfg.NoAccounting {
-		return admission{}, nil
-	}
-	ad, err := s.admitAccount(ctx, own, opt)
-	if err != nil {
+	a, err := s.grant(ctx, own, opt)
+	if err != nil || a == nil {
 		return admission{}, err
 	}
 	holder := "create-" + newID("")
-	reserved, err := ad.AcquireSandbox(ctx, holder)
+	reserved, err := a.AcquireSandbox(ctx, holder)
 	if err != nil {
 		return admission{}, err
 	}
 	if !reserved {
 		holder = ""
 	}
-	return admission{acct: ad, holder: holder}, nil
+	return admission{acct: a, holder: holder}, nil
 }
 
-// admitAccount checks a new sandbox's resources against its account's
-// limits, filling in what the caller left to the account's maxima.
-func (s *Server) admitAccount(ctx context.Context, own string, opt *sandbox.CreateOptions) (*account.Account, error) {
-	a, err := s.accounts.Get(ctx, own)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, apierr.Wrap(err, apierr.AuthenticationFailed, "the key's account %q does not exist", own)
-	}
+// grant is the one decision of a new sandbox's resources (sandbox.Grant)
+// under the ceiling of its account and the host: opt's limits and
+// lifetime become what is granted, what the caller left out filled in.
+// It returns the account (nil with accounting off).
+func (s *Server) grant(ctx context.Context, own string, opt *sandbox.CreateOptions) (*account.Account, error) {
+	c, a, err := s.ceiling(ctx, own)
 	if err != nil {
 		return nil, err
 	}
-	lim, _ := a.Limits()
-	// What the caller does not set comes from the engine's defaults, cut
-	// to the account's maxima.
-	def := s.engine.DefaultLimits()
-	if opt.Limits.CPUs == 0 && lim.MaxCPUs > 0 {
-		opt.Limits.CPUs = min(def.CPUs, lim.MaxCPUs)
-	}
-	if opt.Limits.MemoryBytes == 0 && lim.MaxMemoryMB > 0 {
-		opt.Limits.MemoryBytes = min(def.MemoryBytes, lim.MaxMemoryMB<<20)
-	}
-	if opt.Limits.DiskBytes == 0 && lim.MaxDiskMB > 0 {
-		opt.Limits.DiskBytes = min(def.DiskBytes, lim.MaxDiskMB<<20)
-	}
-	if opt.Timeout == 0 && lim.MaxTimeout > 0 {
-		opt.Timeout = min(s.engine.DefaultTimeout(), time.Duration(lim.MaxTimeout)*time.Second)
-	}
-	if err := a.CheckResources(opt.Limits.CPUs, opt.Limits.MemoryBytes>>20, opt.Limits.DiskBytes>>20, opt.Timeout); err != nil {
+	g, err := s.engine.Grant(*opt, c)
+	if err != nil {
 		return nil, err
 	}
+	opt.Limits, opt.Timeout = g.Limits, g.Timeout
 	return a, nil
 }
 
-// checkTimeout refuses a lifetime above the account's max_timeout.
-func (s *Server) checkTimeout(ctx context.Context, own string, d time.Duration) error {
+// ceiling is the most one sandbox of own's may have: the account's
+// per-sandbox maxima and what the host can hold. The account is nil with
+// accounting off.
+func (s *Server) ceiling(ctx context.Context, own string) (sandbox.Ceiling, *account.Account, error) {
+	var c sandbox.Ceiling
+	if s.cfg.HostMemoryBytes > 0 {
+		c.HostBytes = int64(float64(s.cfg.HostMemoryBytes) * s.cfg.Overcommit)
+	}
 	if s.cfg.NoAccounting {
-		return nil
+		return c, nil, nil
 	}
 	a, err := s.accounts.Get(ctx, own)
+	if errors.Is(err, store.ErrNotFound) {
+		return c, nil, apierr.Wrap(err, apierr.AuthenticationFailed, "the key's account %q does not exist", own)
+	}
+	if err != nil {
+		return c, nil, err
+	}
+	lim, _ := a.Limits()
+	c.CPUs, c.MemoryBytes, c.DiskBytes = lim.MaxCPUs, lim.MaxMemoryMB<<20, lim.MaxDiskMB<<20
+	c.Timeout = time.Duration(lim.MaxTimeout) * time.Second
+	return c, a, nil
+}
+
+// checkTimeout refuses a lifetime above the ceiling (the account's
+// max_timeout, the engine's longest), through the same Grant.
+func (s *Server) checkTimeout(ctx context.Context, own string, d time.Duration) error {
+	c, _, err := s.ceiling(ctx, own)
 	if err != nil {
 		return err
 	}
-	return a.CheckResources(0, 0, 0, d)
+	c.HostBytes = 0 // the sandbox holds its size already
+	_, err = s.engine.Grant(sandbox.CreateOptions{Timeout: d, Names: sandbox.FieldNames{Timeout: "timeout"}}, c)
+	return err
+}
+
+// checkPolicyLimits refuses a policy (PUT) whose resource limits are
+// above the ceiling, through the same Grant; the engine then refuses any
+// change of them (they are fixed at create).
+func (s *Server) checkPolicyLimits(ctx context.Context, own string, p *policy.Policy) error {
+	c, _, err := s.ceiling(ctx, own)
+	if err != nil {
+		return err
+	}
+	c.HostBytes = 0
+	_, err = s.engine.Grant(sandbox.CreateOptions{Policy: p, Names: sandbox.FieldNames{PolicyMemory: "resource_limits.memory_mb",
+		PolicyDisk: "resource_limits.disk_write_mb"}}, c)
+	return err
 }
 
 // started registers a created sandbox with its account and the meter. A

@@ -175,7 +175,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 // returns the engine's options and the execution timeout
 // (sandbox_config.max_execution_time).
 func (s *Server) createOptions(req createRequest) (sandbox.CreateOptions, time.Duration, error) {
-	opt := sandbox.CreateOptions{Template: req.Template, Env: req.Env, Metadata: req.Metadata, Runtime: req.Runtime}
+	opt := sandbox.CreateOptions{Template: req.Template, Env: req.Env, Metadata: req.Metadata, Runtime: req.Runtime,
+		Names: sandbox.FieldNames{CPUs: "resources.cpus", Memory: "resources.memory_mb", Disk: "resources.disk_mb",
+			Pids: "resources.pids", Timeout: "timeout", PolicyMemory: "security_policy.resource_limits.memory_mb",
+			PolicyDisk: "security_policy.resource_limits.disk_write_mb"}}
 	var err error
 	if req.Timeout != nil {
 		if opt.Timeout, err = seconds("timeout", *req.Timeout, s.cfg.MaxTimeout); err != nil {
@@ -183,17 +186,30 @@ func (s *Server) createOptions(req createRequest) (sandbox.CreateOptions, time.D
 		}
 	}
 	if res := req.Resources; res != nil {
-		if res.CPUs < 0 || res.MemoryMB < 0 || res.DiskMB < 0 || res.Pids < 0 {
-			return opt, 0, apierr.New(apierr.BadRequest, "resources must not be negative")
-		}
-		if res.CPUs > maxCPUs || res.MemoryMB > maxMB || res.DiskMB > maxMB || res.Pids > maxPids {
-			return opt, 0, apierr.New(apierr.BadRequest, "resources are too large: at most %d cpus, %d memory_mb and disk_mb, %d pids", maxCPUs, maxMB, maxPids)
+		// The ceiling is decided by Grant (at create); here only what
+		// would overflow the engine's byte counts.
+		for _, f := range []struct {
+			name string
+			bad  bool
+		}{
+			{"resources.cpus", res.CPUs < 0 || res.CPUs > maxCPUs}, {"resources.memory_mb", res.MemoryMB < 0 || res.MemoryMB > maxMB},
+			{"resources.disk_mb", res.DiskMB < 0 || res.DiskMB > maxMB}, {"resources.pids", res.Pids < 0 || res.Pids > maxPids},
+		} {
+			if f.bad {
+				return opt, 0, &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": f.name},
+					Message: fmt.Sprintf("%s is out of range: resources must not be negative, and at most %d cpus, %d memory_mb and disk_mb, %d pids",
+						f.name, maxCPUs, maxMB, maxPids)}
+			}
 		}
 		opt.Limits = runtime.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryMB << 20, DiskBytes: res.DiskMB << 20, Pids: res.Pids}
 	}
 	var execTimeout time.Duration
 	if opt.Policy, err = parsePolicy(req.SecurityPolicy); err != nil {
 		return opt, 0, err
+	}
+	if opt.Policy.MemoryBytes() == 0 {
+		// Only the shorthand can set it now.
+		opt.Names.PolicyMemory = "sandbox_config.max_memory_mb"
 	}
 	sc, err := policy.ParseShorthand(req.SandboxConfig, "sandbox_config")
 	if err != nil {
@@ -204,6 +220,11 @@ func (s *Server) createOptions(req createRequest) (sandbox.CreateOptions, time.D
 			if execTimeout, err = seconds("sandbox_config.max_execution_time", *sc.MaxExecutionTime, 24*time.Hour); err != nil {
 				return opt, 0, err
 			}
+		}
+		if m := opt.Policy.MemoryBytes(); m > 0 && sc.MaxMemoryMB != nil && *sc.MaxMemoryMB<<20 != m {
+			// Both ask for memory: one would go unheeded (and unchecked).
+			return opt, 0, invalidPolicy(&policy.FieldError{Field: "sandbox_config.max_memory_mb",
+				Reason: "disagrees with security_policy.resource_limits.memory_mb; give one of them"})
 		}
 		if opt.Policy, err = sc.Merge(opt.Policy, "sandbox_config"); err != nil {
 			return opt, 0, invalidPolicy(err)
@@ -225,9 +246,9 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	if s.draining.Load() {
 		return nil, apierr.New(apierr.ShuttingDown, "the server is shutting down")
 	}
-	// The account's limits first (a slot of its concurrent cap), then a
-	// slot and the footprint of the server's, so that concurrent creates
-	// pass no cap.
+	// The account's limits first (its ceiling, then a slot of its
+	// concurrent cap), then a slot and the footprint of the server's, so
+	// that concurrent creates pass no cap.
 	ad, err := s.admitCreate(ctx, own, &opt)
 	if err != nil {
 		return nil, err

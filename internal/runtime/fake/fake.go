@@ -41,11 +41,11 @@ type Runtime struct {
 	// Runtimes); nil offers "fake" alone. They all run the same way.
 	Choices []string
 
-	// mu guards procs, held, chosen and the hung reading's fields.
-	mu     sync.Mutex
-	procs  map[string]*exec.Cmd
-	held   map[string]runtime.Held
-	chosen map[string]string // sandbox id → its Spec.Runtime
+	// mu guards procs, held, specs and the hung reading's fields.
+	mu    sync.Mutex
+	procs map[string]*exec.Cmd
+	held  map[string]runtime.Held
+	specs map[string]runtime.Spec // sandbox id → the Spec it was created with
 	// hung is the sandbox whose usage readings hang (HangUsage); began
 	// is told when one starts, unhung closes when they end.
 	hung   string
@@ -89,10 +89,14 @@ func (r *Runtime) Runtimes() []string {
 }
 
 // Chosen returns the Spec.Runtime that sandbox id was created with.
-func (r *Runtime) Chosen(id string) string {
+func (r *Runtime) Chosen(id string) string { return r.Spec(id).Runtime }
+
+// Spec returns the Spec sandbox id was created with (its Limits are what
+// a real runtime's cgroup would be given); the zero Spec for an unknown id.
+func (r *Runtime) Spec(id string) runtime.Spec {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.chosen[id]
+	return r.specs[id]
 }
 
 // Create implements runtime.Runtime.
@@ -139,10 +143,10 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 		r.held = map[string]runtime.Held{}
 	}
 	r.held[s.ID] = runtime.Held{ID: s.ID, Created: time.Now(), Pool: s.Pool}
-	if r.chosen == nil {
-		r.chosen = map[string]string{}
+	if r.specs == nil {
+		r.specs = map[string]runtime.Spec{}
 	}
-	r.chosen[s.ID] = s.Runtime
+	r.specs[s.ID] = s
 	r.mu.Unlock()
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		if _, err := os.Stat(sock); err == nil {
