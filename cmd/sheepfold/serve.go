@@ -153,6 +153,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				if relay, err = llm.New(providers, os.Getenv); err != nil {
 					return fmt.Errorf("config file: %w", err)
 				}
+				relay.SetLogger(slog.New(h))
 			}
 			var ko *sfengine.KubernetesOptions
 			switch backend {
