@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
@@ -103,6 +104,22 @@ func TestWebhookDialChecksTheAddressDialled(t *testing.T) {
 	}
 	if err := w3.dest.checkAddr(netip.MustParseAddr("10.0.0.1")); err != nil {
 		t.Fatalf("10.0.0.1 with everything allowed: %v", err)
+	}
+	// So does every address the egress classification calls cloud
+	// metadata, public ones (Azure's wireserver) included.
+	metadata := 0
+	for _, s := range []string{"169.254.169.254", "168.63.129.16", "100.100.100.200", "192.0.0.192", "fd00:ec2::254", "fd20:ce::254"} {
+		a := netip.MustParseAddr(s)
+		if reason, bad := policy.ForbiddenAddr(a); !bad || !strings.Contains(reason, "metadata") {
+			continue
+		}
+		metadata++
+		if err := w3.dest.checkAddr(a); err == nil || !strings.Contains(err.Error(), "no webhook may reach") {
+			t.Fatalf("metadata address %s with everything allowed: %v", s, err)
+		}
+	}
+	if metadata == 0 {
+		t.Fatal("policy.ForbiddenAddr names no cloud metadata address")
 	}
 }
 
