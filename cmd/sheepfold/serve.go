@@ -104,6 +104,9 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if uploadMB <= 0 {
 				return errors.New("--file-size-upload-mb must be positive")
 			}
+			if err := server.CheckWebhookCIDRs(webhookCIDRs); err != nil {
+				return fmt.Errorf("--webhook-allow-cidr: %w", err)
+			}
 			if poolSize < 0 {
 				return errors.New("--pool must not be negative")
 			}
@@ -118,9 +121,6 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			}
 			if err := server.CheckWebhookHosts(webhookHosts); err != nil {
 				return fmt.Errorf("--webhook-allow-hosts: %w", err)
-			}
-			if err := server.CheckWebhookCIDRs(webhookCIDRs); err != nil {
-				return fmt.Errorf("--webhook-allow-cidr: %w", err)
 			}
 			def, err := limits.overrides(cmd.Flags())
 			if err != nil {
