@@ -200,13 +200,15 @@ func (c *Client) DeleteWebhook(ctx context.Context, id string) error {
 	return c.call(ctx, request{method: "DELETE", path: "/v1/webhooks/" + url.PathEscape(id)}, nil)
 }
 
-// WebhookDelivery is one attempt to deliver an event.
+// WebhookDelivery is one attempt to deliver an event. A failed attempt
+// says only that: StatusCode 0, Error "not delivered", DurationMS 0 (why
+// is in the server's log).
 type WebhookDelivery struct {
 	ID         int64     `json:"id"`
 	EventID    int64     `json:"event_id"`
 	EventType  string    `json:"event_type"`
 	Attempt    int       `json:"attempt"`
-	StatusCode int       `json:"status_code"`
+	StatusCode int       `json:"status_code"` // the receiver's 2xx when delivered
 	Error      string    `json:"error,omitempty"`
 	Succeeded  bool      `json:"succeeded"`
 	Timestamp  time.Time `json:"timestamp"`

@@ -42,7 +42,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		metricsListen string
 	)
 	var idleTimeout, eventRetention, retention, shutdownTimeout time.Duration
-	var webhookHosts []string
+	var webhookHosts, webhookCIDRs []string
 	overcommit := 2.0
 	poolSize := sandbox.DefaultPoolSize()
 	instance := ""
@@ -102,6 +102,9 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if uploadMB <= 0 {
 				return errors.New("--file-size-upload-mb must be positive")
 			}
+			if err := server.CheckWebhookCIDRs(webhookCIDRs); err != nil {
+				return fmt.Errorf("--webhook-allow-cidr: %w", err)
+			}
 			if poolSize < 0 {
 				return errors.New("--pool must not be negative")
 			}
@@ -148,6 +151,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				if relay, err = llm.New(providers, os.Getenv); err != nil {
 					return fmt.Errorf("config file: %w", err)
 				}
+				relay.SetLogger(slog.New(h))
 			}
 			var ko *sfengine.KubernetesOptions
 			switch backend {
@@ -172,7 +176,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			}
 			return serve(cmd.Context(), *cfg, ko, listen, metricsListen, server.Config{
 				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version, Retention: retention,
-				WebhookAllowHosts: webhookHosts, Accounts: acfg, Metering: mcfg, NoAccounting: noAccounting,
+				WebhookAllowHosts: webhookHosts, WebhookAllowCIDRs: webhookCIDRs, Accounts: acfg, Metering: mcfg, NoAccounting: noAccounting,
 				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
 				Models: relay, PreviewDomain: previewDomain,
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
@@ -213,7 +217,9 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().DurationVar(&retention, "retention", 7*24*time.Hour,
 		"how long records of stopped sandboxes and of executions are kept")
 	cmd.Flags().StringSliceVar(&webhookHosts, "webhook-allow-hosts", nil,
-		"hosts (name, *.domain) and CIDRs webhooks may deliver to (default: any but link-local, unspecified and multicast; consider restricting it when keys belong to others)")
+		"the only hosts (name, *.domain) and CIDRs webhooks may deliver to (default: any public address); a name must still resolve to an address webhooks may reach")
+	cmd.Flags().StringSliceVar(&webhookCIDRs, "webhook-allow-cidr", nil,
+		"address ranges webhooks may reach although not public (loopback, private, CGNAT, reserved, the host's own), e.g. 127.0.0.0/8,10.1.0.0/16; link-local and cloud metadata addresses are never reached")
 	cmd.Flags().DurationVar(&shutdownTimeout, "shutdown-timeout", 10*time.Second,
 		"how long a shutdown waits for requests in flight before cutting them off")
 	cmd.Flags().Float64Var(&overcommit, "overcommit", overcommit,

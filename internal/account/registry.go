@@ -137,6 +137,7 @@ type Account struct {
 	used        Usage     // this month, unflushed included
 	ledger      int64     // the ledger's sum as last read, plus grants since
 	owed        float64   // cost accrued and not yet in the ledger, micro-units
+	held        float64   // cost reserved by work running (HoldCredits), micro-units
 	exhaustedAt time.Time // when the balance last reached zero; zero while positive
 	// changes counts the changes made here (SetOverrides, Granted): a
 	// Refresh that read the store before one of them must not undo it.
@@ -364,13 +365,41 @@ func (a *Account) checkWork(now time.Time, execution bool) error {
 	return a.checkMonthly(now, execution)
 }
 
-// checkCredits refuses when credits are enforced and used up; a.mu is held.
+// checkCredits refuses when credits are enforced and used up, counting
+// what work running holds; a.mu is held.
 func (a *Account) checkCredits() error {
-	if a.r.cfg.EnforceCredits && a.balanceLocked() <= 0 {
+	if a.r.cfg.EnforceCredits && a.balanceLocked()-int64(math.Ceil(a.held)) <= 0 {
 		return apierr.New(apierr.SessionQuotaExceeded, "credits exhausted: the account's balance is %s; ask the operator for a grant",
 			FormatMicros(a.balanceLocked()))
 	}
 	return nil
+}
+
+// HoldCredits admits work whose cost is known only when it ends (a model
+// completion) when credits are enforced: it refuses, as checkCredits,
+// when the balance less what work already running holds is used up, and
+// else holds micros of it until release is called (once the work's
+// cost is accrued). Concurrent work thus passes the balance by at most
+// one holding. Without enforcement it holds nothing.
+func (a *Account) HoldCredits(micros float64) (release func(), err error) {
+	if !a.r.cfg.EnforceCredits {
+		return func() {}, nil
+	}
+	micros = max(micros, 0)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.checkCredits(); err != nil {
+		return nil, err
+	}
+	a.held += micros
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.mu.Lock()
+			a.held = max(a.held-micros, 0)
+			a.mu.Unlock()
+		})
+	}, nil
 }
 
 func (a *Account) balanceLocked() int64 { return a.ledger - int64(math.Ceil(a.owed)) }

@@ -472,6 +472,10 @@ var hostAddrs struct {
 	addrs map[netip.Addr]bool
 }
 
+// HostAddr reports whether a (unmapped) is one of the host's own
+// addresses; the server's webhook dialler refuses them as the gateway does.
+func HostAddr(a netip.Addr) bool { return (*Gateway)(nil).hostAddr(a) }
+
 // hostAddr reports whether a is one of the host's own addresses.
 func (g *Gateway) hostAddr(a netip.Addr) bool {
 	hostAddrs.mu.Lock()

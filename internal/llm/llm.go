@@ -12,18 +12,26 @@
 // is not a chat completion, or ends a stream before its [DONE] gives a
 // coded error (ERR_PROVIDER_TIMEOUT, ERR_PROVIDER), never a hang.
 //
-// The package meters nothing itself: each call returns the tokens the
-// provider reported (streams ask for them with stream_options.include_usage
-// unless the caller set stream_options, and the usage-only chunk is then
-// not passed on), and Provider.Cost prices them.
+// The package meters nothing itself: each call returns the tokens it
+// delivered, and Provider.Cost prices them. That is the provider's report
+// (streams always ask for it with stream_options.include_usage, and the
+// usage-only chunk reaches the caller only if it asked too), checked: a
+// negative count is replaced by the estimate and one above MaxCallTokens
+// cut to it, logged. Without a report (the provider sent none, or the
+// stream ended early: the caller went away, the provider broke off) it is
+// an estimate from the request's bytes and the text delivered (relay.go:
+// promptEstimate, completionEstimate). Request.Reservation is what a call
+// may use, which the server holds of quotas and credits while it runs.
 //
 // Imports: internal/apierr and the standard library. llmtest/ is a
 // scripted OpenAI-compatible server for tests, examples and the bench.
 package llm
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/url"
@@ -97,6 +105,42 @@ func (p *Provider) Cost(u Usage) float64 {
 type Usage struct {
 	PromptTokens     int64 `json:"prompt_tokens"`
 	CompletionTokens int64 `json:"completion_tokens"`
+}
+
+// UnmarshalJSON reads a provider's usage without failing on its numbers:
+// a fraction is rounded, a huge number saturates, and anything that is
+// not a number reads as -1, which the relay does not believe
+// (Relay.meter).
+func (u *Usage) UnmarshalJSON(b []byte) error {
+	var v struct {
+		PromptTokens     json.RawMessage `json:"prompt_tokens"`
+		CompletionTokens json.RawMessage `json:"completion_tokens"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	count := func(raw json.RawMessage) int64 {
+		if len(raw) == 0 || string(raw) == "null" {
+			return 0
+		}
+		var f float64
+		if err := json.Unmarshal(raw, &f); err != nil {
+			return -1
+		}
+		var n int64
+		if err := json.Unmarshal(raw, &n); err == nil {
+			return n
+		}
+		switch {
+		case f >= math.MaxInt64:
+			return math.MaxInt64
+		case f <= math.MinInt64:
+			return math.MinInt64
+		}
+		return int64(math.Round(f))
+	}
+	u.PromptTokens, u.CompletionTokens = count(v.PromptTokens), count(v.CompletionTokens)
+	return nil
 }
 
 // Total is prompt plus completion tokens.
@@ -180,6 +224,7 @@ type Relay struct {
 	client  *http.Client
 	// backoff is the wait before the first retry; each later one doubles.
 	backoff time.Duration
+	log     *slog.Logger // [slog.Default]; SetLogger before use
 }
 
 type provider struct {
@@ -199,7 +244,7 @@ func New(ps []Provider, getenv func(string) string) (*Relay, error) {
 	if err := Validate(ps); err != nil {
 		return nil, err
 	}
-	r := &Relay{byModel: map[string]*provider{}, backoff: 200 * time.Millisecond,
+	r := &Relay{byModel: map[string]*provider{}, backoff: 200 * time.Millisecond, log: slog.Default(),
 		client: &http.Client{Transport: &http.Transport{
 			Proxy:               http.ProxyFromEnvironment,
 			MaxIdleConns:        256,
@@ -227,6 +272,10 @@ func New(ps []Provider, getenv func(string) string) (*Relay, error) {
 
 // SetBackoff sets the wait before the first retry (tests shorten it).
 func (r *Relay) SetBackoff(d time.Duration) { r.backoff = d }
+
+// SetLogger sets where the relay logs what it does not believe of a
+// provider (before the relay is used).
+func (r *Relay) SetLogger(l *slog.Logger) { r.log = l }
 
 // Models lists the configured models, by name. A nil Relay has none.
 func (r *Relay) Models() []Model {

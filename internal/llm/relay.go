@@ -30,6 +30,36 @@ type Request struct {
 	Model         string          `json:"model"`
 	Stream        bool            `json:"stream"`
 	StreamOptions json.RawMessage `json:"stream_options"`
+	// MaxTokens and MaxCompletionTokens (OpenAI's newer name) bound the
+	// completion; the server reserves quota and credits for them.
+	MaxTokens           *int64 `json:"max_tokens"`
+	MaxCompletionTokens *int64 `json:"max_completion_tokens"`
+}
+
+// Token bounds of one call.
+const (
+	// DefaultReservedCompletion is the completion tokens reserved for a
+	// call that sets no max_tokens.
+	DefaultReservedCompletion = 4096
+	// MaxCallTokens bounds the prompt and the completion tokens metered
+	// of one call: no model's context is larger, so a provider reporting
+	// more is not believed.
+	MaxCallTokens = 10_000_000
+)
+
+// Reservation is the tokens a call may use, for the quota and credits
+// held while it runs: the prompt's estimate (a quarter of the request's
+// bytes) and max_tokens (or max_completion_tokens, or
+// DefaultReservedCompletion), each at most MaxCallTokens.
+func (r Request) Reservation(body []byte) Usage {
+	c := int64(DefaultReservedCompletion)
+	for _, m := range []*int64{r.MaxCompletionTokens, r.MaxTokens} {
+		if m != nil && *m > 0 {
+			c = *m
+			break
+		}
+	}
+	return Usage{PromptTokens: promptEstimate(body), CompletionTokens: min(c, MaxCallTokens)}
 }
 
 // ParseRequest reads a request body's model and streaming options. The
@@ -56,7 +86,7 @@ func SetModel(body []byte, model string) ([]byte, error) {
 }
 
 // Response is a non-streamed completion: the provider's body as sent,
-// and the tokens it reported.
+// and its tokens (as reported, checked by meter).
 type Response struct {
 	Body  []byte
 	Usage Usage
@@ -90,8 +120,8 @@ func (r *Relay) Complete(ctx context.Context, req Request, body []byte) (*Respon
 		return nil, apierr.New(apierr.Provider, "provider %q answered with more than %d bytes", p.Name, maxResponse)
 	}
 	var parsed struct {
-		Choices []json.RawMessage `json:"choices"`
-		Usage   *Usage            `json:"usage"`
+		Choices []choiceText `json:"choices"`
+		Usage   *Usage       `json:"usage"`
 	}
 	if err := json.Unmarshal(b, &parsed); err != nil || parsed.Choices == nil {
 		if err == nil {
@@ -99,36 +129,71 @@ func (r *Relay) Complete(ctx context.Context, req Request, body []byte) (*Respon
 		}
 		return nil, apierr.Wrap(err, apierr.Provider, "provider %q answered with something that is not a chat completion", p.Name)
 	}
-	out := &Response{Body: b}
-	if parsed.Usage != nil {
-		out.Usage = *parsed.Usage
-	} else {
-		out.Usage = estimate(body, int64(len(b)))
+	var text int64
+	for _, c := range parsed.Choices {
+		text += c.bytes
 	}
-	return out, nil
+	est := Usage{PromptTokens: promptEstimate(body), CompletionTokens: completionEstimate(text, 0)}
+	return &Response{Body: b, Usage: r.meter(p, parsed.Usage, est)}, nil
 }
 
-// estimate guesses the tokens of a call whose provider reported none
-// (about four bytes a token of text, ten of JSON chunks), so that
-// quotas and credits still count something.
-func estimate(request []byte, responseBytes int64) Usage {
-	return Usage{PromptTokens: int64(len(request)) / 4, CompletionTokens: responseBytes / 10}
+// promptEstimate guesses a request's prompt tokens: a quarter of its
+// bytes (about four bytes a token of text; more than the tokens of the
+// JSON around it).
+func promptEstimate(body []byte) int64 { return int64(len(body)+3) / 4 }
+
+// completionEstimate guesses the completion tokens of text bytes of
+// answer (message or delta content, reasoning, refusal, tool calls'
+// names and arguments) that came in chunks pieces: a token is about four
+// bytes of text, and a provider streams about one token a chunk.
+func completionEstimate(text, chunks int64) int64 { return max((text+3)/4, chunks) }
+
+// meter returns the tokens to meter of a call: what the provider
+// reported, or est when it reported nothing. A count that is negative
+// (or not a number) is replaced by the estimate and one above
+// MaxCallTokens cut to it, and logged: a provider's bug must not hand
+// out credits or drain them.
+func (r *Relay) meter(p *provider, reported *Usage, est Usage) Usage {
+	if reported == nil {
+		return est
+	}
+	u := *reported
+	fix := func(n *int64, e int64) bool {
+		switch {
+		case *n < 0:
+			*n = e
+		case *n > MaxCallTokens:
+			*n = MaxCallTokens
+		default:
+			return false
+		}
+		return true
+	}
+	if a, b := fix(&u.PromptTokens, est.PromptTokens), fix(&u.CompletionTokens, est.CompletionTokens); a || b {
+		r.log.Warn("provider reported token usage that is not believed; metering it clamped", "provider", p.Name,
+			"prompt_tokens", reported.PromptTokens, "completion_tokens", reported.CompletionTokens,
+			"metered_prompt_tokens", u.PromptTokens, "metered_completion_tokens", u.CompletionTokens)
+	}
+	return u
 }
 
 // Stream sends a streamed chat completion request and passes each event's
-// data (a JSON chunk, then "[DONE]") to emit as it comes. When the caller
-// did not set stream_options, the provider is asked for the usage chunk,
-// which is then kept from emit. An error after emit has been called is
-// to be sent to the client in the stream itself.
+// data (a JSON chunk, then "[DONE]") to emit as it comes. The provider is
+// always asked for the usage chunk (stream_options.include_usage), which
+// is kept from emit unless the caller asked for it too. An error after
+// emit has been called is to be sent to the client in the stream itself.
+//
+// The usage returned is what was delivered, also when the stream ends
+// early (the caller went away, emit failed, the provider broke off): the
+// provider's usage chunk if it came, else an estimate from the request
+// and the text passed to emit (promptEstimate, completionEstimate).
 func (r *Relay) Stream(ctx context.Context, req Request, body []byte, emit func(data []byte) error) (Usage, error) {
 	p := r.byModel[req.Model]
 	if p == nil {
 		return Usage{}, errUnknownModel(req.Model)
 	}
-	inject := len(req.StreamOptions) == 0 || string(req.StreamOptions) == "null"
-	if inject {
-		body = withUsageOption(body)
-	}
+	prompt := promptEstimate(body)
+	body, withhold := withUsageOption(body, req.StreamOptions)
 	// One timer bounds the request (retries included), then each wait for
 	// a line of the stream.
 	parent := ctx
@@ -146,14 +211,17 @@ func (r *Relay) Stream(ctx context.Context, req Request, body []byte, emit func(
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/event-stream") {
 		return Usage{}, apierr.New(apierr.Provider, "provider %q answered a streamed request with %q, not an event stream", p.Name, ct)
 	}
-	var usage *Usage
-	var sent int64
+	var reported *Usage
+	var text, chunks int64 // of what was passed to emit
+	usage := func() Usage {
+		return r.meter(p, reported, Usage{PromptTokens: prompt, CompletionTokens: completionEstimate(text, chunks)})
+	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 0, 64<<10), maxChunk)
 	for {
 		timer.Reset(timeout)
-		if !sc.Scan() {
-			break
+		if ctx.Err() != nil || !sc.Scan() {
+			break // what was read but not yet passed on is not delivered
 		}
 		line := sc.Bytes()
 		data, ok := bytes.CutPrefix(line, []byte("data:"))
@@ -162,66 +230,144 @@ func (r *Relay) Stream(ctx context.Context, req Request, body []byte, emit func(
 		}
 		data = bytes.TrimSpace(data)
 		if string(data) == "[DONE]" {
-			if usage == nil {
-				u := estimate(body, sent)
-				usage = &u
-			}
-			return *usage, emit(data)
+			return usage(), emit(data)
 		}
 		var chunk struct {
-			Choices []json.RawMessage `json:"choices"`
-			Usage   *Usage            `json:"usage"`
+			Choices []choiceText `json:"choices"`
+			Usage   *Usage       `json:"usage"`
 			Error   *struct {
 				Message string `json:"message"`
 			} `json:"error"`
 		}
 		if err := json.Unmarshal(data, &chunk); err != nil {
-			return usageOr(usage), apierr.Wrap(err, apierr.Provider, "provider %q sent a stream chunk that is not JSON", p.Name)
+			return usage(), apierr.Wrap(err, apierr.Provider, "provider %q sent a stream chunk that is not JSON", p.Name)
 		}
 		if chunk.Error != nil {
-			return usageOr(usage), apierr.New(apierr.Provider, "provider %q failed during the stream: %s", p.Name, clip(chunk.Error.Message))
+			return usage(), apierr.New(apierr.Provider, "provider %q failed during the stream: %s", p.Name, clip(chunk.Error.Message))
 		}
 		if chunk.Usage != nil {
-			usage = chunk.Usage
-			if inject && len(chunk.Choices) == 0 {
+			reported = chunk.Usage
+			if withhold && len(chunk.Choices) == 0 {
 				continue // asked for by the relay, not the caller
 			}
 		}
-		sent += int64(len(data))
+		for _, c := range chunk.Choices {
+			if c.bytes > 0 {
+				text += c.bytes
+				chunks++
+			}
+		}
 		if err := emit(data); err != nil {
-			return usageOr(usage), err
+			return usage(), err
 		}
 	}
 	err = sc.Err()
 	switch {
 	case idle.Load() && parent.Err() == nil:
-		return usageOr(usage), apierr.Wrap(err, apierr.ProviderTimeout, "provider %q sent nothing for %s during the stream", p.Name, timeout)
+		return usage(), apierr.Wrap(err, apierr.ProviderTimeout, "provider %q sent nothing for %s during the stream", p.Name, timeout)
 	case parent.Err() != nil:
-		return usageOr(usage), parent.Err()
+		return usage(), parent.Err()
 	case errors.Is(err, bufio.ErrTooLong):
-		return usageOr(usage), apierr.Wrap(err, apierr.Provider, "provider %q sent a stream line longer than %d bytes", p.Name, maxChunk)
+		return usage(), apierr.Wrap(err, apierr.Provider, "provider %q sent a stream line longer than %d bytes", p.Name, maxChunk)
 	}
-	return usageOr(usage), apierr.Wrap(err, apierr.Provider, "provider %q ended the stream before it was complete", p.Name)
+	return usage(), apierr.Wrap(err, apierr.Provider, "provider %q ended the stream before it was complete", p.Name)
 }
 
-func usageOr(u *Usage) Usage {
-	if u == nil {
-		return Usage{}
+// choiceText reads the size of the text of one choice of a completion or
+// a stream chunk (message or delta): content, reasoning, refusal, tool
+// calls' names and arguments. It never fails: a choice of another shape
+// counts the bytes of its JSON.
+type choiceText struct{ bytes int64 }
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (c *choiceText) UnmarshalJSON(b []byte) error {
+	type part struct {
+		Content          textSize `json:"content"`
+		ReasoningContent textSize `json:"reasoning_content"`
+		Reasoning        textSize `json:"reasoning"`
+		Refusal          textSize `json:"refusal"`
+		ToolCalls        []struct {
+			Function struct {
+				Name      textSize `json:"name"`
+				Arguments textSize `json:"arguments"`
+			} `json:"function"`
+		} `json:"tool_calls"`
 	}
-	return *u
+	var v struct {
+		Delta   *part `json:"delta"`
+		Message *part `json:"message"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		c.bytes = int64(len(b))
+		return nil
+	}
+	for _, m := range []*part{v.Delta, v.Message} {
+		if m == nil {
+			continue
+		}
+		c.bytes += int64(m.Content + m.ReasoningContent + m.Reasoning + m.Refusal)
+		for _, t := range m.ToolCalls {
+			c.bytes += int64(t.Function.Name + t.Function.Arguments)
+		}
+	}
+	return nil
 }
 
-// withUsageOption adds "stream_options":{"include_usage":true} to a JSON
-// object's bytes without decoding it.
-func withUsageOption(body []byte) []byte {
-	b := bytes.TrimRight(body, " \t\r\n")
-	if len(b) < 2 || b[len(b)-1] != '}' {
-		return body
+// textSize reads the length of a JSON string; null is 0, and any other
+// value the length of its JSON.
+type textSize int
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (n *textSize) UnmarshalJSON(b []byte) error {
+	var s string
+	switch {
+	case string(b) == "null":
+		*n = 0
+	case json.Unmarshal(b, &s) == nil:
+		*n = textSize(len(s))
+	default:
+		*n = textSize(len(b))
 	}
-	out := make([]byte, 0, len(b)+48)
-	out = append(out, b[:len(b)-1]...)
-	out = append(out, `,"stream_options":{"include_usage":true}}`...)
-	return out
+	return nil
+}
+
+// withUsageOption makes body ask the provider for the usage chunk
+// (stream_options.include_usage), and reports whether the caller had not
+// (its chunk is then withheld). A body whose stream_options is not an
+// object is left as it is (the provider refuses it or reports no usage,
+// which is then estimated).
+func withUsageOption(body []byte, opts json.RawMessage) ([]byte, bool) {
+	if len(opts) == 0 {
+		// Absent: append it without decoding the body.
+		b := bytes.TrimRight(body, " \t\r\n")
+		if len(b) < 2 || b[len(b)-1] != '}' {
+			return body, false
+		}
+		out := make([]byte, 0, len(b)+48)
+		out = append(out, b[:len(b)-1]...)
+		out = append(out, `,"stream_options":{"include_usage":true}}`...)
+		return out, true
+	}
+	o := map[string]json.RawMessage{}
+	if string(opts) != "null" {
+		if err := json.Unmarshal(opts, &o); err != nil || o == nil {
+			return body, false
+		}
+	}
+	if string(o["include_usage"]) == "true" {
+		return body, false
+	}
+	o["include_usage"] = json.RawMessage("true")
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return body, false
+	}
+	m["stream_options"], _ = json.Marshal(o)
+	out, err := json.Marshal(m)
+	if err != nil {
+		return body, false
+	}
+	return out, true
 }
 
 // send posts body to the provider until it answers 200, retrying 429,

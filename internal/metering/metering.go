@@ -162,6 +162,7 @@ func New(cfg Config, st store.AccountStore, accounts *account.Registry) *Meter {
 		kick: make(chan struct{}, 1), quit: make(chan struct{}), done: make(chan struct{})}
 	m.tok.pending = map[tokenKey]map[time.Time]*store.TokenDelta{}
 	m.tok.used = map[tokenKey]*tokenMonth{}
+	m.tok.reserved = map[tokenKey]int64{}
 	m.tok.st, _ = st.(store.ModelStore)
 	m.rs, _ = st.(store.ReplicaStore)
 	go m.loop()

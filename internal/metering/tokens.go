@@ -14,7 +14,9 @@ import (
 // I/O) to per-hour buckets of its account and model, written with every
 // flush; its cost is accrued to the account like a sandbox's. Each
 // account's tokens of each model this month are kept in memory (read from
-// the store once a month) for the quota check.
+// the store once a month) for the quota check, with the tokens reserved
+// by completions still running (ReserveTokens), so that concurrent calls
+// are admitted against what the ones before them may use.
 
 type tokenKey struct{ account, model string }
 
@@ -30,9 +32,10 @@ type tokens struct {
 	st store.ModelStore // nil: not persisted
 
 	// mu guards the fields below.
-	mu      sync.Mutex
-	pending map[tokenKey]map[time.Time]*store.TokenDelta
-	used    map[tokenKey]*tokenMonth
+	mu       sync.Mutex
+	pending  map[tokenKey]map[time.Time]*store.TokenDelta
+	used     map[tokenKey]*tokenMonth
+	reserved map[tokenKey]int64 // by completions running; none is a missing key
 }
 
 // AddTokens meters one completion's tokens for acct's model, and accrues
@@ -64,17 +67,59 @@ func (m *Meter) AddTokens(acct *account.Account, model string, prompt, completio
 // TokensThisMonth returns the tokens acct has used of model this month
 // (UTC), pending ones included.
 func (m *Meter) TokensThisMonth(ctx context.Context, acct, model string) (int64, error) {
-	month := account.MonthStart(time.Now().UTC())
+	t := &m.tok
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return m.usedLocked(ctx, tokenKey{acct, model})
+}
+
+// ReserveTokens admits a completion of acct's model under a monthly
+// quota: when the tokens used this month plus those reserved by the
+// completions still running are below quota, it reserves n more and
+// says ok; else it reserves nothing. used is the month's tokens and
+// reservations before the call. Each reservation that was made is given
+// back with ReleaseTokens once the completion is metered (AddTokens), so
+// at most one call's reservation passes the quota.
+func (m *Meter) ReserveTokens(ctx context.Context, acct, model string, n, quota int64) (used int64, ok bool, err error) {
 	k := tokenKey{acct, model}
 	t := &m.tok
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	u, err := m.usedLocked(ctx, k)
+	if err != nil {
+		return 0, false, err
+	}
+	used = u + t.reserved[k]
+	if used >= quota {
+		return used, false, nil
+	}
+	t.reserved[k] += max(n, 1)
+	return used, true, nil
+}
+
+// ReleaseTokens gives back a reservation of ReserveTokens (n as given).
+func (m *Meter) ReleaseTokens(acct, model string, n int64) {
+	k := tokenKey{acct, model}
+	t := &m.tok
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if r := t.reserved[k] - max(n, 1); r > 0 {
+		t.reserved[k] = r
+	} else {
+		delete(t.reserved, k)
+	}
+}
+
+// usedLocked is TokensThisMonth with t.mu held.
+func (m *Meter) usedLocked(ctx context.Context, k tokenKey) (int64, error) {
+	month := account.MonthStart(time.Now().UTC())
+	t := &m.tok
 	if u := t.used[k]; u != nil && u.month.Equal(month) {
 		return u.used, nil
 	}
 	var used int64
 	if t.st != nil {
-		rows, err := t.st.QueryTokenUsage(ctx, store.TokenFilter{Account: acct, Model: model, From: month})
+		rows, err := t.st.QueryTokenUsage(ctx, store.TokenFilter{Account: k.account, Model: k.model, From: month})
 		if err != nil {
 			return 0, err
 		}

@@ -32,53 +32,99 @@ func (s *Server) listModels(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// chooseModel admits a completion of model for own: the model must be
-// configured, the account must have credits (when enforced), and the
-// model's monthly token quota must not be used up, else its fallback
-// model serves (whose own quota is checked in turn).
-func (s *Server) chooseModel(ctx context.Context, own, model string) (*account.Account, *llm.Provider, string, error) {
+// modelCall is an admitted completion: the account it is metered to,
+// the model serving it (the one asked for or its fallback), and what it
+// holds of the model's monthly quota and the account's credits until
+// settle or release.
+type modelCall struct {
+	s     *Server
+	acct  *account.Account // nil with accounting off
+	p     *llm.Provider
+	model string
+	// reserved is the tokens held of the model's quota (0: none).
+	reserved int64
+	// credits gives back the credits held.
+	credits func()
+	done    bool
+}
+
+// admitModel admits a completion of model for own that may use need
+// (llm.Request.Reservation): the model must be configured and the
+// account must have credits (when enforced). The model's monthly token
+// quota, counting the tokens reserved by the account's completions still
+// running, must not be used up, else its fallback model serves (whose own
+// quota is checked in turn). The call then holds need of the quota and
+// its price of the credits, so that concurrent calls are admitted against
+// what the ones before them may use; settle (or release, for a call that
+// delivered nothing) gives them back.
+func (s *Server) admitModel(ctx context.Context, own, model string, need llm.Usage) (*modelCall, error) {
 	p := s.cfg.Models.Provider(model)
 	if p == nil {
 		if len(s.cfg.Models.Models()) == 0 {
-			return nil, nil, "", apierr.New(apierr.ModelNotFound, "model %q is not served: this server has no model providers configured", model)
+			return nil, apierr.New(apierr.ModelNotFound, "model %q is not served: this server has no model providers configured", model)
 		}
-		return nil, nil, "", apierr.New(apierr.ModelNotFound, "model %q is not served by this server; GET /v1/models lists the models that are", model)
+		return nil, apierr.New(apierr.ModelNotFound, "model %q is not served by this server; GET /v1/models lists the models that are", model)
 	}
 	acct, err := s.accounts.Get(ctx, own)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, err
 	}
+	c := &modelCall{s: s, acct: acct, p: p, model: model, credits: func() {}}
 	if s.cfg.NoAccounting {
-		return acct, p, model, nil
+		c.acct = nil
+		return c, nil
 	}
 	if err := acct.CheckCredits(); err != nil {
-		return nil, nil, "", err
+		return nil, err
 	}
-	for hops := 0; p.MonthlyTokenQuota > 0; hops++ {
-		used, err := s.meter.TokensThisMonth(ctx, own, model)
+	for hops := 0; c.p.MonthlyTokenQuota > 0; hops++ {
+		used, ok, err := s.meter.ReserveTokens(ctx, own, c.model, need.Total(), c.p.MonthlyTokenQuota)
 		if err != nil {
-			return nil, nil, "", err
+			return nil, err
 		}
-		if used < p.MonthlyTokenQuota {
+		if ok {
+			c.reserved = need.Total()
 			break
 		}
-		if p.QuotaFallbackModel == "" || hops >= 8 {
-			return nil, nil, "", &apierr.Error{Code: apierr.SessionQuotaExceeded,
-				Message: fmt.Sprintf("Monthly quota exceeded for model %s", model),
-				Details: map[string]any{"model": model, "tokens_used": used, "tokens_limit": p.MonthlyTokenQuota,
+		if c.p.QuotaFallbackModel == "" || hops >= 8 {
+			return nil, &apierr.Error{Code: apierr.SessionQuotaExceeded,
+				Message: fmt.Sprintf("Monthly quota exceeded for model %s", c.model),
+				Details: map[string]any{"model": c.model, "tokens_used": used, "tokens_limit": c.p.MonthlyTokenQuota,
 					"resets_at": account.NextMonth(time.Now().UTC())}}
 		}
-		model, p = p.QuotaFallbackModel, s.cfg.Models.Provider(p.QuotaFallbackModel)
+		c.model, c.p = c.p.QuotaFallbackModel, s.cfg.Models.Provider(c.p.QuotaFallbackModel)
 	}
-	return acct, p, model, nil
+	release, err := acct.HoldCredits(c.p.Cost(need))
+	if err != nil {
+		c.release()
+		return nil, err
+	}
+	c.credits = release
+	return c, nil
 }
 
-// meterTokens meters one completion.
-func (s *Server) meterTokens(acct *account.Account, p *llm.Provider, model string, u llm.Usage) {
-	if s.cfg.NoAccounting || acct == nil {
+// settle meters what the call delivered and gives back what it held.
+func (c *modelCall) settle(u llm.Usage) {
+	if c.done {
 		return
 	}
-	s.meter.AddTokens(acct, model, u.PromptTokens, u.CompletionTokens, p.Cost(u))
+	if c.acct != nil {
+		c.s.meter.AddTokens(c.acct, c.model, u.PromptTokens, u.CompletionTokens, c.p.Cost(u))
+	}
+	c.release()
+}
+
+// release gives back what the call held, metering nothing (a call that
+// delivered nothing); after settle it does nothing.
+func (c *modelCall) release() {
+	if c.done {
+		return
+	}
+	c.done = true
+	if c.reserved > 0 {
+		c.s.meter.ReleaseTokens(c.acct.ID, c.model, c.reserved)
+	}
+	c.credits()
 }
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
@@ -90,11 +136,12 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	acct, p, model, err := s.chooseModel(r.Context(), owner(r), req.Model)
+	call, err := s.admitModel(r.Context(), owner(r), req.Model, req.Reservation(body))
 	if err != nil {
 		return err
 	}
-	if model != req.Model {
+	defer call.release()
+	if model := call.model; model != req.Model {
 		if body, err = llm.SetModel(body, model); err != nil {
 			return apierr.Wrap(err, apierr.BadRequest, "the request body must be a JSON object")
 		}
@@ -106,7 +153,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
-		s.meterTokens(acct, p, model, resp.Usage)
+		call.settle(resp.Usage)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusOK)
 		w.Write(resp.Body)
@@ -134,7 +181,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 		}
 		return rc.Flush()
 	})
-	s.meterTokens(acct, p, model, u)
+	call.settle(u) // what was delivered, also of a stream cut short
 	if err == nil || r.Context().Err() != nil {
 		return nil
 	}

@@ -1,10 +1,13 @@
 package server_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -244,4 +247,194 @@ func TestOpenAIGoClient(t *testing.T) {
 	if err := st.Err(); err == nil || !strings.Contains(err.Error(), "ended the stream before it was complete") {
 		t.Fatalf("dropped stream: err = %v", err)
 	}
+}
+
+// tokensUsed is the account's tokens_used once it is at least min (the
+// relay meters a call as its handler ends, which may be after the client
+// has gone).
+func (e *env) tokensUsed(t *testing.T, key string, min float64) float64 {
+	t.Helper()
+	var used float64
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if used, _ = e.do("GET", "/v1/account/usage", key, nil).json(t)["tokens_used"].(float64); used >= min {
+			break
+		}
+	}
+	return used
+}
+
+// TestChatStreamCutIsMetered: the client reads a few chunks of a stream
+// and hangs up before the provider's usage chunk (the last one). The
+// relay meters what it delivered: the prompt's estimate and a token a
+// chunk at least. Control: the same stream read to its end is metered as
+// the provider reports it.
+func TestChatStreamCutIsMetered(t *testing.T) {
+	t.Parallel()
+	e, prov := newModelEnv(t, 0, false, server.Config{})
+	full := llm.Usage{PromptTokens: 5000, CompletionTokens: 9000}
+	text := strings.Repeat("token ", 80)
+	const req = `{"model":"small","stream":true,"messages":[{"role":"user","content":"tell me everything"}]}`
+
+	prov.Push(llmtest.Reply{Content: text, Usage: &full})
+	want(t, e.do("POST", "/v1/chat/completions", e.keyA, req), 200, "")
+	if used := e.tokensUsed(t, e.keyA, 14000); used != 14000 {
+		t.Fatalf("the whole stream metered %v tokens, want the provider's 14000", used)
+	}
+
+	prov.Push(llmtest.Reply{Content: text, Usage: &full, StallAfter: 5}) // the role chunk and four of text, then nothing
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hr, _ := http.NewRequestWithContext(ctx, "POST", e.url+"/v1/chat/completions", strings.NewReader(req))
+	hr.Header.Set("Authorization", "Bearer "+e.keyB)
+	res, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(res.Body)
+	data := 0
+	for data < 3 && sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "data: ") {
+			data++
+		}
+	}
+	cancel() // the client hangs up mid-stream
+	res.Body.Close()
+	if data != 3 {
+		t.Fatalf("read %d chunks", data)
+	}
+	used := e.tokensUsed(t, e.keyB, float64(len(req)/4+2))
+	if used < float64(len(req)/4+2) || used >= 14000 {
+		t.Fatalf("a stream cut after 2 chunks of text metered %v tokens", used)
+	}
+	t.Logf("the cut stream metered %v tokens", used)
+}
+
+// concurrently makes n calls of body at once against a provider that
+// holds every call until all n are either waiting at it or refused, and
+// returns the statuses.
+func concurrently(t *testing.T, e *env, prov *llmtest.Server, key, body string, n int, reply llmtest.Reply) []int {
+	t.Helper()
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(open)
+	before := len(prov.Requests())
+	prov.SetHandler(func(llmtest.Request) llmtest.Reply { <-release; return reply })
+	done := make(chan int, n)
+	for range n {
+		go func() {
+			hr, _ := http.NewRequest("POST", e.url+"/v1/chat/completions", strings.NewReader(body))
+			hr.Header.Set("Authorization", "Bearer "+key)
+			res, err := http.DefaultClient.Do(hr)
+			if err != nil {
+				done <- 0
+				return
+			}
+			io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			done <- res.StatusCode
+		}()
+	}
+	var statuses []int
+	for deadline := time.Now().Add(10 * time.Second); len(prov.Requests())-before+len(statuses) < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("of %d calls, %d reached the provider and %d were answered", n, len(prov.Requests())-before, len(statuses))
+		}
+		select {
+		case st := <-done:
+			statuses = append(statuses, st)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	open()
+	for len(statuses) < n {
+		statuses = append(statuses, <-done)
+	}
+	return statuses
+}
+
+func count(statuses []int, status int) int {
+	n := 0
+	for _, s := range statuses {
+		if s == status {
+			n++
+		}
+	}
+	return n
+}
+
+// TestModelQuotaConcurrent: a quota of 100 tokens admits two calls of 50
+// (max_tokens 40 and a prompt of about 10), one after the other. Ten at
+// once: at most two pass, the rest are refused before reaching the
+// provider. Control: the same ten calls of a model without a quota all
+// reach the provider at once and pass.
+func TestModelQuotaConcurrent(t *testing.T) {
+	t.Parallel()
+	e, prov := newModelEnv(t, 100, false, server.Config{})
+	const big = `{"model":"big","max_tokens":40,"messages":[]}` // a prompt of 11 tokens by the estimate
+	reply := llmtest.Reply{Content: "x", Usage: &llm.Usage{PromptTokens: 10, CompletionTokens: 40}}
+
+	st := concurrently(t, e, prov, e.keyB, strings.Replace(big, "big", "small", 1), 10, reply)
+	if count(st, 200) != 10 {
+		t.Fatalf("control: the model without a quota answered %v", st)
+	}
+
+	st = concurrently(t, e, prov, e.keyA, big, 10, reply)
+	if ok, refused := count(st, 200), count(st, 429); ok > 2 || ok+refused != 10 {
+		t.Fatalf("ten concurrent calls under a quota of two: %v", st)
+	}
+	if used := e.tokensUsed(t, e.keyA, 100); used > 100 {
+		t.Fatalf("the quota of 100 tokens was passed: %v used", used)
+	}
+	want(t, e.do("POST", "/v1/chat/completions", e.keyA, big), 429, "ERR_SESSION_QUOTA_EXCEEDED")
+}
+
+// TestModelCreditsConcurrent: an account whose credits pay for two calls
+// (4.00; a call of max_tokens 1000 at 2000 a million completion tokens
+// holds 2.01). Ten at once: at most two pass. Control: with credits not
+// enforced all ten pass.
+func TestModelCreditsConcurrent(t *testing.T) {
+	t.Parallel()
+	const body = `{"model":"big","max_tokens":1000,"messages":[]}`
+	reply := llmtest.Reply{Content: "x", Usage: &llm.Usage{PromptTokens: 10, CompletionTokens: 1000}}
+	for _, enforce := range []bool{false, true} {
+		e, prov := newModelEnv(t, 0, false, server.Config{
+			Accounts: account.Config{FreeCreditsMicros: 4_000_000, EnforceCredits: enforce, CreditsGrace: time.Minute, CreditsLowMicros: 1},
+		})
+		admin := e.adminKey()
+		want(t, e.do("POST", "/v1/admin/accounts", admin, map[string]any{"name": "tokens"}), 201, "")
+		r := e.do("POST", "/v1/admin/keys", admin, map[string]any{"account": "tokens"})
+		want(t, r, 201, "")
+		key := r.json(t)["key"].(string)
+		st := concurrently(t, e, prov, key, body, 10, reply)
+		switch ok := count(st, 200); {
+		case !enforce && ok != 10:
+			t.Fatalf("control: without enforcement %v", st)
+		case enforce && (ok > 2 || ok+count(st, 429) != 10):
+			t.Fatalf("ten concurrent calls on credits for two: %v", st)
+		}
+		if enforce {
+			// The holds were given back: what is left is the balance less
+			// what the calls that passed cost.
+			c := e.do("GET", "/v1/account/credits", key, nil).json(t)
+			if c["available_micros"].(float64) < -2_020_000 {
+				t.Fatalf("credits overshot by more than one call: %v", c)
+			}
+		}
+	}
+}
+
+// TestModelQuotaReservationsReturn: calls that fail give their
+// reservation back; three failures in a row do not use up a quota that
+// two reservations would fill.
+func TestModelQuotaReservationsReturn(t *testing.T) {
+	t.Parallel()
+	e, prov := newModelEnv(t, 100, false, server.Config{})
+	const big = `{"model":"big","max_tokens":40,"messages":[]}`
+	for range 3 {
+		prov.Push(llmtest.Reply{Status: 400, ErrorMessage: "no"})
+		want(t, e.do("POST", "/v1/chat/completions", e.keyA, big), 400, "ERR_BAD_REQUEST")
+	}
+	prov.Push(llmtest.Reply{Content: "x", Usage: &llm.Usage{PromptTokens: 10, CompletionTokens: 40}})
+	want(t, e.do("POST", "/v1/chat/completions", e.keyA, big), 200, "")
 }

@@ -37,7 +37,8 @@
 //
 // Imports: internal/sandbox, internal/store, internal/events, internal/auth,
 // internal/account (limits and balances), internal/metering,
-// internal/policy, internal/llm (the model relay), internal/apierr, internal/e2b, internal/mcpserver (the
+// internal/policy, internal/egress (the host's own addresses, which
+// webhooks do not reach), internal/llm (the model relay), internal/apierr, internal/e2b, internal/mcpserver (the
 // /mcp endpoint, with a Go SDK client that calls this server in process),
 // internal/agentproto, internal/runtime (limits), internal/lang (metric
 // labels), internal/abort (responses cut short), internal/ui (the
@@ -132,10 +133,23 @@ type Config struct {
 	// only what is emitted to it (Server.Events).
 	Events *events.Bus
 	// WebhookAllowHosts restricts where webhooks may deliver: host names
-	// (exact, or "*.example.com") and CIDRs. Empty allows any destination
-	// but link-local (cloud metadata), unspecified and multicast ones,
-	// which are refused whatever this says (webhooks.go).
+	// (exact, or "*.example.com") and CIDRs. Empty restricts nothing. It
+	// never widens WebhookAllowCIDRs' rule, except that its CIDRs count
+	// as allowed ranges too (webhooks.go).
 	WebhookAllowHosts []string
+	// WebhookAllowCIDRs are the address ranges webhooks may reach
+	// although they are not public (loopback, private, carrier-grade NAT,
+	// reserved; policy.ForbiddenAddr) or are the host's own. Empty: only
+	// public addresses. Unspecified, multicast, link-local and cloud
+	// metadata addresses are refused whatever this says.
+	WebhookAllowCIDRs []string
+	// WebhookTimeout bounds one delivery attempt; a failed attempt holds
+	// its slot this long whatever failed [10s]. WebhookWorkers bounds the
+	// deliveries in flight [32], WebhookAccountWorkers those of one
+	// account [4].
+	WebhookTimeout        time.Duration
+	WebhookWorkers        int
+	WebhookAccountWorkers int
 	// WebhookRetryBase is the wait before a failed delivery's second
 	// attempt; each later wait doubles [1s]. WebhookMaxAttempts bounds the
 	// attempts of one delivery [6].
@@ -176,6 +190,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.WebhookMaxAttempts <= 0 {
 		c.WebhookMaxAttempts = 6
+	}
+	if c.WebhookTimeout <= 0 {
+		c.WebhookTimeout = 10 * time.Second
+	}
+	if c.WebhookWorkers <= 0 {
+		c.WebhookWorkers = 32
+	}
+	if c.WebhookAccountWorkers <= 0 {
+		c.WebhookAccountWorkers = 4
 	}
 	if c.SweepInterval <= 0 {
 		c.SweepInterval = 2 * time.Second
@@ -290,11 +313,12 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	if s.bus == nil && st != nil {
 		s.bus, s.ownBus = events.NewBus(EventStore(st), events.BusConfig{Logger: log}), true
 	}
-	rules, err := parseHostRules(cfg.WebhookAllowHosts)
+	dest, err := parseDestinations(cfg.WebhookAllowHosts, cfg.WebhookAllowCIDRs)
 	if err != nil {
-		// Callers check with CheckWebhookHosts first; refuse every host.
-		log.Error("webhook allowed hosts", "err", err)
-		rules = []hostRule{{name: "\x00"}}
+		// Callers check with CheckWebhookHosts and CheckWebhookCIDRs
+		// first; refuse every host but public ones named "\x00".
+		log.Error("webhook destinations", "err", err)
+		dest = &destinations{restrict: true, names: []string{"\x00"}}
 	}
 	s.previewKey = cfg.PreviewKey
 	if len(s.previewKey) == 0 {
@@ -305,7 +329,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	}
 	s.metrics = newMetrics(s)
 	s.preview = s.newPreviewProxy()
-	s.hooks = newWebhooks(s, rules)
+	s.hooks = newWebhooks(s, dest)
 	if st != nil {
 		if err := s.hooks.start(context.Background()); err != nil {
 			log.Error("load webhooks: none will be delivered", "err", err)

@@ -293,24 +293,32 @@ func (s *Server) ask(r *http.Request, rec store.Session, b *box, req askRequest,
 			break
 		}
 		ans.Steps++
-		acct, p, model, err := s.chooseModel(ctx, rec.Owner, rec.Model)
+		body, err := json.Marshal(llm.ChatRequest{Model: rec.Model, Messages: msgs, Tools: []llm.Tool{runCodeTool}})
 		if err != nil {
 			return nil, err
 		}
-		body, err := json.Marshal(llm.ChatRequest{Model: model, Messages: msgs, Tools: []llm.Tool{runCodeTool}})
+		call, err := s.admitModel(ctx, rec.Owner, rec.Model, llm.Request{}.Reservation(body))
 		if err != nil {
 			return nil, err
+		}
+		model, p := call.model, call.p
+		if model != rec.Model {
+			if body, err = json.Marshal(llm.ChatRequest{Model: model, Messages: msgs, Tools: []llm.Tool{runCodeTool}}); err != nil {
+				call.release()
+				return nil, err
+			}
 		}
 		t0 := time.Now()
 		resp, err := s.cfg.Models.Complete(ctx, llm.Request{Model: model}, body)
 		modelTime += time.Since(t0)
 		if err != nil {
+			call.release()
 			if ctx.Err() != nil && parent.Err() == nil && errCtx(err) {
 				break // the ask's time limit, not the caller
 			}
 			return nil, err
 		}
-		s.meterTokens(acct, p, model, resp.Usage)
+		call.settle(resp.Usage)
 		usage.Add(resp.Usage)
 		cost += p.Cost(resp.Usage)
 		ans.Model = model

@@ -23,7 +23,9 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
@@ -31,15 +33,33 @@ import (
 // sandboxes (of the webhook's types) is POSTed to each, signed, and
 // retried with exponential backoff; each attempt is logged in the store.
 //
-// Destinations: a webhook makes the server send requests where its
-// owner says, so link-local addresses (169.254.0.0/16 with the cloud
-// metadata service, fe80::/10) and unspecified or multicast ones are
-// always refused, checked on the address actually dialled (after DNS,
-// so a name cannot rebind to them), redirects are not followed, and no
-// proxy from the environment is used. Loopback and private addresses are
-// allowed by default (a receiver on the same host or network is the
-// common case); an operator who does not want that lists the allowed
-// destinations in Config.WebhookAllowHosts (serve --webhook-allow-hosts).
+// A webhook makes the server send requests where a tenant says, so three
+// rules keep it from being a way into the server's own networks
+// (docs/security.md, "9. Webhooks"):
+//
+//   - Destinations. The address actually connected to is checked, in the
+//     dialler's Control hook after DNS (a name cannot rebind around it):
+//     every address policy.ForbiddenAddr classifies (loopback, private,
+//     link-local, carrier-grade NAT, multicast, reserved, cloud metadata)
+//     and the host's own addresses are refused unless the operator allows
+//     their range (Config.WebhookAllowCIDRs, serve --webhook-allow-cidr);
+//     unspecified, multicast, link-local and cloud metadata addresses are
+//     refused whatever the operator allows. Config.WebhookAllowHosts
+//     restricts destinations further and never widens them: a name it
+//     lists must still resolve to an address allowed above. Redirects are
+//     not followed; no proxy from the environment is used.
+//   - Reports. The tenant learns "delivered" or "not delivered", nothing
+//     of why: a failed attempt is recorded with status 0, the error "not
+//     delivered" and no duration, and it is recorded (and its retry
+//     scheduled, and its account's slot released) only when the attempt's
+//     whole timeout has passed, so that a refused connection, an answer
+//     401 and a receiver that hangs look the same, also in time. The cause
+//     goes to the operator's log.
+//   - Fairness. Each account has its own queue; a round-robin scheduler
+//     gives the server's delivery slots (Config.WebhookWorkers) to the
+//     accounts in turn, each account holding at most
+//     Config.WebhookAccountWorkers of them, so one account's slow or
+//     hanging receivers delay only its own deliveries.
 
 // Webhook headers.
 const (
@@ -54,9 +74,10 @@ const (
 const (
 	maxWebhooksPerOwner = 20
 	maxWebhookURL       = 2048
-	webhookQueue        = 10000 // deliveries waiting for a worker
-	webhookWorkers      = 4
-	webhookTimeout      = 10 * time.Second // one attempt
+	webhookQueue        = 50000 // deliveries waiting, all accounts
+	webhookAccountQueue = 1000  // deliveries waiting, one account
+	// notDelivered is what the tenant sees of any failed attempt.
+	notDelivered = "not delivered"
 )
 
 // Sign returns the signature header value of a webhook delivery: "v1="
@@ -70,63 +91,169 @@ func Sign(secret, timestamp string, body []byte) string {
 	return "v1=" + hex.EncodeToString(mac.Sum(nil))
 }
 
-// hostRule is one entry of Config.WebhookAllowHosts: a host name (exact,
-// or "*.example.com" for its subdomains) or a CIDR.
-type hostRule struct {
-	name   string // lowercase; "*.x" matches subdomains of x
-	prefix netip.Prefix
+// destinations are the operator's rules of where webhooks may deliver.
+type destinations struct {
+	// restrict is set when Config.WebhookAllowHosts lists anything: then
+	// only its names and CIDRs are destinations.
+	restrict bool
+	names    []string       // lowercase; "*.x" matches subdomains of x
+	cidrs    []netip.Prefix // WebhookAllowHosts' CIDRs
+	// allowed are the ranges reachable although policy.ForbiddenAddr
+	// forbids them or they are the host's: Config.WebhookAllowCIDRs and
+	// the CIDRs of WebhookAllowHosts (an operator who lists 10.0.0.0/8
+	// as a destination means it).
+	allowed []netip.Prefix
+	// hostAddr reports the host's own addresses [egress.HostAddr].
+	hostAddr func(netip.Addr) bool
 }
 
 // CheckWebhookHosts reports an entry of Config.WebhookAllowHosts that is
 // neither a host name nor a CIDR.
 func CheckWebhookHosts(list []string) error {
-	_, err := parseHostRules(list)
+	_, err := parseDestinations(list, nil)
 	return err
 }
 
-func parseHostRules(list []string) ([]hostRule, error) {
-	var out []hostRule
-	for _, h := range list {
+// CheckWebhookCIDRs reports an entry of Config.WebhookAllowCIDRs that is
+// not a CIDR or an address.
+func CheckWebhookCIDRs(list []string) error {
+	_, err := parseDestinations(nil, list)
+	return err
+}
+
+func parsePrefix(s string) (netip.Prefix, bool) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), true
+	}
+	if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" {
+		return netip.PrefixFrom(a, a.BitLen()), true
+	}
+	return netip.Prefix{}, false
+}
+
+func parseDestinations(hosts, cidrs []string) (*destinations, error) {
+	d := &destinations{hostAddr: egress.HostAddr}
+	for _, h := range hosts {
 		h = strings.ToLower(strings.TrimSpace(h))
 		if h == "" {
 			continue
 		}
-		if p, err := netip.ParsePrefix(h); err == nil {
-			out = append(out, hostRule{prefix: p.Masked()})
-		} else if a, err := netip.ParseAddr(h); err == nil {
-			out = append(out, hostRule{prefix: netip.PrefixFrom(a, a.BitLen())})
+		d.restrict = true
+		if p, ok := parsePrefix(h); ok {
+			d.cidrs = append(d.cidrs, p)
+			d.allowed = append(d.allowed, p)
 		} else if strings.ContainsAny(h, "/:@ ") {
 			return nil, fmt.Errorf("webhook allowed host %q is neither a host name nor a CIDR", h)
 		} else {
-			out = append(out, hostRule{name: h})
+			d.names = append(d.names, strings.TrimSuffix(h, "."))
 		}
 	}
-	return out, nil
+	for _, c := range cidrs {
+		c = strings.TrimSpace(c)
+		if c == "" {
+			continue
+		}
+		p, ok := parsePrefix(c)
+		if !ok {
+			return nil, fmt.Errorf("webhook allowed range %q is not a CIDR (such as 10.0.0.0/8) or an address", c)
+		}
+		d.allowed = append(d.allowed, p)
+	}
+	return d, nil
 }
 
-// forbiddenAddr reports addresses no webhook may reach, whatever the
-// configuration: link-local (cloud metadata), unspecified, multicast.
-func forbiddenAddr(a netip.Addr) bool {
+// never reports why no operator rule makes a a destination: unspecified,
+// multicast, link-local and cloud metadata addresses ("" if none of these).
+func never(a netip.Addr) string {
+	switch {
+	case !a.IsValid() || a.Zone() != "":
+		return "not a plain address"
+	case a.IsUnspecified():
+		return "unspecified"
+	case a.IsMulticast():
+		return "multicast"
+	case a.IsLinkLocalUnicast():
+		return "link-local"
+	}
+	if reason, bad := policy.ForbiddenAddr(a); bad && strings.Contains(reason, "metadata") {
+		return reason
+	}
+	return ""
+}
+
+// checkAddr decides an address to connect to: nil if webhooks may
+// reach it, else the reason (for the operator's log).
+func (d *destinations) checkAddr(a netip.Addr) error {
 	a = a.Unmap()
-	return a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsUnspecified() || a.IsMulticast() ||
-		a.IsInterfaceLocalMulticast() || a == netip.MustParseAddr("fd00:ec2::254") // AWS's IPv6 metadata
+	if reason := never(a); reason != "" {
+		return fmt.Errorf("%s is %s, which no webhook may reach", a, reason)
+	}
+	if slices.ContainsFunc(d.allowed, func(p netip.Prefix) bool { return p.Contains(a) }) {
+		return nil
+	}
+	if reason, bad := policy.ForbiddenAddr(a); bad {
+		return fmt.Errorf("%s is %s, which webhooks reach only in a range the operator allows (--webhook-allow-cidr)", a, reason)
+	}
+	if d.hostAddr != nil && d.hostAddr(a) {
+		return fmt.Errorf("%s is the host's own address, which webhooks reach only in a range the operator allows (--webhook-allow-cidr)", a)
+	}
+	return nil
+}
+
+// hostAllowed applies Config.WebhookAllowHosts to a URL's host and one of
+// its addresses: the name matches a name rule, or the address a CIDR
+// rule. It only narrows: checkAddr still decides the address.
+func (d *destinations) hostAllowed(host string, a netip.Addr) bool {
+	if !d.restrict {
+		return true
+	}
+	return d.nameAllowed(host) || a.IsValid() && slices.ContainsFunc(d.cidrs, func(p netip.Prefix) bool { return p.Contains(a.Unmap()) })
+}
+
+func (d *destinations) nameAllowed(host string) bool {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	for _, n := range d.names {
+		if strings.HasPrefix(n, "*.") && strings.HasSuffix(host, n[1:]) || host == n {
+			return true
+		}
+	}
+	return false
 }
 
 // webhooks delivers events to the registered URLs.
 type webhooks struct {
-	s      *Server
-	rules  []hostRule
-	client *http.Client
-	queue  chan delivery
-	quit   chan struct{}
-	once   sync.Once // closes quit
-	wg     sync.WaitGroup
+	s       *Server
+	dest    *destinations
+	client  *http.Client
+	timeout time.Duration // one attempt, and how long a failed one holds its slot
+	workers int           // deliveries in flight, all accounts
+	per     int           // deliveries in flight, one account
+	quit    chan struct{}
+	once    sync.Once // closes quit
+	wg      sync.WaitGroup
 	// lookup resolves host names [net.DefaultResolver]; tests replace it.
 	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
+	// send makes one delivery in a slot [deliver]; tests replace it.
+	send func(delivery)
 
 	// mu guards hooks.
 	mu    sync.RWMutex
 	hooks map[string][]store.Webhook // by owner
+
+	// qmu guards the scheduler's fields below.
+	qmu      sync.Mutex
+	queues   map[string]*hookQueue // by owner, while it has work
+	ready    []string              // owners with work waiting and a slot of their own free, in turn
+	inflight int                   // deliveries running, all accounts
+	queued   int                   // deliveries waiting, all accounts
+	closed   bool
+}
+
+// hookQueue is one account's deliveries; guarded by webhooks.qmu.
+type hookQueue struct {
+	pending []delivery // first in, first out
+	active  int        // deliveries running
+	ready   bool       // in webhooks.ready
 }
 
 // delivery is one attempt to make.
@@ -137,22 +264,23 @@ type delivery struct {
 	attempt int
 }
 
-func newWebhooks(s *Server, rules []hostRule) *webhooks {
-	w := &webhooks{s: s, rules: rules, queue: make(chan delivery, webhookQueue), quit: make(chan struct{}),
-		hooks: map[string][]store.Webhook{}}
+func newWebhooks(s *Server, dest *destinations) *webhooks {
+	w := &webhooks{s: s, dest: dest, quit: make(chan struct{}), hooks: map[string][]store.Webhook{},
+		queues: map[string]*hookQueue{}, timeout: s.cfg.WebhookTimeout, workers: s.cfg.WebhookWorkers, per: s.cfg.WebhookAccountWorkers}
 	w.lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
 		return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 	}
+	w.send = w.deliver
 	w.client = &http.Client{
-		Timeout: webhookTimeout,
+		Timeout: w.timeout,
 		Transport: &http.Transport{Proxy: nil, DialContext: w.dial, MaxIdleConnsPerHost: 2,
-			IdleConnTimeout: time.Minute, TLSHandshakeTimeout: webhookTimeout, ResponseHeaderTimeout: webhookTimeout},
+			IdleConnTimeout: time.Minute, TLSHandshakeTimeout: w.timeout, ResponseHeaderTimeout: w.timeout},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	return w
 }
 
-// start loads the registered webhooks and starts the workers.
+// start loads the registered webhooks and hooks the bus.
 func (w *webhooks) start(ctx context.Context) error {
 	all, err := w.s.store.ListWebhooks(ctx, "")
 	if err != nil {
@@ -163,25 +291,25 @@ func (w *webhooks) start(ctx context.Context) error {
 		w.hooks[h.Owner] = append(w.hooks[h.Owner], h)
 	}
 	w.mu.Unlock()
-	for i := 0; i < webhookWorkers; i++ {
-		w.wg.Add(1)
-		go w.work()
-	}
 	w.s.bus.OnEvent(w.enqueue)
 	return nil
 }
 
-// stop ends the workers; deliveries not yet made are dropped.
+// stop ends the deliveries in flight; those not yet made are dropped.
 func (w *webhooks) stop() {
+	w.qmu.Lock()
+	w.closed = true
+	w.queues, w.ready, w.queued = map[string]*hookQueue{}, nil, 0
+	w.qmu.Unlock()
 	w.once.Do(func() { close(w.quit) })
 	w.wg.Wait()
 	w.client.CloseIdleConnections()
 }
 
-// dial resolves the host itself and connects only to an address that
-// is allowed (never a forbidden one; with WebhookAllowHosts, one the
-// rules admit), so what was checked is what is dialled: a name cannot
-// rebind between the check and the connection.
+// dial resolves the host itself and connects to its addresses one by
+// one; the dialler's Control hook refuses any address checkAddr refuses,
+// on the socket about to connect, so what is checked is what is
+// connected to.
 func (w *webhooks) dial(ctx context.Context, network, address string) (net.Conn, error) {
 	host, port, err := net.SplitHostPort(address)
 	if err != nil {
@@ -191,14 +319,10 @@ func (w *webhooks) dial(ctx context.Context, network, address string) (net.Conn,
 	if err != nil {
 		return nil, err
 	}
-	d := &net.Dialer{Timeout: webhookTimeout, Control: checkDialled}
+	d := &net.Dialer{Timeout: w.timeout, ControlContext: w.control}
 	var errs []error
 	for _, a := range addrs {
-		if forbiddenAddr(a) {
-			errs = append(errs, fmt.Errorf("%s is link-local, unspecified or multicast", a))
-			continue
-		}
-		if !w.hostAllowed(host, []netip.Addr{a}) {
+		if !w.dest.hostAllowed(host, a) {
 			errs = append(errs, fmt.Errorf("%s (%s) is not among the allowed webhook hosts", host, a))
 			continue
 		}
@@ -214,47 +338,20 @@ func (w *webhooks) dial(ctx context.Context, network, address string) (net.Conn,
 	return nil, errors.Join(errs...)
 }
 
-// checkDialled is the last check, on the socket's own address.
-func checkDialled(_, address string, _ syscall.RawConn) error {
+// control is the dialler's Control hook: the last word on the address.
+func (w *webhooks) control(_ context.Context, _, address string, _ syscall.RawConn) error {
 	ap, err := netip.ParseAddrPort(address)
 	if err != nil {
 		return fmt.Errorf("webhook destination %s: %w", address, err)
 	}
-	if forbiddenAddr(ap.Addr()) {
-		return fmt.Errorf("webhook destination %s is not allowed (link-local, unspecified or multicast)", ap.Addr())
-	}
-	return nil
+	return w.dest.checkAddr(ap.Addr())
 }
 
-// hostAllowed applies Config.WebhookAllowHosts to a URL's host: names
-// match name rules; addresses (literal or resolved) must all match CIDR
-// rules.
-func (w *webhooks) hostAllowed(host string, addrs []netip.Addr) bool {
-	if len(w.rules) == 0 {
-		return true
-	}
-	host = strings.ToLower(strings.TrimSuffix(host, "."))
-	for _, r := range w.rules {
-		switch {
-		case r.name != "" && strings.HasPrefix(r.name, "*."):
-			if strings.HasSuffix(host, r.name[1:]) {
-				return true
-			}
-		case r.name != "":
-			if host == r.name {
-				return true
-			}
-		default:
-			if len(addrs) > 0 && !slices.ContainsFunc(addrs, func(a netip.Addr) bool { return !r.prefix.Contains(a.Unmap()) }) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// checkURL validates a webhook URL and its destination.
-func (w *webhooks) checkURL(ctx context.Context, raw string) (*url.URL, error) {
+// checkURL validates a webhook URL. An address in it is checked now (a
+// clear error for a mistake); a name is not resolved here, so that
+// registering is no way to learn what the server's resolver answers: it
+// is checked where it is dialled.
+func (w *webhooks) checkURL(raw string) (*url.URL, error) {
 	if raw == "" {
 		return nil, apierr.New(apierr.BadRequest, "url is required")
 	}
@@ -271,16 +368,24 @@ func (w *webhooks) checkURL(ctx context.Context, raw string) (*url.URL, error) {
 	if u.Fragment != "" {
 		return nil, apierr.New(apierr.BadRequest, "url must not have a fragment")
 	}
-	addrs, err := w.resolve(ctx, u.Hostname())
+	host := strings.ToLower(strings.TrimSuffix(u.Hostname(), "."))
+	a, err := netip.ParseAddr(host)
 	if err != nil {
-		return nil, apierr.Wrap(err, apierr.BadRequest, "url host %q does not resolve", u.Hostname())
-	}
-	for _, a := range addrs {
-		if forbiddenAddr(a) {
-			return nil, apierr.New(apierr.BadRequest, "url host %q is a link-local, unspecified or multicast address, which webhooks may not reach", u.Hostname())
+		a = netip.Addr{}
+		if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+			a = netip.MustParseAddr("127.0.0.1")
 		}
 	}
-	if !w.hostAllowed(u.Hostname(), addrs) {
+	if a.IsValid() {
+		if err := w.dest.checkAddr(a); err != nil {
+			return nil, apierr.Wrap(err, apierr.BadRequest,
+				"url host %q is an address webhooks may not reach (loopback, private, link-local, metadata and other non-public addresses are refused unless the operator allows their range)", u.Hostname())
+		}
+	}
+	// With an allowlist, a name it does not list may still resolve into
+	// one of its ranges: that is decided where it is dialled.
+	unlisted := a.IsValid() && !w.dest.hostAllowed(host, a) || !a.IsValid() && !w.dest.nameAllowed(host) && len(w.dest.cidrs) == 0
+	if w.dest.restrict && unlisted {
 		return nil, apierr.New(apierr.BadRequest, "url host %q is not among the server's allowed webhook hosts", u.Hostname())
 	}
 	return u, nil
@@ -317,28 +422,82 @@ func (w *webhooks) enqueue(e events.Event) {
 	}
 }
 
+// push queues a delivery in its account's queue and starts what may start.
 func (w *webhooks) push(d delivery) {
-	select {
-	case w.queue <- d:
-	default:
-		w.s.log.Error("webhook delivery dropped: the queue is full", "webhook", d.hook.ID, "event", d.event.ID)
+	own := d.hook.Owner
+	w.qmu.Lock()
+	defer w.qmu.Unlock()
+	if w.closed {
+		return
+	}
+	q := w.queues[own]
+	if q == nil {
+		q = &hookQueue{}
+		w.queues[own] = q
+	}
+	if len(q.pending) >= webhookAccountQueue || w.queued >= webhookQueue {
+		w.s.log.Error("webhook delivery dropped: the queue is full", "owner", own, "webhook", d.hook.ID, "event", d.event.ID,
+			"account_queued", len(q.pending), "queued", w.queued)
+		return
+	}
+	q.pending = append(q.pending, d)
+	w.queued++
+	w.markReady(own, q)
+	w.dispatch()
+}
+
+// markReady puts an account in turn when it has work waiting and a slot
+// of its own free; w.qmu is held.
+func (w *webhooks) markReady(own string, q *hookQueue) {
+	if !q.ready && len(q.pending) > 0 && q.active < w.per {
+		q.ready = true
+		w.ready = append(w.ready, own)
 	}
 }
 
-func (w *webhooks) work() {
-	defer w.wg.Done()
-	for {
-		select {
-		case <-w.quit:
-			return
-		case d := <-w.queue:
-			w.deliver(d)
-		}
+// dispatch starts deliveries while slots are free, taking the accounts
+// in turn, one delivery each; w.qmu is held.
+func (w *webhooks) dispatch() {
+	for w.inflight < w.workers && len(w.ready) > 0 {
+		own := w.ready[0]
+		w.ready[0] = ""
+		w.ready = w.ready[1:]
+		q := w.queues[own]
+		q.ready = false
+		d := q.pending[0]
+		q.pending[0] = delivery{}
+		q.pending = q.pending[1:]
+		w.queued--
+		q.active++
+		w.inflight++
+		w.markReady(own, q) // to the back of the turn
+		w.wg.Add(1)
+		go w.run(own, q, d)
 	}
+}
+
+// run makes one delivery in its slot and gives the slot back.
+func (w *webhooks) run(own string, q *hookQueue, d delivery) {
+	defer w.wg.Done()
+	w.send(d)
+	w.qmu.Lock()
+	defer w.qmu.Unlock()
+	q.active--
+	w.inflight--
+	if w.closed {
+		return
+	}
+	w.markReady(own, q)
+	if q.active == 0 && len(q.pending) == 0 && w.queues[own] == q {
+		delete(w.queues, own)
+	}
+	w.dispatch()
 }
 
 // deliver makes one attempt, logs it, and schedules the next one when it
-// failed: after base, 2·base, 4·base ... until WebhookMaxAttempts.
+// failed: after base, 2·base, 4·base ... until WebhookMaxAttempts. A
+// failed attempt returns only once its whole timeout has passed (see
+// the package comment: the tenant learns nothing from its timing).
 func (w *webhooks) deliver(d delivery) {
 	if !w.registered(d.hook) {
 		return // deleted meanwhile
@@ -346,38 +505,39 @@ func (w *webhooks) deliver(d delivery) {
 	start := time.Now()
 	status, err := w.post(d)
 	rec := store.WebhookDelivery{WebhookID: d.hook.ID, EventID: d.event.ID, EventType: string(d.event.Type),
-		Attempt: d.attempt, StatusCode: status, Succeeded: err == nil, Time: start,
-		DurationMS: float64(time.Since(start).Microseconds()) / 1000}
-	if err != nil {
-		rec.Error = err.Error()
+		Attempt: d.attempt, Succeeded: err == nil, Time: start}
+	if err == nil {
+		rec.StatusCode, rec.DurationMS = status, float64(time.Since(start).Microseconds())/1000
+	} else {
+		rec.Error = notDelivered
+		w.s.log.Debug("webhook delivery attempt failed", "owner", d.hook.Owner, "webhook", d.hook.ID, "event", d.event.ID,
+			"attempt", d.attempt, "status", status, "err", err)
+		t := time.NewTimer(time.Until(start.Add(w.timeout)))
+		select {
+		case <-t.C:
+		case <-w.quit:
+			t.Stop()
+			return
+		}
 	}
 	if serr := w.s.store.AddDelivery(context.Background(), rec); serr != nil && w.registered(d.hook) {
 		w.s.log.Error("record webhook delivery", "webhook", d.hook.ID, "err", serr)
 	}
 	if err == nil || d.attempt >= w.s.cfg.WebhookMaxAttempts {
 		if err != nil {
-			w.s.log.Warn("webhook delivery failed for good", "webhook", d.hook.ID, "event", d.event.ID, "attempts", d.attempt, "err", err)
+			w.s.log.Warn("webhook delivery failed for good", "owner", d.hook.Owner, "webhook", d.hook.ID, "event", d.event.ID,
+				"attempts", d.attempt, "status", status, "err", err)
 		}
 		return
 	}
 	wait := w.s.cfg.WebhookRetryBase << (d.attempt - 1)
 	d.attempt++
-	t := time.NewTimer(wait)
-	w.wg.Add(1)
-	go func() {
-		defer w.wg.Done()
-		defer t.Stop()
-		select {
-		case <-t.C:
-			w.push(d)
-		case <-w.quit:
-		}
-	}()
+	time.AfterFunc(wait, func() { w.push(d) }) // dropped by push after stop
 }
 
 // post sends one delivery; an error unless the receiver answered 2xx.
 func (w *webhooks) post(d delivery) (int, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), webhookTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 	defer cancel()
 	go func() {
 		select {
@@ -451,7 +611,7 @@ func (s *Server) createWebhook(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
-	u, err := s.hooks.checkURL(r.Context(), req.URL)
+	u, err := s.hooks.checkURL(req.URL)
 	if err != nil {
 		return err
 	}
@@ -562,7 +722,12 @@ func (s *Server) listDeliveries(w http.ResponseWriter, r *http.Request) error {
 	out := make([]deliveryJSON, len(l))
 	for i, d := range l {
 		out[i] = deliveryJSON{ID: d.ID, EventID: d.EventID, EventType: d.EventType, Attempt: d.Attempt,
-			StatusCode: d.StatusCode, Error: d.Error, Succeeded: d.Succeeded, Time: d.Time.UTC(), DurationMS: d.DurationMS}
+			Succeeded: d.Succeeded, Time: d.Time.UTC()}
+		if d.Succeeded {
+			out[i].StatusCode, out[i].DurationMS = d.StatusCode, d.DurationMS
+		} else {
+			out[i].Error = notDelivered // also of records written before causes were kept from tenants
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"deliveries": out, "next_cursor": next})
 	return nil

@@ -125,7 +125,10 @@ timeout_seconds = 30
 `, model.URL)), 0o600); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(s.bin, "--data-dir", dir, "serve", "--listen", addr, "--config", config, "--preview-domain", "localhost")
+	// The webhook receivers of the tests (Go and Python) are on loopback,
+	// which the operator must allow.
+	cmd := exec.Command(s.bin, "--data-dir", dir, "serve", "--listen", addr, "--config", config, "--preview-domain", "localhost",
+		"--webhook-allow-cidr", "127.0.0.0/8")
 	cmd.Env = append(os.Environ(), "SCRIPTED_MODEL_KEY=sk-scripted")
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log

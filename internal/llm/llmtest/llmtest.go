@@ -48,9 +48,11 @@ type Reply struct {
 	// caller gives up or the server closes).
 	StallAfter int
 	// Usage is the usage reported; nil computes one from the sizes.
-	// NoUsage reports none.
-	Usage   *llm.Usage
-	NoUsage bool
+	// NoUsage reports none. RawUsage, when set, is sent as the usage
+	// object as it is (a provider's malformed or absurd report).
+	Usage    *llm.Usage
+	NoUsage  bool
+	RawUsage json.RawMessage
 }
 
 // Text is a reply of plain text.
@@ -274,6 +276,9 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	if usage != nil {
 		out["usage"] = usageJSON(*usage)
 	}
+	if reply.RawUsage != nil {
+		out["usage"] = reply.RawUsage
+	}
 	if reply.DropAfter > 0 {
 		b, _ := json.Marshal(out)
 		w.Header().Set("Content-Type", "application/json")
@@ -343,9 +348,13 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, id string, r
 		finish = "tool_calls"
 	}
 	send(chunk(map[string]any{}, finish))
-	if req.IncludeUsage && usage != nil {
+	if req.IncludeUsage && (usage != nil || reply.RawUsage != nil) {
+		var u any = reply.RawUsage
+		if reply.RawUsage == nil {
+			u = usageJSON(*usage)
+		}
 		send(map[string]any{"id": id, "object": "chat.completion.chunk", "created": time.Now().Unix(), "model": req.Chat.Model,
-			"choices": []any{}, "usage": usageJSON(*usage)})
+			"choices": []any{}, "usage": u})
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	fl.Flush()
