@@ -68,7 +68,7 @@ func (e *env) raw(method, path string, body any, hdr ...string) string {
 // size.
 func TestOutputFilterEveryExit(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, server.Config{WebhookRetryBase: 10 * time.Millisecond})
+	e := newEnv(t, server.Config{WebhookRetryBase: 10 * time.Millisecond, WebhookAllowCIDRs: []string{"127.0.0.0/8"}}) // the receiver is on loopback
 	rc := newReceiver(t, 0)
 	want(t, e.do("POST", "/v1/webhooks", e.keyA, map[string]any{"url": rc.URL + "/hook",
 		"types": []string{"security_violation", "resource_exceeded"}}), http.StatusCreated, "")
