@@ -211,7 +211,7 @@ func (k *Kernel) Language() string { return k.lang }
 func (k *Kernel) command() *exec.Cmd {
 	switch k.lang {
 	case "python":
-		return exec.Command(k.opt.Python, "-c", pythonBoot, pythonDriver, pythonCharts)
+		return exec.Command(k.opt.Python, "-s", "-c", pythonBoot, pythonDriver, pythonCharts) // -s: pythonBoot
 	case "javascript", "typescript": // the host sends TypeScript cells transpiled
 		if k.filter != nil {
 			return exec.Command(k.opt.Helper, "seccomp-exec", base64.StdEncoding.EncodeToString(k.filter),

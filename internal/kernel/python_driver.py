@@ -355,7 +355,7 @@ def _seccomp(prog, nr):
     call with EPERM and reports it. Our copy of the listener is closed
     before any user code runs under the filter; were the agent gone, the
     kernel fails those calls with ENOSYS."""
-    import ctypes, socket
+    ctypes, socket = _library_import("ctypes"), _library_import("socket")
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     buf = ctypes.create_string_buffer(prog, len(prog))
@@ -369,6 +369,7 @@ def _seccomp(prog, nr):
     fd = libc.syscall(nr, 1, 1 | 8 | 16, ctypes.byref(fprog))
     if fd < 0:
         raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER)")
+    _landlock(libc, ctypes)
     try:
         s = socket.socket(fileno=5)
         try:
@@ -379,6 +380,77 @@ def _seccomp(prog, nr):
         pass  # no supervisor: the calls fail with ENOSYS, unreported
     finally:
         os.close(fd)
+
+
+def _library_import(name):
+    """Import a module of the standard library with nothing but the
+    interpreter's library directories on sys.path: the policy's own imports
+    (before the filter is on) find no module the sandbox's code wrote."""
+    mod = sys.modules.get(name)
+    if mod is not None:
+        return mod
+    saved = sys.path[:]
+    lib = _library_prefixes()
+    sys.path[:] = [p for p in saved if isinstance(p, str) and p.startswith(lib)]
+    try:
+        import importlib
+        return importlib.import_module(name)
+    finally:
+        sys.path[:] = saved
+
+
+def _landlock(libc, ctypes):
+    """Put this thread (the only one: the driver's, before user code runs
+    under the filter) and what it starts in a Landlock domain of its own.
+    It restricts nothing of the file system (the only access it handles,
+    making block devices, the sandbox never has), but a process in a domain
+    cannot reach processes outside it through ptrace's access check: it
+    cannot open another process's /proc/PID/mem, fd/N, environ or maps, nor
+    take its descriptors (pidfd_getfd), so it cannot make an unfiltered
+    process of the same user (an idle context's interpreter, a command's
+    process) start a process for it. Nothing is done where there is no
+    Landlock (before Linux 5.13, or not enabled) or the runtime's seccomp
+    profile refuses it: docs/security.md, section 3, says what is then not
+    promised."""
+    libc.syscall.restype = ctypes.c_long
+    attr = ctypes.c_uint64(1 << 11)  # struct landlock_ruleset_attr: handled_access_fs = LANDLOCK_ACCESS_FS_MAKE_BLOCK
+    fd = libc.syscall(444, ctypes.byref(attr), 8, 0)  # landlock_create_ruleset (the same number everywhere)
+    if fd < 0:
+        if ctypes.get_errno() in (1, 38, 95):  # EPERM (a runtime's seccomp profile), ENOSYS, EOPNOTSUPP
+            return
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    try:
+        if libc.syscall(446, fd, 0) != 0:  # landlock_restrict_self
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(fd)
+
+
+def _user_paths():
+    """Once, after the first request's policy is applied: the working
+    directory goes back at the head of sys.path and the user's site
+    directory (with its .pth files and usercustomize) where Python puts it,
+    as without -s (kernel.go's pythonBoot says why they were left out)."""
+    if _paths_done[0]:
+        return
+    _paths_done[0] = True
+    sys.path.insert(0, "")
+    if os.environ.get("PYTHONNOUSERSITE") or os.getuid() != os.geteuid() or os.getgid() != os.getegid():
+        return
+    import site
+    site.ENABLE_USER_SITE = True
+    user = site.getusersitepackages()
+    if os.path.isdir(user):
+        before = set(sys.path)
+        site.addsitedir(user)
+        added = [p for p in sys.path if p not in before]
+        rest = [p for p in sys.path if p in before]
+        at = next((i for i, p in enumerate(rest) if isinstance(p, str) and p.rstrip("/").endswith(("site-packages", "dist-packages"))), len(rest))
+        sys.path[:] = rest[:at] + added + rest[at:]
+    site.execusercustomize()
+
+
+_paths_done = [False]
 
 
 def _library_prefixes():
@@ -680,6 +752,11 @@ def main():
         except BaseException as e:
             policy_error = e
             _send({"type": "policy_failed"})
+        if policy_error is None and not _paths_done[0]:
+            try:
+                _user_paths()
+            except BaseException:
+                pass
         env = req.get("env") or {}
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
