@@ -34,6 +34,19 @@ var importBypasses = []struct {
 	{"a loader's code run by hand", "import importlib.machinery\npath = importlib.machinery.PathFinder.find_spec('socket').origin\n" +
 		"code = importlib.machinery.SourceFileLoader('socket', path).get_code('socket')\nimport sys, types\nm = types.ModuleType('socket')\n" +
 		"sys.modules['socket'] = m\nexec(code, m.__dict__)\nm.socket().close()", ""},
+	{"a loader of the user's handing over code as a library file's", "import importlib.util, importlib.machinery, marshal, sys\n" +
+		"path = importlib.machinery.PathFinder.find_spec('json').origin\n" +
+		"code = marshal.loads(marshal.dumps(compile('import socket\\ns = socket.socket()', 'X' * len(path), 'exec')).replace(b'X' * len(path), path.encode()))\n" +
+		"class L(importlib.machinery.SourceFileLoader):\n    def get_code(self, name): return code\n" +
+		"loader = L('harmless', path)\nspec = importlib.util.spec_from_loader('harmless', loader)\nm = importlib.util.module_from_spec(spec)\n" +
+		"sys.modules['harmless'] = m\nloader.exec_module(m)\nm.s.close()", "run "},
+	// mimetypes imports winreg if there is one (on Windows): a library's
+	// own import, which finds what the user wrote.
+	{"bytecode made as a library file's, imported by a library", forgedWinreg + "open('winreg.pyc', 'wb').write(pyc)\n" +
+		"import mimetypes\nassert mimetypes._winreg is not None, 'blocked by security policy'\nmimetypes._winreg.s.socket().close()", "run "},
+	{"the same from a zip archive", forgedWinreg + "import zipfile, sys\nwith zipfile.ZipFile('forged.zip', 'w') as z:\n    z.writestr('winreg.pyc', pyc)\n" +
+		"sys.path.insert(0, 'forged.zip')\nimport mimetypes\nassert mimetypes._winreg is not None, 'blocked by security policy'\n" +
+		"mimetypes._winreg.s.socket().close()", "run "},
 	{"pkgutil.resolve_name", "import pkgutil\npkgutil.resolve_name('socket:socket')().close()", "socket"},
 	{"pydoc.locate", "import pydoc\npydoc.locate('socket.socket')().close()", "socket"},
 	{"pickle's Python unpickler", "import pickle\npickle._loads(b'csocket\\nsocket\\n.')().close()", "socket"},
@@ -52,6 +65,12 @@ var importBypasses = []struct {
 		"def f(): pass\nf.__code__ = marshal.loads(marshal.dumps(g.__code__).replace(b'X' * len(lib), lib.encode()))\nf().close()",
 		"run /usr/lib/python3.11/harmless.py"},
 }
+
+// forgedWinreg makes pyc, the bytecode of a module (winreg) that imports
+// socket, made under a library file's name.
+const forgedWinreg = "import marshal, importlib.util\nlib = '/usr/lib/python3.11/harmless.py'\n" +
+	"code = marshal.loads(marshal.dumps(compile('import socket as s', 'X' * len(lib), 'exec')).replace(b'X' * len(lib), lib.encode()))\n" +
+	"pyc = importlib.util.MAGIC_NUMBER + bytes(12) + marshal.dumps(code)\n"
 
 // bypassPolicy blocks what a hostile cell wants, as the engine sends it
 // (the C-level twins added).

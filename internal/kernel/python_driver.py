@@ -407,10 +407,12 @@ def _seccomp(prog, nr):
 # under a library file's name; any "<frozen ...>" name) is not trusted, and
 # running a library's code outside the import system at the user's request
 # (exec of what a loader's get_code or marshal gave, a function made from a
-# library's code object) is refused. Not promised: a module already loaded
-# is reachable through the attributes of others (pathlib.os), and code that
-# can read closures or write memory (ctypes) can undo these hooks. README,
-# "Policies and network", says what the rules promise.
+# library's code object) is refused; a loader vouches for the code it runs
+# only when it is one of the import system's own file loaders. Not
+# promised: a module already loaded is reachable through the attributes of
+# others (pathlib.os), and code that can read closures, replace the import
+# system's functions or write memory (ctypes) can undo these hooks.
+# docs/security.md, section 4, says what the rules promise.
 
 _HELPERS = (  # name-resolving helpers: (file suffix, function names; None: every function)
     ("/pkgutil.py", None), ("/pydoc.py", None), ("/runpy.py", None),
@@ -665,12 +667,12 @@ def _import_hooks():
             c = f.f_code
             i = _id(c)
             if i in relays:
-                if relays[i] is not None:
+                origin = f.f_locals.get("origin") if relays[i] is not None else None
+                if _isinstance(origin, _str):
                     # A loader's hook: the module it creates asks (a C
                     # module's initialisation has no frame of its own).
-                    origin = f.f_locals.get("origin")
-                    return not (_isinstance(origin, _str) and (origin.startswith(lib) or origin in ("built-in", "frozen")))
-                f = f.f_back
+                    return not (origin.startswith(lib) or origin in ("built-in", "frozen"))
+                f = f.f_back  # a loader that cannot vouch for its module: its caller asks
                 continue
             if i in machinery:
                 f = f.f_back
@@ -740,20 +742,49 @@ def _import_hooks():
             return None
 
     call_removed, _exec = _bs._call_with_frames_removed, exec
+    # The file loaders' own methods: a loader whose type is one of these,
+    # with none of them replaced, reads its code from its file.
+    loader_methods = {}
+    for cls, names in ((_bse.SourceFileLoader, ("get_code", "get_data", "path_stats", "source_to_code", "get_filename")),
+                       (_bse.SourcelessFileLoader, ("get_code", "get_data", "get_filename"))):
+        loader_methods[cls] = {k: _getattr(cls, k) for k in names}
+
+    def genuine(loader):
+        methods = loader_methods.get(_type(loader))
+        if methods is None:
+            return False
+        own = _getattr(loader, "__dict__", {})
+        for k, fn in methods.items():
+            if k in own or _getattr(_type(loader), k, None) is not fn:
+                return False
+        return True
 
     def exec_module(self, module):
         # _LoaderBasics.exec_module (every source and bytecode loader), with
         # the module checked by its name and by its code's file. origin is
-        # read by users(): this frame stands for the module it runs.
-        origin = _getattr(self, "path", None)
+        # read by users(): this frame stands for the module it runs, when
+        # the loader is the import system's own (a loader of the user's
+        # making, or a subclass, may hand over any code).
+        # The file read (not the name the code gives itself: a .pyc
+        # without its source keeps the one it was made with).
+        origin = _getattr(self, "path", None) if genuine(self) else None
         spec = _getattr(module, "__spec__", None)
         name = _getattr(spec, "name", None) or _getattr(module, "__name__", None)
         code = self.get_code(module.__name__)
         if code is None:
             raise ImportError("cannot load module {!r} when get_code() returns None".format(module.__name__))
-        origin = code.co_filename
-        check_module(name, origin, getframe(1))
+        check_module(name, code.co_filename, getframe(1))
         call_removed(_exec, code, module.__dict__)
+
+    zipimport = sys.modules.get("zipimport")
+    prev_zip_exec = _getattr(_getattr(zipimport, "zipimporter", None), "exec_module", None)
+
+    def zip_exec_module(self, module):
+        # zipimporter.exec_module: its archive is where the module's code
+        # comes from (origin, read by users()).
+        origin = _getattr(self, "archive", None)
+        check_module(_getattr(module, "__name__", None), None, getframe(1))
+        return prev_zip_exec(self, module)
 
     orig_imp = {k: _getattr(_imp, k) for k in ("create_builtin", "create_dynamic", "get_frozen_object", "init_frozen",
                                                "_fix_co_filename")}
@@ -828,9 +859,9 @@ def _import_hooks():
                 raise Blocked("%s is blocked by security policy (allow_import_system is false)" % event)
 
     for w in (guarded_import, import_module, PolicyFinder.find_spec, fix_co_filename, audit, claims, check,
-              check_module, result, users, names_it, is_helper, refuse, denied, covered, path_name):
+              check_module, result, users, names_it, is_helper, refuse, denied, covered, path_name, genuine):
         relays[_id(w.__code__)] = None
-    for w in (exec_module, create_builtin, create_dynamic, get_frozen_object, init_frozen):
+    for w in (exec_module, zip_exec_module, create_builtin, create_dynamic, get_frozen_object, init_frozen):
         relays[_id(w.__code__)] = "loader"
 
     def add(allow, block, deny_system):
@@ -844,6 +875,8 @@ def _import_hooks():
     importlib.__import__ = guarded_import
     sys.meta_path.insert(0, PolicyFinder())
     _bse._LoaderBasics.exec_module = exec_module
+    if prev_zip_exec is not None:
+        zipimport.zipimporter.exec_module = zip_exec_module
     _imp.create_builtin, _imp.create_dynamic = create_builtin, create_dynamic
     _imp.get_frozen_object, _imp.init_frozen, _imp._fix_co_filename = get_frozen_object, init_frozen, fix_co_filename
     return add
