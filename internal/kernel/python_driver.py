@@ -588,7 +588,7 @@ def _import_hooks():
     for f in (_preload, _shell):  # the driver's own helpers: they import for the user
         _code_tree(f.__code__, helpers)
     relays = {}  # id of a hook's code -> None, or "loader": its frame stands for the module it creates
-    roots = sorted({p.rstrip("/") for p in sys.path if _isinstance(p, _str) and p.startswith(lib)}, key=len, reverse=True)
+    roots = sorted({p.rstrip("/") + "/" for p in sys.path if _isinstance(p, _str) and p.startswith(lib)}, key=len, reverse=True)
 
     def covered(name, names):
         if name in names:
@@ -608,18 +608,27 @@ def _import_hooks():
                 return True
         return False
 
+    path_names = {}
+
     def path_name(path):
         """The dotted module name of a library file under sys.path."""
         if not _isinstance(path, _str):
             return None
+        got = path_names.get(path, path_names)
+        if got is not path_names:
+            return got
+        got = None
         for root in roots:
-            if path.startswith(root + "/"):
-                parts = [p for p in path[len(root) + 1:].split("/") if p != "__pycache__"]
+            if path.startswith(root):
+                parts = [p for p in path[len(root):].split("/") if p != "__pycache__"]
                 parts[-1] = parts[-1].partition(".")[0]
                 if parts[-1] == "__init__":
                     parts.pop()
-                return ".".join(parts) or None
-        return None
+                got = ".".join(parts) or None
+                break
+        if len(path_names) < 4096:
+            path_names[path] = got
+        return got
 
     def is_helper(c):
         if _id(c) in helpers:
@@ -659,29 +668,49 @@ def _import_hooks():
                 return True
         return False
 
+    USER, OWN, HELPER, SKIP, LOADER = range(5)
+    kinds = {}  # id of a code object -> (the code, its kind); the code is kept so that no id is reused
+
+    def kind(c):
+        i = _id(c)
+        got = kinds.get(i)
+        if got is not None:
+            return got[1]
+        if i in relays:
+            k = LOADER if relays[i] is not None else SKIP
+        elif i in machinery:
+            k = SKIP
+        elif is_helper(c):
+            k = HELPER
+        elif i in driver or i in frozen or c.co_filename.startswith(lib):
+            k = OWN
+        else:
+            k = USER
+        if len(kinds) < 65536:
+            kinds[i] = (c, k)
+        return k
+
     def users(f, name=None):
         """Whether the user's code asks (for module name), read from frame
         f outward."""
         helper = False
         while f is not None:
-            c = f.f_code
-            i = _id(c)
-            if i in relays:
-                origin = f.f_locals.get("origin") if relays[i] is not None else None
+            k = kind(f.f_code)
+            if k == LOADER:
+                origin = f.f_locals.get("origin")
                 if _isinstance(origin, _str):
                     # A loader's hook: the module it creates asks (a C
                     # module's initialisation has no frame of its own).
                     return not (origin.startswith(lib) or origin in ("built-in", "frozen"))
-                f = f.f_back  # a loader that cannot vouch for its module: its caller asks
-                continue
-            if i in machinery:
+                k = SKIP  # a loader that cannot vouch for its module: its caller asks
+            if k == SKIP:
                 f = f.f_back
                 continue
-            if is_helper(c):
+            if k == HELPER:
                 helper = True
                 f = f.f_back
                 continue
-            if i in driver or i in frozen or c.co_filename.startswith(lib):
+            if k == OWN:
                 return helper and (name is None or not names_it(f, name))
             return True
         return True  # only helpers: a thread started on one
@@ -717,7 +746,8 @@ def _import_hooks():
         mod = prev_import(name, globals, locals, fromlist, level)
         if level == 0:
             f = getframe(1)
-            result(mod, f)
+            if _getattr(mod, "__name__", None) != (name if fromlist else name.partition(".")[0]):
+                result(mod, f)  # not the module asked for (checked above)
             if fromlist:
                 for item in fromlist:
                     sub = _getattr(mod, item, None)
@@ -859,7 +889,7 @@ def _import_hooks():
                 raise Blocked("%s is blocked by security policy (allow_import_system is false)" % event)
 
     for w in (guarded_import, import_module, PolicyFinder.find_spec, fix_co_filename, audit, claims, check,
-              check_module, result, users, names_it, is_helper, refuse, denied, covered, path_name, genuine):
+              check_module, result, users, names_it, is_helper, refuse, denied, covered, path_name, genuine, kind):
         relays[_id(w.__code__)] = None
     for w in (exec_module, zip_exec_module, create_builtin, create_dynamic, get_frozen_object, init_frozen):
         relays[_id(w.__code__)] = "loader"
