@@ -10,7 +10,10 @@
 // kernel knows when all output of that execution has been read.
 // Python interpreters, and Node ones started under allow_subprocess:
 // false, also get fd 5, a socket the no-subprocess seccomp filter's
-// listener comes back over (notify_linux.go).
+// listener comes back over (notify_linux.go); an interpreter under that
+// filter is also in a Landlock domain of its own. Python starts with -s
+// and without its working directory on sys.path until its first
+// execution's policy is applied (pythonBoot).
 //
 // Timeouts and the output cap send SIGINT to the group, then SIGKILL after
 // Options.InterruptGrace; an interpreter that died is restarted on the next
