@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -29,7 +30,9 @@ import (
 // stdout and stderr (SCM_RIGHTS), and waits for the exit status, passing
 // on SIGINT, SIGTERM, SIGHUP and SIGQUIT. The agent checks the caller's
 // uid from the kernel (SO_PEERCRED): "user" and root may, any other user
-// may not. The root process it starts is what `user: "root"` gives a
+// may not; and a process under more seccomp filters than the agent (code
+// under allow_subprocess: false) may not either, whatever its uid
+// (confined_linux.go). The root process it starts is what `user: "root"` gives a
 // command through the API: uid 0 of the sandbox's user namespace with the
 // capability bounding set of RootCapabilities, no_new_privs and seccomp on,
 // unable to touch pid 1 or the agent. So sudo gives code in the sandbox
@@ -46,6 +49,10 @@ const SudoPath = "/usr/local/bin/sudo"
 
 // sudoSocket is the agent's sudo socket, abstract: not in any filesystem.
 const sudoSocket = "@sheepfold-sudo"
+
+// errSudoConfined is sudo's answer to a caller under the no-subprocess
+// filter (or a seccomp filter of its own making).
+var errSudoConfined = errors.New("this process may not start processes (allow_subprocess: false, or a seccomp filter of its own)")
 
 // maxSudoRequest bounds a request (its environment, mostly).
 const maxSudoRequest = 256 << 10
@@ -116,6 +123,15 @@ func (s *server) sudo(c *net.UnixConn) {
 	uid, err := peerUID(c)
 	if err != nil || (uid != defaultUID && uid != 0) {
 		answer("error user %d is not in the sudoers file", uid)
+		return
+	}
+	// A process under allow_subprocess: false may start none, by this
+	// route either (confined_linux.go).
+	if confined, err := callerConfined(c); err != nil || confined {
+		if err == nil {
+			err = errSudoConfined
+		}
+		answer("error %v", err)
 		return
 	}
 	var req sudoRequest

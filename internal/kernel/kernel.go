@@ -10,7 +10,10 @@
 // kernel knows when all output of that execution has been read.
 // Python interpreters, and Node ones started under allow_subprocess:
 // false, also get fd 5, a socket the no-subprocess seccomp filter's
-// listener comes back over (notify_linux.go).
+// listener comes back over (notify_linux.go); an interpreter under that
+// filter is also in a Landlock domain of its own. Python starts with -s
+// and without its working directory on sys.path until its first
+// execution's policy is applied (pythonBoot).
 //
 // Timeouts and the output cap send SIGINT to the group, then SIGKILL after
 // Options.InterruptGrace; an interpreter that died is restarted on the next
@@ -211,7 +214,7 @@ func (k *Kernel) Language() string { return k.lang }
 func (k *Kernel) command() *exec.Cmd {
 	switch k.lang {
 	case "python":
-		return exec.Command(k.opt.Python, "-c", pythonBoot, pythonDriver, pythonCharts)
+		return exec.Command(k.opt.Python, "-s", "-c", pythonBoot, pythonDriver, pythonCharts) // -s: pythonBoot
 	case "javascript", "typescript": // the host sends TypeScript cells transpiled
 		if k.filter != nil {
 			return exec.Command(k.opt.Helper, "seccomp-exec", base64.StdEncoding.EncodeToString(k.filter),

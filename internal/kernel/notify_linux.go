@@ -263,12 +263,39 @@ func installFilter(prog []byte, nr int) (int, error) {
 	return int(fd), nil
 }
 
+// landlockSelf puts the calling thread, and what it execs, in a Landlock
+// domain of its own, as the Python driver does for itself (_landlock): it
+// handles only the making of block devices (which a sandbox never may), so
+// nothing of the file system changes, but a process in a domain fails
+// ptrace's access check against every process outside it: no
+// /proc/PID/mem, fd/N, environ or maps of another process, no
+// pidfd_getfd, and so no way to make an unfiltered process of the same
+// user start one. Where the kernel has no Landlock (before 5.13, or not
+// enabled), or a seccomp profile refuses it, it does nothing.
+func landlockSelf() error {
+	attr := uint64(1 << 11) // struct landlock_ruleset_attr: handled_access_fs = LANDLOCK_ACCESS_FS_MAKE_BLOCK
+	fd, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, uintptr(unsafe.Pointer(&attr)), 8, 0)
+	runtime.KeepAlive(&attr)
+	if errno == unix.ENOSYS || errno == unix.EOPNOTSUPP || errno == unix.EPERM {
+		return nil // no Landlock, or the runtime's seccomp profile refuses it
+	}
+	if errno != 0 {
+		return fmt.Errorf("landlock_create_ruleset: %w", errno)
+	}
+	defer unix.Close(int(fd))
+	if _, _, errno := unix.Syscall(unix.SYS_LANDLOCK_RESTRICT_SELF, fd, 0, 0); errno != 0 {
+		return fmt.Errorf("landlock_restrict_self: %w", errno)
+	}
+	return nil
+}
+
 // SeccompExec is the agent's "seccomp-exec" sub-command, which starts an
 // interpreter under the no-subprocess filter: args are the filter
 // (base64), the number of the seccomp system call, the program and its
-// arguments. It installs the filter on itself, sends the listener over fd
-// 5 to the agent, closes it and fd 5, and execs the program, an exec the
-// agent lets through as the only one. It returns only on failure.
+// arguments. It installs the filter on itself and enters a Landlock domain
+// (landlockSelf), sends the listener over fd 5 to the agent, closes it and
+// fd 5, and execs the program, an exec the agent lets through as the only
+// one. It returns only on failure.
 func SeccompExec(args []string) int {
 	fail := func(err error) int {
 		fmt.Fprintln(os.Stderr, "seccomp-exec:", err)
@@ -288,6 +315,10 @@ func SeccompExec(args []string) int {
 	runtime.LockOSThread()
 	fd, err := installFilter(prog, nr)
 	if err != nil {
+		return fail(err)
+	}
+	if err := landlockSelf(); err != nil {
+		unix.Close(fd)
 		return fail(err)
 	}
 	err = unix.Sendmsg(listenerFD, []byte{'L'}, unix.UnixRights(fd), nil, 0)

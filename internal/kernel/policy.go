@@ -7,10 +7,17 @@ import (
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 )
 
-// pythonBoot compiles the driver (argv[1]) under a "<frozen ...>" name:
-// the policy hooks count such frames as the interpreter's own, and user
-// code cannot compile under that name (python_driver.py's audit hook).
-const pythonBoot = `import sys;exec(compile(sys.argv.pop(1),"<frozen sheepfold_driver>","exec"))`
+// pythonBoot compiles the driver (argv[1]) under the name the driver's
+// frames carry ("<frozen sheepfold_driver>"; the import rules recognise
+// them by their code objects, not by that name). It takes the working
+// directory ("", which -c puts first) off sys.path, and the interpreter
+// runs with -s (no user site directory): nothing the sandbox's code can
+// write (a json.py in the working directory, a .pth file in
+// ~/.local/lib/python3.X/site-packages) runs before the driver has
+// applied the first execution's policy. The driver puts both back then
+// (python_driver.py, _user_paths), under the no-subprocess filter when
+// the policy asks for it.
+const pythonBoot = `import sys;sys.path[:1]==[""] and sys.path.pop(0);exec(compile(sys.argv.pop(1),"<frozen sheepfold_driver>","exec"))`
 
 // policyGate applies what a policy asks before an execution starts; k.mu
 // is held. It restarts an interpreter that applied a policy a later

@@ -184,7 +184,9 @@ def _chart(fig):
     try:
         if _charts is None:
             _charts = {"__name__": "_sheepfold_charts"}
-            exec(compile(_charts_src, "<frozen sheepfold_charts>", "exec"), _charts)
+            code = compile(_charts_src, "<frozen sheepfold_charts>", "exec")
+            _trust(code)  # import rules: the driver's own
+            exec(code, _charts)
         return _charts["chart"](fig)
     except Exception:
         return None
@@ -355,7 +357,7 @@ def _seccomp(prog, nr):
     call with EPERM and reports it. Our copy of the listener is closed
     before any user code runs under the filter; were the agent gone, the
     kernel fails those calls with ENOSYS."""
-    import ctypes, socket
+    ctypes, socket = _library_import("ctypes"), _library_import("socket")
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     buf = ctypes.create_string_buffer(prog, len(prog))
@@ -369,6 +371,7 @@ def _seccomp(prog, nr):
     fd = libc.syscall(nr, 1, 1 | 8 | 16, ctypes.byref(fprog))
     if fd < 0:
         raise OSError(ctypes.get_errno(), "seccomp(SECCOMP_SET_MODE_FILTER)")
+    _landlock(libc, ctypes)
     try:
         s = socket.socket(fileno=5)
         try:
@@ -381,117 +384,532 @@ def _seccomp(prog, nr):
         os.close(fd)
 
 
+# --- Import rules (allowed_imports, blocked_modules, allow_import_system).
+# A rule binds what the user's code asks for, by any route to the import
+# system: import statements, __import__, importlib, the finders and loaders
+# called directly (spec + exec_module), the import system's C functions
+# (_imp), and helpers that import a name they are given (pkgutil, pydoc,
+# pandas' import_optional_dependency...). It is checked where modules are
+# found (a finder at the head of sys.meta_path) and where they are created
+# and run (the source loaders' exec_module, _imp's create_builtin,
+# create_dynamic, get_frozen_object and init_frozen), by the module's name
+# and by the name its file has under sys.path; __import__ and
+# importlib.import_module check modules already loaded too. Who asks
+# decides: the stack is read outward past the import system and the
+# helpers, and the first frame left is the asker. A library (a genuine
+# frame of a file under the interpreter's library directories, of a frozen
+# module, or of this driver) asks for itself and may import what it needs
+# (pandas imports os); past a helper, only a name its own code writes (or
+# a module of its own package) is its own, so a library calling a helper
+# back for the user (a thread's target, Series.map(importlib.import_module))
+# asks for the user. Code that claims a library's origin without being it
+# (compiled, made with code.replace or renamed with _imp._fix_co_filename
+# under a library file's name; any "<frozen ...>" name) is not trusted, and
+# running a library's code outside the import system at the user's request
+# (exec of what a loader's get_code or marshal gave, a function made from a
+# library's code object) is refused; a loader vouches for the code it runs
+# only when it is one of the import system's own file loaders. Not
+# promised: a module already loaded is reachable through the attributes of
+# others (pathlib.os), and code that can read closures, replace the import
+# system's functions or write memory (ctypes) can undo these hooks.
+# docs/security.md, section 4, says what the rules promise.
+
+_HELPERS = (  # name-resolving helpers: (file suffix, function names; None: every function)
+    ("/pkgutil.py", None), ("/pydoc.py", None), ("/runpy.py", None),
+    ("/pickle.py", frozenset(("find_class",))),
+    ("/logging/config.py", frozenset(("resolve", "_resolve"))),
+    ("/unittest/mock.py", frozenset(("_importer", "_dot_lookup", "_get_target"))),
+    ("/unittest/loader.py", frozenset(("loadTestsFromName",))),
+    ("/doctest.py", frozenset(("_normalize_module",))),
+    ("/warnings.py", frozenset(("_getcategory",))),
+    ("/pandas/compat/_optional.py", frozenset(("import_optional_dependency",))),
+)
+_DRIVER = {}  # id -> code: the driver's own code objects (and the charts module's)
+
+
+def _trust(code):
+    """Count code, compiled by the driver, as the driver's own."""
+    _code_tree(code, _DRIVER)
+
+
+def _code_tree(code, into):
+    """Add code and the code objects nested in it to into (id -> code: the
+    objects are kept, so that no id is reused)."""
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        if id(c) not in into:
+            into[id(c)] = c
+            stack.extend(k for k in c.co_consts if type(k) is type(c))
+
+
+def _codes_of(objs, into, depth=0):
+    """Add the code of the functions and classes among objs to into."""
+    function = type(_code_tree)
+    for v in objs:
+        t = type(v)
+        if t is staticmethod or t is classmethod:
+            v = v.__func__
+            t = type(v)
+        if t is function:
+            _code_tree(v.__code__, into)
+        elif t is property:
+            _codes_of([f for f in (v.fget, v.fset, v.fdel) if f is not None], into, depth)
+        elif isinstance(v, type) and depth < 4:
+            _codes_of(list(vars(v).values()), into, depth + 1)
+
+
+def _library_import(name):
+    """Import a module of the standard library with nothing but the
+    interpreter's library directories on sys.path: the policy's own imports
+    (before the filter is on) find no module the sandbox's code wrote."""
+    mod = sys.modules.get(name)
+    if mod is not None:
+        return mod
+    saved = sys.path[:]
+    lib = _library_prefixes()
+    sys.path[:] = [p for p in saved if isinstance(p, str) and p.startswith(lib)]
+    try:
+        import importlib
+        return importlib.import_module(name)
+    finally:
+        sys.path[:] = saved
+
+
+def _landlock(libc, ctypes):
+    """Put this thread (the only one: the driver's, before user code runs
+    under the filter) and what it starts in a Landlock domain of its own.
+    It restricts nothing of the file system (the only access it handles,
+    making block devices, the sandbox never has), but a process in a domain
+    cannot reach processes outside it through ptrace's access check: it
+    cannot open another process's /proc/PID/mem, fd/N, environ or maps, nor
+    take its descriptors (pidfd_getfd), so it cannot make an unfiltered
+    process of the same user (an idle context's interpreter, a command's
+    process) start a process for it. Nothing is done where there is no
+    Landlock (before Linux 5.13, or not enabled) or the runtime's seccomp
+    profile refuses it: docs/security.md, section 3, says what is then not
+    promised."""
+    libc.syscall.restype = ctypes.c_long
+    attr = ctypes.c_uint64(1 << 11)  # struct landlock_ruleset_attr: handled_access_fs = LANDLOCK_ACCESS_FS_MAKE_BLOCK
+    fd = libc.syscall(444, ctypes.byref(attr), 8, 0)  # landlock_create_ruleset (the same number everywhere)
+    if fd < 0:
+        if ctypes.get_errno() in (1, 38, 95):  # EPERM (a runtime's seccomp profile), ENOSYS, EOPNOTSUPP
+            return
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    try:
+        if libc.syscall(446, fd, 0) != 0:  # landlock_restrict_self
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(fd)
+
+
+def _user_paths():
+    """Once, after the first request's policy is applied: the working
+    directory goes back at the head of sys.path and the user's site
+    directory (with its .pth files and usercustomize) where Python puts it,
+    as without -s (kernel.go's pythonBoot says why they were left out)."""
+    if _paths_done[0]:
+        return
+    _paths_done[0] = True
+    sys.path.insert(0, "")
+    if os.environ.get("PYTHONNOUSERSITE") or os.getuid() != os.geteuid() or os.getgid() != os.getegid():
+        return
+    import site
+    site.ENABLE_USER_SITE = True
+    user = site.getusersitepackages()
+    if os.path.isdir(user):
+        before = set(sys.path)
+        site.addsitedir(user)
+        added = [p for p in sys.path if p not in before]
+        rest = [p for p in sys.path if p in before]
+        at = next((i for i, p in enumerate(rest) if isinstance(p, str) and p.rstrip("/").endswith(("site-packages", "dist-packages"))), len(rest))
+        sys.path[:] = rest[:at] + added + rest[at:]
+    site.execusercustomize()
+
+
+_paths_done = [False]
+
+
 def _library_prefixes():
-    out = {"<frozen "}
+    """The interpreter's library directories; never "<frozen ...>", a name
+    any code can be given (frozen modules are told by their code objects)."""
+    out = set()
     for base in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
         for lib in ("/lib/python3", "/lib64/python3"):
             out.add(base + lib)
+    try:
+        import site
+        out.update(p.rstrip("/") + "/" for p in site.getsitepackages())
+    except Exception:
+        pass
     return tuple(sorted(out))
 
 
 def _import_rules(allowed, blocked, deny_system):
-    """Wrap __import__ (and importlib.import_module) so that imports made by
-    the user's code (cells, exec'd strings, the user's own files: code that
-    is not the interpreter's library) obey the rules. What a library imports
-    for itself is not checked. The wrappers stack: each new rule set wraps
-    the last, so rules only ever tighten. Everything the checks use is bound
-    here, so replacing builtins later changes nothing."""
-    lib = _library_prefixes()
+    """Add a rule set (allowed: None for any). The hooks are installed by
+    the first call; each later call adds its rules to theirs, so rules only
+    ever tighten."""
     if deny_system:
         blocked = blocked | {"importlib", "imp", "_imp", "_frozen_importlib", "_frozen_importlib_external",
                              "zipimport", "pkgutil", "runpy", "builtins", "gc", "ctypes", "_ctypes", "marshal"}
-    getframe, _getattr, _isinstance, _str, _type, _range = sys._getframe, getattr, isinstance, str, type, range
-    module_type, violation, Blocked = _type(sys), _violation, ModuleBlockedError
+    if _rules_add[0] is None:
+        _rules_add[0] = _import_hooks()
+    _rules_add[0](allowed, blocked, deny_system)
+
+
+_rules_add = [None]
+
+
+def _import_hooks():
+    """Install the hooks; return the function that adds a rule set.
+    Everything the checks use is bound here, so replacing builtins or
+    module attributes later changes nothing."""
+    import _imp, importlib, _frozen_importlib as _bs, _frozen_importlib_external as _bse
+    lib = _library_prefixes()
+    rules = []  # (allowed or None, blocked)
+    system = [False]  # allow_import_system: false was asked
+    getframe, _getattr, _isinstance, _str, _type, _id, _tuple = sys._getframe, getattr, isinstance, str, type, id, tuple
+    code_tree = _code_tree
+    module_type, code_type, violation, Blocked = _type(sys), _type(_import_hooks.__code__), _violation, ModuleBlockedError
+    machinery = {}  # the import system's code: skipped when looking for the asker
+    for m in (_bs, _bse, sys.modules.get("zipimport")):
+        if m is not None:
+            _codes_of(list(vars(m).values()), machinery)
+    frozen = {}  # frozen modules of the standard library (os, codecs, io...)
+    for name, m in list(sys.modules.items()):
+        if m not in (_bs, _bse) and not name.startswith("importlib") and \
+                _getattr(_getattr(m, "__spec__", None), "origin", None) == "frozen":
+            _codes_of(list(vars(m).values()), frozen)
+    driver = _DRIVER
+    mine = {}
+    _codes_of([v for v in globals().values() if _getattr(v, "__module__", None) == __name__], mine)
+    driver.update((i, c) for i, c in mine.items() if c.co_filename == "<frozen sheepfold_driver>")
+    helpers = {}
+    for f in (_preload, _shell):  # the driver's own helpers: they import for the user
+        _code_tree(f.__code__, helpers)
+    relays = {}  # id of a hook's code -> None, or "loader": its frame stands for the module it creates
+    roots = sorted({p.rstrip("/") + "/" for p in sys.path if _isinstance(p, _str) and p.startswith(lib)}, key=len, reverse=True)
+
+    def covered(name, names):
+        if name in names:
+            return True
+        i = name.find(".")
+        while i > 0:
+            if name[:i] in names:
+                return True
+            i = name.find(".", i + 1)
+        return False
 
     def denied(name):
-        if not name:
+        if not name or not _isinstance(name, _str):
             return False
-        for m in blocked:
-            if name == m or name.startswith(m + "."):
+        for allow, block in rules:
+            if covered(name, block) or allow is not None and not covered(name, allow):
                 return True
-        if allowed is None:
-            return False
-        for m in allowed:
-            if name == m or name.startswith(m + "."):
-                return False
-        return True
+        return False
 
-    def check(name, depth):
-        if not denied(name):
-            return
-        if getframe(depth).f_code.co_filename.startswith(lib):
-            return  # a library importing for itself
+    path_names = {}
+
+    def path_name(path):
+        """The dotted module name of a library file under sys.path."""
+        if not _isinstance(path, _str):
+            return None
+        got = path_names.get(path, path_names)
+        if got is not path_names:
+            return got
+        got = None
+        for root in roots:
+            if path.startswith(root):
+                parts = [p for p in path[len(root):].split("/") if p != "__pycache__"]
+                parts[-1] = parts[-1].partition(".")[0]
+                if parts[-1] == "__init__":
+                    parts.pop()
+                got = ".".join(parts) or None
+                break
+        if len(path_names) < 4096:
+            path_names[path] = got
+        return got
+
+    def is_helper(c):
+        if _id(c) in helpers:
+            return True
+        fn = c.co_filename
+        if fn.startswith("<frozen importlib."):
+            return True  # importlib.util, importlib.machinery (the genuine machinery is skipped before)
+        if c.co_name == "<module>" or not fn.startswith(lib):
+            return False
+        if "/importlib/" in fn:
+            return True
+        for suffix, names in _HELPERS:
+            if fn.endswith(suffix) and (names is None or c.co_name in names):
+                return True
+        return False
+
+    def names_it(f, name):
+        """Whether the library code of frame f writes module name itself
+        (an import statement, a string) or belongs to its package."""
+        own = f.f_globals.get("__name__")
+        if _isinstance(own, _str) and own.partition(".")[0] == name.partition(".")[0]:
+            return True
+        c = f.f_code
+        words = set(c.co_names)
+        consts = list(c.co_consts)
+        while consts:
+            k = consts.pop()
+            if _type(k) is _str:
+                words.add(k)
+            elif _type(k) is _tuple or _type(k) is frozenset:
+                consts.extend(k)
+        parent, _, last = name.rpartition(".")
+        for w in words:
+            if w == name or w.startswith(name + "."):
+                return True
+            if parent and last in words and (w == parent or w.startswith(parent + ".")):
+                return True
+        return False
+
+    USER, OWN, HELPER, SKIP, LOADER = range(5)
+    kinds = {}  # id of a code object -> (the code, its kind); the code is kept so that no id is reused
+
+    def kind(c):
+        i = _id(c)
+        got = kinds.get(i)
+        if got is not None:
+            return got[1]
+        if i in relays:
+            k = LOADER if relays[i] is not None else SKIP
+        elif i in machinery:
+            k = SKIP
+        elif is_helper(c):
+            k = HELPER
+        elif i in driver or i in frozen or c.co_filename.startswith(lib):
+            k = OWN
+        else:
+            k = USER
+        if len(kinds) < 65536:
+            kinds[i] = (c, k)
+        return k
+
+    def users(f, name=None):
+        """Whether the user's code asks (for module name), read from frame
+        f outward."""
+        helper = False
+        while f is not None:
+            k = kind(f.f_code)
+            if k == LOADER:
+                origin = f.f_locals.get("origin")
+                if _isinstance(origin, _str):
+                    # A loader's hook: the module it creates asks (a C
+                    # module's initialisation has no frame of its own).
+                    return not (origin.startswith(lib) or origin in ("built-in", "frozen"))
+                k = SKIP  # a loader that cannot vouch for its module: its caller asks
+            if k == SKIP:
+                f = f.f_back
+                continue
+            if k == HELPER:
+                helper = True
+                f = f.f_back
+                continue
+            if k == OWN:
+                return helper and (name is None or not names_it(f, name))
+            return True
+        return True  # only helpers: a thread started on one
+
+    def refuse(name):
         violation("module_blocked", name)
         raise Blocked("Module '%s' is blocked by security policy" % name)
 
-    def result(mod, depth):
+    def check(name, f):
+        if denied(name) and users(f, name):
+            refuse(name)
+
+    def check_module(name, origin, f):
+        """A module about to be found, created or run: by its name and by
+        the name its file has under sys.path."""
+        check(name, f)
+        pname = path_name(origin)
+        if pname and pname != name:
+            check(pname, f)
+
+    def result(mod, f):
         # sys.modules may have been poisoned: check what came back.
         real = _getattr(mod, "__name__", None)
         if _isinstance(real, _str):
-            check(real, depth + 1)
+            check(real, f)
         return mod
 
     prev_import = builtins.__import__
 
     def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
         if level == 0:
-            check(name, 2)
+            check(name, getframe(1))
         mod = prev_import(name, globals, locals, fromlist, level)
         if level == 0:
-            result(mod, 2)
+            f = getframe(1)
+            if _getattr(mod, "__name__", None) != (name if fromlist else name.partition(".")[0]):
+                result(mod, f)  # not the module asked for (checked above)
             if fromlist:
                 for item in fromlist:
                     sub = _getattr(mod, item, None)
                     if _type(sub) is module_type:
-                        result(sub, 2)
+                        result(sub, f)
         return mod
 
-    builtins.__import__ = guarded_import
-    import importlib
     prev_module = importlib.import_module
 
     def import_module(name, package=None):
         if not name.startswith("."):
-            check(name, 2)
-        return result(prev_module(name, package), 2)
+            check(name, getframe(1))
+        return result(prev_module(name, package), getframe(1))
 
-    importlib.import_module = import_module
-    importlib.__import__ = guarded_import
+    class PolicyFinder:
+        """First on sys.meta_path: a module the asker may not import is not
+        found (a first load, by any route through the finders)."""
+
+        @staticmethod
+        def find_spec(name, path=None, target=None):
+            check(name, getframe(1))
+            return None
+
+    call_removed, _exec = _bs._call_with_frames_removed, exec
+    # The file loaders' own methods: a loader whose type is one of these,
+    # with none of them replaced, reads its code from its file.
+    loader_methods = {}
+    for cls, names in ((_bse.SourceFileLoader, ("get_code", "get_data", "path_stats", "source_to_code", "get_filename")),
+                       (_bse.SourcelessFileLoader, ("get_code", "get_data", "get_filename"))):
+        loader_methods[cls] = {k: _getattr(cls, k) for k in names}
+
+    def genuine(loader):
+        methods = loader_methods.get(_type(loader))
+        if methods is None:
+            return False
+        own = _getattr(loader, "__dict__", {})
+        for k, fn in methods.items():
+            if k in own or _getattr(_type(loader), k, None) is not fn:
+                return False
+        return True
+
+    def exec_module(self, module):
+        # _LoaderBasics.exec_module (every source and bytecode loader), with
+        # the module checked by its name and by its code's file. origin is
+        # read by users(): this frame stands for the module it runs, when
+        # the loader is the import system's own (a loader of the user's
+        # making, or a subclass, may hand over any code).
+        # The file read (not the name the code gives itself: a .pyc
+        # without its source keeps the one it was made with).
+        origin = _getattr(self, "path", None) if genuine(self) else None
+        spec = _getattr(module, "__spec__", None)
+        name = _getattr(spec, "name", None) or _getattr(module, "__name__", None)
+        code = self.get_code(module.__name__)
+        if code is None:
+            raise ImportError("cannot load module {!r} when get_code() returns None".format(module.__name__))
+        check_module(name, code.co_filename, getframe(1))
+        call_removed(_exec, code, module.__dict__)
+
+    zipimport = sys.modules.get("zipimport")
+    prev_zip_exec = _getattr(_getattr(zipimport, "zipimporter", None), "exec_module", None)
+
+    def zip_exec_module(self, module):
+        # zipimporter.exec_module: its archive is where the module's code
+        # comes from (origin, read by users()).
+        origin = _getattr(self, "archive", None)
+        check_module(_getattr(module, "__name__", None), None, getframe(1))
+        return prev_zip_exec(self, module)
+
+    orig_imp = {k: _getattr(_imp, k) for k in ("create_builtin", "create_dynamic", "get_frozen_object", "init_frozen",
+                                               "_fix_co_filename")}
+
+    def create_builtin(spec):
+        origin = "built-in"
+        check_module(_getattr(spec, "name", None), None, getframe(1))
+        return orig_imp["create_builtin"](spec)
+
+    def create_dynamic(spec, file=None):
+        origin = _getattr(spec, "origin", None)
+        check_module(_getattr(spec, "name", None), origin, getframe(1))
+        return orig_imp["create_dynamic"](spec) if file is None else orig_imp["create_dynamic"](spec, file)
+
+    def get_frozen_object(name, data=None):
+        origin = "frozen"
+        check_module(name, None, getframe(1))
+        code = orig_imp["get_frozen_object"](name) if data is None else orig_imp["get_frozen_object"](name, data)
+        if _type(code) is code_type and data is None:
+            code_tree(code, frozen)  # a frozen module loaded now: the library's own code
+        return code
+
+    def init_frozen(name):
+        origin = "frozen"
+        check_module(name, None, getframe(1))
+        return orig_imp["init_frozen"](name)
+
+    def fix_co_filename(code, path):
+        if _isinstance(path, _str) and path.startswith(lib) and users(getframe(1)):
+            violation("module_blocked", "code as " + path)
+            raise Blocked("Giving code a library file's name is blocked by security policy")
+        return orig_imp["_fix_co_filename"](code, path)
+
+    def claims(code):
+        """Whether code, or code nested in it, claims a library file or the
+        driver as its origin."""
+        stack = [code]
+        while stack:
+            c = stack.pop()
+            if _id(c) in driver or c.co_filename.startswith(lib):
+                return True
+            stack.extend(k for k in c.co_consts if _type(k) is code_type)
+        return False
+
     introspection = frozenset(("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames",
                                "sys.settrace", "sys.setprofile", "code.__new__", "function.__new__",
                                "marshal.loads", "marshal.load"))
+    run_msg = "Running a library's code outside the import system is blocked by security policy"
 
     def audit(event, args):
-        if event == "compile":
-            # compile() under a library file's name would pass the
-            # library test: only the import system itself may do that.
-            if len(args) > 1 and _isinstance(args[1], _str) and args[1].startswith(lib) \
-                    and not getframe(1).f_code.co_filename.startswith(lib):
+        if event == "exec" or event == "function.__new__":
+            # Running a library's (or the driver's) code is the import
+            # system's job; not the user's, with code a loader's get_code
+            # or marshal gave.
+            if args and _type(args[0]) is code_type and claims(args[0]) and users(getframe(1)):
+                violation("module_blocked", "run " + args[0].co_filename)
+                raise Blocked(run_msg)
+        elif event == "object.__setattr__":
+            if len(args) > 2 and args[1] == "__code__" and _type(args[2]) is code_type and claims(args[2]) \
+                    and users(getframe(1)):
+                violation("module_blocked", "run " + args[2].co_filename)
+                raise Blocked(run_msg)
+        elif event == "compile" or event == "code.__new__":
+            # Code compiled or made under a library file's name would pass
+            # for the library's: only the import system itself may.
+            if len(args) > 1 and _isinstance(args[1], _str) and args[1].startswith(lib) and users(getframe(1)):
                 violation("module_blocked", "compile as " + args[1])
                 raise Blocked("Compiling code as a library file is blocked by security policy")
-        elif event == "import":
-            # A first load that went round __import__ (importlib internals,
-            # a loader called directly): look for the first caller that is
-            # not the import system.
-            if not (args and _isinstance(args[0], _str) and denied(args[0])):
-                return
-            for depth in _range(1, 64):
-                try:
-                    fn = getframe(depth).f_code.co_filename
-                except ValueError:
-                    return
-                if fn.startswith("<frozen importlib"):
-                    continue
-                if not fn.startswith(lib):
-                    violation("module_blocked", args[0])
-                    raise Blocked("Module '%s' is blocked by security policy" % args[0])
-                return
-        elif deny_system and event in introspection:
-            if event.startswith("gc.") or not getframe(1).f_code.co_filename.startswith(lib):
+        if system[0] and event in introspection:
+            if event.startswith("gc.") or users(getframe(1)):
                 violation("module_blocked", event)
                 raise Blocked("%s is blocked by security policy (allow_import_system is false)" % event)
 
+    for w in (guarded_import, import_module, PolicyFinder.find_spec, fix_co_filename, audit, claims, check,
+              check_module, result, users, names_it, is_helper, refuse, denied, covered, path_name, genuine, kind):
+        relays[_id(w.__code__)] = None
+    for w in (exec_module, zip_exec_module, create_builtin, create_dynamic, get_frozen_object, init_frozen):
+        relays[_id(w.__code__)] = "loader"
+
+    def add(allow, block, deny_system):
+        rules.append((allow, block))
+        if deny_system:
+            system[0] = True
+
     sys.addaudithook(audit)
+    builtins.__import__ = guarded_import
+    importlib.import_module = import_module
+    importlib.__import__ = guarded_import
+    sys.meta_path.insert(0, PolicyFinder())
+    _bse._LoaderBasics.exec_module = exec_module
+    if prev_zip_exec is not None:
+        zipimport.zipimporter.exec_module = zip_exec_module
+    _imp.create_builtin, _imp.create_dynamic = create_builtin, create_dynamic
+    _imp.get_frozen_object, _imp.init_frozen, _imp._fix_co_filename = get_frozen_object, init_frozen, fix_co_filename
+    return add
 
 
 def _apply_policy(pol):
@@ -680,6 +1098,11 @@ def main():
         except BaseException as e:
             policy_error = e
             _send({"type": "policy_failed"})
+        if policy_error is None and not _paths_done[0]:
+            try:
+                _user_paths()
+            except BaseException:
+                pass
         env = req.get("env") or {}
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)

@@ -106,13 +106,14 @@ func (p *Policy) Writable(path string) bool {
 }
 
 // ModuleAllowed decides an import by the user's code of a dotted module
-// name: a rule about a module covers its submodules.
+// name: a rule about a module covers its submodules and their C-level
+// twins (WithTwins).
 func (p *Policy) ModuleAllowed(name string) bool {
-	if covered(name, p.BlockedModules()) {
+	if covered(name, WithTwins(p.BlockedModules())) {
 		return false
 	}
 	allow := p.AllowedImports()
-	return allow == nil || covered(name, allow)
+	return allow == nil || covered(name, WithTwins(allow))
 }
 
 func covered(name string, list []string) bool {

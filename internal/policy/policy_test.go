@@ -106,6 +106,36 @@ func TestModuleAllowed(t *testing.T) {
 			t.Errorf("%s: %v", name, got)
 		}
 	}
+	// A rule about a public module covers the C modules that stand for it.
+	p = &Policy{AccessControl: &AccessControl{BlockedModules: []string{"os", "socket", "subprocess", "ctypes"}}}
+	for name, want := range map[string]bool{"posix": false, "posixpath": false, "_socket": false, "_posixsubprocess": false,
+		"_ctypes": false, "nt": false, "json": true, "_json": true, "posixfoo": true} {
+		if got := p.ModuleAllowed(name); got != want {
+			t.Errorf("blocked os, socket, subprocess, ctypes: %s: %v", name, got)
+		}
+	}
+	p = &Policy{AccessControl: &AccessControl{AllowedImports: []string{"os", "json"}, BlockedModules: []string{"_json"}}}
+	for name, want := range map[string]bool{"posix": true, "posixpath": true, "_json": false, "json": true, "_socket": false} {
+		if got := p.ModuleAllowed(name); got != want {
+			t.Errorf("allowed os, json, blocked _json: %s: %v", name, got)
+		}
+	}
+}
+
+func TestWithTwins(t *testing.T) {
+	t.Parallel()
+	if got := WithTwins(nil); got != nil {
+		t.Fatalf("nil: %v", got)
+	}
+	got := WithTwins([]string{"socket", "os", "mylib"})
+	want := []string{"genericpath", "mylib", "nt", "ntpath", "os", "posix", "posixpath", "socket", "_socket"}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if got := WithTwins([]string{"os.path"}); !slices.Equal(got, []string{"genericpath", "ntpath", "os.path", "posixpath"}) {
+		t.Fatalf("os.path: %v", got)
+	}
 }
 
 // TestNoSubprocessFilter runs the filter in the BPF interpreter of x/net

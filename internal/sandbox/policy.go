@@ -76,8 +76,8 @@ func executionsLimited(limit int64, retry time.Duration) error {
 func kernelPolicy(p *policy.Policy) (*agentproto.KernelPolicy, error) {
 	k := &agentproto.KernelPolicy{
 		DenySubprocess:   p.DenySubprocess(),
-		AllowedImports:   p.AllowedImports(),
-		BlockedModules:   p.BlockedModules(),
+		AllowedImports:   policy.WithTwins(p.AllowedImports()),
+		BlockedModules:   policy.WithTwins(p.BlockedModules()),
 		DenyImportSystem: p.DenyImportSystem(),
 		AllowNetwork:     p.NetworkMode() != policy.NetworkNone,
 		CPUTimeMS:        p.CPUTime().Milliseconds(),
