@@ -360,3 +360,18 @@ func TestForwardHTTP(t *testing.T) {
 		}
 	}
 }
+
+// TestCloudMetadataRefused: in public mode, where any public address is
+// reached (the control: 203.0.113.5), every cloud metadata address is
+// refused as such, Azure's wireserver (a public address) included.
+func TestCloudMetadataRefused(t *testing.T) {
+	g, _ := testGateway(t, &policy.Network{Mode: "public"}, 0)
+	if d, _ := g.checkConn(netip.MustParseAddrPort("203.0.113.5:80")); !d.ok {
+		t.Fatalf("a public address refused in public mode: %+v", d)
+	}
+	for _, s := range []string{"169.254.169.254:80", "168.63.129.16:80", "168.63.129.16:32526", "100.100.100.200:80", "192.0.0.192:80", "169.254.170.2:80"} {
+		if d, _ := g.checkConn(netip.MustParseAddrPort(s)); d.ok || !strings.Contains(d.rule, "cloud metadata") {
+			t.Errorf("checkConn(%s) = %+v, want refused as cloud metadata", s, d)
+		}
+	}
+}
