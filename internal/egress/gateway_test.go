@@ -515,3 +515,38 @@ func TestCloudMetadataRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestExchangeLongAnswerHead: a server that answers with an endless
+// header (any public server is anyone's) is not read into memory: the
+// answers stop being followed once the buffer is full, and an Upgrade
+// after that is refused.
+func TestExchangeLongAnswerHead(t *testing.T) {
+	ex := newExchange()
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ex.answers(bufio.NewReaderSize(pr, 4096))
+	}()
+	ex.sent <- &pending{method: "GET"}
+	go func() {
+		io.WriteString(pw, "HTTP/1.1 200 OK\r\nX: ")
+		for {
+			if _, err := pw.Write(bytes.Repeat([]byte("a"), 1024)); err != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("still reading an endless header")
+	}
+	select {
+	case <-ex.lost:
+	default:
+		t.Fatal("answers stopped without saying so")
+	}
+	pr.Close()
+}

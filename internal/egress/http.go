@@ -164,6 +164,9 @@ func (ex *exchange) answers(r *bufio.Reader) {
 			return // an answer to nothing: the server spoke unasked
 		}
 		for {
+			if !headComing(r) {
+				return // a header block longer than the buffer: not followed
+			}
 			res, err := http.ReadResponse(r, &http.Request{Method: p.method})
 			if err != nil {
 				return
@@ -186,6 +189,28 @@ func (ex *exchange) answers(r *bufio.Reader) {
 				return
 			}
 			break
+		}
+	}
+}
+
+// headComing reports whether an answer's whole header block (up to its
+// empty line) fits in r's buffer, reading as much as needed:
+// http.ReadResponse itself would read a header of any length into
+// memory, and in public mode a server is anyone's.
+func headComing(r *bufio.Reader) bool {
+	for {
+		b, _ := r.Peek(r.Buffered())
+		if !bytes.HasPrefix(b, []byte("HTTP/")) && (len(b) >= 5 || bytes.IndexByte(b, '\n') >= 0) {
+			return false // not an answer: not followed
+		}
+		if bytes.Contains(b, []byte("\r\n\r\n")) || bytes.Contains(b, []byte("\n\n")) {
+			return true
+		}
+		if len(b) == r.Size() {
+			return false
+		}
+		if _, err := r.Peek(len(b) + 1); err != nil {
+			return false
 		}
 	}
 }
