@@ -78,6 +78,15 @@ func (g *Gateway) Attach(ctx context.Context, pid int) (err error) {
 	s.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: nicID}})
 	sack := tcpip.TCPSACKEnabled(true)
 	s.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
+	// No TIME_WAIT. When the outside closes first, the stack's end of the
+	// connection is the one left in TIME_WAIT, and the sandbox's kernel,
+	// which holds none, may pick the same source port again at once; a
+	// SYN that reaches a TIME_WAIT endpoint is reused only by a listening
+	// endpoint, which a forwarder is not, so it was dropped without a word
+	// for 60 s and the sandbox's connect timed out. On this point-to-point
+	// link no segment of an old connection can arrive late.
+	tw := tcpip.TCPTimeWaitTimeoutOption(0)
+	s.SetTransportProtocolOption(tcp.ProtocolNumber, &tw)
 
 	// DNS over UDP and TCP at the gateway's address; bound endpoints take
 	// their packets before the forwarders below see them.

@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -917,4 +918,77 @@ print("|".join(out), end="")`)
 	if in, out := s.EgressBytes(); in != int64(len("echo: ping\n")) || out != int64(len("ping\n")) {
 		t.Fatalf("EgressBytes = %d in, %d out", in, out)
 	}
+}
+
+// TestEgressPortReuse: a connection from a source port whose previous
+// connection the outside closed first (the gateway's end then went to
+// TIME_WAIT, the sandbox's to nothing) connects at once. The gateway
+// used to drop such a SYN for 60 s: the sandbox's kernel reuses such
+// ports, and a connect timed out (the egress bench's CI failure). The
+// control: the same two connections from one port straight from the
+// host.
+func TestEgressPortReuse(t *testing.T) {
+	w := newEgressWorld(t)
+	m, _ := w.engine(t)
+	twice := func(dial func(port int) (net.Conn, error)) string {
+		var out []string
+		port := 40000 + int(time.Now().UnixNano()%10000)
+		for range 2 {
+			c, err := dial(port)
+			if err != nil {
+				return err.Error()
+			}
+			io.WriteString(c, "GET / HTTP/1.0\r\nHost: api.test\r\n\r\n") // the server closes first
+			b, _ := io.ReadAll(c)
+			c.Close()
+			out = append(out, string(b[bytes.LastIndex(b, []byte("\r\n"))+2:]))
+		}
+		return strings.Join(out, "|")
+	}
+	if got := twice(func(port int) (net.Conn, error) {
+		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port},
+			Control: reuseAddr}
+		return d.Dial("tcp", w.httpSrv.String())
+	}); got != "hello from api.test|hello from api.test" {
+		t.Fatalf("the control, from the host: %q", got)
+	}
+	s := w.sandbox(t, m, sandbox.CreateOptions{Policy: allowlist("api.test")})
+	got := py(t, s, `
+import random, socket
+port = random.randrange(40000, 50000)
+out = []
+for _ in range(2):
+    c = socket.socket()
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    c.bind(("", port))
+    c.settimeout(5)
+    try:
+        c.connect(("api.test", 80))
+    except OSError as e:
+        out.append("connect: %s" % e)
+        break
+    c.sendall(b"GET / HTTP/1.0\r\nHost: api.test\r\n\r\n")  # the server closes first
+    data = b""
+    while True:
+        b = c.recv(4096)
+        if not b:
+            break
+        data += b
+    c.close()
+    out.append(data.split(b"\r\n\r\n", 1)[-1].decode())
+print("|".join(out), end="")`)
+	if got != "hello from api.test|hello from api.test" {
+		t.Fatalf("two connections from one source port: %q", got)
+	}
+}
+
+// reuseAddr sets SO_REUSEADDR on a dialer's socket.
+func reuseAddr(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
 }
