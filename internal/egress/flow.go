@@ -300,7 +300,9 @@ func (f *flow) answers(in io.Writer, up io.Reader) {
 	if ex != nil {
 		ex.answers(br)
 	}
-	_, _ = io.Copy(io.Discard, br) // the tee forwards it
+	// What br holds went on through the tee already; the rest goes
+	// straight across.
+	_, _ = io.CopyBuffer(in, up, make([]byte, 32<<10))
 }
 
 // follow hands the exchange to answers; if the outside spoke before any
