@@ -82,10 +82,21 @@ func (g *Gateway) connect(dst netip.AddrPort, target, decided string) (*flow, ne
 		g.seen.refused.Add(1)
 		return nil, nil, &refusal{http.StatusForbidden, d.rule}
 	}
+	if g.testHookDecided != nil {
+		g.testHookDecided()
+	}
 	f, ok := g.openFlow(dst, target)
 	if !ok {
 		g.seen.refused.Add(1)
 		return nil, nil, &refusal{http.StatusTooManyRequests, fmt.Sprintf("too many connections open at once (%d)", g.opt.MaxFlows)}
+	}
+	// A policy changed since the decision reviewed the open flows
+	// without this one: judge it again under the policy now in force.
+	if rule, refused := f.refusedBy(g.pol.Load()); refused {
+		f.end()
+		g.seen.refused.Add(1)
+		g.report(deny(events.KindNetworkDenied, "policy changed: "+rule), "tcp", decided)
+		return nil, nil, &refusal{http.StatusForbidden, rule}
 	}
 	if !g.countRequest(target) {
 		f.end()

@@ -633,3 +633,21 @@ func TestFlowRate(t *testing.T) {
 		}
 	}
 }
+
+// TestFlowPolicyChangedWhileDeciding: a policy that changes between a
+// connection's decision and its flow's registration (the review of open
+// flows cannot see it yet) still refuses it.
+func TestFlowPolicyChangedWhileDeciding(t *testing.T) {
+	w := newFlowWorld(t)
+	g, _ := w.gateway(t, &policy.Network{Mode: "allowlist", Allow: []string{"api.test"}}, 0, nil)
+	if c := dialFlow(t, g, "203.0.113.10:80"); c == nil {
+		t.Fatal("the control: refused before any change")
+	}
+	g.testHookDecided = func() {
+		g.testHookDecided = nil
+		g.SetPolicy(mustEgress(t, &policy.Network{Mode: "allowlist", Allow: []string{"other.test"}}), 0)
+	}
+	if c := dialFlow(t, g, "203.0.113.10:80"); c != nil {
+		t.Fatal("a connection decided under the old policy went on")
+	}
+}

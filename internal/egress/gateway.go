@@ -150,6 +150,8 @@ type Gateway struct {
 	fmu   sync.Mutex
 	flows map[*flow]struct{}
 
+	testHookDecided func() // tests only: runs between a connection's decision and its flow's registration
+
 	// mu guards resolved, parents and reported.
 	mu       sync.Mutex
 	resolved map[netip.Addr]map[string]bool // address → names it answered in this sandbox
