@@ -924,9 +924,9 @@ print("|".join(out), end="")`)
 // connection the outside closed first (the gateway's end then went to
 // TIME_WAIT, the sandbox's to nothing) connects at once. The gateway
 // used to drop such a SYN for 60 s: the sandbox's kernel reuses such
-// ports, and a connect timed out (the egress bench's CI failure). The
-// control: the same two connections from one port straight from the
-// host.
+// ports, and a connect timed out (the symptom the egress bench once met
+// in CI). The control: the same two connections from one port straight
+// from the host.
 func TestEgressPortReuse(t *testing.T) {
 	w := newEgressWorld(t)
 	m, _ := w.engine(t)
