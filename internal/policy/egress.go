@@ -267,6 +267,19 @@ func ForbiddenAddr(a netip.Addr) (reason string, bad bool) {
 	return "", false
 }
 
+// CloudMetadata reports whether a is one of the clouds' metadata or
+// host-service addresses ForbiddenAddr refuses, and whose: for dialers
+// that allow private addresses but never these (webhooks).
+func CloudMetadata(a netip.Addr) (reason string, bad bool) {
+	a = a.Unmap()
+	for _, f := range forbidden {
+		if strings.HasPrefix(f.reason, "cloud metadata") && f.p.Contains(a) {
+			return f.reason, true
+		}
+	}
+	return "", false
+}
+
 // DNS tunnelling limits: names longer than these are refused before any
 // upstream lookup, in every mode. Real host names stay well below them.
 const (

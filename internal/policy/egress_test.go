@@ -170,6 +170,14 @@ func TestForbiddenCloudMetadata(t *testing.T) {
 	if _, bad := ForbiddenAddr(netip.MustParseAddr("168.63.129.17")); bad {
 		t.Error("168.63.129.17, a public address beside Azure's wireserver, is refused")
 	}
+	// CloudMetadata names these alone, IPv4-mapped spellings too, and
+	// not the private or loopback ranges around them.
+	for s, want := range map[string]bool{"168.63.129.16": true, "::ffff:100.100.100.200": true, "fd00:ec2::254": true,
+		"169.254.169.254": true, "10.0.0.1": false, "127.0.0.1": false, "100.64.0.1": false, "fd12::1": false, "8.8.8.8": false} {
+		if _, bad := CloudMetadata(netip.MustParseAddr(s)); bad != want {
+			t.Errorf("CloudMetadata(%s) = %v, want %v", s, bad, want)
+		}
+	}
 }
 
 func TestDNSTunnelling(t *testing.T) {
