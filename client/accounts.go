@@ -100,7 +100,9 @@ type UsageFigures struct {
 	DiskPeakBytes     int64   `json:"disk_peak_bytes"`
 	Executions        int64   `json:"executions"`
 	Commands          int64   `json:"commands"`
-	EgressRequests    int64   `json:"egress_requests"` // through the egress gateway
+	EgressRequests    int64   `json:"egress_requests"`  // through the egress gateway
+	EgressBytesIn     int64   `json:"egress_bytes_in"`  // carried by the egress gateway to the sandbox
+	EgressBytesOut    int64   `json:"egress_bytes_out"` // and from it
 	CostMicros        int64   `json:"cost_micros"`
 	Cost              string  `json:"cost"`
 }

@@ -120,6 +120,10 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if err := server.CheckWebhookHosts(webhookHosts); err != nil {
 				return fmt.Errorf("--webhook-allow-hosts: %w", err)
 			}
+			eopt, err := egressOptions(cmd.Flags())
+			if err != nil {
+				return err
+			}
 			def, err := limits.overrides(cmd.Flags())
 			if err != nil {
 				return err
@@ -182,6 +186,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) {
 					c.PoolSize = poolSize
+					c.Egress.MaxFlows, c.Egress.IdleTimeout, c.Egress.Rate = eopt.MaxFlows, eopt.IdleTimeout, eopt.Rate
 					if maxSandboxes > 0 {
 						// The engine's own cap follows, so that the flag
 						// can raise the default as well as lower it.
@@ -244,6 +249,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	// Accounts: the default limits of every account (each may override
 	// them: sheepfold accounts set-limits), credits and prices.
 	limits = addLimitFlags(cmd.Flags(), "account-", "default per account: ")
+	addEgressFlags(cmd.Flags())
 	cmd.Flags().StringVar(&freeCredits, "free-credits", "", "credits a new account starts with, e.g. 5.00 (default: none)")
 	cmd.Flags().BoolVar(&acfg.EnforceCredits, "enforce-credits", false,
 		"refuse new sandboxes, executions and commands of accounts without credits, and stop their sandboxes after --credits-grace")

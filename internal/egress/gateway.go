@@ -19,14 +19,27 @@
 //     listeners (Options.Self) are refused after resolution, so a name
 //     rebound to 127.0.0.1 or 169.254.169.254 gains nothing. The gateway
 //     dials the very address it checked.
-//   - In allowlist mode a connection allowed by name must claim allowed
-//     names (at its port): the SNI of its TLS ClientHello, the Host of
-//     each plain HTTP request.
+//   - Every connection is a flow (flow.go). Its first bytes tell what it
+//     is: a TLS ClientHello, an HTTP/1 request (read loosely to tell,
+//     whatever the method's spelling), or other. A plain HTTP/1 flow is
+//     read request by request, strictly (http.go), in every mode. In
+//     allowlist mode a connection allowed by name (not by an address
+//     rule) must claim allowed names at its port: the SNI of its
+//     ClientHello (none is refused), the names of every HTTP request
+//     (its Host, and an absolute or CONNECT target); other protocols
+//     are refused there. A request carrying Upgrade (or a CONNECT) waits
+//     for its answer: a 101 (a 2xx) makes the flow opaque, any other
+//     answer leaves it HTTP, the next request judged.
 //   - UDP other than DNS is refused (ICMP port unreachable) and reported.
 //   - Every connection, and every plain HTTP request after a
 //     connection's first, counts against resource_limits.network_requests;
 //     past the limit connections are refused with a resource_exceeded
 //     event. Every decision is logged with the rule that made it.
+//   - A sandbox holds at most Options.MaxFlows connections at once, each
+//     closed after Options.IdleTimeout without a byte either way; the
+//     bytes each way are counted (Bytes) and held to Options.Rate.
+//   - SetPolicy judges the open flows again and closes those the new
+//     policy refuses.
 //
 // The package imports internal/policy and internal/events, never the
 // engine.
@@ -42,6 +55,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
@@ -77,10 +92,28 @@ type Options struct {
 	Self []netip.AddrPort
 	// DialTimeout bounds one outgoing connection [10s].
 	DialTimeout time.Duration
+	// MaxFlows bounds the connections one sandbox has open through the
+	// gateway at once; past it new ones are refused with a
+	// resource_exceeded (network_flows) event [DefaultMaxFlows; negative:
+	// none].
+	MaxFlows int
+	// IdleTimeout closes a connection on which no byte moved either way
+	// for so long [DefaultIdleTimeout; negative: never].
+	IdleTimeout time.Duration
+	// Rate bounds one sandbox's bytes a second through the gateway, each
+	// way, over all its connections [DefaultRate; negative: none].
+	Rate int64
 	// Test replaces the outside world: for tests and the benchmark only,
 	// never set from configuration or the API.
 	Test *TestNet
 }
+
+// Defaults of Options.
+const (
+	DefaultMaxFlows    = 128
+	DefaultIdleTimeout = 5 * time.Minute
+	DefaultRate        = 25 << 20 // bytes a second, each way
+)
 
 // TestNet stands in for DNS and the network in tests, which never leave
 // the machine. The policy still applies to the addresses the sandbox sees
@@ -108,6 +141,17 @@ type Gateway struct {
 	seen     counters
 	stackSum func() string // the userspace stack's counters, once attached
 
+	started           time.Time     // the origin of now
+	inRate, outRate   *rate.Limiter // Options.Rate to and from the sandbox; nil: none
+	bytesIn, bytesOut atomic.Int64  // carried to and from the sandbox
+	reaper            sync.Once     // starts reapIdle with the first flow
+
+	// fmu guards flows.
+	fmu   sync.Mutex
+	flows map[*flow]struct{}
+
+	testHookDecided func() // tests only: runs between a connection's decision and its flow's registration
+
 	// mu guards resolved, parents and reported.
 	mu       sync.Mutex
 	resolved map[netip.Addr]map[string]bool // address → names it answered in this sandbox
@@ -121,6 +165,7 @@ type counters struct {
 	syns, carried, refused, dialFailed, handshakeFailed atomic.Uint64
 	linkWriteErrs                                       atomic.Uint64
 	lastLinkErr                                         atomic.Pointer[string]
+	overCap, idleClosed, policyClosed                   atomic.Uint64
 }
 
 // Diagnose summarises what the gateway saw: the connections the sandbox
@@ -136,7 +181,7 @@ func (g *Gateway) Diagnose() string {
 	if g.stackSum != nil {
 		out += "; stack: " + g.stackSum()
 	}
-	return out
+	return out + "; " + g.flowSummary()
 }
 
 // maxResolved bounds the remembered answers of one sandbox.
@@ -162,6 +207,21 @@ func New(opt Options, sandboxID string, pol *policy.Egress, limit int64) (*Gatew
 	if opt.DialTimeout <= 0 {
 		opt.DialTimeout = 10 * time.Second
 	}
+	switch {
+	case opt.MaxFlows == 0:
+		opt.MaxFlows = DefaultMaxFlows
+	case opt.MaxFlows < 0:
+		opt.MaxFlows = 0
+	}
+	switch {
+	case opt.IdleTimeout == 0:
+		opt.IdleTimeout = DefaultIdleTimeout
+	case opt.IdleTimeout < 0:
+		opt.IdleTimeout = 0
+	}
+	if opt.Rate == 0 {
+		opt.Rate = DefaultRate
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Gateway{
 		opt: opt, id: sandboxID, limit: max(limit, 0), ctx: ctx, cancel: cancel,
@@ -169,17 +229,29 @@ func New(opt Options, sandboxID string, pol *policy.Egress, limit int64) (*Gatew
 		resolved: map[netip.Addr]map[string]bool{},
 		parents:  map[string]map[string]bool{},
 		reported: map[string]time.Time{},
+		started:  time.Now(),
+		flows:    map[*flow]struct{}{},
+	}
+	if opt.Rate > 0 {
+		// A burst of an eighth of a second's worth (4 KiB to 1 MiB)
+		// lets short exchanges through at once.
+		burst := int(min(max(opt.Rate/8, 4<<10), 1<<20))
+		g.inRate = rate.NewLimiter(rate.Limit(opt.Rate), burst)
+		g.outRate = rate.NewLimiter(rate.Limit(opt.Rate), burst)
 	}
 	g.pol.Store(pol)
 	return g, nil
 }
 
-// SetPolicy replaces the policy for new DNS queries and connections. A
-// policy without network makes every new connection fail; the interface
-// stays until the sandbox ends.
+// SetPolicy replaces the policy for DNS queries, new connections and
+// every later request, and closes the open connections it refuses (their
+// destination, or the names they claimed: the TLS SNI, the Host of the
+// latest HTTP request). A policy without network closes every connection
+// and refuses new ones; the interface stays until the sandbox ends.
 func (g *Gateway) SetPolicy(pol *policy.Egress, limit int64) {
 	g.pol.Store(pol)
 	atomic.StoreInt64(&g.limit, max(limit, 0))
+	g.review(pol)
 }
 
 // Mode is the network mode the gateway enforces now.
@@ -188,8 +260,13 @@ func (g *Gateway) Mode() string { return g.pol.Load().Mode }
 // Context ends when the gateway closes.
 func (g *Gateway) Context() context.Context { return g.ctx }
 
-// Requests returns how many connections the sandbox has made.
+// Requests returns how many requests the sandbox has made: connections,
+// and plain HTTP requests after a connection's first.
 func (g *Gateway) Requests() int64 { return g.requests.Load() }
+
+// Bytes returns the bytes carried to the sandbox (in) and from it (out),
+// the payload of its TCP connections.
+func (g *Gateway) Bytes() (in, out int64) { return g.bytesIn.Load(), g.bytesOut.Load() }
 
 // Close stops the gateway: every connection is closed and the TUN device
 // (and with it the sandbox's interface) goes away.
@@ -359,11 +436,10 @@ func (g *Gateway) tooManyUnder(name string) bool {
 	return false
 }
 
-// checkConn decides a TCP connection to dst. It returns the decision and,
-// when allowed by name, the names whose rules allowed it (to check SNI and
-// Host against); nil names means the address itself was allowed.
-func (g *Gateway) checkConn(dst netip.AddrPort) (decision, bool) {
-	pol := g.pol.Load()
+// checkConn decides a TCP connection to dst under pol. It returns the
+// decision and whether a name rule (rather than an address rule) allowed
+// it.
+func (g *Gateway) checkConn(pol *policy.Egress, dst netip.AddrPort) (decision, bool) {
 	a, port := dst.Addr(), dst.Port()
 	if !pol.Enabled() {
 		return deny(events.KindNetworkDenied, "mode none"), false
@@ -393,7 +469,7 @@ func (g *Gateway) checkConn(dst netip.AddrPort) (decision, bool) {
 // own listeners refused) and reports it under target: where to dial,
 // the decision, and whether a name allowed it.
 func (g *Gateway) decide(dst netip.AddrPort, target string) (netip.AddrPort, decision, bool) {
-	d, byName := g.checkConn(dst)
+	d, byName := g.checkConn(g.pol.Load(), dst)
 	var t netip.AddrPort
 	if d.ok {
 		var td decision
@@ -405,10 +481,11 @@ func (g *Gateway) decide(dst netip.AddrPort, target string) (netip.AddrPort, dec
 	return t, d, byName
 }
 
-// checkName decides a name a connection claims (TLS SNI, HTTP Host).
-func (g *Gateway) checkName(name string, port uint16) decision {
+// checkName decides under pol a name a connection claims (TLS SNI, HTTP
+// Host).
+func (g *Gateway) checkName(pol *policy.Egress, name string, port uint16) decision {
 	if a, err := netip.ParseAddr(name); err == nil {
-		if rule, ok := g.pol.Load().AllowAddrRule(a); ok {
+		if rule, ok := pol.AllowAddrRule(a); ok {
 			return allow(rule)
 		}
 		return deny(events.KindNetworkDenied, "address not in allowlist")
@@ -417,7 +494,7 @@ func (g *Gateway) checkName(name string, port uint16) decision {
 	if !ok {
 		return deny(events.KindNetworkDenied, "not a valid host name")
 	}
-	if rule, ok := g.pol.Load().AllowNamePort(n, port); ok {
+	if rule, ok := pol.AllowNamePort(n, port); ok {
 		return allow(rule)
 	}
 	return deny(events.KindNetworkDenied, "name not in allowlist")

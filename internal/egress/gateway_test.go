@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"strings"
 	"sync"
@@ -135,7 +136,7 @@ func TestCheckConn(t *testing.T) {
 	g, _ := testGateway(t, &policy.Network{Mode: "allowlist", Allow: []string{"api.test:80", "198.51.100.0/24"}}, 0)
 	ap := netip.MustParseAddrPort
 	// Before any lookup, the address of an allowed name is unknown.
-	if d, _ := g.checkConn(ap("203.0.113.10:80")); d.ok {
+	if d, _ := g.checkConn(g.pol.Load(), ap("203.0.113.10:80")); d.ok {
 		t.Fatal("address allowed before its name was resolved")
 	}
 	query(t, g, "api.test", dnsmessage.TypeA)
@@ -154,7 +155,7 @@ func TestCheckConn(t *testing.T) {
 		{"10.255.255.1:53", false, false, "private"},
 	}
 	for _, c := range cases {
-		d, byName := g.checkConn(ap(c.dst))
+		d, byName := g.checkConn(g.pol.Load(), ap(c.dst))
 		if d.ok != c.ok || byName != c.byName || !strings.Contains(d.rule, c.rule) {
 			t.Errorf("checkConn(%s) = %+v byName %v; want ok %v byName %v rule ~%q", c.dst, d, byName, c.ok, c.byName, c.rule)
 		}
@@ -172,14 +173,14 @@ func TestCheckConn(t *testing.T) {
 	}
 	// Names claimed by SNI or Host.
 	for name, ok := range map[string]bool{"api.test": true, "API.TEST": true, "evil.test": false, "198.51.100.3": true, "8.8.8.8": false, "bad name": false} {
-		if d := g.checkName(name, 80); d.ok != ok {
+		if d := g.checkName(g.pol.Load(), name, 80); d.ok != ok {
 			t.Errorf("checkName(%q) = %+v, want ok %v", name, d, ok)
 		}
 	}
 	// A policy without network refuses everything from then on.
 	none, _ := policy.CompileEgress(nil)
 	g.SetPolicy(none, 0)
-	if d, _ := g.checkConn(ap("203.0.113.10:80")); d.ok {
+	if d, _ := g.checkConn(g.pol.Load(), ap("203.0.113.10:80")); d.ok {
 		t.Error("connection allowed after the network was turned off")
 	}
 }
@@ -247,8 +248,9 @@ func TestSniff(t *testing.T) {
 		claims string
 	}{
 		{"tls", hello, protoTLS, "api.test"},
-		{"http", []byte("GET /x HTTP/1.1\r\nHost: api.test:8080\r\nUser-Agent: t\r\n\r\nbody"), protoHTTP, "api.test"},
-		{"http ipv6 host", []byte("POST / HTTP/1.1\r\nHost: [2001:db8::1]:80\r\nContent-Length: 0\r\n\r\n"), protoHTTP, "2001:db8::1"},
+		{"http", []byte("GET /x HTTP/1.1\r\nHost: api.test:8080\r\nUser-Agent: t\r\n\r\nbody"), protoHTTP, ""},
+		{"http, lower case", []byte("get /x HTTP/1.1\r\nHost: api.test\r\n\r\n"), protoHTTP, ""},
+		{"http, unknown method", []byte("PROPFIND /x HTTP/1.1\r\nHost: api.test\r\n\r\n"), protoHTTP, ""},
 		{"ssh", []byte("SSH-2.0-OpenSSH_9.2\r\n"), protoOther, ""},
 		{"raw", []byte("ping\n"), protoOther, ""},
 	}
@@ -305,58 +307,246 @@ func clientHello(t *testing.T, sni string) []byte {
 }
 
 func TestClassify(t *testing.T) {
-	for in, want := range map[string]string{"": "", "G": "", "GE": "", "GET ": protoHTTP, "GETX": protoOther,
-		"\x16\x03\x01": protoTLS, "PO": "", "POST /": protoHTTP, "x": protoOther, "CONNECT a:1": protoHTTP} {
+	for in, want := range map[string]string{
+		"": "", "G": "", "GE": "", "GET": "", "GET ": "", "GET / HTTP/1.1\r": "",
+		"GET / HTTP/1.1\r\n": protoHTTP, "get / http/1.1\r\n": protoHTTP, "PROPFIND /x HTTP/1.1\r\n": protoHTTP,
+		"GET / HTTP/1.1\n": protoHTTP, "GET\t/ HTTP/1.0 \r\n": protoHTTP, "CONNECT a:1 HTTP/1.1\r\n": protoHTTP,
+		"GETX\r\n": protoOther, "\x16\x03\x01": protoTLS, "x": "", "x\n": protoOther, "\x00": protoOther,
+		"SSH-2.0-OpenSSH_9.2\r\n": protoOther, "EHLO example.com\r\n": protoOther, "GET /\r\n": protoOther,
+		"SET k \x00\x01": protoOther, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n": protoOther, "PRI * HTTP/2": "",
+		"POST /": "",
+	} {
 		if got := classify([]byte(in)); got != want {
 			t.Errorf("classify(%q) = %q, want %q", in, got, want)
 		}
 	}
 }
 
-func TestForwardHTTP(t *testing.T) {
+// exchangeWith runs ex.requests over input to a stand-in server that
+// answers each request it reads with answer(req) (and then, after a 101
+// or a CONNECT's 200, echoes what comes). It returns what reached the
+// server, the names judged, and requests' error.
+func exchangeWith(t *testing.T, input string, judge func(names []string) error, answer func(*http.Request) string) (string, [][]string, error) {
+	t.Helper()
+	ex := newExchange()
+	toServer, fromClient := io.Pipe()
+	toClient, fromServer := io.Pipe()
+	var got bytes.Buffer
+	server := make(chan struct{})
+	go func() { // the server
+		defer close(server)
+		defer fromServer.Close()
+		br := bufio.NewReader(io.TeeReader(toServer, &got))
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			a := answer(req)
+			if _, err := io.WriteString(fromServer, a); err != nil {
+				return
+			}
+			if strings.HasPrefix(a, "HTTP/1.1 101") || req.Method == http.MethodConnect && strings.HasPrefix(a, "HTTP/1.1 200") {
+				io.Copy(io.Discard, br) // opaque now
+				return
+			}
+		}
+	}()
+	answered := make(chan struct{})
+	go func() { // the gateway's other half
+		defer close(answered)
+		br := bufio.NewReader(toClient)
+		ex.answers(br)
+		io.Copy(io.Discard, br)
+	}()
+	var judged [][]string
+	err := ex.requests(bufio.NewReader(strings.NewReader(input)), fromClient, func(_ *http.Request, names []string) error {
+		judged = append(judged, names)
+		return judge(names)
+	}, nil)
+	fromClient.Close()
+	<-server
+	toClient.Close()
+	<-answered
+	return got.String(), judged, err
+}
+
+func ok200(*http.Request) string { return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok" }
+
+func TestExchangeRequests(t *testing.T) {
 	reqs := "GET /a HTTP/1.1\r\nHost: api.test\r\n\r\n" +
 		"POST /b HTTP/1.1\r\nHost: api.test:80\r\nContent-Length: 5\r\n\r\nhello" +
 		"\r\n" + // a stray empty line between requests
 		"PUT /c HTTP/1.1\r\nHost: api.test\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nTrailer: 1\r\n\r\n" +
-		"GET /d HTTP/1.1\r\nHost: evil.test\r\n\r\n" +
+		"get /d HTTP/1.1\r\nHost: evil.test\r\n\r\n" +
 		"GET /e HTTP/1.1\r\nHost: api.test\r\n\r\n"
-	var out bytes.Buffer
-	var hosts []string
-	err := forwardHTTP(bufio.NewReader(strings.NewReader(reqs)), &out, func(host string) bool {
-		hosts = append(hosts, host)
-		return host == "api.test"
-	})
-	if err != errRefused {
-		t.Fatalf("forwardHTTP = %v, want errRefused", err)
+	onlyAPI := func(names []string) error {
+		for _, n := range names {
+			if n != "api.test" {
+				return errRefused
+			}
+		}
+		return nil
 	}
-	if want := []string{"api.test", "api.test", "api.test", "evil.test"}; fmt.Sprint(hosts) != fmt.Sprint(want) {
-		t.Fatalf("judged %v, want %v", hosts, want)
+	got, judged, err := exchangeWith(t, reqs, onlyAPI, ok200)
+	if err != errRefused {
+		t.Fatalf("requests = %v, want errRefused", err)
+	}
+	if fmt.Sprint(judged) != "[[api.test] [api.test] [api.test] [evil.test]]" {
+		t.Fatalf("judged %v", judged)
 	}
 	// Everything before the refused request went through unchanged (the
 	// stray empty line aside), nothing of it or after it.
-	want := strings.Replace(reqs[:strings.Index(reqs, "GET /d")], "hello\r\nPUT", "helloPUT", 1)
-	if out.String() != want {
-		t.Fatalf("forwarded %q\nwant %q", out.String(), want)
+	want := strings.Replace(reqs[:strings.Index(reqs, "get /d")], "hello\r\nPUT", "helloPUT", 1)
+	if got != want {
+		t.Fatalf("forwarded %q\nwant %q", got, want)
 	}
 
-	// An upgraded stream is carried as it is after its request.
-	out.Reset()
-	up := "GET /ws HTTP/1.1\r\nHost: api.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n\x81\x05hello GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"
-	n := 0
-	if err := forwardHTTP(bufio.NewReader(strings.NewReader(up)), &out, func(string) bool { n++; return true }); err != nil {
-		t.Fatal(err)
-	}
-	if out.String() != up || n != 1 {
-		t.Fatalf("upgrade: forwarded %q, judged %d", out.String(), n)
-	}
-	// Malformed: a bad chunk size, a header block without its end.
-	for _, bad := range []string{
-		"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-		"GET / HTTP/1.1\r\nHost: a\r\n",
-		"NOT-HTTP\r\n\r\n",
+	// The names a request claims: an absolute or CONNECT target and the
+	// Host header, both judged.
+	for in, names := range map[string]string{
+		"GET http://evil.test/ HTTP/1.1\r\nHost: api.test\r\n\r\n": "[evil.test api.test]",
+		"CONNECT evil.test:443 HTTP/1.1\r\nHost: api.test\r\n\r\n": "[evil.test api.test]",
+		"GET / HTTP/1.0\r\n\r\n":                                   "[]",
+		"GET / HTTP/1.1\r\nHost: [2001:db8::1]:80\r\n\r\n":         "[2001:db8::1]",
+		"GET / HTTP/1.1\r\nhOsT: API.test\r\n\r\n":                 "[API.test]",
 	} {
-		if err := forwardHTTP(bufio.NewReader(strings.NewReader(bad)), io.Discard, func(string) bool { return true }); err == nil {
-			t.Errorf("forwardHTTP(%q) = nil", bad)
+		_, judged, _ := exchangeWith(t, in, func([]string) error { return errRefused }, ok200)
+		if len(judged) != 1 || fmt.Sprint(judged[0]) != names {
+			t.Errorf("%q: judged %v, want %s", in, judged, names)
 		}
 	}
+
+	// Malformed: nothing of it is forwarded and requests fails.
+	for _, bad := range []string{
+		"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+		"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n+3\r\nabc\r\n0\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabcXY0\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: a\r\n",
+		"NOT-HTTP\r\n\r\n",
+		"GET / HTTP/1.1\nHost: a\n\n",
+		"GET / HTTP/1.1\r\nHost: a\rHost: b\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost : b\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: a\r\n b\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: a\x00b\r\n\r\n",
+		"GET /  HTTP/1.1\r\nHost: a\r\n\r\n",
+		"GET / HTTP/2.0\r\nHost: a\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"\r\n\r\n\r\n\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+	} {
+		got, _, err := exchangeWith(t, bad, func([]string) error { return nil }, ok200)
+		if err == nil || strings.Contains(got, "\r\n\r\n") && !strings.Contains(bad, "chunked") {
+			t.Errorf("requests(%q) = %v, forwarded %q", bad, err, got)
+		}
+	}
+}
+
+// TestExchangeUpgrade: a request carrying Upgrade (or a CONNECT) waits
+// for its answer. Answered 101 (200 to CONNECT), the rest is carried as
+// it is; answered anything else, the requests after it are still read
+// and judged.
+func TestExchangeUpgrade(t *testing.T) {
+	up := "GET /ws HTTP/1.1\r\nHost: api.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+	after := "GET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"
+	refuseEvil := func(names []string) error {
+		if len(names) > 0 && names[0] == "evil.test" {
+			return errRefused
+		}
+		return nil
+	}
+	switched := func(*http.Request) string {
+		return "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+	}
+	got, judged, err := exchangeWith(t, up+after, refuseEvil, switched)
+	if err != nil || got != up+after || len(judged) != 1 {
+		t.Fatalf("101: %v, forwarded %q, judged %v", err, got, judged)
+	}
+	// Not switched (a server that ignores Upgrade, with interim answers
+	// first): the next request is judged, and refused.
+	interim := func(r *http.Request) string {
+		return "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n" + ok200(r)
+	}
+	got, judged, err = exchangeWith(t, up+after, refuseEvil, interim)
+	if err != errRefused || got != up || fmt.Sprint(judged) != "[[api.test] [evil.test]]" {
+		t.Fatalf("upgrade answered 200: %v, forwarded %q, judged %v", err, got, judged)
+	}
+	// CONNECT refused by the server (403): still HTTP.
+	conn := "CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n"
+	forbidden := func(*http.Request) string { return "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n" }
+	if _, judged, err = exchangeWith(t, conn+after, refuseEvil, forbidden); err != errRefused || len(judged) != 2 {
+		t.Fatalf("CONNECT answered 403: %v, judged %v", err, judged)
+	}
+	// Accepted: opaque.
+	tunnel := func(*http.Request) string { return "HTTP/1.1 200 Connection established\r\n\r\n" }
+	if got, judged, err = exchangeWith(t, conn+after, refuseEvil, tunnel); err != nil || got != conn+after || len(judged) != 1 {
+		t.Fatalf("CONNECT answered 200: %v, forwarded %q, judged %v", err, got, judged)
+	}
+	// HEAD's answer has no body though it says Content-Length.
+	head := "HEAD / HTTP/1.1\r\nHost: api.test\r\n\r\n"
+	headAnswer := func(r *http.Request) string {
+		if r.Method == http.MethodHead {
+			return "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"
+		}
+		return ok200(r)
+	}
+	if _, judged, err = exchangeWith(t, head+up+after, refuseEvil, headAnswer); err != errRefused || len(judged) != 3 {
+		t.Fatalf("after HEAD: %v, judged %v", err, judged)
+	}
+	// Answers that cannot be followed: an Upgrade is refused.
+	garbage := func(*http.Request) string { return "SSH-2.0-x\r\n" }
+	if _, _, err = exchangeWith(t, up+after, refuseEvil, garbage); err != errUnfollowed {
+		t.Fatalf("unparseable answer: %v, want errUnfollowed", err)
+	}
+}
+
+// TestCloudMetadataRefused: in public mode, where any public address is
+// reached (the control: 203.0.113.5), every cloud metadata address is
+// refused as such, Azure's wireserver (a public address) included.
+func TestCloudMetadataRefused(t *testing.T) {
+	g, _ := testGateway(t, &policy.Network{Mode: "public"}, 0)
+	if d, _ := g.checkConn(g.pol.Load(), netip.MustParseAddrPort("203.0.113.5:80")); !d.ok {
+		t.Fatalf("a public address refused in public mode: %+v", d)
+	}
+	for _, s := range []string{"169.254.169.254:80", "168.63.129.16:80", "168.63.129.16:32526", "100.100.100.200:80", "192.0.0.192:80", "169.254.170.2:80"} {
+		if d, _ := g.checkConn(g.pol.Load(), netip.MustParseAddrPort(s)); d.ok || !strings.Contains(d.rule, "cloud metadata") {
+			t.Errorf("checkConn(%s) = %+v, want refused as cloud metadata", s, d)
+		}
+	}
+}
+
+// TestExchangeLongAnswerHead: a server that answers with an endless
+// header (any public server is anyone's) is not read into memory: the
+// answers stop being followed once the buffer is full, and an Upgrade
+// after that is refused.
+func TestExchangeLongAnswerHead(t *testing.T) {
+	ex := newExchange()
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ex.answers(bufio.NewReaderSize(pr, 4096))
+	}()
+	ex.sent <- &pending{method: "GET"}
+	go func() {
+		io.WriteString(pw, "HTTP/1.1 200 OK\r\nX: ")
+		for {
+			if _, err := pw.Write(bytes.Repeat([]byte("a"), 1024)); err != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("still reading an endless header")
+	}
+	select {
+	case <-ex.lost:
+	default:
+		t.Fatal("answers stopped without saying so")
+	}
+	pr.Close()
 }

@@ -28,9 +28,10 @@ import (
 // the TUN path decides a name and then a connection: the name as a DNS
 // question (dns_denied, tunnelling), the address it resolved to by
 // checkConn (forbidden ranges, the host, the allowlist, the port), the
-// server's own listeners refused, network_requests counted. An allowed
-// connection is carried by carry, which in allowlist mode checks the
-// TLS SNI and every HTTP Host against the allowlist, as on the TUN path.
+// server's own listeners refused, the flow cap kept, network_requests
+// counted. An allowed connection is a flow as on the TUN path (flow.go):
+// every request judged, SNI and Host checked where names are required,
+// idle timeout, byte counts and rate, closed by a tightened policy.
 // Clients that ignore the proxy variables reach nothing: the sandbox has
 // no other route out.
 
@@ -61,14 +62,13 @@ const maxProxyHeaders = 100
 // ServeProxy serves one connection the sandbox made to its egress
 // listener: it reads the proxy request, decides it, and carries the
 // connection or answers why not (403 with ERR_NETWORK_RESTRICTED, 429
-// past network_requests, 502 when the destination does not answer, 400
-// for anything but a proxy request). It returns when the connection is
+// past network_requests or the flow cap, 502 when the destination does
+// not answer, 400 for anything but a proxy request). It returns when the connection is
 // done, and closes c.
 func (g *Gateway) ServeProxy(c HalfConn) {
 	defer c.Close()
 	stop := context.AfterFunc(g.ctx, func() { c.Close() })
 	defer stop()
-	g.seen.syns.Add(1)
 	_ = c.SetReadDeadline(time.Now().Add(sniffTimeout))
 	br := bufio.NewReaderSize(c, maxSniff)
 	line, err := br.ReadSlice('\n')
@@ -122,37 +122,26 @@ func (g *Gateway) ServeProxy(c HalfConn) {
 	target := net.JoinHostPort(host, port)
 	addr, d := g.proxyResolve(host)
 	if !d.ok {
+		g.seen.syns.Add(1)
 		g.seen.refused.Add(1)
 		proxyReply(c, http.StatusForbidden, "ERR_NETWORK_RESTRICTED", d.rule)
 		return
 	}
 	dst := netip.AddrPortFrom(addr, uint16(p))
-	t, d, byName := g.decide(dst, target+" ("+dst.String()+")")
-	if !d.ok {
-		g.seen.refused.Add(1)
-		proxyReply(c, http.StatusForbidden, "ERR_NETWORK_RESTRICTED", d.rule)
-		return
-	}
-	if !g.countRequest(target) {
-		g.seen.refused.Add(1)
-		proxyReply(c, http.StatusTooManyRequests, "ERR_NETWORK_RESTRICTED", "resource_limits.network_requests reached")
-		return
-	}
-	up, err := g.dial(g.ctx, t)
-	if err != nil {
-		g.seen.dialFailed.Add(1)
-		g.log.Info("egress dial failed", "target", target, "err", err)
-		proxyReply(c, http.StatusBadGateway, "ERR_NETWORK_RESTRICTED", "the destination did not answer")
+	f, up, why := g.connect(dst, target, target+" ("+dst.String()+")")
+	if why != nil {
+		proxyReply(c, why.status, "ERR_NETWORK_RESTRICTED", why.msg)
 		return
 	}
 	if connect {
 		if _, err := io.WriteString(c, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+			f.end()
 			up.Close()
 			return
 		}
 	}
 	g.seen.carried.Add(1)
-	g.splice(readerConn{HalfConn: c, r: in}, up, byName && g.pol.Load().Mode == "allowlist", uint16(p), target)
+	f.splice(readerConn{HalfConn: c, r: in}, up)
 }
 
 // proxyResolve decides the host a proxy request names and resolves it:

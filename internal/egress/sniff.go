@@ -1,16 +1,12 @@
 package egress
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"net"
-	"net/http"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -46,11 +42,16 @@ func (rc *recorder) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// httpMethods start an HTTP/1 request.
-var httpMethods = []string{"GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "OPTIONS ", "PATCH ", "CONNECT ", "TRACE "}
+// h2Preface starts an HTTP/2 connection with prior knowledge (h2c).
+const h2Preface = "PRI * HTTP/2.0\r\n"
 
 // classify says what a stream starting with b is, or "" if more bytes are
-// needed to tell.
+// needed to tell. TLS is a handshake record. HTTP is read loosely here, so
+// that nothing a server would take for an HTTP/1 request passes as
+// something else: a first line that starts with a token and a space and
+// ends (at its LF) with a word starting "HTTP/", whatever the method or
+// its case; such a flow is then parsed strictly (http.go) and closed if
+// it does not parse. Anything else, an HTTP/2 preface included, is other.
 func classify(b []byte) string {
 	if len(b) == 0 {
 		return ""
@@ -58,30 +59,52 @@ func classify(b []byte) string {
 	if b[0] == 0x16 { // TLS handshake record
 		return protoTLS
 	}
-	more := false
-	for _, m := range httpMethods {
-		switch {
-		case len(b) >= len(m) && string(b[:len(m)]) == m:
-			return protoHTTP
-		case len(b) < len(m) && m[:len(b)] == string(b):
-			more = true
-		}
-	}
-	if more {
+	if len(b) < len(h2Preface) && h2Preface[:len(b)] == string(b) {
 		return ""
 	}
-	return protoOther
+	if bytes.HasPrefix(b, []byte(h2Preface)) {
+		return protoOther
+	}
+	i := 0
+	for i < len(b) && tokenByte(b[i]) {
+		i++
+	}
+	switch {
+	case i == len(b):
+		return "" // the method may go on
+	case i == 0 || b[i] != ' ' && b[i] != '\t':
+		return protoOther
+	}
+	for j := i; j < len(b); j++ {
+		c := b[j]
+		if c == '\n' {
+			f := bytes.Fields(b[i:j])
+			if len(f) > 0 && len(f[len(f)-1]) >= 5 && strings.EqualFold(string(f[len(f)-1][:5]), "HTTP/") {
+				return protoHTTP
+			}
+			return protoOther
+		}
+		if c < 0x20 && c != '\t' && c != '\r' || c == 0x7f {
+			return protoOther // binary: no server reads this as a request line
+		}
+	}
+	return ""
 }
 
 // sniff reads the start of a client stream and returns what it is, the
-// name it claims (TLS SNI or HTTP Host; "" if none) and every byte it
-// read, which the caller forwards before the rest. It waits as long as
-// needed for the first byte (some protocols let the server speak first),
-// then at most timeout for the whole first message.
+// name a TLS ClientHello claims (its SNI; "" if none) and every byte it
+// read, which the caller forwards before the rest (an HTTP flow's
+// requests are read by the exchange, from the start). It waits as long
+// as needed for the first byte (some protocols let the server speak
+// first; the flow's idle timeout bounds that), then at most timeout to
+// tell what the stream is and read a ClientHello. An error with proto ""
+// means the stream could not be told (it ended, or was too long or too
+// slow, while it could still be HTTP).
 func sniff(c net.Conn, timeout time.Duration) (proto, name string, read []byte, err error) {
 	rc := &recorder{r: c}
 	one := make([]byte, 4096)
 	armed := false
+	defer c.SetReadDeadline(time.Time{})
 	for proto == "" {
 		if _, err := rc.Read(one); err != nil {
 			return "", "", rc.buf.Bytes(), err
@@ -92,14 +115,10 @@ func sniff(c net.Conn, timeout time.Duration) (proto, name string, read []byte, 
 		}
 		proto = classify(rc.buf.Bytes())
 	}
-	defer c.SetReadDeadline(time.Time{})
 	first := bytes.Clone(rc.buf.Bytes())
 	stream := io.MultiReader(bytes.NewReader(first), rc)
-	switch proto {
-	case protoTLS:
+	if proto == protoTLS {
 		name, err = serverName(stream)
-	case protoHTTP:
-		name, err = httpHost(stream)
 	}
 	return proto, name, rc.buf.Bytes(), err
 }
@@ -125,20 +144,6 @@ func serverName(r io.Reader) (string, error) {
 	return "", err
 }
 
-// httpHost parses an HTTP/1 request's header block and returns its Host
-// without a port.
-func httpHost(r io.Reader) (string, error) {
-	req, err := http.ReadRequest(bufio.NewReaderSize(r, 4096))
-	if err != nil {
-		return "", err
-	}
-	host := req.Host
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	return strings.Trim(host, "[]"), nil
-}
-
 // readOnlyConn feeds crypto/tls a recorded stream; nothing it writes (an
 // alert) reaches the sandbox.
 type readOnlyConn struct {
@@ -154,118 +159,3 @@ func (c readOnlyConn) SetReadDeadline(time.Time) error  { return nil }
 func (c readOnlyConn) SetWriteDeadline(time.Time) error { return nil }
 func (c readOnlyConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
 func (c readOnlyConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
-
-// errRefused ends forwardHTTP when the judge refuses a request.
-var errRefused = errors.New("request refused")
-
-// forwardHTTP carries HTTP/1 requests from r to w unchanged. Each
-// request's header block is read whole and judged (judge gets its Host
-// without a port) before any byte of it is forwarded; bodies are carried
-// by their framing (Content-Length or chunked), so the next request's
-// header block is found exactly. After CONNECT or an Upgrade the stream
-// is no longer HTTP and is carried as it is. It returns nil when r ends
-// between requests.
-func forwardHTTP(r *bufio.Reader, w io.Writer, judge func(host string) bool) error {
-	for {
-		head, err := readHead(r)
-		if err != nil {
-			if errors.Is(err, io.EOF) && len(head) == 0 {
-				return nil
-			}
-			return err
-		}
-		req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(head)))
-		if err != nil {
-			return err
-		}
-		host := req.Host
-		if h, _, err := net.SplitHostPort(host); err == nil {
-			host = h
-		}
-		if !judge(strings.Trim(host, "[]")) {
-			return errRefused
-		}
-		if _, err := w.Write(head); err != nil {
-			return err
-		}
-		switch {
-		case req.Method == http.MethodConnect || req.Header.Get("Upgrade") != "":
-			_, err := io.Copy(w, r)
-			return err
-		case len(req.TransferEncoding) > 0:
-			if err := forwardChunked(r, w); err != nil {
-				return err
-			}
-		case req.ContentLength > 0:
-			if _, err := io.CopyN(w, r, req.ContentLength); err != nil {
-				return err
-			}
-		}
-	}
-}
-
-// readHead reads one header block, up to and including its empty line.
-func readHead(r *bufio.Reader) ([]byte, error) {
-	var head []byte
-	for {
-		line, err := r.ReadSlice('\n')
-		head = append(head, line...)
-		if err != nil {
-			if errors.Is(err, bufio.ErrBufferFull) && len(head) < maxSniff {
-				continue
-			}
-			if errors.Is(err, bufio.ErrBufferFull) {
-				return head, errSniffTooLong
-			}
-			return head, err
-		}
-		if len(head) > maxSniff {
-			return head, errSniffTooLong
-		}
-		if string(line) == "\r\n" || string(line) == "\n" {
-			if len(head) == len(line) {
-				head = head[:0] // a stray empty line between requests
-				continue
-			}
-			return head, nil
-		}
-	}
-}
-
-// forwardChunked carries a chunked body and its trailer.
-func forwardChunked(r *bufio.Reader, w io.Writer) error {
-	for {
-		line, err := r.ReadSlice('\n')
-		if err != nil {
-			return err
-		}
-		if _, err := w.Write(line); err != nil {
-			return err
-		}
-		field := strings.TrimSpace(string(line))
-		if i := strings.IndexByte(field, ';'); i >= 0 {
-			field = field[:i]
-		}
-		size, err := strconv.ParseInt(strings.TrimSpace(field), 16, 64)
-		if err != nil || size < 0 {
-			return fmt.Errorf("bad chunk size %q", field)
-		}
-		if size == 0 {
-			for { // trailer fields, then the empty line
-				line, err := r.ReadSlice('\n')
-				if err != nil {
-					return err
-				}
-				if _, err := w.Write(line); err != nil {
-					return err
-				}
-				if string(line) == "\r\n" || string(line) == "\n" {
-					return nil
-				}
-			}
-		}
-		if _, err := io.CopyN(w, r, size+2); err != nil { // data and its CRLF
-			return err
-		}
-	}
-}

@@ -1,10 +1,7 @@
 package egress
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -81,6 +78,15 @@ func (g *Gateway) Attach(ctx context.Context, pid int) (err error) {
 	s.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: nicID}})
 	sack := tcpip.TCPSACKEnabled(true)
 	s.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
+	// No TIME_WAIT. When the outside closes first, the stack's end of the
+	// connection is the one left in TIME_WAIT, and the sandbox's kernel,
+	// which holds none, may pick the same source port again at once; a
+	// SYN that reaches a TIME_WAIT endpoint is reused only by a listening
+	// endpoint, which a forwarder is not, so it was dropped without a word
+	// for 60 s and the sandbox's connect timed out. On this point-to-point
+	// link no segment of an old connection can arrive late.
+	tw := tcpip.TCPTimeWaitTimeoutOption(0)
+	s.SetTransportProtocolOption(tcp.ProtocolNumber, &tw)
 
 	// DNS over UDP and TCP at the gateway's address; bound endpoints take
 	// their packets before the forwarders below see them.
@@ -262,102 +268,26 @@ func addrPort(a tcpip.Address, port uint16) netip.AddrPort {
 // handleTCP decides a new connection from the sandbox (a SYN nobody
 // listens for) and, if allowed, dials out and carries it.
 func (g *Gateway) handleTCP(r *tcp.ForwarderRequest) {
-	g.seen.syns.Add(1)
 	id := r.ID()
 	dst := addrPort(id.LocalAddress, id.LocalPort)
-	target := dst.String()
-	t, d, byName := g.decide(dst, target)
-	if !d.ok || !g.countRequest(target) {
-		g.seen.refused.Add(1)
-		r.Complete(true)
-		return
-	}
-	up, err := g.dial(g.ctx, t)
-	if err != nil {
-		g.seen.dialFailed.Add(1)
-		g.log.Info("egress dial failed", "target", target, "err", err)
+	f, up, why := g.connect(dst, dst.String(), dst.String())
+	if why != nil {
 		r.Complete(true)
 		return
 	}
 	var wq waiter.Queue
 	ep, terr := r.CreateEndpoint(&wq)
 	if terr != nil {
+		f.end()
 		g.seen.handshakeFailed.Add(1)
-		g.log.Info("egress handshake failed", "target", target, "err", terr)
+		g.log.Info("egress handshake failed", "target", f.target, "err", terr)
 		up.Close()
 		r.Complete(true)
 		return
 	}
 	r.Complete(false)
 	g.seen.carried.Add(1)
-	g.splice(gonet.NewTCPConn(&wq, ep), up, byName && g.pol.Load().Mode == "allowlist", dst.Port(), target)
-}
-
-// splice carries one connection both ways. With check set (allowlist
-// mode, allowed by name) the names the client's messages claim (TLS SNI,
-// the Host of each HTTP request) must be allowed. HTTP requests after a
-// connection's first count against network_requests in every mode.
-func (g *Gateway) splice(in HalfConn, up net.Conn, check bool, port uint16, target string) {
-	stop := context.AfterFunc(g.ctx, func() { in.Close(); up.Close() })
-	defer stop()
-	defer in.Close()
-	defer up.Close()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_, _ = io.Copy(in, up)
-		_ = in.CloseWrite()
-	}()
-	if g.carry(in, up, check, port, target) {
-		if tc, ok := up.(*net.TCPConn); ok {
-			_ = tc.CloseWrite()
-		}
-		<-done
-	}
-}
-
-// carry forwards what the sandbox sends, judging it on the way; false
-// means the connection was refused and is to be closed at once.
-func (g *Gateway) carry(in net.Conn, up io.Writer, check bool, port uint16, target string) bool {
-	proto, name, read, err := sniff(in, sniffTimeout)
-	switch {
-	case err != nil && !errors.Is(err, io.EOF) && check:
-		g.report(deny(events.KindNetworkDenied, "unreadable "+proto+" first message: "+err.Error()), proto, target)
-		return false
-	case err != nil:
-		proto = protoOther // carried as it is
-	case proto == protoTLS && check && name != "":
-		if !g.claim(proto, name, port, target) {
-			return false
-		}
-	case proto == protoHTTP:
-		first := true
-		err := forwardHTTP(bufio.NewReaderSize(io.MultiReader(bytes.NewReader(read), in), maxSniff), up,
-			func(host string) bool {
-				if check && host != "" && !g.claim(proto, host, port, target) {
-					return false
-				}
-				ok := first || g.countRequest(target)
-				first = false
-				return ok
-			})
-		return err == nil
-	}
-	if _, err := up.Write(read); err != nil {
-		return false
-	}
-	_, _ = io.Copy(up, in)
-	return true
-}
-
-// claim judges a name a connection claims, and reports the decision.
-func (g *Gateway) claim(proto, name string, port uint16, target string) bool {
-	d := g.checkName(name, port)
-	if !d.ok {
-		d.rule = fmt.Sprintf("%s name %q: %s", proto, name, d.rule)
-	}
-	g.report(d, proto, name+" at "+target)
-	return d.ok
+	f.splice(gonet.NewTCPConn(&wq, ep), up)
 }
 
 // handleUDP refuses UDP other than DNS to the gateway; the stack answers

@@ -44,6 +44,7 @@ const (
 	ResourceDisk            = "disk"
 	ResourceOutput          = "output"
 	ResourceNetworkRequests = "network_requests"
+	ResourceNetworkFlows    = "network_flows" // connections open at once through the egress gateway
 	ResourcePids            = "pids"
 )
 

@@ -1,7 +1,8 @@
 // Package metering measures what every sandbox uses, per second: wall
 // seconds alive, CPU-seconds from the cgroup's own counter, GB-seconds of
 // memory reserved (limit × time) and used (the integral of the cgroup's
-// usage), the disk high-water mark, executions and commands. A background
+// usage), the disk high-water mark, executions, commands, and the egress
+// gateway's requests and bytes each way. A background
 // loop samples each sandbox every SampleInterval and writes the deltas to
 // the store's per-hour buckets every FlushInterval (and at stop), in one
 // transaction with the cost they add to the credit ledger: a crash loses
@@ -140,6 +141,8 @@ type tracker struct {
 	last       time.Time
 	lastCPU    uint64
 	lastEgress int64 // the gateway's request count at the last sample
+	lastIn     int64 // and its byte counts
+	lastOut    int64
 	memory     int64 // the cgroup's memory use at the last sample, bytes
 	stopped    bool
 	// epoch changes when the lease moves the counters a reading adds
@@ -340,9 +343,7 @@ func (m *Meter) addReading(t *tracker, now time.Time, u runtime.Usage, err error
 		Executions:        t.executions.Swap(0),
 		Commands:          t.commands.Swap(0),
 	}
-	if n := t.sb.EgressRequests(); n > t.lastEgress {
-		d.EgressRequests, t.lastEgress = n-t.lastEgress, n
-	}
+	t.egress(&d)
 	if err == nil {
 		d.CPUNanos = cpuDelta(u, &t.lastCPU)
 		d.GBSecondsUsed = float64(u.MemoryBytes) / gib * dt.Seconds()
@@ -360,14 +361,27 @@ func (m *Meter) addReading(t *tracker, now time.Time, u runtime.Usage, err error
 // requests made through this replica; m.mu is held.
 func (m *Meter) count(t *tracker, now time.Time) {
 	d := store.UsageDelta{Executions: t.executions.Swap(0), Commands: t.commands.Swap(0)}
-	if n := t.sb.EgressRequests(); n > t.lastEgress {
-		d.EgressRequests, t.lastEgress = n-t.lastEgress, n
-	}
+	t.egress(&d)
 	if d == (store.UsageDelta{}) {
 		return
 	}
 	t.add(now, d)
 	t.account.Accrue(account.Usage{Executions: d.Executions}, m.cfg.Prices.Cost(0, 0, d.Executions))
+}
+
+// egress adds to d what the sandbox's egress gateway counted since the
+// last sample; m.mu is held.
+func (t *tracker) egress(d *store.UsageDelta) {
+	if n := t.sb.EgressRequests(); n > t.lastEgress {
+		d.EgressRequests, t.lastEgress = n-t.lastEgress, n
+	}
+	in, out := t.sb.EgressBytes()
+	if in > t.lastIn {
+		d.EgressBytesIn, t.lastIn = in-t.lastIn, in
+	}
+	if out > t.lastOut {
+		d.EgressBytesOut, t.lastOut = out-t.lastOut, out
+	}
 }
 
 // add adds d to the tracker's pending delta of now's hour and to its

@@ -194,18 +194,33 @@ func (e *Egress) AllowAddrRule(a netip.Addr) (rule string, ok bool) {
 }
 
 // forbidden are the destinations no mode reaches, whatever a name
-// resolves to: the host and its networks, cloud metadata, and addresses
-// that embed or translate to IPv4 ones.
+// resolves to: the host and its networks, every cloud's metadata and
+// host-service addresses, and addresses that embed or translate to IPv4
+// ones.
 var forbidden = func() []struct {
 	p      netip.Prefix
 	reason string
 } {
 	list := []struct{ cidr, reason string }{
+		// Cloud metadata and host services first, so that the reason
+		// names them. Most sit in ranges refused below anyway; Azure's
+		// wireserver is a public address reachable only from Azure's
+		// hosts.
+		{"169.254.169.254/32", "cloud metadata (AWS, GCP, Azure, Oracle, OpenStack and others)"},
+		{"169.254.169.253/32", "cloud metadata (AWS DNS)"},
+		{"169.254.169.123/32", "cloud metadata (AWS time sync)"},
+		{"169.254.170.2/32", "cloud metadata (AWS ECS task credentials)"},
+		{"169.254.170.23/32", "cloud metadata (AWS EKS Pod Identity)"},
+		{"169.254.0.23/32", "cloud metadata (Tencent)"},
+		{"168.63.129.16/32", "cloud metadata (Azure wireserver)"},
+		{"100.100.100.200/32", "cloud metadata (Alibaba)"},
+		{"192.0.0.192/32", "cloud metadata (Oracle)"},
+		{"fd00:ec2::/64", "cloud metadata (AWS IPv6: IMDS fd00:ec2::254, DNS, time, EKS)"},
+		{"fd20:ce::254/128", "cloud metadata (GCP IPv6)"},
 		{"0.0.0.0/8", "this network"},
 		{"10.0.0.0/8", "private"},
 		{"100.64.0.0/10", "carrier-grade NAT"},
 		{"127.0.0.0/8", "loopback"},
-		{"169.254.169.254/32", "cloud metadata"},
 		{"169.254.0.0/16", "link-local"},
 		{"172.16.0.0/12", "private"},
 		{"192.0.0.0/24", "IETF protocol assignments"},
@@ -248,6 +263,19 @@ func ForbiddenAddr(a netip.Addr) (reason string, bad bool) {
 	}
 	if a.Is6() && !netip.MustParsePrefix("2000::/3").Contains(a) {
 		return "not global unicast", true
+	}
+	return "", false
+}
+
+// CloudMetadata reports whether a is one of the clouds' metadata or
+// host-service addresses ForbiddenAddr refuses, and whose: for dialers
+// that allow private addresses but never these (webhooks).
+func CloudMetadata(a netip.Addr) (reason string, bad bool) {
+	a = a.Unmap()
+	for _, f := range forbidden {
+		if strings.HasPrefix(f.reason, "cloud metadata") && f.p.Contains(a) {
+			return f.reason, true
+		}
 	}
 	return "", false
 }

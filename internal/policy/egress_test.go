@@ -136,6 +136,50 @@ func TestForbiddenAddr(t *testing.T) {
 	}
 }
 
+// TestForbiddenCloudMetadata: every cloud's metadata and host-service
+// address is refused by name, Azure's wireserver (a public address)
+// included, while an ordinary public address next to it is not (the
+// control).
+func TestForbiddenCloudMetadata(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{
+		"169.254.169.254", // AWS, GCP, Azure IMDS, Oracle, OpenStack, DigitalOcean, Hetzner, IBM
+		"169.254.169.253", // AWS DNS
+		"169.254.169.123", // AWS time sync
+		"169.254.170.2",   // AWS ECS task credentials
+		"169.254.170.23",  // AWS EKS Pod Identity
+		"169.254.0.23",    // Tencent
+		"168.63.129.16",   // Azure wireserver
+		"100.100.100.200", // Alibaba
+		"192.0.0.192",     // Oracle
+		"fd00:ec2::254",   // AWS IMDS over IPv6
+		"fd00:ec2::23",    // AWS EKS Pod Identity over IPv6
+		"fd20:ce::254",    // GCP over IPv6
+		"::ffff:168.63.129.16",
+	} {
+		reason, bad := ForbiddenAddr(netip.MustParseAddr(s))
+		if !bad || (!strings.Contains(reason, "cloud metadata") && !strings.HasPrefix(s, "::ffff:")) {
+			t.Errorf("ForbiddenAddr(%s) = %q, %v; want refused as cloud metadata", s, reason, bad)
+		}
+	}
+	for _, s := range []string{"168.63.129.17", "168.63.128.16", "100.100.100.201"} {
+		if reason, bad := ForbiddenAddr(netip.MustParseAddr(s)); bad && strings.Contains(reason, "cloud metadata") {
+			t.Errorf("ForbiddenAddr(%s) = %q: a neighbour is not metadata", s, reason)
+		}
+	}
+	if _, bad := ForbiddenAddr(netip.MustParseAddr("168.63.129.17")); bad {
+		t.Error("168.63.129.17, a public address beside Azure's wireserver, is refused")
+	}
+	// CloudMetadata names these alone, IPv4-mapped spellings too, and
+	// not the private or loopback ranges around them.
+	for s, want := range map[string]bool{"168.63.129.16": true, "::ffff:100.100.100.200": true, "fd00:ec2::254": true,
+		"169.254.169.254": true, "10.0.0.1": false, "127.0.0.1": false, "100.64.0.1": false, "fd12::1": false, "8.8.8.8": false} {
+		if _, bad := CloudMetadata(netip.MustParseAddr(s)); bad != want {
+			t.Errorf("CloudMetadata(%s) = %v, want %v", s, bad, want)
+		}
+	}
+}
+
 func TestDNSTunnelling(t *testing.T) {
 	t.Parallel()
 	for _, s := range []string{"pypi.org", "files.pythonhosted.org", "d2ai8nxbm2e3la.cloudfront.net",

@@ -130,6 +130,16 @@ func (s *Sandbox) EgressRequests() int64 {
 	return s.net.Requests()
 }
 
+// EgressBytes is how many bytes the sandbox's egress gateway carried to
+// it (in) and from it (out): the payload of its TCP connections; 0
+// without a network.
+func (s *Sandbox) EgressBytes() (in, out int64) {
+	if s.net == nil {
+		return 0, 0
+	}
+	return s.net.Bytes()
+}
+
 // EgressDiagnosis summarises what the sandbox's egress gateway saw of
 // its connections, link and stack (egress.Gateway.Diagnose); empty
 // without a network.

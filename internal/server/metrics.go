@@ -167,7 +167,7 @@ var (
 	knownLanguages = set(lang.Python, lang.JavaScript, lang.TypeScript, lang.Bash)
 	knownStatuses  = set(sandbox.ExecSuccess, sandbox.ExecError, sandbox.ExecTimeout, "failed")
 	knownResources = set(events.ResourceCPUTime, events.ResourceWallTime, events.ResourceMemory, events.ResourceDisk,
-		events.ResourceOutput, events.ResourceNetworkRequests, events.ResourcePids)
+		events.ResourceOutput, events.ResourceNetworkRequests, events.ResourceNetworkFlows, events.ResourcePids)
 	knownKinds = set(events.KindModuleBlocked, events.KindSubprocessDenied, events.KindNetworkDenied, events.KindDNSDenied,
 		events.KindPathDenied, events.KindSyscallDenied)
 )

@@ -31,6 +31,8 @@ type usageFigures struct {
 	Executions        int64   `json:"executions"`
 	Commands          int64   `json:"commands"`
 	EgressRequests    int64   `json:"egress_requests"`
+	EgressBytesIn     int64   `json:"egress_bytes_in"`
+	EgressBytesOut    int64   `json:"egress_bytes_out"`
 	CostMicros        int64   `json:"cost_micros"`
 	Cost              string  `json:"cost"`
 }
@@ -40,6 +42,7 @@ func figures(d store.UsageDelta, p metering.Prices) usageFigures {
 	cost := int64(math.Round(p.Cost(cpu, d.GBSecondsReserved, d.Executions)))
 	return usageFigures{SandboxSeconds: float64(d.WallNanos) / 1e9, CPUSeconds: cpu, GBSecondsReserved: d.GBSecondsReserved,
 		GBSecondsUsed: d.GBSecondsUsed, DiskPeakBytes: d.DiskPeakBytes, Executions: d.Executions, Commands: d.Commands, EgressRequests: d.EgressRequests,
+		EgressBytesIn: d.EgressBytesIn, EgressBytesOut: d.EgressBytesOut,
 		CostMicros: cost, Cost: account.FormatMicros(cost)}
 }
 

@@ -175,7 +175,7 @@ func never(a netip.Addr) string {
 	case a.IsLinkLocalUnicast():
 		return "link-local"
 	}
-	if reason, bad := policy.ForbiddenAddr(a); bad && strings.Contains(reason, "metadata") {
+	if reason, bad := policy.CloudMetadata(a); bad {
 		return reason
 	}
 	return ""

@@ -42,6 +42,8 @@ type UsageDelta struct {
 	Executions        int64
 	Commands          int64
 	EgressRequests    int64 // connections and plain HTTP requests through the egress gateway
+	EgressBytesIn     int64 // bytes the egress gateway carried to the sandbox
+	EgressBytesOut    int64 // bytes the egress gateway carried from the sandbox
 }
 
 // Add adds d's figures to u's (the disk figure is a high-water mark);
@@ -55,6 +57,8 @@ func (u *UsageDelta) Add(d UsageDelta) {
 	u.Executions += d.Executions
 	u.Commands += d.Commands
 	u.EgressRequests += d.EgressRequests
+	u.EgressBytesIn += d.EgressBytesIn
+	u.EgressBytesOut += d.EgressBytesOut
 }
 
 // UsageRow is usage summed over a group: Key is the group's value (an

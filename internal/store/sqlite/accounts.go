@@ -149,8 +149,9 @@ func (d *DB) AddLeasedUsage(ctx context.Context, deltas []store.UsageDelta, ledg
 		return err
 	}
 	stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage_hours
-		(sandbox_id, account_id, template, hour, wall_ns, cpu_ns, gb_seconds_reserved, gb_seconds_used, disk_peak_bytes, executions, commands, egress_requests)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		(sandbox_id, account_id, template, hour, wall_ns, cpu_ns, gb_seconds_reserved, gb_seconds_used, disk_peak_bytes, executions, commands, egress_requests,
+			egress_bytes_in, egress_bytes_out)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (sandbox_id, hour) DO UPDATE SET
 			wall_ns = wall_ns + excluded.wall_ns,
 			cpu_ns = cpu_ns + excluded.cpu_ns,
@@ -159,14 +160,17 @@ func (d *DB) AddLeasedUsage(ctx context.Context, deltas []store.UsageDelta, ledg
 			disk_peak_bytes = max(disk_peak_bytes, excluded.disk_peak_bytes),
 			executions = executions + excluded.executions,
 			commands = commands + excluded.commands,
-			egress_requests = egress_requests + excluded.egress_requests`)
+			egress_requests = egress_requests + excluded.egress_requests,
+			egress_bytes_in = egress_bytes_in + excluded.egress_bytes_in,
+			egress_bytes_out = egress_bytes_out + excluded.egress_bytes_out`)
 	if err != nil {
 		return err
 	}
 	defer stmt.Close()
 	for _, u := range deltas {
 		if _, err := stmt.ExecContext(ctx, u.SandboxID, u.Account, u.Template, fmtTime(u.Hour.UTC().Truncate(time.Hour)),
-			u.WallNanos, u.CPUNanos, u.GBSecondsReserved, u.GBSecondsUsed, u.DiskPeakBytes, u.Executions, u.Commands, u.EgressRequests); err != nil {
+			u.WallNanos, u.CPUNanos, u.GBSecondsReserved, u.GBSecondsUsed, u.DiskPeakBytes, u.Executions, u.Commands, u.EgressRequests,
+			u.EgressBytesIn, u.EgressBytesOut); err != nil {
 			return fmt.Errorf("add usage: %w", err)
 		}
 	}
@@ -199,7 +203,8 @@ func (d *DB) QueryUsage(ctx context.Context, f store.UsageFilter) ([]store.Usage
 	}
 	q := `SELECT ` + key + `, max(account_id), max(template), max(sandbox_id), coalesce(sum(wall_ns), 0), coalesce(sum(cpu_ns), 0),
 		coalesce(sum(gb_seconds_reserved), 0), coalesce(sum(gb_seconds_used), 0), coalesce(max(disk_peak_bytes), 0),
-		coalesce(sum(executions), 0), coalesce(sum(commands), 0), coalesce(sum(egress_requests), 0), count(*) FROM usage_hours WHERE 1 = 1`
+		coalesce(sum(executions), 0), coalesce(sum(commands), 0), coalesce(sum(egress_requests), 0),
+		coalesce(sum(egress_bytes_in), 0), coalesce(sum(egress_bytes_out), 0), count(*) FROM usage_hours WHERE 1 = 1`
 	var args []any
 	if f.Account != "" {
 		q += ` AND account_id = ?`
@@ -229,7 +234,7 @@ func (d *DB) QueryUsage(ctx context.Context, f store.UsageFilter) ([]store.Usage
 		var acct, tmpl, sb sql.NullString
 		var n int
 		if err := rows.Scan(&r.Key, &acct, &tmpl, &sb, &r.WallNanos, &r.CPUNanos, &r.GBSecondsReserved, &r.GBSecondsUsed,
-			&r.DiskPeakBytes, &r.Executions, &r.Commands, &r.EgressRequests, &n); err != nil {
+			&r.DiskPeakBytes, &r.Executions, &r.Commands, &r.EgressRequests, &r.EgressBytesIn, &r.EgressBytesOut, &n); err != nil {
 			return nil, err
 		}
 		if n == 0 {

@@ -1,0 +1,4 @@
+-- Bytes the egress gateway carried to and from a sandbox (the payload of
+-- its TCP connections), per hour.
+ALTER TABLE usage_hours ADD COLUMN egress_bytes_in bigint NOT NULL DEFAULT 0;
+ALTER TABLE usage_hours ADD COLUMN egress_bytes_out bigint NOT NULL DEFAULT 0;
