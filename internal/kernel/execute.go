@@ -134,7 +134,9 @@ func (x *execution) admit() execState {
 
 // ready makes sure an interpreter runs, and drops output written between
 // executions (a background thread, say), which belongs to none; an
-// interpreter whose pipes ended is replaced.
+// interpreter whose pipes ended is replaced: one whose code closed its
+// stdout and stderr (and went on running) can write no output, nor the
+// marker that ends an execution.
 func (x *execution) ready() execState {
 	k := x.k
 	if k.p == nil || !k.p.alive() {
@@ -147,8 +149,8 @@ func (x *execution) ready() execState {
 	}
 	for {
 		select {
-		case c := <-k.p.out:
-			if c.eof {
+		case c, ok := <-k.p.out:
+			if !ok || c.eof {
 				k.p.kill()
 				k.p = nil
 				if !x.startInterpreter() {
