@@ -16,15 +16,17 @@ import (
 // An execution goes through these states, each one step (a method of
 // execution) that returns the next:
 //
-//	admit ──refused──────────────────────────────┐
-//	  │                                          │
+//	admit ──refused, or the last execution's ────┐
+//	  │     code killed at its CPU time limit    │
+//	  │     after its end (idle.go)              │
 //	ready (start or restart the interpreter,     │
 //	  │    drop output between executions) ─fail─┤
 //	send (baseline stats, the request) ─────fail─┤
 //	  │                                          │
 //	run (output, results, control messages,      │
 //	  │  until done, a kill or the end)          │
-//	finish (the outcome, the stats) ─────────────┴──► end
+//	finish (the outcome, the stats; under a CPU ─┴──► end
+//	        time limit, the idle watch starts)
 type execState int
 
 const (
@@ -119,6 +121,16 @@ func (x *execution) admit() execState {
 	k := x.k
 	if k.closed {
 		x.done.Code, x.done.Message = agentproto.CodeNotFound, "the context was deleted"
+		return execEnd
+	}
+	if v := k.stopIdle(); v.killed {
+		// The last execution's code passed its CPU time limit after
+		// the execution ended, and was killed (idle.go).
+		if k.p != nil {
+			k.p.kill()
+			k.p = nil
+		}
+		x.done = v.report(x.emit)
 		return execEnd
 	}
 	if x.spec.Preload != nil && k.lang != "python" {
@@ -302,6 +314,10 @@ func (x *execution) finish() execState {
 	if k.p != nil {
 		x.done.Stats.CPUTimeMS = cpuMS(x.pid) - x.cpu0
 		x.done.Stats.PeakMemoryBytes = peakRSS(x.pid)
+		if x.cpu != nil && !k.noIdleWatch {
+			// The limit goes on binding what the code left running.
+			k.idle = watchIdle(x.pid, x.done.Stats.CPUTimeMS, x.cpu.limitMS)
+		}
 	}
 	return execEnd
 }

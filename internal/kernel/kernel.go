@@ -17,6 +17,11 @@
 // execution. CPU time and peak memory are read from /proc for the
 // interpreter (children it waited for count too).
 //
+// What the driver says (the end of an execution, results, errors,
+// violations) is the word of the code it runs, which can write all of it
+// itself: the kernel does not stop counting CPU time at the end an
+// execution's driver reports (idle.go).
+//
 // Languages and their names are internal/lang's.
 //
 // Imports: agentproto, fdpass, lang, the standard library and x/sys only.
@@ -105,6 +110,12 @@ type Kernel struct {
 	// number of the seccomp system call) a Node interpreter starts under.
 	filter   []byte
 	filterNR int
+	// idle, when set, counts the CPU time the last execution's process
+	// group goes on using after its end, against its limit (idle.go).
+	idle *idleWatch
+	// noIdleWatch (set by tests) starts none: the control of the
+	// attacks idle.go stops.
+	noIdleWatch bool
 
 	// onState, when set (by tests), sees each state an execution enters.
 	onState func(execState)
@@ -494,6 +505,7 @@ func (k *Kernel) Restart(ctx context.Context) error {
 	if k.closed {
 		return errors.New("kernel closed")
 	}
+	k.stopIdle()
 	if k.p != nil {
 		k.p.kill()
 		k.p = nil
@@ -506,6 +518,7 @@ func (k *Kernel) Close() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.closed = true
+	k.stopIdle()
 	if k.p != nil {
 		k.p.kill()
 		k.p = nil

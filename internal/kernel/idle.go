@@ -1,0 +1,188 @@
+package kernel
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
+)
+
+// An execution's end is the driver's word: its "done" on the control pipe
+// and its marker on stdout and stderr, which the code it runs can write
+// too (Python can read the marker off the driver's frame, Bash from a
+// variable, and any of them can close its stdout and stderr), and code
+// can leave threads, timers or background jobs running after it returned
+// honestly. So the CPU time limit does not stop at the end: until the
+// next execution starts, the kernel goes on counting the CPU time of the
+// interpreter's process group, and charges it to the execution that
+// ended. Past the limit (the execution's own CPU time plus what ran after
+// it, with idleGrace for the clock's rounding and a runtime's own threads
+// finishing) it kills the group; the context's next execution reports it
+// (StatusCPULimit) instead of running, and the one after runs in a fresh
+// interpreter.
+//
+// The count is read from /proc by the agent, out of the reach of the code
+// (another user, a process it cannot ptrace). It covers the interpreter's
+// threads and every process of its process group (background jobs,
+// children it did not wait for); a process that left the group (setsid,
+// setpgid) is not counted and not killed: that needs allow_subprocess,
+// and such processes are bounded by the sandbox's CPU quota (while an
+// execution runs, a local sandbox's cgroup count covers them too,
+// internal/sandbox cpu.go).
+
+// idleGrace is the CPU time past the limit a context may use between
+// executions before it is killed.
+const idleGrace = 100 * time.Millisecond
+
+// idleWatch counts what an execution's process group burns after the
+// execution ended.
+type idleWatch struct {
+	pgid   int
+	budget float64 // ms the group may use after the end
+	usedMS float64 // by the execution before its end
+	limit  float64 // ms, the execution's limit
+	every  time.Duration
+	stopc  chan struct{}
+	done   chan struct{}
+
+	// Written by the goroutine, read after done is closed.
+	afterMS float64 // counted after the end
+	killed  bool
+}
+
+// idleVerdict is what an idle watch saw until it was stopped.
+type idleVerdict struct {
+	killed          bool
+	usedMS, limitMS float64 // the execution's CPU time, the end's included; its limit
+}
+
+// watchIdle starts counting the CPU time of the process group pgid after
+// an execution that used usedMS of a limit of limitMS.
+func watchIdle(pgid int, usedMS, limitMS float64) *idleWatch {
+	w := &idleWatch{pgid: pgid, usedMS: usedMS, limit: limitMS,
+		budget: max(limitMS-usedMS, 0) + float64(idleGrace.Milliseconds()),
+		every:  min(max(time.Duration(limitMS)*time.Millisecond/4, 10*time.Millisecond), 100*time.Millisecond),
+		stopc:  make(chan struct{}), done: make(chan struct{})}
+	go w.run()
+	return w
+}
+
+func (w *idleWatch) run() {
+	defer close(w.done)
+	last := groupCPU(w.pgid, nil)
+	t := time.NewTicker(w.every)
+	defer t.Stop()
+	for len(last) > 0 {
+		select {
+		case <-w.stopc:
+			return
+		case <-t.C:
+		}
+		now := groupCPU(w.pgid, last)
+		for key, ticks := range now {
+			if prev, ok := last[key]; ok {
+				if ticks > prev {
+					w.afterMS += float64(ticks-prev) * 1000 / clockTicks
+				}
+			} else {
+				w.afterMS += float64(ticks) * 1000 / clockTicks // started after the end
+			}
+		}
+		last = now
+		if w.afterMS > w.budget {
+			_ = syscall.Kill(-w.pgid, syscall.SIGKILL)
+			w.killed = true
+			return
+		}
+	}
+}
+
+// stop ends the watch and returns what it saw. It may be called once.
+func (w *idleWatch) stop() idleVerdict {
+	close(w.stopc)
+	<-w.done
+	return idleVerdict{killed: w.killed, usedMS: w.usedMS + w.afterMS, limitMS: w.limit}
+}
+
+// report is the Done (and the error event) of the execution that finds
+// its context killed at the limit after the previous one ended.
+func (v idleVerdict) report(emit func(agentproto.Event) error) agentproto.Event {
+	_ = emit(agentproto.Event{Type: agentproto.EventError, Error: &agentproto.ExecError{Name: "CPUTimeExceeded",
+		Value: fmt.Sprintf("the previous execution's code went on running after the execution ended and used %s of CPU time in all, "+
+			"more than its limit of %s (cpu_time_seconds); the interpreter was killed, state is lost, and this code did not run",
+			(time.Duration(v.usedMS) * time.Millisecond).Round(time.Millisecond), time.Duration(v.limitMS)*time.Millisecond)}})
+	return agentproto.Event{Type: agentproto.EventDone, Status: agentproto.StatusCPULimit,
+		Stats: &agentproto.Stats{CPUTimeMS: v.usedMS}}
+}
+
+// procKey names a process across pid reuse: its pid and start time.
+type procKey struct{ pid, start uint64 }
+
+// groupCPU returns the CPU time (utime + stime, in clock ticks) of every
+// process of the process group pgid. Its own threads count; its children
+// count as the group's members (cutime would count a reaped child twice).
+// prev, the last reading, only sizes the map.
+func groupCPU(pgid int, prev map[procKey]uint64) map[procKey]uint64 {
+	out := make(map[procKey]uint64, len(prev))
+	d, err := os.Open("/proc")
+	if err != nil {
+		return out
+	}
+	names, _ := d.Readdirnames(-1)
+	d.Close()
+	for _, name := range names {
+		if name[0] < '0' || name[0] > '9' {
+			continue
+		}
+		pid, err := strconv.ParseUint(name, 10, 64)
+		if err != nil {
+			continue
+		}
+		grp, ticks, start, ok := procStat(pid)
+		if ok && grp == pgid {
+			out[procKey{pid, start}] = ticks
+		}
+	}
+	return out
+}
+
+// procStat reads a process's process group, utime + stime and start time
+// from /proc/<pid>/stat.
+func procStat(pid uint64) (pgrp int, ticks, start uint64, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.FormatUint(pid, 10) + "/stat")
+	if err != nil {
+		return 0, 0, 0, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, 0, 0, false
+	}
+	f := strings.Fields(s[i+1:]) // from field 3 (state) on
+	if len(f) < 20 {
+		return 0, 0, 0, false
+	}
+	g, err1 := strconv.Atoi(f[2])                // field 5, pgrp
+	ut, err2 := strconv.ParseUint(f[11], 10, 64) // field 14, utime
+	st, err3 := strconv.ParseUint(f[12], 10, 64) // field 15, stime
+	at, err4 := strconv.ParseUint(f[19], 10, 64) // field 22, starttime
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
+		return 0, 0, 0, false
+	}
+	return g, ut + st, at, true
+}
+
+// stopIdle stops the idle watch, if any, and returns what it saw; k.mu is
+// held.
+func (k *Kernel) stopIdle() idleVerdict {
+	if k.idle == nil {
+		return idleVerdict{}
+	}
+	v := k.idle.stop()
+	k.idle = nil
+	return v
+}
