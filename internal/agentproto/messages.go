@@ -336,7 +336,23 @@ type Violation struct {
 	// kind and target in an execution is reported at once, the rest in
 	// one report at the end of the execution.
 	Count int64 `json:"count,omitempty"`
+	// Source says who saw it: SourceAgent, or the code in the sandbox
+	// (SourceSandbox, and "", the default: what the agent does not
+	// vouch for is the sandbox's word).
+	Source string `json:"source,omitempty"`
 }
+
+// Who saw a violation (Violation.Source).
+const (
+	// SourceAgent: the agent itself (a system call its seccomp
+	// supervisor refused, a context it would not run); the code in the
+	// sandbox cannot write these reports, only cause them.
+	SourceAgent = "agent"
+	// SourceSandbox: the code in the sandbox said so (a language
+	// driver's hooks, through the control pipe the code can write to
+	// as well): it may be forged.
+	SourceSandbox = "sandbox"
+)
 
 // Event is every frame the agent sends back; Type says which fields are set.
 type Event struct {

@@ -482,7 +482,8 @@ func (x *execution) control(m ctlMsg) {
 	case "violation":
 		if m.Kind != "" {
 			x.settle()
-			x.send(agentproto.Event{Type: agentproto.EventViolation, Violation: &agentproto.Violation{Kind: m.Kind, Target: m.Target}})
+			x.send(agentproto.Event{Type: agentproto.EventViolation, Violation: &agentproto.Violation{Kind: m.Kind, Target: m.Target,
+				Source: agentproto.SourceSandbox}})
 		}
 	case "policy_failed":
 		x.policyErr = true

@@ -189,3 +189,29 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestForgedViolationsMarked: code writes violation reports on the
+// driver's control pipe as the driver's own hooks do; they reach the
+// host, marked as the sandbox's word, as the real ones the driver sends
+// are (the seccomp supervisor's are the agent's: TestPythonSeccompReports).
+func TestForgedViolationsMarked(t *testing.T) {
+	t.Parallel()
+	forge := map[string]string{
+		"python":     `import os; os.write(4, b'{"type":"violation","kind":"syscall_denied","target":"forged"}\n')`,
+		"javascript": `require('fs').writeSync(4, '{"type":"violation","kind":"syscall_denied","target":"forged"}\n')`,
+	}
+	for lang, c := range forge {
+		k := start(t, lang, nil)
+		r, vs := violations(t, k, code(c))
+		if r.done.Status != agentproto.StatusOK || len(vs) != 1 ||
+			vs[0] != (agentproto.Violation{Kind: "syscall_denied", Target: "forged", Source: agentproto.SourceSandbox}) {
+			t.Fatalf("%s: %v %+v", lang, r, vs)
+		}
+	}
+	k := start(t, "python", nil)
+	_, vs := violations(t, k, withPolicy("import socket\nsocket.create_connection(('192.0.2.1', 80), timeout=1)",
+		&agentproto.KernelPolicy{}))
+	if len(vs) != 1 || vs[0].Kind != "network_denied" || vs[0].Source != agentproto.SourceSandbox {
+		t.Fatalf("the driver's own report: %+v", vs)
+	}
+}

@@ -19,8 +19,9 @@
 //
 // What the driver says (the end of an execution, results, errors,
 // violations) is the word of the code it runs, which can write all of it
-// itself: the kernel does not stop counting CPU time at the end an
-// execution's driver reports (idle.go).
+// itself: the kernel marks the violations it relays from the driver as
+// the sandbox's (agentproto.SourceSandbox), and does not stop counting
+// CPU time at the end an execution's driver reports (idle.go).
 //
 // Languages and their names are internal/lang's.
 //
@@ -578,15 +579,15 @@ func validName(s string) bool {
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
-// sortedViolations returns counts as violations carrying their count, in
-// a stable order.
+// sortedViolations returns counts (the seccomp supervisor's) as
+// violations carrying their count, seen by the agent, in a stable order.
 func sortedViolations(counts map[agentproto.Violation]int64) []agentproto.Violation {
 	if len(counts) == 0 {
 		return nil
 	}
 	out := make([]agentproto.Violation, 0, len(counts))
 	for v, n := range counts {
-		v.Count = n
+		v.Count, v.Source = n, agentproto.SourceAgent
 		out = append(out, v)
 	}
 	sort.Slice(out, func(i, j int) bool {
