@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -213,5 +214,27 @@ func TestForgedViolationsMarked(t *testing.T) {
 		&agentproto.KernelPolicy{}))
 	if len(vs) != 1 || vs[0].Kind != "network_denied" || vs[0].Source != agentproto.SourceSandbox {
 		t.Fatalf("the driver's own report: %+v", vs)
+	}
+}
+
+// TestIdleWatchInterval: the watch reads an idle context rarely (at most
+// every second when much of the budget is left) and more often as the
+// budget runs out, never less than every.
+func TestIdleWatchInterval(t *testing.T) {
+	t.Parallel()
+	cpus := time.Duration(goruntime.NumCPU())
+	for _, tc := range []struct {
+		budget, after float64
+		want          time.Duration
+	}{
+		{budget: 3_600_000, after: 0, want: time.Second},
+		{budget: 2100, after: 0, want: max(2100*time.Millisecond/(4*cpus), 100*time.Millisecond)},
+		{budget: 2100, after: 2090, want: 100 * time.Millisecond},
+		{budget: 2100, after: 2200, want: 100 * time.Millisecond},
+	} {
+		w := &idleWatch{budget: tc.budget, afterMS: tc.after, every: 100 * time.Millisecond}
+		if got := w.next(); got != tc.want {
+			t.Errorf("budget %g ms, %g used: next reading in %s, want %s", tc.budget, tc.after, got, tc.want)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package kernel
 import (
 	"fmt"
 	"os"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,7 +24,9 @@ import (
 // it, with idleGrace for the clock's rounding and a runtime's own threads
 // finishing) it kills the group; the context's next execution reports it
 // (StatusCPULimit) instead of running, and the one after runs in a fresh
-// interpreter.
+// interpreter. The readings come every quarter of the limit (10 to 100
+// ms) while little of the budget is left, and up to a second apart while
+// much is (next).
 //
 // The count is read from /proc by the agent, out of the reach of the code
 // (another user, a process it cannot ptrace). It covers the interpreter's
@@ -74,7 +77,7 @@ func watchIdle(pgid int, usedMS, limitMS float64) *idleWatch {
 func (w *idleWatch) run() {
 	defer close(w.done)
 	last := groupCPU(w.pgid, nil)
-	t := time.NewTicker(w.every)
+	t := time.NewTimer(w.next())
 	defer t.Stop()
 	for len(last) > 0 {
 		select {
@@ -98,7 +101,18 @@ func (w *idleWatch) run() {
 			w.killed = true
 			return
 		}
+		t.Reset(w.next())
 	}
+}
+
+// next is the wait before the next reading: long enough that an idle
+// context costs little (each reading lists /proc), short enough that the
+// group cannot use more than a quarter of what is left of its budget
+// meanwhile, even on every CPU; at least every (a quarter of the limit,
+// 10 to 100 ms), at most a second.
+func (w *idleWatch) next() time.Duration {
+	left := time.Duration((w.budget - w.afterMS) * float64(time.Millisecond))
+	return min(max(left/time.Duration(4*goruntime.NumCPU()), w.every), time.Second)
 }
 
 // stop ends the watch and returns what it saw. It may be called once.
