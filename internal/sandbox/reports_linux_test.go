@@ -90,6 +90,22 @@ func TestForgedReportsCapped(t *testing.T) {
 				t.Fatalf("execution %d: resource_exceeded %+v", i, ex)
 			}
 		}
+		// A forged report of a resource becomes a resource_exceeded
+		// marked as the sandbox's word (in another sandbox: this one's
+		// budget is spent).
+		fake := "import os\nos.write(4, b'{\"type\":\"violation\",\"kind\":\"resource\",\"target\":\"disk\"}\\n')"
+		m2, _ := fakeEngine(t, sandbox.Config{Events: log})
+		s2, err := m2.Create(ctx, sandbox.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ex, err := s2.Execute(ctx, sandbox.ExecuteRequest{ID: "exe_resource", Code: fake}, nil); err != nil || ex.Status != sandbox.ExecSuccess {
+			t.Fatalf("Execute = %+v, %v", ex, err)
+		}
+		if ev := log.of(events.ResourceExceeded, s2.ID, "exe_resource"); len(ev) != 1 || ev[0].Source != events.SourceSandbox ||
+			ev[0].Details["resource"] != events.ResourceDisk {
+			t.Fatalf("a forged resource report: %+v", ev)
+		}
 		// An honest execution goes on as ever.
 		ex, err := s.Execute(ctx, sandbox.ExecuteRequest{Code: "1 + 1"}, nil)
 		if err != nil || ex.Status != sandbox.ExecSuccess || len(ex.Results) != 1 || ex.Results[0].Text != "2" {
