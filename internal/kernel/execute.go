@@ -312,11 +312,12 @@ func (x *execution) finish() execState {
 	x.done.Status = status
 	x.done.Stats = &agentproto.Stats{DurationMS: float64(time.Since(x.start).Microseconds()) / 1000}
 	if k.p != nil {
-		x.done.Stats.CPUTimeMS = cpuMS(x.pid) - x.cpu0
+		cpu, own := cpuStat(x.pid)
+		x.done.Stats.CPUTimeMS = cpu - x.cpu0
 		x.done.Stats.PeakMemoryBytes = peakRSS(x.pid)
 		if x.cpu != nil && !k.noIdleWatch {
 			// The limit goes on binding what the code left running.
-			k.idle = watchIdle(x.pid, x.done.Stats.CPUTimeMS, x.cpu.limitMS)
+			k.idle = watchIdle(x.pid, own, x.done.Stats.CPUTimeMS, x.cpu.limitMS)
 		}
 	}
 	return execEnd

@@ -6,6 +6,7 @@ import (
 	goruntime "runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -26,7 +27,7 @@ import (
 // (StatusCPULimit) instead of running, and the one after runs in a fresh
 // interpreter. The readings come every quarter of the limit (10 to 100
 // ms) while little of the budget is left, and up to a second apart while
-// much is (next).
+// much is (next); none is taken on the execution's path.
 //
 // The count is read from /proc by the agent, out of the reach of the code
 // (another user, a process it cannot ptrace). It covers the interpreter's
@@ -42,19 +43,28 @@ import (
 const idleGrace = 100 * time.Millisecond
 
 // idleWatch counts what an execution's process group burns after the
-// execution ended.
+// execution ended. Nothing of it runs on the execution's path: the first
+// reading is a timer's, every (10 to 100 ms) after the end, and the next
+// execution stops the timer. The interpreter's own CPU time is counted
+// from its reading at the end (finish reads it anyway); the other members
+// of the group from the first reading (what they burn before it, at most
+// every on each CPU, is not counted), or in full when they appear later.
 type idleWatch struct {
-	pgid   int
-	budget float64 // ms the group may use after the end
-	usedMS float64 // by the execution before its end
-	limit  float64 // ms, the execution's limit
-	every  time.Duration
-	stopc  chan struct{}
-	done   chan struct{}
+	pgid     int
+	ownTicks uint64  // the interpreter's utime + stime at the end
+	budget   float64 // ms the group may use after the end
+	usedMS   float64 // by the execution before its end
+	limit    float64 // ms, the execution's limit
+	every    time.Duration
 
-	// Written by the goroutine, read after done is closed.
-	afterMS float64 // counted after the end
+	// mu guards the fields below; read holds it throughout, so stop
+	// waits for a reading under way.
+	mu      sync.Mutex
+	timer   *time.Timer
+	last    map[procKey]uint64 // the last reading; nil before the first
+	afterMS float64            // counted after the end
 	killed  bool
+	stopped bool
 }
 
 // idleVerdict is what an idle watch saw until it was stopped.
@@ -63,46 +73,53 @@ type idleVerdict struct {
 	usedMS, limitMS float64 // the execution's CPU time, the end's included; its limit
 }
 
-// watchIdle starts counting the CPU time of the process group pgid after
-// an execution that used usedMS of a limit of limitMS.
-func watchIdle(pgid int, usedMS, limitMS float64) *idleWatch {
-	w := &idleWatch{pgid: pgid, usedMS: usedMS, limit: limitMS,
+// watchIdle starts counting the CPU time of the process group pgid, whose
+// leader's own CPU time was ownTicks, after an execution that used usedMS
+// of a limit of limitMS.
+func watchIdle(pgid int, ownTicks uint64, usedMS, limitMS float64) *idleWatch {
+	w := &idleWatch{pgid: pgid, ownTicks: ownTicks, usedMS: usedMS, limit: limitMS,
 		budget: max(limitMS-usedMS, 0) + float64(idleGrace.Milliseconds()),
-		every:  min(max(time.Duration(limitMS)*time.Millisecond/4, 10*time.Millisecond), 100*time.Millisecond),
-		stopc:  make(chan struct{}), done: make(chan struct{})}
-	go w.run()
+		every:  min(max(time.Duration(limitMS)*time.Millisecond/4, 10*time.Millisecond), 100*time.Millisecond)}
+	w.mu.Lock()
+	w.timer = time.AfterFunc(w.every, w.read)
+	w.mu.Unlock()
 	return w
 }
 
-func (w *idleWatch) run() {
-	defer close(w.done)
-	last := groupCPU(w.pgid, nil)
-	t := time.NewTimer(w.next())
-	defer t.Stop()
-	for len(last) > 0 {
-		select {
-		case <-w.stopc:
-			return
-		case <-t.C:
-		}
-		now := groupCPU(w.pgid, last)
-		for key, ticks := range now {
-			if prev, ok := last[key]; ok {
-				if ticks > prev {
-					w.afterMS += float64(ticks-prev) * 1000 / clockTicks
-				}
-			} else {
-				w.afterMS += float64(ticks) * 1000 / clockTicks // started after the end
+// read takes one reading of the group, kills it past the budget, and
+// sets the timer for the next one.
+func (w *idleWatch) read() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	now := groupCPU(w.pgid, w.last)
+	for key, ticks := range now {
+		prev, ok := w.last[key]
+		if w.last == nil {
+			prev, ok = ticks, true // there at the end: from now on
+			if key.pid == uint64(w.pgid) {
+				prev = w.ownTicks
 			}
 		}
-		last = now
-		if w.afterMS > w.budget {
-			_ = syscall.Kill(-w.pgid, syscall.SIGKILL)
-			w.killed = true
-			return
+		switch {
+		case !ok:
+			w.afterMS += float64(ticks) * 1000 / clockTicks // started since the last reading
+		case ticks > prev:
+			w.afterMS += float64(ticks-prev) * 1000 / clockTicks
 		}
-		t.Reset(w.next())
 	}
+	w.last = now
+	if len(now) == 0 {
+		return // the group is gone
+	}
+	if w.afterMS > w.budget {
+		_ = syscall.Kill(-w.pgid, syscall.SIGKILL)
+		w.killed = true
+		return
+	}
+	w.timer.Reset(w.next())
 }
 
 // next is the wait before the next reading: long enough that an idle
@@ -115,10 +132,12 @@ func (w *idleWatch) next() time.Duration {
 	return min(max(left/time.Duration(4*goruntime.NumCPU()), w.every), time.Second)
 }
 
-// stop ends the watch and returns what it saw. It may be called once.
+// stop ends the watch and returns what it saw.
 func (w *idleWatch) stop() idleVerdict {
-	close(w.stopc)
-	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+	w.timer.Stop()
 	return idleVerdict{killed: w.killed, usedMS: w.usedMS + w.afterMS, limitMS: w.limit}
 }
 

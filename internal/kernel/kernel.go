@@ -612,25 +612,31 @@ var clockTicks = 100.0 // USER_HZ on Linux
 
 // cpuMS reads utime+stime+cutime+cstime of pid in milliseconds.
 func cpuMS(pid int) float64 {
+	ms, _ := cpuStat(pid)
+	return ms
+}
+
+// cpuStat reads utime+stime+cutime+cstime of pid in milliseconds, and
+// its own utime+stime in clock ticks.
+func cpuStat(pid int) (ms float64, own uint64) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0
+		return 0, 0
 	}
 	f := strings.Fields(s[i+1:])
 	if len(f) < 15 {
-		return 0
+		return 0, 0
 	}
-	var total float64
-	for _, idx := range []int{11, 12, 13, 14} { // fields 14-17 of stat, after pid and comm
-		v, _ := strconv.ParseFloat(f[idx], 64)
-		total += v
+	var ticks [4]uint64
+	for j, idx := range []int{11, 12, 13, 14} { // fields 14-17 of stat, after pid and comm
+		ticks[j], _ = strconv.ParseUint(f[idx], 10, 64)
 	}
-	return total * 1000 / clockTicks
+	return float64(ticks[0]+ticks[1]+ticks[2]+ticks[3]) * 1000 / clockTicks, ticks[0] + ticks[1]
 }
 
 // peakRSS reads VmHWM of pid in bytes.
