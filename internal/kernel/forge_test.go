@@ -219,7 +219,7 @@ func TestForgedViolationsMarked(t *testing.T) {
 
 // TestIdleWatchInterval: the watch reads an idle context rarely (at most
 // every second when much of the budget is left) and more often as the
-// budget runs out, never less than every.
+// budget runs out, never less than idleEvery apart.
 func TestIdleWatchInterval(t *testing.T) {
 	t.Parallel()
 	cpus := time.Duration(goruntime.NumCPU())
@@ -232,7 +232,7 @@ func TestIdleWatchInterval(t *testing.T) {
 		{budget: 2100, after: 2090, want: 100 * time.Millisecond},
 		{budget: 2100, after: 2200, want: 100 * time.Millisecond},
 	} {
-		w := &idleWatch{budget: tc.budget, afterMS: tc.after, every: 100 * time.Millisecond}
+		w := &idleWatch{budget: tc.budget, afterMS: tc.after}
 		if got := w.next(); got != tc.want {
 			t.Errorf("budget %g ms, %g used: next reading in %s, want %s", tc.budget, tc.after, got, tc.want)
 		}

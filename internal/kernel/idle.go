@@ -25,9 +25,10 @@ import (
 // it, with idleGrace for the clock's rounding and a runtime's own threads
 // finishing) it kills the group; the context's next execution reports it
 // (StatusCPULimit) instead of running, and the one after runs in a fresh
-// interpreter. The readings come every quarter of the limit (10 to 100
-// ms) while little of the budget is left, and up to a second apart while
-// much is (next); none is taken on the execution's path.
+// interpreter. The readings come every idleEvery while little of the
+// budget is left, and up to a second apart while much is (next); none is
+// taken on the execution's path, and /proc is listed for new members at
+// most once a second (scanEvery).
 //
 // The count is read from /proc by the agent, out of the reach of the code
 // (another user, a process it cannot ptrace). It covers the interpreter's
@@ -42,26 +43,35 @@ import (
 // executions before it is killed.
 const idleGrace = 100 * time.Millisecond
 
+// idleEvery is the shortest wait between two readings, and the first
+// one's after the end. Each reading wakes the agent (about 0.15 to 0.4
+// ms of CPU time on a loaded host, in the sandbox's cgroup): ten a
+// second keep an idle context under the idle stop's 1 % of a CPU, even
+// under a tiny limit, at the cost of a kill up to idleEvery (on every
+// CPU) past the budget.
+const idleEvery = 100 * time.Millisecond
+
 // idleWatch counts what an execution's process group burns after the
 // execution ended. Nothing of it runs on the execution's path: the first
-// reading is a timer's, every (10 to 100 ms) after the end, and the next
-// execution stops the timer. The interpreter's own CPU time is counted
-// from its reading at the end (finish reads it anyway); the other members
-// of the group from the first reading (what they burn before it, at most
-// every on each CPU, is not counted), or in full when they appear later.
+// reading is a timer's, idleEvery after the end, and the next execution
+// stops the timer. The interpreter's own CPU time is counted from its
+// reading at the end (finish reads it anyway); the other members of the
+// group from the first reading (what they burn before it, at most
+// idleEvery on each CPU, is not counted), or in full when they appear
+// later.
 type idleWatch struct {
 	pgid     int
 	ownTicks uint64  // the interpreter's utime + stime at the end
 	budget   float64 // ms the group may use after the end
 	usedMS   float64 // by the execution before its end
 	limit    float64 // ms, the execution's limit
-	every    time.Duration
 
 	// mu guards the fields below; read holds it throughout, so stop
 	// waits for a reading under way.
 	mu      sync.Mutex
 	timer   *time.Timer
 	last    map[procKey]uint64 // the last reading; nil before the first
+	scanned time.Time          // when /proc was last listed (scanEvery)
 	afterMS float64            // counted after the end
 	killed  bool
 	stopped bool
@@ -78,10 +88,9 @@ type idleVerdict struct {
 // of a limit of limitMS.
 func watchIdle(pgid int, ownTicks uint64, usedMS, limitMS float64) *idleWatch {
 	w := &idleWatch{pgid: pgid, ownTicks: ownTicks, usedMS: usedMS, limit: limitMS,
-		budget: max(limitMS-usedMS, 0) + float64(idleGrace.Milliseconds()),
-		every:  min(max(time.Duration(limitMS)*time.Millisecond/4, 10*time.Millisecond), 100*time.Millisecond)}
+		budget: max(limitMS-usedMS, 0) + float64(idleGrace.Milliseconds())}
 	w.mu.Lock()
-	w.timer = time.AfterFunc(w.every, w.read)
+	w.timer = time.AfterFunc(idleEvery, w.read)
 	w.mu.Unlock()
 	return w
 }
@@ -94,7 +103,13 @@ func (w *idleWatch) read() {
 	if w.stopped {
 		return
 	}
-	now := groupCPU(w.pgid, w.last)
+	var now map[procKey]uint64
+	if w.last == nil || time.Since(w.scanned) >= scanEvery {
+		now = groupCPU(w.pgid, w.last)
+		w.scanned = time.Now()
+	} else {
+		now = w.membersCPU()
+	}
 	for key, ticks := range now {
 		prev, ok := w.last[key]
 		if w.last == nil {
@@ -122,14 +137,31 @@ func (w *idleWatch) read() {
 	w.timer.Reset(w.next())
 }
 
+// scanEvery is how often a reading lists /proc for the group's members
+// (which costs a read of every process's stat); the readings between
+// read the members already known. A process that joins the group is
+// found within scanEvery and counted in full from its start.
+const scanEvery = time.Second
+
+// membersCPU reads the CPU time of the members of the last reading that
+// are still in the group.
+func (w *idleWatch) membersCPU() map[procKey]uint64 {
+	out := make(map[procKey]uint64, len(w.last))
+	for key := range w.last {
+		if grp, ticks, start, ok := procStat(key.pid); ok && grp == w.pgid && start == key.start {
+			out[key] = ticks
+		}
+	}
+	return out
+}
+
 // next is the wait before the next reading: long enough that an idle
 // context costs little (each reading lists /proc), short enough that the
 // group cannot use more than a quarter of what is left of its budget
-// meanwhile, even on every CPU; at least every (a quarter of the limit,
-// 10 to 100 ms), at most a second.
+// meanwhile, even on every CPU; at least idleEvery, at most a second.
 func (w *idleWatch) next() time.Duration {
 	left := time.Duration((w.budget - w.afterMS) * float64(time.Millisecond))
-	return min(max(left/time.Duration(4*goruntime.NumCPU()), w.every), time.Second)
+	return min(max(left/time.Duration(4*goruntime.NumCPU()), idleEvery), time.Second)
 }
 
 // stop ends the watch and returns what it saw.
