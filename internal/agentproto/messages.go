@@ -115,7 +115,8 @@ const (
 	// EventViolation reports that code tried something the sandbox's
 	// policy forbids (Violation); the execution goes on or fails as the
 	// kernel decides. Reports come from inside the sandbox: they describe
-	// what its own code did and may be forged by that code.
+	// what its own code did, and those a driver relays (Violation.Source
+	// SourceSandbox) may be forged by that code.
 	EventViolation = "violation"
 	EventDone      = "done" // the last event of every request
 	// EventConnected (port.connect) is the last frame of its connection:
@@ -318,7 +319,10 @@ type KernelPolicy struct {
 	// at once with NetworkRestrictedError (the sandbox has no route out
 	// anyway; this makes the refusal clear and reported).
 	AllowNetwork bool `json:"allow_network,omitempty"`
-	// CPUTimeMS bounds the CPU time of one execution (0: none).
+	// CPUTimeMS bounds the CPU time of one execution (0: none), and of
+	// what it leaves running in its interpreter's process group until
+	// the next execution starts (the agent kills the group past it, and
+	// the next execution reports StatusCPULimit instead of running).
 	CPUTimeMS int64 `json:"cpu_time_ms,omitempty"`
 	// FileSizeBytes is the interpreter's RLIMIT_FSIZE (0: none).
 	FileSizeBytes int64 `json:"file_size_bytes,omitempty"`
@@ -336,7 +340,23 @@ type Violation struct {
 	// kind and target in an execution is reported at once, the rest in
 	// one report at the end of the execution.
 	Count int64 `json:"count,omitempty"`
+	// Source says who saw it: SourceAgent, or the code in the sandbox
+	// (SourceSandbox, and "", the default: what the agent does not
+	// vouch for is the sandbox's word).
+	Source string `json:"source,omitempty"`
 }
+
+// Who saw a violation (Violation.Source).
+const (
+	// SourceAgent: the agent itself (a system call its seccomp
+	// supervisor refused, a context it would not run); the code in the
+	// sandbox cannot write these reports, only cause them.
+	SourceAgent = "agent"
+	// SourceSandbox: the code in the sandbox said so (a language
+	// driver's hooks, through the control pipe the code can write to
+	// as well): it may be forged.
+	SourceSandbox = "sandbox"
+)
 
 // Event is every frame the agent sends back; Type says which fields are set.
 type Event struct {

@@ -115,10 +115,14 @@ func NewBus(st Store, cfg BusConfig) *Bus {
 	return b
 }
 
-// Emit implements Sink. It sets Time when zero and returns at once.
+// Emit implements Sink. It sets Time when zero, Source to SourceHost
+// when empty, and returns at once.
 func (b *Bus) Emit(e Event) {
 	if e.Time.IsZero() {
 		e.Time = time.Now()
+	}
+	if e.Source == "" {
+		e.Source = SourceHost
 	}
 	b.mu.Lock()
 	if b.closed || len(b.pending) >= b.cfg.MaxPending {

@@ -46,16 +46,41 @@ const (
 	ResourceNetworkRequests = "network_requests"
 	ResourceNetworkFlows    = "network_flows" // connections open at once through the egress gateway
 	ResourcePids            = "pids"
+	// ResourceReports: the sandbox's reports (its security_violation
+	// and resource_exceeded events) past the engine's bound, dropped.
+	ResourceReports = "reports"
+)
+
+// Who recorded an event (Event.Source). A record is only as good as its
+// source: the host's are the server's own; the sandbox's are what code in
+// the sandbox said (its language driver's reports, which the code can
+// write too) and are kept as its word, bounded in number
+// (internal/sandbox, reports.go).
+const (
+	// SourceHost: the server and its engine (lifecycle, executions as the
+	// host saw them, its own checks and limits). The Bus's default.
+	SourceHost = "host"
+	// SourceGateway: the egress gateway, which sees the sandbox's traffic
+	// from outside the sandbox.
+	SourceGateway = "gateway"
+	// SourceAgent: the agent inside the sandbox saw it itself (a system
+	// call its seccomp supervisor refused); the sandbox's code can cause
+	// these reports but not write them.
+	SourceAgent = "agent"
+	// SourceSandbox: the code in the sandbox reported it; it may be forged.
+	SourceSandbox = "sandbox"
 )
 
 // Event is one thing that happened to a sandbox. ID and Time are set by
-// the sink when zero. Details are small JSON-able values: for
-// security_violation "kind", "target" and "execution_id"; for
-// resource_exceeded "resource", "limit" and "observed".
+// the sink when zero, Source by the Bus (SourceHost) when empty. Details
+// are small JSON-able values: for security_violation "kind", "target" and
+// "execution_id"; for resource_exceeded "resource", "limit" and
+// "observed".
 type Event struct {
 	ID          int64          `json:"id,omitempty"`
 	Time        time.Time      `json:"timestamp"`
 	Type        Type           `json:"type"`
+	Source      string         `json:"source,omitempty"`
 	SandboxID   string         `json:"sandbox_id,omitempty"`
 	Owner       string         `json:"-"` // the owning key or account, for fan-out; never sent
 	ExecutionID string         `json:"execution_id,omitempty"`

@@ -16,15 +16,17 @@ import (
 // An execution goes through these states, each one step (a method of
 // execution) that returns the next:
 //
-//	admit ──refused──────────────────────────────┐
-//	  │                                          │
+//	admit ──refused, or the last execution's ────┐
+//	  │     code killed at its CPU time limit    │
+//	  │     after its end (idle.go)              │
 //	ready (start or restart the interpreter,     │
 //	  │    drop output between executions) ─fail─┤
 //	send (baseline stats, the request) ─────fail─┤
 //	  │                                          │
 //	run (output, results, control messages,      │
 //	  │  until done, a kill or the end)          │
-//	finish (the outcome, the stats) ─────────────┴──► end
+//	finish (the outcome, the stats; under a CPU ─┴──► end
+//	        time limit, the idle watch starts)
 type execState int
 
 const (
@@ -121,6 +123,16 @@ func (x *execution) admit() execState {
 		x.done.Code, x.done.Message = agentproto.CodeNotFound, "the context was deleted"
 		return execEnd
 	}
+	if v := k.stopIdle(); v.killed {
+		// The last execution's code passed its CPU time limit after
+		// the execution ended, and was killed (idle.go).
+		if k.p != nil {
+			k.p.kill()
+			k.p = nil
+		}
+		x.done = v.report(x.emit)
+		return execEnd
+	}
 	if x.spec.Preload != nil && k.lang != "python" {
 		x.done.Code, x.done.Message = agentproto.CodeUnsupported, "preloading modules needs a python context"
 		return execEnd
@@ -134,7 +146,9 @@ func (x *execution) admit() execState {
 
 // ready makes sure an interpreter runs, and drops output written between
 // executions (a background thread, say), which belongs to none; an
-// interpreter whose pipes ended is replaced.
+// interpreter whose pipes ended is replaced: one whose code closed its
+// stdout and stderr (and went on running) can write no output, nor the
+// marker that ends an execution.
 func (x *execution) ready() execState {
 	k := x.k
 	if k.p == nil || !k.p.alive() {
@@ -147,8 +161,8 @@ func (x *execution) ready() execState {
 	}
 	for {
 		select {
-		case c := <-k.p.out:
-			if c.eof {
+		case c, ok := <-k.p.out:
+			if !ok || c.eof {
 				k.p.kill()
 				k.p = nil
 				if !x.startInterpreter() {
@@ -298,8 +312,13 @@ func (x *execution) finish() execState {
 	x.done.Status = status
 	x.done.Stats = &agentproto.Stats{DurationMS: float64(time.Since(x.start).Microseconds()) / 1000}
 	if k.p != nil {
-		x.done.Stats.CPUTimeMS = cpuMS(x.pid) - x.cpu0
+		cpu, own := cpuStat(x.pid)
+		x.done.Stats.CPUTimeMS = cpu - x.cpu0
 		x.done.Stats.PeakMemoryBytes = peakRSS(x.pid)
+		if x.cpu != nil && !k.noIdleWatch {
+			// The limit goes on binding what the code left running.
+			k.idle = watchIdle(x.pid, own, x.done.Stats.CPUTimeMS, x.cpu.limitMS)
+		}
 	}
 	return execEnd
 }
@@ -464,7 +483,8 @@ func (x *execution) control(m ctlMsg) {
 	case "violation":
 		if m.Kind != "" {
 			x.settle()
-			x.send(agentproto.Event{Type: agentproto.EventViolation, Violation: &agentproto.Violation{Kind: m.Kind, Target: m.Target}})
+			x.send(agentproto.Event{Type: agentproto.EventViolation, Violation: &agentproto.Violation{Kind: m.Kind, Target: m.Target,
+				Source: agentproto.SourceSandbox}})
 		}
 	case "policy_failed":
 		x.policyErr = true

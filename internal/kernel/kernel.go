@@ -20,6 +20,12 @@
 // execution. CPU time and peak memory are read from /proc for the
 // interpreter (children it waited for count too).
 //
+// What the driver says (the end of an execution, results, errors,
+// violations) is the word of the code it runs, which can write all of it
+// itself: the kernel marks the violations it relays from the driver as
+// the sandbox's (agentproto.SourceSandbox), and does not stop counting
+// CPU time at the end an execution's driver reports (idle.go).
+//
 // Languages and their names are internal/lang's.
 //
 // Imports: agentproto, fdpass, lang, the standard library and x/sys only.
@@ -108,6 +114,12 @@ type Kernel struct {
 	// number of the seccomp system call) a Node interpreter starts under.
 	filter   []byte
 	filterNR int
+	// idle, when set, counts the CPU time the last execution's process
+	// group goes on using after its end, against its limit (idle.go).
+	idle *idleWatch
+	// noIdleWatch (set by tests) starts none: the control of the
+	// attacks idle.go stops.
+	noIdleWatch bool
 
 	// onState, when set (by tests), sees each state an execution enters.
 	onState func(execState)
@@ -497,6 +509,7 @@ func (k *Kernel) Restart(ctx context.Context) error {
 	if k.closed {
 		return errors.New("kernel closed")
 	}
+	k.stopIdle()
 	if k.p != nil {
 		k.p.kill()
 		k.p = nil
@@ -509,6 +522,7 @@ func (k *Kernel) Close() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.closed = true
+	k.stopIdle()
 	if k.p != nil {
 		k.p.kill()
 		k.p = nil
@@ -568,15 +582,15 @@ func validName(s string) bool {
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
-// sortedViolations returns counts as violations carrying their count, in
-// a stable order.
+// sortedViolations returns counts (the seccomp supervisor's) as
+// violations carrying their count, seen by the agent, in a stable order.
 func sortedViolations(counts map[agentproto.Violation]int64) []agentproto.Violation {
 	if len(counts) == 0 {
 		return nil
 	}
 	out := make([]agentproto.Violation, 0, len(counts))
 	for v, n := range counts {
-		v.Count = n
+		v.Count, v.Source = n, agentproto.SourceAgent
 		out = append(out, v)
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -601,25 +615,31 @@ var clockTicks = 100.0 // USER_HZ on Linux
 
 // cpuMS reads utime+stime+cutime+cstime of pid in milliseconds.
 func cpuMS(pid int) float64 {
+	ms, _ := cpuStat(pid)
+	return ms
+}
+
+// cpuStat reads utime+stime+cutime+cstime of pid in milliseconds, and
+// its own utime+stime in clock ticks.
+func cpuStat(pid int) (ms float64, own uint64) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0
+		return 0, 0
 	}
 	f := strings.Fields(s[i+1:])
 	if len(f) < 15 {
-		return 0
+		return 0, 0
 	}
-	var total float64
-	for _, idx := range []int{11, 12, 13, 14} { // fields 14-17 of stat, after pid and comm
-		v, _ := strconv.ParseFloat(f[idx], 64)
-		total += v
+	var ticks [4]uint64
+	for j, idx := range []int{11, 12, 13, 14} { // fields 14-17 of stat, after pid and comm
+		ticks[j], _ = strconv.ParseUint(f[idx], 10, 64)
 	}
-	return total * 1000 / clockTicks
+	return float64(ticks[0]+ticks[1]+ticks[2]+ticks[3]) * 1000 / clockTicks, ticks[0] + ticks[1]
 }
 
 // peakRSS reads VmHWM of pid in bytes.

@@ -61,13 +61,13 @@ func TestPythonSeccompReports(t *testing.T) {
 	if runtime.GOARCH == "amd64" {
 		forkName = "fork"
 	}
-	if len(vs) != 1 || vs[0] != (agentproto.Violation{Kind: "subprocess_denied", Target: forkName, Count: 1}) {
+	if len(vs) != 1 || vs[0] != (agentproto.Violation{Kind: "subprocess_denied", Target: forkName, Count: 1, Source: agentproto.SourceAgent}) {
 		t.Fatalf("violations %+v", vs)
 	}
 
 	execve := rawLibc + "r = libc.syscall(NR['execve'], b'/bin/true', (ctypes.c_char_p * 2)(b'true', None), None)\nprint(r, ctypes.get_errno())"
 	r, vs = violations(t, k, code(execve))
-	if r.err != nil || r.stdout != "-1 1\n" || len(vs) != 1 || vs[0] != (agentproto.Violation{Kind: "subprocess_denied", Target: "execve", Count: 1}) {
+	if r.err != nil || r.stdout != "-1 1\n" || len(vs) != 1 || vs[0] != (agentproto.Violation{Kind: "subprocess_denied", Target: "execve", Count: 1, Source: agentproto.SourceAgent}) {
 		t.Fatalf("execve: %v %+v", r, vs)
 	}
 
@@ -105,7 +105,7 @@ func TestPythonSeccompReports(t *testing.T) {
 		t.Fatal("the thread's fork was not refused")
 	}
 	r, vs = violations(t, k, code("1"))
-	if r.err != nil || len(vs) != 1 || vs[0] != (agentproto.Violation{Kind: "subprocess_denied", Target: forkName + " (between executions)", Count: 1}) {
+	if r.err != nil || len(vs) != 1 || vs[0] != (agentproto.Violation{Kind: "subprocess_denied", Target: forkName + " (between executions)", Count: 1, Source: agentproto.SourceAgent}) {
 		t.Fatalf("a thread's fork: %v %+v", r, vs)
 	}
 

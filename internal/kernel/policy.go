@@ -38,7 +38,7 @@ func (k *Kernel) policyGate(spec agentproto.ExecuteSpec, emit func(agentproto.Ev
 			why = "this agent cannot start Node under the seccomp filter (no seccomp-exec helper); use a python context"
 		}
 		_ = emit(agentproto.Event{Type: agentproto.EventViolation, Violation: &agentproto.Violation{
-			Kind: "subprocess_denied", Target: k.lang + " context"}})
+			Kind: "subprocess_denied", Target: k.lang + " context", Source: agentproto.SourceAgent}})
 		_ = emit(agentproto.Event{Type: agentproto.EventError, Error: &agentproto.ExecError{
 			Name:  "SubprocessDeniedError",
 			Value: fmt.Sprintf("a %s context cannot run while allow_subprocess is false: %s", k.lang, why)}})

@@ -66,8 +66,9 @@ type Execution struct {
 	CPUTimeMS       float64               `json:"cpu_time_ms"`
 	PeakMemoryBytes int64                 `json:"peak_memory_bytes"`
 
-	outputBytes int64 // stdout plus stderr seen, kept or streamed
-	memoryPeak  int64 // the cgroup's peak memory, read after an OOM kill
+	outputBytes int64       // stdout plus stderr seen, kept or streamed
+	memoryPeak  int64       // the cgroup's peak memory, read after an OOM kill
+	reports     execReports // the sandbox's violation reports, kept and dropped (reports.go)
 }
 
 // Dropped counts the results an execution produced but did not deliver:
@@ -185,8 +186,11 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		ex.PeakMemoryBytes = done.Stats.PeakMemoryBytes
 	}
 	if cpu != nil {
-		// The cgroup's count, the one the limit is judged by.
-		ex.CPUTimeMS = float64(cpuUsed.Microseconds()) / 1000
+		// The cgroup's count, the one the limit is judged by; but the
+		// agent's CPU limit report can be about what the last execution
+		// left running after its end, before this one (internal/kernel,
+		// idle.go), with that count.
+		ex.CPUTimeMS = max(float64(cpuUsed.Microseconds())/1000, agentCPU(done))
 	}
 	switch done.Status {
 	case agentproto.StatusOK:
@@ -231,6 +235,14 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		}
 	}
 	return ex, nil
+}
+
+// agentCPU is the CPU time of an agent's CPU limit report, else 0.
+func agentCPU(done agentproto.Event) float64 {
+	if done.Status != agentproto.StatusCPULimit || done.Stats == nil {
+		return 0
+	}
+	return done.Stats.CPUTimeMS
 }
 
 // oomKills is the sandbox's OOM-kill count, 0 when it cannot be read.
@@ -306,7 +318,10 @@ func (r *execRun) handle(ev agentproto.Event) error {
 	case agentproto.EventError:
 		r.ex.Error = ev.Error
 	case agentproto.EventViolation:
-		if ev.Violation != nil && r.violation != nil {
+		if ev.Violation == nil || !r.report() {
+			return nil // dropped and counted (reports.go)
+		}
+		if r.violation != nil {
 			r.violation(ev.Violation)
 		}
 	}

@@ -68,8 +68,13 @@ func (s *Sandbox) executionFinished(req ExecuteRequest, lang string, ex *Executi
 		}
 		return
 	}
-	s.emit(events.ExecutionFinished, req.ID, map[string]any{"status": ex.Status, "error_code": ex.ErrorCode, "language": lang,
-		"duration_ms": ex.ExecutionTimeMS, "cpu_time_ms": ex.CPUTimeMS, "peak_memory_bytes": ex.PeakMemoryBytes})
+	finished := map[string]any{"status": ex.Status, "error_code": ex.ErrorCode, "language": lang,
+		"duration_ms": ex.ExecutionTimeMS, "cpu_time_ms": ex.CPUTimeMS, "peak_memory_bytes": ex.PeakMemoryBytes}
+	if ex.reports.dropped > 0 {
+		finished["reports_dropped"] = ex.reports.dropped
+	}
+	s.emit(events.ExecutionFinished, req.ID, finished)
+	s.reportsDropped(req.ID, ex.reports)
 	var exceeded map[string]any
 	switch {
 	case ex.Status == ExecTimeout:

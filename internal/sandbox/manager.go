@@ -78,8 +78,11 @@ type Config struct {
 	Events events.Sink
 	// Egress configures the network gateway of sandboxes whose policy
 	// allows a network (internal/egress); its Events and Logger default
-	// to the Manager's.
+	// to the Manager's. Its events are marked as the gateway's.
 	Egress egress.Options
+	// Reports bound the events made of what sandboxes report about
+	// themselves (reports.go).
+	Reports ReportLimits
 	// Shared says that other engines (the server's other replicas) serve
 	// these sandboxes too, which outlive this engine (shared.go): nothing
 	// is destroyed at start or Close, and deadlines and idleness are the
@@ -124,6 +127,7 @@ func (c *Config) setDefaults() error {
 	if c.OutputRate <= 0 {
 		c.OutputRate = DefaultOutputRate
 	}
+	c.Reports = c.Reports.withDefaults()
 	c.MaxResultMemory = max(c.MaxResultMemory, 2*agentproto.MaxFrame)
 	c.MaxSandboxResultMemory = max(c.MaxSandboxResultMemory, 2*agentproto.MaxFrame)
 	if c.Logger == nil {
@@ -214,6 +218,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if m.cfg.Egress.Events == nil {
 		m.cfg.Egress.Events = m.cfg.Events
 	}
+	m.cfg.Egress.Events = gatewayEvents{m.cfg.Egress.Events}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	if !cfg.Shared {
 		m.reconcile(ctx) // shared ones are the server's collector's
@@ -565,8 +570,7 @@ func (s *Sandbox) announce(fromPool bool) {
 
 // emit sends one of the sandbox's events to Config.Events.
 func (s *Sandbox) emit(typ events.Type, executionID string, details map[string]any) {
-	s.m.cfg.Events.Emit(events.Event{Time: time.Now(), Type: typ, SandboxID: s.ID, Owner: s.owner,
-		ExecutionID: executionID, Details: details})
+	s.emitFrom(events.SourceHost, typ, executionID, details)
 }
 
 func (m *Manager) forget(id string) {

@@ -232,7 +232,8 @@ func (s *Sandbox) executePolicy(spec *agentproto.ExecuteSpec) {
 
 // violation reports what the code tried (an EventViolation) as a
 // security_violation (with "count" when the agent coalesced repeated
-// refusals into one report), or a resource_exceeded for the resources.
+// refusals into one report), or a resource_exceeded for the resources,
+// recorded as the sandbox's or the agent's (reports.go).
 func (s *Sandbox) violation(execID string, v *agentproto.Violation) {
 	if v.Kind == "resource" {
 		d := map[string]any{"resource": v.Target}
@@ -247,14 +248,14 @@ func (s *Sandbox) violation(execID string, v *agentproto.Violation) {
 			d["resource"], d["limit"], d["observed"], d["unit"] = events.ResourceDisk, limit, limit, "bytes"
 			d["rule"] = "resource_limits.file_size_upload_mb"
 		}
-		s.emit(events.ResourceExceeded, execID, d)
+		s.emitFrom(reportSource(v), events.ResourceExceeded, execID, d)
 		return
 	}
 	details := map[string]any{"kind": v.Kind, "target": v.Target}
 	if v.Count > 1 {
 		details["count"] = v.Count // repeated refusals, coalesced by the agent
 	}
-	s.emit(events.SecurityViolation, execID, details)
+	s.emitFrom(reportSource(v), events.SecurityViolation, execID, details)
 }
 
 // errorCodes maps the exceptions the kernels raise for policy refusals to

@@ -59,6 +59,8 @@ type Sandbox struct {
 	results     *budget // the sandbox's results held at once (budget.go)
 	outputOnce  sync.Once
 	output      *rate.Limiter // the sandbox's output rate (budget.go)
+	reportsOnce sync.Once
+	reports     *rate.Limiter // the sandbox's reports per minute (reports.go)
 
 	// mu guards the fields below.
 	mu         sync.Mutex

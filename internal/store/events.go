@@ -12,6 +12,7 @@ type Event struct {
 	ID          int64
 	Time        time.Time
 	Type        string
+	Source      string // who recorded it (internal/events Source*); "" before it was kept
 	SandboxID   string
 	Owner       string
 	ExecutionID string

@@ -19,9 +19,9 @@ func (s *Store) AddEvents(ctx context.Context, evs []store.Event) error {
 	err := s.inIDOrder(ctx, eventsLock, func(b *pgx.Batch) {
 		for i := range evs {
 			e := &evs[i]
-			b.Queue(`INSERT INTO events (time, type, sandbox_id, owner, execution_id, details)
-				VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`,
-				dbTime(e.Time), e.Type, e.SandboxID, e.Owner, e.ExecutionID, jsonText(e.Details)).
+			b.Queue(`INSERT INTO events (time, type, sandbox_id, owner, execution_id, details, source)
+				VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id`,
+				dbTime(e.Time), e.Type, e.SandboxID, e.Owner, e.ExecutionID, jsonText(e.Details), e.Source).
 				QueryRow(func(row pgx.Row) error { return row.Scan(&e.ID) })
 		}
 	})
@@ -55,7 +55,7 @@ func (s *Store) inIDOrder(ctx context.Context, key int64, queue func(b *pgx.Batc
 // ListEvents implements store.EventStore.
 func (s *Store) ListEvents(ctx context.Context, f store.EventFilter) ([]store.Event, error) {
 	var a args
-	q := `SELECT id, time, type, sandbox_id, owner, execution_id, details FROM events WHERE owner = ` + a.add(f.Owner)
+	q := `SELECT id, time, type, sandbox_id, owner, execution_id, details, source FROM events WHERE owner = ` + a.add(f.Owner)
 	if f.SandboxID != "" {
 		q += ` AND sandbox_id = ` + a.add(f.SandboxID)
 	}
@@ -82,7 +82,7 @@ func (s *Store) ListEvents(ctx context.Context, f store.EventFilter) ([]store.Ev
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (store.Event, error) {
 		var e store.Event
 		var details string
-		err := row.Scan(&e.ID, &e.Time, &e.Type, &e.SandboxID, &e.Owner, &e.ExecutionID, &details)
+		err := row.Scan(&e.ID, &e.Time, &e.Type, &e.SandboxID, &e.Owner, &e.ExecutionID, &details, &e.Source)
 		e.Time, e.Details = e.Time.UTC(), json.RawMessage(details)
 		return e, err
 	})

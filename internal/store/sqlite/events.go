@@ -21,15 +21,15 @@ func (d *DB) AddEvents(ctx context.Context, evs []store.Event) error {
 		return storeErr("add events", err)
 	}
 	defer tx.Rollback()
-	stmt, err := tx.PrepareContext(ctx, `INSERT INTO events (time, type, sandbox_id, owner, execution_id, details)
-		VALUES (?, ?, ?, ?, ?, ?)`)
+	stmt, err := tx.PrepareContext(ctx, `INSERT INTO events (time, type, sandbox_id, owner, execution_id, details, source)
+		VALUES (?, ?, ?, ?, ?, ?, ?)`)
 	if err != nil {
 		return storeErr("add events", err)
 	}
 	defer stmt.Close()
 	for i := range evs {
 		e := &evs[i]
-		res, err := stmt.ExecContext(ctx, fmtTime(e.Time), e.Type, e.SandboxID, e.Owner, e.ExecutionID, jsonText(e.Details))
+		res, err := stmt.ExecContext(ctx, fmtTime(e.Time), e.Type, e.SandboxID, e.Owner, e.ExecutionID, jsonText(e.Details), e.Source)
 		if err != nil {
 			return storeErr("add event", err)
 		}
@@ -45,7 +45,7 @@ func (d *DB) AddEvents(ctx context.Context, evs []store.Event) error {
 
 // ListEvents implements store.EventStore.
 func (d *DB) ListEvents(ctx context.Context, f store.EventFilter) ([]store.Event, error) {
-	q := `SELECT id, time, type, sandbox_id, owner, execution_id, details FROM events WHERE owner = ?`
+	q := `SELECT id, time, type, sandbox_id, owner, execution_id, details, source FROM events WHERE owner = ?`
 	args := []any{f.Owner}
 	if f.SandboxID != "" {
 		q += ` AND sandbox_id = ?`
@@ -82,7 +82,7 @@ func (d *DB) ListEvents(ctx context.Context, f store.EventFilter) ([]store.Event
 	for rows.Next() {
 		var e store.Event
 		var at, details string
-		if err := rows.Scan(&e.ID, &at, &e.Type, &e.SandboxID, &e.Owner, &e.ExecutionID, &details); err != nil {
+		if err := rows.Scan(&e.ID, &at, &e.Type, &e.SandboxID, &e.Owner, &e.ExecutionID, &details, &e.Source); err != nil {
 			return nil, err
 		}
 		if e.Time, err = parseTime(at); err != nil {

@@ -27,7 +27,7 @@ func testEvents(t *testing.T, s store.Store) {
 	evs := []store.Event{
 		{Time: base, Type: "sandbox.created", SandboxID: "a", Owner: "o1"},
 		{Time: base.Add(time.Second), Type: "execution.started", SandboxID: "a", Owner: "o1", ExecutionID: "x1"},
-		{Time: base.Add(2 * time.Second), Type: "execution.finished", SandboxID: "a", Owner: "o1", ExecutionID: "x1",
+		{Time: base.Add(2 * time.Second), Type: "execution.finished", Source: "host", SandboxID: "a", Owner: "o1", ExecutionID: "x1",
 			Details: json.RawMessage(`{"status":"success"}`)},
 		{Time: base.Add(3 * time.Second), Type: "sandbox.created", SandboxID: "b", Owner: "o2"},
 		{Time: base.Add(4 * time.Second), Type: "sandbox.created", SandboxID: "c", Owner: "o1"},
@@ -68,10 +68,11 @@ func testEvents(t *testing.T, s store.Store) {
 	}
 	got, _ := s.ListEvents(ctx, store.EventFilter{Owner: "o1", SandboxID: "a", Types: []string{"execution.finished"}})
 	if len(got) != 1 || string(got[0].Details) != `{"status":"success"}` || got[0].ExecutionID != "x1" || !got[0].Time.Equal(evs[2].Time) ||
-		got[0].Type != "execution.finished" || got[0].SandboxID != "a" || got[0].Owner != "o1" {
+		got[0].Type != "execution.finished" || got[0].Source != "host" || got[0].SandboxID != "a" || got[0].Owner != "o1" {
 		t.Fatalf("finished event read back as %+v", got)
 	}
-	if got, _ := s.ListEvents(ctx, store.EventFilter{Owner: "o1", UpToID: evs[0].ID}); len(got) != 1 || string(got[0].Details) != `{}` {
+	if got, _ := s.ListEvents(ctx, store.EventFilter{Owner: "o1", UpToID: evs[0].ID}); len(got) != 1 || string(got[0].Details) != `{}` ||
+		got[0].Source != "" {
 		t.Fatalf("an event without details read back as %+v", got)
 	}
 

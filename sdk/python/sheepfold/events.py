@@ -39,12 +39,16 @@ class Event:
     sandbox_id: Optional[str] = None
     execution_id: Optional[str] = None
     details: Dict[str, Any] = field(default_factory=dict)
+    # Who recorded it: "host" (the server), "gateway" (the egress gateway),
+    # "agent" (the agent in the sandbox, which saw it itself) or "sandbox"
+    # (the code in the sandbox said so, and could have written it itself).
+    source: Optional[str] = None
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "Event":
         return cls(id=int(d.get("id") or 0), type=d.get("type", ""), timestamp=parse_time(d.get("timestamp")),
                    sandbox_id=d.get("sandbox_id"), execution_id=d.get("execution_id"),
-                   details=dict(d.get("details") or {}))
+                   details=dict(d.get("details") or {}), source=d.get("source"))
 
 
 @dataclass
