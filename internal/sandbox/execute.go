@@ -10,6 +10,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/lang"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/typescript"
@@ -146,8 +147,11 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		cpu.run(ctx, stopCPU)
 	}
 	started := time.Now()
-	run := &execRun{ctx: ctx, s: s, req: req, stream: onEvent, ex: &Execution{Results: []agentproto.Result{}},
-		violation: func(v *agentproto.Violation) { s.violation(req.ID, v) }}
+	run := &execRun{ctx: ctx, s: s, req: req, stream: onEvent, ex: &Execution{Results: []agentproto.Result{}}}
+	run.violation = func(v *agentproto.Violation) {
+		run.netDenied = run.netDenied || v.Kind == events.KindNetworkDenied
+		s.violation(req.ID, v)
+	}
 	run.hold.sandbox, run.hold.engine = s.resultBudgets()
 	defer run.hold.release()
 	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpExecute, Execute: spec},
@@ -213,7 +217,7 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 			ex.PeakMemoryBytes = max(ex.PeakMemoryBytes, after.MemoryPeakBytes)
 			ex.ErrorCode = apierr.OutOfMemory
 			ex.Error = &agentproto.ExecError{Name: "OutOfMemoryError",
-				Value: "the code ran out of memory (limit " + mib(s.Limits.MemoryBytes) + ") and was killed; the context's state is lost"}
+				Value: "the code ran out of memory (limit " + mib(s.CurrentLimits().MemoryBytes) + ") and was killed; the context's state is lost"}
 			ex.memoryPeak = after.MemoryPeakBytes
 		}
 		s.reportLimits(req.ID, after, false, false)
@@ -222,6 +226,12 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	}
 	if ex.ErrorCode == "" && ex.Error != nil {
 		ex.ErrorCode = errorCodes[ex.Error.Name]
+		// A refusal the code's own error wraps (urllib's URLError around
+		// NetworkRestrictedError), or a language with no hook of its own
+		// failing to reach the network the sandbox does not have.
+		if ex.ErrorCode == "" && (run.netDenied || s.networkRefused(req.ID, ex, string(run.stderrTail))) {
+			ex.ErrorCode = apierr.NetworkRestricted
+		}
 	}
 	if ex.Status != ExecSuccess && done.Status != agentproto.StatusKilled {
 		// Off the way of executions that went well: a fork refused at
@@ -253,7 +263,9 @@ type execRun struct {
 	stream func(agentproto.Event) error // nil: keep everything in ex
 	ex     *Execution
 	// violation reports what the code tried against the policy (events).
-	violation func(*agentproto.Violation)
+	violation  func(*agentproto.Violation)
+	netDenied  bool   // the kernel reported a network_denied violation
+	stderrTail []byte // the last stderrTailSize bytes of a streamed stderr
 
 	stdout, stderr strings.Builder // kept when not streaming
 	results        int             // delivered
@@ -269,7 +281,7 @@ func (r *execRun) handle(ev agentproto.Event) error {
 			return err
 		}
 		if r.stream == nil {
-			appendCapped(&r.stdout, ev.Data, r.req.MaxOutput)
+			appendCapped(&r.stdout, ev.Data, r.req.MaxOutput+capMarkerRoom)
 		}
 	case agentproto.EventStderr:
 		r.ex.outputBytes += int64(len(ev.Data))
@@ -277,7 +289,11 @@ func (r *execRun) handle(ev agentproto.Event) error {
 			return err
 		}
 		if r.stream == nil {
-			appendCapped(&r.stderr, ev.Data, r.req.MaxOutput)
+			appendCapped(&r.stderr, ev.Data, r.req.MaxOutput+capMarkerRoom)
+		} else {
+			// The end of a streamed stderr, for networkRefused.
+			r.stderrTail = append(r.stderrTail, ev.Data...)
+			r.stderrTail = r.stderrTail[max(0, len(r.stderrTail)-stderrTailSize):]
 		}
 	case agentproto.EventResult:
 		if ev.Result == nil {
@@ -343,6 +359,10 @@ func resultSize(res *agentproto.Result) int64 {
 	}
 	return int64(n)
 }
+
+// capMarkerRoom is the room kept output has past MaxOutput for the
+// kernel's agentproto.OutputCapMarker.
+const capMarkerRoom = 128
 
 func appendCapped(b *strings.Builder, p []byte, max int64) {
 	if room := max - int64(b.Len()); room > 0 {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/policy"
@@ -75,8 +76,11 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// putPolicy replaces a sandbox's policy. The body is the whole new policy
-// (as security_policy at create); rules left out are unset.
+// putPolicy applies a policy over a sandbox's: each section the body
+// sets replaces that section, each it leaves out keeps its rules
+// (policy.Merge); the answer is the whole policy now. memory_mb and
+// disk_write_mb resize the running sandbox, up to the account's
+// max_memory_mb and max_disk_mb.
 func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
 	if err != nil {
@@ -96,14 +100,49 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkPolicyResources(r, b, p); err != nil {
+		return err
+	}
 	ch, err := b.sb.SetPolicy(p)
 	if err != nil {
 		return err
 	}
-	out := policyJSON(p)
+	out := policyJSON(ch.Policy)
 	if err := s.store.UpdateSandboxPolicy(r.Context(), b.sb.ID, out); err != nil {
 		return fmt.Errorf("record policy: %w", err)
 	}
 	writeJSON(w, http.StatusOK, policyAnswer{Policy: out, RestartRequired: ch.RestartRequired, Loosened: ch.Loosened})
+	return nil
+}
+
+// checkPolicyResources refuses a policy that raises a running sandbox's
+// memory or disk above its account's maxima (lowering is always allowed).
+func (s *Server) checkPolicyResources(r *http.Request, b *box, p *policy.Policy) error {
+	if s.cfg.NoAccounting {
+		return nil
+	}
+	cur := b.sb.CurrentLimits()
+	var memMB, diskMB int64
+	if m := p.MemoryBytes(); m > cur.MemoryBytes {
+		memMB = m >> 20
+	}
+	if d := p.DiskBytes(); d > cur.DiskBytes {
+		diskMB = d >> 20
+	}
+	if memMB == 0 && diskMB == 0 {
+		return nil
+	}
+	a, err := s.accounts.Get(r.Context(), owner(r))
+	if err != nil {
+		return err
+	}
+	if err := a.CheckResources(0, memMB, diskMB, 0); err != nil {
+		field := "resource_limits.memory_mb"
+		if memMB == 0 || !strings.Contains(apierr.From(err).Message, "memory") {
+			field = "resource_limits.disk_write_mb"
+		}
+		return &apierr.Error{Code: apierr.InvalidPolicy, Err: err, Details: map[string]any{"field": field},
+			Message: "security policy field " + field + ": " + apierr.From(err).Message}
+	}
 	return nil
 }
