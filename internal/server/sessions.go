@@ -112,8 +112,19 @@ func (s *Server) admitSession(ctx context.Context, own string, p *policy.Policy)
 		return nil, err
 	}
 	capOf, capBy := p.ConcurrentSessions(), "the new session's"
+	capped := capOf > 0
+	caps := make([]int64, len(recs))
+	for i, rec := range recs {
+		if rp, err := policy.Parse(rec.Policy); err == nil { // a record's policy was valid when written
+			caps[i] = rp.ConcurrentSessions()
+			capped = capped || caps[i] > 0
+		}
+	}
 	running := 0
-	for _, rec := range recs {
+	for i, rec := range recs {
+		if !capped {
+			break // no cap anywhere: nothing to count
+		}
 		if _, err := s.store.GetSession(ctx, rec.ID); err != nil {
 			if errors.Is(err, store.ErrNotFound) {
 				continue // a sandbox, not a session
@@ -121,11 +132,7 @@ func (s *Server) admitSession(ctx context.Context, own string, p *policy.Policy)
 			return nil, err
 		}
 		running++
-		rp, err := policy.Parse(rec.Policy)
-		if err != nil {
-			continue // a record's policy was valid when written
-		}
-		if c := rp.ConcurrentSessions(); c > 0 && (capOf == 0 || c < capOf) {
+		if c := caps[i]; c > 0 && (capOf == 0 || c < capOf) {
 			capOf, capBy = c, "session "+rec.ID+"'s"
 		}
 	}

@@ -644,11 +644,8 @@ func (o *OCI) Resize(_ context.Context, id string, l runtime.Limits) error {
 	if !validID(id) {
 		return runtime.ErrNotFound
 	}
-	if l.MemoryBytes > 0 {
-		if err := o.cg.setMemory(id, l.MemoryBytes); err != nil {
-			return fmt.Errorf("set the memory limit: %w", err)
-		}
-	}
+	// The disk first: it is the one that can be refused (ErrTooSmall),
+	// and a refusal must leave the memory limit as it was.
 	if l.DiskBytes > 0 {
 		rw := filepath.Join(o.bundles, id, "rw")
 		var st unix.Statfs_t
@@ -661,6 +658,11 @@ func (o *OCI) Resize(_ context.Context, id string, l runtime.Limits) error {
 		opts := fmt.Sprintf("size=%d", l.DiskBytes)
 		if err := unix.Mount("tmpfs", rw, "tmpfs", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 			return fmt.Errorf("resize the writable layer: %w", err)
+		}
+	}
+	if l.MemoryBytes > 0 {
+		if err := o.cg.setMemory(id, l.MemoryBytes); err != nil {
+			return fmt.Errorf("set the memory limit: %w", err)
 		}
 	}
 	return nil
