@@ -68,6 +68,7 @@ type Execution struct {
 	PeakMemoryBytes int64                 `json:"peak_memory_bytes"`
 
 	outputBytes int64 // stdout plus stderr seen, kept or streamed
+	outputCut   bool  // the kernel cut the output at MaxOutput and the code ran on
 	memoryPeak  int64 // the cgroup's peak memory, read after an OOM kill
 }
 
@@ -183,6 +184,8 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	ex := run.ex
 	ex.Stdout, ex.Stderr = run.stdout.String(), run.stderr.String()
 	ex.Truncated = ex.Truncated || done.Truncated
+	// The kernel sets Truncated only at the output cap.
+	ex.outputCut = done.Truncated && done.Status != agentproto.StatusOutputLimit
 	if done.Stats != nil {
 		ex.ExecutionTimeMS = done.Stats.DurationMS
 		ex.CPUTimeMS = done.Stats.CPUTimeMS

@@ -96,6 +96,15 @@ func (s *Sandbox) executionFinished(req ExecuteRequest, lang string, ex *Executi
 	if exceeded != nil {
 		s.emit(events.ResourceExceeded, req.ID, exceeded)
 	}
+	if ex.outputCut {
+		// Cut at the cap, the code ran on (to its end or its timeout).
+		limit := req.MaxOutput
+		if limit <= 0 {
+			limit = DefaultMaxOutput
+		}
+		s.emit(events.ResourceExceeded, req.ID, map[string]any{"resource": events.ResourceOutput, "limit": limit,
+			"observed": ex.outputBytes, "unit": "bytes"})
+	}
 	if of != nil && of.cap.Dropped > 0 {
 		s.emit(events.ResourceExceeded, req.ID, map[string]any{"resource": events.ResourceOutput, "limit": of.cap.Limit,
 			"observed": of.cap.Used + of.cap.Dropped, "unit": "bytes", "rule": "output_filtering.max_output_length"})

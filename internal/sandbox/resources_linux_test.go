@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
@@ -159,9 +160,13 @@ func TestResourceExceededCgroup(t *testing.T) {
 			limit    int64
 		}{
 			{events.ResourceWallTime, sandbox.ExecuteRequest{ID: "exe_wall", Code: "import time\ntime.sleep(10)", Timeout: 500 * time.Millisecond}, apierr.SandboxTimeout, 500},
-			{events.ResourceOutput, sandbox.ExecuteRequest{ID: "exe_out", Code: "print('x' * 5000)", MaxOutput: 1000}, apierr.OutputLimit, 1000},
+			// Cut at the cap with a marker, the code runs on to its end.
+			{events.ResourceOutput, sandbox.ExecuteRequest{ID: "exe_out", Code: "print('x' * 5000)\nprint('ran on')", MaxOutput: 1000}, "", 1000},
 		} {
 			ex, err := tight.Execute(ctx, c.req, nil)
+			if c.code == "" && (err != nil || ex.Status != sandbox.ExecSuccess || !ex.Truncated || !strings.HasSuffix(ex.Stdout, fmt.Sprintf(agentproto.OutputCapMarker, 1000))) {
+				t.Fatalf("%s: %+v, %v", c.resource, ex, err)
+			}
 			if err != nil || ex.ErrorCode != c.code {
 				t.Fatalf("%s: %+v, %v", c.resource, ex, err)
 			}

@@ -231,3 +231,97 @@ func TestSeed002ErrorsGoSDK(t *testing.T) {
 		t.Fatalf("network_restricted false: %+v %q, %v", ex.Error, ex.Output, err)
 	}
 }
+
+// seedPolicy is seed 002's recommended security_policy, verbatim.
+const seedPolicy = `{
+    "resource_limits": {
+        "cpu_time_seconds": 10,
+        "memory_mb": 256,
+        "disk_write_mb": 50,
+        "network_requests": 5,
+        "file_size_upload_mb": 10
+    },
+    "access_control": {
+        "allow_subprocess": False,
+        "allow_import_system": False,
+        "allowed_imports": [
+            "json", "math", "random", "datetime", 
+            "re", "collections", "itertools", "functools"
+        ],
+        "blocked_modules": [
+            "os", "sys", "subprocess", "socket",
+            "urllib", "requests", "ctypes", "sqlite3"
+        ]
+    },
+    "output_filtering": {
+        "max_output_length": 10000,
+        "strip_sensitive_data": True,
+        "sanitize_errors": True
+    },
+    "rate_limiting": {
+        "requests_per_minute": 60,
+        "concurrent_sessions": 5
+    }
+}`
+
+// TestSeedPolicyFieldsGoSDK: seed 002's policy applied verbatim to a
+// running session of the seed's sandbox_config on a real server, each
+// field doing what its name says: memory and disk lowered on the live
+// sandbox, the filesystem rules of sandbox_config kept, uploads over
+// 10 MiB refused, the 61st execution of a minute refused, a sixth
+// running session of the account refused.
+func TestSeedPolicyFieldsGoSDK(t *testing.T) {
+	s := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := client.New(s.url, accountKey(t, s, "seed-policy-go"))
+	sess, err := c.CreateSession(ctx, client.SessionRequest{Model: "deepseek-v3.2", SandboxConfig: seedSandboxConfig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.DeleteSession(context.Background(), sess.ID)
+	if sess.Resources.MemoryMB != 512 {
+		t.Fatalf("created with %+v", sess.Resources)
+	}
+	// The article's dict, in Python: True and False become JSON.
+	body := strings.NewReplacer("True", "true", "False", "false").Replace(seedPolicy)
+	ans, err := c.SetPolicy(ctx, sess.ID, json.RawMessage(body))
+	if err != nil {
+		t.Fatalf("the seed's policy: %v", err)
+	}
+	if !strings.Contains(string(ans.Policy), `"writable_paths":["/tmp/sandbox/","/var/tmp/"]`) {
+		t.Fatalf("the filesystem rules of sandbox_config are lost: %s", ans.Policy)
+	}
+	got, err := c.GetSession(ctx, sess.ID)
+	if err != nil || got.Resources.MemoryMB != 256 || got.Resources.DiskMB != 50 {
+		t.Fatalf("resources after the policy: %+v, %v", got.Resources, err)
+	}
+	// file_size_upload_mb: 10 MiB.
+	if _, err := c.WriteFile(ctx, sess.ID, "/tmp/sandbox/big.bin", bytes.NewReader(make([]byte, 11<<20))); !errors.Is(err, client.ErrFileTooLarge) {
+		t.Fatalf("an 11 MiB upload: %v", err)
+	}
+	if _, err := c.WriteFile(ctx, sess.ID, "/tmp/sandbox/ok.bin", bytes.NewReader(make([]byte, 1<<20))); err != nil {
+		t.Fatalf("a 1 MiB upload: %v", err)
+	}
+	// requests_per_minute: a minute's worth (60) at once, and one more
+	// each second, then ERR_RATE_LIMITED.
+	var last error
+	began, n := time.Now(), 0
+	for ; n < 200 && last == nil; n++ {
+		_, last = c.SessionExecute(ctx, sess.ID, client.SessionExecuteRequest{Code: "1"})
+	}
+	if !errors.Is(last, client.ErrRateLimited) || n-1 < 60 || float64(n-1) > 61+time.Since(began).Seconds() {
+		t.Fatalf("after %d executions in %s: %v", n-1, time.Since(began), last)
+	}
+	// concurrent_sessions: 5 running sessions of the account.
+	for i := 0; i < 4; i++ {
+		o, err := c.CreateSession(ctx, client.SessionRequest{Model: "deepseek-v3.2"})
+		if err != nil {
+			t.Fatalf("session %d of 5: %v", i+2, err)
+		}
+		defer c.DeleteSession(context.Background(), o.ID)
+	}
+	if _, err := c.CreateSession(ctx, client.SessionRequest{Model: "deepseek-v3.2"}); !errors.Is(err, client.ErrRateLimited) {
+		t.Fatalf("a sixth session: %v", err)
+	}
+}
