@@ -5,10 +5,12 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/llm/llmtest"
+	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/server"
 )
 
@@ -225,5 +227,37 @@ func TestSeedNetworkRestricted(t *testing.T) {
 	r := e.do("POST", "/v1/sessions/"+id+"/execute", e.keyA, map[string]any{"code": "raise OSError('disk says no')"})
 	if errObj := r.json(t)["error"].(map[string]any); errObj["code"] != nil && errObj["code"] != "" {
 		t.Fatalf("a plain OSError: %v", errObj)
+	}
+}
+
+// TestSeedResizeIsMetered: reserved memory is billed at the limit in
+// force: after a policy lowers a running sandbox's memory_mb from 1024 to
+// 256, its GB-seconds reserved grow at a quarter of the rate.
+func TestSeedResizeIsMetered(t *testing.T) {
+	e := newEnv(t, server.Config{Metering: metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond}})
+	id := e.create(e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 1024}})
+	usage := func() (wall, gb float64) {
+		u := e.do("GET", "/v1/sandboxes/"+id+"/usage", e.keyA, nil).json(t)
+		return u["sandbox_seconds"].(float64), u["gb_seconds_reserved"].(float64)
+	}
+	grow := func(from float64) (wall, gb float64) {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if wall, gb = usage(); wall >= from+0.4 {
+				return wall, gb
+			}
+		}
+		t.Fatalf("the meter did not sample")
+		return 0, 0
+	}
+	w0, g0 := grow(0)
+	if !near(g0, w0, 1e-6) {
+		t.Fatalf("1 GiB for %g s: %g GB-s", w0, g0)
+	}
+	want(t, e.do("PUT", "/v1/sandboxes/"+id+"/policy", e.keyA, `{"resource_limits":{"memory_mb":256}}`), http.StatusOK, "")
+	w1, g1 := usage()
+	w2, g2 := grow(w1)
+	// One sample interval (20 ms) straddles the change.
+	if got, want := g2-g1, (w2-w1)/4; !near(got, want, 0.03) {
+		t.Fatalf("after the resize: %g GB-s for %g s, want %g", got, w2-w1, want)
 	}
 }
