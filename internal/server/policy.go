@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/policy"
@@ -103,7 +104,15 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 	if err := s.checkPolicyResources(r, b, p); err != nil {
 		return err
 	}
+	if err := s.admitResize(b, p); err != nil {
+		return err
+	}
 	ch, err := b.sb.SetPolicy(p)
+	// What the host counts for the sandbox is its limits in force now,
+	// resized or not.
+	s.mu.Lock()
+	b.footprint = footprint(b.sb.CurrentLimits())
+	s.mu.Unlock()
 	if err != nil {
 		return err
 	}
@@ -112,6 +121,38 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("record policy: %w", err)
 	}
 	writeJSON(w, http.StatusOK, policyAnswer{Policy: out, RestartRequired: ch.RestartRequired, Loosened: ch.Loosened})
+	return nil
+}
+
+// admitResize takes the growth of a sandbox a policy raises out of the
+// host's memory (Config.HostMemoryBytes, as admit does for a new
+// sandbox): ERR_CAPACITY when it does not fit. The caller sets the box's
+// footprint to its limits in force once the policy is applied.
+func (s *Server) admitResize(b *box, p *policy.Policy) error {
+	l := b.sb.CurrentLimits()
+	if m := p.MemoryBytes(); m > 0 {
+		l.MemoryBytes = m
+	}
+	if d := p.DiskBytes(); d > 0 {
+		l.DiskBytes = d
+	}
+	next := footprint(l)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if next <= b.footprint || s.cfg.HostMemoryBytes <= 0 {
+		return nil
+	}
+	capacity := int64(float64(s.cfg.HostMemoryBytes) * s.cfg.Overcommit)
+	var used int64
+	for _, o := range s.boxes {
+		used += o.footprint
+	}
+	if used-b.footprint+next > capacity {
+		return &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
+			Message: fmt.Sprintf("the host cannot hold this sandbox at %d MiB (memory plus disk): %d of %d MiB are committed",
+				next>>20, used>>20, capacity>>20)}
+	}
+	b.footprint = next
 	return nil
 }
 

@@ -261,3 +261,22 @@ func TestSeedResizeIsMetered(t *testing.T) {
 		t.Fatalf("after the resize: %g GB-s for %g s, want %g", got, w2-w1, want)
 	}
 }
+
+// TestSeedResizeIsAdmitted: raising a running sandbox's memory through
+// its policy is held to the host's memory as a new sandbox is: past it,
+// ERR_CAPACITY and nothing changes; what a lowering frees, a new sandbox
+// may take.
+func TestSeedResizeIsAdmitted(t *testing.T) {
+	e := newEnv(t, server.Config{HostMemoryBytes: 1 << 30, Overcommit: 1})
+	id := e.create(e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 256, "disk_mb": 128}}) // 384 MiB
+	e.create(e.keyB, map[string]any{"resources": map[string]any{"memory_mb": 256, "disk_mb": 128}})        // 768 MiB
+	want(t, e.do("PUT", "/v1/sandboxes/"+id+"/policy", e.keyA, `{"resource_limits":{"memory_mb":640}}`), http.StatusServiceUnavailable, "ERR_CAPACITY")
+	if got := e.rt.Resized(id); got.MemoryBytes != 0 {
+		t.Fatalf("a refused raise resized: %+v", got)
+	}
+	want(t, e.do("PUT", "/v1/sandboxes/"+id+"/policy", e.keyA, `{"resource_limits":{"memory_mb":384}}`), http.StatusOK, "") // 896 MiB
+	want(t, e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 128, "disk_mb": 64}}),
+		http.StatusServiceUnavailable, "ERR_CAPACITY")
+	want(t, e.do("PUT", "/v1/sandboxes/"+id+"/policy", e.keyA, `{"resource_limits":{"memory_mb":128,"disk_write_mb":64}}`), http.StatusOK, "") // 576 MiB
+	e.create(e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 256, "disk_mb": 128}})
+}
