@@ -54,6 +54,8 @@ func TestDashboardHistory(t *testing.T) {
 			"totals.plot(kind='bar', title='CA par pays')\nplt.show()\n" +
 			"totals.rename('total').reset_index()",
 		"# history-error\n1 / 0",
+		// Other HTML stays in a sandboxed frame.
+		"# history-html\nclass Card:\n    def _repr_html_(self):\n        return '<p><b>html-result-ok</b></p>'\nCard()",
 		"# history-stream\nimport sys, time\nfor p in (10, 50, 100):\n    print(f'\\rprogress {p}%', end='', flush=True)\n    time.sleep(0.05)\n" +
 			"print()\nprint('\\x1b[31mred alert\\x1b[0m')",
 	} {

@@ -63,6 +63,14 @@ try {
   console.log(`dataframe table: ${ink} dark pixels`)
   await cell.screenshot({ path: `${out}/history-black-friday.png` })
 
+  // Other HTML: in a sandboxed frame, drawn.
+  const card = page.locator('#executions .execution', { hasText: 'history-html' })
+  const frame = card.locator('iframe.result')
+  await frame.waitFor()
+  await frame.contentFrame().locator('b', { hasText: 'html-result-ok' }).waitFor({ timeout: 10000 })
+  const frameInk = await inkOf(await frame.screenshot({ path: `${out}/history-html.png` }))
+  assert.ok(frameInk > 50, `the HTML frame's screenshot is blank (${frameInk} dark pixels)`)
+
   // An error: its traceback, as the user's code raised it.
   const failed = page.locator('#executions .execution', { hasText: 'history-error' })
   await failed.waitFor()
