@@ -124,18 +124,18 @@ func newMetric(sb *sandbox.Sandbox, u runtime.Usage, now, lastAt time.Time, last
 	cpus := goruntime.NumCPU()
 	if c := u.CPULimit; c > 0 {
 		cpus = int(math.Ceil(c))
-	} else if c := sb.Limits.CPUs; c > 0 {
+	} else if c := sb.CurrentLimits().CPUs; c > 0 {
 		cpus = int(math.Ceil(c))
 	}
 	// The cgroup's limit; v1 shows none as a huge number, v2 as -1.
 	memTotal := u.MemoryLimit
 	if memTotal <= 0 || memTotal >= 1<<60 {
-		memTotal = sb.Limits.MemoryBytes
+		memTotal = sb.CurrentLimits().MemoryBytes
 	}
 	memCache := min(max(u.MemoryCacheBytes, 0), u.MemoryBytes)
 	diskTotal := u.DiskTotalBytes
 	if diskTotal <= 0 {
-		diskTotal = sb.Limits.DiskBytes
+		diskTotal = sb.CurrentLimits().DiskBytes
 	}
 	pct := 0.0
 	if wall := now.Sub(lastAt); wall > 0 && u.CPUNanos >= lastCPU {

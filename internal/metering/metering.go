@@ -128,7 +128,6 @@ type tracker struct {
 	sb       *sandbox.Sandbox
 	account  *account.Account
 	template string
-	reserved int64 // memory limit, bytes
 
 	executions atomic.Int64 // counted since the last sample
 	commands   atomic.Int64
@@ -179,7 +178,7 @@ func (m *Meter) Prices() Prices { return *m.cfg.Prices }
 // before hand-out is not counted.
 func (m *Meter) Start(sb *sandbox.Sandbox, acct *account.Account) {
 	now := time.Now()
-	t := &tracker{sb: sb, account: acct, template: sb.Template, reserved: sb.Limits.MemoryBytes,
+	t := &tracker{sb: sb, account: acct, template: sb.Template,
 		last: now, pending: map[time.Time]*store.UsageDelta{}}
 	t.total = store.UsageDelta{SandboxID: sb.ID, Account: acct.ID, Template: sb.Template}
 	if sb.FromPool() {
@@ -338,8 +337,9 @@ func (m *Meter) addReading(t *tracker, now time.Time, u runtime.Usage, err error
 	}
 	t.last = now
 	d := store.UsageDelta{
-		WallNanos:         dt.Nanoseconds(),
-		GBSecondsReserved: float64(t.reserved) / gib * dt.Seconds(),
+		WallNanos: dt.Nanoseconds(),
+		// The limit in force now: a policy may resize a running sandbox.
+		GBSecondsReserved: float64(t.sb.CurrentLimits().MemoryBytes) / gib * dt.Seconds(),
 		Executions:        t.executions.Swap(0),
 		Commands:          t.commands.Swap(0),
 	}

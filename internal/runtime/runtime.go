@@ -141,6 +141,15 @@ type CPUCounter interface {
 	CPUTime(id string) (time.Duration, error)
 }
 
+// Resizer is implemented by runtimes that change a running sandbox's
+// memory limit and the size of its writable layer. Resize sets each of
+// l.MemoryBytes and l.DiskBytes that is above 0 and leaves the others.
+// Shrinking the writable layer below what it holds fails with
+// ErrTooSmall, the layer untouched.
+type Resizer interface {
+	Resize(ctx context.Context, id string, l Limits) error
+}
+
 // OOMCounter is implemented by runtimes that can read a sandbox's OOM-kill
 // count alone, cheaply (one cgroup file): the engine reads it before
 // every execution, to tell an out-of-memory kill from another death.
@@ -225,6 +234,10 @@ func Offered(r Runtime) []string {
 
 // ErrNotFound reports an unknown sandbox.
 var ErrNotFound = errors.New("sandbox not found")
+
+// ErrTooSmall is Resize's error when the writable layer holds more than
+// the size asked for.
+var ErrTooSmall = errors.New("the sandbox holds more than the size asked for")
 
 // ErrCapacity reports that the host has no room for another sandbox (a
 // per-host resource the runtime hands out is used up).

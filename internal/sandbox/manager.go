@@ -564,8 +564,9 @@ func (s *Sandbox) announce(fromPool bool) {
 	s.mu.Lock()
 	s.announced = true
 	s.mu.Unlock()
+	lim := s.CurrentLimits()
 	s.emit(events.SandboxCreated, "", map[string]any{"template": s.Template, "pool": fromPool,
-		"memory_mb": s.Limits.MemoryBytes >> 20, "cpus": s.Limits.CPUs, "pids": s.Limits.Pids, "disk_mb": s.Limits.DiskBytes >> 20})
+		"memory_mb": lim.MemoryBytes >> 20, "cpus": lim.CPUs, "pids": lim.Pids, "disk_mb": lim.DiskBytes >> 20})
 }
 
 // emit sends one of the sandbox's events to Config.Events.

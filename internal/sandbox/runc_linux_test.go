@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -197,14 +198,29 @@ func TestRuncTimeoutKeepsSandboxUsable(t *testing.T) {
 	}
 }
 
+// TestRuncOutputCap: an endless print loop's output is cut at the cap with
+// a marker and the loop runs on to its timeout (seed 002's error 2); under
+// output_filtering.stop_on_output_cap it is stopped at the cap.
 func TestRuncOutputCap(t *testing.T) {
 	m := runcEngine(t)
+	loop := sandbox.ExecuteRequest{Code: "while True:\n    print('x' * 1000)", MaxOutput: 64 << 10, Timeout: 2 * time.Second}
 	s := newSandbox(t, m, sandbox.CreateOptions{})
-	ex := runReq(t, s, sandbox.ExecuteRequest{Code: "while True:\n    print('x' * 1000)", MaxOutput: 64 << 10, Timeout: 20 * time.Second})
-	if ex.ErrorCode != "ERR_OUTPUT_LIMIT" || !ex.Truncated || len(ex.Stdout) > 64<<10 || len(ex.Stdout) < 32<<10 {
-		t.Fatalf("want output cap at 64 KiB: code %q truncated %v len %d", ex.ErrorCode, ex.Truncated, len(ex.Stdout))
+	ex := runReq(t, s, loop)
+	marker := fmt.Sprintf(agentproto.OutputCapMarker, 64<<10)
+	if ex.ErrorCode != "ERR_SANDBOX_TIMEOUT" || !ex.Truncated || len(ex.Stdout) != 64<<10+len(marker) || !strings.HasSuffix(ex.Stdout, marker) {
+		t.Fatalf("want the output cut at 64 KiB, then the timeout: code %q truncated %v len %d", ex.ErrorCode, ex.Truncated, len(ex.Stdout))
 	}
 	if ex := run(t, s, "python", "1 + 1"); mainText(ex) != "2" {
+		t.Fatalf("sandbox unusable after output cap: %+v", ex)
+	}
+	stop := newSandbox(t, m, sandbox.CreateOptions{Policy: &policy.Policy{OutputFiltering: &policy.OutputFiltering{StopOnOutputCap: pb(true)}}})
+	loop.Timeout = 20 * time.Second
+	start := time.Now()
+	ex = runReq(t, stop, loop)
+	if ex.ErrorCode != "ERR_OUTPUT_LIMIT" || !ex.Truncated || len(ex.Stdout) > 64<<10 || len(ex.Stdout) < 32<<10 || time.Since(start) > 15*time.Second {
+		t.Fatalf("want output cap at 64 KiB: code %q truncated %v len %d", ex.ErrorCode, ex.Truncated, len(ex.Stdout))
+	}
+	if ex := run(t, stop, "python", "1 + 1"); mainText(ex) != "2" {
 		t.Fatalf("sandbox unusable after output cap: %+v", ex)
 	}
 }

@@ -275,6 +275,11 @@ type Server struct {
 	tenantMu sync.Mutex // guards tenant.released
 	alertQ   chan store.Alert
 
+	// sessionMu guards pendingSessions, the sessions each owner is
+	// creating now (rate_limiting.concurrent_sessions: sessions.go).
+	sessionMu       sync.Mutex
+	pendingSessions map[string]int
+
 	// keysMu guards keys, the E2B surface's cache of key states.
 	keysMu sync.Mutex
 	keys   map[string]keyState

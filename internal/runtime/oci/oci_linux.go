@@ -24,6 +24,7 @@ import (
 var (
 	_ runtime.Runtime    = (*OCI)(nil)
 	_ runtime.CPUCounter = (*OCI)(nil)
+	_ runtime.Resizer    = (*OCI)(nil)
 )
 
 // OCI runs sandboxes with an OCI runtime binary (runc; runsc later).
@@ -634,6 +635,37 @@ func (o *OCI) Usage(_ context.Context, id string) (runtime.Usage, error) {
 		u.DiskTotalBytes = int64(st.Blocks) * st.Bsize
 	}
 	return u, nil
+}
+
+// Resize implements runtime.Resizer: the memory limit through the
+// sandbox's cgroup, the writable layer by remounting its tmpfs with the
+// new size (the kernel refuses a size below what it holds).
+func (o *OCI) Resize(_ context.Context, id string, l runtime.Limits) error {
+	if !validID(id) {
+		return runtime.ErrNotFound
+	}
+	// The disk first: it is the one that can be refused (ErrTooSmall),
+	// and a refusal must leave the memory limit as it was.
+	if l.DiskBytes > 0 {
+		rw := filepath.Join(o.bundles, id, "rw")
+		var st unix.Statfs_t
+		if err := unix.Statfs(rw, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
+			return runtime.ErrNotFound
+		}
+		if used := int64(st.Blocks-st.Bfree) * st.Bsize; used > l.DiskBytes {
+			return fmt.Errorf("%w: the writable layer holds %d MiB, more than %d MiB", runtime.ErrTooSmall, used>>20, l.DiskBytes>>20)
+		}
+		opts := fmt.Sprintf("size=%d", l.DiskBytes)
+		if err := unix.Mount("tmpfs", rw, "tmpfs", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+			return fmt.Errorf("resize the writable layer: %w", err)
+		}
+	}
+	if l.MemoryBytes > 0 {
+		if err := o.cg.setMemory(id, l.MemoryBytes); err != nil {
+			return fmt.Errorf("set the memory limit: %w", err)
+		}
+	}
+	return nil
 }
 
 // CPUTime implements runtime.CPUCounter.

@@ -42,6 +42,12 @@ __all__ = [
     "CapacityError",
     "InternalServerError",
     "SheepfoldConnectionError",
+    "ForbiddenError",
+    "SubprocessDeniedError",
+    "CPUTimeExceededError",
+    "MethodNotAllowedError",
+    "StorageUnavailableError",
+    "ShuttingDownError",
     "error_for",
 ]
 
@@ -152,6 +158,20 @@ class NetworkRestrictedError(PermissionDeniedError):
     default_code = "ERR_NETWORK_RESTRICTED"
 
 
+class ForbiddenError(PermissionDeniedError):
+    """403 ERR_FORBIDDEN: the key may not do this (an admin route, another
+    account's resource)."""
+
+    default_code = "ERR_FORBIDDEN"
+
+
+class SubprocessDeniedError(PermissionDeniedError):
+    """403 ERR_SUBPROCESS_DENIED: the policy's allow_subprocess is false and
+    the code tried to start a program."""
+
+    default_code = "ERR_SUBPROCESS_DENIED"
+
+
 class ConflictError(SheepfoldError):
     """409: the request conflicts with the current state."""
 
@@ -178,7 +198,23 @@ class OutOfMemoryError(SheepfoldError):
 
 
 class OutputLimitError(SheepfoldError):
+    """ERR_OUTPUT_LIMIT: the output passed the cap and the policy's
+    output_filtering.stop_on_output_cap stopped the execution."""
+
     default_code = "ERR_OUTPUT_LIMIT"
+
+
+class CPUTimeExceededError(SheepfoldError):
+    """ERR_CPU_TIME_EXCEEDED: the execution used the policy's
+    resource_limits.cpu_time_seconds and was stopped."""
+
+    default_code = "ERR_CPU_TIME_EXCEEDED"
+
+
+class MethodNotAllowedError(InvalidArgumentError):
+    """405 ERR_METHOD_NOT_ALLOWED: the route does not take this method."""
+
+    default_code = "ERR_METHOD_NOT_ALLOWED"
 
 
 class FileTooLargeError(SheepfoldError):
@@ -246,6 +282,19 @@ class CapacityError(SheepfoldError):
     default_code = "ERR_CAPACITY"
 
 
+class StorageUnavailableError(CapacityError):
+    """503 ERR_STORAGE_UNAVAILABLE: the server's database cannot be reached
+    for now; retry."""
+
+    default_code = "ERR_STORAGE_UNAVAILABLE"
+
+
+class ShuttingDownError(CapacityError):
+    """503 ERR_SHUTTING_DOWN: the server is draining; retry on another."""
+
+    default_code = "ERR_SHUTTING_DOWN"
+
+
 class InternalServerError(SheepfoldError):
     """500 and other server-side failures."""
 
@@ -284,6 +333,12 @@ _BY_CODE: Dict[str, Type[SheepfoldError]] = {
     "ERR_MODEL_NOT_FOUND": ModelNotFoundError,
     "ERR_PROVIDER": ProviderError,
     "ERR_PROVIDER_TIMEOUT": ProviderTimeoutError,
+    "ERR_FORBIDDEN": ForbiddenError,
+    "ERR_SUBPROCESS_DENIED": SubprocessDeniedError,
+    "ERR_CPU_TIME_EXCEEDED": CPUTimeExceededError,
+    "ERR_METHOD_NOT_ALLOWED": MethodNotAllowedError,
+    "ERR_STORAGE_UNAVAILABLE": StorageUnavailableError,
+    "ERR_SHUTTING_DOWN": ShuttingDownError,
 }
 
 _BY_STATUS: Dict[int, Type[SheepfoldError]] = {
@@ -291,6 +346,7 @@ _BY_STATUS: Dict[int, Type[SheepfoldError]] = {
     401: AuthenticationError,
     403: PermissionDeniedError,
     404: NotFoundError,
+    405: MethodNotAllowedError,
     408: SandboxTimeoutError,
     409: ConflictError,
     413: FileTooLargeError,
