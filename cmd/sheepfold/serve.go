@@ -322,6 +322,17 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	if a, err := net.ResolveTCPAddr("tcp", listen); err == nil {
 		engineOpts = append(engineOpts, func(c *sandbox.Config) { c.Egress.Self = append(c.Egress.Self, a.AddrPort()) })
 	}
+	// Sandboxes a crash left are charged, before they are destroyed,
+	// what they used since the last metering flush (internal/metering,
+	// recover.go).
+	if !shared && !scfg.NoAccounting {
+		prices := metering.DefaultPrices
+		if scfg.Metering.Prices != nil {
+			prices = *scfg.Metering.Prices
+		}
+		recoverer := metering.Recoverer(st, prices, log)
+		engineOpts = append(engineOpts, func(c *sandbox.Config) { c.Leftover = recoverer })
+	}
 	// 4. The engine.
 	var eng *engine
 	var kubeRT *kubernetes.Runtime

@@ -133,6 +133,13 @@ type Pressure struct {
 	IOFull     float64
 }
 
+// LeftoverFunc is told of a sandbox left over from an engine that died
+// (a crash), just before it is destroyed, with its last usage reading or
+// the error of taking it (its cgroup gone): the server charges what it
+// used since its last metering flush (internal/metering, recover.go).
+// ctx bounds it; the destroy follows whatever it does.
+type LeftoverFunc func(ctx context.Context, id string, u Usage, err error)
+
 // CPUCounter is implemented by runtimes that can read a sandbox's CPU
 // time alone, cheaply (one cgroup file): the engine reads it a few times
 // per execution that has a CPU time limit. It counts every process and

@@ -88,7 +88,13 @@ type Config struct {
 	// is destroyed at start or Close, and deadlines and idleness are the
 	// agent's. The Runtime must implement runtime.Attacher.
 	Shared bool
-	Logger *slog.Logger
+	// Leftover, when set, is told of each sandbox New finds left over
+	// from a crash, with its last usage reading, just before New
+	// destroys it (reap.go): the server charges what it used since its
+	// last metering flush. engine.Open hands it to the runtime's sweep
+	// of dead instances too.
+	Leftover runtime.LeftoverFunc
+	Logger   *slog.Logger
 }
 
 func (c *Config) setDefaults() error {

@@ -160,6 +160,7 @@ type Store interface {
 	RateStore
 	ModelStore
 	ReplicaStore
+	MeterPointStore
 
 	Close() error
 }

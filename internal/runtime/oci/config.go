@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"path"
 	"path/filepath"
+
+	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
 // Paths inside every sandbox.
@@ -102,6 +104,10 @@ type Config struct {
 	// Slots is the number of id ranges, and so of sandboxes that can
 	// exist at once on the host; default DefaultSlots.
 	Slots int
+	// Leftover, when set, is told of each sandbox of a dead instance,
+	// with its last usage reading, just before the sweep destroys it (the
+	// server charges what it used since its last metering flush).
+	Leftover runtime.LeftoverFunc
 	// Logger receives debug and error logs; default slog.Default().
 	Logger *slog.Logger
 }

@@ -230,6 +230,7 @@ func (o *OCI) sweepOnce() (left int) {
 		}
 		ids, _ := dead.List(context.Background())
 		for _, id := range ids {
+			o.leftover(dead, id)
 			o.cfg.Logger.Warn("destroying sandbox left by a dead sheepfold process", "instance", cfg.Instance, "sandbox", id)
 			ctx, cancel := context.WithTimeout(context.Background(), destroyTimeout)
 			err := dead.Destroy(ctx, id)
@@ -248,6 +249,23 @@ func (o *OCI) sweepOnce() (left int) {
 
 // destroyTimeout bounds one destroy of the sweep.
 const destroyTimeout = time.Minute
+
+// leftoverTimeout bounds reading a dead instance's sandbox's usage and
+// Config.Leftover.
+const leftoverTimeout = 10 * time.Second
+
+// leftover tells Config.Leftover of a dead instance's sandbox before the
+// sweep destroys it (again at each retry of a destroy that failed: the
+// hook charges a sandbox once).
+func (o *OCI) leftover(dead *OCI, id string) {
+	if o.cfg.Leftover == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), leftoverTimeout)
+	defer cancel()
+	u, err := dead.Usage(ctx, id)
+	o.cfg.Leftover(ctx, id, u, err)
+}
 
 // traversable checks that every directory above dir lets other users pass
 // through (the x bit for others): runc's init runs as the sandbox's own

@@ -51,6 +51,7 @@ func Run(t *testing.T, open Open) {
 		{"TokensAndSessions", testTokensAndSessions},
 		{"ReplicaHeartbeats", testReplicaHeartbeats},
 		{"MeterLeases", testMeterLeases},
+		{"MeterPoints", testMeterPoints},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
