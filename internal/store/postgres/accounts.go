@@ -295,16 +295,23 @@ func addLedger(ctx context.Context, q querier, e store.LedgerEntry) error {
 func (s *Store) CreditTotals(ctx context.Context, account string) (store.CreditTotals, error) {
 	var c store.CreditTotals
 	err := s.pool.QueryRow(ctx, `SELECT
-		coalesce(sum(amount_micros) FILTER (WHERE kind = 'free'), 0)::bigint,
-		coalesce(sum(amount_micros) FILTER (WHERE kind NOT IN ('free', 'usage')), 0)::bigint,
-		coalesce(-sum(amount_micros) FILTER (WHERE kind = 'usage'), 0)::bigint
+		`+micros(`sum(amount_micros) FILTER (WHERE kind = 'free')`)+`,
+		`+micros(`sum(amount_micros) FILTER (WHERE kind NOT IN ('free', 'usage'))`)+`,
+		`+micros(`-sum(amount_micros) FILTER (WHERE kind = 'usage')`)+`
 		FROM credit_ledger WHERE account_id = $1`, account).Scan(&c.FreeMicros, &c.GrantedMicros, &c.SpentMicros)
 	return c, storeErr("credit totals", err)
 }
 
+// micros is a sum of amounts of money (a numeric, which cannot overflow)
+// as a bigint, stopping at bigint's ends rather than failing there
+// (store.SumMicros).
+func micros(sum string) string {
+	return `greatest(least(coalesce(` + sum + `, 0), 9223372036854775807), -9223372036854775808)::bigint`
+}
+
 // Balances implements store.Store.
 func (s *Store) Balances(ctx context.Context) (map[string]int64, error) {
-	rows, err := s.pool.Query(ctx, `SELECT account_id, sum(amount_micros)::bigint FROM credit_ledger GROUP BY account_id`)
+	rows, err := s.pool.Query(ctx, `SELECT account_id, `+micros(`sum(amount_micros)`)+` FROM credit_ledger GROUP BY account_id`)
 	if err != nil {
 		return nil, storeErr("balances", err)
 	}

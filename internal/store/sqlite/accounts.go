@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"modernc.org/sqlite"
@@ -265,17 +266,46 @@ func addLedger(ctx context.Context, db execer, e store.LedgerEntry) error {
 // CreditTotals implements store.Store.
 func (d *DB) CreditTotals(ctx context.Context, account string) (store.CreditTotals, error) {
 	var c store.CreditTotals
+	var free, granted, used microsSum
 	err := d.db.QueryRowContext(ctx, `SELECT
-		coalesce(sum(CASE WHEN kind = 'free' THEN amount_micros END), 0),
-		coalesce(sum(CASE WHEN kind NOT IN ('free', 'usage') THEN amount_micros END), 0),
-		coalesce(-sum(CASE WHEN kind = 'usage' THEN amount_micros END), 0)
-		FROM credit_ledger WHERE account_id = ?`, account).Scan(&c.FreeMicros, &c.GrantedMicros, &c.SpentMicros)
+		`+microsSum{}.sql(`CASE WHEN kind = 'free' THEN amount_micros END`)+`,
+		`+microsSum{}.sql(`CASE WHEN kind NOT IN ('free', 'usage') THEN amount_micros END`)+`,
+		`+microsSum{}.sql(`CASE WHEN kind = 'usage' THEN amount_micros END`)+`
+		FROM credit_ledger WHERE account_id = ?`, account).Scan(&free.q, &free.r, &granted.q, &granted.r, &used.q, &used.r)
+	c.FreeMicros, c.GrantedMicros, c.SpentMicros = free.value(), granted.value(), -used.value()
+	if used.value() == math.MinInt64 {
+		c.SpentMicros = math.MaxInt64
+	}
 	return c, err
+}
+
+// microsSum is a sum of amounts of money that never fails. SQLite's
+// sum() of integers fails past int64 ("integer overflow"), so the sum is
+// taken in two parts: of the whole millions (amount / 1000000, each at
+// most 9.3e12: a million entries near int64's ends before it could
+// overflow) and of the rest (amount % 1000000); value joins them,
+// stopping at int64's ends (store.SumMicros).
+type microsSum struct{ q, r int64 }
+
+// sql is the two columns of the sum of expr.
+func (microsSum) sql(expr string) string {
+	return `coalesce(sum((` + expr + `) / 1000000), 0), coalesce(sum((` + expr + `) % 1000000), 0)`
+}
+
+func (m microsSum) value() int64 {
+	const unit = 1_000_000
+	switch {
+	case m.q > math.MaxInt64/unit:
+		return math.MaxInt64
+	case m.q < math.MinInt64/unit:
+		return math.MinInt64
+	}
+	return store.SumMicros(m.q*unit, m.r)
 }
 
 // Balances implements store.Store.
 func (d *DB) Balances(ctx context.Context) (map[string]int64, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT account_id, sum(amount_micros) FROM credit_ledger GROUP BY account_id`)
+	rows, err := d.db.QueryContext(ctx, `SELECT account_id, `+microsSum{}.sql(`amount_micros`)+` FROM credit_ledger GROUP BY account_id`)
 	if err != nil {
 		return nil, err
 	}
@@ -283,11 +313,11 @@ func (d *DB) Balances(ctx context.Context) (map[string]int64, error) {
 	out := map[string]int64{}
 	for rows.Next() {
 		var a string
-		var b int64
-		if err := rows.Scan(&a, &b); err != nil {
+		var b microsSum
+		if err := rows.Scan(&a, &b.q, &b.r); err != nil {
 			return nil, err
 		}
-		out[a] = b
+		out[a] = b.value()
 	}
 	return out, rows.Err()
 }
