@@ -2,16 +2,23 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/sheepfold/sheepfold/internal/account"
+	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/e2b/envdpb/processpb"
+	"github.com/sheepfold/sheepfold/internal/llm"
+	"github.com/sheepfold/sheepfold/internal/llm/llmtest"
 	"github.com/sheepfold/sheepfold/internal/server"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -316,4 +323,67 @@ func TestKeepaliveIntervalOverflow(t *testing.T) {
 	}
 	// The server lives on.
 	want(t, e.do("GET", "/v1/sandboxes/"+sb.ID, e.keyA, nil), http.StatusOK, "")
+}
+
+// TestStoredLimitsPastBounds: limits a database holds from before their
+// bounds (or written to it directly) act as the largest values: a
+// max_timeout of 2^63-1 s once refused every create (its nanoseconds
+// wrapped negative) and a requests_per_minute of 2^63-1 answered a
+// negative X-RateLimit-Remaining.
+func TestStoredLimitsPastBounds(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	ctx := context.Background()
+	_, key, err := auth.Create(ctx, e.store, auth.CreateOptions{Owner: "legacy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.store.SetAccountLimits(ctx, "legacy", []byte(`{"max_timeout":`+maxInt64+`,"requests_per_minute":`+maxInt64+
+		`,"max_memory_mb":`+maxInt64+`,"max_disk_mb":`+maxInt64+`,"max_cpus":1e300}`)); err != nil {
+		t.Fatal(err)
+	}
+	r := e.do("POST", "/v1/sandboxes", key, map[string]any{"timeout": 60})
+	want(t, r, http.StatusCreated, "")
+	rem, err := strconv.ParseInt(r.header.Get("X-RateLimit-Remaining"), 10, 64)
+	if err != nil || rem < 0 || rem > bound.MaxRate {
+		t.Fatalf("X-RateLimit-Remaining %q", r.header.Get("X-RateLimit-Remaining"))
+	}
+	if lim := r.header.Get("X-RateLimit-Limit"); lim != strconv.FormatInt(bound.MaxRate, 10) {
+		t.Fatalf("X-RateLimit-Limit %q", lim)
+	}
+}
+
+// TestProviderUsageCannotRaiseCredits: a provider's token counts
+// (negative, not numbers, past int64) are not believed (internal/llm
+// clamps them to [0, MaxCallTokens]), so a call's cost is never negative
+// and never more than its largest: credits never rise from a call, and
+// never fall past what the largest call costs.
+func TestProviderUsageCannotRaiseCredits(t *testing.T) {
+	t.Parallel()
+	e, prov := newModelEnv(t, 0, false, server.Config{Accounts: account.Config{FreeCreditsMicros: 5_000_000, CreditsLowMicros: 1}})
+	admin := e.adminKey()
+	want(t, e.do("POST", "/v1/admin/accounts", admin, map[string]any{"name": "tokens"}), http.StatusCreated, "")
+	r := e.do("POST", "/v1/admin/keys", admin, map[string]any{"account": "tokens"})
+	want(t, r, http.StatusCreated, "")
+	key := r.json(t)["key"].(string)
+	balance := func() float64 {
+		t.Helper()
+		r := e.do("GET", "/v1/account/credits", key, nil)
+		want(t, r, http.StatusOK, "")
+		return r.json(t)["available_micros"].(float64) // the balance less the cost not yet in the ledger
+	}
+	const dearest = 2 * llm.MaxCallTokens * 2000 // "big" costs at most 2000 a token
+	for _, raw := range []string{
+		`{"prompt_tokens":-1000000000000,"completion_tokens":-9223372036854775808}`,
+		`{"prompt_tokens":"NaN","completion_tokens":-1e300}`,
+		`{"prompt_tokens":1e300,"completion_tokens":9223372036854775807}`,
+	} {
+		before := balance()
+		prov.Push(llmtest.Reply{Content: "x", RawUsage: json.RawMessage(raw)})
+		want(t, e.do("POST", "/v1/chat/completions", key, chatBody), http.StatusOK, "")
+		after := balance()
+		if after > before || before-after > dearest {
+			t.Fatalf("usage %s moved the balance from %.0f to %.0f", raw, before, after)
+		}
+	}
 }
