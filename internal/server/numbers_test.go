@@ -128,6 +128,8 @@ func TestOverflowTable(t *testing.T) {
 		{"GET", "/v1/sandboxes/{id}/files/list?path=.&depth=" + maxInt64, "", "depth", false},
 		{"GET", "/v1/sandboxes/{id}/files/list?path=.&limit=" + maxInt64, "", "limit", false},
 		{"PUT", "/v1/sandboxes/{id}/ports/99999", `{"public":true}`, "port", false},
+		{"GET", "/v1/sandboxes/{id}/ports?expires_in=" + wrap, "", "expires_in", false},
+		{"GET", "/v1/sandboxes/{id}/ports?expires_in=9223372037", "", "expires_in", false},
 		// E2B's control plane.
 		{"POST", "/v2/sandboxes", `{"templateID":"python","timeout":` + maxInt64 + `}`, "timeout", false},
 		{"POST", "/v2/sandboxes", `{"templateID":"python","timeout":-1}`, "timeout", false},
