@@ -241,7 +241,7 @@ func (s *Store) QueryUsage(ctx context.Context, f store.UsageFilter) ([]store.Us
 	}
 	// sum of bigint is numeric: back to bigint.
 	q := `SELECT ` + key + `::text, max(account_id), max(template), max(sandbox_id), min(hour),
-		coalesce(sum(wall_ns), 0)::bigint, coalesce(sum(cpu_ns), 0)::bigint,
+		` + micros(`sum(wall_ns)`) + `, ` + micros(`sum(cpu_ns)`) + `,
 		coalesce(sum(gb_seconds_reserved), 0), coalesce(sum(gb_seconds_used), 0), coalesce(max(disk_peak_bytes), 0),
 		coalesce(sum(executions), 0)::bigint, coalesce(sum(commands), 0)::bigint, coalesce(sum(egress_requests), 0)::bigint
 		FROM usage_hours WHERE true`
@@ -302,9 +302,9 @@ func (s *Store) CreditTotals(ctx context.Context, account string) (store.CreditT
 	return c, storeErr("credit totals", err)
 }
 
-// micros is a sum of amounts of money (a numeric, which cannot overflow)
-// as a bigint, stopping at bigint's ends rather than failing there
-// (store.SumMicros).
+// micros is a sum of amounts of money or of nanoseconds (a numeric,
+// which cannot overflow) as a bigint, stopping at bigint's ends rather
+// than failing there (store.SumMicros).
 func micros(sum string) string {
 	return `greatest(least(coalesce(` + sum + `, 0), 9223372036854775807), -9223372036854775808)::bigint`
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -292,5 +293,25 @@ func testLedgerSumsSaturate(t *testing.T, s store.Store) {
 	bal, err := s.Balances(ctx)
 	if err != nil || bal["acct_max"] != math.MaxInt64 || bal["acct_min"] != math.MinInt64 || bal["acct_ok"] != 999_999_999_000_000 {
 		t.Fatalf("balances %v, %v", bal, err)
+	}
+
+	// Usage sums the same way: an account's seconds over many sandboxes
+	// and hours stop at int64's end, and a fair sum stays exact.
+	h := now.Truncate(time.Hour)
+	var deltas []store.UsageDelta
+	for i := range 3 {
+		deltas = append(deltas, store.UsageDelta{SandboxID: fmt.Sprint("sb", i), Account: "acct_max", Template: "python", Hour: h,
+			WallNanos: math.MaxInt64, CPUNanos: math.MaxInt64 - 1})
+	}
+	deltas = append(deltas, store.UsageDelta{SandboxID: "sb9", Account: "acct_ok", Template: "python", Hour: h,
+		WallNanos: 3_600_000_000_001, CPUNanos: 1_999_999_999})
+	mustNil(t, s.AddUsage(ctx, deltas, nil))
+	rows, err := s.QueryUsage(ctx, store.UsageFilter{Account: "acct_max", GroupBy: store.GroupNone})
+	if err != nil || len(rows) != 1 || rows[0].WallNanos != math.MaxInt64 || rows[0].CPUNanos != math.MaxInt64 {
+		t.Fatalf("usage past int64: %+v, %v", rows, err)
+	}
+	rows, err = s.QueryUsage(ctx, store.UsageFilter{GroupBy: store.GroupAccount})
+	if err != nil || len(rows) != 2 || rows[1].Key != "acct_ok" || rows[1].WallNanos != 3_600_000_000_001 || rows[1].CPUNanos != 1_999_999_999 {
+		t.Fatalf("usage by account: %+v, %v", rows, err)
 	}
 }
