@@ -20,6 +20,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/config"
 	sfengine "github.com/sheepfold/sheepfold/internal/engine"
 	"github.com/sheepfold/sheepfold/internal/events"
@@ -116,6 +117,24 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			}
 			if overcommit <= 0 {
 				return errors.New("--overcommit must be positive")
+			}
+			if err := checkFlags(
+				bound.Int("--file-size-upload-mb", uploadMB, 1, bound.MaxMB),
+				bound.Int("--max-sandboxes", int64(maxSandboxes), 0, bound.MaxSandboxes),
+				bound.Int("--pool", int64(poolSize), 0, bound.MaxSandboxes),
+				bound.Duration("--idle-timeout", idleTimeout, 0, bound.MaxDuration),
+				bound.Duration("--event-retention", eventRetention, 0, bound.MaxDuration),
+				bound.Duration("--retention", retention, 0, bound.MaxDuration),
+				bound.Duration("--shutdown-timeout", shutdownTimeout, 0, bound.MaxDuration),
+				bound.Duration("--credits-grace", acfg.CreditsGrace, 0, bound.MaxDuration),
+				bound.Duration("--metering-flush-interval", mcfg.FlushInterval, 0, bound.MaxDuration),
+				bound.Duration("--metering-sample-interval", mcfg.SampleInterval, 0, 10*time.Second),
+				bound.Float("--overcommit", overcommit, 0, maxOvercommit),
+				bound.Float("--price-cpu-second", prices.CPUSecond, 0, bound.MaxPrice),
+				bound.Float("--price-gb-second", prices.GBSecond, 0, bound.MaxPrice),
+				bound.Float("--price-execution", prices.Execution, 0, bound.MaxPrice),
+			); err != nil {
+				return err
 			}
 			if err := server.CheckWebhookHosts(webhookHosts); err != nil {
 				return fmt.Errorf("--webhook-allow-hosts: %w", err)
@@ -433,6 +452,21 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	}
 	log.Info("stopped")
 	return err
+}
+
+// maxOvercommit bounds --overcommit: the host's memory times it stays an
+// int64 of bytes.
+const maxOvercommit = 1000
+
+// checkFlags returns the first refusal of a flag's value out of its range
+// (internal/bound, with the flag for the field), as the CLI words it.
+func checkFlags(checks ...error) error {
+	for _, err := range checks {
+		if err != nil {
+			return errors.New(apierr.From(err).Message)
+		}
+	}
+	return nil
 }
 
 // serverInstance names the engine instance of a server on dataDir.

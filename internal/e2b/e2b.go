@@ -51,7 +51,7 @@
 // broken mid-way) is broken off with internal/abort, never a panic here.
 //
 // Imports: internal/sandbox, internal/agentproto, internal/apierr,
-// internal/abort (responses cut short), internal/lang (language names), internal/policy (a sandbox's policy at
+// internal/bound (the ranges of numbers), internal/abort (responses cut short), internal/lang (language names), internal/policy (a sandbox's policy at
 // create), internal/runtime (usage figures, for metrics), the generated envdpb packages with connectrpc.com/connect and
 // protobuf. The caller (internal/server) supplies a Backend
 // for keys, ownership and records.

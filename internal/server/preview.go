@@ -58,6 +58,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"golang.org/x/net/publicsuffix"
@@ -814,11 +815,8 @@ func previewTTL(r *http.Request) (time.Duration, error) {
 	if v == "" {
 		return defaultPreviewURLTTL, nil
 	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < 1 || time.Duration(n)*time.Second > maxPreviewURLTTL {
-		return 0, apierr.New(apierr.BadRequest, "expires_in must be a number of seconds between 1 and %d", int64(maxPreviewURLTTL/time.Second))
-	}
-	return time.Duration(n) * time.Second, nil
+	n, err := bound.ParseInt("expires_in", v, 1, int64(maxPreviewURLTTL/time.Second))
+	return time.Duration(n) * time.Second, err
 }
 
 // CheckPreviewDomain checks a preview domain (serve --preview-domain): a

@@ -38,7 +38,8 @@
 // Imports: internal/sandbox, internal/store, internal/events, internal/auth,
 // internal/account (limits and balances), internal/metering,
 // internal/policy, internal/egress (the host's own addresses, which
-// webhooks do not reach), internal/llm (the model relay), internal/apierr, internal/e2b, internal/mcpserver (the
+// webhooks do not reach), internal/llm (the model relay), internal/apierr,
+// internal/bound (the ranges of numbers), internal/e2b, internal/mcpserver (the
 // /mcp endpoint, with a Go SDK client that calls this server in process),
 // internal/agentproto, internal/runtime (limits), internal/lang (metric
 // labels), internal/abort (responses cut short), internal/ui (the

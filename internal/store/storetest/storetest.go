@@ -47,6 +47,7 @@ func Run(t *testing.T, open Open) {
 		{"Webhooks", testWebhooks},
 		{"Accounts", testAccounts},
 		{"UsageLedgerAlerts", testUsageLedgerAlerts},
+		{"LedgerSumsSaturate", testLedgerSumsSaturate},
 		{"UsageGroups", testUsageGroups},
 		{"TokensAndSessions", testTokensAndSessions},
 		{"ReplicaHeartbeats", testReplicaHeartbeats},
