@@ -83,7 +83,7 @@ func (s *Server) admitModel(ctx context.Context, own, model string, need llm.Usa
 			return nil, err
 		}
 		if ok {
-			c.reserved = need.Total()
+			c.reserved = max(need.Total(), 1) // what ReserveTokens holds
 			break
 		}
 		if c.p.QuotaFallbackModel == "" || hops >= 8 {
