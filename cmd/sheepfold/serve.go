@@ -43,6 +43,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	)
 	var idleTimeout, eventRetention, retention, shutdownTimeout time.Duration
 	var webhookHosts []string
+	var streamsPerKey, streamsPerAccount, maxStreams, uiSessions int
 	overcommit := 2.0
 	poolSize := sandbox.DefaultPoolSize()
 	instance := ""
@@ -116,6 +117,9 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if overcommit <= 0 {
 				return errors.New("--overcommit must be positive")
 			}
+			if streamsPerKey < 0 || streamsPerAccount < 0 || maxStreams < 0 || uiSessions <= 0 {
+				return errors.New("--max-streams-per-key, --max-streams-per-account and --max-streams must not be negative, --ui-sessions-per-account must be positive")
+			}
 			if err := server.CheckWebhookHosts(webhookHosts); err != nil {
 				return fmt.Errorf("--webhook-allow-hosts: %w", err)
 			}
@@ -177,6 +181,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				WebhookAllowHosts: webhookHosts, Accounts: acfg, Metering: mcfg, NoAccounting: noAccounting,
 				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
 				Models: relay, PreviewDomain: previewDomain,
+				MaxStreamsPerKey: noBound(streamsPerKey), MaxStreamsPerAccount: noBound(streamsPerAccount),
+				MaxStreams: maxStreams, UISessionsPerAccount: uiSessions,
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) {
 					c.PoolSize = poolSize
@@ -218,6 +224,14 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"hosts (name, *.domain) and CIDRs webhooks may deliver to (default: any but link-local, unspecified and multicast; consider restricting it when keys belong to others)")
 	cmd.Flags().DurationVar(&shutdownTimeout, "shutdown-timeout", 10*time.Second,
 		"how long a shutdown waits for requests in flight before cutting them off")
+	cmd.Flags().IntVar(&streamsPerKey, "max-streams-per-key", server.DefaultMaxStreamsPerKey,
+		"most streams (executions, event streams, downloads and uploads, previews, MCP calls, E2B streams and watchers) one API key may hold open at once; past it 429 ERR_TOO_MANY_CONNECTIONS (0: no bound)")
+	cmd.Flags().IntVar(&streamsPerAccount, "max-streams-per-account", server.DefaultMaxStreamsPerAccount,
+		"most streams all keys of one account may hold open at once (0: no bound)")
+	cmd.Flags().IntVar(&maxStreams, "max-streams", 0,
+		"most streams of all accounts together; past it 503 ERR_CAPACITY (0: from the file descriptor limit, leaving a quarter of it, at least 256, to health checks, the database and sandbox teardown)")
+	cmd.Flags().IntVar(&uiSessions, "ui-sessions-per-account", server.DefaultUISessionsPerAccount,
+		"most dashboard sessions of one account: a login past it ends the account's oldest session")
 	cmd.Flags().Float64Var(&overcommit, "overcommit", overcommit,
 		"how many times the host's memory the sandboxes' memory plus disk limits may add up to (sandboxes past it get 503 ERR_CAPACITY)")
 	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text or json (one object a line; requests carry request_id, account and sandbox)")
@@ -412,6 +426,14 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	}
 	log.Info("stopped")
 	return err
+}
+
+// noBound turns a flag's 0 (no bound) into server.Config's -1.
+func noBound(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // serverInstance names the engine instance of a server on dataDir.

@@ -77,6 +77,7 @@ var connectCodes = map[apierr.Code]connect.Code{
 	apierr.CPUTimeExceeded:      connect.CodeResourceExhausted,
 	apierr.SessionQuotaExceeded: connect.CodeResourceExhausted,
 	apierr.RateLimited:          connect.CodeResourceExhausted,
+	apierr.TooManyConnections:   connect.CodeResourceExhausted,
 	apierr.SandboxState:         connect.CodeUnavailable,
 	apierr.Capacity:             connect.CodeUnavailable,
 	apierr.StorageUnavailable:   connect.CodeUnavailable,

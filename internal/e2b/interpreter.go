@@ -47,7 +47,7 @@ func (h *Handler) interpreterMux() http.Handler {
 		// and a wrong one is refused. Both are checked (an HMAC each)
 		// before anything is looked up.
 		id := r.Header.Get("E2b-Sandbox-Id")
-		owner, ok := h.interpreterOwner(r.Context(), id, r.Header.Get("X-Access-Token"), r.Header.Get("E2B-Traffic-Access-Token"))
+		owner, keyID, ok := h.interpreterOwner(r.Context(), id, r.Header.Get("X-Access-Token"), r.Header.Get("E2B-Traffic-Access-Token"))
 		if !ok {
 			http.Error(w, "unauthorized: a valid X-Access-Token or E2B-Traffic-Access-Token is required", http.StatusUnauthorized)
 			return
@@ -56,14 +56,23 @@ func (h *Handler) interpreterMux() http.Handler {
 		if sb == nil {
 			return
 		}
+		if r.Method == http.MethodPost && r.URL.Path == "/execute" {
+			release, err := h.hold(r.Context(), owner, keyID)
+			if err != nil {
+				interpError(w, r, err)
+				return
+			}
+			defer release()
+		}
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey, sb)))
 	})
 }
 
 // interpreterOwner returns the owner whose tokens authorize a
-// code-interpreter request for sandbox id: every token given must be
-// sandbox id's, of a live key of that owner, and one at least is needed.
-func (h *Handler) interpreterOwner(ctx context.Context, id, access, traffic string) (string, bool) {
+// code-interpreter request for sandbox id, and the key of the first:
+// every token given must be sandbox id's, of a live key of that owner,
+// and one at least is needed.
+func (h *Handler) interpreterOwner(ctx context.Context, id, access, traffic string) (string, string, bool) {
 	var keys []string
 	for _, t := range []struct {
 		tok  string
@@ -74,7 +83,7 @@ func (h *Handler) interpreterOwner(ctx context.Context, id, access, traffic stri
 		}
 		k, ok := tokenKey(id, t.tok, t.want)
 		if !ok {
-			return "", false
+			return "", "", false
 		}
 		keys = append(keys, k)
 	}
@@ -82,11 +91,14 @@ func (h *Handler) interpreterOwner(ctx context.Context, id, access, traffic stri
 	for _, k := range keys {
 		o, ok := h.keyOwner(ctx, k)
 		if !ok || owner != "" && o != owner {
-			return "", false
+			return "", "", false
 		}
 		owner = o
 	}
-	return owner, owner != ""
+	if owner == "" {
+		return "", "", false
+	}
+	return owner, keys[0], true
 }
 
 // interpError answers a code-interpreter request with a plain-text error,

@@ -28,7 +28,7 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 func (s *Server) routesInto(mux *http.ServeMux) {
 	add := func(pattern string, authed bool, h handlerFunc) {
 		s.routes = append(s.routes, pattern)
-		e := s.endpoint(authed, h)
+		e := s.endpoint(authed, s.streamed(pattern, h))
 		mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			setRoute(r, pattern)
 			e.ServeHTTP(w, r)

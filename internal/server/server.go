@@ -119,6 +119,19 @@ type Config struct {
 	// ShutdownTimeout is how long the caller of Shutdown lets requests
 	// in flight run (sheepfold serve --shutdown-timeout) [10s].
 	ShutdownTimeout time.Duration
+	// MaxStreamsPerKey and MaxStreamsPerAccount bound the streams
+	// (long-lived requests: conns.go) one API key, and one account, may
+	// hold open at once [DefaultMaxStreamsPerKey,
+	// DefaultMaxStreamsPerAccount]; MaxStreams bounds the streams of all
+	// [StreamsFromLimit of the process's RLIMIT_NOFILE]. Negative: no
+	// bound.
+	MaxStreamsPerKey     int
+	MaxStreamsPerAccount int
+	MaxStreams           int
+	// UISessionsPerAccount bounds one account's dashboard sessions: a
+	// login past it ends the account's oldest session
+	// [DefaultUISessionsPerAccount].
+	UISessionsPerAccount int
 	// Retention is how long records of stopped sandboxes and executions
 	// are kept [7 days]; PruneInterval is how often older ones (and rate
 	// buckets full again) are deleted [1h].
@@ -201,6 +214,18 @@ func (c *Config) setDefaults() {
 	if c.Retention <= 0 {
 		c.Retention = 7 * 24 * time.Hour
 	}
+	if c.MaxStreamsPerKey == 0 {
+		c.MaxStreamsPerKey = DefaultMaxStreamsPerKey
+	}
+	if c.MaxStreamsPerAccount == 0 {
+		c.MaxStreamsPerAccount = DefaultMaxStreamsPerAccount
+	}
+	if c.MaxStreams == 0 {
+		c.MaxStreams = defaultMaxStreams()
+	}
+	if c.UISessionsPerAccount <= 0 {
+		c.UISessionsPerAccount = DefaultUISessionsPerAccount
+	}
 	if c.PruneInterval <= 0 {
 		c.PruneInterval = time.Hour
 	}
@@ -241,6 +266,7 @@ type Server struct {
 	accounts *account.Registry
 	meter    *metering.Meter
 	ui       uiSessions // dashboard logins
+	streams  *streams   // long-lived requests' shares (conns.go)
 	tenants  sync.Map   // sandbox id → *tenant (quota.go)
 	tenantMu sync.Mutex // guards tenant.released
 	alertQ   chan store.Alert
@@ -279,6 +305,8 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		stop: make(chan struct{}),
 		bus:  cfg.Events, streamsDone: make(chan struct{}),
 		accounts: account.NewRegistry(cfg.Accounts, st),
+		streams:  newStreams(max(0, cfg.MaxStreamsPerKey), max(0, cfg.MaxStreamsPerAccount), max(0, cfg.MaxStreams)),
+		ui:       uiSessions{perAccount: cfg.UISessionsPerAccount},
 	}
 	if s.bus == nil && st != nil {
 		s.bus, s.ownBus = events.NewBus(EventStore(st), events.BusConfig{Logger: log}), true
@@ -297,6 +325,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		}
 	}
 	s.metrics = newMetrics(s)
+	s.streams.refused = s.metrics.streamRefused
 	s.preview = s.newPreviewProxy()
 	s.hooks = newWebhooks(s, rules)
 	if st != nil {
@@ -337,7 +366,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	tokenKey.Write([]byte("e2b access tokens"))
 	s.e2b = e2b.New(e2b.Config{MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
 		WriteTimeout: streamWriteTimeout, Domain: cfg.PreviewDomain, Ports: http.HandlerFunc(s.e2bPreview),
-		Key: tokenKey.Sum(nil), LearnInterval: e2bLearnInterval}, e2bBackend{s})
+		Key: tokenKey.Sum(nil), LearnInterval: e2bLearnInterval, Hold: s.holdStream}, e2bBackend{s})
 	// Previews (by Host or path) and the E2B protocols (an
 	// E2b-Sandbox-Port header or E2B's own paths) share the listener.
 	top := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
