@@ -41,7 +41,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		previewDomain string
 		metricsListen string
 	)
-	var idleTimeout, eventRetention, retention, shutdownTimeout time.Duration
+	var idleTimeout, eventRetention, retention, shutdownTimeout, drainDelay time.Duration
 	var webhookHosts []string
 	var streamsPerKey, streamsPerAccount, maxStreams, uiSessions int
 	overcommit := 2.0
@@ -66,10 +66,12 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		Short: "Serve the REST API (/v1) on --listen",
 		Long: `Serve the REST API. Start order: configuration, database (--database: DATA_DIR/sheepfold.db
 or a postgres:// URL several servers may share),
-engine, HTTP. SIGINT or SIGTERM stops accepting requests, lets those in flight
-finish (up to --shutdown-timeout; /readyz answers 503 from the first moment,
-requests cut off at the end get ERR_SHUTTING_DOWN), then stops every sandbox
-and closes the database.
+engine, HTTP. SIGINT or SIGTERM drains: /readyz answers 503 from the first
+moment while every request is still served for --drain-delay (so that load
+balancers stop sending new ones; skipped when nothing has asked /readyz),
+then the listener closes and requests in flight may finish (up to
+--shutdown-timeout; those cut off then get ERR_SHUTTING_DOWN, streams as
+their last event), then every sandbox is stopped and the database closed.
 
 Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		Args: cobra.NoArgs,
@@ -113,6 +115,9 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			}
 			if eventRetention <= 0 || retention <= 0 || shutdownTimeout <= 0 {
 				return errors.New("--event-retention, --retention and --shutdown-timeout must be positive")
+			}
+			if drainDelay < 0 {
+				return errors.New("--drain-delay must not be negative")
 			}
 			if overcommit <= 0 {
 				return errors.New("--overcommit must be positive")
@@ -182,7 +187,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
 				Models: relay, PreviewDomain: previewDomain,
 				MaxStreamsPerKey: noBound(streamsPerKey), MaxStreamsPerAccount: noBound(streamsPerAccount),
-				MaxStreams: maxStreams, UISessionsPerAccount: uiSessions,
+				MaxStreams: maxStreams, UISessionsPerAccount: uiSessions, DrainDelay: noDelay(drainDelay),
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) {
 					c.PoolSize = poolSize
@@ -224,6 +229,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"hosts (name, *.domain) and CIDRs webhooks may deliver to (default: any but link-local, unspecified and multicast; consider restricting it when keys belong to others)")
 	cmd.Flags().DurationVar(&shutdownTimeout, "shutdown-timeout", 10*time.Second,
 		"how long a shutdown waits for requests in flight before cutting them off")
+	cmd.Flags().DurationVar(&drainDelay, "drain-delay", server.DefaultDrainDelay,
+		"on SIGTERM, how long /readyz answers 503 while requests are still served, before the listener closes (0: none; skipped when nothing has asked /readyz)")
 	cmd.Flags().IntVar(&streamsPerKey, "max-streams-per-key", server.DefaultMaxStreamsPerKey,
 		"most streams (executions, event streams, downloads and uploads, previews, MCP calls, E2B streams and watchers) one API key may hold open at once; past it 429 ERR_TOO_MANY_CONNECTIONS (0: no bound)")
 	cmd.Flags().IntVar(&streamsPerAccount, "max-streams-per-account", server.DefaultMaxStreamsPerAccount,
@@ -402,11 +409,12 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	case <-ctx.Done():
 		stop() // a second signal ends the process at once
 		srv.Drain()
-		log.Info("shutting down: draining requests", "timeout", scfg.ShutdownTimeout)
+		log.Info("shutting down: /readyz answers 503; draining requests", "delay", srv.DrainDelay(), "timeout", scfg.ShutdownTimeout)
 	}
 
-	// Stop in reverse: HTTP (drain), engine, records, events, database.
-	dctx, cancel := context.WithTimeout(context.Background(), scfg.ShutdownTimeout)
+	// Stop in reverse: HTTP (drain: its delay, then requests in flight
+	// for up to --shutdown-timeout), engine, records, events, database.
+	dctx, cancel := context.WithTimeout(context.Background(), srv.DrainDelay()+scfg.ShutdownTimeout)
 	defer cancel()
 	if serr := srv.Shutdown(dctx); serr != nil {
 		log.Warn("requests still running at the drain timeout", "err", serr)
@@ -426,6 +434,14 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	}
 	log.Info("stopped")
 	return err
+}
+
+// noDelay turns a flag's 0 (no delay) into server.Config's -1.
+func noDelay(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
 
 // noBound turns a flag's 0 (no bound) into server.Config's -1.

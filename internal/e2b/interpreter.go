@@ -209,7 +209,8 @@ func unquote(s string) string {
 // execute runs code and streams NDJSON: number_of_executions, stdout,
 // stderr, result and error lines as they happen, keepalives during
 // silences, and end_of_execution last. A client that goes away interrupts
-// the code.
+// the code; so does the server's drain, which ends the stream with an
+// error line (ShuttingDown) and end_of_execution.
 func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	sb := sandboxFrom(ctx)
@@ -311,7 +312,15 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	})
 	rec.End(ex, err)
 	if err != nil {
-		if abortIfGone(ctx) || ctx.Err() != nil {
+		switch {
+		case cutByDrain(ctx):
+			// The server's drain cut it (the agent interrupted the code):
+			// the client is still there to be told.
+			out.line(map[string]any{"type": "error", "name": "ShuttingDown",
+				"value": apierr.From(context.Cause(ctx)).Message, "traceback": ""})
+			out.line(map[string]any{"type": "end_of_execution"})
+			return
+		case abortIfGone(ctx) || ctx.Err() != nil:
 			return // the client left; the agent interrupted the code
 		}
 		e := apierr.From(err)

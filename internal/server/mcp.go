@@ -20,11 +20,13 @@ import (
 // calls hold none of their own).
 //
 // A tool's calls end with the POST that asked for them: when its client
-// goes away (or a drain cuts it), their requests are canceled as a REST
-// client's would be, so an abandoned run_code stops its code. The MCP
-// SDK itself gives a tool's handler a context that outlives the POST
-// (PropagateRequestCancellation covers only the newest protocol), and
-// waits for the handler before it returns.
+// goes away, their requests are canceled as a REST client's would be, so
+// an abandoned run_code stops its code. The MCP SDK itself gives a tool's
+// handler a context that outlives the POST (PropagateRequestCancellation
+// covers only the newest protocol), and waits for the handler before it
+// returns. A drain's cut (drain.go) cuts the tools' calls but not the
+// POST, which the SDK would end without their answers: the calls end
+// with ERR_SHUTTING_DOWN, and the POST with those answers.
 func (s *Server) mcpRoutes(add addFunc) {
 	h := mcp.NewStreamableHTTPHandler(func(r *http.Request) *mcp.Server {
 		post := r.Context()
@@ -33,6 +35,8 @@ func (s *Server) mcpRoutes(add addFunc) {
 			defer cancel(nil)
 			stop := context.AfterFunc(post, func() { cancel(context.Cause(post)) })
 			defer stop()
+			stopCut := context.AfterFunc(s.base, func() { cancel(context.Cause(s.base)) })
+			defer stopCut()
 			s.ServeHTTP(w, ir.WithContext(ctx))
 		})
 		hc := &http.Client{Transport: mcpserver.Transport{Handler: inner, Logger: s.log}}
@@ -45,7 +49,15 @@ func (s *Server) mcpRoutes(add addFunc) {
 		// request needs the caller's API key, which a page cannot read.
 		DisableLocalhostProtection: true})
 	add("POST /mcp", true, func(w http.ResponseWriter, r *http.Request) error {
-		h.ServeHTTP(w, r)
+		ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
+		defer cancel(nil)
+		stop := context.AfterFunc(r.Context(), func() {
+			if clientGone(r.Context()) {
+				cancel(context.Cause(r.Context()))
+			}
+		})
+		defer stop()
+		h.ServeHTTP(w, r.WithContext(ctx))
 		return nil
 	})
 }

@@ -135,8 +135,8 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 		return rc.Flush()
 	})
 	s.meterTokens(acct, p, model, u)
-	if err == nil || r.Context().Err() != nil {
-		return nil
+	if err == nil || clientGone(r.Context()) {
+		return nil // (a drain's cut is told: ERR_SHUTTING_DOWN)
 	}
 	if !started {
 		return err

@@ -119,6 +119,14 @@ type Config struct {
 	// ShutdownTimeout is how long the caller of Shutdown lets requests
 	// in flight run (sheepfold serve --shutdown-timeout) [10s].
 	ShutdownTimeout time.Duration
+	// DrainDelay is how long Shutdown keeps serving after the drain
+	// begins, /readyz answering 503, before the listener closes (serve
+	// --drain-delay) [5s]; negative: none. It is skipped when nothing
+	// has asked /readyz since the start (drain.go).
+	DrainDelay time.Duration
+	// ReadyCheckInterval is how long /readyz keeps the store's verdict
+	// (a ping) [1s].
+	ReadyCheckInterval time.Duration
 	// MaxStreamsPerKey and MaxStreamsPerAccount bound the streams
 	// (long-lived requests: conns.go) one API key, and one account, may
 	// hold open at once [DefaultMaxStreamsPerKey,
@@ -211,6 +219,13 @@ func (c *Config) setDefaults() {
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 10 * time.Second
 	}
+	if c.DrainDelay == 0 {
+		c.DrainDelay = DefaultDrainDelay
+	}
+	c.DrainDelay = max(0, c.DrainDelay)
+	if c.ReadyCheckInterval <= 0 {
+		c.ReadyCheckInterval = time.Second
+	}
 	if c.Retention <= 0 {
 		c.Retention = 7 * 24 * time.Hour
 	}
@@ -249,6 +264,12 @@ type Server struct {
 
 	http        *http.Server
 	draining    atomic.Bool
+	drainStart  atomic.Int64 // when Drain was first called (Unix nanoseconds)
+	readyAsked  atomic.Bool  // /readyz has been asked since the start
+	readyStore  readyCheck   // the store's last verdict for /readyz (drain.go)
+	inflight    inflight     // requests being served
+	base        context.Context
+	cut         context.CancelCauseFunc // cancels base (errCut): a drain's deadline
 	stop        chan struct{}
 	stopOnce    sync.Once
 	streamsOnce sync.Once
@@ -308,6 +329,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		streams:  newStreams(max(0, cfg.MaxStreamsPerKey), max(0, cfg.MaxStreamsPerAccount), max(0, cfg.MaxStreams)),
 		ui:       uiSessions{perAccount: cfg.UISessionsPerAccount},
 	}
+	s.base, s.cut = context.WithCancelCause(context.Background())
 	if s.bus == nil && st != nil {
 		s.bus, s.ownBus = events.NewBus(EventStore(st), events.BusConfig{Logger: log}), true
 	}
@@ -385,12 +407,15 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	// abort.Handler is the one place a response is broken off (the
 	// handlers call abort.Response); bodyDeadline stays outermost, with
 	// the server's own ResponseWriter for its body limit.
-	s.handler = s.bodyDeadline(abort.Handler(s.requestID(s.accessLog(s.recoverPanics(top)))))
+	s.handler = s.track(s.bodyDeadline(abort.Handler(s.requestID(s.accessLog(s.recoverPanics(top))))))
 	// No global ReadTimeout or WriteTimeout: they would cut long streams
 	// (executions, command output, uploads). Bodies get a per-read
 	// deadline instead (bodyDeadline); streams set their own.
+	// Requests' contexts derive from base, which a drain's deadline
+	// cancels (drain.go).
 	s.http = &http.Server{Handler: s.handler, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		BaseContext: func(net.Listener) context.Context { return s.base }}
 	s.http.RegisterOnShutdown(s.endStreams)
 	s.sweeper.Add(1)
 	go s.sweep()
@@ -416,15 +441,39 @@ func (s *Server) Serve(ln net.Listener) error {
 // Drain marks the server as shutting down: /readyz answers 503 at once,
 // new sandboxes are refused, and requests cut off from now on get
 // ERR_SHUTTING_DOWN. Shutdown drains too.
-func (s *Server) Drain() { s.draining.Store(true) }
+func (s *Server) Drain() {
+	s.drainStart.CompareAndSwap(0, time.Now().UnixNano())
+	s.draining.Store(true)
+}
 
-// Shutdown stops accepting requests and waits (until ctx ends) for those
-// in flight; it then stops the sweeper. The engine is the caller's to
-// close; call RecordStopped after closing it.
+// Shutdown drains (drain.go): it keeps serving for the drain delay
+// (DrainDelay, from the first Drain), then ends the event streams, stops
+// accepting requests and waits (until ctx ends) for those in flight; at
+// ctx's end it cuts those still running, gives them cutGrace to say so
+// and closes their connections. It then stops the sweeper. The engine
+// is the caller's to close; call RecordStopped after closing it.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.Drain()
+	if d := s.drainDelay() - time.Since(time.Unix(0, s.drainStart.Load())); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 	s.endStreams()
 	err := s.http.Shutdown(ctx)
+	if err != nil {
+		s.cut(errCut)
+		grace, cancel := context.WithTimeout(context.Background(), cutGrace)
+		if s.inflight.wait(grace) != nil {
+			s.log.Warn("requests still running after the drain cut them off", "grace", cutGrace)
+		}
+		cancel()
+		s.http.Close()
+	}
+	s.cut(errCut)
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.sweeper.Wait()
 	s.retire()
@@ -433,6 +482,15 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.bus.Close()
 	}
 	return err
+}
+
+// track counts the requests in flight (inflight), for the drain.
+func (s *Server) track(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.inflight.add()
+		defer s.inflight.done()
+		next.ServeHTTP(w, r)
+	})
 }
 
 // endStreams ends the event streams, which never end on their own.
