@@ -43,7 +43,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	)
 	var idleTimeout, eventRetention, retention, shutdownTimeout, drainDelay time.Duration
 	var webhookHosts []string
-	var streamsPerKey, streamsPerAccount, maxStreams, uiSessions int
+	var streamsPerKey, streamsPerAccount, maxStreams, maxConns, uiSessions int
 	overcommit := 2.0
 	poolSize := sandbox.DefaultPoolSize()
 	instance := ""
@@ -122,8 +122,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if overcommit <= 0 {
 				return errors.New("--overcommit must be positive")
 			}
-			if streamsPerKey < 0 || streamsPerAccount < 0 || maxStreams < 0 || uiSessions <= 0 {
-				return errors.New("--max-streams-per-key, --max-streams-per-account and --max-streams must not be negative, --ui-sessions-per-account must be positive")
+			if streamsPerKey < 0 || streamsPerAccount < 0 || maxStreams < 0 || maxConns < 0 || uiSessions <= 0 {
+				return errors.New("--max-streams-per-key, --max-streams-per-account, --max-streams and --max-connections must not be negative, --ui-sessions-per-account must be positive")
 			}
 			if err := server.CheckWebhookHosts(webhookHosts); err != nil {
 				return fmt.Errorf("--webhook-allow-hosts: %w", err)
@@ -187,7 +187,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
 				Models: relay, PreviewDomain: previewDomain,
 				MaxStreamsPerKey: noBound(streamsPerKey), MaxStreamsPerAccount: noBound(streamsPerAccount),
-				MaxStreams: maxStreams, UISessionsPerAccount: uiSessions, DrainDelay: noDelay(drainDelay),
+				MaxStreams: maxStreams, MaxConnections: maxConns, UISessionsPerAccount: uiSessions, DrainDelay: noDelay(drainDelay),
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) {
 					c.PoolSize = poolSize
@@ -237,6 +237,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"most streams all keys of one account may hold open at once (0: no bound)")
 	cmd.Flags().IntVar(&maxStreams, "max-streams", 0,
 		"most streams of all accounts together; past it 503 ERR_CAPACITY (0: from the file descriptor limit, leaving a quarter of it, at least 256, to health checks, the database and sandbox teardown)")
+	cmd.Flags().IntVar(&maxConns, "max-connections", 0,
+		"most client connections open: past it, a new one closes the oldest serving no request (kept alive between requests, or not yet sending one) (0: from the file descriptor limit, after the reserve and the streams)")
 	cmd.Flags().IntVar(&uiSessions, "ui-sessions-per-account", server.DefaultUISessionsPerAccount,
 		"most dashboard sessions of one account: a login past it ends the account's oldest session")
 	cmd.Flags().Float64Var(&overcommit, "overcommit", overcommit,

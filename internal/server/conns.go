@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -35,6 +36,15 @@ import (
 // The counts are this process's: replicas sharing a store each keep their
 // own, as each has its own descriptors.
 
+// Connections: the requests that are not streams end quickly, but a
+// client may also hold connections open without a request (one kept
+// alive between requests, one not yet sending its request); the header
+// and idle timeouts end those in time, but not before a flood of them
+// takes the descriptors. Past Config.MaxConnections open connections,
+// every new one closes the oldest that is serving no request (shedConns),
+// so that a health check, or any client's new request, always gets a
+// descriptor; connections serving a request are never closed here.
+
 // Defaults of the stream shares.
 const (
 	DefaultMaxStreamsPerKey     = 256
@@ -63,14 +73,100 @@ func StreamsFromLimit(nofile uint64) int {
 	return max(16, int((nofile-reserve)/streamFDs))
 }
 
-// defaultMaxStreams reads the process's RLIMIT_NOFILE (Go raises the soft
-// limit to the hard one at start) and returns StreamsFromLimit of it.
-func defaultMaxStreams() int {
+// ConnectionsFromLimit returns the default bound of open connections
+// under a file descriptor limit of nofile: what the reserve and the
+// streams' other descriptors leave; at least 64.
+func ConnectionsFromLimit(nofile uint64) int {
+	reserve := max(uint64(streamReserveMin), nofile/4)
+	if nofile <= reserve {
+		return 64
+	}
+	return max(64, int(nofile-reserve)-StreamsFromLimit(nofile)*(streamFDs-1))
+}
+
+// nofile is the process's RLIMIT_NOFILE (Go raises the soft limit to the
+// hard one at start).
+func nofile() uint64 {
 	var rl unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == unix.RLIM_INFINITY {
-		return StreamsFromLimit(1 << 20)
+		return 1 << 20
 	}
-	return StreamsFromLimit(rl.Cur)
+	return rl.Cur
+}
+
+// defaultMaxStreams reads the process's RLIMIT_NOFILE (Go raises the soft
+// limit to the hard one at start) and returns StreamsFromLimit of it.
+func defaultMaxStreams() int { return StreamsFromLimit(nofile()) }
+
+// shedConns bounds the connections open (http.Server.ConnState): past
+// max, a new connection closes the oldest ones that serve no request.
+type shedConns struct {
+	max int // 0: no bound
+
+	// mu guards the fields below.
+	mu    sync.Mutex
+	open  int
+	quiet map[net.Conn]time.Time // serving no request (new or idle), since when
+	shed  int                    // connections closed here, for tests and logs
+}
+
+func newShedConns(max int) *shedConns {
+	return &shedConns{max: max, quiet: map[net.Conn]time.Time{}}
+}
+
+// state is the http.Server's ConnState hook.
+func (c *shedConns) state(conn net.Conn, st http.ConnState) {
+	var victims []net.Conn
+	c.mu.Lock()
+	switch st {
+	case http.StateNew:
+		c.open++
+		if c.max > 0 && c.open > c.max {
+			victims = c.oldestQuiet(c.open - c.max)
+			c.shed += len(victims)
+		}
+		c.quiet[conn] = time.Now()
+	case http.StateActive:
+		delete(c.quiet, conn)
+	case http.StateIdle:
+		c.quiet[conn] = time.Now()
+	case http.StateHijacked, http.StateClosed:
+		delete(c.quiet, conn)
+		c.open--
+	}
+	c.mu.Unlock()
+	for _, v := range victims {
+		v.Close()
+	}
+}
+
+// oldestQuiet takes up to n of the oldest quiet connections out of the
+// quiet set (they are closed: they count as open until net/http says
+// they are closed). c.mu is held.
+func (c *shedConns) oldestQuiet(n int) []net.Conn {
+	var out []net.Conn
+	for range n {
+		var oldest net.Conn
+		var at time.Time
+		for conn, t := range c.quiet {
+			if oldest == nil || t.Before(at) {
+				oldest, at = conn, t
+			}
+		}
+		if oldest == nil {
+			break
+		}
+		delete(c.quiet, oldest)
+		out = append(out, oldest)
+	}
+	return out
+}
+
+// shedCount returns how many connections were closed here.
+func (c *shedConns) shedCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.shed
 }
 
 // streams counts the streams open against each share. The zero value

@@ -88,9 +88,12 @@ func newMetrics(s *Server) *metrics {
 	streamsOpen := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sheepfold_streams_open",
 		Help: "Streams (long-lived requests: executions, event streams, downloads, previews, MCP calls, E2B streams) open now."},
 		func() float64 { return float64(s.streams.open()) })
+	connsShed := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sheepfold_connections_shed_total",
+		Help: "Client connections serving no request (idle, or not yet sending one) closed to keep the bound of open connections."},
+		func() float64 { return float64(s.conns.shedCount()) })
 	for _, c := range []prometheus.Collector{m.creates, m.createSeconds, m.executions, m.execSeconds, m.oomKills,
 		m.exceeded, m.violations, m.httpRequests, m.httpSeconds, m.previewBytes, m.previewReqs, m.previewDial, m.agentCall,
-		m.streamRefusals, streamsOpen,
+		m.streamRefusals, streamsOpen, connsShed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s}} {
 		f(c)

@@ -136,6 +136,10 @@ type Config struct {
 	MaxStreamsPerKey     int
 	MaxStreamsPerAccount int
 	MaxStreams           int
+	// MaxConnections bounds the client connections open: past it, a new
+	// one closes the oldest serving no request (conns.go)
+	// [ConnectionsFromLimit of RLIMIT_NOFILE]. Negative: no bound.
+	MaxConnections int
 	// UISessionsPerAccount bounds one account's dashboard sessions: a
 	// login past it ends the account's oldest session
 	// [DefaultUISessionsPerAccount].
@@ -238,6 +242,9 @@ func (c *Config) setDefaults() {
 	if c.MaxStreams == 0 {
 		c.MaxStreams = defaultMaxStreams()
 	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = ConnectionsFromLimit(nofile())
+	}
 	if c.UISessionsPerAccount <= 0 {
 		c.UISessionsPerAccount = DefaultUISessionsPerAccount
 	}
@@ -288,6 +295,7 @@ type Server struct {
 	meter    *metering.Meter
 	ui       uiSessions // dashboard logins
 	streams  *streams   // long-lived requests' shares (conns.go)
+	conns    *shedConns // the bound of open connections (conns.go)
 	tenants  sync.Map   // sandbox id → *tenant (quota.go)
 	tenantMu sync.Mutex // guards tenant.released
 	alertQ   chan store.Alert
@@ -327,6 +335,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		bus:  cfg.Events, streamsDone: make(chan struct{}),
 		accounts: account.NewRegistry(cfg.Accounts, st),
 		streams:  newStreams(max(0, cfg.MaxStreamsPerKey), max(0, cfg.MaxStreamsPerAccount), max(0, cfg.MaxStreams)),
+		conns:    newShedConns(max(0, cfg.MaxConnections)),
 		ui:       uiSessions{perAccount: cfg.UISessionsPerAccount},
 	}
 	s.base, s.cut = context.WithCancelCause(context.Background())
@@ -415,7 +424,8 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	// cancels (drain.go).
 	s.http = &http.Server{Handler: s.handler, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout,
 		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-		BaseContext: func(net.Listener) context.Context { return s.base }}
+		BaseContext: func(net.Listener) context.Context { return s.base },
+		ConnState:   s.conns.state}
 	s.http.RegisterOnShutdown(s.endStreams)
 	s.sweeper.Add(1)
 	go s.sweep()

@@ -1,9 +1,12 @@
 package server_test
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -14,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 )
 
@@ -367,6 +371,171 @@ func TestFloodLeavesOthersAlone(t *testing.T) {
 		}
 		if trial == 3 {
 			t.Fatal("in three trials of three, the flood doubled another tenant's p99")
+		}
+	}
+}
+
+// TestLoadWithinShares: the shares' defaults leave a tenant's ordinary
+// load alone: one key's 100 concurrent creates, then 100 concurrent
+// executions (each a stream held while it runs) are all served.
+func TestLoadWithinShares(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{}, func(c *sandbox.Config) { c.MaxSandboxes = 100 })
+	ids := make([]string, 100)
+	errs := make(chan error, 100)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := e.do("POST", "/v1/sandboxes", e.keyA, nil)
+			if r.status != http.StatusCreated {
+				errs <- fmt.Errorf("create %d: %d %s", i, r.status, r.body)
+				return
+			}
+			ids[i], _ = r.json(t)["id"].(string)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if t.Failed() {
+		return
+	}
+	// 100 executions at once, ten in each of ten sandboxes (each
+	// sandbox's context runs one at a time).
+	errs = make(chan error, 100)
+	for i := range 100 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := e.executeWithin(e.keyA, ids[i%10], "import time; time.sleep(0.2); 1+1", 60*time.Second); err != nil {
+				errs <- fmt.Errorf("execution %d: %w", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// quietConns opens n connections to url's host that send nothing (as a
+// flood of them would), closed when the test ends.
+func quietConns(t *testing.T, url string, n int) []net.Conn {
+	t.Helper()
+	var out []net.Conn
+	for range n {
+		c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		out = append(out, c)
+	}
+	return out
+}
+
+// closedByServer reports whether the server closed c: a read sees its
+// end (EOF or reset) within a second, rather than waiting.
+func closedByServer(c net.Conn) bool {
+	c.SetReadDeadline(time.Now().Add(time.Second))
+	_, err := c.Read(make([]byte, 1))
+	var ne net.Error
+	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// TestQuietConnectionsShed: past the bound of open connections, new ones
+// close the oldest that serve no request (here, 60 connections that
+// never send one), so that a health check and a tenant's request on new
+// connections are served, and a stream in progress is not touched.
+// Before, such connections held their descriptors until the header
+// timeout, and a flood of them took every descriptor.
+func TestQuietConnectionsShed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{MaxConnections: 20})
+	url := e.served()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url+"/v1/events", nil)
+	req.Header.Set("Authorization", "Bearer "+e.keyA)
+	req.Header.Set("Accept", "text/event-stream")
+	stream, err := http.DefaultClient.Do(req)
+	if err != nil || stream.StatusCode != http.StatusOK {
+		t.Fatalf("the stream: %v %v", stream, err)
+	}
+	defer stream.Body.Close()
+	quiet := quietConns(t, url, 60)
+	if probe(t, url, "/healthz") != http.StatusOK {
+		t.Fatal("/healthz on a new connection")
+	}
+	r, err := fresh.Get(url + "/v1/sandboxes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a request on a new connection: %d", r.StatusCode)
+	}
+	if !closedByServer(quiet[0]) || closedByServer(quiet[59]) {
+		t.Fatal("the oldest quiet connection was not closed, or the newest was")
+	}
+	var closed atomic.Int64
+	var wg sync.WaitGroup
+	for _, c := range quiet {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if closedByServer(c) {
+				closed.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := closed.Load(); n < 40 {
+		t.Fatalf("%d of 60 quiet connections closed past a bound of 20", n)
+	}
+	// The stream serving a request is left alone: it carries the next
+	// event.
+	e.create(e.keyA, nil)
+	timer := time.AfterFunc(10*time.Second, cancel)
+	defer timer.Stop()
+	sc := bufio.NewScanner(stream.Body)
+	for sc.Scan() && sc.Text() != "event: sandbox.created" {
+	}
+	if sc.Text() != "event: sandbox.created" {
+		t.Fatalf("the stream after the shedding: %v", sc.Err())
+	}
+}
+
+// TestQuietConnectionsUnbounded is TestQuietConnectionsShed's control:
+// with no bound, quiet connections stay open (until the header timeout).
+func TestQuietConnectionsUnbounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{MaxConnections: -1})
+	url := e.served()
+	quiet := quietConns(t, url, 60)
+	if probe(t, url, "/healthz") != http.StatusOK {
+		t.Fatal("/healthz on a new connection")
+	}
+	if closedByServer(quiet[0]) {
+		t.Fatal("a quiet connection was closed with no bound")
+	}
+}
+
+// TestConnectionsFromLimit: the default bound of open connections leaves
+// the reserve and the streams' other descriptors.
+func TestConnectionsFromLimit(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		nofile uint64
+		want   int
+	}{{1024, 384}, {20000, 7500}, {256, 64}} {
+		if got := server.ConnectionsFromLimit(tt.nofile); got != tt.want {
+			t.Errorf("ConnectionsFromLimit(%d) = %d, want %d", tt.nofile, got, tt.want)
 		}
 	}
 }
