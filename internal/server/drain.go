@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
@@ -86,26 +87,25 @@ func (s *Server) storeReady(ctx context.Context) error {
 	return c.err
 }
 
-// inflight counts the requests being served, for the drain to wait on.
+// inflight counts the requests being served, for the drain to wait on:
+// an atomic count on the request path, a channel only while someone
+// waits.
 type inflight struct {
-	// mu guards n and zero.
+	n atomic.Int64
+
+	// mu guards zero.
 	mu   sync.Mutex
-	n    int
-	zero chan struct{} // closed when n falls to 0; nil while it is 0
+	zero chan struct{} // made by wait, closed when n falls to 0
 }
 
-func (f *inflight) add() {
-	f.mu.Lock()
-	if f.n == 0 {
-		f.zero = make(chan struct{})
-	}
-	f.n++
-	f.mu.Unlock()
-}
+func (f *inflight) add() { f.n.Add(1) }
 
 func (f *inflight) done() {
+	if f.n.Add(-1) != 0 {
+		return
+	}
 	f.mu.Lock()
-	if f.n--; f.n == 0 {
+	if f.zero != nil {
 		close(f.zero)
 		f.zero = nil
 	}
@@ -114,17 +114,22 @@ func (f *inflight) done() {
 
 // wait waits until no request is served, or ctx ends.
 func (f *inflight) wait(ctx context.Context) error {
-	f.mu.Lock()
-	z := f.zero
-	f.mu.Unlock()
-	if z == nil {
-		return nil
-	}
-	select {
-	case <-z:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	for {
+		f.mu.Lock()
+		if f.n.Load() == 0 {
+			f.mu.Unlock()
+			return nil
+		}
+		if f.zero == nil {
+			f.zero = make(chan struct{})
+		}
+		z := f.zero
+		f.mu.Unlock()
+		select {
+		case <-z: // (then look again: a request may have begun since)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
 
