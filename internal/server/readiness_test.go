@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -432,4 +434,48 @@ func TestDrainEndsModelStreamWithAnError(t *testing.T) {
 	if !strings.Contains(string(rest), `"code":"ERR_SHUTTING_DOWN"`) {
 		t.Fatalf("the stream ended with %q", rest)
 	}
+}
+
+// TestDrainEventStreamPython: the Python SDK's events.stream() raises the
+// drain's failure event (ERR_SHUTTING_DOWN) rather than yielding it as an
+// event.
+func TestDrainEventStreamPython(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{DrainDelay: -1})
+	url := e.served()
+	e.create(e.keyA, nil)
+	py := `import sys
+sys.path.insert(0, "../../sdk/python")
+from sheepfold.events import Events
+from sheepfold.errors import SheepfoldError
+try:
+    for ev in Events(api_key=sys.argv[1], base_url=sys.argv[2]).stream(cursor=0):
+        print("event", ev.type, flush=True)
+    print("ended", flush=True)
+except SheepfoldError as err:
+    print("raised", err.code, flush=True)
+`
+	cmd := exec.Command("/usr/bin/python3", "-c", py, e.keyA, url)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	timer := time.AfterFunc(30*time.Second, func() { cmd.Process.Kill() })
+	defer timer.Stop()
+	sc := bufio.NewScanner(out)
+	if !sc.Scan() || sc.Text() != "event sandbox.created" {
+		t.Fatalf("python's first line: %q", sc.Text())
+	}
+	if err := e.srv.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !sc.Scan() || sc.Text() != "raised ERR_SHUTTING_DOWN" {
+		t.Fatalf("python after the drain: %q", sc.Text())
+	}
+	cmd.Wait()
 }
