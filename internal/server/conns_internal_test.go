@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 )
@@ -81,5 +82,18 @@ func TestInflightWait(t *testing.T) {
 	f.done()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestStreamRoutesExist: every route the stream table names is one the
+// server registers (a renamed route would silently stop being counted).
+func TestStreamRoutesExist(t *testing.T) {
+	t.Parallel()
+	s := New(Config{}, nil, nil, nil)
+	defer s.Shutdown(context.Background())
+	for pattern := range streamRoutes {
+		if !slices.Contains(s.Routes(), pattern) {
+			t.Errorf("streamRoutes names %q, which is no route", pattern)
+		}
 	}
 }
