@@ -171,13 +171,16 @@ func (s *Server) errorJSON(r *http.Request, err error) (*apierr.Error, errorJSON
 const statusClientGone = 499
 
 // writeError renders err: the only place an error body is written. A
-// request whose client went away gets nothing (statusClientGone).
+// request whose client went away (or whose body stalled: net/http
+// cancels its context too) gets its connection closed, nothing written
+// (statusClientGone), so that no implicit 200 follows.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	e, body := s.errorJSON(r, err)
 	if clientGone(r.Context()) {
 		if li := logInfoFrom(r.Context()); li != nil {
 			li.gone = true
 		}
+		abort.Response(r.Context())
 		return
 	}
 	if e.RetryAfter > 0 {
