@@ -31,6 +31,13 @@
 //   - Every body is bounded and a stalled one cut (bodyDeadline);
 //     admission counts memory plus disk limits against the host (admit);
 //     a wrong method on a known path is 405 with Allow.
+//   - Tenants share the server within shares (conns.go): streams
+//     (long-lived requests) per key, per account and in all; open
+//     connections, the oldest quiet ones closed past the bound;
+//     dashboard sessions per account (ui.go).
+//   - /readyz fails with the store; a shutdown drains in order, and
+//     what it cuts off ends with ERR_SHUTTING_DOWN (drain.go). A client
+//     that goes away is not the server's failure (499, logged at debug).
 //
 // It also serves the E2B surface (internal/e2b) on the same handler, as
 // that package's Backend (e2b.go).
