@@ -182,8 +182,8 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 		return rc.Flush()
 	})
 	call.settle(u) // what was delivered, also of a stream cut short
-	if err == nil || r.Context().Err() != nil {
-		return nil
+	if err == nil || clientGone(r.Context()) {
+		return nil // (a drain's cut is told: ERR_SHUTTING_DOWN)
 	}
 	if !started {
 		return err

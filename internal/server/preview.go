@@ -337,6 +337,12 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, t previewT
 			return
 		}
 	}
+	release, err := s.holdPreview(b.owner, t.id) // conns.go
+	if err != nil {
+		s.previewBusy(w, t, err)
+		return
+	}
+	defer release()
 	s.metrics.previewRequest()
 	s.preview.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), previewCtxKey{}, &t)))
 }
