@@ -24,7 +24,7 @@ type Limits struct {
 	MemoryBytes int64   // memory (and memory+swap) limit of the whole sandbox
 	CPUs        float64 // CPU quota in cores; 0 = unlimited
 	Pids        int64   // maximum number of tasks
-	DiskBytes   int64   // size of the writable layer
+	DiskBytes   int64   // what the writable layer holds (its files' bytes)
 }
 
 // Spec describes a sandbox to create.
@@ -131,6 +131,16 @@ type Pressure struct {
 	MemoryFull float64
 	IOSome     float64
 	IOFull     float64
+}
+
+// DiskMemory is implemented by runtimes that may keep sandboxes' disks in
+// memory: a tmpfs charged to the sandbox's memory cgroup, whose limit then
+// holds memory plus disk. Admission counts such a disk as memory; a disk
+// of its own (the oci runtime's loop-mounted image) is reserved on the
+// host's disk by the runtime itself, which refuses a create it has no
+// room for with ErrCapacity.
+type DiskMemory interface {
+	DiskInMemory() bool
 }
 
 // CPUCounter is implemented by runtimes that can read a sandbox's CPU
