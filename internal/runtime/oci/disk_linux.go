@@ -104,6 +104,16 @@ func newDisks(dir string, reserve int64, log *slog.Logger) (*disks, error) {
 	return &disks{dir: dir, mkfs: mkfs, reserve: reserve, log: log, blanks: map[int64]*blank{}}, nil
 }
 
+// CheckDisks says whether this host lets the engine give sandboxes disks
+// of their own: mkfs.ext4, and a loop device this process may attach
+// (sheepfold doctor).
+func CheckDisks() error {
+	if _, err := findMkfs(); err != nil {
+		return err
+	}
+	return probeLoop()
+}
+
 // findMkfs finds e2fsprogs' mkfs.ext4.
 func findMkfs() (string, error) {
 	for _, p := range []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"} {
