@@ -115,11 +115,22 @@ func assertNoLeaks(t testing.TB, state, instance, cgroup string) {
 	if _, err := os.Stat(filepath.Join(state, instance)); err == nil {
 		t.Errorf("state dir left: %s", filepath.Join(state, instance))
 	}
-	// No loop device holds a disk image of the instance.
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, f := range files {
-		if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), state+"/") {
-			t.Errorf("loop device left: %s: %s", f, bytes.TrimSpace(b))
+	// No loop device holds a disk image of the instance (one that clears
+	// itself at its unmount does so asynchronously).
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var left []string
+		files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+		for _, f := range files {
+			if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), state+"/") {
+				left = append(left, f+": "+string(bytes.TrimSpace(b)))
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("loop devices left: %v", left)
+			break
 		}
 	}
 	// A cgroup cannot be removed while a process is in it, so no cgroup

@@ -15,6 +15,21 @@ import (
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
+// loopsLeft lists the loop devices still attached to a file under dir
+// after up to 5 s: a device that clears itself at its unmount does so
+// asynchronously.
+func loopsLeft(t *testing.T, dir string) []string {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l := loopsUnder(t, dir)
+		if len(l) == 0 || time.Now().After(deadline) {
+			return l
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // loopsUnder lists the loop devices attached to a file under dir, as
 // /sys/block shows them.
 func loopsUnder(t *testing.T, dir string) []string {
@@ -92,7 +107,7 @@ func TestDiskOfItsOwn(t *testing.T) {
 		}
 		assertGone(t, o, id)
 	}
-	if l := loopsUnder(t, cfg.StateDir); len(l) > 0 {
+	if l := loopsLeft(t, cfg.StateDir); len(l) > 0 {
 		t.Errorf("loop devices left: %v", l)
 	}
 }
@@ -222,7 +237,7 @@ func TestSweepDetachesDisks(t *testing.T) {
 	defer o.Close()
 	assertGone(t, crashed, "orphan")
 	assertGone(t, crashed, "half")
-	if l := loopsUnder(t, crashed.dir); len(l) > 0 {
+	if l := loopsLeft(t, crashed.dir); len(l) > 0 {
 		t.Errorf("loop devices left by the dead instance: %v", l)
 	}
 	if _, err := os.Stat(crashed.dir); err == nil {
