@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -91,8 +92,20 @@ func TestDiskOfItsOwn(t *testing.T) {
 	if err := unix.Stat(img, &ist); err != nil || ist.Blocks*512 < ist.Size || ist.Size < limit {
 		t.Errorf("image %s: %d bytes, %d allocated (%v); want all of it allocated", img, ist.Size, ist.Blocks*512, err)
 	}
-	if l := loopsUnder(t, o.bundle("disk")); len(l) != 1 {
-		t.Errorf("loop devices of the sandbox: %v, want one", l)
+	l := loopsUnder(t, o.bundle("disk"))
+	if len(l) != 1 {
+		t.Fatalf("loop devices of the sandbox: %v, want one", l)
+	}
+	// Once started, the device reads and writes the image directly.
+	dio := filepath.Join("/sys/block", strings.Split(l[0], ":")[0], "loop/dio")
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if b, _ := os.ReadFile(dio); strings.TrimSpace(string(b)) == "1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			b, err := os.ReadFile(dio)
+			t.Fatalf("%s: %q %v, want 1 (direct I/O)", dio, b, err)
+		}
 	}
 	// A second create of the same size copies the blank.
 	spec.ID = "again"
@@ -243,4 +256,61 @@ func TestSweepDetachesDisks(t *testing.T) {
 	if _, err := os.Stat(crashed.dir); err == nil {
 		t.Errorf("dead instance dir %s left", crashed.dir)
 	}
+}
+
+// BenchmarkCreateDisk measures what a disk of its own adds to a create
+// and a destroy (a pool miss pays the create): two engines, one keeping
+// disks in memory, create and destroy a sandbox of the default limits in
+// turn, so that both see the same load. It reports the medians of each
+// and of the paired differences (ms).
+func BenchmarkCreateDisk(b *testing.B) {
+	testutil.RequireRoot(b)
+	engines := map[bool]*OCI{}
+	for _, inMemory := range []bool{false, true} {
+		o, err := New(Config{RuntimePath: testutil.Runc(b), StateDir: testutil.ShortTempDir(b), AgentBin: testutil.AgentBin(b),
+			CgroupParent: "sheepfold-test", Instance: "benchdisk", DiskInMemory: inMemory})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { o.Close() })
+		engines[inMemory] = o
+	}
+	if engines[false].DiskInMemory() {
+		b.Fatal("no disks of their own on this host")
+	}
+	spec := runtime.Spec{ID: "bench", RootFS: testutil.TemplateRootFS(b, "python"),
+		Limits: runtime.Limits{MemoryBytes: 512 << 20, Pids: 256, DiskBytes: 256 << 20}}
+	once := func(o *OCI) (create, destroy float64) {
+		began := time.Now()
+		if _, err := o.Create(context.Background(), spec); err != nil {
+			b.Fatal(err)
+		}
+		created := time.Now()
+		if err := o.Destroy(context.Background(), spec.ID); err != nil {
+			b.Fatal(err)
+		}
+		return float64(created.Sub(began)) / 1e6, float64(time.Since(created)) / 1e6
+	}
+	once(engines[false]) // the blank
+	var own, mem, diff, ownD, memD []float64
+	for b.Loop() {
+		c1, d1 := once(engines[false])
+		c2, d2 := once(engines[true])
+		own, mem, diff = append(own, c1), append(mem, c2), append(diff, c1-c2)
+		ownD, memD = append(ownD, d1), append(memD, d2)
+	}
+	b.ReportMetric(median(own), "own-create-ms")
+	b.ReportMetric(median(mem), "memory-create-ms")
+	b.ReportMetric(median(diff), "paired-diff-ms")
+	b.ReportMetric(median(ownD), "own-destroy-ms")
+	b.ReportMetric(median(memD), "memory-destroy-ms")
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
 }
