@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/events"
@@ -131,4 +133,46 @@ with open('/home/user/fill-code', 'wb') as f:
 			})
 		})
 	}
+}
+
+// BenchmarkMissWithDisk measures what a disk of its own adds to a pool
+// miss: create, then the first print(1), on two engines in turn (one
+// keeping disks in memory), so that both see the same load. It reports
+// the medians of each and of the paired differences (ms).
+func BenchmarkMissWithDisk(b *testing.B) {
+	engines := map[bool]*sandbox.Manager{}
+	for _, inMemory := range []bool{false, true} {
+		engines[inMemory] = runcEngineWith(b, func(c *oci.Config) { c.DiskInMemory = inMemory })
+	}
+	ctx := context.Background()
+	once := func(m *sandbox.Manager) float64 {
+		began := time.Now()
+		s, err := m.Create(ctx, sandbox.CreateOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ex, err := s.Execute(ctx, sandbox.ExecuteRequest{Language: "python", Code: "print(1)"}, nil)
+		if err != nil || ex.Stdout != "1\n" {
+			b.Fatalf("print(1): %v %+v", err, ex)
+		}
+		took := float64(time.Since(began)) / 1e6
+		if err := m.Kill(ctx, s.ID); err != nil {
+			b.Fatal(err)
+		}
+		return took
+	}
+	once(engines[false]) // the blank
+	var own, mem, diff []float64
+	for b.Loop() {
+		o := once(engines[false])
+		n := once(engines[true])
+		own, mem, diff = append(own, o), append(mem, n), append(diff, o-n)
+	}
+	med := func(v []float64) float64 {
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	b.ReportMetric(med(own), "own-ms")
+	b.ReportMetric(med(mem), "memory-ms")
+	b.ReportMetric(med(diff), "paired-diff-ms")
 }

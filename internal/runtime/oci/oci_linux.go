@@ -53,8 +53,6 @@ type OCI struct {
 	nsMu   sync.Mutex
 	idmaps map[uint32]*os.File
 
-	directWG sync.WaitGroup // switches of disks to direct I/O (directIO)
-
 	spareKick chan struct{} // capacity 1: "look at the next free slot"
 	spareWG   sync.WaitGroup
 	// spareMu guards spares (user namespaces made in advance, by the
@@ -362,19 +360,9 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	}
 	defer userns.close()
 	nsReady := time.Now()
-	rootfs, disk, err := o.mountRoot(b, s, base)
+	rootfs, err := o.mountRoot(b, s, base)
 	if err != nil {
 		return nil, err
-	}
-	if disk != nil {
-		// Direct I/O once the sandbox has started (disk_linux.go).
-		defer func() {
-			if err != nil {
-				disk.Close()
-				return
-			}
-			o.directWG.Go(func() { directIO(disk, o.cfg.Logger) })
-		}()
 	}
 	mounted := time.Now()
 	in := specInput{Spec: s, RootFS: rootfs, AgentBin: o.cfg.AgentBin, Writable: filepath.Join(b, "rw"), CgroupDir: o.cg.path(s.ID), Userns: userns.path()}
@@ -467,55 +455,47 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 // in memory, a tmpfs of the disk size, holding the overlay's upper and
 // work dirs, and the overlay of it over the template, which appears
 // through an idmapped mount owned by the sandbox's ids.
-// It returns the disk's loop device, open (nil for a tmpfs).
-func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (_ string, disk *os.File, err error) {
+func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (string, error) {
 	rw, rootfs := filepath.Join(b, "rw"), filepath.Join(b, "rootfs")
 	for _, d := range []string{rw, rootfs} {
 		if err := os.Mkdir(d, 0o700); err != nil {
-			return "", nil, err
+			return "", err
 		}
 	}
 	size := diskSize(s)
 	if o.disk != nil && canWrite(s) {
-		disk, err = o.disk.mount(b, rw, size)
-		if err != nil {
-			return "", nil, err
+		if err := o.disk.mount(b, rw, size); err != nil {
+			return "", err
 		}
-		defer func() {
-			if err != nil {
-				disk.Close()
-				disk = nil
-			}
-		}()
 	} else {
 		// Nothing the sandbox can write (only the runtime's own mount
 		// points land here), or a disk kept in memory.
 		opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700", size, inodesFor(size))
 		if err := unix.Mount("tmpfs", rw, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-			return "", nil, fmt.Errorf("mount writable layer: %w", err)
+			return "", fmt.Errorf("mount writable layer: %w", err)
 		}
 	}
 	upper, work := filepath.Join(rw, "upper"), filepath.Join(rw, "work")
 	for _, d := range []string{upper, work} {
 		if err := os.Mkdir(d, 0o755); err != nil {
-			return "", nil, err
+			return "", err
 		}
 	}
 	// The upper dir's owner and mode become those of the sandbox's "/":
 	// the template root's, shifted into the sandbox's range.
 	var st unix.Stat_t
 	if err := unix.Stat(s.RootFS, &st); err != nil {
-		return "", nil, err
+		return "", err
 	}
 	t := o.cfg.IDMap
 	if st.Uid-t.HostID >= t.Size || st.Gid-t.HostID >= t.Size || st.Uid < t.HostID || st.Gid < t.HostID {
-		return "", nil, fmt.Errorf("template root %s is owned by %d:%d, outside the template ids %d..%d", s.RootFS, st.Uid, st.Gid, t.HostID, t.HostID+t.Size-1)
+		return "", fmt.Errorf("template root %s is owned by %d:%d, outside the template ids %d..%d", s.RootFS, st.Uid, st.Gid, t.HostID, t.HostID+t.Size-1)
 	}
 	if err := os.Chown(upper, int(base+st.Uid-t.HostID), int(base+st.Gid-t.HostID)); err != nil {
-		return "", nil, err
+		return "", err
 	}
 	if err := os.Chmod(upper, os.FileMode(st.Mode&0o7777)); err != nil {
-		return "", nil, err
+		return "", err
 	}
 	// The writable paths' contents live beside the overlay on the same
 	// disk, so that together they stay within the disk limit. Each is
@@ -523,22 +503,22 @@ func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (_ string, disk *
 	for i := range s.WritablePaths {
 		d := writableDir(rw, i)
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			return "", nil, err
+			return "", err
 		}
 		if err := os.Chown(d, int(base), int(base)); err != nil {
-			return "", nil, err
+			return "", err
 		}
 		if err := os.Chmod(d, 0o777|os.ModeSticky); err != nil {
-			return "", nil, err
+			return "", err
 		}
 	}
 	userns, err := o.idmapUserns(base)
 	if err != nil {
-		return "", nil, err
+		return "", err
 	}
 	lower, err := idmappedTree(s.RootFS, userns)
 	if err != nil {
-		return "", nil, err
+		return "", err
 	}
 	defer unix.Close(lower)
 	// Kernels before 6.15 refuse a detached mount as an overlay layer
@@ -548,10 +528,10 @@ func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (_ string, disk *
 	// its own private clone, and the attachment goes again at once.
 	at := filepath.Join(b, "lower")
 	if err := os.Mkdir(at, 0o700); err != nil {
-		return "", nil, err
+		return "", err
 	}
 	if err := unix.MoveMount(lower, "", unix.AT_FDCWD, at, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return "", nil, fmt.Errorf("attach the template's idmapped mount: %w", err)
+		return "", fmt.Errorf("attach the template's idmapped mount: %w", err)
 	}
 	// volatile (Linux 5.10): no fsync or syncfs reaches the upper layer,
 	// as none reached the tmpfs it replaced. A sandbox's disk never
@@ -567,9 +547,9 @@ func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (_ string, disk *
 		err = uerr
 	}
 	if err != nil {
-		return "", nil, fmt.Errorf("mount overlay: %w", err)
+		return "", fmt.Errorf("mount overlay: %w", err)
 	}
-	return rootfs, disk, os.Remove(at)
+	return rootfs, os.Remove(at)
 }
 
 // idmapUserns returns a user namespace that maps the template's owners
@@ -791,7 +771,6 @@ func unmountUnder(dir string) error {
 func (o *OCI) stopBackground() {
 	o.stopSweep()
 	o.spareWG.Wait()
-	o.directWG.Wait()
 	o.closeSpares()
 	o.nsMu.Lock()
 	for base, f := range o.idmaps {
