@@ -39,7 +39,8 @@ import (
 // crash discards it; no resize inode; the inode tables left to be read
 // as zeros), sized so that the free space a fresh mount reports is at
 // least the limit (ext4's metadata and its reserve for delayed
-// allocation come on top, about 3 %), and kept under the instance's dir.
+// allocation come on top: about 5 %, 3 % at 8 GiB), and kept under the
+// instance's dir.
 // A create allocates the whole image first (fallocate: the host's disk is
 // reserved for the sandbox, so a full data dir refuses the create with
 // ErrCapacity and never fails a write of a running sandbox), then copies
@@ -52,7 +53,7 @@ import (
 // filling 384 MiB under 128 MiB took eight times as long). The blank's
 // blocks are copied with direct I/O too: left dirty in the host's page
 // cache, each would be written back synchronously at the device's first
-// read of it (about 60 ms more per create under load, measured paired;
+// read of it (about 80 ms more per create under load, measured paired;
 // copying them buffered and switching the device to direct I/O after the
 // start cost about 10 ms more than this). Its number
 // is written to the bundle (loop) before it is attached: a destroy, and
