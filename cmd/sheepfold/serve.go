@@ -273,7 +273,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().IntVar(&uiSessions, "ui-sessions-per-account", server.DefaultUISessionsPerAccount,
 		"most dashboard sessions of one account: a login past it ends the account's oldest session")
 	cmd.Flags().Float64Var(&overcommit, "overcommit", overcommit,
-		"how many times the host's memory the sandboxes' memory plus disk limits may add up to (sandboxes past it get 503 ERR_CAPACITY)")
+		"how many times the host's memory the sandboxes' memory limits (plus their disks where those are kept in memory) may add up to (sandboxes past it get 503 ERR_CAPACITY)")
 	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text or json (one object a line; requests carry request_id, account and sandbox)")
 	cmd.Flags().StringVar(&previewDomain, "preview-domain", server.DefaultPreviewDomain,
 		"previews live on origins of their own, {port}-{sandbox id}.DOMAIN on --listen's port: a wildcard DNS name for this server outside the site (registrable domain) of the API's own name (the default, localhost, needs no DNS: browsers resolve *.localhost to the loopback); a Host under it never reaches the API, and the path form /v1/sandboxes/{id}/proxy/{port}/ sends browsers there")

@@ -43,7 +43,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	s.mu.Lock()
-	err := s.admit(footprint(runtime.Limits{}))
+	err := s.admit(s.engine.Footprint(runtime.Limits{}))
 	s.mu.Unlock()
 	if err != nil {
 		return err

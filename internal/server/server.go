@@ -29,7 +29,7 @@
 //     at once by any request that meets them; a record the store could
 //     not write is retried. Records past Config.Retention are pruned.
 //   - Every body is bounded and a stalled one cut (bodyDeadline);
-//     admission counts memory plus disk limits against the host (admit);
+//     admission counts memory limits (and disks kept in memory) against the host (admit);
 //     a wrong method on a known path is 405 with Allow.
 //   - Tenants share the server within shares (conns.go): streams
 //     (long-lived requests) per key, per account and in all; open
@@ -117,9 +117,12 @@ type Config struct {
 	ReadHeaderTimeout time.Duration
 	IdleTimeout       time.Duration
 	// HostMemoryBytes is the memory sandboxes may commit, times
-	// Overcommit [2]: admission refuses a sandbox whose memory and disk
-	// limits (the disk is a tmpfs, so memory too) would take the sum of
-	// all sandboxes' past it (503 ERR_CAPACITY). 0 turns the check off.
+	// Overcommit [2]: admission refuses a sandbox whose memory limit
+	// (plus its disk, where the runtime keeps disks in memory:
+	// sandbox.Manager.Footprint) would take the sum of all sandboxes'
+	// past it (503 ERR_CAPACITY). 0 turns the check off. A disk of its
+	// own is reserved on the data dir by the runtime, which refuses a
+	// create it has no room for (503 ERR_CAPACITY too).
 	HostMemoryBytes int64
 	Overcommit      float64
 	// DataDir is where the server keeps its database and sandboxes;
@@ -358,7 +361,7 @@ type box struct {
 	sb          *sandbox.Sandbox
 	owner       string
 	execTimeout time.Duration          // default (and longest) execution timeout; 0: the engine's
-	footprint   int64                  // memory plus disk limit, in bytes: what admission counts
+	footprint   int64                  // what admission counts, in bytes (sandbox.Manager.Footprint)
 	public      map[int]bool           // ports made public (preview.go); guarded by Server.mu
 	token       atomic.Pointer[string] // its preview token, computed at first use (preview.go)
 }

@@ -196,8 +196,9 @@ type Runtime struct {
 }
 
 var (
-	_ runtime.Runtime = (*Runtime)(nil)
-	_ runtime.Placer  = (*Runtime)(nil)
+	_ runtime.Runtime    = (*Runtime)(nil)
+	_ runtime.Placer     = (*Runtime)(nil)
+	_ runtime.DiskMemory = (*Runtime)(nil)
 )
 
 // New returns a runtime over the cluster of cs.
@@ -264,6 +265,10 @@ func validLabel(v string) string {
 
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "kubernetes" }
+
+// DiskInMemory implements runtime.DiskMemory: a Pod's disk is a
+// memory-backed emptyDir, and its memory limit holds memory plus disk.
+func (r *Runtime) DiskInMemory() bool { return true }
 
 // Runtimes implements runtime.Chooser: the names of Config.RuntimeClasses.
 func (r *Runtime) Runtimes() []string {
@@ -527,8 +532,15 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	limits := corev1.ResourceList{}
 	requests := corev1.ResourceList{}
 	if lim.MemoryBytes > 0 {
-		limits[corev1.ResourceMemory] = *resource.NewQuantity(lim.MemoryBytes, resource.BinarySI)
-		requests[corev1.ResourceMemory] = *resource.NewQuantity(lim.MemoryBytes, resource.BinarySI)
+		// The disk is a memory-backed emptyDir (below), charged to the
+		// Pod's memory: the limit holds memory plus disk, so that a full
+		// disk is ENOSPC, never an OOM kill (DiskInMemory).
+		mem := lim.MemoryBytes
+		if !spec.ReadOnly {
+			mem += lim.DiskBytes
+		}
+		limits[corev1.ResourceMemory] = *resource.NewQuantity(mem, resource.BinarySI)
+		requests[corev1.ResourceMemory] = *resource.NewQuantity(mem, resource.BinarySI)
 	}
 	if lim.DiskBytes > 0 {
 		limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(lim.DiskBytes, resource.BinarySI)
@@ -544,9 +556,9 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	volumes := []corev1.Volume{{Name: "agent-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 		SecretName: objectName(spec.ID), DefaultMode: ptr(int32(0o400)),
 	}}}}
-	// A sandbox's disk, as the local engine's tmpfs writable layer is: a
-	// memory-backed emptyDir of the disk size (a tmpfs, charged to the
-	// Pod's memory), mounted over the home and /tmp, which the agent
+	// A sandbox's disk: a memory-backed emptyDir of the disk size (a
+	// tmpfs, charged to the Pod's memory, whose limit holds it besides
+	// the memory), mounted over the home and /tmp, which the agent
 	// prepares (internal/agent, scratch_linux.go) and measures. Writes
 	// elsewhere go to the container's writable layer, bounded by the
 	// ephemeral-storage limit. A read-only sandbox writes only to its

@@ -123,9 +123,11 @@ func TestCreateMakesStrictPod(t *testing.T) {
 	if len(c.Env) != 2 || c.Env[1].Name != "B" || c.Env[1].Value != "x=y" {
 		t.Fatalf("env: %+v", c.Env)
 	}
+	// Memory plus the disk, a memory-backed emptyDir (below): a full disk
+	// is ENOSPC, not an OOM kill.
 	lim, req := c.Resources.Limits, c.Resources.Requests
-	if lim.Memory().Value() != 512<<20 || lim.Cpu().MilliValue() != 1500 || lim.StorageEphemeral().Value() != 1<<30 ||
-		req.Memory().Value() != 512<<20 || req.Cpu().MilliValue() != 100 {
+	if lim.Memory().Value() != 512<<20+1<<30 || lim.Cpu().MilliValue() != 1500 || lim.StorageEphemeral().Value() != 1<<30 ||
+		req.Memory().Value() != 512<<20+1<<30 || req.Cpu().MilliValue() != 100 {
 		t.Fatalf("resources: limits %v, requests %v", lim, req)
 	}
 
