@@ -234,7 +234,18 @@ func (x *execution) run() execState {
 			x.denied()
 		case m, ok := <-ctl:
 			if !ok {
-				return execFinish // the interpreter is gone
+				// The interpreter is gone (or closed its control
+				// pipe), often just after it wrote its last output,
+				// which the pumps may not have read yet. After a done
+				// its marker follows (the driver writes it first):
+				// wait for it. Without one nothing marks the end:
+				// take what was written, in the pipes or queued.
+				ctl = nil
+				if !x.gotDone {
+					x.settle()
+					return execFinish
+				}
+				continue
 			}
 			x.control(m)
 		case <-timer:
