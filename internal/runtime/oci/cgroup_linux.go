@@ -180,6 +180,21 @@ func (c *cgroups) setMemory(id string, b int64) error {
 	return nil
 }
 
+// memoryLimit reads the sandbox's memory limit: v2 memory.max, v1
+// memory.limit_in_bytes.
+func (c *cgroups) memoryLimit(id string) (int64, error) {
+	d := c.controller(id, "memory")
+	name := "memory.limit_in_bytes"
+	if c.v2 {
+		name = "memory.max"
+	}
+	raw, err := os.ReadFile(filepath.Join(d, name))
+	if d == "" || err != nil {
+		return 0, runtime.ErrNotFound
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
+}
+
 // oomKills reads the sandbox's OOM-kill count alone: v1 memory.oom_control,
 // v2 memory.events (oom_kill). One file, where usage reads nine and
 // stats the writable layer.
