@@ -334,6 +334,33 @@ func (c *cgroups) listIDs() []string {
 	return out
 }
 
+// makeParent makes the instance's cgroup, under the top one all
+// instances share, in every hierarchy; it stays for the instance's life
+// (removeParent). Another instance's removeParent removes the top cgroup
+// whenever it is empty: were the instance's cgroup made only by runc at
+// each create, a removal between runc's mkdir of the top cgroup and of
+// the instance's would fail the create. Once the instance's cgroup
+// exists the top one is not empty. A mkdir that finds the top cgroup
+// gone again starts over; any other failure is left to runc, which may
+// not use that hierarchy.
+func (c *cgroups) makeParent() []error {
+	var errs []error
+	for _, m := range c.mounts {
+		d := filepath.Join(m, c.parent)
+		for attempt := 0; ; attempt++ {
+			err := os.MkdirAll(d, 0o755)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, os.ErrNotExist) || attempt == 100 {
+				errs = append(errs, err)
+				break
+			}
+		}
+	}
+	return errs
+}
+
 // removeParent removes the instance's cgroups, and the top one when no
 // other instance uses it; cgroups with sandboxes in them stay.
 func (c *cgroups) removeParent() {

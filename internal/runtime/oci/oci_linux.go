@@ -159,6 +159,9 @@ func open(cfg Config, ids *idRanges, ns nsTools) (*OCI, error) {
 			lock.Close()
 			return nil, err
 		}
+		for _, err := range cg.makeParent() {
+			cfg.Logger.Warn("make the instance's cgroup", "err", err)
+		}
 		o.lock = lock
 		return o, nil
 	}
