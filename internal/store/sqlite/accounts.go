@@ -297,23 +297,22 @@ func (d *DB) Balances(ctx context.Context) (map[string]int64, error) {
 	return out, rows.Err()
 }
 
-// CreateAlert implements store.Store.
+// CreateAlert implements store.Store: past the account's bound its
+// oldest acknowledged alerts make room, or store.ErrStorageBound.
 func (d *DB) CreateAlert(ctx context.Context, a store.Alert) (bool, error) {
-	var dedupe any
-	if a.DedupeKey != "" {
-		dedupe = a.DedupeKey
-	}
-	_, err := d.db.ExecContext(ctx, `INSERT INTO alerts
-		(id, account_id, severity, kind, message, sandbox_id, session_id, dedupe_key, created_at, acknowledged_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		a.ID, a.Account, a.Severity, a.Kind, a.Message, a.SandboxID, a.SessionID, dedupe, fmtTime(a.CreatedAt), fmtTimePtr(a.AcknowledgedAt))
-	if isUnique(err) && a.DedupeKey != "" {
-		return false, nil
-	}
+	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
-		return false, fmt.Errorf("create alert: %w", err)
+		return false, storeErr("create alert", err)
 	}
-	return true, nil
+	defer tx.Rollback()
+	ok, err := d.addAlert(ctx, tx, a)
+	if errors.Is(err, store.ErrStorageBound) {
+		return false, err
+	}
+	if err != nil || !ok {
+		return false, storeErr("create alert", err)
+	}
+	return true, storeErr("create alert", tx.Commit())
 }
 
 const alertCols = `id, account_id, severity, kind, message, sandbox_id, session_id, coalesce(dedupe_key, ''), created_at, acknowledged_at`

@@ -50,7 +50,7 @@ func (d *DB) ConfirmSandbox(ctx context.Context, holder string, s store.Sandbox)
 	if _, err := tx.ExecContext(ctx, `DELETE FROM sandbox_reservations WHERE holder = ?`, holder); err != nil {
 		return storeErr("confirm sandbox", err)
 	}
-	if err := putSandbox(ctx, tx, s); err != nil {
+	if err := d.putSandbox(ctx, tx, s); err != nil {
 		return err
 	}
 	return storeErr("confirm sandbox", tx.Commit())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -35,6 +36,11 @@ func (d *DB) AddEvents(ctx context.Context, evs []store.Event) error {
 		}
 		if e.ID, err = res.LastInsertId(); err != nil {
 			return storeErr("add event", err)
+		}
+	}
+	for _, owner := range ownersOf(evs) {
+		if _, err := d.trim(ctx, tx, owner, store.KindEvents); err != nil {
+			return trimErr(store.KindEvents, owner, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
@@ -161,16 +167,31 @@ func (d *DB) DeleteWebhook(ctx context.Context, owner, id string) error {
 	return nil
 }
 
-// AddDelivery implements store.EventStore.
+// AddDelivery implements store.EventStore: the delivery is its webhook's
+// owner's record (none is kept of a webhook deleted meanwhile), and the
+// owner's oldest deliveries past its bound go.
 func (d *DB) AddDelivery(ctx context.Context, w store.WebhookDelivery) error {
-	_, err := d.db.ExecContext(ctx, `INSERT INTO webhook_deliveries
-		(webhook_id, event_id, event_type, attempt, status_code, error, succeeded, time, duration_ms)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		w.WebhookID, w.EventID, w.EventType, w.Attempt, w.StatusCode, w.Error, w.Succeeded, fmtTime(w.Time), w.DurationMS)
+	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return storeErr("add webhook delivery", err)
 	}
-	return nil
+	defer tx.Rollback()
+	var owner string
+	err = tx.QueryRowContext(ctx, `INSERT INTO webhook_deliveries
+		(webhook_id, event_id, event_type, attempt, status_code, error, succeeded, time, duration_ms, owner)
+		SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, owner FROM webhooks WHERE id = ? RETURNING owner`,
+		w.WebhookID, w.EventID, w.EventType, w.Attempt, w.StatusCode, w.Error, w.Succeeded, fmtTime(w.Time), w.DurationMS,
+		w.WebhookID).Scan(&owner)
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.ErrNotFound
+	}
+	if err != nil {
+		return storeErr("add webhook delivery", err)
+	}
+	if _, err := d.trim(ctx, tx, owner, store.KindDeliveries); err != nil {
+		return trimErr(store.KindDeliveries, owner, err)
+	}
+	return storeErr("add webhook delivery", tx.Commit())
 }
 
 // ListDeliveries implements store.EventStore.

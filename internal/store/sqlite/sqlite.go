@@ -25,6 +25,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -70,8 +71,9 @@ var ErrInUse = errors.New("the database is in use by another sheepfold process")
 
 // DB is a SQLite-backed store.Store.
 type DB struct {
-	db   *sql.DB
-	lock *os.File // the database file, flocked while the DB is open
+	db     *sql.DB
+	lock   *os.File                     // the database file, flocked while the DB is open
+	bounds atomic.Pointer[store.Bounds] // SetBounds; nil: none
 }
 
 // Options tune a DB. Zero fields take the defaults in brackets.
@@ -393,21 +395,38 @@ func (d *DB) CountActiveKeys(ctx context.Context) (int, error) {
 	return n, storeErr("count keys", err)
 }
 
-// PutSandbox implements store.Store: it inserts or replaces the record.
+// PutSandbox implements store.Store: it inserts or replaces the record,
+// and deletes the owner's stopped sandboxes past its bound.
 func (d *DB) PutSandbox(ctx context.Context, s store.Sandbox) error {
-	return putSandbox(ctx, d.db, s)
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return storeErr("put sandbox", err)
+	}
+	defer tx.Rollback()
+	if err := d.putSandbox(ctx, tx, s); err != nil {
+		return err
+	}
+	return storeErr("put sandbox", tx.Commit())
 }
 
-func putSandbox(ctx context.Context, db execer, s store.Sandbox) error {
-	_, err := db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
+// putSandbox writes a sandbox's record, in place when it exists (an
+// upsert, so that the counting triggers see an update rather than a
+// delete they would miss), and trims the owner's sandboxes.
+func (d *DB) putSandbox(ctx context.Context, tx *sql.Tx, s store.Sandbox) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO sandboxes
 		(id, owner, template, state, created_at, expires_at, stopped_at, stop_reason, metadata, resources, policy)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, template = excluded.template, state = excluded.state,
+			created_at = excluded.created_at, expires_at = excluded.expires_at, stopped_at = excluded.stopped_at,
+			stop_reason = excluded.stop_reason, metadata = excluded.metadata, resources = excluded.resources,
+			policy = excluded.policy`,
 		s.ID, s.Owner, s.Template, s.State, fmtTime(s.CreatedAt), fmtTime(s.ExpiresAt), fmtTimePtr(s.StoppedAt),
 		s.StopReason, jsonText(s.Metadata), jsonText(s.Resources), policyText(s.Policy))
 	if err != nil {
 		return storeErr("put sandbox", err)
 	}
-	return nil
+	_, err = d.trim(ctx, tx, s.Owner, store.KindSandboxes)
+	return trimErr(store.KindSandboxes, s.Owner, err)
 }
 
 const sandboxCols = `id, owner, template, state, created_at, expires_at, stopped_at, stop_reason, metadata, resources, policy`
@@ -572,27 +591,43 @@ func (d *DB) DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes, e
 	return int(ns), int(ne), nil
 }
 
-// AddExecution implements store.Store. An execution recorded with its
-// output clears the output of the sandbox's executions past the newest
-// store.KeptOutputs, so that a sandbox's history stays bounded.
+// AddExecution implements store.Store, in one transaction. An execution
+// recorded with its output clears the output of the sandbox's executions
+// past the newest store.KeptOutputs, so that a sandbox's history stays
+// bounded; the owner's oldest executions past its bound go.
 func (d *DB) AddExecution(ctx context.Context, e store.Execution) error {
-	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO executions
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return storeErr("add execution", err)
+	}
+	defer tx.Rollback()
+	// An upsert, not INSERT OR REPLACE: the counting triggers see the
+	// update (a replace's delete fires no trigger).
+	_, err = tx.ExecContext(ctx, `INSERT INTO executions
 		(id, sandbox_id, owner, language, status, error_code, error, execution_time_ms, cpu_time_ms, peak_memory_bytes,
 		created_at, code, output, replica)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET sandbox_id = excluded.sandbox_id, owner = excluded.owner, language = excluded.language,
+			status = excluded.status, error_code = excluded.error_code, error = excluded.error,
+			execution_time_ms = excluded.execution_time_ms, cpu_time_ms = excluded.cpu_time_ms,
+			peak_memory_bytes = excluded.peak_memory_bytes, created_at = excluded.created_at, code = excluded.code,
+			output = excluded.output, replica = excluded.replica`,
 		e.ID, e.SandboxID, e.Owner, e.Language, e.Status, e.ErrorCode, e.Error, e.ExecutionTimeMS, e.CPUTimeMS,
 		e.PeakMemoryBytes, fmtTime(e.CreatedAt), e.Code, string(e.Output), e.Replica)
 	if err != nil {
 		return storeErr("add execution", err)
 	}
 	if len(e.Output) > 0 {
-		if _, err := d.db.ExecContext(ctx, `UPDATE executions SET output = '' WHERE sandbox_id = ? AND output != ''
+		if _, err := tx.ExecContext(ctx, `UPDATE executions SET output = '' WHERE sandbox_id = ? AND output != ''
 			AND id NOT IN (SELECT id FROM executions WHERE sandbox_id = ? ORDER BY created_at DESC, id DESC LIMIT ?)`,
 			e.SandboxID, e.SandboxID, store.KeptOutputs); err != nil {
 			return storeErr("trim execution outputs", err)
 		}
 	}
-	return nil
+	if _, err := d.trim(ctx, tx, e.Owner, store.KindExecutions); err != nil {
+		return trimErr(store.KindExecutions, e.Owner, err)
+	}
+	return storeErr("add execution", tx.Commit())
 }
 
 // EndRunningExecutions implements store.Store.

@@ -51,6 +51,9 @@ func Run(t *testing.T, open Open) {
 		{"TokensAndSessions", testTokensAndSessions},
 		{"ReplicaHeartbeats", testReplicaHeartbeats},
 		{"MeterLeases", testMeterLeases},
+		{"StoredCounts", testStoredCounts},
+		{"StorageBounds", testStorageBounds},
+		{"ClearStopped", testClearStopped},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
