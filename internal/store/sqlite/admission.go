@@ -42,6 +42,11 @@ func (d *DB) ReserveSandbox(ctx context.Context, owner, holder string, max int64
 
 // ConfirmSandbox implements store.AdmissionStore.
 func (d *DB) ConfirmSandbox(ctx context.Context, holder string, s store.Sandbox) error {
+	give, err := d.turns.take(ctx, s.Owner)
+	if err != nil {
+		return storeErr("confirm sandbox", err)
+	}
+	defer give()
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return storeErr("confirm sandbox", err)

@@ -17,6 +17,13 @@ func (d *DB) AddEvents(ctx context.Context, evs []store.Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
+	// The server's one event writer (its bus) takes its turns as the
+	// events' own.
+	give, err := d.turns.take(ctx, "\x00events")
+	if err != nil {
+		return storeErr("add events", err)
+	}
+	defer give()
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return storeErr("add events", err)
@@ -79,7 +86,7 @@ func (d *DB) ListEvents(ctx context.Context, f store.EventFilter) ([]store.Event
 	if f.Limit > 0 {
 		q += fmt.Sprintf(` LIMIT %d`, f.Limit)
 	}
-	rows, err := d.db.QueryContext(ctx, q, args...)
+	rows, err := d.rd.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, storeErr("list events", err)
 	}
@@ -132,7 +139,7 @@ func (d *DB) ListWebhooks(ctx context.Context, owner string) ([]store.Webhook, e
 		q += ` WHERE owner = ?`
 		args = append(args, owner)
 	}
-	rows, err := d.db.QueryContext(ctx, q+` ORDER BY created_at, id`, args...)
+	rows, err := d.rd.QueryContext(ctx, q+` ORDER BY created_at, id`, args...)
 	if err != nil {
 		return nil, storeErr("list webhooks", err)
 	}
@@ -171,6 +178,12 @@ func (d *DB) DeleteWebhook(ctx context.Context, owner, id string) error {
 // owner's record (none is kept of a webhook deleted meanwhile), and the
 // owner's oldest deliveries past its bound go.
 func (d *DB) AddDelivery(ctx context.Context, w store.WebhookDelivery) error {
+	// Its turn is its webhook's, which is one account's.
+	give, err := d.turns.take(ctx, "\x00webhook "+w.WebhookID)
+	if err != nil {
+		return storeErr("add webhook delivery", err)
+	}
+	defer give()
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return storeErr("add webhook delivery", err)
@@ -201,7 +214,7 @@ func (d *DB) ListDeliveries(ctx context.Context, webhookID string, afterID int64
 	if limit > 0 {
 		q += fmt.Sprintf(` LIMIT %d`, limit)
 	}
-	rows, err := d.db.QueryContext(ctx, q, webhookID, afterID)
+	rows, err := d.rd.QueryContext(ctx, q, webhookID, afterID)
 	if err != nil {
 		return nil, storeErr("list webhook deliveries", err)
 	}

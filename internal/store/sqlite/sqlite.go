@@ -1,7 +1,12 @@
 // Package sqlite is the store.Store for one host: a SQLite database
-// (modernc.org/sqlite, pure Go) in WAL mode, with a busy timeout and a
-// bounded pool (MaxOpenConns); a busy, locked, full or failing database
-// is reported as store.ErrUnavailable. Migrations are the embedded
+// (modernc.org/sqlite, pure Go) in WAL mode, with a busy timeout and two
+// pools: one handle for writes, for which writers queue in this process
+// (SQLite runs one writer at a time anyway: none sleeps in SQLite's busy
+// handler while another of ours writes), and MaxOpenConns for reads
+// alone, which WAL runs beside the writer and which no writer waiting
+// for its turn holds up; a busy, locked, full or failing database is
+// reported as store.ErrUnavailable. The WAL is cut back to 8 MiB whenever a
+// checkpoint empties it (journal_size_limit). Migrations are the embedded
 // migrations/NNNN_name.sql files, applied in order, each in its own
 // transaction, and recorded in schema_migrations.
 //
@@ -40,7 +45,8 @@ var _ store.Store = (*DB)(nil)
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// MaxOpenConns bounds the database handles one DB holds.
+// MaxOpenConns bounds the database handles a DB reads with (it writes
+// with one).
 const MaxOpenConns = 8
 
 // storeErr wraps a database error with what failed. A busy or locked
@@ -71,8 +77,10 @@ var ErrInUse = errors.New("the database is in use by another sheepfold process")
 
 // DB is a SQLite-backed store.Store.
 type DB struct {
-	db     *sql.DB
+	db     *sql.DB                      // every write, and what reads inside a write
+	rd     *sql.DB                      // reads alone (query_only), so that writers waiting for the lock never hold up a read
 	lock   *os.File                     // the database file, flocked while the DB is open
+	turns  *turns                       // the busiest writes' turns, round the accounts (turns.go)
 	bounds atomic.Pointer[store.Bounds] // SetBounds; nil: none
 }
 
@@ -140,24 +148,39 @@ func OpenOptions(ctx context.Context, path string, opt Options) (*DB, error) {
 			return nil, fmt.Errorf("open database %s: %w", path, err)
 		}
 	}
-	dsn := fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate",
+	dsn := fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_pragma=journal_size_limit(8388608)&_txlock=immediate",
 		path, opt.BusyTimeout.Milliseconds())
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
-	// A bounded pool: SQLite runs one writer at a time anyway, and every
-	// open handle is a file descriptor and a page cache. Callers beyond
-	// it wait for a handle (until their context ends); a writer waits
-	// for the lock up to busy_timeout, then gets store.ErrUnavailable.
-	db.SetMaxOpenConns(MaxOpenConns)
-	db.SetMaxIdleConns(MaxOpenConns)
+	// One handle for writes: SQLite runs one writer at a time, and its
+	// busy handler would have the others sleep in growing steps (up to
+	// 100 ms) while one writes; queued here they go as soon as it is
+	// done. A writer waits for the handle until its context ends, and
+	// for another process's lock up to busy_timeout, then gets
+	// store.ErrUnavailable. Every write transaction uses only its own
+	// tx: one that used the pool as well would wait for itself.
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
 	db.SetConnMaxIdleTime(time.Minute)
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
-	d := &DB{db: db, lock: lock}
+	// Reads have a pool of their own, which WAL runs beside the writer:
+	// sharing the writes' pool, a burst of writes (one tenant's flood)
+	// waiting for their turn would hold up every tenant's reads.
+	rd, err := sql.Open("sqlite", fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=query_only(1)&_txlock=deferred",
+		path, opt.BusyTimeout.Milliseconds()))
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	rd.SetMaxOpenConns(MaxOpenConns)
+	rd.SetMaxIdleConns(MaxOpenConns)
+	rd.SetConnMaxIdleTime(time.Minute)
+	d := &DB{db: db, rd: rd, lock: lock, turns: newTurns()}
 	if opt.Existing {
 		var n int
 		err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&n)
@@ -165,11 +188,11 @@ func OpenOptions(ctx context.Context, path string, opt Options) (*DB, error) {
 			err = errors.New("not a sheepfold database (it has no schema_migrations table)")
 		}
 		if err != nil {
-			db.Close()
+			d.closeDBs()
 			return nil, fmt.Errorf("open database %s: %w", path, err)
 		}
 	} else if err := d.migrate(ctx); err != nil {
-		db.Close()
+		d.closeDBs()
 		return nil, err
 	}
 	ok = true
@@ -200,9 +223,12 @@ func lockFile(f *os.File, exclusive bool) error {
 
 // Close closes the database, then releases its lock.
 func (d *DB) Close() error {
-	err := d.db.Close()
+	err := d.closeDBs()
 	return errors.Join(err, d.lock.Close())
 }
+
+// closeDBs closes both pools.
+func (d *DB) closeDBs() error { return errors.Join(d.rd.Close(), d.db.Close()) }
 
 // ReadTx runs fn in one transaction of the database, for a consistent
 // view of every table (`sheepfold database copy` reads them raw), and
@@ -342,7 +368,7 @@ func scanKey(sc interface{ Scan(...any) error }) (store.Key, error) {
 
 // KeyByHash implements store.Store.
 func (d *DB) KeyByHash(ctx context.Context, hash string) (store.Key, error) {
-	k, err := scanKey(d.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM keys WHERE hash = ?`, hash))
+	k, err := scanKey(d.rd.QueryRowContext(ctx, `SELECT `+keyCols+` FROM keys WHERE hash = ?`, hash))
 	if errors.Is(err, sql.ErrNoRows) {
 		return k, store.ErrNotFound
 	}
@@ -351,7 +377,7 @@ func (d *DB) KeyByHash(ctx context.Context, hash string) (store.Key, error) {
 
 // KeyByID implements store.Store.
 func (d *DB) KeyByID(ctx context.Context, id string) (store.Key, error) {
-	k, err := scanKey(d.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM keys WHERE id = ?`, id))
+	k, err := scanKey(d.rd.QueryRowContext(ctx, `SELECT `+keyCols+` FROM keys WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return k, store.ErrNotFound
 	}
@@ -360,7 +386,7 @@ func (d *DB) KeyByID(ctx context.Context, id string) (store.Key, error) {
 
 // ListKeys implements store.Store.
 func (d *DB) ListKeys(ctx context.Context) ([]store.Key, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT `+keyCols+` FROM keys ORDER BY created_at, id`)
+	rows, err := d.rd.QueryContext(ctx, `SELECT `+keyCols+` FROM keys ORDER BY created_at, id`)
 	if err != nil {
 		return nil, err
 	}
@@ -391,13 +417,18 @@ func (d *DB) RevokeKey(ctx context.Context, id string, at time.Time) error {
 // CountActiveKeys implements store.Store.
 func (d *DB) CountActiveKeys(ctx context.Context) (int, error) {
 	var n int
-	err := d.db.QueryRowContext(ctx, `SELECT count(*) FROM keys WHERE revoked_at IS NULL`).Scan(&n)
+	err := d.rd.QueryRowContext(ctx, `SELECT count(*) FROM keys WHERE revoked_at IS NULL`).Scan(&n)
 	return n, storeErr("count keys", err)
 }
 
 // PutSandbox implements store.Store: it inserts or replaces the record,
 // and deletes the owner's stopped sandboxes past its bound.
 func (d *DB) PutSandbox(ctx context.Context, s store.Sandbox) error {
+	give, err := d.turns.take(ctx, s.Owner)
+	if err != nil {
+		return storeErr("put sandbox", err)
+	}
+	defer give()
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return storeErr("put sandbox", err)
@@ -464,7 +495,7 @@ func scanSandbox(sc interface{ Scan(...any) error }) (store.Sandbox, error) {
 
 // GetSandbox implements store.Store.
 func (d *DB) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
-	s, err := scanSandbox(d.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id))
+	s, err := scanSandbox(d.rd.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, store.ErrNotFound
 	}
@@ -494,7 +525,7 @@ func (d *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.
 		q += ` LIMIT ?`
 		args = append(args, f.Limit)
 	}
-	rows, err := d.db.QueryContext(ctx, q, args...)
+	rows, err := d.rd.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, storeErr("list sandboxes", err)
 	}
@@ -596,6 +627,11 @@ func (d *DB) DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes, e
 // past the newest store.KeptOutputs, so that a sandbox's history stays
 // bounded; the owner's oldest executions past its bound go.
 func (d *DB) AddExecution(ctx context.Context, e store.Execution) error {
+	give, err := d.turns.take(ctx, e.Owner)
+	if err != nil {
+		return storeErr("add execution", err)
+	}
+	defer give()
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return storeErr("add execution", err)
@@ -643,7 +679,7 @@ func (d *DB) EndRunningExecutions(ctx context.Context, code, message string) (in
 
 // ListExecutions implements store.Store, oldest first.
 func (d *DB) ListExecutions(ctx context.Context, sandboxID string) ([]store.Execution, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT `+executionColumns+` FROM executions
+	rows, err := d.rd.QueryContext(ctx, `SELECT `+executionColumns+` FROM executions
 		WHERE sandbox_id = ? ORDER BY created_at, id`, sandboxID)
 	if err != nil {
 		return nil, storeErr("list executions", err)
@@ -665,7 +701,7 @@ func (d *DB) PageExecutions(ctx context.Context, f store.ExecutionFilter) ([]sto
 		q += ` LIMIT ?`
 		args = append(args, f.Limit)
 	}
-	rows, err := d.db.QueryContext(ctx, q, args...)
+	rows, err := d.rd.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, storeErr("page executions", err)
 	}

@@ -122,7 +122,7 @@ func (d *DB) StoredAll(ctx context.Context) (map[string]store.Stored, error) {
 }
 
 func (d *DB) stored(ctx context.Context, where string, args ...any) (map[string]store.Stored, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT account_id, kind, records, bytes FROM stored `+where, args...)
+	rows, err := d.rd.QueryContext(ctx, `SELECT account_id, kind, records, bytes FROM stored `+where, args...)
 	if err != nil {
 		return nil, storeErr("read stored amounts", err)
 	}
