@@ -49,6 +49,10 @@ const (
 	Provider             Code = "ERR_PROVIDER"
 	ProviderTimeout      Code = "ERR_PROVIDER_TIMEOUT"
 	SessionNotFound      Code = "ERR_SESSION_NOT_FOUND"
+	// StorageQuotaExceeded: the account keeps as many records of a kind
+	// as the server lets one account keep, and none of them may go to
+	// make room (internal/store, storage.go).
+	StorageQuotaExceeded Code = "ERR_STORAGE_QUOTA_EXCEEDED"
 )
 
 // Status is the HTTP status of each code.
@@ -84,6 +88,7 @@ var Status = map[Code]int{
 	Provider:             http.StatusBadGateway,
 	ProviderTimeout:      http.StatusGatewayTimeout,
 	SessionNotFound:      http.StatusNotFound,
+	StorageQuotaExceeded: http.StatusTooManyRequests,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

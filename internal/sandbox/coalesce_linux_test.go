@@ -37,7 +37,6 @@ func sumCounts(t *testing.T, evs []events.Event) int64 {
 	return n
 }
 
-
 // TestEventsCoalesced: a cell floods security_violation reports of two
 // kinds, and of kinds the engine does not know. Without a rate (the
 // control) every report the per-execution bound keeps is an event. With

@@ -85,7 +85,7 @@ func newMetrics(s *Server) *metrics {
 	for _, c := range []prometheus.Collector{m.creates, m.createSeconds, m.executions, m.execSeconds, m.oomKills,
 		m.exceeded, m.violations, m.httpRequests, m.httpSeconds, m.previewBytes, m.previewReqs, m.previewDial, m.agentCall,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&stateCollector{s: s}} {
+		&stateCollector{s: s}, &storageCollector{s: s}} {
 		f(c)
 	}
 	m.previewIn = m.previewBytes.WithLabelValues("in")
