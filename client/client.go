@@ -18,10 +18,12 @@
 //	_, err = c.WriteFile(ctx, sb.ID, "data.csv", strings.NewReader("a,b\n1,2\n"))
 //	res, err := c.RunCommand(ctx, sb.ID, client.CommandRequest{Cmd: "wc", Args: []string{"-l", "data.csv"}})
 //
-// Every API failure is an *Error with the API's code:
+// Every API failure is an *Error with the API's code, which matches its
+// typed error (errors.go: one client.ErrXxx per code) with errors.Is:
 //
+//	if errors.Is(err, client.ErrSandboxNotFound) { ... }
 //	var apiErr *client.Error
-//	if errors.As(err, &apiErr) && apiErr.Code == "ERR_SANDBOX_NOT_FOUND" { ... }
+//	if errors.As(err, &apiErr) { log.Print(apiErr.Code, apiErr.Message, apiErr.RequestID) }
 package client
 
 import (

@@ -91,6 +91,13 @@ func (e *ExecutionError) Error() string {
 	return e.Name + ": " + e.Message
 }
 
+// Is makes errors.Is(ex.Error, client.ErrNetworkRestricted) true for an
+// execution stopped with that code.
+func (e *ExecutionError) Is(target error) bool {
+	c, ok := target.(Code)
+	return ok && e.Code != "" && string(c) == e.Code
+}
+
 // Chart is an image an execution produced.
 type Chart struct {
 	Format string `json:"format"` // png, jpeg or svg

@@ -4,7 +4,8 @@
 #     bubblewrap (`sheepfold bench`'s bwrap baseline), git (the egress tests serve a repository),
 #     chromium (the dashboard's browser test),
 #     qemu-system-x86 (`make test-cgroupv2` boots a cgroup v2 guest),
-#     containernetworking-plugins (the CNI plugins of `make test-kubernetes`'s cluster)
+#     containernetworking-plugins (the CNI plugins of `make test-kubernetes`'s cluster),
+#     and the Debian side of E2B's Python SDK (test/e2b/python: the SDK itself is vendored there)
 #   - postgresql, WITHOUT its default cluster: the tests of the PostgreSQL
 #     store start their own (internal/testutil/pgtest) under the postgres user.
 #   - runc at a pinned release, built from the Go module proxy with seccomp,
@@ -25,7 +26,9 @@ fi
 
 installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" = "install ok installed" ]; }
 need=()
-for pkg in debootstrap libseccomp-dev pkg-config gcc bubblewrap git chromium qemu-system-x86 containernetworking-plugins; do
+for pkg in debootstrap libseccomp-dev pkg-config gcc bubblewrap git chromium qemu-system-x86 containernetworking-plugins \
+	python3-h2 python3-attr python3-protobuf python3-dateutil python3-packaging python3-typing-extensions \
+	python3-wcmatch python3-rich python3-requests python3-anyio python3-h11 python3-certifi python3-idna python3-sniffio; do
 	installed "$pkg" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

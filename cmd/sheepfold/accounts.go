@@ -14,6 +14,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/sheepfold/sheepfold/internal/account"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/config"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -48,8 +50,8 @@ func addLimitFlags(fs *pflag.FlagSet, prefix, what string) *limitFlags {
 	return lf
 }
 
-// overrides returns the limits whose flags were given, refusing negative
-// values with the flag's name.
+// overrides returns the limits whose flags were given, refusing values
+// out of their range (account.Overrides.Validate) with the flag's name.
 func (lf *limitFlags) overrides(fs *pflag.FlagSet) (account.Overrides, error) {
 	m := map[string]any{}
 	for _, l := range intLimits {
@@ -67,10 +69,28 @@ func (lf *limitFlags) overrides(fs *pflag.FlagSet) (account.Overrides, error) {
 		if lf.cpus < 0 {
 			return account.Overrides{}, fmt.Errorf("--%smax-cpus must not be negative (0 means unlimited)", lf.prefix)
 		}
+		if err := checkFlags(bound.Float("--"+lf.prefix+"max-cpus", lf.cpus, 0, bound.MaxCPUs)); err != nil {
+			return account.Overrides{}, err // NaN and Inf too, which JSON cannot carry
+		}
 		m["max_cpus"] = lf.cpus
 	}
-	b, _ := json.Marshal(m)
-	return account.ParseOverrides(b)
+	b, err := json.Marshal(m)
+	if err != nil {
+		return account.Overrides{}, err
+	}
+	o, err := account.ParseOverrides(b)
+	if err != nil {
+		return o, err
+	}
+	if err := o.Validate(); err != nil {
+		// The limit's JSON name as the flag's.
+		e := apierr.From(err)
+		if f, ok := e.Details["field"].(string); ok {
+			return o, fmt.Errorf("--%s%s%s", lf.prefix, strings.ReplaceAll(f, "_", "-"), strings.TrimPrefix(e.Message, f))
+		}
+		return o, err
+	}
+	return o, nil
 }
 
 func accountsCmd(cfg *config.Config) *cobra.Command {
@@ -103,7 +123,7 @@ func accountsCmd(cfg *config.Config) *cobra.Command {
 		}
 		if freeCredits != "" {
 			if micros, err = account.ParseAmount(freeCredits); err != nil || micros < 0 {
-				return fmt.Errorf("--credits must be a non-negative decimal amount such as 10.00")
+				return fmt.Errorf("--credits must not be negative: %s", account.AmountRange)
 			}
 		}
 		return createAccount(ctx, st, out, args[0], over, micros)
@@ -137,12 +157,9 @@ func accountsCmd(cfg *config.Config) *cobra.Command {
 	return cmd
 }
 
-// findAccount resolves an account by name, then by id.
+// findAccount resolves an account by id, then by name (account.Find).
 func findAccount(ctx context.Context, st store.Store, ref string) (store.Account, error) {
-	a, err := st.AccountByName(ctx, ref)
-	if errors.Is(err, store.ErrNotFound) {
-		a, err = st.Account(ctx, ref)
-	}
+	a, err := account.Find(ctx, st, ref)
 	if errors.Is(err, store.ErrNotFound) {
 		return a, fmt.Errorf("no account %q (see `sheepfold accounts list`)", ref)
 	}
@@ -153,6 +170,9 @@ func createAccount(ctx context.Context, st store.Store, out io.Writer, name stri
 	a, err := account.Create(ctx, st, name, over, freeMicros)
 	if errors.Is(err, store.ErrExists) {
 		return fmt.Errorf("an account named %q exists already", name)
+	}
+	if e := apierr.From(err); err != nil && e.Code == apierr.BadRequest {
+		return fmt.Errorf("NAME %q: %s", name, strings.TrimPrefix(e.Message, "name "))
 	}
 	if err != nil {
 		return err
@@ -264,7 +284,14 @@ func creditAccount(ctx context.Context, st store.Store, out io.Writer, ref, amou
 	}
 	micros, err := account.ParseAmount(amount)
 	if err != nil || micros == 0 {
-		return fmt.Errorf("AMOUNT must be a non-zero decimal amount with at most 6 decimals, such as 25.00")
+		return fmt.Errorf("AMOUNT must be non-zero: %s", account.AmountRange)
+	}
+	before, err := st.CreditTotals(ctx, a.ID)
+	if err != nil {
+		return err
+	}
+	if err := checkFlags(account.CheckGrant("AMOUNT", before.Balance(), micros)); err != nil {
+		return err
 	}
 	if err := st.AddLedger(ctx, store.LedgerEntry{Account: a.ID, CreatedAt: time.Now(), Kind: store.LedgerGrant,
 		AmountMicros: micros, Reason: reason}); err != nil {

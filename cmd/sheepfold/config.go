@@ -185,7 +185,7 @@ func configuredFreeCredits(cfg *config.Config) (int64, error) {
 	}
 	micros, err := account.ParseAmount(v)
 	if err != nil || micros < 0 {
-		return 0, fmt.Errorf("free-credits %q must be a non-negative decimal amount such as 5.00", v)
+		return 0, fmt.Errorf("free-credits %.40q must not be negative: %s", v, account.AmountRange)
 	}
 	return micros, nil
 }

@@ -3,6 +3,7 @@ package account
 import (
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/store"
 	"github.com/sheepfold/sheepfold/internal/store/sqlite"
 )
@@ -50,18 +52,65 @@ func TestOverrides(t *testing.T) {
 
 func TestAmounts(t *testing.T) {
 	t.Parallel()
-	for in, want := range map[string]int64{"25": 25e6, "25.00": 25e6, "0.000001": 1, "-1.5": -1_500_000, "3.14": 3_140_000} {
+	for in, want := range map[string]int64{"25": 25e6, "25.00": 25e6, "0.000001": 1, "-1.5": -1_500_000, "3.14": 3_140_000,
+		"1000000000": bound.MaxAmountMicros, "-1000000000.000000": -bound.MaxAmountMicros} {
 		if got, err := ParseAmount(in); err != nil || got != want {
 			t.Errorf("ParseAmount(%q) = %d, %v; want %d", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "abc", "1.0000001", "1.", ".", "1e3", "1,5", "99999999999999"} {
+	for _, in := range []string{"", "abc", "1.0000001", "1.", ".", "1e3", "1,5", "99999999999999",
+		// Past the largest amount: 9,999,999,999,999 once wrapped to a negative balance.
+		"9999999999999", "-9999999999999", "1000000000.000001", "9223372036854775807", "-", "NaN", "+5",
+		strings.Repeat("9", 5000)} {
 		if _, err := ParseAmount(in); err == nil {
 			t.Errorf("ParseAmount(%q) accepted", in)
 		}
 	}
 	if got := FormatMicros(-1_500_001); got != "-1.500001" {
 		t.Errorf("FormatMicros = %s", got)
+	}
+	if got := FormatMicros(math.MinInt64); got != "-9223372036854.775808" {
+		t.Errorf("FormatMicros(MinInt64) = %s", got)
+	}
+	// A grant may not take a balance past the largest amount.
+	if err := CheckGrant("amount", bound.MaxAmountMicros-5, 6); apierr.CodeOf(err) != apierr.BadRequest {
+		t.Errorf("a grant past the largest balance: %v", err)
+	}
+	if err := CheckGrant("amount", -bound.MaxAmountMicros, bound.MaxAmountMicros); err != nil {
+		t.Errorf("a grant back to zero: %v", err)
+	}
+}
+
+// TestLimitsBounded: every limit has a largest value (a max_timeout of
+// 2^63-1 s once refused every create; a requests_per_minute of 2^63-1
+// made the remaining count negative), and limits stored before the bound
+// act as it.
+func TestLimitsBounded(t *testing.T) {
+	t.Parallel()
+	var o Overrides
+	for i, f := range o.ints() {
+		big := int64(math.MaxInt64)
+		bad := Overrides{}
+		*bad.ints()[i].p = &big
+		err := bad.Validate()
+		if apierr.CodeOf(err) != apierr.BadRequest || !strings.HasPrefix(apierr.From(err).Message, f.name+" must be at most") {
+			t.Errorf("%s = 2^63-1: %v", f.name, err)
+		}
+	}
+	for _, v := range []float64{1e300, math.Inf(1), math.NaN()} {
+		if err := (Overrides{MaxCPUs: &v}).Validate(); apierr.CodeOf(err) != apierr.BadRequest {
+			t.Errorf("max_cpus = %v: %v", v, err)
+		}
+	}
+	// Stored before the bound: cut to it.
+	big, cpus := int64(math.MaxInt64), 1e300
+	l := Overrides{MaxTimeout: &big, RequestsPerMinute: &big, MaxMemoryMB: &big, MaxCPUs: &cpus}.Apply(Limits{MaxSandboxes: 3})
+	if l.MaxTimeout != int64(bound.MaxDuration/time.Second) || l.RequestsPerMinute != bound.MaxRate || l.MaxMemoryMB != bound.MaxMB ||
+		l.MaxCPUs != bound.MaxCPUs || l.MaxSandboxes != 3 {
+		t.Fatalf("applied %+v", l)
+	}
+	if time.Duration(l.MaxTimeout)*time.Second <= 0 || l.MaxMemoryMB<<20 <= 0 {
+		t.Fatal("a cut limit still overflows")
 	}
 }
 
@@ -243,6 +292,24 @@ func TestCredits(t *testing.T) {
 	a.Granted(5000)
 	if err := a.AdmitWork(true); err != nil || a.Exhausted() {
 		t.Fatalf("after a grant: %v", err)
+	}
+	// Amounts past int64 stop at its ends: a balance never wraps to the
+	// other sign, and a cost that is not a number or negative is no
+	// credit.
+	a.Granted(math.MaxInt64)
+	a.Granted(math.MaxInt64)
+	const top = math.MaxInt64 - 1 // half a micro-unit is still owed
+	if a.Balance() != top {
+		t.Fatalf("grants past int64: balance %d", a.Balance())
+	}
+	a.Accrue(Usage{}, math.NaN())
+	a.Accrue(Usage{}, -1e30)
+	if a.Balance() != top {
+		t.Fatalf("a NaN or negative cost moved the balance to %d", a.Balance())
+	}
+	a.Accrue(Usage{}, 1e300)
+	if owed := a.TakeOwed(); owed != bound.MaxAmountMicros {
+		t.Fatalf("a cost of 1e300 is owed as %d", owed)
 	}
 }
 

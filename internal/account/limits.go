@@ -9,8 +9,9 @@
 // executions (store.AdmissionStore), and the requests and executions per
 // minute (store.RateStore; ratelimit.Stored gives their results).
 //
-// Imports: internal/store, internal/apierr, internal/ratelimit (the token
-// buckets) and the standard library.
+// Imports: internal/store, internal/apierr, internal/bound (the ranges of
+// limits and amounts), internal/ratelimit (the token buckets) and the
+// standard library.
 package account
 
 import (
@@ -19,7 +20,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/bound"
 )
 
 // Limits bound what an account may do. Zero means unlimited.
@@ -53,33 +54,45 @@ type Overrides struct {
 	MaxTimeout            *int64   `json:"max_timeout,omitempty"`
 }
 
-// ints lists the integer fields with their JSON names, for validation and
-// merging in one place.
+// ints lists the integer fields with their JSON names and largest
+// values, for validation and merging in one place.
 func (o *Overrides) ints() []struct {
 	name string
 	p    **int64
+	most int64
 } {
 	return []struct {
 		name string
 		p    **int64
+		most int64
 	}{
-		{"max_sandboxes", &o.MaxSandboxes}, {"requests_per_minute", &o.RequestsPerMinute},
-		{"executions_per_minute", &o.ExecutionsPerMinute}, {"monthly_sandbox_seconds", &o.MonthlySandboxSeconds},
-		{"monthly_cpu_seconds", &o.MonthlyCPUSeconds}, {"monthly_gb_seconds", &o.MonthlyGBSeconds},
-		{"monthly_executions", &o.MonthlyExecutions}, {"max_memory_mb", &o.MaxMemoryMB},
-		{"max_disk_mb", &o.MaxDiskMB}, {"max_timeout", &o.MaxTimeout},
+		{"max_sandboxes", &o.MaxSandboxes, bound.MaxSandboxes}, {"requests_per_minute", &o.RequestsPerMinute, bound.MaxRate},
+		{"executions_per_minute", &o.ExecutionsPerMinute, bound.MaxRate}, {"monthly_sandbox_seconds", &o.MonthlySandboxSeconds, bound.MaxCount},
+		{"monthly_cpu_seconds", &o.MonthlyCPUSeconds, bound.MaxCount}, {"monthly_gb_seconds", &o.MonthlyGBSeconds, bound.MaxCount},
+		{"monthly_executions", &o.MonthlyExecutions, bound.MaxCount}, {"max_memory_mb", &o.MaxMemoryMB, bound.MaxMB},
+		{"max_disk_mb", &o.MaxDiskMB, bound.MaxMB}, {"max_timeout", &o.MaxTimeout, int64(bound.MaxDuration / time.Second)},
 	}
 }
 
-// Validate reports the first bad value, naming its field.
+// Validate reports the first bad value, naming its field: a limit is
+// from 0 (unlimited) to its largest value (internal/bound), beyond which
+// it would overflow what it bounds (a lifetime in nanoseconds, a bucket
+// of tokens, megabytes in bytes).
 func (o Overrides) Validate() error {
 	for _, f := range o.ints() {
-		if *f.p != nil && **f.p < 0 {
-			return apierr.New(apierr.BadRequest, "%s must not be negative (0 means unlimited)", f.name)
+		switch v := *f.p; {
+		case v == nil:
+		case *v < 0:
+			return bound.Error(f.name, "must not be negative (0 means unlimited)")
+		case *v > f.most:
+			return bound.Error(f.name, "must be at most %d (0 means unlimited)", f.most)
 		}
 	}
 	if o.MaxCPUs != nil && (*o.MaxCPUs < 0 || math.IsNaN(*o.MaxCPUs) || math.IsInf(*o.MaxCPUs, 0)) {
-		return apierr.New(apierr.BadRequest, "max_cpus must not be negative (0 means unlimited)")
+		return bound.Error("max_cpus", "must not be negative (0 means unlimited)")
+	}
+	if o.MaxCPUs != nil && *o.MaxCPUs > bound.MaxCPUs {
+		return bound.Error("max_cpus", "must be at most %d (0 means unlimited)", bound.MaxCPUs)
 	}
 	return nil
 }
@@ -126,28 +139,23 @@ func (o *Overrides) Clear(name string) {
 	}
 }
 
-// Apply returns the defaults with o's fields in their place.
+// Apply returns the defaults with o's fields in their place, each cut to
+// the range Validate allows: limits stored before a bound existed act as
+// its largest value.
 func (o Overrides) Apply(def Limits) Limits {
-	l := def
-	set := func(p *int64, v *int64) {
-		if v != nil {
-			*p = *v
+	out := def.overrides() // points into a copy of def
+	own := o.ints()
+	for i, f := range out.ints() {
+		if v := *own[i].p; v != nil {
+			**f.p = *v
 		}
+		**f.p = bound.Clamp(**f.p, 0, f.most)
 	}
-	set(&l.MaxSandboxes, o.MaxSandboxes)
-	set(&l.RequestsPerMinute, o.RequestsPerMinute)
-	set(&l.ExecutionsPerMinute, o.ExecutionsPerMinute)
-	set(&l.MonthlySandboxSeconds, o.MonthlySandboxSeconds)
-	set(&l.MonthlyCPUSeconds, o.MonthlyCPUSeconds)
-	set(&l.MonthlyGBSeconds, o.MonthlyGBSeconds)
-	set(&l.MonthlyExecutions, o.MonthlyExecutions)
-	set(&l.MaxMemoryMB, o.MaxMemoryMB)
-	set(&l.MaxDiskMB, o.MaxDiskMB)
-	set(&l.MaxTimeout, o.MaxTimeout)
 	if o.MaxCPUs != nil {
-		l.MaxCPUs = *o.MaxCPUs
+		*out.MaxCPUs = *o.MaxCPUs
 	}
-	return l
+	*out.MaxCPUs = bound.Clamp(*out.MaxCPUs, 0, bound.MaxCPUs)
+	return out.limits()
 }
 
 // ParseOverrides reads stored overrides; an empty text is none.
@@ -163,14 +171,25 @@ func ParseOverrides(b []byte) (Overrides, error) {
 }
 
 // Validate checks server defaults, naming the field.
-func (l Limits) Validate() error {
-	o := Overrides{
+func (l Limits) Validate() error { return l.overrides().Validate() }
+
+// overrides are the limits as overrides, every field set, pointing into
+// a copy of l.
+func (l Limits) overrides() Overrides {
+	return Overrides{
 		MaxSandboxes: &l.MaxSandboxes, RequestsPerMinute: &l.RequestsPerMinute, ExecutionsPerMinute: &l.ExecutionsPerMinute,
 		MonthlySandboxSeconds: &l.MonthlySandboxSeconds, MonthlyCPUSeconds: &l.MonthlyCPUSeconds,
 		MonthlyGBSeconds: &l.MonthlyGBSeconds, MonthlyExecutions: &l.MonthlyExecutions, MaxCPUs: &l.MaxCPUs,
 		MaxMemoryMB: &l.MaxMemoryMB, MaxDiskMB: &l.MaxDiskMB, MaxTimeout: &l.MaxTimeout,
 	}
-	return o.Validate()
+}
+
+// limits are the values o points to (every field set).
+func (o Overrides) limits() Limits {
+	return Limits{MaxSandboxes: *o.MaxSandboxes, RequestsPerMinute: *o.RequestsPerMinute, ExecutionsPerMinute: *o.ExecutionsPerMinute,
+		MonthlySandboxSeconds: *o.MonthlySandboxSeconds, MonthlyCPUSeconds: *o.MonthlyCPUSeconds,
+		MonthlyGBSeconds: *o.MonthlyGBSeconds, MonthlyExecutions: *o.MonthlyExecutions, MaxCPUs: *o.MaxCPUs,
+		MaxMemoryMB: *o.MaxMemoryMB, MaxDiskMB: *o.MaxDiskMB, MaxTimeout: *o.MaxTimeout}
 }
 
 // MonthStart is the start (UTC) of the month t is in; quotas reset then.

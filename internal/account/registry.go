@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/ratelimit"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -402,7 +403,7 @@ func (a *Account) HoldCredits(micros float64) (release func(), err error) {
 	}, nil
 }
 
-func (a *Account) balanceLocked() int64 { return a.ledger - int64(math.Ceil(a.owed)) }
+func (a *Account) balanceLocked() int64 { return bound.Add(a.ledger, -int64(math.Ceil(a.owed))) }
 
 // AcquireSandbox counts a new sandbox against the account's limits:
 // credits, monthly quotas and the concurrent cap. Release it with
@@ -564,7 +565,9 @@ func (a *Account) Accrue(d Usage, costMicros float64) {
 	a.rollMonth(now)
 	d.Executions = 0
 	a.used.add(d)
-	a.owed += costMicros
+	// A cost is at most the largest amount (and never negative nor NaN):
+	// the owed whole micro-units must fit the ledger's int64.
+	a.owed = min(a.owed+bound.Clamp(costMicros, 0, float64(bound.MaxAmountMicros)), float64(bound.MaxAmountMicros))
 	if a.balanceLocked() <= 0 {
 		if a.exhaustedAt.IsZero() {
 			a.exhaustedAt = now
@@ -587,14 +590,14 @@ func (a *Account) TakeOwed() int64 {
 func (a *Account) Settled(micros int64) {
 	a.mu.Lock()
 	a.owed -= float64(micros)
-	a.ledger -= micros
+	a.ledger = bound.Add(a.ledger, -micros)
 	a.mu.Unlock()
 }
 
 // Granted adds credits recorded in the ledger.
 func (a *Account) Granted(micros int64) {
 	a.mu.Lock()
-	a.ledger += micros
+	a.ledger = bound.Add(a.ledger, micros)
 	a.changes++
 	if a.balanceLocked() > 0 {
 		a.exhaustedAt = time.Time{}
@@ -632,46 +635,70 @@ func (a *Account) Month() (Usage, Limits) {
 
 // FormatMicros renders micro-units as a decimal amount ("25.000000").
 func FormatMicros(m int64) string {
-	sign := ""
+	sign, u := "", uint64(m)
 	if m < 0 {
-		sign, m = "-", -m
+		sign, u = "-", -u // also of math.MinInt64
 	}
-	return fmt.Sprintf("%s%d.%06d", sign, m/1e6, m%1e6)
+	return fmt.Sprintf("%s%d.%06d", sign, u/1e6, u%1e6)
 }
 
-// ParseAmount reads a decimal amount ("25", "25.5", "0.000001") as
-// micro-units; at most six decimals.
+// AmountRange says which amounts ParseAmount reads, for messages.
+var AmountRange = fmt.Sprintf("a decimal amount with at most 6 decimals, from -%s to %s, such as \"25.00\"",
+	FormatMicros(bound.MaxAmountMicros), FormatMicros(bound.MaxAmountMicros))
+
+// ParseAmount reads a decimal amount ("25", "25.5", "0.000001", "-3") as
+// micro-units: at most six decimals, and at most bound.MaxAmountMicros
+// either way, so that no amount taken can overflow the sums it joins.
 func ParseAmount(s string) (int64, error) {
+	bad := fmt.Errorf("amount %.40q must be %s", s, AmountRange)
 	var whole, frac int64
 	intPart, fracPart, hasFrac := cut(s, '.')
 	if intPart == "" && !hasFrac || len(fracPart) > 6 || hasFrac && fracPart == "" {
-		return 0, fmt.Errorf("amount %q must be a decimal number with at most 6 decimals", s)
+		return 0, bad
 	}
 	neg := false
 	if len(intPart) > 0 && intPart[0] == '-' {
 		neg, intPart = true, intPart[1:]
+		if intPart == "" && !hasFrac {
+			return 0, bad
+		}
 	}
 	for _, c := range intPart {
-		if c < '0' || c > '9' || whole > 1e12 {
-			return 0, fmt.Errorf("amount %q must be a decimal number with at most 6 decimals", s)
+		if c < '0' || c > '9' {
+			return 0, bad
 		}
-		whole = whole*10 + int64(c-'0')
+		if whole = whole*10 + int64(c-'0'); whole > bound.MaxAmountMicros/1e6 {
+			return 0, bad
+		}
 	}
 	for i := 0; i < 6; i++ {
 		frac *= 10
 		if i < len(fracPart) {
 			c := fracPart[i]
 			if c < '0' || c > '9' {
-				return 0, fmt.Errorf("amount %q must be a decimal number with at most 6 decimals", s)
+				return 0, bad
 			}
 			frac += int64(c - '0')
 		}
 	}
 	v := whole*1e6 + frac
+	if v > bound.MaxAmountMicros {
+		return 0, bad
+	}
 	if neg {
 		v = -v
 	}
 	return v, nil
+}
+
+// CheckGrant refuses a grant of micros (ParseAmount's) that would take a
+// balance of balance outside ±bound.MaxAmountMicros, naming field.
+func CheckGrant(field string, balance, micros int64) error {
+	if after := bound.Add(balance, micros); after > bound.MaxAmountMicros || after < -bound.MaxAmountMicros {
+		return bound.Error(field, "would take the balance from %s to %s: a balance stays within ±%s",
+			FormatMicros(balance), FormatMicros(after), FormatMicros(bound.MaxAmountMicros))
+	}
+	return nil
 }
 
 func cut(s string, sep byte) (string, string, bool) {

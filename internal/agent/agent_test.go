@@ -197,6 +197,16 @@ func TestContexts(t *testing.T) {
 	if got := r.output(agentproto.EventStdout); got != "" || r.events[0].ExecutionCount != 1 {
 		t.Fatalf("after restart get x = %q, execution %d (want 1: counted anew)", got, r.events[0].ExecutionCount)
 	}
+	// A preload (the warm pool's) is not one of the user's executions:
+	// the next one is numbered 2 all the same.
+	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{ContextID: id, Preload: []string{"json"}}})
+	if len(r.events) == 0 || r.events[0].Type != agentproto.EventStart || r.events[0].ExecutionCount != 0 {
+		t.Fatalf("preload: events %+v", r.events)
+	}
+	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{ContextID: id, Code: "get x"}}).mustOK(t)
+	if r.events[0].ExecutionCount != 2 {
+		t.Fatalf("after a preload, execution %d (want 2)", r.events[0].ExecutionCount)
+	}
 
 	// default contexts: created on first use, per language, then reused
 	r = a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{Code: "set y 1"}}).mustOK(t)

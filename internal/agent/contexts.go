@@ -328,8 +328,15 @@ func (s *server) execute(c *conn, req *agentproto.Request) agentproto.Event {
 		return agentproto.Event{}
 	}
 	defer func() { <-kc.turn }()
-	// The execution starts now, with its number in its context.
-	if err := c.send(agentproto.Event{Type: agentproto.EventStart, ExecutionCount: kc.executions.Add(1)}); err != nil {
+	// The execution starts now, with its number in its context. A
+	// preload (the warm pool's) runs none of the user's code: it is not
+	// counted, so a context numbers the user's executions from 1 whether
+	// its sandbox came from the pool or not.
+	var n int64
+	if spec.Preload == nil {
+		n = kc.executions.Add(1)
+	}
+	if err := c.send(agentproto.Event{Type: agentproto.EventStart, ExecutionCount: n}); err != nil {
 		return agentproto.Event{} // the client hung up
 	}
 

@@ -266,6 +266,10 @@ type ContextSpec struct {
 	Env      map[string]string `json:"env,omitempty"`
 }
 
+// OutputCapMarker is the line an execution's output gets where the part
+// past its cap (ExecuteSpec.MaxOutputBytes, the format's %d) was dropped.
+const OutputCapMarker = "\n[output truncated at %d bytes: the rest is dropped]\n"
+
 // ExecuteSpec is one execution of code in a context.
 type ExecuteSpec struct {
 	Code string `json:"code"`
@@ -276,6 +280,11 @@ type ExecuteSpec struct {
 	Env            map[string]string `json:"env,omitempty"` // set for this execution only
 	TimeoutMS      int64             `json:"timeout_ms,omitempty"`
 	MaxOutputBytes int64             `json:"max_output_bytes,omitempty"` // stdout plus stderr; 0: no cap
+	// StopAtOutputCap ends the execution when its output passes
+	// MaxOutputBytes (StatusOutputLimit). Without it the output past the
+	// cap is dropped after a marker (OutputCapMarker), Done.Truncated is
+	// set, and the code runs on to its end or its timeout.
+	StopAtOutputCap bool `json:"stop_at_output_cap,omitempty"`
 	// Preload, when set, runs no code: the context imports these modules
 	// (Python only) into the interpreter's module cache, binding no name in
 	// the user's namespace and counting as no execution. The warm pool

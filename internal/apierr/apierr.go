@@ -49,6 +49,9 @@ const (
 	Provider             Code = "ERR_PROVIDER"
 	ProviderTimeout      Code = "ERR_PROVIDER_TIMEOUT"
 	SessionNotFound      Code = "ERR_SESSION_NOT_FOUND"
+	// TooManyConnections refuses a long-lived connection (a stream, a
+	// preview, an MCP call) past its key's or its account's share.
+	TooManyConnections Code = "ERR_TOO_MANY_CONNECTIONS"
 	// StorageQuotaExceeded: the account keeps as many records of a kind
 	// as the server lets one account keep, and none of them may go to
 	// make room (internal/store, storage.go).
@@ -88,6 +91,7 @@ var Status = map[Code]int{
 	Provider:             http.StatusBadGateway,
 	ProviderTimeout:      http.StatusGatewayTimeout,
 	SessionNotFound:      http.StatusNotFound,
+	TooManyConnections:   http.StatusTooManyRequests,
 	StorageQuotaExceeded: http.StatusTooManyRequests,
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
@@ -117,6 +119,12 @@ func decodeBody(r *http.Request, v any) error {
 		return nil
 	}
 	if err := json.Unmarshal(b, v); err != nil {
+		var typ *json.UnmarshalTypeError
+		if errors.As(err, &typ) && typ.Field != "" {
+			// A number past float64 (1e309), a string for a number: the
+			// field by the caller's name.
+			return bound.Error(typ.Field, "must be a JSON %s, not %s", typ.Type.Kind(), typ.Value)
+		}
 		return badRequest("malformed JSON body: %v", err)
 	}
 	return nil
@@ -238,12 +246,9 @@ func (h *Handler) listedOf(sb *sandbox.Sandbox) listedJSON {
 		StartedAt: in.Created.UTC(), EndAt: in.Deadline.UTC(), State: "running", Metadata: md}
 }
 
-// timeoutOf converts E2B's whole seconds.
-func (h *Handler) timeoutOf(s int64) (time.Duration, error) {
-	if s <= 0 || s > int64(h.cfg.MaxTimeout/time.Second) {
-		return 0, badRequest("timeout must be between 1 and %d seconds", int64(h.cfg.MaxTimeout/time.Second))
-	}
-	return time.Duration(s) * time.Second, nil
+// timeoutOf converts E2B's whole seconds of field.
+func (h *Handler) timeoutOf(field string, s int64) (time.Duration, error) {
+	return bound.WholeSeconds(field, s, time.Second, h.cfg.MaxTimeout)
 }
 
 func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, def time.Duration) error {
@@ -289,7 +294,7 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 		opt.Template = t
 	}
 	if req.Timeout != nil {
-		d, err := h.timeoutOf(*req.Timeout)
+		d, err := h.timeoutOf("timeout", *req.Timeout)
 		if err != nil {
 			return err
 		}
@@ -560,7 +565,7 @@ func (h *Handler) setTimeout(w http.ResponseWriter, r *http.Request, owner strin
 	if req.Timeout == nil {
 		return badRequest("timeout is required")
 	}
-	d, err := h.timeoutOf(*req.Timeout)
+	d, err := h.timeoutOf("timeout", *req.Timeout)
 	if err != nil {
 		return err
 	}
@@ -582,7 +587,7 @@ func (h *Handler) refresh(w http.ResponseWriter, r *http.Request, owner string) 
 	d := defaultTimeoutV1
 	if req.Duration != nil {
 		var err error
-		if d, err = h.timeoutOf(*req.Duration); err != nil {
+		if d, err = h.timeoutOf("duration", *req.Duration); err != nil {
 			return err
 		}
 	}
@@ -605,7 +610,7 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, owner string) 
 	d := defaultTimeoutV2
 	if req.Timeout != nil {
 		var err error
-		if d, err = h.timeoutOf(*req.Timeout); err != nil {
+		if d, err = h.timeoutOf("timeout", *req.Timeout); err != nil {
 			return err
 		}
 	}

@@ -91,10 +91,16 @@ func (s *eventStream) keepalive(interval time.Duration, stop <-chan struct{}) {
 	}
 }
 
-// keepaliveInterval reads the client's Keepalive-Ping-Interval (seconds).
+// maxKeepalive is the longest keepalive interval a client may ask for.
+const maxKeepalive = time.Hour
+
+// keepaliveInterval reads the client's Keepalive-Ping-Interval (whole
+// seconds), cut to maxKeepalive: a number of seconds whose nanoseconds
+// wrapped int64 once made a negative interval, whose ticker panicked on
+// a goroutine nothing recovers, which stopped the server.
 func keepaliveInterval(h http.Header) time.Duration {
-	if s, err := strconv.Atoi(h.Get("Keepalive-Ping-Interval")); err == nil && s > 0 {
-		return time.Duration(s) * time.Second
+	if s, err := strconv.ParseInt(h.Get("Keepalive-Ping-Interval"), 10, 64); err == nil && s > 0 {
+		return time.Duration(min(s, int64(maxKeepalive/time.Second))) * time.Second
 	}
 	return defaultKeepalive
 }

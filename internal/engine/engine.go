@@ -36,9 +36,15 @@ type Engine struct {
 // idle is the idle limit (0: none); opts adjust the manager's Config.
 func Open(ctx context.Context, cfg config.Config, instance string, idle time.Duration, log *slog.Logger,
 	opts ...func(*sandbox.Config)) (*Engine, error) {
+	// The runtime's sweep of dead instances tells of its leftovers as the
+	// Manager does of its own instance's: the options' hook.
+	var hooks sandbox.Config
+	for _, o := range opts {
+		o(&hooks)
+	}
 	rt, err := oci.New(oci.Config{
 		RuntimePath: cfg.RuntimePath, StateDir: cfg.StateDir(), AgentBin: cfg.AgentPath,
-		Instance: instance, CgroupRoot: cfg.CgroupRoot, Logger: log,
+		Instance: instance, CgroupRoot: cfg.CgroupRoot, Leftover: hooks.Leftover, Logger: log,
 	})
 	if err != nil {
 		return nil, err

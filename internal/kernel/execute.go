@@ -71,6 +71,7 @@ type execution struct {
 	killTimer <-chan time.Time
 	why       string // set once the kernel interrupts: whyTimeout and the like
 	outBytes  int64
+	capped    bool      // the output passed the cap: the rest is dropped
 	seen      [3]bool   // the marker (or the end) was seen on stdout, stderr
 	pending   [3][]byte // the end of a chunk that may be the start of the marker
 	gotDone   bool
@@ -358,24 +359,33 @@ func (x *execution) output(stream int, data []byte) {
 	if len(data) == 0 {
 		return
 	}
-	if x.spec.MaxOutputBytes > 0 {
-		room := x.spec.MaxOutputBytes - x.outBytes
-		if room <= 0 {
-			x.done.Truncated = true
-			x.interrupt(whyOutput)
-			return
-		}
-		if int64(len(data)) > room {
-			data = data[:room]
-			x.done.Truncated = true
-			x.interrupt(whyOutput)
-		}
+	if x.capped {
+		return
 	}
-	x.outBytes += int64(len(data))
 	typ := agentproto.EventStdout
 	if stream == 2 {
 		typ = agentproto.EventStderr
 	}
+	if x.spec.MaxOutputBytes > 0 {
+		room := x.spec.MaxOutputBytes - x.outBytes
+		if int64(len(data)) > room {
+			// Past the cap: the execution stops when its spec says so;
+			// else the rest is dropped after a marker and the code runs
+			// on (to its end or its timeout).
+			x.capped, x.done.Truncated = true, true
+			if room > 0 {
+				x.send(agentproto.Event{Type: typ, Data: data[:room]})
+			}
+			x.outBytes = x.spec.MaxOutputBytes
+			if x.spec.StopAtOutputCap {
+				x.interrupt(whyOutput)
+				return
+			}
+			x.send(agentproto.Event{Type: typ, Data: fmt.Appendf(nil, agentproto.OutputCapMarker, x.spec.MaxOutputBytes)})
+			return
+		}
+	}
+	x.outBytes += int64(len(data))
 	x.send(agentproto.Event{Type: typ, Data: data})
 }
 

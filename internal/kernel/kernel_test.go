@@ -313,9 +313,20 @@ func TestPythonTimeoutKeepsState(t *testing.T) {
 func TestPythonOutputCapAndDeath(t *testing.T) {
 	t.Parallel()
 	k := start(t, "python", nil)
-	r := run(t, k, agentproto.ExecuteSpec{Code: "while True:\n    print('x' * 100)", MaxOutputBytes: 10000, TimeoutMS: 10000})
+	r := run(t, k, agentproto.ExecuteSpec{Code: "while True:\n    print('x' * 100)", MaxOutputBytes: 10000, TimeoutMS: 10000, StopAtOutputCap: true})
 	if r.done.Status != agentproto.StatusOutputLimit || !r.done.Truncated || len(r.stdout) != 10000 {
 		t.Fatalf("output cap: status %s truncated %v len %d", r.done.Status, r.done.Truncated, len(r.stdout))
+	}
+	// Seed 002's error 2: without StopAtOutputCap the output is cut with a
+	// marker and the loop runs on to its timeout.
+	r = run(t, k, agentproto.ExecuteSpec{Code: "n = 0\nwhile True:\n    n += 1\n    print('Boucle infinie')", MaxOutputBytes: 10000, TimeoutMS: 700})
+	marker := fmt.Sprintf(agentproto.OutputCapMarker, 10000)
+	if r.done.Status != agentproto.StatusTimeout || !r.done.Truncated || len(r.stdout) != 10000+len(marker) ||
+		!strings.HasSuffix(r.stdout, marker) || r.err == nil || r.err.Name != "TimeoutError" {
+		t.Fatalf("output cut, then timeout: status %s truncated %v len %d err %+v", r.done.Status, r.done.Truncated, len(r.stdout), r.err)
+	}
+	if r = run(t, k, code("n > 10000 // len('Boucle infinie')")); main(r) != "True" {
+		t.Fatalf("the loop did not run on past the cap: %+v", r)
 	}
 	pid := k.p.cmd.Process.Pid
 	r = run(t, k, code("import os\nos.kill(os.getpid(), 9)"))

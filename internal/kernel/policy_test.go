@@ -204,3 +204,38 @@ func (r record) String() string {
 	}
 	return s
 }
+
+// TestPythonNetworkRestrictedByName: seed 002's error 5. A name is
+// refused at its resolution under a restricted network, reported as a
+// network_denied violation naming the host; urllib's wrapping keeps the
+// message. Without the rule the resolution is attempted (the control:
+// it fails some other way, or succeeds, on this host).
+func TestPythonNetworkRestrictedByName(t *testing.T) {
+	t.Parallel()
+	k := start(t, "python", nil)
+	probe := "import socket\ntry:\n    socket.getaddrinfo('api.example.com', 443)\nexcept OSError as e:\n    if type(e).__name__ == 'NetworkRestrictedError': raise\n"
+	if r := run(t, k, code(probe)); r.err != nil {
+		t.Fatalf("without a policy the name is looked up: %v", r)
+	}
+	seed := "import urllib.request\nresponse = urllib.request.urlopen('https://api.example.com')\n"
+	r, vs := violations(t, k, withPolicy(seed, &agentproto.KernelPolicy{}))
+	if r.err == nil || r.err.Name != "URLError" || !strings.Contains(r.err.Value, "Network access is restricted in sandbox mode") {
+		t.Fatalf("%+v", r.err)
+	}
+	if len(vs) != 1 || vs[0].Kind != "network_denied" || vs[0].Target != "api.example.com" {
+		t.Fatalf("violations %+v", vs)
+	}
+	for _, c := range []string{
+		"import socket\nsocket.gethostbyname('api.example.com')",
+		"import socket\nsocket.create_connection(('api.example.com', 80), timeout=1)",
+	} {
+		if r := run(t, k, withPolicy(c, &agentproto.KernelPolicy{})); r.err == nil || r.err.Name != "NetworkRestrictedError" {
+			t.Fatalf("%q: %+v", c, r.err)
+		}
+	}
+	// Local names and addresses still resolve.
+	r = run(t, k, withPolicy("import os, socket\nsocket.getaddrinfo('localhost', 80)\nsocket.getaddrinfo('127.0.0.1', 80)\nsocket.getaddrinfo(os.uname().nodename, 80)", &agentproto.KernelPolicy{}))
+	if r.err != nil {
+		t.Fatalf("local names: %+v", r.err)
+	}
+}

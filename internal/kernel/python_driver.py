@@ -320,8 +320,26 @@ def _loopback(host):
     return h in ("localhost", "::1", "0:0:0:0:0:0:0:1") or h.startswith("127.") or h.startswith("::ffff:127.")
 
 
+def _numeric(host):
+    # An address, not a name: IPv6 (names have no ':') or dotted IPv4.
+    return ":" in host or host.strip("0123456789.") == ""
+
+
 def _net_hook(event, args):
-    if _state[0] or event not in ("socket.connect", "socket.sendto", "socket.sendmsg"):
+    if _state[0]:
+        return
+    if event in ("socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyname_ex"):
+        # A name is refused at its resolution, as clearly as a connection
+        # (the sandbox has no resolver to ask anyway).
+        host = args[0] if args else None
+        if isinstance(host, bytes):
+            host = host.decode("idna", "replace")
+        if isinstance(host, str) and host and not _loopback(host) and not _numeric(host) \
+                and host != os.uname().nodename:
+            _violation("network_denied", host)
+            raise NetworkRestrictedError(_NET_MSG)
+        return
+    if event not in ("socket.connect", "socket.sendto", "socket.sendmsg"):
         return
     addr = args[1] if len(args) > 1 else None
     if event == "socket.sendmsg" and (addr is None or addr == ()):

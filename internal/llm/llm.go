@@ -23,7 +23,8 @@
 // promptEstimate, completionEstimate). Request.Reservation is what a call
 // may use, which the server holds of quotas and credits while it runs.
 //
-// Imports: internal/apierr and the standard library. llmtest/ is a
+// Imports: internal/apierr, internal/bound (the ranges of a provider's
+// numbers) and the standard library. llmtest/ is a
 // scripted OpenAI-compatible server for tests, examples and the bench.
 package llm
 
@@ -38,12 +39,18 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/sheepfold/sheepfold/internal/bound"
 )
 
 // Defaults of a provider's settings.
 const (
 	DefaultTimeout    = 60 * time.Second
 	DefaultMaxRetries = 2
+	// MaxPricePerMTok bounds a price per million tokens (in units): a
+	// call's tokens (at most MaxCallTokens each way) cost at most
+	// 2e13 micro-units, well within an amount (bound.MaxAmountMicros).
+	MaxPricePerMTok = 1e6
 )
 
 // Provider is one OpenAI-compatible provider, as the config file gives it.
@@ -173,10 +180,12 @@ func Validate(ps []Provider) error {
 			return fmt.Errorf("%s: models must name at least one model", what)
 		case p.PriceInputPerMTok < 0 || p.PriceOutputPerMTok < 0 || math.IsNaN(p.PriceInputPerMTok+p.PriceOutputPerMTok):
 			return fmt.Errorf("%s: prices must not be negative", what)
-		case p.MonthlyTokenQuota < 0:
-			return fmt.Errorf("%s: monthly_token_quota must not be negative", what)
-		case p.TimeoutSeconds < 0 || math.IsNaN(p.TimeoutSeconds):
-			return fmt.Errorf("%s: timeout_seconds must not be negative", what)
+		case p.PriceInputPerMTok > MaxPricePerMTok || p.PriceOutputPerMTok > MaxPricePerMTok:
+			return fmt.Errorf("%s: prices must be at most %d per million tokens", what, int64(MaxPricePerMTok))
+		case p.MonthlyTokenQuota < 0 || p.MonthlyTokenQuota > bound.MaxCount:
+			return fmt.Errorf("%s: monthly_token_quota must be from 0 to %d", what, bound.MaxCount)
+		case p.TimeoutSeconds < 0 || math.IsNaN(p.TimeoutSeconds) || p.TimeoutSeconds > bound.MaxDuration.Seconds():
+			return fmt.Errorf("%s: timeout_seconds must be from 0 to %d", what, int64(bound.MaxDuration.Seconds()))
 		case p.MaxRetries < -1 || p.MaxRetries > 10:
 			return fmt.Errorf("%s: max_retries must be between -1 and 10", what)
 		}

@@ -3,6 +3,7 @@ package llm_test
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -239,6 +240,12 @@ func TestValidate(t *testing.T) {
 		{"model twice", []llm.Provider{ok, {Name: "b", BaseURL: ok.BaseURL, Models: []string{"m"}}}, `model "m" is also served by provider "a"`},
 		{"bad fallback", []llm.Provider{{Name: "a", BaseURL: ok.BaseURL, Models: ok.Models, QuotaFallbackModel: "zz"}}, `quota_fallback_model "zz" is not a configured model`},
 		{"negative price", []llm.Provider{{Name: "a", BaseURL: ok.BaseURL, Models: ok.Models, PriceInputPerMTok: -1}}, "prices must not be negative"},
+		// Numbers past what the sums they join can hold.
+		{"infinite price", []llm.Provider{{Name: "a", BaseURL: ok.BaseURL, Models: ok.Models, PriceOutputPerMTok: math.Inf(1)}}, "prices must be at most"},
+		{"huge price", []llm.Provider{{Name: "a", BaseURL: ok.BaseURL, Models: ok.Models, PriceInputPerMTok: 1e300}}, "prices must be at most"},
+		{"huge quota", []llm.Provider{{Name: "a", BaseURL: ok.BaseURL, Models: ok.Models, MonthlyTokenQuota: math.MaxInt64}}, "monthly_token_quota must be from 0"},
+		{"infinite timeout", []llm.Provider{{Name: "a", BaseURL: ok.BaseURL, Models: ok.Models, TimeoutSeconds: math.Inf(1)}}, "timeout_seconds must be from 0"},
+		{"wrapping timeout", []llm.Provider{{Name: "a", BaseURL: ok.BaseURL, Models: ok.Models, TimeoutSeconds: 18446744074}}, "timeout_seconds must be from 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := llm.Validate(tc.ps)

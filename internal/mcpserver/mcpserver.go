@@ -11,9 +11,13 @@
 // over streamable HTTP with a client that calls the server in process
 // (Transport).
 //
+// A tool's numbers are checked (internal/bound) before they become
+// durations, so that none wraps on the way to the server.
+//
 // Imports: the Go SDK (client), the MCP SDK
-// (github.com/modelcontextprotocol/go-sdk) and the standard library;
-// nothing of the engine.
+// (github.com/modelcontextprotocol/go-sdk), internal/bound and
+// internal/apierr (the ranges of numbers and their errors) and the
+// standard library; nothing of the engine.
 package mcpserver
 
 import (
@@ -32,6 +36,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sheepfold/sheepfold/client"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/bound"
 )
 
 // MaxReadBytes bounds what read_file returns: tool results travel in one
@@ -104,6 +110,12 @@ func toolError(err error) error {
 	return err
 }
 
+// boundError is a refused number as a tool's error text: "CODE: message".
+func boundError(err error) error {
+	e := apierr.From(err)
+	return fmt.Errorf("%s: %s", e.Code, e.Message)
+}
+
 type createIn struct {
 	Template       string            `json:"template,omitempty" jsonschema:"the template (default: the server's)"`
 	TimeoutSeconds int               `json:"timeout_seconds,omitempty" jsonschema:"the sandbox's lifetime in seconds (default: the server's)"`
@@ -127,10 +139,14 @@ type sandboxOut struct {
 }
 
 func (t tools) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in createIn) (*mcp.CallToolResult, sandboxOut, error) {
-	if in.TimeoutSeconds < 0 {
-		return nil, sandboxOut{}, errors.New("ERR_BAD_REQUEST: timeout_seconds must not be negative")
+	var timeout time.Duration
+	if in.TimeoutSeconds != 0 {
+		var err error
+		if timeout, err = bound.WholeSeconds("timeout_seconds", int64(in.TimeoutSeconds), time.Second, bound.MaxDuration); err != nil {
+			return nil, sandboxOut{}, boundError(err)
+		}
 	}
-	req := client.CreateSandboxRequest{Template: in.Template, Timeout: time.Duration(in.TimeoutSeconds) * time.Second, Env: in.Env}
+	req := client.CreateSandboxRequest{Template: in.Template, Timeout: timeout, Env: in.Env}
 	if in.SecurityPolicy != nil {
 		req.SecurityPolicy = in.SecurityPolicy
 	}
@@ -167,11 +183,12 @@ func (t tools) runCode(ctx context.Context, _ *mcp.CallToolRequest, in runCodeIn
 	if in.SandboxID == "" {
 		return nil, runCodeOut{}, errors.New("ERR_BAD_REQUEST: sandbox_id is required (create one with create_sandbox)")
 	}
-	if in.TimeoutMS < 0 {
-		return nil, runCodeOut{}, errors.New("ERR_BAD_REQUEST: timeout_ms must not be negative")
+	timeout, err := bound.Millis("timeout_ms", int64(in.TimeoutMS), 0, bound.MaxDuration)
+	if err != nil {
+		return nil, runCodeOut{}, boundError(err)
 	}
 	ex, err := t.c.Execute(ctx, in.SandboxID, client.ExecuteRequest{Code: in.Code, Language: in.Language,
-		ContextID: in.ContextID, Timeout: time.Duration(in.TimeoutMS) * time.Millisecond})
+		ContextID: in.ContextID, Timeout: timeout})
 	if err != nil {
 		return nil, runCodeOut{}, toolError(err)
 	}
@@ -237,11 +254,12 @@ func (t tools) runCommand(ctx context.Context, _ *mcp.CallToolRequest, in runCom
 	if in.SandboxID == "" || in.Command == "" {
 		return nil, runCommandOut{}, errors.New("ERR_BAD_REQUEST: sandbox_id and command are required")
 	}
-	if in.TimeoutMS < 0 {
-		return nil, runCommandOut{}, errors.New("ERR_BAD_REQUEST: timeout_ms must not be negative")
+	timeout, err := bound.Millis("timeout_ms", int64(in.TimeoutMS), 0, bound.MaxDuration)
+	if err != nil {
+		return nil, runCommandOut{}, boundError(err)
 	}
 	r, err := t.c.RunCommand(ctx, in.SandboxID, client.CommandRequest{Cmd: "bash", Args: []string{"-c", in.Command},
-		Cwd: in.Cwd, Env: in.Env, Timeout: time.Duration(in.TimeoutMS) * time.Millisecond})
+		Cwd: in.Cwd, Env: in.Env, Timeout: timeout})
 	if err != nil {
 		return nil, runCommandOut{}, toolError(err)
 	}

@@ -61,7 +61,7 @@ func (m *Meter) leased() bool { return m.cfg.Replica != "" && m.rs != nil }
 // Adopt meters a sandbox another replica created (Config.Replica): on
 // standby until this replica takes its meter lease.
 func (m *Meter) Adopt(sb *sandbox.Sandbox, acct *account.Account) {
-	t := &tracker{sb: sb, account: acct, template: sb.Template, reserved: sb.Limits.MemoryBytes,
+	t := &tracker{sb: sb, account: acct, template: sb.Template,
 		pending: map[time.Time]*store.UsageDelta{}, base: counters{at: sb.Created.Truncate(time.Microsecond)},
 		// Its creator records the lease at its first flush: give it time.
 		retry: sb.Created.Add(leaseFlushes * m.cfg.FlushInterval)}

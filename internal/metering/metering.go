@@ -5,11 +5,14 @@
 // gateway's requests and bytes each way. A background
 // loop samples each sandbox every SampleInterval and writes the deltas to
 // the store's per-hour buckets every FlushInterval (and at stop), in one
-// transaction with the cost they add to the credit ledger: a crash loses
-// at most one interval, and since only deltas are written, a restart
-// never counts a second twice. On the request path run Count, an atomic
-// add, AddTokens (model tokens, tokens.go), a map update, and a create's
-// or a kill's Start and Stop.
+// transaction with the cost they add to the credit ledger and, on one
+// box, each sandbox's meter point: since only deltas are written, a
+// restart never counts a second twice, and after a crash the next start
+// charges each sandbox left running what its cgroup counted past its
+// point (recover.go), so that a crash loses only the counts of the last
+// interval (executions, commands, egress requests). On the request path
+// run Count, an atomic add, AddTokens (model tokens, tokens.go), a map
+// update, and a create's or a kill's Start and Stop.
 //
 // No lock of the meter is held while a sandbox is read: a reading asks
 // the runtime or, for a Pod, the sandbox's agent, and an agent that is
@@ -106,7 +109,8 @@ func (c *Config) setDefaults() {
 type Meter struct {
 	cfg      Config
 	st       store.AccountStore
-	rs       store.ReplicaStore // st's leases; used when Config.Replica is set
+	rs       store.ReplicaStore    // st's leases; used when Config.Replica is set
+	ps       store.MeterPointStore // st's meter points; used on one box (recover.go)
 	accounts *account.Registry
 
 	live sync.Map // sandbox id → *tracker, for Count and Live
@@ -115,6 +119,7 @@ type Meter struct {
 	// is never held across a reading (tracker.sampling is).
 	mu       sync.Mutex
 	trackers map[string]*tracker // live and stopped-but-unflushed
+	fresh    bool                // a tracker's point is not in the store yet: flush at the next sample
 
 	tok tokens // model tokens (tokens.go)
 
@@ -128,7 +133,6 @@ type tracker struct {
 	sb       *sandbox.Sandbox
 	account  *account.Account
 	template string
-	reserved int64 // memory limit, bytes
 
 	executions atomic.Int64 // counted since the last sample
 	commands   atomic.Int64
@@ -145,6 +149,7 @@ type tracker struct {
 	lastOut    int64
 	memory     int64 // the cgroup's memory use at the last sample, bytes
 	stopped    bool
+	pointed    bool // its meter point is in the store (one box: recover.go)
 	// epoch changes when the lease moves the counters a reading adds
 	// to (leases.go): a reading taken before is dropped.
 	epoch   uint64
@@ -168,6 +173,7 @@ func New(cfg Config, st store.AccountStore, accounts *account.Registry) *Meter {
 	m.tok.reserved = map[tokenKey]int64{}
 	m.tok.st, _ = st.(store.ModelStore)
 	m.rs, _ = st.(store.ReplicaStore)
+	m.ps, _ = st.(store.MeterPointStore)
 	go m.loop()
 	return m
 }
@@ -179,7 +185,7 @@ func (m *Meter) Prices() Prices { return *m.cfg.Prices }
 // before hand-out is not counted.
 func (m *Meter) Start(sb *sandbox.Sandbox, acct *account.Account) {
 	now := time.Now()
-	t := &tracker{sb: sb, account: acct, template: sb.Template, reserved: sb.Limits.MemoryBytes,
+	t := &tracker{sb: sb, account: acct, template: sb.Template,
 		last: now, pending: map[time.Time]*store.UsageDelta{}}
 	t.total = store.UsageDelta{SandboxID: sb.ID, Account: acct.ID, Template: sb.Template}
 	if sb.FromPool() {
@@ -197,6 +203,7 @@ func (m *Meter) Start(sb *sandbox.Sandbox, acct *account.Account) {
 	}
 	m.mu.Lock()
 	m.trackers[sb.ID] = t
+	m.fresh = m.fresh || m.pointed()
 	m.mu.Unlock()
 	m.live.Store(sb.ID, t)
 }
@@ -338,8 +345,9 @@ func (m *Meter) addReading(t *tracker, now time.Time, u runtime.Usage, err error
 	}
 	t.last = now
 	d := store.UsageDelta{
-		WallNanos:         dt.Nanoseconds(),
-		GBSecondsReserved: float64(t.reserved) / gib * dt.Seconds(),
+		WallNanos: dt.Nanoseconds(),
+		// The limit in force now: a policy may resize a running sandbox.
+		GBSecondsReserved: float64(t.sb.CurrentLimits().MemoryBytes) / gib * dt.Seconds(),
 		Executions:        t.executions.Swap(0),
 		Commands:          t.commands.Swap(0),
 	}
@@ -420,7 +428,12 @@ func (m *Meter) loop() {
 			m.flushAndAfter()
 		case now := <-sample.C:
 			m.sampleAll()
-			if now.Sub(lastFlush) >= m.cfg.FlushInterval-m.cfg.SampleInterval/2 {
+			m.mu.Lock()
+			fresh := m.fresh
+			m.mu.Unlock()
+			// A sandbox started since the last flush has its point
+			// recorded at the next sample (recover.go).
+			if fresh || now.Sub(lastFlush) >= m.cfg.FlushInterval-m.cfg.SampleInterval/2 {
 				lastFlush = now
 				m.flushAndAfter()
 			}
@@ -482,14 +495,27 @@ func (m *Meter) flush(ctx context.Context, leases []store.MeterLease) error {
 				AmountMicros: -micros, Reason: "metered usage"})
 		}
 	})
+	var points []store.MeterPoint
+	if m.pointed() {
+		points = m.points()
+	}
 	var err error
-	if leases == nil {
-		err = m.st.AddUsage(ctx, deltas, ledger)
-	} else {
+	switch {
+	case leases != nil:
 		err = m.rs.AddLeasedUsage(ctx, deltas, ledger, leases)
+	case points != nil:
+		err = m.ps.AddMeteredUsage(ctx, deltas, ledger, points)
+	default:
+		err = m.st.AddUsage(ctx, deltas, ledger)
 	}
 	if err != nil {
 		return err // everything stays pending for the next flush
+	}
+	if points != nil {
+		for _, t := range m.trackers {
+			t.pointed = true
+		}
+		m.fresh = false
 	}
 	// The tokens' cost is in the ledger now; their counts follow (and
 	// stay pending if this fails).

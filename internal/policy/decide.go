@@ -82,6 +82,21 @@ func (p *Policy) ExecutionsPerMinute() int64 {
 	return *p.RateLimiting.RequestsPerMinute
 }
 
+// ConcurrentSessions is rate_limiting.concurrent_sessions: how many
+// sessions the account may have running while one under this policy
+// runs. 0 means no bound.
+func (p *Policy) ConcurrentSessions() int64 {
+	if p == nil || p.RateLimiting == nil || p.RateLimiting.ConcurrentSessions == nil {
+		return 0
+	}
+	return *p.RateLimiting.ConcurrentSessions
+}
+
+// StopOnOutputCap reports output_filtering.stop_on_output_cap.
+func (p *Policy) StopOnOutputCap() bool {
+	return p != nil && p.OutputFiltering != nil && p.OutputFiltering.StopOnOutputCap != nil && *p.OutputFiltering.StopOnOutputCap
+}
+
 // ReadOnlyRoot reports whether the root filesystem is mounted read-only:
 // filesystem.readonly, or writable_paths naming the only writable places.
 func (p *Policy) ReadOnlyRoot() bool {
@@ -127,16 +142,11 @@ func covered(name string, list []string) bool {
 
 // FixedChange returns a *FieldError naming the first rule of next that
 // differs from cur but is fixed when the sandbox is created (filesystem
-// rules, memory and disk sizes), or nil.
+// rules), or nil. Memory and disk sizes change on a running sandbox
+// (the engine resizes its cgroup and writable layer).
 func FixedChange(cur, next *Policy) error {
 	if !slices.Equal(cur.WritablePaths(), next.WritablePaths()) || cur.ReadOnlyRoot() != next.ReadOnlyRoot() {
 		return bad("filesystem", "filesystem rules are fixed when the sandbox is created; create a new sandbox to change them")
-	}
-	if cur.MemoryBytes() != next.MemoryBytes() {
-		return bad("resource_limits.memory_mb", "the memory limit is fixed when the sandbox is created")
-	}
-	if cur.DiskBytes() != next.DiskBytes() {
-		return bad("resource_limits.disk_write_mb", "the disk limit is fixed when the sandbox is created")
 	}
 	return nil
 }

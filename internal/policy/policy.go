@@ -9,6 +9,8 @@
 // seccomp, namespaces, mounts, cgroups and the gateway are the boundary.
 package policy
 
+import "reflect"
+
 // Policy is the JSON object given as `security_policy` at create and
 // replaced by PUT /v1/sandboxes/{id}/policy.
 type Policy struct {
@@ -62,14 +64,57 @@ type Network struct {
 }
 
 // OutputFiltering is applied on the host to stdout, stderr, results and
-// error text.
+// error text. StopOnOutputCap ends an execution whose output passes the
+// engine's cap (ERR_OUTPUT_LIMIT); without it the output is cut with a
+// marker and the code runs on to its end or its timeout.
 type OutputFiltering struct {
 	MaxOutputLength    *int64 `json:"max_output_length,omitempty"`
 	StripSensitiveData *bool  `json:"strip_sensitive_data,omitempty"`
 	SanitizeErrors     *bool  `json:"sanitize_errors,omitempty"`
+	StopOnOutputCap    *bool  `json:"stop_on_output_cap,omitempty"`
 }
 
-// RateLimiting bounds executions per minute in one sandbox.
+// RateLimiting bounds executions per minute in one sandbox, and
+// (ConcurrentSessions) how many sessions the account may have running
+// while a session under this policy runs: checked when a session is
+// created.
 type RateLimiting struct {
-	RequestsPerMinute *int64 `json:"requests_per_minute,omitempty"`
+	RequestsPerMinute  *int64 `json:"requests_per_minute,omitempty"`
+	ConcurrentSessions *int64 `json:"concurrent_sessions,omitempty"`
+}
+
+// Merge is the policy that applying next over cur gives (PUT
+// /v1/sandboxes/{id}/policy): each section next sets replaces cur's
+// section whole, each section next leaves out (or sets to null) keeps
+// cur's, and on_violation keeps cur's unless next sets it. An empty
+// section ({}) clears that section's rules.
+func Merge(cur, next *Policy) *Policy {
+	if cur == nil {
+		cur = &Policy{}
+	}
+	if next == nil {
+		next = &Policy{}
+	}
+	out := *cur
+	section(&out.ResourceLimits, next.ResourceLimits)
+	section(&out.AccessControl, next.AccessControl)
+	section(&out.Filesystem, next.Filesystem)
+	section(&out.Network, next.Network)
+	section(&out.OutputFiltering, next.OutputFiltering)
+	section(&out.RateLimiting, next.RateLimiting)
+	if next.OnViolation != "" {
+		out.OnViolation = next.OnViolation
+	}
+	return &out
+}
+
+// section sets *dst to next when next is given; an empty one unsets it.
+func section[T any](dst **T, next *T) {
+	switch {
+	case next == nil:
+	case reflect.ValueOf(next).Elem().IsZero():
+		*dst = nil
+	default:
+		*dst = next
+	}
 }

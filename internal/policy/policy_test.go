@@ -242,3 +242,100 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestMerge: a section given replaces the current one whole, a section
+// left out keeps its rules, an empty one clears them.
+func TestMerge(t *testing.T) {
+	t.Parallel()
+	f, tr := false, true
+	n := func(v int64) *int64 { return &v }
+	cur := &Policy{
+		ResourceLimits: &ResourceLimits{MemoryMB: n(512), CPUTimeSeconds: new(float64)},
+		AccessControl:  &AccessControl{AllowedImports: []string{"json"}},
+		Filesystem:     &Filesystem{ReadOnly: &f, WritablePaths: []string{"/tmp/sandbox"}},
+		Network:        &Network{Mode: NetworkNone},
+		OnViolation:    "terminate",
+	}
+	next := &Policy{
+		ResourceLimits:  &ResourceLimits{MemoryMB: n(256)},
+		AccessControl:   &AccessControl{},
+		RateLimiting:    &RateLimiting{ConcurrentSessions: n(5)},
+		OutputFiltering: &OutputFiltering{StopOnOutputCap: &tr},
+	}
+	got := Merge(cur, next)
+	if got.ResourceLimits.MemoryMB == nil || *got.ResourceLimits.MemoryMB != 256 || got.ResourceLimits.CPUTimeSeconds != nil {
+		t.Errorf("resource_limits not replaced whole: %+v", got.ResourceLimits)
+	}
+	if got.AccessControl != nil {
+		t.Errorf("an empty access_control did not clear it: %+v", got.AccessControl)
+	}
+	if got.Filesystem != cur.Filesystem || got.Network != cur.Network || got.OnViolation != "terminate" {
+		t.Errorf("sections left out changed: %+v", got)
+	}
+	if got.ConcurrentSessions() != 5 || !got.StopOnOutputCap() {
+		t.Errorf("new sections: %+v", got)
+	}
+	if FixedChange(cur, got) != nil {
+		t.Errorf("a policy without a filesystem section changed the filesystem rules")
+	}
+	if cur.ResourceLimits.MemoryMB == nil || *cur.ResourceLimits.MemoryMB != 512 || cur.AccessControl == nil {
+		t.Errorf("Merge changed its input: %+v", cur)
+	}
+	if Merge(nil, nil) == nil {
+		t.Error("Merge(nil, nil) is nil")
+	}
+	// Memory and disk are no longer fixed at create.
+	if err := FixedChange(&Policy{ResourceLimits: &ResourceLimits{MemoryMB: n(512)}}, &Policy{ResourceLimits: &ResourceLimits{MemoryMB: n(256), DiskWriteMB: n(50)}}); err != nil {
+		t.Errorf("memory and disk: %v", err)
+	}
+}
+
+// TestSeedPolicy: seed 002's "recommended" policy, verbatim, is valid,
+// and each field is read as its name says.
+func TestSeedPolicy(t *testing.T) {
+	t.Parallel()
+	p, err := Parse([]byte(seedPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.CPUTime().Seconds() != 10 || p.MemoryBytes() != 256<<20 || p.DiskBytes() != 50<<20 || p.NetworkRequests() != 5 ||
+		p.FileSizeBytes() != 10<<20 || p.ExecutionsPerMinute() != 60 || p.ConcurrentSessions() != 5 || !p.DenySubprocess() ||
+		!p.DenyImportSystem() || len(p.AllowedImports()) != 8 || !slices.Contains(p.BlockedModules(), "urllib") || p.StopOnOutputCap() {
+		t.Fatalf("%+v", p)
+	}
+	if _, err := Parse([]byte(`{"rate_limiting":{"concurrent_sessions":0}}`)); err == nil || !strings.Contains(err.Error(), "rate_limiting.concurrent_sessions") {
+		t.Fatalf("concurrent_sessions 0: %v", err)
+	}
+}
+
+// seedPolicy is seed 002's security_policy, as the article writes it.
+const seedPolicy = `{
+    "resource_limits": {
+        "cpu_time_seconds": 10,
+        "memory_mb": 256,
+        "disk_write_mb": 50,
+        "network_requests": 5,
+        "file_size_upload_mb": 10
+    },
+    "access_control": {
+        "allow_subprocess": false,
+        "allow_import_system": false,
+        "allowed_imports": [
+            "json", "math", "random", "datetime", 
+            "re", "collections", "itertools", "functools"
+        ],
+        "blocked_modules": [
+            "os", "sys", "subprocess", "socket",
+            "urllib", "requests", "ctypes", "sqlite3"
+        ]
+    },
+    "output_filtering": {
+        "max_output_length": 10000,
+        "strip_sensitive_data": true,
+        "sanitize_errors": true
+    },
+    "rate_limiting": {
+        "requests_per_minute": 60,
+        "concurrent_sessions": 5
+    }
+}`

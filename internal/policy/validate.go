@@ -39,6 +39,7 @@ const (
 	MaxNetworkReqs    = 1 << 30
 	MaxOutputLength   = 1 << 30
 	MaxRequestsPerMin = 1 << 20
+	MaxConcurrent     = 1 << 16
 	MaxModules        = 1024
 	MaxWritablePaths  = 16
 	MaxAllowEntries   = 1024
@@ -237,6 +238,9 @@ func (p *Policy) Validate() error {
 	}
 	if r := p.RateLimiting; r != nil {
 		if err := intRange("rate_limiting.requests_per_minute", r.RequestsPerMinute, 1, MaxRequestsPerMin); err != nil {
+			return err
+		}
+		if err := intRange("rate_limiting.concurrent_sessions", r.ConcurrentSessions, 1, MaxConcurrent); err != nil {
 			return err
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -948,7 +949,15 @@ func TestEgressPortReuse(t *testing.T) {
 	if got := twice(func(port int) (net.Conn, error) {
 		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port},
 			Control: reuseAddr}
-		return d.Dial("tcp", w.httpSrv.String())
+		// The host's end of the first connection may still be closing
+		// (LAST_ACK) when the second is made: its tuple is then still
+		// taken (EADDRNOTAVAIL) until that end is gone.
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			c, err := d.Dial("tcp", w.httpSrv.String())
+			if !errors.Is(err, syscall.EADDRNOTAVAIL) || time.Now().After(deadline) {
+				return c, err
+			}
+		}
 	}); got != "hello from api.test|hello from api.test" {
 		t.Fatalf("the control, from the host: %q", got)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/lang"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/typescript"
@@ -67,6 +68,7 @@ type Execution struct {
 	PeakMemoryBytes int64                 `json:"peak_memory_bytes"`
 
 	outputBytes int64       // stdout plus stderr seen, kept or streamed
+	outputCut   bool        // the kernel cut the output at MaxOutput and the code ran on
 	memoryPeak  int64       // the cgroup's peak memory, read after an OOM kill
 	reports     execReports // the sandbox's violation reports, kept and dropped (reports.go)
 }
@@ -147,8 +149,11 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		cpu.run(ctx, stopCPU)
 	}
 	started := time.Now()
-	run := &execRun{ctx: ctx, s: s, req: req, stream: onEvent, ex: &Execution{Results: []agentproto.Result{}},
-		violation: func(v *agentproto.Violation) { s.violation(req.ID, v) }}
+	run := &execRun{ctx: ctx, s: s, req: req, stream: onEvent, ex: &Execution{Results: []agentproto.Result{}}}
+	run.violation = func(v *agentproto.Violation) {
+		run.netDenied = run.netDenied || v.Kind == events.KindNetworkDenied
+		s.violation(req.ID, v)
+	}
 	run.hold.sandbox, run.hold.engine = s.resultBudgets()
 	defer run.hold.release()
 	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpExecute, Execute: spec},
@@ -180,6 +185,8 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	ex := run.ex
 	ex.Stdout, ex.Stderr = run.stdout.String(), run.stderr.String()
 	ex.Truncated = ex.Truncated || done.Truncated
+	// The kernel sets Truncated only at the output cap.
+	ex.outputCut = done.Truncated && done.Status != agentproto.StatusOutputLimit
 	if done.Stats != nil {
 		ex.ExecutionTimeMS = done.Stats.DurationMS
 		ex.CPUTimeMS = done.Stats.CPUTimeMS
@@ -217,7 +224,7 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 			ex.PeakMemoryBytes = max(ex.PeakMemoryBytes, after.MemoryPeakBytes)
 			ex.ErrorCode = apierr.OutOfMemory
 			ex.Error = &agentproto.ExecError{Name: "OutOfMemoryError",
-				Value: "the code ran out of memory (limit " + mib(s.Limits.MemoryBytes) + ") and was killed; the context's state is lost"}
+				Value: "the code ran out of memory (limit " + mib(s.CurrentLimits().MemoryBytes) + ") and was killed; the context's state is lost"}
 			ex.memoryPeak = after.MemoryPeakBytes
 		}
 		s.reportLimits(req.ID, after, false, false)
@@ -226,6 +233,12 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	}
 	if ex.ErrorCode == "" && ex.Error != nil {
 		ex.ErrorCode = errorCodes[ex.Error.Name]
+		// A refusal the code's own error wraps (urllib's URLError around
+		// NetworkRestrictedError), or a language with no hook of its own
+		// failing to reach the network the sandbox does not have.
+		if ex.ErrorCode == "" && (run.netDenied || s.networkRefused(req.ID, ex, string(run.stderrTail))) {
+			ex.ErrorCode = apierr.NetworkRestricted
+		}
 	}
 	if ex.Status != ExecSuccess && done.Status != agentproto.StatusKilled {
 		// Off the way of executions that went well: a fork refused at
@@ -265,7 +278,9 @@ type execRun struct {
 	stream func(agentproto.Event) error // nil: keep everything in ex
 	ex     *Execution
 	// violation reports what the code tried against the policy (events).
-	violation func(*agentproto.Violation)
+	violation  func(*agentproto.Violation)
+	netDenied  bool   // the kernel reported a network_denied violation
+	stderrTail []byte // the last stderrTailSize bytes of a streamed stderr
 
 	stdout, stderr strings.Builder // kept when not streaming
 	results        int             // delivered
@@ -281,7 +296,7 @@ func (r *execRun) handle(ev agentproto.Event) error {
 			return err
 		}
 		if r.stream == nil {
-			appendCapped(&r.stdout, ev.Data, r.req.MaxOutput)
+			appendCapped(&r.stdout, ev.Data, r.req.MaxOutput+capMarkerRoom)
 		}
 	case agentproto.EventStderr:
 		r.ex.outputBytes += int64(len(ev.Data))
@@ -289,7 +304,11 @@ func (r *execRun) handle(ev agentproto.Event) error {
 			return err
 		}
 		if r.stream == nil {
-			appendCapped(&r.stderr, ev.Data, r.req.MaxOutput)
+			appendCapped(&r.stderr, ev.Data, r.req.MaxOutput+capMarkerRoom)
+		} else {
+			// The end of a streamed stderr, for networkRefused.
+			r.stderrTail = append(r.stderrTail, ev.Data...)
+			r.stderrTail = r.stderrTail[max(0, len(r.stderrTail)-stderrTailSize):]
 		}
 	case agentproto.EventResult:
 		if ev.Result == nil {
@@ -358,6 +377,10 @@ func resultSize(res *agentproto.Result) int64 {
 	}
 	return int64(n)
 }
+
+// capMarkerRoom is the room kept output has past MaxOutput for the
+// kernel's agentproto.OutputCapMarker.
+const capMarkerRoom = 128
 
 func appendCapped(b *strings.Builder, p []byte, max int64) {
 	if room := max - int64(b.Len()); room > 0 {

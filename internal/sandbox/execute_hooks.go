@@ -64,7 +64,7 @@ func (s *Sandbox) executionFinished(req ExecuteRequest, lang string, ex *Executi
 			peak := s.seen.memoryPeak
 			s.mu.Unlock()
 			s.emit(events.ResourceExceeded, req.ID, map[string]any{"resource": events.ResourceMemory,
-				"limit": s.Limits.MemoryBytes, "observed": peak, "unit": "bytes"})
+				"limit": s.CurrentLimits().MemoryBytes, "observed": peak, "unit": "bytes"})
 		}
 		return
 	}
@@ -95,11 +95,20 @@ func (s *Sandbox) executionFinished(req ExecuteRequest, lang string, ex *Executi
 		exceeded = map[string]any{"resource": events.ResourceCPUTime, "limit": s.Policy().CPUTime().Milliseconds(),
 			"observed": ex.CPUTimeMS, "unit": "ms"}
 	case ex.ErrorCode == apierr.OutOfMemory:
-		exceeded = map[string]any{"resource": events.ResourceMemory, "limit": s.Limits.MemoryBytes,
+		exceeded = map[string]any{"resource": events.ResourceMemory, "limit": s.CurrentLimits().MemoryBytes,
 			"observed": max(ex.memoryPeak, ex.PeakMemoryBytes), "unit": "bytes"}
 	}
 	if exceeded != nil {
 		s.emit(events.ResourceExceeded, req.ID, exceeded)
+	}
+	if ex.outputCut {
+		// Cut at the cap, the code ran on (to its end or its timeout).
+		limit := req.MaxOutput
+		if limit <= 0 {
+			limit = DefaultMaxOutput
+		}
+		s.emit(events.ResourceExceeded, req.ID, map[string]any{"resource": events.ResourceOutput, "limit": limit,
+			"observed": ex.outputBytes, "unit": "bytes"})
 	}
 	if of != nil && of.cap.Dropped > 0 {
 		s.emit(events.ResourceExceeded, req.ID, map[string]any{"resource": events.ResourceOutput, "limit": of.cap.Limit,

@@ -160,7 +160,7 @@ func (s *Sandbox) fileCall(ctx context.Context, req agentproto.Request, body io.
 		switch apierr.CodeOf(err) {
 		case apierr.DiskFull:
 			s.emit(events.ResourceExceeded, "", map[string]any{"resource": events.ResourceDisk,
-				"limit": s.Limits.DiskBytes, "unit": "bytes", "target": req.Path})
+				"limit": s.CurrentLimits().DiskBytes, "unit": "bytes", "target": req.Path})
 		case apierr.FileTooLarge:
 			s.emit(events.ResourceExceeded, "", map[string]any{"resource": events.ResourceDisk,
 				"limit": req.Limit, "unit": "bytes", "target": req.Path})

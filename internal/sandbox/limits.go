@@ -28,19 +28,20 @@ func (s *Sandbox) reportLimits(execID string, u runtime.Usage, memory, diskFull 
 	seen := s.seen
 	s.seen.oomKills = max(seen.oomKills, u.OOMKills)
 	s.seen.pidsDenied = max(seen.pidsDenied, u.PidsDenied)
+	lim := s.Limits
 	s.mu.Unlock()
 	if u.PidsDenied > seen.pidsDenied {
 		// A fork is refused when the sandbox holds pids.max tasks: what
 		// was observed is the limit reached, and how many were refused.
-		s.emit(events.ResourceExceeded, execID, map[string]any{"resource": events.ResourcePids, "limit": s.Limits.Pids,
-			"observed": s.Limits.Pids, "refused": u.PidsDenied - seen.pidsDenied, "unit": "tasks"})
+		s.emit(events.ResourceExceeded, execID, map[string]any{"resource": events.ResourcePids, "limit": lim.Pids,
+			"observed": lim.Pids, "refused": u.PidsDenied - seen.pidsDenied, "unit": "tasks"})
 	}
 	if memory && u.OOMKills > seen.oomKills {
-		s.emit(events.ResourceExceeded, execID, map[string]any{"resource": events.ResourceMemory, "limit": s.Limits.MemoryBytes,
+		s.emit(events.ResourceExceeded, execID, map[string]any{"resource": events.ResourceMemory, "limit": lim.MemoryBytes,
 			"observed": u.MemoryPeakBytes, "oom_kills": u.OOMKills - seen.oomKills, "unit": "bytes"})
 	}
-	if diskFull && s.Limits.DiskBytes > 0 && u.DiskBytes >= s.Limits.DiskBytes-s.Limits.DiskBytes/100 {
-		s.emit(events.ResourceExceeded, execID, map[string]any{"resource": events.ResourceDisk, "limit": s.Limits.DiskBytes,
+	if diskFull && lim.DiskBytes > 0 && u.DiskBytes >= lim.DiskBytes-lim.DiskBytes/100 {
+		s.emit(events.ResourceExceeded, execID, map[string]any{"resource": events.ResourceDisk, "limit": lim.DiskBytes,
 			"observed": u.DiskBytes, "unit": "bytes"})
 	}
 }

@@ -92,7 +92,13 @@ type Config struct {
 	// is destroyed at start or Close, and deadlines and idleness are the
 	// agent's. The Runtime must implement runtime.Attacher.
 	Shared bool
-	Logger *slog.Logger
+	// Leftover, when set, is told of each sandbox New finds left over
+	// from a crash, with its last usage reading, just before New
+	// destroys it (reap.go): the server charges what it used since its
+	// last metering flush. engine.Open hands it to the runtime's sweep
+	// of dead instances too.
+	Leftover runtime.LeftoverFunc
+	Logger   *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
@@ -573,8 +579,9 @@ func (s *Sandbox) announce(fromPool bool) {
 	s.mu.Lock()
 	s.announced = true
 	s.mu.Unlock()
+	lim := s.CurrentLimits()
 	s.emit(events.SandboxCreated, "", map[string]any{"template": s.Template, "pool": fromPool,
-		"memory_mb": s.Limits.MemoryBytes >> 20, "cpus": s.Limits.CPUs, "pids": s.Limits.Pids, "disk_mb": s.Limits.DiskBytes >> 20})
+		"memory_mb": lim.MemoryBytes >> 20, "cpus": lim.CPUs, "pids": lim.Pids, "disk_mb": lim.DiskBytes >> 20})
 }
 
 // emit sends one of the sandbox's events to Config.Events.

@@ -246,10 +246,18 @@ func TestOnViolationTerminate(t *testing.T) {
 			}
 		}
 	}
+	// sandbox.stopped is emitted once the destroy is done, just after the
+	// state turns stopped: wait for it (bounded).
 	var stopped []events.Event
-	for _, e := range sink.of(events.SandboxStopped) {
-		if e.Owner == "o" {
-			stopped = append(stopped, e)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		stopped = stopped[:0]
+		for _, e := range sink.of(events.SandboxStopped) {
+			if e.Owner == "o" {
+				stopped = append(stopped, e)
+			}
+		}
+		if len(stopped) > 0 || time.Now().After(deadline) {
+			break
 		}
 	}
 	if v := sink.of(events.SecurityViolation); len(v) != 2 || v[0].Owner != "o" || v[1].Details["kind"] != "module_blocked" {

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"path"
 	"reflect"
-	"runtime"
+	goruntime "runtime"
 	"strings"
 	"time"
 
@@ -15,6 +15,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/ratelimit"
+	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
 // policyState is a sandbox's security policy and what its code contexts
@@ -84,7 +85,7 @@ func kernelPolicy(p *policy.Policy) (*agentproto.KernelPolicy, error) {
 		FileSizeBytes:    p.FileSizeBytes(),
 	}
 	if k.DenySubprocess {
-		prog, nr, err := policy.NoSubprocessFilter(runtime.GOARCH)
+		prog, nr, err := policy.NoSubprocessFilter(goruntime.GOARCH)
 		if err != nil {
 			return nil, err
 		}
@@ -157,25 +158,38 @@ func (s *Sandbox) Policy() *policy.Policy {
 	return s.pol.pol
 }
 
-// PolicyChange is what replacing a policy did.
+// PolicyChange is what applying a policy did.
 type PolicyChange struct {
+	// Policy is the sandbox's policy now: the one applied, merged over
+	// the one before (policy.Merge).
+	Policy *policy.Policy
 	// RestartRequired: the new policy loosens rules a running interpreter
 	// cannot drop (Loosened names them); each code context restarts
 	// before its next execution, and its state is lost.
 	RestartRequired bool
 	Loosened        []string
+	// Resized: the sandbox's memory limit or writable layer changed.
+	Resized bool
 }
 
-// SetPolicy replaces the sandbox's security policy. Tightening takes
-// effect at the next execution with the contexts' state kept. Rules fixed
-// at create (filesystem, memory, disk) must not change: ERR_INVALID_POLICY.
-func (s *Sandbox) SetPolicy(p *policy.Policy) (PolicyChange, error) {
-	if err := p.Validate(); err != nil {
+// SetPolicy applies next over the sandbox's security policy: each section
+// next sets replaces the current one, each it leaves out stays
+// (policy.Merge). Tightening takes effect at the next execution with the
+// contexts' state kept. resource_limits.memory_mb and disk_write_mb
+// resize the running sandbox (within the engine's maxima; the caller
+// checks its account's). Filesystem rules are fixed at create: changing
+// them is ERR_INVALID_POLICY.
+func (s *Sandbox) SetPolicy(next *policy.Policy) (PolicyChange, error) {
+	if err := next.Validate(); err != nil {
 		return PolicyChange{}, invalidPolicy(err)
 	}
 	if err := s.running(); err != nil {
 		return PolicyChange{}, err
 	}
+	s.policyMu.Lock()
+	defer s.policyMu.Unlock()
+	cur := s.Policy()
+	p := policy.Merge(cur, next)
 	k, err := kernelPolicy(p)
 	if err != nil {
 		return PolicyChange{}, apierr.Wrap(err, apierr.InvalidPolicy, "allow_subprocess: false is not available on this host: %v", err)
@@ -190,22 +204,23 @@ func (s *Sandbox) SetPolicy(p *policy.Policy) (PolicyChange, error) {
 		return PolicyChange{}, invalidPolicy(&policy.FieldError{Field: "network.mode",
 			Reason: "this sandbox was created without a network; create a new sandbox with network.mode " + egressPolicy.Mode})
 	}
-	s.mu.Lock()
-	cur := s.pol.pol
 	if err := policy.FixedChange(cur, p); err != nil {
-		s.mu.Unlock()
 		return PolicyChange{}, invalidPolicy(err)
 	}
 	// Every replica holding a shared sandbox carries its egress with the
 	// policy it adopted: a change made through one would not reach the
 	// others' gateways, so the network rules are fixed there.
 	if s.m.cfg.Shared && s.net != nil && !reflect.DeepEqual(cur.NetworkPolicy(), p.NetworkPolicy()) {
-		s.mu.Unlock()
 		return PolicyChange{}, invalidPolicy(&policy.FieldError{Field: "network",
 			Reason: "the network rules of a sandbox served by several replicas are fixed when it is created; create a new sandbox to change them"})
 	}
-	ch := PolicyChange{Loosened: policy.Loosened(cur, p)}
+	resized, err := s.resize(p)
+	if err != nil {
+		return PolicyChange{}, err
+	}
+	ch := PolicyChange{Policy: p, Loosened: policy.Loosened(cur, p), Resized: resized}
 	ch.RestartRequired = len(ch.Loosened) > 0
+	s.mu.Lock()
 	s.pol.gen++
 	if ch.RestartRequired {
 		s.pol.restartGen = s.pol.gen
@@ -219,14 +234,68 @@ func (s *Sandbox) SetPolicy(p *policy.Policy) (PolicyChange, error) {
 	if len(ch.Loosened) > 0 {
 		details["loosened"] = ch.Loosened
 	}
+	if resized {
+		lim := s.CurrentLimits()
+		details["memory_mb"], details["disk_mb"] = lim.MemoryBytes>>20, lim.DiskBytes>>20
+	}
 	s.emit(events.PolicyChanged, "", details)
 	return ch, nil
+}
+
+// resize gives the running sandbox the memory limit and writable layer
+// size p asks for (resource_limits.memory_mb, disk_write_mb), where they
+// differ from the ones in force; s.policyMu is held.
+func (s *Sandbox) resize(p *policy.Policy) (bool, error) {
+	cur := s.CurrentLimits()
+	want, ask := cur, runtime.Limits{}
+	if b := p.MemoryBytes(); b > 0 && b != cur.MemoryBytes {
+		if b > s.m.cfg.MaxLimits.MemoryBytes {
+			return false, invalidPolicy(&policy.FieldError{Field: "resource_limits.memory_mb",
+				Reason: fmt.Sprintf("%d MiB is above this server's most of %d MiB", b>>20, s.m.cfg.MaxLimits.MemoryBytes>>20)})
+		}
+		want.MemoryBytes, ask.MemoryBytes = b, b
+	}
+	if b := p.DiskBytes(); b > 0 && b != cur.DiskBytes {
+		if b > s.m.cfg.MaxLimits.DiskBytes {
+			return false, invalidPolicy(&policy.FieldError{Field: "resource_limits.disk_write_mb",
+				Reason: fmt.Sprintf("%d MiB is above this server's most of %d MiB", b>>20, s.m.cfg.MaxLimits.DiskBytes>>20)})
+		}
+		want.DiskBytes = b
+		// A read-only root with no writable path has no writable layer
+		// to size (only the runtime's mount points live there).
+		if !s.ReadOnly || len(s.Policy().WritablePaths()) > 0 {
+			ask.DiskBytes = b
+		}
+	}
+	if want == cur {
+		return false, nil
+	}
+	if ask != (runtime.Limits{}) {
+		rz, ok := s.m.cfg.Runtime.(runtime.Resizer)
+		if !ok {
+			return false, invalidPolicy(&policy.FieldError{Field: "resource_limits",
+				Reason: "this server's runtime cannot change a running sandbox's memory or disk; create a new sandbox with them"})
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := rz.Resize(ctx, s.ID, ask); err != nil {
+			if errors.Is(err, runtime.ErrTooSmall) || errors.Is(err, runtime.ErrCannotGrow) {
+				return false, apierr.Wrap(err, apierr.InvalidPolicy, "resource_limits.disk_write_mb: %v", err)
+			}
+			return false, apierr.Wrap(err, apierr.SandboxState, "could not resize the running sandbox")
+		}
+	}
+	s.mu.Lock()
+	s.Limits = want
+	s.mu.Unlock()
+	return true, nil
 }
 
 // executePolicy fills an execution's policy fields.
 func (s *Sandbox) executePolicy(spec *agentproto.ExecuteSpec) {
 	s.mu.Lock()
 	spec.Policy, spec.PolicyGen, spec.PolicyRestartGen = s.pol.kernel, s.pol.gen, s.pol.restartGen
+	spec.StopAtOutputCap = s.pol.pol.StopOnOutputCap()
 	s.mu.Unlock()
 }
 
@@ -239,7 +308,7 @@ func (s *Sandbox) violation(execID string, v *agentproto.Violation) {
 		d := map[string]any{"resource": v.Target}
 		switch v.Target {
 		case "disk": // ENOSPC: the writable layer is full
-			d["resource"], d["limit"], d["unit"] = events.ResourceDisk, s.Limits.DiskBytes, "bytes"
+			d["resource"], d["limit"], d["unit"] = events.ResourceDisk, s.CurrentLimits().DiskBytes, "bytes"
 			if u, err := s.usage(context.Background()); err == nil {
 				d["observed"] = u.DiskBytes
 			}

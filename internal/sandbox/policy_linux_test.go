@@ -305,7 +305,7 @@ func TestPolicyFilesystem(t *testing.T) {
 	if len(vs) != 5 || vs[4].Details["kind"] != events.KindPathDenied || vs[4].Details["target"] != "/tmp/sandbox/link/via-link" {
 		t.Fatalf("path_denied events %+v", vs)
 	}
-	if _, err := s.SetPolicy(&policy.Policy{}); apierr.CodeOf(err) != apierr.InvalidPolicy {
+	if _, err := s.SetPolicy(&policy.Policy{Filesystem: &policy.Filesystem{}}); apierr.CodeOf(err) != apierr.InvalidPolicy {
 		t.Fatalf("changing filesystem rules: %v", err)
 	}
 

@@ -48,6 +48,7 @@ func (m *Manager) reconcile(ctx context.Context) {
 		first.Add(1)
 		m.reaps.Go(func() {
 			sem <- struct{}{}
+			m.leftover(id)
 			err := m.destroyID(id)
 			<-sem
 			first.Done()
@@ -66,6 +67,21 @@ func (m *Manager) reconcile(ctx context.Context) {
 	case <-time.After(reconcileWait):
 		m.log.Warn("leftover sandboxes are still being destroyed; starting meanwhile", "pending", m.Leftovers())
 	}
+}
+
+// leftoverTimeout bounds reading a leftover's usage and Config.Leftover.
+const leftoverTimeout = 10 * time.Second
+
+// leftover reads a leftover's usage and tells Config.Leftover, once,
+// before its first destroy: the retries find nothing more to tell.
+func (m *Manager) leftover(id string) {
+	if m.cfg.Leftover == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), leftoverTimeout)
+	defer cancel()
+	u, err := m.cfg.Runtime.Usage(ctx, id)
+	m.cfg.Leftover(ctx, id, u, err)
 }
 
 // reap destroys id in the background after a failed destroy (err).

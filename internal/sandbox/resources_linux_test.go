@@ -3,10 +3,15 @@ package sandbox_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
@@ -159,9 +164,13 @@ func TestResourceExceededCgroup(t *testing.T) {
 			limit    int64
 		}{
 			{events.ResourceWallTime, sandbox.ExecuteRequest{ID: "exe_wall", Code: "import time\ntime.sleep(10)", Timeout: 500 * time.Millisecond}, apierr.SandboxTimeout, 500},
-			{events.ResourceOutput, sandbox.ExecuteRequest{ID: "exe_out", Code: "print('x' * 5000)", MaxOutput: 1000}, apierr.OutputLimit, 1000},
+			// Cut at the cap with a marker, the code runs on to its end.
+			{events.ResourceOutput, sandbox.ExecuteRequest{ID: "exe_out", Code: "print('x' * 5000)\nprint('ran on')", MaxOutput: 1000}, "", 1000},
 		} {
 			ex, err := tight.Execute(ctx, c.req, nil)
+			if c.code == "" && (err != nil || ex.Status != sandbox.ExecSuccess || !ex.Truncated || !strings.HasSuffix(ex.Stdout, fmt.Sprintf(agentproto.OutputCapMarker, 1000))) {
+				t.Fatalf("%s: %+v, %v", c.resource, ex, err)
+			}
 			if err != nil || ex.ErrorCode != c.code {
 				t.Fatalf("%s: %+v, %v", c.resource, ex, err)
 			}
@@ -190,4 +199,113 @@ func number(v any) float64 {
 	var f float64
 	fmt.Sscan(fmt.Sprint(v), &f)
 	return f
+}
+
+// TestPolicyResizesLiveSandbox: seed 002's resource_limits.memory_mb and
+// disk_write_mb applied to a running sandbox lower its cgroup's memory
+// limit and its writable tmpfs: what the sandbox could do before (hold
+// 300 MiB, write 80 MiB) it cannot after (256 MiB, 50 MiB), with its
+// context's state kept; a size below what the sandbox already holds is
+// refused and changes nothing.
+func TestPolicyResizesLiveSandbox(t *testing.T) {
+	m := runcEngine(t)
+	ctx := context.Background()
+	mib := func(n int64) *int64 { return &n }
+	s := newSandbox(t, m, sandbox.CreateOptions{Policy: &policy.Policy{ResourceLimits: &policy.ResourceLimits{MemoryMB: mib(512)}}})
+	hold := "x = bytearray(300 << 20)\nx[::4096] = b'1' * len(x[::4096])\nn = len(x) >> 20\ndel x\nn"
+	write := "with open('/tmp/big', 'wb') as f:\n    f.write(b'\\0' * (80 << 20))\nimport os\nos.remove('/tmp/big')\n'written'"
+	// The controls: before, both work.
+	if ex := run(t, s, "python", hold); mainText(ex) != "300" {
+		t.Fatalf("300 MiB under 512 MiB: %+v %+v", ex, ex.Error)
+	}
+	if ex := run(t, s, "python", write); mainText(ex) != "'written'" {
+		t.Fatalf("80 MiB under 256 MiB of disk: %+v %+v", ex, ex.Error)
+	}
+	run(t, s, "python", "kept = 42")
+	ch, err := s.SetPolicy(&policy.Policy{ResourceLimits: &policy.ResourceLimits{MemoryMB: mib(256), DiskWriteMB: mib(50)}})
+	if err != nil || !ch.Resized {
+		t.Fatalf("SetPolicy: %+v, %v", ch, err)
+	}
+	u, err := s.Usage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.MemoryLimit != 256<<20 || u.DiskTotalBytes > 51<<20 || u.DiskTotalBytes < 49<<20 {
+		t.Fatalf("after: memory limit %d, disk %d", u.MemoryLimit, u.DiskTotalBytes)
+	}
+	if l := s.CurrentLimits(); l.MemoryBytes != 256<<20 || l.DiskBytes != 50<<20 {
+		t.Fatalf("limits %+v", l)
+	}
+	if ex := run(t, s, "python", "kept"); mainText(ex) != "42" {
+		t.Fatalf("the context's state: %+v %+v", ex, ex.Error)
+	}
+	if ex := run(t, s, "python", write); ex.Error == nil || !strings.Contains(ex.Error.Value, "No space left") {
+		t.Fatalf("80 MiB under 50 MiB of disk: %+v %+v", ex, ex.Error)
+	}
+	run(t, s, "python", "import os\nos.path.exists('/tmp/big') and os.remove('/tmp/big')")
+	if ex := run(t, s, "python", hold); ex.ErrorCode != apierr.OutOfMemory {
+		t.Fatalf("300 MiB under 256 MiB: %+v %+v", ex, ex.Error)
+	}
+	// Below what the sandbox holds: refused, nothing changed.
+	if ex := run(t, s, "python", "open('/tmp/keep', 'wb').write(b'\\0' * (20 << 20))"); ex.Error != nil {
+		t.Fatal(ex.Error)
+	}
+	if _, err := s.SetPolicy(&policy.Policy{ResourceLimits: &policy.ResourceLimits{MemoryMB: mib(256), DiskWriteMB: mib(10)}}); apierr.CodeOf(err) != apierr.InvalidPolicy {
+		t.Fatalf("shrinking below what it holds: %v", err)
+	}
+	if l := s.CurrentLimits(); l.DiskBytes != 50<<20 {
+		t.Fatalf("a refused resize changed the limits: %+v", l)
+	}
+	// Raised again, up to what the disk was made with: the room comes
+	// back (the balloon of the lowered limit shrinks).
+	if _, err := s.SetPolicy(&policy.Policy{ResourceLimits: &policy.ResourceLimits{MemoryMB: mib(256), DiskWriteMB: mib(200)}}); err != nil {
+		t.Fatalf("raising to 200 MiB: %v", err)
+	}
+	if ex := run(t, s, "python", write); mainText(ex) != "'written'" {
+		t.Fatalf("80 MiB under 200 MiB of disk: %+v %+v", ex, ex.Error)
+	}
+	if u, err := s.Usage(ctx); err != nil || u.DiskTotalBytes > 201<<20 || u.DiskTotalBytes < 199<<20 || u.DiskBytes > 21<<20 {
+		t.Fatalf("after raising to 200 MiB: disk %d of %d (%v)", u.DiskBytes, u.DiskTotalBytes, err)
+	}
+	// Past what it was made with (the default 256 MiB): the disk grows
+	// online where the server may (CAP_SYS_RESOURCE), else the raise is
+	// refused and nothing changes.
+	_, err = s.SetPolicy(&policy.Policy{ResourceLimits: &policy.ResourceLimits{MemoryMB: mib(256), DiskWriteMB: mib(400)}})
+	if !hasCapability(t, unix.CAP_SYS_RESOURCE) {
+		if apierr.CodeOf(err) != apierr.InvalidPolicy || !strings.Contains(err.Error(), "CAP_SYS_RESOURCE") {
+			t.Fatalf("growing the disk without CAP_SYS_RESOURCE: %v", err)
+		}
+		if l := s.CurrentLimits(); l.DiskBytes != 200<<20 {
+			t.Fatalf("a refused growth changed the limits: %+v", l)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("growing the disk to 400 MiB: %v", err)
+	}
+	big := "with open('/tmp/big', 'wb') as f:\n    f.write(b'\\0' * (300 << 20))\n'written'"
+	if ex := run(t, s, "python", big); mainText(ex) != "'written'" {
+		t.Fatalf("300 MiB under 400 MiB of disk: %+v %+v", ex, ex.Error)
+	}
+}
+
+// hasCapability reports whether this process has capability c in its
+// effective set.
+func hasCapability(t *testing.T, c int) bool {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return mask&(1<<uint(c)) != 0
+		}
+	}
+	t.Fatal("no CapEff in /proc/self/status")
+	return false
 }

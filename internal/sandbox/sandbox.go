@@ -29,6 +29,8 @@ const (
 type Sandbox struct {
 	ID       string
 	Template string
+	// Limits are the sandbox's limits; memory and disk change while it
+	// runs (SetPolicy), under mu: read them with CurrentLimits.
 	Limits   runtime.Limits
 	ReadOnly bool
 	Env      map[string]string
@@ -54,6 +56,9 @@ type Sandbox struct {
 	// lifeMu orders SetTimeout calls: the agent's deadline and the
 	// engine's move together.
 	lifeMu sync.Mutex
+	// policyMu orders SetPolicy calls: each merges over the policy the
+	// one before it left, and resizes the sandbox outside mu.
+	policyMu sync.Mutex
 
 	resultsOnce  sync.Once
 	results      *budget // the sandbox's results held at once (budget.go)
@@ -99,6 +104,14 @@ func (s *Sandbox) Info() Info {
 		ID: s.ID, Template: s.Template, State: s.state, Created: s.Created,
 		Deadline: s.deadline, Limits: s.Limits, Metadata: s.Metadata, StopReason: s.stopReason,
 	}
+}
+
+// CurrentLimits returns the limits in force (memory and disk may have
+// changed since create: SetPolicy).
+func (s *Sandbox) CurrentLimits() runtime.Limits {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.Limits
 }
 
 // State returns the sandbox's state.

@@ -6,13 +6,13 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"regexp"
 	"strconv"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
@@ -64,8 +64,6 @@ func (s *Server) limitRequest(w http.ResponseWriter, r *http.Request, p auth.Pri
 	}
 	return nil
 }
-
-var accountName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
 
 type accountJSON struct {
 	ID               string            `json:"id"`
@@ -130,12 +128,10 @@ func (s *Server) accountOut(r *http.Request, rec store.Account, withKeys bool) (
 	return out, nil
 }
 
-// findAccount resolves a path's account by name, then by id.
+// findAccount resolves a path's account by id, then by name
+// (account.Find: no name stands for another account's id).
 func (s *Server) findAccount(r *http.Request, ref string) (store.Account, error) {
-	rec, err := s.store.AccountByName(r.Context(), ref)
-	if errors.Is(err, store.ErrNotFound) {
-		rec, err = s.store.Account(r.Context(), ref)
-	}
+	rec, err := account.Find(r.Context(), s.store, ref)
 	if errors.Is(err, store.ErrNotFound) {
 		return rec, apierr.New(apierr.NotFound, "account %q not found", ref)
 	}
@@ -152,8 +148,11 @@ func (s *Server) createAccount(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
-	if req.Name == nil || !accountName.MatchString(*req.Name) {
-		return apierr.New(apierr.BadRequest, "name is required: 1 to 63 letters, digits, '_', '.' or '-', starting with a letter or digit")
+	if req.Name == nil {
+		req.Name = new(string)
+	}
+	if err := account.CheckName(*req.Name); err != nil {
+		return err
 	}
 	var over account.Overrides
 	if req.Limits != nil {
@@ -309,17 +308,20 @@ func (s *Server) creditAccount(w http.ResponseWriter, r *http.Request) error {
 	}
 	micros, err := account.ParseAmount(*req.Amount)
 	if err != nil || micros == 0 {
-		return apierr.New(apierr.BadRequest, "amount must be a non-zero decimal string with at most 6 decimals, such as \"25.00\"")
+		return bound.Error("amount", "must be a non-zero decimal string: %s", account.AmountRange)
 	}
 	if len(req.Reason) > 500 {
 		return apierr.New(apierr.BadRequest, "reason must be at most 500 characters")
 	}
-	if err := s.store.AddLedger(r.Context(), store.LedgerEntry{Account: rec.ID, CreatedAt: time.Now(),
-		Kind: store.LedgerGrant, AmountMicros: micros, Reason: req.Reason}); err != nil {
-		return err
-	}
 	a, err := s.accounts.Get(r.Context(), rec.ID)
 	if err != nil {
+		return err
+	}
+	if err := account.CheckGrant("amount", a.Balance(), micros); err != nil {
+		return err
+	}
+	if err := s.store.AddLedger(r.Context(), store.LedgerEntry{Account: rec.ID, CreatedAt: time.Now(),
+		Kind: store.LedgerGrant, AmountMicros: micros, Reason: req.Reason}); err != nil {
 		return err
 	}
 	a.Granted(micros)

@@ -4,12 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
-	"strconv"
 	"time"
 	"unicode/utf8"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
-	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -137,11 +136,11 @@ func (s *Server) listExecutions(w http.ResponseWriter, r *http.Request) error {
 	setSandbox(r, id)
 	limit := 20
 	if v := r.URL.Query().Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxExecutionPage {
-			return apierr.New(apierr.BadRequest, "limit must be an integer from 1 to %d", maxExecutionPage)
+		n, err := bound.ParseInt("limit", v, 1, maxExecutionPage)
+		if err != nil {
+			return err
 		}
-		limit = n
+		limit = int(n)
 	}
 	// The caller's sandboxes, running or stopped (while their records are kept).
 	rec, err := s.store.GetSandbox(r.Context(), id)
@@ -151,10 +150,21 @@ func (s *Server) listExecutions(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	recs, err := s.store.PageExecutions(r.Context(), store.ExecutionFilter{SandboxID: id,
-		Before: r.URL.Query().Get("cursor"), Limit: limit + 1})
+	cursor := r.URL.Query().Get("cursor")
+	recs, err := s.store.PageExecutions(r.Context(), store.ExecutionFilter{SandboxID: id, Before: cursor, Limit: limit + 1})
 	if err != nil {
 		return err
+	}
+	if cursor != "" && len(recs) == 0 {
+		// A next cursor always has an older execution after it: an empty
+		// page after one is a cursor of no execution of this sandbox
+		// (unless its record went since), refused rather than answered
+		// as the end of the list.
+		if ok, err := s.hasExecution(r, id, cursor); err != nil {
+			return err
+		} else if !ok {
+			return bound.Error("cursor", "must be the next of a previous page of this sandbox's executions")
+		}
 	}
 	next := ""
 	if len(recs) > limit {
@@ -173,4 +183,18 @@ func (s *Server) listExecutions(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, page)
 	return nil
+}
+
+// hasExecution reports whether sandbox id has an execution of that id.
+func (s *Server) hasExecution(r *http.Request, id, exec string) (bool, error) {
+	all, err := s.store.ListExecutions(r.Context(), id)
+	if err != nil {
+		return false, err
+	}
+	for _, e := range all {
+		if e.ID == exec {
+			return true, nil
+		}
+	}
+	return false, nil
 }

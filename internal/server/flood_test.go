@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,16 +64,6 @@ func (h *hookCounter) latencies(ids []int64) (lat []time.Duration, missing []int
 		}
 	}
 	return lat, missing
-}
-
-// p99 is the 99th percentile of ds.
-func p99(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	return s[min(len(s)-1, len(s)*99/100)]
 }
 
 // fileSizes are the sizes of the database file and of its WAL.

@@ -17,13 +17,14 @@ import (
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/llm/llmtest"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 )
 
 // newModelEnv starts a server whose models are served by a scripted
 // provider: "small" (cheap, no quota) and "big" (with quota and fallback
 // when fallback is set).
-func newModelEnv(t *testing.T, quota int64, fallback bool, cfg server.Config) (*env, *llmtest.Server) {
+func newModelEnv(t *testing.T, quota int64, fallback bool, cfg server.Config, opts ...func(*sandbox.Config)) (*env, *llmtest.Server) {
 	t.Helper()
 	prov := llmtest.New(nil)
 	t.Cleanup(prov.Close)
@@ -42,7 +43,7 @@ func newModelEnv(t *testing.T, quota int64, fallback bool, cfg server.Config) (*
 	}
 	relay.SetBackoff(time.Millisecond)
 	cfg.Models = relay
-	return newEnv(t, cfg), prov
+	return newEnv(t, cfg, opts...), prov
 }
 
 const chatBody = `{"model":"big","messages":[{"role":"user","content":"hi"}]}`

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/policy"
@@ -75,8 +76,11 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// putPolicy replaces a sandbox's policy. The body is the whole new policy
-// (as security_policy at create); rules left out are unset.
+// putPolicy applies a policy over a sandbox's: each section the body
+// sets replaces that section, each it leaves out keeps its rules
+// (policy.Merge); the answer is the whole policy now. memory_mb and
+// disk_write_mb resize the running sandbox, up to the account's
+// max_memory_mb and max_disk_mb.
 func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
 	if err != nil {
@@ -99,14 +103,54 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 	if err := s.checkPolicyLimits(r.Context(), b.owner, p); err != nil {
 		return err
 	}
+	if err := s.admitResize(b, p); err != nil {
+		return err
+	}
 	ch, err := b.sb.SetPolicy(p)
+	// What the host counts for the sandbox is its limits in force now,
+	// resized or not.
+	s.mu.Lock()
+	b.footprint = s.engine.Footprint(b.sb.CurrentLimits())
+	s.mu.Unlock()
 	if err != nil {
 		return err
 	}
-	out := policyJSON(p)
+	out := policyJSON(ch.Policy)
 	if err := s.store.UpdateSandboxPolicy(r.Context(), b.sb.ID, out); err != nil {
 		return fmt.Errorf("record policy: %w", err)
 	}
 	writeJSON(w, http.StatusOK, policyAnswer{Policy: out, RestartRequired: ch.RestartRequired, Loosened: ch.Loosened})
+	return nil
+}
+
+// admitResize takes the growth of a sandbox a policy raises out of the
+// host's memory (Config.HostMemoryBytes, as admit does for a new
+// sandbox): ERR_CAPACITY when it does not fit. The caller sets the box's
+// footprint to its limits in force once the policy is applied.
+func (s *Server) admitResize(b *box, p *policy.Policy) error {
+	l := b.sb.CurrentLimits()
+	if m := p.MemoryBytes(); m > 0 {
+		l.MemoryBytes = m
+	}
+	if d := p.DiskBytes(); d > 0 {
+		l.DiskBytes = d
+	}
+	next := s.engine.Footprint(l)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if next <= b.footprint || s.cfg.HostMemoryBytes <= 0 {
+		return nil
+	}
+	capacity := int64(float64(s.cfg.HostMemoryBytes) * s.cfg.Overcommit)
+	var used int64
+	for _, o := range s.boxes {
+		used += o.footprint
+	}
+	if used-b.footprint+next > capacity {
+		return &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
+			Message: fmt.Sprintf("the host cannot hold this sandbox at %d MiB (memory plus disk): %d of %d MiB are committed",
+				next>>20, used>>20, capacity>>20)}
+	}
+	b.footprint = next
 	return nil
 }

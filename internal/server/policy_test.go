@@ -164,7 +164,8 @@ func TestPolicyInvalid(t *testing.T) {
 // TestPolicyReplace: tightening keeps the interpreter's state, loosening
 // a rule only a fresh interpreter can drop says restart_required and
 // restarts the context, filesystem rules cannot change, and every change
-// is a policy.changed event.
+// is a policy.changed event. A section the body sets replaces the
+// current one, a section it leaves out keeps its rules, {} clears it.
 func TestPolicyReplace(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}
@@ -189,7 +190,11 @@ func TestPolicyReplace(t *testing.T) {
 	if ex := exec("import socket"); ex["error_code"] != "ERR_MODULE_BLOCKED" {
 		t.Fatalf("the new rule applies at the next execution: %v", ex)
 	}
-	got := put(`{"filesystem":{"readonly":false}}`)
+	if got := put(`{"on_violation":"report"}`); got["restart_required"] != false ||
+		!strings.Contains(string(e.do("GET", "/v1/sandboxes/"+id+"/policy", e.keyA, nil).body), `"blocked_modules":["socket"]`) {
+		t.Fatalf("a section left out lost its rules: %v", got)
+	}
+	got := put(`{"access_control":{}}`)
 	if got["restart_required"] != true || !strings.Contains(string(e.do("GET", "/v1/sandboxes/"+id+"/policy", e.keyA, nil).body), `"policy":{"filesystem"`) {
 		t.Fatalf("loosening: %v", got)
 	}
@@ -203,7 +208,7 @@ func TestPolicyReplace(t *testing.T) {
 	if !strings.Contains(string(r.body), "fixed when the sandbox is created") {
 		t.Fatalf("filesystem change: %s", r.body)
 	}
-	if n := len(rec.find(events.PolicyChanged, id)); n != 2 {
-		t.Fatalf("%d policy.changed events, want 2", n)
+	if n := len(rec.find(events.PolicyChanged, id)); n != 3 {
+		t.Fatalf("%d policy.changed events, want 3", n)
 	}
 }

@@ -58,6 +58,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"golang.org/x/net/publicsuffix"
@@ -336,6 +337,12 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, t previewT
 			return
 		}
 	}
+	release, err := s.holdPreview(b.owner, t.id) // conns.go
+	if err != nil {
+		s.previewBusy(w, t, err)
+		return
+	}
+	defer release()
 	s.metrics.previewRequest()
 	s.preview.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), previewCtxKey{}, &t)))
 }
@@ -659,6 +666,9 @@ func (s *Server) dialPreview(ctx context.Context, _, addr string) (net.Conn, err
 func (s *Server) previewError(w http.ResponseWriter, r *http.Request, err error) {
 	t := r.Context().Value(previewCtxKey{}).(*previewTarget)
 	switch {
+	case errors.Is(err, sandbox.ErrEgressPort):
+		previewPage(w, http.StatusForbidden, "Not a preview",
+			fmt.Sprintf("Port %d of sandbox %s is its egress proxy, which only its own code reaches.", t.port, t.id))
 	case errors.Is(err, sandbox.ErrNoListener):
 		previewPage(w, http.StatusBadGateway, "Nothing is listening",
 			fmt.Sprintf("Nothing listens on port %d inside sandbox %s. Start a server on that port (on 127.0.0.1, ::1 or all addresses) and reload.", t.port, t.id))
@@ -814,11 +824,8 @@ func previewTTL(r *http.Request) (time.Duration, error) {
 	if v == "" {
 		return defaultPreviewURLTTL, nil
 	}
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || n < 1 || time.Duration(n)*time.Second > maxPreviewURLTTL {
-		return 0, apierr.New(apierr.BadRequest, "expires_in must be a number of seconds between 1 and %d", int64(maxPreviewURLTTL/time.Second))
-	}
-	return time.Duration(n) * time.Second, nil
+	n, err := bound.ParseInt("expires_in", v, 1, int64(maxPreviewURLTTL/time.Second))
+	return time.Duration(n) * time.Second, err
 }
 
 // CheckPreviewDomain checks a preview domain (serve --preview-domain): a

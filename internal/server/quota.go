@@ -181,6 +181,11 @@ func (s *Server) checkPolicyLimits(ctx context.Context, own string, p *policy.Po
 	c.HostBytes = 0
 	_, err = s.engine.Grant(sandbox.CreateOptions{Policy: p, Names: sandbox.FieldNames{PolicyMemory: "resource_limits.memory_mb",
 		PolicyDisk: "resource_limits.disk_write_mb"}}, c)
+	// A policy's refusal is the policy's, as every other refusal of a PUT
+	// of it: the same message under ERR_INVALID_POLICY.
+	if ae := apierr.From(err); err != nil && ae.Code == apierr.BadRequest {
+		return &apierr.Error{Code: apierr.InvalidPolicy, Message: ae.Message, Details: ae.Details, Err: err}
+	}
 	return err
 }
 

@@ -5,13 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/runtime"
@@ -135,17 +134,14 @@ type createRequest struct {
 // below overflowing the engine's byte counts (memory_mb << 20 overflows
 // int64 at 2^43). Admission then checks what the host can hold.
 const (
-	maxCPUs = 1024
-	maxMB   = 1 << 30 // 1 PiB
+	maxCPUs = bound.MaxCPUs
+	maxMB   = bound.MaxMB // 1 PiB
 	maxPids = 1 << 22
 )
 
 // seconds converts a positive number of seconds to a duration.
 func seconds(field string, v float64, limit time.Duration) (time.Duration, error) {
-	if v <= 0 || math.IsNaN(v) || v > limit.Seconds() {
-		return 0, apierr.New(apierr.BadRequest, "%s must be a positive number of seconds, at most %d", field, int64(limit.Seconds()))
-	}
-	return time.Duration(v * float64(time.Second)), nil
+	return bound.Seconds(field, v, limit)
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
@@ -253,7 +249,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	if err != nil {
 		return nil, err
 	}
-	need := footprint(opt.Limits)
+	need := s.engine.Footprint(opt.Limits)
 	s.mu.Lock()
 	if err := s.admit(need); err != nil {
 		s.mu.Unlock()
@@ -303,23 +299,9 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	}
 	s.mu.Lock()
 	delete(s.boxes, placeholder)
-	s.boxes[sb.ID] = &box{sb: sb, owner: own, execTimeout: execTimeout, footprint: footprint(info.Limits)}
+	s.boxes[sb.ID] = &box{sb: sb, owner: own, execTimeout: execTimeout, footprint: s.engine.Footprint(info.Limits)}
 	s.mu.Unlock()
 	return sb, nil
-}
-
-// footprint is what a sandbox of these limits may take of the host's
-// memory: its memory limit plus its disk (a tmpfs); zero fields are the
-// engine's defaults.
-func footprint(l runtime.Limits) int64 {
-	mem, disk := l.MemoryBytes, l.DiskBytes
-	if mem <= 0 {
-		mem = sandbox.DefaultLimits.MemoryBytes
-	}
-	if disk <= 0 {
-		disk = sandbox.DefaultLimits.DiskBytes
-	}
-	return mem + disk
 }
 
 // admit checks that one more sandbox of footprint need fits the server's
@@ -339,7 +321,7 @@ func (s *Server) admit(need int64) error {
 	}
 	if used+need > capacity {
 		return &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
-			Message: fmt.Sprintf("the host cannot hold another sandbox of %d MiB (memory plus disk): %d of %d MiB are committed",
+			Message: fmt.Sprintf("the host cannot hold another sandbox of %d MiB of memory: %d of %d MiB are committed",
 				need>>20, used>>20, capacity>>20)}
 	}
 	return nil
@@ -497,7 +479,16 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	// One more than the page tells whether there is a next one.
+	// One more than the page tells whether there is a next one. A cursor
+	// is a sandbox of the caller's (the next of a page): anything else is
+	// refused, not answered with an empty page.
+	if c := r.URL.Query().Get("cursor"); c != "" {
+		if rec, err := s.store.GetSandbox(r.Context(), c); errors.Is(err, store.ErrNotFound) || err == nil && rec.Owner != own {
+			return bound.Error("cursor", "must be the next of a previous page of this listing")
+		} else if err != nil {
+			return err
+		}
+	}
 	filter.After, filter.Limit = r.URL.Query().Get("cursor"), limit+1
 	recs, err := s.store.ListSandboxes(r.Context(), filter)
 	if err != nil {
@@ -550,11 +541,8 @@ func pageLimit(r *http.Request) (int, error) {
 	if v == "" {
 		return maxPage, nil
 	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 || n > maxPage {
-		return 0, apierr.New(apierr.BadRequest, "limit must be an integer from 1 to %d", maxPage)
-	}
-	return n, nil
+	n, err := bound.ParseInt("limit", v, 1, maxPage)
+	return int(n), err
 }
 
 type timeoutRequest struct {

@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/llm"
+	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -63,15 +66,25 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
 	if req.Model == "" {
 		return apierr.New(apierr.BadRequest, "model is required")
 	}
-	if s.cfg.Models.Provider(req.Model) == nil {
-		return apierr.New(apierr.ModelNotFound, "model %q is not served by this server; GET /v1/models lists the models that are", req.Model)
+	own := owner(r)
+	// The model must be served and have quota left this month (or a
+	// fallback that has): a session whose every ask would fail is not
+	// made.
+	call, err := s.admitModel(r.Context(), own, req.Model, llm.Usage{})
+	if err != nil {
+		return err
 	}
+	call.release()
 	opt, execTimeout, err := s.createOptions(createRequest{Template: req.Template, Timeout: req.Timeout, Resources: req.Resources,
 		Metadata: req.Metadata, SandboxConfig: req.SandboxConfig, SecurityPolicy: req.SecurityPolicy})
 	if err != nil {
 		return err
 	}
-	own := owner(r)
+	done, err := s.admitSession(r.Context(), own, opt.Policy)
+	if err != nil {
+		return err
+	}
+	defer done()
 	sb, err := s.create(r.Context(), own, opt, execTimeout, nil)
 	if err != nil {
 		return err
@@ -84,8 +97,71 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
 		}
 		return fmt.Errorf("record session: %w", err)
 	}
+	done() // recorded: counted among the running from now on
 	writeJSON(w, http.StatusCreated, sessionOf(rec, sandboxFromInfo(sb.Info())))
 	return nil
+}
+
+// admitSession enforces rate_limiting.concurrent_sessions: the account's
+// running sessions, with the ones it is creating now, must stay within
+// the cap of the new session's policy and of every running session's.
+// done ends the new session's place among those being created (call it
+// once the session is recorded, or failed).
+func (s *Server) admitSession(ctx context.Context, own string, p *policy.Policy) (done func(), err error) {
+	s.sessionMu.Lock()
+	defer s.sessionMu.Unlock()
+	recs, err := s.store.ListSandboxes(ctx, store.SandboxFilter{Owner: own, State: string(sandbox.StateRunning)})
+	if err != nil {
+		return nil, err
+	}
+	capOf, capBy := p.ConcurrentSessions(), "the new session's"
+	capped := capOf > 0
+	caps := make([]int64, len(recs))
+	for i, rec := range recs {
+		if rp, err := policy.Parse(rec.Policy); err == nil { // a record's policy was valid when written
+			caps[i] = rp.ConcurrentSessions()
+			capped = capped || caps[i] > 0
+		}
+	}
+	running := 0
+	for i, rec := range recs {
+		if !capped {
+			break // no cap anywhere: nothing to count
+		}
+		if _, err := s.store.GetSession(ctx, rec.ID); err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				continue // a sandbox, not a session
+			}
+			return nil, err
+		}
+		running++
+		if c := caps[i]; c > 0 && (capOf == 0 || c < capOf) {
+			capOf, capBy = c, "session "+rec.ID+"'s"
+		}
+	}
+	n := running + s.pendingSessions[own]
+	if capOf > 0 && int64(n) >= capOf {
+		return nil, &apierr.Error{Code: apierr.RateLimited, RetryAfter: time.Second,
+			Message: fmt.Sprintf("this account has %d sessions running, the most %s rate_limiting.concurrent_sessions allows is %d; end one first", n, capBy, capOf),
+			Details: map[string]any{"running": n, "limit": capOf}}
+	}
+	if s.pendingSessions == nil {
+		s.pendingSessions = map[string]int{}
+	}
+	s.pendingSessions[own]++
+	var once sync.Once
+	return func() {
+		once.Do(func() { s.endPending(own) })
+	}, nil
+}
+
+// endPending ends one of own's sessions being created.
+func (s *Server) endPending(own string) {
+	s.sessionMu.Lock()
+	defer s.sessionMu.Unlock()
+	if s.pendingSessions[own]--; s.pendingSessions[own] <= 0 {
+		delete(s.pendingSessions, own)
+	}
 }
 
 // lookupSession returns the caller's session record; another owner's is
@@ -184,6 +260,10 @@ type sessionExecJSON struct {
 	Results         []string       `json:"results,omitempty"` // text of the trailing expression and display() calls
 }
 
+// networkRestrictedMessage is seed 002's message for a network call in a
+// sandbox without network.
+const networkRestrictedMessage = "Network access is restricted in sandbox mode"
+
 // sessionExecOf turns an engine execution into the seeds' shape.
 func sessionExecOf(ex *sandbox.Execution, timeout time.Duration) sessionExecJSON {
 	out := sessionExecJSON{Output: ex.Stdout + ex.Stderr, Status: ex.Status, ExecutionTimeMS: ex.ExecutionTimeMS, Charts: []chartJSON{}}
@@ -209,6 +289,11 @@ func sessionExecOf(ex *sandbox.Execution, timeout time.Duration) sessionExecJSON
 	if ex.ErrorCode == apierr.SandboxTimeout || ex.Status == sandbox.ExecTimeout {
 		e.Code = string(apierr.SandboxTimeout)
 		e.Message = fmt.Sprintf("Sandbox execution timeout after %dms", timeout.Milliseconds())
+	}
+	if ex.ErrorCode == apierr.NetworkRestricted {
+		// The seeds' message, whatever the language's own error said
+		// (urllib's URLError, Node's getaddrinfo, curl's).
+		e.Message = networkRestrictedMessage
 	}
 	if e.Message == "" {
 		e.Message = strings.TrimSpace(ex.Stderr)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -162,8 +163,14 @@ func (s *Server) accountUsage(w http.ResponseWriter, r *http.Request) error {
 	if t := to.Truncate(time.Hour); !t.Equal(to) {
 		to = t.Add(time.Hour)
 	}
+	// Nothing is metered after the present hour: a later end (up to year
+	// 9999 and beyond, with an offset) is cut to it, which also keeps
+	// the answer's times encodable.
+	if end := now.Truncate(time.Hour).Add(time.Hour); to.After(end) {
+		to = end
+	}
 	if !from.Before(to) {
-		return apierr.New(apierr.BadRequest, "from must be before to")
+		return bound.Error("from", "must be before to (and before the present hour's end)")
 	}
 	by := r.URL.Query().Get("group_by")
 	if by == "" {

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
@@ -367,6 +368,11 @@ func (w *webhooks) checkURL(raw string) (*url.URL, error) {
 	}
 	if u.Fragment != "" {
 		return nil, apierr.New(apierr.BadRequest, "url must not have a fragment")
+	}
+	if p := u.Port(); p != "" {
+		if _, err := bound.ParseInt("url", p, 1, 65535); err != nil {
+			return nil, bound.Error("url", "port %.20q must be from 1 to 65535", p)
+		}
 	}
 	host := strings.ToLower(strings.TrimSuffix(u.Hostname(), "."))
 	a, err := netip.ParseAddr(host)

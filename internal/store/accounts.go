@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"time"
 )
 
@@ -110,8 +111,34 @@ type CreditTotals struct {
 	SpentMicros   int64 // positive: what usage cost
 }
 
-// Balance is what is left.
-func (c CreditTotals) Balance() int64 { return c.FreeMicros + c.GrantedMicros - c.SpentMicros }
+// Balance is what is left, stopping at the ends of int64 as the sums
+// themselves do (SumMicros).
+func (c CreditTotals) Balance() int64 {
+	spent := -c.SpentMicros
+	if c.SpentMicros == math.MinInt64 {
+		spent = math.MaxInt64
+	}
+	return SumMicros(c.FreeMicros, c.GrantedMicros, spent)
+}
+
+// SumMicros adds amounts of money, stopping at the ends of int64 instead
+// of wrapping: a ledger's sums never fail nor turn their sign, however
+// large the entries a store was given (stores sum them in SQL the same
+// way; the server bounds every amount it takes, internal/bound).
+func SumMicros(v ...int64) int64 {
+	var s int64
+	for _, x := range v {
+		switch t := s + x; {
+		case s > 0 && x > 0 && t < 0:
+			s = math.MaxInt64
+		case s < 0 && x < 0 && t >= 0:
+			s = math.MinInt64
+		default:
+			s = t
+		}
+	}
+	return s
+}
 
 // Alert is something an account should look at.
 type Alert struct {

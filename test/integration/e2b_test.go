@@ -3,7 +3,9 @@ package integration
 import (
 	"context"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,4 +64,33 @@ func e2bKey(t *testing.T, s *server, owner string) string {
 		t.Fatalf("keys create --e2b printed no e2b_ key: %s", out)
 	}
 	return key
+}
+
+// TestE2BPythonSDK runs E2B's own Python SDK (test/e2b/python/vendor: e2b
+// 2.34.0 and e2b_code_interpreter 2.9.1, with the Debian packages
+// scripts/setup.sh installs) against the server: seed 000's client
+// (requests to /v1/chat/completions, the model's pandas group-by run by
+// run_in_e2b on an uploaded orders.csv, the article's create-with-timeout
+// / run_code loop / kill), then the SDK's files, commands, env vars, code
+// contexts, charts and DataFrames, and AsyncSandbox.
+func TestE2BPythonSDK(t *testing.T) {
+	s := start(t)
+	dir := t.TempDir()
+	if out, err := exec.Command("tar", "-xzf", "../e2b/python/vendor/e2b-python-2.34.0.tar.gz", "-C", dir).CombinedOutput(); err != nil {
+		t.Fatalf("unpack the vendored SDK: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "/usr/bin/python3", "-m", "unittest", "-v", "test_e2b_python")
+	cmd.Dir = "../e2b/python"
+	cmd.Env = append(nodejs.Environ("E2B_", "HOLYSHEEP_", "PYTHON"),
+		"PYTHONPATH="+filepath.Join(dir, "e2b-python", "site"),
+		"E2B_API_URL="+s.url, "E2B_SANDBOX_URL="+s.url, "E2B_API_KEY="+e2bKey(t, s, "e2b-python-suite"),
+		"HOLYSHEEP_URL="+s.url+"/v1/chat/completions", "HOLYSHEEP_KEY="+s.key)
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "\nOK") || strings.Contains(string(out), "skipped") {
+		t.Fatalf("E2B's Python SDK: %v\n%s", err, out)
+	}
+	t.Logf("%s", lastLines(out, 3))
 }

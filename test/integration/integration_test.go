@@ -122,7 +122,29 @@ models = ["scripted"]
 price_input_per_mtok = 0.27
 price_output_per_mtok = 1.10
 timeout_seconds = 30
-`, model.URL)), 0o600); err != nil {
+
+# The seeds' model names, served by the same scripted brain: seed 002's
+# sessions name claude-sonnet-4.5 (with a monthly quota of one token, so
+# that one ask uses it up: error 4) and deepseek-v3.2.
+[[providers]]
+name = "seeds"
+base_url = %q
+api_key_env = "SCRIPTED_MODEL_KEY"
+models = ["deepseek-v3.2", "deepseek-chat"]
+price_input_per_mtok = 0.42
+price_output_per_mtok = 0.42
+timeout_seconds = 30
+
+[[providers]]
+name = "seeds-quota"
+base_url = %q
+api_key_env = "SCRIPTED_MODEL_KEY"
+models = ["claude-sonnet-4.5"]
+price_input_per_mtok = 15
+price_output_per_mtok = 15
+monthly_token_quota = 1
+timeout_seconds = 30
+`, model.URL, model.URL, model.URL)), 0o600); err != nil {
 		return nil, err
 	}
 	// The webhook receivers of the tests (Go and Python) are on loopback,

@@ -6,18 +6,22 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sheepfold/sheepfold/client"
 	"github.com/sheepfold/sheepfold/internal/store"
 	"github.com/sheepfold/sheepfold/internal/store/sqlite"
 )
@@ -240,78 +244,189 @@ func storedCPU(t *testing.T, dir, id string) (int64, int64) {
 	return rows[0].CPUNanos, rows[0].WallNanos
 }
 
-// TestMeteringKill9: a server killed with SIGKILL loses at most one flush
-// interval of a busy sandbox's usage, and the next start counts no second
-// twice (the stored figures do not move).
+// TestMeteringKill9: a server killed with SIGKILL before its flush loses
+// none of its sandboxes' CPU. The next start charges each sandbox left
+// behind what its cgroup counted since the last flush, the time the
+// server was down included, before it destroys it; wall and GB-seconds
+// run to its end (the restart, or its deadline when that passed while no
+// server ran); a third start that meets one of them again (its destroy
+// failed) charges nothing more. Three sandboxes: a pool member that
+// burned 2 CPU-seconds and idles (metered from hand-out: its warm-up is
+// not the user's), one that burns a CPU through the crash, and one whose
+// lifetime ends while no server runs. Tolerances: the idle one within
+// 50 ms + 2 % of its cgroup's counter read before the kill; the dead one
+// exactly its final counter (1 ms); the busy one between its counter read
+// before the restart and that plus one CPU for the time the restart took
+// (+ 0.2 s).
 func TestMeteringKill9(t *testing.T) {
-	const flush = time.Second
-	dir, key := newDataDir(t)
-	p := serveOn(t, dir, key, "--pool", "0", "--metering-flush-interval", flush.String())
-	var sb struct{ ID string }
-	p.call("POST", "/v1/sandboxes", map[string]any{"timeout": 600, "resources": map[string]any{"cpus": 1}}, &sb)
-	p.call("POST", "/v1/sandboxes/"+sb.ID+"/commands", map[string]any{"cmd": "python3", "args": []string{"-c", "while True: pass"}, "background": true}, nil)
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		if cpu, _ := storedCPU(t, dir, sb.ID); cpu >= 3e9 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("usage never reached the database:\n%s", p.log)
-		}
+	s := newCrashServer(t)
+	s.extra = []string{"--metering-flush-interval", "10s"}
+	ctx := context.Background()
+	s.start(1)
+	c := s.client()
+	s.poolReady()
+	off := &client.Resources{MemoryMB: 256} // not the pool's limits: a create of its own, metered from 0
+	burner := client.CommandRequest{Cmd: "python3", Args: []string{"-c", "while True: pass"}}
+
+	busy, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Timeout: 10 * time.Minute, Resources: off})
+	if err != nil {
+		t.Fatal(err)
 	}
-	before := cgroupCPU(t, sb.ID)
-	p.stop(syscall.SIGKILL)
-	stored, wall := storedCPU(t, dir, sb.ID)
-	lost := int64(before) - stored
-	t.Logf("cgroup %.3f s at the kill; stored %.3f s (wall %.3f s): %.3f s lost", float64(before)/1e9, float64(stored)/1e9, float64(wall)/1e9, float64(lost)/1e9)
-	// One flush interval plus one sample interval of one busy CPU, and
-	// the time between the last sample and the kill.
-	if lost < 0 || lost > int64(2*flush+500*time.Millisecond) {
-		t.Fatalf("%.3f CPU-seconds lost at the kill; at most one interval may be", float64(lost)/1e9)
+	busyMetered := time.Now() // metered from before this at the latest
+	if _, err := c.StartCommand(ctx, busy.ID, burner); err != nil {
+		t.Fatal(err)
+	}
+	v0, err := c.Version(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Timeout: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handOut := cgroupCPU(t, idle.ID)
+	if v1, err := c.Version(ctx); err != nil || v1.Pool.Hits != v0.Pool.Hits+1 {
+		t.Fatalf("the idle sandbox is not a pool member: %+v %v", v1, err)
+	}
+	ex, err := c.Execute(ctx, idle.ID, client.ExecuteRequest{Timeout: time.Minute,
+		Code: "import time\nt = time.process_time()\nwhile time.process_time() - t < 2.0:\n    pass\n"})
+	if err != nil || ex.Status != "success" {
+		t.Fatalf("burn: %+v %v", ex, err)
+	}
+	short, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Timeout: 8 * time.Second, Resources: off})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shortMetered := time.Now() // metered from before this at the latest
+	if _, err := c.StartCommand(ctx, short.ID, burner); err != nil {
+		t.Fatal(err)
+	}
+	shortProcs := procs(short.ID)
+	ids := []string{idle.ID, busy.ID, short.ID}
+	stored := func() map[string][2]int64 { // cpu, wall
+		out := map[string][2]int64{}
+		for _, id := range ids {
+			cpu, wall := storedCPU(t, s.dir, id)
+			out[id] = [2]int64{cpu, wall}
+		}
+		return out
+	}
+	beforeKill := map[string]uint64{}
+	for _, id := range ids {
+		beforeKill[id] = cgroupCPU(t, id)
+	}
+	flushed := stored()
+	s.kill9()
+	if !slices.ContainsFunc(shortProcs, sandboxProc.alive) {
+		t.Fatal("the short sandbox ended before the kill: its life while no server ran went untested")
+	}
+	for _, id := range ids {
+		t.Logf("%s: cgroup %.3f s before the kill, %.3f s of it flushed", id, float64(beforeKill[id])/1e9, float64(flushed[id][0])/1e9)
 	}
 
-	// The restart destroys the sandbox left behind and records nothing
-	// more of it, however many flushes pass.
-	p2 := serveOn(t, dir, key, "--pool", "0", "--metering-flush-interval", flush.String())
-	var sb2 struct{ ID string }
-	p2.call("POST", "/v1/sandboxes", map[string]any{}, &sb2) // something to meter and flush
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if _, w := storedCPU(t, dir, sb2.ID); w > int64(3*flush) {
-			break // three flushes of the new server have happened
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the new server never flushed:\n%s", p2.log)
-		}
+	// While no server runs, the short one ends at its deadline (its
+	// agent keeps it) and the busy one burns on.
+	eventually(t, time.Until(short.ExpiresAt)+15*time.Second, "the short sandbox's processes to end", func() bool {
+		return !slices.ContainsFunc(shortProcs, sandboxProc.alive)
+	})
+	if time.Now().Before(short.ExpiresAt) {
+		t.Fatalf("the short sandbox ended before its deadline %s", short.ExpiresAt)
 	}
-	again, wall2 := storedCPU(t, dir, sb.ID)
-	if again != stored || wall2 != wall {
-		t.Fatalf("after the restart the killed sandbox's usage moved: cpu %d → %d, wall %d → %d", stored, again, wall, wall2)
+	// The busy one's destroy will fail (an immutable file in its bundle),
+	// so that a third start meets it again.
+	m, _ := filepath.Glob(filepath.Join(s.dir, "run", "*", "sandboxes", busy.ID, "config.json"))
+	if len(m) != 1 {
+		t.Fatalf("no bundle of %s", busy.ID)
 	}
-	var rep struct {
-		Groups []struct {
-			SandboxID  string  `json:"sandbox_id"`
-			CPUSeconds float64 `json:"cpu_seconds"`
+	stuck := m[0]
+	setImmutable(t, stuck, true)
+	defer func() {
+		if _, err := os.Stat(stuck); err == nil {
+			setImmutable(t, stuck, false)
 		}
+	}()
+	final := map[string]uint64{}
+	for _, id := range ids {
+		final[id] = cgroupCPU(t, id)
 	}
-	p2.call("GET", "/v1/account/usage?group_by=sandbox", nil, &rep)
-	found := false
+	busyProcs := procs(busy.ID)
+	readAt := time.Now()
+	s.start(0)
+	restartTook := time.Since(readAt)
+	// A leftover's usage is recorded before its destroy begins: once all
+	// three are destroyed (the busy one's processes and cgroup; its
+	// bundle stays).
+	eventually(t, 30*time.Second, "the leftovers' destroys", func() bool {
+		b := s.bundles()
+		return !slices.Contains(b, idle.ID) && !slices.Contains(b, short.ID) && !slices.ContainsFunc(busyProcs, sandboxProc.alive)
+	})
+
+	got := stored()
+	for _, id := range ids {
+		t.Logf("%s: cgroup %.3f s before the restart; stored %.3f s after it, wall %.3f s", id, float64(final[id])/1e9,
+			float64(got[id][0])/1e9, float64(got[id][1])/1e9)
+	}
+	want := float64(beforeKill[idle.ID]-handOut) / 1e9
+	if cpu := float64(got[idle.ID][0]) / 1e9; want < 2.0 || math.Abs(cpu-want) > 0.05+0.02*want {
+		t.Errorf("idle pool member: %.3f CPU-seconds stored; its cgroup counted %.3f since hand-out before the kill", cpu, want)
+	}
+	if d := got[short.ID][0] - int64(final[short.ID]); d < -1e6 || d > 1e6 {
+		t.Errorf("short: %d ns stored; its cgroup's final counter is %d", got[short.ID][0], final[short.ID])
+	}
+	if wall := got[short.ID][1]; wall > short.ExpiresAt.Sub(short.CreatedAt).Nanoseconds()+1e6 ||
+		wall < short.ExpiresAt.Sub(shortMetered).Nanoseconds()-1e6 {
+		t.Errorf("short: %.3f s of wall stored; it lived from %s (metered by %s) to its deadline %s", float64(wall)/1e9,
+			short.CreatedAt, shortMetered, short.ExpiresAt)
+	}
+	if cpu := got[busy.ID][0]; cpu < int64(final[busy.ID]) || cpu > int64(final[busy.ID])+restartTook.Nanoseconds()+2e8 {
+		t.Errorf("busy: %d ns stored; its cgroup counted %d before a restart of %s", cpu, final[busy.ID], restartTook)
+	}
+	if w := time.Duration(got[busy.ID][1]); w < readAt.Sub(busyMetered) {
+		t.Errorf("busy: %s of wall stored; it was metered for %s at least before the restart", w, readAt.Sub(busyMetered))
+	}
+	// The account's report and ledger say the same.
+	rep, err := c.Usage(ctx, client.UsageQuery{GroupBy: "sandbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, g := range rep.Groups {
-		if g.SandboxID == sb.ID {
-			found = true
-			if fmt.Sprintf("%.6f", g.CPUSeconds) != fmt.Sprintf("%.6f", float64(stored)/1e9) {
-				t.Fatalf("the report says %.6f s, the database %.6f s", g.CPUSeconds, float64(stored)/1e9)
-			}
+		if st, ok := got[g.SandboxID]; ok && fmt.Sprintf("%.6f", g.CPUSeconds) != fmt.Sprintf("%.6f", float64(st[0])/1e9) {
+			t.Errorf("the report says %.6f CPU-seconds of %s, the database %.6f", g.CPUSeconds, g.SandboxID, float64(st[0])/1e9)
 		}
 	}
-	if !found {
-		t.Fatalf("the killed sandbox is not in the report: %+v", rep)
+	cr, err := c.Credits(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
+	if d := cr.SpentMicros - rep.Total.CostMicros; d < -3 || d > 3 {
+		t.Errorf("the ledger has %d micros spent; the usage costs %d", cr.SpentMicros, rep.Total.CostMicros)
+	}
+
+	// The third start meets the busy one again (its processes and cgroup
+	// went, its bundle stayed) and charges nothing more of anything.
+	if !slices.Contains(s.bundles(), busy.ID) {
+		t.Fatal("the busy sandbox's bundle went: the third start meets nothing")
+	}
+	s.kill9()
+	s.start(0)
+	if !strings.Contains(s.log.String(), busy.ID) {
+		t.Fatalf("the third start did not meet the busy sandbox again:\n%s", s.log.String())
+	}
+	setImmutable(t, stuck, false)
+	eventually(t, 30*time.Second, "the stuck leftover to be destroyed in the background", func() bool {
+		return !slices.Contains(s.bundles(), busy.ID)
+	})
+	if again := stored(); !maps.Equal(again, got) {
+		t.Fatalf("after a third start the usage moved: %v → %v", got, again)
+	}
+
 	// The CLI prints the same report.
-	out, err := exec.Command(p2.bin, "usage", "--url", p2.url, "--api-key", key, "--group-by", "sandbox", "--json").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), sb.ID) {
+	out, err := exec.Command(s.bin, "usage", "--url", "http://"+s.addr, "--api-key", s.key, "--group-by", "sandbox", "--json").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), busy.ID) {
 		t.Fatalf("sheepfold usage --json: %v\n%s", err, out)
 	}
-	out, err = exec.Command(p2.bin, "usage", "--url", p2.url, "--api-key", key, "--group-by", "sandbox").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), sb.ID) || !strings.Contains(string(out), "total") {
+	out, err = exec.Command(s.bin, "usage", "--url", "http://"+s.addr, "--api-key", s.key, "--group-by", "sandbox").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), busy.ID) || !strings.Contains(string(out), "total") {
 		t.Fatalf("sheepfold usage: %v\n%s", err, out)
 	}
 }

@@ -55,7 +55,7 @@ func TestPolicyGoSDK(t *testing.T) {
 		t.Fatalf("redacted command: %+v, %v", cmd, err)
 	}
 
-	changed, err := c.SetPolicy(ctx, sb.ID, json.RawMessage(`{"output_filtering":{"strip_sensitive_data":true}}`))
+	changed, err := c.SetPolicy(ctx, sb.ID, json.RawMessage(`{"access_control":{},"resource_limits":{}}`))
 	if err != nil || !changed.RestartRequired || !strings.Contains(strings.Join(changed.Loosened, " "), "access_control.blocked_modules") {
 		t.Fatalf("SetPolicy %+v, %v", changed, err)
 	}

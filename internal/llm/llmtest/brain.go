@@ -51,6 +51,9 @@ func Brain(req Request) Reply {
 		return RunCode("import csv\nprint(len({r['order_id'] for r in csv.DictReader(open('orders.csv'))}))")
 	}
 	if code, ok := blackFriday(prompt); ok {
+		if sys := msgs[0]; sys.Role == "system" && strings.Contains(sys.Content, "sans markdown") {
+			return Text(code) // "without markdown", as seed 000's system message asks
+		}
 		return Fenced("python", code)
 	}
 	return Text("I cannot help with that.")
@@ -63,6 +66,10 @@ func blackFriday(prompt string) (string, bool) {
 	p := strings.ToLower(prompt)
 	const load = "import pandas as pd\ndf = pd.read_csv('orders.csv')\n"
 	switch {
+	case strings.Contains(p, "ca total par pays"):
+		// Seed 000's question; its system message asks for bare Python.
+		return load + `orders = df.drop_duplicates(subset="order_id")
+print((orders.qty * orders.price).groupby(orders.country).sum().round(2).to_dict())`, true
 	case strings.Contains(p, "revenue") && strings.Contains(p, "country"):
 		return load + `orders = df.drop_duplicates(subset="order_id")
 revenue = (orders.qty * orders.price).groupby(orders.country).sum().round(2)

@@ -15,13 +15,17 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
-var _ runtime.Runtime = (*Runtime)(nil)
+var (
+	_ runtime.Runtime = (*Runtime)(nil)
+	_ runtime.Resizer = (*Runtime)(nil)
+)
 
 // Runtime starts agents as host processes.
 type Runtime struct {
@@ -40,12 +44,17 @@ type Runtime struct {
 	// Choices are the values of Spec.Runtime it accepts besides "" (its
 	// Runtimes); nil offers "fake" alone. They all run the same way.
 	Choices []string
+	// DiskMemory is DiskInMemory's answer (runtime.DiskMemory): true
+	// plays a runtime that keeps disks in memory, as the oci runtime
+	// does without loop devices.
+	DiskMemory atomic.Bool
 
-	// mu guards procs, held, specs and the hung reading's fields.
-	mu    sync.Mutex
-	procs map[string]*exec.Cmd
-	held  map[string]runtime.Held
-	specs map[string]runtime.Spec // sandbox id → the Spec it was created with
+	// mu guards procs, held, specs, resized and the hung reading's fields.
+	mu      sync.Mutex
+	procs   map[string]*exec.Cmd
+	resized map[string]runtime.Limits // the last Resize of each sandbox
+	held    map[string]runtime.Held
+	specs   map[string]runtime.Spec // sandbox id → the Spec it was created with
 	// hung is the sandbox whose usage readings hang (HangUsage); began
 	// is told when one starts, unhung closes when they end.
 	hung   string
@@ -78,7 +87,12 @@ var (
 )
 
 // Name implements runtime.Runtime.
+var _ runtime.DiskMemory = (*Runtime)(nil)
+
 func (r *Runtime) Name() string { return "fake" }
+
+// DiskInMemory implements runtime.DiskMemory.
+func (r *Runtime) DiskInMemory() bool { return r.DiskMemory.Load() }
 
 // Runtimes implements runtime.Chooser.
 func (r *Runtime) Runtimes() []string {
@@ -207,6 +221,35 @@ func (r *Runtime) Usage(ctx context.Context, id string) (runtime.Usage, error) {
 		return runtime.Usage{}, runtime.ErrNotFound
 	}
 	return r.Used, nil
+}
+
+// Resize implements runtime.Resizer: the fake enforces nothing; it
+// remembers the sizes asked for (Resized).
+func (r *Runtime) Resize(_ context.Context, id string, l runtime.Limits) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.procs[id]; !ok {
+		return runtime.ErrNotFound
+	}
+	if r.resized == nil {
+		r.resized = map[string]runtime.Limits{}
+	}
+	cur := r.resized[id]
+	if l.MemoryBytes > 0 {
+		cur.MemoryBytes = l.MemoryBytes
+	}
+	if l.DiskBytes > 0 {
+		cur.DiskBytes = l.DiskBytes
+	}
+	r.resized[id] = cur
+	return nil
+}
+
+// Resized is what Resize last set for sandbox id (zero fields: never set).
+func (r *Runtime) Resized(id string) runtime.Limits {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.resized[id]
 }
 
 // SetUsed sets Used while sandboxes run (Usage reads it under the lock).

@@ -153,6 +153,48 @@ func (c *cgroups) usage(id string) (runtime.Usage, error) {
 	return u, nil
 }
 
+// setMemory changes the sandbox's memory (and memory+swap) limit: v2
+// memory.max (its memory.swap.max stays 0), v1 memory.limit_in_bytes and
+// memory.memsw.limit_in_bytes, in the order that keeps memsw at or above
+// the limit. Lowering it below what the sandbox uses makes the kernel
+// reclaim, and past that its OOM killer ends a process.
+func (c *cgroups) setMemory(id string, b int64) error {
+	d := c.controller(id, "memory")
+	if _, err := os.Stat(d); d == "" || err != nil {
+		return runtime.ErrNotFound
+	}
+	v := []byte(strconv.FormatInt(b, 10))
+	if c.v2 {
+		return os.WriteFile(filepath.Join(d, "memory.max"), v, 0)
+	}
+	limit, memsw := filepath.Join(d, "memory.limit_in_bytes"), filepath.Join(d, "memory.memsw.limit_in_bytes")
+	files := []string{limit, memsw}
+	if b > readInt(limit) {
+		files = []string{memsw, limit}
+	}
+	for _, f := range files {
+		if err := os.WriteFile(f, v, 0); err != nil && !(f == memsw && errors.Is(err, os.ErrNotExist)) {
+			return err
+		}
+	}
+	return nil
+}
+
+// memoryLimit reads the sandbox's memory limit: v2 memory.max, v1
+// memory.limit_in_bytes.
+func (c *cgroups) memoryLimit(id string) (int64, error) {
+	d := c.controller(id, "memory")
+	name := "memory.limit_in_bytes"
+	if c.v2 {
+		name = "memory.max"
+	}
+	raw, err := os.ReadFile(filepath.Join(d, name))
+	if d == "" || err != nil {
+		return 0, runtime.ErrNotFound
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
+}
+
 // oomKills reads the sandbox's OOM-kill count alone: v1 memory.oom_control,
 // v2 memory.events (oom_kill). One file, where usage reads nine and
 // stats the writable layer.

@@ -244,7 +244,7 @@ func (s *Store) QueryUsage(ctx context.Context, f store.UsageFilter) ([]store.Us
 	}
 	// sum of bigint is numeric: back to bigint.
 	q := `SELECT ` + key + `::text, max(account_id), max(template), max(sandbox_id), min(hour),
-		coalesce(sum(wall_ns), 0)::bigint, coalesce(sum(cpu_ns), 0)::bigint,
+		` + micros(`sum(wall_ns)`) + `, ` + micros(`sum(cpu_ns)`) + `,
 		coalesce(sum(gb_seconds_reserved), 0), coalesce(sum(gb_seconds_used), 0), coalesce(max(disk_peak_bytes), 0),
 		coalesce(sum(executions), 0)::bigint, coalesce(sum(commands), 0)::bigint, coalesce(sum(egress_requests), 0)::bigint,
 		coalesce(sum(egress_bytes_in), 0)::bigint, coalesce(sum(egress_bytes_out), 0)::bigint
@@ -299,16 +299,23 @@ func addLedger(ctx context.Context, q querier, e store.LedgerEntry) error {
 func (s *Store) CreditTotals(ctx context.Context, account string) (store.CreditTotals, error) {
 	var c store.CreditTotals
 	err := s.pool.QueryRow(ctx, `SELECT
-		coalesce(sum(amount_micros) FILTER (WHERE kind = 'free'), 0)::bigint,
-		coalesce(sum(amount_micros) FILTER (WHERE kind NOT IN ('free', 'usage')), 0)::bigint,
-		coalesce(-sum(amount_micros) FILTER (WHERE kind = 'usage'), 0)::bigint
+		`+micros(`sum(amount_micros) FILTER (WHERE kind = 'free')`)+`,
+		`+micros(`sum(amount_micros) FILTER (WHERE kind NOT IN ('free', 'usage'))`)+`,
+		`+micros(`-sum(amount_micros) FILTER (WHERE kind = 'usage')`)+`
 		FROM credit_ledger WHERE account_id = $1`, account).Scan(&c.FreeMicros, &c.GrantedMicros, &c.SpentMicros)
 	return c, storeErr("credit totals", err)
 }
 
+// micros is a sum of amounts of money or of nanoseconds (a numeric,
+// which cannot overflow) as a bigint, stopping at bigint's ends rather
+// than failing there (store.SumMicros).
+func micros(sum string) string {
+	return `greatest(least(coalesce(` + sum + `, 0), 9223372036854775807), -9223372036854775808)::bigint`
+}
+
 // Balances implements store.Store.
 func (s *Store) Balances(ctx context.Context) (map[string]int64, error) {
-	rows, err := s.pool.Query(ctx, `SELECT account_id, sum(amount_micros)::bigint FROM credit_ledger GROUP BY account_id`)
+	rows, err := s.pool.Query(ctx, `SELECT account_id, `+micros(`sum(amount_micros)`)+` FROM credit_ledger GROUP BY account_id`)
 	if err != nil {
 		return nil, storeErr("balances", err)
 	}

@@ -69,10 +69,22 @@ func (s *Store) TakeMeterLease(ctx context.Context, want store.MeterLease, at ti
 }
 
 // putLeases records leases in tx where their replicas still hold them:
-// a *store.LeaseLostError names those they do not.
+// a *store.LeaseLostError names those they do not. A lease no replica
+// holds is a sandbox's meter point (store.MeterPoint.Lease): it replaces
+// the sandbox's last.
 func putLeases(ctx context.Context, tx pgx.Tx, leases []store.MeterLease) error {
 	var lost []string
 	for _, l := range leases {
+		if l.Replica == "" {
+			if _, err := tx.Exec(ctx, `INSERT INTO meter_leases (sandbox_id, replica, lease_until, ended, cpu_ns, metered_at)
+				VALUES ($1, '', $2, $3, $4, $5)
+				ON CONFLICT (sandbox_id) DO UPDATE SET replica = '', lease_until = excluded.lease_until, ended = excluded.ended,
+					cpu_ns = excluded.cpu_ns, metered_at = excluded.metered_at`,
+				l.SandboxID, dbTime(l.Until), l.Ended, int64(l.CPUNanos), dbTime(l.At)); err != nil {
+				return storeErr("record meter point", err)
+			}
+			continue
+		}
 		tag, err := tx.Exec(ctx, `UPDATE meter_leases SET lease_until = $1, ended = $2, cpu_ns = $3, metered_at = $4
 			WHERE sandbox_id = $5 AND replica = $6 AND NOT ended`,
 			dbTime(l.Until), l.Ended, int64(l.CPUNanos), dbTime(l.At), l.SandboxID, l.Replica)
@@ -87,4 +99,25 @@ func putLeases(ctx context.Context, tx pgx.Tx, leases []store.MeterLease) error 
 		return &store.LeaseLostError{SandboxIDs: lost}
 	}
 	return nil
+}
+
+// AddMeteredUsage implements store.MeterPointStore.
+func (s *Store) AddMeteredUsage(ctx context.Context, deltas []store.UsageDelta, ledger []store.LedgerEntry, points []store.MeterPoint) error {
+	leases := make([]store.MeterLease, len(points))
+	for i, p := range points {
+		leases[i] = p.Lease()
+	}
+	return s.AddLeasedUsage(ctx, deltas, ledger, leases)
+}
+
+// MeterPoint implements store.MeterPointStore.
+func (s *Store) MeterPoint(ctx context.Context, sandboxID string) (store.MeterPoint, error) {
+	p := store.MeterPoint{SandboxID: sandboxID}
+	var cpu int64
+	if err := s.pool.QueryRow(ctx, `SELECT ended, cpu_ns, metered_at FROM meter_leases WHERE sandbox_id = $1`,
+		sandboxID).Scan(&p.Ended, &cpu, &p.At); err != nil {
+		return p, notFound("read meter point", err)
+	}
+	p.CPUNanos, p.At = uint64(cpu), p.At.UTC()
+	return p, nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"modernc.org/sqlite"
@@ -201,7 +202,7 @@ func (d *DB) QueryUsage(ctx context.Context, f store.UsageFilter) ([]store.Usage
 	default:
 		return nil, fmt.Errorf("query usage: unknown grouping %q", f.GroupBy)
 	}
-	q := `SELECT ` + key + `, max(account_id), max(template), max(sandbox_id), coalesce(sum(wall_ns), 0), coalesce(sum(cpu_ns), 0),
+	q := `SELECT ` + key + `, max(account_id), max(template), max(sandbox_id), ` + wideSum{}.sql("wall_ns") + `, ` + wideSum{}.sql("cpu_ns") + `,
 		coalesce(sum(gb_seconds_reserved), 0), coalesce(sum(gb_seconds_used), 0), coalesce(max(disk_peak_bytes), 0),
 		coalesce(sum(executions), 0), coalesce(sum(commands), 0), coalesce(sum(egress_requests), 0),
 		coalesce(sum(egress_bytes_in), 0), coalesce(sum(egress_bytes_out), 0), count(*) FROM usage_hours WHERE 1 = 1`
@@ -233,10 +234,12 @@ func (d *DB) QueryUsage(ctx context.Context, f store.UsageFilter) ([]store.Usage
 		var r store.UsageRow
 		var acct, tmpl, sb sql.NullString
 		var n int
-		if err := rows.Scan(&r.Key, &acct, &tmpl, &sb, &r.WallNanos, &r.CPUNanos, &r.GBSecondsReserved, &r.GBSecondsUsed,
+		var wall, cpu wideSum
+		if err := rows.Scan(&r.Key, &acct, &tmpl, &sb, &wall.q, &wall.r, &cpu.q, &cpu.r, &r.GBSecondsReserved, &r.GBSecondsUsed,
 			&r.DiskPeakBytes, &r.Executions, &r.Commands, &r.EgressRequests, &r.EgressBytesIn, &r.EgressBytesOut, &n); err != nil {
 			return nil, err
 		}
+		r.WallNanos, r.CPUNanos = wall.value(), cpu.value()
 		if n == 0 {
 			continue // the aggregate of no rows
 		}
@@ -270,17 +273,47 @@ func addLedger(ctx context.Context, db execer, e store.LedgerEntry) error {
 // CreditTotals implements store.Store.
 func (d *DB) CreditTotals(ctx context.Context, account string) (store.CreditTotals, error) {
 	var c store.CreditTotals
+	var free, granted, used wideSum
 	err := d.rd.QueryRowContext(ctx, `SELECT
-		coalesce(sum(CASE WHEN kind = 'free' THEN amount_micros END), 0),
-		coalesce(sum(CASE WHEN kind NOT IN ('free', 'usage') THEN amount_micros END), 0),
-		coalesce(-sum(CASE WHEN kind = 'usage' THEN amount_micros END), 0)
-		FROM credit_ledger WHERE account_id = ?`, account).Scan(&c.FreeMicros, &c.GrantedMicros, &c.SpentMicros)
+		`+wideSum{}.sql(`CASE WHEN kind = 'free' THEN amount_micros END`)+`,
+		`+wideSum{}.sql(`CASE WHEN kind NOT IN ('free', 'usage') THEN amount_micros END`)+`,
+		`+wideSum{}.sql(`CASE WHEN kind = 'usage' THEN amount_micros END`)+`
+		FROM credit_ledger WHERE account_id = ?`, account).Scan(&free.q, &free.r, &granted.q, &granted.r, &used.q, &used.r)
+	c.FreeMicros, c.GrantedMicros, c.SpentMicros = free.value(), granted.value(), -used.value()
+	if used.value() == math.MinInt64 {
+		c.SpentMicros = math.MaxInt64
+	}
 	return c, err
+}
+
+// wideSum is a sum of integers (amounts of money, nanoseconds) that never
+// fails. SQLite's sum() of integers fails past int64 ("integer
+// overflow"), so the sum is taken in two parts: of the whole billions
+// (x / 1000000000, each at most 9.3e9: a billion rows near int64's ends
+// before it could overflow) and of the rest (x % 1000000000); value
+// joins them, stopping at int64's ends (store.SumMicros).
+type wideSum struct{ q, r int64 }
+
+const wideUnit = 1_000_000_000
+
+// sql is the two columns of the sum of expr.
+func (wideSum) sql(expr string) string {
+	return `coalesce(sum((` + expr + `) / 1000000000), 0), coalesce(sum((` + expr + `) % 1000000000), 0)`
+}
+
+func (m wideSum) value() int64 {
+	switch {
+	case m.q > math.MaxInt64/wideUnit:
+		return math.MaxInt64
+	case m.q < math.MinInt64/wideUnit:
+		return math.MinInt64
+	}
+	return store.SumMicros(m.q*wideUnit, m.r)
 }
 
 // Balances implements store.Store.
 func (d *DB) Balances(ctx context.Context) (map[string]int64, error) {
-	rows, err := d.rd.QueryContext(ctx, `SELECT account_id, sum(amount_micros) FROM credit_ledger GROUP BY account_id`)
+	rows, err := d.rd.QueryContext(ctx, `SELECT account_id, `+wideSum{}.sql(`amount_micros`)+` FROM credit_ledger GROUP BY account_id`)
 	if err != nil {
 		return nil, err
 	}
@@ -288,11 +321,11 @@ func (d *DB) Balances(ctx context.Context) (map[string]int64, error) {
 	out := map[string]int64{}
 	for rows.Next() {
 		var a string
-		var b int64
-		if err := rows.Scan(&a, &b); err != nil {
+		var b wideSum
+		if err := rows.Scan(&a, &b.q, &b.r); err != nil {
 			return nil, err
 		}
-		out[a] = b
+		out[a] = b.value()
 	}
 	return out, rows.Err()
 }

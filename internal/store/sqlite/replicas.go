@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/store"
@@ -72,10 +73,22 @@ func (d *DB) TakeMeterLease(ctx context.Context, want store.MeterLease, at time.
 }
 
 // putLeases records leases in tx where their replicas still hold them:
-// a *store.LeaseLostError names those they do not.
+// a *store.LeaseLostError names those they do not. A lease no replica
+// holds is a sandbox's meter point (store.MeterPoint.Lease): it replaces
+// the sandbox's last.
 func putLeases(ctx context.Context, tx *sql.Tx, leases []store.MeterLease) error {
 	var lost []string
 	for _, l := range leases {
+		if l.Replica == "" {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO meter_leases (sandbox_id, replica, lease_until, ended, cpu_ns, metered_at)
+				VALUES (?, '', ?, ?, ?, ?)
+				ON CONFLICT (sandbox_id) DO UPDATE SET replica = '', lease_until = excluded.lease_until, ended = excluded.ended,
+					cpu_ns = excluded.cpu_ns, metered_at = excluded.metered_at`,
+				l.SandboxID, fmtTime(l.Until), l.Ended, int64(l.CPUNanos), fmtTime(l.At)); err != nil {
+				return storeErr("record meter point", err)
+			}
+			continue
+		}
 		res, err := tx.ExecContext(ctx, `UPDATE meter_leases SET lease_until = ?, ended = ?, cpu_ns = ?, metered_at = ?
 			WHERE sandbox_id = ? AND replica = ? AND NOT ended`,
 			fmtTime(l.Until), l.Ended, int64(l.CPUNanos), fmtTime(l.At), l.SandboxID, l.Replica)
@@ -92,4 +105,31 @@ func putLeases(ctx context.Context, tx *sql.Tx, leases []store.MeterLease) error
 		return &store.LeaseLostError{SandboxIDs: lost}
 	}
 	return nil
+}
+
+// AddMeteredUsage implements store.MeterPointStore.
+func (d *DB) AddMeteredUsage(ctx context.Context, deltas []store.UsageDelta, ledger []store.LedgerEntry, points []store.MeterPoint) error {
+	leases := make([]store.MeterLease, len(points))
+	for i, p := range points {
+		leases[i] = p.Lease()
+	}
+	return d.AddLeasedUsage(ctx, deltas, ledger, leases)
+}
+
+// MeterPoint implements store.MeterPointStore.
+func (d *DB) MeterPoint(ctx context.Context, sandboxID string) (store.MeterPoint, error) {
+	p := store.MeterPoint{SandboxID: sandboxID}
+	var cpu int64
+	var metered string
+	err := d.db.QueryRowContext(ctx, `SELECT ended, cpu_ns, metered_at FROM meter_leases WHERE sandbox_id = ?`,
+		sandboxID).Scan(&p.Ended, &cpu, &metered)
+	if errors.Is(err, sql.ErrNoRows) {
+		return p, store.ErrNotFound
+	}
+	if err != nil {
+		return p, storeErr("read meter point", err)
+	}
+	p.CPUNanos = uint64(cpu)
+	p.At, err = parseTime(metered)
+	return p, err
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -251,5 +253,67 @@ func testTokensAndSessions(t *testing.T, s store.Store) {
 	}
 	if _, err := s.GetSession(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("unknown session: %v", err)
+	}
+}
+
+// testLedgerSumsSaturate: an account's ledger sums never fail, however
+// large its entries: a sum past int64's ends stops at them (a grant of
+// 9,999,999,999,999 once wrapped and then broke the SQL sum, which
+// stopped the balances of every account). The server bounds each amount
+// (internal/bound); the store holds whatever it is given.
+func testLedgerSumsSaturate(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := now()
+	add := func(acct, kind string, micros int64) {
+		t.Helper()
+		mustNil(t, s.AddLedger(ctx, store.LedgerEntry{Account: acct, CreatedAt: now, Kind: kind, AmountMicros: micros}))
+	}
+	// acct_max: grants far past int64; acct_min: usage far below it;
+	// acct_ok: a fair balance beside them, summed exactly.
+	for range 3 {
+		add("acct_max", store.LedgerGrant, math.MaxInt64)
+		add("acct_max", store.LedgerFree, math.MaxInt64)
+		add("acct_min", store.LedgerUsage, math.MinInt64)
+	}
+	add("acct_min", store.LedgerGrant, 5)
+	add("acct_ok", store.LedgerGrant, 1_000_000_000_000_000)
+	add("acct_ok", store.LedgerUsage, -999_999)
+	add("acct_ok", store.LedgerUsage, -1)
+
+	ct, err := s.CreditTotals(ctx, "acct_max")
+	if err != nil || ct.GrantedMicros != math.MaxInt64 || ct.FreeMicros != math.MaxInt64 || ct.Balance() != math.MaxInt64 {
+		t.Fatalf("grants past int64: %+v (balance %d), %v", ct, ct.Balance(), err)
+	}
+	ct, err = s.CreditTotals(ctx, "acct_min")
+	if err != nil || ct.SpentMicros != math.MaxInt64 || ct.GrantedMicros != 5 || ct.Balance() != math.MinInt64+6 {
+		t.Fatalf("usage past int64: %+v (balance %d), %v", ct, ct.Balance(), err)
+	}
+	ct, err = s.CreditTotals(ctx, "acct_ok")
+	if err != nil || ct.GrantedMicros != 1_000_000_000_000_000 || ct.SpentMicros != 1_000_000 || ct.Balance() != 999_999_999_000_000 {
+		t.Fatalf("a fair account beside them: %+v, %v", ct, err)
+	}
+	bal, err := s.Balances(ctx)
+	if err != nil || bal["acct_max"] != math.MaxInt64 || bal["acct_min"] != math.MinInt64 || bal["acct_ok"] != 999_999_999_000_000 {
+		t.Fatalf("balances %v, %v", bal, err)
+	}
+
+	// Usage sums the same way: an account's seconds over many sandboxes
+	// and hours stop at int64's end, and a fair sum stays exact.
+	h := now.Truncate(time.Hour)
+	var deltas []store.UsageDelta
+	for i := range 3 {
+		deltas = append(deltas, store.UsageDelta{SandboxID: fmt.Sprint("sb", i), Account: "acct_max", Template: "python", Hour: h,
+			WallNanos: math.MaxInt64, CPUNanos: math.MaxInt64 - 1})
+	}
+	deltas = append(deltas, store.UsageDelta{SandboxID: "sb9", Account: "acct_ok", Template: "python", Hour: h,
+		WallNanos: 3_600_000_000_001, CPUNanos: 1_999_999_999})
+	mustNil(t, s.AddUsage(ctx, deltas, nil))
+	rows, err := s.QueryUsage(ctx, store.UsageFilter{Account: "acct_max", GroupBy: store.GroupNone})
+	if err != nil || len(rows) != 1 || rows[0].WallNanos != math.MaxInt64 || rows[0].CPUNanos != math.MaxInt64 {
+		t.Fatalf("usage past int64: %+v, %v", rows, err)
+	}
+	rows, err = s.QueryUsage(ctx, store.UsageFilter{GroupBy: store.GroupAccount})
+	if err != nil || len(rows) != 2 || rows[1].Key != "acct_ok" || rows[1].WallNanos != 3_600_000_000_001 || rows[1].CPUNanos != 1_999_999_999 {
+		t.Fatalf("usage by account: %+v, %v", rows, err)
 	}
 }

@@ -267,7 +267,12 @@ class SandboxAPI:
             self._http.post_json(f"/v1/sessions/{path_segment(session_id)}/execute", body, **kw))
 
     def apply_policy(self, session_id: str, policy: Mapping[str, Any]) -> Dict[str, Any]:
-        """Replace the session's security policy: {policy, restart_required, loosened}."""
+        """Apply ``policy`` over the session's security policy and return
+        {policy, restart_required, loosened}: each section it sets replaces
+        that section whole, each it leaves out keeps its rules (so seed
+        002's policy, which has no ``filesystem`` section, keeps the
+        filesystem rules of ``sandbox_config``); memory_mb and disk_write_mb
+        resize the running sandbox (see Sandbox.set_policy)."""
         return self._http.request("PUT", f"/v1/sandboxes/{path_segment(session_id)}/policy",
                                   json_body=dict(policy)).json()
 

@@ -94,7 +94,7 @@ class Commands:
         background: bool = False,
         envs: Optional[Dict[str, str]] = None,
         cwd: Optional[str] = None,
-        timeout: Optional[float] = 60,
+        timeout: Optional[float] = None,
         on_stdout: Optional[OutputHandler] = None,
         on_stderr: Optional[OutputHandler] = None,
         stdin: bool = False,
@@ -110,7 +110,9 @@ class Commands:
         outlives the request. Pass stdin=True to keep its stdin open for
         send_stdin().
 
-        timeout is in seconds (None or 0: the server's default).
+        timeout is in seconds. Left out (None), a foreground command gets
+        60 s and a background one none: it lives as long as its sandbox.
+        0 is the server's default (the same).
         """
         return self.exec("/bin/bash", ["-c", cmd], background=background, envs=envs, cwd=cwd,
                          timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr, stdin=stdin,
@@ -123,13 +125,15 @@ class Commands:
         background: bool = False,
         envs: Optional[Dict[str, str]] = None,
         cwd: Optional[str] = None,
-        timeout: Optional[float] = 60,
+        timeout: Optional[float] = None,
         on_stdout: Optional[OutputHandler] = None,
         on_stderr: Optional[OutputHandler] = None,
         stdin: bool = False,
         request_timeout: Optional[float] = None,
     ) -> Union[CommandResult, CommandHandle]:
         """Like run(), but an executable and its arguments, without a shell."""
+        if timeout is None and not background:
+            timeout = 60
         body: Dict[str, Any] = {"cmd": cmd, "args": list(args or [])}
         if envs:
             body["env"] = dict(envs)

@@ -32,6 +32,8 @@ __all__ = [
     "FileTooLargeError",
     "DiskFullError",
     "RateLimitError",
+    "TooManyConnectionsError",
+    "StorageQuotaExceededError",
     "SessionQuotaExceededError",
     "SessionNotFoundError",
     "ModelNotFoundError",
@@ -42,6 +44,12 @@ __all__ = [
     "CapacityError",
     "InternalServerError",
     "SheepfoldConnectionError",
+    "ForbiddenError",
+    "SubprocessDeniedError",
+    "CPUTimeExceededError",
+    "MethodNotAllowedError",
+    "StorageUnavailableError",
+    "ShuttingDownError",
     "error_for",
 ]
 
@@ -152,6 +160,20 @@ class NetworkRestrictedError(PermissionDeniedError):
     default_code = "ERR_NETWORK_RESTRICTED"
 
 
+class ForbiddenError(PermissionDeniedError):
+    """403 ERR_FORBIDDEN: the key may not do this (an admin route, another
+    account's resource)."""
+
+    default_code = "ERR_FORBIDDEN"
+
+
+class SubprocessDeniedError(PermissionDeniedError):
+    """403 ERR_SUBPROCESS_DENIED: the policy's allow_subprocess is false and
+    the code tried to start a program."""
+
+    default_code = "ERR_SUBPROCESS_DENIED"
+
+
 class ConflictError(SheepfoldError):
     """409: the request conflicts with the current state."""
 
@@ -178,7 +200,23 @@ class OutOfMemoryError(SheepfoldError):
 
 
 class OutputLimitError(SheepfoldError):
+    """ERR_OUTPUT_LIMIT: the output passed the cap and the policy's
+    output_filtering.stop_on_output_cap stopped the execution."""
+
     default_code = "ERR_OUTPUT_LIMIT"
+
+
+class CPUTimeExceededError(SheepfoldError):
+    """ERR_CPU_TIME_EXCEEDED: the execution used the policy's
+    resource_limits.cpu_time_seconds and was stopped."""
+
+    default_code = "ERR_CPU_TIME_EXCEEDED"
+
+
+class MethodNotAllowedError(InvalidArgumentError):
+    """405 ERR_METHOD_NOT_ALLOWED: the route does not take this method."""
+
+    default_code = "ERR_METHOD_NOT_ALLOWED"
 
 
 class FileTooLargeError(SheepfoldError):
@@ -199,6 +237,21 @@ class RateLimitError(SheepfoldError):
 
 class SessionQuotaExceededError(RateLimitError):
     default_code = "ERR_SESSION_QUOTA_EXCEEDED"
+
+
+class TooManyConnectionsError(RateLimitError):
+    """429: this key or account holds as many streams (executions, event
+    streams, downloads, previews...) open as it may; close one first."""
+
+    default_code = "ERR_TOO_MANY_CONNECTIONS"
+
+
+class StorageQuotaExceededError(RateLimitError):
+    """429: the account keeps as many records of a kind (alerts) as the
+    server lets one account keep, none of which may go to make room:
+    acknowledge some alerts first. Retrying alone does not help."""
+
+    default_code = "ERR_STORAGE_QUOTA_EXCEEDED"
 
 
 class SessionNotFoundError(NotFoundError):
@@ -246,6 +299,19 @@ class CapacityError(SheepfoldError):
     default_code = "ERR_CAPACITY"
 
 
+class StorageUnavailableError(CapacityError):
+    """503 ERR_STORAGE_UNAVAILABLE: the server's database cannot be reached
+    for now; retry."""
+
+    default_code = "ERR_STORAGE_UNAVAILABLE"
+
+
+class ShuttingDownError(CapacityError):
+    """503 ERR_SHUTTING_DOWN: the server is draining; retry on another."""
+
+    default_code = "ERR_SHUTTING_DOWN"
+
+
 class InternalServerError(SheepfoldError):
     """500 and other server-side failures."""
 
@@ -278,12 +344,20 @@ _BY_CODE: Dict[str, Type[SheepfoldError]] = {
     "ERR_NETWORK_RESTRICTED": NetworkRestrictedError,
     "ERR_SESSION_QUOTA_EXCEEDED": SessionQuotaExceededError,
     "ERR_RATE_LIMITED": RateLimitError,
+    "ERR_TOO_MANY_CONNECTIONS": TooManyConnectionsError,
+    "ERR_STORAGE_QUOTA_EXCEEDED": StorageQuotaExceededError,
     "ERR_CAPACITY": CapacityError,
     "ERR_INTERNAL": InternalServerError,
     "ERR_SESSION_NOT_FOUND": SessionNotFoundError,
     "ERR_MODEL_NOT_FOUND": ModelNotFoundError,
     "ERR_PROVIDER": ProviderError,
     "ERR_PROVIDER_TIMEOUT": ProviderTimeoutError,
+    "ERR_FORBIDDEN": ForbiddenError,
+    "ERR_SUBPROCESS_DENIED": SubprocessDeniedError,
+    "ERR_CPU_TIME_EXCEEDED": CPUTimeExceededError,
+    "ERR_METHOD_NOT_ALLOWED": MethodNotAllowedError,
+    "ERR_STORAGE_UNAVAILABLE": StorageUnavailableError,
+    "ERR_SHUTTING_DOWN": ShuttingDownError,
 }
 
 _BY_STATUS: Dict[int, Type[SheepfoldError]] = {
@@ -291,6 +365,7 @@ _BY_STATUS: Dict[int, Type[SheepfoldError]] = {
     401: AuthenticationError,
     403: PermissionDeniedError,
     404: NotFoundError,
+    405: MethodNotAllowedError,
     408: SandboxTimeoutError,
     409: ConflictError,
     413: FileTooLargeError,

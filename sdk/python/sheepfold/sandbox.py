@@ -195,12 +195,16 @@ class Sandbox:
         return PolicyAnswer.from_dict(self._http.get_json(self._base + "/policy"))
 
     def set_policy(self, policy: Dict[str, Any]) -> PolicyAnswer:
-        """Replace the sandbox's security policy with ``policy`` (the whole
-        new policy: rules left out are unset). Tightening applies from the
-        next execution with state kept; a loosening a running interpreter
-        cannot apply answers ``restart_required``. Filesystem rules, memory
-        and disk are fixed at create: changing them raises
-        InvalidPolicyError."""
+        """Apply ``policy`` over the sandbox's security policy: each section
+        it sets (``resource_limits``, ``access_control``...) replaces that
+        section whole, each it leaves out keeps its rules, an empty one
+        (``{}``) clears it; the answer holds the whole policy now.
+        Tightening applies from the next execution with state kept; a
+        loosening a running interpreter cannot apply answers
+        ``restart_required``. ``resource_limits.memory_mb`` and
+        ``disk_write_mb`` resize the running sandbox (above the account's
+        maxima: InvalidPolicyError). Filesystem rules are fixed at create:
+        changing them raises InvalidPolicyError."""
         resp = self._http.request("PUT", self._base + "/policy", json_body=dict(policy))
         return PolicyAnswer.from_dict(resp.json())
 

@@ -27,7 +27,13 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")
 from sheepfold import (  # noqa: E402
     Account,
     Admin,
+    AuthenticationError,
+    Client,
     CommandHandle,
+    ModuleBlockedError,
+    NetworkRestrictedError,
+    SandboxTimeoutError,
+    SessionQuotaExceededError,
     PermissionDeniedError,
     RateLimitError,
     Events,
@@ -198,8 +204,10 @@ class TestEndToEnd(unittest.TestCase):
         res = sb.commands.run("echo tok $API_TOKEN")
         self.assertEqual(res.stdout, "tok [REDACTED:secret_env]\n")
 
-        # Loosening a rule the interpreter cannot drop needs a restart.
-        changed = sb.set_policy({"output_filtering": {"strip_sensitive_data": True}})
+        # Loosening a rule the interpreter cannot drop needs a restart. A
+        # section given replaces the current one ({} clears it), one left
+        # out keeps its rules.
+        changed = sb.set_policy({"access_control": {}, "resource_limits": {}})
         self.assertTrue(changed.restart_required)
         self.assertIn("access_control.blocked_modules", changed.loosened)
         self.assertEqual(sb.get_policy().policy, {"output_filtering": {"strip_sensitive_data": True}})
@@ -345,3 +353,95 @@ class TestEndToEnd(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+@unittest.skipUnless(E2E_URL and E2E_KEY and E2E_ADMIN_KEY,
+                     "set SHEEPFOLD_E2E_URL, SHEEPFOLD_E2E_KEY and SHEEPFOLD_E2E_ADMIN_KEY to run the seed's error cases")
+class TestSeed002Errors(unittest.TestCase):
+    """Seed 002's five error cases, as the article writes them, give its
+    codes and messages through this SDK (the integration suite serves
+    claude-sonnet-4.5 with a monthly quota of one token, deepseek-v3.2
+    without one)."""
+
+    SANDBOX_CONFIG = {
+        "max_execution_time": 30,
+        "max_memory_mb": 512,
+        "allowed_modules": ["json", "math", "re", "datetime"],
+        "network_restricted": True,
+        "filesystem_readonly": False,
+        "filesystem_paths_whitelist": ["/tmp/sandbox/", "/var/tmp/"],
+    }
+
+    def setUp(self) -> None:
+        admin = Admin(api_key=E2E_ADMIN_KEY, base_url=E2E_URL)
+        name = "seed002-" + base64.b32encode(os.urandom(5)).decode().lower()
+        admin.create_account(name)
+        self.client = Client(api_key=admin.create_key(name, name="seed")["key"], base_url=E2E_URL + "/v1")
+
+    def session(self, model: str = "deepseek-v3.2", **kw) -> str:
+        s = self.client.sessions.create(model=model, **kw)
+        self.addCleanup(self.client.sessions.delete, s.id)
+        return s.id
+
+    def test_1_authentication(self) -> None:
+        client = Client(api_key="votre_cle_incorrecte", base_url=E2E_URL + "/v1")
+        with self.assertRaises(AuthenticationError) as cm:
+            client.sessions.create(model="claude-sonnet-4.5")
+        self.assertEqual((cm.exception.code, cm.exception.message, cm.exception.status),
+                         ("ERR_AUTHENTICATION_FAILED", "Authentication failed. Invalid API key", 401))
+
+    def test_2_timeout(self) -> None:
+        sid = self.session(sandbox_config=self.SANDBOX_CONFIG)
+        result = self.client.sandbox.execute(session_id=sid, code="""
+
+# Code qui boucle infiniment
+while True:
+    print("Boucle infinie")
+""", language="python", timeout_ms=3000)
+        self.assertEqual(result.status, "timeout")
+        self.assertIsInstance(result.error, SandboxTimeoutError)
+        self.assertEqual((result.error.code, result.error.message), ("ERR_SANDBOX_TIMEOUT", "Sandbox execution timeout after 3000ms"))
+        self.assertIn("[output truncated at", result.output)
+        with self.assertRaises(SandboxTimeoutError):
+            result.raise_for_error()
+
+    def test_3_module_blocked(self) -> None:
+        sid = self.session(sandbox_config=self.SANDBOX_CONFIG)
+        result = self.client.sandbox.execute(session_id=sid, code="""
+import os
+print(os.listdir('/'))
+""", language="python")
+        self.assertIsInstance(result.error, ModuleBlockedError)
+        self.assertEqual((result.error.code, result.error.message), ("ERR_MODULE_BLOCKED", "Module 'os' is blocked by security policy"))
+
+    def test_4_session_quota(self) -> None:
+        sid = self.session(model="claude-sonnet-4.5")
+        self.client.sessions.ask(session_id=sid, prompt="SAY: bonjour")  # uses the one token of the month
+        with self.assertRaises(SessionQuotaExceededError) as cm:
+            self.client.sessions.create(model="claude-sonnet-4.5")
+        self.assertEqual((cm.exception.code, cm.exception.message, cm.exception.status),
+                         ("ERR_SESSION_QUOTA_EXCEEDED", "Monthly quota exceeded for model claude-sonnet-4.5", 429))
+        # The article's way out.
+        usage = self.client.account.get_usage()
+        self.assertGreater(usage.tokens_used, 0)
+        self.session(model="deepseek-v3.2")
+
+    def test_5_network_restricted(self) -> None:
+        sid = self.session(sandbox_config={"network_restricted": True})
+        sb = Sandbox.connect(sid, api_key=self.client._http.api_key, base_url=E2E_URL)
+        for lang, code, target in (
+                ("python", "\nimport urllib.request\nresponse = urllib.request.urlopen('https://api.example.com')\n", "api.example.com"),
+                ("python", "import socket\nsocket.create_connection(('203.0.113.7', 80), timeout=5)", "203.0.113.7:80"),
+                ("javascript", "await require('dns').promises.lookup('api.example.com')", "api.example.com"),
+                ("bash", "curl -sS --max-time 5 https://api.example.com", "api.example.com")):
+            result = self.client.sandbox.execute(session_id=sid, code=code, language=lang)
+            self.assertIsInstance(result.error, NetworkRestrictedError, (lang, code, result))
+            self.assertEqual((result.error.code, result.error.message),
+                             ("ERR_NETWORK_RESTRICTED", "Network access is restricted in sandbox mode"))
+            self.assertEqual(sb.run_code(code, language=lang).error_code, "ERR_NETWORK_RESTRICTED", (lang, code))
+            seen = [e.details for e in sb.events.list(types=["security_violation"], limit=1000).events]
+            self.assertIn({"kind": "network_denied", "target": target}, [{k: d.get(k) for k in ("kind", "target")} for d in seen])
+        # A session with network_restricted False has a network.
+        open_sid = self.session(sandbox_config={"network_restricted": False})
+        self.assertEqual(Sandbox.connect(open_sid, api_key=self.client._http.api_key, base_url=E2E_URL)
+                         .get_policy().policy["network"], {"mode": "public"})

@@ -488,12 +488,19 @@ class TestCommands(FakeServerTest):
         self.assertEqual(seen, [("o", "a\n"), ("o", "b\n"), ("e", "c\n")])
         self.assertEqual((r.stdout, r.stderr, r.exit_code), ("a\nb\n", "c\n", 0))
 
+    def test_background_timeout_only_when_asked(self) -> None:
+        sb = self.sandbox()
+        sb.commands.run("sleep 100", background=True, timeout=5)
+        self.assertEqual(self.server.calls("POST", r".*/commands")[0].json()["timeout_ms"], 5000)
+
     def test_background_handle(self) -> None:
         sb = self.sandbox()
         h = sb.commands.run("sleep 100", background=True, stdin=True)
         self.assertIsInstance(h, CommandHandle)
         req = self.server.calls("POST", r".*/commands")[0]
-        self.assertEqual(req.json(), {"cmd": "/bin/bash", "args": ["-c", "sleep 100"], "timeout_ms": 60000,
+        # A background command lives as long as its sandbox unless it
+        # asks for a timeout.
+        self.assertEqual(req.json(), {"cmd": "/bin/bash", "args": ["-c", "sleep 100"],
                                       "background": True, "stdin": True})
         procs = sb.commands.list()
         self.assertEqual([p.pid for p in procs], [h.pid])
