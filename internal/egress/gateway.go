@@ -225,7 +225,7 @@ func New(opt Options, sandboxID string, pol *policy.Egress, limit int64) (*Gatew
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Gateway{
 		opt: opt, id: sandboxID, limit: max(limit, 0), ctx: ctx, cancel: cancel,
-		log:      opt.Logger.With("sandbox", sandboxID, "component", "egress"),
+		log:      slog.New(newLogCap(opt.Logger.Handler(), LogLinesPerMinute, time.Now)).With("sandbox", sandboxID, "component", "egress"),
 		resolved: map[netip.Addr]map[string]bool{},
 		parents:  map[string]map[string]bool{},
 		reported: map[string]time.Time{},
@@ -276,6 +276,9 @@ func (g *Gateway) Close() error {
 		g.closers[i]()
 	}
 	g.closers = nil
+	if h, ok := g.log.Handler().(*logCap); ok {
+		h.flush()
+	}
 	return nil
 }
 
