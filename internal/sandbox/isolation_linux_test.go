@@ -684,3 +684,121 @@ func TestRootWritesStayInSandbox(t *testing.T) {
 		t.Error("the template's /etc/passwd changed")
 	}
 }
+
+// holdPids forks sleeping children until a fork fails, prints "full" with
+// the errno, and from then on forks again at once whenever a pid is freed,
+// so that the sandbox's tenant sits at its pids limit until the file
+// /home/user/stop appears; then it kills its process group, itself and
+// its children.
+const holdPids = `
+import os, signal, time
+full = False
+while not os.path.exists("/home/user/stop"):
+    try:
+        if os.fork() == 0:
+            time.sleep(120); os._exit(0)
+    except OSError as e:
+        if not full:
+            full = True
+            print("full", e.errno, flush=True)
+        time.sleep(0.0005)
+os.killpg(0, signal.SIGKILL)
+`
+
+// TestForkBombSparesTheAgent holds a sandbox at its pids limit for
+// seconds while the agent is asked to work: run code in a kernel that is
+// already up, read a file, start processes (each start ends one of the
+// agent's OS threads, so the Go runtime must make another). The agent's
+// threads must never compete with the tenant's tasks: the tenant's
+// processes are charged to a cgroup of their own, below the sandbox's,
+// whose limit is the one asked for, and the sandbox's keeps a reserve
+// for the agent. Before, the agent shared the limit; the runtime could
+// not make a thread ("failed to create new OS thread", EAGAIN) and the
+// agent died, stopping the sandbox ("sandbox agent is gone").
+func TestForkBombSparesTheAgent(t *testing.T) {
+	m := runcEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{Pids: 64}})
+	if ex := run(t, s, "python", "open('/home/user/kept', 'w').write('kept')\n1 + 1"); mainText(ex) != "2" {
+		t.Fatalf("warm the kernel: %+v", ex)
+	}
+
+	full := make(chan string, 1)
+	bomb := make(chan error, 1)
+	go func() {
+		var out strings.Builder // the stream's callback runs on one goroutine
+		_, err := s.Run(context.Background(), sandbox.ProcessSpec{
+			Cmd: "/usr/bin/python3", Args: []string{"-c", holdPids}, TimeoutMS: 60_000,
+		}, func(ev agentproto.Event) {
+			if ev.Type != agentproto.EventStdout || out.Len() > 64 {
+				return
+			}
+			out.Write(ev.Data)
+			if line, _, ok := strings.Cut(out.String(), "\n"); ok {
+				full <- line
+				out.WriteString(strings.Repeat(".", 64)) // said once
+			}
+		})
+		bomb <- err
+	}()
+	select {
+	case msg := <-full:
+		// The control: the tenant really is at its limit.
+		if msg != "full 11" {
+			t.Fatalf("the holder says %q, want a fork refused with EAGAIN", msg)
+		}
+	case err := <-bomb:
+		t.Fatalf("the holder ended before the sandbox was full: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("the sandbox never filled")
+	}
+
+	// Work while full, for seconds: each process start ends one of the
+	// agent's threads, so its runtime makes new ones throughout.
+	refused, rounds := 0, 0
+	for until := time.Now().Add(3 * time.Second); rounds < 20 || time.Now().Before(until); rounds++ {
+		i := rounds
+		ex, err := s.Execute(context.Background(), sandbox.ExecuteRequest{Language: "python", Code: "2 + 2"}, nil)
+		if err != nil {
+			t.Fatalf("round %d: execute at the limit: %v", i, err)
+		}
+		if mainText(ex) != "4" {
+			t.Fatalf("round %d: execute at the limit: %+v", i, ex)
+		}
+		var buf strings.Builder
+		if _, err := s.ReadFile(context.Background(), "/home/user/kept", &buf, 1<<20); err != nil || buf.String() != "kept" {
+			t.Fatalf("round %d: read a file at the limit: %q %v", i, buf.String(), err)
+		}
+		res, err := s.Run(context.Background(), sandbox.ProcessSpec{Cmd: "/bin/true", TimeoutMS: 10_000}, nil)
+		switch {
+		case err != nil && apierr.CodeOf(err) == apierr.SandboxState:
+			t.Fatalf("round %d: start a process at the limit: %v", i, err)
+		case err != nil:
+			// The tenant's limit refuses the process: a clean error.
+			if refused++; refused == 1 {
+				t.Logf("a process start at the limit: %v", err)
+			}
+		case res.ExitCode != 0:
+			t.Fatalf("round %d: /bin/true at the limit: %+v", i, res)
+		}
+	}
+	if refused == 0 {
+		t.Error("no process start was refused at the limit: the holder did not hold it")
+	}
+	// The tenant's tasks are counted against the limit it asked for.
+	if u, err := s.Usage(context.Background()); err != nil || u.Pids < 60 || u.Pids > 65 || u.PidsDenied == 0 {
+		t.Errorf("usage at the limit: %+v %v", u, err)
+	}
+	t.Logf("%d rounds of work at the limit, %d process starts refused", rounds, refused)
+	if _, err := s.WriteFile(context.Background(), "/home/user/stop", strings.NewReader(""), 0o644, 1); err != nil {
+		t.Fatalf("stop the holder: %v", err)
+	}
+	if err := <-bomb; err != nil {
+		t.Fatalf("the holder's stream: %v", err)
+	}
+	if ex := run(t, s, "python", "3 + 3"); mainText(ex) != "6" {
+		t.Fatalf("after the holder: %+v", ex)
+	}
+	if res, out, _ := runAs(t, s, "user", "/bin/echo", "ok"); res.ExitCode != 0 || out != "ok\n" {
+		t.Fatalf("a process after the holder: %+v %q", res, out)
+	}
+}
