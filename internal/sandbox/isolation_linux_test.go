@@ -715,9 +715,34 @@ os.killpg(0, signal.SIGKILL)
 // for the agent. Before, the agent shared the limit; the runtime could
 // not make a thread ("failed to create new OS thread", EAGAIN) and the
 // agent died, stopping the sandbox ("sandbox agent is gone").
+//
+// after_waited_processes first starts many processes through the agent,
+// each of which it waits for: had that cost the agent a thread each (a
+// goroutine blocked in waitid), they would have eaten its reserve, and the
+// sandbox's own limit, not the tenant's, would have stopped the fork bomb
+// with the agent out of threads. The agent waits on pidfds instead
+// (internal/pidfd).
 func TestForkBombSparesTheAgent(t *testing.T) {
 	m := runcEngine(t)
-	s := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{Pids: 64}})
+	t.Run("fork_bomb", func(t *testing.T) {
+		s := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{Pids: 64}})
+		holdAndWork(t, s, 64)
+	})
+	t.Run("after_waited_processes", func(t *testing.T) {
+		s := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{Pids: 256}})
+		for i := range 150 {
+			if _, err := s.Start(context.Background(), sandbox.ProcessSpec{Cmd: "/bin/sleep", Args: []string{"600"}}); err != nil {
+				t.Fatalf("start sleeper %d: %v", i, err)
+			}
+		}
+		holdAndWork(t, s, 256)
+	})
+}
+
+// holdAndWork holds s at its pids limit (holdPids) while the agent works,
+// and checks that the agent stays and the sandbox works afterwards.
+func holdAndWork(t *testing.T, s *sandbox.Sandbox, limit int64) {
+	t.Helper()
 	if ex := run(t, s, "python", "open('/home/user/kept', 'w').write('kept')\n1 + 1"); mainText(ex) != "2" {
 		t.Fatalf("warm the kernel: %+v", ex)
 	}
@@ -785,7 +810,7 @@ func TestForkBombSparesTheAgent(t *testing.T) {
 		t.Error("no process start was refused at the limit: the holder did not hold it")
 	}
 	// The tenant's tasks are counted against the limit it asked for.
-	if u, err := s.Usage(context.Background()); err != nil || u.Pids < 60 || u.Pids > 65 || u.PidsDenied == 0 {
+	if u, err := s.Usage(context.Background()); err != nil || u.Pids < limit-4 || u.Pids > limit+1 || u.PidsDenied == 0 {
 		t.Errorf("usage at the limit: %+v %v", u, err)
 	}
 	t.Logf("%d rounds of work at the limit, %d process starts refused", rounds, refused)
