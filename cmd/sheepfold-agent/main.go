@@ -60,6 +60,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -105,8 +106,10 @@ func main() {
 	}
 	switch os.Args[1] {
 	case "init":
+		boundProcs()
 		os.Exit(runInit(os.Args[2:]))
 	case "serve":
+		boundProcs()
 		os.Exit(runServe(os.Args[2:]))
 	case agent.NprocExecCommand:
 		// Starts a program under RLIMIT_NPROC (serve's --nproc); serve
@@ -125,6 +128,21 @@ func main() {
 	default:
 		usage()
 		os.Exit(2)
+	}
+}
+
+// maxProcs bounds init's and serve's GOMAXPROCS. Their OS threads live in
+// a small reserve of tasks beyond the sandbox's pids limit
+// (internal/runtime/oci AgentPids), and the Go runtime keeps about one
+// thread for each P besides those blocked in system calls. The sandbox
+// mounts no cgroup filesystem, so the runtime cannot read the sandbox's
+// CPU quota and would take the host's CPU count, which may be large. One
+// sandbox's agent has no use for more.
+const maxProcs = 4
+
+func boundProcs() {
+	if runtime.GOMAXPROCS(0) > maxProcs {
+		runtime.GOMAXPROCS(maxProcs)
 	}
 }
 
