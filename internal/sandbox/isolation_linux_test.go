@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -825,5 +826,75 @@ func holdAndWork(t *testing.T, s *sandbox.Sandbox, limit int64) {
 	}
 	if res, out, _ := runAs(t, s, "user", "/bin/echo", "ok"); res.ExitCode != 0 || out != "ok\n" {
 		t.Fatalf("a process after the holder: %+v %q", res, out)
+	}
+}
+
+// findCgroupFDs looks through every process's descriptors, as the
+// sandbox's root, for one that opens a cgroup's directory, and reports what it found, the processes
+// whose descriptors it could not reach, and whether it saw the one it
+// planted itself (the control: the search works).
+const findCgroupFDs = `
+import json, os
+planted = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY)
+found, shut, saw_planted = [], [], False
+for pid in os.listdir("/proc"):
+    if not pid.isdigit():
+        continue
+    try:
+        fds = os.listdir("/proc/%s/fd" % pid)
+    except OSError:
+        shut.append(int(pid))
+        continue
+    reached = False
+    for fd in fds:
+        p = "/proc/%s/fd/%s" % (pid, fd)
+        try:
+            opened = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        reached = True
+        if int(pid) == os.getpid() and int(fd) == planted:
+            saw_planted = os.path.samestat(os.fstat(opened), os.stat("/tmp"))
+        try:
+            entries = os.listdir(opened)
+        except OSError:
+            entries = []
+        os.close(opened)
+        if "pids.max" in entries or "cgroup.procs" in entries or "tasks" in entries:
+            found.append("%s/%s: %s" % (pid, fd, sorted(entries)[:4]))
+    if not reached and fds:
+        shut.append(int(pid))
+print(json.dumps({"found": found, "shut": shut, "planted": saw_planted}))
+`
+
+// TestTenantCannotReachTheCgroup: the sandbox's root (sudo, or a process
+// started as root) finds no descriptor of the sandbox's pids cgroup, which
+// the agent holds to start processes in the tenant's cgroup: it is
+// close-on-exec in the agent, and the agent, non-dumpable, keeps its
+// /proc/PID/fd from every process of the sandbox.
+func TestTenantCannotReachTheCgroup(t *testing.T) {
+	m := runcEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{Pids: 64}})
+	res, out, errOut := runAs(t, s, "root", "/usr/bin/python3", "-c", findCgroupFDs)
+	if res.ExitCode != 0 {
+		t.Fatalf("the search failed: %+v %s", res, errOut)
+	}
+	var r struct {
+		Found   []string
+		Shut    []int
+		Planted bool
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%q: %v", out, err)
+	}
+	if !r.Planted {
+		t.Fatalf("the search did not see its own descriptor: %+v", r)
+	}
+	if len(r.Found) > 0 {
+		t.Errorf("root in the sandbox holds or reaches cgroup descriptors: %v", r.Found)
+	}
+	// The agent's init is pid 1; serve is its child.
+	if !slices.Contains(r.Shut, 1) || len(r.Shut) < 2 {
+		t.Errorf("root reached the descriptors of the agent's processes: only %v were shut", r.Shut)
 	}
 }
