@@ -194,6 +194,10 @@ func (c *cgroups) openPids(id string) (*os.File, error) {
 	return os.OpenFile(d, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 }
 
+// mkCgroup makes a cgroup directory; tests replace it with one that also
+// makes the files the kernel would.
+var mkCgroup = func(dir string) error { return os.Mkdir(dir, 0o755) }
+
 // makeTenant makes the sandbox's tenantLeaf with pids.max limit, once runc
 // has made the sandbox's cgroup and started its agent, and lets the
 // agent (host uid owner, the sandbox's root) move one of its own threads
@@ -210,7 +214,7 @@ func (c *cgroups) openPids(id string) (*os.File, error) {
 func (c *cgroups) makeTenant(id string, limit int64, owner int) error {
 	d := c.pidsDir(id)
 	t := filepath.Join(d, tenantLeaf)
-	if err := os.Mkdir(t, 0o755); err != nil {
+	if err := mkCgroup(t); err != nil {
 		return fmt.Errorf("make the tenant's cgroup: %w", err)
 	}
 	move := []string{filepath.Join(t, "tasks")}
