@@ -19,7 +19,11 @@ import (
 // tenant's limit: a tenant at its limit gets EAGAIN, and the agent still
 // makes the OS threads its Go runtime needs (a thread it cannot make is
 // fatal to it). The thread moved is the one StartIn ends afterwards; the
-// agent's other threads never leave the sandbox's cgroup.
+// agent's other threads never leave the sandbox's cgroup. Nor does the
+// moved thread make any: the Go runtime never clones a new thread from a
+// locked one (newm hands the job to its template thread, made at the
+// process's first LockOSThread, before any move), so no thread of the
+// agent's is ever made in, or charged to, the tenant's cgroup.
 
 // tenantCgroup is the descriptor of the sandbox's pids cgroup (-1: none);
 // set once before the agent serves.
