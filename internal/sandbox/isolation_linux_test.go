@@ -17,6 +17,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -724,10 +725,11 @@ os.killpg(0, signal.SIGKILL)
 // with the agent out of threads. The agent waits on pidfds instead
 // (internal/pidfd).
 func TestForkBombSparesTheAgent(t *testing.T) {
-	m := runcEngine(t)
+	log := &policyLog{}
+	m := runcEngine(t, func(c *sandbox.Config) { c.Events = log })
 	t.Run("fork_bomb", func(t *testing.T) {
 		s := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{Pids: 64}})
-		holdAndWork(t, s, 64)
+		holdAndWork(t, s, 64, log)
 	})
 	t.Run("after_waited_processes", func(t *testing.T) {
 		s := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{Pids: 256}})
@@ -736,13 +738,15 @@ func TestForkBombSparesTheAgent(t *testing.T) {
 				t.Fatalf("start sleeper %d: %v", i, err)
 			}
 		}
-		holdAndWork(t, s, 256)
+		holdAndWork(t, s, 256, log)
 	})
 }
 
 // holdAndWork holds s at its pids limit (holdPids) while the agent works,
-// and checks that the agent stays and the sandbox works afterwards.
-func holdAndWork(t *testing.T, s *sandbox.Sandbox, limit int64) {
+// and checks that the agent stays and the sandbox works afterwards, and
+// that a command refused at the limit is reported in log as the pids
+// limit reached.
+func holdAndWork(t *testing.T, s *sandbox.Sandbox, limit int64, log *policyLog) {
 	t.Helper()
 	if ex := run(t, s, "python", "open('/home/user/kept', 'w').write('kept')\n1 + 1"); mainText(ex) != "2" {
 		t.Fatalf("warm the kernel: %+v", ex)
@@ -809,6 +813,14 @@ func holdAndWork(t *testing.T, s *sandbox.Sandbox, limit int64) {
 	}
 	if refused == 0 {
 		t.Error("no process start was refused at the limit: the holder did not hold it")
+	}
+	// While the holder still runs (its own end would be reported too).
+	reported := false
+	for _, ev := range log.of(events.ResourceExceeded, s.ID, "") {
+		reported = reported || ev.Details["resource"] == events.ResourcePids && ev.Details["limit"] == limit
+	}
+	if !reported {
+		t.Errorf("no resource_exceeded pids event for the commands refused at the limit: %+v", log.of(events.ResourceExceeded, s.ID, ""))
 	}
 	// The tenant's tasks are counted against the limit it asked for.
 	if u, err := s.Usage(context.Background()); err != nil || u.Pids < limit-4 || u.Pids > limit+1 || u.PidsDenied == 0 {
