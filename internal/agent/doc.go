@@ -21,7 +21,8 @@
 // CodeBadRequest; a panic ends only the connection that caused it.
 //
 // Imports: internal/agentproto, internal/fdpass, internal/osthread
-// (threads locked into a namespace or credentials), internal/psi (a
+// (threads locked into a namespace or credentials), internal/pidfd
+// (waiting for a child without holding a thread), internal/psi (a
 // cgroup's pressure), internal/homeseed (a Pod's home, scratch_linux.go),
 // internal/ratelimit (the per-minute budgets it keeps for its engines,
 // budget.go), the standard library and golang.org/x/sys.

@@ -31,7 +31,7 @@
 //
 // Languages and their names are internal/lang's.
 //
-// Imports: agentproto, fdpass, lang, the standard library and x/sys only.
+// Imports: agentproto, fdpass, lang, pidfd, the standard library and x/sys only.
 package kernel
 
 import (
@@ -58,6 +58,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/lang"
+	"github.com/sheepfold/sheepfold/internal/pidfd"
 )
 
 var (
@@ -355,6 +356,10 @@ func (k *Kernel) start() error {
 	go func() {
 		readers.Wait() // cmd.Wait closes the pipes: read them to the end first
 		close(p.out)
+		// Without holding an OS thread while the interpreter lives (the
+		// agent's threads stay within its reserve of tasks; see package
+		// pidfd); failing that, Wait waits.
+		_ = pidfd.AwaitExit(cmd.Process.Pid)
 		_ = cmd.Wait()
 		close(p.exited)
 	}()
