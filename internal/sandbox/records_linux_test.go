@@ -127,7 +127,12 @@ func TestRecordsForgedReports(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			log := &policyLog{}
-			m := runcEngine(t, func(c *sandbox.Config) { c.Events, c.Reports = log, tc.limits })
+			// The report bounds are what is tried here: the events'
+			// coalescing (TestEventsCoalesced) is lifted.
+			m := runcEngine(t, func(c *sandbox.Config) {
+				c.Events, c.Reports = log, tc.limits
+				c.EventRate = sandbox.EventRate{Burst: 1 << 30, PerMinute: 1 << 30}
+			})
 			s := newSandbox(t, m, sandbox.CreateOptions{})
 			ex, err := s.Execute(context.Background(), sandbox.ExecuteRequest{ID: "exe_forge", Code: forgeReports(10000)}, nil)
 			if err != nil || ex.Status != sandbox.ExecSuccess {
