@@ -24,9 +24,13 @@ template: setup build ## build the python template once, again when its definiti
 run: template ## start the server on $(LISTEN) with everything it needs
 	bin/sheepfold serve --listen $(LISTEN)
 
-lint: ## gofmt, go vet, and the source rules kept by tests (no panic re-raised outside abort.Handler)
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+lint: ## gofmt, go vet, staticcheck (its default checks), go.mod tidy, and the source rules kept by tests (no panic re-raised outside abort.Handler)
 	@fmt=$$(gofmt -l cmd internal client api test 2>/dev/null); if [ -n "$$fmt" ]; then echo "gofmt needed:"; echo "$$fmt"; exit 1; fi
 	go vet ./...
+	GOBIN=$(CURDIR)/bin/tools go install $(STATICCHECK)
+	bin/tools/staticcheck ./...
+	@go mod tidy -diff || { echo "go.mod or go.sum is not tidy: run go mod tidy"; exit 1; }
 	go test -count=1 -run '^TestNoRepanic' ./internal/abort
 
 ui: ## rebuild the dashboard (web/) into internal/ui/dist, which the binary embeds
