@@ -20,8 +20,10 @@
 // the socket, not the files in the sandbox. Malformed input gets a Done with
 // CodeBadRequest; a panic ends only the connection that caused it.
 //
-// Imports: internal/agentproto, internal/fdpass, internal/osthread
-// (threads locked into a namespace or credentials), internal/psi (a
+// Imports: internal/agentproto, internal/lang (the default language's
+// name; the kernels are wired in by cmd/sheepfold-agent), internal/fdpass,
+// internal/osthread (threads locked into a namespace or credentials),
+// internal/psi (a
 // cgroup's pressure), internal/homeseed (a Pod's home, scratch_linux.go),
 // internal/ratelimit (the per-minute budgets it keeps for its engines,
 // budget.go), the standard library and golang.org/x/sys.

@@ -42,7 +42,7 @@
 // internal/bound (the ranges of numbers), internal/e2b, internal/mcpserver (the
 // /mcp endpoint, with a Go SDK client that calls this server in process),
 // internal/agentproto, internal/runtime (limits), internal/lang (metric
-// labels), internal/abort (responses cut short), internal/ui (the
+// labels, the ask's fence tags, the default language), internal/abort (responses cut short), internal/ui (the
 // dashboard's embedded front end), api (the OpenAPI document) and
 // golang.org/x/net/publicsuffix (which hosts share a site with previews).
 // Never a runtime implementation: the engine is handed in.
