@@ -75,10 +75,23 @@ type Network struct {
 	Attach     func(ctx context.Context, pid int) error
 	// Proxy, set for a runtime that is an EgressProxy instead, gives the
 	// sandbox no interface: its agent listens for the sandbox's proxied
-	// connections on egress.ProxyAddr, its environment names that proxy,
+	// connections on ProxyAddr, its environment names that proxy (ProxyEnv),
 	// and the engine fetches each connection through the agent for the
 	// gateway (ResolvConf and Attach are unset).
 	Proxy bool
+}
+
+// ProxyAddr is the address, on a proxied sandbox's loopback (Network.Proxy),
+// where its agent listens for the connections the sandbox's code makes
+// out; the server's gateway serves each (internal/egress, proxy_linux.go).
+const ProxyAddr = "127.0.0.1:3128"
+
+// ProxyEnv is the environment that points a proxied sandbox's clients at
+// ProxyAddr (both spellings: tools read one or the other).
+func ProxyEnv() []string {
+	u := "http://" + ProxyAddr
+	return []string{"HTTP_PROXY=" + u, "HTTPS_PROXY=" + u, "http_proxy=" + u, "https_proxy=" + u,
+		"NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1"}
 }
 
 // EgressProxy is a runtime whose sandboxes reach the network only through

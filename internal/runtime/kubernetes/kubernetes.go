@@ -33,10 +33,10 @@
 // of the instance, so that a garbage collector can remove those whose
 // record is gone.
 //
-// Imports: internal/runtime, internal/runtime/oci (the agent's path,
-// capabilities and rlimits), internal/agenttls, internal/egress (the
-// egress proxy's address and environment), client-go and the standard
-// library.
+// Imports: internal/runtime (its interfaces, and the egress proxy's
+// address and environment), internal/runtime/oci (the agent's path,
+// capabilities and rlimits), internal/agenttls, client-go and the
+// standard library.
 package kubernetes
 
 import (
@@ -65,7 +65,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/sheepfold/sheepfold/internal/agenttls"
-	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 )
@@ -584,8 +583,8 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 		// Its only way out: the agent's egress listener, which the
 		// server's gateway serves (internal/egress, proxy_linux.go); the
 		// NetworkPolicy denies everything else.
-		args = append(args, "--egress-listen", egress.ProxyAddr)
-		for _, kv := range egress.ProxyEnv() {
+		args = append(args, "--egress-listen", runtime.ProxyAddr)
+		for _, kv := range runtime.ProxyEnv() {
 			k, v, _ := strings.Cut(kv, "=")
 			env = append(env, corev1.EnvVar{Name: k, Value: v})
 		}
