@@ -20,13 +20,13 @@
 // the socket, not the files in the sandbox. Malformed input gets a Done with
 // CodeBadRequest; a panic ends only the connection that caused it.
 //
-// Imports: internal/agentproto, internal/lang (the default language's
-// name; the kernels are wired in by cmd/sheepfold-agent), internal/fdpass,
-// internal/osthread (threads locked into a namespace or credentials),
-// internal/cgroup (its cgroup's counters, usage.go), internal/homeseed (a
-// Pod's home, scratch_linux.go), internal/ratelimit (the per-minute
-// budgets it keeps for its engines, budget.go), the standard library and
-// golang.org/x/sys.
+// Imports: internal/agentproto, internal/backoff (its accept loops),
+// internal/lang (the default language's name; the kernels are wired in by
+// cmd/sheepfold-agent), internal/fdpass, internal/osthread (threads
+// locked into a namespace or credentials), internal/cgroup (its cgroup's
+// counters, usage.go), internal/homeseed (a Pod's home, scratch_linux.go),
+// internal/ratelimit (the per-minute budgets it keeps for its engines,
+// budget.go), the standard library and golang.org/x/sys.
 // Never the server, the engine or internal/kernel: the language drivers
 // reach this package only through the Kernel interface, wired up by
 // cmd/sheepfold-agent.

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/backoff"
 	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/runtime"
@@ -28,14 +29,14 @@ func (s *Sandbox) pumpEgress() {
 	ctx := gw.Context()
 	for range egressPumps {
 		go func() {
-			delay := time.Duration(0)
+			retry := backoff.Backoff{Base: 50 * time.Millisecond, Max: 2 * time.Second}
 			for {
 				c, err := s.AcceptEgress(ctx)
 				if err != nil {
 					if ctx.Err() != nil || order(s.State()) >= order(StateStopping) {
 						return
 					}
-					delay = min(max(2*delay, 50*time.Millisecond), 2*time.Second)
+					delay := retry.Next()
 					s.m.log.Warn("egress accept", "sandbox", s.ID, "err", err, "retry", delay)
 					select {
 					case <-time.After(delay):
@@ -44,7 +45,7 @@ func (s *Sandbox) pumpEgress() {
 					}
 					continue
 				}
-				delay = 0
+				retry.Reset()
 				hc, ok := c.(egress.HalfConn)
 				if !ok {
 					c.Close()
