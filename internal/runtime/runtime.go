@@ -7,13 +7,16 @@
 // in a confined root filesystem, hands back how to reach the agent (its
 // socket, or a dialer), reports resource usage and tears everything down
 // again. It may import only the standard library, x/sys, the OCI spec and
-// seccomp libraries, (oci) runc's cgroup library and moby's mountinfo
-// parser, and (kubernetes) client-go and agenttls.
+// seccomp libraries, internal/backoff, (oci) runc's cgroup library, moby's
+// mountinfo parser and internal/cgroup, and (kubernetes) client-go,
+// agenttls and agentproto (egress.accept alone: a proxied sandbox's
+// connections, EgressProxy).
 package runtime
 
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"time"
 )
@@ -75,9 +78,10 @@ type Network struct {
 	Attach     func(ctx context.Context, pid int) error
 	// Proxy, set for a runtime that is an EgressProxy instead, gives the
 	// sandbox no interface: its agent listens for the sandbox's proxied
-	// connections on ProxyAddr, its environment names that proxy (ProxyEnv),
-	// and the engine fetches each connection through the agent for the
-	// gateway (ResolvConf and Attach are unset).
+	// connections on ProxyAddr, its environment names that proxy
+	// (ProxyEnv), and the runtime fetches each connection through the
+	// agent for the engine's gateway (EgressProxy.ServeEgress; ResolvConf
+	// and Attach are unset).
 	Proxy bool
 }
 
@@ -96,9 +100,16 @@ func ProxyEnv() []string {
 
 // EgressProxy is a runtime whose sandboxes reach the network only through
 // their agent's egress listener (a Pod: its NetworkPolicy denies all
-// egress, and it has no interface the host could give it).
+// egress, and it has no interface the host could give it). Fetching the
+// connections is the runtime's own work, on goroutines of its own that
+// its Close waits for; the engine only says where they go.
 type EgressProxy interface {
-	ProxiesEgress() bool
+	// ServeEgress hands each connection the code of sandbox inst (as
+	// Create or Attach returned it) makes to its egress listener to
+	// serve, which owns it and may hold it for the connection's life,
+	// until ctx ends. It returns at once. log, when set, is told of
+	// fetches that failed (they are retried).
+	ServeEgress(ctx context.Context, inst *Instance, serve func(net.Conn), log *slog.Logger)
 }
 
 // Instance is a running sandbox as the runtime sees it.

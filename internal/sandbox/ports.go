@@ -85,23 +85,3 @@ func (s *Sandbox) touch() {
 	s.lastActive = time.Now()
 	s.mu.Unlock()
 }
-
-// AcceptEgress waits for the next connection the sandbox's code makes to
-// its egress listener (a sandbox whose network is proxied through its
-// agent: a Pod's) and returns it, a byte stream to the code's end; the
-// caller hands it to the sandbox's gateway. It waits until one is made,
-// ctx ends or the sandbox stops; a wait is not activity.
-func (s *Sandbox) AcceptEgress(ctx context.Context) (net.Conn, error) {
-	if err := s.running(); err != nil {
-		return nil, err
-	}
-	nc, ev, err := s.connect(ctx, agentproto.Request{Op: agentproto.OpEgressAccept}, time.Time{})
-	if err != nil {
-		return nil, err
-	}
-	if nc == nil {
-		return nil, agentError(ev)
-	}
-	s.touch()
-	return nc, nil
-}

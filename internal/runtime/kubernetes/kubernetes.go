@@ -35,8 +35,9 @@
 //
 // Imports: internal/runtime (its interfaces, and the egress proxy's
 // address and environment), internal/runtime/oci (the agent's path,
-// capabilities and rlimits), internal/agenttls, client-go and the
-// standard library.
+// capabilities and rlimits), internal/agenttls, internal/agentproto and
+// internal/backoff (fetching a Pod's egress connections, egress.go),
+// client-go and the standard library.
 package kubernetes
 
 import (
@@ -50,6 +51,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -192,6 +194,9 @@ type Runtime struct {
 	cs  kubernetes.Interface
 	cfg Config
 	fwd *forwarder // nil unless Config.PortForward
+	// egress are the goroutines of ServeEgress (egress.go), which Close
+	// waits for.
+	egress sync.WaitGroup
 }
 
 var (
@@ -495,10 +500,6 @@ func (r *Runtime) networkPolicy(id string) *networkingv1.NetworkPolicy {
 		},
 	}
 }
-
-// ProxiesEgress implements runtime.EgressProxy: a Pod has no interface the
-// server could give it; its network is its agent's egress listener.
-func (r *Runtime) ProxiesEgress() bool { return true }
 
 // capabilities are oci.AgentCapabilities as Kubernetes names them.
 func capabilities() []corev1.Capability {
@@ -998,9 +999,13 @@ func (r *Runtime) Usage(ctx context.Context, id string) (runtime.Usage, error) {
 	return runtime.Usage{}, fmt.Errorf("%w: a Pod's cgroup is on its node; its agent reads it", runtime.ErrUnsupported)
 }
 
-// Close implements the engine's runtime: the runtime holds nothing
-// beyond its client.
-func (r *Runtime) Close() error { return nil }
+// Close implements the engine's runtime: it waits for the egress
+// goroutines, which end with their sandboxes' gateways (the engine closes
+// them first); the runtime holds nothing else beyond its client.
+func (r *Runtime) Close() error {
+	r.egress.Wait()
+	return nil
+}
 
 // Ready reports whether the cluster answers for the namespace: the API
 // server is reachable and the server may list Pods there.
