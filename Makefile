@@ -26,7 +26,7 @@ run: template ## start the server on $(LISTEN) with everything it needs
 
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 lint: ## gofmt, go vet, staticcheck (its default checks), go.mod tidy, and the source rules kept by tests (no panic re-raised outside abort.Handler)
-	@fmt=$$(gofmt -l cmd internal client api test 2>/dev/null); if [ -n "$$fmt" ]; then echo "gofmt needed:"; echo "$$fmt"; exit 1; fi
+	@fmt=$$(gofmt -l cmd internal client api test $(wildcard *.go) 2>/dev/null); if [ -n "$$fmt" ]; then echo "gofmt needed:"; echo "$$fmt"; exit 1; fi
 	go vet ./...
 	GOBIN=$(CURDIR)/bin/tools go install $(STATICCHECK)
 	bin/tools/staticcheck ./...
