@@ -235,8 +235,10 @@ type server struct {
 	lastDone atomic.Int64
 	deadline atomic.Int64
 
-	// egress passes connections from egressAccepts to egress.accept.
-	egress chan net.Conn
+	// egress passes connections from egressAccepts to egress.accept;
+	// egressWaiting counts the requests waiting for one.
+	egress        chan net.Conn
+	egressWaiting atomic.Int64
 	// history is the usage samples of Config.UsageHistory.
 	history history
 	// budgets are the sandbox's budgets its engines take from.

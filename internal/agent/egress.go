@@ -55,9 +55,13 @@ func (s *server) egressAccept(c *conn) agentproto.Event {
 	ctx, cancel := s.requestContext(c)
 	defer cancel()
 	var nc net.Conn
+	s.egressWaiting.Add(1)
 	select {
 	case nc = <-s.egress:
 	case <-ctx.Done():
+	}
+	s.egressWaiting.Add(-1)
+	if nc == nil {
 		return agentproto.Event{}
 	}
 	defer nc.Close()

@@ -278,6 +278,9 @@ type Server struct {
 	tenants  sync.Map   // sandbox id → *tenant (quota.go)
 	tenantMu sync.Mutex // guards tenant.released
 	alertQ   chan store.Alert
+	// flushes counts the metering flushes this server finished (with
+	// what follows each, afterFlush); tests wait on it.
+	flushes atomic.Int64
 
 	// sessionMu guards pendingSessions, the sessions each owner is
 	// creating now (rate_limiting.concurrent_sessions: sessions.go).
