@@ -13,7 +13,6 @@ package cgroup
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -121,7 +120,7 @@ func Int(path string) (int64, error) {
 		if u, uerr := strconv.ParseUint(s, 10, 64); uerr == nil {
 			return int64(min(u, 1<<63-1)), nil
 		}
-		return 0, fmt.Errorf("%s: %w", path, err)
+		return 0, &os.PathError{Op: "parse", Path: path, Err: err}
 	}
 	return n, nil
 }
@@ -139,12 +138,12 @@ func Key(path, key string) (int64, error) {
 		if ok && k == key {
 			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("%s: %s: %w", path, key, err)
+				return 0, &os.PathError{Op: "parse " + key, Path: path, Err: err}
 			}
 			return n, nil
 		}
 	}
-	return 0, fmt.Errorf("%s: %s: %w", path, key, ErrNoKey)
+	return 0, &os.PathError{Op: "read " + key, Path: path, Err: ErrNoKey}
 }
 
 // CPUMax reads a v2 cpu.max ("quota period", or "max period" for no

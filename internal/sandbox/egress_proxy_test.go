@@ -5,8 +5,10 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -82,21 +84,9 @@ func TestProxiedEgressWiring(t *testing.T) {
 		t.Fatalf("the sandbox's network %+v, want a proxied one", netSpec)
 	}
 
-	// The sandbox's code asks for a host off its allowlist.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	code, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer code.Close()
-	agentEnd, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The sandbox's code asks for a host off its allowlist, over a
+	// stream that half-closes as the agent's does.
+	code, agentEnd := streamPair(t)
 	go got.serve(agentEnd)
 	if _, err := code.Write([]byte("CONNECT denied.example:443 HTTP/1.1\r\nHost: denied.example:443\r\n\r\n")); err != nil {
 		t.Fatal(err)
@@ -118,4 +108,25 @@ func TestProxiedEgressWiring(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the hand-over did not end when the sandbox stopped")
 	}
+}
+
+// streamPair returns the two ends of a connected unix stream socket.
+func streamPair(t *testing.T) (net.Conn, net.Conn) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ends [2]net.Conn
+	for i, fd := range fds {
+		f := os.NewFile(uintptr(fd), "stream")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		ends[i] = c
+	}
+	return ends[0], ends[1]
 }

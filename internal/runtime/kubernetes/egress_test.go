@@ -12,6 +12,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // egressAgent is an agent's egress listener as the server sees it: it
@@ -87,13 +88,7 @@ func (a *egressAgent) connect(t *testing.T, msg string) net.Conn {
 
 func (a *egressAgent) next(t *testing.T) net.Conn {
 	t.Helper()
-	select {
-	case c := <-a.waiting:
-		return c
-	case <-time.After(10 * time.Second):
-		t.Fatal("no egress.accept request waits at the agent")
-		return nil
-	}
+	return testutil.Receive(t, a.waiting, "an egress.accept request waiting at the agent")
 }
 
 // TestServeEgress: the runtime keeps egressPumps egress.accept requests
@@ -137,13 +132,8 @@ func TestServeEgress(t *testing.T) {
 			t.Fatal(err)
 		}
 		io.WriteString(c, msg)
-		select {
-		case got := <-served:
-			if got != msg {
-				t.Fatalf("served %q, want %q", got, msg)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("a connection made did not reach serve")
+		if got := testutil.Receive(t, served, "the connection made, served"); got != msg {
+			t.Fatalf("served %q, want %q", got, msg)
 		}
 		pending = append(pending, a.next(t))
 	}
@@ -155,23 +145,14 @@ func TestServeEgress(t *testing.T) {
 	pending[0].Close()
 	pending = pending[1:]
 	for range 2 {
-		select {
-		case <-a.refused:
-		case <-time.After(10 * time.Second):
-			t.Fatal("a failed request was not made again")
-		}
+		testutil.Receive(t, a.refused, "the failed request made again")
 	}
 	a.mu.Lock()
 	a.refuse = false
 	a.mu.Unlock()
 	a.connect(t, "third") // the request made again
-	select {
-	case got := <-served:
-		if got != "third" {
-			t.Fatalf("served %q after failed requests", got)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no connection served after failed requests")
+	if got := testutil.Receive(t, served, "a connection served after failed requests"); got != "third" {
+		t.Fatalf("served %q after failed requests", got)
 	}
 	pending = append(pending, a.next(t))
 
@@ -179,11 +160,7 @@ func TestServeEgress(t *testing.T) {
 	cancel()
 	closed := make(chan error, 1)
 	go func() { closed <- r.Close() }()
-	select {
-	case <-closed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Close did not return after the context ended")
-	}
+	testutil.Receive(t, closed, "Close to return after the context ended")
 	for _, c := range pending {
 		c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		var ne net.Error
