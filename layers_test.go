@@ -34,8 +34,8 @@ var floors = [][]string{
 	// 5. Transport: HTTP, E2B's protocols, MCP.
 	{"internal/server", "internal/e2b", "internal/mcpserver"},
 	// 6. Implementations of the interfaces of floor 2, handed in by the
-	// wiring.
-	{"internal/runtime/oci", "internal/runtime/kubernetes", "internal/runtime/fake",
+	// wiring, and the Kubernetes runtime's node plugin.
+	{"internal/runtime/oci", "internal/runtime/kubernetes", "internal/runtime/kubernetes/nri", "internal/runtime/fake",
 		"internal/store/sqlite", "internal/store/postgres", "internal/store/transfer"},
 	// 7. Wiring and binaries: they build everything and hand it round.
 	{"internal/engine", "internal/bench", "cmd/sheepfold", "cmd/sheepfold-agent", "examples/...", "test/..."},
@@ -49,6 +49,8 @@ var narrow = map[string][]string{
 	"internal/runtime/oci":        {"internal/runtime"},
 	"internal/runtime/kubernetes": {"internal/runtime", "internal/runtime/oci"},
 	"internal/runtime/fake":       {"internal/runtime"},
+	// The node's NRI plugin knows only the annotation it acts on.
+	"internal/runtime/kubernetes/nri": {"internal/runtime/kubernetes"},
 }
 
 // allowedNarrow reports whether narrow package pkg may import imp.

@@ -45,6 +45,7 @@ const (
 	ErrProvider             Code = "ERR_PROVIDER"
 	ErrProviderTimeout      Code = "ERR_PROVIDER_TIMEOUT"
 	ErrSessionNotFound      Code = "ERR_SESSION_NOT_FOUND"
+	ErrTooManyConnections   Code = "ERR_TOO_MANY_CONNECTIONS"
 )
 
 // Codes lists every code above.
@@ -55,6 +56,7 @@ var Codes = []Code{
 	ErrSessionQuotaExceeded, ErrRateLimited, ErrCapacity, ErrInternal, ErrMethodNotAllowed,
 	ErrStorageUnavailable, ErrShuttingDown, ErrForbidden, ErrInvalidPolicy, ErrSubprocessDenied,
 	ErrCPUTimeExceeded, ErrModelNotFound, ErrProvider, ErrProviderTimeout, ErrSessionNotFound,
+	ErrTooManyConnections,
 }
 
 // Is makes errors.Is(err, client.ErrXxx) true for an *Error of that code.

@@ -98,6 +98,9 @@ func (c *Client) ListEvents(ctx context.Context, q EventQuery) (*EventPage, erro
 // asks for a replay, and runs until ctx ends or fn returns an error. When
 // the server drops the stream because this reader fell behind, it is
 // resumed after the last event seen, so nothing is missed or repeated.
+// When the server cuts the stream off (it is shutting down), the stream
+// ends with an *Error (ERR_SHUTTING_DOWN): resume it, from another
+// server or after the restart, with q.Cursor set to the last event's ID.
 func (c *Client) StreamEvents(ctx context.Context, q EventQuery, fn func(Event) error) error {
 	q.Limit = 0
 	for {
@@ -130,6 +133,15 @@ func (c *Client) streamEventsOnce(ctx context.Context, q EventQuery, fn func(Eve
 			}
 			if typ == "lagged" {
 				return true, last, nil
+			}
+			if typ == "failure" {
+				// The server cut the stream off (its drain:
+				// ERR_SHUTTING_DOWN); resume with q.Cursor = last.
+				var eb errorBody
+				if err := json.Unmarshal([]byte(data), &eb); err != nil {
+					return false, last, fmt.Errorf("sheepfold: bad failure event: %w", err)
+				}
+				return false, last, eb.err(0)
 			}
 			var ev Event
 			if err := json.Unmarshal([]byte(data), &ev); err != nil {

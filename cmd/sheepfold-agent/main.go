@@ -38,7 +38,9 @@
 // For tests and debugging, "serve --listen PATH" (also through init)
 // creates the socket itself. In a Kubernetes Pod, "init --listen-tcp
 // ADDR --tls-dir DIR" listens on the Pod's network instead, with TLS that
-// admits only the server (package agenttls).
+// admits only the server (package agenttls); with "--pids-max N" it first
+// checks that its container's cgroup has the sandbox's pids limit, and
+// refuses to serve otherwise (agent.CheckPidsMax).
 //
 // The flag package is enough for two sub-commands of an in-sandbox binary;
 // cobra stays in cmd/sheepfold.
@@ -155,6 +157,7 @@ func runServe(args []string) int {
 	history := fs.Bool("usage-history", false, "sample the sandbox's usage every 5 s and keep an hour of it for usage.history (a Pod's agent: every replica reads the same history)")
 	scratch := fs.String("scratch", "", "the home and /tmp are the sandbox's scratch volume (a Pod's memory-backed emptyDir): unpack this home seed archive (sheepfold template export) into --home before serving, and report the volume as the sandbox's disk")
 	cgroupRoot := fs.String("cgroup-root", "/sys/fs/cgroup", "where the usage op reads the sandbox's cgroups (tests point it at a fake tree)")
+	pidsMax := fs.Int64("pids-max", 0, "refuse to serve unless the agent's own cgroup (a Pod's container) has pids.max N, the sandbox's pids limit, which the node's NRI plugin sets (agent.CheckPidsMax); 0: no check")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -162,6 +165,14 @@ func runServe(args []string) int {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		log.Error("set non-dumpable", "err", err)
 		return 1
+	}
+	if *pidsMax > 0 {
+		// Before it listens: a container without the sandbox's pids
+		// limit never serves, and its Pod fails with this message.
+		if err := agent.CheckPidsMax(*cgroupRoot, *pidsMax); err != nil {
+			log.Error("pids limit", "err", err)
+			return 1
+		}
 	}
 
 	var ln net.Listener

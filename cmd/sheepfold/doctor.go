@@ -82,7 +82,7 @@ func doctorOptions(cfg config.Config, tpl string, maxSandboxes, poolSize int) do
 		DataDir: cfg.DataDir, RuntimePath: cfg.RuntimePath, AgentPath: cfg.AgentPath, Template: tpl,
 		MaxSandboxes: maxSandboxes, PoolSize: poolSize,
 		SandboxMemory: l.MemoryBytes, SandboxDisk: l.DiskBytes, SandboxPids: l.Pids,
-		HostCounters: oci.HostLimitMinimums(),
+		HostCounters: oci.HostLimitMinimums(), Disks: oci.CheckDisks,
 	}
 }
 

@@ -42,8 +42,9 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		previewDomain string
 		metricsListen string
 	)
-	var idleTimeout, eventRetention, retention, shutdownTimeout time.Duration
+	var idleTimeout, eventRetention, retention, shutdownTimeout, drainDelay time.Duration
 	var webhookHosts, webhookCIDRs []string
+	var streamsPerKey, streamsPerAccount, maxStreams, maxConns, uiSessions int
 	overcommit := 2.0
 	poolSize := sandbox.DefaultPoolSize()
 	instance := ""
@@ -66,10 +67,12 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		Short: "Serve the REST API (/v1) on --listen",
 		Long: `Serve the REST API. Start order: configuration, database (--database: DATA_DIR/sheepfold.db
 or a postgres:// URL several servers may share),
-engine, HTTP. SIGINT or SIGTERM stops accepting requests, lets those in flight
-finish (up to --shutdown-timeout; /readyz answers 503 from the first moment,
-requests cut off at the end get ERR_SHUTTING_DOWN), then stops every sandbox
-and closes the database.
+engine, HTTP. SIGINT or SIGTERM drains: /readyz answers 503 from the first
+moment while every request is still served for --drain-delay (so that load
+balancers stop sending new ones; skipped when nothing has asked /readyz),
+then the listener closes and requests in flight may finish (up to
+--shutdown-timeout; those cut off then get ERR_SHUTTING_DOWN, streams as
+their last event), then every sandbox is stopped and the database closed.
 
 Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		Args: cobra.NoArgs,
@@ -115,6 +118,9 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if eventRetention <= 0 || retention <= 0 || shutdownTimeout <= 0 {
 				return errors.New("--event-retention, --retention and --shutdown-timeout must be positive")
 			}
+			if drainDelay < 0 {
+				return errors.New("--drain-delay must not be negative")
+			}
 			if overcommit <= 0 {
 				return errors.New("--overcommit must be positive")
 			}
@@ -126,6 +132,12 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				bound.Duration("--event-retention", eventRetention, 0, bound.MaxDuration),
 				bound.Duration("--retention", retention, 0, bound.MaxDuration),
 				bound.Duration("--shutdown-timeout", shutdownTimeout, 0, bound.MaxDuration),
+				bound.Duration("--drain-delay", drainDelay, 0, bound.MaxDuration),
+				bound.Int("--max-streams-per-key", int64(streamsPerKey), 0, bound.MaxCount),
+				bound.Int("--max-streams-per-account", int64(streamsPerAccount), 0, bound.MaxCount),
+				bound.Int("--max-streams", int64(maxStreams), 0, bound.MaxCount),
+				bound.Int("--max-connections", int64(maxConns), 0, bound.MaxCount),
+				bound.Int("--ui-sessions-per-account", int64(uiSessions), 1, bound.MaxCount),
 				bound.Duration("--credits-grace", acfg.CreditsGrace, 0, bound.MaxDuration),
 				bound.Duration("--metering-flush-interval", mcfg.FlushInterval, 0, bound.MaxDuration),
 				bound.Duration("--metering-sample-interval", mcfg.SampleInterval, 0, 10*time.Second),
@@ -202,6 +214,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				WebhookAllowHosts: webhookHosts, WebhookAllowCIDRs: webhookCIDRs, Accounts: acfg, Metering: mcfg, NoAccounting: noAccounting,
 				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
 				Models: relay, PreviewDomain: previewDomain,
+				MaxStreamsPerKey: noBound(streamsPerKey), MaxStreamsPerAccount: noBound(streamsPerAccount),
+				MaxStreams: maxStreams, MaxConnections: maxConns, UISessionsPerAccount: uiSessions, DrainDelay: noDelay(drainDelay),
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) {
 					c.PoolSize = poolSize
@@ -225,6 +239,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().StringToStringVar(&kubeRuntimeClasses, "kubernetes-runtime-classes", nil, `with --backend kubernetes: NAME=RUNTIMECLASS, the runtimes a create request may choose ("runtime": NAME), e.g. gvisor=gvisor,runc=runc (default: none; every Pod gets --kubernetes-runtime-class)`)
 	cmd.Flags().StringSliceVar(&kube.Config.HostUsersRuntimes, "kubernetes-host-users-runtimes", []string{"gvisor"}, "with --backend kubernetes: runtimes (names in --kubernetes-runtime-classes, or RuntimeClasses) whose Pods run in the node's user namespace (gVisor's cannot join a Pod's own)")
 	cmd.Flags().StringSliceVar(&kube.Config.OpenNetworkRuntimes, "kubernetes-open-network-runtimes", []string{"gvisor"}, "with --backend kubernetes: runtimes (as --kubernetes-host-users-runtimes) whose Pods get no Pod firewall (gVisor's netstack has no nftables): their NetworkPolicy alone closes them, which needs a CNI that enforces it")
+	cmd.Flags().StringSliceVar(&kube.Config.NodePidsRuntimes, "kubernetes-node-pids-runtimes", []string{"gvisor"}, "with --backend kubernetes: runtimes (as --kubernetes-host-users-runtimes) whose tasks are not in their container's cgroup (gVisor's), so that the sandbox's pids limit (its containers' pids.max, from the NRI plugin) does not bound them: the kubelet's podPidsLimit alone does, and their agent checks no limit")
 	cmd.Flags().BoolVar(&kube.Config.HostUsers, "kubernetes-host-users", false, "with --backend kubernetes: run Pods in the node's user namespace (for clusters without user namespaces; default: a user namespace per Pod)")
 	cmd.Flags().StringVar(&kube.Config.SeccompProfile, "kubernetes-seccomp-profile", "sheepfold/agent.json", "with --backend kubernetes: the Pods' Localhost seccomp profile in each node's kubelet seccomp directory (write it with sheepfold seccomp-profile), or RuntimeDefault (code contexts cannot start under it)")
 	cmd.Flags().Float32Var(&kube.QPS, "kubernetes-api-qps", sfengine.DefaultQPS, "with --backend kubernetes: the requests a second this replica sends the API server, sustained (client-go's default of 5 throttles a busy replica; waits over 250 ms are logged)")
@@ -246,8 +261,20 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"address ranges webhooks may reach although not public (loopback, private, CGNAT, reserved, the host's own), e.g. 127.0.0.0/8,10.1.0.0/16; link-local and cloud metadata addresses are never reached")
 	cmd.Flags().DurationVar(&shutdownTimeout, "shutdown-timeout", 10*time.Second,
 		"how long a shutdown waits for requests in flight before cutting them off")
+	cmd.Flags().DurationVar(&drainDelay, "drain-delay", server.DefaultDrainDelay,
+		"on SIGTERM, how long /readyz answers 503 while requests are still served, before the listener closes (0: none; skipped when nothing has asked /readyz)")
+	cmd.Flags().IntVar(&streamsPerKey, "max-streams-per-key", server.DefaultMaxStreamsPerKey,
+		"most streams (executions, event streams, downloads and uploads, previews, MCP calls, E2B streams and watchers) one API key may hold open at once; past it 429 ERR_TOO_MANY_CONNECTIONS (0: no bound)")
+	cmd.Flags().IntVar(&streamsPerAccount, "max-streams-per-account", server.DefaultMaxStreamsPerAccount,
+		"most streams all keys of one account may hold open at once (0: no bound)")
+	cmd.Flags().IntVar(&maxStreams, "max-streams", 0,
+		"most streams of all accounts together; past it 503 ERR_CAPACITY (0: from the file descriptor limit, leaving a quarter of it, at least 256, to health checks, the database and sandbox teardown)")
+	cmd.Flags().IntVar(&maxConns, "max-connections", 0,
+		"most client connections open: past it, a new one closes the oldest serving no request (kept alive between requests, or not yet sending one) (0: from the file descriptor limit, after the reserve and the streams)")
+	cmd.Flags().IntVar(&uiSessions, "ui-sessions-per-account", server.DefaultUISessionsPerAccount,
+		"most dashboard sessions of one account: a login past it ends the account's oldest session")
 	cmd.Flags().Float64Var(&overcommit, "overcommit", overcommit,
-		"how many times the host's memory the sandboxes' memory plus disk limits may add up to (sandboxes past it get 503 ERR_CAPACITY)")
+		"how many times the host's memory the sandboxes' memory limits (plus their disks where those are kept in memory) may add up to (sandboxes past it get 503 ERR_CAPACITY)")
 	cmd.Flags().StringVar(&logFormat, "log-format", "text", "log format: text or json (one object a line; requests carry request_id, account and sandbox)")
 	cmd.Flags().StringVar(&previewDomain, "preview-domain", server.DefaultPreviewDomain,
 		"previews live on origins of their own, {port}-{sandbox id}.DOMAIN on --listen's port: a wildcard DNS name for this server outside the site (registrable domain) of the API's own name (the default, localhost, needs no DNS: browsers resolve *.localhost to the loopback); a Host under it never reaches the API, and the path form /v1/sandboxes/{id}/proxy/{port}/ sends browsers there")
@@ -428,11 +455,12 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	case <-ctx.Done():
 		stop() // a second signal ends the process at once
 		srv.Drain()
-		log.Info("shutting down: draining requests", "timeout", scfg.ShutdownTimeout)
+		log.Info("shutting down: /readyz answers 503; draining requests", "delay", srv.DrainDelay(), "timeout", scfg.ShutdownTimeout)
 	}
 
-	// Stop in reverse: HTTP (drain), engine, records, events, database.
-	dctx, cancel := context.WithTimeout(context.Background(), scfg.ShutdownTimeout)
+	// Stop in reverse: HTTP (drain: its delay, then requests in flight
+	// for up to --shutdown-timeout), engine, records, events, database.
+	dctx, cancel := context.WithTimeout(context.Background(), srv.DrainDelay()+scfg.ShutdownTimeout)
 	defer cancel()
 	if serr := srv.Shutdown(dctx); serr != nil {
 		log.Warn("requests still running at the drain timeout", "err", serr)
@@ -467,6 +495,22 @@ func checkFlags(checks ...error) error {
 		}
 	}
 	return nil
+}
+
+// noDelay turns a flag's 0 (no delay) into server.Config's -1.
+func noDelay(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
+}
+
+// noBound turns a flag's 0 (no bound) into server.Config's -1.
+func noBound(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // serverInstance names the engine instance of a server on dataDir.

@@ -24,8 +24,10 @@ import "strconv"
 // checks the count at fork, and at exec only after a setuid over the
 // limit), so a uid may hold N tasks plus the ones the agent started.
 //
-// The local engine never sets it: each sandbox's pids cgroup bounds all
-// its tasks together, whatever their uid, which is the stronger bound.
+// No runtime sets it now: a per-uid bound lets root, which may take any
+// of the sandbox's uids, hold it once per uid. Each local sandbox's pids
+// cgroup, and each Pod's container cgroup (pidsmax.go), bounds all its
+// tasks together, whatever their uid.
 
 // NprocExecCommand is the agent binary's sub-command NprocExec.
 const NprocExecCommand = "nproc-exec"

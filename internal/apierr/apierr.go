@@ -49,6 +49,9 @@ const (
 	Provider             Code = "ERR_PROVIDER"
 	ProviderTimeout      Code = "ERR_PROVIDER_TIMEOUT"
 	SessionNotFound      Code = "ERR_SESSION_NOT_FOUND"
+	// TooManyConnections refuses a long-lived connection (a stream, a
+	// preview, an MCP call) past its key's or its account's share.
+	TooManyConnections Code = "ERR_TOO_MANY_CONNECTIONS"
 )
 
 // Status is the HTTP status of each code.
@@ -84,6 +87,7 @@ var Status = map[Code]int{
 	Provider:             http.StatusBadGateway,
 	ProviderTimeout:      http.StatusGatewayTimeout,
 	SessionNotFound:      http.StatusNotFound,
+	TooManyConnections:   http.StatusTooManyRequests,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

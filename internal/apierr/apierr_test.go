@@ -12,7 +12,8 @@ func TestEveryCodeHasAStatus(t *testing.T) {
 		SandboxTimeout, OutOfMemory, OutputLimit, FileTooLarge, DiskFull, PathNotAllowed, Conflict,
 		UnsupportedLanguage, TemplateNotFound, ModuleBlocked, NetworkRestricted,
 		SessionQuotaExceeded, RateLimited, Capacity, Internal, MethodNotAllowed, StorageUnavailable, ShuttingDown, Forbidden,
-		InvalidPolicy, SubprocessDenied, CPUTimeExceeded, ModelNotFound, Provider, ProviderTimeout, SessionNotFound}
+		InvalidPolicy, SubprocessDenied, CPUTimeExceeded, ModelNotFound, Provider, ProviderTimeout, SessionNotFound,
+		TooManyConnections}
 	if len(codes) != len(Status) {
 		t.Fatalf("Status has %d codes, the list %d", len(Status), len(codes))
 	}

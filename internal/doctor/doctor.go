@@ -73,6 +73,11 @@ type Options struct {
 	// not grow with the number of sandboxes. Empty: the engine gives
 	// sandboxes no namespace limits of their own.
 	HostCounters map[string]int64
+	// Disks checks that sandboxes can have disks of their own (ext4
+	// images on loop devices: oci.CheckDisks); its error says why not,
+	// and their disks are then kept in memory. nil: not checked, and
+	// disks are counted as memory.
+	Disks func() error
 }
 
 // MinKernel is the oldest kernel that has every facility the engine uses
@@ -92,10 +97,18 @@ func Run(ctx context.Context, o Options) []Result {
 		o.Template = "python"
 	}
 	d := doctor{o: o}
-	return []Result{
-		d.kernel(), d.userns(), d.cgroups(), d.overlay(), d.seccomp(),
-		d.runtime(ctx), d.agent(), d.template(), d.disk(), d.memory(), d.counters(), d.virt(),
+	if o.Disks != nil {
+		d.disksErr = o.Disks()
+		d.ownDisks = d.disksErr == nil
 	}
+	rs := []Result{
+		d.kernel(), d.userns(), d.cgroups(), d.overlay(), d.seccomp(),
+		d.runtime(ctx), d.agent(), d.template(), d.disk(),
+	}
+	if o.Disks != nil {
+		rs = append(rs, d.disks())
+	}
+	return append(rs, d.memory(), d.counters(), d.virt())
 }
 
 // Failed reports whether any result blocks sandboxes.
@@ -127,7 +140,11 @@ func JSON(rs []Result) ([]byte, error) {
 	return json.MarshalIndent(map[string]any{"ok": !Failed(rs), "checks": rs}, "", "  ")
 }
 
-type doctor struct{ o Options }
+type doctor struct {
+	o        Options
+	disksErr error // why sandboxes cannot have disks of their own (Options.Disks)
+	ownDisks bool  // they can: disks are on the data dir, not in memory
+}
 
 func (d doctor) live() bool { return d.o.Root == "/" && !d.o.SkipProbes }
 
@@ -438,13 +455,36 @@ func (d doctor) disk() Result {
 	if err != nil {
 		return result("disk", Warn, "", "cannot measure free space at %s: %v", d.o.DataDir, err)
 	}
-	// Writable layers are tmpfs (memory); the data dir holds templates,
-	// the database and logs: keep a floor for them.
-	need := int64(2 * gib)
-	if free < need {
-		return result("disk", Warn, "free space on the data dir's filesystem", "%.1f GiB free at %s, under %.0f GiB", float64(free)/gib, d.o.DataDir, float64(need)/gib)
+	// The data dir holds templates, the database and logs: keep a floor
+	// for them; and, where sandboxes have disks of their own, each
+	// sandbox's disk, allocated whole at its create: the warm pool's
+	// members hold theirs all the time.
+	need := int64(3 * gib / 2)
+	what := "templates, database and logs"
+	if d.ownDisks {
+		need += int64(d.o.PoolSize) * d.o.SandboxDisk
+		what += fmt.Sprintf(" and the disks of a pool of %d", d.o.PoolSize)
 	}
-	return result("disk", OK, "", "%.1f GiB free at %s", float64(free)/gib, d.o.DataDir)
+	if free < need {
+		return result("disk", Warn, "free space on the data dir's filesystem", "%.1f GiB free at %s, under the %.1f GiB of %s",
+			float64(free)/gib, d.o.DataDir, float64(need)/gib, what)
+	}
+	detail := fmt.Sprintf("%.1f GiB free at %s", float64(free)/gib, d.o.DataDir)
+	if d.ownDisks && d.o.SandboxDisk > 0 {
+		fit := (free - need) / d.o.SandboxDisk
+		detail += fmt.Sprintf("; room for %d more sandboxes' disks of the default %d MiB", fit, d.o.SandboxDisk>>20)
+	}
+	return result("disk", OK, "", "%s", detail)
+}
+
+// disks reports where sandboxes' disks are: ext4 images of their own
+// on loop devices, or (without them) in memory.
+func (d doctor) disks() Result {
+	if d.disksErr != nil {
+		return result("disks", Warn, "install e2fsprogs, load the loop module (modprobe loop) and give the server the loop devices",
+			"sandboxes' disks will be kept in memory, their memory limit holding memory plus disk: %v", d.disksErr)
+	}
+	return result("disks", OK, "", "each sandbox's disk is an ext4 image of its own on a loop device, under the data dir")
 }
 
 func (d doctor) memory() Result {
@@ -453,15 +493,19 @@ func (d doctor) memory() Result {
 		return result("memory", Warn, "", "cannot read /proc/meminfo: %v", err)
 	}
 	avail := meminfo(mi, "MemAvailable")
-	// A warm pool member holds about 70 MiB of preloaded interpreter; its
-	// writable layer is tmpfs and counts against memory as it fills.
+	// A warm pool member holds about 70 MiB of preloaded interpreter; a
+	// writable layer kept in memory counts against it as it fills.
 	need := int64(d.o.PoolSize)*(128<<20) + 512<<20
 	if avail < need {
 		return result("memory", Warn, "lower --pool or add memory", "%d MiB available, the pool of %d needs about %d MiB", avail>>20, d.o.PoolSize, need>>20)
 	}
 	detail := fmt.Sprintf("%d MiB available", avail>>20)
 	if total := meminfo(mi, "MemTotal"); d.o.MaxSandboxes > 0 && d.o.SandboxMemory > 0 && total > 0 {
-		commit := int64(d.o.MaxSandboxes) * (d.o.SandboxMemory + d.o.SandboxDisk)
+		per := d.o.SandboxMemory
+		if !d.ownDisks {
+			per += d.o.SandboxDisk // the disk is memory too
+		}
+		commit := int64(d.o.MaxSandboxes) * per
 		detail += fmt.Sprintf("; %d sandboxes at their default limits may use %d MiB of %d MiB", d.o.MaxSandboxes, commit>>20, total>>20)
 	}
 	return result("memory", OK, "", "%s", detail)

@@ -3,6 +3,7 @@ package doctor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -207,6 +208,15 @@ func TestOneThingBroken(t *testing.T) {
 			write(t, filepath.Join(o.Root, "proc/meminfo"), "MemTotal: 1000000 kB\nMemAvailable: 600000 kB\n")
 			o.PoolSize = 8
 		}, "memory", Warn, "the pool of 8"},
+		{"disks of their own", func(t *testing.T, o *Options) { o.Disks = func() error { return nil } },
+			"disks", OK, "an ext4 image of its own on a loop device"},
+		{"no loop devices", func(t *testing.T, o *Options) {
+			o.Disks = func() error { return errors.New("no loop devices (modprobe loop)") }
+		}, "disks", Warn, "kept in memory, their memory limit holding memory plus disk: no loop devices"},
+		{"no room for the pool's disks", func(t *testing.T, o *Options) {
+			o.Disks = func() error { return nil }
+			o.SandboxDisk = 1 << 50
+		}, "disk", Warn, "the disks of a pool of 2"},
 		{"no per-sandbox limits", func(t *testing.T, o *Options) { o.HostCounters = nil },
 			"counters", Warn, "no per-namespace limits"},
 		{"host inotify limit too low", func(t *testing.T, o *Options) {
@@ -334,4 +344,19 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	testutil.Main(m, cleanup)
+}
+
+// TestMemoryCountsDisksInMemoryOnly: the memory check counts a sandbox's
+// disk as memory only where disks are kept in memory.
+func TestMemoryCountsDisksInMemoryOnly(t *testing.T) {
+	t.Parallel()
+	o := options(t)
+	o.Disks = func() error { return nil }
+	if r := find(t, Run(context.Background(), o), "memory"); !strings.Contains(r.Detail, "64 sandboxes at their default limits may use 32768 MiB") {
+		t.Errorf("disks of their own: %q", r.Detail)
+	}
+	o.Disks = func() error { return errors.New("no loop devices") }
+	if r := find(t, Run(context.Background(), o), "memory"); !strings.Contains(r.Detail, "may use 49152 MiB") {
+		t.Errorf("disks in memory: %q", r.Detail)
+	}
 }

@@ -190,6 +190,14 @@ type Config struct {
 	// tokens other replicas issued, which a signed URL matching no token
 	// known here asks for [1s].
 	LearnInterval time.Duration
+	// Hold counts a long-lived request of the key keyID, acting for
+	// owner, against their shares (the server's streams) until release
+	// is called, or refuses it with a coded error (ERR_TOO_MANY_CONNECTIONS,
+	// ERR_CAPACITY). It is asked for envd's streams (process Start,
+	// Connect and StreamInput, WatchDir), each polling watcher while it
+	// lives, /files transfers and the code interpreter's /execute. Nil
+	// holds nothing.
+	Hold func(ctx context.Context, owner, keyID string) (release func(), err error)
 }
 
 // Handler serves the E2B protocols.
@@ -319,6 +327,23 @@ func (h *Handler) dispatch(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadGateway, map[string]any{"sandboxId": r.Header.Get("E2b-Sandbox-Id"),
 			"message": "port " + port + " of the sandbox is not reachable", "code": http.StatusBadGateway})
 	}
+}
+
+// hold is Config.Hold, or nothing when it is nil.
+func (h *Handler) hold(ctx context.Context, owner, keyID string) (func(), error) {
+	if h.cfg.Hold == nil {
+		return func() {}, nil
+	}
+	return h.cfg.Hold(ctx, owner, keyID)
+}
+
+// holdFrom holds a stream of the request's key (a poll watcher's, which
+// outlives its request).
+func holdFrom(ctx context.Context) (func(), error) {
+	if f, ok := ctx.Value(holdKey).(func() (func(), error)); ok {
+		return f()
+	}
+	return func() {}, nil
 }
 
 // token is the envd access token of sandbox id for the API key keyID.

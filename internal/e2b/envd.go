@@ -33,7 +33,17 @@ const (
 	userKey
 	keyIDKey // the API key of a control-plane request
 	hostKey  // the Host of a control-plane request
+	holdKey  // func() (release func(), err error): holds a stream of the request's key (Handler.hold)
 )
+
+// streamProcedures are envd's RPCs whose requests are long-lived: each
+// holds a stream of its key while it runs (Config.Hold).
+var streamProcedures = map[string]bool{
+	processpbconnect.ProcessStartProcedure:          true,
+	processpbconnect.ProcessConnectProcedure:        true,
+	processpbconnect.ProcessStreamInputProcedure:    true,
+	filesystempbconnect.FilesystemWatchDirProcedure: true,
+}
 
 // sandboxFrom returns the sandbox a data-plane request addresses.
 func sandboxFrom(ctx context.Context) *sandbox.Sandbox {
@@ -125,8 +135,23 @@ func (h *Handler) envdMux() http.Handler {
 			connect.NewErrorWriter().Write(w, r, connect.NewError(connect.CodeUnauthenticated, err))
 			return
 		}
+		if streamProcedures[r.URL.Path] || r.URL.Path == "/files" {
+			release, err := h.hold(r.Context(), owner, keyID)
+			if err != nil {
+				if r.URL.Path == "/files" {
+					status, msg, retry := httpStatus(err)
+					setRetryAfter(w, retry)
+					writeFilesError(w, status, "%s", msg)
+				} else {
+					connect.NewErrorWriter().Write(w, r, connectError(r.Context(), err))
+				}
+				return
+			}
+			defer release()
+		}
 		ctx := context.WithValue(r.Context(), sandboxKey, sb)
 		ctx = context.WithValue(ctx, userKey, user)
+		ctx = context.WithValue(ctx, holdKey, func() (func(), error) { return h.hold(ctx, owner, keyID) })
 		mux.ServeHTTP(w, r.WithContext(ctx))
 	})
 }

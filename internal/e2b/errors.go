@@ -77,6 +77,7 @@ var connectCodes = map[apierr.Code]connect.Code{
 	apierr.CPUTimeExceeded:      connect.CodeResourceExhausted,
 	apierr.SessionQuotaExceeded: connect.CodeResourceExhausted,
 	apierr.RateLimited:          connect.CodeResourceExhausted,
+	apierr.TooManyConnections:   connect.CodeResourceExhausted,
 	apierr.SandboxState:         connect.CodeUnavailable,
 	apierr.Capacity:             connect.CodeUnavailable,
 	apierr.StorageUnavailable:   connect.CodeUnavailable,
@@ -99,6 +100,9 @@ func connectError(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
 	}
+	if cutByDrain(ctx) {
+		return connect.NewError(connect.CodeUnavailable, errors.New(apierr.From(context.Cause(ctx)).Message))
+	}
 	if abortIfGone(ctx) {
 		return connect.NewError(connect.CodeUnavailable, errors.New("the sandbox stopped"))
 	}
@@ -114,4 +118,11 @@ func connectError(ctx context.Context, err error) error {
 		code = connect.CodeInternal
 	}
 	return connect.NewError(code, errors.New(e.Message))
+}
+
+// cutByDrain reports whether ctx (a request's) was canceled by the
+// server's drain (ERR_SHUTTING_DOWN as its cause), not by its client
+// going away: the stream is then ended with an error the client sees.
+func cutByDrain(ctx context.Context) bool {
+	return ctx.Err() != nil && apierr.CodeOf(context.Cause(ctx)) == apierr.ShuttingDown
 }

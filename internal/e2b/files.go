@@ -200,6 +200,14 @@ func (h *Handler) signedFiles(w http.ResponseWriter, r *http.Request) {
 	if sb == nil {
 		return
 	}
+	release, err := h.hold(r.Context(), owner, keyID)
+	if err != nil {
+		status, msg, retry := httpStatus(err)
+		setRetryAfter(w, retry)
+		writeFilesError(w, status, "%s", msg)
+		return
+	}
+	defer release()
 	h.serveFiles(w, r.WithContext(context.WithValue(r.Context(), sandboxKey, sb)))
 }
 

@@ -217,10 +217,16 @@ type pollWatcher struct {
 
 func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Request[filesystempb.CreateWatcherRequest]) (*connect.Response[filesystempb.CreateWatcherResponse], error) {
 	sb := sandboxFrom(ctx)
+	// A watcher holds a stream of its key for as long as it lives.
+	release, err := holdFrom(ctx)
+	if err != nil {
+		return nil, connectError(ctx, err)
+	}
 	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	w, err := sb.WatchDir(wctx, homePath(ctx, req.Msg.Path), sandbox.WatchOptions{Recursive: req.Msg.Recursive, IncludeEntry: req.Msg.IncludeEntry, User: userFrom(ctx)})
 	if err != nil {
 		cancel()
+		release()
 		return nil, connectError(ctx, err)
 	}
 	pw := &pollWatcher{sandboxID: sb.ID, w: w, cancel: cancel, lastPoll: time.Now()}
@@ -228,6 +234,7 @@ func (f *filesystemService) CreateWatcher(ctx context.Context, req *connect.Requ
 	go func() {
 		idle := time.NewTicker(time.Minute)
 		defer idle.Stop()
+		defer release()
 		defer f.h.removeWatcher(id)
 		defer cancel()
 		for {

@@ -47,7 +47,7 @@ func (h *Handler) interpreterMux() http.Handler {
 		// and a wrong one is refused. Both are checked (an HMAC each)
 		// before anything is looked up.
 		id := r.Header.Get("E2b-Sandbox-Id")
-		owner, ok := h.interpreterOwner(r.Context(), id, r.Header.Get("X-Access-Token"), r.Header.Get("E2B-Traffic-Access-Token"))
+		owner, keyID, ok := h.interpreterOwner(r.Context(), id, r.Header.Get("X-Access-Token"), r.Header.Get("E2B-Traffic-Access-Token"))
 		if !ok {
 			http.Error(w, "unauthorized: a valid X-Access-Token or E2B-Traffic-Access-Token is required", http.StatusUnauthorized)
 			return
@@ -56,14 +56,23 @@ func (h *Handler) interpreterMux() http.Handler {
 		if sb == nil {
 			return
 		}
+		if r.Method == http.MethodPost && r.URL.Path == "/execute" {
+			release, err := h.hold(r.Context(), owner, keyID)
+			if err != nil {
+				interpError(w, r, err)
+				return
+			}
+			defer release()
+		}
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), sandboxKey, sb)))
 	})
 }
 
 // interpreterOwner returns the owner whose tokens authorize a
-// code-interpreter request for sandbox id: every token given must be
-// sandbox id's, of a live key of that owner, and one at least is needed.
-func (h *Handler) interpreterOwner(ctx context.Context, id, access, traffic string) (string, bool) {
+// code-interpreter request for sandbox id, and the key of the first:
+// every token given must be sandbox id's, of a live key of that owner,
+// and one at least is needed.
+func (h *Handler) interpreterOwner(ctx context.Context, id, access, traffic string) (string, string, bool) {
 	var keys []string
 	for _, t := range []struct {
 		tok  string
@@ -74,7 +83,7 @@ func (h *Handler) interpreterOwner(ctx context.Context, id, access, traffic stri
 		}
 		k, ok := tokenKey(id, t.tok, t.want)
 		if !ok {
-			return "", false
+			return "", "", false
 		}
 		keys = append(keys, k)
 	}
@@ -82,11 +91,14 @@ func (h *Handler) interpreterOwner(ctx context.Context, id, access, traffic stri
 	for _, k := range keys {
 		o, ok := h.keyOwner(ctx, k)
 		if !ok || owner != "" && o != owner {
-			return "", false
+			return "", "", false
 		}
 		owner = o
 	}
-	return owner, owner != ""
+	if owner == "" {
+		return "", "", false
+	}
+	return owner, keys[0], true
 }
 
 // interpError answers a code-interpreter request with a plain-text error,
@@ -197,7 +209,8 @@ func unquote(s string) string {
 // execute runs code and streams NDJSON: number_of_executions, stdout,
 // stderr, result and error lines as they happen, keepalives during
 // silences, and end_of_execution last. A client that goes away interrupts
-// the code.
+// the code; so does the server's drain, which ends the stream with an
+// error line (ShuttingDown) and end_of_execution.
 func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	sb := sandboxFrom(ctx)
@@ -299,7 +312,15 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	})
 	rec.End(ex, err)
 	if err != nil {
-		if abortIfGone(ctx) || ctx.Err() != nil {
+		switch {
+		case cutByDrain(ctx):
+			// The server's drain cut it (the agent interrupted the code):
+			// the client is still there to be told.
+			out.line(map[string]any{"type": "error", "name": "ShuttingDown",
+				"value": apierr.From(context.Cause(ctx)).Message, "traceback": ""})
+			out.line(map[string]any{"type": "end_of_execution"})
+			return
+		case abortIfGone(ctx) || ctx.Err() != nil:
 			return // the client left; the agent interrupted the code
 		}
 		e := apierr.From(err)

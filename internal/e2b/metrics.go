@@ -133,10 +133,14 @@ func newMetric(sb *sandbox.Sandbox, u runtime.Usage, now, lastAt time.Time, last
 		memTotal = sb.CurrentLimits().MemoryBytes
 	}
 	memCache := min(max(u.MemoryCacheBytes, 0), u.MemoryBytes)
-	diskTotal := u.DiskTotalBytes
+	// The disk's size as the sandbox's detail gives it (diskSizeMB): its
+	// limit. The filesystem holding it may have a few blocks more (a disk
+	// is formatted to at least the limit), which E2B's clients need not see.
+	diskTotal := sb.CurrentLimits().DiskBytes
 	if diskTotal <= 0 {
-		diskTotal = sb.CurrentLimits().DiskBytes
+		diskTotal = u.DiskTotalBytes
 	}
+	diskUsed := min(u.DiskBytes, diskTotal)
 	pct := 0.0
 	if wall := now.Sub(lastAt); wall > 0 && u.CPUNanos >= lastCPU {
 		pct = float64(u.CPUNanos-lastCPU) / float64(wall.Nanoseconds()) / float64(cpus) * 100
@@ -145,7 +149,7 @@ func newMetric(sb *sandbox.Sandbox, u runtime.Usage, now, lastAt time.Time, last
 	return metric{
 		Timestamp: now.UTC().Format(time.RFC3339), TimestampUnix: now.Unix(),
 		CPUCount: cpus, CPUUsedPct: pct, MemUsed: u.MemoryBytes - memCache, MemTotal: memTotal, MemCache: memCache,
-		DiskUsed: u.DiskBytes, DiskTotal: diskTotal,
+		DiskUsed: diskUsed, DiskTotal: diskTotal,
 	}
 }
 

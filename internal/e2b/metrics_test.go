@@ -38,3 +38,21 @@ func TestHistoryMetrics(t *testing.T) {
 		t.Fatalf("window: %+v", w)
 	}
 }
+
+// TestMetricDiskIsTheLimit: a disk formatted a few blocks past the
+// sandbox's limit is reported at the limit (the size the sandbox's detail
+// gives), its use never past it.
+func TestMetricDiskIsTheLimit(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_000_000, 0)
+	sb := &sandbox.Sandbox{ID: "sb", Created: now, Limits: runtime.Limits{DiskBytes: 256 << 20}}
+	m := newMetric(sb, runtime.Usage{DiskBytes: 256<<20 + 8192, DiskTotalBytes: 256<<20 + 249856}, now, now, 0)
+	if m.DiskTotal != 256<<20 || m.DiskUsed != 256<<20 {
+		t.Fatalf("disk %d/%d, want 256 MiB/256 MiB", m.DiskUsed, m.DiskTotal)
+	}
+	// Without a limit, the filesystem's size.
+	sb.Limits.DiskBytes = 0
+	if m := newMetric(sb, runtime.Usage{DiskBytes: 1 << 20, DiskTotalBytes: 300 << 20}, now, now, 0); m.DiskTotal != 300<<20 || m.DiskUsed != 1<<20 {
+		t.Fatalf("no limit: disk %d/%d", m.DiskUsed, m.DiskTotal)
+	}
+}

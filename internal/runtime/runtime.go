@@ -27,7 +27,7 @@ type Limits struct {
 	MemoryBytes int64   // memory (and memory+swap) limit of the whole sandbox
 	CPUs        float64 // CPU quota in cores; 0 = unlimited
 	Pids        int64   // maximum number of tasks
-	DiskBytes   int64   // size of the writable layer
+	DiskBytes   int64   // what the writable layer holds (its files' bytes)
 }
 
 // Spec describes a sandbox to create.
@@ -85,9 +85,12 @@ type Network struct {
 	Proxy bool
 }
 
-// ProxyAddr is the address, on a proxied sandbox's loopback (Network.Proxy),
+// ProxyPort is the port, on a proxied sandbox's loopback (Network.Proxy),
 // where its agent listens for the connections the sandbox's code makes
 // out; the server's gateway serves each (internal/egress, proxy_linux.go).
+const ProxyPort = 3128
+
+// ProxyAddr is that listener's address inside the sandbox.
 const ProxyAddr = "127.0.0.1:3128"
 
 // ProxyEnv is the environment that points a proxied sandbox's clients at
@@ -164,6 +167,16 @@ type Pressure struct {
 // ctx bounds it; the destroy follows whatever it does.
 type LeftoverFunc func(ctx context.Context, id string, u Usage, err error)
 
+// DiskMemory is implemented by runtimes that may keep sandboxes' disks in
+// memory: a tmpfs charged to the sandbox's memory cgroup, whose limit then
+// holds memory plus disk. Admission counts such a disk as memory; a disk
+// of its own (the oci runtime's loop-mounted image) is reserved on the
+// host's disk by the runtime itself, which refuses a create it has no
+// room for with ErrCapacity.
+type DiskMemory interface {
+	DiskInMemory() bool
+}
+
 // CPUCounter is implemented by runtimes that can read a sandbox's CPU
 // time alone, cheaply (one cgroup file): the engine reads it a few times
 // per execution that has a CPU time limit. It counts every process and
@@ -176,7 +189,8 @@ type CPUCounter interface {
 // memory limit and the size of its writable layer. Resize sets each of
 // l.MemoryBytes and l.DiskBytes that is above 0 and leaves the others.
 // Shrinking the writable layer below what it holds fails with
-// ErrTooSmall, the layer untouched.
+// ErrTooSmall, growing it where the host cannot with ErrCannotGrow; both
+// leave the sandbox untouched.
 type Resizer interface {
 	Resize(ctx context.Context, id string, l Limits) error
 }
@@ -269,6 +283,11 @@ var ErrNotFound = errors.New("sandbox not found")
 // ErrTooSmall is Resize's error when the writable layer holds more than
 // the size asked for.
 var ErrTooSmall = errors.New("the sandbox holds more than the size asked for")
+
+// ErrCannotGrow is Resize's error when the writable layer would have to
+// grow past what it was made with and this host cannot grow it while the
+// sandbox runs; nothing changed.
+var ErrCannotGrow = errors.New("this host cannot grow a running sandbox's disk")
 
 // ErrCapacity reports that the host has no room for another sandbox (a
 // per-host resource the runtime hands out is used up).

@@ -55,8 +55,9 @@ type Ceiling struct {
 	MemoryBytes int64         // the account's max_memory_mb
 	DiskBytes   int64         // the account's max_disk_mb
 	Timeout     time.Duration // the account's max_timeout
-	// HostBytes bounds memory plus disk, what admission counts of one
-	// sandbox: the most the host can ever commit to it.
+	// HostBytes bounds what admission counts of one sandbox against the
+	// host's memory (Manager.Footprint): the most the host can ever
+	// commit to it.
 	HostBytes int64
 }
 
@@ -96,7 +97,8 @@ func tighter(engine, account float64, accountName string) bound {
 // field (Details["field"]). The policy's memory and disk, when set, are
 // what the sandbox gets (both they and the plain limits are checked);
 // what nobody asked for is the engine's default cut to the ceiling.
-// Memory plus disk must fit c.HostBytes. Every create passes here twice:
+// Its footprint (memory, plus disk where the runtime keeps disks in
+// memory) must fit c.HostBytes. Every create passes here twice:
 // at the server with the account's ceiling, and in Manager.Create with
 // the engine's bounds alone, whoever calls it.
 func (m *Manager) Grant(opt CreateOptions, c Ceiling) (Grant, error) {
@@ -171,11 +173,11 @@ func (m *Manager) Grant(opt CreateOptions, c Ceiling) (Grant, error) {
 			return Grant{}, refuse(a.field, "%s: %s of %s is below the smallest sandbox (%s)", a.field, a.b.whose, a.show(a.b.most), a.show(a.least))
 		}
 	}
-	// Admission counts memory plus disk (the disk is a tmpfs): one
-	// sandbox larger than the host could ever hold is the request's
-	// mistake, not a wait for capacity. The field named is the larger of
-	// the two that was asked for.
-	if c.HostBytes > 0 && g.Limits.MemoryBytes+g.Limits.DiskBytes > c.HostBytes {
+	// Admission counts the footprint: one sandbox larger than the host
+	// could ever hold is the request's mistake, not a wait for capacity.
+	// The field named is the larger of the two that was asked for (the
+	// memory alone where the disk is not memory).
+	if c.HostBytes > 0 && m.Footprint(g.Limits) > c.HostBytes {
 		memField, diskField := "", ""
 		switch {
 		case opt.Policy.MemoryBytes() > 0:
@@ -189,6 +191,13 @@ func (m *Manager) Grant(opt CreateOptions, c Ceiling) (Grant, error) {
 		case opt.Limits.DiskBytes > 0:
 			diskField = n.Disk
 		}
+		if !m.DiskInMemory() {
+			if memField == "" {
+				memField = n.Memory // nothing asked: the default does not fit
+			}
+			return Grant{}, refuse(memField, "%s: memory %s is more than this host can hold for one sandbox (%s)",
+				memField, showMiB(float64(g.Limits.MemoryBytes)), showMiB(float64(c.HostBytes)))
+		}
 		field := memField
 		if field == "" || diskField != "" && g.Limits.DiskBytes > g.Limits.MemoryBytes {
 			field = diskField
@@ -196,10 +205,34 @@ func (m *Manager) Grant(opt CreateOptions, c Ceiling) (Grant, error) {
 		if field == "" {
 			field = n.Memory // nothing asked: the defaults do not fit
 		}
-		return Grant{}, refuse(field, "%s: memory %s plus disk %s is more than this host can hold for one sandbox (%s)",
+		return Grant{}, refuse(field, "%s: memory %s plus disk %s (kept in memory) is more than this host can hold for one sandbox (%s)",
 			field, showMiB(float64(g.Limits.MemoryBytes)), showMiB(float64(g.Limits.DiskBytes)), showMiB(float64(c.HostBytes)))
 	}
 	return g, nil
+}
+
+// DiskInMemory says whether the runtime keeps sandboxes' disks in memory
+// (runtime.DiskMemory): a runtime that does not say so keeps them on disk.
+func (m *Manager) DiskInMemory() bool {
+	dm, ok := m.cfg.Runtime.(runtime.DiskMemory)
+	return ok && dm.DiskInMemory()
+}
+
+// Footprint is what a sandbox of these limits may take of the host's
+// memory, what admission counts: its memory limit, plus its disk where
+// the runtime keeps disks in memory. Zero fields are the engine's defaults.
+func (m *Manager) Footprint(l runtime.Limits) int64 {
+	mem, disk := l.MemoryBytes, l.DiskBytes
+	if mem <= 0 {
+		mem = m.cfg.DefaultLimits.MemoryBytes
+	}
+	if !m.DiskInMemory() {
+		return mem
+	}
+	if disk <= 0 {
+		disk = m.cfg.DefaultLimits.DiskBytes
+	}
+	return mem + disk
 }
 
 // refuse is a ceiling's refusal, naming the field.

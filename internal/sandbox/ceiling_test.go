@@ -22,7 +22,7 @@ func i64(v int64) *int64 { return &v }
 // disk are granted over the plain limits, both checked.
 func TestGrant(t *testing.T) {
 	t.Parallel()
-	m, _ := fakeEngine(t, sandbox.Config{
+	m, rt := fakeEngine(t, sandbox.Config{
 		DefaultLimits: runtime.Limits{CPUs: 1, MemoryBytes: 512 << 20, DiskBytes: 256 << 20, Pids: 256},
 		MaxLimits:     runtime.Limits{CPUs: 2, MemoryBytes: 1 << 30, DiskBytes: 1 << 30, Pids: 512},
 		MaxTimeout:    time.Hour, DefaultTimeout: 5 * time.Minute,
@@ -40,6 +40,9 @@ func TestGrant(t *testing.T) {
 		want   sandbox.Grant
 		refuse string // the field a refusal names, and what it says
 		says   string
+		// inMemory: the runtime keeps disks in memory, and admission
+		// counts them as memory.
+		inMemory bool
 	}{
 		{name: "nothing asked, no account",
 			want: sandbox.Grant{Limits: runtime.Limits{CPUs: 1, MemoryBytes: 512 << 20, DiskBytes: 256 << 20, Pids: 256}, Timeout: 5 * time.Minute}},
@@ -76,14 +79,21 @@ func TestGrant(t *testing.T) {
 		{name: "NaN cpus", opt: sandbox.CreateOptions{Limits: runtime.Limits{CPUs: math.NaN()}}, refuse: "--cpus", says: "smallest"},
 		{name: "an account below the smallest sandbox", c: sandbox.Ceiling{MemoryBytes: 16 << 20},
 			refuse: "--memory", says: "this account's max_memory_mb of 16 MiB is below the smallest sandbox"},
-		{name: "larger than the host", c: sandbox.Ceiling{HostBytes: 600 << 20}, opt: sandbox.CreateOptions{Policy: pol(i64(400), nil)},
-			refuse: "p.memory_mb", says: "memory 400 MiB plus disk 256 MiB is more than this host can hold"},
-		{name: "the host's size exactly", c: sandbox.Ceiling{HostBytes: 656 << 20}, opt: sandbox.CreateOptions{Policy: pol(i64(400), nil)},
-			want: sandbox.Grant{Limits: runtime.Limits{CPUs: 1, MemoryBytes: 400 << 20, DiskBytes: 256 << 20, Pids: 256}, Timeout: 5 * time.Minute}},
+		{name: "larger than the host, the disk in memory", c: sandbox.Ceiling{HostBytes: 600 << 20}, opt: sandbox.CreateOptions{Policy: pol(i64(400), nil)},
+			inMemory: true, refuse: "p.memory_mb", says: "memory 400 MiB plus disk 256 MiB (kept in memory) is more than this host can hold"},
+		{name: "the host's size exactly, the disk in memory", c: sandbox.Ceiling{HostBytes: 656 << 20}, opt: sandbox.CreateOptions{Policy: pol(i64(400), nil)},
+			inMemory: true, want: sandbox.Grant{Limits: runtime.Limits{CPUs: 1, MemoryBytes: 400 << 20, DiskBytes: 256 << 20, Pids: 256}, Timeout: 5 * time.Minute}},
+		{name: "the disk in memory over the host", c: sandbox.Ceiling{HostBytes: 600 << 20}, opt: sandbox.CreateOptions{Limits: runtime.Limits{MemoryBytes: 64 << 20},
+			Policy: pol(nil, i64(1024))}, inMemory: true, refuse: "p.disk_write_mb", says: "plus disk 1024 MiB (kept in memory)"},
+		{name: "memory larger than the host", c: sandbox.Ceiling{HostBytes: 399 << 20}, opt: sandbox.CreateOptions{Policy: pol(i64(400), nil)},
+			refuse: "p.memory_mb", says: "memory 400 MiB is more than this host can hold"},
+		{name: "a disk of its own is not memory", c: sandbox.Ceiling{HostBytes: 400 << 20}, opt: sandbox.CreateOptions{Policy: pol(i64(400), i64(1024))},
+			want: sandbox.Grant{Limits: runtime.Limits{CPUs: 1, MemoryBytes: 400 << 20, DiskBytes: 1 << 30, Pids: 256}, Timeout: 5 * time.Minute}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.opt.Names = names
+			rt.DiskMemory.Store(tt.inMemory)
 			g, err := m.Grant(tt.opt, tt.c)
 			if tt.refuse == "" {
 				if err != nil || g != tt.want {

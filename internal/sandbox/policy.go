@@ -279,7 +279,7 @@ func (s *Sandbox) resize(p *policy.Policy) (bool, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := rz.Resize(ctx, s.ID, ask); err != nil {
-			if errors.Is(err, runtime.ErrTooSmall) {
+			if errors.Is(err, runtime.ErrTooSmall) || errors.Is(err, runtime.ErrCannotGrow) {
 				return false, apierr.Wrap(err, apierr.InvalidPolicy, "resource_limits.disk_write_mb: %v", err)
 			}
 			return false, apierr.Wrap(err, apierr.SandboxState, "could not resize the running sandbox")

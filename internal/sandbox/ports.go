@@ -8,10 +8,18 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
 // ErrNoListener reports that nothing listens on a port inside the sandbox.
 var ErrNoListener = errors.New("nothing listens on the port inside the sandbox")
+
+// ErrEgressPort reports a connection asked to the port of the sandbox's
+// egress proxy (runtime.ProxyPort, its agent's listener where its runtime
+// proxies egress: a Pod's), which is the sandbox's own way out: only its
+// code reaches it, never a preview (a stranger would reach what the
+// sandbox's network policy allows, on its budget).
+var ErrEgressPort = errors.New("the port is the sandbox's egress proxy, which only its own code reaches")
 
 // portConnectTimeout bounds opening a port.connect (the agent's dial on
 // the loopback included) when ctx has no earlier deadline.
@@ -21,10 +29,15 @@ const portConnectTimeout = 10 * time.Second
 // through its agent (the sandbox has no other interface the host could
 // reach). The returned connection carries the stream's bytes; closing it
 // closes the connection inside. Nothing listening is ErrNoListener, at
-// once. ctx bounds only the opening.
+// once. ctx bounds only the opening. The egress proxy's port of a sandbox
+// whose runtime proxies egress is ErrEgressPort, whatever listens there:
+// the agent is not asked.
 func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	if err := s.running(); err != nil {
 		return nil, err
+	}
+	if port == runtime.ProxyPort && s.m.proxiesEgress() {
+		return nil, fmt.Errorf("port %d: %w", port, ErrEgressPort)
 	}
 	s.touch()
 	deadline, ok := ctx.Deadline()

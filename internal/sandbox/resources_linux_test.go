@@ -3,9 +3,13 @@ package sandbox_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
@@ -252,4 +256,56 @@ func TestPolicyResizesLiveSandbox(t *testing.T) {
 	if l := s.CurrentLimits(); l.DiskBytes != 50<<20 {
 		t.Fatalf("a refused resize changed the limits: %+v", l)
 	}
+	// Raised again, up to what the disk was made with: the room comes
+	// back (the balloon of the lowered limit shrinks).
+	if _, err := s.SetPolicy(&policy.Policy{ResourceLimits: &policy.ResourceLimits{MemoryMB: mib(256), DiskWriteMB: mib(200)}}); err != nil {
+		t.Fatalf("raising to 200 MiB: %v", err)
+	}
+	if ex := run(t, s, "python", write); mainText(ex) != "'written'" {
+		t.Fatalf("80 MiB under 200 MiB of disk: %+v %+v", ex, ex.Error)
+	}
+	if u, err := s.Usage(ctx); err != nil || u.DiskTotalBytes > 201<<20 || u.DiskTotalBytes < 199<<20 || u.DiskBytes > 21<<20 {
+		t.Fatalf("after raising to 200 MiB: disk %d of %d (%v)", u.DiskBytes, u.DiskTotalBytes, err)
+	}
+	// Past what it was made with (the default 256 MiB): the disk grows
+	// online where the server may (CAP_SYS_RESOURCE), else the raise is
+	// refused and nothing changes.
+	_, err = s.SetPolicy(&policy.Policy{ResourceLimits: &policy.ResourceLimits{MemoryMB: mib(256), DiskWriteMB: mib(400)}})
+	if !hasCapability(t, unix.CAP_SYS_RESOURCE) {
+		if apierr.CodeOf(err) != apierr.InvalidPolicy || !strings.Contains(err.Error(), "CAP_SYS_RESOURCE") {
+			t.Fatalf("growing the disk without CAP_SYS_RESOURCE: %v", err)
+		}
+		if l := s.CurrentLimits(); l.DiskBytes != 200<<20 {
+			t.Fatalf("a refused growth changed the limits: %+v", l)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("growing the disk to 400 MiB: %v", err)
+	}
+	big := "with open('/tmp/big', 'wb') as f:\n    f.write(b'\\0' * (300 << 20))\n'written'"
+	if ex := run(t, s, "python", big); mainText(ex) != "'written'" {
+		t.Fatalf("300 MiB under 400 MiB of disk: %+v %+v", ex, ex.Error)
+	}
+}
+
+// hasCapability reports whether this process has capability c in its
+// effective set.
+func hasCapability(t *testing.T, c int) bool {
+	t.Helper()
+	raw, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return mask&(1<<uint(c)) != 0
+		}
+	}
+	t.Fatal("no CapEff in /proc/self/status")
+	return false
 }

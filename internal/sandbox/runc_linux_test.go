@@ -28,7 +28,7 @@ const testCgroupParent = "sheepfold-test"
 // runcRuntime is the real runc runtime with a state dir and a cgroup
 // instance of its own; the caller closes it, then calls noLeaks to check
 // that nothing of the instance is left on the host.
-func runcRuntime(t testing.TB) (rt *oci.OCI, noLeaks func()) {
+func runcRuntime(t testing.TB, opts ...func(*oci.Config)) (rt *oci.OCI, noLeaks func()) {
 	t.Helper()
 	state := testutil.ShortTempDir(t)
 	if err := os.Chmod(state, 0o711); err != nil {
@@ -37,10 +37,14 @@ func runcRuntime(t testing.TB) (rt *oci.OCI, noLeaks func()) {
 	var b [4]byte
 	rand.Read(b[:])
 	instance := "t" + hex.EncodeToString(b[:])
-	rt, err := oci.New(oci.Config{
+	cfg := oci.Config{
 		RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
 		CgroupParent: testCgroupParent, Instance: instance,
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	rt, err := oci.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,9 +57,20 @@ func runcRuntime(t testing.TB) (rt *oci.OCI, noLeaks func()) {
 // mount, cgroup or process of it is left. opts adjust the engine's Config.
 func runcEngine(t testing.TB, opts ...func(*sandbox.Config)) *sandbox.Manager {
 	t.Helper()
+	return runcEngineWith(t, nil, opts...)
+}
+
+// runcEngineWith is runcEngine whose runtime's Config rt adjusts (nil:
+// as it is).
+func runcEngineWith(t testing.TB, rtOpt func(*oci.Config), opts ...func(*sandbox.Config)) *sandbox.Manager {
+	t.Helper()
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
-	rt, noLeaks := runcRuntime(t)
+	var rtOpts []func(*oci.Config)
+	if rtOpt != nil {
+		rtOpts = append(rtOpts, rtOpt)
+	}
+	rt, noLeaks := runcRuntime(t, rtOpts...)
 	cfg := sandbox.Config{
 		Runtime: rt,
 		Templates: sandbox.TemplatesFunc(func(name string) (string, error) {
@@ -100,6 +115,24 @@ func assertNoLeaks(t testing.TB, state, instance, cgroup string) {
 	}
 	if _, err := os.Stat(filepath.Join(state, instance)); err == nil {
 		t.Errorf("state dir left: %s", filepath.Join(state, instance))
+	}
+	// No loop device holds a disk image of the instance (one that clears
+	// itself at its unmount does so asynchronously).
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var left []string
+		files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+		for _, f := range files {
+			if b, err := os.ReadFile(f); err == nil && strings.HasPrefix(string(b), state+"/") {
+				left = append(left, f+": "+string(bytes.TrimSpace(b)))
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("loop devices left: %v", left)
+			break
+		}
 	}
 	// A cgroup cannot be removed while a process is in it, so no cgroup
 	// left also means no sandbox process left.

@@ -14,11 +14,13 @@ import (
 	"github.com/sheepfold/sheepfold/internal/server"
 )
 
-// TestAdmission: the sum of sandboxes' memory and disk limits is held
-// to the host's memory times the overcommit; /readyz says so.
+// TestAdmission: with disks kept in memory (a runtime without disks of
+// their own), the sum of sandboxes' memory and disk limits is held to the
+// host's memory times the overcommit; /readyz says so.
 func TestAdmission(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, server.Config{HostMemoryBytes: 1 << 30, Overcommit: 1})
+	e.rt.DiskMemory.Store(true)
 	want(t, e.do("GET", "/readyz", "", nil), http.StatusOK, "")
 	first := e.create(e.keyA, nil) // 512 MiB memory + 256 MiB disk
 	want(t, e.do("GET", "/readyz", "", nil), http.StatusServiceUnavailable, "ERR_CAPACITY")
@@ -38,6 +40,31 @@ func TestAdmission(t *testing.T) {
 	want(t, e.do("DELETE", "/v1/sandboxes/"+small, e.keyA, nil), http.StatusNoContent, "")
 	want(t, e.do("GET", "/readyz", "", nil), http.StatusOK, "")
 	e.create(e.keyB, nil)
+}
+
+// TestAdmissionDiskNotMemory: where each sandbox's disk is its own (on
+// the data dir, reserved by the runtime), admission holds the sum of the
+// memory limits alone to the host's memory: a disk larger than the memory
+// takes none of it. Before, a disk counted as memory and two default
+// sandboxes (512 MiB memory, 256 MiB disk) did not fit in 1 GiB.
+func TestAdmissionDiskNotMemory(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{HostMemoryBytes: 1 << 30, Overcommit: 1})
+	first := e.create(e.keyA, nil) // 512 MiB memory + 256 MiB disk
+	want(t, e.do("GET", "/readyz", "", nil), http.StatusOK, "")
+	second := e.create(e.keyB, map[string]any{"resources": map[string]any{"memory_mb": 512, "disk_mb": 4096}})
+	want(t, e.do("GET", "/readyz", "", nil), http.StatusServiceUnavailable, "ERR_CAPACITY")
+	r := e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 32, "disk_mb": 1}})
+	want(t, r, http.StatusServiceUnavailable, "ERR_CAPACITY")
+	if msg := errMessage(t, r); !strings.Contains(msg, "32 MiB of memory: 1024 of 1024 MiB are committed") {
+		t.Fatalf("refusal %q", msg)
+	}
+	// One sandbox's memory over the host is the request's mistake.
+	want(t, e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 1025}}),
+		http.StatusBadRequest, "ERR_BAD_REQUEST")
+	want(t, e.do("DELETE", "/v1/sandboxes/"+first, e.keyA, nil), http.StatusNoContent, "")
+	want(t, e.do("DELETE", "/v1/sandboxes/"+second, e.keyB, nil), http.StatusNoContent, "")
+	want(t, e.do("GET", "/readyz", "", nil), http.StatusOK, "")
 }
 
 // TestReadyzDataDirFull: a data dir with less free space than the minimum

@@ -265,8 +265,10 @@ func TestOneCeiling(t *testing.T) {
 		"cpu_time_seconds": 5}}), http.StatusOK, "")
 }
 
-// TestHostCeiling: admission counts a sandbox's memory plus disk against
-// the host's memory times the overcommit, and that count is of what the
+// TestHostCeiling: with disks kept in memory, admission counts a
+// sandbox's memory plus disk against the host's memory times the
+// overcommit (with disks of their own, the memory alone:
+// TestAdmissionDiskNotMemory), and that count is of what the
 // sandbox is granted, the policy's memory and disk included. Before the
 // one ceiling, admission counted `resources` alone and the policy raised
 // the cgroup after it (the over cases of the policy's fields were
@@ -276,6 +278,7 @@ func TestHostCeiling(t *testing.T) {
 	t.Parallel()
 	// 512 MiB in all; the default disk is 256 MiB, so 256 MiB of memory is the most.
 	e := newEnv(t, server.Config{HostMemoryBytes: 512 << 20, Overcommit: 1, NoAccounting: true})
+	e.rt.DiskMemory.Store(true)
 	for _, c := range []struct {
 		field string
 		body  func(mb int) map[string]any

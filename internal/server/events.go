@@ -163,7 +163,8 @@ func (s *Server) ownerEvents(w http.ResponseWriter, r *http.Request) error {
 // after eq.after first when replay, then live ones, without a gap or a
 // duplicate (events.Subscription.From). A subscriber that falls behind
 // gets a last "lagged" event naming the last id it was sent, and resumes
-// by reconnecting with Last-Event-ID. With stopped set, the stream is
+// by reconnecting with Last-Event-ID; one the server's drain cuts off
+// gets a last "failure" event (ERR_SHUTTING_DOWN) naming it too. With stopped set, the stream is
 // one sandbox's and ends after its sandbox.stopped event (or after the
 // replay, when stopped reports the sandbox gone without one).
 func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, eq eventQuery, replay bool, stopped func() bool) error {
@@ -272,11 +273,26 @@ func (s *Server) streamEvents(w http.ResponseWriter, r *http.Request, eq eventQu
 				return nil
 			}
 		case <-r.Context().Done():
+			if cutByDrain(r.Context()) {
+				s.endByDrain(w, r, last)
+			}
 			return nil
 		case <-s.streamsDone:
+			s.endByDrain(w, r, last)
 			return nil
 		}
 	}
+}
+
+// endByDrain ends an event stream the server's drain cuts off with a
+// failure event: the usual error object (ERR_SHUTTING_DOWN) and the id
+// of the last event sent, to resume from (Last-Event-ID) on another
+// server or after the restart.
+func (s *Server) endByDrain(w http.ResponseWriter, r *http.Request, last int64) {
+	_, body := s.errorJSON(r, errCut)
+	b, _ := json.Marshal(map[string]any{"error": body, "last_event_id": last})
+	fmt.Fprintf(w, "event: failure\ndata: %s\n\n", b)
+	http.NewResponseController(w).Flush()
 }
 
 // EventStore adapts the store's events table to the bus (events.Store).

@@ -42,3 +42,11 @@ func SetE2BLearnInterval(d time.Duration) (restore func()) {
 	e2bLearnInterval = d
 	return func() { e2bLearnInterval = old }
 }
+
+// SetMaxUISessions sets the bound of all dashboard sessions together for
+// one test (not a parallel one) and returns what restores it.
+func SetMaxUISessions(n int) (restore func()) {
+	old := maxUISessions
+	maxUISessions = n
+	return func() { maxUISessions = old }
+}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -23,11 +24,18 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) error {
 }
 
 // readyz answers 200 when a default sandbox could be created now: not
-// while draining, when the engine is not ready, when the sandbox caps
-// (count, committed memory) are reached, or when the data dir is full.
+// while draining, when the store does not answer (a ping, its verdict
+// kept a second: drain.go), when the engine is not ready, when the
+// sandbox caps (count, committed memory) are reached, or when the data
+// dir is full.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
+	s.readyAsked.Store(true)
 	if s.draining.Load() {
 		return apierr.New(apierr.ShuttingDown, "the server is shutting down")
+	}
+	if err := s.storeReady(r.Context()); err != nil {
+		return &apierr.Error{Code: apierr.StorageUnavailable, Err: err, RetryAfter: time.Second,
+			Message: "the server's database does not answer"}
 	}
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(r.Context()); err != nil {
@@ -35,7 +43,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	s.mu.Lock()
-	err := s.admit(footprint(runtime.Limits{}))
+	err := s.admit(s.engine.Footprint(runtime.Limits{}))
 	s.mu.Unlock()
 	if err != nil {
 		return err

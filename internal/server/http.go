@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/abort"
@@ -28,7 +29,7 @@ type handlerFunc func(w http.ResponseWriter, r *http.Request) error
 func (s *Server) routesInto(mux *http.ServeMux) {
 	add := func(pattern string, authed bool, h handlerFunc) {
 		s.routes = append(s.routes, pattern)
-		e := s.endpoint(authed, h)
+		e := s.endpoint(authed, s.streamed(pattern, h))
 		mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			setRoute(r, pattern)
 			e.ServeHTTP(w, r)
@@ -138,24 +139,50 @@ func classify(err error) error {
 }
 
 func (s *Server) errorJSON(r *http.Request, err error) (*apierr.Error, errorJSON) {
+	ctx := r.Context()
 	e := apierr.From(classify(err))
-	if s.draining.Load() && (e.Code == apierr.Internal || e.Code == apierr.SandboxState) {
-		// Cut off by the shutdown (its sandbox stopped with the engine):
-		// say so, rather than "internal error" or "sandbox stopped".
-		e = apierr.Wrap(err, apierr.ShuttingDown, "the server is shutting down; the request was cut off")
+	switch {
+	case cutByDrain(ctx) || s.draining.Load() && (e.Code == apierr.Internal || e.Code == apierr.SandboxState):
+		// Cut off by the shutdown (its context canceled at the drain's
+		// deadline, or its sandbox stopped with the engine): say so,
+		// rather than "internal error" or "sandbox stopped".
+		e = apierr.Wrap(err, apierr.ShuttingDown, "%s", errCut.Message)
+	case e.Code == apierr.Internal && bodyBroken(ctx):
+		// The failure was the request body's: its client hung up, or
+		// sent less than it announced.
+		e = apierr.Wrap(err, apierr.BadRequest, "the request body broke off before its end")
 	}
-	rid := requestIDFrom(r.Context())
-	if e.Code == apierr.Internal {
+	rid := requestIDFrom(ctx)
+	switch {
+	case clientGone(ctx):
+		// Nobody is left to tell: not the server's failure.
+		s.log.Debug("client went away", "request_id", rid, "method", r.Method, "path", r.URL.Path, "code", e.Code, "err", err)
+	case e.Code == apierr.Internal:
 		s.log.Error("request failed", "request_id", rid, "method", r.Method, "path", r.URL.Path, "err", err)
-	} else if e.Err != nil {
+	case e.Err != nil:
 		s.log.Debug("request refused", "request_id", rid, "code", e.Code, "err", e.Err)
 	}
 	return e, errorJSON{Code: e.Code, Message: e.Message, RequestID: rid}
 }
 
-// writeError renders err: the only place an error body is written.
+// statusClientGone is what the access log and the metrics count for a
+// request whose client went away before its answer (nginx's "client
+// closed request"); nothing is sent.
+const statusClientGone = 499
+
+// writeError renders err: the only place an error body is written. A
+// request whose client went away (or whose body stalled: net/http
+// cancels its context too) gets its connection closed, nothing written
+// (statusClientGone), so that no implicit 200 follows.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	e, body := s.errorJSON(r, err)
+	if clientGone(r.Context()) {
+		if li := logInfoFrom(r.Context()); li != nil {
+			li.gone = true
+		}
+		abort.Response(r.Context())
+		return
+	}
 	if e.RetryAfter > 0 {
 		w.Header().Set("Retry-After", fmt.Sprint(int((e.RetryAfter+time.Second-1)/time.Second)))
 	}
@@ -269,18 +296,23 @@ func (s *Server) bodyDeadline(next http.Handler) http.Handler {
 		}
 		rc := http.NewResponseController(w)
 		if err := rc.SetReadDeadline(time.Now().Add(s.cfg.BodyReadTimeout)); err == nil {
-			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, idle: s.cfg.BodyReadTimeout}
+			bs := &bodyState{}
+			r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, idle: s.cfg.BodyReadTimeout, state: bs}
+			r = r.WithContext(context.WithValue(r.Context(), keyBody, bs))
 		}
 		next.ServeHTTP(w, r)
 	})
 }
 
-// deadlineBody moves its connection's read deadline at every read.
+// deadlineBody moves its connection's read deadline at every read, and
+// records in state a read that failed other than by the body's end or
+// bound.
 type deadlineBody struct {
 	io.ReadCloser
-	rc   *http.ResponseController
-	idle time.Duration
-	done bool
+	rc    *http.ResponseController
+	idle  time.Duration
+	done  bool
+	state *bodyState
 }
 
 func (b *deadlineBody) Read(p []byte) (int, error) {
@@ -289,11 +321,28 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 	}
 	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle))
 	n, err := b.ReadCloser.Read(p)
-	if errors.Is(err, io.EOF) {
+	var big *http.MaxBytesError
+	switch {
+	case errors.Is(err, io.EOF):
 		b.done = true
 		_ = b.rc.SetReadDeadline(time.Time{})
+	case err != nil && !errors.As(err, &big):
+		b.state.broken.Store(true)
 	}
 	return n, err
+}
+
+// bodyState is what bodyDeadline learns of a request's body as it is
+// read.
+type bodyState struct {
+	broken atomic.Bool // a read failed: the client hung up, stalled or sent less than announced
+}
+
+// bodyBroken reports whether reading ctx's request's body failed (not
+// its end, not its bound): an error of the request then is the client's.
+func bodyBroken(ctx context.Context) bool {
+	bs, _ := ctx.Value(keyBody).(*bodyState)
+	return bs != nil && bs.broken.Load()
 }
 
 type ctxKey int
@@ -301,6 +350,7 @@ type ctxKey int
 const (
 	keyRequestID ctxKey = iota
 	keyLogInfo
+	keyBody // *bodyState
 )
 
 func requestIDFrom(ctx context.Context) string {
@@ -339,6 +389,7 @@ type logInfo struct {
 	owner   string
 	sandbox string
 	route   string // the route's pattern, "preview" or "e2b"; "" for none (404, 405)
+	gone    bool   // the client went away before an error could be answered
 }
 
 // setRoute records the route a request took.
@@ -403,10 +454,14 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		if route == "" {
 			route = "other"
 		}
-		s.metrics.httpRequest(route, sw.status, d)
+		status := sw.status
+		if status == 0 && (li.gone || clientGone(r.Context())) {
+			status = statusClientGone
+		}
+		s.metrics.httpRequest(route, status, d)
 		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request",
 			slog.String("request_id", requestIDFrom(r.Context())), slog.String("method", r.Method),
-			slog.String("path", r.URL.Path), slog.Int("status", sw.status), slog.Int64("bytes", sw.bytes),
+			slog.String("path", r.URL.Path), slog.Int("status", status), slog.Int64("bytes", sw.bytes),
 			slog.Duration("duration", d), slog.String("account", li.owner), slog.String("sandbox", li.sandbox))
 	})
 }

@@ -30,21 +30,22 @@ import (
 type metrics struct {
 	reg *prometheus.Registry
 
-	creates       *prometheus.CounterVec   // pool (hit|miss), template
-	createSeconds *prometheus.HistogramVec // pool, template
-	executions    *prometheus.CounterVec   // status, language
-	execSeconds   *prometheus.HistogramVec // language
-	oomKills      prometheus.Counter
-	exceeded      *prometheus.CounterVec // resource
-	violations    *prometheus.CounterVec // kind
-	httpRequests  *prometheus.CounterVec // route, code
-	httpSeconds   *prometheus.HistogramVec
-	previewBytes  *prometheus.CounterVec // direction (in: to the sandbox, out: from it)
-	previewReqs   prometheus.Counter
-	previewDial   prometheus.Histogram
-	agentCall     *prometheus.HistogramVec // op
-	previewIn     prometheus.Counter       // previewBytes' children, resolved once
-	previewOut    prometheus.Counter
+	creates        *prometheus.CounterVec   // pool (hit|miss), template
+	createSeconds  *prometheus.HistogramVec // pool, template
+	executions     *prometheus.CounterVec   // status, language
+	execSeconds    *prometheus.HistogramVec // language
+	oomKills       prometheus.Counter
+	exceeded       *prometheus.CounterVec // resource
+	violations     *prometheus.CounterVec // kind
+	httpRequests   *prometheus.CounterVec // route, code
+	httpSeconds    *prometheus.HistogramVec
+	previewBytes   *prometheus.CounterVec // direction (in: to the sandbox, out: from it)
+	previewReqs    prometheus.Counter
+	previewDial    prometheus.Histogram
+	agentCall      *prometheus.HistogramVec // op
+	previewIn      prometheus.Counter       // previewBytes' children, resolved once
+	previewOut     prometheus.Counter
+	streamRefusals *prometheus.CounterVec // scope (key, account, server)
 
 	own ownCounts // per-owner event counts for GET /v1/metrics
 }
@@ -82,8 +83,17 @@ func newMetrics(s *Server) *metrics {
 		Help: "Time to open a connection to a port inside a sandbox through its agent.", Buckets: latencyBuckets})
 	m.agentCall = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "sheepfold_agent_call_duration_seconds",
 		Help: "Round trip of host→agent calls, request to Done, by operation (context.execute includes the code's run time).", Buckets: latencyBuckets}, []string{"op"})
+	m.streamRefusals = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sheepfold_streams_refused_total",
+		Help: "Streams (long-lived requests) refused, by the share they would have passed: key, account or server."}, []string{"scope"})
+	streamsOpen := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sheepfold_streams_open",
+		Help: "Streams (long-lived requests: executions, event streams, downloads, previews, MCP calls, E2B streams) open now."},
+		func() float64 { return float64(s.streams.open()) })
+	connsShed := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sheepfold_connections_shed_total",
+		Help: "Client connections serving no request (idle, or not yet sending one) closed to keep the bound of open connections."},
+		func() float64 { return float64(s.conns.shedCount()) })
 	for _, c := range []prometheus.Collector{m.creates, m.createSeconds, m.executions, m.execSeconds, m.oomKills,
 		m.exceeded, m.violations, m.httpRequests, m.httpSeconds, m.previewBytes, m.previewReqs, m.previewDial, m.agentCall,
+		m.streamRefusals, streamsOpen, connsShed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{s: s}} {
 		f(c)
@@ -264,3 +274,6 @@ func (s *Server) metricsRoutes(add addFunc) {
 type slogPrinter struct{ s *Server }
 
 func (p slogPrinter) Println(v ...any) { p.s.log.Warn("metrics", "err", v) }
+
+// streamRefused counts a stream refused at its scope's share.
+func (m *metrics) streamRefused(scope string) { m.streamRefusals.WithLabelValues(scope).Inc() }

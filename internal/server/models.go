@@ -83,7 +83,7 @@ func (s *Server) admitModel(ctx context.Context, own, model string, need llm.Usa
 			return nil, err
 		}
 		if ok {
-			c.reserved = need.Total()
+			c.reserved = max(need.Total(), 1) // what ReserveTokens holds
 			break
 		}
 		if c.p.QuotaFallbackModel == "" || hops >= 8 {
@@ -182,8 +182,8 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 		return rc.Flush()
 	})
 	call.settle(u) // what was delivered, also of a stream cut short
-	if err == nil || r.Context().Err() != nil {
-		return nil
+	if err == nil || clientGone(r.Context()) {
+		return nil // (a drain's cut is told: ERR_SHUTTING_DOWN)
 	}
 	if !started {
 		return err

@@ -110,7 +110,7 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 	// What the host counts for the sandbox is its limits in force now,
 	// resized or not.
 	s.mu.Lock()
-	b.footprint = footprint(b.sb.CurrentLimits())
+	b.footprint = s.engine.Footprint(b.sb.CurrentLimits())
 	s.mu.Unlock()
 	if err != nil {
 		return err
@@ -135,7 +135,7 @@ func (s *Server) admitResize(b *box, p *policy.Policy) error {
 	if d := p.DiskBytes(); d > 0 {
 		l.DiskBytes = d
 	}
-	next := footprint(l)
+	next := s.engine.Footprint(l)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if next <= b.footprint || s.cfg.HostMemoryBytes <= 0 {

@@ -337,6 +337,12 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, t previewT
 			return
 		}
 	}
+	release, err := s.holdPreview(b.owner, t.id) // conns.go
+	if err != nil {
+		s.previewBusy(w, t, err)
+		return
+	}
+	defer release()
 	s.metrics.previewRequest()
 	s.preview.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), previewCtxKey{}, &t)))
 }
@@ -660,6 +666,9 @@ func (s *Server) dialPreview(ctx context.Context, _, addr string) (net.Conn, err
 func (s *Server) previewError(w http.ResponseWriter, r *http.Request, err error) {
 	t := r.Context().Value(previewCtxKey{}).(*previewTarget)
 	switch {
+	case errors.Is(err, sandbox.ErrEgressPort):
+		previewPage(w, http.StatusForbidden, "Not a preview",
+			fmt.Sprintf("Port %d of sandbox %s is its egress proxy, which only its own code reaches.", t.port, t.id))
 	case errors.Is(err, sandbox.ErrNoListener):
 		previewPage(w, http.StatusBadGateway, "Nothing is listening",
 			fmt.Sprintf("Nothing listens on port %d inside sandbox %s. Start a server on that port (on 127.0.0.1, ::1 or all addresses) and reload.", t.port, t.id))

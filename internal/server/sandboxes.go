@@ -249,7 +249,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	if err != nil {
 		return nil, err
 	}
-	need := footprint(opt.Limits)
+	need := s.engine.Footprint(opt.Limits)
 	s.mu.Lock()
 	if err := s.admit(need); err != nil {
 		s.mu.Unlock()
@@ -299,23 +299,9 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	}
 	s.mu.Lock()
 	delete(s.boxes, placeholder)
-	s.boxes[sb.ID] = &box{sb: sb, owner: own, execTimeout: execTimeout, footprint: footprint(info.Limits)}
+	s.boxes[sb.ID] = &box{sb: sb, owner: own, execTimeout: execTimeout, footprint: s.engine.Footprint(info.Limits)}
 	s.mu.Unlock()
 	return sb, nil
-}
-
-// footprint is what a sandbox of these limits may take of the host's
-// memory: its memory limit plus its disk (a tmpfs); zero fields are the
-// engine's defaults.
-func footprint(l runtime.Limits) int64 {
-	mem, disk := l.MemoryBytes, l.DiskBytes
-	if mem <= 0 {
-		mem = sandbox.DefaultLimits.MemoryBytes
-	}
-	if disk <= 0 {
-		disk = sandbox.DefaultLimits.DiskBytes
-	}
-	return mem + disk
 }
 
 // admit checks that one more sandbox of footprint need fits the server's
@@ -335,7 +321,7 @@ func (s *Server) admit(need int64) error {
 	}
 	if used+need > capacity {
 		return &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
-			Message: fmt.Sprintf("the host cannot hold another sandbox of %d MiB (memory plus disk): %d of %d MiB are committed",
+			Message: fmt.Sprintf("the host cannot hold another sandbox of %d MiB of memory: %d of %d MiB are committed",
 				need>>20, used>>20, capacity>>20)}
 	}
 	return nil

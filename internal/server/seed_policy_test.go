@@ -268,6 +268,7 @@ func TestSeedResizeIsMetered(t *testing.T) {
 // may take.
 func TestSeedResizeIsAdmitted(t *testing.T) {
 	e := newEnv(t, server.Config{HostMemoryBytes: 1 << 30, Overcommit: 1})
+	e.rt.DiskMemory.Store(true)                                                                           // disks count as memory, as a tmpfs's do
 	id := e.create(e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 256, "disk_mb": 128}}) // 384 MiB
 	e.create(e.keyB, map[string]any{"resources": map[string]any{"memory_mb": 256, "disk_mb": 128}})       // 768 MiB
 	want(t, e.do("PUT", "/v1/sandboxes/"+id+"/policy", e.keyA, `{"resource_limits":{"memory_mb":640}}`), http.StatusServiceUnavailable, "ERR_CAPACITY")

@@ -29,8 +29,15 @@
 //     at once by any request that meets them; a record the store could
 //     not write is retried. Records past Config.Retention are pruned.
 //   - Every body is bounded and a stalled one cut (bodyDeadline);
-//     admission counts memory plus disk limits against the host (admit);
+//     admission counts memory limits (and disks kept in memory) against the host (admit);
 //     a wrong method on a known path is 405 with Allow.
+//   - Tenants share the server within shares (conns.go): streams
+//     (long-lived requests) per key, per account and in all; open
+//     connections, the oldest quiet ones closed past the bound;
+//     dashboard sessions per account (ui.go).
+//   - /readyz fails with the store; a shutdown drains in order, and
+//     what it cuts off ends with ERR_SHUTTING_DOWN (drain.go). A client
+//     that goes away is not the server's failure (499, logged at debug).
 //
 // It also serves the E2B surface (internal/e2b) on the same handler, as
 // that package's Backend (e2b.go).
@@ -112,9 +119,12 @@ type Config struct {
 	ReadHeaderTimeout time.Duration
 	IdleTimeout       time.Duration
 	// HostMemoryBytes is the memory sandboxes may commit, times
-	// Overcommit [2]: admission refuses a sandbox whose memory and disk
-	// limits (the disk is a tmpfs, so memory too) would take the sum of
-	// all sandboxes' past it (503 ERR_CAPACITY). 0 turns the check off.
+	// Overcommit [2]: admission refuses a sandbox whose memory limit
+	// (plus its disk, where the runtime keeps disks in memory:
+	// sandbox.Manager.Footprint) would take the sum of all sandboxes'
+	// past it (503 ERR_CAPACITY). 0 turns the check off. A disk of its
+	// own is reserved on the data dir by the runtime, which refuses a
+	// create it has no room for (503 ERR_CAPACITY too).
 	HostMemoryBytes int64
 	Overcommit      float64
 	// DataDir is where the server keeps its database and sandboxes;
@@ -125,6 +135,31 @@ type Config struct {
 	// ShutdownTimeout is how long the caller of Shutdown lets requests
 	// in flight run (sheepfold serve --shutdown-timeout) [10s].
 	ShutdownTimeout time.Duration
+	// DrainDelay is how long Shutdown keeps serving after the drain
+	// begins, /readyz answering 503, before the listener closes (serve
+	// --drain-delay) [5s]; negative: none. It is skipped when nothing
+	// has asked /readyz since the start (drain.go).
+	DrainDelay time.Duration
+	// ReadyCheckInterval is how long /readyz keeps the store's verdict
+	// (a ping) [1s].
+	ReadyCheckInterval time.Duration
+	// MaxStreamsPerKey and MaxStreamsPerAccount bound the streams
+	// (long-lived requests: conns.go) one API key, and one account, may
+	// hold open at once [DefaultMaxStreamsPerKey,
+	// DefaultMaxStreamsPerAccount]; MaxStreams bounds the streams of all
+	// [StreamsFromLimit of the process's RLIMIT_NOFILE]. Negative: no
+	// bound.
+	MaxStreamsPerKey     int
+	MaxStreamsPerAccount int
+	MaxStreams           int
+	// MaxConnections bounds the client connections open: past it, a new
+	// one closes the oldest serving no request (conns.go)
+	// [ConnectionsFromLimit of RLIMIT_NOFILE]. Negative: no bound.
+	MaxConnections int
+	// UISessionsPerAccount bounds one account's dashboard sessions: a
+	// login past it ends the account's oldest session
+	// [DefaultUISessionsPerAccount].
+	UISessionsPerAccount int
 	// Retention is how long records of stopped sandboxes and executions
 	// are kept [7 days]; PruneInterval is how often older ones (and rate
 	// buckets full again) are deleted [1h].
@@ -228,8 +263,30 @@ func (c *Config) setDefaults() {
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 10 * time.Second
 	}
+	if c.DrainDelay == 0 {
+		c.DrainDelay = DefaultDrainDelay
+	}
+	c.DrainDelay = max(0, c.DrainDelay)
+	if c.ReadyCheckInterval <= 0 {
+		c.ReadyCheckInterval = time.Second
+	}
 	if c.Retention <= 0 {
 		c.Retention = 7 * 24 * time.Hour
+	}
+	if c.MaxStreamsPerKey == 0 {
+		c.MaxStreamsPerKey = DefaultMaxStreamsPerKey
+	}
+	if c.MaxStreamsPerAccount == 0 {
+		c.MaxStreamsPerAccount = DefaultMaxStreamsPerAccount
+	}
+	if c.MaxStreams == 0 {
+		c.MaxStreams = defaultMaxStreams()
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = ConnectionsFromLimit(nofile())
+	}
+	if c.UISessionsPerAccount <= 0 {
+		c.UISessionsPerAccount = DefaultUISessionsPerAccount
 	}
 	if c.PruneInterval <= 0 {
 		c.PruneInterval = time.Hour
@@ -258,6 +315,12 @@ type Server struct {
 
 	http        *http.Server
 	draining    atomic.Bool
+	drainStart  atomic.Int64 // when Drain was first called (Unix nanoseconds)
+	readyAsked  atomic.Bool  // /readyz has been asked since the start
+	readyStore  readyCheck   // the store's last verdict for /readyz (drain.go)
+	inflight    inflight     // requests being served
+	base        context.Context
+	cut         context.CancelCauseFunc // cancels base (errCut): a drain's deadline
 	stop        chan struct{}
 	stopOnce    sync.Once
 	streamsOnce sync.Once
@@ -275,6 +338,8 @@ type Server struct {
 	accounts *account.Registry
 	meter    *metering.Meter
 	ui       uiSessions // dashboard logins
+	streams  *streams   // long-lived requests' shares (conns.go)
+	conns    *shedConns // the bound of open connections (conns.go)
 	tenants  sync.Map   // sandbox id → *tenant (quota.go)
 	tenantMu sync.Mutex // guards tenant.released
 	alertQ   chan store.Alert
@@ -302,7 +367,7 @@ type box struct {
 	sb          *sandbox.Sandbox
 	owner       string
 	execTimeout time.Duration          // default (and longest) execution timeout; 0: the engine's
-	footprint   int64                  // memory plus disk limit, in bytes: what admission counts
+	footprint   int64                  // what admission counts, in bytes (sandbox.Manager.Footprint)
 	public      map[int]bool           // ports made public (preview.go); guarded by Server.mu
 	token       atomic.Pointer[string] // its preview token, computed at first use (preview.go)
 }
@@ -321,7 +386,11 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		stop: make(chan struct{}),
 		bus:  cfg.Events, streamsDone: make(chan struct{}),
 		accounts: account.NewRegistry(cfg.Accounts, st),
+		streams:  newStreams(max(0, cfg.MaxStreamsPerKey), max(0, cfg.MaxStreamsPerAccount), max(0, cfg.MaxStreams)),
+		conns:    newShedConns(max(0, cfg.MaxConnections)),
+		ui:       uiSessions{perAccount: cfg.UISessionsPerAccount},
 	}
+	s.base, s.cut = context.WithCancelCause(context.Background())
 	if s.bus == nil && st != nil {
 		s.bus, s.ownBus = events.NewBus(EventStore(st), events.BusConfig{Logger: log}), true
 	}
@@ -340,6 +409,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		}
 	}
 	s.metrics = newMetrics(s)
+	s.streams.refused = s.metrics.streamRefused
 	s.preview = s.newPreviewProxy()
 	s.hooks = newWebhooks(s, dest)
 	if st != nil {
@@ -380,7 +450,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	tokenKey.Write([]byte("e2b access tokens"))
 	s.e2b = e2b.New(e2b.Config{MaxTimeout: cfg.MaxTimeout, MaxUploadBytes: cfg.MaxUploadBytes,
 		WriteTimeout: streamWriteTimeout, Domain: cfg.PreviewDomain, Ports: http.HandlerFunc(s.e2bPreview),
-		Key: tokenKey.Sum(nil), LearnInterval: e2bLearnInterval}, e2bBackend{s})
+		Key: tokenKey.Sum(nil), LearnInterval: e2bLearnInterval, Hold: s.holdStream}, e2bBackend{s})
 	// Previews (by Host or path) and the E2B protocols (an
 	// E2b-Sandbox-Port header or E2B's own paths) share the listener;
 	// route keeps previews off the API's origin.
@@ -388,12 +458,16 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	// abort.Handler is the one place a response is broken off (the
 	// handlers call abort.Response); bodyDeadline stays outermost, with
 	// the server's own ResponseWriter for its body limit.
-	s.handler = s.bodyDeadline(abort.Handler(s.requestID(s.accessLog(s.recoverPanics(top)))))
+	s.handler = s.track(s.bodyDeadline(abort.Handler(s.requestID(s.accessLog(s.recoverPanics(top))))))
 	// No global ReadTimeout or WriteTimeout: they would cut long streams
 	// (executions, command output, uploads). Bodies get a per-read
 	// deadline instead (bodyDeadline); streams set their own.
+	// Requests' contexts derive from base, which a drain's deadline
+	// cancels (drain.go).
 	s.http = &http.Server{Handler: s.handler, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		BaseContext: func(net.Listener) context.Context { return s.base },
+		ConnState:   s.conns.state}
 	s.http.RegisterOnShutdown(s.endStreams)
 	s.sweeper.Add(1)
 	go s.sweep()
@@ -419,15 +493,39 @@ func (s *Server) Serve(ln net.Listener) error {
 // Drain marks the server as shutting down: /readyz answers 503 at once,
 // new sandboxes are refused, and requests cut off from now on get
 // ERR_SHUTTING_DOWN. Shutdown drains too.
-func (s *Server) Drain() { s.draining.Store(true) }
+func (s *Server) Drain() {
+	s.drainStart.CompareAndSwap(0, time.Now().UnixNano())
+	s.draining.Store(true)
+}
 
-// Shutdown stops accepting requests and waits (until ctx ends) for those
-// in flight; it then stops the sweeper. The engine is the caller's to
-// close; call RecordStopped after closing it.
+// Shutdown drains (drain.go): it keeps serving for the drain delay
+// (DrainDelay, from the first Drain), then ends the event streams, stops
+// accepting requests and waits (until ctx ends) for those in flight; at
+// ctx's end it cuts those still running, gives them cutGrace to say so
+// and closes their connections. It then stops the sweeper. The engine
+// is the caller's to close; call RecordStopped after closing it.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.Drain()
+	if d := s.drainDelay() - time.Since(time.Unix(0, s.drainStart.Load())); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 	s.endStreams()
 	err := s.http.Shutdown(ctx)
+	if err != nil {
+		s.cut(errCut)
+		grace, cancel := context.WithTimeout(context.Background(), cutGrace)
+		if s.inflight.wait(grace) != nil {
+			s.log.Warn("requests still running after the drain cut them off", "grace", cutGrace)
+		}
+		cancel()
+		s.http.Close()
+	}
+	s.cut(errCut)
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.sweeper.Wait()
 	s.retire()
@@ -436,6 +534,15 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.bus.Close()
 	}
 	return err
+}
+
+// track counts the requests in flight (inflight), for the drain.
+func (s *Server) track(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.inflight.add()
+		defer s.inflight.done()
+		next.ServeHTTP(w, r)
+	})
 }
 
 // endStreams ends the event streams, which never end on their own.

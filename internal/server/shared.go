@@ -215,7 +215,7 @@ func (s *Server) adopt(ctx context.Context, rec store.Sandbox) (*box, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &box{sb: sb, owner: rec.Owner, execTimeout: time.Duration(res.MaxExecutionMS) * time.Millisecond, footprint: footprint(limits)}
+	b := &box{sb: sb, owner: rec.Owner, execTimeout: time.Duration(res.MaxExecutionMS) * time.Millisecond, footprint: s.engine.Footprint(limits)}
 	s.mu.Lock()
 	if other, ok := s.boxes[rec.ID]; ok && other.sb != nil {
 		s.mu.Unlock()

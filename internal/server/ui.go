@@ -24,21 +24,40 @@ const (
 	uiCookie      = "sheepfold_ui"
 	uiHeader      = "X-Sheepfold-UI"
 	uiSessionLife = 12 * time.Hour
-	maxUISessions = 10000
+	// DefaultUISessionsPerAccount is an account's share of dashboard
+	// sessions (Config.UISessionsPerAccount).
+	DefaultUISessionsPerAccount = 32
 )
+
+// maxUISessions bounds every account's sessions together: with each
+// account's own bound (Config.UISessionsPerAccount) it takes thousands of
+// accounts to reach it, and then logins of accounts with no session to
+// spare get 503 until sessions end. A variable for tests.
+var maxUISessions = 100000
 
 type uiSession struct {
 	secret  string
+	owner   string // the account of the key
 	expires time.Time
 }
 
-// uiSessions maps a session token's SHA-256 to its key.
+// uiSessions maps a session token's SHA-256 to its key. Each account has
+// a share (perAccount): a login past it ends the account's oldest
+// session, so that one tenant logging in without end takes nothing of
+// the others'.
 type uiSessions struct {
+	perAccount int
+
+	// mu guards m and byOwner.
 	mu sync.Mutex
 	m  map[[32]byte]uiSession
+	// byOwner lists each account's sessions, oldest first; an entry
+	// whose session has ended (no longer in m) is dropped at the
+	// account's next login.
+	byOwner map[string][][32]byte
 }
 
-func (u *uiSessions) add(secret string, now time.Time) (string, error) {
+func (u *uiSessions) add(secret, owner string, now time.Time) (string, error) {
 	var b [32]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", err
@@ -47,7 +66,23 @@ func (u *uiSessions) add(secret string, now time.Time) (string, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.m == nil {
-		u.m = map[[32]byte]uiSession{}
+		u.m, u.byOwner = map[[32]byte]uiSession{}, map[string][][32]byte{}
+	}
+	// The account's own sessions first: drop the ended, then end the
+	// oldest until a new one fits its share.
+	live := u.byOwner[owner][:0]
+	for _, k := range u.byOwner[owner] {
+		if s, ok := u.m[k]; ok && !now.After(s.expires) {
+			live = append(live, k)
+		} else {
+			delete(u.m, k)
+		}
+	}
+	if n := u.perAccount; n > 0 && len(live) >= n {
+		for _, k := range live[:len(live)-n+1] {
+			delete(u.m, k)
+		}
+		live = append(live[:0], live[len(live)-n+1:]...)
 	}
 	if len(u.m) >= maxUISessions {
 		for k, s := range u.m {
@@ -56,10 +91,13 @@ func (u *uiSessions) add(secret string, now time.Time) (string, error) {
 			}
 		}
 		if len(u.m) >= maxUISessions {
+			u.byOwner[owner] = live
 			return "", apierr.New(apierr.Capacity, "too many dashboard sessions; try again later")
 		}
 	}
-	u.m[sha256.Sum256([]byte(token))] = uiSession{secret: secret, expires: now.Add(uiSessionLife)}
+	k := sha256.Sum256([]byte(token))
+	u.m[k] = uiSession{secret: secret, owner: owner, expires: now.Add(uiSessionLife)}
+	u.byOwner[owner] = append(live, k)
 	return token, nil
 }
 
@@ -123,10 +161,20 @@ func (s *Server) uiLogin(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
-	if _, err := s.auth.Check(r.Context(), req.Key); err != nil {
+	p, err := s.auth.Check(r.Context(), req.Key)
+	if err != nil {
 		return err
 	}
-	token, err := s.ui.add(req.Key, time.Now())
+	// A login is a request of its key: under its account's request rate.
+	if li := logInfoFrom(r.Context()); li != nil {
+		li.owner = p.Owner
+	}
+	if !s.cfg.NoAccounting {
+		if err := s.limitRequest(w, r, p); err != nil {
+			return err
+		}
+	}
+	token, err := s.ui.add(req.Key, p.Owner, time.Now())
 	if err != nil {
 		return err
 	}

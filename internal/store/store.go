@@ -21,6 +21,12 @@ var ErrNotFound = errors.New("store: not found")
 // locked past its wait, full, or failing. Retrying later may succeed.
 var ErrUnavailable = errors.New("store: database busy, full or unavailable")
 
+// Pinger is a Store that can tell cheaply whether its database answers
+// now (the server's /readyz asks it). A failure wraps ErrUnavailable.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
 // Key is an API key. Only the SHA-256 of the secret is kept.
 type Key struct {
 	ID        string

@@ -13,8 +13,9 @@ MIRROR=${SHEEPFOLD_GUEST_MIRROR:-http://deb.debian.org/debian}
 # host), the kernel (its initrd from initramfs-tools loads virtio), udev and
 # kmod for the 9p modules, libseccomp2 for runc, debootstrap because the
 # .deb depends on it, python3 for the isolation tests' unconfined control
-# runs; util-linux (mount, unshare) and coreutils come with minbase.
-PACKAGES=systemd,systemd-sysv,udev,kmod,linux-image-amd64,initramfs-tools,dbus,procps,libseccomp2,debootstrap,python3
+# runs, e2fsprogs (mkfs.ext4) for sandboxes' disks; util-linux (mount,
+# unshare) and coreutils come with minbase.
+PACKAGES=systemd,systemd-sysv,udev,kmod,linux-image-amd64,initramfs-tools,dbus,procps,libseccomp2,debootstrap,python3,e2fsprogs
 # Downloaded packages are kept for the next build of the image.
 CACHE=${SHEEPFOLD_GUEST_CACHE:-/var/cache/sheepfold-guest}
 
@@ -38,7 +39,8 @@ printf '127.0.0.1 localhost\n127.0.1.1 sheepfold-guest\n' >"$root/etc/hosts"
 # No login: the guest runs sheepfold-ci.service and powers off.
 chroot "$root" systemctl mask getty@tty1.service serial-getty@ttyS0.service \
 	systemd-timesyncd.service apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer 2>/dev/null || true
-printf '9p\n9pnet_virtio\n' >"$root/etc/modules-load.d/ci.conf"
+# The loop module: each sandbox's disk is an image on a loop device.
+printf '9p\n9pnet_virtio\nloop\n' >"$root/etc/modules-load.d/ci.conf"
 
 # The CI unit: mounts the run's payload (read-only 9p) and outbox (9p),
 # runs the payload's in-guest.sh, leaves its exit status in the outbox and

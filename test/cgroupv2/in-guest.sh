@@ -154,12 +154,12 @@ step host host
 step oci gotest internal/runtime/oci
 # The engine's tests where cgroups matter (the rest of the package does not
 # depend on the host's cgroup layout and runs in `make test`): isolation,
-# the limits (memory OOM, pids, disk). Left out: tests whose budgets assume
+# the limits (memory OOM, pids, disk; a full disk that is not an OOM kill). Left out: tests whose budgets assume
 # native speed and fail under TCG's tenfold slowdown (TestPolicyResources'
 # 0.5 s of CPU, matplotlib's font cache in TestRuncStatefulPython,
 # TestRuncLifetimeHoldsWithoutEngine's 10 s); the crash sweep runs in
 # internal/runtime/oci (TestSweepDeadInstance, TestSweepRetriesStubbornLeftovers).
-SANDBOX_RUN=${SANDBOX_RUN:-'^(TestIsolation|TestForkBombContained|TestDiskLimit|TestRuncMemoryBomb|TestRuncOOMScore|TestRuncTimeoutKeepsSandboxUsable)$'}
+SANDBOX_RUN=${SANDBOX_RUN:-'^(TestIsolation|TestForkBombContained|TestDiskLimit|TestPolicyResizesLiveSandbox|TestDiskFullIsNotOOM|TestRuncMemoryBomb|TestRuncOOMScore|TestRuncTimeoutKeepsSandboxUsable)$'}
 step sandbox gotest internal/sandbox -test.run "$SANDBOX_RUN"
 step doctor gotest internal/doctor
 step nested nested

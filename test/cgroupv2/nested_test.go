@@ -108,6 +108,9 @@ func TestServerInContainer(t *testing.T) {
 			// the server makes its sandboxes' cgroups.
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "rw"}},
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev"}},
+			// Loop devices, for the sandboxes' disks: the control device
+			// (the server makes the nodes of the devices it is given).
+			{Destination: "/dev/loop-control", Type: "bind", Source: "/dev/loop-control", Options: []string{"bind"}},
 			// The host-wide registry of sandboxes' id ranges, shared with
 			// every engine on the guest.
 			{Destination: "/run/sheepfold", Type: "bind", Source: "/run/sheepfold", Options: []string{"rbind", "rw"}},
@@ -117,6 +120,11 @@ func TestServerInContainer(t *testing.T) {
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: cgPath,
+			// As a privileged container has them: the loop devices.
+			Resources: &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{
+				{Allow: true, Type: "b", Major: ptr(int64(7)), Access: "rwm"},
+				{Allow: true, Type: "c", Major: ptr(int64(10)), Minor: ptr(int64(237)), Access: "rwm"},
+			}},
 			// No PID namespace: the server's orphans (sandboxes' runc
 			// processes) are reaped by the guest's init, as under systemd.
 			Namespaces: []specs.LinuxNamespace{
@@ -194,6 +202,8 @@ func TestServerInContainer(t *testing.T) {
 	if len(dirs) != 1 || !strings.HasPrefix(dirs[0], cgDir+"/") {
 		t.Fatalf("sandbox cgroups %v, want one inside the container's %s", dirs, cgDir)
 	}
+	// The memory alone: the sandbox's disk is its own (a disk kept in
+	// memory would add its 256 MiB).
 	if got := read(t, dirs[0], "memory.max"); got != strconv.Itoa(192<<20) {
 		t.Fatalf("memory.max %s, want %d", got, 192<<20)
 	}
@@ -229,3 +239,5 @@ func freePort(t *testing.T) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+func ptr[T any](v T) *T { return &v }

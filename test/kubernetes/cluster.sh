@@ -430,10 +430,9 @@ containerd_config() {
 version = 3
 root = '$root/containerd'
 state = '$run/containerd'
-# Plugins that would touch host paths shared by both containerds (NRI's
-# socket, /opt/containerd) or that are not needed.
+# Plugins that would touch host paths shared by both containerds
+# (/opt/containerd) or that are not needed.
 disabled_plugins = [
-  'io.containerd.nri.v1.nri',
   'io.containerd.internal.v1.opt',
   'io.containerd.internal.v1.tracing',
   'io.containerd.tracing.processor.v1.otlp',
@@ -447,6 +446,15 @@ disabled_plugins = [
 
 [grpc]
   address = '$run/containerd.sock'
+
+# NRI, for Sheepfold's plugin (sheepfold nri-plugin, which gives a sandbox
+# Pod's containers its pids limit): each node's own socket and plugin
+# directories, not the host's defaults both would share.
+[plugins.'io.containerd.nri.v1.nri']
+  disable = false
+  socket_path = '$run/nri.sock'
+  plugin_path = '$root/nri/plugins'
+  plugin_config_path = '$root/nri/conf.d'
 
 [ttrpc]
   address = '$run/containerd.sock.ttrpc'
@@ -582,6 +590,11 @@ evictionHard:
   imagefs.available: 1%
   nodefs.inodesFree: 1%
 nodeStatusUpdateFrequency: 2s
+# Every Pod's tasks, whatever runs them: the bound on Pods whose container
+# cgroup does not hold their tasks (gVisor's: its host threads and stubs
+# are in the Pod's cgroup). A sandbox's own limit, at most 4096, is its
+# container's (Sheepfold's NRI plugin).
+podPidsLimit: 8192
 syncFrequency: 10s
 shutdownGracePeriod: 0s
 EOF

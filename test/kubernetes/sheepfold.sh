@@ -3,7 +3,8 @@
 # end to end. The python template becomes an image (sheepfold template
 # export) imported into both nodes, the sandboxes' seccomp profile goes
 # into each kubelet's seccomp directory, bin/sheepfold becomes the server's
-# image (imported too), and test/kubernetes/e2e runs `sheepfold serve
+# image (imported too), each node's containerd gets Sheepfold's NRI plugin
+# (the sandboxes' pids limits), and test/kubernetes/e2e runs `sheepfold serve
 # --backend kubernetes` over a real PostgreSQL against the cluster, on the
 # host and as deploy/kubernetes's Deployment. Everything it writes is under the cluster's state dir, which
 # down removes.
@@ -40,6 +41,32 @@ archive=$KUBE_ROOT/server.oci.tar
 "$CLUSTER" import-image "$archive"
 rm -f "$archive"
 
+# Sheepfold's NRI plugin on each node, as deploy/kubernetes/nri.yaml's
+# DaemonSet runs it on a real cluster: a sandbox Pod's containers get its
+# pids limit, and its agent refuses to start without it. Here on the host,
+# at each node's own NRI socket; stopped when this script ends.
+nri_pids=()
+stop_nri() {
+	local p
+	for p in "${nri_pids[@]}"; do
+		kill "$p" 2>/dev/null || true
+		wait "$p" 2>/dev/null || true
+	done
+}
+trap stop_nri EXIT
+for n in "${NODES[@]}"; do
+	"$BIN_SF" nri-plugin --socket "$KUBE_RUN/$n/nri.sock" 2>"$LOGS/nri-plugin-$n.log" &
+	nri_pids+=($!)
+done
+for n in "${NODES[@]}"; do
+	for i in $(seq 100); do
+		grep -q '"msg":"registered with the runtime"' "$LOGS/nri-plugin-$n.log" && break
+		[ "$i" = 100 ] && { echo "sheepfold.sh: FAIL: the NRI plugin of node $n did not register:" >&2; cat "$LOGS/nri-plugin-$n.log" >&2; exit 1; }
+		sleep 0.1
+	done
+done
+echo "sheepfold.sh: the NRI plugin registered with both nodes' containerd"
+
 cd "$REPO"
 export SHEEPFOLD_E2E_KUBECONFIG=$KUBECONFIG_ADMIN SHEEPFOLD_E2E_IMAGE=$image SHEEPFOLD_E2E_SERVER_IMAGE=$server_image SHEEPFOLD_E2E_BIN=$BIN_SF SHEEPFOLD_E2E_CLUSTER=$CLUSTER SHEEPFOLD_E2E_E2B_DIR=$REPO/test/e2b
 if [ "${SHEEPFOLD_KUBE_BENCH:-}" = 1 ]; then
@@ -54,7 +81,7 @@ go test -tags kubernetes_e2e -count=1 -v -timeout 30m ./test/kubernetes/e2e/
 kc() { "$CLUSTER" kubectl "$@"; }
 kc apply --dry-run=server -f "$REPO/deploy/kubernetes/namespace.yaml"
 kc create namespace sheepfold >/dev/null
-trap 'kc delete namespace sheepfold --wait=false >/dev/null' EXIT
-for f in rbac rbac-portforward server runtimeclasses; do
+trap 'kc delete namespace sheepfold --wait=false >/dev/null; stop_nri' EXIT
+for f in rbac rbac-portforward server runtimeclasses nri; do
 	kc apply --dry-run=server -f "$REPO/deploy/kubernetes/$f.yaml"
 done

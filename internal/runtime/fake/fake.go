@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -43,6 +44,10 @@ type Runtime struct {
 	// Choices are the values of Spec.Runtime it accepts besides "" (its
 	// Runtimes); nil offers "fake" alone. They all run the same way.
 	Choices []string
+	// DiskMemory is DiskInMemory's answer (runtime.DiskMemory): true
+	// plays a runtime that keeps disks in memory, as the oci runtime
+	// does without loop devices.
+	DiskMemory atomic.Bool
 
 	// mu guards procs, held, specs, resized and the hung reading's fields.
 	mu      sync.Mutex
@@ -82,7 +87,12 @@ var (
 )
 
 // Name implements runtime.Runtime.
+var _ runtime.DiskMemory = (*Runtime)(nil)
+
 func (r *Runtime) Name() string { return "fake" }
+
+// DiskInMemory implements runtime.DiskMemory.
+func (r *Runtime) DiskInMemory() bool { return r.DiskMemory.Load() }
 
 // Runtimes implements runtime.Chooser.
 func (r *Runtime) Runtimes() []string {

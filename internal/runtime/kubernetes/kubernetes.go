@@ -22,8 +22,14 @@
 //     own seven (which it empties from the bounding set of user code),
 //     the local engine's seccomp profile (a Localhost profile on each
 //     node; RuntimeDefault where asked), and a user namespace (hostUsers:
-//     false) unless turned off for clusters without them; in one, the
-//     sandbox's pids limit as every process's RLIMIT_NPROC (nproc).
+//     false) unless turned off for clusters without them. The agent's
+//     own directory (its binary, which it executes again) is the image's,
+//     mounted read-only (an image volume), so that root in the sandbox
+//     cannot replace it. The sandbox's pids limit is an annotation
+//     (AnnotationPids) that the node's NRI plugin (package nri) makes the
+//     pids.max of the Pod's containers: one bound on all of the
+//     sandbox's tasks whatever their uid, which the agent checks before
+//     anything runs (a node without the plugin fails the Pod).
 //
 // The server dials the agent at the Pod's IP; the handshake proves both
 // ends (the agent's certificate names its sandbox, so a reused Pod IP
@@ -95,8 +101,36 @@ const (
 	DefaultSeccompProfile = "sheepfold/agent.json"
 )
 
-// tlsDir is where the Pod mounts its Secret.
-const tlsDir = "/.sheepfold/tls"
+// tlsDir is where the Pod mounts its Secret: beside the agent's
+// directory, which is a read-only image volume with no mount point in it.
+const tlsDir = "/.sheepfold-tls"
+
+// agentDir is the directory of the agent's binary and the home seed in
+// an exported image (oci.AgentPath, oci.HomeSeedPath), which the Pod
+// mounts read-only over itself from the image (an image volume): root in
+// the sandbox cannot replace the binary the agent executes again (its
+// helpers), nor rename the directory (a mount point).
+const agentDir = "/.sheepfold"
+
+// AnnotationPids, on a sandbox's Pod, is its pids limit: the node's NRI
+// plugin (package nri, `sheepfold nri-plugin`) makes it the pids.max of
+// each of the Pod's containers, and the agent refuses to start in a
+// container whose pids.max is not that (--pids-max).
+const AnnotationPids = "sheepfold.dev/pids-max"
+
+// PodPids returns the pids limit a Pod's annotations ask for (0 and no
+// error when they ask none), or why the annotation is not a limit.
+func PodPids(annotations map[string]string) (int64, error) {
+	v, ok := annotations[AnnotationPids]
+	if !ok {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("annotation %s=%q is not a positive number of tasks", AnnotationPids, v)
+	}
+	return n, nil
+}
 
 // container is the name of the sandbox's container in its Pod, and
 // netlockContainer that of the init container that closes its network.
@@ -148,6 +182,13 @@ type Config struct {
 	// sockets, so netlock cannot run there; its packets leave through the
 	// Pod's namespace below any rule there, by a packet socket.
 	OpenNetworkRuntimes []string
+	// NodePidsRuntimes are runtimes (as HostUsersRuntimes) whose tasks
+	// are not in their container's cgroup, so that the container's pids
+	// limit does not bound them: gVisor's runsc applies no pids limit of
+	// a container on the host (its tasks live in its own kernel, their
+	// host threads and stubs in the Pod's cgroup). The node's
+	// podPidsLimit alone bounds those Pods; their agent checks no limit.
+	NodePidsRuntimes []string
 	// PullPolicy is the containers' image pull policy [IfNotPresent].
 	PullPolicy corev1.PullPolicy
 	// AgentPort is where each agent listens in its Pod [DefaultAgentPort].
@@ -200,8 +241,9 @@ type Runtime struct {
 }
 
 var (
-	_ runtime.Runtime = (*Runtime)(nil)
-	_ runtime.Placer  = (*Runtime)(nil)
+	_ runtime.Runtime    = (*Runtime)(nil)
+	_ runtime.Placer     = (*Runtime)(nil)
+	_ runtime.DiskMemory = (*Runtime)(nil)
 )
 
 // New returns a runtime over the cluster of cs.
@@ -268,6 +310,10 @@ func validLabel(v string) string {
 
 // Name implements runtime.Runtime.
 func (r *Runtime) Name() string { return "kubernetes" }
+
+// DiskInMemory implements runtime.DiskMemory: a Pod's disk is a
+// memory-backed emptyDir, and its memory limit holds memory plus disk.
+func (r *Runtime) DiskInMemory() bool { return true }
 
 // Runtimes implements runtime.Chooser: the names of Config.RuntimeClasses.
 func (r *Runtime) Runtimes() []string {
@@ -527,8 +573,15 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	limits := corev1.ResourceList{}
 	requests := corev1.ResourceList{}
 	if lim.MemoryBytes > 0 {
-		limits[corev1.ResourceMemory] = *resource.NewQuantity(lim.MemoryBytes, resource.BinarySI)
-		requests[corev1.ResourceMemory] = *resource.NewQuantity(lim.MemoryBytes, resource.BinarySI)
+		// The disk is a memory-backed emptyDir (below), charged to the
+		// Pod's memory: the limit holds memory plus disk, so that a full
+		// disk is ENOSPC, never an OOM kill (DiskInMemory).
+		mem := lim.MemoryBytes
+		if !spec.ReadOnly {
+			mem += lim.DiskBytes
+		}
+		limits[corev1.ResourceMemory] = *resource.NewQuantity(mem, resource.BinarySI)
+		requests[corev1.ResourceMemory] = *resource.NewQuantity(mem, resource.BinarySI)
 	}
 	if lim.DiskBytes > 0 {
 		limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(lim.DiskBytes, resource.BinarySI)
@@ -540,13 +593,24 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	}
 	requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(int64(cpuReq*1000), resource.DecimalSI)
 
-	mounts := []corev1.VolumeMount{{Name: "agent-tls", MountPath: tlsDir, ReadOnly: true}}
-	volumes := []corev1.Volume{{Name: "agent-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-		SecretName: objectName(spec.ID), DefaultMode: ptr(int32(0o400)),
-	}}}}
-	// A sandbox's disk, as the local engine's tmpfs writable layer is: a
-	// memory-backed emptyDir of the disk size (a tmpfs, charged to the
-	// Pod's memory), mounted over the home and /tmp, which the agent
+	// The agent's directory from the image itself, read-only (an image
+	// volume: Kubernetes 1.35+, containerd 2.1+ or CRI-O), over the same
+	// directory of the container's writable root.
+	mounts := []corev1.VolumeMount{
+		{Name: "agent-tls", MountPath: tlsDir, ReadOnly: true},
+		{Name: "agent", MountPath: agentDir, SubPath: strings.TrimPrefix(agentDir, "/"), ReadOnly: true},
+	}
+	volumes := []corev1.Volume{
+		{Name: "agent-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: objectName(spec.ID), DefaultMode: ptr(int32(0o400)),
+		}}},
+		{Name: "agent", VolumeSource: corev1.VolumeSource{Image: &corev1.ImageVolumeSource{
+			Reference: image, PullPolicy: r.cfg.PullPolicy,
+		}}},
+	}
+	// A sandbox's disk: a memory-backed emptyDir of the disk size (a
+	// tmpfs, charged to the Pod's memory, whose limit holds it besides
+	// the memory), mounted over the home and /tmp, which the agent
 	// prepares (internal/agent, scratch_linux.go) and measures. Writes
 	// elsewhere go to the container's writable layer, bounded by the
 	// ephemeral-storage limit. A read-only sandbox writes only to its
@@ -590,8 +654,17 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 			env = append(env, corev1.EnvVar{Name: k, Value: v})
 		}
 	}
-	if n := nproc(r.cfg.HostUsers, lim.Pids); n > 0 {
-		args = append(args, "--nproc", strconv.FormatInt(n, 10))
+	// The sandbox's pids limit is its container's pids.max, which the
+	// node's NRI plugin sets from the annotation, and the agent checks
+	// before anything else runs: a node without the plugin fails the
+	// Pod. It bounds every task of the container, whatever its uid (root
+	// in the sandbox may take any of the Pod's 65,536).
+	var annotations map[string]string
+	if lim.Pids > 0 {
+		annotations = map[string]string{AnnotationPids: strconv.FormatInt(lim.Pids, 10)}
+		if !listed(r.cfg.NodePidsRuntimes, spec.Runtime, class) {
+			args = append(args, "--pids-max", strconv.FormatInt(lim.Pids, 10))
+		}
 	}
 	hostname := spec.Hostname
 	if hostname == "" {
@@ -652,7 +725,7 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 		}}
 	}
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: objectName(spec.ID), Labels: podLabels},
+		ObjectMeta: metav1.ObjectMeta{Name: objectName(spec.ID), Labels: podLabels, Annotations: annotations},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			AutomountServiceAccountToken:  ptr(false),
@@ -702,23 +775,6 @@ func ptr[T any](v T) *T { return &v }
 // RuntimeClass (Config.RuntimeClass when none was chosen).
 func listed(runtimes []string, name, class string) bool {
 	return name != "" && slices.Contains(runtimes, name) || class != "" && slices.Contains(runtimes, class)
-}
-
-// nproc is the RLIMIT_NPROC the agent sets on every process it starts
-// (its --nproc; internal/agent, nproc.go), or 0 for none. Kubernetes has
-// no pids limit per Pod, only the kubelet's node-wide podPidsLimit. In a
-// user namespace of the Pod's own (hostUsers: false) each uid inside is a
-// host uid no other Pod has, so the kernel's count of its tasks is this
-// sandbox's alone, and the sandbox's pids limit bounds each of its uids
-// (the user's code; root's, which sudo reaches). With hostUsers: true
-// uid 1000 is the node's, shared with every other Pod running as it: a
-// limit would count their tasks too, so none is set, and the node's
-// podPidsLimit is what bounds the sandbox.
-func nproc(hostUsers bool, pids int64) int64 {
-	if hostUsers || pids <= 0 {
-		return 0
-	}
-	return pids
 }
 
 // errPodFailed reports a Pod that cannot run: its phase, or its

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -117,15 +118,17 @@ func TestCreateMakesStrictPod(t *testing.T) {
 		t.Fatalf("capabilities added: %v", added)
 	}
 	if c.Image != "sheepfold.local/template/python:abc" || c.Command[0] != "/.sheepfold/agent" || c.Command[1] != "init" ||
-		!strings.Contains(strings.Join(c.Command, " "), "--listen-tcp :49983 --tls-dir /.sheepfold/tls") {
+		!strings.Contains(strings.Join(c.Command, " "), "--listen-tcp :49983 --tls-dir /.sheepfold-tls") {
 		t.Fatalf("container: image %s, command %v", c.Image, c.Command)
 	}
 	if len(c.Env) != 2 || c.Env[1].Name != "B" || c.Env[1].Value != "x=y" {
 		t.Fatalf("env: %+v", c.Env)
 	}
+	// Memory plus the disk, a memory-backed emptyDir (below): a full disk
+	// is ENOSPC, not an OOM kill.
 	lim, req := c.Resources.Limits, c.Resources.Requests
-	if lim.Memory().Value() != 512<<20 || lim.Cpu().MilliValue() != 1500 || lim.StorageEphemeral().Value() != 1<<30 ||
-		req.Memory().Value() != 512<<20 || req.Cpu().MilliValue() != 100 {
+	if lim.Memory().Value() != 512<<20+1<<30 || lim.Cpu().MilliValue() != 1500 || lim.StorageEphemeral().Value() != 1<<30 ||
+		req.Memory().Value() != 512<<20+1<<30 || req.Cpu().MilliValue() != 100 {
 		t.Fatalf("resources: limits %v, requests %v", lim, req)
 	}
 
@@ -154,7 +157,7 @@ func TestCreateMakesStrictPod(t *testing.T) {
 
 	// The disk: a memory-backed emptyDir of the disk size over the home
 	// and /tmp, which the agent prepares from the image's home seed.
-	if v := ps.Volumes[1]; v.Name != "scratch" || v.EmptyDir == nil || v.EmptyDir.Medium != corev1.StorageMediumMemory ||
+	if v := ps.Volumes[2]; v.Name != "scratch" || v.EmptyDir == nil || v.EmptyDir.Medium != corev1.StorageMediumMemory ||
 		v.EmptyDir.SizeLimit.Value() != 1<<30 {
 		t.Fatalf("scratch volume: %+v", v)
 	}
@@ -607,33 +610,97 @@ func TestNodes(t *testing.T) {
 	}
 }
 
-// The sandbox's pids limit bounds each of its uids' tasks (the agent's
-// --nproc) when the Pod has a user namespace of its own; with the host's,
-// uid 1000 is shared with other Pods and none is set.
-func TestPodNproc(t *testing.T) {
+// The sandbox's pids limit is its Pod's annotation, which the node's NRI
+// plugin makes its containers' pids.max, and the agent's --pids-max,
+// which refuses a container without it; in a user namespace of its own
+// or the node's alike (a container's cgroup counts every uid). A runtime
+// whose tasks are not in its container's cgroup (NodePidsRuntimes,
+// gVisor) gets the annotation but no check.
+func TestPodPids(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		hostUsers bool
+		runtime   string
 		pids      int64
-		want      string // the flag and its value; "" for none
+		check     bool
 	}{
-		{false, 256, "--nproc 256"},
-		{false, 0, ""},
-		{true, 256, ""},
+		{false, "", 256, true},
+		{true, "", 256, true},
+		{false, "", 0, false},
+		{false, "safe", 256, false},
+		{false, "fast", 64, true},
 	} {
-		r, _ := newRuntime(t, Config{HostUsers: tc.hostUsers})
+		r, _ := newRuntime(t, Config{HostUsers: tc.hostUsers, RuntimeClasses: map[string]string{"fast": "runc", "safe": "gvisor"}, NodePidsRuntimes: []string{"gvisor"}})
 		sp := spec("abc")
-		sp.Limits.Pids = tc.pids
+		sp.Limits.Pids, sp.Runtime = tc.pids, tc.runtime
 		pod, err := r.pod(sp, "image")
 		if err != nil {
 			t.Fatal(err)
 		}
+		n := strconv.FormatInt(tc.pids, 10)
 		cmd := strings.Join(pod.Spec.Containers[0].Command, " ")
-		if tc.want == "" && strings.Contains(cmd, "--nproc") || tc.want != "" && !strings.HasSuffix(cmd, " "+tc.want) {
-			t.Errorf("hostUsers %v, pids %d: command %q, want %q", tc.hostUsers, tc.pids, cmd, tc.want)
+		if strings.Contains(cmd, "--nproc") || tc.check != strings.HasSuffix(cmd, " --pids-max "+n) || !tc.check && strings.Contains(cmd, "--pids-max") {
+			t.Errorf("%+v: command %q", tc, cmd)
 		}
-		if *pod.Spec.HostUsers != tc.hostUsers {
-			t.Errorf("hostUsers %v: pod's %v", tc.hostUsers, *pod.Spec.HostUsers)
+		got, err := PodPids(pod.Annotations)
+		if err != nil || got != tc.pids {
+			t.Errorf("%+v: annotations %v: %d, %v", tc, pod.Annotations, got, err)
+		}
+	}
+}
+
+// PodPids reads the annotation the NRI plugin acts on: absent is no
+// limit; anything but a positive number is an error, never a limit of 0
+// (which would be none).
+func TestPodPidsAnnotation(t *testing.T) {
+	t.Parallel()
+	for v, want := range map[string]int64{"256": 256, "1": 1, "0": -1, "-3": -1, "": -1, "12x": -1, "9223372036854775808": -1} {
+		n, err := PodPids(map[string]string{AnnotationPids: v})
+		if want < 0 && err == nil || want >= 0 && (err != nil || n != want) {
+			t.Errorf("%q: %d, %v", v, n, err)
+		}
+	}
+	if n, err := PodPids(map[string]string{"other": "1"}); n != 0 || err != nil {
+		t.Errorf("no annotation: %d, %v", n, err)
+	}
+}
+
+// The agent's directory is the image's, read-only, over the writable
+// root's: the binary the agent executes again (its helpers) cannot be
+// replaced by root in the sandbox.
+func TestPodAgentReadOnly(t *testing.T) {
+	t.Parallel()
+	r, _ := newRuntime(t, Config{PullPolicy: corev1.PullNever})
+	pod, err := r.pod(spec("abc"), "registry.example/python:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vol *corev1.Volume
+	for i, v := range pod.Spec.Volumes {
+		if v.Name == "agent" {
+			vol = &pod.Spec.Volumes[i]
+		}
+	}
+	if vol == nil || vol.Image == nil || vol.Image.Reference != "registry.example/python:1" || vol.Image.PullPolicy != corev1.PullNever {
+		t.Fatalf("the agent's volume: %+v", vol)
+	}
+	c := pod.Spec.Containers[0]
+	var m []corev1.VolumeMount
+	for _, vm := range c.VolumeMounts {
+		if vm.Name == "agent" {
+			m = append(m, vm)
+		}
+	}
+	if len(m) != 1 || m[0].MountPath != "/.sheepfold" || m[0].SubPath != ".sheepfold" || !m[0].ReadOnly {
+		t.Fatalf("the agent's mounts: %+v", m)
+	}
+	if !strings.HasPrefix(c.Command[0], m[0].MountPath+"/") || !strings.Contains(strings.Join(c.Command, " "), "--scratch "+m[0].MountPath+"/") {
+		t.Fatalf("the agent and its home seed are not from the read-only mount: %v", c.Command)
+	}
+	// Nothing is mounted inside it (it has no mount point of its own).
+	for _, vm := range c.VolumeMounts {
+		if strings.HasPrefix(vm.MountPath, "/.sheepfold/") {
+			t.Errorf("%s is mounted inside the agent's read-only directory", vm.MountPath)
 		}
 	}
 }
@@ -657,11 +724,11 @@ func TestPodReadOnlyHasNoScratch(t *testing.T) {
 	for _, m := range c.VolumeMounts {
 		paths = append(paths, m.MountPath)
 	}
-	if !slices.Equal(paths, []string{"/.sheepfold/tls", "/data"}) {
+	if !slices.Equal(paths, []string{"/.sheepfold-tls", "/.sheepfold", "/data"}) {
 		t.Fatalf("mounts %v", paths)
 	}
-	if ed := pod.Spec.Volumes[1].EmptyDir; ed == nil || ed.Medium != "" || ed.SizeLimit.Value() != 1<<30 {
-		t.Fatalf("writable path volume %+v", pod.Spec.Volumes[1])
+	if ed := pod.Spec.Volumes[2].EmptyDir; ed == nil || ed.Medium != "" || ed.SizeLimit.Value() != 1<<30 {
+		t.Fatalf("writable path volume %+v", pod.Spec.Volumes[2])
 	}
 }
 

@@ -159,6 +159,29 @@ func (c *cgroups) setMemory(id string, b int64) error {
 	return nil
 }
 
+// memoryLimit reads the sandbox's memory limit: v2 memory.max, v1
+// memory.limit_in_bytes (a sandbox always has one: "max" is an error).
+func (c *cgroups) memoryLimit(id string) (int64, error) {
+	d := c.controller(id, "memory")
+	name := "memory.limit_in_bytes"
+	if c.v2 {
+		name = "memory.max"
+	}
+	if d == "" {
+		return 0, runtime.ErrNotFound
+	}
+	n, err := cgroup.Int(filepath.Join(d, name))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return 0, runtime.ErrNotFound
+	case err != nil:
+		return 0, err
+	case n < 0:
+		return 0, fmt.Errorf("%s: no memory limit", filepath.Join(d, name))
+	}
+	return n, nil
+}
+
 // oomKills reads the sandbox's OOM-kill count alone: v1 memory.oom_control,
 // v2 memory.events (oom_kill). One file, where usage reads nine and
 // stats the writable layer.

@@ -108,9 +108,24 @@ type Config struct {
 	// with its last usage reading, just before the sweep destroys it (the
 	// server charges what it used since its last metering flush).
 	Leftover runtime.LeftoverFunc
+	// DiskInMemory keeps sandboxes' writable layers in memory: a tmpfs of
+	// the disk limit's size, charged to the sandbox's memory cgroup, whose
+	// limit is then memory plus disk. Otherwise each sandbox has a disk of
+	// its own, an ext4 image on the StateDir's filesystem behind a loop
+	// device (disk_linux.go); a host without loop devices or mkfs.ext4
+	// falls back to memory, with a warning.
+	DiskInMemory bool
+	// MinFreeDiskBytes is what StateDir's filesystem keeps free after a
+	// sandbox's disk is allocated (for the database, logs and templates):
+	// a create that would leave less fails with runtime.ErrCapacity;
+	// default DefaultMinFreeDisk.
+	MinFreeDiskBytes int64
 	// Logger receives debug and error logs; default slog.Default().
 	Logger *slog.Logger
 }
+
+// DefaultMinFreeDisk is Config.MinFreeDiskBytes's default.
+const DefaultMinFreeDisk = 256 << 20
 
 func (c *Config) setDefaults() error {
 	if c.RuntimePath == "" || c.StateDir == "" || c.AgentBin == "" {
@@ -139,6 +154,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Slots <= 0 {
 		c.Slots = DefaultSlots
+	}
+	if c.MinFreeDiskBytes <= 0 {
+		c.MinFreeDiskBytes = DefaultMinFreeDisk
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

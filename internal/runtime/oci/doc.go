@@ -3,8 +3,10 @@
 //
 // Each sandbox gets a bundle under Config.StateDir (mode 0710, group the
 // sandbox's own host gid, so that runc's init can reach the rootfs and no
-// other host user can): a tmpfs of the disk limit's size holding the
-// writable upper layer, an overlay of it over an idmapped mount of the
+// other host user can): the sandbox's own disk holding the writable
+// upper layer (an ext4 image of the disk limit's size on a loop device,
+// disk_linux.go; a tmpfs where the host has no loop devices, the memory
+// limit then holding memory plus disk), an overlay of it over an idmapped mount of the
 // template's root filesystem, config.json, and a unix socket the host
 // listens on and passes to the agent as fd 3 (so no host directory is ever
 // shared with the sandbox). The spec gives the agent, and everything it
@@ -33,7 +35,8 @@
 //
 // Destroy kills every task at once through the cgroup (cgroup.kill, or the
 // v1 freezer), lets runc forget the container, removes the cgroups,
-// unmounts, gives the id range back and deletes the bundle; List finds sandboxes by bundle, runtime
+// unmounts, detaches the disk, gives the id range back and deletes the
+// bundle (the disk's image with it); List finds sandboxes by bundle, runtime
 // state and cgroup, so a sandbox left by a crash between any two steps is
 // found and destroyed by the engine's start-up reconciler.
 //

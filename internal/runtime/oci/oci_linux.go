@@ -11,11 +11,13 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/internal/backoff"
@@ -34,6 +36,7 @@ type OCI struct {
 	cg      *cgroups
 	ids     *idRanges
 	ns      nsTools
+	disk    *disks   // nil: writable layers in memory (Config.DiskInMemory)
 	dir     string   // StateDir/Instance
 	bundles string   // dir/sandboxes
 	runcDir string   // dir/runc: the runtime's own --root
@@ -99,6 +102,12 @@ func New(cfg Config) (*OCI, error) {
 	o, err := open(cfg, ids, ns)
 	if err != nil {
 		return nil, err
+	}
+	if !cfg.DiskInMemory {
+		o.disk, err = newDisks(filepath.Join(o.dir, "blanks"), cfg.MinFreeDiskBytes, cfg.Logger)
+		if err != nil {
+			cfg.Logger.Warn("sandboxes' disks are kept in memory (their memory limit holds memory plus disk)", "err", err)
+		}
 	}
 	o.sweep()
 	if err := ids.reclaim(); err != nil {
@@ -232,7 +241,7 @@ func (o *OCI) sweepOnce() (left int) {
 		if err != nil {
 			continue // alive, or not ours
 		}
-		ids, _ := dead.List(context.Background())
+		ids, _ := dead.List(context.Background()) // each destroy also detaches the sandbox's disk
 		for _, id := range ids {
 			o.leftover(dead, id)
 			o.cfg.Logger.Warn("destroying sandbox left by a dead sheepfold process", "instance", cfg.Instance, "sandbox", id)
@@ -363,19 +372,26 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	if err := os.Chmod(b, 0o710); err != nil {
 		return nil, err
 	}
+	// The range's namespace first: one made in advance for it is the
+	// sandbox's only while nothing else takes it (makeOneSpare drops the
+	// spares of ranges no longer free), and mounting the disk takes a
+	// while.
 	began := time.Now()
+	userns, err := o.userns(base)
+	if err != nil {
+		return nil, err
+	}
+	defer userns.close()
+	nsReady := time.Now()
 	rootfs, err := o.mountRoot(b, s, base)
 	if err != nil {
 		return nil, err
 	}
 	mounted := time.Now()
-	userns, err := o.userns(base)
-	if err != nil {
-		return nil, err
-	}
-	nsReady := time.Now()
-	defer userns.close()
 	in := specInput{Spec: s, RootFS: rootfs, AgentBin: o.cfg.AgentBin, Writable: filepath.Join(b, "rw"), CgroupDir: o.cg.path(s.ID), Userns: userns.path()}
+	if o.disk == nil && canWrite(s) {
+		in.DiskInMemory = diskSize(s)
+	}
 	if s.Network != nil {
 		in.ResolvConf = filepath.Join(b, "resolv.conf")
 		if err := os.WriteFile(in.ResolvConf, []byte(s.Network.ResolvConf), 0o644); err != nil {
@@ -441,8 +457,8 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 		return nil, fmt.Errorf("%s %s: %w: %s", o.Name(), verb, err, tail(log))
 	}
 	const r = 10 * time.Microsecond
-	o.cfg.Logger.Debug("sandbox container started", "id", s.ID, "root", mounted.Sub(began).Round(r),
-		"userns", nsReady.Sub(mounted).Round(r), "spec", ran.Sub(nsReady).Round(r), "runc", time.Since(ran).Round(r))
+	o.cfg.Logger.Debug("sandbox container started", "id", s.ID, "userns", nsReady.Sub(began).Round(r),
+		"root", mounted.Sub(nsReady).Round(r), "spec", ran.Sub(mounted).Round(r), "runc", time.Since(ran).Round(r))
 	pid, err := readPid(pidFile)
 	if err != nil {
 		return nil, err
@@ -458,9 +474,10 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	return &runtime.Instance{ID: s.ID, Socket: sock, PID: pid}, nil
 }
 
-// mountRoot builds the sandbox's root: a tmpfs of the disk size holding the
-// overlay's upper and work dirs, and the overlay of it over the template,
-// which appears through an idmapped mount owned by the sandbox's ids.
+// mountRoot builds the sandbox's root: its disk (disk_linux.go) or, kept
+// in memory, a tmpfs of the disk size, holding the overlay's upper and
+// work dirs, and the overlay of it over the template, which appears
+// through an idmapped mount owned by the sandbox's ids.
 func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (string, error) {
 	rw, rootfs := filepath.Join(b, "rw"), filepath.Join(b, "rootfs")
 	for _, d := range []string{rw, rootfs} {
@@ -468,14 +485,18 @@ func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (string, error) {
 			return "", err
 		}
 	}
-	size := s.Limits.DiskBytes
-	if s.ReadOnly && len(s.WritablePaths) == 0 || size <= 0 {
-		size = 1 << 20 // only the runtime's own mount points land here
-	}
-	inodes := max(size/8192, 4096)
-	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700", size, inodes)
-	if err := unix.Mount("tmpfs", rw, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return "", fmt.Errorf("mount writable layer: %w", err)
+	size := diskSize(s)
+	if o.disk != nil && canWrite(s) {
+		if err := o.disk.mount(b, rw, size); err != nil {
+			return "", err
+		}
+	} else {
+		// Nothing the sandbox can write (only the runtime's own mount
+		// points land here), or a disk kept in memory.
+		opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700", size, inodesFor(size))
+		if err := unix.Mount("tmpfs", rw, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+			return "", fmt.Errorf("mount writable layer: %w", err)
+		}
 	}
 	upper, work := filepath.Join(rw, "upper"), filepath.Join(rw, "work")
 	for _, d := range []string{upper, work} {
@@ -500,7 +521,7 @@ func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (string, error) {
 		return "", err
 	}
 	// The writable paths' contents live beside the overlay on the same
-	// tmpfs, so that together they stay within the disk limit. Each is
+	// disk, so that together they stay within the disk limit. Each is
 	// like /tmp: the sandbox's root owns it, anyone may create in it.
 	for i := range s.WritablePaths {
 		d := writableDir(rw, i)
@@ -535,8 +556,16 @@ func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (string, error) {
 	if err := unix.MoveMount(lower, "", unix.AT_FDCWD, at, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return "", fmt.Errorf("attach the template's idmapped mount: %w", err)
 	}
+	// volatile (Linux 5.10): no fsync or syncfs reaches the upper layer,
+	// as none reached the tmpfs it replaced. A sandbox's disk never
+	// outlives it, so what a sync would keep is thrown away anyway; code
+	// that syncs in a loop does not make the host's disk flush, and the
+	// overlay's own copy-ups (which sync each file) cost nothing.
 	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", at, upper, work)
-	err = unix.Mount("overlay", rootfs, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl)
+	err = unix.Mount("overlay", rootfs, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl+",volatile")
+	if errors.Is(err, unix.EINVAL) {
+		err = unix.Mount("overlay", rootfs, "overlay", unix.MS_NOSUID|unix.MS_NODEV, ovl) // before 5.10
+	}
 	if uerr := unix.Unmount(at, unix.MNT_DETACH); uerr != nil && err == nil {
 		err = uerr
 	}
@@ -607,6 +636,9 @@ func (o *OCI) destroy(ctx context.Context, id string) error {
 			errs = append(errs, err)
 		}
 	}
+	if err := detachLoop(b); err != nil {
+		errs = append(errs, err)
+	}
 	if err := os.RemoveAll(filepath.Join(o.runcDir, id)); err != nil {
 		errs = append(errs, err)
 	}
@@ -650,11 +682,8 @@ func (o *OCI) Usage(_ context.Context, id string) (runtime.Usage, error) {
 	if err != nil {
 		return u, err
 	}
-	// The writable layer is a tmpfs of the disk limit's size.
-	var st unix.Statfs_t
-	if unix.Statfs(filepath.Join(o.bundles, id, "rw"), &st) == nil && st.Type == unix.TMPFS_MAGIC {
-		u.DiskBytes = int64(st.Blocks-st.Bfree) * st.Bsize
-		u.DiskTotalBytes = int64(st.Blocks) * st.Bsize
+	if used, total, ok := diskUsage(filepath.Join(o.bundles, id, "rw")); ok {
+		u.DiskBytes, u.DiskTotalBytes = used, total
 	}
 	return u, nil
 }
@@ -666,26 +695,51 @@ func (o *OCI) Resize(_ context.Context, id string, l runtime.Limits) error {
 	if !validID(id) {
 		return runtime.ErrNotFound
 	}
-	// The disk first: it is the one that can be refused (ErrTooSmall),
-	// and a refusal must leave the memory limit as it was.
-	if l.DiskBytes > 0 {
-		rw := filepath.Join(o.bundles, id, "rw")
-		var st unix.Statfs_t
-		if err := unix.Statfs(rw, &st); err != nil || st.Type != unix.TMPFS_MAGIC {
-			return runtime.ErrNotFound
-		}
-		if used := int64(st.Blocks-st.Bfree) * st.Bsize; used > l.DiskBytes {
-			return fmt.Errorf("%w: the writable layer holds %d MiB, more than %d MiB", runtime.ErrTooSmall, used>>20, l.DiskBytes>>20)
-		}
-		opts := fmt.Sprintf("size=%d", l.DiskBytes)
-		if err := unix.Mount("tmpfs", rw, "tmpfs", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-			return fmt.Errorf("resize the writable layer: %w", err)
-		}
+	b := o.bundle(id)
+	rw := filepath.Join(b, "rw")
+	var st unix.Statfs_t
+	if err := unix.Statfs(rw, &st); err != nil {
+		return runtime.ErrNotFound
 	}
-	if l.MemoryBytes > 0 {
-		if err := o.cg.setMemory(id, l.MemoryBytes); err != nil {
+	// The disk first: it is the one that can be refused (ErrTooSmall,
+	// ErrCannotGrow), and a refusal must leave the memory limit as it was.
+	switch st.Type {
+	case unix.EXT4_SUPER_MAGIC: // a disk of its own (disk_linux.go)
+		if l.DiskBytes > 0 {
+			if err := o.disk.resize(b, rw, l.DiskBytes); err != nil {
+				return err
+			}
+		}
+		if l.MemoryBytes > 0 {
+			if err := o.cg.setMemory(id, l.MemoryBytes); err != nil {
+				return fmt.Errorf("set the memory limit: %w", err)
+			}
+		}
+	case unix.TMPFS_MAGIC: // a disk in memory: the memory limit holds it too
+		disk := int64(st.Blocks) * st.Bsize
+		memory := l.MemoryBytes
+		if memory <= 0 {
+			limit, err := o.cg.memoryLimit(id)
+			if err != nil {
+				return err
+			}
+			memory = limit - disk
+		}
+		if l.DiskBytes > 0 {
+			if used := int64(st.Blocks-st.Bfree) * st.Bsize; used > l.DiskBytes {
+				return fmt.Errorf("%w: the writable layer holds %d MiB, more than %d MiB", runtime.ErrTooSmall, used>>20, l.DiskBytes>>20)
+			}
+			opts := fmt.Sprintf("size=%d", l.DiskBytes)
+			if err := unix.Mount("tmpfs", rw, "tmpfs", unix.MS_REMOUNT|unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+				return fmt.Errorf("resize the writable layer: %w", err)
+			}
+			disk = l.DiskBytes
+		}
+		if err := o.cg.setMemory(id, memory+disk); err != nil {
 			return fmt.Errorf("set the memory limit: %w", err)
 		}
+	default:
+		return runtime.ErrNotFound
 	}
 	return nil
 }
@@ -746,7 +800,48 @@ func (o *OCI) Close() error {
 		return fmt.Errorf("%d sandboxes still exist", len(ids))
 	}
 	o.cg.removeParent()
+	// A dead instance may have died measuring a blank disk.
+	if err := unmountUnder(o.dir); err != nil {
+		return err
+	}
 	return os.RemoveAll(o.dir)
+}
+
+// DiskInMemory says whether sandboxes' disks are kept in memory (a tmpfs
+// charged to the sandbox's memory cgroup, whose limit then holds memory
+// plus disk) rather than on disks of their own: admission counts them as
+// memory then.
+func (o *OCI) DiskInMemory() bool { return o.disk == nil }
+
+// canWrite says whether s can write files: not a read-only root without
+// writable paths.
+func canWrite(s runtime.Spec) bool { return !s.ReadOnly || len(s.WritablePaths) > 0 }
+
+// diskSize is the size of s's writable layer: its disk limit, or 1 MiB
+// where it can write nothing or has no limit.
+func diskSize(s runtime.Spec) int64 {
+	if !canWrite(s) || s.Limits.DiskBytes <= 0 {
+		return 1 << 20
+	}
+	return s.Limits.DiskBytes
+}
+
+// unmountUnder unmounts every mount below dir, deepest first.
+func unmountUnder(dir string) error {
+	ms, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	if err != nil {
+		return err
+	}
+	slices.SortFunc(ms, func(a, b *mountinfo.Info) int { return strings.Compare(b.Mountpoint, a.Mountpoint) })
+	for _, m := range ms {
+		if m.Mountpoint == dir {
+			continue
+		}
+		if err := unmount(m.Mountpoint); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // stopBackground ends what the runtime runs on its own (the sweep, the

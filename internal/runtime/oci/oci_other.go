@@ -27,3 +27,6 @@ func (*OCI) Usage(context.Context, string) (runtime.Usage, error) {
 }
 func (*OCI) List(context.Context) ([]string, error) { return nil, runtime.ErrUnsupported }
 func (*OCI) Close() error                           { return nil }
+
+// CheckDisks fails: disks of their own need Linux.
+func CheckDisks() error { return fmt.Errorf("%w: disks need Linux", runtime.ErrUnsupported) }

@@ -121,6 +121,10 @@ type specInput struct {
 	// a sandbox with a network; "" leaves the template's.
 	ResolvConf string
 	Writable   string // the host dir holding the writable paths' contents (writableDir)
+	// DiskInMemory is the size of a disk kept in memory (a tmpfs, charged
+	// to the memory cgroup), added to the memory limit; 0 for a disk of
+	// its own.
+	DiskInMemory int64
 }
 
 // writableDir is where the contents of Spec.WritablePaths[i] live on the host.
@@ -176,7 +180,7 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: in.CgroupDir,
-			Resources:   resources(s.Limits),
+			Resources:   resources(s.Limits, in.DiskInMemory),
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
 				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.UserNamespace, Path: in.Userns},
@@ -221,17 +225,20 @@ var ownWorkdirRule = specs.LinuxSyscall{
 
 // resources turns limits into cgroup settings. Memory and memory+swap are
 // equal so that swap, where a host has it, adds nothing (v2:
-// memory.swap.max 0). No memory.high on cgroup v2: what a sandbox holds
-// above it (anonymous memory without swap, its tmpfs disk) cannot be
-// reclaimed, so the throttling only stalls the sandbox — measured in the
-// v2 guest, a memory bomb that memory.max ends at once with
-// ERR_OUT_OF_MEMORY ran into its 30 s execution timeout instead.
-func resources(l runtime.Limits) *specs.LinuxResources {
+// memory.swap.max 0). A disk kept in memory (diskInMemory bytes, a tmpfs
+// whose pages are charged to the sandbox) is added to the memory limit,
+// so that a full disk is ENOSPC, never an OOM kill, for code within its
+// memory limit. No memory.high on cgroup v2: what a sandbox holds above
+// it (anonymous memory without swap) cannot be reclaimed, so the
+// throttling only stalls the sandbox — measured in the v2 guest, a memory
+// bomb that memory.max ends at once with ERR_OUT_OF_MEMORY ran into its
+// 30 s execution timeout instead.
+func resources(l runtime.Limits, diskInMemory int64) *specs.LinuxResources {
 	r := &specs.LinuxResources{
 		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
 	}
 	if l.MemoryBytes > 0 {
-		m := l.MemoryBytes
+		m := l.MemoryBytes + diskInMemory
 		r.Memory = &specs.LinuxMemory{Limit: &m, Swap: &m}
 	}
 	if l.Pids > 0 {

@@ -114,6 +114,18 @@ func OpenOptions(ctx context.Context, dsn string, opt Options) (*Store, error) {
 	return s, nil
 }
 
+var _ store.Pinger = (*Store)(nil)
+
+// Ping checks that a connection of the pool answers (a connection
+// acquired, an empty statement sent): any failure is
+// store.ErrUnavailable.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("ping the database: %w: %w", store.ErrUnavailable, err)
+	}
+	return nil
+}
+
 // Close closes the pool's connections.
 func (s *Store) Close() error {
 	s.pool.Close()

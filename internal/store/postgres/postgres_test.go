@@ -245,8 +245,8 @@ func TestLockedIsUnavailable(t *testing.T) {
 	}
 }
 
-// TestServerGoneIsUnavailable: with the server down, reads and writes
-// fail with store.ErrUnavailable (the server answers 503), not an
+// TestServerGoneIsUnavailable: with the server down, pings, reads and
+// writes fail with store.ErrUnavailable (the server answers 503), not an
 // unclassified error.
 func TestServerGoneIsUnavailable(t *testing.T) {
 	ctx := context.Background()
@@ -265,9 +265,15 @@ func TestServerGoneIsUnavailable(t *testing.T) {
 	if _, err := s.ListKeys(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
 	stopped = true
 	if err := srv.Stop(); err != nil {
 		t.Fatal(err)
+	}
+	if err := s.Ping(ctx); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("a ping with the server gone: %v", err)
 	}
 	if _, err := s.ListKeys(ctx); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("a read with the server gone: %v", err)

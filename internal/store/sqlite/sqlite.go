@@ -196,6 +196,19 @@ func lockFile(f *os.File, exclusive bool) error {
 	}
 }
 
+var _ store.Pinger = (*DB)(nil)
+
+// Ping reads the database file's schema (a page read through the pool,
+// as every request's first read is): any failure is
+// store.ErrUnavailable.
+func (d *DB) Ping(ctx context.Context) error {
+	var n int
+	if err := d.db.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master").Scan(&n); err != nil {
+		return fmt.Errorf("ping the database: %w: %w", store.ErrUnavailable, err)
+	}
+	return nil
+}
+
 // Close closes the database, then releases its lock.
 func (d *DB) Close() error {
 	err := d.db.Close()

@@ -2,6 +2,7 @@ package sqlite_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -91,5 +92,19 @@ func TestDatabasePrivate(t *testing.T) {
 		if fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s: mode %v, want 0600", p, fi.Mode().Perm())
 		}
+	}
+}
+
+// TestPing: a database that answers pings well; a closed one fails with
+// store.ErrUnavailable (the server's /readyz then says not ready).
+func TestPing(t *testing.T) {
+	t.Parallel()
+	db := open(t, filepath.Join(t.TempDir(), "s.db"))
+	if err := db.Ping(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	if err := db.Ping(context.Background()); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("a closed database's ping: %v", err)
 	}
 }

@@ -32,6 +32,7 @@ __all__ = [
     "FileTooLargeError",
     "DiskFullError",
     "RateLimitError",
+    "TooManyConnectionsError",
     "SessionQuotaExceededError",
     "SessionNotFoundError",
     "ModelNotFoundError",
@@ -237,6 +238,13 @@ class SessionQuotaExceededError(RateLimitError):
     default_code = "ERR_SESSION_QUOTA_EXCEEDED"
 
 
+class TooManyConnectionsError(RateLimitError):
+    """429: this key or account holds as many streams (executions, event
+    streams, downloads, previews...) open as it may; close one first."""
+
+    default_code = "ERR_TOO_MANY_CONNECTIONS"
+
+
 class SessionNotFoundError(NotFoundError):
     """404 ERR_SESSION_NOT_FOUND: no such session (or it belongs to someone else)."""
 
@@ -327,6 +335,7 @@ _BY_CODE: Dict[str, Type[SheepfoldError]] = {
     "ERR_NETWORK_RESTRICTED": NetworkRestrictedError,
     "ERR_SESSION_QUOTA_EXCEEDED": SessionQuotaExceededError,
     "ERR_RATE_LIMITED": RateLimitError,
+    "ERR_TOO_MANY_CONNECTIONS": TooManyConnectionsError,
     "ERR_CAPACITY": CapacityError,
     "ERR_INTERNAL": InternalServerError,
     "ERR_SESSION_NOT_FOUND": SessionNotFoundError,

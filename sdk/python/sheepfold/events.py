@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
-from ._http import HTTPClient, path_segment
+from ._http import HTTPClient, path_segment, raise_failure
 from .errors import SheepfoldError
 from .models import parse_time
 
@@ -96,7 +96,9 @@ class Events:
         with new events (unless ``cursor`` or ``since`` asks for a replay) and
         runs until the caller stops iterating. If the server drops the stream
         because the reader fell behind, it is resumed after the last event
-        seen: nothing is missed or repeated.
+        seen: nothing is missed or repeated. If the server cuts it off as it
+        shuts down, the error (``ERR_SHUTTING_DOWN``) is raised: resume with
+        ``cursor`` set to the last event's id.
         """
         last = str(cursor) if cursor is not None else None
         while True:
@@ -121,6 +123,10 @@ class Events:
                         except ValueError as e:
                             raise SheepfoldError(f"the server sent an invalid event: {line[:200]!r}",
                                                  code="ERR_PROTOCOL") from e
+                        if typ == "failure":
+                            # The server cut the stream off (ERR_SHUTTING_DOWN
+                            # while it shuts down): resume with cursor=last.
+                            raise_failure(doc)
                         if ident:
                             last = ident
                         typ = ident = None

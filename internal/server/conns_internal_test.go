@@ -1,0 +1,99 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestStreamsRelease: a stream's release gives its place back once,
+// however often it is called.
+func TestStreamsRelease(t *testing.T) {
+	t.Parallel()
+	st := newStreams(2, 3, 4)
+	r1, err := st.acquire("k", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.acquire("k", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.acquire("k", "a"); err == nil {
+		t.Fatal("a third stream of a key with a share of 2")
+	}
+	r1()
+	r1()
+	if st.open() != 1 || len(st.keys) != 1 || st.keys["k"] != 1 || st.accounts["a"] != 1 {
+		t.Fatalf("after a double release: open %d, keys %v, accounts %v", st.open(), st.keys, st.accounts)
+	}
+}
+
+// BenchmarkStreamAcquire: what a stream's place costs a request (taken
+// and given back).
+func BenchmarkStreamAcquire(b *testing.B) {
+	st := newStreams(DefaultMaxStreamsPerKey, DefaultMaxStreamsPerAccount, 1000)
+	b.ReportAllocs()
+	for b.Loop() {
+		release, err := st.acquire("key_0123456789abcdef", "acct")
+		if err != nil {
+			b.Fatal(err)
+		}
+		release()
+	}
+}
+
+// BenchmarkTrack: what counting a request in flight costs.
+func BenchmarkTrack(b *testing.B) {
+	s := &Server{}
+	h := s.track(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	r := httptest.NewRequest("GET", "/", nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		h.ServeHTTP(nil, r)
+	}
+}
+
+// TestInflightWait: wait returns once the last request in flight is
+// done, and not before.
+func TestInflightWait(t *testing.T) {
+	t.Parallel()
+	var f inflight
+	if err := f.wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.add()
+	f.add()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := f.wait(ctx); err == nil {
+		t.Fatal("wait returned with requests in flight")
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.wait(context.Background()) }()
+	f.done()
+	select {
+	case err := <-done:
+		t.Fatalf("wait returned with a request in flight: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	f.done()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestStreamRoutesExist: every route the stream table names is one the
+// server registers (a renamed route would silently stop being counted).
+func TestStreamRoutesExist(t *testing.T) {
+	t.Parallel()
+	s := New(Config{}, nil, nil, nil)
+	defer s.Shutdown(context.Background())
+	for pattern := range streamRoutes {
+		if !slices.Contains(s.Routes(), pattern) {
+			t.Errorf("streamRoutes names %q, which is no route", pattern)
+		}
+	}
+}
