@@ -1,7 +1,9 @@
 package server_test
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -18,10 +20,14 @@ import (
 
 // proxiedRuntime is the fake runtime as one whose sandboxes reach the
 // network through their agent's egress listener (a Pod's), on
-// runtime.ProxyPort of their loopback.
+// runtime.ProxyPort of their loopback: a runtime.EgressProxy. Its
+// ServeEgress fetches nothing: this test's sandboxes make no connections
+// out.
 type proxiedRuntime struct{ *fake.Runtime }
 
-func (proxiedRuntime) ProxiesEgress() bool { return true }
+func (proxiedRuntime) ServeEgress(context.Context, *runtime.Instance, func(net.Conn), *slog.Logger) {}
+
+var _ runtime.EgressProxy = proxiedRuntime{}
 
 // TestPreviewRefusesEgressPort: where the runtime proxies egress, the
 // egress proxy's port of a sandbox is never a preview, public or not,
