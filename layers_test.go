@@ -19,7 +19,7 @@ var floors = [][]string{
 	// of the standard library (and x/sys) only.
 	{"api", "client", "internal/abort", "internal/agentproto", "internal/agenttls", "internal/apierr",
 		"internal/backoff", "internal/bound", "internal/cgroup", "internal/config", "internal/events",
-		"internal/fdpass", "internal/homeseed", "internal/lang", "internal/osthread", "internal/policy",
+		"internal/fdpass", "internal/homeseed", "internal/lang", "internal/osthread", "internal/pidfd", "internal/policy",
 		"internal/psi", "internal/ratelimit", "internal/ui", "internal/e2b/envdpb/...", "internal/testutil/..."},
 	// 2. Interfaces and machinery under the engine: the Runtime and
 	// store interfaces, templates, the egress gateway, TypeScript, the
@@ -69,7 +69,7 @@ var agentOnly = map[string][]string{
 // agentSide is all of the module the agent binary may contain: it knows
 // nothing of the server, the engine or a runtime.
 var agentSide = []string{"cmd/sheepfold-agent", "internal/agent", "internal/kernel", "internal/agentproto",
-	"internal/agenttls", "internal/lang", "internal/fdpass", "internal/osthread", "internal/psi", "internal/cgroup",
+	"internal/agenttls", "internal/lang", "internal/fdpass", "internal/osthread", "internal/pidfd", "internal/psi", "internal/cgroup",
 	"internal/backoff", "internal/homeseed", "internal/ratelimit"}
 
 const module = "github.com/sheepfold/sheepfold"

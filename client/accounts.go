@@ -76,7 +76,28 @@ type Account struct {
 	RunningSandboxes int64         `json:"running_sandboxes"`
 	Month            MonthUsage    `json:"month"`
 	Credits          *Credits      `json:"credits,omitempty"`
+	Storage          *Storage      `json:"storage,omitempty"`
 	Keys             []AccountKey  `json:"keys,omitempty"`
+}
+
+// Storage is what an account keeps in the server's database: records and
+// bytes (a record's text plus 128) in all, and by kind ("sandboxes",
+// "executions", "events", "alerts", "deliveries") with the most the
+// account may keep of each (0: no bound). Past a bound the account loses
+// its own oldest records of that kind; a new alert with none
+// acknowledged is ErrStorageQuotaExceeded.
+type Storage struct {
+	Records int64                   `json:"records"`
+	Bytes   int64                   `json:"bytes"`
+	Kinds   map[string]StoredAmount `json:"kinds"`
+}
+
+// StoredAmount is one kind of an account's records and its bounds.
+type StoredAmount struct {
+	Records    int64 `json:"records"`
+	Bytes      int64 `json:"bytes"`
+	MaxRecords int64 `json:"max_records"`
+	MaxBytes   int64 `json:"max_bytes"`
 }
 
 // Account returns the caller's own account.

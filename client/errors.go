@@ -46,6 +46,7 @@ const (
 	ErrProviderTimeout      Code = "ERR_PROVIDER_TIMEOUT"
 	ErrSessionNotFound      Code = "ERR_SESSION_NOT_FOUND"
 	ErrTooManyConnections   Code = "ERR_TOO_MANY_CONNECTIONS"
+	ErrStorageQuotaExceeded Code = "ERR_STORAGE_QUOTA_EXCEEDED"
 )
 
 // Codes lists every code above.
@@ -56,7 +57,7 @@ var Codes = []Code{
 	ErrSessionQuotaExceeded, ErrRateLimited, ErrCapacity, ErrInternal, ErrMethodNotAllowed,
 	ErrStorageUnavailable, ErrShuttingDown, ErrForbidden, ErrInvalidPolicy, ErrSubprocessDenied,
 	ErrCPUTimeExceeded, ErrModelNotFound, ErrProvider, ErrProviderTimeout, ErrSessionNotFound,
-	ErrTooManyConnections,
+	ErrTooManyConnections, ErrStorageQuotaExceeded,
 }
 
 // Is makes errors.Is(err, client.ErrXxx) true for an *Error of that code.

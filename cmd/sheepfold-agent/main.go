@@ -60,6 +60,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -84,6 +85,10 @@ const listenerFD = 3
 // lifetimeFD is serve's end of the pipe that carries deadlines to init.
 const lifetimeFD = 4
 
+// servePidsFD is where init passes serve the sandbox's pids cgroup
+// (--pids-cgroup-fd), after the lifetime pipe.
+const servePidsFD = 5
+
 // exitLifetime is init's exit status when the sandbox's lifetime ended.
 const exitLifetime = 124
 
@@ -101,8 +106,10 @@ func main() {
 	}
 	switch os.Args[1] {
 	case "init":
+		boundProcs()
 		os.Exit(runInit(os.Args[2:]))
 	case "serve":
+		boundProcs()
 		os.Exit(runServe(os.Args[2:]))
 	case agent.NprocExecCommand:
 		// Starts a program under RLIMIT_NPROC (serve's --nproc); serve
@@ -121,6 +128,21 @@ func main() {
 	default:
 		usage()
 		os.Exit(2)
+	}
+}
+
+// maxProcs bounds init's and serve's GOMAXPROCS. Their OS threads live in
+// a small reserve of tasks beyond the sandbox's pids limit
+// (internal/runtime/oci AgentPids), and the Go runtime keeps about one
+// thread for each P besides those blocked in system calls. The sandbox
+// mounts no cgroup filesystem, so the runtime cannot read the sandbox's
+// CPU quota and would take the host's CPU count, which may be large. One
+// sandbox's agent has no use for more.
+const maxProcs = 4
+
+func boundProcs() {
+	if runtime.GOMAXPROCS(0) > maxProcs {
+		runtime.GOMAXPROCS(maxProcs)
 	}
 }
 
@@ -157,6 +179,7 @@ func runServe(args []string) int {
 	history := fs.Bool("usage-history", false, "sample the sandbox's usage every 5 s and keep an hour of it for usage.history (a Pod's agent: every replica reads the same history)")
 	scratch := fs.String("scratch", "", "the home and /tmp are the sandbox's scratch volume (a Pod's memory-backed emptyDir): unpack this home seed archive (sheepfold template export) into --home before serving, and report the volume as the sandbox's disk")
 	cgroupRoot := fs.String("cgroup-root", "/sys/fs/cgroup", "where the usage op reads the sandbox's cgroups (tests point it at a fake tree)")
+	pidsCgroup := fs.Int("pids-cgroup-fd", -1, "the sandbox's pids cgroup, opened by the host: every process the agent starts begins in its tenant leaf, under the sandbox's pids limit (agent.UseTenantCgroup); init passes it")
 	pidsMax := fs.Int64("pids-max", 0, "refuse to serve unless the agent's own cgroup (a Pod's container) has pids.max N, the sandbox's pids limit, which the node's NRI plugin sets (agent.CheckPidsMax); 0: no check")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -165,6 +188,12 @@ func runServe(args []string) int {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		log.Error("set non-dumpable", "err", err)
 		return 1
+	}
+	if *pidsCgroup >= 0 {
+		if err := agent.UseTenantCgroup(*pidsCgroup); err != nil {
+			log.Error("pids cgroup", "err", err)
+			return 1
+		}
 	}
 	if *pidsMax > 0 {
 		// Before it listens: a container without the sandbox's pids
@@ -360,6 +389,11 @@ func runInit(args []string) int {
 		log.Error("set rlimits", "err", err)
 		return 1
 	}
+	pidsCgroup, args, err := pidsCgroupFlag(args)
+	if err != nil {
+		log.Error("pids cgroup", "err", err)
+		return 1
+	}
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		log.Error("set non-dumpable", "err", err)
 		return 1
@@ -386,6 +420,10 @@ func runInit(args []string) int {
 	if os.Getpid() == 1 {
 		args = append([]string{"--switch-users"}, args...)
 	}
+	if pidsCgroup != nil {
+		files = append(files, pidsCgroup) // servePidsFD
+		args = append([]string{fmt.Sprintf("--pids-cgroup-fd=%d", servePidsFD)}, args...)
+	}
 	proc, err := os.StartProcess("/proc/self/exe", append([]string{os.Args[0], "serve", "--lifetime-fd"}, args...), &os.ProcAttr{
 		Files: files,
 		// If init dies, serve must not live on outside its pid 1.
@@ -393,6 +431,9 @@ func runInit(args []string) int {
 	})
 	if ln != nil {
 		ln.Close() // serve owns the listener now
+	}
+	if pidsCgroup != nil {
+		pidsCgroup.Close() // init starts no process of the tenant's
 	}
 	lw.Close()
 	if err != nil {
@@ -472,6 +513,22 @@ func setRlimits(args []string) ([]string, error) {
 		args = args[1:]
 	}
 	return args, nil
+}
+
+// pidsCgroupFlag takes init's leading --pids-cgroup-fd=N, the sandbox's
+// pids cgroup that runc passes (internal/runtime/oci PidsCgroupFD), and
+// returns it, nil without the flag, and the remaining arguments.
+func pidsCgroupFlag(args []string) (*os.File, []string, error) {
+	if len(args) == 0 || !strings.HasPrefix(args[0], "--pids-cgroup-fd=") {
+		return nil, args, nil
+	}
+	fd, err := strconv.Atoi(strings.TrimPrefix(args[0], "--pids-cgroup-fd="))
+	var st unix.Stat_t
+	if err != nil || fd < 3 || unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return nil, nil, fmt.Errorf("bad flag %q: not an open directory", args[0])
+	}
+	syscall.CloseOnExec(fd) // passed to serve alone, through its Files
+	return os.NewFile(uintptr(fd), "pids-cgroup"), args[1:], nil
 }
 
 // inheritedListener returns fd 3 if it is a socket (the listener runc

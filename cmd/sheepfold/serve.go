@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
@@ -29,6 +31,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/runtime/kubernetes"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/store"
 	"github.com/sheepfold/sheepfold/internal/store/postgres"
 	"github.com/sheepfold/sheepfold/internal/template"
 )
@@ -42,11 +45,12 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		previewDomain string
 		metricsListen string
 	)
-	var idleTimeout, eventRetention, retention, shutdownTimeout, drainDelay time.Duration
+	var idleTimeout, eventRetention, retention, stoppedRetention, shutdownTimeout, drainDelay time.Duration
 	var webhookHosts, webhookCIDRs []string
 	var streamsPerKey, streamsPerAccount, maxStreams, maxConns, uiSessions int
 	overcommit := 2.0
 	poolSize := sandbox.DefaultPoolSize()
+	var eventRate sandbox.EventRate
 	instance := ""
 	configPath := ""
 	backend := "local"
@@ -61,6 +65,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		prices                  = metering.DefaultPrices
 		noAccounting            bool
 		limits                  *limitFlags
+		storage                 *storageFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -115,8 +120,12 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if instance == "" {
 				instance = serverInstance(cfg.DataDir)
 			}
-			if eventRetention <= 0 || retention <= 0 || shutdownTimeout <= 0 {
-				return errors.New("--event-retention, --retention and --shutdown-timeout must be positive")
+			if eventRetention <= 0 || retention <= 0 || stoppedRetention <= 0 || shutdownTimeout <= 0 {
+				return errors.New("--event-retention, --retention, --stopped-retention and --shutdown-timeout must be positive")
+			}
+			bounds, err := storage.bounds()
+			if err != nil {
+				return err
 			}
 			if drainDelay < 0 {
 				return errors.New("--drain-delay must not be negative")
@@ -131,6 +140,9 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				bound.Duration("--idle-timeout", idleTimeout, 0, bound.MaxDuration),
 				bound.Duration("--event-retention", eventRetention, 0, bound.MaxDuration),
 				bound.Duration("--retention", retention, 0, bound.MaxDuration),
+				bound.Duration("--stopped-retention", stoppedRetention, 0, bound.MaxDuration),
+				bound.Int("--sandbox-event-burst", int64(eventRate.Burst), 1, bound.MaxRate),
+				bound.Int("--sandbox-events-per-minute", eventRate.PerMinute, 1, bound.MaxRate),
 				bound.Duration("--shutdown-timeout", shutdownTimeout, 0, bound.MaxDuration),
 				bound.Duration("--drain-delay", drainDelay, 0, bound.MaxDuration),
 				bound.Int("--max-streams-per-key", int64(streamsPerKey), 0, bound.MaxCount),
@@ -211,6 +223,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			}
 			return serve(cmd.Context(), *cfg, ko, listen, metricsListen, server.Config{
 				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version, Retention: retention,
+				StoppedRetention: stoppedRetention, Storage: bounds,
 				WebhookAllowHosts: webhookHosts, WebhookAllowCIDRs: webhookCIDRs, Accounts: acfg, Metering: mcfg, NoAccounting: noAccounting,
 				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
 				Models: relay, PreviewDomain: previewDomain,
@@ -219,6 +232,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) {
 					c.PoolSize = poolSize
+					c.EventRate = eventRate
 					c.Egress.MaxFlows, c.Egress.IdleTimeout, c.Egress.Rate = eopt.MaxFlows, eopt.IdleTimeout, eopt.Rate
 					if maxSandboxes > 0 {
 						// The engine's own cap follows, so that the flag
@@ -255,6 +269,13 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"how long sandbox events and webhook deliveries are kept")
 	cmd.Flags().DurationVar(&retention, "retention", 7*24*time.Hour,
 		"how long records of stopped sandboxes and of executions are kept")
+	cmd.Flags().DurationVar(&stoppedRetention, "stopped-retention", 24*time.Hour,
+		"how long the executions of a stopped sandbox keep their code and output (the records stay until --retention)")
+	storage = addStorageFlags(cmd.Flags())
+	cmd.Flags().IntVar(&eventRate.Burst, "sandbox-event-burst", sandbox.DefaultEventBurst,
+		"events of one kind a sandbox's code can cause (its reports, the egress gateway's refusals) let through at once; past it and --sandbox-events-per-minute they are coalesced into one event with their count")
+	cmd.Flags().Int64Var(&eventRate.PerMinute, "sandbox-events-per-minute", sandbox.DefaultEventsPerMinute,
+		"events of one kind a sandbox's code can cause let through a minute after the burst")
 	cmd.Flags().StringSliceVar(&webhookHosts, "webhook-allow-hosts", nil,
 		"the only hosts (name, *.domain) and CIDRs webhooks may deliver to (default: any public address); a name must still resolve to an address webhooks may reach")
 	cmd.Flags().StringSliceVar(&webhookCIDRs, "webhook-allow-cidr", nil,
@@ -520,4 +541,50 @@ func serverInstance(dataDir string) string {
 	}
 	sum := sha256.Sum256([]byte(filepath.Clean(dataDir)))
 	return "server-" + hex.EncodeToString(sum[:4])
+}
+
+// storageFlags are the bounds of what each account keeps in the database,
+// by kind (server.Config.Storage): --account-storage-KIND records and
+// --account-storage-KIND-mb MiB.
+type storageFlags struct {
+	records, mb map[string]*int64
+}
+
+func addStorageFlags(fs *pflag.FlagSet) *storageFlags {
+	sf := &storageFlags{records: map[string]*int64{}, mb: map[string]*int64{}}
+	what := map[string][2]string{
+		store.KindSandboxes:  {"sandbox records", "past it its stopped ones go, first stopped first"},
+		store.KindExecutions: {"execution records (with their code and output)", "past it its oldest finished ones go"},
+		store.KindEvents:     {"events", "past it its oldest go"},
+		store.KindAlerts:     {"alerts", "past it its oldest acknowledged ones go, or a new one is refused (429)"},
+		store.KindDeliveries: {"webhook delivery attempts", "past it its oldest go"},
+	}
+	for _, k := range store.Kinds {
+		def := server.DefaultStorage.Of(k)
+		sf.records[k] = fs.Int64("account-storage-"+k, def.Records,
+			"most "+what[k][0]+" one account keeps in the database; "+what[k][1]+" (-1: no bound)")
+		sf.mb[k] = fs.Int64("account-storage-"+k+"-mb", def.Bytes/server.MiB,
+			"most MiB of "+what[k][0]+" one account keeps (their text plus 128 bytes a record); "+what[k][1]+" (-1: no bound)")
+	}
+	return sf
+}
+
+// bounds returns the bounds the flags give, refusing 0 (say -1 for none).
+func (sf *storageFlags) bounds() (store.Bounds, error) {
+	var b store.Bounds
+	for _, k := range store.Kinds {
+		n, mb := *sf.records[k], *sf.mb[k]
+		if n == 0 || n < -1 || mb == 0 || mb < -1 {
+			return b, fmt.Errorf("--account-storage-%s and --account-storage-%s-mb must be positive, or -1 for no bound", k, k)
+		}
+		if mb > math.MaxInt64/server.MiB {
+			return b, fmt.Errorf("--account-storage-%s-mb is too large", k)
+		}
+		a := store.Amount{Records: n, Bytes: mb}
+		if mb > 0 {
+			a.Bytes = mb * server.MiB
+		}
+		b.Set(k, a)
+	}
+	return b, nil
 }

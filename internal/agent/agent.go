@@ -341,16 +341,27 @@ func (s *server) serveConn(nc net.Conn) {
 	// The engines' own checks are not use; nor is an egress.accept
 	// waiting (it counts once it carries a connection), nor a budget
 	// taken (what it is taken for is).
+	// The use ends before the Done goes out, so that a ping the client
+	// sends once it has the Done sees the work over (it saw it busy, and
+	// idle since the use before, when the end came after the reply).
+	var end func()
 	switch req.Op {
 	case agentproto.OpPing, agentproto.OpUsage, agentproto.OpUsageHistory, agentproto.OpEgressAccept, agentproto.OpBudgetTake:
 	default:
 		s.busy.Add(1)
-		defer func() {
-			s.lastDone.Store(time.Now().UnixNano())
-			s.busy.Add(-1)
-		}()
+		var once sync.Once
+		end = func() {
+			once.Do(func() {
+				s.lastDone.Store(time.Now().UnixNano())
+				s.busy.Add(-1)
+			})
+		}
+		defer end() // a panic, too
 	}
 	done := s.dispatch(c, req)
+	if end != nil {
+		end()
+	}
 	if done.Type == "" {
 		return // the client is gone, or the handler replied itself
 	}

@@ -410,9 +410,13 @@ func TestPingReportsActivity(t *testing.T) {
 	if r.done.Agent.IdleMS < 30 || r.done.Agent.Busy != 0 {
 		t.Fatalf("after pings only: idle %d ms, busy %d", r.done.Agent.IdleMS, r.done.Agent.Busy)
 	}
+	// The ping right after an execution's Done sees it over: not busy,
+	// idle for no longer than since the execution began (the sleep
+	// above would count otherwise).
+	began := time.Now()
 	a.call(t, agentproto.Request{Op: agentproto.OpExecute, Execute: &agentproto.ExecuteSpec{Code: "print 1"}}).mustOK(t)
 	r = a.call(t, agentproto.Request{Op: agentproto.OpPing}).mustOK(t)
-	if r.done.Agent.IdleMS >= 30 {
-		t.Fatalf("an execution just ended, yet idle %d ms", r.done.Agent.IdleMS)
+	if since := time.Since(began).Milliseconds(); r.done.Agent.IdleMS > since || r.done.Agent.Busy != 0 {
+		t.Fatalf("an execution just ended, yet idle %d ms (it began %d ms ago), busy %d", r.done.Agent.IdleMS, since, r.done.Agent.Busy)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/pidfd"
 )
 
 // Tunables of process output; variables so that tests can shorten them.
@@ -648,12 +649,16 @@ func (s *server) pump(p *process, f *os.File, typ string) {
 func (s *server) reap(p *process) {
 	// Wait without reaping first, and mark the process exited under its
 	// lock: from then on nothing signals its pid, which a reaped process
-	// would free for reuse.
-	var info unix.Siginfo
-	for {
-		err := unix.Waitid(unix.P_PID, p.pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
-		if err != unix.EINTR {
-			break
+	// would free for reuse. Parked on the poller (pidfd), not holding an
+	// OS thread for each process: the agent's threads must stay within
+	// its reserve of tasks whatever the tenant runs (pidfd's doc).
+	if err := pidfd.AwaitExit(p.pid); err != nil {
+		var info unix.Siginfo
+		for {
+			err := unix.Waitid(unix.P_PID, p.pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+			if err != unix.EINTR {
+				break
+			}
 		}
 	}
 	p.mu.Lock()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/fdpass"
+	"github.com/sheepfold/sheepfold/internal/pidfd"
 )
 
 // sudo without setuid.
@@ -191,6 +192,7 @@ func (s *server) sudo(c *net.UnixConn) {
 		}
 		unix.Kill(-proc.Pid, unix.SIGKILL)
 	}()
+	_ = pidfd.AwaitExit(proc.Pid) // without a thread; failing, Wait waits
 	ps, err := proc.Wait()
 	if err != nil {
 		answer("error wait: %v", err)

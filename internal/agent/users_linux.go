@@ -190,11 +190,18 @@ func StartBounded(cred *syscall.Credential, start func() error) error {
 // same for a child; the sandbox's seccomp profile lets exactly this flag
 // through), and ends afterwards like StartBounded's. dir "" is
 // StartBounded.
+//
+// In a sandbox with a pids limit the thread first moves into the tenant's
+// cgroup (UseTenantCgroup), so that the process is charged to the
+// tenant's limit, never to the agent's reserve.
 func StartIn(cred *syscall.Credential, dir string, start func() error) error {
-	if cred == nil && dir == "" {
+	if cred == nil && dir == "" && tenantCgroup.Load() < 0 {
 		return start()
 	}
 	return osthread.Discarded(func() error {
+		if err := enterTenant(); err != nil {
+			return err
+		}
 		if dir != "" {
 			if err := unix.Unshare(unix.CLONE_FS); err != nil {
 				return fmt.Errorf("a working directory of its own: %w", err)

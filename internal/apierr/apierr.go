@@ -52,6 +52,10 @@ const (
 	// TooManyConnections refuses a long-lived connection (a stream, a
 	// preview, an MCP call) past its key's or its account's share.
 	TooManyConnections Code = "ERR_TOO_MANY_CONNECTIONS"
+	// StorageQuotaExceeded: the account keeps as many records of a kind
+	// as the server lets one account keep, and none of them may go to
+	// make room (internal/store, storage.go).
+	StorageQuotaExceeded Code = "ERR_STORAGE_QUOTA_EXCEEDED"
 )
 
 // Status is the HTTP status of each code.
@@ -88,6 +92,7 @@ var Status = map[Code]int{
 	ProviderTimeout:      http.StatusGatewayTimeout,
 	SessionNotFound:      http.StatusNotFound,
 	TooManyConnections:   http.StatusTooManyRequests,
+	StorageQuotaExceeded: http.StatusTooManyRequests,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

@@ -78,6 +78,7 @@ var connectCodes = map[apierr.Code]connect.Code{
 	apierr.SessionQuotaExceeded: connect.CodeResourceExhausted,
 	apierr.RateLimited:          connect.CodeResourceExhausted,
 	apierr.TooManyConnections:   connect.CodeResourceExhausted,
+	apierr.StorageQuotaExceeded: connect.CodeResourceExhausted,
 	apierr.SandboxState:         connect.CodeUnavailable,
 	apierr.Capacity:             connect.CodeUnavailable,
 	apierr.StorageUnavailable:   connect.CodeUnavailable,

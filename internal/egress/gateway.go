@@ -41,8 +41,8 @@
 //   - SetPolicy judges the open flows again and closes those the new
 //     policy refuses.
 //
-// The package imports internal/policy and internal/events, never the
-// engine.
+// The package imports internal/policy, internal/events and
+// internal/ratelimit (its log's cap, logcap.go), never the engine.
 package egress
 
 import (
@@ -225,7 +225,7 @@ func New(opt Options, sandboxID string, pol *policy.Egress, limit int64) (*Gatew
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Gateway{
 		opt: opt, id: sandboxID, limit: max(limit, 0), ctx: ctx, cancel: cancel,
-		log:      opt.Logger.With("sandbox", sandboxID, "component", "egress"),
+		log:      slog.New(newLogCap(opt.Logger.Handler(), LogLinesPerMinute, time.Now)).With("sandbox", sandboxID, "component", "egress"),
 		resolved: map[netip.Addr]map[string]bool{},
 		parents:  map[string]map[string]bool{},
 		reported: map[string]time.Time{},
@@ -276,6 +276,9 @@ func (g *Gateway) Close() error {
 		g.closers[i]()
 	}
 	g.closers = nil
+	if h, ok := g.log.Handler().(*logCap); ok {
+		h.flush()
+	}
 	return nil
 }
 

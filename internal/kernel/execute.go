@@ -235,7 +235,18 @@ func (x *execution) run() execState {
 			x.denied()
 		case m, ok := <-ctl:
 			if !ok {
-				return execFinish // the interpreter is gone
+				// The interpreter is gone (or closed its control
+				// pipe), often just after it wrote its last output,
+				// which the pumps may not have read yet. After a done
+				// its marker follows (the driver writes it first):
+				// wait for it. Without one nothing marks the end:
+				// take what was written, in the pipes or queued.
+				ctl = nil
+				if !x.gotDone {
+					x.settle()
+					return execFinish
+				}
+				continue
 			}
 			x.control(m)
 		case <-timer:
@@ -249,6 +260,31 @@ func (x *execution) run() execState {
 			ctxDone = nil
 			x.interrupt(whyCancel)
 		case <-x.killTimer:
+			// The grace bounds the interpreter's stop, not the
+			// forwarding of what it wrote before: output queued
+			// behind a slow emit may outlast it. A driver that sent
+			// its done wrote its markers first: take the control
+			// messages sent and the output written, and kill only an
+			// interpreter that has not stopped (or forged a done).
+			for ctl != nil {
+				select {
+				case m, ok := <-ctl:
+					if !ok {
+						ctl = nil
+						continue
+					}
+					x.control(m)
+					continue
+				default:
+				}
+				break
+			}
+			if x.gotDone {
+				x.settle()
+				if x.seen[1] && x.seen[2] {
+					return execFinish
+				}
+			}
 			x.killed = true
 			return execFinish
 		case <-exited:

@@ -85,7 +85,7 @@ threading.Thread(target=burn).start()
 }, 0);`),
 	// The marker is in a variable of the driver; the job is in the
 	// shell's process group (no job control).
-	"bash": `printf '\036%%s\n' "$__sf_marker"; printf '\036%%s\n' "$__sf_marker" >&2; printf 'done 0\n' >&4
+	"bash": `printf '\036%%s\n' "$__sf_marker"; printf '\036%%s\n' "$__sf_marker" >&2; printf 'done 0\n' >&"$__sf_msg"
 ( while :; do read -a f < /proc/$BASHPID/stat; (( f[13] + f[14] >= 60 )) && break; done
   echo "$(( f[13] + f[14] ))e-2" > %[1]q ) &
 `,

@@ -5,9 +5,12 @@
 // Each interpreter runs in its own process group with three channels: its
 // real stdout and stderr (pipes the kernel streams as they fill) and a
 // control pipe pair (fds 3 and 4) carrying JSON lines: the request in, the
-// results, the error and "done" out. At the end of every execution the
-// driver writes a per-execution random marker to stdout and stderr, so the
-// kernel knows when all output of that execution has been read.
+// results, the error and "done" out (the Bash driver moves both to fds of
+// its own first: Bash scripts take 3 and 4 for theirs). At the end of every
+// execution the driver writes a per-execution random marker to stdout and
+// stderr, so the kernel knows when all output of that execution has been
+// read; an interpreter that ends within an execution is read to the end of
+// what it wrote.
 // Python interpreters, and Node ones started under allow_subprocess:
 // false, also get fd 5, a socket the no-subprocess seccomp filter's
 // listener comes back over (notify_linux.go); an interpreter under that
@@ -28,7 +31,7 @@
 //
 // Languages and their names are internal/lang's.
 //
-// Imports: agentproto, fdpass, lang, the standard library and x/sys only.
+// Imports: agentproto, fdpass, lang, pidfd, the standard library and x/sys only.
 package kernel
 
 import (
@@ -55,6 +58,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/lang"
+	"github.com/sheepfold/sheepfold/internal/pidfd"
 )
 
 var (
@@ -352,6 +356,10 @@ func (k *Kernel) start() error {
 	go func() {
 		readers.Wait() // cmd.Wait closes the pipes: read them to the end first
 		close(p.out)
+		// Without holding an OS thread while the interpreter lives (the
+		// agent's threads stay within its reserve of tasks; see package
+		// pidfd); failing that, Wait waits.
+		_ = pidfd.AwaitExit(cmd.Process.Pid)
 		_ = cmd.Wait()
 		close(p.exited)
 	}()

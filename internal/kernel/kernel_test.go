@@ -406,6 +406,54 @@ func TestBash(t *testing.T) {
 	}
 }
 
+// TestBashCellFDs: a cell may use fds 3 and 4 as its own (exec
+// 3<>/dev/tcp/host/port is the common way to talk TCP in Bash) without
+// touching the driver's channels: the execution ends as usual and the
+// shell's state is kept. The driver's channels were fds 3 and 4: such a
+// cell cut them, the interpreter ended and its state was lost.
+func TestBashCellFDs(t *testing.T) {
+	t.Parallel()
+	k := start(t, "bash", nil)
+	r := run(t, k, code("x=kept; exec 3<>/dev/null 4>/dev/null; echo three >&3; exec 3<&- 4>&-; echo done"))
+	if r.done.Status != agentproto.StatusOK || r.stdout != "done\n" {
+		t.Fatalf("a cell using fds 3 and 4: %+v %q", r.done, r.stdout)
+	}
+	if r := run(t, k, code(`echo "$x"`)); r.done.Status != agentproto.StatusOK || r.stdout != "kept\n" {
+		t.Fatalf("state after a cell using fds 3 and 4: %+v %q", r.done, r.stdout)
+	}
+}
+
+// TestOutputBeforeTheEnd: all the output an execution wrote arrives when
+// its interpreter ends just after writing it, with or without the
+// driver's end of the execution. The run loop took the control pipe's
+// close as the end: the output still in the pipes, unread by the pumps,
+// was lost (one run in five on a busy machine: a Bash cell that ran
+// exec 3<&- lost the status line it had printed).
+func TestOutputBeforeTheEnd(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		lang, code, want string
+		status           string
+	}{
+		// The interpreter exits within the cell: no end from the driver.
+		{"bash", "echo start; echo a | cat; echo end; exit 3", "start\na\nend\n", agentproto.StatusKilled},
+		{"python", "import os, sys\nprint('start'); print('end'); sys.stdout.flush(); os._exit(3)", "start\nend\n", agentproto.StatusKilled},
+		// The driver ends the execution and then its loop, whose
+		// request channel the cell closed.
+		{"bash", `echo start; echo a | cat; echo end; exec {__sf_req}<&-`, "start\na\nend\n", agentproto.StatusOK},
+	}
+	for _, c := range cases {
+		for i := range 30 {
+			k := start(t, c.lang, nil)
+			r := run(t, k, code(c.code))
+			k.Close()
+			if r.stdout != c.want || r.done.Status != c.status {
+				t.Fatalf("%s %q, run %d: %s %q, want %s %q", c.lang, c.code, i, r.done.Status, r.stdout, c.status, c.want)
+			}
+		}
+	}
+}
+
 func TestRestart(t *testing.T) {
 	t.Parallel()
 	k := start(t, "python", nil)

@@ -139,7 +139,7 @@ type Usage struct {
 	OOMKills         uint64  // processes killed by the OOM killer in this sandbox
 	CPUNanos         uint64  // CPU time used by all its processes
 	CPULimit         float64 // the CPU limit in force, in CPUs (quota / period); 0: none
-	Pids             int64   // tasks alive now
+	Pids             int64   // tasks alive now, counted against Limits.Pids (not the agent's own)
 	PidsDenied       uint64  // forks refused at the pids limit (pids.events "max")
 	DiskBytes        int64   // bytes used in the writable layer now
 	DiskTotalBytes   int64   // the writable layer's size

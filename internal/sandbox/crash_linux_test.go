@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -77,11 +78,13 @@ func TestRuncLifetimeHoldsWithoutEngine(t *testing.T) {
 	call(agentproto.Request{Op: agentproto.OpPing, LifetimeMS: 1500})
 	call(agentproto.Request{Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{
 		Cmd: "sh", Args: []string{"-c", "sleep 1000 >/dev/null 2>&1 &"}}})
-	if u, err := rt.Usage(ctx, id); err != nil || u.Pids < 3 {
-		t.Fatalf("before the deadline: %+v %v, want init, serve and the job", u, err)
+	// Usage counts the tenant's tasks (the job); the agent's init is
+	// inst.PID.
+	if u, err := rt.Usage(ctx, id); err != nil || u.Pids < 1 || syscall.Kill(inst.PID, 0) != nil {
+		t.Fatalf("before the deadline: %+v %v, want the job and the agent", u, err)
 	}
 	waitFor(t, "every process of the sandbox to end", func() bool {
 		u, err := rt.Usage(ctx, id)
-		return err == nil && u.Pids == 0
+		return err == nil && u.Pids == 0 && syscall.Kill(inst.PID, 0) == syscall.ESRCH
 	})
 }

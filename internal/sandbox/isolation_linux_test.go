@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -682,5 +684,229 @@ func TestRootWritesStayInSandbox(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(rootfs, "etc/passwd")); string(b) != string(passwdBefore) {
 		t.Error("the template's /etc/passwd changed")
+	}
+}
+
+// holdPids forks sleeping children until a fork fails, prints "full" with
+// the errno, and from then on forks again at once whenever a pid is freed,
+// so that the sandbox's tenant sits at its pids limit until the file
+// /home/user/stop appears; then it kills its process group, itself and
+// its children.
+const holdPids = `
+import os, signal, time
+full = False
+while not os.path.exists("/home/user/stop"):
+    try:
+        if os.fork() == 0:
+            time.sleep(120); os._exit(0)
+    except OSError as e:
+        if not full:
+            full = True
+            print("full", e.errno, flush=True)
+        time.sleep(0.0005)
+os.killpg(0, signal.SIGKILL)
+`
+
+// TestForkBombSparesTheAgent holds a sandbox at its pids limit for
+// seconds while the agent is asked to work: run code in a kernel that is
+// already up, read a file, start processes (each start ends one of the
+// agent's OS threads, so the Go runtime must make another). The agent's
+// threads must never compete with the tenant's tasks: the tenant's
+// processes are charged to a cgroup of their own, below the sandbox's,
+// whose limit is the one asked for, and the sandbox's keeps a reserve
+// for the agent. Before, the agent shared the limit; the runtime could
+// not make a thread ("failed to create new OS thread", EAGAIN) and the
+// agent died, stopping the sandbox ("sandbox agent is gone").
+//
+// after_waited_processes first starts many processes through the agent,
+// each of which it waits for: had that cost the agent a thread each (a
+// goroutine blocked in waitid), they would have eaten its reserve, and the
+// sandbox's own limit, not the tenant's, would have stopped the fork bomb
+// with the agent out of threads. The agent waits on pidfds instead
+// (internal/pidfd).
+func TestForkBombSparesTheAgent(t *testing.T) {
+	log := &policyLog{}
+	m := runcEngine(t, func(c *sandbox.Config) { c.Events = log })
+	t.Run("fork_bomb", func(t *testing.T) {
+		s := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{Pids: 64}})
+		holdAndWork(t, s, 64, log)
+	})
+	t.Run("after_waited_processes", func(t *testing.T) {
+		s := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{Pids: 256}})
+		for i := range 150 {
+			if _, err := s.Start(context.Background(), sandbox.ProcessSpec{Cmd: "/bin/sleep", Args: []string{"600"}}); err != nil {
+				t.Fatalf("start sleeper %d: %v", i, err)
+			}
+		}
+		holdAndWork(t, s, 256, log)
+	})
+}
+
+// holdAndWork holds s at its pids limit (holdPids) while the agent works,
+// and checks that the agent stays and the sandbox works afterwards, and
+// that a command refused at the limit is reported in log as the pids
+// limit reached.
+func holdAndWork(t *testing.T, s *sandbox.Sandbox, limit int64, log *policyLog) {
+	t.Helper()
+	if ex := run(t, s, "python", "open('/home/user/kept', 'w').write('kept')\n1 + 1"); mainText(ex) != "2" {
+		t.Fatalf("warm the kernel: %+v", ex)
+	}
+
+	full := make(chan string, 1)
+	bomb := make(chan error, 1)
+	go func() {
+		var out strings.Builder // the stream's callback runs on one goroutine
+		_, err := s.Run(context.Background(), sandbox.ProcessSpec{
+			Cmd: "/usr/bin/python3", Args: []string{"-c", holdPids}, TimeoutMS: 60_000,
+		}, func(ev agentproto.Event) {
+			if ev.Type != agentproto.EventStdout || out.Len() > 64 {
+				return
+			}
+			out.Write(ev.Data)
+			if line, _, ok := strings.Cut(out.String(), "\n"); ok {
+				full <- line
+				out.WriteString(strings.Repeat(".", 64)) // said once
+			}
+		})
+		bomb <- err
+	}()
+	select {
+	case msg := <-full:
+		// The control: the tenant really is at its limit.
+		if msg != "full 11" {
+			t.Fatalf("the holder says %q, want a fork refused with EAGAIN", msg)
+		}
+	case err := <-bomb:
+		t.Fatalf("the holder ended before the sandbox was full: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("the sandbox never filled")
+	}
+
+	// Work while full, for seconds: each process start ends one of the
+	// agent's threads, so its runtime makes new ones throughout.
+	refused, rounds := 0, 0
+	for until := time.Now().Add(3 * time.Second); rounds < 20 || time.Now().Before(until); rounds++ {
+		i := rounds
+		ex, err := s.Execute(context.Background(), sandbox.ExecuteRequest{Language: "python", Code: "2 + 2"}, nil)
+		if err != nil {
+			t.Fatalf("round %d: execute at the limit: %v", i, err)
+		}
+		if mainText(ex) != "4" {
+			t.Fatalf("round %d: execute at the limit: %+v", i, ex)
+		}
+		var buf strings.Builder
+		if _, err := s.ReadFile(context.Background(), "/home/user/kept", &buf, 1<<20); err != nil || buf.String() != "kept" {
+			t.Fatalf("round %d: read a file at the limit: %q %v", i, buf.String(), err)
+		}
+		res, err := s.Run(context.Background(), sandbox.ProcessSpec{Cmd: "/bin/true", TimeoutMS: 10_000}, nil)
+		switch {
+		case err != nil && apierr.CodeOf(err) == apierr.SandboxState:
+			t.Fatalf("round %d: start a process at the limit: %v", i, err)
+		case err != nil:
+			// The tenant's limit refuses the process: a clean error.
+			if refused++; refused == 1 {
+				t.Logf("a process start at the limit: %v", err)
+			}
+		case res.ExitCode != 0:
+			t.Fatalf("round %d: /bin/true at the limit: %+v", i, res)
+		}
+	}
+	if refused == 0 {
+		t.Error("no process start was refused at the limit: the holder did not hold it")
+	}
+	// While the holder still runs (its own end would be reported too).
+	reported := false
+	for _, ev := range log.of(events.ResourceExceeded, s.ID, "") {
+		reported = reported || ev.Details["resource"] == events.ResourcePids && ev.Details["limit"] == limit
+	}
+	if !reported {
+		t.Errorf("no resource_exceeded pids event for the commands refused at the limit: %+v", log.of(events.ResourceExceeded, s.ID, ""))
+	}
+	// The tenant's tasks are counted against the limit it asked for.
+	if u, err := s.Usage(context.Background()); err != nil || u.Pids < limit-4 || u.Pids > limit+1 || u.PidsDenied == 0 {
+		t.Errorf("usage at the limit: %+v %v", u, err)
+	}
+	t.Logf("%d rounds of work at the limit, %d process starts refused", rounds, refused)
+	if _, err := s.WriteFile(context.Background(), "/home/user/stop", strings.NewReader(""), 0o644, 1); err != nil {
+		t.Fatalf("stop the holder: %v", err)
+	}
+	if err := <-bomb; err != nil {
+		t.Fatalf("the holder's stream: %v", err)
+	}
+	if ex := run(t, s, "python", "3 + 3"); mainText(ex) != "6" {
+		t.Fatalf("after the holder: %+v", ex)
+	}
+	if res, out, _ := runAs(t, s, "user", "/bin/echo", "ok"); res.ExitCode != 0 || out != "ok\n" {
+		t.Fatalf("a process after the holder: %+v %q", res, out)
+	}
+}
+
+// findCgroupFDs looks through every process's descriptors, as the
+// sandbox's root, for one that opens a cgroup's directory, and reports what it found, the processes
+// whose descriptors it could not reach, and whether it saw the one it
+// planted itself (the control: the search works).
+const findCgroupFDs = `
+import json, os
+planted = os.open("/tmp", os.O_RDONLY | os.O_DIRECTORY)
+found, shut, saw_planted = [], [], False
+for pid in os.listdir("/proc"):
+    if not pid.isdigit():
+        continue
+    try:
+        fds = os.listdir("/proc/%s/fd" % pid)
+    except OSError:
+        shut.append(int(pid))
+        continue
+    reached = False
+    for fd in fds:
+        p = "/proc/%s/fd/%s" % (pid, fd)
+        try:
+            opened = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        reached = True
+        if int(pid) == os.getpid() and int(fd) == planted:
+            saw_planted = os.path.samestat(os.fstat(opened), os.stat("/tmp"))
+        try:
+            entries = os.listdir(opened)
+        except OSError:
+            entries = []
+        os.close(opened)
+        if "pids.max" in entries or "cgroup.procs" in entries or "tasks" in entries:
+            found.append("%s/%s: %s" % (pid, fd, sorted(entries)[:4]))
+    if not reached and fds:
+        shut.append(int(pid))
+print(json.dumps({"found": found, "shut": shut, "planted": saw_planted}))
+`
+
+// TestTenantCannotReachTheCgroup: the sandbox's root (sudo, or a process
+// started as root) finds no descriptor of the sandbox's pids cgroup, which
+// the agent holds to start processes in the tenant's cgroup: it is
+// close-on-exec in the agent, and the agent, non-dumpable, keeps its
+// /proc/PID/fd from every process of the sandbox.
+func TestTenantCannotReachTheCgroup(t *testing.T) {
+	m := runcEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{Pids: 64}})
+	res, out, errOut := runAs(t, s, "root", "/usr/bin/python3", "-c", findCgroupFDs)
+	if res.ExitCode != 0 {
+		t.Fatalf("the search failed: %+v %s", res, errOut)
+	}
+	var r struct {
+		Found   []string
+		Shut    []int
+		Planted bool
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%q: %v", out, err)
+	}
+	if !r.Planted {
+		t.Fatalf("the search did not see its own descriptor: %+v", r)
+	}
+	if len(r.Found) > 0 {
+		t.Errorf("root in the sandbox holds or reaches cgroup descriptors: %v", r.Found)
+	}
+	// The agent's init is pid 1; serve is its child.
+	if !slices.Contains(r.Shut, 1) || len(r.Shut) < 2 {
+		t.Errorf("root reached the descriptors of the agent's processes: only %v were shut", r.Shut)
 	}
 }

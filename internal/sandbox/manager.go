@@ -83,6 +83,10 @@ type Config struct {
 	// Reports bound the events made of what sandboxes report about
 	// themselves (reports.go).
 	Reports ReportLimits
+	// EventRate bounds the events a sandbox's code can cause (its
+	// reports, the agent's, the egress gateway's), per sandbox, source,
+	// type and kind; past it they are coalesced (coalesce.go).
+	EventRate EventRate
 	// Shared says that other engines (the server's other replicas) serve
 	// these sandboxes too, which outlive this engine (shared.go): nothing
 	// is destroyed at start or Close, and deadlines and idleness are the
@@ -134,6 +138,7 @@ func (c *Config) setDefaults() error {
 		c.OutputRate = DefaultOutputRate
 	}
 	c.Reports = c.Reports.withDefaults()
+	c.EventRate = c.EventRate.withDefaults()
 	c.MaxResultMemory = max(c.MaxResultMemory, 2*agentproto.MaxFrame)
 	c.MaxSandboxResultMemory = max(c.MaxSandboxResultMemory, 2*agentproto.MaxFrame)
 	if c.Logger == nil {
@@ -191,6 +196,7 @@ const DefaultMaxSandboxes = 64
 type Manager struct {
 	cfg Config
 	log *slog.Logger
+	out events.Sink // Config.Events as given: past the sink (sink.go)
 
 	// ctx ends when Close begins: it aborts creates in flight and stops
 	// the idle loop, the pool's lease renewal and background destroys.
@@ -219,7 +225,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	m := &Manager{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*Sandbox{}, leftovers: map[string]error{}}
+	m := &Manager{cfg: cfg, log: cfg.Logger, sandboxes: map[string]*Sandbox{}, leftovers: map[string]error{}, out: cfg.Events}
 	m.cfg.Events = sink{m: m, out: cfg.Events}
 	if m.cfg.Egress.Events == nil {
 		m.cfg.Egress.Events = m.cfg.Events
@@ -544,6 +550,9 @@ func (m *Manager) destroy(s *Sandbox, reason string) error {
 	if announced {
 		defer s.emit(events.SandboxStopped, "", map[string]any{"reason": reason})
 	}
+	// What the coalescer holds goes before sandbox.stopped (defers run
+	// last first), once the gateway, which emits, is closed.
+	defer s.flushEvents()
 	<-s.created
 	m.stopping(s)
 	// Destroying must finish even if the caller has gone away.

@@ -60,6 +60,7 @@ func (s *Sandbox) Run(ctx context.Context, spec ProcessSpec, onEvent func(agentp
 		if cf != nil {
 			cf.finish(s, nil)
 		}
+		s.startFailed(err)
 		return nil, s.gone(err)
 	}
 	return s.ended(finish(res, done), cf, spec.MaxOutputBytes), nil
@@ -116,7 +117,22 @@ func (s *Sandbox) Start(ctx context.Context, spec ProcessSpec) (int, error) {
 	if err == nil {
 		return 0, apierr.New(apierr.Internal, "the process ended before it started")
 	}
+	s.startFailed(err)
 	return 0, s.gone(err)
+}
+
+// startFailed reports the pids limit when the agent could not start a
+// command because the tenant's tasks are at it (the fork failed with
+// EAGAIN, counted in the cgroup's pids.events), as a command that failed
+// reports the limits it hit.
+func (s *Sandbox) startFailed(err error) {
+	var ae *apierr.Error
+	if !errors.As(err, &ae) || ae.Code != apierr.Internal {
+		return // the agent gone, or a request it refused for another reason
+	}
+	if u, uerr := s.usage(context.Background()); uerr == nil {
+		s.reportLimits("", u, false, false)
+	}
 }
 
 // Connect streams a running process's output from now until it ends.

@@ -25,11 +25,14 @@ func forgeReports(n int) string {
 // sandbox's word (source "sandbox"), and the rest are counted: the
 // execution.finished says how many, and one resource_exceeded of the
 // host's stands for them. A sandbox's executions share a budget per
-// minute: the next floods keep only what is left of it.
+// minute: the next floods keep only what is left of it. (The events that
+// pass these bounds are coalesced by kind after them, TestEventsCoalesced:
+// that rate is out of the way here.)
 func TestForgedReportsCapped(t *testing.T) {
 	t.Parallel()
 	const flood = 10000
 	ctx := context.Background()
+	noRate := sandbox.EventRate{Burst: 1 << 30, PerMinute: 1 << 30}
 	run := func(t *testing.T, s *sandbox.Sandbox, id string) {
 		t.Helper()
 		ex, err := s.Execute(ctx, sandbox.ExecuteRequest{ID: id, Code: forgeReports(flood)}, nil)
@@ -41,7 +44,7 @@ func TestForgedReportsCapped(t *testing.T) {
 	t.Run("control", func(t *testing.T) {
 		t.Parallel()
 		log := &policyLog{}
-		m, _ := fakeEngine(t, sandbox.Config{Events: log, Reports: sandbox.ReportLimits{PerExecution: 1 << 30, PerMinute: 1 << 30}})
+		m, _ := fakeEngine(t, sandbox.Config{Events: log, Reports: sandbox.ReportLimits{PerExecution: 1 << 30, PerMinute: 1 << 30}, EventRate: noRate})
 		s, err := m.Create(ctx, sandbox.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -55,7 +58,7 @@ func TestForgedReportsCapped(t *testing.T) {
 	t.Run("bounded", func(t *testing.T) {
 		t.Parallel()
 		log := &policyLog{}
-		m, _ := fakeEngine(t, sandbox.Config{Events: log, Reports: sandbox.ReportLimits{PerMinute: 150}})
+		m, _ := fakeEngine(t, sandbox.Config{Events: log, Reports: sandbox.ReportLimits{PerMinute: 150}, EventRate: noRate})
 		s, err := m.Create(ctx, sandbox.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)

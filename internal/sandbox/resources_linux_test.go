@@ -74,10 +74,8 @@ func TestResourceExceededCgroup(t *testing.T) {
 	tight := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{Pids: 32, MemoryBytes: 128 << 20, DiskBytes: 16 << 20}})
 	// The children exit at once (unreaped, they still hold their pids
 	// until the finally clause waits for them) and are waited for before
-	// the code ends, refused or not: the sandbox's agent shares the pids
-	// limit and needs a thread now and then, so the time spent at the
-	// limit is kept short (an agent that cannot make a thread at the limit
-	// is a known weakness: README, "Limits reached").
+	// the code ends, refused or not. (The agent keeps threads of its own
+	// at the limit: TestForkBombSparesTheAgent.)
 	forks := "import os\nkids = []\ntry:\n    for i in range(48):\n        pid = os.fork()\n        if pid == 0:\n            os._exit(0)\n        kids.append(pid)\nfinally:\n    for k in kids: os.waitpid(k, 0)\n'forked'"
 	command := func(t *testing.T, s *sandbox.Sandbox, script string) *sandbox.ProcessResult {
 		t.Helper()

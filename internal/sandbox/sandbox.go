@@ -60,12 +60,14 @@ type Sandbox struct {
 	// one before it left, and resizes the sandbox outside mu.
 	policyMu sync.Mutex
 
-	resultsOnce sync.Once
-	results     *budget // the sandbox's results held at once (budget.go)
-	outputOnce  sync.Once
-	output      *rate.Limiter // the sandbox's output rate (budget.go)
-	reportsOnce sync.Once
-	reports     *rate.Limiter // the sandbox's reports per minute (reports.go)
+	resultsOnce  sync.Once
+	results      *budget // the sandbox's results held at once (budget.go)
+	outputOnce   sync.Once
+	output       *rate.Limiter // the sandbox's output rate (budget.go)
+	reportsOnce  sync.Once
+	reports      *rate.Limiter // the sandbox's reports per minute (reports.go)
+	coalesceOnce sync.Once
+	coalesce     *coalescer // the events its code can cause, coalesced (coalesce.go)
 
 	// mu guards the fields below.
 	mu         sync.Mutex

@@ -16,7 +16,9 @@ import (
 // which may carry a secret), so that the events' store, their stream and
 // the webhooks see them filtered; and stops a sandbox whose policy says
 // on_violation "terminate" at its first security_violation (its stop
-// reason names the violation, filtered).
+// reason names the violation, filtered). The events the sandbox's code
+// can cause (every source but the host) are coalesced past a rate
+// (coalesce.go).
 type sink struct {
 	m   *Manager
 	out events.Sink
@@ -37,6 +39,9 @@ func (k sink) Emit(e events.Event) {
 		if f := s.policyFilter(nil); f != nil {
 			e.Details = filterDetails(f, e.Details)
 		}
+	}
+	if s != nil && e.Source != "" && e.Source != events.SourceHost && !s.coalescer().admit(e) {
+		return // held, to be sent coalesced (coalesce.go)
 	}
 	k.out.Emit(e)
 	if s != nil && e.Type == events.SecurityViolation {

@@ -74,6 +74,7 @@ type accountJSON struct {
 	RunningSandboxes int64             `json:"running_sandboxes"`
 	Month            monthJSON         `json:"month"`
 	Credits          *creditsJSON      `json:"credits,omitempty"`
+	Storage          *storageJSON      `json:"storage,omitempty"`
 	Keys             []accountKeyJSON  `json:"keys,omitempty"`
 }
 
@@ -108,6 +109,11 @@ func (s *Server) accountOut(r *http.Request, rec store.Account, withKeys bool) (
 		return out, err
 	}
 	out.Credits = &c
+	st, err := s.storageOf(r.Context(), rec.ID)
+	if err != nil {
+		return out, err
+	}
+	out.Storage = &st
 	if withKeys {
 		keys, err := s.store.ListKeys(r.Context())
 		if err != nil {

@@ -83,7 +83,9 @@ func (s *Server) createAlert(w http.ResponseWriter, r *http.Request) error {
 	}
 	a := store.Alert{ID: newID("alert_"), Account: owner(r), Severity: *req.Severity, Kind: "manual", Message: *req.Message,
 		SandboxID: req.SandboxID, SessionID: req.SessionID, CreatedAt: time.Now().UTC()}
-	if _, err := s.raise(r.Context(), a); err != nil {
+	if _, err := s.raise(r.Context(), a); isStorageBound(err) {
+		return s.alertBoundError(err)
+	} else if err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, alertOut(a))
@@ -188,7 +190,18 @@ func (s *Server) alertRules(ctx context.Context) {
 func (s *Server) ruleAlert(ctx context.Context, acct, kind, severity, dedupe, msg string) {
 	_, err := s.raise(ctx, store.Alert{ID: newID("alert_"), Account: acct, Severity: severity, Kind: kind,
 		Message: msg, DedupeKey: dedupe, CreatedAt: time.Now().UTC()})
-	if err != nil {
+	s.alertFailed(acct, err)
+}
+
+// alertFailed logs an alert the server raised that was not stored: one
+// the account has no room for (at its bound, none acknowledged) is its
+// own to lose, at debug level; anything else is an error.
+func (s *Server) alertFailed(acct string, err error) {
+	switch {
+	case err == nil:
+	case isStorageBound(err):
+		s.log.Debug("alert not kept: the account is at its bound of alerts", "account", acct)
+	default:
 		s.log.Error("raise alert", "account", acct, "err", err)
 	}
 }
@@ -228,9 +241,8 @@ func (s *Server) alertWriter() {
 		case <-s.stop:
 			return
 		case a := <-s.alertQ:
-			if _, err := s.raise(context.Background(), a); err != nil {
-				s.log.Error("raise alert", "account", a.Account, "err", err)
-			}
+			_, err := s.raise(context.Background(), a)
+			s.alertFailed(a.Account, err)
 		}
 	}
 }

@@ -52,6 +52,10 @@ func TestGoSDKAccounts(t *testing.T) {
 	if err != nil || own.ID != a.ID {
 		t.Fatalf("Account = %+v, %v", own, err)
 	}
+	if st := own.Storage; st == nil || st.Kinds["events"].MaxRecords != server.DefaultStorage.Events.Records ||
+		st.Kinds["alerts"].MaxBytes != server.DefaultStorage.Alerts.Bytes {
+		t.Fatalf("Account's storage = %+v", own.Storage)
+	}
 	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{})
 	if err != nil {
 		t.Fatal(err)

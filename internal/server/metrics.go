@@ -95,7 +95,7 @@ func newMetrics(s *Server) *metrics {
 		m.exceeded, m.violations, m.httpRequests, m.httpSeconds, m.previewBytes, m.previewReqs, m.previewDial, m.agentCall,
 		m.streamRefusals, streamsOpen, connsShed,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&stateCollector{s: s}} {
+		&stateCollector{s: s}, &storageCollector{s: s}} {
 		f(c)
 	}
 	m.previewIn = m.previewBytes.WithLabelValues("in")

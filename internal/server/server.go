@@ -27,7 +27,10 @@
 //   - Sandboxes the engine stops on its own (timeouts, crashes) are
 //     recorded in the store by a sweeper every Config.SweepInterval, and
 //     at once by any request that meets them; a record the store could
-//     not write is retried. Records past Config.Retention are pruned.
+//     not write is retried. Records past Config.Retention are pruned;
+//     the code and output of a stopped sandbox's executions go sooner
+//     (Config.StoppedRetention); each account's records are bounded by
+//     kind (Config.Storage, storage.go).
 //   - Every body is bounded and a stalled one cut (bodyDeadline);
 //     admission counts memory limits (and disks kept in memory) against the host (admit);
 //     a wrong method on a known path is 405 with Allow.
@@ -165,6 +168,14 @@ type Config struct {
 	// buckets full again) are deleted [1h].
 	Retention     time.Duration
 	PruneInterval time.Duration
+	// StoppedRetention is how long the executions of a stopped sandbox
+	// keep their code and output [24h]: then they are cleared (at the
+	// next prune), and the records, small, stay until Retention.
+	StoppedRetention time.Duration
+	// Storage bounds what each account keeps in the store, by kind of
+	// record: the number of records and their bytes (storage.go). A zero
+	// measure takes DefaultStorage's; a negative one is unbounded.
+	Storage store.Bounds
 	// Events is the bus the engine emits to (its Config.Events): the
 	// server streams, lists and posts (webhooks) what it stores. Nil
 	// makes a bus of the server's own over the store, which then sees
@@ -291,6 +302,10 @@ func (c *Config) setDefaults() {
 	if c.PruneInterval <= 0 {
 		c.PruneInterval = time.Hour
 	}
+	if c.StoppedRetention <= 0 {
+		c.StoppedRetention = 24 * time.Hour
+	}
+	c.Storage = storageBounds(c.Storage)
 	if c.PreviewDomain == "" {
 		c.PreviewDomain = DefaultPreviewDomain
 	}
@@ -391,6 +406,9 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		ui:       uiSessions{perAccount: cfg.UISessionsPerAccount},
 	}
 	s.base, s.cut = context.WithCancelCause(context.Background())
+	if st != nil {
+		st.SetBounds(cfg.Storage)
+	}
 	if s.bus == nil && st != nil {
 		s.bus, s.ownBus = events.NewBus(EventStore(st), events.BusConfig{Logger: log}), true
 	}
@@ -613,10 +631,13 @@ func (s *Server) prune(ctx context.Context) {
 	ns, ne, err := s.store.DeleteStoppedBefore(ctx, time.Now().Add(-s.cfg.Retention))
 	if err != nil {
 		s.log.Warn("prune old records", "err", err)
-		return
-	}
-	if ns+ne > 0 {
+	} else if ns+ne > 0 {
 		s.log.Info("pruned old records", "sandboxes", ns, "executions", ne, "retention", s.cfg.Retention)
+	}
+	if n, err := s.store.ClearStoppedBefore(ctx, time.Now().Add(-s.cfg.StoppedRetention)); err != nil {
+		s.log.Warn("clear outputs of stopped sandboxes", "err", err)
+	} else if n > 0 {
+		s.log.Info("cleared the code and output of stopped sandboxes' executions", "executions", n, "retention", s.cfg.StoppedRetention)
 	}
 }
 

@@ -1,5 +1,6 @@
 // Package store is the server's persistence: API keys, sandbox records,
-// execution records, events and webhooks (events.go). Store is the
+// execution records, events and webhooks (events.go), each account's
+// stored records counted and bounded (storage.go). Store is the
 // interface the server uses; sqlite/ is the implementation for one host,
 // postgres/ the one on PostgreSQL; storetest/ is the suite both pass.
 //
@@ -167,6 +168,7 @@ type Store interface {
 	ModelStore
 	ReplicaStore
 	MeterPointStore
+	StorageStore
 
 	Close() error
 }

@@ -107,29 +107,121 @@ func (c *cgroups) controller(id, name string) string {
 // usage reads memory, OOM, CPU and pids figures (internal/cgroup).
 func (c *cgroups) usage(id string) (runtime.Usage, error) {
 	var cu cgroup.Usage
+	var pids string // the sandbox's pids cgroup: the tenant's counts are its tenantLeaf's
 	if c.v2 {
 		d := c.controller(id, "")
 		if _, err := os.Stat(d); err != nil {
 			return runtime.Usage{}, runtime.ErrNotFound
 		}
 		cu, _ = cgroup.ReadV2(d)
+		pids = d
 	} else {
 		mem := c.controller(id, "memory")
 		if _, err := os.Stat(mem); err != nil {
 			return runtime.Usage{}, runtime.ErrNotFound
 		}
-		cu, _ = cgroup.ReadV1(cgroup.V1{Memory: mem, CPUAcct: c.controller(id, "cpuacct"), CPU: c.controller(id, "cpu"), Pids: c.controller(id, "pids")})
+		cu, _ = cgroup.ReadV1(cgroup.V1{Memory: mem, CPUAcct: c.controller(id, "cpuacct"), CPU: c.controller(id, "cpu")})
+		pids = c.controller(id, "pids")
 	}
 	u := runtime.Usage{
 		MemoryBytes: cu.MemoryBytes, MemoryCacheBytes: cu.MemoryCacheBytes, MemoryPeakBytes: cu.MemoryPeakBytes,
 		MemoryLimit: cu.MemoryLimit, OOMKills: cu.OOMKills, CPUNanos: cu.CPUNanos, CPULimit: cu.CPULimit,
-		Pids: cu.Pids, PidsDenied: cu.PidsDenied,
+	}
+	if pids != "" {
+		u.Pids, u.PidsDenied = tenantPids(pids)
 	}
 	if cu.Pressure != nil {
 		p := runtime.Pressure(*cu.Pressure)
 		u.Pressure = &p
 	}
 	return u, nil
+}
+
+// AgentPids is how many tasks a sandbox's pids cgroup holds beyond the
+// sandbox's pids limit, for its agent alone. The agent is a Go program:
+// its runtime makes OS threads whenever it needs them (a goroutine
+// waking, a blocking system call, each process start, which ends the
+// thread it ran on: agent.StartBounded), and a thread it cannot make
+// (clone fails with EAGAIN at pids.max) is a fatal error, not one it can
+// handle. So no task of the tenant competes with the agent's: every
+// process the agent starts is charged to the cgroup tenantLeaf below the
+// sandbox's, whose pids.max is the limit the sandbox asked for, and the
+// sandbox's own pids.max is that limit plus AgentPids. The agent's init
+// and serve processes and their threads stay in the sandbox's cgroup.
+const AgentPids = 64
+
+// tenantLeaf is the pids cgroup, below a sandbox's, of every process its
+// agent starts (kernels, commands, sudo); see AgentPids.
+const tenantLeaf = "tenant"
+
+// pidsDir is the sandbox's cgroup directory in the hierarchy of the pids
+// controller ("" when there is none).
+func (c *cgroups) pidsDir(id string) string {
+	if c.v2 {
+		return c.controller(id, "")
+	}
+	return c.controller(id, "pids")
+}
+
+// openPids makes the sandbox's pids cgroup (runc, which comes next, takes
+// it as it finds it) and opens it for the agent, which makes every
+// process it starts begin in its tenantLeaf (agent.UseTenantCgroup).
+// Opened here, as the host's root, because the sandbox mounts no cgroup
+// filesystem; the agent only ever opens tenantLeaf's files through it,
+// which makeTenant gives it.
+func (c *cgroups) openPids(id string) (*os.File, error) {
+	d := c.pidsDir(id)
+	if d == "" {
+		return nil, errors.New("no pids cgroup hierarchy: a sandbox's pids limit cannot be kept")
+	}
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return nil, fmt.Errorf("make the sandbox's pids cgroup: %w", err)
+	}
+	return os.OpenFile(d, os.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+}
+
+// mkCgroup makes a cgroup directory; tests replace it with one that also
+// makes the files the kernel would.
+var mkCgroup = func(dir string) error { return os.Mkdir(dir, 0o755) }
+
+// makeTenant makes the sandbox's tenantLeaf with pids.max limit, once runc
+// has made the sandbox's cgroup and started its agent, and lets the
+// agent (host uid owner, the sandbox's root) move one of its own threads
+// into it: the agent forks each process it starts from a thread there, so
+// the kernel charges the fork to the tenant's limit, and the thread ends
+// afterwards. On cgroup v1 a thread moves through the leaf's tasks file.
+// On cgroup v2 a thread may leave its process's cgroup only for a
+// threaded one, so the leaf is threaded, the pids controller (a threaded
+// one) is enabled below the sandbox's cgroup, and the move goes through
+// cgroup.threads; the kernel then also asks for write access to the
+// sandbox's own cgroup.procs (the common ancestor), and that the agent
+// sees both cgroups from its cgroup namespace, whose root is the
+// sandbox's cgroup.
+func (c *cgroups) makeTenant(id string, limit int64, owner int) error {
+	d := c.pidsDir(id)
+	t := filepath.Join(d, tenantLeaf)
+	if err := mkCgroup(t); err != nil {
+		return fmt.Errorf("make the tenant's cgroup: %w", err)
+	}
+	move := []string{filepath.Join(t, "tasks")}
+	if c.v2 {
+		if err := cg.WriteFile(t, "cgroup.type", "threaded"); err != nil {
+			return fmt.Errorf("make the tenant's cgroup threaded: %w", err)
+		}
+		if err := cg.WriteFile(d, "cgroup.subtree_control", "+pids"); err != nil {
+			return fmt.Errorf("enable pids below the sandbox's cgroup: %w", err)
+		}
+		move = []string{filepath.Join(t, "cgroup.threads"), filepath.Join(d, "cgroup.procs")}
+	}
+	if err := cg.WriteFile(t, "pids.max", strconv.FormatInt(limit, 10)); err != nil {
+		return fmt.Errorf("set the tenant's pids limit: %w", err)
+	}
+	for _, f := range move {
+		if err := os.Chown(f, owner, -1); err != nil {
+			return fmt.Errorf("give the agent %s: %w", f, err)
+		}
+	}
+	return nil
 }
 
 // setMemory changes the sandbox's memory (and memory+swap) limit: v2
@@ -304,6 +396,33 @@ func (c *cgroups) listIDs() []string {
 	return out
 }
 
+// makeParent makes the instance's cgroup, under the top one all
+// instances share, in every hierarchy; it stays for the instance's life
+// (removeParent). Another instance's removeParent removes the top cgroup
+// whenever it is empty: were the instance's cgroup made only by runc at
+// each create, a removal between runc's mkdir of the top cgroup and of
+// the instance's would fail the create. Once the instance's cgroup
+// exists the top one is not empty. A mkdir that finds the top cgroup
+// gone again starts over; any other failure is left to runc, which may
+// not use that hierarchy.
+func (c *cgroups) makeParent() []error {
+	var errs []error
+	for _, m := range c.mounts {
+		d := filepath.Join(m, c.parent)
+		for attempt := 0; ; attempt++ {
+			err := os.MkdirAll(d, 0o755)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, os.ErrNotExist) || attempt == 100 {
+				errs = append(errs, err)
+				break
+			}
+		}
+	}
+	return errs
+}
+
 // removeParent removes the instance's cgroups, and the top one when no
 // other instance uses it; cgroups with sandboxes in them stay.
 func (c *cgroups) removeParent() {
@@ -311,6 +430,20 @@ func (c *cgroups) removeParent() {
 		_ = unix.Rmdir(filepath.Join(m, c.parent))
 		_ = unix.Rmdir(filepath.Join(m, filepath.Dir(c.parent)))
 	}
+}
+
+// tenantPids reads the tasks and refused forks the sandbox's pids limit
+// counts, in the sandbox's pids cgroup d: its tenantLeaf's (the agent's
+// own threads, outside the limit, are not the tenant's), or d's for a
+// sandbox without one (no pids limit). A file that cannot be read counts
+// nothing.
+func tenantPids(d string) (pids int64, denied uint64) {
+	if fi, err := os.Stat(filepath.Join(d, tenantLeaf)); err == nil && fi.IsDir() {
+		d = filepath.Join(d, tenantLeaf)
+	}
+	pids, _ = cgroup.Int(filepath.Join(d, "pids.current"))
+	n, _ := cgroup.Key(filepath.Join(d, "pids.events"), "max")
+	return max(pids, 0), uint64(max(n, 0))
 }
 
 // supervisorLeaf is the cgroup, in a delegated one, that the engine's own

@@ -29,7 +29,10 @@
 //   - Docker's masked and read-only /proc and /sys paths, plus the kernel
 //     address files;
 //   - cgroup limits for memory (= memory+swap), pids and CPU, on cgroup v1
-//     (including the hybrid layout) and v2;
+//     (including the hybrid layout) and v2; the pids limit is on the child
+//     cgroup "tenant" of every process the agent starts, and the
+//     sandbox's cgroup keeps AgentPids more for the agent's own threads
+//     (makeTenant);
 //   - rlimits: no core dumps, 4096 open files, 64 KiB locked memory (set by
 //     the agent's init on itself: see RlimitFlags).
 //

@@ -143,6 +143,19 @@ func (r *idRanges) nextFree(skip func(base uint32) bool) (uint32, bool) {
 	return 0, false
 }
 
+// holder returns the bundle that holds the range at base, if any.
+func (r *idRanges) holder(base uint32) (string, bool) {
+	slot, ok := r.slotOf(base)
+	if !ok {
+		return "", false
+	}
+	b, err := os.ReadFile(r.entry(slot))
+	if err != nil || len(b) == 0 {
+		return "", false
+	}
+	return string(b), true
+}
+
 // isFree reports whether the range at base is free now.
 func (r *idRanges) isFree(base uint32) bool {
 	slot, ok := r.slotOf(base)

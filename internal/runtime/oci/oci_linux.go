@@ -160,6 +160,9 @@ func open(cfg Config, ids *idRanges, ns nsTools) (*OCI, error) {
 			lock.Close()
 			return nil, err
 		}
+		for _, err := range cg.makeParent() {
+			cfg.Logger.Warn("make the instance's cgroup", "err", err)
+		}
 		o.lock = lock
 		return o, nil
 	}
@@ -439,16 +442,25 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	// A sandbox with a network is created stopped, given its interface
 	// and only then started; one without is run in one step (one runc
 	// process fewer).
+	extra := []*os.File{lnFile}
+	if s.Limits.Pids > 0 {
+		pidsDir, err := o.cg.openPids(s.ID)
+		if err != nil {
+			return nil, err
+		}
+		defer pidsDir.Close()
+		extra = append(extra, pidsDir) // PidsCgroupFD
+	}
 	pidFile := filepath.Join(b, "init.pid")
 	verb := "run"
-	args := []string{"--bundle", b, "--pid-file", pidFile, "--preserve-fds", "1", s.ID}
+	args := []string{"--bundle", b, "--pid-file", pidFile, "--preserve-fds", strconv.Itoa(len(extra)), s.ID}
 	if s.Network != nil {
 		verb = "create"
 	} else {
 		args = append([]string{"--detach"}, args...)
 	}
 	cmd := o.runc(ctx, append([]string{verb}, args...)...)
-	cmd.ExtraFiles = []*os.File{lnFile}
+	cmd.ExtraFiles = extra
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	ran := time.Now()
@@ -469,6 +481,13 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 		}
 		if out, err := o.runc(ctx, "start", s.ID).CombinedOutput(); err != nil {
 			return nil, fmt.Errorf("%s start: %w: %s", o.Name(), err, tail(out))
+		}
+	}
+	// Before anyone asks the agent to start a process: it starts none
+	// until the tenant's cgroup is there.
+	if s.Limits.Pids > 0 {
+		if err := o.cg.makeTenant(s.ID, s.Limits.Pids, int(base)); err != nil {
+			return nil, err
 		}
 	}
 	return &runtime.Instance{ID: s.ID, Socket: sock, PID: pid}, nil

@@ -80,8 +80,10 @@ func TestCreateDestroy(t *testing.T) {
 		t.Fatal(err)
 	}
 	ping(t, inst.Socket)
+	// Pids counts the tenant's tasks, against its limit: none yet (the
+	// agent's own are in its reserve, AgentPids).
 	u, err := o.Usage(context.Background(), "one")
-	if err != nil || u.MemoryLimit != 128<<20 || u.Pids == 0 || u.CPULimit != 0.5 || u.DiskTotalBytes < 16<<20 || u.DiskTotalBytes > 16<<20+256<<10 ||
+	if err != nil || u.MemoryLimit != 128<<20 || u.Pids != 0 || u.CPULimit != 0.5 || u.DiskTotalBytes < 16<<20 || u.DiskTotalBytes > 16<<20+256<<10 ||
 		u.MemoryCacheBytes < 0 || u.MemoryCacheBytes > u.MemoryBytes {
 		t.Fatalf("usage %+v %v", u, err)
 	}

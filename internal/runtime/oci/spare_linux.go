@@ -2,6 +2,7 @@ package oci
 
 import (
 	"maps"
+	"path/filepath"
 	"slices"
 )
 
@@ -110,17 +111,11 @@ func (o *OCI) makeOneSpare() bool {
 	} else {
 		o.spares[base] = h
 	}
-	// Past the bound, drop the spares of ranges taken meanwhile (by
-	// another engine; a create of this one takes its spare at once), then
-	// the highest.
-	for len(o.spares) > maxSpares {
-		var pick uint32
-		for b := range o.spares {
-			if !o.ids.isFree(b) {
-				pick = b
-				break
-			}
-			pick = max(pick, b)
+	// Past the bound, drop spares (spareToDrop).
+	for {
+		pick, ok := o.spareToDrop()
+		if !ok {
+			break
 		}
 		drop = append(drop, o.spares[pick])
 		delete(o.spares, pick)
@@ -130,6 +125,32 @@ func (o *OCI) makeOneSpare() bool {
 		h.close()
 	}
 	return err == nil
+}
+
+// spareToDrop picks a spare to drop while more than maxSpares are kept
+// for ranges this engine does not hold: one whose range another engine
+// took meanwhile, else the highest. The spare of a range this engine's
+// create took is that create's, neither dropped nor counted: the create is
+// between allocating the range and taking the spare (userns), which
+// mounting its root keeps apart. spareMu is held.
+func (o *OCI) spareToDrop() (uint32, bool) {
+	var other, free []uint32
+	for b := range o.spares {
+		switch bundle, held := o.ids.holder(b); {
+		case held && filepath.Dir(bundle) == o.bundles:
+		case held:
+			other = append(other, b)
+		default:
+			free = append(free, b)
+		}
+	}
+	switch {
+	case len(other)+len(free) <= maxSpares:
+		return 0, false
+	case len(other) > 0:
+		return other[0], true
+	}
+	return slices.Max(free), true
 }
 
 // makeSpare makes a namespace for the range at base, and the range's

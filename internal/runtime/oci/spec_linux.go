@@ -158,7 +158,7 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0}, // no supplementary groups
 
-			Args:            append([]string{AgentPath, "init"}, RlimitFlags...),
+			Args:            initArgs(s.Limits),
 			Env:             env,
 			Cwd:             SandboxHome,
 			Capabilities:    caps,
@@ -211,6 +211,21 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 	return spec, nil
 }
 
+// PidsCgroupFD is the descriptor of the sandbox's pids cgroup (openPids)
+// in the agent's init: runc passes it with --preserve-fds 2, after the
+// agent's listening socket (3).
+const PidsCgroupFD = 4
+
+// initArgs is the agent's command line: init with the sandbox's rlimits
+// and, for a sandbox with a pids limit, the cgroup its processes start in.
+func initArgs(l runtime.Limits) []string {
+	args := append([]string{AgentPath, "init"}, RlimitFlags...)
+	if l.Pids > 0 {
+		args = append(args, fmt.Sprintf("--pids-cgroup-fd=%d", PidsCgroupFD))
+	}
+	return args
+}
+
 // ownWorkdirRule lets unshare(2) through with exactly CLONE_FS, which
 // gives the calling thread a working directory (and root and umask) of
 // its own and makes no namespace: every child made by fork has that
@@ -242,7 +257,9 @@ func resources(l runtime.Limits, diskInMemory int64) *specs.LinuxResources {
 		r.Memory = &specs.LinuxMemory{Limit: &m, Swap: &m}
 	}
 	if l.Pids > 0 {
-		r.Pids = &specs.LinuxPids{Limit: &l.Pids}
+		// The tenant's limit is l.Pids, on its own cgroup (makeTenant).
+		n := l.Pids + AgentPids
+		r.Pids = &specs.LinuxPids{Limit: &n}
 	}
 	if l.CPUs > 0 {
 		period := uint64(100_000)

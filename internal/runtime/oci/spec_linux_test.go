@@ -3,6 +3,7 @@ package oci
 import (
 	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/moby/profiles/seccomp"
@@ -81,8 +82,16 @@ func TestSpecConfinement(t *testing.T) {
 		}
 	}
 	r := spec.Linux.Resources
-	if *r.Memory.Limit != 256<<20 || *r.Memory.Swap != 256<<20 || *r.Pids.Limit != 64 || *r.CPU.Quota != 150000 {
+	if *r.Memory.Limit != 256<<20 || *r.Memory.Swap != 256<<20 || *r.Pids.Limit != 64+AgentPids || *r.CPU.Quota != 150000 {
 		t.Errorf("resources %+v %+v %+v", r.Memory, r.Pids, r.CPU)
+	}
+	// The sandbox's cgroup keeps AgentPids for the agent; the tenant's
+	// limit is on the cgroup passed to init (makeTenant).
+	if !slices.Equal(p.Args[len(p.Args)-1:], []string{"--pids-cgroup-fd=4"}) {
+		t.Errorf("init's arguments %v do not pass the pids cgroup", p.Args)
+	}
+	if args := testSpec(t, runtime.Spec{ID: "abc"}).Process.Args; slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--pids-cgroup-fd") }) {
+		t.Errorf("a sandbox without a pids limit: init's arguments %v", args)
 	}
 	if !slices.Contains(p.Env, "FOO=bar") || !slices.Contains(p.Env, "HOME=/home/user") {
 		t.Errorf("env %v", p.Env)

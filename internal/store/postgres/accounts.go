@@ -329,23 +329,6 @@ func (s *Store) Balances(ctx context.Context) (map[string]int64, error) {
 	return out, storeErr("balances", err)
 }
 
-// CreateAlert implements store.Store.
-func (s *Store) CreateAlert(ctx context.Context, a store.Alert) (bool, error) {
-	var dedupe *string
-	if a.DedupeKey != "" {
-		dedupe = &a.DedupeKey
-	}
-	tag, err := s.pool.Exec(ctx, `INSERT INTO alerts
-		(id, account_id, severity, kind, message, sandbox_id, session_id, dedupe_key, created_at, acknowledged_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-		ON CONFLICT (account_id, dedupe_key) WHERE dedupe_key IS NOT NULL DO NOTHING`,
-		a.ID, a.Account, a.Severity, a.Kind, a.Message, a.SandboxID, a.SessionID, dedupe, dbTime(a.CreatedAt), dbTimePtr(a.AcknowledgedAt))
-	if err != nil {
-		return false, storeErr("create alert", err)
-	}
-	return tag.RowsAffected() == 1, nil
-}
-
 const alertCols = `id, account_id, severity, kind, message, sandbox_id, session_id, coalesce(dedupe_key, ''), created_at, acknowledged_at`
 
 func scanAlert(row pgx.Row) (store.Alert, error) {

@@ -65,7 +65,7 @@ func (s *Store) ConfirmSandbox(ctx context.Context, holder string, sb store.Sand
 	if _, err := tx.Exec(ctx, `DELETE FROM sandbox_reservations WHERE holder = $1`, holder); err != nil {
 		return storeErr("confirm sandbox", err)
 	}
-	if err := putSandbox(ctx, tx, sb); err != nil {
+	if err := s.putSandbox(ctx, tx, sb); err != nil {
 		return err
 	}
 	return storeErr("confirm sandbox", tx.Commit(ctx))

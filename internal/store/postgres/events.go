@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,12 +25,20 @@ func (s *Store) AddEvents(ctx context.Context, evs []store.Event) error {
 				dbTime(e.Time), e.Type, e.SandboxID, e.Owner, e.ExecutionID, jsonText(e.Details), e.Source).
 				QueryRow(func(row pgx.Row) error { return row.Scan(&e.ID) })
 		}
+	}, func(tx pgx.Tx) error {
+		for _, owner := range ownersOf(evs) {
+			if _, err := s.trim(ctx, tx, owner, store.KindEvents); err != nil {
+				return trimErr(store.KindEvents, owner, err)
+			}
+		}
+		return nil
 	})
 	return storeErr("add events", err)
 }
 
 // inIDOrder runs the statements queue queues in one transaction that
-// first takes the advisory lock key, and commits it.
+// first takes the advisory lock key, then after (when not nil), and
+// commits it.
 //
 // Readers page events and deliveries by "ids after the last one seen", so
 // an id must never become visible after a larger one; but a sequence
@@ -37,7 +46,7 @@ func (s *Store) AddEvents(ctx context.Context, evs []store.Event) error {
 // commit. Under the lock, writers draw and commit one at a time (as
 // SQLite's single writer does); a transaction lock is released only after
 // its commit is visible.
-func (s *Store) inIDOrder(ctx context.Context, key int64, queue func(b *pgx.Batch)) error {
+func (s *Store) inIDOrder(ctx context.Context, key int64, queue func(b *pgx.Batch), after func(tx pgx.Tx) error) error {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -48,6 +57,11 @@ func (s *Store) inIDOrder(ctx context.Context, key int64, queue func(b *pgx.Batc
 	queue(b)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return err
+	}
+	if after != nil {
+		if err := after(tx); err != nil {
+			return err
+		}
 	}
 	return tx.Commit(ctx)
 }
@@ -143,14 +157,24 @@ func (s *Store) DeleteWebhook(ctx context.Context, owner, id string) error {
 
 // AddDelivery implements store.EventStore. Several workers deliver at
 // once, and the delivery log is paged by id: ids in commit order
-// (inIDOrder).
+// (inIDOrder). The delivery is its webhook's owner's record (none is
+// kept of a webhook deleted meanwhile), and the owner's oldest
+// deliveries past its bound go.
 func (s *Store) AddDelivery(ctx context.Context, w store.WebhookDelivery) error {
+	var owner string
 	err := s.inIDOrder(ctx, deliveriesLock, func(b *pgx.Batch) {
 		b.Queue(`INSERT INTO webhook_deliveries
-			(webhook_id, event_id, event_type, attempt, status_code, error, succeeded, time, duration_ms)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-			w.WebhookID, w.EventID, w.EventType, w.Attempt, w.StatusCode, w.Error, w.Succeeded, dbTime(w.Time), w.DurationMS)
+			(webhook_id, event_id, event_type, attempt, status_code, error, succeeded, time, duration_ms, owner)
+			SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, owner FROM webhooks WHERE id = $1 RETURNING owner`,
+			w.WebhookID, w.EventID, w.EventType, w.Attempt, w.StatusCode, w.Error, w.Succeeded, dbTime(w.Time), w.DurationMS).
+			QueryRow(func(row pgx.Row) error { return row.Scan(&owner) })
+	}, func(tx pgx.Tx) error {
+		_, err := s.trim(ctx, tx, owner, store.KindDeliveries)
+		return trimErr(store.KindDeliveries, owner, err)
 	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.ErrNotFound
+	}
 	return storeErr("add webhook delivery", err)
 }
 

@@ -40,6 +40,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -64,7 +65,8 @@ const (
 
 // Store is a PostgreSQL-backed store.Store.
 type Store struct {
-	pool *pgxpool.Pool
+	pool   *pgxpool.Pool
+	bounds atomic.Pointer[store.Bounds] // SetBounds; nil: none
 }
 
 // Options tune a Store. Zero fields take the defaults in brackets.

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -19,18 +18,23 @@ func policyText(p json.RawMessage) string {
 	return string(p)
 }
 
-// PutSandbox implements store.Store: it inserts or replaces the record.
+// PutSandbox implements store.Store: it inserts or replaces the record,
+// and deletes the owner's stopped sandboxes past its bound.
 func (s *Store) PutSandbox(ctx context.Context, sb store.Sandbox) error {
-	return putSandbox(ctx, s.pool, sb)
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return storeErr("put sandbox", err)
+	}
+	defer tx.Rollback(ctx)
+	if err := s.putSandbox(ctx, tx, sb); err != nil {
+		return err
+	}
+	return storeErr("put sandbox", tx.Commit(ctx))
 }
 
-// execer is what both the pool and a transaction offer.
-type execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
-func putSandbox(ctx context.Context, db execer, sb store.Sandbox) error {
-	_, err := db.Exec(ctx, `INSERT INTO sandboxes
+// putSandbox writes a sandbox's record and trims the owner's sandboxes.
+func (s *Store) putSandbox(ctx context.Context, tx pgx.Tx, sb store.Sandbox) error {
+	_, err := tx.Exec(ctx, `INSERT INTO sandboxes
 		(id, owner, template, state, created_at, expires_at, stopped_at, stop_reason, metadata, resources, policy)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 		ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, template = excluded.template, state = excluded.state,
@@ -39,7 +43,11 @@ func putSandbox(ctx context.Context, db execer, sb store.Sandbox) error {
 			policy = excluded.policy`,
 		sb.ID, sb.Owner, sb.Template, sb.State, dbTime(sb.CreatedAt), dbTime(sb.ExpiresAt), dbTimePtr(sb.StoppedAt),
 		sb.StopReason, jsonText(sb.Metadata), jsonText(sb.Resources), policyText(sb.Policy))
-	return storeErr("put sandbox", err)
+	if err != nil {
+		return storeErr("put sandbox", err)
+	}
+	_, err = s.trim(ctx, tx, sb.Owner, store.KindSandboxes)
+	return trimErr(store.KindSandboxes, sb.Owner, err)
 }
 
 const sandboxCols = `id, owner, template, state, created_at, expires_at, stopped_at, stop_reason, metadata, resources, policy`
@@ -167,11 +175,17 @@ func (s *Store) DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes
 	return int(ns), int(ne), nil
 }
 
-// AddExecution implements store.Store. An execution recorded with its
-// output clears the output of the sandbox's executions past the newest
-// store.KeptOutputs, so that a sandbox's history stays bounded.
+// AddExecution implements store.Store, in one transaction. An execution
+// recorded with its output clears the output of the sandbox's executions
+// past the newest store.KeptOutputs, so that a sandbox's history stays
+// bounded; the owner's oldest executions past its bound go.
 func (s *Store) AddExecution(ctx context.Context, e store.Execution) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO executions
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return storeErr("add execution", err)
+	}
+	defer tx.Rollback(ctx)
+	_, err = tx.Exec(ctx, `INSERT INTO executions
 		(id, sandbox_id, owner, language, status, error_code, error, execution_time_ms, cpu_time_ms, peak_memory_bytes,
 		created_at, code, output, replica)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
@@ -186,13 +200,16 @@ func (s *Store) AddExecution(ctx context.Context, e store.Execution) error {
 		return storeErr("add execution", err)
 	}
 	if len(e.Output) > 0 {
-		if _, err := s.pool.Exec(ctx, `UPDATE executions SET output = '' WHERE sandbox_id = $1 AND output != ''
+		if _, err := tx.Exec(ctx, `UPDATE executions SET output = '' WHERE sandbox_id = $1 AND output != ''
 			AND id NOT IN (SELECT id FROM executions WHERE sandbox_id = $1 ORDER BY created_at DESC, id DESC LIMIT $2)`,
 			e.SandboxID, store.KeptOutputs); err != nil {
 			return storeErr("trim execution outputs", err)
 		}
 	}
-	return nil
+	if _, err := s.trim(ctx, tx, e.Owner, store.KindExecutions); err != nil {
+		return trimErr(store.KindExecutions, e.Owner, err)
+	}
+	return storeErr("add execution", tx.Commit(ctx))
 }
 
 // EndRunningExecutions implements store.Store.

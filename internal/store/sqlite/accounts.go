@@ -92,17 +92,17 @@ func scanAccount(sc interface{ Scan(...any) error }) (store.Account, error) {
 
 // Account implements store.Store.
 func (d *DB) Account(ctx context.Context, id string) (store.Account, error) {
-	return scanAccount(d.db.QueryRowContext(ctx, `SELECT `+accountCols+` FROM accounts WHERE id = ?`, id))
+	return scanAccount(d.rd.QueryRowContext(ctx, `SELECT `+accountCols+` FROM accounts WHERE id = ?`, id))
 }
 
 // AccountByName implements store.Store.
 func (d *DB) AccountByName(ctx context.Context, name string) (store.Account, error) {
-	return scanAccount(d.db.QueryRowContext(ctx, `SELECT `+accountCols+` FROM accounts WHERE name = ?`, name))
+	return scanAccount(d.rd.QueryRowContext(ctx, `SELECT `+accountCols+` FROM accounts WHERE name = ?`, name))
 }
 
 // ListAccounts implements store.Store, oldest first.
 func (d *DB) ListAccounts(ctx context.Context) ([]store.Account, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT `+accountCols+` FROM accounts ORDER BY created_at, id`)
+	rows, err := d.rd.QueryContext(ctx, `SELECT `+accountCols+` FROM accounts ORDER BY created_at, id`)
 	if err != nil {
 		return nil, err
 	}
@@ -224,7 +224,7 @@ func (d *DB) QueryUsage(ctx context.Context, f store.UsageFilter) ([]store.Usage
 		args = append(args, fmtTime(f.To))
 	}
 	q += ` GROUP BY 1 ORDER BY 1`
-	rows, err := d.db.QueryContext(ctx, q, args...)
+	rows, err := d.rd.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +274,7 @@ func addLedger(ctx context.Context, db execer, e store.LedgerEntry) error {
 func (d *DB) CreditTotals(ctx context.Context, account string) (store.CreditTotals, error) {
 	var c store.CreditTotals
 	var free, granted, used wideSum
-	err := d.db.QueryRowContext(ctx, `SELECT
+	err := d.rd.QueryRowContext(ctx, `SELECT
 		`+wideSum{}.sql(`CASE WHEN kind = 'free' THEN amount_micros END`)+`,
 		`+wideSum{}.sql(`CASE WHEN kind NOT IN ('free', 'usage') THEN amount_micros END`)+`,
 		`+wideSum{}.sql(`CASE WHEN kind = 'usage' THEN amount_micros END`)+`
@@ -313,7 +313,7 @@ func (m wideSum) value() int64 {
 
 // Balances implements store.Store.
 func (d *DB) Balances(ctx context.Context) (map[string]int64, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT account_id, `+wideSum{}.sql(`amount_micros`)+` FROM credit_ledger GROUP BY account_id`)
+	rows, err := d.rd.QueryContext(ctx, `SELECT account_id, `+wideSum{}.sql(`amount_micros`)+` FROM credit_ledger GROUP BY account_id`)
 	if err != nil {
 		return nil, err
 	}
@@ -330,23 +330,27 @@ func (d *DB) Balances(ctx context.Context) (map[string]int64, error) {
 	return out, rows.Err()
 }
 
-// CreateAlert implements store.Store.
+// CreateAlert implements store.Store: past the account's bound its
+// oldest acknowledged alerts make room, or store.ErrStorageBound.
 func (d *DB) CreateAlert(ctx context.Context, a store.Alert) (bool, error) {
-	var dedupe any
-	if a.DedupeKey != "" {
-		dedupe = a.DedupeKey
-	}
-	_, err := d.db.ExecContext(ctx, `INSERT INTO alerts
-		(id, account_id, severity, kind, message, sandbox_id, session_id, dedupe_key, created_at, acknowledged_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		a.ID, a.Account, a.Severity, a.Kind, a.Message, a.SandboxID, a.SessionID, dedupe, fmtTime(a.CreatedAt), fmtTimePtr(a.AcknowledgedAt))
-	if isUnique(err) && a.DedupeKey != "" {
-		return false, nil
-	}
+	give, err := d.turns.take(ctx, a.Account)
 	if err != nil {
-		return false, fmt.Errorf("create alert: %w", err)
+		return false, storeErr("create alert", err)
 	}
-	return true, nil
+	defer give()
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, storeErr("create alert", err)
+	}
+	defer tx.Rollback()
+	ok, err := d.addAlert(ctx, tx, a)
+	if errors.Is(err, store.ErrStorageBound) {
+		return false, err
+	}
+	if err != nil || !ok {
+		return false, storeErr("create alert", err)
+	}
+	return true, storeErr("create alert", tx.Commit())
 }
 
 const alertCols = `id, account_id, severity, kind, message, sandbox_id, session_id, coalesce(dedupe_key, ''), created_at, acknowledged_at`
@@ -375,7 +379,7 @@ func (d *DB) ListAlerts(ctx context.Context, account string, unackedOnly bool) (
 	if unackedOnly {
 		q += ` AND acknowledged_at IS NULL`
 	}
-	rows, err := d.db.QueryContext(ctx, q+` ORDER BY created_at DESC, id DESC LIMIT 1000`, account)
+	rows, err := d.rd.QueryContext(ctx, q+` ORDER BY created_at DESC, id DESC LIMIT 1000`, account)
 	if err != nil {
 		return nil, err
 	}
@@ -401,5 +405,5 @@ func (d *DB) AckAlert(ctx context.Context, account, id string, at time.Time) (st
 	if n, _ := res.RowsAffected(); n == 0 {
 		return store.Alert{}, store.ErrNotFound
 	}
-	return scanAlert(d.db.QueryRowContext(ctx, `SELECT `+alertCols+` FROM alerts WHERE id = ?`, id))
+	return scanAlert(d.rd.QueryRowContext(ctx, `SELECT `+alertCols+` FROM alerts WHERE id = ?`, id))
 }

@@ -42,6 +42,11 @@ func (d *DB) ReserveSandbox(ctx context.Context, owner, holder string, max int64
 
 // ConfirmSandbox implements store.AdmissionStore.
 func (d *DB) ConfirmSandbox(ctx context.Context, holder string, s store.Sandbox) error {
+	give, err := d.turns.take(ctx, s.Owner)
+	if err != nil {
+		return storeErr("confirm sandbox", err)
+	}
+	defer give()
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return storeErr("confirm sandbox", err)
@@ -50,7 +55,7 @@ func (d *DB) ConfirmSandbox(ctx context.Context, holder string, s store.Sandbox)
 	if _, err := tx.ExecContext(ctx, `DELETE FROM sandbox_reservations WHERE holder = ?`, holder); err != nil {
 		return storeErr("confirm sandbox", err)
 	}
-	if err := putSandbox(ctx, tx, s); err != nil {
+	if err := d.putSandbox(ctx, tx, s); err != nil {
 		return err
 	}
 	return storeErr("confirm sandbox", tx.Commit())

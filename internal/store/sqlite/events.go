@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -16,6 +17,13 @@ func (d *DB) AddEvents(ctx context.Context, evs []store.Event) error {
 	if len(evs) == 0 {
 		return nil
 	}
+	// The server's one event writer (its bus) takes its turns as the
+	// events' own.
+	give, err := d.turns.take(ctx, "\x00events")
+	if err != nil {
+		return storeErr("add events", err)
+	}
+	defer give()
 	tx, err := d.db.BeginTx(ctx, nil)
 	if err != nil {
 		return storeErr("add events", err)
@@ -35,6 +43,11 @@ func (d *DB) AddEvents(ctx context.Context, evs []store.Event) error {
 		}
 		if e.ID, err = res.LastInsertId(); err != nil {
 			return storeErr("add event", err)
+		}
+	}
+	for _, owner := range ownersOf(evs) {
+		if _, err := d.trim(ctx, tx, owner, store.KindEvents); err != nil {
+			return trimErr(store.KindEvents, owner, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
@@ -73,7 +86,7 @@ func (d *DB) ListEvents(ctx context.Context, f store.EventFilter) ([]store.Event
 	if f.Limit > 0 {
 		q += fmt.Sprintf(` LIMIT %d`, f.Limit)
 	}
-	rows, err := d.db.QueryContext(ctx, q, args...)
+	rows, err := d.rd.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, storeErr("list events", err)
 	}
@@ -126,7 +139,7 @@ func (d *DB) ListWebhooks(ctx context.Context, owner string) ([]store.Webhook, e
 		q += ` WHERE owner = ?`
 		args = append(args, owner)
 	}
-	rows, err := d.db.QueryContext(ctx, q+` ORDER BY created_at, id`, args...)
+	rows, err := d.rd.QueryContext(ctx, q+` ORDER BY created_at, id`, args...)
 	if err != nil {
 		return nil, storeErr("list webhooks", err)
 	}
@@ -161,16 +174,37 @@ func (d *DB) DeleteWebhook(ctx context.Context, owner, id string) error {
 	return nil
 }
 
-// AddDelivery implements store.EventStore.
+// AddDelivery implements store.EventStore: the delivery is its webhook's
+// owner's record (none is kept of a webhook deleted meanwhile), and the
+// owner's oldest deliveries past its bound go.
 func (d *DB) AddDelivery(ctx context.Context, w store.WebhookDelivery) error {
-	_, err := d.db.ExecContext(ctx, `INSERT INTO webhook_deliveries
-		(webhook_id, event_id, event_type, attempt, status_code, error, succeeded, time, duration_ms)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		w.WebhookID, w.EventID, w.EventType, w.Attempt, w.StatusCode, w.Error, w.Succeeded, fmtTime(w.Time), w.DurationMS)
+	// Its turn is its webhook's, which is one account's.
+	give, err := d.turns.take(ctx, "\x00webhook "+w.WebhookID)
 	if err != nil {
 		return storeErr("add webhook delivery", err)
 	}
-	return nil
+	defer give()
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return storeErr("add webhook delivery", err)
+	}
+	defer tx.Rollback()
+	var owner string
+	err = tx.QueryRowContext(ctx, `INSERT INTO webhook_deliveries
+		(webhook_id, event_id, event_type, attempt, status_code, error, succeeded, time, duration_ms, owner)
+		SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, owner FROM webhooks WHERE id = ? RETURNING owner`,
+		w.WebhookID, w.EventID, w.EventType, w.Attempt, w.StatusCode, w.Error, w.Succeeded, fmtTime(w.Time), w.DurationMS,
+		w.WebhookID).Scan(&owner)
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.ErrNotFound
+	}
+	if err != nil {
+		return storeErr("add webhook delivery", err)
+	}
+	if _, err := d.trim(ctx, tx, owner, store.KindDeliveries); err != nil {
+		return trimErr(store.KindDeliveries, owner, err)
+	}
+	return storeErr("add webhook delivery", tx.Commit())
 }
 
 // ListDeliveries implements store.EventStore.
@@ -180,7 +214,7 @@ func (d *DB) ListDeliveries(ctx context.Context, webhookID string, afterID int64
 	if limit > 0 {
 		q += fmt.Sprintf(` LIMIT %d`, limit)
 	}
-	rows, err := d.db.QueryContext(ctx, q, webhookID, afterID)
+	rows, err := d.rd.QueryContext(ctx, q, webhookID, afterID)
 	if err != nil {
 		return nil, storeErr("list webhook deliveries", err)
 	}

@@ -1,7 +1,12 @@
 // Package sqlite is the store.Store for one host: a SQLite database
-// (modernc.org/sqlite, pure Go) in WAL mode, with a busy timeout and a
-// bounded pool (MaxOpenConns); a busy, locked, full or failing database
-// is reported as store.ErrUnavailable. Migrations are the embedded
+// (modernc.org/sqlite, pure Go) in WAL mode, with a busy timeout and two
+// pools: one handle for writes, for which writers queue in this process
+// (SQLite runs one writer at a time anyway: none sleeps in SQLite's busy
+// handler while another of ours writes), and MaxOpenConns for reads
+// alone, which WAL runs beside the writer and which no writer waiting
+// for its turn holds up; a busy, locked, full or failing database is
+// reported as store.ErrUnavailable. The WAL is cut back to 8 MiB whenever a
+// checkpoint empties it (journal_size_limit). Migrations are the embedded
 // migrations/NNNN_name.sql files, applied in order, each in its own
 // transaction, and recorded in schema_migrations.
 //
@@ -25,6 +30,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -39,7 +45,8 @@ var _ store.Store = (*DB)(nil)
 //go:embed migrations/*.sql
 var migrations embed.FS
 
-// MaxOpenConns bounds the database handles one DB holds.
+// MaxOpenConns bounds the database handles a DB reads with (it writes
+// with one).
 const MaxOpenConns = 8
 
 // storeErr wraps a database error with what failed. A busy or locked
@@ -70,8 +77,11 @@ var ErrInUse = errors.New("the database is in use by another sheepfold process")
 
 // DB is a SQLite-backed store.Store.
 type DB struct {
-	db   *sql.DB
-	lock *os.File // the database file, flocked while the DB is open
+	db     *sql.DB                      // every write, and what reads inside a write
+	rd     *sql.DB                      // reads alone (query_only), so that writers waiting for the lock never hold up a read
+	lock   *os.File                     // the database file, flocked while the DB is open
+	turns  *turns                       // the busiest writes' turns, round the accounts (turns.go)
+	bounds atomic.Pointer[store.Bounds] // SetBounds; nil: none
 }
 
 // Options tune a DB. Zero fields take the defaults in brackets.
@@ -138,24 +148,39 @@ func OpenOptions(ctx context.Context, path string, opt Options) (*DB, error) {
 			return nil, fmt.Errorf("open database %s: %w", path, err)
 		}
 	}
-	dsn := fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_txlock=immediate",
+	dsn := fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_pragma=journal_size_limit(8388608)&_txlock=immediate",
 		path, opt.BusyTimeout.Milliseconds())
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
-	// A bounded pool: SQLite runs one writer at a time anyway, and every
-	// open handle is a file descriptor and a page cache. Callers beyond
-	// it wait for a handle (until their context ends); a writer waits
-	// for the lock up to busy_timeout, then gets store.ErrUnavailable.
-	db.SetMaxOpenConns(MaxOpenConns)
-	db.SetMaxIdleConns(MaxOpenConns)
+	// One handle for writes: SQLite runs one writer at a time, and its
+	// busy handler would have the others sleep in growing steps (up to
+	// 100 ms) while one writes; queued here they go as soon as it is
+	// done. A writer waits for the handle until its context ends, and
+	// for another process's lock up to busy_timeout, then gets
+	// store.ErrUnavailable. Every write transaction uses only its own
+	// tx: one that used the pool as well would wait for itself.
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
 	db.SetConnMaxIdleTime(time.Minute)
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
-	d := &DB{db: db, lock: lock}
+	// Reads have a pool of their own, which WAL runs beside the writer:
+	// sharing the writes' pool, a burst of writes (one tenant's flood)
+	// waiting for their turn would hold up every tenant's reads.
+	rd, err := sql.Open("sqlite", fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=query_only(1)&_txlock=deferred",
+		path, opt.BusyTimeout.Milliseconds()))
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	rd.SetMaxOpenConns(MaxOpenConns)
+	rd.SetMaxIdleConns(MaxOpenConns)
+	rd.SetConnMaxIdleTime(time.Minute)
+	d := &DB{db: db, rd: rd, lock: lock, turns: newTurns()}
 	if opt.Existing {
 		var n int
 		err := db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'`).Scan(&n)
@@ -163,11 +188,11 @@ func OpenOptions(ctx context.Context, path string, opt Options) (*DB, error) {
 			err = errors.New("not a sheepfold database (it has no schema_migrations table)")
 		}
 		if err != nil {
-			db.Close()
+			d.closeDBs()
 			return nil, fmt.Errorf("open database %s: %w", path, err)
 		}
 	} else if err := d.migrate(ctx); err != nil {
-		db.Close()
+		d.closeDBs()
 		return nil, err
 	}
 	ok = true
@@ -211,9 +236,12 @@ func (d *DB) Ping(ctx context.Context) error {
 
 // Close closes the database, then releases its lock.
 func (d *DB) Close() error {
-	err := d.db.Close()
+	err := d.closeDBs()
 	return errors.Join(err, d.lock.Close())
 }
+
+// closeDBs closes both pools.
+func (d *DB) closeDBs() error { return errors.Join(d.rd.Close(), d.db.Close()) }
 
 // ReadTx runs fn in one transaction of the database, for a consistent
 // view of every table (`sheepfold database copy` reads them raw), and
@@ -353,7 +381,7 @@ func scanKey(sc interface{ Scan(...any) error }) (store.Key, error) {
 
 // KeyByHash implements store.Store.
 func (d *DB) KeyByHash(ctx context.Context, hash string) (store.Key, error) {
-	k, err := scanKey(d.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM keys WHERE hash = ?`, hash))
+	k, err := scanKey(d.rd.QueryRowContext(ctx, `SELECT `+keyCols+` FROM keys WHERE hash = ?`, hash))
 	if errors.Is(err, sql.ErrNoRows) {
 		return k, store.ErrNotFound
 	}
@@ -362,7 +390,7 @@ func (d *DB) KeyByHash(ctx context.Context, hash string) (store.Key, error) {
 
 // KeyByID implements store.Store.
 func (d *DB) KeyByID(ctx context.Context, id string) (store.Key, error) {
-	k, err := scanKey(d.db.QueryRowContext(ctx, `SELECT `+keyCols+` FROM keys WHERE id = ?`, id))
+	k, err := scanKey(d.rd.QueryRowContext(ctx, `SELECT `+keyCols+` FROM keys WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return k, store.ErrNotFound
 	}
@@ -371,7 +399,7 @@ func (d *DB) KeyByID(ctx context.Context, id string) (store.Key, error) {
 
 // ListKeys implements store.Store.
 func (d *DB) ListKeys(ctx context.Context) ([]store.Key, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT `+keyCols+` FROM keys ORDER BY created_at, id`)
+	rows, err := d.rd.QueryContext(ctx, `SELECT `+keyCols+` FROM keys ORDER BY created_at, id`)
 	if err != nil {
 		return nil, err
 	}
@@ -402,25 +430,47 @@ func (d *DB) RevokeKey(ctx context.Context, id string, at time.Time) error {
 // CountActiveKeys implements store.Store.
 func (d *DB) CountActiveKeys(ctx context.Context) (int, error) {
 	var n int
-	err := d.db.QueryRowContext(ctx, `SELECT count(*) FROM keys WHERE revoked_at IS NULL`).Scan(&n)
+	err := d.rd.QueryRowContext(ctx, `SELECT count(*) FROM keys WHERE revoked_at IS NULL`).Scan(&n)
 	return n, storeErr("count keys", err)
 }
 
-// PutSandbox implements store.Store: it inserts or replaces the record.
+// PutSandbox implements store.Store: it inserts or replaces the record,
+// and deletes the owner's stopped sandboxes past its bound.
 func (d *DB) PutSandbox(ctx context.Context, s store.Sandbox) error {
-	return putSandbox(ctx, d.db, s)
+	give, err := d.turns.take(ctx, s.Owner)
+	if err != nil {
+		return storeErr("put sandbox", err)
+	}
+	defer give()
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return storeErr("put sandbox", err)
+	}
+	defer tx.Rollback()
+	if err := d.putSandbox(ctx, tx, s); err != nil {
+		return err
+	}
+	return storeErr("put sandbox", tx.Commit())
 }
 
-func putSandbox(ctx context.Context, db execer, s store.Sandbox) error {
-	_, err := db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
+// putSandbox writes a sandbox's record, in place when it exists (an
+// upsert, so that the counting triggers see an update rather than a
+// delete they would miss), and trims the owner's sandboxes.
+func (d *DB) putSandbox(ctx context.Context, tx *sql.Tx, s store.Sandbox) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO sandboxes
 		(id, owner, template, state, created_at, expires_at, stopped_at, stop_reason, metadata, resources, policy)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET owner = excluded.owner, template = excluded.template, state = excluded.state,
+			created_at = excluded.created_at, expires_at = excluded.expires_at, stopped_at = excluded.stopped_at,
+			stop_reason = excluded.stop_reason, metadata = excluded.metadata, resources = excluded.resources,
+			policy = excluded.policy`,
 		s.ID, s.Owner, s.Template, s.State, fmtTime(s.CreatedAt), fmtTime(s.ExpiresAt), fmtTimePtr(s.StoppedAt),
 		s.StopReason, jsonText(s.Metadata), jsonText(s.Resources), policyText(s.Policy))
 	if err != nil {
 		return storeErr("put sandbox", err)
 	}
-	return nil
+	_, err = d.trim(ctx, tx, s.Owner, store.KindSandboxes)
+	return trimErr(store.KindSandboxes, s.Owner, err)
 }
 
 const sandboxCols = `id, owner, template, state, created_at, expires_at, stopped_at, stop_reason, metadata, resources, policy`
@@ -458,7 +508,7 @@ func scanSandbox(sc interface{ Scan(...any) error }) (store.Sandbox, error) {
 
 // GetSandbox implements store.Store.
 func (d *DB) GetSandbox(ctx context.Context, id string) (store.Sandbox, error) {
-	s, err := scanSandbox(d.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id))
+	s, err := scanSandbox(d.rd.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, store.ErrNotFound
 	}
@@ -488,7 +538,7 @@ func (d *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.
 		q += ` LIMIT ?`
 		args = append(args, f.Limit)
 	}
-	rows, err := d.db.QueryContext(ctx, q, args...)
+	rows, err := d.rd.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, storeErr("list sandboxes", err)
 	}
@@ -585,27 +635,48 @@ func (d *DB) DeleteStoppedBefore(ctx context.Context, t time.Time) (sandboxes, e
 	return int(ns), int(ne), nil
 }
 
-// AddExecution implements store.Store. An execution recorded with its
-// output clears the output of the sandbox's executions past the newest
-// store.KeptOutputs, so that a sandbox's history stays bounded.
+// AddExecution implements store.Store, in one transaction. An execution
+// recorded with its output clears the output of the sandbox's executions
+// past the newest store.KeptOutputs, so that a sandbox's history stays
+// bounded; the owner's oldest executions past its bound go.
 func (d *DB) AddExecution(ctx context.Context, e store.Execution) error {
-	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO executions
+	give, err := d.turns.take(ctx, e.Owner)
+	if err != nil {
+		return storeErr("add execution", err)
+	}
+	defer give()
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return storeErr("add execution", err)
+	}
+	defer tx.Rollback()
+	// An upsert, not INSERT OR REPLACE: the counting triggers see the
+	// update (a replace's delete fires no trigger).
+	_, err = tx.ExecContext(ctx, `INSERT INTO executions
 		(id, sandbox_id, owner, language, status, error_code, error, execution_time_ms, cpu_time_ms, peak_memory_bytes,
 		created_at, code, output, replica)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (id) DO UPDATE SET sandbox_id = excluded.sandbox_id, owner = excluded.owner, language = excluded.language,
+			status = excluded.status, error_code = excluded.error_code, error = excluded.error,
+			execution_time_ms = excluded.execution_time_ms, cpu_time_ms = excluded.cpu_time_ms,
+			peak_memory_bytes = excluded.peak_memory_bytes, created_at = excluded.created_at, code = excluded.code,
+			output = excluded.output, replica = excluded.replica`,
 		e.ID, e.SandboxID, e.Owner, e.Language, e.Status, e.ErrorCode, e.Error, e.ExecutionTimeMS, e.CPUTimeMS,
 		e.PeakMemoryBytes, fmtTime(e.CreatedAt), e.Code, string(e.Output), e.Replica)
 	if err != nil {
 		return storeErr("add execution", err)
 	}
 	if len(e.Output) > 0 {
-		if _, err := d.db.ExecContext(ctx, `UPDATE executions SET output = '' WHERE sandbox_id = ? AND output != ''
+		if _, err := tx.ExecContext(ctx, `UPDATE executions SET output = '' WHERE sandbox_id = ? AND output != ''
 			AND id NOT IN (SELECT id FROM executions WHERE sandbox_id = ? ORDER BY created_at DESC, id DESC LIMIT ?)`,
 			e.SandboxID, e.SandboxID, store.KeptOutputs); err != nil {
 			return storeErr("trim execution outputs", err)
 		}
 	}
-	return nil
+	if _, err := d.trim(ctx, tx, e.Owner, store.KindExecutions); err != nil {
+		return trimErr(store.KindExecutions, e.Owner, err)
+	}
+	return storeErr("add execution", tx.Commit())
 }
 
 // EndRunningExecutions implements store.Store.
@@ -621,7 +692,7 @@ func (d *DB) EndRunningExecutions(ctx context.Context, code, message string) (in
 
 // ListExecutions implements store.Store, oldest first.
 func (d *DB) ListExecutions(ctx context.Context, sandboxID string) ([]store.Execution, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT `+executionColumns+` FROM executions
+	rows, err := d.rd.QueryContext(ctx, `SELECT `+executionColumns+` FROM executions
 		WHERE sandbox_id = ? ORDER BY created_at, id`, sandboxID)
 	if err != nil {
 		return nil, storeErr("list executions", err)
@@ -643,7 +714,7 @@ func (d *DB) PageExecutions(ctx context.Context, f store.ExecutionFilter) ([]sto
 		q += ` LIMIT ?`
 		args = append(args, f.Limit)
 	}
-	rows, err := d.db.QueryContext(ctx, q, args...)
+	rows, err := d.rd.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, storeErr("page executions", err)
 	}

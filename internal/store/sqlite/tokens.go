@@ -62,7 +62,7 @@ func (d *DB) QueryTokenUsage(ctx context.Context, f store.TokenFilter) ([]store.
 		args = append(args, fmtTime(f.To))
 	}
 	q += ` GROUP BY account_id, model ORDER BY model, account_id`
-	rows, err := d.db.QueryContext(ctx, q, args...)
+	rows, err := d.rd.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +92,7 @@ func (d *DB) PutSession(ctx context.Context, s store.Session) error {
 func (d *DB) GetSession(ctx context.Context, id string) (store.Session, error) {
 	var s store.Session
 	var created string
-	err := d.db.QueryRowContext(ctx, `SELECT id, owner, model, created_at FROM sessions WHERE id = ?`, id).
+	err := d.rd.QueryRowContext(ctx, `SELECT id, owner, model, created_at FROM sessions WHERE id = ?`, id).
 		Scan(&s.ID, &s.Owner, &s.Model, &created)
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, store.ErrNotFound

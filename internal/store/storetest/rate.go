@@ -102,24 +102,26 @@ func Rates(t *testing.T, a, b store.Store) {
 	})
 
 	t.Run("goroutines hammering one key over time", func(t *testing.T) {
-		// 20 tokens, one back every 25 ms: over the run, at most the 20
-		// plus one per 25 ms may pass.
-		const limit, every = 20, 25 * time.Millisecond
-		start := time.Now()
-		stop := start.Add(300 * time.Millisecond)
-		allowed := hammer(t, a, b, "flow", limit, every, 8, func(int) (time.Time, bool) {
-			now := time.Now()
-			return now, now.Before(stop)
-		}, 1<<30)
-		// Each allowed take moves the time the bucket is full again one
-		// interval on, and it never passes the latest take's now plus
-		// the limit's intervals.
-		elapsed := time.Since(start)
-		most := limit + int64(elapsed/every)
-		if allowed < limit || allowed > most {
-			t.Fatalf("%d takes allowed in %v, want %d to %d", allowed, elapsed, limit, most)
+		// 20 tokens, one back every 25 ms. Eight workers take at once,
+		// four takes each, in rounds 100 ms apart (four tokens back),
+		// each round over before the next begins: the first round takes
+		// the 20, each other one the four that came back, never more.
+		// The rounds' time is the test's own: with the wall clock a run
+		// of 300 ms under load made fewer takes than the limit ("13 takes
+		// allowed in 483ms, want 20 to 39"), and a take that waited for
+		// the database came after later ones, its now older than theirs.
+		const limit, every, step = 20, 25 * time.Millisecond, 100 * time.Millisecond
+		for r := range 10 {
+			at := t0.Add(time.Duration(r) * step)
+			allowed := hammer(t, a, b, "flow", limit, every, 8, func(int) (time.Time, bool) { return at, true }, 4)
+			want := int64(step / every)
+			if r == 0 {
+				want = limit
+			}
+			if allowed != want {
+				t.Fatalf("round %d (%v on): %d takes allowed, want %d", r, at.Sub(t0), allowed, want)
+			}
 		}
-		t.Logf("%d takes allowed in %v (at most %d)", allowed, elapsed, most)
 	})
 }
 

@@ -53,6 +53,9 @@ func Run(t *testing.T, open Open) {
 		{"ReplicaHeartbeats", testReplicaHeartbeats},
 		{"MeterLeases", testMeterLeases},
 		{"MeterPoints", testMeterPoints},
+		{"StoredCounts", testStoredCounts},
+		{"StorageBounds", testStorageBounds},
+		{"ClearStopped", testClearStopped},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -4,7 +4,9 @@
 //
 // The copy is generic over the two schemas, which the migrations keep the
 // same (postgres' TestMigrationsInLockstep): every table of the target,
-// but schema_migrations, is copied column by column, each value converted
+// but schema_migrations and stored (each account's stored amounts, which
+// the target's triggers count again as the rows arrive), is copied column
+// by column, each value converted
 // to the target column's type (convert). Both databases must be at this
 // binary's schema version and have the same tables and columns, or
 // nothing is copied; so a table a new migration adds is copied without
@@ -215,7 +217,7 @@ func targetTables(ctx context.Context, dtx pgx.Tx) (map[string]*table, error) {
 			coalesce(pg_get_serial_sequence(quote_ident(c.relname), a.attname), '')
 		FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid
 		WHERE c.relnamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema()) AND c.relkind IN ('r', 'p')
-			AND c.relname <> 'schema_migrations' AND a.attnum > 0 AND NOT a.attisdropped
+			AND c.relname <> 'schema_migrations' AND c.relname <> 'stored' AND a.attnum > 0 AND NOT a.attisdropped
 		ORDER BY c.relname, a.attnum`)
 	if err != nil {
 		return nil, fmt.Errorf("target: read its schema: %w", err)
@@ -263,7 +265,8 @@ func targetTables(ctx context.Context, dtx pgx.Tx) (map[string]*table, error) {
 // no more and no fewer.
 func sameTables(ctx context.Context, stx *sql.Tx, tables map[string]*table) error {
 	names, err := queryStrings(ctx, stx, `SELECT name FROM sqlite_master
-		WHERE type = 'table' AND name NOT LIKE 'sqlite\_%' ESCAPE '\' AND name <> 'schema_migrations' ORDER BY name`)
+		WHERE type = 'table' AND name NOT LIKE 'sqlite\_%' ESCAPE '\' AND name <> 'schema_migrations' AND name <> 'stored'
+		ORDER BY name`)
 	if err != nil {
 		return fmt.Errorf("source: read its schema: %w", err)
 	}

@@ -100,7 +100,9 @@ class Account:
         self._http = http or HTTPClient(api_key=api_key, base_url=base_url)
 
     def info(self) -> Dict[str, Any]:
-        """The account: id, name, limits, overrides, running_sandboxes, month, credits."""
+        """The account: id, name, limits, overrides, running_sandboxes, month, credits,
+        storage (records and bytes it keeps in the server's database, in all and by
+        kind, with each kind's max_records and max_bytes)."""
         return self._http.get_json("/v1/account")
 
     def usage(self, from_: Union[datetime, str, None] = None, to: Union[datetime, str, None] = None,

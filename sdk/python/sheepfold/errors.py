@@ -33,6 +33,7 @@ __all__ = [
     "DiskFullError",
     "RateLimitError",
     "TooManyConnectionsError",
+    "StorageQuotaExceededError",
     "SessionQuotaExceededError",
     "SessionNotFoundError",
     "ModelNotFoundError",
@@ -245,6 +246,14 @@ class TooManyConnectionsError(RateLimitError):
     default_code = "ERR_TOO_MANY_CONNECTIONS"
 
 
+class StorageQuotaExceededError(RateLimitError):
+    """429: the account keeps as many records of a kind (alerts) as the
+    server lets one account keep, none of which may go to make room:
+    acknowledge some alerts first. Retrying alone does not help."""
+
+    default_code = "ERR_STORAGE_QUOTA_EXCEEDED"
+
+
 class SessionNotFoundError(NotFoundError):
     """404 ERR_SESSION_NOT_FOUND: no such session (or it belongs to someone else)."""
 
@@ -336,6 +345,7 @@ _BY_CODE: Dict[str, Type[SheepfoldError]] = {
     "ERR_SESSION_QUOTA_EXCEEDED": SessionQuotaExceededError,
     "ERR_RATE_LIMITED": RateLimitError,
     "ERR_TOO_MANY_CONNECTIONS": TooManyConnectionsError,
+    "ERR_STORAGE_QUOTA_EXCEEDED": StorageQuotaExceededError,
     "ERR_CAPACITY": CapacityError,
     "ERR_INTERNAL": InternalServerError,
     "ERR_SESSION_NOT_FOUND": SessionNotFoundError,

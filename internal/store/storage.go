@@ -1,0 +1,195 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Storage per account. Every account's records share one database (and
+// one disk) with every other account's, so each account's records of
+// each kind are bounded, by number and by bytes (Bounds), and counted as
+// they are written: the stores keep a count of each account's records
+// and their bytes, updated by the database itself (triggers) on every
+// insert, update and delete, so that the count is exact whatever writes
+// or deletes (retention, a webhook's deletion, a copy).
+//
+// An account at a bound loses only its own oldest records of that kind:
+// the write that takes it past deletes them, in the same transaction.
+// Records that are not the account's to lose are never deleted to make
+// room: running sandboxes and executions still running stay (so those
+// kinds may stay above their bound until they end), and alerts, which
+// the account reads and acknowledges, make room by deleting its oldest
+// acknowledged ones only; when every one is unacknowledged, a new one is
+// refused (ErrStorageBound).
+
+// Kinds of stored records (Bounds, Stored).
+const (
+	KindSandboxes  = "sandboxes"  // sandbox records; only stopped ones are deleted to make room
+	KindExecutions = "executions" // execution records with their code and output
+	KindEvents     = "events"
+	KindAlerts     = "alerts"
+	KindDeliveries = "deliveries" // webhook delivery attempts
+)
+
+// Kinds lists the kinds of stored records, in the order reports show them.
+var Kinds = []string{KindSandboxes, KindExecutions, KindEvents, KindAlerts, KindDeliveries}
+
+// RecordOverhead is what each record counts beyond the bytes of its text
+// fields: its numbers, times and the entries of its indexes, roughly. An
+// account's stored bytes are the sum, over its records, of their text
+// fields' lengths in bytes plus RecordOverhead.
+const RecordOverhead = 128
+
+// The bytes of one record of each kind, as the stores count them (their
+// triggers sum the same fields).
+
+// SandboxSize is a sandbox record's stored bytes; its Metadata and
+// Resources are stored as "{}" when empty, its Policy as "null".
+func SandboxSize(s Sandbox) int64 {
+	return int64(len(s.ID)+len(s.Owner)+len(s.Template)+len(s.State)+len(s.StopReason)+
+		len(orText(s.Metadata, "{}"))+len(orText(s.Resources, "{}"))+len(orText(s.Policy, "null"))) + RecordOverhead
+}
+
+// ExecutionSize is an execution record's stored bytes.
+func ExecutionSize(e Execution) int64 {
+	return int64(len(e.ID)+len(e.SandboxID)+len(e.Owner)+len(e.Language)+len(e.Status)+len(e.ErrorCode)+
+		len(e.Error)+len(e.Code)+len(e.Output)+len(e.Replica)) + RecordOverhead
+}
+
+// EventSize is an event's stored bytes; its Details are stored as "{}"
+// when empty.
+func EventSize(e Event) int64 {
+	return int64(len(e.Type)+len(e.SandboxID)+len(e.Owner)+len(e.ExecutionID)+len(orText(e.Details, "{}"))+
+		len(e.Source)) + RecordOverhead
+}
+
+// AlertSize is an alert's stored bytes.
+func AlertSize(a Alert) int64 {
+	return int64(len(a.ID)+len(a.Account)+len(a.Severity)+len(a.Kind)+len(a.Message)+len(a.SandboxID)+
+		len(a.SessionID)+len(a.DedupeKey)) + RecordOverhead
+}
+
+// DeliverySize is the stored bytes of a delivery of a webhook of owner.
+func DeliverySize(d WebhookDelivery, owner string) int64 {
+	return int64(len(d.WebhookID)+len(d.EventType)+len(d.Error)+len(owner)) + RecordOverhead
+}
+
+func orText(b []byte, empty string) string {
+	if len(b) == 0 {
+		return empty
+	}
+	return string(b)
+}
+
+// ErrStorageBound reports a record refused because its account is at its
+// bound of that kind and nothing of its own may go to make room.
+var ErrStorageBound = errors.New("store: the account's storage bound is reached")
+
+// Amount is a number of records and their bytes (RecordOverhead
+// included).
+type Amount struct {
+	Records int64
+	Bytes   int64
+}
+
+// Stored is what one account keeps, by kind.
+type Stored struct {
+	Sandboxes, Executions, Events, Alerts, Deliveries Amount
+}
+
+// Of returns the amount of a kind (Kind*); zero for an unknown kind.
+func (s Stored) Of(kind string) Amount {
+	switch kind {
+	case KindSandboxes:
+		return s.Sandboxes
+	case KindExecutions:
+		return s.Executions
+	case KindEvents:
+		return s.Events
+	case KindAlerts:
+		return s.Alerts
+	case KindDeliveries:
+		return s.Deliveries
+	}
+	return Amount{}
+}
+
+// Set sets the amount of a kind (Kind*); an unknown kind is ignored.
+func (s *Stored) Set(kind string, a Amount) {
+	switch kind {
+	case KindSandboxes:
+		s.Sandboxes = a
+	case KindExecutions:
+		s.Executions = a
+	case KindEvents:
+		s.Events = a
+	case KindAlerts:
+		s.Alerts = a
+	case KindDeliveries:
+		s.Deliveries = a
+	}
+}
+
+// Total is the sum over every kind.
+func (s Stored) Total() Amount {
+	var t Amount
+	for _, k := range Kinds {
+		a := s.Of(k)
+		t.Records += a.Records
+		t.Bytes += a.Bytes
+	}
+	return t
+}
+
+// Bounds are the most each account may keep of each kind: Records and
+// Bytes each bound when positive; zero leaves that measure unbounded.
+type Bounds = Stored
+
+// Excess returns how many of its oldest records an account that keeps
+// have must lose to be within bound: past Records, the surplus; past
+// Bytes, as many records of the average size as the surplus bytes make
+// (at least one). 0 when within both. The caller deletes that many,
+// reads the new amount and asks again until it is 0: records are not
+// all of one size.
+func Excess(have, bound Amount) int64 {
+	var n int64
+	if bound.Records > 0 && have.Records > bound.Records {
+		n = have.Records - bound.Records
+	}
+	if bound.Bytes > 0 && have.Bytes > bound.Bytes && have.Records > 0 {
+		avg := max(have.Bytes/have.Records, 1)
+		n = max(n, (have.Bytes-bound.Bytes+avg-1)/avg)
+	}
+	return n
+}
+
+// Fits reports whether an account that keeps have stays within bound
+// after adding one record of size bytes.
+func Fits(have, bound Amount, size int64) bool {
+	return (bound.Records <= 0 || have.Records+1 <= bound.Records) && (bound.Bytes <= 0 || have.Bytes+size <= bound.Bytes)
+}
+
+// MaxTrimRounds bounds the rounds of Excess and delete one write makes
+// to bring an account within a bound.
+const MaxTrimRounds = 8
+
+// StorageStore counts and bounds what each account keeps.
+type StorageStore interface {
+	// SetBounds sets the bounds every later write keeps each account
+	// within (the zero Bounds: none). AddEvents, AddExecution,
+	// AddDelivery, PutSandbox and ConfirmSandbox delete the account's
+	// oldest records of that kind past its bound, in their transaction;
+	// CreateAlert refuses with ErrStorageBound (see the package's
+	// "Storage per account").
+	SetBounds(b Bounds)
+	// Stored returns what an account keeps.
+	Stored(ctx context.Context, account string) (Stored, error)
+	// StoredAll returns what every account that keeps anything keeps, by
+	// account id.
+	StoredAll(ctx context.Context) (map[string]Stored, error)
+	// ClearStoppedBefore clears the code and output of the executions of
+	// sandboxes stopped before t (their records stay, at their small
+	// size) and returns how many it cleared.
+	ClearStoppedBefore(ctx context.Context, t time.Time) (int, error)
+}
