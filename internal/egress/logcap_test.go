@@ -1,36 +1,22 @@
 package egress
 
 import (
-	"bytes"
 	"log/slog"
 	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
-// lockedBuffer is a log's destination, safe for the gateway's goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) lines() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Split(strings.TrimSpace(l.b.String()), "\n")
+// logLines is what log holds, a line each.
+func logLines(log *testutil.Buffer) []string {
+	return strings.Split(strings.TrimSpace(log.String()), "\n")
 }
 
 // TestGatewayLogCapped: a sandbox refused 5,000 times in a burst (a loop
@@ -38,7 +24,7 @@ func (l *lockedBuffer) lines() []string {
 // cap of lines to the server's log, and the count of the rest, whose sum
 // is every refusal: the host's disk is not the sandbox's to fill.
 func TestGatewayLogCapped(t *testing.T) {
-	var out lockedBuffer
+	var out testutil.Buffer
 	pol, err := policy.CompileEgress(&policy.Network{Mode: "public"})
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +43,7 @@ func TestGatewayLogCapped(t *testing.T) {
 		g.report(d, "tcp", dst.String())
 	}
 	g.Close()
-	lines := out.lines()
+	lines := logLines(&out)
 	if len(lines) > LogLinesPerMinute+2 {
 		t.Fatalf("%d refusals wrote %d log lines; the cap is %d a minute", refusals, len(lines), LogLinesPerMinute)
 	}
@@ -83,7 +69,7 @@ func TestGatewayLogCapped(t *testing.T) {
 // TestLogCap: the cap refills with time, the next line written carries
 // the count of those refused, and warnings always pass.
 func TestLogCap(t *testing.T) {
-	var out lockedBuffer
+	var out testutil.Buffer
 	now := time.Unix(1000, 0)
 	h := newLogCap(slog.NewTextHandler(&out, nil), 60, func() time.Time { return now })
 	log := slog.New(h).With("sandbox", "sb")
@@ -94,7 +80,7 @@ func TestLogCap(t *testing.T) {
 	now = now.Add(time.Second) // one line's worth
 	log.Info("after a second")
 	log.Info("refused again")
-	lines := out.lines()
+	lines := logLines(&out)
 	want := []string{`msg=line sandbox=sb i=0`, `msg=line sandbox=sb i=59`, `msg="a warning"`, `msg="after a second" sandbox=sb suppressed=10`}
 	if len(lines) != 62 {
 		t.Fatalf("%d lines:\n%s", len(lines), strings.Join(lines, "\n"))
@@ -105,11 +91,11 @@ func TestLogCap(t *testing.T) {
 		}
 	}
 	h.flush()
-	if l := out.lines(); !strings.Contains(l[len(l)-1], "suppressed=1") {
+	if l := logLines(&out); !strings.Contains(l[len(l)-1], "suppressed=1") {
 		t.Errorf("flush: %q", l[len(l)-1])
 	}
 	h.flush() // nothing more to say
-	if n := len(out.lines()); n != 63 {
+	if n := len(logLines(&out)); n != 63 {
 		t.Errorf("a second flush wrote: %d lines", n)
 	}
 }

@@ -281,7 +281,8 @@ func TestPolicyResizesLiveSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatalf("growing the disk to 400 MiB: %v", err)
 	}
-	big := "with open('/tmp/big', 'wb') as f:\n    f.write(b'\\0' * (300 << 20))\n'written'"
+	// Written a MiB at a time: the memory limit is still 256 MiB.
+	big := "with open('/tmp/big', 'wb') as f:\n    for _ in range(300):\n        f.write(b'\\0' * (1 << 20))\n'written'"
 	if ex := run(t, s, "python", big); mainText(ex) != "'written'" {
 		t.Fatalf("300 MiB under 400 MiB of disk: %+v %+v", ex, ex.Error)
 	}

@@ -314,7 +314,13 @@ func (d *disks) mount(b, rw string, limit int64) error {
 	if err := os.Chmod(rw, 0o700); err != nil {
 		return err
 	}
-	return os.Remove(filepath.Join(rw, "lost+found"))
+	if err := os.Remove(filepath.Join(rw, "lost+found")); err != nil {
+		return err
+	}
+	// A blank holds at least the limit and up to a few hundred KiB more
+	// (make): the balloon takes the rest, so that the sandbox can write
+	// its limit and no more (within a block).
+	return d.resize(b, rw, limit)
 }
 
 // mountExt4 mounts the ext4 on dev at dir; the inode tables are not
