@@ -70,7 +70,7 @@ func (c *Client) DeleteSession(ctx context.Context, id string) error {
 // SessionExecuteRequest runs code in a session's sandbox.
 type SessionExecuteRequest struct {
 	Code      string `json:"code"`
-	Language  string `json:"language,omitempty"`   // python (default), javascript, bash...
+	Language  string `json:"language,omitempty"`   // as ExecuteRequest.Language
 	TimeoutMS int64  `json:"timeout_ms,omitempty"` // default and cap: the session's max_execution_time
 }
 

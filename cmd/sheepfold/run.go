@@ -16,29 +16,39 @@ import (
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/config"
+	"github.com/sheepfold/sheepfold/internal/lang"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
-// interpreters runs a program file per language, as a script.
-var interpreters = map[string]struct{ file, cmd string }{
-	"python":     {"/tmp/main.py", "/usr/bin/python3"},
-	"javascript": {"/tmp/main.js", "/usr/bin/node"},
-	"bash":       {"/tmp/main.sh", "/bin/bash"},
+// interpreter runs a program file as a script.
+type interpreter struct{ file, cmd string }
+
+// interpreters are run's, by canonical language.
+var interpreters = map[string]interpreter{
+	lang.Python:     {"/tmp/main.py", "/usr/bin/python3"},
+	lang.JavaScript: {"/tmp/main.js", "/usr/bin/node"},
+	lang.Bash:       {"/tmp/main.sh", "/bin/bash"},
 }
 
-var langAliases = map[string]string{
-	"py": "python", "python3": "python", "js": "javascript", "node": "javascript",
-	"nodejs": "javascript", "sh": "bash", "shell": "bash",
+// interpreterFor returns the interpreter of a language name or alias
+// (internal/lang's table).
+func interpreterFor(name string) (interpreter, error) {
+	canon, err := lang.Canonical(name)
+	interp, ok := interpreters[canon]
+	if err != nil || !ok {
+		return interpreter{}, fmt.Errorf("unknown language %q: want python, javascript or bash", name)
+	}
+	return interp, nil
 }
 
 func runCmd(cfg *config.Config, logger func() *slog.Logger) *cobra.Command {
 	var (
-		lang, tmpl, memory, disk string
-		timeout                  time.Duration
-		cpus                     float64
-		pids                     int64
-		stats                    bool
+		language, tmpl, memory, disk string
+		timeout                      time.Duration
+		cpus                         float64
+		pids                         int64
+		stats                        bool
 	)
 	cmd := &cobra.Command{
 		Use:   "run [FILE|-]",
@@ -50,12 +60,9 @@ The program is read from FILE, or from standard input when FILE is - or absent.
   echo 'print(6*7)' | sheepfold run --lang python -`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if l, ok := langAliases[lang]; ok {
-				lang = l
-			}
-			interp, ok := interpreters[lang]
-			if !ok {
-				return fmt.Errorf("unknown language %q: want python, javascript or bash", lang)
+			interp, err := interpreterFor(language)
+			if err != nil {
+				return err
 			}
 			code, err := readProgram(args)
 			if err != nil {
@@ -110,7 +117,7 @@ The program is read from FILE, or from standard input when FILE is - or absent.
 		},
 	}
 	f := cmd.Flags()
-	f.StringVarP(&lang, "lang", "l", "python", "language: python, javascript or bash")
+	f.StringVarP(&language, "lang", "l", lang.Python, "language: python, javascript or bash")
 	f.StringVarP(&tmpl, "template", "t", "python", "template to start the sandbox from")
 	f.DurationVar(&timeout, "timeout", 30*time.Second, "wall-clock limit for the program")
 	f.StringVar(&memory, "memory", "512MiB", "memory limit")

@@ -18,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/backoff"
 )
 
 // Config configures Serve. The zero value of every field but NewKernel is
@@ -170,7 +171,7 @@ func serve(ctx context.Context, ln net.Listener, cfg Config, started func(*serve
 	}
 
 	var serveErr error
-	delay := time.Duration(0)
+	retry := backoff.Backoff{Base: 5 * time.Millisecond, Max: time.Second}
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
@@ -183,7 +184,7 @@ func serve(ctx context.Context, ln net.Listener, cfg Config, started func(*serve
 			}
 			// Out of descriptors or an aborted connection: back off and
 			// retry, as net/http does.
-			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			delay := retry.Next()
 			s.log.Warn("accept failed; retrying", "err", err, "delay", delay)
 			select {
 			case <-time.After(delay):
@@ -191,7 +192,7 @@ func serve(ctx context.Context, ln net.Listener, cfg Config, started func(*serve
 			}
 			continue
 		}
-		delay = 0
+		retry.Reset()
 		if !s.track(nc) {
 			nc.Close()
 			break
@@ -234,8 +235,10 @@ type server struct {
 	lastDone atomic.Int64
 	deadline atomic.Int64
 
-	// egress passes connections from egressAccepts to egress.accept.
-	egress chan net.Conn
+	// egress passes connections from egressAccepts to egress.accept;
+	// egressWaiting counts the requests waiting for one.
+	egress        chan net.Conn
+	egressWaiting atomic.Int64
 	// history is the usage samples of Config.UsageHistory.
 	history history
 	// budgets are the sandbox's budgets its engines take from.

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/lang"
 )
 
 // kernelContext is one code context: a kernel and its description.
@@ -105,28 +106,28 @@ func (t *contextTable) closeAll(log *slog.Logger) {
 
 // language maps a requested language to its canonical name, or returns a
 // failed Done.
-func (s *server) language(lang string) (string, *agentproto.Event) {
+func (s *server) language(name string) (string, *agentproto.Event) {
 	if s.cfg.NewKernel == nil {
 		ev := fail(agentproto.CodeUnsupported, "code contexts are not available")
 		return "", &ev
 	}
-	if lang == "" {
-		lang = "python"
+	if name == "" {
+		name = lang.Python
 		if len(s.cfg.Languages) > 0 {
-			lang = s.cfg.Languages[0]
+			name = s.cfg.Languages[0]
 		}
 	}
-	canon := lang
+	canon := name
 	if s.cfg.Canonical != nil {
-		c, err := s.cfg.Canonical(lang)
+		c, err := s.cfg.Canonical(name)
 		if err != nil {
-			ev := fail(agentproto.CodeUnsupported, "unsupported language %q", lang)
+			ev := fail(agentproto.CodeUnsupported, "unsupported language %q", name)
 			return "", &ev
 		}
 		canon = c
 	}
 	if len(s.cfg.Languages) > 0 && !slices.Contains(s.cfg.Languages, canon) {
-		ev := fail(agentproto.CodeUnsupported, "unsupported language %q", lang)
+		ev := fail(agentproto.CodeUnsupported, "unsupported language %q", name)
 		return "", &ev
 	}
 	return canon, nil

@@ -20,10 +20,12 @@
 // the socket, not the files in the sandbox. Malformed input gets a Done with
 // CodeBadRequest; a panic ends only the connection that caused it.
 //
-// Imports: internal/agentproto, internal/fdpass, internal/osthread
-// (threads locked into a namespace or credentials), internal/pidfd
-// (waiting for a child without holding a thread), internal/psi (a
-// cgroup's pressure), internal/homeseed (a Pod's home, scratch_linux.go),
+// Imports: internal/agentproto, internal/backoff (its accept loops),
+// internal/lang (the default language's name; the kernels are wired in by
+// cmd/sheepfold-agent), internal/fdpass, internal/osthread (threads
+// locked into a namespace or credentials), internal/pidfd (waiting for a
+// child without holding a thread), internal/cgroup (its cgroup's
+// counters, usage.go), internal/homeseed (a Pod's home, scratch_linux.go),
 // internal/ratelimit (the per-minute budgets it keeps for its engines,
 // budget.go), the standard library and golang.org/x/sys.
 // Never the server, the engine or internal/kernel: the language drivers

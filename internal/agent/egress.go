@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/backoff"
 )
 
 // Egress through the agent. A sandbox whose runtime gives it no network
@@ -21,6 +22,7 @@ import (
 // egressAccepts hands the connections accepted on the egress listener to
 // egress.accept requests. It runs until the listener closes.
 func (s *server) egressAccepts() {
+	retry := backoff.Backoff{Base: 10 * time.Millisecond, Max: time.Second}
 	for {
 		nc, err := s.cfg.Egress.Accept()
 		if err != nil {
@@ -28,9 +30,10 @@ func (s *server) egressAccepts() {
 				return
 			}
 			s.log.Warn("egress accept", "err", err)
-			time.Sleep(10 * time.Millisecond)
+			retry.Wait(s.ctx)
 			continue
 		}
+		retry.Reset()
 		select {
 		case s.egress <- nc:
 		case <-s.ctx.Done():
@@ -52,9 +55,13 @@ func (s *server) egressAccept(c *conn) agentproto.Event {
 	ctx, cancel := s.requestContext(c)
 	defer cancel()
 	var nc net.Conn
+	s.egressWaiting.Add(1)
 	select {
 	case nc = <-s.egress:
 	case <-ctx.Done():
+	}
+	s.egressWaiting.Add(-1)
+	if nc == nil {
 		return agentproto.Event{}
 	}
 	defer nc.Close()

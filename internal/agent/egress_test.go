@@ -20,14 +20,25 @@ func TestEgressAccept(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := startAgent(t, Config{Egress: ln})
+	srv := <-a.srv
+	a.srv <- srv
+	waiting := func(n int64, what string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); srv.egressWaiting.Load() != n; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d egress.accept requests wait, want %d", what, srv.egressWaiting.Load(), n)
+			}
+		}
+	}
 
 	// A host that hangs up while waiting leaves nothing behind.
 	gone := a.dial(t)
 	if err := agentproto.WriteFrame(gone, agentproto.FrameJSON, []byte(`{"op":"egress.accept"}`)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	waiting(1, "the request sent")
 	gone.Close()
+	waiting(0, "its host hung up")
 
 	host := a.dial(t)
 	host.SetDeadline(time.Now().Add(10 * time.Second))
@@ -39,7 +50,7 @@ func TestEgressAccept(t *testing.T) {
 		}
 		connected <- ev
 	}()
-	time.Sleep(100 * time.Millisecond)
+	waiting(1, "the host's request sent")
 	if info := a.call(t, agentproto.Request{Op: agentproto.OpPing}).mustOK(t).done.Agent; info.Busy != 0 {
 		t.Fatalf("a waiting egress.accept counts as busy: %+v", info)
 	}

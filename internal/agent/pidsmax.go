@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+
+	"github.com/sheepfold/sheepfold/internal/cgroup"
 )
 
 // A Pod's pids limit, checked before the sandbox runs.
@@ -56,9 +58,9 @@ func readPidsMax(root, self string) (int64, string, error) {
 		return 0, "", fmt.Errorf("no pids controller mounted under %s", root)
 	}
 	path := filepath.Join(dir, "pids.max")
-	n, ok := readInt(path)
-	if !ok {
-		return 0, path, fmt.Errorf("cannot read %s (no pids controller in the container's cgroup)", path)
+	n, err := cgroup.Int(path)
+	if err != nil {
+		return 0, path, fmt.Errorf("cannot read %s (no pids controller in the container's cgroup): %v", path, err)
 	}
 	return n, path, nil
 }

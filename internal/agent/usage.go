@@ -1,15 +1,13 @@
 package agent
 
 import (
-	"bufio"
 	"errors"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
-	"github.com/sheepfold/sheepfold/internal/psi"
+	"github.com/sheepfold/sheepfold/internal/cgroup"
 )
 
 // The usage op: the sandbox's resource usage, read from the agent's own
@@ -86,70 +84,40 @@ func readCgroupUsage(root, self string) (agentproto.Usage, error) {
 	return readV1(root, paths)
 }
 
-// readV2 reads a cgroup v2 directory (what runc's cgroup library reads,
-// as internal/runtime/oci does on the host).
+// readV2 reads a cgroup v2 directory (internal/cgroup, as
+// internal/runtime/oci reads one on the host).
 func readV2(d string) (agentproto.Usage, error) {
-	u := agentproto.Usage{Cgroup: "v2"}
-	cur, okMem := readInt(filepath.Join(d, "memory.current"))
-	cpu, okCPU := readKey(filepath.Join(d, "cpu.stat"), "usage_usec")
-	if !okMem && !okCPU {
-		return u, errNoCgroup
+	cu, found := cgroup.ReadV2(d)
+	if !found {
+		return agentproto.Usage{Cgroup: "v2"}, errNoCgroup
 	}
-	u.MemoryBytes = cur
-	u.CPUNanos = uint64(max(cpu, 0)) * 1000
-	u.MemoryCacheBytes, _ = readKey(filepath.Join(d, "memory.stat"), "file")
-	u.MemoryPeakBytes, _ = readInt(filepath.Join(d, "memory.peak")) // Linux 5.19+
-	u.MemoryLimit, _ = readInt(filepath.Join(d, "memory.max"))
-	oom, _ := readKey(filepath.Join(d, "memory.events"), "oom_kill")
-	u.OOMKills = uint64(max(oom, 0))
-	u.CPULimit = cpuMax(filepath.Join(d, "cpu.max"))
-	u.Pids, _ = readInt(filepath.Join(d, "pids.current"))
-	denied, _ := readKey(filepath.Join(d, "pids.events"), "max")
-	u.PidsDenied = uint64(max(denied, 0))
-	if p := psi.ReadCgroup(d); p != nil {
-		ap := agentproto.Pressure(*p)
-		u.Pressure = &ap
-	}
-	return u, nil
+	return fromCgroup("v2", cu), nil
 }
 
 // readV1 reads the v1 controllers' directories under root.
 func readV1(root string, paths map[string]string) (agentproto.Usage, error) {
-	u := agentproto.Usage{Cgroup: "v1"}
-	okMem, okCPU := false, false
-	if d := v1Dir(root, "memory", paths); d != "" {
-		var n int64
-		n, okMem = readInt(filepath.Join(d, "memory.usage_in_bytes"))
-		u.MemoryBytes = n
-		// total_cache counts the cgroup and its children, as
-		// usage_in_bytes does.
-		u.MemoryCacheBytes, _ = readKey(filepath.Join(d, "memory.stat"), "total_cache")
-		u.MemoryPeakBytes, _ = readInt(filepath.Join(d, "memory.max_usage_in_bytes"))
-		u.MemoryLimit, _ = readInt(filepath.Join(d, "memory.limit_in_bytes"))
-		oom, _ := readKey(filepath.Join(d, "memory.oom_control"), "oom_kill") // Linux 4.13+
-		u.OOMKills = uint64(max(oom, 0))
+	cu, found := cgroup.ReadV1(cgroup.V1{
+		Memory: v1Dir(root, "memory", paths), CPUAcct: v1Dir(root, "cpuacct", paths),
+		CPU: v1Dir(root, "cpu", paths), Pids: v1Dir(root, "pids", paths),
+	})
+	if !found {
+		return agentproto.Usage{Cgroup: "v1"}, errNoCgroup
 	}
-	if d := v1Dir(root, "cpuacct", paths); d != "" {
-		var n int64
-		n, okCPU = readInt(filepath.Join(d, "cpuacct.usage"))
-		u.CPUNanos = uint64(max(n, 0))
+	return fromCgroup("v1", cu), nil
+}
+
+// fromCgroup is a cgroup's counters on the wire.
+func fromCgroup(version string, cu cgroup.Usage) agentproto.Usage {
+	u := agentproto.Usage{
+		Cgroup: version, MemoryBytes: cu.MemoryBytes, MemoryCacheBytes: cu.MemoryCacheBytes, MemoryPeakBytes: cu.MemoryPeakBytes,
+		MemoryLimit: cu.MemoryLimit, OOMKills: cu.OOMKills, CPUNanos: cu.CPUNanos, CPULimit: cu.CPULimit,
+		Pids: cu.Pids, PidsDenied: cu.PidsDenied,
 	}
-	if !okMem && !okCPU {
-		return u, errNoCgroup
+	if cu.Pressure != nil {
+		p := agentproto.Pressure(*cu.Pressure)
+		u.Pressure = &p
 	}
-	if d := v1Dir(root, "cpu", paths); d != "" {
-		quota, _ := readInt(filepath.Join(d, "cpu.cfs_quota_us"))
-		period, _ := readInt(filepath.Join(d, "cpu.cfs_period_us"))
-		if quota > 0 && period > 0 {
-			u.CPULimit = float64(quota) / float64(period)
-		}
-	}
-	if d := v1Dir(root, "pids", paths); d != "" {
-		u.Pids, _ = readInt(filepath.Join(d, "pids.current"))
-		denied, _ := readKey(filepath.Join(d, "pids.events"), "max")
-		u.PidsDenied = uint64(max(denied, 0))
-	}
-	return u, nil
+	return u
 }
 
 // parseProcCgroup maps each controller of a /proc/self/cgroup
@@ -208,61 +176,4 @@ func cgroupDir(mount, p string) string {
 		return d
 	}
 	return mount
-}
-
-// readInt reads a file of one integer; "max" (no limit) is -1. ok is
-// false when the file is missing or malformed.
-func readInt(path string) (n int64, ok bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, false
-	}
-	s := strings.TrimSpace(string(b))
-	if s == "max" {
-		return -1, true
-	}
-	n, err = strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		// A v1 counter beyond int64 (it never is): keep it whole.
-		if u, uerr := strconv.ParseUint(s, 10, 64); uerr == nil {
-			return int64(min(u, 1<<63-1)), true
-		}
-		return 0, false
-	}
-	return n, true
-}
-
-// readKey reads the value of key in a file of "key value" lines
-// (memory.stat, memory.events, cpu.stat, memory.oom_control).
-func readKey(path, key string) (int64, bool) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), " ")
-		if ok && k == key {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n, err == nil
-		}
-	}
-	return 0, false
-}
-
-// cpuMax reads a v2 cpu.max ("quota period", or "max period" for no
-// limit) as a number of CPUs; 0 for none.
-func cpuMax(path string) float64 {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	q, p, ok := strings.Cut(strings.TrimSpace(string(b)), " ")
-	quota, err1 := strconv.ParseInt(q, 10, 64)
-	period, err2 := strconv.ParseInt(p, 10, 64)
-	if !ok || err1 != nil || err2 != nil || quota <= 0 || period <= 0 {
-		return 0
-	}
-	return float64(quota) / float64(period)
 }

@@ -9,21 +9,14 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // writeTree writes files (path relative to root: content) and symlinks
 // (path: target) under root.
 func writeTree(t *testing.T, root string, files, links map[string]string) {
 	t.Helper()
-	for p, content := range files {
-		full := filepath.Join(root, p)
-		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, []byte(content), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	testutil.WriteTree(t, root, files)
 	for p, target := range links {
 		if err := os.Symlink(target, filepath.Join(root, p)); err != nil {
 			t.Fatal(err)

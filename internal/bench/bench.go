@@ -6,7 +6,8 @@
 //
 // Imports: internal/engine (to open the host's engine, as serve does),
 // internal/sandbox, internal/config, internal/template, internal/policy,
-// internal/egress and internal/agentproto for its scenarios,
+// internal/egress and internal/agentproto for its scenarios, internal/cgroup
+// (a sandbox's memory on this host),
 // internal/llm/llmtest (a scripted model provider for the sessions
 // scenario), the Go SDK (client) to drive the server, and the standard
 // library.
@@ -38,6 +39,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/client"
+	"github.com/sheepfold/sheepfold/internal/cgroup"
 	"github.com/sheepfold/sheepfold/internal/config"
 	"github.com/sheepfold/sheepfold/internal/llm/llmtest"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -892,11 +894,11 @@ func cgroupMemory(instance, id string) (int64, error) {
 		} {
 			matches, _ := filepath.Glob(pat)
 			for _, m := range matches {
-				data, err := os.ReadFile(m)
-				if err != nil {
+				n, err := cgroup.Int(m)
+				if errors.Is(err, os.ErrNotExist) {
 					continue
 				}
-				return strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+				return n, err
 			}
 		}
 	}

@@ -414,7 +414,7 @@ func cwdRefused(err error) bool {
 // starts a default context at its first execution; until then it is
 // listed as it will be (its id, language and cwd), and it may be used,
 // restarted or removed by that id.
-var defaultLanguages = []string{"python", "javascript"}
+var defaultLanguages = []string{lang.Python, lang.JavaScript}
 
 // defaultContextID is the id of a language's default context (the agent's
 // naming).

@@ -41,8 +41,8 @@
 //   - SetPolicy judges the open flows again and closes those the new
 //     policy refuses.
 //
-// The package imports internal/policy and internal/events, never the
-// engine.
+// The package imports internal/policy, internal/events and
+// internal/ratelimit (its log's cap, logcap.go), never the engine.
 package egress
 
 import (

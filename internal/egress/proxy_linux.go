@@ -21,7 +21,8 @@ import (
 // Proxied egress. A sandbox whose runtime gives it no interface of the
 // host's (a Pod: its NetworkPolicy denies every egress) reaches the
 // network through an HTTP proxy its agent listens for on the sandbox's
-// loopback (ProxyAddr, which its HTTP_PROXY and HTTPS_PROXY name); the
+// loopback (runtime.ProxyAddr, which its HTTP_PROXY and HTTPS_PROXY name,
+// runtime.ProxyEnv); the
 // server fetches each such connection through the agent and serves it
 // here (ServeProxy). A connection's first request names its destination
 // (CONNECT host:port, or an absolute http:// URL), which is decided as
@@ -34,20 +35,6 @@ import (
 // idle timeout, byte counts and rate, closed by a tightened policy.
 // Clients that ignore the proxy variables reach nothing: the sandbox has
 // no other route out.
-
-// ProxyPort is the loopback port of a proxied sandbox's egress listener.
-const ProxyPort = 3128
-
-// ProxyAddr is that listener's address inside the sandbox.
-var ProxyAddr = "127.0.0.1:" + strconv.Itoa(ProxyPort)
-
-// ProxyEnv is the environment that points a proxied sandbox's clients at
-// its egress listener (both spellings: tools read one or the other).
-func ProxyEnv() []string {
-	u := "http://" + ProxyAddr
-	return []string{"HTTP_PROXY=" + u, "HTTPS_PROXY=" + u, "http_proxy=" + u, "https_proxy=" + u,
-		"NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1"}
-}
 
 // HalfConn is a connection whose sending side can be closed alone (a
 // TCP, unix or TLS connection).

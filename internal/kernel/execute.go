@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/lang"
 )
 
 // An execution goes through these states, each one step (a method of
@@ -134,7 +135,7 @@ func (x *execution) admit() execState {
 		x.done = v.report(x.emit)
 		return execEnd
 	}
-	if x.spec.Preload != nil && k.lang != "python" {
+	if x.spec.Preload != nil && k.lang != lang.Python {
 		x.done.Code, x.done.Message = agentproto.CodeUnsupported, "preloading modules needs a python context"
 		return execEnd
 	}
@@ -536,7 +537,7 @@ func (x *execution) control(m ctlMsg) {
 		x.policyErr = true
 	case "done":
 		x.gotDone = true
-		if x.k.lang == "bash" {
+		if x.k.lang == lang.Bash {
 			var rc int
 			fmt.Sscanf(strings.TrimPrefix(m.raw, "done "), "%d", &rc)
 			if rc != 0 {

@@ -229,9 +229,9 @@ func (k *Kernel) Language() string { return k.lang }
 
 func (k *Kernel) command() *exec.Cmd {
 	switch k.lang {
-	case "python":
+	case lang.Python:
 		return exec.Command(k.opt.Python, "-s", "-c", pythonBoot, pythonDriver, pythonCharts) // -s: pythonBoot
-	case "javascript", "typescript": // the host sends TypeScript cells transpiled
+	case lang.JavaScript, lang.TypeScript: // the host sends TypeScript cells transpiled
 		if k.filter != nil {
 			return exec.Command(k.opt.Helper, "seccomp-exec", base64.StdEncoding.EncodeToString(k.filter),
 				strconv.Itoa(k.filterNR), k.opt.Node, "-e", nodeDriver)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/lang"
 )
 
 // pythonBoot compiles the driver (argv[1]) under the name the driver's
@@ -31,8 +32,8 @@ func (k *Kernel) policyGate(spec agentproto.ExecuteSpec, emit func(agentproto.Ev
 	if pol == nil {
 		return nil
 	}
-	node := k.lang == "javascript" || k.lang == "typescript"
-	if pol.DenySubprocess && (k.lang == "bash" || node && k.opt.Helper == "") {
+	node := k.lang == lang.JavaScript || k.lang == lang.TypeScript
+	if pol.DenySubprocess && (k.lang == lang.Bash || node && k.opt.Helper == "") {
 		why := "a shell that cannot fork runs only its builtins: use a python or javascript context"
 		if node {
 			why = "this agent cannot start Node under the seccomp filter (no seccomp-exec helper); use a python context"

@@ -1,7 +1,9 @@
 // Package lang is the one table of the languages code contexts speak:
 // their canonical names and the aliases callers may use. The host (the
-// engine, the E2B surface) and the agent (its kernels) both import it, so
-// that a name means the same on both sides of the agent protocol.
+// engine, the server's executions and the ask's fence tags, the E2B
+// surface, the CLI's run) and the agent (its kernels, its default
+// context) all import it, so that a name means the same everywhere; no
+// other table of language names is kept.
 //
 // Imports: the standard library only.
 package lang

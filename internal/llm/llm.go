@@ -24,7 +24,8 @@
 // may use, which the server holds of quotas and credits while it runs.
 //
 // Imports: internal/apierr, internal/bound (the ranges of a provider's
-// numbers) and the standard library. llmtest/ is a
+// numbers), internal/backoff (the waits between retries) and the standard
+// library. llmtest/ is a
 // scripted OpenAI-compatible server for tests, examples and the bench.
 package llm
 
@@ -231,7 +232,8 @@ type Relay struct {
 	byModel map[string]*provider
 	models  []Model
 	client  *http.Client
-	// backoff is the wait before the first retry; each later one doubles.
+	// backoff is the wait before the first retry; each later one doubles
+	// (jittered: internal/backoff).
 	backoff time.Duration
 	log     *slog.Logger // [slog.Default]; SetLogger before use
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/backoff"
 )
 
 // Bounds of what a provider may send.
@@ -413,8 +414,8 @@ func (r *Relay) send(ctx, parent context.Context, p *provider, body []byte, stre
 		if attempt >= retries {
 			return nil, failure
 		}
-		if wait <= 0 {
-			wait = r.backoff << attempt
+		if wait <= 0 { // no Retry-After: a doubling, jittered wait
+			wait = backoff.Delay(r.backoff, 0, attempt+1)
 		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 			return nil, failure // no time left to retry

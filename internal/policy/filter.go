@@ -191,7 +191,7 @@ func isBreak(c byte) bool { return c == '\n' || c == '\r' }
 
 // dropBreaks returns b without its line breaks (b itself when it has none).
 func dropBreaks(b []byte) []byte {
-	if bytes.IndexAny(b, "\r\n") < 0 {
+	if !bytes.ContainsAny(b, "\r\n") {
 		return b
 	}
 	out := make([]byte, 0, len(b))
@@ -296,7 +296,7 @@ func (f *OutputFilter) mayMatch(b []byte) bool {
 			return true
 		}
 	}
-	if f.maxSplit > 0 && bytes.IndexAny(b, "\r\n") >= 0 {
+	if f.maxSplit > 0 && bytes.ContainsAny(b, "\r\n") {
 		c := dropBreaks(b)
 		for _, l := range f.literals {
 			if l.split != nil && bytes.Contains(c, l.split) {
@@ -383,7 +383,7 @@ func (f *OutputFilter) find(b []byte) []span {
 			off = end
 		}
 	}
-	if f.maxSplit > 0 && bytes.IndexAny(b, "\r\n") >= 0 {
+	if f.maxSplit > 0 && bytes.ContainsAny(b, "\r\n") {
 		for _, s := range f.findSplit(b) {
 			add(s)
 		}

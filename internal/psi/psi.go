@@ -1,7 +1,7 @@
 // Package psi reads a cgroup v2's pressure stall information (PSI): the
 // avg10 figures of its cpu.pressure, memory.pressure and io.pressure
-// files. The agent reads its sandbox's own cgroup with it, the OCI
-// runtime a sandbox's cgroup on the host.
+// files, for internal/cgroup's reader (the agent's of its own cgroup, the
+// OCI runtime's of a sandbox's cgroup on the host).
 //
 // Imports: the standard library only (the agent is a static binary of the
 // standard library and x/sys).

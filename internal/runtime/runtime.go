@@ -7,13 +7,16 @@
 // in a confined root filesystem, hands back how to reach the agent (its
 // socket, or a dialer), reports resource usage and tears everything down
 // again. It may import only the standard library, x/sys, the OCI spec and
-// seccomp libraries, (oci) runc's cgroup library and moby's mountinfo
-// parser, and (kubernetes) client-go and agenttls.
+// seccomp libraries, internal/backoff, (oci) runc's cgroup library, moby's
+// mountinfo parser and internal/cgroup, and (kubernetes) client-go,
+// agenttls and agentproto (egress.accept alone: a proxied sandbox's
+// connections, EgressProxy).
 package runtime
 
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"time"
 )
@@ -75,17 +78,41 @@ type Network struct {
 	Attach     func(ctx context.Context, pid int) error
 	// Proxy, set for a runtime that is an EgressProxy instead, gives the
 	// sandbox no interface: its agent listens for the sandbox's proxied
-	// connections on egress.ProxyAddr, its environment names that proxy,
-	// and the engine fetches each connection through the agent for the
-	// gateway (ResolvConf and Attach are unset).
+	// connections on ProxyAddr, its environment names that proxy
+	// (ProxyEnv), and the runtime fetches each connection through the
+	// agent for the engine's gateway (EgressProxy.ServeEgress; ResolvConf
+	// and Attach are unset).
 	Proxy bool
+}
+
+// ProxyPort is the port, on a proxied sandbox's loopback (Network.Proxy),
+// where its agent listens for the connections the sandbox's code makes
+// out; the server's gateway serves each (internal/egress, proxy_linux.go).
+const ProxyPort = 3128
+
+// ProxyAddr is that listener's address inside the sandbox.
+const ProxyAddr = "127.0.0.1:3128"
+
+// ProxyEnv is the environment that points a proxied sandbox's clients at
+// ProxyAddr (both spellings: tools read one or the other).
+func ProxyEnv() []string {
+	u := "http://" + ProxyAddr
+	return []string{"HTTP_PROXY=" + u, "HTTPS_PROXY=" + u, "http_proxy=" + u, "https_proxy=" + u,
+		"NO_PROXY=localhost,127.0.0.1,::1", "no_proxy=localhost,127.0.0.1,::1"}
 }
 
 // EgressProxy is a runtime whose sandboxes reach the network only through
 // their agent's egress listener (a Pod: its NetworkPolicy denies all
-// egress, and it has no interface the host could give it).
+// egress, and it has no interface the host could give it). Fetching the
+// connections is the runtime's own work, on goroutines of its own that
+// its Close waits for; the engine only says where they go.
 type EgressProxy interface {
-	ProxiesEgress() bool
+	// ServeEgress hands each connection the code of sandbox inst (as
+	// Create or Attach returned it) makes to its egress listener to
+	// serve, which owns it and may hold it for the connection's life,
+	// until ctx ends. It returns at once. log, when set, is told of
+	// fetches that failed (they are retried).
+	ServeEgress(ctx context.Context, inst *Instance, serve func(net.Conn), log *slog.Logger)
 }
 
 // Instance is a running sandbox as the runtime sees it.

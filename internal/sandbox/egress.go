@@ -1,65 +1,43 @@
 package sandbox
 
 import (
-	"time"
+	"net"
 
 	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
-// egressPumps is how many egress.accept requests a proxied sandbox's
-// engine keeps waiting: as many connections can be taken at once, and
-// each taken one is replaced at once.
-const egressPumps = 4
-
 // proxiesEgress reports whether the runtime's sandboxes reach the
 // network through their agent (runtime.EgressProxy).
 func (m *Manager) proxiesEgress() bool {
-	p, ok := m.cfg.Runtime.(runtime.EgressProxy)
-	return ok && p.ProxiesEgress()
+	_, ok := m.cfg.Runtime.(runtime.EgressProxy)
+	return ok
 }
 
-// pumpEgress fetches the connections the sandbox's code makes to its
-// egress listener and hands each to its gateway (egress.ServeProxy),
-// until the gateway closes (the sandbox stops or is released).
-func (s *Sandbox) pumpEgress() {
+// serveEgress has the runtime hand each connection the sandbox's code
+// makes to its egress listener to its gateway (egress.ServeProxy), until
+// the gateway closes (the sandbox stops or is released). Fetching them is
+// the runtime's work (runtime.EgressProxy); a connection taken is
+// activity, which keeps an idle timeout away.
+func (s *Sandbox) serveEgress(inst *runtime.Instance) {
 	gw := s.net
-	ctx := gw.Context()
-	for range egressPumps {
-		go func() {
-			delay := time.Duration(0)
-			for {
-				c, err := s.AcceptEgress(ctx)
-				if err != nil {
-					if ctx.Err() != nil || order(s.State()) >= order(StateStopping) {
-						return
-					}
-					delay = min(max(2*delay, 50*time.Millisecond), 2*time.Second)
-					s.m.log.Warn("egress accept", "sandbox", s.ID, "err", err, "retry", delay)
-					select {
-					case <-time.After(delay):
-					case <-ctx.Done():
-						return
-					}
-					continue
-				}
-				delay = 0
-				hc, ok := c.(egress.HalfConn)
-				if !ok {
-					c.Close()
-					continue
-				}
-				go gw.ServeProxy(hc)
-			}
-		}()
-	}
+	s.m.cfg.Runtime.(runtime.EgressProxy).ServeEgress(gw.Context(), inst, func(c net.Conn) {
+		hc, ok := c.(egress.HalfConn)
+		if !ok {
+			c.Close()
+			return
+		}
+		s.touch()
+		gw.ServeProxy(hc)
+	}, s.m.log)
 }
 
 // adoptEgress gives an adopted sandbox whose policy allows a network the
-// gateway its creator gave it, and fetches its connections: any replica
-// holding it carries its egress, counting network_requests in the agent.
-func (s *Sandbox) adoptEgress(pol *policy.Policy) error {
+// gateway its creator gave it, and has its connections served: any
+// replica holding it carries its egress, counting network_requests in
+// the agent.
+func (s *Sandbox) adoptEgress(inst *runtime.Instance, pol *policy.Policy) error {
 	egressPolicy, err := policy.CompileEgress(pol.NetworkPolicy())
 	if err != nil || !egressPolicy.Enabled() || !s.m.proxiesEgress() {
 		return err
@@ -70,6 +48,6 @@ func (s *Sandbox) adoptEgress(pol *policy.Policy) error {
 	}
 	s.net = gw
 	s.shareEgressBudget()
-	s.pumpEgress()
+	s.serveEgress(inst)
 	return nil
 }

@@ -265,7 +265,6 @@ var (
 	evilAddr   = netip.MustParseAddr("203.0.113.30")
 	selfAddr   = netip.MustParseAddr("203.0.113.20")
 	cidrAddr   = netip.MustParseAddr("198.51.100.7")
-	strayAddr  = netip.MustParseAddr("203.0.113.99")
 	pypiAddr   = netip.MustParseAddr("203.0.113.40")
 	loopbackGW = netip.MustParseAddr("127.0.0.1")
 )

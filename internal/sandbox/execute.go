@@ -108,7 +108,7 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		req.MaxResultBytes = DefaultMaxResultBytes
 	}
 	if req.ContextID == "" && req.Language == "" {
-		req.Language = "python"
+		req.Language = lang.Python
 	}
 	if req.ContextID == "" && isTypeScript(req.Language) || req.ContextID != "" && s.contextLanguage(ctx, req.ContextID) == lang.TypeScript {
 		js, perr := typescript.Transpile(req.Code)

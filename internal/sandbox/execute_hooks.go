@@ -6,6 +6,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/lang"
 )
 
 // Execute runs code in a context of the sandbox and returns what it did.
@@ -28,16 +29,16 @@ func (s *Sandbox) Execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	if req.ID == "" {
 		req.ID = "exe_" + newID()
 	}
-	lang := req.Language
-	if lang == "" && req.ContextID == "" {
-		lang = "python"
+	language := req.Language
+	if language == "" && req.ContextID == "" {
+		language = lang.Python
 	}
-	if lang == "" {
+	if language == "" {
 		if l, ok := s.ctxLangs.Load(req.ContextID); ok {
-			lang = l.(string)
+			language = l.(string)
 		}
 	}
-	s.emit(events.ExecutionStarted, req.ID, map[string]any{"language": lang, "context_id": req.ContextID})
+	s.emit(events.ExecutionStarted, req.ID, map[string]any{"language": language, "context_id": req.ContextID})
 	// The policy's output filtering (outfilter.go) sits between the
 	// execution and the caller.
 	of := s.newOutputFilter(req, onEvent)
@@ -48,7 +49,7 @@ func (s *Sandbox) Execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	if of != nil && ex != nil {
 		of.finish(ex)
 	}
-	s.executionFinished(req, lang, ex, err, of)
+	s.executionFinished(req, language, ex, err, of)
 	return ex, err
 }
 

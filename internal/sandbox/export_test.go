@@ -10,6 +10,10 @@ func SetAgentDeadlines(idle, grace time.Duration) (restore func()) {
 	return func() { agentIdle, agentGrace = oldIdle, oldGrace }
 }
 
+// RefillQuiet is how long a pool with members left waits after a
+// hand-out before it refills.
+const RefillQuiet = refillQuiet
+
 // The warm pool's tests change a Placer's nodes and want the pool to see
 // it soon.
 func init() { nodeRefresh = 100 * time.Millisecond }

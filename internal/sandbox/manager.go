@@ -372,7 +372,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		return nil, s.running()
 	}
 	if spec.Network != nil && spec.Network.Proxy {
-		s.pumpEgress()
+		s.serveEgress(inst)
 	}
 	m.log.Info("sandbox created", "sandbox", s.ID, "template", s.Template,
 		"runtime", runtimeDone.Sub(began).Round(10*time.Microsecond), "agent", time.Since(runtimeDone).Round(10*time.Microsecond))

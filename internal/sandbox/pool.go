@@ -17,6 +17,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/backoff"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
@@ -180,7 +181,7 @@ func (p *pool) fill() {
 		defer t.Stop()
 		nodes = t.C
 	}
-	backoff := time.Second
+	retry := backoff.Backoff{Base: time.Second, Max: 30 * time.Second}
 	for {
 		tmpl, node, wait := p.wanting()
 		if tmpl == "" || wait > 0 {
@@ -210,16 +211,16 @@ func (p *pool) fill() {
 				p.failed[node] = time.Now()
 				p.mu.Unlock()
 			}
-			p.m.log.Warn("warm pool: could not start a sandbox", "template", tmpl, "node", node, "err", err, "retry_in", backoff)
+			wait := retry.Next()
+			p.m.log.Warn("warm pool: could not start a sandbox", "template", tmpl, "node", node, "err", err, "retry_in", wait)
 			select {
 			case <-p.ctx.Done():
 				return
-			case <-time.After(backoff):
+			case <-time.After(wait):
 			}
-			backoff = min(2*backoff, 30*time.Second)
 			continue
 		}
-		backoff = time.Second
+		retry.Reset()
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()

@@ -258,16 +258,38 @@ func TestPoolSizeZeroIsOff(t *testing.T) {
 // with the new sandbox's first requests), but does soon after.
 func TestPoolRefillWaitsForQuiet(t *testing.T) {
 	t.Parallel()
-	m, _ := fakeEngine(t, poolConfig(2))
+	m, rt := fakeEngine(t, poolConfig(2))
 	waitReady(t, m, 2)
-	if _, err := m.Create(context.Background(), sandbox.CreateOptions{}); err != nil {
+	members := map[string]bool{}
+	for _, id := range runtimeIDs(t, rt) {
+		members[id] = true
+	}
+	took := time.Now()
+	s, err := m.Create(context.Background(), sandbox.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(400 * time.Millisecond)
-	if st := m.PoolStats(); st.Ready != 1 {
-		t.Fatalf("the pool refilled during the quiet time after a hand-out: %+v", st)
+	if !s.FromPool() {
+		t.Fatal("the create missed the pool")
 	}
 	waitReady(t, m, 2)
+	held, err := rt.Inventory(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	refilled := false
+	for _, h := range held {
+		if members[h.ID] || !h.Pool {
+			continue
+		}
+		refilled = true
+		if d := h.Created.Sub(took); d < sandbox.RefillQuiet {
+			t.Fatalf("the pool refilled %v after a hand-out, within the quiet time of %v", d, sandbox.RefillQuiet)
+		}
+	}
+	if !refilled {
+		t.Fatalf("no new member after the hand-out: %+v", held)
+	}
 }
 
 // TestThreadEnv checks that numerical libraries' thread pools are sized to

@@ -8,14 +8,14 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
-	"github.com/sheepfold/sheepfold/internal/egress"
+	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
 // ErrNoListener reports that nothing listens on a port inside the sandbox.
 var ErrNoListener = errors.New("nothing listens on the port inside the sandbox")
 
 // ErrEgressPort reports a connection asked to the port of the sandbox's
-// egress proxy (egress.ProxyPort, its agent's listener where its runtime
+// egress proxy (runtime.ProxyPort, its agent's listener where its runtime
 // proxies egress: a Pod's), which is the sandbox's own way out: only its
 // code reaches it, never a preview (a stranger would reach what the
 // sandbox's network policy allows, on its budget).
@@ -36,7 +36,7 @@ func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	if err := s.running(); err != nil {
 		return nil, err
 	}
-	if port == egress.ProxyPort && s.m.proxiesEgress() {
+	if port == runtime.ProxyPort && s.m.proxiesEgress() {
 		return nil, fmt.Errorf("port %d: %w", port, ErrEgressPort)
 	}
 	s.touch()
@@ -97,24 +97,4 @@ func (s *Sandbox) touch() {
 	s.mu.Lock()
 	s.lastActive = time.Now()
 	s.mu.Unlock()
-}
-
-// AcceptEgress waits for the next connection the sandbox's code makes to
-// its egress listener (a sandbox whose network is proxied through its
-// agent: a Pod's) and returns it, a byte stream to the code's end; the
-// caller hands it to the sandbox's gateway. It waits until one is made,
-// ctx ends or the sandbox stops; a wait is not activity.
-func (s *Sandbox) AcceptEgress(ctx context.Context) (net.Conn, error) {
-	if err := s.running(); err != nil {
-		return nil, err
-	}
-	nc, ev, err := s.connect(ctx, agentproto.Request{Op: agentproto.OpEgressAccept}, time.Time{})
-	if err != nil {
-		return nil, err
-	}
-	if nc == nil {
-		return nil, agentError(ev)
-	}
-	s.touch()
-	return nc, nil
 }

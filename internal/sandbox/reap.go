@@ -5,13 +5,15 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/sheepfold/sheepfold/internal/backoff"
 )
 
 // A crash must never keep the engine from starting, and a destroy that
 // fails must not be forgotten. Both hand the sandbox's id to reap, which
-// destroys it in the background, retrying with a doubling backoff
-// (Config.RetryInterval up to maxRetryInterval) until the runtime reports
-// it gone or the Manager closes; Leftovers lists what is still pending.
+// destroys it in the background, retrying with a doubling, jittered
+// backoff (internal/backoff: Config.RetryInterval up to maxRetryInterval)
+// until the runtime reports it gone or the Manager closes; Leftovers lists what is still pending.
 // Whatever is left at Close stays in the runtime, which lists it to the
 // next engine's reconcile.
 
@@ -99,7 +101,8 @@ func (m *Manager) reap(id string, err error) {
 
 // retry destroys id until it succeeds or the Manager closes.
 func (m *Manager) retry(id string, err error) {
-	wait := m.cfg.RetryInterval
+	retry := backoff.Backoff{Base: m.cfg.RetryInterval, Max: maxRetryInterval}
+	wait := retry.Next()
 	for attempt := 2; ; attempt++ {
 		select {
 		case <-m.ctx.Done():
@@ -115,7 +118,7 @@ func (m *Manager) retry(id string, err error) {
 		m.mu.Lock()
 		m.leftovers[id] = err
 		m.mu.Unlock()
-		wait = min(2*wait, maxRetryInterval)
+		wait = retry.Next()
 		m.log.Warn("destroy failed again", "sandbox", id, "err", err, "retry_in", wait)
 	}
 }

@@ -105,7 +105,7 @@ func (m *Manager) Adopt(ctx context.Context, opt AdoptOptions) (*Sandbox, error)
 	s.announced = true // its creator announced it
 	s.mu.Unlock()
 	if opt.Policy != nil {
-		if err := s.adoptEgress(opt.Policy); err != nil {
+		if err := s.adoptEgress(inst, opt.Policy); err != nil {
 			m.log.Warn("adopted sandbox: its network", "sandbox", s.ID, "err", err)
 		}
 	}

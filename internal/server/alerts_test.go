@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -22,6 +23,16 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
+	}
+}
+
+// waitFlushes waits until each server has finished n more metering
+// flushes (each followed by the alert rules).
+func waitFlushes(t *testing.T, n int64, envs ...*env) {
+	t.Helper()
+	for _, e := range envs {
+		target := e.srv.MeterFlushes() + n
+		waitFor(t, fmt.Sprintf("%d more metering flushes", n), func() bool { return e.srv.MeterFlushes() >= target })
 	}
 }
 
@@ -90,7 +101,8 @@ func TestAlerts(t *testing.T) {
 	waitFor(t, "the 80 % alert", func() bool { return quota("80") == 1 })
 	want(t, e.do("POST", "/v1/sandboxes/"+id+"/execute", e.keyA, map[string]any{"code": "1"}), http.StatusOK, "")
 	waitFor(t, "the 100 % alert", func() bool { return quota("100") == 1 })
-	time.Sleep(200 * time.Millisecond) // several more flushes: still one of each
+	// Several more flushes, each checking the rules: still one of each.
+	waitFlushes(t, 3, e)
 	if quota("80") != 1 || quota("100") != 1 {
 		t.Fatalf("quota alerts repeated: %v", alertsOf(t, e, e.keyA, ""))
 	}

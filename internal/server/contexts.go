@@ -6,6 +6,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/lang"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
@@ -28,7 +29,7 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if req.Language == "" {
-		req.Language = "python"
+		req.Language = lang.Python
 	}
 	b, err := s.lookup(r)
 	if err != nil {

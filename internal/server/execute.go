@@ -7,6 +7,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/lang"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -130,11 +131,11 @@ type executionRecord struct {
 }
 
 func (s *Server) beginExecution(r *http.Request, b *box, id string, req executeRequest) *executionRecord {
-	lang := req.Language
-	if lang == "" && req.ContextID == "" {
-		lang = "python"
+	language := req.Language
+	if language == "" && req.ContextID == "" {
+		language = lang.Python
 	}
-	return s.recordExecution(r.Context(), b.sb.ID, b.owner, id, lang, req.Code)
+	return s.recordExecution(r.Context(), b.sb.ID, b.owner, id, language, req.Code)
 }
 
 // recordExecution starts the record of an execution in the store.

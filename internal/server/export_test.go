@@ -21,6 +21,10 @@ func SetCollectGrace(d time.Duration) (restore func()) {
 	return func() { collectGrace = old }
 }
 
+// MeterFlushes counts the metering flushes the server finished, the
+// alert rules and the credits' checks that follow each included.
+func (s *Server) MeterFlushes() int64 { return s.flushes.Load() }
+
 // Collect runs the replicas' collector once.
 func (s *Server) Collect() { s.collect(context.Background()) }
 

@@ -1,7 +1,9 @@
 package server_test
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -10,7 +12,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/sheepfold/sheepfold/internal/egress"
+	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/runtime/fake"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
@@ -18,10 +20,14 @@ import (
 
 // proxiedRuntime is the fake runtime as one whose sandboxes reach the
 // network through their agent's egress listener (a Pod's), on
-// egress.ProxyPort of their loopback.
+// runtime.ProxyPort of their loopback: a runtime.EgressProxy. Its
+// ServeEgress fetches nothing: this test's sandboxes make no connections
+// out.
 type proxiedRuntime struct{ *fake.Runtime }
 
-func (proxiedRuntime) ProxiesEgress() bool { return true }
+func (proxiedRuntime) ServeEgress(context.Context, *runtime.Instance, func(net.Conn), *slog.Logger) {}
+
+var _ runtime.EgressProxy = proxiedRuntime{}
 
 // TestPreviewRefusesEgressPort: where the runtime proxies egress, the
 // egress proxy's port of a sandbox is never a preview, public or not,
@@ -33,9 +39,9 @@ func (proxiedRuntime) ProxiesEgress() bool { return true }
 func TestPreviewRefusesEgressPort(t *testing.T) {
 	// The fake runtime's "inside" is the host's loopback: the listener
 	// in the egress proxy's place.
-	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(egress.ProxyPort)))
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(runtime.ProxyPort)))
 	if errors.Is(err, syscall.EADDRINUSE) {
-		t.Fatalf("port %d of the loopback is taken: this test needs it (%v)", egress.ProxyPort, err)
+		t.Fatalf("port %d of the loopback is taken: this test needs it (%v)", runtime.ProxyPort, err)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +53,7 @@ func TestPreviewRefusesEgressPort(t *testing.T) {
 	})}
 	go hs.Serve(ln)
 	t.Cleanup(func() { hs.Close() })
-	port := strconv.Itoa(egress.ProxyPort)
+	port := strconv.Itoa(runtime.ProxyPort)
 
 	// Control: a runtime that does not proxy egress previews the port.
 	plain := newEnv(t, server.Config{PreviewDomain: "preview.localhost"})

@@ -236,6 +236,7 @@ func (s *Server) creditsOf(r *http.Request, a *account.Account) (creditsJSON, er
 // run, and sandboxes of accounts out of credits past the grace period
 // stop.
 func (s *Server) afterFlush(ctx context.Context) {
+	defer s.flushes.Add(1)
 	if s.cfg.NoAccounting {
 		return
 	}

@@ -396,7 +396,7 @@ func TestReplicasMeterOnce(t *testing.T) {
 	// many flushes both make.
 	a.rt.SetUsed(runtime.Usage{CPUNanos: uint64(10 * s), MemoryBytes: 1 << 30})
 	waitCPU(10 * s)
-	time.Sleep(500 * time.Millisecond)
+	waitFlushes(t, 3, a, b.env)
 	u := waitCPU(10 * s)
 	once(u, time.Since(created))
 	gbPerSecond := u.GBSecondsReserved / time.Duration(u.WallNanos).Seconds()
@@ -416,7 +416,7 @@ func TestReplicasMeterOnce(t *testing.T) {
 	// Killed through A: its last sample is counted, nothing after.
 	want(t, a.do("DELETE", "/v1/sandboxes/"+id, a.keyA, nil), http.StatusNoContent, "")
 	elapsed := time.Since(created)
-	time.Sleep(300 * time.Millisecond)
+	waitFlushes(t, 3, a)
 	u = waitCPU(30 * s)
 	once(u, elapsed)
 	if gb := u.GBSecondsReserved / time.Duration(u.WallNanos).Seconds(); gb < gbPerSecond*0.999 || gb > gbPerSecond*1.001 {
@@ -486,17 +486,21 @@ func TestReplicasMeterLeaseLost(t *testing.T) {
 			t.Fatalf("stored CPU %d, want 2e9", stored())
 		}
 	}
-	// A third party takes the lease as if its holder's had lapsed, for a
-	// second: both replicas' samples of that second are not counted.
-	l, held, err := a.store.TakeMeterLease(ctx, store.MeterLease{SandboxID: id, Replica: "thief", Until: time.Now().Add(time.Second)},
+	// A third party takes the lease as if its holder's had lapsed, for
+	// three seconds: both replicas' samples of that time are not counted,
+	// however many flushes they make meanwhile.
+	until := time.Now().Add(3 * time.Second)
+	l, held, err := a.store.TakeMeterLease(ctx, store.MeterLease{SandboxID: id, Replica: "thief", Until: until},
 		time.Now().Add(time.Hour))
 	if err != nil || !held || l.CPUNanos != 2e9 {
 		t.Fatalf("take the lease: %+v, %v, %v", l, held, err)
 	}
 	a.rt.SetUsed(runtime.Usage{CPUNanos: 5e9})
-	time.Sleep(600 * time.Millisecond)
-	if cpu := stored(); cpu != 2e9 {
+	waitFlushes(t, 3, a, b.env)
+	if cpu := stored(); cpu != 2e9 && time.Now().Before(until) {
 		t.Fatalf("stored CPU %d while neither replica held the lease; want 2e9", cpu)
+	} else if cpu != 2e9 {
+		t.Fatalf("the replicas' flushes took past the taken lease (%v): the test proves nothing", time.Since(until))
 	}
 	// Once it lapsed, a replica takes it and counts from its counters.
 	for deadline := time.Now().Add(10 * time.Second); stored() != 5e9; time.Sleep(20 * time.Millisecond) {

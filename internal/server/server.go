@@ -49,12 +49,14 @@
 // internal/account (limits and balances), internal/metering,
 // internal/policy, internal/egress (the host's own addresses, which
 // webhooks do not reach), internal/llm (the model relay), internal/apierr,
-// internal/bound (the ranges of numbers), internal/e2b, internal/mcpserver (the
-// /mcp endpoint, with a Go SDK client that calls this server in process),
-// internal/agentproto, internal/runtime (limits), internal/lang (metric
-// labels), internal/abort (responses cut short), internal/ui (the
-// dashboard's embedded front end), api (the OpenAPI document) and
-// golang.org/x/net/publicsuffix (which hosts share a site with previews).
+// internal/backoff (webhook retries), internal/bound (the ranges of
+// numbers), internal/e2b, internal/mcpserver (the /mcp endpoint, with a
+// Go SDK client that calls this server in process), internal/agentproto,
+// internal/runtime (limits), internal/lang (metric labels, the ask's
+// fence tags, the default language), internal/abort (responses cut
+// short), internal/ui (the dashboard's embedded front end), api (the
+// OpenAPI document) and golang.org/x/net/publicsuffix (which hosts share
+// a site with previews).
 // Never a runtime implementation: the engine is handed in.
 package server
 
@@ -198,8 +200,9 @@ type Config struct {
 	WebhookWorkers        int
 	WebhookAccountWorkers int
 	// WebhookRetryBase is the wait before a failed delivery's second
-	// attempt; each later wait doubles [1s]. WebhookMaxAttempts bounds the
-	// attempts of one delivery [6].
+	// attempt; each later wait doubles [1s], each drawn in its upper half
+	// (internal/backoff). WebhookMaxAttempts bounds the attempts of one
+	// delivery [6].
 	WebhookRetryBase   time.Duration
 	WebhookMaxAttempts int
 	// Accounts are the default limits of accounts and the credit rules;
@@ -355,6 +358,9 @@ type Server struct {
 	tenants  sync.Map   // sandbox id → *tenant (quota.go)
 	tenantMu sync.Mutex // guards tenant.released
 	alertQ   chan store.Alert
+	// flushes counts the metering flushes this server finished (with
+	// what follows each, afterFlush); tests wait on it.
+	flushes atomic.Int64
 
 	// sessionMu guards pendingSessions, the sessions each owner is
 	// creating now (rate_limiting.concurrent_sessions: sessions.go).

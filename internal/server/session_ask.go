@@ -9,11 +9,13 @@ import (
 	"net/http"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/lang"
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -103,33 +105,31 @@ type stepJSON struct {
 
 var fence = regexp.MustCompile("(?s)```([A-Za-z0-9_+-]*)[^\\n]*\\n(.*?)```")
 
+// askLanguages are the languages an ask's model may run (its tool's
+// enum); a fence's tag is one of their names or aliases (internal/lang),
+// or none for Python.
+var askLanguages = []string{lang.Python, lang.JavaScript, lang.Bash}
+
 // fencedCode returns the code of a reply's fenced blocks in a language the
 // sandbox runs (joined, in order), and that language.
-func fencedCode(text string) (code, lang string, ok bool) {
+func fencedCode(text string) (code, language string, ok bool) {
 	var parts []string
 	for _, m := range fence.FindAllStringSubmatch(text, -1) {
-		l := strings.ToLower(m[1])
-		switch l {
-		case "", "python", "py", "python3":
-			l = "python"
-		case "javascript", "js", "node":
-			l = "javascript"
-		case "bash", "sh", "shell":
-			l = "bash"
-		default:
+		l, err := lang.Canonical(m[1])
+		if err != nil || !slices.Contains(askLanguages, l) {
 			continue
 		}
-		if lang == "" {
-			lang = l
+		if language == "" {
+			language = l
 		}
-		if l == lang {
+		if l == language {
 			parts = append(parts, m[2])
 		}
 	}
 	if len(parts) == 0 {
 		return "", "", false
 	}
-	return strings.Join(parts, "\n"), lang, true
+	return strings.Join(parts, "\n"), language, true
 }
 
 func clipOutput(s string) string {
@@ -275,14 +275,14 @@ func (s *Server) ask(r *http.Request, rec store.Session, b *box, req askRequest,
 		ans.Cost = account.FormatMicros(ans.CostMicros)
 		return ans
 	}
-	run := func(code, lang string) (sessionExecJSON, error) {
-		ex, err := s.runInSession(r, b, code, lang, nil)
+	run := func(code, language string) (sessionExecJSON, error) {
+		ex, err := s.runInSession(r, b, code, language, nil)
 		if err != nil {
 			return ex, err
 		}
-		ex.Code, ex.Language = code, lang
+		ex.Code, ex.Language = code, language
 		if ex.Language == "" {
-			ex.Language = "python"
+			ex.Language = lang.Python
 		}
 		ans.Executions = append(ans.Executions, ex)
 		emit(stepJSON{Type: "execution", Step: ans.Steps, Execution: &ex})

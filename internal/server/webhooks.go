@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/backoff"
 	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/events"
@@ -32,7 +33,8 @@ import (
 
 // Webhooks: an owner registers URLs; every stored event of the owner's
 // sandboxes (of the webhook's types) is POSTed to each, signed, and
-// retried with exponential backoff; each attempt is logged in the store.
+// retried with exponential backoff (jittered: internal/backoff); each
+// attempt is logged in the store.
 //
 // A webhook makes the server send requests where a tenant says, so three
 // rules keep it from being a way into the server's own networks
@@ -536,7 +538,7 @@ func (w *webhooks) deliver(d delivery) {
 		}
 		return
 	}
-	wait := w.s.cfg.WebhookRetryBase << (d.attempt - 1)
+	wait := backoff.Delay(w.s.cfg.WebhookRetryBase, 0, d.attempt)
 	d.attempt++
 	time.AfterFunc(wait, func() { w.push(d) }) // dropped by push after stop
 }

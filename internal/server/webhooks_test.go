@@ -22,7 +22,6 @@ import (
 type receiver struct {
 	*httptest.Server
 	mu   sync.Mutex
-	got  []received
 	fail int
 	ch   chan received
 }

@@ -1,16 +1,20 @@
 // Package testutil holds helpers shared by tests: root gating, a log
-// buffer goroutines share (Buffer), building the agent, and finding the
-// runtime and templates that privileged tests need. As root (as in CI) a
+// buffer goroutines share (Buffer), files laid out for a test (WriteTree),
+// a value awaited on a channel (Receive),
+// building the agent, and finding the runtime and templates that
+// privileged tests need. As root (as in CI) a
 // missing runtime or template fails the test; it never skips silently.
 package testutil
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
 	"sync"
 	"testing"
+	"time"
 )
 
 // RequireRoot skips t unless it runs as root.
@@ -119,4 +123,34 @@ func Main(m *testing.M, cleanups ...func()) {
 		os.RemoveAll(filepath.Dir(agentPath))
 	}
 	os.Exit(code)
+}
+
+// WriteTree writes files (a path relative to root: its content) under
+// root, making the directories.
+func WriteTree(t testing.TB, root string, files map[string]string) {
+	t.Helper()
+	for name, content := range files {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Receive returns the next value sent on ch, and fails t when none comes
+// within 10 seconds (what names the value awaited).
+func Receive[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	select {
+	case v := <-ch:
+		return v
+	case <-ctx.Done():
+	}
+	t.Fatalf("waited 10 s for %s", what)
+	panic("unreachable")
 }

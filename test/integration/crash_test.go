@@ -28,14 +28,14 @@ import (
 // crashServer is a `sheepfold serve` of its own data dir that a test may
 // kill -9 and start again on the same data dir.
 type crashServer struct {
-	t                *testing.T
-	bin, dir, addr   string
-	key              string
-	extra            []string // more flags of serve
-	cmd              *exec.Cmd
-	exited           chan struct{}
-	log              *testutil.Buffer
-	started, upAfter time.Duration
+	t              *testing.T
+	bin, dir, addr string
+	key            string
+	extra          []string // more flags of serve
+	cmd            *exec.Cmd
+	exited         chan struct{}
+	log            *testutil.Buffer
+	upAfter        time.Duration
 }
 
 func newCrashServer(t *testing.T) *crashServer {

@@ -211,11 +211,11 @@ func TestSeed002ErrorsGoSDK(t *testing.T) {
 	// The seed's way out: a session with network_restricted false has a
 	// network (an interface besides lo; its calls are not refused as
 	// restricted).
-	open, err := c.CreateSession(ctx, client.SessionRequest{Model: "claude-sonnet-4.5", SandboxConfig: map[string]any{"network_restricted": false}})
+	_, err = c.CreateSession(ctx, client.SessionRequest{Model: "claude-sonnet-4.5", SandboxConfig: map[string]any{"network_restricted": false}})
 	if err == nil || !errors.Is(err, client.ErrSessionQuotaExceeded) {
 		t.Fatalf("the seed's last example names the model past its quota: %v", err)
 	}
-	open, err = c.CreateSession(ctx, client.SessionRequest{Model: "deepseek-v3.2", SandboxConfig: map[string]any{"network_restricted": false}})
+	open, err := c.CreateSession(ctx, client.SessionRequest{Model: "deepseek-v3.2", SandboxConfig: map[string]any{"network_restricted": false}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,10 +39,11 @@
 // of the instance, so that a garbage collector can remove those whose
 // record is gone.
 //
-// Imports: internal/runtime, internal/runtime/oci (the agent's path,
-// capabilities and rlimits), internal/agenttls, internal/egress (the
-// egress proxy's address and environment), client-go and the standard
-// library.
+// Imports: internal/runtime (its interfaces, and the egress proxy's
+// address and environment), internal/runtime/oci (the agent's path,
+// capabilities and rlimits), internal/agenttls, internal/agentproto and
+// internal/backoff (fetching a Pod's egress connections, egress.go),
+// client-go and the standard library.
 package kubernetes
 
 import (
@@ -56,6 +57,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -71,7 +73,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/sheepfold/sheepfold/internal/agenttls"
-	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 )
@@ -234,6 +235,9 @@ type Runtime struct {
 	cs  kubernetes.Interface
 	cfg Config
 	fwd *forwarder // nil unless Config.PortForward
+	// egress are the goroutines of ServeEgress (egress.go), which Close
+	// waits for.
+	egress sync.WaitGroup
 }
 
 var (
@@ -543,10 +547,6 @@ func (r *Runtime) networkPolicy(id string) *networkingv1.NetworkPolicy {
 	}
 }
 
-// ProxiesEgress implements runtime.EgressProxy: a Pod has no interface the
-// server could give it; its network is its agent's egress listener.
-func (r *Runtime) ProxiesEgress() bool { return true }
-
 // capabilities are oci.AgentCapabilities as Kubernetes names them.
 func capabilities() []corev1.Capability {
 	out := make([]corev1.Capability, len(oci.AgentCapabilities))
@@ -648,8 +648,8 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 		// Its only way out: the agent's egress listener, which the
 		// server's gateway serves (internal/egress, proxy_linux.go); the
 		// NetworkPolicy denies everything else.
-		args = append(args, "--egress-listen", egress.ProxyAddr)
-		for _, kv := range egress.ProxyEnv() {
+		args = append(args, "--egress-listen", runtime.ProxyAddr)
+		for _, kv := range runtime.ProxyEnv() {
 			k, v, _ := strings.Cut(kv, "=")
 			env = append(env, corev1.EnvVar{Name: k, Value: v})
 		}
@@ -1055,9 +1055,13 @@ func (r *Runtime) Usage(ctx context.Context, id string) (runtime.Usage, error) {
 	return runtime.Usage{}, fmt.Errorf("%w: a Pod's cgroup is on its node; its agent reads it", runtime.ErrUnsupported)
 }
 
-// Close implements the engine's runtime: the runtime holds nothing
-// beyond its client.
-func (r *Runtime) Close() error { return nil }
+// Close implements the engine's runtime: it waits for the egress
+// goroutines, which end with their sandboxes' gateways (the engine closes
+// them first); the runtime holds nothing else beyond its client.
+func (r *Runtime) Close() error {
+	r.egress.Wait()
+	return nil
+}
 
 // Ready reports whether the cluster answers for the namespace: the API
 // server is reachable and the server may list Pods there.

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	//lint:ignore SA1019 client-go's portforward and spdy dialers still hand out this package's types (k8s.io/streaming's are distinct)
 	"k8s.io/apimachinery/pkg/util/httpstream"
 )
 

@@ -1,7 +1,6 @@
 package oci
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -17,7 +16,7 @@ import (
 	cgfs "github.com/opencontainers/cgroups/fs"
 	"golang.org/x/sys/unix"
 
-	"github.com/sheepfold/sheepfold/internal/psi"
+	"github.com/sheepfold/sheepfold/internal/cgroup"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
@@ -105,48 +104,35 @@ func (c *cgroups) controller(id, name string) string {
 	return ""
 }
 
-// usage reads memory, OOM, CPU and pids figures.
+// usage reads memory, OOM, CPU and pids figures (internal/cgroup).
 func (c *cgroups) usage(id string) (runtime.Usage, error) {
-	var u runtime.Usage
+	var cu cgroup.Usage
+	var pids string // the sandbox's pids cgroup: the tenant's counts are its tenantLeaf's
 	if c.v2 {
 		d := c.controller(id, "")
 		if _, err := os.Stat(d); err != nil {
-			return u, runtime.ErrNotFound
+			return runtime.Usage{}, runtime.ErrNotFound
 		}
-		u.MemoryBytes = readInt(filepath.Join(d, "memory.current"))
-		u.MemoryCacheBytes = readKey(filepath.Join(d, "memory.stat"), "file")
-		u.MemoryPeakBytes = readInt(filepath.Join(d, "memory.peak"))
-		u.MemoryLimit = readInt(filepath.Join(d, "memory.max"))
-		u.OOMKills = uint64(readKey(filepath.Join(d, "memory.events"), "oom_kill"))
-		u.CPUNanos = uint64(readKey(filepath.Join(d, "cpu.stat"), "usage_usec")) * 1000
-		u.CPULimit = cpuMax(filepath.Join(d, "cpu.max"))
-		u.Pids, u.PidsDenied = tenantPids(d)
-		if p := psi.ReadCgroup(d); p != nil {
-			rp := runtime.Pressure(*p)
-			u.Pressure = &rp
+		cu, _ = cgroup.ReadV2(d)
+		pids = d
+	} else {
+		mem := c.controller(id, "memory")
+		if _, err := os.Stat(mem); err != nil {
+			return runtime.Usage{}, runtime.ErrNotFound
 		}
-		return u, nil
+		cu, _ = cgroup.ReadV1(cgroup.V1{Memory: mem, CPUAcct: c.controller(id, "cpuacct"), CPU: c.controller(id, "cpu")})
+		pids = c.controller(id, "pids")
 	}
-	mem := c.controller(id, "memory")
-	if _, err := os.Stat(mem); err != nil {
-		return u, runtime.ErrNotFound
+	u := runtime.Usage{
+		MemoryBytes: cu.MemoryBytes, MemoryCacheBytes: cu.MemoryCacheBytes, MemoryPeakBytes: cu.MemoryPeakBytes,
+		MemoryLimit: cu.MemoryLimit, OOMKills: cu.OOMKills, CPUNanos: cu.CPUNanos, CPULimit: cu.CPULimit,
 	}
-	u.MemoryBytes = readInt(filepath.Join(mem, "memory.usage_in_bytes"))
-	// total_cache counts the cgroup and its children, as usage_in_bytes.
-	u.MemoryCacheBytes = readKey(filepath.Join(mem, "memory.stat"), "total_cache")
-	u.MemoryPeakBytes = readInt(filepath.Join(mem, "memory.max_usage_in_bytes"))
-	u.MemoryLimit = readInt(filepath.Join(mem, "memory.limit_in_bytes"))
-	u.OOMKills = uint64(readKey(filepath.Join(mem, "memory.oom_control"), "oom_kill"))
-	if d := c.controller(id, "cpuacct"); d != "" {
-		u.CPUNanos = uint64(readInt(filepath.Join(d, "cpuacct.usage")))
+	if pids != "" {
+		u.Pids, u.PidsDenied = tenantPids(pids)
 	}
-	if d := c.controller(id, "cpu"); d != "" {
-		if quota, period := readInt(filepath.Join(d, "cpu.cfs_quota_us")), readInt(filepath.Join(d, "cpu.cfs_period_us")); quota > 0 && period > 0 {
-			u.CPULimit = float64(quota) / float64(period)
-		}
-	}
-	if d := c.controller(id, "pids"); d != "" {
-		u.Pids, u.PidsDenied = tenantPids(d)
+	if cu.Pressure != nil {
+		p := runtime.Pressure(*cu.Pressure)
+		u.Pressure = &p
 	}
 	return u, nil
 }
@@ -254,7 +240,7 @@ func (c *cgroups) setMemory(id string, b int64) error {
 	}
 	limit, memsw := filepath.Join(d, "memory.limit_in_bytes"), filepath.Join(d, "memory.memsw.limit_in_bytes")
 	files := []string{limit, memsw}
-	if b > readInt(limit) {
+	if cur, _ := cgroup.Int(limit); b > cur {
 		files = []string{memsw, limit}
 	}
 	for _, f := range files {
@@ -266,18 +252,26 @@ func (c *cgroups) setMemory(id string, b int64) error {
 }
 
 // memoryLimit reads the sandbox's memory limit: v2 memory.max, v1
-// memory.limit_in_bytes.
+// memory.limit_in_bytes (a sandbox always has one: "max" is an error).
 func (c *cgroups) memoryLimit(id string) (int64, error) {
 	d := c.controller(id, "memory")
 	name := "memory.limit_in_bytes"
 	if c.v2 {
 		name = "memory.max"
 	}
-	raw, err := os.ReadFile(filepath.Join(d, name))
-	if d == "" || err != nil {
+	if d == "" {
 		return 0, runtime.ErrNotFound
 	}
-	return strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64)
+	n, err := cgroup.Int(filepath.Join(d, name))
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return 0, runtime.ErrNotFound
+	case err != nil:
+		return 0, err
+	case n < 0:
+		return 0, fmt.Errorf("%s: no memory limit", filepath.Join(d, name))
+	}
+	return n, nil
 }
 
 // oomKills reads the sandbox's OOM-kill count alone: v1 memory.oom_control,
@@ -288,47 +282,30 @@ func (c *cgroups) oomKills(id string) (uint64, error) {
 	if c.v2 {
 		path = filepath.Join(c.controller(id, ""), "memory.events")
 	}
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
+	n, err := cgroup.Key(path, "oom_kill")
+	switch {
+	case errors.Is(err, os.ErrNotExist):
 		return 0, runtime.ErrNotFound
-	}
-	if err != nil {
+	case errors.Is(err, cgroup.ErrNoKey):
+		return 0, nil // a kernel that does not count OOM kills
+	case err != nil:
 		return 0, err
 	}
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
-			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-			return n, err
-		}
-	}
-	return 0, nil // a kernel that does not count OOM kills
+	return uint64(max(n, 0)), nil
 }
 
 // cpuTime reads the sandbox's CPU time alone: v1 cpuacct.usage
 // (nanoseconds), v2 cpu.stat usage_usec. One file, a few microseconds.
 func (c *cgroups) cpuTime(id string) (time.Duration, error) {
 	if c.v2 {
-		b, err := os.ReadFile(filepath.Join(c.mounts[0], c.parent, id, "cpu.stat"))
-		if err != nil {
-			return 0, err
-		}
-		for line := range strings.Lines(string(b)) {
-			if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
-				n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-				return time.Duration(n) * time.Microsecond, err
-			}
-		}
-		return 0, errors.New("cpu.stat has no usage_usec")
+		n, err := cgroup.Key(filepath.Join(c.mounts[0], c.parent, id, "cpu.stat"), "usage_usec")
+		return time.Duration(n) * time.Microsecond, err
 	}
 	d := c.controller(id, "cpuacct")
 	if d == "" {
 		return 0, errors.New("no cpuacct cgroup hierarchy")
 	}
-	b, err := os.ReadFile(filepath.Join(d, "cpuacct.usage"))
-	if err != nil {
-		return 0, err
-	}
-	n, err := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
+	n, err := cgroup.Int(filepath.Join(d, "cpuacct.usage"))
 	return time.Duration(n), err
 }
 
@@ -458,62 +435,15 @@ func (c *cgroups) removeParent() {
 // tenantPids reads the tasks and refused forks the sandbox's pids limit
 // counts, in the sandbox's pids cgroup d: its tenantLeaf's (the agent's
 // own threads, outside the limit, are not the tenant's), or d's for a
-// sandbox without one (no pids limit).
+// sandbox without one (no pids limit). A file that cannot be read counts
+// nothing.
 func tenantPids(d string) (pids int64, denied uint64) {
-	if t := filepath.Join(d, tenantLeaf); dirExists(t) {
-		d = t
+	if fi, err := os.Stat(filepath.Join(d, tenantLeaf)); err == nil && fi.IsDir() {
+		d = filepath.Join(d, tenantLeaf)
 	}
-	return readInt(filepath.Join(d, "pids.current")), uint64(readKey(filepath.Join(d, "pids.events"), "max"))
-}
-
-func dirExists(d string) bool {
-	fi, err := os.Stat(d)
-	return err == nil && fi.IsDir()
-}
-
-func readInt(path string) int64 {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	s := string(bytes.TrimSpace(b))
-	if s == "max" {
-		return -1
-	}
-	n, _ := strconv.ParseInt(s, 10, 64)
-	return n
-}
-
-// cpuMax reads a cgroup v2 cpu.max ("quota period", or "max period" for
-// no limit) as a number of CPUs; 0 for none.
-func cpuMax(path string) float64 {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	q, p, ok := strings.Cut(strings.TrimSpace(string(b)), " ")
-	quota, err1 := strconv.ParseInt(q, 10, 64)
-	period, err2 := strconv.ParseInt(p, 10, 64)
-	if !ok || err1 != nil || err2 != nil || quota <= 0 || period <= 0 {
-		return 0
-	}
-	return float64(quota) / float64(period)
-}
-
-// readKey reads "key value" lines (memory.events, cpu.stat, memory.oom_control).
-func readKey(path, key string) int64 {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, " ")
-		if ok && k == key {
-			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n
-		}
-	}
-	return 0
+	pids, _ = cgroup.Int(filepath.Join(d, "pids.current"))
+	n, _ := cgroup.Key(filepath.Join(d, "pids.events"), "max")
+	return max(pids, 0), uint64(max(n, 0))
 }
 
 // supervisorLeaf is the cgroup, in a delegated one, that the engine's own

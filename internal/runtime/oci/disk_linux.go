@@ -511,23 +511,6 @@ func (d *disks) format(path string, size, inodes int64) (int64, error) {
 	return free, nil
 }
 
-// close removes every blank (they are made again on demand).
-func (d *disks) close() {
-	if d == nil {
-		return
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for limit, bl := range d.blanks {
-		select {
-		case <-bl.ready:
-			os.Remove(bl.path)
-			delete(d.blanks, limit)
-		default:
-		}
-	}
-}
-
 // diskUsage reads the use and size of a writable layer mounted at rw:
 // for an ext4 disk, what its files hold and what they can hold (used plus
 // available), the balloon of a lowered limit left out; for a tmpfs, its
@@ -601,7 +584,7 @@ func (d *disks) resize(b, rw string, limit int64) error {
 		if err := d.grow(b, rw, limit-capacity); err != nil {
 			return err
 		}
-		if used, capacity, err = room(); err != nil {
+		if _, capacity, err = room(); err != nil {
 			return err
 		}
 	}

@@ -43,9 +43,9 @@
 // state and cgroup, so a sandbox left by a crash between any two steps is
 // found and destroyed by the engine's start-up reconciler.
 //
-// Imports: internal/runtime (the interface it implements), internal/psi
-// (pressure stall information, read as the agent reads it), the OCI spec
-// types, moby's seccomp profile and mountinfo parser, runc's cgroup
+// Imports: internal/runtime (the interface it implements), internal/backoff
+// (the sweep's retries), internal/cgroup (a cgroup's usage counters, read
+// as the agent reads them), the OCI spec types, moby's seccomp profile and mountinfo parser, runc's cgroup
 // library, golang.org/x/sys and the standard library; runc itself is run
 // as a command (its state file, not its error text, says what it knows).
 package oci

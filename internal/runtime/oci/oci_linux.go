@@ -20,6 +20,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/sheepfold/sheepfold/internal/backoff"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
@@ -194,8 +195,9 @@ var ErrLocked = errors.New("instance locked")
 
 // Bounds of the sweep of dead instances: New waits sweepWait for it at
 // most; what is left then, or cannot be destroyed, is swept again in the
-// background every sweepRetry, doubling up to a minute, until nothing is
-// left or Close. Variables, so that tests can shorten them.
+// background after sweepRetry, doubling up to a minute (jittered:
+// internal/backoff), until nothing is left or Close. Variables, so that
+// tests can shorten them.
 var (
 	sweepWait  = 5 * time.Second
 	sweepRetry = 5 * time.Second
@@ -209,7 +211,9 @@ func (o *OCI) sweep() {
 	o.sweeper.Go(func() {
 		left := o.sweepOnce()
 		close(first)
-		for wait := sweepRetry; left > 0; wait = min(2*wait, time.Minute) {
+		retry := backoff.Backoff{Base: sweepRetry, Max: time.Minute}
+		for left > 0 {
+			wait := retry.Next()
 			o.cfg.Logger.Warn("sandboxes of dead sheepfold processes are left; sweeping again later", "count", left, "retry_in", wait)
 			select {
 			case <-o.quit:

@@ -47,14 +47,14 @@ func TestTenantFiles(t *testing.T) {
 			d := filepath.Join(root, tc.dir)
 			// Files the kernel makes with each cgroup.
 			kernelFiles := map[string]string{"cgroup.procs": "", "cgroup.threads": "", "tasks": "", "pids.current": "9\n", "pids.events": "max 0\n"}
-			writeFiles(t, d, kernelFiles)
+			testutil.WriteTree(t, d, kernelFiles)
 			orig := mkCgroup
 			t.Cleanup(func() { mkCgroup = orig })
 			mkCgroup = func(dir string) error {
 				if err := os.Mkdir(dir, 0o755); err != nil {
 					return err
 				}
-				writeFiles(t, dir, kernelFiles)
+				testutil.WriteTree(t, dir, kernelFiles)
 				return nil
 			}
 			if err := c.makeTenant("sb", 64, owner); err != nil {
@@ -75,7 +75,7 @@ func TestTenantFiles(t *testing.T) {
 			if err := c.makeTenant("sb", 64, owner); err == nil {
 				t.Error("a second tenant cgroup was made over the first")
 			}
-			writeFiles(t, filepath.Join(d, "tenant"), map[string]string{"pids.current": "7\n", "pids.events": "max 3\n"})
+			testutil.WriteTree(t, filepath.Join(d, "tenant"), map[string]string{"pids.current": "7\n", "pids.events": "max 3\n"})
 			if n, denied := tenantPids(d); n != 7 || denied != 3 {
 				t.Errorf("tenantPids = %d, %d; want the tenant's 7, 3", n, denied)
 			}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -31,11 +30,6 @@ func (s *Store) PutSandbox(ctx context.Context, sb store.Sandbox) error {
 		return err
 	}
 	return storeErr("put sandbox", tx.Commit(ctx))
-}
-
-// execer is what both the pool and a transaction offer.
-type execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
 // putSandbox writes a sandbox's record and trims the owner's sandboxes.

@@ -80,6 +80,25 @@ func (s *server) do(t *testing.T, method, path string, body any) (int, []byte) {
 	return res.StatusCode, b
 }
 
+// executionRunning reports whether the sandbox's execution of code is
+// running, as its record says.
+func executionRunning(t *testing.T, s *server, id, code string) bool {
+	t.Helper()
+	status, b := s.do(t, "GET", "/v1/sandboxes/"+id+"/executions", nil)
+	if status != http.StatusOK {
+		t.Fatalf("list executions: %d %s", status, b)
+	}
+	var page struct {
+		Executions []struct{ Code, Status string } `json:"executions"`
+	}
+	if err := json.Unmarshal(b, &page); err != nil {
+		t.Fatalf("list executions: %v: %s", err, b)
+	}
+	return slices.ContainsFunc(page.Executions, func(e struct{ Code, Status string }) bool {
+		return e.Code == code && e.Status == "running"
+	})
+}
+
 func freePort(t *testing.T) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -378,7 +397,13 @@ func replicaKill(t *testing.T, lb, a *server, id string, restart func() *server)
 		}
 		cut <- err
 	}()
-	time.Sleep(1500 * time.Millisecond)
+	// A kills it once the execution runs there (its record says so in
+	// the shared store), not before it arrived.
+	for deadline := time.Now().Add(60 * time.Second); !executionRunning(t, lb, id, slow["code"].(string)); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the slow execution never ran on replica A")
+		}
+	}
 	if err := a.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}

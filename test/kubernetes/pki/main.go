@@ -120,7 +120,7 @@ func run(dir string, specs []string) error {
 			case strings.HasPrefix(san, "DNS:"):
 				tmpl.DNSNames = append(tmpl.DNSNames, san[4:])
 			default:
-				return fmt.Errorf("certificate %s: SAN %q is neither IP: nor DNS:", f[0], san)
+				return fmt.Errorf("certificate %s: SAN %q has neither the IP: nor the DNS: prefix", f[0], san)
 			}
 		}
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

@@ -18,9 +18,9 @@
 // before it serves (agent.CheckPidsMax), so a node without the plugin
 // fails the Pod instead of running it unbounded.
 //
-// Imports: internal/runtime/kubernetes (the annotation), the NRI stub
-// (github.com/containerd/nri, the runtime's own protocol library) and the
-// standard library.
+// Imports: internal/runtime/kubernetes (the annotation), internal/backoff
+// (the reconnect's wait), the NRI stub (github.com/containerd/nri, the
+// runtime's own protocol library) and the standard library.
 package nri
 
 import (
@@ -32,6 +32,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 
+	"github.com/sheepfold/sheepfold/internal/backoff"
 	"github.com/sheepfold/sheepfold/internal/runtime/kubernetes"
 )
 
@@ -79,15 +80,19 @@ func (p *Plugin) CreateContainer(_ context.Context, pod *api.PodSandbox, ctr *ap
 	return adj, nil, nil
 }
 
-// retry is how long Run waits before it connects again.
+// retry is how long, at most, Run waits before it connects again: a
+// restarted runtime is rejoined within it, as containers it creates
+// meanwhile get no pids limit (and their agents refuse to serve). The
+// wait is jittered (internal/backoff), not doubled.
 const retry = time.Second
 
 // Run serves the runtime listening at socket until ctx ends, connecting
-// again (each second) when the runtime is not there yet or restarts.
+// again (within each second) when the runtime is not there yet or restarts.
 // Started by the runtime itself (a pre-installed plugin, its connection
 // in the environment), it uses that connection instead.
 func Run(ctx context.Context, socket string, log *slog.Logger) error {
 	p := &Plugin{log: log}
+	wait := backoff.Backoff{Base: retry, Max: retry}
 	for {
 		s, err := stub.New(p, stub.WithPluginName(Name), stub.WithPluginIdx(Index), stub.WithSocketPath(socket))
 		if err != nil {
@@ -98,10 +103,8 @@ func Run(ctx context.Context, socket string, log *slog.Logger) error {
 			return nil
 		}
 		log.Warn("the runtime's NRI connection ended; connecting again", "socket", socket, "err", err)
-		select {
-		case <-ctx.Done():
+		if !wait.Wait(ctx) {
 			return nil
-		case <-time.After(retry):
 		}
 	}
 }

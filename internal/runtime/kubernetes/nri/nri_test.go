@@ -1,9 +1,13 @@
 package nri
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -112,4 +116,101 @@ func TestRunOverNRI(t *testing.T) {
 	if _, err := create(map[string]string{kubernetes.AnnotationPids: "-1"}); err == nil || !strings.Contains(err.Error(), "not a positive number") {
 		t.Fatalf("a bad annotation: %v", err)
 	}
+}
+
+// TestRunRejoinsRestartedRuntime: a runtime that restarts (containerd
+// killed and started again, its socket made anew) is rejoined by Run's
+// reconnect, whose jittered wait (internal/backoff) stays within retry.
+// Each runtime is a process of its own (this test binary as
+// runtimeProcess), as the NRI library ends a plugin's connection only
+// with its runtime's process. Each runtime creates containers until one
+// gets the limit (those before the plugin joined get none) and says
+// whether any came before it.
+func TestRunRejoinsRestartedRuntime(t *testing.T) {
+	if os.Getenv("SHEEPFOLD_NRI_RUNTIME") != "" {
+		runtimeProcess(t, os.Getenv("SHEEPFOLD_NRI_RUNTIME"))
+		return
+	}
+	dir := t.TempDir()
+	socket := filepath.Join(dir, "nri.sock")
+	start := func() (*exec.Cmd, time.Duration) {
+		t.Helper()
+		cmd := exec.Command(os.Args[0], "-test.run=^TestRunRejoinsRestartedRuntime$")
+		cmd.Env = append(os.Environ(), "SHEEPFOLD_NRI_RUNTIME="+socket)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		begun := time.Now()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if line := sc.Text(); strings.HasPrefix(line, "pids ") {
+				if line != "pids 64 after none" && line != "pids 64 after unasked" {
+					t.Fatalf("the runtime: %s", line)
+				}
+				t.Logf("the runtime: %s", line)
+				return cmd, time.Since(begun)
+			}
+		}
+		t.Fatalf("the runtime ended before the plugin joined it: %v", cmd.Wait())
+		return nil, 0
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, socket, slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	first, _ := start()
+	first.Process.Kill()
+	first.Wait()
+	_, took := start()
+	t.Logf("the restarted runtime was rejoined after %v (the reconnect waits at most %v)", took.Round(time.Millisecond), retry)
+}
+
+// runtimeProcess is the runtime's side of TestRunRejoinsRestartedRuntime:
+// it listens on socket, creates an annotated Pod's container every 10 ms
+// until one gets a pids limit (at most 10 s), prints "pids N after
+// none" (or what went wrong), and serves until killed.
+func runtimeProcess(t *testing.T, socket string) {
+	dir := filepath.Dir(socket)
+	sync := func(ctx context.Context, cb adaptation.SyncCB) error {
+		_, err := cb(ctx, nil, nil)
+		return err
+	}
+	update := func(context.Context, []*adaptation.ContainerUpdate) ([]*adaptation.ContainerUpdate, error) {
+		return nil, nil
+	}
+	os.Remove(socket) // a killed runtime's
+	rt, err := adaptation.New("test-runtime", "v1", sync, update,
+		adaptation.WithSocketPath(socket), adaptation.WithPluginPath(filepath.Join(dir, "plugins")), adaptation.WithPluginConfigPath(filepath.Join(dir, "conf.d")))
+	if err == nil {
+		err = rt.Start()
+	}
+	if err != nil {
+		fmt.Println("pids none:", err)
+		return
+	}
+	seen := "unasked"
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		res, err := rt.CreateContainer(context.Background(), &adaptation.CreateContainerRequest{
+			Pod: pod(map[string]string{kubernetes.AnnotationPids: "64"}), Container: &api.Container{Id: "c1", PodSandboxId: "p1", Name: "sandbox"}})
+		if err != nil {
+			fmt.Println("pids none:", err)
+			return
+		}
+		if p := res.GetAdjust().GetLinux().GetResources().GetPids(); p != nil {
+			fmt.Printf("pids %d after %s\n", p.GetLimit(), seen)
+			select {} // serve until killed
+		}
+		seen = "none"
+	}
+	fmt.Println("pids none: the plugin did not join within 10 s")
 }
