@@ -44,8 +44,10 @@ import (
 //     this way too. A replica that stops lets its heartbeat lapse at
 //     once and ends its own (retire).
 //
-// What each replica keeps to itself: ports made public (preview.go), and
-// per-minute rate limits. Usage is metered by the one replica holding a
+// What each replica keeps to itself: ports made public through /v1
+// (preview.go). Per-minute rate limits are not: an account's are counted
+// in the shared store (store.RateStore), a sandbox policy's by its agent
+// (internal/sandbox, agentbudget.go). Usage is metered by the one replica holding a
 // sandbox's meter lease (internal/metering).
 
 // collectGrace is how long a sandbox may exist without a record (a

@@ -6,6 +6,24 @@
 // the v2 files, an OOM is reported as ERR_OUT_OF_MEMORY, pids and CPU
 // quota hold. It is built only with -tags cgroupv2guest (run.sh) and fails,
 // never skips, without the server it is pointed at.
+//
+// # The harness
+//
+//   - test/cgroupv2 (`make test-cgroupv2`): the host here is cgroup v1 hybrid,
+//     so a qemu guest (TCG without /dev/kvm, KVM with it) proves the pure v2
+//     path: Debian's kernel, systemd as init, the guest image built once by
+//     image.sh and cached under `<data>/guest` (rebuilt when image.sh
+//     changes), the template as a second read-only ext4 disk, bin/cgroupv2 (binaries,
+//     .deb, compiled tests) shared read-only over 9p. Inside, as a `Delegate=yes` unit: the
+//     compiled privileged tests of internal/runtime/oci, the cgroup-relevant
+//     ones of internal/sandbox (isolation, OOM, pids, CPU, disk, crash),
+//     internal/doctor, no cgroup left behind, then the .deb installed and its
+//     sheepfold.service driven by the Go SDK (e2e_test.go: cgroup placement
+//     inside the unit, the v2 limit files, ERR_OUT_OF_MEMORY with
+//     memory.events' oom_kill, pids.max, cpu.max throttling), stopping the
+//     unit leaves no cgroup, and `sheepfold doctor` breaking one thing at a
+//     time (template, runc, user namespaces). The guest's exit status comes
+//     back through the 9p outbox; none is a failure;
 package cgroupv2
 
 import (

@@ -9,6 +9,33 @@
 // the cluster once killed.
 //
 // It never skips: run without its cluster, it fails.
+//
+// # The cluster
+//
+//   - test/kubernetes (`make test-kubernetes`, third in .ci/run): a real
+//     two-node Kubernetes cluster on this one host, and the Kubernetes backend
+//     tested against it (sheepfold.sh: the template exported and imported,
+//     the seccomp profile on both nodes, e2e/ with `-tags kubernetes_e2e`:
+//     serve over pgtest's PostgreSQL, four sandboxes as Pods spread over both
+//     nodes, the Black-Friday analysis with its chart, code as uid 1000 with
+//     no capabilities in a user-namespaced Pod, kill and shutdown leave no Pod,
+//     Secret or NetworkPolicy, hostile_test.go's attacks of a tenant's root on
+//     its Pod; then deploy/kubernetes dry-run on the server; the NRI plugin
+//     runs on the host at each node's containerd, whose NRI is on, and the
+//     kubelets have podPidsLimit 8192). cluster.sh builds Kubernetes, etcd and containerd
+//     at pinned releases from the Go module proxy (wrapper modules in
+//     build/, cached under `<data>/kubernetes/<versions>/bin` with a stamp),
+//     then `up` starts etcd, the control plane on loopback and two kubelets,
+//     each with its own containerd, cgroup root and CNI bridge (Debian's
+//     plugins; pods on 10.88.1.0/24 and 10.88.2.0/24, routed by the host);
+//     the pause and test images are static Go programs (pause/, echo/) written
+//     as OCI archives by ociimage/ and imported with ctr, as `cluster.sh
+//     import-image` does for any archive; pki/ writes the certificates in one
+//     process. `down` undoes all of it (processes,
+//     mounts, links, iptables/nft, sysctls, cgroups, default paths the daemons
+//     made). test.sh runs up, smoke.sh (a pod per node, host-to-pod and
+//     pod-to-pod HTTP, deletion leaves nothing), down, and fails unless the
+//     host state after down equals the state before up;
 package e2e
 
 import (
