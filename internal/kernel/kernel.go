@@ -248,9 +248,13 @@ type proc struct {
 
 	pipes [2]syscall.RawConn // read ends of stdout and stderr
 
-	filtered bool     // started under the no-subprocess filter (Node)
-	used     bool     // an execution has run in it
-	deny     *denials // what its seccomp filter refused, for the execution loop
+	filtered bool // started under the no-subprocess filter (Node)
+	used     bool // an execution has run in it
+	// ended marks the output streams (1, 2) an execution read to their
+	// end: the interpreter can write no marker there any more. Read and
+	// written by executions, under the kernel's lock.
+	ended [3]bool
+	deny  *denials // what its seccomp filter refused, for the execution loop
 	// lmu guards lconn, the kernel's end of the socket pair the filter's
 	// listener arrives over, and listener, once it has arrived.
 	lmu      sync.Mutex
