@@ -125,8 +125,12 @@ func TestServiceOnCgroupV2(t *testing.T) {
 		"memory.max":      strconv.Itoa(256 << 20),
 		"memory.high":     "max", // see oci.resources: throttling would stall, not help
 		"memory.swap.max": "0",   // memory+swap = memory: never swapped out
-		"pids.max":        "64",
-		"cpu.max":         "50000 100000",
+		// The sandbox's 64 tasks, in its threaded child "tenant", and
+		// the agent's reserve above them (oci.AgentPids, 64).
+		"pids.max":           "128",
+		"tenant/pids.max":    "64",
+		"tenant/cgroup.type": "threaded",
+		"cpu.max":            "50000 100000",
 	} {
 		if got := read(t, dir, file); got != want {
 			t.Errorf("%s = %q, want %q", file, got, want)
