@@ -296,8 +296,13 @@ func (s *Server) collect(ctx context.Context) {
 				reason = store.ReasonTimedOut
 			}
 			s.collectOne(ctx, h.ID, reason, true)
-		case recorded, now.Sub(h.Created) < collectGrace, h.Pool && !h.Ended:
-			// A live sandbox, a create in flight, or a warm pool
+		case h.Pool && h.Ended:
+			// A warm pool member whose replica died: it ended itself
+			// (its lease ran out), whatever its age, and nobody else
+			// will destroy its objects.
+			s.collectOne(ctx, h.ID, "warm pool member ended", false)
+		case recorded, now.Sub(h.Created) < collectGrace, h.Pool:
+			// A live sandbox, a create in flight, or a live warm pool
 			// member (which ends itself when its replica is gone).
 		default:
 			s.collectOne(ctx, h.ID, "no record", false)
