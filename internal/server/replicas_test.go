@@ -218,6 +218,28 @@ func TestReplicasCollector(t *testing.T) {
 	}
 }
 
+// TestReplicasCollectAtShutdown: a replica that stops collects what ended
+// since its last collection (a warm pool member of a dead replica, whose
+// node reported it only now), so that the last replica to stop leaves
+// nothing ended behind.
+func TestReplicasCollectAtShutdown(t *testing.T) {
+	a := newEnv(t, server.Config{CollectInterval: time.Hour, PreviewKey: replicaKey}, shared)
+	ctx := context.Background()
+	if _, err := a.rt.Create(ctx, runtime.Spec{ID: "ended0000000000", Pool: true}); err != nil {
+		t.Fatal(err)
+	}
+	a.rt.End("ended0000000000")
+	if ids, _ := a.rt.List(ctx); !slices.Contains(ids, "ended0000000000") {
+		t.Fatalf("before the shutdown: %v", ids)
+	}
+	if err := a.srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := a.rt.List(ctx); slices.Contains(ids, "ended0000000000") {
+		t.Fatalf("the stopped replica left an ended pool member: %v", ids)
+	}
+}
+
 // TestReplicasE2B: a sandbox made through E2B's control plane on one
 // replica is served by the other with the same access token, signed URLs
 // and template alias.

@@ -764,6 +764,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.cut(errCut)
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.sweeper.Wait()
+	if s.shared() && s.store != nil {
+		// A last collection: what ended since the last one (a warm
+		// pool member whose replica died, on a node that reported it
+		// only now) is not left for replicas that may never come.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		s.collect(cctx)
+		cancel()
+	}
 	s.retire()
 	s.hooks.stop()
 	if s.ownBus {
