@@ -582,12 +582,16 @@ func waitGone(t *testing.T, cs kubernetes.Interface, ns, sel string) {
 	t.Helper()
 	ctx := context.Background()
 	opt := metav1.ListOptions{LabelSelector: sel}
-	var left []string
+	var left, pods []string
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
-		left = left[:0]
+		left, pods = left[:0], pods[:0]
 		if l, err := cs.CoreV1().Pods(ns).List(ctx, opt); err == nil {
 			for _, p := range l.Items {
 				left = append(left, "pod/"+p.Name)
+				// What the Pod was, for the failure: its node, phase,
+				// labels (pool or not), age and deletion.
+				pods = append(pods, fmt.Sprintf("%s: node %s, phase %s, labels %v, created %s, deleting %v",
+					p.Name, p.Spec.NodeName, p.Status.Phase, p.Labels, p.CreationTimestamp.Format(time.RFC3339), p.DeletionTimestamp != nil))
 			}
 		}
 		if l, err := cs.CoreV1().Secrets(ns).List(ctx, opt); err == nil {
@@ -605,7 +609,7 @@ func waitGone(t *testing.T, cs kubernetes.Interface, ns, sel string) {
 		}
 	}
 	slices.Sort(left)
-	t.Fatalf("left in the cluster: %v", left)
+	t.Fatalf("left in the cluster: %v; pods: %v", left, pods)
 }
 
 // startAlone starts one `sheepfold serve --backend kubernetes` over a
