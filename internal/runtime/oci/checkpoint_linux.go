@@ -160,8 +160,9 @@ func (o *OCI) Checkpoint(ctx context.Context, id, dir string) error {
 		return fmt.Errorf("checkpoint %s: %w", id, err)
 	}
 	info := checkpointInfo{AgentSocket: spec.Annotations[agentSocketAnnotation], Sandbox: id, Version: checkpointVersion}
-	ino, ok := strings.CutPrefix(info.AgentSocket, "socket:[")
-	if ino, ok = strings.CutSuffix(ino, "]"); !ok {
+	ino, prefixed := strings.CutPrefix(info.AgentSocket, "socket:[")
+	ino, suffixed := strings.CutSuffix(ino, "]")
+	if _, err := strconv.ParseUint(ino, 10, 64); !prefixed || !suffixed || err != nil {
 		return fmt.Errorf("checkpoint %s: its spec does not name the agent's socket (made before checkpoints existed)", id)
 	}
 	if info.Log, err = fileKey(filepath.Join(b, "agent.log")); err != nil {

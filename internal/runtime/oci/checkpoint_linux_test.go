@@ -82,7 +82,8 @@ func memoryCharged(t *testing.T, o *OCI) int64 {
 // and has a file in its writable layer: its processes end, the memory
 // they held is freed, and a restore brings all of it back, reached through
 // the agent's new socket. Twice, since a restore gives the agent new host
-// objects that the second checkpoint must find.
+// objects that the second checkpoint must find; then a checkpointed
+// sandbox is destroyed.
 func TestCheckpointRestore(t *testing.T) {
 	o, err := New(testConfig(t, "ckpt"))
 	if err != nil {
@@ -196,6 +197,11 @@ print(marker, hashlib.sha256(blob).hexdigest() == digest, srv.pid, srv.poll() is
 		if err := os.RemoveAll(dir); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// A checkpointed sandbox is destroyed as a running one is (the
+	// deferred Destroy and assertGone).
+	if err := o.Checkpoint(ctx, id, dir); err != nil {
+		t.Fatalf("last checkpoint: %v", err)
 	}
 }
 
