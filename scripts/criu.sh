@@ -12,9 +12,9 @@
 # so the host's apt configuration is left as it is. The build takes about 3
 # minutes on 2 cores.
 #
-# criu.patch (next to this script) changes three things, each needed by
-# sandboxes whose user namespace another host uid owns on hosts whose root
-# lacks CAP_SYS_RESOURCE (this project's CI host):
+# criu.patch (next to this script) changes four things, each needed by
+# sandboxes whose user namespace another host uid owns, on hosts whose root
+# lacks CAP_SYS_RESOURCE (this project's CI host) or not:
 #   - cr-dump.c: a task's rlimits are read from /proc/<pid>/limits when
 #     prlimit64() is refused (it needs CAP_SYS_RESOURCE over the namespace);
 #   - sk-unix.c: a unix socket of another network namespace (the agent's
@@ -22,7 +22,11 @@
 #     by its inode alone, and restored only from --inherit-fd;
 #   - namespaces.c: the check that a dump's namespaces belong to its user
 #     namespace opens them before entering it (a restored task that is not
-#     dumpable, such as the agent, has its mm's user namespace from CRIU).
+#     dumpable, such as the agent, has its mm's user namespace from CRIU);
+#   - cr-restore.c: with SHEEPFOLD_CRIU_USERNS_OWNER=<id> in its environment
+#     (runc passes its own on), the restored root task's new user namespace
+#     is made as that host id, which then owns it, as the sandbox's own uid
+#     owns the namespace Create makes (its per-user kernel counters).
 # Bump CRIU_PATCHSET whenever criu.patch changes: the next setup rebuilds.
 set -euo pipefail
 
@@ -30,7 +34,7 @@ DATA_DIR=${SHEEPFOLD_DATA_DIR:-/var/lib/sheepfold}
 CRIU_VERSION=4.2.1
 CRIU_DEB_VERSION=4.2.1-1
 CRIU_SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
-CRIU_PATCHSET=sheepfold-1
+CRIU_PATCHSET=sheepfold-2
 # Suites whose source lists may hold $CRIU_DEB_VERSION (apt picks it from any).
 CRIU_SUITES=${CRIU_SUITES:-"forky sid trixie-backports"}
 MIRROR=${SHEEPFOLD_DEBIAN_MIRROR:-http://deb.debian.org/debian}

@@ -58,9 +58,9 @@ import (
 // restore; the spec records the listener's inode (agentSocketAnnotation).
 //
 // The restored sandbox's namespaces are new: CRIU makes the user
-// namespace with the dumped maps (the sandbox's own host ids; owned by
-// root, where Create's is owned by the range's first uid, so its
-// per-user kernel counters are charged to root), and the network
+// namespace with the dumped maps (the sandbox's own host ids), owned by
+// the range's first uid as Create's is (criuOwnerEnv), so that its
+// per-user kernel counters are charged to it again, and the network
 // namespace with its loopback down. The restore brings lo up and writes
 // NamespaceLimits into the user namespace again before it returns; for
 // that moment the restored processes run without them (seccomp still
@@ -85,6 +85,11 @@ const (
 	criuConfigAnnotation  = "org.criu.config"
 	agentSocketAnnotation = "sheepfold.agent-socket"
 )
+
+// criuOwnerEnv names, in CRIU's environment, the host uid and gid that
+// make (and so own) a restored sandbox's user namespace: a patch of ours
+// (scripts/criu.sh).
+const criuOwnerEnv = "SHEEPFOLD_CRIU_USERNS_OWNER"
 
 // Files of a bundle and of a checkpoint's directory.
 const (
@@ -317,6 +322,10 @@ func (o *OCI) Restore(ctx context.Context, id, dir string) (inst *runtime.Instan
 	began := time.Now()
 	cmd := o.runcCriu(ctx, "restore", "--bundle", b, "--image-path", dir, "--work-path", dir, "--tcp-established", "--file-locks",
 		"--detach", "--pid-file", pidFile, id)
+	// runc passes its environment on to CRIU: our CRIU makes the new user
+	// namespace as the range's first uid, which then owns it, as the
+	// engine's own holder owns the one Create makes (userns_linux.go).
+	cmd.Env = append(cmd.Env, fmt.Sprintf("%s=%d", criuOwnerEnv, st.Gid))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = in, lnFile, logf
 	if err := cmd.Run(); err != nil {
 		log, _ := os.ReadFile(logf.Name())

@@ -9,8 +9,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/runtime"
@@ -54,6 +57,16 @@ func checkpointsDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return d
+}
+
+// nsOwner is the host uid owning the user namespace of pid.
+func nsOwner(pid int) (uint32, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	return unix.IoctlGetUint32(int(f.Fd()), unix.NS_GET_OWNER_UID)
 }
 
 // memoryCharged is what the memory cgroup at dir (a path below the
@@ -183,12 +196,21 @@ import urllib.request
 print(marker, hashlib.sha256(blob).hexdigest() == digest, srv.pid, srv.poll() is None,
       urllib.request.urlopen("http://127.0.0.1:8765/").status, open("/home/user/note.txt").read(),
       open("/proc/sys/user/max_user_namespaces").read().strip(), open("/proc/sys/user/max_inotify_instances").read().strip(),
-      os.getuid())
+      os.getuid(), *[l.split(":")[1].strip() for l in open("/proc/self/status") if l.split(":")[0] in ("Seccomp", "NoNewPrivs", "CapEff", "CapBnd")])
 `)
 		// The isolation is the original's: the sandbox's namespace
-		// limits, the kernel's uid.
-		if want := "baa True " + serverPID + " True 200 kept 0 128 1000\n"; got != want {
+		// limits, the kernel's uid, no capabilities, no_new_privs and a
+		// seccomp filter.
+		if want := "baa True " + serverPID + " True 200 kept 0 128 1000 0000000000000000 0000000000000000 1 2\n"; got != want {
 			t.Fatalf("round %d: after the restore the sandbox says %q, want %q", round, got, want)
+		}
+		// Its user namespace is owned by its own host uid, as Create's.
+		var bundle syscall.Stat_t
+		if err := syscall.Stat(o.bundle(id), &bundle); err != nil {
+			t.Fatal(err)
+		}
+		if owner, err := nsOwner(inst.PID); err != nil || owner != bundle.Gid {
+			t.Errorf("round %d: the restored user namespace is owned by %d (%v), want the sandbox's %d", round, owner, err, bundle.Gid)
 		}
 		u, err := o.Usage(ctx, id)
 		if err != nil || u.MemoryBytes < 32<<20 || u.Pids < 2 || u.MemoryLimit != 256<<20 {

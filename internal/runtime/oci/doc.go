@@ -196,17 +196,18 @@
 //
 //   - Checkpoint and restore (runtime.Checkpointer, checkpoint_linux.go):
 //     `runc checkpoint` with CRIU (Config.CriuPath, default `criu` beside
-//     runc: 4.2.1 with three patches, built by scripts/criu.sh) writes
+//     runc: 4.2.1 with four patches, built by scripts/criu.sh) writes
 //     every process of the sandbox into a directory (0710, the sandbox's
 //     host group: CRIU's restore reads it as the sandbox's root) and ends
 //     them; runc removes their cgroups, so their memory is freed, while
 //     the bundle, disk, overlay and id range stay (List still finds the
 //     sandbox, Destroy removes it). `runc restore` starts them again in new
 //     cgroups of the spec's limits (the tenant's pids cgroup made again);
-//     CRIU makes a new user namespace with the same maps (owned by root,
-//     not by the range's uid as Create's is: its per-user counters are
-//     root's), whose NamespaceLimits the restore writes again through
-//     nsenter, and a new network namespace, whose loopback it brings up.
+//     CRIU makes a new user namespace with the same maps, owned by the
+//     range's first uid as Create's is (CRIU makes it as that uid: a patch
+//     of ours, told the uid by SHEEPFOLD_CRIU_USERNS_OWNER), whose
+//     NamespaceLimits the restore writes again through nsenter, and a new
+//     network namespace, whose loopback it brings up.
 //     The agent's host objects are CRIU externals: its log (Create makes
 //     stdin, stdout and stderr that one file, group-writable by the
 //     sandbox's host ids so that the restored agent may reopen it), its
