@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -182,6 +183,31 @@ print(srv.pid)
 			t.Errorf("round %d: a second checkpoint: %v, want ErrCheckpointed", round, err)
 		}
 
+		if round == 1 {
+			// A restore that fails half-way (CRIU has started the
+			// processes when it finds no memory to give them) leaves
+			// the sandbox checkpointed, and restorable.
+			broken := dir + "-broken"
+			if out, err := exec.Command("cp", "-a", dir, broken).CombinedOutput(); err != nil {
+				t.Fatalf("copy the checkpoint: %v %s", err, out)
+			}
+			pages, _ := filepath.Glob(filepath.Join(broken, "pages-*.img"))
+			for _, p := range pages {
+				os.Remove(p)
+			}
+			if len(pages) == 0 {
+				t.Fatal("the checkpoint has no pages-*.img")
+			}
+			if _, err := o.Restore(ctx, id, broken); err == nil {
+				t.Fatal("a restore without the memory's images succeeded")
+			} else {
+				t.Logf("restore without memory: %v", err)
+			}
+			if d := o.cg.dirs(id); len(d) > 0 || o.running(id) {
+				t.Errorf("a failed restore left cgroups %v or runc's state (%v)", d, o.running(id))
+			}
+			os.RemoveAll(broken)
+		}
 		began = time.Now()
 		inst, err = o.Restore(ctx, id, dir)
 		if err != nil {
