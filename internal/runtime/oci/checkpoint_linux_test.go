@@ -70,8 +70,8 @@ func nsOwner(pid int) (uint32, error) {
 	return unix.IoctlGetUint32(int(f.Fd()), unix.NS_GET_OWNER_UID)
 }
 
-// memoryCharged is what the memory cgroup at dir (a path below the
-// memory hierarchy's mount) holds now, its children's included.
+// memoryCharged is what the instance's memory cgroup (the parent of its
+// sandboxes') holds now, its children's included.
 func memoryCharged(t *testing.T, o *OCI) int64 {
 	t.Helper()
 	var f string
