@@ -223,6 +223,18 @@ type Runtime interface {
 	List(ctx context.Context) ([]string, error)
 }
 
+// Checkpointer is implemented by runtimes that can save a running
+// sandbox's processes, memory included, to a directory and end them
+// (Checkpoint), and start them again from it (Restore), while the
+// sandbox's files stay where they are. Between the two the sandbox holds
+// no memory and no process; Destroy still removes it. A checkpoint
+// needs every connection to the sandbox's agent closed, and a restored
+// agent is reached at the Instance Restore returns (a new socket).
+type Checkpointer interface {
+	Checkpoint(ctx context.Context, id, dir string) error
+	Restore(ctx context.Context, id, dir string) (*Instance, error)
+}
+
 // Attacher is implemented by runtimes whose sandboxes outlive the engine
 // that created them and are served by every engine of a deployment (the
 // replicas of a Kubernetes-backed server): Attach reaches a running
