@@ -31,6 +31,13 @@
 //     sandbox's tasks whatever their uid, which the agent checks before
 //     anything runs (a node without the plugin fails the Pod).
 //
+// The agent starts with the sandbox's lifetime (runtime.Spec.Lifetime,
+// `--lifetime`: a warm pool member's lease, a sandbox's timeout), which
+// its init keeps until a ping replaces it: a Pod whose server died after
+// posting it, before the first ping, still ends (its Pod then fails and a
+// collector deletes its objects), where it would otherwise run with no
+// deadline, a warm pool member spared by every collector for ever.
+//
 // The server dials the agent at the Pod's IP; the handshake proves both
 // ends (the agent's certificate names its sandbox, so a reused Pod IP
 // never reaches another sandbox).
@@ -753,6 +760,11 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	args = append(args, "--listen-tcp", ":"+strconv.Itoa(r.cfg.AgentPort), "--tls-dir", tlsDir)
 	// The usage history every replica reads the same (E2B's metrics).
 	args = append(args, "--usage-history")
+	if spec.Lifetime > 0 {
+		// A deadline from the start: a Pod whose server died before its
+		// first ping ends anyway (runtime.Spec.Lifetime).
+		args = append(args, "--lifetime", spec.Lifetime.String())
+	}
 	if scratch {
 		args = append(args, "--scratch", oci.HomeSeedPath)
 	}
