@@ -485,6 +485,43 @@ func TestAttachAndInventory(t *testing.T) {
 	}
 }
 
+// TestInventoryStuckPending: a warm pool member's Pod still Pending past
+// StartTimeout (its server died while it waited to be scheduled; its
+// agent never started, so its lease cannot end it) is ended, and a
+// collector takes it; one younger than that is a create in flight.
+func TestInventoryStuckPending(t *testing.T) {
+	t.Parallel()
+	r, cs := newRuntime(t, Config{StartTimeout: time.Minute})
+	ctx := context.Background()
+	for id, age := range map[string]time.Duration{"stuck": 2 * time.Minute, "young": 30 * time.Second} {
+		sp := spec(id)
+		sp.Pool = true
+		pod, err := r.pod(sp, "image")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod.Namespace, pod.CreationTimestamp = ns, metav1.NewTime(time.Now().Add(-age))
+		pod.Status.Phase = corev1.PodPending
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held, err := r.Inventory(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, h := range held {
+		if !h.Pool {
+			t.Errorf("%s is not a pool member: %+v", h.ID, h)
+		}
+		got[h.ID] = h.Ended
+	}
+	if len(got) != 2 || !got["stuck"] || got["young"] {
+		t.Fatalf("ended: %v, want stuck alone", got)
+	}
+}
+
 // TestCreateAvoidsAbsentKubelet: a Pod bound to a node whose kubelet
 // never takes it is made again away from that node.
 func TestCreateAvoidsAbsentKubelet(t *testing.T) {
