@@ -65,6 +65,15 @@ type Spec struct {
 	// Node, for a Placer, is the node the sandbox must run on; "" leaves
 	// the choice to the runtime.
 	Node string
+	// Lifetime, when positive, is the lifetime the sandbox's agent starts
+	// with, until the engine's first ping gives it one (the same). A
+	// runtime whose sandboxes outlive the engine (kubernetes) hands it to
+	// the agent at start, so that a sandbox whose engine died between
+	// Create and that ping (a warm pool member of a replica killed while
+	// its Pod started, which no collector takes) still ends: its agent
+	// would otherwise know no deadline. Others may ignore it: the local
+	// engine's next start reaps what its predecessor left.
+	Lifetime time.Duration
 }
 
 // Network connects a sandbox to the host's egress gateway. The runtime
