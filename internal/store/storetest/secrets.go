@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -101,6 +103,33 @@ func testSecrets(t *testing.T, s store.Store) {
 	if _, err := s.GetSecret(ctx, "acct-a", "openai"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("get after delete: %v", err)
 	}
+	// Concurrent creates of one account (servers sharing the store):
+	// the bound holds.
+	const tries, bound = 12, 3
+	errs := make(chan error, tries)
+	var wg sync.WaitGroup
+	for i := range tries {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- s.CreateSecret(ctx, store.Secret{Owner: "acct-c", Name: fmt.Sprintf("s%d", i), KeyID: "k1", Sealed: []byte{1}, CreatedAt: t0}, bound)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	made := 0
+	for err := range errs {
+		switch {
+		case err == nil:
+			made++
+		case !errors.Is(err, store.ErrLimit) && !errors.Is(err, store.ErrUnavailable):
+			t.Errorf("a concurrent create: %v", err)
+		}
+	}
+	if l, _ := s.ListSecrets(ctx, "acct-c"); len(l) != made || made != bound {
+		t.Fatalf("concurrent creates under a bound of %d: %d made, %d kept", bound, made, len(l))
+	}
+
 	// Room again under the bound.
 	if err := s.CreateSecret(ctx, store.Secret{Owner: "acct-a", Name: "third", KeyID: "k1", Sealed: []byte{7}, CreatedAt: t0}, 2); err != nil {
 		t.Fatal(err)
