@@ -30,6 +30,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/runtime/kubernetes"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/secrets"
 	"github.com/sheepfold/sheepfold/internal/server"
 	"github.com/sheepfold/sheepfold/internal/store"
 	"github.com/sheepfold/sheepfold/internal/store/postgres"
@@ -312,6 +313,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	// leftovers, and servers of different data dirs stay apart.
 	cmd.Flags().StringVar(&instance, "instance", "", "engine instance name: state directory and cgroup of this server's sandboxes (default: server-<hash of the data dir>)")
 	cmd.Flags().MarkHidden("instance")
+	cmd.Flags().StringVar(&cfg.SecretsKeyFile, "secrets-key-file", "", "the keys that seal the accounts' secrets: lines ID:BASE64 (32 bytes each, the last one seals, every one opens; mode 0600) (default: $"+secrets.KeyEnv+" in that format, else DATA_DIR/"+secrets.KeyFileName+", made with a new key at the first start)")
 	cmd.Flags().StringVar(&cfg.CgroupRoot, "cgroup-root", "",
 		"cgroup under which sandboxes' cgroups are made, e.g. / for the hierarchy's root (default: on cgroup v2 under systemd, the service's own delegated cgroup (Delegate=yes); else /)")
 	// Accounts: the default limits of every account (each may override
@@ -363,6 +365,24 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 			err = cerr
 		}
 	}()
+	// The accounts' secrets: values sealed under older keys of the
+	// keyring are sealed again under its newest (key rotation).
+	keys, err := secrets.LoadKeys(cfg.SecretsKeyFile, cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	if cfg.SecretsKeyFile == "" && os.Getenv(secrets.KeyEnv) == "" && postgres.IsURL(cfg.Database) {
+		log.Warn("secrets are sealed with this server's own key file: servers sharing the database must share it (--secrets-key-file or $"+secrets.KeyEnv+")",
+			"file", filepath.Join(cfg.DataDir, secrets.KeyFileName))
+	}
+	if scfg.Secrets, err = secrets.New(st, keys, secrets.Options{}); err != nil {
+		return err
+	}
+	if n, err := scfg.Secrets.Reseal(ctx); err != nil {
+		log.Error("reseal secrets: values sealed under a key missing from the keyring do not open", "err", err)
+	} else if n > 0 {
+		log.Info("resealed secrets under the newest key", "count", n, "key", keys.Current())
+	}
 	// On Kubernetes, sandboxes outlive every replica and the others
 	// serve them meanwhile: records stay, and the collector ends those
 	// whose Pod is gone, and the executions of replicas whose heartbeat

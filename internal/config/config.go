@@ -30,6 +30,11 @@ type Config struct {
 	// delegated cgroup under systemd on cgroup v2, else the root (see
 	// oci.Config.CgroupRoot). [auto; serve --cgroup-root]
 	CgroupRoot string
+	// SecretsKeyFile holds the keys that seal the accounts' secrets
+	// (internal/secrets: ID:BASE64 lines, the last one seals). Empty:
+	// $SHEEPFOLD_SECRETS_KEYS, else DataDir/secrets.key, made at the
+	// first start. [serve --secrets-key-file]
+	SecretsKeyFile string
 }
 
 // FromEnv returns the defaults overridden by the environment.

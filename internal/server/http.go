@@ -44,6 +44,7 @@ func (s *Server) routesInto(mux *http.ServeMux) {
 	s.fileRoutes(add)
 	s.eventRoutes(add)
 	s.webhookRoutes(add)
+	s.secretRoutes(add)
 	s.accountRoutes(add)
 	s.usageRoutes(add)
 	s.alertRoutes(add)

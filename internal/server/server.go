@@ -268,7 +268,8 @@
 // internal/policy, internal/egress (the host's own addresses, which
 // webhooks do not reach), internal/llm (the model relay), internal/apierr,
 // internal/backoff (webhook retries), internal/bound (the ranges of
-// numbers), internal/e2b, internal/mcpserver (the /mcp endpoint, with a
+// numbers), internal/secrets (the accounts' secrets), internal/e2b,
+// internal/mcpserver (the /mcp endpoint, with a
 // Go SDK client that calls this server in process), internal/agentproto,
 // internal/runtime (limits), internal/lang (metric labels, the ask's
 // fence tags, the default language), internal/abort (responses cut
@@ -302,6 +303,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/secrets"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
@@ -441,6 +443,10 @@ type Config struct {
 	// the site of the API's own name ["localhost", which browsers resolve
 	// to the loopback without DNS].
 	PreviewDomain string
+	// Secrets keeps the accounts' secrets (secrets.go, internal/secrets).
+	// Nil: a service over the store whose values are sealed with a
+	// random key of this server's own, which no restart keeps.
+	Secrets *secrets.Service
 }
 
 func (c *Config) setDefaults() {
@@ -543,6 +549,7 @@ type Server struct {
 
 	bus         *events.Bus
 	hooks       *webhooks
+	secrets     *secrets.Service
 	ownBus      bool          // bus was made by New, closed by Shutdown
 	streamsDone chan struct{} // closed when Shutdown begins: event streams end
 
@@ -648,6 +655,10 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	s.streams.refused = s.metrics.streamRefused
 	s.preview = s.newPreviewProxy()
 	s.hooks = newWebhooks(s, dest)
+	s.secrets = cfg.Secrets
+	if s.secrets == nil && st != nil {
+		s.secrets = ownSecrets(st)
+	}
 	if st != nil {
 		if err := s.hooks.start(context.Background()); err != nil {
 			log.Error("load webhooks: none will be delivered", "err", err)

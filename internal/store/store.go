@@ -222,6 +222,7 @@ type Store interface {
 	AdmissionStore
 	RateStore
 	ModelStore
+	SecretStore
 	ReplicaStore
 	MeterPointStore
 	StorageStore

@@ -57,6 +57,7 @@ func Run(t *testing.T, open Open) {
 		{"StorageBounds", testStorageBounds},
 		{"ClearStopped", testClearStopped},
 		{"StorageMeter", testStorageMeter},
+		{"Secrets", testSecrets},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -68,6 +68,12 @@ func populate(t *testing.T, ctx context.Context, st store.Store) {
 	must(st.AddExecution(ctx, store.Execution{ID: "ex-2", SandboxID: "sb-1", Owner: "acct-a", Language: "python",
 		Status: store.ExecutionRunning, CreatedAt: now.Add(-30 * time.Minute), Code: "while True: pass", Replica: "replica-a"}))
 	must(st.PutSession(ctx, store.Session{ID: "sb-1", Owner: "acct-a", Model: "gpt-x", CreatedAt: now.Add(-2 * time.Hour)}))
+	// secrets: one used, one at its second version; sealed bytes with a NUL.
+	must(st.CreateSecret(ctx, store.Secret{Owner: "acct-a", Name: "openai", Metadata: json.RawMessage(`{"team":"x"}`), KeyID: "k1",
+		Sealed: []byte{0, 1, 2, 0xff}, CreatedAt: now.Add(-2 * time.Hour)}, 10))
+	must(st.TouchSecret(ctx, "acct-a", "openai", now.Add(-time.Hour)))
+	must(st.CreateSecret(ctx, store.Secret{Owner: "acct-b", Name: "db", KeyID: "k1", Sealed: []byte{9}, CreatedAt: now.Add(-2 * time.Hour)}, 10))
+	must(st.UpdateSecret(ctx, "acct-b", "db", 2, "k2", []byte{8, 0}, nil, now.Add(-time.Hour)))
 
 	// events: the newest one is deleted by retention (its time is old),
 	// so SQLite has handed out an id above every row's.

@@ -55,6 +55,7 @@ from .errors import (
 )
 from .events import Event, EventPage, Events, Webhook, WebhookDelivery, Webhooks, verify_webhook
 from .files import FilePage, Filesystem, WriteEntry
+from .secrets import Secret, Secrets
 from .models import (
     CodeContext,
     CommandResult,
@@ -108,6 +109,8 @@ __all__ = [
     "Webhook",
     "WebhookDelivery",
     "Webhooks",
+    "Secret",
+    "Secrets",
     "verify_webhook",
     "FilePage",
     "Filesystem",

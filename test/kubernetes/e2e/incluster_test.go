@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/sheepfold/sheepfold/internal/secrets"
 	"github.com/sheepfold/sheepfold/internal/testutil/pgtest"
 )
 
@@ -69,6 +70,16 @@ func TestServerInCluster(t *testing.T) {
 	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "sheepfold-database"},
 		StringData: map[string]string{"url": podDSN},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := secrets.NewKeyLine("k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "sheepfold-secrets"},
+		StringData: map[string]string{"keys": keys},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,71 @@
+package client
+
+import (
+	"context"
+	"net/url"
+	"time"
+)
+
+// Secret is what the server shows of a stored secret: never its value.
+type Secret struct {
+	Name       string            `json:"name"`
+	Metadata   map[string]string `json:"metadata"`
+	Version    int64             `json:"version"` // 1 when created, one more at each new value
+	CreatedAt  time.Time         `json:"created_at"`
+	UpdatedAt  time.Time         `json:"updated_at"` // when the current version was stored
+	LastUsedAt *time.Time        `json:"last_used_at"`
+}
+
+// CreateSecret stores a secret of the caller's account. The value is
+// write-only: no call gives it back. ErrConflict when the name is taken,
+// ErrStorageQuotaExceeded when the account keeps as many as it may.
+func (c *Client) CreateSecret(ctx context.Context, name, value string, metadata map[string]string) (*Secret, error) {
+	var s Secret
+	body := map[string]any{"name": name, "value": value}
+	if metadata != nil {
+		body["metadata"] = metadata
+	}
+	if err := c.call(ctx, request{method: "POST", path: "/v1/secrets", json: body}, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// ListSecrets returns the caller's secrets by name (never their values).
+func (c *Client) ListSecrets(ctx context.Context) ([]Secret, error) {
+	var body struct {
+		Secrets []Secret `json:"secrets"`
+	}
+	if err := c.call(ctx, request{method: "GET", path: "/v1/secrets"}, &body); err != nil {
+		return nil, err
+	}
+	return body.Secrets, nil
+}
+
+// GetSecret returns one of the caller's secrets (never its value).
+func (c *Client) GetSecret(ctx context.Context, name string) (*Secret, error) {
+	var s Secret
+	if err := c.call(ctx, request{method: "GET", path: "/v1/secrets/" + url.PathEscape(name)}, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// RotateSecret stores a new version of a secret's value; metadata, when
+// not nil, replaces the secret's.
+func (c *Client) RotateSecret(ctx context.Context, name, value string, metadata map[string]string) (*Secret, error) {
+	var s Secret
+	body := map[string]any{"value": value}
+	if metadata != nil {
+		body["metadata"] = metadata
+	}
+	if err := c.call(ctx, request{method: "PUT", path: "/v1/secrets/" + url.PathEscape(name), json: body}, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// DeleteSecret deletes a secret and its value.
+func (c *Client) DeleteSecret(ctx context.Context, name string) error {
+	return c.call(ctx, request{method: "DELETE", path: "/v1/secrets/" + url.PathEscape(name)}, nil)
+}

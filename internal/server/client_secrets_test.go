@@ -1,0 +1,63 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/sheepfold/sheepfold/client"
+	"github.com/sheepfold/sheepfold/internal/server"
+)
+
+// TestGoSDKSecrets drives /v1/secrets through the Go SDK.
+func TestGoSDKSecrets(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	ctx := context.Background()
+	c := client.New(e.url, e.keyA)
+	s, err := c.CreateSecret(ctx, "db_password", "hunter2", map[string]string{"env": "prod"})
+	if err != nil || s.Name != "db_password" || s.Version != 1 || s.Metadata["env"] != "prod" || s.LastUsedAt != nil || s.CreatedAt.IsZero() {
+		t.Fatalf("create: %+v, %v", s, err)
+	}
+	if _, err := c.CreateSecret(ctx, "db_password", "x", nil); !errors.Is(err, client.ErrConflict) {
+		t.Fatalf("create twice: %v", err)
+	}
+	if _, err := c.CreateSecret(ctx, "db-password", "x", nil); !errors.Is(err, client.ErrBadRequest) {
+		t.Fatalf("a bad name: %v", err)
+	}
+	if s, err = c.RotateSecret(ctx, "db_password", "hunter3", nil); err != nil || s.Version != 2 || s.Metadata["env"] != "prod" {
+		t.Fatalf("rotate: %+v, %v", s, err)
+	}
+	if s, err = c.GetSecret(ctx, "db_password"); err != nil || s.Version != 2 {
+		t.Fatalf("get: %+v, %v", s, err)
+	}
+	if l, err := c.ListSecrets(ctx); err != nil || len(l) != 1 || l[0].Name != "db_password" {
+		t.Fatalf("list: %+v, %v", l, err)
+	}
+	if _, err := client.New(e.url, e.keyB).GetSecret(ctx, "db_password"); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("another account's secret: %v", err)
+	}
+	if err := c.DeleteSecret(ctx, "db_password"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteSecret(ctx, "db_password"); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("delete twice: %v", err)
+	}
+}
+
+// TestPythonSDKSecrets runs sdk/python/tests/test_secrets.py against a
+// server.
+func TestPythonSDKSecrets(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	cmd := exec.Command("/usr/bin/python3", "-m", "unittest", "-v", "test_secrets")
+	cmd.Dir = "../../sdk/python/tests"
+	cmd.Env = append(os.Environ(), "SHEEPFOLD_SECRETS_URL="+e.url, "SHEEPFOLD_SECRETS_KEY="+e.keyA, "SHEEPFOLD_SECRETS_OTHER_KEY="+e.keyB)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("\nOK")) || bytes.Contains(out, []byte("skipped")) {
+		t.Fatalf("python secrets client: %v\n%s", err, out)
+	}
+}

@@ -1,0 +1,120 @@
+package server
+
+import (
+	"net/http"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/secrets"
+	"github.com/sheepfold/sheepfold/internal/store"
+)
+
+// Secrets (internal/secrets): an account's named values, written and
+// never read back through any API. This file is their routes alone.
+
+func (s *Server) secretRoutes(add addFunc) {
+	add("POST /v1/secrets", true, s.createSecret)
+	add("GET /v1/secrets", true, s.listSecrets)
+	add("GET /v1/secrets/{name}", true, s.getSecret)
+	add("PUT /v1/secrets/{name}", true, s.updateSecret)
+	add("POST /v1/secrets/{name}/versions", true, s.updateSecret)
+	add("DELETE /v1/secrets/{name}", true, s.deleteSecret)
+}
+
+// errNoSecrets answers on a server without a store (tests of routes).
+var errNoSecrets = apierr.New(apierr.StorageUnavailable, "this server keeps no secrets: it has no store")
+
+type secretRequest struct {
+	Name     string            `json:"name"`
+	Value    string            `json:"value"`
+	Metadata map[string]string `json:"metadata"`
+}
+
+type secretVersionRequest struct {
+	Value    string            `json:"value"`
+	Metadata map[string]string `json:"metadata"`
+}
+
+func (s *Server) createSecret(w http.ResponseWriter, r *http.Request) error {
+	if s.secrets == nil {
+		return errNoSecrets
+	}
+	var req secretRequest
+	if err := decodeJSON(w, r, &req, false); err != nil {
+		return err
+	}
+	info, err := s.secrets.Create(r.Context(), owner(r), req.Name, req.Value, req.Metadata)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, info)
+	return nil
+}
+
+func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) error {
+	if s.secrets == nil {
+		return errNoSecrets
+	}
+	l, err := s.secrets.List(r.Context(), owner(r))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"secrets": l})
+	return nil
+}
+
+func (s *Server) getSecret(w http.ResponseWriter, r *http.Request) error {
+	if s.secrets == nil {
+		return errNoSecrets
+	}
+	info, err := s.secrets.Get(r.Context(), owner(r), r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, info)
+	return nil
+}
+
+func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request) error {
+	if s.secrets == nil {
+		return errNoSecrets
+	}
+	var req secretVersionRequest
+	if err := decodeJSON(w, r, &req, false); err != nil {
+		return err
+	}
+	info, err := s.secrets.Update(r.Context(), owner(r), r.PathValue("name"), req.Value, req.Metadata)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, info)
+	return nil
+}
+
+func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) error {
+	if s.secrets == nil {
+		return errNoSecrets
+	}
+	if err := s.secrets.Delete(r.Context(), owner(r), r.PathValue("name")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// ownSecrets is the service of a server given none: its values sealed
+// with a random key of the server's own, which no restart keeps.
+func ownSecrets(st store.SecretStore) *secrets.Service {
+	line, err := secrets.NewKeyLine("ephemeral")
+	if err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	k, err := secrets.ParseKeys(line)
+	if err != nil {
+		panic(err)
+	}
+	svc, err := secrets.New(st, k, secrets.Options{})
+	if err != nil {
+		panic(err)
+	}
+	return svc
+}

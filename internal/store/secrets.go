@@ -1,0 +1,52 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// Secret is an account's stored secret (internal/secrets). Its value is
+// kept only sealed: Sealed is the nonce and the AEAD ciphertext, under the
+// server key KeyID; the store never sees the value.
+type Secret struct {
+	Owner      string
+	Name       string
+	Metadata   json.RawMessage // a JSON object; nil is {}
+	Version    int64           // 1 when created, one more at each new value
+	KeyID      string
+	Sealed     []byte
+	CreatedAt  time.Time
+	UpdatedAt  time.Time // when its current version was stored
+	LastUsedAt *time.Time
+}
+
+// SecretStore persists secrets. Owner and name identify a secret.
+type SecretStore interface {
+	// CreateSecret stores s (its Version is 1) when its owner has fewer
+	// than max secrets: ErrLimit otherwise, ErrExists when the name is
+	// taken. The count and the insert are one step for every server
+	// sharing the store.
+	CreateSecret(ctx context.Context, s Secret, max int) error
+	// GetSecret returns ErrNotFound for an unknown owner and name.
+	GetSecret(ctx context.Context, owner, name string) (Secret, error)
+	// ListSecrets lists an owner's secrets by name.
+	ListSecrets(ctx context.Context, owner string) ([]Secret, error)
+	// UpdateSecret stores version of a secret, its value sealed with
+	// keyID, and its metadata unless metadata is nil; UpdatedAt becomes
+	// at. version must be the stored version plus one (the value was
+	// sealed for it): ErrExists when another write took that version
+	// first, ErrNotFound for an unknown secret.
+	UpdateSecret(ctx context.Context, owner, name string, version int64, keyID string, sealed []byte, metadata json.RawMessage, at time.Time) error
+	// ResealSecret replaces the sealed value of the given version with
+	// the same value under another key; false (and no error) when the
+	// secret is gone or at another version now.
+	ResealSecret(ctx context.Context, owner, name string, version int64, keyID string, sealed []byte) (bool, error)
+	// SecretsNotSealedWith lists up to limit secrets of every owner
+	// whose key is not keyID, by owner and name.
+	SecretsNotSealedWith(ctx context.Context, keyID string, limit int) ([]Secret, error)
+	// TouchSecret records a use of a secret at at.
+	TouchSecret(ctx context.Context, owner, name string, at time.Time) error
+	// DeleteSecret deletes a secret; ErrNotFound when there is none.
+	DeleteSecret(ctx context.Context, owner, name string) error
+}
