@@ -624,7 +624,7 @@ func (s *Server) createWebhook(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	for _, t := range req.Types {
-		if !knownEventTypes[events.Type(t)] {
+		if !events.Known(events.Type(t)) {
 			return apierr.New(apierr.BadRequest, "unknown event type %q", t)
 		}
 	}
