@@ -34,6 +34,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/store"
 	"github.com/sheepfold/sheepfold/internal/store/postgres"
 	"github.com/sheepfold/sheepfold/internal/template"
+	"github.com/sheepfold/sheepfold/internal/webhooks"
 )
 
 func serveCmd(cfg *config.Config) *cobra.Command {
@@ -111,7 +112,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if uploadMB <= 0 {
 				return errors.New("--file-size-upload-mb must be positive")
 			}
-			if err := server.CheckWebhookCIDRs(webhookCIDRs); err != nil {
+			if err := webhooks.CheckCIDRs(webhookCIDRs); err != nil {
 				return fmt.Errorf("--webhook-allow-cidr: %w", err)
 			}
 			if poolSize < 0 {
@@ -160,7 +161,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			); err != nil {
 				return err
 			}
-			if err := server.CheckWebhookHosts(webhookHosts); err != nil {
+			if err := webhooks.CheckHosts(webhookHosts); err != nil {
 				return fmt.Errorf("--webhook-allow-hosts: %w", err)
 			}
 			eopt, err := egressOptions(cmd.Flags())

@@ -47,10 +47,10 @@
 //
 // Imports: internal/sandbox, internal/store, internal/events, internal/auth,
 // internal/account (limits and balances), internal/metering,
-// internal/policy, internal/egress (the host's own addresses, which
-// webhooks do not reach), internal/llm (the model relay), internal/apierr,
-// internal/backoff (webhook retries), internal/bound (the ranges of
-// numbers), internal/e2b, internal/mcpserver (the /mcp endpoint, with a
+// internal/policy, internal/webhooks (which registers webhooks and
+// delivers to them; webhooks.go serves its endpoints), internal/llm (the
+// model relay), internal/apierr, internal/bound (the ranges of numbers),
+// internal/e2b, internal/mcpserver (the /mcp endpoint, with a
 // Go SDK client that calls this server in process), internal/agentproto,
 // internal/runtime (limits), internal/lang (metric labels, the ask's
 // fence tags, the default language), internal/abort (responses cut
@@ -85,6 +85,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/webhooks"
 )
 
 // Config configures a Server. Zero fields take the defaults in brackets.
@@ -184,7 +185,7 @@ type Config struct {
 	// WebhookAllowHosts restricts where webhooks may deliver: host names
 	// (exact, or "*.example.com") and CIDRs. Empty restricts nothing. It
 	// never widens WebhookAllowCIDRs' rule, except that its CIDRs count
-	// as allowed ranges too (webhooks.go).
+	// as allowed ranges too (internal/webhooks).
 	WebhookAllowHosts []string
 	// WebhookAllowCIDRs are the address ranges webhooks may reach
 	// although they are not public (loopback, private, carrier-grade NAT,
@@ -234,21 +235,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.Version == "" {
 		c.Version = "dev"
-	}
-	if c.WebhookRetryBase <= 0 {
-		c.WebhookRetryBase = time.Second
-	}
-	if c.WebhookMaxAttempts <= 0 {
-		c.WebhookMaxAttempts = 6
-	}
-	if c.WebhookTimeout <= 0 {
-		c.WebhookTimeout = 10 * time.Second
-	}
-	if c.WebhookWorkers <= 0 {
-		c.WebhookWorkers = 32
-	}
-	if c.WebhookAccountWorkers <= 0 {
-		c.WebhookAccountWorkers = 4
 	}
 	if c.SweepInterval <= 0 {
 		c.SweepInterval = 2 * time.Second
@@ -324,7 +310,7 @@ type Server struct {
 	routes  []string
 
 	bus         *events.Bus
-	hooks       *webhooks
+	hooks       *webhooks.Service
 	ownBus      bool          // bus was made by New, closed by Shutdown
 	streamsDone chan struct{} // closed when Shutdown begins: event streams end
 
@@ -412,13 +398,6 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	if s.bus == nil && st != nil {
 		s.bus, s.ownBus = events.NewBus(EventStore(st), events.BusConfig{Logger: log}), true
 	}
-	dest, err := parseDestinations(cfg.WebhookAllowHosts, cfg.WebhookAllowCIDRs)
-	if err != nil {
-		// Callers check with CheckWebhookHosts and CheckWebhookCIDRs
-		// first; refuse every host but public ones named "\x00".
-		log.Error("webhook destinations", "err", err)
-		dest = &destinations{restrict: true, names: []string{"\x00"}}
-	}
 	s.previewKey = cfg.PreviewKey
 	if len(s.previewKey) == 0 {
 		s.previewKey = make([]byte, 32)
@@ -429,9 +408,11 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	s.metrics = newMetrics(s)
 	s.streams.refused = s.metrics.streamRefused
 	s.preview = s.newPreviewProxy()
-	s.hooks = newWebhooks(s, dest)
+	s.hooks = webhooks.New(webhooks.Config{AllowHosts: cfg.WebhookAllowHosts, AllowCIDRs: cfg.WebhookAllowCIDRs,
+		Timeout: cfg.WebhookTimeout, Workers: cfg.WebhookWorkers, AccountWorkers: cfg.WebhookAccountWorkers,
+		RetryBase: cfg.WebhookRetryBase, MaxAttempts: cfg.WebhookMaxAttempts, Logger: log}, st)
 	if st != nil {
-		if err := s.hooks.start(context.Background()); err != nil {
+		if err := s.hooks.Start(context.Background(), s.bus); err != nil {
 			log.Error("load webhooks: none will be delivered", "err", err)
 		}
 	}
@@ -547,7 +528,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.sweeper.Wait()
 	s.retire()
-	s.hooks.stop()
+	s.hooks.Stop()
 	if s.ownBus {
 		s.bus.Close()
 	}
