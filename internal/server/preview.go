@@ -343,7 +343,7 @@ func (s *Server) servePreview(w http.ResponseWriter, r *http.Request, t previewT
 		return
 	}
 	defer release()
-	s.metrics.previewRequest()
+	s.metrics.PreviewRequest()
 	s.preview.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), previewCtxKey{}, &t)))
 }
 
@@ -658,8 +658,8 @@ func (s *Server) dialPreview(ctx context.Context, _, addr string) (net.Conn, err
 	if err != nil {
 		return nil, err
 	}
-	s.metrics.previewDialed(time.Since(start))
-	return s.metrics.countPreview(nc), nil
+	s.metrics.PreviewDialed(time.Since(start))
+	return s.metrics.CountPreview(nc), nil
 }
 
 // previewError answers a request the proxy could not complete.

@@ -26,7 +26,7 @@ type tenant struct {
 
 // installHooks connects the engine's hooks to the accounts.
 func (s *Server) installHooks() {
-	h := sandbox.Hooks{AgentCall: s.metrics.agentCallDone}
+	h := sandbox.Hooks{AgentCall: s.metrics.AgentCallDone}
 	if !s.cfg.NoAccounting {
 		h.Admit, h.Stopping = s.admitWork, s.sandboxStopping
 	}

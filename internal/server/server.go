@@ -47,6 +47,7 @@
 //
 // Imports: internal/sandbox, internal/store, internal/events, internal/auth,
 // internal/account (limits and balances), internal/metering,
+// internal/metrics (the instruments, served by metrics.go),
 // internal/policy, internal/webhooks (which registers webhooks and
 // delivers to them; webhooks.go serves its endpoints), internal/llm (the
 // model relay), internal/apierr, internal/bound (the ranges of numbers),
@@ -76,6 +77,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sheepfold/sheepfold/internal/abort"
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/auth"
@@ -83,6 +86,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/metering"
+	"github.com/sheepfold/sheepfold/internal/metrics"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
 	"github.com/sheepfold/sheepfold/internal/webhooks"
@@ -360,7 +364,7 @@ type Server struct {
 	e2b        *e2b.Handler
 	preview    *httputil.ReverseProxy // preview.go
 	previewKey []byte                 // signs preview tokens and URLs
-	metrics    *metrics
+	metrics    *metrics.Metrics
 }
 
 // box is what the server keeps about each live sandbox it created.
@@ -405,8 +409,13 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 			panic(err) // crypto/rand never fails on Linux
 		}
 	}
-	s.metrics = newMetrics(s)
-	s.streams.refused = s.metrics.streamRefused
+	mc := metrics.Config{StreamsOpen: s.streams.open, ConnectionsShed: s.conns.shedCount,
+		Collectors: []prometheus.Collector{&storageCollector{s: s}}, Logger: log}
+	if m != nil {
+		mc.Engine = m
+	}
+	s.metrics = metrics.New(mc)
+	s.streams.refused = s.metrics.StreamRefused
 	s.preview = s.newPreviewProxy()
 	s.hooks = webhooks.New(webhooks.Config{AllowHosts: cfg.WebhookAllowHosts, AllowCIDRs: cfg.WebhookAllowCIDRs,
 		Timeout: cfg.WebhookTimeout, Workers: cfg.WebhookWorkers, AccountWorkers: cfg.WebhookAccountWorkers,
@@ -438,7 +447,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 			s.bus.OnEvent(s.onSecurityEvent)
 		}
 		if s.bus != nil {
-			s.bus.OnEvent(s.metrics.onEvent)
+			s.bus.OnEvent(s.metrics.OnEvent)
 		}
 	}
 	mux := http.NewServeMux()
