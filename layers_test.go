@@ -16,7 +16,8 @@ import (
 // test: place it on its floor.
 var floors = [][]string{
 	// 1. Words: vocabularies and small mechanisms every layer may use,
-	// of the standard library (and x/sys) only.
+	// of the standard library and golang.org/x (x/sys; x/net/bpf for
+	// policy's seccomp program) only.
 	{"api", "client", "internal/abort", "internal/agentproto", "internal/agenttls", "internal/apierr",
 		"internal/backoff", "internal/bound", "internal/cgroup", "internal/config", "internal/events",
 		"internal/fdpass", "internal/homeseed", "internal/lang", "internal/osthread", "internal/pidfd", "internal/policy",

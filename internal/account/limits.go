@@ -9,6 +9,42 @@
 // executions (store.AdmissionStore), and the requests and executions per
 // minute (store.RateStore; ratelimit.Stored gives their results).
 //
+// # Accounts and the request path
+//
+// An account (internal/store `accounts`, migration 0003) owns keys, sandboxes,
+// usage, credits and alerts; its id is the `owner` keys and sandboxes already
+// carried, so the migration only made one account per existing owner. Keys
+// have a role: `user`, or `admin` (also `/v1/admin/...`).
+// internal/account holds each account's live state in memory: effective limits
+// (server defaults from `serve --account-*` flags, overridden per account),
+// a token bucket (internal/ratelimit, the same bucket a sandbox's policy
+// `rate_limiting.requests_per_minute` uses before each of its executions)
+// for requests and one for executions, the count of running
+// sandboxes, this month's usage and the credit balance. The request path only
+// touches that memory (on a server alone with its store; servers sharing
+// one count rate limits and caps there too, internal/store): the auth middleware takes one token (and sets the
+// `X-RateLimit-*` headers), `create` grants the sandbox its resources (sandbox.Manager.Grant, "One ceiling" in internal/sandbox) and takes a slot of the concurrent cap before
+// the engine starts anything and the engine's `Stopping` hook gives it back,
+// and the engine's `Admit` hook (before every execution and command, /v1 and
+// E2B alike) checks the executions budget, monthly quotas and credits. The
+// store is the record: accounts are read on first use and refreshed after
+// every metering flush (the CLI writes the database directly).
+//
+// # Credits and alerts
+//
+// Credits are a ledger (`credit_ledger`: free credits of a new account,
+// grants, and metered cost written with each flush); the balance is always
+// the ledger's sum, and the in-memory balance also subtracts cost accrued
+// since the last flush. With `--enforce-credits`, an account at zero gets
+// `ERR_SESSION_QUOTA_EXCEEDED` "credits exhausted" for new sandboxes,
+// executions and commands, and its running sandboxes stop after
+// `--credits-grace` (checked after each flush). Alerts (`alerts` table,
+// `/v1/alerts`) are raised by callers and by rules run after each flush
+// (monthly quotas at 80 % and 100 %, credits low or exhausted; a dedupe key
+// makes each fire once per month or day) and by a bus hook on stored
+// `security_violation` events at or above `--security-alert-severity`; each
+// new alert is emitted as an `alert.created` event, so webhooks carry it.
+//
 // Imports: internal/store, internal/apierr, internal/bound (the ranges of
 // limits and amounts), internal/ratelimit (the token buckets) and the
 // standard library.

@@ -4,6 +4,34 @@
 // Engine packages return wrapped errors and sentinels; the service boundary
 // attaches a code once (with New or Wrap); transports only render. Codes are
 // append-only and never renamed.
+//
+// # Where codes are attached
+//
+// internal/apierr is the one error model: a stable code (`ERR_…`), a message
+// for the user, the cause for the log, and the one table of codes to HTTP
+// statuses (checked against the OpenAPI enum by a test). Codes are attached
+// once per boundary: agent answers → codes in internal/sandbox
+// (`agentError`; a request over the agent's frame size is `ERR_BAD_REQUEST`);
+// the server's own dependencies → codes in internal/server (`classify`: the
+// store's `ErrUnavailable` is 503 `ERR_STORAGE_UNAVAILABLE`); codes → E2B's
+// answers in internal/e2b/errors.go, one table per boundary: `connectCodes`
+// for envd's Connect RPCs (every code has one; a test checks), `httpStatus`
+// for E2B's HTTP answers (control plane, `/files`, the code interpreter:
+// apierr's statuses except a stopped sandbox, 404 for E2B clients, with
+// `Retry-After`), each renderer only shaping the body; Connect's own error
+// writer answers plain requests. /v1 renders
+// `{"error":{code,message,request_id}}` in one function, and while the
+// server drains, what is cut off is `ERR_SHUTTING_DOWN`. docs/errors.md is
+// the user's table of every code (status, message, when, the Python SDK's
+// exception and the Go SDK's `client.ErrXxx`); a test walks apierr's codes
+// against it and both SDKs. An execution's own failure gets its code in
+// internal/sandbox: the kernel's status (timeout, CPU, output cap), the
+// exception a policy hook raised (`errorCodes`), a `network_denied`
+// violation the kernel reported during the execution (so urllib's
+// `URLError` around `NetworkRestrictedError` is `ERR_NETWORK_RESTRICTED`
+// too), and, in a sandbox without network, the resolver and connect
+// failures of Node, curl and the C library (`netrefused.go`, which also
+// reports the attempt as a `network_denied` event).
 package apierr
 
 import (

@@ -13,6 +13,20 @@
 // money summed in int64 micro-units (by the account registry, and by the
 // stores' SQL sums, which also saturate rather than fail: package store).
 //
+// # Where it is called
+//
+// internal/bound holds the ranges of the numbers callers give (durations,
+// amounts of money, counts, rates, sizes, CPUs, prices) and refuses one out
+// of range as `ERR_BAD_REQUEST` whose message begins with the field's name
+// (`Details["field"]`). Each surface calls it where it parses the number,
+// under its own name for the field: internal/server (/v1), internal/e2b,
+// internal/mcpserver, internal/account (limits, amounts, account names),
+// internal/llm (the providers' config) and cmd/sheepfold (flags, as
+// `--flag`). Its maxima keep what is accepted from overflowing what follows
+// (durations in nanoseconds, MiB in bytes, token buckets, money summed in
+// int64); the stores' sums of money and usage stop at int64's ends besides
+// (docs/security.md, "Bounded numbers").
+//
 // Imports: internal/apierr and the standard library.
 package bound
 

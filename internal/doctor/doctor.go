@@ -1,7 +1,8 @@
 // Package doctor checks that a host can run Sheepfold's sandboxes and says
 // what to fix, one line per check. `sheepfold doctor` prints the checks and
 // exits non-zero when one blocks sandboxes; `sheepfold serve` runs them at
-// start and logs what is not ok.
+// start, without the live probes (Options.SkipProbes), and logs what is
+// not ok.
 //
 // Most checks read files under Options.Root (procfs, sysfs, the data dir),
 // so tests run them against a fake tree; the probes that must act to know

@@ -127,10 +127,16 @@ func newMetric(sb *sandbox.Sandbox, u runtime.Usage, now, lastAt time.Time, last
 	} else if c := sb.CurrentLimits().CPUs; c > 0 {
 		cpus = int(math.Ceil(c))
 	}
-	// The cgroup's limit; v1 shows none as a huge number, v2 as -1.
-	memTotal := u.MemoryLimit
-	if memTotal <= 0 || memTotal >= 1<<60 {
-		memTotal = sb.CurrentLimits().MemoryBytes
+	// The sandbox's memory limit, as getInfo gives it. Its cgroup's may
+	// be larger (a runtime that keeps the disk in memory adds the disk to
+	// it) or none (v1 shows none as a huge number, v2 as -1): the
+	// cgroup's only when the sandbox has no limit of its own.
+	memTotal := sb.CurrentLimits().MemoryBytes
+	if memTotal <= 0 {
+		memTotal = u.MemoryLimit
+	}
+	if memTotal < 0 || memTotal >= 1<<60 {
+		memTotal = 0
 	}
 	memCache := min(max(u.MemoryCacheBytes, 0), u.MemoryBytes)
 	// The disk's size as the sandbox's detail gives it (diskSizeMB): its

@@ -56,3 +56,23 @@ func TestMetricDiskIsTheLimit(t *testing.T) {
 		t.Fatalf("no limit: disk %d/%d", m.DiskUsed, m.DiskTotal)
 	}
 }
+
+// TestMetricMemoryIsTheLimit: memTotal is the sandbox's memory limit, as
+// getInfo gives it, though its cgroup's holds the disk too (a Pod whose
+// disk is in memory: 512 MiB and 256 MiB).
+func TestMetricMemoryIsTheLimit(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(1_000_000, 0)
+	sb := &sandbox.Sandbox{ID: "sb", Created: now, Limits: runtime.Limits{MemoryBytes: 512 << 20, DiskBytes: 256 << 20}}
+	if m := newMetric(sb, runtime.Usage{MemoryLimit: 768 << 20, MemoryBytes: 100 << 20}, now, now, 0); m.MemTotal != 512<<20 {
+		t.Fatalf("memTotal %d, want 512 MiB", m.MemTotal)
+	}
+	// Without a limit of its own, the cgroup's; none there either: 0.
+	sb.Limits.MemoryBytes = 0
+	if m := newMetric(sb, runtime.Usage{MemoryLimit: 768 << 20}, now, now, 0); m.MemTotal != 768<<20 {
+		t.Fatalf("no limit: memTotal %d", m.MemTotal)
+	}
+	if m := newMetric(sb, runtime.Usage{MemoryLimit: -1}, now, now, 0); m.MemTotal != 0 {
+		t.Fatalf("no limit anywhere: memTotal %d", m.MemTotal)
+	}
+}

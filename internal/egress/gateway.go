@@ -41,6 +41,90 @@
 //   - SetPolicy judges the open flows again and closes those the new
 //     policy refuses.
 //
+// # In detail
+//
+// A sandbox whose policy has `network.mode` `allowlist` or `public` gets one
+// interface, `eth0` (10.255.255.2, peer and default route 10.255.255.1, MTU
+// 65520), and nothing else; with mode `none` (the default) nothing changes:
+// only `lo`, created in one `runc run`, connections fail at once with
+// ENETUNREACH. For a networked sandbox internal/runtime/oci runs `runc
+// create`, calls `runtime.Spec.Network.Attach` with the init's pid, then
+// `runc start`, so no code runs before the interface exists. Attach
+// (internal/egress) enters the sandbox's network namespace on a locked
+// thread that never returns to the host's, opens `/dev/net/tun`, configures
+// it with netlink and keeps the fd; the sandbox has no CAP_NET_ADMIN to
+// change it. The host end is a userspace TCP/IP stack (gvisor's tcpip), one
+// per sandbox, that terminates every flow; the sandbox never has an
+// interface into the host's network and the host firewall is untouched.
+// The stack keeps no TIME_WAIT: when the outside closes first its end
+// would hold the 4-tuple for 60 s while the sandbox's kernel, which holds
+// nothing, picks the same source port again, and a forwarder (not a
+// listener) never reuses a TIME_WAIT endpoint for a new SYN: that SYN was
+// dropped silently and the sandbox's connect timed out
+// (`TestEgressPortReuse`; on this point-to-point link no old segment can
+// arrive late).
+// `/etc/resolv.conf` is bind-mounted read-only and names the gateway.
+//
+// The gateway decides with the pure functions of internal/policy/egress.go:
+//   - DNS (UDP and TCP at 10.255.255.1:53) is answered by the gateway: names
+//     outside the allowlist get NXDOMAIN (`dns_denied`), tunnelling-shaped
+//     names (a label over 40 characters, a name over 100, over 10 labels, over
+//     64 distinct names under one zone) are REFUSED and reported; only A
+//     records are answered (no IPv6: the sandbox has no IPv6 route, AAAA is
+//     empty); answers that are forbidden destinations are dropped (rebinding)
+//     and the rest remembered per sandbox.
+//   - TCP: allowlist mode allows an address only if an allowed name resolved
+//     to it in this sandbox (at a port the name's rule allows) or a listed
+//     address/CIDR covers it; public mode any public address. In every mode
+//     loopback, private, link-local, every cloud metadata address (Azure's
+//     public 168.63.129.16 too), CGNAT, multicast, reserved,
+//     IPv4-mapped/NAT64/6to4 addresses, the host's own addresses and the
+//     server's listeners are refused, and the gateway dials exactly the
+//     address it checked.
+//   - Every TCP connection is a flow (egress/flow.go), registered from the
+//     decision to dial until both ends are done. Its first bytes tell what
+//     it is (egress/sniff.go): a TLS ClientHello (parsed by crypto/tls from
+//     the recorded bytes), an HTTP/1 request (a first line of a token, a
+//     space, ..., a last word "HTTP/": any method, any case), or other. A
+//     plain HTTP flow is followed both ways in every mode (egress/http.go):
+//     each request's header block is read whole, strictly (CRLF only, token
+//     header names, no folding, no control bytes, one Host, never both
+//     Content-Length and Transfer-Encoding; anything else closes the flow)
+//     and judged before any of it goes on, bodies carried by their framing;
+//     the answers are read as they are forwarded, only to learn whether an
+//     Upgrade (101) or a CONNECT (2xx) switched the connection: a request
+//     that could switch it waits for its answer, and the flow becomes opaque
+//     only if it did. In allowlist mode a flow allowed by name (not by an
+//     address rule) must claim allowed names at its port: its SNI (a
+//     ClientHello without one is refused) or the names of every request (the
+//     Host, and an absolute or CONNECT target); other protocols are refused.
+//     Each flow records what it claimed last, under a lock that a policy
+//     change also takes: `Gateway.SetPolicy` judges every open flow again
+//     and closes those the new policy refuses.
+//   - A sandbox holds at most `MaxFlows` flows (128; past it
+//     `resource_exceeded`, resource `network_flows`); a flow on which no
+//     byte moved for `IdleTimeout` (5 min) is closed by a reaper goroutine
+//     per gateway; bytes each way are counted and held to `Rate` (25 MiB/s
+//     each way, one token bucket per direction per sandbox,
+//     golang.org/x/time/rate); `serve --egress-max-flows`,
+//     `--egress-idle-timeout`, `--egress-rate` set them (0: none). The
+//     metering loop reads the gateway's requests and bytes with each sample
+//     (`usage_hours.egress_bytes_in`, `egress_bytes_out`, migration 0012).
+//   - UDP other than DNS is refused (ICMP port unreachable, `network_denied`).
+//   - Each connection, and each plain HTTP request after a connection's
+//     first, counts against `resource_limits.network_requests`; past it,
+//     `resource_exceeded` (resource `network_requests`). A policy change
+//     (`Sandbox.SetPolicy`) reaches the gateway at once and closes the open
+//     flows it refuses; a sandbox created without a network cannot gain one.
+//
+// Every decision is logged with its rule; denials emit `security_violation`
+// events (kind, target, rule; identical ones at most every 2 s). Tests never
+// leave the machine: `egress.Options.Test` (Go only, never from the API)
+// maps names to addresses and addresses to loopback servers, after the
+// policy has judged the addresses the sandbox sees. The E2B surface maps
+// `network.allowOut` to an allowlist and `allow_internet_access: true` to
+// mode public (internal/e2b/control.go, `networkOf`).
+//
 // The package imports internal/policy, internal/events and
 // internal/ratelimit (its log's cap, logcap.go), never the engine.
 package egress

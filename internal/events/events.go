@@ -3,7 +3,55 @@
 // the engine, the kernels' reports and the network gateway emit them to.
 // Bus (bus.go) is the server's Sink: it keeps every event in a Store and
 // fans it out live to subscribers (SSE) and hooks (webhooks); see
-// docs/ARCHITECTURE.md ("Events").
+// "Events, sources and the bus" below.
+//
+// # Events, sources and the bus
+//
+// Each sandbox emits typed events (internal/events): `sandbox.created` (at
+// create, or when a warm pool member is handed out) and `sandbox.stopped`
+// with its reason, `execution.started` and `execution.finished` (status,
+// error code, language, duration, CPU time, peak memory) from `Sandbox.Execute`
+// (execute_hooks.go), `resource_exceeded` (limit, observed, unit) for the
+// CPU time, wall-time, output, memory, disk and pids limits the engine
+// detects (memory and pids from the cgroup's OOM-kill count and
+// `pids.events` `max`, read only after an execution or command that
+// failed, against the counts last reported: limits.go), network_requests
+// from the gateway, and `security_violation` /
+// `policy.changed` from the policy and egress layers. The engine emits to
+// `sandbox.Config.Events`; it knows the sandbox's owner only as an opaque
+// string (`CreateOptions.Owner`) copied into each event for fan-out.
+//
+// Every event says who recorded it (`Source`, kept in the store's `source`
+// column): `host` (the engine and the server; the Bus's default), `gateway`
+// (the Manager marks what the egress gateway emits), `agent` (a violation
+// the agent saw itself: a system call its seccomp supervisor refused) or
+// `sandbox` (a violation a language driver relayed over its control pipe,
+// which the code in the sandbox can write too: agentproto.Violation's
+// `Source`, set by internal/kernel). The engine keeps at most
+// `Config.Reports` of a sandbox's reports (agent's and sandbox's), 100 per
+// execution and 300 a minute per sandbox (internal/sandbox/reports.go),
+// counts the rest in `execution.finished` (`reports_dropped`) and emits one
+// `resource_exceeded` (`reports`) of its own for them; a report never ends
+// an execution nor changes a limit (docs/security.md §7).
+//
+// The server's sink is an `events.Bus`: `Emit` only appends to an in-memory
+// queue (bounded; it never blocks or does I/O on the emitter's path), and
+// one goroutine writes batches to the store (`events` table; ids only grow)
+// in group commits (it waits up to `BusConfig.FlushDelay`, 20 ms, for a
+// batch to fill: each execution's two events would otherwise cost a SQLite
+// transaction each; `Sync`, so every `Query`, and `Close` write at once, so a
+// listing sees every event emitted before it and a clean shutdown loses none)
+// and then fans each stored event out, in id order, to live subscribers
+// (each with a bounded buffer: one that falls behind is dropped and told
+// "lagged", never waited for) and to hooks (webhooks). Because only stored
+// events are fanned out, a subscription records the last id fanned out
+// when it began (`From`): a resuming SSE reader replays the store's events
+// in (Last-Event-ID, From] and then reads live ones, with no gap and no
+// duplicate. `GET /v1/sandboxes/{id}/events` and `GET /v1/events` stream
+// SSE (`Accept: text/event-stream`) or answer pages of JSON (filters type,
+// since, sandbox; cursor = last id). Events older than `serve
+// --event-retention` (7 days) are deleted hourly. The store package imports
+// nothing of ours, so the server adapts its `EventStore` to `events.Store`.
 //
 // Imports: the standard library only, so that everything that emits can
 // import it without reaching persistence or transport.

@@ -153,6 +153,14 @@ func (x *execution) admit() execState {
 // marker that ends an execution.
 func (x *execution) ready() execState {
 	k := x.k
+	// An interpreter whose stdout or stderr an execution read to its end
+	// (its code closed them) can end no execution: replace it. That end
+	// may have been read while its channel is not closed yet, which the
+	// loop below would not see.
+	if k.p != nil && (k.p.ended[1] || k.p.ended[2]) {
+		k.p.kill()
+		k.p = nil
+	}
 	if k.p == nil || !k.p.alive() {
 		if k.p != nil {
 			k.p.kill()
@@ -435,6 +443,7 @@ func (x *execution) handle(c chunk, ok bool) {
 	}
 	if c.eof {
 		x.seen[c.stream] = true
+		x.p.ended[c.stream] = true
 		x.output(c.stream, x.pending[c.stream])
 		x.pending[c.stream] = nil
 		return

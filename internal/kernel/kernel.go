@@ -31,6 +31,115 @@
 //
 // Languages and their names are internal/lang's.
 //
+// # Contexts and results
+//
+// A context is a long-lived interpreter running an embedded driver script
+// (internal/kernel): Python (persistent globals, trailing expression value,
+// IPython-style `_repr_*_` MIME results, DataFrames also as E2B's `e2b/data`
+// (columns as lists), matplotlib figures as PNG, PIL images as PNG (as the
+// last expression, and at `image.show()` and `image.save(filename)`, as in E2B),
+// exceptions as name/value/traceback, figures with E2B chart data at
+// `plt.show()` and at the end of a cell, `!cmd` shell escapes), Node (vm
+// context: let/const persist; cells with top-level await keep their
+// declarations; static ESM imports become awaited dynamic imports made by the
+// driver, their bindings globals), TypeScript (the Node driver; the host engine transpiles each
+// cell with esbuild in internal/typescript, so the agent stays small), Bash
+// (a persistent shell). Language names and aliases are one table,
+// internal/lang, which both the host and the agent import; the host never
+// imports internal/kernel.
+// Results are bounded: one result's encoding at 3.5 MB (the drivers
+// report a larger one as `dropped`, and the kernel reads at most a frame of
+// any control line the code writes itself), one execution's at 1000 results
+// and 16 MiB; what is not delivered is counted in the execution's
+// `dropped` (results, bytes, reason) with `truncated: true`. A streamed
+// execution keeps nothing on the host: its events go to the client as they
+// come, each write with a 30 s deadline (a client that stops reading
+// interrupts the code; a command's stream likewise stops following, and a
+// foreground command is killed; E2B's envd RPCs, whose every write has the
+// same deadline, detach from their process on Start and Connect, as when
+// the client closes the stream, and end their watch on WatchDir; SSE event
+// streams end with their subscription, and file downloads (/v1 and E2B's
+// `/files`) with the agent call reading the file), and the `done` event
+// does not repeat them.
+// Output streams as it is written; a per-execution marker on stdout/stderr
+// tells when an execution's output is complete, and output written before a
+// result is forwarded before it (the pumps read under a lock until their
+// chunk is queued, so "nothing unread in the pipes" means "all queued").
+// Timeouts interrupt (SIGINT) and then, after the grace
+// (`Options.InterruptGrace`), kill the interpreter's process group; a dead
+// interpreter restarts on next use. The grace bounds the interpreter's
+// stop, not the forwarding of its output: a driver that sent its done by
+// then is not killed, and what it wrote before is forwarded, however slowly
+// the client takes it (TestGraceBoundsTheStopOnly). Past the output cap
+// (`ExecuteSpec.MaxOutputBytes`) the kernel sends `agentproto.OutputCapMarker`
+// once, drops the rest and lets the code run to its end or its timeout,
+// unless the spec's `StopAtOutputCap` (the policy's
+// `output_filtering.stop_on_output_cap`) asks it to interrupt there. A
+// warm pool's preload is not counted in the context's `execution_count`.
+// An interrupt that cuts off an import must not leave the context unable to
+// import the package again: the Python driver puts SIGINT off while the
+// import system's own code runs (a module lock could be left taken) or a C
+// extension module initialises (a Cython module cut off there stays
+// half-initialised for the life of the interpreter; the kill after the
+// grace is the bound), ignores one that arrives between executions, and
+// after an execution that raised it drops from
+// `sys.modules` every module whose parent package is no longer loaded (the
+// submodules a cut-off import had finished hold the cut-off package object,
+// and `import pandas` failed on them with "partially initialized module").
+// The sandbox's environment sizes numerical thread pools
+// (`OPENBLAS_NUM_THREADS`, `OMP_NUM_THREADS`, `MKL_NUM_THREADS`) to its CPU
+// limit unless the caller set them: OpenBLAS's idle workers spin, and under
+// a one-CPU quota they made a matplotlib savefig twice as slow.
+//
+// # No subprocess: seccomp user notification
+//
+// The filter returns
+// `SECCOMP_RET_USER_NOTIF` for `execve`, `execveat`, `fork`, `vfork`, `clone`
+// without `CLONE_THREAD` and other ABIs' calls, and `ENOSYS` for `clone3`.
+// It is installed with `SECCOMP_FILTER_FLAG_NEW_LISTENER` by the process it
+// confines, which sends the listener to the agent over a socket pair the
+// kernel gave it as fd 5 (`SCM_RIGHTS`) and closes its own copy before any
+// user code runs under the filter:
+//   - Python: the driver, when a policy first asks for it
+//     (`TSYNC|NEW_LISTENER|TSYNC_ESRCH`, Linux ≥ 5.7), so state and preloads
+//     are kept;
+//   - Node (which cannot make system calls itself): the agent starts it
+//     through its own binary, `agent seccomp-exec FILTER NR node …`
+//     (`kernel.SeccompExec`), which installs the filter, sends the listener
+//     and execs Node. The agent lets exactly that one `execve` of the
+//     helper's pid continue (no user code has run in that process); it
+//     answers everything else with EPERM, never "continue". The agent does
+//     not install the filter on one of its own threads and fork: Go's fork
+//     holds a P in a raw system call until the child execs, and with
+//     GOMAXPROCS 1 the supervisor could never answer the child's exec.
+//
+// The kernel (internal/kernel/notify_linux.go) keeps the listener in the
+// runtime's poller, answers each notification (counting it first, so that
+// the execution that made the call sees it before the call returns), and
+// the execution loop reports the counts as `violation` events: the first
+// of each system call at once, the rest in one event with `count` at the
+// end; refusals between executions at the next one. The agent adopts the
+// first seccomp listener that arrives on fd 5 and closes anything else.
+// Code under the filter cannot take the notifications over with a filter
+// and listener of its own (a newer filter's notification would win the tie
+// with ours, and its "continue" would run the call): the kernel allows one
+// listener per filter chain and refuses a second with EBUSY
+// (`TestPythonOwnListener`); a listener code installed before a policy
+// arrived makes the driver's install fail, and the interpreter is replaced.
+// Without a supervisor (the agent gone, or a listener lost) the kernel
+// fails notified calls with ENOSYS, so the refusal never depends on the
+// agent. Beside the filter, the confined interpreter enters a Landlock
+// domain of its own (`_landlock` in the driver, `kernel.landlockSelf` in
+// `seccomp-exec`; Linux 5.13+): it handles no file access the sandbox uses,
+// but the ptrace access check then refuses the interpreter every process
+// outside it (`/proc/PID/mem`, `fd/N`, `maps` of an idle context's
+// interpreter, which is the same user's and unfiltered). Python starts with
+// `-s` and without its working directory on `sys.path` (`pythonBoot`); the
+// driver restores both after the first execution's policy is applied
+// (`_user_paths`), so a `.pth` file or a shadowing module the confined code
+// wrote runs under the filter when its interpreter restarts. The rate is bounded by the agent: one answer per attempt, costing
+// the sandbox's own CPU (the agent runs in the sandbox's cgroup).
+//
 // Imports: agentproto, fdpass, lang, pidfd, the standard library and x/sys only.
 package kernel
 
@@ -139,9 +248,13 @@ type proc struct {
 
 	pipes [2]syscall.RawConn // read ends of stdout and stderr
 
-	filtered bool     // started under the no-subprocess filter (Node)
-	used     bool     // an execution has run in it
-	deny     *denials // what its seccomp filter refused, for the execution loop
+	filtered bool // started under the no-subprocess filter (Node)
+	used     bool // an execution has run in it
+	// ended marks the output streams (1, 2) an execution read to their
+	// end: the interpreter can write no marker there any more. Read and
+	// written by executions, under the kernel's lock.
+	ended [3]bool
+	deny  *denials // what its seccomp filter refused, for the execution loop
 	// lmu guards lconn, the kernel's end of the socket pair the filter's
 	// listener arrives over, and listener, once it has arrived.
 	lmu      sync.Mutex

@@ -23,6 +23,40 @@
 // promptEstimate, completionEstimate). Request.Reservation is what a call
 // may use, which the server holds of quotas and credits while it runs.
 //
+// # The relay and its accounting
+//
+// internal/llm relays OpenAI-compatible chat completions to the providers of
+// the config file's `[[providers]]` (cmd/sheepfold reads them beside the flag
+// keys; `llm.New` reads each key from the environment and refuses to start
+// without it). The relay reads only `model`, `stream`, `stream_options` and
+// `max_tokens` (or `max_completion_tokens`) of a request and passes its bytes
+// on with the provider's key, changed only to ask for usage (below); a
+// non-streamed answer is checked to be a completion (`choices`) and passed
+// back as sent. Retries (429, 5xx, failed connections; backoff doubling, jittered, from
+// 200 ms, Retry-After honoured) happen only before anything reached the
+// caller, inside one timeout per call; a stream's timeout applies to each
+// line. Every stream asks the provider for its usage chunk
+// (`stream_options.include_usage: true`, set whatever the caller sent) and
+// withholds it unless the caller asked for it. What a call returns to meter is
+// what it delivered: the provider's usage, or, when none came (the caller
+// hung up, the provider broke off or reports none), an estimate of the
+// request (a quarter of its bytes) and of the text passed on (a token per
+// four bytes, at least one per chunk); a negative or unparseable count is
+// replaced by the estimate, one above 10 million tokens cut, and logged.
+// internal/server/models.go admits a completion (model configured,
+// credits, the model's monthly token quota per account, else its fallback
+// model) and holds what it may use (`Request.Reservation`: the prompt's
+// estimate plus `max_tokens`, else 4096) of the quota (metering's
+// `ReserveTokens`, counted with the month's tokens until released) and its
+// price of the credits (account's `HoldCredits`), so that concurrent calls
+// are admitted against what the calls before them may use; it relays the
+// call and settles it: internal/metering's `AddTokens` (a map
+// update) adds tokens to per-hour, per-account, per-model buckets
+// (`token_hours`, migration 0007) written after each flush's usage
+// transaction, and accrues the cost to the account, so it reaches the
+// credit ledger with the sandboxes' cost. The month's tokens per account and
+// model are kept in memory (read once per month) for the quota check.
+//
 // Imports: internal/apierr, internal/bound (the ranges of a provider's
 // numbers), internal/backoff (the waits between retries) and the standard
 // library. llmtest/ is a

@@ -14,6 +14,27 @@
 // A tool's numbers are checked (internal/bound) before they become
 // durations, so that none wraps on the way to the server.
 //
+// # The tools and the /mcp transport
+//
+// `internal/mcpserver` defines the MCP tools (with
+// github.com/modelcontextprotocol/go-sdk) over the Go SDK's `client.Client`,
+// so a tool is an API call and nothing about authentication, limits,
+// metering or policy is implemented twice. `sheepfold mcp` gives the tools a
+// client of a running server over HTTP and serves them on stdio. The
+// server's `POST /mcp` (stateless streamable HTTP) builds the tool server per
+// request with the caller's key and a client whose transport
+// (`mcpserver.Transport`) runs each request through the server's own handler
+// in process: no network hop, no address to configure, and the request is
+// authenticated, limited, logged and metered as if it had come over the
+// wire. `read_file` returns at most 1 MiB and `write_file` takes at most
+// 8 MiB, since a tool result is one JSON-RPC message. The transport runs
+// each request on a goroutine of its own, which no net/http server
+// recovers: a response cut short (`read_file` stops reading past its
+// bound) or a panic there ends that response alone, and its requests carry
+// no `http.ServerContextKey`, so nothing below takes that goroutine for a
+// net/http server's; a tool whose handler panics fails that call with
+// `ERR_INTERNAL`.
+//
 // Imports: the Go SDK (client), the MCP SDK
 // (github.com/modelcontextprotocol/go-sdk), internal/bound and
 // internal/apierr (the ranges of numbers and their errors) and the

@@ -26,6 +26,32 @@
 // Where replicas share their sandboxes (Config.Replica), each sandbox is
 // metered by the one replica holding its lease in the store (leases.go).
 //
+// # Sampling and recovery
+//
+// internal/metering samples every handed-out sandbox each second (cgroup CPU
+// counter, memory usage, the writable layer's statfs for disk, the egress
+// gateway's request and byte counts) and writes
+// per-hour, per-sandbox deltas to `usage_hours`, with the cost they add as
+// `credit_ledger` rows, in one transaction every 10 s and at stop (the
+// `Stopping` hook samples before the cgroup goes). Only deltas are written,
+// and with them each sandbox's meter point (its CPU counter and the time
+// metered up to: `store.MeterPointStore`, rows of `meter_leases` no replica
+// holds), the first at the first sample after its start. After a crash the
+// sandboxes keep running and their cgroups counting: at the next start the
+// engine hands each leftover's cgroup reading to `metering.Recover`
+// (`runtime.LeftoverFunc`, from the Manager's reconcile and from the OCI
+// runtime's sweep of dead instances) before destroying it, which charges the
+// counter's difference from the point and wall and GB-seconds reserved up to
+// the record's stop, and ends the point in the same transaction: nothing is
+// lost but the counts of the last interval (executions, commands, egress
+// requests), and a second start charges nothing twice (recover.go;
+// docs/security.md, "Metering across a crash").
+// Pool members are metered from hand-out (their CPU before is subtracted).
+// Reports (`GET /v1/account/usage`, `GET /v1/sandboxes/{id}/usage`) read the
+// store and add the deltas not yet flushed under the meter's lock, so every
+// sample is counted exactly once and figures are live; cost is estimated from
+// the operator's price table (`serve --price-*`, micro-units).
+//
 // Imports: internal/account, internal/sandbox, internal/store,
 // internal/runtime and the standard library.
 package metering

@@ -11,6 +11,40 @@
 // GET /v1/metrics for every key, and Handler without a key on `serve
 // --metrics-listen`'s separate listener.
 //
+// # What is counted, and who sees what
+//
+// In detail: a registry per server. The request path only adds to
+// counters and histograms: HTTP requests by route pattern (set by the
+// mux wrapper, or `preview` / `e2b`) and code, creates by pool hit or miss
+// and template with their latency, preview bytes (a counting wrapper on
+// each preview connection) and connect time, agent calls by op (the
+// engine's `Hooks.AgentCall`, one atomic load and an observe per call).
+// Executions by status and language with their run time, OOM kills,
+// `resource_exceeded` and `security_violation` come from a bus hook
+// (`execution.finished` carries the language), off the request path,
+// with label values limited to the known kinds, resources, statuses and
+// languages (some are reported from inside the sandbox; anything else is
+// `other`, so sandboxed code cannot grow the registry);
+// sandboxes by state and the warm pool are read from the engine at scrape
+// time; the Go runtime and process collectors add the rest. `/metrics`
+// needs an admin key on the API listener; `serve --metrics-listen` serves
+// it without one on a separate listener meant for a private address.
+//
+// The metrics page polls `GET /v1/metrics` every 2 s and draws rates from
+// successive polls. `/metrics` is admin-only, since it describes every
+// account's work; a dashboard user is an account, so `GET /v1/metrics`
+// (Summary, summary.go) gives any key: its own sandboxes by
+// state and its own executions by status, `resource_exceeded` by resource
+// and violations by kind since the server started (counted per owner by
+// the same bus hook that feeds the Prometheus counters); server-wide
+// latency quantiles (p50/p90/p99, estimated from the histograms' buckets as
+// `histogram_quantile` does) of sandbox creates by pool hit/miss,
+// executions by language, agent calls by op and preview connects, without
+// counts, so no account learns how much the others do; and to admin keys
+// only, the server-wide counters and gauges of `/metrics` (sandboxes by
+// state, pool, creates, executions, OOM kills, violations, HTTP requests
+// by route and code, preview traffic, goroutines, heap, RSS, process CPU).
+//
 // Imports: internal/sandbox (states, the pool, execution statuses),
 // internal/events (the events counted) and internal/lang (the languages
 // a label may name).

@@ -7,6 +7,41 @@
 // Which layer guarantees what is documented in README ("Policies and
 // network"): import rules are a convenience backed by the OS layers;
 // seccomp, namespaces, mounts, cgroups and the gateway are the boundary.
+//
+// # The policy and its enforcement
+//
+// internal/policy holds the policy JSON, its strict parser (`Parse`: unknown
+// fields and wrong types are errors naming the field; `Validate` checks
+// ranges), the decisions made from it (`Loosened`, `FixedChange`, `Writable`,
+// `ModuleAllowed`; `WithTwins`, which adds to an import rule's modules the
+// C-level modules that stand for them: `os` → `posix`, `socket` →
+// `_socket`, `subprocess` → `_posixsubprocess`, `ctypes` → `_ctypes`...) and
+// the no-subprocess seccomp program (`NoSubprocessFilter`,
+// assembled with golang.org/x/net/bpf, checking the architecture). The
+// engine (internal/sandbox/policy.go) keeps each sandbox's policy with a
+// generation number and sends its kernel part (`agentproto.KernelPolicy`)
+// with every execution; a context applies a generation once, and one that
+// applied a generation a later change loosened restarts first
+// (`PolicyRestartGen`). The Python driver applies it on itself: the seccomp
+// filter and a Landlock domain through ctypes (internal/kernel); import rules (the
+// engine adds each public module's C-level twins, `policy.WithTwins`) as a
+// finder at the head of `sys.meta_path`, the source loaders' `exec_module`
+// and `_imp`'s module-creating functions, wrapped `__import__` /
+// `importlib.import_module` and an audit hook, all installed once and
+// judging the stack past the import system and the name-resolving helpers
+// (rules only tighten inside one interpreter; docs/security.md, section 4);
+// RLIMIT_FSIZE, and
+// RLIMIT_CPU per execution (the backstop of `cpu_time_seconds`); it reports refusals on its control pipe and the
+// kernel forwards them as `violation` events marked as the sandbox's word
+// (the code can write that pipe too), which the engine emits as
+// `security_violation` / `resource_exceeded` events (internal/events) with
+// the execution's id, bounded in number (internal/events). The end of an
+// execution is the driver's word as well (its `done` and its marker, which
+// the code can write or cause): under `cpu_time_seconds` the kernel goes on
+// counting the interpreter's process group after the end, until the next
+// execution starts, and kills it past the limit; the next execution
+// reports `CPUTimeExceeded` instead of running (internal/kernel/idle.go). Bash contexts refuse to run under
+// `allow_subprocess: false` (a shell that cannot fork runs only builtins).
 package policy
 
 import "reflect"

@@ -447,7 +447,9 @@ func TestStorageFlood(t *testing.T) {
 			}
 		}
 		cb, cf := p99(byWhat(base, "control")), p99(byWhat(flooded, "control"))
-		if 2*cf >= 3*cb {
+		// The control's p99 at the same resolution as B's: below it,
+		// growth is the host's jitter, which B's figures absorb too.
+		if 2*cf >= 3*max(cb, resolution) {
 			t.Logf("attempt %d: the control's p99 went from %v to %v: the host moved the figures; again", attempt, cb, cf)
 			continue
 		}

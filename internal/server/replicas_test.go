@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -190,9 +191,16 @@ func TestReplicasCollector(t *testing.T) {
 	if err := a.rt.Destroy(ctx, lost); err != nil {
 		t.Fatal(err)
 	}
-	a.srv.Collect() // all within the grace: nothing happens
-	if ids, _ := a.rt.List(ctx); len(ids) != 2 {
-		t.Fatalf("within the grace the collector took: %v left", ids)
+	// A pool member whose replica died ended itself when its lease ran
+	// out: collected at once, grace or not (its replica, gone, destroys
+	// nothing; a Kubernetes CI run left one when the replicas stopped).
+	if _, err := a.rt.Create(ctx, runtime.Spec{ID: "ended0000000000", Pool: true}); err != nil {
+		t.Fatal(err)
+	}
+	a.rt.End("ended0000000000")
+	a.srv.Collect() // the rest within the grace: nothing happens to them
+	if ids, _ := a.rt.List(ctx); len(ids) != 2 || slices.Contains(ids, "ended0000000000") {
+		t.Fatalf("within the grace the collector left: %v", ids)
 	}
 	server.SetCollectGrace(0) // the deferred restore puts back the default
 	a.srv.Collect()
@@ -207,6 +215,28 @@ func TestReplicasCollector(t *testing.T) {
 	want(t, a.do("POST", "/v1/sandboxes/"+lost+"/execute", a.keyA, map[string]any{"code": "1"}), http.StatusConflict, "ERR_SANDBOX_STATE")
 	if err := a.rt.Destroy(ctx, "warm00000000000"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReplicasCollectAtShutdown: a replica that stops collects what ended
+// since its last collection (a warm pool member of a dead replica, whose
+// node reported it only now), so that the last replica to stop leaves
+// nothing ended behind.
+func TestReplicasCollectAtShutdown(t *testing.T) {
+	a := newEnv(t, server.Config{CollectInterval: time.Hour, PreviewKey: replicaKey}, shared)
+	ctx := context.Background()
+	if _, err := a.rt.Create(ctx, runtime.Spec{ID: "ended0000000000", Pool: true}); err != nil {
+		t.Fatal(err)
+	}
+	a.rt.End("ended0000000000")
+	if ids, _ := a.rt.List(ctx); !slices.Contains(ids, "ended0000000000") {
+		t.Fatalf("before the shutdown: %v", ids)
+	}
+	if err := a.srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := a.rt.List(ctx); slices.Contains(ids, "ended0000000000") {
+		t.Fatalf("the stopped replica left an ended pool member: %v", ids)
 	}
 }
 

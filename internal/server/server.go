@@ -45,6 +45,174 @@
 // It also serves the E2B surface (internal/e2b) on the same handler, as
 // that package's Backend (e2b.go).
 //
+// # Start and drain
+//
+// `sheepfold serve` starts in order: config → store (SQLite in the data dir,
+// embedded migrations, WAL, busy_timeout 5 s, one write handle and 8
+// read handles; records
+// still running from a run that crashed are marked stopped, "server
+// restarted" or "timed out") → event bus → engine (runtime `server-<hash>`
+// instance, leftovers destroyed, those that resist in the background) → HTTP.
+// On SIGTERM it drains (internal/server/drain.go): /readyz answers 503
+// `ERR_SHUTTING_DOWN` at once, new sandboxes are refused, every other
+// request is still served for `--drain-delay` (5 s; skipped when nothing has
+// asked /readyz); then event streams end, the listener closes and requests
+// in flight run up to `--shutdown-timeout` (10 s); at that deadline the
+// contexts of those still running are canceled with `ERR_SHUTTING_DOWN` as
+// the cause (requests' contexts derive from the server's base context) and
+// they have 2 s to end their streams with that error; then it closes the
+// engine (every sandbox destroyed), marks their records stopped, closes the
+// store. /readyz also pings the store (`store.Pinger`, its verdict kept a
+// second). Keys are `sf_`/`e2b_` + 40 hex characters, kept only as SHA-256;
+// each sandbox belongs to the key's owner and is invisible (404) to others.
+// Streaming executions and commands send SSE or NDJSON events as the agent
+// produces them.
+//
+// # Bounds
+//
+// Bounds: every request body has a limit (16 MiB of JSON, uploads
+// `--file-size-upload-mb` per file and per request in all, 4 MiB per Connect
+// message compressed and decompressed), and a body that stalls for 30 s is
+// cut (a per-read deadline through `http.ResponseController`, not a global
+// read or write timeout, so long streams and slow uploads live); headers
+// must arrive within 10 s, idle connections close after 2 minutes. Metadata
+// and env are bounded in keys and bytes. Admission counts each sandbox's
+// memory limit (plus its disk where the runtime keeps disks in memory:
+// `sandbox.Manager.Footprint`) against the host's memory times
+// `--overcommit` (2) and answers 503 `ERR_CAPACITY` past it; a sandbox's own
+// disk is reserved on the data dir by the runtime, which answers the same
+// when it has no room (one
+// sandbox larger than that alone is 400, "One ceiling" in internal/sandbox); /readyz is
+// 503 at that cap, at `--max-sandboxes`, when the data dir has under 256 MiB
+// free, or while draining. A sweeper records stops of sandboxes the engine
+// ended; a stop the store could not record stays in memory and is retried.
+// Records of stopped sandboxes and executions older than `--retention` (7
+// days) are pruned hourly; `GET /v1/sandboxes` pages (`limit`, `cursor`,
+// `next`), and so does a directory listing (`GET .../files/list`: `limit`
+// up to 10,000, `cursor`, `next_cursor` with `truncated`; the agent walks
+// each directory's entries sorted by name, a directory's contents right
+// after it, and resumes after the cursor's entry; the cursor is bound to
+// the listing's path and depth, and a bad one is 400). A wrong method on a known path is 405 `ERR_METHOD_NOT_ALLOWED`
+// with `Allow`.
+//
+// # Shares
+//
+// Shares of what tenants share (internal/server/conns.go, ui.go;
+// docs/security.md, section 13): every stream (a request that may stay
+// open: executions, commands, event streams, transfers, previews, MCP
+// calls, E2B streams, watchers and interpreter executions) holds a place
+// in its key's, its account's and the server's share while it runs, taken
+// in the route's wrapper (`streamed`, from the table `streamRoutes`), in
+// `servePreview`, and through `e2b.Config.Hold` on the E2B surface; a
+// stream past a share is refused at once. The server's share comes from
+// `RLIMIT_NOFILE` with a reserve for everything else. Past
+// `--max-connections` open connections, the server's `ConnState` hook
+// closes the oldest serving no request. Dashboard sessions are kept per
+// account, the oldest ended past its share.
+//
+// # No request stops the server
+//
+// No request stops the server (docs/security.md, section 1). A response
+// that must break off mid-way (a download whose source failed, a stream
+// whose sandbox died, a client that stopped reading) is cut with
+// internal/abort: the handler calls `abort.Response` and returns, its later
+// writes fail, and `abort.Handler`, outermost in the server's chain (inside
+// the body bound), breaks the connection once the handler is done: through
+// the writer's own `Abort` for the in-process transport of `/mcp`, or with
+// the code base's one `panic(http.ErrAbortHandler)` on a net/http server's
+// goroutine, which net/http recovers. The panic recovery (`recoverPanics`)
+// logs a panic and answers 500, or cuts the response if it had begun, and
+// never raises it again; the in-process transport and the MCP tools recover
+// what reaches their own goroutines. `TestNoRepanic` (internal/abort, run by
+// `make lint` and `make test`) walks the source of both binaries and refuses
+// a re-raised recovered value and any other `panic(http.ErrAbortHandler)`.
+//
+// # Metrics
+//
+// The instruments are internal/metrics's (its doc says what is counted and
+// who sees what); the server serves `/metrics` (admin keys on the API
+// listener, no key on `serve --metrics-listen`) and `GET /v1/metrics`.
+// Logs are log/slog (`--log-format text|json`); each request's line
+// carries `request_id`, `account` and `sandbox` (filled in by the handler
+// that resolved them), method, path, status, bytes and duration.
+//
+// # Previews
+//
+// internal/server/preview.go proxies HTTP to ports inside sandboxes with
+// one `httputil.ReverseProxy` whose transport dials `{sandbox id}:{port}`
+// as `Sandbox.DialPort` (agentproto `port.connect`) and keeps those
+// connections alive between requests (64 idle per sandbox port), so a
+// request on a warm connection costs two extra copies through the agent,
+// no new dial; its 32 KiB copy buffers come from a pool and a sandbox's
+// preview token is computed once, so a small GET allocates about 15 kB
+// (BenchmarkPreview). Previews live on origins of their own, on the API's
+// listener: `Server.route` looks at `Host` before anything else. A `Host`
+// under `--preview-domain` (default `localhost`) is the host form
+// `{port}-{id}.{domain}` and reaches only that preview, or internal/e2b for
+// envd's and the interpreter's ports, or a 404 page: never the /v1 mux,
+// the dashboard or E2B's control plane. Any other `Host` is the API's
+// origin, where two forms remain for programs: the path form
+// `/v1/sandboxes/{id}/proxy/{port}/...` (the prefix is cut, and sent as
+// `X-Forwarded-Prefix`), which answers browsers (Fetch Metadata or a
+// `Mozilla/` User-Agent) with a 307 to the host form, and E2B's
+// `E2b-Sandbox-Id`/`E2b-Sandbox-Port` headers for ports other than envd's
+// and the interpreter's (internal/e2b hands them over through
+// `e2b.Config.Ports`). Both are recognised before the /v1 mux, so an
+// app's paths and methods are its own; their bodies are streamed, not
+// bounded by the JSON limit. The proxy's `Rewrite` removes Sheepfold's
+// credentials in every form (and, on the API's origin, every cookie and
+// `Authorization`); its `ModifyResponse` drops what would act on the API's
+// origin and adds `Content-Security-Policy: sandbox` there, and strips
+// `Domain` from an app's cookies on its own origin (docs/security.md,
+// section 2). The dashboard's cookie authenticates nothing on a host that
+// shares a registrable domain with the previews
+// (golang.org/x/net/publicsuffix). The app sees the client's `Host` and
+// `X-Forwarded-For/-Host/-Proto`; upgrades (WebSocket) are hijacked and
+// copied both ways; streamed responses are flushed as they come.
+// Access is decided before anything is dialled: a port made public
+// (`PUT /v1/sandboxes/{id}/ports/{port}`, kept with the server's record
+// of the sandbox), an E2B sandbox created with public traffic (E2B's
+// default; `allowPublicTraffic: false` needs E2B's traffic token), the
+// sandbox's preview token (`Sheepfold-Preview-Token`: an HMAC of the
+// sandbox id under a key drawn at start, so nothing is stored and tokens
+// die with the server, as sandboxes do), or a signed value
+// `<expiry>.<HMAC of sandbox, port, expiry>` given as the `sf_preview`
+// query parameter (which sets an HttpOnly cookie scoped to that host or
+// path and redirects without it) or that cookie. API keys are not preview
+// credentials, and the proxy removes Sheepfold's credentials (token,
+// traffic token, cookie, parameter) and E2B's routing headers before the
+// app sees the request. Refusals and failures are small HTML pages:
+// 401 private, 502 sandbox not running, 502 nothing listening (the
+// agent's `refused`, at once). A dial marks the sandbox active for its
+// idle timeout. `GET /v1/sandboxes/{id}/ports` merges the agent's
+// `port.list` with the public ports and gives each its URLs and a signed
+// URL.
+//
+// # Webhooks
+//
+// Webhooks are internal/webhooks' (its doc says how they are queued,
+// signed, retried and confined); the server serves their endpoints
+// (webhooks.go: `POST/GET/DELETE /v1/webhooks`,
+// `GET /v1/webhooks/{id}/deliveries`) and hands the package its store,
+// bus and `Config.Webhook*` bounds.
+//
+// # Sessions
+//
+// Sessions (internal/server/sessions.go, session_ask.go; `sessions` table,
+// migration 0007) bind a model to a sandbox whose id they share, so the
+// sandbox routes (policy, events, files, usage) serve sessions unchanged and
+// a session ends with its sandbox. `/execute` is the sandbox's execute in the
+// seeds' shape (`output`, `status`, `execution_time_ms`, `error{code,message}`,
+// charts). `/ask` runs the loop in the request: each step is one
+// non-streamed completion through the relay (admitted, metered and priced as every completion, internal/llm, so quotas and fallbacks apply) with a `run_code` tool; tool calls,
+// or fenced code in a text reply, run in the sandbox under its policy and
+// their output (bounded) goes back to the model; a text reply without code
+// is the answer. The loop is bounded by `max_steps` and a time limit (the
+// request's context: a model or an execution still running at the limit is
+// cut, and the answer says `time_limit`); provider errors end the ask with
+// their code and leave the session as it was. The answer separates the
+// model's time from Sheepfold's own.
+//
 // Imports: internal/sandbox, internal/store, internal/events, internal/auth,
 // internal/account (limits and balances), internal/metering,
 // internal/metrics (the instruments, served by metrics.go),
@@ -536,6 +704,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.cut(errCut)
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.sweeper.Wait()
+	if s.shared() && s.store != nil {
+		// A last collection: what ended since the last one (a warm
+		// pool member whose replica died, on a node that reported it
+		// only now) is not left for replicas that may never come.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		s.collect(cctx)
+		cancel()
+	}
 	s.retire()
 	s.hooks.Stop()
 	if s.ownBus {

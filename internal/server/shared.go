@@ -44,8 +44,10 @@ import (
 //     this way too. A replica that stops lets its heartbeat lapse at
 //     once and ends its own (retire).
 //
-// What each replica keeps to itself: ports made public (preview.go), and
-// per-minute rate limits. Usage is metered by the one replica holding a
+// What each replica keeps to itself: ports made public through /v1
+// (preview.go). Per-minute rate limits are not: an account's are counted
+// in the shared store (store.RateStore), a sandbox policy's by its agent
+// (internal/sandbox, agentbudget.go). Usage is metered by the one replica holding a
 // sandbox's meter lease (internal/metering).
 
 // collectGrace is how long a sandbox may exist without a record (a
@@ -294,8 +296,13 @@ func (s *Server) collect(ctx context.Context) {
 				reason = store.ReasonTimedOut
 			}
 			s.collectOne(ctx, h.ID, reason, true)
-		case recorded, now.Sub(h.Created) < collectGrace, h.Pool && !h.Ended:
-			// A live sandbox, a create in flight, or a warm pool
+		case h.Pool && h.Ended:
+			// A warm pool member whose replica died: it ended itself
+			// (its lease ran out), whatever its age, and nobody else
+			// will destroy its objects.
+			s.collectOne(ctx, h.ID, "warm pool member ended", false)
+		case recorded, now.Sub(h.Created) < collectGrace, h.Pool:
+			// A live sandbox, a create in flight, or a live warm pool
 			// member (which ends itself when its replica is gone).
 		default:
 			s.collectOne(ctx, h.ID, "no record", false)

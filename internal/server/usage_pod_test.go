@@ -22,7 +22,7 @@ func TestUsageOfUnmeasuredSandbox(t *testing.T) {
 		"cpu.stat":           "usage_usec 3000000\n",
 		"cpu.max":            "200000 100000\n",
 		"memory.current":     "100663296\n",
-		"memory.max":         "268435456\n",
+		"memory.max":         "805306368\n", // a Pod's: 512 MiB and its 256 MiB disk in memory
 		"memory.peak":        "134217728\n",
 		"memory.stat":        "anon 1\nfile 33554432\n",
 		"pids.current":       "7\n",
@@ -41,7 +41,7 @@ func TestUsageOfUnmeasuredSandbox(t *testing.T) {
 		t.Fatalf("metrics %s (%v)", r.body, err)
 	}
 	m := samples[0]
-	if m["cpuCount"] != 2.0 || m["memUsed"] != float64(64<<20) || m["memCache"] != float64(32<<20) || m["memTotal"] != float64(256<<20) {
+	if m["cpuCount"] != 2.0 || m["memUsed"] != float64(64<<20) || m["memCache"] != float64(32<<20) || m["memTotal"] != float64(512<<20) { // getInfo's
 		t.Fatalf("metrics sample %v", m)
 	}
 

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 )
 
@@ -192,4 +193,19 @@ type StorageStore interface {
 	// sandboxes stopped before t (their records stay, at their small
 	// size) and returns how many it cleared.
 	ClearStoppedBefore(ctx context.Context, t time.Time) (int, error)
+}
+
+// BoundsKeeper keeps the bounds a store's writes trim to; both stores
+// embed it for StorageStore.SetBounds. The zero value has none.
+type BoundsKeeper struct{ p atomic.Pointer[Bounds] }
+
+// SetBounds implements StorageStore.
+func (k *BoundsKeeper) SetBounds(b Bounds) { k.p.Store(&b) }
+
+// BoundOf is the bound of kind now (none before SetBounds).
+func (k *BoundsKeeper) BoundOf(kind string) Amount {
+	if b := k.p.Load(); b != nil {
+		return b.Of(kind)
+	}
+	return Amount{}
 }

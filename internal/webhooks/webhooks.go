@@ -35,6 +35,35 @@
 // What it needs of the rest is narrow: the store's webhook and delivery
 // methods (Store) and a bus to hook (Bus).
 //
+// # In detail
+//
+// Through the server's endpoints an owner registers URLs
+// (`POST/GET/DELETE /v1/webhooks`; the signing secret is shown once, at
+// creation, and kept in the store because signing needs it). A bus hook
+// queues a delivery per matching webhook in its account's queue (bounded per
+// account and in all, never blocking the bus); a round-robin scheduler starts
+// deliveries from the accounts with work in turn, at most
+// `Config.Workers` (32; the server's `WebhookWorkers`) in flight and
+// `AccountWorkers` (4) per account, so one account's hanging receivers hold only its own slots. Each
+// delivery POSTs the event JSON with `Sheepfold-Timestamp` and
+// `Sheepfold-Signature: v1=<hex HMAC-SHA256 of "<timestamp>.<body>">`,
+// retries anything but 2xx after about 1 s, 2 s, 4 s ... (each wait drawn
+// in its upper half by internal/backoff; 6 attempts in all), and logs
+// every attempt (`GET /v1/webhooks/{id}/deliveries`) as delivered or "not
+// delivered": the cause goes to the server's log, and a failed attempt keeps
+// its slot and is recorded only when its whole timeout has passed, so the
+// record and its timing tell nothing of the remote. The server dials webhook
+// destinations itself: it resolves the host and connects through a dialler
+// whose Control hook checks the socket's address (no rebinding between check
+// and connect) with policy.ForbiddenAddr, the egress gateway's
+// classification (loopback, private, CGNAT, link-local, metadata, reserved),
+// and egress.HostAddr (the host's own); those are refused unless in an
+// operator's range (`serve --webhook-allow-cidr`), and link-local, metadata,
+// unspecified and multicast ones always. No redirects, no proxy from the
+// environment; `serve --webhook-allow-hosts` (names, `*.domain`, CIDRs)
+// narrows destinations further. Deliveries still queued or waiting for a
+// retry at shutdown are dropped.
+//
 // Imports: internal/store (the webhook and delivery records),
 // internal/events (the events delivered), internal/apierr (the codes of
 // its refusals), internal/backoff (retries), internal/bound (the URL's

@@ -6,6 +6,24 @@
 // the v2 files, an OOM is reported as ERR_OUT_OF_MEMORY, pids and CPU
 // quota hold. It is built only with -tags cgroupv2guest (run.sh) and fails,
 // never skips, without the server it is pointed at.
+//
+// # The harness
+//
+//   - test/cgroupv2 (`make test-cgroupv2`): the host here is cgroup v1 hybrid,
+//     so a qemu guest (TCG without /dev/kvm, KVM with it) proves the pure v2
+//     path: Debian's kernel, systemd as init, the guest image built once by
+//     image.sh and cached under `<data>/guest` (rebuilt when image.sh
+//     changes), the template as a second read-only ext4 disk, bin/cgroupv2 (binaries,
+//     .deb, compiled tests) shared read-only over 9p. Inside, as a `Delegate=yes` unit: the
+//     compiled privileged tests of internal/runtime/oci, the cgroup-relevant
+//     ones of internal/sandbox (isolation, OOM, pids, CPU, disk, crash),
+//     internal/doctor, no cgroup left behind, then the .deb installed and its
+//     sheepfold.service driven by the Go SDK (e2e_test.go: cgroup placement
+//     inside the unit, the v2 limit files, ERR_OUT_OF_MEMORY with
+//     memory.events' oom_kill, pids.max, cpu.max throttling), stopping the
+//     unit leaves no cgroup, and `sheepfold doctor` breaking one thing at a
+//     time (template, runc, user namespaces). The guest's exit status comes
+//     back through the 9p outbox; none is a failure;
 package cgroupv2
 
 import (
@@ -107,8 +125,12 @@ func TestServiceOnCgroupV2(t *testing.T) {
 		"memory.max":      strconv.Itoa(256 << 20),
 		"memory.high":     "max", // see oci.resources: throttling would stall, not help
 		"memory.swap.max": "0",   // memory+swap = memory: never swapped out
-		"pids.max":        "64",
-		"cpu.max":         "50000 100000",
+		// The sandbox's 64 tasks, in its threaded child "tenant", and
+		// the agent's reserve above them (oci.AgentPids, 64).
+		"pids.max":           "128",
+		"tenant/pids.max":    "64",
+		"tenant/cgroup.type": "threaded",
+		"cpu.max":            "50000 100000",
 	} {
 		if got := read(t, dir, file); got != want {
 			t.Errorf("%s = %q, want %q", file, got, want)

@@ -5,6 +5,18 @@
 // error statuses, delays, a hang, garbage, a body or stream dropped
 // mid-way and a stream that stalls.
 //
+// # Uses
+//
+// internal/llm/llmtest is a scripted OpenAI-compatible server (JSON, SSE,
+// tool calls, fenced code, error statuses, delays, hangs, garbage, a body
+// or stream dropped mid-way, a stream that stalls) for tests, the examples and the bench; its `Brain` plays a model
+// that follows the conversation (run the code it is told to, answer with the
+// output, write the Black Friday example's pandas code). `sheepfold bench`
+// gives its own server that model as a provider and measures the relay's
+// overhead (the same completion direct and through `/v1/chat/completions`,
+// alternating) and the Black Friday tickets through sessions (Sheepfold's own
+// time per ticket: the answer's `sheepfold_time_ms`).
+//
 // Imports: internal/llm (the chat shapes) and the standard library.
 package llmtest
 

@@ -292,3 +292,14 @@ func (r *Runtime) Inventory(context.Context) ([]runtime.Held, error) {
 	}
 	return out, nil
 }
+
+// End marks instance id ended, as a Pod whose agent exited is (its
+// objects stay until destroyed): Inventory then reports it Ended.
+func (r *Runtime) End(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if h, ok := r.held[id]; ok {
+		h.Ended = true
+		r.held[id] = h
+	}
+}

@@ -39,6 +39,118 @@
 // of the instance, so that a garbage collector can remove those whose
 // record is gone.
 //
+// # Pods, egress and trust
+//
+// internal/runtime/kubernetes is a runtime.Runtime whose sandboxes are Pods
+// (README, "Run on Kubernetes"). Create makes a NetworkPolicy (first: no
+// moment without it), a Secret with the agent's credential and the Pod, then
+// watches the Pod until it runs with an IP, failing at once on a reason no
+// wait mends (ErrImageNeverPull, CreateContainerError...) and deleting all
+// three on any failure. The agent runs `init --listen-tcp :49983 --tls-dir
+// /.sheepfold-tls --pids-max <Limits.Pids>` from the image's own
+// /.sheepfold, which the Pod mounts read-only over the container's writable
+// root (an image volume of the same image, sub-path .sheepfold: the binary
+// the agent executes again for its helpers and the home seed; the Secret
+// sits beside it, as nothing can be mounted inside); the host's agent client dials through
+// runtime.Instance.Dial instead of a unix socket, and nothing else in the
+// engine changed. Egress: the runtime is a runtime.EgressProxy, so a
+// sandbox whose policy allows a network gets runtime.Network{Proxy: true}
+// instead of a TUN: the agent listens on runtime.ProxyAddr
+// (127.0.0.1:3128, `--egress-listen`), the Pod's environment names it as
+// HTTP(S)_PROXY (that port is the sandbox's own: Sandbox.DialPort refuses
+// it with ErrEgressPort on such a runtime, so no preview reaches it), and
+// the runtime keeps four `egress.accept` requests waiting
+// (runtime/kubernetes/egress.go: its own goroutines, which its Close waits
+// for; the engine only hands it the sandbox's gateway through
+// runtime.EgressProxy.ServeEgress, sandbox/egress.go); each returns once
+// the code connects, and the raw stream goes to egress.Gateway.ServeProxy (egress/proxy_linux.go), which
+// reads the CONNECT or absolute-form request, resolves the name as the
+// sandbox's DNS question would be answered, decides the address with
+// checkConn and carries the connection as a flow of the TUN path's kind
+// (every request judged, SNI and Host checks, network_requests, the flow
+// cap, idle timeout, byte counts and rate, closed by a tightened policy). Which layer guarantees what for a Pod:
+// against code that ignores the proxy, the Pod's own firewall (the init
+// container netlock runs agent.LockNetwork: an nftables table `inet
+// sheepfold` whose input and output chains drop all but the loopback,
+// connections made to the agent's port and IPv6 neighbour discovery; TCP
+// out is rejected so that connect fails at once) is the boundary on any
+// cluster, and the NetworkPolicy (deny all egress) a second one where a CNI
+// enforces it (the only one for gVisor Pods, whose netstack has no
+// nftables: Config.OpenNetworkRuntimes); the init container holds
+// CAP_NET_ADMIN and exits before the sandbox's container, which never has
+// it, starts; the gateway in the server
+// decides everything that goes out; the agent only relays bytes and is
+// not trusted to decide. A waiting accept is not activity (the idle stop
+// ignores it). Replicas that adopt the sandbox run their own gateway and
+// pumps from the recorded policy, which is why a shared sandbox's network
+// rules cannot change after create. The budgets that must hold across
+// those replicas live in the agent, which all of them reach
+// (agent/budget.go, `budget.take`; sandbox/agentbudget.go): every gateway
+// takes each request from the agent's `network_requests` total
+// (egress.Gateway.ShareBudget), every replica each execution from its
+// `rate_limiting` bucket; a take that fails refuses, and an agent older
+// than the op leaves each replica counting alone. The agent keeps only the
+// count (the gateway still decides), out of the code's reach: the code,
+// root in the sandbox included, has no capability, so it cannot trace the
+// agent or write its memory (the agent's capabilities are not a subset of
+// its own), and an agent that dies ends the sandbox, budget and all. internal/agenttls is the trust: one authority per
+// deployment (a Secret, made by the first server, read by the others),
+// per-sandbox agent certificates (server-auth only, named
+// `<id>.agent.sheepfold`), a server certificate (client-auth only); TLS 1.3
+// with session resumption. The seccomp profile is the local engine's
+// (`sheepfold seccomp-profile`, a Localhost profile on the nodes), because
+// RuntimeDefault refuses the unshare(CLONE_FS) the agent gives each kernel.
+// engine.OpenKubernetes loads the kubeconfig or the in-cluster account; the
+// engine's manager, pool, policies and records are those of the local
+// backend.
+//
+// # Usage, disk and bounds
+//
+// A Pod's usage (metrics, metering, the idle stop, OOM and pids reports)
+// comes from its agent: the runtime's Usage says ErrUnsupported (the
+// cgroup is on the node), and the engine's one reader (sandbox/usage.go)
+// then sends the agent a `usage` op, which reads its container's own
+// cgroup: v2 through the cgroup namespace at /sys/fs/cgroup, v1 at the
+// per-controller mounts runc binds to the container's directories
+// (agent/usage.go). The local engine never asks the agent. What is trusted:
+// the figures are the kernel's counters, read by our agent (uid 0 of the
+// Pod's user namespace, non-dumpable); user code runs as uid 1000 with no
+// capabilities, and even the sandbox's root has no CAP_SYS_ADMIN or
+// CAP_SYS_PTRACE, so nothing in the sandbox can remount or mount over the
+// read-only /sys/fs/cgroup (whose counters are the kernel's anyway) or
+// reach into the agent to change its answer. A Pod's disk is a
+// memory-backed emptyDir of the disk size (charged to the Pod's memory,
+// whose limit and request are memory plus disk, so full is ENOSPC, not an
+// OOM kill: runtime.DiskMemory), mounted over the home
+// and /tmp as two sub-directories of one volume; the agent reports its
+// statfs. As the volume hides the image's home, `template export` puts the
+// template's home in the image as a tar archive (/.sheepfold/home.tar,
+// internal/homeseed), which the agent unpacks into the empty volume, owned
+// by the user, before it serves (agent/scratch_linux.go: the dotfiles and
+// matplotlib's font cache, seconds to rebuild). Writes elsewhere (root's
+// apt, /var) go to the container's writable layer on the node, bounded by
+// the Pod's ephemeral-storage limit (the kubelet evicts) and not counted in
+// the disk figures. Not measured for Pods: an execution's CPU time on the whole cgroup (the agent
+// counts its interpreter and waited-for children, RLIMIT_CPU the backstop;
+// sandbox/cpu.go), and an OOM kill of the agent itself (the sandbox then
+// stopped "unexpectedly"). Each reading is one agent call (a TLS
+// connection, resumed): metering's sample every second per sandbox, and
+// one more per execution for the OOM count. The meter holds no lock across
+// a reading, reads at most 16 sandboxes at once and gives each reading 2 s:
+// an agent that does not answer (its Pod deleted by another replica, its
+// node lost) delays its own sandbox's sample, never a create, a kill or
+// another sandbox's sample (before, one such agent held every create and
+// kill of its replica for up to 30 s). The idle loop likewise checks 16
+// sandboxes at once, each check bounded to 2 s. A dial through port-forward is
+// bounded by its caller's context too (a stream of a Pod that is gone is
+// otherwise left to the connection's 30 s timeout). Each replica's client
+// of the API server sends at most `--kubernetes-api-qps` requests a second
+// (50) in bursts of `--kubernetes-api-burst` (100), not client-go's 5 and
+// 10, which a busy replica exceeds (a create makes three objects and
+// watches its Pod, a kill deletes three); waits over 250 ms for that
+// bound, API requests slower than 2 s and agent connections slower than
+// 1 s are logged as warnings.
+//
 // Imports: internal/runtime (its interfaces, and the egress proxy's
 // address and environment), internal/runtime/oci (the agent's path,
 // capabilities and rlimits), internal/agenttls, internal/agentproto and

@@ -40,7 +40,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -65,8 +64,8 @@ const (
 
 // Store is a PostgreSQL-backed store.Store.
 type Store struct {
-	pool   *pgxpool.Pool
-	bounds atomic.Pointer[store.Bounds] // SetBounds; nil: none
+	pool               *pgxpool.Pool
+	store.BoundsKeeper // SetBounds: what the writes trim to
 }
 
 // Options tune a Store. Zero fields take the defaults in brackets.

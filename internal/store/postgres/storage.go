@@ -15,17 +15,6 @@ import (
 // account's records and bytes, kept by triggers (migrations/0014); the
 // writes trim with it (trim), as SQLite's do.
 
-// SetBounds implements store.StorageStore.
-func (s *Store) SetBounds(b store.Bounds) { s.bounds.Store(&b) }
-
-// boundOf is the bound of kind now.
-func (s *Store) boundOf(kind string) store.Amount {
-	if b := s.bounds.Load(); b != nil {
-		return b.Of(kind)
-	}
-	return store.Amount{}
-}
-
 // storedOf reads what account keeps of kind.
 func storedOf(ctx context.Context, db querier, account, kind string) (store.Amount, error) {
 	var a store.Amount
@@ -52,7 +41,7 @@ var oldest = map[string]string{
 // trim deletes account's oldest records of kind past its bound, in tx,
 // and returns how many went.
 func (s *Store) trim(ctx context.Context, tx pgx.Tx, account, kind string) (int64, error) {
-	bound := s.boundOf(kind)
+	bound := s.BoundOf(kind)
 	if bound == (store.Amount{}) {
 		return 0, nil
 	}
@@ -177,7 +166,7 @@ func (s *Store) CreateAlert(ctx context.Context, a store.Alert) (bool, error) {
 			return false, nil
 		}
 	}
-	bound := s.boundOf(store.KindAlerts)
+	bound := s.BoundOf(store.KindAlerts)
 	size := store.AlertSize(a)
 	for round := 0; ; round++ {
 		have, err := storedOf(ctx, tx, a.Account, store.KindAlerts)

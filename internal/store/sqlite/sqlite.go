@@ -30,7 +30,6 @@ import (
 	"os"
 	"sort"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -77,11 +76,11 @@ var ErrInUse = errors.New("the database is in use by another sheepfold process")
 
 // DB is a SQLite-backed store.Store.
 type DB struct {
-	db     *sql.DB                      // every write, and what reads inside a write
-	rd     *sql.DB                      // reads alone (query_only), so that writers waiting for the lock never hold up a read
-	lock   *os.File                     // the database file, flocked while the DB is open
-	turns  *turns                       // the busiest writes' turns, round the accounts (turns.go)
-	bounds atomic.Pointer[store.Bounds] // SetBounds; nil: none
+	db                 *sql.DB  // every write, and what reads inside a write
+	rd                 *sql.DB  // reads alone (query_only), so that writers waiting for the lock never hold up a read
+	lock               *os.File // the database file, flocked while the DB is open
+	turns              *turns   // the busiest writes' turns, round the accounts (turns.go)
+	store.BoundsKeeper          // SetBounds: what the writes trim to
 }
 
 // Options tune a DB. Zero fields take the defaults in brackets.

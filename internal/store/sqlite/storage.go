@@ -14,17 +14,6 @@ import (
 // account's records and bytes, kept by triggers (migrations/0014); the
 // writes trim with it (trim).
 
-// SetBounds implements store.StorageStore.
-func (d *DB) SetBounds(b store.Bounds) { d.bounds.Store(&b) }
-
-// boundOf is the bound of kind now.
-func (d *DB) boundOf(kind string) store.Amount {
-	if b := d.bounds.Load(); b != nil {
-		return b.Of(kind)
-	}
-	return store.Amount{}
-}
-
 // querier is what both *sql.DB and *sql.Tx offer for reading.
 type querier interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
@@ -56,7 +45,7 @@ var oldest = map[string]string{
 // trim deletes account's oldest records of kind past its bound, in tx,
 // and returns how many went.
 func (d *DB) trim(ctx context.Context, tx *sql.Tx, account, kind string) (int64, error) {
-	bound := d.boundOf(kind)
+	bound := d.BoundOf(kind)
 	if bound == (store.Amount{}) {
 		return 0, nil
 	}
@@ -167,7 +156,7 @@ func (d *DB) addAlert(ctx context.Context, tx *sql.Tx, a store.Alert) (bool, err
 			return false, nil
 		}
 	}
-	bound := d.boundOf(store.KindAlerts)
+	bound := d.BoundOf(store.KindAlerts)
 	size := store.AlertSize(a)
 	for round := 0; ; round++ {
 		have, err := storedOf(ctx, tx, a.Account, store.KindAlerts)

@@ -22,6 +22,26 @@
 // out before (sqlite_sequence), so that ids that only grow (events, the
 // SSE cursor) keep growing. Any error rolls everything back.
 //
+// # The copy
+//
+// A SQLite DB holds a shared flock(2) on its file while open (SQLite's own
+// locks are fcntl ones, which flock leaves alone). `sheepfold database copy`
+// (internal/store/transfer) moves a one-host server's records to
+// PostgreSQL: it opens the SQLite file exclusively (`sqlite.ErrInUse` while
+// any other sheepfold process has it open; none can open it meanwhile),
+// without migrating it, and refuses unless both databases are at this
+// binary's migrations with the same tables and columns. The copy is driven
+// by the target's catalog: every table but schema_migrations, parents
+// before children (foreign keys), each column converted by its PostgreSQL
+// type (RFC 3339 text to timestamptz, 0/1 to boolean, the JSON array of
+// webhook types to text[], code text to bytea; text PostgreSQL cannot hold,
+// NUL or invalid UTF-8, is refused), rows written with COPY (ids as they
+// were), and each identity sequence set past both the copied ids and
+// sqlite_sequence (ids retention deleted are not handed out again). All of
+// it is one target transaction that first locks every table and finds them
+// empty (`transfer.ErrNotEmpty`). A migration's new table is copied with no
+// change there; its test fails until its test data fills the table.
+//
 // Imports: internal/store/sqlite, internal/store/postgres,
 // github.com/jackc/pgx/v5 and the standard library.
 package transfer

@@ -9,6 +9,33 @@
 // the cluster once killed.
 //
 // It never skips: run without its cluster, it fails.
+//
+// # The cluster
+//
+//   - test/kubernetes (`make test-kubernetes`, third in .ci/run): a real
+//     two-node Kubernetes cluster on this one host, and the Kubernetes backend
+//     tested against it (sheepfold.sh: the template exported and imported,
+//     the seccomp profile on both nodes, e2e/ with `-tags kubernetes_e2e`:
+//     serve over pgtest's PostgreSQL, four sandboxes as Pods spread over both
+//     nodes, the Black-Friday analysis with its chart, code as uid 1000 with
+//     no capabilities in a user-namespaced Pod, kill and shutdown leave no Pod,
+//     Secret or NetworkPolicy, hostile_test.go's attacks of a tenant's root on
+//     its Pod; then deploy/kubernetes dry-run on the server; the NRI plugin
+//     runs on the host at each node's containerd, whose NRI is on, and the
+//     kubelets have podPidsLimit 8192). cluster.sh builds Kubernetes, etcd and containerd
+//     at pinned releases from the Go module proxy (wrapper modules in
+//     build/, cached under `<data>/kubernetes/<versions>/bin` with a stamp),
+//     then `up` starts etcd, the control plane on loopback and two kubelets,
+//     each with its own containerd, cgroup root and CNI bridge (Debian's
+//     plugins; pods on 10.88.1.0/24 and 10.88.2.0/24, routed by the host);
+//     the pause and test images are static Go programs (pause/, echo/) written
+//     as OCI archives by ociimage/ and imported with ctr, as `cluster.sh
+//     import-image` does for any archive; pki/ writes the certificates in one
+//     process. `down` undoes all of it (processes,
+//     mounts, links, iptables/nft, sysctls, cgroups, default paths the daemons
+//     made). test.sh runs up, smoke.sh (a pod per node, host-to-pod and
+//     pod-to-pod HTTP, deletion leaves nothing), down, and fails unless the
+//     host state after down equals the state before up;
 package e2e
 
 import (
@@ -555,12 +582,16 @@ func waitGone(t *testing.T, cs kubernetes.Interface, ns, sel string) {
 	t.Helper()
 	ctx := context.Background()
 	opt := metav1.ListOptions{LabelSelector: sel}
-	var left []string
+	var left, pods []string
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
-		left = left[:0]
+		left, pods = left[:0], pods[:0]
 		if l, err := cs.CoreV1().Pods(ns).List(ctx, opt); err == nil {
 			for _, p := range l.Items {
 				left = append(left, "pod/"+p.Name)
+				// What the Pod was, for the failure: its node, phase,
+				// labels (pool or not), age and deletion.
+				pods = append(pods, fmt.Sprintf("%s: node %s, phase %s, labels %v, created %s, deleting %v",
+					p.Name, p.Spec.NodeName, p.Status.Phase, p.Labels, p.CreationTimestamp.Format(time.RFC3339), p.DeletionTimestamp != nil))
 			}
 		}
 		if l, err := cs.CoreV1().Secrets(ns).List(ctx, opt); err == nil {
@@ -578,7 +609,7 @@ func waitGone(t *testing.T, cs kubernetes.Interface, ns, sel string) {
 		}
 	}
 	slices.Sort(left)
-	t.Fatalf("left in the cluster: %v", left)
+	t.Fatalf("left in the cluster: %v; pods: %v", left, pods)
 }
 
 // startAlone starts one `sheepfold serve --backend kubernetes` over a

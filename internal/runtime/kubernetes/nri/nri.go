@@ -18,6 +18,27 @@
 // before it serves (agent.CheckPidsMax), so a node without the plugin
 // fails the Pod instead of running it unbounded.
 //
+// # Why
+//
+// A Pod has no pids limit of its own in Kubernetes (the kubelet's
+// podPidsLimit is one number for every Pod of a node), and a per-uid
+// RLIMIT_NPROC does not bound a sandbox: its root may take any of the Pod's
+// 65,536 uids. The runtime puts the sandbox's limit on the Pod as the
+// annotation `sheepfold.dev/pids-max`, and internal/runtime/kubernetes/nri,
+// a plugin of the container runtime's NRI (`sheepfold nri-plugin`, the
+// DaemonSet of deploy/kubernetes/nri.yaml, connected to each node's
+// containerd or CRI-O), answers each CreateContainer of such a Pod with
+// that pids limit, which the runtime writes into the container's OCI spec
+// and runc into its cgroup: the container's pids.max, over all its tasks
+// whatever their uid, as the local engine's sandbox cgroup. The agent,
+// given `--pids-max`, reads its own cgroup's pids.max before it listens
+// and exits when it is not the limit (agent/pidsmax.go), so a node without
+// the plugin fails the Pod, and the create says why. The agent's
+// `--nproc` (agent/nproc.go) is no longer used. gVisor Pods
+// (Config.NodePidsRuntimes) get no check: runsc applies no container's
+// pids limit on the host, and their tasks' host threads and stubs count in
+// the Pod's cgroup, which only the kubelet's podPidsLimit bounds.
+//
 // Imports: internal/runtime/kubernetes (the annotation), internal/backoff
 // (the reconnect's wait), the NRI stub (github.com/containerd/nri, the
 // runtime's own protocol library) and the standard library.
