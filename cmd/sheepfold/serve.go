@@ -28,6 +28,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/metering"
+	"github.com/sheepfold/sheepfold/internal/preview"
 	"github.com/sheepfold/sheepfold/internal/runtime/kubernetes"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
@@ -106,7 +107,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			default:
 				return fmt.Errorf("--log-format must be text or json, not %q", logFormat)
 			}
-			if err := server.CheckPreviewDomain(previewDomain); err != nil {
+			if err := preview.CheckDomain(previewDomain); err != nil {
 				return fmt.Errorf("--preview-domain: %w", err)
 			}
 			if uploadMB <= 0 {

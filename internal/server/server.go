@@ -138,55 +138,35 @@
 //
 // # Previews
 //
-// internal/server/preview.go proxies HTTP to ports inside sandboxes with
-// one `httputil.ReverseProxy` whose transport dials `{sandbox id}:{port}`
-// as `Sandbox.DialPort` (agentproto `port.connect`) and keeps those
-// connections alive between requests (64 idle per sandbox port), so a
-// request on a warm connection costs two extra copies through the agent,
-// no new dial; its 32 KiB copy buffers come from a pool and a sandbox's
-// preview token is computed once, so a small GET allocates about 15 kB
-// (BenchmarkPreview). Previews live on origins of their own, on the API's
-// listener: `Server.route` looks at `Host` before anything else. A `Host`
-// under `--preview-domain` (default `localhost`) is the host form
-// `{port}-{id}.{domain}` and reaches only that preview, or internal/e2b for
-// envd's and the interpreter's ports, or a 404 page: never the /v1 mux,
-// the dashboard or E2B's control plane. Any other `Host` is the API's
-// origin, where two forms remain for programs: the path form
-// `/v1/sandboxes/{id}/proxy/{port}/...` (the prefix is cut, and sent as
-// `X-Forwarded-Prefix`), which answers browsers (Fetch Metadata or a
-// `Mozilla/` User-Agent) with a 307 to the host form, and E2B's
-// `E2b-Sandbox-Id`/`E2b-Sandbox-Port` headers for ports other than envd's
-// and the interpreter's (internal/e2b hands them over through
-// `e2b.Config.Ports`). Both are recognised before the /v1 mux, so an
-// app's paths and methods are its own; their bodies are streamed, not
-// bounded by the JSON limit. The proxy's `Rewrite` removes Sheepfold's
-// credentials in every form (and, on the API's origin, every cookie and
-// `Authorization`); its `ModifyResponse` drops what would act on the API's
-// origin and adds `Content-Security-Policy: sandbox` there, and strips
-// `Domain` from an app's cookies on its own origin (docs/security.md,
-// section 2). The dashboard's cookie authenticates nothing on a host that
-// shares a registrable domain with the previews
-// (golang.org/x/net/publicsuffix). The app sees the client's `Host` and
-// `X-Forwarded-For/-Host/-Proto`; upgrades (WebSocket) are hijacked and
-// copied both ways; streamed responses are flushed as they come.
-// Access is decided before anything is dialled: a port made public
-// (`PUT /v1/sandboxes/{id}/ports/{port}`, kept with the server's record
-// of the sandbox), an E2B sandbox created with public traffic (E2B's
-// default; `allowPublicTraffic: false` needs E2B's traffic token), the
-// sandbox's preview token (`Sheepfold-Preview-Token`: an HMAC of the
-// sandbox id under a key drawn at start, so nothing is stored and tokens
-// die with the server, as sandboxes do), or a signed value
-// `<expiry>.<HMAC of sandbox, port, expiry>` given as the `sf_preview`
-// query parameter (which sets an HttpOnly cookie scoped to that host or
-// path and redirects without it) or that cookie. API keys are not preview
-// credentials, and the proxy removes Sheepfold's credentials (token,
-// traffic token, cookie, parameter) and E2B's routing headers before the
-// app sees the request. Refusals and failures are small HTML pages:
-// 401 private, 502 sandbox not running, 502 nothing listening (the
-// agent's `refused`, at once). A dial marks the sandbox active for its
-// idle timeout. `GET /v1/sandboxes/{id}/ports` merges the agent's
-// `port.list` with the public ports and gives each its URLs and a signed
-// URL.
+// What a preview is (its forms, its credentials, the reverse proxy and
+// what it strips from requests and answers) is internal/preview's; the
+// server is its edge (preview.go). Previews live on origins of their own,
+// on the API's listener: `Server.route` looks at `Host` before anything
+// else. A `Host` under `--preview-domain` (default `localhost`) is the
+// host form `{port}-{id}.{domain}` and reaches only that preview, or
+// internal/e2b for envd's and the interpreter's ports, or a 404 page:
+// never the /v1 mux, the dashboard or E2B's control plane. Any other
+// `Host` is the API's origin, where two forms remain for programs: the
+// path form `/v1/sandboxes/{id}/proxy/{port}/...`, which answers browsers
+// with a 307 to the host form, and E2B's `E2b-Sandbox-Id`/
+// `E2b-Sandbox-Port` headers for ports other than envd's and the
+// interpreter's (internal/e2b hands them over through `e2b.Config.Ports`).
+// Both are recognised before the /v1 mux, so an app's paths and methods
+// are its own; their bodies are streamed, not bounded by the JSON limit.
+// Access is decided before anything is dialled (preauth.go, then
+// `servePreview`): the credentials that hold by themselves first, then
+// the running sandbox (on a replica, through its record), then whether
+// the port is public: made public (`PUT /v1/sandboxes/{id}/ports/{port}`,
+// kept with the server's record of the sandbox) or an E2B sandbox created
+// with public traffic (E2B's default; `allowPublicTraffic: false` needs
+// E2B's traffic token). A sandbox not running is a 502 page; a preview
+// holds a stream of its sandbox's owner while it runs (conns.go), and its
+// dial (`Sandbox.DialPort`, agentproto `port.connect`; nothing listening is
+// the agent's `refused`, at once) marks the sandbox active for its idle
+// timeout and is counted by internal/metrics (BenchmarkPreview measures a
+// small GET). `GET /v1/sandboxes/{id}/ports` merges the agent's
+// `port.list` with the public ports and gives each its URLs, a signed URL
+// and the sandbox's preview token.
 //
 // # Webhooks
 //
@@ -224,8 +204,8 @@
 // internal/runtime (limits), internal/lang (metric labels, the ask's
 // fence tags, the default language), internal/abort (responses cut
 // short), internal/ui (the dashboard's embedded front end), api (the
-// OpenAPI document) and golang.org/x/net/publicsuffix (which hosts share
-// a site with previews).
+// OpenAPI document) and internal/preview (what a preview is: its forms,
+// credentials and proxy).
 // Never a runtime implementation: the engine is handed in.
 package server
 
@@ -239,7 +219,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -255,6 +234,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/metrics"
+	"github.com/sheepfold/sheepfold/internal/preview"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
 	"github.com/sheepfold/sheepfold/internal/webhooks"
@@ -529,10 +509,11 @@ type Server struct {
 	keysMu sync.Mutex
 	keys   map[string]keyState
 
-	e2b        *e2b.Handler
-	preview    *httputil.ReverseProxy // preview.go
-	previewKey []byte                 // signs preview tokens and URLs
-	metrics    *metrics.Metrics
+	e2b         *e2b.Handler
+	preview     *preview.Proxy // preview.go
+	previewKey  []byte         // signs preview tokens and URLs, and E2B's access tokens
+	previewKeys *preview.Keys  // previewKey's preview tokens and signed URLs
+	metrics     *metrics.Metrics
 }
 
 // box is what the server keeps about each live sandbox it created.
@@ -584,7 +565,9 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	}
 	s.metrics = metrics.New(mc)
 	s.streams.refused = s.metrics.StreamRefused
-	s.preview = s.newPreviewProxy()
+	s.previewKeys = preview.NewKeys(s.previewKey)
+	s.preview = preview.NewProxy(preview.ProxyConfig{Dial: s.dialPreview, Logger: s.log, RequestID: requestIDFrom,
+		StripHeaders: []string{uiHeader}, StripCookies: []string{uiCookie}})
 	s.hooks = webhooks.New(webhooks.Config{AllowHosts: cfg.WebhookAllowHosts, AllowCIDRs: cfg.WebhookAllowCIDRs,
 		Timeout: cfg.WebhookTimeout, Workers: cfg.WebhookWorkers, AccountWorkers: cfg.WebhookAccountWorkers,
 		RetryBase: cfg.WebhookRetryBase, MaxAttempts: cfg.WebhookMaxAttempts, Logger: log}, st)
