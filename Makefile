@@ -6,7 +6,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 PYTHON := /usr/bin/python3
 export SHEEPFOLD_DATA_DIR := $(DATA_DIR)
 
-.PHONY: help setup build template run test test-unit test-cgroupv2 lint proto bench deb install clean ui ui-check kubernetes-cluster test-kubernetes bench-kubernetes
+.PHONY: help setup build template run test test-unit test-cgroupv2 lint proto bench bench-isolation deb install clean ui ui-check kubernetes-cluster test-kubernetes bench-kubernetes
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -98,6 +98,9 @@ install: setup build ## sheepfold and the agent into $(PREFIX)/bin, the pinned r
 BENCH_FLAGS ?=
 bench: template ## a real `sheepfold serve` against host/runc/bwrap baselines (BENCHMARKS.md); also writes bench.json
 	bin/sheepfold bench --json bench.json $(BENCH_FLAGS)
+
+bench-isolation: template ## one tenant's floods (storage; logins and streams) against another's p99: the ratio flooded / alone of each (BENCHMARKS.md, "Isolation")
+	go test -run '^$$' -bench 'BenchmarkStorageFlood|BenchmarkFloodLeavesOthersAlone' -benchtime 1x -count 3 ./internal/server/
 
 clean: ## remove build outputs (templates stay in $(DATA_DIR))
 	rm -rf bin

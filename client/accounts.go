@@ -124,13 +124,17 @@ type UsageFigures struct {
 	EgressRequests    int64   `json:"egress_requests"`  // through the egress gateway
 	EgressBytesIn     int64   `json:"egress_bytes_in"`  // carried by the egress gateway to the sandbox
 	EgressBytesOut    int64   `json:"egress_bytes_out"` // and from it
-	CostMicros        int64   `json:"cost_micros"`
-	Cost              string  `json:"cost"`
+	// StorageGBSeconds is what the account kept in the server's
+	// database over time (in a report by sandbox or template, in the
+	// group with key "").
+	StorageGBSeconds float64 `json:"storage_gb_seconds"`
+	CostMicros       int64   `json:"cost_micros"`
+	Cost             string  `json:"cost"`
 }
 
 // UsageGroup is one group of a usage report.
 type UsageGroup struct {
-	Key       string `json:"key"` // a day, an hour, a sandbox id or a template
+	Key       string `json:"key"` // a day, an hour, a sandbox id or a template ("": the account's storage)
 	Template  string `json:"template,omitempty"`
 	SandboxID string `json:"sandbox_id,omitempty"`
 	UsageFigures
@@ -141,6 +145,7 @@ type Prices struct {
 	CPUSecondMicros float64 `json:"cpu_second_micros"`
 	GBSecondMicros  float64 `json:"gb_second_micros"`
 	ExecutionMicros float64 `json:"execution_micros"`
+	StorageGBSecond float64 `json:"storage_gb_second_micros"` // records kept in the server's database
 }
 
 // UsageReport is GET /v1/account/usage.

@@ -47,6 +47,7 @@ const (
 	ErrSessionNotFound      Code = "ERR_SESSION_NOT_FOUND"
 	ErrTooManyConnections   Code = "ERR_TOO_MANY_CONNECTIONS"
 	ErrStorageQuotaExceeded Code = "ERR_STORAGE_QUOTA_EXCEEDED"
+	ErrProcessLimit         Code = "ERR_PROCESS_LIMIT"
 )
 
 // Codes lists every code above.
@@ -57,7 +58,7 @@ var Codes = []Code{
 	ErrSessionQuotaExceeded, ErrRateLimited, ErrCapacity, ErrInternal, ErrMethodNotAllowed,
 	ErrStorageUnavailable, ErrShuttingDown, ErrForbidden, ErrInvalidPolicy, ErrSubprocessDenied,
 	ErrCPUTimeExceeded, ErrModelNotFound, ErrProvider, ErrProviderTimeout, ErrSessionNotFound,
-	ErrTooManyConnections, ErrStorageQuotaExceeded,
+	ErrTooManyConnections, ErrStorageQuotaExceeded, ErrProcessLimit,
 }
 
 // Is makes errors.Is(err, client.ErrXxx) true for an *Error of that code.

@@ -67,19 +67,23 @@ func printUsage(w io.Writer, rep *client.UsageReport, asJSON bool) error {
 	}
 	fmt.Fprintf(w, "usage %s – %s by %s\n\n", rep.From.Format(time.RFC3339), rep.To.Format(time.RFC3339), rep.GroupBy)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "GROUP\tSANDBOX-S\tCPU-S\tGB-S RESERVED\tGB-S USED\tEXECUTIONS\tCOMMANDS\tEGRESS\tCOST\t")
+	fmt.Fprintln(tw, "GROUP\tSANDBOX-S\tCPU-S\tGB-S RESERVED\tGB-S USED\tEXECUTIONS\tCOMMANDS\tEGRESS\tSTORAGE GB-S\tCOST\t")
 	row := func(key string, f client.UsageFigures) {
-		fmt.Fprintf(tw, "%s\t%.1f\t%.3f\t%.3f\t%.3f\t%d\t%d\t%d\t%s\t\n", key, f.SandboxSeconds, f.CPUSeconds,
-			f.GBSecondsReserved, f.GBSecondsUsed, f.Executions, f.Commands, f.EgressRequests, f.Cost)
+		fmt.Fprintf(tw, "%s\t%.1f\t%.3f\t%.3f\t%.3f\t%d\t%d\t%d\t%.6f\t%s\t\n", key, f.SandboxSeconds, f.CPUSeconds,
+			f.GBSecondsReserved, f.GBSecondsUsed, f.Executions, f.Commands, f.EgressRequests, f.StorageGBSeconds, f.Cost)
 	}
 	for _, g := range rep.Groups {
-		row(g.Key, g.UsageFigures)
+		key := g.Key
+		if key == "" {
+			key = "(storage)" // what the account keeps in the database, by sandbox or template
+		}
+		row(key, g.UsageFigures)
 	}
 	row("total", rep.Total)
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nprices (micro-units): %g per CPU-second, %g per GB-second reserved, %g per execution\n",
-		rep.Prices.CPUSecondMicros, rep.Prices.GBSecondMicros, rep.Prices.ExecutionMicros)
+	fmt.Fprintf(w, "\nprices (micro-units): %g per CPU-second, %g per GB-second reserved, %g per execution, %g per GB-second stored\n",
+		rep.Prices.CPUSecondMicros, rep.Prices.GBSecondMicros, rep.Prices.ExecutionMicros, rep.Prices.StorageGBSecond)
 	return nil
 }

@@ -84,6 +84,9 @@ const (
 	// as the server lets one account keep, and none of them may go to
 	// make room (internal/store, storage.go).
 	StorageQuotaExceeded Code = "ERR_STORAGE_QUOTA_EXCEEDED"
+	// ProcessLimit: a process start refused because the sandbox holds
+	// its limit of tasks (pids); it succeeds again once some end.
+	ProcessLimit Code = "ERR_PROCESS_LIMIT"
 )
 
 // Status is the HTTP status of each code.
@@ -121,6 +124,7 @@ var Status = map[Code]int{
 	SessionNotFound:      http.StatusNotFound,
 	TooManyConnections:   http.StatusTooManyRequests,
 	StorageQuotaExceeded: http.StatusTooManyRequests,
+	ProcessLimit:         http.StatusUnprocessableEntity,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

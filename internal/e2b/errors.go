@@ -79,6 +79,7 @@ var connectCodes = map[apierr.Code]connect.Code{
 	apierr.RateLimited:          connect.CodeResourceExhausted,
 	apierr.TooManyConnections:   connect.CodeResourceExhausted,
 	apierr.StorageQuotaExceeded: connect.CodeResourceExhausted,
+	apierr.ProcessLimit:         connect.CodeResourceExhausted,
 	apierr.SandboxState:         connect.CodeUnavailable,
 	apierr.Capacity:             connect.CodeUnavailable,
 	apierr.StorageUnavailable:   connect.CodeUnavailable,

@@ -87,10 +87,14 @@ type Prices struct {
 	CPUSecond float64 `json:"cpu_second_micros" toml:"cpu_second_micros"` // [14]
 	GBSecond  float64 `json:"gb_second_micros" toml:"gb_second_micros"`   // memory reserved [4.5]
 	Execution float64 `json:"execution_micros" toml:"execution_micros"`   // [0]
+	// What an account keeps in the store (its records: events,
+	// executions, alerts, deliveries, sandboxes), per GB-second [0.03,
+	// about 0.08 units a GB-month].
+	StorageGBSecond float64 `json:"storage_gb_second_micros" toml:"storage_gb_second_micros"`
 }
 
 // DefaultPrices are the prices when the operator sets none.
-var DefaultPrices = Prices{CPUSecond: 14, GBSecond: 4.5}
+var DefaultPrices = Prices{CPUSecond: 14, GBSecond: 4.5, StorageGBSecond: 0.03}
 
 // Cost returns what usage costs, in micro-units.
 func (p Prices) Cost(cpuSeconds, gbSecondsReserved float64, executions int64) float64 {
@@ -137,6 +141,7 @@ type Meter struct {
 	st       store.AccountStore
 	rs       store.ReplicaStore    // st's leases; used when Config.Replica is set
 	ps       store.MeterPointStore // st's meter points; used on one box (recover.go)
+	ss       store.StorageStore    // st's storage, metered at each flush (storage.go)
 	accounts *account.Registry
 
 	live sync.Map // sandbox id → *tracker, for Count and Live
@@ -198,6 +203,7 @@ func New(cfg Config, st store.AccountStore, accounts *account.Registry) *Meter {
 	m.tok.used = map[tokenKey]*tokenMonth{}
 	m.tok.reserved = map[tokenKey]int64{}
 	m.tok.st, _ = st.(store.ModelStore)
+	m.ss, _ = st.(store.StorageStore)
 	m.rs, _ = st.(store.ReplicaStore)
 	m.ps, _ = st.(store.MeterPointStore)
 	go m.loop()
@@ -473,6 +479,7 @@ func (m *Meter) flushAndAfter() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	m.meterStorage(ctx, time.Now())
 	if err := m.Flush(ctx); err != nil {
 		m.cfg.Logger.Error("flush usage", "err", err)
 	}

@@ -803,7 +803,11 @@ func holdAndWork(t *testing.T, s *sandbox.Sandbox, limit int64, log *policyLog) 
 		case err != nil && apierr.CodeOf(err) == apierr.SandboxState:
 			t.Fatalf("round %d: start a process at the limit: %v", i, err)
 		case err != nil:
-			// The tenant's limit refuses the process: a clean error.
+			// The tenant's limit refuses the process: a clean error,
+			// with a code of its own.
+			if apierr.CodeOf(err) != apierr.ProcessLimit {
+				t.Fatalf("round %d: a process start refused at the limit: %v, want ERR_PROCESS_LIMIT", i, err)
+			}
 			if refused++; refused == 1 {
 				t.Logf("a process start at the limit: %v", err)
 			}

@@ -23,7 +23,8 @@ type limitCounts struct {
 // memory is false where the caller reports an OOM kill itself (an
 // execution, whose error says so). A disk full at its limit is reported
 // here for commands (diskFull); executions report it from the kernel.
-func (s *Sandbox) reportLimits(execID string, u runtime.Usage, memory, diskFull bool) {
+// It returns whether a fork was refused at pids.max since the last report.
+func (s *Sandbox) reportLimits(execID string, u runtime.Usage, memory, diskFull bool) (pids bool) {
 	s.mu.Lock()
 	seen := s.seen
 	s.seen.oomKills = max(seen.oomKills, u.OOMKills)
@@ -44,6 +45,7 @@ func (s *Sandbox) reportLimits(execID string, u runtime.Usage, memory, diskFull 
 		s.emit(events.ResourceExceeded, execID, map[string]any{"resource": events.ResourceDisk, "limit": lim.DiskBytes,
 			"observed": u.DiskBytes, "unit": "bytes"})
 	}
+	return u.PidsDenied > seen.pidsDenied
 }
 
 // commandEnded reports the limits a command that failed may have hit.

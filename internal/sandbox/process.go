@@ -60,8 +60,7 @@ func (s *Sandbox) Run(ctx context.Context, spec ProcessSpec, onEvent func(agentp
 		if cf != nil {
 			cf.finish(s, nil)
 		}
-		s.startFailed(err)
-		return nil, s.gone(err)
+		return nil, s.gone(s.startFailed(err))
 	}
 	return s.ended(finish(res, done), cf, spec.MaxOutputBytes), nil
 }
@@ -117,22 +116,25 @@ func (s *Sandbox) Start(ctx context.Context, spec ProcessSpec) (int, error) {
 	if err == nil {
 		return 0, apierr.New(apierr.Internal, "the process ended before it started")
 	}
-	s.startFailed(err)
-	return 0, s.gone(err)
+	return 0, s.gone(s.startFailed(err))
 }
 
-// startFailed reports the pids limit when the agent could not start a
-// command because the tenant's tasks are at it (the fork failed with
-// EAGAIN, counted in the cgroup's pids.events), as a command that failed
-// reports the limits it hit.
-func (s *Sandbox) startFailed(err error) {
+// startFailed returns the error of a process start the agent refused:
+// ERR_PROCESS_LIMIT, with the pids limit reported as a command that
+// failed reports the limits it hit, when the tenant's tasks are at it
+// (the fork failed with EAGAIN, counted in the cgroup's pids.events);
+// err itself otherwise.
+func (s *Sandbox) startFailed(err error) error {
 	var ae *apierr.Error
 	if !errors.As(err, &ae) || ae.Code != apierr.Internal {
-		return // the agent gone, or a request it refused for another reason
+		return err // the agent gone, or a request it refused for another reason
 	}
-	if u, uerr := s.usage(context.Background()); uerr == nil {
-		s.reportLimits("", u, false, false)
+	u, uerr := s.usage(context.Background())
+	if uerr != nil || !s.reportLimits("", u, false, false) {
+		return err
 	}
+	return apierr.Wrap(err, apierr.ProcessLimit, "the sandbox holds its limit of %d processes (pids): a new one is refused until some end",
+		s.CurrentLimits().Pids)
 }
 
 // Connect streams a running process's output from now until it ends.

@@ -108,11 +108,15 @@ type shedConns struct {
 	mu    sync.Mutex
 	open  int
 	quiet map[net.Conn]time.Time // serving no request (new or idle), since when
-	shed  int                    // connections closed here, for tests and logs
+	// closing are the connections closed here that net/http has not yet
+	// reported closed: they count as open, but not against the bound, so
+	// that the next new connection does not close them again in others.
+	closing map[net.Conn]struct{}
+	shed    int // connections closed here, for tests and logs
 }
 
 func newShedConns(max int) *shedConns {
-	return &shedConns{max: max, quiet: map[net.Conn]time.Time{}}
+	return &shedConns{max: max, quiet: map[net.Conn]time.Time{}, closing: map[net.Conn]struct{}{}}
 }
 
 // state is the http.Server's ConnState hook.
@@ -122,8 +126,11 @@ func (c *shedConns) state(conn net.Conn, st http.ConnState) {
 	switch st {
 	case http.StateNew:
 		c.open++
-		if c.max > 0 && c.open > c.max {
-			victims = c.oldestQuiet(c.open - c.max)
+		if excess := c.open - len(c.closing) - c.max; c.max > 0 && excess > 0 {
+			victims = c.oldestQuiet(excess)
+			for _, v := range victims {
+				c.closing[v] = struct{}{}
+			}
 			c.shed += len(victims)
 		}
 		c.quiet[conn] = time.Now()
@@ -133,6 +140,7 @@ func (c *shedConns) state(conn net.Conn, st http.ConnState) {
 		c.quiet[conn] = time.Now()
 	case http.StateHijacked, http.StateClosed:
 		delete(c.quiet, conn)
+		delete(c.closing, conn)
 		c.open--
 	}
 	c.mu.Unlock()

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -95,5 +96,50 @@ func TestStreamRoutesExist(t *testing.T) {
 		if !slices.Contains(s.Routes(), pattern) {
 			t.Errorf("streamRoutes names %q, which is no route", pattern)
 		}
+	}
+}
+
+// quietConn is a connection whose Close is only noted: net/http reports
+// StateClosed for it later, as it does for a real one.
+type quietConn struct {
+	net.Conn
+	closed bool
+}
+
+func (c *quietConn) Close() error { c.closed = true; return nil }
+
+// TestShedConnsNotPastTheBound: while the connections it closed are not
+// yet reported closed, each new connection past the bound closes one
+// more, the oldest quiet one, and no other: 25 new connections on a
+// bound of 20 close the 5 oldest. Before, a victim still counted as open
+// until net/http reported it closed, so every new one closed all the
+// excess again (15 of 25 here, newer ones among them: a flake of
+// TestQuietConnectionsShed, whose newest quiet connection was closed).
+func TestShedConnsNotPastTheBound(t *testing.T) {
+	t.Parallel()
+	c := newShedConns(20)
+	conns := make([]*quietConn, 25)
+	for i := range conns {
+		conns[i] = &quietConn{}
+		c.state(conns[i], http.StateNew)
+		time.Sleep(time.Microsecond) // distinct times of arrival
+	}
+	for i, conn := range conns {
+		if want := i < 5; conn.closed != want {
+			t.Errorf("connection %d closed %v, want %v", i, conn.closed, want)
+		}
+	}
+	if c.shedCount() != 5 {
+		t.Errorf("%d shed, want 5", c.shedCount())
+	}
+	// Once net/http reports the victims closed, the count is back at the
+	// bound: the next connection closes one more.
+	for _, conn := range conns[:5] {
+		c.state(conn, http.StateClosed)
+	}
+	next := &quietConn{}
+	c.state(next, http.StateNew)
+	if !conns[5].closed || conns[6].closed || next.closed || c.shedCount() != 6 {
+		t.Errorf("after the victims' close: 5th closed %v, 6th %v, new %v, shed %d", conns[5].closed, conns[6].closed, next.closed, c.shedCount())
 	}
 }

@@ -34,16 +34,17 @@ type usageFigures struct {
 	EgressRequests    int64   `json:"egress_requests"`
 	EgressBytesIn     int64   `json:"egress_bytes_in"`
 	EgressBytesOut    int64   `json:"egress_bytes_out"`
+	StorageGBSeconds  float64 `json:"storage_gb_seconds"`
 	CostMicros        int64   `json:"cost_micros"`
 	Cost              string  `json:"cost"`
 }
 
 func figures(d store.UsageDelta, p metering.Prices) usageFigures {
 	cpu := float64(d.CPUNanos) / 1e9
-	cost := int64(math.Round(p.Cost(cpu, d.GBSecondsReserved, d.Executions)))
+	cost := int64(math.Round(p.Cost(cpu, d.GBSecondsReserved, d.Executions) + d.StorageGBSeconds*p.StorageGBSecond))
 	return usageFigures{SandboxSeconds: float64(d.WallNanos) / 1e9, CPUSeconds: cpu, GBSecondsReserved: d.GBSecondsReserved,
 		GBSecondsUsed: d.GBSecondsUsed, DiskPeakBytes: d.DiskPeakBytes, Executions: d.Executions, Commands: d.Commands, EgressRequests: d.EgressRequests,
-		EgressBytesIn: d.EgressBytesIn, EgressBytesOut: d.EgressBytesOut,
+		EgressBytesIn: d.EgressBytesIn, EgressBytesOut: d.EgressBytesOut, StorageGBSeconds: d.StorageGBSeconds,
 		CostMicros: cost, Cost: account.FormatMicros(cost)}
 }
 
@@ -223,6 +224,16 @@ func (s *Server) accountUsage(w http.ResponseWriter, r *http.Request) error {
 		if !d.Hour.Before(from) && d.Hour.Before(to) {
 			addTo(d)
 		}
+	}
+	// What the account keeps in the store, metered at each flush: by
+	// hour or day with the sandboxes' usage, and as the group of no
+	// sandbox and no template (key "") by sandbox or template.
+	stored, err := s.store.StorageUsage(r.Context(), own, from, to)
+	if err != nil {
+		return err
+	}
+	for _, h := range stored {
+		addTo(store.UsageDelta{Account: own, Hour: h.Hour, StorageGBSeconds: h.GBSeconds})
 	}
 	prices := s.meter.Prices()
 	out := usageReport{From: from, To: to, GroupBy: by, Groups: []usageGroup{}, Prices: prices}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -82,11 +83,20 @@ func TestUsage(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		rows := e.do("GET", "/v1/account/usage?group_by=sandbox", e.keyA, nil).json(t)
-		groups := rows["groups"].([]any)
+		// The sandbox's group, and the account's storage (key "").
+		var g map[string]any
+		for _, x := range rows["groups"].([]any) {
+			switch x := x.(map[string]any); x["key"] {
+			case id:
+				g = x
+			case "":
+			default:
+				t.Fatalf("a group of another sandbox: %v", rows)
+			}
+		}
 		// A flush before the stop may have stored the sandbox's earlier
 		// figures: wait for the last one's.
-		if len(groups) == 1 && groups[0].(map[string]any)["cpu_seconds"] == 2.0 {
-			g := groups[0].(map[string]any)
+		if g != nil && g["cpu_seconds"] == 2.0 {
 			if g["sandbox_id"] != id || g["cpu_seconds"] != 2.0 || g["sandbox_seconds"] != final["sandbox_seconds"] || g["template"] != "python" {
 				t.Fatalf("by sandbox %v", rows)
 			}
@@ -119,6 +129,79 @@ func TestUsage(t *testing.T) {
 	day := e.do("GET", "/v1/account/usage?group_by=day&from=2020-01-01", e.keyA, nil).json(t)
 	if g := day["groups"].([]any); len(g) != 1 || g[0].(map[string]any)["key"] != time.Now().UTC().Format(time.DateOnly) {
 		t.Fatalf("by day %v", day)
+	}
+}
+
+// TestUsageStorage: what an account keeps in the database is metered at
+// every flush: the report shows it by day and as the group of no sandbox
+// by sandbox, in GB-seconds of what the store counts the account keeps,
+// at the operator's price, and the cost reaches the ledger; another
+// account, which keeps nothing, is charged nothing.
+func TestUsageStorage(t *testing.T) {
+	t.Parallel()
+	prices := metering.Prices{StorageGBSecond: 1e9} // large, so that a few KB over a second cost micro-units
+	e := newEnv(t, server.Config{Metering: metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond, Prices: &prices}})
+	id := e.create(e.keyA, nil)
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/execute", e.keyA, map[string]any{"code": "'x' * 100"}), http.StatusOK, "")
+	owner := func(secret string) string {
+		k, err := e.store.KeyByHash(context.Background(), auth.Hash(secret))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k.Owner
+	}
+	kept, err := e.store.Stored(context.Background(), owner(e.keyA))
+	if err != nil || kept.Total().Bytes == 0 {
+		t.Fatalf("A keeps %+v (%v)", kept, err)
+	}
+	// Wait for a second of storage metered.
+	start := time.Now()
+	var storage map[string]any
+	for deadline := start.Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		r := e.do("GET", "/v1/account/usage?group_by=sandbox", e.keyA, nil).json(t)
+		for _, x := range r["groups"].([]any) {
+			if x := x.(map[string]any); x["key"] == "" {
+				storage = x
+			}
+		}
+		// At least a second's worth of what A keeps (it only grows).
+		if storage != nil && storage["storage_gb_seconds"].(float64) >= float64(kept.Total().Bytes)/(1<<30) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("storage never metered a second: %v", r)
+		}
+	}
+	gbs := storage["storage_gb_seconds"].(float64)
+	// No more than A could have kept since it started, at most what it
+	// keeps now (it only grows here), over the time since the first
+	// metering.
+	now, err := e.store.Stored(context.Background(), owner(e.keyA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if most := float64(now.Total().Bytes) / (1 << 30) * time.Since(start.Add(-time.Second)).Seconds(); gbs > most {
+		t.Fatalf("%g GB-seconds of storage metered, more than %d bytes over %v", gbs, now.Total().Bytes, time.Since(start))
+	}
+	if storage["sandbox_id"] != nil || storage["cpu_seconds"] != 0.0 || !near(storage["cost_micros"].(float64), math.Round(gbs*1e9), 1) {
+		t.Fatalf("the storage group %v", storage)
+	}
+	day := e.do("GET", "/v1/account/usage?group_by=day", e.keyA, nil).json(t)
+	if tot := day["total"].(map[string]any); tot["storage_gb_seconds"].(float64) < gbs || day["prices"].(map[string]any)["storage_gb_second_micros"] != 1e9 {
+		t.Fatalf("by day %v", day)
+	}
+	// The cost reaches the ledger with the flushes.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		c := e.do("GET", "/v1/account/credits", e.keyA, nil).json(t)
+		if c["spent_micros"].(float64) >= math.Round(gbs*1e9)-1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the ledger never took the storage's cost %v: %v", math.Round(gbs*1e9), c)
+		}
+	}
+	if g := e.do("GET", "/v1/account/usage?group_by=sandbox", e.keyB, nil).json(t)["groups"].([]any); len(g) != 0 {
+		t.Fatalf("B, which keeps nothing: %v", g)
 	}
 }
 

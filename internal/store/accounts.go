@@ -45,6 +45,10 @@ type UsageDelta struct {
 	EgressRequests    int64 // connections and plain HTTP requests through the egress gateway
 	EgressBytesIn     int64 // bytes the egress gateway carried to the sandbox
 	EgressBytesOut    int64 // bytes the egress gateway carried from the sandbox
+	// StorageGBSeconds is what the account kept in the store over time
+	// (StorageStore.StorageUsage): a report adds it, with no sandbox;
+	// usage_hours has no such column.
+	StorageGBSeconds float64
 }
 
 // Add adds d's figures to u's (the disk figure is a high-water mark);
@@ -60,6 +64,7 @@ func (u *UsageDelta) Add(d UsageDelta) {
 	u.EgressRequests += d.EgressRequests
 	u.EgressBytesIn += d.EgressBytesIn
 	u.EgressBytesOut += d.EgressBytesOut
+	u.StorageGBSeconds += d.StorageGBSeconds
 }
 
 // UsageRow is usage summed over a group: Key is the group's value (an

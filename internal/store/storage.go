@@ -193,6 +193,44 @@ type StorageStore interface {
 	// sandboxes stopped before t (their records stay, at their small
 	// size) and returns how many it cleared.
 	ClearStoppedBefore(ctx context.Context, t time.Time) (int, error)
+	// MeterStorage charges every account that keeps anything for the
+	// time since it was last metered, at most MaxStorageSpan, at what it
+	// keeps now: the GB-seconds go to the hour of now, and each
+	// account's point moves to now, in one transaction. An account seen
+	// for the first time is charged from now. Servers sharing the store
+	// charge each second once: the first to move a point takes the span.
+	MeterStorage(ctx context.Context, now time.Time) ([]StorageCharge, error)
+	// StorageUsage returns an account's storage GB-seconds per hour in
+	// [from, to) (either zero: unbounded), in hour order.
+	StorageUsage(ctx context.Context, account string, from, to time.Time) ([]StorageHour, error)
+}
+
+// MaxStorageSpan is the most one metering of storage charges: after a
+// longer pause (every server down) the span before it is not charged.
+const MaxStorageSpan = time.Hour
+
+// StorageCharge is what one metering of storage charged an account.
+type StorageCharge struct {
+	Account   string
+	Bytes     int64   // what the account keeps now
+	Seconds   float64 // the span charged
+	GBSeconds float64 // Bytes (in GB of 2^30 bytes) × Seconds
+}
+
+// StorageHour is an account's storage GB-seconds in one hour.
+type StorageHour struct {
+	Hour      time.Time
+	GBSeconds float64
+}
+
+// StorageSpan is the span a metering at now charges for an account last
+// metered at last (the zero time: never): none the first time, at most
+// MaxStorageSpan.
+func StorageSpan(last, now time.Time) time.Duration {
+	if last.IsZero() || !now.After(last) {
+		return 0
+	}
+	return min(now.Sub(last), MaxStorageSpan)
 }
 
 // BoundsKeeper keeps the bounds a store's writes trim to; both stores

@@ -21,6 +21,10 @@ function Bars({ title, groups, field }: { title: string; groups: any[]; field: s
   </figure>`
 }
 
+function fmtBytes(n: number): string {
+  return n < 1 << 20 ? `${(n / 1024).toFixed(1)} KB` : `${(n / (1 << 20)).toFixed(1)} MB`
+}
+
 function Gauge({ label, used, limit }: { label: string; used: number; limit: number }) {
   if (!limit) return html`<div class="gauge"><span>${label}</span><span class="muted">${used.toFixed(0)} (no limit)</span></div>`
   const pct = Math.min(100, (used / limit) * 100)
@@ -48,12 +52,16 @@ export function Usage({ account }: { account: any }) {
       <${Gauge} label="GB-seconds" used=${m.gb_seconds ?? 0} limit=${l.monthly_gb_seconds} />
       <${Gauge} label="Executions" used=${m.executions ?? 0} limit=${l.monthly_executions} />
       <${Gauge} label="Running sandboxes" used=${account.running_sandboxes ?? 0} limit=${l.max_sandboxes} />
+      ${account.storage && html`<h3>Kept in the database <span class="muted">${fmtBytes(account.storage.bytes)}, ${account.storage.records} records</span></h3>
+        ${Object.entries(account.storage.kinds ?? {}).map(([kind, k]: [string, any]) =>
+          html`<${Gauge} label=${kind + ' (KB)'} used=${k.bytes / 1024} limit=${k.max_bytes > 0 ? Math.round(k.max_bytes / 1024) : 0} />`)}`}
       ${credits && html`<p>Credits: <strong>${credits.balance}</strong> <span class="muted">(spent ${credits.spent ?? '?'})</span></p>`}
     </div>
     ${usage && html`<div class="panel"><h3>Last 30 days <span class="muted">total cost ${usage.total.cost}</span></h3>
       <${Bars} title="Executions per day" groups=${usage.groups} field="executions" />
       <${Bars} title="CPU-seconds per day" groups=${usage.groups} field="cpu_seconds" />
       <${Bars} title="GB-seconds (reserved) per day" groups=${usage.groups} field="gb_seconds_reserved" />
+      <${Bars} title="Storage GB-seconds per day" groups=${usage.groups} field="storage_gb_seconds" />
     </div>`}
   </section>`
 }

@@ -216,3 +216,84 @@ func ownersOf(evs []store.Event) []string {
 	}
 	return out
 }
+
+// MeterStorage implements store.StorageStore. The points' table is locked
+// for the transaction, so that replicas metering at once take turns and
+// the second sees the first's points.
+func (s *Store) MeterStorage(ctx context.Context, now time.Time) ([]store.StorageCharge, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, storeErr("meter storage", err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `LOCK TABLE storage_points IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+		return nil, storeErr("meter storage", err)
+	}
+	rows, err := tx.Query(ctx, `SELECT s.account_id, sum(s.bytes)::bigint, p.metered_at
+		FROM stored s LEFT JOIN storage_points p ON p.account_id = s.account_id
+		GROUP BY s.account_id, p.metered_at HAVING sum(s.bytes) > 0`)
+	if err != nil {
+		return nil, storeErr("meter storage", err)
+	}
+	type kept struct {
+		account string
+		bytes   int64
+		last    *time.Time
+	}
+	var all []kept
+	var k kept
+	if _, err := pgx.ForEachRow(rows, []any{&k.account, &k.bytes, &k.last}, func() error {
+		all = append(all, k)
+		return nil
+	}); err != nil {
+		return nil, storeErr("meter storage", err)
+	}
+	now = dbTime(now)
+	var out []store.StorageCharge
+	for _, k := range all {
+		var last time.Time
+		if k.last != nil {
+			last = *k.last
+		}
+		if span := store.StorageSpan(last, now); span > 0 {
+			c := store.StorageCharge{Account: k.account, Bytes: k.bytes, Seconds: span.Seconds(),
+				GBSeconds: float64(k.bytes) / (1 << 30) * span.Seconds()}
+			if _, err := tx.Exec(ctx, `INSERT INTO storage_hours AS h (account_id, hour, gb_seconds) VALUES ($1, $2, $3)
+				ON CONFLICT (account_id, hour) DO UPDATE SET gb_seconds = h.gb_seconds + excluded.gb_seconds`,
+				k.account, now.Truncate(time.Hour), c.GBSeconds); err != nil {
+				return nil, storeErr("meter storage", err)
+			}
+			out = append(out, c)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO storage_points AS p (account_id, metered_at) VALUES ($1, $2)
+			ON CONFLICT (account_id) DO UPDATE SET metered_at = greatest(p.metered_at, excluded.metered_at)`, k.account, now); err != nil {
+			return nil, storeErr("meter storage", err)
+		}
+	}
+	return out, storeErr("meter storage", tx.Commit(ctx))
+}
+
+// StorageUsage implements store.StorageStore.
+func (s *Store) StorageUsage(ctx context.Context, account string, from, to time.Time) ([]store.StorageHour, error) {
+	q, args := `SELECT hour, gb_seconds FROM storage_hours WHERE account_id = $1`, []any{account}
+	if !from.IsZero() {
+		args = append(args, dbTime(from))
+		q += fmt.Sprintf(` AND hour >= $%d`, len(args))
+	}
+	if !to.IsZero() {
+		args = append(args, dbTime(to))
+		q += fmt.Sprintf(` AND hour < $%d`, len(args))
+	}
+	rows, err := s.pool.Query(ctx, q+` ORDER BY hour`, args...)
+	if err != nil {
+		return nil, storeErr("read storage usage", err)
+	}
+	var out []store.StorageHour
+	var h store.StorageHour
+	_, err = pgx.ForEachRow(rows, []any{&h.Hour, &h.GBSeconds}, func() error {
+		h.Hour = h.Hour.UTC()
+		out = append(out, h)
+		return nil
+	})
+	return out, storeErr("read storage usage", err)
+}

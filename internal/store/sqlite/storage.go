@@ -210,3 +210,94 @@ func trimErr(kind, account string, err error) error {
 	}
 	return storeErr(fmt.Sprintf("trim the %s of %s", kind, account), err)
 }
+
+// MeterStorage implements store.StorageStore.
+func (d *DB) MeterStorage(ctx context.Context, now time.Time) ([]store.StorageCharge, error) {
+	tx, err := d.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, storeErr("meter storage", err)
+	}
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, `SELECT s.account_id, sum(s.bytes), coalesce(p.metered_at, '')
+		FROM stored s LEFT JOIN storage_points p ON p.account_id = s.account_id
+		GROUP BY s.account_id HAVING sum(s.bytes) > 0`)
+	if err != nil {
+		return nil, storeErr("meter storage", err)
+	}
+	type kept struct {
+		account string
+		bytes   int64
+		last    time.Time
+	}
+	var all []kept
+	for rows.Next() {
+		var k kept
+		var last string
+		if err := rows.Scan(&k.account, &k.bytes, &last); err != nil {
+			rows.Close()
+			return nil, storeErr("meter storage", err)
+		}
+		if last != "" {
+			if k.last, err = parseTime(last); err != nil {
+				rows.Close()
+				return nil, storeErr("meter storage", err)
+			}
+		}
+		all = append(all, k)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, storeErr("meter storage", err)
+	}
+	hour, at := fmtTime(now.Truncate(time.Hour)), fmtTime(now)
+	var out []store.StorageCharge
+	for _, k := range all {
+		span := store.StorageSpan(k.last, now)
+		if span > 0 {
+			c := store.StorageCharge{Account: k.account, Bytes: k.bytes, Seconds: span.Seconds(),
+				GBSeconds: float64(k.bytes) / (1 << 30) * span.Seconds()}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO storage_hours (account_id, hour, gb_seconds) VALUES (?, ?, ?)
+				ON CONFLICT (account_id, hour) DO UPDATE SET gb_seconds = gb_seconds + excluded.gb_seconds`,
+				k.account, hour, c.GBSeconds); err != nil {
+				return nil, storeErr("meter storage", err)
+			}
+			out = append(out, c)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO storage_points (account_id, metered_at) VALUES (?, ?)
+			ON CONFLICT (account_id) DO UPDATE SET metered_at = max(metered_at, excluded.metered_at)`, k.account, at); err != nil {
+			return nil, storeErr("meter storage", err)
+		}
+	}
+	return out, storeErr("meter storage", tx.Commit())
+}
+
+// StorageUsage implements store.StorageStore.
+func (d *DB) StorageUsage(ctx context.Context, account string, from, to time.Time) ([]store.StorageHour, error) {
+	q, args := `SELECT hour, gb_seconds FROM storage_hours WHERE account_id = ?`, []any{account}
+	if !from.IsZero() {
+		q += ` AND hour >= ?`
+		args = append(args, fmtTime(from))
+	}
+	if !to.IsZero() {
+		q += ` AND hour < ?`
+		args = append(args, fmtTime(to))
+	}
+	rows, err := d.rd.QueryContext(ctx, q+` ORDER BY hour`, args...)
+	if err != nil {
+		return nil, storeErr("read storage usage", err)
+	}
+	defer rows.Close()
+	var out []store.StorageHour
+	for rows.Next() {
+		var h store.StorageHour
+		var hour string
+		if err := rows.Scan(&hour, &h.GBSeconds); err != nil {
+			return nil, storeErr("read storage usage", err)
+		}
+		if h.Hour, err = parseTime(hour); err != nil {
+			return nil, storeErr("read storage usage", err)
+		}
+		out = append(out, h)
+	}
+	return out, storeErr("read storage usage", rows.Err())
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -372,5 +373,79 @@ func testClearStopped(t *testing.T, s store.Store) {
 	}
 	if n, err := s.ClearStoppedBefore(ctx, at.Add(time.Hour)); err != nil || n != 0 {
 		t.Fatalf("ClearStoppedBefore again = %d, %v; want 0", n, err)
+	}
+}
+
+// testStorageMeter: MeterStorage charges an account what it keeps over
+// the time since it was last metered: nothing the first time, each
+// second once when meterings race (as replicas sharing the store do), at
+// most MaxStorageSpan after a pause, never a span backwards; the
+// GB-seconds go to the hour of the metering, and StorageUsage reads them
+// back.
+func testStorageMeter(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	t0 := now().Truncate(time.Hour).Add(-5*time.Hour + 30*time.Minute)
+	sb := store.Sandbox{ID: "sb-m", Owner: "acct-m", Template: "python", State: store.SandboxRunning, CreatedAt: t0, ExpiresAt: t0.Add(time.Hour)}
+	mustNil(t, s.PutSandbox(ctx, sb))
+	kept, err := s.Stored(ctx, "acct-m")
+	mustNil(t, err)
+	bytes := kept.Total().Bytes
+	gb := func(seconds float64) float64 { return float64(bytes) / (1 << 30) * seconds }
+	charged := func(cs []store.StorageCharge) (seconds float64) {
+		for _, c := range cs {
+			if c.Account != "acct-m" || c.Bytes != bytes || c.GBSeconds != gb(c.Seconds) {
+				t.Fatalf("a charge %+v, want acct-m's %d bytes", c, bytes)
+			}
+			seconds += c.Seconds
+		}
+		return seconds
+	}
+	meter := func(at time.Time) float64 {
+		t.Helper()
+		cs, err := s.MeterStorage(ctx, at)
+		mustNil(t, err)
+		return charged(cs)
+	}
+	if got := meter(t0); got != 0 {
+		t.Fatalf("the first metering charged %v s", got)
+	}
+	if got := meter(t0.Add(10 * time.Second)); got != 10 {
+		t.Fatalf("10 s later: %v s charged", got)
+	}
+	// Two meterings at once of the same moment: 30 s between them.
+	got := make(chan float64, 2)
+	for range 2 {
+		go func() {
+			cs, err := s.MeterStorage(ctx, t0.Add(40*time.Second))
+			if err != nil {
+				t.Error(err)
+			}
+			got <- charged(cs)
+		}()
+	}
+	if sum := <-got + <-got; sum != 30 {
+		t.Fatalf("two meterings at once charged %v s, want 30", sum)
+	}
+	// A clock behind the point charges nothing and leaves it.
+	if got := meter(t0.Add(20 * time.Second)); got != 0 {
+		t.Fatalf("a metering before the point charged %v s", got)
+	}
+	// After three hours without one: MaxStorageSpan, in that hour.
+	late := t0.Add(40*time.Second + 3*time.Hour)
+	if got := meter(late); got != store.MaxStorageSpan.Seconds() {
+		t.Fatalf("after 3 h: %v s charged, want %v", got, store.MaxStorageSpan.Seconds())
+	}
+	hours, err := s.StorageUsage(ctx, "acct-m", time.Time{}, time.Time{})
+	mustNil(t, err)
+	want := []store.StorageHour{{Hour: t0.Truncate(time.Hour).UTC(), GBSeconds: gb(40)}, {Hour: late.Truncate(time.Hour).UTC(), GBSeconds: gb(3600)}}
+	if len(hours) != 2 || !hours[0].Hour.Equal(want[0].Hour) || !hours[1].Hour.Equal(want[1].Hour) ||
+		math.Abs(hours[0].GBSeconds-want[0].GBSeconds) > 1e-12 || math.Abs(hours[1].GBSeconds-want[1].GBSeconds) > 1e-12 {
+		t.Fatalf("storage usage %+v, want %+v", hours, want)
+	}
+	if hours, err := s.StorageUsage(ctx, "acct-m", late.Truncate(time.Hour), time.Time{}); err != nil || len(hours) != 1 {
+		t.Fatalf("storage usage from the late hour: %+v %v", hours, err)
+	}
+	if hours, err := s.StorageUsage(ctx, "acct-other", time.Time{}, time.Time{}); err != nil || len(hours) != 0 {
+		t.Fatalf("another account's storage usage: %+v %v", hours, err)
 	}
 }

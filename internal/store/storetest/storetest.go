@@ -56,6 +56,7 @@ func Run(t *testing.T, open Open) {
 		{"StoredCounts", testStoredCounts},
 		{"StorageBounds", testStorageBounds},
 		{"ClearStopped", testClearStopped},
+		{"StorageMeter", testStorageMeter},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

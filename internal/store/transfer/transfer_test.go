@@ -99,6 +99,12 @@ func populate(t *testing.T, ctx context.Context, st store.Store) {
 		{SandboxID: "sb-2", Account: "acct-b", Template: "node", Hour: hour.Add(-time.Hour), WallNanos: 5e9, Executions: 1},
 	}, []store.LedgerEntry{{Account: "acct-a", CreatedAt: now, Kind: store.LedgerUsage, AmountMicros: -1234, Reason: "usage"}}))
 	must(st.AddLedger(ctx, store.LedgerEntry{Account: "acct-b", CreatedAt: now, Kind: store.LedgerGrant, AmountMicros: 10_000_000, Reason: "welcome"}))
+	// Storage metered twice: a point, then an hour's storage.
+	for _, at := range []time.Time{now.Add(-time.Hour), now} {
+		if _, err := st.MeterStorage(ctx, at); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if ok, err := st.CreateAlert(ctx, store.Alert{ID: "al-1", Account: "acct-a", Severity: "high", Kind: "credits_low",
 		Message: "low", DedupeKey: "credits_low", CreatedAt: now.Add(-time.Minute)}); err != nil || !ok {
 		t.Fatalf("alert: %v, %v", ok, err)

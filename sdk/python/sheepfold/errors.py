@@ -47,6 +47,7 @@ __all__ = [
     "ForbiddenError",
     "SubprocessDeniedError",
     "CPUTimeExceededError",
+    "ProcessLimitError",
     "MethodNotAllowedError",
     "StorageUnavailableError",
     "ShuttingDownError",
@@ -213,6 +214,14 @@ class CPUTimeExceededError(SheepfoldError):
     default_code = "ERR_CPU_TIME_EXCEEDED"
 
 
+class ProcessLimitError(SheepfoldError):
+    """ERR_PROCESS_LIMIT: a process start was refused because the
+    sandbox holds its limit of tasks (pids); it succeeds again once some
+    end."""
+
+    default_code = "ERR_PROCESS_LIMIT"
+
+
 class MethodNotAllowedError(InvalidArgumentError):
     """405 ERR_METHOD_NOT_ALLOWED: the route does not take this method."""
 
@@ -355,6 +364,7 @@ _BY_CODE: Dict[str, Type[SheepfoldError]] = {
     "ERR_FORBIDDEN": ForbiddenError,
     "ERR_SUBPROCESS_DENIED": SubprocessDeniedError,
     "ERR_CPU_TIME_EXCEEDED": CPUTimeExceededError,
+    "ERR_PROCESS_LIMIT": ProcessLimitError,
     "ERR_METHOD_NOT_ALLOWED": MethodNotAllowedError,
     "ERR_STORAGE_UNAVAILABLE": StorageUnavailableError,
     "ERR_SHUTTING_DOWN": ShuttingDownError,
