@@ -178,20 +178,18 @@
 //
 // # Sessions
 //
-// Sessions (internal/server/sessions.go, session_ask.go; `sessions` table,
-// migration 0007) bind a model to a sandbox whose id they share, so the
-// sandbox routes (policy, events, files, usage) serve sessions unchanged and
-// a session ends with its sandbox. `/execute` is the sandbox's execute in the
-// seeds' shape (`output`, `status`, `execution_time_ms`, `error{code,message}`,
-// charts). `/ask` runs the loop in the request: each step is one
-// non-streamed completion through the relay (admitted, metered and priced as every completion, internal/llm, so quotas and fallbacks apply) with a `run_code` tool; tool calls,
-// or fenced code in a text reply, run in the sandbox under its policy and
-// their output (bounded) goes back to the model; a text reply without code
-// is the answer. The loop is bounded by `max_steps` and a time limit (the
-// request's context: a model or an execution still running at the limit is
-// cut, and the answer says `time_limit`); provider errors end the ask with
-// their code and leave the session as it was. The answer separates the
-// model's time from Sheepfold's own.
+// Sessions (sessions.go, session_ask.go; `sessions` table, migration
+// 0007) bind a model to a sandbox whose id they share, so the sandbox
+// routes (policy, events, files, usage) serve sessions unchanged and a
+// session ends with its sandbox. The server creates, admits, finds and
+// ends them and serves their endpoints; what a session does beyond its
+// sandbox is internal/session's: `/execute` answers with its seeds' shape
+// of an execution (`output`, `status`, `execution_time_ms`,
+// `error{code,message}`, charts), and `/ask` runs its loop (session.Ask)
+// in the request, reaching the model relay through the session's account
+// (models.go: admitted, metered and priced as every completion, so quotas
+// and fallbacks apply) and the sandbox through its executions, recorded
+// as every execution is.
 //
 // Imports: internal/sandbox, internal/store, internal/events, internal/auth,
 // internal/account (limits and balances), internal/metering,
@@ -204,8 +202,9 @@
 // internal/runtime (limits), internal/lang (metric labels, the ask's
 // fence tags, the default language), internal/abort (responses cut
 // short), internal/ui (the dashboard's embedded front end), api (the
-// OpenAPI document) and internal/preview (what a preview is: its forms,
-// credentials and proxy).
+// OpenAPI document), internal/preview (what a preview is: its forms,
+// credentials and proxy) and internal/session (a session's execution
+// shape and its ask loop).
 // Never a runtime implementation: the engine is handed in.
 package server
 
