@@ -243,7 +243,7 @@ func (s *Server) afterFlush(ctx context.Context) {
 	if err := s.accounts.Refresh(ctx); err != nil {
 		s.log.Error("refresh accounts", "err", err)
 	}
-	s.alertRules(ctx)
+	s.alerts.Rules(ctx)
 	s.accounts.Each(func(a *account.Account) {
 		if !a.Exhausted() {
 			return

@@ -192,7 +192,8 @@
 // as every execution is.
 //
 // Imports: internal/sandbox, internal/store, internal/events, internal/auth,
-// internal/account (limits and balances), internal/metering,
+// internal/account (limits and balances), internal/alerts (which raises
+// alerts; alerts.go serves their endpoints), internal/metering,
 // internal/metrics (the instruments, served by metrics.go),
 // internal/policy, internal/webhooks (which registers webhooks and
 // delivers to them; webhooks.go serves its endpoints), internal/llm (the
@@ -227,6 +228,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/abort"
 	"github.com/sheepfold/sheepfold/internal/account"
+	"github.com/sheepfold/sheepfold/internal/alerts"
 	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/events"
@@ -489,12 +491,12 @@ type Server struct {
 
 	accounts *account.Registry
 	meter    *metering.Meter
-	ui       uiSessions // dashboard logins
-	streams  *streams   // long-lived requests' shares (conns.go)
-	conns    *shedConns // the bound of open connections (conns.go)
-	tenants  sync.Map   // sandbox id → *tenant (quota.go)
-	tenantMu sync.Mutex // guards tenant.released
-	alertQ   chan store.Alert
+	ui       uiSessions     // dashboard logins
+	streams  *streams       // long-lived requests' shares (conns.go)
+	conns    *shedConns     // the bound of open connections (conns.go)
+	tenants  sync.Map       // sandbox id → *tenant (quota.go)
+	tenantMu sync.Mutex     // guards tenant.released
+	alerts   *alerts.Alerts // internal/alerts: raised by callers and rules
 	// flushes counts the metering flushes this server finished (with
 	// what follows each, afterFlush); tests wait on it.
 	flushes atomic.Int64
@@ -589,12 +591,19 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	if m != nil {
 		s.installHooks()
 	}
-	s.alertQ = make(chan store.Alert, 256)
+	ac := alerts.Config{Store: st, Accounts: s.accounts, Logger: log, NewID: func() string { return newID("alert_") }}
+	if s.bus != nil {
+		ac.Emit = s.bus.Emit
+	}
+	s.alerts = alerts.New(ac)
 	if st != nil {
 		s.sweeper.Add(1)
-		go s.alertWriter()
+		go func() {
+			defer s.sweeper.Done()
+			s.alerts.Run(s.stop)
+		}()
 		if s.bus != nil && !cfg.NoAccounting {
-			s.bus.OnEvent(s.onSecurityEvent)
+			s.bus.OnEvent(s.alerts.OnEvent)
 		}
 		if s.bus != nil {
 			s.bus.OnEvent(s.metrics.OnEvent)
