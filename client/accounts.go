@@ -125,16 +125,22 @@ type UsageFigures struct {
 	EgressBytesIn     int64   `json:"egress_bytes_in"`  // carried by the egress gateway to the sandbox
 	EgressBytesOut    int64   `json:"egress_bytes_out"` // and from it
 	// StorageGBSeconds is what the account kept in the server's
-	// database over time (in a report by sandbox or template, in the
-	// group with key "").
+	// database over time (in the total, and in groups by hour or day).
 	StorageGBSeconds float64 `json:"storage_gb_seconds"`
 	CostMicros       int64   `json:"cost_micros"`
 	Cost             string  `json:"cost"`
 }
 
+// StorageFigures are an account's storage in a usage report.
+type StorageFigures struct {
+	GBSeconds  float64 `json:"gb_seconds"`
+	CostMicros int64   `json:"cost_micros"`
+	Cost       string  `json:"cost"`
+}
+
 // UsageGroup is one group of a usage report.
 type UsageGroup struct {
-	Key       string `json:"key"` // a day, an hour, a sandbox id or a template ("": the account's storage)
+	Key       string `json:"key"` // a day, an hour, a sandbox id or a template
 	Template  string `json:"template,omitempty"`
 	SandboxID string `json:"sandbox_id,omitempty"`
 	UsageFigures
@@ -156,6 +162,9 @@ type UsageReport struct {
 	Groups  []UsageGroup `json:"groups"`
 	Total   UsageFigures `json:"total"`
 	Prices  Prices       `json:"prices"`
+	// Storage is what the account kept in the server's database in the
+	// period (its records), in Total too.
+	Storage StorageFigures `json:"storage"`
 	// Model tokens in the period; TokensLimit is the configured models'
 	// monthly quotas summed (nil: some model has none).
 	TokensUsed  int64        `json:"tokens_used"`

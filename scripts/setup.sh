@@ -10,6 +10,9 @@
 #     store start their own (internal/testutil/pgtest) under the postgres user.
 #   - runc at a pinned release, built from the Go module proxy with seccomp,
 #     into $DATA_DIR/bin (Debian's runc 1.1.5 lacks the November 2025 fixes).
+#   - CRIU at a pinned release with Sheepfold's patches, built from Debian's
+#     source package into $DATA_DIR/bin, for runc's checkpoint and restore
+#     (scripts/criu.sh says why; bookworm's 3.17 fails on this kernel).
 #   - root's entries in /etc/subuid and /etc/subgid for the host ids of the
 #     template's owners and of every sandbox (internal/runtime/oci), so that
 #     useradd never gives them to a user, when root has none yet.
@@ -73,6 +76,8 @@ if [[ "$version" != *"runc version $want"$'\n'* ]] || [[ "$features" != *'"enabl
 	version=$("$RUNC" --version)
 fi
 echo "setup: ${version%%$'\n'*}"
+
+"$(dirname "${BASH_SOURCE[0]}")/criu.sh"
 
 # 1000000..1065535 own the templates' files; each sandbox gets 65536 ids of
 # its own after them (oci.DefaultSlots = 4096 ranges).

@@ -12,7 +12,9 @@
 // requests (package internal/agent).
 //
 // init also keeps the sandbox's deadline. The host gives it with every ping
-// that carries a lifetime (at start and on every extension); serve passes
+// that carries a lifetime (at start and on every extension), and may give
+// it at start with serve's --lifetime (a Pod's agent: a server that dies
+// before its first ping leaves no sandbox without a deadline); serve passes
 // it to init over a pipe (serve's fd 4, close-on-exec, so that nothing
 // serve starts can reach it), and when it passes init exits. init is the
 // pid 1 of the sandbox's pid namespace, so its exit makes the kernel kill
@@ -173,6 +175,7 @@ func runServe(args []string) int {
 	listenTCP := fs.String("listen-tcp", "", "listen on this TCP address (host:port) with TLS instead (a sandbox in a Pod); needs --tls-dir")
 	tlsDir := fs.String("tls-dir", "", "directory of the agent's TLS credential for --listen-tcp ("+agenttls.CertFile+", "+agenttls.KeyFile+", "+agenttls.CAFile+")")
 	toInit := fs.Bool("lifetime-fd", false, "send deadlines to init over fd 4 (init passes it); otherwise serve keeps them itself")
+	lifetime := fs.Duration("lifetime", 0, "end the sandbox this long after the start unless a ping sets its lifetime first (a Pod, which outlives the server that made it: one whose server died before its first ping ends anyway); 0: no deadline until a ping sets one")
 	switchUsers := fs.Bool("switch-users", false, "refuse to serve unless every request can run as its own user (a sandbox's agent)")
 	nproc := fs.Int64("nproc", 0, "RLIMIT_NPROC of every process the agent starts (a Pod with a user namespace of its own); 0: none")
 	egressListen := fs.String("egress-listen", "", "listen for the sandbox's proxied egress on this loopback address (host:port; HTTP_PROXY names it): each connection goes to the server's gateway through an egress.accept request (a Pod's network)")
@@ -293,6 +296,7 @@ func runServe(args []string) int {
 		Canonical:   lang.Canonical,
 		Languages:   languages,
 		SetLifetime: setLifetime,
+		Lifetime:    *lifetime,
 		SwitchUsers: *switchUsers,
 		Logger:      log,
 		CgroupRoot:  *cgroupRoot,

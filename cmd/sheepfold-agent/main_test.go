@@ -479,3 +479,30 @@ func TestServeNprocFlag(t *testing.T) {
 		t.Fatalf("limits %q", out.String())
 	}
 }
+
+// TestInitEndsUnpingedSandbox: an agent started with --lifetime (a Pod's)
+// ends the sandbox when it passes though no ping ever came: a warm pool
+// member whose server was killed while its Pod started, before the first
+// ping gave it its lease, no longer runs for ever (the leftover Pod of the
+// Kubernetes e2e test's TestSandboxesAsPods). The control, started with
+// it and without the flag, still runs when the first has ended.
+func TestInitEndsUnpingedSandbox(t *testing.T) {
+	t.Parallel()
+	control := startInit(t, true)
+	start := time.Now()
+	a := startInit(t, true, "--lifetime", "1s")
+	if code := a.waitExit(t); code != exitLifetime {
+		t.Fatalf("init exited with %d, want %d (lifetime)", code, exitLifetime)
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Fatalf("init ended the sandbox after %s, before its lifetime of 1 s", took)
+	}
+	select {
+	case err := <-control.exit:
+		t.Fatalf("the control, never given a lifetime, ended too: %v", err)
+	default:
+	}
+	if done := control.call(t, agentproto.Request{Op: agentproto.OpPing}); done.Code != "" || done.Agent.LifetimeLeftMS != 0 {
+		t.Fatalf("the control's ping: %+v", done)
+	}
+}

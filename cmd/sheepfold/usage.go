@@ -73,17 +73,14 @@ func printUsage(w io.Writer, rep *client.UsageReport, asJSON bool) error {
 			f.GBSecondsReserved, f.GBSecondsUsed, f.Executions, f.Commands, f.EgressRequests, f.StorageGBSeconds, f.Cost)
 	}
 	for _, g := range rep.Groups {
-		key := g.Key
-		if key == "" {
-			key = "(storage)" // what the account keeps in the database, by sandbox or template
-		}
-		row(key, g.UsageFigures)
+		row(g.Key, g.UsageFigures)
 	}
 	row("total", rep.Total)
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\nprices (micro-units): %g per CPU-second, %g per GB-second reserved, %g per execution, %g per GB-second stored\n",
+	fmt.Fprintf(w, "\nstorage (records kept in the database): %.6f GB-seconds, %s (in the total)\n", rep.Storage.GBSeconds, rep.Storage.Cost)
+	fmt.Fprintf(w, "prices (micro-units): %g per CPU-second, %g per GB-second reserved, %g per execution, %g per GB-second stored\n",
 		rep.Prices.CPUSecondMicros, rep.Prices.GBSecondMicros, rep.Prices.ExecutionMicros, rep.Prices.StorageGBSecond)
 	return nil
 }

@@ -62,6 +62,13 @@ type Config struct {
 	// deadline set before (a ping with LifetimeMS). Nil refuses such pings
 	// (CodeUnsupported): a sandbox must not outlive a deadline it was given.
 	SetLifetime func(d time.Duration) error
+	// Lifetime, when positive, is the lifetime the sandbox starts with:
+	// Serve sets it (SetLifetime) before it accepts a connection, and a
+	// ping with LifetimeMS replaces it. An engine that dies between
+	// starting the sandbox and its first ping (a warm pool member's
+	// replica killed while the Pod started) then leaves nothing that runs
+	// for ever: without it, an agent no ping reached had no deadline.
+	Lifetime time.Duration
 	// Logger receives the agent's logs; nil discards them.
 	Logger *slog.Logger
 	// CgroupRoot is where the usage op finds the sandbox's cgroup
@@ -144,6 +151,10 @@ func Serve(ctx context.Context, ln net.Listener, cfg Config) error {
 
 // serve is Serve, handing its server to started (tests inspect it).
 func serve(ctx context.Context, ln net.Listener, cfg Config, started func(*server)) error {
+	if cfg.Lifetime > 0 && cfg.SetLifetime == nil {
+		ln.Close()
+		return errors.New("agent: a starting lifetime needs SetLifetime: a sandbox must not outlive a deadline it was given")
+	}
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		ln.Close()
@@ -153,6 +164,13 @@ func serve(ctx context.Context, ln net.Listener, cfg Config, started func(*serve
 	if err != nil {
 		ln.Close()
 		return err
+	}
+	if cfg.Lifetime > 0 {
+		if err := s.setLifetime(cfg.Lifetime); err != nil {
+			s.shutdown()
+			ln.Close()
+			return fmt.Errorf("agent: the sandbox's starting lifetime: %w", err)
+		}
 	}
 	if started != nil {
 		started(s)
@@ -385,11 +403,9 @@ func (s *server) dispatchOp(c *conn, req *agentproto.Request) agentproto.Event {
 			if s.cfg.SetLifetime == nil {
 				return fail(agentproto.CodeUnsupported, "this agent cannot end the sandbox at a deadline")
 			}
-			d := time.Duration(req.LifetimeMS) * time.Millisecond
-			if err := s.cfg.SetLifetime(d); err != nil {
+			if err := s.setLifetime(time.Duration(req.LifetimeMS) * time.Millisecond); err != nil {
 				return fail(agentproto.CodeInternal, "set the sandbox's deadline: %v", err)
 			}
-			s.deadline.Store(time.Now().Add(d).UnixNano())
 		}
 		return s.ping()
 
@@ -449,6 +465,19 @@ func (s *server) dispatchOp(c *conn, req *agentproto.Request) agentproto.Event {
 		return s.budgetTake(req)
 	}
 	return fail(agentproto.CodeBadRequest, "unknown op %q", req.Op)
+}
+
+// setLifetime ends the sandbox d from now (Config.SetLifetime) and keeps
+// the deadline for pings.
+func (s *server) setLifetime(d time.Duration) error {
+	if s.cfg.SetLifetime == nil {
+		return errors.New("this agent cannot end the sandbox at a deadline")
+	}
+	if err := s.cfg.SetLifetime(d); err != nil {
+		return err
+	}
+	s.deadline.Store(time.Now().Add(d).UnixNano())
+	return nil
 }
 
 func (s *server) ping() agentproto.Event {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 func TestPing(t *testing.T) {
@@ -388,6 +389,38 @@ func TestOversizeEvents(t *testing.T) {
 	}
 	if r.done.Status != agentproto.StatusError || r.done.Code != "" {
 		t.Fatalf("done %+v", r.done)
+	}
+}
+
+// TestStartingLifetime: an agent given a lifetime at start (a Pod's, as
+// its server may die before the first ping) sets it before it serves
+// anything, and pings report it, with no ping having set one. The
+// control, without it, has no deadline until a ping sets one.
+func TestStartingLifetime(t *testing.T) {
+	t.Parallel()
+	for _, start := range []time.Duration{0, time.Minute} {
+		var set atomic.Int64
+		a := startAgent(t, Config{Lifetime: start, SetLifetime: func(d time.Duration) error { set.Store(int64(d)); return nil }})
+		r := a.call(t, agentproto.Request{Op: agentproto.OpPing}).mustOK(t)
+		left := r.done.Agent.LifetimeLeftMS
+		switch {
+		case start == 0 && (left != 0 || set.Load() != 0):
+			t.Fatalf("no starting lifetime, yet %d ms left, %v set", left, time.Duration(set.Load()))
+		case start > 0 && (left < 59_000 || left > 60_000 || set.Load() != int64(start)):
+			t.Fatalf("starting lifetime %v: %d ms left, %v set", start, left, time.Duration(set.Load()))
+		}
+	}
+	// A starting lifetime the agent cannot keep refuses to serve.
+	ln, err := net.Listen("unix", filepath.Join(testutil.ShortTempDir(t), "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "home/user"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := Serve(context.Background(), ln, Config{Root: root, Home: "/home/user", Lifetime: time.Minute}); err == nil || !strings.Contains(err.Error(), "lifetime") {
+		t.Fatalf("served with a starting lifetime and no SetLifetime: %v", err)
 	}
 }
 

@@ -58,8 +58,11 @@ type Options struct {
 	SkipProbes  bool // no user namespace or overlay mount is made to test
 	DataDir     string
 	RuntimePath string
-	AgentPath   string
-	Template    string // the template sandboxes start from ["python"]
+	// CriuPath is the CRIU that checkpoints sandboxes (pause); "": criu
+	// beside RuntimePath, where `make setup` builds it.
+	CriuPath  string
+	AgentPath string
+	Template  string // the template sandboxes start from ["python"]
 	// MaxSandboxes, PoolSize and the per-sandbox limits size the disk,
 	// memory and kernel-counter checks.
 	MaxSandboxes  int
@@ -104,7 +107,7 @@ func Run(ctx context.Context, o Options) []Result {
 	}
 	rs := []Result{
 		d.kernel(), d.userns(), d.cgroups(), d.overlay(), d.seccomp(),
-		d.runtime(ctx), d.agent(), d.template(), d.disk(),
+		d.runtime(ctx), d.checkpoints(ctx), d.agent(), d.template(), d.disk(),
 	}
 	if o.Disks != nil {
 		rs = append(rs, d.disks())
@@ -127,7 +130,7 @@ func Failed(rs []Result) bool {
 func Format(rs []Result) string {
 	var b strings.Builder
 	for _, r := range rs {
-		fmt.Fprintf(&b, "%-4s %-9s %s", strings.ToUpper(string(r.Status)), r.Check, r.Detail)
+		fmt.Fprintf(&b, "%-4s %-11s %s", strings.ToUpper(string(r.Status)), r.Check, r.Detail)
 		if r.Fix != "" {
 			fmt.Fprintf(&b, " (fix: %s)", r.Fix)
 		}
@@ -381,6 +384,40 @@ func runcFixed(v [3]int, pre bool) bool {
 		}
 	}
 	return true
+}
+
+// CriuPatchSet is the GitID the set-up's CRIU prints: 4.2.1 with the
+// patches of scripts/criu.patch (scripts/criu.sh pins the same).
+const CriuPatchSet = "sheepfold-2"
+
+// checkpoints checks the CRIU that runc's checkpoint and restore run: the
+// pinned build, or sandboxes cannot be paused (everything else works).
+func (d doctor) checkpoints(ctx context.Context) Result {
+	const fix = "run `make setup` (builds the pinned CRIU 4.2.1 into DATA_DIR/bin)"
+	p := d.o.CriuPath
+	if p == "" {
+		p = filepath.Join(filepath.Dir(d.o.RuntimePath), "criu")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, p, "--version").Output()
+	if err != nil {
+		return result("checkpoints", Warn, fix, "no CRIU at %s (%v): sandboxes cannot be checkpointed (pause, snapshots)", p, err)
+	}
+	var version, gitID string
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, "Version: "); ok {
+			version = strings.TrimSpace(v)
+		}
+		if v, ok := strings.CutPrefix(line, "GitID: "); ok {
+			gitID = strings.TrimSpace(v)
+		}
+	}
+	if gitID != CriuPatchSet {
+		return result("checkpoints", Warn, fix, "CRIU %q at %s is not the set-up's build (%s, GitID %s): "+
+			"sandboxes cannot be checkpointed (pause, snapshots)", strings.TrimSpace(version), p, "4.2.1", CriuPatchSet)
+	}
+	return result("checkpoints", OK, "", "CRIU %s (%s): sandboxes can be checkpointed (%s)", version, gitID, p)
 }
 
 func (d doctor) runtime(ctx context.Context) Result {

@@ -72,8 +72,21 @@ func writeFakeRuncs() (cleanup func(), err error) {
 				return nil, err
 			}
 			fakeRuncs[key] = p
+			criu := "#!/bin/sh\nprintf 'Version: 4.2.1\\nGitID: " + CriuPatchSet + "\\n'\n"
+			if err := os.WriteFile(filepath.Join(filepath.Dir(p), "criu"), []byte(criu), 0o755); err != nil {
+				return nil, err
+			}
 		}
 	}
+	// Debian bookworm's CRIU, which fails on kernels past 6.13.
+	debian := filepath.Join(dir, "criu-3.17", "criu")
+	if err := os.MkdirAll(filepath.Dir(debian), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(debian, []byte("#!/bin/sh\nprintf 'Version: 3.17.1\\n'\n"), 0o755); err != nil {
+		return nil, err
+	}
+	fakeRuncs["criu 3.17"] = debian
 	return func() { os.RemoveAll(dir) }, nil
 }
 
@@ -106,8 +119,9 @@ func options(t *testing.T) Options {
 	if err := os.Chmod(agent, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	runc := fakeRunc(t, "1.5.3", true)
 	return Options{
-		Root: host(t), DataDir: dataDir(t), RuntimePath: fakeRunc(t, "1.5.3", true), AgentPath: agent,
+		Root: host(t), DataDir: dataDir(t), RuntimePath: runc, CriuPath: filepath.Join(filepath.Dir(runc), "criu"), AgentPath: agent,
 		MaxSandboxes: 64, PoolSize: 2, SandboxMemory: 512 << 20, SandboxDisk: 256 << 20, SandboxPids: 256,
 		HostCounters: map[string]int64{"/proc/sys/fs/inotify/max_user_instances": 256},
 	}
@@ -199,6 +213,10 @@ func TestOneThingBroken(t *testing.T) {
 		{"not runc", func(t *testing.T, o *Options) { o.RuntimePath = "/bin/true" },
 			"runtime", Fail, "is not runc"},
 		{"agent missing", func(t *testing.T, o *Options) { o.AgentPath = "" }, "agent", Fail, "not an executable"},
+		{"criu missing", func(t *testing.T, o *Options) { o.CriuPath = filepath.Join(o.Root, "criu") },
+			"checkpoints", Warn, "cannot be checkpointed"},
+		{"Debian's criu 3.17", func(t *testing.T, o *Options) { o.CriuPath = fakeRuncs["criu 3.17"] },
+			"checkpoints", Warn, `CRIU "3.17.1"`},
 		{"no template", func(t *testing.T, o *Options) { os.RemoveAll(filepath.Join(o.DataDir, "templates")) },
 			"template", Fail, "not built"},
 		{"template without node", func(t *testing.T, o *Options) {

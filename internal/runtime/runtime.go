@@ -65,6 +65,15 @@ type Spec struct {
 	// Node, for a Placer, is the node the sandbox must run on; "" leaves
 	// the choice to the runtime.
 	Node string
+	// Lifetime, when positive, is the lifetime the sandbox's agent starts
+	// with, until the engine's first ping gives it one (the same). A
+	// runtime whose sandboxes outlive the engine (kubernetes) hands it to
+	// the agent at start, so that a sandbox whose engine died between
+	// Create and that ping (a warm pool member of a replica killed while
+	// its Pod started, which no collector takes) still ends: its agent
+	// would otherwise know no deadline. Others may ignore it: the local
+	// engine's next start reaps what its predecessor left.
+	Lifetime time.Duration
 }
 
 // Network connects a sandbox to the host's egress gateway. The runtime
@@ -221,6 +230,18 @@ type Runtime interface {
 	// List returns the IDs of every sandbox the runtime holds state for,
 	// including ones left behind by a crashed process.
 	List(ctx context.Context) ([]string, error)
+}
+
+// Checkpointer is implemented by runtimes that can save a running
+// sandbox's processes, memory included, to a directory and end them
+// (Checkpoint), and start them again from it (Restore), while the
+// sandbox's files stay where they are. Between the two the sandbox holds
+// no memory and no process; Destroy still removes it. A checkpoint
+// needs every connection to the sandbox's agent closed, and a restored
+// agent is reached at the Instance Restore returns (a new socket).
+type Checkpointer interface {
+	Checkpoint(ctx context.Context, id, dir string) error
+	Restore(ctx context.Context, id, dir string) (*Instance, error)
 }
 
 // Attacher is implemented by runtimes whose sandboxes outlive the engine

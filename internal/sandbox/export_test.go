@@ -17,3 +17,11 @@ const RefillQuiet = refillQuiet
 // The warm pool's tests change a Placer's nodes and want the pool to see
 // it soon.
 func init() { nodeRefresh = 100 * time.Millisecond }
+
+// PoolLease is a member's lease in the pool of an engine that does not
+// share its sandboxes, and LifetimeGrace how long after the engine's
+// deadline the agent ends a sandbox.
+const (
+	PoolLease     = poolLease
+	LifetimeGrace = lifetimeGrace
+)

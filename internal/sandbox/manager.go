@@ -329,6 +329,8 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	spec := runtime.Spec{
 		ID: s.ID, Template: opt.Template, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: append(threadEnv(limits, opt.Env), env...),
 		WritablePaths: opt.Policy.WritablePaths(), Runtime: opt.Runtime,
+		// What waitAgent's ping says, from the start (runtime.Spec.Lifetime).
+		Lifetime: opt.Timeout + lifetimeGrace,
 	}
 	if egressPolicy.Enabled() {
 		gw, err := egress.New(m.cfg.Egress, s.ID, egressPolicy, opt.Policy.NetworkRequests())

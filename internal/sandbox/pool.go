@@ -108,7 +108,9 @@ const refillQuiet = time.Second
 
 // poolLease is the lifetime a member's agent is given while it waits in
 // the pool, renewed every poolLease/4: a member outlives a crashed engine
-// by at most this long. At hand-out the agent gets the caller's lifetime.
+// by at most this long. Its agent starts with it (runtime.Spec.Lifetime),
+// before the first ping repeats it: an engine that dies while a member
+// starts leaves no agent without a deadline. At hand-out the agent gets the caller's lifetime.
 // A shared engine's members (Pods, which no restart of this engine
 // reaps: the other replicas' collectors spare warm members) get
 // sharedPoolLease, so that a crashed replica's last at most a minute.
@@ -330,7 +332,10 @@ func (p *pool) start(tmpl, node string) (*Sandbox, error) {
 	}
 	s := &Sandbox{ID: newID(), Template: tmpl, Limits: m.cfg.DefaultLimits, m: m, state: StateStarting, pooled: true,
 		node: node, created: make(chan struct{})}
-	inst, err := m.cfg.Runtime.Create(p.ctx, runtimeSpec(s, rootfs))
+	// Logged before the runtime makes anything: a member whose engine
+	// dies before it is ready is still named in some log.
+	m.log.Info("warm pool: starting a member", "sandbox", s.ID, "template", tmpl, "node", node)
+	inst, err := m.cfg.Runtime.Create(p.ctx, runtimeSpec(s, rootfs, p.lease()))
 	close(s.created)
 	if err != nil {
 		return nil, fmt.Errorf("create: %w", err)
@@ -360,8 +365,14 @@ func (p *pool) start(tmpl, node string) (*Sandbox, error) {
 }
 
 // runtimeSpec is what the runtime is asked to start for a pool member.
-func runtimeSpec(s *Sandbox, rootfs string) runtime.Spec {
-	return runtime.Spec{ID: s.ID, Template: s.Template, RootFS: rootfs, Limits: s.Limits, ReadOnly: s.ReadOnly, Env: threadEnv(s.Limits, nil), Pool: true, Node: s.node}
+// Its agent starts with the member's lease as its lifetime, the one its
+// first ping gives: a member whose engine dies before that ping (a
+// replica killed while the member's Pod started) ends at the lease's end
+// like any other, and the collectors, which spare live warm members,
+// then take it.
+func runtimeSpec(s *Sandbox, rootfs string, lease time.Duration) runtime.Spec {
+	return runtime.Spec{ID: s.ID, Template: s.Template, RootFS: rootfs, Limits: s.Limits, ReadOnly: s.ReadOnly, Env: threadEnv(s.Limits, nil),
+		Pool: true, Node: s.node, Lifetime: lease + lifetimeGrace}
 }
 
 // threadVars size the thread pools of numerical libraries.

@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -443,5 +444,109 @@ func TestPoolPerNode(t *testing.T) {
 	rt.mu.Unlock()
 	if tries != 1 {
 		t.Fatalf("%d creates on the broken node c, want 1 (then its cooldown)", tries)
+	}
+}
+
+// diesAfterCreate plays an engine killed between the runtime's Create
+// and the agent's first ping: the sandbox runs, the engine is told
+// nothing was made, and nobody destroys it (a replica killed while a
+// warm pool member's Pod started). noLifetime drops Spec.Lifetime, the
+// runtime as it was before it had one: the control.
+type diesAfterCreate struct {
+	*fake.Runtime
+	noLifetime bool
+	mu         sync.Mutex
+	lost       []string
+}
+
+func (r *diesAfterCreate) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance, error) {
+	if r.noLifetime {
+		s.Lifetime = 0
+	}
+	if _, err := r.Runtime.Create(ctx, s); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	r.lost = append(r.lost, s.ID)
+	r.mu.Unlock()
+	return nil, errors.New("the engine died")
+}
+
+// Destroy destroys nothing: the engine that would have is dead.
+func (r *diesAfterCreate) Destroy(context.Context, string) error { return nil }
+
+func (r *diesAfterCreate) lostOne(t *testing.T) string {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.lost) != 1 {
+		t.Fatalf("%d sandboxes lost, want 1", len(r.lost))
+	}
+	return r.lost[0]
+}
+
+// agentListens reports whether sandbox id's agent still accepts connections.
+func agentListens(rt *fake.Runtime, id string) bool {
+	inst, err := rt.Attach(context.Background(), id)
+	if err != nil {
+		return false
+	}
+	c, err := net.Dial("unix", inst.Socket)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// TestSandboxEndsWithoutItsEngine: every sandbox's agent starts with the
+// lifetime its first ping would give it (runtime.Spec.Lifetime): a warm
+// pool member its lease, a created sandbox its timeout, each plus the
+// grace. One whose engine died between the runtime's Create and that
+// ping ends at that lifetime all the same; the control, whose agent was
+// not given it (as before), runs on with no deadline. (The Kubernetes
+// e2e test's TestSandboxesAsPods left such a warm pool member's Pod,
+// Running with no deadline, when replica A was killed while it started;
+// the collectors spare live warm members, which end themselves.)
+func TestSandboxEndsWithoutItsEngine(t *testing.T) {
+	t.Parallel()
+	m, rt := fakeEngine(t, poolConfig(1))
+	waitReady(t, m, 1)
+	member := runtimeIDs(t, rt)[0]
+	if got := rt.Spec(member).Lifetime; got != sandbox.PoolLease+sandbox.LifetimeGrace {
+		t.Errorf("a warm pool member's agent starts with a lifetime of %v, want its lease %v", got, sandbox.PoolLease+sandbox.LifetimeGrace)
+	}
+	// Environment variables: a miss, made now.
+	s, err := m.Create(context.Background(), sandbox.CreateOptions{Timeout: time.Minute, Env: map[string]string{"A": "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rt.Spec(s.ID).Lifetime; got != time.Minute+sandbox.LifetimeGrace {
+		t.Errorf("a created sandbox's agent starts with a lifetime of %v, want its timeout %v", got, time.Minute+sandbox.LifetimeGrace)
+	}
+
+	engine := func(noLifetime bool) (*diesAfterCreate, string) {
+		rt := &fake.Runtime{AgentBin: testutil.AgentBin(t), Dir: testutil.ShortTempDir(t)}
+		dies := &diesAfterCreate{Runtime: rt, noLifetime: noLifetime}
+		cfg := sandbox.Config{Runtime: dies, Templates: sandbox.TemplatesFunc(func(string) (string, error) { return "/", nil })}
+		m := startEngine(t, cfg, rt)
+		if _, err := m.Create(context.Background(), sandbox.CreateOptions{Timeout: time.Second}); err == nil {
+			t.Fatal("a create whose engine died succeeded")
+		}
+		id := dies.lostOne(t)
+		t.Cleanup(func() { rt.Destroy(context.Background(), id) })
+		return dies, id
+	}
+	control, controlID := engine(true)
+	dies, id := engine(false)
+	start := time.Now()
+	for agentListens(dies.Runtime, id) {
+		if time.Since(start) > 20*time.Second {
+			t.Fatal("a sandbox whose engine died before its first ping still runs 20 s later")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !agentListens(control.Runtime, controlID) {
+		t.Fatal("the control, whose agent had no lifetime, ended too: the test proves nothing")
 	}
 }

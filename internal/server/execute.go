@@ -87,6 +87,15 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, executionOf(ex))
 		return nil
 	}
+	// A language no kernel speaks is a plain 400 however long the host
+	// takes to find it: the stream's headers go after commitDelay.
+	if req.ContextID == "" {
+		if _, err := lang.Canonical(req.Language); err != nil {
+			err := apierr.New(apierr.UnsupportedLanguage, "unsupported language %q", req.Language)
+			rec.End(nil, err)
+			return err
+		}
+	}
 	// The events are streamed as they come and not repeated: the done
 	// event's execution has no stdout, stderr or results of its own.
 	st := newStreamer(w, mode)

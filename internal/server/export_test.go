@@ -50,3 +50,12 @@ func SetMaxUISessions(n int) (restore func()) {
 	maxUISessions = n
 	return func() { maxUISessions = old }
 }
+
+// SetCommitDelay sets how long streams wait for their first event
+// before they send their headers, for one test (not a parallel one), and
+// returns what restores it.
+func SetCommitDelay(d time.Duration) (restore func()) {
+	old := commitDelay
+	commitDelay = d
+	return func() { commitDelay = old }
+}

@@ -380,6 +380,25 @@ func TestExecuteStreaming(t *testing.T) {
 	want(t, r, http.StatusBadRequest, "ERR_UNSUPPORTED_LANGUAGE")
 }
 
+// TestStreamUnsupportedLanguage: a streamed execution in a language no
+// kernel speaks is a plain 400, even when the stream would send its
+// headers at once (under a loaded host, finding the error in the engine
+// took longer than the streams' commit delay, and the client got a 200
+// stream with a failure in it).
+func TestStreamUnsupportedLanguage(t *testing.T) {
+	// Not parallel: it sets the streams' commit delay.
+	defer server.SetCommitDelay(0)()
+	e := newEnv(t, server.Config{})
+	id := e.create(e.keyA, nil)
+	for _, variant := range []string{"?stream=1", "?stream=sse"} {
+		r := e.do("POST", "/v1/sandboxes/"+id+"/execute"+variant, e.keyA, map[string]any{"code": "1", "language": "cobol"})
+		wantMsg(t, r, http.StatusBadRequest, "ERR_UNSUPPORTED_LANGUAGE", `unsupported language "cobol"`)
+	}
+	// The control: a known language streams.
+	r := e.do("POST", "/v1/sandboxes/"+id+"/execute?stream=1", e.keyA, map[string]any{"code": "1", "language": "python"})
+	want(t, r, http.StatusOK, "")
+}
+
 func TestStreamFlushesEachEvent(t *testing.T) {
 	if testutil.Race {
 		t.Skip("measures flush latency; the race detector distorts it (make test also runs it without -race)")

@@ -29,8 +29,9 @@ import (
 //   - The collector (collect), in every replica, compares the runtime's
 //     inventory with the records: it destroys sandboxes no record claims
 //     (past a grace for creates in flight; warm pool members end on their
-//     own when their replica is gone) and ends records whose sandbox is
-//     gone or ended. Collecting twice is harmless.
+//     own when their replica is gone, at their lease, which their agent
+//     holds from its start: runtime.Spec.Lifetime) and ends records whose
+//     sandbox is gone or ended. Collecting twice is harmless.
 //
 //   - Each replica has a name, new at every start, and a heartbeat in the
 //     store (store.ReplicaStore) that it renews every CollectInterval and

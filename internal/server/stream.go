@@ -41,7 +41,7 @@ func wantStream(r *http.Request, def streamMode) streamMode {
 // sends its headers anyway, so that an error found at once can still be
 // a plain JSON error with its status, and a quiet stream is not left
 // without headers.
-const commitDelay = 200 * time.Millisecond
+var commitDelay = 200 * time.Millisecond
 
 // streamWriteTimeout bounds each write of a stream to its client: a
 // client that stops reading breaks its stream (and so stops what feeds

@@ -48,6 +48,13 @@ func figures(d store.UsageDelta, p metering.Prices) usageFigures {
 		CostMicros: cost, Cost: account.FormatMicros(cost)}
 }
 
+// storageFigures are an account's storage in a usage report.
+type storageFigures struct {
+	GBSeconds  float64 `json:"gb_seconds"`
+	CostMicros int64   `json:"cost_micros"`
+	Cost       string  `json:"cost"`
+}
+
 type usageGroup struct {
 	Key       string `json:"key"`
 	Template  string `json:"template,omitempty"`
@@ -62,6 +69,9 @@ type usageReport struct {
 	Groups  []usageGroup    `json:"groups"`
 	Total   usageFigures    `json:"total"`
 	Prices  metering.Prices `json:"prices"`
+	// Storage is what the account kept in the store in the period (in
+	// Total too, and in the groups by hour or day).
+	Storage storageFigures `json:"storage"`
 	// Model tokens in the period: in total, per model (with each model's
 	// monthly quota), and the sum of the configured models' quotas
 	// (null when any configured model has none).
@@ -225,19 +235,27 @@ func (s *Server) accountUsage(w http.ResponseWriter, r *http.Request) error {
 			addTo(d)
 		}
 	}
-	// What the account keeps in the store, metered at each flush: by
-	// hour or day with the sandboxes' usage, and as the group of no
-	// sandbox and no template (key "") by sandbox or template.
+	// What the account keeps in the store, metered at each flush: in the
+	// report's storage and total, and by hour or day in the groups too
+	// (it belongs to no sandbox and no template).
 	stored, err := s.store.StorageUsage(r.Context(), own, from, to)
 	if err != nil {
 		return err
 	}
+	var storage, total store.UsageDelta
 	for _, h := range stored {
-		addTo(store.UsageDelta{Account: own, Hour: h.Hour, StorageGBSeconds: h.GBSeconds})
+		d := store.UsageDelta{Account: own, Hour: h.Hour, StorageGBSeconds: h.GBSeconds}
+		storage.Add(d)
+		if by == store.GroupHour || by == store.GroupDay {
+			addTo(d)
+		} else {
+			total.Add(d)
+		}
 	}
 	prices := s.meter.Prices()
-	out := usageReport{From: from, To: to, GroupBy: by, Groups: []usageGroup{}, Prices: prices}
-	var total store.UsageDelta
+	sf := figures(storage, prices)
+	out := usageReport{From: from, To: to, GroupBy: by, Groups: []usageGroup{}, Prices: prices,
+		Storage: storageFigures{GBSeconds: sf.StorageGBSeconds, CostMicros: sf.CostMicros, Cost: sf.Cost}}
 	keys := make([]string, 0, len(groups))
 	for k := range groups {
 		keys = append(keys, k)

@@ -83,20 +83,12 @@ func TestUsage(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		rows := e.do("GET", "/v1/account/usage?group_by=sandbox", e.keyA, nil).json(t)
-		// The sandbox's group, and the account's storage (key "").
-		var g map[string]any
-		for _, x := range rows["groups"].([]any) {
-			switch x := x.(map[string]any); x["key"] {
-			case id:
-				g = x
-			case "":
-			default:
-				t.Fatalf("a group of another sandbox: %v", rows)
-			}
-		}
+		groups := rows["groups"].([]any)
 		// A flush before the stop may have stored the sandbox's earlier
-		// figures: wait for the last one's.
-		if g != nil && g["cpu_seconds"] == 2.0 {
+		// figures: wait for the last one's. (The account's storage is in
+		// no sandbox's group.)
+		if len(groups) == 1 && groups[0].(map[string]any)["cpu_seconds"] == 2.0 {
+			g := groups[0].(map[string]any)
 			if g["sandbox_id"] != id || g["cpu_seconds"] != 2.0 || g["sandbox_seconds"] != final["sandbox_seconds"] || g["template"] != "python" {
 				t.Fatalf("by sandbox %v", rows)
 			}
@@ -105,7 +97,7 @@ func TestUsage(t *testing.T) {
 				t.Fatalf("cost %v, want %v", g["cost_micros"], cost)
 			}
 			tot := rows["total"].(map[string]any)
-			if tot["cpu_seconds"] != 2.0 || tot["cost_micros"] != g["cost_micros"] {
+			if tot["cpu_seconds"] != 2.0 || tot["cost_micros"] != g["cost_micros"] { // storage is free here
 				t.Fatalf("total %v", tot)
 			}
 			break
@@ -133,10 +125,11 @@ func TestUsage(t *testing.T) {
 }
 
 // TestUsageStorage: what an account keeps in the database is metered at
-// every flush: the report shows it by day and as the group of no sandbox
-// by sandbox, in GB-seconds of what the store counts the account keeps,
-// at the operator's price, and the cost reaches the ledger; another
-// account, which keeps nothing, is charged nothing.
+// every flush: the report shows it as its storage, in its total, and by
+// day in the groups (by sandbox in none of them), in GB-seconds of what
+// the store counts the account keeps, at the operator's price, and the
+// cost reaches the ledger; another account, which keeps nothing, is
+// charged nothing.
 func TestUsageStorage(t *testing.T) {
 	t.Parallel()
 	prices := metering.Prices{StorageGBSecond: 1e9} // large, so that a few KB over a second cost micro-units
@@ -156,26 +149,22 @@ func TestUsageStorage(t *testing.T) {
 	}
 	// Wait for a second of storage metered.
 	start := time.Now()
+	var rep map[string]any
 	var storage map[string]any
 	for deadline := start.Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		r := e.do("GET", "/v1/account/usage?group_by=sandbox", e.keyA, nil).json(t)
-		for _, x := range r["groups"].([]any) {
-			if x := x.(map[string]any); x["key"] == "" {
-				storage = x
-			}
-		}
+		rep = e.do("GET", "/v1/account/usage?group_by=sandbox", e.keyA, nil).json(t)
+		storage = rep["storage"].(map[string]any)
 		// At least a second's worth of what A keeps (it only grows).
-		if storage != nil && storage["storage_gb_seconds"].(float64) >= float64(kept.Total().Bytes)/(1<<30) {
+		if storage["gb_seconds"].(float64) >= float64(kept.Total().Bytes)/(1<<30) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("storage never metered a second: %v", r)
+			t.Fatalf("storage never metered a second: %v", rep)
 		}
 	}
-	gbs := storage["storage_gb_seconds"].(float64)
-	// No more than A could have kept since it started, at most what it
-	// keeps now (it only grows here), over the time since the first
-	// metering.
+	gbs := storage["gb_seconds"].(float64)
+	// No more than what A keeps now (it only grows here) over the time
+	// since the first metering.
 	now, err := e.store.Stored(context.Background(), owner(e.keyA))
 	if err != nil {
 		t.Fatal(err)
@@ -183,25 +172,33 @@ func TestUsageStorage(t *testing.T) {
 	if most := float64(now.Total().Bytes) / (1 << 30) * time.Since(start.Add(-time.Second)).Seconds(); gbs > most {
 		t.Fatalf("%g GB-seconds of storage metered, more than %d bytes over %v", gbs, now.Total().Bytes, time.Since(start))
 	}
-	if storage["sandbox_id"] != nil || storage["cpu_seconds"] != 0.0 || !near(storage["cost_micros"].(float64), math.Round(gbs*1e9), 1) {
-		t.Fatalf("the storage group %v", storage)
+	cost := math.Round(gbs * 1e9)
+	tot := rep["total"].(map[string]any)
+	if !near(storage["cost_micros"].(float64), cost, 1) || tot["storage_gb_seconds"] != gbs || !near(tot["cost_micros"].(float64), cost, 1) {
+		t.Fatalf("storage %v, total %v: want %g GB-s costing %v", storage, tot, gbs, cost)
+	}
+	for _, g := range rep["groups"].([]any) {
+		if g := g.(map[string]any); g["sandbox_id"] != id || g["storage_gb_seconds"] != 0.0 {
+			t.Fatalf("a group by sandbox %v", g)
+		}
 	}
 	day := e.do("GET", "/v1/account/usage?group_by=day", e.keyA, nil).json(t)
-	if tot := day["total"].(map[string]any); tot["storage_gb_seconds"].(float64) < gbs || day["prices"].(map[string]any)["storage_gb_second_micros"] != 1e9 {
+	if g := day["groups"].([]any); len(g) != 1 || g[0].(map[string]any)["storage_gb_seconds"].(float64) < gbs ||
+		day["prices"].(map[string]any)["storage_gb_second_micros"] != 1e9 {
 		t.Fatalf("by day %v", day)
 	}
 	// The cost reaches the ledger with the flushes.
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		c := e.do("GET", "/v1/account/credits", e.keyA, nil).json(t)
-		if c["spent_micros"].(float64) >= math.Round(gbs*1e9)-1 {
+		if c["spent_micros"].(float64) >= cost-1 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the ledger never took the storage's cost %v: %v", math.Round(gbs*1e9), c)
+			t.Fatalf("the ledger never took the storage's cost %v: %v", cost, c)
 		}
 	}
-	if g := e.do("GET", "/v1/account/usage?group_by=sandbox", e.keyB, nil).json(t)["groups"].([]any); len(g) != 0 {
-		t.Fatalf("B, which keeps nothing: %v", g)
+	if r := e.do("GET", "/v1/account/usage", e.keyB, nil).json(t); r["storage"].(map[string]any)["gb_seconds"] != 0.0 {
+		t.Fatalf("B, which keeps nothing: %v", r)
 	}
 }
 

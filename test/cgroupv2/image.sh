@@ -13,9 +13,10 @@ MIRROR=${SHEEPFOLD_GUEST_MIRROR:-http://deb.debian.org/debian}
 # host), the kernel (its initrd from initramfs-tools loads virtio), udev and
 # kmod for the 9p modules, libseccomp2 for runc, debootstrap because the
 # .deb depends on it, python3 for the isolation tests' unconfined control
-# runs, e2fsprogs (mkfs.ext4) for sandboxes' disks; util-linux (mount,
-# unshare) and coreutils come with minbase.
-PACKAGES=systemd,systemd-sysv,udev,kmod,linux-image-amd64,initramfs-tools,dbus,procps,libseccomp2,debootstrap,python3,e2fsprogs
+# runs, e2fsprogs (mkfs.ext4) for sandboxes' disks, the libraries the
+# host's CRIU links (scripts/criu.sh) and iptables (its network lock);
+# util-linux (mount, unshare, nsenter) and coreutils come with minbase.
+PACKAGES=systemd,systemd-sysv,udev,kmod,linux-image-amd64,initramfs-tools,dbus,procps,libseccomp2,debootstrap,python3,e2fsprogs,libprotobuf-c1,libnl-3-200,libnet1,libnftables1,libbsd0,libgnutls30,libuuid1,iptables
 # Downloaded packages are kept for the next build of the image.
 CACHE=${SHEEPFOLD_GUEST_CACHE:-/var/cache/sheepfold-guest}
 

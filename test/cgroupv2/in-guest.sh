@@ -27,7 +27,7 @@ step() {
 	fi
 }
 
-# The host as a user's: the data dir, runc and the template, the ids
+# The host as a user's: the data dir, runc, CRIU and the template, the ids
 # setup.sh reserves.
 prepare() {
 	mkdir -p $SHEEPFOLD_DATA_DIR/bin $SHEEPFOLD_DATA_DIR/templates/python /opt/ci &&
@@ -35,6 +35,7 @@ prepare() {
 		mount -o ro -L template $SHEEPFOLD_DATA_DIR/templates/python &&
 		cp /ci/* /opt/ci/ &&
 		chmod 0755 /opt/ci && install -m 0755 /ci/runc $SHEEPFOLD_DATA_DIR/bin/runc &&
+		install -m 0755 /ci/criu $SHEEPFOLD_DATA_DIR/bin/criu &&
 		echo "root:1000000:$((65536 * 4097))" >>/etc/subuid &&
 		echo "root:1000000:$((65536 * 4097))" >>/etc/subgid
 }

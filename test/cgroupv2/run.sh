@@ -55,11 +55,11 @@ if [ ! -f "$timg" ]; then
 	mv "$timg.tmp" "$timg"
 fi
 
-# 3. What runs inside: the binaries, the pinned runc and compiled tests.
+# 3. What runs inside: the binaries, the pinned runc and CRIU, and compiled tests.
 out=bin/cgroupv2
 rm -rf "$out"
 mkdir -p "$out"
-cp bin/sheepfold bin/sheepfold-agent bin/sheepfold.deb "$DATA_DIR/bin/runc" test/cgroupv2/in-guest.sh "$out/"
+cp bin/sheepfold bin/sheepfold-agent bin/sheepfold.deb "$DATA_DIR/bin/runc" "$DATA_DIR/bin/criu" test/cgroupv2/in-guest.sh "$out/"
 for pkg in internal/runtime/oci internal/sandbox internal/doctor; do
 	go test -c -o "$out/$(basename "$pkg").test" "./$pkg"
 done

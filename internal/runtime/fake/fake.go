@@ -135,6 +135,10 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	if r.CgroupRoot != "" {
 		args = append(args, "--cgroup-root", r.CgroupRoot)
 	}
+	if s.Lifetime > 0 {
+		// As a Pod's agent: a deadline from the start (runtime.Spec.Lifetime).
+		args = append(args, "--lifetime", s.Lifetime.String())
+	}
 	cmd := exec.Command(r.AgentBin, args...)
 	cmd.Dir = home
 	cmd.Env = append([]string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "LANG=C.UTF-8"}, s.Env...)

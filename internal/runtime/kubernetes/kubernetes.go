@@ -31,6 +31,16 @@
 //     sandbox's tasks whatever their uid, which the agent checks before
 //     anything runs (a node without the plugin fails the Pod).
 //
+// The agent starts with the sandbox's lifetime (runtime.Spec.Lifetime,
+// `--lifetime`: a warm pool member's lease, a sandbox's timeout), which
+// its init keeps until a ping replaces it: a Pod whose server died after
+// posting it, before the first ping, still ends (its Pod then fails and a
+// collector deletes its objects), where it would otherwise run with no
+// deadline, a warm pool member spared by every collector for ever. A Pod
+// whose agent never started (still Pending past StartTimeout, when every
+// create has given up on it) is reported ended by Inventory for the same
+// reason.
+//
 // The server dials the agent at the Pod's IP; the handshake proves both
 // ends (the agent's certificate names its sandbox, so a reused Pod IP
 // never reaches another sandbox).
@@ -753,6 +763,11 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	args = append(args, "--listen-tcp", ":"+strconv.Itoa(r.cfg.AgentPort), "--tls-dir", tlsDir)
 	// The usage history every replica reads the same (E2B's metrics).
 	args = append(args, "--usage-history")
+	if spec.Lifetime > 0 {
+		// A deadline from the start: a Pod whose server died before its
+		// first ping ends anyway (runtime.Spec.Lifetime).
+		args = append(args, "--lifetime", spec.Lifetime.String())
+	}
 	if scratch {
 		args = append(args, "--scratch", oci.HomeSeedPath)
 	}
@@ -1116,8 +1131,9 @@ func (r *Runtime) Attach(ctx context.Context, id string) (*runtime.Instance, err
 }
 
 // Inventory implements runtime.Inventory: every sandbox Pod of this
-// instance, and the Secrets and NetworkPolicies no Pod is left for
-// (a create that failed half-way), as ended.
+// instance (ended when it failed, is being deleted, or is still Pending
+// past StartTimeout), and the Secrets and NetworkPolicies no Pod is left
+// for (a create that failed half-way), as ended.
 func (r *Runtime) Inventory(ctx context.Context) ([]runtime.Held, error) {
 	ns, opt := r.cfg.Namespace, metav1.ListOptions{LabelSelector: r.selector()}
 	pods, err := r.cs.CoreV1().Pods(ns).List(ctx, opt)
@@ -1133,8 +1149,14 @@ func (r *Runtime) Inventory(ctx context.Context) ([]runtime.Held, error) {
 		}
 		seen[id] = true
 		_, done, err := podReady(&p)
+		// A Pod that never ran within StartTimeout has no create
+		// waiting for it (each gives up then and deletes its Pod): its
+		// server died. It is ended, as its agent, which never started,
+		// cannot end it (a warm pool member's would, at its lease).
+		stuck := !done && p.Status.Phase == corev1.PodPending && !p.CreationTimestamp.IsZero() &&
+			time.Since(p.CreationTimestamp.Time) > r.cfg.StartTimeout
 		out = append(out, runtime.Held{ID: id, Created: p.CreationTimestamp.Time, Pool: p.Labels[LabelPool] == "true",
-			Ended: done && err != nil || p.DeletionTimestamp != nil})
+			Ended: done && err != nil || p.DeletionTimestamp != nil || stuck})
 	}
 	orphan := func(id string, created time.Time) {
 		if id != "" && !seen[id] {

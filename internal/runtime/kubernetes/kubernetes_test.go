@@ -215,6 +215,31 @@ func TestCreateFailureLeavesNothing(t *testing.T) {
 	}
 }
 
+// A create whose caller gives up once its Pod was posted (a warm pool's
+// filler at Shutdown) deletes the Pod, its Secret and its NetworkPolicy:
+// the caller, told it failed, owns nothing.
+func TestCreateCancelledLeavesNothing(t *testing.T) {
+	t.Parallel()
+	r, cs := newRuntime(t, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		defer cancel()
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if _, err := cs.CoreV1().Pods(ns).Get(context.Background(), objectName("gone"), metav1.GetOptions{}); err == nil {
+				return
+			}
+		}
+	}()
+	sp := spec("gone")
+	sp.Pool = true
+	if _, err := r.Create(ctx, sp); !errors.Is(err, context.Canceled) {
+		t.Fatalf("create: %v", err)
+	}
+	if ids, err := r.List(context.Background()); err != nil || len(ids) != 0 {
+		t.Fatalf("left behind: %v, %v", ids, err)
+	}
+}
+
 func TestCreateTimesOut(t *testing.T) {
 	t.Parallel()
 	r, _ := newRuntime(t, Config{StartTimeout: 200 * time.Millisecond})
@@ -460,6 +485,43 @@ func TestAttachAndInventory(t *testing.T) {
 	}
 }
 
+// TestInventoryStuckPending: a warm pool member's Pod still Pending past
+// StartTimeout (its server died while it waited to be scheduled; its
+// agent never started, so its lease cannot end it) is ended, and a
+// collector takes it; one younger than that is a create in flight.
+func TestInventoryStuckPending(t *testing.T) {
+	t.Parallel()
+	r, cs := newRuntime(t, Config{StartTimeout: time.Minute})
+	ctx := context.Background()
+	for id, age := range map[string]time.Duration{"stuck": 2 * time.Minute, "young": 30 * time.Second} {
+		sp := spec(id)
+		sp.Pool = true
+		pod, err := r.pod(sp, "image")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod.Namespace, pod.CreationTimestamp = ns, metav1.NewTime(time.Now().Add(-age))
+		pod.Status.Phase = corev1.PodPending
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held, err := r.Inventory(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, h := range held {
+		if !h.Pool {
+			t.Errorf("%s is not a pool member: %+v", h.ID, h)
+		}
+		got[h.ID] = h.Ended
+	}
+	if len(got) != 2 || !got["stuck"] || got["young"] {
+		t.Fatalf("ended: %v, want stuck alone", got)
+	}
+}
+
 // TestCreateAvoidsAbsentKubelet: a Pod bound to a node whose kubelet
 // never takes it is made again away from that node.
 func TestCreateAvoidsAbsentKubelet(t *testing.T) {
@@ -645,6 +707,30 @@ func TestPodPids(t *testing.T) {
 		got, err := PodPids(pod.Annotations)
 		if err != nil || got != tc.pids {
 			t.Errorf("%+v: annotations %v: %d, %v", tc, pod.Annotations, got, err)
+		}
+	}
+}
+
+// A sandbox's agent starts with its lifetime (runtime.Spec.Lifetime):
+// a Pod whose server dies before the first ping, which would have given
+// it one, ends anyway. Without a lifetime the agent has no deadline
+// until a ping sets one.
+func TestPodStartsWithLifetime(t *testing.T) {
+	t.Parallel()
+	r, _ := newRuntime(t, Config{})
+	for _, tc := range []struct {
+		lifetime time.Duration
+		want     string
+	}{{62 * time.Second, "--lifetime 1m2s"}, {0, ""}} {
+		sp := spec("abc")
+		sp.Pool, sp.Lifetime = true, tc.lifetime
+		pod, err := r.pod(sp, "image")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := strings.Join(pod.Spec.Containers[0].Command, " ")
+		if tc.want != "" && !strings.Contains(cmd, " "+tc.want+" ") || tc.want == "" && strings.Contains(cmd, "--lifetime") {
+			t.Errorf("lifetime %v: command %q", tc.lifetime, cmd)
 		}
 	}
 }

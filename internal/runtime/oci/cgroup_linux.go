@@ -198,9 +198,20 @@ var mkCgroup = func(dir string) error { return os.Mkdir(dir, 0o755) }
 // sees both cgroups from its cgroup namespace, whose root is the
 // sandbox's cgroup.
 func (c *cgroups) makeTenant(id string, limit int64, owner int) error {
+	return c.setTenant(id, limit, owner, false)
+}
+
+// restoreTenant is makeTenant after a restore, which finds the tenant's
+// cgroup made already, by CRIU, with the tenant's processes in it
+// (checkpoint_linux.go).
+func (c *cgroups) restoreTenant(id string, limit int64, owner int) error {
+	return c.setTenant(id, limit, owner, true)
+}
+
+func (c *cgroups) setTenant(id string, limit int64, owner int, existing bool) error {
 	d := c.pidsDir(id)
 	t := filepath.Join(d, tenantLeaf)
-	if err := mkCgroup(t); err != nil {
+	if err := mkCgroup(t); err != nil && !(existing && errors.Is(err, os.ErrExist)) {
 		return fmt.Errorf("make the tenant's cgroup: %w", err)
 	}
 	move := []string{filepath.Join(t, "tasks")}

@@ -73,6 +73,11 @@ const DefaultSlots = 4096
 type Config struct {
 	// RuntimePath is the runc (or runsc) binary.
 	RuntimePath string
+	// CriuPath is the CRIU binary runc's checkpoint and restore run
+	// (runtime.Checkpointer); its name must be "criu" (runc runs it by
+	// that name from its PATH). Default: criu beside RuntimePath, where
+	// `make setup` builds it (scripts/criu.sh). Only checkpoints need it.
+	CriuPath string
 	// StateDir holds one directory per engine instance (a server, or one
 	// `sheepfold run`), each with one bundle per sandbox (config.json, the
 	// overlay mount, the agent's socket and log) and the runtime's own state.
@@ -133,6 +138,12 @@ func (c *Config) setDefaults() error {
 	}
 	if !filepath.IsAbs(c.StateDir) {
 		return errors.New("oci: StateDir must be absolute")
+	}
+	if c.CriuPath == "" {
+		c.CriuPath = filepath.Join(filepath.Dir(c.RuntimePath), "criu")
+	}
+	if filepath.Base(c.CriuPath) != "criu" || !filepath.IsAbs(c.CriuPath) {
+		return fmt.Errorf("oci: CriuPath %q must be an absolute path to a file named criu (runc runs it by that name)", c.CriuPath)
 	}
 	if c.CgroupParent == "" {
 		c.CgroupParent = "sheepfold"

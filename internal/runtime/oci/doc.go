@@ -194,6 +194,34 @@
 //     vanish between runc's mkdirs when another instance closed
 //     (TestCreateWhileOthersClose).
 //
+//   - Checkpoint and restore (runtime.Checkpointer, checkpoint_linux.go):
+//     `runc checkpoint` with CRIU (Config.CriuPath, default `criu` beside
+//     runc: 4.2.1 with four patches, built by scripts/criu.sh) writes
+//     every process of the sandbox into a directory (0710, the sandbox's
+//     host group: CRIU's restore reads it as the sandbox's root) and ends
+//     them; runc removes their cgroups, so their memory is freed, while
+//     the bundle, disk, overlay and id range stay (List still finds the
+//     sandbox, Destroy removes it). `runc restore` starts them again in new
+//     cgroups of the spec's limits (the tenant's pids cgroup made again);
+//     CRIU makes a new user namespace with the same maps, owned by the
+//     range's first uid as Create's is (CRIU makes it as that uid: a patch
+//     of ours, told the uid by SHEEPFOLD_CRIU_USERNS_OWNER), whose
+//     NamespaceLimits the restore writes again through nsenter, and a new
+//     network namespace, whose loopback it brings up.
+//     The agent's host objects are CRIU externals: its log (Create makes
+//     stdin, stdout and stderr that one file, group-writable by the
+//     sandbox's host ids so that the restored agent may reopen it), its
+//     listening socket (in the host's network namespace; its inode is the
+//     spec's annotation sheepfold.agent-socket) and the pids cgroup it
+//     holds; the restore hands CRIU a new listener, the log and the new
+//     pids cgroup on runc's stdin, stdout and stderr. The options reach
+//     CRIU through the configuration file the spec's org.criu.config
+//     annotation names (<bundle>/criu.conf, so that the host's
+//     /etc/criu/runc.conf is never read). A checkpoint needs every
+//     connection to the agent closed (the test TestCheckpointNeedsClosedConnections);
+//     a failed one leaves the sandbox running, a failed restore leaves it
+//     checkpointed. Not yet: sandboxes with a network (ErrUnsupported).
+//
 // Imports: internal/runtime (the interface it implements), internal/backoff
 // (the sweep's retries), internal/cgroup (a cgroup's usage counters, read
 // as the agent reads them), the OCI spec types, moby's seccomp profile and mountinfo parser, runc's cgroup

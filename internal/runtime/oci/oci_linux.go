@@ -3,10 +3,8 @@ package oci
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path"
@@ -401,44 +399,37 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 			return nil, err
 		}
 	}
-	spec, err := buildSpec(in)
-	if err != nil {
-		return nil, err
-	}
-	cj, err := json.Marshal(spec)
-	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(b, "config.json"), cj, 0o600); err != nil {
-		return nil, err
-	}
-
-	sock := filepath.Join(b, "agent.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		return nil, fmt.Errorf("agent socket: %w", err)
-	}
-	ln.SetUnlinkOnClose(false)
-	if err := os.Chmod(sock, 0o600); err != nil {
-		ln.Close()
-		return nil, err
-	}
-	lnFile, err := ln.File()
-	ln.Close()
+	// The agent's listening socket, before the spec: the spec names it
+	// (a restore hands the restored agent a new one in its place).
+	sock, lnFile, err := listenAgent(b)
 	if err != nil {
 		return nil, err
 	}
 	defer lnFile.Close()
+	in.AgentSocket, err = socketKey(lnFile)
+	if err != nil {
+		return nil, err
+	}
+	in.CriuConfig = filepath.Join(b, criuConfig)
+	spec, err := buildSpec(in)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeSpec(b, spec); err != nil {
+		return nil, err
+	}
 
-	logf, err := os.OpenFile(filepath.Join(b, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logf, err := openAgentLog(b, base)
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
 
-	// The detached sandbox inherits runc's stdio, so both must be files:
-	// a pipe would stay open as long as the sandbox lives. runc's own
-	// errors land in the same log.
+	// The detached sandbox inherits runc's stdio, so all three must be
+	// files: a pipe would stay open as long as the sandbox lives. runc's
+	// own errors land in the same log. Stdin is the log too (the agent
+	// reads none), so that a checkpoint has one host file to stand in
+	// for, not two (checkpoint_linux.go).
 	// A sandbox with a network is created stopped, given its interface
 	// and only then started; one without is run in one step (one runc
 	// process fewer).
@@ -461,6 +452,7 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	}
 	cmd := o.runc(ctx, append([]string{verb}, args...)...)
 	cmd.ExtraFiles = extra
+	cmd.Stdin = logf
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	ran := time.Now()

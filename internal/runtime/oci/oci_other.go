@@ -27,6 +27,12 @@ func (*OCI) Usage(context.Context, string) (runtime.Usage, error) {
 }
 func (*OCI) List(context.Context) ([]string, error) { return nil, runtime.ErrUnsupported }
 func (*OCI) Close() error                           { return nil }
+func (*OCI) Checkpoint(context.Context, string, string) error {
+	return runtime.ErrUnsupported
+}
+func (*OCI) Restore(context.Context, string, string) (*runtime.Instance, error) {
+	return nil, runtime.ErrUnsupported
+}
 
 // CheckDisks fails: disks of their own need Linux.
 func CheckDisks() error { return fmt.Errorf("%w: disks need Linux", runtime.ErrUnsupported) }

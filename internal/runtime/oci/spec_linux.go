@@ -125,6 +125,11 @@ type specInput struct {
 	// to the memory cgroup), added to the memory limit; 0 for a disk of
 	// its own.
 	DiskInMemory int64
+	// AgentSocket is the key ("socket:[inode]") of the agent's listening
+	// socket, and CriuConfig the file of the sandbox's CRIU options, which
+	// a checkpoint and a restore write (checkpoint_linux.go); both are
+	// annotations of the spec.
+	AgentSocket, CriuConfig string
 }
 
 // writableDir is where the contents of Spec.WritablePaths[i] live on the host.
@@ -167,6 +172,9 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 		},
 		Root:     &specs.Root{Path: in.RootFS, Readonly: s.ReadOnly},
 		Hostname: hostname,
+		// runc gives CRIU the file named by criuConfigAnnotation (an
+		// empty name: none, not even runc's default /etc/criu/runc.conf).
+		Annotations: map[string]string{criuConfigAnnotation: in.CriuConfig, agentSocketAnnotation: in.AgentSocket},
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},

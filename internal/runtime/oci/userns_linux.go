@@ -32,8 +32,9 @@ import (
 // idRange maps Size ids from Inside (in the new namespace) to Host.
 type idRange struct{ Inside, Host, Size uint32 }
 
-// nsTools are the programs that make a user namespace and hold it.
-type nsTools struct{ unshare, cat string }
+// nsTools are the programs that make a user namespace and hold it, and
+// nsenter, which a restore runs in one (setNamespaceLimits).
+type nsTools struct{ unshare, cat, nsenter string }
 
 // findNSTools looks the programs up on the host.
 func findNSTools() (nsTools, error) {
@@ -44,6 +45,9 @@ func findNSTools() (nsTools, error) {
 	}
 	if t.cat, err = exec.LookPath("cat"); err != nil {
 		return t, err
+	}
+	if t.nsenter, err = exec.LookPath("nsenter"); err != nil {
+		return t, fmt.Errorf("util-linux's nsenter: %w", err)
 	}
 	return t, nil
 }
