@@ -28,6 +28,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/metering"
+	"github.com/sheepfold/sheepfold/internal/preview"
 	"github.com/sheepfold/sheepfold/internal/runtime/kubernetes"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/secrets"
@@ -35,6 +36,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/store"
 	"github.com/sheepfold/sheepfold/internal/store/postgres"
 	"github.com/sheepfold/sheepfold/internal/template"
+	"github.com/sheepfold/sheepfold/internal/webhooks"
 )
 
 func serveCmd(cfg *config.Config) *cobra.Command {
@@ -106,13 +108,13 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			default:
 				return fmt.Errorf("--log-format must be text or json, not %q", logFormat)
 			}
-			if err := server.CheckPreviewDomain(previewDomain); err != nil {
+			if err := preview.CheckDomain(previewDomain); err != nil {
 				return fmt.Errorf("--preview-domain: %w", err)
 			}
 			if uploadMB <= 0 {
 				return errors.New("--file-size-upload-mb must be positive")
 			}
-			if err := server.CheckWebhookCIDRs(webhookCIDRs); err != nil {
+			if err := webhooks.CheckCIDRs(webhookCIDRs); err != nil {
 				return fmt.Errorf("--webhook-allow-cidr: %w", err)
 			}
 			if poolSize < 0 {
@@ -162,7 +164,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			); err != nil {
 				return err
 			}
-			if err := server.CheckWebhookHosts(webhookHosts); err != nil {
+			if err := webhooks.CheckHosts(webhookHosts); err != nil {
 				return fmt.Errorf("--webhook-allow-hosts: %w", err)
 			}
 			eopt, err := egressOptions(cmd.Flags())

@@ -57,7 +57,10 @@
 // import it without reaching persistence or transport.
 package events
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Type names an event. Types are append-only and never renamed.
 type Type string
@@ -73,6 +76,17 @@ const (
 	PolicyChanged     Type = "policy.changed"
 	AlertCreated      Type = "alert.created" // an account's alert (internal/server alerts.go)
 )
+
+// Types returns the event types above, in the order they were added (the
+// OpenAPI document's EventType enum).
+func Types() []Type {
+	return []Type{SandboxCreated, SandboxStopped, ExecutionStarted, ExecutionFinished, SecurityViolation,
+		ResourceExceeded, PolicyChanged, AlertCreated}
+}
+
+// Known reports whether t is one of the event types: the types a filter
+// or a webhook may name.
+func Known(t Type) bool { return slices.Contains(Types(), t) }
 
 // Kinds of security_violation (Details["kind"]).
 const (

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/preview"
 )
 
 // Streams: the requests that may stay open for long (an event stream, an
@@ -308,16 +309,16 @@ func (s *Server) holdPreview(owner, id string) (func(), error) {
 
 // previewBusy answers a preview request refused its stream: in E2B's
 // shape for E2B's form, else as a page.
-func (s *Server) previewBusy(w http.ResponseWriter, t previewTarget, err error) {
+func (s *Server) previewBusy(w http.ResponseWriter, t preview.Target, err error) {
 	e := apierr.From(err)
 	if e.RetryAfter > 0 {
 		w.Header().Set("Retry-After", fmt.Sprint(int((e.RetryAfter+time.Second-1)/time.Second)))
 	}
-	if t.form == formE2B {
-		writeJSON(w, e.HTTPStatus(), map[string]any{"sandboxId": t.id, "message": e.Message, "code": e.HTTPStatus()})
+	if t.Form == preview.FormE2B {
+		writeJSON(w, e.HTTPStatus(), map[string]any{"sandboxId": t.ID, "message": e.Message, "code": e.HTTPStatus()})
 		return
 	}
-	previewPage(w, e.HTTPStatus(), "Too many connections", fmt.Sprintf("Sandbox %s's previews have too many connections open: %s.", t.id, e.Message))
+	preview.Page(w, e.HTTPStatus(), "Too many connections", fmt.Sprintf("Sandbox %s's previews have too many connections open: %s.", t.ID, e.Message))
 }
 
 type inProcessKey struct{}

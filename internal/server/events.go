@@ -29,13 +29,6 @@ const (
 	sseHeartbeat = 15 * time.Second
 )
 
-// knownEventTypes are the types a filter may name.
-var knownEventTypes = map[events.Type]bool{
-	events.SandboxCreated: true, events.SandboxStopped: true, events.ExecutionStarted: true,
-	events.ExecutionFinished: true, events.SecurityViolation: true, events.ResourceExceeded: true,
-	events.PolicyChanged: true, events.AlertCreated: true,
-}
-
 // eventQuery is what a listing or a stream asks for.
 type eventQuery struct {
 	filter events.Filter
@@ -56,7 +49,7 @@ func parseEventQuery(r *http.Request, own string, allowSandbox bool) (eventQuery
 			if t == "" {
 				continue
 			}
-			if !knownEventTypes[events.Type(t)] {
+			if !events.Known(events.Type(t)) {
 				return eq, apierr.New(apierr.BadRequest, "unknown event type %q", t)
 			}
 			eq.filter.Types = append(eq.filter.Types, events.Type(t))

@@ -459,7 +459,7 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		if status == 0 && (li.gone || clientGone(r.Context())) {
 			status = statusClientGone
 		}
-		s.metrics.httpRequest(route, status, d)
+		s.metrics.HTTPRequest(route, status, d)
 		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request",
 			slog.String("request_id", requestIDFrom(r.Context())), slog.String("method", r.Method),
 			slog.String("path", r.URL.Path), slog.Int("status", status), slog.Int64("bytes", sw.bytes),

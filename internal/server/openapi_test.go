@@ -13,6 +13,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/server"
 )
 
@@ -52,6 +53,39 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 	sort.Strings(want)
 	if !slices.Equal(got, want) {
 		t.Fatalf("ErrorCode enum %v\nwant (apierr.Status) %v", got, want)
+	}
+}
+
+// TestOpenAPIEventTypes checks that the EventType enum is exactly the
+// types a filter or a webhook may name (events.Known), in their order.
+func TestOpenAPIEventTypes(t *testing.T) {
+	t.Parallel()
+	var doc struct {
+		Components struct {
+			Schemas struct {
+				EventType struct {
+					Enum []string `json:"enum"`
+				} `json:"EventType"`
+			} `json:"schemas"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(api.OpenAPI, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, tp := range events.Types() {
+		want = append(want, string(tp))
+	}
+	if got := doc.Components.Schemas.EventType.Enum; len(got) == 0 || !slices.Equal(got, want) {
+		t.Fatalf("EventType enum %v\nwant (events.Types) %v", got, want)
+	}
+	for _, tp := range want {
+		if !events.Known(events.Type(tp)) {
+			t.Errorf("%s is not known", tp)
+		}
+	}
+	if events.Known("sandbox.exploded") || events.Known("") {
+		t.Error("events.Known knows a type that is not one")
 	}
 }
 

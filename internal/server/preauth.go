@@ -2,9 +2,9 @@ package server
 
 import (
 	"context"
-	"crypto/hmac"
 	"net/http"
 
+	"github.com/sheepfold/sheepfold/internal/preview"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
@@ -22,18 +22,8 @@ import (
 // holds by itself, one HMAC and nothing looked up: the sandbox's preview
 // token, an E2B traffic token of it (whose key previewAllowed checks
 // next), a signed preview parameter or the cookie it set.
-func (s *Server) previewCredentialed(r *http.Request, t previewTarget) bool {
-	if tok := r.Header.Get(previewTokenHeader); tok != "" && hmac.Equal([]byte(tok), []byte(s.previewToken(t.id))) {
-		return true
-	}
-	if tok := r.Header.Get(trafficTokenHeader); tok != "" && s.e2b.IsTrafficToken(t.id, tok) {
-		return true
-	}
-	if v := r.URL.Query().Get(previewParam); v != "" && s.validSigned(t, v) {
-		return true
-	}
-	c, err := r.Cookie(previewParam)
-	return err == nil && s.validSigned(t, c.Value)
+func (s *Server) previewCredentialed(r *http.Request, t preview.Target) bool {
+	return s.previewKeys.Credentialed(r, t, func(tok string) bool { return s.e2b.IsTrafficToken(t.ID, tok) })
 }
 
 // previewMayBePublic reports whether an anonymous preview request for

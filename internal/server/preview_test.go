@@ -458,15 +458,3 @@ func TestPreviewE2BTrafficRules(t *testing.T) {
 		t.Fatalf("unknown sandbox: %d %s", r.status, r.body)
 	}
 }
-
-func TestCheckPreviewDomain(t *testing.T) {
-	t.Parallel()
-	for d, ok := range map[string]bool{
-		"localhost": true, "preview.example.com": true, "a-b.c1": true,
-		"": false, "*.example.com": false, "http://x.com": false, "x.com:8080": false, "-x.com": false, "x..com": false,
-	} {
-		if err := server.CheckPreviewDomain(d); (err == nil) != ok {
-			t.Errorf("%q: %v, want ok %v", d, err, ok)
-		}
-	}
-}

@@ -26,7 +26,7 @@ type tenant struct {
 
 // installHooks connects the engine's hooks to the accounts.
 func (s *Server) installHooks() {
-	h := sandbox.Hooks{AgentCall: s.metrics.agentCallDone}
+	h := sandbox.Hooks{AgentCall: s.metrics.AgentCallDone}
 	if !s.cfg.NoAccounting {
 		h.Admit, h.Stopping = s.admitWork, s.sandboxStopping
 	}
@@ -243,7 +243,7 @@ func (s *Server) afterFlush(ctx context.Context) {
 	if err := s.accounts.Refresh(ctx); err != nil {
 		s.log.Error("refresh accounts", "err", err)
 	}
-	s.alertRules(ctx)
+	s.alerts.Rules(ctx)
 	s.accounts.Each(func(a *account.Account) {
 		if !a.Exhausted() {
 			return

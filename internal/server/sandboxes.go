@@ -273,7 +273,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 		release()
 		return nil, err
 	}
-	s.metrics.created(sb, time.Since(start))
+	s.metrics.Created(sb, time.Since(start))
 	s.started(sb, ad.acct)
 	info := sb.Info()
 	out := sandboxFromInfo(info)

@@ -129,153 +129,83 @@
 //
 // # Metrics
 //
-// internal/server/metrics.go keeps a Prometheus registry per server
-// (github.com/prometheus/client_golang). The request path only adds to
-// counters and histograms: HTTP requests by route pattern (set by the
-// mux wrapper, or `preview` / `e2b`) and code, creates by pool hit or miss
-// and template with their latency, preview bytes (a counting wrapper on
-// each preview connection) and connect time, agent calls by op (the
-// engine's `Hooks.AgentCall`, one atomic load and an observe per call).
-// Executions by status and language with their run time, OOM kills,
-// `resource_exceeded` and `security_violation` come from a bus hook
-// (`execution.finished` carries the language), off the request path,
-// with label values limited to the known kinds, resources, statuses and
-// languages (some are reported from inside the sandbox; anything else is
-// `other`, so sandboxed code cannot grow the registry);
-// sandboxes by state and the warm pool are read from the engine at scrape
-// time; the Go runtime and process collectors add the rest. `/metrics`
-// needs an admin key on the API listener; `serve --metrics-listen` serves
-// it without one on a separate listener meant for a private address.
+// The instruments are internal/metrics's (its doc says what is counted and
+// who sees what); the server serves `/metrics` (admin keys on the API
+// listener, no key on `serve --metrics-listen`) and `GET /v1/metrics`.
 // Logs are log/slog (`--log-format text|json`); each request's line
 // carries `request_id`, `account` and `sandbox` (filled in by the handler
 // that resolved them), method, path, status, bytes and duration.
 //
-// The metrics page polls `GET /v1/metrics` every 2 s and draws rates from
-// successive polls. `/metrics` is admin-only, since it describes every
-// account's work; a dashboard user is an account, so `GET /v1/metrics`
-// (internal/server/metrics_summary.go) gives any key: its own sandboxes by
-// state and its own executions by status, `resource_exceeded` by resource
-// and violations by kind since the server started (counted per owner by
-// the same bus hook that feeds the Prometheus counters); server-wide
-// latency quantiles (p50/p90/p99, estimated from the histograms' buckets as
-// `histogram_quantile` does) of sandbox creates by pool hit/miss,
-// executions by language, agent calls by op and preview connects, without
-// counts, so no account learns how much the others do; and to admin keys
-// only, the server-wide counters and gauges of `/metrics` (sandboxes by
-// state, pool, creates, executions, OOM kills, violations, HTTP requests
-// by route and code, preview traffic, goroutines, heap, RSS, process CPU).
-//
 // # Previews
 //
-// internal/server/preview.go proxies HTTP to ports inside sandboxes with
-// one `httputil.ReverseProxy` whose transport dials `{sandbox id}:{port}`
-// as `Sandbox.DialPort` (agentproto `port.connect`) and keeps those
-// connections alive between requests (64 idle per sandbox port), so a
-// request on a warm connection costs two extra copies through the agent,
-// no new dial; its 32 KiB copy buffers come from a pool and a sandbox's
-// preview token is computed once, so a small GET allocates about 15 kB
-// (BenchmarkPreview). Previews live on origins of their own, on the API's
-// listener: `Server.route` looks at `Host` before anything else. A `Host`
-// under `--preview-domain` (default `localhost`) is the host form
-// `{port}-{id}.{domain}` and reaches only that preview, or internal/e2b for
-// envd's and the interpreter's ports, or a 404 page: never the /v1 mux,
-// the dashboard or E2B's control plane. Any other `Host` is the API's
-// origin, where two forms remain for programs: the path form
-// `/v1/sandboxes/{id}/proxy/{port}/...` (the prefix is cut, and sent as
-// `X-Forwarded-Prefix`), which answers browsers (Fetch Metadata or a
-// `Mozilla/` User-Agent) with a 307 to the host form, and E2B's
-// `E2b-Sandbox-Id`/`E2b-Sandbox-Port` headers for ports other than envd's
-// and the interpreter's (internal/e2b hands them over through
-// `e2b.Config.Ports`). Both are recognised before the /v1 mux, so an
-// app's paths and methods are its own; their bodies are streamed, not
-// bounded by the JSON limit. The proxy's `Rewrite` removes Sheepfold's
-// credentials in every form (and, on the API's origin, every cookie and
-// `Authorization`); its `ModifyResponse` drops what would act on the API's
-// origin and adds `Content-Security-Policy: sandbox` there, and strips
-// `Domain` from an app's cookies on its own origin (docs/security.md,
-// section 2). The dashboard's cookie authenticates nothing on a host that
-// shares a registrable domain with the previews
-// (golang.org/x/net/publicsuffix). The app sees the client's `Host` and
-// `X-Forwarded-For/-Host/-Proto`; upgrades (WebSocket) are hijacked and
-// copied both ways; streamed responses are flushed as they come.
-// Access is decided before anything is dialled: a port made public
-// (`PUT /v1/sandboxes/{id}/ports/{port}`, kept with the server's record
-// of the sandbox), an E2B sandbox created with public traffic (E2B's
-// default; `allowPublicTraffic: false` needs E2B's traffic token), the
-// sandbox's preview token (`Sheepfold-Preview-Token`: an HMAC of the
-// sandbox id under a key drawn at start, so nothing is stored and tokens
-// die with the server, as sandboxes do), or a signed value
-// `<expiry>.<HMAC of sandbox, port, expiry>` given as the `sf_preview`
-// query parameter (which sets an HttpOnly cookie scoped to that host or
-// path and redirects without it) or that cookie. API keys are not preview
-// credentials, and the proxy removes Sheepfold's credentials (token,
-// traffic token, cookie, parameter) and E2B's routing headers before the
-// app sees the request. Refusals and failures are small HTML pages:
-// 401 private, 502 sandbox not running, 502 nothing listening (the
-// agent's `refused`, at once). A dial marks the sandbox active for its
-// idle timeout. `GET /v1/sandboxes/{id}/ports` merges the agent's
-// `port.list` with the public ports and gives each its URLs and a signed
-// URL.
+// What a preview is (its forms, its credentials, the reverse proxy and
+// what it strips from requests and answers) is internal/preview's; the
+// server is its edge (preview.go). Previews live on origins of their own,
+// on the API's listener: `Server.route` looks at `Host` before anything
+// else. A `Host` under `--preview-domain` (default `localhost`) is the
+// host form `{port}-{id}.{domain}` and reaches only that preview, or
+// internal/e2b for envd's and the interpreter's ports, or a 404 page:
+// never the /v1 mux, the dashboard or E2B's control plane. Any other
+// `Host` is the API's origin, where two forms remain for programs: the
+// path form `/v1/sandboxes/{id}/proxy/{port}/...`, which answers browsers
+// with a 307 to the host form, and E2B's `E2b-Sandbox-Id`/
+// `E2b-Sandbox-Port` headers for ports other than envd's and the
+// interpreter's (internal/e2b hands them over through `e2b.Config.Ports`).
+// Both are recognised before the /v1 mux, so an app's paths and methods
+// are its own; their bodies are streamed, not bounded by the JSON limit.
+// Access is decided before anything is dialled (preauth.go, then
+// `servePreview`): the credentials that hold by themselves first, then
+// the running sandbox (on a replica, through its record), then whether
+// the port is public: made public (`PUT /v1/sandboxes/{id}/ports/{port}`,
+// kept with the server's record of the sandbox) or an E2B sandbox created
+// with public traffic (E2B's default; `allowPublicTraffic: false` needs
+// E2B's traffic token). A sandbox not running is a 502 page; a preview
+// holds a stream of its sandbox's owner while it runs (conns.go), and its
+// dial (`Sandbox.DialPort`, agentproto `port.connect`; nothing listening is
+// the agent's `refused`, at once) marks the sandbox active for its idle
+// timeout and is counted by internal/metrics (BenchmarkPreview measures a
+// small GET). `GET /v1/sandboxes/{id}/ports` merges the agent's
+// `port.list` with the public ports and gives each its URLs, a signed URL
+// and the sandbox's preview token.
 //
 // # Webhooks
 //
-// In webhooks.go an owner registers URLs
-// (`POST/GET/DELETE /v1/webhooks`; the signing secret is shown once, at
-// creation, and kept in the store because signing needs it). A bus hook
-// queues a delivery per matching webhook in its account's queue (bounded per
-// account and in all, never blocking the bus); a round-robin scheduler starts
-// deliveries from the accounts with work in turn, at most
-// `Config.WebhookWorkers` (32) in flight and `WebhookAccountWorkers` (4) per
-// account, so one account's hanging receivers hold only its own slots. Each
-// delivery POSTs the event JSON with `Sheepfold-Timestamp` and
-// `Sheepfold-Signature: v1=<hex HMAC-SHA256 of "<timestamp>.<body>">`,
-// retries anything but 2xx after about 1 s, 2 s, 4 s ... (each wait drawn
-// in its upper half by internal/backoff; 6 attempts in all), and logs
-// every attempt (`GET /v1/webhooks/{id}/deliveries`) as delivered or "not
-// delivered": the cause goes to the server's log, and a failed attempt keeps
-// its slot and is recorded only when its whole timeout has passed, so the
-// record and its timing tell nothing of the remote. The server dials webhook
-// destinations itself: it resolves the host and connects through a dialler
-// whose Control hook checks the socket's address (no rebinding between check
-// and connect) with policy.ForbiddenAddr, the egress gateway's
-// classification (loopback, private, CGNAT, link-local, metadata, reserved),
-// and egress.HostAddr (the host's own); those are refused unless in an
-// operator's range (`serve --webhook-allow-cidr`), and link-local, metadata,
-// unspecified and multicast ones always. No redirects, no proxy from the
-// environment; `serve --webhook-allow-hosts` (names, `*.domain`, CIDRs)
-// narrows destinations further. Deliveries still queued or waiting for a
-// retry at shutdown are dropped.
+// Webhooks are internal/webhooks' (its doc says how they are queued,
+// signed, retried and confined); the server serves their endpoints
+// (webhooks.go: `POST/GET/DELETE /v1/webhooks`,
+// `GET /v1/webhooks/{id}/deliveries`) and hands the package its store,
+// bus and `Config.Webhook*` bounds.
 //
 // # Sessions
 //
-// Sessions (internal/server/sessions.go, session_ask.go; `sessions` table,
-// migration 0007) bind a model to a sandbox whose id they share, so the
-// sandbox routes (policy, events, files, usage) serve sessions unchanged and
-// a session ends with its sandbox. `/execute` is the sandbox's execute in the
-// seeds' shape (`output`, `status`, `execution_time_ms`, `error{code,message}`,
-// charts). `/ask` runs the loop in the request: each step is one
-// non-streamed completion through the relay (admitted, metered and priced as every completion, internal/llm, so quotas and fallbacks apply) with a `run_code` tool; tool calls,
-// or fenced code in a text reply, run in the sandbox under its policy and
-// their output (bounded) goes back to the model; a text reply without code
-// is the answer. The loop is bounded by `max_steps` and a time limit (the
-// request's context: a model or an execution still running at the limit is
-// cut, and the answer says `time_limit`); provider errors end the ask with
-// their code and leave the session as it was. The answer separates the
-// model's time from Sheepfold's own.
+// Sessions (sessions.go, session_ask.go; `sessions` table, migration
+// 0007) bind a model to a sandbox whose id they share, so the sandbox
+// routes (policy, events, files, usage) serve sessions unchanged and a
+// session ends with its sandbox. The server creates, admits, finds and
+// ends them and serves their endpoints; what a session does beyond its
+// sandbox is internal/session's: `/execute` answers with its seeds' shape
+// of an execution (`output`, `status`, `execution_time_ms`,
+// `error{code,message}`, charts), and `/ask` runs its loop (session.Ask)
+// in the request, reaching the model relay through the session's account
+// (models.go: admitted, metered and priced as every completion, so quotas
+// and fallbacks apply) and the sandbox through its executions, recorded
+// as every execution is.
 //
 // Imports: internal/sandbox, internal/store, internal/events, internal/auth,
-// internal/account (limits and balances), internal/metering,
-// internal/policy, internal/egress (the host's own addresses, which
-// webhooks do not reach), internal/llm (the model relay), internal/apierr,
-// internal/backoff (webhook retries), internal/bound (the ranges of
-// numbers), internal/secrets (the accounts' secrets), internal/e2b,
-// internal/mcpserver (the /mcp endpoint, with a
-// Go SDK client that calls this server in process), internal/agentproto,
+// internal/account (limits and balances), internal/alerts (which raises
+// alerts; alerts.go serves their endpoints), internal/metering,
+// internal/metrics (the instruments, served by metrics.go),
+// internal/policy, internal/webhooks (which registers webhooks and
+// delivers to them; webhooks.go serves its endpoints), internal/llm (the
+// model relay), internal/apierr, internal/bound (the ranges of numbers),
+// internal/secrets (the accounts' secrets), internal/e2b,
+// internal/mcpserver (the /mcp endpoint, with a Go SDK client that calls this server in process), internal/agentproto,
 // internal/runtime (limits), internal/lang (metric labels, the ask's
 // fence tags, the default language), internal/abort (responses cut
 // short), internal/ui (the dashboard's embedded front end), api (the
-// OpenAPI document) and golang.org/x/net/publicsuffix (which hosts share
-// a site with previews).
+// OpenAPI document), internal/preview (what a preview is: its forms,
+// credentials and proxy) and internal/session (a session's execution
+// shape and its ask loop).
 // Never a runtime implementation: the engine is handed in.
 package server
 
@@ -289,22 +219,27 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sheepfold/sheepfold/internal/abort"
 	"github.com/sheepfold/sheepfold/internal/account"
+	"github.com/sheepfold/sheepfold/internal/alerts"
 	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/metering"
+	"github.com/sheepfold/sheepfold/internal/metrics"
+	"github.com/sheepfold/sheepfold/internal/preview"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/secrets"
 	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/webhooks"
 )
 
 // Config configures a Server. Zero fields take the defaults in brackets.
@@ -404,7 +339,7 @@ type Config struct {
 	// WebhookAllowHosts restricts where webhooks may deliver: host names
 	// (exact, or "*.example.com") and CIDRs. Empty restricts nothing. It
 	// never widens WebhookAllowCIDRs' rule, except that its CIDRs count
-	// as allowed ranges too (webhooks.go).
+	// as allowed ranges too (internal/webhooks).
 	WebhookAllowHosts []string
 	// WebhookAllowCIDRs are the address ranges webhooks may reach
 	// although they are not public (loopback, private, carrier-grade NAT,
@@ -458,21 +393,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.Version == "" {
 		c.Version = "dev"
-	}
-	if c.WebhookRetryBase <= 0 {
-		c.WebhookRetryBase = time.Second
-	}
-	if c.WebhookMaxAttempts <= 0 {
-		c.WebhookMaxAttempts = 6
-	}
-	if c.WebhookTimeout <= 0 {
-		c.WebhookTimeout = 10 * time.Second
-	}
-	if c.WebhookWorkers <= 0 {
-		c.WebhookWorkers = 32
-	}
-	if c.WebhookAccountWorkers <= 0 {
-		c.WebhookAccountWorkers = 4
 	}
 	if c.SweepInterval <= 0 {
 		c.SweepInterval = 2 * time.Second
@@ -548,7 +468,7 @@ type Server struct {
 	routes  []string
 
 	bus         *events.Bus
-	hooks       *webhooks
+	hooks       *webhooks.Service
 	secrets     *secrets.Service
 	ownBus      bool          // bus was made by New, closed by Shutdown
 	streamsDone chan struct{} // closed when Shutdown begins: event streams end
@@ -577,12 +497,12 @@ type Server struct {
 
 	accounts *account.Registry
 	meter    *metering.Meter
-	ui       uiSessions // dashboard logins
-	streams  *streams   // long-lived requests' shares (conns.go)
-	conns    *shedConns // the bound of open connections (conns.go)
-	tenants  sync.Map   // sandbox id → *tenant (quota.go)
-	tenantMu sync.Mutex // guards tenant.released
-	alertQ   chan store.Alert
+	ui       uiSessions     // dashboard logins
+	streams  *streams       // long-lived requests' shares (conns.go)
+	conns    *shedConns     // the bound of open connections (conns.go)
+	tenants  sync.Map       // sandbox id → *tenant (quota.go)
+	tenantMu sync.Mutex     // guards tenant.released
+	alerts   *alerts.Alerts // internal/alerts: raised by callers and rules
 	// flushes counts the metering flushes this server finished (with
 	// what follows each, afterFlush); tests wait on it.
 	flushes atomic.Int64
@@ -596,10 +516,11 @@ type Server struct {
 	keysMu sync.Mutex
 	keys   map[string]keyState
 
-	e2b        *e2b.Handler
-	preview    *httputil.ReverseProxy // preview.go
-	previewKey []byte                 // signs preview tokens and URLs
-	metrics    *metrics
+	e2b         *e2b.Handler
+	preview     *preview.Proxy // preview.go
+	previewKey  []byte         // signs preview tokens and URLs, and E2B's access tokens
+	previewKeys *preview.Keys  // previewKey's preview tokens and signed URLs
+	metrics     *metrics.Metrics
 }
 
 // box is what the server keeps about each live sandbox it created.
@@ -637,13 +558,6 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	if s.bus == nil && st != nil {
 		s.bus, s.ownBus = events.NewBus(EventStore(st), events.BusConfig{Logger: log}), true
 	}
-	dest, err := parseDestinations(cfg.WebhookAllowHosts, cfg.WebhookAllowCIDRs)
-	if err != nil {
-		// Callers check with CheckWebhookHosts and CheckWebhookCIDRs
-		// first; refuse every host but public ones named "\x00".
-		log.Error("webhook destinations", "err", err)
-		dest = &destinations{restrict: true, names: []string{"\x00"}}
-	}
 	s.previewKey = cfg.PreviewKey
 	if len(s.previewKey) == 0 {
 		s.previewKey = make([]byte, 32)
@@ -651,16 +565,25 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 			panic(err) // crypto/rand never fails on Linux
 		}
 	}
-	s.metrics = newMetrics(s)
-	s.streams.refused = s.metrics.streamRefused
-	s.preview = s.newPreviewProxy()
-	s.hooks = newWebhooks(s, dest)
+	mc := metrics.Config{StreamsOpen: s.streams.open, ConnectionsShed: s.conns.shedCount,
+		Collectors: []prometheus.Collector{&storageCollector{s: s}}, Logger: log}
+	if m != nil {
+		mc.Engine = m
+	}
+	s.metrics = metrics.New(mc)
+	s.streams.refused = s.metrics.StreamRefused
+	s.previewKeys = preview.NewKeys(s.previewKey)
+	s.preview = preview.NewProxy(preview.ProxyConfig{Dial: s.dialPreview, Logger: s.log, RequestID: requestIDFrom,
+		StripHeaders: []string{uiHeader}, StripCookies: []string{uiCookie}})
+	s.hooks = webhooks.New(webhooks.Config{AllowHosts: cfg.WebhookAllowHosts, AllowCIDRs: cfg.WebhookAllowCIDRs,
+		Timeout: cfg.WebhookTimeout, Workers: cfg.WebhookWorkers, AccountWorkers: cfg.WebhookAccountWorkers,
+		RetryBase: cfg.WebhookRetryBase, MaxAttempts: cfg.WebhookMaxAttempts, Logger: log}, st)
 	s.secrets = cfg.Secrets
 	if s.secrets == nil && st != nil {
 		s.secrets = ownSecrets(st)
 	}
 	if st != nil {
-		if err := s.hooks.start(context.Background()); err != nil {
+		if err := s.hooks.Start(context.Background(), s.bus); err != nil {
 			log.Error("load webhooks: none will be delivered", "err", err)
 		}
 	}
@@ -678,15 +601,22 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	if m != nil {
 		s.installHooks()
 	}
-	s.alertQ = make(chan store.Alert, 256)
+	ac := alerts.Config{Store: st, Accounts: s.accounts, Logger: log, NewID: func() string { return newID("alert_") }}
+	if s.bus != nil {
+		ac.Emit = s.bus.Emit
+	}
+	s.alerts = alerts.New(ac)
 	if st != nil {
 		s.sweeper.Add(1)
-		go s.alertWriter()
+		go func() {
+			defer s.sweeper.Done()
+			s.alerts.Run(s.stop)
+		}()
 		if s.bus != nil && !cfg.NoAccounting {
-			s.bus.OnEvent(s.onSecurityEvent)
+			s.bus.OnEvent(s.alerts.OnEvent)
 		}
 		if s.bus != nil {
-			s.bus.OnEvent(s.metrics.onEvent)
+			s.bus.OnEvent(s.metrics.OnEvent)
 		}
 	}
 	mux := http.NewServeMux()
@@ -784,7 +714,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		cancel()
 	}
 	s.retire()
-	s.hooks.stop()
+	s.hooks.Stop()
 	if s.ownBus {
 		s.bus.Close()
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/session"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
@@ -21,7 +21,7 @@ import (
 // session's id is its sandbox's, so every sandbox route (policy, events,
 // files, usage) takes it too; deleting either ends both. The session adds
 // the seeds' execute shape (/execute) and the model loop (/ask,
-// session_ask.go).
+// session_ask.go; both internal/session's).
 
 func (s *Server) sessionRoutes(add addFunc) {
 	add("POST /v1/sessions", true, s.createSession)
@@ -232,81 +232,11 @@ type sessionExecRequest struct {
 	TimeoutMS *int64 `json:"timeout_ms"`
 }
 
-// execErrorJSON is why an execution did not succeed: a stable code when
-// Sheepfold stopped it (ERR_SANDBOX_TIMEOUT, ERR_MODULE_BLOCKED,
-// ERR_NETWORK_RESTRICTED ...), else the code's own exception.
-type execErrorJSON struct {
-	Code      string `json:"code,omitempty"`
-	Message   string `json:"message"`
-	Name      string `json:"name,omitempty"`
-	Traceback string `json:"traceback,omitempty"`
-}
-
-// chartJSON is an image an execution produced (base64).
-type chartJSON struct {
-	Format string `json:"format"`
-	Data   string `json:"data"`
-}
-
-// sessionExecJSON is the seeds' execution shape, with charts.
-type sessionExecJSON struct {
-	Code            string         `json:"code,omitempty"`
-	Language        string         `json:"language,omitempty"`
-	Output          string         `json:"output"`
-	Status          string         `json:"status"`
-	ExecutionTimeMS float64        `json:"execution_time_ms"`
-	Error           *execErrorJSON `json:"error"`
-	Charts          []chartJSON    `json:"charts"`
-	Results         []string       `json:"results,omitempty"` // text of the trailing expression and display() calls
-}
-
-// networkRestrictedMessage is seed 002's message for a network call in a
-// sandbox without network.
-const networkRestrictedMessage = "Network access is restricted in sandbox mode"
-
-// sessionExecOf turns an engine execution into the seeds' shape.
-func sessionExecOf(ex *sandbox.Execution, timeout time.Duration) sessionExecJSON {
-	out := sessionExecJSON{Output: ex.Stdout + ex.Stderr, Status: ex.Status, ExecutionTimeMS: ex.ExecutionTimeMS, Charts: []chartJSON{}}
-	for _, res := range ex.Results {
-		switch {
-		case res.PNG != "":
-			out.Charts = append(out.Charts, chartJSON{Format: "png", Data: res.PNG})
-		case res.JPEG != "":
-			out.Charts = append(out.Charts, chartJSON{Format: "jpeg", Data: res.JPEG})
-		case res.SVG != "":
-			out.Charts = append(out.Charts, chartJSON{Format: "svg", Data: res.SVG})
-		case res.Text != "":
-			out.Results = append(out.Results, res.Text)
-		}
-	}
-	if ex.Status == sandbox.ExecSuccess {
-		return out
-	}
-	e := &execErrorJSON{Code: string(ex.ErrorCode)}
-	if ex.Error != nil {
-		e.Name, e.Message, e.Traceback = ex.Error.Name, ex.Error.Value, ex.Error.Traceback
-	}
-	if ex.ErrorCode == apierr.SandboxTimeout || ex.Status == sandbox.ExecTimeout {
-		e.Code = string(apierr.SandboxTimeout)
-		e.Message = fmt.Sprintf("Sandbox execution timeout after %dms", timeout.Milliseconds())
-	}
-	if ex.ErrorCode == apierr.NetworkRestricted {
-		// The seeds' message, whatever the language's own error said
-		// (urllib's URLError, Node's getaddrinfo, curl's).
-		e.Message = networkRestrictedMessage
-	}
-	if e.Message == "" {
-		e.Message = strings.TrimSpace(ex.Stderr)
-	}
-	out.Error = e
-	return out
-}
-
 // runInSession runs code in a session's sandbox and records it.
-func (s *Server) runInSession(r *http.Request, b *box, code, lang string, timeoutMS *int64) (sessionExecJSON, error) {
+func (s *Server) runInSession(r *http.Request, b *box, code, lang string, timeoutMS *int64) (session.Execution, error) {
 	timeout, err := b.execTimeoutFor(timeoutMS)
 	if err != nil {
-		return sessionExecJSON{}, err
+		return session.Execution{}, err
 	}
 	if timeout == 0 {
 		timeout = sandbox.DefaultExecTimeout
@@ -316,9 +246,9 @@ func (s *Server) runInSession(r *http.Request, b *box, code, lang string, timeou
 	ex, err := b.sb.Execute(r.Context(), ereq, nil)
 	rec.End(ex, err)
 	if err != nil {
-		return sessionExecJSON{}, err
+		return session.Execution{}, err
 	}
-	return sessionExecOf(ex, timeout), nil
+	return session.ExecutionOf(ex, timeout), nil
 }
 
 func (s *Server) sessionExecute(w http.ResponseWriter, r *http.Request) error {

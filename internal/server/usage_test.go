@@ -107,9 +107,16 @@ func TestUsage(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	rows, err := e.store.QueryUsage(context.Background(), storeFilter(id))
-	if err != nil || len(rows) != 1 || rows[0].CPUNanos != 2e9 || rows[0].Executions != 2 || rows[0].Commands != 1 {
-		t.Fatalf("stored %+v, %v", rows, err)
+	// The report adds the deltas not yet flushed (Meter.Pending): the
+	// flush the stop asked for reaches the store on the meter's loop.
+	var rows []store.UsageRow
+	waitFor(t, "the stop's flush", func() bool {
+		var err error
+		rows, err = e.store.QueryUsage(context.Background(), storeFilter(id))
+		return err == nil && len(rows) == 1 && rows[0].CPUNanos == 2e9
+	})
+	if rows[0].Executions != 2 || rows[0].Commands != 1 {
+		t.Fatalf("stored %+v", rows)
 	}
 	// Other accounts see nothing; bad parameters name themselves.
 	if g := e.do("GET", "/v1/account/usage?group_by=template", e.keyB, nil).json(t)["groups"].([]any); len(g) != 0 {

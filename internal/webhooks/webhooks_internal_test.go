@@ -1,4 +1,4 @@
-package server
+package webhooks
 
 import (
 	"context"
@@ -14,15 +14,13 @@ import (
 
 // testHooks returns a webhook dialler over the operator's rules, whose
 // names resolve to *answer.
-func testHooks(t *testing.T, hosts, cidrs []string, answer *[]string) *webhooks {
+func testHooks(t *testing.T, hosts, cidrs []string, answer *[]string) *Service {
 	t.Helper()
 	dest, err := parseDestinations(hosts, cidrs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{cfg: Config{}}
-	s.cfg.setDefaults()
-	w := newWebhooks(s, dest)
+	w := newService(Config{}, nil, dest)
 	w.lookup = func(context.Context, string) ([]netip.Addr, error) {
 		var out []netip.Addr
 		for _, a := range *answer {
@@ -150,10 +148,8 @@ func TestWebhookScheduler(t *testing.T) {
 		owner   string
 		release chan struct{}
 	}
-	sched := func(workers, per int) (*webhooks, chan started) {
-		s := &Server{cfg: Config{WebhookWorkers: workers, WebhookAccountWorkers: per}}
-		s.cfg.setDefaults()
-		w := newWebhooks(s, &destinations{})
+	sched := func(workers, per int) (*Service, chan started) {
+		w := newService(Config{Workers: workers, AccountWorkers: per}, nil, &destinations{})
 		ch := make(chan started, 100)
 		done := make(chan struct{}) // ends every delivery at cleanup
 		w.send = func(d delivery) {
@@ -166,11 +162,11 @@ func TestWebhookScheduler(t *testing.T) {
 		}
 		t.Cleanup(func() {
 			close(done)
-			w.stop()
+			w.Stop()
 		})
 		return w, ch
 	}
-	push := func(w *webhooks, own string, n int) {
+	push := func(w *Service, own string, n int) {
 		for range n {
 			w.push(delivery{hook: storeWebhook(own)})
 		}

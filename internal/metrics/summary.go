@@ -1,14 +1,12 @@
-package server
+package metrics
 
 import (
-	"net/http"
 	"sort"
 	"sync"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/events"
 )
 
@@ -86,34 +84,39 @@ func (o *ownCounts) of(owner string) (executions, exceeded, violations map[strin
 // latencyJSON is a histogram's quantiles in seconds, estimated as
 // Prometheus's histogram_quantile does (linear within a bucket); null
 // when nothing was observed.
-type latencyJSON struct {
+type Latency struct {
 	P50 float64 `json:"p50"`
 	P90 float64 `json:"p90"`
 	P99 float64 `json:"p99"`
 }
 
-type metricsSummary struct {
-	At      time.Time          `json:"at"`
-	Account accountMetricsJSON `json:"account"`
-	Server  serverMetricsJSON  `json:"server"`
-	Admin   *adminMetricsJSON  `json:"admin,omitempty"`
+// Summary is the answer of GET /v1/metrics.
+type Summary struct {
+	At      time.Time      `json:"at"`
+	Account AccountFigures `json:"account"`
+	Server  ServerFigures  `json:"server"`
+	Admin   *AdminFigures  `json:"admin,omitempty"`
 }
 
-type accountMetricsJSON struct {
+// AccountFigures are the caller's own; Sandboxes is the caller's to
+// fill (the server knows its sandboxes' owners).
+type AccountFigures struct {
 	Sandboxes          map[string]int   `json:"sandboxes"`
 	Executions         map[string]int64 `json:"executions"`
 	ResourceExceeded   map[string]int64 `json:"resource_exceeded"`
 	SecurityViolations map[string]int64 `json:"security_violations"`
 }
 
-type serverMetricsJSON struct {
-	CreateSeconds         map[string]*latencyJSON `json:"create_seconds"`
-	ExecutionSeconds      map[string]*latencyJSON `json:"execution_seconds"`
-	AgentCallSeconds      map[string]*latencyJSON `json:"agent_call_seconds"`
-	PreviewConnectSeconds *latencyJSON            `json:"preview_connect_seconds"`
+// ServerFigures are the latencies every account gets.
+type ServerFigures struct {
+	CreateSeconds         map[string]*Latency `json:"create_seconds"`
+	ExecutionSeconds      map[string]*Latency `json:"execution_seconds"`
+	AgentCallSeconds      map[string]*Latency `json:"agent_call_seconds"`
+	PreviewConnectSeconds *Latency            `json:"preview_connect_seconds"`
 }
 
-type adminMetricsJSON struct {
+// AdminFigures are the server-wide figures, for admin keys.
+type AdminFigures struct {
 	Sandboxes          map[string]float64 `json:"sandboxes"`
 	PoolReady          float64            `json:"pool_ready"`
 	Creates            map[string]float64 `json:"creates"`
@@ -130,32 +133,22 @@ type adminMetricsJSON struct {
 	ResidentBytes      float64            `json:"resident_bytes"`
 }
 
-func (s *Server) metricsSummaryRoutes(add addFunc) {
-	add("GET /v1/metrics", true, s.metricsSummary)
-}
+// Summary returns the figures of the metrics that owner may see: its own
+// event counts (not its sandboxes: Account.Sandboxes is the caller's to
+// fill), the service's latencies, and with admin the server-wide figures.
+func (m *Metrics) Summary(owner string, admin bool) (*Summary, error) {
+	out := &Summary{At: time.Now().UTC()}
+	out.Account.Executions, out.Account.ResourceExceeded, out.Account.SecurityViolations = m.own.of(owner)
 
-func (s *Server) metricsSummary(w http.ResponseWriter, r *http.Request) error {
-	own := owner(r)
-	out := metricsSummary{At: time.Now().UTC()}
-	out.Account.Sandboxes = map[string]int{}
-	s.mu.Lock()
-	for _, b := range s.boxes {
-		if b.sb != nil && b.owner == own {
-			out.Account.Sandboxes[string(b.sb.State())]++
-		}
-	}
-	s.mu.Unlock()
-	out.Account.Executions, out.Account.ResourceExceeded, out.Account.SecurityViolations = s.metrics.own.of(own)
-
-	fams, err := s.metrics.reg.Gather()
+	fams, err := m.reg.Gather()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	out.Server = serverMetricsJSON{CreateSeconds: map[string]*latencyJSON{}, ExecutionSeconds: map[string]*latencyJSON{},
-		AgentCallSeconds: map[string]*latencyJSON{}}
-	var ad *adminMetricsJSON
-	if p, _ := auth.PrincipalFrom(r.Context()); p.Admin() {
-		ad = &adminMetricsJSON{Sandboxes: map[string]float64{}, Creates: map[string]float64{}, Executions: map[string]float64{},
+	out.Server = ServerFigures{CreateSeconds: map[string]*Latency{}, ExecutionSeconds: map[string]*Latency{},
+		AgentCallSeconds: map[string]*Latency{}}
+	var ad *AdminFigures
+	if admin {
+		ad = &AdminFigures{Sandboxes: map[string]float64{}, Creates: map[string]float64{}, Executions: map[string]float64{},
 			ResourceExceeded: map[string]float64{}, SecurityViolations: map[string]float64{}, HTTPRequests: map[string]float64{},
 			PreviewBytes: map[string]float64{}}
 		out.Admin = ad
@@ -170,7 +163,7 @@ func (s *Server) metricsSummary(w http.ResponseWriter, r *http.Request) error {
 		case "sheepfold_agent_call_duration_seconds":
 			mergeQuantiles(out.Server.AgentCallSeconds, f, "op")
 		case "sheepfold_preview_connect_duration_seconds":
-			one := map[string]*latencyJSON{}
+			one := map[string]*Latency{}
 			mergeQuantiles(one, f, "")
 			out.Server.PreviewConnectSeconds = one[""]
 		}
@@ -211,8 +204,7 @@ func (s *Server) metricsSummary(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
-	return nil
+	return out, nil
 }
 
 func label(m *dto.Metric, name string) string {
@@ -226,7 +218,7 @@ func label(m *dto.Metric, name string) string {
 
 // mergeQuantiles adds f's histograms, summed over every label but by,
 // to into as quantiles; a group with no observation is left out.
-func mergeQuantiles(into map[string]*latencyJSON, f *dto.MetricFamily, by string) {
+func mergeQuantiles(into map[string]*Latency, f *dto.MetricFamily, by string) {
 	type acc struct {
 		count  uint64
 		bounds []float64
@@ -263,7 +255,7 @@ func mergeQuantiles(into map[string]*latencyJSON, f *dto.MetricFamily, by string
 			continue
 		}
 		q := func(p float64) float64 { return bucketQuantile(p, a.count, a.bounds, a.cum) }
-		into[k] = &latencyJSON{P50: q(0.5), P90: q(0.9), P99: q(0.99)}
+		into[k] = &Latency{P50: q(0.5), P90: q(0.9), P99: q(0.99)}
 	}
 }
 
