@@ -199,7 +199,8 @@
 // delivers to them; webhooks.go serves its endpoints), internal/llm (the
 // model relay), internal/apierr, internal/bound (the ranges of numbers),
 // internal/secrets (the accounts' secrets), internal/e2b,
-// internal/mcpserver (the /mcp endpoint, with a Go SDK client that calls this server in process), internal/agentproto,
+// internal/mcpserver (the /mcp endpoint, with a Go SDK client that
+// calls this server in process), internal/agentproto,
 // internal/runtime (limits), internal/lang (metric labels, the ask's
 // fence tags, the default language), internal/abort (responses cut
 // short), internal/ui (the dashboard's embedded front end), api (the
