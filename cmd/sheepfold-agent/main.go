@@ -76,6 +76,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/agenttls"
 	"github.com/sheepfold/sheepfold/internal/kernel"
 	"github.com/sheepfold/sheepfold/internal/lang"
+	"github.com/sheepfold/sheepfold/internal/osthread"
 )
 
 // version is set at build time: -ldflags "-X main.version=...".
@@ -428,10 +429,16 @@ func runInit(args []string) int {
 		files = append(files, pidsCgroup) // servePidsFD
 		args = append([]string{fmt.Sprintf("--pids-cgroup-fd=%d", servePidsFD)}, args...)
 	}
-	proc, err := os.StartProcess("/proc/self/exe", append([]string{os.Args[0], "serve", "--lifetime-fd"}, args...), &os.ProcAttr{
-		Files: files,
-		// If init dies, serve must not live on outside its pid 1.
-		Sys: &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL},
+	// If init dies, serve must not live on outside its pid 1: its
+	// Pdeathsig, from the thread that never ends (osthread.Kept), so that
+	// no thread of init's that ends sends it.
+	var proc *os.Process
+	err = osthread.Kept(func() (err error) {
+		proc, err = os.StartProcess("/proc/self/exe", append([]string{os.Args[0], "serve", "--lifetime-fd"}, args...), &os.ProcAttr{
+			Files: files,
+			Sys:   &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL},
+		})
+		return err
 	})
 	if ln != nil {
 		ln.Close() // serve owns the listener now

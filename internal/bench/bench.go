@@ -42,6 +42,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/cgroup"
 	"github.com/sheepfold/sheepfold/internal/config"
 	"github.com/sheepfold/sheepfold/internal/llm/llmtest"
+	"github.com/sheepfold/sheepfold/internal/osthread"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/template"
 )
@@ -438,7 +439,7 @@ func startBenchServer(ctx context.Context, cfg config.Config, pool int, name str
 	s.cmd.Env = env
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := s.cmd.Start(); err != nil {
+	if err := osthread.Kept(s.cmd.Start); err != nil { // the Pdeathsig
 		logf.Close()
 		return fail(err)
 	}

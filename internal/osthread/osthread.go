@@ -8,6 +8,11 @@
 // (it would keep it, wedged, with the changed credentials, and
 // /proc/<pid>/status shows the main thread's credentials as the process's).
 //
+// Because Go ends threads so, a process started with a Pdeathsig from an
+// ordinary goroutine dies when that goroutine's thread happens to be the
+// next one ended; Kept starts such processes on the one thread that never
+// ends (kept.go).
+//
 // Imports: the standard library and x/sys only (the agent and the runtime
 // both use it).
 package osthread

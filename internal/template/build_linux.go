@@ -17,6 +17,8 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/sheepfold/sheepfold/internal/osthread"
 )
 
 const noFollow = unix.O_NOFOLLOW
@@ -277,7 +279,8 @@ func commandEnv(extra ...string) []string {
 
 // commandAttrs puts a build command in its own process group, killed with
 // it on cancellation, and (as root) in a private mount namespace, so no
-// mount it makes outlives it or shows on the host. Without root nothing can
+// mount it makes outlives it or shows on the host. Its Pdeathsig needs it
+// started through osthread.Kept. Without root nothing can
 // mount anyway (and debootstrap refuses to run).
 func commandAttrs(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -336,7 +339,7 @@ func (b *builder) debootstrap(ctx context.Context, rootfs string) error {
 	}
 	defer pr.Close()
 	cmd.ExtraFiles = []*os.File{pw} // fd 3
-	err = cmd.Start()
+	err = osthread.Kept(cmd.Start)  // its Pdeathsig: commandAttrs
 	pw.Close()
 	if err != nil {
 		return err
@@ -367,7 +370,10 @@ func (b *builder) warmPython(ctx context.Context, rootfs string) error {
 	cmd.Stderr = b.log
 	commandAttrs(cmd)
 	cmd.SysProcAttr.Chroot = rootfs
-	return cmd.Run()
+	if err := osthread.Kept(cmd.Start); err != nil { // its Pdeathsig: commandAttrs
+		return err
+	}
+	return cmd.Wait()
 }
 
 // chownTree gives dir and everything under it to uid:gid, not following

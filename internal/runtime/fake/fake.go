@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/osthread"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
 
@@ -149,7 +150,9 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	}
 	defer logf.Close()
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	// On the thread that never ends: the agent's Pdeathsig comes when the
+	// process that started it ends, not when a thread of it does.
+	if err := osthread.Kept(cmd.Start); err != nil {
 		return nil, err
 	}
 	r.mu.Lock()

@@ -39,6 +39,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/sheepfold/sheepfold/internal/osthread"
 )
 
 // binGlob is where Debian's postgresql-NN packages put the server binaries.
@@ -135,7 +137,7 @@ func Start(ctx context.Context) (*Server, error) {
 	// SIGQUIT, an immediate shutdown. Go sets it after the credential
 	// change, which would otherwise clear it.
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGQUIT}
-	if err := s.cmd.Start(); err != nil {
+	if err := osthread.Kept(s.cmd.Start); err != nil { // the Pdeathsig: from a thread that never ends
 		return nil, fmt.Errorf("start postgres: %w", err)
 	}
 	go func() {
