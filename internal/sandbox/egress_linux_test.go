@@ -962,18 +962,30 @@ func TestEgressPortReuse(t *testing.T) {
 	}
 	s := w.sandbox(t, m, sandbox.CreateOptions{Policy: allowlist("api.test")})
 	got := py(t, s, `
-import random, socket
+import errno, random, socket, time
 port = random.randrange(40000, 50000)
 out = []
 for _ in range(2):
-    c = socket.socket()
-    c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    c.bind(("", port))
-    c.settimeout(5)
-    try:
-        c.connect(("api.test", 80))
-    except OSError as e:
-        out.append("connect: %s" % e)
+    # As on the host: the sandbox's end of the first connection may still
+    # be closing (LAST_ACK, until the gateway acknowledges its FIN) when
+    # the second is made, and its tuple is taken (EADDRNOTAVAIL) until it
+    # is gone; a SYN the gateway drops times out instead.
+    deadline = time.time() + 5
+    while True:
+        c = socket.socket()
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        c.bind(("", port))
+        c.settimeout(5)
+        try:
+            c.connect(("api.test", 80))
+            break
+        except OSError as e:
+            c.close()
+            if e.errno != errno.EADDRNOTAVAIL or time.time() > deadline:
+                out.append("connect: %s" % e)
+                break
+            time.sleep(0.01)
+    if out and out[-1].startswith("connect: "):
         break
     c.sendall(b"GET / HTTP/1.0\r\nHost: api.test\r\n\r\n")  # the server closes first
     data = b""
