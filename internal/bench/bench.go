@@ -7,8 +7,8 @@
 // Imports: internal/engine (to open the host's engine, as serve does),
 // internal/sandbox, internal/config, internal/template, internal/policy,
 // internal/egress and internal/agentproto for its scenarios, internal/cgroup
-// (a sandbox's memory on this host),
-// internal/llm/llmtest (a scripted model provider for the sessions
+// (a sandbox's memory on this host), internal/osthread (the server it
+// starts has a Pdeathsig), internal/llm/llmtest (a scripted model provider for the sessions
 // scenario), the Go SDK (client) to drive the server, and the standard
 // library.
 package bench

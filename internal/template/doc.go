@@ -28,7 +28,7 @@
 // host; it is Linux only (build_other.go fails with a clear error).
 // Reading templates (Get, List) works anywhere.
 //
-// This package imports only the standard library, golang.org/x/sys and
-// moby's mountinfo parser; it knows nothing of sandboxes, the runtime or
-// the server.
+// This package imports only the standard library, golang.org/x/sys,
+// moby's mountinfo parser and internal/osthread (its build commands'
+// Pdeathsig); it knows nothing of sandboxes, the runtime or the server.
 package template

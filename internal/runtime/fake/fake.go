@@ -3,7 +3,8 @@
 // temporary root, and no isolation at all. Use it to test the engine and
 // the transports without root; never to run untrusted code.
 //
-// Imports: internal/runtime and the standard library.
+// Imports: internal/runtime, internal/osthread (an agent's Pdeathsig) and
+// the standard library.
 package fake
 
 import (

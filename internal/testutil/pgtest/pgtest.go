@@ -16,8 +16,8 @@
 // As root the server runs as the postgres system user (initdb refuses
 // root); otherwise as the caller.
 //
-// Imports: github.com/jackc/pgx/v5 (to create and drop databases) and the
-// standard library.
+// Imports: github.com/jackc/pgx/v5 (to create and drop databases),
+// internal/osthread (the postmaster's Pdeathsig) and the standard library.
 package pgtest
 
 import (
