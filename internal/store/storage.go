@@ -217,6 +217,11 @@ type StorageCharge struct {
 	GBSeconds float64 // Bytes (in GB of 2^30 bytes) × Seconds
 }
 
+// Charge is what keeping bytes over span charges account.
+func Charge(account string, bytes int64, span time.Duration) StorageCharge {
+	return StorageCharge{Account: account, Bytes: bytes, Seconds: span.Seconds(), GBSeconds: float64(bytes) / (1 << 30) * span.Seconds()}
+}
+
 // StorageHour is an account's storage GB-seconds in one hour.
 type StorageHour struct {
 	Hour      time.Time

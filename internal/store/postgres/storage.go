@@ -256,8 +256,7 @@ func (s *Store) MeterStorage(ctx context.Context, now time.Time) ([]store.Storag
 			last = *k.last
 		}
 		if span := store.StorageSpan(last, now); span > 0 {
-			c := store.StorageCharge{Account: k.account, Bytes: k.bytes, Seconds: span.Seconds(),
-				GBSeconds: float64(k.bytes) / (1 << 30) * span.Seconds()}
+			c := store.Charge(k.account, k.bytes, span)
 			if _, err := tx.Exec(ctx, `INSERT INTO storage_hours AS h (account_id, hour, gb_seconds) VALUES ($1, $2, $3)
 				ON CONFLICT (account_id, hour) DO UPDATE SET gb_seconds = h.gb_seconds + excluded.gb_seconds`,
 				k.account, now.Truncate(time.Hour), c.GBSeconds); err != nil {

@@ -252,10 +252,8 @@ func (d *DB) MeterStorage(ctx context.Context, now time.Time) ([]store.StorageCh
 	hour, at := fmtTime(now.Truncate(time.Hour)), fmtTime(now)
 	var out []store.StorageCharge
 	for _, k := range all {
-		span := store.StorageSpan(k.last, now)
-		if span > 0 {
-			c := store.StorageCharge{Account: k.account, Bytes: k.bytes, Seconds: span.Seconds(),
-				GBSeconds: float64(k.bytes) / (1 << 30) * span.Seconds()}
+		if span := store.StorageSpan(k.last, now); span > 0 {
+			c := store.Charge(k.account, k.bytes, span)
 			if _, err := tx.ExecContext(ctx, `INSERT INTO storage_hours (account_id, hour, gb_seconds) VALUES (?, ?, ?)
 				ON CONFLICT (account_id, hour) DO UPDATE SET gb_seconds = gb_seconds + excluded.gb_seconds`,
 				k.account, hour, c.GBSeconds); err != nil {
