@@ -60,6 +60,35 @@ func checkpointsDir(t *testing.T) string {
 	return d
 }
 
+// checkpointable starts sandbox id of a Python template on a runtime of
+// its own (instance name), which must have the set-up's CRIU; the runtime
+// is closed when the test ends. The caller defers destroyChecked, so that
+// the sandbox goes before the test's own directories (its checkpoints).
+func checkpointable(t *testing.T, name, id string, lim runtime.Limits) (*OCI, *runtime.Instance) {
+	t.Helper()
+	o, err := New(testConfig(t, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { o.Close() })
+	if err := o.criuReady(); err != nil {
+		t.Fatalf("%v: run `make setup`", err) // root: CI has it
+	}
+	inst, err := o.Create(context.Background(), runtime.Spec{ID: id, RootFS: testutil.TemplateRootFS(t, "python"), Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o, inst
+}
+
+// destroyChecked destroys sandbox id and checks that nothing of it is left.
+func destroyChecked(t *testing.T, o *OCI, id string) {
+	if err := o.Destroy(context.Background(), id); err != nil {
+		t.Error(err)
+	}
+	assertGone(t, o, id)
+}
+
 // nsOwner is the host uid owning the user namespace of pid.
 func nsOwner(pid int) (uint32, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
@@ -99,27 +128,10 @@ func memoryCharged(t *testing.T, o *OCI) int64 {
 // objects that the second checkpoint must find; then a checkpointed
 // sandbox is destroyed.
 func TestCheckpointRestore(t *testing.T) {
-	o, err := New(testConfig(t, "ckpt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Close()
-	if err := o.criuReady(); err != nil {
-		t.Fatalf("%v: run `make setup`", err) // root: CI has it
-	}
 	ctx := context.Background()
 	const id = "ckpt"
-	inst, err := o.Create(ctx, runtime.Spec{ID: id, RootFS: testutil.TemplateRootFS(t, "python"),
-		Limits: runtime.Limits{MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 64 << 20}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := o.Destroy(ctx, id); err != nil {
-			t.Error(err)
-		}
-		assertGone(t, o, id)
-	}()
+	o, inst := checkpointable(t, "ckpt", id, runtime.Limits{MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 64 << 20})
+	defer destroyChecked(t, o, id)
 	out := execPython(t, inst.Socket, `
 import hashlib, os, socket, subprocess, time
 marker = "baa"
@@ -257,27 +269,10 @@ print(marker, hashlib.sha256(blob).hexdigest() == digest, srv.pid, srv.poll() is
 // open fails the checkpoint (a socket of the host's network namespace,
 // which CRIU cannot dump), and the sandbox runs on as it was.
 func TestCheckpointNeedsClosedConnections(t *testing.T) {
-	o, err := New(testConfig(t, "ckptconn"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o.Close()
-	if err := o.criuReady(); err != nil {
-		t.Fatalf("%v: run `make setup`", err)
-	}
 	ctx := context.Background()
 	const id = "conn"
-	inst, err := o.Create(ctx, runtime.Spec{ID: id, RootFS: testutil.TemplateRootFS(t, "python"),
-		Limits: runtime.Limits{MemoryBytes: 128 << 20, Pids: 32, DiskBytes: 16 << 20}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := o.Destroy(ctx, id); err != nil {
-			t.Error(err)
-		}
-		assertGone(t, o, id)
-	}()
+	o, inst := checkpointable(t, "ckptconn", id, runtime.Limits{MemoryBytes: 128 << 20, Pids: 32, DiskBytes: 16 << 20})
+	defer destroyChecked(t, o, id)
 	execPython(t, inst.Socket, "x = 41")
 	// A command streaming its output keeps its connection open (a
 	// connection carries one request, and the agent closes it after the
