@@ -74,7 +74,9 @@ if [ "${SHEEPFOLD_KUBE_BENCH:-}" = 1 ]; then
 	go test -tags 'kubernetes_e2e kubernetes_bench' -count=1 -v -timeout 30m -run '^TestBenchPods$' ./test/kubernetes/e2e/
 	exit
 fi
-go test -tags kubernetes_e2e -count=1 -v -timeout 30m ./test/kubernetes/e2e/
+# Its output is kept for test.sh's failure digest (the cluster's logs go
+# with down).
+go test -tags kubernetes_e2e -count=1 -v -timeout 30m ./test/kubernetes/e2e/ 2>&1 | tee "$LOGS/e2e.out"
 
 # The manifests of deploy/kubernetes are valid for this API server (a
 # server-side dry run: nothing is made).

@@ -79,6 +79,30 @@ EOF
 	"$CLUSTER" kubectl wait --for=condition=Ready pod/left-a pod/left-b --timeout=60s || status=1
 	echo "test-kubernetes: left running for down: $(awk '{ print $5 }' /proc/self/mountinfo | grep -cE "^($KUBE_ROOT|$KUBE_RUN)/") mounts under the state dirs"
 fi
+# failure_digest: what a failure needs to be understood, printed last (CI
+# shows the end of the output) and gathered before down removes the logs:
+# the failing tests' own messages, the nodes, the cluster's recent events
+# and the warnings and errors of its components.
+failure_digest() {
+	local f
+	echo "== test-kubernetes: failure digest =="
+	if [ -f "$LOGS/e2e.out" ]; then
+		# Go: the last messages of each test before its --- FAIL line.
+		awk '/^=== RUN/ { n = 0 } /_test\.go:[0-9]+: / { m[n++ % 6] = $0 }
+			/^--- FAIL/ { print; for (i = (n > 6 ? n - 6 : 0); i < n; i++) print m[i % 6]; n = 0 }' "$LOGS/e2e.out" | cut -c1-400
+		# node --test (the E2B SDKs' suite): its own list of failures.
+		awk '/failing tests:/ { on = 1 } on && k++ < 40' "$LOGS/e2e.out" | cut -c1-400
+	fi
+	"$CLUSTER" kubectl get nodes -o wide 2>&1 | head -5
+	"$CLUSTER" kubectl get events -A --sort-by=.lastTimestamp 2>&1 | grep -v ' Normal ' | tail -15 | cut -c1-300
+	for f in kubelet-a kubelet-b kube-apiserver kube-controller-manager containerd-a containerd-b etcd; do
+		[ -f "$LOGS/$f.log" ] || continue
+		echo "-- $f: its last warnings and errors"
+		grep -E '^[EW][0-9]{4} |"level":"(warn|error)"|level=(warning|error)' "$LOGS/$f.log" | tail -6 | cut -c1-300
+	done
+}
+[ $status = 0 ] || failure_digest >"$snap/digest" 2>&1
+
 t=$(date +%s%3N)
 "$CLUSTER" down || status=1
 down_ms=$(($(date +%s%3N) - t))
@@ -95,6 +119,7 @@ if [ $status = 0 ]; then
 	echo "test-kubernetes: ok (host state after down equals before up)"
 	echo "1 passed, 0 failed"
 else
+	[ -f "$snap/digest" ] && cat "$snap/digest"
 	echo "test-kubernetes: FAILED"
 	echo "0 passed, 1 failed"
 fi
