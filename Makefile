@@ -99,8 +99,8 @@ BENCH_FLAGS ?=
 bench: template ## a real `sheepfold serve` against host/runc/bwrap baselines (BENCHMARKS.md); also writes bench.json
 	bin/sheepfold bench --json bench.json $(BENCH_FLAGS)
 
-bench-isolation: template ## one tenant's floods (storage; logins and streams) against another's p99: the ratio flooded / alone of each (BENCHMARKS.md, "Isolation")
-	go test -run '^$$' -bench 'BenchmarkStorageFlood|BenchmarkFloodLeavesOthersAlone' -benchtime 1x -count 3 ./internal/server/
+bench-isolation: template ## one tenant's floods (storage; logins and streams; unpaced requests) against another's p99: the ratio flooded / alone of each (BENCHMARKS.md, "Isolation")
+	go test -run '^$$' -bench 'BenchmarkStorageFlood|BenchmarkFloodLeavesOthersAlone|BenchmarkUnpacedFlood' -benchtime 1x -count 3 ./internal/server/
 
 clean: ## remove build outputs (templates stay in $(DATA_DIR))
 	rm -rf bin

@@ -106,6 +106,8 @@ func TestServeFlagBounds(t *testing.T) {
 		{"--price-gb-second", "1e300"},
 		{"--price-execution", "+Inf"},
 		{"--account-requests-per-minute", maxInt64},
+		{"--pace-per-account", maxInt64},
+		{"--pace-per-account", "-1"},
 		{"--account-max-timeout", maxInt64},
 		{"--account-max-cpus", "NaN"},
 		{"--free-credits", "9999999999999"},

@@ -50,7 +50,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	)
 	var idleTimeout, eventRetention, retention, stoppedRetention, shutdownTimeout, drainDelay time.Duration
 	var webhookHosts, webhookCIDRs []string
-	var streamsPerKey, streamsPerAccount, maxStreams, maxConns, uiSessions int
+	var streamsPerKey, streamsPerAccount, maxStreams, maxConns, uiSessions, pacePerAccount int
 	overcommit := 2.0
 	poolSize := sandbox.DefaultPoolSize()
 	var eventRate sandbox.EventRate
@@ -153,6 +153,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				bound.Int("--max-streams", int64(maxStreams), 0, bound.MaxCount),
 				bound.Int("--max-connections", int64(maxConns), 0, bound.MaxCount),
 				bound.Int("--ui-sessions-per-account", int64(uiSessions), 1, bound.MaxCount),
+				bound.Int("--pace-per-account", int64(pacePerAccount), 0, bound.MaxRate),
 				bound.Duration("--credits-grace", acfg.CreditsGrace, 0, bound.MaxDuration),
 				bound.Duration("--metering-flush-interval", mcfg.FlushInterval, 0, bound.MaxDuration),
 				bound.Duration("--metering-sample-interval", mcfg.SampleInterval, 0, 10*time.Second),
@@ -233,6 +234,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				Models: relay, PreviewDomain: previewDomain,
 				MaxStreamsPerKey: noBound(streamsPerKey), MaxStreamsPerAccount: noBound(streamsPerAccount),
 				MaxStreams: maxStreams, MaxConnections: maxConns, UISessionsPerAccount: uiSessions, DrainDelay: noDelay(drainDelay),
+				PacePerAccount: noBound(pacePerAccount),
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) {
 					c.PoolSize = poolSize
@@ -296,6 +298,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"most streams of all accounts together; past it 503 ERR_CAPACITY (0: from the file descriptor limit, leaving a quarter of it, at least 256, to health checks, the database and sandbox teardown)")
 	cmd.Flags().IntVar(&maxConns, "max-connections", 0,
 		"most client connections open: past it, a new one closes the oldest serving no request (kept alive between requests, or not yet sending one) (0: from the file descriptor limit, after the reserve and the streams)")
+	cmd.Flags().IntVar(&pacePerAccount, "pace-per-account", server.DefaultPacePerAccount,
+		"requests a second this server answers one account before its next requests wait their place (a tenth of a second's worth at once); a place more than 5s away is refused with 429 ERR_RATE_LIMITED (0: no pacing)")
 	cmd.Flags().IntVar(&uiSessions, "ui-sessions-per-account", server.DefaultUISessionsPerAccount,
 		"most dashboard sessions of one account: a login past it ends the account's oldest session")
 	cmd.Flags().Float64Var(&overcommit, "overcommit", overcommit,

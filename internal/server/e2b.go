@@ -24,6 +24,9 @@ var _ e2b.Backend = e2bBackend{}
 // per-minute budget (E2B clients get 429 with a numeric code).
 func (b e2bBackend) Authenticate(ctx context.Context, key string) (string, string, error) {
 	p, err := b.s.auth.Check(ctx, key)
+	if err == nil {
+		err = b.s.paces.wait(ctx, p.Owner)
+	}
 	if err != nil || b.s.cfg.NoAccounting {
 		return p.Owner, p.KeyID, classify(err)
 	}

@@ -59,3 +59,12 @@ func SetCommitDelay(d time.Duration) (restore func()) {
 	commitDelay = d
 	return func() { commitDelay = old }
 }
+
+// SetMaxPaceWait sets the longest a request waits for its place in its
+// account's pace, for one test (not a parallel one), and returns what
+// restores it.
+func SetMaxPaceWait(d time.Duration) (restore func()) {
+	old := maxPaceWait
+	maxPaceWait = d
+	return func() { maxPaceWait = old }
+}

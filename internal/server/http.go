@@ -96,6 +96,12 @@ func (s *Server) endpoint(authed bool, h handlerFunc) http.Handler {
 			if li := logInfoFrom(r.Context()); li != nil {
 				li.owner = p.Owner
 			}
+			if !inProcess(r.Context()) {
+				if err := s.paces.wait(r.Context(), p.Owner); err != nil {
+					s.writeError(w, r, err)
+					return
+				}
+			}
 			if !s.cfg.NoAccounting {
 				if err := s.limitRequest(w, r, p); err != nil {
 					s.writeError(w, r, err)

@@ -37,7 +37,8 @@
 //   - Tenants share the server within shares (conns.go): streams
 //     (long-lived requests) per key, per account and in all; open
 //     connections, the oldest quiet ones closed past the bound;
-//     dashboard sessions per account (ui.go).
+//     dashboard sessions per account (ui.go); each account's requests
+//     are paced, waiting past the pace rather than refused (pace.go).
 //   - /readyz fails with the store; a shutdown drains in order, and
 //     what it cuts off ends with ERR_SHUTTING_DOWN (drain.go). A client
 //     that goes away is not the server's failure (499, logged at debug).
@@ -319,6 +320,10 @@ type Config struct {
 	// login past it ends the account's oldest session
 	// [DefaultUISessionsPerAccount].
 	UISessionsPerAccount int
+	// PacePerAccount is the rate, in requests a second, to which this
+	// server paces each account's requests: past it they wait their
+	// place (pace.go) [DefaultPacePerAccount]. Negative: no pacing.
+	PacePerAccount int
 	// Retention is how long records of stopped sandboxes and executions
 	// are kept [7 days]; PruneInterval is how often older ones (and rate
 	// buckets full again) are deleted [1h].
@@ -438,6 +443,9 @@ func (c *Config) setDefaults() {
 	if c.MaxStreams == 0 {
 		c.MaxStreams = defaultMaxStreams()
 	}
+	if c.PacePerAccount == 0 {
+		c.PacePerAccount = DefaultPacePerAccount
+	}
 	if c.MaxConnections == 0 {
 		c.MaxConnections = ConnectionsFromLimit(nofile())
 	}
@@ -500,6 +508,7 @@ type Server struct {
 	meter    *metering.Meter
 	ui       uiSessions     // dashboard logins
 	streams  *streams       // long-lived requests' shares (conns.go)
+	paces    *paces         // each account's requests paced (pace.go)
 	conns    *shedConns     // the bound of open connections (conns.go)
 	tenants  sync.Map       // sandbox id → *tenant (quota.go)
 	tenantMu sync.Mutex     // guards tenant.released
@@ -549,6 +558,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		bus:  cfg.Events, streamsDone: make(chan struct{}),
 		accounts: account.NewRegistry(cfg.Accounts, st),
 		streams:  newStreams(max(0, cfg.MaxStreamsPerKey), max(0, cfg.MaxStreamsPerAccount), max(0, cfg.MaxStreams)),
+		paces:    newPaces(max(0, cfg.PacePerAccount)),
 		conns:    newShedConns(max(0, cfg.MaxConnections)),
 		ui:       uiSessions{perAccount: cfg.UISessionsPerAccount},
 	}

@@ -305,10 +305,8 @@ func BenchmarkFloodLeavesOthersAlone(b *testing.B) {
 // without the flood, so that both meet the same load of the host; it
 // checks that the other tenant's logins, reads and executions are all
 // served and the flood's streams past the share refused, and returns
-// their p99s, [0] without the flood and [1] with it. The flood is paced:
-// one that takes the host's every CPU slows every tenant alike (the
-// account's request rate is what bounds it: docs/security.md, section
-// 13).
+// their p99s, [0] without the flood and [1] with it. The flood is paced
+// by its clients; an unpaced one is BenchmarkUnpacedFlood's.
 func floodOthers(t testing.TB, rounds int) map[string][2]time.Duration {
 	e := newEnv(t, server.Config{})
 	id := e.create(e.keyB, nil)
@@ -550,4 +548,84 @@ func TestConnectionsFromLimit(t *testing.T) {
 			t.Errorf("ConnectionsFromLimit(%d) = %d, want %d", tt.nofile, got, tt.want)
 		}
 	}
+}
+
+// BenchmarkUnpacedFlood reports, for another tenant's reads and `1+1`
+// executions, the ratio of their p99 while one tenant floods the API as
+// fast as it is answered (unpacedFlood) to their p99 without the flood.
+// Run it with -benchtime 1x (make bench-isolation); the target is a
+// ratio under 2.
+func BenchmarkUnpacedFlood(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		n    int
+	}{{"paced", 0}, {"unpaced", -1}} {
+		b.Run(c.name, func(b *testing.B) {
+			for range b.N {
+				for what, p := range unpacedFlood(b, server.Config{PacePerAccount: c.n}, 10) {
+					name := strings.ReplaceAll(what, " ", "-")
+					b.ReportMetric(float64(p[1])/float64(p[0]), name+"-p99-x")
+					b.ReportMetric(float64(p[1])/1e6, name+"-p99-ms")
+				}
+			}
+		})
+	}
+}
+
+// unpacedFlood: one tenant's 16 clients each send their next request
+// (a list of the tenant's sandboxes, a dashboard login) as soon as the
+// last is answered, in rounds that alternate with phases without the
+// flood; another tenant's reads and executions are measured meanwhile.
+// It returns their p99s, [0] without the flood and [1] with it.
+func unpacedFlood(t testing.TB, cfg server.Config, rounds int) map[string][2]time.Duration {
+	e := newEnv(t, cfg)
+	id := e.create(e.keyB, nil)
+	if _, err := e.executeWithin(e.keyB, id, "1+1", 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	type samples [2][]time.Duration
+	var reads, execs samples
+	measure := func(phase, n int) {
+		for range n {
+			start := time.Now()
+			want(t, e.do("GET", "/v1/sandboxes/"+id, e.keyB, nil), http.StatusOK, "")
+			reads[phase] = append(reads[phase], time.Since(start))
+			d, err := e.executeWithin(e.keyB, id, "1+1", 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			execs[phase] = append(execs[phase], d)
+		}
+	}
+	var served atomic.Int64
+	flood := func() (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		for i := range 16 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					if i%2 == 0 {
+						e.do("GET", "/v1/sandboxes", e.keyA, nil)
+					} else {
+						e.login(e.keyA)
+					}
+					served.Add(1)
+				}
+			})
+		}
+		return func() { cancel(); wg.Wait() }
+	}
+	start := time.Now()
+	for range rounds {
+		measure(0, 40)
+		stop := flood()
+		measure(1, 40)
+		stop()
+	}
+	t.Logf("the flood's requests answered: %d in %v", served.Load(), time.Since(start).Round(time.Millisecond))
+	out := map[string][2]time.Duration{}
+	for what, d := range map[string]samples{"read": reads, "execute 1+1": execs} {
+		out[what] = [2]time.Duration{p99(d[0]), p99(d[1])}
+	}
+	return out
 }

@@ -169,6 +169,9 @@ func (s *Server) uiLogin(w http.ResponseWriter, r *http.Request) error {
 	if li := logInfoFrom(r.Context()); li != nil {
 		li.owner = p.Owner
 	}
+	if err := s.paces.wait(r.Context(), p.Owner); err != nil {
+		return err
+	}
 	if !s.cfg.NoAccounting {
 		if err := s.limitRequest(w, r, p); err != nil {
 			return err
