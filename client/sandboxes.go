@@ -24,6 +24,12 @@ type SandboxConfig struct {
 	// "public"; nil or true is "none".
 	NetworkRestricted  *bool `json:"network_restricted,omitempty"`
 	FilesystemReadonly bool  `json:"filesystem_readonly,omitempty"`
+	// AllowedModules is the shorthand of the policy's
+	// access_control.allowed_imports.
+	AllowedModules []string `json:"allowed_modules,omitempty"`
+	// FilesystemPathsWhitelist is the shorthand of the policy's
+	// filesystem.writable_paths.
+	FilesystemPathsWhitelist []string `json:"filesystem_paths_whitelist,omitempty"`
 }
 
 // CreateSandboxRequest describes a new sandbox; every field is optional.
@@ -37,6 +43,10 @@ type CreateSandboxRequest struct {
 	// SecurityPolicy is the sandbox's security policy: the JSON object of
 	// README "Policies and network" (a map, a struct or json.RawMessage).
 	SecurityPolicy any
+	// Runtime is how the sandbox is isolated, among the runtimes the
+	// server offers (the Kubernetes backend's runtime classes, e.g.
+	// gvisor); empty: the server's.
+	Runtime string
 }
 
 type sandboxConfigJSON struct {
@@ -52,6 +62,7 @@ type createJSON struct {
 	Metadata      map[string]string  `json:"metadata,omitempty"`
 	SandboxConfig *sandboxConfigJSON `json:"sandbox_config,omitempty"`
 	Policy        any                `json:"security_policy,omitempty"`
+	Runtime       string             `json:"runtime,omitempty"`
 }
 
 // Sandbox is a sandbox as the server describes it.
@@ -64,6 +75,33 @@ type Sandbox struct {
 	Resources  Resources         `json:"resources"`
 	Metadata   map[string]string `json:"metadata"`
 	StopReason string            `json:"stop_reason,omitempty"`
+	// Usage is what the sandbox uses now, when asked for (the API's
+	// ?usage=1; nil otherwise).
+	Usage *LiveUsage `json:"usage,omitempty"`
+}
+
+// LiveUsage is what a running sandbox uses now: on a listing only its
+// CPU seconds and memory; for one sandbox every figure.
+type LiveUsage struct {
+	CPUSeconds       float64   `json:"cpu_seconds"`
+	MemoryBytes      int64     `json:"memory_bytes"`
+	MemoryPeakBytes  int64     `json:"memory_peak_bytes,omitempty"`
+	MemoryLimitBytes int64     `json:"memory_limit_bytes,omitempty"`
+	Pids             int64     `json:"pids,omitempty"`
+	DiskBytes        int64     `json:"disk_bytes,omitempty"`
+	OOMKills         int64     `json:"oom_kills,omitempty"`
+	Pressure         *Pressure `json:"pressure,omitempty"`
+}
+
+// Pressure is a sandbox's pressure stall information (cgroup v2 only):
+// the percent of the last 10 s in which some (or all) of its tasks
+// stalled on the resource.
+type Pressure struct {
+	CPUSomeAvg10    float64 `json:"cpu_some_avg10"`
+	MemorySomeAvg10 float64 `json:"memory_some_avg10"`
+	MemoryFullAvg10 float64 `json:"memory_full_avg10"`
+	IOSomeAvg10     float64 `json:"io_some_avg10"`
+	IOFullAvg10     float64 `json:"io_full_avg10"`
 }
 
 func secs(d time.Duration) float64 { return math.Ceil(d.Seconds()*1000) / 1000 }
@@ -71,7 +109,7 @@ func secs(d time.Duration) float64 { return math.Ceil(d.Seconds()*1000) / 1000 }
 // CreateSandbox starts a sandbox.
 func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*Sandbox, error) {
 	body := createJSON{Template: req.Template, Timeout: secs(req.Timeout), Resources: req.Resources,
-		Env: req.Env, Metadata: req.Metadata, Policy: req.SecurityPolicy}
+		Env: req.Env, Metadata: req.Metadata, Policy: req.SecurityPolicy, Runtime: req.Runtime}
 	if req.SandboxConfig != nil {
 		body.SandboxConfig = &sandboxConfigJSON{MaxExecutionTime: secs(req.SandboxConfig.MaxExecutionTime), SandboxConfig: req.SandboxConfig}
 	}

@@ -26,6 +26,7 @@ type SessionRequest struct {
 	SecurityPolicy any               `json:"security_policy,omitempty"` // the full policy
 	Timeout        float64           `json:"timeout,omitempty"`         // the sandbox's lifetime, seconds
 	Metadata       map[string]string `json:"metadata,omitempty"`
+	Resources      *Resources        `json:"resources,omitempty"`
 }
 
 // Session is a model bound to a sandbox.
@@ -237,6 +238,8 @@ func (c *Client) AskStream(ctx context.Context, id string, req AskRequest, onSte
 // Model is one model the server's providers serve.
 type Model struct {
 	ID      string `json:"id"`
+	Object  string `json:"object"`   // "model"
+	Created int64  `json:"created"`  // Unix seconds
 	OwnedBy string `json:"owned_by"` // the provider
 }
 

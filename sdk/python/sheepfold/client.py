@@ -30,7 +30,7 @@ from ._http import HTTPClient, path_segment, raise_failure
 from .accounts import Alert, Credits
 from .errors import CodeExecutionError, SheepfoldError, error_for
 from .events import Event, Events
-from .models import parse_time
+from .models import Resources, parse_time
 
 __all__ = ["Client", "Session", "SessionExecution", "Answer", "Tokens", "Step", "Usage", "Monitor"]
 
@@ -45,6 +45,7 @@ class Session:
     created_at: Optional[datetime]
     expires_at: Optional[datetime]
     stop_reason: Optional[str] = None
+    resources: Resources = field(default_factory=Resources)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -52,7 +53,7 @@ class Session:
         return cls(id=d["id"], model=d.get("model", ""), sandbox_id=d.get("sandbox_id", d["id"]),
                    template=d.get("template", ""), state=d.get("state", ""),
                    created_at=parse_time(d.get("created_at")), expires_at=parse_time(d.get("expires_at")),
-                   stop_reason=d.get("stop_reason"), raw=d)
+                   stop_reason=d.get("stop_reason"), resources=Resources.from_dict(d.get("resources")), raw=d)
 
 
 def _exec_error(e: Optional[Mapping[str, Any]]) -> Optional[SheepfoldError]:

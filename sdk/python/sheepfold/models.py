@@ -79,6 +79,9 @@ class SandboxInfo:
     resources: Resources = field(default_factory=Resources)
     metadata: Dict[str, str] = field(default_factory=dict)
     stop_reason: Optional[str] = None
+    # With usage=True: cpu_seconds and memory_bytes on a listing, every
+    # figure for one sandbox (the server's names); None otherwise.
+    usage: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -102,6 +105,7 @@ class SandboxInfo:
             resources=Resources.from_dict(d.get("resources")),
             metadata=dict(d.get("metadata") or {}),
             stop_reason=d.get("stop_reason") or None,
+            usage=dict(d["usage"]) if isinstance(d.get("usage"), Mapping) else None,
             raw=dict(d),
         )
 
@@ -231,6 +235,9 @@ class Execution:
     execution_time_ms: float = 0.0
     cpu_time_ms: float = 0.0
     peak_memory_bytes: int = 0
+    # Results produced but not delivered ({"results", "bytes", "reason"}):
+    # past a result's or the execution's bounds; None when none were.
+    dropped: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -265,6 +272,7 @@ class Execution:
             execution_time_ms=d.get("execution_time_ms", 0) or 0,
             cpu_time_ms=d.get("cpu_time_ms", 0) or 0,
             peak_memory_bytes=d.get("peak_memory_bytes", 0) or 0,
+            dropped=dict(d["dropped"]) if isinstance(d.get("dropped"), Mapping) else None,
             raw=dict(d),
         )
 

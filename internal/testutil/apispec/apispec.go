@@ -1,0 +1,179 @@
+// Package apispec checks Go types against the API's OpenAPI document
+// (api/openapi.json), field for field: the document is the one wire
+// vocabulary, and the server's types and the Go SDK's are each held to
+// it by their tests (the Python SDK's by sdk/python/tests/test_spec.py).
+//
+// The document is the source rather than generated from Go types: it
+// carries what Go types do not (descriptions, enums, bounds, examples),
+// and the SDKs import nothing of the server (the Go SDK only the
+// standard library, the Python SDK nothing), so a shared package of
+// types could not be theirs. What keeps the three in step is this check.
+package apispec
+
+import (
+	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sheepfold/sheepfold/api"
+)
+
+// Entry is how one Go type reads its schema: its fields renamed on the
+// wire (a Go field name or a JSON name, to the schema's name), its
+// fields not on the wire and the schema's fields it leaves out, each
+// with why.
+type Entry struct {
+	V any
+	// Schema is "Name", or "Name.property[.property]" for an inline
+	// object.
+	Schema     string
+	Renamed    map[string]string
+	Own        map[string]string
+	Unmodelled map[string]string
+}
+
+// Check checks every entry's type against its schema: every wire field
+// of the type is in the schema, and every field of the schema in the
+// type, but for what the entry says.
+func Check(t *testing.T, entries []Entry) {
+	t.Helper()
+	var spec struct {
+		Components struct {
+			Schemas map[string]any `json:"schemas"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(api.OpenAPI, &spec); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		typ := reflect.TypeOf(e.V)
+		t.Run(typ.Name(), func(t *testing.T) {
+			path := strings.Split(e.Schema, ".")
+			s, _ := spec.Components.Schemas[path[0]].(map[string]any)
+			for _, p := range path[1:] {
+				props, _ := s["properties"].(map[string]any)
+				s, _ = props[p].(map[string]any)
+			}
+			pm, ok := s["properties"].(map[string]any)
+			if !ok {
+				t.Fatalf("no object schema %s", e.Schema)
+			}
+			wire, untagged := jsonFields(typ)
+			for _, f := range untagged {
+				if w, ok := e.Renamed[f]; ok { // filled from the wire by hand
+					wire[w] = true
+					continue
+				}
+				if _, ok := e.Own[f]; !ok {
+					t.Errorf("field %s is not on the wire and the entry does not say why", f)
+				}
+			}
+			got := map[string]bool{}
+			for name := range wire {
+				if w, ok := e.Renamed[name]; ok {
+					name = w
+				}
+				got[name] = true
+				if _, ok := pm[name]; !ok {
+					t.Errorf("field %q of %s is not in %s", name, typ.Name(), e.Schema)
+				}
+			}
+			for p := range pm {
+				if _, ok := e.Unmodelled[p]; !ok && !got[p] {
+					t.Errorf("%s's field %q is not in %s", e.Schema, p, typ.Name())
+				}
+			}
+			for p := range e.Unmodelled {
+				if _, ok := pm[p]; !ok {
+					t.Errorf("stale entry: %s has no field %q", e.Schema, p)
+				}
+			}
+		})
+	}
+}
+
+// jsonFields returns the wire names of t's fields (embedded structs
+// flattened), and the Go names of its fields without one. A field
+// untagged but for the JSON encoder's default is reported untagged: the
+// wire's names are snake case.
+func jsonFields(t reflect.Type) (wire map[string]bool, untagged []string) {
+	wire = map[string]bool{}
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		// An embedded struct's fields are promoted, exported or not.
+		if f.Anonymous && name == "" && ft.Kind() == reflect.Struct {
+			w, u := jsonFields(ft)
+			for k := range w {
+				wire[k] = true
+			}
+			untagged = append(untagged, u...)
+			continue
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if name == "" || name == "-" {
+			untagged = append(untagged, f.Name)
+			continue
+		}
+		wire[name] = true
+	}
+	return wire, untagged
+}
+
+// CheckAllListed fails for every struct type declared in the non-test
+// files of dir with a JSON tag that is neither in entries nor in
+// exempt (by name, with why), so that a new wire type cannot skip
+// Check.
+func CheckAllListed(t *testing.T, dir string, entries []Entry, exempt map[string]string) {
+	t.Helper()
+	listed := map[string]bool{}
+	for _, e := range entries {
+		listed[reflect.TypeOf(e.V).Name()] = true
+	}
+	files, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, de := range files {
+		if !strings.HasSuffix(de.Name(), ".go") || strings.HasSuffix(de.Name(), "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(dir, de.Name()), nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(node ast.Node) bool {
+			ts, ok := node.(*ast.TypeSpec)
+			if !ok {
+				return true
+			}
+			st, ok := ts.Type.(*ast.StructType)
+			if !ok || !slices.ContainsFunc(st.Fields.List, func(fl *ast.Field) bool {
+				return fl.Tag != nil && strings.Contains(fl.Tag.Value, `json:"`)
+			}) {
+				return true
+			}
+			n++
+			if !listed[ts.Name.Name] && exempt[ts.Name.Name] == "" {
+				t.Errorf("%s (%s) has JSON tags but is not checked against the OpenAPI document", ts.Name.Name, de.Name())
+			}
+			return true
+		})
+	}
+	if n == 0 {
+		t.Fatalf("no struct with JSON tags in %s: the check is not looking at the package", dir)
+	}
+}
