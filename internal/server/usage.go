@@ -4,7 +4,6 @@ import (
 	"errors"
 	"math"
 	"net/http"
-	"sort"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/account"
@@ -23,55 +22,10 @@ func (s *Server) usageRoutes(add addFunc) {
 	add("GET /v1/account/credits", true, s.accountCredits)
 }
 
-type usageFigures struct {
-	SandboxSeconds    float64 `json:"sandbox_seconds"`
-	CPUSeconds        float64 `json:"cpu_seconds"`
-	GBSecondsReserved float64 `json:"gb_seconds_reserved"`
-	GBSecondsUsed     float64 `json:"gb_seconds_used"`
-	DiskPeakBytes     int64   `json:"disk_peak_bytes"`
-	Executions        int64   `json:"executions"`
-	Commands          int64   `json:"commands"`
-	EgressRequests    int64   `json:"egress_requests"`
-	EgressBytesIn     int64   `json:"egress_bytes_in"`
-	EgressBytesOut    int64   `json:"egress_bytes_out"`
-	StorageGBSeconds  float64 `json:"storage_gb_seconds"`
-	CostMicros        int64   `json:"cost_micros"`
-	Cost              string  `json:"cost"`
-}
-
-func figures(d store.UsageDelta, p metering.Prices) usageFigures {
-	cpu := float64(d.CPUNanos) / 1e9
-	cost := int64(math.Round(p.Cost(cpu, d.GBSecondsReserved, d.Executions) + d.StorageGBSeconds*p.StorageGBSecond))
-	return usageFigures{SandboxSeconds: float64(d.WallNanos) / 1e9, CPUSeconds: cpu, GBSecondsReserved: d.GBSecondsReserved,
-		GBSecondsUsed: d.GBSecondsUsed, DiskPeakBytes: d.DiskPeakBytes, Executions: d.Executions, Commands: d.Commands, EgressRequests: d.EgressRequests,
-		EgressBytesIn: d.EgressBytesIn, EgressBytesOut: d.EgressBytesOut, StorageGBSeconds: d.StorageGBSeconds,
-		CostMicros: cost, Cost: account.FormatMicros(cost)}
-}
-
-// storageFigures are an account's storage in a usage report.
-type storageFigures struct {
-	GBSeconds  float64 `json:"gb_seconds"`
-	CostMicros int64   `json:"cost_micros"`
-	Cost       string  `json:"cost"`
-}
-
-type usageGroup struct {
-	Key       string `json:"key"`
-	Template  string `json:"template,omitempty"`
-	SandboxID string `json:"sandbox_id,omitempty"`
-	usageFigures
-}
-
+// usageReport is the account's usage report (internal/metering) with
+// its model tokens.
 type usageReport struct {
-	From    time.Time       `json:"from"`
-	To      time.Time       `json:"to"`
-	GroupBy string          `json:"group_by"`
-	Groups  []usageGroup    `json:"groups"`
-	Total   usageFigures    `json:"total"`
-	Prices  metering.Prices `json:"prices"`
-	// Storage is what the account kept in the store in the period (in
-	// Total too, and in the groups by hour or day).
-	Storage storageFigures `json:"storage"`
+	metering.Report
 	// Model tokens in the period: in total, per model (with each model's
 	// monthly quota), and the sum of the configured models' quotas
 	// (null when any configured model has none).
@@ -139,21 +93,6 @@ func parseTimeParam(r *http.Request, name string) (time.Time, bool, error) {
 	return time.Time{}, false, apierr.New(apierr.BadRequest, "%s must be an RFC 3339 time or a date (YYYY-MM-DD)", name)
 }
 
-// groupKey is a delta's key under a grouping, as the API shows it.
-func groupKey(d store.UsageDelta, by string) string {
-	switch by {
-	case store.GroupHour:
-		return d.Hour.UTC().Format(time.RFC3339)
-	case store.GroupDay:
-		return d.Hour.UTC().Format(time.DateOnly)
-	case store.GroupSandbox:
-		return d.SandboxID
-	case store.GroupTemplate:
-		return d.Template
-	}
-	return ""
-}
-
 func (s *Server) accountUsage(w http.ResponseWriter, r *http.Request) error {
 	now := time.Now().UTC()
 	from, _, err := parseTimeParam(r, "from")
@@ -193,12 +132,7 @@ func (s *Server) accountUsage(w http.ResponseWriter, r *http.Request) error {
 		return apierr.New(apierr.BadRequest, "group_by must be day, hour, sandbox or template")
 	}
 	own := owner(r)
-	// The store groups by hour for days too (a pending delta's day is its
-	// hour's); pending deltas are grouped the same way and added.
-	storeBy := by
-	if by == store.GroupHour || by == store.GroupDay {
-		storeBy = store.GroupHour // keys as times, then regrouped
-	}
+	storeBy := metering.StoreGrouping(by)
 	var rows []store.UsageRow
 	pending, err := s.meter.Pending(own, func() (err error) {
 		rows, err = s.store.QueryUsage(r.Context(), store.UsageFilter{Account: own, From: from, To: to, GroupBy: storeBy})
@@ -207,67 +141,12 @@ func (s *Server) accountUsage(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	groups := map[string]*usageGroup{}
-	sums := map[string]*store.UsageDelta{}
-	addTo := func(d store.UsageDelta) {
-		k := groupKey(d, by)
-		if sums[k] == nil {
-			sums[k] = &store.UsageDelta{}
-			groups[k] = &usageGroup{Key: k}
-			if by == store.GroupSandbox {
-				groups[k].SandboxID, groups[k].Template = d.SandboxID, d.Template
-			}
-			if by == store.GroupTemplate {
-				groups[k].Template = d.Template
-			}
-		}
-		sums[k].Add(d)
-	}
-	for _, row := range rows {
-		d := row.UsageDelta
-		if storeBy == store.GroupTemplate {
-			d.Template = row.Key
-		}
-		addTo(d)
-	}
-	for _, d := range pending {
-		if !d.Hour.Before(from) && d.Hour.Before(to) {
-			addTo(d)
-		}
-	}
-	// What the account keeps in the store, metered at each flush: in the
-	// report's storage and total, and by hour or day in the groups too
-	// (it belongs to no sandbox and no template).
 	stored, err := s.store.StorageUsage(r.Context(), own, from, to)
 	if err != nil {
 		return err
 	}
-	var storage, total store.UsageDelta
-	for _, h := range stored {
-		d := store.UsageDelta{Account: own, Hour: h.Hour, StorageGBSeconds: h.GBSeconds}
-		storage.Add(d)
-		if by == store.GroupHour || by == store.GroupDay {
-			addTo(d)
-		} else {
-			total.Add(d)
-		}
-	}
-	prices := s.meter.Prices()
-	sf := figures(storage, prices)
-	out := usageReport{From: from, To: to, GroupBy: by, Groups: []usageGroup{}, Prices: prices,
-		Storage: storageFigures{GBSeconds: sf.StorageGBSeconds, CostMicros: sf.CostMicros, Cost: sf.Cost}}
-	keys := make([]string, 0, len(groups))
-	for k := range groups {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		g := groups[k]
-		g.usageFigures = figures(*sums[k], prices)
-		out.Groups = append(out.Groups, *g)
-		total.Add(*sums[k])
-	}
-	out.Total = figures(total, prices)
+	out := usageReport{Report: metering.BuildReport(metering.ReportInput{Account: own, From: from, To: to, GroupBy: by,
+		Rows: rows, Pending: pending, Stored: stored, Prices: s.meter.Prices()})}
 	if err := s.tokenReport(r, own, &out); err != nil {
 		return err
 	}
@@ -279,7 +158,7 @@ type sandboxUsageJSON struct {
 	SandboxID string `json:"sandbox_id"`
 	Template  string `json:"template"`
 	Live      bool   `json:"live"`
-	usageFigures
+	metering.Figures
 }
 
 // sandboxUsage is one sandbox's usage: sampled now while it runs, the
@@ -306,7 +185,7 @@ func (s *Server) sandboxUsage(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	out.Live = (live || s.shared()) && rec.State == store.SandboxRunning
-	out.usageFigures = figures(d, s.meter.Prices())
+	out.Figures = metering.FiguresOf(d, s.meter.Prices())
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }

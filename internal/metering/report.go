@@ -1,0 +1,167 @@
+package metering
+
+import (
+	"math"
+	"sort"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/account"
+	"github.com/sheepfold/sheepfold/internal/store"
+)
+
+// Reports: what an account used in a period, as the API shows it (GET
+// /v1/account/usage, GET /v1/sandboxes/{id}/usage), built from the
+// store's hourly rows, the meter's deltas not yet flushed and the
+// account's storage; the server fetches them and adds the model tokens.
+
+// Figures are one group's (or the total's) usage and its cost.
+type Figures struct {
+	SandboxSeconds    float64 `json:"sandbox_seconds"`
+	CPUSeconds        float64 `json:"cpu_seconds"`
+	GBSecondsReserved float64 `json:"gb_seconds_reserved"`
+	GBSecondsUsed     float64 `json:"gb_seconds_used"`
+	DiskPeakBytes     int64   `json:"disk_peak_bytes"`
+	Executions        int64   `json:"executions"`
+	Commands          int64   `json:"commands"`
+	EgressRequests    int64   `json:"egress_requests"`
+	EgressBytesIn     int64   `json:"egress_bytes_in"`
+	EgressBytesOut    int64   `json:"egress_bytes_out"`
+	StorageGBSeconds  float64 `json:"storage_gb_seconds"`
+	CostMicros        int64   `json:"cost_micros"`
+	Cost              string  `json:"cost"`
+}
+
+// FiguresOf is d's figures at prices p.
+func FiguresOf(d store.UsageDelta, p Prices) Figures {
+	cpu := float64(d.CPUNanos) / 1e9
+	cost := int64(math.Round(p.Cost(cpu, d.GBSecondsReserved, d.Executions) + d.StorageGBSeconds*p.StorageGBSecond))
+	return Figures{SandboxSeconds: float64(d.WallNanos) / 1e9, CPUSeconds: cpu, GBSecondsReserved: d.GBSecondsReserved,
+		GBSecondsUsed: d.GBSecondsUsed, DiskPeakBytes: d.DiskPeakBytes, Executions: d.Executions, Commands: d.Commands, EgressRequests: d.EgressRequests,
+		EgressBytesIn: d.EgressBytesIn, EgressBytesOut: d.EgressBytesOut, StorageGBSeconds: d.StorageGBSeconds,
+		CostMicros: cost, Cost: account.FormatMicros(cost)}
+}
+
+// StorageFigures are an account's storage in a report.
+type StorageFigures struct {
+	GBSeconds  float64 `json:"gb_seconds"`
+	CostMicros int64   `json:"cost_micros"`
+	Cost       string  `json:"cost"`
+}
+
+// Group is one group of a report: an hour, a day, a sandbox or a
+// template.
+type Group struct {
+	Key       string `json:"key"`
+	Template  string `json:"template,omitempty"`
+	SandboxID string `json:"sandbox_id,omitempty"`
+	Figures
+}
+
+// Report is an account's usage in [From, To), grouped by GroupBy (a
+// store.Group*): the groups in key order, their total, the prices, and
+// the account's storage (in the total too, and in groups by hour or
+// day: it belongs to no sandbox and no template).
+type Report struct {
+	From    time.Time      `json:"from"`
+	To      time.Time      `json:"to"`
+	GroupBy string         `json:"group_by"`
+	Groups  []Group        `json:"groups"`
+	Total   Figures        `json:"total"`
+	Prices  Prices         `json:"prices"`
+	Storage StorageFigures `json:"storage"`
+}
+
+// StoreGrouping is the grouping to ask the store for a report grouped
+// by by: hours for days too (a pending delta's day is its hour's), then
+// regrouped.
+func StoreGrouping(by string) string {
+	if by == store.GroupDay {
+		return store.GroupHour
+	}
+	return by
+}
+
+// ReportInput is what a report is built from.
+type ReportInput struct {
+	Account  string
+	From, To time.Time
+	GroupBy  string
+	Rows     []store.UsageRow   // the store's, grouped by StoreGrouping(GroupBy)
+	Pending  []store.UsageDelta // the meter's, not yet flushed
+	Stored   []store.StorageHour
+	Prices   Prices
+}
+
+// BuildReport builds in's report.
+func BuildReport(in ReportInput) Report {
+	by := in.GroupBy
+	groups := map[string]*Group{}
+	sums := map[string]*store.UsageDelta{}
+	addTo := func(d store.UsageDelta) {
+		k := groupKey(d, by)
+		if sums[k] == nil {
+			sums[k] = &store.UsageDelta{}
+			groups[k] = &Group{Key: k}
+			switch by {
+			case store.GroupSandbox:
+				groups[k].SandboxID, groups[k].Template = d.SandboxID, d.Template
+			case store.GroupTemplate:
+				groups[k].Template = d.Template
+			}
+		}
+		sums[k].Add(d)
+	}
+	for _, row := range in.Rows {
+		d := row.UsageDelta
+		if by == store.GroupTemplate {
+			d.Template = row.Key
+		}
+		addTo(d)
+	}
+	for _, d := range in.Pending {
+		if !d.Hour.Before(in.From) && d.Hour.Before(in.To) {
+			addTo(d)
+		}
+	}
+	var storage, total store.UsageDelta
+	for _, h := range in.Stored {
+		d := store.UsageDelta{Account: in.Account, Hour: h.Hour, StorageGBSeconds: h.GBSeconds}
+		storage.Add(d)
+		if by == store.GroupHour || by == store.GroupDay {
+			addTo(d)
+		} else {
+			total.Add(d)
+		}
+	}
+	sf := FiguresOf(storage, in.Prices)
+	out := Report{From: in.From, To: in.To, GroupBy: by, Groups: []Group{}, Prices: in.Prices,
+		Storage: StorageFigures{GBSeconds: sf.StorageGBSeconds, CostMicros: sf.CostMicros, Cost: sf.Cost}}
+	keys := make([]string, 0, len(groups))
+	for k := range groups {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		g := groups[k]
+		g.Figures = FiguresOf(*sums[k], in.Prices)
+		out.Groups = append(out.Groups, *g)
+		total.Add(*sums[k])
+	}
+	out.Total = FiguresOf(total, in.Prices)
+	return out
+}
+
+// groupKey is a delta's key under a grouping, as the API shows it.
+func groupKey(d store.UsageDelta, by string) string {
+	switch by {
+	case store.GroupHour:
+		return d.Hour.UTC().Format(time.RFC3339)
+	case store.GroupDay:
+		return d.Hour.UTC().Format(time.DateOnly)
+	case store.GroupSandbox:
+		return d.SandboxID
+	case store.GroupTemplate:
+		return d.Template
+	}
+	return ""
+}
