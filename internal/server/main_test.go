@@ -30,6 +30,9 @@ import (
 var agentBin string
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(floodClientEnv); spec != "" {
+		os.Exit(runFloodClient(spec))
+	}
 	dir, err := os.MkdirTemp("", "sf-server-agent-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
