@@ -8,6 +8,8 @@
 // and the SDKs import nothing of the server (the Go SDK only the
 // standard library, the Python SDK nothing), so a shared package of
 // types could not be theirs. What keeps the three in step is this check.
+//
+// Imports: api (the document) and the standard library.
 package apispec
 
 import (
