@@ -62,6 +62,22 @@ type flow struct {
 	names      []string
 	ex         *exchange // the HTTP exchange whose answers are followed
 	unfollowed bool      // the answers went on unfollowed (the server spoke first)
+
+	// reply is what the sandbox is answered when carry refused a request
+	// for a secret's sake (inject.go), once the answers to the requests
+	// before it went back.
+	reply atomic.Pointer[reply]
+}
+
+// replyWait bounds how long a refusal's answer waits for the answers to
+// the requests before it.
+const replyWait = 10 * time.Second
+
+// reply is a refusal's answer, given when outstanding requests (those
+// forwarded whose answer did not go back whole) are all that are.
+type reply struct {
+	text        []byte
+	outstanding int64
 }
 
 // refusal says why connect refused a connection, with the HTTP status a
@@ -284,7 +300,9 @@ func (f *flow) splice(in HalfConn, up net.Conn) {
 	go func() {
 		defer close(done)
 		f.answers(in, out)
-		_ = in.CloseWrite()
+		if f.reply.Load() == nil {
+			_ = in.CloseWrite()
+		}
 	}()
 	if f.carry(in, out) {
 		if hc, ok := up.(interface{ CloseWrite() error }); ok {
@@ -293,6 +311,38 @@ func (f *flow) splice(in HalfConn, up net.Conn) {
 		select {
 		case <-done:
 		case <-f.ctx.Done():
+		}
+		return
+	}
+	f.mu.Lock()
+	ex := f.ex
+	f.mu.Unlock()
+	if r := f.reply.Load(); r != nil && ex != nil {
+		// Nothing more goes to the outside; once the answers to the
+		// requests before went back, the sandbox is told why.
+		wait := time.NewTimer(replyWait)
+		defer wait.Stop()
+	answers:
+		for ex.forwarded.Load()-ex.answered.Load() > r.outstanding {
+			select {
+			case <-ex.answer:
+			case <-done:
+				break answers
+			case <-wait.C:
+				break answers
+			case <-f.ctx.Done():
+				return
+			}
+		}
+		up.Close()
+		select {
+		case <-done:
+		case <-f.ctx.Done():
+			return
+		}
+		if ex.forwarded.Load()-ex.answered.Load() == r.outstanding {
+			_ = in.SetWriteDeadline(time.Now().Add(5 * time.Second))
+			_, _ = in.Write(r.text)
 		}
 	}
 }
@@ -364,20 +414,42 @@ func (f *flow) carry(in net.Conn, up io.Writer) bool {
 		ex := newExchange()
 		f.follow(ex)
 		first := true
+		var inBody bool // the refusal came from a request's body
 		err := ex.requests(bufio.NewReaderSize(io.MultiReader(bytes.NewReader(read), in), 16<<10), up,
-			func(req *http.Request, names []string) error {
+			func(req *http.Request, names []string, head []byte) ([]byte, func(string) error, error) {
 				if !f.claim(protoHTTP, flowHTTP, names, "an HTTP request without Host") {
-					return errRefused
+					return nil, nil, errRefused
 				}
 				if !first && !g.countRequest(f.target) {
-					return errRefused
+					return nil, nil, errRefused
 				}
 				first = false
-				return nil
+				pol := g.pol.Load()
+				if !pol.Injects() {
+					return head, nil, nil
+				}
+				out, err := f.inject(pol, req, names, head)
+				if err != nil {
+					return nil, nil, err
+				}
+				host, _ := policy.NormalizeName(firstOr(names))
+				in := injection{host: host, method: req.Method, path: req.URL.EscapedPath()}
+				return out, func(name string) error {
+					inBody = true
+					return f.misdirected(in, name, "the body")
+				}, nil
 			},
 			func() { f.setState(flowUpgraded) })
 		var bad *malformedError
-		if errors.As(err, &bad) || errors.Is(err, errUnfollowed) {
+		var se *secretError
+		switch {
+		case errors.As(err, &se):
+			r := &reply{text: se.answer()}
+			if inBody {
+				r.outstanding = 1
+			}
+			f.reply.Store(r)
+		case errors.As(err, &bad) || errors.Is(err, errUnfollowed):
 			g.report(deny(events.KindNetworkDenied, "http: "+err.Error()), protoHTTP, f.target)
 		}
 		return err == nil
@@ -403,6 +475,14 @@ func (f *flow) carry(in net.Conn, up io.Writer) bool {
 	}
 	_, _ = io.Copy(up, in)
 	return true
+}
+
+// firstOr is names[0], or "".
+func firstOr(names []string) string {
+	if len(names) == 0 {
+		return ""
+	}
+	return names[0]
 }
 
 // setState records what the flow became.
