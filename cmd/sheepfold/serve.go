@@ -380,6 +380,10 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	if scfg.Secrets, err = secrets.New(st, keys, secrets.Options{}); err != nil {
 		return err
 	}
+	// The gateways put the secrets their policies' rules name into
+	// requests (internal/egress, inject.go).
+	egressSecrets := server.NewEgressSecrets(st, scfg.Secrets)
+	engineOpts = append(engineOpts, func(c *sandbox.Config) { c.Egress.Secrets = egressSecrets })
 	if n, err := scfg.Secrets.Reseal(ctx); err != nil {
 		log.Error("reseal secrets: values sealed under a key missing from the keyring do not open", "err", err)
 	} else if n > 0 {

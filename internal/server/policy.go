@@ -103,6 +103,9 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 	if err := s.checkPolicyLimits(r.Context(), b.owner, p); err != nil {
 		return err
 	}
+	if err := s.checkPolicySecrets(r.Context(), b.owner, p, nil); err != nil {
+		return err
+	}
 	if err := s.admitResize(b, p); err != nil {
 		return err
 	}

@@ -239,6 +239,9 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	if err := checkStrings("env", opt.Env, maxEnv); err != nil {
 		return nil, err
 	}
+	if err := s.checkPolicySecrets(ctx, own, opt.Policy, opt.Env); err != nil {
+		return nil, err
+	}
 	if s.draining.Load() {
 		return nil, apierr.New(apierr.ShuttingDown, "the server is shutting down")
 	}

@@ -198,7 +198,8 @@
 // internal/policy, internal/webhooks (which registers webhooks and
 // delivers to them; webhooks.go serves its endpoints), internal/llm (the
 // model relay), internal/apierr, internal/bound (the ranges of numbers),
-// internal/secrets (the accounts' secrets), internal/e2b,
+// internal/secrets (the accounts' secrets), internal/egress (the
+// gateways' resolver of secrets, secrets_egress.go), internal/e2b,
 // internal/mcpserver (the /mcp endpoint, with a Go SDK client that
 // calls this server in process), internal/agentproto,
 // internal/runtime (limits), internal/lang (metric labels, the ask's
