@@ -382,7 +382,8 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	}
 	// The gateways put the secrets their policies' rules name into
 	// requests (internal/egress, inject.go).
-	egressSecrets := server.NewEgressSecrets(st, scfg.Secrets)
+	egressSecrets := server.NewEgressSecrets(st, scfg.Secrets, log)
+	defer egressSecrets.Close() // after the engine: the last uses are written
 	engineOpts = append(engineOpts, func(c *sandbox.Config) { c.Egress.Secrets = egressSecrets })
 	if n, err := scfg.Secrets.Reseal(ctx); err != nil {
 		log.Error("reseal secrets: values sealed under a key missing from the keyring do not open", "err", err)

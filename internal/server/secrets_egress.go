@@ -3,7 +3,10 @@ package server
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/egress"
@@ -18,10 +21,21 @@ import (
 // does not have is refused when it is given (checkPolicySecrets).
 
 // EgressSecrets resolves, for the egress gateways (egress.Options.Secrets),
-// the secrets of the account that owns each sandbox.
+// the secrets of the account that owns each sandbox, and records their
+// uses (the audit: GET /v1/secrets/{name}/uses, use_count). Uses are
+// queued and written in batches by one goroutine, so that a request
+// through the gateway never waits for a write; Close writes what is
+// queued.
 type EgressSecrets struct {
-	st  store.Store
-	svc *secrets.Service
+	st   store.Store
+	svc  *secrets.Service
+	log  *slog.Logger
+	uses chan egress.SecretUse
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+
+	dropped atomic.Int64 // uses not recorded: the queue was full
 
 	// mu guards owners.
 	mu     sync.Mutex
@@ -30,9 +44,90 @@ type EgressSecrets struct {
 
 var _ egress.Secrets = (*EgressSecrets)(nil)
 
-// NewEgressSecrets returns the resolver over the store's sandboxes and svc.
-func NewEgressSecrets(st store.Store, svc *secrets.Service) *EgressSecrets {
-	return &EgressSecrets{st: st, svc: svc, owners: map[string]string{}}
+// Bounds of the queue of uses.
+const (
+	usesQueue = 4096
+	usesBatch = 256
+	usesDelay = 50 * time.Millisecond
+)
+
+// NewEgressSecrets returns the resolver over the store's sandboxes and
+// svc; Close stops it.
+func NewEgressSecrets(st store.Store, svc *secrets.Service, log *slog.Logger) *EgressSecrets {
+	if log == nil {
+		log = slog.Default()
+	}
+	e := &EgressSecrets{st: st, svc: svc, log: log, owners: map[string]string{},
+		uses: make(chan egress.SecretUse, usesQueue), stop: make(chan struct{}), done: make(chan struct{})}
+	go e.record()
+	return e
+}
+
+// Close writes the uses queued and stops.
+func (e *EgressSecrets) Close() {
+	e.once.Do(func() { close(e.stop) })
+	<-e.done
+}
+
+// record writes the queued uses in batches until Close.
+func (e *EgressSecrets) record() {
+	defer close(e.done)
+	for {
+		var batch []egress.SecretUse
+		select {
+		case u := <-e.uses:
+			batch = append(batch, u)
+		case <-e.stop:
+			for {
+				select {
+				case u := <-e.uses:
+					batch = append(batch, u)
+				default:
+					e.write(batch)
+					return
+				}
+			}
+		}
+		t := time.NewTimer(usesDelay)
+	fill:
+		for len(batch) < usesBatch {
+			select {
+			case u := <-e.uses:
+				batch = append(batch, u)
+			case <-t.C:
+				break fill
+			case <-e.stop:
+				break fill
+			}
+		}
+		t.Stop()
+		e.write(batch)
+	}
+}
+
+// write records a batch of uses in their sandboxes' accounts.
+func (e *EgressSecrets) write(batch []egress.SecretUse) {
+	if len(batch) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out := make([]store.SecretUse, 0, len(batch))
+	for _, u := range batch {
+		own, err := e.owner(ctx, u.SandboxID)
+		if err != nil {
+			e.log.Warn("secret use not recorded: no owner", "sandbox", u.SandboxID, "secret", u.Secret, "err", err)
+			continue
+		}
+		out = append(out, store.SecretUse{Owner: own, Name: u.Secret, SandboxID: u.SandboxID, Host: u.Host,
+			Method: u.Method, Path: u.Path, Outcome: u.Outcome, At: u.At})
+	}
+	if err := e.svc.RecordUses(ctx, out); err != nil {
+		e.log.Error("secret uses not recorded", "count", len(out), "err", err)
+	}
+	if n := e.dropped.Swap(0); n > 0 {
+		e.log.Warn("secret uses not recorded: the queue was full", "count", n)
+	}
 }
 
 // maxOwners bounds the remembered owners of sandboxes.
@@ -65,11 +160,17 @@ func (e *EgressSecrets) Resolve(ctx context.Context, sandboxID, name string) ([]
 	if err != nil {
 		return nil, err
 	}
-	return e.svc.Resolve(ctx, own, name)
+	return e.svc.Value(ctx, own, name)
 }
 
-// Used implements egress.Secrets: the gateway emits each use as an event.
-func (e *EgressSecrets) Used(egress.SecretUse) {}
+// Used implements egress.Secrets: it queues the use, never waiting.
+func (e *EgressSecrets) Used(u egress.SecretUse) {
+	select {
+	case e.uses <- u:
+	default:
+		e.dropped.Add(1)
+	}
+}
 
 // checkPolicySecrets refuses a policy whose rules, or env values, name a
 // secret the account does not have (ERR_INVALID_POLICY naming the field).
