@@ -323,3 +323,41 @@ func TestSecretPipelinedRefusal(t *testing.T) {
 		t.Fatalf("answers %v", got)
 	}
 }
+
+// FuzzScanWriter: the body scanner refuses a body, however it is cut
+// into writes, exactly when the whole body holds a placeholder, and
+// otherwise forwards it unchanged.
+func FuzzScanWriter(f *testing.F) {
+	f.Add([]byte(`{"k":"${secrets.openai}"}`), uint8(9), uint8(3))
+	f.Add([]byte(`a=%24%7bsecrets.x%7d`), uint8(4), uint8(1))
+	f.Add([]byte(`$%7Bsecrets.`), uint8(1), uint8(1))
+	f.Add([]byte(`no placeholder here: secrets.txt ${other}`), uint8(5), uint8(7))
+	f.Fuzz(func(t *testing.T, body []byte, a, b uint8) {
+		var out strings.Builder
+		refused := false
+		sw := &scanWriter{w: &out, bad: func(string) error { refused = true; return errors.New("refused") }}
+		for rest := body; len(rest) > 0 && !refused; {
+			n := min(len(rest), int(a%32)+1)
+			a, b = b, a+b+1
+			if _, err := sw.Write(rest[:n]); err != nil {
+				break
+			}
+			rest = rest[n:]
+		}
+		if !refused {
+			if err := sw.end(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		i, _ := findPlaceholder(body)
+		if refused != (i >= 0) {
+			t.Fatalf("refused %v, whole body has a placeholder at %d: %q", refused, i, body)
+		}
+		if !refused && out.String() != string(body) {
+			t.Fatalf("forwarded %q, want %q", out.String(), body)
+		}
+		if refused && (out.Len() > i || !strings.HasPrefix(string(body), out.String())) {
+			t.Fatalf("forwarded %q, past the placeholder at %d of %q", out.String(), i, body)
+		}
+	})
+}
