@@ -361,3 +361,31 @@ func FuzzScanWriter(f *testing.F) {
 		}
 	})
 }
+
+// TestSecretRulesFollowPolicy: a policy change reaches the next request
+// of an open connection: rules removed, nothing is injected; rules back,
+// the value is.
+func TestSecretRulesFollowPolicy(t *testing.T) {
+	w, _ := newSecretWorld(t)
+	g, _, _ := secretGateway(t, w, injecting())
+	c := dialFlow(t, g, "203.0.113.10:80")
+	req := post("api.test", "/v1/chat", "", "")
+	set := func(n *policy.Network) {
+		pol, err := policy.CompileEgress(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.SetPolicy(pol, 0)
+	}
+	first := exchangeOn(c, req)
+	plain := injecting()
+	plain.Rules = nil
+	set(plain)
+	second := exchangeOn(c, req)
+	set(injecting())
+	third := exchangeOn(c, req)
+	with, without := "200 auth=Bearer "+realValue+" key=", "200 auth= key="
+	if first[0] != with || second[0] != without || third[0] != with {
+		t.Fatalf("with, without, with rules: %q %q %q", first, second, third)
+	}
+}
