@@ -36,6 +36,7 @@ const (
 	benchHTTPSGateway = "HTTPS GET 1 KiB through the egress gateway"
 	benchHTTPNoRule   = "HTTP GET 1 KiB through the egress gateway, no rule"
 	benchHTTPInject   = "HTTP GET 1 KiB through the egress gateway, a rule injecting a secret"
+	benchHTTPSInject  = "HTTPS GET 1 KiB through the egress gateway, a rule injecting a secret (TLS terminated)"
 )
 
 // httpGetScript times n plain HTTP GETs of http://<name>/file, each on a
@@ -124,8 +125,8 @@ func egressBench(ctx context.Context, cfg config.Config, n int, res *benchResult
 	if err != nil {
 		return err
 	}
-	ca := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(ca, certPEM, 0o644); err != nil {
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, certPEM, 0o644); err != nil {
 		return err
 	}
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
@@ -165,9 +166,16 @@ func egressBench(ctx context.Context, cfg config.Config, n int, res *benchResult
 			netip.AddrPortFrom(api, 80): netip.MustParseAddrPort(hln.Addr().String())},
 	}
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ca, err := egress.NewCA()
+	if err != nil {
+		return err
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(certPEM)
 	eng, err := engine.Open(ctx, cfg, fmt.Sprintf("bench-egress-%d", os.Getpid()), 0, quiet, func(c *sandbox.Config) {
 		c.Egress.Test = test
 		c.Egress.Secrets = benchSecrets{}
+		c.Egress.Intercept = &egress.Intercept{CA: ca, Roots: roots}
 	})
 	if err != nil {
 		return err
@@ -181,13 +189,25 @@ func egressBench(ctx context.Context, cfg config.Config, n int, res *benchResult
 	if _, err := sb.WriteFile(ctx, "/tmp/ca.pem", bytes.NewReader(certPEM), 0o644, 1<<20); err != nil {
 		return err
 	}
-	// Rounds alternate between the host and the sandbox, so that both
+	// The same GETs from a sandbox whose rule injects a secret into them:
+	// the gateway terminates their TLS with its CA, which the sandbox
+	// trusts, and verifies the server's certificate.
+	tlsRule := &policy.Network{Mode: policy.NetworkAllowlist, Allow: []string{"files.bench:443"}, Rules: []policy.NetworkRule{{
+		Host: "files.bench", Transform: &policy.Transform{Headers: map[string]string{"Authorization": "Bearer ${secrets.bench}"}}}}}
+	sbTLS, err := eng.Create(ctx, sandbox.CreateOptions{Policy: &policy.Policy{Network: tlsRule}})
+	if err != nil {
+		return err
+	}
+	if _, err := sbTLS.WriteFile(ctx, "/tmp/ca.pem", bytes.NewReader(ca.PEM()), 0o644, 1<<20); err != nil {
+		return err
+	}
+	// Rounds alternate between the host and the sandboxes, so that all
 	// see the same load on a shared machine.
 	const perRound = 5
-	var hostMS, gwMS []float64
+	var hostMS, gwMS, tlsMS []float64
 	for len(gwMS) < n {
 		m := min(perRound, n-len(gwMS))
-		h, err := hostGets(ctx, addr, ca, m)
+		h, err := hostGets(ctx, addr, caFile, m)
 		if err != nil {
 			return err
 		}
@@ -195,11 +215,16 @@ func egressBench(ctx context.Context, cfg config.Config, n int, res *benchResult
 		if err != nil {
 			return err
 		}
-		hostMS, gwMS = append(hostMS, h...), append(gwMS, g...)
+		i, err := sandboxGets(ctx, sbTLS, m)
+		if err != nil {
+			return err
+		}
+		hostMS, gwMS, tlsMS = append(hostMS, h...), append(gwMS, g...), append(tlsMS, i...)
 	}
 	res.Scenarios[benchHTTPSHost] = summarize(hostMS)
 	res.Scenarios[benchHTTPSGateway] = summarize(gwMS)
-	res.order = append(res.order, benchHTTPSHost, benchHTTPSGateway)
+	res.Scenarios[benchHTTPSInject] = summarize(tlsMS)
+	res.order = append(res.order, benchHTTPSHost, benchHTTPSGateway, benchHTTPSInject)
 	return injectBench(ctx, eng, n, res)
 }
 

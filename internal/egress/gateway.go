@@ -42,7 +42,8 @@
 //     policy refuses.
 //   - A policy's rules per destination put the account's secrets into
 //     the plain HTTP requests they match, and refuse a secret's
-//     placeholder anywhere else (inject.go).
+//     placeholder anywhere else (inject.go); for their hosts' HTTPS flows
+//     the gateway terminates TLS with the server's CA (tls.go).
 //
 // # In detail
 //
@@ -194,6 +195,10 @@ type Options struct {
 	// inject and records their uses (inject.go); nil: a rule's request
 	// fails closed.
 	Secrets Secrets
+	// Intercept terminates TLS for the hosts the policy's rules name, so
+	// that their requests can be rewritten (tls.go); nil: TLS is never
+	// decrypted.
+	Intercept *Intercept
 	// Test replaces the outside world: for tests and the benchmark only,
 	// never set from configuration or the API.
 	Test *TestNet

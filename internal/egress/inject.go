@@ -265,6 +265,9 @@ func (f *flow) inject(pol *policy.Egress, req *http.Request, names []string, hea
 		in.host, _ = policy.NormalizeName(names[0])
 	}
 	rule := g.ruleFor(pol, f.dst.Addr(), names, in)
+	if f.sni != "" && in.host != f.sni {
+		rule = nil // over terminated TLS, only the name the real host's certificate was verified for
+	}
 	if rule == nil {
 		if i, name := findPlaceholder(head); i >= 0 {
 			where := "a header"

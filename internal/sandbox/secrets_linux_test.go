@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -178,5 +179,83 @@ print("found:", sorted(set(x.split(" ", 1)[-1] for x in found)), "mappings:", sc
 	}
 	if !strings.Contains(logs.String(), "egress secrets injected") {
 		t.Fatalf("the log did not capture the gateway's lines:\n%s", logs.String())
+	}
+}
+
+// TestSecretsOverHTTPSThroughSandbox: a real sandbox whose policy has a
+// rule for api.test, its trust stores carrying the server's CA
+// (TrustEgressCA, egress.TrustEnv). Python's urllib and requests, curl
+// and Node's fetch reach https://api.test through the gateway, which
+// terminates their TLS, verifies the real host against its roots and
+// injects the value. other.test has no rule: its TLS is carried as it is,
+// so the sandbox sees the real host's certificate, which it does not
+// trust (the control: nothing decrypted it).
+func TestSecretsOverHTTPSThroughSandbox(t *testing.T) {
+	const value = "sk-TLS-7f6e5d4c3b2a1908"
+	var mu sync.Mutex
+	var seen []string
+	certPEM, keyPEM := testCert(t, "api.test", "other.test")
+	srv := loopbackTLSServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Host+" "+r.Header.Get("Authorization"))
+		mu.Unlock()
+		fmt.Fprint(w, "ok")
+	}), certPEM, keyPEM)
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(certPEM)
+	ca, err := egress.NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	api, other := netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11")
+	evs := &eventLog{}
+	m := runcEngine(t, func(c *sandbox.Config) {
+		c.Events = evs
+		c.Egress.Secrets = &testSecrets{values: map[string]string{"openai": value}}
+		c.Egress.Intercept = &egress.Intercept{CA: ca, Roots: roots}
+		c.Egress.Test = &egress.TestNet{
+			Hosts:  map[string][]netip.Addr{"api.test": {api}, "other.test": {other}},
+			Routes: map[netip.AddrPort]netip.AddrPort{netip.AddrPortFrom(api, 443): srv, netip.AddrPortFrom(other, 443): srv},
+		}
+	})
+	pol := allowlist("api.test", "other.test")
+	pol.Network.Rules = []policy.NetworkRule{{Host: "api.test", Transform: &policy.Transform{
+		Headers: map[string]string{"Authorization": "Bearer ${secrets.openai}"}}}}
+	env := egress.TrustEnv()
+	env["OPENAI_API_KEY"] = "${secrets.openai}"
+	s := newSandbox(t, m, sandbox.CreateOptions{Policy: pol, Env: env})
+	if err := s.TrustEgressCA(context.Background(), ca.PEM()); err != nil {
+		t.Fatal(err)
+	}
+	got := py(t, s, `
+import os, ssl, urllib.request, urllib.error, requests
+def via_urllib(host):
+    req = urllib.request.Request("https://%s/v1/chat" % host, data=b"{}", headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+    try:
+        return urllib.request.urlopen(req, timeout=10).read().decode()
+    except urllib.error.URLError as e:
+        return "failed: %s" % e.reason
+print(via_urllib("api.test"), "|", requests.post("https://api.test/v1/chat", json={}, timeout=10).text, "|", via_urllib("other.test"))
+`)
+	if !strings.HasPrefix(got, "ok | ok | failed: [SSL: CERTIFICATE_VERIFY_FAILED]") {
+		t.Fatalf("python: %q", got)
+	}
+	res, out, errOut := runAs(t, s, "", "curl", "-sS", "-X", "POST", "https://api.test/v1/chat")
+	if res.ExitCode != 0 || out != "ok" {
+		t.Fatalf("curl: exit %d %q %q", res.ExitCode, out, errOut)
+	}
+	res, out, errOut = runAs(t, s, "", "node", "-e", `fetch("https://api.test/v1/chat", {method: "POST"}).then(r => r.text()).then(t => process.stdout.write(t))`)
+	if res.ExitCode != 0 || out != "ok" {
+		t.Fatalf("node: exit %d %q %q", res.ExitCode, out, errOut)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 4 {
+		t.Fatalf("the server got %q, want 4 requests", seen)
+	}
+	for _, s := range seen {
+		if s != "api.test Bearer "+value {
+			t.Fatalf("the server got %q", seen)
+		}
 	}
 }

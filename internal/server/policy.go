@@ -118,6 +118,7 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	s.trustEgress(r.Context(), b.sb)
 	out := policyJSON(ch.Policy)
 	if err := s.store.UpdateSandboxPolicy(r.Context(), b.sb.ID, out); err != nil {
 		return fmt.Errorf("record policy: %w", err)

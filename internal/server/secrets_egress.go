@@ -11,6 +11,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/policy"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/secrets"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -209,4 +210,36 @@ func (s *Server) checkPolicySecrets(ctx context.Context, own string, p *policy.P
 		}
 	}
 	return nil
+}
+
+// egressTrustEnv adds to env (a copy) what points a sandbox's TLS clients
+// at the bundle that carries the egress CA (egress.TrustEnv), when the
+// gateways terminate TLS and the policy has rules; what the caller set
+// stays.
+func (s *Server) egressTrustEnv(p *policy.Policy, env map[string]string) map[string]string {
+	if s.cfg.EgressCA == nil || p.NetworkPolicy() == nil || len(p.NetworkPolicy().Rules) == 0 {
+		return env
+	}
+	out := make(map[string]string, len(env)+6)
+	for k, v := range egress.TrustEnv() {
+		out[k] = v
+	}
+	for k, v := range env {
+		out[k] = v
+	}
+	return out
+}
+
+// trustEgress adds the egress CA to the trust stores of a sandbox whose
+// policy has rules (sandbox.TrustEgressCA). A sandbox where it cannot be
+// written (a read-only filesystem) is logged: its TLS clients then refuse
+// the gateway's certificates for those hosts, failing closed.
+func (s *Server) trustEgress(ctx context.Context, sb *sandbox.Sandbox) {
+	p := sb.Policy()
+	if s.cfg.EgressCA == nil || p.NetworkPolicy() == nil || len(p.NetworkPolicy().Rules) == 0 {
+		return
+	}
+	if err := sb.TrustEgressCA(context.WithoutCancel(ctx), s.cfg.EgressCA); err != nil {
+		s.log.Warn("the egress CA is not in the sandbox's trust stores: HTTPS to its rules' hosts will fail", "sandbox", sb.ID, "err", err)
+	}
 }

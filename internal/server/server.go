@@ -384,6 +384,11 @@ type Config struct {
 	// Nil: a service over the store whose values are sealed with a
 	// random key of this server's own, which no restart keeps.
 	Secrets *secrets.Service
+	// EgressCA is the PEM of the CA with which the egress gateways
+	// terminate TLS for the hosts of policies' rules (egress.Intercept):
+	// sandboxes whose policy has rules get it in their trust stores
+	// (secrets_egress.go). Nil: the gateways terminate no TLS.
+	EgressCA []byte
 }
 
 func (c *Config) setDefaults() {
