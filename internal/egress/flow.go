@@ -349,6 +349,7 @@ func (f *flow) replyAfter(done <-chan struct{}, w net.Conn, closeUp func()) {
 	if r == nil || ex == nil {
 		return
 	}
+	defer f.reply.Store(nil)
 	wait := time.NewTimer(replyWait)
 	defer wait.Stop()
 answers:

@@ -315,6 +315,7 @@ func (f *flow) terminate(in net.Conn, up net.Conn, hello []byte, name string) bo
 		return true
 	}
 	f.replyAfter(done, sc, func() { uc.Close() })
+	_ = sc.CloseWrite() // close_notify after the answer, over the TLS that carried it
 	return false
 }
 

@@ -124,6 +124,11 @@ func TestSecretOverTLS(t *testing.T) {
 	if !ev.has(events.SecurityViolation, "the body") {
 		t.Fatalf("no secret_misdirected event: %+v", ev.evs)
 	}
+	// After the refusal the TLS connection ends cleanly: nothing but TLS
+	// records came after the answer.
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("after the refusal: %v, want EOF", err)
+	}
 
 	// other.test has no rule: not decrypted, the real certificate.
 	if _, err := tlsDial(t, g, "203.0.113.11:443", "other.test", caPool(t, ca)); err == nil {
