@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"net/url"
+	"strconv"
 	"time"
 )
 
@@ -12,8 +13,23 @@ type Secret struct {
 	Metadata   map[string]string `json:"metadata"`
 	Version    int64             `json:"version"` // 1 when created, one more at each new value
 	CreatedAt  time.Time         `json:"created_at"`
-	UpdatedAt  time.Time         `json:"updated_at"` // when the current version was stored
-	LastUsedAt *time.Time        `json:"last_used_at"`
+	UpdatedAt  time.Time         `json:"updated_at"`   // when the current version was stored
+	LastUsedAt *time.Time        `json:"last_used_at"` // when the egress gateway last put the value into a request
+	UseCount   int64             `json:"use_count"`    // how many requests it put the value into
+}
+
+// SecretUse is one use of a secret at the egress gateway: a request it
+// put the value into (Outcome "injected"), or one it refused for the
+// secret's sake ("misdirected": its placeholder sent where it is not
+// substituted; "unavailable": the value could not be resolved).
+type SecretUse struct {
+	ID        int64     `json:"id"`
+	SandboxID string    `json:"sandbox_id"`
+	Host      string    `json:"host"`
+	Method    string    `json:"method"`
+	Path      string    `json:"path"`
+	Outcome   string    `json:"outcome"`
+	At        time.Time `json:"at"`
 }
 
 // CreateSecret stores a secret of the caller's account. The value is
@@ -68,4 +84,28 @@ func (c *Client) RotateSecret(ctx context.Context, name, value string, metadata 
 // DeleteSecret deletes a secret and its value.
 func (c *Client) DeleteSecret(ctx context.Context, name string) error {
 	return c.call(ctx, request{method: "DELETE", path: "/v1/secrets/" + url.PathEscape(name)}, nil)
+}
+
+// SecretUses lists a secret's uses, newest first: at most limit (1 to
+// 1000; 0 for the server's 100), with ids below before (0: from the
+// newest; the last use's ID gives the next page).
+func (c *Client) SecretUses(ctx context.Context, name string, limit int, before int64) ([]SecretUse, error) {
+	q := url.Values{}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	if before > 0 {
+		q.Set("before", strconv.FormatInt(before, 10))
+	}
+	path := "/v1/secrets/" + url.PathEscape(name) + "/uses"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var body struct {
+		Uses []SecretUse `json:"uses"`
+	}
+	if err := c.call(ctx, request{method: "GET", path: path}, &body); err != nil {
+		return nil, err
+	}
+	return body.Uses, nil
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/config"
+	"github.com/sheepfold/sheepfold/internal/egress"
 	sfengine "github.com/sheepfold/sheepfold/internal/engine"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/llm"
@@ -384,6 +385,21 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	if scfg.Secrets, err = secrets.New(st, keys, secrets.Options{}); err != nil {
 		return err
 	}
+	// The gateways put the secrets their policies' rules name into
+	// requests (internal/egress, inject.go).
+	egressSecrets := server.NewEgressSecrets(st, scfg.Secrets, log)
+	defer egressSecrets.Close() // after the engine: the last uses are written
+	// They terminate TLS for the hosts of those rules with the server's
+	// CA (DATA_DIR/egress-ca.pem), which those sandboxes trust.
+	egressCA, err := egress.LoadCA(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	scfg.EgressCA = egressCA.PEM()
+	engineOpts = append(engineOpts, func(c *sandbox.Config) {
+		c.Egress.Secrets = egressSecrets
+		c.Egress.Intercept = &egress.Intercept{CA: egressCA}
+	})
 	if n, err := scfg.Secrets.Reseal(ctx); err != nil {
 		log.Error("reseal secrets: values sealed under a key missing from the keyring do not open", "err", err)
 	} else if n > 0 {

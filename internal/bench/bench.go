@@ -1028,6 +1028,16 @@ func (r *benchResults) evaluate() {
 			add("HTTPS GET via gateway − from host, p50", g.P50-h.P50, 2, "ms", true)
 		}
 	}
+	if p, ok := r.Scenarios[benchHTTPNoRule]; ok {
+		if i, ok := r.Scenarios[benchHTTPInject]; ok {
+			add("HTTP GET with a secret-injecting rule − without, p50", i.P50-p.P50, 2, "ms", true)
+		}
+	}
+	if g, ok := r.Scenarios[benchHTTPSGateway]; ok {
+		if i, ok := r.Scenarios[benchHTTPSInject]; ok {
+			add("HTTPS GET with a secret-injecting rule (TLS terminated) − without, p50", i.P50-g.P50, 2, "ms", true)
+		}
+	}
 	if n, ok := r.Scenarios[benchWarmNone]; ok {
 		if p, ok := r.Scenarios[benchWarmPolicy]; ok {
 			add("warm 1+1 full policy − none, p50", p.P50-n.P50, 0.3, "ms", true)

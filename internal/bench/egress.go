@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/big"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -33,7 +34,51 @@ import (
 const (
 	benchHTTPSHost    = "HTTPS GET 1 KiB from the host"
 	benchHTTPSGateway = "HTTPS GET 1 KiB through the egress gateway"
+	benchHTTPNoRule   = "HTTP GET 1 KiB through the egress gateway, no rule"
+	benchHTTPInject   = "HTTP GET 1 KiB through the egress gateway, a rule injecting a secret"
+	benchHTTPSInject  = "HTTPS GET 1 KiB through the egress gateway, a rule injecting a secret (TLS terminated)"
 )
+
+// httpGetScript times n plain HTTP GETs of http://<name>/file, each on a
+// new connection, after two unmeasured ones, checking that the answer is
+// the one the server gives a request carrying the secret (x) or not (y).
+const httpGetScript = `
+import json, socket, sys, time
+name, n, want = sys.argv[1], int(sys.argv[2]), sys.argv[3].encode()
+ip = socket.gethostbyname(name)
+req = ("GET /file HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % name).encode()
+out = []
+for i in range(n + 2):
+    t = time.perf_counter()
+    s = socket.create_connection((ip, 80), timeout=10)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    s.sendall(req)
+    data = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            break
+        data += b
+    s.close()
+    assert data.endswith(want * 1024), data[:200]
+    if i >= 2:
+        out.append((time.perf_counter() - t) * 1000)
+print(json.dumps(out))
+`
+
+// benchSecret is the secret the injecting rule puts into requests.
+const benchSecret = "sk-bench-0123456789abcdef"
+
+// benchSecrets resolves benchSecret: an in-memory store, so that the
+// figure is the gateway's own cost (the server's store adds a read of
+// the sealed value: BenchmarkEgressSecretsResolve in internal/server).
+type benchSecrets struct{}
+
+func (benchSecrets) Resolve(context.Context, string, string) ([]byte, error) {
+	return []byte(benchSecret), nil
+}
+
+func (benchSecrets) Used(egress.SecretUse) {}
 
 // httpsGetScript times n HTTPS GETs of https://<name>/file, each on a new
 // connection (TCP and TLS handshakes included), after two unmeasured
@@ -80,8 +125,8 @@ func egressBench(ctx context.Context, cfg config.Config, n int, res *benchResult
 	if err != nil {
 		return err
 	}
-	ca := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(ca, certPEM, 0o644); err != nil {
+	caFile := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(caFile, certPEM, 0o644); err != nil {
 		return err
 	}
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
@@ -96,15 +141,41 @@ func egressBench(ctx context.Context, cfg config.Config, n int, res *benchResult
 	defer srv.Close()
 	addr := netip.MustParseAddrPort(ln.Addr().String())
 
+	// The plain HTTP server of the injection scenarios: x for a request
+	// that carries the secret, y for one that does not.
+	hln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	other := bytes.Repeat([]byte("y"), 1024)
+	hsrv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == "Bearer "+benchSecret {
+			w.Write(file)
+			return
+		}
+		w.Write(other)
+	})}
+	go hsrv.Serve(hln)
+	defer hsrv.Close()
+
 	// From a sandbox, through the gateway.
-	virtual := netip.MustParseAddr("203.0.113.80")
+	virtual, api := netip.MustParseAddr("203.0.113.80"), netip.MustParseAddr("203.0.113.81")
 	test := &egress.TestNet{
-		Hosts:  map[string][]netip.Addr{"files.bench": {virtual}},
-		Routes: map[netip.AddrPort]netip.AddrPort{netip.AddrPortFrom(virtual, 443): addr},
+		Hosts: map[string][]netip.Addr{"files.bench": {virtual}, "api.bench": {api}},
+		Routes: map[netip.AddrPort]netip.AddrPort{netip.AddrPortFrom(virtual, 443): addr,
+			netip.AddrPortFrom(api, 80): netip.MustParseAddrPort(hln.Addr().String())},
 	}
 	quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ca, err := egress.NewCA()
+	if err != nil {
+		return err
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(certPEM)
 	eng, err := engine.Open(ctx, cfg, fmt.Sprintf("bench-egress-%d", os.Getpid()), 0, quiet, func(c *sandbox.Config) {
 		c.Egress.Test = test
+		c.Egress.Secrets = benchSecrets{}
+		c.Egress.Intercept = &egress.Intercept{CA: ca, Roots: roots}
 	})
 	if err != nil {
 		return err
@@ -118,13 +189,25 @@ func egressBench(ctx context.Context, cfg config.Config, n int, res *benchResult
 	if _, err := sb.WriteFile(ctx, "/tmp/ca.pem", bytes.NewReader(certPEM), 0o644, 1<<20); err != nil {
 		return err
 	}
-	// Rounds alternate between the host and the sandbox, so that both
+	// The same GETs from a sandbox whose rule injects a secret into them:
+	// the gateway terminates their TLS with its CA, which the sandbox
+	// trusts, and verifies the server's certificate.
+	tlsRule := &policy.Network{Mode: policy.NetworkAllowlist, Allow: []string{"files.bench:443"}, Rules: []policy.NetworkRule{{
+		Host: "files.bench", Transform: &policy.Transform{Headers: map[string]string{"Authorization": "Bearer ${secrets.bench}"}}}}}
+	sbTLS, err := eng.Create(ctx, sandbox.CreateOptions{Policy: &policy.Policy{Network: tlsRule}})
+	if err != nil {
+		return err
+	}
+	if _, err := sbTLS.WriteFile(ctx, "/tmp/ca.pem", bytes.NewReader(ca.PEM()), 0o644, 1<<20); err != nil {
+		return err
+	}
+	// Rounds alternate between the host and the sandboxes, so that all
 	// see the same load on a shared machine.
 	const perRound = 5
-	var hostMS, gwMS []float64
+	var hostMS, gwMS, tlsMS []float64
 	for len(gwMS) < n {
 		m := min(perRound, n-len(gwMS))
-		h, err := hostGets(ctx, addr, ca, m)
+		h, err := hostGets(ctx, addr, caFile, m)
 		if err != nil {
 			return err
 		}
@@ -132,11 +215,52 @@ func egressBench(ctx context.Context, cfg config.Config, n int, res *benchResult
 		if err != nil {
 			return err
 		}
-		hostMS, gwMS = append(hostMS, h...), append(gwMS, g...)
+		i, err := sandboxGets(ctx, sbTLS, m)
+		if err != nil {
+			return err
+		}
+		hostMS, gwMS, tlsMS = append(hostMS, h...), append(gwMS, g...), append(tlsMS, i...)
 	}
 	res.Scenarios[benchHTTPSHost] = summarize(hostMS)
 	res.Scenarios[benchHTTPSGateway] = summarize(gwMS)
-	res.order = append(res.order, benchHTTPSHost, benchHTTPSGateway)
+	res.Scenarios[benchHTTPSInject] = summarize(tlsMS)
+	res.order = append(res.order, benchHTTPSHost, benchHTTPSGateway, benchHTTPSInject)
+	return injectBench(ctx, eng, n, res)
+}
+
+// injectBench measures the same plain HTTP GETs from two sandboxes, one
+// whose policy has no rule and one whose rule puts a secret into every
+// request (internal/egress, inject.go), in alternating rounds.
+func injectBench(ctx context.Context, eng *engine.Engine, n int, res *benchResults) error {
+	plain := &policy.Network{Mode: policy.NetworkAllowlist, Allow: []string{"api.bench:80"}}
+	ruled := *plain
+	ruled.Rules = []policy.NetworkRule{{Host: "api.bench", Methods: []string{"GET"}, PathPrefix: "/",
+		Transform: &policy.Transform{Headers: map[string]string{"Authorization": "Bearer ${secrets.bench}"}}}}
+	sbPlain, err := eng.Create(ctx, sandbox.CreateOptions{Policy: &policy.Policy{Network: plain}})
+	if err != nil {
+		return err
+	}
+	sbRule, err := eng.Create(ctx, sandbox.CreateOptions{Policy: &policy.Policy{Network: &ruled}})
+	if err != nil {
+		return err
+	}
+	const perRound = 5
+	var plainMS, ruleMS []float64
+	for len(ruleMS) < n {
+		m := min(perRound, n-len(ruleMS))
+		p, err := sandboxScript(ctx, sbPlain, httpGetScript, "api.bench", fmt.Sprint(m), "y")
+		if err != nil {
+			return err
+		}
+		r, err := sandboxScript(ctx, sbRule, httpGetScript, "api.bench", fmt.Sprint(m), "x")
+		if err != nil {
+			return err
+		}
+		plainMS, ruleMS = append(plainMS, p...), append(ruleMS, r...)
+	}
+	res.Scenarios[benchHTTPNoRule] = summarize(plainMS)
+	res.Scenarios[benchHTTPInject] = summarize(ruleMS)
+	res.order = append(res.order, benchHTTPNoRule, benchHTTPInject)
 	return nil
 }
 
@@ -156,8 +280,14 @@ func hostGets(ctx context.Context, addr netip.AddrPort, ca string, n int) ([]flo
 
 // sandboxGets runs the GETs in sb, through the gateway.
 func sandboxGets(ctx context.Context, sb *sandbox.Sandbox, n int) ([]float64, error) {
+	return sandboxScript(ctx, sb, httpsGetScript, "files.bench", "443", "/tmp/ca.pem", fmt.Sprint(n))
+}
+
+// sandboxScript runs a timing script in sb and returns the milliseconds
+// it printed.
+func sandboxScript(ctx context.Context, sb *sandbox.Sandbox, script string, args ...string) ([]float64, error) {
 	var stdout, stderr bytes.Buffer
-	r, err := sb.Run(ctx, sandbox.ProcessSpec{Cmd: "python3", Args: []string{"-c", httpsGetScript, "files.bench", "443", "/tmp/ca.pem", fmt.Sprint(n)},
+	r, err := sb.Run(ctx, sandbox.ProcessSpec{Cmd: "python3", Args: append([]string{"-c", script}, args...),
 		TimeoutMS: 120_000}, func(ev agentproto.Event) {
 		switch ev.Type {
 		case agentproto.EventStdout:

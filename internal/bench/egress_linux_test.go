@@ -27,4 +27,14 @@ func TestEgressBench(t *testing.T) {
 		t.Fatalf("samples: host %d, gateway %d", h.N, g.N)
 	}
 	t.Logf("p50: host %.2f ms, gateway %.2f ms (+%.2f ms); p99: host %.2f ms, gateway %.2f ms", h.P50, g.P50, g.P50-h.P50, h.P99, g.P99)
+	tl := res.Scenarios[benchHTTPSInject]
+	if tl.N != 30 {
+		t.Fatalf("samples: TLS terminated %d", tl.N)
+	}
+	t.Logf("HTTPS p50: no rule %.2f ms, injecting rule with TLS terminated %.2f ms (%+.2f ms); p99: %.2f ms", g.P50, tl.P50, tl.P50-g.P50, tl.P99)
+	p, i := res.Scenarios[benchHTTPNoRule], res.Scenarios[benchHTTPInject]
+	if p.N != 30 || i.N != 30 {
+		t.Fatalf("samples: no rule %d, injecting rule %d", p.N, i.N)
+	}
+	t.Logf("plain HTTP p50: no rule %.2f ms, injecting rule %.2f ms (%+.2f ms, ×%.2f); p99: %.2f ms, %.2f ms", p.P50, i.P50, i.P50-p.P50, i.P50/p.P50, p.P99, i.P99)
 }

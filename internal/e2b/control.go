@@ -142,6 +142,10 @@ type newSandbox struct {
 		// AllowPublicTraffic false makes the ports need the traffic
 		// token (E2B-Traffic-Access-Token); E2B's default is true.
 		AllowPublicTraffic *bool `json:"allowPublicTraffic"`
+		// Rules are E2B's rules per host: headers set on its requests,
+		// whose values may name the account's secrets as ${secrets.NAME}
+		// (network.rules of the policy: internal/egress, inject.go).
+		Rules map[string][]e2bRule `json:"rules"`
 	} `json:"network"`
 	AutoPause    *bool           `json:"autoPause"`
 	MCP          json.RawMessage `json:"mcp"`
@@ -317,10 +321,18 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 // destination out.
 const allTraffic = "0.0.0.0/0"
 
+// e2bRule is one of E2B's rules for a host.
+type e2bRule struct {
+	Transform *struct {
+		Headers map[string]string `json:"headers"`
+	} `json:"transform"`
+}
+
 // networkOf maps E2B's network options onto a network policy (nil: none,
 // Sheepfold's default, where E2B's is open): allowOut becomes an
 // allowlist, allow_internet_access true (with no allowOut) mode public.
 // Deny lists other than ALL_TRAFFIC have no equivalent and are refused.
+// Rules become the policy's rules, by host.
 func networkOf(req newSandbox) (*policy.Network, error) {
 	var allow, denyOut []string
 	if req.Network != nil {
@@ -340,7 +352,26 @@ func networkOf(req newSandbox) (*policy.Network, error) {
 	case req.AllowInternetAccess != nil && *req.AllowInternetAccess && !denyAll:
 		n = &policy.Network{Mode: policy.NetworkPublic}
 	default:
+		if req.Network != nil && len(req.Network.Rules) > 0 {
+			return nil, badRequest("network.rules need network.allowOut or allow_internet_access: a rule grants no access")
+		}
 		return nil, nil
+	}
+	if req.Network != nil {
+		hosts := make([]string, 0, len(req.Network.Rules))
+		for h := range req.Network.Rules {
+			hosts = append(hosts, h)
+		}
+		slices.Sort(hosts)
+		for _, h := range hosts {
+			for _, r := range req.Network.Rules[h] {
+				nr := policy.NetworkRule{Host: h}
+				if r.Transform != nil {
+					nr.Transform = &policy.Transform{Headers: r.Transform.Headers}
+				}
+				n.Rules = append(n.Rules, nr)
+			}
+		}
 	}
 	if _, err := policy.CompileEgress(n); err != nil {
 		return nil, badRequest("%v", err)

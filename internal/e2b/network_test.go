@@ -25,6 +25,13 @@ func TestNetworkOf(t *testing.T) {
 			&policy.Network{Mode: "allowlist", Allow: []string{"8.8.8.0/24"}}, false},
 		{`{"network": {"denyOut": ["1.1.1.1"]}}`, nil, true},
 		{`{"network": {"allowOut": ["not a host"]}}`, nil, true},
+		{`{"network": {"allowOut": ["api.openai.com", "b.test"], "rules": {"b.test": [{"transform": {"headers": {"X": "1"}}}],
+			"api.openai.com": [{"transform": {"headers": {"Authorization": "Bearer ${secrets.openai}"}}}]}}}`,
+			&policy.Network{Mode: "allowlist", Allow: []string{"api.openai.com", "b.test"}, Rules: []policy.NetworkRule{
+				{Host: "api.openai.com", Transform: &policy.Transform{Headers: map[string]string{"Authorization": "Bearer ${secrets.openai}"}}},
+				{Host: "b.test", Transform: &policy.Transform{Headers: map[string]string{"X": "1"}}}}}, false},
+		{`{"network": {"rules": {"api.openai.com": [{"transform": {"headers": {"X": "1"}}}]}}}`, nil, true},
+		{`{"network": {"allowOut": ["a.test"], "rules": {"a.test": [{"transform": {"headers": {"Host": "b.test"}}}]}}}`, nil, true},
 	}
 	for _, c := range cases {
 		var req newSandbox

@@ -62,6 +62,36 @@ type flow struct {
 	names      []string
 	ex         *exchange // the HTTP exchange whose answers are followed
 	unfollowed bool      // the answers went on unfollowed (the server spoke first)
+
+	// reply is what the sandbox is answered when carry refused a request
+	// for a secret's sake (inject.go), once the answers to the requests
+	// before it went back.
+	reply atomic.Pointer[reply]
+	// mute stops the answers going on to the sandbox: set once the
+	// answers to the requests before a refused one went back, so that
+	// nothing the outside says to the refused one reaches it.
+	mute atomic.Bool
+
+	// For a flow whose TLS the gateway terminates (tls.go): the outside
+	// end, the end of the answers splice follows before the flow is
+	// judged, and whether the outside spoke before the sandbox. takeover
+	// (under mu) says the outside end was taken from those answers.
+	up        net.Conn
+	answering chan struct{}
+	spoke     atomic.Bool
+	takeover  bool
+	sni       string // the name whose TLS the gateway terminated, set before its requests are read
+}
+
+// replyWait bounds how long a refusal's answer waits for the answers to
+// the requests before it.
+const replyWait = 10 * time.Second
+
+// reply is a refusal's answer, given when outstanding requests (those
+// forwarded whose answer did not go back whole) are all that are.
+type reply struct {
+	text        []byte
+	outstanding int64
 }
 
 // refusal says why connect refused a connection, with the HTTP status a
@@ -281,10 +311,18 @@ func (f *flow) splice(in HalfConn, up net.Conn) {
 	defer up.Close()
 	out := meteredConn{Conn: up, f: f}
 	done := make(chan struct{})
+	f.mu.Lock()
+	f.up, f.answering = up, done
+	f.mu.Unlock()
 	go func() {
 		defer close(done)
 		f.answers(in, out)
-		_ = in.CloseWrite()
+		f.mu.Lock()
+		taken := f.takeover
+		f.mu.Unlock()
+		if f.reply.Load() == nil && !taken {
+			_ = in.CloseWrite()
+		}
 	}()
 	if f.carry(in, out) {
 		if hc, ok := up.(interface{ CloseWrite() error }); ok {
@@ -294,16 +332,59 @@ func (f *flow) splice(in HalfConn, up net.Conn) {
 		case <-done:
 		case <-f.ctx.Done():
 		}
+		return
+	}
+	f.replyAfter(done, in, func() { up.Close() })
+}
+
+// replyAfter answers the sandbox on w why carry refused a request, if it
+// did for a secret's sake: once the answers to the requests before it
+// went back (done closes when the answers end), the outside end closed
+// (closeUp).
+func (f *flow) replyAfter(done <-chan struct{}, w net.Conn, closeUp func()) {
+	f.mu.Lock()
+	ex := f.ex
+	f.mu.Unlock()
+	r := f.reply.Load()
+	if r == nil || ex == nil {
+		return
+	}
+	defer f.reply.Store(nil)
+	wait := time.NewTimer(replyWait)
+	defer wait.Stop()
+answers:
+	for ex.forwarded.Load()-ex.answered.Load() > r.outstanding {
+		select {
+		case <-ex.answer:
+		case <-done:
+			break answers
+		case <-wait.C:
+			break answers
+		case <-f.ctx.Done():
+			return
+		}
+	}
+	f.mute.Store(true)
+	closeUp()
+	select {
+	case <-done:
+	case <-f.ctx.Done():
+		return
+	}
+	if ex.forwarded.Load()-ex.answered.Load() == r.outstanding {
+		_ = w.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		_, _ = w.Write(r.text)
 	}
 }
 
 // answers carries what the outside sends to the sandbox. On a plain HTTP
 // flow it follows the answers (exchange.answers) as they go by.
 func (f *flow) answers(in io.Writer, up io.Reader) {
-	br := bufio.NewReaderSize(&teeReader{r: up, w: in}, 32<<10)
+	br := bufio.NewReaderSize(&teeReader{r: up, w: in, mute: &f.mute}, 32<<10)
 	if _, err := br.Peek(1); err != nil {
 		return
 	}
+	f.spoke.Store(true)
 	f.mu.Lock()
 	ex := f.ex
 	f.unfollowed = ex == nil
@@ -313,6 +394,9 @@ func (f *flow) answers(in io.Writer, up io.Reader) {
 	}
 	// What br holds went on through the tee already; the rest goes
 	// straight across.
+	if f.mute.Load() {
+		return
+	}
 	_, _ = io.CopyBuffer(in, up, make([]byte, 32<<10))
 }
 
@@ -328,14 +412,21 @@ func (f *flow) follow(ex *exchange) {
 	f.ex = ex
 }
 
-// teeReader forwards every byte it reads from r to w.
+// teeReader forwards every byte it reads from r to w, until mute.
 type teeReader struct {
-	r io.Reader
-	w io.Writer
+	r    io.Reader
+	w    io.Writer
+	mute *atomic.Bool
 }
+
+// errMuted ends the answers of a flow whose request was refused.
+var errMuted = errors.New("answers muted after a refusal")
 
 func (t *teeReader) Read(p []byte) (int, error) {
 	n, err := t.r.Read(p)
+	if t.mute != nil && t.mute.Load() {
+		return 0, errMuted
+	}
 	if n > 0 {
 		if _, werr := t.w.Write(p[:n]); werr != nil {
 			return n, werr
@@ -346,7 +437,7 @@ func (t *teeReader) Read(p []byte) (int, error) {
 
 // carry forwards what the sandbox sends, judging it on the way; false
 // means the flow was refused and is to be closed at once.
-func (f *flow) carry(in net.Conn, up io.Writer) bool {
+func (f *flow) carry(in net.Conn, up net.Conn) bool {
 	g := f.g
 	proto, name, read, err := sniff(in, sniffTimeout)
 	switch {
@@ -361,26 +452,7 @@ func (f *flow) carry(in net.Conn, up io.Writer) bool {
 		g.report(deny(events.KindNetworkDenied, "unreadable first message: "+err.Error()), protoOther, f.target)
 		return false
 	case proto == protoHTTP:
-		ex := newExchange()
-		f.follow(ex)
-		first := true
-		err := ex.requests(bufio.NewReaderSize(io.MultiReader(bytes.NewReader(read), in), 16<<10), up,
-			func(req *http.Request, names []string) error {
-				if !f.claim(protoHTTP, flowHTTP, names, "an HTTP request without Host") {
-					return errRefused
-				}
-				if !first && !g.countRequest(f.target) {
-					return errRefused
-				}
-				first = false
-				return nil
-			},
-			func() { f.setState(flowUpgraded) })
-		var bad *malformedError
-		if errors.As(err, &bad) || errors.Is(err, errUnfollowed) {
-			g.report(deny(events.KindNetworkDenied, "http: "+err.Error()), protoHTTP, f.target)
-		}
-		return err == nil
+		return f.carryHTTP(bufio.NewReaderSize(io.MultiReader(bytes.NewReader(read), in), 16<<10), up)
 	case proto == protoTLS:
 		var names []string
 		why := "TLS without SNI"
@@ -393,6 +465,9 @@ func (f *flow) carry(in net.Conn, up io.Writer) bool {
 		if !f.claim(protoTLS, flowTLS, names, why) {
 			return false
 		}
+		if err == nil && g.interceptRule(g.pol.Load(), f.dst.Addr(), name) != nil {
+			return f.terminate(in, up, read, name)
+		}
 	default:
 		if !f.claim(protoOther, flowOpaque, nil, "neither a TLS ClientHello nor an HTTP/1 request") {
 			return false
@@ -403,6 +478,63 @@ func (f *flow) carry(in net.Conn, up io.Writer) bool {
 	}
 	_, _ = io.Copy(up, in)
 	return true
+}
+
+// carryHTTP carries plain HTTP/1 requests read from r to up, judging
+// each (and, under rules per destination, injecting and scanning it);
+// false means a request was refused.
+func (f *flow) carryHTTP(r *bufio.Reader, up io.Writer) bool {
+	g := f.g
+	ex := newExchange()
+	f.follow(ex)
+	first := true
+	var inBody bool // the refusal came from a request's body
+	err := ex.requests(r, up,
+		func(req *http.Request, names []string, head []byte) ([]byte, func(string) error, error) {
+			if !f.claim(protoHTTP, flowHTTP, names, "an HTTP request without Host") {
+				return nil, nil, errRefused
+			}
+			if !first && !g.countRequest(f.target) {
+				return nil, nil, errRefused
+			}
+			first = false
+			pol := g.pol.Load()
+			if !pol.Injects() {
+				return head, nil, nil
+			}
+			out, err := f.inject(pol, req, names, head)
+			if err != nil {
+				return nil, nil, err
+			}
+			host, _ := policy.NormalizeName(firstOr(names))
+			in := injection{host: host, method: req.Method, path: req.URL.EscapedPath()}
+			return out, func(name string) error {
+				inBody = true
+				return f.misdirected(in, name, "the body")
+			}, nil
+		},
+		func() { f.setState(flowUpgraded) })
+	var bad *malformedError
+	var se *secretError
+	switch {
+	case errors.As(err, &se):
+		r := &reply{text: se.answer()}
+		if inBody {
+			r.outstanding = 1
+		}
+		f.reply.Store(r)
+	case errors.As(err, &bad) || errors.Is(err, errUnfollowed):
+		g.report(deny(events.KindNetworkDenied, "http: "+err.Error()), protoHTTP, f.target)
+	}
+	return err == nil
+}
+
+// firstOr is names[0], or "".
+func firstOr(names []string) string {
+	if len(names) == 0 {
+		return ""
+	}
+	return names[0]
 }
 
 // setState records what the flow became.

@@ -40,6 +40,10 @@
 //     bytes each way are counted (Bytes) and held to Options.Rate.
 //   - SetPolicy judges the open flows again and closes those the new
 //     policy refuses.
+//   - A policy's rules per destination put the account's secrets into
+//     the plain HTTP requests they match, and refuse a secret's
+//     placeholder anywhere else (inject.go); for their hosts' HTTPS flows
+//     the gateway terminates TLS with the server's CA (tls.go).
 //
 // # In detail
 //
@@ -187,6 +191,14 @@ type Options struct {
 	// Rate bounds one sandbox's bytes a second through the gateway, each
 	// way, over all its connections [DefaultRate; negative: none].
 	Rate int64
+	// Secrets resolves the secrets the policy's rules per destination
+	// inject and records their uses (inject.go); nil: a rule's request
+	// fails closed.
+	Secrets Secrets
+	// Intercept terminates TLS for the hosts the policy's rules name, so
+	// that their requests can be rewritten (tls.go); nil: TLS is never
+	// decrypted.
+	Intercept *Intercept
 	// Test replaces the outside world: for tests and the benchmark only,
 	// never set from configuration or the API.
 	Test *TestNet

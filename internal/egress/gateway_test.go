@@ -361,9 +361,9 @@ func exchangeWith(t *testing.T, input string, judge func(names []string) error, 
 		io.Copy(io.Discard, br)
 	}()
 	var judged [][]string
-	err := ex.requests(bufio.NewReader(strings.NewReader(input)), fromClient, func(_ *http.Request, names []string) error {
+	err := ex.requests(bufio.NewReader(strings.NewReader(input)), fromClient, func(_ *http.Request, names []string, head []byte) ([]byte, func(string) error, error) {
 		judged = append(judged, names)
-		return judge(names)
+		return head, nil, judge(names)
 	}, nil)
 	fromClient.Close()
 	<-server

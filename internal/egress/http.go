@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // Plain HTTP/1 flows. The gateway follows such a flow both ways: every
@@ -51,6 +52,10 @@ type exchange struct {
 	sent chan *pending // requests forwarded, in order, whose answers are awaited
 	lost chan struct{} // closed when the answers are no longer followed
 	once sync.Once
+	// forwarded counts the requests whose head went on, answered those
+	// whose answer went back whole.
+	forwarded, answered atomic.Int64
+	answer              chan struct{} // signalled (never blocking) at each answer counted
 }
 
 // pending is a request forwarded and not yet answered.
@@ -62,7 +67,7 @@ type pending struct {
 }
 
 func newExchange() *exchange {
-	return &exchange{sent: make(chan *pending, maxPipelined), lost: make(chan struct{})}
+	return &exchange{sent: make(chan *pending, maxPipelined), lost: make(chan struct{}), answer: make(chan struct{}, 1)}
 }
 
 // stop says that the answers are no longer followed.
@@ -70,9 +75,12 @@ func (ex *exchange) stop() { ex.once.Do(func() { close(ex.lost) }) }
 
 // judgeFunc decides a request before it is forwarded: names are the
 // host names it claims (the authority of an absolute or CONNECT target,
-// the Host header), without ports, deduplicated. A non-nil error refuses
-// it and ends the flow.
-type judgeFunc func(req *http.Request, names []string) error
+// the Host header), without ports, deduplicated; head is its header
+// block. It returns the header block to forward in its place, and
+// whether to scan its body for secrets' placeholders (scan's refusal is
+// the error its bad returns). A non-nil error refuses it and ends the
+// flow.
+type judgeFunc func(req *http.Request, names []string, head []byte) (out []byte, scan func(name string) error, err error)
 
 // requests carries the requests read from r to w, judging each. After an
 // Upgrade or a CONNECT that the server accepted, the rest is carried as
@@ -91,7 +99,8 @@ func (ex *exchange) requests(r *bufio.Reader, w io.Writer, judge judgeFunc, upgr
 		if err != nil {
 			return err
 		}
-		if err := judge(req, names); err != nil {
+		out, scan, err := judge(req, names, head)
+		if err != nil {
 			return err
 		}
 		p := &pending{method: req.Method, upgrade: req.Header.Get("Upgrade") != ""}
@@ -106,12 +115,25 @@ func (ex *exchange) requests(r *bufio.Reader, w io.Writer, judge judgeFunc, upgr
 				return errUnfollowed
 			}
 		}
-		if _, err := w.Write(head); err != nil {
+		if _, err := w.Write(out); err != nil {
 			return err
 		}
+		ex.forwarded.Add(1)
 		switch {
+		case len(req.TransferEncoding) > 0 && scan != nil:
+			if err := scanChunked(r, w, scan); err != nil {
+				return err
+			}
 		case len(req.TransferEncoding) > 0:
 			if err := forwardChunked(r, w); err != nil {
+				return err
+			}
+		case req.ContentLength > 0 && scan != nil:
+			sc := &scanWriter{w: w, bad: scan}
+			if _, err := io.CopyN(sc, r, req.ContentLength); err != nil {
+				return err
+			}
+			if err := sc.end(); err != nil {
 				return err
 			}
 		case req.ContentLength > 0:
@@ -187,6 +209,11 @@ func (ex *exchange) answers(r *bufio.Reader) {
 			res.Body.Close()
 			if err != nil {
 				return
+			}
+			ex.answered.Add(1)
+			select {
+			case ex.answer <- struct{}{}:
+			default:
 			}
 			break
 		}

@@ -75,13 +75,17 @@ const (
 	ResourceExceeded  Type = "resource_exceeded"
 	PolicyChanged     Type = "policy.changed"
 	AlertCreated      Type = "alert.created" // an account's alert (internal/server alerts.go)
+	// SecretUsed: the egress gateway put a secret into a request, or
+	// refused a request for a secret's sake (Details: secret, host,
+	// method, path, outcome; never the value).
+	SecretUsed Type = "secret.used"
 )
 
 // Types returns the event types above, in the order they were added (the
 // OpenAPI document's EventType enum).
 func Types() []Type {
 	return []Type{SandboxCreated, SandboxStopped, ExecutionStarted, ExecutionFinished, SecurityViolation,
-		ResourceExceeded, PolicyChanged, AlertCreated}
+		ResourceExceeded, PolicyChanged, AlertCreated, SecretUsed}
 }
 
 // Known reports whether t is one of the event types: the types a filter
@@ -96,6 +100,9 @@ const (
 	KindDNSDenied        = "dns_denied"
 	KindPathDenied       = "path_denied"
 	KindSyscallDenied    = "syscall_denied"
+	// KindSecretMisdirected: a placeholder of a secret sent where the
+	// gateway does not substitute it (internal/egress, inject.go).
+	KindSecretMisdirected = "secret_misdirected"
 )
 
 // Resources of resource_exceeded (Details["resource"]).

@@ -99,8 +99,9 @@ func (r EgressRule) matchName(name string) bool {
 
 // Egress is a sandbox's network policy, parsed once.
 type Egress struct {
-	Mode  string // NetworkNone, NetworkAllowlist or NetworkPublic
-	Rules []EgressRule
+	Mode   string // NetworkNone, NetworkAllowlist or NetworkPublic
+	Rules  []EgressRule
+	Inject []InjectRule // Network.Rules (rules.go)
 }
 
 // CompileEgress parses a network policy; nil or an empty mode is "none".
@@ -114,6 +115,9 @@ func CompileEgress(n *Network) (*Egress, error) {
 	case "", NetworkNone:
 		if len(n.Allow) > 0 {
 			return nil, bad("network.allow", "needs mode \"allowlist\"")
+		}
+		if len(n.Rules) > 0 {
+			return nil, bad("network.rules", "need mode \"allowlist\" or \"public\"")
 		}
 		return e, nil
 	case NetworkAllowlist, NetworkPublic:
@@ -133,6 +137,10 @@ func CompileEgress(n *Network) (*Egress, error) {
 			return nil, bad(fmt.Sprintf("network.allow[%d]", i), "%q: %v", s, err)
 		}
 		e.Rules = append(e.Rules, r)
+	}
+	var err error
+	if e.Inject, err = compileRules(n); err != nil {
+		return nil, err
 	}
 	return e, nil
 }

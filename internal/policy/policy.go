@@ -92,10 +92,12 @@ const (
 
 // Network is the egress policy. Mode is "none" (the default),
 // "allowlist" or "public". Allow lists host names (exact, or "*." for
-// any subdomain), each with an optional ":port", and CIDRs.
+// any subdomain), each with an optional ":port", and CIDRs. Rules
+// transform the plain HTTP requests to matching destinations (rules.go).
 type Network struct {
-	Mode  string   `json:"mode,omitempty"`
-	Allow []string `json:"allow,omitempty"`
+	Mode  string        `json:"mode,omitempty"`
+	Allow []string      `json:"allow,omitempty"`
+	Rules []NetworkRule `json:"rules,omitempty"`
 }
 
 // OutputFiltering is applied on the host to stdout, stderr, results and

@@ -230,6 +230,9 @@ func (p *Policy) Validate() error {
 				return bad(fmt.Sprintf("network.allow[%d]", i), "must be a host name, *.domain, host:port or CIDR")
 			}
 		}
+		if _, err := compileRules(n); err != nil {
+			return err
+		}
 	}
 	if o := p.OutputFiltering; o != nil {
 		if err := intRange("output_filtering.max_output_length", o.MaxOutputLength, 1, MaxOutputLength); err != nil {

@@ -100,13 +100,31 @@ type Info struct {
 	CreatedAt  time.Time         `json:"created_at"`
 	UpdatedAt  time.Time         `json:"updated_at"`
 	LastUsedAt *time.Time        `json:"last_used_at"`
+	// UseCount is how many requests the egress gateway put the value
+	// into (the uses recorded with outcome "injected").
+	UseCount int64 `json:"use_count"`
 }
 
 func infoOf(s store.Secret) Info {
 	m := map[string]string{}
 	_ = json.Unmarshal(s.Metadata, &m) // written by Create/Update from a map
-	return Info{Name: s.Name, Metadata: m, Version: s.Version, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt, LastUsedAt: s.LastUsedAt}
+	return Info{Name: s.Name, Metadata: m, Version: s.Version, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt, LastUsedAt: s.LastUsedAt,
+		UseCount: s.UseCount}
 }
+
+// Use is what the API shows of one use of a secret.
+type Use struct {
+	ID        int64     `json:"id"`
+	SandboxID string    `json:"sandbox_id"`
+	Host      string    `json:"host"`
+	Method    string    `json:"method"`
+	Path      string    `json:"path"`
+	Outcome   string    `json:"outcome"`
+	At        time.Time `json:"at"`
+}
+
+// MaxUsesPage bounds one page of Uses.
+const MaxUsesPage = 1000
 
 // CheckName refuses a name that is not 1 to 64 letters, digits and
 // underscores starting with a letter or an underscore.
@@ -279,6 +297,52 @@ func (s *Service) Resolve(ctx context.Context, owner, name string) ([]byte, erro
 		return nil, err
 	}
 	return v, nil
+}
+
+// Value returns a secret's current value, for the server alone (the
+// egress gateway puts it into a request); the use is recorded apart
+// (RecordUses). A value that does not open fails closed.
+func (s *Service) Value(ctx context.Context, owner, name string) ([]byte, error) {
+	sec, err := s.st.GetSecret(ctx, owner, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, notFound(name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	v, err := s.keys.Open(sec.KeyID, owner, name, sec.Version, sec.Sealed)
+	if err != nil {
+		return nil, apierr.Wrap(err, apierr.Internal, "secret %q cannot be read with the server's keys", name)
+	}
+	return v, nil
+}
+
+// RecordUses records uses of secrets (store.SecretStore.RecordSecretUses).
+func (s *Service) RecordUses(ctx context.Context, uses []store.SecretUse) error {
+	return s.st.RecordSecretUses(ctx, uses)
+}
+
+// Uses lists a secret's recorded uses, newest first: at most limit (1 to
+// MaxUsesPage), with ids below before (0: from the newest).
+func (s *Service) Uses(ctx context.Context, owner, name string, before int64, limit int) ([]Use, error) {
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	if err := bound.Int("limit", int64(limit), 1, MaxUsesPage); err != nil {
+		return nil, err
+	}
+	if _, err := s.Get(ctx, owner, name); err != nil {
+		return nil, err
+	}
+	l, err := s.st.ListSecretUses(ctx, owner, name, before, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Use, len(l))
+	for i, u := range l {
+		out[i] = Use{ID: u.ID, SandboxID: u.SandboxID, Host: u.Host, Method: u.Method, Path: u.Path, Outcome: u.Outcome, At: u.At}
+	}
+	return out, nil
 }
 
 // Reseal seals again, under the current key, every value sealed under

@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/sheepfold/sheepfold/client"
+	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/server"
 )
 
@@ -39,6 +42,27 @@ func TestGoSDKSecrets(t *testing.T) {
 	}
 	if _, err := client.New(e.url, e.keyB).GetSecret(ctx, "db_password"); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("another account's secret: %v", err)
+	}
+	// Uses: recorded as the gateway records them, listed newest first.
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Env: map[string]string{"DB": "${secrets.db_password}"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := server.NewEgressSecrets(e.store, e.srv.Secrets(), nil)
+	for i := range 3 {
+		rec.Used(egress.SecretUse{Secret: "db_password", SandboxID: sb.ID, Host: "db.test", Method: "POST", Path: fmt.Sprintf("/q%d", i),
+			Outcome: egress.OutcomeInjected, At: time.Now()})
+	}
+	rec.Close()
+	u, err := c.SecretUses(ctx, "db_password", 2, 0)
+	if err != nil || len(u) != 2 || u[0].Path != "/q2" || u[0].SandboxID != sb.ID || u[0].Outcome != "injected" {
+		t.Fatalf("uses: %+v, %v", u, err)
+	}
+	if u, err = c.SecretUses(ctx, "db_password", 0, u[1].ID); err != nil || len(u) != 1 || u[0].Path != "/q0" {
+		t.Fatalf("uses, next page: %+v, %v", u, err)
+	}
+	if s, err = c.GetSecret(ctx, "db_password"); err != nil || s.UseCount != 3 || s.LastUsedAt == nil {
+		t.Fatalf("after uses: %+v, %v", s, err)
 	}
 	if err := c.DeleteSecret(ctx, "db_password"); err != nil {
 		t.Fatal(err)

@@ -103,6 +103,9 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 	if err := s.checkPolicyLimits(r.Context(), b.owner, p); err != nil {
 		return err
 	}
+	if err := s.checkPolicySecrets(r.Context(), b.owner, p, nil); err != nil {
+		return err
+	}
 	if err := s.admitResize(b, p); err != nil {
 		return err
 	}
@@ -115,6 +118,7 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	s.trustEgress(r.Context(), b.sb)
 	out := policyJSON(ch.Policy)
 	if err := s.store.UpdateSandboxPolicy(r.Context(), b.sb.ID, out); err != nil {
 		return fmt.Errorf("record policy: %w", err)

@@ -239,6 +239,9 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	if err := checkStrings("env", opt.Env, maxEnv); err != nil {
 		return nil, err
 	}
+	if err := s.checkPolicySecrets(ctx, own, opt.Policy, opt.Env); err != nil {
+		return nil, err
+	}
 	if s.draining.Load() {
 		return nil, apierr.New(apierr.ShuttingDown, "the server is shutting down")
 	}
@@ -267,6 +270,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	}
 
 	opt.Owner = own
+	opt.Env = s.egressTrustEnv(opt.Policy, opt.Env)
 	start := time.Now()
 	sb, err := s.engine.Create(context.WithoutCancel(ctx), opt)
 	if err != nil {
@@ -275,6 +279,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	}
 	s.metrics.Created(sb, time.Since(start))
 	s.started(sb, ad.acct)
+	s.trustEgress(ctx, sb)
 	info := sb.Info()
 	out := sandboxFromInfo(info)
 	md, _ := json.Marshal(out.Metadata)

@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"strconv"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/secrets"
@@ -18,6 +19,7 @@ func (s *Server) secretRoutes(add addFunc) {
 	add("PUT /v1/secrets/{name}", true, s.updateSecret)
 	add("POST /v1/secrets/{name}/versions", true, s.updateSecret)
 	add("DELETE /v1/secrets/{name}", true, s.deleteSecret)
+	add("GET /v1/secrets/{name}/uses", true, s.secretUses)
 }
 
 // errNoSecrets answers on a server without a store (tests of routes).
@@ -98,6 +100,40 @@ func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// secretUses lists a secret's uses at the egress gateway, newest first:
+// ?limit= (1 to 1000, 100) and ?before= (an id: the next page).
+func (s *Server) secretUses(w http.ResponseWriter, r *http.Request) error {
+	if s.secrets == nil {
+		return errNoSecrets
+	}
+	q := r.URL.Query()
+	limit, before := 100, int64(0)
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return &apierr.Error{Code: apierr.BadRequest, Message: "limit must be an integer from 1 to 1000", Details: map[string]any{"field": "limit"}}
+		}
+		limit = n
+	}
+	if v := q.Get("before"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			return &apierr.Error{Code: apierr.BadRequest, Message: "before must be a use's id", Details: map[string]any{"field": "before"}}
+		}
+		before = n
+	}
+	l, err := s.secrets.Uses(r.Context(), owner(r), r.PathValue("name"), before, limit)
+	if err != nil {
+		return err
+	}
+	out := map[string]any{"uses": l}
+	if len(l) == limit {
+		out["next"] = strconv.FormatInt(l[len(l)-1].ID, 10)
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 

@@ -199,7 +199,8 @@
 // internal/policy, internal/webhooks (which registers webhooks and
 // delivers to them; webhooks.go serves its endpoints), internal/llm (the
 // model relay), internal/apierr, internal/bound (the ranges of numbers),
-// internal/secrets (the accounts' secrets), internal/e2b,
+// internal/secrets (the accounts' secrets), internal/egress (the
+// gateways' resolver of secrets, secrets_egress.go), internal/e2b,
 // internal/mcpserver (the /mcp endpoint, with a Go SDK client that
 // calls this server in process), internal/agentproto,
 // internal/runtime (limits), internal/lang (metric labels, the ask's
@@ -388,6 +389,11 @@ type Config struct {
 	// Nil: a service over the store whose values are sealed with a
 	// random key of this server's own, which no restart keeps.
 	Secrets *secrets.Service
+	// EgressCA is the PEM of the CA with which the egress gateways
+	// terminate TLS for the hosts of policies' rules (egress.Intercept):
+	// sandboxes whose policy has rules get it in their trust stores
+	// (secrets_egress.go). Nil: the gateways terminate no TLS.
+	EgressCA []byte
 }
 
 func (c *Config) setDefaults() {

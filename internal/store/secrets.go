@@ -19,7 +19,30 @@ type Secret struct {
 	CreatedAt  time.Time
 	UpdatedAt  time.Time // when its current version was stored
 	LastUsedAt *time.Time
+	UseCount   int64 // its uses recorded with outcome SecretInjected
 }
+
+// SecretUse is one use of a secret by a sandbox's request at the egress
+// gateway, or one the gateway refused (internal/egress, inject.go).
+type SecretUse struct {
+	ID        int64 // set by the store; only grows
+	Owner     string
+	Name      string
+	SandboxID string
+	Host      string
+	Method    string
+	Path      string
+	Outcome   string // SecretInjected, or why not ("misdirected", "unavailable")
+	At        time.Time
+}
+
+// SecretInjected is the outcome of a use that put the value into a
+// request: the one that counts in UseCount and LastUsedAt.
+const SecretInjected = "injected"
+
+// MaxSecretUses is how many uses the store keeps of one secret: the
+// newest.
+const MaxSecretUses = 1000
 
 // SecretStore persists secrets. Owner and name identify a secret.
 type SecretStore interface {
@@ -47,6 +70,15 @@ type SecretStore interface {
 	SecretsNotSealedWith(ctx context.Context, keyID string, limit int) ([]Secret, error)
 	// TouchSecret records a use of a secret at at.
 	TouchSecret(ctx context.Context, owner, name string, at time.Time) error
-	// DeleteSecret deletes a secret; ErrNotFound when there is none.
+	// DeleteSecret deletes a secret and its uses; ErrNotFound when
+	// there is none.
 	DeleteSecret(ctx context.Context, owner, name string) error
+	// RecordSecretUses appends uses (their IDs are set in order). A use
+	// of a secret that does not exist is dropped; each injected one
+	// counts in its secret's UseCount and moves its LastUsedAt forward.
+	// Each secret keeps its newest MaxSecretUses.
+	RecordSecretUses(ctx context.Context, uses []SecretUse) error
+	// ListSecretUses lists a secret's uses newest first: at most limit,
+	// with IDs below before (0: from the newest).
+	ListSecretUses(ctx context.Context, owner, name string, before int64, limit int) ([]SecretUse, error)
 }

@@ -94,8 +94,57 @@ func testSecrets(t *testing.T, s store.Store) {
 		t.Fatalf("after a reseal, %d left, want 1", len(old))
 	}
 
+	// Uses: recorded in order, newest first, paged; an injected one
+	// counts and moves last_used_at forward (never back); a use of a
+	// secret that does not exist is dropped; another account's secret of
+	// the same name is apart.
+	uses := []store.SecretUse{
+		{Owner: "acct-a", Name: "openai", SandboxID: "sb1", Host: "api.test", Method: "POST", Path: "/v1", Outcome: store.SecretInjected, At: t1.Add(time.Minute)},
+		{Owner: "acct-a", Name: "openai", SandboxID: "sb1", Host: "evil.test", Method: "GET", Path: "/", Outcome: "misdirected", At: t1.Add(2 * time.Minute)},
+		{Owner: "acct-a", Name: "nope", SandboxID: "sb1", Host: "evil.test", Method: "GET", Path: "/", Outcome: "misdirected", At: t1},
+		{Owner: "acct-a", Name: "openai", SandboxID: "sb2", Host: "api.test", Method: "POST", Path: "/v1", Outcome: store.SecretInjected, At: t1},
+	}
+	if err := s.RecordSecretUses(ctx, uses); err != nil {
+		t.Fatal(err)
+	}
+	if uses[0].ID == 0 || uses[1].ID <= uses[0].ID || uses[2].ID != 0 || uses[3].ID <= uses[1].ID {
+		t.Fatalf("use ids %d %d %d %d", uses[0].ID, uses[1].ID, uses[2].ID, uses[3].ID)
+	}
+	got, _ = s.GetSecret(ctx, "acct-a", "openai")
+	if got.UseCount != 2 || got.LastUsedAt == nil || !got.LastUsedAt.Equal(t1.Add(time.Minute)) {
+		t.Fatalf("after uses: count %d, last used %v", got.UseCount, got.LastUsedAt)
+	}
+	if b, _ := s.GetSecret(ctx, "acct-b", "openai"); b.UseCount != 0 {
+		t.Fatalf("another account's secret counted %d uses", b.UseCount)
+	}
+	ul, err := s.ListSecretUses(ctx, "acct-a", "openai", 0, 2)
+	if err != nil || len(ul) != 2 || ul[0].ID != uses[3].ID || ul[1].ID != uses[1].ID || ul[1].Host != "evil.test" ||
+		ul[1].Outcome != "misdirected" || !ul[1].At.Equal(t1.Add(2*time.Minute)) || ul[0].SandboxID != "sb2" {
+		t.Fatalf("uses, first page: %+v, %v", ul, err)
+	}
+	if ul, err = s.ListSecretUses(ctx, "acct-a", "openai", ul[1].ID, 10); err != nil || len(ul) != 1 || ul[0].ID != uses[0].ID {
+		t.Fatalf("uses, second page: %+v, %v", ul, err)
+	}
+	if ul, _ := s.ListSecretUses(ctx, "acct-b", "openai", 0, 10); len(ul) != 0 {
+		t.Fatalf("another account's uses: %+v", ul)
+	}
+	// Each secret keeps its newest MaxSecretUses.
+	many := make([]store.SecretUse, store.MaxSecretUses+5)
+	for i := range many {
+		many[i] = store.SecretUse{Owner: "acct-b", Name: "openai", SandboxID: "sb3", Host: "h", Method: "GET", Path: "/", Outcome: "misdirected", At: t1}
+	}
+	if err := s.RecordSecretUses(ctx, many); err != nil {
+		t.Fatal(err)
+	}
+	if ul, _ := s.ListSecretUses(ctx, "acct-b", "openai", 0, 2*store.MaxSecretUses); len(ul) != store.MaxSecretUses || ul[len(ul)-1].ID != many[5].ID {
+		t.Fatalf("kept %d uses, want the newest %d", len(ul), store.MaxSecretUses)
+	}
+
 	if err := s.DeleteSecret(ctx, "acct-a", "openai"); err != nil {
 		t.Fatal(err)
+	}
+	if ul, _ := s.ListSecretUses(ctx, "acct-a", "openai", 0, 10); len(ul) != 0 {
+		t.Fatalf("uses after delete: %+v", ul)
 	}
 	if err := s.DeleteSecret(ctx, "acct-a", "openai"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("delete twice: %v", err)

@@ -74,6 +74,8 @@ func populate(t *testing.T, ctx context.Context, st store.Store) {
 	must(st.TouchSecret(ctx, "acct-a", "openai", now.Add(-time.Hour)))
 	must(st.CreateSecret(ctx, store.Secret{Owner: "acct-b", Name: "db", KeyID: "k1", Sealed: []byte{9}, CreatedAt: now.Add(-2 * time.Hour)}, 10))
 	must(st.UpdateSecret(ctx, "acct-b", "db", 2, "k2", []byte{8, 0}, nil, now.Add(-time.Hour)))
+	must(st.RecordSecretUses(ctx, []store.SecretUse{{Owner: "acct-a", Name: "openai", SandboxID: "sb-1", Host: "api.test",
+		Method: "POST", Path: "/v1", Outcome: store.SecretInjected, At: now.Add(-time.Hour)}}))
 
 	// events: the newest one is deleted by retention (its time is old),
 	// so SQLite has handed out an id above every row's.

@@ -55,7 +55,7 @@ from .errors import (
 )
 from .events import Event, EventPage, Events, Webhook, WebhookDelivery, Webhooks, verify_webhook
 from .files import FilePage, Filesystem, WriteEntry
-from .secrets import Secret, Secrets
+from .secrets import Secret, SecretUse, Secrets
 from .models import (
     CodeContext,
     CommandResult,
@@ -110,6 +110,7 @@ __all__ = [
     "WebhookDelivery",
     "Webhooks",
     "Secret",
+    "SecretUse",
     "Secrets",
     "verify_webhook",
     "FilePage",

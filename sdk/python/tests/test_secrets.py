@@ -38,7 +38,10 @@ class TestSecrets(unittest.TestCase):
         rotated = s.rotate("py_token", "py-sk-second")
         self.assertEqual((rotated.version, rotated.metadata), (2, {"env": "ci"}))
         self.assertEqual([x.name for x in s.list()], ["py_token"])
-        self.assertEqual(s.get("py_token").version, 2)
+        self.assertEqual((s.get("py_token").version, s.get("py_token").use_count), (2, 0))
+        self.assertEqual(s.uses("py_token", limit=10), [])
+        with self.assertRaises(NotFoundError):
+            Secrets(api_key=OTHER, base_url=URL).uses("py_token")
         with self.assertRaises(NotFoundError):
             Secrets(api_key=OTHER, base_url=URL).get("py_token")
         s.delete("py_token")
