@@ -57,6 +57,7 @@ var specTable = []apispec.Entry{
 	{V: NewKey{}, Schema: "NewKey"},
 	{V: PolicyAnswer{}, Schema: "PolicyAnswer"},
 	{V: Secret{}, Schema: "Secret"},
+	{V: SecretUse{}, Schema: "SecretUse"},
 	{V: SessionRequest{}, Schema: "CreateSession"},
 	{V: Session{}, Schema: "Session"},
 	{V: SessionExecuteRequest{}, Schema: "SessionExecuteRequest"},

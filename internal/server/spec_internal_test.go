@@ -76,6 +76,7 @@ var wireTypes = []apispec.Entry{
 	{V: webhooks.Hook{}, Schema: "Webhook"},
 	{V: webhooks.Delivery{}, Schema: "WebhookDelivery"},
 	{V: secrets.Info{}, Schema: "Secret"},
+	{V: secrets.Use{}, Schema: "SecretUse"},
 	{V: events.Event{}, Schema: "Event", Own: map[string]string{"Owner": "for fan-out to the owner's streams; never sent"}},
 	{V: metrics.Summary{}, Schema: "MetricsSummary"},
 	{V: metrics.AccountFigures{}, Schema: "MetricsSummary.account"},
