@@ -402,13 +402,9 @@ func forwardChunked(r *bufio.Reader, w io.Writer) error {
 		if _, err := w.Write(line); err != nil {
 			return err
 		}
-		field := line[:len(line)-2]
-		if i := bytes.IndexByte(field, ';'); i >= 0 {
-			field = field[:i]
-		}
-		size, ok := chunkSize(bytes.TrimRight(field, " \t"))
-		if !ok {
-			return malformed("bad chunk size %q", clip(field))
+		size, err := chunkHeader(line)
+		if err != nil {
+			return err
 		}
 		if size == 0 {
 			for { // trailer fields, then the empty line
@@ -463,6 +459,20 @@ func readLine(r *bufio.Reader) ([]byte, error) {
 }
 
 // chunkSize parses a chunk size: 1 to 15 hex digits.
+// chunkHeader reads a chunk's size from its header line (extensions
+// dropped).
+func chunkHeader(line []byte) (int64, error) {
+	field := line[:len(line)-2]
+	if i := bytes.IndexByte(field, ';'); i >= 0 {
+		field = field[:i]
+	}
+	size, ok := chunkSize(bytes.TrimRight(field, " \t"))
+	if !ok {
+		return 0, malformed("bad chunk size %q", clip(field))
+	}
+	return size, nil
+}
+
 func chunkSize(b []byte) (int64, bool) {
 	if len(b) == 0 || len(b) > 15 {
 		return 0, false

@@ -190,13 +190,9 @@ func scanChunked(r *bufio.Reader, w io.Writer, bad func(name string) error) erro
 		if err != nil {
 			return err
 		}
-		field := line[:len(line)-2]
-		if i := bytes.IndexByte(field, ';'); i >= 0 {
-			field = field[:i]
-		}
-		size, ok := chunkSize(bytes.TrimRight(field, " \t"))
-		if !ok {
-			return malformed("bad chunk size %q", clip(field))
+		size, err := chunkHeader(line)
+		if err != nil {
+			return err
 		}
 		if size == 0 {
 			break

@@ -70,11 +70,7 @@ const leafLife = 24 * time.Hour
 
 // NewCA makes a CA with a new key.
 func NewCA() (*CA, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	key, serial, err := newKeySerial()
 	if err != nil {
 		return nil, err
 	}
@@ -94,6 +90,19 @@ func NewCA() (*CA, error) {
 	}
 	return parseCA(append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})...))
+}
+
+// newKeySerial makes a certificate's key and a random serial number.
+func newKeySerial() (*ecdsa.PrivateKey, *big.Int, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	if err != nil {
+		return nil, nil, err
+	}
+	return key, serial, nil
 }
 
 // LoadCA reads the CA of dir/CAFileName, making it (0600) at the first
@@ -180,11 +189,7 @@ func (ca *CA) leaf(name string) (*tls.Certificate, error) {
 	if c, ok := ca.leaves[name]; ok && time.Until(c.Leaf.NotAfter) > leafLife/2 {
 		return c, nil
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	key, serial, err := newKeySerial()
 	if err != nil {
 		return nil, err
 	}

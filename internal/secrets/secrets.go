@@ -278,20 +278,13 @@ func (s *Service) Delete(ctx context.Context, owner, name string) error {
 	return err
 }
 
-// Resolve returns a secret's current value, for the server alone (the
-// egress gateway puts it into a request), and records the use. A value
-// that does not open fails closed.
+// Resolve returns a secret's current value, for the server alone, and
+// touches its last use (Value, then TouchSecret). A value that does not
+// open fails closed.
 func (s *Service) Resolve(ctx context.Context, owner, name string) ([]byte, error) {
-	sec, err := s.st.GetSecret(ctx, owner, name)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, notFound(name)
-	}
+	v, err := s.Value(ctx, owner, name)
 	if err != nil {
 		return nil, err
-	}
-	v, err := s.keys.Open(sec.KeyID, owner, name, sec.Version, sec.Sealed)
-	if err != nil {
-		return nil, apierr.Wrap(err, apierr.Internal, "secret %q cannot be read with the server's keys", name)
 	}
 	if err := s.st.TouchSecret(ctx, owner, name, s.now()); err != nil {
 		return nil, err
