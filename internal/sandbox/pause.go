@@ -1,0 +1,221 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+)
+
+// Pause and resume (runtime.Checkpointer).
+//
+// Pause checkpoints a running sandbox's processes, memory included, into
+// Config.CheckpointDir/<id> and ends them: its memory and pids are freed,
+// its files (the writable layer) stay as they are. Its lifetime stops
+// with it: the time it had left is what it has again at Resume. Resume
+// restores the processes, reaches the agent at its new socket, tells it
+// the time left and starts the engine's timer again. A request that needs
+// the agent (begin, ready) resumes a paused sandbox first, as E2B's
+// connect does.
+//
+// A pause refuses, and leaves the sandbox running as it was, when the
+// sandbox has a request in flight (an execution, a foreground command, a
+// file call: ERR_SANDBOX_STATE), when the runtime cannot checkpoint
+// (ERR_NOT_SUPPORTED: the fake runtime, Kubernetes), when the sandbox has
+// a network (its egress gateway is a host object CRIU cannot dump yet:
+// ERR_NOT_SUPPORTED), or when the engine keeps no checkpoints
+// (Config.CheckpointDir empty). What a pause closes: every connection to
+// the agent (open port forwards, directory watches, process streams end;
+// the processes themselves run on after the resume).
+
+// ErrPaused is the cause of a call that reached a sandbox while it was
+// being paused.
+var ErrPaused = errors.New("the sandbox is paused")
+
+// checkpointer returns the runtime's Checkpointer, or why there is none.
+func (m *Manager) checkpointer() (runtime.Checkpointer, error) {
+	cp, ok := m.cfg.Runtime.(runtime.Checkpointer)
+	if !ok || m.cfg.Shared {
+		return nil, apierr.New(apierr.NotSupported, "this server's runtime (%s) cannot pause sandboxes", m.cfg.Runtime.Name())
+	}
+	if m.cfg.CheckpointDir == "" {
+		return nil, apierr.New(apierr.NotSupported, "this server keeps no checkpoints, so it cannot pause sandboxes")
+	}
+	return cp, nil
+}
+
+// CanPause reports whether the engine can pause sandboxes at all.
+func (m *Manager) CanPause() bool {
+	_, err := m.checkpointer()
+	return err == nil
+}
+
+// checkpointPath is where sandbox id's checkpoint is kept.
+func (m *Manager) checkpointPath(id string) string {
+	return filepath.Join(m.cfg.CheckpointDir, id)
+}
+
+// Pause checkpoints the sandbox and frees its memory and processes. A
+// paused sandbox is paused again without error.
+func (s *Sandbox) Pause(ctx context.Context) error {
+	cp, err := s.m.checkpointer()
+	if err != nil {
+		return err
+	}
+	if s.net != nil {
+		return apierr.New(apierr.NotSupported, "sandbox %s has a network: a sandbox with a network cannot be paused yet", s.ID)
+	}
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	s.mu.Lock()
+	switch {
+	case s.state == StatePaused:
+		s.mu.Unlock()
+		return nil
+	case s.state != StateRunning:
+		s.mu.Unlock()
+		return s.running()
+	case s.busy > 0:
+		n := s.busy
+		s.mu.Unlock()
+		return apierr.New(apierr.SandboxState, "sandbox %s is busy (%d requests in flight: an execution, a command or a file call); pause it when they end", s.ID, n)
+	}
+	now := time.Now()
+	left := s.deadline.Sub(now)
+	if left <= 0 {
+		s.mu.Unlock()
+		return apierr.New(apierr.SandboxTimeout, "sandbox %s timed out: its lifetime ended", s.ID)
+	}
+	s.state = StatePaused
+	s.left = left
+	s.timer.Stop()
+	agent := s.agent
+	s.mu.Unlock()
+
+	// The last metering sample of this run: its cgroup still exists.
+	s.m.pausing(s)
+	// Every connection to the agent goes first: an open one fails the
+	// checkpoint.
+	agent.conns.closeAll()
+	began := time.Now()
+	dir := s.m.checkpointPath(s.ID)
+	if err := os.MkdirAll(s.m.cfg.CheckpointDir, 0o711); err != nil {
+		return s.unpause(err)
+	}
+	if err := cp.Checkpoint(context.WithoutCancel(ctx), s.ID, dir); err != nil {
+		return s.unpause(err)
+	}
+	took := time.Since(began)
+	s.m.log.Info("sandbox paused", "sandbox", s.ID, "took", took.Round(10*time.Microsecond), "left", left.Round(time.Second))
+	s.emit(events.SandboxPaused, "", map[string]any{"took_ms": took.Milliseconds(), "timeout_left_s": int64(left.Seconds())})
+	return nil
+}
+
+// unpause undoes a pause whose checkpoint failed (the runtime left the
+// sandbox running as it was): a new agent client, the timer again.
+func (s *Sandbox) unpause(cause error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StatePaused {
+		return apierr.Wrap(cause, apierr.SandboxState, "sandbox %s is %s", s.ID, s.state)
+	}
+	s.agent = newAgentClient(s.inst, s.m.agentCall, s.m.log.With("sandbox", s.ID))
+	s.state = StateRunning
+	s.deadline = time.Now().Add(s.left)
+	s.timer.Reset(s.left)
+	s.lastActive = time.Now()
+	s.m.resumed(s)
+	if errors.Is(cause, runtime.ErrUnsupported) {
+		return apierr.Wrap(cause, apierr.NotSupported, "sandbox %s cannot be paused: %v", s.ID, cause)
+	}
+	return apierr.Wrap(cause, apierr.Internal, "could not pause sandbox %s; it runs on", s.ID)
+}
+
+// Resume restores a paused sandbox. A running sandbox is resumed
+// without error.
+func (s *Sandbox) Resume(ctx context.Context) error {
+	cp, err := s.m.checkpointer()
+	if err != nil {
+		if s.State() == StatePaused {
+			return err
+		}
+		return s.running()
+	}
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	s.mu.Lock()
+	st, left := s.state, s.left
+	s.mu.Unlock()
+	if st != StatePaused {
+		return s.running()
+	}
+	began := time.Now()
+	dir := s.m.checkpointPath(s.ID)
+	inst, err := cp.Restore(context.WithoutCancel(ctx), s.ID, dir)
+	if err != nil {
+		return apierr.Wrap(err, apierr.Internal, "could not resume sandbox %s; it stays paused", s.ID)
+	}
+	agent := newAgentClient(inst, s.m.agentCall, s.m.log.With("sandbox", s.ID))
+	if err := (&Sandbox{agent: agent}).waitAgent(ctx, s.m.cfg.AgentTimeout, left); err != nil {
+		// The restored processes do not answer: nothing of the
+		// sandbox can be trusted to come back.
+		agent.conns.closeAll()
+		_ = s.m.destroy(s, "could not be resumed")
+		return apierr.Wrap(err, apierr.Internal, "sandbox %s's agent did not answer after the resume; the sandbox is stopped", s.ID)
+	}
+	now := time.Now()
+	s.mu.Lock()
+	if s.state != StatePaused {
+		// Killed while it was being restored: destroy has run (or
+		// runs) and removes what the restore started.
+		s.mu.Unlock()
+		agent.conns.closeAll()
+		return s.running()
+	}
+	s.inst, s.agent = inst, agent
+	s.state = StateRunning
+	s.deadline = now.Add(left)
+	s.timer.Reset(left)
+	s.lastActive, s.lastCPU = now, 0
+	s.mu.Unlock()
+	s.m.resumed(s)
+	if err := os.RemoveAll(dir); err != nil {
+		s.m.log.Warn("remove a resumed sandbox's checkpoint", "sandbox", s.ID, "err", err)
+	}
+	took := time.Since(began)
+	s.m.log.Info("sandbox resumed", "sandbox", s.ID, "took", took.Round(10*time.Microsecond))
+	s.emit(events.SandboxResumed, "", map[string]any{"took_ms": took.Milliseconds()})
+	return nil
+}
+
+// ready fails unless the sandbox can take work; a paused sandbox is
+// resumed first.
+func (s *Sandbox) ready(ctx context.Context) error {
+	if s.State() == StatePaused {
+		if err := s.Resume(ctx); err != nil {
+			return err
+		}
+	}
+	return s.running()
+}
+
+// removeCheckpoint removes a stopped sandbox's checkpoint, if it had one.
+func (m *Manager) removeCheckpoint(id string) {
+	if m.cfg.CheckpointDir == "" {
+		return
+	}
+	if err := os.RemoveAll(m.checkpointPath(id)); err != nil {
+		m.log.Warn("remove a stopped sandbox's checkpoint", "sandbox", id, "err", err)
+	}
+}
+
+// pausedErr is the error of a call that a pause cut off.
+func (s *Sandbox) pausedErr(err error) error {
+	return apierr.Wrap(fmt.Errorf("%w: %w", ErrPaused, err), apierr.SandboxState, "sandbox %s was paused", s.ID)
+}
