@@ -26,13 +26,32 @@ import (
 //
 // A pause refuses, and leaves the sandbox running as it was, when the
 // sandbox has a request in flight (an execution, a foreground command, a
-// file call: ERR_SANDBOX_STATE), when the runtime cannot checkpoint
+// file call; not a stream that only follows a process's output,
+// WithFollower: ERR_SANDBOX_STATE), when the runtime cannot checkpoint
 // (ERR_NOT_SUPPORTED: the fake runtime, Kubernetes), when the sandbox has
 // a network (its egress gateway is a host object CRIU cannot dump yet:
 // ERR_NOT_SUPPORTED), or when the engine keeps no checkpoints
 // (Config.CheckpointDir empty). What a pause closes: every connection to
 // the agent (open port forwards, directory watches, process streams end;
 // the processes themselves run on after the resume).
+
+// followerKey marks a context whose request follows a process's output
+// (WithFollower).
+type followerKey struct{}
+
+// WithFollower marks ctx's request as one that follows a process (its
+// output stream): a pause does not wait for it, but cuts its stream; the
+// process runs on and can be followed again after the resume (Connect).
+// E2B's process streams are such (its background commands keep one
+// open); Connect's always are.
+func WithFollower(ctx context.Context) context.Context {
+	return context.WithValue(ctx, followerKey{}, true)
+}
+
+func isFollower(ctx context.Context) bool {
+	f, _ := ctx.Value(followerKey{}).(bool)
+	return f
+}
 
 // ErrPaused is the cause of a call that reached a sandbox while it was
 // being paused.
@@ -81,8 +100,8 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	case s.state != StateRunning:
 		s.mu.Unlock()
 		return s.running()
-	case s.busy > 0:
-		n := s.busy
+	case s.busy > s.followers:
+		n := s.busy - s.followers
 		s.mu.Unlock()
 		return apierr.New(apierr.SandboxState, "sandbox %s is busy (%d requests in flight: an execution, a command or a file call); pause it when they end", s.ID, n)
 	}
@@ -108,7 +127,16 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	if err := os.MkdirAll(s.m.cfg.CheckpointDir, 0o711); err != nil {
 		return s.unpause(err)
 	}
-	if err := cp.Checkpoint(context.WithoutCancel(ctx), s.ID, dir); err != nil {
+	err = cp.Checkpoint(context.WithoutCancel(ctx), s.ID, dir)
+	if err != nil && !errors.Is(err, runtime.ErrUnsupported) {
+		// A dump that failed left the sandbox running as it was. CRIU
+		// sometimes cannot seize a task caught by the freezer as it
+		// forks or exits (cgroup v1: "unseizable ... state D", after
+		// its 10 s timeout); a second attempt finds it past that.
+		s.m.log.Warn("checkpoint failed; trying once more", "sandbox", s.ID, "err", err)
+		err = cp.Checkpoint(context.WithoutCancel(ctx), s.ID, dir)
+	}
+	if err != nil {
 		return s.unpause(err)
 	}
 	took := time.Since(began)

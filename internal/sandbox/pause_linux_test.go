@@ -142,9 +142,11 @@ for _ in range(200):
 		t.Fatalf("the background server answers %q before the pause", got)
 	}
 	isolation := stdout(run(t, s, "python", isolationProbe))
-	if !strings.Contains(isolation, " 1000 2 1 0000000000000000 0000000000000000 1 ") {
-		t.Fatalf("the probe does not see a confined sandbox before the pause: %s", isolation)
+	if f := strings.Fields(isolation); !strings.Contains(isolation, " 1000 2 1 0000000000000000 0000000000000000 ") ||
+		len(f) < 3 || f[len(f)-3] == "0" || f[len(f)-2] == "0" || f[len(f)-1] == "0" {
+		t.Fatalf("the probe does not see a confined sandbox before the pause (every attack refused): %s", isolation)
 	}
+	t.Logf("isolation: %s", strings.TrimSpace(isolation))
 	initial := sandboxCgroups(cgroup, s.ID)
 	if len(initial) == 0 {
 		t.Fatalf("no cgroup of the sandbox under %s", cgroup)

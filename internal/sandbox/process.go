@@ -141,6 +141,7 @@ func (s *Sandbox) startFailed(err error) error {
 
 // Connect streams a running process's output from now until it ends.
 func (s *Sandbox) Connect(ctx context.Context, pid int, onEvent func(agentproto.Event)) (*ProcessResult, error) {
+	ctx = WithFollower(ctx) // a pause cuts it; the process runs on
 	end, err := s.begin(ctx)
 	if err != nil {
 		return nil, err

@@ -83,6 +83,7 @@ type Sandbox struct {
 	lastActive time.Time     // the last request, or the last CPU seen in use
 	lastCPU    uint64        // CPUNanos at the last idle check
 	busy       int           // requests in flight
+	followers  int           // of busy, streams a pause may cut (WithFollower)
 	announced  bool          // sandbox.created was emitted, so sandbox.stopped will be
 	released   bool          // dropped by Release, not stopped here (shared.go)
 	seen       limitCounts   // the cgroup's limit counters already reported (limits.go)
@@ -148,17 +149,24 @@ func (s *Sandbox) begin(ctx context.Context) (end func(), err error) {
 	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
+	follower := isFollower(ctx)
 	s.mu.Lock()
 	if s.state != StateRunning {
 		s.mu.Unlock()
 		return nil, s.running()
 	}
 	s.busy++
+	if follower {
+		s.followers++
+	}
 	s.lastActive = time.Now()
 	s.mu.Unlock()
 	return func() {
 		s.mu.Lock()
 		s.busy--
+		if follower {
+			s.followers--
+		}
 		s.lastActive = time.Now()
 		s.mu.Unlock()
 	}, nil
