@@ -23,6 +23,8 @@ func (s *Server) sandboxRoutes(add addFunc) {
 	add("GET /v1/sandboxes", true, s.listSandboxes)
 	add("GET /v1/sandboxes/{id}", true, s.getSandbox)
 	add("POST /v1/sandboxes/{id}/timeout", true, s.setTimeout)
+	add("POST /v1/sandboxes/{id}/pause", true, s.pauseSandbox)
+	add("POST /v1/sandboxes/{id}/resume", true, s.resumeSandbox)
 	add("DELETE /v1/sandboxes/{id}", true, s.deleteSandbox)
 }
 
@@ -389,7 +391,7 @@ func (s *Server) lookupID(ctx context.Context, own, id string) (*box, error) {
 	b, ok := s.boxes[id]
 	s.mu.Unlock()
 	if ok && b.sb != nil && b.owner == own {
-		if b.sb.State() == sandbox.StateRunning {
+		if live(b.sb) {
 			return b, nil
 		}
 		s.forget(ctx, b)
@@ -462,8 +464,8 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	state := r.URL.Query().Get("state")
-	if state != "" && state != "all" && state != "running" {
-		return apierr.New(apierr.BadRequest, "state must be running or all")
+	if state != "" && state != "all" && state != "running" && state != "paused" {
+		return apierr.New(apierr.BadRequest, "state must be running, paused or all")
 	}
 	withUsage, err := usageParam(r)
 	if err != nil {
@@ -511,6 +513,9 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	for _, rec := range recs {
 		if sb, ok := live[rec.ID]; ok {
 			j := sandboxFromInfo(sb.Info())
+			if (state == "running" || state == "paused") && j.State != state {
+				continue // the store knows them as live; the engine which
+			}
 			if withUsage {
 				if cpu, mem, ok := s.meter.Now(rec.ID); ok {
 					j.Usage = &liveUsageJSON{CPUSeconds: cpu.Seconds(), MemoryBytes: mem}
@@ -605,5 +610,51 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.forget(r.Context(), b)
 	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// live reports whether a sandbox held here is running or paused (a
+// request that needs it resumes it).
+func live(sb *sandbox.Sandbox) bool {
+	st := sb.State()
+	return st == sandbox.StateRunning || st == sandbox.StatePaused
+}
+
+// pauseSandbox checkpoints a sandbox and frees its memory and processes
+// (internal/sandbox, pause.go); a paused sandbox is paused again without
+// error.
+func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
+	if err := decodeJSON(w, r, &struct{}{}, true); err != nil {
+		return err // the body is optional and takes no fields
+	}
+	b, err := s.lookup(r)
+	if err != nil {
+		return err
+	}
+	if err := b.sb.Pause(context.WithoutCancel(r.Context())); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sandboxFromInfo(b.sb.Info()))
+	return nil
+}
+
+// resumeSandbox restores a paused sandbox; a running one is resumed
+// without error.
+func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
+	if err := decodeJSON(w, r, &struct{}{}, true); err != nil {
+		return err
+	}
+	b, err := s.lookup(r)
+	if err != nil {
+		return err
+	}
+	if err := b.sb.Resume(context.WithoutCancel(r.Context())); err != nil {
+		return err
+	}
+	info := b.sb.Info()
+	if err := s.store.UpdateSandboxExpiry(r.Context(), info.ID, info.Deadline); err != nil {
+		return fmt.Errorf("record the resumed sandbox's expiry: %w", err)
+	}
+	writeJSON(w, http.StatusOK, sandboxFromInfo(info))
 	return nil
 }
