@@ -151,6 +151,16 @@ for _ in range(200):
 	if len(initial) == 0 {
 		t.Fatalf("no cgroup of the sandbox under %s", cgroup)
 	}
+	// A stream following the loop's output does not hold the first
+	// pause back: the pause cuts it (ERR_SANDBOX_STATE), the loop runs on.
+	following := make(chan struct{})
+	followed := make(chan error, 1)
+	go func() {
+		var once sync.Once
+		_, err := s.Connect(ctx, loop, func(agentproto.Event) { once.Do(func() { close(following) }) })
+		followed <- err
+	}()
+	<-following
 
 	var pauses, resumes []time.Duration
 	for round := 1; round <= 10; round++ {
@@ -162,6 +172,11 @@ for _ in range(200):
 		pauses = append(pauses, time.Since(began))
 		if st := s.State(); st != sandbox.StatePaused {
 			t.Fatalf("round %d: state %s after the pause", round, st)
+		}
+		if round == 1 {
+			if err := <-followed; apierr.CodeOf(err) != apierr.SandboxState {
+				t.Fatalf("the stream following the loop ended with %v, want ERR_SANDBOX_STATE (cut by the pause)", err)
+			}
 		}
 		// Nothing of it runs or holds memory: its cgroups are gone
 		// (a cgroup cannot go while a process is in it).
@@ -290,4 +305,52 @@ func lineCount(t *testing.T, s *sandbox.Sandbox, path string) int {
 		t.Fatal(err)
 	}
 	return strings.Count(b.String(), "\n")
+}
+
+// TestKillWhilePausing: a kill that comes while the sandbox is being
+// checkpointed (or restored) stops it, and nothing of it is left (the
+// cleanup checks mounts, cgroups, state and checkpoints).
+func TestKillWhilePausing(t *testing.T) {
+	ctx := context.Background()
+	m, _, _ := pauseEngine(t)
+	for _, resume := range []bool{false, true} {
+		s := newSandbox(t, m, sandbox.CreateOptions{})
+		run(t, s, "python", "x = 1")
+		if resume {
+			if err := s.Pause(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The kill comes from the Pausing or Resumed hook: as the
+		// checkpoint begins, or just after the restore.
+		killed := make(chan error, 1)
+		kill := func(sb *sandbox.Sandbox) {
+			go func() { killed <- m.Kill(ctx, sb.ID) }()
+			for deadline := time.Now().Add(5 * time.Second); sb.State() != sandbox.StateStopping && sb.State() != sandbox.StateStopped; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Error("the kill did not begin")
+					return
+				}
+			}
+		}
+		if resume {
+			m.SetHooks(sandbox.Hooks{Resumed: kill})
+		} else {
+			m.SetHooks(sandbox.Hooks{Pausing: kill})
+		}
+		var err error
+		if resume {
+			err = s.Resume(ctx)
+		} else {
+			err = s.Pause(ctx)
+		}
+		m.SetHooks(sandbox.Hooks{})
+		if kerr := <-killed; kerr != nil {
+			t.Fatalf("kill: %v", kerr)
+		}
+		t.Logf("resume %v: %v", resume, err)
+		if st := s.State(); st != sandbox.StateStopped {
+			t.Fatalf("state %s after the kill", st)
+		}
+	}
 }
