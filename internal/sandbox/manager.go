@@ -239,6 +239,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	if !cfg.Shared {
 		m.reconcile(ctx) // shared ones are the server's collector's
+		m.removeCheckpoints()
 	}
 	if cfg.IdleTimeout > 0 {
 		go m.idleLoop(min(cfg.IdleTimeout/4, 5*time.Second))

@@ -243,6 +243,27 @@ func (m *Manager) removeCheckpoint(id string) {
 	}
 }
 
+// removeCheckpoints removes every checkpoint left by an earlier engine:
+// its sandboxes are destroyed at start (reconcile), paused ones too, and
+// their checkpoints hold their memory.
+func (m *Manager) removeCheckpoints() {
+	if m.cfg.CheckpointDir == "" {
+		return
+	}
+	left, err := os.ReadDir(m.cfg.CheckpointDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		m.log.Error("list checkpoints left over from an earlier run", "err", err)
+	}
+	for _, e := range left {
+		if err := os.RemoveAll(filepath.Join(m.cfg.CheckpointDir, e.Name())); err != nil {
+			m.log.Error("remove a checkpoint left over from an earlier run", "checkpoint", e.Name(), "err", err)
+		}
+	}
+	if len(left) > 0 {
+		m.log.Warn("removed checkpoints left over from an earlier run", "count", len(left))
+	}
+}
+
 // pausedErr is the error of a call that a pause cut off.
 func (s *Sandbox) pausedErr(err error) error {
 	return apierr.Wrap(fmt.Errorf("%w: %w", ErrPaused, err), apierr.SandboxState, "sandbox %s was paused", s.ID)

@@ -354,3 +354,48 @@ func TestKillWhilePausing(t *testing.T) {
 		}
 	}
 }
+
+// TestPausedSandboxAfterRestart: an engine that starts over the runtime
+// of one that stopped without closing (a crash) destroys its paused
+// sandbox as it does the others, and removes its checkpoint (its
+// memory). Paused sandboxes do not survive a restart yet.
+func TestPausedSandboxAfterRestart(t *testing.T) {
+	testutil.RequireRoot(t)
+	ctx := context.Background()
+	rootfs := testutil.TemplateRootFS(t, "python")
+	rt, noLeaks := runcRuntime(t)
+	defer noLeaks()
+	defer rt.Close()
+	dir := testutil.ShortTempDir(t)
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	cfg := sandbox.Config{Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"),
+		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })}
+	crashed, err := sandbox.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := crashed.Create(ctx, sandbox.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(cfg.CheckpointDir); len(left) != 1 {
+		t.Fatalf("checkpoints while paused: %v", left)
+	}
+	// The crashed engine is never closed; a new one starts.
+	m, err := sandbox.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(ctx)
+	if ids, _ := rt.List(ctx); len(ids) != 0 {
+		t.Errorf("the runtime still holds %v after the restart", ids)
+	}
+	if left, _ := os.ReadDir(cfg.CheckpointDir); len(left) != 0 {
+		t.Errorf("checkpoints left after the restart: %v", left)
+	}
+}
