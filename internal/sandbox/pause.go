@@ -149,15 +149,17 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 // sandbox running as it was): a new agent client, the timer again.
 func (s *Sandbox) unpause(cause error) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.state != StatePaused {
-		return apierr.Wrap(cause, apierr.SandboxState, "sandbox %s is %s", s.ID, s.state)
+		st := s.state
+		s.mu.Unlock()
+		return apierr.Wrap(cause, apierr.SandboxState, "sandbox %s is %s", s.ID, st)
 	}
 	s.agent = newAgentClient(s.inst, s.m.agentCall, s.m.log.With("sandbox", s.ID))
 	s.state = StateRunning
 	s.deadline = time.Now().Add(s.left)
 	s.timer.Reset(s.left)
 	s.lastActive = time.Now()
+	s.mu.Unlock()
 	s.m.resumed(s)
 	if errors.Is(cause, runtime.ErrUnsupported) {
 		return apierr.Wrap(cause, apierr.NotSupported, "sandbox %s cannot be paused: %v", s.ID, cause)
@@ -190,7 +192,8 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 		return apierr.Wrap(err, apierr.Internal, "could not resume sandbox %s; it stays paused", s.ID)
 	}
 	agent := newAgentClient(inst, s.m.agentCall, s.m.log.With("sandbox", s.ID))
-	if err := (&Sandbox{agent: agent}).waitAgent(ctx, s.m.cfg.AgentTimeout, left); err != nil {
+	// The caller going away does not undo the restore.
+	if err := (&Sandbox{agent: agent}).waitAgent(context.WithoutCancel(ctx), s.m.cfg.AgentTimeout, left); err != nil {
 		// The restored processes do not answer: nothing of the
 		// sandbox can be trusted to come back.
 		agent.conns.closeAll()

@@ -399,3 +399,45 @@ func TestPausedSandboxAfterRestart(t *testing.T) {
 		t.Errorf("checkpoints left after the restart: %v", left)
 	}
 }
+
+// TestPauseFailureRunsOn: a checkpoint that fails (here: its directory
+// is under one the sandbox's host uid cannot pass through, which the
+// runtime refuses) leaves the sandbox running as it was: ERR_INTERNAL,
+// its variables, a new agent connection and its lifetime.
+func TestPauseFailureRunsOn(t *testing.T) {
+	testutil.RequireRoot(t)
+	ctx := context.Background()
+	rootfs := testutil.TemplateRootFS(t, "python")
+	rt, noLeaks := runcRuntime(t)
+	dir := testutil.ShortTempDir(t)
+	if err := os.Mkdir(filepath.Join(dir, "private"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	m, err := sandbox.New(ctx, sandbox.Config{Runtime: rt, CheckpointDir: filepath.Join(dir, "private", "checkpoints"),
+		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(ctx); err != nil {
+			t.Error(err)
+		}
+		rt.Close()
+		noLeaks()
+	})
+	s := newSandbox(t, m, sandbox.CreateOptions{})
+	run(t, s, "python", "x = 3")
+	deadline := s.Deadline()
+	if err := s.Pause(ctx); apierr.CodeOf(err) != apierr.Internal {
+		t.Fatalf("pause into an unreachable directory: %v, want ERR_INTERNAL", err)
+	}
+	if st := s.State(); st != sandbox.StateRunning {
+		t.Fatalf("state %s after a failed pause", st)
+	}
+	if got := mainText(run(t, s, "python", "x * 2")); got != "6" {
+		t.Fatalf("after the failed pause x * 2 is %q", got)
+	}
+	if d := s.Deadline(); d.Before(deadline.Add(-time.Second)) || d.After(deadline.Add(time.Second)) {
+		t.Errorf("the deadline moved from %v to %v", deadline, d)
+	}
+}
