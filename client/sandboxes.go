@@ -119,6 +119,14 @@ func (c *Client) PauseSandbox(ctx context.Context, id string) (*Sandbox, error) 
 	return &sb, c.call(ctx, request{method: "POST", path: sandboxPath(id, "pause")}, &sb)
 }
 
+// FreezeSandbox pauses a sandbox with the cgroup freezer: its processes
+// stop where they are and keep their memory (still charged and metered),
+// so that its resume takes milliseconds. Resumed as after PauseSandbox.
+func (c *Client) FreezeSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var sb Sandbox
+	return &sb, c.call(ctx, request{method: "POST", path: sandboxPath(id, "pause"), json: map[string]string{"memory": "keep"}}, &sb)
+}
+
 // ResumeSandbox restores a paused sandbox as it was (its variables,
 // background commands and files); a running one is left as it is.
 func (c *Client) ResumeSandbox(ctx context.Context, id string) (*Sandbox, error) {

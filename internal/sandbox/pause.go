@@ -34,6 +34,11 @@ import (
 // (Config.CheckpointDir empty). What a pause closes: every connection to
 // the agent (open port forwards, directory watches, process streams end;
 // the processes themselves run on after the resume).
+//
+// Freeze is the quick variant: the runtime's Freezer (the cgroup
+// freezer) stops the processes where they are, memory kept; the same
+// state, lifetime and resume, but the Pausing and Resumed hooks are not
+// called (its memory is still held, and metered).
 
 // followerKey marks a context whose request follows a process's output
 // (WithFollower).
@@ -92,28 +97,11 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	}
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
+	left, err := s.stopLife()
+	if err != nil || left == 0 {
+		return err
+	}
 	s.mu.Lock()
-	switch {
-	case s.state == StatePaused:
-		s.mu.Unlock()
-		return nil
-	case s.state != StateRunning:
-		s.mu.Unlock()
-		return s.running()
-	case s.busy > s.followers:
-		n := s.busy - s.followers
-		s.mu.Unlock()
-		return apierr.New(apierr.SandboxState, "sandbox %s is busy (%d requests in flight: an execution, a command or a file call); pause it when they end", s.ID, n)
-	}
-	now := time.Now()
-	left := s.deadline.Sub(now)
-	if left <= 0 {
-		s.mu.Unlock()
-		return apierr.New(apierr.SandboxTimeout, "sandbox %s timed out: its lifetime ended", s.ID)
-	}
-	s.state = StatePaused
-	s.left = left
-	s.timer.Stop()
 	agent := s.agent
 	s.mu.Unlock()
 
@@ -145,6 +133,31 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	return nil
 }
 
+// stopLife moves a running sandbox with no request in flight to paused
+// and stops its timer, returning the lifetime it had left; 0 and no
+// error: it is paused already. lifeMu is held.
+func (s *Sandbox) stopLife() (time.Duration, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.state == StatePaused:
+		return 0, nil
+	case s.state != StateRunning:
+		return 0, s.runningLocked()
+	case s.busy > s.followers:
+		return 0, apierr.New(apierr.SandboxState, "sandbox %s is busy (%d requests in flight: an execution, a command or a file call); pause it when they end",
+			s.ID, s.busy-s.followers)
+	}
+	left := time.Until(s.deadline)
+	if left <= 0 {
+		return 0, apierr.New(apierr.SandboxTimeout, "sandbox %s timed out: its lifetime ended", s.ID)
+	}
+	s.state = StatePaused
+	s.left = left
+	s.timer.Stop()
+	return left, nil
+}
+
 // unpause undoes a pause whose checkpoint failed (the runtime left the
 // sandbox running as it was): a new agent client, the timer again.
 func (s *Sandbox) unpause(cause error) error {
@@ -170,20 +183,23 @@ func (s *Sandbox) unpause(cause error) error {
 // Resume restores a paused sandbox. A running sandbox is resumed
 // without error.
 func (s *Sandbox) Resume(ctx context.Context) error {
-	cp, err := s.m.checkpointer()
-	if err != nil {
-		if s.State() == StatePaused {
-			return err
-		}
+	if s.State() != StatePaused {
 		return s.running()
 	}
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
 	s.mu.Lock()
-	st, left := s.state, s.left
+	st, left, frozen := s.state, s.left, s.frozen
 	s.mu.Unlock()
 	if st != StatePaused {
 		return s.running()
+	}
+	if frozen {
+		return s.thaw(ctx, s.m.cfg.Runtime.(runtime.Freezer), left)
+	}
+	cp, err := s.m.checkpointer()
+	if err != nil {
+		return err
 	}
 	began := time.Now()
 	dir := s.m.checkpointPath(s.ID)
@@ -222,6 +238,83 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 	took := time.Since(began)
 	s.m.log.Info("sandbox resumed", "sandbox", s.ID, "took", took.Round(10*time.Microsecond))
 	s.emit(events.SandboxResumed, "", map[string]any{"took_ms": took.Milliseconds()})
+	return nil
+}
+
+// Freeze pauses the sandbox with the cgroup freezer (runtime.Freezer):
+// its processes stop where they are and keep their memory, which stays
+// charged to it, so that Resume is quick. Requests resume it as after
+// Pause; a paused sandbox (either way) is paused again without error.
+// Its lifetime stands still too; its metering does not stop (its memory
+// is still held).
+func (s *Sandbox) Freeze(ctx context.Context) error {
+	fr, ok := s.m.cfg.Runtime.(runtime.Freezer)
+	if !ok || s.m.cfg.Shared {
+		return apierr.New(apierr.NotSupported, "this server's runtime (%s) cannot freeze sandboxes", s.m.cfg.Runtime.Name())
+	}
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	left, err := s.stopLife()
+	if err != nil || left == 0 {
+		return err
+	}
+	// While frozen the agent's own deadline must not pass (its timer
+	// would fire at the thaw, before it is told the time left): it is
+	// given the longest lifetime for the freeze, and the time left again
+	// at the thaw.
+	if err := s.tellLifetime(ctx, left+s.m.cfg.MaxTimeout); err != nil {
+		return s.unpause(err)
+	}
+	s.mu.Lock()
+	agent := s.agent
+	s.mu.Unlock()
+	agent.conns.closeAll()
+	began := time.Now()
+	if err := fr.Freeze(context.WithoutCancel(ctx), s.ID); err != nil {
+		err = s.unpause(err)
+		_ = s.tellLifetime(context.WithoutCancel(ctx), left) // its own deadline back
+		return err
+	}
+	s.mu.Lock()
+	s.frozen = true
+	s.mu.Unlock()
+	took := time.Since(began)
+	s.m.log.Info("sandbox frozen", "sandbox", s.ID, "took", took.Round(10*time.Microsecond), "left", left.Round(time.Second))
+	s.emit(events.SandboxPaused, "", map[string]any{"took_ms": took.Milliseconds(), "timeout_left_s": int64(left.Seconds()), "memory": "kept"})
+	return nil
+}
+
+// thaw resumes a frozen sandbox; lifeMu is held.
+func (s *Sandbox) thaw(ctx context.Context, fr runtime.Freezer, left time.Duration) error {
+	began := time.Now()
+	if err := fr.Thaw(context.WithoutCancel(ctx), s.ID); err != nil {
+		return apierr.Wrap(err, apierr.Internal, "could not resume sandbox %s; it stays paused", s.ID)
+	}
+	s.mu.Lock()
+	if s.state != StatePaused {
+		s.mu.Unlock()
+		return s.running()
+	}
+	s.agent = newAgentClient(s.inst, s.m.agentCall, s.m.log.With("sandbox", s.ID))
+	s.frozen = false
+	s.mu.Unlock()
+	if err := s.tellLifetime(context.WithoutCancel(ctx), left); err != nil {
+		return err // the agent is gone: tellLifetime's gone stopped it
+	}
+	now := time.Now()
+	s.mu.Lock()
+	if s.state != StatePaused {
+		s.mu.Unlock()
+		return s.running()
+	}
+	s.state = StateRunning
+	s.deadline = now.Add(left)
+	s.timer.Reset(left)
+	s.lastActive = now
+	s.mu.Unlock()
+	took := time.Since(began)
+	s.m.log.Info("sandbox thawed", "sandbox", s.ID, "took", took.Round(10*time.Microsecond))
+	s.emit(events.SandboxResumed, "", map[string]any{"took_ms": took.Milliseconds(), "memory": "kept"})
 	return nil
 }
 

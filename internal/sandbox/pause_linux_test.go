@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -439,5 +440,93 @@ func TestPauseFailureRunsOn(t *testing.T) {
 	}
 	if d := s.Deadline(); d.Before(deadline.Add(-time.Second)) || d.After(deadline.Add(time.Second)) {
 		t.Errorf("the deadline moved from %v to %v", deadline, d)
+	}
+}
+
+// freezerState reads the freezer state of sandbox id's cgroup: FROZEN or
+// THAWED (v1 freezer.state; v2 cgroup.freeze 1 or 0).
+func freezerState(t *testing.T, cgroup, id string) string {
+	t.Helper()
+	if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/freezer", cgroup, id, "freezer.state")); err == nil {
+		return strings.TrimSpace(string(b))
+	}
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", cgroup, id, "cgroup.freeze"))
+	if err != nil {
+		t.Fatalf("no freezer of the sandbox: %v", err)
+	}
+	if strings.TrimSpace(string(b)) == "1" {
+		return "FROZEN"
+	}
+	return "THAWED"
+}
+
+// TestFreezeResume: Freeze stops the sandbox's processes in their cgroup
+// (the freezer says FROZEN), keeps their memory charged to it, and a
+// request resumes it quickly with its variables and its background loop
+// going on; a frozen sandbox is killed as a running one is.
+func TestFreezeResume(t *testing.T) {
+	ctx := context.Background()
+	m, cgroup, log := pauseEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{})
+	run(t, s, "python", "x = 20\nblob = bytes(range(256)) * (1 << 16)")
+	if _, err := s.Start(ctx, sandbox.ProcessSpec{Cmd: "sh", Args: []string{"-c", "while true; do echo tick >> /tmp/ticks; sleep 0.05; done"}}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); lineCount(t, s, "/tmp/ticks") == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the loop does not write")
+		}
+	}
+	var freezes, thaws []time.Duration
+	for round := 1; round <= 3; round++ {
+		ticks := lineCount(t, s, "/tmp/ticks")
+		began := time.Now()
+		if err := s.Freeze(ctx); err != nil {
+			t.Fatalf("round %d: freeze: %v", round, err)
+		}
+		freezes = append(freezes, time.Since(began))
+		if st := s.State(); st != sandbox.StatePaused {
+			t.Fatalf("round %d: state %s after the freeze", round, st)
+		}
+		if fs := freezerState(t, cgroup, s.ID); fs != "FROZEN" {
+			t.Fatalf("round %d: the sandbox's freezer is %s", round, fs)
+		}
+		if u, err := s.Usage(ctx); err != nil || u.MemoryBytes < 16<<20 {
+			t.Fatalf("round %d: a frozen sandbox's usage %+v %v: want its memory still charged", round, u, err)
+		}
+		began = time.Now()
+		if err := s.Resume(ctx); err != nil {
+			t.Fatalf("round %d: resume: %v", round, err)
+		}
+		thaws = append(thaws, time.Since(began))
+		if fs := freezerState(t, cgroup, s.ID); fs != "THAWED" {
+			t.Fatalf("round %d: the sandbox's freezer is %s after the resume", round, fs)
+		}
+		if got := mainText(run(t, s, "python", "x += 1\nx, len(blob)")); got != fmt.Sprintf("(%d, 16777216)", 20+round) {
+			t.Fatalf("round %d: after the resume the kernel says %q", round, got)
+		}
+		for deadline := time.Now().Add(10 * time.Second); lineCount(t, s, "/tmp/ticks") <= ticks; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the loop wrote nothing after the resume", round)
+			}
+		}
+	}
+	if p, r := log.count(s.ID, events.SandboxPaused), log.count(s.ID, events.SandboxResumed); p != 3 || r != 3 {
+		t.Errorf("%d sandbox.paused and %d sandbox.resumed events, want 3 of each", p, r)
+	}
+	t.Logf("freeze %v, thaw %v", freezes, thaws)
+	// An execution resumes a frozen sandbox too; then a frozen one is
+	// killed (the cleanup checks nothing is left).
+	if err := s.Freeze(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := mainText(run(t, s, "python", "x")); got != "23" {
+		t.Fatalf("an execution after a freeze says %q", got)
+	}
+	if err := s.Freeze(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Kill(ctx, s.ID); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -88,6 +88,7 @@ type Sandbox struct {
 	released   bool          // dropped by Release, not stopped here (shared.go)
 	seen       limitCounts   // the cgroup's limit counters already reported (limits.go)
 	left       time.Duration // the lifetime a paused sandbox has left (pause.go)
+	frozen     bool          // paused by the freezer, memory kept (pause.go)
 }
 
 // Info is a snapshot of a sandbox for listings.
@@ -176,6 +177,11 @@ func (s *Sandbox) begin(ctx context.Context) (end func(), err error) {
 func (s *Sandbox) running() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.runningLocked()
+}
+
+// runningLocked is running with s.mu held.
+func (s *Sandbox) runningLocked() error {
 	if s.state != StateRunning {
 		msg := fmt.Sprintf("sandbox %s is %s", s.ID, s.state)
 		if s.stopReason != "" {

@@ -127,6 +127,15 @@ func TestPauseResumeAPI(t *testing.T) {
 	if b := string(r.body); strings.Count(b, `"sandbox.paused"`) != 1 || strings.Count(b, `"sandbox.resumed"`) != 1 {
 		t.Errorf("events: want one sandbox.paused and one sandbox.resumed: %s", b)
 	}
+	// memory "keep" freezes it: paused, and resumed the same ways.
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/pause", e.keyA, map[string]any{"memory": "lost"}), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	if st := state(e.do("POST", "/v1/sandboxes/"+id+"/pause", e.keyA, map[string]any{"memory": "keep"})); st != "paused" {
+		t.Fatalf("a freeze answered state %q", st)
+	}
+	if got := exec("print(x + 1)"); got != "43\n" {
+		t.Fatalf("after the freeze x + 1 is %q", got)
+	}
+
 	// The Go SDK's calls; a paused sandbox is killed as a running one is.
 	c := client.New(e.url, e.keyA)
 	ctx := context.Background()
@@ -138,6 +147,12 @@ func TestPauseResumeAPI(t *testing.T) {
 	}
 	if sb, err := c.ResumeSandbox(ctx, id); err != nil || sb.State != "running" {
 		t.Fatalf("ResumeSandbox = %+v, %v", sb, err)
+	}
+	if sb, err := c.FreezeSandbox(ctx, id); err != nil || sb.State != "paused" {
+		t.Fatalf("FreezeSandbox = %+v, %v", sb, err)
+	}
+	if sb, err := c.ResumeSandbox(ctx, id); err != nil || sb.State != "running" {
+		t.Fatalf("ResumeSandbox after FreezeSandbox = %+v, %v", sb, err)
 	}
 	if l, err := c.ListSandboxesIn(ctx, "running"); err != nil || len(l) != 1 || l[0].ID != id {
 		t.Fatalf("ListSandboxesIn(running) = %+v, %v", l, err)

@@ -620,18 +620,33 @@ func live(sb *sandbox.Sandbox) bool {
 	return st == sandbox.StateRunning || st == sandbox.StatePaused
 }
 
-// pauseSandbox checkpoints a sandbox and frees its memory and processes
-// (internal/sandbox, pause.go); a paused sandbox is paused again without
-// error.
+// pauseRequest is the optional body of a pause: memory "disk" (the
+// default: a checkpoint, memory freed) or "keep" (the freezer).
+type pauseRequest struct {
+	Memory string `json:"memory"`
+}
+
+// pauseSandbox checkpoints a sandbox and frees its memory and processes,
+// or with memory "keep" freezes it (internal/sandbox, pause.go); a
+// paused sandbox is paused again without error.
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
-	if err := decodeJSON(w, r, &struct{}{}, true); err != nil {
-		return err // the body is optional and takes no fields
+	var req pauseRequest
+	if err := decodeJSON(w, r, &req, true); err != nil {
+		return err
+	}
+	if req.Memory != "" && req.Memory != "disk" && req.Memory != "keep" {
+		return &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": "memory"},
+			Message: fmt.Sprintf("memory must be disk or keep, not %q", req.Memory)}
 	}
 	b, err := s.lookup(r)
 	if err != nil {
 		return err
 	}
-	if err := b.sb.Pause(context.WithoutCancel(r.Context())); err != nil {
+	pause := b.sb.Pause
+	if req.Memory == "keep" {
+		pause = b.sb.Freeze
+	}
+	if err := pause(context.WithoutCancel(r.Context())); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, sandboxFromInfo(b.sb.Info()))

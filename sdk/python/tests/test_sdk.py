@@ -148,6 +148,10 @@ class TestSandboxLifecycle(FakeServerTest):
         self.assertEqual(len(Sandbox.list()), 2)
         self.assertEqual(sb.resume().state, "running")
         self.assertEqual(self.server.calls("POST", r"/v1/sandboxes/.*/resume")[0].path, f"/v1/sandboxes/{sb.sandbox_id}/resume")
+        self.assertEqual(sb.pause(keep_memory=True).state, "paused")
+        self.assertEqual(self.server.calls("POST", r"/v1/sandboxes/.*/pause")[-1].json(), {"memory": "keep"})
+        self.assertEqual(self.server.calls("POST", r"/v1/sandboxes/.*/pause")[0].json(), {})
+        sb.resume()
         self.server.inject(501, {"error": {"code": "ERR_NOT_SUPPORTED", "message": "this server's runtime (kubernetes) cannot pause sandboxes"}})
         with self.assertRaises(sheepfold.NotSupportedError) as cm:
             sb.pause()
