@@ -48,6 +48,7 @@ const (
 	ErrTooManyConnections   Code = "ERR_TOO_MANY_CONNECTIONS"
 	ErrStorageQuotaExceeded Code = "ERR_STORAGE_QUOTA_EXCEEDED"
 	ErrProcessLimit         Code = "ERR_PROCESS_LIMIT"
+	ErrNotSupported         Code = "ERR_NOT_SUPPORTED"
 )
 
 // Codes lists every code above.
@@ -58,7 +59,7 @@ var Codes = []Code{
 	ErrSessionQuotaExceeded, ErrRateLimited, ErrCapacity, ErrInternal, ErrMethodNotAllowed,
 	ErrStorageUnavailable, ErrShuttingDown, ErrForbidden, ErrInvalidPolicy, ErrSubprocessDenied,
 	ErrCPUTimeExceeded, ErrModelNotFound, ErrProvider, ErrProviderTimeout, ErrSessionNotFound,
-	ErrTooManyConnections, ErrStorageQuotaExceeded, ErrProcessLimit,
+	ErrTooManyConnections, ErrStorageQuotaExceeded, ErrProcessLimit, ErrNotSupported,
 }
 
 // Is makes errors.Is(err, client.ErrXxx) true for an *Error of that code.

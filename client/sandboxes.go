@@ -69,7 +69,7 @@ type createJSON struct {
 type Sandbox struct {
 	ID         string            `json:"id"`
 	Template   string            `json:"template"`
-	State      string            `json:"state"` // running, stopped, ...
+	State      string            `json:"state"` // running, paused, stopped, ...
 	CreatedAt  time.Time         `json:"created_at"`
 	ExpiresAt  time.Time         `json:"expires_at"`
 	Resources  Resources         `json:"resources"`
@@ -135,6 +135,41 @@ func (c *Client) ListSandboxes(ctx context.Context, all bool) ([]Sandbox, error)
 		Sandboxes []Sandbox `json:"sandboxes"`
 	}
 	return out.Sandboxes, c.call(ctx, request{method: "GET", path: "/v1/sandboxes", query: q}, &out)
+}
+
+// ListSandboxesIn lists the caller's sandboxes in one state: "running",
+// "paused", or "all" (the stopped ones the server remembers too).
+func (c *Client) ListSandboxesIn(ctx context.Context, state string) ([]Sandbox, error) {
+	var out struct {
+		Sandboxes []Sandbox `json:"sandboxes"`
+	}
+	return out.Sandboxes, c.call(ctx, request{method: "GET", path: "/v1/sandboxes", query: url.Values{"state": {state}}}, &out)
+}
+
+// PauseSandbox checkpoints a sandbox to the server's disk and frees its
+// memory and processes; its files stay and its lifetime stands still.
+// Any request that needs it (an execution, a command, a file call), or
+// ResumeSandbox, resumes it. ErrNotSupported: the server's runtime
+// cannot checkpoint, or the sandbox has a network; ErrSandboxState: a
+// request of it is in flight.
+func (c *Client) PauseSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var sb Sandbox
+	return &sb, c.call(ctx, request{method: "POST", path: sandboxPath(id, "pause")}, &sb)
+}
+
+// FreezeSandbox pauses a sandbox with the cgroup freezer: its processes
+// stop where they are and keep their memory (still charged and metered),
+// so that its resume takes milliseconds. Resumed as after PauseSandbox.
+func (c *Client) FreezeSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var sb Sandbox
+	return &sb, c.call(ctx, request{method: "POST", path: sandboxPath(id, "pause"), json: map[string]string{"memory": "keep"}}, &sb)
+}
+
+// ResumeSandbox restores a paused sandbox as it was (its variables,
+// background commands and files); a running one is left as it is.
+func (c *Client) ResumeSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var sb Sandbox
+	return &sb, c.call(ctx, request{method: "POST", path: sandboxPath(id, "resume")}, &sb)
 }
 
 // SetTimeout keeps a sandbox alive: it now lives d from now.

@@ -87,6 +87,10 @@ const (
 	// ProcessLimit: a process start refused because the sandbox holds
 	// its limit of tasks (pids); it succeeds again once some end.
 	ProcessLimit Code = "ERR_PROCESS_LIMIT"
+	// NotSupported: this server cannot do what was asked (pause a
+	// sandbox on a runtime that cannot checkpoint, or one with a
+	// network); no state changed.
+	NotSupported Code = "ERR_NOT_SUPPORTED"
 )
 
 // Status is the HTTP status of each code.
@@ -125,6 +129,7 @@ var Status = map[Code]int{
 	TooManyConnections:   http.StatusTooManyRequests,
 	StorageQuotaExceeded: http.StatusTooManyRequests,
 	ProcessLimit:         http.StatusUnprocessableEntity,
+	NotSupported:         http.StatusNotImplemented,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

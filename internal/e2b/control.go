@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -63,12 +64,7 @@ func (h *Handler) controlMux() http.Handler {
 	add("POST /sandboxes/{id}/connect", h.connect)
 	add("POST /v2/sandboxes/{id}/connect", h.connect)
 	add("POST /sandboxes/{id}/resume", h.connect)
-	add("POST /sandboxes/{id}/pause", func(w http.ResponseWriter, r *http.Request, o string) error {
-		if _, err := h.backend.Sandbox(r.Context(), o, r.PathValue("id")); err != nil {
-			return err
-		}
-		return &statusError{http.StatusNotImplemented, "pausing sandboxes is not supported by this server"}
-	})
+	add("POST /sandboxes/{id}/pause", h.pause)
 	// Signed file URLs arrive without sandbox headers.
 	h.route("", "GET /files", "POST /files")
 	mux.Handle("/files", writeDeadlines(http.HandlerFunc(h.signedFiles), h.cfg.WriteTimeout))
@@ -247,7 +243,48 @@ func (h *Handler) listedOf(sb *sandbox.Sandbox) listedJSON {
 	a := h.alias(sb)
 	return listedJSON{SandboxID: in.ID, TemplateID: a, Alias: a, ClientID: clientID, CPUCount: cpus,
 		MemoryMB: in.Limits.MemoryBytes >> 20, DiskSizeMB: in.Limits.DiskBytes >> 20, EnvdVersion: EnvdVersion,
-		StartedAt: in.Created.UTC(), EndAt: in.Deadline.UTC(), State: "running", Metadata: md}
+		StartedAt: in.Created.UTC(), EndAt: in.Deadline.UTC(), State: e2bState(in.State), Metadata: md}
+}
+
+// e2bState is a sandbox's state in E2B's words: running or paused.
+func e2bState(st sandbox.State) string {
+	if st == sandbox.StatePaused {
+		return "paused"
+	}
+	return "running"
+}
+
+// pause pauses a sandbox (internal/sandbox, pause.go): 204, or 409 when
+// it is paused already or busy, as E2B answers; a server that cannot
+// pause, and a pause without memory, answer 501.
+func (h *Handler) pause(w http.ResponseWriter, r *http.Request, owner string) error {
+	var req struct {
+		Memory *bool `json:"memory"`
+	}
+	if err := decodeBody(r, &req); err != nil {
+		return err
+	}
+	sb, err := h.backend.Sandbox(r.Context(), owner, r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if req.Memory != nil && !*req.Memory {
+		// A filesystem-only pause (resumed by a cold boot) has no
+		// equivalent: a pause here always keeps the memory.
+		return &statusError{http.StatusNotImplemented, "a pause without memory (keepMemory: false) is not supported by this server"}
+	}
+	if sb.State() == sandbox.StatePaused {
+		return &statusError{http.StatusConflict, fmt.Sprintf("sandbox %s is already paused", sb.ID)}
+	}
+	if err := sb.Pause(context.WithoutCancel(r.Context())); err != nil {
+		if e := apierr.From(err); e.Code == apierr.SandboxState && sb.State() == sandbox.StateRunning {
+			// Busy: it runs on (a stopped one is gone, 404, as elsewhere).
+			return &statusError{http.StatusConflict, e.Message}
+		}
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // timeoutOf converts E2B's whole seconds of field.
@@ -422,8 +459,8 @@ func (h *Handler) sorted(ctx context.Context, owner string, asc bool) []*sandbox
 	return all
 }
 
-// listV2 pages through running sandboxes, newest first unless order=asc.
-// Paused sandboxes do not exist here, so state=paused alone lists nothing.
+// listV2 pages through running and paused sandboxes, newest first
+// unless order=asc; state=running or state=paused lists only those.
 // The page token is the base64url of the last listed sandbox's start time
 // and id.
 func (h *Handler) listV2(w http.ResponseWriter, r *http.Request, owner string) error {
@@ -432,14 +469,15 @@ func (h *Handler) listV2(w http.ResponseWriter, r *http.Request, owner string) e
 	if err != nil {
 		return err
 	}
-	wantRunning := true
+	wantRunning, wantPaused := true, true
 	if st := q.Get("state"); st != "" {
-		wantRunning = false
+		wantRunning, wantPaused = false, false
 		for s := range strings.SplitSeq(st, ",") {
 			switch strings.TrimSpace(s) {
 			case "running":
 				wantRunning = true
 			case "paused":
+				wantPaused = true
 			default:
 				return badRequest("state must be running or paused")
 			}
@@ -477,9 +515,12 @@ func (h *Handler) listV2(w http.ResponseWriter, r *http.Request, owner string) e
 
 	out := []listedJSON{}
 	next := ""
-	if wantRunning {
+	if wantRunning || wantPaused {
 		for _, sb := range h.sorted(r.Context(), owner, asc) {
 			if cursor != nil && !cursor.before(sb, asc) {
+				continue
+			}
+			if paused := sb.State() == sandbox.StatePaused; paused && !wantPaused || !paused && !wantRunning {
 				continue
 			}
 			if !after.IsZero() && sb.Created.Before(after) {
@@ -656,6 +697,10 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request, owner string) 
 func (h *Handler) extend(ctx context.Context, owner, id string, d time.Duration) (*sandbox.Sandbox, error) {
 	sb, err := h.backend.Sandbox(ctx, owner, id)
 	if err != nil {
+		return nil, err
+	}
+	// Connecting to a paused sandbox resumes it, as on E2B.
+	if err := sb.Resume(context.WithoutCancel(ctx)); err != nil {
 		return nil, err
 	}
 	if time.Now().Add(d).After(sb.Deadline()) {

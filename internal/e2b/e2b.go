@@ -582,6 +582,11 @@ func (h *Handler) target(w http.ResponseWriter, r *http.Request, owner, id strin
 		switch sb.State() {
 		case sandbox.StateRunning:
 			return sb
+		case sandbox.StatePaused:
+			// A request to a paused sandbox resumes it.
+			if err := sb.Resume(context.WithoutCancel(r.Context())); err == nil {
+				return sb
+			}
 		case sandbox.StateStopping, sandbox.StateStopped:
 			abort.Response(r.Context())
 			return nil

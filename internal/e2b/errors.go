@@ -86,6 +86,7 @@ var connectCodes = map[apierr.Code]connect.Code{
 	apierr.ShuttingDown:         connect.CodeUnavailable,
 	apierr.SandboxTimeout:       connect.CodeDeadlineExceeded,
 	apierr.MethodNotAllowed:     connect.CodeUnimplemented,
+	apierr.NotSupported:         connect.CodeUnimplemented,
 	apierr.Internal:             connect.CodeInternal,
 	// The model relay's codes never arise on envd; mapped for the table's
 	// completeness.

@@ -330,7 +330,7 @@ func acceptsGzip(h string) bool {
 // abortIfGone breaks the connection off when the sandbox died under a
 // request, and reports whether it did: the caller then returns.
 func abortIfGone(ctx context.Context) bool {
-	if sb := sandboxFrom(ctx); sb != nil && sb.State() != sandbox.StateRunning {
+	if sb := sandboxFrom(ctx); sb != nil && (sb.State() == sandbox.StateStopping || sb.State() == sandbox.StateStopped) {
 		abort.Response(ctx)
 		return true
 	}

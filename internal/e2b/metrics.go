@@ -88,8 +88,11 @@ func (h *Handler) sampleMetrics(sb *sandbox.Sandbox) *metricsLog {
 		t := time.NewTicker(metricsInterval)
 		defer t.Stop()
 		for now := range t.C {
-			if sb.State() != sandbox.StateRunning {
+			switch sb.State() {
+			case sandbox.StateStopping, sandbox.StateStopped:
 				return
+			case sandbox.StatePaused:
+				continue // nothing runs; sampling goes on after the resume
 			}
 			// A sample that failed is skipped: a Pod's usage comes from
 			// its agent, over the network, which may miss one.

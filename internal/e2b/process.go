@@ -166,7 +166,9 @@ func (p *processService) Start(ctx context.Context, req *connect.Request[process
 	runErr, sendErr := streamProcess(ctx, req.Header(), func(ev *processpb.ProcessEvent) error {
 		return stream.Send(&processpb.StartResponse{Event: ev})
 	}, func(ctx context.Context, onEvent func(agentproto.Event)) (*sandbox.ProcessResult, error) {
-		return sandboxFrom(ctx).Run(ctx, spec, onEvent)
+		// A pause cuts the stream, as E2B's does; the process runs on
+		// (the SDK's background commands keep such a stream open).
+		return sandboxFrom(ctx).Run(sandbox.WithFollower(ctx), spec, onEvent)
 	})
 	if apierrIsNotFound(runErr) && spec.Cwd != "" {
 		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd %q: %w", spec.Cwd, runErr))

@@ -11,6 +11,7 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"path/filepath"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/config"
@@ -49,10 +50,13 @@ func Open(ctx context.Context, cfg config.Config, instance string, idle time.Dur
 	if err != nil {
 		return nil, err
 	}
+	// Paused sandboxes' checkpoints are kept on disk beside the runtime's
+	// state: they are their memory, which a pause frees.
+	checkpoints := func(c *sandbox.Config) { c.CheckpointDir = filepath.Join(cfg.DataDir, "checkpoints") }
 	return open(ctx, rt, sandbox.TemplatesFunc(func(name string) (string, error) {
 		info, err := template.Get(cfg.DataDir, name)
 		return info.Path, err
-	}), idle, log, opts)
+	}), idle, log, append([]func(*sandbox.Config){checkpoints}, opts...))
 }
 
 // open starts the sandbox manager over rt; on error it closes rt.

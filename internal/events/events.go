@@ -69,6 +69,8 @@ type Type string
 const (
 	SandboxCreated    Type = "sandbox.created"
 	SandboxStopped    Type = "sandbox.stopped"
+	SandboxPaused     Type = "sandbox.paused"
+	SandboxResumed    Type = "sandbox.resumed"
 	ExecutionStarted  Type = "execution.started"
 	ExecutionFinished Type = "execution.finished"
 	SecurityViolation Type = "security_violation"
@@ -85,7 +87,7 @@ const (
 // OpenAPI document's EventType enum).
 func Types() []Type {
 	return []Type{SandboxCreated, SandboxStopped, ExecutionStarted, ExecutionFinished, SecurityViolation,
-		ResourceExceeded, PolicyChanged, AlertCreated, SecretUsed}
+		ResourceExceeded, PolicyChanged, AlertCreated, SecretUsed, SandboxPaused, SandboxResumed}
 }
 
 // Known reports whether t is one of the event types: the types a filter

@@ -180,6 +180,7 @@ type tracker struct {
 	lastOut    int64
 	memory     int64 // the cgroup's memory use at the last sample, bytes
 	stopped    bool
+	paused     bool // between Pause and Resume: nothing is counted
 	pointed    bool // its meter point is in the store (one box: recover.go)
 	// epoch changes when the lease moves the counters a reading adds
 	// to (leases.go): a reading taken before is dropped.
@@ -272,6 +273,48 @@ func (m *Meter) Stop(sb *sandbox.Sandbox) {
 	}
 }
 
+// Pause takes a sandbox's last sample before it is paused (its cgroup
+// must still exist); until Resume nothing of it is counted.
+func (m *Meter) Pause(sb *sandbox.Sandbox) {
+	m.mu.Lock()
+	t := m.trackers[sb.ID]
+	m.mu.Unlock()
+	if t == nil {
+		return
+	}
+	m.sample(t, false)
+	t.sampling.Lock()
+	defer t.sampling.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t.paused, t.memory = true, 0
+}
+
+// Resume meters a resumed sandbox again from now: its new cgroup's CPU
+// counter starts afresh, and what it reads now is the base of the next
+// sample's delta.
+func (m *Meter) Resume(sb *sandbox.Sandbox) {
+	m.mu.Lock()
+	t := m.trackers[sb.ID]
+	m.mu.Unlock()
+	if t == nil {
+		return
+	}
+	t.sampling.Lock()
+	defer t.sampling.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), readTimeout)
+	u, err := sb.Usage(ctx)
+	cancel()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	t.paused, t.last = false, time.Now()
+	if err == nil {
+		t.lastCPU = u.CPUNanos
+	} else {
+		t.lastCPU = 0
+	}
+}
+
 // Pending runs read (a query of the store) with no flush in between and
 // returns the deltas of an account ("" for every account) not yet
 // flushed, so that a report adds them to what is stored and sees every
@@ -339,6 +382,14 @@ func (m *Meter) sample(t *tracker, stop bool) {
 	defer t.sampling.Unlock()
 	m.mu.Lock()
 	if t.stopped {
+		m.mu.Unlock()
+		return
+	}
+	if t.paused {
+		// A paused sandbox uses nothing but its disk (metered with the
+		// account's storage): its wall and memory stand still.
+		t.last = time.Now()
+		t.stopped = t.stopped || stop
 		m.mu.Unlock()
 		return
 	}

@@ -199,7 +199,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	if c.engine == nil {
 		return
 	}
-	counts := map[sandbox.State]int{sandbox.StateStarting: 0, sandbox.StateRunning: 0, sandbox.StateStopping: 0}
+	counts := map[sandbox.State]int{sandbox.StateStarting: 0, sandbox.StateRunning: 0, sandbox.StatePaused: 0, sandbox.StateStopping: 0}
 	for _, in := range c.engine.List() {
 		counts[in.State]++
 	}

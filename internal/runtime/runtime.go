@@ -244,6 +244,14 @@ type Checkpointer interface {
 	Restore(ctx context.Context, id, dir string) (*Instance, error)
 }
 
+// Freezer is implemented by runtimes that can stop every process of a
+// running sandbox where it is (Freeze: the cgroup freezer), memory kept,
+// and let them go on (Thaw). A frozen sandbox's agent does not answer.
+type Freezer interface {
+	Freeze(ctx context.Context, id string) error
+	Thaw(ctx context.Context, id string) error
+}
+
 // Attacher is implemented by runtimes whose sandboxes outlive the engine
 // that created them and are served by every engine of a deployment (the
 // replicas of a Kubernetes-backed server): Attach reaches a running

@@ -5,8 +5,12 @@
 // imported, and hands them out on Create.
 //
 // A sandbox moves through the states Starting → Running → Stopping →
-// Stopped, one way only; an operation on a sandbox that is not Running
-// fails with ERR_SANDBOX_STATE. Errors that reach callers carry an
+// Stopped, one way only but for Paused: a running sandbox may be paused
+// and resumed (pause.go: checkpointed by a runtime.Checkpointer into
+// Config.CheckpointDir, its memory and processes freed, its lifetime
+// standing still), and a paused one may be stopped. A request that needs
+// the agent resumes a paused sandbox first; any other operation on a
+// sandbox that is not Running fails with ERR_SANDBOX_STATE. Errors that reach callers carry an
 // apierr code; the agent is treated as untrusted (it runs with the
 // sandboxed code's uid), so nothing it says is believed beyond its own
 // sandbox.

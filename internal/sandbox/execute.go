@@ -84,7 +84,7 @@ type Dropped struct {
 
 // execute is Execute (execute_hooks.go) without the events around it.
 func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(agentproto.Event) error) (*Execution, error) {
-	end, err := s.begin()
+	end, err := s.begin(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -23,7 +23,7 @@ import (
 // Around the execution itself (execute.go) it emits execution.started and
 // execution.finished (and resource_exceeded for a limit the execution hit).
 func (s *Sandbox) Execute(ctx context.Context, req ExecuteRequest, onEvent func(agentproto.Event) error) (*Execution, error) {
-	if err := s.running(); err != nil {
+	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
 	if req.ID == "" {

@@ -27,6 +27,11 @@ type Hooks struct {
 	// left the running state and before the runtime destroys it: its
 	// cgroup can still be read (the last metering sample).
 	Stopping func(s *Sandbox)
+	// Pausing is called when a sandbox is about to be checkpointed, its
+	// cgroup still readable (the last metering sample before the pause),
+	// and Resumed once it runs again, in new cgroups whose counters
+	// start afresh (pause.go). A pause that fails calls Resumed too.
+	Pausing, Resumed func(s *Sandbox)
 	// AgentCall observes each host→agent call: its operation and the time
 	// from request to Done (metrics). It must be cheap: it runs on every
 	// call's path.
@@ -48,6 +53,18 @@ func (m *Manager) admit(s *Sandbox, w Work) error {
 func (m *Manager) agentCall(op string, d time.Duration) {
 	if h := m.hooks.Load(); h != nil && h.AgentCall != nil {
 		h.AgentCall(op, d)
+	}
+}
+
+func (m *Manager) pausing(s *Sandbox) {
+	if h := m.hooks.Load(); h != nil && h.Pausing != nil {
+		h.Pausing(s)
+	}
+}
+
+func (m *Manager) resumed(s *Sandbox) {
+	if h := m.hooks.Load(); h != nil && h.Resumed != nil {
+		h.Resumed(s)
 	}
 }
 

@@ -98,7 +98,12 @@ type Config struct {
 	// last metering flush. engine.Open hands it to the runtime's sweep
 	// of dead instances too.
 	Leftover runtime.LeftoverFunc
-	Logger   *slog.Logger
+	// CheckpointDir keeps the checkpoints of paused sandboxes (pause.go),
+	// one directory per sandbox; "" turns pausing off. Its parents must
+	// let other users pass (a restore reads the images as the sandbox's
+	// host uid).
+	CheckpointDir string
+	Logger        *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
@@ -234,6 +239,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	if !cfg.Shared {
 		m.reconcile(ctx) // shared ones are the server's collector's
+		m.removeCheckpoints()
 	}
 	if cfg.IdleTimeout > 0 {
 		go m.idleLoop(min(cfg.IdleTimeout/4, 5*time.Second))
@@ -355,7 +361,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	inst, err := m.cfg.Runtime.Create(ctx, spec)
 	runtimeDone := time.Now()
 	if err == nil {
-		s.agent = newAgentClient(inst, m.agentCall, m.log.With("sandbox", inst.ID))
+		s.agent, s.inst = newAgentClient(inst, m.agentCall, m.log.With("sandbox", inst.ID)), inst
 		m.mu.Lock() // s is in the table: nodeLoad reads it
 		s.node = inst.Node
 		m.mu.Unlock()
@@ -508,8 +514,9 @@ const (
 func (m *Manager) expire(s *Sandbox) {
 	s.mu.Lock()
 	early := time.Now().Before(s.deadline) // SetTimeout moved it as the timer fired
+	paused := s.state == StatePaused       // paused as the timer fired: its lifetime stands still
 	s.mu.Unlock()
-	if early {
+	if early || paused {
 		return
 	}
 	if m.cfg.Shared {
@@ -563,10 +570,16 @@ func (m *Manager) destroy(s *Sandbox, reason string) error {
 	err := m.cfg.Runtime.Destroy(ctx, s.ID)
 	// Calls still streaming end now, whether or not the runtime's
 	// destroy cut their connections.
-	s.agent.conns.closeAll()
+	s.mu.Lock()
+	agent := s.agent // a resume may have replaced it
+	s.mu.Unlock()
+	agent.conns.closeAll()
 	s.closeNet()
 	s.transition(StateStopped)
 	m.forget(s.ID)
+	if err == nil {
+		m.removeCheckpoint(s.ID)
+	}
 	if err != nil {
 		m.reap(s.ID, err)
 		return apierr.Wrap(err, apierr.Internal, "could not clean up sandbox %s; retrying in the background", s.ID)
@@ -645,8 +658,12 @@ func (s *Sandbox) gone(err error) error {
 		return err
 	}
 	s.mu.Lock()
-	reason, deadline := s.stopReason, s.deadline
+	reason, deadline, st := s.stopReason, s.deadline, s.state
 	s.mu.Unlock()
+	if st == StatePaused {
+		// A pause closed the call's connection: the sandbox lives on.
+		return s.pausedErr(err)
+	}
 	switch {
 	case reason != "":
 	case !deadline.IsZero() && !time.Now().Before(deadline):

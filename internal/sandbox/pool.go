@@ -340,7 +340,7 @@ func (p *pool) start(tmpl, node string) (*Sandbox, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create: %w", err)
 	}
-	s.agent = newAgentClient(inst, m.agentCall, m.log.With("sandbox", inst.ID))
+	s.agent, s.inst = newAgentClient(inst, m.agentCall, m.log.With("sandbox", inst.ID)), inst
 	if inst.Node != "" {
 		s.node = inst.Node
 	}

@@ -33,7 +33,7 @@ const portConnectTimeout = 10 * time.Second
 // whose runtime proxies egress is ErrEgressPort, whatever listens there:
 // the agent is not asked.
 func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
-	if err := s.running(); err != nil {
+	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
 	if port == runtime.ProxyPort && s.m.proxiesEgress() {

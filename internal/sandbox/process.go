@@ -31,7 +31,7 @@ type ProcessResult struct {
 // onEvent until it ends. Cancelling ctx stops the streaming, not the
 // process: use Signal to stop it.
 func (s *Sandbox) Run(ctx context.Context, spec ProcessSpec, onEvent func(agentproto.Event)) (*ProcessResult, error) {
-	end, err := s.begin()
+	end, err := s.begin(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -89,9 +89,11 @@ var errStarted = errors.New("started")
 
 // Start starts a command in the background and returns its pid.
 func (s *Sandbox) Start(ctx context.Context, spec ProcessSpec) (int, error) {
-	if err := s.running(); err != nil {
+	end, err := s.begin(ctx)
+	if err != nil {
 		return 0, err
 	}
+	defer end()
 	if spec.Cmd == "" {
 		return 0, apierr.New(apierr.BadRequest, "cmd is required")
 	}
@@ -99,7 +101,7 @@ func (s *Sandbox) Start(ctx context.Context, spec ProcessSpec) (int, error) {
 		return 0, err
 	}
 	pid := 0
-	_, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpProcessStart, Process: &spec}, nil,
+	_, err = s.agent.call(ctx, agentproto.Request{Op: agentproto.OpProcessStart, Process: &spec}, nil,
 		agentproto.Handlers{Event: func(ev agentproto.Event) error {
 			if ev.Type == agentproto.EventStart {
 				pid = ev.PID
@@ -139,7 +141,8 @@ func (s *Sandbox) startFailed(err error) error {
 
 // Connect streams a running process's output from now until it ends.
 func (s *Sandbox) Connect(ctx context.Context, pid int, onEvent func(agentproto.Event)) (*ProcessResult, error) {
-	end, err := s.begin()
+	ctx = WithFollower(ctx) // a pause cuts it; the process runs on
+	end, err := s.begin(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -276,7 +279,7 @@ func (s *Sandbox) simple(ctx context.Context, req agentproto.Request, done *agen
 // progress: each of its reads and writes has agentIdle.
 func (s *Sandbox) do(ctx context.Context, req agentproto.Request, body io.Reader,
 	onEvent func(agentproto.Event) error, onData func([]byte) error, done *agentproto.Event) error {
-	end, err := s.begin()
+	end, err := s.begin(ctx)
 	if err != nil {
 		return err
 	}

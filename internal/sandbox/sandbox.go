@@ -17,10 +17,13 @@ import (
 // State is where a sandbox is in its life.
 type State string
 
-// The states, in the only order a sandbox passes through them.
+// The states, in the only order a sandbox passes through them, but for
+// paused: a running sandbox may be paused and resumed (pause.go), and
+// either goes on to stopping.
 const (
 	StateStarting State = "starting"
 	StateRunning  State = "running"
+	StatePaused   State = "paused"
 	StateStopping State = "stopping"
 	StateStopped  State = "stopped"
 )
@@ -38,8 +41,9 @@ type Sandbox struct {
 	Created  time.Time
 
 	m      *Manager
-	owner  string // CreateOptions.Owner, copied into events
-	agent  agentClient
+	owner  string      // CreateOptions.Owner, copied into events
+	agent  agentClient // replaced, under mu, by a resume (pause.go)
+	inst   *runtime.Instance
 	pooled bool   // started ahead by the warm pool and handed out by it
 	node   string // where it runs, for a runtime.Placer (runtime.Instance.Node); set before its create returns, under m.mu once in the table
 	// net is the sandbox's egress gateway; nil without a network.
@@ -76,12 +80,15 @@ type Sandbox struct {
 	deadline   time.Time
 	timer      *time.Timer
 	stopReason string
-	lastActive time.Time   // the last request, or the last CPU seen in use
-	lastCPU    uint64      // CPUNanos at the last idle check
-	busy       int         // requests in flight
-	announced  bool        // sandbox.created was emitted, so sandbox.stopped will be
-	released   bool        // dropped by Release, not stopped here (shared.go)
-	seen       limitCounts // the cgroup's limit counters already reported (limits.go)
+	lastActive time.Time     // the last request, or the last CPU seen in use
+	lastCPU    uint64        // CPUNanos at the last idle check
+	busy       int           // requests in flight
+	followers  int           // of busy, streams a pause may cut (WithFollower)
+	announced  bool          // sandbox.created was emitted, so sandbox.stopped will be
+	released   bool          // dropped by Release, not stopped here (shared.go)
+	seen       limitCounts   // the cgroup's limit counters already reported (limits.go)
+	left       time.Duration // the lifetime a paused sandbox has left (pause.go)
+	frozen     bool          // paused by the freezer, memory kept (pause.go)
 }
 
 // Info is a snapshot of a sandbox for listings.
@@ -100,9 +107,13 @@ type Info struct {
 func (s *Sandbox) Info() Info {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	deadline := s.deadline
+	if s.state == StatePaused {
+		deadline = time.Now().Add(s.left) // its lifetime stands still
+	}
 	return Info{
 		ID: s.ID, Template: s.Template, State: s.state, Created: s.Created,
-		Deadline: s.deadline, Limits: s.Limits, Metadata: s.Metadata, StopReason: s.stopReason,
+		Deadline: deadline, Limits: s.Limits, Metadata: s.Metadata, StopReason: s.stopReason,
 	}
 }
 
@@ -121,26 +132,42 @@ func (s *Sandbox) State() State {
 	return s.state
 }
 
-// Deadline is when the sandbox will be stopped unless extended.
+// Deadline is when the sandbox will be stopped unless extended (a
+// paused one's moves with the clock: its lifetime stands still).
 func (s *Sandbox) Deadline() time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.state == StatePaused {
+		return time.Now().Add(s.left)
+	}
 	return s.deadline
 }
 
 // begin marks a request in flight (it ends with the returned func) and
-// fails unless the sandbox can take work.
-func (s *Sandbox) begin() (end func(), err error) {
-	if err := s.running(); err != nil {
+// fails unless the sandbox can take work; a paused sandbox is resumed
+// first (pause.go).
+func (s *Sandbox) begin(ctx context.Context) (end func(), err error) {
+	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
+	follower := isFollower(ctx)
 	s.mu.Lock()
+	if s.state != StateRunning {
+		s.mu.Unlock()
+		return nil, s.running()
+	}
 	s.busy++
+	if follower {
+		s.followers++
+	}
 	s.lastActive = time.Now()
 	s.mu.Unlock()
 	return func() {
 		s.mu.Lock()
 		s.busy--
+		if follower {
+			s.followers--
+		}
 		s.lastActive = time.Now()
 		s.mu.Unlock()
 	}, nil
@@ -150,6 +177,11 @@ func (s *Sandbox) begin() (end func(), err error) {
 func (s *Sandbox) running() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.runningLocked()
+}
+
+// runningLocked is running with s.mu held.
+func (s *Sandbox) runningLocked() error {
 	if s.state != StateRunning {
 		msg := fmt.Sprintf("sandbox %s is %s", s.ID, s.state)
 		if s.stopReason != "" {
@@ -175,7 +207,7 @@ func order(st State) int {
 	switch st {
 	case StateStarting:
 		return 0
-	case StateRunning:
+	case StateRunning, StatePaused:
 		return 1
 	case StateStopping:
 		return 2
@@ -191,7 +223,7 @@ func (s *Sandbox) SetTimeout(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		return apierr.New(apierr.BadRequest, "timeout must be positive")
 	}
-	if err := s.running(); err != nil {
+	if err := s.ready(ctx); err != nil {
 		return err
 	}
 	s.lifeMu.Lock()

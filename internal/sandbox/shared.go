@@ -70,7 +70,7 @@ func (m *Manager) Adopt(ctx context.Context, opt AdoptOptions) (*Sandbox, error)
 		Created: opt.Created, m: m, state: StateStarting, owner: opt.Owner,
 		pol: policyState{pol: opt.Policy, kernel: kpol, gen: 1}, created: make(chan struct{}),
 	}
-	s.agent, s.node = newAgentClient(inst, m.agentCall, m.log.With("sandbox", inst.ID)), inst.Node
+	s.agent, s.node, s.inst = newAgentClient(inst, m.agentCall, m.log.With("sandbox", inst.ID)), inst.Node, inst
 	close(s.created)
 	info, err := s.agentInfo(ctx)
 	if err != nil {

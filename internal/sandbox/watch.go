@@ -74,7 +74,7 @@ func (s *Sandbox) WatchDir(ctx context.Context, path string, opt WatchOptions) (
 	if path == "" {
 		return nil, apierr.New(apierr.BadRequest, "path is required")
 	}
-	if err := s.running(); err != nil {
+	if err := s.ready(ctx); err != nil {
 		return nil, err
 	}
 	req := agentproto.Request{

@@ -173,7 +173,7 @@ func (b e2bBackend) Sandboxes(ctx context.Context, owner string) []*sandbox.Sand
 	defer b.s.mu.Unlock()
 	var out []*sandbox.Sandbox
 	for _, bx := range b.s.boxes {
-		if bx.sb != nil && (owner == "" || bx.owner == owner) && bx.sb.State() == sandbox.StateRunning {
+		if bx.sb != nil && (owner == "" || bx.owner == owner) && live(bx.sb) {
 			out = append(out, bx.sb)
 		}
 	}

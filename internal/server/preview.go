@@ -19,7 +19,6 @@ import (
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/preview"
-	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
 // DefaultPreviewDomain is the preview domain of a server given none.
@@ -167,7 +166,7 @@ func (s *Server) liveBox(ctx context.Context, id string) *box {
 	s.mu.Lock()
 	b, ok := s.boxes[id]
 	s.mu.Unlock()
-	if !ok || b.sb == nil || b.sb.State() != sandbox.StateRunning {
+	if !ok || b.sb == nil || !live(b.sb) {
 		return nil
 	}
 	return b

@@ -29,6 +29,7 @@ func (s *Server) installHooks() {
 	h := sandbox.Hooks{AgentCall: s.metrics.AgentCallDone}
 	if !s.cfg.NoAccounting {
 		h.Admit, h.Stopping = s.admitWork, s.sandboxStopping
+		h.Pausing, h.Resumed = s.meter.Pause, s.meter.Resume
 	}
 	s.engine.SetHooks(h)
 }

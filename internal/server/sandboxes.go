@@ -23,6 +23,8 @@ func (s *Server) sandboxRoutes(add addFunc) {
 	add("GET /v1/sandboxes", true, s.listSandboxes)
 	add("GET /v1/sandboxes/{id}", true, s.getSandbox)
 	add("POST /v1/sandboxes/{id}/timeout", true, s.setTimeout)
+	add("POST /v1/sandboxes/{id}/pause", true, s.pauseSandbox)
+	add("POST /v1/sandboxes/{id}/resume", true, s.resumeSandbox)
 	add("DELETE /v1/sandboxes/{id}", true, s.deleteSandbox)
 }
 
@@ -394,7 +396,7 @@ func (s *Server) lookupID(ctx context.Context, own, id string) (*box, error) {
 	b, ok := s.boxes[id]
 	s.mu.Unlock()
 	if ok && b.sb != nil && b.owner == own {
-		if b.sb.State() == sandbox.StateRunning {
+		if live(b.sb) {
 			return b, nil
 		}
 		s.forget(ctx, b)
@@ -467,8 +469,8 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	state := r.URL.Query().Get("state")
-	if state != "" && state != "all" && state != "running" {
-		return apierr.New(apierr.BadRequest, "state must be running or all")
+	if state != "" && state != "all" && state != "running" && state != "paused" {
+		return apierr.New(apierr.BadRequest, "state must be running, paused or all")
 	}
 	withUsage, err := usageParam(r)
 	if err != nil {
@@ -516,6 +518,9 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	for _, rec := range recs {
 		if sb, ok := live[rec.ID]; ok {
 			j := sandboxFromInfo(sb.Info())
+			if (state == "running" || state == "paused") && j.State != state {
+				continue // the store knows them as live; the engine which
+			}
 			if withUsage {
 				if cpu, mem, ok := s.meter.Now(rec.ID); ok {
 					j.Usage = &liveUsageJSON{CPUSeconds: cpu.Seconds(), MemoryBytes: mem}
@@ -610,5 +615,66 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.forget(r.Context(), b)
 	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// live reports whether a sandbox held here is running or paused (a
+// request that needs it resumes it).
+func live(sb *sandbox.Sandbox) bool {
+	st := sb.State()
+	return st == sandbox.StateRunning || st == sandbox.StatePaused
+}
+
+// pauseRequest is the optional body of a pause: memory "disk" (the
+// default: a checkpoint, memory freed) or "keep" (the freezer).
+type pauseRequest struct {
+	Memory string `json:"memory"`
+}
+
+// pauseSandbox checkpoints a sandbox and frees its memory and processes,
+// or with memory "keep" freezes it (internal/sandbox, pause.go); a
+// paused sandbox is paused again without error.
+func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
+	var req pauseRequest
+	if err := decodeJSON(w, r, &req, true); err != nil {
+		return err
+	}
+	if req.Memory != "" && req.Memory != "disk" && req.Memory != "keep" {
+		return &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": "memory"},
+			Message: fmt.Sprintf("memory must be disk or keep, not %q", req.Memory)}
+	}
+	b, err := s.lookup(r)
+	if err != nil {
+		return err
+	}
+	pause := b.sb.Pause
+	if req.Memory == "keep" {
+		pause = b.sb.Freeze
+	}
+	if err := pause(context.WithoutCancel(r.Context())); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, sandboxFromInfo(b.sb.Info()))
+	return nil
+}
+
+// resumeSandbox restores a paused sandbox; a running one is resumed
+// without error.
+func (s *Server) resumeSandbox(w http.ResponseWriter, r *http.Request) error {
+	if err := decodeJSON(w, r, &struct{}{}, true); err != nil {
+		return err
+	}
+	b, err := s.lookup(r)
+	if err != nil {
+		return err
+	}
+	if err := b.sb.Resume(context.WithoutCancel(r.Context())); err != nil {
+		return err
+	}
+	info := b.sb.Info()
+	if err := s.store.UpdateSandboxExpiry(r.Context(), info.ID, info.Deadline); err != nil {
+		return fmt.Errorf("record the resumed sandbox's expiry: %w", err)
+	}
+	writeJSON(w, http.StatusOK, sandboxFromInfo(info))
 	return nil
 }

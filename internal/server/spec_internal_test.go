@@ -45,6 +45,7 @@ var wireTypes = []apispec.Entry{
 	{V: creditsJSON{}, Schema: "Credits"},
 	{V: resourcesJSON{}, Schema: "Resources"},
 	{V: sandboxJSON{}, Schema: "Sandbox"},
+	{V: pauseRequest{}, Schema: "PauseRequest"},
 	{V: liveUsageJSON{}, Schema: "Sandbox.usage"},
 	{V: pressureJSON{}, Schema: "Sandbox.usage.pressure"},
 	{V: createRequest{}, Schema: "CreateSandbox"},

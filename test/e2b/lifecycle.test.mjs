@@ -1,5 +1,6 @@
 // Sandbox lifecycle through the unmodified `e2b` SDK: create, connect, list,
-// getInfo, setTimeout, kill, isRunning, and how a killed sandbox's calls fail.
+// getInfo, setTimeout, pause, kill, isRunning, and how a killed sandbox's
+// calls fail.
 import { after, test } from 'node:test'
 import assert from 'node:assert/strict'
 import { AuthenticationError, Sandbox, SandboxNotFoundError, TimeoutError } from 'e2b'
@@ -100,6 +101,45 @@ test('Sandbox.list filters by metadata, pages with limit and drops killed sandbo
   assert.equal(await sbxs[0].kill(), true)
   const left = await Sandbox.list({ query: { metadata: meta(group) } }).nextItems()
   assert.deepEqual(left.map((s) => s.sandboxId).sort(), want.filter((id) => id !== sbxs[0].sandboxId))
+})
+
+// Where the server can checkpoint (runc), pause frees the sandbox and
+// connect brings it back as it was; where it cannot (Kubernetes), pause is
+// refused with 501 and the sandbox runs on.
+test('pause lists the sandbox as paused; connect resumes it with its files and background server', T, async () => {
+  const sbx = track(await Sandbox.create({ metadata: meta({ case: 'pause' }), timeoutMs: 120_000 }))
+  await sbx.files.write('/home/user/before-pause.txt', 'kept')
+  await sbx.commands.run('python3 -m http.server 8765 --bind 127.0.0.1', { background: true, cwd: '/home/user' })
+  const fetch = 'python3 -c "import urllib.request; print(urllib.request.urlopen(\'http://127.0.0.1:8765/before-pause.txt\').read().decode())"'
+  const served = async () => {
+    try {
+      return (await sbx.commands.run(fetch)).stdout.trim() === 'kept'
+    } catch {
+      return false
+    }
+  }
+  assert.equal(await eventually(served), true, 'the background server answers before the pause')
+
+  let paused
+  try {
+    paused = await sbx.pause()
+  } catch (e) {
+    assert.match(String(e.message), /cannot pause|not supported|501/i, `a refused pause says why: ${e.message}`)
+    assert.equal(await sbx.isRunning(), true, 'a refused pause leaves the sandbox running')
+    return
+  }
+  assert.equal(paused, true, 'pause')
+  assert.equal(await sbx.pause(), false, 'a second pause: already paused')
+  assert.equal((await sbx.getInfo()).state, 'paused')
+  const listed = await Sandbox.list({ query: { metadata: meta({ case: 'pause' }), state: ['paused'] } }).nextItems()
+  assert.deepEqual(listed.map((s) => [s.sandboxId, s.state]), [[sbx.sandboxId, 'paused']])
+  const running = await Sandbox.list({ query: { metadata: meta({ case: 'pause' }), state: ['running'] } }).nextItems()
+  assert.deepEqual(running, [], 'state=running')
+
+  const back = await Sandbox.connect(sbx.sandboxId)
+  assert.equal((await back.getInfo()).state, 'running')
+  assert.equal(await back.files.read('/home/user/before-pause.txt'), 'kept')
+  assert.equal(await served(), true, 'the background server answers after the resume')
 })
 
 test('setTimeout moves endAt; a short timeout kills the sandbox', T, async () => {

@@ -93,6 +93,10 @@ func launch(runc, templates string) (*server, error) {
 	if err := os.Symlink(runc, filepath.Join(dir, "bin", "runc")); err != nil {
 		return nil, err
 	}
+	// CRIU beside runc (the set-up builds both): pause and resume.
+	if err := os.Symlink(filepath.Join(filepath.Dir(runc), "criu"), filepath.Join(dir, "bin", "criu")); err != nil {
+		return nil, err
+	}
 	if err := os.Symlink(templates, filepath.Join(dir, "templates")); err != nil {
 		return nil, err
 	}

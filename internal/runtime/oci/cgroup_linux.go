@@ -323,7 +323,8 @@ func (c *cgroups) cpuTime(id string) (time.Duration, error) {
 // kill kills every process of the sandbox at once and waits until they
 // are gone. With a cgroup2 hierarchy (v2, or hybrid v1) it writes
 // cgroup.kill, which the kernel applies to the whole cgroup tree, new
-// forks included. Otherwise it freezes the v1 freezer cgroup, signals
+// forks included (on a hybrid host it then thaws the v1 freezer, where a
+// frozen sandbox's killed tasks wait). Otherwise it freezes the v1 freezer cgroup, signals
 // every task (frozen tasks cannot exit or fork, so no pid is reused while
 // it does) and thaws them so that they die. Never by a pid read from an
 // unfrozen cgroup, which may already belong to another process.
@@ -336,6 +337,15 @@ func (c *cgroups) kill(id string) error {
 		}
 		if err := cg.WriteFile(dir, "cgroup.kill", "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("kill cgroup %s: %w", dir, err)
+		}
+		// On a hybrid host a sandbox frozen by the v1 freezer (Freeze)
+		// cannot die until it is thawed: it is, once signalled.
+		if fz := c.controller(id, "freezer"); !c.v2 && fz != "" {
+			if _, err := os.Stat(fz); err == nil {
+				if err := (&cgfs.FreezerGroup{}).Set(fz, &cg.Resources{Freezer: cg.Thawed}); err != nil {
+					return fmt.Errorf("thaw %s: %w", fz, err)
+				}
+			}
 		}
 		return waitEmpty(dir, deadline)
 	}

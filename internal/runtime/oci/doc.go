@@ -222,6 +222,11 @@
 //     a failed one leaves the sandbox running, a failed restore leaves it
 //     checkpointed. Not yet: sandboxes with a network (ErrUnsupported).
 //
+//   - Freeze and thaw (runtime.Freezer, freeze_linux.go): `runc pause`
+//     and `runc resume`, the cgroup freezer; memory and host objects stay.
+//     The kill of a destroy thaws a hybrid host's v1 freezer after
+//     cgroup.kill, so that a frozen sandbox's tasks can die.
+//
 // Imports: internal/runtime (the interface it implements), internal/backoff
 // (the sweep's retries), internal/cgroup (a cgroup's usage counters, read
 // as the agent reads them), the OCI spec types, moby's seccomp profile and mountinfo parser, runc's cgroup

@@ -33,6 +33,8 @@ func (*OCI) Checkpoint(context.Context, string, string) error {
 func (*OCI) Restore(context.Context, string, string) (*runtime.Instance, error) {
 	return nil, runtime.ErrUnsupported
 }
+func (*OCI) Freeze(context.Context, string) error { return runtime.ErrUnsupported }
+func (*OCI) Thaw(context.Context, string) error   { return runtime.ErrUnsupported }
 
 // CheckDisks fails: disks of their own need Linux.
 func CheckDisks() error { return fmt.Errorf("%w: disks need Linux", runtime.ErrUnsupported) }

@@ -48,6 +48,7 @@ __all__ = [
     "SubprocessDeniedError",
     "CPUTimeExceededError",
     "ProcessLimitError",
+    "NotSupportedError",
     "MethodNotAllowedError",
     "StorageUnavailableError",
     "ShuttingDownError",
@@ -222,6 +223,14 @@ class ProcessLimitError(SheepfoldError):
     default_code = "ERR_PROCESS_LIMIT"
 
 
+class NotSupportedError(SheepfoldError):
+    """501 ERR_NOT_SUPPORTED: this server cannot do what was asked (pause
+    a sandbox on a runtime that cannot checkpoint, or one with a
+    network); nothing changed."""
+
+    default_code = "ERR_NOT_SUPPORTED"
+
+
 class MethodNotAllowedError(InvalidArgumentError):
     """405 ERR_METHOD_NOT_ALLOWED: the route does not take this method."""
 
@@ -365,6 +374,7 @@ _BY_CODE: Dict[str, Type[SheepfoldError]] = {
     "ERR_SUBPROCESS_DENIED": SubprocessDeniedError,
     "ERR_CPU_TIME_EXCEEDED": CPUTimeExceededError,
     "ERR_PROCESS_LIMIT": ProcessLimitError,
+    "ERR_NOT_SUPPORTED": NotSupportedError,
     "ERR_METHOD_NOT_ALLOWED": MethodNotAllowedError,
     "ERR_STORAGE_UNAVAILABLE": StorageUnavailableError,
     "ERR_SHUTTING_DOWN": ShuttingDownError,

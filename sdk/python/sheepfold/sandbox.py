@@ -104,10 +104,11 @@ class Sandbox:
 
     @classmethod
     def list(cls, api_key: Optional[str] = None, base_url: Optional[str] = None, all: bool = False,
-             request_timeout: Optional[float] = None) -> List[SandboxInfo]:
-        """Your running sandboxes (all=True adds the stopped ones)."""
+             request_timeout: Optional[float] = None, state: Optional[str] = None) -> List[SandboxInfo]:
+        """Your running and paused sandboxes (all=True adds the stopped
+        ones; state="running" or "paused" lists only those)."""
         http = cls._client(api_key, base_url, request_timeout)
-        doc = http.get_json("/v1/sandboxes", params={"state": "all" if all else None}) or {}
+        doc = http.get_json("/v1/sandboxes", params={"state": "all" if all else state}) or {}
         return [SandboxInfo.from_dict(s) for s in doc.get("sandboxes") or []]
 
     @staticmethod
@@ -127,6 +128,26 @@ class Sandbox:
         except NotFoundError:
             return False
         return True
+
+    def pause(self, keep_memory: bool = False) -> SandboxInfo:
+        """Checkpoint the sandbox to the server's disk and free its memory
+        and processes; its files stay and its lifetime stands still. Any
+        request that needs it, or resume(), resumes it. keep_memory=True
+        freezes it instead: its processes stop where they are, their
+        memory kept (and metered), and the resume takes milliseconds.
+
+        Raises NotSupportedError where the server's runtime cannot
+        checkpoint or the sandbox has a network, SandboxStateError while
+        a request of it is in flight."""
+        body = {"memory": "keep"} if keep_memory else None
+        self._info = SandboxInfo.from_dict(self._http.post_json(self._base + "/pause", body))
+        return self._info
+
+    def resume(self) -> SandboxInfo:
+        """Restore a paused sandbox as it was (variables, background
+        commands, files); a running one is left as it is."""
+        self._info = SandboxInfo.from_dict(self._http.post_json(self._base + "/resume", None))
+        return self._info
 
     def set_timeout(self, timeout: float) -> SandboxInfo:
         """Keep-alive: the sandbox now lives ``timeout`` seconds from now."""

@@ -201,8 +201,9 @@ class Handler(BaseHTTPRequestHandler):
             if m == "POST":
                 return self.create(rec)
             if m == "GET":
+                want = rec.q("state")
                 sbs = [s for s in self.server.sandboxes.values()
-                       if s["state"] == "running" or rec.q("state") == "all"]
+                       if want == "all" or s["state"] == want or want is None and s["state"] in ("running", "paused")]
                 return 200, {"sandboxes": sbs}, {}
         mt = re.fullmatch(r"/v1/sandboxes/([^/]+)(/.*)?", p)
         if not mt:
@@ -211,7 +212,14 @@ class Handler(BaseHTTPRequestHandler):
         sb = self.server.sandboxes.get(sid)
         if sb is None:
             return err("ERR_SANDBOX_NOT_FOUND", f"sandbox {sid!r} not found", 404)
-        if sb["state"] != "running":
+        if rest == "/pause" and m == "POST" and sb["state"] in ("running", "paused"):
+            sb["state"] = "paused"
+            return 200, sb, {}
+        if sb["state"] == "paused" and not (rest == "" and m == "GET"):
+            sb["state"] = "running"  # any other request resumes it, as the real server
+        if rest == "/resume" and m == "POST" and sb["state"] == "running":
+            return 200, sb, {}
+        if sb["state"] not in ("running", "paused"):
             # As the real server: a stopped sandbox of yours still shows,
             # deleting it again is a no-op, anything else is a state error.
             if rest == "" and m == "GET":

@@ -137,6 +137,26 @@ class TestSandboxLifecycle(FakeServerTest):
         self.assertEqual(cm.exception.status, 404)
         self.assertEqual(cm.exception.request_id, "req_fake")
 
+    def test_pause_resume(self) -> None:
+        sb = self.sandbox()
+        other = self.sandbox()
+        self.assertEqual(sb.pause().state, "paused")
+        self.assertEqual(self.server.calls("POST", r"/v1/sandboxes/.*/pause")[0].path, f"/v1/sandboxes/{sb.sandbox_id}/pause")
+        self.assertEqual([s.sandbox_id for s in Sandbox.list(state="paused")], [sb.sandbox_id])
+        self.assertEqual(self.server.calls("GET", "/v1/sandboxes")[-1].q("state"), "paused")
+        self.assertEqual([s.sandbox_id for s in Sandbox.list(state="running")], [other.sandbox_id])
+        self.assertEqual(len(Sandbox.list()), 2)
+        self.assertEqual(sb.resume().state, "running")
+        self.assertEqual(self.server.calls("POST", r"/v1/sandboxes/.*/resume")[0].path, f"/v1/sandboxes/{sb.sandbox_id}/resume")
+        self.assertEqual(sb.pause(keep_memory=True).state, "paused")
+        self.assertEqual(self.server.calls("POST", r"/v1/sandboxes/.*/pause")[-1].json(), {"memory": "keep"})
+        self.assertEqual(self.server.calls("POST", r"/v1/sandboxes/.*/pause")[0].json(), {})
+        sb.resume()
+        self.server.inject(501, {"error": {"code": "ERR_NOT_SUPPORTED", "message": "this server's runtime (kubernetes) cannot pause sandboxes"}})
+        with self.assertRaises(sheepfold.NotSupportedError) as cm:
+            sb.pause()
+        self.assertEqual((cm.exception.code, cm.exception.status), ("ERR_NOT_SUPPORTED", 501))
+
     def test_sandbox_id_is_path_escaped(self) -> None:
         with self.assertRaises(NotFoundError):
             Sandbox.connect("a/b?c")

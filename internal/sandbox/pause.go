@@ -1,0 +1,366 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+)
+
+// Pause and resume (runtime.Checkpointer).
+//
+// Pause checkpoints a running sandbox's processes, memory included, into
+// Config.CheckpointDir/<id> and ends them: its memory and pids are freed,
+// its files (the writable layer) stay as they are. Its lifetime stops
+// with it: the time it had left is what it has again at Resume. Resume
+// restores the processes, reaches the agent at its new socket, tells it
+// the time left and starts the engine's timer again. A request that needs
+// the agent (begin, ready) resumes a paused sandbox first, as E2B's
+// connect does.
+//
+// A pause refuses, and leaves the sandbox running as it was, when the
+// sandbox has a request in flight (an execution, a foreground command, a
+// file call; not a stream that only follows a process's output,
+// WithFollower: ERR_SANDBOX_STATE), when the runtime cannot checkpoint
+// (ERR_NOT_SUPPORTED: the fake runtime, Kubernetes), when the sandbox has
+// a network (its egress gateway is a host object CRIU cannot dump yet:
+// ERR_NOT_SUPPORTED), or when the engine keeps no checkpoints
+// (Config.CheckpointDir empty). What a pause closes: every connection to
+// the agent (open port forwards, directory watches, process streams end;
+// the processes themselves run on after the resume).
+//
+// Freeze is the quick variant: the runtime's Freezer (the cgroup
+// freezer) stops the processes where they are, memory kept; the same
+// state, lifetime and resume, but the Pausing and Resumed hooks are not
+// called (its memory is still held, and metered).
+
+// followerKey marks a context whose request follows a process's output
+// (WithFollower).
+type followerKey struct{}
+
+// WithFollower marks ctx's request as one that follows a process (its
+// output stream): a pause does not wait for it, but cuts its stream; the
+// process runs on and can be followed again after the resume (Connect).
+// E2B's process streams are such (its background commands keep one
+// open); Connect's always are.
+func WithFollower(ctx context.Context) context.Context {
+	return context.WithValue(ctx, followerKey{}, true)
+}
+
+func isFollower(ctx context.Context) bool {
+	f, _ := ctx.Value(followerKey{}).(bool)
+	return f
+}
+
+// ErrPaused is the cause of a call that reached a sandbox while it was
+// being paused.
+var ErrPaused = errors.New("the sandbox is paused")
+
+// checkpointer returns the runtime's Checkpointer, or why there is none.
+func (m *Manager) checkpointer() (runtime.Checkpointer, error) {
+	cp, ok := m.cfg.Runtime.(runtime.Checkpointer)
+	if !ok || m.cfg.Shared {
+		return nil, apierr.New(apierr.NotSupported, "this server's runtime (%s) cannot pause sandboxes", m.cfg.Runtime.Name())
+	}
+	if m.cfg.CheckpointDir == "" {
+		return nil, apierr.New(apierr.NotSupported, "this server keeps no checkpoints, so it cannot pause sandboxes")
+	}
+	return cp, nil
+}
+
+// CanPause reports whether the engine can pause sandboxes at all.
+func (m *Manager) CanPause() bool {
+	_, err := m.checkpointer()
+	return err == nil
+}
+
+// checkpointPath is where sandbox id's checkpoint is kept.
+func (m *Manager) checkpointPath(id string) string {
+	return filepath.Join(m.cfg.CheckpointDir, id)
+}
+
+// Pause checkpoints the sandbox and frees its memory and processes. A
+// paused sandbox is paused again without error.
+func (s *Sandbox) Pause(ctx context.Context) error {
+	cp, err := s.m.checkpointer()
+	if err != nil {
+		return err
+	}
+	if s.net != nil {
+		return apierr.New(apierr.NotSupported, "sandbox %s has a network: a sandbox with a network cannot be paused yet", s.ID)
+	}
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	left, err := s.stopLife()
+	if err != nil || left == 0 {
+		return err
+	}
+	s.mu.Lock()
+	agent := s.agent
+	s.mu.Unlock()
+
+	// The last metering sample of this run: its cgroup still exists.
+	s.m.pausing(s)
+	// Every connection to the agent goes first: an open one fails the
+	// checkpoint.
+	agent.conns.closeAll()
+	began := time.Now()
+	dir := s.m.checkpointPath(s.ID)
+	if err := os.MkdirAll(s.m.cfg.CheckpointDir, 0o711); err != nil {
+		return s.unpause(err)
+	}
+	err = cp.Checkpoint(context.WithoutCancel(ctx), s.ID, dir)
+	if err != nil && !errors.Is(err, runtime.ErrUnsupported) {
+		// A dump that failed left the sandbox running as it was. CRIU
+		// sometimes cannot seize a task caught by the freezer as it
+		// forks or exits (cgroup v1: "unseizable ... state D", after
+		// its 10 s timeout); a second attempt finds it past that.
+		s.m.log.Warn("checkpoint failed; trying once more", "sandbox", s.ID, "err", err)
+		err = cp.Checkpoint(context.WithoutCancel(ctx), s.ID, dir)
+	}
+	if err != nil {
+		return s.unpause(err)
+	}
+	took := time.Since(began)
+	s.m.log.Info("sandbox paused", "sandbox", s.ID, "took", took.Round(10*time.Microsecond), "left", left.Round(time.Second))
+	s.emit(events.SandboxPaused, "", map[string]any{"took_ms": took.Milliseconds(), "timeout_left_s": int64(left.Seconds())})
+	return nil
+}
+
+// stopLife moves a running sandbox with no request in flight to paused
+// and stops its timer, returning the lifetime it had left; 0 and no
+// error: it is paused already. lifeMu is held.
+func (s *Sandbox) stopLife() (time.Duration, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.state == StatePaused:
+		return 0, nil
+	case s.state != StateRunning:
+		return 0, s.runningLocked()
+	case s.busy > s.followers:
+		return 0, apierr.New(apierr.SandboxState, "sandbox %s is busy (%d requests in flight: an execution, a command or a file call); pause it when they end",
+			s.ID, s.busy-s.followers)
+	}
+	left := time.Until(s.deadline)
+	if left <= 0 {
+		return 0, apierr.New(apierr.SandboxTimeout, "sandbox %s timed out: its lifetime ended", s.ID)
+	}
+	s.state = StatePaused
+	s.left = left
+	s.timer.Stop()
+	return left, nil
+}
+
+// unpause undoes a pause whose checkpoint failed (the runtime left the
+// sandbox running as it was): a new agent client, the timer again.
+func (s *Sandbox) unpause(cause error) error {
+	s.mu.Lock()
+	if s.state != StatePaused {
+		st := s.state
+		s.mu.Unlock()
+		return apierr.Wrap(cause, apierr.SandboxState, "sandbox %s is %s", s.ID, st)
+	}
+	s.agent = newAgentClient(s.inst, s.m.agentCall, s.m.log.With("sandbox", s.ID))
+	s.state = StateRunning
+	s.deadline = time.Now().Add(s.left)
+	s.timer.Reset(s.left)
+	s.lastActive = time.Now()
+	s.mu.Unlock()
+	s.m.resumed(s)
+	if errors.Is(cause, runtime.ErrUnsupported) {
+		return apierr.Wrap(cause, apierr.NotSupported, "sandbox %s cannot be paused: %v", s.ID, cause)
+	}
+	return apierr.Wrap(cause, apierr.Internal, "could not pause sandbox %s; it runs on", s.ID)
+}
+
+// Resume restores a paused sandbox. A running sandbox is resumed
+// without error.
+func (s *Sandbox) Resume(ctx context.Context) error {
+	if s.State() != StatePaused {
+		return s.running()
+	}
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	s.mu.Lock()
+	st, left, frozen := s.state, s.left, s.frozen
+	s.mu.Unlock()
+	if st != StatePaused {
+		return s.running()
+	}
+	if frozen {
+		return s.thaw(ctx, s.m.cfg.Runtime.(runtime.Freezer), left)
+	}
+	cp, err := s.m.checkpointer()
+	if err != nil {
+		return err
+	}
+	began := time.Now()
+	dir := s.m.checkpointPath(s.ID)
+	inst, err := cp.Restore(context.WithoutCancel(ctx), s.ID, dir)
+	if err != nil {
+		return apierr.Wrap(err, apierr.Internal, "could not resume sandbox %s; it stays paused", s.ID)
+	}
+	agent := newAgentClient(inst, s.m.agentCall, s.m.log.With("sandbox", s.ID))
+	// The caller going away does not undo the restore.
+	if err := (&Sandbox{agent: agent}).waitAgent(context.WithoutCancel(ctx), s.m.cfg.AgentTimeout, left); err != nil {
+		// The restored processes do not answer: nothing of the
+		// sandbox can be trusted to come back.
+		agent.conns.closeAll()
+		_ = s.m.destroy(s, "could not be resumed")
+		return apierr.Wrap(err, apierr.Internal, "sandbox %s's agent did not answer after the resume; the sandbox is stopped", s.ID)
+	}
+	now := time.Now()
+	s.mu.Lock()
+	if s.state != StatePaused {
+		// Killed while it was being restored: destroy has run (or
+		// runs) and removes what the restore started.
+		s.mu.Unlock()
+		agent.conns.closeAll()
+		return s.running()
+	}
+	s.inst, s.agent = inst, agent
+	s.state = StateRunning
+	s.deadline = now.Add(left)
+	s.timer.Reset(left)
+	s.lastActive, s.lastCPU = now, 0
+	s.mu.Unlock()
+	s.m.resumed(s)
+	if err := os.RemoveAll(dir); err != nil {
+		s.m.log.Warn("remove a resumed sandbox's checkpoint", "sandbox", s.ID, "err", err)
+	}
+	took := time.Since(began)
+	s.m.log.Info("sandbox resumed", "sandbox", s.ID, "took", took.Round(10*time.Microsecond))
+	s.emit(events.SandboxResumed, "", map[string]any{"took_ms": took.Milliseconds()})
+	return nil
+}
+
+// Freeze pauses the sandbox with the cgroup freezer (runtime.Freezer):
+// its processes stop where they are and keep their memory, which stays
+// charged to it, so that Resume is quick. Requests resume it as after
+// Pause; a paused sandbox (either way) is paused again without error.
+// Its lifetime stands still too; its metering does not stop (its memory
+// is still held).
+func (s *Sandbox) Freeze(ctx context.Context) error {
+	fr, ok := s.m.cfg.Runtime.(runtime.Freezer)
+	if !ok || s.m.cfg.Shared {
+		return apierr.New(apierr.NotSupported, "this server's runtime (%s) cannot freeze sandboxes", s.m.cfg.Runtime.Name())
+	}
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	left, err := s.stopLife()
+	if err != nil || left == 0 {
+		return err
+	}
+	// While frozen the agent's own deadline must not pass (its timer
+	// would fire at the thaw, before it is told the time left): it is
+	// given the longest lifetime for the freeze, and the time left again
+	// at the thaw.
+	if err := s.tellLifetime(ctx, left+s.m.cfg.MaxTimeout); err != nil {
+		return s.unpause(err)
+	}
+	s.mu.Lock()
+	agent := s.agent
+	s.mu.Unlock()
+	agent.conns.closeAll()
+	began := time.Now()
+	if err := fr.Freeze(context.WithoutCancel(ctx), s.ID); err != nil {
+		err = s.unpause(err)
+		_ = s.tellLifetime(context.WithoutCancel(ctx), left) // its own deadline back
+		return err
+	}
+	s.mu.Lock()
+	s.frozen = true
+	s.mu.Unlock()
+	took := time.Since(began)
+	s.m.log.Info("sandbox frozen", "sandbox", s.ID, "took", took.Round(10*time.Microsecond), "left", left.Round(time.Second))
+	s.emit(events.SandboxPaused, "", map[string]any{"took_ms": took.Milliseconds(), "timeout_left_s": int64(left.Seconds()), "memory": "kept"})
+	return nil
+}
+
+// thaw resumes a frozen sandbox; lifeMu is held.
+func (s *Sandbox) thaw(ctx context.Context, fr runtime.Freezer, left time.Duration) error {
+	began := time.Now()
+	if err := fr.Thaw(context.WithoutCancel(ctx), s.ID); err != nil {
+		return apierr.Wrap(err, apierr.Internal, "could not resume sandbox %s; it stays paused", s.ID)
+	}
+	s.mu.Lock()
+	if s.state != StatePaused {
+		s.mu.Unlock()
+		return s.running()
+	}
+	s.agent = newAgentClient(s.inst, s.m.agentCall, s.m.log.With("sandbox", s.ID))
+	s.frozen = false
+	s.mu.Unlock()
+	if err := s.tellLifetime(context.WithoutCancel(ctx), left); err != nil {
+		return err // the agent is gone: tellLifetime's gone stopped it
+	}
+	now := time.Now()
+	s.mu.Lock()
+	if s.state != StatePaused {
+		s.mu.Unlock()
+		return s.running()
+	}
+	s.state = StateRunning
+	s.deadline = now.Add(left)
+	s.timer.Reset(left)
+	s.lastActive = now
+	s.mu.Unlock()
+	took := time.Since(began)
+	s.m.log.Info("sandbox thawed", "sandbox", s.ID, "took", took.Round(10*time.Microsecond))
+	s.emit(events.SandboxResumed, "", map[string]any{"took_ms": took.Milliseconds(), "memory": "kept"})
+	return nil
+}
+
+// ready fails unless the sandbox can take work; a paused sandbox is
+// resumed first.
+func (s *Sandbox) ready(ctx context.Context) error {
+	if s.State() == StatePaused {
+		if err := s.Resume(ctx); err != nil {
+			return err
+		}
+	}
+	return s.running()
+}
+
+// removeCheckpoint removes a stopped sandbox's checkpoint, if it had one.
+func (m *Manager) removeCheckpoint(id string) {
+	if m.cfg.CheckpointDir == "" {
+		return
+	}
+	if err := os.RemoveAll(m.checkpointPath(id)); err != nil {
+		m.log.Warn("remove a stopped sandbox's checkpoint", "sandbox", id, "err", err)
+	}
+}
+
+// removeCheckpoints removes every checkpoint left by an earlier engine:
+// its sandboxes are destroyed at start (reconcile), paused ones too, and
+// their checkpoints hold their memory.
+func (m *Manager) removeCheckpoints() {
+	if m.cfg.CheckpointDir == "" {
+		return
+	}
+	left, err := os.ReadDir(m.cfg.CheckpointDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		m.log.Error("list checkpoints left over from an earlier run", "err", err)
+	}
+	for _, e := range left {
+		if err := os.RemoveAll(filepath.Join(m.cfg.CheckpointDir, e.Name())); err != nil {
+			m.log.Error("remove a checkpoint left over from an earlier run", "checkpoint", e.Name(), "err", err)
+		}
+	}
+	if len(left) > 0 {
+		m.log.Warn("removed checkpoints left over from an earlier run", "count", len(left))
+	}
+}
+
+// pausedErr is the error of a call that a pause cut off.
+func (s *Sandbox) pausedErr(err error) error {
+	return apierr.Wrap(fmt.Errorf("%w: %w", ErrPaused, err), apierr.SandboxState, "sandbox %s was paused", s.ID)
+}
