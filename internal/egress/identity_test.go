@@ -207,3 +207,36 @@ func TestIdentityUnavailable(t *testing.T) {
 		t.Fatalf("uses %q", o)
 	}
 }
+
+// TestIdentityOverTLS: over TLS the gateway terminates for the rule's
+// host, the decrypted request gets a token that verifies, and the
+// placeholder in its body is refused.
+func TestIdentityOverTLS(t *testing.T) {
+	w, rec, roots := tlsWorld(t)
+	ca, err := NewCA()
+	if err != nil {
+		t.Fatal(err)
+	}
+	is, err := identity.Load("https://sheepfold.test", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, _ := w.gateway(t, minting(), 0, func(o *Options) { o.Identity, o.Intercept = fakeIdentity{is}, &Intercept{CA: ca, Roots: roots} })
+	c, err := tlsDial(t, g, "203.0.113.10:443", "api.test", caPool(t, ca))
+	if err != nil {
+		t.Fatalf("the handshake with the gateway's certificate: %v", err)
+	}
+	got := exchangeOn(c, post("api.test", "/v1/chat", "", "{}"), post("api.test", "/v1/chat", "", `{"t":"${identity.token}"}`))
+	if len(got) != 2 || !strings.HasPrefix(got[1], "403 "+codeMisdirected) {
+		t.Fatalf("over terminated TLS: %q\n%s", got, rec.all())
+	}
+	tok, ok := strings.CutPrefix(got[0], "200 auth=Bearer ")
+	if !ok {
+		t.Fatalf("no token: %q", got[0])
+	}
+	tok, _, _ = strings.Cut(tok, " proto=")
+	verifyToken(t, is, tok, "api.test")
+	if strings.Contains(rec.all(), "identity.") {
+		t.Fatalf("the server saw a placeholder: %q", rec.all())
+	}
+}
