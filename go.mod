@@ -9,6 +9,7 @@ require (
 	github.com/containerd/nri v0.12.3
 	github.com/evanw/esbuild v0.28.2
 	github.com/getkin/kin-openapi v0.153.0
+	github.com/go-jose/go-jose/v4 v4.1.9
 	github.com/google/go-cmp v0.7.0
 	github.com/google/nftables v0.3.0
 	github.com/jackc/pgx/v5 v5.13.0

@@ -19,7 +19,7 @@ var floors = [][]string{
 	// of the standard library and golang.org/x (x/sys; x/net/bpf for
 	// policy's seccomp program) only.
 	{"api", "client", "internal/abort", "internal/agentproto", "internal/agenttls", "internal/apierr",
-		"internal/backoff", "internal/bound", "internal/cgroup", "internal/config", "internal/events",
+		"internal/backoff", "internal/bound", "internal/cgroup", "internal/config", "internal/events", "internal/identity",
 		"internal/fdpass", "internal/homeseed", "internal/lang", "internal/osthread", "internal/pidfd", "internal/policy",
 		"internal/psi", "internal/ratelimit", "internal/ui", "internal/e2b/envdpb/...", "internal/testutil/..."},
 	// 2. Interfaces and machinery under the engine: the Runtime and

@@ -10,6 +10,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -27,6 +28,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/egress"
 	sfengine "github.com/sheepfold/sheepfold/internal/engine"
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/identity"
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/preview"
@@ -111,6 +113,11 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			}
 			if err := preview.CheckDomain(previewDomain); err != nil {
 				return fmt.Errorf("--preview-domain: %w", err)
+			}
+			if cfg.PublicURL != "" {
+				if _, err := identity.CheckIssuer(cfg.PublicURL); err != nil {
+					return fmt.Errorf("--public-url: %w", err)
+				}
 			}
 			if uploadMB <= 0 {
 				return errors.New("--file-size-upload-mb must be positive")
@@ -321,6 +328,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().StringVar(&instance, "instance", "", "engine instance name: state directory and cgroup of this server's sandboxes (default: server-<hash of the data dir>)")
 	cmd.Flags().MarkHidden("instance")
 	cmd.Flags().StringVar(&cfg.SecretsKeyFile, "secrets-key-file", "", "the keys that seal the accounts' secrets: lines ID:BASE64 (32 bytes each, the last one seals, every one opens; mode 0600) (default: $"+secrets.KeyEnv+" in that format, else DATA_DIR/"+secrets.KeyFileName+", made with a new key at the first start)")
+	cmd.Flags().StringVar(&cfg.PublicURL, "public-url", "", "the URL at which relying parties (a cloud's OIDC federation, your services) reach this server: the issuer of the sandboxes' workload identity tokens, served at /.well-known/openid-configuration and /.well-known/jwks.json; clouds want https (default: http://LISTEN, localhost for a wildcard address)")
 	cmd.Flags().StringVar(&cfg.CgroupRoot, "cgroup-root", "",
 		"cgroup under which sandboxes' cgroups are made, e.g. / for the hierarchy's root (default: on cgroup v2 under systemd, the service's own delegated cgroup (Delegate=yes); else /)")
 	// Accounts: the default limits of every account (each may override
@@ -396,8 +404,20 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 		return err
 	}
 	scfg.EgressCA = egressCA.PEM()
+	// They mint the sandboxes' workload identity tokens
+	// (${identity.token}), signed with DATA_DIR/identity-keys.pem, for
+	// the issuer --public-url (internal/identity).
+	issuer := cfg.PublicURL
+	if issuer == "" {
+		issuer = defaultPublicURL(listen)
+	}
+	if scfg.Identity, err = identity.Load(issuer, cfg.DataDir); err != nil {
+		return err
+	}
+	egressIdentity := server.NewEgressIdentity(egressSecrets, scfg.Identity)
 	engineOpts = append(engineOpts, func(c *sandbox.Config) {
 		c.Egress.Secrets = egressSecrets
+		c.Egress.Identity = egressIdentity
 		c.Egress.Intercept = &egress.Intercept{CA: egressCA}
 	})
 	if n, err := scfg.Secrets.Reseal(ctx); err != nil {
@@ -632,4 +652,17 @@ func (sf *storageFlags) bounds() (store.Bounds, error) {
 		b.Set(k, a)
 	}
 	return b, nil
+}
+
+// defaultPublicURL is the issuer of a server without --public-url:
+// http://LISTEN, localhost for a wildcard or empty host.
+func defaultPublicURL(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "http://localhost"
+	}
+	if a, err := netip.ParseAddr(host); host == "" || err == nil && a.IsUnspecified() {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port)
 }

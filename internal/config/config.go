@@ -35,6 +35,12 @@ type Config struct {
 	// $SHEEPFOLD_SECRETS_KEYS, else DataDir/secrets.key, made at the
 	// first start. [serve --secrets-key-file]
 	SecretsKeyFile string
+	// PublicURL is the URL at which relying parties reach this server:
+	// the issuer of its workload identity tokens, whose
+	// /.well-known/openid-configuration and jwks.json it serves
+	// (internal/identity). Empty: http://LISTEN (localhost for a wildcard
+	// address). [serve --public-url]
+	PublicURL string
 }
 
 // FromEnv returns the defaults overridden by the environment.

@@ -195,6 +195,10 @@ type Options struct {
 	// inject and records their uses (inject.go); nil: a rule's request
 	// fails closed.
 	Secrets Secrets
+	// Identity mints the tokens that the rules' ${identity.token}
+	// placeholders become (inject.go); nil: a rule's request that would
+	// carry one fails closed.
+	Identity Identity
 	// Intercept terminates TLS for the hosts the policy's rules name, so
 	// that their requests can be rewritten (tls.go); nil: TLS is never
 	// decrypted.

@@ -52,7 +52,41 @@ import (
 //     emitted as a secret.used event (secret, host, method, path,
 //     outcome). No value is ever logged or in an event.
 //
+// Workload identity (issue 33, item 4) takes the same path: a rule's
+// header may hold ${identity.token}, which becomes, on every request the
+// rule covers, a token minted for this sandbox (Identity.Token: a JWT of
+// the server's issuer, audience the rule's or the request's host, a life
+// of minutes). The token exists only in that request, on the wire to the
+// rule's host; the sandbox never holds it nor any key. The placeholder
+// anywhere else is refused as a misdirected secret's is (its pseudo-name
+// is identity.token, which no secret can have). Each mint is logged
+// (jti, subject, audience, expiry) and emitted as a secret.used event of
+// the secret identity.token with outcome minted.
+//
 // A sandbox whose policy has no rules takes none of these steps.
+
+// Identity mints a sandbox's identity tokens.
+type Identity interface {
+	// Token returns a new token for the sandbox, for audience; an error
+	// fails the request closed.
+	Token(ctx context.Context, sandboxID, audience string) (IdentityToken, error)
+}
+
+// IdentityToken is a minted token and what the audit keeps of it.
+type IdentityToken struct {
+	JWT     string
+	ID      string // jti
+	Subject string
+	Expires time.Time
+}
+
+// IdentitySecret is the pseudo-name of the identity placeholder in
+// refusals, uses and events: no secret's name has a dot.
+const IdentitySecret = "identity.token"
+
+// OutcomeMinted is the outcome of a secret.used event of IdentitySecret:
+// a token was minted into a request.
+const OutcomeMinted = "minted"
 
 // Secrets resolves the secrets a sandbox's rules inject, and records
 // their uses.
@@ -106,15 +140,29 @@ const (
 	codeUnavailable = "ERR_SECRET_UNAVAILABLE"
 )
 
-var secretsDot = []byte("secrets.")
+var (
+	secretsDot  = []byte("secrets.")
+	identityDot = []byte("identity.")
+)
 
 // findPlaceholder returns where the first placeholder in b starts and
-// the secret it names ("" when cut off), or -1: ${secrets.NAME} and its
+// the secret it names ("" when cut off), or -1: ${secrets.NAME} and
+// ${identity.NAME} (named IdentitySecret, whatever NAME) and their
 // percent-encoded forms ($%7B, %24{, %24%7B, any case).
 func findPlaceholder(b []byte) (int, string) {
+	i, name := findMarked(b, secretsDot)
+	if j, _ := findMarked(b, identityDot); j >= 0 && (i < 0 || j < i) {
+		return j, IdentitySecret
+	}
+	return i, name
+}
+
+// findMarked is findPlaceholder for the placeholders whose name follows
+// dot.
+func findMarked(b, dot []byte) (int, string) {
 	off := 0
 	for {
-		i := bytes.Index(b[off:], secretsDot)
+		i := bytes.Index(b[off:], dot)
 		if i < 0 {
 			return -1, ""
 		}
@@ -131,7 +179,7 @@ func findPlaceholder(b []byte) (int, string) {
 			start = i - 6
 		}
 		if start >= 0 {
-			j := i + len(secretsDot)
+			j := i + len(dot)
 			k := j
 			for k < len(b) && k-j < 64 && (b[k] == '_' || b[k] >= 'a' && b[k] <= 'z' || b[k] >= 'A' && b[k] <= 'Z' || b[k] >= '0' && b[k] <= '9') {
 				k++
@@ -143,9 +191,9 @@ func findPlaceholder(b []byte) (int, string) {
 }
 
 // scanHold is what a body scanner holds back of each write: the longest
-// placeholder start (%24%7Bsecrets.) and a name, so that a placeholder
+// placeholder start (%24%7Bidentity.) and a name, so that a placeholder
 // cut between writes is seen whole.
-const scanHold = 14 + 64
+const scanHold = 15 + 64
 
 // scanWriter forwards a request's body, refusing it at the first
 // placeholder before any byte of the placeholder goes on.
@@ -297,10 +345,17 @@ func (f *flow) inject(pol *policy.Egress, req *http.Request, names []string, hea
 					return nil, f.misdirected(in, s, fmt.Sprintf("header %s (rule %d does not name this secret)", name, rule.Index))
 				}
 			}
+			rest := policy.Substitute(v, func(string) string { return "" })
+			if strings.Contains(rest, policy.IdentityPlaceholder) && !rule.Identity {
+				return nil, f.misdirected(in, IdentitySecret, fmt.Sprintf("header %s (rule %d mints no identity token)", name, rule.Index))
+			}
+			if rule.Identity {
+				rest = strings.ReplaceAll(rest, policy.IdentityPlaceholder, "")
+			}
 			// Whatever is left once the rule's placeholders are gone is
 			// a misdirected one (percent-encoded, malformed).
-			if j, s := findPlaceholder([]byte(policy.Substitute(v, func(string) string { return "" }))); j >= 0 {
-				return nil, f.misdirected(in, s, "header "+name+" (only ${secrets.NAME} is substituted)")
+			if j, s := findPlaceholder([]byte(rest)); j >= 0 {
+				return nil, f.misdirected(in, s, "header "+name+" (only ${secrets.NAME} and "+policy.IdentityPlaceholder+" are substituted)")
 			}
 		}
 		kept = append(kept, l)
@@ -316,10 +371,36 @@ func (f *flow) inject(pol *policy.Egress, req *http.Request, names []string, hea
 		}
 		values[s] = v
 	}
-	sub := func(v string) string { return policy.Substitute(v, func(n string) string { return values[n] }) }
+	var tok IdentityToken
+	if rule.Identity {
+		aud := rule.Audience
+		if aud == "" {
+			aud = in.host
+		}
+		var err error
+		if tok, err = g.mint(f.ctx, aud); err != nil {
+			g.log.Warn("egress denied: an identity token could not be minted", "host", in.host, "method", in.method, "path", in.path, "err", err)
+			f.used(in, IdentitySecret, OutcomeUnavailable)
+			return nil, &secretError{status: http.StatusBadGateway, code: codeUnavailable,
+				msg: "no identity token could be minted: the request was not sent"}
+		}
+		g.log.Info("egress identity token minted", "host", in.host, "method", in.method, "path", in.path, "rule", rule.Index,
+			"jti", tok.ID, "sub", tok.Subject, "aud", aud, "exp", tok.Expires)
+		g.opt.Events.Emit(events.Event{
+			Type: events.SecretUsed, SandboxID: g.id,
+			Details: map[string]any{"secret": IdentitySecret, "host": in.host, "method": in.method, "path": clipPath(in.path), "outcome": OutcomeMinted,
+				"jti": tok.ID, "subject": tok.Subject, "audience": aud, "expires_at": tok.Expires.UTC().Format(time.RFC3339)},
+		})
+	}
+	sub := func(v string) string {
+		if rule.Identity {
+			v = strings.ReplaceAll(v, policy.IdentityPlaceholder, tok.JWT)
+		}
+		return policy.Substitute(v, func(n string) string { return values[n] })
+	}
 	out := make([]byte, 0, len(head)+256)
 	for i, l := range kept {
-		if i > 0 && bytes.Contains(l, []byte(policy.PlaceholderPrefix)) {
+		if i > 0 && (bytes.Contains(l, []byte(policy.PlaceholderPrefix)) || rule.Identity && bytes.Contains(l, []byte(policy.IdentityPlaceholder))) {
 			colon := bytes.IndexByte(l, ':')
 			l = append(l[:colon+1:colon+1], sub(string(l[colon+1:]))...)
 		}
@@ -334,6 +415,25 @@ func (f *flow) inject(pol *policy.Egress, req *http.Request, names []string, hea
 	}
 	g.log.Info("egress secrets injected", "host", in.host, "method", in.method, "path", in.path, "rule", rule.Index, "secrets", use)
 	return out, nil
+}
+
+// mint returns a new identity token of the sandbox for audience.
+func (g *Gateway) mint(ctx context.Context, audience string) (IdentityToken, error) {
+	if g.opt.Identity == nil {
+		return IdentityToken{}, fmt.Errorf("the gateway has no identity")
+	}
+	tok, err := g.opt.Identity.Token(ctx, g.id, audience)
+	if err != nil {
+		return IdentityToken{}, err
+	}
+	// A token is base64url segments and dots; anything else could not
+	// be a header's value.
+	for _, c := range []byte(tok.JWT) {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return IdentityToken{}, fmt.Errorf("the token holds %q", c)
+		}
+	}
+	return tok, nil
 }
 
 // ruleFor returns the rule that covers the request, or nil: every name

@@ -30,12 +30,17 @@ type NetworkRule struct {
 	PathPrefix string `json:"path_prefix,omitempty"`
 	// Transform is what the rule does to a matching request.
 	Transform *Transform `json:"transform,omitempty"`
+	// Audience is the aud claim of the identity tokens the rule's
+	// ${identity.token} placeholders become (default: the request's
+	// host). Only with such a placeholder.
+	Audience string `json:"audience,omitempty"`
 }
 
 // Transform changes a request.
 type Transform struct {
 	// Headers are set on the request, replacing any the sandbox sent
-	// under the same name. Values may hold ${secrets.NAME}.
+	// under the same name. Values may hold ${secrets.NAME} and
+	// ${identity.token}.
 	Headers map[string]string `json:"headers,omitempty"`
 }
 
@@ -46,7 +51,16 @@ const (
 	MaxRuleMethods    = 16
 	MaxRuleHeaderLen  = 4096
 	MaxRulePathPrefix = 1024
+	MaxRuleAudience   = 256
 )
+
+// IdentityPlaceholder becomes, on each request a rule covers, a token
+// the gateway mints for the sandbox (internal/identity): a short-lived
+// JWT whose audience is the rule's.
+const IdentityPlaceholder = "${identity.token}"
+
+// IdentityPrefix starts every identity placeholder.
+const IdentityPrefix = "${identity."
 
 // placeholderRE finds ${secrets.NAME}; a name is what internal/secrets
 // accepts (1 to 64 letters, digits and underscores, not starting with a
@@ -95,6 +109,8 @@ type InjectRule struct {
 	PathPrefix string
 	Headers    []HeaderTransform // by name
 	Secrets    []string          // the secrets its headers name
+	Identity   bool              // its headers hold IdentityPlaceholder
+	Audience   string            // NetworkRule.Audience
 }
 
 // reservedHeaders frame or route a request: a rule may not set them.
@@ -166,6 +182,12 @@ func compileRules(n *Network) ([]InjectRule, error) {
 					ir.Secrets = append(ir.Secrets, s)
 				}
 			}
+			if n := strings.Count(v, IdentityPrefix); n > 0 {
+				if n != strings.Count(v, IdentityPlaceholder) {
+					return nil, bad(field, "holds a malformed identity placeholder: write %s", IdentityPlaceholder)
+				}
+				ir.Identity = true
+			}
 			ir.Headers = append(ir.Headers, HeaderTransform{Name: ck, Value: v})
 		}
 		slices.SortFunc(ir.Headers, func(a, b HeaderTransform) int { return strings.Compare(a.Name, b.Name) })
@@ -173,6 +195,15 @@ func compileRules(n *Network) ([]InjectRule, error) {
 			if ir.Headers[j].Name == ir.Headers[j-1].Name {
 				return nil, bad(at+".transform.headers", "%s is given twice", ir.Headers[j].Name)
 			}
+		}
+		if a := r.Audience; a != "" {
+			if !ir.Identity {
+				return nil, bad(at+".audience", "an audience needs a header holding %s", IdentityPlaceholder)
+			}
+			if len(a) > MaxRuleAudience || !visibleASCII(a) {
+				return nil, bad(at+".audience", "must be at most %d visible ASCII characters", MaxRuleAudience)
+			}
+			ir.Audience = a
 		}
 		slices.Sort(ir.Secrets)
 		out = append(out, ir)

@@ -70,12 +70,33 @@ func TestNetworkRulesInvalid(t *testing.T) {
 		{`{"mode":"public","rules":[{"host":"a.test","path_prefix":"v1","transform":{"headers":{"X":"y"}}}]}`, "network.rules[0].path_prefix"},
 		{`{"mode":"public","rules":[{"host":"a.test","methods":["GE T"],"transform":{"headers":{"X":"y"}}}]}`, "network.rules[0].methods"},
 		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"y","x":"z"}}}]}`, "network.rules[0].transform.headers"},
+		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"${identity.tok}"}}}]}`, "network.rules[0].transform.headers.X"},
+		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"${identity.token"}}}]}`, "network.rules[0].transform.headers.X"},
+		{`{"mode":"public","rules":[{"host":"a.test","audience":"aud","transform":{"headers":{"X":"y"}}}]}`, "network.rules[0].audience"},
+		{`{"mode":"public","rules":[{"host":"a.test","audience":"a b","transform":{"headers":{"X":"${identity.token}"}}}]}`, "network.rules[0].audience"},
 	} {
 		_, err := Parse([]byte(`{"network":` + c.json + `}`))
 		fe, ok := err.(*FieldError)
 		if !ok || fe.Field != c.field {
 			t.Errorf("%s: got %v, want an error on %s", c.json, err, c.field)
 		}
+	}
+}
+
+func TestNetworkRulesIdentity(t *testing.T) {
+	e, err := CompileEgress(&Network{Mode: NetworkPublic, Rules: []NetworkRule{
+		{Host: "sts.test", Audience: "https://sts.test/aud", Transform: &Transform{Headers: map[string]string{"Authorization": "Bearer ${identity.token}", "X-Key": "${secrets.k}"}}},
+		{Host: "api.test", Transform: &Transform{Headers: map[string]string{"X": "y"}}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := e.Inject[0]
+	if !r.Identity || r.Audience != "https://sts.test/aud" || !slices.Equal(r.Secrets, []string{"k"}) {
+		t.Fatalf("rule: %+v", r)
+	}
+	if e.Inject[1].Identity {
+		t.Fatalf("a rule without the placeholder: %+v", e.Inject[1])
 	}
 }
 

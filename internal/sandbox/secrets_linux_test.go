@@ -114,57 +114,14 @@ print(os.environ["OPENAI_API_KEY"], "|", send("api.test"), "|", send("other.test
 		t.Fatal("no secret.used event")
 	}
 
-	// The value is nowhere the sandbox's code can read: every process's
-	// environment and command line, every readable mapping of the
-	// memory of every process it can read (the kernel that runs the
-	// search, at least), and the files. The needle is given in two
-	// halves, never joined, so that the search itself does not hold it.
-	search := func(needle string) string {
-		return fmt.Sprintf(`
-import os, re
-a, b = %q.encode(), %q.encode()
-def holds(data):
-    i = data.find(a)
-    while i >= 0:
-        if data[i + len(a):i + len(a) + len(b)] == b: return True
-        i = data.find(a, i + 1)
-    return False
-found, scanned = [], 0
-for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
-    for f in ("environ", "cmdline"):
-        try:
-            if holds(open("/proc/%%s/%%s" %% (pid, f), "rb").read()): found.append(pid + " " + f)
-        except OSError: pass
-    try:
-        maps = open("/proc/%%s/maps" %% pid).read().splitlines()
-        mem = open("/proc/%%s/mem" %% pid, "rb", 0)
-    except OSError: continue
-    for line in maps:
-        m = re.match(r"([0-9a-f]+)-([0-9a-f]+) r", line)
-        if not m or "[vvar]" in line or "[vsyscall]" in line: continue
-        x, y = int(m.group(1), 16), int(m.group(2), 16)
-        try:
-            mem.seek(x)
-            data = mem.read(y - x)
-            scanned += 1
-            if holds(data): found.append(pid + " memory")
-        except (OSError, ValueError, OverflowError): pass
-for top in ("/tmp", "/home", "/root", "/etc", "/work", "/var", "/opt"):
-    for d, _, files in os.walk(top):
-        for f in files:
-            try:
-                if holds(open(os.path.join(d, f), "rb").read()): found.append(os.path.join(d, f))
-            except OSError: pass
-print("found:", sorted(set(x.split(" ", 1)[-1] for x in found)), "mappings:", scanned > 0)
-`, needle[:6], needle[6:])
-	}
+	// The value is nowhere the sandbox's code can read (searchSandbox).
 	// The control: the search finds what is there (the placeholder, in
 	// the environment and so in memory).
-	if ex := run(t, s, "python", search("${secrets.openai}")); !strings.Contains(ex.Stdout, "'environ'") ||
+	if ex := run(t, s, "python", searchSandbox("${secrets.openai}")); !strings.Contains(ex.Stdout, "'environ'") ||
 		!strings.Contains(ex.Stdout, "'memory'") || !strings.Contains(ex.Stdout, "mappings: True") {
 		t.Fatalf("the control search: %q %+v", ex.Stdout, ex.Error)
 	}
-	if ex := run(t, s, "python", search(value)); strings.TrimSpace(ex.Stdout) != "found: [] mappings: True" {
+	if ex := run(t, s, "python", searchSandbox(value)); strings.TrimSpace(ex.Stdout) != "found: [] mappings: True" {
 		t.Fatalf("the value is in the sandbox: %q %+v", ex.Stdout, ex.Error)
 	}
 	evs.mu.Lock()
@@ -258,4 +215,49 @@ print(via_urllib("api.test"), "|", requests.post("https://api.test/v1/chat", jso
 			t.Fatalf("the server got %q", seen)
 		}
 	}
+}
+
+// searchSandbox is Python that lists where in the sandbox needle is:
+// every process's environment and command line, every readable mapping
+// of the memory of every process it can read (the kernel that runs the
+// search, at least), and the files. The needle is given in two halves,
+// never joined, so that the search itself does not hold it.
+func searchSandbox(needle string) string {
+	return fmt.Sprintf(`
+import os, re
+a, b = %q.encode(), %q.encode()
+def holds(data):
+    i = data.find(a)
+    while i >= 0:
+        if data[i + len(a):i + len(a) + len(b)] == b: return True
+        i = data.find(a, i + 1)
+    return False
+found, scanned = [], 0
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    for f in ("environ", "cmdline"):
+        try:
+            if holds(open("/proc/%%s/%%s" %% (pid, f), "rb").read()): found.append(pid + " " + f)
+        except OSError: pass
+    try:
+        maps = open("/proc/%%s/maps" %% pid).read().splitlines()
+        mem = open("/proc/%%s/mem" %% pid, "rb", 0)
+    except OSError: continue
+    for line in maps:
+        m = re.match(r"([0-9a-f]+)-([0-9a-f]+) r", line)
+        if not m or "[vvar]" in line or "[vsyscall]" in line: continue
+        x, y = int(m.group(1), 16), int(m.group(2), 16)
+        try:
+            mem.seek(x)
+            data = mem.read(y - x)
+            scanned += 1
+            if holds(data): found.append(pid + " memory")
+        except (OSError, ValueError, OverflowError): pass
+for top in ("/tmp", "/home", "/root", "/etc", "/work", "/var", "/opt"):
+    for d, _, files in os.walk(top):
+        for f in files:
+            try:
+                if holds(open(os.path.join(d, f), "rb").read()): found.append(os.path.join(d, f))
+            except OSError: pass
+print("found:", sorted(set(x.split(" ", 1)[-1] for x in found)), "mappings:", scanned > 0)
+`, needle[:6], needle[6:])
 }

@@ -175,7 +175,7 @@ func TestReplicasE2BAuthBeforeWork(t *testing.T) {
 	for _, pat := range b.srv.Routes() {
 		method, path, _ := strings.Cut(pat, " ")
 		switch pat {
-		case "GET /healthz", "GET /readyz", "GET /v1/openapi.json", "POST /ui/login", "POST /ui/logout":
+		case "GET /healthz", "GET /readyz", "GET /v1/openapi.json", "GET /.well-known/openid-configuration", "GET /.well-known/jwks.json", "POST /ui/login", "POST /ui/logout":
 			continue // anonymous by design
 		}
 		target := fill(path, map[string]string{"id": sb.ID, "ctx": "c", "pid": "1", "port": "8080", "account": "a"})

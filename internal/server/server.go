@@ -200,7 +200,8 @@
 // delivers to them; webhooks.go serves its endpoints), internal/llm (the
 // model relay), internal/apierr, internal/bound (the ranges of numbers),
 // internal/secrets (the accounts' secrets), internal/egress (the
-// gateways' resolver of secrets, secrets_egress.go), internal/e2b,
+// gateways' resolver of secrets, secrets_egress.go), internal/identity
+// (the workload identity's issuer: identity.go), internal/e2b,
 // internal/mcpserver (the /mcp endpoint, with a Go SDK client that
 // calls this server in process), internal/agentproto,
 // internal/runtime (limits), internal/lang (metric labels, the ask's
@@ -235,6 +236,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/identity"
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/metrics"
@@ -394,6 +396,9 @@ type Config struct {
 	// sandboxes whose policy has rules get it in their trust stores
 	// (secrets_egress.go). Nil: the gateways terminate no TLS.
 	EgressCA []byte
+	// Identity is the workload identity's issuer, whose OIDC discovery
+	// document and JWKS identity.go serves. Nil: those routes answer 404.
+	Identity *identity.Issuer
 }
 
 func (c *Config) setDefaults() {

@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/identity"
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/metrics"
 	"github.com/sheepfold/sheepfold/internal/secrets"
@@ -78,6 +79,7 @@ var wireTypes = []apispec.Entry{
 	{V: webhooks.Delivery{}, Schema: "WebhookDelivery"},
 	{V: secrets.Info{}, Schema: "Secret"},
 	{V: secrets.Use{}, Schema: "SecretUse"},
+	{V: identity.JWK{}, Schema: "JWKS.keys[]"},
 	{V: events.Event{}, Schema: "Event", Own: map[string]string{"Owner": "for fan-out to the owner's streams; never sent"}},
 	{V: metrics.Summary{}, Schema: "MetricsSummary"},
 	{V: metrics.AccountFigures{}, Schema: "MetricsSummary.account"},
@@ -101,8 +103,9 @@ func TestEveryWireTypeChecked(t *testing.T) {
 		"listCursor":      "the inside of an opaque cursor, not a wire object",
 		"recordResources": "a column of the store, not the wire",
 		"Report":          "checked inside usageReport, which embeds it with the model tokens",
+		"Claims":          "a token's signed payload (internal/identity), not an API object",
 	}
-	for _, dir := range []string{".", "../session", "../webhooks", "../secrets", "../metrics", "../events", "../metering"} {
+	for _, dir := range []string{".", "../session", "../webhooks", "../secrets", "../metrics", "../events", "../metering", "../identity"} {
 		apispec.CheckAllListed(t, dir, wireTypes, exempt)
 	}
 }

@@ -34,7 +34,7 @@ import (
 type Entry struct {
 	V any
 	// Schema is "Name", or "Name.property[.property]" for an inline
-	// object.
+	// object; "property[]" is the items of an array property.
 	Schema     string
 	Renamed    map[string]string
 	Own        map[string]string
@@ -61,7 +61,11 @@ func Check(t *testing.T, entries []Entry) {
 			s, _ := spec.Components.Schemas[path[0]].(map[string]any)
 			for _, p := range path[1:] {
 				props, _ := s["properties"].(map[string]any)
-				s, _ = props[p].(map[string]any)
+				name, items := strings.CutSuffix(p, "[]")
+				s, _ = props[name].(map[string]any)
+				if items {
+					s, _ = s["items"].(map[string]any)
+				}
 			}
 			pm, ok := s["properties"].(map[string]any)
 			if !ok {
