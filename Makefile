@@ -81,9 +81,10 @@ bench-kubernetes: kubernetes-cluster template ## the test cluster up, a Kubernet
 
 NFPM := github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.48.0
 DEB_VERSION := 0.0~$(subst -,.,$(VERSION))
-deb: setup build ## bin/sheepfold.deb: both binaries, the pinned runc, sheepfold.service, /etc/sheepfold/config.toml (nfpm from the Go proxy)
+deb: setup build ## bin/sheepfold.deb: both binaries, the pinned runc and CRIU, sheepfold.service, /etc/sheepfold/config.toml (nfpm from the Go proxy)
 	GOBIN=$(CURDIR)/bin/tools go install $(NFPM)
 	install -m 0755 $(DATA_DIR)/bin/runc bin/runc
+	install -m 0755 $(DATA_DIR)/bin/criu bin/criu
 	SHEEPFOLD_DEB_VERSION=$(DEB_VERSION) bin/tools/nfpm package --packager deb --config packaging/nfpm.yaml --target bin/sheepfold.deb
 
 PREFIX ?= /usr/local

@@ -228,6 +228,34 @@ while time.monotonic() < end:
 		t.Logf("cpu some avg10 %.2f%%", out.Usage.Pressure.CPUSome)
 	})
 
+	// Paused to disk by the CRIU the package installs: the sandbox's
+	// cgroup goes while it is paused, and a variable and a file are
+	// there after the resume, in a cgroup with the same limits.
+	t.Run("pause", func(t *testing.T) {
+		if ex, err := c.Execute(ctx, sb.ID, client.ExecuteRequest{Code: "kept = 41\nopen('/tmp/kept', 'w').write('file')"}); err != nil || ex.Error != nil {
+			t.Fatalf("before the pause: %v %+v", err, ex)
+		}
+		p, err := c.PauseSandbox(ctx, sb.ID)
+		if err != nil || p.State != "paused" {
+			t.Fatalf("pause: %v %+v", err, p)
+		}
+		if dirs := sandboxCgroups(t, sb.ID); len(dirs) != 0 {
+			t.Fatalf("a paused sandbox's cgroups: %v", dirs)
+		}
+		if _, err := c.ResumeSandbox(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		ex, err := c.Execute(ctx, sb.ID, client.ExecuteRequest{Code: "kept + 1, open('/tmp/kept').read()"})
+		if err != nil || text(ex) != "(42, 'file')" {
+			t.Fatalf("after the resume: %v %+v", err, ex)
+		}
+		dirs := sandboxCgroups(t, sb.ID)
+		if len(dirs) != 1 || read(t, dirs[0], "memory.max") != strconv.Itoa(256<<20) || read(t, dirs[0], "tenant/pids.max") != "64" {
+			t.Fatalf("the restored sandbox's cgroups %v", dirs)
+		}
+		dir = dirs[0]
+	})
+
 	if err := c.Kill(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
