@@ -239,6 +239,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		{"chat completion relay", b.relayOverhead},
 		{"Black-Friday tickets via sessions", b.sessionTicketsRun},
 		{"preview", b.preview},
+		{"pause and resume", b.pauseResume},
 		{"throughput", b.throughput},
 		{"density", b.density},
 	}
@@ -1037,6 +1038,9 @@ func (r *benchResults) evaluate() {
 		if i, ok := r.Scenarios[benchHTTPSInject]; ok {
 			add("HTTPS GET with a secret-injecting rule (TLS terminated) − without, p50", i.P50-g.P50, 2, "ms", true)
 		}
+	}
+	if s, ok := r.Scenarios[benchResume]; ok {
+		add("resume → first result, pandas loaded, p50", s.P50, 150, "ms", true)
 	}
 	if n, ok := r.Scenarios[benchWarmNone]; ok {
 		if p, ok := r.Scenarios[benchWarmPolicy]; ok {
