@@ -354,8 +354,17 @@ func (c *cgroups) kill(id string) error {
 		return nil
 	}
 	freezer := &cgfs.FreezerGroup{}
-	if err := freezer.Set(dir, &cg.Resources{Freezer: cg.Frozen}); err != nil {
-		return fmt.Errorf("freeze %s: %w", dir, err)
+	// A cgroup whose tasks keep forking may stay FREEZING past the
+	// library's own tries (a fork chain on a loaded host): it is what is
+	// being killed, so the freeze is tried again until the deadline.
+	for {
+		err := freezer.Set(dir, &cg.Resources{Freezer: cg.Frozen})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("freeze %s: %w", dir, err)
+		}
 	}
 	pids, err := cg.GetAllPids(dir)
 	for _, pid := range pids {
