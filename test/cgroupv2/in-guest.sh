@@ -160,7 +160,7 @@ step oci gotest internal/runtime/oci
 # 0.5 s of CPU, matplotlib's font cache in TestRuncStatefulPython,
 # TestRuncLifetimeHoldsWithoutEngine's 10 s); the crash sweep runs in
 # internal/runtime/oci (TestSweepDeadInstance, TestSweepRetriesStubbornLeftovers).
-SANDBOX_RUN=${SANDBOX_RUN:-'^(TestIsolation|TestForkBombContained|TestDiskLimit|TestPolicyResizesLiveSandbox|TestDiskFullIsNotOOM|TestRuncMemoryBomb|TestRuncOOMScore|TestRuncTimeoutKeepsSandboxUsable)$'}
+SANDBOX_RUN=${SANDBOX_RUN:-'^(TestIsolation|TestForkBombContained|TestDiskLimit|TestPolicyResizesLiveSandbox|TestDiskFullIsNotOOM|TestRuncMemoryBomb|TestRuncOOMScore|TestRuncTimeoutKeepsSandboxUsable|TestPauseResume|TestFreezeResume)$'}
 step sandbox gotest internal/sandbox -test.run "$SANDBOX_RUN"
 step doctor gotest internal/doctor
 step nested nested
