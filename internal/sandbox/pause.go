@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
@@ -126,6 +127,11 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	}
 	if err != nil {
 		return s.unpause(err)
+	}
+	if err := s.writeKept(dir, left); err != nil {
+		// Without it no later engine can take the sandbox back; this
+		// one resumes it as ever.
+		s.m.log.Warn("record a paused sandbox for a restart", "sandbox", s.ID, "err", err)
 	}
 	took := time.Since(began)
 	s.m.log.Info("sandbox paused", "sandbox", s.ID, "took", took.Round(10*time.Microsecond), "left", left.Round(time.Second))
@@ -339,10 +345,11 @@ func (m *Manager) removeCheckpoint(id string) {
 	}
 }
 
-// removeCheckpoints removes every checkpoint left by an earlier engine:
-// its sandboxes are destroyed at start (reconcile), paused ones too, and
-// their checkpoints hold their memory.
-func (m *Manager) removeCheckpoints() {
+// removeCheckpoints removes every checkpoint left by an earlier engine
+// but those of the paused sandboxes taken back (kept): the others'
+// sandboxes are destroyed at start (reconcile), and their checkpoints
+// hold their memory.
+func (m *Manager) removeCheckpoints(kept map[string]bool) {
 	if m.cfg.CheckpointDir == "" {
 		return
 	}
@@ -350,6 +357,7 @@ func (m *Manager) removeCheckpoints() {
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		m.log.Error("list checkpoints left over from an earlier run", "err", err)
 	}
+	left = slices.DeleteFunc(left, func(e os.DirEntry) bool { return kept[e.Name()] })
 	for _, e := range left {
 		if err := os.RemoveAll(filepath.Join(m.cfg.CheckpointDir, e.Name())); err != nil {
 			m.log.Error("remove a checkpoint left over from an earlier run", "checkpoint", e.Name(), "err", err)
