@@ -172,7 +172,7 @@ type SandboxFilter struct {
 	// Live selects running and paused sandboxes (State is then ignored).
 	Live  bool
 	After string // only records after the one with this ID (a cursor); "" from the start
-	Limit    int    // at most this many; 0 for all
+	Limit int    // at most this many; 0 for all
 }
 
 // Store persists the server's state. Implementations are safe for
