@@ -231,6 +231,11 @@ func testSandboxPaused(t *testing.T, s store.Store) {
 	if got := ids(store.SandboxFilter{Owner: "o", State: store.SandboxPaused}); got != "a:paused" {
 		t.Fatalf("paused: %s", got)
 	}
+	// A paused sandbox holds its place under the account's cap: with
+	// a (paused) and b (running), a cap of 2 admits no third.
+	if err := s.ReserveSandbox(ctx, "o", "h1", 2, now); !errors.Is(err, store.ErrLimit) {
+		t.Fatalf("reserve beside a paused and a running sandbox under a cap of 2: %v, want ErrLimit", err)
+	}
 	if n, err := s.StopAllRunning(ctx, "server restarted", now); err != nil || n != 1 {
 		t.Fatalf("StopAllRunning = %d, %v", n, err)
 	}
