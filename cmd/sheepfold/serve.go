@@ -445,6 +445,11 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 		recoverer := metering.Recoverer(st, prices, log)
 		engineOpts = append(engineOpts, func(c *sandbox.Config) { c.Leftover = recoverer })
 	}
+	// Paused sandboxes outlive the server's run, on the same data dir
+	// (internal/sandbox keep.go, internal/server paused.go).
+	if !shared {
+		engineOpts = append(engineOpts, func(c *sandbox.Config) { c.KeepPaused = true })
+	}
 	// 4. The engine.
 	var eng *engine
 	var kubeRT *kubernetes.Runtime

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
@@ -88,8 +89,8 @@ func (m *Manager) readKept(id string) (keptRecord, error) {
 
 // keep says whether Close leaves s to the next engine: it is paused to
 // its checkpoint (not frozen: its memory would die with this process).
-// Such a sandbox is left stopped here, so that nothing resumes it under
-// Close.
+// Such a sandbox stays paused here, and is never resumed by this engine
+// again (errKept), so that nothing restores it under Close.
 func (s *Sandbox) keep() bool {
 	s.lifeMu.Lock() // a pause or a resume in flight ends first
 	defer s.lifeMu.Unlock()
@@ -98,9 +99,14 @@ func (s *Sandbox) keep() bool {
 	if s.state != StatePaused || s.frozen {
 		return false
 	}
-	s.state = StateStopped
-	s.stopReason = reasonShutdown
+	s.kept = true
 	return true
+}
+
+// errKept is the error of a resume of a sandbox Close left to the next
+// engine.
+func (s *Sandbox) errKept() error {
+	return apierr.New(apierr.Capacity, "the engine is shutting down; sandbox %s stays paused for the next start", s.ID)
 }
 
 // takeBack re-creates, paused, every sandbox an earlier engine left
@@ -123,7 +129,7 @@ func (m *Manager) takeBack(ctx context.Context) map[string]bool {
 		s, err := m.takeBackOne(ctx, id)
 		if err != nil {
 			m.log.Error("a paused sandbox cannot be taken back after the restart; destroying it", "sandbox", id, "err", err)
-			lost[id] = "its checkpoint could not be taken back after a restart: " + err.Error()
+			lost[id] = lostReason // the cause, with host paths, is the log's
 			continue
 		}
 		m.mu.Lock()
@@ -173,6 +179,10 @@ func (m *Manager) takeBackOne(ctx context.Context, id string) (*Sandbox, error) 
 	s.timer.Stop() // Resume starts it again
 	return s, nil
 }
+
+// lostReason is Lost's word for a paused sandbox not taken back: what its
+// owner may read.
+const lostReason = "its checkpoint is missing or incomplete"
 
 // Lost lists the paused sandboxes an earlier engine left that New could
 // not take back (their checkpoint or record missing or broken: a crash

@@ -195,10 +195,13 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
 	s.mu.Lock()
-	st, left, frozen := s.state, s.left, s.frozen
+	st, left, frozen, kept := s.state, s.left, s.frozen, s.kept
 	s.mu.Unlock()
 	if st != StatePaused {
 		return s.running()
+	}
+	if kept {
+		return s.errKept()
 	}
 	if frozen {
 		return s.thaw(ctx, s.m.cfg.Runtime.(runtime.Freezer), left)

@@ -663,6 +663,9 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		BaseContext: func(net.Listener) context.Context { return s.base },
 		ConnState:   s.conns.state}
 	s.http.RegisterOnShutdown(s.endStreams)
+	if m != nil {
+		s.takeBackPaused(context.Background()) // paused.go
+	}
 	s.sweeper.Add(1)
 	go s.sweep()
 	return s
