@@ -129,3 +129,56 @@ func TestPauseRetriesAFailedDump(t *testing.T) {
 		}
 	}
 }
+
+// TestCloseKeepsPaused: with KeepPaused, Close leaves a paused sandbox in
+// the runtime (for the next engine) and destroys the running ones; a
+// resume that comes after Close is refused (ERR_CAPACITY) and the
+// sandbox stays paused, never restored under an engine that has ended.
+// Without KeepPaused, Close destroys the paused sandbox too.
+func TestCloseKeepsPaused(t *testing.T) {
+	ctx := context.Background()
+	for _, keep := range []bool{true, false} {
+		rt := &stubCheckpointer{Runtime: &fake.Runtime{AgentBin: testutil.AgentBin(t), Dir: testutil.ShortTempDir(t)},
+			insts: map[string]*runtime.Instance{}}
+		dir := filepath.Join(testutil.ShortTempDir(t), "checkpoints")
+		m, err := sandbox.New(ctx, sandbox.Config{Runtime: rt, CheckpointDir: dir, KeepPaused: keep,
+			Templates: sandbox.TemplatesFunc(func(string) (string, error) { return "/", nil })})
+		if err != nil {
+			t.Fatal(err)
+		}
+		paused, err := m.Create(ctx, sandbox.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		running, err := m.Create(ctx, sandbox.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := paused.Pause(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Close(ctx); err != nil {
+			t.Fatalf("keep %v: close: %v", keep, err)
+		}
+		ids, _ := rt.List(ctx)
+		if keep {
+			if len(ids) != 1 || ids[0] != paused.ID {
+				t.Errorf("after Close the runtime holds %v, want the paused sandbox %s alone", ids, paused.ID)
+			}
+			if err := paused.Resume(ctx); apierr.CodeOf(err) != apierr.Capacity || paused.State() != sandbox.StatePaused {
+				t.Errorf("a resume after Close: %v, state %s; want ERR_CAPACITY and paused", err, paused.State())
+			}
+			if _, err := os.Stat(filepath.Join(dir, paused.ID)); err != nil {
+				t.Errorf("the kept sandbox's checkpoint: %v", err)
+			}
+			if err := rt.Destroy(ctx, paused.ID); err != nil {
+				t.Fatal(err)
+			}
+		} else if len(ids) != 0 {
+			t.Errorf("without KeepPaused the runtime holds %v after Close", ids)
+		}
+		if st := running.State(); st != sandbox.StateStopped {
+			t.Errorf("keep %v: the running sandbox is %s after Close", keep, st)
+		}
+	}
+}
