@@ -381,6 +381,18 @@ func (o *OCI) Checkpointed(ctx context.Context, id, dir string) error {
 	return checkpointOf(id, dir)
 }
 
+// checkpointed says whether sandbox id was checkpointed and not
+// restored since: runc holds no state for it, and its bundle has the
+// CRIU options a checkpoint writes (a bundle a crash left in the middle
+// of a create has neither).
+func (o *OCI) checkpointed(id string) bool {
+	if o.running(id) {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(o.bundle(id), criuConfig))
+	return err == nil
+}
+
 // checkpointOf checks that dir holds a complete checkpoint of sandbox id.
 func checkpointOf(id, dir string) error {
 	var info checkpointInfo

@@ -816,7 +816,7 @@ func (o *OCI) Close() error {
 	// this instance, which takes them back (runtime.CheckpointKeeper):
 	// their bundles, disks and id ranges stay, and so does the
 	// instance's directory.
-	ids = slices.DeleteFunc(ids, func(id string) bool { return !o.running(id) })
+	ids = slices.DeleteFunc(ids, o.checkpointed)
 	kept := len(ids) < len(all)
 	if len(ids) > 0 {
 		return fmt.Errorf("%d sandboxes still exist", len(ids))
