@@ -102,6 +102,10 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	if err != nil || left == 0 {
 		return err
 	}
+	if err := s.m.admitPause(s); err != nil {
+		s.restartLife(left)
+		return err
+	}
 	s.mu.Lock()
 	agent := s.agent
 	s.mu.Unlock()
@@ -162,6 +166,19 @@ func (s *Sandbox) stopLife() (time.Duration, error) {
 	s.left = left
 	s.timer.Stop()
 	return left, nil
+}
+
+// restartLife undoes stopLife before anything else of a pause was done
+// (AdmitPause refused it): running again, with the lifetime it had left.
+func (s *Sandbox) restartLife(left time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StatePaused {
+		return // stopped meanwhile
+	}
+	s.state = StateRunning
+	s.deadline = time.Now().Add(left)
+	s.timer.Reset(left)
 }
 
 // unpause undoes a pause whose checkpoint failed (the runtime left the

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/runtime"
@@ -180,5 +181,60 @@ func TestCloseKeepsPaused(t *testing.T) {
 		if st := running.State(); st != sandbox.StateStopped {
 			t.Errorf("keep %v: the running sandbox is %s after Close", keep, st)
 		}
+	}
+}
+
+// TestAdmitPauseRefuses: a pause the AdmitPause hook refuses returns the
+// hook's error as is, sees the sandbox counted as paused, and leaves it
+// running with the lifetime it had, nothing checkpointed and the Pausing
+// hook never called; admitted, the same pause goes through.
+func TestAdmitPauseRefuses(t *testing.T) {
+	ctx := context.Background()
+	rt := &stubCheckpointer{Runtime: &fake.Runtime{AgentBin: testutil.AgentBin(t), Dir: testutil.ShortTempDir(t)},
+		insts: map[string]*runtime.Instance{}}
+	dir := filepath.Join(testutil.ShortTempDir(t), "checkpoints")
+	m := startEngine(t, sandbox.Config{Runtime: rt, CheckpointDir: dir,
+		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return "/", nil })}, rt.Runtime)
+	s := newSandbox(t, m, sandbox.CreateOptions{})
+	run(t, s, "python", "x = 5")
+	refusal := apierr.New(apierr.SessionQuotaExceeded, "too many paused")
+	var mu sync.Mutex
+	refuse, seen, pausing := true, sandbox.State(""), 0
+	m.SetHooks(sandbox.Hooks{
+		AdmitPause: func(s *sandbox.Sandbox) error {
+			mu.Lock()
+			defer mu.Unlock()
+			seen = s.State()
+			if refuse {
+				return refusal
+			}
+			return nil
+		},
+		Pausing: func(*sandbox.Sandbox) { mu.Lock(); pausing++; mu.Unlock() },
+	})
+	deadline := s.Deadline()
+	if err := s.Pause(ctx); !errors.Is(err, refusal) {
+		t.Fatalf("a refused pause: %v, want the hook's error", err)
+	}
+	mu.Lock()
+	if seen != sandbox.StatePaused || pausing != 0 {
+		t.Errorf("the hook saw %s, Pausing called %d times; want paused and none", seen, pausing)
+	}
+	refuse = false
+	mu.Unlock()
+	if st := s.State(); st != sandbox.StateRunning {
+		t.Fatalf("state %s after a refused pause", st)
+	}
+	if d := s.Deadline().Sub(deadline); d < -time.Second || d > time.Second {
+		t.Errorf("deadline moved by %v with a refused pause", d)
+	}
+	if _, err := os.Stat(filepath.Join(dir, s.ID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a checkpoint of a refused pause: %v", err)
+	}
+	if got := mainText(run(t, s, "python", "x + 1")); got != "6" {
+		t.Fatalf("after a refused pause x + 1 is %q", got)
+	}
+	if err := s.Pause(ctx); err != nil || s.State() != sandbox.StatePaused {
+		t.Fatalf("an admitted pause: %v, state %s", err, s.State())
 	}
 }

@@ -28,6 +28,12 @@ import (
 // the runtime closes after the server and its engine.
 func runcEnv(t *testing.T) *env {
 	t.Helper()
+	return runcEnvWith(t, server.Config{})
+}
+
+// runcEnvWith is runcEnv with the server's Config.
+func runcEnvWith(t *testing.T, cfg server.Config) *env {
+	t.Helper()
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
 	state := testutil.ShortTempDir(t)
@@ -44,7 +50,7 @@ func runcEnv(t *testing.T) *env {
 			t.Error(err)
 		}
 	})
-	return newEnv(t, server.Config{}, func(c *sandbox.Config) {
+	return newEnv(t, cfg, func(c *sandbox.Config) {
 		c.Runtime = rt
 		c.Templates = sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })
 		c.CheckpointDir = filepath.Join(state, "checkpoints")
@@ -404,4 +410,34 @@ print(x, open("/home/user/kept.txt").read(), len(open("/tmp/ticks").readlines())
 		t.Fatalf("after the restart and resume: %q, want the variable, the file and the loop writing on", got)
 	}
 	want(t, e.do("DELETE", "/v1/sandboxes/"+id, key, nil), http.StatusNoContent, "")
+}
+
+// TestPausedPerAccountBound: with --max-paused-per-account 1 an account's
+// second pause is refused (429 ERR_SESSION_QUOTA_EXCEEDED) and that
+// sandbox runs on with its variable; once the first is resumed, the
+// second pauses; another account is not held back by the first's.
+func TestPausedPerAccountBound(t *testing.T) {
+	e := runcEnvWith(t, server.Config{MaxPausedPerAccount: 1})
+	first := e.create(e.keyA, map[string]any{})
+	second := e.create(e.keyA, map[string]any{})
+	other := e.create(e.keyB, map[string]any{})
+	r := e.do("POST", "/v1/sandboxes/"+second+"/execute", e.keyA, map[string]any{"code": "y = 7"})
+	want(t, r, http.StatusOK, "")
+	want(t, e.do("POST", "/v1/sandboxes/"+first+"/pause", e.keyA, nil), http.StatusOK, "")
+	want(t, e.do("POST", "/v1/sandboxes/"+second+"/pause", e.keyA, nil), http.StatusTooManyRequests, "ERR_SESSION_QUOTA_EXCEEDED")
+	if st := e.do("GET", "/v1/sandboxes/"+second, e.keyA, nil).json(t)["state"]; st != "running" {
+		t.Fatalf("the refused sandbox is %v, want running", st)
+	}
+	r = e.do("POST", "/v1/sandboxes/"+second+"/execute", e.keyA, map[string]any{"code": "print(y)"})
+	want(t, r, http.StatusOK, "")
+	if out := r.json(t)["stdout"]; out != "7\n" {
+		t.Fatalf("after the refused pause y is %q", out)
+	}
+	want(t, e.do("POST", "/v1/sandboxes/"+other+"/pause", e.keyB, nil), http.StatusOK, "")
+	want(t, e.do("POST", "/v1/sandboxes/"+first+"/resume", e.keyA, nil), http.StatusOK, "")
+	want(t, e.do("POST", "/v1/sandboxes/"+second+"/pause", e.keyA, nil), http.StatusOK, "")
+	for _, id := range []string{first, second} {
+		want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
+	}
+	want(t, e.do("DELETE", "/v1/sandboxes/"+other, e.keyB, nil), http.StatusNoContent, "")
 }

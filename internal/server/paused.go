@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
@@ -24,6 +25,36 @@ import (
 // the middle of a pause, a checkpoint lost or broken). The freezer's
 // quick pause keeps the memory in the server's process tree: it is not
 // recorded paused and does not survive a restart.
+
+// admitPause is the engine's AdmitPause hook (Config.MaxPausedPerAccount):
+// the sandbox being paused counts itself, and every other of its
+// account's sandboxes paused or being paused counts too, so that
+// concurrent pauses never pass the bound together.
+func (s *Server) admitPause(sb *sandbox.Sandbox) error {
+	s.mu.Lock()
+	owner := ""
+	if b, ok := s.boxes[sb.ID]; ok {
+		owner = b.owner
+	}
+	var mine []*sandbox.Sandbox
+	for _, b := range s.boxes {
+		if b.sb != nil && b.owner == owner {
+			mine = append(mine, b.sb)
+		}
+	}
+	s.mu.Unlock()
+	paused := 0
+	for _, m := range mine {
+		if m.State() == sandbox.StatePaused { // frozen ones too
+			paused++
+		}
+	}
+	if owner != "" && paused > s.cfg.MaxPausedPerAccount {
+		return apierr.New(apierr.SessionQuotaExceeded, "the account has %d sandboxes paused, its most (--max-paused-per-account); resume or kill one first",
+			s.cfg.MaxPausedPerAccount)
+	}
+	return nil
+}
 
 // pauseRecordTimeout bounds recording a pause or a resume.
 const pauseRecordTimeout = 10 * time.Second

@@ -252,6 +252,10 @@ type Config struct {
 	// MaxSandboxes bounds the sandboxes running at once through this
 	// server; 0 leaves the bound to the engine.
 	MaxSandboxes int
+	// MaxPausedPerAccount bounds each account's sandboxes paused to disk
+	// at once (their checkpoints and disks are kept on the server's disk
+	// while they use nothing else); 0: no bound (paused.go).
+	MaxPausedPerAccount int
 	// MaxTimeout is the longest lifetime a sandbox may be given [24h].
 	MaxTimeout time.Duration
 	// Version, Runtime and Cgroups are reported by /v1/version.
