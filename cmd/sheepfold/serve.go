@@ -47,6 +47,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		listen        string
 		uploadMB      int64
 		maxSandboxes  int
+		maxPaused     int
 		logFormat     string
 		previewDomain string
 		metricsListen string
@@ -147,6 +148,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if err := checkFlags(
 				bound.Int("--file-size-upload-mb", uploadMB, 1, bound.MaxMB),
 				bound.Int("--max-sandboxes", int64(maxSandboxes), 0, bound.MaxSandboxes),
+				bound.Int("--max-paused-per-account", int64(maxPaused), 0, bound.MaxSandboxes),
 				bound.Int("--pool", int64(poolSize), 0, bound.MaxSandboxes),
 				bound.Duration("--idle-timeout", idleTimeout, 0, bound.MaxDuration),
 				bound.Duration("--event-retention", eventRetention, 0, bound.MaxDuration),
@@ -235,7 +237,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				return fmt.Errorf("--backend must be local or kubernetes, not %q", backend)
 			}
 			return serve(cmd.Context(), *cfg, ko, listen, metricsListen, server.Config{
-				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, Version: version, Retention: retention,
+				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, MaxPausedPerAccount: maxPaused, Version: version, Retention: retention,
 				StoppedRetention: stoppedRetention, Storage: bounds,
 				WebhookAllowHosts: webhookHosts, WebhookAllowCIDRs: webhookCIDRs, Accounts: acfg, Metering: mcfg, NoAccounting: noAccounting,
 				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
@@ -276,6 +278,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().BoolVar(&podFirewall, "kubernetes-pod-firewall", true, "with --backend kubernetes: an init container with NET_ADMIN closes each Pod's network to all but its agent's port, whatever the CNI plugin enforces; false leaves that to the NetworkPolicy (a CNI that enforces it, and a Pod Security admission that refuses NET_ADMIN)")
 	cmd.Flags().StringToStringVar(&kubeServerPods, "kubernetes-server-pods", nil, "with --backend kubernetes: labels of the server's Pods, the only ones let in to agents (default: any source; TLS admits only the server)")
 	cmd.Flags().Int64Var(&uploadMB, "file-size-upload-mb", 100, "largest file one upload may write, in MiB")
+	cmd.Flags().IntVar(&maxPaused, "max-paused-per-account", 0, "most sandboxes each account keeps paused to disk at once (0: no bound)")
 	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's default, "+strconv.Itoa(sandbox.DefaultMaxSandboxes)+")")
 	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 10*time.Minute,
 		"stop a sandbox after this long with no request and no CPU use (0: never)")
@@ -464,6 +467,11 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 		}
 		recoverer := metering.Recoverer(st, prices, log)
 		engineOpts = append(engineOpts, func(c *sandbox.Config) { c.Leftover = recoverer })
+	}
+	// Paused sandboxes outlive the server's run, on the same data dir
+	// (internal/sandbox keep.go, internal/server paused.go).
+	if !shared {
+		engineOpts = append(engineOpts, func(c *sandbox.Config) { c.KeepPaused = true })
 	}
 	// 4. The engine.
 	var eng *engine

@@ -244,6 +244,17 @@ type Checkpointer interface {
 	Restore(ctx context.Context, id, dir string) (*Instance, error)
 }
 
+// CheckpointKeeper is implemented by Checkpointers whose checkpointed
+// sandboxes outlive the engine that paused them (the OCI runtime: a
+// checkpointed sandbox's bundle, disk and id range stay until it is
+// destroyed, and its runtime's Close leaves it): Checkpointed returns nil
+// when sandbox id is checkpointed (no process runs) with a complete
+// checkpoint of it in dir, which Restore can take, and otherwise says why
+// not.
+type CheckpointKeeper interface {
+	Checkpointed(ctx context.Context, id, dir string) error
+}
+
 // Freezer is implemented by runtimes that can stop every process of a
 // running sandbox where it is (Freeze: the cgroup freezer), memory kept,
 // and let them go on (Thaw). A frozen sandbox's agent does not answer.

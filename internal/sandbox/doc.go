@@ -8,7 +8,10 @@
 // Stopped, one way only but for Paused: a running sandbox may be paused
 // and resumed (pause.go: checkpointed by a runtime.Checkpointer into
 // Config.CheckpointDir, its memory and processes freed, its lifetime
-// standing still), and a paused one may be stopped. A request that needs
+// standing still), and a paused one may be stopped. With
+// Config.KeepPaused a paused sandbox outlives its engine: Close leaves it,
+// and the next engine over the same runtime instance takes it back,
+// paused (keep.go). A request that needs
 // the agent resumes a paused sandbox first; any other operation on a
 // sandbox that is not Running fails with ERR_SANDBOX_STATE. Errors that reach callers carry an
 // apierr code; the agent is treated as untrusted (it runs with the

@@ -32,6 +32,12 @@ type Hooks struct {
 	// and Resumed once it runs again, in new cgroups whose counters
 	// start afresh (pause.go). A pause that fails calls Resumed too.
 	Pausing, Resumed func(s *Sandbox)
+	// AdmitPause is asked once a pause to disk has begun, the sandbox
+	// already counted as paused (State), before anything of it changes:
+	// an error refuses the pause, returned to the caller as is, and the
+	// sandbox runs on. Concurrent pauses each see the others as paused,
+	// so that a bound counted here is never passed.
+	AdmitPause func(s *Sandbox) error
 	// AgentCall observes each host→agent call: its operation and the time
 	// from request to Done (metrics). It must be cheap: it runs on every
 	// call's path.
@@ -54,6 +60,13 @@ func (m *Manager) agentCall(op string, d time.Duration) {
 	if h := m.hooks.Load(); h != nil && h.AgentCall != nil {
 		h.AgentCall(op, d)
 	}
+}
+
+func (m *Manager) admitPause(s *Sandbox) error {
+	if h := m.hooks.Load(); h != nil && h.AdmitPause != nil {
+		return h.AdmitPause(s)
+	}
+	return nil
 }
 
 func (m *Manager) pausing(s *Sandbox) {

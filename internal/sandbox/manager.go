@@ -103,7 +103,12 @@ type Config struct {
 	// let other users pass (a restore reads the images as the sandbox's
 	// host uid).
 	CheckpointDir string
-	Logger        *slog.Logger
+	// KeepPaused keeps paused sandboxes (checkpointed, not frozen) across
+	// a restart of the engine over the same runtime instance (keep.go):
+	// Close leaves them as they are, and New takes back each whose
+	// checkpoint is complete, in state paused, instead of destroying it.
+	KeepPaused bool
+	Logger     *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
@@ -214,10 +219,11 @@ type Manager struct {
 	resultsOnce sync.Once
 	results     *budget // every execution's results held at once (budget.go)
 
-	// mu guards sandboxes, leftovers and closed.
+	// mu guards sandboxes, leftovers, lost and closed.
 	mu        sync.Mutex
 	sandboxes map[string]*Sandbox
-	leftovers map[string]error // ids destroyed in the background, with their last error
+	leftovers map[string]error  // ids destroyed in the background, with their last error
+	lost      map[string]string // paused sandboxes New could not take back, with why (keep.go)
 	closed    bool
 }
 
@@ -238,8 +244,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m.cfg.Egress.Events = gatewayEvents{m.cfg.Egress.Events}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	if !cfg.Shared {
-		m.reconcile(ctx) // shared ones are the server's collector's
-		m.removeCheckpoints()
+		kept := m.takeBack(ctx) // paused sandboxes of an earlier engine (keep.go)
+		m.reconcile(ctx, kept)  // shared ones are the server's collector's
+		m.removeCheckpoints(kept)
 	}
 	if cfg.IdleTimeout > 0 {
 		go m.idleLoop(min(cfg.IdleTimeout/4, 5*time.Second))
@@ -631,6 +638,9 @@ func (m *Manager) Close(ctx context.Context) error {
 		if m.cfg.Shared {
 			m.Release(s.ID, "")
 			continue
+		}
+		if m.cfg.KeepPaused && s.keep() {
+			continue // left to the next engine (keep.go)
 		}
 		wg.Go(func() { errs[i] = m.destroy(s, reasonShutdown) })
 	}

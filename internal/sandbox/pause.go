@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
@@ -101,6 +102,10 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	if err != nil || left == 0 {
 		return err
 	}
+	if err := s.m.admitPause(s); err != nil {
+		s.restartLife(left)
+		return err
+	}
 	s.mu.Lock()
 	agent := s.agent
 	s.mu.Unlock()
@@ -126,6 +131,11 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	}
 	if err != nil {
 		return s.unpause(err)
+	}
+	if err := s.writeKept(dir, left); err != nil {
+		// Without it no later engine can take the sandbox back; this
+		// one resumes it as ever.
+		s.m.log.Warn("record a paused sandbox for a restart", "sandbox", s.ID, "err", err)
 	}
 	took := time.Since(began)
 	s.m.log.Info("sandbox paused", "sandbox", s.ID, "took", took.Round(10*time.Microsecond), "left", left.Round(time.Second))
@@ -156,6 +166,19 @@ func (s *Sandbox) stopLife() (time.Duration, error) {
 	s.left = left
 	s.timer.Stop()
 	return left, nil
+}
+
+// restartLife undoes stopLife before anything else of a pause was done
+// (AdmitPause refused it): running again, with the lifetime it had left.
+func (s *Sandbox) restartLife(left time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != StatePaused {
+		return // stopped meanwhile
+	}
+	s.state = StateRunning
+	s.deadline = time.Now().Add(left)
+	s.timer.Reset(left)
 }
 
 // unpause undoes a pause whose checkpoint failed (the runtime left the
@@ -189,10 +212,13 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
 	s.mu.Lock()
-	st, left, frozen := s.state, s.left, s.frozen
+	st, left, frozen, kept := s.state, s.left, s.frozen, s.kept
 	s.mu.Unlock()
 	if st != StatePaused {
 		return s.running()
+	}
+	if kept {
+		return s.errKept()
 	}
 	if frozen {
 		return s.thaw(ctx, s.m.cfg.Runtime.(runtime.Freezer), left)
@@ -339,10 +365,11 @@ func (m *Manager) removeCheckpoint(id string) {
 	}
 }
 
-// removeCheckpoints removes every checkpoint left by an earlier engine:
-// its sandboxes are destroyed at start (reconcile), paused ones too, and
-// their checkpoints hold their memory.
-func (m *Manager) removeCheckpoints() {
+// removeCheckpoints removes every checkpoint left by an earlier engine
+// but those of the paused sandboxes taken back (kept): the others'
+// sandboxes are destroyed at start (reconcile), and their checkpoints
+// hold their memory.
+func (m *Manager) removeCheckpoints(kept map[string]bool) {
 	if m.cfg.CheckpointDir == "" {
 		return
 	}
@@ -350,6 +377,7 @@ func (m *Manager) removeCheckpoints() {
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		m.log.Error("list checkpoints left over from an earlier run", "err", err)
 	}
+	left = slices.DeleteFunc(left, func(e os.DirEntry) bool { return kept[e.Name()] })
 	for _, e := range left {
 		if err := os.RemoveAll(filepath.Join(m.cfg.CheckpointDir, e.Name())); err != nil {
 			m.log.Error("remove a checkpoint left over from an earlier run", "checkpoint", e.Name(), "err", err)

@@ -16,6 +16,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
@@ -356,48 +357,163 @@ func TestKillWhilePausing(t *testing.T) {
 	}
 }
 
-// TestPausedSandboxAfterRestart: an engine that starts over the runtime
-// of one that stopped without closing (a crash) destroys its paused
-// sandbox as it does the others, and removes its checkpoint (its
-// memory). Paused sandboxes do not survive a restart yet.
+// TestPausedSandboxAfterRestart: a paused sandbox survives its engine's
+// end, closed ("close") or dropped as a crash leaves it ("crash": the
+// Manager is never closed, only the runtime's lock goes, as with the
+// process): the next engine over the same runtime instance and checkpoint
+// directory lists it paused, with its metadata and lifetime, and resumes
+// it with its Python variable, its file and its background process. One
+// whose checkpoint is broken ("broken": CRIU's images gone) is destroyed
+// at the start, said why in Lost, and nothing of it is left.
 func TestPausedSandboxAfterRestart(t *testing.T) {
+	for _, end := range []string{"close", "crash", "broken"} {
+		t.Run(end, func(t *testing.T) { testPausedAfterRestart(t, end) })
+	}
+}
+
+func testPausedAfterRestart(t *testing.T, end string) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
 	rootfs := testutil.TemplateRootFS(t, "python")
-	rt, noLeaks := runcRuntime(t)
-	defer noLeaks()
-	defer rt.Close()
+	state := testutil.ShortTempDir(t)
+	if err := os.Chmod(state, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
+		CgroupParent: testCgroupParent, Instance: "t" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
+	rt, err := oci.New(rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgroup := rt.CgroupPath()
 	dir := testutil.ShortTempDir(t)
 	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
 	}
-	cfg := sandbox.Config{Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"),
+	cfg := sandbox.Config{Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), KeepPaused: true,
 		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })}
-	crashed, err := sandbox.New(ctx, cfg)
+	first, err := sandbox.New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := crashed.Create(ctx, sandbox.CreateOptions{})
+	s, err := first.Create(ctx, sandbox.CreateOptions{Timeout: 10 * time.Minute, Metadata: map[string]string{"kept": "yes"}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	run(t, s, "python", `
+x = 41
+open("/home/user/before.txt", "w").write("written before")`)
+	const hostUID = "print(open('/proc/self/uid_map').read().split()[1])"
+	uid := stdout(run(t, s, "python", hostUID))
+	loop, err := s.Start(ctx, sandbox.ProcessSpec{Cmd: "sh", Args: []string{"-c", "while true; do echo tick >> /tmp/ticks; sleep 0.05; done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); lineCount(t, s, "/tmp/ticks") == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the background loop writes nothing")
+		}
 	}
 	if err := s.Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if left, _ := os.ReadDir(cfg.CheckpointDir); len(left) != 1 {
-		t.Fatalf("checkpoints while paused: %v", left)
+	switch end {
+	case "close", "broken":
+		if err := first.Close(ctx); err != nil {
+			t.Fatalf("close the first engine: %v", err)
+		}
+	case "crash":
+		// first is never closed
 	}
-	// The crashed engine is never closed; a new one starts.
-	m, err := sandbox.New(ctx, cfg)
+	if err := rt.Close(); err != nil {
+		t.Fatalf("close the first runtime: %v", err)
+	}
+	if end == "broken" {
+		if err := os.Remove(filepath.Join(cfg.CheckpointDir, s.ID, "inventory.img")); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The next engine, on the same runtime instance.
+	rt2, err := oci.New(rcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close(ctx)
-	if ids, _ := rt.List(ctx); len(ids) != 0 {
-		t.Errorf("the runtime still holds %v after the restart", ids)
+	cfg.Runtime = rt2
+	m, err := sandbox.New(ctx, cfg)
+	if err != nil {
+		rt2.Close()
+		t.Fatal(err)
 	}
-	if left, _ := os.ReadDir(cfg.CheckpointDir); len(left) != 0 {
-		t.Errorf("checkpoints left after the restart: %v", left)
+	defer func() {
+		if err := m.Close(ctx); err != nil {
+			t.Errorf("close the second engine: %v", err)
+		}
+		if err := rt2.Close(); err != nil {
+			t.Errorf("close the second runtime: %v", err)
+		}
+		assertNoLeaks(t, state, rcfg.Instance, cgroup)
+		if left, _ := os.ReadDir(cfg.CheckpointDir); len(left) != 0 {
+			t.Errorf("checkpoints left: %v", left)
+		}
+	}()
+	if end == "broken" {
+		if _, err := m.Get(s.ID); err == nil {
+			t.Error("a sandbox whose checkpoint is broken was taken back")
+		}
+		if why := m.Lost()[s.ID]; why != "its checkpoint is missing or incomplete" {
+			t.Errorf("Lost says %q of the broken sandbox, want why", why)
+		}
+		if ids, _ := rt2.List(ctx); len(ids) != 0 {
+			t.Errorf("the runtime still holds %v", ids)
+		}
+		return
+	}
+	back, err := m.Get(s.ID)
+	if err != nil {
+		t.Fatalf("the paused sandbox is not there after the restart: %v (lost: %v)", err, m.Lost())
+	}
+	defer m.Kill(ctx, s.ID)
+	info := back.Info()
+	if info.State != sandbox.StatePaused || info.Metadata["kept"] != "yes" {
+		t.Fatalf("after the restart: %+v, want paused with its metadata", info)
+	}
+	if left := time.Until(info.Deadline); left < 9*time.Minute || left > 10*time.Minute {
+		t.Errorf("lifetime left after the restart: %v, want what it had at the pause (under 10 min)", left)
+	}
+	// Its host id range stays its own while it is paused: a new sandbox
+	// gets another.
+	if other := stdout(run(t, newSandbox(t, m, sandbox.CreateOptions{}), "python", hostUID)); other == uid {
+		t.Errorf("a new sandbox got the paused one's host ids (%s)", strings.TrimSpace(uid))
+	}
+	if err := back.Resume(ctx); err != nil {
+		t.Fatalf("resume after the restart: %v", err)
+	}
+	if got := stdout(run(t, back, "python", hostUID)); got != uid {
+		t.Errorf("host uid after the restart and resume: %s, before: %s", got, uid)
+	}
+	if got := stdout(run(t, back, "python", "x += 1\nprint(x, open('/home/user/before.txt').read())")); got != "42 written before\n" {
+		t.Fatalf("after the restart and resume the kernel says %q", got)
+	}
+	ticks := lineCount(t, back, "/tmp/ticks")
+	for deadline := time.Now().Add(10 * time.Second); lineCount(t, back, "/tmp/ticks") <= ticks; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the background loop wrote nothing after the restart and resume")
+		}
+	}
+	procs, err := back.Processes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range procs {
+		found = found || p.PID == loop
+	}
+	if !found {
+		t.Errorf("background process %d not listed after the restart and resume: %+v", loop, procs)
+	}
+	if err := m.Kill(ctx, s.ID); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -27,13 +27,19 @@ const maxRetryInterval = time.Minute
 const reconcileParallel = 4
 
 // reconcile destroys every sandbox the runtime holds (left over from an
-// earlier engine that crashed). It waits at most reconcileWait; failures
+// earlier engine that crashed) but the paused ones taken back (kept). It waits at most reconcileWait; failures
 // and destroys still running then go on in the background.
-func (m *Manager) reconcile(ctx context.Context) {
-	ids, err := m.cfg.Runtime.List(ctx)
+func (m *Manager) reconcile(ctx context.Context, kept map[string]bool) {
+	all, err := m.cfg.Runtime.List(ctx)
 	if err != nil {
 		m.log.Error("cannot list sandboxes left over from an earlier run", "err", err)
 		return
+	}
+	var ids []string
+	for _, id := range all {
+		if !kept[id] {
+			ids = append(ids, id)
+		}
 	}
 	if len(ids) == 0 {
 		return

@@ -89,6 +89,7 @@ type Sandbox struct {
 	seen       limitCounts   // the cgroup's limit counters already reported (limits.go)
 	left       time.Duration // the lifetime a paused sandbox has left (pause.go)
 	frozen     bool          // paused by the freezer, memory kept (pause.go)
+	kept       bool          // paused, and left by Close to the next engine (keep.go)
 }
 
 // Info is a snapshot of a sandbox for listings.

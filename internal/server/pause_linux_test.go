@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,15 +15,24 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/client"
+	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/store/sqlite"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // runcEnv is a server over the real runc runtime that keeps checkpoints;
 // the runtime closes after the server and its engine.
 func runcEnv(t *testing.T) *env {
+	t.Helper()
+	return runcEnvWith(t, server.Config{})
+}
+
+// runcEnvWith is runcEnv with the server's Config.
+func runcEnvWith(t *testing.T, cfg server.Config) *env {
 	t.Helper()
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
@@ -38,7 +50,7 @@ func runcEnv(t *testing.T) *env {
 			t.Error(err)
 		}
 	})
-	return newEnv(t, server.Config{}, func(c *sandbox.Config) {
+	return newEnv(t, cfg, func(c *sandbox.Config) {
 		c.Runtime = rt
 		c.Templates = sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })
 		c.CheckpointDir = filepath.Join(state, "checkpoints")
@@ -253,4 +265,179 @@ func TestE2BPauseConnect(t *testing.T) {
 		t.Fatalf("after the envd read the state is %q", st)
 	}
 	want(t, e.e2bDo("DELETE", "/sandboxes/"+sb.ID, e.keyA, nil), http.StatusNoContent, "")
+}
+
+// TestPausedSandboxAfterServerRestart: a sandbox paused through /v1 is
+// recorded paused, survives the server's shutdown and start over the same
+// database and data dir, is shown and listed paused by the new server,
+// and resumes with its variable, its file and its background process,
+// recorded running again. A second paused sandbox whose checkpoint broke
+// meanwhile is shown stopped, its stop_reason saying why; nothing of
+// either is left at the end.
+func TestPausedSandboxAfterServerRestart(t *testing.T) {
+	testutil.RequireRoot(t)
+	ctx := context.Background()
+	rootfs := testutil.TemplateRootFS(t, "python")
+	state := testutil.ShortTempDir(t)
+	if err := os.Chmod(state, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "sheepfold.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	_, key, err := auth.Create(ctx, st, auth.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
+		CgroupParent: "sheepfold-test", Instance: "srvrestart"}
+	// Beside the runtime's state dir, as DATA_DIR/checkpoints is beside
+	// DATA_DIR/run (the runtime sweeps what is in its own).
+	data := testutil.ShortTempDir(t)
+	if err := os.Chmod(data, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	checkpoints := filepath.Join(data, "checkpoints")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	// start runs a server as `sheepfold serve` does, and returns its stop.
+	start := func() (*env, func()) {
+		rt, err := oci.New(rcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := sandbox.New(ctx, sandbox.Config{Runtime: rt, CheckpointDir: checkpoints, KeepPaused: true, Logger: log,
+			Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := server.New(server.Config{Version: "test"}, st, m, log)
+		hs := httptest.NewServer(srv)
+		return &env{t: t, srv: srv, url: hs.URL, store: st, engine: m, keyA: key}, func() {
+			hs.Close()
+			srv.Shutdown(ctx)
+			if err := m.Close(ctx); err != nil {
+				t.Errorf("close the engine: %v", err)
+			}
+			if err := srv.Close(ctx); err != nil {
+				t.Error(err)
+			}
+			srv.RecordStopped(ctx)
+			if _, err := st.StopAllRunning(ctx, "server shut down", time.Now()); err != nil {
+				t.Error(err)
+			}
+			if err := rt.Close(); err != nil {
+				t.Errorf("close the runtime: %v", err)
+			}
+		}
+	}
+	e, stop := start()
+	exec := func(e *env, id, code string) string {
+		t.Helper()
+		r := e.do("POST", "/v1/sandboxes/"+id+"/execute", key, map[string]any{"code": code})
+		want(t, r, http.StatusOK, "")
+		if errv := r.json(t)["error"]; errv != nil {
+			t.Fatalf("execution failed: %v", errv)
+		}
+		return r.json(t)["stdout"].(string)
+	}
+	id := e.create(key, map[string]any{})
+	broken := e.create(key, map[string]any{})
+	pid := exec(e, id, `
+import subprocess
+x = 6 * 7
+open("/home/user/kept.txt", "w").write("kept")
+loop = subprocess.Popen(["sh", "-c", "while true; do echo tick >> /tmp/ticks; sleep 0.05; done"], start_new_session=True)
+print(loop.pid, end="")`)
+	for _, sb := range []string{id, broken} {
+		r := e.do("POST", "/v1/sandboxes/"+sb+"/pause", key, nil)
+		want(t, r, http.StatusOK, "")
+		if rec, err := st.GetSandbox(ctx, sb); err != nil || rec.State != store.SandboxPaused {
+			t.Fatalf("record of a paused sandbox: %+v, %v", rec, err)
+		}
+	}
+	stop()
+	if err := os.Remove(filepath.Join(checkpoints, broken, "inventory.img")); err != nil {
+		t.Fatal(err)
+	}
+
+	e, stop = start()
+	defer func() {
+		stop()
+		if _, err := os.Stat(filepath.Join(state, rcfg.Instance)); err == nil {
+			t.Errorf("the runtime's instance is left: %s", filepath.Join(state, rcfg.Instance))
+		}
+		if left, _ := os.ReadDir(checkpoints); len(left) != 0 {
+			t.Errorf("checkpoints left: %v", left)
+		}
+	}()
+	r := e.do("GET", "/v1/sandboxes", key, nil)
+	want(t, r, http.StatusOK, "")
+	var listed []string
+	for _, s := range r.json(t)["sandboxes"].([]any) {
+		listed = append(listed, s.(map[string]any)["id"].(string)+":"+s.(map[string]any)["state"].(string))
+	}
+	if len(listed) != 1 || listed[0] != id+":paused" {
+		t.Fatalf("listed after the restart: %v, want %s paused alone", listed, id)
+	}
+	r = e.do("GET", "/v1/sandboxes/"+broken, key, nil)
+	want(t, r, http.StatusOK, "")
+	if j := r.json(t); j["state"] != "stopped" || j["stop_reason"] != "its checkpoint did not survive the server's restart (its checkpoint is missing or incomplete)" {
+		t.Errorf("the sandbox whose checkpoint broke: %v", j)
+	}
+	r = e.do("POST", "/v1/sandboxes/"+id+"/resume", key, nil)
+	want(t, r, http.StatusOK, "")
+	if s := r.json(t)["state"]; s != "running" {
+		t.Fatalf("resume answered state %v", s)
+	}
+	if rec, _ := st.GetSandbox(ctx, id); rec.State != store.SandboxRunning {
+		t.Errorf("record after the resume: %+v", rec)
+	}
+	got := exec(e, id, `
+import os, time
+os.kill(`+pid+`, 0)
+n = len(open("/tmp/ticks").readlines())
+for _ in range(200):
+    if len(open("/tmp/ticks").readlines()) > n:
+        break
+    time.sleep(0.05)
+print(x, open("/home/user/kept.txt").read(), len(open("/tmp/ticks").readlines()) > n)`)
+	if got != "42 kept True\n" {
+		t.Fatalf("after the restart and resume: %q, want the variable, the file and the loop writing on", got)
+	}
+	want(t, e.do("DELETE", "/v1/sandboxes/"+id, key, nil), http.StatusNoContent, "")
+}
+
+// TestPausedPerAccountBound: with --max-paused-per-account 1 an account's
+// second pause is refused (429 ERR_SESSION_QUOTA_EXCEEDED) and that
+// sandbox runs on with its variable; once the first is resumed, the
+// second pauses; another account is not held back by the first's.
+func TestPausedPerAccountBound(t *testing.T) {
+	e := runcEnvWith(t, server.Config{MaxPausedPerAccount: 1})
+	first := e.create(e.keyA, map[string]any{})
+	second := e.create(e.keyA, map[string]any{})
+	other := e.create(e.keyB, map[string]any{})
+	r := e.do("POST", "/v1/sandboxes/"+second+"/execute", e.keyA, map[string]any{"code": "y = 7"})
+	want(t, r, http.StatusOK, "")
+	want(t, e.do("POST", "/v1/sandboxes/"+first+"/pause", e.keyA, nil), http.StatusOK, "")
+	want(t, e.do("POST", "/v1/sandboxes/"+second+"/pause", e.keyA, nil), http.StatusTooManyRequests, "ERR_SESSION_QUOTA_EXCEEDED")
+	if st := e.do("GET", "/v1/sandboxes/"+second, e.keyA, nil).json(t)["state"]; st != "running" {
+		t.Fatalf("the refused sandbox is %v, want running", st)
+	}
+	r = e.do("POST", "/v1/sandboxes/"+second+"/execute", e.keyA, map[string]any{"code": "print(y)"})
+	want(t, r, http.StatusOK, "")
+	if out := r.json(t)["stdout"]; out != "7\n" {
+		t.Fatalf("after the refused pause y is %q", out)
+	}
+	want(t, e.do("POST", "/v1/sandboxes/"+other+"/pause", e.keyB, nil), http.StatusOK, "")
+	want(t, e.do("POST", "/v1/sandboxes/"+first+"/resume", e.keyA, nil), http.StatusOK, "")
+	want(t, e.do("POST", "/v1/sandboxes/"+second+"/pause", e.keyA, nil), http.StatusOK, "")
+	for _, id := range []string{first, second} {
+		want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
+	}
+	want(t, e.do("DELETE", "/v1/sandboxes/"+other, e.keyB, nil), http.StatusNoContent, "")
 }

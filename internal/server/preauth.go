@@ -45,7 +45,7 @@ func (s *Server) previewMayBePublic(ctx context.Context, id string) bool {
 		return true
 	}
 	rec, err := s.store.GetSandbox(ctx, id)
-	if err != nil || rec.State != store.SandboxRunning {
+	if err != nil || rec.State == store.SandboxStopped {
 		return true
 	}
 	var res recordResources

@@ -27,9 +27,12 @@ type tenant struct {
 // installHooks connects the engine's hooks to the accounts.
 func (s *Server) installHooks() {
 	h := sandbox.Hooks{AgentCall: s.metrics.AgentCallDone}
+	h.Pausing, h.Resumed = s.sandboxPausing, s.sandboxResumed // paused.go: the record, the meter
+	if s.cfg.MaxPausedPerAccount > 0 {
+		h.AdmitPause = s.admitPause
+	}
 	if !s.cfg.NoAccounting {
 		h.Admit, h.Stopping = s.admitWork, s.sandboxStopping
-		h.Pausing, h.Resumed = s.meter.Pause, s.meter.Resume
 	}
 	s.engine.SetHooks(h)
 }

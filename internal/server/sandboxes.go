@@ -478,10 +478,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.RecordStopped(r.Context())
 	own := owner(r)
-	filter := store.SandboxFilter{Owner: own, State: store.SandboxRunning}
-	if state == "all" {
-		filter.State = ""
-	}
+	filter := store.SandboxFilter{Owner: own, Live: state != "all"}
 	limit, err := pageLimit(r)
 	if err != nil {
 		return err
@@ -527,7 +524,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 				}
 			}
 			out = append(out, j)
-		} else if rec.State != store.SandboxRunning || s.shared() {
+		} else if rec.State == store.SandboxStopped || s.shared() {
 			out = append(out, sandboxFromRecord(rec))
 		}
 		// A record still "running" that this server does not hold is

@@ -254,6 +254,10 @@ type Config struct {
 	// MaxSandboxes bounds the sandboxes running at once through this
 	// server; 0 leaves the bound to the engine.
 	MaxSandboxes int
+	// MaxPausedPerAccount bounds each account's sandboxes paused to disk
+	// at once (their checkpoints and disks are kept on the server's disk
+	// while they use nothing else); 0: no bound (paused.go).
+	MaxPausedPerAccount int
 	// MaxTimeout is the longest lifetime a sandbox may be given [24h].
 	MaxTimeout time.Duration
 	// Version, Runtime and Cgroups are reported by /v1/version.
@@ -668,6 +672,9 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		BaseContext: func(net.Listener) context.Context { return s.base },
 		ConnState:   s.conns.state}
 	s.http.RegisterOnShutdown(s.endStreams)
+	if m != nil {
+		s.takeBackPaused(context.Background()) // paused.go
+	}
 	s.sweeper.Add(1)
 	go s.sweep()
 	return s

@@ -184,7 +184,7 @@ func (s *Server) sandboxUsage(w http.ResponseWriter, r *http.Request) error {
 			d = row.UsageDelta
 		}
 	}
-	out.Live = (live || s.shared()) && rec.State == store.SandboxRunning
+	out.Live = (live || s.shared()) && rec.State != store.SandboxStopped
 	out.Figures = metering.FiguresOf(d, s.meter.Prices())
 	writeJSON(w, http.StatusOK, out)
 	return nil

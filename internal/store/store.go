@@ -98,6 +98,10 @@ type Key struct {
 // Sandbox states recorded in the store.
 const (
 	SandboxRunning = "running"
+	// SandboxPaused: checkpointed to the server's disk (its processes
+	// ended, its memory in the checkpoint), to be resumed. StopAllRunning
+	// leaves it: a paused sandbox outlives the server's run.
+	SandboxPaused  = "paused"
 	SandboxStopped = "stopped"
 )
 
@@ -165,8 +169,10 @@ type SandboxFilter struct {
 	// that share sandboxes); Owner is then ignored.
 	AnyOwner bool
 	State    string // "" for every state
-	After    string // only records after the one with this ID (a cursor); "" from the start
-	Limit    int    // at most this many; 0 for all
+	// Live selects running and paused sandboxes (State is then ignored).
+	Live  bool
+	After string // only records after the one with this ID (a cursor); "" from the start
+	Limit int    // at most this many; 0 for all
 }
 
 // Store persists the server's state. Implementations are safe for
@@ -192,7 +198,11 @@ type Store interface {
 	UpdateSandboxExpiry(ctx context.Context, id string, expiresAt time.Time) error
 	// UpdateSandboxPolicy replaces a sandbox's recorded security policy.
 	UpdateSandboxPolicy(ctx context.Context, id string, policy json.RawMessage) error
-	// StopSandbox marks a running sandbox stopped; a stopped one keeps its
+	// SetSandboxPaused records a live sandbox paused (SandboxPaused) or
+	// running again, with its expiry; a stopped one stays stopped, and a
+	// missing one is ErrNotFound.
+	SetSandboxPaused(ctx context.Context, id string, paused bool, expiresAt time.Time) error
+	// StopSandbox marks a running or paused sandbox stopped; a stopped one keeps its
 	// first reason.
 	StopSandbox(ctx context.Context, id, reason string, at time.Time) error
 	// StopAllRunning marks every running sandbox stopped and returns how

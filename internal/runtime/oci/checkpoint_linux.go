@@ -111,7 +111,10 @@ type checkpointInfo struct {
 // checkpointVersion changes when a checkpoint's layout does.
 const checkpointVersion = 1
 
-var _ runtime.Checkpointer = (*OCI)(nil)
+var (
+	_ runtime.Checkpointer     = (*OCI)(nil)
+	_ runtime.CheckpointKeeper = (*OCI)(nil)
+)
 
 // ErrCheckpointed reports a sandbox that is checkpointed (no process
 // runs) where a running one is needed, and ErrRunning one that runs
@@ -230,13 +233,16 @@ func (o *OCI) Restore(ctx context.Context, id, dir string) (inst *runtime.Instan
 	if err := o.criuReady(); err != nil {
 		return nil, err
 	}
+	if err := checkpointOf(id, dir); err != nil {
+		return nil, fmt.Errorf("restore %s: %w", id, err)
+	}
 	var info checkpointInfo
 	j, err := os.ReadFile(filepath.Join(dir, checkpointMeta))
 	if err != nil {
-		return nil, fmt.Errorf("restore %s: not a checkpoint: %w", id, err)
+		return nil, err
 	}
-	if err := json.Unmarshal(j, &info); err != nil || info.Version != checkpointVersion || info.Sandbox != id {
-		return nil, fmt.Errorf("restore %s: %s is not a checkpoint of this sandbox (%v)", id, dir, err)
+	if err := json.Unmarshal(j, &info); err != nil {
+		return nil, err
 	}
 	// Undo a failed restore: kill what runc and CRIU may have started,
 	// let runc forget it, remove the cgroups; the bundle, its disk and
@@ -356,6 +362,51 @@ func (o *OCI) Restore(ctx context.Context, id, dir string) (inst *runtime.Instan
 	}
 	o.cfg.Logger.Debug("sandbox restored", "id", id, "dir", dir, "took", time.Since(began).Round(10*time.Microsecond))
 	return &runtime.Instance{ID: id, Socket: sock, PID: pid}, nil
+}
+
+// Checkpointed implements runtime.CheckpointKeeper: the bundle is
+// there, runc holds no state for it (its processes were checkpointed),
+// and dir holds this sandbox's checkpoint, whose record Checkpoint writes
+// last, once CRIU's images are complete.
+func (o *OCI) Checkpointed(ctx context.Context, id, dir string) error {
+	if !validID(id) {
+		return runtime.ErrNotFound
+	}
+	if _, err := readSpec(o.bundle(id)); err != nil {
+		return err
+	}
+	if o.running(id) {
+		return fmt.Errorf("sandbox %s: %w", id, ErrRunning)
+	}
+	return checkpointOf(id, dir)
+}
+
+// checkpointed says whether sandbox id was checkpointed and not
+// restored since: runc holds no state for it, and its bundle has the
+// CRIU options a checkpoint writes (a bundle a crash left in the middle
+// of a create has neither).
+func (o *OCI) checkpointed(id string) bool {
+	if o.running(id) {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(o.bundle(id), criuConfig))
+	return err == nil
+}
+
+// checkpointOf checks that dir holds a complete checkpoint of sandbox id.
+func checkpointOf(id, dir string) error {
+	var info checkpointInfo
+	j, err := os.ReadFile(filepath.Join(dir, checkpointMeta))
+	if err != nil {
+		return fmt.Errorf("sandbox %s has no complete checkpoint: %w", id, err)
+	}
+	if err := json.Unmarshal(j, &info); err != nil || info.Version != checkpointVersion || info.Sandbox != id {
+		return fmt.Errorf("%s is not a checkpoint of sandbox %s (%v)", dir, id, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "inventory.img")); err != nil {
+		return fmt.Errorf("the checkpoint of sandbox %s lacks CRIU's images: %w", id, err)
+	}
+	return nil
 }
 
 // inNetns runs fn on an OS thread of its own that has entered the

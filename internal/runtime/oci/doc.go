@@ -163,7 +163,10 @@
 //     sweep each other's cgroups, or `cli-<pid>` for `sheepfold run`), locked with flock while the process
 //     lives. A new process sweeps instance dirs whose lock is free (the owner
 //     died) and destroys everything they hold; the Manager also destroys its own
-//     instance's leftovers at start. `List` finds sandboxes by bundle, runc state
+//     instance's leftovers at start, but the checkpointed (paused) sandboxes it
+//     takes back (runtime.CheckpointKeeper, internal/sandbox/keep.go): Close
+//     leaves those, their bundles, disks and id ranges, and so the instance's
+//     directory, for the next process of the same instance. `List` finds sandboxes by bundle, runc state
 //     and cgroup, so a crash between any two steps of create is still cleaned.
 //     A crash never keeps the engine from starting: the runtime's sweep of
 //     dead instances and the Manager each wait at most a few seconds for the

@@ -243,6 +243,7 @@ func (o *OCI) sweepOnce() (left int) {
 			continue // alive, or not ours
 		}
 		ids, _ := dead.List(context.Background()) // each destroy also detaches the sandbox's disk
+		failed := 0
 		for _, id := range ids {
 			o.leftover(dead, id)
 			o.cfg.Logger.Warn("destroying sandbox left by a dead sheepfold process", "instance", cfg.Instance, "sandbox", id)
@@ -251,10 +252,13 @@ func (o *OCI) sweepOnce() (left int) {
 			cancel()
 			if err != nil {
 				o.cfg.Logger.Error("destroy leftover sandbox", "instance", cfg.Instance, "sandbox", id, "err", err)
-				left++
+				failed++
 			}
 		}
-		if err := dead.Close(); err == nil {
+		left += failed
+		// Close leaves a checkpointed sandbox whose destroy failed:
+		// then the directory stays too, for the next sweep.
+		if err := dead.Close(); err == nil && failed == 0 {
 			_ = os.RemoveAll(dead.dir)
 		}
 	}
@@ -803,14 +807,25 @@ func (o *OCI) List(_ context.Context) ([]string, error) {
 func (o *OCI) Close() error {
 	defer o.lock.Close()
 	o.stopBackground()
-	ids, err := o.List(context.Background())
+	all, err := o.List(context.Background())
 	if err != nil {
 		return err
 	}
+	ids := slices.Clone(all)
+	// Checkpointed sandboxes (paused) are left to the next engine of
+	// this instance, which takes them back (runtime.CheckpointKeeper):
+	// their bundles, disks and id ranges stay, and so does the
+	// instance's directory.
+	ids = slices.DeleteFunc(ids, o.checkpointed)
+	kept := len(ids) < len(all)
 	if len(ids) > 0 {
 		return fmt.Errorf("%d sandboxes still exist", len(ids))
 	}
 	o.cg.removeParent()
+	if kept {
+		o.cfg.Logger.Info("checkpointed sandboxes are left for the next start", "count", len(all))
+		return nil
+	}
 	// A dead instance may have died measuring a blank disk.
 	if err := unmountUnder(o.dir); err != nil {
 		return err

@@ -38,8 +38,8 @@ func (s *Store) ReserveSandbox(ctx context.Context, owner, holder string, max in
 	}
 	var n int64
 	if err := tx.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM sandboxes WHERE owner = $1 AND state = $2) +
-		(SELECT count(*) FROM sandbox_reservations WHERE owner = $1)`, owner, store.SandboxRunning).Scan(&n); err != nil {
+		(SELECT count(*) FROM sandboxes WHERE owner = $1 AND state != $2) +
+		(SELECT count(*) FROM sandbox_reservations WHERE owner = $1)`, owner, store.SandboxStopped).Scan(&n); err != nil {
 		return storeErr("reserve sandbox", err)
 	}
 	if n >= max {

@@ -78,7 +78,10 @@ func (s *Store) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]sto
 	if !f.AnyOwner {
 		q += ` AND owner = ` + a.add(f.Owner)
 	}
-	if f.State != "" {
+	switch {
+	case f.Live:
+		q += ` AND state IN (` + a.add(store.SandboxRunning) + `, ` + a.add(store.SandboxPaused) + `)`
+	case f.State != "":
 		q += ` AND state = ` + a.add(f.State)
 	}
 	if f.After != "" {
@@ -119,6 +122,25 @@ func (s *Store) UpdateSandboxPolicy(ctx context.Context, id string, policy json.
 	}
 	if tag.RowsAffected() == 0 {
 		return store.ErrNotFound
+	}
+	return nil
+}
+
+// SetSandboxPaused implements store.Store.
+func (s *Store) SetSandboxPaused(ctx context.Context, id string, paused bool, expiresAt time.Time) error {
+	state := store.SandboxRunning
+	if paused {
+		state = store.SandboxPaused
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE sandboxes SET state = $1, expires_at = $2 WHERE id = $3 AND state != $4`,
+		state, dbTime(expiresAt), id, store.SandboxStopped)
+	if err != nil {
+		return storeErr("update sandbox", err)
+	}
+	if tag.RowsAffected() == 0 {
+		if _, err := s.GetSandbox(ctx, id); err != nil {
+			return err
+		}
 	}
 	return nil
 }

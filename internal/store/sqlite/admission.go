@@ -25,9 +25,9 @@ func (d *DB) ReserveSandbox(ctx context.Context, owner, holder string, max int64
 	}
 	var n int64
 	if err := tx.QueryRowContext(ctx, `SELECT
-		(SELECT count(*) FROM sandboxes WHERE owner = ? AND state = ?) +
+		(SELECT count(*) FROM sandboxes WHERE owner = ? AND state != ?) +
 		(SELECT count(*) FROM sandbox_reservations WHERE owner = ?)`,
-		owner, store.SandboxRunning, owner).Scan(&n); err != nil {
+		owner, store.SandboxStopped, owner).Scan(&n); err != nil {
 		return storeErr("reserve sandbox", err)
 	}
 	if n >= max {

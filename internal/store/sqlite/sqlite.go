@@ -521,7 +521,11 @@ func (d *DB) ListSandboxes(ctx context.Context, f store.SandboxFilter) ([]store.
 	if f.AnyOwner {
 		q, args = `SELECT `+sandboxCols+` FROM sandboxes WHERE true`, nil
 	}
-	if f.State != "" {
+	switch {
+	case f.Live:
+		q += ` AND state IN (?, ?)`
+		args = append(args, store.SandboxRunning, store.SandboxPaused)
+	case f.State != "":
 		q += ` AND state = ?`
 		args = append(args, f.State)
 	}
@@ -573,6 +577,25 @@ func (d *DB) UpdateSandboxPolicy(ctx context.Context, id string, policy json.Raw
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return store.ErrNotFound
+	}
+	return nil
+}
+
+// SetSandboxPaused implements store.Store.
+func (d *DB) SetSandboxPaused(ctx context.Context, id string, paused bool, expiresAt time.Time) error {
+	state := store.SandboxRunning
+	if paused {
+		state = store.SandboxPaused
+	}
+	res, err := d.db.ExecContext(ctx, `UPDATE sandboxes SET state = ?, expires_at = ? WHERE id = ? AND state != ?`,
+		state, fmtTime(expiresAt), id, store.SandboxStopped)
+	if err != nil {
+		return storeErr("update sandbox", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		if _, err := d.GetSandbox(ctx, id); err != nil {
+			return err
+		}
 	}
 	return nil
 }

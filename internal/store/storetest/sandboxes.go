@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -179,6 +180,82 @@ func testSandboxesAndRestartMarking(t *testing.T, s store.Store) {
 	}
 	if _, err := s.GetSandbox(ctx, "zz"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("missing sandbox: %v", err)
+	}
+}
+
+// testSandboxPaused: a sandbox recorded paused is listed live, outlives
+// StopAllRunning (a restart), runs again, and is stopped as a running one
+// is; a stopped one is not paused again; a missing one is ErrNotFound.
+func testSandboxPaused(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	now := now()
+	for _, id := range []string{"a", "b", "c"} {
+		if err := s.PutSandbox(ctx, store.Sandbox{ID: id, Owner: "o", Template: "python", State: store.SandboxRunning,
+			CreatedAt: now, ExpiresAt: now.Add(time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.StopSandbox(ctx, "c", "killed", now); err != nil {
+		t.Fatal(err)
+	}
+	left := now.Add(30 * time.Minute)
+	if err := s.SetSandboxPaused(ctx, "a", true, left); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := s.GetSandbox(ctx, "a"); a.State != store.SandboxPaused || !a.ExpiresAt.Equal(left) {
+		t.Fatalf("paused: %+v", a)
+	}
+	if err := s.SetSandboxPaused(ctx, "c", true, left); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := s.GetSandbox(ctx, "c"); c.State != store.SandboxStopped {
+		t.Fatalf("a stopped sandbox paused: %+v", c)
+	}
+	if err := s.SetSandboxPaused(ctx, "zz", true, left); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("pause of a missing sandbox: %v", err)
+	}
+	ids := func(f store.SandboxFilter) string {
+		recs, err := s.ListSandboxes(ctx, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range recs {
+			out = append(out, r.ID+":"+r.State)
+		}
+		return strings.Join(out, " ")
+	}
+	if got := ids(store.SandboxFilter{Owner: "o", Live: true}); got != "a:paused b:running" {
+		t.Fatalf("live: %s", got)
+	}
+	if got := ids(store.SandboxFilter{Owner: "o", State: store.SandboxPaused}); got != "a:paused" {
+		t.Fatalf("paused: %s", got)
+	}
+	// A paused sandbox holds its place under the account's cap: with
+	// a (paused) and b (running), a cap of 2 admits no third.
+	if err := s.ReserveSandbox(ctx, "o", "h1", 2, now); !errors.Is(err, store.ErrLimit) {
+		t.Fatalf("reserve beside a paused and a running sandbox under a cap of 2: %v, want ErrLimit", err)
+	}
+	if n, err := s.StopAllRunning(ctx, "server restarted", now); err != nil || n != 1 {
+		t.Fatalf("StopAllRunning = %d, %v", n, err)
+	}
+	if got := ids(store.SandboxFilter{Owner: "o"}); got != "a:paused b:stopped c:stopped" {
+		t.Fatalf("after StopAllRunning: %s", got)
+	}
+	if err := s.SetSandboxPaused(ctx, "a", false, now.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := s.GetSandbox(ctx, "a"); a.State != store.SandboxRunning || !a.ExpiresAt.Equal(now.Add(time.Hour)) {
+		t.Fatalf("resumed: %+v", a)
+	}
+	if err := s.SetSandboxPaused(ctx, "a", true, left); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StopSandbox(ctx, "a", "killed", now); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := s.GetSandbox(ctx, "a"); a.State != store.SandboxStopped || a.StopReason != "killed" {
+		t.Fatalf("a paused sandbox stopped: %+v", a)
 	}
 }
 

@@ -38,6 +38,7 @@ func Run(t *testing.T, open Open) {
 		{"Times", testTimes},
 		{"SandboxesAndRestartMarking", testSandboxesAndRestartMarking},
 		{"SandboxPolicy", testSandboxPolicy},
+		{"SandboxPaused", testSandboxPaused},
 		{"PagesAndRetention", testPagesAndRetention},
 		{"Executions", testExecutions},
 		{"ExecutionsCutByRestart", testExecutionsCutByRestart},
