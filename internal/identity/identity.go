@@ -26,7 +26,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -56,6 +55,7 @@ type Issuer struct {
 type key struct {
 	id   string
 	priv *ecdsa.PrivateKey
+	jwk  JWK // its public half, with kid, use and alg
 }
 
 // Claims are a token's claims.
@@ -192,7 +192,12 @@ func parseKeys(b []byte) ([]key, error) {
 		if priv.Curve != elliptic.P256() {
 			return nil, fmt.Errorf("a key on %s: want P-256 (ES256)", priv.Curve.Params().Name)
 		}
-		keys = append(keys, key{id: thumbprint(&priv.PublicKey), priv: priv})
+		j, err := publicKey(&priv.PublicKey)
+		if err != nil {
+			return nil, err
+		}
+		j.Kid, j.Use, j.Alg = thumbprint(j), "sig", "ES256"
+		keys = append(keys, key{id: j.Kid, priv: priv, jwk: j})
 	}
 	if len(keys) == 0 {
 		return nil, errors.New("no key: want PEM blocks of P-256 private keys")
@@ -213,19 +218,22 @@ type JWK struct {
 
 var b64 = base64.RawURLEncoding
 
-func coord(n *big.Int) string {
-	var b [32]byte
-	return b64.EncodeToString(n.FillBytes(b[:]))
+// publicKey returns the JWK of k (a P-256 key) without kid, use, alg:
+// its coordinates from the point's uncompressed encoding (0x04, X, Y,
+// 32 bytes each).
+func publicKey(k *ecdsa.PublicKey) (JWK, error) {
+	b, err := k.Bytes()
+	if err != nil {
+		return JWK{}, err
+	}
+	if len(b) != 65 {
+		return JWK{}, fmt.Errorf("a public key of %d bytes: want P-256's 65", len(b))
+	}
+	return JWK{Kty: "EC", Crv: "P-256", X: b64.EncodeToString(b[1:33]), Y: b64.EncodeToString(b[33:])}, nil
 }
 
-// publicKey returns the JWK of k without kid, use, alg.
-func publicKey(k *ecdsa.PublicKey) JWK {
-	return JWK{Kty: "EC", Crv: "P-256", X: coord(k.X), Y: coord(k.Y)}
-}
-
-// thumbprint is the RFC 7638 thumbprint of k: its kid.
-func thumbprint(k *ecdsa.PublicKey) string {
-	j := publicKey(k)
+// thumbprint is the RFC 7638 thumbprint of the key j: its kid.
+func thumbprint(j JWK) string {
 	sum := sha256.Sum256([]byte(`{"crv":"P-256","kty":"EC","x":"` + j.X + `","y":"` + j.Y + `"}`))
 	return b64.EncodeToString(sum[:])
 }
@@ -248,9 +256,7 @@ func (is *Issuer) JWKS() []byte {
 		Keys []JWK `json:"keys"`
 	}{}
 	for _, k := range is.keys {
-		j := publicKey(&k.priv.PublicKey)
-		j.Kid, j.Use, j.Alg = k.id, "sig", "ES256"
-		set.Keys = append(set.Keys, j)
+		set.Keys = append(set.Keys, k.jwk)
 	}
 	b, _ := json.Marshal(set)
 	return b
