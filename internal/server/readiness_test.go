@@ -380,6 +380,79 @@ func TestDrainEndsStreamsWithAnError(t *testing.T) {
 	}
 }
 
+// TestDrainCutKeepsResponsesWhole: a response cut by the drain reaches
+// its client whole, even when its last chunk is written late. net/http
+// writes the chunked body's end after the handler returns, so closing
+// the connections as soon as no handler runs cut it off now and then in
+// CI ("unexpected EOF" in TestDrainEndsStreamsWithAnError). Here every
+// end of a chunked body is held back 300 ms to make the window wide.
+func TestDrainCutKeepsResponsesWhole(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{DrainDelay: -1})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go e.srv.Serve(slowEndListener{ln})
+	url := "http://" + ln.Addr().String()
+	id := e.create(e.keyA, nil)
+	const sleep = "import time; time.sleep(30)"
+	ended := make(chan error, 1)
+	var body []byte
+	go func() {
+		r, _ := http.NewRequest("POST", url+"/v1/sandboxes/"+id+"/execute", strings.NewReader(fmt.Sprintf(`{"code":%q}`, sleep)))
+		r.Header.Set("Authorization", "Bearer "+e.keyA)
+		r.Header.Set("Accept", "text/event-stream")
+		res, err := http.DefaultClient.Do(r)
+		if err != nil {
+			ended <- err
+			return
+		}
+		defer res.Body.Close()
+		body, err = io.ReadAll(res.Body)
+		ended <- err
+	}()
+	e.waitRecorded(t, id, sleep, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := e.srv.Shutdown(ctx); err == nil {
+		t.Fatal("Shutdown did not report requests cut off")
+	}
+	select {
+	case err := <-ended:
+		if err != nil {
+			t.Fatalf("the cut stream's end was lost: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream did not end")
+	}
+	evs := readSSEUntilEnd(strings.NewReader(string(body)))
+	if len(evs) == 0 || evs[len(evs)-1].Type != "failure" {
+		t.Fatalf("the execution stream ended with %v", evs)
+	}
+}
+
+// slowEndListener's connections hold back each write that ends a
+// chunked body ("0\r\n\r\n") for 300 ms.
+type slowEndListener struct{ net.Listener }
+
+func (l slowEndListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return slowEndConn{c}, nil
+}
+
+type slowEndConn struct{ net.Conn }
+
+func (c slowEndConn) Write(p []byte) (int, error) {
+	if strings.HasSuffix(string(p), "0\r\n\r\n") {
+		time.Sleep(300 * time.Millisecond)
+	}
+	return c.Conn.Write(p)
+}
+
 // TestDrainEventStreamClient: the Go SDK's StreamEvents returns the
 // drain's failure event as an *Error (ERR_SHUTTING_DOWN), which says to
 // resume, rather than taking it for an event or a broken connection.

@@ -728,6 +728,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		if s.inflight.wait(grace) != nil {
 			s.log.Warn("requests still running after the drain cut them off", "grace", cutGrace)
 		}
+		// A handler's return is not its response's end: net/http writes
+		// the last chunk after it. Closing now could cut that off (the
+		// client reads "unexpected EOF" for a response that was whole),
+		// so the connections are closed as they fall idle, for what is
+		// left of the grace.
+		s.http.Shutdown(grace)
 		cancel()
 		s.http.Close()
 	}
