@@ -302,6 +302,13 @@ make_bridge() {
 	local n=$1 br
 	br=$(node_bridge "$n")
 	ip link add "$br" type bridge
+	# Its address, set once: a bridge whose address was never set takes
+	# the lowest of its ports' (random) addresses, so it changes when a
+	# Pod's veth joins. The node's Pods keep the old one in their ARP
+	# caches (a bridge announces no change) and their packets to the
+	# node, its gateway, are dropped until the entry goes stale: 30 s
+	# without the relays (CI stop 42's TestServerInCluster).
+	ip link set dev "$br" address "$(cat "/sys/class/net/$br/address")"
 	ip addr add "$(node_ip "$n")/24" dev "$br"
 	ip link set "$br" up
 }
