@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 // Event is something that happened to a sandbox: sandbox.created,
@@ -137,11 +139,11 @@ func (c *Client) streamEventsOnce(ctx context.Context, q EventQuery, fn func(Eve
 			if typ == "failure" {
 				// The server cut the stream off (its drain:
 				// ERR_SHUTTING_DOWN); resume with q.Cursor = last.
-				var eb errorBody
+				var eb api.Error
 				if err := json.Unmarshal([]byte(data), &eb); err != nil {
 					return false, last, fmt.Errorf("sheepfold: bad failure event: %w", err)
 				}
-				return false, last, eb.err(0)
+				return false, last, apiError(eb, 0)
 			}
 			var ev Event
 			if err := json.Unmarshal([]byte(data), &ev); err != nil {

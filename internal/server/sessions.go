@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/policy"
@@ -37,7 +38,7 @@ type sessionRequest struct {
 	SandboxConfig  json.RawMessage   `json:"sandbox_config"`
 	SecurityPolicy json.RawMessage   `json:"security_policy"`
 	Timeout        *float64          `json:"timeout"`
-	Resources      *resourcesJSON    `json:"resources"`
+	Resources      *api.Resources    `json:"resources"`
 	Metadata       map[string]string `json:"metadata"`
 }
 
@@ -49,11 +50,11 @@ type sessionJSON struct {
 	State      string        `json:"state"`
 	CreatedAt  time.Time     `json:"created_at"`
 	ExpiresAt  time.Time     `json:"expires_at"`
-	Resources  resourcesJSON `json:"resources"`
+	Resources  api.Resources `json:"resources"`
 	StopReason string        `json:"stop_reason,omitempty"`
 }
 
-func sessionOf(rec store.Session, sb sandboxJSON) sessionJSON {
+func sessionOf(rec store.Session, sb api.Sandbox) sessionJSON {
 	return sessionJSON{ID: rec.ID, Model: rec.Model, SandboxID: sb.ID, Template: sb.Template, State: sb.State,
 		CreatedAt: rec.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt, Resources: sb.Resources, StopReason: sb.StopReason}
 }
@@ -75,7 +76,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	call.release()
-	opt, execTimeout, err := s.createOptions(createRequest{Template: req.Template, Timeout: req.Timeout, Resources: req.Resources,
+	opt, execTimeout, err := s.createOptions(api.CreateSandbox{Template: req.Template, Timeout: req.Timeout, Resources: req.Resources,
 		Metadata: req.Metadata, SandboxConfig: req.SandboxConfig, SecurityPolicy: req.SecurityPolicy})
 	if err != nil {
 		return err
@@ -242,7 +243,7 @@ func (s *Server) runInSession(r *http.Request, b *box, code, lang string, timeou
 		timeout = sandbox.DefaultExecTimeout
 	}
 	ereq := sandbox.ExecuteRequest{ID: newID("exe_"), Code: code, Language: lang, Timeout: timeout}
-	rec := s.beginExecution(r, b, ereq.ID, executeRequest{Code: code, Language: lang})
+	rec := s.beginExecution(r, b, ereq.ID, api.ExecuteRequest{Code: code, Language: lang})
 	ex, err := b.sb.Execute(r.Context(), ereq, nil)
 	rec.End(ex, err)
 	if err != nil {

@@ -1,13 +1,12 @@
 // Package apispec checks Go types against the API's OpenAPI document
-// (api/openapi.json), field for field: the document is the one wire
-// vocabulary, and the server's types and the Go SDK's are each held to
-// it by their tests (the Python SDK's by sdk/python/tests/test_spec.py).
-//
-// The document is the source rather than generated from Go types: it
-// carries what Go types do not (descriptions, enums, bounds, examples),
-// and the SDKs import nothing of the server (the Go SDK only the
-// standard library, the Python SDK nothing), so a shared package of
-// types could not be theirs. What keeps the three in step is this check.
+// (api/openapi.json), field for field: the document is the source of the
+// wire vocabulary, and the Go types are held to it by their tests. The
+// types the server and the Go SDK share live in package api and are
+// checked once there (api/spec_test.go); the server's and its services'
+// own wire types by internal/server/spec_internal_test.go, the Go SDK's
+// own request encoders by client/spec_test.go (the Python SDK's models
+// by sdk/python/tests/test_spec.py). Package api's doc says why the
+// document is the source rather than generated from Go types.
 //
 // Imports: api (the document) and the standard library.
 package apispec

@@ -1,0 +1,47 @@
+package api_test
+
+import (
+	"testing"
+
+	"github.com/sheepfold/sheepfold/api"
+	"github.com/sheepfold/sheepfold/internal/testutil/apispec"
+)
+
+// wireTypes is every type of the package, and how it reads its schema
+// of the OpenAPI document.
+var wireTypes = []apispec.Entry{
+	{V: api.Resources{}, Schema: "Resources"},
+	{V: api.Sandbox{}, Schema: "Sandbox"},
+	{V: api.LiveUsage{}, Schema: "Sandbox.usage"},
+	{V: api.Pressure{}, Schema: "Sandbox.usage.pressure"},
+	{V: api.CreateSandbox{}, Schema: "CreateSandbox"},
+	{V: api.PolicyAnswer{}, Schema: "PolicyAnswer"},
+	{V: api.Port{}, Schema: "Port"},
+	{V: api.PortList{}, Schema: "PortList"},
+	{V: api.ExecuteRequest{}, Schema: "ExecuteRequest"},
+	{V: api.Result{}, Schema: "Result"},
+	{V: api.ExecError{}, Schema: "ExecError"},
+	{V: api.Execution{}, Schema: "Execution"},
+	{V: api.Dropped{}, Schema: "Execution.dropped"},
+	{V: api.Context{}, Schema: "Context"},
+	{V: api.ContextRequest{}, Schema: "ContextRequest"},
+	{V: api.CommandRequest{}, Schema: "CommandRequest"},
+	{V: api.Command{}, Schema: "Command"},
+	{V: api.Process{}, Schema: "Process"},
+	{V: api.Error{}, Schema: "Error"},
+	{V: api.ErrorDetail{}, Schema: "Error.error"},
+}
+
+// TestTypesMatchSpec checks the package's types against the OpenAPI
+// document field for field: a field added on either side fails here
+// until the other follows, or the table says why not. The server and
+// the Go SDK use these types, so this one check holds both.
+func TestTypesMatchSpec(t *testing.T) {
+	apispec.Check(t, wireTypes)
+}
+
+// TestEveryWireTypeChecked: every struct of the package with a JSON tag
+// is in wireTypes, so a new type cannot skip TestTypesMatchSpec.
+func TestEveryWireTypeChecked(t *testing.T) {
+	apispec.CheckAllListed(t, ".", wireTypes, nil)
+}
