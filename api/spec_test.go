@@ -30,6 +30,18 @@ var wireTypes = []apispec.Entry{
 	{V: api.Process{}, Schema: "Process"},
 	{V: api.Error{}, Schema: "Error"},
 	{V: api.ErrorDetail{}, Schema: "Error.error"},
+	{V: api.UsageFigures{}, Schema: "UsageFigures"},
+	{V: api.StorageFigures{}, Schema: "UsageReport.storage"},
+	{V: api.UsageGroup{}, Schema: "UsageGroup"},
+	{V: api.Prices{}, Schema: "Prices"},
+	{V: api.UsageReport{}, Schema: "UsageReport"},
+	{V: api.ModelUsage{}, Schema: "ModelUsage"},
+	{V: api.SandboxUsage{}, Schema: "SandboxUsage"},
+	{V: api.Credits{}, Schema: "Credits"},
+	{V: api.AccountStorage{}, Schema: "AccountStorage"},
+	{V: api.StoredAmount{}, Schema: "StoredAmount"},
+	{V: api.AccountKey{}, Schema: "AccountKey"},
+	{V: api.Alert{}, Schema: "Alert"},
 }
 
 // TestTypesMatchSpec checks the package's types against the OpenAPI

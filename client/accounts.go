@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 // AccountLimits are an account's limits. In Account.Limits every field is
@@ -45,26 +47,10 @@ type MonthUsage struct {
 
 // Credits are an account's credits in micro-units of the operator's
 // currency; BalanceMicros is the ledger's sum.
-type Credits struct {
-	Balance         string `json:"balance"`
-	BalanceMicros   int64  `json:"balance_micros"`
-	FreeMicros      int64  `json:"free_micros"`
-	FreeLeftMicros  int64  `json:"free_left_micros"`
-	GrantedMicros   int64  `json:"granted_micros"`
-	SpentMicros     int64  `json:"spent_micros"`
-	PendingMicros   int64  `json:"pending_micros"`
-	AvailableMicros int64  `json:"available_micros"`
-	Enforced        bool   `json:"enforced"`
-}
+type Credits = api.Credits
 
 // AccountKey is a key of an account (never its secret).
-type AccountKey struct {
-	ID        string     `json:"id"`
-	Name      string     `json:"name"`
-	Role      string     `json:"role"`
-	CreatedAt time.Time  `json:"created_at"`
-	RevokedAt *time.Time `json:"revoked_at,omitempty"`
-}
+type AccountKey = api.AccountKey
 
 // Account is an account as the server describes it.
 type Account struct {
@@ -86,19 +72,10 @@ type Account struct {
 // account may keep of each (0: no bound). Past a bound the account loses
 // its own oldest records of that kind; a new alert with none
 // acknowledged is ErrStorageQuotaExceeded.
-type Storage struct {
-	Records int64                   `json:"records"`
-	Bytes   int64                   `json:"bytes"`
-	Kinds   map[string]StoredAmount `json:"kinds"`
-}
+type Storage = api.AccountStorage
 
 // StoredAmount is one kind of an account's records and its bounds.
-type StoredAmount struct {
-	Records    int64 `json:"records"`
-	Bytes      int64 `json:"bytes"`
-	MaxRecords int64 `json:"max_records"`
-	MaxBytes   int64 `json:"max_bytes"`
-}
+type StoredAmount = api.StoredAmount
 
 // Account returns the caller's own account.
 func (c *Client) Account(ctx context.Context) (*Account, error) {
@@ -113,76 +90,22 @@ func (c *Client) Credits(ctx context.Context) (*Credits, error) {
 }
 
 // UsageFigures are metered usage with its estimated cost.
-type UsageFigures struct {
-	SandboxSeconds    float64 `json:"sandbox_seconds"`
-	CPUSeconds        float64 `json:"cpu_seconds"`
-	GBSecondsReserved float64 `json:"gb_seconds_reserved"`
-	GBSecondsUsed     float64 `json:"gb_seconds_used"`
-	DiskPeakBytes     int64   `json:"disk_peak_bytes"`
-	Executions        int64   `json:"executions"`
-	Commands          int64   `json:"commands"`
-	EgressRequests    int64   `json:"egress_requests"`  // through the egress gateway
-	EgressBytesIn     int64   `json:"egress_bytes_in"`  // carried by the egress gateway to the sandbox
-	EgressBytesOut    int64   `json:"egress_bytes_out"` // and from it
-	// StorageGBSeconds is what the account kept in the server's
-	// database over time (in the total, and in groups by hour or day).
-	StorageGBSeconds float64 `json:"storage_gb_seconds"`
-	CostMicros       int64   `json:"cost_micros"`
-	Cost             string  `json:"cost"`
-}
+type UsageFigures = api.UsageFigures
 
 // StorageFigures are an account's storage in a usage report.
-type StorageFigures struct {
-	GBSeconds  float64 `json:"gb_seconds"`
-	CostMicros int64   `json:"cost_micros"`
-	Cost       string  `json:"cost"`
-}
+type StorageFigures = api.StorageFigures
 
 // UsageGroup is one group of a usage report.
-type UsageGroup struct {
-	Key       string `json:"key"` // a day, an hour, a sandbox id or a template
-	Template  string `json:"template,omitempty"`
-	SandboxID string `json:"sandbox_id,omitempty"`
-	UsageFigures
-}
+type UsageGroup = api.UsageGroup
 
 // Prices are the operator's price table, in micro-units.
-type Prices struct {
-	CPUSecondMicros float64 `json:"cpu_second_micros"`
-	GBSecondMicros  float64 `json:"gb_second_micros"`
-	ExecutionMicros float64 `json:"execution_micros"`
-	StorageGBSecond float64 `json:"storage_gb_second_micros"` // records kept in the server's database
-}
+type Prices = api.Prices
 
 // UsageReport is GET /v1/account/usage.
-type UsageReport struct {
-	From    time.Time    `json:"from"`
-	To      time.Time    `json:"to"`
-	GroupBy string       `json:"group_by"`
-	Groups  []UsageGroup `json:"groups"`
-	Total   UsageFigures `json:"total"`
-	Prices  Prices       `json:"prices"`
-	// Storage is what the account kept in the server's database in the
-	// period (its records), in Total too.
-	Storage StorageFigures `json:"storage"`
-	// Model tokens in the period; TokensLimit is the configured models'
-	// monthly quotas summed (nil: some model has none).
-	TokensUsed  int64        `json:"tokens_used"`
-	TokensLimit *int64       `json:"tokens_limit"`
-	Models      []ModelUsage `json:"models"`
-}
+type UsageReport = api.UsageReport
 
 // ModelUsage is the account's tokens of one model.
-type ModelUsage struct {
-	Model            string `json:"model"`
-	Requests         int64  `json:"requests"`
-	PromptTokens     int64  `json:"prompt_tokens"`
-	CompletionTokens int64  `json:"completion_tokens"`
-	TotalTokens      int64  `json:"total_tokens"`
-	MonthlyLimit     *int64 `json:"monthly_limit"`
-	CostMicros       int64  `json:"cost_micros"`
-	Cost             string `json:"cost"`
-}
+type ModelUsage = api.ModelUsage
 
 // UsageQuery selects a usage report; zero fields take the server's
 // defaults (this month, by day).
@@ -208,12 +131,7 @@ func (c *Client) Usage(ctx context.Context, q UsageQuery) (*UsageReport, error) 
 }
 
 // SandboxUsage is one sandbox's usage; Live while it runs.
-type SandboxUsage struct {
-	SandboxID string `json:"sandbox_id"`
-	Template  string `json:"template"`
-	Live      bool   `json:"live"`
-	UsageFigures
-}
+type SandboxUsage = api.SandboxUsage
 
 // SandboxUsage returns one sandbox's usage so far.
 func (c *Client) SandboxUsage(ctx context.Context, id string) (*SandboxUsage, error) {
@@ -222,17 +140,7 @@ func (c *Client) SandboxUsage(ctx context.Context, id string) (*SandboxUsage, er
 }
 
 // Alert is something an account should look at.
-type Alert struct {
-	ID             string     `json:"id"`
-	Severity       string     `json:"severity"` // low, medium, high, critical
-	Kind           string     `json:"kind"`     // manual, quota, credits, security_violation
-	Message        string     `json:"message"`
-	SandboxID      string     `json:"sandbox_id,omitempty"`
-	SessionID      string     `json:"session_id,omitempty"`
-	CreatedAt      time.Time  `json:"created_at"`
-	Acknowledged   bool       `json:"acknowledged"`
-	AcknowledgedAt *time.Time `json:"acknowledged_at,omitempty"`
-}
+type Alert = api.Alert
 
 // AlertRequest raises an alert.
 type AlertRequest struct {

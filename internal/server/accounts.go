@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/auth"
@@ -66,30 +67,22 @@ func (s *Server) limitRequest(w http.ResponseWriter, r *http.Request, p auth.Pri
 }
 
 type accountJSON struct {
-	ID               string            `json:"id"`
-	Name             string            `json:"name"`
-	CreatedAt        time.Time         `json:"created_at"`
-	Limits           account.Limits    `json:"limits"`
-	Overrides        account.Overrides `json:"overrides"`
-	RunningSandboxes int64             `json:"running_sandboxes"`
-	Month            monthJSON         `json:"month"`
-	Credits          *creditsJSON      `json:"credits,omitempty"`
-	Storage          *storageJSON      `json:"storage,omitempty"`
-	Keys             []accountKeyJSON  `json:"keys,omitempty"`
+	ID               string              `json:"id"`
+	Name             string              `json:"name"`
+	CreatedAt        time.Time           `json:"created_at"`
+	Limits           account.Limits      `json:"limits"`
+	Overrides        account.Overrides   `json:"overrides"`
+	RunningSandboxes int64               `json:"running_sandboxes"`
+	Month            monthJSON           `json:"month"`
+	Credits          *api.Credits        `json:"credits,omitempty"`
+	Storage          *api.AccountStorage `json:"storage,omitempty"`
+	Keys             []api.AccountKey    `json:"keys,omitempty"`
 }
 
 type monthJSON struct {
 	Start   time.Time     `json:"start"`
 	ResetAt time.Time     `json:"reset_at"`
 	Usage   account.Usage `json:"usage"`
-}
-
-type accountKeyJSON struct {
-	ID        string     `json:"id"`
-	Name      string     `json:"name"`
-	Role      string     `json:"role"`
-	CreatedAt time.Time  `json:"created_at"`
-	RevokedAt *time.Time `json:"revoked_at,omitempty"`
 }
 
 // accountOut describes an account as the API shows it.
@@ -121,7 +114,7 @@ func (s *Server) accountOut(r *http.Request, rec store.Account, withKeys bool) (
 		}
 		for _, k := range keys {
 			if k.Owner == rec.ID {
-				out.Keys = append(out.Keys, accountKeyJSON{ID: k.ID, Name: k.Name, Role: k.Role, CreatedAt: k.CreatedAt.UTC(), RevokedAt: k.RevokedAt})
+				out.Keys = append(out.Keys, api.AccountKey{ID: k.ID, Name: k.Name, Role: k.Role, CreatedAt: k.CreatedAt.UTC(), RevokedAt: k.RevokedAt})
 			}
 		}
 	}

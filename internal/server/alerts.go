@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/alerts"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/store"
@@ -19,20 +20,8 @@ func (s *Server) alertRoutes(add addFunc) {
 	add("POST /v1/alerts/{id}/ack", true, s.ackAlert)
 }
 
-type alertJSON struct {
-	ID             string     `json:"id"`
-	Severity       string     `json:"severity"`
-	Kind           string     `json:"kind"`
-	Message        string     `json:"message"`
-	SandboxID      string     `json:"sandbox_id,omitempty"`
-	SessionID      string     `json:"session_id,omitempty"`
-	CreatedAt      time.Time  `json:"created_at"`
-	Acknowledged   bool       `json:"acknowledged"`
-	AcknowledgedAt *time.Time `json:"acknowledged_at,omitempty"`
-}
-
-func alertOut(a store.Alert) alertJSON {
-	return alertJSON{ID: a.ID, Severity: a.Severity, Kind: a.Kind, Message: a.Message, SandboxID: a.SandboxID,
+func alertOut(a store.Alert) api.Alert {
+	return api.Alert{ID: a.ID, Severity: a.Severity, Kind: a.Kind, Message: a.Message, SandboxID: a.SandboxID,
 		SessionID: a.SessionID, CreatedAt: a.CreatedAt.UTC(), Acknowledged: a.AcknowledgedAt != nil, AcknowledgedAt: a.AcknowledgedAt}
 }
 
@@ -90,7 +79,7 @@ func (s *Server) listAlerts(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]alertJSON, 0, len(l))
+	out := make([]api.Alert, 0, len(l))
 	for _, a := range l {
 		out = append(out, alertOut(a))
 	}
