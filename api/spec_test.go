@@ -42,6 +42,13 @@ var wireTypes = []apispec.Entry{
 	{V: api.StoredAmount{}, Schema: "StoredAmount"},
 	{V: api.AccountKey{}, Schema: "AccountKey"},
 	{V: api.Alert{}, Schema: "Alert"},
+	{V: api.Webhook{}, Schema: "Webhook"},
+	{V: api.WebhookRequest{}, Schema: "WebhookRequest"},
+	{V: api.WebhookDelivery{}, Schema: "WebhookDelivery"},
+	{V: api.Secret{}, Schema: "Secret"},
+	{V: api.SecretUse{}, Schema: "SecretUse"},
+	{V: api.SecretRequest{}, Schema: "SecretRequest"},
+	{V: api.SecretVersionRequest{}, Schema: "SecretVersionRequest"},
 }
 
 // TestTypesMatchSpec checks the package's types against the OpenAPI

@@ -7,10 +7,8 @@ import (
 	"github.com/sheepfold/sheepfold/internal/identity"
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/metrics"
-	"github.com/sheepfold/sheepfold/internal/secrets"
 	"github.com/sheepfold/sheepfold/internal/session"
 	"github.com/sheepfold/sheepfold/internal/testutil/apispec"
-	"github.com/sheepfold/sheepfold/internal/webhooks"
 )
 
 // wireTypes is every type the server reads from or writes to the wire,
@@ -33,13 +31,10 @@ var wireTypes = []apispec.Entry{
 	{V: moveRequest{}, Schema: "MoveRequest"},
 	{V: pauseRequest{}, Schema: "PauseRequest"},
 	{V: timeoutRequest{}, Schema: "SetTimeout"},
-	{V: secretRequest{}, Schema: "SecretRequest"},
-	{V: secretVersionRequest{}, Schema: "SecretVersionRequest"},
 	{V: sessionRequest{}, Schema: "CreateSession"},
 	{V: sessionJSON{}, Schema: "Session"},
 	{V: sessionExecRequest{}, Schema: "SessionExecuteRequest"},
 	{V: metering.Prices{}, Schema: "Prices"},
-	{V: webhookRequest{}, Schema: "WebhookRequest"},
 	// What the server's own packages put on the wire.
 	{V: session.File{}, Schema: "AskFile"},
 	{V: session.Request{}, Schema: "AskRequest"},
@@ -49,10 +44,6 @@ var wireTypes = []apispec.Entry{
 	{V: session.ExecError{}, Schema: "SessionExecError"},
 	{V: session.Chart{}, Schema: "Chart"},
 	{V: session.Execution{}, Schema: "SessionExecution"},
-	{V: webhooks.Hook{}, Schema: "Webhook"},
-	{V: webhooks.Delivery{}, Schema: "WebhookDelivery"},
-	{V: secrets.Info{}, Schema: "Secret"},
-	{V: secrets.Use{}, Schema: "SecretUse"},
 	{V: identity.JWK{}, Schema: "JWKS.keys[]"},
 	{V: events.Event{}, Schema: "Event", Own: map[string]string{"Owner": "for fan-out to the owner's streams; never sent"}},
 	{V: metrics.Summary{}, Schema: "MetricsSummary"},
@@ -78,7 +69,7 @@ func TestEveryWireTypeChecked(t *testing.T) {
 		"recordResources": "a column of the store, not the wire",
 		"Claims":          "a token's signed payload (internal/identity), not an API object",
 	}
-	for _, dir := range []string{".", "../session", "../webhooks", "../secrets", "../metrics", "../events", "../metering", "../identity"} {
+	for _, dir := range []string{".", "../session", "../metrics", "../events", "../metering", "../identity"} {
 		apispec.CheckAllListed(t, dir, wireTypes, exempt)
 	}
 }
