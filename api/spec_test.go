@@ -49,6 +49,17 @@ var wireTypes = []apispec.Entry{
 	{V: api.SecretUse{}, Schema: "SecretUse"},
 	{V: api.SecretRequest{}, Schema: "SecretRequest"},
 	{V: api.SecretVersionRequest{}, Schema: "SecretVersionRequest"},
+	{V: api.CreateSession{}, Schema: "CreateSession"},
+	{V: api.Session{}, Schema: "Session"},
+	{V: api.SessionExecuteRequest{}, Schema: "SessionExecuteRequest"},
+	{V: api.SessionExecError{}, Schema: "SessionExecError"},
+	{V: api.Chart{}, Schema: "Chart"},
+	{V: api.SessionExecution{}, Schema: "SessionExecution"},
+	{V: api.AskFile{}, Schema: "AskFile"},
+	{V: api.AskRequest{}, Schema: "AskRequest"},
+	{V: api.Tokens{}, Schema: "Answer.tokens"},
+	{V: api.Answer{}, Schema: "Answer"},
+	{V: api.AskStep{}, Schema: "AskStep"},
 }
 
 // TestTypesMatchSpec checks the package's types against the OpenAPI

@@ -27,16 +27,7 @@ var specTable = []apispec.Entry{
 	{V: KeyRequest{}, Schema: "CreateKey"},
 	{V: NewKey{}, Schema: "NewKey"},
 	{V: SessionRequest{}, Schema: "CreateSession"},
-	{V: Session{}, Schema: "Session"},
 	{V: SessionExecuteRequest{}, Schema: "SessionExecuteRequest"},
-	{V: ExecutionError{}, Schema: "SessionExecError"},
-	{V: Chart{}, Schema: "Chart"},
-	{V: SessionExecution{}, Schema: "SessionExecution"},
-	{V: AskFile{}, Schema: "AskFile"},
-	{V: AskRequest{}, Schema: "AskRequest"},
-	{V: Tokens{}, Schema: "Answer.tokens"},
-	{V: Answer{}, Schema: "Answer"},
-	{V: AskStep{}, Schema: "AskStep"},
 	{V: Model{}, Schema: "Model"},
 }
 

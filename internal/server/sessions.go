@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -32,35 +31,13 @@ func (s *Server) sessionRoutes(add addFunc) {
 	add("POST /v1/sessions/{id}/ask", true, s.sessionAsk)
 }
 
-type sessionRequest struct {
-	Model          string            `json:"model"`
-	Template       string            `json:"template"`
-	SandboxConfig  json.RawMessage   `json:"sandbox_config"`
-	SecurityPolicy json.RawMessage   `json:"security_policy"`
-	Timeout        *float64          `json:"timeout"`
-	Resources      *api.Resources    `json:"resources"`
-	Metadata       map[string]string `json:"metadata"`
-}
-
-type sessionJSON struct {
-	ID         string        `json:"id"`
-	Model      string        `json:"model"`
-	SandboxID  string        `json:"sandbox_id"`
-	Template   string        `json:"template"`
-	State      string        `json:"state"`
-	CreatedAt  time.Time     `json:"created_at"`
-	ExpiresAt  time.Time     `json:"expires_at"`
-	Resources  api.Resources `json:"resources"`
-	StopReason string        `json:"stop_reason,omitempty"`
-}
-
-func sessionOf(rec store.Session, sb api.Sandbox) sessionJSON {
-	return sessionJSON{ID: rec.ID, Model: rec.Model, SandboxID: sb.ID, Template: sb.Template, State: sb.State,
+func sessionOf(rec store.Session, sb api.Sandbox) api.Session {
+	return api.Session{ID: rec.ID, Model: rec.Model, SandboxID: sb.ID, Template: sb.Template, State: sb.State,
 		CreatedAt: rec.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt, Resources: sb.Resources, StopReason: sb.StopReason}
 }
 
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
-	var req sessionRequest
+	var req api.CreateSession
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
@@ -226,13 +203,6 @@ func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// sessionExecRequest is the seeds' execute request.
-type sessionExecRequest struct {
-	Code      string `json:"code"`
-	Language  string `json:"language"`
-	TimeoutMS *int64 `json:"timeout_ms"`
-}
-
 // runInSession runs code in a session's sandbox and records it.
 func (s *Server) runInSession(r *http.Request, b *box, code, lang string, timeoutMS *int64) (session.Execution, error) {
 	timeout, err := b.execTimeoutFor(timeoutMS)
@@ -253,7 +223,7 @@ func (s *Server) runInSession(r *http.Request, b *box, code, lang string, timeou
 }
 
 func (s *Server) sessionExecute(w http.ResponseWriter, r *http.Request) error {
-	var req sessionExecRequest
+	var req api.SessionExecuteRequest
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}

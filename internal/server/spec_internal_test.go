@@ -7,7 +7,6 @@ import (
 	"github.com/sheepfold/sheepfold/internal/identity"
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/metrics"
-	"github.com/sheepfold/sheepfold/internal/session"
 	"github.com/sheepfold/sheepfold/internal/testutil/apispec"
 )
 
@@ -31,19 +30,8 @@ var wireTypes = []apispec.Entry{
 	{V: moveRequest{}, Schema: "MoveRequest"},
 	{V: pauseRequest{}, Schema: "PauseRequest"},
 	{V: timeoutRequest{}, Schema: "SetTimeout"},
-	{V: sessionRequest{}, Schema: "CreateSession"},
-	{V: sessionJSON{}, Schema: "Session"},
-	{V: sessionExecRequest{}, Schema: "SessionExecuteRequest"},
 	{V: metering.Prices{}, Schema: "Prices"},
 	// What the server's own packages put on the wire.
-	{V: session.File{}, Schema: "AskFile"},
-	{V: session.Request{}, Schema: "AskRequest"},
-	{V: session.Tokens{}, Schema: "Answer.tokens"},
-	{V: session.Answer{}, Schema: "Answer"},
-	{V: session.Step{}, Schema: "AskStep"},
-	{V: session.ExecError{}, Schema: "SessionExecError"},
-	{V: session.Chart{}, Schema: "Chart"},
-	{V: session.Execution{}, Schema: "SessionExecution"},
 	{V: identity.JWK{}, Schema: "JWKS.keys[]"},
 	{V: events.Event{}, Schema: "Event", Own: map[string]string{"Owner": "for fan-out to the owner's streams; never sent"}},
 	{V: metrics.Summary{}, Schema: "MetricsSummary"},
@@ -69,7 +57,7 @@ func TestEveryWireTypeChecked(t *testing.T) {
 		"recordResources": "a column of the store, not the wire",
 		"Claims":          "a token's signed payload (internal/identity), not an API object",
 	}
-	for _, dir := range []string{".", "../session", "../metrics", "../events", "../metering", "../identity"} {
+	for _, dir := range []string{".", "../metrics", "../events", "../metering", "../identity"} {
 		apispec.CheckAllListed(t, dir, wireTypes, exempt)
 	}
 }
