@@ -108,3 +108,24 @@ type PortList struct {
 	Token       string `json:"token"`
 	TokenHeader string `json:"token_header"`
 }
+
+// Version is what the server reports about itself (GET /v1/version;
+// schema Version). Its fields stand in the order of their names, as the
+// server has always sent them.
+type Version struct {
+	API     string     `json:"api"`
+	Cgroups string     `json:"cgroups"`
+	Pool    *PoolStats `json:"pool,omitempty"` // the warm pool; nil without an engine
+	Runtime string     `json:"runtime"`
+	Version string     `json:"version"`
+}
+
+// PoolStats describes the server's warm pool of sandboxes started ahead
+// (schema PoolStats).
+type PoolStats struct {
+	Size   int    `json:"size"`            // members wanted per pooled template (per node, with Nodes); 0: no pool
+	Nodes  int    `json:"nodes,omitempty"` // nodes the members are kept on (the kubernetes backend)
+	Ready  int    `json:"ready"`           // members ready now
+	Hits   uint64 `json:"hits"`            // creates served from the pool
+	Misses uint64 `json:"misses"`          // creates that started a sandbox themselves
+}

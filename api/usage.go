@@ -150,3 +150,20 @@ type Alert struct {
 	Acknowledged   bool       `json:"acknowledged"`
 	AcknowledgedAt *time.Time `json:"acknowledged_at,omitempty"`
 }
+
+// MonthUsage is an account's usage this month, which its quotas count
+// (schema MonthUsage).
+type MonthUsage struct {
+	Start   time.Time    `json:"start"`
+	ResetAt time.Time    `json:"reset_at"`
+	Usage   MonthFigures `json:"usage"`
+}
+
+// MonthFigures are what an account's monthly quotas count (schema
+// MonthUsage.usage).
+type MonthFigures struct {
+	SandboxSeconds float64 `json:"sandbox_seconds"`
+	CPUSeconds     float64 `json:"cpu_seconds"`
+	GBSeconds      float64 `json:"gb_seconds"` // memory reserved (limit × time)
+	Executions     int64   `json:"executions"`
+}

@@ -34,16 +34,7 @@ func Int(v int64) *int64 { return &v }
 func Float(v float64) *float64 { return &v }
 
 // MonthUsage is an account's usage this month, which its quotas count.
-type MonthUsage struct {
-	Start   time.Time `json:"start"`
-	ResetAt time.Time `json:"reset_at"`
-	Usage   struct {
-		SandboxSeconds float64 `json:"sandbox_seconds"`
-		CPUSeconds     float64 `json:"cpu_seconds"`
-		GBSeconds      float64 `json:"gb_seconds"`
-		Executions     int64   `json:"executions"`
-	} `json:"usage"`
-}
+type MonthUsage = api.MonthUsage
 
 // Credits are an account's credits in micro-units of the operator's
 // currency; BalanceMicros is the ledger's sum.

@@ -170,22 +170,10 @@ func (c *Client) Kill(ctx context.Context, id string) error {
 }
 
 // Version is what the server reports about itself.
-type Version struct {
-	Version string     `json:"version"`
-	Runtime string     `json:"runtime"`
-	Cgroups string     `json:"cgroups"`
-	API     string     `json:"api"`
-	Pool    *PoolStats `json:"pool,omitempty"`
-}
+type Version = api.Version
 
 // PoolStats describes the server's warm pool of sandboxes started ahead.
-type PoolStats struct {
-	Size   int    `json:"size"`            // members wanted per pooled template (per node, with Nodes); 0: no pool
-	Nodes  int    `json:"nodes,omitempty"` // nodes the members are kept on (the kubernetes backend)
-	Ready  int    `json:"ready"`           // members ready now
-	Hits   uint64 `json:"hits"`            // creates served from the pool
-	Misses uint64 `json:"misses"`          // creates that started a sandbox themselves
-}
+type PoolStats = api.PoolStats
 
 // Version asks the server for its version.
 func (c *Client) Version(ctx context.Context) (*Version, error) {

@@ -73,16 +73,10 @@ type accountJSON struct {
 	Limits           account.Limits      `json:"limits"`
 	Overrides        account.Overrides   `json:"overrides"`
 	RunningSandboxes int64               `json:"running_sandboxes"`
-	Month            monthJSON           `json:"month"`
+	Month            api.MonthUsage      `json:"month"`
 	Credits          *api.Credits        `json:"credits,omitempty"`
 	Storage          *api.AccountStorage `json:"storage,omitempty"`
 	Keys             []api.AccountKey    `json:"keys,omitempty"`
-}
-
-type monthJSON struct {
-	Start   time.Time     `json:"start"`
-	ResetAt time.Time     `json:"reset_at"`
-	Usage   account.Usage `json:"usage"`
 }
 
 // accountOut describes an account as the API shows it.
@@ -96,7 +90,8 @@ func (s *Server) accountOut(r *http.Request, rec store.Account, withKeys bool) (
 	now := time.Now()
 	out := accountJSON{ID: rec.ID, Name: rec.Name, CreatedAt: rec.CreatedAt.UTC(), Limits: limits, Overrides: over,
 		RunningSandboxes: a.Running(),
-		Month:            monthJSON{Start: account.MonthStart(now), ResetAt: account.NextMonth(now), Usage: used}}
+		Month: api.MonthUsage{Start: account.MonthStart(now), ResetAt: account.NextMonth(now), Usage: api.MonthFigures{
+			SandboxSeconds: used.SandboxSeconds, CPUSeconds: used.CPUSeconds, GBSeconds: used.GBSeconds, Executions: used.Executions}}}
 	c, err := s.creditsOf(r, a)
 	if err != nil {
 		return out, err

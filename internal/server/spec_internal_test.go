@@ -14,7 +14,6 @@ import (
 // and how it reads its schema of the OpenAPI document.
 var wireTypes = []apispec.Entry{
 	{V: accountJSON{}, Schema: "Account"},
-	{V: monthJSON{}, Schema: "MonthUsage"},
 	{V: createAccountRequest{}, Schema: "CreateAccount"},
 	{V: creditRequest{}, Schema: "CreditGrant"},
 	{V: createKeyRequest{}, Schema: "CreateKey"},
