@@ -3,9 +3,11 @@
 // /v1/openapi.json) and the Go request and response types of its
 // schemas, each type named after its schema (Sandbox, Execution,
 // CommandRequest, Error...). The server answers with these types and
-// reads its requests into them; the public Go SDK (client/) takes them
-// as its own through type aliases (client.Sandbox = api.Sandbox), so
-// that the two cannot say different things.
+// reads its requests into them, and its services build them
+// (internal/metering's usage report; webhooks.Hook, secrets.Info and
+// session.Answer are aliases of them); the public Go SDK (client/) takes
+// them as its own through type aliases (client.Sandbox = api.Sandbox),
+// so that the two cannot say different things.
 //
 // Which is the source: the document. The Go types are written by hand
 // and checked against it field for field (this package's
@@ -18,11 +20,14 @@
 // and generating Go from it would give up the SDK's names and doc
 // comments, which its users' code depends on.
 //
-// A type the server fills with more than the wire (the engine's
-// Execution, a store's record) stays where it is and is checked against
-// the document by its own package's test; a type lives here when more
-// than one of the server, the SDK and the services would otherwise
-// declare it.
+// A type lives here when more than one of the server, its services and
+// the SDK would otherwise declare it. A type that carries more than the
+// wire stays where it is and is checked against the document by its own
+// package's test: the engine's Execution (the hot path sends it as it
+// is), the event bus's Event (its owner, for fan-out), an account's
+// limits (TOML tags and methods), and a request the server reads with
+// pointers or raw policies where the SDK takes Go values and durations
+// (the SDK's CreateSandboxRequest, SessionRequest, AlertRequest...).
 //
 // Imports: the standard library only (TestImportsStdlibOnly), so that
 // the public Go SDK can import it without pulling in the server.

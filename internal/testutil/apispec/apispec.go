@@ -16,10 +16,12 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -147,19 +149,10 @@ func CheckAllListed(t *testing.T, dir string, entries []Entry, exempt map[string
 	for _, e := range entries {
 		listed[reflect.TypeOf(e.V).Name()] = true
 	}
-	files, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, de := range files {
-		if !strings.HasSuffix(de.Name(), ".go") || strings.HasSuffix(de.Name(), "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(dir, de.Name()), nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+	files := parseDir(t, dir, 0)
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		f := files[name]
 		ast.Inspect(f, func(node ast.Node) bool {
 			ts, ok := node.(*ast.TypeSpec)
 			if !ok {
@@ -173,7 +166,7 @@ func CheckAllListed(t *testing.T, dir string, entries []Entry, exempt map[string
 			}
 			n++
 			if !listed[ts.Name.Name] && exempt[ts.Name.Name] == "" {
-				t.Errorf("%s (%s) has JSON tags but is not checked against the OpenAPI document", ts.Name.Name, de.Name())
+				t.Errorf("%s (%s) has JSON tags but is not checked against the OpenAPI document", ts.Name.Name, name)
 			}
 			return true
 		})
@@ -181,4 +174,47 @@ func CheckAllListed(t *testing.T, dir string, entries []Entry, exempt map[string
 	if n == 0 {
 		t.Fatalf("no struct with JSON tags in %s: the check is not looking at the package", dir)
 	}
+}
+
+// CheckImports fails for every import of the non-test files of dir that
+// is neither of the standard library nor in allowed: the wire
+// vocabulary and the public Go SDK stay importable without the server
+// or a third-party module.
+func CheckImports(t *testing.T, dir string, allowed ...string) {
+	t.Helper()
+	n := 0
+	files := parseDir(t, dir, parser.ImportsOnly)
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		for _, imp := range files[name].Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			n++
+			if first, _, _ := strings.Cut(p, "/"); strings.Contains(first, ".") && !slices.Contains(allowed, p) {
+				t.Errorf("%s imports %s: only the standard library and %v may be", name, p, allowed)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatalf("no imports found in %s: the check is not looking at the package", dir)
+	}
+}
+
+// parseDir parses the non-test Go files of dir, by name.
+func parseDir(t *testing.T, dir string, mode parser.Mode) map[string]*ast.File {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]*ast.File{}
+	for _, de := range entries {
+		if !strings.HasSuffix(de.Name(), ".go") || strings.HasSuffix(de.Name(), "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(dir, de.Name()), nil, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[de.Name()] = f
+	}
+	return files
 }
