@@ -43,6 +43,8 @@ var wireTypes = []apispec.Entry{
 	{V: api.AccountKey{}, Schema: "AccountKey"},
 	{V: api.Alert{}, Schema: "Alert"},
 	{V: api.MonthUsage{}, Schema: "MonthUsage"},
+	{V: api.AccountLimits{}, Schema: "AccountLimits"},
+	{V: api.Account{}, Schema: "Account"},
 	{V: api.MonthFigures{}, Schema: "MonthUsage.usage"},
 	{V: api.Version{}, Schema: "Version"},
 	{V: api.PoolStats{}, Schema: "PoolStats"},

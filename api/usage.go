@@ -167,3 +167,35 @@ type MonthFigures struct {
 	GBSeconds      float64 `json:"gb_seconds"` // memory reserved (limit × time)
 	Executions     int64   `json:"executions"`
 }
+
+// AccountLimits are an account's limits (schema AccountLimits). In
+// Account.Limits every field is set (0 means unlimited); in
+// Account.Overrides and a request that sets them only the account's own
+// ones are: nil takes (or keeps) the server's default.
+type AccountLimits struct {
+	MaxSandboxes          *int64   `json:"max_sandboxes,omitempty"`
+	RequestsPerMinute     *int64   `json:"requests_per_minute,omitempty"`
+	ExecutionsPerMinute   *int64   `json:"executions_per_minute,omitempty"`
+	MonthlySandboxSeconds *int64   `json:"monthly_sandbox_seconds,omitempty"`
+	MonthlyCPUSeconds     *int64   `json:"monthly_cpu_seconds,omitempty"`
+	MonthlyGBSeconds      *int64   `json:"monthly_gb_seconds,omitempty"`
+	MonthlyExecutions     *int64   `json:"monthly_executions,omitempty"`
+	MaxCPUs               *float64 `json:"max_cpus,omitempty"`
+	MaxMemoryMB           *int64   `json:"max_memory_mb,omitempty"`
+	MaxDiskMB             *int64   `json:"max_disk_mb,omitempty"`
+	MaxTimeout            *int64   `json:"max_timeout,omitempty"` // seconds
+}
+
+// Account is an account as the server describes it (schema Account).
+type Account struct {
+	ID               string          `json:"id"`
+	Name             string          `json:"name"`
+	CreatedAt        time.Time       `json:"created_at"`
+	Limits           AccountLimits   `json:"limits"`
+	Overrides        AccountLimits   `json:"overrides"`
+	RunningSandboxes int64           `json:"running_sandboxes"`
+	Month            MonthUsage      `json:"month"`
+	Credits          *Credits        `json:"credits,omitempty"`
+	Storage          *AccountStorage `json:"storage,omitempty"`
+	Keys             []AccountKey    `json:"keys,omitempty"`
+}

@@ -13,19 +13,7 @@ import (
 // AccountLimits are an account's limits. In Account.Limits every field is
 // set (0 means unlimited); in Account.Overrides and SetAccountLimits only
 // the account's own ones are: nil takes (or keeps) the server's default.
-type AccountLimits struct {
-	MaxSandboxes          *int64   `json:"max_sandboxes,omitempty"`
-	RequestsPerMinute     *int64   `json:"requests_per_minute,omitempty"`
-	ExecutionsPerMinute   *int64   `json:"executions_per_minute,omitempty"`
-	MonthlySandboxSeconds *int64   `json:"monthly_sandbox_seconds,omitempty"`
-	MonthlyCPUSeconds     *int64   `json:"monthly_cpu_seconds,omitempty"`
-	MonthlyGBSeconds      *int64   `json:"monthly_gb_seconds,omitempty"`
-	MonthlyExecutions     *int64   `json:"monthly_executions,omitempty"`
-	MaxCPUs               *float64 `json:"max_cpus,omitempty"`
-	MaxMemoryMB           *int64   `json:"max_memory_mb,omitempty"`
-	MaxDiskMB             *int64   `json:"max_disk_mb,omitempty"`
-	MaxTimeout            *int64   `json:"max_timeout,omitempty"` // seconds
-}
+type AccountLimits = api.AccountLimits
 
 // Int makes an *int64 for AccountLimits.
 func Int(v int64) *int64 { return &v }
@@ -44,18 +32,7 @@ type Credits = api.Credits
 type AccountKey = api.AccountKey
 
 // Account is an account as the server describes it.
-type Account struct {
-	ID               string        `json:"id"`
-	Name             string        `json:"name"`
-	CreatedAt        time.Time     `json:"created_at"`
-	Limits           AccountLimits `json:"limits"`
-	Overrides        AccountLimits `json:"overrides"`
-	RunningSandboxes int64         `json:"running_sandboxes"`
-	Month            MonthUsage    `json:"month"`
-	Credits          *Credits      `json:"credits,omitempty"`
-	Storage          *Storage      `json:"storage,omitempty"`
-	Keys             []AccountKey  `json:"keys,omitempty"`
-}
+type Account = api.Account
 
 // Storage is what an account keeps in the server's database: records and
 // bytes (a record's text plus 128) in all, and by kind ("sandboxes",

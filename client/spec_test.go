@@ -18,8 +18,6 @@ var specTable = []apispec.Entry{
 		Unmodelled: map[string]string{"truncated": "a listing past its bound pages on with next_cursor"}},
 	{V: Event{}, Schema: "Event"},
 	{V: EventPage{}, Schema: "EventList", Renamed: map[string]string{"Events": "events", "NextCursor": "next_cursor"}},
-	{V: AccountLimits{}, Schema: "AccountLimits"},
-	{V: Account{}, Schema: "Account"},
 	{V: AlertRequest{}, Schema: "CreateAlert"},
 	{V: KeyRequest{}, Schema: "CreateKey"},
 	{V: NewKey{}, Schema: "NewKey"},

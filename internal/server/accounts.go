@@ -66,29 +66,26 @@ func (s *Server) limitRequest(w http.ResponseWriter, r *http.Request, p auth.Pri
 	return nil
 }
 
-type accountJSON struct {
-	ID               string              `json:"id"`
-	Name             string              `json:"name"`
-	CreatedAt        time.Time           `json:"created_at"`
-	Limits           account.Limits      `json:"limits"`
-	Overrides        account.Overrides   `json:"overrides"`
-	RunningSandboxes int64               `json:"running_sandboxes"`
-	Month            api.MonthUsage      `json:"month"`
-	Credits          *api.Credits        `json:"credits,omitempty"`
-	Storage          *api.AccountStorage `json:"storage,omitempty"`
-	Keys             []api.AccountKey    `json:"keys,omitempty"`
+// limitsOf is an account's limits as the API shows them: every field
+// set.
+func limitsOf(l account.Limits) api.AccountLimits {
+	return api.AccountLimits{MaxSandboxes: new(l.MaxSandboxes), RequestsPerMinute: new(l.RequestsPerMinute),
+		ExecutionsPerMinute: new(l.ExecutionsPerMinute), MonthlySandboxSeconds: new(l.MonthlySandboxSeconds),
+		MonthlyCPUSeconds: new(l.MonthlyCPUSeconds), MonthlyGBSeconds: new(l.MonthlyGBSeconds),
+		MonthlyExecutions: new(l.MonthlyExecutions), MaxCPUs: new(l.MaxCPUs), MaxMemoryMB: new(l.MaxMemoryMB),
+		MaxDiskMB: new(l.MaxDiskMB), MaxTimeout: new(l.MaxTimeout)}
 }
 
 // accountOut describes an account as the API shows it.
-func (s *Server) accountOut(r *http.Request, rec store.Account, withKeys bool) (accountJSON, error) {
+func (s *Server) accountOut(r *http.Request, rec store.Account, withKeys bool) (api.Account, error) {
 	a, err := s.accounts.Get(r.Context(), rec.ID)
 	if err != nil {
-		return accountJSON{}, err
+		return api.Account{}, err
 	}
 	used, limits := a.Month()
 	_, over := a.Limits()
 	now := time.Now()
-	out := accountJSON{ID: rec.ID, Name: rec.Name, CreatedAt: rec.CreatedAt.UTC(), Limits: limits, Overrides: over,
+	out := api.Account{ID: rec.ID, Name: rec.Name, CreatedAt: rec.CreatedAt.UTC(), Limits: limitsOf(limits), Overrides: api.AccountLimits(over),
 		RunningSandboxes: a.Running(),
 		Month: api.MonthUsage{Start: account.MonthStart(now), ResetAt: account.NextMonth(now), Usage: api.MonthFigures{
 			SandboxSeconds: used.SandboxSeconds, CPUSeconds: used.CPUSeconds, GBSeconds: used.GBSeconds, Executions: used.Executions}}}
@@ -178,7 +175,7 @@ func (s *Server) listAccounts(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]accountJSON, 0, len(recs))
+	out := make([]api.Account, 0, len(recs))
 	for _, rec := range recs {
 		a, err := s.accountOut(r, rec, false)
 		if err != nil {

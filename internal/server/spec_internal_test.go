@@ -13,7 +13,6 @@ import (
 // wireTypes is every type the server reads from or writes to the wire,
 // and how it reads its schema of the OpenAPI document.
 var wireTypes = []apispec.Entry{
-	{V: accountJSON{}, Schema: "Account"},
 	{V: createAccountRequest{}, Schema: "CreateAccount"},
 	{V: creditRequest{}, Schema: "CreditGrant"},
 	{V: createKeyRequest{}, Schema: "CreateKey"},
