@@ -199,3 +199,34 @@ type Account struct {
 	Storage          *AccountStorage `json:"storage,omitempty"`
 	Keys             []AccountKey    `json:"keys,omitempty"`
 }
+
+// CreateAlert raises an alert on the caller's account (POST /v1/alerts;
+// schema CreateAlert).
+type CreateAlert struct {
+	Severity  string `json:"severity"` // low, medium, high or critical
+	Message   string `json:"message"`
+	SandboxID string `json:"sandbox_id,omitempty"`
+	SessionID string `json:"session_id,omitempty"`
+}
+
+// CreateKey creates a key of an account (POST /v1/admin/keys; schema
+// CreateKey).
+type CreateKey struct {
+	Account string `json:"account"` // the account's name or id
+	Name    string `json:"name,omitempty"`
+	Admin   bool   `json:"admin,omitempty"`
+	E2B     bool   `json:"e2b,omitempty"`
+}
+
+// NewKey is a created key; Key is its secret, shown only here (schema
+// NewKey). Its fields stand in the order of their names, as the server
+// has always sent them.
+type NewKey struct {
+	Account   string    `json:"account"`
+	AccountID string    `json:"account_id"`
+	CreatedAt time.Time `json:"created_at"`
+	ID        string    `json:"id"`
+	Key       string    `json:"key"`
+	Name      string    `json:"name"`
+	Role      string    `json:"role"`
+}

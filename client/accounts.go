@@ -111,12 +111,7 @@ func (c *Client) SandboxUsage(ctx context.Context, id string) (*SandboxUsage, er
 type Alert = api.Alert
 
 // AlertRequest raises an alert.
-type AlertRequest struct {
-	Severity  string `json:"severity"`
-	Message   string `json:"message"`
-	SandboxID string `json:"sandbox_id,omitempty"`
-	SessionID string `json:"session_id,omitempty"`
-}
+type AlertRequest = api.CreateAlert
 
 // CreateAlert raises an alert on the caller's account.
 func (c *Client) CreateAlert(ctx context.Context, req AlertRequest) (*Alert, error) {
@@ -192,23 +187,10 @@ func (c *Client) CreditAccount(ctx context.Context, account, amount, reason stri
 }
 
 // KeyRequest describes a new key of an account.
-type KeyRequest struct {
-	Account string `json:"account"`
-	Name    string `json:"name,omitempty"`
-	Admin   bool   `json:"admin,omitempty"`
-	E2B     bool   `json:"e2b,omitempty"`
-}
+type KeyRequest = api.CreateKey
 
 // NewKey is a created key; Key is its secret, shown only here.
-type NewKey struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"`
-	Account   string    `json:"account"`
-	AccountID string    `json:"account_id"`
-	Role      string    `json:"role"`
-	CreatedAt time.Time `json:"created_at"`
-	Key       string    `json:"key"`
-}
+type NewKey = api.NewKey
 
 // CreateKey creates a key of an account.
 func (c *Client) CreateKey(ctx context.Context, req KeyRequest) (*NewKey, error) {

@@ -318,24 +318,17 @@ func (s *Server) creditAccount(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-type createKeyRequest struct {
-	Account *string `json:"account"`
-	Name    string  `json:"name"`
-	Admin   bool    `json:"admin"`
-	E2B     bool    `json:"e2b"`
-}
-
 func (s *Server) createAccountKey(w http.ResponseWriter, r *http.Request) error {
-	var req createKeyRequest
+	var req api.CreateKey
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
-	if req.Account == nil || *req.Account == "" {
+	if req.Account == "" {
 		return apierr.New(apierr.BadRequest, "account is required: the name or id of an existing account")
 	}
-	rec, err := s.findAccount(r, *req.Account)
+	rec, err := s.findAccount(r, req.Account)
 	if apierr.CodeOf(err) == apierr.NotFound {
-		return apierr.New(apierr.BadRequest, "account %q does not exist", *req.Account)
+		return apierr.New(apierr.BadRequest, "account %q does not exist", req.Account)
 	}
 	if err != nil {
 		return err
@@ -347,10 +340,8 @@ func (s *Server) createAccountKey(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{
-		"id": k.ID, "name": k.Name, "account": rec.Name, "account_id": rec.ID, "role": k.Role,
-		"created_at": k.CreatedAt.UTC(), "key": secret,
-	})
+	writeJSON(w, http.StatusCreated, api.NewKey{ID: k.ID, Name: k.Name, Account: rec.Name, AccountID: rec.ID, Role: k.Role,
+		CreatedAt: k.CreatedAt.UTC(), Key: secret})
 	return nil
 }
 

@@ -25,22 +25,15 @@ func alertOut(a store.Alert) api.Alert {
 		SessionID: a.SessionID, CreatedAt: a.CreatedAt.UTC(), Acknowledged: a.AcknowledgedAt != nil, AcknowledgedAt: a.AcknowledgedAt}
 }
 
-type createAlertRequest struct {
-	Severity  *string `json:"severity"`
-	Message   *string `json:"message"`
-	SandboxID string  `json:"sandbox_id"`
-	SessionID string  `json:"session_id"`
-}
-
 func (s *Server) createAlert(w http.ResponseWriter, r *http.Request) error {
-	var req createAlertRequest
+	var req api.CreateAlert
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
-	if req.Severity == nil || !alerts.Severity(*req.Severity) {
+	if !alerts.Severity(req.Severity) {
 		return apierr.New(apierr.BadRequest, "severity must be low, medium, high or critical")
 	}
-	if req.Message == nil || *req.Message == "" || len(*req.Message) > 2000 {
+	if req.Message == "" || len(req.Message) > 2000 {
 		return apierr.New(apierr.BadRequest, "message is required: at most 2000 bytes")
 	}
 	if len(req.SessionID) > 200 {
@@ -55,7 +48,7 @@ func (s *Server) createAlert(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	a := store.Alert{ID: newID("alert_"), Account: owner(r), Severity: *req.Severity, Kind: "manual", Message: *req.Message,
+	a := store.Alert{ID: newID("alert_"), Account: owner(r), Severity: req.Severity, Kind: "manual", Message: req.Message,
 		SandboxID: req.SandboxID, SessionID: req.SessionID, CreatedAt: time.Now().UTC()}
 	if _, err := s.alerts.Raise(r.Context(), a); isStorageBound(err) {
 		return s.alertBoundError(err)

@@ -15,8 +15,6 @@ import (
 var wireTypes = []apispec.Entry{
 	{V: createAccountRequest{}, Schema: "CreateAccount"},
 	{V: creditRequest{}, Schema: "CreditGrant"},
-	{V: createKeyRequest{}, Schema: "CreateKey"},
-	{V: createAlertRequest{}, Schema: "CreateAlert"},
 	{V: inputRequest{}, Schema: "Input"},
 	{V: signalRequest{}, Schema: "Signal"},
 	{V: eventListJSON{}, Schema: "EventList"},
