@@ -161,3 +161,12 @@ type AskStep struct {
 	ToolCalls []json.RawMessage `json:"tool_calls,omitempty"`
 	Execution *SessionExecution `json:"execution,omitempty"`
 }
+
+// Model is a model the server serves, as GET /v1/models lists it (the
+// OpenAI shape; schema Model).
+type Model struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`   // "model"
+	Created int64  `json:"created"`  // Unix seconds
+	OwnedBy string `json:"owned_by"` // the provider
+}

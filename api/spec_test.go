@@ -69,6 +69,7 @@ var wireTypes = []apispec.Entry{
 	{V: api.Tokens{}, Schema: "Answer.tokens"},
 	{V: api.Answer{}, Schema: "Answer"},
 	{V: api.AskStep{}, Schema: "AskStep"},
+	{V: api.Model{}, Schema: "Model"},
 }
 
 // TestTypesMatchSpec checks the package's types against the OpenAPI

@@ -148,12 +148,7 @@ func (c *Client) AskStream(ctx context.Context, id string, req AskRequest, onSte
 }
 
 // Model is one model the server's providers serve.
-type Model struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`   // "model"
-	Created int64  `json:"created"`  // Unix seconds
-	OwnedBy string `json:"owned_by"` // the provider
-}
+type Model = api.Model
 
 // Models lists the models the server serves.
 func (c *Client) Models(ctx context.Context) ([]Model, error) {

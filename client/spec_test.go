@@ -20,7 +20,6 @@ var specTable = []apispec.Entry{
 	{V: EventPage{}, Schema: "EventList", Renamed: map[string]string{"Events": "events", "NextCursor": "next_cursor"}},
 	{V: SessionRequest{}, Schema: "CreateSession"},
 	{V: SessionExecuteRequest{}, Schema: "SessionExecuteRequest"},
-	{V: Model{}, Schema: "Model"},
 }
 
 // TestTypesMatchSpec checks the SDK's types against the API's OpenAPI
