@@ -4,8 +4,8 @@
 // schemas, each type named after its schema (Sandbox, Execution,
 // CommandRequest, Error...). The server answers with these types and
 // reads its requests into them, and its services build them
-// (internal/metering's usage report; webhooks.Hook, secrets.Info and
-// session.Answer are aliases of them); the public Go SDK (client/) takes
+// (internal/metering's usage report; webhooks.Hook, secrets.Info,
+// session.Answer and llm.Model are aliases of them); the public Go SDK (client/) takes
 // them as its own through type aliases (client.Sandbox = api.Sandbox),
 // so that the two cannot say different things.
 //
@@ -24,10 +24,13 @@
 // the SDK would otherwise declare it. A type that carries more than the
 // wire stays where it is and is checked against the document by its own
 // package's test: the engine's Execution (the hot path sends it as it
-// is), the event bus's Event (its owner, for fan-out), an account's
-// limits (TOML tags and methods), and a request the server reads with
-// pointers or raw policies where the SDK takes Go values and durations
-// (the SDK's CreateSandboxRequest, SessionRequest, AlertRequest...).
+// is), the event bus's Event (its owner, for fan-out), the agent
+// protocol's FileInfo (the agent binary holds nothing of the host), and
+// a request the server reads with pointers or raw policies where the SDK
+// takes Go values and durations (the SDK's CreateSandboxRequest,
+// SessionRequest, SessionExecuteRequest). internal/account's Limits and
+// Overrides are the registry's (TOML tags, methods) and shown as
+// AccountLimits.
 //
 // Imports: the standard library only (TestImportsStdlibOnly), so that
 // the public Go SDK can import it without pulling in the server.
