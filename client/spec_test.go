@@ -29,6 +29,17 @@ func TestTypesMatchSpec(t *testing.T) {
 	apispec.Check(t, specTable)
 }
 
+// TestTypesNotShared: the SDK declares no wire type that api holds, but
+// for the requests it encodes from Go values.
+func TestTypesNotShared(t *testing.T) {
+	apispec.CheckNotShared(t, specTable, map[string]string{
+		"CreateSandbox":         "its policy and shorthand any Go value, its timeouts durations (the server reads them raw)",
+		"Resources":             "a request's resources leave their zero fields out (api.Resources shows every field)",
+		"CreateSession":         "its policy and shorthand any Go value (the server reads them raw)",
+		"SessionExecuteRequest": "its timeout an int64, 0 for the default (the server reads a pointer: 0 is refused)",
+	})
+}
+
 // TestEveryWireTypeChecked: every struct of the SDK with a JSON tag is
 // in specTable, or exempt with why, so a new type cannot skip
 // TestTypesMatchSpec.

@@ -44,6 +44,15 @@ func TestWireTypesMatchSpec(t *testing.T) {
 	apispec.Check(t, wireTypes)
 }
 
+// TestWireTypesNotShared: the server declares no wire type that api
+// holds, but for those that carry more than the wire.
+func TestWireTypesNotShared(t *testing.T) {
+	apispec.CheckNotShared(t, wireTypes, map[string]string{
+		"Execution": "the engine's execution (internal/sandbox), sent as it is on the hot path",
+		"Prices":    "metering's price table, read from the operator's TOML; reports show api.Prices",
+	})
+}
+
 // TestEveryWireTypeChecked: every struct with a JSON tag of the server
 // and of the packages whose types it sends is in wireTypes, or exempt
 // with why.

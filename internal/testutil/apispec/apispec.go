@@ -5,10 +5,12 @@
 // checked once there (api/spec_test.go); the server's and its services'
 // own wire types by internal/server/spec_internal_test.go, the Go SDK's
 // own request encoders by client/spec_test.go (the Python SDK's models
-// by sdk/python/tests/test_spec.py). Package api's doc says why the
+// by sdk/python/tests/test_spec.py); CheckNotShared keeps those two from
+// checking again a schema that api holds (Shared) without saying why. Package api's doc says why the
 // document is the source rather than generated from Go types.
 //
-// Imports: api (the document) and the standard library.
+// Imports: api (the document and the types of Shared) and the standard
+// library.
 package apispec
 
 import (
@@ -217,4 +219,29 @@ func parseDir(t *testing.T, dir string, mode parser.Mode) map[string]*ast.File {
 		files[de.Name()] = f
 	}
 	return files
+}
+
+// CheckNotShared fails for every entry whose schema a type of package
+// api holds (Shared) unless twice says why it is still declared here
+// too, and for every schema in twice that no entry checks or api does
+// not hold: a type the server or the SDK could take from api is not
+// written again.
+func CheckNotShared(t *testing.T, entries []Entry, twice map[string]string) {
+	t.Helper()
+	shared := map[string]bool{}
+	for _, e := range Shared {
+		shared[e.Schema] = true
+	}
+	checked := map[string]bool{}
+	for _, e := range entries {
+		checked[e.Schema] = true
+		if shared[e.Schema] && twice[e.Schema] == "" {
+			t.Errorf("%s is checked against %s, which api holds: use the api type", reflect.TypeOf(e.V).Name(), e.Schema)
+		}
+	}
+	for s := range twice {
+		if !shared[s] || !checked[s] {
+			t.Errorf("stale entry: %s is not both api's and checked here", s)
+		}
+	}
 }
