@@ -1,15 +1,39 @@
-// Package api holds the OpenAPI document of the REST API (openapi.json),
-// the source of truth for the /v1 surface, embedded for serving at
-// /v1/openapi.json.
+// Package api is the one wire vocabulary of the /v1 REST API: the
+// OpenAPI document (openapi.json, embedded for serving at
+// /v1/openapi.json) and the Go request and response types of its
+// schemas, each type named after its schema (Sandbox, Execution,
+// CommandRequest, Error...). The server answers with these types and
+// reads its requests into them, and its services build them
+// (internal/metering's usage report; webhooks.Hook, secrets.Info,
+// session.Answer and llm.Model are aliases of them); the public Go SDK (client/) takes
+// them as its own through type aliases (client.Sandbox = api.Sandbox),
+// so that the two cannot say different things.
 //
-// The document is the one wire vocabulary: the server's types, the Go
-// SDK's (client/) and the Python SDK's models are each checked against
-// it field for field (internal/testutil/apispec; the Python SDK's
-// tests/test_spec.py), so none of the three can drift from it. It is
-// the source rather than generated from Go types because it carries
-// what they do not (descriptions, enums, bounds), and because the SDKs
-// import nothing of the server: the Go SDK only the standard library,
-// the Python SDK nothing.
+// Which is the source: the document. The Go types are written by hand
+// and checked against it field for field (this package's
+// TestTypesMatchSpec, through internal/testutil/apispec; the Python
+// SDK's models by sdk/python/tests/test_spec.py); neither is generated
+// from the other. The document is the source because it carries what Go
+// types do not (descriptions, enums, bounds, examples, the E2B and
+// error-code tables) and is what the Python SDK and other languages
+// read; generating it from Go would lose those or move them into tags,
+// and generating Go from it would give up the SDK's names and doc
+// comments, which its users' code depends on.
+//
+// A type lives here when more than one of the server, its services and
+// the SDK would otherwise declare it. A type that carries more than the
+// wire stays where it is and is checked against the document by its own
+// package's test: the engine's Execution (the hot path sends it as it
+// is), the event bus's Event (its owner, for fan-out), the agent
+// protocol's FileInfo (the agent binary holds nothing of the host), and
+// a request the server reads with pointers or raw policies where the SDK
+// takes Go values and durations (the SDK's CreateSandboxRequest,
+// SessionRequest, SessionExecuteRequest). internal/account's Limits and
+// Overrides are the registry's (TOML tags, methods) and shown as
+// AccountLimits.
+//
+// Imports: the standard library only (TestImportsStdlibOnly), so that
+// the public Go SDK can import it without pulling in the server.
 package api
 
 import _ "embed"

@@ -6,24 +6,14 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 // AccountLimits are an account's limits. In Account.Limits every field is
 // set (0 means unlimited); in Account.Overrides and SetAccountLimits only
 // the account's own ones are: nil takes (or keeps) the server's default.
-type AccountLimits struct {
-	MaxSandboxes          *int64   `json:"max_sandboxes,omitempty"`
-	RequestsPerMinute     *int64   `json:"requests_per_minute,omitempty"`
-	ExecutionsPerMinute   *int64   `json:"executions_per_minute,omitempty"`
-	MonthlySandboxSeconds *int64   `json:"monthly_sandbox_seconds,omitempty"`
-	MonthlyCPUSeconds     *int64   `json:"monthly_cpu_seconds,omitempty"`
-	MonthlyGBSeconds      *int64   `json:"monthly_gb_seconds,omitempty"`
-	MonthlyExecutions     *int64   `json:"monthly_executions,omitempty"`
-	MaxCPUs               *float64 `json:"max_cpus,omitempty"`
-	MaxMemoryMB           *int64   `json:"max_memory_mb,omitempty"`
-	MaxDiskMB             *int64   `json:"max_disk_mb,omitempty"`
-	MaxTimeout            *int64   `json:"max_timeout,omitempty"` // seconds
-}
+type AccountLimits = api.AccountLimits
 
 // Int makes an *int64 for AccountLimits.
 func Int(v int64) *int64 { return &v }
@@ -32,53 +22,17 @@ func Int(v int64) *int64 { return &v }
 func Float(v float64) *float64 { return &v }
 
 // MonthUsage is an account's usage this month, which its quotas count.
-type MonthUsage struct {
-	Start   time.Time `json:"start"`
-	ResetAt time.Time `json:"reset_at"`
-	Usage   struct {
-		SandboxSeconds float64 `json:"sandbox_seconds"`
-		CPUSeconds     float64 `json:"cpu_seconds"`
-		GBSeconds      float64 `json:"gb_seconds"`
-		Executions     int64   `json:"executions"`
-	} `json:"usage"`
-}
+type MonthUsage = api.MonthUsage
 
 // Credits are an account's credits in micro-units of the operator's
 // currency; BalanceMicros is the ledger's sum.
-type Credits struct {
-	Balance         string `json:"balance"`
-	BalanceMicros   int64  `json:"balance_micros"`
-	FreeMicros      int64  `json:"free_micros"`
-	FreeLeftMicros  int64  `json:"free_left_micros"`
-	GrantedMicros   int64  `json:"granted_micros"`
-	SpentMicros     int64  `json:"spent_micros"`
-	PendingMicros   int64  `json:"pending_micros"`
-	AvailableMicros int64  `json:"available_micros"`
-	Enforced        bool   `json:"enforced"`
-}
+type Credits = api.Credits
 
 // AccountKey is a key of an account (never its secret).
-type AccountKey struct {
-	ID        string     `json:"id"`
-	Name      string     `json:"name"`
-	Role      string     `json:"role"`
-	CreatedAt time.Time  `json:"created_at"`
-	RevokedAt *time.Time `json:"revoked_at,omitempty"`
-}
+type AccountKey = api.AccountKey
 
 // Account is an account as the server describes it.
-type Account struct {
-	ID               string        `json:"id"`
-	Name             string        `json:"name"`
-	CreatedAt        time.Time     `json:"created_at"`
-	Limits           AccountLimits `json:"limits"`
-	Overrides        AccountLimits `json:"overrides"`
-	RunningSandboxes int64         `json:"running_sandboxes"`
-	Month            MonthUsage    `json:"month"`
-	Credits          *Credits      `json:"credits,omitempty"`
-	Storage          *Storage      `json:"storage,omitempty"`
-	Keys             []AccountKey  `json:"keys,omitempty"`
-}
+type Account = api.Account
 
 // Storage is what an account keeps in the server's database: records and
 // bytes (a record's text plus 128) in all, and by kind ("sandboxes",
@@ -86,19 +40,10 @@ type Account struct {
 // account may keep of each (0: no bound). Past a bound the account loses
 // its own oldest records of that kind; a new alert with none
 // acknowledged is ErrStorageQuotaExceeded.
-type Storage struct {
-	Records int64                   `json:"records"`
-	Bytes   int64                   `json:"bytes"`
-	Kinds   map[string]StoredAmount `json:"kinds"`
-}
+type Storage = api.AccountStorage
 
 // StoredAmount is one kind of an account's records and its bounds.
-type StoredAmount struct {
-	Records    int64 `json:"records"`
-	Bytes      int64 `json:"bytes"`
-	MaxRecords int64 `json:"max_records"`
-	MaxBytes   int64 `json:"max_bytes"`
-}
+type StoredAmount = api.StoredAmount
 
 // Account returns the caller's own account.
 func (c *Client) Account(ctx context.Context) (*Account, error) {
@@ -113,76 +58,22 @@ func (c *Client) Credits(ctx context.Context) (*Credits, error) {
 }
 
 // UsageFigures are metered usage with its estimated cost.
-type UsageFigures struct {
-	SandboxSeconds    float64 `json:"sandbox_seconds"`
-	CPUSeconds        float64 `json:"cpu_seconds"`
-	GBSecondsReserved float64 `json:"gb_seconds_reserved"`
-	GBSecondsUsed     float64 `json:"gb_seconds_used"`
-	DiskPeakBytes     int64   `json:"disk_peak_bytes"`
-	Executions        int64   `json:"executions"`
-	Commands          int64   `json:"commands"`
-	EgressRequests    int64   `json:"egress_requests"`  // through the egress gateway
-	EgressBytesIn     int64   `json:"egress_bytes_in"`  // carried by the egress gateway to the sandbox
-	EgressBytesOut    int64   `json:"egress_bytes_out"` // and from it
-	// StorageGBSeconds is what the account kept in the server's
-	// database over time (in the total, and in groups by hour or day).
-	StorageGBSeconds float64 `json:"storage_gb_seconds"`
-	CostMicros       int64   `json:"cost_micros"`
-	Cost             string  `json:"cost"`
-}
+type UsageFigures = api.UsageFigures
 
 // StorageFigures are an account's storage in a usage report.
-type StorageFigures struct {
-	GBSeconds  float64 `json:"gb_seconds"`
-	CostMicros int64   `json:"cost_micros"`
-	Cost       string  `json:"cost"`
-}
+type StorageFigures = api.StorageFigures
 
 // UsageGroup is one group of a usage report.
-type UsageGroup struct {
-	Key       string `json:"key"` // a day, an hour, a sandbox id or a template
-	Template  string `json:"template,omitempty"`
-	SandboxID string `json:"sandbox_id,omitempty"`
-	UsageFigures
-}
+type UsageGroup = api.UsageGroup
 
 // Prices are the operator's price table, in micro-units.
-type Prices struct {
-	CPUSecondMicros float64 `json:"cpu_second_micros"`
-	GBSecondMicros  float64 `json:"gb_second_micros"`
-	ExecutionMicros float64 `json:"execution_micros"`
-	StorageGBSecond float64 `json:"storage_gb_second_micros"` // records kept in the server's database
-}
+type Prices = api.Prices
 
 // UsageReport is GET /v1/account/usage.
-type UsageReport struct {
-	From    time.Time    `json:"from"`
-	To      time.Time    `json:"to"`
-	GroupBy string       `json:"group_by"`
-	Groups  []UsageGroup `json:"groups"`
-	Total   UsageFigures `json:"total"`
-	Prices  Prices       `json:"prices"`
-	// Storage is what the account kept in the server's database in the
-	// period (its records), in Total too.
-	Storage StorageFigures `json:"storage"`
-	// Model tokens in the period; TokensLimit is the configured models'
-	// monthly quotas summed (nil: some model has none).
-	TokensUsed  int64        `json:"tokens_used"`
-	TokensLimit *int64       `json:"tokens_limit"`
-	Models      []ModelUsage `json:"models"`
-}
+type UsageReport = api.UsageReport
 
 // ModelUsage is the account's tokens of one model.
-type ModelUsage struct {
-	Model            string `json:"model"`
-	Requests         int64  `json:"requests"`
-	PromptTokens     int64  `json:"prompt_tokens"`
-	CompletionTokens int64  `json:"completion_tokens"`
-	TotalTokens      int64  `json:"total_tokens"`
-	MonthlyLimit     *int64 `json:"monthly_limit"`
-	CostMicros       int64  `json:"cost_micros"`
-	Cost             string `json:"cost"`
-}
+type ModelUsage = api.ModelUsage
 
 // UsageQuery selects a usage report; zero fields take the server's
 // defaults (this month, by day).
@@ -208,12 +99,7 @@ func (c *Client) Usage(ctx context.Context, q UsageQuery) (*UsageReport, error) 
 }
 
 // SandboxUsage is one sandbox's usage; Live while it runs.
-type SandboxUsage struct {
-	SandboxID string `json:"sandbox_id"`
-	Template  string `json:"template"`
-	Live      bool   `json:"live"`
-	UsageFigures
-}
+type SandboxUsage = api.SandboxUsage
 
 // SandboxUsage returns one sandbox's usage so far.
 func (c *Client) SandboxUsage(ctx context.Context, id string) (*SandboxUsage, error) {
@@ -222,25 +108,10 @@ func (c *Client) SandboxUsage(ctx context.Context, id string) (*SandboxUsage, er
 }
 
 // Alert is something an account should look at.
-type Alert struct {
-	ID             string     `json:"id"`
-	Severity       string     `json:"severity"` // low, medium, high, critical
-	Kind           string     `json:"kind"`     // manual, quota, credits, security_violation
-	Message        string     `json:"message"`
-	SandboxID      string     `json:"sandbox_id,omitempty"`
-	SessionID      string     `json:"session_id,omitempty"`
-	CreatedAt      time.Time  `json:"created_at"`
-	Acknowledged   bool       `json:"acknowledged"`
-	AcknowledgedAt *time.Time `json:"acknowledged_at,omitempty"`
-}
+type Alert = api.Alert
 
 // AlertRequest raises an alert.
-type AlertRequest struct {
-	Severity  string `json:"severity"`
-	Message   string `json:"message"`
-	SandboxID string `json:"sandbox_id,omitempty"`
-	SessionID string `json:"session_id,omitempty"`
-}
+type AlertRequest = api.CreateAlert
 
 // CreateAlert raises an alert on the caller's account.
 func (c *Client) CreateAlert(ctx context.Context, req AlertRequest) (*Alert, error) {
@@ -316,23 +187,10 @@ func (c *Client) CreditAccount(ctx context.Context, account, amount, reason stri
 }
 
 // KeyRequest describes a new key of an account.
-type KeyRequest struct {
-	Account string `json:"account"`
-	Name    string `json:"name,omitempty"`
-	Admin   bool   `json:"admin,omitempty"`
-	E2B     bool   `json:"e2b,omitempty"`
-}
+type KeyRequest = api.CreateKey
 
 // NewKey is a created key; Key is its secret, shown only here.
-type NewKey struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"`
-	Account   string    `json:"account"`
-	AccountID string    `json:"account_id"`
-	Role      string    `json:"role"`
-	CreatedAt time.Time `json:"created_at"`
-	Key       string    `json:"key"`
-}
+type NewKey = api.NewKey
 
 // CreateKey creates a key of an account.
 func (c *Client) CreateKey(ctx context.Context, req KeyRequest) (*NewKey, error) {

@@ -1,5 +1,8 @@
 // Package client is the Go SDK of the Sheepfold REST API (/v1). It imports
-// nothing of Sheepfold's internals: only the standard library.
+// nothing of Sheepfold's internals: only the standard library and api,
+// whose wire types it takes as its own through type aliases
+// (client.Sandbox is api.Sandbox), so that the SDK and the server speak
+// one vocabulary.
 //
 //	c := client.New("http://127.0.0.1:8080", os.Getenv("SHEEPFOLD_API_KEY"))
 //	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Timeout: 5 * time.Minute})
@@ -39,6 +42,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 // Client talks to one Sheepfold server with one API key. It is safe for
@@ -88,15 +93,8 @@ func (e *Error) Error() string {
 	return s
 }
 
-type errorBody struct {
-	Error struct {
-		Code      string `json:"code"`
-		Message   string `json:"message"`
-		RequestID string `json:"request_id"`
-	} `json:"error"`
-}
-
-func (b errorBody) err(status int) *Error {
+// apiError is the *Error of an error body of the API.
+func apiError(b api.Error, status int) *Error {
 	return &Error{Code: b.Error.Code, Message: b.Error.Message, Status: status, RequestID: b.Error.RequestID}
 }
 
@@ -146,12 +144,12 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 	}
 	defer res.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
-	var eb errorBody
+	var eb api.Error
 	if json.Unmarshal(b, &eb) != nil || eb.Error.Code == "" {
 		return nil, &Error{Code: "ERR_HTTP", Message: fmt.Sprintf("%s: %s", res.Status, strings.TrimSpace(string(b))),
 			Status: res.StatusCode, RequestID: res.Header.Get("X-Request-Id")}
 	}
-	e := eb.err(res.StatusCode)
+	e := apiError(eb, res.StatusCode)
 	if ra, err := strconv.Atoi(res.Header.Get("Retry-After")); err == nil && ra >= 0 {
 		e.RetryAfter = time.Duration(ra) * time.Second
 	}
@@ -201,11 +199,11 @@ func (c *Client) stream(ctx context.Context, r request, on func(typ string, line
 			return fmt.Errorf("sheepfold: bad stream line: %w", err)
 		}
 		if head.Type == "failure" {
-			var eb errorBody
+			var eb api.Error
 			if err := json.Unmarshal(line, &eb); err != nil {
 				return fmt.Errorf("sheepfold: bad failure line: %w", err)
 			}
-			return eb.err(0)
+			return apiError(eb, 0)
 		}
 		if err := on(head.Type, line); err != nil {
 			return err

@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 // CommandRequest is a command to run in a sandbox.
@@ -20,32 +22,13 @@ type CommandRequest struct {
 	Tag     string
 }
 
-type commandJSON struct {
-	Cmd        string            `json:"cmd"`
-	Args       []string          `json:"args,omitempty"`
-	Env        map[string]string `json:"env,omitempty"`
-	Cwd        string            `json:"cwd,omitempty"`
-	TimeoutMS  int64             `json:"timeout_ms,omitempty"`
-	Background bool              `json:"background,omitempty"`
-	Stdin      bool              `json:"stdin,omitempty"`
-	Tag        string            `json:"tag,omitempty"`
-}
-
-func (r CommandRequest) body(background bool) commandJSON {
-	return commandJSON{Cmd: r.Cmd, Args: r.Args, Env: r.Env, Cwd: r.Cwd, TimeoutMS: r.Timeout.Milliseconds(),
+func (r CommandRequest) body(background bool) api.CommandRequest {
+	return api.CommandRequest{Cmd: r.Cmd, Args: r.Args, Env: r.Env, Cwd: r.Cwd, TimeoutMS: millis(r.Timeout),
 		Background: background, Stdin: r.Stdin, Tag: r.Tag}
 }
 
 // CommandResult is how a command ended.
-type CommandResult struct {
-	PID       int    `json:"pid"`
-	ExitCode  int    `json:"exit_code"`
-	Signal    int    `json:"signal"`
-	Status    string `json:"status"` // exited, signaled, timeout, output_limit
-	Stdout    string `json:"stdout"` // empty when streamed
-	Stderr    string `json:"stderr"`
-	Truncated bool   `json:"truncated"`
-}
+type CommandResult = api.Command
 
 // CommandHandlers receive a streamed command's events; any may be nil.
 type CommandHandlers struct {
@@ -119,14 +102,7 @@ func (c *Client) commandStream(ctx context.Context, r request, h CommandHandlers
 }
 
 // Process is a running process of a sandbox.
-type Process struct {
-	PID     int       `json:"pid"`
-	Cmd     string    `json:"cmd"`
-	Args    []string  `json:"args"`
-	Cwd     string    `json:"cwd"`
-	Tag     string    `json:"tag"`
-	Started time.Time `json:"started"`
-}
+type Process = api.Process
 
 // ListCommands lists the processes still running.
 func (c *Client) ListCommands(ctx context.Context, sandboxID string) ([]Process, error) {

@@ -1,5 +1,7 @@
 package client
 
+import "github.com/sheepfold/sheepfold/api"
+
 // Code is one of the API's stable error codes ("ERR_MODULE_BLOCKED"). A
 // Code is an error too, so that an *Error matches it with errors.Is:
 //
@@ -7,9 +9,7 @@ package client
 //
 // An execution's outcome (Execution.ErrorCode, SessionExecution's
 // Error.Code) is one of these too; Code(ex.ErrorCode) compares with them.
-type Code string
-
-func (c Code) Error() string { return string(c) }
+type Code = api.Code
 
 // The codes the server returns (docs/errors.md: status, message, when).
 // They are append-only and never renamed.

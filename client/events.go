@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 // Event is something that happened to a sandbox: sandbox.created,
@@ -137,11 +139,11 @@ func (c *Client) streamEventsOnce(ctx context.Context, q EventQuery, fn func(Eve
 			if typ == "failure" {
 				// The server cut the stream off (its drain:
 				// ERR_SHUTTING_DOWN); resume with q.Cursor = last.
-				var eb errorBody
+				var eb api.Error
 				if err := json.Unmarshal([]byte(data), &eb); err != nil {
 					return false, last, fmt.Errorf("sheepfold: bad failure event: %w", err)
 				}
-				return false, last, eb.err(0)
+				return false, last, apiError(eb, 0)
 			}
 			var ev Event
 			if err := json.Unmarshal([]byte(data), &ev); err != nil {
@@ -178,14 +180,7 @@ func (c *Client) streamEventsOnce(ctx context.Context, q EventQuery, fn func(Eve
 }
 
 // Webhook is a registered event receiver.
-type Webhook struct {
-	ID        string    `json:"id"`
-	URL       string    `json:"url"`
-	Types     []string  `json:"types"`
-	CreatedAt time.Time `json:"created_at"`
-	// Secret signs deliveries; only CreateWebhook's answer carries it.
-	Secret string `json:"secret,omitempty"`
-}
+type Webhook = api.Webhook
 
 // CreateWebhook registers url to receive the caller's events (of types,
 // or every type). Keep the returned Secret: it is not shown again.
@@ -220,17 +215,7 @@ func (c *Client) DeleteWebhook(ctx context.Context, id string) error {
 // WebhookDelivery is one attempt to deliver an event. A failed attempt
 // says only that: StatusCode 0, Error "not delivered", DurationMS 0 (why
 // is in the server's log).
-type WebhookDelivery struct {
-	ID         int64     `json:"id"`
-	EventID    int64     `json:"event_id"`
-	EventType  string    `json:"event_type"`
-	Attempt    int       `json:"attempt"`
-	StatusCode int       `json:"status_code"` // the receiver's 2xx when delivered
-	Error      string    `json:"error,omitempty"`
-	Succeeded  bool      `json:"succeeded"`
-	Timestamp  time.Time `json:"timestamp"`
-	DurationMS float64   `json:"duration_ms"`
-}
+type WebhookDelivery = api.WebhookDelivery
 
 // ListWebhookDeliveries returns a page of a webhook's delivery log, oldest
 // first, after cursor ("" for the start); next is "" on the last page.

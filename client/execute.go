@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 // ExecuteRequest is code to run.
@@ -17,72 +19,39 @@ type ExecuteRequest struct {
 	Env       map[string]string
 }
 
-type executeJSON struct {
-	Code      string            `json:"code"`
-	Language  string            `json:"language,omitempty"`
-	ContextID string            `json:"context_id,omitempty"`
-	TimeoutMS int64             `json:"timeout_ms,omitempty"`
-	Env       map[string]string `json:"env,omitempty"`
+func (r ExecuteRequest) body() api.ExecuteRequest {
+	return api.ExecuteRequest{Code: r.Code, Language: r.Language, ContextID: r.ContextID, TimeoutMS: millis(r.Timeout), Env: r.Env}
 }
 
-func (r ExecuteRequest) body() executeJSON {
-	return executeJSON{Code: r.Code, Language: r.Language, ContextID: r.ContextID, TimeoutMS: r.Timeout.Milliseconds(), Env: r.Env}
+// millis is d in milliseconds, nil for 0 (the server's default).
+func millis(d time.Duration) *int64 {
+	if ms := d.Milliseconds(); ms != 0 {
+		return &ms
+	}
+	return nil
 }
 
 // Result is one rich value produced by the code (MIME renderings).
-type Result struct {
-	Text         string         `json:"text,omitempty"`
-	HTML         string         `json:"html,omitempty"`
-	Markdown     string         `json:"markdown,omitempty"`
-	SVG          string         `json:"svg,omitempty"`
-	PNG          string         `json:"png,omitempty"` // base64
-	JPEG         string         `json:"jpeg,omitempty"`
-	PDF          string         `json:"pdf,omitempty"`
-	LaTeX        string         `json:"latex,omitempty"`
-	JSON         any            `json:"json,omitempty"`
-	JavaScript   string         `json:"javascript,omitempty"`
-	Extra        map[string]any `json:"extra,omitempty"`
-	IsMainResult bool           `json:"is_main_result,omitempty"`
-}
+type Result = api.Result
 
 // ExecError is an exception raised by the code.
-type ExecError struct {
-	Name      string `json:"name"`
-	Value     string `json:"value"`
-	Traceback string `json:"traceback"`
-}
+type ExecError = api.ExecError
 
 // Execution statuses.
 const (
-	StatusSuccess = "success"
-	StatusError   = "error"
-	StatusTimeout = "timeout"
+	StatusSuccess = api.StatusSuccess
+	StatusError   = api.StatusError
+	StatusTimeout = api.StatusTimeout
 )
 
 // Execution is what one execution did. Code that raises, times out or runs
 // out of memory is reported here (Status, Error, ErrorCode), not as an error.
-type Execution struct {
-	Status          string     `json:"status"`
-	Stdout          string     `json:"stdout"`
-	Stderr          string     `json:"stderr"`
-	Results         []Result   `json:"results"`
-	Error           *ExecError `json:"error"`
-	ErrorCode       string     `json:"error_code,omitempty"` // ERR_SANDBOX_TIMEOUT, ERR_OUT_OF_MEMORY, ERR_OUTPUT_LIMIT
-	Truncated       bool       `json:"truncated"`            // output or results were cut
-	Dropped         *Dropped   `json:"dropped,omitempty"`    // results produced but not delivered
-	ExecutionTimeMS float64    `json:"execution_time_ms"`
-	CPUTimeMS       float64    `json:"cpu_time_ms"`
-	PeakMemoryBytes int64      `json:"peak_memory_bytes"`
-}
+type Execution = api.Execution
 
 // Dropped counts the results an execution produced but did not deliver
 // (too large, past the execution's bounds, or more than the server could
 // hold at once).
-type Dropped struct {
-	Results int    `json:"results"`
-	Bytes   int64  `json:"bytes"`
-	Reason  string `json:"reason"` // why the first one was dropped
-}
+type Dropped = api.Dropped
 
 // ExecuteHandlers receive a streamed execution's events as they come; any
 // may be nil.
@@ -156,18 +125,10 @@ func (c *Client) ExecuteStream(ctx context.Context, sandboxID string, req Execut
 
 // Context is a long-lived interpreter whose state carries over between
 // executions.
-type Context struct {
-	ID       string `json:"id"`
-	Language string `json:"language"`
-	Cwd      string `json:"cwd"`
-}
+type Context = api.Context
 
 // ContextRequest describes a new context.
-type ContextRequest struct {
-	Language string            `json:"language,omitempty"`
-	Cwd      string            `json:"cwd,omitempty"`
-	Env      map[string]string `json:"env,omitempty"`
-}
+type ContextRequest = api.ContextRequest
 
 // CreateContext starts a code context.
 func (c *Client) CreateContext(ctx context.Context, sandboxID string, req ContextRequest) (*Context, error) {

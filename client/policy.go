@@ -2,18 +2,12 @@ package client
 
 import (
 	"context"
-	"encoding/json"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 // PolicyAnswer is a sandbox's security policy as the server reports it.
-type PolicyAnswer struct {
-	Policy json.RawMessage `json:"policy"`
-	// RestartRequired: the last change loosened a rule a running
-	// interpreter cannot drop; each code context restarts (losing its
-	// state) before its next execution. Loosened names the rules.
-	RestartRequired bool     `json:"restart_required"`
-	Loosened        []string `json:"loosened,omitempty"`
-}
+type PolicyAnswer = api.PolicyAnswer
 
 // GetPolicy reads a sandbox's security policy ({} when none was given).
 func (c *Client) GetPolicy(ctx context.Context, id string) (*PolicyAnswer, error) {

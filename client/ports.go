@@ -5,34 +5,15 @@ import (
 	"net/url"
 	"strconv"
 	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 // Port is a port of a sandbox and its preview URLs.
-type Port struct {
-	Port      int      `json:"port"`
-	Listening bool     `json:"listening"` // something listens on it inside the sandbox
-	Addresses []string `json:"addresses"` // what its listeners are bound to
-	Public    bool     `json:"public"`    // its preview needs no credential
-	// URL is the preview's own origin, http://{port}-{id}.{preview
-	// domain}:{server port}/ (servers before its own origins: empty
-	// without a preview domain); ProxyURL the path form, for programs
-	// (browsers are sent to URL).
-	URL      string `json:"url,omitempty"`
-	ProxyURL string `json:"proxy_url"`
-	// SignedURL opens the preview in a browser (it sets a cookie) until
-	// ExpiresAt, private or not.
-	SignedURL string    `json:"signed_url"`
-	ExpiresAt time.Time `json:"signed_url_expires_at"`
-}
+type Port = api.Port
 
 // Ports are a sandbox's listening and public ports, and its preview token.
-type Ports struct {
-	Ports []Port `json:"ports"`
-	// Token opens any private port of the sandbox when sent in the
-	// TokenHeader header (Sheepfold-Preview-Token).
-	Token       string `json:"token"`
-	TokenHeader string `json:"token_header"`
-}
+type Ports = api.PortList
 
 // Ports lists a sandbox's listening ports with their preview URLs; the
 // signed URLs live for signedFor (0: the server's default, an hour).

@@ -5,15 +5,12 @@ import (
 	"math"
 	"net/url"
 	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 // Resources are a sandbox's limits. Zero fields take the server's defaults.
-type Resources struct {
-	CPUs     float64 `json:"cpus,omitempty"`
-	MemoryMB int64   `json:"memory_mb,omitempty"`
-	DiskMB   int64   `json:"disk_mb,omitempty"`
-	Pids     int64   `json:"pids,omitempty"`
-}
+type Resources = api.Resources
 
 // SandboxConfig are a sandbox's policies.
 type SandboxConfig struct {
@@ -54,10 +51,13 @@ type sandboxConfigJSON struct {
 	*SandboxConfig
 }
 
+// createJSON is the body of CreateSandbox: api.CreateSandbox but for
+// its resources, whose zero fields the SDK leaves out (the server reads
+// an absent field and a zero alike, as its default).
 type createJSON struct {
 	Template      string             `json:"template,omitempty"`
 	Timeout       float64            `json:"timeout,omitempty"`
-	Resources     *Resources         `json:"resources,omitempty"`
+	Resources     *resourcesJSON     `json:"resources,omitempty"`
 	Env           map[string]string  `json:"env,omitempty"`
 	Metadata      map[string]string  `json:"metadata,omitempty"`
 	SandboxConfig *sandboxConfigJSON `json:"sandbox_config,omitempty"`
@@ -65,51 +65,36 @@ type createJSON struct {
 	Runtime       string             `json:"runtime,omitempty"`
 }
 
-// Sandbox is a sandbox as the server describes it.
-type Sandbox struct {
-	ID         string            `json:"id"`
-	Template   string            `json:"template"`
-	State      string            `json:"state"` // running, paused, stopped, ...
-	CreatedAt  time.Time         `json:"created_at"`
-	ExpiresAt  time.Time         `json:"expires_at"`
-	Resources  Resources         `json:"resources"`
-	Metadata   map[string]string `json:"metadata"`
-	StopReason string            `json:"stop_reason,omitempty"`
-	// Usage is what the sandbox uses now, when asked for (the API's
-	// ?usage=1; nil otherwise).
-	Usage *LiveUsage `json:"usage,omitempty"`
+// resourcesJSON is Resources as a request sends them: its zero fields
+// left out.
+type resourcesJSON struct {
+	CPUs     float64 `json:"cpus,omitempty"`
+	MemoryMB int64   `json:"memory_mb,omitempty"`
+	DiskMB   int64   `json:"disk_mb,omitempty"`
+	Pids     int64   `json:"pids,omitempty"`
 }
+
+// Sandbox is a sandbox as the server describes it.
+type Sandbox = api.Sandbox
 
 // LiveUsage is what a running sandbox uses now: on a listing only its
 // CPU seconds and memory; for one sandbox every figure.
-type LiveUsage struct {
-	CPUSeconds       float64   `json:"cpu_seconds"`
-	MemoryBytes      int64     `json:"memory_bytes"`
-	MemoryPeakBytes  int64     `json:"memory_peak_bytes,omitempty"`
-	MemoryLimitBytes int64     `json:"memory_limit_bytes,omitempty"`
-	Pids             int64     `json:"pids,omitempty"`
-	DiskBytes        int64     `json:"disk_bytes,omitempty"`
-	OOMKills         int64     `json:"oom_kills,omitempty"`
-	Pressure         *Pressure `json:"pressure,omitempty"`
-}
+type LiveUsage = api.LiveUsage
 
 // Pressure is a sandbox's pressure stall information (cgroup v2 only):
 // the percent of the last 10 s in which some (or all) of its tasks
 // stalled on the resource.
-type Pressure struct {
-	CPUSomeAvg10    float64 `json:"cpu_some_avg10"`
-	MemorySomeAvg10 float64 `json:"memory_some_avg10"`
-	MemoryFullAvg10 float64 `json:"memory_full_avg10"`
-	IOSomeAvg10     float64 `json:"io_some_avg10"`
-	IOFullAvg10     float64 `json:"io_full_avg10"`
-}
+type Pressure = api.Pressure
 
 func secs(d time.Duration) float64 { return math.Ceil(d.Seconds()*1000) / 1000 }
 
 // CreateSandbox starts a sandbox.
 func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*Sandbox, error) {
-	body := createJSON{Template: req.Template, Timeout: secs(req.Timeout), Resources: req.Resources,
+	body := createJSON{Template: req.Template, Timeout: secs(req.Timeout),
 		Env: req.Env, Metadata: req.Metadata, Policy: req.SecurityPolicy, Runtime: req.Runtime}
+	if r := req.Resources; r != nil {
+		body.Resources = &resourcesJSON{CPUs: r.CPUs, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids}
+	}
 	if req.SandboxConfig != nil {
 		body.SandboxConfig = &sandboxConfigJSON{MaxExecutionTime: secs(req.SandboxConfig.MaxExecutionTime), SandboxConfig: req.SandboxConfig}
 	}
@@ -185,22 +170,10 @@ func (c *Client) Kill(ctx context.Context, id string) error {
 }
 
 // Version is what the server reports about itself.
-type Version struct {
-	Version string     `json:"version"`
-	Runtime string     `json:"runtime"`
-	Cgroups string     `json:"cgroups"`
-	API     string     `json:"api"`
-	Pool    *PoolStats `json:"pool,omitempty"`
-}
+type Version = api.Version
 
 // PoolStats describes the server's warm pool of sandboxes started ahead.
-type PoolStats struct {
-	Size   int    `json:"size"`            // members wanted per pooled template (per node, with Nodes); 0: no pool
-	Nodes  int    `json:"nodes,omitempty"` // nodes the members are kept on (the kubernetes backend)
-	Ready  int    `json:"ready"`           // members ready now
-	Hits   uint64 `json:"hits"`            // creates served from the pool
-	Misses uint64 `json:"misses"`          // creates that started a sandbox themselves
-}
+type PoolStats = api.PoolStats
 
 // Version asks the server for its version.
 func (c *Client) Version(ctx context.Context) (*Version, error) {

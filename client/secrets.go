@@ -4,33 +4,18 @@ import (
 	"context"
 	"net/url"
 	"strconv"
-	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 // Secret is what the server shows of a stored secret: never its value.
-type Secret struct {
-	Name       string            `json:"name"`
-	Metadata   map[string]string `json:"metadata"`
-	Version    int64             `json:"version"` // 1 when created, one more at each new value
-	CreatedAt  time.Time         `json:"created_at"`
-	UpdatedAt  time.Time         `json:"updated_at"`   // when the current version was stored
-	LastUsedAt *time.Time        `json:"last_used_at"` // when the egress gateway last put the value into a request
-	UseCount   int64             `json:"use_count"`    // how many requests it put the value into
-}
+type Secret = api.Secret
 
 // SecretUse is one use of a secret at the egress gateway: a request it
 // put the value into (Outcome "injected"), or one it refused for the
 // secret's sake ("misdirected": its placeholder sent where it is not
 // substituted; "unavailable": the value could not be resolved).
-type SecretUse struct {
-	ID        int64     `json:"id"`
-	SandboxID string    `json:"sandbox_id"`
-	Host      string    `json:"host"`
-	Method    string    `json:"method"`
-	Path      string    `json:"path"`
-	Outcome   string    `json:"outcome"`
-	At        time.Time `json:"at"`
-}
+type SecretUse = api.SecretUse
 
 // CreateSecret stores a secret of the caller's account. The value is
 // write-only: no call gives it back. ErrConflict when the name is taken,

@@ -5,7 +5,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"net/url"
-	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 // Sessions: a model bound to a sandbox (its id is the sandbox's, so the
@@ -30,17 +31,7 @@ type SessionRequest struct {
 }
 
 // Session is a model bound to a sandbox.
-type Session struct {
-	ID         string    `json:"id"`
-	Model      string    `json:"model"`
-	SandboxID  string    `json:"sandbox_id"`
-	Template   string    `json:"template"`
-	State      string    `json:"state"`
-	CreatedAt  time.Time `json:"created_at"`
-	ExpiresAt  time.Time `json:"expires_at"`
-	Resources  Resources `json:"resources"`
-	StopReason string    `json:"stop_reason,omitempty"`
-}
+type Session = api.Session
 
 func sessionPath(id string, parts ...string) string {
 	p := "/v1/sessions/" + url.PathEscape(id)
@@ -78,60 +69,13 @@ type SessionExecuteRequest struct {
 // ExecutionError is why an execution failed: Code is set when Sheepfold
 // stopped it (ERR_SANDBOX_TIMEOUT, ERR_MODULE_BLOCKED,
 // ERR_NETWORK_RESTRICTED...), empty for the code's own exception (Name).
-type ExecutionError struct {
-	Code      string `json:"code,omitempty"`
-	Message   string `json:"message"`
-	Name      string `json:"name,omitempty"`
-	Traceback string `json:"traceback,omitempty"`
-}
-
-func (e *ExecutionError) Error() string {
-	if e.Code != "" {
-		return e.Code + ": " + e.Message
-	}
-	return e.Name + ": " + e.Message
-}
-
-// Is makes errors.Is(ex.Error, client.ErrNetworkRestricted) true for an
-// execution stopped with that code.
-func (e *ExecutionError) Is(target error) bool {
-	c, ok := target.(Code)
-	return ok && e.Code != "" && string(c) == e.Code
-}
+type ExecutionError = api.SessionExecError
 
 // Chart is an image an execution produced.
-type Chart struct {
-	Format string `json:"format"` // png, jpeg or svg
-	Data   string `json:"data"`   // base64 (svg: the text)
-}
-
-// Bytes decodes the chart's image.
-func (ch Chart) Bytes() ([]byte, error) {
-	if ch.Format == "svg" {
-		return []byte(ch.Data), nil
-	}
-	return base64.StdEncoding.DecodeString(ch.Data)
-}
+type Chart = api.Chart
 
 // SessionExecution is an execution in the seeds' shape.
-type SessionExecution struct {
-	Code            string          `json:"code,omitempty"` // in an answer: the code the model ran
-	Language        string          `json:"language,omitempty"`
-	Output          string          `json:"output"`
-	Status          string          `json:"status"` // success, error or timeout
-	ExecutionTimeMS float64         `json:"execution_time_ms"`
-	Error           *ExecutionError `json:"error"`
-	Charts          []Chart         `json:"charts"`
-	Results         []string        `json:"results,omitempty"`
-}
-
-// Err returns the execution's error as an error (nil on success).
-func (e *SessionExecution) Err() error {
-	if e.Error == nil {
-		return nil
-	}
-	return e.Error
-}
+type SessionExecution = api.SessionExecution
 
 // SessionExecute runs code in a session's sandbox under its policy. A
 // failure of the code (timeout, blocked module...) is in the result's
@@ -142,11 +86,7 @@ func (c *Client) SessionExecute(ctx context.Context, id string, req SessionExecu
 }
 
 // AskFile is a file given to an ask, put under /home/user.
-type AskFile struct {
-	Path     string `json:"path"`
-	Content  string `json:"content"`
-	Encoding string `json:"encoding,omitempty"` // "" (text) or "base64"
-}
+type AskFile = api.AskFile
 
 // TextFile is a text file for an ask.
 func TextFile(path, content string) AskFile { return AskFile{Path: path, Content: content} }
@@ -157,45 +97,17 @@ func BinaryFile(path string, data []byte) AskFile {
 }
 
 // AskRequest asks a session's model.
-type AskRequest struct {
-	Prompt    string    `json:"prompt"`
-	Files     []AskFile `json:"files,omitempty"`
-	MaxSteps  int       `json:"max_steps,omitempty"`  // model calls at most [8]
-	TimeoutMS int64     `json:"timeout_ms,omitempty"` // the ask's time limit [300000]
-}
+type AskRequest = api.AskRequest
 
 // Tokens counts model tokens.
-type Tokens struct {
-	PromptTokens     int64 `json:"prompt_tokens"`
-	CompletionTokens int64 `json:"completion_tokens"`
-	TotalTokens      int64 `json:"total_tokens"`
-}
+type Tokens = api.Tokens
 
 // Answer is what an ask ends with.
-type Answer struct {
-	SessionID       string             `json:"session_id"`
-	Model           string             `json:"model"`
-	Text            string             `json:"text"`
-	StopReason      string             `json:"stop_reason"` // answered, max_steps or time_limit
-	Steps           int                `json:"steps"`
-	Executions      []SessionExecution `json:"executions"`
-	Tokens          Tokens             `json:"tokens"`
-	TimeMS          float64            `json:"time_ms"`
-	ModelTimeMS     float64            `json:"model_time_ms"`
-	SheepfoldTimeMS float64            `json:"sheepfold_time_ms"`
-	CostMicros      int64              `json:"cost_micros"`
-	Cost            string             `json:"cost"`
-}
+type Answer = api.Answer
 
 // AskStep is one step of an ask, as it happens: a model reply or an
 // execution.
-type AskStep struct {
-	Type      string            `json:"type"` // "model" or "execution"
-	Step      int               `json:"step"`
-	Content   string            `json:"content,omitempty"`
-	ToolCalls []json.RawMessage `json:"tool_calls,omitempty"`
-	Execution *SessionExecution `json:"execution,omitempty"`
-}
+type AskStep = api.AskStep
 
 // Ask runs the session's model loop until it answers.
 func (c *Client) Ask(ctx context.Context, id string, req AskRequest) (*Answer, error) {
@@ -236,12 +148,7 @@ func (c *Client) AskStream(ctx context.Context, id string, req AskRequest, onSte
 }
 
 // Model is one model the server's providers serve.
-type Model struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`   // "model"
-	Created int64  `json:"created"`  // Unix seconds
-	OwnedBy string `json:"owned_by"` // the provider
-}
+type Model = api.Model
 
 // Models lists the models the server serves.
 func (c *Client) Models(ctx context.Context) ([]Model, error) {

@@ -45,9 +45,10 @@
 // `security_violation` events at or above `--security-alert-severity`; each
 // new alert is emitted as an `alert.created` event, so webhooks carry it.
 //
-// Imports: internal/store, internal/apierr, internal/bound (the ranges of
-// limits and amounts), internal/ratelimit (the token buckets) and the
-// standard library.
+// Imports: api (the wire's AccountLimits, whose fields Overrides has),
+// internal/store, internal/apierr, internal/bound (the ranges of limits
+// and amounts), internal/ratelimit (the token buckets) and the standard
+// library.
 package account
 
 import (
@@ -56,6 +57,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/bound"
 )
 
@@ -76,19 +78,10 @@ type Limits struct {
 
 // Overrides are an account's own limits; nil fields take the server's
 // defaults. This is what the store keeps (store.Account.Limits).
-type Overrides struct {
-	MaxSandboxes          *int64   `json:"max_sandboxes,omitempty"`
-	RequestsPerMinute     *int64   `json:"requests_per_minute,omitempty"`
-	ExecutionsPerMinute   *int64   `json:"executions_per_minute,omitempty"`
-	MonthlySandboxSeconds *int64   `json:"monthly_sandbox_seconds,omitempty"`
-	MonthlyCPUSeconds     *int64   `json:"monthly_cpu_seconds,omitempty"`
-	MonthlyGBSeconds      *int64   `json:"monthly_gb_seconds,omitempty"`
-	MonthlyExecutions     *int64   `json:"monthly_executions,omitempty"`
-	MaxCPUs               *float64 `json:"max_cpus,omitempty"`
-	MaxMemoryMB           *int64   `json:"max_memory_mb,omitempty"`
-	MaxDiskMB             *int64   `json:"max_disk_mb,omitempty"`
-	MaxTimeout            *int64   `json:"max_timeout,omitempty"`
-}
+//
+// Its fields are the API's AccountLimits (api), which shows them: a type
+// of its own for its methods, of the same fields and JSON names.
+type Overrides api.AccountLimits
 
 // ints lists the integer fields with their JSON names and largest
 // values, for validation and merging in one place.

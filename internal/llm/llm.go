@@ -57,9 +57,9 @@
 // credit ledger with the sandboxes' cost. The month's tokens per account and
 // model are kept in memory (read once per month) for the quota check.
 //
-// Imports: internal/apierr, internal/bound (the ranges of a provider's
-// numbers), internal/backoff (the waits between retries) and the standard
-// library. llmtest/ is a
+// Imports: api (a model as GET /v1/models lists it), internal/apierr,
+// internal/bound (the ranges of a provider's numbers), internal/backoff
+// (the waits between retries) and the standard library. llmtest/ is a
 // scripted OpenAI-compatible server for tests, examples and the bench.
 package llm
 
@@ -75,6 +75,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/bound"
 )
 
@@ -253,12 +254,7 @@ func Validate(ps []Provider) error {
 }
 
 // Model is one configured model as GET /v1/models lists it.
-type Model struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-}
+type Model = api.Model
 
 // Relay relays chat completions to the configured providers. Safe for
 // concurrent use.

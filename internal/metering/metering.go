@@ -52,8 +52,9 @@
 // sample is counted exactly once and figures are live; cost is estimated from
 // the operator's price table (`serve --price-*`, micro-units).
 //
-// Imports: internal/account, internal/sandbox, internal/store,
-// internal/runtime and the standard library.
+// Imports: api (the usage report's wire types), internal/account,
+// internal/sandbox, internal/store, internal/runtime and the standard
+// library.
 package metering
 
 import (
@@ -65,6 +66,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -91,6 +93,11 @@ type Prices struct {
 	// executions, alerts, deliveries, sandboxes), per GB-second [0.03,
 	// about 0.08 units a GB-month].
 	StorageGBSecond float64 `json:"storage_gb_second_micros" toml:"storage_gb_second_micros"`
+}
+
+// API is p as a usage report shows it.
+func (p Prices) API() api.Prices {
+	return api.Prices{CPUSecondMicros: p.CPUSecond, GBSecondMicros: p.GBSecond, ExecutionMicros: p.Execution, StorageGBSecond: p.StorageGBSecond}
 }
 
 // DefaultPrices are the prices when the operator sets none.

@@ -5,6 +5,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -14,61 +15,14 @@ import (
 // store's hourly rows, the meter's deltas not yet flushed and the
 // account's storage; the server fetches them and adds the model tokens.
 
-// Figures are one group's (or the total's) usage and its cost.
-type Figures struct {
-	SandboxSeconds    float64 `json:"sandbox_seconds"`
-	CPUSeconds        float64 `json:"cpu_seconds"`
-	GBSecondsReserved float64 `json:"gb_seconds_reserved"`
-	GBSecondsUsed     float64 `json:"gb_seconds_used"`
-	DiskPeakBytes     int64   `json:"disk_peak_bytes"`
-	Executions        int64   `json:"executions"`
-	Commands          int64   `json:"commands"`
-	EgressRequests    int64   `json:"egress_requests"`
-	EgressBytesIn     int64   `json:"egress_bytes_in"`
-	EgressBytesOut    int64   `json:"egress_bytes_out"`
-	StorageGBSeconds  float64 `json:"storage_gb_seconds"`
-	CostMicros        int64   `json:"cost_micros"`
-	Cost              string  `json:"cost"`
-}
-
 // FiguresOf is d's figures at prices p.
-func FiguresOf(d store.UsageDelta, p Prices) Figures {
+func FiguresOf(d store.UsageDelta, p Prices) api.UsageFigures {
 	cpu := float64(d.CPUNanos) / 1e9
 	cost := int64(math.Round(p.Cost(cpu, d.GBSecondsReserved, d.Executions) + d.StorageGBSeconds*p.StorageGBSecond))
-	return Figures{SandboxSeconds: float64(d.WallNanos) / 1e9, CPUSeconds: cpu, GBSecondsReserved: d.GBSecondsReserved,
+	return api.UsageFigures{SandboxSeconds: float64(d.WallNanos) / 1e9, CPUSeconds: cpu, GBSecondsReserved: d.GBSecondsReserved,
 		GBSecondsUsed: d.GBSecondsUsed, DiskPeakBytes: d.DiskPeakBytes, Executions: d.Executions, Commands: d.Commands, EgressRequests: d.EgressRequests,
 		EgressBytesIn: d.EgressBytesIn, EgressBytesOut: d.EgressBytesOut, StorageGBSeconds: d.StorageGBSeconds,
 		CostMicros: cost, Cost: account.FormatMicros(cost)}
-}
-
-// StorageFigures are an account's storage in a report.
-type StorageFigures struct {
-	GBSeconds  float64 `json:"gb_seconds"`
-	CostMicros int64   `json:"cost_micros"`
-	Cost       string  `json:"cost"`
-}
-
-// Group is one group of a report: an hour, a day, a sandbox or a
-// template.
-type Group struct {
-	Key       string `json:"key"`
-	Template  string `json:"template,omitempty"`
-	SandboxID string `json:"sandbox_id,omitempty"`
-	Figures
-}
-
-// Report is an account's usage in [From, To), grouped by GroupBy (a
-// store.Group*): the groups in key order, their total, the prices, and
-// the account's storage (in the total too, and in groups by hour or
-// day: it belongs to no sandbox and no template).
-type Report struct {
-	From    time.Time      `json:"from"`
-	To      time.Time      `json:"to"`
-	GroupBy string         `json:"group_by"`
-	Groups  []Group        `json:"groups"`
-	Total   Figures        `json:"total"`
-	Prices  Prices         `json:"prices"`
-	Storage StorageFigures `json:"storage"`
 }
 
 // StoreGrouping is the grouping to ask the store for a report grouped
@@ -92,16 +46,20 @@ type ReportInput struct {
 	Prices   Prices
 }
 
-// BuildReport builds in's report.
-func BuildReport(in ReportInput) Report {
+// BuildReport builds in's report: an account's usage in [From, To),
+// grouped by GroupBy (a store.Group*): the groups in key order, their
+// total, the prices, and the account's storage (in the total too, and in
+// groups by hour or day: it belongs to no sandbox and no template). The
+// model tokens are the server's to add.
+func BuildReport(in ReportInput) api.UsageReport {
 	by := in.GroupBy
-	groups := map[string]*Group{}
+	groups := map[string]*api.UsageGroup{}
 	sums := map[string]*store.UsageDelta{}
 	addTo := func(d store.UsageDelta) {
 		k := groupKey(d, by)
 		if sums[k] == nil {
 			sums[k] = &store.UsageDelta{}
-			groups[k] = &Group{Key: k}
+			groups[k] = &api.UsageGroup{Key: k}
 			switch by {
 			case store.GroupSandbox:
 				groups[k].SandboxID, groups[k].Template = d.SandboxID, d.Template
@@ -134,8 +92,8 @@ func BuildReport(in ReportInput) Report {
 		}
 	}
 	sf := FiguresOf(storage, in.Prices)
-	out := Report{From: in.From, To: in.To, GroupBy: by, Groups: []Group{}, Prices: in.Prices,
-		Storage: StorageFigures{GBSeconds: sf.StorageGBSeconds, CostMicros: sf.CostMicros, Cost: sf.Cost}}
+	out := api.UsageReport{From: in.From, To: in.To, GroupBy: by, Groups: []api.UsageGroup{}, Prices: in.Prices.API(),
+		Storage: api.StorageFigures{GBSeconds: sf.StorageGBSeconds, CostMicros: sf.CostMicros, Cost: sf.Cost}}
 	keys := make([]string, 0, len(groups))
 	for k := range groups {
 		keys = append(keys, k)
@@ -143,7 +101,7 @@ func BuildReport(in ReportInput) Report {
 	sort.Strings(keys)
 	for _, k := range keys {
 		g := groups[k]
-		g.Figures = FiguresOf(*sums[k], in.Prices)
+		g.UsageFigures = FiguresOf(*sums[k], in.Prices)
 		out.Groups = append(out.Groups, *g)
 		total.Add(*sums[k])
 	}

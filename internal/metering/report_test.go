@@ -36,11 +36,11 @@ func TestBuildReport(t *testing.T) {
 	g0, g1 := r.Groups[0], r.Groups[1]
 	// Day one: 2 CPU-s (20) + 3 GB-s (3) + one execution (100).
 	if g0.CPUSeconds != 2 || g0.GBSecondsReserved != 3 || g0.Executions != 1 || g0.CostMicros != 123 {
-		t.Errorf("day one %+v", g0.Figures)
+		t.Errorf("day one %+v", g0.UsageFigures)
 	}
 	// Day two: 1 CPU-s (10) + 0.5 GB-s stored (500).
 	if g1.CPUSeconds != 1 || g1.StorageGBSeconds != 0.5 || g1.CostMicros != 510 {
-		t.Errorf("day two %+v", g1.Figures)
+		t.Errorf("day two %+v", g1.UsageFigures)
 	}
 	if r.Total.CPUSeconds != 3 || r.Total.CostMicros != 633 || r.Total.Cost != "0.000633" {
 		t.Errorf("total %+v", r.Total)

@@ -29,8 +29,9 @@
 // (ERR_STORAGE_QUOTA_EXCEEDED past it), counted and inserted in one store
 // step. Bad input is ERR_BAD_REQUEST naming its field.
 //
-// Imports: internal/store, internal/apierr, internal/bound and the
-// standard library.
+// Imports: api (a secret and its uses as the API shows them),
+// internal/store, internal/apierr, internal/bound and the standard
+// library.
 package secrets
 
 import (
@@ -42,6 +43,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/store"
@@ -93,17 +95,7 @@ func New(st store.SecretStore, keys *Keyring, o Options) (*Service, error) {
 }
 
 // Info is what the API shows of a secret: never its value.
-type Info struct {
-	Name       string            `json:"name"`
-	Metadata   map[string]string `json:"metadata"`
-	Version    int64             `json:"version"`
-	CreatedAt  time.Time         `json:"created_at"`
-	UpdatedAt  time.Time         `json:"updated_at"`
-	LastUsedAt *time.Time        `json:"last_used_at"`
-	// UseCount is how many requests the egress gateway put the value
-	// into (the uses recorded with outcome "injected").
-	UseCount int64 `json:"use_count"`
-}
+type Info = api.Secret
 
 func infoOf(s store.Secret) Info {
 	m := map[string]string{}
@@ -113,15 +105,7 @@ func infoOf(s store.Secret) Info {
 }
 
 // Use is what the API shows of one use of a secret.
-type Use struct {
-	ID        int64     `json:"id"`
-	SandboxID string    `json:"sandbox_id"`
-	Host      string    `json:"host"`
-	Method    string    `json:"method"`
-	Path      string    `json:"path"`
-	Outcome   string    `json:"outcome"`
-	At        time.Time `json:"at"`
-}
+type Use = api.SecretUse
 
 // MaxUsesPage bounds one page of Uses.
 const MaxUsesPage = 1000

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/auth"
@@ -65,45 +66,29 @@ func (s *Server) limitRequest(w http.ResponseWriter, r *http.Request, p auth.Pri
 	return nil
 }
 
-type accountJSON struct {
-	ID               string            `json:"id"`
-	Name             string            `json:"name"`
-	CreatedAt        time.Time         `json:"created_at"`
-	Limits           account.Limits    `json:"limits"`
-	Overrides        account.Overrides `json:"overrides"`
-	RunningSandboxes int64             `json:"running_sandboxes"`
-	Month            monthJSON         `json:"month"`
-	Credits          *creditsJSON      `json:"credits,omitempty"`
-	Storage          *storageJSON      `json:"storage,omitempty"`
-	Keys             []accountKeyJSON  `json:"keys,omitempty"`
-}
-
-type monthJSON struct {
-	Start   time.Time     `json:"start"`
-	ResetAt time.Time     `json:"reset_at"`
-	Usage   account.Usage `json:"usage"`
-}
-
-type accountKeyJSON struct {
-	ID        string     `json:"id"`
-	Name      string     `json:"name"`
-	Role      string     `json:"role"`
-	CreatedAt time.Time  `json:"created_at"`
-	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+// limitsOf is an account's limits as the API shows them: every field
+// set.
+func limitsOf(l account.Limits) api.AccountLimits {
+	return api.AccountLimits{MaxSandboxes: new(l.MaxSandboxes), RequestsPerMinute: new(l.RequestsPerMinute),
+		ExecutionsPerMinute: new(l.ExecutionsPerMinute), MonthlySandboxSeconds: new(l.MonthlySandboxSeconds),
+		MonthlyCPUSeconds: new(l.MonthlyCPUSeconds), MonthlyGBSeconds: new(l.MonthlyGBSeconds),
+		MonthlyExecutions: new(l.MonthlyExecutions), MaxCPUs: new(l.MaxCPUs), MaxMemoryMB: new(l.MaxMemoryMB),
+		MaxDiskMB: new(l.MaxDiskMB), MaxTimeout: new(l.MaxTimeout)}
 }
 
 // accountOut describes an account as the API shows it.
-func (s *Server) accountOut(r *http.Request, rec store.Account, withKeys bool) (accountJSON, error) {
+func (s *Server) accountOut(r *http.Request, rec store.Account, withKeys bool) (api.Account, error) {
 	a, err := s.accounts.Get(r.Context(), rec.ID)
 	if err != nil {
-		return accountJSON{}, err
+		return api.Account{}, err
 	}
 	used, limits := a.Month()
 	_, over := a.Limits()
 	now := time.Now()
-	out := accountJSON{ID: rec.ID, Name: rec.Name, CreatedAt: rec.CreatedAt.UTC(), Limits: limits, Overrides: over,
+	out := api.Account{ID: rec.ID, Name: rec.Name, CreatedAt: rec.CreatedAt.UTC(), Limits: limitsOf(limits), Overrides: api.AccountLimits(over),
 		RunningSandboxes: a.Running(),
-		Month:            monthJSON{Start: account.MonthStart(now), ResetAt: account.NextMonth(now), Usage: used}}
+		Month: api.MonthUsage{Start: account.MonthStart(now), ResetAt: account.NextMonth(now), Usage: api.MonthFigures{
+			SandboxSeconds: used.SandboxSeconds, CPUSeconds: used.CPUSeconds, GBSeconds: used.GBSeconds, Executions: used.Executions}}}
 	c, err := s.creditsOf(r, a)
 	if err != nil {
 		return out, err
@@ -121,7 +106,7 @@ func (s *Server) accountOut(r *http.Request, rec store.Account, withKeys bool) (
 		}
 		for _, k := range keys {
 			if k.Owner == rec.ID {
-				out.Keys = append(out.Keys, accountKeyJSON{ID: k.ID, Name: k.Name, Role: k.Role, CreatedAt: k.CreatedAt.UTC(), RevokedAt: k.RevokedAt})
+				out.Keys = append(out.Keys, api.AccountKey{ID: k.ID, Name: k.Name, Role: k.Role, CreatedAt: k.CreatedAt.UTC(), RevokedAt: k.RevokedAt})
 			}
 		}
 	}
@@ -190,7 +175,7 @@ func (s *Server) listAccounts(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]accountJSON, 0, len(recs))
+	out := make([]api.Account, 0, len(recs))
 	for _, rec := range recs {
 		a, err := s.accountOut(r, rec, false)
 		if err != nil {
@@ -333,24 +318,17 @@ func (s *Server) creditAccount(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-type createKeyRequest struct {
-	Account *string `json:"account"`
-	Name    string  `json:"name"`
-	Admin   bool    `json:"admin"`
-	E2B     bool    `json:"e2b"`
-}
-
 func (s *Server) createAccountKey(w http.ResponseWriter, r *http.Request) error {
-	var req createKeyRequest
+	var req api.CreateKey
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
-	if req.Account == nil || *req.Account == "" {
+	if req.Account == "" {
 		return apierr.New(apierr.BadRequest, "account is required: the name or id of an existing account")
 	}
-	rec, err := s.findAccount(r, *req.Account)
+	rec, err := s.findAccount(r, req.Account)
 	if apierr.CodeOf(err) == apierr.NotFound {
-		return apierr.New(apierr.BadRequest, "account %q does not exist", *req.Account)
+		return apierr.New(apierr.BadRequest, "account %q does not exist", req.Account)
 	}
 	if err != nil {
 		return err
@@ -362,10 +340,8 @@ func (s *Server) createAccountKey(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{
-		"id": k.ID, "name": k.Name, "account": rec.Name, "account_id": rec.ID, "role": k.Role,
-		"created_at": k.CreatedAt.UTC(), "key": secret,
-	})
+	writeJSON(w, http.StatusCreated, api.NewKey{ID: k.ID, Name: k.Name, Account: rec.Name, AccountID: rec.ID, Role: k.Role,
+		CreatedAt: k.CreatedAt.UTC(), Key: secret})
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/alerts"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/store"
@@ -19,39 +20,20 @@ func (s *Server) alertRoutes(add addFunc) {
 	add("POST /v1/alerts/{id}/ack", true, s.ackAlert)
 }
 
-type alertJSON struct {
-	ID             string     `json:"id"`
-	Severity       string     `json:"severity"`
-	Kind           string     `json:"kind"`
-	Message        string     `json:"message"`
-	SandboxID      string     `json:"sandbox_id,omitempty"`
-	SessionID      string     `json:"session_id,omitempty"`
-	CreatedAt      time.Time  `json:"created_at"`
-	Acknowledged   bool       `json:"acknowledged"`
-	AcknowledgedAt *time.Time `json:"acknowledged_at,omitempty"`
-}
-
-func alertOut(a store.Alert) alertJSON {
-	return alertJSON{ID: a.ID, Severity: a.Severity, Kind: a.Kind, Message: a.Message, SandboxID: a.SandboxID,
+func alertOut(a store.Alert) api.Alert {
+	return api.Alert{ID: a.ID, Severity: a.Severity, Kind: a.Kind, Message: a.Message, SandboxID: a.SandboxID,
 		SessionID: a.SessionID, CreatedAt: a.CreatedAt.UTC(), Acknowledged: a.AcknowledgedAt != nil, AcknowledgedAt: a.AcknowledgedAt}
 }
 
-type createAlertRequest struct {
-	Severity  *string `json:"severity"`
-	Message   *string `json:"message"`
-	SandboxID string  `json:"sandbox_id"`
-	SessionID string  `json:"session_id"`
-}
-
 func (s *Server) createAlert(w http.ResponseWriter, r *http.Request) error {
-	var req createAlertRequest
+	var req api.CreateAlert
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
-	if req.Severity == nil || !alerts.Severity(*req.Severity) {
+	if !alerts.Severity(req.Severity) {
 		return apierr.New(apierr.BadRequest, "severity must be low, medium, high or critical")
 	}
-	if req.Message == nil || *req.Message == "" || len(*req.Message) > 2000 {
+	if req.Message == "" || len(req.Message) > 2000 {
 		return apierr.New(apierr.BadRequest, "message is required: at most 2000 bytes")
 	}
 	if len(req.SessionID) > 200 {
@@ -66,7 +48,7 @@ func (s *Server) createAlert(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	a := store.Alert{ID: newID("alert_"), Account: owner(r), Severity: *req.Severity, Kind: "manual", Message: *req.Message,
+	a := store.Alert{ID: newID("alert_"), Account: owner(r), Severity: req.Severity, Kind: "manual", Message: req.Message,
 		SandboxID: req.SandboxID, SessionID: req.SessionID, CreatedAt: time.Now().UTC()}
 	if _, err := s.alerts.Raise(r.Context(), a); isStorageBound(err) {
 		return s.alertBoundError(err)
@@ -90,7 +72,7 @@ func (s *Server) listAlerts(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]alertJSON, 0, len(l))
+	out := make([]api.Alert, 0, len(l))
 	for _, a := range l {
 		out = append(out, alertOut(a))
 	}

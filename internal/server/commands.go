@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -21,17 +22,6 @@ func (s *Server) commandRoutes(add addFunc) {
 	add("GET /v1/sandboxes/{id}/commands/{pid}/stream", true, s.streamCommand)
 	add("POST /v1/sandboxes/{id}/commands/{pid}/input", true, s.commandInput)
 	add("POST /v1/sandboxes/{id}/commands/{pid}/signal", true, s.commandSignal)
-}
-
-type commandRequest struct {
-	Cmd        string            `json:"cmd"`
-	Args       []string          `json:"args"`
-	Env        map[string]string `json:"env"`
-	Cwd        string            `json:"cwd"`
-	TimeoutMS  *int64            `json:"timeout_ms"`
-	Background bool              `json:"background"`
-	Stdin      bool              `json:"stdin"`
-	Tag        string            `json:"tag"`
 }
 
 // Command statuses.
@@ -50,18 +40,8 @@ const (
 	maxCommandTimeout     = 30 * 24 * time.Hour
 )
 
-type commandJSON struct {
-	PID       int    `json:"pid"`
-	ExitCode  int    `json:"exit_code"`
-	Signal    int    `json:"signal"`
-	Status    string `json:"status"`
-	Stdout    string `json:"stdout"`
-	Stderr    string `json:"stderr"`
-	Truncated bool   `json:"truncated"`
-}
-
-func commandResult(res *sandbox.ProcessResult, stdout, stderr string) commandJSON {
-	out := commandJSON{PID: res.PID, ExitCode: res.ExitCode, Signal: res.Signal, Stdout: stdout, Stderr: stderr,
+func commandResult(res *sandbox.ProcessResult, stdout, stderr string) api.Command {
+	out := api.Command{PID: res.PID, ExitCode: res.ExitCode, Signal: res.Signal, Stdout: stdout, Stderr: stderr,
 		Truncated: res.Truncated, Status: res.Status}
 	if out.Status == "" {
 		out.Status = cmdExited
@@ -73,7 +53,7 @@ func commandResult(res *sandbox.ProcessResult, stdout, stderr string) commandJSO
 }
 
 func (s *Server) runCommand(w http.ResponseWriter, r *http.Request) error {
-	var req commandRequest
+	var req api.CommandRequest
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
@@ -157,7 +137,7 @@ func (s *Server) followProcess(w http.ResponseWriter, r *http.Request, b *box, m
 		// reading): stop it.
 		_ = b.sb.Signal(context.Background(), pid, int(syscall.SIGKILL))
 	}
-	var out commandJSON
+	var out api.Command
 	if err == nil {
 		out = commandResult(res, stdout.String(), stderr.String())
 	}
@@ -203,15 +183,6 @@ func (s *Server) streamCommand(w http.ResponseWriter, r *http.Request) error {
 	})
 }
 
-type processJSON struct {
-	PID     int       `json:"pid"`
-	Cmd     string    `json:"cmd"`
-	Args    []string  `json:"args"`
-	Cwd     string    `json:"cwd"`
-	Tag     string    `json:"tag"`
-	Started time.Time `json:"started"`
-}
-
 func (s *Server) listCommands(w http.ResponseWriter, r *http.Request) error {
 	b, err := s.lookup(r)
 	if err != nil {
@@ -221,13 +192,13 @@ func (s *Server) listCommands(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]processJSON, 0, len(ps))
+	out := make([]api.Process, 0, len(ps))
 	for _, p := range ps {
 		args := p.Args
 		if args == nil {
 			args = []string{}
 		}
-		out = append(out, processJSON{PID: p.PID, Cmd: p.Cmd, Args: args, Cwd: p.Cwd, Tag: p.Tag, Started: p.Started.UTC()})
+		out = append(out, api.Process{PID: p.PID, Cmd: p.Cmd, Args: args, Cwd: p.Cwd, Tag: p.Tag, Started: p.Started.UTC()})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"processes": out})
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/lang"
@@ -17,14 +18,8 @@ func (s *Server) contextRoutes(add addFunc) {
 	add("DELETE /v1/sandboxes/{id}/contexts/{ctx}", true, s.deleteContext)
 }
 
-type contextRequest struct {
-	Language string            `json:"language"`
-	Cwd      string            `json:"cwd"`
-	Env      map[string]string `json:"env"`
-}
-
 func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
-	var req contextRequest
+	var req api.ContextRequest
 	if err := decodeJSON(w, r, &req, true); err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ import (
 func TestPackageDocsNameImports(t *testing.T) {
 	t.Parallel()
 	const mod = "github.com/sheepfold/sheepfold/"
-	out, err := exec.Command("go", "list", "-json", "../../internal/...", "../../client/...").Output()
+	out, err := exec.Command("go", "list", "-json", "../../api/...", "../../internal/...", "../../client/...").Output()
 	if err != nil {
 		t.Fatalf("go list: %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/lang"
@@ -14,14 +15,6 @@ import (
 
 func (s *Server) executeRoutes(add addFunc) {
 	add("POST /v1/sandboxes/{id}/execute", true, s.execute)
-}
-
-type executeRequest struct {
-	Code      string            `json:"code"`
-	Language  string            `json:"language"`
-	ContextID string            `json:"context_id"`
-	TimeoutMS *int64            `json:"timeout_ms"`
-	Env       map[string]string `json:"env"`
 }
 
 // executionJSON is an Execution as the contract shows it: error (null
@@ -61,7 +54,7 @@ func (b *box) execTimeoutFor(ms *int64) (time.Duration, error) {
 }
 
 func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
-	var req executeRequest
+	var req api.ExecuteRequest
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
@@ -139,7 +132,7 @@ type executionRecord struct {
 	texts    textStreams     // Event's decoding of streamed text
 }
 
-func (s *Server) beginExecution(r *http.Request, b *box, id string, req executeRequest) *executionRecord {
+func (s *Server) beginExecution(r *http.Request, b *box, id string, req api.ExecuteRequest) *executionRecord {
 	language := req.Language
 	if language == "" && req.ContextID == "" {
 		language = lang.Python

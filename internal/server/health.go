@@ -68,10 +68,10 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) version(w http.ResponseWriter, r *http.Request) error {
-	out := map[string]any{"version": s.cfg.Version, "runtime": s.cfg.Runtime,
-		"cgroups": s.cfg.Cgroups, "api": "v1"}
+	out := api.Version{Version: s.cfg.Version, Runtime: s.cfg.Runtime, Cgroups: s.cfg.Cgroups, API: "v1"}
 	if s.engine != nil {
-		out["pool"] = s.engine.PoolStats() // the warm pool: size, ready, hits, misses
+		p := s.engine.PoolStats() // the warm pool: size, ready, hits, misses
+		out.Pool = &api.PoolStats{Size: p.Size, Nodes: p.Nodes, Ready: p.Ready, Hits: p.Hits, Misses: p.Misses}
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/abort"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/auth"
@@ -121,17 +122,6 @@ func owner(r *http.Request) string {
 	return p.Owner
 }
 
-// errorBody is the one error shape of the API.
-type errorBody struct {
-	Error errorJSON `json:"error"`
-}
-
-type errorJSON struct {
-	Code      apierr.Code `json:"code"`
-	Message   string      `json:"message"`
-	RequestID string      `json:"request_id"`
-}
-
 // classify attaches codes to the causes the server meets uncoded from
 // its own dependencies (the store): the server's one table of causes to
 // codes, used by /v1 (errorJSON) and the E2B surface (e2bBackend) alike.
@@ -146,7 +136,7 @@ func classify(err error) error {
 	return err
 }
 
-func (s *Server) errorJSON(r *http.Request, err error) (*apierr.Error, errorJSON) {
+func (s *Server) errorJSON(r *http.Request, err error) (*apierr.Error, api.ErrorDetail) {
 	ctx := r.Context()
 	e := apierr.From(classify(err))
 	switch {
@@ -170,7 +160,7 @@ func (s *Server) errorJSON(r *http.Request, err error) (*apierr.Error, errorJSON
 	case e.Err != nil:
 		s.log.Debug("request refused", "request_id", rid, "code", e.Code, "err", e.Err)
 	}
-	return e, errorJSON{Code: e.Code, Message: e.Message, RequestID: rid}
+	return e, api.ErrorDetail{Code: string(e.Code), Message: e.Message, RequestID: rid}
 }
 
 // statusClientGone is what the access log and the metrics count for a
@@ -194,7 +184,7 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	if e.RetryAfter > 0 {
 		w.Header().Set("Retry-After", fmt.Sprint(int((e.RetryAfter+time.Second-1)/time.Second)))
 	}
-	writeJSON(w, e.HTTPStatus(), errorBody{Error: body})
+	writeJSON(w, e.HTTPStatus(), api.Error{Error: body})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

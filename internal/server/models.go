@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/llm"
@@ -189,7 +190,7 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	_, ej := s.errorJSON(r, err)
-	b, _ := json.Marshal(errorBody{Error: ej})
+	b, _ := json.Marshal(api.Error{Error: ej})
 	w.Write(append(append([]byte("data: "), b...), "\n\n"...))
 	rc.Flush()
 	return nil

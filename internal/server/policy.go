@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/policy"
 )
@@ -19,18 +20,6 @@ func (s *Server) policyRoutes(add addFunc) {
 	add("PUT /v1/sandboxes/{id}/policy", true, s.putPolicy)
 }
 
-// policyAnswer is the body of both policy endpoints.
-type policyAnswer struct {
-	Policy json.RawMessage `json:"policy"`
-	// RestartRequired: the change loosened a rule a running interpreter
-	// cannot drop; each code context restarts (losing its state) before
-	// its next execution.
-	RestartRequired bool     `json:"restart_required"`
-	Loosened        []string `json:"loosened,omitempty"`
-}
-
-// invalidPolicy renders a policy parse error as ERR_INVALID_POLICY naming
-// the field.
 func invalidPolicy(err error) error {
 	if fe, ok := err.(*policy.FieldError); ok {
 		return &apierr.Error{Code: apierr.InvalidPolicy, Message: fe.Error(), Details: map[string]any{"field": fe.Field}}
@@ -66,13 +55,13 @@ func (s *Server) getPolicy(w http.ResponseWriter, r *http.Request) error {
 		if len(out) == 0 {
 			out = json.RawMessage("{}")
 		}
-		writeJSON(w, http.StatusOK, policyAnswer{Policy: out})
+		writeJSON(w, http.StatusOK, api.PolicyAnswer{Policy: out})
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, policyAnswer{Policy: policyJSON(b.sb.Policy())})
+	writeJSON(w, http.StatusOK, api.PolicyAnswer{Policy: policyJSON(b.sb.Policy())})
 	return nil
 }
 
@@ -123,7 +112,7 @@ func (s *Server) putPolicy(w http.ResponseWriter, r *http.Request) error {
 	if err := s.store.UpdateSandboxPolicy(r.Context(), b.sb.ID, out); err != nil {
 		return fmt.Errorf("record policy: %w", err)
 	}
-	writeJSON(w, http.StatusOK, policyAnswer{Policy: out, RestartRequired: ch.RestartRequired, Loosened: ch.Loosened})
+	writeJSON(w, http.StatusOK, api.PolicyAnswer{Policy: out, RestartRequired: ch.RestartRequired, Loosened: ch.Loosened})
 	return nil
 }
 

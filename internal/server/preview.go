@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/preview"
@@ -213,25 +214,6 @@ func (s *Server) portRoutes(add addFunc) {
 	add("PUT /v1/sandboxes/{id}/ports/{port}", true, s.setPort)
 }
 
-// portJSON is one port of GET /v1/sandboxes/{id}/ports.
-type portJSON struct {
-	Port      int       `json:"port"`
-	Listening bool      `json:"listening"`
-	Addresses []string  `json:"addresses"`
-	Public    bool      `json:"public"`
-	URL       string    `json:"url"`
-	ProxyURL  string    `json:"proxy_url"`
-	SignedURL string    `json:"signed_url"`
-	ExpiresAt time.Time `json:"signed_url_expires_at"`
-}
-
-type portsJSON struct {
-	Ports []portJSON `json:"ports"`
-	// Token is the sandbox's preview token, for the Sheepfold-Preview-Token header.
-	Token       string `json:"token"`
-	TokenHeader string `json:"token_header"`
-}
-
 func (s *Server) listPorts(w http.ResponseWriter, r *http.Request) error {
 	b, err := s.lookup(r)
 	if err != nil {
@@ -245,9 +227,9 @@ func (s *Server) listPorts(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	byPort := map[int]*portJSON{}
+	byPort := map[int]*api.Port{}
 	var order []int
-	entry := func(port int) *portJSON {
+	entry := func(port int) *api.Port {
 		if p, ok := byPort[port]; ok {
 			return p
 		}
@@ -272,7 +254,7 @@ func (s *Server) listPorts(w http.ResponseWriter, r *http.Request) error {
 	for _, port := range public {
 		entry(port)
 	}
-	out := portsJSON{Ports: make([]portJSON, 0, len(order)), Token: s.previewKeys.Token(b.sb.ID), TokenHeader: preview.TokenHeader}
+	out := api.PortList{Ports: make([]api.Port, 0, len(order)), Token: s.previewKeys.Token(b.sb.ID), TokenHeader: preview.TokenHeader}
 	slices.Sort(order)
 	for _, port := range order {
 		out.Ports = append(out.Ports, *byPort[port])
@@ -323,9 +305,9 @@ func (s *Server) setPort(w http.ResponseWriter, r *http.Request) error {
 }
 
 // portOf describes port of b: its URLs as the caller reached the server.
-func (s *Server) portOf(r *http.Request, b *box, port int, ttl time.Duration) portJSON {
+func (s *Server) portOf(r *http.Request, b *box, port int, ttl time.Duration) api.Port {
 	id := b.sb.ID
 	u := s.previewKeys.URLsOf(r, s.cfg.PreviewDomain, id, port, ttl)
-	return portJSON{Port: port, Addresses: []string{}, Public: s.portPublic(b, port) || s.e2b.PublicTraffic(id),
+	return api.Port{Port: port, Addresses: []string{}, Public: s.portPublic(b, port) || s.e2b.PublicTraffic(id),
 		URL: u.URL, ProxyURL: u.ProxyURL, SignedURL: u.SignedURL, ExpiresAt: u.ExpiresAt}
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/policy"
@@ -207,32 +208,18 @@ func (s *Server) started(sb *sandbox.Sandbox, a *account.Account) {
 	}
 }
 
-type creditsJSON struct {
-	Balance       string `json:"balance"`
-	BalanceMicros int64  `json:"balance_micros"`
-	FreeLeft      int64  `json:"free_left_micros"`
-	Free          int64  `json:"free_micros"`
-	Granted       int64  `json:"granted_micros"`
-	Spent         int64  `json:"spent_micros"`
-	// Pending is cost metered and not yet written to the ledger (it is
-	// at the next flush); Available = BalanceMicros - Pending.
-	Pending   int64 `json:"pending_micros"`
-	Available int64 `json:"available_micros"`
-	Enforced  bool  `json:"enforced"`
-}
-
 // creditsOf reads an account's ledger: the balance is the ledger's sum.
-func (s *Server) creditsOf(r *http.Request, a *account.Account) (creditsJSON, error) {
+func (s *Server) creditsOf(r *http.Request, a *account.Account) (api.Credits, error) {
 	ct, err := s.store.CreditTotals(r.Context(), a.ID)
 	if err != nil {
-		return creditsJSON{}, err
+		return api.Credits{}, err
 	}
 	bal := ct.Balance()
 	avail := a.Balance()
 	pending := max(bal-avail, 0)
-	return creditsJSON{Balance: account.FormatMicros(bal), BalanceMicros: bal, Free: ct.FreeMicros,
-		FreeLeft: max(ct.FreeMicros-ct.SpentMicros, 0), Granted: ct.GrantedMicros, Spent: ct.SpentMicros,
-		Pending: pending, Available: avail, Enforced: s.accounts.Config().EnforceCredits}, nil
+	return api.Credits{Balance: account.FormatMicros(bal), BalanceMicros: bal, FreeMicros: ct.FreeMicros,
+		FreeLeftMicros: max(ct.FreeMicros-ct.SpentMicros, 0), GrantedMicros: ct.GrantedMicros, SpentMicros: ct.SpentMicros,
+		PendingMicros: pending, AvailableMicros: avail, Enforced: s.accounts.Config().EnforceCredits}, nil
 }
 
 // afterFlush runs in the meter's loop after each flush: limits and

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/e2b"
@@ -28,60 +29,15 @@ func (s *Server) sandboxRoutes(add addFunc) {
 	add("DELETE /v1/sandboxes/{id}", true, s.deleteSandbox)
 }
 
-// Resources is a sandbox's limits as the API shows them.
-type resourcesJSON struct {
-	CPUs     float64 `json:"cpus"`
-	MemoryMB int64   `json:"memory_mb"`
-	DiskMB   int64   `json:"disk_mb"`
-	Pids     int64   `json:"pids"`
+func resourcesOf(l runtime.Limits) api.Resources {
+	return api.Resources{CPUs: l.CPUs, MemoryMB: l.MemoryBytes >> 20, DiskMB: l.DiskBytes >> 20, Pids: l.Pids}
 }
 
-func resourcesOf(l runtime.Limits) resourcesJSON {
-	return resourcesJSON{CPUs: l.CPUs, MemoryMB: l.MemoryBytes >> 20, DiskMB: l.DiskBytes >> 20, Pids: l.Pids}
-}
-
-type sandboxJSON struct {
-	ID         string            `json:"id"`
-	Template   string            `json:"template"`
-	State      string            `json:"state"`
-	CreatedAt  time.Time         `json:"created_at"`
-	ExpiresAt  time.Time         `json:"expires_at"`
-	Resources  resourcesJSON     `json:"resources"`
-	Metadata   map[string]string `json:"metadata"`
-	StopReason string            `json:"stop_reason,omitempty"`
-	Usage      *liveUsageJSON    `json:"usage,omitempty"` // with ?usage=1, for running sandboxes
-}
-
-// liveUsageJSON is a running sandbox's use now: what a dashboard polls
-// (CPU time so far, whose rate of change is the CPU load; memory now).
-type liveUsageJSON struct {
-	CPUSeconds  float64 `json:"cpu_seconds"`
-	MemoryBytes int64   `json:"memory_bytes"`
-	// The rest only for one sandbox (GET /v1/sandboxes/{id}?usage=1),
-	// read from its cgroup and writable layer at the call.
-	MemoryPeakBytes  int64         `json:"memory_peak_bytes,omitempty"`
-	MemoryLimitBytes int64         `json:"memory_limit_bytes,omitempty"`
-	Pids             int64         `json:"pids,omitempty"`
-	DiskBytes        int64         `json:"disk_bytes,omitempty"`
-	OOMKills         uint64        `json:"oom_kills,omitempty"`
-	Pressure         *pressureJSON `json:"pressure,omitempty"` // cgroup v2 only
-}
-
-// pressureJSON is PSI: the percentage of the last 10 s in which some (or
-// all) of the sandbox's tasks stalled on the resource.
-type pressureJSON struct {
-	CPUSome    float64 `json:"cpu_some_avg10"`
-	MemorySome float64 `json:"memory_some_avg10"`
-	MemoryFull float64 `json:"memory_full_avg10"`
-	IOSome     float64 `json:"io_some_avg10"`
-	IOFull     float64 `json:"io_full_avg10"`
-}
-
-func liveUsageOf(u runtime.Usage) *liveUsageJSON {
-	out := &liveUsageJSON{CPUSeconds: float64(u.CPUNanos) / 1e9, MemoryBytes: u.MemoryBytes, MemoryPeakBytes: u.MemoryPeakBytes,
-		MemoryLimitBytes: u.MemoryLimit, Pids: u.Pids, DiskBytes: u.DiskBytes, OOMKills: u.OOMKills}
+func liveUsageOf(u runtime.Usage) *api.LiveUsage {
+	out := &api.LiveUsage{CPUSeconds: float64(u.CPUNanos) / 1e9, MemoryBytes: u.MemoryBytes, MemoryPeakBytes: u.MemoryPeakBytes,
+		MemoryLimitBytes: u.MemoryLimit, Pids: u.Pids, DiskBytes: u.DiskBytes, OOMKills: int64(u.OOMKills)}
 	if p := u.Pressure; p != nil {
-		out.Pressure = &pressureJSON{CPUSome: p.CPUSome, MemorySome: p.MemorySome, MemoryFull: p.MemoryFull, IOSome: p.IOSome, IOFull: p.IOFull}
+		out.Pressure = &api.Pressure{CPUSomeAvg10: p.CPUSome, MemorySomeAvg10: p.MemorySome, MemoryFullAvg10: p.MemoryFull, IOSomeAvg10: p.IOSome, IOFullAvg10: p.IOFull}
 	}
 	return out
 }
@@ -98,38 +54,21 @@ func usageParam(r *http.Request) (bool, error) {
 	}
 }
 
-func sandboxFromInfo(in sandbox.Info) sandboxJSON {
+func sandboxFromInfo(in sandbox.Info) api.Sandbox {
 	md := in.Metadata
 	if md == nil {
 		md = map[string]string{}
 	}
-	return sandboxJSON{ID: in.ID, Template: in.Template, State: string(in.State), CreatedAt: in.Created.UTC(),
+	return api.Sandbox{ID: in.ID, Template: in.Template, State: string(in.State), CreatedAt: in.Created.UTC(),
 		ExpiresAt: in.Deadline.UTC(), Resources: resourcesOf(in.Limits), Metadata: md, StopReason: in.StopReason}
 }
 
-func sandboxFromRecord(rec store.Sandbox) sandboxJSON {
-	out := sandboxJSON{ID: rec.ID, Template: rec.Template, State: rec.State, CreatedAt: rec.CreatedAt.UTC(),
+func sandboxFromRecord(rec store.Sandbox) api.Sandbox {
+	out := api.Sandbox{ID: rec.ID, Template: rec.Template, State: rec.State, CreatedAt: rec.CreatedAt.UTC(),
 		ExpiresAt: rec.ExpiresAt.UTC(), StopReason: rec.StopReason, Metadata: map[string]string{}}
 	_ = json.Unmarshal(rec.Metadata, &out.Metadata)
 	_ = json.Unmarshal(rec.Resources, &out.Resources)
 	return out
-}
-
-type createRequest struct {
-	Template  string            `json:"template"`
-	Timeout   *float64          `json:"timeout"`
-	Resources *resourcesJSON    `json:"resources"`
-	Env       map[string]string `json:"env"`
-	Metadata  map[string]string `json:"metadata"`
-	// Runtime chooses the sandbox's isolation among those the server
-	// offers (e.g. "gvisor" with --kubernetes-runtime-classes); "" is the
-	// server's default.
-	Runtime string `json:"runtime"`
-	// SandboxConfig is the seeds' shorthand (policy.Shorthand), mapped
-	// onto the security policy; SecurityPolicy is the policy itself.
-	// Both are parsed strictly by internal/policy (ERR_INVALID_POLICY).
-	SandboxConfig  json.RawMessage `json:"sandbox_config"`
-	SecurityPolicy json.RawMessage `json:"security_policy"`
 }
 
 // The largest resources a request may name, far above any host and far
@@ -147,7 +86,7 @@ func seconds(field string, v float64, limit time.Duration) (time.Duration, error
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
-	var req createRequest
+	var req api.CreateSandbox
 	if err := decodeJSON(w, r, &req, true); err != nil {
 		return err
 	}
@@ -172,7 +111,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 // createOptions checks a create request (of a sandbox or a session) and
 // returns the engine's options and the execution timeout
 // (sandbox_config.max_execution_time).
-func (s *Server) createOptions(req createRequest) (sandbox.CreateOptions, time.Duration, error) {
+func (s *Server) createOptions(req api.CreateSandbox) (sandbox.CreateOptions, time.Duration, error) {
 	opt := sandbox.CreateOptions{Template: req.Template, Env: req.Env, Metadata: req.Metadata, Runtime: req.Runtime,
 		Names: sandbox.FieldNames{CPUs: "resources.cpus", Memory: "resources.memory_mb", Disk: "resources.disk_mb",
 			Pids: "resources.pids", Timeout: "timeout", PolicyMemory: "security_policy.resource_limits.memory_mb",
@@ -285,7 +224,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 	info := sb.Info()
 	out := sandboxFromInfo(info)
 	md, _ := json.Marshal(out.Metadata)
-	res, _ := json.Marshal(recordResources{resourcesJSON: out.Resources, MaxExecutionMS: execTimeout.Milliseconds(), E2B: origin})
+	res, _ := json.Marshal(recordResources{Resources: out.Resources, MaxExecutionMS: execTimeout.Milliseconds(), E2B: origin})
 	rec := store.Sandbox{ID: sb.ID, Owner: own, Template: info.Template, State: store.SandboxRunning,
 		CreatedAt: info.Created, ExpiresAt: info.Deadline, Metadata: md, Resources: res}
 	if p := sb.Policy(); p != nil {
@@ -511,7 +450,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	s.mu.Unlock()
-	out := make([]sandboxJSON, 0, len(recs))
+	out := make([]api.Sandbox, 0, len(recs))
 	for _, rec := range recs {
 		if sb, ok := live[rec.ID]; ok {
 			j := sandboxFromInfo(sb.Info())
@@ -520,7 +459,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 			}
 			if withUsage {
 				if cpu, mem, ok := s.meter.Now(rec.ID); ok {
-					j.Usage = &liveUsageJSON{CPUSeconds: cpu.Seconds(), MemoryBytes: mem}
+					j.Usage = &api.LiveUsage{CPUSeconds: cpu.Seconds(), MemoryBytes: mem}
 				}
 			}
 			out = append(out, j)

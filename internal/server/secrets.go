@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/secrets"
 	"github.com/sheepfold/sheepfold/internal/store"
@@ -25,22 +26,11 @@ func (s *Server) secretRoutes(add addFunc) {
 // errNoSecrets answers on a server without a store (tests of routes).
 var errNoSecrets = apierr.New(apierr.StorageUnavailable, "this server keeps no secrets: it has no store")
 
-type secretRequest struct {
-	Name     string            `json:"name"`
-	Value    string            `json:"value"`
-	Metadata map[string]string `json:"metadata"`
-}
-
-type secretVersionRequest struct {
-	Value    string            `json:"value"`
-	Metadata map[string]string `json:"metadata"`
-}
-
 func (s *Server) createSecret(w http.ResponseWriter, r *http.Request) error {
 	if s.secrets == nil {
 		return errNoSecrets
 	}
-	var req secretRequest
+	var req api.SecretRequest
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
@@ -80,7 +70,7 @@ func (s *Server) updateSecret(w http.ResponseWriter, r *http.Request) error {
 	if s.secrets == nil {
 		return errNoSecrets
 	}
-	var req secretVersionRequest
+	var req api.SecretVersionRequest
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}

@@ -192,7 +192,9 @@
 // and fallbacks apply) and the sandbox through its executions, recorded
 // as every execution is.
 //
-// Imports: internal/sandbox, internal/store, internal/events, internal/auth,
+// Imports: api (the /v1 wire types it answers with and reads requests
+// into; its own wire types are only those no other package shares),
+// internal/sandbox, internal/store, internal/events, internal/auth,
 // internal/account (limits and balances), internal/alerts (which raises
 // alerts; alerts.go serves their endpoints), internal/metering,
 // internal/metrics (the instruments, served by metrics.go),

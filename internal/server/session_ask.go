@@ -21,7 +21,7 @@ func (s *Server) sessionAsk(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
-	limit, err := req.Check()
+	limit, err := session.Check(&req)
 	if err != nil {
 		return err
 	}

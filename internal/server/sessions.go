@@ -2,13 +2,13 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"sync"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/llm"
 	"github.com/sheepfold/sheepfold/internal/policy"
@@ -31,35 +31,13 @@ func (s *Server) sessionRoutes(add addFunc) {
 	add("POST /v1/sessions/{id}/ask", true, s.sessionAsk)
 }
 
-type sessionRequest struct {
-	Model          string            `json:"model"`
-	Template       string            `json:"template"`
-	SandboxConfig  json.RawMessage   `json:"sandbox_config"`
-	SecurityPolicy json.RawMessage   `json:"security_policy"`
-	Timeout        *float64          `json:"timeout"`
-	Resources      *resourcesJSON    `json:"resources"`
-	Metadata       map[string]string `json:"metadata"`
-}
-
-type sessionJSON struct {
-	ID         string        `json:"id"`
-	Model      string        `json:"model"`
-	SandboxID  string        `json:"sandbox_id"`
-	Template   string        `json:"template"`
-	State      string        `json:"state"`
-	CreatedAt  time.Time     `json:"created_at"`
-	ExpiresAt  time.Time     `json:"expires_at"`
-	Resources  resourcesJSON `json:"resources"`
-	StopReason string        `json:"stop_reason,omitempty"`
-}
-
-func sessionOf(rec store.Session, sb sandboxJSON) sessionJSON {
-	return sessionJSON{ID: rec.ID, Model: rec.Model, SandboxID: sb.ID, Template: sb.Template, State: sb.State,
+func sessionOf(rec store.Session, sb api.Sandbox) api.Session {
+	return api.Session{ID: rec.ID, Model: rec.Model, SandboxID: sb.ID, Template: sb.Template, State: sb.State,
 		CreatedAt: rec.CreatedAt.UTC(), ExpiresAt: sb.ExpiresAt, Resources: sb.Resources, StopReason: sb.StopReason}
 }
 
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
-	var req sessionRequest
+	var req api.CreateSession
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
@@ -75,7 +53,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	call.release()
-	opt, execTimeout, err := s.createOptions(createRequest{Template: req.Template, Timeout: req.Timeout, Resources: req.Resources,
+	opt, execTimeout, err := s.createOptions(api.CreateSandbox{Template: req.Template, Timeout: req.Timeout, Resources: req.Resources,
 		Metadata: req.Metadata, SandboxConfig: req.SandboxConfig, SecurityPolicy: req.SecurityPolicy})
 	if err != nil {
 		return err
@@ -225,13 +203,6 @@ func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// sessionExecRequest is the seeds' execute request.
-type sessionExecRequest struct {
-	Code      string `json:"code"`
-	Language  string `json:"language"`
-	TimeoutMS *int64 `json:"timeout_ms"`
-}
-
 // runInSession runs code in a session's sandbox and records it.
 func (s *Server) runInSession(r *http.Request, b *box, code, lang string, timeoutMS *int64) (session.Execution, error) {
 	timeout, err := b.execTimeoutFor(timeoutMS)
@@ -242,7 +213,7 @@ func (s *Server) runInSession(r *http.Request, b *box, code, lang string, timeou
 		timeout = sandbox.DefaultExecTimeout
 	}
 	ereq := sandbox.ExecuteRequest{ID: newID("exe_"), Code: code, Language: lang, Timeout: timeout}
-	rec := s.beginExecution(r, b, ereq.ID, executeRequest{Code: code, Language: lang})
+	rec := s.beginExecution(r, b, ereq.ID, api.ExecuteRequest{Code: code, Language: lang})
 	ex, err := b.sb.Execute(r.Context(), ereq, nil)
 	rec.End(ex, err)
 	if err != nil {
@@ -252,7 +223,7 @@ func (s *Server) runInSession(r *http.Request, b *box, code, lang string, timeou
 }
 
 func (s *Server) sessionExecute(w http.ResponseWriter, r *http.Request) error {
-	var req sessionExecRequest
+	var req api.SessionExecuteRequest
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/runtime"
@@ -134,7 +135,7 @@ func (s *Server) retire() {
 // needs besides (its execution timeout, and what the E2B control plane
 // knew of it). The API shows only the resources.
 type recordResources struct {
-	resourcesJSON
+	api.Resources
 	MaxExecutionMS int64       `json:"max_execution_ms,omitempty"`
 	E2B            *e2b.Origin `json:"e2b,omitempty"`
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -50,32 +51,17 @@ func storageBounds(b store.Bounds) store.Bounds {
 	return out
 }
 
-// storedJSON is one kind of an account's records as the API shows them.
-type storedJSON struct {
-	Records    int64 `json:"records"`
-	Bytes      int64 `json:"bytes"`
-	MaxRecords int64 `json:"max_records"`
-	MaxBytes   int64 `json:"max_bytes"`
-}
-
-// storageJSON is what an account keeps (GET /v1/account).
-type storageJSON struct {
-	Records int64                 `json:"records"`
-	Bytes   int64                 `json:"bytes"`
-	Kinds   map[string]storedJSON `json:"kinds"`
-}
-
 // storageOf reads what an account keeps, with its bounds.
-func (s *Server) storageOf(ctx context.Context, account string) (storageJSON, error) {
+func (s *Server) storageOf(ctx context.Context, account string) (api.AccountStorage, error) {
 	st, err := s.store.Stored(ctx, account)
 	if err != nil {
-		return storageJSON{}, err
+		return api.AccountStorage{}, err
 	}
 	tot := st.Total()
-	out := storageJSON{Records: tot.Records, Bytes: tot.Bytes, Kinds: map[string]storedJSON{}}
+	out := api.AccountStorage{Records: tot.Records, Bytes: tot.Bytes, Kinds: map[string]api.StoredAmount{}}
 	for _, k := range store.Kinds {
 		a, b := st.Of(k), s.cfg.Storage.Of(k)
-		out.Kinds[k] = storedJSON{Records: a.Records, Bytes: a.Bytes, MaxRecords: b.Records, MaxBytes: b.Bytes}
+		out.Kinds[k] = api.StoredAmount{Records: a.Records, Bytes: a.Bytes, MaxRecords: b.Records, MaxBytes: b.Bytes}
 	}
 	return out, nil
 }

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 	"unicode/utf8"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 type streamMode int
@@ -180,7 +182,7 @@ func (s *Server) end(st *streamer, w http.ResponseWriter, r *http.Request, err e
 		return
 	}
 	_, body := s.errorJSON(r, err)
-	st.last("failure", errorBody{Error: body}, map[string]any{"type": "failure", "error": body})
+	st.last("failure", api.Error{Error: body}, map[string]any{"type": "failure", "error": body})
 }
 
 // textCarry turns a byte stream into text chunks that never split a UTF-8

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/bound"
@@ -22,40 +23,16 @@ func (s *Server) usageRoutes(add addFunc) {
 	add("GET /v1/account/credits", true, s.accountCredits)
 }
 
-// usageReport is the account's usage report (internal/metering) with
-// its model tokens.
-type usageReport struct {
-	metering.Report
-	// Model tokens in the period: in total, per model (with each model's
-	// monthly quota), and the sum of the configured models' quotas
-	// (null when any configured model has none).
-	TokensUsed  int64        `json:"tokens_used"`
-	TokensLimit *int64       `json:"tokens_limit"`
-	Models      []modelUsage `json:"models"`
-}
-
-// modelUsage is an account's tokens of one model.
-type modelUsage struct {
-	Model            string `json:"model"`
-	Requests         int64  `json:"requests"`
-	PromptTokens     int64  `json:"prompt_tokens"`
-	CompletionTokens int64  `json:"completion_tokens"`
-	TotalTokens      int64  `json:"total_tokens"`
-	MonthlyLimit     *int64 `json:"monthly_limit"`
-	CostMicros       int64  `json:"cost_micros"`
-	Cost             string `json:"cost"`
-}
-
 // tokenReport fills a report's model tokens.
-func (s *Server) tokenReport(r *http.Request, own string, out *usageReport) error {
+func (s *Server) tokenReport(r *http.Request, own string, out *api.UsageReport) error {
 	rows, err := s.meter.Tokens(r.Context(), own, out.From, out.To)
 	if err != nil {
 		return err
 	}
-	out.Models = []modelUsage{}
+	out.Models = []api.ModelUsage{}
 	for _, d := range rows {
 		cost := int64(math.Round(d.CostMicros))
-		mu := modelUsage{Model: d.Model, Requests: d.Requests, PromptTokens: d.PromptTokens, CompletionTokens: d.CompletionTokens,
+		mu := api.ModelUsage{Model: d.Model, Requests: d.Requests, PromptTokens: d.PromptTokens, CompletionTokens: d.CompletionTokens,
 			TotalTokens: d.PromptTokens + d.CompletionTokens, CostMicros: cost, Cost: account.FormatMicros(cost)}
 		if p := s.cfg.Models.Provider(d.Model); p != nil && p.MonthlyTokenQuota > 0 {
 			mu.MonthlyLimit = &p.MonthlyTokenQuota
@@ -145,20 +122,13 @@ func (s *Server) accountUsage(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := usageReport{Report: metering.BuildReport(metering.ReportInput{Account: own, From: from, To: to, GroupBy: by,
-		Rows: rows, Pending: pending, Stored: stored, Prices: s.meter.Prices()})}
+	out := metering.BuildReport(metering.ReportInput{Account: own, From: from, To: to, GroupBy: by,
+		Rows: rows, Pending: pending, Stored: stored, Prices: s.meter.Prices()})
 	if err := s.tokenReport(r, own, &out); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
-}
-
-type sandboxUsageJSON struct {
-	SandboxID string `json:"sandbox_id"`
-	Template  string `json:"template"`
-	Live      bool   `json:"live"`
-	metering.Figures
 }
 
 // sandboxUsage is one sandbox's usage: sampled now while it runs, the
@@ -173,7 +143,7 @@ func (s *Server) sandboxUsage(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := sandboxUsageJSON{SandboxID: id, Template: rec.Template}
+	out := api.SandboxUsage{SandboxID: id, Template: rec.Template}
 	d, live := s.meter.Live(id)
 	if !live {
 		rows, err := s.store.QueryUsage(r.Context(), store.UsageFilter{Account: rec.Owner, SandboxID: id, GroupBy: store.GroupNone})
@@ -185,7 +155,7 @@ func (s *Server) sandboxUsage(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	out.Live = (live || s.shared()) && rec.State != store.SandboxStopped
-	out.Figures = metering.FiguresOf(d, s.meter.Prices())
+	out.UsageFigures = metering.FiguresOf(d, s.meter.Prices())
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }

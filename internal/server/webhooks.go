@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/webhooks"
 )
@@ -18,13 +19,8 @@ func (s *Server) webhookRoutes(add addFunc) {
 	add("GET /v1/webhooks/{id}/deliveries", true, s.listDeliveries)
 }
 
-type webhookRequest struct {
-	URL   string   `json:"url"`
-	Types []string `json:"types"`
-}
-
 func (s *Server) createWebhook(w http.ResponseWriter, r *http.Request) error {
-	var req webhookRequest
+	var req api.WebhookRequest
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}

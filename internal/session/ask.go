@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/lang"
@@ -48,23 +49,14 @@ var runCodeTool = llm.Tool{Type: "function", Function: llm.FunctionDef{
 }}
 
 // File is a file an ask puts in the sandbox before it starts.
-type File struct {
-	Path     string `json:"path"`
-	Content  string `json:"content"`
-	Encoding string `json:"encoding"` // "" or "utf-8": text; "base64"
-}
+type File = api.AskFile
 
 // Request is an ask.
-type Request struct {
-	Prompt    string `json:"prompt"`
-	Files     []File `json:"files"`
-	MaxSteps  int    `json:"max_steps"`
-	TimeoutMS int64  `json:"timeout_ms"`
-}
+type Request = api.AskRequest
 
 // Check fills in req's defaults and checks its bounds; it returns the
 // ask's time limit.
-func (req *Request) Check() (time.Duration, error) {
+func Check(req *Request) (time.Duration, error) {
 	if strings.TrimSpace(req.Prompt) == "" {
 		return 0, apierr.New(apierr.BadRequest, "prompt is required")
 	}
@@ -88,38 +80,13 @@ func (req *Request) Check() (time.Duration, error) {
 }
 
 // Tokens are an ask's tokens, all steps together.
-type Tokens struct {
-	PromptTokens     int64 `json:"prompt_tokens"`
-	CompletionTokens int64 `json:"completion_tokens"`
-	TotalTokens      int64 `json:"total_tokens"`
-}
+type Tokens = api.Tokens
 
 // Answer is an ask's outcome.
-type Answer struct {
-	SessionID  string      `json:"session_id"`
-	Model      string      `json:"model"`
-	Text       string      `json:"text"`
-	StopReason string      `json:"stop_reason"` // answered, max_steps or time_limit
-	Steps      int         `json:"steps"`
-	Executions []Execution `json:"executions"`
-	Tokens     Tokens      `json:"tokens"`
-	TimeMS     float64     `json:"time_ms"`
-	// ModelTimeMS is the time spent waiting for the model;
-	// SheepfoldTimeMS the rest (executions, files, the loop itself).
-	ModelTimeMS     float64 `json:"model_time_ms"`
-	SheepfoldTimeMS float64 `json:"sheepfold_time_ms"`
-	CostMicros      int64   `json:"cost_micros"`
-	Cost            string  `json:"cost"`
-}
+type Answer = api.Answer
 
 // Step is one streamed step: a model reply or an execution.
-type Step struct {
-	Type      string         `json:"type"` // "model" or "execution"
-	Step      int            `json:"step"`
-	Content   string         `json:"content,omitempty"`
-	ToolCalls []llm.ToolCall `json:"tool_calls,omitempty"`
-	Execution *Execution     `json:"execution,omitempty"`
-}
+type Step = api.AskStep
 
 // Relay is the model relay as an ask uses it, with the session's
 // account.
@@ -331,7 +298,7 @@ func Ask(parent context.Context, id, model string, relay Relay, sb Sandbox, req 
 			return nil, apierr.New(apierr.Provider, "the model %q answered with no choice", serving)
 		}
 		msg := cr.Choices[0].Message
-		emit(Step{Type: "model", Step: ans.Steps, Content: msg.Content, ToolCalls: msg.ToolCalls})
+		emit(Step{Type: "model", Step: ans.Steps, Content: msg.Content, ToolCalls: rawCalls(msg.ToolCalls)})
 		if len(msg.ToolCalls) > 0 {
 			msgs = append(msgs, llm.Message{Role: "assistant", Content: msg.Content, ToolCalls: msg.ToolCalls})
 			for _, call := range msg.ToolCalls {
@@ -391,3 +358,16 @@ func errCtx(err error) bool {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// rawCalls is a model reply's tool calls as a step shows them: each as
+// the relay's JSON, which the API passes through.
+func rawCalls(calls []llm.ToolCall) []json.RawMessage {
+	if len(calls) == 0 {
+		return nil
+	}
+	out := make([]json.RawMessage, len(calls))
+	for i, c := range calls {
+		out[i], _ = json.Marshal(c) // strings and a raw message: cannot fail
+	}
+	return out
+}

@@ -90,7 +90,7 @@ func TestAskLoop(t *testing.T) {
 	sb := &box{files: map[string]string{}}
 	var steps []session.Step
 	req := session.Request{Prompt: "6*7?", Files: []session.File{{Path: "data.txt", Content: "x"}, {Path: "/tmp/b", Content: "eQ==", Encoding: "base64"}}}
-	limit, err := req.Check()
+	limit, err := session.Check(&req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestRequestCheck(t *testing.T) {
 		{session.Request{Prompt: "p", TimeoutMS: -1}, 0, apierr.BadRequest},
 		{session.Request{Prompt: "p", Files: make([]session.File, 101)}, 0, apierr.BadRequest},
 	} {
-		limit, err := c.req.Check()
+		limit, err := session.Check(&c.req)
 		if apierr.CodeOf(err) != c.code && !(c.code == "" && err == nil) || limit != c.limit {
 			t.Errorf("%+v: %v, %v", c.req, limit, err)
 		}

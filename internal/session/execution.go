@@ -25,7 +25,9 @@
 // their code and leave the session as it was. The answer separates the
 // model's time from Sheepfold's own.
 //
-// Imports: internal/sandbox (an execution's outcome), internal/apierr
+// Imports: api (the wire types of sessions, which this package's
+// File, Request, Answer, Step, Execution... alias), internal/sandbox (an
+// execution's outcome), internal/apierr
 // (codes), internal/llm (the chat shapes and usage), internal/lang (the
 // languages), internal/account (how a cost is written).
 package session
@@ -35,6 +37,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
@@ -42,30 +45,13 @@ import (
 // ExecError is why an execution did not succeed: a stable code when
 // Sheepfold stopped it (ERR_SANDBOX_TIMEOUT, ERR_MODULE_BLOCKED,
 // ERR_NETWORK_RESTRICTED ...), else the code's own exception.
-type ExecError struct {
-	Code      string `json:"code,omitempty"`
-	Message   string `json:"message"`
-	Name      string `json:"name,omitempty"`
-	Traceback string `json:"traceback,omitempty"`
-}
+type ExecError = api.SessionExecError
 
 // Chart is an image an execution produced (base64).
-type Chart struct {
-	Format string `json:"format"`
-	Data   string `json:"data"`
-}
+type Chart = api.Chart
 
 // Execution is the seeds' execution shape, with charts.
-type Execution struct {
-	Code            string     `json:"code,omitempty"`
-	Language        string     `json:"language,omitempty"`
-	Output          string     `json:"output"`
-	Status          string     `json:"status"`
-	ExecutionTimeMS float64    `json:"execution_time_ms"`
-	Error           *ExecError `json:"error"`
-	Charts          []Chart    `json:"charts"`
-	Results         []string   `json:"results,omitempty"` // text of the trailing expression and display() calls
-}
+type Execution = api.SessionExecution
 
 // networkRestrictedMessage is seed 002's message for a network call in a
 // sandbox without network.

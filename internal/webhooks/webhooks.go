@@ -64,7 +64,8 @@
 // narrows destinations further. Deliveries still queued or waiting for a
 // retry at shutdown are dropped.
 //
-// Imports: internal/store (the webhook and delivery records),
+// Imports: api (the webhook and delivery as the API shows them),
+// internal/store (the webhook and delivery records),
 // internal/events (the events delivered), internal/apierr (the codes of
 // its refusals), internal/backoff (retries), internal/bound (the URL's
 // port), internal/policy (which addresses are not public) and
@@ -87,6 +88,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/store"
@@ -293,13 +295,7 @@ func (w *Service) registered(h store.Webhook) bool {
 }
 
 // Hook is a webhook as its owner sees it.
-type Hook struct {
-	ID        string    `json:"id"`
-	URL       string    `json:"url"`
-	Types     []string  `json:"types"`
-	CreatedAt time.Time `json:"created_at"`
-	Secret    string    `json:"secret,omitempty"` // only in Create's answer
-}
+type Hook = api.Webhook
 
 func hookOf(h store.Webhook) Hook {
 	t := h.Types
@@ -380,17 +376,7 @@ func (w *Service) Delete(ctx context.Context, owner, id string) error {
 
 // Delivery is one attempt of the delivery log as the webhook's owner sees
 // it: of a failed one, only that it failed.
-type Delivery struct {
-	ID         int64     `json:"id"`
-	EventID    int64     `json:"event_id"`
-	EventType  string    `json:"event_type"`
-	Attempt    int       `json:"attempt"`
-	StatusCode int       `json:"status_code"`
-	Error      string    `json:"error,omitempty"`
-	Succeeded  bool      `json:"succeeded"`
-	Time       time.Time `json:"timestamp"`
-	DurationMS float64   `json:"duration_ms"`
-}
+type Delivery = api.WebhookDelivery
 
 // Deliveries returns a page of webhook id's delivery log: at most limit
 // attempts after the one numbered after, oldest first, and the cursor of
@@ -409,7 +395,7 @@ func (w *Service) Deliveries(ctx context.Context, id string, after int64, limit 
 	out := make([]Delivery, len(l))
 	for i, d := range l {
 		out[i] = Delivery{ID: d.ID, EventID: d.EventID, EventType: d.EventType, Attempt: d.Attempt,
-			Succeeded: d.Succeeded, Time: d.Time.UTC()}
+			Succeeded: d.Succeeded, Timestamp: d.Time.UTC()}
 		if d.Succeeded {
 			out[i].StatusCode, out[i].DurationMS = d.StatusCode, d.DurationMS
 		} else {

@@ -1,15 +1,16 @@
 // Package apispec checks Go types against the API's OpenAPI document
-// (api/openapi.json), field for field: the document is the one wire
-// vocabulary, and the server's types and the Go SDK's are each held to
-// it by their tests (the Python SDK's by sdk/python/tests/test_spec.py).
+// (api/openapi.json), field for field: the document is the source of the
+// wire vocabulary, and the Go types are held to it by their tests. The
+// types the server and the Go SDK share live in package api and are
+// checked once there (api/spec_test.go); the server's and its services'
+// own wire types by internal/server/spec_internal_test.go, the Go SDK's
+// own request encoders by client/spec_test.go (the Python SDK's models
+// by sdk/python/tests/test_spec.py); CheckNotShared keeps those two from
+// checking again a schema that api holds (Shared) without saying why. Package api's doc says why the
+// document is the source rather than generated from Go types.
 //
-// The document is the source rather than generated from Go types: it
-// carries what Go types do not (descriptions, enums, bounds, examples),
-// and the SDKs import nothing of the server (the Go SDK only the
-// standard library, the Python SDK nothing), so a shared package of
-// types could not be theirs. What keeps the three in step is this check.
-//
-// Imports: api (the document) and the standard library.
+// Imports: api (the document and the types of Shared) and the standard
+// library.
 package apispec
 
 import (
@@ -17,10 +18,12 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -148,19 +151,10 @@ func CheckAllListed(t *testing.T, dir string, entries []Entry, exempt map[string
 	for _, e := range entries {
 		listed[reflect.TypeOf(e.V).Name()] = true
 	}
-	files, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
-	for _, de := range files {
-		if !strings.HasSuffix(de.Name(), ".go") || strings.HasSuffix(de.Name(), "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(dir, de.Name()), nil, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+	files := parseDir(t, dir, 0)
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		f := files[name]
 		ast.Inspect(f, func(node ast.Node) bool {
 			ts, ok := node.(*ast.TypeSpec)
 			if !ok {
@@ -174,12 +168,80 @@ func CheckAllListed(t *testing.T, dir string, entries []Entry, exempt map[string
 			}
 			n++
 			if !listed[ts.Name.Name] && exempt[ts.Name.Name] == "" {
-				t.Errorf("%s (%s) has JSON tags but is not checked against the OpenAPI document", ts.Name.Name, de.Name())
+				t.Errorf("%s (%s) has JSON tags but is not checked against the OpenAPI document", ts.Name.Name, name)
 			}
 			return true
 		})
 	}
 	if n == 0 {
 		t.Fatalf("no struct with JSON tags in %s: the check is not looking at the package", dir)
+	}
+}
+
+// CheckImports fails for every import of the non-test files of dir that
+// is neither of the standard library nor in allowed: the wire
+// vocabulary and the public Go SDK stay importable without the server
+// or a third-party module.
+func CheckImports(t *testing.T, dir string, allowed ...string) {
+	t.Helper()
+	n := 0
+	files := parseDir(t, dir, parser.ImportsOnly)
+	for _, name := range slices.Sorted(maps.Keys(files)) {
+		for _, imp := range files[name].Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			n++
+			if first, _, _ := strings.Cut(p, "/"); strings.Contains(first, ".") && !slices.Contains(allowed, p) {
+				t.Errorf("%s imports %s: only the standard library and %v may be", name, p, allowed)
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatalf("no imports found in %s: the check is not looking at the package", dir)
+	}
+}
+
+// parseDir parses the non-test Go files of dir, by name.
+func parseDir(t *testing.T, dir string, mode parser.Mode) map[string]*ast.File {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]*ast.File{}
+	for _, de := range entries {
+		if !strings.HasSuffix(de.Name(), ".go") || strings.HasSuffix(de.Name(), "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(dir, de.Name()), nil, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[de.Name()] = f
+	}
+	return files
+}
+
+// CheckNotShared fails for every entry whose schema a type of package
+// api holds (Shared) unless twice says why it is still declared here
+// too, and for every schema in twice that no entry checks or api does
+// not hold: a type the server or the SDK could take from api is not
+// written again.
+func CheckNotShared(t *testing.T, entries []Entry, twice map[string]string) {
+	t.Helper()
+	shared := map[string]bool{}
+	for _, e := range Shared {
+		shared[e.Schema] = true
+	}
+	checked := map[string]bool{}
+	for _, e := range entries {
+		checked[e.Schema] = true
+		if shared[e.Schema] && twice[e.Schema] == "" {
+			t.Errorf("%s is checked against %s, which api holds: use the api type", reflect.TypeOf(e.V).Name(), e.Schema)
+		}
+	}
+	for s := range twice {
+		if !shared[s] || !checked[s] {
+			t.Errorf("stale entry: %s is not both api's and checked here", s)
+		}
 	}
 }
