@@ -65,6 +65,11 @@ func (h *Handler) controlMux() http.Handler {
 	add("POST /v2/sandboxes/{id}/connect", h.connect)
 	add("POST /sandboxes/{id}/resume", h.connect)
 	add("POST /sandboxes/{id}/pause", h.pause)
+	add("GET /secrets", h.listSecrets)
+	add("POST /secrets", h.createSecret)
+	add("GET /secrets/{secretID}", h.getSecret)
+	add("POST /secrets/{secretID}", h.updateSecret)
+	add("DELETE /secrets/{secretID}", h.deleteSecret)
 	// Signed file URLs arrive without sandbox headers.
 	h.route("", "GET /files", "POST /files")
 	mux.Handle("/files", writeDeadlines(http.HandlerFunc(h.signedFiles), h.cfg.WriteTimeout))
@@ -139,8 +144,9 @@ type newSandbox struct {
 		// token (E2B-Traffic-Access-Token); E2B's default is true.
 		AllowPublicTraffic *bool `json:"allowPublicTraffic"`
 		// Rules are E2B's rules per host: headers set on its requests,
-		// whose values may name the account's secrets as ${secrets.NAME}
-		// (network.rules of the policy: internal/egress, inject.go).
+		// whose values may name the account's secrets as E2B's
+		// ${e2b.secrets.NAME} or ${secrets.NAME} (network.rules of the
+		// policy: internal/egress, inject.go).
 		Rules map[string][]e2bRule `json:"rules"`
 	} `json:"network"`
 	AutoPause    *bool           `json:"autoPause"`

@@ -24,10 +24,10 @@ func TestSecretsAPI(t *testing.T) {
 		t.Fatalf("created: %s", r.body)
 	}
 	want(t, e.do("POST", "/v1/secrets", e.keyA, map[string]any{"name": "openai", "value": "v"}), http.StatusConflict, "ERR_CONFLICT")
-	want(t, e.do("POST", "/v1/secrets", e.keyA, map[string]any{"name": "bad-name", "value": "v"}), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	want(t, e.do("POST", "/v1/secrets", e.keyA, map[string]any{"name": "bad.name", "value": "v"}), http.StatusBadRequest, "ERR_BAD_REQUEST")
 	want(t, e.do("POST", "/v1/secrets", e.keyA, map[string]any{"name": "empty"}), http.StatusBadRequest, "ERR_BAD_REQUEST")
 	want(t, e.do("POST", "/v1/secrets", e.keyA, map[string]any{"name": "x", "value": "v", "extra": 1}), http.StatusBadRequest, "ERR_BAD_REQUEST")
-	want(t, e.do("GET", "/v1/secrets/bad-name", e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	want(t, e.do("GET", "/v1/secrets/bad.name", e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST")
 	want(t, e.do("GET", "/v1/secrets", "", nil), http.StatusUnauthorized, "ERR_AUTHENTICATION_FAILED")
 
 	// Another account sees, changes and deletes none of it.
