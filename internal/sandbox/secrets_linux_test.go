@@ -141,8 +141,9 @@ print(os.environ["OPENAI_API_KEY"], "|", send("api.test"), "|", send("other.test
 
 // TestSecretsOverHTTPSThroughSandbox: a real sandbox whose policy has a
 // rule for api.test, its trust stores carrying the server's CA
-// (TrustEgressCA, egress.TrustEnv). Python's urllib and requests, curl,
-// Node's fetch, git and pip reach https://api.test through the gateway, which
+// (TrustEgressCA, egress.TrustEnv). Python's urllib (with the default
+// context and with certifi's bundle) and requests, curl, Node's fetch,
+// git and pip reach https://api.test through the gateway, which
 // terminates their TLS, verifies the real host against its roots and
 // injects the value. other.test has no rule: its TLS is carried as it is,
 // so the sandbox sees the real host's certificate, which it does not
@@ -186,16 +187,17 @@ func TestSecretsOverHTTPSThroughSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := py(t, s, `
-import os, ssl, urllib.request, urllib.error, requests
-def via_urllib(host):
+import os, ssl, urllib.request, urllib.error, requests, certifi
+def via_urllib(host, ctx=None):
     req = urllib.request.Request("https://%s/v1/chat" % host, data=b"{}", headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
     try:
-        return urllib.request.urlopen(req, timeout=10).read().decode()
+        return urllib.request.urlopen(req, timeout=10, context=ctx).read().decode()
     except urllib.error.URLError as e:
         return "failed: %s" % e.reason
-print(via_urllib("api.test"), "|", requests.post("https://api.test/v1/chat", json={}, timeout=10).text, "|", via_urllib("other.test"))
+certifi_ctx = ssl.create_default_context(cafile=certifi.where())
+print(via_urllib("api.test"), "|", requests.post("https://api.test/v1/chat", json={}, timeout=10).text, "|", via_urllib("api.test", certifi_ctx), "|", via_urllib("other.test"))
 `)
-	if !strings.HasPrefix(got, "ok | ok | failed: [SSL: CERTIFICATE_VERIFY_FAILED]") {
+	if !strings.HasPrefix(got, "ok | ok | ok | failed: [SSL: CERTIFICATE_VERIFY_FAILED]") {
 		t.Fatalf("python: %q", got)
 	}
 	res, out, errOut := runAs(t, s, "", "curl", "-sS", "-X", "POST", "https://api.test/v1/chat")
@@ -239,8 +241,8 @@ print(via_urllib("api.test"), "|", requests.post("https://api.test/v1/chat", jso
 	mu.Lock()
 	defer mu.Unlock()
 	ua := strings.Join(agents, "\n")
-	if len(seen) < 6 || !strings.Contains(ua, "git/") || !strings.Contains(ua, "pip/") {
-		t.Fatalf("the server got %q from %q, want python's 2, curl's, node's, git's and pip's requests", seen, agents)
+	if len(seen) < 7 || !strings.Contains(ua, "git/") || !strings.Contains(ua, "pip/") {
+		t.Fatalf("the server got %q from %q, want python's 3, curl's, node's, git's and pip's requests", seen, agents)
 	}
 	for _, s := range seen {
 		if s != "api.test Bearer "+value {
