@@ -1,11 +1,13 @@
 package server_test
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -31,7 +33,8 @@ type lateSecrets struct{ egress.Secrets }
 // deleted (DELETE /secrets/{secretID}) the request fails closed (502
 // ERR_SECRET_UNAVAILABLE) and nothing is sent. The control: a sandbox
 // created the same way without rules sends the placeholder to other.test
-// as it is written, so the refusal is the gateway's.
+// as it is written, so the refusal is the gateway's. No value is in the
+// account's events (what webhooks deliver) or the database files.
 func TestE2BSecretInjected(t *testing.T) {
 	const v1, v2 = "sk-E2B-RULE-1a2b3c4d5e", "sk-E2B-RULE-9f8e7d6c5b"
 	var mu sync.Mutex
@@ -162,5 +165,28 @@ print(os.environ["OPENAI_API_KEY"], ` + calls + `, sep=" | ")
 	}
 	if got := received(); len(got) != 0 {
 		t.Fatalf("after the delete the server got %q", got)
+	}
+
+	// No value in the account's events (what webhooks deliver) nor in
+	// the database files; the control: the secret's name is in both.
+	r = e.do("GET", "/v1/events?type=secret.used&limit=1000", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	var db []byte
+	for _, f := range []string{e.dbPath, e.dbPath + "-wal"} {
+		b, err := os.ReadFile(f)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		db = append(db, b...)
+	}
+	for where, b := range map[string][]byte{"events": r.body, "database files": db} {
+		if !bytes.Contains(b, []byte("openai-api-key")) {
+			t.Errorf("control: the secret's name is not in the %s", where)
+		}
+		for _, v := range []string{v1, v2} {
+			if bytes.Contains(b, []byte(v)) {
+				t.Errorf("a value is in the %s", where)
+			}
+		}
 	}
 }
