@@ -228,6 +228,8 @@ func TestSecretMisdirected(t *testing.T) {
 		{"E2B form, body chunked, split", other, chunkedE2B, "the body", false},
 		{"E2B form, a hyphenated secret the rule does not name", api, post("api.test", "/v1/chat", "X-Key: ${e2b.secrets.gh-token}\r\n", ""), `"gh-token"`, false},
 		{"E2B form of the rule's secret in the URL", api, post("api.test", "/v1/chat?k=${e2b.secrets.openai}", "", ""), "the request line", false},
+		{"E2B workload token form to another host", other, post("other.test", "/v1/chat", "X-Token: ${e2b.identity.tokens.aws}\r\n", ""), "a header", false},
+		{"E2B workload token form to the rule's host", api, post("api.test", "/v1/chat", "X-Token: ${e2b.identity.tokens.aws}\r\n", ""), "are substituted", false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -235,8 +237,9 @@ func TestSecretMisdirected(t *testing.T) {
 			plain := injecting()
 			plain.Rules = nil
 			g0, _, _ := secretGateway(t, w, plain)
+			placeholder := func(s string) bool { return strings.Contains(s, "secrets.") || strings.Contains(s, "identity.") }
 			if got := exchangeOn(dialFlow(t, g0, c.dst), c.req); !strings.HasPrefix(got[0], "200 ") ||
-				!strings.Contains(rec.all(), "secrets.") {
+				!placeholder(rec.all()) {
 				t.Fatalf("the control: %q; the server saw %q", got, rec.all())
 			}
 			w, rec = newSecretWorld(t)
@@ -247,7 +250,7 @@ func TestSecretMisdirected(t *testing.T) {
 			}
 			g.Close()
 			rec.waitClosed(t)
-			if s := rec.all(); strings.Contains(s, "secrets.") || strings.Contains(s, "%7B") || strings.Contains(s, "%7b") || strings.Contains(s, realValue) != c.injected {
+			if s := rec.all(); placeholder(s) || strings.Contains(s, "%7B") || strings.Contains(s, "%7b") || strings.Contains(s, realValue) != c.injected {
 				t.Fatalf("the server saw %q", s)
 			}
 			if !ev.has(events.SecurityViolation, "placeholder of secret") {
