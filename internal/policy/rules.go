@@ -196,6 +196,9 @@ func compileRules(n *Network) ([]InjectRule, error) {
 			if len(v) > MaxRuleHeaderLen || !headerValue(v) {
 				return nil, bad(field, "must be at most %d bytes without control characters", MaxRuleHeaderLen)
 			}
+			if strings.Count(v, "${e2b.") != strings.Count(v, E2BPlaceholderPrefix) {
+				return nil, bad(field, "holds an E2B placeholder other than ${e2b.secrets.NAME}, which this policy does not substitute (E2B's workload tokens are mapped by the E2B surface from iam.tokens)")
+			}
 			names, ok := Placeholders(v)
 			if !ok {
 				return nil, bad(field, "holds a malformed placeholder: write ${secrets.NAME} or ${e2b.secrets.NAME}, NAME being 1 to 64 letters, digits, underscores and hyphens, not starting with a digit or a hyphen")

@@ -69,6 +69,7 @@ func TestNetworkRulesInvalid(t *testing.T) {
 		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"${secrets.open"}}}]}`, "network.rules[0].transform.headers.X"},
 		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"${e2b.secrets.a b}"}}}]}`, "network.rules[0].transform.headers.X"},
 		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"${e2b.secrets.}"}}}]}`, "network.rules[0].transform.headers.X"},
+		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"${e2b.identity.tokens.aws}"}}}]}`, "network.rules[0].transform.headers.X"},
 		{`{"mode":"public","rules":[{"host":"a.test","path_prefix":"v1","transform":{"headers":{"X":"y"}}}]}`, "network.rules[0].path_prefix"},
 		{`{"mode":"public","rules":[{"host":"a.test","methods":["GE T"],"transform":{"headers":{"X":"y"}}}]}`, "network.rules[0].methods"},
 		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"y","x":"z"}}}]}`, "network.rules[0].transform.headers"},
