@@ -427,7 +427,9 @@ type e2bRule struct {
 // Sheepfold's default, where E2B's is open): allowOut becomes an
 // allowlist, allow_internet_access true (with no allowOut) mode public.
 // Deny lists other than ALL_TRAFFIC have no equivalent and are refused.
-// Rules become the policy's rules, by host.
+// Rules become the policy's rules, by host; their headers' E2B workload
+// token placeholders become ${identity.token} with the audience of the
+// token iam.tokens defines (identityOf).
 func networkOf(req newSandbox) (*policy.Network, error) {
 	var allow, denyOut []string
 	if req.Network != nil {

@@ -117,7 +117,9 @@
 // a new version, delete) over the same store as /v1/secrets
 // (Backend.Secrets), answered with E2B's `Secret`, never a value; E2B's
 // placeholder `${e2b.secrets.NAME}` is internal/policy's and the
-// gateway's, like `${secrets.NAME}`.
+// gateway's, like `${secrets.NAME}`. E2B's workload tokens (`iam.tokens`,
+// `${e2b.identity.tokens.NAME}` in a rule's header) become the gateway's
+// `${identity.token}` with the token's audience (control.go, identityOf).
 //
 // Imports: internal/sandbox, internal/agentproto, internal/apierr,
 // internal/bound (the ranges of numbers), internal/abort (responses cut short), internal/lang (language names), internal/policy (a sandbox's policy at
