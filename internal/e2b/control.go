@@ -65,6 +65,11 @@ func (h *Handler) controlMux() http.Handler {
 	add("POST /v2/sandboxes/{id}/connect", h.connect)
 	add("POST /sandboxes/{id}/resume", h.connect)
 	add("POST /sandboxes/{id}/pause", h.pause)
+	add("GET /secrets", h.listSecrets)
+	add("POST /secrets", h.createSecret)
+	add("GET /secrets/{secretID}", h.getSecret)
+	add("POST /secrets/{secretID}", h.updateSecret)
+	add("DELETE /secrets/{secretID}", h.deleteSecret)
 	// Signed file URLs arrive without sandbox headers.
 	h.route("", "GET /files", "POST /files")
 	mux.Handle("/files", writeDeadlines(http.HandlerFunc(h.signedFiles), h.cfg.WriteTimeout))
@@ -139,10 +144,17 @@ type newSandbox struct {
 		// token (E2B-Traffic-Access-Token); E2B's default is true.
 		AllowPublicTraffic *bool `json:"allowPublicTraffic"`
 		// Rules are E2B's rules per host: headers set on its requests,
-		// whose values may name the account's secrets as ${secrets.NAME}
-		// (network.rules of the policy: internal/egress, inject.go).
+		// whose values may name the account's secrets as E2B's
+		// ${e2b.secrets.NAME} or ${secrets.NAME} (network.rules of the
+		// policy: internal/egress, inject.go).
 		Rules map[string][]e2bRule `json:"rules"`
 	} `json:"network"`
+	// IAM is E2B's workload identity: named token definitions that
+	// rules' headers name as ${e2b.identity.tokens.NAME}; each becomes
+	// the gateway's ${identity.token} with the definition's audience.
+	IAM *struct {
+		Tokens map[string]e2bIAMToken `json:"tokens"`
+	} `json:"iam"`
 	AutoPause    *bool           `json:"autoPause"`
 	MCP          json.RawMessage `json:"mcp"`
 	VolumeMounts []any           `json:"volumeMounts"`
@@ -358,6 +370,52 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 // destination out.
 const allTraffic = "0.0.0.0/0"
 
+// e2bIAMToken is one of E2B's workload token definitions.
+type e2bIAMToken struct {
+	Audience  string `json:"audience"`
+	TokenType string `json:"tokenType"`
+}
+
+// e2bIdentityPrefix starts E2B's workload token placeholder,
+// ${e2b.identity.tokens.NAME}: NAME is everything up to the next brace.
+const e2bIdentityPrefix = "${e2b.identity.tokens."
+
+// identityOf rewrites a header value's E2B token placeholders into the
+// gateway's ${identity.token} and returns the audience they share ("":
+// none in v). A name iam.tokens does not define, a token type other than
+// a JWT, or two audiences in one rule are refused.
+func identityOf(field, v string, tokens map[string]e2bIAMToken, aud string) (string, string, error) {
+	var out strings.Builder
+	for {
+		i := strings.Index(v, e2bIdentityPrefix)
+		if i < 0 {
+			out.WriteString(v)
+			return out.String(), aud, nil
+		}
+		rest := v[i+len(e2bIdentityPrefix):]
+		j := strings.IndexByte(rest, '}')
+		if j < 0 {
+			return "", "", badRequest("%s holds a malformed workload token placeholder: write ${e2b.identity.tokens.NAME}", field)
+		}
+		name := rest[:j]
+		tok, ok := tokens[name]
+		switch {
+		case !ok:
+			return "", "", badRequest("%s names workload token %q, which iam.tokens does not define", field, name)
+		case !strings.EqualFold(tok.TokenType, "JWT-SVID") && !strings.EqualFold(tok.TokenType, "JWT"):
+			return "", "", badRequest("iam.tokens.%s.tokenType %q is not supported: this server mints JWTs (JWT-SVID or JWT)", name, tok.TokenType)
+		case tok.Audience == "":
+			return "", "", badRequest("iam.tokens.%s.audience is required", name)
+		case aud != "" && aud != tok.Audience:
+			return "", "", badRequest("%s: one rule's workload tokens must share one audience on this server (%q, %q)", field, aud, tok.Audience)
+		}
+		aud = tok.Audience
+		out.WriteString(v[:i])
+		out.WriteString(policy.IdentityPlaceholder)
+		v = rest[j+1:]
+	}
+}
+
 // e2bRule is one of E2B's rules for a host.
 type e2bRule struct {
 	Transform *struct {
@@ -369,7 +427,9 @@ type e2bRule struct {
 // Sheepfold's default, where E2B's is open): allowOut becomes an
 // allowlist, allow_internet_access true (with no allowOut) mode public.
 // Deny lists other than ALL_TRAFFIC have no equivalent and are refused.
-// Rules become the policy's rules, by host.
+// Rules become the policy's rules, by host; their headers' E2B workload
+// token placeholders become ${identity.token} with the audience of the
+// token iam.tokens defines (identityOf).
 func networkOf(req newSandbox) (*policy.Network, error) {
 	var allow, denyOut []string
 	if req.Network != nil {
@@ -400,11 +460,23 @@ func networkOf(req newSandbox) (*policy.Network, error) {
 			hosts = append(hosts, h)
 		}
 		slices.Sort(hosts)
+		var tokens map[string]e2bIAMToken
+		if req.IAM != nil {
+			tokens = req.IAM.Tokens
+		}
 		for _, h := range hosts {
-			for _, r := range req.Network.Rules[h] {
+			for i, r := range req.Network.Rules[h] {
 				nr := policy.NetworkRule{Host: h}
 				if r.Transform != nil {
-					nr.Transform = &policy.Transform{Headers: r.Transform.Headers}
+					nr.Transform = &policy.Transform{Headers: make(map[string]string, len(r.Transform.Headers))}
+					for k, v := range r.Transform.Headers {
+						field := fmt.Sprintf("network.rules[%q][%d].transform.headers.%s", h, i, k)
+						hv, aud, err := identityOf(field, v, tokens, nr.Audience)
+						if err != nil {
+							return nil, err
+						}
+						nr.Transform.Headers[k], nr.Audience = hv, aud
+					}
 				}
 				n.Rules = append(n.Rules, nr)
 			}

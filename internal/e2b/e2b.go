@@ -7,7 +7,7 @@
 // One listener carries three protocols; ServeHTTP tells them apart the way
 // E2B's own proxy does, by the E2b-Sandbox-Port header:
 //   - none: the control plane (/sandboxes, /v2/sandboxes: create, list, get,
-//     connect, set timeout, kill), authenticated with the API key, errors as
+//     connect, set timeout, kill; /secrets), authenticated with the API key, errors as
 //     {"code": <HTTP status>, "message": ...};
 //   - 49983: envd, the in-sandbox daemon: Connect RPC with JSON bodies for
 //     process.Process and filesystem.Filesystem (api/envd/*.proto, handlers
@@ -113,6 +113,14 @@
 // from the axes' artists, null for unset titles and labels, 8-digit rounding of
 // pie angles and box plots, datetime and categorical scales).
 //
+// Secrets (secrets.go): E2B's Secret API (`/secrets`: list, create, get,
+// a new version, delete) over the same store as /v1/secrets
+// (Backend.Secrets), answered with E2B's `Secret`, never a value; E2B's
+// placeholder `${e2b.secrets.NAME}` is internal/policy's and the
+// gateway's, like `${secrets.NAME}`. E2B's workload tokens (`iam.tokens`,
+// `${e2b.identity.tokens.NAME}` in a rule's header) become the gateway's
+// `${identity.token}` with the token's audience (control.go, identityOf).
+//
 // Imports: internal/sandbox, internal/agentproto, internal/apierr,
 // internal/bound (the ranges of numbers), internal/abort (responses cut short), internal/lang (language names), internal/policy (a sandbox's policy at
 // create), internal/runtime (usage figures, for metrics), the generated envdpb packages with connectrpc.com/connect and
@@ -189,6 +197,9 @@ type Backend interface {
 	// signed URLs. A server that shares its sandboxes with no other
 	// returns nil (it issued every token itself).
 	SignerKeys(ctx context.Context) map[string][]string
+	// Secrets is the store of the accounts' secrets (E2B's /secrets),
+	// nil on a server that keeps none.
+	Secrets() Secrets
 }
 
 // Origin is what the control plane knows of a sandbox it created beyond
@@ -356,6 +367,7 @@ func Handles(r *http.Request) bool {
 	p := r.URL.Path
 	return p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
 		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
+		p == "/secrets" || strings.HasPrefix(p, "/secrets/") ||
 		p == "/files" // signed file URLs carry no sandbox header
 }
 

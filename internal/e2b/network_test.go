@@ -32,6 +32,24 @@ func TestNetworkOf(t *testing.T) {
 				{Host: "b.test", Transform: &policy.Transform{Headers: map[string]string{"X": "1"}}}}}, false},
 		{`{"network": {"rules": {"api.openai.com": [{"transform": {"headers": {"X": "1"}}}]}}}`, nil, true},
 		{`{"network": {"allowOut": ["a.test"], "rules": {"a.test": [{"transform": {"headers": {"Host": "b.test"}}}]}}}`, nil, true},
+		// E2B's secrets placeholder is the policy's as it is.
+		{`{"network": {"allowOut": ["a.test"], "rules": {"a.test": [{"transform": {"headers": {"X": "${e2b.secrets.gh-token}"}}}]}}}`,
+			&policy.Network{Mode: "allowlist", Allow: []string{"a.test"}, Rules: []policy.NetworkRule{
+				{Host: "a.test", Transform: &policy.Transform{Headers: map[string]string{"X": "${e2b.secrets.gh-token}"}}}}}, false},
+		// E2B's workload tokens become ${identity.token} with their audience.
+		{`{"iam": {"tokens": {"aws": {"audience": "sts.amazonaws.com", "tokenType": "JWT-SVID"}, "gcp": {"audience": "//iam.googleapis.com/x", "tokenType": "jwt"}}},
+		  "network": {"allowOut": ["sts.test", "g.test"], "rules": {
+			"sts.test": [{"transform": {"headers": {"Authorization": "Bearer ${e2b.identity.tokens.aws}", "X-Again": "${e2b.identity.tokens.aws}"}}}],
+			"g.test": [{"transform": {"headers": {"Authorization": "Bearer ${e2b.identity.tokens.gcp}"}}}]}}}`,
+			&policy.Network{Mode: "allowlist", Allow: []string{"sts.test", "g.test"}, Rules: []policy.NetworkRule{
+				{Host: "g.test", Audience: "//iam.googleapis.com/x", Transform: &policy.Transform{Headers: map[string]string{"Authorization": "Bearer ${identity.token}"}}},
+				{Host: "sts.test", Audience: "sts.amazonaws.com", Transform: &policy.Transform{Headers: map[string]string{
+					"Authorization": "Bearer ${identity.token}", "X-Again": "${identity.token}"}}}}}, false},
+		{`{"iam": {"tokens": {"aws": {"audience": "a", "tokenType": "JWT-SVID"}}}, "network": {"allowOut": ["a.test"], "rules": {"a.test": [{"transform": {"headers": {"X": "${e2b.identity.tokens.gcp}"}}}]}}}`, nil, true},
+		{`{"iam": {"tokens": {"aws": {"audience": "a", "tokenType": "X509-SVID"}}}, "network": {"allowOut": ["a.test"], "rules": {"a.test": [{"transform": {"headers": {"X": "${e2b.identity.tokens.aws}"}}}]}}}`, nil, true},
+		{`{"iam": {"tokens": {"aws": {"tokenType": "JWT"}}}, "network": {"allowOut": ["a.test"], "rules": {"a.test": [{"transform": {"headers": {"X": "${e2b.identity.tokens.aws}"}}}]}}}`, nil, true},
+		{`{"iam": {"tokens": {"a": {"audience": "x", "tokenType": "JWT"}, "b": {"audience": "y", "tokenType": "JWT"}}}, "network": {"allowOut": ["a.test"], "rules": {"a.test": [{"transform": {"headers": {"X": "${e2b.identity.tokens.a}", "Y": "${e2b.identity.tokens.b}"}}}]}}}`, nil, true},
+		{`{"iam": {"tokens": {"aws": {"audience": "a", "tokenType": "JWT"}}}, "network": {"allowOut": ["a.test"], "rules": {"a.test": [{"transform": {"headers": {"X": "${e2b.identity.tokens.aws"}}}]}}}`, nil, true},
 	}
 	for _, c := range cases {
 		var req newSandbox

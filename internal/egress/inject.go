@@ -44,7 +44,8 @@ import (
 //     event (kind secret_misdirected) is emitted. The body is scanned as
 //     it streams, holding back the last bytes of each write so that no
 //     placeholder's start goes on before it is judged. The forms looked
-//     for are ${secrets. and its percent-encodings.
+//     for are ${secrets., E2B's ${e2b.secrets. and their
+//     percent-encodings.
 //   - A secret that cannot be resolved (deleted, unreadable, a value that
 //     cannot be a header's) refuses the request, 502
 //     ERR_SECRET_UNAVAILABLE: the placeholder is never sent instead.
@@ -146,9 +147,10 @@ var (
 )
 
 // findPlaceholder returns where the first placeholder in b starts and
-// the secret it names ("" when cut off), or -1: ${secrets.NAME} and
-// ${identity.NAME} (named IdentitySecret, whatever NAME) and their
-// percent-encoded forms ($%7B, %24{, %24%7B, any case).
+// the secret it names ("" when cut off), or -1: ${secrets.NAME},
+// ${e2b.secrets.NAME} (E2B's form: "e2b." in any case, NAME lower-cased
+// as E2B's names are), ${identity.NAME} (named IdentitySecret, whatever
+// NAME) and their percent-encoded forms ($%7B, %24{, %24%7B, any case).
 func findPlaceholder(b []byte) (int, string) {
 	i, name := findMarked(b, secretsDot)
 	if j, _ := findMarked(b, identityDot); j >= 0 && (i < 0 || j < i) {
@@ -158,7 +160,7 @@ func findPlaceholder(b []byte) (int, string) {
 }
 
 // findMarked is findPlaceholder for the placeholders whose name follows
-// dot.
+// dot (optionally after E2B's "e2b.").
 func findMarked(b, dot []byte) (int, string) {
 	off := 0
 	for {
@@ -167,6 +169,10 @@ func findMarked(b, dot []byte) (int, string) {
 			return -1, ""
 		}
 		i += off
+		e2b := false
+		if m := i - 4; m >= 0 && (b[m]|0x20) == 'e' && b[m+1] == '2' && (b[m+2]|0x20) == 'b' && b[m+3] == '.' {
+			i, e2b = m, true
+		}
 		start := -1
 		switch {
 		case i >= 2 && b[i-2] == '$' && b[i-1] == '{':
@@ -178,22 +184,29 @@ func findMarked(b, dot []byte) (int, string) {
 		case i >= 6 && b[i-6] == '%' && b[i-5] == '2' && b[i-4] == '4' && b[i-3] == '%' && b[i-2] == '7' && (b[i-1]|0x20) == 'b':
 			start = i - 6
 		}
+		if e2b {
+			i += 4
+		}
 		if start >= 0 {
 			j := i + len(dot)
 			k := j
-			for k < len(b) && k-j < 64 && (b[k] == '_' || b[k] >= 'a' && b[k] <= 'z' || b[k] >= 'A' && b[k] <= 'Z' || b[k] >= '0' && b[k] <= '9') {
+			for k < len(b) && k-j < 64 && (b[k] == '_' || b[k] == '-' || b[k] >= 'a' && b[k] <= 'z' || b[k] >= 'A' && b[k] <= 'Z' || b[k] >= '0' && b[k] <= '9') {
 				k++
 			}
-			return start, string(b[j:k])
+			name := string(b[j:k])
+			if e2b {
+				name = strings.ToLower(name)
+			}
+			return start, name
 		}
 		off = i + 1
 	}
 }
 
 // scanHold is what a body scanner holds back of each write: the longest
-// placeholder start (%24%7Bidentity.) and a name, so that a placeholder
-// cut between writes is seen whole.
-const scanHold = 15 + 64
+// placeholder start (%24%7Be2b.secrets.) and a name, so that a
+// placeholder cut between writes is seen whole.
+const scanHold = 18 + 64
 
 // scanWriter forwards a request's body, refusing it at the first
 // placeholder before any byte of the placeholder goes on.
@@ -355,7 +368,7 @@ func (f *flow) inject(pol *policy.Egress, req *http.Request, names []string, hea
 			// Whatever is left once the rule's placeholders are gone is
 			// a misdirected one (percent-encoded, malformed).
 			if j, s := findPlaceholder([]byte(rest)); j >= 0 {
-				return nil, f.misdirected(in, s, "header "+name+" (only ${secrets.NAME} and "+policy.IdentityPlaceholder+" are substituted)")
+				return nil, f.misdirected(in, s, "header "+name+" (only ${secrets.NAME}, ${e2b.secrets.NAME} and "+policy.IdentityPlaceholder+" are substituted)")
 			}
 		}
 		kept = append(kept, l)
@@ -400,7 +413,7 @@ func (f *flow) inject(pol *policy.Egress, req *http.Request, names []string, hea
 	}
 	out := make([]byte, 0, len(head)+256)
 	for i, l := range kept {
-		if i > 0 && (bytes.Contains(l, []byte(policy.PlaceholderPrefix)) || rule.Identity && bytes.Contains(l, []byte(policy.IdentityPlaceholder))) {
+		if i > 0 && (policy.HasPlaceholder(l) || rule.Identity && bytes.Contains(l, []byte(policy.IdentityPlaceholder))) {
 			colon := bytes.IndexByte(l, ':')
 			l = append(l[:colon+1:colon+1], sub(string(l[colon+1:]))...)
 		}

@@ -159,12 +159,14 @@ func TestSecretInjected(t *testing.T) {
 	got := exchangeOn(dialFlow(t, g, api),
 		post("api.test", "/v1/chat", "Authorization: Bearer ${secrets.openai}\r\n", "{}"),
 		post("api.test", "/v1", "X-Key: k=${secrets.openai}\r\n", ""),
+		post("api.test", "/v1", "X-Key: k=${e2b.secrets.OpenAI}\r\n", ""),
 		"GET /v1/models HTTP/1.1\r\nHost: api.test\r\n\r\n",
 		post("api.test", "/v10", "", ""),
 		post("api.test", "/v1/../admin", "", ""),
 	)
 	want := []string{
 		"200 auth=Bearer " + realValue + " key=",
+		"200 auth=Bearer " + realValue + " key=k=" + realValue,
 		"200 auth=Bearer " + realValue + " key=k=" + realValue,
 		"200 auth= key=", "200 auth= key=", "200 auth= key=",
 	}
@@ -175,7 +177,7 @@ func TestSecretInjected(t *testing.T) {
 	if got := exchangeOn(dialFlow(t, g, other), post("api.test", "/v1/chat", "", "")); got[0] != "200 auth= key=" {
 		t.Fatalf("a spoofed Host got %q", got)
 	}
-	if got, want := strings.Join(fs.outcomes(), "|"), "openai injected POST api.test/v1/chat|openai injected POST api.test/v1"; got != want {
+	if got, want := strings.Join(fs.outcomes(), "|"), "openai injected POST api.test/v1/chat|openai injected POST api.test/v1|openai injected POST api.test/v1"; got != want {
 		t.Fatalf("uses %q, want %q", got, want)
 	}
 	n := 0
@@ -189,8 +191,8 @@ func TestSecretInjected(t *testing.T) {
 		}
 	}
 	ev.mu.Unlock()
-	if n != 2 {
-		t.Fatalf("%d secret.used events, want 2", n)
+	if n != 3 {
+		t.Fatalf("%d secret.used events, want 3", n)
 	}
 }
 
@@ -203,6 +205,8 @@ func TestSecretMisdirected(t *testing.T) {
 	api, other := "203.0.113.10:80", "203.0.113.11:80"
 	chunked := "POST /v1/x HTTP/1.1\r\nHost: other.test\r\nTransfer-Encoding: chunked\r\n\r\n" +
 		"5\r\nkey=$\r\n4\r\n{sec\r\n9\r\nrets.open\r\n4\r\nai}&\r\n0\r\n\r\n"
+	chunkedE2B := "POST /v1/x HTTP/1.1\r\nHost: other.test\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		"5\r\nkey=$\r\n3\r\n{e2\r\n7\r\nb.secre\r\n9\r\nts.openai\r\n2\r\n}&\r\n0\r\n\r\n"
 	cases := []struct {
 		name, dst, req, where string
 		injected              bool // the rule's header went on before the body was refused
@@ -217,6 +221,15 @@ func TestSecretMisdirected(t *testing.T) {
 		{"body of the rule's host", api, post("api.test", "/v1/chat", "", `{"key":"${secrets.openai}"}`), "the body", true},
 		{"body form-encoded", other, post("other.test", "/upload", "", `key=%24%7bsecrets.openai%7d`), "the body", false},
 		{"body chunked, split", other, chunked, "the body", false},
+		// E2B's form (Secret.fill): ${e2b.secrets.NAME}.
+		{"E2B form to another host", other, post("other.test", "/v1/chat", "Authorization: Bearer ${e2b.secrets.openai}\r\n", ""), "a header", false},
+		{"E2B form in the URL, percent-encoded", other, post("other.test", "/x?key=%24%7Be2b.secrets.openai%7D", "", ""), "the request line", false},
+		{"E2B form in the body, upper case", other, post("other.test", "/upload", "", `{"key":"${E2B.secrets.OpenAI}"}`), "the body", false},
+		{"E2B form, body chunked, split", other, chunkedE2B, "the body", false},
+		{"E2B form, a hyphenated secret the rule does not name", api, post("api.test", "/v1/chat", "X-Key: ${e2b.secrets.gh-token}\r\n", ""), `"gh-token"`, false},
+		{"E2B form of the rule's secret in the URL", api, post("api.test", "/v1/chat?k=${e2b.secrets.openai}", "", ""), "the request line", false},
+		{"E2B workload token form to another host", other, post("other.test", "/v1/chat", "X-Token: ${e2b.identity.tokens.aws}\r\n", ""), "a header", false},
+		{"E2B workload token form to the rule's host", api, post("api.test", "/v1/chat", "X-Token: ${e2b.identity.tokens.aws}\r\n", ""), "are substituted", false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -224,8 +237,9 @@ func TestSecretMisdirected(t *testing.T) {
 			plain := injecting()
 			plain.Rules = nil
 			g0, _, _ := secretGateway(t, w, plain)
+			placeholder := func(s string) bool { return strings.Contains(s, "secrets.") || strings.Contains(s, "identity.") }
 			if got := exchangeOn(dialFlow(t, g0, c.dst), c.req); !strings.HasPrefix(got[0], "200 ") ||
-				!strings.Contains(rec.all(), "secrets.") {
+				!placeholder(rec.all()) {
 				t.Fatalf("the control: %q; the server saw %q", got, rec.all())
 			}
 			w, rec = newSecretWorld(t)
@@ -236,7 +250,7 @@ func TestSecretMisdirected(t *testing.T) {
 			}
 			g.Close()
 			rec.waitClosed(t)
-			if s := rec.all(); strings.Contains(s, "secrets.") || strings.Contains(s, "%7B") || strings.Contains(s, "%7b") || strings.Contains(s, realValue) != c.injected {
+			if s := rec.all(); placeholder(s) || strings.Contains(s, "%7B") || strings.Contains(s, "%7b") || strings.Contains(s, realValue) != c.injected {
 				t.Fatalf("the server saw %q", s)
 			}
 			if !ev.has(events.SecurityViolation, "placeholder of secret") {
@@ -331,6 +345,7 @@ func FuzzScanWriter(f *testing.F) {
 	f.Add([]byte(`{"k":"${secrets.openai}"}`), uint8(9), uint8(3))
 	f.Add([]byte(`a=%24%7bsecrets.x%7d`), uint8(4), uint8(1))
 	f.Add([]byte(`$%7Bsecrets.`), uint8(1), uint8(1))
+	f.Add([]byte(`{"k":"%24%7Be2b.secrets.gh-token%7D"}`), uint8(2), uint8(5))
 	f.Add([]byte(`no placeholder here: secrets.txt ${other}`), uint8(5), uint8(7))
 	f.Fuzz(func(t *testing.T, body []byte, a, b uint8) {
 		var out strings.Builder

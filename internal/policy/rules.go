@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -11,7 +12,8 @@ import (
 // Rules per destination (issue 33). A network policy may carry rules that
 // transform the plain HTTP requests the gateway carries to matching
 // destinations: headers set or replaced, whose values may name the
-// account's secrets as ${secrets.NAME}. The gateway substitutes a value
+// account's secrets as ${secrets.NAME} (or E2B's ${e2b.secrets.NAME},
+// whose NAME is lower-cased, as E2B stores names). The gateway substitutes a value
 // only into a request that matches a rule naming it (host, method, path
 // prefix), and only in that rule's headers or in a header the sandbox
 // sent with the placeholder; a placeholder anywhere else is refused
@@ -39,8 +41,8 @@ type NetworkRule struct {
 // Transform changes a request.
 type Transform struct {
 	// Headers are set on the request, replacing any the sandbox sent
-	// under the same name. Values may hold ${secrets.NAME} and
-	// ${identity.token}.
+	// under the same name. Values may hold ${secrets.NAME}, E2B's
+	// ${e2b.secrets.NAME} (NAME lower-cased) and ${identity.token}.
 	Headers map[string]string `json:"headers,omitempty"`
 }
 
@@ -62,35 +64,56 @@ const IdentityPlaceholder = "${identity.token}"
 // IdentityPrefix starts every identity placeholder.
 const IdentityPrefix = "${identity."
 
-// placeholderRE finds ${secrets.NAME}; a name is what internal/secrets
-// accepts (1 to 64 letters, digits and underscores, not starting with a
-// digit).
-var placeholderRE = regexp.MustCompile(`\$\{secrets\.([A-Za-z_][A-Za-z0-9_]{0,63})\}`)
+// placeholderRE finds ${secrets.NAME} and E2B's ${e2b.secrets.NAME}; a
+// name is what internal/secrets accepts (1 to 64 letters, digits,
+// underscores and hyphens, not starting with a digit or a hyphen).
+var placeholderRE = regexp.MustCompile(`\$\{(e2b\.)?secrets\.([A-Za-z_][A-Za-z0-9_-]{0,63})\}`)
 
-// PlaceholderPrefix starts every placeholder.
-const PlaceholderPrefix = "${secrets."
+// PlaceholderPrefix starts every placeholder of Sheepfold's form, and
+// E2BPlaceholderPrefix every one of E2B's (the E2B SDKs' Secret.fill).
+const (
+	PlaceholderPrefix    = "${secrets."
+	E2BPlaceholderPrefix = "${e2b.secrets."
+)
 
 // Placeholder is the placeholder of the secret name: what a sandbox holds
 // in place of its value.
 func Placeholder(name string) string { return PlaceholderPrefix + name + "}" }
 
+// HasPlaceholder reports whether s holds the start of a placeholder of
+// either form.
+func HasPlaceholder(s []byte) bool {
+	return bytes.Contains(s, []byte(PlaceholderPrefix)) || bytes.Contains(s, []byte(E2BPlaceholderPrefix))
+}
+
+// placeholderName is the secret a match of placeholderRE names: E2B's
+// form names the secret in E2B's canonical form, lower-cased (E2B stores
+// names lower-cased), Sheepfold's as written.
+func placeholderName(m []string) string {
+	if m[1] != "" {
+		return strings.ToLower(m[2])
+	}
+	return m[2]
+}
+
 // Placeholders returns the secret names the placeholders in s name, in
-// order, each once, and false when s holds "${secrets." that does not
-// start a well-formed placeholder.
+// order, each once, and false when s holds "${secrets." or
+// "${e2b.secrets." that does not start a well-formed placeholder.
 func Placeholders(s string) ([]string, bool) {
 	var names []string
-	for _, m := range placeholderRE.FindAllStringSubmatch(s, -1) {
-		if !slices.Contains(names, m[1]) {
-			names = append(names, m[1])
+	ms := placeholderRE.FindAllStringSubmatch(s, -1)
+	for _, m := range ms {
+		if n := placeholderName(m); !slices.Contains(names, n) {
+			names = append(names, n)
 		}
 	}
-	return names, strings.Count(s, PlaceholderPrefix) == len(placeholderRE.FindAllStringIndex(s, -1))
+	return names, strings.Count(s, PlaceholderPrefix)+strings.Count(s, E2BPlaceholderPrefix) == len(ms)
 }
 
 // Substitute replaces each placeholder in s by value(name).
 func Substitute(s string, value func(name string) string) string {
 	return placeholderRE.ReplaceAllStringFunc(s, func(m string) string {
-		return value(m[len(PlaceholderPrefix) : len(m)-1])
+		return value(placeholderName(placeholderRE.FindStringSubmatch(m)))
 	})
 }
 
@@ -173,9 +196,12 @@ func compileRules(n *Network) ([]InjectRule, error) {
 			if len(v) > MaxRuleHeaderLen || !headerValue(v) {
 				return nil, bad(field, "must be at most %d bytes without control characters", MaxRuleHeaderLen)
 			}
+			if strings.Count(v, "${e2b.") != strings.Count(v, E2BPlaceholderPrefix) {
+				return nil, bad(field, "holds an E2B placeholder other than ${e2b.secrets.NAME}, which this policy does not substitute (E2B's workload tokens are mapped by the E2B surface from iam.tokens)")
+			}
 			names, ok := Placeholders(v)
 			if !ok {
-				return nil, bad(field, "holds a malformed placeholder: write ${secrets.NAME}, NAME being 1 to 64 letters, digits and underscores")
+				return nil, bad(field, "holds a malformed placeholder: write ${secrets.NAME} or ${e2b.secrets.NAME}, NAME being 1 to 64 letters, digits, underscores and hyphens, not starting with a digit or a hyphen")
 			}
 			for _, s := range names {
 				if !slices.Contains(ir.Secrets, s) {

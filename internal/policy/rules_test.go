@@ -67,6 +67,9 @@ func TestNetworkRulesInvalid(t *testing.T) {
 		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"a\r\nB: c"}}}]}`, "network.rules[0].transform.headers.X"},
 		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"${secrets.1bad}"}}}]}`, "network.rules[0].transform.headers.X"},
 		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"${secrets.open"}}}]}`, "network.rules[0].transform.headers.X"},
+		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"${e2b.secrets.a b}"}}}]}`, "network.rules[0].transform.headers.X"},
+		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"${e2b.secrets.}"}}}]}`, "network.rules[0].transform.headers.X"},
+		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"${e2b.identity.tokens.aws}"}}}]}`, "network.rules[0].transform.headers.X"},
 		{`{"mode":"public","rules":[{"host":"a.test","path_prefix":"v1","transform":{"headers":{"X":"y"}}}]}`, "network.rules[0].path_prefix"},
 		{`{"mode":"public","rules":[{"host":"a.test","methods":["GE T"],"transform":{"headers":{"X":"y"}}}]}`, "network.rules[0].methods"},
 		{`{"mode":"public","rules":[{"host":"a.test","transform":{"headers":{"X":"y","x":"z"}}}]}`, "network.rules[0].transform.headers"},
@@ -111,5 +114,22 @@ func TestPlaceholders(t *testing.T) {
 	got := Substitute("Bearer ${secrets.a}/${secrets.b}", strings.ToUpper)
 	if got != "Bearer A/B" {
 		t.Fatal(got)
+	}
+	// E2B's form names the secret lower-cased (E2B's canonical names);
+	// names may hold hyphens.
+	names, ok = Placeholders("${e2b.secrets.OpenAI-Key} ${secrets.gh-token} ${e2b.secrets.openai-key}")
+	if !ok || !slices.Equal(names, []string{"openai-key", "gh-token"}) {
+		t.Fatalf("%v %v", names, ok)
+	}
+	if got := Substitute("k=${e2b.secrets.OpenAI-Key};${secrets.a}", func(n string) string { return "<" + n + ">" }); got != "k=<openai-key>;<a>" {
+		t.Fatal(got)
+	}
+	for _, bad := range []string{"${e2b.secrets.}", "${e2b.secrets.-x}", "${e2b.secrets.a b}", "${secrets.a.b}"} {
+		if _, ok := Placeholders(bad); ok {
+			t.Errorf("%q passed", bad)
+		}
+	}
+	if !HasPlaceholder([]byte("x ${e2b.secrets.a}")) || HasPlaceholder([]byte("e2b.secrets.a")) {
+		t.Fatal("HasPlaceholder")
 	}
 }

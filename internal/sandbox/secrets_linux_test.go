@@ -141,8 +141,9 @@ print(os.environ["OPENAI_API_KEY"], "|", send("api.test"), "|", send("other.test
 
 // TestSecretsOverHTTPSThroughSandbox: a real sandbox whose policy has a
 // rule for api.test, its trust stores carrying the server's CA
-// (TrustEgressCA, egress.TrustEnv). Python's urllib and requests, curl
-// and Node's fetch reach https://api.test through the gateway, which
+// (TrustEgressCA, egress.TrustEnv). Python's urllib (with the default
+// context and with certifi's bundle) and requests, curl, Node's fetch,
+// git and pip reach https://api.test through the gateway, which
 // terminates their TLS, verifies the real host against its roots and
 // injects the value. other.test has no rule: its TLS is carried as it is,
 // so the sandbox sees the real host's certificate, which it does not
@@ -150,11 +151,12 @@ print(os.environ["OPENAI_API_KEY"], "|", send("api.test"), "|", send("other.test
 func TestSecretsOverHTTPSThroughSandbox(t *testing.T) {
 	const value = "sk-TLS-7f6e5d4c3b2a1908"
 	var mu sync.Mutex
-	var seen []string
+	var seen, agents []string
 	certPEM, keyPEM := testCert(t, "api.test", "other.test")
 	srv := loopbackTLSServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		seen = append(seen, r.Host+" "+r.Header.Get("Authorization"))
+		agents = append(agents, r.UserAgent())
 		mu.Unlock()
 		fmt.Fprint(w, "ok")
 	}), certPEM, keyPEM)
@@ -185,16 +187,17 @@ func TestSecretsOverHTTPSThroughSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := py(t, s, `
-import os, ssl, urllib.request, urllib.error, requests
-def via_urllib(host):
+import os, ssl, urllib.request, urllib.error, requests, certifi
+def via_urllib(host, ctx=None):
     req = urllib.request.Request("https://%s/v1/chat" % host, data=b"{}", headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
     try:
-        return urllib.request.urlopen(req, timeout=10).read().decode()
+        return urllib.request.urlopen(req, timeout=10, context=ctx).read().decode()
     except urllib.error.URLError as e:
         return "failed: %s" % e.reason
-print(via_urllib("api.test"), "|", requests.post("https://api.test/v1/chat", json={}, timeout=10).text, "|", via_urllib("other.test"))
+certifi_ctx = ssl.create_default_context(cafile=certifi.where())
+print(via_urllib("api.test"), "|", requests.post("https://api.test/v1/chat", json={}, timeout=10).text, "|", via_urllib("api.test", certifi_ctx), "|", via_urllib("other.test"))
 `)
-	if !strings.HasPrefix(got, "ok | ok | failed: [SSL: CERTIFICATE_VERIFY_FAILED]") {
+	if !strings.HasPrefix(got, "ok | ok | ok | failed: [SSL: CERTIFICATE_VERIFY_FAILED]") {
 		t.Fatalf("python: %q", got)
 	}
 	res, out, errOut := runAs(t, s, "", "curl", "-sS", "-X", "POST", "https://api.test/v1/chat")
@@ -205,10 +208,41 @@ print(via_urllib("api.test"), "|", requests.post("https://api.test/v1/chat", jso
 	if res.ExitCode != 0 || out != "ok" {
 		t.Fatalf("node: exit %d %q %q", res.ExitCode, out, errOut)
 	}
+	// git and pip trust the CA through the environment (GIT_SSL_CAINFO,
+	// PIP_CERT): their requests reach api.test, which answers no
+	// repository and no package. The control: towards other.test, whose
+	// TLS is not terminated, both refuse the certificate.
+	gitOut := func(host string) string {
+		t.Helper()
+		_, out, errOut := runAs(t, s, "", "git", "ls-remote", "https://"+host+"/repo.git")
+		return out + errOut
+	}
+	if out := gitOut("api.test"); strings.Contains(out, "certificate") {
+		t.Fatalf("git through the gateway: %q", out)
+	}
+	if out := gitOut("other.test"); !strings.Contains(out, "certificate") {
+		t.Fatalf("git's control: %q", out)
+	}
+	pipOut := func(host string) string {
+		t.Helper()
+		res, out, errOut := runAs(t, s, "", "pip", "download", "--no-deps", "--retries", "0", "--timeout", "10",
+			"--index-url", "https://"+host+"/simple/", "-d", "/tmp/pip-download", "sheepfold-no-such-package")
+		if res.ExitCode == 0 {
+			t.Fatalf("pip download from %s: exit 0", host)
+		}
+		return out + errOut
+	}
+	if out := pipOut("api.test"); strings.Contains(out, "CERTIFICATE_VERIFY_FAILED") || !strings.Contains(out, "No matching distribution") {
+		t.Fatalf("pip through the gateway: %q", out)
+	}
+	if out := pipOut("other.test"); !strings.Contains(out, "CERTIFICATE_VERIFY_FAILED") {
+		t.Fatalf("pip's control: %q", out)
+	}
 	mu.Lock()
 	defer mu.Unlock()
-	if len(seen) != 4 {
-		t.Fatalf("the server got %q, want 4 requests", seen)
+	ua := strings.Join(agents, "\n")
+	if len(seen) < 7 || !strings.Contains(ua, "git/") || !strings.Contains(ua, "pip/") {
+		t.Fatalf("the server got %q from %q, want python's 3, curl's, node's, git's and pip's requests", seen, agents)
 	}
 	for _, s := range seen {
 		if s != "api.test Bearer "+value {

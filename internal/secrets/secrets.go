@@ -22,8 +22,11 @@
 //
 // # Bounds
 //
-// Names are 1 to 64 letters, digits and underscores, not starting with a
-// digit (they are what `${secrets.NAME}` names); a value is 1 byte to
+// Names are 1 to 64 letters, digits, underscores and hyphens, not
+// starting with a digit or a hyphen (they are what `${secrets.NAME}`
+// names; the hyphen is E2B's, whose SDKs name secrets like
+// "openai-api-key": a hyphen cannot end or open a placeholder, a path
+// segment or a header value, so it costs nothing to accept); a value is 1 byte to
 // MaxValueBytes; metadata is an object of at most MaxMetadataKeys string
 // values; an account keeps at most Options.MaxPerAccount secrets
 // (ERR_STORAGE_QUOTA_EXCEEDED past it), counted and inserted in one store
@@ -62,7 +65,7 @@ const (
 	MaxMaxPerAccount     = 10_000
 )
 
-var namePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+var namePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_-]*$`)
 
 // Options tunes a Service.
 type Options struct {
@@ -110,11 +113,11 @@ type Use = api.SecretUse
 // MaxUsesPage bounds one page of Uses.
 const MaxUsesPage = 1000
 
-// CheckName refuses a name that is not 1 to 64 letters, digits and
-// underscores starting with a letter or an underscore.
+// CheckName refuses a name that is not 1 to 64 letters, digits,
+// underscores and hyphens starting with a letter or an underscore.
 func CheckName(name string) error {
 	if len(name) == 0 || len(name) > MaxNameLen || !namePattern.MatchString(name) {
-		return bound.Error("name", "must be 1 to %d letters, digits and underscores, not starting with a digit", MaxNameLen)
+		return bound.Error("name", "must be 1 to %d letters, digits, underscores and hyphens, starting with a letter or an underscore", MaxNameLen)
 	}
 	return nil
 }

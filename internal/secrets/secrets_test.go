@@ -126,7 +126,9 @@ func TestSecretsBadInput(t *testing.T) {
 	}{
 		{"", "v", nil, "name"},
 		{"9lives", "v", nil, "name"},
-		{"a-b", "v", nil, "name"},
+		{"-ab", "v", nil, "name"},
+		{"a b", "v", nil, "name"},
+		{"a/b", "v", nil, "name"},
 		{"a.b", "v", nil, "name"},
 		{"a}b", "v", nil, "name"},
 		{strings.Repeat("a", secrets.MaxNameLen+1), "v", nil, "name"},
@@ -144,6 +146,10 @@ func TestSecretsBadInput(t *testing.T) {
 	}
 	if _, err := s.Create(ctx, "acct", strings.Repeat("a", secrets.MaxNameLen), strings.Repeat("v", secrets.MaxValueBytes), nil); err != nil {
 		t.Errorf("the largest name and value: %v", err)
+	}
+	// E2B's names hold hyphens (its SDK's own example).
+	if _, err := s.Create(ctx, "acct", "openai-api-key", "v", nil); err != nil {
+		t.Errorf("a hyphenated name: %v", err)
 	}
 }
 

@@ -28,7 +28,7 @@ func TestGoSDKSecrets(t *testing.T) {
 	if _, err := c.CreateSecret(ctx, "db_password", "x", nil); !errors.Is(err, client.ErrConflict) {
 		t.Fatalf("create twice: %v", err)
 	}
-	if _, err := c.CreateSecret(ctx, "db-password", "x", nil); !errors.Is(err, client.ErrBadRequest) {
+	if _, err := c.CreateSecret(ctx, "db.password", "x", nil); !errors.Is(err, client.ErrBadRequest) {
 		t.Fatalf("a bad name: %v", err)
 	}
 	if s, err = c.RotateSecret(ctx, "db_password", "hunter3", nil); err != nil || s.Version != 2 || s.Metadata["env"] != "prod" {

@@ -10,6 +10,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/secrets"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
@@ -89,6 +90,50 @@ func (b e2bBackend) KeyOwner(ctx context.Context, keyID string) (string, error) 
 func (b e2bBackend) Create(ctx context.Context, owner string, opt sandbox.CreateOptions, origin e2b.Origin) (*sandbox.Sandbox, error) {
 	sb, err := b.s.create(ctx, owner, opt, 0, &origin)
 	return sb, classify(err)
+}
+
+// Secrets implements e2b.Backend: the server's secrets (/v1/secrets).
+func (b e2bBackend) Secrets() e2b.Secrets {
+	if b.s.secrets == nil {
+		return nil
+	}
+	return e2bSecrets{b.s.secrets}
+}
+
+// e2bSecrets gives the E2B surface the secrets service in its own terms
+// (internal/e2b imports no store).
+type e2bSecrets struct{ svc *secrets.Service }
+
+func e2bSecretOf(i secrets.Info) e2b.SecretInfo {
+	return e2b.SecretInfo{Name: i.Name, Metadata: i.Metadata, Version: i.Version, CreatedAt: i.CreatedAt, UpdatedAt: i.UpdatedAt}
+}
+
+func (e e2bSecrets) Create(ctx context.Context, owner, name, value string, md map[string]string) (e2b.SecretInfo, error) {
+	i, err := e.svc.Create(ctx, owner, name, value, md)
+	return e2bSecretOf(i), err
+}
+
+func (e e2bSecrets) Get(ctx context.Context, owner, name string) (e2b.SecretInfo, error) {
+	i, err := e.svc.Get(ctx, owner, name)
+	return e2bSecretOf(i), err
+}
+
+func (e e2bSecrets) List(ctx context.Context, owner string) ([]e2b.SecretInfo, error) {
+	l, err := e.svc.List(ctx, owner)
+	out := make([]e2b.SecretInfo, len(l))
+	for i, s := range l {
+		out[i] = e2bSecretOf(s)
+	}
+	return out, err
+}
+
+func (e e2bSecrets) Update(ctx context.Context, owner, name, value string, md map[string]string) (e2b.SecretInfo, error) {
+	i, err := e.svc.Update(ctx, owner, name, value, md)
+	return e2bSecretOf(i), err
+}
+
+func (e e2bSecrets) Delete(ctx context.Context, owner, name string) error {
+	return e.svc.Delete(ctx, owner, name)
 }
 
 // SignerKeys implements e2b.Backend. Only replicas need it: a server

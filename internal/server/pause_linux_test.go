@@ -31,8 +31,9 @@ func runcEnv(t *testing.T) *env {
 	return runcEnvWith(t, server.Config{})
 }
 
-// runcEnvWith is runcEnv with the server's Config.
-func runcEnvWith(t *testing.T, cfg server.Config) *env {
+// runcEnvWith is runcEnv with the server's Config; opts adjust the
+// engine's.
+func runcEnvWith(t *testing.T, cfg server.Config, opts ...func(*sandbox.Config)) *env {
 	t.Helper()
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
@@ -50,11 +51,11 @@ func runcEnvWith(t *testing.T, cfg server.Config) *env {
 			t.Error(err)
 		}
 	})
-	return newEnv(t, cfg, func(c *sandbox.Config) {
+	return newEnv(t, cfg, append([]func(*sandbox.Config){func(c *sandbox.Config) {
 		c.Runtime = rt
 		c.Templates = sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })
 		c.CheckpointDir = filepath.Join(state, "checkpoints")
-	})
+	}}, opts...)...)
 }
 
 // TestPauseResumeAPI drives pause and resume through /v1: a paused

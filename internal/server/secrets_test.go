@@ -24,10 +24,10 @@ func TestSecretsAPI(t *testing.T) {
 		t.Fatalf("created: %s", r.body)
 	}
 	want(t, e.do("POST", "/v1/secrets", e.keyA, map[string]any{"name": "openai", "value": "v"}), http.StatusConflict, "ERR_CONFLICT")
-	want(t, e.do("POST", "/v1/secrets", e.keyA, map[string]any{"name": "bad-name", "value": "v"}), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	want(t, e.do("POST", "/v1/secrets", e.keyA, map[string]any{"name": "bad.name", "value": "v"}), http.StatusBadRequest, "ERR_BAD_REQUEST")
 	want(t, e.do("POST", "/v1/secrets", e.keyA, map[string]any{"name": "empty"}), http.StatusBadRequest, "ERR_BAD_REQUEST")
 	want(t, e.do("POST", "/v1/secrets", e.keyA, map[string]any{"name": "x", "value": "v", "extra": 1}), http.StatusBadRequest, "ERR_BAD_REQUEST")
-	want(t, e.do("GET", "/v1/secrets/bad-name", e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	want(t, e.do("GET", "/v1/secrets/bad.name", e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST")
 	want(t, e.do("GET", "/v1/secrets", "", nil), http.StatusUnauthorized, "ERR_AUTHENTICATION_FAILED")
 
 	// Another account sees, changes and deletes none of it.
@@ -80,6 +80,7 @@ func ownerOf(t *testing.T, e *env, key string) string {
 // (at debug), or the database files (events, webhooks' deliveries and
 // execution history live there), while the secret's name, which is not
 // secret, is in each: the control that the search looks where it should.
+// Through /v1 and through E2B's Secret API (/secrets).
 func TestSecretValueNeverShown(t *testing.T) {
 	t.Parallel()
 	logs := &logRecords{}
@@ -109,6 +110,30 @@ func TestSecretValueNeverShown(t *testing.T) {
 	want(t, do("PUT", "/v1/secrets/nope", map[string]any{"value": values[3]}), 404, "ERR_NOT_FOUND")
 	want(t, do("GET", "/v1/secrets/"+name, nil), 200, "")
 	want(t, do("DELETE", "/v1/secrets/"+name, nil), 204, "")
+
+	// The same through E2B's Secret API, its refusals carrying values too.
+	e2b := func(method, path string, body any, status int) resp {
+		t.Helper()
+		r := e.e2bDo(method, path, e.keyA, body)
+		fmt.Fprintf(&answers, "%d %v %s\n", r.status, r.header, r.body)
+		if r.status != status {
+			t.Fatalf("E2B %s %s: %d %s", method, path, r.status, r.body)
+		}
+		return r
+	}
+	e2bValues := []string{"sk-e2b-live-0b7d31", "sk-e2b-second-a9c2", "sk-e2b-refused-5e44"}
+	values = append(values, e2bValues...)
+	id := e2b("POST", "/secrets", map[string]any{"name": "E2B_" + name, "value": e2bValues[0]}, 201).json(t)["secretID"].(string)
+	e2b("GET", "/secrets", nil, 200)
+	e2b("GET", "/secrets/"+id, nil, 200)
+	e2b("POST", "/secrets/"+id, map[string]any{"value": e2bValues[1], "metadata": map[string]string{"k": "v"}}, 200)
+	e2b("POST", "/secrets", map[string]any{"name": "e2b_" + name, "value": e2bValues[2]}, 409)
+	e2b("POST", "/secrets", map[string]any{"name": "sec_" + name, "value": e2bValues[2]}, 400)
+	e2b("POST", "/secrets", map[string]any{"name": "bad name", "value": e2bValues[2]}, 400)
+	e2b("POST", "/secrets", `{"name":"ok","value":"`+e2bValues[2], 400)
+	e2b("POST", "/secrets/"+id, `{"value":["`+e2bValues[2]+`"]}`, 400)
+	e2b("POST", "/secrets/nope", map[string]any{"value": e2bValues[2]}, 404)
+	e2b("DELETE", "/secrets/"+id, nil, 204)
 
 	var logText strings.Builder
 	logs.mu.Lock()

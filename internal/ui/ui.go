@@ -34,7 +34,11 @@
 // output is gathered as it streams. Only a sandbox's newest 50 executions
 // keep their output (each write with output clears older ones), so a
 // sandbox's history is bounded at about 50 MiB even at the worst; records
-// go with the retention of the rest.
+// go with the retention of the rest. The secrets page (`#/secrets`,
+// web/src/secrets.ts) lists the account's secrets from `GET /v1/secrets`
+// (version, use count, last use) and a secret's recent uses from `GET
+// /v1/secrets/{name}/uses` (50 a page, older on demand): no answer it
+// reads holds a value (internal/server's TestDashboardSecrets).
 package ui
 
 import (

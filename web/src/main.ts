@@ -7,6 +7,7 @@ import { SandboxPage } from './sandbox'
 import { Usage } from './usage'
 import { SecurityEvents } from './events'
 import { Metrics } from './metrics'
+import { SecretUses, Secrets } from './secrets'
 import './style.css'
 
 function useHash(): string {
@@ -59,6 +60,7 @@ function App() {
     case 'usage': body = html`<${Usage} account=${account} />`; break
     case 'security': body = html`<${SecurityEvents} />`; break
     case 'metrics': body = html`<${Metrics} />`; break
+    case 'secrets': body = arg ? html`<${SecretUses} name=${decodeURIComponent(arg)} />` : html`<${Secrets} />`; break
     default: body = html`<${Sandboxes} />`
   }
   const out = async () => { await logout().catch(() => {}); setAccount(null) }
@@ -70,6 +72,7 @@ function App() {
         <a class=${active('usage')} href="#/usage">Usage</a>
         <a class=${active('security')} href="#/security">Security events</a>
         <a class=${active('metrics')} href="#/metrics">Metrics</a>
+        <a class=${active('secrets')} href="#/secrets">Secrets</a>
       </nav>
       <span class="muted">${account.name ?? account.id}</span>
       <button class="link" onClick=${out}>Log out</button>

@@ -64,8 +64,8 @@ class Secrets:
     """The key owner's secrets. Values are write-only: ``create`` and
     ``rotate`` send one, nothing returns one. ConflictError when a name is
     taken, NotFoundError for a name the account has not, InvalidArgumentError for
-    a bad name (1 to 64 letters, digits and underscores, not starting with a
-    digit) or value (1 byte to 32 KiB), StorageQuotaExceededError past the
+    a bad name (1 to 64 letters, digits, underscores and hyphens, starting
+    with a letter or an underscore) or value (1 byte to 32 KiB), StorageQuotaExceededError past the
     account's bound."""
 
     def __init__(self, api_key: Optional[str] = None, base_url: Optional[str] = None, *,

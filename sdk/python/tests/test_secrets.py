@@ -34,7 +34,7 @@ class TestSecrets(unittest.TestCase):
         with self.assertRaises(ConflictError):
             s.create("py_token", "other")
         with self.assertRaises(InvalidArgumentError):
-            s.create("py-token", "x")
+            s.create("py.token", "x")
         rotated = s.rotate("py_token", "py-sk-second")
         self.assertEqual((rotated.version, rotated.metadata), (2, {"env": "ci"}))
         self.assertEqual([x.name for x in s.list()], ["py_token"])

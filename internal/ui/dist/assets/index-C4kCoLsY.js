@@ -142,21 +142,41 @@
       <table id="m-http"><thead><tr><th>HTTP route and code</th><th>Requests</th><th>Per second</th></tr></thead><tbody>
         ${u.map(([e,t,n])=>F`<tr key=${e}><td>${e}</td><td class="num">${t}</td><td class="num">${n===void 0?`–`:n.toFixed(2)}</td></tr>`)}
       </tbody></table>`}
-  </section>`}function ut(){let[e,t]=V(location.hash);return H(()=>{let e=()=>t(location.hash);return addEventListener(`hashchange`,e),()=>removeEventListener(`hashchange`,e)},[]),e}function dt({onDone:e}){let[t,n]=V(``),[r,i]=V(``);return F`<form class="login" onSubmit=${async r=>{r.preventDefault(),i(``);try{await Ie(t.trim()),n(``),e()}catch(e){i(e.message)}}}>
+  </section>`}function ut(){let[e,t]=V(null),[n,r]=V(``);return H(()=>{W(`GET`,`/v1/secrets`).then(e=>t(e.secrets),e=>r(e.message))},[]),F`<section>
+    <h2>Secrets</h2>
+    ${n&&F`<p class="error">${n}</p>`}
+    ${e===null?!n&&F`<p class="muted">Loading…</p>`:e.length===0?F`<p id="no-secrets" class="muted">No secrets (POST /v1/secrets).</p>`:F`<table id="secrets"><thead><tr><th>Name</th><th>Version</th><th>Uses</th><th>Last use</th><th>Updated</th></tr></thead>
+      <tbody>${e.map(e=>F`<tr key=${e.name}>
+        <td><a href=${`#/secrets/${encodeURIComponent(e.name)}`}>${e.name}</a></td><td>${e.version}</td><td>${e.use_count}</td>
+        <td>${e.last_used_at?new Date(e.last_used_at).toLocaleString():F`<span class="muted">never</span>`}</td>
+        <td>${new Date(e.updated_at).toLocaleString()}</td>
+      </tr>`)}</tbody></table>`}
+  </section>`}function dt({name:e}){let[t,n]=V(null),[r,i]=V([]),[a,o]=V(``),[s,c]=V(``),l=t=>W(`GET`,`/v1/secrets/${encodeURIComponent(e)}/uses?limit=50${t?`&before=${t}`:``}`).then(e=>{i(n=>t?[...n,...e.uses]:e.uses),o(e.next??``)},e=>c(e.message));return H(()=>{i([]),o(``),c(``),W(`GET`,`/v1/secrets/${encodeURIComponent(e)}`).then(n,e=>c(e.message)),l(``)},[e]),F`<section>
+    <div class="bar"><h2>Secret ${e}</h2><a href="#/secrets">All secrets</a></div>
+    ${s&&F`<p class="error">${s}</p>`}
+    ${t&&F`<p id="secret-info" class="muted">version ${t.version}, ${t.use_count} uses, last ${t.last_used_at?new Date(t.last_used_at).toLocaleString():`never`}</p>`}
+    ${r.length===0?!s&&F`<p id="no-uses" class="muted">No uses recorded.</p>`:F`<table id="secret-uses"><thead><tr><th>Time</th><th>Sandbox</th><th>Host</th><th>Method</th><th>Path</th><th>Outcome</th></tr></thead>
+      <tbody>${r.map(e=>F`<tr key=${e.id} class=${e.outcome===`injected`?``:`error`}>
+        <td>${new Date(e.at).toLocaleString()}</td><td><a href=${`#/sandbox/${e.sandbox_id}`}>${e.sandbox_id}</a></td>
+        <td>${e.host}</td><td>${e.method}</td><td>${e.path}</td><td>${e.outcome}</td>
+      </tr>`)}</tbody></table>`}
+    ${a&&F`<button id="older-uses" onClick=${()=>l(a)}>Older</button>`}
+  </section>`}function ft(){let[e,t]=V(location.hash);return H(()=>{let e=()=>t(location.hash);return addEventListener(`hashchange`,e),()=>removeEventListener(`hashchange`,e)},[]),e}function pt({onDone:e}){let[t,n]=V(``),[r,i]=V(``);return F`<form class="login" onSubmit=${async r=>{r.preventDefault(),i(``);try{await Ie(t.trim()),n(``),e()}catch(e){i(e.message)}}}>
     <h1>Sheepfold</h1>
     <label>API key <input id="key" type="password" autocomplete="off" value=${t}
       onInput=${e=>n(e.target.value)} placeholder="sf_..." /></label>
     <button id="login" type="submit">Log in</button>
     ${r&&F`<p class="error">${r}</p>`}
-  </form>`}function ft(){let[e,t]=V(void 0),n=ut(),r=()=>W(`GET`,`/v1/account`).then(t,()=>t(null));if(H(()=>{Fe(()=>t(null)),r()},[]),e===void 0)return F`<p class="muted">Loading…</p>`;if(e===null)return F`<${dt} onDone=${r} />`;let[,i,a]=n.replace(/^#/,``).split(`/`),o;switch(i){case`sandbox`:o=F`<${Je} id=${decodeURIComponent(a??``)} />`;break;case`usage`:o=F`<${it} account=${e} />`;break;case`security`:o=F`<${ot} />`;break;case`metrics`:o=F`<${lt} />`;break;default:o=F`<${Ve} />`}let s=async()=>{await Le().catch(()=>{}),t(null)},c=e=>(i??``)===e?`active`:``;return F`<header>
+  </form>`}function mt(){let[e,t]=V(void 0),n=ft(),r=()=>W(`GET`,`/v1/account`).then(t,()=>t(null));if(H(()=>{Fe(()=>t(null)),r()},[]),e===void 0)return F`<p class="muted">Loading…</p>`;if(e===null)return F`<${pt} onDone=${r} />`;let[,i,a]=n.replace(/^#/,``).split(`/`),o;switch(i){case`sandbox`:o=F`<${Je} id=${decodeURIComponent(a??``)} />`;break;case`usage`:o=F`<${it} account=${e} />`;break;case`security`:o=F`<${ot} />`;break;case`metrics`:o=F`<${lt} />`;break;case`secrets`:o=a?F`<${dt} name=${decodeURIComponent(a)} />`:F`<${ut} />`;break;default:o=F`<${Ve} />`}let s=async()=>{await Le().catch(()=>{}),t(null)},c=e=>(i??``)===e?`active`:``;return F`<header>
       <strong>Sheepfold</strong>
       <nav>
         <a class=${c(``)} href="#/">Sandboxes</a>
         <a class=${c(`usage`)} href="#/usage">Usage</a>
         <a class=${c(`security`)} href="#/security">Security events</a>
         <a class=${c(`metrics`)} href="#/metrics">Metrics</a>
+        <a class=${c(`secrets`)} href="#/secrets">Secrets</a>
       </nav>
       <span class="muted">${e.name??e.id}</span>
       <button class="link" onClick=${s}>Log out</button>
     </header>
-    <main>${o}</main>`}le(F`<${ft} />`,document.getElementById(`app`));
+    <main>${o}</main>`}le(F`<${mt} />`,document.getElementById(`app`));

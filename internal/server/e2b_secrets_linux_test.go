@@ -1,0 +1,192 @@
+package server_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/egress"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/server"
+)
+
+// lateSecrets is the gateways' resolver, set once the server (whose
+// store it reads) exists, before any sandbox does.
+type lateSecrets struct{ egress.Secrets }
+
+// TestE2BSecretInjected: a real sandbox created through the E2B surface
+// (POST /v2/sandboxes) whose envVars hold E2B's placeholder
+// ${e2b.secrets.openai-api-key} and whose network.rules set
+// Authorization from it for api.test. Its request to api.test reaches the
+// server with the value; the placeholder sent to other.test, in a header
+// or the body, is refused (403 ERR_SECRET_MISDIRECTED) and nothing of it
+// arrives; the uses are recorded. A new version (E2B's POST
+// /secrets/{secretID}) is on the next request; once the secret is
+// deleted (DELETE /secrets/{secretID}) the request fails closed (502
+// ERR_SECRET_UNAVAILABLE) and nothing is sent. The control: a sandbox
+// created the same way without rules sends the placeholder to other.test
+// as it is written, so the refusal is the gateway's. No value is in the
+// account's events (what webhooks deliver) or the database files.
+func TestE2BSecretInjected(t *testing.T) {
+	const v1, v2 = "sk-E2B-RULE-1a2b3c4d5e", "sk-E2B-RULE-9f8e7d6c5b"
+	var mu sync.Mutex
+	var seen []string
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		seen = append(seen, r.Host+" "+r.Header.Get("Authorization")+" "+string(b))
+		mu.Unlock()
+		fmt.Fprint(w, "ok")
+	})}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+	srv := netip.MustParseAddrPort(ln.Addr().String())
+	api, other := netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11")
+	late := &lateSecrets{}
+	e := runcEnvWith(t, server.Config{}, func(c *sandbox.Config) {
+		c.Egress.Secrets = late
+		c.Egress.Test = &egress.TestNet{
+			Hosts:  map[string][]netip.Addr{"api.test": {api}, "other.test": {other}},
+			Routes: map[netip.AddrPort]netip.AddrPort{netip.AddrPortFrom(api, 80): srv, netip.AddrPortFrom(other, 80): srv},
+		}
+	})
+	res := server.NewEgressSecrets(e.store, e.srv.Secrets(), nil)
+	t.Cleanup(res.Close)
+	late.Secrets = res
+
+	r := e.e2bDo("POST", "/secrets", e.keyA, map[string]any{"name": "openai-api-key", "value": v1})
+	if r.status != http.StatusCreated {
+		t.Fatalf("create the secret: %d %s", r.status, r.body)
+	}
+	secretID := r.json(t)["secretID"].(string)
+	const placeholder = "${e2b.secrets.openai-api-key}"
+	create := func(rules bool) string {
+		network := map[string]any{"allowOut": []string{"api.test", "other.test"}}
+		if rules {
+			network["rules"] = map[string]any{"api.test": []any{map[string]any{"transform": map[string]any{
+				"headers": map[string]string{"Authorization": "Bearer " + placeholder}}}}}
+		}
+		sb := e.e2bCreate(e.keyA, map[string]any{"templateID": "python", "timeout": 120,
+			"envVars": map[string]string{"OPENAI_API_KEY": placeholder}, "network": network})
+		t.Cleanup(func() { e.e2bDo("DELETE", "/sandboxes/"+sb.ID, e.keyA, nil) })
+		return sb.ID
+	}
+	send := func(id, calls string) string {
+		t.Helper()
+		code := `
+import os, urllib.request, urllib.error
+def send(host, body=b"{}"):
+    req = urllib.request.Request("http://%s/v1/chat" % host, data=body, headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+    try:
+        return urllib.request.urlopen(req, timeout=10).read().decode()
+    except urllib.error.HTTPError as e:
+        return "%d %s" % (e.code, e.read().decode().split(":")[0])
+print(os.environ["OPENAI_API_KEY"], ` + calls + `, sep=" | ")
+`
+		r := e.do("POST", "/v1/sandboxes/"+id+"/execute", e.keyA, map[string]any{"code": code})
+		want(t, r, http.StatusOK, "")
+		return strings.TrimSpace(r.json(t)["stdout"].(string))
+	}
+	received := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		out := seen
+		seen = nil
+		return out
+	}
+
+	// The control: without rules the placeholder leaves as it is written.
+	ctl := create(false)
+	if got := send(ctl, `send("other.test")`); got != placeholder+" | ok" {
+		t.Fatalf("the control sandbox saw %q", got)
+	}
+	if got := received(); len(got) != 1 || got[0] != "other.test Bearer "+placeholder+" {}" {
+		t.Fatalf("the control: the server got %q", got)
+	}
+
+	id := create(true)
+	got := send(id, `send("api.test"), send("other.test"), send("other.test", b'{"k": "${e2b.secrets.openai-api-key}"}')`)
+	if got != placeholder+" | ok | 403 ERR_SECRET_MISDIRECTED | 403 ERR_SECRET_MISDIRECTED" {
+		t.Fatalf("the sandbox saw %q", got)
+	}
+	if got := received(); len(got) != 1 || got[0] != "api.test Bearer "+v1+" {}" {
+		t.Fatalf("the server got %q", got)
+	}
+	// The uses: one injected, two misdirected, for this sandbox.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r := e.do("GET", "/v1/secrets/openai-api-key/uses", e.keyA, nil)
+		want(t, r, http.StatusOK, "")
+		out := map[string]int{}
+		for _, u := range r.json(t)["uses"].([]any) {
+			m := u.(map[string]any)
+			if m["sandbox_id"] == id {
+				out[m["outcome"].(string)+" "+m["host"].(string)]++
+			}
+		}
+		if out["injected api.test"] == 1 && out["misdirected other.test"] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("uses %v: %s", out, r.body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// A new version through E2B is on the next request.
+	r = e.e2bDo("POST", "/secrets/"+secretID, e.keyA, map[string]any{"value": v2})
+	if r.status != http.StatusOK {
+		t.Fatalf("update: %d %s", r.status, r.body)
+	}
+	if got := send(id, `send("api.test")`); got != placeholder+" | ok" {
+		t.Fatalf("after the update the sandbox saw %q", got)
+	}
+	if got := received(); len(got) != 1 || got[0] != "api.test Bearer "+v2+" {}" {
+		t.Fatalf("after the update the server got %q", got)
+	}
+	// Deleted through E2B: fails closed, nothing sent.
+	if r := e.e2bDo("DELETE", "/secrets/"+secretID, e.keyA, nil); r.status != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", r.status, r.body)
+	}
+	if got := send(id, `send("api.test")`); got != placeholder+" | 502 ERR_SECRET_UNAVAILABLE" {
+		t.Fatalf("after the delete the sandbox saw %q", got)
+	}
+	if got := received(); len(got) != 0 {
+		t.Fatalf("after the delete the server got %q", got)
+	}
+
+	// No value in the account's events (what webhooks deliver) nor in
+	// the database files; the control: the secret's name is in both.
+	r = e.do("GET", "/v1/events?type=secret.used&limit=1000", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	var db []byte
+	for _, f := range []string{e.dbPath, e.dbPath + "-wal"} {
+		b, err := os.ReadFile(f)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		db = append(db, b...)
+	}
+	for where, b := range map[string][]byte{"events": r.body, "database files": db} {
+		if !bytes.Contains(b, []byte("openai-api-key")) {
+			t.Errorf("control: the secret's name is not in the %s", where)
+		}
+		for _, v := range []string{v1, v2} {
+			if bytes.Contains(b, []byte(v)) {
+				t.Errorf("a value is in the %s", where)
+			}
+		}
+	}
+}
