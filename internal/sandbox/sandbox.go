@@ -44,7 +44,8 @@ type Sandbox struct {
 	owner  string      // CreateOptions.Owner, copied into events
 	agent  agentClient // replaced, under mu, by a resume (pause.go)
 	inst   *runtime.Instance
-	pooled bool   // started ahead by the warm pool and handed out by it
+	volumes []VolumeMount // CreateOptions.Volumes; never changes
+	pooled  bool          // started ahead by the warm pool and handed out by it
 	node   string // where it runs, for a runtime.Placer (runtime.Instance.Node); set before its create returns, under m.mu once in the table
 	// net is the sandbox's egress gateway; nil without a network.
 	net *egress.Gateway
