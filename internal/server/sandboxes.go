@@ -130,6 +130,8 @@ type createRequest struct {
 	// Both are parsed strictly by internal/policy (ERR_INVALID_POLICY).
 	SandboxConfig  json.RawMessage `json:"sandbox_config"`
 	SecurityPolicy json.RawMessage `json:"security_policy"`
+	// VolumeMounts are the account's volumes to mount (volumes.go).
+	VolumeMounts []volumeMountJSON `json:"volume_mounts"`
 }
 
 // The largest resources a request may name, far above any host and far
@@ -177,6 +179,7 @@ func (s *Server) createOptions(req createRequest) (sandbox.CreateOptions, time.D
 		Names: sandbox.FieldNames{CPUs: "resources.cpus", Memory: "resources.memory_mb", Disk: "resources.disk_mb",
 			Pids: "resources.pids", Timeout: "timeout", PolicyMemory: "security_policy.resource_limits.memory_mb",
 			PolicyDisk: "security_policy.resource_limits.disk_write_mb"}}
+	opt.Volumes = volumeMounts(req.VolumeMounts)
 	var err error
 	if req.Timeout != nil {
 		if opt.Timeout, err = seconds("timeout", *req.Timeout, s.cfg.MaxTimeout); err != nil {
@@ -242,6 +245,9 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 		return nil, err
 	}
 	if err := s.checkPolicySecrets(ctx, own, opt.Policy, opt.Env); err != nil {
+		return nil, err
+	}
+	if err := s.resolveVolumes(ctx, own, opt.Volumes); err != nil {
 		return nil, err
 	}
 	if s.draining.Load() {

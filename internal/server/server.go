@@ -344,6 +344,8 @@ type Config struct {
 	// record: the number of records and their bytes (storage.go). A zero
 	// measure takes DefaultStorage's; a negative one is unbounded.
 	Storage store.Bounds
+	// Volumes bounds the accounts' persistent volumes (volumes.go).
+	Volumes VolumeLimits
 	// Events is the bus the engine emits to (its Config.Events): the
 	// server streams, lists and posts (webhooks) what it stores. Nil
 	// makes a bus of the server's own over the store, which then sees
@@ -474,6 +476,7 @@ func (c *Config) setDefaults() {
 		c.StoppedRetention = 24 * time.Hour
 	}
 	c.Storage = storageBounds(c.Storage)
+	c.Volumes = c.Volumes.withDefaults()
 	if c.PreviewDomain == "" {
 		c.PreviewDomain = DefaultPreviewDomain
 	}
