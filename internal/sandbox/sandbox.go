@@ -40,13 +40,14 @@ type Sandbox struct {
 	Metadata map[string]string
 	Created  time.Time
 
-	m       *Manager
-	owner   string      // CreateOptions.Owner, copied into events
-	agent   agentClient // replaced, under mu, by a resume (pause.go)
-	inst    *runtime.Instance
-	volumes []VolumeMount // CreateOptions.Volumes; never changes
-	pooled  bool          // started ahead by the warm pool and handed out by it
-	node    string        // where it runs, for a runtime.Placer (runtime.Instance.Node); set before its create returns, under m.mu once in the table
+	m      *Manager
+	owner  string      // CreateOptions.Owner, copied into events
+	agent  agentClient // replaced, under mu, by a resume (pause.go)
+	inst   *runtime.Instance
+	pooled bool   // started ahead by the warm pool and handed out by it
+	node   string // where it runs, for a runtime.Placer (runtime.Instance.Node); set before its create returns, under m.mu once in the table
+	// volumes are CreateOptions.Volumes (volumes.go); they never change.
+	volumes []VolumeMount
 	// net is the sandbox's egress gateway; nil without a network.
 	net *egress.Gateway
 	// ctxLangs maps the ids of the sandbox's code contexts to their
