@@ -48,6 +48,18 @@ func volumeRuntime(t *testing.T, instance string) *OCI {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// Whatever a failed test left: its sandboxes first (Close wants
+		// none), then its volumes.
+		ids, _ := o.List(context.Background())
+		for _, id := range ids {
+			o.Destroy(context.Background(), id)
+		}
+		vols, _ := os.ReadDir(cfg.VolumesDir)
+		for _, v := range vols {
+			if err := o.RemoveVolume(context.Background(), v.Name()); err != nil {
+				t.Errorf("remove volume %s: %v", v.Name(), err)
+			}
+		}
 		if err := o.Close(); err != nil {
 			t.Errorf("close: %v", err)
 		}
