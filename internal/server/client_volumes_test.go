@@ -1,0 +1,57 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/sheepfold/sheepfold/client"
+	"github.com/sheepfold/sheepfold/internal/server"
+)
+
+// TestGoSDKVolumes drives /v1/volumes and volume mounts through the Go
+// SDK.
+func TestGoSDKVolumes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	ctx := context.Background()
+	c, other := client.New(e.url, e.keyA), client.New(e.url, e.keyB)
+	v, err := c.CreateVolume(ctx, "data", 16)
+	if err != nil || v.Name != "data" || v.SizeMB != 16 || v.CreatedAt.IsZero() {
+		t.Fatalf("create: %+v, %v", v, err)
+	}
+	if v, err = c.CreateVolume(ctx, "cache", 0); err != nil || v.SizeMB != server.DefaultVolumeLimits.DefaultMB {
+		t.Fatalf("create at the default size: %+v, %v", v, err)
+	}
+	if _, err := c.CreateVolume(ctx, "data", 16); !errors.Is(err, client.ErrConflict) {
+		t.Fatalf("create twice: %v", err)
+	}
+	if l, err := c.ListVolumes(ctx); err != nil || len(l) != 2 || l[0].Name != "cache" || l[1].Name != "data" {
+		t.Fatalf("list: %+v, %v", l, err)
+	}
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{VolumeMounts: []client.VolumeMount{{Name: "data", Path: "/data"}, {Name: "cache", Path: "/mnt/cache", ReadOnly: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vs := e.rt.Spec(sb.ID).Volumes; len(vs) != 2 || vs[0].ReadOnly || !vs[1].ReadOnly || vs[1].Path != "/mnt/cache" {
+		t.Fatalf("the runtime mounts %+v", vs)
+	}
+	if v, err := c.GetVolume(ctx, "data"); err != nil || len(v.MountedBy) != 1 || v.MountedBy[0] != sb.ID || v.UsedBytes == nil {
+		t.Fatalf("get: %+v, %v", v, err)
+	}
+	if err := c.DeleteVolume(ctx, "data"); !errors.Is(err, client.ErrVolumeInUse) {
+		t.Fatalf("delete while mounted: %v", err)
+	}
+	if _, err := other.GetVolume(ctx, "data"); !errors.Is(err, client.ErrVolumeNotFound) {
+		t.Fatalf("another account's get: %v", err)
+	}
+	if _, err := other.CreateSandbox(ctx, client.CreateSandboxRequest{VolumeMounts: []client.VolumeMount{{Name: "data", Path: "/data"}}}); !errors.Is(err, client.ErrVolumeNotFound) {
+		t.Fatalf("another account's mount: %v", err)
+	}
+	if err := c.Kill(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteVolume(ctx, "data"); err != nil {
+		t.Fatal(err)
+	}
+}
