@@ -1,8 +1,11 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"os"
+	"os/exec"
 	"testing"
 
 	"github.com/sheepfold/sheepfold/client"
@@ -53,5 +56,19 @@ func TestGoSDKVolumes(t *testing.T) {
 	}
 	if err := c.DeleteVolume(ctx, "data"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPythonSDKVolumes runs sdk/python/tests/test_volumes.py against a
+// server.
+func TestPythonSDKVolumes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	cmd := exec.Command("/usr/bin/python3", "-m", "unittest", "-v", "test_volumes")
+	cmd.Dir = "../../sdk/python/tests"
+	cmd.Env = append(os.Environ(), "SHEEPFOLD_VOLUMES_URL="+e.url, "SHEEPFOLD_VOLUMES_KEY="+e.keyA, "SHEEPFOLD_VOLUMES_OTHER_KEY="+e.keyB)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("\nOK")) || bytes.Contains(out, []byte("skipped")) {
+		t.Fatalf("python volumes client: %v\n%s", err, out)
 	}
 }

@@ -59,6 +59,7 @@ from .errors import (
 from .events import Event, EventPage, Events, Webhook, WebhookDelivery, Webhooks, verify_webhook
 from .files import FilePage, Filesystem, WriteEntry
 from .secrets import Secret, SecretUse, Secrets
+from .volumes import Volume, VolumeMount, Volumes
 from .models import (
     CodeContext,
     CommandResult,
@@ -118,6 +119,9 @@ __all__ = [
     "Secret",
     "SecretUse",
     "Secrets",
+    "Volume",
+    "VolumeMount",
+    "Volumes",
     "verify_webhook",
     "FilePage",
     "Filesystem",
