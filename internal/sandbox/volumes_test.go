@@ -5,7 +5,10 @@ import (
 	"testing"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/runtime/fake"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 func TestCheckVolumePath(t *testing.T) {
@@ -117,4 +120,24 @@ func TestVolumeMounts(t *testing.T) {
 	}
 	_, err = m.Create(ctx, sandbox.CreateOptions{Template: "python", Volumes: []sandbox.VolumeMount{{Name: "data", ID: "vol-1", Path: "/data"}}})
 	wantCode(t, err, apierr.VolumeNotFound)
+}
+
+// noVolumes is a runtime that keeps no volumes (as the Kubernetes one).
+type noVolumes struct{ runtime.Runtime }
+
+// TestVolumesNotSupported: an engine whose runtime keeps no volumes
+// answers ERR_NOT_SUPPORTED to a mount, a make and a remove, and starts
+// nothing.
+func TestVolumesNotSupported(t *testing.T) {
+	t.Parallel()
+	rt := &fake.Runtime{AgentBin: testutil.AgentBin(t), Dir: testutil.ShortTempDir(t)}
+	m := startEngine(t, sandbox.Config{Runtime: noVolumes{rt}, Templates: sandbox.TemplatesFunc(func(string) (string, error) { return "/", nil })}, rt)
+	ctx := context.Background()
+	_, err := m.Create(ctx, sandbox.CreateOptions{Template: "python", Volumes: []sandbox.VolumeMount{{Name: "data", ID: "vol-1", Path: "/data"}}})
+	wantCode(t, err, apierr.NotSupported)
+	wantCode(t, m.MakeVolume(ctx, "vol-1", 1<<20), apierr.NotSupported)
+	wantCode(t, m.RemoveVolume(ctx, "vol-1", "data"), apierr.NotSupported)
+	if ids, _ := rt.List(ctx); len(ids) != 0 {
+		t.Fatalf("started %v", ids)
+	}
 }
