@@ -268,7 +268,16 @@ func (o *OCI) attachVolumes(b string, s runtime.Spec, base uint32) ([]specs.Moun
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Mkdir(filepath.Join(b, "volumes"), 0o700); err != nil {
+	// As the bundle: its own root and the sandbox's pass (a restore's
+	// CRIU, as the sandbox's root, opens each attachment again).
+	vols := filepath.Join(b, "volumes")
+	if err := os.Mkdir(vols, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chown(vols, 0, int(base)); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(vols, 0o710); err != nil {
 		return nil, err
 	}
 	volumeLock.Lock()

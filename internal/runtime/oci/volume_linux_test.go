@@ -212,3 +212,32 @@ func TestVolumeConfinement(t *testing.T) {
 		}
 	})
 }
+
+// TestVolumeCheckpointRestore: a sandbox that mounts a volume is
+// checkpointed and restored with its mount: what it wrote before is
+// there, and it writes on after.
+func TestVolumeCheckpointRestore(t *testing.T) {
+	o := volumeRuntime(t, "vol-ckpt")
+	if err := o.criuReady(); err != nil {
+		t.Fatalf("%v: run `make setup`", err)
+	}
+	ctx := context.Background()
+	if err := o.MakeVolume(ctx, "vol-p", 8<<20); err != nil {
+		t.Fatal(err)
+	}
+	sock := volumeSandbox(t, o, "vol-p1", runtime.VolumeMount{ID: "vol-p", Path: "/data"})
+	if out, code := shell(t, sock, "", "echo before > /data/f"); code != 0 {
+		t.Fatal(out)
+	}
+	dir := checkpointsDir(t)
+	if err := o.Checkpoint(ctx, "vol-p1", dir); err != nil {
+		t.Fatal(err)
+	}
+	inst, err := o.Restore(ctx, "vol-p1", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, code := shell(t, inst.Socket, "", "cat /data/f && echo after >> /data/f && cat /data/f"); code != 0 || out != "before\nbefore\nafter\n" {
+		t.Fatalf("after the restore: %d %q", code, out)
+	}
+}
