@@ -43,9 +43,12 @@ func FiguresOf(d store.UsageDelta, p Prices) Figures {
 
 // StorageFigures are an account's storage in a report.
 type StorageFigures struct {
-	GBSeconds  float64 `json:"gb_seconds"`
-	CostMicros int64   `json:"cost_micros"`
-	Cost       string  `json:"cost"`
+	GBSeconds float64 `json:"gb_seconds"`
+	// VolumesGBSeconds is the account's volumes' share of GBSeconds (at
+	// their sizes).
+	VolumesGBSeconds float64 `json:"volumes_gb_seconds"`
+	CostMicros       int64   `json:"cost_micros"`
+	Cost             string  `json:"cost"`
 }
 
 // Group is one group of a report: an hour, a day, a sandbox or a
@@ -124,7 +127,9 @@ func BuildReport(in ReportInput) Report {
 		}
 	}
 	var storage, total store.UsageDelta
+	var volumes float64
 	for _, h := range in.Stored {
+		volumes += h.VolumeGBSeconds
 		d := store.UsageDelta{Account: in.Account, Hour: h.Hour, StorageGBSeconds: h.GBSeconds}
 		storage.Add(d)
 		if by == store.GroupHour || by == store.GroupDay {
@@ -135,7 +140,7 @@ func BuildReport(in ReportInput) Report {
 	}
 	sf := FiguresOf(storage, in.Prices)
 	out := Report{From: in.From, To: in.To, GroupBy: by, Groups: []Group{}, Prices: in.Prices,
-		Storage: StorageFigures{GBSeconds: sf.StorageGBSeconds, CostMicros: sf.CostMicros, Cost: sf.Cost}}
+		Storage: StorageFigures{GBSeconds: sf.StorageGBSeconds, VolumesGBSeconds: volumes, CostMicros: sf.CostMicros, Cost: sf.Cost}}
 	keys := make([]string, 0, len(groups))
 	for k := range groups {
 		keys = append(keys, k)

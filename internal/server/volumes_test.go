@@ -2,10 +2,13 @@ package server_test
 
 import (
 	"bytes"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/server"
 )
 
@@ -88,4 +91,36 @@ func TestVolumesAPI(t *testing.T) {
 	want(t, e.do("GET", "/v1/volumes/data", e.keyA, nil), http.StatusNotFound, "ERR_VOLUME_NOT_FOUND")
 	want(t, e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"volume_mounts": []map[string]any{{"name": "data", "path": "/data"}}}),
 		http.StatusNotFound, "ERR_VOLUME_NOT_FOUND")
+}
+
+// TestUsageVolumes: an account's volumes are metered in its usage's
+// storage, at their sizes, and charged at the storage price, also for an
+// account that keeps nothing else; another account is charged nothing
+// for them.
+func TestUsageVolumes(t *testing.T) {
+	t.Parallel()
+	prices := metering.Prices{StorageGBSecond: 1e6}
+	e := newEnv(t, server.Config{Metering: metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond, Prices: &prices}})
+	want(t, e.do("POST", "/v1/volumes", e.keyB, map[string]any{"name": "data", "size_mb": 64}), http.StatusCreated, "")
+	start := time.Now()
+	// A second of 64 MiB.
+	const second = 64.0 / 1024
+	var storage map[string]any
+	for deadline := start.Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		storage = e.do("GET", "/v1/account/usage", e.keyB, nil).json(t)["storage"].(map[string]any)
+		if storage["volumes_gb_seconds"].(float64) >= second {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the volume was never metered a second: %v", storage)
+		}
+	}
+	vol := storage["volumes_gb_seconds"].(float64)
+	if most := second * time.Since(start.Add(-time.Second)).Seconds(); vol > most || storage["gb_seconds"].(float64) < vol ||
+		storage["cost_micros"].(float64) < math.Floor(vol*1e6) {
+		t.Fatalf("storage %v after %v: at most %g volume GB-seconds, all within gb_seconds and charged", storage, time.Since(start), most)
+	}
+	if a := e.do("GET", "/v1/account/usage", e.keyA, nil).json(t)["storage"].(map[string]any); a["volumes_gb_seconds"] != 0.0 {
+		t.Fatalf("A, without volumes: %v", a)
+	}
 }

@@ -60,6 +60,7 @@ func Run(t *testing.T, open Open) {
 		{"StorageMeter", testStorageMeter},
 		{"Secrets", testSecrets},
 		{"Volumes", testVolumes},
+		{"VolumeMeter", testVolumeMeter},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

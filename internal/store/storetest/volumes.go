@@ -3,7 +3,9 @@ package storetest
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -63,5 +65,51 @@ func testVolumes(t *testing.T, s store.Store) {
 	}
 	if l, err := s.ListVolumes(ctx, "acct-b"); err != nil || len(l) != 1 {
 		t.Fatalf("acct-b kept: %+v, %v", l, err)
+	}
+}
+
+// testVolumeMeter: an account's volumes are metered with its storage at
+// their sizes, an account with volumes alone too; their share is kept
+// apart in each hour; a deleted volume is charged no more.
+func testVolumeMeter(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	t0 := now().Truncate(time.Hour).Add(10 * time.Minute)
+	const size = 1 << 30
+	if err := s.CreateVolume(ctx, store.Volume{Owner: "acct-v", Name: "data", ID: "vol-m", SizeBytes: size, CreatedAt: t0}, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	meter := func(at time.Time) []store.StorageCharge {
+		t.Helper()
+		cs, err := s.MeterStorage(ctx, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cs
+	}
+	if cs := meter(t0); len(cs) != 0 {
+		t.Fatalf("the first metering charged %+v", cs)
+	}
+	cs := meter(t0.Add(100 * time.Second))
+	if len(cs) != 1 || cs[0].Account != "acct-v" || cs[0].Bytes != size || cs[0].VolumeBytes != size ||
+		cs[0].GBSeconds != 100 || cs[0].VolumeGBSeconds != 100 {
+		t.Fatalf("a volume of 1 GiB for 100 s charged %+v, want 100 GB-seconds", cs)
+	}
+	// Records beside it: both in GBSeconds, the volume's share apart.
+	mustNil(t, s.PutSandbox(ctx, store.Sandbox{ID: "sb-v", Owner: "acct-v", Template: "python", State: store.SandboxRunning, CreatedAt: t0, ExpiresAt: t0.Add(time.Hour)}))
+	kept, err := s.Stored(ctx, "acct-v")
+	mustNil(t, err)
+	records := kept.Total().Bytes
+	cs = meter(t0.Add(110 * time.Second))
+	if len(cs) != 1 || cs[0].Bytes != size+records || cs[0].VolumeGBSeconds != 10 || math.Abs(cs[0].GBSeconds-10-float64(records)/(1<<30)*10) > 1e-9 {
+		t.Fatalf("records and a volume for 10 s charged %+v", cs)
+	}
+	hours, err := s.StorageUsage(ctx, "acct-v", time.Time{}, time.Time{})
+	if err != nil || len(hours) != 1 || hours[0].VolumeGBSeconds != 110 || hours[0].GBSeconds < 110 {
+		t.Fatalf("storage usage %+v, %v", hours, err)
+	}
+	mustNil(t, s.DeleteVolume(ctx, "acct-v", "data"))
+	cs = meter(t0.Add(120 * time.Second))
+	if len(cs) != 1 || cs[0].VolumeBytes != 0 || cs[0].VolumeGBSeconds != 0 || cs[0].Bytes != records {
+		t.Fatalf("after the delete: %+v", cs)
 	}
 }

@@ -8,3 +8,6 @@ CREATE TABLE volumes (
     created_at  TEXT NOT NULL,
     PRIMARY KEY (owner, name)
 );
+-- Volumes are metered with the account's storage (MeterStorage): their
+-- share of each hour's GB-seconds, which gb_seconds includes.
+ALTER TABLE storage_hours ADD COLUMN volume_gb_seconds REAL NOT NULL DEFAULT 0;
