@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"os"
 )
 
 // VolumeMount mounts a persistent volume (Volumes) in a sandbox.
@@ -35,3 +36,13 @@ type Volumes interface {
 
 // ErrVolumeNotFound reports a volume the runtime does not hold.
 var ErrVolumeNotFound = errors.New("volume not found")
+
+// VolumeOpener is implemented by Volumes runtimes whose volumes the host
+// itself holds: OpenVolume opens volume id's root directory (the caller
+// closes it; the volume stays while it is open, even once removed) and
+// says the owner of what the host creates in it, so that sandboxes
+// mounting it see it as their "user"'s. ErrVolumeNotFound for an unknown
+// volume.
+type VolumeOpener interface {
+	OpenVolume(ctx context.Context, id string) (root *os.File, uid, gid int, err error)
+}

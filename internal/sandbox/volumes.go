@@ -9,6 +9,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/volume"
 )
 
 // Volumes in sandboxes.
@@ -231,4 +232,38 @@ func (m *Manager) VolumeUsage(ctx context.Context, id string) (used, total int64
 		return 0, 0, apierr.Wrap(err, apierr.VolumeNotFound, "the volume's storage is gone")
 	}
 	return used, total, err
+}
+
+// OpenVolume opens volume id's files from the host (internal/volume), on
+// a runtime whose host holds its volumes; the caller closes it.
+func (m *Manager) OpenVolume(ctx context.Context, id string) (*volume.FS, error) {
+	o, ok := m.cfg.Runtime.(runtime.VolumeOpener)
+	if !ok {
+		return nil, apierr.New(apierr.NotSupported, "this server's runtime (%s) keeps no volumes it can reach", m.cfg.Runtime.Name())
+	}
+	root, uid, gid, err := o.OpenVolume(ctx, id)
+	switch {
+	case errors.Is(err, runtime.ErrVolumeNotFound):
+		return nil, apierr.Wrap(err, apierr.VolumeNotFound, "the volume's storage is gone")
+	case errors.Is(err, runtime.ErrUnsupported):
+		return nil, apierr.Wrap(err, apierr.NotSupported, "this server keeps no volumes: %v", err)
+	case err != nil:
+		return nil, apierr.Wrap(err, apierr.Internal, "could not open the volume")
+	}
+	return volume.New(root, uid, gid), nil
+}
+
+// VolumeWriters lists the live sandboxes that mount volume id read-write
+// and did not ask to share it.
+func (m *Manager) VolumeWriters(id string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, s := range m.sandboxes {
+		if slices.ContainsFunc(s.volumes, func(v VolumeMount) bool { return v.ID == id && !v.ReadOnly && !v.Shared }) {
+			out = append(out, s.ID)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

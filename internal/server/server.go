@@ -208,8 +208,9 @@
 // fence tags, the default language), internal/abort (responses cut
 // short), internal/ui (the dashboard's embedded front end), api (the
 // OpenAPI document), internal/preview (what a preview is: its forms,
-// credentials and proxy) and internal/session (a session's execution
-// shape and its ask loop).
+// credentials and proxy), internal/session (a session's execution
+// shape and its ask loop) and internal/volume (a volume's files, their
+// errors and entries: volumes.go).
 // Never a runtime implementation: the engine is handed in.
 package server
 
@@ -891,7 +892,8 @@ func (s *Server) bodyLimit(r *http.Request) int64 {
 	case s.isPreview(r):
 		return 0 // streamed to the app, never held: the app bounds it
 	case e2b.IsUpload(r),
-		(r.Method == http.MethodPut || r.Method == http.MethodPost) && strings.HasPrefix(r.URL.Path, "/v1/sandboxes/") && strings.HasSuffix(r.URL.Path, "/files"):
+		(r.Method == http.MethodPut || r.Method == http.MethodPost) && strings.HasPrefix(r.URL.Path, "/v1/sandboxes/") && strings.HasSuffix(r.URL.Path, "/files"),
+		r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/v1/volumes/") && strings.HasSuffix(r.URL.Path, "/files"):
 		return s.cfg.MaxUploadBytes + uploadFraming
 	}
 	return maxJSONBody

@@ -10,6 +10,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/secrets"
 	"github.com/sheepfold/sheepfold/internal/session"
 	"github.com/sheepfold/sheepfold/internal/testutil/apispec"
+	"github.com/sheepfold/sheepfold/internal/volume"
 	"github.com/sheepfold/sheepfold/internal/webhooks"
 )
 
@@ -56,6 +57,7 @@ var wireTypes = []apispec.Entry{
 	{V: volumeRequest{}, Schema: "VolumeRequest"},
 	{V: volumeJSON{}, Schema: "Volume"},
 	{V: volumeMountJSON{}, Schema: "VolumeMount"},
+	{V: volume.Entry{}, Schema: "VolumeFile"},
 	{V: sessionRequest{}, Schema: "CreateSession"},
 	{V: sessionJSON{}, Schema: "Session"},
 	{V: sessionExecRequest{}, Schema: "SessionExecuteRequest"},

@@ -6,12 +6,16 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/volume"
 )
 
 // Volumes: an account's named persistent filesystems, each of a size of
@@ -61,6 +65,10 @@ func (s *Server) volumeRoutes(add addFunc) {
 	add("GET /v1/volumes", true, s.listVolumes)
 	add("GET /v1/volumes/{name}", true, s.getVolume)
 	add("DELETE /v1/volumes/{name}", true, s.deleteVolume)
+	add("GET /v1/volumes/{name}/files", true, s.readVolumeFile)
+	add("PUT /v1/volumes/{name}/files", true, s.writeVolumeFile)
+	add("DELETE /v1/volumes/{name}/files", true, s.removeVolumeFile)
+	add("GET /v1/volumes/{name}/files/list", true, s.listVolumeFiles)
 }
 
 // errNoVolumes answers on a server without a store (tests of routes).
@@ -250,5 +258,131 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.log.Info("volume deleted", "owner", own, "volume", v.ID)
 	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// A volume's files without a sandbox: read, write, list and remove, by
+// the server on the host, confined to the volume by the kernel
+// (internal/volume: openat2 RESOLVE_IN_ROOT from the volume's root, no
+// mount crossed, regular files only). Paths are from the volume's root
+// ("/data/a.csv"; "a.csv" is the same). A write is refused while a live
+// sandbox writes the volume without sharing it (one writer at a time),
+// and what it makes belongs to the sandboxes' "user".
+
+// maxVolumeList bounds a listing of a volume's directory.
+const maxVolumeList = 10000
+
+// volumeFiles opens the caller's volume name's files.
+func (s *Server) volumeFiles(r *http.Request) (*volume.FS, store.Volume, error) {
+	v, err := s.volume(r.Context(), owner(r), r.PathValue("name"))
+	if err != nil {
+		return nil, v, err
+	}
+	fsys, err := s.engine.OpenVolume(r.Context(), v.ID)
+	return fsys, v, err
+}
+
+// volumeFileErr maps internal/volume's errors to the API's.
+func volumeFileErr(p string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, volume.ErrNotFound):
+		return apierr.New(apierr.NotFound, "%s: no such file or directory in the volume", p)
+	case errors.Is(err, volume.ErrFull):
+		return apierr.Wrap(err, apierr.DiskFull, "the volume is full")
+	case errors.Is(err, volume.ErrNotEmpty):
+		return apierr.New(apierr.Conflict, "%s: the directory is not empty", p)
+	case errors.Is(err, volume.ErrIsDir), errors.Is(err, volume.ErrNotDir), errors.Is(err, volume.ErrNotRegular),
+		errors.Is(err, volume.ErrBadPath), errors.Is(err, volume.ErrTooMany):
+		return apierr.Wrap(err, apierr.BadRequest, "%s: %v", p, err)
+	}
+	return err
+}
+
+func (s *Server) readVolumeFile(w http.ResponseWriter, r *http.Request) error {
+	p, err := queryPath(r)
+	if err != nil {
+		return err
+	}
+	fsys, _, err := s.volumeFiles(r)
+	if err != nil {
+		return err
+	}
+	defer fsys.Close()
+	f, e, err := fsys.Open(p)
+	if err != nil {
+		return volumeFileErr(p, err)
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(e.Size, 10))
+	w.WriteHeader(http.StatusOK)
+	io.CopyN(w, f, e.Size)
+	return nil
+}
+
+func (s *Server) writeVolumeFile(w http.ResponseWriter, r *http.Request) error {
+	p, err := queryPath(r)
+	if err != nil {
+		return err
+	}
+	if r.ContentLength > s.cfg.MaxUploadBytes {
+		return s.tooLarge()
+	}
+	fsys, v, err := s.volumeFiles(r)
+	if err != nil {
+		return err
+	}
+	defer fsys.Close()
+	if ws := s.engine.VolumeWriters(v.ID); len(ws) > 0 {
+		return apierr.New(apierr.VolumeInUse, "volume %q is written by sandbox %s: one writer at a time", v.Name, strings.Join(ws, ", "))
+	}
+	e, err := fsys.Write(p, r.Body, s.cfg.MaxUploadBytes)
+	if errors.Is(err, volume.ErrFileTooLong) {
+		return s.tooLarge()
+	}
+	if err != nil {
+		return s.mapUploadErr(volumeFileErr(p, err))
+	}
+	writeJSON(w, http.StatusCreated, e)
+	return nil
+}
+
+func (s *Server) removeVolumeFile(w http.ResponseWriter, r *http.Request) error {
+	p, err := queryPath(r)
+	if err != nil {
+		return err
+	}
+	fsys, v, err := s.volumeFiles(r)
+	if err != nil {
+		return err
+	}
+	defer fsys.Close()
+	if ws := s.engine.VolumeWriters(v.ID); len(ws) > 0 {
+		return apierr.New(apierr.VolumeInUse, "volume %q is written by sandbox %s: one writer at a time", v.Name, strings.Join(ws, ", "))
+	}
+	if err := volumeFileErr(p, fsys.Remove(p)); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) listVolumeFiles(w http.ResponseWriter, r *http.Request) error {
+	p := r.URL.Query().Get("path")
+	if p == "" {
+		p = "/"
+	}
+	fsys, _, err := s.volumeFiles(r)
+	if err != nil {
+		return err
+	}
+	defer fsys.Close()
+	l, err := fsys.List(p, maxVolumeList)
+	if err != nil {
+		return volumeFileErr(p, err)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": l})
 	return nil
 }

@@ -27,7 +27,9 @@ import (
 // whole server (store, engine, runtime) stopped and started again; a
 // read-only mount refuses writes inside; an upload past the volume's
 // size is ERR_DISK_FULL while the sandbox's own disk takes it; another
-// account still cannot mount it.
+// account still cannot mount it. The file API (no sandbox) writes files
+// the sandboxes' user owns, and follows none of a tenant's links or FIFOs
+// out of the volume.
 func TestVolumeSurvivesRestart(t *testing.T) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
@@ -132,7 +134,41 @@ func TestVolumeSurvivesRestart(t *testing.T) {
 		t.Fatalf("a write in the read-only mount: %v %q", code, out)
 	}
 	want(t, e.do("DELETE", "/v1/volumes/data", e.keyA, nil), http.StatusConflict, "ERR_VOLUME_IN_USE")
+	// The file API beside a reader: what it writes is the sandboxes'
+	// user's.
+	want(t, e.do("PUT", "/v1/volumes/data/files?path=/api/f.txt", e.keyA, "from the api"), http.StatusCreated, "")
+	if out, code := run(e, ro, "cat /mnt/data/api/f.txt && stat -c %U:%G /mnt/data/api /mnt/data/api/f.txt"); code != 0 || out != "from the apiuser:user\nuser:user\n" {
+		t.Fatalf("a file of the API in the sandbox: %v %q", code, out)
+	}
 	want(t, e.do("DELETE", "/v1/sandboxes/"+ro, e.keyA, nil), http.StatusNoContent, "")
+
+	// A tenant's links to the host, then read through the file API.
+	secret := filepath.Join(dir, "host-secret")
+	if err := os.WriteFile(secret, []byte("host only"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w := e.create(e.keyA, map[string]any{"volume_mounts": []map[string]any{{"name": "data", "path": "/data"}}})
+	if out, code := run(e, w, "ln -s "+secret+" /data/esc && ln -s / /data/root && mkfifo /data/fifo"); code != 0 {
+		t.Fatal(out)
+	}
+	want(t, e.do("DELETE", "/v1/sandboxes/"+w, e.keyA, nil), http.StatusNoContent, "")
+	mnts, _ := filepath.Glob(filepath.Join(dir, "volumes", "*", "mnt"))
+	if len(mnts) != 1 {
+		t.Fatalf("volumes: %v", mnts)
+	}
+	if b, err := os.ReadFile(filepath.Join(mnts[0], "esc")); err != nil || string(b) != "host only" {
+		t.Fatalf("control: the link followed on the host reads %q, %v", b, err)
+	}
+	for _, p := range []string{"/esc", "/root" + secret, "/../../../.." + secret} {
+		want(t, e.do("GET", "/v1/volumes/data/files?path="+p, e.keyA, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+	}
+	want(t, e.do("GET", "/v1/volumes/data/files?path=/fifo", e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	want(t, e.do("PUT", "/v1/volumes/data/files?path=/esc", e.keyA, "overwritten"), http.StatusNotFound, "ERR_NOT_FOUND")
+	if b, _ := os.ReadFile(secret); string(b) != "host only" {
+		t.Fatalf("the host file was written: %q", b)
+	}
+	// Full: the kernel's ENOSPC through the file API too.
+	want(t, e.do("PUT", "/v1/volumes/data/files?path=/big", e.keyA, big), http.StatusInsufficientStorage, "ERR_DISK_FULL")
 	want(t, e.do("DELETE", "/v1/volumes/data", e.keyA, nil), http.StatusNoContent, "")
 	if _, err := os.ReadDir(filepath.Join(dir, "volumes")); err != nil {
 		t.Fatal(err)

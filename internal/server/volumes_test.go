@@ -124,3 +124,53 @@ func TestUsageVolumes(t *testing.T) {
 		t.Fatalf("A, without volumes: %v", a)
 	}
 }
+
+// TestVolumeFilesAPI: a volume's files without a sandbox: write, read,
+// list, remove; "..", a missing file, a directory; another account's
+// volume is not found; no write while a sandbox writes the volume.
+func TestVolumeFilesAPI(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{MaxUploadBytes: 1 << 10})
+	want(t, e.do("POST", "/v1/volumes", e.keyA, map[string]any{"name": "data", "size_mb": 8}), http.StatusCreated, "")
+	base := "/v1/volumes/data/files"
+	r := e.do("PUT", base+"?path=/in/a.txt", e.keyA, "hello")
+	want(t, r, http.StatusCreated, "")
+	if m := r.json(t); m["path"] != "/in/a.txt" || m["size"] != 5.0 || m["type"] != "file" {
+		t.Fatalf("write: %s", r.body)
+	}
+	if r = e.do("GET", base+"?path=in/a.txt", e.keyA, nil); r.status != 200 || string(r.body) != "hello" {
+		t.Fatalf("read: %d %q", r.status, r.body)
+	}
+	// ".." stays in the volume: /../../in/a.txt is /in/a.txt.
+	if r = e.do("GET", base+"?path=/../../in/a.txt", e.keyA, nil); r.status != 200 || string(r.body) != "hello" {
+		t.Fatalf("read through ..: %d %q", r.status, r.body)
+	}
+	want(t, e.do("GET", base+"?path=/../../etc/passwd", e.keyA, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+	want(t, e.do("GET", base+"?path=/in", e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	want(t, e.do("GET", base, e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	want(t, e.do("PUT", base+"?path=/big", e.keyA, strings.Repeat("x", 2<<10)), http.StatusRequestEntityTooLarge, "ERR_FILE_TOO_LARGE")
+	r = e.do("GET", base+"/list?path=/in", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	if l := r.json(t)["entries"].([]any); len(l) != 1 || l[0].(map[string]any)["name"] != "a.txt" {
+		t.Fatalf("list: %s", r.body)
+	}
+	want(t, e.do("DELETE", base+"?path=/in", e.keyA, nil), http.StatusConflict, "ERR_CONFLICT")
+
+	// Another account.
+	want(t, e.do("GET", base+"?path=/in/a.txt", e.keyB, nil), http.StatusNotFound, "ERR_VOLUME_NOT_FOUND")
+	want(t, e.do("PUT", base+"?path=/x", e.keyB, "x"), http.StatusNotFound, "ERR_VOLUME_NOT_FOUND")
+	want(t, e.do("GET", base+"/list", e.keyB, nil), http.StatusNotFound, "ERR_VOLUME_NOT_FOUND")
+	want(t, e.do("DELETE", base+"?path=/in/a.txt", e.keyB, nil), http.StatusNotFound, "ERR_VOLUME_NOT_FOUND")
+
+	// A sandbox writes it: the file API reads but does not write.
+	id := e.create(e.keyA, map[string]any{"volume_mounts": []map[string]any{{"name": "data", "path": "/data"}}})
+	want(t, e.do("PUT", base+"?path=/in/b.txt", e.keyA, "x"), http.StatusConflict, "ERR_VOLUME_IN_USE")
+	want(t, e.do("DELETE", base+"?path=/in/a.txt", e.keyA, nil), http.StatusConflict, "ERR_VOLUME_IN_USE")
+	if r = e.do("GET", base+"?path=/in/a.txt", e.keyA, nil); r.status != 200 {
+		t.Fatalf("read while mounted: %d %s", r.status, r.body)
+	}
+	want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
+	want(t, e.do("DELETE", base+"?path=/in/a.txt", e.keyA, nil), http.StatusNoContent, "")
+	want(t, e.do("DELETE", base+"?path=/in", e.keyA, nil), http.StatusNoContent, "")
+	want(t, e.do("GET", base+"?path=/in/a.txt", e.keyA, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+}

@@ -5,6 +5,7 @@ package oci
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
@@ -43,4 +44,7 @@ func (*OCI) MakeVolume(context.Context, string, int64) error { return runtime.Er
 func (*OCI) RemoveVolume(context.Context, string) error      { return runtime.ErrUnsupported }
 func (*OCI) VolumeUsage(context.Context, string) (int64, int64, error) {
 	return 0, 0, runtime.ErrUnsupported
+}
+func (*OCI) OpenVolume(context.Context, string) (*os.File, int, int, error) {
+	return nil, 0, 0, runtime.ErrUnsupported
 }

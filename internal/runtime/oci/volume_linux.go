@@ -251,6 +251,30 @@ func (o *OCI) VolumeUsage(_ context.Context, id string) (used, total int64, err 
 	return used, used + int64(st.Bavail)*st.Bsize, nil
 }
 
+var _ runtime.VolumeOpener = (*OCI)(nil)
+
+// OpenVolume implements runtime.VolumeOpener: the volume's root, owned
+// as sandboxes' "user" owns it on disk.
+func (o *OCI) OpenVolume(_ context.Context, id string) (*os.File, int, int, error) {
+	if err := o.volumesOn(); err != nil {
+		return nil, 0, 0, err
+	}
+	if !validID(id) {
+		return nil, 0, 0, runtime.ErrVolumeNotFound
+	}
+	volumeLock.Lock()
+	defer volumeLock.Unlock()
+	if err := o.mountVolume(id); err != nil {
+		return nil, 0, 0, err
+	}
+	f, err := os.OpenFile(filepath.Join(o.volumeDir(id), "mnt"), os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	owner := int(o.cfg.IDMap.HostID + volumeUser)
+	return f, owner, owner, nil
+}
+
 // volumeAt is where a sandbox's i-th volume is attached in its bundle.
 func volumeAt(b string, i int) string { return filepath.Join(b, "volumes", strconv.Itoa(i)) }
 
