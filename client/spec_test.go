@@ -61,6 +61,7 @@ var specTable = []apispec.Entry{
 	{V: Volume{}, Schema: "Volume"},
 	{V: VolumeMount{}, Schema: "VolumeMount"},
 	{V: volumeJSON{}, Schema: "VolumeRequest"},
+	{V: VolumeFile{}, Schema: "VolumeFile"},
 	{V: SessionRequest{}, Schema: "CreateSession"},
 	{V: Session{}, Schema: "Session"},
 	{V: SessionExecuteRequest{}, Schema: "SessionExecuteRequest"},

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"io"
 	"net/url"
 	"time"
 )
@@ -73,4 +74,56 @@ func (c *Client) GetVolume(ctx context.Context, name string) (*Volume, error) {
 // while a live sandbox mounts it.
 func (c *Client) DeleteVolume(ctx context.Context, name string) error {
 	return c.call(ctx, request{method: "DELETE", path: "/v1/volumes/" + url.PathEscape(name)}, nil)
+}
+
+// VolumeFile is a file or directory of a volume (the file calls below,
+// which need no sandbox).
+type VolumeFile struct {
+	Name    string    `json:"name"`
+	Path    string    `json:"path"` // from the volume's root
+	Type    string    `json:"type"` // "file", "dir", "symlink" or "other"
+	Size    int64     `json:"size"`
+	ModTime time.Time `json:"mod_time"`
+}
+
+func volumeFilesPath(name string) string { return "/v1/volumes/" + url.PathEscape(name) + "/files" }
+
+// WriteVolumeFile writes r to the file at path (from the volume's root)
+// of volume name, without a sandbox, making it and its directories as
+// the sandboxes' user. ErrVolumeInUse while a sandbox writes the volume,
+// ErrDiskFull when it is full.
+func (c *Client) WriteVolumeFile(ctx context.Context, name, path string, r io.Reader) (*VolumeFile, error) {
+	var f VolumeFile
+	return &f, c.call(ctx, request{method: "PUT", path: volumeFilesPath(name), query: url.Values{"path": {path}},
+		body: r, contentType: "application/octet-stream"}, &f)
+}
+
+// ReadVolumeFile returns the contents of the regular file at path of
+// volume name, without a sandbox.
+func (c *Client) ReadVolumeFile(ctx context.Context, name, path string) ([]byte, error) {
+	res, err := c.do(ctx, request{method: "GET", path: volumeFilesPath(name), query: url.Values{"path": {path}}})
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	return io.ReadAll(res.Body)
+}
+
+// ListVolumeFiles lists the directory at path ("" is the root) of volume
+// name, without a sandbox.
+func (c *Client) ListVolumeFiles(ctx context.Context, name, path string) ([]VolumeFile, error) {
+	var body struct {
+		Entries []VolumeFile `json:"entries"`
+	}
+	var q url.Values
+	if path != "" {
+		q = url.Values{"path": {path}}
+	}
+	return body.Entries, c.call(ctx, request{method: "GET", path: volumeFilesPath(name) + "/list", query: q}, &body)
+}
+
+// RemoveVolumeFile removes the file, symlink or empty directory at path
+// of volume name, without a sandbox.
+func (c *Client) RemoveVolumeFile(ctx context.Context, name, path string) error {
+	return c.call(ctx, request{method: "DELETE", path: volumeFilesPath(name), query: url.Values{"path": {path}}}, nil)
 }

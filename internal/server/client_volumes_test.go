@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/sheepfold/sheepfold/client"
@@ -51,8 +52,30 @@ func TestGoSDKVolumes(t *testing.T) {
 	if _, err := other.CreateSandbox(ctx, client.CreateSandboxRequest{VolumeMounts: []client.VolumeMount{{Name: "data", Path: "/data"}}}); !errors.Is(err, client.ErrVolumeNotFound) {
 		t.Fatalf("another account's mount: %v", err)
 	}
+	if _, err := c.WriteVolumeFile(ctx, "data", "/x", strings.NewReader("x")); !errors.Is(err, client.ErrVolumeInUse) {
+		t.Fatalf("a file write while a sandbox writes: %v", err)
+	}
 	if err := c.Kill(ctx, sb.ID); err != nil {
 		t.Fatal(err)
+	}
+	// Files without a sandbox.
+	if f, err := c.WriteVolumeFile(ctx, "data", "/in/a.txt", strings.NewReader("hello")); err != nil || f.Path != "/in/a.txt" || f.Size != 5 || f.Type != "file" {
+		t.Fatalf("write: %+v, %v", f, err)
+	}
+	if b, err := c.ReadVolumeFile(ctx, "data", "in/a.txt"); err != nil || string(b) != "hello" {
+		t.Fatalf("read: %q, %v", b, err)
+	}
+	if l, err := c.ListVolumeFiles(ctx, "data", ""); err != nil || len(l) != 1 || l[0].Name != "in" || l[0].Type != "dir" {
+		t.Fatalf("list: %+v, %v", l, err)
+	}
+	if _, err := other.ReadVolumeFile(ctx, "data", "/in/a.txt"); !errors.Is(err, client.ErrVolumeNotFound) {
+		t.Fatalf("another account's read: %v", err)
+	}
+	if err := c.RemoveVolumeFile(ctx, "data", "/in/a.txt"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ReadVolumeFile(ctx, "data", "/in/a.txt"); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("read a removed file: %v", err)
 	}
 	if err := c.DeleteVolume(ctx, "data"); err != nil {
 		t.Fatal(err)

@@ -59,7 +59,7 @@ from .errors import (
 from .events import Event, EventPage, Events, Webhook, WebhookDelivery, Webhooks, verify_webhook
 from .files import FilePage, Filesystem, WriteEntry
 from .secrets import Secret, SecretUse, Secrets
-from .volumes import Volume, VolumeMount, Volumes
+from .volumes import Volume, VolumeFile, VolumeMount, Volumes
 from .models import (
     CodeContext,
     CommandResult,
@@ -120,6 +120,7 @@ __all__ = [
     "SecretUse",
     "Secrets",
     "Volume",
+    "VolumeFile",
     "VolumeMount",
     "Volumes",
     "verify_webhook",

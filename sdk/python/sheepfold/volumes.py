@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from ._http import HTTPClient, path_segment
 from .models import parse_time
 
-__all__ = ["Volume", "VolumeMount", "Volumes"]
+__all__ = ["Volume", "VolumeFile", "VolumeMount", "Volumes"]
 
 
 @dataclass
@@ -38,6 +38,22 @@ class Volume:
         return cls(name=d["name"], size_mb=int(d.get("size_mb") or 0), created_at=parse_time(d.get("created_at")),
                    used_bytes=d.get("used_bytes"), total_bytes=d.get("total_bytes"),
                    mounted_by=list(d.get("mounted_by") or []))
+
+
+@dataclass
+class VolumeFile:
+    """A file or directory of a volume (the file calls of Volumes, which
+    need no sandbox); path is from the volume's root."""
+    name: str
+    path: str
+    type: str  # "file", "dir", "symlink" or "other"
+    size: int
+    mod_time: Optional[datetime]
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "VolumeFile":
+        return cls(name=d.get("name", ""), path=d.get("path", ""), type=d.get("type", ""),
+                   size=int(d.get("size") or 0), mod_time=parse_time(d.get("mod_time")))
 
 
 @dataclass
@@ -86,3 +102,31 @@ class Volumes:
 
     def delete(self, name: str) -> None:
         self._http.delete(f"/v1/volumes/{path_segment(name)}")
+
+    # A volume's files, without a sandbox. Paths are from the volume's
+    # root; symlinks and ".." never lead out of it.
+
+    def _files(self, name: str) -> str:
+        return f"/v1/volumes/{path_segment(name)}/files"
+
+    def write_file(self, name: str, path: str, data: Union[str, bytes]) -> VolumeFile:
+        """Write a file (and its missing directories) as the sandboxes'
+        user; VolumeInUseError while a sandbox writes the volume,
+        DiskFullError when it is full."""
+        body = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        resp = self._http.request("PUT", self._files(name), params={"path": path}, body=body,
+                                  headers={"Content-Type": "application/octet-stream"})
+        return VolumeFile.from_dict(resp.json())
+
+    def read_file(self, name: str, path: str) -> bytes:
+        resp = self._http.request("GET", self._files(name), params={"path": path},
+                                  headers={"Accept": "application/octet-stream, application/json"})
+        return resp.read()
+
+    def list_files(self, name: str, path: str = "/") -> List[VolumeFile]:
+        doc = self._http.get_json(self._files(name) + "/list", params={"path": path}) or {}
+        return [VolumeFile.from_dict(e) for e in doc.get("entries") or []]
+
+    def remove_file(self, name: str, path: str) -> None:
+        """Remove a file, a symlink or an empty directory."""
+        self._http.delete(self._files(name), params={"path": path})

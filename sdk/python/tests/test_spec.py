@@ -63,6 +63,7 @@ TABLE = {
     secrets.SecretUse: ("SecretUse", {}, {}, {}),
     volumes.Volume: ("Volume", {}, {}, {}),
     volumes.VolumeMount: ("VolumeMount", {}, {}, {}),
+    volumes.VolumeFile: ("VolumeFile", {}, {}, {}),
 }
 
 

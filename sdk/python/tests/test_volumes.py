@@ -17,7 +17,7 @@ import unittest
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 from sheepfold import (  # noqa: E402
-    ConflictError, InvalidArgumentError, Sandbox, VolumeInUseError, VolumeMount, VolumeNotFoundError, Volumes,
+    ConflictError, InvalidArgumentError, NotFoundError, Sandbox, VolumeInUseError, VolumeMount, VolumeNotFoundError, Volumes,
 )
 
 URL = os.environ.get("SHEEPFOLD_VOLUMES_URL")
@@ -51,8 +51,19 @@ class TestVolumes(unittest.TestCase):
                 other.delete("py-data")
             with self.assertRaises(VolumeNotFoundError):
                 Sandbox.create(volume_mounts=[VolumeMount("py-data", "/data")], api_key=OTHER, base_url=URL)
+            with self.assertRaises(VolumeInUseError):
+                v.write_file("py-data", "/x", "x")
         finally:
             sbx.kill()
+        f = v.write_file("py-data", "/in/a.txt", "hello")
+        self.assertEqual((f.path, f.size, f.type), ("/in/a.txt", 5, "file"))
+        self.assertEqual(v.read_file("py-data", "in/a.txt"), b"hello")
+        self.assertEqual([(e.name, e.type) for e in v.list_files("py-data")], [("in", "dir")])
+        with self.assertRaises(VolumeNotFoundError):
+            Volumes(api_key=OTHER, base_url=URL).read_file("py-data", "/in/a.txt")
+        v.remove_file("py-data", "/in/a.txt")
+        with self.assertRaises(NotFoundError):
+            v.read_file("py-data", "/in/a.txt")
         v.delete("py-data")
         with self.assertRaises(VolumeNotFoundError):
             v.get("py-data")
