@@ -26,7 +26,7 @@ var floors = [][]string{
 	// store interfaces, templates, the egress gateway, TypeScript, the
 	// kernels' drivers, the model relay.
 	{"internal/runtime", "internal/store", "internal/template", "internal/template/ociimage", "internal/doctor",
-		"internal/egress", "internal/typescript", "internal/kernel", "internal/llm"},
+		"internal/egress", "internal/typescript", "internal/kernel", "internal/llm", "internal/volume"},
 	// 3. The engine (host side) and the agent (sandbox side), which speak
 	// through agentproto alone.
 	{"internal/sandbox", "internal/agent"},

@@ -69,6 +69,20 @@ type CreateSandbox struct {
 	Runtime        string          `json:"runtime,omitempty"`
 	SandboxConfig  json.RawMessage `json:"sandbox_config,omitempty"`
 	SecurityPolicy json.RawMessage `json:"security_policy,omitempty"`
+	// VolumeMounts are the account's volumes to mount when the sandbox
+	// starts.
+	VolumeMounts []VolumeMount `json:"volume_mounts,omitempty"`
+}
+
+// VolumeMount mounts one of the account's volumes at Path (absolute,
+// not in a system directory) in a new sandbox (schema VolumeMount).
+// ReadOnly mounts it read-only; Shared lets other sandboxes that set it
+// too write it at the same time (one writer at a time otherwise).
+type VolumeMount struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+	Shared   bool   `json:"shared,omitempty"`
 }
 
 // PolicyAnswer is a sandbox's security policy as the server reports it

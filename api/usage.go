@@ -25,9 +25,12 @@ type UsageFigures struct {
 // StorageFigures are an account's storage in a usage report (schema
 // UsageReport.storage).
 type StorageFigures struct {
-	GBSeconds  float64 `json:"gb_seconds"`
-	CostMicros int64   `json:"cost_micros"`
-	Cost       string  `json:"cost"`
+	GBSeconds float64 `json:"gb_seconds"`
+	// VolumesGBSeconds is the account's volumes' share of GBSeconds (at
+	// their sizes).
+	VolumesGBSeconds float64 `json:"volumes_gb_seconds"`
+	CostMicros       int64   `json:"cost_micros"`
+	Cost             string  `json:"cost"`
 }
 
 // UsageGroup is one group of a usage report: an hour, a day, a sandbox

@@ -49,6 +49,8 @@ const (
 	ErrStorageQuotaExceeded Code = "ERR_STORAGE_QUOTA_EXCEEDED"
 	ErrProcessLimit         Code = "ERR_PROCESS_LIMIT"
 	ErrNotSupported         Code = "ERR_NOT_SUPPORTED"
+	ErrVolumeNotFound       Code = "ERR_VOLUME_NOT_FOUND"
+	ErrVolumeInUse          Code = "ERR_VOLUME_IN_USE"
 )
 
 // Codes lists every code above.
@@ -60,6 +62,7 @@ var Codes = []Code{
 	ErrStorageUnavailable, ErrShuttingDown, ErrForbidden, ErrInvalidPolicy, ErrSubprocessDenied,
 	ErrCPUTimeExceeded, ErrModelNotFound, ErrProvider, ErrProviderTimeout, ErrSessionNotFound,
 	ErrTooManyConnections, ErrStorageQuotaExceeded, ErrProcessLimit, ErrNotSupported,
+	ErrVolumeNotFound, ErrVolumeInUse,
 }
 
 // Is makes errors.Is(err, client.ErrXxx) true for an *Error of that code.

@@ -44,6 +44,9 @@ type CreateSandboxRequest struct {
 	// server offers (the Kubernetes backend's runtime classes, e.g.
 	// gvisor); empty: the server's.
 	Runtime string
+	// VolumeMounts are the account's volumes to mount when the sandbox
+	// starts (CreateVolume).
+	VolumeMounts []VolumeMount
 }
 
 type sandboxConfigJSON struct {
@@ -63,6 +66,7 @@ type createJSON struct {
 	SandboxConfig *sandboxConfigJSON `json:"sandbox_config,omitempty"`
 	Policy        any                `json:"security_policy,omitempty"`
 	Runtime       string             `json:"runtime,omitempty"`
+	VolumeMounts  []VolumeMount      `json:"volume_mounts,omitempty"`
 }
 
 // resourcesJSON is Resources as a request sends them: its zero fields
@@ -91,7 +95,8 @@ func secs(d time.Duration) float64 { return math.Ceil(d.Seconds()*1000) / 1000 }
 // CreateSandbox starts a sandbox.
 func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*Sandbox, error) {
 	body := createJSON{Template: req.Template, Timeout: secs(req.Timeout),
-		Env: req.Env, Metadata: req.Metadata, Policy: req.SecurityPolicy, Runtime: req.Runtime}
+		Env: req.Env, Metadata: req.Metadata, Policy: req.SecurityPolicy, Runtime: req.Runtime,
+		VolumeMounts: req.VolumeMounts}
 	if r := req.Resources; r != nil {
 		body.Resources = &resourcesJSON{CPUs: r.CPUs, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids}
 	}

@@ -18,6 +18,9 @@ var specTable = []apispec.Entry{
 		Unmodelled: map[string]string{"truncated": "a listing past its bound pages on with next_cursor"}},
 	{V: Event{}, Schema: "Event"},
 	{V: EventPage{}, Schema: "EventList", Renamed: map[string]string{"Events": "events", "NextCursor": "next_cursor"}},
+	{V: Volume{}, Schema: "Volume"},
+	{V: volumeJSON{}, Schema: "VolumeRequest"},
+	{V: VolumeFile{}, Schema: "VolumeFile"},
 	{V: SessionRequest{}, Schema: "CreateSession"},
 	{V: SessionExecuteRequest{}, Schema: "SessionExecuteRequest"},
 }

@@ -91,6 +91,13 @@ const (
 	// sandbox on a runtime that cannot checkpoint, or one with a
 	// network); no state changed.
 	NotSupported Code = "ERR_NOT_SUPPORTED"
+	// VolumeNotFound: the account has no volume of that name (another
+	// account's volumes are not found either).
+	VolumeNotFound Code = "ERR_VOLUME_NOT_FOUND"
+	// VolumeInUse: a volume mounted by a live sandbox cannot be deleted,
+	// nor mounted read-write by a second writer unless every writer asks
+	// to share it.
+	VolumeInUse Code = "ERR_VOLUME_IN_USE"
 )
 
 // Status is the HTTP status of each code.
@@ -130,6 +137,8 @@ var Status = map[Code]int{
 	StorageQuotaExceeded: http.StatusTooManyRequests,
 	ProcessLimit:         http.StatusUnprocessableEntity,
 	NotSupported:         http.StatusNotImplemented,
+	VolumeNotFound:       http.StatusNotFound,
+	VolumeInUse:          http.StatusConflict,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

@@ -157,13 +157,20 @@ type newSandbox struct {
 	} `json:"iam"`
 	AutoPause    *bool           `json:"autoPause"`
 	MCP          json.RawMessage `json:"mcp"`
-	VolumeMounts []any           `json:"volumeMounts"`
+	VolumeMounts []volumeMount   `json:"volumeMounts"`
 	// CPUCount, MemoryMB and DiskSizeMB (E2B's names in a sandbox's
 	// description, set by its template there) ask for resources here,
 	// granted within the account's ceiling like /v1's resources.
 	CPUCount   *float64 `json:"cpuCount"`
 	MemoryMB   *int64   `json:"memoryMB"`
 	DiskSizeMB *int64   `json:"diskSizeMB"`
+}
+
+// volumeMount is E2B's SandboxVolumeMount: the account's volume name,
+// mounted read-write at path (the server's volumes, /v1/volumes).
+type volumeMount struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
 }
 
 // maxResourceMB bounds memoryMB and diskSizeMB before the ceiling, so
@@ -316,11 +323,12 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 	switch {
 	case req.AutoPause != nil && *req.AutoPause:
 		return badRequest("pausing sandboxes is not supported by this server")
-	case len(req.VolumeMounts) > 0:
-		return badRequest("volumes are not supported by this server")
 	}
 	opt := sandbox.CreateOptions{Template: req.TemplateID, Timeout: def, Env: req.EnvVars, Metadata: req.Metadata,
 		Names: sandbox.FieldNames{CPUs: "cpuCount", Memory: "memoryMB", Disk: "diskSizeMB", Timeout: "timeout"}}
+	for _, v := range req.VolumeMounts {
+		opt.Volumes = append(opt.Volumes, sandbox.VolumeMount{Name: v.Name, Path: v.Path})
+	}
 	if req.CPUCount != nil {
 		opt.Limits.CPUs = *req.CPUCount
 		if *req.CPUCount <= 0 {

@@ -94,6 +94,9 @@ var connectCodes = map[apierr.Code]connect.Code{
 	apierr.SessionNotFound: connect.CodeNotFound,
 	apierr.Provider:        connect.CodeUnavailable,
 	apierr.ProviderTimeout: connect.CodeDeadlineExceeded,
+	// Volumes' codes arise at create, on the control plane.
+	apierr.VolumeNotFound: connect.CodeNotFound,
+	apierr.VolumeInUse:    connect.CodeFailedPrecondition,
 }
 
 // connectError maps an engine error to a Connect error. When the sandbox

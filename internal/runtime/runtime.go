@@ -51,6 +51,10 @@ type Spec struct {
 	Env []string
 	// Hostname inside the sandbox; default "sandbox".
 	Hostname string
+	// Volumes are persistent volumes mounted in the sandbox when it
+	// starts (a runtime that implements Volumes; others refuse them with
+	// ErrUnsupported).
+	Volumes []VolumeMount
 	// Network, when set, gives the sandbox a network interface; nil keeps
 	// it to its loopback alone.
 	Network *Network

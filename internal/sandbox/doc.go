@@ -234,6 +234,7 @@
 // internal/events (what it emits), internal/policy (the decisions it
 // enforces), internal/egress (a networked sandbox's gateway), internal/lang,
 // internal/typescript (transpiling before the agent), internal/ratelimit,
+// internal/volume (a volume's files from the host, volumes.go),
 // internal/backoff (the waits of its retry loops), golang.org/x/sync and x/time, and the standard library; never net/http,
 // never a transport.
 package sandbox

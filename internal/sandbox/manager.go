@@ -225,6 +225,9 @@ type Manager struct {
 	leftovers map[string]error  // ids destroyed in the background, with their last error
 	lost      map[string]string // paused sandboxes New could not take back, with why (keep.go)
 	closed    bool
+	// removing are the volumes being removed (volumes.go): no create
+	// mounts one meanwhile.
+	removing map[string]bool
 }
 
 // New returns a Manager. It first destroys every sandbox the runtime still
@@ -278,6 +281,9 @@ type CreateOptions struct {
 	// Names are the caller's names for Limits, Timeout and the policy's
 	// resource limits, for refusals (Grant, ceiling.go).
 	Names FieldNames
+	// Volumes are mounted in the sandbox when it starts (volumes.go); a
+	// sandbox with volumes never comes from the warm pool.
+	Volumes []VolumeMount
 }
 
 // Create starts a sandbox and returns once its agent answers.
@@ -315,7 +321,10 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	if err != nil {
 		return nil, invalidPolicy(err)
 	}
-	if !egressPolicy.Enabled() && opt.Runtime == "" {
+	if err := m.checkVolumes(opt.Volumes); err != nil {
+		return nil, err
+	}
+	if !egressPolicy.Enabled() && opt.Runtime == "" && len(opt.Volumes) == 0 {
 		if s, ok, err := m.fromPool(ctx, opt, limits, pol); ok {
 			return s, err
 		}
@@ -324,7 +333,7 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	s := &Sandbox{
 		ID: newID(), Template: opt.Template, Limits: limits, ReadOnly: opt.ReadOnly,
 		Env: opt.Env, Metadata: opt.Metadata, Created: createdNow(), m: m, state: StateStarting, owner: opt.Owner, pol: pol,
-		created: make(chan struct{}),
+		created: make(chan struct{}), volumes: slices.Clone(opt.Volumes),
 	}
 	m.mu.Lock()
 	switch {
@@ -336,12 +345,16 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		return nil, &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
 			Message: fmt.Sprintf("all %d sandbox slots are in use", m.cfg.MaxSandboxes)}
 	}
+	if err := m.volumesFree(s); err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
 	m.sandboxes[s.ID] = s
 	m.mu.Unlock()
 
 	spec := runtime.Spec{
 		ID: s.ID, Template: opt.Template, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: append(threadEnv(limits, opt.Env), env...),
-		WritablePaths: opt.Policy.WritablePaths(), Runtime: opt.Runtime,
+		WritablePaths: opt.Policy.WritablePaths(), Runtime: opt.Runtime, Volumes: runtimeVolumes(opt.Volumes),
 		// What waitAgent's ping says, from the start (runtime.Spec.Lifetime).
 		Lifetime: opt.Timeout + lifetimeGrace,
 	}
@@ -403,6 +416,9 @@ func (m *Manager) startErr(err error, msg string) error {
 	}
 	if errors.Is(err, runtime.ErrCapacity) {
 		return apierr.Wrap(err, apierr.Capacity, "this host has no room for another sandbox; try again when one stops")
+	}
+	if errors.Is(err, runtime.ErrVolumeNotFound) {
+		return apierr.Wrap(err, apierr.VolumeNotFound, "%s: a volume to mount is gone", msg)
 	}
 	if errors.Is(err, runtime.ErrUnsupported) {
 		// The request asks for what this server's runtime cannot do

@@ -46,6 +46,8 @@ type Sandbox struct {
 	inst   *runtime.Instance
 	pooled bool   // started ahead by the warm pool and handed out by it
 	node   string // where it runs, for a runtime.Placer (runtime.Instance.Node); set before its create returns, under m.mu once in the table
+	// volumes are CreateOptions.Volumes (volumes.go); they never change.
+	volumes []VolumeMount
 	// net is the sandbox's egress gateway; nil without a network.
 	net *egress.Gateway
 	// ctxLangs maps the ids of the sandbox's code contexts to their

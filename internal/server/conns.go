@@ -262,6 +262,8 @@ var streamRoutes = map[string]func(*http.Request) bool{
 	"GET /v1/sandboxes/{id}/files":                 always, // downloads
 	"PUT /v1/sandboxes/{id}/files":                 always, // uploads
 	"POST /v1/sandboxes/{id}/files":                always,
+	"GET /v1/volumes/{name}/files":                 always, // downloads
+	"PUT /v1/volumes/{name}/files":                 always, // uploads
 	"POST /mcp":                                    always,
 	"POST /v1/sessions/{id}/execute":               always,
 	"POST /v1/sessions/{id}/ask":                   always,

@@ -46,6 +46,7 @@ func (s *Server) routesInto(mux *http.ServeMux) {
 	s.eventRoutes(add)
 	s.webhookRoutes(add)
 	s.secretRoutes(add)
+	s.volumeRoutes(add)
 	s.identityRoutes(add)
 	s.accountRoutes(add)
 	s.usageRoutes(add)

@@ -116,6 +116,7 @@ func (s *Server) createOptions(req api.CreateSandbox) (sandbox.CreateOptions, ti
 		Names: sandbox.FieldNames{CPUs: "resources.cpus", Memory: "resources.memory_mb", Disk: "resources.disk_mb",
 			Pids: "resources.pids", Timeout: "timeout", PolicyMemory: "security_policy.resource_limits.memory_mb",
 			PolicyDisk: "security_policy.resource_limits.disk_write_mb"}}
+	opt.Volumes = volumeMounts(req.VolumeMounts)
 	var err error
 	if req.Timeout != nil {
 		if opt.Timeout, err = seconds("timeout", *req.Timeout, s.cfg.MaxTimeout); err != nil {
@@ -181,6 +182,9 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 		return nil, err
 	}
 	if err := s.checkPolicySecrets(ctx, own, opt.Policy, opt.Env); err != nil {
+		return nil, err
+	}
+	if err := s.resolveVolumes(ctx, own, opt.Volumes); err != nil {
 		return nil, err
 	}
 	if s.draining.Load() {

@@ -210,8 +210,9 @@
 // fence tags, the default language), internal/abort (responses cut
 // short), internal/ui (the dashboard's embedded front end), api (the
 // OpenAPI document), internal/preview (what a preview is: its forms,
-// credentials and proxy) and internal/session (a session's execution
-// shape and its ask loop).
+// credentials and proxy), internal/session (a session's execution
+// shape and its ask loop) and internal/volume (a volume's files, their
+// errors and entries: volumes.go).
 // Never a runtime implementation: the engine is handed in.
 package server
 
@@ -346,6 +347,8 @@ type Config struct {
 	// record: the number of records and their bytes (storage.go). A zero
 	// measure takes DefaultStorage's; a negative one is unbounded.
 	Storage store.Bounds
+	// Volumes bounds the accounts' persistent volumes (volumes.go).
+	Volumes VolumeLimits
 	// Events is the bus the engine emits to (its Config.Events): the
 	// server streams, lists and posts (webhooks) what it stores. Nil
 	// makes a bus of the server's own over the store, which then sees
@@ -476,6 +479,7 @@ func (c *Config) setDefaults() {
 		c.StoppedRetention = 24 * time.Hour
 	}
 	c.Storage = storageBounds(c.Storage)
+	c.Volumes = c.Volumes.withDefaults()
 	if c.PreviewDomain == "" {
 		c.PreviewDomain = DefaultPreviewDomain
 	}
@@ -890,7 +894,8 @@ func (s *Server) bodyLimit(r *http.Request) int64 {
 	case s.isPreview(r):
 		return 0 // streamed to the app, never held: the app bounds it
 	case e2b.IsUpload(r),
-		(r.Method == http.MethodPut || r.Method == http.MethodPost) && strings.HasPrefix(r.URL.Path, "/v1/sandboxes/") && strings.HasSuffix(r.URL.Path, "/files"):
+		(r.Method == http.MethodPut || r.Method == http.MethodPost) && strings.HasPrefix(r.URL.Path, "/v1/sandboxes/") && strings.HasSuffix(r.URL.Path, "/files"),
+		r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/v1/volumes/") && strings.HasSuffix(r.URL.Path, "/files"):
 		return s.cfg.MaxUploadBytes + uploadFraming
 	}
 	return maxJSONBody

@@ -8,6 +8,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/metrics"
 	"github.com/sheepfold/sheepfold/internal/testutil/apispec"
+	"github.com/sheepfold/sheepfold/internal/volume"
 )
 
 // wireTypes is every type the server reads from or writes to the wire,
@@ -26,6 +27,9 @@ var wireTypes = []apispec.Entry{
 	{V: moveRequest{}, Schema: "MoveRequest"},
 	{V: pauseRequest{}, Schema: "PauseRequest"},
 	{V: timeoutRequest{}, Schema: "SetTimeout"},
+	{V: volumeRequest{}, Schema: "VolumeRequest"},
+	{V: volumeJSON{}, Schema: "Volume"},
+	{V: volume.Entry{}, Schema: "VolumeFile"},
 	{V: metering.Prices{}, Schema: "Prices"},
 	// What the server's own packages put on the wire.
 	{V: identity.JWK{}, Schema: "JWKS.keys[]"},

@@ -195,7 +195,7 @@ type StorageStore interface {
 	ClearStoppedBefore(ctx context.Context, t time.Time) (int, error)
 	// MeterStorage charges every account that keeps anything for the
 	// time since it was last metered, at most MaxStorageSpan, at what it
-	// keeps now: the GB-seconds go to the hour of now, and each
+	// keeps now (its records' bytes and its volumes' sizes): the GB-seconds go to the hour of now, and each
 	// account's point moves to now, in one transaction. An account seen
 	// for the first time is charged from now. Servers sharing the store
 	// charge each second once: the first to move a point takes the span.
@@ -212,9 +212,13 @@ const MaxStorageSpan = time.Hour
 // StorageCharge is what one metering of storage charged an account.
 type StorageCharge struct {
 	Account   string
-	Bytes     int64   // what the account keeps now
+	Bytes     int64   // what the account keeps now, its volumes' sizes included
 	Seconds   float64 // the span charged
 	GBSeconds float64 // Bytes (in GB of 2^30 bytes) × Seconds
+	// VolumeBytes are the sizes of the account's volumes (VolumeStore),
+	// within Bytes, and VolumeGBSeconds their share of GBSeconds.
+	VolumeBytes     int64
+	VolumeGBSeconds float64
 }
 
 // Charge is what keeping bytes over span charges account.
@@ -222,10 +226,20 @@ func Charge(account string, bytes int64, span time.Duration) StorageCharge {
 	return StorageCharge{Account: account, Bytes: bytes, Seconds: span.Seconds(), GBSeconds: float64(bytes) / (1 << 30) * span.Seconds()}
 }
 
-// StorageHour is an account's storage GB-seconds in one hour.
+// ChargeWithVolumes is what keeping records of bytes and volumes of
+// volumeBytes over span charges account.
+func ChargeWithVolumes(account string, bytes, volumeBytes int64, span time.Duration) StorageCharge {
+	c := Charge(account, bytes+volumeBytes, span)
+	c.VolumeBytes, c.VolumeGBSeconds = volumeBytes, float64(volumeBytes)/(1<<30)*span.Seconds()
+	return c
+}
+
+// StorageHour is an account's storage GB-seconds in one hour, and the
+// share of its volumes in them.
 type StorageHour struct {
-	Hour      time.Time
-	GBSeconds float64
+	Hour            time.Time
+	GBSeconds       float64
+	VolumeGBSeconds float64
 }
 
 // StorageSpan is the span a metering at now charges for an account last

@@ -233,6 +233,7 @@ type Store interface {
 	RateStore
 	ModelStore
 	SecretStore
+	VolumeStore
 	ReplicaStore
 	MeterPointStore
 	StorageStore

@@ -132,6 +132,14 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	if err := os.MkdirAll(filepath.Join(dir, "root", "tmp"), 0o1777); err != nil {
 		return nil, err
 	}
+	for _, v := range s.Volumes {
+		if _, err := os.Stat(filepath.Join(r.Dir, "volumes", v.ID)); err != nil {
+			return nil, fmt.Errorf("%w: %s", runtime.ErrVolumeNotFound, v.ID)
+		}
+		if err := os.MkdirAll(filepath.Join(dir, "root", v.Path), 0o755); err != nil {
+			return nil, err
+		}
+	}
 	sock := filepath.Join(dir, "agent.sock")
 	args := []string{"serve", "--listen", sock, "--root", filepath.Join(dir, "root"), "--home", "/home/user"}
 	if r.CgroupRoot != "" {
@@ -310,4 +318,39 @@ func (r *Runtime) End(id string) {
 		h.Ended = true
 		r.held[id] = h
 	}
+}
+
+var _ runtime.Volumes = (*Runtime)(nil)
+
+// MakeVolume implements runtime.Volumes: a directory under Dir/volumes,
+// with no bound on its size. The fake mounts nothing: a sandbox's Spec
+// records its volumes (Spec) and its root gets an empty directory at
+// each path.
+func (r *Runtime) MakeVolume(_ context.Context, id string, size int64) error {
+	return os.MkdirAll(filepath.Join(r.Dir, "volumes", id), 0o755)
+}
+
+// RemoveVolume implements runtime.Volumes.
+func (r *Runtime) RemoveVolume(_ context.Context, id string) error {
+	return os.RemoveAll(filepath.Join(r.Dir, "volumes", id))
+}
+
+// VolumeUsage implements runtime.Volumes: nothing used of no bound.
+func (r *Runtime) VolumeUsage(_ context.Context, id string) (int64, int64, error) {
+	if _, err := os.Stat(filepath.Join(r.Dir, "volumes", id)); err != nil {
+		return 0, 0, runtime.ErrVolumeNotFound
+	}
+	return 0, 0, nil
+}
+
+var _ runtime.VolumeOpener = (*Runtime)(nil)
+
+// OpenVolume implements runtime.VolumeOpener: the volume's directory,
+// owned by this process's user.
+func (r *Runtime) OpenVolume(_ context.Context, id string) (*os.File, int, int, error) {
+	f, err := os.Open(filepath.Join(r.Dir, "volumes", id))
+	if err != nil {
+		return nil, 0, 0, runtime.ErrVolumeNotFound
+	}
+	return f, os.Getuid(), os.Getgid(), nil
 }

@@ -478,6 +478,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (inst *runtime.
 	if spec.Network != nil && !spec.Network.Proxy {
 		return nil, fmt.Errorf("%w: a Pod's network goes through its agent's egress proxy (runtime.Network.Proxy)", runtime.ErrUnsupported)
 	}
+	if len(spec.Volumes) > 0 {
+		return nil, fmt.Errorf("%w: volumes are not mounted in Pods yet (no PersistentVolumeClaims)", runtime.ErrUnsupported)
+	}
 	if msgs := validLabel(spec.ID); msgs != "" {
 		return nil, fmt.Errorf("kubernetes: sandbox id %q: %s", spec.ID, msgs)
 	}

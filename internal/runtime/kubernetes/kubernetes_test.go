@@ -268,6 +268,14 @@ func TestCreateRefuses(t *testing.T) {
 	if ids, _ := r.List(context.Background()); len(ids) != 0 {
 		t.Fatalf("left behind: %v", ids)
 	}
+	// Volumes: not in Pods yet, and said so.
+	_, err := r.Create(context.Background(), runtime.Spec{ID: "a4", Template: "python", Volumes: []runtime.VolumeMount{{ID: "vol-1", Path: "/data"}}})
+	if !errors.Is(err, runtime.ErrUnsupported) {
+		t.Fatalf("volumes: %v, want ErrUnsupported", err)
+	}
+	if _, ok := any(r).(runtime.Volumes); ok {
+		t.Fatal("the Kubernetes runtime claims to keep volumes")
+	}
 }
 
 // TestRuntimeChoice: a sandbox that chooses a runtime gets its

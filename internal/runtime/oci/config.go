@@ -125,6 +125,10 @@ type Config struct {
 	// a create that would leave less fails with runtime.ErrCapacity;
 	// default DefaultMinFreeDisk.
 	MinFreeDiskBytes int64
+	// VolumesDir holds the persistent volumes (runtime.Volumes,
+	// volume_linux.go), one directory each, kept across engines; empty:
+	// this engine keeps none and refuses sandboxes that mount one.
+	VolumesDir string
 	// Logger receives debug and error logs; default slog.Default().
 	Logger *slog.Logger
 }

@@ -394,6 +394,9 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	}
 	mounted := time.Now()
 	in := specInput{Spec: s, RootFS: rootfs, AgentBin: o.cfg.AgentBin, Writable: filepath.Join(b, "rw"), CgroupDir: o.cg.path(s.ID), Userns: userns.path()}
+	if in.Volumes, err = o.attachVolumes(b, s, base); err != nil {
+		return nil, err
+	}
 	if o.disk == nil && canWrite(s) {
 		in.DiskInMemory = diskSize(s)
 	}
@@ -646,6 +649,10 @@ func (o *OCI) destroy(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	b := o.bundle(id)
+	// Volumes first: nothing below may remove the bundle over one.
+	if err := detachVolumes(b); err != nil {
+		errs = append(errs, err)
+	}
 	for _, m := range []string{filepath.Join(b, "rootfs"), filepath.Join(b, "rw")} {
 		if err := unmount(m); err != nil {
 			errs = append(errs, err)

@@ -5,6 +5,7 @@ package oci
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
@@ -38,3 +39,12 @@ func (*OCI) Thaw(context.Context, string) error   { return runtime.ErrUnsupporte
 
 // CheckDisks fails: disks of their own need Linux.
 func CheckDisks() error { return fmt.Errorf("%w: disks need Linux", runtime.ErrUnsupported) }
+
+func (*OCI) MakeVolume(context.Context, string, int64) error { return runtime.ErrUnsupported }
+func (*OCI) RemoveVolume(context.Context, string) error      { return runtime.ErrUnsupported }
+func (*OCI) VolumeUsage(context.Context, string) (int64, int64, error) {
+	return 0, 0, runtime.ErrUnsupported
+}
+func (*OCI) OpenVolume(context.Context, string) (*os.File, int, int, error) {
+	return nil, 0, 0, runtime.ErrUnsupported
+}

@@ -125,6 +125,9 @@ type specInput struct {
 	// to the memory cgroup), added to the memory limit; 0 for a disk of
 	// its own.
 	DiskInMemory int64
+	// Volumes are the bind mounts of the sandbox's volumes
+	// (attachVolumes), after every other mount.
+	Volumes []specs.Mount
 	// AgentSocket is the key ("socket:[inode]") of the agent's listening
 	// socket, and CriuConfig the file of the sandbox's CRIU options, which
 	// a checkpoint and a restore write (checkpoint_linux.go); both are
@@ -211,6 +214,7 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 				Options: []string{"rbind", "rw", "nosuid", "nodev"}})
 		}
 	}
+	spec.Mounts = append(spec.Mounts, in.Volumes...)
 	sc, err := SeccompProfile()
 	if err != nil {
 		return nil, err

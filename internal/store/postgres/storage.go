@@ -229,20 +229,23 @@ func (s *Store) MeterStorage(ctx context.Context, now time.Time) ([]store.Storag
 	if _, err := tx.Exec(ctx, `LOCK TABLE storage_points IN SHARE ROW EXCLUSIVE MODE`); err != nil {
 		return nil, storeErr("meter storage", err)
 	}
-	rows, err := tx.Query(ctx, `SELECT s.account_id, sum(s.bytes)::bigint, p.metered_at
-		FROM stored s LEFT JOIN storage_points p ON p.account_id = s.account_id
-		GROUP BY s.account_id, p.metered_at HAVING sum(s.bytes) > 0`)
+	rows, err := tx.Query(ctx, `SELECT s.account_id, sum(s.bytes)::bigint, sum(s.volume_bytes)::bigint, p.metered_at
+		FROM (SELECT account_id, bytes, 0::bigint AS volume_bytes FROM stored
+			UNION ALL SELECT owner, 0, size_bytes FROM volumes) s
+		LEFT JOIN storage_points p ON p.account_id = s.account_id
+		GROUP BY s.account_id, p.metered_at HAVING sum(s.bytes) + sum(s.volume_bytes) > 0`)
 	if err != nil {
 		return nil, storeErr("meter storage", err)
 	}
 	type kept struct {
 		account string
 		bytes   int64
+		volumes int64
 		last    *time.Time
 	}
 	var all []kept
 	var k kept
-	if _, err := pgx.ForEachRow(rows, []any{&k.account, &k.bytes, &k.last}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&k.account, &k.bytes, &k.volumes, &k.last}, func() error {
 		all = append(all, k)
 		return nil
 	}); err != nil {
@@ -256,10 +259,11 @@ func (s *Store) MeterStorage(ctx context.Context, now time.Time) ([]store.Storag
 			last = *k.last
 		}
 		if span := store.StorageSpan(last, now); span > 0 {
-			c := store.Charge(k.account, k.bytes, span)
-			if _, err := tx.Exec(ctx, `INSERT INTO storage_hours AS h (account_id, hour, gb_seconds) VALUES ($1, $2, $3)
-				ON CONFLICT (account_id, hour) DO UPDATE SET gb_seconds = h.gb_seconds + excluded.gb_seconds`,
-				k.account, now.Truncate(time.Hour), c.GBSeconds); err != nil {
+			c := store.ChargeWithVolumes(k.account, k.bytes, k.volumes, span)
+			if _, err := tx.Exec(ctx, `INSERT INTO storage_hours AS h (account_id, hour, gb_seconds, volume_gb_seconds) VALUES ($1, $2, $3, $4)
+				ON CONFLICT (account_id, hour) DO UPDATE SET gb_seconds = h.gb_seconds + excluded.gb_seconds,
+					volume_gb_seconds = h.volume_gb_seconds + excluded.volume_gb_seconds`,
+				k.account, now.Truncate(time.Hour), c.GBSeconds, c.VolumeGBSeconds); err != nil {
 				return nil, storeErr("meter storage", err)
 			}
 			out = append(out, c)
@@ -274,7 +278,7 @@ func (s *Store) MeterStorage(ctx context.Context, now time.Time) ([]store.Storag
 
 // StorageUsage implements store.StorageStore.
 func (s *Store) StorageUsage(ctx context.Context, account string, from, to time.Time) ([]store.StorageHour, error) {
-	q, args := `SELECT hour, gb_seconds FROM storage_hours WHERE account_id = $1`, []any{account}
+	q, args := `SELECT hour, gb_seconds, volume_gb_seconds FROM storage_hours WHERE account_id = $1`, []any{account}
 	if !from.IsZero() {
 		args = append(args, dbTime(from))
 		q += fmt.Sprintf(` AND hour >= $%d`, len(args))
@@ -289,7 +293,7 @@ func (s *Store) StorageUsage(ctx context.Context, account string, from, to time.
 	}
 	var out []store.StorageHour
 	var h store.StorageHour
-	_, err = pgx.ForEachRow(rows, []any{&h.Hour, &h.GBSeconds}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&h.Hour, &h.GBSeconds, &h.VolumeGBSeconds}, func() error {
 		h.Hour = h.Hour.UTC()
 		out = append(out, h)
 		return nil

@@ -218,22 +218,25 @@ func (d *DB) MeterStorage(ctx context.Context, now time.Time) ([]store.StorageCh
 		return nil, storeErr("meter storage", err)
 	}
 	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, `SELECT s.account_id, sum(s.bytes), coalesce(p.metered_at, '')
-		FROM stored s LEFT JOIN storage_points p ON p.account_id = s.account_id
-		GROUP BY s.account_id HAVING sum(s.bytes) > 0`)
+	rows, err := tx.QueryContext(ctx, `SELECT s.account_id, sum(s.bytes), sum(s.volume_bytes), coalesce(p.metered_at, '')
+		FROM (SELECT account_id, bytes, 0 AS volume_bytes FROM stored
+			UNION ALL SELECT owner, 0, size_bytes FROM volumes) s
+		LEFT JOIN storage_points p ON p.account_id = s.account_id
+		GROUP BY s.account_id HAVING sum(s.bytes) + sum(s.volume_bytes) > 0`)
 	if err != nil {
 		return nil, storeErr("meter storage", err)
 	}
 	type kept struct {
 		account string
 		bytes   int64
+		volumes int64
 		last    time.Time
 	}
 	var all []kept
 	for rows.Next() {
 		var k kept
 		var last string
-		if err := rows.Scan(&k.account, &k.bytes, &last); err != nil {
+		if err := rows.Scan(&k.account, &k.bytes, &k.volumes, &last); err != nil {
 			rows.Close()
 			return nil, storeErr("meter storage", err)
 		}
@@ -253,10 +256,11 @@ func (d *DB) MeterStorage(ctx context.Context, now time.Time) ([]store.StorageCh
 	var out []store.StorageCharge
 	for _, k := range all {
 		if span := store.StorageSpan(k.last, now); span > 0 {
-			c := store.Charge(k.account, k.bytes, span)
-			if _, err := tx.ExecContext(ctx, `INSERT INTO storage_hours (account_id, hour, gb_seconds) VALUES (?, ?, ?)
-				ON CONFLICT (account_id, hour) DO UPDATE SET gb_seconds = gb_seconds + excluded.gb_seconds`,
-				k.account, hour, c.GBSeconds); err != nil {
+			c := store.ChargeWithVolumes(k.account, k.bytes, k.volumes, span)
+			if _, err := tx.ExecContext(ctx, `INSERT INTO storage_hours (account_id, hour, gb_seconds, volume_gb_seconds) VALUES (?, ?, ?, ?)
+				ON CONFLICT (account_id, hour) DO UPDATE SET gb_seconds = gb_seconds + excluded.gb_seconds,
+					volume_gb_seconds = volume_gb_seconds + excluded.volume_gb_seconds`,
+				k.account, hour, c.GBSeconds, c.VolumeGBSeconds); err != nil {
 				return nil, storeErr("meter storage", err)
 			}
 			out = append(out, c)
@@ -271,7 +275,7 @@ func (d *DB) MeterStorage(ctx context.Context, now time.Time) ([]store.StorageCh
 
 // StorageUsage implements store.StorageStore.
 func (d *DB) StorageUsage(ctx context.Context, account string, from, to time.Time) ([]store.StorageHour, error) {
-	q, args := `SELECT hour, gb_seconds FROM storage_hours WHERE account_id = ?`, []any{account}
+	q, args := `SELECT hour, gb_seconds, volume_gb_seconds FROM storage_hours WHERE account_id = ?`, []any{account}
 	if !from.IsZero() {
 		q += ` AND hour >= ?`
 		args = append(args, fmtTime(from))
@@ -289,7 +293,7 @@ func (d *DB) StorageUsage(ctx context.Context, account string, from, to time.Tim
 	for rows.Next() {
 		var h store.StorageHour
 		var hour string
-		if err := rows.Scan(&hour, &h.GBSeconds); err != nil {
+		if err := rows.Scan(&hour, &h.GBSeconds, &h.VolumeGBSeconds); err != nil {
 			return nil, storeErr("read storage usage", err)
 		}
 		if h.Hour, err = parseTime(hour); err != nil {

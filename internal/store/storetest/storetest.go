@@ -59,6 +59,8 @@ func Run(t *testing.T, open Open) {
 		{"ClearStopped", testClearStopped},
 		{"StorageMeter", testStorageMeter},
 		{"Secrets", testSecrets},
+		{"Volumes", testVolumes},
+		{"VolumeMeter", testVolumeMeter},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

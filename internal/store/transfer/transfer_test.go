@@ -77,6 +77,9 @@ func populate(t *testing.T, ctx context.Context, st store.Store) {
 	must(st.RecordSecretUses(ctx, []store.SecretUse{{Owner: "acct-a", Name: "openai", SandboxID: "sb-1", Host: "api.test",
 		Method: "POST", Path: "/v1", Outcome: store.SecretInjected, At: now.Add(-time.Hour)}}))
 
+	// volumes.
+	must(st.CreateVolume(ctx, store.Volume{Owner: "acct-a", Name: "data", ID: "vol-1", SizeBytes: 64 << 20, CreatedAt: now.Add(-time.Hour)}, 0, 0))
+
 	// events: the newest one is deleted by retention (its time is old),
 	// so SQLite has handed out an id above every row's.
 	evs := []store.Event{

@@ -21,6 +21,8 @@ from .errors import (
     CPUTimeExceededError,
     ProcessLimitError,
     NotSupportedError,
+    VolumeInUseError,
+    VolumeNotFoundError,
     DiskFullError,
     FileTooLargeError,
     ForbiddenError,
@@ -57,6 +59,7 @@ from .errors import (
 from .events import Event, EventPage, Events, Webhook, WebhookDelivery, Webhooks, verify_webhook
 from .files import FilePage, Filesystem, WriteEntry
 from .secrets import Secret, SecretUse, Secrets
+from .volumes import Volume, VolumeFile, VolumeMount, Volumes
 from .models import (
     CodeContext,
     CommandResult,
@@ -94,6 +97,8 @@ __all__ = [
     "CPUTimeExceededError",
     "ProcessLimitError",
     "NotSupportedError",
+    "VolumeNotFoundError",
+    "VolumeInUseError",
     "MethodNotAllowedError",
     "StorageUnavailableError",
     "ShuttingDownError",
@@ -114,6 +119,10 @@ __all__ = [
     "Secret",
     "SecretUse",
     "Secrets",
+    "Volume",
+    "VolumeFile",
+    "VolumeMount",
+    "Volumes",
     "verify_webhook",
     "FilePage",
     "Filesystem",

@@ -49,6 +49,8 @@ __all__ = [
     "CPUTimeExceededError",
     "ProcessLimitError",
     "NotSupportedError",
+    "VolumeNotFoundError",
+    "VolumeInUseError",
     "MethodNotAllowedError",
     "StorageUnavailableError",
     "ShuttingDownError",
@@ -123,6 +125,12 @@ class SandboxNotFoundError(NotFoundError):
     default_code = "ERR_SANDBOX_NOT_FOUND"
 
 
+class VolumeNotFoundError(NotFoundError):
+    """404 ERR_VOLUME_NOT_FOUND: the account has no volume of that name."""
+
+    default_code = "ERR_VOLUME_NOT_FOUND"
+
+
 class TemplateNotFoundError(NotFoundError):
     default_code = "ERR_TEMPLATE_NOT_FOUND"
 
@@ -180,6 +188,14 @@ class ConflictError(SheepfoldError):
     """409: the request conflicts with the current state."""
 
     default_code = "ERR_CONFLICT"
+
+
+class VolumeInUseError(ConflictError):
+    """409 ERR_VOLUME_IN_USE: the volume is mounted by a live sandbox (a
+    delete), or read-write by another (a second writer that does not
+    share it)."""
+
+    default_code = "ERR_VOLUME_IN_USE"
 
 
 class SandboxStateError(ConflictError):
@@ -375,6 +391,8 @@ _BY_CODE: Dict[str, Type[SheepfoldError]] = {
     "ERR_CPU_TIME_EXCEEDED": CPUTimeExceededError,
     "ERR_PROCESS_LIMIT": ProcessLimitError,
     "ERR_NOT_SUPPORTED": NotSupportedError,
+    "ERR_VOLUME_NOT_FOUND": VolumeNotFoundError,
+    "ERR_VOLUME_IN_USE": VolumeInUseError,
     "ERR_METHOD_NOT_ALLOWED": MethodNotAllowedError,
     "ERR_STORAGE_UNAVAILABLE": StorageUnavailableError,
     "ERR_SHUTTING_DOWN": ShuttingDownError,

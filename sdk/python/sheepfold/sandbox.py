@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from ._http import HTTPClient, path_segment, raise_failure
 from .commands import Commands
@@ -11,6 +11,7 @@ from .errors import NotFoundError, SandboxStateError, SheepfoldError
 from .files import Filesystem
 from .models import CodeContext, Execution, ExecutionError, PolicyAnswer, Resources, Result, SandboxInfo
 from .ports import Port, PortList
+from .volumes import VolumeMount
 
 __all__ = ["Sandbox"]
 
@@ -52,6 +53,7 @@ class Sandbox:
         resources: Optional[Union[Resources, Dict[str, Any]]] = None,
         sandbox_config: Optional[Dict[str, Any]] = None,
         security_policy: Optional[Dict[str, Any]] = None,
+        volume_mounts: Optional[Sequence[Union[VolumeMount, Dict[str, Any]]]] = None,
         api_key: Optional[str] = None,
         base_url: Optional[str] = None,
         request_timeout: Optional[float] = None,
@@ -72,6 +74,10 @@ class Sandbox:
                 access_control, filesystem, network, output_filtering,
                 rate_limiting, on_violation); a bad one raises
                 InvalidPolicyError naming the field.
+            volume_mounts: the account's volumes to mount when it starts
+                (VolumeMount, or {"name", "path", "read_only", "shared"});
+                VolumeNotFoundError for a name the account has not,
+                VolumeInUseError for a second writer.
             request_timeout: the HTTP timeout in seconds of each API call
                 (default 60; run_code and commands.run use their own).
         """
@@ -91,6 +97,8 @@ class Sandbox:
             body["sandbox_config"] = dict(sandbox_config)
         if security_policy is not None:
             body["security_policy"] = dict(security_policy)
+        if volume_mounts:
+            body["volume_mounts"] = [m.to_dict() if isinstance(m, VolumeMount) else dict(m) for m in volume_mounts]
         info = SandboxInfo.from_dict(http.post_json("/v1/sandboxes", body))
         return cls(info, http)
 
