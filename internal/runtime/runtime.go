@@ -244,6 +244,19 @@ type Checkpointer interface {
 	Restore(ctx context.Context, id, dir string) (*Instance, error)
 }
 
+// Snapshotter is implemented by Checkpointers that can also save a
+// running sandbox's processes, memory and files to a directory while it
+// runs on (Snapshot), and start a new sandbox from such a directory
+// (Clone): spec is the new sandbox's (its own ID; the template, limits,
+// writable paths and environment of the one snapshotted; no Network),
+// which gets a host id range, user namespace, cgroups and agent socket
+// of its own. One snapshot may be cloned any number of times; the
+// directory is only read.
+type Snapshotter interface {
+	Snapshot(ctx context.Context, id, dir string) error
+	Clone(ctx context.Context, spec Spec, dir string) (*Instance, error)
+}
+
 // CheckpointKeeper is implemented by Checkpointers whose checkpointed
 // sandboxes outlive the engine that paused them (the OCI runtime: a
 // checkpointed sandbox's bundle, disk and id range stay until it is

@@ -33,6 +33,10 @@ func (*OCI) Checkpoint(context.Context, string, string) error {
 func (*OCI) Restore(context.Context, string, string) (*runtime.Instance, error) {
 	return nil, runtime.ErrUnsupported
 }
+func (*OCI) Snapshot(context.Context, string, string) error { return runtime.ErrUnsupported }
+func (*OCI) Clone(context.Context, runtime.Spec, string) (*runtime.Instance, error) {
+	return nil, runtime.ErrUnsupported
+}
 func (*OCI) Freeze(context.Context, string) error { return runtime.ErrUnsupported }
 func (*OCI) Thaw(context.Context, string) error   { return runtime.ErrUnsupported }
 

@@ -1,0 +1,92 @@
+package oci
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/testutil"
+)
+
+// TestSnapshotClone snapshots a running sandbox whose Python kernel holds
+// a variable and which wrote a file, and clones it twice: each clone has
+// the variable and the file, runs in a host id range of its own (its
+// user namespace maps it, its files are owned in it), and is independent
+// of the original and of the other clone; the original runs on.
+func TestSnapshotClone(t *testing.T) {
+	ctx := context.Background()
+	const id = "snap"
+	lim := runtime.Limits{MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 64 << 20}
+	o, inst := checkpointable(t, "snap", id, lim)
+	defer destroyChecked(t, o, id)
+	if out := execPython(t, inst.Socket, `
+marker = "baa"
+open("/home/user/note.txt", "w").write("wool")
+print(marker)`); strings.TrimSpace(out) != "baa" {
+		t.Fatalf("set up: %q", out)
+	}
+	dir := filepath.Join(checkpointsDir(t), "s1")
+	if err := o.Snapshot(ctx, id, dir); err != nil {
+		t.Fatal(err)
+	}
+	// The original runs on, and what it does next is not in the snapshot.
+	if out := execPython(t, inst.Socket, `marker = "ram"; print(marker)`); strings.TrimSpace(out) != "ram" {
+		t.Fatalf("original after the snapshot: %q", out)
+	}
+	if _, err := os.Stat(filepath.Join(o.bundle(id), criuConfig)); err == nil {
+		t.Error("the snapshot left the dump's options in the running sandbox's bundle (it would look checkpointed)")
+	}
+	spec := runtime.Spec{RootFS: testutil.TemplateRootFS(t, "python"), Limits: lim}
+	var bases []uint32
+	for _, cid := range []string{"snap-c1", "snap-c2"} {
+		spec.ID = cid
+		c, err := o.Clone(ctx, spec, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer destroyChecked(t, o, cid)
+		out := execPython(t, c.Socket, `print(marker, open("/home/user/note.txt").read()); marker = "`+cid+`"`)
+		if strings.TrimSpace(out) != "baa wool" {
+			t.Fatalf("clone %s: %q, want the variable and the file of the snapshot", cid, out)
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(o.bundle(cid), &st); err != nil {
+			t.Fatal(err)
+		}
+		owner, err := nsOwner(c.PID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uidMap, err := os.ReadFile("/proc/" + strconv.Itoa(c.PID) + "/uid_map")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := strings.Fields(string(uidMap)); len(f) != 3 || f[1] != strconv.Itoa(int(st.Gid)) || owner != st.Gid {
+			t.Errorf("clone %s: uid_map %q, namespace owner %d; want its own range at %d", cid, uidMap, owner, st.Gid)
+		}
+		var fst unix.Stat_t
+		if err := unix.Stat(filepath.Join(o.bundle(cid), "rootfs/home/user/note.txt"), &fst); err != nil {
+			t.Fatal(err)
+		}
+		if fst.Uid < st.Gid || fst.Uid >= st.Gid+o.cfg.IDMap.Size {
+			t.Errorf("clone %s: its file is owned by host uid %d, outside its range at %d", cid, fst.Uid, st.Gid)
+		}
+		bases = append(bases, st.Gid)
+	}
+	var ost unix.Stat_t
+	if err := unix.Stat(o.bundle(id), &ost); err != nil {
+		t.Fatal(err)
+	}
+	if bases[0] == bases[1] || bases[0] == ost.Gid || bases[1] == ost.Gid {
+		t.Errorf("ranges: original %d, clones %v: each must be its own", ost.Gid, bases)
+	}
+	if out := execPython(t, inst.Socket, `print(marker)`); strings.TrimSpace(out) != "ram" {
+		t.Errorf("original after the clones: %q", out)
+	}
+}
