@@ -47,6 +47,12 @@ type CreateSandboxRequest struct {
 	// server offers (the Kubernetes backend's runtime classes, e.g.
 	// gvisor); empty: the server's.
 	Runtime string
+	// Snapshot starts the sandbox from a snapshot of the account's
+	// (CreateSnapshot): its processes, memory and files, and the
+	// template, resources, environment and policy it recorded, so that
+	// Template, Resources, Env, SandboxConfig, SecurityPolicy and Runtime
+	// must be left empty.
+	Snapshot string
 }
 
 type sandboxConfigJSON struct {
@@ -63,6 +69,7 @@ type createJSON struct {
 	SandboxConfig *sandboxConfigJSON `json:"sandbox_config,omitempty"`
 	Policy        any                `json:"security_policy,omitempty"`
 	Runtime       string             `json:"runtime,omitempty"`
+	Snapshot      string             `json:"snapshot,omitempty"`
 }
 
 // Sandbox is a sandbox as the server describes it.
@@ -109,7 +116,7 @@ func secs(d time.Duration) float64 { return math.Ceil(d.Seconds()*1000) / 1000 }
 // CreateSandbox starts a sandbox.
 func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*Sandbox, error) {
 	body := createJSON{Template: req.Template, Timeout: secs(req.Timeout), Resources: req.Resources,
-		Env: req.Env, Metadata: req.Metadata, Policy: req.SecurityPolicy, Runtime: req.Runtime}
+		Env: req.Env, Metadata: req.Metadata, Policy: req.SecurityPolicy, Runtime: req.Runtime, Snapshot: req.Snapshot}
 	if req.SandboxConfig != nil {
 		body.SandboxConfig = &sandboxConfigJSON{MaxExecutionTime: secs(req.SandboxConfig.MaxExecutionTime), SandboxConfig: req.SandboxConfig}
 	}

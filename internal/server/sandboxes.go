@@ -130,6 +130,10 @@ type createRequest struct {
 	// Both are parsed strictly by internal/policy (ERR_INVALID_POLICY).
 	SandboxConfig  json.RawMessage `json:"sandbox_config"`
 	SecurityPolicy json.RawMessage `json:"security_policy"`
+	// Snapshot names a snapshot of the caller's account to start the
+	// sandbox from (snapshots.go): its processes, memory and files, and
+	// the template, resources, environment and policy it recorded.
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // The largest resources a request may name, far above any host and far
@@ -151,8 +155,16 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req, true); err != nil {
 		return err
 	}
-	opt, execTimeout, err := s.createOptions(req)
-	if err != nil {
+	var opt sandbox.CreateOptions
+	var execTimeout time.Duration
+	var err error
+	if req.Snapshot != "" {
+		var release func()
+		if opt, execTimeout, release, err = s.snapshotCreateOptions(owner(r), req); err != nil {
+			return err
+		}
+		defer release()
+	} else if opt, execTimeout, err = s.createOptions(req); err != nil {
 		return err
 	}
 	sb, err := s.create(r.Context(), owner(r), opt, execTimeout, nil)

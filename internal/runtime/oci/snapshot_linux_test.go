@@ -90,3 +90,51 @@ print(marker)`); strings.TrimSpace(out) != "baa" {
 		t.Errorf("original after the clones: %q", out)
 	}
 }
+
+// TestCloneFailureLeavesNothing: a clone whose restore fails (its
+// snapshot's process images are broken) fails and leaves nothing behind:
+// no process, mount, cgroup, bundle or id range; the snapshot itself is
+// left as it was, and a clone of an intact copy of it (the control)
+// starts.
+func TestCloneFailureLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	const id = "snapf"
+	lim := runtime.Limits{MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 64 << 20}
+	o, inst := checkpointable(t, "snapf", id, lim)
+	defer destroyChecked(t, o, id)
+	execPython(t, inst.Socket, `x = 1`)
+	root := checkpointsDir(t)
+	good, bad := filepath.Join(root, "good"), filepath.Join(root, "bad")
+	for _, d := range []string{good, bad} {
+		if err := o.Snapshot(ctx, id, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cores, _ := filepath.Glob(filepath.Join(bad, snapshotImages, "core-*.img"))
+	if len(cores) == 0 {
+		t.Fatal("no core images in the snapshot")
+	}
+	for _, c := range cores {
+		if err := os.WriteFile(c, []byte("broken"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec := runtime.Spec{ID: "snapf-bad", RootFS: testutil.TemplateRootFS(t, "python"), Limits: lim}
+	if _, err := o.Clone(ctx, spec, bad); err == nil {
+		destroyChecked(t, o, spec.ID)
+		t.Fatal("a clone of broken images started")
+	}
+	assertGone(t, o, spec.ID)
+	if _, err := os.Stat(filepath.Join(bad, snapshotMeta)); err != nil {
+		t.Errorf("the failed clone touched its snapshot: %v", err)
+	}
+	spec.ID = "snapf-good"
+	c, err := o.Clone(ctx, spec, good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer destroyChecked(t, o, spec.ID)
+	if out := execPython(t, c.Socket, `print(x)`); strings.TrimSpace(out) != "1" {
+		t.Errorf("control clone: %q", out)
+	}
+}

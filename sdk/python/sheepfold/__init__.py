@@ -70,6 +70,7 @@ from .models import (
     Resources,
     Result,
     SandboxInfo,
+    SnapshotInfo,
 )
 from .ports import Port, PortList
 from .sandbox import Sandbox
@@ -99,6 +100,7 @@ __all__ = [
     "ShuttingDownError",
     "SessionNotFoundError",
     "Sandbox",
+    "SnapshotInfo",
     "Port",
     "PortList",
     "Account",

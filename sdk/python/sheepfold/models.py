@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 __all__ = [
     "Resources",
     "SandboxInfo",
+    "SnapshotInfo",
     "Result",
     "ExecutionError",
     "Logs",
@@ -65,6 +66,31 @@ class Resources:
 
     def to_dict(self) -> Dict[str, Any]:
         return {"cpus": self.cpus, "memory_mb": self.memory_mb, "disk_mb": self.disk_mb, "pids": self.pids}
+
+
+@dataclass
+class SnapshotInfo:
+    """A snapshot: a saved sandbox (processes, memory, files) that new
+    sandboxes start from (Sandbox.create(snapshot=name))."""
+
+    name: str
+    sandbox_id: str = ""
+    template: str = ""
+    resources: Resources = field(default_factory=Resources)
+    created_at: Optional[datetime] = None
+    size_bytes: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "SnapshotInfo":
+        d = _d(data)
+        return cls(
+            name=d.get("name", "") or "",
+            sandbox_id=d.get("sandbox_id", "") or "",
+            template=d.get("template", "") or "",
+            resources=Resources.from_dict(d.get("resources")),
+            created_at=parse_time(d.get("created_at")),
+            size_bytes=int(d.get("size_bytes") or 0),
+        )
 
 
 @dataclass

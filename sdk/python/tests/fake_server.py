@@ -60,6 +60,7 @@ class FakeSheepfold(ThreadingHTTPServer):
         self.requests: List[Recorded] = []
         self.injected: List[Tuple[int, Any, Dict[str, str]]] = []
         self.sandboxes: Dict[str, Dict[str, Any]] = {}
+        self.snapshots: Dict[str, Dict[str, Any]] = {}
         self.files: Dict[str, Dict[str, bytes]] = {}
         self.dirs: Dict[str, set] = {}
         self.contexts: Dict[str, Dict[str, Dict[str, Any]]] = {}
@@ -205,6 +206,17 @@ class Handler(BaseHTTPRequestHandler):
                 sbs = [s for s in self.server.sandboxes.values()
                        if want == "all" or s["state"] == want or want is None and s["state"] in ("running", "paused")]
                 return 200, {"sandboxes": sbs}, {}
+        if p == "/v1/snapshots" and m == "GET":
+            return 200, {"snapshots": list(self.server.snapshots.values())}, {}
+        ms = re.fullmatch(r"/v1/snapshots/([^/]+)", p)
+        if ms:
+            snap = self.server.snapshots.get(ms.group(1))
+            if snap is None:
+                return err("ERR_NOT_FOUND", f"no snapshot {ms.group(1)!r}", 404)
+            if m == "DELETE":
+                del self.server.snapshots[snap["name"]]
+                return 204, None, {}
+            return 200, snap, {}
         mt = re.fullmatch(r"/v1/sandboxes/([^/]+)(/.*)?", p)
         if not mt:
             return err("ERR_NOT_FOUND", f"no route {m} {p}", 404)
@@ -234,6 +246,14 @@ class Handler(BaseHTTPRequestHandler):
                 sb["state"] = "stopped"
                 sb["stop_reason"] = "killed"
                 return 204, None, {}
+        if rest == "/snapshots" and m == "POST":
+            name = rec.json()["name"]
+            if name in self.server.snapshots:
+                return err("ERR_CONFLICT", f"a snapshot named {name!r} exists", 409)
+            snap = {"name": name, "sandbox_id": sid, "template": sb["template"], "resources": sb["resources"],
+                    "created_at": NOW, "size_bytes": 4096}
+            self.server.snapshots[name] = snap
+            return 201, snap, {}
         if rest == "/timeout" and m == "POST":
             sb["expires_at"] = LATER
             sb["timeout_seen"] = rec.json()["timeout"]
@@ -280,10 +300,15 @@ class Handler(BaseHTTPRequestHandler):
             req = rec.json() or {}
         except ValueError:
             return err("ERR_BAD_REQUEST", "malformed JSON", 400)
-        allowed = {"template", "timeout", "resources", "env", "metadata", "sandbox_config"}
+        allowed = {"template", "timeout", "resources", "env", "metadata", "sandbox_config", "snapshot"}
         unknown = set(req) - allowed
         if unknown:
             return err("ERR_BAD_REQUEST", f"unknown field {sorted(unknown)[0]!r}", 400)
+        if "snapshot" in req:
+            snap = self.server.snapshots.get(req["snapshot"])
+            if snap is None:
+                return err("ERR_NOT_FOUND", f"no snapshot {req['snapshot']!r}", 404)
+            req = {"template": snap["template"], "resources": snap["resources"], "metadata": req.get("metadata")}
         if req.get("template") == "nope":
             return err("ERR_TEMPLATE_NOT_FOUND", "no template nope", 404)
         if (req.get("sandbox_config") or {}).get("network_restricted") is False:

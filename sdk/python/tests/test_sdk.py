@@ -20,6 +20,7 @@ from sheepfold import (
     CodeContext,
     CommandHandle,
     CommandResult,
+    ConflictError,
     Execution,
     ExecutionError,
     FileInfo,
@@ -136,6 +137,22 @@ class TestSandboxLifecycle(FakeServerTest):
         self.assertEqual(cm.exception.code, "ERR_SANDBOX_NOT_FOUND")
         self.assertEqual(cm.exception.status, 404)
         self.assertEqual(cm.exception.request_id, "req_fake")
+
+    def test_snapshots(self) -> None:
+        sb = self.sandbox()
+        snap = sb.create_snapshot("warm")
+        self.assertEqual((snap.name, snap.sandbox_id, snap.size_bytes), ("warm", sb.sandbox_id, 4096))
+        self.assertEqual(self.server.calls("POST", r"/v1/sandboxes/.*/snapshots")[0].json(), {"name": "warm"})
+        with self.assertRaises(ConflictError):
+            sb.create_snapshot("warm")
+        self.assertEqual([s.name for s in Sandbox.list_snapshots()], ["warm"])
+        self.assertEqual(Sandbox.get_snapshot("warm").template, "python")
+        copy = Sandbox.create(snapshot="warm")
+        self.assertNotEqual(copy.sandbox_id, sb.sandbox_id)
+        self.assertEqual(self.server.calls("POST", "/v1/sandboxes")[-1].json(), {"snapshot": "warm"})
+        Sandbox.delete_snapshot("warm")
+        with self.assertRaises(NotFoundError):
+            Sandbox.get_snapshot("warm")
 
     def test_pause_resume(self) -> None:
         sb = self.sandbox()

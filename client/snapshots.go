@@ -1,0 +1,53 @@
+package client
+
+import (
+	"context"
+	"net/url"
+	"time"
+)
+
+// Snapshot is a saved sandbox (its processes, memory and files) that new
+// sandboxes start from (CreateSandboxRequest.Snapshot).
+type Snapshot struct {
+	Name      string    `json:"name"`
+	SandboxID string    `json:"sandbox_id"` // the sandbox it was taken of
+	Template  string    `json:"template"`
+	Resources Resources `json:"resources"`
+	CreatedAt time.Time `json:"created_at"`
+	SizeBytes int64     `json:"size_bytes"` // on the server's disk
+}
+
+type snapshotRequestJSON struct {
+	Name string `json:"name"`
+}
+
+type snapshotListJSON struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// CreateSnapshot saves the running sandbox id under name (unique in the
+// account) while it runs on. ErrConflict: the name is taken;
+// ErrSandboxState: a request of it is in flight, or it is paused;
+// ErrNotSupported: the server cannot, or the sandbox has a network.
+func (c *Client) CreateSnapshot(ctx context.Context, id, name string) (*Snapshot, error) {
+	var s Snapshot
+	return &s, c.call(ctx, request{method: "POST", path: sandboxPath(id, "snapshots"), json: snapshotRequestJSON{Name: name}}, &s)
+}
+
+// ListSnapshots lists the account's snapshots, oldest first.
+func (c *Client) ListSnapshots(ctx context.Context) ([]Snapshot, error) {
+	var out snapshotListJSON
+	return out.Snapshots, c.call(ctx, request{method: "GET", path: "/v1/snapshots"}, &out)
+}
+
+// GetSnapshot describes one of the account's snapshots.
+func (c *Client) GetSnapshot(ctx context.Context, name string) (*Snapshot, error) {
+	var s Snapshot
+	return &s, c.call(ctx, request{method: "GET", path: "/v1/snapshots/" + url.PathEscape(name)}, &s)
+}
+
+// DeleteSnapshot deletes a snapshot; sandboxes started from it run on.
+// ErrConflict: sandboxes are being started from it.
+func (c *Client) DeleteSnapshot(ctx context.Context, name string) error {
+	return c.call(ctx, request{method: "DELETE", path: "/v1/snapshots/" + url.PathEscape(name)}, nil)
+}

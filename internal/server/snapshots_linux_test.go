@@ -1,0 +1,299 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/store/sqlite"
+	"github.com/sheepfold/sheepfold/internal/testutil"
+)
+
+// execIn runs code in sandbox id for key and returns its stdout.
+func (e *env) execIn(key, id, code string) string {
+	e.t.Helper()
+	r := e.do("POST", "/v1/sandboxes/"+id+"/execute", key, map[string]any{"code": code})
+	want(e.t, r, http.StatusOK, "")
+	if errv := r.json(e.t)["error"]; errv != nil {
+		e.t.Fatalf("execution of %q failed: %v", code, errv)
+	}
+	return r.json(e.t)["stdout"].(string)
+}
+
+// TestSnapshotAPI takes a snapshot of a running sandbox through /v1 and
+// starts a new sandbox from it: the new one has the variable and the
+// file of the moment of the snapshot, a new id, and the same template
+// and resources; the original runs on with what it did since. Listing,
+// getting and deleting snapshots; the account's bound; names taken; a
+// snapshot in use is not deleted; bad input gets its codes.
+func TestSnapshotAPI(t *testing.T) {
+	e := runcEnvWith(t, server.Config{MaxSnapshotsPerAccount: 2})
+	id := e.create(e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 256, "disk_mb": 64}})
+	e.execIn(e.keyA, id, `x = 42; open("/home/user/wool.txt", "w").write("wool")`)
+
+	r := e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "s1"})
+	want(t, r, http.StatusCreated, "")
+	if j := r.json(t); j["name"] != "s1" || j["sandbox_id"] != id || j["size_bytes"].(float64) <= 0 {
+		t.Fatalf("snapshot: %s", r.body)
+	}
+	if got := e.execIn(e.keyA, id, `x = 43; print(x)`); got != "43\n" {
+		t.Fatalf("the original after the snapshot: %q", got)
+	}
+	r = e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"snapshot": "s1", "metadata": map[string]string{"from": "s1"}})
+	want(t, r, http.StatusCreated, "")
+	j := r.json(t)
+	clone := j["id"].(string)
+	if clone == id || j["resources"].(map[string]any)["memory_mb"].(float64) != 256 {
+		t.Fatalf("started from the snapshot: %s", r.body)
+	}
+	if got := e.execIn(e.keyA, clone, `print(x, open("/home/user/wool.txt").read())`); got != "42 wool\n" {
+		t.Fatalf("started from the snapshot: %q, want the variable and the file of the snapshot", got)
+	}
+	if got := e.execIn(e.keyA, id, `print(x)`); got != "43\n" {
+		t.Fatalf("the original after a sandbox started from its snapshot: %q", got)
+	}
+
+	// Bad input.
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "Bad Name"}), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{}), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "s1"}), http.StatusConflict, "ERR_CONFLICT")
+	want(t, e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"snapshot": "nope"}), http.StatusNotFound, "ERR_NOT_FOUND")
+	want(t, e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"snapshot": "../s1"}), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	want(t, e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"snapshot": "s1", "template": "python"}), http.StatusBadRequest, "ERR_BAD_REQUEST")
+
+	// The bound: two per account here.
+	want(t, e.do("POST", "/v1/sandboxes/"+clone+"/snapshots", e.keyA, map[string]any{"name": "s2"}), http.StatusCreated, "")
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "s3"}), http.StatusTooManyRequests, "ERR_SESSION_QUOTA_EXCEEDED")
+	r = e.do("GET", "/v1/snapshots", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	var names []string
+	for _, s := range r.json(t)["snapshots"].([]any) {
+		names = append(names, s.(map[string]any)["name"].(string))
+	}
+	if len(names) != 2 || names[0] != "s1" || names[1] != "s2" {
+		t.Fatalf("listed %v, want [s1 s2]", names)
+	}
+	r = e.do("GET", "/v1/snapshots/s2", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	if r.json(t)["sandbox_id"] != clone {
+		t.Errorf("get: %s", r.body)
+	}
+
+	// In use: a create starting from it holds it.
+	release := e.srv.HoldSnapshotFor(id, "s2")
+	want(t, e.do("DELETE", "/v1/snapshots/s2", e.keyA, nil), http.StatusConflict, "ERR_CONFLICT")
+	release()
+	want(t, e.do("DELETE", "/v1/snapshots/s2", e.keyA, nil), http.StatusNoContent, "")
+	want(t, e.do("GET", "/v1/snapshots/s2", e.keyA, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+	want(t, e.do("DELETE", "/v1/snapshots/s2", e.keyA, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "s3"}), http.StatusCreated, "")
+	for _, sb := range []string{id, clone} {
+		want(t, e.do("DELETE", "/v1/sandboxes/"+sb, e.keyA, nil), http.StatusNoContent, "")
+	}
+	for _, n := range []string{"s1", "s3"} {
+		want(t, e.do("DELETE", "/v1/snapshots/"+n, e.keyA, nil), http.StatusNoContent, "")
+	}
+	if left := filesUnder(t, e.engine.SnapshotDir()); len(left) != 0 {
+		t.Errorf("files left in the snapshot dir: %v", left)
+	}
+}
+
+// TestSnapshotOtherAccount is the attack of one account on another's
+// snapshot: B cannot see, list, start from or delete A's snapshot (404
+// ERR_NOT_FOUND, as a snapshot that does not exist), nor snapshot A's
+// sandbox (404 ERR_SANDBOX_NOT_FOUND), nor take A's name from A; the
+// control is A doing each of these.
+func TestSnapshotOtherAccount(t *testing.T) {
+	e := runcEnv(t)
+	id := e.create(e.keyA, map[string]any{})
+	e.execIn(e.keyA, id, `secret_of_a = "a's"`)
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyB, map[string]any{"name": "mine"}), http.StatusNotFound, "ERR_SANDBOX_NOT_FOUND")
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "mine"}), http.StatusCreated, "")
+
+	want(t, e.do("GET", "/v1/snapshots/mine", e.keyB, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+	want(t, e.do("GET", "/v1/snapshots/mine", e.keyA, nil), http.StatusOK, "")
+	if l := e.do("GET", "/v1/snapshots", e.keyB, nil).json(t)["snapshots"].([]any); len(l) != 0 {
+		t.Errorf("B lists A's snapshots: %v", l)
+	}
+	if l := e.do("GET", "/v1/snapshots", e.keyA, nil).json(t)["snapshots"].([]any); len(l) != 1 {
+		t.Errorf("A lists %v, want its snapshot", l)
+	}
+	want(t, e.do("POST", "/v1/sandboxes", e.keyB, map[string]any{"snapshot": "mine"}), http.StatusNotFound, "ERR_NOT_FOUND")
+	want(t, e.do("DELETE", "/v1/snapshots/mine", e.keyB, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+	// B's own sandbox may take the same name in B's account: another
+	// snapshot, which does not replace A's.
+	idB := e.create(e.keyB, map[string]any{})
+	want(t, e.do("POST", "/v1/sandboxes/"+idB+"/snapshots", e.keyB, map[string]any{"name": "mine"}), http.StatusCreated, "")
+	fromB := e.create(e.keyB, map[string]any{"snapshot": "mine"})
+	if got := e.execIn(e.keyB, fromB, `print("secret_of_a" in globals())`); got != "False\n" {
+		t.Errorf("B's sandbox from B's snapshot named as A's has A's variable: %q", got)
+	}
+	fromA := e.create(e.keyA, map[string]any{"snapshot": "mine"})
+	if got := e.execIn(e.keyA, fromA, `print(secret_of_a)`); got != "a's\n" {
+		t.Errorf("A's sandbox from A's snapshot: %q", got)
+	}
+	want(t, e.do("GET", "/v1/sandboxes/"+fromA, e.keyB, nil), http.StatusNotFound, "ERR_SANDBOX_NOT_FOUND")
+	for key, ids := range map[string][]string{e.keyA: {id, fromA}, e.keyB: {idB, fromB}} {
+		for _, sb := range ids {
+			want(t, e.do("DELETE", "/v1/sandboxes/"+sb, key, nil), http.StatusNoContent, "")
+		}
+		want(t, e.do("DELETE", "/v1/snapshots/mine", key, nil), http.StatusNoContent, "")
+	}
+}
+
+// TestSnapshotHoldsNoSecretValue: a sandbox given a secret (an env
+// placeholder the egress gateway would fill) is snapshotted, and no file
+// of the snapshot holds the secret's value. The control: a value the
+// sandbox's code does hold in memory is found in a snapshot's images the
+// same way.
+func TestSnapshotHoldsNoSecretValue(t *testing.T) {
+	e := runcEnv(t)
+	const value = "sk-live-9f3b7c1e5a2d4868"
+	want(t, e.do("POST", "/v1/secrets", e.keyA, map[string]any{"name": "api_key", "value": value}), http.StatusCreated, "")
+	id := e.create(e.keyA, map[string]any{"env": map[string]string{"API_KEY": "${secrets.api_key}"}})
+	if got := e.execIn(e.keyA, id, `import os; print(os.environ["API_KEY"])`); got != "${secrets.api_key}\n" {
+		t.Fatalf("the sandbox's env: %q", got)
+	}
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "s"}), http.StatusCreated, "")
+	if hits := filesHolding(t, e.engine.SnapshotDir(), value); len(hits) != 0 {
+		t.Errorf("the secret's value is in the snapshot: %v", hits)
+	}
+	// Control: the same value, held in the sandbox's memory by its code.
+	e.execIn(e.keyA, id, `held = "sk-live-" + "9f3b7c1e5a2d4868"`)
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "control"}), http.StatusCreated, "")
+	if hits := filesHolding(t, e.engine.SnapshotDir(), value); len(hits) == 0 {
+		t.Error("control: a value in the sandbox's memory is not found in its snapshot; the search proves nothing")
+	}
+	want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
+	for _, n := range []string{"s", "control"} {
+		want(t, e.do("DELETE", "/v1/snapshots/"+n, e.keyA, nil), http.StatusNoContent, "")
+	}
+}
+
+// filesUnder lists the regular files under dir.
+func filesUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	var out []string
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			out = append(out, p)
+		}
+		return nil
+	})
+	return out
+}
+
+// filesHolding lists the files under dir that hold s.
+func filesHolding(t *testing.T, dir, s string) []string {
+	t.Helper()
+	var out []string
+	for _, p := range filesUnder(t, dir) {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(b, []byte(s)) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// TestSnapshotAfterServerRestart: a snapshot survives the server's
+// shutdown and start over the same database and data dir, is listed by
+// the new server, and a sandbox starts from it with the variable it
+// held; what a crash left half made in the snapshot dir is removed at
+// the start.
+func TestSnapshotAfterServerRestart(t *testing.T) {
+	testutil.RequireRoot(t)
+	ctx := context.Background()
+	rootfs := testutil.TemplateRootFS(t, "python")
+	data := testutil.ShortTempDir(t)
+	if err := os.Chmod(data, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "sheepfold.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	_, key, err := auth.Create(ctx, st, auth.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: filepath.Join(data, "run"), AgentBin: testutil.AgentBin(t),
+		CgroupParent: "sheepfold-test", Instance: "srvsnaprestart"}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	start := func() (*env, func()) {
+		rt, err := oci.New(rcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := sandbox.New(ctx, sandbox.Config{Runtime: rt, CheckpointDir: filepath.Join(data, "checkpoints"), Logger: log,
+			Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := server.New(server.Config{Version: "test"}, st, m, log)
+		hs := httptest.NewServer(srv)
+		return &env{t: t, srv: srv, url: hs.URL, store: st, engine: m, keyA: key}, func() {
+			hs.Close()
+			srv.Shutdown(ctx)
+			if err := m.Close(ctx); err != nil {
+				t.Errorf("close the engine: %v", err)
+			}
+			if err := srv.Close(ctx); err != nil {
+				t.Error(err)
+			}
+			if err := rt.Close(); err != nil {
+				t.Errorf("close the runtime: %v", err)
+			}
+		}
+	}
+	e, stop := start()
+	id := e.create(key, map[string]any{})
+	e.execIn(key, id, `x = "kept"`)
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", key, map[string]any{"name": "keep"}), http.StatusCreated, "")
+	snaps := e.engine.SnapshotDir()
+	if snaps != filepath.Join(data, "snapshots") {
+		t.Fatalf("snapshot dir %s, want beside the checkpoints", snaps)
+	}
+	stop()
+	// A crash in the middle of a snapshot leaves its .new- directory.
+	accts, _ := os.ReadDir(snaps)
+	if len(accts) != 1 {
+		t.Fatalf("account dirs %v", accts)
+	}
+	half := filepath.Join(snaps, accts[0].Name(), ".new-123")
+	if err := os.MkdirAll(filepath.Join(half, "state"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+
+	e, stop = start()
+	defer stop()
+	if _, err := os.Stat(half); err == nil {
+		t.Error("a half-made snapshot is left after the start")
+	}
+	r := e.do("GET", "/v1/snapshots", key, nil)
+	want(t, r, http.StatusOK, "")
+	if l := r.json(t)["snapshots"].([]any); len(l) != 1 || l[0].(map[string]any)["name"] != "keep" {
+		t.Fatalf("listed after the restart: %s", r.body)
+	}
+	from := e.create(key, map[string]any{"snapshot": "keep"})
+	if got := e.execIn(key, from, `print(x)`); got != "kept\n" {
+		t.Fatalf("started from the snapshot after the restart: %q", got)
+	}
+	want(t, e.do("DELETE", "/v1/sandboxes/"+from, key, nil), http.StatusNoContent, "")
+	want(t, e.do("DELETE", "/v1/snapshots/keep", key, nil), http.StatusNoContent, "")
+}
