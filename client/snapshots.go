@@ -51,3 +51,36 @@ func (c *Client) GetSnapshot(ctx context.Context, name string) (*Snapshot, error
 func (c *Client) DeleteSnapshot(ctx context.Context, name string) error {
 	return c.call(ctx, request{method: "DELETE", path: "/v1/snapshots/" + url.PathEscape(name)}, nil)
 }
+
+type forkRequestJSON struct {
+	Count int `json:"count"`
+}
+
+type forkResultJSON struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// Diff is what a fork added, changed and deleted in its files since it
+// was forked from Against (paths inside the sandbox, sorted).
+type Diff struct {
+	Against string   `json:"against"`
+	Added   []string `json:"added"`
+	Changed []string `json:"changed"`
+	Deleted []string `json:"deleted"`
+}
+
+// Fork makes count (1 to 8) independent copies of the running sandbox
+// id, with its processes, memory and files, each a new sandbox of its
+// own; the parent runs on.
+func (c *Client) Fork(ctx context.Context, id string, count int) ([]Sandbox, error) {
+	var out forkResultJSON
+	return out.Sandboxes, c.call(ctx, request{method: "POST", path: sandboxPath(id, "fork"), json: forkRequestJSON{Count: count}}, &out)
+}
+
+// DiffSandbox lists what the fork id changed in its files since it was
+// forked from parent. ErrNotFound: id is not a fork of parent made by
+// the server's current run.
+func (c *Client) DiffSandbox(ctx context.Context, id, parent string) (*Diff, error) {
+	var d Diff
+	return &d, c.call(ctx, request{method: "GET", path: sandboxPath(id, "diff"), query: url.Values{"against": {parent}}}, &d)
+}

@@ -257,6 +257,21 @@ type Snapshotter interface {
 	Clone(ctx context.Context, spec Spec, dir string) (*Instance, error)
 }
 
+// Differ is implemented by Snapshotters that can list what a sandbox
+// cloned from a snapshot changed in its files since: Changes compares
+// sandbox id's files with the snapshot's in dir, over the template root
+// lower (the files neither has written). Paths are the sandbox's,
+// absolute, sorted.
+type Differ interface {
+	Changes(ctx context.Context, id, dir, lower string) (Changes, error)
+}
+
+// Changes are the paths a sandbox added, changed (content, type,
+// permissions, link target) and deleted.
+type Changes struct {
+	Added, Changed, Deleted []string
+}
+
 // CheckpointKeeper is implemented by Checkpointers whose checkpointed
 // sandboxes outlive the engine that paused them (the OCI runtime: a
 // checkpointed sandbox's bundle, disk and id range stay until it is

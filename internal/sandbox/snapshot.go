@@ -110,3 +110,25 @@ func (m *Manager) startFrom(ctx context.Context, spec runtime.Spec, dir string) 
 	}
 	return sn.Clone(ctx, spec, dir)
 }
+
+// Changes lists the files the sandbox added, changed and deleted since
+// the snapshot in dir it was started from (runtime.Differ): its writable
+// layer against the snapshot's.
+func (s *Sandbox) Changes(ctx context.Context, dir string) (runtime.Changes, error) {
+	d, ok := s.m.cfg.Runtime.(runtime.Differ)
+	if !ok || s.m.cfg.Shared {
+		return runtime.Changes{}, apierr.New(apierr.NotSupported, "this server's runtime (%s) cannot compare sandboxes' files", s.m.cfg.Runtime.Name())
+	}
+	if err := s.running(); err != nil && s.State() != StatePaused {
+		return runtime.Changes{}, err
+	}
+	lower, err := s.m.cfg.Templates.RootFS(s.Template)
+	if err != nil {
+		return runtime.Changes{}, apierr.Wrap(err, apierr.TemplateNotFound, "template %q is not available: %v", s.Template, err)
+	}
+	ch, err := d.Changes(ctx, s.ID, dir, lower)
+	if err != nil {
+		return ch, apierr.Wrap(err, apierr.Internal, "could not compare sandbox %s's files", s.ID)
+	}
+	return ch, nil
+}

@@ -503,6 +503,7 @@ type Server struct {
 	snapMu     sync.Mutex
 	snapUse    map[string]int
 	snapMaking map[string]bool
+	forks      map[string]forkOf // by the fork's id
 
 	bus         *events.Bus
 	hooks       *webhooks.Service

@@ -455,6 +455,10 @@ func removeSnapshotLeftovers(root string) error {
 		if !a.IsDir() {
 			continue
 		}
+		if a.Name() == forksDir { // forks are known to the run that made them alone
+			errs = append(errs, os.RemoveAll(filepath.Join(root, a.Name())))
+			continue
+		}
 		ents, err := os.ReadDir(filepath.Join(root, a.Name()))
 		if err != nil {
 			errs = append(errs, err)

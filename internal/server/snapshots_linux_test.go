@@ -3,6 +3,9 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -10,8 +13,11 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
+	"github.com/sheepfold/sheepfold/client"
 	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -296,4 +302,163 @@ func TestSnapshotAfterServerRestart(t *testing.T) {
 	}
 	want(t, e.do("DELETE", "/v1/sandboxes/"+from, key, nil), http.StatusNoContent, "")
 	want(t, e.do("DELETE", "/v1/snapshots/keep", key, nil), http.StatusNoContent, "")
+}
+
+// TestForkAndDiff forks a running sandbox into three: each fork has the
+// parent's variable and files of the moment of the fork, its own id, and
+// goes its own way (a variable set in one is in no other, nor in the
+// parent, which runs on); the diff of a fork against its parent lists
+// what the fork added, changed and deleted since, and nothing the parent
+// did after the fork or had before it. Bad counts, another account's
+// fork and a diff against a sandbox that is not the parent are refused.
+func TestForkAndDiff(t *testing.T) {
+	e := runcEnv(t)
+	parent := e.create(e.keyA, map[string]any{})
+	e.execIn(e.keyA, parent, `
+import os
+x = 7
+os.makedirs("/home/user/work", exist_ok=True)
+for n in ("keep", "edit", "drop"):
+    open("/home/user/work/" + n + ".txt", "w").write(n)`)
+	for _, c := range []any{0, server.MaxForks + 1, "two"} {
+		want(t, e.do("POST", "/v1/sandboxes/"+parent+"/fork", e.keyA, map[string]any{"count": c}), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	}
+	want(t, e.do("POST", "/v1/sandboxes/"+parent+"/fork", e.keyB, map[string]any{"count": 1}), http.StatusNotFound, "ERR_SANDBOX_NOT_FOUND")
+
+	r := e.do("POST", "/v1/sandboxes/"+parent+"/fork", e.keyA, map[string]any{"count": 3})
+	want(t, r, http.StatusCreated, "")
+	var forks []string
+	for _, s := range r.json(t)["sandboxes"].([]any) {
+		forks = append(forks, s.(map[string]any)["id"].(string))
+	}
+	if len(forks) != 3 || forks[0] == forks[1] || forks[1] == forks[2] || forks[0] == parent {
+		t.Fatalf("forks %v", forks)
+	}
+	e.execIn(e.keyA, parent, `x = "parent"; open("/home/user/work/late.txt", "w").write("late")`)
+	for i, f := range forks {
+		if got := e.execIn(e.keyA, f, `print(x, sorted(os.listdir("/home/user/work")))`); got != "7 ['drop.txt', 'edit.txt', 'keep.txt']\n" {
+			t.Fatalf("fork %d: %q, want the parent's variable and files at the fork", i, got)
+		}
+		e.execIn(e.keyA, f, fmt.Sprintf(`x = %d`, i))
+	}
+	for i, f := range forks {
+		if got := e.execIn(e.keyA, f, `print(x)`); got != fmt.Sprintf("%d\n", i) {
+			t.Errorf("fork %d's own variable: %q", i, got)
+		}
+	}
+	if got := e.execIn(e.keyA, parent, `print(x)`); got != "parent\n" {
+		t.Errorf("the parent's variable: %q", got)
+	}
+
+	e.execIn(e.keyA, forks[0], `
+import os
+open("/home/user/work/edit.txt", "w").write("edited")
+os.remove("/home/user/work/drop.txt")
+open("/home/user/work/new.txt", "w").write("new")
+os.remove("/home/user/.bash_logout")`)
+	r = e.do("GET", "/v1/sandboxes/"+forks[0]+"/diff?against="+parent, e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	var d struct {
+		Against                 string
+		Added, Changed, Deleted []string
+	}
+	if err := json.Unmarshal(r.body, &d); err != nil {
+		t.Fatal(err)
+	}
+	has := func(l []string, p string) bool { return slices.Contains(l, p) }
+	if d.Against != parent || !has(d.Added, "/home/user/work/new.txt") || !has(d.Changed, "/home/user/work/edit.txt") ||
+		!has(d.Deleted, "/home/user/work/drop.txt") || !has(d.Deleted, "/home/user/.bash_logout") {
+		t.Errorf("diff: %s", r.body)
+	}
+	for _, p := range []string{"/home/user/work/keep.txt", "/home/user/work/late.txt", "/home/user/work"} {
+		if has(d.Added, p) || has(d.Changed, p) || has(d.Deleted, p) {
+			t.Errorf("diff lists %s, which the fork did not touch: %s", p, r.body)
+		}
+	}
+	r = e.do("GET", "/v1/sandboxes/"+forks[1]+"/diff?against="+parent, e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	if err := json.Unmarshal(r.body, &d); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range slices.Concat(d.Added, d.Changed, d.Deleted) {
+		if strings.HasPrefix(p, "/home/user/work") || p == "/home/user/.bash_logout" {
+			t.Errorf("an untouched fork's diff lists %s", p)
+		}
+	}
+	want(t, e.do("GET", "/v1/sandboxes/"+forks[0]+"/diff?against="+forks[1], e.keyA, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+	want(t, e.do("GET", "/v1/sandboxes/"+forks[0]+"/diff", e.keyA, nil), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	want(t, e.do("GET", "/v1/sandboxes/"+forks[0]+"/diff?against="+parent, e.keyB, nil), http.StatusNotFound, "ERR_SANDBOX_NOT_FOUND")
+	want(t, e.do("GET", "/v1/sandboxes/"+forks[0], e.keyB, nil), http.StatusNotFound, "ERR_SANDBOX_NOT_FOUND")
+
+	for _, sb := range append(forks, parent) {
+		want(t, e.do("DELETE", "/v1/sandboxes/"+sb, e.keyA, nil), http.StatusNoContent, "")
+	}
+	// The next fork prunes the groups of forks that are gone.
+	other := e.create(e.keyA, map[string]any{})
+	r = e.do("POST", "/v1/sandboxes/"+other+"/fork", e.keyA, nil)
+	want(t, r, http.StatusCreated, "")
+	groups, _ := os.ReadDir(filepath.Join(e.engine.SnapshotDir(), ".forks"))
+	if len(groups) != 1 {
+		t.Errorf("fork groups after the first's forks stopped: %v, want the second's alone", groups)
+	}
+	want(t, e.do("DELETE", "/v1/sandboxes/"+r.json(t)["sandboxes"].([]any)[0].(map[string]any)["id"].(string), e.keyA, nil), http.StatusNoContent, "")
+	want(t, e.do("DELETE", "/v1/sandboxes/"+other, e.keyA, nil), http.StatusNoContent, "")
+}
+
+// TestSnapshotForkClient drives snapshots, forks and diffs through the
+// Go SDK.
+func TestSnapshotForkClient(t *testing.T) {
+	e := runcEnv(t)
+	ctx := context.Background()
+	c := client.New(e.url, e.keyA)
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(id, code string) string {
+		t.Helper()
+		ex, err := c.Execute(ctx, id, client.ExecuteRequest{Code: code})
+		if err != nil || ex.Error != nil {
+			t.Fatalf("execute %q: %v %+v", code, err, ex)
+		}
+		return ex.Stdout
+	}
+	run(sb.ID, `y = "sdk"`)
+	snap, err := c.CreateSnapshot(ctx, sb.ID, "sdk")
+	if err != nil || snap.Name != "sdk" || snap.SandboxID != sb.ID {
+		t.Fatalf("CreateSnapshot: %+v %v", snap, err)
+	}
+	if _, err := c.CreateSnapshot(ctx, sb.ID, "sdk"); !errors.Is(err, client.ErrConflict) {
+		t.Errorf("a second snapshot of the same name: %v", err)
+	}
+	if l, err := c.ListSnapshots(ctx); err != nil || len(l) != 1 {
+		t.Errorf("ListSnapshots: %+v %v", l, err)
+	}
+	from, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: "sdk"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := run(from.ID, `print(y)`); got != "sdk\n" {
+		t.Errorf("from the snapshot: %q", got)
+	}
+	forks, err := c.Fork(ctx, sb.ID, 2)
+	if err != nil || len(forks) != 2 {
+		t.Fatalf("Fork: %+v %v", forks, err)
+	}
+	run(forks[0].ID, `open("/home/user/f.txt", "w").write("f")`)
+	d, err := c.DiffSandbox(ctx, forks[0].ID, sb.ID)
+	if err != nil || !slices.Contains(d.Added, "/home/user/f.txt") {
+		t.Errorf("DiffSandbox: %+v %v", d, err)
+	}
+	if err := c.DeleteSnapshot(ctx, "sdk"); err != nil {
+		t.Error(err)
+	}
+	if _, err := c.GetSnapshot(ctx, "sdk"); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("GetSnapshot after the delete: %v", err)
+	}
+	for _, id := range []string{sb.ID, from.ID, forks[0].ID, forks[1].ID} {
+		if err := c.Kill(ctx, id); err != nil {
+			t.Error(err)
+		}
+	}
 }

@@ -42,3 +42,8 @@ func (*OCI) Thaw(context.Context, string) error   { return runtime.ErrUnsupporte
 
 // CheckDisks fails: disks of their own need Linux.
 func CheckDisks() error { return fmt.Errorf("%w: disks need Linux", runtime.ErrUnsupported) }
+
+// Changes fails: snapshots need Linux.
+func (*OCI) Changes(context.Context, string, string, string) (runtime.Changes, error) {
+	return runtime.Changes{}, runtime.ErrUnsupported
+}

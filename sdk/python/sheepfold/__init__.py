@@ -60,6 +60,7 @@ from .secrets import Secret, SecretUse, Secrets
 from .models import (
     CodeContext,
     CommandResult,
+    Diff,
     EntryInfo,
     Execution,
     ExecutionError,
@@ -101,6 +102,7 @@ __all__ = [
     "SessionNotFoundError",
     "Sandbox",
     "SnapshotInfo",
+    "Diff",
     "Port",
     "PortList",
     "Account",

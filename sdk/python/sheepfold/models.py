@@ -11,6 +11,7 @@ __all__ = [
     "Resources",
     "SandboxInfo",
     "SnapshotInfo",
+    "Diff",
     "Result",
     "ExecutionError",
     "Logs",
@@ -90,6 +91,27 @@ class SnapshotInfo:
             resources=Resources.from_dict(d.get("resources")),
             created_at=parse_time(d.get("created_at")),
             size_bytes=int(d.get("size_bytes") or 0),
+        )
+
+
+@dataclass
+class Diff:
+    """What a fork added, changed and deleted in its files since it was
+    forked from ``against`` (paths inside the sandbox, sorted)."""
+
+    against: str
+    added: List[str] = field(default_factory=list)
+    changed: List[str] = field(default_factory=list)
+    deleted: List[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Diff":
+        d = _d(data)
+        return cls(
+            against=d.get("against", "") or "",
+            added=list(d.get("added") or []),
+            changed=list(d.get("changed") or []),
+            deleted=list(d.get("deleted") or []),
         )
 
 

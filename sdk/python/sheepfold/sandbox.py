@@ -9,7 +9,7 @@ from .commands import Commands
 from .events import Events
 from .errors import NotFoundError, SandboxStateError, SheepfoldError
 from .files import Filesystem
-from .models import CodeContext, Execution, ExecutionError, PolicyAnswer, Resources, Result, SandboxInfo, SnapshotInfo
+from .models import CodeContext, Diff, Execution, ExecutionError, PolicyAnswer, Resources, Result, SandboxInfo, SnapshotInfo
 from .ports import Port, PortList
 
 __all__ = ["Sandbox"]
@@ -164,6 +164,19 @@ class Sandbox:
         when the name is taken, SandboxStateError while a request of it
         is in flight, NotSupportedError for a sandbox with a network."""
         return SnapshotInfo.from_dict(self._http.post_json(self._base + "/snapshots", {"name": name}))
+
+    def fork(self, count: int = 1) -> List["Sandbox"]:
+        """Make count (1 to 8) independent copies of the running sandbox,
+        with its processes, memory and files, each a new sandbox of its
+        own; this one runs on."""
+        doc = self._http.post_json(self._base + "/fork", {"count": count}) or {}
+        return [Sandbox(SandboxInfo.from_dict(s), self._http) for s in doc.get("sandboxes") or []]
+
+    def diff(self, against: str) -> Diff:
+        """What this fork added, changed and deleted in its files since it
+        was forked from the sandbox ``against`` (NotFoundError when it is
+        not such a fork)."""
+        return Diff.from_dict(self._http.get_json(self._base + "/diff", params={"against": against}))
 
     @classmethod
     def list_snapshots(cls, api_key: Optional[str] = None, base_url: Optional[str] = None,

@@ -61,6 +61,7 @@ class FakeSheepfold(ThreadingHTTPServer):
         self.injected: List[Tuple[int, Any, Dict[str, str]]] = []
         self.sandboxes: Dict[str, Dict[str, Any]] = {}
         self.snapshots: Dict[str, Dict[str, Any]] = {}
+        self.forks: Dict[str, str] = {}
         self.files: Dict[str, Dict[str, bytes]] = {}
         self.dirs: Dict[str, set] = {}
         self.contexts: Dict[str, Dict[str, Dict[str, Any]]] = {}
@@ -246,6 +247,18 @@ class Handler(BaseHTTPRequestHandler):
                 sb["state"] = "stopped"
                 sb["stop_reason"] = "killed"
                 return 204, None, {}
+        if rest == "/fork" and m == "POST":
+            out = []
+            for _ in range(rec.json().get("count", 1)):
+                fid = self.server.new_id("sbx_")
+                self.server.sandboxes[fid] = dict(sb, id=fid)
+                self.server.forks[fid] = sid
+                out.append(self.server.sandboxes[fid])
+            return 201, {"sandboxes": out}, {}
+        if rest == "/diff" and m == "GET":
+            if self.server.forks.get(sid) != rec.q("against"):
+                return err("ERR_NOT_FOUND", f"{sid} is not a fork of {rec.q('against')}", 404)
+            return 200, {"against": rec.q("against"), "added": ["/home/user/new.txt"], "changed": [], "deleted": []}, {}
         if rest == "/snapshots" and m == "POST":
             name = rec.json()["name"]
             if name in self.server.snapshots:

@@ -154,6 +154,17 @@ class TestSandboxLifecycle(FakeServerTest):
         with self.assertRaises(NotFoundError):
             Sandbox.get_snapshot("warm")
 
+    def test_fork_diff(self) -> None:
+        sb = self.sandbox()
+        forks = sb.fork(count=2)
+        self.assertEqual(self.server.calls("POST", r"/v1/sandboxes/.*/fork")[0].json(), {"count": 2})
+        self.assertEqual(len({f.sandbox_id for f in forks} | {sb.sandbox_id}), 3)
+        d = forks[0].diff(against=sb.sandbox_id)
+        self.assertEqual((d.against, d.added), (sb.sandbox_id, ["/home/user/new.txt"]))
+        self.assertEqual(self.server.calls("GET", r"/v1/sandboxes/.*/diff")[0].q("against"), sb.sandbox_id)
+        with self.assertRaises(NotFoundError):
+            forks[0].diff(against=forks[1].sandbox_id)
+
     def test_pause_resume(self) -> None:
         sb = self.sandbox()
         other = self.sandbox()

@@ -1,0 +1,236 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+// Forks: independent copies of a running sandbox, with its memory and
+// files (POST /v1/sandboxes/{id}/fork), and what a fork changed in its
+// files since (GET /v1/sandboxes/{id}/diff?against=PARENT).
+//
+// A fork is a snapshot taken once (the parent runs on) and restored
+// count times, each restore a create through the ordinary path
+// (admission, the account's caps, its record, its tokens) with the
+// parent's template, limits, environment, policy and execution timeout.
+// The snapshot lives in the snapshot dir's .forks/<parent>-<random>: its
+// images go once the forks have started, its copy of the parent's files
+// stays as the forks' baseline for diffs, until the last of its forks
+// has stopped (pruneForks, at each fork) or the server restarts (a diff
+// is then ERR_NOT_FOUND; the server's start removes .forks). A fork that fails undoes the forks it
+// made.
+
+// MaxForks bounds one fork request's count.
+const MaxForks = 8
+
+// forksDir is, under the snapshot dir, where forks' snapshots are kept.
+const forksDir = ".forks"
+
+// forkRequest is POST /v1/sandboxes/{id}/fork's body.
+type forkRequest struct {
+	Count *int `json:"count"`
+}
+
+// forkJSON is its answer.
+type forkJSON struct {
+	Sandboxes []sandboxJSON `json:"sandboxes"`
+}
+
+// diffJSON is GET /v1/sandboxes/{id}/diff's answer.
+type diffJSON struct {
+	Against string   `json:"against"`
+	Added   []string `json:"added"`
+	Changed []string `json:"changed"`
+	Deleted []string `json:"deleted"`
+}
+
+// forkOf is what the server knows of a fork: its parent and the
+// snapshot it started from.
+type forkOf struct {
+	parent string
+	dir    string // the fork group's directory; its snapshot is dir/state
+}
+
+func (s *Server) forkRoutes(add addFunc) {
+	add("POST /v1/sandboxes/{id}/fork", true, s.forkSandbox)
+	add("GET /v1/sandboxes/{id}/diff", true, s.diffSandbox)
+}
+
+func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
+	var req forkRequest
+	if err := decodeJSON(w, r, &req, true); err != nil {
+		return err
+	}
+	count := 1
+	if req.Count != nil {
+		count = *req.Count
+	}
+	if count < 1 || count > MaxForks {
+		return &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": "count"},
+			Message: fmt.Sprintf("count must be 1 to %d, not %d", MaxForks, count)}
+	}
+	root, err := s.snapshots()
+	if err != nil {
+		return err
+	}
+	b, err := s.lookup(r)
+	if err != nil {
+		return err
+	}
+	s.pruneForks(root)
+	own := owner(r)
+	ctx := context.WithoutCancel(r.Context())
+	if err := os.MkdirAll(filepath.Join(root, forksDir), 0o700); err != nil {
+		return err
+	}
+	// Made under a dot name, which pruneForks leaves alone, and renamed
+	// once its forks have started.
+	dir, err := os.MkdirTemp(filepath.Join(root, forksDir), ".new-"+b.sb.ID+"-")
+	if err != nil {
+		return err
+	}
+	state := filepath.Join(dir, snapshotStateDir)
+	if err := b.sb.Snapshot(ctx, state); err != nil {
+		_ = os.RemoveAll(dir)
+		return err
+	}
+	rec := sourceOf(b)
+	made := make([]*sandbox.Sandbox, count)
+	errs := make([]error, count)
+	var wg sync.WaitGroup
+	for i := range count {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			opt, execTimeout, err := s.recordOptions(rec, state)
+			if err == nil {
+				made[i], err = s.create(ctx, own, opt, execTimeout, nil)
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	// The images are the memory of the moment; the files stay as the
+	// forks' baseline.
+	if err := os.RemoveAll(filepath.Join(state, "images")); err != nil {
+		s.log.Warn("remove a fork's images", "dir", dir, "err", err)
+	}
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		for _, sb := range made {
+			if sb != nil {
+				s.killHere(ctx, sb.ID)
+			}
+		}
+		_ = os.RemoveAll(dir)
+		return err
+	}
+	out := forkJSON{Sandboxes: make([]sandboxJSON, 0, count)}
+	group := filepath.Join(root, forksDir, strings.TrimPrefix(filepath.Base(dir), ".new-"))
+	if err := os.Rename(dir, group); err != nil {
+		for _, sb := range made {
+			s.killHere(ctx, sb.ID)
+		}
+		_ = os.RemoveAll(dir)
+		return err
+	}
+	s.snapMu.Lock()
+	if s.forks == nil {
+		s.forks = map[string]forkOf{}
+	}
+	for _, sb := range made {
+		s.forks[sb.ID] = forkOf{parent: b.sb.ID, dir: group}
+	}
+	s.snapMu.Unlock()
+	for _, sb := range made {
+		out.Sandboxes = append(out.Sandboxes, sandboxFromInfo(sb.Info()))
+	}
+	s.log.Info("sandbox forked", "sandbox", b.sb.ID, "count", count)
+	writeJSON(w, http.StatusCreated, out)
+	return nil
+}
+
+// killHere kills a sandbox this server holds and records its stop.
+func (s *Server) killHere(ctx context.Context, id string) {
+	s.mu.Lock()
+	b := s.boxes[id]
+	s.mu.Unlock()
+	if err := s.recordKill(ctx, id); err != nil {
+		s.log.Error("record an undone fork killed", "sandbox", id, "err", err)
+	}
+	if err := s.engine.Kill(ctx, id); err != nil && apierr.CodeOf(err) != apierr.SandboxNotFound {
+		s.log.Error("kill an undone fork", "sandbox", id, "err", err)
+	}
+	if b != nil {
+		s.forget(ctx, b)
+	}
+}
+
+// pruneForks removes the fork groups none of whose forks is held here
+// any more, and what an earlier run left.
+func (s *Server) pruneForks(root string) {
+	s.mu.Lock()
+	held := map[string]bool{}
+	for id, b := range s.boxes {
+		if b.sb != nil && live(b.sb) {
+			held[id] = true
+		}
+	}
+	s.mu.Unlock()
+	s.snapMu.Lock()
+	inUse := map[string]bool{}
+	for id, f := range s.forks {
+		if held[id] {
+			inUse[f.dir] = true
+		} else {
+			delete(s.forks, id)
+		}
+	}
+	s.snapMu.Unlock()
+	ents, err := os.ReadDir(filepath.Join(root, forksDir))
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		d := filepath.Join(root, forksDir, e.Name())
+		if !inUse[d] && !strings.HasPrefix(e.Name(), ".") {
+			if err := os.RemoveAll(d); err != nil {
+				s.log.Warn("remove a fork group", "dir", d, "err", err)
+			}
+		}
+	}
+}
+
+func (s *Server) diffSandbox(w http.ResponseWriter, r *http.Request) error {
+	against := r.URL.Query().Get("against")
+	if against == "" {
+		return &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": "against"},
+			Message: "against is required: the id of the sandbox this one was forked from"}
+	}
+	b, err := s.lookup(r)
+	if err != nil {
+		return err
+	}
+	s.snapMu.Lock()
+	f, ok := s.forks[b.sb.ID]
+	s.snapMu.Unlock()
+	if !ok || f.parent != against {
+		return apierr.New(apierr.NotFound, "sandbox %s is not a fork of %s that this server made since its start", b.sb.ID, against)
+	}
+	ch, err := b.sb.Changes(r.Context(), filepath.Join(f.dir, snapshotStateDir))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, diffJSON{Against: against, Added: ch.Added, Changed: ch.Changed, Deleted: ch.Deleted})
+	return nil
+}
