@@ -84,3 +84,27 @@ func (c *Client) DiffSandbox(ctx context.Context, id, parent string) (*Diff, err
 	var d Diff
 	return &d, c.call(ctx, request{method: "GET", path: sandboxPath(id, "diff"), query: url.Values{"against": {parent}}}, &d)
 }
+
+// Adopted is what AdoptFork copied into the parent, deleted from it and
+// left (with why).
+type Adopted struct {
+	Parent  string         `json:"parent"`
+	Copied  []string       `json:"copied"`
+	Deleted []string       `json:"deleted"`
+	Skipped []AdoptSkipped `json:"skipped"`
+}
+
+// AdoptSkipped is a path AdoptFork left, and why.
+type AdoptSkipped struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
+}
+
+// AdoptFork copies the fork id's changes since the fork (DiffSandbox)
+// into its parent: files and directories it added or changed are written
+// there, paths it deleted are removed. ErrNotFound: id is not a fork made
+// by the server's current run.
+func (c *Client) AdoptFork(ctx context.Context, id string) (*Adopted, error) {
+	var a Adopted
+	return &a, c.call(ctx, request{method: "POST", path: sandboxPath(id, "adopt")}, &a)
+}

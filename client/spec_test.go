@@ -19,6 +19,8 @@ var specTable = []apispec.Entry{
 	{V: forkRequestJSON{}, Schema: "ForkRequest"},
 	{V: forkResultJSON{}, Schema: "ForkResult"},
 	{V: Diff{}, Schema: "Diff"},
+	{V: Adopted{}, Schema: "AdoptResult"},
+	{V: AdoptSkipped{}, Schema: "AdoptSkipped"},
 	{V: LiveUsage{}, Schema: "Sandbox.usage"},
 	{V: Pressure{}, Schema: "Sandbox.usage.pressure"},
 	{V: errorBody{}, Schema: "Error"},

@@ -2,13 +2,17 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
+	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
@@ -62,6 +66,7 @@ type forkOf struct {
 func (s *Server) forkRoutes(add addFunc) {
 	add("POST /v1/sandboxes/{id}/fork", true, s.forkSandbox)
 	add("GET /v1/sandboxes/{id}/diff", true, s.diffSandbox)
+	add("POST /v1/sandboxes/{id}/adopt", true, s.adoptSandbox)
 }
 
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
@@ -233,4 +238,120 @@ func (s *Server) diffSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, diffJSON{Against: against, Added: ch.Added, Changed: ch.Changed, Deleted: ch.Deleted})
 	return nil
+}
+
+// adoptJSON is POST /v1/sandboxes/{id}/adopt's answer: what was copied
+// into the parent, deleted from it, and left (a symlink or special file,
+// which the file calls cannot make; or a path the parent refused, with
+// why).
+type adoptJSON struct {
+	Parent  string         `json:"parent"`
+	Copied  []string       `json:"copied"`
+	Deleted []string       `json:"deleted"`
+	Skipped []adoptSkipped `json:"skipped"`
+}
+
+// adoptSkipped is a path adopt left, and why.
+type adoptSkipped struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
+}
+
+// adoptSandbox copies a fork's changes since the fork (its diff) into
+// its parent, through both sandboxes' agents, acting as root inside
+// each: what the fork added or changed is written into the parent (its
+// directories made, its files' bytes and permission bits copied), what
+// it deleted is removed from the parent. Each write is the parent's own
+// file call, held to the parent's policy and walls as any file call is
+// (a path it refuses is skipped, with why), and leaves what it makes
+// owned by the fork's owner of it (by name); nothing is written from the
+// host. The parent's files changed since the fork are overwritten where
+// the fork changed the same paths.
+func (s *Server) adoptSandbox(w http.ResponseWriter, r *http.Request) error {
+	if err := decodeJSON(w, r, &struct{}{}, true); err != nil {
+		return err
+	}
+	b, err := s.lookup(r)
+	if err != nil {
+		return err
+	}
+	s.snapMu.Lock()
+	f, ok := s.forks[b.sb.ID]
+	s.snapMu.Unlock()
+	if !ok {
+		return apierr.New(apierr.NotFound, "sandbox %s is not a fork this server made since its start", b.sb.ID)
+	}
+	pb, err := s.lookupID(r.Context(), owner(r), f.parent)
+	if err != nil {
+		return err
+	}
+	ctx := context.WithoutCancel(r.Context())
+	ch, err := b.sb.Changes(ctx, filepath.Join(f.dir, snapshotStateDir))
+	if err != nil {
+		return err
+	}
+	root := sandbox.AsUser("root")
+	out := adoptJSON{Parent: f.parent, Copied: []string{}, Deleted: []string{}, Skipped: []adoptSkipped{}}
+	skip := func(p string, err error) {
+		out.Skipped = append(out.Skipped, adoptSkipped{Path: p, Reason: apierr.From(err).Message})
+	}
+	// Deletions first, deepest first: a path deleted and made again as
+	// another type is then written afresh.
+	for i := len(ch.Deleted) - 1; i >= 0; i-- {
+		p := ch.Deleted[i]
+		if err := pb.sb.Remove(ctx, p, root); err != nil && apierr.CodeOf(err) != apierr.NotFound {
+			skip(p, err)
+			continue
+		}
+		out.Deleted = append(out.Deleted, p)
+	}
+	for _, p := range slices.Sorted(slices.Values(slices.Concat(ch.Added, ch.Changed))) {
+		fi, err := b.sb.Stat(ctx, p, root)
+		if err != nil {
+			skip(p, err)
+			continue
+		}
+		// What is made in the parent has the fork's owner (by name).
+		as := root
+		if fi.Owner != "" {
+			as = sandbox.OwnedBy(fi.Owner)
+		}
+		switch fi.Type {
+		case agentproto.FileTypeDir:
+			if _, err := pb.sb.MakeDir(ctx, p, as); err != nil && apierr.CodeOf(err) != apierr.Conflict {
+				skip(p, err)
+				continue
+			}
+		case agentproto.FileTypeFile:
+			if err := copyFile(ctx, b.sb, pb.sb, p, fi.Mode, s.cfg.MaxUploadBytes, as); err != nil {
+				skip(p, err)
+				continue
+			}
+		default:
+			out.Skipped = append(out.Skipped, adoptSkipped{Path: p, Reason: fi.Type + ": only files and directories are copied"})
+			continue
+		}
+		out.Copied = append(out.Copied, p)
+	}
+	s.log.Info("fork adopted", "sandbox", b.sb.ID, "parent", f.parent, "copied", len(out.Copied), "deleted", len(out.Deleted), "skipped", len(out.Skipped))
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// copyFile streams the file p of from (read as root inside it) into to,
+// written as as, with its permission bits.
+func copyFile(ctx context.Context, from, to *sandbox.Sandbox, p string, mode uint32, limit int64, as sandbox.FileOption) error {
+	pr, pw := io.Pipe()
+	read := make(chan error, 1)
+	go func() {
+		_, err := from.ReadFile(ctx, p, pw, limit, sandbox.AsUser("root"))
+		pw.CloseWithError(err)
+		read <- err
+	}()
+	_, err := to.WriteFile(ctx, p, pr, mode, limit, as)
+	pr.CloseWithError(errors.New("the write ended"))
+	if rerr := <-read; rerr != nil && err == nil {
+		err = rerr
+	}
+	return err
 }

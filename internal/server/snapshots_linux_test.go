@@ -450,6 +450,12 @@ func TestSnapshotForkClient(t *testing.T) {
 	if err != nil || !slices.Contains(d.Added, "/home/user/f.txt") {
 		t.Errorf("DiffSandbox: %+v %v", d, err)
 	}
+	if a, err := c.AdoptFork(ctx, forks[0].ID); err != nil || a.Parent != sb.ID || !slices.Contains(a.Copied, "/home/user/f.txt") {
+		t.Errorf("AdoptFork: %+v %v", a, err)
+	}
+	if got := run(sb.ID, `print(open("/home/user/f.txt").read())`); got != "f\n" {
+		t.Errorf("the parent after AdoptFork: %q", got)
+	}
 	if err := c.DeleteSnapshot(ctx, "sdk"); err != nil {
 		t.Error(err)
 	}
@@ -460,5 +466,58 @@ func TestSnapshotForkClient(t *testing.T) {
 		if err := c.Kill(ctx, id); err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestAdopt copies a fork's changes back into its parent: a file added,
+// a file changed and a file deleted in the fork are so in the parent
+// after the adopt, files neither touched stay, and the parent's own
+// process state is untouched (it is files only). Adopting a sandbox
+// that is not a fork is ERR_NOT_FOUND; another account cannot adopt.
+func TestAdopt(t *testing.T) {
+	e := runcEnv(t)
+	parent := e.create(e.keyA, map[string]any{})
+	e.execIn(e.keyA, parent, `
+import os
+z = "parent"
+os.makedirs("/home/user/p", exist_ok=True)
+for n in ("keep", "edit", "drop"):
+    open("/home/user/p/" + n, "w").write(n)`)
+	r := e.do("POST", "/v1/sandboxes/"+parent+"/fork", e.keyA, map[string]any{"count": 1})
+	want(t, r, http.StatusCreated, "")
+	fork := r.json(t)["sandboxes"].([]any)[0].(map[string]any)["id"].(string)
+	e.execIn(e.keyA, fork, `
+import os
+z = "fork"
+open("/home/user/p/edit", "w").write("edited")
+os.remove("/home/user/p/drop")
+os.makedirs("/home/user/p/sub")
+open("/home/user/p/sub/new", "w").write("new")
+os.chmod("/home/user/p/sub/new", 0o600)`)
+	want(t, e.do("POST", "/v1/sandboxes/"+fork+"/adopt", e.keyB, nil), http.StatusNotFound, "ERR_SANDBOX_NOT_FOUND")
+	want(t, e.do("POST", "/v1/sandboxes/"+parent+"/adopt", e.keyA, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+	// Control: before the adopt the parent has none of the fork's changes.
+	if got := e.execIn(e.keyA, parent, `print(sorted(os.listdir("/home/user/p")), open("/home/user/p/edit").read())`); got != "['drop', 'edit', 'keep'] edit\n" {
+		t.Fatalf("the parent before the adopt: %q", got)
+	}
+	r = e.do("POST", "/v1/sandboxes/"+fork+"/adopt", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	var res struct {
+		Parent          string
+		Copied, Deleted []string
+	}
+	if err := json.Unmarshal(r.body, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Parent != parent || !slices.Contains(res.Copied, "/home/user/p/sub/new") || !slices.Contains(res.Deleted, "/home/user/p/drop") {
+		t.Errorf("adopt: %s", r.body)
+	}
+	got := e.execIn(e.keyA, parent, `print(sorted(os.listdir("/home/user/p")), open("/home/user/p/edit").read(),
+      open("/home/user/p/sub/new").read(), oct(os.stat("/home/user/p/sub/new").st_mode & 0o777), z)`)
+	if got != "['edit', 'keep', 'sub'] edited new 0o600 parent\n" {
+		t.Errorf("the parent after the adopt: %q", got)
+	}
+	for _, sb := range []string{fork, parent} {
+		want(t, e.do("DELETE", "/v1/sandboxes/"+sb, e.keyA, nil), http.StatusNoContent, "")
 	}
 }

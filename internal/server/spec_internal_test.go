@@ -56,6 +56,8 @@ var wireTypes = []apispec.Entry{
 	{V: forkRequest{}, Schema: "ForkRequest"},
 	{V: forkJSON{}, Schema: "ForkResult"},
 	{V: diffJSON{}, Schema: "Diff"},
+	{V: adoptJSON{}, Schema: "AdoptResult"},
+	{V: adoptSkipped{}, Schema: "AdoptSkipped"},
 	{V: timeoutRequest{}, Schema: "SetTimeout"},
 	{V: secretRequest{}, Schema: "SecretRequest"},
 	{V: secretVersionRequest{}, Schema: "SecretVersionRequest"},

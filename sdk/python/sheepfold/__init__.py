@@ -58,6 +58,7 @@ from .events import Event, EventPage, Events, Webhook, WebhookDelivery, Webhooks
 from .files import FilePage, Filesystem, WriteEntry
 from .secrets import Secret, SecretUse, Secrets
 from .models import (
+    Adopted,
     CodeContext,
     CommandResult,
     Diff,
@@ -103,6 +104,7 @@ __all__ = [
     "Sandbox",
     "SnapshotInfo",
     "Diff",
+    "Adopted",
     "Port",
     "PortList",
     "Account",

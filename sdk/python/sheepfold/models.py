@@ -12,6 +12,7 @@ __all__ = [
     "SandboxInfo",
     "SnapshotInfo",
     "Diff",
+    "Adopted",
     "Result",
     "ExecutionError",
     "Logs",
@@ -112,6 +113,27 @@ class Diff:
             added=list(d.get("added") or []),
             changed=list(d.get("changed") or []),
             deleted=list(d.get("deleted") or []),
+        )
+
+
+@dataclass
+class Adopted:
+    """What adopt() copied into the parent, deleted from it, and left:
+    ``skipped`` holds {"path", "reason"} objects, the server's."""
+
+    parent: str
+    copied: List[str] = field(default_factory=list)
+    deleted: List[str] = field(default_factory=list)
+    skipped: List[Dict[str, str]] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Adopted":
+        d = _d(data)
+        return cls(
+            parent=d.get("parent", "") or "",
+            copied=list(d.get("copied") or []),
+            deleted=list(d.get("deleted") or []),
+            skipped=[dict(s) for s in d.get("skipped") or []],
         )
 
 

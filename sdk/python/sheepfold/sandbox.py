@@ -9,7 +9,7 @@ from .commands import Commands
 from .events import Events
 from .errors import NotFoundError, SandboxStateError, SheepfoldError
 from .files import Filesystem
-from .models import CodeContext, Diff, Execution, ExecutionError, PolicyAnswer, Resources, Result, SandboxInfo, SnapshotInfo
+from .models import Adopted, CodeContext, Diff, Execution, ExecutionError, PolicyAnswer, Resources, Result, SandboxInfo, SnapshotInfo
 from .ports import Port, PortList
 
 __all__ = ["Sandbox"]
@@ -177,6 +177,13 @@ class Sandbox:
         was forked from the sandbox ``against`` (NotFoundError when it is
         not such a fork)."""
         return Diff.from_dict(self._http.get_json(self._base + "/diff", params={"against": against}))
+
+    def adopt(self) -> Adopted:
+        """Copy this fork's changes since the fork (its diff) into its
+        parent: files and directories it added or changed are written
+        there, paths it deleted are removed (NotFoundError when this is
+        not a fork)."""
+        return Adopted.from_dict(self._http.post_json(self._base + "/adopt", None))
 
     @classmethod
     def list_snapshots(cls, api_key: Optional[str] = None, base_url: Optional[str] = None,

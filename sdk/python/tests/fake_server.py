@@ -259,6 +259,11 @@ class Handler(BaseHTTPRequestHandler):
             if self.server.forks.get(sid) != rec.q("against"):
                 return err("ERR_NOT_FOUND", f"{sid} is not a fork of {rec.q('against')}", 404)
             return 200, {"against": rec.q("against"), "added": ["/home/user/new.txt"], "changed": [], "deleted": []}, {}
+        if rest == "/adopt" and m == "POST":
+            if sid not in self.server.forks:
+                return err("ERR_NOT_FOUND", f"{sid} is not a fork", 404)
+            return 200, {"parent": self.server.forks[sid], "copied": ["/home/user/new.txt"], "deleted": [],
+                         "skipped": [{"path": "/home/user/link", "reason": "symlink"}]}, {}
         if rest == "/snapshots" and m == "POST":
             name = rec.json()["name"]
             if name in self.server.snapshots:

@@ -164,6 +164,10 @@ class TestSandboxLifecycle(FakeServerTest):
         self.assertEqual(self.server.calls("GET", r"/v1/sandboxes/.*/diff")[0].q("against"), sb.sandbox_id)
         with self.assertRaises(NotFoundError):
             forks[0].diff(against=forks[1].sandbox_id)
+        a = forks[0].adopt()
+        self.assertEqual((a.parent, a.copied, a.skipped[0]["path"]), (sb.sandbox_id, ["/home/user/new.txt"], "/home/user/link"))
+        with self.assertRaises(NotFoundError):
+            sb.adopt()
 
     def test_pause_resume(self) -> None:
         sb = self.sandbox()
