@@ -11,9 +11,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
@@ -82,30 +84,44 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 		return &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": "count"},
 			Message: fmt.Sprintf("count must be 1 to %d, not %d", MaxForks, count)}
 	}
-	root, err := s.snapshots()
-	if err != nil {
-		return err
-	}
 	b, err := s.lookup(r)
 	if err != nil {
 		return err
 	}
-	s.pruneForks(root)
-	own := owner(r)
-	ctx := context.WithoutCancel(r.Context())
-	if err := os.MkdirAll(filepath.Join(root, forksDir), 0o700); err != nil {
+	made, err := s.fork(context.WithoutCancel(r.Context()), owner(r), b, count, 0, nil)
+	if err != nil {
 		return err
+	}
+	out := forkJSON{Sandboxes: make([]sandboxJSON, 0, count)}
+	for _, sb := range made {
+		out.Sandboxes = append(out.Sandboxes, sandboxFromInfo(sb.Info()))
+	}
+	writeJSON(w, http.StatusCreated, out)
+	return nil
+}
+
+// fork makes count forks of b for own, each living timeout (0: the
+// default lifetime), with origin (E2B's, for forks made through its
+// control plane; nil otherwise), all or none.
+func (s *Server) fork(ctx context.Context, own string, b *box, count int, timeout time.Duration, origin *e2b.Origin) ([]*sandbox.Sandbox, error) {
+	root, err := s.snapshots()
+	if err != nil {
+		return nil, err
+	}
+	s.pruneForks(root)
+	if err := os.MkdirAll(filepath.Join(root, forksDir), 0o700); err != nil {
+		return nil, err
 	}
 	// Made under a dot name, which pruneForks leaves alone, and renamed
 	// once its forks have started.
 	dir, err := os.MkdirTemp(filepath.Join(root, forksDir), ".new-"+b.sb.ID+"-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	state := filepath.Join(dir, snapshotStateDir)
 	if err := b.sb.Snapshot(ctx, state); err != nil {
 		_ = os.RemoveAll(dir)
-		return err
+		return nil, err
 	}
 	rec := sourceOf(b)
 	made := make([]*sandbox.Sandbox, count)
@@ -116,8 +132,9 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 		go func() {
 			defer wg.Done()
 			opt, execTimeout, err := s.recordOptions(rec, state)
+			opt.Timeout = timeout
 			if err == nil {
-				made[i], err = s.create(ctx, own, opt, execTimeout, nil)
+				made[i], err = s.create(ctx, own, opt, execTimeout, origin)
 			}
 			errs[i] = err
 		}()
@@ -138,16 +155,15 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 		_ = os.RemoveAll(dir)
-		return err
+		return nil, err
 	}
-	out := forkJSON{Sandboxes: make([]sandboxJSON, 0, count)}
 	group := filepath.Join(root, forksDir, strings.TrimPrefix(filepath.Base(dir), ".new-"))
 	if err := os.Rename(dir, group); err != nil {
 		for _, sb := range made {
 			s.killHere(ctx, sb.ID)
 		}
 		_ = os.RemoveAll(dir)
-		return err
+		return nil, err
 	}
 	s.snapMu.Lock()
 	if s.forks == nil {
@@ -157,12 +173,8 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 		s.forks[sb.ID] = forkOf{parent: b.sb.ID, dir: group}
 	}
 	s.snapMu.Unlock()
-	for _, sb := range made {
-		out.Sandboxes = append(out.Sandboxes, sandboxFromInfo(sb.Info()))
-	}
 	s.log.Info("sandbox forked", "sandbox", b.sb.ID, "count", count)
-	writeJSON(w, http.StatusCreated, out)
-	return nil
+	return made, nil
 }
 
 // killHere kills a sandbox this server holds and records its stop.

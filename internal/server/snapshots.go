@@ -237,19 +237,28 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	if err := checkSnapshotName("name", req.Name); err != nil {
 		return err
 	}
-	root, err := s.snapshots()
-	if err != nil {
-		return err
-	}
 	b, err := s.lookup(r)
 	if err != nil {
 		return err
 	}
-	own := owner(r)
+	rec, err := s.takeSnapshot(context.WithoutCancel(r.Context()), owner(r), b, req.Name)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, rec.json())
+	return nil
+}
+
+// takeSnapshot snapshots b for own under name (checked already).
+func (s *Server) takeSnapshot(ctx context.Context, own string, b *box, name string) (snapshotRecord, error) {
+	root, err := s.snapshots()
+	if err != nil {
+		return snapshotRecord{}, err
+	}
 	dir := accountSnapshots(root, own)
 	// The name and the account's bound are held for this snapshot while
 	// it is made: two at once pass neither.
-	k := snapshotKey(own, req.Name)
+	k := snapshotKey(own, name)
 	s.snapMu.Lock()
 	if s.snapMaking == nil {
 		s.snapMaking = map[string]bool{}
@@ -257,7 +266,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	have, err := readSnapshots(root, own)
 	if err != nil {
 		s.snapMu.Unlock()
-		return err
+		return snapshotRecord{}, err
 	}
 	making := 0
 	for mk := range s.snapMaking {
@@ -266,13 +275,13 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	switch {
-	case s.snapMaking[k] || slices.ContainsFunc(have, func(rec snapshotRecord) bool { return rec.Name == req.Name }):
+	case s.snapMaking[k] || slices.ContainsFunc(have, func(rec snapshotRecord) bool { return rec.Name == name }):
 		s.snapMu.Unlock()
-		return &apierr.Error{Code: apierr.Conflict, Details: map[string]any{"field": "name"},
-			Message: fmt.Sprintf("a snapshot named %q exists: delete it first or choose another name", req.Name)}
+		return snapshotRecord{}, &apierr.Error{Code: apierr.Conflict, Details: map[string]any{"field": "name"},
+			Message: fmt.Sprintf("a snapshot named %q exists: delete it first or choose another name", name)}
 	case len(have)+making >= s.cfg.MaxSnapshotsPerAccount:
 		s.snapMu.Unlock()
-		return apierr.New(apierr.SessionQuotaExceeded, "the account has %d snapshots, its most (--max-snapshots-per-account); delete one first",
+		return snapshotRecord{}, apierr.New(apierr.SessionQuotaExceeded, "the account has %d snapshots, its most (--max-snapshots-per-account); delete one first",
 			s.cfg.MaxSnapshotsPerAccount)
 	}
 	s.snapMaking[k] = true
@@ -284,13 +293,13 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 	}()
 
 	rec := sourceOf(b)
-	rec.Name, rec.Owner, rec.CreatedAt = req.Name, own, time.Now().UTC()
+	rec.Name, rec.Owner, rec.CreatedAt = name, own, time.Now().UTC()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
+		return snapshotRecord{}, err
 	}
 	tmp, err := os.MkdirTemp(dir, ".new-")
 	if err != nil {
-		return err
+		return snapshotRecord{}, err
 	}
 	done := false
 	defer func() {
@@ -298,24 +307,23 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
 			_ = os.RemoveAll(tmp)
 		}
 	}()
-	if err := b.sb.Snapshot(context.WithoutCancel(r.Context()), filepath.Join(tmp, snapshotStateDir)); err != nil {
-		return err
+	if err := b.sb.Snapshot(ctx, filepath.Join(tmp, snapshotStateDir)); err != nil {
+		return snapshotRecord{}, err
 	}
 	rec.SizeBytes = dirSize(tmp)
 	j, err := json.Marshal(rec)
 	if err != nil {
-		return err
+		return snapshotRecord{}, err
 	}
 	if err := os.WriteFile(filepath.Join(tmp, snapshotRecordFile), j, 0o600); err != nil {
-		return err
+		return snapshotRecord{}, err
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, req.Name)); err != nil {
-		return err
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		return snapshotRecord{}, err
 	}
 	done = true
-	s.log.Info("snapshot taken", "sandbox", b.sb.ID, "snapshot", req.Name, "bytes", rec.SizeBytes)
-	writeJSON(w, http.StatusCreated, rec.json())
-	return nil
+	s.log.Info("snapshot taken", "sandbox", b.sb.ID, "snapshot", name, "bytes", rec.SizeBytes)
+	return rec, nil
 }
 
 // dirSize is the bytes the files under dir take on disk.
@@ -360,7 +368,15 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
-	own, name := owner(r), r.PathValue("name")
+	if err := s.removeSnapshot(owner(r), r.PathValue("name")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// removeSnapshot deletes own's snapshot name, unless it is in use.
+func (s *Server) removeSnapshot(own, name string) error {
 	_, dir, err := s.findSnapshot(own, name)
 	if err != nil {
 		return err
@@ -379,7 +395,6 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
 	if err := os.RemoveAll(old); err != nil {
 		s.log.Error("remove a deleted snapshot", "snapshot", name, "err", err)
 	}
-	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 

@@ -521,3 +521,72 @@ os.chmod("/home/user/p/sub/new", 0o600)`)
 		want(t, e.do("DELETE", "/v1/sandboxes/"+sb, e.keyA, nil), http.StatusNoContent, "")
 	}
 }
+
+// TestE2BSnapshotAndFork drives E2B's snapshot and fork API: a snapshot
+// named with E2B's namespace and tag is kept under its bare name, listed,
+// started from by a create naming it as its template (with the variable
+// of the moment, and tokens of its own), forked, and deleted as E2B
+// deletes a template. Another account's create naming it does not start
+// from it, nor can it delete it.
+func TestE2BSnapshotAndFork(t *testing.T) {
+	e := runcEnv(t)
+	sb := e.e2bCreate(e.keyA, map[string]any{"templateID": "base"})
+	e.execIn(e.keyA, sb.ID, `v = "e2b"`)
+	r := e.e2bDo("POST", "/sandboxes/"+sb.ID+"/snapshots", e.keyA, map[string]any{"name": "team/warm:v1"})
+	want(t, r, http.StatusCreated, "")
+	if j := r.json(t); j["snapshotID"] != "warm" || len(j["names"].([]any)) != 1 {
+		t.Fatalf("createSnapshot: %s", r.body)
+	}
+	r = e.e2bDo("GET", "/snapshots", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	if !strings.Contains(string(r.body), `"snapshotID":"warm"`) {
+		t.Errorf("listSnapshots: %s", r.body)
+	}
+	r = e.e2bDo("GET", "/snapshots?sandboxID=other", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	if string(bytes.TrimSpace(r.body)) != "[]" {
+		t.Errorf("listSnapshots of another sandbox: %s", r.body)
+	}
+	// B naming A's snapshot gets the template of that name (this test
+	// server has one for any name), not A's snapshot.
+	if r := e.e2bDo("POST", "/v2/sandboxes", e.keyB, map[string]any{"templateID": "warm"}); r.status == http.StatusCreated {
+		idB := r.json(t)["sandboxID"].(string)
+		if got := e.execIn(e.keyB, idB, `print("v" in globals())`); got != "False\n" {
+			t.Errorf("another account's create naming A's snapshot has A's variable: %q", got)
+		}
+		want(t, e.e2bDo("DELETE", "/sandboxes/"+idB, e.keyB, nil), http.StatusNoContent, "")
+	}
+	from := e.e2bCreate(e.keyA, map[string]any{"templateID": "warm:v1"})
+	if from.ID == sb.ID || from.Token == sb.Token {
+		t.Fatalf("a sandbox from the snapshot shares the original's id or token")
+	}
+	if got := e.execIn(e.keyA, from.ID, `print(v)`); got != "e2b\n" {
+		t.Errorf("from the snapshot: %q", got)
+	}
+	r = e.e2bDo("POST", "/sandboxes/"+sb.ID+"/fork", e.keyA, map[string]any{"count": 2})
+	want(t, r, http.StatusCreated, "")
+	var forks []struct {
+		Sandbox struct {
+			SandboxID       string `json:"sandboxID"`
+			EnvdAccessToken string `json:"envdAccessToken"`
+		} `json:"sandbox"`
+	}
+	if err := json.Unmarshal(r.body, &forks); err != nil || len(forks) != 2 {
+		t.Fatalf("fork: %s %v", r.body, err)
+	}
+	for _, f := range forks {
+		if f.Sandbox.EnvdAccessToken == "" || f.Sandbox.EnvdAccessToken == sb.Token {
+			t.Errorf("a fork's token: %q", f.Sandbox.EnvdAccessToken)
+		}
+		if got := e.execIn(e.keyA, f.Sandbox.SandboxID, `print(v)`); got != "e2b\n" {
+			t.Errorf("fork: %q", got)
+		}
+	}
+	want(t, e.e2bDo("DELETE", "/templates/warm", e.keyB, nil), http.StatusNotFound, "")
+	want(t, e.e2bDo("DELETE", "/templates/team/warm:v1", e.keyA, nil), http.StatusNotFound, "")
+	want(t, e.e2bDo("DELETE", "/templates/warm:v1", e.keyA, nil), http.StatusNoContent, "")
+	want(t, e.e2bDo("DELETE", "/templates/warm", e.keyA, nil), http.StatusNotFound, "")
+	for _, id := range []string{sb.ID, from.ID, forks[0].Sandbox.SandboxID, forks[1].Sandbox.SandboxID} {
+		want(t, e.e2bDo("DELETE", "/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
+	}
+}
