@@ -69,6 +69,11 @@ func TestSnapshotAPI(t *testing.T) {
 	if got := e.execIn(e.keyA, id, `print(x)`); got != "43\n" {
 		t.Fatalf("the original after a sandbox started from its snapshot: %q", got)
 	}
+	// A sandbox started from a snapshot pauses and resumes as any.
+	want(t, e.do("POST", "/v1/sandboxes/"+clone+"/pause", e.keyA, nil), http.StatusOK, "")
+	if got := e.execIn(e.keyA, clone, `print(x)`); got != "42\n" {
+		t.Fatalf("started from the snapshot, after a pause and resume: %q", got)
+	}
 
 	// Bad input.
 	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "Bad Name"}), http.StatusBadRequest, "ERR_BAD_REQUEST")
@@ -80,6 +85,12 @@ func TestSnapshotAPI(t *testing.T) {
 
 	// The bound: two per account here.
 	want(t, e.do("POST", "/v1/sandboxes/"+clone+"/snapshots", e.keyA, map[string]any{"name": "s2"}), http.StatusCreated, "")
+	// A snapshot of a sandbox started from a snapshot starts sandboxes too.
+	second := e.create(e.keyA, map[string]any{"snapshot": "s2"})
+	if got := e.execIn(e.keyA, second, `print(x)`); got != "42\n" {
+		t.Fatalf("from a snapshot of a sandbox started from a snapshot: %q", got)
+	}
+	want(t, e.do("DELETE", "/v1/sandboxes/"+second, e.keyA, nil), http.StatusNoContent, "")
 	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "s3"}), http.StatusTooManyRequests, "ERR_SESSION_QUOTA_EXCEEDED")
 	r = e.do("GET", "/v1/snapshots", e.keyA, nil)
 	want(t, r, http.StatusOK, "")
