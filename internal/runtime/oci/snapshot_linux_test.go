@@ -25,9 +25,14 @@ func TestSnapshotClone(t *testing.T) {
 	lim := runtime.Limits{MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 64 << 20}
 	o, inst := checkpointable(t, "snap", id, lim)
 	defer destroyChecked(t, o, id)
+	// A background process writing to a file it holds open: the clone
+	// must find the file as the process left it at the snapshot (CRIU
+	// checks an open file's size) and the process goes on in it.
 	if out := execPython(t, inst.Socket, `
+import subprocess
 marker = "baa"
 open("/home/user/note.txt", "w").write("wool")
+loop = subprocess.Popen(["sh", "-c", "exec 3>>/tmp/ticks; while true; do echo tick >&3; sleep 0.01; done"], start_new_session=True)
 print(marker)`); strings.TrimSpace(out) != "baa" {
 		t.Fatalf("set up: %q", out)
 	}
@@ -54,6 +59,17 @@ print(marker)`); strings.TrimSpace(out) != "baa" {
 		out := execPython(t, c.Socket, `print(marker, open("/home/user/note.txt").read()); marker = "`+cid+`"`)
 		if strings.TrimSpace(out) != "baa wool" {
 			t.Fatalf("clone %s: %q, want the variable and the file of the snapshot", cid, out)
+		}
+		out = execPython(t, c.Socket, `
+import time
+n = len(open("/tmp/ticks").readlines())
+for _ in range(500):
+    if len(open("/tmp/ticks").readlines()) > n:
+        break
+    time.sleep(0.01)
+print(loop.poll() is None, len(open("/tmp/ticks").readlines()) > n)`)
+		if strings.TrimSpace(out) != "True True" {
+			t.Errorf("clone %s: the background writer: %q, want it running and writing", cid, out)
 		}
 		var st unix.Stat_t
 		if err := unix.Stat(o.bundle(cid), &st); err != nil {
