@@ -72,6 +72,10 @@ type CreateSandbox struct {
 	// VolumeMounts are the account's volumes to mount when the sandbox
 	// starts.
 	VolumeMounts []VolumeMount `json:"volume_mounts,omitempty"`
+	// Snapshot names a snapshot of the caller's account to start the
+	// sandbox from: its processes, memory and files, and the template,
+	// resources, environment and policy it recorded.
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // VolumeMount mounts one of the account's volumes at Path (absolute,

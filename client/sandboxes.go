@@ -47,6 +47,12 @@ type CreateSandboxRequest struct {
 	// VolumeMounts are the account's volumes to mount when the sandbox
 	// starts (CreateVolume).
 	VolumeMounts []VolumeMount
+	// Snapshot starts the sandbox from a snapshot of the account's
+	// (CreateSnapshot): its processes, memory and files, and the
+	// template, resources, environment and policy it recorded, so that
+	// Template, Resources, Env, SandboxConfig, SecurityPolicy and Runtime
+	// must be left empty.
+	Snapshot string
 }
 
 type sandboxConfigJSON struct {
@@ -67,6 +73,7 @@ type createJSON struct {
 	Policy        any                `json:"security_policy,omitempty"`
 	Runtime       string             `json:"runtime,omitempty"`
 	VolumeMounts  []VolumeMount      `json:"volume_mounts,omitempty"`
+	Snapshot      string             `json:"snapshot,omitempty"`
 }
 
 // resourcesJSON is Resources as a request sends them: its zero fields
@@ -96,7 +103,7 @@ func secs(d time.Duration) float64 { return math.Ceil(d.Seconds()*1000) / 1000 }
 func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*Sandbox, error) {
 	body := createJSON{Template: req.Template, Timeout: secs(req.Timeout),
 		Env: req.Env, Metadata: req.Metadata, Policy: req.SecurityPolicy, Runtime: req.Runtime,
-		VolumeMounts: req.VolumeMounts}
+		VolumeMounts: req.VolumeMounts, Snapshot: req.Snapshot}
 	if r := req.Resources; r != nil {
 		body.Resources = &resourcesJSON{CPUs: r.CPUs, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids}
 	}

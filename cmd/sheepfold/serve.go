@@ -48,6 +48,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		uploadMB      int64
 		maxSandboxes  int
 		maxPaused     int
+		maxSnapshots  int
 		logFormat     string
 		previewDomain string
 		metricsListen string
@@ -149,6 +150,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				bound.Int("--file-size-upload-mb", uploadMB, 1, bound.MaxMB),
 				bound.Int("--max-sandboxes", int64(maxSandboxes), 0, bound.MaxSandboxes),
 				bound.Int("--max-paused-per-account", int64(maxPaused), 0, bound.MaxSandboxes),
+				bound.Int("--max-snapshots-per-account", int64(maxSnapshots), 1, bound.MaxSandboxes),
 				bound.Int("--pool", int64(poolSize), 0, bound.MaxSandboxes),
 				bound.Duration("--idle-timeout", idleTimeout, 0, bound.MaxDuration),
 				bound.Duration("--event-retention", eventRetention, 0, bound.MaxDuration),
@@ -237,7 +239,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				return fmt.Errorf("--backend must be local or kubernetes, not %q", backend)
 			}
 			return serve(cmd.Context(), *cfg, ko, listen, metricsListen, server.Config{
-				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, MaxPausedPerAccount: maxPaused, Version: version, Retention: retention,
+				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, MaxPausedPerAccount: maxPaused, MaxSnapshotsPerAccount: maxSnapshots, Version: version, Retention: retention,
 				StoppedRetention: stoppedRetention, Storage: bounds,
 				WebhookAllowHosts: webhookHosts, WebhookAllowCIDRs: webhookCIDRs, Accounts: acfg, Metering: mcfg, NoAccounting: noAccounting,
 				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
@@ -279,6 +281,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().StringToStringVar(&kubeServerPods, "kubernetes-server-pods", nil, "with --backend kubernetes: labels of the server's Pods, the only ones let in to agents (default: any source; TLS admits only the server)")
 	cmd.Flags().Int64Var(&uploadMB, "file-size-upload-mb", 100, "largest file one upload may write, in MiB")
 	cmd.Flags().IntVar(&maxPaused, "max-paused-per-account", 0, "most sandboxes each account keeps paused to disk at once (0: no bound)")
+	cmd.Flags().IntVar(&maxSnapshots, "max-snapshots-per-account", server.DefaultMaxSnapshotsPerAccount, "most snapshots each account keeps")
 	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's default, "+strconv.Itoa(sandbox.DefaultMaxSandboxes)+")")
 	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 10*time.Minute,
 		"stop a sandbox after this long with no request and no CPU use (0: never)")

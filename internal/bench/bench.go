@@ -240,6 +240,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		{"Black-Friday tickets via sessions", b.sessionTicketsRun},
 		{"preview", b.preview},
 		{"pause and resume", b.pauseResume},
+		{"pause: snapshot, start from a snapshot, fork", b.snapshotFork},
 		{"throughput", b.throughput},
 		{"density", b.density},
 	}
@@ -1041,6 +1042,12 @@ func (r *benchResults) evaluate() {
 	}
 	if s, ok := r.Scenarios[benchResume]; ok {
 		add("resume → first result, pandas loaded, p50", s.P50, 150, "ms", true)
+	}
+	if s, ok := r.Scenarios[benchFromSnapshot]; ok {
+		add("start from a snapshot → first result, pandas loaded, p50", s.P50, 100, "ms", true)
+	}
+	if s, ok := r.Scenarios[benchFork4]; ok {
+		add("fork of 4, pandas loaded, p50", s.P50, 500, "ms", true)
 	}
 	if n, ok := r.Scenarios[benchWarmNone]; ok {
 		if p, ok := r.Scenarios[benchWarmPolicy]; ok {

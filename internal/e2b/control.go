@@ -70,6 +70,7 @@ func (h *Handler) controlMux() http.Handler {
 	add("GET /secrets/{secretID}", h.getSecret)
 	add("POST /secrets/{secretID}", h.updateSecret)
 	add("DELETE /secrets/{secretID}", h.deleteSecret)
+	h.snapshotRoutes(add)
 	// Signed file URLs arrive without sandbox headers.
 	h.route("", "GET /files", "POST /files")
 	mux.Handle("/files", writeDeadlines(http.HandlerFunc(h.signedFiles), h.cfg.WriteTimeout))

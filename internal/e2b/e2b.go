@@ -368,6 +368,7 @@ func Handles(r *http.Request) bool {
 	return p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
 		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
 		p == "/secrets" || strings.HasPrefix(p, "/secrets/") ||
+		p == "/snapshots" || strings.HasPrefix(p, "/templates/") || // snapshots.go
 		p == "/files" // signed file URLs carry no sandbox header
 }
 

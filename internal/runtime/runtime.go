@@ -248,6 +248,34 @@ type Checkpointer interface {
 	Restore(ctx context.Context, id, dir string) (*Instance, error)
 }
 
+// Snapshotter is implemented by Checkpointers that can also save a
+// running sandbox's processes, memory and files to a directory while it
+// runs on (Snapshot), and start a new sandbox from such a directory
+// (Clone): spec is the new sandbox's (its own ID; the template, limits,
+// writable paths and environment of the one snapshotted; no Network),
+// which gets a host id range, user namespace, cgroups and agent socket
+// of its own. One snapshot may be cloned any number of times; the
+// directory is only read.
+type Snapshotter interface {
+	Snapshot(ctx context.Context, id, dir string) error
+	Clone(ctx context.Context, spec Spec, dir string) (*Instance, error)
+}
+
+// Differ is implemented by Snapshotters that can list what a sandbox
+// cloned from a snapshot changed in its files since: Changes compares
+// sandbox id's files with the snapshot's in dir, over the template root
+// lower (the files neither has written). Paths are the sandbox's,
+// absolute, sorted.
+type Differ interface {
+	Changes(ctx context.Context, id, dir, lower string) (Changes, error)
+}
+
+// Changes are the paths a sandbox added, changed (content, type,
+// permissions, link target) and deleted.
+type Changes struct {
+	Added, Changed, Deleted []string
+}
+
 // CheckpointKeeper is implemented by Checkpointers whose checkpointed
 // sandboxes outlive the engine that paused them (the OCI runtime: a
 // checkpointed sandbox's bundle, disk and id range stay until it is

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -103,6 +104,9 @@ type Config struct {
 	// let other users pass (a restore reads the images as the sandbox's
 	// host uid).
 	CheckpointDir string
+	// SnapshotDir keeps snapshots (snapshot.go; the server names and
+	// lists them) [CheckpointDir's sibling "snapshots", when it is set].
+	SnapshotDir string
 	// KeepPaused keeps paused sandboxes (checkpointed, not frozen) across
 	// a restart of the engine over the same runtime instance (keep.go):
 	// Close leaves them as they are, and New takes back each whose
@@ -112,6 +116,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
+	if c.SnapshotDir == "" && c.CheckpointDir != "" {
+		c.SnapshotDir = filepath.Join(filepath.Dir(c.CheckpointDir), "snapshots")
+	}
 	if c.Runtime == nil || c.Templates == nil {
 		return errors.New("sandbox: Runtime and Templates are required")
 	}
@@ -284,6 +291,11 @@ type CreateOptions struct {
 	// Volumes are mounted in the sandbox when it starts (volumes.go); a
 	// sandbox with volumes never comes from the warm pool.
 	Volumes []VolumeMount
+	// Snapshot, when set, is the directory of a snapshot (Sandbox.Snapshot)
+	// the sandbox starts from, with its processes and files; the other
+	// options must be those the snapshotted sandbox was made with
+	// (snapshot.go).
+	Snapshot string
 }
 
 // Create starts a sandbox and returns once its agent answers.
@@ -324,7 +336,15 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	if err := m.checkVolumes(opt.Volumes); err != nil {
 		return nil, err
 	}
-	if !egressPolicy.Enabled() && opt.Runtime == "" && len(opt.Volumes) == 0 {
+	if opt.Snapshot != "" {
+		if egressPolicy.Enabled() {
+			return nil, apierr.New(apierr.NotSupported, "a sandbox with a network cannot start from a snapshot")
+		}
+		if _, err := m.snapshotter(); err != nil {
+			return nil, err
+		}
+	}
+	if !egressPolicy.Enabled() && opt.Runtime == "" && len(opt.Volumes) == 0 && opt.Snapshot == "" {
 		if s, ok, err := m.fromPool(ctx, opt, limits, pol); ok {
 			return s, err
 		}
@@ -378,7 +398,12 @@ func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	defer cancel()
 	defer context.AfterFunc(m.ctx, cancel)()
 	began := time.Now()
-	inst, err := m.cfg.Runtime.Create(ctx, spec)
+	var inst *runtime.Instance
+	if opt.Snapshot != "" {
+		inst, err = m.startFrom(ctx, spec, opt.Snapshot)
+	} else {
+		inst, err = m.cfg.Runtime.Create(ctx, spec)
+	}
 	runtimeDone := time.Now()
 	if err == nil {
 		s.agent, s.inst = newAgentClient(inst, m.agentCall, m.log.With("sandbox", inst.ID)), inst

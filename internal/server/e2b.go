@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/e2b"
+	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/secrets"
 	"github.com/sheepfold/sheepfold/internal/store"
@@ -88,6 +90,9 @@ func (b e2bBackend) KeyOwner(ctx context.Context, keyID string) (string, error) 
 }
 
 func (b e2bBackend) Create(ctx context.Context, owner string, opt sandbox.CreateOptions, origin e2b.Origin) (*sandbox.Sandbox, error) {
+	if sb, ok, err := b.createFromSnapshot(ctx, owner, opt, origin); ok {
+		return sb, classify(err)
+	}
 	sb, err := b.s.create(ctx, owner, opt, 0, &origin)
 	return sb, classify(err)
 }
@@ -263,4 +268,77 @@ func (b e2bBackend) Kill(ctx context.Context, owner, id string) error {
 	}
 	b.s.forget(ctx, bx)
 	return nil
+}
+
+var _ e2b.SnapshotBackend = e2bBackend{}
+
+// Snapshot implements e2b.SnapshotBackend.
+func (b e2bBackend) Snapshot(ctx context.Context, owner, id, name string) (string, error) {
+	if err := checkSnapshotName("name", name); err != nil {
+		return "", classify(err)
+	}
+	bx, err := b.s.lookupID(ctx, owner, id)
+	if err != nil {
+		return "", classify(err)
+	}
+	rec, err := b.s.takeSnapshot(ctx, owner, bx, name)
+	return rec.Name, classify(err)
+}
+
+// Snapshots implements e2b.SnapshotBackend.
+func (b e2bBackend) Snapshots(ctx context.Context, owner, id string) ([]string, error) {
+	root, err := b.s.snapshots()
+	if err != nil {
+		return nil, classify(err)
+	}
+	recs, err := readSnapshots(root, owner)
+	if err != nil {
+		return nil, classify(err)
+	}
+	var out []string
+	for _, rec := range recs {
+		if id == "" || rec.Sandbox == id {
+			out = append(out, rec.Name)
+		}
+	}
+	return out, nil
+}
+
+// DeleteSnapshot implements e2b.SnapshotBackend.
+func (b e2bBackend) DeleteSnapshot(ctx context.Context, owner, name string) error {
+	return classify(b.s.removeSnapshot(owner, name))
+}
+
+// Fork implements e2b.SnapshotBackend.
+func (b e2bBackend) Fork(ctx context.Context, owner, id string, count int, timeout time.Duration, origin e2b.Origin) ([]*sandbox.Sandbox, error) {
+	bx, err := b.s.lookupID(ctx, owner, id)
+	if err != nil {
+		return nil, classify(err)
+	}
+	made, err := b.s.fork(ctx, owner, bx, count, timeout, &origin)
+	return made, classify(err)
+}
+
+// createFromSnapshot starts, for E2B's create, a sandbox from owner's
+// snapshot named by E2B's templateID (origin.Alias); ok false: there is
+// no such snapshot, and the create is an ordinary one.
+func (b e2bBackend) createFromSnapshot(ctx context.Context, owner string, opt sandbox.CreateOptions, origin e2b.Origin) (sb *sandbox.Sandbox, ok bool, err error) {
+	name := e2b.SnapshotName(origin.Alias)
+	if !snapshotName.MatchString(name) || !b.s.engine.CanSnapshot() {
+		return nil, false, nil
+	}
+	if _, _, err := b.s.findSnapshot(owner, name); err != nil {
+		return nil, false, nil
+	}
+	if len(opt.Env) > 0 || opt.Policy != nil || opt.Limits != (runtime.Limits{}) {
+		return nil, true, apierr.New(apierr.BadRequest, "a sandbox started from snapshot %q has the environment, resources and network of the one snapshotted: envVars, cpuCount, memoryMB, diskSizeMB and network options cannot be given", name)
+	}
+	sopt, execTimeout, release, err := b.s.snapshotCreateOptions(owner, api.CreateSandbox{Snapshot: name, Metadata: opt.Metadata})
+	if err != nil {
+		return nil, true, err
+	}
+	defer release()
+	sopt.Timeout = opt.Timeout
+	sb, err = b.s.create(ctx, owner, sopt, execTimeout, &origin)
+	return sb, true, err
 }

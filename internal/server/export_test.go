@@ -68,3 +68,13 @@ func SetMaxPaceWait(d time.Duration) (restore func()) {
 	maxPaceWait = d
 	return func() { maxPaceWait = old }
 }
+
+// HoldSnapshotFor marks the snapshot name of the account owning sandbox
+// id in use, as a create from it does while it starts, until the
+// returned func is called.
+func (s *Server) HoldSnapshotFor(id, name string) func() {
+	s.mu.Lock()
+	own := s.boxes[id].owner
+	s.mu.Unlock()
+	return s.useSnapshot(own, name)
+}

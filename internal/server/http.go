@@ -38,6 +38,8 @@ func (s *Server) routesInto(mux *http.ServeMux) {
 	}
 	s.healthRoutes(add)
 	s.sandboxRoutes(add)
+	s.snapshotRoutes(add)
+	s.forkRoutes(add)
 	s.policyRoutes(add)
 	s.executeRoutes(add)
 	s.contextRoutes(add)

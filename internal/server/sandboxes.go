@@ -90,8 +90,16 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req, true); err != nil {
 		return err
 	}
-	opt, execTimeout, err := s.createOptions(req)
-	if err != nil {
+	var opt sandbox.CreateOptions
+	var execTimeout time.Duration
+	var err error
+	if req.Snapshot != "" {
+		var release func()
+		if opt, execTimeout, release, err = s.snapshotCreateOptions(owner(r), req); err != nil {
+			return err
+		}
+		defer release()
+	} else if opt, execTimeout, err = s.createOptions(req); err != nil {
 		return err
 	}
 	sb, err := s.create(r.Context(), owner(r), opt, execTimeout, nil)

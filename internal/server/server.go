@@ -261,6 +261,9 @@ type Config struct {
 	// at once (their checkpoints and disks are kept on the server's disk
 	// while they use nothing else); 0: no bound (paused.go).
 	MaxPausedPerAccount int
+	// MaxSnapshotsPerAccount bounds each account's snapshots
+	// [DefaultMaxSnapshotsPerAccount] (snapshots.go).
+	MaxSnapshotsPerAccount int
 	// MaxTimeout is the longest lifetime a sandbox may be given [24h].
 	MaxTimeout time.Duration
 	// Version, Runtime and Cgroups are reported by /v1/version.
@@ -417,6 +420,9 @@ func (c *Config) setDefaults() {
 	if c.MaxTimeout <= 0 {
 		c.MaxTimeout = 24 * time.Hour
 	}
+	if c.MaxSnapshotsPerAccount <= 0 {
+		c.MaxSnapshotsPerAccount = DefaultMaxSnapshotsPerAccount
+	}
 	if c.Version == "" {
 		c.Version = "dev"
 	}
@@ -496,6 +502,14 @@ type Server struct {
 	auth    *auth.Authenticator
 	handler http.Handler
 	routes  []string
+
+	// snapMu guards snapUse (snapshots in use, by snapshotKey: a delete
+	// is refused), snapMaking (names being made) and forks (snapshots.go,
+	// fork.go).
+	snapMu     sync.Mutex
+	snapUse    map[string]int
+	snapMaking map[string]bool
+	forks      map[string]forkOf // by the fork's id
 
 	bus         *events.Bus
 	hooks       *webhooks.Service
@@ -632,6 +646,11 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	s.meter = metering.New(mcfg, st, s.accounts)
 	if m != nil {
 		s.installHooks()
+	}
+	if m != nil && m.CanSnapshot() && m.SnapshotDir() != "" {
+		if err := removeSnapshotLeftovers(m.SnapshotDir()); err != nil {
+			log.Error("remove snapshots a crash left half made or half deleted", "err", err)
+		}
 	}
 	ac := alerts.Config{Store: st, Accounts: s.accounts, Logger: log, NewID: func() string { return newID("alert_") }}
 	if s.bus != nil {

@@ -26,6 +26,14 @@ var wireTypes = []apispec.Entry{
 	{V: pathRequest{}, Schema: "PathRequest"},
 	{V: moveRequest{}, Schema: "MoveRequest"},
 	{V: pauseRequest{}, Schema: "PauseRequest"},
+	{V: snapshotJSON{}, Schema: "Snapshot"},
+	{V: snapshotListJSON{}, Schema: "SnapshotList"},
+	{V: snapshotRequest{}, Schema: "SnapshotRequest"},
+	{V: forkRequest{}, Schema: "ForkRequest"},
+	{V: forkJSON{}, Schema: "ForkResult"},
+	{V: diffJSON{}, Schema: "Diff"},
+	{V: adoptJSON{}, Schema: "AdoptResult"},
+	{V: adoptSkipped{}, Schema: "AdoptSkipped"},
 	{V: timeoutRequest{}, Schema: "SetTimeout"},
 	{V: volumeRequest{}, Schema: "VolumeRequest"},
 	{V: volumeJSON{}, Schema: "Volume"},
@@ -64,6 +72,7 @@ func TestEveryWireTypeChecked(t *testing.T) {
 	exempt := map[string]string{
 		"listCursor":      "the inside of an opaque cursor, not a wire object",
 		"recordResources": "a column of the store, not the wire",
+		"snapshotRecord":  "a snapshot's record on disk (snapshot.json), not the wire",
 		"Claims":          "a token's signed payload (internal/identity), not an API object",
 	}
 	for _, dir := range []string{".", "../metrics", "../events", "../metering", "../identity"} {

@@ -140,7 +140,8 @@ func TestUsage(t *testing.T) {
 func TestUsageStorage(t *testing.T) {
 	t.Parallel()
 	prices := metering.Prices{StorageGBSecond: 1e9} // large, so that a few KB over a second cost micro-units
-	began := time.Now() // before the server's first metering
+	// Before the server's first metering.
+	began := time.Now()
 	e := newEnv(t, server.Config{Metering: metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond, Prices: &prices}})
 	id := e.create(e.keyA, nil)
 	want(t, e.do("POST", "/v1/sandboxes/"+id+"/execute", e.keyA, map[string]any{"code": "'x' * 100"}), http.StatusOK, "")

@@ -167,27 +167,8 @@ func (o *OCI) Checkpoint(ctx context.Context, id, dir string) error {
 	if err := traversable(dir); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", id, err)
 	}
-	info := checkpointInfo{AgentSocket: spec.Annotations[agentSocketAnnotation], Sandbox: id, Version: checkpointVersion}
-	ino, prefixed := strings.CutPrefix(info.AgentSocket, "socket:[")
-	ino, suffixed := strings.CutSuffix(ino, "]")
-	if _, err := strconv.ParseUint(ino, 10, 64); !prefixed || !suffixed || err != nil {
-		return fmt.Errorf("checkpoint %s: its spec does not name the agent's socket (made before checkpoints existed)", id)
-	}
-	if info.Log, err = fileKey(filepath.Join(b, "agent.log")); err != nil {
-		return err
-	}
-	externals := []string{"unix[" + ino + "]", info.Log}
-	if passesPidsCgroup(spec) {
-		if info.Pids, err = fileKey(o.cg.pidsDir(id)); err != nil {
-			return err
-		}
-		externals = append(externals, info.Pids)
-	}
-	var conf strings.Builder
-	for _, e := range externals {
-		fmt.Fprintf(&conf, "external %s\n", e)
-	}
-	if err := os.WriteFile(filepath.Join(b, criuConfig), []byte(conf.String()), 0o600); err != nil {
+	info, err := o.dumpExternals(id, b, spec)
+	if err != nil {
 		return err
 	}
 	began := time.Now()
@@ -210,6 +191,37 @@ func (o *OCI) Checkpoint(ctx context.Context, id, dir string) error {
 	}
 	o.cfg.Logger.Debug("sandbox checkpointed", "id", id, "dir", dir, "took", time.Since(began).Round(10*time.Microsecond))
 	return nil
+}
+
+// dumpExternals names, in the bundle's CRIU options, the host objects
+// the agent of sandbox id holds (CRIU externals) and returns their keys,
+// which a restore replaces.
+func (o *OCI) dumpExternals(id, b string, spec *specs.Spec) (checkpointInfo, error) {
+	var err error
+	info := checkpointInfo{AgentSocket: spec.Annotations[agentSocketAnnotation], Sandbox: id, Version: checkpointVersion}
+	ino, prefixed := strings.CutPrefix(info.AgentSocket, "socket:[")
+	ino, suffixed := strings.CutSuffix(ino, "]")
+	if _, err := strconv.ParseUint(ino, 10, 64); !prefixed || !suffixed || err != nil {
+		return checkpointInfo{}, fmt.Errorf("checkpoint %s: its spec does not name the agent's socket (made before checkpoints existed)", id)
+	}
+	if info.Log, err = fileKey(filepath.Join(b, "agent.log")); err != nil {
+		return checkpointInfo{}, err
+	}
+	externals := []string{"unix[" + ino + "]", info.Log}
+	if passesPidsCgroup(spec) {
+		if info.Pids, err = fileKey(o.cg.pidsDir(id)); err != nil {
+			return checkpointInfo{}, err
+		}
+		externals = append(externals, info.Pids)
+	}
+	var conf strings.Builder
+	for _, e := range externals {
+		fmt.Fprintf(&conf, "external %s\n", e)
+	}
+	if err := os.WriteFile(filepath.Join(b, criuConfig), []byte(conf.String()), 0o600); err != nil {
+		return checkpointInfo{}, err
+	}
+	return info, nil
 }
 
 // Restore implements runtime.Checkpointer.
@@ -293,9 +305,25 @@ func (o *OCI) Restore(ctx context.Context, id, dir string) (inst *runtime.Instan
 		return nil, err
 	}
 
-	logf, err := openAgentLog(b, st.Gid)
+	began := time.Now()
+	pid, err := o.criuRestore(ctx, id, b, spec, dir, dir, info, lnFile, st.Gid)
 	if err != nil {
 		return nil, err
+	}
+	o.cfg.Logger.Debug("sandbox restored", "id", id, "dir", dir, "took", time.Since(began).Round(10*time.Microsecond))
+	return &runtime.Instance{ID: id, Socket: sock, PID: pid}, nil
+}
+
+// criuRestore starts sandbox id's processes again from the CRIU images
+// in imgDir (work: CRIU's work dir, its logs), in the bundle b whose spec
+// is written: it hands CRIU the host objects that replace the externals
+// info names (the listener lnFile, the agent's log, the pids cgroup),
+// then does what CRIU leaves undone. gid is the sandbox's range's first
+// host id. It returns the host pid of the restored init.
+func (o *OCI) criuRestore(ctx context.Context, id, b string, spec *specs.Spec, imgDir, work string, info checkpointInfo, lnFile *os.File, gid uint32) (int, error) {
+	logf, err := openAgentLog(b, gid)
+	if err != nil {
+		return 0, err
 	}
 	defer logf.Close()
 	// CRIU takes the replacements from runc's stdin, stdout and stderr
@@ -303,17 +331,17 @@ func (o *OCI) Restore(ctx context.Context, id, dir string) (inst *runtime.Instan
 	// log. runc writes its own errors to stderr, the log, as at create.
 	in, err := os.Open(os.DevNull)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	defer in.Close()
 	conf := fmt.Sprintf("inherit-fd fd[1]:%s\ninherit-fd fd[2]:%s\n", info.AgentSocket, info.Log)
 	if info.Pids != "" {
 		if !passesPidsCgroup(spec) {
-			return nil, fmt.Errorf("restore %s: the checkpoint holds a pids cgroup the spec does not pass", id)
+			return 0, fmt.Errorf("restore %s: the checkpoint holds a pids cgroup the spec does not pass", id)
 		}
 		pidsDir, err := o.cg.openPids(id)
 		if err != nil {
-			return nil, err
+			return 0, err
 		}
 		defer pidsDir.Close()
 		in.Close()
@@ -321,47 +349,45 @@ func (o *OCI) Restore(ctx context.Context, id, dir string) (inst *runtime.Instan
 		conf += fmt.Sprintf("inherit-fd fd[0]:%s\n", info.Pids)
 	}
 	if err := os.WriteFile(filepath.Join(b, criuConfig), []byte(conf), 0o600); err != nil {
-		return nil, err
+		return 0, err
 	}
 	pidFile := filepath.Join(b, "init.pid")
 	_ = os.Remove(pidFile)
-	began := time.Now()
-	cmd := o.runcCriu(ctx, "restore", "--bundle", b, "--image-path", dir, "--work-path", dir, "--tcp-established", "--file-locks",
+	cmd := o.runcCriu(ctx, "restore", "--bundle", b, "--image-path", imgDir, "--work-path", work, "--tcp-established", "--file-locks",
 		"--detach", "--pid-file", pidFile, id)
 	// runc passes its environment on to CRIU: our CRIU makes the new user
 	// namespace as the range's first uid, which then owns it, as the
 	// engine's own holder owns the one Create makes (userns_linux.go).
-	cmd.Env = append(cmd.Env, fmt.Sprintf("%s=%d", criuOwnerEnv, st.Gid))
+	cmd.Env = append(cmd.Env, fmt.Sprintf("%s=%d", criuOwnerEnv, gid))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = in, lnFile, logf
 	if err := cmd.Run(); err != nil {
 		log, _ := os.ReadFile(logf.Name())
-		return nil, fmt.Errorf("%s restore: %w: %s%s", o.Name(), err, tail(log), criuErrors(filepath.Join(dir, "restore.log")))
+		return 0, fmt.Errorf("%s restore: %w: %s%s", o.Name(), err, tail(log), criuErrors(filepath.Join(work, "restore.log")))
 	}
 	pid, err := readPid(pidFile)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	// What CRIU leaves undone: the restored network namespace's loopback
 	// is down, and the new user namespace has the kernel's default
 	// per-user limits, not the sandbox's (NamespaceLimits, which runc
 	// wrote at create).
 	if err := inNetns(fmt.Sprintf("/proc/%d/ns/net", pid), loopbackUp); err != nil {
-		return nil, err
+		return 0, err
 	}
 	if err := o.setNamespaceLimits(ctx, pid); err != nil {
-		return nil, err
+		return 0, err
 	}
 	if info.Pids != "" {
 		limit, err := tenantLimit(spec)
 		if err != nil {
-			return nil, err
+			return 0, err
 		}
-		if err := o.cg.restoreTenant(id, limit, int(st.Gid)); err != nil {
-			return nil, err
+		if err := o.cg.restoreTenant(id, limit, int(gid)); err != nil {
+			return 0, err
 		}
 	}
-	o.cfg.Logger.Debug("sandbox restored", "id", id, "dir", dir, "took", time.Since(began).Round(10*time.Microsecond))
-	return &runtime.Instance{ID: id, Socket: sock, PID: pid}, nil
+	return pid, nil
 }
 
 // Checkpointed implements runtime.CheckpointKeeper: the bundle is

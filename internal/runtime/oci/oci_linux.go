@@ -388,7 +388,7 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	}
 	defer userns.close()
 	nsReady := time.Now()
-	rootfs, err := o.mountRoot(b, s, base)
+	rootfs, err := o.mountRoot(b, s, base, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -495,8 +495,10 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 // mountRoot builds the sandbox's root: its disk (disk_linux.go) or, kept
 // in memory, a tmpfs of the disk size, holding the overlay's upper and
 // work dirs, and the overlay of it over the template, which appears
-// through an idmapped mount owned by the sandbox's ids.
-func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (string, error) {
+// through an idmapped mount owned by the sandbox's ids. fill, when set,
+// fills the writable layer (rw) before the overlay is mounted over it
+// (a clone's files: snapshot_linux.go).
+func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32, fill func(rw string) error) (string, error) {
 	rw, rootfs := filepath.Join(b, "rw"), filepath.Join(b, "rootfs")
 	for _, d := range []string{rw, rootfs} {
 		if err := os.Mkdir(d, 0o700); err != nil {
@@ -550,6 +552,11 @@ func (o *OCI) mountRoot(b string, s runtime.Spec, base uint32) (string, error) {
 			return "", err
 		}
 		if err := os.Chmod(d, 0o777|os.ModeSticky); err != nil {
+			return "", err
+		}
+	}
+	if fill != nil {
+		if err := fill(rw); err != nil {
 			return "", err
 		}
 	}

@@ -34,6 +34,10 @@ func (*OCI) Checkpoint(context.Context, string, string) error {
 func (*OCI) Restore(context.Context, string, string) (*runtime.Instance, error) {
 	return nil, runtime.ErrUnsupported
 }
+func (*OCI) Snapshot(context.Context, string, string) error { return runtime.ErrUnsupported }
+func (*OCI) Clone(context.Context, runtime.Spec, string) (*runtime.Instance, error) {
+	return nil, runtime.ErrUnsupported
+}
 func (*OCI) Freeze(context.Context, string) error { return runtime.ErrUnsupported }
 func (*OCI) Thaw(context.Context, string) error   { return runtime.ErrUnsupported }
 
@@ -47,4 +51,9 @@ func (*OCI) VolumeUsage(context.Context, string) (int64, int64, error) {
 }
 func (*OCI) OpenVolume(context.Context, string) (*os.File, int, int, error) {
 	return nil, 0, 0, runtime.ErrUnsupported
+}
+
+// Changes fails: snapshots need Linux.
+func (*OCI) Changes(context.Context, string, string, string) (runtime.Changes, error) {
+	return runtime.Changes{}, runtime.ErrUnsupported
 }

@@ -61,8 +61,10 @@ from .files import FilePage, Filesystem, WriteEntry
 from .secrets import Secret, SecretUse, Secrets
 from .volumes import Volume, VolumeFile, VolumeMount, Volumes
 from .models import (
+    Adopted,
     CodeContext,
     CommandResult,
+    Diff,
     EntryInfo,
     Execution,
     ExecutionError,
@@ -73,6 +75,7 @@ from .models import (
     Resources,
     Result,
     SandboxInfo,
+    SnapshotInfo,
 )
 from .ports import Port, PortList
 from .sandbox import Sandbox
@@ -104,6 +107,9 @@ __all__ = [
     "ShuttingDownError",
     "SessionNotFoundError",
     "Sandbox",
+    "SnapshotInfo",
+    "Diff",
+    "Adopted",
     "Port",
     "PortList",
     "Account",

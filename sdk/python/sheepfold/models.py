@@ -10,6 +10,9 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 __all__ = [
     "Resources",
     "SandboxInfo",
+    "SnapshotInfo",
+    "Diff",
+    "Adopted",
     "Result",
     "ExecutionError",
     "Logs",
@@ -65,6 +68,73 @@ class Resources:
 
     def to_dict(self) -> Dict[str, Any]:
         return {"cpus": self.cpus, "memory_mb": self.memory_mb, "disk_mb": self.disk_mb, "pids": self.pids}
+
+
+@dataclass
+class SnapshotInfo:
+    """A snapshot: a saved sandbox (processes, memory, files) that new
+    sandboxes start from (Sandbox.create(snapshot=name))."""
+
+    name: str
+    sandbox_id: str = ""
+    template: str = ""
+    resources: Resources = field(default_factory=Resources)
+    created_at: Optional[datetime] = None
+    size_bytes: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "SnapshotInfo":
+        d = _d(data)
+        return cls(
+            name=d.get("name", "") or "",
+            sandbox_id=d.get("sandbox_id", "") or "",
+            template=d.get("template", "") or "",
+            resources=Resources.from_dict(d.get("resources")),
+            created_at=parse_time(d.get("created_at")),
+            size_bytes=int(d.get("size_bytes") or 0),
+        )
+
+
+@dataclass
+class Diff:
+    """What a fork added, changed and deleted in its files since it was
+    forked from ``against`` (paths inside the sandbox, sorted)."""
+
+    against: str
+    added: List[str] = field(default_factory=list)
+    changed: List[str] = field(default_factory=list)
+    deleted: List[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Diff":
+        d = _d(data)
+        return cls(
+            against=d.get("against", "") or "",
+            added=list(d.get("added") or []),
+            changed=list(d.get("changed") or []),
+            deleted=list(d.get("deleted") or []),
+        )
+
+
+@dataclass
+class Adopted:
+    """What adopt() copied into the parent, deleted from it, and left:
+    ``skipped`` holds {"path", "reason"} objects, the server's."""
+
+    parent: str
+    copied: List[str] = field(default_factory=list)
+    deleted: List[str] = field(default_factory=list)
+    skipped: List[Dict[str, str]] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Adopted":
+        d = _d(data)
+        return cls(
+            parent=d.get("parent", "") or "",
+            copied=list(d.get("copied") or []),
+            deleted=list(d.get("deleted") or []),
+            skipped=[dict(s) for s in d.get("skipped") or []],
+        )
 
 
 @dataclass

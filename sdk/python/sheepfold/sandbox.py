@@ -9,7 +9,7 @@ from .commands import Commands
 from .events import Events
 from .errors import NotFoundError, SandboxStateError, SheepfoldError
 from .files import Filesystem
-from .models import CodeContext, Execution, ExecutionError, PolicyAnswer, Resources, Result, SandboxInfo
+from .models import Adopted, CodeContext, Diff, Execution, ExecutionError, PolicyAnswer, Resources, Result, SandboxInfo, SnapshotInfo
 from .ports import Port, PortList
 from .volumes import VolumeMount
 
@@ -57,6 +57,7 @@ class Sandbox:
         api_key: Optional[str] = None,
         base_url: Optional[str] = None,
         request_timeout: Optional[float] = None,
+        snapshot: Optional[str] = None,
     ) -> "Sandbox":
         """Create a sandbox.
 
@@ -80,9 +81,15 @@ class Sandbox:
                 VolumeInUseError for a second writer.
             request_timeout: the HTTP timeout in seconds of each API call
                 (default 60; run_code and commands.run use their own).
+            snapshot: start from this snapshot of your account's
+                (create_snapshot): its processes, memory and files, with
+                the template, resources, environment and policy it
+                recorded (so leave those unset).
         """
         http = cls._client(api_key, base_url, request_timeout)
         body: Dict[str, Any] = {}
+        if snapshot is not None:
+            body["snapshot"] = snapshot
         if template is not None:
             body["template"] = template
         if timeout is not None:
@@ -156,6 +163,58 @@ class Sandbox:
         commands, files); a running one is left as it is."""
         self._info = SandboxInfo.from_dict(self._http.post_json(self._base + "/resume", None))
         return self._info
+
+    # Snapshots.
+
+    def create_snapshot(self, name: str) -> SnapshotInfo:
+        """Save the running sandbox (processes, memory, files) under name,
+        unique in your account, while it runs on. Raises ConflictError
+        when the name is taken, SandboxStateError while a request of it
+        is in flight, NotSupportedError for a sandbox with a network."""
+        return SnapshotInfo.from_dict(self._http.post_json(self._base + "/snapshots", {"name": name}))
+
+    def fork(self, count: int = 1) -> List["Sandbox"]:
+        """Make count (1 to 8) independent copies of the running sandbox,
+        with its processes, memory and files, each a new sandbox of its
+        own; this one runs on."""
+        doc = self._http.post_json(self._base + "/fork", {"count": count}) or {}
+        return [Sandbox(SandboxInfo.from_dict(s), self._http) for s in doc.get("sandboxes") or []]
+
+    def diff(self, against: str) -> Diff:
+        """What this fork added, changed and deleted in its files since it
+        was forked from the sandbox ``against`` (NotFoundError when it is
+        not such a fork)."""
+        return Diff.from_dict(self._http.get_json(self._base + "/diff", params={"against": against}))
+
+    def adopt(self) -> Adopted:
+        """Copy this fork's changes since the fork (its diff) into its
+        parent: files and directories it added or changed are written
+        there, paths it deleted are removed (NotFoundError when this is
+        not a fork)."""
+        return Adopted.from_dict(self._http.post_json(self._base + "/adopt", None))
+
+    @classmethod
+    def list_snapshots(cls, api_key: Optional[str] = None, base_url: Optional[str] = None,
+                       request_timeout: Optional[float] = None) -> List[SnapshotInfo]:
+        """Your snapshots, oldest first."""
+        http = cls._client(api_key, base_url, request_timeout)
+        doc = http.get_json("/v1/snapshots") or {}
+        return [SnapshotInfo.from_dict(s) for s in doc.get("snapshots") or []]
+
+    @classmethod
+    def get_snapshot(cls, name: str, api_key: Optional[str] = None, base_url: Optional[str] = None,
+                     request_timeout: Optional[float] = None) -> SnapshotInfo:
+        """One of your snapshots (NotFoundError if you have none so named)."""
+        http = cls._client(api_key, base_url, request_timeout)
+        return SnapshotInfo.from_dict(http.get_json(f"/v1/snapshots/{path_segment(name)}"))
+
+    @classmethod
+    def delete_snapshot(cls, name: str, api_key: Optional[str] = None, base_url: Optional[str] = None,
+                        request_timeout: Optional[float] = None) -> None:
+        """Delete a snapshot; sandboxes started from it run on. Raises
+        ConflictError while sandboxes are being started from it."""
+        http = cls._client(api_key, base_url, request_timeout)
+        http.delete(f"/v1/snapshots/{path_segment(name)}")
 
     def set_timeout(self, timeout: float) -> SandboxInfo:
         """Keep-alive: the sandbox now lives ``timeout`` seconds from now."""

@@ -60,6 +60,8 @@ class FakeSheepfold(ThreadingHTTPServer):
         self.requests: List[Recorded] = []
         self.injected: List[Tuple[int, Any, Dict[str, str]]] = []
         self.sandboxes: Dict[str, Dict[str, Any]] = {}
+        self.snapshots: Dict[str, Dict[str, Any]] = {}
+        self.forks: Dict[str, str] = {}
         self.files: Dict[str, Dict[str, bytes]] = {}
         self.dirs: Dict[str, set] = {}
         self.contexts: Dict[str, Dict[str, Dict[str, Any]]] = {}
@@ -205,6 +207,17 @@ class Handler(BaseHTTPRequestHandler):
                 sbs = [s for s in self.server.sandboxes.values()
                        if want == "all" or s["state"] == want or want is None and s["state"] in ("running", "paused")]
                 return 200, {"sandboxes": sbs}, {}
+        if p == "/v1/snapshots" and m == "GET":
+            return 200, {"snapshots": list(self.server.snapshots.values())}, {}
+        ms = re.fullmatch(r"/v1/snapshots/([^/]+)", p)
+        if ms:
+            snap = self.server.snapshots.get(ms.group(1))
+            if snap is None:
+                return err("ERR_NOT_FOUND", f"no snapshot {ms.group(1)!r}", 404)
+            if m == "DELETE":
+                del self.server.snapshots[snap["name"]]
+                return 204, None, {}
+            return 200, snap, {}
         mt = re.fullmatch(r"/v1/sandboxes/([^/]+)(/.*)?", p)
         if not mt:
             return err("ERR_NOT_FOUND", f"no route {m} {p}", 404)
@@ -234,6 +247,31 @@ class Handler(BaseHTTPRequestHandler):
                 sb["state"] = "stopped"
                 sb["stop_reason"] = "killed"
                 return 204, None, {}
+        if rest == "/fork" and m == "POST":
+            out = []
+            for _ in range(rec.json().get("count", 1)):
+                fid = self.server.new_id("sbx_")
+                self.server.sandboxes[fid] = dict(sb, id=fid)
+                self.server.forks[fid] = sid
+                out.append(self.server.sandboxes[fid])
+            return 201, {"sandboxes": out}, {}
+        if rest == "/diff" and m == "GET":
+            if self.server.forks.get(sid) != rec.q("against"):
+                return err("ERR_NOT_FOUND", f"{sid} is not a fork of {rec.q('against')}", 404)
+            return 200, {"against": rec.q("against"), "added": ["/home/user/new.txt"], "changed": [], "deleted": []}, {}
+        if rest == "/adopt" and m == "POST":
+            if sid not in self.server.forks:
+                return err("ERR_NOT_FOUND", f"{sid} is not a fork", 404)
+            return 200, {"parent": self.server.forks[sid], "copied": ["/home/user/new.txt"], "deleted": [],
+                         "skipped": [{"path": "/home/user/link", "reason": "symlink"}]}, {}
+        if rest == "/snapshots" and m == "POST":
+            name = rec.json()["name"]
+            if name in self.server.snapshots:
+                return err("ERR_CONFLICT", f"a snapshot named {name!r} exists", 409)
+            snap = {"name": name, "sandbox_id": sid, "template": sb["template"], "resources": sb["resources"],
+                    "created_at": NOW, "size_bytes": 4096}
+            self.server.snapshots[name] = snap
+            return 201, snap, {}
         if rest == "/timeout" and m == "POST":
             sb["expires_at"] = LATER
             sb["timeout_seen"] = rec.json()["timeout"]
@@ -280,10 +318,15 @@ class Handler(BaseHTTPRequestHandler):
             req = rec.json() or {}
         except ValueError:
             return err("ERR_BAD_REQUEST", "malformed JSON", 400)
-        allowed = {"template", "timeout", "resources", "env", "metadata", "sandbox_config"}
+        allowed = {"template", "timeout", "resources", "env", "metadata", "sandbox_config", "snapshot"}
         unknown = set(req) - allowed
         if unknown:
             return err("ERR_BAD_REQUEST", f"unknown field {sorted(unknown)[0]!r}", 400)
+        if "snapshot" in req:
+            snap = self.server.snapshots.get(req["snapshot"])
+            if snap is None:
+                return err("ERR_NOT_FOUND", f"no snapshot {req['snapshot']!r}", 404)
+            req = {"template": snap["template"], "resources": snap["resources"], "metadata": req.get("metadata")}
         if req.get("template") == "nope":
             return err("ERR_TEMPLATE_NOT_FOUND", "no template nope", 404)
         if (req.get("sandbox_config") or {}).get("network_restricted") is False:

@@ -20,6 +20,7 @@ from sheepfold import (
     CodeContext,
     CommandHandle,
     CommandResult,
+    ConflictError,
     Execution,
     ExecutionError,
     FileInfo,
@@ -136,6 +137,37 @@ class TestSandboxLifecycle(FakeServerTest):
         self.assertEqual(cm.exception.code, "ERR_SANDBOX_NOT_FOUND")
         self.assertEqual(cm.exception.status, 404)
         self.assertEqual(cm.exception.request_id, "req_fake")
+
+    def test_snapshots(self) -> None:
+        sb = self.sandbox()
+        snap = sb.create_snapshot("warm")
+        self.assertEqual((snap.name, snap.sandbox_id, snap.size_bytes), ("warm", sb.sandbox_id, 4096))
+        self.assertEqual(self.server.calls("POST", r"/v1/sandboxes/.*/snapshots")[0].json(), {"name": "warm"})
+        with self.assertRaises(ConflictError):
+            sb.create_snapshot("warm")
+        self.assertEqual([s.name for s in Sandbox.list_snapshots()], ["warm"])
+        self.assertEqual(Sandbox.get_snapshot("warm").template, "python")
+        copy = Sandbox.create(snapshot="warm")
+        self.assertNotEqual(copy.sandbox_id, sb.sandbox_id)
+        self.assertEqual(self.server.calls("POST", "/v1/sandboxes")[-1].json(), {"snapshot": "warm"})
+        Sandbox.delete_snapshot("warm")
+        with self.assertRaises(NotFoundError):
+            Sandbox.get_snapshot("warm")
+
+    def test_fork_diff(self) -> None:
+        sb = self.sandbox()
+        forks = sb.fork(count=2)
+        self.assertEqual(self.server.calls("POST", r"/v1/sandboxes/.*/fork")[0].json(), {"count": 2})
+        self.assertEqual(len({f.sandbox_id for f in forks} | {sb.sandbox_id}), 3)
+        d = forks[0].diff(against=sb.sandbox_id)
+        self.assertEqual((d.against, d.added), (sb.sandbox_id, ["/home/user/new.txt"]))
+        self.assertEqual(self.server.calls("GET", r"/v1/sandboxes/.*/diff")[0].q("against"), sb.sandbox_id)
+        with self.assertRaises(NotFoundError):
+            forks[0].diff(against=forks[1].sandbox_id)
+        a = forks[0].adopt()
+        self.assertEqual((a.parent, a.copied, a.skipped[0]["path"]), (sb.sandbox_id, ["/home/user/new.txt"], "/home/user/link"))
+        with self.assertRaises(NotFoundError):
+            sb.adopt()
 
     def test_pause_resume(self) -> None:
         sb = self.sandbox()

@@ -29,6 +29,9 @@ RAW = "the response as the server sent it"
 TABLE = {
     models.Resources: ("Resources", {}, {}, {}),
     models.SandboxInfo: ("Sandbox", {"sandbox_id": "id"}, {"raw": RAW}, {}),
+    models.SnapshotInfo: ("Snapshot", {}, {}, {}),
+    models.Diff: ("Diff", {}, {}, {}),
+    models.Adopted: ("AdoptResult", {}, {}, {}),
     models.Result: ("Result", {}, {"raw": RAW}, {}),
     models.ExecutionError: ("ExecError", {}, {}, {}),
     models.Execution: ("Execution", {}, {"raw": RAW, "logs": "stdout and stderr as E2B's logs lists"},

@@ -1,0 +1,110 @@
+package client
+
+import (
+	"context"
+	"net/url"
+	"time"
+)
+
+// Snapshot is a saved sandbox (its processes, memory and files) that new
+// sandboxes start from (CreateSandboxRequest.Snapshot).
+type Snapshot struct {
+	Name      string    `json:"name"`
+	SandboxID string    `json:"sandbox_id"` // the sandbox it was taken of
+	Template  string    `json:"template"`
+	Resources Resources `json:"resources"`
+	CreatedAt time.Time `json:"created_at"`
+	SizeBytes int64     `json:"size_bytes"` // on the server's disk
+}
+
+type snapshotRequestJSON struct {
+	Name string `json:"name"`
+}
+
+type snapshotListJSON struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// CreateSnapshot saves the running sandbox id under name (unique in the
+// account) while it runs on. ErrConflict: the name is taken;
+// ErrSandboxState: a request of it is in flight, or it is paused;
+// ErrNotSupported: the server cannot, or the sandbox has a network.
+func (c *Client) CreateSnapshot(ctx context.Context, id, name string) (*Snapshot, error) {
+	var s Snapshot
+	return &s, c.call(ctx, request{method: "POST", path: sandboxPath(id, "snapshots"), json: snapshotRequestJSON{Name: name}}, &s)
+}
+
+// ListSnapshots lists the account's snapshots, oldest first.
+func (c *Client) ListSnapshots(ctx context.Context) ([]Snapshot, error) {
+	var out snapshotListJSON
+	return out.Snapshots, c.call(ctx, request{method: "GET", path: "/v1/snapshots"}, &out)
+}
+
+// GetSnapshot describes one of the account's snapshots.
+func (c *Client) GetSnapshot(ctx context.Context, name string) (*Snapshot, error) {
+	var s Snapshot
+	return &s, c.call(ctx, request{method: "GET", path: "/v1/snapshots/" + url.PathEscape(name)}, &s)
+}
+
+// DeleteSnapshot deletes a snapshot; sandboxes started from it run on.
+// ErrConflict: sandboxes are being started from it.
+func (c *Client) DeleteSnapshot(ctx context.Context, name string) error {
+	return c.call(ctx, request{method: "DELETE", path: "/v1/snapshots/" + url.PathEscape(name)}, nil)
+}
+
+type forkRequestJSON struct {
+	Count int `json:"count"`
+}
+
+type forkResultJSON struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// Diff is what a fork added, changed and deleted in its files since it
+// was forked from Against (paths inside the sandbox, sorted).
+type Diff struct {
+	Against string   `json:"against"`
+	Added   []string `json:"added"`
+	Changed []string `json:"changed"`
+	Deleted []string `json:"deleted"`
+}
+
+// Fork makes count (1 to 8) independent copies of the running sandbox
+// id, with its processes, memory and files, each a new sandbox of its
+// own; the parent runs on.
+func (c *Client) Fork(ctx context.Context, id string, count int) ([]Sandbox, error) {
+	var out forkResultJSON
+	return out.Sandboxes, c.call(ctx, request{method: "POST", path: sandboxPath(id, "fork"), json: forkRequestJSON{Count: count}}, &out)
+}
+
+// DiffSandbox lists what the fork id changed in its files since it was
+// forked from parent. ErrNotFound: id is not a fork of parent made by
+// the server's current run.
+func (c *Client) DiffSandbox(ctx context.Context, id, parent string) (*Diff, error) {
+	var d Diff
+	return &d, c.call(ctx, request{method: "GET", path: sandboxPath(id, "diff"), query: url.Values{"against": {parent}}}, &d)
+}
+
+// Adopted is what AdoptFork copied into the parent, deleted from it and
+// left (with why).
+type Adopted struct {
+	Parent  string         `json:"parent"`
+	Copied  []string       `json:"copied"`
+	Deleted []string       `json:"deleted"`
+	Skipped []AdoptSkipped `json:"skipped"`
+}
+
+// AdoptSkipped is a path AdoptFork left, and why.
+type AdoptSkipped struct {
+	Path   string `json:"path"`
+	Reason string `json:"reason"`
+}
+
+// AdoptFork copies the fork id's changes since the fork (DiffSandbox)
+// into its parent: files and directories it added or changed are written
+// there, paths it deleted are removed. ErrNotFound: id is not a fork made
+// by the server's current run.
+func (c *Client) AdoptFork(ctx context.Context, id string) (*Adopted, error) {
+	var a Adopted
+	return &a, c.call(ctx, request{method: "POST", path: sandboxPath(id, "adopt")}, &a)
+}

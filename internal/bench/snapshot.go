@@ -1,0 +1,97 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/sheepfold/sheepfold/client"
+)
+
+// Names of the snapshot step's series.
+const (
+	benchSnapshot     = "snapshot (pandas and matplotlib loaded)"
+	benchFromSnapshot = "create from snapshot → first result (pandas and matplotlib loaded)"
+	benchFork4        = "fork of 4 (pandas and matplotlib loaded)"
+)
+
+// snapshotFork measures, for a sandbox whose Python has pandas and
+// matplotlib imported, a snapshot (the sandbox runs on), a create from
+// that snapshot to the first result of the new sandbox, and a fork into
+// four. Each new sandbox is checked to hold the interpreter's state. A
+// server that cannot snapshot answers ERR_NOT_SUPPORTED: the step says
+// so and records nothing.
+func (b *bencher) snapshotFork(ctx context.Context) error {
+	sb, err := b.c.CreateSandbox(ctx, client.CreateSandboxRequest{Timeout: 30 * time.Minute})
+	if err != nil {
+		return err
+	}
+	defer b.c.Kill(context.WithoutCancel(ctx), sb.ID)
+	if ex, err := b.c.Execute(ctx, sb.ID, client.ExecuteRequest{Code: "import pandas as pd, matplotlib.pyplot as plt\nrounds = 41"}); err != nil || ex.Error != nil {
+		return fmt.Errorf("import pandas: %v %+v", err, ex)
+	}
+	check := func(id string) error {
+		ex, err := b.c.Execute(ctx, id, client.ExecuteRequest{Code: "len(pd.DataFrame({'a': [1]})) + rounds"})
+		if err != nil || ex.Error != nil || len(ex.Results) != 1 || ex.Results[0].Text != "42" {
+			return fmt.Errorf("a sandbox from the snapshot: %v %+v", err, ex)
+		}
+		return nil
+	}
+	n := max(3, min(b.o.Iterations, 10))
+	var snaps, starts []float64
+	for i := -benchPauseWarmups; i < n; i++ {
+		name := fmt.Sprintf("bench-%d", time.Now().UnixNano())
+		t := time.Now()
+		_, err := b.c.CreateSnapshot(ctx, sb.ID, name)
+		if err != nil {
+			var ae *client.Error
+			if errors.As(err, &ae) && ae.Code == "ERR_NOT_SUPPORTED" {
+				fmt.Fprintf(os.Stderr, "bench: snapshot: %v\n", err)
+				b.res.Notes = append(b.res.Notes, "snapshot: not supported by this server: "+ae.Message)
+				return nil
+			}
+			return err
+		}
+		s := since(t)
+		t = time.Now()
+		from, err := b.c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: name})
+		if err == nil {
+			err = check(from.ID)
+		}
+		r := since(t)
+		if from != nil {
+			_ = b.c.Kill(context.WithoutCancel(ctx), from.ID)
+		}
+		_ = b.c.DeleteSnapshot(context.WithoutCancel(ctx), name)
+		if err != nil {
+			return err
+		}
+		if i >= 0 {
+			snaps, starts = append(snaps, s), append(starts, r)
+		}
+	}
+	b.record(benchSnapshot, snaps)
+	b.record(benchFromSnapshot, starts)
+	var forks []float64
+	for i := -benchPauseWarmups; i < min(n, 5); i++ {
+		t := time.Now()
+		made, err := b.c.Fork(ctx, sb.ID, 4)
+		f := since(t)
+		for _, m := range made {
+			if err == nil {
+				err = check(m.ID)
+			}
+			_ = b.c.Kill(context.WithoutCancel(ctx), m.ID)
+		}
+		if err != nil {
+			return fmt.Errorf("fork: %w", err)
+		}
+		if i >= 0 {
+			forks = append(forks, f)
+		}
+	}
+	b.record(benchFork4, forks)
+	return nil
+}

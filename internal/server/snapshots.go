@@ -1,0 +1,490 @@
+package server
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"crypto/sha256"
+
+	"github.com/sheepfold/sheepfold/api"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+)
+
+// Snapshots: a running sandbox's processes, memory and files saved under
+// a name of its account's (POST /v1/sandboxes/{id}/snapshots), from which
+// new sandboxes start (POST /v1/sandboxes with snapshot), listed and
+// deleted under /v1/snapshots.
+//
+// Each snapshot is a directory of the engine's snapshot dir
+// (sandbox.Manager.SnapshotDir: the data dir's snapshots), under one of
+// its account's (the hex of a hash of the owner: no owner string reaches
+// a path):
+//
+//	<account>/<name>/snapshot.json   snapshotRecord: what a sandbox started from it is made with
+//	<account>/<name>/state/          the engine's snapshot (CRIU's images, the writable layer's copy)
+//
+// A snapshot is made in <account>/.new-<random> and renamed to its name
+// once complete, and deleted by a rename to .old-<random> first, so that
+// a crash leaves no half snapshot under a name; the server removes what
+// such a crash left at its start. Snapshots survive restarts: the
+// directories are the listing.
+//
+// A sandbox started from a snapshot is a new sandbox in every way the
+// server knows (an id, host id range, agent, preview and E2B tokens of
+// its own, its own record and metering), with the template, limits,
+// policy, environment and execution timeout the snapshot recorded; a
+// create that names a snapshot may not name those (ERR_BAD_REQUEST).
+//
+// What a snapshot never holds: a secret's value. A sandbox reaches a
+// secret only through its egress gateway, which substitutes the value
+// into its outgoing requests on the host (secrets_egress.go), and a
+// sandbox with a network is not snapshotted (ERR_NOT_SUPPORTED); its
+// environment holds ${secrets.NAME} placeholders, never values.
+//
+// Bounds: each account keeps at most Config.MaxSnapshotsPerAccount
+// snapshots (ERR_SESSION_QUOTA_EXCEEDED); each is at most its sandbox's
+// memory limit plus its disk limit in size; the data dir's free space
+// bounds them all (a snapshot that does not fit fails and leaves
+// nothing). A snapshot a create or fork is starting sandboxes from is
+// in use and not deleted (ERR_CONFLICT).
+
+// snapshotName is what a snapshot may be called.
+var snapshotName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// DefaultMaxSnapshotsPerAccount is Config.MaxSnapshotsPerAccount's default.
+const DefaultMaxSnapshotsPerAccount = 16
+
+// Files of a snapshot's directory.
+const (
+	snapshotRecordFile = "snapshot.json"
+	snapshotStateDir   = "state"
+)
+
+// snapshotRecord is what a snapshot keeps of the sandbox it was taken of.
+type snapshotRecord struct {
+	Name          string            `json:"name"`
+	Owner         string            `json:"owner"`
+	Sandbox       string            `json:"sandbox"`
+	Template      string            `json:"template"`
+	CreatedAt     time.Time         `json:"created_at"`
+	Limits        runtime.Limits    `json:"limits"`
+	ReadOnly      bool              `json:"read_only,omitempty"`
+	Env           map[string]string `json:"env,omitempty"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
+	Policy        json.RawMessage   `json:"policy,omitempty"`
+	ExecTimeoutMS int64             `json:"exec_timeout_ms,omitempty"`
+	SizeBytes     int64             `json:"size_bytes"`
+}
+
+// snapshotJSON is a snapshot as the API shows it.
+type snapshotJSON struct {
+	Name      string        `json:"name"`
+	SandboxID string        `json:"sandbox_id"`
+	Template  string        `json:"template"`
+	Resources api.Resources `json:"resources"`
+	CreatedAt time.Time     `json:"created_at"`
+	SizeBytes int64         `json:"size_bytes"`
+}
+
+// snapshotListJSON is GET /v1/snapshots's answer.
+type snapshotListJSON struct {
+	Snapshots []snapshotJSON `json:"snapshots"`
+}
+
+// snapshotRequest is POST /v1/sandboxes/{id}/snapshots's body.
+type snapshotRequest struct {
+	Name string `json:"name"`
+}
+
+func (rec snapshotRecord) json() snapshotJSON {
+	return snapshotJSON{Name: rec.Name, SandboxID: rec.Sandbox, Template: rec.Template, Resources: resourcesOf(rec.Limits),
+		CreatedAt: rec.CreatedAt.UTC(), SizeBytes: rec.SizeBytes}
+}
+
+func (s *Server) snapshotRoutes(add addFunc) {
+	add("POST /v1/sandboxes/{id}/snapshots", true, s.createSnapshot)
+	add("GET /v1/snapshots", true, s.listSnapshots)
+	add("GET /v1/snapshots/{name}", true, s.getSnapshot)
+	add("DELETE /v1/snapshots/{name}", true, s.deleteSnapshot)
+}
+
+// snapshots returns the engine's snapshot dir, or why there is none.
+func (s *Server) snapshots() (string, error) {
+	if s.engine == nil || !s.engine.CanSnapshot() || s.engine.SnapshotDir() == "" {
+		return "", apierr.New(apierr.NotSupported, "this server cannot snapshot sandboxes")
+	}
+	return s.engine.SnapshotDir(), nil
+}
+
+// accountSnapshots is own's directory of snapshots.
+func accountSnapshots(root, own string) string {
+	h := sha256.Sum256([]byte(own))
+	return filepath.Join(root, hex.EncodeToString(h[:16]))
+}
+
+// checkSnapshotName refuses a name a snapshot may not have.
+func checkSnapshotName(field, name string) error {
+	if !snapshotName.MatchString(name) {
+		return &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": field},
+			Message: fmt.Sprintf("%s must be 1 to 63 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit; got %q", field, name)}
+	}
+	return nil
+}
+
+// snapshotKey names one account's snapshot among all (Server.snapUse).
+func snapshotKey(own, name string) string { return own + "\x00" + name }
+
+// readSnapshots lists own's snapshots, oldest first.
+func readSnapshots(root, own string) ([]snapshotRecord, error) {
+	dir := accountSnapshots(root, own)
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []snapshotRecord
+	for _, e := range ents {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		rec, err := readSnapshotRecord(filepath.Join(dir, e.Name()))
+		if err != nil || rec.Owner != own || rec.Name != e.Name() {
+			continue
+		}
+		out = append(out, rec)
+	}
+	slices.SortFunc(out, func(a, b snapshotRecord) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	return out, nil
+}
+
+func readSnapshotRecord(dir string) (snapshotRecord, error) {
+	var rec snapshotRecord
+	j, err := os.ReadFile(filepath.Join(dir, snapshotRecordFile))
+	if err != nil {
+		return rec, err
+	}
+	return rec, json.Unmarshal(j, &rec)
+}
+
+// findSnapshot returns own's snapshot name and its directory; another
+// account's, or none, is ERR_NOT_FOUND alike.
+func (s *Server) findSnapshot(own, name string) (snapshotRecord, string, error) {
+	root, err := s.snapshots()
+	if err != nil {
+		return snapshotRecord{}, "", err
+	}
+	if !snapshotName.MatchString(name) {
+		return snapshotRecord{}, "", apierr.New(apierr.NotFound, "no snapshot %q", name)
+	}
+	dir := filepath.Join(accountSnapshots(root, own), name)
+	rec, err := readSnapshotRecord(dir)
+	if err != nil || rec.Owner != own || rec.Name != name {
+		return snapshotRecord{}, "", apierr.New(apierr.NotFound, "no snapshot %q", name)
+	}
+	return rec, dir, nil
+}
+
+// useSnapshot marks own's snapshot name in use (a delete is refused)
+// until the returned func is called.
+func (s *Server) useSnapshot(own, name string) func() {
+	k := snapshotKey(own, name)
+	s.snapMu.Lock()
+	if s.snapUse == nil {
+		s.snapUse = map[string]int{}
+	}
+	s.snapUse[k]++
+	s.snapMu.Unlock()
+	return func() {
+		s.snapMu.Lock()
+		if s.snapUse[k]--; s.snapUse[k] <= 0 {
+			delete(s.snapUse, k)
+		}
+		s.snapMu.Unlock()
+	}
+}
+
+// sourceOf is what a sandbox held here was made with, for a snapshot or
+// a fork of it.
+func sourceOf(b *box) snapshotRecord {
+	sb := b.sb
+	rec := snapshotRecord{Sandbox: sb.ID, Template: sb.Template, Limits: sb.CurrentLimits(), ReadOnly: sb.ReadOnly,
+		Env: sb.Env, Metadata: sb.Metadata, ExecTimeoutMS: b.execTimeout.Milliseconds()}
+	if p := sb.Policy(); p != nil {
+		rec.Policy = policyJSON(p)
+	}
+	return rec
+}
+
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
+	var req snapshotRequest
+	if err := decodeJSON(w, r, &req, false); err != nil {
+		return err
+	}
+	if err := checkSnapshotName("name", req.Name); err != nil {
+		return err
+	}
+	b, err := s.lookup(r)
+	if err != nil {
+		return err
+	}
+	rec, err := s.takeSnapshot(context.WithoutCancel(r.Context()), owner(r), b, req.Name)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, rec.json())
+	return nil
+}
+
+// takeSnapshot snapshots b for own under name (checked already).
+func (s *Server) takeSnapshot(ctx context.Context, own string, b *box, name string) (snapshotRecord, error) {
+	root, err := s.snapshots()
+	if err != nil {
+		return snapshotRecord{}, err
+	}
+	dir := accountSnapshots(root, own)
+	// The name and the account's bound are held for this snapshot while
+	// it is made: two at once pass neither.
+	k := snapshotKey(own, name)
+	s.snapMu.Lock()
+	if s.snapMaking == nil {
+		s.snapMaking = map[string]bool{}
+	}
+	have, err := readSnapshots(root, own)
+	if err != nil {
+		s.snapMu.Unlock()
+		return snapshotRecord{}, err
+	}
+	making := 0
+	for mk := range s.snapMaking {
+		if strings.HasPrefix(mk, own+"\x00") {
+			making++
+		}
+	}
+	switch {
+	case s.snapMaking[k] || slices.ContainsFunc(have, func(rec snapshotRecord) bool { return rec.Name == name }):
+		s.snapMu.Unlock()
+		return snapshotRecord{}, &apierr.Error{Code: apierr.Conflict, Details: map[string]any{"field": "name"},
+			Message: fmt.Sprintf("a snapshot named %q exists: delete it first or choose another name", name)}
+	case len(have)+making >= s.cfg.MaxSnapshotsPerAccount:
+		s.snapMu.Unlock()
+		return snapshotRecord{}, apierr.New(apierr.SessionQuotaExceeded, "the account has %d snapshots, its most (--max-snapshots-per-account); delete one first",
+			s.cfg.MaxSnapshotsPerAccount)
+	}
+	s.snapMaking[k] = true
+	s.snapMu.Unlock()
+	defer func() {
+		s.snapMu.Lock()
+		delete(s.snapMaking, k)
+		s.snapMu.Unlock()
+	}()
+
+	rec := sourceOf(b)
+	rec.Name, rec.Owner, rec.CreatedAt = name, own, time.Now().UTC()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return snapshotRecord{}, err
+	}
+	tmp, err := os.MkdirTemp(dir, ".new-")
+	if err != nil {
+		return snapshotRecord{}, err
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = os.RemoveAll(tmp)
+		}
+	}()
+	if err := b.sb.Snapshot(ctx, filepath.Join(tmp, snapshotStateDir)); err != nil {
+		return snapshotRecord{}, err
+	}
+	rec.SizeBytes = dirSize(tmp)
+	j, err := json.Marshal(rec)
+	if err != nil {
+		return snapshotRecord{}, err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, snapshotRecordFile), j, 0o600); err != nil {
+		return snapshotRecord{}, err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		return snapshotRecord{}, err
+	}
+	done = true
+	s.log.Info("snapshot taken", "sandbox", b.sb.ID, "snapshot", name, "bytes", rec.SizeBytes)
+	return rec, nil
+}
+
+// dirSize is the bytes the files under dir take on disk.
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		if fi, err := d.Info(); err == nil && !d.IsDir() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
+	root, err := s.snapshots()
+	if err != nil {
+		return err
+	}
+	recs, err := readSnapshots(root, owner(r))
+	if err != nil {
+		return err
+	}
+	out := snapshotListJSON{Snapshots: []snapshotJSON{}}
+	for _, rec := range recs {
+		out.Snapshots = append(out.Snapshots, rec.json())
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
+	rec, _, err := s.findSnapshot(owner(r), r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, rec.json())
+	return nil
+}
+
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
+	if err := s.removeSnapshot(owner(r), r.PathValue("name")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// removeSnapshot deletes own's snapshot name, unless it is in use.
+func (s *Server) removeSnapshot(own, name string) error {
+	_, dir, err := s.findSnapshot(own, name)
+	if err != nil {
+		return err
+	}
+	s.snapMu.Lock()
+	if n := s.snapUse[snapshotKey(own, name)]; n > 0 {
+		s.snapMu.Unlock()
+		return apierr.New(apierr.Conflict, "snapshot %q is in use: %d sandboxes are starting from it; delete it when they have started", name, n)
+	}
+	old := filepath.Join(filepath.Dir(dir), ".old-"+newID(""))
+	err = os.Rename(dir, old)
+	s.snapMu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := os.RemoveAll(old); err != nil {
+		s.log.Error("remove a deleted snapshot", "snapshot", name, "err", err)
+	}
+	return nil
+}
+
+// snapshotCreateOptions are the engine's options of a sandbox started
+// from own's snapshot named in req, and its execution timeout; release
+// ends the snapshot's use.
+func (s *Server) snapshotCreateOptions(own string, req api.CreateSandbox) (opt sandbox.CreateOptions, execTimeout time.Duration, release func(), err error) {
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"template", req.Template != ""}, {"resources", req.Resources != nil}, {"env", len(req.Env) > 0}, {"runtime", req.Runtime != ""},
+		{"sandbox_config", len(req.SandboxConfig) > 0}, {"security_policy", len(req.SecurityPolicy) > 0},
+	} {
+		if f.set {
+			return opt, 0, nil, &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": f.name},
+				Message: fmt.Sprintf("%s cannot be given with snapshot: a sandbox started from a snapshot has the template, resources, environment and policy of the one snapshotted", f.name)}
+		}
+	}
+	if err := checkSnapshotName("snapshot", req.Snapshot); err != nil {
+		return opt, 0, nil, err
+	}
+	release = s.useSnapshot(own, req.Snapshot)
+	rec, dir, err := s.findSnapshot(own, req.Snapshot)
+	if err != nil {
+		release()
+		return opt, 0, nil, err
+	}
+	opt, execTimeout, err = s.recordOptions(rec, filepath.Join(dir, snapshotStateDir))
+	if err != nil {
+		release()
+		return opt, 0, nil, err
+	}
+	if req.Metadata != nil {
+		opt.Metadata = req.Metadata
+	}
+	if req.Timeout != nil {
+		if opt.Timeout, err = seconds("timeout", *req.Timeout, s.cfg.MaxTimeout); err != nil {
+			release()
+			return opt, 0, nil, err
+		}
+	}
+	return opt, execTimeout, release, nil
+}
+
+// recordOptions are the options of a sandbox made as rec says, from the
+// engine's snapshot in state.
+func (s *Server) recordOptions(rec snapshotRecord, state string) (sandbox.CreateOptions, time.Duration, error) {
+	opt := sandbox.CreateOptions{Template: rec.Template, Limits: rec.Limits, ReadOnly: rec.ReadOnly, Env: rec.Env,
+		Metadata: rec.Metadata, Snapshot: state}
+	if len(rec.Policy) > 0 {
+		p, err := parsePolicy(rec.Policy)
+		if err != nil {
+			return opt, 0, apierr.Wrap(err, apierr.Internal, "the snapshot's policy no longer parses")
+		}
+		opt.Policy = p
+	}
+	return opt, time.Duration(rec.ExecTimeoutMS) * time.Millisecond, nil
+}
+
+// removeSnapshotLeftovers removes what a crash left in the middle of
+// making or deleting a snapshot.
+func removeSnapshotLeftovers(root string) error {
+	accts, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, a := range accts {
+		if !a.IsDir() {
+			continue
+		}
+		if a.Name() == forksDir { // forks are known to the run that made them alone
+			errs = append(errs, os.RemoveAll(filepath.Join(root, a.Name())))
+			continue
+		}
+		ents, err := os.ReadDir(filepath.Join(root, a.Name()))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".new-") || strings.HasPrefix(e.Name(), ".old-") {
+				errs = append(errs, os.RemoveAll(filepath.Join(root, a.Name(), e.Name())))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
