@@ -90,6 +90,7 @@ type Sandbox struct {
 	left       time.Duration // the lifetime a paused sandbox has left (pause.go)
 	frozen     bool          // paused by the freezer, memory kept (pause.go)
 	kept       bool          // paused, and left by Close to the next engine (keep.go)
+	auto       autoState     // auto-pause (autopause.go)
 }
 
 // Info is a snapshot of a sandbox for listings.
