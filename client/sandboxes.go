@@ -47,6 +47,11 @@ type CreateSandboxRequest struct {
 	// server offers (the Kubernetes backend's runtime classes, e.g.
 	// gvisor); empty: the server's.
 	Runtime string
+	// AutoPause pauses the sandbox instead of stopping it when its
+	// lifetime (or the server's idle timeout) ends, once it is idle: no
+	// request, no preview traffic, no CPU in use. Any request resumes it,
+	// with its lifetime again. The server must be able to pause.
+	AutoPause bool
 }
 
 type sandboxConfigJSON struct {
@@ -63,6 +68,7 @@ type createJSON struct {
 	SandboxConfig *sandboxConfigJSON `json:"sandbox_config,omitempty"`
 	Policy        any                `json:"security_policy,omitempty"`
 	Runtime       string             `json:"runtime,omitempty"`
+	AutoPause     bool               `json:"auto_pause,omitempty"`
 }
 
 // Sandbox is a sandbox as the server describes it.
@@ -78,6 +84,8 @@ type Sandbox struct {
 	// Usage is what the sandbox uses now, when asked for (the API's
 	// ?usage=1; nil otherwise).
 	Usage *LiveUsage `json:"usage,omitempty"`
+	// AutoPause says the sandbox pauses instead of stopping at its end.
+	AutoPause bool `json:"auto_pause,omitempty"`
 }
 
 // LiveUsage is what a running sandbox uses now: on a listing only its
@@ -109,7 +117,7 @@ func secs(d time.Duration) float64 { return math.Ceil(d.Seconds()*1000) / 1000 }
 // CreateSandbox starts a sandbox.
 func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*Sandbox, error) {
 	body := createJSON{Template: req.Template, Timeout: secs(req.Timeout), Resources: req.Resources,
-		Env: req.Env, Metadata: req.Metadata, Policy: req.SecurityPolicy, Runtime: req.Runtime}
+		Env: req.Env, Metadata: req.Metadata, Policy: req.SecurityPolicy, Runtime: req.Runtime, AutoPause: req.AutoPause}
 	if req.SandboxConfig != nil {
 		body.SandboxConfig = &sandboxConfigJSON{MaxExecutionTime: secs(req.SandboxConfig.MaxExecutionTime), SandboxConfig: req.SandboxConfig}
 	}

@@ -52,6 +52,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		previewDomain string
 		metricsListen string
 	)
+	var autoPauseNotice time.Duration
 	var idleTimeout, eventRetention, retention, stoppedRetention, shutdownTimeout, drainDelay time.Duration
 	var webhookHosts, webhookCIDRs []string
 	var streamsPerKey, streamsPerAccount, maxStreams, maxConns, uiSessions, pacePerAccount int
@@ -151,6 +152,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				bound.Int("--max-paused-per-account", int64(maxPaused), 0, bound.MaxSandboxes),
 				bound.Int("--pool", int64(poolSize), 0, bound.MaxSandboxes),
 				bound.Duration("--idle-timeout", idleTimeout, 0, bound.MaxDuration),
+				bound.Duration("--auto-pause-notice", autoPauseNotice, time.Second, bound.MaxDuration),
 				bound.Duration("--event-retention", eventRetention, 0, bound.MaxDuration),
 				bound.Duration("--retention", retention, 0, bound.MaxDuration),
 				bound.Duration("--stopped-retention", stoppedRetention, 0, bound.MaxDuration),
@@ -248,6 +250,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) {
 					c.PoolSize = poolSize
+					c.AutoPauseNotice = autoPauseNotice
 					c.EventRate = eventRate
 					c.Egress.MaxFlows, c.Egress.IdleTimeout, c.Egress.Rate = eopt.MaxFlows, eopt.IdleTimeout, eopt.Rate
 					if maxSandboxes > 0 {
@@ -280,6 +283,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().Int64Var(&uploadMB, "file-size-upload-mb", 100, "largest file one upload may write, in MiB")
 	cmd.Flags().IntVar(&maxPaused, "max-paused-per-account", 0, "most sandboxes each account keeps paused to disk at once (0: no bound)")
 	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's default, "+strconv.Itoa(sandbox.DefaultMaxSandboxes)+")")
+	cmd.Flags().DurationVar(&autoPauseNotice, "auto-pause-notice", sandbox.DefaultAutoPauseNotice,
+		"how long before an auto_pause sandbox is paused the sandbox.pausing event is sent, and how long it must have been idle (no request, preview traffic or CPU use) to be paused")
 	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 10*time.Minute,
 		"stop a sandbox after this long with no request and no CPU use (0: never)")
 	cmd.Flags().DurationVar(&eventRetention, "event-retention", 7*24*time.Hour,

@@ -25,7 +25,11 @@ import (
 // found active when its time comes runs on for another notice period
 // (its lifetime, the agent's backstop included, moves by as much: it is
 // metered as running) and is asked again then; so a sandbox serving a
-// page or crunching numbers is never paused under its user.
+// page or crunching numbers is never paused under its user. Put-offs end
+// Config.MaxTimeout after the pause was first due, so that no sandbox
+// outlives the longest lifetime by staying busy: it is then paused as it
+// is (CPU in use or preview traffic notwithstanding), or stopped as
+// without auto-pause if a request of it is still in flight.
 //
 // sandbox.pausing (pause_at, reason: timeout or idle) is sent
 // AutoPauseNotice before the pause is due, and again each time an active
@@ -54,6 +58,9 @@ type autoState struct {
 	// active is the last activity the samples saw (CPU in use, requests
 	// in flight).
 	active time.Time
+	// putOff is when the pause now put off was first due (zero: none
+	// put off): put-offs end Config.MaxTimeout after it.
+	putOff time.Time
 	// traffic is the last preview read or write, in UnixNano.
 	traffic atomic.Int64
 	// handling is set while a due pause is decided, so that the timer
@@ -230,6 +237,7 @@ func (m *Manager) autoPauseDue(s *Sandbox, why string) {
 	scancel()
 	s.mu.Lock()
 	st, busy, last, life := s.state, s.busy, s.lastSeenLocked(), s.auto.life
+	overdue := !s.auto.putOff.IsZero() && now.Sub(s.auto.putOff) >= m.cfg.MaxTimeout
 	early := why == reasonTimeout && now.Before(s.deadline) // moved as the timer fired
 	idleGone := why == reasonIdle && now.Sub(last) < m.cfg.IdleTimeout
 	s.mu.Unlock()
@@ -237,7 +245,7 @@ func (m *Manager) autoPauseDue(s *Sandbox, why string) {
 		return
 	}
 	window := m.autoWindow()
-	if busy > 0 || now.Sub(last) < window {
+	if (busy > 0 || now.Sub(last) < window) && !overdue {
 		m.putOff(ctx, s, why, window)
 		return
 	}
@@ -251,9 +259,12 @@ func (m *Manager) autoPauseDue(s *Sandbox, why string) {
 	err := s.Pause(ctx)
 	switch {
 	case err == nil:
-		m.log.Info("sandbox auto-paused", "sandbox", s.ID, "reason", why)
+		s.mu.Lock()
+		s.auto.putOff = time.Time{}
+		s.mu.Unlock()
+		m.log.Info("sandbox auto-paused", "sandbox", s.ID, "reason", why, "overdue", overdue)
 		return
-	case apierr.From(err).Code == apierr.SandboxState && s.State() == StateRunning:
+	case apierr.From(err).Code == apierr.SandboxState && s.State() == StateRunning && !overdue:
 		// A request began as the pause did: it is active after all.
 		m.putOff(ctx, s, why, window)
 		return
@@ -265,6 +276,14 @@ func (m *Manager) autoPauseDue(s *Sandbox, why string) {
 // putOff gives an active auto-pause sandbox whose pause was due another
 // window of life; the next sample sends sandbox.pausing again.
 func (m *Manager) putOff(ctx context.Context, s *Sandbox, why string, window time.Duration) {
+	if why != reasonTimeout {
+		return // the idle timeout's: the next sample decides again; the lifetime stands
+	}
+	s.mu.Lock()
+	if s.auto.putOff.IsZero() {
+		s.auto.putOff = time.Now()
+	}
+	s.mu.Unlock()
 	if err := s.extendLife(ctx, window); err != nil {
 		m.log.Warn("auto-pause: put off", "sandbox", s.ID, "err", err)
 		_ = m.destroy(s, why)

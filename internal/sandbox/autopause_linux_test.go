@@ -216,3 +216,53 @@ while True:
 		waitLong(t, "the pause once idle", func() bool { return log.count(s.ID, events.SandboxPaused) == 1 })
 	})
 }
+
+// TestAutoPauseBoundedPutOff: the attack is a tenant who keeps an
+// auto-pause sandbox busy (a CPU loop) so that its pause is put off for
+// ever, past the longest lifetime a sandbox may have. Put-offs end
+// MaxTimeout after the pause was first due: it is then paused as it is,
+// its loop included (and resumed with it). The control is
+// TestAutoPauseNotWhileActive/cpu, where the same loop puts the pause off.
+func TestAutoPauseBoundedPutOff(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.TemplateRootFS(t, "python")
+	rt, noLeaks := runcRuntime(t)
+	dir := testutil.ShortTempDir(t)
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	log := &typeLog{}
+	const maxTimeout = 4 * time.Second
+	m, err := sandbox.New(context.Background(), sandbox.Config{
+		Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), Events: log, AutoPauseNotice: autoNotice, MaxTimeout: maxTimeout,
+		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil }),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(context.Background()); err != nil {
+			t.Errorf("close manager: %v", err)
+		}
+		if err := rt.Close(); err != nil {
+			t.Errorf("close runtime: %v", err)
+		}
+		noLeaks()
+	})
+	ctx := context.Background()
+	s := newSandbox(t, m, sandbox.CreateOptions{Timeout: 2 * time.Second, AutoPause: true})
+	if _, err := s.Start(ctx, sandbox.ProcessSpec{Cmd: "sh", Args: []string{"-c", "while :; do :; done"}}); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	waitLong(t, "the overdue pause", func() bool { return log.count(s.ID, events.SandboxPaused) == 1 })
+	if took := time.Since(began); took < maxTimeout {
+		t.Errorf("paused after %v: the busy sandbox's pause was not put off", took)
+	}
+	if n := log.count(s.ID, events.SandboxPausing); n < 3 {
+		t.Errorf("%d sandbox.pausing events: the pause was not put off", n)
+	}
+	if err := m.Kill(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -103,6 +103,7 @@ type Info struct {
 	Limits     runtime.Limits    `json:"limits"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	StopReason string            `json:"stop_reason,omitempty"`
+	AutoPause  bool              `json:"auto_pause,omitempty"` // autopause.go
 }
 
 // Info returns a snapshot of the sandbox.
@@ -115,7 +116,7 @@ func (s *Sandbox) Info() Info {
 	}
 	return Info{
 		ID: s.ID, Template: s.Template, State: s.state, Created: s.Created,
-		Deadline: deadline, Limits: s.Limits, Metadata: s.Metadata, StopReason: s.stopReason,
+		Deadline: deadline, Limits: s.Limits, Metadata: s.Metadata, StopReason: s.stopReason, AutoPause: s.auto.on,
 	}
 }
 

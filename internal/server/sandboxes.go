@@ -50,6 +50,7 @@ type sandboxJSON struct {
 	Metadata   map[string]string `json:"metadata"`
 	StopReason string            `json:"stop_reason,omitempty"`
 	Usage      *liveUsageJSON    `json:"usage,omitempty"` // with ?usage=1, for running sandboxes
+	AutoPause  bool              `json:"auto_pause,omitempty"`
 }
 
 // liveUsageJSON is a running sandbox's use now: what a dashboard polls
@@ -104,7 +105,7 @@ func sandboxFromInfo(in sandbox.Info) sandboxJSON {
 		md = map[string]string{}
 	}
 	return sandboxJSON{ID: in.ID, Template: in.Template, State: string(in.State), CreatedAt: in.Created.UTC(),
-		ExpiresAt: in.Deadline.UTC(), Resources: resourcesOf(in.Limits), Metadata: md, StopReason: in.StopReason}
+		ExpiresAt: in.Deadline.UTC(), Resources: resourcesOf(in.Limits), Metadata: md, StopReason: in.StopReason, AutoPause: in.AutoPause}
 }
 
 func sandboxFromRecord(rec store.Sandbox) sandboxJSON {
@@ -130,6 +131,10 @@ type createRequest struct {
 	// Both are parsed strictly by internal/policy (ERR_INVALID_POLICY).
 	SandboxConfig  json.RawMessage `json:"sandbox_config"`
 	SecurityPolicy json.RawMessage `json:"security_policy"`
+	// AutoPause pauses the sandbox instead of stopping it when its
+	// lifetime or the idle timeout ends, once it is idle (internal/sandbox,
+	// autopause.go).
+	AutoPause bool `json:"auto_pause"`
 }
 
 // The largest resources a request may name, far above any host and far
@@ -173,7 +178,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 // returns the engine's options and the execution timeout
 // (sandbox_config.max_execution_time).
 func (s *Server) createOptions(req createRequest) (sandbox.CreateOptions, time.Duration, error) {
-	opt := sandbox.CreateOptions{Template: req.Template, Env: req.Env, Metadata: req.Metadata, Runtime: req.Runtime,
+	opt := sandbox.CreateOptions{Template: req.Template, Env: req.Env, Metadata: req.Metadata, Runtime: req.Runtime, AutoPause: req.AutoPause,
 		Names: sandbox.FieldNames{CPUs: "resources.cpus", Memory: "resources.memory_mb", Disk: "resources.disk_mb",
 			Pids: "resources.pids", Timeout: "timeout", PolicyMemory: "security_policy.resource_limits.memory_mb",
 			PolicyDisk: "security_policy.resource_limits.disk_write_mb"}}

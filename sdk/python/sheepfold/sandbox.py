@@ -55,6 +55,7 @@ class Sandbox:
         api_key: Optional[str] = None,
         base_url: Optional[str] = None,
         request_timeout: Optional[float] = None,
+        auto_pause: bool = False,
     ) -> "Sandbox":
         """Create a sandbox.
 
@@ -74,6 +75,9 @@ class Sandbox:
                 InvalidPolicyError naming the field.
             request_timeout: the HTTP timeout in seconds of each API call
                 (default 60; run_code and commands.run use their own).
+            auto_pause: pause the sandbox instead of stopping it when its
+                lifetime (or the server's idle timeout) ends, once it is
+                idle; any request resumes it (E2B's autoPause).
         """
         http = cls._client(api_key, base_url, request_timeout)
         body: Dict[str, Any] = {}
@@ -91,6 +95,8 @@ class Sandbox:
             body["sandbox_config"] = dict(sandbox_config)
         if security_policy is not None:
             body["security_policy"] = dict(security_policy)
+        if auto_pause:
+            body["auto_pause"] = True
         info = SandboxInfo.from_dict(http.post_json("/v1/sandboxes", body))
         return cls(info, http)
 
