@@ -53,6 +53,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		metricsListen string
 	)
 	var autoPauseNotice time.Duration
+	var maxPausedMB int64
 	var idleTimeout, eventRetention, retention, stoppedRetention, shutdownTimeout, drainDelay time.Duration
 	var webhookHosts, webhookCIDRs []string
 	var streamsPerKey, streamsPerAccount, maxStreams, maxConns, uiSessions, pacePerAccount int
@@ -150,6 +151,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				bound.Int("--file-size-upload-mb", uploadMB, 1, bound.MaxMB),
 				bound.Int("--max-sandboxes", int64(maxSandboxes), 0, bound.MaxSandboxes),
 				bound.Int("--max-paused-per-account", int64(maxPaused), 0, bound.MaxSandboxes),
+				bound.Int("--max-paused-mb-per-account", maxPausedMB, 0, bound.MaxMB),
 				bound.Int("--pool", int64(poolSize), 0, bound.MaxSandboxes),
 				bound.Duration("--idle-timeout", idleTimeout, 0, bound.MaxDuration),
 				bound.Duration("--auto-pause-notice", autoPauseNotice, time.Second, bound.MaxDuration),
@@ -239,7 +241,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				return fmt.Errorf("--backend must be local or kubernetes, not %q", backend)
 			}
 			return serve(cmd.Context(), *cfg, ko, listen, metricsListen, server.Config{
-				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, MaxPausedPerAccount: maxPaused, Version: version, Retention: retention,
+				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, MaxPausedPerAccount: maxPaused, MaxPausedBytesPerAccount: maxPausedMB << 20, Version: version, Retention: retention,
 				StoppedRetention: stoppedRetention, Storage: bounds,
 				WebhookAllowHosts: webhookHosts, WebhookAllowCIDRs: webhookCIDRs, Accounts: acfg, Metering: mcfg, NoAccounting: noAccounting,
 				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
@@ -282,6 +284,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().StringToStringVar(&kubeServerPods, "kubernetes-server-pods", nil, "with --backend kubernetes: labels of the server's Pods, the only ones let in to agents (default: any source; TLS admits only the server)")
 	cmd.Flags().Int64Var(&uploadMB, "file-size-upload-mb", 100, "largest file one upload may write, in MiB")
 	cmd.Flags().IntVar(&maxPaused, "max-paused-per-account", 0, "most sandboxes each account keeps paused to disk at once (0: no bound)")
+	cmd.Flags().Int64Var(&maxPausedMB, "max-paused-mb-per-account", 0, "most MiB each account's paused sandboxes keep on the server's disk (checkpoints and kept disks; a pause is counted at its memory and disk when it begins); a pause past it is refused with ERR_STORAGE_QUOTA_EXCEEDED and the sandbox runs on (0: no bound)")
 	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's default, "+strconv.Itoa(sandbox.DefaultMaxSandboxes)+")")
 	cmd.Flags().DurationVar(&autoPauseNotice, "auto-pause-notice", sandbox.DefaultAutoPauseNotice,
 		"how long before an auto_pause sandbox is paused the sandbox.pausing event is sent, and how long it must have been idle (no request, preview traffic or CPU use) to be paused")

@@ -27,18 +27,21 @@ type Figures struct {
 	EgressBytesIn     int64   `json:"egress_bytes_in"`
 	EgressBytesOut    int64   `json:"egress_bytes_out"`
 	StorageGBSeconds  float64 `json:"storage_gb_seconds"`
-	CostMicros        int64   `json:"cost_micros"`
-	Cost              string  `json:"cost"`
+	// PausedGBSeconds is what the sandboxes' checkpoints and kept disks
+	// held while paused (paused.go), charged at the storage price.
+	PausedGBSeconds float64 `json:"paused_gb_seconds"`
+	CostMicros      int64   `json:"cost_micros"`
+	Cost            string  `json:"cost"`
 }
 
 // FiguresOf is d's figures at prices p.
 func FiguresOf(d store.UsageDelta, p Prices) Figures {
 	cpu := float64(d.CPUNanos) / 1e9
-	cost := int64(math.Round(p.Cost(cpu, d.GBSecondsReserved, d.Executions) + d.StorageGBSeconds*p.StorageGBSecond))
+	cost := int64(math.Round(p.Cost(cpu, d.GBSecondsReserved, d.Executions) + (d.StorageGBSeconds+d.PausedGBSeconds)*p.StorageGBSecond))
 	return Figures{SandboxSeconds: float64(d.WallNanos) / 1e9, CPUSeconds: cpu, GBSecondsReserved: d.GBSecondsReserved,
 		GBSecondsUsed: d.GBSecondsUsed, DiskPeakBytes: d.DiskPeakBytes, Executions: d.Executions, Commands: d.Commands, EgressRequests: d.EgressRequests,
 		EgressBytesIn: d.EgressBytesIn, EgressBytesOut: d.EgressBytesOut, StorageGBSeconds: d.StorageGBSeconds,
-		CostMicros: cost, Cost: account.FormatMicros(cost)}
+		PausedGBSeconds: d.PausedGBSeconds, CostMicros: cost, Cost: account.FormatMicros(cost)}
 }
 
 // StorageFigures are an account's storage in a report.
