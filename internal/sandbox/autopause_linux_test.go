@@ -266,3 +266,52 @@ func TestAutoPauseBoundedPutOff(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestAutoPauseIdleTimeout: with the engine's idle timeout, an idle
+// auto-pause sandbox is paused (not stopped) once the timeout passes,
+// long before its lifetime ends, after sandbox.pausing; the control, a
+// sandbox without auto-pause, is stopped "idle".
+func TestAutoPauseIdleTimeout(t *testing.T) {
+	testutil.RequireRoot(t)
+	rootfs := testutil.TemplateRootFS(t, "python")
+	rt, noLeaks := runcRuntime(t)
+	dir := testutil.ShortTempDir(t)
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	log := &typeLog{}
+	m, err := sandbox.New(context.Background(), sandbox.Config{
+		Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), Events: log, AutoPauseNotice: autoNotice, IdleTimeout: 2 * time.Second,
+		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil }),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(context.Background()); err != nil {
+			t.Errorf("close manager: %v", err)
+		}
+		if err := rt.Close(); err != nil {
+			t.Errorf("close runtime: %v", err)
+		}
+		noLeaks()
+	})
+	s := newSandbox(t, m, sandbox.CreateOptions{Timeout: 10 * time.Minute, AutoPause: true})
+	plain := newSandbox(t, m, sandbox.CreateOptions{Timeout: 10 * time.Minute})
+	run(t, s, "python", "x = 42")
+	waitLong(t, "the idle auto-pause", func() bool { return log.count(s.ID, events.SandboxPaused) == 1 })
+	if typs := log.of(s.ID); slices.Index(typs, events.SandboxPausing) < 0 || slices.Index(typs, events.SandboxPausing) > slices.Index(typs, events.SandboxPaused) ||
+		slices.Contains(typs, events.SandboxStopped) {
+		t.Fatalf("events %v: want sandbox.pausing, then sandbox.paused, no sandbox.stopped", typs)
+	}
+	waitLong(t, "the plain sandbox's idle stop", func() bool { return plain.State() == sandbox.StateStopped })
+	if r := plain.Info().StopReason; r != "idle" {
+		t.Errorf("plain sandbox stop reason %q, want idle", r)
+	}
+	if got := stdout(run(t, s, "python", "print(x)")); strings.TrimSpace(got) != "42" {
+		t.Fatalf("after the resume x printed %q", got)
+	}
+	if err := m.Kill(context.Background(), s.ID); err != nil {
+		t.Fatal(err)
+	}
+}
