@@ -6,11 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
@@ -313,5 +315,87 @@ func TestAutoPauseIdleTimeout(t *testing.T) {
 	}
 	if err := m.Kill(context.Background(), s.ID); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestAutoPauseAfterRestart: an auto-paused sandbox left by its engine's
+// Close (KeepPaused) is taken back by the next engine still auto-pause:
+// a request resumes it with its variable and the lifetime of its create,
+// and idle again it is paused again, not stopped.
+func TestAutoPauseAfterRestart(t *testing.T) {
+	testutil.RequireRoot(t)
+	ctx := context.Background()
+	rootfs := testutil.TemplateRootFS(t, "python")
+	state := testutil.ShortTempDir(t)
+	if err := os.Chmod(state, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
+		CgroupParent: testCgroupParent, Instance: "t" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
+	rt, err := oci.New(rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgroup := rt.CgroupPath()
+	dir := testutil.ShortTempDir(t)
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	log := &typeLog{}
+	cfg := sandbox.Config{Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), KeepPaused: true, Events: log, AutoPauseNotice: autoNotice,
+		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })}
+	first, err := sandbox.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const life = 3 * time.Second
+	s, err := first.Create(ctx, sandbox.CreateOptions{Timeout: life, AutoPause: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, s, "python", "x = 41 + 1")
+	waitLong(t, "the auto-pause", func() bool { return log.count(s.ID, events.SandboxPaused) == 1 })
+	if err := first.Close(ctx); err != nil {
+		t.Fatalf("close the first engine: %v", err)
+	}
+	if err := rt.Close(); err != nil {
+		t.Fatalf("close the first runtime: %v", err)
+	}
+	rt2, err := oci.New(rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Runtime = rt2
+	m, err := sandbox.New(ctx, cfg)
+	if err != nil {
+		rt2.Close()
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := m.Close(ctx); err != nil {
+			t.Errorf("close the second engine: %v", err)
+		}
+		if err := rt2.Close(); err != nil {
+			t.Errorf("close the second runtime: %v", err)
+		}
+		assertNoLeaks(t, state, rcfg.Instance, cgroup)
+	}()
+	s2, err := m.Get(s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Kill(ctx, s.ID)
+	if !s2.AutoPause() {
+		t.Fatal("the sandbox taken back is no longer auto-pause")
+	}
+	if got := stdout(run(t, s2, "python", "print(x)")); strings.TrimSpace(got) != "42" {
+		t.Fatalf("after the restart and resume x printed %q", got)
+	}
+	if left := time.Until(s2.Deadline()); left < life-time.Second || left > life {
+		t.Errorf("lifetime after the resume: %v left, want about %v", left, life)
+	}
+	waitLong(t, "the auto-pause under the second engine", func() bool { return log.count(s.ID, events.SandboxPaused) == 2 })
+	if n := log.count(s.ID, events.SandboxStopped); n != 0 {
+		t.Fatalf("the sandbox was stopped: %v", log.of(s.ID))
 	}
 }
