@@ -27,6 +27,8 @@ type Sandbox struct {
 	// Usage is what the sandbox uses now, when asked for (?usage=1, for
 	// running sandboxes; nil otherwise).
 	Usage *LiveUsage `json:"usage,omitempty"`
+	// AutoPause says the sandbox pauses instead of stopping at its end.
+	AutoPause bool `json:"auto_pause,omitempty"`
 }
 
 // LiveUsage is what a running sandbox uses now (schema Sandbox.usage):
@@ -76,6 +78,9 @@ type CreateSandbox struct {
 	// sandbox from: its processes, memory and files, and the template,
 	// resources, environment and policy it recorded.
 	Snapshot string `json:"snapshot,omitempty"`
+	// AutoPause pauses the sandbox instead of stopping it when its
+	// lifetime or the idle timeout ends, once it is idle.
+	AutoPause bool `json:"auto_pause,omitempty"`
 }
 
 // VolumeMount mounts one of the account's volumes at Path (absolute,

@@ -18,8 +18,11 @@ type UsageFigures struct {
 	// StorageGBSeconds is what the account kept in the server's
 	// database over time (in the total, and in groups by hour or day).
 	StorageGBSeconds float64 `json:"storage_gb_seconds"`
-	CostMicros       int64   `json:"cost_micros"`
-	Cost             string  `json:"cost"`
+	// PausedGBSeconds is what paused sandboxes' checkpoints and kept
+	// disks held over time, charged at the storage price.
+	PausedGBSeconds float64 `json:"paused_gb_seconds"`
+	CostMicros      int64   `json:"cost_micros"`
+	Cost            string  `json:"cost"`
 }
 
 // StorageFigures are an account's storage in a usage report (schema

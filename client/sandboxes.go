@@ -53,6 +53,11 @@ type CreateSandboxRequest struct {
 	// Template, Resources, Env, SandboxConfig, SecurityPolicy and Runtime
 	// must be left empty.
 	Snapshot string
+	// AutoPause pauses the sandbox instead of stopping it when its
+	// lifetime (or the server's idle timeout) ends, once it is idle: no
+	// request, no preview traffic, no CPU in use. Any request resumes it,
+	// with its lifetime again. The server must be able to pause.
+	AutoPause bool
 }
 
 type sandboxConfigJSON struct {
@@ -74,6 +79,7 @@ type createJSON struct {
 	Runtime       string             `json:"runtime,omitempty"`
 	VolumeMounts  []VolumeMount      `json:"volume_mounts,omitempty"`
 	Snapshot      string             `json:"snapshot,omitempty"`
+	AutoPause     bool               `json:"auto_pause,omitempty"`
 }
 
 // resourcesJSON is Resources as a request sends them: its zero fields
@@ -103,7 +109,7 @@ func secs(d time.Duration) float64 { return math.Ceil(d.Seconds()*1000) / 1000 }
 func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*Sandbox, error) {
 	body := createJSON{Template: req.Template, Timeout: secs(req.Timeout),
 		Env: req.Env, Metadata: req.Metadata, Policy: req.SecurityPolicy, Runtime: req.Runtime,
-		VolumeMounts: req.VolumeMounts, Snapshot: req.Snapshot}
+		VolumeMounts: req.VolumeMounts, Snapshot: req.Snapshot, AutoPause: req.AutoPause}
 	if r := req.Resources; r != nil {
 		body.Resources = &resourcesJSON{CPUs: r.CPUs, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids}
 	}

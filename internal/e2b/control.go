@@ -156,7 +156,15 @@ type newSandbox struct {
 	IAM *struct {
 		Tokens map[string]e2bIAMToken `json:"tokens"`
 	} `json:"iam"`
-	AutoPause    *bool           `json:"autoPause"`
+	// AutoPause pauses the sandbox at its timeout instead of killing it
+	// (internal/sandbox, autopause.go); AutoPauseMemory false (a
+	// filesystem-only snapshot) has no equivalent; AutoResume's enabled
+	// is what every paused sandbox does here (a request resumes it).
+	AutoPause       *bool `json:"autoPause"`
+	AutoPauseMemory *bool `json:"autoPauseMemory"`
+	AutoResume      *struct {
+		Enabled *bool `json:"enabled"`
+	} `json:"autoResume"`
 	MCP          json.RawMessage `json:"mcp"`
 	VolumeMounts []volumeMount   `json:"volumeMounts"`
 	// CPUCount, MemoryMB and DiskSizeMB (E2B's names in a sandbox's
@@ -321,11 +329,14 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 	if err != nil {
 		return err
 	}
+	autoPause := req.AutoPause != nil && *req.AutoPause
 	switch {
-	case req.AutoPause != nil && *req.AutoPause:
-		return badRequest("pausing sandboxes is not supported by this server")
+	case req.AutoPauseMemory != nil && !*req.AutoPauseMemory:
+		return badRequest("autoPauseMemory false (a filesystem-only pause) is not supported by this server: an auto-pause keeps the memory")
+	case req.AutoResume != nil && req.AutoResume.Enabled != nil && *req.AutoResume.Enabled && !autoPause:
+		return badRequest("autoResume needs autoPause")
 	}
-	opt := sandbox.CreateOptions{Template: req.TemplateID, Timeout: def, Env: req.EnvVars, Metadata: req.Metadata,
+	opt := sandbox.CreateOptions{Template: req.TemplateID, Timeout: def, Env: req.EnvVars, Metadata: req.Metadata, AutoPause: autoPause,
 		Names: sandbox.FieldNames{CPUs: "cpuCount", Memory: "memoryMB", Disk: "diskSizeMB", Timeout: "timeout"}}
 	for _, v := range req.VolumeMounts {
 		opt.Volumes = append(opt.Volumes, sandbox.VolumeMount{Name: v.Name, Path: v.Path})
@@ -505,6 +516,10 @@ func (h *Handler) get(w http.ResponseWriter, r *http.Request, owner string) erro
 	keyID, _ := r.Context().Value(keyIDKey).(string)
 	d := detailJSON{listedJSON: h.listedOf(sb), Domain: h.domain(r.Context()), EnvdAccessToken: h.issue(sb.ID, keyID), AllowInternetAccess: sb.NetworkMode() != policy.NetworkNone}
 	d.Lifecycle.OnTimeout = "kill"
+	if sb.AutoPause() {
+		// Paused at its timeout; any request resumes it.
+		d.Lifecycle.OnTimeout, d.Lifecycle.AutoResume = "pause", true
+	}
 	writeJSON(w, http.StatusOK, d)
 	return nil
 }

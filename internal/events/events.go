@@ -67,10 +67,13 @@ type Type string
 
 // The event types.
 const (
-	SandboxCreated    Type = "sandbox.created"
-	SandboxStopped    Type = "sandbox.stopped"
-	SandboxPaused     Type = "sandbox.paused"
-	SandboxResumed    Type = "sandbox.resumed"
+	SandboxCreated Type = "sandbox.created"
+	SandboxStopped Type = "sandbox.stopped"
+	SandboxPaused  Type = "sandbox.paused"
+	SandboxResumed Type = "sandbox.resumed"
+	// SandboxPausing: an auto-pause sandbox will be paused at pause_at
+	// unless it is active by then (Details: pause_at, reason, notice_ms).
+	SandboxPausing    Type = "sandbox.pausing"
 	ExecutionStarted  Type = "execution.started"
 	ExecutionFinished Type = "execution.finished"
 	SecurityViolation Type = "security_violation"
@@ -87,7 +90,7 @@ const (
 // OpenAPI document's EventType enum).
 func Types() []Type {
 	return []Type{SandboxCreated, SandboxStopped, ExecutionStarted, ExecutionFinished, SecurityViolation,
-		ResourceExceeded, PolicyChanged, AlertCreated, SecretUsed, SandboxPaused, SandboxResumed}
+		ResourceExceeded, PolicyChanged, AlertCreated, SecretUsed, SandboxPaused, SandboxResumed, SandboxPausing}
 }
 
 // Known reports whether t is one of the event types: the types a filter

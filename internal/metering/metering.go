@@ -393,11 +393,11 @@ func (m *Meter) sample(t *tracker, stop bool) {
 		return
 	}
 	if t.paused {
-		// A paused sandbox uses nothing but its disk (metered with the
-		// account's storage): its wall and memory stand still.
-		t.last = time.Now()
-		t.stopped = t.stopped || stop
+		// A paused sandbox uses nothing but the server's disk (its
+		// checkpoint and kept disk, metered as paused storage:
+		// paused.go): its wall and memory stand still.
 		m.mu.Unlock()
+		m.samplePaused(t, stop)
 		return
 	}
 	// Only the lease's holder reads (leases.go); the others count.

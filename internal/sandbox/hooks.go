@@ -38,6 +38,11 @@ type Hooks struct {
 	// sandbox runs on. Concurrent pauses each see the others as paused,
 	// so that a bound counted here is never passed.
 	AdmitPause func(s *Sandbox) error
+	// AdmitResume is asked before a sandbox paused to its checkpoint is
+	// restored (not a frozen one: its memory is still held): an error
+	// refuses the resume, returned to the caller as is, and the sandbox
+	// stays paused as it was, nothing of it restored (pausedbytes.go).
+	AdmitResume func(s *Sandbox) error
 	// AgentCall observes each host→agent call: its operation and the time
 	// from request to Done (metrics). It must be cheap: it runs on every
 	// call's path.
@@ -65,6 +70,13 @@ func (m *Manager) agentCall(op string, d time.Duration) {
 func (m *Manager) admitPause(s *Sandbox) error {
 	if h := m.hooks.Load(); h != nil && h.AdmitPause != nil {
 		return h.AdmitPause(s)
+	}
+	return nil
+}
+
+func (m *Manager) admitResume(s *Sandbox) error {
+	if h := m.hooks.Load(); h != nil && h.AdmitResume != nil {
+		return h.AdmitResume(s)
 	}
 	return nil
 }

@@ -51,6 +51,9 @@ type keptRecord struct {
 	LeftMS   int64             `json:"left_ms"` // the lifetime it has left
 	Policy   *policy.Policy    `json:"policy,omitempty"`
 	Paused   time.Time         `json:"paused"`
+	// AutoLifeMS, when set, is the lifetime of an auto-pause sandbox
+	// (autopause.go): it pauses again when that ends.
+	AutoLifeMS int64 `json:"auto_life_ms,omitempty"`
 }
 
 // writeKept records the paused sandbox in its checkpoint's directory dir.
@@ -59,6 +62,9 @@ func (s *Sandbox) writeKept(dir string, left time.Duration) error {
 	rec := keptRecord{Version: keptVersion, ID: s.ID, Template: s.Template, Limits: s.Limits, ReadOnly: s.ReadOnly,
 		Env: s.Env, Metadata: s.Metadata, Created: s.Created, Owner: s.owner, LeftMS: left.Milliseconds(),
 		Policy: s.pol.pol, Paused: time.Now().UTC()}
+	if s.auto.on {
+		rec.AutoLifeMS = s.auto.life.Milliseconds()
+	}
 	s.mu.Unlock()
 	j, err := json.Marshal(rec)
 	if err != nil {
@@ -174,6 +180,10 @@ func (m *Manager) takeBackOne(ctx context.Context, id string) (*Sandbox, error) 
 		announced: true, // in the run that created it: its stop is reported
 	}
 	close(s.created)
+	if rec.AutoLifeMS > 0 {
+		s.auto.on, s.auto.life = true, time.Duration(rec.AutoLifeMS)*time.Millisecond
+		m.startAutoLoop()
+	}
 	s.lastActive = time.Now()
 	s.timer = time.AfterFunc(s.left, func() { s.m.expire(s) })
 	s.timer.Stop() // Resume starts it again

@@ -51,8 +51,13 @@ type Config struct {
 	// IdleTimeout stops a sandbox that has been idle this long: no request
 	// in flight or made, and under 1% of a CPU used by its processes (so a
 	// silent long job is not idle). 0 turns the idle stop off.
-	IdleTimeout  time.Duration
-	AgentTimeout time.Duration // how long a new agent may take to answer [10s]
+	IdleTimeout time.Duration
+	// AutoPauseNotice is how long before an auto-pause (CreateOptions.
+	// AutoPause) sandbox.pausing is sent, and how long an auto-pause
+	// sandbox must have been idle to be paused (autopause.go)
+	// [DefaultAutoPauseNotice].
+	AutoPauseNotice time.Duration
+	AgentTimeout    time.Duration // how long a new agent may take to answer [10s]
 	// RetryInterval is the first wait before a failed destroy is tried
 	// again; it doubles up to a minute [1s] (reap.go).
 	RetryInterval time.Duration
@@ -139,6 +144,9 @@ func (c *Config) setDefaults() error {
 	if c.MaxSandboxes <= 0 {
 		c.MaxSandboxes = DefaultMaxSandboxes
 	}
+	if c.AutoPauseNotice <= 0 {
+		c.AutoPauseNotice = DefaultAutoPauseNotice
+	}
 	if c.AgentTimeout <= 0 {
 		c.AgentTimeout = 10 * time.Second
 	}
@@ -222,6 +230,9 @@ type Manager struct {
 	pool   *pool          // nil when Config.PoolSize is 0
 	reaps  sync.WaitGroup // background destroys (reap.go)
 	hooks  atomic.Pointer[Hooks]
+	// autoOnce starts the auto-pause loop at the first auto-pause
+	// sandbox (autopause.go).
+	autoOnce sync.Once
 
 	resultsOnce sync.Once
 	results     *budget // every execution's results held at once (budget.go)
@@ -296,10 +307,14 @@ type CreateOptions struct {
 	// options must be those the snapshotted sandbox was made with
 	// (snapshot.go).
 	Snapshot string
+	// AutoPause pauses the sandbox instead of stopping it when its
+	// lifetime ends or it is idle past IdleTimeout, once it is idle
+	// (autopause.go). The engine must be able to pause (CanPause).
+	AutoPause bool
 }
 
-// Create starts a sandbox and returns once its agent answers.
-func (m *Manager) Create(ctx context.Context, opt CreateOptions) (*Sandbox, error) {
+// create starts a sandbox and returns once its agent answers (Create).
+func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, error) {
 	if opt.Template == "" {
 		opt.Template = m.cfg.DefaultTemplate
 	}
@@ -564,7 +579,7 @@ func (m *Manager) expire(s *Sandbox) {
 	early := time.Now().Before(s.deadline) // SetTimeout moved it as the timer fired
 	paused := s.state == StatePaused       // paused as the timer fired: its lifetime stands still
 	s.mu.Unlock()
-	if early || paused {
+	if early || paused || m.expireAuto(s) {
 		return
 	}
 	if m.cfg.Shared {
@@ -759,7 +774,7 @@ func (m *Manager) idleLoop(every time.Duration) {
 				g.Go(func() error {
 					ctx, cancel := context.WithTimeout(m.ctx, idleCheckTimeout)
 					defer cancel()
-					if s.idleSince(ctx, now, every) > m.cfg.IdleTimeout {
+					if s.idleSince(ctx, now, every) > m.cfg.IdleTimeout && !s.AutoPause() { // the auto-pause loop's
 						m.log.Info("sandbox idle", "sandbox", s.ID, "idle_timeout", m.cfg.IdleTimeout)
 						go m.destroy(s, "idle")
 					}

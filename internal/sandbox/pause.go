@@ -227,11 +227,14 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := s.m.admitResume(s); err != nil {
+		return err // it stays paused (pausedbytes.go)
+	}
 	began := time.Now()
 	dir := s.m.checkpointPath(s.ID)
 	inst, err := cp.Restore(context.WithoutCancel(ctx), s.ID, dir)
 	if err != nil {
-		return apierr.Wrap(err, apierr.Internal, "could not resume sandbox %s; it stays paused", s.ID)
+		return resumeErr(s.ID, err)
 	}
 	agent := newAgentClient(inst, s.m.agentCall, s.m.log.With("sandbox", s.ID))
 	// The caller going away does not undo the restore.

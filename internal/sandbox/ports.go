@@ -53,7 +53,7 @@ func (s *Sandbox) DialPort(ctx context.Context, port int) (net.Conn, error) {
 	case nc == nil:
 		return nil, agentError(ev)
 	}
-	return nc, nil
+	return &activeConn{Conn: nc, s: s}, nil
 }
 
 // connect sends req, an op that turns the agent connection into a byte

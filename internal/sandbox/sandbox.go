@@ -92,6 +92,7 @@ type Sandbox struct {
 	left       time.Duration // the lifetime a paused sandbox has left (pause.go)
 	frozen     bool          // paused by the freezer, memory kept (pause.go)
 	kept       bool          // paused, and left by Close to the next engine (keep.go)
+	auto       autoState     // auto-pause (autopause.go)
 }
 
 // Info is a snapshot of a sandbox for listings.
@@ -104,6 +105,7 @@ type Info struct {
 	Limits     runtime.Limits    `json:"limits"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	StopReason string            `json:"stop_reason,omitempty"`
+	AutoPause  bool              `json:"auto_pause,omitempty"` // autopause.go
 }
 
 // Info returns a snapshot of the sandbox.
@@ -116,7 +118,7 @@ func (s *Sandbox) Info() Info {
 	}
 	return Info{
 		ID: s.ID, Template: s.Template, State: s.state, Created: s.Created,
-		Deadline: deadline, Limits: s.Limits, Metadata: s.Metadata, StopReason: s.stopReason,
+		Deadline: deadline, Limits: s.Limits, Metadata: s.Metadata, StopReason: s.stopReason, AutoPause: s.auto.on,
 	}
 }
 

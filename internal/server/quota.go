@@ -29,9 +29,10 @@ type tenant struct {
 func (s *Server) installHooks() {
 	h := sandbox.Hooks{AgentCall: s.metrics.AgentCallDone}
 	h.Pausing, h.Resumed = s.sandboxPausing, s.sandboxResumed // paused.go: the record, the meter
-	if s.cfg.MaxPausedPerAccount > 0 {
-		h.AdmitPause = s.admitPause
+	if s.cfg.MaxPausedPerAccount > 0 || s.cfg.MaxPausedBytesPerAccount > 0 {
+		h.AdmitPause = s.admitPausing // pausedbytes.go
 	}
+	h.Resumed, h.AdmitResume = s.sandboxResumedHolds, s.admitResume
 	if !s.cfg.NoAccounting {
 		h.Admit, h.Stopping = s.admitWork, s.sandboxStopping
 	}

@@ -60,7 +60,7 @@ func sandboxFromInfo(in sandbox.Info) api.Sandbox {
 		md = map[string]string{}
 	}
 	return api.Sandbox{ID: in.ID, Template: in.Template, State: string(in.State), CreatedAt: in.Created.UTC(),
-		ExpiresAt: in.Deadline.UTC(), Resources: resourcesOf(in.Limits), Metadata: md, StopReason: in.StopReason}
+		ExpiresAt: in.Deadline.UTC(), Resources: resourcesOf(in.Limits), Metadata: md, StopReason: in.StopReason, AutoPause: in.AutoPause}
 }
 
 func sandboxFromRecord(rec store.Sandbox) api.Sandbox {
@@ -120,7 +120,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 // returns the engine's options and the execution timeout
 // (sandbox_config.max_execution_time).
 func (s *Server) createOptions(req api.CreateSandbox) (sandbox.CreateOptions, time.Duration, error) {
-	opt := sandbox.CreateOptions{Template: req.Template, Env: req.Env, Metadata: req.Metadata, Runtime: req.Runtime,
+	opt := sandbox.CreateOptions{Template: req.Template, Env: req.Env, Metadata: req.Metadata, Runtime: req.Runtime, AutoPause: req.AutoPause,
 		Names: sandbox.FieldNames{CPUs: "resources.cpus", Memory: "resources.memory_mb", Disk: "resources.disk_mb",
 			Pids: "resources.pids", Timeout: "timeout", PolicyMemory: "security_policy.resource_limits.memory_mb",
 			PolicyDisk: "security_policy.resource_limits.disk_write_mb"}}

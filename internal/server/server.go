@@ -264,6 +264,10 @@ type Config struct {
 	// MaxSnapshotsPerAccount bounds each account's snapshots
 	// [DefaultMaxSnapshotsPerAccount] (snapshots.go).
 	MaxSnapshotsPerAccount int
+	// MaxPausedBytesPerAccount bounds the bytes each account's sandboxes
+	// paused to disk hold on the server's disk (checkpoints and kept
+	// disks); 0: no bound (pausedbytes.go).
+	MaxPausedBytesPerAccount int64
 	// MaxTimeout is the longest lifetime a sandbox may be given [24h].
 	MaxTimeout time.Duration
 	// Version, Runtime and Cgroups are reported by /v1/version.
@@ -546,6 +550,7 @@ type Server struct {
 	paces    *paces         // each account's requests paced (pace.go)
 	conns    *shedConns     // the bound of open connections (conns.go)
 	tenants  sync.Map       // sandbox id → *tenant (quota.go)
+	paused   pausedHolds    // what pauses in flight and paused sandboxes reserve (pausedbytes.go)
 	tenantMu sync.Mutex     // guards tenant.released
 	alerts   *alerts.Alerts // internal/alerts: raised by callers and rules
 	// flushes counts the metering flushes this server finished (with

@@ -49,6 +49,9 @@ type UsageDelta struct {
 	// (StorageStore.StorageUsage): a report adds it, with no sandbox;
 	// usage_hours has no such column.
 	StorageGBSeconds float64
+	// PausedGBSeconds is what the sandbox's checkpoint and kept disk
+	// held while it was paused, over time (internal/metering).
+	PausedGBSeconds float64
 }
 
 // Add adds d's figures to u's (the disk figure is a high-water mark);
@@ -65,6 +68,7 @@ func (u *UsageDelta) Add(d UsageDelta) {
 	u.EgressBytesIn += d.EgressBytesIn
 	u.EgressBytesOut += d.EgressBytesOut
 	u.StorageGBSeconds += d.StorageGBSeconds
+	u.PausedGBSeconds += d.PausedGBSeconds
 }
 
 // UsageRow is usage summed over a group: Key is the group's value (an

@@ -297,3 +297,35 @@ test("the mcp option: 'Failed to start MCP gateway', and no sandbox left running
   const left = await Sandbox.list({ query: { metadata: tag, state: ['running'] } }).nextItems()
   assert.deepEqual(left, [], 'the sandbox was left running')
 })
+
+// Auto-pause: lifecycle onTimeout 'pause' (the SDK's autoPause) pauses an
+// idle sandbox at its timeout instead of killing it, and getInfo says so;
+// connect resumes it with its files and connect's timeout. Where the
+// server cannot pause (Kubernetes), the create is refused.
+test('lifecycle onTimeout pause: an idle sandbox is paused at its timeout; connect resumes it', T, async () => {
+  let sbx
+  try {
+    sbx = track(
+      await Sandbox.create({ metadata: meta({ case: 'autopause' }), timeoutMs: 3_000, lifecycle: { onTimeout: 'pause', autoResume: true } })
+    )
+  } catch (e) {
+    // Only a server that cannot pause at all (Kubernetes) may refuse it.
+    assert.match(String(e.message), /cannot pause sandboxes/i, `a refused auto-pause says why: ${e.message}`)
+    return
+  }
+  await sbx.files.write('/home/user/auto-pause.txt', 'kept')
+  const info = await sbx.getInfo()
+  assert.equal(info.lifecycle?.onTimeout, 'pause', `lifecycle ${JSON.stringify(info.lifecycle)}`)
+  const paused = await eventually(async () => (await Sandbox.getInfo(sbx.sandboxId)).state === 'paused', {
+    timeoutMs: 90_000,
+    intervalMs: 500,
+  })
+  assert.equal(paused, true, 'the idle sandbox was not paused at its timeout')
+
+  const back = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 60_000 })
+  const again = await back.getInfo()
+  assert.equal(again.state, 'running')
+  const left = again.endAt - Date.now()
+  assert.ok(left > 50_000 && left <= 61_000, `endAt is ${left} ms away after connect({timeoutMs: 60000})`)
+  assert.equal(await back.files.read('/home/user/auto-pause.txt'), 'kept')
+})

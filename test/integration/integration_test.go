@@ -153,8 +153,9 @@ timeout_seconds = 30
 	}
 	// The webhook receivers of the tests (Go and Python) are on loopback,
 	// which the operator must allow.
+	// A short auto-pause notice: test/e2b's auto-pause case waits for it.
 	cmd := exec.Command(s.bin, "--data-dir", dir, "serve", "--listen", addr, "--config", config, "--preview-domain", "localhost",
-		"--webhook-allow-cidr", "127.0.0.0/8")
+		"--webhook-allow-cidr", "127.0.0.0/8", "--auto-pause-notice", "2s")
 	cmd.Env = append(os.Environ(), "SCRIPTED_MODEL_KEY=sk-scripted")
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log

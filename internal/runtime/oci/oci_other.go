@@ -40,6 +40,9 @@ func (*OCI) Clone(context.Context, runtime.Spec, string) (*runtime.Instance, err
 }
 func (*OCI) Freeze(context.Context, string) error { return runtime.ErrUnsupported }
 func (*OCI) Thaw(context.Context, string) error   { return runtime.ErrUnsupported }
+func (*OCI) DiskUsed(context.Context, string) (int64, error) {
+	return 0, runtime.ErrUnsupported
+}
 
 // CheckDisks fails: disks of their own need Linux.
 func CheckDisks() error { return fmt.Errorf("%w: disks need Linux", runtime.ErrUnsupported) }

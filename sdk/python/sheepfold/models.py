@@ -152,6 +152,8 @@ class SandboxInfo:
     # With usage=True: cpu_seconds and memory_bytes on a listing, every
     # figure for one sandbox (the server's names); None otherwise.
     usage: Optional[Dict[str, Any]] = None
+    # Whether it pauses instead of stopping at its end (auto_pause).
+    auto_pause: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -176,6 +178,7 @@ class SandboxInfo:
             metadata=dict(d.get("metadata") or {}),
             stop_reason=d.get("stop_reason") or None,
             usage=dict(d["usage"]) if isinstance(d.get("usage"), Mapping) else None,
+            auto_pause=bool(d.get("auto_pause")),
             raw=dict(d),
         )
 

@@ -58,6 +58,7 @@ class Sandbox:
         base_url: Optional[str] = None,
         request_timeout: Optional[float] = None,
         snapshot: Optional[str] = None,
+        auto_pause: bool = False,
     ) -> "Sandbox":
         """Create a sandbox.
 
@@ -85,6 +86,9 @@ class Sandbox:
                 (create_snapshot): its processes, memory and files, with
                 the template, resources, environment and policy it
                 recorded (so leave those unset).
+            auto_pause: pause the sandbox instead of stopping it when its
+                lifetime (or the server's idle timeout) ends, once it is
+                idle; any request resumes it (E2B's autoPause).
         """
         http = cls._client(api_key, base_url, request_timeout)
         body: Dict[str, Any] = {}
@@ -106,6 +110,8 @@ class Sandbox:
             body["security_policy"] = dict(security_policy)
         if volume_mounts:
             body["volume_mounts"] = [m.to_dict() if isinstance(m, VolumeMount) else dict(m) for m in volume_mounts]
+        if auto_pause:
+            body["auto_pause"] = True
         info = SandboxInfo.from_dict(http.post_json("/v1/sandboxes", body))
         return cls(info, http)
 

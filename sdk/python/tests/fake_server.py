@@ -318,7 +318,7 @@ class Handler(BaseHTTPRequestHandler):
             req = rec.json() or {}
         except ValueError:
             return err("ERR_BAD_REQUEST", "malformed JSON", 400)
-        allowed = {"template", "timeout", "resources", "env", "metadata", "sandbox_config", "snapshot"}
+        allowed = {"template", "timeout", "resources", "env", "metadata", "sandbox_config", "snapshot", "auto_pause"}
         unknown = set(req) - allowed
         if unknown:
             return err("ERR_BAD_REQUEST", f"unknown field {sorted(unknown)[0]!r}", 400)
@@ -336,6 +336,8 @@ class Handler(BaseHTTPRequestHandler):
               "created_at": NOW, "expires_at": LATER,
               "resources": req.get("resources") or {"cpus": 1, "memory_mb": 512, "disk_mb": 256, "pids": 256},
               "metadata": req.get("metadata") or {}}
+        if req.get("auto_pause"):
+            sb["auto_pause"] = True
         self.server.sandboxes[sid] = sb
         self.server.files[sid] = {}
         self.server.dirs[sid] = {"/home/user"}

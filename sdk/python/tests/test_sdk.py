@@ -80,6 +80,12 @@ class TestSandboxLifecycle(FakeServerTest):
         self.assertEqual(sb.info.created_at, datetime(2026, 12, 2, 10, 0, 0, 123456, tzinfo=timezone.utc))
         sb.kill()
 
+    def test_create_auto_pause(self) -> None:
+        sb = Sandbox.create(auto_pause=True)
+        self.assertEqual(self.server.calls("POST", "/v1/sandboxes")[0].json(), {"auto_pause": True})
+        self.assertTrue(sb.info.auto_pause)
+        self.assertFalse(self.sandbox().info.auto_pause)
+
     def test_create_minimal_sends_empty_object(self) -> None:
         sb = self.sandbox()
         self.assertEqual(self.server.calls("POST", "/v1/sandboxes")[0].json(), {})
