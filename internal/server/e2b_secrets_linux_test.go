@@ -2,18 +2,25 @@ package server_test
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+
 	"github.com/sheepfold/sheepfold/internal/egress"
+	"github.com/sheepfold/sheepfold/internal/identity"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 )
@@ -188,5 +195,101 @@ print(os.environ["OPENAI_API_KEY"], ` + calls + `, sep=" | ")
 				t.Errorf("a value is in the %s", where)
 			}
 		}
+	}
+}
+
+// lateIdentity is the gateways' minter, set once the server exists.
+type lateIdentity struct{ egress.Identity }
+
+// TestE2BIdentityInjected: a real sandbox created through the E2B surface
+// with E2B's workload identity (iam.tokens.aws, audience
+// sts.amazonaws.com) and a rule whose Authorization holds
+// ${e2b.identity.tokens.aws}: its request to api.test reaches the server
+// with a token the gateway minted, which verifies against the served JWKS
+// with that audience and the sandbox as its subject; the sandbox holds no
+// token, and its own header holding E2B's placeholder is refused (403
+// ERR_SECRET_MISDIRECTED), even to the rule's host.
+func TestE2BIdentityInjected(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Get("Authorization"))
+		mu.Unlock()
+		fmt.Fprint(w, "ok")
+	})}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+	srv := netip.MustParseAddrPort(ln.Addr().String())
+	api := netip.MustParseAddr("203.0.113.10")
+	is, err := identity.Load("https://sheepfold.example/", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	late, lateID := &lateSecrets{}, &lateIdentity{}
+	e := runcEnvWith(t, server.Config{Identity: is}, func(c *sandbox.Config) {
+		c.Egress.Secrets = late
+		c.Egress.Identity = lateID
+		c.Egress.Test = &egress.TestNet{
+			Hosts:  map[string][]netip.Addr{"api.test": {api}},
+			Routes: map[netip.AddrPort]netip.AddrPort{netip.AddrPortFrom(api, 80): srv},
+		}
+	})
+	res := server.NewEgressSecrets(e.store, e.srv.Secrets(), nil)
+	t.Cleanup(res.Close)
+	late.Secrets, lateID.Identity = res, server.NewEgressIdentity(res, is)
+
+	const placeholder = "${e2b.identity.tokens.aws}"
+	sb := e.e2bCreate(e.keyA, map[string]any{"templateID": "python", "timeout": 120,
+		"iam": map[string]any{"tokens": map[string]any{"aws": map[string]string{"audience": "sts.amazonaws.com", "tokenType": "JWT-SVID"}}},
+		"network": map[string]any{"allowOut": []string{"api.test"}, "rules": map[string]any{"api.test": []any{map[string]any{
+			"transform": map[string]any{"headers": map[string]string{"Authorization": "Bearer " + placeholder}}}}}}})
+	t.Cleanup(func() { e.e2bDo("DELETE", "/sandboxes/"+sb.ID, e.keyA, nil) })
+	code := `
+import urllib.request, urllib.error
+def send(headers):
+    req = urllib.request.Request("http://api.test/v1/x", data=b"{}", headers=headers)
+    try:
+        return urllib.request.urlopen(req, timeout=10).read().decode()
+    except urllib.error.HTTPError as e:
+        return "%d %s" % (e.code, e.read().decode().split(":")[0])
+print(send({}), send({"X-Token": "` + placeholder + `"}), sep=" | ")
+`
+	r := e.do("POST", "/v1/sandboxes/"+sb.ID+"/execute", e.keyA, map[string]any{"code": code})
+	want(t, r, http.StatusOK, "")
+	if got := strings.TrimSpace(r.json(t)["stdout"].(string)); got != "ok | 403 ERR_SECRET_MISDIRECTED" {
+		t.Fatalf("the sandbox saw %q", got)
+	}
+	mu.Lock()
+	got := slices.Clone(seen)
+	mu.Unlock()
+	if len(got) != 1 || !strings.HasPrefix(got[0], "Bearer ey") {
+		t.Fatalf("the server got %q", got)
+	}
+	r = e.do("GET", "/.well-known/jwks.json", "", nil)
+	want(t, r, http.StatusOK, "")
+	var set jose.JSONWebKeySet
+	if err := json.Unmarshal(r.body, &set); err != nil || len(set.Keys) != 1 {
+		t.Fatalf("JWKS %s: %v", r.body, err)
+	}
+	p, err := jwt.ParseSigned(strings.TrimPrefix(got[0], "Bearer "), []jose.SignatureAlgorithm{jose.ES256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var std jwt.Claims
+	if err := p.Claims(set.Keys[0].Key, &std); err != nil {
+		t.Fatalf("the token does not verify against the served JWKS: %v", err)
+	}
+	rec, err := e.store.GetSandbox(context.Background(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := std.Validate(jwt.Expected{Issuer: "https://sheepfold.example", Subject: "account:" + rec.Owner + ":sandbox:" + sb.ID,
+		AnyAudience: jwt.Audience{"sts.amazonaws.com"}}); err != nil {
+		t.Fatalf("claims %+v: %v", std, err)
 	}
 }
