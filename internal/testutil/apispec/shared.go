@@ -13,6 +13,7 @@ var Shared = []Entry{
 	{V: api.LiveUsage{}, Schema: "Sandbox.usage"},
 	{V: api.Pressure{}, Schema: "Sandbox.usage.pressure"},
 	{V: api.CreateSandbox{}, Schema: "CreateSandbox"},
+	{V: api.VolumeMount{}, Schema: "VolumeMount"},
 	{V: api.PolicyAnswer{}, Schema: "PolicyAnswer"},
 	{V: api.Port{}, Schema: "Port"},
 	{V: api.PortList{}, Schema: "PortList"},
