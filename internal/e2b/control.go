@@ -65,6 +65,10 @@ func (h *Handler) controlMux() http.Handler {
 	add("POST /v2/sandboxes/{id}/connect", h.connect)
 	add("POST /sandboxes/{id}/resume", h.connect)
 	add("POST /sandboxes/{id}/pause", h.pause)
+	add("POST /volumes", h.createVolume)
+	add("GET /volumes", h.listVolumes)
+	add("GET /volumes/{volumeID}", h.getVolume)
+	add("DELETE /volumes/{volumeID}", h.deleteVolume)
 	// Signed file URLs arrive without sandbox headers.
 	h.route("", "GET /files", "POST /files")
 	mux.Handle("/files", writeDeadlines(http.HandlerFunc(h.signedFiles), h.cfg.WriteTimeout))

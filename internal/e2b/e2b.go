@@ -356,6 +356,7 @@ func Handles(r *http.Request) bool {
 	p := r.URL.Path
 	return p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
 		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
+		p == "/volumes" || strings.HasPrefix(p, "/volumes/") || // volumes.go
 		p == "/files" // signed file URLs carry no sandbox header
 }
 
