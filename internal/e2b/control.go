@@ -54,6 +54,11 @@ func (h *Handler) controlMux() http.Handler {
 	add("POST /v2/sandboxes", func(w http.ResponseWriter, r *http.Request, o string) error {
 		return h.create(w, r, o, defaultTimeoutV2)
 	})
+	// E2B's Volume API (volumes.go).
+	add("POST /volumes", h.createVolume)
+	add("GET /volumes", h.listVolumes)
+	add("GET /volumes/{volumeID}", h.getVolume)
+	add("DELETE /volumes/{volumeID}", h.deleteVolume)
 	add("GET /sandboxes", h.listV1)
 	add("GET /v2/sandboxes", h.listV2)
 	add("GET /sandboxes/{id}", h.get)
@@ -65,10 +70,6 @@ func (h *Handler) controlMux() http.Handler {
 	add("POST /v2/sandboxes/{id}/connect", h.connect)
 	add("POST /sandboxes/{id}/resume", h.connect)
 	add("POST /sandboxes/{id}/pause", h.pause)
-	add("POST /volumes", h.createVolume)
-	add("GET /volumes", h.listVolumes)
-	add("GET /volumes/{volumeID}", h.getVolume)
-	add("DELETE /volumes/{volumeID}", h.deleteVolume)
 	// Signed file URLs arrive without sandbox headers.
 	h.route("", "GET /files", "POST /files")
 	mux.Handle("/files", writeDeadlines(http.HandlerFunc(h.signedFiles), h.cfg.WriteTimeout))
