@@ -54,6 +54,11 @@ func (h *Handler) controlMux() http.Handler {
 	add("POST /v2/sandboxes", func(w http.ResponseWriter, r *http.Request, o string) error {
 		return h.create(w, r, o, defaultTimeoutV2)
 	})
+	// E2B's Volume API (volumes.go).
+	add("POST /volumes", h.createVolume)
+	add("GET /volumes", h.listVolumes)
+	add("GET /volumes/{volumeID}", h.getVolume)
+	add("DELETE /volumes/{volumeID}", h.deleteVolume)
 	add("GET /sandboxes", h.listV1)
 	add("GET /v2/sandboxes", h.listV2)
 	add("GET /sandboxes/{id}", h.get)

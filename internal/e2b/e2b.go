@@ -365,6 +365,9 @@ func Handles(r *http.Request) bool {
 		return true
 	}
 	p := r.URL.Path
+	if p == "/volumes" || strings.HasPrefix(p, "/volumes/") { // volumes.go
+		return true
+	}
 	return p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
 		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
 		p == "/secrets" || strings.HasPrefix(p, "/secrets/") ||

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
 	"github.com/sheepfold/sheepfold/internal/volume"
@@ -166,40 +167,52 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
-	if err := checkVolumeName(req.Name); err != nil {
-		return err
-	}
-	lim := s.cfg.Volumes
-	size := lim.DefaultMB
+	size := s.cfg.Volumes.DefaultMB
 	if req.SizeMB != nil {
 		size = *req.SizeMB
 	}
-	if size < minVolumeMB || size > lim.MaxVolumeMB {
-		return &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": "size_mb"},
-			Message: fmt.Sprintf("size_mb must be between %d and %d", minVolumeMB, lim.MaxVolumeMB)}
-	}
-	own := owner(r)
-	v := store.Volume{Owner: own, Name: req.Name, ID: newVolumeID(), SizeBytes: size << 20, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
-	// The record first: it takes the name and the account's room in one
-	// step; the storage after it, and the record goes again if that fails.
-	switch err := s.store.CreateVolume(r.Context(), v, lim.MaxPerAccount, lim.MaxAccountMB<<20); {
-	case errors.Is(err, store.ErrExists):
-		return apierr.New(apierr.Conflict, "volume %q already exists", req.Name)
-	case errors.Is(err, store.ErrLimit):
-		return apierr.New(apierr.StorageQuotaExceeded,
-			"this account may keep %d volumes of %d MiB in all; delete one to make room", lim.MaxPerAccount, lim.MaxAccountMB)
-	case err != nil:
+	v, err := s.makeVolume(r.Context(), owner(r), req.Name, size)
+	if err != nil {
 		return err
 	}
-	if err := s.engine.MakeVolume(context.WithoutCancel(r.Context()), v.ID, v.SizeBytes); err != nil {
-		if derr := s.store.DeleteVolume(context.WithoutCancel(r.Context()), own, v.Name); derr != nil {
-			s.log.Error("forget a volume that could not be made", "volume", v.ID, "err", derr)
-		}
-		return err
-	}
-	s.log.Info("volume created", "owner", own, "volume", v.ID, "size_mb", size)
 	writeJSON(w, http.StatusCreated, volumeOut(v))
 	return nil
+}
+
+// makeVolume makes own's volume name of size MiB (/v1 and E2B's).
+func (s *Server) makeVolume(ctx context.Context, own, name string, size int64) (store.Volume, error) {
+	if s.store == nil {
+		return store.Volume{}, errNoVolumes
+	}
+	if err := checkVolumeName(name); err != nil {
+		return store.Volume{}, err
+	}
+	lim := s.cfg.Volumes
+	if size < minVolumeMB || size > lim.MaxVolumeMB {
+		return store.Volume{}, &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": "size_mb"},
+			Message: fmt.Sprintf("size_mb must be between %d and %d", minVolumeMB, lim.MaxVolumeMB)}
+	}
+	v := store.Volume{Owner: own, Name: name, ID: newVolumeID(), SizeBytes: size << 20, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+	// The record first: it takes the name and the account's room in one
+	// step; the storage after it, and the record goes again if that fails.
+	ctx = context.WithoutCancel(ctx)
+	switch err := s.store.CreateVolume(ctx, v, lim.MaxPerAccount, lim.MaxAccountMB<<20); {
+	case errors.Is(err, store.ErrExists):
+		return v, apierr.New(apierr.Conflict, "volume %q already exists", name)
+	case errors.Is(err, store.ErrLimit):
+		return v, apierr.New(apierr.StorageQuotaExceeded,
+			"this account may keep %d volumes of %d MiB in all; delete one to make room", lim.MaxPerAccount, lim.MaxAccountMB)
+	case err != nil:
+		return v, err
+	}
+	if err := s.engine.MakeVolume(ctx, v.ID, v.SizeBytes); err != nil {
+		if derr := s.store.DeleteVolume(ctx, own, v.Name); derr != nil {
+			s.log.Error("forget a volume that could not be made", "volume", v.ID, "err", derr)
+		}
+		return v, err
+	}
+	s.log.Info("volume created", "owner", own, "volume", v.ID, "size_mb", size)
+	return v, nil
 }
 
 func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {
@@ -235,12 +248,21 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) error {
-	own := owner(r)
-	v, err := s.volume(r.Context(), own, r.PathValue("name"))
+	if err := s.removeVolume(r.Context(), owner(r), r.PathValue("name")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// removeVolume deletes own's volume name and its contents (/v1 and
+// E2B's).
+func (s *Server) removeVolume(ctx context.Context, own, name string) error {
+	v, err := s.volume(ctx, own, name)
 	if err != nil {
 		return err
 	}
-	ctx := context.WithoutCancel(r.Context())
+	ctx = context.WithoutCancel(ctx)
 	if err := s.engine.RemoveVolume(ctx, v.ID, v.Name); err != nil {
 		return err
 	}
@@ -248,8 +270,42 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.log.Info("volume deleted", "owner", own, "volume", v.ID)
-	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// E2B's Volume API (internal/e2b, volumes.go) over the same volumes: a
+// volume's E2B id is its name.
+
+var _ e2b.VolumeBackend = e2bBackend{}
+
+// CreateVolume implements e2b.VolumeBackend, at the default size.
+func (b e2bBackend) CreateVolume(ctx context.Context, owner, name string) error {
+	_, err := b.s.makeVolume(ctx, owner, name, b.s.cfg.Volumes.DefaultMB)
+	return err
+}
+
+// Volumes implements e2b.VolumeBackend.
+func (b e2bBackend) Volumes(ctx context.Context, owner string) ([]string, error) {
+	if b.s.store == nil {
+		return nil, errNoVolumes
+	}
+	l, err := b.s.store.ListVolumes(ctx, owner)
+	out := make([]string, 0, len(l))
+	for _, v := range l {
+		out = append(out, v.Name)
+	}
+	return out, err
+}
+
+// Volume implements e2b.VolumeBackend.
+func (b e2bBackend) Volume(ctx context.Context, owner, name string) error {
+	_, err := b.s.volume(ctx, owner, name)
+	return err
+}
+
+// DeleteVolume implements e2b.VolumeBackend.
+func (b e2bBackend) DeleteVolume(ctx context.Context, owner, name string) error {
+	return b.s.removeVolume(ctx, owner, name)
 }
 
 // A volume's files without a sandbox: read, write, list and remove, by

@@ -174,3 +174,51 @@ func TestVolumeFilesAPI(t *testing.T) {
 	want(t, e.do("DELETE", base+"?path=/in", e.keyA, nil), http.StatusNoContent, "")
 	want(t, e.do("GET", base+"?path=/in/a.txt", e.keyA, nil), http.StatusNotFound, "ERR_NOT_FOUND")
 }
+
+// TestE2BVolumes: E2B's Volume API over the account's volumes: create,
+// list, get, mount by name, no delete while mounted, another account's
+// not found.
+func TestE2BVolumes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{Volumes: server.VolumeLimits{DefaultMB: 8}})
+	r := e.e2bDo("POST", "/volumes", e.keyA, map[string]any{"name": "e2b-data"})
+	if r.status != http.StatusCreated {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	if m := r.json(t); m["volumeID"] != "e2b-data" || m["name"] != "e2b-data" {
+		t.Fatalf("create: %s", r.body)
+	}
+	if r := e.e2bDo("POST", "/volumes", e.keyA, map[string]any{"name": "e2b-data"}); r.status != http.StatusConflict {
+		t.Fatalf("create twice: %d %s", r.status, r.body)
+	}
+	if r := e.e2bDo("GET", "/volumes", e.keyA, nil); r.status != 200 || string(bytes.TrimSpace(r.body)) != `[{"volumeID":"e2b-data","name":"e2b-data"}]` {
+		t.Fatalf("list: %d %s", r.status, r.body)
+	}
+	if r := e.do("GET", "/v1/volumes/e2b-data", e.keyA, nil); r.status != 200 || r.json(t)["size_mb"] != 8.0 {
+		t.Fatalf("the same volume through /v1: %d %s", r.status, r.body)
+	}
+	for _, m := range []string{"GET", "DELETE"} {
+		if r := e.e2bDo(m, "/volumes/e2b-data", e.keyB, nil); r.status != http.StatusNotFound {
+			t.Fatalf("%s of another account's volume: %d %s", m, r.status, r.body)
+		}
+	}
+	if r := e.e2bDo("GET", "/volumes", e.keyB, nil); r.status != 200 || string(bytes.TrimSpace(r.body)) != `[]` {
+		t.Fatalf("B's list: %d %s", r.status, r.body)
+	}
+	sb := e.e2bCreate(e.keyA, map[string]any{"templateID": "base", "volumeMounts": []map[string]any{{"name": "e2b-data", "path": "/mnt/data"}}})
+	if r := e.e2bDo("DELETE", "/volumes/e2b-data", e.keyA, nil); r.status != http.StatusConflict {
+		t.Fatalf("delete while mounted: %d %s", r.status, r.body)
+	}
+	if r := e.e2bDo("DELETE", "/sandboxes/"+sb.ID, e.keyA, nil); r.status != http.StatusNoContent {
+		t.Fatalf("kill: %d %s", r.status, r.body)
+	}
+	if r := e.e2bDo("GET", "/volumes/e2b-data", e.keyA, nil); r.status != 200 {
+		t.Fatalf("get: %d %s", r.status, r.body)
+	}
+	if r := e.e2bDo("DELETE", "/volumes/e2b-data", e.keyA, nil); r.status != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", r.status, r.body)
+	}
+	if r := e.e2bDo("GET", "/volumes/e2b-data", e.keyA, nil); r.status != http.StatusNotFound {
+		t.Fatalf("get after the delete: %d %s", r.status, r.body)
+	}
+}

@@ -225,6 +225,16 @@
 //     a failed one leaves the sandbox running, a failed restore leaves it
 //     checkpointed. Not yet: sandboxes with a network (ErrUnsupported).
 //
+//   - Persistent volumes (runtime.Volumes, volume_linux.go): an ext4
+//     image of the volume's size with a journal under Config.VolumesDir,
+//     mounted on the host at first use and kept mounted; a sandbox that
+//     mounts one gets an idmapped clone of its root for the sandbox's id
+//     range (read-only when asked), attached at the bundle's volumes/<i>
+//     (0710, the sandbox's host group: a restore's CRIU opens it) and
+//     bound by runc at its path. A destroy detaches the attachments
+//     before anything of the bundle is removed; a checkpointed sandbox
+//     keeps them, and its restore binds them again.
+//
 //   - Freeze and thaw (runtime.Freezer, freeze_linux.go): `runc pause`
 //     and `runc resume`, the cgroup freezer; memory and host objects stay.
 //     The kill of a destroy thaws a hybrid host's v1 freezer after
