@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,10 +77,7 @@ func newEnv(t testing.TB, cfg server.Config, opts ...func(*sandbox.Config)) *env
 		t.Fatal(err)
 	}
 	rt := &fake.Runtime{AgentBin: agentBin, Dir: testutil.ShortTempDir(t)}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
+	log := testLog(t)
 	bus := events.NewBus(server.EventStore(st), events.BusConfig{Logger: log})
 	cfg.Events = bus
 	scfg := sandbox.Config{Runtime: rt, Logger: log, Events: bus,
@@ -230,3 +228,42 @@ func (e *env) create(key string, body any) string {
 func (e *env) home(id string) string {
 	return filepath.Join(e.rt.Dir, id, "root", "home", "user")
 }
+
+// testLog is the tests' logger: everything on stderr with -v, else a
+// failureLog.
+func testLog(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return failureLog(t)
+}
+
+// failureLog is a logger of warnings and errors that the test prints
+// (their last 64 KiB) only if it fails: a failure in CI then says what
+// the server and the engine saw, where a quiet run prints nothing.
+func failureLog(t testing.TB) *slog.Logger {
+	var mu sync.Mutex
+	var buf []byte
+	w := writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		buf = append(buf, p...)
+		if n := len(buf) - 64<<10; n > 0 {
+			buf = append(buf[:0], buf[n:]...)
+		}
+		return len(p), nil
+	})
+	t.Cleanup(func() {
+		if t.Failed() {
+			mu.Lock()
+			defer mu.Unlock()
+			t.Logf("the server's and the engine's warnings and errors (the last 64 KiB):\n%s", buf)
+		}
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// writerFunc is an io.Writer of a function.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

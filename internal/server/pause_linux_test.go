@@ -42,7 +42,7 @@ func runcEnvWith(t *testing.T, cfg server.Config, opts ...func(*sandbox.Config))
 		t.Fatal(err)
 	}
 	rt, err := oci.New(oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
-		CgroupParent: "sheepfold-test", Instance: "srv" + strings.ToLower(t.Name()[4:9])})
+		CgroupParent: "sheepfold-test", Instance: "srv" + strings.ToLower(t.Name()[4:9]), Logger: testLog(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
