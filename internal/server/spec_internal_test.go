@@ -110,7 +110,7 @@ func TestEveryWireTypeChecked(t *testing.T) {
 	exempt := map[string]string{
 		"listCursor":      "the inside of an opaque cursor, not a wire object",
 		"recordResources": "a column of the store, not the wire",
-		"snapshotRecord":  "a snapshot's record on the server's disk (snapshot.json), not the wire; snapshotJSON is its wire form",
+		"snapshotRecord":  "a snapshot's record on disk (snapshot.json), not the wire",
 		"Report":          "checked inside usageReport, which embeds it with the model tokens",
 		"Claims":          "a token's signed payload (internal/identity), not an API object",
 	}
