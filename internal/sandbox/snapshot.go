@@ -73,6 +73,14 @@ func (s *Sandbox) Snapshot(ctx context.Context, dir string) error {
 	agent.conns.closeAll() // an open connection fails the dump
 	began := time.Now()
 	err = sn.Snapshot(context.WithoutCancel(ctx), s.ID, dir)
+	if err != nil && !errors.Is(err, runtime.ErrUnsupported) {
+		// As a pause's dump (pause.go): CRIU sometimes cannot seize a
+		// task caught by the freezer as it forks or exits; a failed
+		// snapshot left the sandbox running and removed its directory,
+		// and a second attempt finds it past that.
+		s.m.log.Warn("snapshot failed; trying once more", "sandbox", s.ID, "err", err)
+		err = sn.Snapshot(context.WithoutCancel(ctx), s.ID, dir)
+	}
 	s.runAgain(left)
 	if errors.Is(err, runtime.ErrUnsupported) {
 		return apierr.Wrap(err, apierr.NotSupported, "sandbox %s cannot be snapshotted: %v", s.ID, err)

@@ -353,6 +353,16 @@ func (o *OCI) criuRestore(ctx context.Context, id, b string, spec *specs.Spec, i
 	}
 	pidFile := filepath.Join(b, "init.pid")
 	_ = os.Remove(pidFile)
+	// CRIU mounts its cgroup yard (.criu.cgyard.*: a tmpfs and the
+	// cgroup hierarchies) in the work dir, in the host's mount namespace,
+	// and now and then leaves it mounted: nothing may stay mounted
+	// there, and removing the work dir through such mounts would reach
+	// into the host's cgroups.
+	defer func() {
+		if err := unmountUnder(work); err != nil {
+			o.cfg.Logger.Error("unmount what CRIU left in its work dir", "id", id, "dir", work, "err", err)
+		}
+	}()
 	cmd := o.runcCriu(ctx, "restore", "--bundle", b, "--image-path", imgDir, "--work-path", work, "--tcp-established", "--file-locks",
 		"--detach", "--pid-file", pidFile, id)
 	// runc passes its environment on to CRIU: our CRIU makes the new user

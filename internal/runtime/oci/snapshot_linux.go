@@ -138,7 +138,12 @@ func (o *OCI) Snapshot(ctx context.Context, id, dir string) (err error) {
 	}()
 	frozen := time.Now()
 	cmd := o.runcCriu(ctx, "checkpoint", "--leave-running", "--image-path", imgs, "--work-path", imgs, "--tcp-established", "--file-locks", id)
-	if out, err := cmd.CombinedOutput(); err != nil {
+	out, err := cmd.CombinedOutput()
+	// Nothing CRIU mounted in its work dir may stay (criuRestore).
+	if uerr := unmountUnder(imgs); uerr != nil {
+		return fmt.Errorf("unmount what CRIU left in %s: %w", imgs, uerr)
+	}
+	if err != nil {
 		return fmt.Errorf("%s checkpoint: %w: %s%s", o.Name(), err, tail(out), criuErrors(filepath.Join(imgs, "dump.log")))
 	}
 	dumped := time.Now()

@@ -154,3 +154,43 @@ func TestCloneFailureLeavesNothing(t *testing.T) {
 		t.Errorf("control clone: %q", out)
 	}
 }
+
+// TestRestoreUnmountsCriuYard: CRIU mounts its cgroup yard in the
+// restore's work dir, in the host's mount namespace, and now and then
+// leaves it there (seen after clones under load): a restore (a clone's
+// or a resume's, criuRestore) unmounts whatever is mounted under its work
+// dir. Here such a leftover is mounted before the restore; none is left
+// after it.
+func TestRestoreUnmountsCriuYard(t *testing.T) {
+	ctx := context.Background()
+	const id = "yard"
+	o, inst := checkpointable(t, "yard", id, runtime.Limits{MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 64 << 20})
+	defer destroyChecked(t, o, id)
+	execPython(t, inst.Socket, `x = 1`)
+	dir := filepath.Join(checkpointsDir(t), id)
+	if err := o.Checkpoint(ctx, id, dir); err != nil {
+		t.Fatal(err)
+	}
+	yard := filepath.Join(dir, ".criu.cgyard.test")
+	if err := os.Mkdir(yard, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("none", yard, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(yard, unix.MNT_DETACH)
+	inst, err := o.Restore(ctx, id, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(mounts), yard) {
+		t.Errorf("%s is still mounted after the restore", yard)
+	}
+	if out := execPython(t, inst.Socket, `print(x)`); strings.TrimSpace(out) != "1" {
+		t.Errorf("after the restore: %q", out)
+	}
+}
