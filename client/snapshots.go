@@ -3,27 +3,13 @@ package client
 import (
 	"context"
 	"net/url"
-	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 // Snapshot is a saved sandbox (its processes, memory and files) that new
 // sandboxes start from (CreateSandboxRequest.Snapshot).
-type Snapshot struct {
-	Name      string    `json:"name"`
-	SandboxID string    `json:"sandbox_id"` // the sandbox it was taken of
-	Template  string    `json:"template"`
-	Resources Resources `json:"resources"`
-	CreatedAt time.Time `json:"created_at"`
-	SizeBytes int64     `json:"size_bytes"` // on the server's disk
-}
-
-type snapshotRequestJSON struct {
-	Name string `json:"name"`
-}
-
-type snapshotListJSON struct {
-	Snapshots []Snapshot `json:"snapshots"`
-}
+type Snapshot = api.Snapshot
 
 // CreateSnapshot saves the running sandbox id under name (unique in the
 // account) while it runs on. ErrConflict: the name is taken;
@@ -31,12 +17,12 @@ type snapshotListJSON struct {
 // ErrNotSupported: the server cannot, or the sandbox has a network.
 func (c *Client) CreateSnapshot(ctx context.Context, id, name string) (*Snapshot, error) {
 	var s Snapshot
-	return &s, c.call(ctx, request{method: "POST", path: sandboxPath(id, "snapshots"), json: snapshotRequestJSON{Name: name}}, &s)
+	return &s, c.call(ctx, request{method: "POST", path: sandboxPath(id, "snapshots"), json: api.SnapshotRequest{Name: name}}, &s)
 }
 
 // ListSnapshots lists the account's snapshots, oldest first.
 func (c *Client) ListSnapshots(ctx context.Context) ([]Snapshot, error) {
-	var out snapshotListJSON
+	var out api.SnapshotList
 	return out.Snapshots, c.call(ctx, request{method: "GET", path: "/v1/snapshots"}, &out)
 }
 
@@ -52,29 +38,16 @@ func (c *Client) DeleteSnapshot(ctx context.Context, name string) error {
 	return c.call(ctx, request{method: "DELETE", path: "/v1/snapshots/" + url.PathEscape(name)}, nil)
 }
 
-type forkRequestJSON struct {
-	Count int `json:"count"`
-}
-
-type forkResultJSON struct {
-	Sandboxes []Sandbox `json:"sandboxes"`
-}
-
 // Diff is what a fork added, changed and deleted in its files since it
 // was forked from Against (paths inside the sandbox, sorted).
-type Diff struct {
-	Against string   `json:"against"`
-	Added   []string `json:"added"`
-	Changed []string `json:"changed"`
-	Deleted []string `json:"deleted"`
-}
+type Diff = api.Diff
 
 // Fork makes count (1 to 8) independent copies of the running sandbox
 // id, with its processes, memory and files, each a new sandbox of its
 // own; the parent runs on.
 func (c *Client) Fork(ctx context.Context, id string, count int) ([]Sandbox, error) {
-	var out forkResultJSON
-	return out.Sandboxes, c.call(ctx, request{method: "POST", path: sandboxPath(id, "fork"), json: forkRequestJSON{Count: count}}, &out)
+	var out api.ForkResult
+	return out.Sandboxes, c.call(ctx, request{method: "POST", path: sandboxPath(id, "fork"), json: api.ForkRequest{Count: &count}}, &out)
 }
 
 // DiffSandbox lists what the fork id changed in its files since it was
@@ -87,18 +60,10 @@ func (c *Client) DiffSandbox(ctx context.Context, id, parent string) (*Diff, err
 
 // Adopted is what AdoptFork copied into the parent, deleted from it and
 // left (with why).
-type Adopted struct {
-	Parent  string         `json:"parent"`
-	Copied  []string       `json:"copied"`
-	Deleted []string       `json:"deleted"`
-	Skipped []AdoptSkipped `json:"skipped"`
-}
+type Adopted = api.AdoptResult
 
 // AdoptSkipped is a path AdoptFork left, and why.
-type AdoptSkipped struct {
-	Path   string `json:"path"`
-	Reason string `json:"reason"`
-}
+type AdoptSkipped = api.AdoptSkipped
 
 // AdoptFork copies the fork id's changes since the fork (DiffSandbox)
 // into its parent: files and directories it added or changed are written

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net/url"
-	"time"
 
 	"github.com/sheepfold/sheepfold/api"
 )
@@ -13,14 +12,7 @@ import (
 // SizeMB that its sandboxes mount when they start
 // (CreateSandboxRequest.VolumeMounts) and that outlives them. UsedBytes,
 // TotalBytes and MountedBy are set by GetVolume only.
-type Volume struct {
-	Name       string    `json:"name"`
-	SizeMB     int64     `json:"size_mb"`
-	CreatedAt  time.Time `json:"created_at"`
-	UsedBytes  *int64    `json:"used_bytes,omitempty"`
-	TotalBytes *int64    `json:"total_bytes,omitempty"`
-	MountedBy  []string  `json:"mounted_by,omitempty"` // the live sandboxes that mount it
-}
+type Volume = api.Volume
 
 // VolumeMount mounts a volume at Path (absolute, not in a system
 // directory) in a new sandbox. ReadOnly mounts it read-only; Shared lets
@@ -28,18 +20,13 @@ type Volume struct {
 // at a time otherwise: ErrVolumeInUse).
 type VolumeMount = api.VolumeMount
 
-type volumeJSON struct {
-	Name   string `json:"name"`
-	SizeMB int64  `json:"size_mb,omitempty"`
-}
-
 // CreateVolume makes a volume of sizeMB (0: the server's default, 1024)
 // in the caller's account. ErrConflict when the name is taken,
 // ErrStorageQuotaExceeded past the account's volumes, ErrNotSupported on
 // a server whose runtime keeps none.
 func (c *Client) CreateVolume(ctx context.Context, name string, sizeMB int64) (*Volume, error) {
 	var v Volume
-	if err := c.call(ctx, request{method: "POST", path: "/v1/volumes", json: volumeJSON{Name: name, SizeMB: sizeMB}}, &v); err != nil {
+	if err := c.call(ctx, request{method: "POST", path: "/v1/volumes", json: volumeRequest(name, sizeMB)}, &v); err != nil {
 		return nil, err
 	}
 	return &v, nil
@@ -75,13 +62,7 @@ func (c *Client) DeleteVolume(ctx context.Context, name string) error {
 
 // VolumeFile is a file or directory of a volume (the file calls below,
 // which need no sandbox).
-type VolumeFile struct {
-	Name    string    `json:"name"`
-	Path    string    `json:"path"` // from the volume's root
-	Type    string    `json:"type"` // "file", "dir", "symlink" or "other"
-	Size    int64     `json:"size"`
-	ModTime time.Time `json:"mod_time"`
-}
+type VolumeFile = api.VolumeFile
 
 func volumeFilesPath(name string) string { return "/v1/volumes/" + url.PathEscape(name) + "/files" }
 
@@ -123,4 +104,14 @@ func (c *Client) ListVolumeFiles(ctx context.Context, name, path string) ([]Volu
 // of volume name, without a sandbox.
 func (c *Client) RemoveVolumeFile(ctx context.Context, name, path string) error {
 	return c.call(ctx, request{method: "DELETE", path: volumeFilesPath(name), query: url.Values{"path": {path}}}, nil)
+}
+
+// volumeRequest is a create's body: a size of 0 is left out, for the
+// server's default.
+func volumeRequest(name string, sizeMB int64) api.VolumeRequest {
+	r := api.VolumeRequest{Name: name}
+	if sizeMB != 0 {
+		r.SizeMB = &sizeMB
+	}
+	return r
 }

@@ -41,24 +41,6 @@ const MaxForks = 8
 // forksDir is, under the snapshot dir, where forks' snapshots are kept.
 const forksDir = ".forks"
 
-// forkRequest is POST /v1/sandboxes/{id}/fork's body.
-type forkRequest struct {
-	Count *int `json:"count"`
-}
-
-// forkJSON is its answer.
-type forkJSON struct {
-	Sandboxes []api.Sandbox `json:"sandboxes"`
-}
-
-// diffJSON is GET /v1/sandboxes/{id}/diff's answer.
-type diffJSON struct {
-	Against string   `json:"against"`
-	Added   []string `json:"added"`
-	Changed []string `json:"changed"`
-	Deleted []string `json:"deleted"`
-}
-
 // forkOf is what the server knows of a fork: its parent and the
 // snapshot it started from.
 type forkOf struct {
@@ -73,7 +55,7 @@ func (s *Server) forkRoutes(add addFunc) {
 }
 
 func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
-	var req forkRequest
+	var req api.ForkRequest
 	if err := decodeJSON(w, r, &req, true); err != nil {
 		return err
 	}
@@ -93,7 +75,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := forkJSON{Sandboxes: make([]api.Sandbox, 0, count)}
+	out := api.ForkResult{Sandboxes: make([]api.Sandbox, 0, count)}
 	for _, sb := range made {
 		out.Sandboxes = append(out.Sandboxes, sandboxFromInfo(sb.Info()))
 	}
@@ -249,25 +231,8 @@ func (s *Server) diffSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, diffJSON{Against: against, Added: ch.Added, Changed: ch.Changed, Deleted: ch.Deleted})
+	writeJSON(w, http.StatusOK, api.Diff{Against: against, Added: ch.Added, Changed: ch.Changed, Deleted: ch.Deleted})
 	return nil
-}
-
-// adoptJSON is POST /v1/sandboxes/{id}/adopt's answer: what was copied
-// into the parent, deleted from it, and left (a symlink or special file,
-// which the file calls cannot make; or a path the parent refused, with
-// why).
-type adoptJSON struct {
-	Parent  string         `json:"parent"`
-	Copied  []string       `json:"copied"`
-	Deleted []string       `json:"deleted"`
-	Skipped []adoptSkipped `json:"skipped"`
-}
-
-// adoptSkipped is a path adopt left, and why.
-type adoptSkipped struct {
-	Path   string `json:"path"`
-	Reason string `json:"reason"`
 }
 
 // adoptSandbox copies a fork's changes since the fork (its diff) into
@@ -304,9 +269,9 @@ func (s *Server) adoptSandbox(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	root := sandbox.AsUser("root")
-	out := adoptJSON{Parent: f.parent, Copied: []string{}, Deleted: []string{}, Skipped: []adoptSkipped{}}
+	out := api.AdoptResult{Parent: f.parent, Copied: []string{}, Deleted: []string{}, Skipped: []api.AdoptSkipped{}}
 	skip := func(p string, err error) {
-		out.Skipped = append(out.Skipped, adoptSkipped{Path: p, Reason: apierr.From(err).Message})
+		out.Skipped = append(out.Skipped, api.AdoptSkipped{Path: p, Reason: apierr.From(err).Message})
 	}
 	// Deletions first, deepest first: a path deleted and made again as
 	// another type is then written afresh.
@@ -341,7 +306,7 @@ func (s *Server) adoptSandbox(w http.ResponseWriter, r *http.Request) error {
 				continue
 			}
 		default:
-			out.Skipped = append(out.Skipped, adoptSkipped{Path: p, Reason: fi.Type + ": only files and directories are copied"})
+			out.Skipped = append(out.Skipped, api.AdoptSkipped{Path: p, Reason: fi.Type + ": only files and directories are copied"})
 			continue
 		}
 		out.Copied = append(out.Copied, p)

@@ -89,28 +89,8 @@ type snapshotRecord struct {
 	SizeBytes     int64             `json:"size_bytes"`
 }
 
-// snapshotJSON is a snapshot as the API shows it.
-type snapshotJSON struct {
-	Name      string        `json:"name"`
-	SandboxID string        `json:"sandbox_id"`
-	Template  string        `json:"template"`
-	Resources api.Resources `json:"resources"`
-	CreatedAt time.Time     `json:"created_at"`
-	SizeBytes int64         `json:"size_bytes"`
-}
-
-// snapshotListJSON is GET /v1/snapshots's answer.
-type snapshotListJSON struct {
-	Snapshots []snapshotJSON `json:"snapshots"`
-}
-
-// snapshotRequest is POST /v1/sandboxes/{id}/snapshots's body.
-type snapshotRequest struct {
-	Name string `json:"name"`
-}
-
-func (rec snapshotRecord) json() snapshotJSON {
-	return snapshotJSON{Name: rec.Name, SandboxID: rec.Sandbox, Template: rec.Template, Resources: resourcesOf(rec.Limits),
+func (rec snapshotRecord) json() api.Snapshot {
+	return api.Snapshot{Name: rec.Name, SandboxID: rec.Sandbox, Template: rec.Template, Resources: resourcesOf(rec.Limits),
 		CreatedAt: rec.CreatedAt.UTC(), SizeBytes: rec.SizeBytes}
 }
 
@@ -231,7 +211,7 @@ func sourceOf(b *box) snapshotRecord {
 }
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) error {
-	var req snapshotRequest
+	var req api.SnapshotRequest
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
@@ -351,7 +331,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := snapshotListJSON{Snapshots: []snapshotJSON{}}
+	out := api.SnapshotList{Snapshots: []api.Snapshot{}}
 	for _, rec := range recs {
 		out.Snapshots = append(out.Snapshots, rec.json())
 	}

@@ -8,7 +8,6 @@ import (
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/metrics"
 	"github.com/sheepfold/sheepfold/internal/testutil/apispec"
-	"github.com/sheepfold/sheepfold/internal/volume"
 )
 
 // wireTypes is every type the server reads from or writes to the wire,
@@ -26,18 +25,7 @@ var wireTypes = []apispec.Entry{
 	{V: pathRequest{}, Schema: "PathRequest"},
 	{V: moveRequest{}, Schema: "MoveRequest"},
 	{V: pauseRequest{}, Schema: "PauseRequest"},
-	{V: snapshotJSON{}, Schema: "Snapshot"},
-	{V: snapshotListJSON{}, Schema: "SnapshotList"},
-	{V: snapshotRequest{}, Schema: "SnapshotRequest"},
-	{V: forkRequest{}, Schema: "ForkRequest"},
-	{V: forkJSON{}, Schema: "ForkResult"},
-	{V: diffJSON{}, Schema: "Diff"},
-	{V: adoptJSON{}, Schema: "AdoptResult"},
-	{V: adoptSkipped{}, Schema: "AdoptSkipped"},
 	{V: timeoutRequest{}, Schema: "SetTimeout"},
-	{V: volumeRequest{}, Schema: "VolumeRequest"},
-	{V: volumeJSON{}, Schema: "Volume"},
-	{V: volume.Entry{}, Schema: "VolumeFile"},
 	{V: metering.Prices{}, Schema: "Prices"},
 	// What the server's own packages put on the wire.
 	{V: identity.JWK{}, Schema: "JWKS.keys[]"},

@@ -76,24 +76,8 @@ func (s *Server) volumeRoutes(add addFunc) {
 // errNoVolumes answers on a server without a store (tests of routes).
 var errNoVolumes = apierr.New(apierr.StorageUnavailable, "this server keeps no volumes: it has no store")
 
-// volumeJSON is a volume as the API shows it; UsedBytes and MountedBy
-// only in a GET of one volume.
-type volumeJSON struct {
-	Name       string    `json:"name"`
-	SizeMB     int64     `json:"size_mb"`
-	CreatedAt  time.Time `json:"created_at"`
-	UsedBytes  *int64    `json:"used_bytes,omitempty"`
-	TotalBytes *int64    `json:"total_bytes,omitempty"`
-	MountedBy  []string  `json:"mounted_by,omitempty"`
-}
-
-func volumeOut(v store.Volume) volumeJSON {
-	return volumeJSON{Name: v.Name, SizeMB: v.SizeBytes >> 20, CreatedAt: v.CreatedAt}
-}
-
-type volumeRequest struct {
-	Name   string `json:"name"`
-	SizeMB *int64 `json:"size_mb"`
+func volumeOut(v store.Volume) api.Volume {
+	return api.Volume{Name: v.Name, SizeMB: v.SizeBytes >> 20, CreatedAt: v.CreatedAt}
 }
 
 func volumeMounts(in []api.VolumeMount) []sandbox.VolumeMount {
@@ -163,7 +147,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) error {
 	if s.store == nil {
 		return errNoVolumes
 	}
-	var req volumeRequest
+	var req api.VolumeRequest
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
@@ -223,7 +207,7 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]volumeJSON, 0, len(l))
+	out := make([]api.Volume, 0, len(l))
 	for _, v := range l {
 		out = append(out, volumeOut(v))
 	}

@@ -15,7 +15,8 @@
 // never by a host path. What the host creates takes the volume's owner
 // (the sandboxes' "user"), so that sandboxes write it too.
 //
-// Imports: the standard library and x/sys/unix only.
+// Imports: the standard library, x/sys/unix, and api (its entries are
+// api.VolumeFile).
 package volume
 
 import (
@@ -29,16 +30,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
 // Entry is a file or directory of a volume.
-type Entry struct {
-	Name    string    `json:"name"`
-	Path    string    `json:"path"` // from the volume's root, e.g. /data/a.csv
-	Type    string    `json:"type"` // "file", "dir", "symlink" or "other"
-	Size    int64     `json:"size"`
-	ModTime time.Time `json:"mod_time"`
-}
+type Entry = api.VolumeFile
 
 // Errors, for the caller to map.
 var (
