@@ -695,3 +695,27 @@ func criuErrors(log string) string {
 	}
 	return " (criu: " + strings.Join(lines, "; ") + ")"
 }
+
+// claimPoll is how often claimWait tries the claim again.
+const claimPoll = 5 * time.Millisecond
+
+// claimWait claims sandbox id as claim does, waiting, until ctx ends,
+// for an operation that holds it (a checkpoint or snapshot whose CRIU
+// dump takes a few hundred ms, up to its 10 s freeze timeout) to end:
+// Destroy must not fail because a dump was running, which would leave
+// the sandbox's processes, mounts and cgroups behind.
+func (o *OCI) claimWait(ctx context.Context, id string) error {
+	t := time.NewTicker(claimPoll)
+	defer t.Stop()
+	for {
+		err := o.claim(id)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (waited %v)", err, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
