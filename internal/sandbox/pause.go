@@ -122,10 +122,11 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	}
 	err = cp.Checkpoint(context.WithoutCancel(ctx), s.ID, dir)
 	if err != nil && !errors.Is(err, runtime.ErrUnsupported) && s.State() == StatePaused {
-		// A dump that failed left the sandbox running as it was. CRIU
-		// sometimes cannot seize a task caught by the freezer as it
-		// forks or exits (cgroup v1: "unseizable ... state D", after
-		// its 10 s timeout); a second attempt finds it past that.
+		// A dump that failed left the sandbox running as it was; a
+		// second attempt may find it past what failed it (the runtime
+		// freezes a sandbox with no task in a vfork, whose parent CRIU
+		// could not seize, "unseizable ... state D" after its 10 s
+		// timeout, but gives up on one that vforks all the time).
 		s.m.log.Warn("checkpoint failed; trying once more", "sandbox", s.ID, "err", err)
 		err = cp.Checkpoint(context.WithoutCancel(ctx), s.ID, dir)
 	}

@@ -61,9 +61,9 @@ func dumpingEngine(t *testing.T) (m *sandbox.Manager, cgroup string, end func() 
 	return m, rt.CgroupPath(), end
 }
 
-// dumpFrozen says whether CRIU holds sandbox id's cgroup frozen (v1
-// freezer.state FREEZING or FROZEN; v2 cgroup.freeze 1), as it does for
-// the whole of a dump; gone: the cgroup is no more (the dump is over).
+// dumpFrozen says whether sandbox id's cgroup is frozen (v1 freezer.state
+// FREEZING or FROZEN; v2 cgroup.freeze 1), as the runtime and then CRIU
+// hold it for a dump; gone: the cgroup is no more (the dump is over).
 func dumpFrozen(cgroup, id string) (frozen, gone bool) {
 	if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/freezer", cgroup, id, "freezer.state")); err == nil {
 		st := strings.TrimSpace(string(b))
@@ -75,8 +75,8 @@ func dumpFrozen(cgroup, id string) (frozen, gone bool) {
 	return false, true
 }
 
-// duringDump pauses s and calls stop once CRIU has frozen the sandbox for
-// the dump; it returns stop's error and Pause's.
+// duringDump pauses s and calls stop once the sandbox is frozen for the
+// dump; it returns stop's error and Pause's.
 func duringDump(t *testing.T, m *sandbox.Manager, cgroup string, s *sandbox.Sandbox, stop func() error) (stopErr, pauseErr error) {
 	t.Helper()
 	stopped := make(chan error, 1)
