@@ -163,3 +163,48 @@ func TestCloseDuringPauseDump(t *testing.T) {
 		t.Errorf("close: %v", err)
 	}
 }
+
+// TestKillDuringSnapshotDump: a kill that comes while a snapshot's dump
+// runs (the sandbox is to run on after it) waits for it and destroys the
+// sandbox; nothing of the sandbox is left.
+func TestKillDuringSnapshotDump(t *testing.T) {
+	m, cgroup, end := dumpingEngine(t)
+	s := dumpingSandbox(t, m)
+	snapDone := make(chan struct{})
+	killed := make(chan error, 1)
+	go func() {
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Microsecond) {
+			if frozen, _ := dumpFrozen(cgroup, s.ID); frozen {
+				break
+			}
+			select {
+			case <-snapDone:
+				t.Error("the snapshot's dump was not seen")
+				killed <- nil
+				return
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Error("the snapshot's dump was not seen in 30 s")
+				killed <- nil
+				return
+			}
+		}
+		killed <- m.Kill(context.Background(), s.ID)
+	}()
+	snapErr := s.Snapshot(context.Background(), filepath.Join(testutil.ShortTempDir(t), "snap"))
+	close(snapDone)
+	t.Logf("snapshot: %v", snapErr)
+	if err := <-killed; err != nil {
+		t.Errorf("kill during the snapshot's dump: %v", err)
+	}
+	if st := s.State(); st != sandbox.StateStopped {
+		t.Errorf("state %s after the kill", st)
+	}
+	if left := m.Leftovers(); len(left) > 0 {
+		t.Errorf("left to the reaper: %v", left)
+	}
+	if err := end(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+}
