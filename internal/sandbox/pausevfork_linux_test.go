@@ -2,30 +2,19 @@ package sandbox_test
 
 import (
 	"context"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
-// TestPauseWhileVforking: a sandbox whose background process spawns
-// commands without pause (Python's subprocess, which vforks, as a shell
-// loop or Go's os/exec do) pauses in well under CRIU's 10 s freeze
-// timeout every time. The freezer used to catch a vfork parent waiting
-// for its child's exec (state D in kernel_clone), CRIU then stopped the
-// child before the exec and waited out its timeout on the parent
-// ("Unseizable non-zombie ... state D"): about one dump in four with this
-// loop, one in twelve in ordinary sandboxes. The runtime now freezes the
-// sandbox itself at a moment when no task is in a vfork
-// (internal/runtime/oci quiesce).
-func TestPauseWhileVforking(t *testing.T) {
-	ctx := context.Background()
-	m, _, _ := pauseEngine(t)
-	s := newSandbox(t, m, sandbox.CreateOptions{Timeout: 10 * time.Minute})
-	run(t, s, "python", "x = 0")
-	if _, err := s.Start(ctx, sandbox.ProcessSpec{Cmd: "python3", Args: []string{"-c", `
+// spawnLoop runs /bin/true without pause through Python's subprocess
+// (which vforks) and writes how many it ran to /tmp/spawned every 20.
+const spawnLoop = `
 import subprocess
 n = 0
 while True:
@@ -33,32 +22,50 @@ while True:
     n += 1
     if n % 20 == 0:
         open("/tmp/spawned", "w").write(str(n))
-`}}); err != nil {
-		t.Fatal(err)
+`
+
+// spawned reads /tmp/spawned (0: not yet).
+func spawned(s *sandbox.Sandbox) int {
+	var b strings.Builder
+	if _, err := s.ReadFile(context.Background(), "/tmp/spawned", &b, 64); err != nil {
+		return 0
 	}
-	// The loop spawns before the first pause, and after each resume.
-	spawned := func() int {
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			var b strings.Builder
-			if _, err := s.ReadFile(ctx, "/tmp/spawned", &b, 64); err == nil {
-				if n, err := strconv.Atoi(b.String()); err == nil && n > 0 {
-					return n
-				}
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the loop spawns nothing")
-			}
+	n, _ := strconv.Atoi(b.String())
+	return n
+}
+
+// waitSpawning waits until spawnLoop has spawned more than it had.
+func waitSpawning(t *testing.T, s *sandbox.Sandbox) {
+	t.Helper()
+	before := spawned(s)
+	for deadline := time.Now().Add(10 * time.Second); spawned(s) <= before; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the loop spawns nothing")
 		}
+	}
+}
+
+// TestPauseWhileVforking: a sandbox whose background process spawns
+// commands without pause (Python's subprocess, which vforks, as Go's
+// os/exec does) pauses in well under CRIU's 10 s freeze timeout every
+// time. The freezer used to catch a vfork parent waiting for its child's
+// exec (state D in kernel_clone); CRIU then stopped the child before the
+// exec and waited out its timeout on the parent ("Unseizable non-zombie
+// ... state D"): about one dump in four with this loop. The runtime now
+// freezes the sandbox itself at a moment when no task is in a vfork
+// (internal/runtime/oci quiesce).
+func TestPauseWhileVforking(t *testing.T) {
+	ctx := context.Background()
+	m, _, _ := pauseEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{Timeout: 10 * time.Minute})
+	run(t, s, "python", "x = 0")
+	if _, err := s.Start(ctx, sandbox.ProcessSpec{Cmd: "python3", Args: []string{"-c", spawnLoop}}); err != nil {
+		t.Fatal(err)
 	}
 	const rounds = 12
 	var took []time.Duration
 	for round := 1; round <= rounds; round++ {
-		before := spawned()
-		for deadline := time.Now().Add(10 * time.Second); spawned() <= before; time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("round %d: the loop spawns nothing after the resume", round)
-			}
-		}
+		waitSpawning(t, s)
 		began := time.Now()
 		if err := s.Pause(ctx); err != nil {
 			t.Fatalf("round %d: pause: %v", round, err)
@@ -77,6 +84,34 @@ while True:
 		// longer (and was tried again).
 		if d > 8*time.Second {
 			t.Errorf("pause %d took %v: the dump waited out CRIU's freeze timeout", i+1, d)
+		}
+	}
+}
+
+// TestSnapshotWhileVforking: a snapshot's dump of such a sandbox never
+// waits out CRIU's freeze timeout either, and the sandbox runs on (its
+// loop goes on spawning) after each.
+func TestSnapshotWhileVforking(t *testing.T) {
+	ctx := context.Background()
+	m, _, _ := pauseEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{Timeout: 10 * time.Minute})
+	if _, err := s.Start(ctx, sandbox.ProcessSpec{Cmd: "python3", Args: []string{"-c", spawnLoop}}); err != nil {
+		t.Fatal(err)
+	}
+	dir := testutil.ShortTempDir(t)
+	var took []time.Duration
+	for round := 1; round <= 12; round++ {
+		waitSpawning(t, s)
+		began := time.Now()
+		if err := s.Snapshot(ctx, filepath.Join(dir, strconv.Itoa(round))); err != nil {
+			t.Fatalf("round %d: snapshot: %v", round, err)
+		}
+		took = append(took, time.Since(began).Round(time.Millisecond))
+	}
+	t.Logf("snapshots: %v", took)
+	for i, d := range took {
+		if d > 8*time.Second {
+			t.Errorf("snapshot %d took %v: the dump waited out CRIU's freeze timeout", i+1, d)
 		}
 	}
 }
