@@ -121,11 +121,12 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 		return s.unpause(err)
 	}
 	err = cp.Checkpoint(context.WithoutCancel(ctx), s.ID, dir)
-	if err != nil && !errors.Is(err, runtime.ErrUnsupported) {
-		// A dump that failed left the sandbox running as it was. CRIU
-		// sometimes cannot seize a task caught by the freezer as it
-		// forks or exits (cgroup v1: "unseizable ... state D", after
-		// its 10 s timeout); a second attempt finds it past that.
+	if err != nil && !errors.Is(err, runtime.ErrUnsupported) && s.State() == StatePaused {
+		// A dump that failed left the sandbox running as it was; a
+		// second attempt may find it past what failed it (the runtime
+		// freezes a sandbox with no task in a vfork, whose parent CRIU
+		// could not seize, "unseizable ... state D" after its 10 s
+		// timeout, but gives up on one that vforks all the time).
 		s.m.log.Warn("checkpoint failed; trying once more", "sandbox", s.ID, "err", err)
 		err = cp.Checkpoint(context.WithoutCancel(ctx), s.ID, dir)
 	}
@@ -136,6 +137,14 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 		// Without it no later engine can take the sandbox back; this
 		// one resumes it as ever.
 		s.m.log.Warn("record a paused sandbox for a restart", "sandbox", s.ID, "err", err)
+	}
+	if st := s.State(); st != StatePaused {
+		// Killed (or the engine closed) during the dump: the destroy
+		// waited for it and removes the checkpointed sandbox, and its
+		// checkpoint once its runtime's destroy is done; the record
+		// just written may have come after that.
+		s.m.removeCheckpoint(s.ID)
+		return s.running()
 	}
 	took := time.Since(began)
 	s.m.log.Info("sandbox paused", "sandbox", s.ID, "took", took.Round(10*time.Microsecond), "left", left.Round(time.Second))

@@ -172,8 +172,18 @@ func (o *OCI) Checkpoint(ctx context.Context, id, dir string) error {
 		return err
 	}
 	began := time.Now()
+	freezes, err := o.quiesce(ctx, id)
+	if err != nil {
+		if terr := o.thawDump(context.WithoutCancel(ctx), id); terr != nil {
+			o.cfg.Logger.Warn("thaw a sandbox whose checkpoint failed", "id", id, "err", terr)
+		}
+		return err
+	}
 	cmd := o.runcCriu(ctx, "checkpoint", "--image-path", dir, "--work-path", dir, "--tcp-established", "--file-locks", id)
 	if out, err := cmd.CombinedOutput(); err != nil {
+		if terr := o.thawDump(context.WithoutCancel(ctx), id); terr != nil {
+			o.cfg.Logger.Warn("thaw a sandbox whose checkpoint failed", "id", id, "err", terr)
+		}
 		return fmt.Errorf("%s checkpoint: %w: %s%s", o.Name(), err, tail(out), criuErrors(filepath.Join(dir, "dump.log")))
 	}
 	// runc removed the container and its cgroups; what it may leave (a
@@ -189,7 +199,7 @@ func (o *OCI) Checkpoint(ctx context.Context, id, dir string) error {
 	if err := os.WriteFile(filepath.Join(dir, checkpointMeta), j, 0o600); err != nil {
 		return err
 	}
-	o.cfg.Logger.Debug("sandbox checkpointed", "id", id, "dir", dir, "took", time.Since(began).Round(10*time.Microsecond))
+	o.cfg.Logger.Debug("sandbox checkpointed", "id", id, "dir", dir, "took", time.Since(began).Round(10*time.Microsecond), "freezes", freezes)
 	return nil
 }
 
@@ -704,4 +714,109 @@ func criuErrors(log string) string {
 		return ""
 	}
 	return " (criu: " + strings.Join(lines, "; ") + ")"
+}
+
+// claimPoll is how often claimWait tries the claim again.
+const claimPoll = 5 * time.Millisecond
+
+// claimWait claims sandbox id as claim does, waiting, until ctx ends,
+// for an operation that holds it (a checkpoint or snapshot whose CRIU
+// dump takes a few hundred ms, up to its 10 s freeze timeout) to end:
+// Destroy must not fail because a dump was running, which would leave
+// the sandbox's processes, mounts and cgroups behind.
+func (o *OCI) claimWait(ctx context.Context, id string) error {
+	t := time.NewTicker(claimPoll)
+	defer t.Stop()
+	for {
+		err := o.claim(id)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (waited %v)", err, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// A task of the sandbox caught by the freezer in the middle of a vfork
+// (a shell's or Python's subprocess, posix_spawn, Go's os/exec: the
+// parent waits, uninterruptibly, for its child to exec or exit) cannot be
+// dumped: CRIU seizes and stops the child before its exec, so the parent
+// stays in that wait (state D, in kernel_clone) and CRIU waits out its
+// 10 s timeout ("Unseizable non-zombie ... state D") and fails. A
+// checkpoint therefore freezes the sandbox itself first (runc pause), at
+// a moment when no task is in such a wait: frozen while one is, it is
+// thawed, given quiescePause to finish its exec, and frozen again. CRIU
+// takes a frozen cgroup as it is (it seizes the tasks frozen, then thaws
+// them), and a dump that fails leaves it frozen again: the checkpoint
+// thaws it (runc resume).
+
+// quiesceTries bounds the freezes a checkpoint tries before it dumps a
+// sandbox that vforks all the time as it is (its dump may then time out,
+// and the engine tries it once more); quiescePause is the wait between.
+const (
+	quiesceTries = 20
+	quiescePause = 5 * time.Millisecond
+)
+
+// quiesce freezes sandbox id with none of its tasks in a vfork, or, past
+// quiesceTries, frozen as it is; it says how many freezes it took.
+func (o *OCI) quiesce(ctx context.Context, id string) (int, error) {
+	for try := 1; ; try++ {
+		if out, err := o.runc(ctx, "pause", id).CombinedOutput(); err != nil {
+			return try, fmt.Errorf("%s pause: %w: %s", o.Name(), err, tail(out))
+		}
+		if !o.vforking(id) || try == quiesceTries {
+			return try, nil
+		}
+		if err := o.thawDump(ctx, id); err != nil {
+			return try, err
+		}
+		select {
+		case <-ctx.Done():
+			return try, ctx.Err()
+		case <-time.After(quiescePause):
+		}
+	}
+}
+
+// thawDump thaws sandbox id after quiesce (runc resume).
+func (o *OCI) thawDump(ctx context.Context, id string) error {
+	if out, err := o.runc(ctx, "resume", id).CombinedOutput(); err != nil {
+		return fmt.Errorf("%s resume: %w: %s", o.Name(), err, tail(out))
+	}
+	return nil
+}
+
+// vforking says whether a task in sandbox id's freezer cgroup (or one
+// below it) waits for a vfork child's exec: the kernel shows it sleeping
+// in kernel_clone (wait_for_vfork_done, where that is not inlined), as a
+// frozen sleeper keeps the place it sleeps at.
+func (o *OCI) vforking(id string) bool {
+	list := "tasks"
+	if o.cg.v2 {
+		list = "cgroup.threads"
+	}
+	found := false
+	_ = filepath.WalkDir(o.cg.controller(id, "freezer"), func(path string, d os.DirEntry, err error) error {
+		if err != nil || found || d.IsDir() || d.Name() != list {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		for _, tid := range strings.Fields(string(b)) {
+			w, err := os.ReadFile("/proc/" + tid + "/wchan")
+			if err == nil && (string(w) == "kernel_clone" || string(w) == "wait_for_vfork_done") {
+				o.cfg.Logger.Debug("a task is in a vfork as the sandbox is frozen for its checkpoint", "id", id, "tid", tid)
+				found = true
+				return nil
+			}
+		}
+		return nil
+	})
+	return found
 }

@@ -626,7 +626,9 @@ func (o *OCI) Destroy(ctx context.Context, id string) error {
 	if !validID(id) {
 		return nil
 	}
-	if err := o.claim(id); err != nil {
+	// A checkpoint, snapshot or restore in flight ends first: what it
+	// leaves, running or checkpointed, is destroyed after it.
+	if err := o.claimWait(ctx, id); err != nil {
 		return err
 	}
 	defer o.release(id)

@@ -124,8 +124,8 @@ func (o *OCI) Snapshot(ctx context.Context, id, dir string) (err error) {
 	defer os.Remove(filepath.Join(b, criuConfig))
 
 	began := time.Now()
-	if out, err := o.runc(ctx, "pause", id).CombinedOutput(); err != nil {
-		return fmt.Errorf("%s pause: %w: %s", o.Name(), err, tail(out))
+	if _, err := o.quiesce(ctx, id); err != nil { // frozen with no task in a vfork (checkpoint_linux.go)
+		return err
 	}
 	defer func() {
 		if out, rerr := o.runc(context.WithoutCancel(ctx), "resume", id).CombinedOutput(); rerr != nil {
