@@ -133,32 +133,18 @@ func (o *OCI) Checkpoint(ctx context.Context, id, dir string) error {
 		return err
 	}
 	defer o.release(id)
-	b := o.bundle(id)
-	spec, err := readSpec(b)
+	b, spec, gid, err := o.dumpable(id, "checkpoint")
 	if err != nil {
 		return err
-	}
-	if !o.running(id) {
-		return fmt.Errorf("checkpoint %s: %w", id, ErrCheckpointed)
-	}
-	if err := o.criuReady(); err != nil {
-		return err
-	}
-	if hasNetwork(spec) {
-		return fmt.Errorf("%w: checkpoint of a sandbox with a network", runtime.ErrUnsupported)
 	}
 	// CRIU's restore reads the images as the sandbox's root (its host
 	// uid, the bundle's group): the directory is theirs to pass through
 	// (0710, as the bundle), no other host user's, and its parents must
 	// let others pass.
-	var st unix.Stat_t
-	if err := unix.Stat(b, &st); err != nil {
-		return err
-	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	if err := os.Chown(dir, 0, int(st.Gid)); err != nil {
+	if err := os.Chown(dir, 0, int(gid)); err != nil {
 		return err
 	}
 	if err := os.Chmod(dir, 0o710); err != nil {
@@ -232,6 +218,31 @@ func (o *OCI) dumpExternals(id, b string, spec *specs.Spec) (checkpointInfo, err
 		return checkpointInfo{}, err
 	}
 	return info, nil
+}
+
+// dumpable checks that the sandbox id, which the caller has claimed, can
+// be dumped for what ("checkpoint", "snapshot"): it runs, CRIU is ready
+// and it has no network. It returns its bundle, its spec and the
+// bundle's group (the sandbox's host root).
+func (o *OCI) dumpable(id, what string) (b string, spec *specs.Spec, gid uint32, err error) {
+	b = o.bundle(id)
+	if spec, err = readSpec(b); err != nil {
+		return "", nil, 0, err
+	}
+	if !o.running(id) {
+		return "", nil, 0, fmt.Errorf("%s %s: %w", what, id, ErrCheckpointed)
+	}
+	if err := o.criuReady(); err != nil {
+		return "", nil, 0, err
+	}
+	if hasNetwork(spec) {
+		return "", nil, 0, fmt.Errorf("%w: %s of a sandbox with a network", runtime.ErrUnsupported, what)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(b, &st); err != nil {
+		return "", nil, 0, err
+	}
+	return b, spec, st.Gid, nil
 }
 
 // Restore implements runtime.Checkpointer.

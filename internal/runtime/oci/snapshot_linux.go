@@ -83,22 +83,8 @@ func (o *OCI) Snapshot(ctx context.Context, id, dir string) (err error) {
 		return err
 	}
 	defer o.release(id)
-	b := o.bundle(id)
-	spec, err := readSpec(b)
+	b, spec, gid, err := o.dumpable(id, "snapshot")
 	if err != nil {
-		return err
-	}
-	if !o.running(id) {
-		return fmt.Errorf("snapshot %s: %w", id, ErrCheckpointed)
-	}
-	if err := o.criuReady(); err != nil {
-		return err
-	}
-	if hasNetwork(spec) {
-		return fmt.Errorf("%w: snapshot of a sandbox with a network", runtime.ErrUnsupported)
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(b, &st); err != nil {
 		return err
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -155,7 +141,7 @@ func (o *OCI) Snapshot(ctx context.Context, id, dir string) (err error) {
 	if err := writeJSON(filepath.Join(imgs, checkpointMeta), info); err != nil {
 		return err
 	}
-	si := snapshotInfo{Version: snapshotVersion, Sandbox: id, Base: st.Gid, Size: o.cfg.IDMap.Size, Taken: now}
+	si := snapshotInfo{Version: snapshotVersion, Sandbox: id, Base: gid, Size: o.cfg.IDMap.Size, Taken: now}
 	if err := writeJSON(filepath.Join(dir, snapshotMeta), si); err != nil {
 		return err
 	}
