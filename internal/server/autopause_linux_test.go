@@ -24,7 +24,7 @@ func autoEnv(t *testing.T, cfg server.Config) *env {
 		t.Fatal(err)
 	}
 	rt, err := oci.New(oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
-		CgroupParent: "sheepfold-test", Instance: "srv" + strings.ToLower(t.Name()[4:9])})
+		CgroupParent: "sheepfold-test", Instance: testInstance("srv" + strings.ToLower(t.Name()[4:9]))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -267,3 +268,9 @@ func failureLog(t testing.TB) *slog.Logger {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// testInstance names a test's runtime instance: name and this process's
+// id. An engine lists the sandboxes in its instance's cgroup as its own at
+// start and destroys them as left over, so two test processes (two
+// checkouts' suites at once) must never share one.
+func testInstance(name string) string { return name + "-" + strconv.Itoa(os.Getpid()) }

@@ -42,7 +42,7 @@ func runcEnvWith(t *testing.T, cfg server.Config, opts ...func(*sandbox.Config))
 		t.Fatal(err)
 	}
 	rt, err := oci.New(oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
-		CgroupParent: "sheepfold-test", Instance: "srv" + strings.ToLower(t.Name()[4:9]), Logger: testLog(t)})
+		CgroupParent: "sheepfold-test", Instance: testInstance("srv" + strings.ToLower(t.Name()[4:9])), Logger: testLog(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +293,7 @@ func TestPausedSandboxAfterServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
-		CgroupParent: "sheepfold-test", Instance: "srvrestart"}
+		CgroupParent: "sheepfold-test", Instance: testInstance("srvrestart")}
 	// Beside the runtime's state dir, as DATA_DIR/checkpoints is beside
 	// DATA_DIR/run (the runtime sweeps what is in its own).
 	data := testutil.ShortTempDir(t)

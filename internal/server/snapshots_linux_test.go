@@ -250,7 +250,7 @@ func TestSnapshotAfterServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: filepath.Join(data, "run"), AgentBin: testutil.AgentBin(t),
-		CgroupParent: "sheepfold-test", Instance: "srvsnaprestart"}
+		CgroupParent: "sheepfold-test", Instance: testInstance("srvsnaprestart")}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	start := func() (*env, func()) {
 		rt, err := oci.New(rcfg)

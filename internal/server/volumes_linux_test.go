@@ -57,7 +57,7 @@ func TestVolumeSurvivesRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		rt, err := oci.New(oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
-			CgroupParent: "sheepfold-test", Instance: "srvvolume", VolumesDir: filepath.Join(dir, "volumes")})
+			CgroupParent: "sheepfold-test", Instance: testInstance("srvvolume"), VolumesDir: filepath.Join(dir, "volumes")})
 		if err != nil {
 			t.Fatal(err)
 		}
