@@ -1,9 +1,12 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -63,3 +66,17 @@ func TestGoSDKBatches(t *testing.T) {
 }
 
 func jsonInt(i int) string { j, _ := json.Marshal(i); return string(j) }
+
+// TestPythonSDKBatches runs sdk/python/tests/test_batches.py against a
+// server.
+func TestPythonSDKBatches(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	cmd := exec.Command("/usr/bin/python3", "-m", "unittest", "-v", "test_batches")
+	cmd.Dir = "../../sdk/python/tests"
+	cmd.Env = append(os.Environ(), "SHEEPFOLD_BATCHES_URL="+e.url, "SHEEPFOLD_BATCHES_KEY="+e.keyA, "SHEEPFOLD_BATCHES_OTHER_KEY="+e.keyB)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("\nOK")) || bytes.Contains(out, []byte("skipped")) {
+		t.Fatalf("python batches client: %v\n%s", err, out)
+	}
+}
