@@ -221,6 +221,15 @@ func (br batchRunner) RunItem(ctx context.Context, b store.Batch, input json.Raw
 	return batch.Outcome{Result: res}
 }
 
+// A batch's progress stream (GET /v1/batches/{id} as SSE, or NDJSON
+// with ?stream=1) holds a stream of its key and account while it runs.
+func init() {
+	streamRoutes["GET /v1/batches/{id}"] = func(r *http.Request) bool { return wantStream(r, streamNone) != streamNone }
+}
+
+// batchStreamInterval is how often a progress stream reads its batch.
+const batchStreamInterval = 250 * time.Millisecond
+
 func (s *Server) getBatch(w http.ResponseWriter, r *http.Request) error {
 	b, err := s.store.GetBatch(r.Context(), owner(r), r.PathValue("id"))
 	if errors.Is(err, store.ErrNotFound) {
@@ -229,8 +238,51 @@ func (s *Server) getBatch(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if mode := wantStream(r, streamNone); mode != streamNone {
+		s.streamBatch(w, r, mode, b)
+		return nil
+	}
 	writeJSON(w, http.StatusOK, batchOf(b))
 	return nil
+}
+
+// streamBatch sends a "progress" event (the batch) at once and whenever
+// its counts change, then a last "done" event once it is no longer
+// running; a "failure" event if it cannot go on (the server drains).
+func (s *Server) streamBatch(w http.ResponseWriter, r *http.Request, mode streamMode, b store.Batch) {
+	st := newStreamer(w, mode)
+	t := time.NewTicker(batchStreamInterval)
+	defer t.Stop()
+	var sent *api.Batch
+	for {
+		out := batchOf(b)
+		if out.Status != store.BatchRunning {
+			s.end(st, w, r, nil, "done", out, map[string]any{"type": "done", "batch": out})
+			return
+		}
+		if sent == nil || sent.Done != out.Done || sent.Failed != out.Failed {
+			st.send("progress", out, map[string]any{"type": "progress", "batch": out})
+			sent = &out
+		}
+		if st.err() != nil {
+			st.finish()
+			return
+		}
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			st.finish()
+			return
+		case <-s.streamsDone:
+			s.end(st, w, r, apierr.New(apierr.ShuttingDown, "the server is shutting down; ask again"), "", nil, nil)
+			return
+		}
+		var err error
+		if b, err = s.store.GetBatch(r.Context(), b.Owner, b.ID); err != nil {
+			s.end(st, w, r, err, "", nil, nil)
+			return
+		}
+	}
 }
 
 func (s *Server) listBatches(w http.ResponseWriter, r *http.Request) error {

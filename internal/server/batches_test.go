@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -419,4 +420,62 @@ func TestBatchSurvivesRestart(t *testing.T) {
 	if len(res) != n {
 		t.Fatalf("%d results", len(res))
 	}
+}
+
+// TestBatchProgressStream: GET /v1/batches/{id} as SSE sends the batch's
+// progress as its items end and a last "done" event.
+func TestBatchProgressStream(t *testing.T) {
+	e := newEnv(t, server.Config{})
+	dir := t.TempDir()
+	r := e.do("POST", "/v1/batches", e.keyA, map[string]any{"code": batchGate(dir, 3), "inputs": lenInputs(6), "concurrency": 6})
+	want(t, r, http.StatusCreated, "")
+	id := r.json(t)["id"].(string)
+	req, _ := http.NewRequest("GET", e.url+"/v1/batches/"+id, nil)
+	req.Header.Set("Authorization", "Bearer "+e.keyA)
+	req.Header.Set("Accept", "text/event-stream")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK || res.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("status %d, %q", res.StatusCode, res.Header.Get("Content-Type"))
+	}
+	sc := bufio.NewScanner(res.Body)
+	var event string
+	var dones []float64
+	for sc.Scan() {
+		line := sc.Text()
+		if v, ok := strings.CutPrefix(line, "event: "); ok {
+			event = v
+			continue
+		}
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			continue
+		}
+		var b map[string]any
+		if err := json.Unmarshal([]byte(data), &b); err != nil {
+			t.Fatal(err)
+		}
+		if event == "done" {
+			if b["status"] != "done" || b["done"] != float64(6) {
+				t.Fatalf("done event %v", b)
+			}
+			if !slices.Contains(dones, 3) {
+				t.Fatalf("progress %v: never 3 done while 3 were held", dones)
+			}
+			return
+		}
+		if event != "progress" {
+			t.Fatalf("event %q", event)
+		}
+		dones = append(dones, b["done"].(float64))
+		if b["done"] == float64(3) {
+			if err := os.WriteFile(filepath.Join(dir, "gate"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Fatalf("the stream ended without a done event: %v, %v", dones, sc.Err())
 }
