@@ -22,6 +22,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/events"
+	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/runtime/fake"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
@@ -478,4 +479,36 @@ func TestBatchProgressStream(t *testing.T) {
 		}
 	}
 	t.Fatalf("the stream ended without a done event: %v, %v", dones, sc.Err())
+}
+
+// TestBatchCredits: a batch is charged like the sandboxes it makes: an
+// execution costs a unit, and a batch of 10 items of an account with 4
+// units fails with ERR_SESSION_QUOTA_EXCEEDED once they are spent, its
+// other items left pending. The control: with 100 units it ends done.
+func TestBatchCredits(t *testing.T) {
+	prices := metering.Prices{Execution: 1_000_000}
+	run := func(t *testing.T, free int64) map[string]any {
+		e := newEnv(t, server.Config{
+			Metering: metering.Config{SampleInterval: 10 * time.Millisecond, FlushInterval: 20 * time.Millisecond, Prices: &prices},
+			Accounts: account.Config{EnforceCredits: true, CreditsGrace: time.Minute, FreeCreditsMicros: free},
+		})
+		admin := e.adminKey()
+		want(t, e.do("POST", "/v1/admin/accounts", admin, map[string]any{"name": "team"}), http.StatusCreated, "")
+		key := e.do("POST", "/v1/admin/keys", admin, map[string]any{"account": "team"}).json(t)["key"].(string)
+		r := e.do("POST", "/v1/batches", key, map[string]any{"code": "import time\ndef handler(item):\n    time.sleep(0.05)\n    return len(item)\n",
+			"inputs": lenInputs(10), "concurrency": 1})
+		want(t, r, http.StatusCreated, "")
+		id := r.json(t)["id"].(string)
+		b := waitBatch(t, func() resp { return e.do("GET", "/v1/batches/"+id, key, nil) }, ended)
+		waitEngineEmpty(t, e)
+		return b
+	}
+	b := run(t, 4_000_000)
+	errObj, _ := b["error"].(map[string]any)
+	if b["status"] != "failed" || errObj["code"] != "ERR_SESSION_QUOTA_EXCEEDED" || b["pending"].(float64) == 0 || b["done"].(float64) > 4 {
+		t.Fatalf("out of credits: %v", b)
+	}
+	if b = run(t, 100_000_000); b["status"] != "done" || b["done"] != float64(10) {
+		t.Fatalf("control: %v", b)
+	}
 }
