@@ -16,6 +16,9 @@ type BatchRequest struct {
 	Concurrency int               `json:"concurrency,omitempty"` // 1 when 0
 	TimeoutMS   int64             `json:"timeout_ms,omitempty"`  // each run's execution timeout; the engine's when 0
 	Retries     int               `json:"retries,omitempty"`     // more runs of an item that failed
+	// Resources of every item's sandbox, within the account's ceiling
+	// (the server's defaults when nil).
+	Resources *Resources `json:"resources,omitempty"`
 }
 
 // Batch is a batch job as the API shows it (schema Batch). Status is
@@ -28,6 +31,7 @@ type Batch struct {
 	Concurrency int         `json:"concurrency"`
 	TimeoutMS   int64       `json:"timeout_ms"`
 	Retries     int         `json:"retries"`
+	Resources   *Resources  `json:"resources"`
 	Total       int         `json:"total"`
 	Done        int         `json:"done"`
 	Failed      int         `json:"failed"`

@@ -66,7 +66,32 @@ func batchOf(b store.Batch) api.Batch {
 	if b.ErrorCode != "" {
 		out.Error = &api.BatchError{Code: b.ErrorCode, Message: b.Error}
 	}
+	out.Resources = batchResources(b)
 	return out
+}
+
+// batchResources is what each item's sandbox of b asks for; nil for the
+// server's defaults.
+func batchResources(b store.Batch) *api.Resources {
+	if b.Resources == nil {
+		return nil
+	}
+	var r api.Resources
+	if json.Unmarshal(b.Resources, &r) != nil {
+		return nil
+	}
+	return &r
+}
+
+// itemOptions are the create options of each sandbox of b (its check's
+// and its items'): its template and resources, its id in the metadata.
+func (s *Server) itemOptions(b store.Batch, check bool) (sandbox.CreateOptions, error) {
+	md := map[string]string{"batch": b.ID}
+	if check {
+		md["batch_check"] = "1"
+	}
+	opt, _, err := s.createOptions(api.CreateSandbox{Template: b.Template, Resources: batchResources(b), Metadata: md})
+	return opt, err
 }
 
 func batchNotFound(id string) error {
@@ -116,6 +141,9 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 	b := store.Batch{ID: newID("bat_"), Owner: owner(r), Status: store.BatchRunning, Template: req.Template, Language: req.Language,
 		Code: req.Code, Concurrency: req.Concurrency, TimeoutMS: req.TimeoutMS, Retries: req.Retries, CreatedAt: time.Now(),
 		Total: len(req.Inputs)}
+	if req.Resources != nil {
+		b.Resources, _ = json.Marshal(req.Resources)
+	}
 	if err := s.checkHandler(r.Context(), b); err != nil {
 		return err
 	}
@@ -131,7 +159,7 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 // and charged like any), running none of it: a syntax error or no
 // handler is ERR_INVALID_HANDLER before any item runs.
 func (s *Server) checkHandler(ctx context.Context, b store.Batch) error {
-	opt, _, err := s.createOptions(api.CreateSandbox{Template: b.Template, Metadata: map[string]string{"batch": b.ID, "batch_check": "1"}})
+	opt, err := s.itemOptions(b, true)
 	if err != nil {
 		return err
 	}
@@ -182,7 +210,7 @@ type batchRunner struct{ s *Server }
 // (from the warm pool when it can), one execution, the sandbox killed.
 func (br batchRunner) RunItem(ctx context.Context, b store.Batch, input json.RawMessage) batch.Outcome {
 	s := br.s
-	opt, _, err := s.createOptions(api.CreateSandbox{Template: b.Template, Metadata: map[string]string{"batch": b.ID}})
+	opt, err := s.itemOptions(b, false)
 	if err != nil {
 		return batch.Outcome{Refused: err}
 	}

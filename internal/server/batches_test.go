@@ -512,3 +512,41 @@ func TestBatchCredits(t *testing.T) {
 		t.Fatalf("control: %v", b)
 	}
 }
+
+// TestBatchResources: a batch's resources are asked of every item's
+// sandbox within the account's ceiling: above it the batch is refused
+// (the check's create, before any item), within it each item's sandbox
+// record carries them.
+func TestBatchResources(t *testing.T) {
+	e := newEnv(t, server.Config{Accounts: account.Config{Defaults: account.Limits{MaxCPUs: 1, MaxMemoryMB: 256}}})
+	body := func(res map[string]any) map[string]any {
+		return map[string]any{"code": "handler = len\n", "inputs": lenInputs(3), "resources": res}
+	}
+	r := e.do("POST", "/v1/batches", e.keyA, body(map[string]any{"memory_mb": 512}))
+	wantMsg(t, r, http.StatusBadRequest, "ERR_BAD_REQUEST", "resources.memory_mb")
+	r = e.do("POST", "/v1/batches", e.keyA, body(map[string]any{"cpus": 0.5, "memory_mb": 128}))
+	want(t, r, http.StatusCreated, "")
+	b := r.json(t)
+	id := b["id"].(string)
+	if res, _ := b["resources"].(map[string]any); res["cpus"] != 0.5 || res["memory_mb"] != float64(128) {
+		t.Fatalf("created %s", r.body)
+	}
+	if b = waitBatch(t, func() resp { return e.do("GET", "/v1/batches/"+id, e.keyA, nil) }, ended); b["done"] != float64(3) {
+		t.Fatalf("ended %v", b)
+	}
+	sbs := e.do("GET", "/v1/sandboxes?state=all", e.keyA, nil).json(t)["sandboxes"].([]any)
+	items := 0
+	for _, s := range sbs {
+		sb := s.(map[string]any)
+		if md, _ := sb["metadata"].(map[string]any); md["batch"] != id || md["batch_check"] != nil {
+			continue
+		}
+		items++
+		if res := sb["resources"].(map[string]any); res["cpus"] != 0.5 || res["memory_mb"] != float64(128) {
+			t.Fatalf("an item's sandbox: %v", sb)
+		}
+	}
+	if items != 3 {
+		t.Fatalf("%d item sandboxes of the batch in %v", items, sbs)
+	}
+}

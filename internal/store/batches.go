@@ -36,6 +36,7 @@ type Batch struct {
 	Concurrency int
 	TimeoutMS   int64
 	Retries     int
+	Resources   json.RawMessage // what each item's sandbox asks for (api.Resources JSON); nil: the defaults
 	CreatedAt   time.Time
 	EndedAt     *time.Time
 	ErrorCode   string

@@ -11,7 +11,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
-const batchColumns = `id, owner, status, template, language, code, concurrency, timeout_ms, retries, created_at, ended_at, error_code, error,
+const batchColumns = `id, owner, status, template, language, code, concurrency, timeout_ms, retries, resources, created_at, ended_at, error_code, error,
 	(SELECT count(*) FROM batch_items i WHERE i.batch_id = b.id),
 	(SELECT count(*) FROM batch_items i WHERE i.batch_id = b.id AND i.status = 'done'),
 	(SELECT count(*) FROM batch_items i WHERE i.batch_id = b.id AND i.status = 'failed')`
@@ -23,9 +23,9 @@ func (s *Store) CreateBatch(ctx context.Context, b store.Batch, inputs []json.Ra
 		return storeErr("create batch", err)
 	}
 	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, `INSERT INTO batches (id, owner, status, template, language, code, concurrency, timeout_ms, retries, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-		b.ID, b.Owner, b.Status, b.Template, b.Language, b.Code, b.Concurrency, b.TimeoutMS, b.Retries, dbTime(b.CreatedAt))
+	_, err = tx.Exec(ctx, `INSERT INTO batches (id, owner, status, template, language, code, concurrency, timeout_ms, retries, resources, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+		b.ID, b.Owner, b.Status, b.Template, b.Language, b.Code, b.Concurrency, b.TimeoutMS, b.Retries, nullJSON(b.Resources), dbTime(b.CreatedAt))
 	if isUnique(err) {
 		return store.ErrExists
 	}
@@ -44,9 +44,13 @@ func (s *Store) CreateBatch(ctx context.Context, b store.Batch, inputs []json.Ra
 
 func scanBatch(sc pgx.Row) (store.Batch, error) {
 	var b store.Batch
+	var resources *string
 	err := sc.Scan(&b.ID, &b.Owner, &b.Status, &b.Template, &b.Language, &b.Code, &b.Concurrency, &b.TimeoutMS, &b.Retries,
-		&b.CreatedAt, &b.EndedAt, &b.ErrorCode, &b.Error, &b.Total, &b.Done, &b.Failed)
+		&resources, &b.CreatedAt, &b.EndedAt, &b.ErrorCode, &b.Error, &b.Total, &b.Done, &b.Failed)
 	b.CreatedAt = b.CreatedAt.UTC()
+	if resources != nil {
+		b.Resources = json.RawMessage(*resources)
+	}
 	if b.EndedAt != nil {
 		u := b.EndedAt.UTC()
 		b.EndedAt = &u

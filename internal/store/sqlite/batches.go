@@ -10,7 +10,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
-const batchColumns = `id, owner, status, template, language, code, concurrency, timeout_ms, retries, created_at, ended_at, error_code, error,
+const batchColumns = `id, owner, status, template, language, code, concurrency, timeout_ms, retries, resources, created_at, ended_at, error_code, error,
 	(SELECT count(*) FROM batch_items i WHERE i.batch_id = b.id),
 	(SELECT count(*) FROM batch_items i WHERE i.batch_id = b.id AND i.status = 'done'),
 	(SELECT count(*) FROM batch_items i WHERE i.batch_id = b.id AND i.status = 'failed')`
@@ -22,9 +22,9 @@ func (d *DB) CreateBatch(ctx context.Context, b store.Batch, inputs []json.RawMe
 		return storeErr("create batch", err)
 	}
 	defer tx.Rollback()
-	_, err = tx.ExecContext(ctx, `INSERT INTO batches (id, owner, status, template, language, code, concurrency, timeout_ms, retries, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		b.ID, b.Owner, b.Status, b.Template, b.Language, b.Code, b.Concurrency, b.TimeoutMS, b.Retries, fmtTime(b.CreatedAt))
+	_, err = tx.ExecContext(ctx, `INSERT INTO batches (id, owner, status, template, language, code, concurrency, timeout_ms, retries, resources, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		b.ID, b.Owner, b.Status, b.Template, b.Language, b.Code, b.Concurrency, b.TimeoutMS, b.Retries, nullJSON(b.Resources), fmtTime(b.CreatedAt))
 	if isUnique(err) {
 		return store.ErrExists
 	}
@@ -47,10 +47,13 @@ func (d *DB) CreateBatch(ctx context.Context, b store.Batch, inputs []json.RawMe
 func scanBatch(sc interface{ Scan(...any) error }) (store.Batch, error) {
 	var b store.Batch
 	var created string
-	var ended sql.NullString
+	var ended, resources sql.NullString
 	if err := sc.Scan(&b.ID, &b.Owner, &b.Status, &b.Template, &b.Language, &b.Code, &b.Concurrency, &b.TimeoutMS, &b.Retries,
-		&created, &ended, &b.ErrorCode, &b.Error, &b.Total, &b.Done, &b.Failed); err != nil {
+		&resources, &created, &ended, &b.ErrorCode, &b.Error, &b.Total, &b.Done, &b.Failed); err != nil {
 		return b, err
+	}
+	if resources.Valid {
+		b.Resources = json.RawMessage(resources.String)
 	}
 	var err error
 	if b.CreatedAt, err = parseTime(created); err != nil {

@@ -14,7 +14,7 @@ func testBatches(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	t0 := now()
 	b := store.Batch{ID: "bat_1", Owner: "acct-a", Status: store.BatchRunning, Template: "python", Language: "python",
-		Code: "def handler(x): return x", Concurrency: 2, TimeoutMS: 5000, Retries: 1, CreatedAt: t0}
+		Code: "def handler(x): return x", Concurrency: 2, TimeoutMS: 5000, Retries: 1, Resources: json.RawMessage(`{"cpus":0.5}`), CreatedAt: t0}
 	inputs := []json.RawMessage{json.RawMessage(`"a"`), json.RawMessage(`{"k":[1,2]}`), json.RawMessage(`3`)}
 	if err := s.CreateBatch(ctx, b, inputs); err != nil {
 		t.Fatal(err)
@@ -31,7 +31,7 @@ func testBatches(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	if got.Code != b.Code || got.Concurrency != 2 || got.TimeoutMS != 5000 || got.Retries != 1 || !got.CreatedAt.Equal(t0) ||
-		got.Total != 3 || got.Done != 0 || got.Failed != 0 || got.EndedAt != nil || got.Status != store.BatchRunning {
+		string(got.Resources) != `{"cpus":0.5}` || got.Total != 3 || got.Done != 0 || got.Failed != 0 || got.EndedAt != nil || got.Status != store.BatchRunning {
 		t.Fatalf("got %+v", got)
 	}
 	if _, err := s.GetBatch(ctx, "acct-b", "bat_1"); !errors.Is(err, store.ErrNotFound) {
@@ -80,7 +80,7 @@ func testBatches(t *testing.T, s store.Store) {
 		t.Fatalf("page of 1: %+v", page)
 	}
 	running, err := s.RunningBatches(ctx)
-	if err != nil || len(running) != 2 || running[0].ID != "bat_1" || running[1].ID != "bat_2" {
+	if err != nil || len(running) != 2 || running[0].ID != "bat_1" || running[1].ID != "bat_2" || running[1].Resources != nil {
 		t.Fatalf("running %+v, %v", running, err)
 	}
 	if ok, err := s.EndBatch(ctx, "bat_1", store.BatchCanceled, "", "", t1); err != nil || !ok {
@@ -98,7 +98,7 @@ func testBatches(t *testing.T, s store.Store) {
 		t.Fatalf("running after cancel %+v", running)
 	}
 	list, err := s.ListBatches(ctx, "acct-a", 10)
-	if err != nil || len(list) != 1 || list[0].ID != "bat_1" {
+	if err != nil || len(list) != 1 || list[0].ID != "bat_1" || string(list[0].Resources) != `{"cpus":0.5}` {
 		t.Fatalf("list %+v, %v", list, err)
 	}
 }

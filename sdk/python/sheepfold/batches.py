@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any, Dict, Iterator, List, Optional
 
 from ._http import HTTPClient, path_segment
-from .models import parse_time
+from .models import Resources, parse_time
 
 __all__ = ["Batch", "BatchError", "BatchItemError", "BatchResult", "Batches"]
 
@@ -46,6 +46,7 @@ class Batch:
     concurrency: int
     timeout_ms: int
     retries: int
+    resources: Optional[Resources]
     total: int
     done: int
     failed: int
@@ -59,6 +60,7 @@ class Batch:
         return cls(id=d["id"], status=d.get("status", ""), template=d.get("template", ""),
                    language=d.get("language", ""), concurrency=int(d.get("concurrency") or 0),
                    timeout_ms=int(d.get("timeout_ms") or 0), retries=int(d.get("retries") or 0),
+                   resources=Resources.from_dict(d["resources"]) if d.get("resources") else None,
                    total=int(d.get("total") or 0), done=int(d.get("done") or 0),
                    failed=int(d.get("failed") or 0), pending=int(d.get("pending") or 0),
                    created_at=parse_time(d.get("created_at")), ended_at=parse_time(d.get("ended_at")),
@@ -107,8 +109,11 @@ class Batches:
 
     def create(self, code: str, inputs: List[Any], *, concurrency: Optional[int] = None,
                timeout_ms: Optional[int] = None, retries: Optional[int] = None,
-               template: Optional[str] = None, language: Optional[str] = None) -> Batch:
+               template: Optional[str] = None, language: Optional[str] = None,
+               resources: Optional[Resources] = None) -> Batch:
         body: Dict[str, Any] = {"code": code, "inputs": list(inputs)}
+        if resources is not None:
+            body["resources"] = resources.to_dict()
         for k, v in (("concurrency", concurrency), ("timeout_ms", timeout_ms), ("retries", retries),
                      ("template", template), ("language", language)):
             if v is not None:

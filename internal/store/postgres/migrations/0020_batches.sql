@@ -10,6 +10,7 @@ CREATE TABLE batches (
     concurrency  integer NOT NULL,
     timeout_ms   bigint NOT NULL,
     retries      integer NOT NULL,
+    resources    text,
     created_at   timestamptz NOT NULL,
     ended_at     timestamptz,
     error_code   text NOT NULL DEFAULT '',

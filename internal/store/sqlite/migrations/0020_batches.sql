@@ -10,6 +10,7 @@ CREATE TABLE batches (
     concurrency  INTEGER NOT NULL,
     timeout_ms   INTEGER NOT NULL,
     retries      INTEGER NOT NULL,
+    resources    TEXT,
     created_at   TEXT NOT NULL,
     ended_at     TEXT,
     error_code   TEXT NOT NULL DEFAULT '',
