@@ -31,7 +31,7 @@ var floors = [][]string{
 	// through agentproto alone.
 	{"internal/sandbox", "internal/agent"},
 	// 4. Services over the engine and the store.
-	{"internal/account", "internal/alerts", "internal/auth", "internal/metering", "internal/metrics", "internal/preview", "internal/secrets", "internal/session", "internal/webhooks", "internal/store/storetest", "internal/llm/llmtest"},
+	{"internal/account", "internal/alerts", "internal/auth", "internal/batch", "internal/metering", "internal/metrics", "internal/preview", "internal/secrets", "internal/session", "internal/webhooks", "internal/store/storetest", "internal/llm/llmtest"},
 	// 5. Transport: HTTP, E2B's protocols, MCP.
 	{"internal/server", "internal/e2b", "internal/mcpserver"},
 	// 6. Implementations of the interfaces of floor 2, handed in by the

@@ -51,6 +51,7 @@ const (
 	ErrNotSupported         Code = "ERR_NOT_SUPPORTED"
 	ErrVolumeNotFound       Code = "ERR_VOLUME_NOT_FOUND"
 	ErrVolumeInUse          Code = "ERR_VOLUME_IN_USE"
+	ErrInvalidHandler       Code = "ERR_INVALID_HANDLER"
 )
 
 // Codes lists every code above.
@@ -62,7 +63,7 @@ var Codes = []Code{
 	ErrStorageUnavailable, ErrShuttingDown, ErrForbidden, ErrInvalidPolicy, ErrSubprocessDenied,
 	ErrCPUTimeExceeded, ErrModelNotFound, ErrProvider, ErrProviderTimeout, ErrSessionNotFound,
 	ErrTooManyConnections, ErrStorageQuotaExceeded, ErrProcessLimit, ErrNotSupported,
-	ErrVolumeNotFound, ErrVolumeInUse,
+	ErrVolumeNotFound, ErrVolumeInUse, ErrInvalidHandler,
 }
 
 // Is makes errors.Is(err, client.ErrXxx) true for an *Error of that code.

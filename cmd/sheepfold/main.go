@@ -42,7 +42,7 @@ func main() {
 		}
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	}
-	root.AddCommand(runCmd(&cfg, logger), templateCmd(&cfg), serveCmd(&cfg), keysCmd(&cfg), accountsCmd(&cfg), usageCmd(), sandboxCmd(), execCmd(), mcpCmd(), benchCmd(&cfg), doctorCmd(&cfg), seccompProfileCmd(), nriPluginCmd(), databaseCmd(&cfg),
+	root.AddCommand(runCmd(&cfg, logger), templateCmd(&cfg), serveCmd(&cfg), keysCmd(&cfg), accountsCmd(&cfg), usageCmd(), sandboxCmd(), batchCmd(), execCmd(), mcpCmd(), benchCmd(&cfg), doctorCmd(&cfg), seccompProfileCmd(), nriPluginCmd(), databaseCmd(&cfg),
 		configCmd(func() *cobra.Command { return serveCmd(&cfg) }))
 	if err := root.Execute(); err != nil {
 		var ee exitError

@@ -446,8 +446,13 @@ func (a *Account) AcquireSandbox(ctx context.Context, holder string) (reserved b
 	return true, nil
 }
 
+// ErrConcurrentCap is the cause (apierr.Error.Err, never sent) of a
+// create refused because the account holds its concurrent sandboxes: it
+// passes once one of them ends (internal/batch waits on it).
+var ErrConcurrentCap = errors.New("account: concurrent sandbox limit reached")
+
 func capError(max int64) error {
-	return apierr.New(apierr.SessionQuotaExceeded, "concurrent sandbox limit of %d reached", max)
+	return apierr.Wrap(ErrConcurrentCap, apierr.SessionQuotaExceeded, "concurrent sandbox limit of %d reached", max)
 }
 
 // ReleaseSandbox undoes one AcquireSandbox; on nil it does nothing.

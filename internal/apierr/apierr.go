@@ -98,6 +98,10 @@ const (
 	// nor mounted read-write by a second writer unless every writer asks
 	// to share it.
 	VolumeInUse Code = "ERR_VOLUME_IN_USE"
+	// InvalidHandler: a batch's code does not parse, or binds no
+	// handler(item) at its top level; the batch is refused before any
+	// item runs.
+	InvalidHandler Code = "ERR_INVALID_HANDLER"
 )
 
 // Status is the HTTP status of each code.
@@ -139,6 +143,7 @@ var Status = map[Code]int{
 	NotSupported:         http.StatusNotImplemented,
 	VolumeNotFound:       http.StatusNotFound,
 	VolumeInUse:          http.StatusConflict,
+	InvalidHandler:       http.StatusBadRequest,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

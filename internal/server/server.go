@@ -211,8 +211,10 @@
 // short), internal/ui (the dashboard's embedded front end), api (the
 // OpenAPI document), internal/preview (what a preview is: its forms,
 // credentials and proxy), internal/session (a session's execution
-// shape and its ask loop) and internal/volume (a volume's files, their
-// errors and entries: volumes.go).
+// shape and its ask loop), internal/volume (a volume's files, their
+// errors and entries: volumes.go) and internal/batch (batch jobs: what
+// runs when; batches.go runs each item through the create and execute
+// paths).
 // Never a runtime implementation: the engine is handed in.
 package server
 
@@ -237,6 +239,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/alerts"
 	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/batch"
 	"github.com/sheepfold/sheepfold/internal/e2b"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/identity"
@@ -571,6 +574,7 @@ type Server struct {
 	previewKey  []byte         // signs preview tokens and URLs, and E2B's access tokens
 	previewKeys *preview.Keys  // previewKey's preview tokens and signed URLs
 	metrics     *metrics.Metrics
+	batches     *batch.Manager // batches.go; nil without an engine or a store
 }
 
 // box is what the server keeps about each live sandbox it created.
@@ -707,6 +711,9 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	}
 	s.sweeper.Add(1)
 	go s.sweep()
+	if m != nil && st != nil {
+		s.startBatches() // batches.go
+	}
 	return s
 }
 
@@ -742,6 +749,7 @@ func (s *Server) Drain() {
 // is the caller's to close; call RecordStopped after closing it.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.Drain()
+	s.stopBatches() // their unfinished items run again at the next start
 	if d := s.drainDelay() - time.Since(time.Unix(0, s.drainStart.Load())); d > 0 {
 		t := time.NewTimer(d)
 		select {

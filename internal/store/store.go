@@ -234,6 +234,7 @@ type Store interface {
 	ModelStore
 	SecretStore
 	VolumeStore
+	BatchStore
 	ReplicaStore
 	MeterPointStore
 	StorageStore

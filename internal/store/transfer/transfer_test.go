@@ -80,6 +80,16 @@ func populate(t *testing.T, ctx context.Context, st store.Store) {
 	// volumes.
 	must(st.CreateVolume(ctx, store.Volume{Owner: "acct-a", Name: "data", ID: "vol-1", SizeBytes: 64 << 20, CreatedAt: now.Add(-time.Hour)}, 0, 0))
 
+	// batches: one item ended, one pending.
+	must(st.CreateBatch(ctx, store.Batch{ID: "bat-1", Owner: "acct-a", Status: store.BatchRunning, Template: "python", Language: "python",
+		Code: "def handler(x): return x", Concurrency: 2, TimeoutMS: 1000, CreatedAt: now.Add(-time.Hour)},
+		[]json.RawMessage{json.RawMessage(`"a"`), json.RawMessage(`[1]`)}))
+	ended := now.Add(-30 * time.Minute)
+	if _, err := st.EndBatchItem(ctx, store.BatchItem{BatchID: "bat-1", Index: 0, Status: store.BatchItemDone, Attempts: 1,
+		Result: json.RawMessage(`1`), EndedAt: &ended}); err != nil {
+		t.Fatal(err)
+	}
+
 	// events: the newest one is deleted by retention (its time is old),
 	// so SQLite has handed out an id above every row's.
 	evs := []store.Event{

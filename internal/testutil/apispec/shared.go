@@ -80,4 +80,9 @@ var Shared = []Entry{
 	{V: api.Answer{}, Schema: "Answer"},
 	{V: api.AskStep{}, Schema: "AskStep"},
 	{V: api.Model{}, Schema: "Model"},
+	{V: api.BatchRequest{}, Schema: "BatchRequest"},
+	{V: api.Batch{}, Schema: "Batch"},
+	{V: api.BatchError{}, Schema: "BatchError"},
+	{V: api.BatchItemError{}, Schema: "BatchItemError"},
+	{V: api.BatchResult{}, Schema: "BatchResult"},
 }

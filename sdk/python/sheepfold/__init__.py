@@ -29,6 +29,7 @@ from .errors import (
     MethodNotAllowedError,
     InternalServerError,
     InvalidArgumentError,
+    InvalidHandlerError,
     InvalidPolicyError,
     ModelNotFoundError,
     ModuleBlockedError,
@@ -60,6 +61,7 @@ from .events import Event, EventPage, Events, Webhook, WebhookDelivery, Webhooks
 from .files import FilePage, Filesystem, WriteEntry
 from .secrets import Secret, SecretUse, Secrets
 from .volumes import Volume, VolumeFile, VolumeMount, Volumes
+from .batches import Batch, BatchError, BatchItemError, BatchResult, Batches
 from .models import (
     Adopted,
     CodeContext,
@@ -91,6 +93,7 @@ __all__ = [
     "Usage",
     "Monitor",
     "CodeExecutionError",
+    "InvalidHandlerError",
     "InvalidPolicyError",
     "ModelNotFoundError",
     "ProviderError",
@@ -129,6 +132,11 @@ __all__ = [
     "VolumeFile",
     "VolumeMount",
     "Volumes",
+    "Batch",
+    "BatchError",
+    "BatchItemError",
+    "BatchResult",
+    "Batches",
     "verify_webhook",
     "FilePage",
     "Filesystem",

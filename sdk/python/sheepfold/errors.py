@@ -148,6 +148,13 @@ class InvalidPolicyError(InvalidArgumentError):
     default_code = "ERR_INVALID_POLICY"
 
 
+class InvalidHandlerError(InvalidArgumentError):
+    """400 ERR_INVALID_HANDLER: a batch's code does not parse, or binds no
+    handler(item) at its top level; no item ran."""
+
+    default_code = "ERR_INVALID_HANDLER"
+
+
 class UnsupportedLanguageError(InvalidArgumentError):
     default_code = "ERR_UNSUPPORTED_LANGUAGE"
 
@@ -393,6 +400,7 @@ _BY_CODE: Dict[str, Type[SheepfoldError]] = {
     "ERR_NOT_SUPPORTED": NotSupportedError,
     "ERR_VOLUME_NOT_FOUND": VolumeNotFoundError,
     "ERR_VOLUME_IN_USE": VolumeInUseError,
+    "ERR_INVALID_HANDLER": InvalidHandlerError,
     "ERR_METHOD_NOT_ALLOWED": MethodNotAllowedError,
     "ERR_STORAGE_UNAVAILABLE": StorageUnavailableError,
     "ERR_SHUTTING_DOWN": ShuttingDownError,

@@ -19,7 +19,7 @@ import unittest
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
 import sheepfold  # noqa: E402
-from sheepfold import accounts, client, events, models, secrets, volumes  # noqa: E402
+from sheepfold import accounts, batches, client, events, models, secrets, volumes  # noqa: E402
 
 SPEC = os.path.join(os.path.dirname(__file__), "..", "..", "..", "api", "openapi.json")
 
@@ -67,6 +67,10 @@ TABLE = {
     volumes.Volume: ("Volume", {}, {}, {}),
     volumes.VolumeMount: ("VolumeMount", {}, {}, {}),
     volumes.VolumeFile: ("VolumeFile", {}, {}, {}),
+    batches.Batch: ("Batch", {}, {}, {}),
+    batches.BatchError: ("BatchError", {}, {}, {}),
+    batches.BatchItemError: ("BatchItemError", {}, {}, {}),
+    batches.BatchResult: ("BatchResult", {}, {}, {}),
 }
 
 
@@ -101,7 +105,7 @@ class SpecTest(unittest.TestCase):
                 self.assertEqual(wire - set(unmodelled) - got, set(), f"{model.__name__}: {schema}'s fields it lacks")
 
     def test_every_model_is_checked(self):
-        for mod in (models, accounts, client, events, secrets, volumes):
+        for mod in (models, accounts, batches, client, events, secrets, volumes):
             for name, cls in inspect.getmembers(mod, inspect.isclass):
                 if dataclasses.is_dataclass(cls) and cls.__module__ == mod.__name__:
                     self.assertTrue(cls in TABLE, f"{mod.__name__}.{name} is a model the spec check does not know")

@@ -1,0 +1,70 @@
+package api
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// BatchRequest is the body of POST /v1/batches (schema BatchRequest):
+// Code defines handler(item), which runs once per input, each in a fresh
+// sandbox of Template, Concurrency at a time.
+type BatchRequest struct {
+	Template    string            `json:"template,omitempty"` // "python" when empty
+	Language    string            `json:"language,omitempty"` // "python" (the only one now)
+	Code        string            `json:"code"`
+	Inputs      []json.RawMessage `json:"inputs"`
+	Concurrency int               `json:"concurrency,omitempty"` // 1 when 0
+	TimeoutMS   int64             `json:"timeout_ms,omitempty"`  // each run's execution timeout; the engine's when 0
+	Retries     int               `json:"retries,omitempty"`     // more runs of an item that failed
+	// Resources of every item's sandbox, within the account's ceiling
+	// (the server's defaults when nil).
+	Resources *Resources `json:"resources,omitempty"`
+}
+
+// Batch is a batch job as the API shows it (schema Batch). Status is
+// running, done, canceled or failed (Error says why).
+type Batch struct {
+	ID          string      `json:"id"`
+	Status      string      `json:"status"`
+	Template    string      `json:"template"`
+	Language    string      `json:"language"`
+	Concurrency int         `json:"concurrency"`
+	TimeoutMS   int64       `json:"timeout_ms"`
+	Retries     int         `json:"retries"`
+	Resources   *Resources  `json:"resources"`
+	Total       int         `json:"total"`
+	Done        int         `json:"done"`
+	Failed      int         `json:"failed"`
+	Pending     int         `json:"pending"`
+	CreatedAt   time.Time   `json:"created_at"`
+	EndedAt     *time.Time  `json:"ended_at"`
+	Error       *BatchError `json:"error"`
+}
+
+// BatchError is why a batch failed as a whole (schema BatchError): a
+// stable ERR_* code and its message.
+type BatchError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// BatchItemError is how an item failed (schema BatchItemError): the
+// handler's exception (name, value, traceback), or the run's (code).
+type BatchItemError struct {
+	Name      string `json:"name"`
+	Value     string `json:"value"`
+	Traceback string `json:"traceback,omitempty"`
+	Code      string `json:"code,omitempty"`
+}
+
+// BatchResult is one line of GET /v1/batches/{id}/results (schema
+// BatchResult): an ended item, by its index in the inputs, with its
+// result (the handler's return value) or its error.
+type BatchResult struct {
+	Index    int             `json:"index"`
+	Status   string          `json:"status"` // done or failed
+	Attempts int             `json:"attempts"`
+	Result   json.RawMessage `json:"result,omitempty"`
+	Error    *BatchItemError `json:"error,omitempty"`
+	EndedAt  *time.Time      `json:"ended_at"`
+}

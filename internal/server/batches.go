@@ -1,0 +1,392 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/sheepfold/sheepfold/api"
+	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/batch"
+	"github.com/sheepfold/sheepfold/internal/bound"
+	"github.com/sheepfold/sheepfold/internal/lang"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/store"
+)
+
+// A batch's bounds: its inputs (each item a stored row and a sandbox),
+// its concurrency (each a sandbox at once, within the account's own
+// limits), its retries and each run's timeout.
+const (
+	maxBatchInputs      = 10000
+	maxBatchConcurrency = 64
+	maxBatchRetries     = 10
+	maxBatchTimeoutMS   = 24 * 3600 * 1000
+)
+
+func (s *Server) batchRoutes(add addFunc) {
+	add("POST /v1/batches", true, s.createBatch)
+	add("GET /v1/batches", true, s.listBatches)
+	add("GET /v1/batches/{id}", true, s.getBatch)
+	add("GET /v1/batches/{id}/results", true, s.batchResults)
+	add("POST /v1/batches/{id}/cancel", true, s.cancelBatch)
+}
+
+// startBatches makes the server's batch manager and takes up the batches
+// a stopped server left running (their pending items run again), unless
+// the store is shared with replicas.
+func (s *Server) startBatches() {
+	s.batches = batch.New(s.store, batchRunner{s}, s.log)
+	if s.shared() {
+		// Replicas would each take up every running batch: a batch
+		// runs on the server that took it (docs/ARCHITECTURE.md).
+		return
+	}
+	if err := s.batches.Resume(context.Background()); err != nil {
+		s.log.Error("batches: take up those left running; they wait for the next start", "err", err)
+	}
+}
+
+// stopBatches stops the items running here: those not ended stay
+// pending, for the next start.
+func (s *Server) stopBatches() {
+	if s.batches != nil {
+		s.batches.Close()
+	}
+}
+
+func batchOf(b store.Batch) api.Batch {
+	out := api.Batch{ID: b.ID, Status: b.Status, Template: b.Template, Language: b.Language, Concurrency: b.Concurrency,
+		TimeoutMS: b.TimeoutMS, Retries: b.Retries, Total: b.Total, Done: b.Done, Failed: b.Failed,
+		Pending: b.Total - b.Done - b.Failed, CreatedAt: b.CreatedAt.UTC(), EndedAt: b.EndedAt}
+	if b.ErrorCode != "" {
+		out.Error = &api.BatchError{Code: b.ErrorCode, Message: b.Error}
+	}
+	out.Resources = batchResources(b)
+	return out
+}
+
+// batchResources is what each item's sandbox of b asks for; nil for the
+// server's defaults.
+func batchResources(b store.Batch) *api.Resources {
+	if b.Resources == nil {
+		return nil
+	}
+	var r api.Resources
+	if json.Unmarshal(b.Resources, &r) != nil {
+		return nil
+	}
+	return &r
+}
+
+// itemOptions are the create options of each sandbox of b (its check's
+// and its items'): its template and resources, its id in the metadata.
+func (s *Server) itemOptions(b store.Batch, check bool) (sandbox.CreateOptions, error) {
+	md := map[string]string{"batch": b.ID}
+	if check {
+		md["batch_check"] = "1"
+	}
+	opt, _, err := s.createOptions(api.CreateSandbox{Template: b.Template, Resources: batchResources(b), Metadata: md})
+	return opt, err
+}
+
+func batchNotFound(id string) error {
+	return apierr.New(apierr.NotFound, "no batch %q", id)
+}
+
+func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
+	if s.batches == nil {
+		return apierr.New(apierr.NotSupported, "this server runs no batches")
+	}
+	var req api.BatchRequest
+	if err := decodeJSON(w, r, &req, false); err != nil {
+		return err
+	}
+	if req.Template == "" {
+		req.Template = "python"
+	}
+	if req.Language == "" {
+		req.Language = lang.Python
+	}
+	if req.Language != lang.Python {
+		return apierr.New(apierr.UnsupportedLanguage, "batches run python handlers only, not %q", req.Language)
+	}
+	if req.Code == "" {
+		return apierr.New(apierr.BadRequest, "code is required: it defines handler(item)")
+	}
+	if len(req.Inputs) == 0 || len(req.Inputs) > maxBatchInputs {
+		return apierr.New(apierr.BadRequest, "inputs must hold between 1 and %d items, not %d", maxBatchInputs, len(req.Inputs))
+	}
+	if req.Concurrency == 0 {
+		req.Concurrency = 1
+	}
+	if req.Concurrency < 1 || req.Concurrency > maxBatchConcurrency {
+		return apierr.New(apierr.BadRequest, "concurrency must be between 1 and %d", maxBatchConcurrency)
+	}
+	if req.Retries < 0 || req.Retries > maxBatchRetries {
+		return apierr.New(apierr.BadRequest, "retries must be between 0 and %d", maxBatchRetries)
+	}
+	if req.TimeoutMS < 0 || req.TimeoutMS > maxBatchTimeoutMS {
+		return apierr.New(apierr.BadRequest, "timeout_ms must be from 0 (the engine's default) to %d", maxBatchTimeoutMS)
+	}
+	for i, in := range req.Inputs {
+		if !json.Valid(in) {
+			return apierr.New(apierr.BadRequest, "inputs[%d] is not JSON", i)
+		}
+	}
+	b := store.Batch{ID: newID("bat_"), Owner: owner(r), Status: store.BatchRunning, Template: req.Template, Language: req.Language,
+		Code: req.Code, Concurrency: req.Concurrency, TimeoutMS: req.TimeoutMS, Retries: req.Retries, CreatedAt: time.Now(),
+		Total: len(req.Inputs)}
+	if req.Resources != nil {
+		b.Resources, _ = json.Marshal(req.Resources)
+	}
+	if err := s.checkHandler(r.Context(), b); err != nil {
+		return err
+	}
+	if err := s.store.CreateBatch(context.WithoutCancel(r.Context()), b, req.Inputs); err != nil {
+		return fmt.Errorf("record batch: %w", err)
+	}
+	s.batches.Start(b)
+	writeJSON(w, http.StatusCreated, batchOf(b))
+	return nil
+}
+
+// checkHandler parses a batch's code in one sandbox of its owner (created
+// and charged like any), running none of it: a syntax error or no
+// handler is ERR_INVALID_HANDLER before any item runs.
+func (s *Server) checkHandler(ctx context.Context, b store.Batch) error {
+	opt, err := s.itemOptions(b, true)
+	if err != nil {
+		return err
+	}
+	sb, err := s.create(ctx, b.Owner, opt, 0, nil)
+	if err != nil {
+		return err
+	}
+	defer s.killBatchSandbox(ctx, sb)
+	mark := "\x1e" + newID("sfcheck_") + ":"
+	ex, err := sb.Execute(ctx, sandbox.ExecuteRequest{ID: newID("exe_"), Code: batch.CheckScript(b.Code, mark), Language: lang.Python,
+		Timeout: 30 * time.Second}, nil)
+	if err != nil {
+		return err
+	}
+	out, ok := batch.Marked(ex.Stdout, mark)
+	var res batch.CheckResult
+	if !ok || json.Unmarshal(out, &res) != nil {
+		return fmt.Errorf("check batch handler: no verdict (status %s, error %+v)", ex.Status, ex.Error)
+	}
+	if !res.OK {
+		return apierr.New(apierr.InvalidHandler, "%s: %s", res.Name, res.Value)
+	}
+	return nil
+}
+
+// killBatchSandbox ends a sandbox a batch made, as a DELETE would.
+func (s *Server) killBatchSandbox(ctx context.Context, sb *sandbox.Sandbox) {
+	ctx = context.WithoutCancel(ctx)
+	s.mu.Lock()
+	b := s.boxes[sb.ID]
+	s.mu.Unlock()
+	if err := s.recordKill(ctx, sb.ID); err != nil {
+		s.log.Warn("batch: record a sandbox's kill", "sandbox", sb.ID, "err", err)
+	}
+	if err := s.engine.Kill(ctx, sb.ID); err != nil && apierr.CodeOf(err) != apierr.SandboxNotFound {
+		s.log.Warn("batch: kill a sandbox", "sandbox", sb.ID, "err", err)
+	}
+	if b != nil {
+		s.forget(ctx, b)
+	}
+}
+
+// batchRunner runs a batch's items through the server's create and
+// execute paths (batch.Runner).
+type batchRunner struct{ s *Server }
+
+// RunItem implements batch.Runner: a fresh sandbox of the batch's owner
+// (from the warm pool when it can), one execution, the sandbox killed.
+func (br batchRunner) RunItem(ctx context.Context, b store.Batch, input json.RawMessage) batch.Outcome {
+	s := br.s
+	opt, err := s.itemOptions(b, false)
+	if err != nil {
+		return batch.Outcome{Refused: err}
+	}
+	sb, err := s.create(ctx, b.Owner, opt, 0, nil)
+	if err != nil {
+		return batch.Classify(err)
+	}
+	defer s.killBatchSandbox(ctx, sb)
+	mark := "\x1e" + newID("sfitem_") + ":"
+	code := batch.Script(b.Code, input, mark)
+	req := sandbox.ExecuteRequest{ID: newID("exe_"), Code: code, Language: lang.Python,
+		Timeout: time.Duration(b.TimeoutMS) * time.Millisecond}
+	rec := s.recordExecution(ctx, sb.ID, b.Owner, req.ID, lang.Python, code)
+	ex, err := sb.Execute(ctx, req, nil)
+	rec.End(ex, err)
+	if err != nil {
+		ae := apierr.From(err)
+		if ae.Code == apierr.RateLimited || ae.Code == apierr.SessionQuotaExceeded {
+			return batch.Classify(err) // the account's executions: wait, or fail the batch
+		}
+		return batch.Outcome{Err: &batch.ItemError{Name: string(ae.Code), Value: ae.Message, Code: string(ae.Code)}}
+	}
+	if ex.Error != nil {
+		return batch.Outcome{Err: &batch.ItemError{Name: ex.Error.Name, Value: ex.Error.Value, Traceback: ex.Error.Traceback,
+			Code: string(ex.ErrorCode)}}
+	}
+	if ex.ErrorCode != "" {
+		return batch.Outcome{Err: &batch.ItemError{Name: string(ex.ErrorCode), Value: "the run ended with " + ex.Status,
+			Code: string(ex.ErrorCode)}}
+	}
+	res, ok := batch.Marked(ex.Stdout, mark)
+	if !ok {
+		return batch.Outcome{Err: &batch.ItemError{Name: "ResultMissing",
+			Value: "the handler's result is not in the run's output (was the output cut at its limit?)"}}
+	}
+	return batch.Outcome{Result: res}
+}
+
+// A batch's progress stream (GET /v1/batches/{id} as SSE, or NDJSON
+// with ?stream=1) holds a stream of its key and account while it runs.
+func init() {
+	streamRoutes["GET /v1/batches/{id}"] = func(r *http.Request) bool { return wantStream(r, streamNone) != streamNone }
+}
+
+// batchStreamInterval is how often a progress stream reads its batch.
+const batchStreamInterval = 250 * time.Millisecond
+
+func (s *Server) getBatch(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.store.GetBatch(r.Context(), owner(r), r.PathValue("id"))
+	if errors.Is(err, store.ErrNotFound) {
+		return batchNotFound(r.PathValue("id"))
+	}
+	if err != nil {
+		return err
+	}
+	if mode := wantStream(r, streamNone); mode != streamNone {
+		s.streamBatch(w, r, mode, b)
+		return nil
+	}
+	writeJSON(w, http.StatusOK, batchOf(b))
+	return nil
+}
+
+// streamBatch sends a "progress" event (the batch) at once and whenever
+// its counts change, then a last "done" event once it is no longer
+// running; a "failure" event if it cannot go on (the server drains).
+func (s *Server) streamBatch(w http.ResponseWriter, r *http.Request, mode streamMode, b store.Batch) {
+	st := newStreamer(w, mode)
+	t := time.NewTicker(batchStreamInterval)
+	defer t.Stop()
+	var sent *api.Batch
+	for {
+		out := batchOf(b)
+		if out.Status != store.BatchRunning {
+			s.end(st, w, r, nil, "done", out, map[string]any{"type": "done", "batch": out})
+			return
+		}
+		if sent == nil || sent.Done != out.Done || sent.Failed != out.Failed {
+			st.send("progress", out, map[string]any{"type": "progress", "batch": out})
+			sent = &out
+		}
+		if st.err() != nil {
+			st.finish()
+			return
+		}
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			st.finish()
+			return
+		case <-s.streamsDone:
+			s.end(st, w, r, apierr.New(apierr.ShuttingDown, "the server is shutting down; ask again"), "", nil, nil)
+			return
+		}
+		var err error
+		if b, err = s.store.GetBatch(r.Context(), b.Owner, b.ID); err != nil {
+			s.end(st, w, r, err, "", nil, nil)
+			return
+		}
+	}
+}
+
+func (s *Server) listBatches(w http.ResponseWriter, r *http.Request) error {
+	limit, err := pageLimit(r)
+	if err != nil {
+		return err
+	}
+	bs, err := s.store.ListBatches(r.Context(), owner(r), limit)
+	if err != nil {
+		return err
+	}
+	out := make([]api.Batch, len(bs))
+	for i, b := range bs {
+		out[i] = batchOf(b)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"batches": out})
+	return nil
+}
+
+func (s *Server) cancelBatch(w http.ResponseWriter, r *http.Request) error {
+	if s.batches == nil {
+		return batchNotFound(r.PathValue("id"))
+	}
+	b, err := s.batches.Cancel(context.WithoutCancel(r.Context()), owner(r), r.PathValue("id"))
+	if errors.Is(err, store.ErrNotFound) {
+		return batchNotFound(r.PathValue("id"))
+	}
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, batchOf(b))
+	return nil
+}
+
+// batchResults writes a page of a batch's ended items as JSON Lines, by
+// index; ?after=N starts after index N, and Sheepfold-Next-After, set
+// when the page is full, is the after of the next page.
+func (s *Server) batchResults(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	if _, err := s.store.GetBatch(r.Context(), owner(r), id); errors.Is(err, store.ErrNotFound) {
+		return batchNotFound(id)
+	} else if err != nil {
+		return err
+	}
+	limit, err := pageLimit(r)
+	if err != nil {
+		return err
+	}
+	after := -1
+	if v := r.URL.Query().Get("after"); v != "" {
+		n, err := bound.ParseInt("after", v, -1, maxBatchInputs)
+		if err != nil {
+			return err
+		}
+		after = int(n)
+	}
+	items, err := s.store.PageBatchItems(r.Context(), id, after, limit)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	if len(items) == limit {
+		w.Header().Set("Sheepfold-Next-After", strconv.Itoa(items[len(items)-1].Index))
+	}
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	for _, it := range items {
+		line := api.BatchResult{Index: it.Index, Status: it.Status, Attempts: it.Attempts, Result: it.Result, EndedAt: it.EndedAt}
+		if it.Error != nil {
+			line.Error = &api.BatchItemError{}
+			_ = json.Unmarshal(it.Error, line.Error)
+		}
+		if err := enc.Encode(line); err != nil {
+			return nil // the client went away
+		}
+	}
+	return nil
+}
