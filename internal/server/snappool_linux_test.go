@@ -11,7 +11,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/server"
 )
 
-// TestSnapshotPool keeps two sandboxes restored ahead from a snapshot:
+// TestPooledSnapshot keeps two sandboxes restored ahead from a snapshot:
 // creates from it take them (sandboxes the runtime held before the
 // creates, each with the snapshot's variable, each its own: a variable
 // set in one is not in the other, and their ids differ), the pool is
@@ -19,7 +19,7 @@ import (
 // the account's bound holds, and the snapshot's delete leaves no
 // container behind. The control of the claim: without a pool a create
 // restores a sandbox the runtime did not hold before.
-func TestSnapshotPool(t *testing.T) {
+func TestPooledSnapshot(t *testing.T) {
 	var rt runtime.Runtime
 	e := runcEnvWith(t, server.Config{MaxSnapshotPoolPerAccount: 2}, func(c *sandbox.Config) { rt = c.Runtime })
 	ids := func() []string {
