@@ -42,6 +42,9 @@ func (s *Server) setSnapshotPool(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	own, name := owner(r), r.PathValue("name")
+	if !snapshotName.MatchString(name) {
+		return apierr.New(apierr.NotFound, "no snapshot %q", name)
+	}
 	if req.Size < 0 {
 		return &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": "size"},
 			Message: "size must be 0 or more"}
