@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -130,9 +131,15 @@ func (m *Manager) dropSnapPool(p *snapPool, members []*Sandbox) error {
 	if p != nil {
 		p.stop()
 		<-p.done
-		// The filler may have added one as it stopped.
+		// The filler may have added one as it stopped (members may
+		// share p.ready's array: copied first).
+		members = slices.Clone(members)
 		m.snaps.mu.Lock()
-		members = append(members, p.ready[len(members):]...)
+		for _, s := range p.ready {
+			if !slices.Contains(members, s) {
+				members = append(members, s)
+			}
+		}
 		p.ready = nil
 		m.snaps.mu.Unlock()
 	}
@@ -220,6 +227,9 @@ func (m *Manager) renewSnapPool(ctx context.Context, p *snapPool) {
 			_ = m.destroy(s, reasonFailed)
 		}
 	}
+	m.snaps.mu.Lock()
+	p.ready = slices.DeleteFunc(p.ready, func(s *Sandbox) bool { return s.State() != StateStarting })
+	m.snaps.mu.Unlock()
 }
 
 // startSnapMember restores one member of p.
