@@ -76,6 +76,7 @@ from .models import (
     Result,
     SandboxInfo,
     SnapshotInfo,
+    SnapshotPool,
 )
 from .ports import Port, PortList
 from .sandbox import Sandbox
@@ -108,6 +109,7 @@ __all__ = [
     "SessionNotFoundError",
     "Sandbox",
     "SnapshotInfo",
+    "SnapshotPool",
     "Diff",
     "Adopted",
     "Port",
