@@ -89,3 +89,18 @@ type VolumeFile struct {
 	Size    int64     `json:"size"`
 	ModTime time.Time `json:"mod_time"`
 }
+
+// SnapshotPoolRequest is POST /v1/snapshots/{name}/pool's body (schema
+// SnapshotPoolRequest): how many sandboxes restored from the snapshot to
+// keep ready (0: none).
+type SnapshotPoolRequest struct {
+	Size int `json:"size"`
+}
+
+// SnapshotPool is a snapshot's pool (schema SnapshotPool): the sandboxes
+// restored from it ahead of need, which creates from it take.
+type SnapshotPool struct {
+	Snapshot string `json:"snapshot"`
+	Size     int    `json:"size"`  // asked for
+	Ready    int    `json:"ready"` // restored and waiting now
+}

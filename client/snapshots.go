@@ -73,3 +73,23 @@ func (c *Client) AdoptFork(ctx context.Context, id string) (*Adopted, error) {
 	var a Adopted
 	return &a, c.call(ctx, request{method: "POST", path: sandboxPath(id, "adopt")}, &a)
 }
+
+// SnapshotPool is a snapshot's pool: sandboxes restored from it ahead of
+// need, which creates from it take.
+type SnapshotPool = api.SnapshotPool
+
+// SetSnapshotPool keeps size sandboxes restored from the snapshot name
+// ahead of need (0: none), so that a create from it skips the restore.
+// ErrNotSupported: the server keeps no snapshot pools;
+// ErrSessionQuotaExceeded: past the account's bound over all its pools.
+func (c *Client) SetSnapshotPool(ctx context.Context, name string, size int) (*SnapshotPool, error) {
+	var p SnapshotPool
+	return &p, c.call(ctx, request{method: "POST", path: "/v1/snapshots/" + url.PathEscape(name) + "/pool", json: api.SnapshotPoolRequest{Size: size}}, &p)
+}
+
+// GetSnapshotPool reports the snapshot name's pool: its size and how
+// many members are ready.
+func (c *Client) GetSnapshotPool(ctx context.Context, name string) (*SnapshotPool, error) {
+	var p SnapshotPool
+	return &p, c.call(ctx, request{method: "GET", path: "/v1/snapshots/" + url.PathEscape(name) + "/pool"}, &p)
+}

@@ -15,6 +15,7 @@ const (
 	benchSnapshot     = "snapshot (pandas and matplotlib loaded)"
 	benchFromSnapshot = "create from snapshot → first result (pandas and matplotlib loaded)"
 	benchFork4        = "fork of 4 (pandas and matplotlib loaded)"
+	benchFromPool     = "create from a pooled snapshot → first result (pandas and matplotlib loaded)"
 )
 
 // snapshotFork measures, for a sandbox whose Python has pandas and
@@ -74,6 +75,9 @@ func (b *bencher) snapshotFork(ctx context.Context) error {
 	}
 	b.record(benchSnapshot, snaps)
 	b.record(benchFromSnapshot, starts)
+	if err := b.fromPooledSnapshot(ctx, sb.ID, n, check); err != nil {
+		return err
+	}
 	var forks []float64
 	for i := -benchPauseWarmups; i < min(n, 5); i++ {
 		t := time.Now()
@@ -93,5 +97,60 @@ func (b *bencher) snapshotFork(ctx context.Context) error {
 		}
 	}
 	b.record(benchFork4, forks)
+	return nil
+}
+
+// fromPooledSnapshot measures a create from a snapshot whose pool
+// (POST /v1/snapshots/{name}/pool) holds a member ready, to the first
+// result of the new sandbox: each round waits for the pool to be full
+// again first. A server that keeps no snapshot pools says so in a note.
+func (b *bencher) fromPooledSnapshot(ctx context.Context, id string, n int, check func(string) error) error {
+	name := fmt.Sprintf("bench-pool-%d", time.Now().UnixNano())
+	if _, err := b.c.CreateSnapshot(ctx, id, name); err != nil {
+		return err
+	}
+	defer b.c.DeleteSnapshot(context.WithoutCancel(ctx), name)
+	if _, err := b.c.SetSnapshotPool(ctx, name, 1); err != nil {
+		var ae *client.Error
+		if errors.As(err, &ae) && (ae.Code == "ERR_NOT_SUPPORTED" || ae.Code == "ERR_SESSION_QUOTA_EXCEEDED") {
+			fmt.Fprintf(os.Stderr, "bench: snapshot pool: %v\n", err)
+			b.res.Notes = append(b.res.Notes, "snapshot pool: not available on this server (--max-snapshot-pool-per-account): "+ae.Message)
+			return nil
+		}
+		return err
+	}
+	var starts []float64
+	for i := -benchPauseWarmups; i < n; i++ {
+		for {
+			p, err := b.c.GetSnapshotPool(ctx, name)
+			if err != nil {
+				return err
+			}
+			if p.Ready >= 1 {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		t := time.Now()
+		from, err := b.c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: name})
+		if err == nil {
+			err = check(from.ID)
+		}
+		r := since(t)
+		if from != nil {
+			_ = b.c.Kill(context.WithoutCancel(ctx), from.ID)
+		}
+		if err != nil {
+			return fmt.Errorf("from a pooled snapshot: %w", err)
+		}
+		if i >= 0 {
+			starts = append(starts, r)
+		}
+	}
+	b.record(benchFromPool, starts)
 	return nil
 }

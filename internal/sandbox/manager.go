@@ -228,6 +228,7 @@ type Manager struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	pool   *pool          // nil when Config.PoolSize is 0
+	snaps  snapPools      // snapshots' pools (snappool.go)
 	reaps  sync.WaitGroup // background destroys (reap.go)
 	hooks  atomic.Pointer[Hooks]
 	// autoOnce starts the auto-pause loop at the first auto-pause
@@ -307,6 +308,10 @@ type CreateOptions struct {
 	// options must be those the snapshotted sandbox was made with
 	// (snapshot.go).
 	Snapshot string
+	// SnapshotPool, with Snapshot, names the snapshot pool
+	// (Manager.SetSnapshotPool) a member of which the sandbox is, when
+	// one is ready (snappool.go).
+	SnapshotPool string
 	// AutoPause pauses the sandbox instead of stopping it when its
 	// lifetime ends or it is idle past IdleTimeout, once it is idle
 	// (autopause.go). The engine must be able to pause (CanPause).
@@ -357,6 +362,11 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		}
 		if _, err := m.snapshotter(); err != nil {
 			return nil, err
+		}
+		if opt.SnapshotPool != "" && !opt.AutoPause && len(opt.Volumes) == 0 {
+			if s, ok, err := m.fromSnapPool(ctx, opt); ok {
+				return s, err
+			}
 		}
 	}
 	if !egressPolicy.Enabled() && opt.Runtime == "" && len(opt.Volumes) == 0 && opt.Snapshot == "" {
@@ -680,9 +690,9 @@ func (m *Manager) forget(id string) {
 // the other engines; only the warm pool's members are destroyed.
 func (m *Manager) Close(ctx context.Context) error {
 	m.cancel()
-	var poolErr error
+	poolErr := m.closeSnapPools()
 	if m.pool != nil {
-		poolErr = m.pool.close()
+		poolErr = errors.Join(poolErr, m.pool.close())
 	}
 	m.mu.Lock()
 	m.closed = true

@@ -566,6 +566,19 @@ func (m *Manager) fromPool(ctx context.Context, opt CreateOptions, limits runtim
 		p.misses.Add(1)
 		return nil, false, nil
 	}
+	s, ok, err = m.handOut(ctx, s, opt, pol, p.giveBack)
+	if !ok || err != nil {
+		return s, ok, err
+	}
+	p.hits.Add(1)
+	return s, true, nil
+}
+
+// handOut makes s, a member of a pool (the warm pool's or a snapshot's)
+// taken for opt, the caller's sandbox; giveBack returns it to its pool
+// when the engine cannot take it. ok false: it was stopped in the pool
+// meanwhile (a miss).
+func (m *Manager) handOut(ctx context.Context, s *Sandbox, opt CreateOptions, pol policyState, giveBack func(*Sandbox)) (*Sandbox, bool, error) {
 	// lifeMu orders the agent's lifetime after a lease renewal in flight,
 	// and any SetTimeout after it; it is released once the agent knows.
 	s.lifeMu.Lock()
@@ -574,12 +587,12 @@ func (m *Manager) fromPool(ctx context.Context, opt CreateOptions, limits runtim
 	case m.closed:
 		m.mu.Unlock()
 		s.lifeMu.Unlock()
-		p.giveBack(s)
+		giveBack(s)
 		return nil, true, apierr.New(apierr.Capacity, "the engine is shutting down")
 	case len(m.sandboxes) >= m.cfg.MaxSandboxes:
 		m.mu.Unlock()
 		s.lifeMu.Unlock()
-		p.giveBack(s)
+		giveBack(s)
 		return nil, true, &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
 			Message: fmt.Sprintf("all %d sandbox slots are in use", m.cfg.MaxSandboxes)}
 	}
@@ -606,7 +619,6 @@ func (m *Manager) fromPool(ctx context.Context, opt CreateOptions, limits runtim
 		}
 	}()
 	m.mu.Unlock()
-	p.hits.Add(1)
 	m.log.Info("sandbox created", "sandbox", s.ID, "template", s.Template, "pool", "hit")
 	s.announce(true)
 	return s, true, nil

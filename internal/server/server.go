@@ -267,6 +267,10 @@ type Config struct {
 	// MaxSnapshotsPerAccount bounds each account's snapshots
 	// [DefaultMaxSnapshotsPerAccount] (snapshots.go).
 	MaxSnapshotsPerAccount int
+	// MaxSnapshotPoolPerAccount bounds the sandboxes each account keeps
+	// restored ahead in its snapshots' pools, all pools together; 0: no
+	// snapshot pools (snappool.go).
+	MaxSnapshotPoolPerAccount int
 	// MaxPausedBytesPerAccount bounds the bytes each account's sandboxes
 	// paused to disk hold on the server's disk (checkpoints and kept
 	// disks); 0: no bound (pausedbytes.go).
@@ -517,6 +521,9 @@ type Server struct {
 	snapUse    map[string]int
 	snapMaking map[string]bool
 	forks      map[string]forkOf // by the fork's id
+	// snapPools are the sizes of the snapshots' pools, by snapshotKey
+	// (snappool.go); guarded by snapMu.
+	snapPools map[string]int
 
 	bus         *events.Bus
 	hooks       *webhooks.Service

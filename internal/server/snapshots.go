@@ -99,6 +99,7 @@ func (s *Server) snapshotRoutes(add addFunc) {
 	add("GET /v1/snapshots", true, s.listSnapshots)
 	add("GET /v1/snapshots/{name}", true, s.getSnapshot)
 	add("DELETE /v1/snapshots/{name}", true, s.deleteSnapshot)
+	s.snapPoolRoutes(add)
 }
 
 // snapshots returns the engine's snapshot dir, or why there is none.
@@ -367,6 +368,7 @@ func (s *Server) removeSnapshot(own, name string) error {
 		s.snapMu.Unlock()
 		return apierr.New(apierr.Conflict, "snapshot %q is in use: %d sandboxes are starting from it; delete it when they have started", name, n)
 	}
+	s.dropSnapPool(own, name) // snapMu held (snappool.go)
 	old := filepath.Join(filepath.Dir(dir), ".old-"+newID(""))
 	err = os.Rename(dir, old)
 	s.snapMu.Unlock()
@@ -409,6 +411,7 @@ func (s *Server) snapshotCreateOptions(own string, req api.CreateSandbox) (opt s
 		release()
 		return opt, 0, nil, err
 	}
+	opt.SnapshotPool = snapshotKey(own, req.Snapshot) // a member when one is ready (snappool.go)
 	if req.Metadata != nil {
 		opt.Metadata = req.Metadata
 	}

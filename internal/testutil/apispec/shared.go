@@ -17,6 +17,8 @@ var Shared = []Entry{
 	{V: api.Snapshot{}, Schema: "Snapshot"},
 	{V: api.SnapshotList{}, Schema: "SnapshotList"},
 	{V: api.SnapshotRequest{}, Schema: "SnapshotRequest"},
+	{V: api.SnapshotPoolRequest{}, Schema: "SnapshotPoolRequest"},
+	{V: api.SnapshotPool{}, Schema: "SnapshotPool"},
 	{V: api.ForkRequest{}, Schema: "ForkRequest"},
 	{V: api.ForkResult{}, Schema: "ForkResult"},
 	{V: api.Diff{}, Schema: "Diff"},

@@ -78,6 +78,7 @@ from .models import (
     Result,
     SandboxInfo,
     SnapshotInfo,
+    SnapshotPool,
 )
 from .ports import Port, PortList
 from .sandbox import Sandbox
@@ -111,6 +112,7 @@ __all__ = [
     "SessionNotFoundError",
     "Sandbox",
     "SnapshotInfo",
+    "SnapshotPool",
     "Diff",
     "Adopted",
     "Port",

@@ -96,6 +96,21 @@ class SnapshotInfo:
 
 
 @dataclass
+class SnapshotPool:
+    """A snapshot's pool: sandboxes restored from it ahead of need, which
+    creates from it take (Sandbox.set_snapshot_pool)."""
+
+    snapshot: str
+    size: int = 0
+    ready: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "SnapshotPool":
+        d = _d(data)
+        return cls(snapshot=d.get("snapshot", "") or "", size=int(d.get("size") or 0), ready=int(d.get("ready") or 0))
+
+
+@dataclass
 class Diff:
     """What a fork added, changed and deleted in its files since it was
     forked from ``against`` (paths inside the sandbox, sorted)."""

@@ -9,7 +9,7 @@ from .commands import Commands
 from .events import Events
 from .errors import NotFoundError, SandboxStateError, SheepfoldError
 from .files import Filesystem
-from .models import Adopted, CodeContext, Diff, Execution, ExecutionError, PolicyAnswer, Resources, Result, SandboxInfo, SnapshotInfo
+from .models import Adopted, CodeContext, Diff, Execution, ExecutionError, PolicyAnswer, Resources, Result, SandboxInfo, SnapshotInfo, SnapshotPool
 from .ports import Port, PortList
 from .volumes import VolumeMount
 
@@ -221,6 +221,24 @@ class Sandbox:
         ConflictError while sandboxes are being started from it."""
         http = cls._client(api_key, base_url, request_timeout)
         http.delete(f"/v1/snapshots/{path_segment(name)}")
+
+    @classmethod
+    def set_snapshot_pool(cls, name: str, size: int, api_key: Optional[str] = None, base_url: Optional[str] = None,
+                          request_timeout: Optional[float] = None) -> SnapshotPool:
+        """Keep size sandboxes restored from the snapshot name ahead of
+        need (0: none), so that Sandbox.create(snapshot=name) skips the
+        restore. Raises NotSupportedError when the server keeps no
+        snapshot pools, SessionQuotaExceededError past your bound over
+        all your pools."""
+        http = cls._client(api_key, base_url, request_timeout)
+        return SnapshotPool.from_dict(http.post_json(f"/v1/snapshots/{path_segment(name)}/pool", {"size": size}))
+
+    @classmethod
+    def get_snapshot_pool(cls, name: str, api_key: Optional[str] = None, base_url: Optional[str] = None,
+                          request_timeout: Optional[float] = None) -> SnapshotPool:
+        """The snapshot name's pool: its size and the members ready now."""
+        http = cls._client(api_key, base_url, request_timeout)
+        return SnapshotPool.from_dict(http.get_json(f"/v1/snapshots/{path_segment(name)}/pool"))
 
     def set_timeout(self, timeout: float) -> SandboxInfo:
         """Keep-alive: the sandbox now lives ``timeout`` seconds from now."""

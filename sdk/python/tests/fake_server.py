@@ -61,6 +61,7 @@ class FakeSheepfold(ThreadingHTTPServer):
         self.injected: List[Tuple[int, Any, Dict[str, str]]] = []
         self.sandboxes: Dict[str, Dict[str, Any]] = {}
         self.snapshots: Dict[str, Dict[str, Any]] = {}
+        self.snapshot_pools: Dict[str, int] = {}
         self.forks: Dict[str, str] = {}
         self.files: Dict[str, Dict[str, bytes]] = {}
         self.dirs: Dict[str, set] = {}
@@ -209,6 +210,14 @@ class Handler(BaseHTTPRequestHandler):
                 return 200, {"sandboxes": sbs}, {}
         if p == "/v1/snapshots" and m == "GET":
             return 200, {"snapshots": list(self.server.snapshots.values())}, {}
+        mp = re.fullmatch(r"/v1/snapshots/([^/]+)/pool", p)
+        if mp:
+            if mp.group(1) not in self.server.snapshots:
+                return err("ERR_NOT_FOUND", f"no snapshot {mp.group(1)!r}", 404)
+            if m == "POST":
+                self.server.snapshot_pools[mp.group(1)] = rec.json()["size"]
+            size = self.server.snapshot_pools.get(mp.group(1), 0)
+            return 200, {"snapshot": mp.group(1), "size": size, "ready": size}, {}
         ms = re.fullmatch(r"/v1/snapshots/([^/]+)", p)
         if ms:
             snap = self.server.snapshots.get(ms.group(1))

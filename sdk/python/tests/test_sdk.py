@@ -156,6 +156,12 @@ class TestSandboxLifecycle(FakeServerTest):
         copy = Sandbox.create(snapshot="warm")
         self.assertNotEqual(copy.sandbox_id, sb.sandbox_id)
         self.assertEqual(self.server.calls("POST", "/v1/sandboxes")[-1].json(), {"snapshot": "warm"})
+        pool = Sandbox.set_snapshot_pool("warm", 2)
+        self.assertEqual((pool.snapshot, pool.size, pool.ready), ("warm", 2, 2))
+        self.assertEqual(self.server.calls("POST", "/v1/snapshots/warm/pool")[0].json(), {"size": 2})
+        self.assertEqual(Sandbox.get_snapshot_pool("warm").size, 2)
+        with self.assertRaises(NotFoundError):
+            Sandbox.set_snapshot_pool("cold", 1)
         Sandbox.delete_snapshot("warm")
         with self.assertRaises(NotFoundError):
             Sandbox.get_snapshot("warm")

@@ -30,6 +30,7 @@ TABLE = {
     models.Resources: ("Resources", {}, {}, {}),
     models.SandboxInfo: ("Sandbox", {"sandbox_id": "id"}, {"raw": RAW}, {}),
     models.SnapshotInfo: ("Snapshot", {}, {}, {}),
+    models.SnapshotPool: ("SnapshotPool", {}, {}, {}),
     models.Diff: ("Diff", {}, {}, {}),
     models.Adopted: ("AdoptResult", {}, {}, {}),
     models.Result: ("Result", {}, {"raw": RAW}, {}),

@@ -1,0 +1,103 @@
+package server_test
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"testing"
+
+	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/server"
+)
+
+// TestPooledSnapshot keeps two sandboxes restored ahead from a snapshot:
+// creates from it take them (sandboxes the runtime held before the
+// creates, each with the snapshot's variable, each its own: a variable
+// set in one is not in the other, and their ids differ), the pool is
+// refilled, another account can neither size nor start from it (404),
+// the account's bound holds, and the snapshot's delete leaves no
+// container behind. The control of the claim: without a pool a create
+// restores a sandbox the runtime did not hold before.
+func TestPooledSnapshot(t *testing.T) {
+	var rt runtime.Runtime
+	e := runcEnvWith(t, server.Config{MaxSnapshotPoolPerAccount: 2}, func(c *sandbox.Config) { rt = c.Runtime })
+	ids := func() []string {
+		l, err := rt.List(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	id := e.create(e.keyA, map[string]any{})
+	e.execIn(e.keyA, id, `x = 42`)
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "p"}), http.StatusCreated, "")
+
+	// The control: no pool, the create restores on its path.
+	before := ids()
+	cold := e.create(e.keyA, map[string]any{"snapshot": "p"})
+	if slices.Contains(before, cold) {
+		t.Fatalf("without a pool, the create got a sandbox the runtime held before: %s", cold)
+	}
+
+	want(t, e.do("POST", "/v1/snapshots/p/pool", e.keyB, map[string]any{"size": 1}), http.StatusNotFound, "ERR_NOT_FOUND")
+	want(t, e.do("POST", "/v1/snapshots/p/pool", e.keyA, map[string]any{"size": -1}), http.StatusBadRequest, "ERR_BAD_REQUEST")
+	want(t, e.do("POST", "/v1/snapshots/p/pool", e.keyA, map[string]any{"size": 3}), http.StatusTooManyRequests, "ERR_SESSION_QUOTA_EXCEEDED")
+	want(t, e.do("POST", "/v1/snapshots/p/pool", e.keyA, map[string]any{"size": 2}), http.StatusOK, "")
+	ready := func() int {
+		r := e.do("GET", "/v1/snapshots/p/pool", e.keyA, nil)
+		want(t, r, http.StatusOK, "")
+		return int(r.json(t)["ready"].(float64))
+	}
+	waitFor(t, "two members ready", func() bool { return ready() == 2 })
+	want(t, e.do("GET", "/v1/snapshots/p/pool", e.keyB, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+	want(t, e.do("POST", "/v1/sandboxes", e.keyB, map[string]any{"snapshot": "p"}), http.StatusNotFound, "ERR_NOT_FOUND")
+	if n := ready(); n != 2 {
+		t.Fatalf("B's attempts took from A's pool: %d ready", n)
+	}
+
+	before = ids()
+	c1 := e.create(e.keyA, map[string]any{"snapshot": "p"})
+	c2 := e.create(e.keyA, map[string]any{"snapshot": "p"})
+	if c1 == c2 || !slices.Contains(before, c1) || !slices.Contains(before, c2) {
+		t.Fatalf("two creates from the pooled snapshot got %s and %s; the pool held %v", c1, c2, before)
+	}
+	for _, c := range []string{c1, c2} {
+		if got := e.execIn(e.keyA, c, `print(x)`); got != "42\n" {
+			t.Fatalf("a sandbox from the pool: %q, want the snapshot's variable", got)
+		}
+	}
+	e.execIn(e.keyA, c1, `y = "c1's"`)
+	if got := e.execIn(e.keyA, c2, `print("y" in globals())`); got != "False\n" {
+		t.Fatalf("the second claim sees the first's variable: %q", got)
+	}
+	want(t, e.do("GET", "/v1/sandboxes/"+c1, e.keyB, nil), http.StatusNotFound, "ERR_SANDBOX_NOT_FOUND")
+	waitFor(t, "the pool refilled", func() bool { return ready() == 2 })
+
+	for _, sb := range []string{id, cold, c1, c2} {
+		want(t, e.do("DELETE", "/v1/sandboxes/"+sb, e.keyA, nil), http.StatusNoContent, "")
+	}
+	want(t, e.do("DELETE", "/v1/snapshots/p", e.keyA, nil), http.StatusNoContent, "")
+	if left := ids(); len(left) != 0 {
+		t.Fatalf("after the snapshot's delete the runtime still holds %v", left)
+	}
+	want(t, e.do("GET", "/v1/snapshots/p/pool", e.keyA, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+
+	// The shutdown: a pool's members go with the engine.
+	id = e.create(e.keyA, map[string]any{})
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "q"}), http.StatusCreated, "")
+	want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
+	want(t, e.do("POST", "/v1/snapshots/q/pool", e.keyA, map[string]any{"size": 1}), http.StatusOK, "")
+	waitFor(t, "a member of q's pool ready", func() bool {
+		return e.do("GET", "/v1/snapshots/q/pool", e.keyA, nil).json(t)["ready"].(float64) == 1
+	})
+	if len(ids()) != 1 {
+		t.Fatalf("the runtime holds %v, want q's pool's member", ids())
+	}
+	if err := e.engine.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if left := ids(); len(left) != 0 {
+		t.Fatalf("after the engine's close the runtime still holds %v", left)
+	}
+}
