@@ -268,6 +268,9 @@ type Config struct {
 	// paused to disk hold on the server's disk (checkpoints and kept
 	// disks); 0: no bound (pausedbytes.go).
 	MaxPausedBytesPerAccount int64
+	// MaxSnapshotBytesPerAccount bounds the bytes each account's
+	// snapshots hold on the server's disk; 0: no bound (snapshots.go).
+	MaxSnapshotBytesPerAccount int64
 	// MaxTimeout is the longest lifetime a sandbox may be given [24h].
 	MaxTimeout time.Duration
 	// Version, Runtime and Cgroups are reported by /v1/version.

@@ -55,7 +55,14 @@ import (
 // environment holds ${secrets.NAME} placeholders, never values.
 //
 // Bounds: each account keeps at most Config.MaxSnapshotsPerAccount
-// snapshots (ERR_SESSION_QUOTA_EXCEEDED); each is at most its sandbox's
+// snapshots (ERR_SESSION_QUOTA_EXCEEDED) and, when
+// Config.MaxSnapshotBytesPerAccount is set, at most that many bytes of
+// them (their records' size_bytes): a snapshot is measured once taken,
+// and one that would pass the bound is removed before it gets its name
+// (ERR_STORAGE_QUOTA_EXCEEDED; the sandbox runs on); the check and the
+// rename are one step under snapMu, so two snapshots never pass the
+// bound together, and an account at its bound is refused before any
+// checkpoint. Each is at most its sandbox's
 // memory limit plus its disk limit in size; the data dir's free space
 // bounds them all (a snapshot that does not fit fails and leaves
 // nothing). A snapshot a create or fork is starting sandboxes from is
@@ -265,6 +272,10 @@ func (s *Server) takeSnapshot(ctx context.Context, own string, b *box, name stri
 		return snapshotRecord{}, apierr.New(apierr.SessionQuotaExceeded, "the account has %d snapshots, its most (--max-snapshots-per-account); delete one first",
 			s.cfg.MaxSnapshotsPerAccount)
 	}
+	if err := s.admitSnapshotBytes(b.sb.ID, have, 0); err != nil { // at its bound already: not even taken
+		s.snapMu.Unlock()
+		return snapshotRecord{}, err
+	}
 	s.snapMaking[k] = true
 	s.snapMu.Unlock()
 	defer func() {
@@ -299,12 +310,42 @@ func (s *Server) takeSnapshot(ctx context.Context, own string, b *box, name stri
 	if err := os.WriteFile(filepath.Join(tmp, snapshotRecordFile), j, 0o600); err != nil {
 		return snapshotRecord{}, err
 	}
+	// Its bytes are known now: admitted with the account's snapshots as
+	// they are at its rename, which no other snapshot's passes (snapMu).
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	if have, err = readSnapshots(root, own); err != nil {
+		return snapshotRecord{}, err
+	}
+	if err := s.admitSnapshotBytes(b.sb.ID, have, rec.SizeBytes); err != nil {
+		return snapshotRecord{}, err
+	}
 	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
 		return snapshotRecord{}, err
 	}
 	done = true
 	s.log.Info("snapshot taken", "sandbox", b.sb.ID, "snapshot", name, "bytes", rec.SizeBytes)
 	return rec, nil
+}
+
+// admitSnapshotBytes admits a snapshot of sandbox id of size bytes beside
+// the account's snapshots have, within Config.MaxSnapshotBytesPerAccount;
+// a size of 0 asks whether the account is below its bound at all.
+func (s *Server) admitSnapshotBytes(id string, have []snapshotRecord, size int64) error {
+	limit := s.cfg.MaxSnapshotBytesPerAccount
+	if limit <= 0 {
+		return nil
+	}
+	var held int64
+	for _, rec := range have {
+		held += rec.SizeBytes
+	}
+	if held+size > limit || (size == 0 && held >= limit) {
+		return &apierr.Error{Code: apierr.StorageQuotaExceeded, Details: map[string]any{"snapshot_bytes": held, "needed_bytes": size, "max_bytes": limit},
+			Message: fmt.Sprintf("a snapshot of sandbox %s would keep %d MiB of the account's snapshots on the server's disk, past its %d MiB (--max-snapshot-mb-per-account; %d MiB held now); nothing of it is kept and the sandbox runs on: delete a snapshot first",
+				id, (held+size)>>20, limit>>20, held>>20)}
+	}
+	return nil
 }
 
 // dirSize is the bytes the files under dir take on disk.

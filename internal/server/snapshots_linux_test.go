@@ -601,3 +601,48 @@ func TestE2BSnapshotAndFork(t *testing.T) {
 		want(t, e.e2bDo("DELETE", "/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
 	}
 }
+
+// TestSnapshotBytesBound is an account's attempt to keep more of the
+// server's disk in snapshots than --max-snapshot-mb-per-account lets it:
+// a snapshot of a sandbox holding a 64 MiB file, past the 48 MiB bound,
+// is refused with ERR_STORAGE_QUOTA_EXCEEDED, nothing of it is kept and
+// the sandbox runs on; it is refused with the account's other snapshot
+// deleted too (it alone passes the bound). The controls are snapshots of
+// the same sandbox without the file, taken under the bound.
+func TestSnapshotBytesBound(t *testing.T) {
+	const limit = 48 << 20
+	e := runcEnvWith(t, server.Config{MaxSnapshotBytesPerAccount: limit})
+	id := e.create(e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 256, "disk_mb": 256}})
+	e.execIn(e.keyA, id, `x = 42`)
+
+	// The control: under the bound.
+	r := e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "small"})
+	want(t, r, http.StatusCreated, "")
+	small := int64(r.json(t)["size_bytes"].(float64))
+	t.Logf("a snapshot of a fresh sandbox: %d bytes", small)
+	if small <= 0 || small >= limit {
+		t.Fatalf("the control snapshot holds %d bytes, want within (0, %d)", small, limit)
+	}
+
+	// The attack: 64 MiB of incompressible bytes in the sandbox's disk.
+	e.execIn(e.keyA, id, `import os; open("/home/user/big", "wb").write(os.urandom(64 << 20))`)
+	r = e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "big"})
+	want(t, r, http.StatusTooManyRequests, "ERR_STORAGE_QUOTA_EXCEEDED")
+	if got := e.execIn(e.keyA, id, `print(x, os.path.getsize("/home/user/big"))`); got != fmt.Sprintf("42 %d\n", 64<<20) {
+		t.Fatalf("the sandbox after a refused snapshot: %q", got)
+	}
+	want(t, e.do("GET", "/v1/snapshots/big", e.keyA, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+	// Nothing of the refused one is kept: only the control's files.
+	want(t, e.do("DELETE", "/v1/snapshots/small", e.keyA, nil), http.StatusNoContent, "")
+	if left := filesUnder(t, e.engine.SnapshotDir()); len(left) != 0 {
+		t.Fatalf("files left in the snapshot dir after a refused snapshot: %v", left)
+	}
+
+	// Room made, the file's snapshot alone still passes the bound.
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "big"}), http.StatusTooManyRequests, "ERR_STORAGE_QUOTA_EXCEEDED")
+	// Without the file it fits again.
+	e.execIn(e.keyA, id, `os.remove("/home/user/big")`)
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "again"}), http.StatusCreated, "")
+	want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
+	want(t, e.do("DELETE", "/v1/snapshots/again", e.keyA, nil), http.StatusNoContent, "")
+}
