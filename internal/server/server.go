@@ -517,6 +517,9 @@ type Server struct {
 	snapUse    map[string]int
 	snapMaking map[string]bool
 	forks      map[string]forkOf // by the fork's id
+	// snapDisk names the snapshot dir among the disks of the servers
+	// sharing the store (meterSnapshots); set at the start.
+	snapDisk string
 
 	bus         *events.Bus
 	hooks       *webhooks.Service
@@ -659,6 +662,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		if err := removeSnapshotLeftovers(m.SnapshotDir()); err != nil {
 			log.Error("remove snapshots a crash left half made or half deleted", "err", err)
 		}
+		s.startSnapshotMeter(m.SnapshotDir())
 	}
 	ac := alerts.Config{Store: st, Accounts: s.accounts, Logger: log, NewID: func() string { return newID("alert_") }}
 	if s.bus != nil {

@@ -324,6 +324,7 @@ func (s *Server) takeSnapshot(ctx context.Context, own string, b *box, name stri
 		return snapshotRecord{}, err
 	}
 	done = true
+	s.meterSnapshots(root, own)
 	s.log.Info("snapshot taken", "sandbox", b.sb.ID, "snapshot", name, "bytes", rec.SizeBytes)
 	return rec, nil
 }
@@ -346,6 +347,89 @@ func (s *Server) admitSnapshotBytes(id string, have []snapshotRecord, size int64
 				id, (held+size)>>20, limit>>20, held>>20)}
 	}
 	return nil
+}
+
+// snapshotDiskFile holds the snapshot dir's name among the disks of the
+// servers sharing a store (Server.snapDisk), made at its first start.
+const snapshotDiskFile = ".disk"
+
+// meterSnapshots records what own's snapshots hold now in the store, for
+// its storage metering; s.snapMu is held, so that the last change's sum
+// is the one recorded.
+func (s *Server) meterSnapshots(root, own string) {
+	if s.store == nil || s.snapDisk == "" {
+		return
+	}
+	recs, err := readSnapshots(root, own)
+	if err == nil {
+		var n int64
+		for _, rec := range recs {
+			n += rec.SizeBytes
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), pausedReadTimeout)
+		err = s.store.SetSnapshotBytes(ctx, s.snapDisk, own, n)
+		cancel()
+	}
+	if err != nil {
+		s.log.Error("meter an account's snapshots: they are charged as before until its next snapshot or delete", "err", err)
+	}
+}
+
+// startSnapshotMeter names root among the disks (made once, kept in
+// root) and records what every account's snapshots in it hold, in place
+// of what the store had of this disk.
+func (s *Server) startSnapshotMeter(root string) {
+	if s.store == nil {
+		return
+	}
+	disk, err := readOrMakeDisk(root)
+	if err != nil {
+		s.log.Error("name the snapshot dir: snapshots are not metered", "err", err)
+		return
+	}
+	held := map[string]int64{}
+	accts, _ := os.ReadDir(root)
+	for _, a := range accts {
+		if !a.IsDir() || strings.HasPrefix(a.Name(), ".") {
+			continue
+		}
+		ents, _ := os.ReadDir(filepath.Join(root, a.Name()))
+		for _, e := range ents {
+			if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+				continue
+			}
+			rec, err := readSnapshotRecord(filepath.Join(root, a.Name(), e.Name()))
+			if err == nil && rec.Name == e.Name() && accountSnapshots(root, rec.Owner) == filepath.Join(root, a.Name()) {
+				held[rec.Owner] += rec.SizeBytes
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), pausedReadTimeout)
+	defer cancel()
+	errs := []error{s.store.ClearSnapshotBytes(ctx, disk)}
+	for own, n := range held {
+		errs = append(errs, s.store.SetSnapshotBytes(ctx, disk, own, n))
+	}
+	if err := errors.Join(errs...); err != nil {
+		s.log.Error("meter the snapshots kept", "err", err)
+	}
+	s.snapDisk = disk
+}
+
+// readOrMakeDisk returns root's disk name, made the first time.
+func readOrMakeDisk(root string) (string, error) {
+	p := filepath.Join(root, snapshotDiskFile)
+	if b, err := os.ReadFile(p); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		return strings.TrimSpace(string(b)), nil
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return "", err
+	}
+	disk := newID("disk_")
+	if err := os.WriteFile(p, []byte(disk+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return disk, nil
 }
 
 // dirSize is the bytes the files under dir take on disk.
@@ -410,6 +494,9 @@ func (s *Server) removeSnapshot(own, name string) error {
 	}
 	old := filepath.Join(filepath.Dir(dir), ".old-"+newID(""))
 	err = os.Rename(dir, old)
+	if err == nil {
+		s.meterSnapshots(filepath.Dir(filepath.Dir(dir)), own)
+	}
 	s.snapMu.Unlock()
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,9 +17,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sheepfold/sheepfold/client"
 	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
@@ -203,7 +206,7 @@ func filesUnder(t *testing.T, dir string) []string {
 	t.Helper()
 	var out []string
 	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
+		if err == nil && d.Type().IsRegular() && p != filepath.Join(dir, ".disk") { // the dir's name among servers' disks
 			out = append(out, p)
 		}
 		return nil
@@ -625,7 +628,7 @@ func TestSnapshotBytesBound(t *testing.T) {
 	}
 
 	// The attack: 64 MiB of incompressible bytes in the sandbox's disk.
-	e.execIn(e.keyA, id, `import os; open("/home/user/big", "wb").write(os.urandom(64 << 20))`)
+	e.execIn(e.keyA, id, `import os; f = open("/home/user/big", "wb"); [f.write(os.urandom(1 << 20)) for _ in range(64)]; f.close()`)
 	r = e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "big"})
 	want(t, r, http.StatusTooManyRequests, "ERR_STORAGE_QUOTA_EXCEEDED")
 	if got := e.execIn(e.keyA, id, `print(x, os.path.getsize("/home/user/big"))`); got != fmt.Sprintf("42 %d\n", 64<<20) {
@@ -645,4 +648,51 @@ func TestSnapshotBytesBound(t *testing.T) {
 	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "again"}), http.StatusCreated, "")
 	want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
 	want(t, e.do("DELETE", "/v1/snapshots/again", e.keyA, nil), http.StatusNoContent, "")
+}
+
+// TestSnapshotMetered: a snapshot's bytes are charged as the account's
+// storage over time, its share shown as storage.snapshots_gb_seconds,
+// within gb_seconds and charged; the control is the other account,
+// without snapshots, charged none; a deleted snapshot is charged no
+// more.
+func TestSnapshotMetered(t *testing.T) {
+	prices := metering.Prices{StorageGBSecond: 1e6}
+	e := runcEnvWith(t, server.Config{Metering: metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond, Prices: &prices}})
+	id := e.create(e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 256, "disk_mb": 64}})
+	r := e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "kept"})
+	want(t, r, http.StatusCreated, "")
+	start := time.Now()
+	want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
+	size := r.json(t)["size_bytes"].(float64)
+	second := size / (1 << 30) // GB-seconds of one second of it
+	usage := func(key string) map[string]any {
+		return e.do("GET", "/v1/account/usage", key, nil).json(t)["storage"].(map[string]any)
+	}
+	var storage map[string]any
+	for deadline := start.Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if storage = usage(e.keyA); storage["snapshots_gb_seconds"].(float64) >= second {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the snapshot of %v bytes was never metered a second: %v", size, storage)
+		}
+	}
+	got := storage["snapshots_gb_seconds"].(float64)
+	if most := second * time.Since(start.Add(-time.Second)).Seconds(); got > most || storage["gb_seconds"].(float64) < got ||
+		storage["cost_micros"].(float64) < math.Floor(got*1e6) {
+		t.Fatalf("storage %v after %v: at most %g snapshot GB-seconds, all within gb_seconds and charged", storage, time.Since(start), most)
+	}
+	if b := usage(e.keyB); b["snapshots_gb_seconds"] != 0.0 {
+		t.Fatalf("B, without snapshots: %v", b)
+	}
+	// Deleted, it is charged no more: two flushes after the delete add nothing.
+	want(t, e.do("DELETE", "/v1/snapshots/kept", e.keyA, nil), http.StatusNoContent, "")
+	for n := e.srv.MeterFlushes() + 2; e.srv.MeterFlushes() < n; time.Sleep(20 * time.Millisecond) {
+	}
+	before := usage(e.keyA)["snapshots_gb_seconds"].(float64)
+	for n := e.srv.MeterFlushes() + 2; e.srv.MeterFlushes() < n; time.Sleep(20 * time.Millisecond) {
+	}
+	if after := usage(e.keyA)["snapshots_gb_seconds"].(float64); after != before {
+		t.Fatalf("a deleted snapshot charged on: %g, then %g", before, after)
+	}
 }

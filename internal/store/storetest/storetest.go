@@ -61,6 +61,7 @@ func Run(t *testing.T, open Open) {
 		{"Secrets", testSecrets},
 		{"Volumes", testVolumes},
 		{"VolumeMeter", testVolumeMeter},
+		{"SnapshotMeter", testSnapshotMeter},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

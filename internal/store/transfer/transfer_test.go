@@ -79,6 +79,8 @@ func populate(t *testing.T, ctx context.Context, st store.Store) {
 
 	// volumes.
 	must(st.CreateVolume(ctx, store.Volume{Owner: "acct-a", Name: "data", ID: "vol-1", SizeBytes: 64 << 20, CreatedAt: now.Add(-time.Hour)}, 0, 0))
+	// snapshots' bytes on a server's disk.
+	must(st.SetSnapshotBytes(ctx, "disk-1", "acct-a", 32<<20))
 
 	// events: the newest one is deleted by retention (its time is old),
 	// so SQLite has handed out an id above every row's.
