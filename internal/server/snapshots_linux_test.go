@@ -284,16 +284,32 @@ func TestSnapshotAfterServerRestart(t *testing.T) {
 	e, stop := start()
 	id := e.create(key, map[string]any{})
 	e.execIn(key, id, `x = "kept"`)
-	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", key, map[string]any{"name": "keep"}), http.StatusCreated, "")
+	r := e.do("POST", "/v1/sandboxes/"+id+"/snapshots", key, map[string]any{"name": "keep"})
+	want(t, r, http.StatusCreated, "")
+	size := int64(r.json(t)["size_bytes"].(float64))
 	snaps := e.engine.SnapshotDir()
 	if snaps != filepath.Join(data, "snapshots") {
 		t.Fatalf("snapshot dir %s, want beside the checkpoints", snaps)
 	}
 	stop()
 	// A crash in the middle of a snapshot leaves its .new- directory.
-	accts, _ := os.ReadDir(snaps)
+	ents, _ := os.ReadDir(snaps)
+	var accts []fs.DirEntry
+	for _, d := range ents {
+		if d.IsDir() {
+			accts = append(accts, d)
+		}
+	}
 	if len(accts) != 1 {
-		t.Fatalf("account dirs %v", accts)
+		t.Fatalf("account dirs %v", ents)
+	}
+	// The store forgets this disk's snapshots: the start counts them again.
+	disk, err := os.ReadFile(filepath.Join(snaps, ".disk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.ClearSnapshotBytes(ctx, strings.TrimSpace(string(disk))); err != nil {
+		t.Fatal(err)
 	}
 	half := filepath.Join(snaps, accts[0].Name(), ".new-123")
 	if err := os.MkdirAll(filepath.Join(half, "state"), 0o700); err != nil {
@@ -305,7 +321,25 @@ func TestSnapshotAfterServerRestart(t *testing.T) {
 	if _, err := os.Stat(half); err == nil {
 		t.Error("a half-made snapshot is left after the start")
 	}
-	r := e.do("GET", "/v1/snapshots", key, nil)
+	snapshotBytes := func() int64 {
+		t.Helper()
+		var n int64
+		for _, at := range []time.Time{time.Now().Add(2 * time.Hour), time.Now().Add(3 * time.Hour)} {
+			cs, err := st.MeterStorage(ctx, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n = 0 // what the last metering saw
+			for _, c := range cs {
+				n += c.SnapshotBytes
+			}
+		}
+		return n
+	}
+	if got := snapshotBytes(); got != size {
+		t.Errorf("metered after the restart: snapshots of %d bytes, want %d", got, size)
+	}
+	r = e.do("GET", "/v1/snapshots", key, nil)
 	want(t, r, http.StatusOK, "")
 	if l := r.json(t)["snapshots"].([]any); len(l) != 1 || l[0].(map[string]any)["name"] != "keep" {
 		t.Fatalf("listed after the restart: %s", r.body)
