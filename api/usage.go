@@ -32,8 +32,11 @@ type StorageFigures struct {
 	// VolumesGBSeconds is the account's volumes' share of GBSeconds (at
 	// their sizes).
 	VolumesGBSeconds float64 `json:"volumes_gb_seconds"`
-	CostMicros       int64   `json:"cost_micros"`
-	Cost             string  `json:"cost"`
+	// SnapshotsGBSeconds is the account's snapshots' share of GBSeconds
+	// (at the bytes they hold on the servers' disks).
+	SnapshotsGBSeconds float64 `json:"snapshots_gb_seconds"`
+	CostMicros         int64   `json:"cost_micros"`
+	Cost               string  `json:"cost"`
 }
 
 // UsageGroup is one group of a usage report: an hour, a day, a sandbox

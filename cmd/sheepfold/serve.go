@@ -55,7 +55,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		metricsListen string
 	)
 	var autoPauseNotice time.Duration
-	var maxPausedMB int64
+	var maxPausedMB, maxSnapshotMB int64
 	var idleTimeout, eventRetention, retention, stoppedRetention, shutdownTimeout, drainDelay time.Duration
 	var webhookHosts, webhookCIDRs []string
 	var streamsPerKey, streamsPerAccount, maxStreams, maxConns, uiSessions, pacePerAccount int
@@ -156,6 +156,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				bound.Int("--max-snapshots-per-account", int64(maxSnapshots), 1, bound.MaxSandboxes),
 				bound.Int("--max-snapshot-pool-per-account", int64(maxSnapPool), 0, bound.MaxSandboxes),
 				bound.Int("--max-paused-mb-per-account", maxPausedMB, 0, bound.MaxMB),
+				bound.Int("--max-snapshot-mb-per-account", maxSnapshotMB, 0, bound.MaxMB),
 				bound.Int("--pool", int64(poolSize), 0, bound.MaxSandboxes),
 				bound.Duration("--idle-timeout", idleTimeout, 0, bound.MaxDuration),
 				bound.Duration("--auto-pause-notice", autoPauseNotice, time.Second, bound.MaxDuration),
@@ -245,7 +246,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				return fmt.Errorf("--backend must be local or kubernetes, not %q", backend)
 			}
 			return serve(cmd.Context(), *cfg, ko, listen, metricsListen, server.Config{
-				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, MaxPausedPerAccount: maxPaused, MaxSnapshotsPerAccount: maxSnapshots, MaxSnapshotPoolPerAccount: maxSnapPool, MaxPausedBytesPerAccount: maxPausedMB << 20, Version: version, Retention: retention,
+				MaxUploadBytes: uploadMB << 20, MaxSandboxes: maxSandboxes, MaxPausedPerAccount: maxPaused, MaxSnapshotsPerAccount: maxSnapshots, MaxSnapshotPoolPerAccount: maxSnapPool, MaxPausedBytesPerAccount: maxPausedMB << 20, MaxSnapshotBytesPerAccount: maxSnapshotMB << 20, Version: version, Retention: retention,
 				StoppedRetention: stoppedRetention, Storage: bounds,
 				WebhookAllowHosts: webhookHosts, WebhookAllowCIDRs: webhookCIDRs, Accounts: acfg, Metering: mcfg, NoAccounting: noAccounting,
 				HostMemoryBytes: sandbox.HostMemory(), Overcommit: overcommit, ShutdownTimeout: shutdownTimeout,
@@ -290,6 +291,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().IntVar(&maxPaused, "max-paused-per-account", 0, "most sandboxes each account keeps paused to disk at once (0: no bound)")
 	cmd.Flags().IntVar(&maxSnapshots, "max-snapshots-per-account", server.DefaultMaxSnapshotsPerAccount, "most snapshots each account keeps")
 	cmd.Flags().IntVar(&maxSnapPool, "max-snapshot-pool-per-account", 0, "most sandboxes each account keeps restored ahead in its snapshots' pools (POST /v1/snapshots/{name}/pool), all together; they hold memory while unused (0: no snapshot pools)")
+	cmd.Flags().Int64Var(&maxSnapshotMB, "max-snapshot-mb-per-account", 0, "most MiB each account's snapshots keep on the server's disk (their size_bytes); a snapshot past it is refused with ERR_STORAGE_QUOTA_EXCEEDED, nothing of it kept, and the sandbox runs on (0: no bound)")
 	cmd.Flags().Int64Var(&maxPausedMB, "max-paused-mb-per-account", 0, "most MiB each account's paused sandboxes keep on the server's disk (checkpoints and kept disks; a pause is counted at its memory and disk when it begins); a pause past it is refused with ERR_STORAGE_QUOTA_EXCEEDED and the sandbox runs on (0: no bound)")
 	cmd.Flags().IntVar(&maxSandboxes, "max-sandboxes", 0, "most sandboxes running at once (0: the engine's default, "+strconv.Itoa(sandbox.DefaultMaxSandboxes)+")")
 	cmd.Flags().DurationVar(&autoPauseNotice, "auto-pause-notice", sandbox.DefaultAutoPauseNotice,

@@ -82,9 +82,10 @@ func BuildReport(in ReportInput) api.UsageReport {
 		}
 	}
 	var storage, total store.UsageDelta
-	var volumes float64
+	var volumes, snapshots float64
 	for _, h := range in.Stored {
 		volumes += h.VolumeGBSeconds
+		snapshots += h.SnapshotGBSeconds
 		d := store.UsageDelta{Account: in.Account, Hour: h.Hour, StorageGBSeconds: h.GBSeconds}
 		storage.Add(d)
 		if by == store.GroupHour || by == store.GroupDay {
@@ -95,7 +96,7 @@ func BuildReport(in ReportInput) api.UsageReport {
 	}
 	sf := FiguresOf(storage, in.Prices)
 	out := api.UsageReport{From: in.From, To: in.To, GroupBy: by, Groups: []api.UsageGroup{}, Prices: in.Prices.API(),
-		Storage: api.StorageFigures{GBSeconds: sf.StorageGBSeconds, VolumesGBSeconds: volumes, CostMicros: sf.CostMicros, Cost: sf.Cost}}
+		Storage: api.StorageFigures{GBSeconds: sf.StorageGBSeconds, VolumesGBSeconds: volumes, SnapshotsGBSeconds: snapshots, CostMicros: sf.CostMicros, Cost: sf.Cost}}
 	keys := make([]string, 0, len(groups))
 	for k := range groups {
 		keys = append(keys, k)

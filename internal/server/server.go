@@ -275,6 +275,9 @@ type Config struct {
 	// paused to disk hold on the server's disk (checkpoints and kept
 	// disks); 0: no bound (pausedbytes.go).
 	MaxPausedBytesPerAccount int64
+	// MaxSnapshotBytesPerAccount bounds the bytes each account's
+	// snapshots hold on the server's disk; 0: no bound (snapshots.go).
+	MaxSnapshotBytesPerAccount int64
 	// MaxTimeout is the longest lifetime a sandbox may be given [24h].
 	MaxTimeout time.Duration
 	// Version, Runtime and Cgroups are reported by /v1/version.
@@ -524,6 +527,9 @@ type Server struct {
 	// snapPools are the sizes of the snapshots' pools, by snapshotKey
 	// (snappool.go); guarded by snapMu.
 	snapPools map[string]int
+	// snapDisk names the snapshot dir among the disks of the servers
+	// sharing the store (meterSnapshots); set at the start.
+	snapDisk string
 
 	bus         *events.Bus
 	hooks       *webhooks.Service
@@ -667,6 +673,7 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		if err := removeSnapshotLeftovers(m.SnapshotDir()); err != nil {
 			log.Error("remove snapshots a crash left half made or half deleted", "err", err)
 		}
+		s.startSnapshotMeter(m.SnapshotDir())
 	}
 	ac := alerts.Config{Store: st, Accounts: s.accounts, Logger: log, NewID: func() string { return newID("alert_") }}
 	if s.bus != nil {

@@ -55,7 +55,14 @@ import (
 // environment holds ${secrets.NAME} placeholders, never values.
 //
 // Bounds: each account keeps at most Config.MaxSnapshotsPerAccount
-// snapshots (ERR_SESSION_QUOTA_EXCEEDED); each is at most its sandbox's
+// snapshots (ERR_SESSION_QUOTA_EXCEEDED) and, when
+// Config.MaxSnapshotBytesPerAccount is set, at most that many bytes of
+// them (their records' size_bytes): a snapshot is measured once taken,
+// and one that would pass the bound is removed before it gets its name
+// (ERR_STORAGE_QUOTA_EXCEEDED; the sandbox runs on); the check and the
+// rename are one step under snapMu, so two snapshots never pass the
+// bound together, and an account at its bound is refused before any
+// checkpoint. Each is at most its sandbox's
 // memory limit plus its disk limit in size; the data dir's free space
 // bounds them all (a snapshot that does not fit fails and leaves
 // nothing). A snapshot a create or fork is starting sandboxes from is
@@ -266,6 +273,10 @@ func (s *Server) takeSnapshot(ctx context.Context, own string, b *box, name stri
 		return snapshotRecord{}, apierr.New(apierr.SessionQuotaExceeded, "the account has %d snapshots, its most (--max-snapshots-per-account); delete one first",
 			s.cfg.MaxSnapshotsPerAccount)
 	}
+	if err := s.admitSnapshotBytes(b.sb.ID, have, 0); err != nil { // at its bound already: not even taken
+		s.snapMu.Unlock()
+		return snapshotRecord{}, err
+	}
 	s.snapMaking[k] = true
 	s.snapMu.Unlock()
 	defer func() {
@@ -300,12 +311,126 @@ func (s *Server) takeSnapshot(ctx context.Context, own string, b *box, name stri
 	if err := os.WriteFile(filepath.Join(tmp, snapshotRecordFile), j, 0o600); err != nil {
 		return snapshotRecord{}, err
 	}
+	// Its bytes are known now: admitted with the account's snapshots as
+	// they are at its rename, which no other snapshot's passes (snapMu).
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	if have, err = readSnapshots(root, own); err != nil {
+		return snapshotRecord{}, err
+	}
+	if err := s.admitSnapshotBytes(b.sb.ID, have, rec.SizeBytes); err != nil {
+		return snapshotRecord{}, err
+	}
 	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
 		return snapshotRecord{}, err
 	}
 	done = true
+	s.meterSnapshots(root, own)
 	s.log.Info("snapshot taken", "sandbox", b.sb.ID, "snapshot", name, "bytes", rec.SizeBytes)
 	return rec, nil
+}
+
+// admitSnapshotBytes admits a snapshot of sandbox id of size bytes beside
+// the account's snapshots have, within Config.MaxSnapshotBytesPerAccount;
+// a size of 0 asks whether the account is below its bound at all.
+func (s *Server) admitSnapshotBytes(id string, have []snapshotRecord, size int64) error {
+	limit := s.cfg.MaxSnapshotBytesPerAccount
+	if limit <= 0 {
+		return nil
+	}
+	var held int64
+	for _, rec := range have {
+		held += rec.SizeBytes
+	}
+	if held+size > limit || (size == 0 && held >= limit) {
+		return &apierr.Error{Code: apierr.StorageQuotaExceeded, Details: map[string]any{"snapshot_bytes": held, "needed_bytes": size, "max_bytes": limit},
+			Message: fmt.Sprintf("a snapshot of sandbox %s would keep %d MiB of the account's snapshots on the server's disk, past its %d MiB (--max-snapshot-mb-per-account; %d MiB held now); nothing of it is kept and the sandbox runs on: delete a snapshot first",
+				id, (held+size)>>20, limit>>20, held>>20)}
+	}
+	return nil
+}
+
+// snapshotDiskFile holds the snapshot dir's name among the disks of the
+// servers sharing a store (Server.snapDisk), made at its first start.
+const snapshotDiskFile = ".disk"
+
+// meterSnapshots records what own's snapshots hold now in the store, for
+// its storage metering; s.snapMu is held, so that the last change's sum
+// is the one recorded.
+func (s *Server) meterSnapshots(root, own string) {
+	if s.store == nil || s.snapDisk == "" {
+		return
+	}
+	recs, err := readSnapshots(root, own)
+	if err == nil {
+		var n int64
+		for _, rec := range recs {
+			n += rec.SizeBytes
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), pausedReadTimeout)
+		err = s.store.SetSnapshotBytes(ctx, s.snapDisk, own, n)
+		cancel()
+	}
+	if err != nil {
+		s.log.Error("meter an account's snapshots: they are charged as before until its next snapshot or delete", "err", err)
+	}
+}
+
+// startSnapshotMeter names root among the disks (made once, kept in
+// root) and records what every account's snapshots in it hold, in place
+// of what the store had of this disk.
+func (s *Server) startSnapshotMeter(root string) {
+	if s.store == nil {
+		return
+	}
+	disk, err := readOrMakeDisk(root)
+	if err != nil {
+		s.log.Error("name the snapshot dir: snapshots are not metered", "err", err)
+		return
+	}
+	held := map[string]int64{}
+	accts, _ := os.ReadDir(root)
+	for _, a := range accts {
+		if !a.IsDir() || strings.HasPrefix(a.Name(), ".") {
+			continue
+		}
+		ents, _ := os.ReadDir(filepath.Join(root, a.Name()))
+		for _, e := range ents {
+			if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+				continue
+			}
+			rec, err := readSnapshotRecord(filepath.Join(root, a.Name(), e.Name()))
+			if err == nil && rec.Name == e.Name() && accountSnapshots(root, rec.Owner) == filepath.Join(root, a.Name()) {
+				held[rec.Owner] += rec.SizeBytes
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), pausedReadTimeout)
+	defer cancel()
+	errs := []error{s.store.ClearSnapshotBytes(ctx, disk)}
+	for own, n := range held {
+		errs = append(errs, s.store.SetSnapshotBytes(ctx, disk, own, n))
+	}
+	if err := errors.Join(errs...); err != nil {
+		s.log.Error("meter the snapshots kept", "err", err)
+	}
+	s.snapDisk = disk
+}
+
+// readOrMakeDisk returns root's disk name, made the first time.
+func readOrMakeDisk(root string) (string, error) {
+	p := filepath.Join(root, snapshotDiskFile)
+	if b, err := os.ReadFile(p); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+		return strings.TrimSpace(string(b)), nil
+	}
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return "", err
+	}
+	disk := newID("disk_")
+	if err := os.WriteFile(p, []byte(disk+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return disk, nil
 }
 
 // dirSize is the bytes the files under dir take on disk.
@@ -371,6 +496,9 @@ func (s *Server) removeSnapshot(own, name string) error {
 	s.dropSnapPool(own, name) // snapMu held (snappool.go)
 	old := filepath.Join(filepath.Dir(dir), ".old-"+newID(""))
 	err = os.Rename(dir, old)
+	if err == nil {
+		s.meterSnapshots(filepath.Dir(filepath.Dir(dir)), own)
+	}
 	s.snapMu.Unlock()
 	if err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,9 +17,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sheepfold/sheepfold/client"
 	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
@@ -203,7 +206,7 @@ func filesUnder(t *testing.T, dir string) []string {
 	t.Helper()
 	var out []string
 	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
+		if err == nil && d.Type().IsRegular() && p != filepath.Join(dir, ".disk") { // the dir's name among servers' disks
 			out = append(out, p)
 		}
 		return nil
@@ -281,16 +284,32 @@ func TestSnapshotAfterServerRestart(t *testing.T) {
 	e, stop := start()
 	id := e.create(key, map[string]any{})
 	e.execIn(key, id, `x = "kept"`)
-	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", key, map[string]any{"name": "keep"}), http.StatusCreated, "")
+	r := e.do("POST", "/v1/sandboxes/"+id+"/snapshots", key, map[string]any{"name": "keep"})
+	want(t, r, http.StatusCreated, "")
+	size := int64(r.json(t)["size_bytes"].(float64))
 	snaps := e.engine.SnapshotDir()
 	if snaps != filepath.Join(data, "snapshots") {
 		t.Fatalf("snapshot dir %s, want beside the checkpoints", snaps)
 	}
 	stop()
 	// A crash in the middle of a snapshot leaves its .new- directory.
-	accts, _ := os.ReadDir(snaps)
+	ents, _ := os.ReadDir(snaps)
+	var accts []fs.DirEntry
+	for _, d := range ents {
+		if d.IsDir() {
+			accts = append(accts, d)
+		}
+	}
 	if len(accts) != 1 {
-		t.Fatalf("account dirs %v", accts)
+		t.Fatalf("account dirs %v", ents)
+	}
+	// The store forgets this disk's snapshots: the start counts them again.
+	disk, err := os.ReadFile(filepath.Join(snaps, ".disk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.ClearSnapshotBytes(ctx, strings.TrimSpace(string(disk))); err != nil {
+		t.Fatal(err)
 	}
 	half := filepath.Join(snaps, accts[0].Name(), ".new-123")
 	if err := os.MkdirAll(filepath.Join(half, "state"), 0o700); err != nil {
@@ -302,7 +321,25 @@ func TestSnapshotAfterServerRestart(t *testing.T) {
 	if _, err := os.Stat(half); err == nil {
 		t.Error("a half-made snapshot is left after the start")
 	}
-	r := e.do("GET", "/v1/snapshots", key, nil)
+	snapshotBytes := func() int64 {
+		t.Helper()
+		var n int64
+		for _, at := range []time.Time{time.Now().Add(2 * time.Hour), time.Now().Add(3 * time.Hour)} {
+			cs, err := st.MeterStorage(ctx, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n = 0 // what the last metering saw
+			for _, c := range cs {
+				n += c.SnapshotBytes
+			}
+		}
+		return n
+	}
+	if got := snapshotBytes(); got != size {
+		t.Errorf("metered after the restart: snapshots of %d bytes, want %d", got, size)
+	}
+	r = e.do("GET", "/v1/snapshots", key, nil)
 	want(t, r, http.StatusOK, "")
 	if l := r.json(t)["snapshots"].([]any); len(l) != 1 || l[0].(map[string]any)["name"] != "keep" {
 		t.Fatalf("listed after the restart: %s", r.body)
@@ -599,5 +636,97 @@ func TestE2BSnapshotAndFork(t *testing.T) {
 	want(t, e.e2bDo("DELETE", "/templates/warm", e.keyA, nil), http.StatusNotFound, "")
 	for _, id := range []string{sb.ID, from.ID, forks[0].Sandbox.SandboxID, forks[1].Sandbox.SandboxID} {
 		want(t, e.e2bDo("DELETE", "/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
+	}
+}
+
+// TestSnapshotBytesBound is an account's attempt to keep more of the
+// server's disk in snapshots than --max-snapshot-mb-per-account lets it:
+// a snapshot of a sandbox holding a 64 MiB file, past the 48 MiB bound,
+// is refused with ERR_STORAGE_QUOTA_EXCEEDED, nothing of it is kept and
+// the sandbox runs on; it is refused with the account's other snapshot
+// deleted too (it alone passes the bound). The controls are snapshots of
+// the same sandbox without the file, taken under the bound.
+func TestSnapshotBytesBound(t *testing.T) {
+	const limit = 48 << 20
+	e := runcEnvWith(t, server.Config{MaxSnapshotBytesPerAccount: limit})
+	id := e.create(e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 256, "disk_mb": 256}})
+	e.execIn(e.keyA, id, `x = 42`)
+
+	// The control: under the bound.
+	r := e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "small"})
+	want(t, r, http.StatusCreated, "")
+	small := int64(r.json(t)["size_bytes"].(float64))
+	t.Logf("a snapshot of a fresh sandbox: %d bytes", small)
+	if small <= 0 || small >= limit {
+		t.Fatalf("the control snapshot holds %d bytes, want within (0, %d)", small, limit)
+	}
+
+	// The attack: 64 MiB of incompressible bytes in the sandbox's disk.
+	e.execIn(e.keyA, id, `import os; f = open("/home/user/big", "wb"); [f.write(os.urandom(1 << 20)) for _ in range(64)]; f.close()`)
+	r = e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "big"})
+	want(t, r, http.StatusTooManyRequests, "ERR_STORAGE_QUOTA_EXCEEDED")
+	if got := e.execIn(e.keyA, id, `print(x, os.path.getsize("/home/user/big"))`); got != fmt.Sprintf("42 %d\n", 64<<20) {
+		t.Fatalf("the sandbox after a refused snapshot: %q", got)
+	}
+	want(t, e.do("GET", "/v1/snapshots/big", e.keyA, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+	// Nothing of the refused one is kept: only the control's files.
+	want(t, e.do("DELETE", "/v1/snapshots/small", e.keyA, nil), http.StatusNoContent, "")
+	if left := filesUnder(t, e.engine.SnapshotDir()); len(left) != 0 {
+		t.Fatalf("files left in the snapshot dir after a refused snapshot: %v", left)
+	}
+
+	// Room made, the file's snapshot alone still passes the bound.
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "big"}), http.StatusTooManyRequests, "ERR_STORAGE_QUOTA_EXCEEDED")
+	// Without the file it fits again.
+	e.execIn(e.keyA, id, `os.remove("/home/user/big")`)
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "again"}), http.StatusCreated, "")
+	want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
+	want(t, e.do("DELETE", "/v1/snapshots/again", e.keyA, nil), http.StatusNoContent, "")
+}
+
+// TestSnapshotMetered: a snapshot's bytes are charged as the account's
+// storage over time, its share shown as storage.snapshots_gb_seconds,
+// within gb_seconds and charged; the control is the other account,
+// without snapshots, charged none; a deleted snapshot is charged no
+// more.
+func TestSnapshotMetered(t *testing.T) {
+	prices := metering.Prices{StorageGBSecond: 1e6}
+	e := runcEnvWith(t, server.Config{Metering: metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond, Prices: &prices}})
+	id := e.create(e.keyA, map[string]any{"resources": map[string]any{"memory_mb": 256, "disk_mb": 64}})
+	r := e.do("POST", "/v1/sandboxes/"+id+"/snapshots", e.keyA, map[string]any{"name": "kept"})
+	want(t, r, http.StatusCreated, "")
+	start := time.Now()
+	want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
+	size := r.json(t)["size_bytes"].(float64)
+	second := size / (1 << 30) // GB-seconds of one second of it
+	usage := func(key string) map[string]any {
+		return e.do("GET", "/v1/account/usage", key, nil).json(t)["storage"].(map[string]any)
+	}
+	var storage map[string]any
+	for deadline := start.Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if storage = usage(e.keyA); storage["snapshots_gb_seconds"].(float64) >= second {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the snapshot of %v bytes was never metered a second: %v", size, storage)
+		}
+	}
+	got := storage["snapshots_gb_seconds"].(float64)
+	if most := second * time.Since(start.Add(-time.Second)).Seconds(); got > most || storage["gb_seconds"].(float64) < got ||
+		storage["cost_micros"].(float64) < math.Floor(got*1e6) {
+		t.Fatalf("storage %v after %v: at most %g snapshot GB-seconds, all within gb_seconds and charged", storage, time.Since(start), most)
+	}
+	if b := usage(e.keyB); b["snapshots_gb_seconds"] != 0.0 {
+		t.Fatalf("B, without snapshots: %v", b)
+	}
+	// Deleted, it is charged no more: two flushes after the delete add nothing.
+	want(t, e.do("DELETE", "/v1/snapshots/kept", e.keyA, nil), http.StatusNoContent, "")
+	for n := e.srv.MeterFlushes() + 2; e.srv.MeterFlushes() < n; time.Sleep(20 * time.Millisecond) {
+	}
+	before := usage(e.keyA)["snapshots_gb_seconds"].(float64)
+	for n := e.srv.MeterFlushes() + 2; e.srv.MeterFlushes() < n; time.Sleep(20 * time.Millisecond) {
+	}
+	if after := usage(e.keyA)["snapshots_gb_seconds"].(float64); after != before {
+		t.Fatalf("a deleted snapshot charged on: %g, then %g", before, after)
 	}
 }

@@ -200,6 +200,11 @@ type StorageStore interface {
 	// for the first time is charged from now. Servers sharing the store
 	// charge each second once: the first to move a point takes the span.
 	MeterStorage(ctx context.Context, now time.Time) ([]StorageCharge, error)
+	// SetSnapshotBytes records what an account's snapshots hold on disk
+	// (a server's snapshot dir; 0 bytes: none), for MeterStorage;
+	// ClearSnapshotBytes forgets every account's of disk.
+	SetSnapshotBytes(ctx context.Context, disk, account string, bytes int64) error
+	ClearSnapshotBytes(ctx context.Context, disk string) error
 	// StorageUsage returns an account's storage GB-seconds per hour in
 	// [from, to) (either zero: unbounded), in hour order.
 	StorageUsage(ctx context.Context, account string, from, to time.Time) ([]StorageHour, error)
@@ -219,6 +224,11 @@ type StorageCharge struct {
 	// within Bytes, and VolumeGBSeconds their share of GBSeconds.
 	VolumeBytes     int64
 	VolumeGBSeconds float64
+	// SnapshotBytes are what the account's snapshots hold on every
+	// server's disk (SetSnapshotBytes), within Bytes, and
+	// SnapshotGBSeconds their share of GBSeconds.
+	SnapshotBytes     int64
+	SnapshotGBSeconds float64
 }
 
 // Charge is what keeping bytes over span charges account.
@@ -226,20 +236,22 @@ func Charge(account string, bytes int64, span time.Duration) StorageCharge {
 	return StorageCharge{Account: account, Bytes: bytes, Seconds: span.Seconds(), GBSeconds: float64(bytes) / (1 << 30) * span.Seconds()}
 }
 
-// ChargeWithVolumes is what keeping records of bytes and volumes of
-// volumeBytes over span charges account.
-func ChargeWithVolumes(account string, bytes, volumeBytes int64, span time.Duration) StorageCharge {
-	c := Charge(account, bytes+volumeBytes, span)
+// ChargeWithVolumes is what keeping records of bytes, volumes of
+// volumeBytes and snapshots of snapshotBytes over span charges account.
+func ChargeWithVolumes(account string, bytes, volumeBytes, snapshotBytes int64, span time.Duration) StorageCharge {
+	c := Charge(account, bytes+volumeBytes+snapshotBytes, span)
 	c.VolumeBytes, c.VolumeGBSeconds = volumeBytes, float64(volumeBytes)/(1<<30)*span.Seconds()
+	c.SnapshotBytes, c.SnapshotGBSeconds = snapshotBytes, float64(snapshotBytes)/(1<<30)*span.Seconds()
 	return c
 }
 
 // StorageHour is an account's storage GB-seconds in one hour, and the
-// share of its volumes in them.
+// shares of its volumes and its snapshots in them.
 type StorageHour struct {
-	Hour            time.Time
-	GBSeconds       float64
-	VolumeGBSeconds float64
+	Hour              time.Time
+	GBSeconds         float64
+	VolumeGBSeconds   float64
+	SnapshotGBSeconds float64
 }
 
 // StorageSpan is the span a metering at now charges for an account last

@@ -229,11 +229,12 @@ func (s *Store) MeterStorage(ctx context.Context, now time.Time) ([]store.Storag
 	if _, err := tx.Exec(ctx, `LOCK TABLE storage_points IN SHARE ROW EXCLUSIVE MODE`); err != nil {
 		return nil, storeErr("meter storage", err)
 	}
-	rows, err := tx.Query(ctx, `SELECT s.account_id, sum(s.bytes)::bigint, sum(s.volume_bytes)::bigint, p.metered_at
-		FROM (SELECT account_id, bytes, 0::bigint AS volume_bytes FROM stored
-			UNION ALL SELECT owner, 0, size_bytes FROM volumes) s
+	rows, err := tx.Query(ctx, `SELECT s.account_id, sum(s.bytes)::bigint, sum(s.volume_bytes)::bigint, sum(s.snapshot_bytes)::bigint, p.metered_at
+		FROM (SELECT account_id, bytes, 0::bigint AS volume_bytes, 0::bigint AS snapshot_bytes FROM stored
+			UNION ALL SELECT owner, 0, size_bytes, 0 FROM volumes
+			UNION ALL SELECT account_id, 0, 0, bytes FROM snapshot_bytes) s
 		LEFT JOIN storage_points p ON p.account_id = s.account_id
-		GROUP BY s.account_id, p.metered_at HAVING sum(s.bytes) + sum(s.volume_bytes) > 0`)
+		GROUP BY s.account_id, p.metered_at HAVING sum(s.bytes) + sum(s.volume_bytes) + sum(s.snapshot_bytes) > 0`)
 	if err != nil {
 		return nil, storeErr("meter storage", err)
 	}
@@ -241,11 +242,12 @@ func (s *Store) MeterStorage(ctx context.Context, now time.Time) ([]store.Storag
 		account string
 		bytes   int64
 		volumes int64
+		snaps   int64
 		last    *time.Time
 	}
 	var all []kept
 	var k kept
-	if _, err := pgx.ForEachRow(rows, []any{&k.account, &k.bytes, &k.volumes, &k.last}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&k.account, &k.bytes, &k.volumes, &k.snaps, &k.last}, func() error {
 		all = append(all, k)
 		return nil
 	}); err != nil {
@@ -259,11 +261,12 @@ func (s *Store) MeterStorage(ctx context.Context, now time.Time) ([]store.Storag
 			last = *k.last
 		}
 		if span := store.StorageSpan(last, now); span > 0 {
-			c := store.ChargeWithVolumes(k.account, k.bytes, k.volumes, span)
-			if _, err := tx.Exec(ctx, `INSERT INTO storage_hours AS h (account_id, hour, gb_seconds, volume_gb_seconds) VALUES ($1, $2, $3, $4)
+			c := store.ChargeWithVolumes(k.account, k.bytes, k.volumes, k.snaps, span)
+			if _, err := tx.Exec(ctx, `INSERT INTO storage_hours AS h (account_id, hour, gb_seconds, volume_gb_seconds, snapshot_gb_seconds) VALUES ($1, $2, $3, $4, $5)
 				ON CONFLICT (account_id, hour) DO UPDATE SET gb_seconds = h.gb_seconds + excluded.gb_seconds,
-					volume_gb_seconds = h.volume_gb_seconds + excluded.volume_gb_seconds`,
-				k.account, now.Truncate(time.Hour), c.GBSeconds, c.VolumeGBSeconds); err != nil {
+					volume_gb_seconds = h.volume_gb_seconds + excluded.volume_gb_seconds,
+					snapshot_gb_seconds = h.snapshot_gb_seconds + excluded.snapshot_gb_seconds`,
+				k.account, now.Truncate(time.Hour), c.GBSeconds, c.VolumeGBSeconds, c.SnapshotGBSeconds); err != nil {
 				return nil, storeErr("meter storage", err)
 			}
 			out = append(out, c)
@@ -276,9 +279,27 @@ func (s *Store) MeterStorage(ctx context.Context, now time.Time) ([]store.Storag
 	return out, storeErr("meter storage", tx.Commit(ctx))
 }
 
+// SetSnapshotBytes implements store.StorageStore.
+func (s *Store) SetSnapshotBytes(ctx context.Context, disk, account string, bytes int64) error {
+	var err error
+	if bytes <= 0 {
+		_, err = s.pool.Exec(ctx, `DELETE FROM snapshot_bytes WHERE disk = $1 AND account_id = $2`, disk, account)
+	} else {
+		_, err = s.pool.Exec(ctx, `INSERT INTO snapshot_bytes (disk, account_id, bytes) VALUES ($1, $2, $3)
+			ON CONFLICT (disk, account_id) DO UPDATE SET bytes = excluded.bytes`, disk, account, bytes)
+	}
+	return storeErr("set snapshot bytes", err)
+}
+
+// ClearSnapshotBytes implements store.StorageStore.
+func (s *Store) ClearSnapshotBytes(ctx context.Context, disk string) error {
+	_, err := s.pool.Exec(ctx, `DELETE FROM snapshot_bytes WHERE disk = $1`, disk)
+	return storeErr("clear snapshot bytes", err)
+}
+
 // StorageUsage implements store.StorageStore.
 func (s *Store) StorageUsage(ctx context.Context, account string, from, to time.Time) ([]store.StorageHour, error) {
-	q, args := `SELECT hour, gb_seconds, volume_gb_seconds FROM storage_hours WHERE account_id = $1`, []any{account}
+	q, args := `SELECT hour, gb_seconds, volume_gb_seconds, snapshot_gb_seconds FROM storage_hours WHERE account_id = $1`, []any{account}
 	if !from.IsZero() {
 		args = append(args, dbTime(from))
 		q += fmt.Sprintf(` AND hour >= $%d`, len(args))
@@ -293,7 +314,7 @@ func (s *Store) StorageUsage(ctx context.Context, account string, from, to time.
 	}
 	var out []store.StorageHour
 	var h store.StorageHour
-	_, err = pgx.ForEachRow(rows, []any{&h.Hour, &h.GBSeconds, &h.VolumeGBSeconds}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&h.Hour, &h.GBSeconds, &h.VolumeGBSeconds, &h.SnapshotGBSeconds}, func() error {
 		h.Hour = h.Hour.UTC()
 		out = append(out, h)
 		return nil

@@ -218,11 +218,12 @@ func (d *DB) MeterStorage(ctx context.Context, now time.Time) ([]store.StorageCh
 		return nil, storeErr("meter storage", err)
 	}
 	defer tx.Rollback()
-	rows, err := tx.QueryContext(ctx, `SELECT s.account_id, sum(s.bytes), sum(s.volume_bytes), coalesce(p.metered_at, '')
-		FROM (SELECT account_id, bytes, 0 AS volume_bytes FROM stored
-			UNION ALL SELECT owner, 0, size_bytes FROM volumes) s
+	rows, err := tx.QueryContext(ctx, `SELECT s.account_id, sum(s.bytes), sum(s.volume_bytes), sum(s.snapshot_bytes), coalesce(p.metered_at, '')
+		FROM (SELECT account_id, bytes, 0 AS volume_bytes, 0 AS snapshot_bytes FROM stored
+			UNION ALL SELECT owner, 0, size_bytes, 0 FROM volumes
+			UNION ALL SELECT account_id, 0, 0, bytes FROM snapshot_bytes) s
 		LEFT JOIN storage_points p ON p.account_id = s.account_id
-		GROUP BY s.account_id HAVING sum(s.bytes) + sum(s.volume_bytes) > 0`)
+		GROUP BY s.account_id HAVING sum(s.bytes) + sum(s.volume_bytes) + sum(s.snapshot_bytes) > 0`)
 	if err != nil {
 		return nil, storeErr("meter storage", err)
 	}
@@ -230,13 +231,14 @@ func (d *DB) MeterStorage(ctx context.Context, now time.Time) ([]store.StorageCh
 		account string
 		bytes   int64
 		volumes int64
+		snaps   int64
 		last    time.Time
 	}
 	var all []kept
 	for rows.Next() {
 		var k kept
 		var last string
-		if err := rows.Scan(&k.account, &k.bytes, &k.volumes, &last); err != nil {
+		if err := rows.Scan(&k.account, &k.bytes, &k.volumes, &k.snaps, &last); err != nil {
 			rows.Close()
 			return nil, storeErr("meter storage", err)
 		}
@@ -256,11 +258,12 @@ func (d *DB) MeterStorage(ctx context.Context, now time.Time) ([]store.StorageCh
 	var out []store.StorageCharge
 	for _, k := range all {
 		if span := store.StorageSpan(k.last, now); span > 0 {
-			c := store.ChargeWithVolumes(k.account, k.bytes, k.volumes, span)
-			if _, err := tx.ExecContext(ctx, `INSERT INTO storage_hours (account_id, hour, gb_seconds, volume_gb_seconds) VALUES (?, ?, ?, ?)
+			c := store.ChargeWithVolumes(k.account, k.bytes, k.volumes, k.snaps, span)
+			if _, err := tx.ExecContext(ctx, `INSERT INTO storage_hours (account_id, hour, gb_seconds, volume_gb_seconds, snapshot_gb_seconds) VALUES (?, ?, ?, ?, ?)
 				ON CONFLICT (account_id, hour) DO UPDATE SET gb_seconds = gb_seconds + excluded.gb_seconds,
-					volume_gb_seconds = volume_gb_seconds + excluded.volume_gb_seconds`,
-				k.account, hour, c.GBSeconds, c.VolumeGBSeconds); err != nil {
+					volume_gb_seconds = volume_gb_seconds + excluded.volume_gb_seconds,
+					snapshot_gb_seconds = snapshot_gb_seconds + excluded.snapshot_gb_seconds`,
+				k.account, hour, c.GBSeconds, c.VolumeGBSeconds, c.SnapshotGBSeconds); err != nil {
 				return nil, storeErr("meter storage", err)
 			}
 			out = append(out, c)
@@ -273,9 +276,27 @@ func (d *DB) MeterStorage(ctx context.Context, now time.Time) ([]store.StorageCh
 	return out, storeErr("meter storage", tx.Commit())
 }
 
+// SetSnapshotBytes implements store.StorageStore.
+func (d *DB) SetSnapshotBytes(ctx context.Context, disk, account string, bytes int64) error {
+	var err error
+	if bytes <= 0 {
+		_, err = d.db.ExecContext(ctx, `DELETE FROM snapshot_bytes WHERE disk = ? AND account_id = ?`, disk, account)
+	} else {
+		_, err = d.db.ExecContext(ctx, `INSERT INTO snapshot_bytes (disk, account_id, bytes) VALUES (?, ?, ?)
+			ON CONFLICT (disk, account_id) DO UPDATE SET bytes = excluded.bytes`, disk, account, bytes)
+	}
+	return storeErr("set snapshot bytes", err)
+}
+
+// ClearSnapshotBytes implements store.StorageStore.
+func (d *DB) ClearSnapshotBytes(ctx context.Context, disk string) error {
+	_, err := d.db.ExecContext(ctx, `DELETE FROM snapshot_bytes WHERE disk = ?`, disk)
+	return storeErr("clear snapshot bytes", err)
+}
+
 // StorageUsage implements store.StorageStore.
 func (d *DB) StorageUsage(ctx context.Context, account string, from, to time.Time) ([]store.StorageHour, error) {
-	q, args := `SELECT hour, gb_seconds, volume_gb_seconds FROM storage_hours WHERE account_id = ?`, []any{account}
+	q, args := `SELECT hour, gb_seconds, volume_gb_seconds, snapshot_gb_seconds FROM storage_hours WHERE account_id = ?`, []any{account}
 	if !from.IsZero() {
 		q += ` AND hour >= ?`
 		args = append(args, fmtTime(from))
@@ -293,7 +314,7 @@ func (d *DB) StorageUsage(ctx context.Context, account string, from, to time.Tim
 	for rows.Next() {
 		var h store.StorageHour
 		var hour string
-		if err := rows.Scan(&hour, &h.GBSeconds, &h.VolumeGBSeconds); err != nil {
+		if err := rows.Scan(&hour, &h.GBSeconds, &h.VolumeGBSeconds, &h.SnapshotGBSeconds); err != nil {
 			return nil, storeErr("read storage usage", err)
 		}
 		if h.Hour, err = parseTime(hour); err != nil {

@@ -62,6 +62,7 @@ func Run(t *testing.T, open Open) {
 		{"Volumes", testVolumes},
 		{"VolumeMeter", testVolumeMeter},
 		{"Batches", testBatches},
+		{"SnapshotMeter", testSnapshotMeter},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -113,3 +113,49 @@ func testVolumeMeter(t *testing.T, s store.Store) {
 		t.Fatalf("after the delete: %+v", cs)
 	}
 }
+
+// testSnapshotMeter: an account's snapshots' bytes, as each disk holding
+// some set them, are metered with its storage, an account with
+// snapshots alone too; their share is kept apart in each hour; bytes set
+// to 0, or a disk cleared, are charged no more, and another disk's stay.
+func testSnapshotMeter(t *testing.T, s store.Store) {
+	ctx := context.Background()
+	t0 := now().Truncate(time.Hour).Add(20 * time.Minute)
+	const size = 1 << 30
+	mustNil(t, s.SetSnapshotBytes(ctx, "disk-1", "acct-s", size))
+	mustNil(t, s.SetSnapshotBytes(ctx, "disk-2", "acct-s", size))
+	meter := func(at time.Time) []store.StorageCharge {
+		t.Helper()
+		cs, err := s.MeterStorage(ctx, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mine []store.StorageCharge
+		for _, c := range cs {
+			if c.Account == "acct-s" {
+				mine = append(mine, c)
+			}
+		}
+		return mine
+	}
+	if cs := meter(t0); len(cs) != 0 {
+		t.Fatalf("the first metering charged %+v", cs)
+	}
+	if cs := meter(t0.Add(100 * time.Second)); len(cs) != 1 || cs[0].Bytes != 2*size || cs[0].SnapshotBytes != 2*size ||
+		cs[0].GBSeconds != 200 || cs[0].SnapshotGBSeconds != 200 || cs[0].VolumeGBSeconds != 0 {
+		t.Fatalf("snapshots of 2 GiB on two disks for 100 s charged %+v, want 200 GB-seconds", cs)
+	}
+	mustNil(t, s.SetSnapshotBytes(ctx, "disk-1", "acct-s", size/2))
+	if cs := meter(t0.Add(110 * time.Second)); len(cs) != 1 || cs[0].SnapshotBytes != size+size/2 || cs[0].SnapshotGBSeconds != 15 {
+		t.Fatalf("after a set: %+v", cs)
+	}
+	hours, err := s.StorageUsage(ctx, "acct-s", time.Time{}, time.Time{})
+	if err != nil || len(hours) != 1 || hours[0].SnapshotGBSeconds != 215 || hours[0].GBSeconds != 215 || hours[0].VolumeGBSeconds != 0 {
+		t.Fatalf("storage usage %+v, %v", hours, err)
+	}
+	mustNil(t, s.ClearSnapshotBytes(ctx, "disk-2"))
+	mustNil(t, s.SetSnapshotBytes(ctx, "disk-1", "acct-s", 0))
+	if cs := meter(t0.Add(120 * time.Second)); len(cs) != 0 {
+		t.Fatalf("with no snapshot left: %+v", cs)
+	}
+}

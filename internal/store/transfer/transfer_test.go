@@ -79,6 +79,8 @@ func populate(t *testing.T, ctx context.Context, st store.Store) {
 
 	// volumes.
 	must(st.CreateVolume(ctx, store.Volume{Owner: "acct-a", Name: "data", ID: "vol-1", SizeBytes: 64 << 20, CreatedAt: now.Add(-time.Hour)}, 0, 0))
+	// snapshots' bytes on a server's disk.
+	must(st.SetSnapshotBytes(ctx, "disk-1", "acct-a", 32<<20))
 
 	// batches: one item ended, one pending.
 	must(st.CreateBatch(ctx, store.Batch{ID: "bat-1", Owner: "acct-a", Status: store.BatchRunning, Template: "python", Language: "python",
