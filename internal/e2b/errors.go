@@ -60,6 +60,7 @@ var connectCodes = map[apierr.Code]connect.Code{
 	apierr.BadRequest:           connect.CodeInvalidArgument,
 	apierr.UnsupportedLanguage:  connect.CodeInvalidArgument,
 	apierr.InvalidPolicy:        connect.CodeInvalidArgument,
+	apierr.InvalidHandler:       connect.CodeInvalidArgument,
 	apierr.AuthenticationFailed: connect.CodeUnauthenticated,
 	apierr.NotFound:             connect.CodeNotFound,
 	apierr.SandboxNotFound:      connect.CodeNotFound,
