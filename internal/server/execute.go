@@ -122,7 +122,9 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) error {
 // leaves a record, which the next start ends with "server restarted", or
 // with replicas the others' collector: shared.go) and replaced when it
 // ends. The first write runs beside the execution,
-// off the caller's path; the last waits for it.
+// off the caller's path; the last waits for it. So a crash in the
+// first moments of an execution, before that first write lands (a few
+// milliseconds; more on a loaded store), leaves no record of it.
 type executionRecord struct {
 	s        *Server
 	ctx      context.Context // the request's values, never canceled

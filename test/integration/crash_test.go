@@ -326,6 +326,21 @@ time.sleep(1000)`}, client.ExecuteHandlers{OnStdout: func(string) { once.Do(func
 		t.Errorf("the server's oom_score_adj is %s, want it left at 0", score)
 	}
 
+	// The execution's record is written beside it, off its path (the
+	// server's executionRecord): a crash in the first moments of an
+	// execution, before that write, leaves no record. Wait for it, as
+	// that write is what this part of the test is about; on a loaded
+	// host the output came first (CI, 7 Dec).
+	eventually(t, 10*time.Second, "the long execution's record", func() bool {
+		db, err := sqlite.Open(ctx, filepath.Join(s.dir, "sheepfold.db"))
+		if err != nil {
+			return false
+		}
+		defer db.Close()
+		exs, err := db.ListExecutions(ctx, long.ID)
+		return err == nil && len(exs) == 1
+	})
+
 	s.kill9()
 	// While no server runs, the short sandbox ends at its deadline (its
 	// agent keeps it); the long one lives on.
