@@ -29,6 +29,8 @@ type Sandbox struct {
 	Usage *LiveUsage `json:"usage,omitempty"`
 	// AutoPause says the sandbox pauses instead of stopping at its end.
 	AutoPause bool `json:"auto_pause,omitempty"`
+	// VolumeMounts are the volumes a live sandbox mounted at create.
+	VolumeMounts []VolumeMount `json:"volume_mounts,omitempty"`
 }
 
 // LiveUsage is what a running sandbox uses now (schema Sandbox.usage):

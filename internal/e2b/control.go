@@ -219,6 +219,8 @@ type listedJSON struct {
 	EndAt       time.Time         `json:"endAt"`
 	State       string            `json:"state"`
 	Metadata    map[string]string `json:"metadata"`
+	// VolumeMounts are the volumes the sandbox mounted at create.
+	VolumeMounts []volumeMount `json:"volumeMounts,omitempty"`
 }
 
 type detailJSON struct {
@@ -276,7 +278,18 @@ func (h *Handler) listedOf(sb *sandbox.Sandbox) listedJSON {
 	a := h.alias(sb)
 	return listedJSON{SandboxID: in.ID, TemplateID: a, Alias: a, ClientID: clientID, CPUCount: cpus,
 		MemoryMB: in.Limits.MemoryBytes >> 20, DiskSizeMB: in.Limits.DiskBytes >> 20, EnvdVersion: EnvdVersion,
-		StartedAt: in.Created.UTC(), EndAt: in.Deadline.UTC(), State: e2bState(in.State), Metadata: md}
+		StartedAt: in.Created.UTC(), EndAt: in.Deadline.UTC(), State: e2bState(in.State), Metadata: md,
+		VolumeMounts: e2bVolumeMounts(in.Volumes)}
+}
+
+// e2bVolumeMounts are a sandbox's volumes in E2B's SandboxVolumeMount
+// shape (name and path).
+func e2bVolumeMounts(in []sandbox.VolumeMount) []volumeMount {
+	var out []volumeMount
+	for _, m := range in {
+		out = append(out, volumeMount{Name: m.Name, Path: m.Path})
+	}
+	return out
 }
 
 // e2bState is a sandbox's state in E2B's words: running or paused.

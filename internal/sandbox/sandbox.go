@@ -106,6 +106,8 @@ type Info struct {
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	StopReason string            `json:"stop_reason,omitempty"`
 	AutoPause  bool              `json:"auto_pause,omitempty"` // autopause.go
+	// Volumes are the volumes mounted at create (volumes.go).
+	Volumes []VolumeMount `json:"-"`
 }
 
 // Info returns a snapshot of the sandbox.
@@ -119,6 +121,7 @@ func (s *Sandbox) Info() Info {
 	return Info{
 		ID: s.ID, Template: s.Template, State: s.state, Created: s.Created,
 		Deadline: deadline, Limits: s.Limits, Metadata: s.Metadata, StopReason: s.stopReason, AutoPause: s.auto.on,
+		Volumes: s.volumes,
 	}
 }
 

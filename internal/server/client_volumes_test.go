@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -39,6 +40,10 @@ func TestGoSDKVolumes(t *testing.T) {
 	}
 	if vs := e.rt.Spec(sb.ID).Volumes; len(vs) != 2 || vs[0].ReadOnly || !vs[1].ReadOnly || vs[1].Path != "/mnt/cache" {
 		t.Fatalf("the runtime mounts %+v", vs)
+	}
+	want := []client.VolumeMount{{Name: "data", Path: "/data"}, {Name: "cache", Path: "/mnt/cache", ReadOnly: true}}
+	if got, err := c.GetSandbox(ctx, sb.ID); err != nil || !reflect.DeepEqual(got.VolumeMounts, want) {
+		t.Fatalf("get shows the mounts %+v, %v", got, err)
 	}
 	if v, err := c.GetVolume(ctx, "data"); err != nil || len(v.MountedBy) != 1 || v.MountedBy[0] != sb.ID || v.UsedBytes == nil {
 		t.Fatalf("get: %+v, %v", v, err)

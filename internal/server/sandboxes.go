@@ -60,7 +60,8 @@ func sandboxFromInfo(in sandbox.Info) api.Sandbox {
 		md = map[string]string{}
 	}
 	return api.Sandbox{ID: in.ID, Template: in.Template, State: string(in.State), CreatedAt: in.Created.UTC(),
-		ExpiresAt: in.Deadline.UTC(), Resources: resourcesOf(in.Limits), Metadata: md, StopReason: in.StopReason, AutoPause: in.AutoPause}
+		ExpiresAt: in.Deadline.UTC(), Resources: resourcesOf(in.Limits), Metadata: md, StopReason: in.StopReason, AutoPause: in.AutoPause,
+		VolumeMounts: apiVolumeMounts(in.Volumes)}
 }
 
 func sandboxFromRecord(rec store.Sandbox) api.Sandbox {

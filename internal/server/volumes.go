@@ -88,6 +88,15 @@ func volumeMounts(in []api.VolumeMount) []sandbox.VolumeMount {
 	return out
 }
 
+// apiVolumeMounts is the inverse of volumeMounts, for answers.
+func apiVolumeMounts(in []sandbox.VolumeMount) []api.VolumeMount {
+	var out []api.VolumeMount
+	for _, m := range in {
+		out = append(out, api.VolumeMount{Name: m.Name, Path: m.Path, ReadOnly: m.ReadOnly, Shared: m.Shared})
+	}
+	return out
+}
+
 // checkVolumeName accepts 1 to 64 letters, digits, '.', '_' and '-',
 // starting with a letter or digit.
 func checkVolumeName(name string) error {

@@ -206,6 +206,9 @@ func TestE2BVolumes(t *testing.T) {
 		t.Fatalf("B's list: %d %s", r.status, r.body)
 	}
 	sb := e.e2bCreate(e.keyA, map[string]any{"templateID": "base", "volumeMounts": []map[string]any{{"name": "e2b-data", "path": "/mnt/data"}}})
+	if r := e.e2bDo("GET", "/sandboxes/"+sb.ID, e.keyA, nil); r.status != 200 || !bytes.Contains(r.body, []byte(`"volumeMounts":[{"name":"e2b-data","path":"/mnt/data"}]`)) {
+		t.Fatalf("the sandbox's detail: %d %s", r.status, r.body)
+	}
 	if r := e.e2bDo("DELETE", "/volumes/e2b-data", e.keyA, nil); r.status != http.StatusConflict {
 		t.Fatalf("delete while mounted: %d %s", r.status, r.body)
 	}

@@ -169,6 +169,8 @@ class SandboxInfo:
     usage: Optional[Dict[str, Any]] = None
     # Whether it pauses instead of stopping at its end (auto_pause).
     auto_pause: bool = False
+    # The volumes a live sandbox mounted at create (VolumeMount).
+    volume_mounts: List[Any] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -194,6 +196,7 @@ class SandboxInfo:
             stop_reason=d.get("stop_reason") or None,
             usage=dict(d["usage"]) if isinstance(d.get("usage"), Mapping) else None,
             auto_pause=bool(d.get("auto_pause")),
+            volume_mounts=_volume_mounts(d.get("volume_mounts")),
             raw=dict(d),
         )
 
@@ -483,3 +486,10 @@ class PolicyAnswer:
     def from_dict(cls, d: Dict[str, Any]) -> "PolicyAnswer":
         return cls(policy=d.get("policy") or {}, restart_required=bool(d.get("restart_required")),
                    loosened=list(d.get("loosened") or []))
+
+
+def _volume_mounts(items: Any) -> List[Any]:
+    from .volumes import VolumeMount  # volumes imports this module
+
+    return [VolumeMount(name=m.get("name", ""), path=m.get("path", ""), read_only=bool(m.get("read_only")),
+                        shared=bool(m.get("shared"))) for m in items or [] if isinstance(m, Mapping)]

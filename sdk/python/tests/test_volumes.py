@@ -42,6 +42,7 @@ class TestVolumes(unittest.TestCase):
             got = v.get("py-data")
             self.assertEqual(got.mounted_by, [sbx.sandbox_id])
             self.assertIsNotNone(got.used_bytes)
+            self.assertEqual(sbx.get_info().volume_mounts, [VolumeMount("py-data", "/data")])
             with self.assertRaises(VolumeInUseError):
                 v.delete("py-data")
             other = Volumes(api_key=OTHER, base_url=URL)
