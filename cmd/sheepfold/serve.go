@@ -55,6 +55,8 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		metricsListen string
 	)
 	var autoPauseNotice time.Duration
+	var gpuClass string
+	var shareDevices bool
 	var maxPausedMB, maxSnapshotMB int64
 	var idleTimeout, eventRetention, retention, stoppedRetention, shutdownTimeout, drainDelay time.Duration
 	var webhookHosts, webhookCIDRs []string
@@ -258,6 +260,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				func(c *sandbox.Config) {
 					c.PoolSize = poolSize
 					c.AutoPauseNotice = autoPauseNotice
+					c.GPUClass, c.ShareDevices = gpuClass, shareDevices
 					c.EventRate = eventRate
 					c.Egress.MaxFlows, c.Egress.IdleTimeout, c.Egress.Rate = eopt.MaxFlows, eopt.IdleTimeout, eopt.Rate
 					if maxSandboxes > 0 {
@@ -348,6 +351,10 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().MarkHidden("instance")
 	cmd.Flags().StringVar(&cfg.SecretsKeyFile, "secrets-key-file", "", "the keys that seal the accounts' secrets: lines ID:BASE64 (32 bytes each, the last one seals, every one opens; mode 0600) (default: $"+secrets.KeyEnv+" in that format, else DATA_DIR/"+secrets.KeyFileName+", made with a new key at the first start)")
 	cmd.Flags().StringVar(&cfg.PublicURL, "public-url", "", "the URL at which relying parties (a cloud's OIDC federation, your services) reach this server: the issuer of the sandboxes' workload identity tokens, served at /.well-known/openid-configuration and /.well-known/jwks.json; clouds want https (default: http://LISTEN, localhost for a wildcard address)")
+	cmd.Flags().StringSliceVar(&cfg.CDISpecDirs, "cdi-spec-dirs", config.DefaultCDISpecDirs,
+		"directories of the host's CDI specs (the Container Device Interface: nvidia-ctk cdi generate and other vendors' tools write them), which describe the devices sandboxes may ask for (resources.gpu, resources.devices); empty: none")
+	cmd.Flags().StringVar(&gpuClass, "gpu-class", sandbox.DefaultGPUClass, "the CDI class (vendor/class) that resources.gpu draws devices from")
+	cmd.Flags().BoolVar(&shareDevices, "share-devices", false, "let live sandboxes hold the same device (default: one sandbox per device; a create asking for a held one is refused with ERR_DEVICE_IN_USE)")
 	cmd.Flags().StringVar(&cfg.CgroupRoot, "cgroup-root", "",
 		"cgroup under which sandboxes' cgroups are made, e.g. / for the hierarchy's root (default: on cgroup v2 under systemd, the service's own delegated cgroup (Delegate=yes); else /)")
 	// Accounts: the default limits of every account (each may override

@@ -55,6 +55,10 @@ type Spec struct {
 	// starts (a runtime that implements Volumes; others refuse them with
 	// ErrUnsupported).
 	Volumes []VolumeMount
+	// Devices are the fully qualified CDI names (Device.Name) of the
+	// devices the sandbox is given (a runtime that implements Devices;
+	// others refuse them with ErrUnsupported).
+	Devices []string
 	// Network, when set, gives the sandbox a network interface; nil keeps
 	// it to its loopback alone.
 	Network *Network
