@@ -26,6 +26,15 @@ type Devices interface {
 	Devices() ([]Device, error)
 }
 
+// GPUScheduler is implemented by runtimes whose cluster chooses a
+// sandbox's GPUs itself (Kubernetes: an extended resource its device
+// plugin allocates): the engine passes Spec.GPUs, a number, and names no
+// device.
+type GPUScheduler interface {
+	// GPUResource names what a GPU is to the cluster (nvidia.com/gpu).
+	GPUResource() string
+}
+
 // ErrDeviceNotFound reports a device the runtime's CDI specs do not
 // describe (any more).
 var ErrDeviceNotFound = errors.New("device not found")

@@ -59,6 +59,9 @@ type Spec struct {
 	// devices the sandbox is given (a runtime that implements Devices;
 	// others refuse them with ErrUnsupported).
 	Devices []string
+	// GPUs, for a GPUScheduler, is the number of GPUs the sandbox is
+	// given by its cluster; other runtimes get Devices instead.
+	GPUs int
 	// Network, when set, gives the sandbox a network interface; nil keeps
 	// it to its loopback alone.
 	Network *Network

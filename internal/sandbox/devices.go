@@ -14,7 +14,9 @@ import (
 //
 // A create asks for devices by their CDI names (CreateOptions.Devices,
 // e.g. "nvidia.com/gpu=0") or for a number of GPUs (CreateOptions.GPUs),
-// which the engine draws from the devices of Config.GPUClass. The
+// which the engine draws from the devices of Config.GPUClass; a runtime
+// whose cluster chooses GPUs itself (runtime.GPUScheduler: Kubernetes)
+// is handed the number instead, and takes no names. The
 // runtime lists the devices its host's CDI specs describe
 // (runtime.Devices) and applies a device's edits to the sandbox it
 // creates; the engine decides who holds what. A device is held by one
@@ -54,6 +56,12 @@ func (m *Manager) listDevices(opt CreateOptions) ([]runtime.Device, error) {
 	if opt.AutoPause {
 		return nil, apierr.New(apierr.NotSupported, "a sandbox with devices cannot be paused, so not auto-paused either")
 	}
+	if _, ok := m.cfg.Runtime.(runtime.GPUScheduler); ok {
+		if len(opt.Devices) > 0 {
+			return nil, apierr.New(apierr.NotSupported, "this server's runtime (%s) gives GPUs by number (resources.gpu), not devices by name", m.cfg.Runtime.Name())
+		}
+		return nil, nil // its cluster chooses them
+	}
 	rd, ok := m.cfg.Runtime.(runtime.Devices)
 	if !ok {
 		return nil, apierr.New(apierr.NotSupported, "this server's runtime (%s) gives sandboxes no devices", m.cfg.Runtime.Name())
@@ -84,7 +92,8 @@ func (m *Manager) gpuClass() string {
 // of the GPU class, each held by no other live sandbox (the least held,
 // with ShareDevices). m.mu is held.
 func (m *Manager) takeDevices(s *Sandbox, opt CreateOptions, devs []runtime.Device) error {
-	if !opt.wantsDevices() {
+	s.gpus = opt.GPUs
+	if _, ok := m.cfg.Runtime.(runtime.GPUScheduler); ok || !opt.wantsDevices() {
 		return nil
 	}
 	held := map[string]string{} // device -> a live sandbox holding it
@@ -135,6 +144,15 @@ func deviceNames(devs []runtime.Device) string {
 		names = append(names, d.Name)
 	}
 	return strings.Join(names, ", ")
+}
+
+// gpuCount is Spec.GPUs: the number asked for, for a runtime whose
+// cluster chooses GPUs (others get the devices by name).
+func (s *Sandbox) gpuCount(m *Manager) int {
+	if _, ok := m.cfg.Runtime.(runtime.GPUScheduler); ok {
+		return s.gpus
+	}
+	return 0
 }
 
 // Devices returns the CDI names of the sandbox's devices.

@@ -421,7 +421,7 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	spec := runtime.Spec{
 		ID: s.ID, Template: opt.Template, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: append(threadEnv(limits, opt.Env), env...),
 		WritablePaths: opt.Policy.WritablePaths(), Runtime: opt.Runtime, Volumes: runtimeVolumes(opt.Volumes),
-		Devices: s.devices,
+		Devices: s.devices, GPUs: s.gpuCount(m),
 		// What waitAgent's ping says, from the start (runtime.Spec.Lifetime).
 		Lifetime: opt.Timeout + lifetimeGrace,
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/runtime/fake"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 )
@@ -77,4 +78,26 @@ func TestSharedDevices(t *testing.T) {
 	if !reflect.DeepEqual(got, []any{"nvidia.com/gpu=0", "nvidia.com/gpu=1", "nvidia.com/gpu=0"}) {
 		t.Fatalf("three sandboxes sharing two GPUs hold %v", got)
 	}
+}
+
+// gpuScheduler plays a runtime whose cluster chooses GPUs (Kubernetes).
+type gpuScheduler struct{ *fake.Runtime }
+
+func (gpuScheduler) GPUResource() string { return "nvidia.com/gpu" }
+
+// TestGPUsByNumber: on a runtime whose cluster chooses GPUs, a create's
+// resources.gpu reaches the runtime as a number, shown in the answer,
+// and devices by name are refused (501).
+func TestGPUsByNumber(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{}, func(c *sandbox.Config) { c.Runtime = gpuScheduler{c.Runtime.(*fake.Runtime)} })
+	r := e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"resources": map[string]any{"gpu": 2}})
+	want(t, r, http.StatusCreated, "")
+	m := r.json(t)
+	res := m["resources"].(map[string]any)
+	if sp := e.rt.Spec(m["id"].(string)); res["gpu"] != float64(2) || res["devices"] != nil || sp.GPUs != 2 || sp.Devices != nil {
+		t.Fatalf("answer %v; the runtime got %d GPUs and devices %v", res, sp.GPUs, sp.Devices)
+	}
+	want(t, e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"resources": map[string]any{"devices": []string{"nvidia.com/gpu=0"}}}),
+		http.StatusNotImplemented, "ERR_NOT_SUPPORTED")
 }

@@ -60,7 +60,7 @@ func sandboxFromInfo(in sandbox.Info) api.Sandbox {
 		md = map[string]string{}
 	}
 	res := resourcesOf(in.Limits)
-	res.Devices = in.Devices
+	res.GPU, res.Devices = in.GPUs, in.Devices
 	return api.Sandbox{ID: in.ID, Template: in.Template, State: string(in.State), CreatedAt: in.Created.UTC(),
 		ExpiresAt: in.Deadline.UTC(), Resources: res, Metadata: md, StopReason: in.StopReason, AutoPause: in.AutoPause,
 		VolumeMounts: apiVolumeMounts(in.Volumes)}
