@@ -183,6 +183,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				bound.Float("--price-gb-second", prices.GBSecond, 0, bound.MaxPrice),
 				bound.Float("--price-execution", prices.Execution, 0, bound.MaxPrice),
 				bound.Float("--price-storage-gb-second", prices.StorageGBSecond, 0, bound.MaxPrice),
+				bound.Float("--price-device-second", prices.DeviceSecond, 0, bound.MaxPrice),
 			); err != nil {
 				return err
 			}
@@ -372,6 +373,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().Float64Var(&prices.CPUSecond, "price-cpu-second", prices.CPUSecond, "price of a CPU-second, in micro-units of your currency")
 	cmd.Flags().Float64Var(&prices.GBSecond, "price-gb-second", prices.GBSecond, "price of a GB-second of memory reserved, in micro-units")
 	cmd.Flags().Float64Var(&prices.Execution, "price-execution", prices.Execution, "price of an execution, in micro-units")
+	cmd.Flags().Float64Var(&prices.DeviceSecond, "price-device-second", prices.DeviceSecond, "price of a second of one device (a GPU) held by a sandbox, in micro-units")
 	cmd.Flags().Float64Var(&prices.StorageGBSecond, "price-storage-gb-second", prices.StorageGBSecond,
 		"price of a GB-second of records an account keeps in the database (events, executions, alerts, deliveries), in micro-units")
 	cmd.Flags().DurationVar(&mcfg.FlushInterval, "metering-flush-interval", 10*time.Second, "how often metered usage is written to the database (at most 10s)")

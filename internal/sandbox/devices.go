@@ -155,6 +155,10 @@ func (s *Sandbox) gpuCount(m *Manager) int {
 	return 0
 }
 
+// DeviceCount is how many devices the sandbox holds, for metering: its
+// devices, or the GPUs its cluster gave it (runtime.GPUScheduler).
+func (s *Sandbox) DeviceCount() int { return max(len(s.devices), s.gpus) }
+
 // Devices returns the CDI names of the sandbox's devices.
 func (s *Sandbox) Devices() []string { return slices.Clone(s.devices) }
 

@@ -1,10 +1,13 @@
 package server_test
 
 import (
+	"math"
 	"net/http"
 	"reflect"
 	"testing"
+	"time"
 
+	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/runtime/fake"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -100,4 +103,32 @@ func TestGPUsByNumber(t *testing.T) {
 	}
 	want(t, e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"resources": map[string]any{"devices": []string{"nvidia.com/gpu=0"}}}),
 		http.StatusNotImplemented, "ERR_NOT_SUPPORTED")
+}
+
+// TestDeviceSeconds: a sandbox holding devices is metered their seconds,
+// summed over its devices and charged at the device price, from its
+// start to its end; a sandbox without devices is metered none.
+func TestDeviceSeconds(t *testing.T) {
+	t.Parallel()
+	prices := metering.Prices{DeviceSecond: 1000}
+	e := newEnv(t, server.Config{Metering: metering.Config{SampleInterval: 20 * time.Millisecond, FlushInterval: 100 * time.Millisecond, Prices: &prices}})
+	e.rt.DeviceList = []runtime.Device{{Name: "nvidia.com/gpu=0", Class: "nvidia.com/gpu"}, {Name: "nvidia.com/gpu=1", Class: "nvidia.com/gpu"}}
+	two := e.create(e.keyA, map[string]any{"resources": map[string]any{"gpu": 2}})
+	none := e.create(e.keyA, map[string]any{})
+	for _, id := range []string{two, none} {
+		want(t, e.do("DELETE", "/v1/sandboxes/"+id, e.keyA, nil), http.StatusNoContent, "")
+	}
+	usage := func(id string) map[string]any {
+		r := e.do("GET", "/v1/sandboxes/"+id+"/usage", e.keyA, nil)
+		want(t, r, http.StatusOK, "")
+		return r.json(t)
+	}
+	u := usage(two)
+	wall, dev := u["sandbox_seconds"].(float64), u["device_seconds"].(float64)
+	if wall <= 0 || !near(dev, 2*wall, 1e-9) || u["cost_micros"].(float64) != math.Round(dev*1000) {
+		t.Fatalf("two GPUs for %g s: %v device-seconds, cost %v", wall, dev, u["cost_micros"])
+	}
+	if u := usage(none); u["device_seconds"] != 0.0 {
+		t.Fatalf("no devices: %v device-seconds", u["device_seconds"])
+	}
 }
