@@ -12,6 +12,12 @@ type Resources struct {
 	MemoryMB int64   `json:"memory_mb"`
 	DiskMB   int64   `json:"disk_mb"`
 	Pids     int64   `json:"pids"`
+	// GPU asks for a number of GPUs (devices of the server's GPU class);
+	// Devices for devices by their CDI names in a request, and lists
+	// every device the sandbox holds in an answer (those drawn for GPU
+	// included).
+	GPU     int      `json:"gpu,omitempty"`
+	Devices []string `json:"devices,omitempty"`
 }
 
 // Sandbox is a sandbox as the server describes it (schema Sandbox).

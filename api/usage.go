@@ -21,8 +21,11 @@ type UsageFigures struct {
 	// PausedGBSeconds is what paused sandboxes' checkpoints and kept
 	// disks held over time, charged at the storage price.
 	PausedGBSeconds float64 `json:"paused_gb_seconds"`
-	CostMicros      int64   `json:"cost_micros"`
-	Cost            string  `json:"cost"`
+	// DeviceSeconds are the seconds sandboxes held devices (GPUs),
+	// summed over their devices.
+	DeviceSeconds float64 `json:"device_seconds"`
+	CostMicros    int64   `json:"cost_micros"`
+	Cost          string  `json:"cost"`
 }
 
 // StorageFigures are an account's storage in a usage report (schema
@@ -51,10 +54,11 @@ type UsageGroup struct {
 // Prices are the operator's price table, in micro-units of its currency
 // (schema Prices).
 type Prices struct {
-	CPUSecondMicros float64 `json:"cpu_second_micros"`
-	GBSecondMicros  float64 `json:"gb_second_micros"`
-	ExecutionMicros float64 `json:"execution_micros"`
-	StorageGBSecond float64 `json:"storage_gb_second_micros"` // records kept in the server's database
+	CPUSecondMicros    float64 `json:"cpu_second_micros"`
+	GBSecondMicros     float64 `json:"gb_second_micros"`
+	ExecutionMicros    float64 `json:"execution_micros"`
+	StorageGBSecond    float64 `json:"storage_gb_second_micros"` // records kept in the server's database
+	DeviceSecondMicros float64 `json:"device_second_micros"`     // a second of one device held
 }
 
 // UsageReport is an account's usage in [From, To), grouped by GroupBy:

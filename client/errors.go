@@ -52,6 +52,8 @@ const (
 	ErrVolumeNotFound       Code = "ERR_VOLUME_NOT_FOUND"
 	ErrVolumeInUse          Code = "ERR_VOLUME_IN_USE"
 	ErrInvalidHandler       Code = "ERR_INVALID_HANDLER"
+	ErrDeviceNotFound       Code = "ERR_DEVICE_NOT_FOUND"
+	ErrDeviceInUse          Code = "ERR_DEVICE_IN_USE"
 )
 
 // Codes lists every code above.
@@ -63,7 +65,7 @@ var Codes = []Code{
 	ErrStorageUnavailable, ErrShuttingDown, ErrForbidden, ErrInvalidPolicy, ErrSubprocessDenied,
 	ErrCPUTimeExceeded, ErrModelNotFound, ErrProvider, ErrProviderTimeout, ErrSessionNotFound,
 	ErrTooManyConnections, ErrStorageQuotaExceeded, ErrProcessLimit, ErrNotSupported,
-	ErrVolumeNotFound, ErrVolumeInUse, ErrInvalidHandler,
+	ErrVolumeNotFound, ErrVolumeInUse, ErrInvalidHandler, ErrDeviceNotFound, ErrDeviceInUse,
 }
 
 // Is makes errors.Is(err, client.ErrXxx) true for an *Error of that code.

@@ -85,10 +85,12 @@ type createJSON struct {
 // resourcesJSON is Resources as a request sends them: its zero fields
 // left out.
 type resourcesJSON struct {
-	CPUs     float64 `json:"cpus,omitempty"`
-	MemoryMB int64   `json:"memory_mb,omitempty"`
-	DiskMB   int64   `json:"disk_mb,omitempty"`
-	Pids     int64   `json:"pids,omitempty"`
+	CPUs     float64  `json:"cpus,omitempty"`
+	MemoryMB int64    `json:"memory_mb,omitempty"`
+	DiskMB   int64    `json:"disk_mb,omitempty"`
+	Pids     int64    `json:"pids,omitempty"`
+	GPU      int      `json:"gpu,omitempty"`
+	Devices  []string `json:"devices,omitempty"`
 }
 
 // Sandbox is a sandbox as the server describes it.
@@ -111,7 +113,7 @@ func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*
 		Env: req.Env, Metadata: req.Metadata, Policy: req.SecurityPolicy, Runtime: req.Runtime,
 		VolumeMounts: req.VolumeMounts, Snapshot: req.Snapshot, AutoPause: req.AutoPause}
 	if r := req.Resources; r != nil {
-		body.Resources = &resourcesJSON{CPUs: r.CPUs, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids}
+		body.Resources = &resourcesJSON{CPUs: r.CPUs, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids, GPU: r.GPU, Devices: r.Devices}
 	}
 	if req.SandboxConfig != nil {
 		body.SandboxConfig = &sandboxConfigJSON{MaxExecutionTime: secs(req.SandboxConfig.MaxExecutionTime), SandboxConfig: req.SandboxConfig}

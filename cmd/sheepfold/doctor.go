@@ -83,6 +83,18 @@ func doctorOptions(cfg config.Config, tpl string, maxSandboxes, poolSize int) do
 		MaxSandboxes: maxSandboxes, PoolSize: poolSize,
 		SandboxMemory: l.MemoryBytes, SandboxDisk: l.DiskBytes, SandboxPids: l.Pids,
 		HostCounters: oci.HostLimitMinimums(), Disks: oci.CheckDisks,
+		Devices: func() ([]string, error) {
+			dirs := cfg.CDISpecDirs
+			if dirs == nil {
+				dirs = config.DefaultCDISpecDirs
+			}
+			devs, err := oci.CDIDevices(dirs)
+			var names []string
+			for _, d := range devs {
+				names = append(names, d.Name)
+			}
+			return names, err
+		},
 	}
 }
 

@@ -49,7 +49,7 @@ func sandboxCmd() *cobra.Command {
 				return err
 			}
 			req := client.CreateSandboxRequest{Template: tmpl, Timeout: timeout}
-			if res != (client.Resources{}) {
+			if res.CPUs != 0 || res.MemoryMB != 0 || res.DiskMB != 0 || res.Pids != 0 || res.GPU != 0 || len(res.Devices) > 0 {
 				req.Resources = &res // the server grants them within the account's ceiling
 			}
 			sb, err := c.CreateSandbox(cmd.Context(), req)
@@ -66,6 +66,8 @@ func sandboxCmd() *cobra.Command {
 	create.Flags().Int64Var(&res.MemoryMB, "memory-mb", 0, "memory limit, MiB (default: the server's)")
 	create.Flags().Int64Var(&res.DiskMB, "disk-mb", 0, "size of the writable disk, MiB (default: the server's)")
 	create.Flags().Int64Var(&res.Pids, "pids", 0, "most processes and threads (default: the server's)")
+	create.Flags().IntVar(&res.GPU, "gpu", 0, "number of GPUs (devices of the server's --gpu-class) to give the sandbox")
+	create.Flags().StringSliceVar(&res.Devices, "device", nil, "a device to give the sandbox, by its CDI name (e.g. nvidia.com/gpu=0); repeat for more")
 	list := &cobra.Command{
 		Use: "list", Short: "List your sandboxes", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -55,6 +55,8 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 		metricsListen string
 	)
 	var autoPauseNotice time.Duration
+	var gpuClass string
+	var shareDevices bool
 	var maxPausedMB, maxSnapshotMB int64
 	var idleTimeout, eventRetention, retention, stoppedRetention, shutdownTimeout, drainDelay time.Duration
 	var webhookHosts, webhookCIDRs []string
@@ -181,6 +183,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				bound.Float("--price-gb-second", prices.GBSecond, 0, bound.MaxPrice),
 				bound.Float("--price-execution", prices.Execution, 0, bound.MaxPrice),
 				bound.Float("--price-storage-gb-second", prices.StorageGBSecond, 0, bound.MaxPrice),
+				bound.Float("--price-device-second", prices.DeviceSecond, 0, bound.MaxPrice),
 			); err != nil {
 				return err
 			}
@@ -258,6 +261,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				func(c *sandbox.Config) {
 					c.PoolSize = poolSize
 					c.AutoPauseNotice = autoPauseNotice
+					c.GPUClass, c.ShareDevices = gpuClass, shareDevices
 					c.EventRate = eventRate
 					c.Egress.MaxFlows, c.Egress.IdleTimeout, c.Egress.Rate = eopt.MaxFlows, eopt.IdleTimeout, eopt.Rate
 					if maxSandboxes > 0 {
@@ -280,6 +284,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().StringSliceVar(&kube.Config.HostUsersRuntimes, "kubernetes-host-users-runtimes", []string{"gvisor"}, "with --backend kubernetes: runtimes (names in --kubernetes-runtime-classes, or RuntimeClasses) whose Pods run in the node's user namespace (gVisor's cannot join a Pod's own)")
 	cmd.Flags().StringSliceVar(&kube.Config.OpenNetworkRuntimes, "kubernetes-open-network-runtimes", []string{"gvisor"}, "with --backend kubernetes: runtimes (as --kubernetes-host-users-runtimes) whose Pods get no Pod firewall (gVisor's netstack has no nftables): their NetworkPolicy alone closes them, which needs a CNI that enforces it")
 	cmd.Flags().StringSliceVar(&kube.Config.NodePidsRuntimes, "kubernetes-node-pids-runtimes", []string{"gvisor"}, "with --backend kubernetes: runtimes (as --kubernetes-host-users-runtimes) whose tasks are not in their container's cgroup (gVisor's), so that the sandbox's pids limit (its containers' pids.max, from the NRI plugin) does not bound them: the kubelet's podPidsLimit alone does, and their agent checks no limit")
+	cmd.Flags().StringVar(&kube.Config.GPUResource, "kubernetes-gpu-resource", kubernetes.DefaultGPUResource, "with --backend kubernetes: the extended resource a sandbox's GPUs (resources.gpu) are asked for by, which the nodes' device plugin allocates")
 	cmd.Flags().BoolVar(&kube.Config.HostUsers, "kubernetes-host-users", false, "with --backend kubernetes: run Pods in the node's user namespace (for clusters without user namespaces; default: a user namespace per Pod)")
 	cmd.Flags().StringVar(&kube.Config.SeccompProfile, "kubernetes-seccomp-profile", "sheepfold/agent.json", "with --backend kubernetes: the Pods' Localhost seccomp profile in each node's kubelet seccomp directory (write it with sheepfold seccomp-profile), or RuntimeDefault (code contexts cannot start under it)")
 	cmd.Flags().Float32Var(&kube.QPS, "kubernetes-api-qps", sfengine.DefaultQPS, "with --backend kubernetes: the requests a second this replica sends the API server, sustained (client-go's default of 5 throttles a busy replica; waits over 250 ms are logged)")
@@ -348,6 +353,10 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().MarkHidden("instance")
 	cmd.Flags().StringVar(&cfg.SecretsKeyFile, "secrets-key-file", "", "the keys that seal the accounts' secrets: lines ID:BASE64 (32 bytes each, the last one seals, every one opens; mode 0600) (default: $"+secrets.KeyEnv+" in that format, else DATA_DIR/"+secrets.KeyFileName+", made with a new key at the first start)")
 	cmd.Flags().StringVar(&cfg.PublicURL, "public-url", "", "the URL at which relying parties (a cloud's OIDC federation, your services) reach this server: the issuer of the sandboxes' workload identity tokens, served at /.well-known/openid-configuration and /.well-known/jwks.json; clouds want https (default: http://LISTEN, localhost for a wildcard address)")
+	cmd.Flags().StringSliceVar(&cfg.CDISpecDirs, "cdi-spec-dirs", config.DefaultCDISpecDirs,
+		"directories of the host's CDI specs (the Container Device Interface: nvidia-ctk cdi generate and other vendors' tools write them), which describe the devices sandboxes may ask for (resources.gpu, resources.devices); empty: none")
+	cmd.Flags().StringVar(&gpuClass, "gpu-class", sandbox.DefaultGPUClass, "the CDI class (vendor/class) that resources.gpu draws devices from")
+	cmd.Flags().BoolVar(&shareDevices, "share-devices", false, "let live sandboxes hold the same device (default: one sandbox per device; a create asking for a held one is refused with ERR_DEVICE_IN_USE)")
 	cmd.Flags().StringVar(&cfg.CgroupRoot, "cgroup-root", "",
 		"cgroup under which sandboxes' cgroups are made, e.g. / for the hierarchy's root (default: on cgroup v2 under systemd, the service's own delegated cgroup (Delegate=yes); else /)")
 	// Accounts: the default limits of every account (each may override
@@ -364,6 +373,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().Float64Var(&prices.CPUSecond, "price-cpu-second", prices.CPUSecond, "price of a CPU-second, in micro-units of your currency")
 	cmd.Flags().Float64Var(&prices.GBSecond, "price-gb-second", prices.GBSecond, "price of a GB-second of memory reserved, in micro-units")
 	cmd.Flags().Float64Var(&prices.Execution, "price-execution", prices.Execution, "price of an execution, in micro-units")
+	cmd.Flags().Float64Var(&prices.DeviceSecond, "price-device-second", prices.DeviceSecond, "price of a second of one device (a GPU) held by a sandbox, in micro-units")
 	cmd.Flags().Float64Var(&prices.StorageGBSecond, "price-storage-gb-second", prices.StorageGBSecond,
 		"price of a GB-second of records an account keeps in the database (events, executions, alerts, deliveries), in micro-units")
 	cmd.Flags().DurationVar(&mcfg.FlushInterval, "metering-flush-interval", 10*time.Second, "how often metered usage is written to the database (at most 10s)")

@@ -102,6 +102,13 @@ const (
 	// handler(item) at its top level; the batch is refused before any
 	// item runs.
 	InvalidHandler Code = "ERR_INVALID_HANDLER"
+	// DeviceNotFound: a device (by CDI name) or a number of GPUs the
+	// server does not have.
+	DeviceNotFound Code = "ERR_DEVICE_NOT_FOUND"
+	// DeviceInUse: the device asked for, or every GPU, is held by other
+	// live sandboxes (one sandbox at a time, unless the operator lets
+	// them share).
+	DeviceInUse Code = "ERR_DEVICE_IN_USE"
 )
 
 // Status is the HTTP status of each code.
@@ -144,6 +151,8 @@ var Status = map[Code]int{
 	VolumeNotFound:       http.StatusNotFound,
 	VolumeInUse:          http.StatusConflict,
 	InvalidHandler:       http.StatusBadRequest,
+	DeviceNotFound:       http.StatusNotFound,
+	DeviceInUse:          http.StatusConflict,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

@@ -65,7 +65,8 @@ func Classify(err error) Outcome {
 	switch {
 	case ae.Code == apierr.SessionQuotaExceeded && errors.Is(err, account.ErrConcurrentCap),
 		ae.Code == apierr.Capacity, ae.Code == apierr.RateLimited, ae.Code == apierr.StorageUnavailable,
-		ae.Code == apierr.TooManyConnections, ae.Code == apierr.ShuttingDown:
+		ae.Code == apierr.TooManyConnections, ae.Code == apierr.ShuttingDown,
+		ae.Code == apierr.DeviceInUse: // its devices are held by other sandboxes, the batch's own included
 		if wait <= 0 {
 			wait = 100 * time.Millisecond
 		}

@@ -86,6 +86,8 @@ func TestClassify(t *testing.T) {
 		{"account cap", capErr, true},
 		{"server full", &apierr.Error{Code: apierr.Capacity}, true},
 		{"shutting down", apierr.New(apierr.ShuttingDown, "x"), true},
+		{"every GPU held", apierr.New(apierr.DeviceInUse, "x"), true},
+		{"no such GPU", apierr.New(apierr.DeviceNotFound, "x"), false},
 		{"credits", credits, false},
 		{"template", apierr.New(apierr.TemplateNotFound, "x"), false},
 		{"uncoded", errors.New("x"), false},

@@ -41,7 +41,15 @@ type Config struct {
 	// (internal/identity). Empty: http://LISTEN (localhost for a wildcard
 	// address). [serve --public-url]
 	PublicURL string
+	// CDISpecDirs are the directories of the host's CDI specs, which
+	// describe the devices sandboxes may be given (oci.Config.CDISpecDirs).
+	// [/etc/cdi, /var/run/cdi; serve --cdi-spec-dirs]
+	CDISpecDirs []string
 }
+
+// DefaultCDISpecDirs are where vendors' tools put CDI specs
+// (nvidia-ctk cdi generate, for one).
+var DefaultCDISpecDirs = []string{"/etc/cdi", "/var/run/cdi"}
 
 // FromEnv returns the defaults overridden by the environment.
 func FromEnv() Config {

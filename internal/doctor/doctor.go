@@ -82,6 +82,9 @@ type Options struct {
 	// and their disks are then kept in memory. nil: not checked, and
 	// disks are counted as memory.
 	Disks func() error
+	// Devices lists the devices the host's CDI specs describe, by their
+	// CDI names (oci.CDIDevices); nil: not checked.
+	Devices func() ([]string, error)
 }
 
 // MinKernel is the oldest kernel that has every facility the engine uses
@@ -111,6 +114,9 @@ func Run(ctx context.Context, o Options) []Result {
 	}
 	if o.Disks != nil {
 		rs = append(rs, d.disks())
+	}
+	if o.Devices != nil {
+		rs = append(rs, d.devices())
 	}
 	return append(rs, d.memory(), d.counters(), d.virt())
 }
@@ -523,6 +529,19 @@ func (d doctor) disks() Result {
 			"sandboxes' disks will be kept in memory, their memory limit holding memory plus disk: %v", d.disksErr)
 	}
 	return result("disks", OK, "", "each sandbox's disk is an ext4 image of its own on a loop device, under the data dir")
+}
+
+// devices lists the CDI devices sandboxes may ask for: none is no fault.
+func (d doctor) devices() Result {
+	names, err := d.o.Devices()
+	switch {
+	case err != nil:
+		return result("devices", Warn, "fix or remove the CDI spec named (nvidia-ctk cdi generate writes NVIDIA's)",
+			"%d CDI devices sandboxes may ask for (%s), but not those of %v", len(names), strings.Join(names, ", "), err)
+	case len(names) == 0:
+		return result("devices", OK, "", "no CDI devices: sandboxes asking for a GPU or a device are refused")
+	}
+	return result("devices", OK, "", "%d CDI devices sandboxes may ask for: %s", len(names), strings.Join(names, ", "))
 }
 
 func (d doctor) memory() Result {

@@ -231,6 +231,16 @@ func TestOneThingBroken(t *testing.T) {
 		{"no loop devices", func(t *testing.T, o *Options) {
 			o.Disks = func() error { return errors.New("no loop devices (modprobe loop)") }
 		}, "disks", Warn, "kept in memory, their memory limit holding memory plus disk: no loop devices"},
+		{"CDI devices", func(t *testing.T, o *Options) {
+			o.Devices = func() ([]string, error) { return []string{"nvidia.com/gpu=0", "nvidia.com/gpu=1"}, nil }
+		}, "devices", OK, "2 CDI devices sandboxes may ask for: nvidia.com/gpu=0, nvidia.com/gpu=1"},
+		{"no CDI devices", func(t *testing.T, o *Options) { o.Devices = func() ([]string, error) { return nil, nil } },
+			"devices", OK, "no CDI devices"},
+		{"a broken CDI spec", func(t *testing.T, o *Options) {
+			o.Devices = func() ([]string, error) {
+				return []string{"a.com/b=c"}, errors.New("CDI specs that cannot be read: /etc/cdi/x.json: bad kind")
+			}
+		}, "devices", Warn, "1 CDI devices sandboxes may ask for (a.com/b=c), but not those of CDI specs that cannot be read: /etc/cdi/x.json: bad kind"},
 		{"no room for the pool's disks", func(t *testing.T, o *Options) {
 			o.Disks = func() error { return nil }
 			o.SandboxDisk = 1 << 50

@@ -98,6 +98,9 @@ var connectCodes = map[apierr.Code]connect.Code{
 	// Volumes' codes arise at create, on the control plane.
 	apierr.VolumeNotFound: connect.CodeNotFound,
 	apierr.VolumeInUse:    connect.CodeFailedPrecondition,
+	// Devices' too.
+	apierr.DeviceNotFound: connect.CodeNotFound,
+	apierr.DeviceInUse:    connect.CodeFailedPrecondition,
 }
 
 // connectError maps an engine error to a Connect error. When the sandbox

@@ -46,7 +46,7 @@ func Open(ctx context.Context, cfg config.Config, instance string, idle time.Dur
 	rt, err := oci.New(oci.Config{
 		RuntimePath: cfg.RuntimePath, StateDir: cfg.StateDir(), AgentBin: cfg.AgentPath,
 		Instance: instance, CgroupRoot: cfg.CgroupRoot, Leftover: hooks.Leftover, Logger: log,
-		VolumesDir: filepath.Join(cfg.DataDir, "volumes"),
+		VolumesDir: filepath.Join(cfg.DataDir, "volumes"), CDISpecDirs: cfg.CDISpecDirs,
 	})
 	if err != nil {
 		return nil, err

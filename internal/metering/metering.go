@@ -93,11 +93,14 @@ type Prices struct {
 	// executions, alerts, deliveries, sandboxes), per GB-second [0.03,
 	// about 0.08 units a GB-month].
 	StorageGBSecond float64 `json:"storage_gb_second_micros" toml:"storage_gb_second_micros"`
+	// A second of one device (a GPU) held by a sandbox [0].
+	DeviceSecond float64 `json:"device_second_micros" toml:"device_second_micros"`
 }
 
 // API is p as a usage report shows it.
 func (p Prices) API() api.Prices {
-	return api.Prices{CPUSecondMicros: p.CPUSecond, GBSecondMicros: p.GBSecond, ExecutionMicros: p.Execution, StorageGBSecond: p.StorageGBSecond}
+	return api.Prices{CPUSecondMicros: p.CPUSecond, GBSecondMicros: p.GBSecond, ExecutionMicros: p.Execution, StorageGBSecond: p.StorageGBSecond,
+		DeviceSecondMicros: p.DeviceSecond}
 }
 
 // DefaultPrices are the prices when the operator sets none.
@@ -440,6 +443,7 @@ func (m *Meter) addReading(t *tracker, now time.Time, u runtime.Usage, err error
 		GBSecondsReserved: float64(t.sb.CurrentLimits().MemoryBytes) / gib * dt.Seconds(),
 		Executions:        t.executions.Swap(0),
 		Commands:          t.commands.Swap(0),
+		DeviceSeconds:     float64(t.sb.DeviceCount()) * dt.Seconds(),
 	}
 	t.egress(&d)
 	if err == nil {
@@ -451,7 +455,7 @@ func (m *Meter) addReading(t *tracker, now time.Time, u runtime.Usage, err error
 	t.add(now, d)
 	cpu := float64(d.CPUNanos) / 1e9
 	t.account.Accrue(account.Usage{SandboxSeconds: dt.Seconds(), CPUSeconds: cpu, GBSeconds: d.GBSecondsReserved,
-		Executions: d.Executions}, m.cfg.Prices.Cost(cpu, d.GBSecondsReserved, d.Executions))
+		Executions: d.Executions}, m.cfg.Prices.Cost(cpu, d.GBSecondsReserved, d.Executions)+d.DeviceSeconds*m.cfg.Prices.DeviceSecond)
 }
 
 // count adds what a tracker counts where it does not sample (a shared

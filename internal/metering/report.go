@@ -18,11 +18,12 @@ import (
 // FiguresOf is d's figures at prices p.
 func FiguresOf(d store.UsageDelta, p Prices) api.UsageFigures {
 	cpu := float64(d.CPUNanos) / 1e9
-	cost := int64(math.Round(p.Cost(cpu, d.GBSecondsReserved, d.Executions) + (d.StorageGBSeconds+d.PausedGBSeconds)*p.StorageGBSecond))
+	cost := int64(math.Round(p.Cost(cpu, d.GBSecondsReserved, d.Executions) + (d.StorageGBSeconds+d.PausedGBSeconds)*p.StorageGBSecond +
+		d.DeviceSeconds*p.DeviceSecond))
 	return api.UsageFigures{SandboxSeconds: float64(d.WallNanos) / 1e9, CPUSeconds: cpu, GBSecondsReserved: d.GBSecondsReserved,
 		GBSecondsUsed: d.GBSecondsUsed, DiskPeakBytes: d.DiskPeakBytes, Executions: d.Executions, Commands: d.Commands, EgressRequests: d.EgressRequests,
 		EgressBytesIn: d.EgressBytesIn, EgressBytesOut: d.EgressBytesOut, StorageGBSeconds: d.StorageGBSeconds,
-		PausedGBSeconds: d.PausedGBSeconds, CostMicros: cost, Cost: account.FormatMicros(cost)}
+		PausedGBSeconds: d.PausedGBSeconds, DeviceSeconds: d.DeviceSeconds, CostMicros: cost, Cost: account.FormatMicros(cost)}
 }
 
 // StoreGrouping is the grouping to ask the store for a report grouped

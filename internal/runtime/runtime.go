@@ -55,6 +55,13 @@ type Spec struct {
 	// starts (a runtime that implements Volumes; others refuse them with
 	// ErrUnsupported).
 	Volumes []VolumeMount
+	// Devices are the fully qualified CDI names (Device.Name) of the
+	// devices the sandbox is given (a runtime that implements Devices;
+	// others refuse them with ErrUnsupported).
+	Devices []string
+	// GPUs, for a GPUScheduler, is the number of GPUs the sandbox is
+	// given by its cluster; other runtimes get Devices instead.
+	GPUs int
 	// Network, when set, gives the sandbox a network interface; nil keeps
 	// it to its loopback alone.
 	Network *Network

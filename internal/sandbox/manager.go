@@ -117,7 +117,12 @@ type Config struct {
 	// Close leaves them as they are, and New takes back each whose
 	// checkpoint is complete, in state paused, instead of destroying it.
 	KeepPaused bool
-	Logger     *slog.Logger
+	// GPUClass is the CDI class (vendor/class) a request for a number of
+	// GPUs draws devices from [DefaultGPUClass]; ShareDevices lets live
+	// sandboxes hold the same device (devices.go).
+	GPUClass     string
+	ShareDevices bool
+	Logger       *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
@@ -316,6 +321,11 @@ type CreateOptions struct {
 	// lifetime ends or it is idle past IdleTimeout, once it is idle
 	// (autopause.go). The engine must be able to pause (CanPause).
 	AutoPause bool
+	// Devices are devices to give the sandbox, by their CDI names, and
+	// GPUs a number of devices of Config.GPUClass (devices.go); a sandbox
+	// with devices never comes from the warm pool.
+	Devices []string
+	GPUs    int
 }
 
 // create starts a sandbox and returns once its agent answers (Create).
@@ -356,6 +366,13 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	if err := m.checkVolumes(opt.Volumes); err != nil {
 		return nil, err
 	}
+	devs, err := m.listDevices(opt)
+	if err != nil {
+		return nil, err
+	}
+	if opt.Snapshot != "" && opt.wantsDevices() {
+		return nil, apierr.New(apierr.NotSupported, "a sandbox with devices cannot start from a snapshot")
+	}
 	if opt.Snapshot != "" {
 		if egressPolicy.Enabled() {
 			return nil, apierr.New(apierr.NotSupported, "a sandbox with a network cannot start from a snapshot")
@@ -369,7 +386,7 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 			}
 		}
 	}
-	if !egressPolicy.Enabled() && opt.Runtime == "" && len(opt.Volumes) == 0 && opt.Snapshot == "" {
+	if !egressPolicy.Enabled() && opt.Runtime == "" && len(opt.Volumes) == 0 && opt.Snapshot == "" && !opt.wantsDevices() {
 		if s, ok, err := m.fromPool(ctx, opt, limits, pol); ok {
 			return s, err
 		}
@@ -394,12 +411,17 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		m.mu.Unlock()
 		return nil, err
 	}
+	if err := m.takeDevices(s, opt, devs); err != nil {
+		m.mu.Unlock()
+		return nil, err
+	}
 	m.sandboxes[s.ID] = s
 	m.mu.Unlock()
 
 	spec := runtime.Spec{
 		ID: s.ID, Template: opt.Template, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: append(threadEnv(limits, opt.Env), env...),
 		WritablePaths: opt.Policy.WritablePaths(), Runtime: opt.Runtime, Volumes: runtimeVolumes(opt.Volumes),
+		Devices: s.devices, GPUs: s.gpuCount(m),
 		// What waitAgent's ping says, from the start (runtime.Spec.Lifetime).
 		Lifetime: opt.Timeout + lifetimeGrace,
 	}
@@ -469,6 +491,9 @@ func (m *Manager) startErr(err error, msg string) error {
 	}
 	if errors.Is(err, runtime.ErrVolumeNotFound) {
 		return apierr.Wrap(err, apierr.VolumeNotFound, "%s: a volume to mount is gone", msg)
+	}
+	if errors.Is(err, runtime.ErrDeviceNotFound) {
+		return apierr.Wrap(err, apierr.DeviceNotFound, "%s: %v", msg, err)
 	}
 	if errors.Is(err, runtime.ErrUnsupported) {
 		// The request asks for what this server's runtime cannot do

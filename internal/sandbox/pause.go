@@ -96,6 +96,9 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	if s.net != nil {
 		return apierr.New(apierr.NotSupported, "sandbox %s has a network: a sandbox with a network cannot be paused yet", s.ID)
 	}
+	if err := s.noDevices("paused"); err != nil {
+		return err
+	}
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
 	left, err := s.stopLife()

@@ -48,6 +48,10 @@ type Sandbox struct {
 	node   string // where it runs, for a runtime.Placer (runtime.Instance.Node); set before its create returns, under m.mu once in the table
 	// volumes are CreateOptions.Volumes (volumes.go); they never change.
 	volumes []VolumeMount
+	// devices are the CDI names of its devices (devices.go), fixed at
+	// create; guarded by Manager.mu while it is created.
+	devices []string
+	gpus    int // the number of GPUs asked for (devices.go)
 	// net is the sandbox's egress gateway; nil without a network.
 	net *egress.Gateway
 	// ctxLangs maps the ids of the sandbox's code contexts to their
@@ -108,6 +112,10 @@ type Info struct {
 	AutoPause  bool              `json:"auto_pause,omitempty"` // autopause.go
 	// Volumes are the volumes mounted at create (volumes.go).
 	Volumes []VolumeMount `json:"-"`
+	// Devices are the CDI names of its devices, and GPUs the number of
+	// GPUs it asked for (devices.go).
+	Devices []string `json:"-"`
+	GPUs    int      `json:"-"`
 }
 
 // Info returns a snapshot of the sandbox.
@@ -121,7 +129,7 @@ func (s *Sandbox) Info() Info {
 	return Info{
 		ID: s.ID, Template: s.Template, State: s.state, Created: s.Created,
 		Deadline: deadline, Limits: s.Limits, Metadata: s.Metadata, StopReason: s.stopReason, AutoPause: s.auto.on,
-		Volumes: s.volumes,
+		Volumes: s.volumes, Devices: s.devices, GPUs: s.gpus,
 	}
 }
 

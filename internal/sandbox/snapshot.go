@@ -58,6 +58,9 @@ func (s *Sandbox) Snapshot(ctx context.Context, dir string) error {
 	if s.net != nil {
 		return apierr.New(apierr.NotSupported, "sandbox %s has a network: a sandbox with a network cannot be snapshotted (its egress gateway cannot be reattached to a copy)", s.ID)
 	}
+	if err := s.noDevices("snapshotted or forked"); err != nil {
+		return err
+	}
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
 	left, err := s.stopLife()

@@ -35,14 +35,22 @@ func runcEnv(t *testing.T) *env {
 // engine's.
 func runcEnvWith(t *testing.T, cfg server.Config, opts ...func(*sandbox.Config)) *env {
 	t.Helper()
+	return runcEnvOCI(t, func(*oci.Config) {}, cfg, opts...)
+}
+
+// runcEnvOCI is runcEnvWith whose runtime's Config ocfg adjusts.
+func runcEnvOCI(t *testing.T, ocfg func(*oci.Config), cfg server.Config, opts ...func(*sandbox.Config)) *env {
+	t.Helper()
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
 	state := testutil.ShortTempDir(t)
 	if err := os.Chmod(state, 0o711); err != nil {
 		t.Fatal(err)
 	}
-	rt, err := oci.New(oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
-		CgroupParent: "sheepfold-test", Instance: testInstance("srv" + strings.ToLower(t.Name()[4:9])), Logger: testLog(t)})
+	c := oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
+		CgroupParent: "sheepfold-test", Instance: testInstance("srv" + strings.ToLower(t.Name()[4:9])), Logger: testLog(t)}
+	ocfg(&c)
+	rt, err := oci.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}

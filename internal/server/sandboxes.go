@@ -59,8 +59,10 @@ func sandboxFromInfo(in sandbox.Info) api.Sandbox {
 	if md == nil {
 		md = map[string]string{}
 	}
+	res := resourcesOf(in.Limits)
+	res.GPU, res.Devices = in.GPUs, in.Devices
 	return api.Sandbox{ID: in.ID, Template: in.Template, State: string(in.State), CreatedAt: in.Created.UTC(),
-		ExpiresAt: in.Deadline.UTC(), Resources: resourcesOf(in.Limits), Metadata: md, StopReason: in.StopReason, AutoPause: in.AutoPause,
+		ExpiresAt: in.Deadline.UTC(), Resources: res, Metadata: md, StopReason: in.StopReason, AutoPause: in.AutoPause,
 		VolumeMounts: apiVolumeMounts(in.Volumes)}
 }
 
@@ -141,14 +143,16 @@ func (s *Server) createOptions(req api.CreateSandbox) (sandbox.CreateOptions, ti
 		}{
 			{"resources.cpus", res.CPUs < 0 || res.CPUs > maxCPUs}, {"resources.memory_mb", res.MemoryMB < 0 || res.MemoryMB > maxMB},
 			{"resources.disk_mb", res.DiskMB < 0 || res.DiskMB > maxMB}, {"resources.pids", res.Pids < 0 || res.Pids > maxPids},
+			{"resources.gpu", res.GPU < 0 || res.GPU > sandbox.MaxDevices},
 		} {
 			if f.bad {
 				return opt, 0, &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": f.name},
-					Message: fmt.Sprintf("%s is out of range: resources must not be negative, and at most %d cpus, %d memory_mb and disk_mb, %d pids",
-						f.name, maxCPUs, maxMB, maxPids)}
+					Message: fmt.Sprintf("%s is out of range: resources must not be negative, and at most %d cpus, %d memory_mb and disk_mb, %d pids, %d gpu",
+						f.name, maxCPUs, maxMB, maxPids, sandbox.MaxDevices)}
 			}
 		}
 		opt.Limits = runtime.Limits{CPUs: res.CPUs, MemoryBytes: res.MemoryMB << 20, DiskBytes: res.DiskMB << 20, Pids: res.Pids}
+		opt.GPUs, opt.Devices = res.GPU, res.Devices
 	}
 	var execTimeout time.Duration
 	if opt.Policy, err = parsePolicy(req.SecurityPolicy); err != nil {

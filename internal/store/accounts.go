@@ -52,6 +52,9 @@ type UsageDelta struct {
 	// PausedGBSeconds is what the sandbox's checkpoint and kept disk
 	// held while it was paused, over time (internal/metering).
 	PausedGBSeconds float64
+	// DeviceSeconds are the seconds the sandbox held devices, summed
+	// over its devices (two GPUs for a second are two).
+	DeviceSeconds float64
 }
 
 // Add adds d's figures to u's (the disk figure is a high-water mark);
@@ -68,6 +71,7 @@ func (u *UsageDelta) Add(d UsageDelta) {
 	u.EgressBytesIn += d.EgressBytesIn
 	u.EgressBytesOut += d.EgressBytesOut
 	u.StorageGBSeconds += d.StorageGBSeconds
+	u.DeviceSeconds += d.DeviceSeconds
 	u.PausedGBSeconds += d.PausedGBSeconds
 }
 

@@ -50,6 +50,9 @@ type Runtime struct {
 	// plays a runtime that keeps disks in memory, as the oci runtime
 	// does without loop devices.
 	DiskMemory atomic.Bool
+	// DeviceList is what Devices lists (runtime.Devices): the fake gives
+	// a sandbox none of them, it only records them in its Spec.
+	DeviceList []runtime.Device
 
 	// mu guards procs, held, specs, resized and the hung reading's fields.
 	mu      sync.Mutex
@@ -92,6 +95,11 @@ var (
 var _ runtime.DiskMemory = (*Runtime)(nil)
 
 func (r *Runtime) Name() string { return "fake" }
+
+var _ runtime.Devices = (*Runtime)(nil)
+
+// Devices implements runtime.Devices.
+func (r *Runtime) Devices() ([]runtime.Device, error) { return slices.Clone(r.DeviceList), nil }
 
 // DiskInMemory implements runtime.DiskMemory.
 func (r *Runtime) DiskInMemory() bool { return r.DiskMemory.Load() }

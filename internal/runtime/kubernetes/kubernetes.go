@@ -218,6 +218,7 @@ const (
 	DefaultKubeletTimeout = 15 * time.Second
 	DefaultMaxLifetime    = 30 * 24 * time.Hour
 	DefaultCPURequest     = 0.1
+	DefaultGPUResource    = "nvidia.com/gpu"
 	// DefaultSeccompProfile is where operators put the agent's profile
 	// on each node (/var/lib/kubelet/seccomp/ by default).
 	DefaultSeccompProfile = "sheepfold/agent.json"
@@ -319,6 +320,9 @@ type Config struct {
 	// limit: what the scheduler reserves for it [DefaultCPURequest].
 	// Memory is requested as much as its limit.
 	CPURequest float64
+	// GPUResource is the extended resource a sandbox's GPUs are asked
+	// for by (runtime.GPUScheduler) [DefaultGPUResource].
+	GPUResource string
 	// ServerPods, when set, are the labels of the server's Pods (in
 	// Namespace): the only Pods let in to agents. Empty admits any
 	// source on the agent's port, where TLS still refuses all but the
@@ -387,6 +391,9 @@ func New(cs kubernetes.Interface, cfg Config) (*Runtime, error) {
 	}
 	if cfg.CPURequest == 0 {
 		cfg.CPURequest = DefaultCPURequest
+	}
+	if cfg.GPUResource == "" {
+		cfg.GPUResource = DefaultGPUResource
 	}
 	if cfg.MaxLifetime == 0 {
 		cfg.MaxLifetime = DefaultMaxLifetime
@@ -477,6 +484,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (inst *runtime.
 	}
 	if spec.Network != nil && !spec.Network.Proxy {
 		return nil, fmt.Errorf("%w: a Pod's network goes through its agent's egress proxy (runtime.Network.Proxy)", runtime.ErrUnsupported)
+	}
+	if len(spec.Devices) > 0 {
+		return nil, fmt.Errorf("%w: a Pod's GPUs are the cluster's to choose (by number, not by name)", runtime.ErrUnsupported)
 	}
 	if len(spec.Volumes) > 0 {
 		return nil, fmt.Errorf("%w: volumes are not mounted in Pods yet (no PersistentVolumeClaims)", runtime.ErrUnsupported)
@@ -681,6 +691,11 @@ func capabilities() []corev1.Capability {
 	return out
 }
 
+var _ runtime.GPUScheduler = (*Runtime)(nil)
+
+// GPUResource implements runtime.GPUScheduler.
+func (r *Runtime) GPUResource() string { return r.cfg.GPUResource }
+
 func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	class, err := r.runtimeClass(spec.Runtime)
 	if err != nil {
@@ -717,6 +732,14 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 		cpuReq = min(cpuReq, lim.CPUs)
 	}
 	requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(int64(cpuReq*1000), resource.DecimalSI)
+	// The sandbox's container alone asks for GPUs: the netlock init
+	// container needs none, and the device plugin gives the Pod's
+	// containers what they ask.
+	mainLimits := limits
+	if spec.GPUs > 0 {
+		mainLimits = limits.DeepCopy()
+		mainLimits[corev1.ResourceName(r.cfg.GPUResource)] = *resource.NewQuantity(int64(spec.GPUs), resource.DecimalSI)
+	}
 
 	// The agent's directory from the image itself, read-only (an image
 	// volume: Kubernetes 1.35+, containerd 2.1+ or CRI-O), over the same
@@ -876,7 +899,7 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 				Env:             env,
 				WorkingDir:      oci.SandboxHome,
 				Ports:           []corev1.ContainerPort{{Name: "agent", ContainerPort: int32(r.cfg.AgentPort), Protocol: corev1.ProtocolTCP}},
-				Resources:       corev1.ResourceRequirements{Limits: limits, Requests: requests},
+				Resources:       corev1.ResourceRequirements{Limits: mainLimits, Requests: requests},
 				VolumeMounts:    mounts,
 				SecurityContext: &corev1.SecurityContext{
 					AllowPrivilegeEscalation: ptr(false),

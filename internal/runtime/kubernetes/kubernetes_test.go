@@ -883,6 +883,41 @@ func TestPodNetlock(t *testing.T) {
 	}
 }
 
+// TestPodGPUs: a sandbox's GPUs are the sandbox container's limit of the
+// GPU extended resource (the device plugin's to allocate), not the
+// netlock container's; none asked, none in the Pod. Devices by name are
+// refused before anything is made.
+func TestPodGPUs(t *testing.T) {
+	t.Parallel()
+	r, _ := newRuntime(t, Config{GPUResource: "example.com/gpu"})
+	sp := spec("abc")
+	sp.GPUs = 2
+	pod, err := r.pod(sp, "image")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gpu := corev1.ResourceName("example.com/gpu")
+	if q := pod.Spec.Containers[0].Resources.Limits[gpu]; q.Value() != 2 {
+		t.Errorf("the sandbox's container asks for %v GPUs: %v", q.Value(), pod.Spec.Containers[0].Resources.Limits)
+	}
+	if _, ok := pod.Spec.InitContainers[0].Resources.Limits[gpu]; ok {
+		t.Errorf("the netlock container asks for GPUs: %v", pod.Spec.InitContainers[0].Resources.Limits)
+	}
+	if pod, err := r.pod(spec("abc"), "image"); err != nil || len(pod.Spec.Containers[0].Resources.Limits) != len(pod.Spec.InitContainers[0].Resources.Limits) {
+		t.Errorf("without GPUs: %v, %v", pod.Spec.Containers[0].Resources.Limits, err)
+	}
+	if r.GPUResource() != "example.com/gpu" {
+		t.Errorf("GPUResource = %q", r.GPUResource())
+	}
+	_, err = r.Create(context.Background(), runtime.Spec{ID: "a5", Template: "python", Devices: []string{"nvidia.com/gpu=0"}})
+	if !errors.Is(err, runtime.ErrUnsupported) {
+		t.Fatalf("devices by name: %v, want ErrUnsupported", err)
+	}
+	if ids, _ := r.List(context.Background()); len(ids) != 0 {
+		t.Fatalf("left behind: %v", ids)
+	}
+}
+
 // TestReady: the runtime is ready while the API server answers a list of
 // its Pods in its namespace (what /readyz asks on this backend), and not
 // once it fails.

@@ -129,6 +129,11 @@ type Config struct {
 	// volume_linux.go), one directory each, kept across engines; empty:
 	// this engine keeps none and refuses sandboxes that mount one.
 	VolumesDir string
+	// CDISpecDirs are the directories of the host's CDI specs (the
+	// Container Device Interface: /etc/cdi and /var/run/cdi where vendors
+	// put them), which describe the devices sandboxes can be given
+	// (runtime.Devices, cdi_linux.go); empty: none.
+	CDISpecDirs []string
 	// Logger receives debug and error logs; default slog.Default().
 	Logger *slog.Logger
 }

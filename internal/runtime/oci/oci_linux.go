@@ -17,6 +17,7 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"github.com/sheepfold/sheepfold/internal/backoff"
 	"github.com/sheepfold/sheepfold/internal/runtime"
@@ -26,6 +27,7 @@ var (
 	_ runtime.Runtime    = (*OCI)(nil)
 	_ runtime.CPUCounter = (*OCI)(nil)
 	_ runtime.Resizer    = (*OCI)(nil)
+	_ runtime.Devices    = (*OCI)(nil)
 )
 
 // OCI runs sandboxes with an OCI runtime binary (runc; runsc later).
@@ -52,6 +54,8 @@ type OCI struct {
 	// They are made once per range and kept while the runtime lives.
 	nsMu   sync.Mutex
 	idmaps map[uint32]*os.File
+
+	cdi *cdi.Cache // the host's CDI specs (cdi_linux.go)
 
 	spareKick chan struct{} // capacity 1: "look at the next free slot"
 	spareWG   sync.WaitGroup
@@ -135,9 +139,9 @@ func open(cfg Config, ids *idRanges, ns nsTools) (*OCI, error) {
 		cfg: cfg, cg: cg, ids: ids, ns: ns, dir: dir,
 		bundles: filepath.Join(dir, "sandboxes"),
 		runcDir: filepath.Join(dir, "runc"),
-		pending: map[string]bool{},
-		idmaps:  map[uint32]*os.File{},
-		quit:    make(chan struct{}),
+		pending: map[string]bool{}, cdi: cdiCache(cfg.CDISpecDirs),
+		idmaps: map[uint32]*os.File{},
+		quit:   make(chan struct{}),
 
 		spareKick: make(chan struct{}, 1),
 		spares:    map[uint32]*nsHolder{},
@@ -420,6 +424,9 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	in.CriuConfig = filepath.Join(b, criuConfig)
 	spec, err := buildSpec(in)
 	if err != nil {
+		return nil, err
+	}
+	if err := o.injectDevices(spec, s.Devices); err != nil {
 		return nil, err
 	}
 	if err := writeSpec(b, spec); err != nil {

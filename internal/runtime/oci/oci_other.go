@@ -60,3 +60,6 @@ func (*OCI) OpenVolume(context.Context, string) (*os.File, int, int, error) {
 func (*OCI) Changes(context.Context, string, string, string) (runtime.Changes, error) {
 	return runtime.Changes{}, runtime.ErrUnsupported
 }
+
+// CDIDevices lists no devices: devices need Linux.
+func CDIDevices([]string) ([]runtime.Device, error) { return nil, nil }

@@ -189,8 +189,8 @@ func (s *Store) AddLeasedUsage(ctx context.Context, deltas []store.UsageDelta, l
 	for _, u := range deltas {
 		if _, err := tx.Exec(ctx, `INSERT INTO usage_hours AS u
 			(sandbox_id, account_id, template, hour, wall_ns, cpu_ns, gb_seconds_reserved, gb_seconds_used, disk_peak_bytes,
-			executions, commands, egress_requests, egress_bytes_in, egress_bytes_out, paused_gb_seconds)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+			executions, commands, egress_requests, egress_bytes_in, egress_bytes_out, paused_gb_seconds, device_seconds)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
 			ON CONFLICT (sandbox_id, hour) DO UPDATE SET
 				wall_ns = u.wall_ns + excluded.wall_ns,
 				cpu_ns = u.cpu_ns + excluded.cpu_ns,
@@ -202,10 +202,11 @@ func (s *Store) AddLeasedUsage(ctx context.Context, deltas []store.UsageDelta, l
 				egress_requests = u.egress_requests + excluded.egress_requests,
 				egress_bytes_in = u.egress_bytes_in + excluded.egress_bytes_in,
 				egress_bytes_out = u.egress_bytes_out + excluded.egress_bytes_out,
-				paused_gb_seconds = u.paused_gb_seconds + excluded.paused_gb_seconds`,
+				paused_gb_seconds = u.paused_gb_seconds + excluded.paused_gb_seconds,
+				device_seconds = u.device_seconds + excluded.device_seconds`,
 			u.SandboxID, u.Account, u.Template, u.Hour.UTC().Truncate(time.Hour),
 			u.WallNanos, u.CPUNanos, u.GBSecondsReserved, u.GBSecondsUsed, u.DiskPeakBytes, u.Executions, u.Commands, u.EgressRequests,
-			u.EgressBytesIn, u.EgressBytesOut, u.PausedGBSeconds); err != nil {
+			u.EgressBytesIn, u.EgressBytesOut, u.PausedGBSeconds, u.DeviceSeconds); err != nil {
 			return storeErr("add usage", err)
 		}
 	}
@@ -248,7 +249,8 @@ func (s *Store) QueryUsage(ctx context.Context, f store.UsageFilter) ([]store.Us
 		` + micros(`sum(wall_ns)`) + `, ` + micros(`sum(cpu_ns)`) + `,
 		coalesce(sum(gb_seconds_reserved), 0), coalesce(sum(gb_seconds_used), 0), coalesce(max(disk_peak_bytes), 0),
 		coalesce(sum(executions), 0)::bigint, coalesce(sum(commands), 0)::bigint, coalesce(sum(egress_requests), 0)::bigint,
-		coalesce(sum(egress_bytes_in), 0)::bigint, coalesce(sum(egress_bytes_out), 0)::bigint, coalesce(sum(paused_gb_seconds), 0)
+		coalesce(sum(egress_bytes_in), 0)::bigint, coalesce(sum(egress_bytes_out), 0)::bigint, coalesce(sum(paused_gb_seconds), 0),
+		coalesce(sum(device_seconds), 0)
 		FROM usage_hours WHERE true`
 	var a args
 	if f.Account != "" {
@@ -273,7 +275,7 @@ func (s *Store) QueryUsage(ctx context.Context, f store.UsageFilter) ([]store.Us
 		var acct, tmpl, sb string
 		var first time.Time
 		err := row.Scan(&r.Key, &acct, &tmpl, &sb, &first, &r.WallNanos, &r.CPUNanos, &r.GBSecondsReserved, &r.GBSecondsUsed,
-			&r.DiskPeakBytes, &r.Executions, &r.Commands, &r.EgressRequests, &r.EgressBytesIn, &r.EgressBytesOut, &r.PausedGBSeconds)
+			&r.DiskPeakBytes, &r.Executions, &r.Commands, &r.EgressRequests, &r.EgressBytesIn, &r.EgressBytesOut, &r.PausedGBSeconds, &r.DeviceSeconds)
 		switch f.GroupBy {
 		case store.GroupSandbox:
 			r.SandboxID, r.Account, r.Template = r.Key, acct, tmpl

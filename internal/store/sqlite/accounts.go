@@ -151,8 +151,8 @@ func (d *DB) AddLeasedUsage(ctx context.Context, deltas []store.UsageDelta, ledg
 	}
 	stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage_hours
 		(sandbox_id, account_id, template, hour, wall_ns, cpu_ns, gb_seconds_reserved, gb_seconds_used, disk_peak_bytes, executions, commands, egress_requests,
-			egress_bytes_in, egress_bytes_out, paused_gb_seconds)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			egress_bytes_in, egress_bytes_out, paused_gb_seconds, device_seconds)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (sandbox_id, hour) DO UPDATE SET
 			wall_ns = wall_ns + excluded.wall_ns,
 			cpu_ns = cpu_ns + excluded.cpu_ns,
@@ -164,7 +164,8 @@ func (d *DB) AddLeasedUsage(ctx context.Context, deltas []store.UsageDelta, ledg
 			egress_requests = egress_requests + excluded.egress_requests,
 			egress_bytes_in = egress_bytes_in + excluded.egress_bytes_in,
 			egress_bytes_out = egress_bytes_out + excluded.egress_bytes_out,
-			paused_gb_seconds = paused_gb_seconds + excluded.paused_gb_seconds`)
+			paused_gb_seconds = paused_gb_seconds + excluded.paused_gb_seconds,
+			device_seconds = device_seconds + excluded.device_seconds`)
 	if err != nil {
 		return err
 	}
@@ -172,7 +173,7 @@ func (d *DB) AddLeasedUsage(ctx context.Context, deltas []store.UsageDelta, ledg
 	for _, u := range deltas {
 		if _, err := stmt.ExecContext(ctx, u.SandboxID, u.Account, u.Template, fmtTime(u.Hour.UTC().Truncate(time.Hour)),
 			u.WallNanos, u.CPUNanos, u.GBSecondsReserved, u.GBSecondsUsed, u.DiskPeakBytes, u.Executions, u.Commands, u.EgressRequests,
-			u.EgressBytesIn, u.EgressBytesOut, u.PausedGBSeconds); err != nil {
+			u.EgressBytesIn, u.EgressBytesOut, u.PausedGBSeconds, u.DeviceSeconds); err != nil {
 			return fmt.Errorf("add usage: %w", err)
 		}
 	}
@@ -206,7 +207,8 @@ func (d *DB) QueryUsage(ctx context.Context, f store.UsageFilter) ([]store.Usage
 	q := `SELECT ` + key + `, max(account_id), max(template), max(sandbox_id), ` + wideSum{}.sql("wall_ns") + `, ` + wideSum{}.sql("cpu_ns") + `,
 		coalesce(sum(gb_seconds_reserved), 0), coalesce(sum(gb_seconds_used), 0), coalesce(max(disk_peak_bytes), 0),
 		coalesce(sum(executions), 0), coalesce(sum(commands), 0), coalesce(sum(egress_requests), 0),
-		coalesce(sum(egress_bytes_in), 0), coalesce(sum(egress_bytes_out), 0), coalesce(sum(paused_gb_seconds), 0), count(*) FROM usage_hours WHERE 1 = 1`
+		coalesce(sum(egress_bytes_in), 0), coalesce(sum(egress_bytes_out), 0), coalesce(sum(paused_gb_seconds), 0),
+		coalesce(sum(device_seconds), 0), count(*) FROM usage_hours WHERE 1 = 1`
 	var args []any
 	if f.Account != "" {
 		q += ` AND account_id = ?`
@@ -237,7 +239,7 @@ func (d *DB) QueryUsage(ctx context.Context, f store.UsageFilter) ([]store.Usage
 		var n int
 		var wall, cpu wideSum
 		if err := rows.Scan(&r.Key, &acct, &tmpl, &sb, &wall.q, &wall.r, &cpu.q, &cpu.r, &r.GBSecondsReserved, &r.GBSecondsUsed,
-			&r.DiskPeakBytes, &r.Executions, &r.Commands, &r.EgressRequests, &r.EgressBytesIn, &r.EgressBytesOut, &r.PausedGBSeconds, &n); err != nil {
+			&r.DiskPeakBytes, &r.Executions, &r.Commands, &r.EgressRequests, &r.EgressBytesIn, &r.EgressBytesOut, &r.PausedGBSeconds, &r.DeviceSeconds, &n); err != nil {
 			return nil, err
 		}
 		r.WallNanos, r.CPUNanos = wall.value(), cpu.value()

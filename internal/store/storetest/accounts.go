@@ -86,7 +86,7 @@ func testUsageLedgerAlerts(t *testing.T, s store.Store) {
 	d := func(sb, tmpl string, h time.Time, cpu int64) store.UsageDelta {
 		return store.UsageDelta{SandboxID: sb, Account: "acct_1", Template: tmpl, Hour: h, WallNanos: 1e9, CPUNanos: cpu,
 			GBSecondsReserved: 0.5, GBSecondsUsed: 0.25, DiskPeakBytes: cpu, Executions: 1, Commands: 2, EgressRequests: 3,
-			EgressBytesIn: 4000, EgressBytesOut: 500, PausedGBSeconds: 0.125}
+			EgressBytesIn: 4000, EgressBytesOut: 500, PausedGBSeconds: 0.125, DeviceSeconds: 1.5}
 	}
 	// The same bucket twice adds up; the disk peak keeps the larger.
 	if err := s.AddUsage(ctx, []store.UsageDelta{d("sb1", "python", h1, 100), d("sb2", "node", h2, 50)},
@@ -105,7 +105,7 @@ func testUsageLedgerAlerts(t *testing.T, s store.Store) {
 	}
 	if r := rows[0]; r.Key != "sb1" || r.SandboxID != "sb1" || r.Account != "acct_1" || r.CPUNanos != 400 || r.WallNanos != 2e9 ||
 		r.DiskPeakBytes != 300 || r.Executions != 2 || r.Template != "python" || r.Commands != 4 || r.EgressRequests != 6 ||
-		r.EgressBytesIn != 8000 || r.EgressBytesOut != 1000 || r.PausedGBSeconds != 0.25 ||
+		r.EgressBytesIn != 8000 || r.EgressBytesOut != 1000 || r.PausedGBSeconds != 0.25 || r.DeviceSeconds != 3 ||
 		r.GBSecondsReserved != 1 || r.GBSecondsUsed != 0.5 {
 		t.Fatalf("sb1 %+v", r)
 	}

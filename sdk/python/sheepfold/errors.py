@@ -51,6 +51,8 @@ __all__ = [
     "NotSupportedError",
     "VolumeNotFoundError",
     "VolumeInUseError",
+    "DeviceNotFoundError",
+    "DeviceInUseError",
     "MethodNotAllowedError",
     "StorageUnavailableError",
     "ShuttingDownError",
@@ -131,6 +133,13 @@ class VolumeNotFoundError(NotFoundError):
     default_code = "ERR_VOLUME_NOT_FOUND"
 
 
+class DeviceNotFoundError(NotFoundError):
+    """404 ERR_DEVICE_NOT_FOUND: the server has no such device (by CDI
+    name), or fewer GPUs than asked for."""
+
+    default_code = "ERR_DEVICE_NOT_FOUND"
+
+
 class TemplateNotFoundError(NotFoundError):
     default_code = "ERR_TEMPLATE_NOT_FOUND"
 
@@ -203,6 +212,13 @@ class VolumeInUseError(ConflictError):
     share it)."""
 
     default_code = "ERR_VOLUME_IN_USE"
+
+
+class DeviceInUseError(ConflictError):
+    """409 ERR_DEVICE_IN_USE: the device asked for, or every GPU, is held
+    by other live sandboxes."""
+
+    default_code = "ERR_DEVICE_IN_USE"
 
 
 class SandboxStateError(ConflictError):
@@ -401,6 +417,8 @@ _BY_CODE: Dict[str, Type[SheepfoldError]] = {
     "ERR_VOLUME_NOT_FOUND": VolumeNotFoundError,
     "ERR_VOLUME_IN_USE": VolumeInUseError,
     "ERR_INVALID_HANDLER": InvalidHandlerError,
+    "ERR_DEVICE_NOT_FOUND": DeviceNotFoundError,
+    "ERR_DEVICE_IN_USE": DeviceInUseError,
     "ERR_METHOD_NOT_ALLOWED": MethodNotAllowedError,
     "ERR_STORAGE_UNAVAILABLE": StorageUnavailableError,
     "ERR_SHUTTING_DOWN": ShuttingDownError,

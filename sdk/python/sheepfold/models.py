@@ -59,15 +59,25 @@ class Resources:
     memory_mb: int = 0
     disk_mb: int = 0
     pids: int = 0
+    # A number of GPUs to ask for; devices by CDI name (in an answer, every
+    # device the sandbox holds).
+    gpu: int = 0
+    devices: List[str] = field(default_factory=list)
 
     @classmethod
     def from_dict(cls, data: Any) -> "Resources":
         d = _d(data)
         return cls(cpus=d.get("cpus", 0) or 0, memory_mb=d.get("memory_mb", 0) or 0,
-                   disk_mb=d.get("disk_mb", 0) or 0, pids=d.get("pids", 0) or 0)
+                   disk_mb=d.get("disk_mb", 0) or 0, pids=d.get("pids", 0) or 0,
+                   gpu=d.get("gpu", 0) or 0, devices=list(d.get("devices") or []))
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"cpus": self.cpus, "memory_mb": self.memory_mb, "disk_mb": self.disk_mb, "pids": self.pids}
+        out: Dict[str, Any] = {"cpus": self.cpus, "memory_mb": self.memory_mb, "disk_mb": self.disk_mb, "pids": self.pids}
+        if self.gpu:
+            out["gpu"] = self.gpu
+        if self.devices:
+            out["devices"] = list(self.devices)
+        return out
 
 
 @dataclass

@@ -68,7 +68,10 @@ class Sandbox:
                 (extend it with set_timeout).
             metadata: string labels kept with the sandbox.
             envs: environment variables for everything run in it.
-            resources: {"cpus", "memory_mb", "disk_mb", "pids"} (or Resources).
+            resources: {"cpus", "memory_mb", "disk_mb", "pids", "gpu",
+                "devices"} (or Resources); gpu asks for a number of GPUs,
+                devices for devices by CDI name (DeviceNotFoundError,
+                DeviceInUseError when held by another sandbox).
             sandbox_config: {"max_execution_time", "max_memory_mb",
                 "network_restricted", "filesystem_readonly"}.
             security_policy: the sandbox's security policy, the JSON object of
