@@ -150,6 +150,7 @@ type benchResults struct {
 	Baselines  map[string]stat    `json:"baselines"`
 	Scenarios  map[string]stat    `json:"scenarios"`
 	Throughput []throughputResult `json:"throughput"`
+	Bursts     []burstResult      `json:"bursts,omitempty"`
 	Density    *density           `json:"density,omitempty"`
 	Preview    *previewResult     `json:"preview,omitempty"`
 	Targets    []target           `json:"targets"`
@@ -242,6 +243,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		{"pause and resume", b.pauseResume},
 		{"pause: snapshot, start from a snapshot, fork", b.snapshotFork},
 		{"throughput", b.throughput},
+		{"bursts", b.burst},
 		{"density", b.density},
 	}
 	for _, st := range steps {
@@ -1040,6 +1042,12 @@ func (r *benchResults) evaluate() {
 			add("HTTPS GET with a secret-injecting rule (TLS terminated) − without, p50", i.P50-g.P50, 2, "ms", true)
 		}
 	}
+	for _, b := range r.Bursts {
+		if b.N == 30 {
+			add("30 creates at once → first result, p50", b.Latency.P50, 1000, "ms", true)
+			add("30 creates at once, creates/s", b.PerSecond, 30, "/s", false)
+		}
+	}
 	if s, ok := r.Scenarios[benchResume]; ok {
 		add("resume → first result, pandas loaded, p50", s.P50, 150, "ms", true)
 	}
@@ -1128,6 +1136,7 @@ func (r *benchResults) print(w io.Writer) {
 		}
 		tw.Flush()
 	}
+	printBursts(w, r.Bursts)
 	if d := r.Density; d != nil {
 		fmt.Fprintf(w, "\nmemory per idle sandbox (cgroup, median of %d): %.1f MiB without a kernel, %.1f MiB with python, %.1f MiB as a pool member (pandas, numpy, matplotlib)\n",
 			d.Sandboxes, d.NoKernelMiB, d.PythonMiB, d.PooledMiB)
