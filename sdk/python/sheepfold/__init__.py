@@ -61,7 +61,7 @@ from .events import Event, EventPage, Events, Webhook, WebhookDelivery, Webhooks
 from .files import FilePage, Filesystem, WriteEntry
 from .secrets import Secret, SecretUse, Secrets
 from .volumes import Volume, VolumeFile, VolumeMount, Volumes
-from .batches import Batch, BatchError, BatchItemError, BatchResult, Batches
+from .batches import Batch, BatchError, BatchItemError, BatchResult, BatchUsage, Batches
 from .models import (
     Adopted,
     CodeContext,
@@ -138,6 +138,7 @@ __all__ = [
     "BatchError",
     "BatchItemError",
     "BatchResult",
+    "BatchUsage",
     "Batches",
     "verify_webhook",
     "FilePage",
