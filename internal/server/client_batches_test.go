@@ -80,3 +80,17 @@ func TestPythonSDKBatches(t *testing.T) {
 		t.Fatalf("python batches client: %v\n%s", err, out)
 	}
 }
+
+// TestPythonSDKFunctions runs sdk/python/tests/test_functions.py
+// (sheepfold.function's .remote and .map) against a server.
+func TestPythonSDKFunctions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	cmd := exec.Command("/usr/bin/python3", "-m", "unittest", "-v", "test_functions")
+	cmd.Dir = "../../sdk/python/tests"
+	cmd.Env = append(os.Environ(), "SHEEPFOLD_FUNCTIONS_URL="+e.url, "SHEEPFOLD_FUNCTIONS_KEY="+e.keyA)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("\nOK")) || bytes.Contains(out, []byte("skipped")) {
+		t.Fatalf("python functions: %v\n%s", err, out)
+	}
+}

@@ -61,6 +61,7 @@ from .events import Event, EventPage, Events, Webhook, WebhookDelivery, Webhooks
 from .files import FilePage, Filesystem, WriteEntry
 from .secrets import Secret, SecretUse, Secrets
 from .volumes import Volume, VolumeFile, VolumeMount, Volumes
+from .functions import Function, RemoteError, function
 from .batches import Batch, BatchError, BatchItemError, BatchResult, BatchUsage, Batches
 from .models import (
     Adopted,
@@ -139,6 +140,9 @@ __all__ = [
     "BatchItemError",
     "BatchResult",
     "BatchUsage",
+    "Function",
+    "RemoteError",
+    "function",
     "Batches",
     "verify_webhook",
     "FilePage",
