@@ -378,11 +378,27 @@ func (w *batchWorker) execute(ctx context.Context, sb *sandbox.Sandbox, code str
 	return ex, nil
 }
 
+// itemBudget is the time a kept sandbox must have left to take an item:
+// the item's timeout (a minute when the engine's default).
+func itemBudget(b store.Batch) time.Duration {
+	d := time.Duration(b.TimeoutMS) * time.Millisecond
+	if d <= 0 {
+		d = time.Minute
+	}
+	return d
+}
+
 // RunItem implements batch.Worker.
 func (w *batchWorker) RunItem(ctx context.Context, input json.RawMessage) batch.Outcome {
 	s, b := w.s, w.b
 	reuse := b.Reuse == reuseWorker
+	if w.sb != nil && time.Until(w.sb.Deadline()) < itemBudget(b) {
+		// The worker's sandbox would end (its lifetime) before the
+		// item could: a fresh one takes it.
+		w.drop(ctx)
+	}
 	sb := w.sb
+	kept := sb != nil
 	if sb == nil {
 		opt, err := s.itemOptions(b, false)
 		if err != nil {
@@ -403,6 +419,12 @@ func (w *batchWorker) RunItem(ctx context.Context, input json.RawMessage) batch.
 		code = batch.WorkerScript(b.Code, input, mark)
 	}
 	ex, out := w.execute(ctx, sb, code)
+	if out != nil && kept && out.Err != nil && (out.Err.Code == string(apierr.SandboxNotFound) || out.Err.Code == string(apierr.SandboxState)) {
+		// The kept sandbox ended between items (killed, or its
+		// lifetime): not the item's doing; it runs in a fresh one.
+		w.drop(ctx)
+		return w.RunItem(ctx, input)
+	}
 	if out != nil {
 		if reuse && out.Err != nil && out.Err.Code != "" {
 			// Not the handler's own exception: the kernel may be gone

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 )
 
@@ -209,5 +210,24 @@ func TestBatchInputsFile(t *testing.T) {
 		if m["index"] != float64(i) || m["result"] != float64(i) {
 			t.Fatalf("result %d: %v", i, m)
 		}
+	}
+}
+
+// TestBatchWorkerLifetime: a worker's sandbox lives its lifetime (4 s
+// here) like any; the items of a batch that outlasts it still end, in
+// the fresh sandboxes that take over (none fails for the sandbox's end).
+func TestBatchWorkerLifetime(t *testing.T) {
+	e := newEnv(t, server.Config{}, func(c *sandbox.Config) { c.DefaultTimeout = 4 * time.Second })
+	code := "import time\ndef handler(item):\n    time.sleep(0.1)\n    return len(item)\n"
+	r := e.do("POST", "/v1/batches", e.keyA, map[string]any{"code": code, "inputs": lenInputs(60), "concurrency": 1,
+		"reuse": "worker", "timeout_ms": 2000})
+	want(t, r, http.StatusCreated, "")
+	id := r.json(t)["id"].(string)
+	b := waitBatch(t, func() resp { return e.do("GET", "/v1/batches/"+id, e.keyA, nil) }, ended)
+	if b["status"] != "done" || b["done"] != float64(60) || b["failed"] != float64(0) {
+		t.Fatalf("ended %v (%v)", b, e.batchResults(t, e.keyA, id, 100))
+	}
+	if u := b["usage"].(map[string]any); u["sandboxes"].(float64) < 3 {
+		t.Fatalf("usage %v: the worker's sandbox outlived its lifetime", u)
 	}
 }
