@@ -100,13 +100,20 @@ func batchResources(b store.Batch) *api.Resources {
 }
 
 // itemOptions are the create options of each sandbox of b (its check's
-// and its items'): its template and resources, its id in the metadata.
+// and its items'): its template and resources, its id in the metadata,
+// and a lifetime beyond an item's timeout (the check's too: an account
+// that may not keep a sandbox so long is refused before any item runs).
 func (s *Server) itemOptions(b store.Batch, check bool) (sandbox.CreateOptions, error) {
 	md := map[string]string{"batch": b.ID}
 	if check {
 		md["batch_check"] = "1"
 	}
-	opt, _, err := s.createOptions(api.CreateSandbox{Template: b.Template, Resources: batchResources(b), Metadata: md})
+	// An item's sandbox outlives the item's timeout by the engine's
+	// default lifetime: a worker's takes items while it has an item's
+	// timeout left, so for at least that long.
+	life := (itemBudget(b) + s.engine.DefaultTimeout()).Seconds()
+	req := api.CreateSandbox{Template: b.Template, Resources: batchResources(b), Metadata: md, Timeout: &life}
+	opt, _, err := s.createOptions(req)
 	return opt, err
 }
 

@@ -3,6 +3,7 @@ package server_test
 import (
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -229,5 +230,44 @@ func TestBatchWorkerLifetime(t *testing.T) {
 	}
 	if u := b["usage"].(map[string]any); u["sandboxes"].(float64) < 3 {
 		t.Fatalf("usage %v: the worker's sandbox outlived its lifetime", u)
+	}
+}
+
+// TestBatchItemLifetime: an item's sandbox lives the item's timeout and
+// the engine's default lifetime (5 minutes): 15 minutes for items of 10,
+// so a long item is not cut by its sandbox's end (and a worker's sandbox
+// serves items for 5 minutes at least); 6 for the default item timeout
+// (a minute).
+func TestBatchItemLifetime(t *testing.T) {
+	e := newEnv(t, server.Config{})
+	for _, c := range []struct {
+		timeoutMS   int
+		least, most time.Duration
+	}{{600_000, 14 * time.Minute, 15 * time.Minute}, {0, 5 * time.Minute, 6 * time.Minute}} {
+		dir := t.TempDir()
+		r := e.do("POST", "/v1/batches", e.keyA, map[string]any{"code": batchGate(dir, 0), "inputs": lenInputs(2), "concurrency": 2,
+			"timeout_ms": c.timeoutMS})
+		want(t, r, http.StatusCreated, "")
+		id := r.json(t)["id"].(string)
+		waitBatch(t, func() resp { return e.do("GET", "/v1/batches/"+id, e.keyA, nil) }, func(map[string]any) bool { return len(runs(t, dir)) == 2 })
+		items := 0
+		for _, s := range e.do("GET", "/v1/sandboxes", e.keyA, nil).json(t)["sandboxes"].([]any) {
+			sb := s.(map[string]any)
+			if md, _ := sb["metadata"].(map[string]any); md["batch"] != id {
+				continue
+			}
+			items++
+			exp, err := time.Parse(time.RFC3339Nano, sb["expires_at"].(string))
+			if left := time.Until(exp); err != nil || left < c.least || left > c.most {
+				t.Fatalf("timeout_ms %d: an item's sandbox has %v left (%v), want %v to %v", c.timeoutMS, left, err, c.least, c.most)
+			}
+		}
+		if items != 2 {
+			t.Fatalf("%d item sandboxes running", items)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "gate"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		waitBatch(t, func() resp { return e.do("GET", "/v1/batches/"+id, e.keyA, nil) }, ended)
 	}
 }
