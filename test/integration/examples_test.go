@@ -86,7 +86,7 @@ func TestExampleBatchScore(t *testing.T) {
 			t.Errorf("no %s in:\n%s", want, out)
 		}
 	}
-	t.Logf("%s", lastLines([]byte(out), 6))
+	t.Logf("%s", lastLines([]byte(out), 7))
 }
 
 // TestExamplePolicyMonitor: a blocked import is seen by the monitor, an
