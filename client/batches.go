@@ -20,6 +20,14 @@ type BatchRequest = api.BatchRequest
 // its counts of items done, failed and pending.
 type Batch = api.Batch
 
+// BatchInputsFile names a batch's inputs as a JSON Lines file in one of
+// the caller's volumes (BatchRequest.InputsFile; write it with
+// WriteVolumeFile first).
+type BatchInputsFile = api.BatchInputsFile
+
+// BatchUsage is what a batch's sandboxes used and its cost (Batch.Usage).
+type BatchUsage = api.BatchUsage
+
 // BatchError is why a batch failed as a whole (credits or a quota ran
 // out).
 type BatchError = api.BatchError

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -27,6 +28,7 @@ func batchCmd() *cobra.Command {
 		timeout     time.Duration
 		tmpl        string
 		poll        time.Duration
+		reuse       string
 	)
 	run := &cobra.Command{
 		Use:   "run HANDLER.py",
@@ -49,7 +51,7 @@ func batchCmd() *cobra.Command {
 				return err
 			}
 			b, err := c.CreateBatch(cmd.Context(), client.BatchRequest{Template: tmpl, Code: string(code), Inputs: in,
-				Concurrency: concurrency, Retries: retries, TimeoutMS: timeout.Milliseconds()})
+				Concurrency: concurrency, Retries: retries, TimeoutMS: timeout.Milliseconds(), Reuse: reuse})
 			if err != nil {
 				return err
 			}
@@ -100,6 +102,7 @@ func batchCmd() *cobra.Command {
 	run.Flags().DurationVar(&timeout, "timeout", 0, "each run's execution timeout (default: the server's)")
 	run.Flags().StringVarP(&tmpl, "template", "t", "", "template (default: python)")
 	run.Flags().DurationVar(&poll, "poll", time.Second, "how often the progress is read")
+	run.Flags().StringVar(&reuse, "reuse", "", `"worker": each of the --concurrency workers keeps one sandbox (the handler file runs once in it)`)
 	cmd.AddCommand(run)
 	return cmd
 }
@@ -143,9 +146,12 @@ func followBatch(ctx context.Context, c *client.Client, b *client.Batch, poll ti
 		if rate > 0 {
 			eta = time.Duration(float64(b.Pending) / rate * float64(time.Second)).Round(time.Second).String()
 		}
-		fmt.Fprintf(progress, "\r%s: %d/%d done, %d failed, %.1f items/s, ETA %s   ", b.ID, b.Done, b.Total, b.Failed, rate, eta)
+		fmt.Fprintf(progress, "\r%s %s: %d/%d done, %d failed, %.1f items/s, ETA %s   ", bar(ended, b.Total, 20), b.ID, b.Done, b.Total,
+			b.Failed, rate, eta)
 		if b.Status != "running" {
-			fmt.Fprintln(progress)
+			u := b.Usage
+			fmt.Fprintf(progress, "\n%s %s: %d sandboxes, %.1f CPU-s, %.1f GB-s, %d executions, cost %s\n", b.ID, b.Status, u.Sandboxes,
+				u.CPUSeconds, u.GBSecondsReserved, u.Executions, u.Cost)
 			return b, nil
 		}
 		t := time.NewTimer(poll)
@@ -162,4 +168,13 @@ func followBatch(ctx context.Context, c *client.Client, b *client.Batch, poll ti
 		}
 		b = next
 	}
+}
+
+// bar draws n of total as a bar width characters wide.
+func bar(n, total, width int) string {
+	full := 0
+	if total > 0 {
+		full = min(width, n*width/total)
+	}
+	return "[" + strings.Repeat("#", full) + strings.Repeat(".", width-full) + "]"
 }

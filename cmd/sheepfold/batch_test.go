@@ -35,7 +35,7 @@ func TestBatchRun(t *testing.T) {
 				io.WriteString(w, `{"id":"bat_1","status":"running","total":2,"done":1,"failed":0,"pending":1}`)
 				return
 			}
-			io.WriteString(w, `{"id":"bat_1","status":"done","total":2,"done":2,"failed":0,"pending":0}`)
+			io.WriteString(w, `{"id":"bat_1","status":"done","total":2,"done":2,"failed":0,"pending":0,"usage":{"sandboxes":3,"cost":"0.01"}}`)
 		case "GET /v1/batches/bat_1/results":
 			if r.URL.Query().Get("after") != "-1" {
 				t.Errorf("results asked after %q", r.URL.Query().Get("after"))
@@ -63,11 +63,11 @@ func TestBatchRun(t *testing.T) {
 		err := cmd.ExecuteContext(context.Background())
 		return out.String(), errOut.String(), err
 	}
-	out, progress, err := run(handler, "--inputs", items, "--concurrency", "3")
+	out, progress, err := run(handler, "--inputs", items, "--concurrency", "3", "--reuse", "worker")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sent["code"] != "def handler(item):\n    return item\n" || sent["concurrency"] != 3.0 {
+	if sent["code"] != "def handler(item):\n    return item\n" || sent["concurrency"] != 3.0 || sent["reuse"] != "worker" {
 		t.Fatalf("sent %v", sent)
 	}
 	if in, _ := sent["inputs"].([]any); len(in) != 2 || in[0] != 1.0 || in[1] != "a" {
@@ -77,7 +77,8 @@ func TestBatchRun(t *testing.T) {
 	if len(lines) != 2 || !strings.Contains(lines[0], `"result":1`) || !strings.Contains(lines[1], `"result":"a"`) {
 		t.Fatalf("stdout %q", out)
 	}
-	if !strings.Contains(progress, "2/2 done, 0 failed") {
+	if !strings.Contains(progress, "[##########..........] bat_1: 1/2 done") || !strings.Contains(progress, "[####################] bat_1: 2/2 done, 0 failed") ||
+		!strings.Contains(progress, "bat_1 done: 3 sandboxes") {
 		t.Fatalf("progress %q", progress)
 	}
 	os.WriteFile(items, []byte("1\n{bad\n"), 0o644)

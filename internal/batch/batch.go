@@ -1,11 +1,13 @@
-// Package batch runs batch jobs: a handler over many inputs, each input
-// (an item) in a fresh sandbox, a batch's Concurrency at a time, each
-// item's outcome stored as it ends (store.BatchStore).
+// Package batch runs batch jobs: a handler over many inputs (items),
+// a batch's Concurrency workers at once, each taking the next pending
+// item when it is free, each item's outcome stored as it ends
+// (store.BatchStore).
 //
-// The package decides what runs when and what is stored; how one item
-// runs is the Runner's (internal/server, batches.go), which creates the
-// sandbox through the server's create path, so that an item is admitted,
-// limited, metered and charged like any sandbox of its account.
+// The package decides what runs when and what is stored; how an item
+// runs is the Runner's (internal/server, batches.go): a fresh sandbox
+// per item, or (Reuse "worker") one sandbox per worker kept from item to
+// item, made through the server's create path, so that every sandbox is
+// admitted, limited, metered and charged like any of its account.
 //
 // An item ends once (the store keeps its first outcome). An item that has
 // not ended when its server stops stays pending, and Resume, at the next
@@ -51,9 +53,18 @@ type Outcome struct {
 	Wait    time.Duration
 }
 
-// Runner runs one item of a batch: its code's handler over input.
+// Runner makes a batch's workers: a batch runs Concurrency of them at
+// once, each taking the next pending item when it is free.
 type Runner interface {
-	RunItem(ctx context.Context, b store.Batch, input json.RawMessage) Outcome
+	Worker(b store.Batch) Worker
+}
+
+// Worker runs items of one batch one after another: its code's handler
+// over each input. Whether it keeps a sandbox from one item to the next
+// is the Runner's (the batch's Reuse). Close ends what it holds.
+type Worker interface {
+	RunItem(ctx context.Context, input json.RawMessage) Outcome
+	Close()
 }
 
 // Classify turns a refused create into an Outcome: a refusal that passes
@@ -185,32 +196,37 @@ func (m *Manager) runBatch(ctx context.Context, b store.Batch) {
 		m.log.Error("batch: read its pending items; it is taken up at the next start", "batch", b.ID, "err", err)
 		return
 	}
-	n := max(1, b.Concurrency)
-	sem := make(chan struct{}, n)
+	next := make(chan store.BatchItem)
 	var wg sync.WaitGroup
 	var fatal error
 	var fatalOnce sync.Once
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
+	for range min(max(1, b.Concurrency), max(1, len(items))) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w := m.run.Worker(b)
+			defer w.Close()
+			for it := range next {
+				if err := m.runItem(ctx, b, w, it); err != nil {
+					fatalOnce.Do(func() { fatal = err; stop() })
+				}
+			}
+		}()
+	}
 loop:
 	for _, it := range items {
 		select {
-		case sem <- struct{}{}:
+		case next <- it:
 		case <-ctx.Done():
 			break loop
 		}
 		if ctx.Err() != nil {
 			break // both were ready: select chose at random
 		}
-		wg.Add(1)
-		go func(it store.BatchItem) {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := m.runItem(ctx, b, it); err != nil {
-				fatalOnce.Do(func() { fatal = err; stop() })
-			}
-		}(it)
 	}
+	close(next)
 	wg.Wait()
 	end := context.WithoutCancel(ctx)
 	switch {
@@ -228,10 +244,13 @@ loop:
 
 // runItem runs one item to its stored outcome, or until ctx ends (it then
 // stays pending). It returns the error that fails the whole batch.
-func (m *Manager) runItem(ctx context.Context, b store.Batch, it store.BatchItem) error {
+func (m *Manager) runItem(ctx context.Context, b store.Batch, w Worker, it store.BatchItem) error {
 	attempts := 0
 	for {
-		out := m.run.RunItem(ctx, b, it.Input)
+		if ctx.Err() != nil {
+			return nil // the batch stopped: the item stays pending
+		}
+		out := w.RunItem(ctx, it.Input)
 		if ctx.Err() != nil {
 			return nil
 		}

@@ -14,14 +14,32 @@ func pyString(s string) string {
 	return string(b)
 }
 
-// Script is the Python an item runs: the batch's code, then its handler
-// over the item, the return value printed as JSON on one line that
-// begins with mark (a nonce of the run, so that the handler's own output
-// is not taken for it).
+// Script is the Python an item runs in a fresh sandbox: the batch's
+// code, then Call.
 func Script(code string, input json.RawMessage, mark string) string {
+	return code + "\n\n" + Call(input, mark)
+}
+
+// WorkerScript is the Python an item runs in its worker's sandbox, whose
+// kernel ran earlier items: the batch's code, only when this kernel has
+// not run it yet (its first item, or a kernel that restarted), then
+// Call. The code runs as the module's own (exec in the kernel's
+// globals), so its imports and globals serve the items after it.
+func WorkerScript(code string, input json.RawMessage, mark string) string {
+	return fmt.Sprintf("if not globals().get(\"_sf_ready\"):\n"+
+		"    exec(compile(%s, \"<batch>\", \"exec\"), globals())\n"+
+		"    _sf_ready = True\n", pyString(code)) + Call(input, mark)
+}
+
+// Call is the Python that calls the handler (defined by a batch's code
+// run before, in this kernel or the same script) over an item, the
+// return value printed as JSON on one line that begins with mark (a
+// nonce of the run, so that the handler's own output is not taken for
+// it). Its own names begin with _sf_, so that a worker's kernel keeps
+// only what the code and the handler made.
+func Call(input json.RawMessage, mark string) string {
 	var b strings.Builder
-	b.WriteString(code)
-	b.WriteString("\n\nimport json as _sf_json\n")
+	b.WriteString("import json as _sf_json\n")
 	fmt.Fprintf(&b, "_sf_out = _sf_json.dumps(handler(_sf_json.loads(%s)))\n", pyString(string(input)))
 	fmt.Fprintf(&b, "print(%s + _sf_out, flush=True)\n", pyString(mark))
 	return b.String()

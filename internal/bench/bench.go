@@ -153,6 +153,7 @@ type benchResults struct {
 	Bursts     []burstResult      `json:"bursts,omitempty"`
 	Density    *density           `json:"density,omitempty"`
 	Preview    *previewResult     `json:"preview,omitempty"`
+	Batches    []batchResult      `json:"batches,omitempty"`
 	Targets    []target           `json:"targets"`
 	Notes      []string           `json:"notes,omitempty"`
 	PoolStats  *client.PoolStats  `json:"pool_stats,omitempty"`
@@ -244,6 +245,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		{"pause: snapshot, start from a snapshot, fork", b.snapshotFork},
 		{"throughput", b.throughput},
 		{"bursts", b.burst},
+		{"batch items/s", b.batches},
 		{"density", b.density},
 	}
 	for _, st := range steps {
@@ -1146,6 +1148,7 @@ func (r *benchResults) print(w io.Writer) {
 		fmt.Fprintf(w, "\npreview: %d clients: %.0f GETs/s through the preview (%d errors), %.0f/s direct inside the sandbox\n",
 			p.Clients, p.ProxiedRPS, p.Errors, p.DirectRPS)
 	}
+	printBatches(w, r.Batches)
 	if p := r.PoolStats; p != nil {
 		fmt.Fprintf(w, "warm pool: size %d, %d hits, %d misses\n", p.Size, p.Hits, p.Misses)
 	}

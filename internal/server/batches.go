@@ -1,12 +1,16 @@
 package server
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sheepfold/sheepfold/api"
@@ -14,6 +18,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/batch"
 	"github.com/sheepfold/sheepfold/internal/bound"
 	"github.com/sheepfold/sheepfold/internal/lang"
+	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
@@ -26,6 +31,12 @@ const (
 	maxBatchConcurrency = 64
 	maxBatchRetries     = 10
 	maxBatchTimeoutMS   = 24 * 3600 * 1000
+)
+
+// The ways a batch's items share sandboxes (api.BatchRequest.Reuse).
+const (
+	reuseNone   = ""
+	reuseWorker = "worker"
 )
 
 func (s *Server) batchRoutes(add addFunc) {
@@ -59,10 +70,15 @@ func (s *Server) stopBatches() {
 	}
 }
 
-func batchOf(b store.Batch) api.Batch {
+func (s *Server) batchOf(b store.Batch) api.Batch {
 	out := api.Batch{ID: b.ID, Status: b.Status, Template: b.Template, Language: b.Language, Concurrency: b.Concurrency,
-		TimeoutMS: b.TimeoutMS, Retries: b.Retries, Total: b.Total, Done: b.Done, Failed: b.Failed,
+		TimeoutMS: b.TimeoutMS, Retries: b.Retries, Reuse: b.Reuse, Total: b.Total, Done: b.Done, Failed: b.Failed,
 		Pending: b.Total - b.Done - b.Failed, CreatedAt: b.CreatedAt.UTC(), EndedAt: b.EndedAt}
+	u := b.Usage
+	f := metering.FiguresOf(store.UsageDelta{WallNanos: u.WallNanos, CPUNanos: u.CPUNanos, GBSecondsReserved: u.GBSecondsReserved,
+		GBSecondsUsed: u.GBSecondsUsed, Executions: u.Executions}, s.meter.Prices())
+	out.Usage = api.BatchUsage{Sandboxes: u.Sandboxes, SandboxSeconds: f.SandboxSeconds, CPUSeconds: f.CPUSeconds,
+		GBSecondsReserved: f.GBSecondsReserved, GBSecondsUsed: f.GBSecondsUsed, Executions: f.Executions, CostMicros: f.CostMicros, Cost: f.Cost}
 	if b.ErrorCode != "" {
 		out.Error = &api.BatchError{Code: b.ErrorCode, Message: b.Error}
 	}
@@ -84,13 +100,20 @@ func batchResources(b store.Batch) *api.Resources {
 }
 
 // itemOptions are the create options of each sandbox of b (its check's
-// and its items'): its template and resources, its id in the metadata.
+// and its items'): its template and resources, its id in the metadata,
+// and a lifetime beyond an item's timeout (the check's too: an account
+// that may not keep a sandbox so long is refused before any item runs).
 func (s *Server) itemOptions(b store.Batch, check bool) (sandbox.CreateOptions, error) {
 	md := map[string]string{"batch": b.ID}
 	if check {
 		md["batch_check"] = "1"
 	}
-	opt, _, err := s.createOptions(api.CreateSandbox{Template: b.Template, Resources: batchResources(b), Metadata: md})
+	// An item's sandbox outlives the item's timeout by the engine's
+	// default lifetime: a worker's takes items while it has an item's
+	// timeout left, so for at least that long.
+	life := (itemBudget(b) + s.engine.DefaultTimeout()).Seconds()
+	req := api.CreateSandbox{Template: b.Template, Resources: batchResources(b), Metadata: md, Timeout: &life}
+	opt, _, err := s.createOptions(req)
 	return opt, err
 }
 
@@ -118,8 +141,21 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 	if req.Code == "" {
 		return apierr.New(apierr.BadRequest, "code is required: it defines handler(item)")
 	}
+	if req.InputsFile != nil {
+		if len(req.Inputs) > 0 {
+			return apierr.New(apierr.BadRequest, "inputs and inputs_file are exclusive: give one")
+		}
+		in, err := s.readInputsFile(r.Context(), owner(r), *req.InputsFile)
+		if err != nil {
+			return err
+		}
+		req.Inputs = in
+	}
 	if len(req.Inputs) == 0 || len(req.Inputs) > maxBatchInputs {
 		return apierr.New(apierr.BadRequest, "inputs must hold between 1 and %d items, not %d", maxBatchInputs, len(req.Inputs))
+	}
+	if req.Reuse != reuseNone && req.Reuse != reuseWorker {
+		return apierr.New(apierr.BadRequest, "reuse must be empty (a fresh sandbox per item) or %q, not %q", reuseWorker, req.Reuse)
 	}
 	if req.Concurrency == 0 {
 		req.Concurrency = 1
@@ -140,54 +176,122 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 	}
 	b := store.Batch{ID: newID("bat_"), Owner: owner(r), Status: store.BatchRunning, Template: req.Template, Language: req.Language,
 		Code: req.Code, Concurrency: req.Concurrency, TimeoutMS: req.TimeoutMS, Retries: req.Retries, CreatedAt: time.Now(),
-		Total: len(req.Inputs)}
+		Total: len(req.Inputs), Reuse: req.Reuse}
 	if req.Resources != nil {
 		b.Resources, _ = json.Marshal(req.Resources)
 	}
-	if err := s.checkHandler(r.Context(), b); err != nil {
+	used, err := s.checkHandler(r.Context(), b)
+	if err != nil {
 		return err
 	}
-	if err := s.store.CreateBatch(context.WithoutCancel(r.Context()), b, req.Inputs); err != nil {
+	ctx := context.WithoutCancel(r.Context())
+	if err := s.store.CreateBatch(ctx, b, req.Inputs); err != nil {
 		return fmt.Errorf("record batch: %w", err)
 	}
+	if err := s.store.AddBatchUsage(ctx, b.ID, used); err != nil {
+		s.log.Warn("batch: record its check's usage", "batch", b.ID, "err", err)
+	}
+	b.Usage = used
 	s.batches.Start(b)
-	writeJSON(w, http.StatusCreated, batchOf(b))
+	writeJSON(w, http.StatusCreated, s.batchOf(b))
 	return nil
+}
+
+// readInputsFile reads a batch's inputs from a JSON Lines file in one of
+// owner's volumes: one JSON value a line, blank lines skipped, at most
+// Config.MaxBatchInputsFileBytes and maxBatchInputs lines.
+func (s *Server) readInputsFile(ctx context.Context, owner string, in api.BatchInputsFile) ([]json.RawMessage, error) {
+	if in.Volume == "" || in.Path == "" {
+		return nil, apierr.New(apierr.BadRequest, "inputs_file needs a volume and a path")
+	}
+	p := in.Path
+	if strings.ContainsRune(p, 0) {
+		return nil, apierr.New(apierr.BadRequest, "inputs_file.path must not contain NUL")
+	}
+	v, err := s.volume(ctx, owner, in.Volume)
+	if err != nil {
+		return nil, err
+	}
+	fsys, err := s.engine.OpenVolume(ctx, v.ID)
+	if err != nil {
+		return nil, err
+	}
+	defer fsys.Close()
+	f, e, err := fsys.Open(p)
+	if err != nil {
+		return nil, volumeFileErr("inputs_file "+p, err)
+	}
+	defer f.Close()
+	limit := s.cfg.MaxBatchInputsFileBytes
+	if e.Size > limit {
+		return nil, apierr.New(apierr.FileTooLarge, "inputs_file %s is %d bytes, above the limit of %d", p, e.Size, limit)
+	}
+	var out []json.RawMessage
+	sc := bufio.NewScanner(io.LimitReader(f, limit+1))
+	sc.Buffer(make([]byte, 0, 64<<10), int(limit)+1)
+	for n := 1; sc.Scan(); n++ {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		if len(out) == maxBatchInputs {
+			return nil, apierr.New(apierr.BadRequest, "inputs_file %s holds more than %d inputs", p, maxBatchInputs)
+		}
+		if !json.Valid(line) {
+			return nil, apierr.New(apierr.BadRequest, "inputs_file %s, line %d: not a JSON value", p, n)
+		}
+		out = append(out, json.RawMessage(bytes.Clone(line)))
+	}
+	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, apierr.New(apierr.FileTooLarge, "inputs_file %s grew above the limit of %d bytes", p, limit)
+		}
+		return nil, fmt.Errorf("read inputs_file: %w", err)
+	}
+	return out, nil
 }
 
 // checkHandler parses a batch's code in one sandbox of its owner (created
 // and charged like any), running none of it: a syntax error or no
-// handler is ERR_INVALID_HANDLER before any item runs.
-func (s *Server) checkHandler(ctx context.Context, b store.Batch) error {
+// handler is ERR_INVALID_HANDLER before any item runs. It returns what
+// the check's sandbox used.
+func (s *Server) checkHandler(ctx context.Context, b store.Batch) (used store.BatchUsage, err error) {
 	opt, err := s.itemOptions(b, true)
 	if err != nil {
-		return err
+		return used, err
 	}
 	sb, err := s.create(ctx, b.Owner, opt, 0, nil)
 	if err != nil {
-		return err
+		return used, err
 	}
-	defer s.killBatchSandbox(ctx, sb)
+	defer func() { used = s.killBatchSandbox(ctx, sb) }()
 	mark := "\x1e" + newID("sfcheck_") + ":"
 	ex, err := sb.Execute(ctx, sandbox.ExecuteRequest{ID: newID("exe_"), Code: batch.CheckScript(b.Code, mark), Language: lang.Python,
 		Timeout: 30 * time.Second}, nil)
 	if err != nil {
-		return err
+		return used, err
 	}
 	out, ok := batch.Marked(ex.Stdout, mark)
 	var res batch.CheckResult
 	if !ok || json.Unmarshal(out, &res) != nil {
-		return fmt.Errorf("check batch handler: no verdict (status %s, error %+v)", ex.Status, ex.Error)
+		return used, fmt.Errorf("check batch handler: no verdict (status %s, error %+v)", ex.Status, ex.Error)
 	}
 	if !res.OK {
-		return apierr.New(apierr.InvalidHandler, "%s: %s", res.Name, res.Value)
+		return used, apierr.New(apierr.InvalidHandler, "%s: %s", res.Name, res.Value)
 	}
-	return nil
+	return used, nil
 }
 
-// killBatchSandbox ends a sandbox a batch made, as a DELETE would.
-func (s *Server) killBatchSandbox(ctx context.Context, sb *sandbox.Sandbox) {
+// killBatchSandbox ends a sandbox a batch made, as a DELETE would, and
+// returns what it used (to its last sample, taken just before the kill;
+// nothing when its usage is the shared store's: replicas meter it).
+func (s *Server) killBatchSandbox(ctx context.Context, sb *sandbox.Sandbox) store.BatchUsage {
 	ctx = context.WithoutCancel(ctx)
+	var used store.BatchUsage
+	if d, ok := s.meter.Live(sb.ID); ok {
+		used = store.BatchUsage{Sandboxes: 1, WallNanos: d.WallNanos, CPUNanos: d.CPUNanos, GBSecondsReserved: d.GBSecondsReserved,
+			GBSecondsUsed: d.GBSecondsUsed, Executions: d.Executions}
+	}
 	s.mu.Lock()
 	b := s.boxes[sb.ID]
 	s.mu.Unlock()
@@ -200,27 +304,63 @@ func (s *Server) killBatchSandbox(ctx context.Context, sb *sandbox.Sandbox) {
 	if b != nil {
 		s.forget(ctx, b)
 	}
+	return used
 }
 
 // batchRunner runs a batch's items through the server's create and
 // execute paths (batch.Runner).
 type batchRunner struct{ s *Server }
 
-// RunItem implements batch.Runner: a fresh sandbox of the batch's owner
-// (from the warm pool when it can), one execution, the sandbox killed.
-func (br batchRunner) RunItem(ctx context.Context, b store.Batch, input json.RawMessage) batch.Outcome {
-	s := br.s
-	opt, err := s.itemOptions(b, false)
-	if err != nil {
-		return batch.Outcome{Refused: err}
+// Worker implements batch.Runner.
+func (br batchRunner) Worker(b store.Batch) batch.Worker {
+	return &batchWorker{s: br.s, b: b}
+}
+
+// batchWorker runs items of one batch, one after another: each in a fresh
+// sandbox of the batch's owner (from the warm pool when it can), killed
+// after it; or, with reuse "worker", all in one sandbox, made at the
+// first item (the batch's code run once in it) and kept until the worker
+// ends, or until a run fails other than by the handler's exception (a
+// timeout, a killed kernel, a cut output: the next item gets a fresh
+// one; and a kernel that restarted runs the code again before its next
+// item). Every sandbox's usage is added to the batch's as it is killed.
+type batchWorker struct {
+	s *Server
+	b store.Batch
+	// sb is the worker's sandbox (reuse "worker" only); nil between.
+	sb *sandbox.Sandbox
+}
+
+// Close implements batch.Worker.
+func (w *batchWorker) Close() { w.drop(context.Background()) }
+
+// drop kills the worker's sandbox, if any, and adds its usage to the
+// batch's.
+func (w *batchWorker) drop(ctx context.Context) {
+	if w.sb == nil {
+		return
 	}
-	sb, err := s.create(ctx, b.Owner, opt, 0, nil)
-	if err != nil {
-		return batch.Classify(err)
+	sb := w.sb
+	w.sb = nil
+	w.s.endBatchSandbox(ctx, w.b.ID, sb)
+}
+
+// endBatchSandbox kills a batch's sandbox and adds what it used to the
+// batch's usage.
+func (s *Server) endBatchSandbox(ctx context.Context, batchID string, sb *sandbox.Sandbox) {
+	used := s.killBatchSandbox(ctx, sb)
+	if used == (store.BatchUsage{}) {
+		return
 	}
-	defer s.killBatchSandbox(ctx, sb)
-	mark := "\x1e" + newID("sfitem_") + ":"
-	code := batch.Script(b.Code, input, mark)
+	if err := s.store.AddBatchUsage(context.WithoutCancel(ctx), batchID, used); err != nil {
+		s.log.Warn("batch: record a sandbox's usage", "batch", batchID, "sandbox", sb.ID, "err", err)
+	}
+}
+
+// execute runs code in sb as one recorded execution of the batch's
+// owner; a non-nil Outcome is how the run failed.
+func (w *batchWorker) execute(ctx context.Context, sb *sandbox.Sandbox, code string) (*sandbox.Execution, *batch.Outcome) {
+	s, b := w.s, w.b
 	req := sandbox.ExecuteRequest{ID: newID("exe_"), Code: code, Language: lang.Python,
 		Timeout: time.Duration(b.TimeoutMS) * time.Millisecond}
 	rec := s.recordExecution(ctx, sb.ID, b.Owner, req.ID, lang.Python, code)
@@ -229,20 +369,82 @@ func (br batchRunner) RunItem(ctx context.Context, b store.Batch, input json.Raw
 	if err != nil {
 		ae := apierr.From(err)
 		if ae.Code == apierr.RateLimited || ae.Code == apierr.SessionQuotaExceeded {
-			return batch.Classify(err) // the account's executions: wait, or fail the batch
+			out := batch.Classify(err) // the account's executions: wait, or fail the batch
+			return ex, &out
 		}
-		return batch.Outcome{Err: &batch.ItemError{Name: string(ae.Code), Value: ae.Message, Code: string(ae.Code)}}
+		return ex, &batch.Outcome{Err: &batch.ItemError{Name: string(ae.Code), Value: ae.Message, Code: string(ae.Code)}}
 	}
 	if ex.Error != nil {
-		return batch.Outcome{Err: &batch.ItemError{Name: ex.Error.Name, Value: ex.Error.Value, Traceback: ex.Error.Traceback,
+		return ex, &batch.Outcome{Err: &batch.ItemError{Name: ex.Error.Name, Value: ex.Error.Value, Traceback: ex.Error.Traceback,
 			Code: string(ex.ErrorCode)}}
 	}
 	if ex.ErrorCode != "" {
-		return batch.Outcome{Err: &batch.ItemError{Name: string(ex.ErrorCode), Value: "the run ended with " + ex.Status,
+		return ex, &batch.Outcome{Err: &batch.ItemError{Name: string(ex.ErrorCode), Value: "the run ended with " + ex.Status,
 			Code: string(ex.ErrorCode)}}
+	}
+	return ex, nil
+}
+
+// itemBudget is the time a kept sandbox must have left to take an item:
+// the item's timeout (a minute when the engine's default).
+func itemBudget(b store.Batch) time.Duration {
+	d := time.Duration(b.TimeoutMS) * time.Millisecond
+	if d <= 0 {
+		d = time.Minute
+	}
+	return d
+}
+
+// RunItem implements batch.Worker.
+func (w *batchWorker) RunItem(ctx context.Context, input json.RawMessage) batch.Outcome {
+	s, b := w.s, w.b
+	reuse := b.Reuse == reuseWorker
+	if w.sb != nil && time.Until(w.sb.Deadline()) < itemBudget(b) {
+		// The worker's sandbox would end (its lifetime) before the
+		// item could: a fresh one takes it.
+		w.drop(ctx)
+	}
+	sb := w.sb
+	kept := sb != nil
+	if sb == nil {
+		opt, err := s.itemOptions(b, false)
+		if err != nil {
+			return batch.Outcome{Refused: err}
+		}
+		if sb, err = s.create(ctx, b.Owner, opt, 0, nil); err != nil {
+			return batch.Classify(err)
+		}
+		if reuse {
+			w.sb = sb
+		} else {
+			defer s.endBatchSandbox(ctx, b.ID, sb)
+		}
+	}
+	mark := "\x1e" + newID("sfitem_") + ":"
+	code := batch.Script(b.Code, input, mark)
+	if reuse {
+		code = batch.WorkerScript(b.Code, input, mark)
+	}
+	ex, out := w.execute(ctx, sb, code)
+	if out != nil && kept && out.Err != nil && (out.Err.Code == string(apierr.SandboxNotFound) || out.Err.Code == string(apierr.SandboxState)) {
+		// The kept sandbox ended between items (killed, or its
+		// lifetime): not the item's doing; it runs in a fresh one.
+		w.drop(ctx)
+		return w.RunItem(ctx, input)
+	}
+	if out != nil {
+		if reuse && out.Err != nil && out.Err.Code != "" {
+			// Not the handler's own exception: the kernel may be gone
+			// or cut midway; the next item starts afresh.
+			w.drop(ctx)
+		}
+		return *out
 	}
 	res, ok := batch.Marked(ex.Stdout, mark)
 	if !ok {
+		if reuse {
+			w.drop(ctx)
+		}
 		return batch.Outcome{Err: &batch.ItemError{Name: "ResultMissing",
 			Value: "the handler's result is not in the run's output (was the output cut at its limit?)"}}
 	}
@@ -270,7 +472,7 @@ func (s *Server) getBatch(w http.ResponseWriter, r *http.Request) error {
 		s.streamBatch(w, r, mode, b)
 		return nil
 	}
-	writeJSON(w, http.StatusOK, batchOf(b))
+	writeJSON(w, http.StatusOK, s.batchOf(b))
 	return nil
 }
 
@@ -283,7 +485,7 @@ func (s *Server) streamBatch(w http.ResponseWriter, r *http.Request, mode stream
 	defer t.Stop()
 	var sent *api.Batch
 	for {
-		out := batchOf(b)
+		out := s.batchOf(b)
 		if out.Status != store.BatchRunning {
 			s.end(st, w, r, nil, "done", out, map[string]any{"type": "done", "batch": out})
 			return
@@ -324,7 +526,7 @@ func (s *Server) listBatches(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]api.Batch, len(bs))
 	for i, b := range bs {
-		out[i] = batchOf(b)
+		out[i] = s.batchOf(b)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"batches": out})
 	return nil
@@ -341,7 +543,7 @@ func (s *Server) cancelBatch(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, batchOf(b))
+	writeJSON(w, http.StatusOK, s.batchOf(b))
 	return nil
 }
 

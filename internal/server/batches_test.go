@@ -277,7 +277,8 @@ func TestBatchCancel(t *testing.T) {
 // TestBatchAccountLimit: a batch's items are sandboxes of its account:
 // at concurrency 6 under an account cap of 2 sandboxes at once, never
 // more than 2 items run together, and the batch still ends (refused
-// creates wait for a slot). The control, without the cap, sees more.
+// creates wait for a slot); the same with reuse "worker" (workers that
+// hold a sandbox each). The control, without the cap, sees more.
 func TestBatchAccountLimit(t *testing.T) {
 	code := func(dir string) string {
 		return fmt.Sprintf(`import os, time, uuid
@@ -290,10 +291,10 @@ def handler(item):
     return n
 `, dir, dir)
 	}
-	most := func(t *testing.T, cfg server.Config) (int, map[string]any) {
+	most := func(t *testing.T, cfg server.Config, reuse string) (int, map[string]any) {
 		e := newEnv(t, cfg)
 		dir := t.TempDir()
-		r := e.do("POST", "/v1/batches", e.keyA, map[string]any{"code": code(dir), "inputs": lenInputs(12), "concurrency": 6})
+		r := e.do("POST", "/v1/batches", e.keyA, map[string]any{"code": code(dir), "inputs": lenInputs(12), "concurrency": 6, "reuse": reuse})
 		want(t, r, http.StatusCreated, "")
 		id := r.json(t)["id"].(string)
 		b := waitBatch(t, func() resp { return e.do("GET", "/v1/batches/"+id, e.keyA, nil) }, ended)
@@ -305,11 +306,13 @@ def handler(item):
 		}
 		return m, b
 	}
-	m, b := most(t, server.Config{Accounts: account.Config{Defaults: account.Limits{MaxSandboxes: 2}}})
-	if b["status"] != "done" || b["done"] != float64(12) || m > 2 || m < 1 {
-		t.Fatalf("capped: batch %v, most at once %d", b, m)
+	for _, reuse := range []string{"", "worker"} {
+		m, b := most(t, server.Config{Accounts: account.Config{Defaults: account.Limits{MaxSandboxes: 2}}}, reuse)
+		if b["status"] != "done" || b["done"] != float64(12) || m > 2 || m < 1 {
+			t.Fatalf("capped (reuse %q): batch %v, most at once %d", reuse, b, m)
+		}
 	}
-	m, _ = most(t, server.Config{})
+	m, _ := most(t, server.Config{}, "worker")
 	if m <= 2 {
 		t.Fatalf("control: most at once %d without a cap; the measure sees no concurrency", m)
 	}
@@ -484,10 +487,11 @@ func TestBatchProgressStream(t *testing.T) {
 // TestBatchCredits: a batch is charged like the sandboxes it makes: an
 // execution costs a unit, and a batch of 10 items of an account with 4
 // units fails with ERR_SESSION_QUOTA_EXCEEDED once they are spent, its
-// other items left pending. The control: with 100 units it ends done.
+// other items left pending, with reuse "worker" too. The control: with
+// 100 units it ends done.
 func TestBatchCredits(t *testing.T) {
 	prices := metering.Prices{Execution: 1_000_000}
-	run := func(t *testing.T, free int64) map[string]any {
+	run := func(t *testing.T, free int64, reuse string) map[string]any {
 		e := newEnv(t, server.Config{
 			Metering: metering.Config{SampleInterval: 10 * time.Millisecond, FlushInterval: 20 * time.Millisecond, Prices: &prices},
 			Accounts: account.Config{EnforceCredits: true, CreditsGrace: time.Minute, FreeCreditsMicros: free},
@@ -496,19 +500,21 @@ func TestBatchCredits(t *testing.T) {
 		want(t, e.do("POST", "/v1/admin/accounts", admin, map[string]any{"name": "team"}), http.StatusCreated, "")
 		key := e.do("POST", "/v1/admin/keys", admin, map[string]any{"account": "team"}).json(t)["key"].(string)
 		r := e.do("POST", "/v1/batches", key, map[string]any{"code": "import time\ndef handler(item):\n    time.sleep(0.05)\n    return len(item)\n",
-			"inputs": lenInputs(10), "concurrency": 1})
+			"inputs": lenInputs(10), "concurrency": 1, "reuse": reuse})
 		want(t, r, http.StatusCreated, "")
 		id := r.json(t)["id"].(string)
 		b := waitBatch(t, func() resp { return e.do("GET", "/v1/batches/"+id, key, nil) }, ended)
 		waitEngineEmpty(t, e)
 		return b
 	}
-	b := run(t, 4_000_000)
-	errObj, _ := b["error"].(map[string]any)
-	if b["status"] != "failed" || errObj["code"] != "ERR_SESSION_QUOTA_EXCEEDED" || b["pending"].(float64) == 0 || b["done"].(float64) > 4 {
-		t.Fatalf("out of credits: %v", b)
+	for _, reuse := range []string{"", "worker"} {
+		b := run(t, 4_000_000, reuse)
+		errObj, _ := b["error"].(map[string]any)
+		if b["status"] != "failed" || errObj["code"] != "ERR_SESSION_QUOTA_EXCEEDED" || b["pending"].(float64) == 0 || b["done"].(float64) > 4 {
+			t.Fatalf("out of credits (reuse %q): %v", reuse, b)
+		}
 	}
-	if b = run(t, 100_000_000); b["status"] != "done" || b["done"] != float64(10) {
+	if b := run(t, 100_000_000, "worker"); b["status"] != "done" || b["done"] != float64(10) {
 		t.Fatalf("control: %v", b)
 	}
 }

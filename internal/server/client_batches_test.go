@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,9 +55,28 @@ func TestGoSDKBatches(t *testing.T) {
 			t.Fatalf("result %d: %+v", i, r)
 		}
 	}
+	if b.Usage.Sandboxes != 21 || b.Usage.Executions != 21 {
+		t.Fatalf("usage: %+v", b.Usage)
+	}
 	if l, err := c.ListBatches(ctx); err != nil || len(l) != 1 || l[0].ID != b.ID {
 		t.Fatalf("list: %+v, %v", l, err)
 	}
+	// Inputs from a file in a volume, items in workers' sandboxes.
+	if _, err := c.CreateVolume(ctx, "in", 16); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteVolumeFile(ctx, "in", "/items.jsonl", strings.NewReader("\"a\"\n\"bb\"\n")); err != nil {
+		t.Fatal(err)
+	}
+	fb, err := c.CreateBatch(ctx, client.BatchRequest{Code: "handler = len\n", InputsFile: &client.BatchInputsFile{Volume: "in", Path: "/items.jsonl"},
+		Reuse: "worker", Concurrency: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fb, err = c.WaitBatch(wctx, fb.ID, 20*time.Millisecond); err != nil || fb.Done != 2 || fb.Reuse != "worker" {
+		t.Fatalf("from a file: %+v, %v", fb, err)
+	}
+
 	if _, err := other.GetBatch(ctx, b.ID); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("another account's batch: %v", err)
 	}
@@ -78,5 +98,19 @@ func TestPythonSDKBatches(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("\nOK")) || bytes.Contains(out, []byte("skipped")) {
 		t.Fatalf("python batches client: %v\n%s", err, out)
+	}
+}
+
+// TestPythonSDKFunctions runs sdk/python/tests/test_functions.py
+// (sheepfold.function's .remote and .map) against a server.
+func TestPythonSDKFunctions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, server.Config{})
+	cmd := exec.Command("/usr/bin/python3", "-m", "unittest", "-v", "test_functions")
+	cmd.Dir = "../../sdk/python/tests"
+	cmd.Env = append(os.Environ(), "SHEEPFOLD_FUNCTIONS_URL="+e.url, "SHEEPFOLD_FUNCTIONS_KEY="+e.keyA)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("\nOK")) || bytes.Contains(out, []byte("skipped")) {
+		t.Fatalf("python functions: %v\n%s", err, out)
 	}
 }

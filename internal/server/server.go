@@ -257,6 +257,9 @@ import (
 type Config struct {
 	// MaxUploadBytes bounds one uploaded file [100 MiB].
 	MaxUploadBytes int64
+	// MaxBatchInputsFileBytes bounds a batch's inputs_file, read whole
+	// when the batch is made [64 MiB].
+	MaxBatchInputsFileBytes int64
 	// MaxSandboxes bounds the sandboxes running at once through this
 	// server; 0 leaves the bound to the engine.
 	MaxSandboxes int
@@ -430,6 +433,9 @@ type Config struct {
 func (c *Config) setDefaults() {
 	if c.MaxUploadBytes <= 0 {
 		c.MaxUploadBytes = 100 << 20
+	}
+	if c.MaxBatchInputsFileBytes <= 0 {
+		c.MaxBatchInputsFileBytes = 64 << 20
 	}
 	if c.MaxTimeout <= 0 {
 		c.MaxTimeout = 24 * time.Hour

@@ -41,8 +41,25 @@ type Batch struct {
 	EndedAt     *time.Time
 	ErrorCode   string
 	Error       string
+	// Reuse is how items share sandboxes: "" (each item a fresh
+	// sandbox) or "worker" (each worker's items one sandbox).
+	Reuse string
 
 	Total, Done, Failed int // Pending is Total - Done - Failed
+	// Usage is what the batch's sandboxes used (AddBatchUsage's sum).
+	Usage BatchUsage
+}
+
+// BatchUsage is what a batch's sandboxes used, summed as each ends: how
+// many, their wall, CPU and reserved and used memory time, and their
+// executions.
+type BatchUsage struct {
+	Sandboxes         int64
+	WallNanos         int64
+	CPUNanos          int64
+	GBSecondsReserved float64
+	GBSecondsUsed     float64
+	Executions        int64
 }
 
 // BatchItem is one input of a batch and, once it ended, its outcome:
@@ -85,4 +102,6 @@ type BatchStore interface {
 	// PageBatchItems lists a batch's ended items with an index above
 	// after, by index, at most limit.
 	PageBatchItems(ctx context.Context, batchID string, after, limit int) ([]BatchItem, error)
+	// AddBatchUsage adds u to a batch's usage (any status).
+	AddBatchUsage(ctx context.Context, id string, u BatchUsage) error
 }

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -18,38 +19,68 @@ import (
 // a batch loses none of it: a server started again on the same data dir
 // runs the items that had not ended, and none of those that had (each
 // item's executions are counted in the store: the crash may only repeat
-// what was running, at most the batch's concurrency).
+// what was running, at most the batch's concurrency). Two ways: 40
+// items each in a fresh sandbox, and issue 36's 1,000 len(item) items at
+// concurrency 8 with workers that keep their sandboxes (killed once 300
+// have ended); the bench measures 1,000 in fresh sandboxes.
 func TestBatchKill9(t *testing.T) {
+	for _, c := range []struct {
+		name, reuse string
+		n, killAt   int
+		sleep       string
+	}{
+		{"fresh", "", 40, 10, "0.2"},
+		{"worker", "worker", 1000, 300, "0.01"},
+	} {
+		t.Run(c.name, func(t *testing.T) { batchKill9(t, c.reuse, c.n, c.killAt, c.sleep) })
+	}
+}
+
+func batchKill9(t *testing.T, reuse string, n, killAt int, sleep string) {
 	s := newCrashServer(t)
 	ctx := context.Background()
 	s.start(2)
 	c := s.client()
-	const n, conc = 40, 8
+	const conc = 8
 	inputs := make([]json.RawMessage, n)
 	for i := range inputs {
 		inputs[i], _ = json.Marshal(strings.Repeat("x", i))
 	}
-	b, err := c.CreateBatch(ctx, client.BatchRequest{Code: "import time\ndef handler(item):\n    time.sleep(0.2)\n    return len(item)\n",
-		Inputs: inputs, Concurrency: conc})
+	b, err := c.CreateBatch(ctx, client.BatchRequest{Code: "import time\ndef handler(item):\n    time.sleep(" + sleep + ")\n    return len(item)\n",
+		Inputs: inputs, Concurrency: conc, Reuse: reuse})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var before []client.BatchResult
-	eventually(t, 120*time.Second, "10 items to end", func() bool {
+	eventually(t, 300*time.Second, fmt.Sprintf("%d items to end", killAt), func() bool {
 		before, _, err = c.BatchResults(ctx, b.ID, -1, 1000)
-		return err == nil && len(before) >= 10
+		return err == nil && len(before) >= killAt
 	})
+	if len(before) == n {
+		t.Fatalf("every item ended before the kill")
+	}
 	s.kill9()
 	s.start(2)
 	c = s.client()
-	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	if b, err = c.WaitBatch(wctx, b.ID, 100*time.Millisecond); err != nil || b.Status != "done" || b.Done != n || b.Failed != 0 {
 		t.Fatalf("after the restart: %+v, %v", b, err)
 	}
-	res, _, err := c.BatchResults(ctx, b.ID, -1, 1000)
-	if err != nil || len(res) != n {
-		t.Fatalf("%d results, %v", len(res), err)
+	var res []client.BatchResult
+	for after := -1; ; {
+		page, next, err := c.BatchResults(ctx, b.ID, after, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res = append(res, page...)
+		if next < 0 {
+			break
+		}
+		after = next
+	}
+	if len(res) != n {
+		t.Fatalf("%d results", len(res))
 	}
 	for i, r := range res {
 		if r.Index != i || string(r.Result) != jsonNumber(i) || r.Attempts != 1 {

@@ -68,6 +68,27 @@ func TestExampleBlackFridayConcurrent(t *testing.T) {
 	t.Logf("%s", lastLines([]byte(out), 2))
 }
 
+// TestExampleBatchScore runs examples/batch_score.py: seed 000's
+// scoring of documents as one batch through sheepfold.function's .map,
+// every remote score equal to the function's own, the batch's usage
+// reported.
+func TestExampleBatchScore(t *testing.T) {
+	s := start(t)
+	out := runExample(t, s, "examples/batch_score.py", "--docs", "60")
+	for _, want := range []string{
+		`(?m)^scored 60 documents in [\d.]+ s \([\d.]+ docs/s\), 0 failed$`,
+		`(?m)^  0\.\d{3}  \S.* #\d+$`,
+		`(?m)^remote scores match local: True$`,
+		`(?m)^usage: [2-9] sandboxes, 61 executions, [\d.]+ CPU-s, [\d.]+ GB-s, cost \S+$`,
+		`(?m)^one call: 0\.\d{3}$`,
+	} {
+		if !regexp.MustCompile(want).MatchString(out) {
+			t.Errorf("no %s in:\n%s", want, out)
+		}
+	}
+	t.Logf("%s", lastLines([]byte(out), 7))
+}
+
 // TestExamplePolicyMonitor: a blocked import is seen by the monitor, an
 // alert is raised and the session is terminated.
 func TestExamplePolicyMonitor(t *testing.T) {

@@ -11,7 +11,8 @@ import (
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
-const batchColumns = `id, owner, status, template, language, code, concurrency, timeout_ms, retries, resources, created_at, ended_at, error_code, error,
+const batchColumns = `id, owner, status, template, language, code, concurrency, timeout_ms, retries, resources, created_at, ended_at, error_code, error, reuse,
+	sandboxes, wall_nanos, cpu_nanos, gb_seconds_reserved, gb_seconds_used, executions,
 	(SELECT count(*) FROM batch_items i WHERE i.batch_id = b.id),
 	(SELECT count(*) FROM batch_items i WHERE i.batch_id = b.id AND i.status = 'done'),
 	(SELECT count(*) FROM batch_items i WHERE i.batch_id = b.id AND i.status = 'failed')`
@@ -23,9 +24,9 @@ func (s *Store) CreateBatch(ctx context.Context, b store.Batch, inputs []json.Ra
 		return storeErr("create batch", err)
 	}
 	defer tx.Rollback(ctx)
-	_, err = tx.Exec(ctx, `INSERT INTO batches (id, owner, status, template, language, code, concurrency, timeout_ms, retries, resources, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
-		b.ID, b.Owner, b.Status, b.Template, b.Language, b.Code, b.Concurrency, b.TimeoutMS, b.Retries, nullJSON(b.Resources), dbTime(b.CreatedAt))
+	_, err = tx.Exec(ctx, `INSERT INTO batches (id, owner, status, template, language, code, concurrency, timeout_ms, retries, resources, created_at, reuse)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		b.ID, b.Owner, b.Status, b.Template, b.Language, b.Code, b.Concurrency, b.TimeoutMS, b.Retries, nullJSON(b.Resources), dbTime(b.CreatedAt), b.Reuse)
 	if isUnique(err) {
 		return store.ErrExists
 	}
@@ -46,7 +47,8 @@ func scanBatch(sc pgx.Row) (store.Batch, error) {
 	var b store.Batch
 	var resources *string
 	err := sc.Scan(&b.ID, &b.Owner, &b.Status, &b.Template, &b.Language, &b.Code, &b.Concurrency, &b.TimeoutMS, &b.Retries,
-		&resources, &b.CreatedAt, &b.EndedAt, &b.ErrorCode, &b.Error, &b.Total, &b.Done, &b.Failed)
+		&resources, &b.CreatedAt, &b.EndedAt, &b.ErrorCode, &b.Error, &b.Reuse,
+		&b.Usage.Sandboxes, &b.Usage.WallNanos, &b.Usage.CPUNanos, &b.Usage.GBSecondsReserved, &b.Usage.GBSecondsUsed, &b.Usage.Executions, &b.Total, &b.Done, &b.Failed)
 	b.CreatedAt = b.CreatedAt.UTC()
 	if resources != nil {
 		b.Resources = json.RawMessage(*resources)
@@ -164,4 +166,12 @@ func (s *Store) EndBatch(ctx context.Context, id, status, code, message string, 
 		return false, storeErr("end batch", err)
 	}
 	return tag.RowsAffected() > 0, nil
+}
+
+// AddBatchUsage implements store.BatchStore.
+func (s *Store) AddBatchUsage(ctx context.Context, id string, u store.BatchUsage) error {
+	_, err := s.pool.Exec(ctx, `UPDATE batches SET sandboxes = sandboxes + $1, wall_nanos = wall_nanos + $2, cpu_nanos = cpu_nanos + $3,
+		gb_seconds_reserved = gb_seconds_reserved + $4, gb_seconds_used = gb_seconds_used + $5, executions = executions + $6 WHERE id = $7`,
+		u.Sandboxes, u.WallNanos, u.CPUNanos, u.GBSecondsReserved, u.GBSecondsUsed, u.Executions, id)
+	return storeErr("add batch usage", err)
 }

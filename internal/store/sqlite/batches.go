@@ -10,7 +10,8 @@ import (
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
-const batchColumns = `id, owner, status, template, language, code, concurrency, timeout_ms, retries, resources, created_at, ended_at, error_code, error,
+const batchColumns = `id, owner, status, template, language, code, concurrency, timeout_ms, retries, resources, created_at, ended_at, error_code, error, reuse,
+	sandboxes, wall_nanos, cpu_nanos, gb_seconds_reserved, gb_seconds_used, executions,
 	(SELECT count(*) FROM batch_items i WHERE i.batch_id = b.id),
 	(SELECT count(*) FROM batch_items i WHERE i.batch_id = b.id AND i.status = 'done'),
 	(SELECT count(*) FROM batch_items i WHERE i.batch_id = b.id AND i.status = 'failed')`
@@ -22,9 +23,9 @@ func (d *DB) CreateBatch(ctx context.Context, b store.Batch, inputs []json.RawMe
 		return storeErr("create batch", err)
 	}
 	defer tx.Rollback()
-	_, err = tx.ExecContext(ctx, `INSERT INTO batches (id, owner, status, template, language, code, concurrency, timeout_ms, retries, resources, created_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		b.ID, b.Owner, b.Status, b.Template, b.Language, b.Code, b.Concurrency, b.TimeoutMS, b.Retries, nullJSON(b.Resources), fmtTime(b.CreatedAt))
+	_, err = tx.ExecContext(ctx, `INSERT INTO batches (id, owner, status, template, language, code, concurrency, timeout_ms, retries, resources, created_at, reuse)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		b.ID, b.Owner, b.Status, b.Template, b.Language, b.Code, b.Concurrency, b.TimeoutMS, b.Retries, nullJSON(b.Resources), fmtTime(b.CreatedAt), b.Reuse)
 	if isUnique(err) {
 		return store.ErrExists
 	}
@@ -49,7 +50,8 @@ func scanBatch(sc interface{ Scan(...any) error }) (store.Batch, error) {
 	var created string
 	var ended, resources sql.NullString
 	if err := sc.Scan(&b.ID, &b.Owner, &b.Status, &b.Template, &b.Language, &b.Code, &b.Concurrency, &b.TimeoutMS, &b.Retries,
-		&resources, &created, &ended, &b.ErrorCode, &b.Error, &b.Total, &b.Done, &b.Failed); err != nil {
+		&resources, &created, &ended, &b.ErrorCode, &b.Error, &b.Reuse,
+		&b.Usage.Sandboxes, &b.Usage.WallNanos, &b.Usage.CPUNanos, &b.Usage.GBSecondsReserved, &b.Usage.GBSecondsUsed, &b.Usage.Executions, &b.Total, &b.Done, &b.Failed); err != nil {
 		return b, err
 	}
 	if resources.Valid {
@@ -169,4 +171,12 @@ func (d *DB) EndBatch(ctx context.Context, id, status, code, message string, at 
 	}
 	n, _ := res.RowsAffected()
 	return n > 0, nil
+}
+
+// AddBatchUsage implements store.BatchStore.
+func (d *DB) AddBatchUsage(ctx context.Context, id string, u store.BatchUsage) error {
+	_, err := d.db.ExecContext(ctx, `UPDATE batches SET sandboxes = sandboxes + ?, wall_nanos = wall_nanos + ?, cpu_nanos = cpu_nanos + ?,
+		gb_seconds_reserved = gb_seconds_reserved + ?, gb_seconds_used = gb_seconds_used + ?, executions = executions + ? WHERE id = ?`,
+		u.Sandboxes, u.WallNanos, u.CPUNanos, u.GBSecondsReserved, u.GBSecondsUsed, u.Executions, id)
+	return storeErr("add batch usage", err)
 }

@@ -14,7 +14,7 @@ func testBatches(t *testing.T, s store.Store) {
 	ctx := context.Background()
 	t0 := now()
 	b := store.Batch{ID: "bat_1", Owner: "acct-a", Status: store.BatchRunning, Template: "python", Language: "python",
-		Code: "def handler(x): return x", Concurrency: 2, TimeoutMS: 5000, Retries: 1, Resources: json.RawMessage(`{"cpus":0.5}`), CreatedAt: t0}
+		Code: "def handler(x): return x", Concurrency: 2, TimeoutMS: 5000, Retries: 1, Resources: json.RawMessage(`{"cpus":0.5}`), CreatedAt: t0, Reuse: "worker"}
 	inputs := []json.RawMessage{json.RawMessage(`"a"`), json.RawMessage(`{"k":[1,2]}`), json.RawMessage(`3`)}
 	if err := s.CreateBatch(ctx, b, inputs); err != nil {
 		t.Fatal(err)
@@ -31,7 +31,8 @@ func testBatches(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	if got.Code != b.Code || got.Concurrency != 2 || got.TimeoutMS != 5000 || got.Retries != 1 || !got.CreatedAt.Equal(t0) ||
-		string(got.Resources) != `{"cpus":0.5}` || got.Total != 3 || got.Done != 0 || got.Failed != 0 || got.EndedAt != nil || got.Status != store.BatchRunning {
+		string(got.Resources) != `{"cpus":0.5}` || got.Total != 3 || got.Done != 0 || got.Failed != 0 || got.EndedAt != nil || got.Status != store.BatchRunning ||
+		got.Reuse != "worker" || got.Usage != (store.BatchUsage{}) {
 		t.Fatalf("got %+v", got)
 	}
 	if _, err := s.GetBatch(ctx, "acct-b", "bat_1"); !errors.Is(err, store.ErrNotFound) {
@@ -96,6 +97,20 @@ func testBatches(t *testing.T, s store.Store) {
 	running, _ = s.RunningBatches(ctx)
 	if len(running) != 1 || running[0].ID != "bat_2" {
 		t.Fatalf("running after cancel %+v", running)
+	}
+	// Usage adds up, an ended batch's too (its last sandboxes end after).
+	u := store.BatchUsage{Sandboxes: 2, WallNanos: 3e9, CPUNanos: 1e9, GBSecondsReserved: 0.75, GBSecondsUsed: 0.25, Executions: 4}
+	for range 2 {
+		if err := s.AddBatchUsage(ctx, "bat_1", u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _ = s.GetBatch(ctx, "acct-a", "bat_1")
+	if want := (store.BatchUsage{Sandboxes: 4, WallNanos: 6e9, CPUNanos: 2e9, GBSecondsReserved: 1.5, GBSecondsUsed: 0.5, Executions: 8}); got.Usage != want {
+		t.Fatalf("usage %+v, want %+v", got.Usage, want)
+	}
+	if other, _ := s.GetBatch(ctx, "acct-b", "bat_2"); other.Usage != (store.BatchUsage{}) || other.Reuse != "" {
+		t.Fatalf("another batch's usage %+v", other)
 	}
 	list, err := s.ListBatches(ctx, "acct-a", 10)
 	if err != nil || len(list) != 1 || list[0].ID != "bat_1" || string(list[0].Resources) != `{"cpus":0.5}` {

@@ -83,6 +83,8 @@ var Shared = []Entry{
 	{V: api.AskStep{}, Schema: "AskStep"},
 	{V: api.Model{}, Schema: "Model"},
 	{V: api.BatchRequest{}, Schema: "BatchRequest"},
+	{V: api.BatchInputsFile{}, Schema: "BatchInputsFile"},
+	{V: api.BatchUsage{}, Schema: "BatchUsage"},
 	{V: api.Batch{}, Schema: "Batch"},
 	{V: api.BatchError{}, Schema: "BatchError"},
 	{V: api.BatchItemError{}, Schema: "BatchItemError"},

@@ -63,7 +63,8 @@ from .events import Event, EventPage, Events, Webhook, WebhookDelivery, Webhooks
 from .files import FilePage, Filesystem, WriteEntry
 from .secrets import Secret, SecretUse, Secrets
 from .volumes import Volume, VolumeFile, VolumeMount, Volumes
-from .batches import Batch, BatchError, BatchItemError, BatchResult, Batches
+from .functions import Function, RemoteError, function
+from .batches import Batch, BatchError, BatchItemError, BatchResult, BatchUsage, Batches
 from .models import (
     Adopted,
     CodeContext,
@@ -142,6 +143,10 @@ __all__ = [
     "BatchError",
     "BatchItemError",
     "BatchResult",
+    "BatchUsage",
+    "Function",
+    "RemoteError",
+    "function",
     "Batches",
     "verify_webhook",
     "FilePage",

@@ -18,12 +18,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ._http import HTTPClient, path_segment
 from .models import Resources, parse_time
 
-__all__ = ["Batch", "BatchError", "BatchItemError", "BatchResult", "Batches"]
+__all__ = ["Batch", "BatchError", "BatchItemError", "BatchResult", "BatchUsage", "Batches"]
 
 
 @dataclass
@@ -35,6 +35,29 @@ class BatchError:
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "BatchError":
         return cls(code=d.get("code", ""), message=d.get("message", ""))
+
+
+@dataclass
+class BatchUsage:
+    """What a batch's sandboxes used (its check's included), summed as each
+    ended, and its cost at the operator's prices. The account is charged
+    the same through the sandboxes' own metering."""
+    sandboxes: int = 0
+    sandbox_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    gb_seconds_reserved: float = 0.0
+    gb_seconds_used: float = 0.0
+    executions: int = 0
+    cost_micros: int = 0
+    cost: str = ""
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "BatchUsage":
+        return cls(sandboxes=int(d.get("sandboxes") or 0), sandbox_seconds=float(d.get("sandbox_seconds") or 0),
+                   cpu_seconds=float(d.get("cpu_seconds") or 0),
+                   gb_seconds_reserved=float(d.get("gb_seconds_reserved") or 0),
+                   gb_seconds_used=float(d.get("gb_seconds_used") or 0), executions=int(d.get("executions") or 0),
+                   cost_micros=int(d.get("cost_micros") or 0), cost=d.get("cost", ""))
 
 
 @dataclass
@@ -54,6 +77,8 @@ class Batch:
     created_at: Optional[datetime]
     ended_at: Optional[datetime]
     error: Optional[BatchError]
+    reuse: str = ""  # "" (a fresh sandbox per item) or "worker"
+    usage: Optional[BatchUsage] = None
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "Batch":
@@ -64,7 +89,8 @@ class Batch:
                    total=int(d.get("total") or 0), done=int(d.get("done") or 0),
                    failed=int(d.get("failed") or 0), pending=int(d.get("pending") or 0),
                    created_at=parse_time(d.get("created_at")), ended_at=parse_time(d.get("ended_at")),
-                   error=BatchError.from_dict(d["error"]) if d.get("error") else None)
+                   error=BatchError.from_dict(d["error"]) if d.get("error") else None,
+                   reuse=d.get("reuse") or "", usage=BatchUsage.from_dict(d.get("usage") or {}))
 
 
 @dataclass
@@ -107,15 +133,23 @@ class Batches:
                  http: Optional[HTTPClient] = None) -> None:
         self._http = http or HTTPClient(api_key=api_key, base_url=base_url)
 
-    def create(self, code: str, inputs: List[Any], *, concurrency: Optional[int] = None,
+    def create(self, code: str, inputs: Optional[List[Any]] = None, *, concurrency: Optional[int] = None,
                timeout_ms: Optional[int] = None, retries: Optional[int] = None,
                template: Optional[str] = None, language: Optional[str] = None,
-               resources: Optional[Resources] = None) -> Batch:
-        body: Dict[str, Any] = {"code": code, "inputs": list(inputs)}
+               resources: Optional[Resources] = None, reuse: Optional[str] = None,
+               inputs_file: Optional[Tuple[str, str]] = None) -> Batch:
+        """Start a batch over inputs, or over inputs_file: (volume, path) of
+        a JSON Lines file in one of the account's volumes. reuse="worker"
+        keeps one sandbox per worker (the code runs once in it)."""
+        body: Dict[str, Any] = {"code": code}
+        if inputs_file is not None:
+            body["inputs_file"] = {"volume": inputs_file[0], "path": inputs_file[1]}
+        if inputs is not None:
+            body["inputs"] = list(inputs)
         if resources is not None:
             body["resources"] = resources.to_dict()
         for k, v in (("concurrency", concurrency), ("timeout_ms", timeout_ms), ("retries", retries),
-                     ("template", template), ("language", language)):
+                     ("template", template), ("language", language), ("reuse", reuse)):
             if v is not None:
                 body[k] = v
         return Batch.from_dict(self._http.post_json("/v1/batches", body))

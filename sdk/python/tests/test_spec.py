@@ -72,6 +72,7 @@ TABLE = {
     batches.BatchError: ("BatchError", {}, {}, {}),
     batches.BatchItemError: ("BatchItemError", {}, {}, {}),
     batches.BatchResult: ("BatchResult", {}, {}, {}),
+    batches.BatchUsage: ("BatchUsage", {}, {}, {}),
 }
 
 
