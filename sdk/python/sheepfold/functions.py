@@ -168,6 +168,20 @@ def handler(_sf_call):
 """
 
 
+def _gpu(gpu: Any) -> "tuple[int, List[str]]":
+    """gpu= as resources' gpu and devices."""
+    if gpu is None or gpu is False or gpu == 0:
+        return 0, []
+    if isinstance(gpu, bool):
+        return 1, []
+    if isinstance(gpu, int) and gpu > 0:
+        return gpu, []
+    if isinstance(gpu, str) and "/" in gpu and "=" in gpu:
+        return 0, [gpu]
+    raise ValueError(f"gpu={gpu!r}: give a number of GPUs (gpu=1) or a device's CDI name (gpu='nvidia.com/gpu=0'); "
+                     "the server names its devices by its CDI specs, not by model")
+
+
 class Function:
     """A function that runs remotely: .remote(*args, **kwargs) for one
     call, .map(items) for one call per item (in order). Calling it runs
@@ -178,13 +192,13 @@ class Function:
                  concurrency: int = 8, retries: int = 0, reuse: str = "worker", poll: float = 0.2,
                  api_key: Optional[str] = None, base_url: Optional[str] = None,
                  http: Optional[HTTPClient] = None) -> None:
-        if gpu:
-            raise ValueError(f"gpu={gpu!r}: this SDK's server runs no devices yet (CDI devices are not served)")
+        gpus, devices = _gpu(gpu)
         self._fn = fn
         self.code = source_of(fn) + _HANDLER.format(name=fn.__name__)
         self.template, self.timeout, self.concurrency, self.retries, self.reuse, self.poll = (
             template, timeout, concurrency, retries, reuse, poll)
-        self.resources = Resources(cpus=cpus, memory_mb=memory_mb) if (cpus or memory_mb) else None
+        self.resources = (Resources(cpus=cpus or 0, memory_mb=memory_mb or 0, gpu=gpus, devices=devices)
+                          if (cpus or memory_mb or gpus or devices) else None)
         self._api_key, self._base_url, self._http = api_key, base_url, http
         self.last_batch: Optional[Batch] = None
         self.__name__ = fn.__name__
@@ -243,7 +257,9 @@ def function(_fn: Optional[Callable[..., Any]] = None, *, template: Optional[str
     each call, concurrency of .map, retries of a call that raised, and
     reuse ("worker": each of the concurrency workers keeps its sandbox,
     so imports are paid once per worker; "" for a fresh sandbox per
-    call). gpu is refused: this server runs no devices yet."""
+    call). gpu is a number of GPUs (the server's GPU class) or a device's
+    CDI name ("nvidia.com/gpu=0"); a GPU model's name ("T4") is refused:
+    the server's devices are named by its CDI specs."""
     def deco(fn: Callable[..., Any]) -> Function:
         return Function(fn, template=template, memory_mb=memory_mb, cpus=cpus, timeout=timeout, gpu=gpu,
                         concurrency=concurrency, retries=retries, reuse=reuse, api_key=api_key, base_url=base_url)

@@ -75,6 +75,11 @@ class TestShipping(unittest.TestCase):
             sheepfold.function()(uses_object)
         with self.assertRaisesRegex(ValueError, "gpu"):
             sheepfold.function(gpu="T4")(plain)
+        with self.assertRaisesRegex(ValueError, "gpu"):
+            sheepfold.function(gpu=-1)(plain)
+        self.assertEqual(sheepfold.function(gpu=2)(plain).resources.to_dict()["gpu"], 2)
+        self.assertEqual(sheepfold.function(gpu="nvidia.com/gpu=1")(plain).resources.to_dict()["devices"], ["nvidia.com/gpu=1"])
+        self.assertIsNone(sheepfold.function(plain).resources)
         # The control: the same shapes without what makes them unshippable.
         sheepfold.function(plain)
 
