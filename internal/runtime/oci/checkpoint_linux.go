@@ -372,6 +372,11 @@ func (o *OCI) criuRestore(ctx context.Context, id, b string, spec *specs.Spec, i
 	if err := os.WriteFile(filepath.Join(b, criuConfig), []byte(conf), 0o600); err != nil {
 		return 0, err
 	}
+	if !hasNetwork(spec) {
+		if err := skipNetworkLock(imgDir); err != nil { // netlock_linux.go
+			return 0, fmt.Errorf("restore %s: %w", id, err)
+		}
+	}
 	pidFile := filepath.Join(b, "init.pid")
 	_ = os.Remove(pidFile)
 	// CRIU mounts its cgroup yard (.criu.cgyard.*: a tmpfs and the
