@@ -547,12 +547,14 @@ func (o *OCI) running(id string) bool {
 	return err == nil
 }
 
-// criuReady checks that Config.CriuPath is an executable file.
+// criuReady checks that Config.CriuPath is an executable file, and
+// the first time gives CRIU its kernel cache (kdat_linux.go).
 func (o *OCI) criuReady() error {
 	fi, err := os.Stat(o.cfg.CriuPath)
 	if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
 		return fmt.Errorf("%w: checkpoints need CRIU at %s (make setup builds it)", runtime.ErrUnsupported, o.cfg.CriuPath)
 	}
+	o.kdatOnce.Do(func() { o.ensureKdat(context.Background()) })
 	return nil
 }
 

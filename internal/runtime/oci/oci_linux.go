@@ -53,6 +53,8 @@ type OCI struct {
 	nsMu   sync.Mutex
 	idmaps map[uint32]*os.File
 
+	kdatOnce sync.Once // gives CRIU its kernel cache before its first run (kdat_linux.go)
+
 	spareKick chan struct{} // capacity 1: "look at the next free slot"
 	spareWG   sync.WaitGroup
 	// spareMu guards spares (user namespaces made in advance, by the
