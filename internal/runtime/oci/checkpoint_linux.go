@@ -327,7 +327,7 @@ func (o *OCI) Restore(ctx context.Context, id, dir string) (inst *runtime.Instan
 	}
 
 	began := time.Now()
-	pid, err := o.criuRestore(ctx, id, b, spec, dir, dir, info, lnFile, st.Gid)
+	pid, err := o.criuRestore(ctx, id, "resume", b, spec, dir, dir, info, lnFile, st.Gid)
 	if err != nil {
 		return nil, err
 	}
@@ -340,8 +340,9 @@ func (o *OCI) Restore(ctx context.Context, id, dir string) (inst *runtime.Instan
 // is written: it hands CRIU the host objects that replace the externals
 // info names (the listener lnFile, the agent's log, the pids cgroup),
 // then does what CRIU leaves undone. gid is the sandbox's range's first
-// host id. It returns the host pid of the restored init.
-func (o *OCI) criuRestore(ctx context.Context, id, b string, spec *specs.Spec, imgDir, work string, info checkpointInfo, lnFile *os.File, gid uint32) (int, error) {
+// host id; what names the restore in its log of phases (phases_linux.go).
+// It returns the host pid of the restored init.
+func (o *OCI) criuRestore(ctx context.Context, id, what, b string, spec *specs.Spec, imgDir, work string, info checkpointInfo, lnFile *os.File, gid uint32) (int, error) {
 	logf, err := openAgentLog(b, gid)
 	if err != nil {
 		return 0, err
@@ -396,10 +397,12 @@ func (o *OCI) criuRestore(ctx context.Context, id, b string, spec *specs.Spec, i
 	// engine's own holder owns the one Create makes (userns_linux.go).
 	cmd.Env = append(cmd.Env, fmt.Sprintf("%s=%d", criuOwnerEnv, gid))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = in, lnFile, logf
+	began := time.Now()
 	if err := cmd.Run(); err != nil {
 		log, _ := os.ReadFile(logf.Name())
 		return 0, fmt.Errorf("%s restore: %w: %s%s", o.Name(), err, tail(log), criuErrors(filepath.Join(work, "restore.log")))
 	}
+	ran := time.Now()
 	pid, err := readPid(pidFile)
 	if err != nil {
 		return 0, err
@@ -423,6 +426,7 @@ func (o *OCI) criuRestore(ctx context.Context, id, b string, spec *specs.Spec, i
 			return 0, err
 		}
 	}
+	o.logRestorePhases(id, what, work, ran.Sub(began), time.Since(ran))
 	return pid, nil
 }
 
