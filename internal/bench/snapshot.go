@@ -166,7 +166,7 @@ func (b *bencher) fromPooledSnapshot(ctx context.Context, id string, n int, chec
 // that logs none adds nothing.
 func restorePhases(serveLog string, res *benchResults) {
 	// The order the breakdown prints them in (it sorts by name).
-	phaseOrder := []string{"files", "restore", "runc", "criu_start", "criu_tasks", "criu_memory", "criu_finish", "after"}
+	phaseOrder := []string{"files", "restore", "runc", "runc_before", "criu_start", "criu_tasks", "criu_memory", "criu_finish", "after"}
 	data, err := os.ReadFile(serveLog)
 	if err != nil {
 		return
@@ -177,7 +177,7 @@ func restorePhases(serveLog string, res *benchResults) {
 		var keys []string
 		switch {
 		case strings.Contains(line, `msg="restore phases"`):
-			keys = []string{"runc", "criu_start", "criu_tasks", "criu_memory", "criu_finish", "after"}
+			keys = []string{"runc", "runc_before", "criu_start", "criu_tasks", "criu_memory", "criu_finish", "after"}
 		case strings.Contains(line, `msg="sandbox cloned"`):
 			kind, keys = "clone", []string{"files", "restore"}
 		default:

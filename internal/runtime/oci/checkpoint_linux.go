@@ -426,7 +426,7 @@ func (o *OCI) criuRestore(ctx context.Context, id, what, b string, spec *specs.S
 			return 0, err
 		}
 	}
-	o.logRestorePhases(id, what, work, ran.Sub(began), time.Since(ran))
+	o.logRestorePhases(id, what, work, began, ran.Sub(began), time.Since(ran))
 	return pid, nil
 }
 

@@ -6,6 +6,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Where a restore's time goes, logged with each restore ("restore
@@ -24,9 +26,11 @@ import (
 //	criu_finish  to "Restore finished": cgroups, the network unlock
 //	             (netlock_linux.go), credentials, seccomp, the tasks resumed
 //
-// and of the engine's own: runc (the whole `runc restore`, CRIU in it) and
-// after (what the restore does once CRIU is done: lo up, the namespace's
-// limits through nsenter, the tenant's pids cgroup).
+// and of the engine's own: runc (the whole `runc restore`, CRIU in it),
+// runc_before (from runc's start to CRIU's log's: runc's own work before
+// it hands over, its probe of CRIU's version, CRIU's start) and after
+// (what the restore does once CRIU is done: lo up, the namespace's limits
+// through nsenter, the tenant's pids cgroup).
 
 // criuPhases are the phases of CRIU's restore read from its log; ok is
 // false when the log lacks a milestone.
@@ -87,11 +91,20 @@ func criuStamp(l []byte) (time.Duration, bool) {
 }
 
 // logRestorePhases logs where restore what ("resume", "clone") of
-// sandbox id spent its time: runc is the whole of `runc restore`, after
-// what followed it, and CRIU's own phases are read from its log in work.
-func (o *OCI) logRestorePhases(id, what, work string, runc, after time.Duration) {
+// sandbox id spent its time: runc is the whole of `runc restore`, begun
+// at began, after what followed it, and CRIU's own phases are read from
+// its log in work.
+func (o *OCI) logRestorePhases(id, what, work string, began time.Time, runc, after time.Duration) {
 	const r = 10 * time.Microsecond
 	args := []any{"id", id, "what", what, "runc", runc.Round(r), "after", after.Round(r)}
+	var stx unix.Statx_t
+	if unix.Statx(unix.AT_FDCWD, work+"/restore.log", 0, unix.STATX_BTIME, &stx) == nil && stx.Mask&unix.STATX_BTIME != 0 {
+		// A log older than this restore (of one that failed before) is
+		// not this restore's.
+		if d := time.Unix(stx.Btime.Sec, int64(stx.Btime.Nsec)).Sub(began); d >= 0 && d <= runc {
+			args = append(args, "runc_before", d.Round(r))
+		}
+	}
 	if p := readCriuPhases(work + "/restore.log"); p.ok {
 		args = append(args, "criu_start", p.start.Round(r), "criu_tasks", p.tasks.Round(r), "criu_memory", p.memory.Round(r), "criu_finish", p.finish.Round(r))
 	}
