@@ -269,6 +269,16 @@ func (o *OCI) Restore(ctx context.Context, id, dir string) (inst *runtime.Instan
 	if err := checkpointOf(id, dir); err != nil {
 		return nil, fmt.Errorf("restore %s: %w", id, err)
 	}
+	// What a runc killed in the middle of an earlier restore left in its
+	// state dir (the sandbox is not running, so runc keeps nothing there):
+	// its bind of the root (criu-root), which would also fail this
+	// restore's runc at its mkdir.
+	if err := unmountUnder(filepath.Join(o.runcDir, id)); err != nil {
+		return nil, err
+	}
+	if err := os.RemoveAll(filepath.Join(o.runcDir, id)); err != nil {
+		return nil, err
+	}
 	var info checkpointInfo
 	j, err := os.ReadFile(filepath.Join(dir, checkpointMeta))
 	if err != nil {

@@ -659,6 +659,12 @@ func (o *OCI) destroy(ctx context.Context, id string) error {
 	if err := o.cg.remove(id); err != nil {
 		errs = append(errs, err)
 	}
+	// A runc killed in the middle of a restore leaves its bind of the
+	// root (criu-root) mounted in its state dir: it would hold the
+	// overlay, and the disk under it, after the bundle has gone.
+	if err := unmountUnder(filepath.Join(o.runcDir, id)); err != nil {
+		errs = append(errs, err)
+	}
 	b := o.bundle(id)
 	// Volumes first: nothing below may remove the bundle over one.
 	if err := detachVolumes(b); err != nil {
