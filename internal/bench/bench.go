@@ -193,7 +193,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 	}
 
 	url, key := o.URL, o.Key
-	instance := ""
+	instance, serveLog := "", ""
 	var model *llmtest.Server
 	if url == "" {
 		// The scripted model serves the session scenarios (sessions.go).
@@ -208,6 +208,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		}
 		defer srv.stop()
 		url, key, instance, model = srv.url, srv.key, srv.instance, prov
+		serveLog = filepath.Join(srv.dir, "serve.log")
 		res.Pool = o.Pool
 	} else if key == "" {
 		return errors.New("--url needs --api-key (or SHEEPFOLD_API_KEY)")
@@ -259,6 +260,9 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 	}
 	if v, err := c.Version(ctx); err == nil {
 		res.PoolStats = v.Pool
+	}
+	if serveLog != "" {
+		restorePhases(serveLog, res)
 	}
 	res.Load[1] = loadavg()
 	res.evaluate()

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/sheepfold/sheepfold/client"
@@ -153,4 +155,51 @@ func (b *bencher) fromPooledSnapshot(ctx context.Context, id string, n int, chec
 	}
 	b.record(benchFromPool, starts)
 	return nil
+}
+
+// restorePhases adds to the breakdown where the restores of the server
+// the bench started spent their time, from its log: the runtime logs
+// each restore's phases ("restore phases": the whole `runc restore`,
+// CRIU's own phases read from its log, what follows CRIU) and each
+// clone's ("sandbox cloned": its files, its restore). Resumes and clones
+// (starts from a snapshot, pool fills, forks) are told apart. A runtime
+// that logs none adds nothing.
+func restorePhases(serveLog string, res *benchResults) {
+	// The order the breakdown prints them in (it sorts by name).
+	phaseOrder := []string{"files", "restore", "runc", "runc_before", "criu_start", "criu_tasks", "criu_memory", "criu_finish", "after"}
+	data, err := os.ReadFile(serveLog)
+	if err != nil {
+		return
+	}
+	series := map[string][]float64{}
+	for _, line := range strings.Split(string(data), "\n") {
+		var kind string
+		var keys []string
+		switch {
+		case strings.Contains(line, `msg="restore phases"`):
+			keys = []string{"runc", "runc_before", "criu_start", "criu_tasks", "criu_memory", "criu_finish", "after"}
+		case strings.Contains(line, `msg="sandbox cloned"`):
+			kind, keys = "clone", []string{"files", "restore"}
+		default:
+			continue
+		}
+		vals := map[string]string{}
+		for _, f := range strings.Fields(line) {
+			if k, v, ok := strings.Cut(f, "="); ok {
+				vals[k] = v
+			}
+		}
+		if kind == "" {
+			kind = vals["what"]
+		}
+		for _, k := range keys {
+			if d, err := time.ParseDuration(vals[k]); err == nil {
+				name := fmt.Sprintf("restore phases, %s: %d %s", kind, slices.Index(phaseOrder, k)+1, k)
+				series[name] = append(series[name], float64(d.Microseconds())/1000)
+			}
+		}
+	}
+	for name, ms := range series {
+		res.Breakdown[name] = summarize(ms)
+	}
 }

@@ -269,6 +269,16 @@ func (o *OCI) Restore(ctx context.Context, id, dir string) (inst *runtime.Instan
 	if err := checkpointOf(id, dir); err != nil {
 		return nil, fmt.Errorf("restore %s: %w", id, err)
 	}
+	// What a runc killed in the middle of an earlier restore left in its
+	// state dir (the sandbox is not running, so runc keeps nothing there):
+	// its bind of the root (criu-root), which would also fail this
+	// restore's runc at its mkdir.
+	if err := unmountUnder(filepath.Join(o.runcDir, id)); err != nil {
+		return nil, err
+	}
+	if err := os.RemoveAll(filepath.Join(o.runcDir, id)); err != nil {
+		return nil, err
+	}
 	var info checkpointInfo
 	j, err := os.ReadFile(filepath.Join(dir, checkpointMeta))
 	if err != nil {
@@ -327,7 +337,7 @@ func (o *OCI) Restore(ctx context.Context, id, dir string) (inst *runtime.Instan
 	}
 
 	began := time.Now()
-	pid, err := o.criuRestore(ctx, id, b, spec, dir, dir, info, lnFile, st.Gid)
+	pid, err := o.criuRestore(ctx, id, "resume", b, spec, dir, dir, info, lnFile, st.Gid)
 	if err != nil {
 		return nil, err
 	}
@@ -340,8 +350,9 @@ func (o *OCI) Restore(ctx context.Context, id, dir string) (inst *runtime.Instan
 // is written: it hands CRIU the host objects that replace the externals
 // info names (the listener lnFile, the agent's log, the pids cgroup),
 // then does what CRIU leaves undone. gid is the sandbox's range's first
-// host id. It returns the host pid of the restored init.
-func (o *OCI) criuRestore(ctx context.Context, id, b string, spec *specs.Spec, imgDir, work string, info checkpointInfo, lnFile *os.File, gid uint32) (int, error) {
+// host id; what names the restore in its log of phases (phases_linux.go).
+// It returns the host pid of the restored init.
+func (o *OCI) criuRestore(ctx context.Context, id, what, b string, spec *specs.Spec, imgDir, work string, info checkpointInfo, lnFile *os.File, gid uint32) (int, error) {
 	logf, err := openAgentLog(b, gid)
 	if err != nil {
 		return 0, err
@@ -372,6 +383,11 @@ func (o *OCI) criuRestore(ctx context.Context, id, b string, spec *specs.Spec, i
 	if err := os.WriteFile(filepath.Join(b, criuConfig), []byte(conf), 0o600); err != nil {
 		return 0, err
 	}
+	if !hasNetwork(spec) {
+		if err := skipNetworkLock(imgDir); err != nil { // netlock_linux.go
+			return 0, fmt.Errorf("restore %s: %w", id, err)
+		}
+	}
 	pidFile := filepath.Join(b, "init.pid")
 	_ = os.Remove(pidFile)
 	// CRIU mounts its cgroup yard (.criu.cgyard.*: a tmpfs and the
@@ -391,10 +407,12 @@ func (o *OCI) criuRestore(ctx context.Context, id, b string, spec *specs.Spec, i
 	// engine's own holder owns the one Create makes (userns_linux.go).
 	cmd.Env = append(cmd.Env, fmt.Sprintf("%s=%d", criuOwnerEnv, gid))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = in, lnFile, logf
+	began := time.Now()
 	if err := cmd.Run(); err != nil {
 		log, _ := os.ReadFile(logf.Name())
 		return 0, fmt.Errorf("%s restore: %w: %s%s", o.Name(), err, tail(log), criuErrors(filepath.Join(work, "restore.log")))
 	}
+	ran := time.Now()
 	pid, err := readPid(pidFile)
 	if err != nil {
 		return 0, err
@@ -418,6 +436,7 @@ func (o *OCI) criuRestore(ctx context.Context, id, b string, spec *specs.Spec, i
 			return 0, err
 		}
 	}
+	o.logRestorePhases(id, what, work, began, ran.Sub(began), time.Since(ran))
 	return pid, nil
 }
 
@@ -542,12 +561,14 @@ func (o *OCI) running(id string) bool {
 	return err == nil
 }
 
-// criuReady checks that Config.CriuPath is an executable file.
+// criuReady checks that Config.CriuPath is an executable file, and
+// the first time gives CRIU its kernel cache (kdat_linux.go).
 func (o *OCI) criuReady() error {
 	fi, err := os.Stat(o.cfg.CriuPath)
 	if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
 		return fmt.Errorf("%w: checkpoints need CRIU at %s (make setup builds it)", runtime.ErrUnsupported, o.cfg.CriuPath)
 	}
+	o.kdatOnce.Do(func() { o.ensureKdat(context.Background()) })
 	return nil
 }
 

@@ -240,6 +240,14 @@
 //     The kill of a destroy thaws a hybrid host's v1 freezer after
 //     cgroup.kill, so that a frozen sandbox's tasks can die.
 //
+//   - What a restore leaves out, for speed (kdat_linux.go,
+//     netlock_linux.go): CRIU's probe of the kernel, which a cache at
+//     /run/criu.kdat spares it (CRIU keeps one itself only where /run is a
+//     tmpfs; elsewhere the runtime makes it once per boot, before its first
+//     CRIU run, TestRestoreReadsKdat), and, for a sandbox without a
+//     network, CRIU's iptables lock and unlock of the new network namespace,
+//     whose lo stays down until CRIU is done (TestRestoreLocksNoNetwork).
+//
 // Imports: internal/runtime (the interface it implements), internal/backoff
 // (the sweep's retries), internal/cgroup (a cgroup's usage counters, read
 // as the agent reads them), the OCI spec types, moby's seccomp profile and mountinfo parser, runc's cgroup

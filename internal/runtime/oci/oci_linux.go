@@ -56,6 +56,7 @@ type OCI struct {
 	idmaps map[uint32]*os.File
 
 	cdi *cdi.Cache // the host's CDI specs (cdi_linux.go)
+	kdatOnce sync.Once // gives CRIU its kernel cache before its first run (kdat_linux.go)
 
 	spareKick chan struct{} // capacity 1: "look at the next free slot"
 	spareWG   sync.WaitGroup
@@ -662,6 +663,12 @@ func (o *OCI) destroy(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	if err := o.cg.remove(id); err != nil {
+		errs = append(errs, err)
+	}
+	// A runc killed in the middle of a restore leaves its bind of the
+	// root (criu-root) mounted in its state dir: it would hold the
+	// overlay, and the disk under it, after the bundle has gone.
+	if err := unmountUnder(filepath.Join(o.runcDir, id)); err != nil {
 		errs = append(errs, err)
 	}
 	b := o.bundle(id)

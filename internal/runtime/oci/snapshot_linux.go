@@ -251,7 +251,7 @@ func (o *OCI) Clone(ctx context.Context, s runtime.Spec, dir string) (inst *runt
 	if err := os.Chmod(imgs, 0o710); err != nil {
 		return nil, err
 	}
-	pid, err := o.criuRestore(ctx, s.ID, b, spec, imgs, imgs, info, lnFile, base)
+	pid, err := o.criuRestore(ctx, s.ID, "clone", b, spec, imgs, imgs, info, lnFile, base)
 	if err != nil {
 		return nil, err
 	}
@@ -259,7 +259,7 @@ func (o *OCI) Clone(ctx context.Context, s runtime.Spec, dir string) (inst *runt
 		o.cfg.Logger.Warn("remove a clone's images", "id", s.ID, "err", err)
 	}
 	const r = 10 * time.Microsecond
-	o.cfg.Logger.Debug("sandbox cloned", "id", s.ID, "from", si.Sandbox, "files", filled.Sub(began).Round(r), "restore", time.Since(filled).Round(r))
+	o.cfg.Logger.Info("sandbox cloned", "id", s.ID, "from", si.Sandbox, "files", filled.Sub(began).Round(r), "restore", time.Since(filled).Round(r))
 	return &runtime.Instance{ID: s.ID, Socket: sock, PID: pid}, nil
 }
 
