@@ -55,8 +55,8 @@ type OCI struct {
 	nsMu   sync.Mutex
 	idmaps map[uint32]*os.File
 
-	cdi *cdi.Cache // the host's CDI specs (cdi_linux.go)
-	kdatOnce sync.Once // gives CRIU its kernel cache before its first run (kdat_linux.go)
+	cdi      *cdi.Cache // the host's CDI specs (cdi_linux.go)
+	kdatOnce sync.Once  // gives CRIU its kernel cache before its first run (kdat_linux.go)
 
 	spareKick chan struct{} // capacity 1: "look at the next free slot"
 	spareWG   sync.WaitGroup
