@@ -26,19 +26,22 @@ var (
 	_ runtime.Runtime    = (*OCI)(nil)
 	_ runtime.CPUCounter = (*OCI)(nil)
 	_ runtime.Resizer    = (*OCI)(nil)
+	_ runtime.Chooser    = (*OCI)(nil)
 )
 
-// OCI runs sandboxes with an OCI runtime binary (runc; runsc later).
+// OCI runs sandboxes with an OCI runtime binary: runc, or gVisor's runsc
+// for those that choose it (runsc_linux.go).
 type OCI struct {
-	cfg     Config
-	cg      *cgroups
-	ids     *idRanges
-	ns      nsTools
-	disk    *disks   // nil: writable layers in memory (Config.DiskInMemory)
-	dir     string   // StateDir/Instance
-	bundles string   // dir/sandboxes
-	runcDir string   // dir/runc: the runtime's own --root
-	lock    *os.File // holds an flock on dir/lock while the instance lives
+	cfg      Config
+	cg       *cgroups
+	ids      *idRanges
+	ns       nsTools
+	disk     *disks   // nil: writable layers in memory (Config.DiskInMemory)
+	dir      string   // StateDir/Instance
+	bundles  string   // dir/sandboxes
+	runcDir  string   // dir/runc: the runtime's own --root
+	runscDir string   // dir/runsc: runsc's --root (runsc_linux.go)
+	lock     *os.File // holds an flock on dir/lock while the instance lives
 
 	quit    chan struct{} // closed by Close: stops the background sweep
 	sweeper sync.WaitGroup
@@ -73,7 +76,10 @@ func New(cfg Config) (*OCI, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: the OCI runtime needs root", runtime.ErrUnsupported)
 	}
-	for _, p := range []string{cfg.RuntimePath, cfg.AgentBin} {
+	for _, p := range []string{cfg.RuntimePath, cfg.AgentBin, cfg.RunscPath} {
+		if p == "" {
+			continue // no runsc
+		}
 		if fi, err := os.Stat(p); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
 			return nil, fmt.Errorf("%w: %s is not an executable file", runtime.ErrUnsupported, p)
 		}
@@ -133,11 +139,12 @@ func open(cfg Config, ids *idRanges, ns nsTools) (*OCI, error) {
 	dir := filepath.Join(cfg.StateDir, cfg.Instance)
 	o := &OCI{
 		cfg: cfg, cg: cg, ids: ids, ns: ns, dir: dir,
-		bundles: filepath.Join(dir, "sandboxes"),
-		runcDir: filepath.Join(dir, "runc"),
-		pending: map[string]bool{},
-		idmaps:  map[uint32]*os.File{},
-		quit:    make(chan struct{}),
+		bundles:  filepath.Join(dir, "sandboxes"),
+		runcDir:  filepath.Join(dir, "runc"),
+		runscDir: filepath.Join(dir, "runsc"),
+		pending:  map[string]bool{},
+		idmaps:   map[uint32]*os.File{},
+		quit:     make(chan struct{}),
 
 		spareKick: make(chan struct{}, 1),
 		spares:    map[uint32]*nsHolder{},
@@ -154,7 +161,7 @@ func open(cfg Config, ids *idRanges, ns nsTools) (*OCI, error) {
 			lock.Close()
 			return nil, err
 		}
-		if err := mkdirs(0o700, o.runcDir); err != nil {
+		if err := mkdirs(0o700, o.runcDir, o.runscDir); err != nil {
 			lock.Close()
 			return nil, err
 		}
@@ -335,9 +342,9 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	if !validID(s.ID) {
 		return nil, fmt.Errorf("invalid sandbox id %q", s.ID)
 	}
-	if s.Runtime != "" && s.Runtime != o.Name() {
-		// One binary for all (runtime.Offered: its Name).
-		return nil, fmt.Errorf("%w: runtime %q: this server runs every sandbox with %s", runtime.ErrUnsupported, s.Runtime, o.Name())
+	flavour, err := o.flavour(s.Runtime)
+	if err != nil {
+		return nil, err
 	}
 	if fi, err := os.Stat(filepath.Join(s.RootFS, "usr")); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("template root %s is not a root filesystem", s.RootFS)
@@ -364,6 +371,11 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 			}
 		}
 	}()
+	if flavour == RuntimeGVisor {
+		if err := os.WriteFile(filepath.Join(b, gvisorMarker), nil, 0o600); err != nil {
+			return nil, err
+		}
+	}
 
 	// The sandbox's own host ids, then its bundle opened to them alone:
 	// runc's init, as the sandbox's root, passes through to the rootfs.
@@ -376,6 +388,9 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	}
 	if err := os.Chmod(b, 0o710); err != nil {
 		return nil, err
+	}
+	if flavour == RuntimeGVisor {
+		return o.createRunsc(ctx, s, b, base)
 	}
 	// The range's namespace first: one made in advance for it is the
 	// sandbox's only while nothing else takes it (makeOneSpare drops the
@@ -644,6 +659,11 @@ func (o *OCI) destroy(ctx context.Context, id string) error {
 	// Kill every process at once through the cgroup (see cgroups.kill),
 	// then let runc forget the container, if it knows it: it has state
 	// once `runc create` got far enough to write it.
+	if o.runscState(id) {
+		if out, err := o.runsc(ctx, "delete", "--force", id).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("runsc delete: %w: %s", err, tail(out)))
+		}
+	}
 	if err := o.cg.kill(id); err != nil {
 		errs = append(errs, err)
 	}
