@@ -11,7 +11,7 @@ export SHEEPFOLD_DATA_DIR := $(DATA_DIR)
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-setup: ## install host packages and build the pinned runc and CRIU (idempotent)
+setup: ## install host packages and build the pinned runc, runsc (gVisor) and CRIU (idempotent)
 	@scripts/setup.sh
 
 build: ## build bin/sheepfold and bin/sheepfold-agent, both static (no libc: the server's image needs none)

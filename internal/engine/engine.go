@@ -44,7 +44,7 @@ func Open(ctx context.Context, cfg config.Config, instance string, idle time.Dur
 		o(&hooks)
 	}
 	rt, err := oci.New(oci.Config{
-		RuntimePath: cfg.RuntimePath, StateDir: cfg.StateDir(), AgentBin: cfg.AgentPath,
+		RuntimePath: cfg.RuntimePath, RunscPath: cfg.RunscPath, DefaultRuntime: cfg.DefaultRuntime, StateDir: cfg.StateDir(), AgentBin: cfg.AgentPath,
 		Instance: instance, CgroupRoot: cfg.CgroupRoot, Leftover: hooks.Leftover, Logger: log,
 		VolumesDir: filepath.Join(cfg.DataDir, "volumes"),
 	})
