@@ -362,6 +362,10 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 			return nil, apierr.New(apierr.NotSupported, "a gVisor sandbox cannot start from a snapshot (no checkpoint under gVisor)")
 		case len(opt.Volumes) > 0:
 			return nil, apierr.New(apierr.NotSupported, "volumes are not mounted in gVisor sandboxes yet")
+		case opt.Policy.DenySubprocess():
+			// Its kernel filter (seccomp user notification) is one the
+			// Sentry does not implement: every execution would fail.
+			return nil, apierr.New(apierr.NotSupported, "allow_subprocess: false cannot be enforced in a gVisor sandbox (gVisor has no seccomp user notification); use runtime runc")
 		}
 	}
 	kpol, err := applyCreatePolicy(&opt)

@@ -68,6 +68,10 @@ const (
 	runscSocketDir  = "/.sheepfold/run"
 )
 
+// runscPids is what a gVisor sandbox's pids cgroup holds beyond twice
+// its pids limit: the Sentry's and the gofer's threads.
+const runscPids = 256
+
 // runscFlags are runsc's global flags for every command of an instance.
 func (o *OCI) runscFlags() []string {
 	return []string{
@@ -136,8 +140,21 @@ func buildRunscSpec(in specInput, sockDir string) (*specs.Spec, error) {
 		return n.Type == specs.UserNamespace || n.Type == specs.CgroupNamespace
 	})
 	spec.Linux.Sysctl = nil
+	for i, r := range spec.Linux.Seccomp.Syscalls {
+		if slices.Equal(r.Names, []string{"clone3"}) {
+			spec.Linux.Seccomp.Syscalls[i].Action = specs.ActAllow
+		}
+	}
 	spec.Annotations = nil // the CRIU annotations: no checkpoint under runsc
 	spec.Process.Args = append(append([]string{AgentPath, "init"}, RlimitFlags...), "--listen", runscSocketDir+"/agent.sock")
+	if l := in.Spec.Limits.Pids; l > 0 {
+		// The tenant's limit is the Sentry's RLIMIT_NPROC on each process
+		// the agent starts; the host's pids cgroup bounds the Sentry's
+		// own tasks, with room for its threads and the platform's stubs.
+		spec.Process.Args = append(spec.Process.Args, fmt.Sprintf("--nproc=%d", l))
+		n := 2*l + runscPids
+		spec.Linux.Resources.Pids = &specs.LinuxPids{Limit: &n}
+	}
 	spec.Mounts = append(spec.Mounts, specs.Mount{Destination: runscSocketDir, Type: "bind", Source: sockDir,
 		Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}})
 	return spec, nil
