@@ -24,6 +24,7 @@ const autoNotice = time.Second
 // autoEngine is pauseEngine with a short auto-pause notice.
 func autoEngine(t *testing.T) (*sandbox.Manager, *typeLog) {
 	t.Helper()
+	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: auto-pause is refused (TestGVisorSandbox)")
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
 	rt, noLeaks := runcRuntime(t)

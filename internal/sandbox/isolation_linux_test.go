@@ -491,6 +491,7 @@ func rootCapMask(t *testing.T) string {
 // "user" with no capabilities, root processes as root with the agent's
 // few; and how that looks from the host (unprivileged uids).
 func TestIdentity(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "the tenant's processes are the Sentry's tasks, not host processes of the sandbox's id range")
 	m := runcEngine(t)
 	s := newSandbox(t, m, sandbox.CreateOptions{})
 	caps := rootCapMask(t)

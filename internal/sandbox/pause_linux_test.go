@@ -26,6 +26,7 @@ import (
 // It returns the cgroup path of its runtime's instance too.
 func pauseEngine(t *testing.T) (*sandbox.Manager, string, *typeLog) {
 	t.Helper()
+	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: pause is refused (TestGVisorSandbox)")
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
 	rt, noLeaks := runcRuntime(t)

@@ -659,13 +659,15 @@ func (o *OCI) destroy(ctx context.Context, id string) error {
 	// Kill every process at once through the cgroup (see cgroups.kill),
 	// then let runc forget the container, if it knows it: it has state
 	// once `runc create` got far enough to write it.
+	if err := o.cg.kill(id); err != nil {
+		errs = append(errs, err)
+	}
+	// runsc's too, once its Sentry and gofer are dead (a live Sentry
+	// busy at its limits can keep `runsc delete` waiting).
 	if o.runscState(id) {
 		if out, err := o.runsc(ctx, "delete", "--force", id).CombinedOutput(); err != nil {
 			errs = append(errs, fmt.Errorf("runsc delete: %w: %s", err, tail(out)))
 		}
-	}
-	if err := o.cg.kill(id); err != nil {
-		errs = append(errs, err)
 	}
 	if _, err := os.Stat(filepath.Join(o.runcDir, id, "state.json")); err == nil {
 		if out, err := o.runc(ctx, "delete", "--force", id).CombinedOutput(); err != nil {

@@ -47,14 +47,16 @@ import (
 //     every connection's peer (dialRunsc): the process that listens must
 //     be in this sandbox's own cgroup (the gofer is).
 //   - Pids: the tenant's processes are the Sentry's tasks, which the host
-//     kernel does not see; the sandbox's pids cgroup bounds the host
-//     tasks of the Sentry, the gofer and the platform's stubs (the
-//     limit plus AgentPids), and no tenant cgroup is made.
+//     kernel does not count one by one: the sandbox's limit is the
+//     Sentry's RLIMIT_NPROC on every process the agent starts (its
+//     --nproc), and the host's pids cgroup bounds the Sentry's, the
+//     gofer's and the platform's own tasks (twice the limit plus
+//     runscPids); no tenant cgroup is made.
 //   - Not offered (runtime.ErrUnsupported): a network (the egress
 //     gateway's TUN), persistent volumes, checkpoint, snapshot and clone
 //     (CRIU). Freeze and thaw are runsc pause and resume.
-//   - Teardown: `runsc delete --force`, then the cgroup kill and the same
-//     steps as runc's; runsc's own state is in the instance's runscDir,
+//   - Teardown: the cgroup kill (Sentry and gofer at once), then `runsc
+//     delete --force`, then runc's steps; runsc's own state is in the instance's runscDir,
 //     whose shared network namespace file (null-netns, a mount) Close
 //     unmounts with the rest of the instance.
 

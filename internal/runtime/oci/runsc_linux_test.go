@@ -228,3 +228,39 @@ func runAsRoot(t *testing.T, sock, script string) string {
 	}
 	return out.String()
 }
+
+// TestGVisorDestroyKillsByCgroup: a destroy kills a gVisor sandbox's
+// Sentry and gofer through its cgroup, not through runsc: with runsc's
+// state gone (a crash, or a `runsc delete` that hangs on a busy Sentry)
+// nothing of it is left either. On a hybrid host runsc places them in the
+// v1 hierarchies alone, which the kill must then use.
+func TestGVisorDestroyKillsByCgroup(t *testing.T) {
+	o, err := New(gvisorConfig(t, "gvk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if _, err := o.Create(context.Background(), runtime.Spec{ID: "gvk", RootFS: testutil.TemplateRootFS(t, "python"), Runtime: RuntimeGVisor,
+		Limits: runtime.Limits{MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 16 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(runscProcs(o.runscDir)) == 0 {
+		t.Fatal("no runsc process to kill")
+	}
+	state, _ := filepath.Glob(filepath.Join(o.runscDir, "gvk_sandbox:*"))
+	for _, f := range state {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if o.runscState("gvk") {
+		t.Fatal("runsc's state is still there")
+	}
+	if err := o.Destroy(context.Background(), "gvk"); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, o, "gvk")
+	if p := runscProcs(o.runscDir); len(p) > 0 {
+		t.Errorf("runsc processes left: %v", p)
+	}
+}
