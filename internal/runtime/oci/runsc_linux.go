@@ -159,6 +159,22 @@ func buildRunscSpec(in specInput, sockDir string) (*specs.Spec, error) {
 	}
 	spec.Mounts = append(spec.Mounts, specs.Mount{Destination: runscSocketDir, Type: "bind", Source: sockDir,
 		Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}})
+	// runsc mounts a tmpfs of its own at an empty /tmp that the spec does
+	// not mount: writable on a read-only root, and outside the disk. The
+	// root's own /tmp, bound there, keeps both as under runc.
+	if !slices.ContainsFunc(spec.Mounts, func(m specs.Mount) bool { return m.Destination == "/tmp" }) {
+		mode := "rw"
+		if in.Spec.ReadOnly {
+			mode = "ro"
+		}
+		// Before the writable paths below it, which it would hide.
+		at := slices.IndexFunc(spec.Mounts, func(m specs.Mount) bool { return strings.HasPrefix(m.Destination, "/tmp/") })
+		if at < 0 {
+			at = len(spec.Mounts)
+		}
+		spec.Mounts = slices.Insert(spec.Mounts, at, specs.Mount{Destination: "/tmp", Type: "bind", Source: in.RootFS + "/tmp",
+			Options: []string{"bind", mode, "nosuid", "nodev"}})
+	}
 	return spec, nil
 }
 
