@@ -348,8 +348,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().MarkHidden("instance")
 	cmd.Flags().StringVar(&cfg.SecretsKeyFile, "secrets-key-file", "", "the keys that seal the accounts' secrets: lines ID:BASE64 (32 bytes each, the last one seals, every one opens; mode 0600) (default: $"+secrets.KeyEnv+" in that format, else DATA_DIR/"+secrets.KeyFileName+", made with a new key at the first start)")
 	cmd.Flags().StringVar(&cfg.PublicURL, "public-url", "", "the URL at which relying parties (a cloud's OIDC federation, your services) reach this server: the issuer of the sandboxes' workload identity tokens, served at /.well-known/openid-configuration and /.well-known/jwks.json; clouds want https (default: http://LISTEN, localhost for a wildcard address)")
-	cmd.Flags().StringVar(&cfg.DefaultRuntime, "runtime", cfg.DefaultRuntime,
-		`runtime of the sandboxes that name none ("runtime" of a create): runc, or gvisor (gVisor's runsc, which make setup builds; a sandbox may ask for either) (default: $SHEEPFOLD_DEFAULT_RUNTIME, else runc)`)
+	cmd.Flags().StringVar(&cfg.DefaultRuntime, "default-runtime", "",
+		`runtime of the sandboxes that name none ("runtime" of a create; the warm pool's): runc, or gvisor (gVisor's runsc, which make setup builds; a sandbox may ask for either) (default: runc)`)
 	cmd.Flags().StringVar(&cfg.CgroupRoot, "cgroup-root", "",
 		"cgroup under which sandboxes' cgroups are made, e.g. / for the hierarchy's root (default: on cgroup v2 under systemd, the service's own delegated cgroup (Delegate=yes); else /)")
 	// Accounts: the default limits of every account (each may override

@@ -643,7 +643,7 @@ func (b *bencher) warmRoundTrip(ctx context.Context) error {
 
 // gvisorRatio measures the pool hit, the pool miss (a create) and warm
 // 1+1 on a second server whose sandboxes run under gVisor (serve
-// --runtime gvisor), records them as "gvisor: " scenarios and notes each
+// --default-runtime gvisor), records them as "gvisor: " scenarios and notes each
 // one's ratio to runc's (measured first where this run has not yet).
 func (b *bencher) gvisorRatio(cfg config.Config) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
@@ -670,7 +670,7 @@ func (b *bencher) gvisorRatio(cfg config.Config) func(ctx context.Context) error
 				}
 			}
 		}
-		srv, err := startBenchServer(ctx, cfg, max(b.o.Pool, 1), "-gvisor", "--runtime", "gvisor")
+		srv, err := startBenchServer(ctx, cfg, max(b.o.Pool, 1), "-gvisor", "--default-runtime", "gvisor")
 		if err != nil {
 			return err
 		}

@@ -27,7 +27,7 @@ type Config struct {
 	// runc alone. [DataDir/bin/runsc when `make setup` built it; SHEEPFOLD_RUNSC]
 	RunscPath string
 	// DefaultRuntime is the runtime of sandboxes that name none: "runc"
-	// or "gvisor". [runc; serve --runtime, SHEEPFOLD_DEFAULT_RUNTIME]
+	// or "gvisor". [runc; serve --default-runtime, SHEEPFOLD_DEFAULT_RUNTIME]
 	DefaultRuntime string
 	// AgentPath is the static agent binary mounted into every sandbox.
 	// [sheepfold-agent beside this executable, else DataDir/bin/sheepfold-agent; SHEEPFOLD_AGENT]
