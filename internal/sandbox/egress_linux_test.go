@@ -338,6 +338,7 @@ func echoServer(t *testing.T) netip.AddrPort {
 }
 
 func (w *egressWorld) engine(t *testing.T) (*sandbox.Manager, *eventLog) {
+	testutil.SkipUnderGVisor(t, "no network under gVisor yet (docs/security.md, section 18)")
 	log := &eventLog{}
 	m := runcEngine(t, func(c *sandbox.Config) {
 		c.Events = log

@@ -182,10 +182,10 @@ func buildRunscSpec(in specInput, sockDir string) (*specs.Spec, error) {
 // bundle b with its id range at base; destroy undoes it on error.
 func (o *OCI) createRunsc(ctx context.Context, s runtime.Spec, b string, base uint32) (*runtime.Instance, error) {
 	if s.Network != nil {
-		return nil, fmt.Errorf("%w: a network under gVisor (not yet)", runtime.ErrUnsupported)
+		return nil, fmt.Errorf("%w: a network (not yet)", ErrGVisor)
 	}
 	if len(s.Volumes) > 0 {
-		return nil, fmt.Errorf("%w: volumes under gVisor (not yet)", runtime.ErrUnsupported)
+		return nil, fmt.Errorf("%w: volumes (not yet)", ErrGVisor)
 	}
 	began := time.Now()
 	// The template as owned by the ids runsc's Sentry shows: 0..65535.
