@@ -31,6 +31,13 @@ type Templates interface {
 	RootFS(name string) (string, error)
 }
 
+// TemplateRuntimes is implemented by Templates whose templates may name
+// the runtime of their sandboxes that name none (template.Info.Runtime);
+// "" leaves it to the runtime's default.
+type TemplateRuntimes interface {
+	Runtime(name string) string
+}
+
 // TemplatesFunc adapts a function to Templates.
 type TemplatesFunc func(name string) (string, error)
 
@@ -342,6 +349,9 @@ func (m *Manager) runtimeOf(choice string) string {
 func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, error) {
 	if opt.Template == "" {
 		opt.Template = m.cfg.DefaultTemplate
+	}
+	if tr, ok := m.cfg.Templates.(TemplateRuntimes); ok && opt.Runtime == "" {
+		opt.Runtime = tr.Runtime(opt.Template) // the template's choice
 	}
 	if opt.Runtime != "" {
 		if offered := runtime.Offered(m.cfg.Runtime); !slices.Contains(offered, opt.Runtime) {
