@@ -6,12 +6,12 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 PYTHON := /usr/bin/python3
 export SHEEPFOLD_DATA_DIR := $(DATA_DIR)
 
-.PHONY: help setup build template run test test-unit test-cgroupv2 lint proto bench bench-isolation deb install clean ui ui-check kubernetes-cluster test-kubernetes bench-kubernetes
+.PHONY: help setup build template run test test-unit test-gvisor test-cgroupv2 lint proto bench bench-isolation deb install clean ui ui-check kubernetes-cluster test-kubernetes bench-kubernetes
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
-setup: ## install host packages and build the pinned runc and CRIU (idempotent)
+setup: ## install host packages and build the pinned runc, runsc (gVisor) and CRIU (idempotent)
 	@scripts/setup.sh
 
 build: ## build bin/sheepfold and bin/sheepfold-agent, both static (no libc: the server's image needs none)
@@ -66,6 +66,9 @@ test: template lint ui-check ## everything: unit, privileged (as root), SDK and 
 	$(PYTHON) -m unittest discover -s sdk/python/tests
 	go test -count=1 -timeout 40m ./...
 	go test -race -count=1 -timeout 30m $(RACE_PKGS)
+
+test-gvisor: template ## the engine's suite (internal/sandbox: executions, files, commands, limits, attacks) again with every sandbox under gVisor; tests of what gVisor does not offer skip, saying why
+	SHEEPFOLD_TEST_RUNTIME=gvisor go test -count=1 -timeout 40m ./internal/sandbox/
 
 test-cgroupv2: template deb ## the engine's privileged tests, limits and the installed .deb's service in a qemu guest: Debian, systemd, pure cgroup v2 (test/cgroupv2)
 	test/cgroupv2/run.sh

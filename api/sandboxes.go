@@ -74,8 +74,8 @@ type CreateSandbox struct {
 	Env       map[string]string `json:"env,omitempty"`
 	Metadata  map[string]string `json:"metadata,omitempty"`
 	// Runtime chooses the sandbox's isolation among those the server
-	// offers (e.g. "gvisor" with --kubernetes-runtime-classes); "" is the
-	// server's default.
+	// offers ("runc", and "gvisor" where runsc is installed or with
+	// --kubernetes-runtime-classes); "" is the server's default.
 	Runtime        string          `json:"runtime,omitempty"`
 	SandboxConfig  json.RawMessage `json:"sandbox_config,omitempty"`
 	SecurityPolicy json.RawMessage `json:"security_policy,omitempty"`

@@ -10,6 +10,10 @@
 #     store start their own (internal/testutil/pgtest) under the postgres user.
 #   - runc at a pinned release, built from the Go module proxy with seccomp,
 #     into $DATA_DIR/bin (Debian's runc 1.1.5 lacks the November 2025 fixes).
+#   - gVisor's runsc at the version go.mod pins for gvisor.dev/gvisor, built
+#     static (CGO_ENABLED=0: a cgo build fails at its first run) from the Go
+#     module proxy into $DATA_DIR/bin, with runsc.version beside it; sandboxes
+#     that choose runtime "gvisor" run under it (internal/runtime/oci).
 #   - CRIU at a pinned release with Sheepfold's patches, built from Debian's
 #     source package into $DATA_DIR/bin, for runc's checkpoint and restore
 #     (scripts/criu.sh says why; bookworm's 3.17 fails on this kernel).
@@ -21,6 +25,9 @@ set -euo pipefail
 DATA_DIR=${SHEEPFOLD_DATA_DIR:-/var/lib/sheepfold}
 RUNC_VERSION=${RUNC_VERSION:-v1.5.3}
 RUNC=$DATA_DIR/bin/runc
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+RUNSC_VERSION=${RUNSC_VERSION:-$(awk '$1 == "gvisor.dev/gvisor" { print $2 }' "$ROOT/go.mod")}
+RUNSC=$DATA_DIR/bin/runsc
 
 if [ "$(id -u)" -ne 0 ]; then
 	echo "setup: must run as root (it installs packages and builds into $DATA_DIR)" >&2
@@ -76,6 +83,24 @@ if [[ "$version" != *"runc version $want"$'\n'* ]] || [[ "$features" != *'"enabl
 	version=$("$RUNC" --version)
 fi
 echo "setup: ${version%%$'\n'*}"
+
+# runsc: built once per pinned version (about 3.5 minutes, 100 MB), into a
+# temporary directory first so that a failed build leaves the old one.
+if [ -z "$RUNSC_VERSION" ]; then
+	echo "setup: go.mod pins no gvisor.dev/gvisor" >&2
+	exit 1
+fi
+if [ ! -x "$RUNSC" ] || [ "$(cat "$RUNSC.version" 2>/dev/null || true)" != "$RUNSC_VERSION" ]; then
+	echo "setup: building gVisor's runsc $RUNSC_VERSION (static) into $DATA_DIR/bin"
+	tmp=$(mktemp -d "$DATA_DIR/bin/.runsc.XXXXXX")
+	trap 'rm -rf "$tmp"' EXIT
+	GOBIN="$tmp" CGO_ENABLED=0 go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
+	mv -f "$tmp/runsc" "$RUNSC"
+	echo "$RUNSC_VERSION" >"$RUNSC.version"
+	rm -rf "$tmp"
+	trap - EXIT
+fi
+echo "setup: runsc $(cat "$RUNSC.version")"
 
 "$(dirname "${BASH_SOURCE[0]}")/criu.sh"
 

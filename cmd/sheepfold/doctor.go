@@ -79,7 +79,7 @@ func doctorOptions(cfg config.Config, tpl string, maxSandboxes, poolSize int) do
 	}
 	l := sandbox.DefaultLimits
 	return doctor.Options{
-		DataDir: cfg.DataDir, RuntimePath: cfg.RuntimePath, AgentPath: cfg.AgentPath, Template: tpl,
+		DataDir: cfg.DataDir, RuntimePath: cfg.RuntimePath, RunscPath: cfg.RunscPath, AgentPath: cfg.AgentPath, Template: tpl,
 		MaxSandboxes: maxSandboxes, PoolSize: poolSize,
 		SandboxMemory: l.MemoryBytes, SandboxDisk: l.DiskBytes, SandboxPids: l.Pids,
 		HostCounters: oci.HostLimitMinimums(), Disks: oci.CheckDisks,

@@ -357,6 +357,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"directories of the host's CDI specs (the Container Device Interface: nvidia-ctk cdi generate and other vendors' tools write them), which describe the devices sandboxes may ask for (resources.gpu, resources.devices); empty: none")
 	cmd.Flags().StringVar(&gpuClass, "gpu-class", sandbox.DefaultGPUClass, "the CDI class (vendor/class) that resources.gpu draws devices from")
 	cmd.Flags().BoolVar(&shareDevices, "share-devices", false, "let live sandboxes hold the same device (default: one sandbox per device; a create asking for a held one is refused with ERR_DEVICE_IN_USE)")
+	cmd.Flags().StringVar(&cfg.DefaultRuntime, "default-runtime", "",
+		`runtime of the sandboxes that name none ("runtime" of a create; the warm pool's): runc, or gvisor (gVisor's runsc, which make setup builds; a sandbox may ask for either) (default: runc)`)
 	cmd.Flags().StringVar(&cfg.CgroupRoot, "cgroup-root", "",
 		"cgroup under which sandboxes' cgroups are made, e.g. / for the hierarchy's root (default: on cgroup v2 under systemd, the service's own delegated cgroup (Delegate=yes); else /)")
 	// Accounts: the default limits of every account (each may override

@@ -132,6 +132,17 @@ func templateCmd(cfg *config.Config) *cobra.Command {
 			return template.Remove(cfg.DataDir, args[0])
 		},
 	}
-	cmd.AddCommand(build, list, rm, templateExportCmd(cfg))
+	setRuntime := &cobra.Command{
+		Use:   "set-runtime NAME RUNTIME",
+		Short: `Set the runtime (runc or gvisor; "" for the server's default) of the template's sandboxes that name none`,
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := cfg.ResolveDataDir(); err != nil {
+				return err
+			}
+			return template.SetRuntime(cfg.DataDir, args[0], args[1])
+		},
+	}
+	cmd.AddCommand(build, list, rm, setRuntime, templateExportCmd(cfg))
 	return cmd
 }

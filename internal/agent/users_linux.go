@@ -106,15 +106,21 @@ func (s *server) asIdentity(id identity, fn func() agentproto.Event) agentproto.
 		return failErr("getgroups", err)
 	}
 	runtime.LockOSThread()
+	restore := setFSCreds
 	if err := setFSCreds(id.uid, id.gid, id.groups); err != nil {
-		s.log.Error("act as user", "user", id.name, "err", err)
-		if setFSCreds(0, 0, toUint32s(groups)) == nil {
-			runtime.UnlockOSThread()
+		// gVisor's Sentry keeps fsuid and fsgid equal to the effective
+		// ids: the thread takes the user's effective ids instead.
+		if eerr := setThreadIDs(id.uid, id.gid, id.groups); eerr != nil {
+			s.log.Error("act as user", "user", id.name, "err", err, "thread_ids", eerr)
+			if setThreadIDs(0, 0, toUint32s(groups)) == nil {
+				runtime.UnlockOSThread()
+			}
+			return fail(agentproto.CodeInternal, "cannot act as user %s", id.name)
 		}
-		return fail(agentproto.CodeInternal, "cannot act as user %s", id.name)
+		restore = setThreadIDs
 	}
 	ev := fn()
-	if err := setFSCreds(0, 0, toUint32s(groups)); err != nil {
+	if err := restore(0, 0, toUint32s(groups)); err != nil {
 		// Leave the thread locked: it ends with this goroutine.
 		s.log.Error("restore the agent's file credentials", "err", err)
 		return ev
@@ -141,6 +147,43 @@ func setFSCreds(uid, gid uint32, groups []uint32) error {
 	}
 	if cur, _ := unix.SetfsuidRetUid(-1); cur != int(uid) {
 		return fmt.Errorf("setfsuid %d: still %d", uid, cur)
+	}
+	return nil
+}
+
+// setThreadIDs sets the calling thread's supplementary groups and
+// effective ids (and so its filesystem ids), keeping its real and saved
+// ids (root's), so that setThreadIDs(0, 0, ...) gives it back its ids and
+// its effective capabilities. Raw system calls: Go's own change every
+// thread of the process.
+func setThreadIDs(uid, gid uint32, groups []uint32) error {
+	const keep = ^uintptr(0) // -1: unchanged
+	// Root's effective id first: groups and gid need it.
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, keep, 0, keep); e != 0 {
+		return fmt.Errorf("setresuid back to 0: %w", e)
+	}
+	gs := make([]int, len(groups))
+	for i, g := range groups {
+		gs[i] = int(g)
+	}
+	if err := unix.Setgroups(gs); err != nil { // this thread's alone
+		return fmt.Errorf("setgroups: %w", err)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, keep, uintptr(gid), keep); e != 0 {
+		return fmt.Errorf("setresgid %d: %w", gid, e)
+	}
+	if uid != 0 {
+		if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, keep, uintptr(uid), keep); e != 0 {
+			return fmt.Errorf("setresuid %d: %w", uid, e)
+		}
+	}
+	// (gVisor has no setfsuid to ask: the effective ids are the
+	// filesystem's.)
+	if _, euid, _ := unix.Getresuid(); euid != int(uid) {
+		return fmt.Errorf("setresuid %d: still %d", uid, euid)
+	}
+	if _, egid, _ := unix.Getresgid(); egid != int(gid) {
+		return fmt.Errorf("setresgid %d: still %d", gid, egid)
 	}
 	return nil
 }

@@ -238,6 +238,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		{"warm 1+1", b.warmRoundTrip},
 		{"warm 1+1, full policy against none", b.policyCost},
 		{"warm 1+1, accounting against none", b.accountingCost(cfg)},
+		{"gvisor: create, pool hit and warm 1+1 against runc", b.gvisorRatio(cfg)},
 		{"Black-Friday ticket", b.blackFriday},
 		{"chat completion relay", b.relayOverhead},
 		{"Black-Friday tickets via sessions", b.sessionTicketsRun},
@@ -424,6 +425,9 @@ func startBenchServer(ctx context.Context, cfg config.Config, pool int, name str
 		return fail(err)
 	}
 	env := append(os.Environ(), "SHEEPFOLD_RUNTIME="+cfg.RuntimePath, "SHEEPFOLD_AGENT="+cfg.AgentPath)
+	if cfg.RunscPath != "" {
+		env = append(env, "SHEEPFOLD_RUNSC="+cfg.RunscPath)
+	}
 	keys := exec.CommandContext(ctx, exe, "--data-dir", dir, "keys", "create", "--name", "bench")
 	keys.Env = env
 	out, err := keys.CombinedOutput()
@@ -643,6 +647,61 @@ func (b *bencher) warmRoundTrip(ctx context.Context) error {
 	}
 	b.record("warm 1+1 over HTTP", ms)
 	return nil
+}
+
+// gvisorRatio measures the pool hit, the pool miss (a create) and warm
+// 1+1 on a second server whose sandboxes run under gVisor (serve
+// --default-runtime gvisor), records them as "gvisor: " scenarios and notes each
+// one's ratio to runc's (measured first where this run has not yet).
+func (b *bencher) gvisorRatio(cfg config.Config) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		if cfg.RunscPath == "" {
+			b.res.Notes = append(b.res.Notes, "no runsc (make setup builds it): no gVisor figures")
+			return nil
+		}
+		if b.instance == "" {
+			b.res.Notes = append(b.res.Notes, "gVisor figures need a server the bench starts (no --url)")
+			return nil
+		}
+		scenarios := []struct {
+			name string
+			run  func(*bencher) func(context.Context) error
+		}{
+			{"create→print(1) pool hit", func(x *bencher) func(context.Context) error { return x.createHit }},
+			{"create→print(1) pool miss", func(x *bencher) func(context.Context) error { return x.createMiss }},
+			{"warm 1+1 over HTTP", func(x *bencher) func(context.Context) error { return x.warmRoundTrip }},
+		}
+		for _, sc := range scenarios {
+			if _, ok := b.res.Scenarios[sc.name]; !ok {
+				if err := sc.run(b)(ctx); err != nil {
+					return fmt.Errorf("runc %s: %w", sc.name, err)
+				}
+			}
+		}
+		srv, err := startBenchServer(ctx, cfg, max(b.o.Pool, 1), "-gvisor", "--default-runtime", "gvisor")
+		if err != nil {
+			return err
+		}
+		defer srv.stop()
+		g := &bencher{c: client.New(srv.url, srv.key, client.WithUserAgent("sheepfold-bench")), o: b.o, instance: srv.instance,
+			url: srv.url, key: srv.key, res: &benchResults{Scenarios: map[string]stat{}, Breakdown: map[string]stat{}, Baselines: map[string]stat{}}}
+		for _, sc := range scenarios {
+			if err := sc.run(g)(ctx); err != nil {
+				return fmt.Errorf("gvisor %s: %w", sc.name, err)
+			}
+			gs, rs := g.res.Scenarios[sc.name], b.res.Scenarios[sc.name]
+			b.res.Scenarios["gvisor: "+sc.name] = gs
+			b.res.order = append(b.res.order, "gvisor: "+sc.name)
+			if rs.P50 > 0 {
+				b.res.Notes = append(b.res.Notes, fmt.Sprintf("%s p50: gvisor %.2f ms / runc %.2f ms = %.2f×", sc.name, gs.P50, rs.P50, gs.P50/rs.P50))
+			}
+		}
+		for k, v := range g.res.Breakdown {
+			b.res.Breakdown["gvisor: "+k] = v
+		}
+		b.res.Notes = append(b.res.Notes, g.res.Notes...)
+		return nil
+	}
 }
 
 // benchPolicy is the full policy of the policy-cost scenario: import

@@ -22,6 +22,13 @@ type Config struct {
 	// November 2025 fixes, so the default is the one `make setup` builds.
 	// [DataDir/bin/runc; SHEEPFOLD_RUNTIME]
 	RuntimePath string
+	// RunscPath is gVisor's runsc, which runs the sandboxes that ask for
+	// runtime "gvisor"; empty where none is installed: the engine offers
+	// runc alone. [DataDir/bin/runsc when `make setup` built it; SHEEPFOLD_RUNSC]
+	RunscPath string
+	// DefaultRuntime is the runtime of sandboxes that name none: "runc"
+	// or "gvisor". [runc; serve --default-runtime, SHEEPFOLD_DEFAULT_RUNTIME]
+	DefaultRuntime string
 	// AgentPath is the static agent binary mounted into every sandbox.
 	// [sheepfold-agent beside this executable, else DataDir/bin/sheepfold-agent; SHEEPFOLD_AGENT]
 	AgentPath string
@@ -57,7 +64,10 @@ func FromEnv() Config {
 		DataDir:     os.Getenv("SHEEPFOLD_DATA_DIR"),
 		RuntimePath: os.Getenv("SHEEPFOLD_RUNTIME"),
 		AgentPath:   os.Getenv("SHEEPFOLD_AGENT"),
-		Database:    os.Getenv("SHEEPFOLD_DATABASE"),
+		RunscPath:   os.Getenv("SHEEPFOLD_RUNSC"),
+
+		DefaultRuntime: os.Getenv("SHEEPFOLD_DEFAULT_RUNTIME"),
+		Database:       os.Getenv("SHEEPFOLD_DATABASE"),
 	}
 	return c
 }
@@ -87,7 +97,37 @@ func (c *Config) Resolve() error {
 	if err := checkBinary("runtime", c.RuntimePath); err != nil {
 		return err
 	}
+	if err := c.resolveRunsc(); err != nil {
+		return err
+	}
 	return checkBinary("agent", c.AgentPath)
+}
+
+// resolveRunsc finds runsc where `make setup` installs it, unless
+// RunscPath names one (which must exist), and checks DefaultRuntime.
+func (c *Config) resolveRunsc() error {
+	if c.RunscPath == "" {
+		if p := filepath.Join(c.DataDir, "bin", "runsc"); fileExists(p) {
+			c.RunscPath = p
+		}
+	} else if err := checkBinary("runsc", c.RunscPath); err != nil {
+		return err
+	}
+	switch c.DefaultRuntime {
+	case "", "runc":
+	case "gvisor":
+		if c.RunscPath == "" {
+			return fmt.Errorf("the default runtime gvisor needs gVisor's runsc: run `make setup` (it builds %s) or set SHEEPFOLD_RUNSC", filepath.Join(c.DataDir, "bin", "runsc"))
+		}
+	default:
+		return fmt.Errorf("unknown runtime %q: runc or gvisor", c.DefaultRuntime)
+	}
+	return nil
+}
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && !fi.IsDir()
 }
 
 // ResolveAgent is Resolve for commands that need the agent binary but no
@@ -117,7 +157,7 @@ func (c *Config) defaultAgentPath() {
 func checkBinary(name, p string) error {
 	if _, err := os.Stat(p); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			target := "setup" // builds the pinned runc
+			target := "setup" // builds the pinned runc and runsc
 			if name == "agent" {
 				target = "build"
 			}

@@ -17,6 +17,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -60,7 +61,10 @@ type Options struct {
 	RuntimePath string
 	// CriuPath is the CRIU that checkpoints sandboxes (pause); "": criu
 	// beside RuntimePath, where `make setup` builds it.
-	CriuPath  string
+	CriuPath string
+	// RunscPath is gVisor's runsc, for sandboxes that choose runtime
+	// gvisor; "": none is installed.
+	RunscPath string
 	AgentPath string
 	Template  string // the template sandboxes start from ["python"]
 	// MaxSandboxes, PoolSize and the per-sandbox limits size the disk,
@@ -110,7 +114,7 @@ func Run(ctx context.Context, o Options) []Result {
 	}
 	rs := []Result{
 		d.kernel(), d.userns(), d.cgroups(), d.overlay(), d.seccomp(),
-		d.runtime(ctx), d.checkpoints(ctx), d.agent(), d.template(), d.disk(),
+		d.runtime(ctx), d.gvisor(), d.checkpoints(ctx), d.agent(), d.template(), d.disk(),
 	}
 	if o.Disks != nil {
 		rs = append(rs, d.disks())
@@ -464,6 +468,43 @@ func (d doctor) runtime(ctx context.Context) Result {
 		return result("runtime", Fail, fix, "runc %s was built without seccomp", raw)
 	}
 	return result("runtime", OK, "", "runc %s with seccomp (%s)", raw, p)
+}
+
+// GVisorVersion is the gVisor module version `make setup` builds runsc
+// from (scripts/setup.sh takes it from go.mod, which pins the same for
+// the egress gateway's netstack); setup writes it beside the binary, in
+// runsc.version.
+const GVisorVersion = "v0.0.0-20260905035102-160fafc42237"
+
+// gvisor checks the runsc that runs the sandboxes choosing runtime
+// gvisor: optional (runc runs every other), but when present it must be
+// the set-up's static build (a cgo build fails at its first run: it
+// re-executes itself in an empty chroot without a dynamic loader).
+func (d doctor) gvisor() Result {
+	const fix = "run `make setup` (builds the pinned runsc, static, into DATA_DIR/bin)"
+	p := d.o.RunscPath
+	if p == "" {
+		return result("gvisor", Warn, fix, "gVisor's runsc is not installed: sandboxes run under runc only (runtime \"gvisor\" is refused with ERR_NOT_SUPPORTED)")
+	}
+	fi, err := os.Stat(p)
+	if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return result("gvisor", Warn, fix, "%s is not an executable file: runtime gvisor is unavailable", p)
+	}
+	if f, err := elf.Open(p); err == nil {
+		dynamic := false
+		for _, prog := range f.Progs {
+			dynamic = dynamic || prog.Type == elf.PT_INTERP
+		}
+		f.Close()
+		if dynamic {
+			return result("gvisor", Warn, fix, "%s is linked dynamically (a cgo build): it fails at its first run; build it with CGO_ENABLED=0", p)
+		}
+	}
+	stamp, _ := os.ReadFile(p + ".version")
+	if v := strings.TrimSpace(string(stamp)); v != GVisorVersion {
+		return result("gvisor", Warn, fix, "runsc at %s is not the set-up's build (%s.version says %q, want %s)", p, p, v, GVisorVersion)
+	}
+	return result("gvisor", OK, "", "gVisor runsc %s, static (%s): sandboxes may choose runtime gvisor", GVisorVersion, p)
 }
 
 func (d doctor) agent() Result {

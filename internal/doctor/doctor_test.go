@@ -120,7 +120,13 @@ func options(t *testing.T) Options {
 		t.Fatal(err)
 	}
 	runc := fakeRunc(t, "1.5.3", true)
-	return Options{
+	runsc := filepath.Join(t.TempDir(), "runsc")
+	write(t, runsc, "#!/bin/sh\n")
+	write(t, runsc+".version", GVisorVersion+"\n")
+	if err := os.Chmod(runsc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return Options{RunscPath: runsc,
 		Root: host(t), DataDir: dataDir(t), RuntimePath: runc, CriuPath: filepath.Join(filepath.Dir(runc), "criu"), AgentPath: agent,
 		MaxSandboxes: 64, PoolSize: 2, SandboxMemory: 512 << 20, SandboxDisk: 256 << 20, SandboxPids: 256,
 		HostCounters: map[string]int64{"/proc/sys/fs/inotify/max_user_instances": 256},
@@ -213,6 +219,17 @@ func TestOneThingBroken(t *testing.T) {
 		{"not runc", func(t *testing.T, o *Options) { o.RuntimePath = "/bin/true" },
 			"runtime", Fail, "is not runc"},
 		{"agent missing", func(t *testing.T, o *Options) { o.AgentPath = "" }, "agent", Fail, "not an executable"},
+		{"no runsc", func(t *testing.T, o *Options) { o.RunscPath = "" }, "gvisor", Warn, "sandboxes run under runc only"},
+		{"runsc not the set-up's", func(t *testing.T, o *Options) { write(t, o.RunscPath+".version", "v0.0.0-1\n") },
+			"gvisor", Warn, "not the set-up's build"},
+		{"runsc built with cgo", func(t *testing.T, o *Options) {
+			// A dynamically linked ELF: /bin/true is one on every host we run.
+			b, err := os.ReadFile("/bin/true")
+			if err != nil {
+				t.Fatal(err)
+			}
+			write(t, o.RunscPath, string(b))
+		}, "gvisor", Warn, "linked dynamically"},
 		{"criu missing", func(t *testing.T, o *Options) { o.CriuPath = filepath.Join(o.Root, "criu") },
 			"checkpoints", Warn, "cannot be checkpointed"},
 		{"Debian's criu 3.17", func(t *testing.T, o *Options) { o.CriuPath = fakeRuncs["criu 3.17"] },
@@ -386,5 +403,18 @@ func TestMemoryCountsDisksInMemoryOnly(t *testing.T) {
 	o.Disks = func() error { return errors.New("no loop devices") }
 	if r := find(t, Run(context.Background(), o), "memory"); !strings.Contains(r.Detail, "may use 49152 MiB") {
 		t.Errorf("disks in memory: %q", r.Detail)
+	}
+}
+
+// TestGVisorPinnedAsGoMod: the runsc the set-up builds is the gVisor
+// version go.mod pins (scripts/setup.sh reads go.mod), which doctor
+// expects.
+func TestGVisorPinnedAsGoMod(t *testing.T) {
+	b, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "gvisor.dev/gvisor "+GVisorVersion+"\n") {
+		t.Fatalf("go.mod does not pin gvisor.dev/gvisor %s (GVisorVersion): update one or the other", GVisorVersion)
 	}
 }

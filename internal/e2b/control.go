@@ -338,6 +338,11 @@ func (h *Handler) timeoutOf(field string, s int64) (time.Duration, error) {
 	return bound.WholeSeconds(field, s, time.Second, h.cfg.MaxTimeout)
 }
 
+// RuntimeMetadata is the metadata key by which an E2B client chooses its
+// sandbox's runtime (the /v1 create's "runtime"), e.g.
+// metadata={"sheepfold.runtime": "gvisor"}.
+const RuntimeMetadata = "sheepfold.runtime"
+
 func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, def time.Duration) error {
 	var req newSandbox
 	if err := decodeBody(r, &req); err != nil {
@@ -355,7 +360,8 @@ func (h *Handler) create(w http.ResponseWriter, r *http.Request, owner string, d
 		return badRequest("autoResume needs autoPause")
 	}
 	opt := sandbox.CreateOptions{Template: req.TemplateID, Timeout: def, Env: req.EnvVars, Metadata: req.Metadata, AutoPause: autoPause,
-		Names: sandbox.FieldNames{CPUs: "cpuCount", Memory: "memoryMB", Disk: "diskSizeMB", Timeout: "timeout"}}
+		Runtime: req.Metadata[RuntimeMetadata],
+		Names:   sandbox.FieldNames{CPUs: "cpuCount", Memory: "memoryMB", Disk: "diskSizeMB", Timeout: "timeout"}}
 	for _, v := range req.VolumeMounts {
 		opt.Volumes = append(opt.Volumes, sandbox.VolumeMount{Name: v.Name, Path: v.Path})
 	}

@@ -44,7 +44,7 @@ func Open(ctx context.Context, cfg config.Config, instance string, idle time.Dur
 		o(&hooks)
 	}
 	rt, err := oci.New(oci.Config{
-		RuntimePath: cfg.RuntimePath, StateDir: cfg.StateDir(), AgentBin: cfg.AgentPath,
+		RuntimePath: cfg.RuntimePath, RunscPath: cfg.RunscPath, DefaultRuntime: cfg.DefaultRuntime, StateDir: cfg.StateDir(), AgentBin: cfg.AgentPath,
 		Instance: instance, CgroupRoot: cfg.CgroupRoot, Leftover: hooks.Leftover, Logger: log,
 		VolumesDir: filepath.Join(cfg.DataDir, "volumes"), CDISpecDirs: cfg.CDISpecDirs,
 	})
@@ -54,10 +54,24 @@ func Open(ctx context.Context, cfg config.Config, instance string, idle time.Dur
 	// Paused sandboxes' checkpoints are kept on disk beside the runtime's
 	// state: they are their memory, which a pause frees.
 	checkpoints := func(c *sandbox.Config) { c.CheckpointDir = filepath.Join(cfg.DataDir, "checkpoints") }
-	return open(ctx, rt, sandbox.TemplatesFunc(func(name string) (string, error) {
-		info, err := template.Get(cfg.DataDir, name)
-		return info.Path, err
-	}), idle, log, append([]func(*sandbox.Config){checkpoints}, opts...))
+	return open(ctx, rt, templates{cfg.DataDir}, idle, log, append([]func(*sandbox.Config){checkpoints}, opts...))
+}
+
+// templates are the data dir's, with the runtime each may name
+// (sandbox.TemplateRuntimes).
+type templates struct{ dataDir string }
+
+func (t templates) RootFS(name string) (string, error) {
+	info, err := template.Get(t.dataDir, name)
+	return info.Path, err
+}
+
+func (t templates) Runtime(name string) string {
+	info, err := template.Get(t.dataDir, name)
+	if err != nil {
+		return "" // the create's RootFS says why
+	}
+	return info.Runtime
 }
 
 // open starts the sandbox manager over rt; on error it closes rt.

@@ -24,6 +24,7 @@ const autoNotice = time.Second
 // autoEngine is pauseEngine with a short auto-pause notice.
 func autoEngine(t *testing.T) (*sandbox.Manager, *typeLog) {
 	t.Helper()
+	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: auto-pause is refused (TestGVisorSandbox)")
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
 	rt, noLeaks := runcRuntime(t)
@@ -226,6 +227,7 @@ while True:
 // its loop included (and resumed with it). The control is
 // TestAutoPauseNotWhileActive/cpu, where the same loop puts the pause off.
 func TestAutoPauseBoundedPutOff(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: auto-pause is refused (TestGVisorSandbox)")
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
 	rt, noLeaks := runcRuntime(t)
@@ -274,6 +276,7 @@ func TestAutoPauseBoundedPutOff(t *testing.T) {
 // long before its lifetime ends, after sandbox.pausing; the control, a
 // sandbox without auto-pause, is stopped "idle".
 func TestAutoPauseIdleTimeout(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: auto-pause is refused (TestGVisorSandbox)")
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
 	rt, noLeaks := runcRuntime(t)

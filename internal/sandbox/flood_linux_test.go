@@ -11,6 +11,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // floodSeconds is how long each flood runs.
@@ -78,6 +79,7 @@ print(n)
 // until the sandbox stops; and the events of the gateway, which sees
 // every attempt, stand for all of them (their "count").
 func TestEventFloods(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "its floods come from sandboxes with a network and allow_subprocess: false, both refused under gVisor")
 	t.Parallel()
 	unbounded := func(c *sandbox.Config) {
 		c.Reports = sandbox.ReportLimits{PerExecution: 1 << 30, PerMinute: 1 << 30}

@@ -31,6 +31,13 @@ type Templates interface {
 	RootFS(name string) (string, error)
 }
 
+// TemplateRuntimes is implemented by Templates whose templates may name
+// the runtime of their sandboxes that name none (template.Info.Runtime);
+// "" leaves it to the runtime's default.
+type TemplateRuntimes interface {
+	Runtime(name string) string
+}
+
 // TemplatesFunc adapts a function to Templates.
 type TemplatesFunc func(name string) (string, error)
 
@@ -328,14 +335,57 @@ type CreateOptions struct {
 	GPUs    int
 }
 
+// RuntimeGVisor is the runtime choice (CreateOptions.Runtime) of gVisor,
+// whose sandboxes cannot be checkpointed (no pause, snapshot or auto
+// pause) nor mount volumes yet.
+const RuntimeGVisor = "gvisor"
+
+// defaultRuntime is implemented by a runtime whose sandboxes that name no
+// runtime get a named one (the OCI runtime's runc or gvisor).
+type defaultRuntime interface{ DefaultRuntime() string }
+
+// runtimeOf names the runtime a sandbox asking for choice gets.
+func (m *Manager) runtimeOf(choice string) string {
+	if choice != "" {
+		return choice
+	}
+	if d, ok := m.cfg.Runtime.(defaultRuntime); ok {
+		return d.DefaultRuntime()
+	}
+	return m.cfg.Runtime.Name()
+}
+
 // create starts a sandbox and returns once its agent answers (Create).
 func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, error) {
 	if opt.Template == "" {
 		opt.Template = m.cfg.DefaultTemplate
 	}
+	if tr, ok := m.cfg.Templates.(TemplateRuntimes); ok && opt.Runtime == "" {
+		opt.Runtime = tr.Runtime(opt.Template) // the template's choice
+	}
 	if opt.Runtime != "" {
 		if offered := runtime.Offered(m.cfg.Runtime); !slices.Contains(offered, opt.Runtime) {
+			if opt.Runtime == RuntimeGVisor {
+				return nil, apierr.New(apierr.NotSupported, "runtime %q is not installed on this server (gVisor's runsc: make setup builds it); offered: %s", opt.Runtime, strings.Join(offered, ", "))
+			}
 			return nil, apierr.New(apierr.BadRequest, "runtime %q is not offered by this server; offered: %s", opt.Runtime, strings.Join(offered, ", "))
+		}
+		if d, ok := m.cfg.Runtime.(defaultRuntime); ok && d.DefaultRuntime() == opt.Runtime {
+			opt.Runtime = "" // the default's: a warm pool member will do
+		}
+	}
+	if _, local := m.cfg.Runtime.(defaultRuntime); local && m.runtimeOf(opt.Runtime) == RuntimeGVisor {
+		switch {
+		case opt.AutoPause:
+			return nil, apierr.New(apierr.NotSupported, "auto_pause: a gVisor sandbox cannot be paused (no checkpoint under gVisor)")
+		case opt.Snapshot != "":
+			return nil, apierr.New(apierr.NotSupported, "a gVisor sandbox cannot start from a snapshot (no checkpoint under gVisor)")
+		case len(opt.Volumes) > 0:
+			return nil, apierr.New(apierr.NotSupported, "volumes are not mounted in gVisor sandboxes yet")
+		case opt.Policy.DenySubprocess():
+			// Its kernel filter (seccomp user notification) is one the
+			// Sentry does not implement: every execution would fail.
+			return nil, apierr.New(apierr.NotSupported, "allow_subprocess: false cannot be enforced in a gVisor sandbox (gVisor has no seccomp user notification); use runtime runc")
 		}
 	}
 	kpol, err := applyCreatePolicy(&opt)

@@ -26,6 +26,7 @@ import (
 // It returns the cgroup path of its runtime's instance too.
 func pauseEngine(t *testing.T) (*sandbox.Manager, string, *typeLog) {
 	t.Helper()
+	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: pause is refused (TestGVisorSandbox)")
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
 	rt, noLeaks := runcRuntime(t)
@@ -522,6 +523,7 @@ open("/home/user/before.txt", "w").write("written before")`)
 // runtime refuses) leaves the sandbox running as it was: ERR_INTERNAL,
 // its variables, a new agent connection and its lifetime.
 func TestPauseFailureRunsOn(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: pause is refused (TestGVisorSandbox)")
 	testutil.RequireRoot(t)
 	ctx := context.Background()
 	rootfs := testutil.TemplateRootFS(t, "python")

@@ -22,6 +22,7 @@ import (
 // the runtime and checks that nothing of them is left on the host.
 func dumpingEngine(t *testing.T) (m *sandbox.Manager, cgroup string, end func() error) {
 	t.Helper()
+	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: pause is refused (TestGVisorSandbox)")
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
 	rt, noLeaks := runcRuntime(t)

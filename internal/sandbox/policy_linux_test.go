@@ -15,6 +15,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // policyLog keeps what an engine emits.
@@ -72,6 +73,7 @@ func pf(f float64) *float64 { return &f }
 // one with it, where it must be refused with the right error and event.
 // A neighbour sandbox keeps working throughout.
 func TestPolicyHostile(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "its sandboxes include allow_subprocess: false and a public network, both refused under gVisor; the import attacks run in TestPolicyImportRulesWithLibraries")
 	log := &policyLog{}
 	m := runcEngine(t, func(c *sandbox.Config) { c.Events = log })
 	pols := map[string]*policy.Policy{
@@ -325,6 +327,7 @@ func TestPolicyFilesystem(t *testing.T) {
 // TestPolicyResources: each resource limit stops what passes it, with its
 // error code and a resource_exceeded event.
 func TestPolicyResources(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "its memory limit ends the whole gVisor sandbox (the host OOM-kills the Sentry), not the interpreter: TestGVisorMemoryBomb")
 	log := &policyLog{}
 	m := runcEngine(t, func(c *sandbox.Config) { c.Events = log })
 	free := newSandbox(t, m, sandbox.CreateOptions{})

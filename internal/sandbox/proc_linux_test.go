@@ -12,6 +12,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // sudoCell speaks the agent's sudo protocol from Python, without the sudo
@@ -73,6 +74,7 @@ os.waitpid(pid, 0)[1]`
 // memory of another interpreter outside the filter (an idle Bash
 // context's), not a file a fresh interpreter runs before it is filtered. Each works in a sandbox without the rule.
 func TestPolicyNoProcessByAnyRoute(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "allow_subprocess: false is refused under gVisor (TestGVisorSandbox)")
 	log := &policyLog{}
 	m := runcEngine(t, func(c *sandbox.Config) { c.Events = log })
 	boxes := map[string]*sandbox.Sandbox{}

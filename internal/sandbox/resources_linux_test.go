@@ -17,6 +17,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // TestPolicyCPUTimeCgroup: cpu_time_seconds counts the sandbox cgroup's
@@ -67,6 +68,7 @@ func TestPolicyCPUTimeCgroup(t *testing.T) {
 // writable layer full). Each program first runs where the limit is
 // roomy, where it must succeed.
 func TestResourceExceededCgroup(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "its memory limit ends the whole gVisor sandbox (the host OOM-kills the Sentry), not the interpreter: TestGVisorMemoryBomb; forks at the pids limit fail (RLIMIT_NPROC) without a pids event")
 	log := &policyLog{}
 	m := runcEngine(t, func(c *sandbox.Config) { c.Events = log })
 	ctx := context.Background()
@@ -206,6 +208,7 @@ func number(v any) float64 {
 // context's state kept; a size below what the sandbox already holds is
 // refused and changes nothing.
 func TestPolicyResizesLiveSandbox(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "its memory limit ends the whole gVisor sandbox (the host OOM-kills the Sentry), not the interpreter: TestGVisorMemoryBomb")
 	m := runcEngine(t)
 	ctx := context.Background()
 	mib := func(n int64) *int64 { return &n }

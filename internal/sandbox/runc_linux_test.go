@@ -41,6 +41,11 @@ func runcRuntime(t testing.TB, opts ...func(*oci.Config)) (rt *oci.OCI, noLeaks 
 		RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
 		CgroupParent: testCgroupParent, Instance: instance,
 	}
+	if testutil.GVisor() {
+		// The suite's gVisor pass: every sandbox that names no runtime
+		// runs under runsc.
+		cfg.RunscPath, cfg.DefaultRuntime = testutil.Runsc(t), oci.RuntimeGVisor
+	}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -259,6 +264,7 @@ func TestRuncOutputCap(t *testing.T) {
 }
 
 func TestRuncMemoryBomb(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "the host OOM killer ends the whole sandbox (the Sentry): TestGVisorMemoryBomb")
 	m := runcEngine(t)
 	s := newSandbox(t, m, sandbox.CreateOptions{Limits: runtime.Limits{MemoryBytes: 192 << 20}})
 	other := newSandbox(t, m, sandbox.CreateOptions{})
@@ -282,6 +288,7 @@ func TestRuncMemoryBomb(t *testing.T) {
 // through the seccomp helper, in /root too. A missing directory or a file
 // is refused before any kernel starts.
 func TestRuncContextCwdUserCannotEnter(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "allow_subprocess: false is refused under gVisor (TestGVisorSandbox)")
 	m := runcEngine(t)
 	ctx := context.Background()
 	no := false

@@ -19,6 +19,7 @@ import (
 // sandbox without one, on the same engine, is snapshotted and started
 // from.
 func TestSnapshotRefusesNetwork(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "no network nor snapshot under gVisor (TestGVisorSandbox)")
 	ctx := context.Background()
 	m, _ := networkEngine(t, &egress.TestNet{})
 	dir := testutil.ShortTempDir(t)

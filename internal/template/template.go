@@ -56,6 +56,26 @@ type Info struct {
 	SizeBytes int64     `json:"size_bytes"` // disk usage of the rootfs, each inode counted once
 	UIDShift  uint32    `json:"uid_shift"`  // every owner in the rootfs is shifted up by this
 	Version   int       `json:"version"`    // FormatVersion
+	// Runtime is the runtime of the template's sandboxes that name none
+	// ("runc" or "gvisor"; SetRuntime); "" leaves it to the server.
+	Runtime string `json:"runtime,omitempty"`
+}
+
+// Runtimes are the values of Info.Runtime besides "".
+var Runtimes = []string{"gvisor", "runc"}
+
+// SetRuntime sets the runtime of template name's sandboxes that name
+// none: one of Runtimes, or "" for the server's default.
+func SetRuntime(dataDir, name, runtime string) error {
+	if runtime != "" && !slices.Contains(Runtimes, runtime) {
+		return fmt.Errorf("unknown runtime %q: %s, or \"\" for the server's default", runtime, strings.Join(Runtimes, ", "))
+	}
+	info, err := Get(dataDir, name)
+	if err != nil {
+		return err
+	}
+	info.Runtime = runtime
+	return writeInfo(filepath.Join(templatesDir(dataDir), name), info)
 }
 
 // BuildOptions configure Build.

@@ -1253,3 +1253,31 @@ func (l testLog) Write(p []byte) (int, error) {
 	l.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// TestSetRuntime: a template's runtime is kept in its template.json and
+// read back; an unknown runtime is refused and changes nothing.
+func TestSetRuntime(t *testing.T) {
+	data := t.TempDir()
+	dir := filepath.Join(templatesDir(data), "python")
+	if err := os.MkdirAll(filepath.Join(dir, "rootfs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeInfo(dir, Info{Name: "python", Version: FormatVersion}); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetRuntime(data, "python", "gvisor"); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetRuntime(data, "python", "kata"); err == nil {
+		t.Fatal("runtime kata was set")
+	}
+	if info, err := Get(data, "python"); err != nil || info.Runtime != "gvisor" {
+		t.Fatalf("Get: %+v %v", info, err)
+	}
+	if err := SetRuntime(data, "python", ""); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := Get(data, "python"); err != nil || info.Runtime != "" {
+		t.Fatalf("Get after reset: %+v %v", info, err)
+	}
+}

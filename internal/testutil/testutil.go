@@ -48,6 +48,33 @@ func Runc(t testing.TB) string {
 	return p
 }
 
+// Runsc returns gVisor's runsc that `make setup` builds (SHEEPFOLD_RUNSC
+// overrides), failing t if it is missing.
+func Runsc(t testing.TB) string {
+	t.Helper()
+	p := os.Getenv("SHEEPFOLD_RUNSC")
+	if p == "" {
+		p = filepath.Join(DataDir(), "bin", "runsc")
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("gVisor's runsc %s missing: run `make setup` (%v)", p, err)
+	}
+	return p
+}
+
+// GVisor says whether the engine's suites run their sandboxes under
+// gVisor (SHEEPFOLD_TEST_RUNTIME=gvisor) rather than runc.
+func GVisor() bool { return os.Getenv("SHEEPFOLD_TEST_RUNTIME") == "gvisor" }
+
+// SkipUnderGVisor skips t when the suite runs under gVisor, for a test
+// of what only runc sandboxes have (the reason says what).
+func SkipUnderGVisor(t testing.TB, reason string) {
+	t.Helper()
+	if GVisor() {
+		t.Skip("not under gVisor: " + reason)
+	}
+}
+
 // TemplateRootFS returns the root filesystem of a built template, failing
 // t if it is not built.
 func TemplateRootFS(t testing.TB, name string) string {

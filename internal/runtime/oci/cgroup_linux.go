@@ -330,11 +330,20 @@ func (c *cgroups) cpuTime(id string) (time.Duration, error) {
 // unfrozen cgroup, which may already belong to another process.
 func (c *cgroups) kill(id string) error {
 	deadline := time.Now().Add(10 * time.Second)
+	unified := ""
 	if c.unified != "" {
-		dir := filepath.Join(c.unified, c.parent, id)
-		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-			return nil
+		unified = filepath.Join(c.unified, c.parent, id)
+		if _, err := os.Stat(unified); errors.Is(err, os.ErrNotExist) {
+			if c.v2 {
+				return nil
+			}
+			// A hybrid host's sandbox that runsc placed in the v1
+			// hierarchies alone (a gVisor one): the v1 freezer's way.
+			unified = ""
 		}
+	}
+	if unified != "" {
+		dir := unified
 		if err := cg.WriteFile(dir, "cgroup.kill", "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("kill cgroup %s: %w", dir, err)
 		}

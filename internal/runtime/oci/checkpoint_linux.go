@@ -229,6 +229,9 @@ func (o *OCI) dumpable(id, what string) (b string, spec *specs.Spec, gid uint32,
 	if spec, err = readSpec(b); err != nil {
 		return "", nil, 0, err
 	}
+	if o.gvisor(id) {
+		return "", nil, 0, fmt.Errorf("%w: %s of a gVisor sandbox (CRIU cannot dump the Sentry)", ErrGVisor, what)
+	}
 	if !o.running(id) {
 		return "", nil, 0, fmt.Errorf("%s %s: %w", what, id, ErrCheckpointed)
 	}
@@ -256,6 +259,9 @@ func (o *OCI) Restore(ctx context.Context, id, dir string) (inst *runtime.Instan
 	defer o.release(id)
 	defer o.kickSpares() // a spare may have been taken
 	b := o.bundle(id)
+	if o.gvisor(id) {
+		return nil, fmt.Errorf("%w: restore of a gVisor sandbox", ErrGVisor)
+	}
 	spec, err := readSpec(b)
 	if err != nil {
 		return nil, err
@@ -557,6 +563,9 @@ func (o *OCI) setNamespaceLimits(ctx context.Context, pid int) error {
 // running says whether runc holds state for the sandbox: it was created
 // or restored and not checkpointed (nor destroyed) since.
 func (o *OCI) running(id string) bool {
+	if o.gvisor(id) {
+		return o.runscState(id)
+	}
 	_, err := os.Stat(filepath.Join(o.runcDir, id, "state.json"))
 	return err == nil
 }

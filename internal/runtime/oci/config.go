@@ -71,8 +71,15 @@ const DefaultSlots = 4096
 
 // Config configures the OCI runtime. Zero fields take the defaults below.
 type Config struct {
-	// RuntimePath is the runc (or runsc) binary.
+	// RuntimePath is the runc binary.
 	RuntimePath string
+	// RunscPath, when set, is gVisor's runsc (built static: `make setup`),
+	// which runs the sandboxes whose Spec.Runtime is RuntimeGVisor
+	// (runsc_linux.go); empty: this engine offers runc alone.
+	RunscPath string
+	// DefaultRuntime is the isolation of a sandbox whose Spec.Runtime is
+	// empty: RuntimeRunc (the default) or RuntimeGVisor (needs RunscPath).
+	DefaultRuntime string
 	// CriuPath is the CRIU binary runc's checkpoint and restore run
 	// (runtime.Checkpointer); its name must be "criu" (runc runs it by
 	// that name from its PATH). Default: criu beside RuntimePath, where
@@ -138,6 +145,12 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// The names of the runtimes a sandbox may choose (runtime.Spec.Runtime).
+const (
+	RuntimeRunc   = "runc"   // runc: namespaces, seccomp and cgroups on the host kernel
+	RuntimeGVisor = "gvisor" // gVisor's runsc: the Sentry, a kernel in user space, in front of the host's
+)
+
 // DefaultMinFreeDisk is Config.MinFreeDiskBytes's default.
 const DefaultMinFreeDisk = 256 << 20
 
@@ -147,6 +160,20 @@ func (c *Config) setDefaults() error {
 	}
 	if !filepath.IsAbs(c.StateDir) {
 		return errors.New("oci: StateDir must be absolute")
+	}
+	switch c.DefaultRuntime {
+	case "":
+		c.DefaultRuntime = RuntimeRunc
+	case RuntimeRunc:
+	case RuntimeGVisor:
+		if c.RunscPath == "" {
+			return errors.New("oci: the default runtime gvisor needs RunscPath (gVisor's runsc: make setup builds it)")
+		}
+	default:
+		return fmt.Errorf("oci: unknown default runtime %q: %s or %s", c.DefaultRuntime, RuntimeRunc, RuntimeGVisor)
+	}
+	if c.RunscPath != "" && !filepath.IsAbs(c.RunscPath) {
+		return fmt.Errorf("oci: RunscPath %q must be absolute", c.RunscPath)
 	}
 	if c.CriuPath == "" {
 		c.CriuPath = filepath.Join(filepath.Dir(c.RuntimePath), "criu")

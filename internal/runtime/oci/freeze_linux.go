@@ -37,8 +37,12 @@ func (o *OCI) freezer(ctx context.Context, op, id string) error {
 	if !o.running(id) {
 		return fmt.Errorf("%s %s: %w", op, id, runtime.ErrNotFound)
 	}
-	if out, err := o.runc(ctx, op, id).CombinedOutput(); err != nil {
-		return fmt.Errorf("%s %s: %w: %s", o.Name(), op, err, tail(out))
+	cmd, name := o.runc(ctx, op, id), o.Name()
+	if o.gvisor(id) {
+		cmd, name = o.runsc(ctx, op, id), "runsc" // the Sentry stops its tasks
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, op, err, tail(out))
 	}
 	return nil
 }

@@ -28,19 +28,22 @@ var (
 	_ runtime.CPUCounter = (*OCI)(nil)
 	_ runtime.Resizer    = (*OCI)(nil)
 	_ runtime.Devices    = (*OCI)(nil)
+	_ runtime.Chooser    = (*OCI)(nil)
 )
 
-// OCI runs sandboxes with an OCI runtime binary (runc; runsc later).
+// OCI runs sandboxes with an OCI runtime binary: runc, or gVisor's runsc
+// for those that choose it (runsc_linux.go).
 type OCI struct {
-	cfg     Config
-	cg      *cgroups
-	ids     *idRanges
-	ns      nsTools
-	disk    *disks   // nil: writable layers in memory (Config.DiskInMemory)
-	dir     string   // StateDir/Instance
-	bundles string   // dir/sandboxes
-	runcDir string   // dir/runc: the runtime's own --root
-	lock    *os.File // holds an flock on dir/lock while the instance lives
+	cfg      Config
+	cg       *cgroups
+	ids      *idRanges
+	ns       nsTools
+	disk     *disks   // nil: writable layers in memory (Config.DiskInMemory)
+	dir      string   // StateDir/Instance
+	bundles  string   // dir/sandboxes
+	runcDir  string   // dir/runc: the runtime's own --root
+	runscDir string   // dir/runsc: runsc's --root (runsc_linux.go)
+	lock     *os.File // holds an flock on dir/lock while the instance lives
 
 	quit    chan struct{} // closed by Close: stops the background sweep
 	sweeper sync.WaitGroup
@@ -78,7 +81,10 @@ func New(cfg Config) (*OCI, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: the OCI runtime needs root", runtime.ErrUnsupported)
 	}
-	for _, p := range []string{cfg.RuntimePath, cfg.AgentBin} {
+	for _, p := range []string{cfg.RuntimePath, cfg.AgentBin, cfg.RunscPath} {
+		if p == "" {
+			continue // no runsc
+		}
 		if fi, err := os.Stat(p); err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
 			return nil, fmt.Errorf("%w: %s is not an executable file", runtime.ErrUnsupported, p)
 		}
@@ -138,9 +144,10 @@ func open(cfg Config, ids *idRanges, ns nsTools) (*OCI, error) {
 	dir := filepath.Join(cfg.StateDir, cfg.Instance)
 	o := &OCI{
 		cfg: cfg, cg: cg, ids: ids, ns: ns, dir: dir,
-		bundles: filepath.Join(dir, "sandboxes"),
-		runcDir: filepath.Join(dir, "runc"),
-		pending: map[string]bool{}, cdi: cdiCache(cfg.CDISpecDirs),
+		bundles:  filepath.Join(dir, "sandboxes"),
+		runcDir:  filepath.Join(dir, "runc"),
+		runscDir: filepath.Join(dir, "runsc"),
+		pending:  map[string]bool{}, cdi: cdiCache(cfg.CDISpecDirs),
 		idmaps: map[uint32]*os.File{},
 		quit:   make(chan struct{}),
 
@@ -159,7 +166,7 @@ func open(cfg Config, ids *idRanges, ns nsTools) (*OCI, error) {
 			lock.Close()
 			return nil, err
 		}
-		if err := mkdirs(0o700, o.runcDir); err != nil {
+		if err := mkdirs(0o700, o.runcDir, o.runscDir); err != nil {
 			lock.Close()
 			return nil, err
 		}
@@ -340,9 +347,14 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	if !validID(s.ID) {
 		return nil, fmt.Errorf("invalid sandbox id %q", s.ID)
 	}
-	if s.Runtime != "" && s.Runtime != o.Name() {
-		// One binary for all (runtime.Offered: its Name).
-		return nil, fmt.Errorf("%w: runtime %q: this server runs every sandbox with %s", runtime.ErrUnsupported, s.Runtime, o.Name())
+	flavour, err := o.flavour(s.Runtime)
+	if err != nil {
+		return nil, err
+	}
+	if flavour == RuntimeGVisor && len(s.Devices) > 0 {
+		// gVisor's Sentry answers the sandbox's system calls: a host
+		// device node bound in would reach no driver (docs/security.md §19).
+		return nil, fmt.Errorf("%w: a gVisor sandbox is given no devices", runtime.ErrUnsupported)
 	}
 	if fi, err := os.Stat(filepath.Join(s.RootFS, "usr")); err != nil || !fi.IsDir() {
 		return nil, fmt.Errorf("template root %s is not a root filesystem", s.RootFS)
@@ -369,6 +381,11 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 			}
 		}
 	}()
+	if flavour == RuntimeGVisor {
+		if err := os.WriteFile(filepath.Join(b, gvisorMarker), nil, 0o600); err != nil {
+			return nil, err
+		}
+	}
 
 	// The sandbox's own host ids, then its bundle opened to them alone:
 	// runc's init, as the sandbox's root, passes through to the rootfs.
@@ -381,6 +398,9 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	}
 	if err := os.Chmod(b, 0o710); err != nil {
 		return nil, err
+	}
+	if flavour == RuntimeGVisor {
+		return o.createRunsc(ctx, s, b, base)
 	}
 	// The range's namespace first: one made in advance for it is the
 	// sandbox's only while nothing else takes it (makeOneSpare drops the
@@ -654,6 +674,13 @@ func (o *OCI) destroy(ctx context.Context, id string) error {
 	// once `runc create` got far enough to write it.
 	if err := o.cg.kill(id); err != nil {
 		errs = append(errs, err)
+	}
+	// runsc's too, once its Sentry and gofer are dead (a live Sentry
+	// busy at its limits can keep `runsc delete` waiting).
+	if o.runscState(id) {
+		if out, err := o.runsc(ctx, "delete", "--force", id).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("runsc delete: %w: %s", err, tail(out)))
+		}
 	}
 	if _, err := os.Stat(filepath.Join(o.runcDir, id, "state.json")); err == nil {
 		if out, err := o.runc(ctx, "delete", "--force", id).CombinedOutput(); err != nil {
