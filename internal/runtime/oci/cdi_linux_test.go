@@ -96,3 +96,23 @@ func TestCDIBrokenSpec(t *testing.T) {
 		t.Errorf("no directory: %v, %v", devs, err)
 	}
 }
+
+// TestGVisorRefusesDevices: a gVisor sandbox is given no device (its
+// Sentry would answer the node's calls, no driver), and the refused
+// create leaves nothing.
+func TestGVisorRefusesDevices(t *testing.T) {
+	cfg := gvisorConfig(t, "cdi-gv")
+	specDir, names := testutil.CDIDevices(t, 1)
+	cfg.CDISpecDirs = []string{specDir}
+	o, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	_, err = o.Create(context.Background(), runtime.Spec{ID: "cdi-gv", RootFS: testutil.TemplateRootFS(t, "python"),
+		Runtime: RuntimeGVisor, Limits: runtime.Limits{MemoryBytes: 128 << 20, Pids: 64, DiskBytes: 16 << 20}, Devices: names})
+	if !errors.Is(err, runtime.ErrUnsupported) {
+		t.Fatalf("a gVisor sandbox with a device: %v", err)
+	}
+	assertGone(t, o, "cdi-gv")
+}
