@@ -5,10 +5,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/policy"
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
@@ -198,5 +201,101 @@ time.sleep(3600)`}})
 	}
 	if got := py(t, s, netProbe+egressAttempts); got != wantConfined {
 		t.Fatalf("the parent after its clone stopped: %q", got)
+	}
+}
+
+// TestNetworkPausedAfterRestart: a sandbox with an allowlist and a
+// network_requests budget, paused and left to the next engine, comes
+// back with its allowlist and the requests it had made counted: the
+// first request after the resume is allowed (the control) and the one
+// past the budget refused, as they would have been without the restart
+// (which must not give the budget back), while a name outside the
+// allowlist still does not resolve.
+func TestNetworkPausedAfterRestart(t *testing.T) {
+	testutil.RequireRoot(t)
+	ctx := context.Background()
+	w := newEgressWorld(t)
+	rootfs := testutil.TemplateRootFS(t, "python")
+	state := testutil.ShortTempDir(t)
+	if err := os.Chmod(state, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
+		CgroupParent: testCgroupParent, Instance: "t" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
+	rt, err := oci.New(rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cgroup := rt.CgroupPath()
+	dir := testutil.ShortTempDir(t)
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	cfg := sandbox.Config{Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), KeepPaused: true,
+		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })}
+	cfg.Egress.Test = w.test
+	cfg.Egress.Self = []netip.AddrPort{w.self}
+	first, err := sandbox.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const budget = 3
+	pol := allowlist("api.test")
+	pol.ResourceLimits = &policy.ResourceLimits{NetworkRequests: ptr(int64(budget))}
+	s, err := first.Create(ctx, sandbox.CreateOptions{Timeout: 10 * time.Minute, Policy: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range budget - 1 {
+		if got := py(t, s, netProbe+`print(get("api.test"), end="")`); got != "hello from api.test" {
+			t.Fatalf("within the budget: %q", got)
+		}
+	}
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(ctx); err != nil {
+		t.Fatalf("close the first engine: %v", err)
+	}
+	if err := rt.Close(); err != nil {
+		t.Fatalf("close the first runtime: %v", err)
+	}
+
+	rt2, err := oci.New(rcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Runtime = rt2
+	m, err := sandbox.New(ctx, cfg)
+	if err != nil {
+		rt2.Close()
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := m.Close(ctx); err != nil {
+			t.Errorf("close the second engine: %v", err)
+		}
+		if err := rt2.Close(); err != nil {
+			t.Errorf("close the second runtime: %v", err)
+		}
+		assertNoLeaks(t, state, rcfg.Instance, cgroup)
+	}()
+	kept, err := m.Get(s.ID)
+	if err != nil {
+		t.Fatalf("the paused sandbox was not taken back: %v", err)
+	}
+	defer m.Kill(ctx, kept.ID)
+	if got := kept.EgressRequests(); got != budget-1 {
+		t.Errorf("taken back, its request count is %d, want %d", got, budget-1)
+	}
+	if err := kept.Resume(ctx); err != nil {
+		t.Fatalf("resume after the restart: %v", err)
+	}
+	got := py(t, kept, netProbe+`print(get("api.test"), get("api.test"), get("evil.test"), sep="|", end="")`)
+	if want := "hello from api.test|ECONNREFUSED|gaierror"; got != want {
+		t.Fatalf("after the restart: %q, want %q (the last request of the budget allowed, the one past it refused)", got, want)
+	}
+	if got := kept.EgressRequests(); got != budget {
+		t.Errorf("request count %d after the restart, want %d", got, budget)
 	}
 }
