@@ -265,7 +265,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 // admit checks that one more sandbox of footprint need fits the server's
 // caps. s.mu is held.
 func (s *Server) admit(need int64) error {
-	if s.cfg.MaxSandboxes > 0 && len(s.boxes) >= s.cfg.MaxSandboxes {
+	if s.cfg.MaxSandboxes > 0 && len(s.boxes)+s.pooled.count >= s.cfg.MaxSandboxes {
 		return &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
 			Message: fmt.Sprintf("all %d sandbox slots of this server are in use", s.cfg.MaxSandboxes)}
 	}
@@ -273,7 +273,7 @@ func (s *Server) admit(need int64) error {
 		return nil
 	}
 	capacity := int64(float64(s.cfg.HostMemoryBytes) * s.cfg.Overcommit)
-	var used int64
+	used := s.pooled.bytes // the snapshot pools' members (snappool.go)
 	for _, b := range s.boxes {
 		used += b.footprint
 	}
