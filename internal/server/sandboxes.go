@@ -388,6 +388,12 @@ func (s *Server) forget(ctx context.Context, b *box) {
 	if !b.sb.Released() {
 		s.recordStop(ctx, b)
 	}
+	s.snapMu.Lock()
+	_, forked := s.forks[b.sb.ID]
+	s.snapMu.Unlock()
+	if root, err := s.snapshots(); forked && err == nil {
+		s.pruneForks(root) // its group's baseline may be the last of it (fork.go)
+	}
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {

@@ -524,6 +524,9 @@ type Server struct {
 	snapUse    map[string]int
 	snapMaking map[string]bool
 	forks      map[string]forkOf // by the fork's id
+	// forkGroups are the fork groups' baselines kept (fork.go), by
+	// their directory: metered and bounded as the account's snapshots.
+	forkGroups map[string]forkGroup
 	// snapPools are the snapshots' pools, by snapshotKey (snappool.go);
 	// guarded by snapMu.
 	snapPools map[string]*poolHold
