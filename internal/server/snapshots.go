@@ -50,8 +50,11 @@ import (
 //
 // What a snapshot never holds: a secret's value. A sandbox reaches a
 // secret only through its egress gateway, which substitutes the value
-// into its outgoing requests on the host (secrets_egress.go), and a
-// sandbox with a network is not snapshotted (ERR_NOT_SUPPORTED); its
+// into its outgoing requests on the host (secrets_egress.go); the
+// gateway is never dumped (a sandbox with a network is snapshotted with
+// it detached, internal/sandbox network.go), and a sandbox started from
+// the snapshot gets a gateway of its own with the recorded policy, whose
+// rules resolve the account's secrets by the new sandbox's id. Its
 // environment holds ${secrets.NAME} placeholders, never values.
 //
 // Bounds: each account keeps at most Config.MaxSnapshotsPerAccount
