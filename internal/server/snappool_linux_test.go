@@ -122,6 +122,14 @@ func TestSnapshotPoolHoldsSlots(t *testing.T) {
 	// One running: a pool of three would hold four of the account's three.
 	want(t, e.do("POST", "/v1/snapshots/p/pool", key, map[string]any{"size": 3}), http.StatusTooManyRequests, "ERR_SESSION_QUOTA_EXCEEDED")
 	want(t, e.do("POST", "/v1/snapshots/p/pool", key, map[string]any{"size": 2}), http.StatusOK, "")
+	// Resized only once full: a resize during a member's restore cuts
+	// that restore short (not what this test is about).
+	full := func(n float64) {
+		waitFor(t, "the pool full", func() bool {
+			return e.do("GET", "/v1/snapshots/p/pool", key, nil).json(t)["ready"].(float64) == n
+		})
+	}
+	full(2)
 	// One running and two pooled fill the account's three.
 	want(t, e.do("POST", "/v1/sandboxes", key, map[string]any{}), http.StatusTooManyRequests, "ERR_SESSION_QUOTA_EXCEEDED")
 	// Another account's sandbox takes the server's last slot of four.
@@ -130,6 +138,7 @@ func TestSnapshotPoolHoldsSlots(t *testing.T) {
 
 	// The control: a pool of one leaves room for one more of each.
 	want(t, e.do("POST", "/v1/snapshots/p/pool", key, map[string]any{"size": 1}), http.StatusOK, "")
+	full(1)
 	mine := e.create(key, map[string]any{})
 	want(t, e.do("POST", "/v1/sandboxes", key, map[string]any{}), http.StatusTooManyRequests, "ERR_SESSION_QUOTA_EXCEEDED")
 	// Its delete (size 0) gives its slot back.
