@@ -155,8 +155,9 @@ func (c *Client) ListSandboxesIn(ctx context.Context, state string) ([]Sandbox, 
 // memory and processes; its files stay and its lifetime stands still.
 // Any request that needs it (an execution, a command, a file call), or
 // ResumeSandbox, resumes it. ErrNotSupported: the server's runtime
-// cannot checkpoint, or the sandbox has a network; ErrSandboxState: a
-// request of it is in flight.
+// cannot checkpoint; ErrSandboxState: a request of it is in flight. A
+// sandbox with a network keeps its policy and request count; its
+// connections open at the pause are closed.
 func (c *Client) PauseSandbox(ctx context.Context, id string) (*Sandbox, error) {
 	var sb Sandbox
 	return &sb, c.call(ctx, request{method: "POST", path: sandboxPath(id, "pause")}, &sb)

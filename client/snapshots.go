@@ -14,7 +14,7 @@ type Snapshot = api.Snapshot
 // CreateSnapshot saves the running sandbox id under name (unique in the
 // account) while it runs on. ErrConflict: the name is taken;
 // ErrSandboxState: a request of it is in flight, or it is paused;
-// ErrNotSupported: the server cannot, or the sandbox has a network.
+// ErrNotSupported: the server cannot.
 func (c *Client) CreateSnapshot(ctx context.Context, id, name string) (*Snapshot, error) {
 	var s Snapshot
 	return &s, c.call(ctx, request{method: "POST", path: sandboxPath(id, "snapshots"), json: api.SnapshotRequest{Name: name}}, &s)

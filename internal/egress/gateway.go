@@ -227,19 +227,21 @@ type TestNet struct {
 
 // Gateway decides and carries one sandbox's traffic.
 type Gateway struct {
-	opt     Options
-	id      string
-	log     *slog.Logger
-	limit   int64 // network_requests; 0 = none
-	budget  Budget
-	ctx     context.Context
-	cancel  context.CancelFunc
-	closers []func() // run by Close, in reverse
+	opt    Options
+	id     string
+	log    *slog.Logger
+	limit  int64 // network_requests; 0 = none
+	budget Budget
+	ctx    context.Context
+	cancel context.CancelFunc
+	// amu guards closers: Attach, Detach and Close one at a time.
+	amu     sync.Mutex
+	closers []func() // what the last Attach made, undone by Close and Detach in reverse
 
 	pol      atomic.Pointer[policy.Egress]
 	requests atomic.Int64
 	seen     counters
-	stackSum func() string // the userspace stack's counters, once attached
+	stackSum atomic.Pointer[func() string] // the userspace stack's counters, while attached
 
 	started           time.Time     // the origin of now
 	inRate, outRate   *rate.Limiter // Options.Rate to and from the sandbox; nil: none
@@ -278,8 +280,8 @@ func (g *Gateway) Diagnose() string {
 	if e := c.lastLinkErr.Load(); e != nil {
 		out += " (last: " + *e + ")"
 	}
-	if g.stackSum != nil {
-		out += "; stack: " + g.stackSum()
+	if sum := g.stackSum.Load(); sum != nil {
+		out += "; stack: " + (*sum)()
 	}
 	return out + "; " + g.flowSummary()
 }
@@ -372,15 +374,58 @@ func (g *Gateway) Bytes() (in, out int64) { return g.bytesIn.Load(), g.bytesOut.
 // (and with it the sandbox's interface) goes away.
 func (g *Gateway) Close() error {
 	g.cancel()
-	for i := len(g.closers) - 1; i >= 0; i-- {
-		g.closers[i]()
-	}
-	g.closers = nil
+	g.detach()
 	if h, ok := g.log.Handler().(*logCap); ok {
 		h.flush()
 	}
 	return nil
 }
+
+// Detach takes the gateway off its sandbox's network namespace and keeps
+// the rest: every open connection is closed, the userspace stack ends
+// and the TUN device goes away with its last descriptor (the sandbox is
+// left its loopback alone, as a network namespace CRIU can dump), before
+// Detach returns. The policy, the request count, the bytes carried and
+// the names the sandbox resolved stay, and Attach, to the same sandbox's
+// namespace again or to the one of its restored processes, goes on with
+// them. A pause, a snapshot and a fork of a sandbox with a network
+// detach it for their dump (internal/sandbox, pause.go).
+func (g *Gateway) Detach() {
+	for _, f := range g.openFlows() {
+		f.cancel()
+	}
+	g.detach()
+}
+
+// Attached says whether the gateway is attached to a namespace (Attach,
+// and no Detach or Close since).
+func (g *Gateway) Attached() bool {
+	g.amu.Lock()
+	defer g.amu.Unlock()
+	return len(g.closers) > 0
+}
+
+// detach undoes the last Attach.
+func (g *Gateway) detach() {
+	g.amu.Lock()
+	defer g.amu.Unlock()
+	g.detachLocked()
+}
+
+// detachLocked runs the closers of the last Attach; amu is held.
+func (g *Gateway) detachLocked() {
+	for i := len(g.closers) - 1; i >= 0; i-- {
+		g.closers[i]()
+	}
+	g.closers = nil
+	g.stackSum.Store(nil)
+}
+
+// SetRequests sets the count of requests the sandbox has made (Requests)
+// to n, for a gateway that carries on a sandbox an earlier one served
+// (a paused sandbox taken back after a restart): its network_requests
+// go on from where they were.
+func (g *Gateway) SetRequests(n int64) { g.requests.Store(max(n, 0)) }
 
 // decision is the outcome of one check, with the rule that made it.
 type decision struct {

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -35,29 +36,53 @@ const sniffTimeout = 10 * time.Second
 
 // Attach puts the sandbox's network interface into the network namespace
 // of pid (the sandbox's init, created but not yet started) and starts the
-// userspace stack behind it. Call it once; Close undoes it.
-func (g *Gateway) Attach(ctx context.Context, pid int) (err error) {
+// userspace stack behind it. Close undoes it, and Detach, after which
+// Attach may be called again (a restored sandbox's new namespace).
+func (g *Gateway) Attach(ctx context.Context, pid int) error {
+	g.amu.Lock()
+	defer g.amu.Unlock()
+	switch {
+	case len(g.closers) > 0:
+		return errors.New("egress: the gateway is attached already")
+	case g.ctx.Err() != nil:
+		return errors.New("egress: the gateway is closed")
+	}
+	err := g.attach(pid)
+	if err != nil {
+		g.detachLocked()
+	}
+	return err
+}
+
+// attach is Attach's work; amu is held, and what it made is undone by
+// detachLocked when it fails.
+func (g *Gateway) attach(pid int) error {
 	fd, err := openTUN(pid)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			g.Close()
-		}
-	}()
 	ep, tun, err := newLink(fd, g.linkWriteFailed)
 	if err != nil {
 		unix.Close(fd)
 		return fmt.Errorf("egress link: %w", err)
 	}
-	g.closers = append(g.closers, func() { tun.Close() })
+	// The device goes with the descriptor's last close, which the
+	// reader's Read, woken by Close, makes on its way out: the closer
+	// waits for it, so that the device is gone once Detach returns.
+	read, reading := make(chan struct{}), false
+	g.closers = append(g.closers, func() {
+		tun.Close()
+		if reading {
+			<-read
+		}
+	})
 	s := stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
 	})
 	g.closers = append(g.closers, func() { s.Close(); s.Wait() })
-	g.stackSum = func() string { return stackSummary(s.Stats()) }
+	sum := func() string { return stackSummary(s.Stats()) }
+	g.stackSum.Store(&sum)
 	if terr := s.CreateNIC(nicID, ep); terr != nil {
 		return fmt.Errorf("egress nic: %s", terr)
 	}
@@ -106,7 +131,11 @@ func (g *Gateway) Attach(ctx context.Context, pid int) (err error) {
 
 	s.SetTransportProtocolHandler(tcp.ProtocolNumber, tcp.NewForwarder(s, 0, 1024, g.handleTCP).HandlePacket)
 	s.SetTransportProtocolHandler(udp.ProtocolNumber, udp.NewForwarder(s, g.handleUDP).HandlePacket)
-	go readLink(tun, ep)
+	reading = true
+	go func() {
+		defer close(read)
+		readLink(tun, ep)
+	}()
 	g.log.Debug("egress attached", "pid", pid, "mode", g.pol.Load().Mode)
 	return nil
 }

@@ -259,10 +259,17 @@ type Checkpointer interface {
 // running sandbox's processes, memory and files to a directory while it
 // runs on (Snapshot), and start a new sandbox from such a directory
 // (Clone): spec is the new sandbox's (its own ID; the template, limits,
-// writable paths and environment of the one snapshotted; no Network),
-// which gets a host id range, user namespace, cgroups and agent socket
-// of its own. One snapshot may be cloned any number of times; the
-// directory is only read.
+// writable paths and environment of the one snapshotted; a Network when
+// the one snapshotted had one, else none), which gets a host id range,
+// user namespace, cgroups and agent socket of its own, and its Network
+// attached once its processes are restored (they run for that moment
+// with no route out). One snapshot may be cloned any number of times;
+// the directory is only read.
+//
+// A sandbox with a network is checkpointed or snapshotted only with its
+// network detached (the TUN gone: egress.Gateway.Detach); the engine
+// attaches its gateway again to the instance Restore returns, or to the
+// same one after a Snapshot.
 type Snapshotter interface {
 	Snapshot(ctx context.Context, id, dir string) error
 	Clone(ctx context.Context, spec Spec, dir string) (*Instance, error)

@@ -35,7 +35,7 @@ import (
 // AutoPauseNotice before the pause is due, and again each time an active
 // sandbox puts it off. The pause itself is the one of the API, with its
 // refusals: one refused (the account's bound on paused sandboxes or their
-// bytes, a network, a checkpoint that failed) stops the sandbox as if it
+// bytes, a checkpoint that failed) stops the sandbox as if it
 // had not asked for auto-pause (stop reason "timed out" or "idle", the
 // refusal in the log). A
 // resume gives an auto-paused sandbox the lifetime it was created with,

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/egress"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 )
@@ -18,8 +19,11 @@ import (
 //
 // A pause writes, beside the runtime's checkpoint and after it, what the
 // engine knows of the sandbox and nothing else keeps (keptFile: its
-// template, limits, env, metadata, owner, policy and the lifetime it has
-// left), root's alone (0600). Close leaves a paused sandbox as it is:
+// template, limits, env, metadata, owner, policy, the lifetime it has
+// left and the network requests its gateway counted), root's alone
+// (0600). A taken-back sandbox whose policy has a network gets a new
+// gateway with that policy, counting on from the recorded requests,
+// attached at its resume (network.go). Close leaves a paused sandbox as it is:
 // the runtime keeps its bundle, writable layer, disk and host id range
 // (runtime.CheckpointKeeper), the checkpoint stays in CheckpointDir. The
 // next engine over the same runtime instance takes back, at New and
@@ -54,6 +58,9 @@ type keptRecord struct {
 	// AutoLifeMS, when set, is the lifetime of an auto-pause sandbox
 	// (autopause.go): it pauses again when that ends.
 	AutoLifeMS int64 `json:"auto_life_ms,omitempty"`
+	// NetRequests is the network_requests its gateway had counted: the
+	// next engine's gateway for it goes on from there (network.go).
+	NetRequests int64 `json:"net_requests,omitempty"`
 }
 
 // writeKept records the paused sandbox in its checkpoint's directory dir.
@@ -66,6 +73,9 @@ func (s *Sandbox) writeKept(dir string, left time.Duration) error {
 		rec.AutoLifeMS = s.auto.life.Milliseconds()
 	}
 	s.mu.Unlock()
+	if s.net != nil {
+		rec.NetRequests = s.net.Requests()
+	}
 	j, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -180,6 +190,17 @@ func (m *Manager) takeBackOne(ctx context.Context, id string) (*Sandbox, error) 
 		announced: true, // in the run that created it: its stop is reported
 	}
 	close(s.created)
+	// Its gateway, detached until the resume attaches it (network.go).
+	if egressPolicy, err := policy.CompileEgress(rec.Policy.NetworkPolicy()); err != nil {
+		return nil, err
+	} else if egressPolicy.Enabled() {
+		gw, err := egress.New(m.cfg.Egress, id, egressPolicy, rec.Policy.NetworkRequests())
+		if err != nil {
+			return nil, err
+		}
+		gw.SetRequests(rec.NetRequests)
+		s.net = gw
+	}
 	if rec.AutoLifeMS > 0 {
 		s.auto.on, s.auto.life = true, time.Duration(rec.AutoLifeMS)*time.Millisecond
 		m.startAutoLoop()

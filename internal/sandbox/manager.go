@@ -424,13 +424,15 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		return nil, apierr.New(apierr.NotSupported, "a sandbox with devices cannot start from a snapshot")
 	}
 	if opt.Snapshot != "" {
-		if egressPolicy.Enabled() {
-			return nil, apierr.New(apierr.NotSupported, "a sandbox with a network cannot start from a snapshot")
+		if egressPolicy.Enabled() && m.proxiesEgress() {
+			return nil, apierr.New(apierr.NotSupported, "a sandbox with a network cannot start from a snapshot on this runtime")
 		}
 		if _, err := m.snapshotter(); err != nil {
 			return nil, err
 		}
-		if opt.SnapshotPool != "" && !opt.AutoPause && len(opt.Volumes) == 0 {
+		// A networked snapshot's clones are never pooled (snappool.go):
+		// each gets its gateway as it is made.
+		if opt.SnapshotPool != "" && !opt.AutoPause && len(opt.Volumes) == 0 && !egressPolicy.Enabled() {
 			if s, ok, err := m.fromSnapPool(ctx, opt); ok {
 				return s, err
 			}

@@ -29,12 +29,20 @@ import (
 // sandbox has a request in flight (an execution, a foreground command, a
 // file call; not a stream that only follows a process's output,
 // WithFollower: ERR_SANDBOX_STATE), when the runtime cannot checkpoint
-// (ERR_NOT_SUPPORTED: the fake runtime, Kubernetes), when the sandbox has
-// a network (its egress gateway is a host object CRIU cannot dump yet:
-// ERR_NOT_SUPPORTED), or when the engine keeps no checkpoints
-// (Config.CheckpointDir empty). What a pause closes: every connection to
-// the agent (open port forwards, directory watches, process streams end;
-// the processes themselves run on after the resume).
+// (ERR_NOT_SUPPORTED: the fake runtime, Kubernetes), or when the engine
+// keeps no checkpoints (Config.CheckpointDir empty). What a pause closes:
+// every connection to the agent (open port forwards, directory watches,
+// process streams end; the processes themselves run on after the
+// resume).
+//
+// A sandbox with a network (network.go): its gateway is detached before
+// the dump (the TUN, a host descriptor CRIU cannot dump, goes; every
+// connection the sandbox had open through it is closed), and attached
+// again to the restored processes' namespace after the restore, before
+// the agent is reached. The gateway is the same object: the policy, the
+// names resolved, the request count (network_requests) and the bytes
+// carried go on as they were. A pause whose dump fails attaches it
+// again to the sandbox that runs on.
 //
 // Freeze is the quick variant: the runtime's Freezer (the cgroup
 // freezer) stops the processes where they are, memory kept; the same
@@ -93,8 +101,8 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if s.net != nil {
-		return apierr.New(apierr.NotSupported, "sandbox %s has a network: a sandbox with a network cannot be paused yet", s.ID)
+	if err := s.dumpableNet(); err != nil {
+		return err
 	}
 	if err := s.noDevices("paused"); err != nil {
 		return err
@@ -116,8 +124,9 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 	// The last metering sample of this run: its cgroup still exists.
 	s.m.pausing(s)
 	// Every connection to the agent goes first: an open one fails the
-	// checkpoint.
+	// checkpoint; so does the network's TUN (network.go).
 	agent.conns.closeAll()
+	s.detachNet()
 	began := time.Now()
 	dir := s.m.checkpointPath(s.ID)
 	if err := os.MkdirAll(s.m.cfg.CheckpointDir, 0o711); err != nil {
@@ -207,7 +216,9 @@ func (s *Sandbox) unpause(cause error) error {
 	s.deadline = time.Now().Add(s.left)
 	s.timer.Reset(s.left)
 	s.lastActive = time.Now()
+	inst := s.inst
 	s.mu.Unlock()
+	s.reattachNet(inst)
 	s.m.resumed(s)
 	if errors.Is(cause, runtime.ErrUnsupported) {
 		return apierr.Wrap(cause, apierr.NotSupported, "sandbox %s cannot be paused: %v", s.ID, cause)
@@ -247,6 +258,12 @@ func (s *Sandbox) Resume(ctx context.Context) error {
 	inst, err := cp.Restore(context.WithoutCancel(ctx), s.ID, dir)
 	if err != nil {
 		return resumeErr(s.ID, err)
+	}
+	if err := s.attachNet(context.WithoutCancel(ctx), inst); err != nil {
+		// Its policy's network cannot be given back: it is not let
+		// run on without it, nor with another.
+		_ = s.m.destroy(s, "could not be resumed")
+		return apierr.Wrap(err, apierr.Internal, "sandbox %s's network could not be attached after the resume; the sandbox is stopped", s.ID)
 	}
 	agent := newAgentClient(inst, s.m.agentCall, s.m.log.With("sandbox", s.ID))
 	// The caller going away does not undo the restore.

@@ -18,17 +18,25 @@ import (
 // to end as they wait for a resume), then it runs again with the time it
 // had left. It refuses, leaving the sandbox as it was, what a pause
 // refuses: a request in flight (ERR_SANDBOX_STATE), a runtime that
-// cannot (ERR_NOT_SUPPORTED), a sandbox with a network (its egress
-// gateway is a host object a restore could not reattach:
-// ERR_NOT_SUPPORTED). A paused sandbox is not snapshotted
-// (ERR_SANDBOX_STATE): resume it first.
+// cannot (ERR_NOT_SUPPORTED). A paused sandbox is not snapshotted
+// (ERR_SANDBOX_STATE): resume it first. A sandbox with a network has its
+// gateway detached for the dump and attached again after it, as a pause
+// does (network.go): the connections it had open through the gateway
+// are closed by a snapshot (and a fork), its policy, names and counts
+// stay.
 //
 // Create with CreateOptions.Snapshot starts a new sandbox from such a
 // directory (the runtime's Clone): a new id, host id range, cgroups and
 // agent, the snapshot's processes and files. The caller gives the options
 // the snapshotted sandbox was made with (its template, limits, policy,
 // environment): the engine records none of them in the directory. The
-// sandbox never comes from the warm pool, and may not have a network.
+// sandbox never comes from the warm pool. A clone whose policy has a
+// network (the snapshotted sandbox's) gets a gateway of its own, new
+// (no request counted, no name resolved), with that policy, attached by
+// the runtime's Clone to the restored processes' namespace; its secret
+// rules resolve as the clone's (the account's secrets, by its own id).
+// Neither the snapshot nor the clone ever held a secret's value: the
+// gateway, a host object, puts them into requests.
 
 // snapshotter returns the runtime's Snapshotter, or why there is none.
 func (m *Manager) snapshotter() (runtime.Snapshotter, error) {
@@ -55,8 +63,8 @@ func (s *Sandbox) Snapshot(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
-	if s.net != nil {
-		return apierr.New(apierr.NotSupported, "sandbox %s has a network: a sandbox with a network cannot be snapshotted (its egress gateway cannot be reattached to a copy)", s.ID)
+	if err := s.dumpableNet(); err != nil {
+		return err
 	}
 	if err := s.noDevices("snapshotted or forked"); err != nil {
 		return err
@@ -74,6 +82,7 @@ func (s *Sandbox) Snapshot(ctx context.Context, dir string) error {
 	agent := s.agent
 	s.mu.Unlock()
 	agent.conns.closeAll() // an open connection fails the dump
+	s.detachNet()          // and so does the network's TUN
 	began := time.Now()
 	err = sn.Snapshot(context.WithoutCancel(ctx), s.ID, dir)
 	if err != nil && !errors.Is(err, runtime.ErrUnsupported) {
@@ -85,6 +94,10 @@ func (s *Sandbox) Snapshot(ctx context.Context, dir string) error {
 		err = sn.Snapshot(context.WithoutCancel(ctx), s.ID, dir)
 	}
 	s.runAgain(left)
+	s.mu.Lock()
+	inst := s.inst
+	s.mu.Unlock()
+	s.reattachNet(inst)
 	if errors.Is(err, runtime.ErrUnsupported) {
 		return apierr.Wrap(err, apierr.NotSupported, "sandbox %s cannot be snapshotted: %v", s.ID, err)
 	}

@@ -34,12 +34,37 @@ import (
 // has stopped (pruneForks, at each fork) or the server restarts (a diff
 // is then ERR_NOT_FOUND; the server's start removes .forks). A fork that fails undoes the forks it
 // made.
+//
+// A fork group's baseline is its account's storage while it is kept: its
+// bytes count with the account's snapshots, in the store's
+// snapshot_bytes that storage metering charges (meterSnapshots) and
+// against --max-snapshot-mb-per-account (a fork of an account at its
+// bound is refused before any checkpoint, ERR_STORAGE_QUOTA_EXCEEDED;
+// one whose baseline passes it is undone). The images a fork restores
+// from live only while its forks start.
 
 // MaxForks bounds one fork request's count.
 const MaxForks = 8
 
 // forksDir is, under the snapshot dir, where forks' snapshots are kept.
 const forksDir = ".forks"
+
+// forkGroup is a fork group's baseline as metered: whose, how many bytes.
+type forkGroup struct {
+	owner string
+	bytes int64
+}
+
+// forkBytes is what own's fork groups' baselines hold; snapMu is held.
+func (s *Server) forkBytes(own string) int64 {
+	var n int64
+	for _, g := range s.forkGroups {
+		if g.owner == own {
+			n += g.bytes
+		}
+	}
+	return n
+}
 
 // forkOf is what the server knows of a fork: its parent and the
 // snapshot it started from.
@@ -92,6 +117,15 @@ func (s *Server) fork(ctx context.Context, own string, b *box, count int, timeou
 		return nil, err
 	}
 	s.pruneForks(root)
+	s.snapMu.Lock()
+	have, err := readSnapshots(root, own)
+	if err == nil {
+		err = s.admitSnapshotBytes(own, b.sb.ID, have, 0) // at its bound already: not even taken
+	}
+	s.snapMu.Unlock()
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(filepath.Join(root, forksDir), 0o700); err != nil {
 		return nil, err
 	}
@@ -141,20 +175,34 @@ func (s *Server) fork(ctx context.Context, own string, b *box, count int, timeou
 		return nil, err
 	}
 	group := filepath.Join(root, forksDir, strings.TrimPrefix(filepath.Base(dir), ".new-"))
-	if err := os.Rename(dir, group); err != nil {
+	size := dirSize(dir)
+	s.snapMu.Lock()
+	have, err = readSnapshots(root, own)
+	if err == nil {
+		err = s.admitSnapshotBytes(own, b.sb.ID, have, size)
+	}
+	if err == nil {
+		err = os.Rename(dir, group)
+	}
+	if err != nil {
+		s.snapMu.Unlock()
 		for _, sb := range made {
 			s.killHere(ctx, sb.ID)
 		}
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	s.snapMu.Lock()
 	if s.forks == nil {
 		s.forks = map[string]forkOf{}
 	}
 	for _, sb := range made {
 		s.forks[sb.ID] = forkOf{parent: b.sb.ID, dir: group}
 	}
+	if s.forkGroups == nil {
+		s.forkGroups = map[string]forkGroup{}
+	}
+	s.forkGroups[group] = forkGroup{owner: own, bytes: size}
+	s.meterSnapshots(root, own)
 	s.snapMu.Unlock()
 	s.log.Info("sandbox forked", "sandbox", b.sb.ID, "count", count)
 	return made, nil
@@ -177,7 +225,8 @@ func (s *Server) killHere(ctx context.Context, id string) {
 }
 
 // pruneForks removes the fork groups none of whose forks is held here
-// any more, and what an earlier run left.
+// any more, and what an earlier run left: at each fork, and when a fork
+// stops (forget).
 func (s *Server) pruneForks(root string) {
 	s.mu.Lock()
 	held := map[string]bool{}
@@ -195,6 +244,17 @@ func (s *Server) pruneForks(root string) {
 		} else {
 			delete(s.forks, id)
 		}
+	}
+	// The baselines to be removed are no longer the accounts' storage.
+	metered := map[string]bool{}
+	for d, g := range s.forkGroups {
+		if !inUse[d] {
+			delete(s.forkGroups, d)
+			metered[g.owner] = true
+		}
+	}
+	for own := range metered {
+		s.meterSnapshots(root, own)
 	}
 	s.snapMu.Unlock()
 	ents, err := os.ReadDir(filepath.Join(root, forksDir))

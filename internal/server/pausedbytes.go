@@ -134,7 +134,7 @@ func (s *Server) admitResume(sb *sandbox.Sandbox) error {
 	}
 	capacity := int64(float64(s.cfg.HostMemoryBytes) * s.cfg.Overcommit)
 	s.mu.Lock()
-	var used, need int64
+	used, need := s.pooled.bytes, int64(0)
 	for id, b := range s.boxes {
 		switch {
 		case id == sb.ID:

@@ -135,7 +135,7 @@ func (s *Server) admitResize(b *box, p *policy.Policy) error {
 		return nil
 	}
 	capacity := int64(float64(s.cfg.HostMemoryBytes) * s.cfg.Overcommit)
-	var used int64
+	used := s.pooled.bytes
 	for _, o := range s.boxes {
 		used += o.footprint
 	}

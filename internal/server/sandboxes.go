@@ -270,7 +270,7 @@ func (s *Server) create(ctx context.Context, own string, opt sandbox.CreateOptio
 // admit checks that one more sandbox of footprint need fits the server's
 // caps. s.mu is held.
 func (s *Server) admit(need int64) error {
-	if s.cfg.MaxSandboxes > 0 && len(s.boxes) >= s.cfg.MaxSandboxes {
+	if s.cfg.MaxSandboxes > 0 && len(s.boxes)+s.pooled.count >= s.cfg.MaxSandboxes {
 		return &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
 			Message: fmt.Sprintf("all %d sandbox slots of this server are in use", s.cfg.MaxSandboxes)}
 	}
@@ -278,7 +278,7 @@ func (s *Server) admit(need int64) error {
 		return nil
 	}
 	capacity := int64(float64(s.cfg.HostMemoryBytes) * s.cfg.Overcommit)
-	var used int64
+	used := s.pooled.bytes // the snapshot pools' members (snappool.go)
 	for _, b := range s.boxes {
 		used += b.footprint
 	}
@@ -392,6 +392,12 @@ func (s *Server) forget(ctx context.Context, b *box) {
 	s.mu.Unlock()
 	if !b.sb.Released() {
 		s.recordStop(ctx, b)
+	}
+	s.snapMu.Lock()
+	_, forked := s.forks[b.sb.ID]
+	s.snapMu.Unlock()
+	if root, err := s.snapshots(); forked && err == nil {
+		s.pruneForks(root) // its group's baseline may be the last of it (fork.go)
 	}
 }
 

@@ -530,9 +530,12 @@ type Server struct {
 	snapUse    map[string]int
 	snapMaking map[string]bool
 	forks      map[string]forkOf // by the fork's id
-	// snapPools are the sizes of the snapshots' pools, by snapshotKey
-	// (snappool.go); guarded by snapMu.
-	snapPools map[string]int
+	// forkGroups are the fork groups' baselines kept (fork.go), by
+	// their directory: metered and bounded as the account's snapshots.
+	forkGroups map[string]forkGroup
+	// snapPools are the snapshots' pools, by snapshotKey (snappool.go);
+	// guarded by snapMu.
+	snapPools map[string]*poolHold
 	// snapDisk names the snapshot dir among the disks of the servers
 	// sharing the store (meterSnapshots); set at the start.
 	snapDisk string
@@ -556,9 +559,15 @@ type Server struct {
 	streamsOnce sync.Once
 	sweeper     sync.WaitGroup
 
-	// mu guards boxes.
+	// mu guards boxes and pooled.
 	mu    sync.Mutex
 	boxes map[string]*box
+	// pooled is what the snapshot pools' members hold of the server's
+	// slots and host memory (snappool.go), counted by admit beside boxes.
+	pooled struct {
+		count int
+		bytes int64
+	}
 
 	// replica names this server among those sharing its sandboxes (a new
 	// name at every start); "" when the engine shares nothing

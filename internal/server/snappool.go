@@ -1,11 +1,15 @@
 package server
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/sheepfold/sheepfold/api"
+	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
@@ -30,6 +34,22 @@ import (
 // hand-out), its lifetime and metering starting then; no two creates get
 // the same member. Pools are not kept across restarts: the sizes are
 // the running server's.
+//
+// Members count against the caps as the sandboxes they stand for: each
+// holds a slot of its account's concurrent sandboxes (max_sandboxes;
+// a pool the account has no slots left for is refused,
+// ERR_SESSION_QUOTA_EXCEEDED, and a create when running sandboxes and
+// pooled members fill the cap is refused as any create is), and one of
+// the server's slots and its footprint of the host's memory, as admit
+// reckons them (--max-sandboxes, --host-memory-mb; a pool that does not
+// fit is refused, ERR_CAPACITY). A member handed out becomes a sandbox
+// with a slot of its own (its create's), and the pool's slot stays for
+// the member that refills it: an account with a pool of n and r
+// sandboxes from it holds r + n slots. Across servers sharing a store,
+// members are counted by their own server's count of its accounts (no
+// reservation in the store, which would lapse). A pool of a snapshot
+// with a network is refused (ERR_NOT_SUPPORTED): its clones get their
+// gateways as they are made.
 
 func (s *Server) snapPoolRoutes(add addFunc) {
 	add("POST /v1/snapshots/{name}/pool", true, s.setSnapshotPool)
@@ -61,6 +81,12 @@ func (s *Server) setSnapshotPool(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	opt.Owner = own
+	var acct *account.Account
+	if req.Size > 0 {
+		if acct, err = s.grant(r.Context(), own, &opt); err != nil {
+			return err
+		}
+	}
 	k := snapshotKey(own, name)
 	// snapMu orders this against the snapshot's delete (which empties the
 	// pool under it) and against the account's other pools' sizes.
@@ -70,29 +96,144 @@ func (s *Server) setSnapshotPool(w http.ResponseWriter, r *http.Request) error {
 		return err // deleted meanwhile
 	}
 	others := 0
-	for pk, n := range s.snapPools {
+	for pk, h := range s.snapPools {
 		if pk != k && strings.HasPrefix(pk, own+"\x00") {
-			others += n
+			others += h.size
 		}
 	}
 	if req.Size > 0 && others+req.Size > s.cfg.MaxSnapshotPoolPerAccount {
 		return apierr.New(apierr.SessionQuotaExceeded, "the account's snapshot pools would hold %d sandboxes, more than its %d (--max-snapshot-pool-per-account)",
 			others+req.Size, s.cfg.MaxSnapshotPoolPerAccount)
 	}
+	old := s.snapPools[k]
+	if req.Size == 0 {
+		if err := s.engine.SetSnapshotPool(k, opt, 0); err != nil {
+			return err
+		}
+		delete(s.snapPools, k)
+		s.releasePool(old)
+		writeJSON(w, http.StatusOK, api.SnapshotPool{Snapshot: name, Ready: s.engine.SnapshotPoolReady(k)})
+		return nil
+	}
+	hold, err := s.holdPool(r.Context(), old, acct, req.Size, s.engine.Footprint(opt.Limits))
+	if err != nil {
+		return err // old holds what it held
+	}
 	opt.SnapshotPool = k
 	if err := s.engine.SetSnapshotPool(k, opt, req.Size); err != nil {
+		// Its members may be gone with the failed change: the pool is
+		// no more, nor what it held.
+		delete(s.snapPools, k)
+		s.releasePool(hold)
+		if derr := s.engine.SetSnapshotPool(k, sandbox.CreateOptions{}, 0); derr != nil {
+			s.log.Error("empty a snapshot pool whose change failed", "snapshot", name, "err", derr)
+		}
 		return err
 	}
 	if s.snapPools == nil {
-		s.snapPools = map[string]int{}
+		s.snapPools = map[string]*poolHold{}
 	}
-	if req.Size == 0 {
-		delete(s.snapPools, k)
-	} else {
-		s.snapPools[k] = req.Size
-	}
+	s.snapPools[k] = hold
 	writeJSON(w, http.StatusOK, api.SnapshotPool{Snapshot: name, Size: req.Size, Ready: s.engine.SnapshotPoolReady(k)})
 	return nil
+}
+
+// poolHold is a snapshot pool as the server holds it: its size and what
+// its members hold of their account's and the server's caps.
+type poolHold struct {
+	size      int
+	footprint int64            // one member's share of the host's memory (Engine.Footprint)
+	acct      *account.Account // nil with accounting off
+	slots     int              // the account's slots it holds
+	counted   bool             // its size and footprint are in s.pooled
+}
+
+// holdPool takes what a pool of size members of footprint each needs:
+// its account's slots and the server's slots and memory (admit). It
+// takes over what old (the pool it replaces; nil: none) held, so that a
+// resize asks only for the difference; when it fails old holds what it
+// held and nothing else is taken. snapMu is held.
+func (s *Server) holdPool(ctx context.Context, old *poolHold, acct *account.Account, size int, footprint int64) (*poolHold, error) {
+	h := &poolHold{size: size, footprint: footprint, acct: acct}
+	if old != nil && old.acct == acct {
+		h.slots, old.slots = old.slots, 0
+	}
+	giveBack := func() {
+		if old != nil && old.acct == acct {
+			n := min(h.slots, old.size)
+			old.slots, h.slots = n, h.slots-n
+		}
+		s.releasePool(h)
+	}
+	for acct != nil && h.slots < size {
+		holder := "pool-" + newID("")
+		reserved, err := acct.AcquireSandbox(ctx, holder)
+		if err != nil {
+			giveBack()
+			return nil, err
+		}
+		if reserved {
+			// The account's count on this server holds the slot; a
+			// reservation in the store would lapse.
+			admission{holder: holder}.drop(s.store)
+		}
+		h.slots++
+	}
+	for ; acct != nil && h.slots > size; h.slots-- {
+		acct.ReleaseSandbox()
+	}
+	s.mu.Lock()
+	count, bytes := s.pooled.count+size, s.pooled.bytes+int64(size)*footprint
+	if old != nil && old.counted {
+		count, bytes = count-old.size, bytes-int64(old.size)*old.footprint
+	}
+	var err error
+	switch {
+	case s.cfg.MaxSandboxes > 0 && len(s.boxes)+count > s.cfg.MaxSandboxes:
+		err = &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
+			Message: fmt.Sprintf("a pool of %d does not fit this server's %d sandbox slots beside its %d sandboxes and %d other pooled", size, s.cfg.MaxSandboxes, len(s.boxes), count-size)}
+	case s.cfg.HostMemoryBytes > 0:
+		capacity := int64(float64(s.cfg.HostMemoryBytes) * s.cfg.Overcommit)
+		used := bytes
+		for _, b := range s.boxes {
+			used += b.footprint
+		}
+		if used > capacity {
+			err = &apierr.Error{Code: apierr.Capacity, RetryAfter: time.Second,
+				Message: fmt.Sprintf("a pool of %d sandboxes of %d MiB does not fit the host's memory: %d of %d MiB would be committed",
+					size, footprint>>20, used>>20, capacity>>20)}
+		}
+	}
+	if err == nil {
+		s.pooled.count, s.pooled.bytes = count, bytes
+		h.counted = true
+		if old != nil {
+			old.counted = false
+		}
+	}
+	s.mu.Unlock()
+	if err != nil {
+		giveBack()
+		return nil, err
+	}
+	return h, nil
+}
+
+// releasePool gives back what h holds (nil: nothing).
+func (s *Server) releasePool(h *poolHold) {
+	if h == nil {
+		return
+	}
+	for ; h.slots > 0; h.slots-- {
+		h.acct.ReleaseSandbox()
+	}
+	if h.counted {
+		s.mu.Lock()
+		s.pooled.count -= h.size
+		s.pooled.bytes -= int64(h.size) * h.footprint
+		s.mu.Unlock()
+		h.counted = false
+	}
 }
 
 func (s *Server) getSnapshotPool(w http.ResponseWriter, r *http.Request) error {
@@ -102,7 +243,10 @@ func (s *Server) getSnapshotPool(w http.ResponseWriter, r *http.Request) error {
 	}
 	k := snapshotKey(own, name)
 	s.snapMu.Lock()
-	size := s.snapPools[k]
+	size := 0
+	if h := s.snapPools[k]; h != nil {
+		size = h.size
+	}
 	s.snapMu.Unlock()
 	writeJSON(w, http.StatusOK, api.SnapshotPool{Snapshot: name, Size: size, Ready: s.engine.SnapshotPoolReady(k)})
 	return nil
@@ -111,11 +255,13 @@ func (s *Server) getSnapshotPool(w http.ResponseWriter, r *http.Request) error {
 // dropSnapPool destroys own's snapshot name's pool; snapMu is held.
 func (s *Server) dropSnapPool(own, name string) {
 	k := snapshotKey(own, name)
-	if _, ok := s.snapPools[k]; !ok {
+	h, ok := s.snapPools[k]
+	if !ok {
 		return
 	}
 	delete(s.snapPools, k)
 	if err := s.engine.SetSnapshotPool(k, sandbox.CreateOptions{}, 0); err != nil {
 		s.log.Error("empty a deleted snapshot's pool", "snapshot", name, "err", err)
 	}
+	s.releasePool(h)
 }

@@ -101,3 +101,52 @@ func TestPooledSnapshot(t *testing.T) {
 		t.Fatalf("after the engine's close the runtime still holds %v", left)
 	}
 }
+
+// TestSnapshotPoolHoldsSlots: a snapshot pool's members count against
+// their account's concurrent sandboxes and the server's slots, as the
+// sandboxes they stand for: a pool the account has no room for is
+// refused, and so is a create once running sandboxes and pooled members
+// fill the account's cap or the server's slots; shrinking the pool (the
+// control) lets the same creates through, and its delete gives its
+// slots back.
+func TestSnapshotPoolHoldsSlots(t *testing.T) {
+	e := runcEnvWith(t, server.Config{MaxSnapshotPoolPerAccount: 4, MaxSandboxes: 4})
+	admin := e.adminKey()
+	want(t, e.do("POST", "/v1/admin/accounts", admin, map[string]any{"name": "team", "limits": map[string]any{"max_sandboxes": 3}}), http.StatusCreated, "")
+	r := e.do("POST", "/v1/admin/keys", admin, map[string]any{"account": "team"})
+	want(t, r, http.StatusCreated, "")
+	key := r.json(t)["key"].(string)
+
+	id := e.create(key, map[string]any{})
+	want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", key, map[string]any{"name": "p"}), http.StatusCreated, "")
+	// One running: a pool of three would hold four of the account's three.
+	want(t, e.do("POST", "/v1/snapshots/p/pool", key, map[string]any{"size": 3}), http.StatusTooManyRequests, "ERR_SESSION_QUOTA_EXCEEDED")
+	want(t, e.do("POST", "/v1/snapshots/p/pool", key, map[string]any{"size": 2}), http.StatusOK, "")
+	// Resized only once full: a resize during a member's restore cuts
+	// that restore short (not what this test is about).
+	full := func(n float64) {
+		waitFor(t, "the pool full", func() bool {
+			return e.do("GET", "/v1/snapshots/p/pool", key, nil).json(t)["ready"].(float64) == n
+		})
+	}
+	full(2)
+	// One running and two pooled fill the account's three.
+	want(t, e.do("POST", "/v1/sandboxes", key, map[string]any{}), http.StatusTooManyRequests, "ERR_SESSION_QUOTA_EXCEEDED")
+	// Another account's sandbox takes the server's last slot of four.
+	other := e.create(e.keyA, map[string]any{})
+	want(t, e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{}), http.StatusServiceUnavailable, "ERR_CAPACITY")
+
+	// The control: a pool of one leaves room for one more of each.
+	want(t, e.do("POST", "/v1/snapshots/p/pool", key, map[string]any{"size": 1}), http.StatusOK, "")
+	full(1)
+	mine := e.create(key, map[string]any{})
+	want(t, e.do("POST", "/v1/sandboxes", key, map[string]any{}), http.StatusTooManyRequests, "ERR_SESSION_QUOTA_EXCEEDED")
+	// Its delete (size 0) gives its slot back.
+	want(t, e.do("POST", "/v1/snapshots/p/pool", key, map[string]any{"size": 0}), http.StatusOK, "")
+	third := e.create(key, map[string]any{})
+	for _, sb := range []string{id, mine, third} {
+		want(t, e.do("DELETE", "/v1/sandboxes/"+sb, key, nil), http.StatusNoContent, "")
+	}
+	want(t, e.do("DELETE", "/v1/sandboxes/"+other, e.keyA, nil), http.StatusNoContent, "")
+	want(t, e.do("DELETE", "/v1/snapshots/p", key, nil), http.StatusNoContent, "")
+}

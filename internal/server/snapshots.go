@@ -50,8 +50,11 @@ import (
 //
 // What a snapshot never holds: a secret's value. A sandbox reaches a
 // secret only through its egress gateway, which substitutes the value
-// into its outgoing requests on the host (secrets_egress.go), and a
-// sandbox with a network is not snapshotted (ERR_NOT_SUPPORTED); its
+// into its outgoing requests on the host (secrets_egress.go); the
+// gateway is never dumped (a sandbox with a network is snapshotted with
+// it detached, internal/sandbox network.go), and a sandbox started from
+// the snapshot gets a gateway of its own with the recorded policy, whose
+// rules resolve the account's secrets by the new sandbox's id. Its
 // environment holds ${secrets.NAME} placeholders, never values.
 //
 // Bounds: each account keeps at most Config.MaxSnapshotsPerAccount
@@ -273,7 +276,7 @@ func (s *Server) takeSnapshot(ctx context.Context, own string, b *box, name stri
 		return snapshotRecord{}, apierr.New(apierr.SessionQuotaExceeded, "the account has %d snapshots, its most (--max-snapshots-per-account); delete one first",
 			s.cfg.MaxSnapshotsPerAccount)
 	}
-	if err := s.admitSnapshotBytes(b.sb.ID, have, 0); err != nil { // at its bound already: not even taken
+	if err := s.admitSnapshotBytes(own, b.sb.ID, have, 0); err != nil { // at its bound already: not even taken
 		s.snapMu.Unlock()
 		return snapshotRecord{}, err
 	}
@@ -318,7 +321,7 @@ func (s *Server) takeSnapshot(ctx context.Context, own string, b *box, name stri
 	if have, err = readSnapshots(root, own); err != nil {
 		return snapshotRecord{}, err
 	}
-	if err := s.admitSnapshotBytes(b.sb.ID, have, rec.SizeBytes); err != nil {
+	if err := s.admitSnapshotBytes(own, b.sb.ID, have, rec.SizeBytes); err != nil {
 		return snapshotRecord{}, err
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
@@ -331,14 +334,15 @@ func (s *Server) takeSnapshot(ctx context.Context, own string, b *box, name stri
 }
 
 // admitSnapshotBytes admits a snapshot of sandbox id of size bytes beside
-// the account's snapshots have, within Config.MaxSnapshotBytesPerAccount;
-// a size of 0 asks whether the account is below its bound at all.
-func (s *Server) admitSnapshotBytes(id string, have []snapshotRecord, size int64) error {
+// own's snapshots have and its forks' baselines (fork.go), within
+// Config.MaxSnapshotBytesPerAccount; a size of 0 asks whether the account
+// is below its bound at all. snapMu is held.
+func (s *Server) admitSnapshotBytes(own, id string, have []snapshotRecord, size int64) error {
 	limit := s.cfg.MaxSnapshotBytesPerAccount
 	if limit <= 0 {
 		return nil
 	}
-	var held int64
+	held := s.forkBytes(own)
 	for _, rec := range have {
 		held += rec.SizeBytes
 	}
@@ -363,7 +367,7 @@ func (s *Server) meterSnapshots(root, own string) {
 	}
 	recs, err := readSnapshots(root, own)
 	if err == nil {
-		var n int64
+		n := s.forkBytes(own) // its forks' baselines are its snapshots too
 		for _, rec := range recs {
 			n += rec.SizeBytes
 		}

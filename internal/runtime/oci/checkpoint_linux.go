@@ -76,7 +76,18 @@ import (
 // failed restore leaves it checkpointed (the directory is kept).
 //
 // A sandbox with a network (Spec.Network: a TUN device whose other end is
-// the host's egress gateway) is not checkpointed yet (ErrUnsupported).
+// the host's egress gateway, a descriptor CRIU can neither dump nor
+// recreate) is checkpointed only once that device is gone: the engine
+// detaches its gateway first (egress.Gateway.Detach), leaving the
+// network namespace its loopback alone, and dumpable refuses one that
+// holds any other interface (errNetworkAttached). The resolv.conf bound
+// into it stays as the other external mounts. CRIU restores the
+// namespace as dumped, loopback alone, and the engine attaches a gateway
+// to the restored init's namespace after Restore returns: the restored
+// processes run for that moment with no route out (a connect fails,
+// ENETUNREACH), never with any other. The sockets that led through the
+// network are closed just before the dump (netcut_linux.go): a restore
+// could not connect them again.
 
 // criuConfigAnnotation names, in a sandbox's spec, the file runc has CRIU
 // read its options from; agentSocketAnnotation records the key of the
@@ -165,6 +176,12 @@ func (o *OCI) Checkpoint(ctx context.Context, id, dir string) error {
 		}
 		return err
 	}
+	if err := o.cutDetached(id, b, spec); err != nil {
+		if terr := o.thawDump(context.WithoutCancel(ctx), id); terr != nil {
+			o.cfg.Logger.Warn("thaw a sandbox whose checkpoint failed", "id", id, "err", terr)
+		}
+		return err
+	}
 	cmd := o.runcCriu(ctx, "checkpoint", "--image-path", dir, "--work-path", dir, "--tcp-established", "--file-locks", id)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		if terr := o.thawDump(context.WithoutCancel(ctx), id); terr != nil {
@@ -222,7 +239,7 @@ func (o *OCI) dumpExternals(id, b string, spec *specs.Spec) (checkpointInfo, err
 
 // dumpable checks that the sandbox id, which the caller has claimed, can
 // be dumped for what ("checkpoint", "snapshot"): it runs, CRIU is ready
-// and it has no network. It returns its bundle, its spec and the
+// and its network namespace holds no interface but its loopback. It returns its bundle, its spec and the
 // bundle's group (the sandbox's host root).
 func (o *OCI) dumpable(id, what string) (b string, spec *specs.Spec, gid uint32, err error) {
 	b = o.bundle(id)
@@ -239,7 +256,9 @@ func (o *OCI) dumpable(id, what string) (b string, spec *specs.Spec, gid uint32,
 		return "", nil, 0, err
 	}
 	if hasNetwork(spec) {
-		return "", nil, 0, fmt.Errorf("%w: %s of a sandbox with a network", runtime.ErrUnsupported, what)
+		if err := o.networkDetached(b); err != nil {
+			return "", nil, 0, fmt.Errorf("%s %s: %w", what, id, err)
+		}
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(b, &st); err != nil {
@@ -373,6 +392,9 @@ func (o *OCI) criuRestore(ctx context.Context, id, what, b string, spec *specs.S
 	}
 	defer in.Close()
 	conf := fmt.Sprintf("inherit-fd fd[1]:%s\ninherit-fd fd[2]:%s\n", info.AgentSocket, info.Log)
+	if hasNetwork(spec) {
+		conf += "tcp-close\n" // no route out yet: connections are restored closed (netcut_linux.go)
+	}
 	if info.Pids != "" {
 		if !passesPidsCgroup(spec) {
 			return 0, fmt.Errorf("restore %s: the checkpoint holds a pids cgroup the spec does not pass", id)
@@ -703,6 +725,56 @@ func writeSpec(b string, s *specs.Spec) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(b, "config.json"), j, 0o600)
+}
+
+// cutDetached closes, in sandbox id (frozen, its network detached), the
+// sockets that led through its network (netcut_linux.go).
+func (o *OCI) cutDetached(id, b string, spec *specs.Spec) error {
+	if !hasNetwork(spec) {
+		return nil
+	}
+	pid, err := readPid(filepath.Join(b, "init.pid"))
+	if err != nil {
+		return err
+	}
+	n, err := cutNetwork(pid)
+	if err != nil {
+		return fmt.Errorf("dump %s: %w", id, err)
+	}
+	if n > 0 {
+		o.cfg.Logger.Debug("closed the sockets that led through a detached network", "id", id, "count", n)
+	}
+	return nil
+}
+
+// errNetworkAttached reports a sandbox whose network namespace still
+// holds an interface besides its loopback (its egress TUN) at a dump.
+var errNetworkAttached = errors.New("the sandbox's network is attached: detach its gateway before a dump")
+
+// networkDetached checks that the network namespace of the sandbox in
+// bundle b (its init's) holds no interface but lo.
+func (o *OCI) networkDetached(b string) error {
+	pid, err := readPid(filepath.Join(b, "init.pid"))
+	if err != nil {
+		return err
+	}
+	var names []string
+	err = inNetns(fmt.Sprintf("/proc/%d/ns/net", pid), func() error {
+		ifs, err := net.Interfaces()
+		for _, i := range ifs {
+			if i.Name != "lo" {
+				names = append(names, i.Name)
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("list the sandbox's interfaces: %w", err)
+	}
+	if len(names) > 0 {
+		return fmt.Errorf("%w (%s)", errNetworkAttached, strings.Join(names, ", "))
+	}
+	return nil
 }
 
 // hasNetwork says whether the sandbox was given a network interface: its

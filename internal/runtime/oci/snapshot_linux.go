@@ -36,7 +36,7 @@ import (
 // restores the freezer's state it found), the files are copied, and the
 // sandbox is thawed. What a snapshot needs of the sandbox is what a
 // checkpoint needs (checkpoint_linux.go): no connection to its agent
-// open, no network.
+// open, its network (if any) detached.
 //
 // A clone is a new sandbox made from a snapshot: a bundle, host id range,
 // disk, cgroups and agent socket of its own, as Create makes them, with
@@ -49,6 +49,16 @@ import (
 // no id of the clone is another sandbox's. The images hold no host id
 // besides those maps: CRIU records credentials and file owners as the
 // sandbox's namespace sees them.
+//
+// A snapshot of a sandbox with a network (its gateway detached for the
+// dump) says so (snapshotInfo.Network): its images hold the resolv.conf
+// mount that goes with one. Its clones must be given a network
+// (Spec.Network; one without is refused, and a networked clone of a
+// snapshot without one): Clone binds the new resolv.conf, restores the
+// processes and calls Network.Attach with the restored init's pid, so
+// that each clone has a TUN and a gateway of its own. The processes run
+// for that moment as a restored sandbox's do (checkpoint_linux.go): with
+// no route out.
 
 // Files of a snapshot's directory, and of a clone's bundle.
 const (
@@ -60,11 +70,12 @@ const (
 
 // snapshotInfo is the record of a snapshot.
 type snapshotInfo struct {
-	Version int    `json:"version"` // snapshotVersion
-	Sandbox string `json:"sandbox"` // the snapshotted sandbox's id
-	Base    uint32 `json:"base"`    // the host id of its uid 0
-	Size    uint32 `json:"size"`    // its range's size
-	Taken   string `json:"taken"`   // RFC 3339
+	Version int    `json:"version"`           // snapshotVersion
+	Sandbox string `json:"sandbox"`           // the snapshotted sandbox's id
+	Base    uint32 `json:"base"`              // the host id of its uid 0
+	Size    uint32 `json:"size"`              // its range's size
+	Taken   string `json:"taken"`             // RFC 3339
+	Network bool   `json:"network,omitempty"` // the snapshotted sandbox had a network (detached for the dump)
 }
 
 // snapshotVersion changes when a snapshot's layout does.
@@ -122,6 +133,9 @@ func (o *OCI) Snapshot(ctx context.Context, id, dir string) (err error) {
 			}
 		}
 	}()
+	if err := o.cutDetached(id, b, spec); err != nil {
+		return err
+	}
 	frozen := time.Now()
 	cmd := o.runcCriu(ctx, "checkpoint", "--leave-running", "--image-path", imgs, "--work-path", imgs, "--tcp-established", "--file-locks", id)
 	out, err := cmd.CombinedOutput()
@@ -141,7 +155,7 @@ func (o *OCI) Snapshot(ctx context.Context, id, dir string) (err error) {
 	if err := writeJSON(filepath.Join(imgs, checkpointMeta), info); err != nil {
 		return err
 	}
-	si := snapshotInfo{Version: snapshotVersion, Sandbox: id, Base: gid, Size: o.cfg.IDMap.Size, Taken: now}
+	si := snapshotInfo{Version: snapshotVersion, Sandbox: id, Base: gid, Size: o.cfg.IDMap.Size, Taken: now, Network: hasNetwork(spec)}
 	if err := writeJSON(filepath.Join(dir, snapshotMeta), si); err != nil {
 		return err
 	}
@@ -157,8 +171,8 @@ func (o *OCI) Clone(ctx context.Context, s runtime.Spec, dir string) (inst *runt
 	if !validID(s.ID) {
 		return nil, fmt.Errorf("invalid sandbox id %q", s.ID)
 	}
-	if s.Network != nil {
-		return nil, fmt.Errorf("%w: a clone with a network", runtime.ErrUnsupported)
+	if s.Network != nil && (s.Network.Proxy || s.Network.Attach == nil) {
+		return nil, fmt.Errorf("%w: a clone with a proxied network", runtime.ErrUnsupported)
 	}
 	if err := o.criuReady(); err != nil {
 		return nil, err
@@ -166,6 +180,12 @@ func (o *OCI) Clone(ctx context.Context, s runtime.Spec, dir string) (inst *runt
 	si, info, err := readSnapshot(dir)
 	if err != nil {
 		return nil, err
+	}
+	if si.Network != (s.Network != nil) {
+		// The images name the resolv.conf mount a network brings, or
+		// do not: the clone's spec must be as the snapshotted one's.
+		return nil, fmt.Errorf("%w: a clone with a network of a snapshot without one, or without one of a snapshot with one (a policy's network set to none after the sandbox started with one)",
+			runtime.ErrUnsupported)
 	}
 	if si.Size != o.cfg.IDMap.Size {
 		return nil, fmt.Errorf("snapshot %s has id ranges of %d ids, this runtime %d", dir, si.Size, o.cfg.IDMap.Size)
@@ -217,6 +237,12 @@ func (o *OCI) Clone(ctx context.Context, s runtime.Spec, dir string) (inst *runt
 	if o.disk == nil && canWrite(s) {
 		in.DiskInMemory = diskSize(s)
 	}
+	if s.Network != nil {
+		in.ResolvConf = filepath.Join(b, "resolv.conf")
+		if err := os.WriteFile(in.ResolvConf, []byte(s.Network.ResolvConf), 0o644); err != nil {
+			return nil, err
+		}
+	}
 	sock, lnFile, err := listenAgent(b)
 	if err != nil {
 		return nil, err
@@ -254,6 +280,11 @@ func (o *OCI) Clone(ctx context.Context, s runtime.Spec, dir string) (inst *runt
 	pid, err := o.criuRestore(ctx, s.ID, "clone", b, spec, imgs, imgs, info, lnFile, base)
 	if err != nil {
 		return nil, err
+	}
+	if s.Network != nil {
+		if err := s.Network.Attach(ctx, pid); err != nil {
+			return nil, fmt.Errorf("attach the clone's network: %w", err)
+		}
 	}
 	if err := os.RemoveAll(imgs); err != nil {
 		o.cfg.Logger.Warn("remove a clone's images", "id", s.ID, "err", err)

@@ -161,8 +161,9 @@ class Sandbox:
         memory kept (and metered), and the resume takes milliseconds.
 
         Raises NotSupportedError where the server's runtime cannot
-        checkpoint or the sandbox has a network, SandboxStateError while
-        a request of it is in flight."""
+        checkpoint, SandboxStateError while a request of it is in flight.
+        A sandbox with a network keeps its policy and request count; its
+        connections open at the pause are closed."""
         body = {"memory": "keep"} if keep_memory else None
         self._info = SandboxInfo.from_dict(self._http.post_json(self._base + "/pause", body))
         return self._info
@@ -179,7 +180,7 @@ class Sandbox:
         """Save the running sandbox (processes, memory, files) under name,
         unique in your account, while it runs on. Raises ConflictError
         when the name is taken, SandboxStateError while a request of it
-        is in flight, NotSupportedError for a sandbox with a network."""
+        is in flight, NotSupportedError where the server cannot."""
         return SnapshotInfo.from_dict(self._http.post_json(self._base + "/snapshots", {"name": name}))
 
     def fork(self, count: int = 1) -> List["Sandbox"]:
