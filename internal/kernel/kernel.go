@@ -179,14 +179,23 @@ var (
 	nodeDriver string
 	//go:embed bash_driver.sh
 	bashDriver string
+	//go:embed r_driver.R
+	rDriver string
+	//go:embed java_driver.java
+	javaDriver string
 )
 
 // Options configure how kernels start.
 type Options struct {
-	Python, Node, Bash string        // interpreter paths [/usr/bin/python3, /usr/bin/node, /bin/bash]
-	BaseEnv            []string      // the interpreter's environment; the spec's Env is added
-	DefaultCwd         string        // when the spec has none [/home/user]
-	InterruptGrace     time.Duration // SIGINT to SIGKILL [500ms]
+	Python, Node, Bash string // interpreter paths [/usr/bin/python3, /usr/bin/node, /bin/bash]
+	// R is R's own binary, not the /usr/bin/R shell script (a context
+	// under allow_subprocess: false may exec once: the interpreter), with
+	// RHome its R_HOME [/usr/lib/R/bin/exec/R, /usr/lib/R]; Java is the
+	// java launcher [/usr/bin/java].
+	R, RHome, Java string
+	BaseEnv        []string      // the interpreter's environment; the spec's Env is added
+	DefaultCwd     string        // when the spec has none [/home/user]
+	InterruptGrace time.Duration // SIGINT to SIGKILL [500ms]
 	// Credential is the interpreter's uid, gid and groups; nil: the
 	// caller's own (agent.KernelCredential says which).
 	Credential *syscall.Credential
@@ -318,6 +327,15 @@ func Start(ctx context.Context, spec agentproto.ContextSpec, opt Options) (*Kern
 	if opt.Bash == "" {
 		opt.Bash = "/bin/bash"
 	}
+	if opt.R == "" {
+		opt.R = "/usr/lib/R/bin/exec/R"
+	}
+	if opt.RHome == "" {
+		opt.RHome = "/usr/lib/R"
+	}
+	if opt.Java == "" {
+		opt.Java = "/usr/bin/java"
+	}
 	if opt.DefaultCwd == "" {
 		opt.DefaultCwd = "/home/user"
 	}
@@ -337,6 +355,24 @@ func Start(ctx context.Context, spec agentproto.ContextSpec, opt Options) (*Kern
 	return k, nil
 }
 
+// Installed returns the languages of langs whose interpreter is installed
+// at its default path, of those a template may leave out (R, Java): the
+// agent offers only those, so that a sandbox of a template without R
+// answers "unsupported language" rather than failing to start it.
+func Installed(langs []string) []string {
+	var out []string
+	for _, l := range langs {
+		p := map[string]string{lang.R: "/usr/lib/R/bin/exec/R", lang.Java: "/usr/bin/java"}[l]
+		if p != "" {
+			if _, err := os.Stat(p); err != nil {
+				continue
+			}
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
 // Language returns the canonical language.
 func (k *Kernel) Language() string { return k.lang }
 
@@ -345,14 +381,44 @@ func (k *Kernel) command() *exec.Cmd {
 	case lang.Python:
 		return exec.Command(k.opt.Python, "-s", "-c", pythonBoot, pythonDriver, pythonCharts) // -s: pythonBoot
 	case lang.JavaScript, lang.TypeScript: // the host sends TypeScript cells transpiled
-		if k.filter != nil {
-			return exec.Command(k.opt.Helper, "seccomp-exec", base64.StdEncoding.EncodeToString(k.filter),
-				strconv.Itoa(k.filterNR), k.opt.Node, "-e", nodeDriver)
-		}
-		return exec.Command(k.opt.Node, "-e", nodeDriver)
+		return k.filtered(k.opt.Node, "-e", nodeDriver)
+	case lang.R:
+		// --vanilla: no site or user profile, no saved workspace.
+		return k.filtered(k.opt.R, "--vanilla", "--no-echo", "-e", rDriver)
+	case lang.Java:
+		// The launcher compiles the driver's source (a memory file, its
+		// path set by start: javaSource) in memory; the serial collector
+		// keeps the JVM's threads few.
+		return k.filtered(k.opt.Java, "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
+			"--add-modules", "jdk.jshell", "--source", "17", javaSource)
 	default:
 		return exec.Command(k.opt.Bash, "--noprofile", "--norc", "-c", bashDriver)
 	}
+}
+
+// javaSource stands in the Java command for the path of the driver's
+// source, a descriptor start passes.
+const javaSource = "SHEEPFOLD-JAVA-DRIVER"
+
+// filtered is the command that runs path with args, through the
+// seccomp-exec helper when the context runs under the no-subprocess
+// filter (Node, R and Java start under it; Python installs it itself).
+func (k *Kernel) filtered(path string, args ...string) *exec.Cmd {
+	if k.filter != nil {
+		return exec.Command(k.opt.Helper, append([]string{"seccomp-exec", base64.StdEncoding.EncodeToString(k.filter),
+			strconv.Itoa(k.filterNR), path}, args...)...)
+	}
+	return exec.Command(path, args...)
+}
+
+// startsFiltered reports whether the language's interpreter starts under
+// the no-subprocess filter (through the helper) rather than installing it.
+func startsFiltered(l string) bool {
+	switch l {
+	case lang.JavaScript, lang.TypeScript, lang.R, lang.Java:
+		return true
+	}
+	return false
 }
 
 // start launches the interpreter; k.mu is held.
@@ -367,8 +433,14 @@ func (k *Kernel) start() error {
 		startOn = func(_ string, start func() error) error { return start() }
 	}
 	env := append([]string{}, k.opt.BaseEnv...)
-	if k.lang == "python" {
+	switch k.lang {
+	case lang.Python:
 		env = append(env, "MPLBACKEND=Agg")
+	case lang.R:
+		// What /usr/bin/R (a shell script) sets before it runs R's binary.
+		// R_DEFAULT_PACKAGES: the driver attaches them (r_driver.R).
+		env = append(env, "R_HOME="+k.opt.RHome, "R_SHARE_DIR=/usr/share/R/share",
+			"R_INCLUDE_DIR=/usr/share/R/include", "R_DOC_DIR=/usr/share/R/doc", "R_DEFAULT_PACKAGES=NULL")
 	}
 	keys := make([]string, 0, len(k.spec.Env))
 	for key := range k.spec.Env {
@@ -412,7 +484,7 @@ func (k *Kernel) start() error {
 	cmd.ExtraFiles = []*os.File{reqR, msgW}
 	// A filter's listener comes back over fd 5: Python installs the
 	// filter itself when a policy asks, Node starts under it.
-	filtered := k.filter != nil && k.lang != "python" && k.lang != "bash"
+	filtered := k.filter != nil && startsFiltered(k.lang)
 	var lconn *net.UnixConn
 	if k.lang == "python" || filtered {
 		child, own, err := listenerChannel()
@@ -422,6 +494,22 @@ func (k *Kernel) start() error {
 		defer child.Close()
 		cmd.ExtraFiles = append(cmd.ExtraFiles, child)
 		lconn = own
+	}
+	if k.lang == lang.Java {
+		src, err := sourceFile("sheepfold-java-driver", javaDriver)
+		if err != nil {
+			if lconn != nil {
+				lconn.Close()
+			}
+			return errors.Join(fmt.Errorf("start %s: %w", k.lang, err), closeAll(reqR, reqW, msgR, msgW))
+		}
+		defer src.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, src)
+		for i, a := range cmd.Args {
+			if a == javaSource {
+				cmd.Args[i] = fmt.Sprintf("/proc/self/fd/%d", 2+len(cmd.ExtraFiles))
+			}
+		}
 	}
 	if err := startOn(k.spec.Cwd, cmd.Start); err != nil {
 		if lconn != nil {
@@ -659,6 +747,9 @@ func newMarker() string {
 
 // request encodes one execution for the driver.
 func (k *Kernel) request(spec agentproto.ExecuteSpec, marker string) []byte {
+	if k.lang == lang.R || k.lang == lang.Java {
+		return hexRequest(marker, spec)
+	}
 	if k.lang != "bash" {
 		req := map[string]any{"code": spec.Code, "env": spec.Env, "marker": marker}
 		if spec.Preload != nil {
@@ -687,6 +778,29 @@ func (k *Kernel) request(spec agentproto.ExecuteSpec, marker string) []byte {
 	code := pre.String() + spec.Code + "\n"
 	postS := post.String() + ":\n"
 	return []byte(fmt.Sprintf("%s %d %d\n%s%s", marker, len(code), len(postS), code, postS))
+}
+
+// hexRequest encodes an execution for the R and Java drivers, which have
+// no JSON parser: one line of space-separated fields, the marker, then the
+// code and the env's names and values in pairs, each hex-encoded UTF-8.
+// Their policy is applied outside them: the filter they start under, the
+// CPU watch and the limits the kernel sets on their process.
+func hexRequest(marker string, spec agentproto.ExecuteSpec) []byte {
+	keys := make([]string, 0, len(spec.Env))
+	for key := range spec.Env {
+		keys = append(keys, key)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	b.WriteString(marker)
+	b.WriteByte(' ')
+	b.WriteString(hex.EncodeToString([]byte(spec.Code)))
+	b.WriteString(" " + strconv.Itoa(len(keys)))
+	for _, key := range keys {
+		b.WriteString(" " + hex.EncodeToString([]byte(key)) + " " + hex.EncodeToString([]byte(spec.Env[key])))
+	}
+	b.WriteByte('\n')
+	return []byte(b.String())
 }
 
 func validName(s string) bool {
