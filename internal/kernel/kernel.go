@@ -389,11 +389,37 @@ func (k *Kernel) command() *exec.Cmd {
 		// The launcher compiles the driver's source (a memory file, its
 		// path set by start: javaSource) in memory; the serial collector
 		// keeps the JVM's threads few.
-		return k.filtered(k.opt.Java, "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
-			"--add-modules", "jdk.jshell", "--source", "17", javaSource)
+		args := []string{"-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto"}
+		if n, err := strconv.ParseInt(k.env(MemoryEnv), 10, 64); err == nil && n > 0 {
+			// Its heap: half (the default is a quarter above 256 MiB,
+			// half below); the rest for the JVM's own and jshell's.
+			args = append(args, "-XX:MaxRAM="+strconv.FormatInt(n, 10), "-XX:MaxRAMPercentage=50", "-XX:MinRAMPercentage=50")
+		}
+		return k.filtered(k.opt.Java, append(args, "--add-modules", "jdk.jshell", "--source", "17", javaSource)...)
 	default:
 		return exec.Command(k.opt.Bash, "--noprofile", "--norc", "-c", bashDriver)
 	}
+}
+
+// MemoryEnv, in the sandbox's environment, is its memory limit in bytes:
+// the engine sets it (the sandbox has no cgroup files to read it from),
+// and a Java context's JVM takes it as the machine's memory, sizing its
+// heap from it.
+const MemoryEnv = "SHEEPFOLD_MEMORY_BYTES"
+
+// env returns the value of name in the interpreter's environment (the
+// context's own first).
+func (k *Kernel) env(name string) string {
+	if v, ok := k.spec.Env[name]; ok {
+		return v
+	}
+	v := ""
+	for _, kv := range k.opt.BaseEnv {
+		if rest, ok := strings.CutPrefix(kv, name+"="); ok {
+			v = rest
+		}
+	}
+	return v
 }
 
 // javaSource stands in the Java command for the path of the driver's
@@ -479,6 +505,18 @@ func (k *Kernel) start() error {
 		}
 		if pipes[i], err = f.SyscallConn(); err != nil {
 			return errors.Join(fmt.Errorf("start %s: %w", k.lang, err), closeAll(reqR, reqW, msgR, msgW))
+		}
+	}
+	if k.lang == lang.R || k.lang == lang.Java {
+		// R and Java cannot use an inherited descriptor as such: their
+		// drivers open /proc/self/fd/3 and 4, which checks the pipe's
+		// mode against the interpreter's user (the agent made the pipe).
+		// Opening through /proc needs ptrace access to the process, so
+		// this gives the pipes to no one who could not reach them anyway.
+		for _, f := range []*os.File{reqR, msgW} {
+			if err := f.Chmod(0o666); err != nil {
+				return errors.Join(fmt.Errorf("start %s: %w", k.lang, err), closeAll(reqR, reqW, msgR, msgW))
+			}
 		}
 	}
 	cmd.ExtraFiles = []*os.File{reqR, msgW}

@@ -257,3 +257,20 @@ func TestRJavaNoSubprocess(t *testing.T) {
 		})
 	}
 }
+
+// TestJavaMemoryEnv: the JVM sizes its heap from the sandbox's memory
+// limit (MemoryEnv): half of it, not a quarter of the host's memory,
+// which is what a sandbox shows it without.
+func TestJavaMemoryEnv(t *testing.T) {
+	t.Parallel()
+	heap := "Runtime.getRuntime().maxMemory() >> 20"
+	free := start(t, "java", nil)
+	k := start(t, "java", map[string]string{MemoryEnv: fmt.Sprint(256 << 20)})
+	var n, host int
+	if _, err := fmt.Sscan(main(run(t, k, code(heap))), &n); err != nil || n > 130 || n < 100 {
+		t.Fatalf("heap under a 256 MiB limit: %d MiB (%v)", n, err)
+	}
+	if _, err := fmt.Sscan(main(run(t, free, code(heap))), &host); err != nil || host <= 130 {
+		t.Fatalf("heap without the limit: %d MiB (%v)", host, err)
+	}
+}
