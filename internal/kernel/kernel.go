@@ -342,6 +342,13 @@ func Start(ctx context.Context, spec agentproto.ContextSpec, opt Options) (*Kern
 	if opt.InterruptGrace <= 0 {
 		opt.InterruptGrace = 500 * time.Millisecond
 	}
+	if canon == lang.Java {
+		// The JVM stops a snippet from a thread it starts for the
+		// signal, at the snippet's next safepoint: under a one-CPU quota
+		// the spinning snippet delayed that past half a second, and the
+		// kill lost the context's state.
+		opt.InterruptGrace = max(opt.InterruptGrace, javaInterruptGrace)
+	}
 	if spec.Cwd == "" {
 		spec.Cwd = opt.DefaultCwd
 	}
@@ -400,6 +407,9 @@ func (k *Kernel) command() *exec.Cmd {
 		return exec.Command(k.opt.Bash, "--noprofile", "--norc", "-c", bashDriver)
 	}
 }
+
+// javaInterruptGrace is the least grace a Java context's interrupt gets.
+const javaInterruptGrace = 2 * time.Second
 
 // MemoryEnv, in the sandbox's environment, is its memory limit in bytes:
 // the engine sets it (the sandbox has no cgroup files to read it from),
