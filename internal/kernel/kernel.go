@@ -1,18 +1,21 @@
 // Package kernel runs stateful code contexts: long-lived interpreters
-// (Python, Node, Bash) driven by small embedded driver scripts, one
-// execution at a time, with output streamed as it is written.
+// (Python, Node, Bash, R, Java) driven by small embedded driver scripts,
+// one execution at a time, with output streamed as it is written.
 //
 // Each interpreter runs in its own process group with three channels: its
 // real stdout and stderr (pipes the kernel streams as they fill) and a
 // control pipe pair (fds 3 and 4) carrying JSON lines: the request in, the
 // results, the error and "done" out (the Bash driver moves both to fds of
-// its own first: Bash scripts take 3 and 4 for theirs). At the end of every
+// its own first: Bash scripts take 3 and 4 for theirs; the R and Java
+// drivers, which have no JSON parser, get hex-encoded fields on one line,
+// hexRequest, and reopen fds 3 and 4 through /proc/self/fd, which is why
+// their pipes' mode lets the interpreter's user open them). At the end of every
 // execution the driver writes a per-execution random marker to stdout and
 // stderr, so the kernel knows when all output of that execution has been
 // read; an interpreter that ends within an execution is read to the end of
 // what it wrote.
-// Python interpreters, and Node ones started under allow_subprocess:
-// false, also get fd 5, a socket the no-subprocess seccomp filter's
+// Python interpreters, and Node, R and Java ones started under
+// allow_subprocess: false, also get fd 5, a socket the no-subprocess seccomp filter's
 // listener comes back over (notify_linux.go); an interpreter under that
 // filter is also in a Landlock domain of its own. Python starts with -s
 // and without its working directory on sys.path until its first
@@ -44,7 +47,18 @@
 // declarations; static ESM imports become awaited dynamic imports made by the
 // driver, their bindings globals), TypeScript (the Node driver; the host engine transpiles each
 // cell with esbuild in internal/typescript, so the agent stays small), Bash
-// (a persistent shell). Language names and aliases are one table,
+// (a persistent shell), R (`r_driver.R`: R's own binary with
+// `--vanilla`; each visible top-level value is a result as R prints it,
+// data frames and matrices also as an HTML table, plot pages drawn in the
+// cell as PNG from a png device set as the default; conditions as their
+// class, message and the calls from the cell down), Java
+// (`java_driver.java`, compiled in memory by the java launcher's
+// source-file mode from a sealed memfd: jshell's engine in the same JVM,
+// so snippets keep their state; expression values as jshell renders them,
+// strings unquoted as E2B shows them; exceptions as their simple class
+// name, message and stack; the environment, and an execution's env, as
+// system properties, as E2B's Java kernel has them; its heap is half the
+// sandbox's memory, MemoryEnv; its interrupt grace at least 2 s). Language names and aliases are one table,
 // internal/lang, which both the host and the agent import; the host never
 // imports internal/kernel.
 // Results are bounded: one result's encoding at 3.5 MB (the drivers
@@ -103,10 +117,11 @@
 //   - Python: the driver, when a policy first asks for it
 //     (`TSYNC|NEW_LISTENER|TSYNC_ESRCH`, Linux ≥ 5.7), so state and preloads
 //     are kept;
-//   - Node (which cannot make system calls itself): the agent starts it
+//   - Node, R and Java (which cannot make system calls themselves): the agent starts them
 //     through its own binary, `agent seccomp-exec FILTER NR node …`
 //     (`kernel.SeccompExec`), which installs the filter, sends the listener
-//     and execs Node. The agent lets exactly that one `execve` of the
+//     and execs the interpreter (R's own binary: /usr/bin/R is a shell
+//     script, whose exec of R would be a second one). The agent lets exactly that one `execve` of the
 //     helper's pid continue (no user code has run in that process); it
 //     answers everything else with EPERM, never "continue". The agent does
 //     not install the filter on one of its own threads and fork: Go's fork
