@@ -382,13 +382,15 @@ func Start(ctx context.Context, spec agentproto.ContextSpec, opt Options) (*Kern
 // agent offers only those, so that a sandbox of a template without R
 // answers "unsupported language" rather than failing to start it.
 func Installed(langs []string) []string {
+	return installed(langs, func(p string) error { _, err := os.Stat(p); return err })
+}
+
+func installed(langs []string, stat func(string) error) []string {
 	var out []string
 	for _, l := range langs {
 		p := map[string]string{lang.R: "/usr/lib/R/bin/exec/R", lang.Java: "/usr/bin/java"}[l]
-		if p != "" {
-			if _, err := os.Stat(p); err != nil {
-				continue
-			}
+		if p != "" && stat(p) != nil {
+			continue
 		}
 		out = append(out, l)
 	}

@@ -197,7 +197,6 @@ func TestRJavaStreamsAndLimits(t *testing.T) {
 			if r = run(t, k, code(tc.set)); r.done.Status != agentproto.StatusOK {
 				t.Fatalf("no restart after death: %+v %+v", r.done, r.err)
 			}
-			_ = fmt.Sprint
 		})
 	}
 }
@@ -272,5 +271,25 @@ func TestJavaMemoryEnv(t *testing.T) {
 	}
 	if _, err := fmt.Sscan(main(run(t, free, code(heap))), &host); err != nil || host <= 130 {
 		t.Fatalf("heap without the limit: %d MiB (%v)", host, err)
+	}
+}
+
+// TestInstalled: the agent offers R and Java only where the template has
+// their interpreters, the other languages always.
+func TestInstalled(t *testing.T) {
+	t.Parallel()
+	all := []string{"python", "javascript", "typescript", "bash", "r", "java"}
+	none := func(string) error { return os.ErrNotExist }
+	if got := installed(all, none); fmt.Sprint(got) != "[python javascript typescript bash]" {
+		t.Fatalf("without R and Java: %v", got)
+	}
+	onlyR := func(p string) error {
+		if strings.Contains(p, "/R/") {
+			return nil
+		}
+		return os.ErrNotExist
+	}
+	if got := installed(all, onlyR); fmt.Sprint(got) != "[python javascript typescript bash r]" {
+		t.Fatalf("with R only: %v", got)
 	}
 }
