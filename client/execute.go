@@ -13,7 +13,7 @@ import (
 // ExecuteRequest is code to run.
 type ExecuteRequest struct {
 	Code      string
-	Language  string // python (default), javascript, typescript or bash, or an alias (py, js, node, ts, sh...); ignored with ContextID
+	Language  string // python (default), javascript, typescript, bash, r or java, or an alias (py, js, node, ts, sh...); ignored with ContextID
 	ContextID string
 	Timeout   time.Duration // 0: the sandbox's default
 	Env       map[string]string

@@ -5,7 +5,8 @@
 #     chromium (the dashboard's browser test),
 #     qemu-system-x86 (`make test-cgroupv2` boots a cgroup v2 guest),
 #     containernetworking-plugins (the CNI plugins of `make test-kubernetes`'s cluster),
-#     and the Debian side of E2B's Python SDK (test/e2b/python: the SDK itself is vendored there)
+#     the Debian side of E2B's Python SDK (test/e2b/python: the SDK itself is vendored there),
+#     and r-base-core and default-jdk-headless (internal/kernel's R and Java tests run them on the host)
 #   - postgresql, WITHOUT its default cluster: the tests of the PostgreSQL
 #     store start their own (internal/testutil/pgtest) under the postgres user.
 #   - runc at a pinned release, built from the Go module proxy with seccomp,
@@ -38,7 +39,8 @@ installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" = "in
 need=()
 for pkg in debootstrap libseccomp-dev pkg-config gcc bubblewrap git chromium qemu-system-x86 containernetworking-plugins \
 	python3-h2 python3-attr python3-protobuf python3-dateutil python3-packaging python3-typing-extensions \
-	python3-wcmatch python3-rich python3-requests python3-anyio python3-h11 python3-certifi python3-idna python3-sniffio; do
+	python3-wcmatch python3-rich python3-requests python3-anyio python3-h11 python3-certifi python3-idna python3-sniffio \
+	r-base-core default-jdk-headless; do
 	installed "$pkg" || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

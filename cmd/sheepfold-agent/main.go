@@ -95,9 +95,6 @@ const servePidsFD = 5
 // exitLifetime is init's exit status when the sandbox's lifetime ended.
 const exitLifetime = 124
 
-// languages are the canonical languages the kernel package drives.
-var languages = lang.All()
-
 func main() {
 	if filepath.Base(os.Args[0]) == "sudo" {
 		// Bind-mounted as the sandbox's sudo (oci.SudoPath).
@@ -295,7 +292,7 @@ func runServe(args []string) int {
 			return k, nil
 		},
 		Canonical:   lang.Canonical,
-		Languages:   languages,
+		Languages:   kernel.Installed(lang.All()), // R and Java where the template has them
 		SetLifetime: setLifetime,
 		Lifetime:    *lifetime,
 		SwitchUsers: *switchUsers,

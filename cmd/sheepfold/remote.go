@@ -168,7 +168,7 @@ output. Exit status: 0 on success, 1 when the code raised, 124 on timeout.
 		},
 	}
 	r.flags(cmd)
-	cmd.Flags().StringVarP(&lang, "lang", "l", "python", "language: python, javascript or bash")
+	cmd.Flags().StringVarP(&lang, "lang", "l", "python", "language: python, javascript, typescript, bash, r or java")
 	cmd.Flags().StringVar(&ctxID, "context", "", "context id (default: the sandbox's default context for the language)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 0, "wall-clock limit (default: the sandbox's)")
 	return cmd

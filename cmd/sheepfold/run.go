@@ -29,6 +29,8 @@ var interpreters = map[string]interpreter{
 	lang.Python:     {"/tmp/main.py", "/usr/bin/python3"},
 	lang.JavaScript: {"/tmp/main.js", "/usr/bin/node"},
 	lang.Bash:       {"/tmp/main.sh", "/bin/bash"},
+	lang.R:          {"/tmp/main.R", "/usr/bin/Rscript"},
+	lang.Java:       {"/tmp/Main.java", "/usr/bin/java"}, // the launcher's source-file mode: the file's first class runs
 }
 
 // interpreterFor returns the interpreter of a language name or alias
@@ -37,7 +39,7 @@ func interpreterFor(name string) (interpreter, error) {
 	canon, err := lang.Canonical(name)
 	interp, ok := interpreters[canon]
 	if err != nil || !ok {
-		return interpreter{}, fmt.Errorf("unknown language %q: want python, javascript or bash", name)
+		return interpreter{}, fmt.Errorf("unknown language %q: want python, javascript, bash, r or java", name)
 	}
 	return interp, nil
 }
@@ -117,7 +119,7 @@ The program is read from FILE, or from standard input when FILE is - or absent.
 		},
 	}
 	f := cmd.Flags()
-	f.StringVarP(&language, "lang", "l", lang.Python, "language: python, javascript or bash")
+	f.StringVarP(&language, "lang", "l", lang.Python, "language: python, javascript, bash, r or java")
 	f.StringVarP(&tmpl, "template", "t", "python", "template to start the sandbox from")
 	f.DurationVar(&timeout, "timeout", 30*time.Second, "wall-clock limit for the program")
 	f.StringVar(&memory, "memory", "512MiB", "memory limit")

@@ -14,13 +14,14 @@ func TestInterpreterFor(t *testing.T) {
 		"python": "/usr/bin/python3", "py": "/usr/bin/python3", "Python3": "/usr/bin/python3",
 		"javascript": "/usr/bin/node", "node": "/usr/bin/node", "nodejs": "/usr/bin/node", "JS": "/usr/bin/node",
 		"bash": "/bin/bash", "sh": "/bin/bash", "shell": "/bin/bash",
+		"r": "/usr/bin/Rscript", "R": "/usr/bin/Rscript", "java": "/usr/bin/java", "jshell": "/usr/bin/java",
 	} {
 		if got, err := interpreterFor(name); err != nil || got.cmd != want {
 			t.Errorf("interpreterFor(%q) = %+v, %v; want %s", name, got, err, want)
 		}
 	}
 	for _, name := range []string{"typescript", "ts", "cobol"} {
-		if _, err := interpreterFor(name); err == nil || err.Error() != `unknown language "`+name+`": want python, javascript or bash` {
+		if _, err := interpreterFor(name); err == nil || err.Error() != `unknown language "`+name+`": want python, javascript, bash, r or java` {
 			t.Errorf("interpreterFor(%q) = %v", name, err)
 		}
 	}

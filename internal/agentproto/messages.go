@@ -259,7 +259,7 @@ type TermSize struct {
 
 // ContextSpec describes a code context (a long-lived interpreter).
 type ContextSpec struct {
-	// Language is python, javascript, typescript or bash. A typescript
+	// Language is python, javascript, typescript, bash, r or java. A typescript
 	// context runs on Node: the host sends its cells already transpiled.
 	Language string            `json:"language"`
 	Cwd      string            `json:"cwd,omitempty"`

@@ -62,12 +62,13 @@ func TestPageCursorRoundTrip(t *testing.T) {
 
 func TestLanguage(t *testing.T) {
 	t.Parallel()
-	for in, want := range map[string]string{"": "python", " Python ": "python", "js": "javascript", "JavaScript": "javascript", "ts": "typescript", "bash": "bash"} {
+	for in, want := range map[string]string{"": "python", " Python ": "python", "js": "javascript", "JavaScript": "javascript", "ts": "typescript", "bash": "bash",
+		"r": "r", "java": "java"} { // E2B's runCode(language: 'r' | 'java')
 		if got, err := lang.Canonical(in); err != nil || got != want {
 			t.Errorf("lang.Canonical(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	for _, in := range []string{"r", "java", "cobol"} {
+	for _, in := range []string{"cobol", "deno"} {
 		if _, err := lang.Canonical(in); err == nil {
 			t.Errorf("lang.Canonical(%q) accepted", in)
 		}

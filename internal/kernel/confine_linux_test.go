@@ -89,7 +89,8 @@ func TestPythonPlantedFilesRunUnderTheFilter(t *testing.T) {
 // no-subprocess filter cannot make another interpreter of the same user
 // (an idle context's, not under the filter) run code for it by writing a
 // request into that interpreter's control pipe through /proc, nor open its
-// memory: the filtered interpreter is in a Landlock domain of its own.
+// memory: the filtered interpreter (Python, Node, R or Java) is in a
+// Landlock domain of its own.
 // Unconfined, the injected request runs and starts a process.
 func TestSeccompConfinedCannotReachOtherProcesses(t *testing.T) {
 	t.Parallel()
@@ -102,9 +103,15 @@ func TestSeccompConfinedCannotReachOtherProcesses(t *testing.T) {
 		if lang == "javascript" {
 			return fmt.Sprintf("const fs = require('fs');\nconst fd = fs.openSync('/proc/%d/fd/3', 'w');\nfs.writeSync(fd, %q);\nfs.closeSync(fd); 'sent'", pid, string(req)+"\n")
 		}
+		switch lang {
+		case "r":
+			return fmt.Sprintf("con <- file('/proc/%d/fd/3', 'w')\nwriteLines(%q, con)\nclose(con)\n'sent'", pid, string(req))
+		case "java":
+			return fmt.Sprintf("try (var o = new java.io.FileOutputStream(\"/proc/%d/fd/3\")) { o.write(%q.getBytes()); }\n\"sent\"", pid, string(req)+"\n")
+		}
 		return fmt.Sprintf("import os\nfd = os.open('/proc/%d/fd/3', os.O_WRONLY)\nos.write(fd, %q.encode())\nos.close(fd)\n'sent'", pid, string(req)+"\n")
 	}
-	for _, lang := range []string{"python", "javascript"} {
+	for _, lang := range []string{"python", "javascript", "r", "java"} {
 		t.Run(lang, func(t *testing.T) {
 			t.Parallel()
 			victim := start(t, "python", nil)
@@ -117,18 +124,25 @@ func TestSeccompConfinedCannotReachOtherProcesses(t *testing.T) {
 			mark = filepath.Join(t.TempDir(), "ran")
 			k := startWithHelper(t, lang)
 			r := run(t, k, withPolicy(inject(victim, mark, lang), noSubprocess(t)))
-			if r.err == nil || !strings.Contains(r.err.Value, "ermission denied") && !strings.Contains(r.err.Value, "EACCES") {
+			if r.err == nil || !strings.Contains(r.err.Value+r.stderr, "ermission denied") && !strings.Contains(r.err.Value, "EACCES") {
 				t.Fatalf("confined, the other interpreter's /proc must be closed: %v", r)
 			}
 			mem := fmt.Sprintf("import os\nos.open('/proc/%d/mem', os.O_RDWR)", victim.p.cmd.Process.Pid)
-			if lang == "javascript" {
+			switch lang {
+			case "javascript":
 				mem = fmt.Sprintf("require('fs').openSync('/proc/%d/mem', 'r+')", victim.p.cmd.Process.Pid)
+			case "r":
+				mem = fmt.Sprintf("file('/proc/%d/mem', 'r+b')", victim.p.cmd.Process.Pid)
+			case "java":
+				mem = fmt.Sprintf("new java.io.RandomAccessFile(\"/proc/%d/mem\", \"rw\")", victim.p.cmd.Process.Pid)
 			}
 			if r := run(t, k, code(mem)); r.err == nil {
 				t.Fatalf("confined, another process's memory must stay closed: %v", r)
 			}
 			if r := run(t, k, code(map[string]string{"python": "open('/proc/self/status').read().count('\\n') > 5",
-				"javascript": "require('fs').readFileSync('/proc/self/status', 'utf8').split('\\n').length > 5"}[lang])); main(r) != "True" && main(r) != "true" {
+				"javascript": "require('fs').readFileSync('/proc/self/status', 'utf8').split('\\n').length > 5",
+				"r":          "length(readLines('/proc/self/status')) > 5",
+				"java":       "java.nio.file.Files.readAllLines(java.nio.file.Path.of(\"/proc/self/status\")).size() > 5"}[lang])); main(r) != "True" && main(r) != "true" && main(r) != "[1] TRUE" {
 				t.Fatalf("its own /proc stays open: %v", r)
 			}
 			if _, err := os.Stat(mark); err == nil {

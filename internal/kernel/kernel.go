@@ -1,18 +1,21 @@
 // Package kernel runs stateful code contexts: long-lived interpreters
-// (Python, Node, Bash) driven by small embedded driver scripts, one
-// execution at a time, with output streamed as it is written.
+// (Python, Node, Bash, R, Java) driven by small embedded driver scripts,
+// one execution at a time, with output streamed as it is written.
 //
 // Each interpreter runs in its own process group with three channels: its
 // real stdout and stderr (pipes the kernel streams as they fill) and a
 // control pipe pair (fds 3 and 4) carrying JSON lines: the request in, the
 // results, the error and "done" out (the Bash driver moves both to fds of
-// its own first: Bash scripts take 3 and 4 for theirs). At the end of every
+// its own first: Bash scripts take 3 and 4 for theirs; the R and Java
+// drivers, which have no JSON parser, get hex-encoded fields on one line,
+// hexRequest, and reopen fds 3 and 4 through /proc/self/fd, which is why
+// their pipes' mode lets the interpreter's user open them). At the end of every
 // execution the driver writes a per-execution random marker to stdout and
 // stderr, so the kernel knows when all output of that execution has been
 // read; an interpreter that ends within an execution is read to the end of
 // what it wrote.
-// Python interpreters, and Node ones started under allow_subprocess:
-// false, also get fd 5, a socket the no-subprocess seccomp filter's
+// Python interpreters, and Node, R and Java ones started under
+// allow_subprocess: false, also get fd 5, a socket the no-subprocess seccomp filter's
 // listener comes back over (notify_linux.go); an interpreter under that
 // filter is also in a Landlock domain of its own. Python starts with -s
 // and without its working directory on sys.path until its first
@@ -44,7 +47,18 @@
 // declarations; static ESM imports become awaited dynamic imports made by the
 // driver, their bindings globals), TypeScript (the Node driver; the host engine transpiles each
 // cell with esbuild in internal/typescript, so the agent stays small), Bash
-// (a persistent shell). Language names and aliases are one table,
+// (a persistent shell), R (`r_driver.R`: R's own binary with
+// `--vanilla`; each visible top-level value is a result as R prints it,
+// data frames and matrices also as an HTML table, plot pages drawn in the
+// cell as PNG from a png device set as the default; conditions as their
+// class, message and the calls from the cell down), Java
+// (`java_driver.java`, compiled in memory by the java launcher's
+// source-file mode from a sealed memfd: jshell's engine in the same JVM,
+// so snippets keep their state; expression values as jshell renders them,
+// strings unquoted as E2B shows them; exceptions as their simple class
+// name, message and stack; the environment, and an execution's env, as
+// system properties, as E2B's Java kernel has them; its heap is half the
+// sandbox's memory, MemoryEnv; its interrupt grace at least 2 s). Language names and aliases are one table,
 // internal/lang, which both the host and the agent import; the host never
 // imports internal/kernel.
 // Results are bounded: one result's encoding at 3.5 MB (the drivers
@@ -103,10 +117,11 @@
 //   - Python: the driver, when a policy first asks for it
 //     (`TSYNC|NEW_LISTENER|TSYNC_ESRCH`, Linux ≥ 5.7), so state and preloads
 //     are kept;
-//   - Node (which cannot make system calls itself): the agent starts it
+//   - Node, R and Java (which cannot make system calls themselves): the agent starts them
 //     through its own binary, `agent seccomp-exec FILTER NR node …`
 //     (`kernel.SeccompExec`), which installs the filter, sends the listener
-//     and execs Node. The agent lets exactly that one `execve` of the
+//     and execs the interpreter (R's own binary: /usr/bin/R is a shell
+//     script, whose exec of R would be a second one). The agent lets exactly that one `execve` of the
 //     helper's pid continue (no user code has run in that process); it
 //     answers everything else with EPERM, never "continue". The agent does
 //     not install the filter on one of its own threads and fork: Go's fork
@@ -179,14 +194,23 @@ var (
 	nodeDriver string
 	//go:embed bash_driver.sh
 	bashDriver string
+	//go:embed r_driver.R
+	rDriver string
+	//go:embed java_driver.java
+	javaDriver string
 )
 
 // Options configure how kernels start.
 type Options struct {
-	Python, Node, Bash string        // interpreter paths [/usr/bin/python3, /usr/bin/node, /bin/bash]
-	BaseEnv            []string      // the interpreter's environment; the spec's Env is added
-	DefaultCwd         string        // when the spec has none [/home/user]
-	InterruptGrace     time.Duration // SIGINT to SIGKILL [500ms]
+	Python, Node, Bash string // interpreter paths [/usr/bin/python3, /usr/bin/node, /bin/bash]
+	// R is R's own binary, not the /usr/bin/R shell script (a context
+	// under allow_subprocess: false may exec once: the interpreter), with
+	// RHome its R_HOME [/usr/lib/R/bin/exec/R, /usr/lib/R]; Java is the
+	// java launcher [/usr/bin/java].
+	R, RHome, Java string
+	BaseEnv        []string      // the interpreter's environment; the spec's Env is added
+	DefaultCwd     string        // when the spec has none [/home/user]
+	InterruptGrace time.Duration // SIGINT to SIGKILL [500ms]
 	// Credential is the interpreter's uid, gid and groups; nil: the
 	// caller's own (agent.KernelCredential says which).
 	Credential *syscall.Credential
@@ -318,11 +342,27 @@ func Start(ctx context.Context, spec agentproto.ContextSpec, opt Options) (*Kern
 	if opt.Bash == "" {
 		opt.Bash = "/bin/bash"
 	}
+	if opt.R == "" {
+		opt.R = "/usr/lib/R/bin/exec/R"
+	}
+	if opt.RHome == "" {
+		opt.RHome = "/usr/lib/R"
+	}
+	if opt.Java == "" {
+		opt.Java = "/usr/bin/java"
+	}
 	if opt.DefaultCwd == "" {
 		opt.DefaultCwd = "/home/user"
 	}
 	if opt.InterruptGrace <= 0 {
 		opt.InterruptGrace = 500 * time.Millisecond
+	}
+	if canon == lang.Java {
+		// The JVM stops a snippet from a thread it starts for the
+		// signal, at the snippet's next safepoint: under a one-CPU quota
+		// the spinning snippet delayed that past half a second, and the
+		// kill lost the context's state.
+		opt.InterruptGrace = max(opt.InterruptGrace, javaInterruptGrace)
 	}
 	if spec.Cwd == "" {
 		spec.Cwd = opt.DefaultCwd
@@ -337,6 +377,26 @@ func Start(ctx context.Context, spec agentproto.ContextSpec, opt Options) (*Kern
 	return k, nil
 }
 
+// Installed returns the languages of langs whose interpreter is installed
+// at its default path, of those a template may leave out (R, Java): the
+// agent offers only those, so that a sandbox of a template without R
+// answers "unsupported language" rather than failing to start it.
+func Installed(langs []string) []string {
+	return installed(langs, func(p string) error { _, err := os.Stat(p); return err })
+}
+
+func installed(langs []string, stat func(string) error) []string {
+	var out []string
+	for _, l := range langs {
+		p := map[string]string{lang.R: "/usr/lib/R/bin/exec/R", lang.Java: "/usr/bin/java"}[l]
+		if p != "" && stat(p) != nil {
+			continue
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
 // Language returns the canonical language.
 func (k *Kernel) Language() string { return k.lang }
 
@@ -345,14 +405,73 @@ func (k *Kernel) command() *exec.Cmd {
 	case lang.Python:
 		return exec.Command(k.opt.Python, "-s", "-c", pythonBoot, pythonDriver, pythonCharts) // -s: pythonBoot
 	case lang.JavaScript, lang.TypeScript: // the host sends TypeScript cells transpiled
-		if k.filter != nil {
-			return exec.Command(k.opt.Helper, "seccomp-exec", base64.StdEncoding.EncodeToString(k.filter),
-				strconv.Itoa(k.filterNR), k.opt.Node, "-e", nodeDriver)
+		return k.filtered(k.opt.Node, "-e", nodeDriver)
+	case lang.R:
+		// --vanilla: no site or user profile, no saved workspace.
+		return k.filtered(k.opt.R, "--vanilla", "--no-echo", "-e", rDriver)
+	case lang.Java:
+		// The launcher compiles the driver's source (a memory file, its
+		// path set by start: javaSource) in memory; the serial collector
+		// keeps the JVM's threads few.
+		args := []string{"-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto"}
+		if n, err := strconv.ParseInt(k.env(MemoryEnv), 10, 64); err == nil && n > 0 {
+			// Its heap: half (the default is a quarter above 256 MiB,
+			// half below); the rest for the JVM's own and jshell's.
+			args = append(args, "-XX:MaxRAM="+strconv.FormatInt(n, 10), "-XX:MaxRAMPercentage=50", "-XX:MinRAMPercentage=50")
 		}
-		return exec.Command(k.opt.Node, "-e", nodeDriver)
+		return k.filtered(k.opt.Java, append(args, "--add-modules", "jdk.jshell", "--source", "17", javaSource)...)
 	default:
 		return exec.Command(k.opt.Bash, "--noprofile", "--norc", "-c", bashDriver)
 	}
+}
+
+// javaInterruptGrace is the least grace a Java context's interrupt gets.
+const javaInterruptGrace = 2 * time.Second
+
+// MemoryEnv, in the sandbox's environment, is its memory limit in bytes:
+// the engine sets it (the sandbox has no cgroup files to read it from),
+// and a Java context's JVM takes it as the machine's memory, sizing its
+// heap from it.
+const MemoryEnv = "SHEEPFOLD_MEMORY_BYTES"
+
+// env returns the value of name in the interpreter's environment (the
+// context's own first).
+func (k *Kernel) env(name string) string {
+	if v, ok := k.spec.Env[name]; ok {
+		return v
+	}
+	v := ""
+	for _, kv := range k.opt.BaseEnv {
+		if rest, ok := strings.CutPrefix(kv, name+"="); ok {
+			v = rest
+		}
+	}
+	return v
+}
+
+// javaSource stands in the Java command for the path of the driver's
+// source, a descriptor start passes.
+const javaSource = "SHEEPFOLD-JAVA-DRIVER"
+
+// filtered is the command that runs path with args, through the
+// seccomp-exec helper when the context runs under the no-subprocess
+// filter (Node, R and Java start under it; Python installs it itself).
+func (k *Kernel) filtered(path string, args ...string) *exec.Cmd {
+	if k.filter != nil {
+		return exec.Command(k.opt.Helper, append([]string{"seccomp-exec", base64.StdEncoding.EncodeToString(k.filter),
+			strconv.Itoa(k.filterNR), path}, args...)...)
+	}
+	return exec.Command(path, args...)
+}
+
+// startsFiltered reports whether the language's interpreter starts under
+// the no-subprocess filter (through the helper) rather than installing it.
+func startsFiltered(l string) bool {
+	switch l {
+	case lang.JavaScript, lang.TypeScript, lang.R, lang.Java:
+		return true
+	}
+	return false
 }
 
 // start launches the interpreter; k.mu is held.
@@ -367,8 +486,14 @@ func (k *Kernel) start() error {
 		startOn = func(_ string, start func() error) error { return start() }
 	}
 	env := append([]string{}, k.opt.BaseEnv...)
-	if k.lang == "python" {
+	switch k.lang {
+	case lang.Python:
 		env = append(env, "MPLBACKEND=Agg")
+	case lang.R:
+		// What /usr/bin/R (a shell script) sets before it runs R's binary.
+		// R_DEFAULT_PACKAGES: the driver attaches them (r_driver.R).
+		env = append(env, "R_HOME="+k.opt.RHome, "R_SHARE_DIR=/usr/share/R/share",
+			"R_INCLUDE_DIR=/usr/share/R/include", "R_DOC_DIR=/usr/share/R/doc", "R_DEFAULT_PACKAGES=NULL")
 	}
 	keys := make([]string, 0, len(k.spec.Env))
 	for key := range k.spec.Env {
@@ -409,10 +534,22 @@ func (k *Kernel) start() error {
 			return errors.Join(fmt.Errorf("start %s: %w", k.lang, err), closeAll(reqR, reqW, msgR, msgW))
 		}
 	}
+	if k.lang == lang.R || k.lang == lang.Java {
+		// R and Java cannot use an inherited descriptor as such: their
+		// drivers open /proc/self/fd/3 and 4, which checks the pipe's
+		// mode against the interpreter's user (the agent made the pipe).
+		// Opening through /proc needs ptrace access to the process, so
+		// this gives the pipes to no one who could not reach them anyway.
+		for _, f := range []*os.File{reqR, msgW} {
+			if err := f.Chmod(0o666); err != nil {
+				return errors.Join(fmt.Errorf("start %s: %w", k.lang, err), closeAll(reqR, reqW, msgR, msgW))
+			}
+		}
+	}
 	cmd.ExtraFiles = []*os.File{reqR, msgW}
 	// A filter's listener comes back over fd 5: Python installs the
 	// filter itself when a policy asks, Node starts under it.
-	filtered := k.filter != nil && k.lang != "python" && k.lang != "bash"
+	filtered := k.filter != nil && startsFiltered(k.lang)
 	var lconn *net.UnixConn
 	if k.lang == "python" || filtered {
 		child, own, err := listenerChannel()
@@ -422,6 +559,22 @@ func (k *Kernel) start() error {
 		defer child.Close()
 		cmd.ExtraFiles = append(cmd.ExtraFiles, child)
 		lconn = own
+	}
+	if k.lang == lang.Java {
+		src, err := sourceFile("sheepfold-java-driver", javaDriver)
+		if err != nil {
+			if lconn != nil {
+				lconn.Close()
+			}
+			return errors.Join(fmt.Errorf("start %s: %w", k.lang, err), closeAll(reqR, reqW, msgR, msgW))
+		}
+		defer src.Close()
+		cmd.ExtraFiles = append(cmd.ExtraFiles, src)
+		for i, a := range cmd.Args {
+			if a == javaSource {
+				cmd.Args[i] = fmt.Sprintf("/proc/self/fd/%d", 2+len(cmd.ExtraFiles))
+			}
+		}
 	}
 	if err := startOn(k.spec.Cwd, cmd.Start); err != nil {
 		if lconn != nil {
@@ -659,6 +812,9 @@ func newMarker() string {
 
 // request encodes one execution for the driver.
 func (k *Kernel) request(spec agentproto.ExecuteSpec, marker string) []byte {
+	if k.lang == lang.R || k.lang == lang.Java {
+		return hexRequest(marker, spec)
+	}
 	if k.lang != "bash" {
 		req := map[string]any{"code": spec.Code, "env": spec.Env, "marker": marker}
 		if spec.Preload != nil {
@@ -687,6 +843,29 @@ func (k *Kernel) request(spec agentproto.ExecuteSpec, marker string) []byte {
 	code := pre.String() + spec.Code + "\n"
 	postS := post.String() + ":\n"
 	return []byte(fmt.Sprintf("%s %d %d\n%s%s", marker, len(code), len(postS), code, postS))
+}
+
+// hexRequest encodes an execution for the R and Java drivers, which have
+// no JSON parser: one line of space-separated fields, the marker, then the
+// code and the env's names and values in pairs, each hex-encoded UTF-8.
+// Their policy is applied outside them: the filter they start under, the
+// CPU watch and the limits the kernel sets on their process.
+func hexRequest(marker string, spec agentproto.ExecuteSpec) []byte {
+	keys := make([]string, 0, len(spec.Env))
+	for key := range spec.Env {
+		keys = append(keys, key)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	b.WriteString(marker)
+	b.WriteByte(' ')
+	b.WriteString(hex.EncodeToString([]byte(spec.Code)))
+	b.WriteString(" " + strconv.Itoa(len(keys)))
+	for _, key := range keys {
+		b.WriteString(" " + hex.EncodeToString([]byte(key)) + " " + hex.EncodeToString([]byte(spec.Env[key])))
+	}
+	b.WriteByte('\n')
+	return []byte(b.String())
 }
 
 func validName(s string) bool {

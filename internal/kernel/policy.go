@@ -22,8 +22,8 @@ const pythonBoot = `import sys;sys.path[:1]==[""] and sys.path.pop(0);exec(compi
 
 // policyGate applies what a policy asks before an execution starts; k.mu
 // is held. It restarts an interpreter that applied a policy a later
-// change loosened (ExecuteSpec.PolicyRestartGen), starts Node under the
-// no-subprocess filter when the policy asks for it (restarting one that
+// change loosened (ExecuteSpec.PolicyRestartGen), starts Node, R and Java
+// under the no-subprocess filter when the policy asks for it (restarting one that
 // runs without; state is lost, and said so when code had run), and
 // refuses to run Bash code under allow_subprocess: false (a non-nil Done
 // says so).
@@ -32,11 +32,11 @@ func (k *Kernel) policyGate(spec agentproto.ExecuteSpec, emit func(agentproto.Ev
 	if pol == nil {
 		return nil
 	}
-	node := k.lang == lang.JavaScript || k.lang == lang.TypeScript
-	if pol.DenySubprocess && (k.lang == lang.Bash || node && k.opt.Helper == "") {
+	helped := startsFiltered(k.lang)
+	if pol.DenySubprocess && (k.lang == lang.Bash || helped && k.opt.Helper == "") {
 		why := "a shell that cannot fork runs only its builtins: use a python or javascript context"
-		if node {
-			why = "this agent cannot start Node under the seccomp filter (no seccomp-exec helper); use a python context"
+		if helped {
+			why = "this agent cannot start " + k.lang + " under the seccomp filter (no seccomp-exec helper); use a python context"
 		}
 		_ = emit(agentproto.Event{Type: agentproto.EventViolation, Violation: &agentproto.Violation{
 			Kind: "subprocess_denied", Target: k.lang + " context", Source: agentproto.SourceAgent}})
@@ -49,7 +49,7 @@ func (k *Kernel) policyGate(spec agentproto.ExecuteSpec, emit func(agentproto.Ev
 		k.p.kill()
 		k.p = nil
 	}
-	if !node {
+	if !helped {
 		return nil
 	}
 	if !pol.DenySubprocess {

@@ -20,13 +20,15 @@ const (
 	JavaScript = "javascript"
 	TypeScript = "typescript" // run by the JavaScript kernel; the host transpiles cells
 	Bash       = "bash"
+	R          = "r"    // R (Debian's r-base-core), in templates that carry it
+	Java       = "java" // jshell's engine in one JVM (Debian's default JDK), in templates that carry it
 )
 
 // ErrUnsupported reports an unknown language.
 var ErrUnsupported = errors.New("unsupported language")
 
 // All lists the canonical names, the default (Python) first.
-func All() []string { return []string{Python, JavaScript, TypeScript, Bash} }
+func All() []string { return []string{Python, JavaScript, TypeScript, Bash, R, Java} }
 
 // Canonical maps a language name or alias (any case; "" is Python) to its
 // canonical name.
@@ -40,6 +42,10 @@ func Canonical(name string) (string, error) {
 		return TypeScript, nil
 	case "bash", "sh", "shell":
 		return Bash, nil
+	case "r":
+		return R, nil
+	case "java", "jshell":
+		return Java, nil
 	}
-	return "", fmt.Errorf("%w: %q (supported: python, javascript, typescript, bash)", ErrUnsupported, name)
+	return "", fmt.Errorf("%w: %q (supported: python, javascript, typescript, bash, r, java)", ErrUnsupported, name)
 }

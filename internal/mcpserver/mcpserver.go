@@ -184,7 +184,7 @@ func (t tools) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in cre
 type runCodeIn struct {
 	SandboxID string `json:"sandbox_id" jsonschema:"the sandbox, from create_sandbox"`
 	Code      string `json:"code" jsonschema:"the code to run"`
-	Language  string `json:"language,omitempty" jsonschema:"python (default), javascript, typescript or bash"`
+	Language  string `json:"language,omitempty" jsonschema:"python (default), javascript, typescript, bash, r or java"`
 	ContextID string `json:"context_id,omitempty" jsonschema:"a context of the sandbox (default: the language's own)"`
 	TimeoutMS int    `json:"timeout_ms,omitempty" jsonschema:"stop the code after this many milliseconds"`
 }

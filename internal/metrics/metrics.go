@@ -252,7 +252,7 @@ func (m *Metrics) OnEvent(e events.Event) {
 // context's language) and code there could otherwise make up a new
 // series per report. Anything else counts as "other".
 var (
-	knownLanguages = set(lang.Python, lang.JavaScript, lang.TypeScript, lang.Bash)
+	knownLanguages = set(lang.All()...)
 	knownStatuses  = set(sandbox.ExecSuccess, sandbox.ExecError, sandbox.ExecTimeout, "failed")
 	knownResources = set(events.ResourceCPUTime, events.ResourceWallTime, events.ResourceMemory, events.ResourceDisk,
 		events.ResourceOutput, events.ResourceNetworkRequests, events.ResourceNetworkFlows, events.ResourcePids)

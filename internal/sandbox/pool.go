@@ -383,12 +383,19 @@ var threadVars = []string{"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_TH
 // otherwise starts a worker per host CPU, and idle workers spin: under a
 // one-CPU quota a matplotlib savefig took twice as long, the spinning
 // worker eating half the quota. Every sandbox gets the same, pooled or not.
+// It also says the sandbox's memory limit (kernel.MemoryEnv), which the
+// Java kernel gives its JVM as the machine's memory: the sandbox has no
+// cgroup files to read it from, and a JVM sizing its heap from the host's
+// memory grew past the limit and was killed rather than collect.
 func threadEnv(l runtime.Limits, user map[string]string) []string {
+	var out []string
+	if l.MemoryBytes > 0 {
+		out = append(out, memoryEnv+"="+strconv.FormatInt(l.MemoryBytes, 10))
+	}
 	if l.CPUs <= 0 {
-		return nil
+		return out
 	}
 	n := strconv.Itoa(int(math.Ceil(l.CPUs)))
-	var out []string
 	for _, v := range threadVars {
 		if _, ok := user[v]; !ok {
 			out = append(out, v+"="+n)
@@ -396,6 +403,10 @@ func threadEnv(l runtime.Limits, user map[string]string) []string {
 	}
 	return out
 }
+
+// memoryEnv is kernel.MemoryEnv (the engine does not import the agent's
+// packages).
+const memoryEnv = "SHEEPFOLD_MEMORY_BYTES"
 
 // preloadModules starts the default Python context and imports modules
 // into it without touching the user's namespace or execution count.

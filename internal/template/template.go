@@ -130,13 +130,17 @@ func Builtin() []Definition {
 			// so the list says what the kernels rely on. tzdata for pandas and
 			// zoneinfo; procps for ps/top/kill. curl, git, pip, requests and
 			// ca-certificates for sandboxes whose policy allows a network
-			// (internal/egress).
+			// (internal/egress). r-base-core and default-jdk-headless for the
+			// R and Java kernels: E2B's runCode(language: "r" | "java")
+			// names no template, so the default one carries every language
+			// (their size and build time: README.md, "Languages").
 			Packages: []string{
 				"python3", "python3-numpy", "python3-pandas", "python3-matplotlib",
 				"nodejs", "bash", "coreutils", "procps", "tzdata",
 				"ca-certificates", "curl", "git", "python3-pip", "python3-requests",
+				"r-base-core", "default-jdk-headless",
 			},
-			Description: "Debian bookworm with Python 3.11 (numpy, pandas, matplotlib), Node.js 18 and Bash",
+			Description: "Debian bookworm with Python 3.11 (numpy, pandas, matplotlib), Node.js 18, R 4.2, Java 17 (jshell) and Bash",
 		},
 	}
 }

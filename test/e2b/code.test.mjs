@@ -165,6 +165,48 @@ test('bash: output and state', T, async () => {
   assert.equal(stdout(await sbx.runCode('echo "[$SF_RUN]"', { language: 'bash' })), '[]\n', 'a per-run env leaked')
 })
 
+// E2B's own R and Java tests (js/tests/env_vars/r.test.ts and
+// java.test.ts of e2b-dev/code-interpreter), rewritten here, and what they
+// leave out: state, a plot, a data frame, an error. E2B's Java kernel shows
+// the environment as system properties; a println's line end may come in a
+// message of its own there, so the output is compared joined.
+test('r: E2B env vars, state, plot, data frame, error', T, async () => {
+  const hello = await sbx.runCode('print("Hello, World!")', { language: 'r' })
+  assert.deepEqual(hello.logs.stdout, ['[1] "Hello, World!"\n'])
+  const env = await sbx.runCode("Sys.getenv('SF_GLOBAL')", { language: 'r' })
+  assert.equal(env.results[0]?.text.trim(), '[1] "from-create"')
+  const run = await sbx.runCode("Sys.getenv('FOO')", { language: 'r', envs: { FOO: 'bar' } })
+  assert.equal(run.results[0]?.text.trim(), '[1] "bar"')
+  const unset = await sbx.runCode("Sys.getenv('FOO', unset = 'default')", { language: 'r' })
+  assert.equal(unset.results[0]?.text.trim(), '[1] "default"')
+  await sbx.runCode('n <- 20', { language: 'r' })
+  const ex = await sbx.runCode('plot(1:3); data.frame(n = n + 1)', { language: 'r' })
+  assert.equal(ex.error, undefined, `error ${JSON.stringify(ex.error)}`)
+  assert.ok(ex.results.some((r) => r.png), 'a PNG')
+  assert.ok(ex.results.some((r) => r.html?.includes('<td>21</td>')), 'the data frame as HTML')
+  const err = await sbx.runCode("stop('nope')", { language: 'r' })
+  assert.equal(err.error?.name, 'simpleError')
+  assert.equal(err.error?.value, 'nope')
+})
+
+test('java: E2B env vars, state, error', T, async () => {
+  const hello = await sbx.runCode('System.out.println("Hello, World!")', { language: 'java' })
+  assert.equal(stdout(hello), 'Hello, World!\n')
+  const env = await sbx.runCode('System.getProperty("SF_GLOBAL")', { language: 'java' })
+  assert.equal(env.results[0]?.text.trim(), 'from-create')
+  const run = await sbx.runCode('System.getProperty("SF_GLOBAL")', { language: 'java', envs: { SF_GLOBAL: 'overwrite' } })
+  assert.equal(run.results[0]?.text.trim(), 'overwrite')
+  const back = await sbx.runCode('System.getProperty("SF_GLOBAL")', { language: 'java' })
+  assert.equal(back.results[0]?.text.trim(), 'from-create')
+  const dflt = await sbx.runCode('System.getProperty("FOO", "default")', { language: 'java' })
+  assert.equal(dflt.results[0]?.text.trim(), 'default')
+  await sbx.runCode('int n = 20;', { language: 'java' })
+  assert.equal((await sbx.runCode('n + 1', { language: 'java' })).text, '21')
+  const err = await sbx.runCode('throw new IllegalStateException("nope")', { language: 'java' })
+  assert.equal(err.error?.name, 'IllegalStateException')
+  assert.equal(err.error?.value, 'nope')
+})
+
 test('code contexts: create, list, isolate, restart, remove', T, async () => {
   const ctx = await sbx.createCodeContext({ language: 'python', cwd: '/tmp' })
   assert.ok(ctx.id, 'context id')

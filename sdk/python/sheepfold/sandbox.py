@@ -357,7 +357,7 @@ class Sandbox:
         Args:
             code: the source.
             language: "python" (the server's default), "javascript",
-                "typescript" or "bash".
+                "typescript", "bash", "r" or "java".
             context: a CodeContext (or its id) to run in; without one, the
                 language's default context, whose state persists across calls.
             on_stdout, on_stderr: called with each output chunk as it comes.

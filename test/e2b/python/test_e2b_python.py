@@ -164,5 +164,75 @@ class TestE2BPythonSDK(unittest.TestCase):
         asyncio.run(flow())
 
 
+@unittest.skipUnless(ENABLED, "set E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY to run E2B's Python SDK")
+class TestUpstreamRJava(unittest.TestCase):
+    """The R and Java cases of E2B's own code-interpreter tests
+    (python/tests/sync/test_default_kernels.py: test_r_kernel,
+    test_java_kernel; python/tests/sync/env_vars/test_r.py and
+    test_java.py: the sandbox's env, an execution's, and one overriding the
+    other), run_code called without a template, as E2B's users do. One
+    difference, kept on purpose: E2B's Java kernel sends a println's line
+    end as a stdout message of its own (its test checks stdout[0] ==
+    "Hello, World!"); Sheepfold streams output as it is written, so the
+    line is one message with its end."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        from e2b_code_interpreter import Sandbox
+
+        cls.sb = Sandbox.create(timeout=300, envs={"TEST_ENV_VAR": "supertest"})
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.sb.kill()
+
+    def test_r_kernel(self) -> None:
+        ex = self.sb.run_code('print("Hello, World!")', language="r")
+        self.assertEqual(ex.logs.stdout, ['[1] "Hello, World!"\n'])
+
+    def test_java_kernel(self) -> None:
+        ex = self.sb.run_code('System.out.println("Hello, World!")', language="java")
+        self.assertEqual("".join(ex.logs.stdout), "Hello, World!\n")
+
+    def test_r_env_vars(self) -> None:
+        ex = self.sb.run_code("Sys.getenv('TEST_ENV_VAR')", language="r")
+        self.assertEqual(ex.results[0].text.strip(), '[1] "supertest"')
+        ex = self.sb.run_code("Sys.getenv('FOO')", envs={"FOO": "bar"}, language="r")
+        self.assertEqual(ex.results[0].text.strip(), '[1] "bar"')
+        ex = self.sb.run_code("Sys.getenv('FOO', unset = 'default')", language="r")
+        self.assertEqual(ex.results[0].text.strip(), '[1] "default"')
+        ex = self.sb.run_code("Sys.getenv('TEST_ENV_VAR')", language="r", envs={"TEST_ENV_VAR": "overwrite"})
+        self.assertEqual(ex.results[0].text.strip(), '[1] "overwrite"')
+
+    def test_java_env_vars(self) -> None:
+        ex = self.sb.run_code('System.getProperty("TEST_ENV_VAR")', language="java")
+        self.assertEqual(ex.results[0].text.strip(), "supertest")
+        ex = self.sb.run_code('System.getProperty("FOO")', envs={"FOO": "bar"}, language="java")
+        self.assertEqual(ex.results[0].text.strip(), "bar")
+        ex = self.sb.run_code('System.getProperty("FOO", "default")', language="java")
+        self.assertEqual(ex.results[0].text.strip(), "default")
+        ex = self.sb.run_code('System.getProperty("TEST_ENV_VAR")', language="java", envs={"TEST_ENV_VAR": "overwrite"})
+        self.assertEqual(ex.results[0].text.strip(), "overwrite")
+        ex = self.sb.run_code('System.getProperty("TEST_ENV_VAR")', language="java")
+        self.assertEqual(ex.results[0].text.strip(), "supertest")
+
+    def test_r_java_state_results_errors(self) -> None:
+        """Beyond E2B's tests: state, a plot, a data frame, errors and
+        streamed output in both."""
+        out = []
+        self.sb.run_code("y <- 20", language="r")
+        ex = self.sb.run_code("cat('streamed\\n'); plot(1:3); data.frame(y = y + 1)", language="r", on_stdout=lambda m: out.append(m.line))
+        self.assertEqual(out, ["streamed\n"])
+        self.assertTrue(any(r.png for r in ex.results), ex.results)
+        self.assertTrue(any(r.html and "<td>21</td>" in r.html for r in ex.results), ex.results)
+        ex = self.sb.run_code("stop('bad')", language="r")
+        self.assertEqual((ex.error.name, ex.error.value), ("simpleError", "bad"))
+        self.sb.run_code("int y = 20;", language="java")
+        self.assertEqual(self.sb.run_code("y + 1", language="java").text, "21")
+        ex = self.sb.run_code('throw new IllegalArgumentException("bad")', language="java")
+        self.assertEqual((ex.error.name, ex.error.value), ("IllegalArgumentException", "bad"))
+        self.assertIn("java.lang.IllegalArgumentException: bad", ex.error.traceback)
+
+
 if __name__ == "__main__":
     unittest.main()
