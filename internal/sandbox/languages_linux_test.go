@@ -9,6 +9,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // TestRuncRJava: R and Java contexts in a real sandbox of the python
@@ -18,6 +19,7 @@ import (
 // no-subprocess filter (each attack works unconfined first), the CPU time
 // limit and the memory cgroup.
 func TestRuncRJava(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "allow_subprocess: false is refused under gVisor, and the host OOM killer ends the whole sandbox (TestGVisorSandbox, TestGVisorMemoryBomb)")
 	log := &policyLog{}
 	m := runcEngine(t, func(c *sandbox.Config) { c.Events = log })
 	free := newSandbox(t, m, sandbox.CreateOptions{})
