@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -35,22 +34,12 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(floodClientEnv); spec != "" {
 		os.Exit(runFloodClient(spec))
 	}
-	dir, err := os.MkdirTemp("", "sf-server-agent-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	var err error
+	if agentBin, err = testutil.BuildAgent(); err != nil {
+		fmt.Fprintf(os.Stderr, "build the agent: %v\n", err)
 		os.Exit(1)
 	}
-	agentBin = filepath.Join(dir, "sheepfold-agent")
-	cmd := exec.Command("go", "build", "-o", agentBin, "github.com/sheepfold/sheepfold/cmd/sheepfold-agent")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build the agent: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(m.Run())
 }
 
 // env is one server over the fake runtime with two owners' keys.
