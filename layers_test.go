@@ -71,8 +71,9 @@ var agentOnly = map[string][]string{
 }
 
 // agentSide is all of the module the agent binary may contain: it knows
-// nothing of the server, the engine or a runtime.
-var agentSide = []string{"cmd/sheepfold-agent", "internal/agent", "internal/kernel", "internal/agentproto",
+// nothing of the server, the engine or a runtime (api is the words of the
+// wire: agentproto carries its Result, ExecError and FileInfo).
+var agentSide = []string{"cmd/sheepfold-agent", "internal/agent", "internal/kernel", "internal/agentproto", "api",
 	"internal/agenttls", "internal/lang", "internal/fdpass", "internal/osthread", "internal/pidfd", "internal/psi", "internal/cgroup",
 	"internal/backoff", "internal/homeseed", "internal/ratelimit"}
 

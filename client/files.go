@@ -6,21 +6,13 @@ import (
 	"mime/multipart"
 	"net/url"
 	"strconv"
-	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
-// FileInfo describes a path in a sandbox.
-type FileInfo struct {
-	Name          string    `json:"name"`
-	Path          string    `json:"path"`
-	Type          string    `json:"type"` // file, dir, symlink, other
-	Size          int64     `json:"size"`
-	Mode          uint32    `json:"mode"`
-	ModTime       time.Time `json:"mod_time"`
-	Owner         string    `json:"owner"`
-	Group         string    `json:"group"`
-	SymlinkTarget string    `json:"symlink_target,omitempty"`
-}
+// FileInfo describes a path in a sandbox; Metadata holds the E2B
+// metadata a file was written with, when it has some.
+type FileInfo = api.FileInfo
 
 // Paths are absolute or relative to /home/user; none leads out of the sandbox.
 

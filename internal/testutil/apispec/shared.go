@@ -27,6 +27,7 @@ var Shared = []Entry{
 	{V: api.Volume{}, Schema: "Volume"},
 	{V: api.VolumeRequest{}, Schema: "VolumeRequest"},
 	{V: api.VolumeFile{}, Schema: "VolumeFile"},
+	{V: api.FileInfo{}, Schema: "FileInfo"},
 	{V: api.PolicyAnswer{}, Schema: "PolicyAnswer"},
 	{V: api.Port{}, Schema: "Port"},
 	{V: api.PortList{}, Schema: "PortList"},
