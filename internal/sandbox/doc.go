@@ -287,7 +287,8 @@
 // created with is told to the agent and Pause runs; active, the lifetime
 // (the agent's included) moves by a notice.
 //
-// Imports: internal/runtime, internal/agentproto, internal/apierr,
+// Imports: api (its Execution is the one an execution fills),
+// internal/runtime, internal/agentproto, internal/apierr,
 // internal/events (what it emits), internal/policy (the decisions it
 // enforces), internal/egress (a networked sandbox's gateway), internal/lang,
 // internal/typescript (transpiling before the agent), internal/ratelimit,

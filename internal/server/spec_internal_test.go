@@ -18,7 +18,6 @@ var wireTypes = []apispec.Entry{
 	{V: inputRequest{}, Schema: "Input"},
 	{V: signalRequest{}, Schema: "Signal"},
 	{V: eventListJSON{}, Schema: "EventList"},
-	{V: executionJSON{}, Schema: "Execution"},
 	{V: textJSON{}, Schema: "Text"},
 	{V: recordedOutput{}, Schema: "RecordedExecution.output"},
 	{V: executionHistoryJSON{}, Schema: "RecordedExecution"},
@@ -48,8 +47,7 @@ func TestWireTypesMatchSpec(t *testing.T) {
 // holds, but for those that carry more than the wire.
 func TestWireTypesNotShared(t *testing.T) {
 	apispec.CheckNotShared(t, wireTypes, map[string]string{
-		"Execution": "the engine's execution (internal/sandbox), sent as it is on the hot path",
-		"Prices":    "metering's price table, read from the operator's TOML; reports show api.Prices",
+		"Prices": "metering's price table, read from the operator's TOML; reports show api.Prices",
 	})
 }
 
