@@ -114,7 +114,7 @@ func (c *Client) StatFile(ctx context.Context, sandboxID, path string) (*FileInf
 func (c *Client) MakeDir(ctx context.Context, sandboxID, path string) (*FileInfo, error) {
 	var fi FileInfo
 	return &fi, c.call(ctx, request{method: "POST", path: sandboxPath(sandboxID, "files", "mkdir"),
-		json: map[string]string{"path": path}}, &fi)
+		json: api.PathRequest{Path: path}}, &fi)
 }
 
 // RemoveFile removes a file, or a directory with everything in it.
@@ -126,7 +126,7 @@ func (c *Client) RemoveFile(ctx context.Context, sandboxID, path string) error {
 func (c *Client) MoveFile(ctx context.Context, sandboxID, from, to string) (*FileInfo, error) {
 	var fi FileInfo
 	return &fi, c.call(ctx, request{method: "POST", path: sandboxPath(sandboxID, "files", "move"),
-		json: map[string]string{"from": from, "to": to}}, &fi)
+		json: api.MoveRequest{From: from, To: to}}, &fi)
 }
 
 // Upload is one file of UploadFiles.

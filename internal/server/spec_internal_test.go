@@ -15,16 +15,10 @@ import (
 var wireTypes = []apispec.Entry{
 	{V: createAccountRequest{}, Schema: "CreateAccount"},
 	{V: creditRequest{}, Schema: "CreditGrant"},
-	{V: inputRequest{}, Schema: "Input"},
-	{V: signalRequest{}, Schema: "Signal"},
 	{V: eventListJSON{}, Schema: "EventList"},
 	{V: textJSON{}, Schema: "Text"},
 	{V: recordedOutput{}, Schema: "RecordedExecution.output"},
 	{V: executionHistoryJSON{}, Schema: "RecordedExecution"},
-	{V: pathRequest{}, Schema: "PathRequest"},
-	{V: moveRequest{}, Schema: "MoveRequest"},
-	{V: pauseRequest{}, Schema: "PauseRequest"},
-	{V: timeoutRequest{}, Schema: "SetTimeout"},
 	{V: metering.Prices{}, Schema: "Prices"},
 	// What the server's own packages put on the wire.
 	{V: identity.JWK{}, Schema: "JWKS.keys[]"},
