@@ -60,6 +60,13 @@ type env struct {
 // newEnv starts a server; opts adjust the engine's Config.
 func newEnv(t testing.TB, cfg server.Config, opts ...func(*sandbox.Config)) *env {
 	t.Helper()
+	return newEnvLog(t, cfg, testLog(t), opts...)
+}
+
+// newEnvLog is newEnv with the server's, the engine's and the bus's log
+// going to log.
+func newEnvLog(t testing.TB, cfg server.Config, log *slog.Logger, opts ...func(*sandbox.Config)) *env {
+	t.Helper()
 	ctx := context.Background()
 	dbPath := filepath.Join(t.TempDir(), "sheepfold.db")
 	st, err := sqlite.Open(ctx, dbPath)
@@ -67,7 +74,6 @@ func newEnv(t testing.TB, cfg server.Config, opts ...func(*sandbox.Config)) *env
 		t.Fatal(err)
 	}
 	rt := &fake.Runtime{AgentBin: agentBin, Dir: testutil.ShortTempDir(t)}
-	log := testLog(t)
 	bus := events.NewBus(server.EventStore(st), events.BusConfig{Logger: log})
 	cfg.Events = bus
 	scfg := sandbox.Config{Runtime: rt, Logger: log, Events: bus,
