@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -307,34 +306,8 @@ func TestPausedSandboxAfterServerRestart(t *testing.T) {
 	}
 	// start runs a server as `sheepfold serve` does, and returns its stop.
 	start := func() (*env, func()) {
-		rt, err := oci.New(rcfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := sandbox.New(ctx, sandbox.Config{Runtime: rt, CheckpointDir: checkpoints, KeepPaused: true, Logger: log,
-			Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })})
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := server.New(server.Config{Version: "test"}, st, m, log)
-		hs := httptest.NewServer(srv)
-		return &env{t: t, srv: srv, url: hs.URL, store: st, engine: m, keyA: key}, func() {
-			hs.Close()
-			srv.Shutdown(ctx)
-			if err := m.Close(ctx); err != nil {
-				t.Errorf("close the engine: %v", err)
-			}
-			if err := srv.Close(ctx); err != nil {
-				t.Error(err)
-			}
-			srv.RecordStopped(ctx)
-			if _, err := st.StopAllRunning(ctx, "server shut down", time.Now()); err != nil {
-				t.Error(err)
-			}
-			if err := rt.Close(); err != nil {
-				t.Errorf("close the runtime: %v", err)
-			}
-		}
+		return serveOn(t, st, key, rcfg, sandbox.Config{CheckpointDir: checkpoints, KeepPaused: true,
+			Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })}, log, true)
 	}
 	e, stop := start()
 	exec := func(e *env, id, code string) string {

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -256,30 +255,8 @@ func TestSnapshotAfterServerRestart(t *testing.T) {
 		CgroupParent: "sheepfold-test", Instance: testInstance("srvsnaprestart")}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	start := func() (*env, func()) {
-		rt, err := oci.New(rcfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := sandbox.New(ctx, sandbox.Config{Runtime: rt, CheckpointDir: filepath.Join(data, "checkpoints"), Logger: log,
-			Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })})
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := server.New(server.Config{Version: "test"}, st, m, log)
-		hs := httptest.NewServer(srv)
-		return &env{t: t, srv: srv, url: hs.URL, store: st, engine: m, keyA: key}, func() {
-			hs.Close()
-			srv.Shutdown(ctx)
-			if err := m.Close(ctx); err != nil {
-				t.Errorf("close the engine: %v", err)
-			}
-			if err := srv.Close(ctx); err != nil {
-				t.Error(err)
-			}
-			if err := rt.Close(); err != nil {
-				t.Errorf("close the runtime: %v", err)
-			}
-		}
+		return serveOn(t, st, key, rcfg, sandbox.Config{CheckpointDir: filepath.Join(data, "checkpoints"),
+			Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })}, log, false)
 	}
 	e, stop := start()
 	id := e.create(key, map[string]any{})
