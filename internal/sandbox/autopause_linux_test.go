@@ -361,25 +361,7 @@ func TestAutoPauseAfterRestart(t *testing.T) {
 	if err := rt.Close(); err != nil {
 		t.Fatalf("close the first runtime: %v", err)
 	}
-	rt2, err := oci.New(rcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Runtime = rt2
-	m, err := sandbox.New(ctx, cfg)
-	if err != nil {
-		rt2.Close()
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := m.Close(ctx); err != nil {
-			t.Errorf("close the second engine: %v", err)
-		}
-		if err := rt2.Close(); err != nil {
-			t.Errorf("close the second runtime: %v", err)
-		}
-		assertNoLeaks(t, state, rcfg.Instance, cgroup)
-	}()
+	m, _ := nextEngine(t, rcfg, cfg, state, cgroup)
 	s2, err := m.Get(s.ID)
 	if err != nil {
 		t.Fatal(err)

@@ -435,28 +435,11 @@ open("/home/user/before.txt", "w").write("written before")`)
 	}
 
 	// The next engine, on the same runtime instance.
-	rt2, err := oci.New(rcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Runtime = rt2
-	m, err := sandbox.New(ctx, cfg)
-	if err != nil {
-		rt2.Close()
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := m.Close(ctx); err != nil {
-			t.Errorf("close the second engine: %v", err)
-		}
-		if err := rt2.Close(); err != nil {
-			t.Errorf("close the second runtime: %v", err)
-		}
-		assertNoLeaks(t, state, rcfg.Instance, cgroup)
+	m, rt2 := nextEngine(t, rcfg, cfg, state, cgroup, func() {
 		if left, _ := os.ReadDir(cfg.CheckpointDir); len(left) != 0 {
 			t.Errorf("checkpoints left: %v", left)
 		}
-	}()
+	})
 	if end == "broken" {
 		if _, err := m.Get(s.ID); err == nil {
 			t.Error("a sandbox whose checkpoint is broken was taken back")
