@@ -44,19 +44,16 @@ func (b *bencher) snapshotFork(ctx context.Context) error {
 	var snaps, starts []float64
 	for i := -benchPauseWarmups; i < n; i++ {
 		name := fmt.Sprintf("bench-%d", time.Now().UnixNano())
-		t := time.Now()
-		_, err := b.c.CreateSnapshot(ctx, sb.ID, name)
-		if err != nil {
-			var ae *client.Error
-			if errors.As(err, &ae) && ae.Code == "ERR_NOT_SUPPORTED" {
-				fmt.Fprintf(os.Stderr, "bench: snapshot: %v\n", err)
-				b.res.Notes = append(b.res.Notes, "snapshot: not supported by this server: "+ae.Message)
-				return nil
-			}
+		s, err := b.timedStep("snapshot", "snapshot: not supported by this server: ", func() error {
+			_, err := b.c.CreateSnapshot(ctx, sb.ID, name)
+			return err
+		})
+		if errors.Is(err, errNotSupported) {
+			return nil
+		} else if err != nil {
 			return err
 		}
-		s := since(t)
-		t = time.Now()
+		t := time.Now()
 		from, err := b.c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: name})
 		if err == nil {
 			err = check(from.ID)
