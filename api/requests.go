@@ -29,6 +29,14 @@ type SetTimeout struct {
 	Timeout *float64 `json:"timeout"`
 }
 
+// CreditGrant is the body of POST /v1/admin/accounts/{account}/credits
+// (schema CreditGrant): a decimal amount ("25.00"; negative takes credits
+// back) and why.
+type CreditGrant struct {
+	Amount *string `json:"amount"`
+	Reason string  `json:"reason"`
+}
+
 // Input is the body of POST .../commands/{pid}/input (schema Input): one
 // of Data and DataBase64, and EOF to close stdin after it.
 type Input struct {

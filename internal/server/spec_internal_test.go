@@ -14,7 +14,6 @@ import (
 // and how it reads its schema of the OpenAPI document.
 var wireTypes = []apispec.Entry{
 	{V: createAccountRequest{}, Schema: "CreateAccount"},
-	{V: creditRequest{}, Schema: "CreditGrant"},
 	{V: eventListJSON{}, Schema: "EventList"},
 	{V: textJSON{}, Schema: "Text"},
 	{V: recordedOutput{}, Schema: "RecordedExecution.output"},

@@ -32,6 +32,7 @@ var Shared = []Entry{
 	{V: api.MoveRequest{}, Schema: "MoveRequest"},
 	{V: api.PauseRequest{}, Schema: "PauseRequest"},
 	{V: api.SetTimeout{}, Schema: "SetTimeout"},
+	{V: api.CreditGrant{}, Schema: "CreditGrant"},
 	{V: api.Input{}, Schema: "Input"},
 	{V: api.Signal{}, Schema: "Signal"},
 	{V: api.PolicyAnswer{}, Schema: "PolicyAnswer"},
