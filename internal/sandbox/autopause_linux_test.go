@@ -6,13 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/events"
-	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
@@ -325,22 +323,7 @@ func TestAutoPauseIdleTimeout(t *testing.T) {
 func TestAutoPauseAfterRestart(t *testing.T) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
-	rootfs := testutil.TemplateRootFS(t, "python")
-	state := testutil.ShortTempDir(t)
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
-		CgroupParent: testCgroupParent, Instance: "t" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
-	rt, err := oci.New(rcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cgroup := rt.CgroupPath()
-	dir := testutil.ShortTempDir(t)
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	rootfs, rcfg, rt, state, cgroup, dir := restartRig(t)
 	log := &typeLog{}
 	cfg := sandbox.Config{Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), KeepPaused: true, Events: log, AutoPauseNotice: autoNotice,
 		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })}

@@ -16,7 +16,6 @@ import (
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/runtime"
-	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
@@ -374,22 +373,7 @@ func TestPausedSandboxAfterRestart(t *testing.T) {
 func testPausedAfterRestart(t *testing.T, end string) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
-	rootfs := testutil.TemplateRootFS(t, "python")
-	state := testutil.ShortTempDir(t)
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
-		CgroupParent: testCgroupParent, Instance: "t" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
-	rt, err := oci.New(rcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cgroup := rt.CgroupPath()
-	dir := testutil.ShortTempDir(t)
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	rootfs, rcfg, rt, state, cgroup, dir := restartRig(t)
 	cfg := sandbox.Config{Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), KeepPaused: true,
 		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })}
 	first, err := sandbox.New(ctx, cfg)
