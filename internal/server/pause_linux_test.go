@@ -14,12 +14,10 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/client"
-	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 	"github.com/sheepfold/sheepfold/internal/store"
-	"github.com/sheepfold/sheepfold/internal/store/sqlite"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
@@ -277,28 +275,13 @@ func TestE2BPauseConnect(t *testing.T) {
 func TestPausedSandboxAfterServerRestart(t *testing.T) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
-	rootfs := testutil.TemplateRootFS(t, "python")
-	state := testutil.ShortTempDir(t)
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "sheepfold.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	_, key, err := auth.Create(ctx, st, auth.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rootfs, st, key := restartStore(t)
+	state := traversableDir(t)
 	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
 		CgroupParent: "sheepfold-test", Instance: testInstance("srvrestart")}
 	// Beside the runtime's state dir, as DATA_DIR/checkpoints is beside
 	// DATA_DIR/run (the runtime sweeps what is in its own).
-	data := testutil.ShortTempDir(t)
-	if err := os.Chmod(data, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	data := traversableDir(t)
 	checkpoints := filepath.Join(data, "checkpoints")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {

@@ -19,12 +19,10 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/client"
-	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
-	"github.com/sheepfold/sheepfold/internal/store/sqlite"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
@@ -237,20 +235,8 @@ func filesHolding(t *testing.T, dir, s string) []string {
 func TestSnapshotAfterServerRestart(t *testing.T) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
-	rootfs := testutil.TemplateRootFS(t, "python")
-	data := testutil.ShortTempDir(t)
-	if err := os.Chmod(data, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "sheepfold.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	_, key, err := auth.Create(ctx, st, auth.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rootfs, st, key := restartStore(t)
+	data := traversableDir(t)
 	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: filepath.Join(data, "run"), AgentBin: testutil.AgentBin(t),
 		CgroupParent: "sheepfold-test", Instance: testInstance("srvsnaprestart")}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
