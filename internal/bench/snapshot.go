@@ -53,15 +53,7 @@ func (b *bencher) snapshotFork(ctx context.Context) error {
 		} else if err != nil {
 			return err
 		}
-		t := time.Now()
-		from, err := b.c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: name})
-		if err == nil {
-			err = check(from.ID)
-		}
-		r := since(t)
-		if from != nil {
-			_ = b.c.Kill(context.WithoutCancel(ctx), from.ID)
-		}
+		r, err := b.startFrom(ctx, name, check)
 		_ = b.c.DeleteSnapshot(context.WithoutCancel(ctx), name)
 		if err != nil {
 			return err
@@ -132,15 +124,7 @@ func (b *bencher) fromPooledSnapshot(ctx context.Context, id string, n int, chec
 			case <-time.After(20 * time.Millisecond):
 			}
 		}
-		t := time.Now()
-		from, err := b.c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: name})
-		if err == nil {
-			err = check(from.ID)
-		}
-		r := since(t)
-		if from != nil {
-			_ = b.c.Kill(context.WithoutCancel(ctx), from.ID)
-		}
+		r, err := b.startFrom(ctx, name, check)
 		if err != nil {
 			return fmt.Errorf("from a pooled snapshot: %w", err)
 		}
@@ -150,4 +134,19 @@ func (b *bencher) fromPooledSnapshot(ctx context.Context, id string, n int, chec
 	}
 	b.record(benchFromPool, starts)
 	return nil
+}
+
+// startFrom creates a sandbox from the snapshot name, checks it and kills
+// it, and returns the time from the create to its checked first result.
+func (b *bencher) startFrom(ctx context.Context, name string, check func(string) error) (float64, error) {
+	t := time.Now()
+	from, err := b.c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: name})
+	if err == nil {
+		err = check(from.ID)
+	}
+	r := since(t)
+	if from != nil {
+		_ = b.c.Kill(context.WithoutCancel(ctx), from.ID)
+	}
+	return r, err
 }
