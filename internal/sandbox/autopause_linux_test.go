@@ -3,7 +3,6 @@ package sandbox_test
 import (
 	"context"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,36 +18,11 @@ import (
 // that a test waits seconds, and long enough for several samples.
 const autoNotice = time.Second
 
-// autoEngine is pauseEngine with a short auto-pause notice.
-func autoEngine(t *testing.T) (*sandbox.Manager, *typeLog) {
+// autoEngine is pauseEngine with a short auto-pause notice; opts adjust
+// its Config further.
+func autoEngine(t *testing.T, opts ...func(*sandbox.Config)) (*sandbox.Manager, *typeLog) {
 	t.Helper()
-	testutil.RequireRoot(t)
-	rootfs := testutil.TemplateRootFS(t, "python")
-	rt, noLeaks := runcRuntime(t)
-	dir := testutil.ShortTempDir(t)
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	log := &typeLog{}
-	m, err := sandbox.New(context.Background(), sandbox.Config{
-		Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), Events: log, AutoPauseNotice: autoNotice,
-		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil }),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Close(context.Background()); err != nil {
-			t.Errorf("close manager: %v", err)
-		}
-		if err := rt.Close(); err != nil {
-			t.Errorf("close runtime: %v", err)
-		}
-		noLeaks()
-		if left, _ := os.ReadDir(filepath.Join(dir, "checkpoints")); len(left) > 0 {
-			t.Errorf("checkpoints left: %v", left)
-		}
-	})
+	m, _, log := pauseEngine(t, append([]func(*sandbox.Config){func(c *sandbox.Config) { c.AutoPauseNotice = autoNotice }}, opts...)...)
 	return m, log
 }
 
@@ -225,30 +199,8 @@ while True:
 // TestAutoPauseNotWhileActive/cpu, where the same loop puts the pause off.
 func TestAutoPauseBoundedPutOff(t *testing.T) {
 	testutil.RequireRoot(t)
-	rootfs := testutil.TemplateRootFS(t, "python")
-	rt, noLeaks := runcRuntime(t)
-	dir := testutil.ShortTempDir(t)
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	log := &typeLog{}
 	const maxTimeout = 4 * time.Second
-	m, err := sandbox.New(context.Background(), sandbox.Config{
-		Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), Events: log, AutoPauseNotice: autoNotice, MaxTimeout: maxTimeout,
-		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil }),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Close(context.Background()); err != nil {
-			t.Errorf("close manager: %v", err)
-		}
-		if err := rt.Close(); err != nil {
-			t.Errorf("close runtime: %v", err)
-		}
-		noLeaks()
-	})
+	m, log := autoEngine(t, func(c *sandbox.Config) { c.MaxTimeout = maxTimeout })
 	ctx := context.Background()
 	s := newSandbox(t, m, sandbox.CreateOptions{Timeout: 2 * time.Second, AutoPause: true})
 	if _, err := s.Start(ctx, sandbox.ProcessSpec{Cmd: "sh", Args: []string{"-c", "while :; do :; done"}}); err != nil {
@@ -272,30 +224,7 @@ func TestAutoPauseBoundedPutOff(t *testing.T) {
 // long before its lifetime ends, after sandbox.pausing; the control, a
 // sandbox without auto-pause, is stopped "idle".
 func TestAutoPauseIdleTimeout(t *testing.T) {
-	testutil.RequireRoot(t)
-	rootfs := testutil.TemplateRootFS(t, "python")
-	rt, noLeaks := runcRuntime(t)
-	dir := testutil.ShortTempDir(t)
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	log := &typeLog{}
-	m, err := sandbox.New(context.Background(), sandbox.Config{
-		Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), Events: log, AutoPauseNotice: autoNotice, IdleTimeout: 2 * time.Second,
-		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil }),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Close(context.Background()); err != nil {
-			t.Errorf("close manager: %v", err)
-		}
-		if err := rt.Close(); err != nil {
-			t.Errorf("close runtime: %v", err)
-		}
-		noLeaks()
-	})
+	m, log := autoEngine(t, func(c *sandbox.Config) { c.IdleTimeout = 2 * time.Second })
 	s := newSandbox(t, m, sandbox.CreateOptions{Timeout: 10 * time.Minute, AutoPause: true})
 	plain := newSandbox(t, m, sandbox.CreateOptions{Timeout: 10 * time.Minute})
 	run(t, s, "python", "x = 42")

@@ -21,9 +21,10 @@ import (
 )
 
 // pauseEngine is a Manager on runc that keeps checkpoints (in a directory
-// others may pass through, as a restore needs), with its events recorded.
-// It returns the cgroup path of its runtime's instance too.
-func pauseEngine(t *testing.T) (*sandbox.Manager, string, *typeLog) {
+// others may pass through, as a restore needs), with its events recorded;
+// opts adjust its Config. It returns the cgroup path of its runtime's
+// instance too.
+func pauseEngine(t *testing.T, opts ...func(*sandbox.Config)) (*sandbox.Manager, string, *typeLog) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	rootfs := testutil.TemplateRootFS(t, "python")
@@ -33,10 +34,14 @@ func pauseEngine(t *testing.T) (*sandbox.Manager, string, *typeLog) {
 		t.Fatal(err)
 	}
 	log := &typeLog{}
-	m, err := sandbox.New(context.Background(), sandbox.Config{
+	cfg := sandbox.Config{
 		Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), Events: log,
 		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil }),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	m, err := sandbox.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
