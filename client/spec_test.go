@@ -13,7 +13,6 @@ var specTable = []apispec.Entry{
 	{V: sandboxConfigJSON{}, Schema: "SandboxConfig", Own: map[string]string{"MaxExecutionTime": "sent as max_execution_time in seconds by sandboxConfigJSON"}},
 	{V: FileListPage{}, Schema: "FileList", Renamed: map[string]string{"Entries": "entries", "NextCursor": "next_cursor"},
 		Unmodelled: map[string]string{"truncated": "a listing past its bound pages on with next_cursor"}},
-	{V: Event{}, Schema: "Event"},
 	{V: EventPage{}, Schema: "EventList", Renamed: map[string]string{"Events": "events", "NextCursor": "next_cursor"}},
 	{V: SessionRequest{}, Schema: "CreateSession"},
 	{V: SessionExecuteRequest{}, Schema: "SessionExecuteRequest"},

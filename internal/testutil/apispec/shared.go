@@ -28,6 +28,7 @@ var Shared = []Entry{
 	{V: api.VolumeRequest{}, Schema: "VolumeRequest"},
 	{V: api.VolumeFile{}, Schema: "VolumeFile"},
 	{V: api.FileInfo{}, Schema: "FileInfo"},
+	{V: api.Event{}, Schema: "Event", Own: map[string]string{"Owner": "the server's, for fan-out to the owner's streams; never sent"}},
 	{V: api.PathRequest{}, Schema: "PathRequest"},
 	{V: api.MoveRequest{}, Schema: "MoveRequest"},
 	{V: api.PauseRequest{}, Schema: "PauseRequest"},
