@@ -1,7 +1,10 @@
 package sheepfold_test
 
 import (
+	"fmt"
+	"os"
 	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -68,8 +71,9 @@ var agentOnly = map[string][]string{
 }
 
 // agentSide is all of the module the agent binary may contain: it knows
-// nothing of the server, the engine or a runtime.
-var agentSide = []string{"cmd/sheepfold-agent", "internal/agent", "internal/kernel", "internal/agentproto",
+// nothing of the server, the engine or a runtime (api is the words of the
+// wire: agentproto carries its Result, ExecError and FileInfo).
+var agentSide = []string{"cmd/sheepfold-agent", "internal/agent", "internal/kernel", "internal/agentproto", "api",
 	"internal/agenttls", "internal/lang", "internal/fdpass", "internal/osthread", "internal/pidfd", "internal/psi", "internal/cgroup",
 	"internal/backoff", "internal/homeseed", "internal/ratelimit"}
 
@@ -189,4 +193,63 @@ func TestLayersCatch(t *testing.T) {
 	if _, ok := agentOnly["internal/agent"]; !ok || slices.Contains(agentSide, "internal/sandbox") {
 		t.Error("the agent's rules are off")
 	}
+}
+
+// TestArchitectureMap keeps docs/ARCHITECTURE.md a true map: at most 300
+// lines, its table of floors the floors above, and every file it names
+// there.
+func TestArchitectureMap(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("docs/ARCHITECTURE.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	if n := strings.Count(doc, "\n"); n > 300 {
+		t.Errorf("docs/ARCHITECTURE.md has %d lines; a map has at most 300 (details go to package docs)", n)
+	}
+	got := docFloors(doc)
+	if len(got) != len(floors) {
+		t.Fatalf("docs/ARCHITECTURE.md's table has %d floors, layers_test.go %d", len(got), len(floors))
+	}
+	for i, f := range floors {
+		want := slices.Sorted(slices.Values(f))
+		if !slices.Equal(got[i], want) {
+			t.Errorf("floor %d: docs/ARCHITECTURE.md says %v, layers_test.go %v", i+1, got[i], want)
+		}
+	}
+	for _, m := range docPath.FindAllString(doc, -1) {
+		if _, err := os.Stat(m); err != nil {
+			t.Errorf("docs/ARCHITECTURE.md names %s: %v", m, err)
+		}
+	}
+}
+
+// docPath matches a file named by its path from the module's root.
+var docPath = regexp.MustCompile(`\b(internal|cmd|api|client|test|scripts|sdk)/[A-Za-z0-9_./-]*[A-Za-z0-9_]\.(go|py|sh|json|proto|sql)\b`)
+
+// docFloors reads the table of floors of docs/ARCHITECTURE.md ("| 1 |
+// what | api, client, abort, ... |"), each package as floors spells it
+// (internal/ but for api, client, cmd, examples and test), sorted.
+func docFloors(doc string) [][]string {
+	var out [][]string
+	for line := range strings.Lines(doc) {
+		cells := strings.Split(strings.TrimSpace(line), "|")
+		if len(cells) != 5 || strings.TrimSpace(cells[1]) != fmt.Sprint(len(out)+1) {
+			continue
+		}
+		var pkgs []string
+		for p := range strings.SplitSeq(cells[3], ",") {
+			p = strings.TrimSpace(p)
+			switch top, _, _ := strings.Cut(p, "/"); top {
+			case "api", "client", "cmd", "examples", "test":
+			default:
+				p = "internal/" + p
+			}
+			pkgs = append(pkgs, p)
+		}
+		slices.Sort(pkgs)
+		out = append(out, pkgs)
+	}
+	return out
 }

@@ -20,15 +20,17 @@
 // and generating Go from it would give up the SDK's names and doc
 // comments, which its users' code depends on.
 //
-// A type lives here when more than one of the server, its services and
-// the SDK would otherwise declare it. A type that carries more than the
-// wire stays where it is and is checked against the document by its own
-// package's test: the engine's Execution (the hot path sends it as it
-// is), the event bus's Event (its owner, for fan-out), the agent
-// protocol's FileInfo (the agent binary holds nothing of the host), and
-// a request the server reads with pointers or raw policies where the SDK
-// takes Go values and durations (the SDK's CreateSandboxRequest,
-// SessionRequest, SessionExecuteRequest). internal/account's Limits and
+// A type lives here when more than one of the server, its services, the
+// engine, the agent protocol and the SDK would otherwise declare it: the
+// engine's sandbox.Execution embeds Execution (and keeps beside it what
+// only the engine needs), the event bus's events.Event is Event (its
+// Owner, for fan-out, never sent), and the agent protocol's Result,
+// ExecError and FileInfo are these (the agent binary links none of the
+// document). What stays declared apart, checked against the document by
+// its own package's test, are the SDK's requests that take Go values and
+// durations where the server reads pointers or raw policies
+// (CreateSandboxRequest, SessionRequest, SessionExecuteRequest: the SDK
+// sends api.CreateSandbox for the first). internal/account's Limits and
 // Overrides are the registry's (TOML tags, methods) and shown as
 // AccountLimits.
 //

@@ -183,7 +183,7 @@ func (c *Client) SetAccountLimits(ctx context.Context, account string, set Accou
 func (c *Client) CreditAccount(ctx context.Context, account, amount, reason string) (*Credits, error) {
 	var cr Credits
 	return &cr, c.call(ctx, request{method: "POST", path: "/v1/admin/accounts/" + url.PathEscape(account) + "/credits",
-		json: map[string]any{"amount": amount, "reason": reason}}, &cr)
+		json: api.CreditGrant{Amount: &amount, Reason: reason}}, &cr)
 }
 
 // KeyRequest describes a new key of an account.

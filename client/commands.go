@@ -115,15 +115,17 @@ func (c *Client) ListCommands(ctx context.Context, sandboxID string) ([]Process,
 // SendInput writes data to a process's stdin (started with Stdin); eof
 // closes it afterwards.
 func (c *Client) SendInput(ctx context.Context, sandboxID string, pid int, data []byte, eof bool) error {
-	body := map[string]any{"data_base64": base64.StdEncoding.EncodeToString(data)}
-	if eof {
-		body["eof"] = true
-	}
+	b64 := base64.StdEncoding.EncodeToString(data)
+	body := api.Input{DataBase64: &b64, EOF: eof}
 	return c.call(ctx, request{method: "POST", path: sandboxPath(sandboxID, "commands", strconv.Itoa(pid), "input"), json: body}, nil)
 }
 
 // Signal sends a signal ("SIGTERM", "KILL", "9") to a process's group.
 func (c *Client) Signal(ctx context.Context, sandboxID string, pid int, signal string) error {
+	sig, err := json.Marshal(signal)
+	if err != nil {
+		return err
+	}
 	return c.call(ctx, request{method: "POST", path: sandboxPath(sandboxID, "commands", strconv.Itoa(pid), "signal"),
-		json: map[string]string{"signal": signal}}, nil)
+		json: api.Signal{Signal: sig}}, nil)
 }

@@ -21,19 +21,7 @@ import (
 // Event is something that happened to a sandbox: sandbox.created,
 // sandbox.stopped, execution.started, execution.finished,
 // security_violation, resource_exceeded, policy.changed.
-type Event struct {
-	ID        int64     `json:"id"`
-	Timestamp time.Time `json:"timestamp"`
-	Type      string    `json:"type"`
-	// Source says who recorded it: "host" (the server), "gateway" (the
-	// egress gateway), "agent" (the agent in the sandbox, which saw it
-	// itself) or "sandbox" (the code in the sandbox said so, and could
-	// have written it itself).
-	Source      string         `json:"source,omitempty"`
-	SandboxID   string         `json:"sandbox_id,omitempty"`
-	ExecutionID string         `json:"execution_id,omitempty"`
-	Details     map[string]any `json:"details,omitempty"`
-}
+type Event = api.Event
 
 // EventQuery selects events. Zero fields select everything.
 type EventQuery struct {

@@ -6,21 +6,13 @@ import (
 	"mime/multipart"
 	"net/url"
 	"strconv"
-	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
-// FileInfo describes a path in a sandbox.
-type FileInfo struct {
-	Name          string    `json:"name"`
-	Path          string    `json:"path"`
-	Type          string    `json:"type"` // file, dir, symlink, other
-	Size          int64     `json:"size"`
-	Mode          uint32    `json:"mode"`
-	ModTime       time.Time `json:"mod_time"`
-	Owner         string    `json:"owner"`
-	Group         string    `json:"group"`
-	SymlinkTarget string    `json:"symlink_target,omitempty"`
-}
+// FileInfo describes a path in a sandbox; Metadata holds the E2B
+// metadata a file was written with, when it has some.
+type FileInfo = api.FileInfo
 
 // Paths are absolute or relative to /home/user; none leads out of the sandbox.
 
@@ -122,7 +114,7 @@ func (c *Client) StatFile(ctx context.Context, sandboxID, path string) (*FileInf
 func (c *Client) MakeDir(ctx context.Context, sandboxID, path string) (*FileInfo, error) {
 	var fi FileInfo
 	return &fi, c.call(ctx, request{method: "POST", path: sandboxPath(sandboxID, "files", "mkdir"),
-		json: map[string]string{"path": path}}, &fi)
+		json: api.PathRequest{Path: path}}, &fi)
 }
 
 // RemoveFile removes a file, or a directory with everything in it.
@@ -134,7 +126,7 @@ func (c *Client) RemoveFile(ctx context.Context, sandboxID, path string) error {
 func (c *Client) MoveFile(ctx context.Context, sandboxID, from, to string) (*FileInfo, error) {
 	var fi FileInfo
 	return &fi, c.call(ctx, request{method: "POST", path: sandboxPath(sandboxID, "files", "move"),
-		json: map[string]string{"from": from, "to": to}}, &fi)
+		json: api.MoveRequest{From: from, To: to}}, &fi)
 }
 
 // Upload is one file of UploadFiles.

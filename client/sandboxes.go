@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"math"
 	"net/url"
 	"time"
@@ -65,34 +67,6 @@ type sandboxConfigJSON struct {
 	*SandboxConfig
 }
 
-// createJSON is the body of CreateSandbox: api.CreateSandbox but for
-// its resources, whose zero fields the SDK leaves out (the server reads
-// an absent field and a zero alike, as its default).
-type createJSON struct {
-	Template      string             `json:"template,omitempty"`
-	Timeout       float64            `json:"timeout,omitempty"`
-	Resources     *resourcesJSON     `json:"resources,omitempty"`
-	Env           map[string]string  `json:"env,omitempty"`
-	Metadata      map[string]string  `json:"metadata,omitempty"`
-	SandboxConfig *sandboxConfigJSON `json:"sandbox_config,omitempty"`
-	Policy        any                `json:"security_policy,omitempty"`
-	Runtime       string             `json:"runtime,omitempty"`
-	VolumeMounts  []VolumeMount      `json:"volume_mounts,omitempty"`
-	Snapshot      string             `json:"snapshot,omitempty"`
-	AutoPause     bool               `json:"auto_pause,omitempty"`
-}
-
-// resourcesJSON is Resources as a request sends them: its zero fields
-// left out.
-type resourcesJSON struct {
-	CPUs     float64  `json:"cpus,omitempty"`
-	MemoryMB int64    `json:"memory_mb,omitempty"`
-	DiskMB   int64    `json:"disk_mb,omitempty"`
-	Pids     int64    `json:"pids,omitempty"`
-	GPU      int      `json:"gpu,omitempty"`
-	Devices  []string `json:"devices,omitempty"`
-}
-
 // Sandbox is a sandbox as the server describes it.
 type Sandbox = api.Sandbox
 
@@ -109,14 +83,23 @@ func secs(d time.Duration) float64 { return math.Ceil(d.Seconds()*1000) / 1000 }
 
 // CreateSandbox starts a sandbox.
 func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*Sandbox, error) {
-	body := createJSON{Template: req.Template, Timeout: secs(req.Timeout),
-		Env: req.Env, Metadata: req.Metadata, Policy: req.SecurityPolicy, Runtime: req.Runtime,
+	body := api.CreateSandbox{Template: req.Template, Env: req.Env, Metadata: req.Metadata, Runtime: req.Runtime,
 		VolumeMounts: req.VolumeMounts, Snapshot: req.Snapshot, AutoPause: req.AutoPause}
-	if r := req.Resources; r != nil {
-		body.Resources = &resourcesJSON{CPUs: r.CPUs, MemoryMB: r.MemoryMB, DiskMB: r.DiskMB, Pids: r.Pids, GPU: r.GPU, Devices: r.Devices}
+	if req.Timeout > 0 {
+		t := secs(req.Timeout)
+		body.Timeout = &t
 	}
+	body.Resources = req.Resources
+	var err error
 	if req.SandboxConfig != nil {
-		body.SandboxConfig = &sandboxConfigJSON{MaxExecutionTime: secs(req.SandboxConfig.MaxExecutionTime), SandboxConfig: req.SandboxConfig}
+		if body.SandboxConfig, err = json.Marshal(sandboxConfigJSON{MaxExecutionTime: secs(req.SandboxConfig.MaxExecutionTime), SandboxConfig: req.SandboxConfig}); err != nil {
+			return nil, err
+		}
+	}
+	if req.SecurityPolicy != nil {
+		if body.SecurityPolicy, err = json.Marshal(req.SecurityPolicy); err != nil {
+			return nil, fmt.Errorf("security policy: %w", err)
+		}
 	}
 	var sb Sandbox
 	return &sb, c.call(ctx, request{method: "POST", path: "/v1/sandboxes", json: body}, &sb)
@@ -168,7 +151,7 @@ func (c *Client) PauseSandbox(ctx context.Context, id string) (*Sandbox, error) 
 // so that its resume takes milliseconds. Resumed as after PauseSandbox.
 func (c *Client) FreezeSandbox(ctx context.Context, id string) (*Sandbox, error) {
 	var sb Sandbox
-	return &sb, c.call(ctx, request{method: "POST", path: sandboxPath(id, "pause"), json: map[string]string{"memory": "keep"}}, &sb)
+	return &sb, c.call(ctx, request{method: "POST", path: sandboxPath(id, "pause"), json: api.PauseRequest{Memory: "keep"}}, &sb)
 }
 
 // ResumeSandbox restores a paused sandbox as it was (its variables,
@@ -181,8 +164,9 @@ func (c *Client) ResumeSandbox(ctx context.Context, id string) (*Sandbox, error)
 // SetTimeout keeps a sandbox alive: it now lives d from now.
 func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) (*Sandbox, error) {
 	var sb Sandbox
+	t := secs(d)
 	return &sb, c.call(ctx, request{method: "POST", path: sandboxPath(id, "timeout"),
-		json: map[string]float64{"timeout": secs(d)}}, &sb)
+		json: api.SetTimeout{Timeout: &t}}, &sb)
 }
 
 // Kill stops a sandbox and removes everything in it.

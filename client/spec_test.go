@@ -11,12 +11,8 @@ import (
 // the SDK takes from api (aliases) are checked there.
 var specTable = []apispec.Entry{
 	{V: sandboxConfigJSON{}, Schema: "SandboxConfig", Own: map[string]string{"MaxExecutionTime": "sent as max_execution_time in seconds by sandboxConfigJSON"}},
-	{V: createJSON{}, Schema: "CreateSandbox"},
-	{V: resourcesJSON{}, Schema: "Resources"},
-	{V: FileInfo{}, Schema: "FileInfo"},
 	{V: FileListPage{}, Schema: "FileList", Renamed: map[string]string{"Entries": "entries", "NextCursor": "next_cursor"},
 		Unmodelled: map[string]string{"truncated": "a listing past its bound pages on with next_cursor"}},
-	{V: Event{}, Schema: "Event"},
 	{V: EventPage{}, Schema: "EventList", Renamed: map[string]string{"Events": "events", "NextCursor": "next_cursor"}},
 	{V: SessionRequest{}, Schema: "CreateSession"},
 	{V: SessionExecuteRequest{}, Schema: "SessionExecuteRequest"},
@@ -33,8 +29,6 @@ func TestTypesMatchSpec(t *testing.T) {
 // for the requests it encodes from Go values.
 func TestTypesNotShared(t *testing.T) {
 	apispec.CheckNotShared(t, specTable, map[string]string{
-		"CreateSandbox":         "its policy and shorthand any Go value, its timeouts durations (the server reads them raw)",
-		"Resources":             "a request's resources leave their zero fields out (api.Resources shows every field)",
 		"CreateSession":         "its policy and shorthand any Go value (the server reads them raw)",
 		"SessionExecuteRequest": "its timeout an int64, 0 for the default (the server reads a pointer: 0 is refused)",
 	})

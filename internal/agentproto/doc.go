@@ -18,5 +18,7 @@
 // never trusts the agent (it runs with the sandboxed code's own uid) and the
 // agent never trusts the host's paths.
 //
-// This package imports only the standard library.
+// Imports: the standard library and api, whose Result, ExecError and
+// FileInfo it carries as they are (the engine forwards them to /v1
+// unchanged; the agent binary links none of api's document).
 package agentproto

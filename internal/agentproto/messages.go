@@ -1,6 +1,10 @@
 package agentproto
 
-import "time"
+import (
+	"time"
+
+	"github.com/sheepfold/sheepfold/api"
+)
 
 // ProtocolVersion is bumped on any incompatible change to the messages.
 const ProtocolVersion = 1
@@ -454,23 +458,9 @@ type PortInfo struct {
 	Address string `json:"address"`
 }
 
-// Result is one rich value produced by executed code, as MIME renderings.
-type Result struct {
-	Text       string         `json:"text,omitempty"`       // text/plain
-	HTML       string         `json:"html,omitempty"`       // text/html
-	Markdown   string         `json:"markdown,omitempty"`   // text/markdown
-	SVG        string         `json:"svg,omitempty"`        // image/svg+xml
-	PNG        string         `json:"png,omitempty"`        // image/png, base64
-	JPEG       string         `json:"jpeg,omitempty"`       // image/jpeg, base64
-	PDF        string         `json:"pdf,omitempty"`        // application/pdf, base64
-	LaTeX      string         `json:"latex,omitempty"`      // text/latex
-	JSON       any            `json:"json,omitempty"`       // application/json
-	JavaScript string         `json:"javascript,omitempty"` // application/javascript
-	Extra      map[string]any `json:"extra,omitempty"`      // other MIME types
-	// IsMainResult marks the value of the trailing expression (as opposed to
-	// a figure or a display() call).
-	IsMainResult bool `json:"is_main_result,omitempty"`
-}
+// Result is one rich value produced by executed code, as MIME renderings:
+// the /v1 API's Result, which the engine forwards as the agent wrote it.
+type Result = api.Result
 
 // MaxResult bounds the encoding of one result as a kernel driver writes
 // it; larger results are dropped (EventDropped), so that every result fits
@@ -484,12 +474,9 @@ type Dropped struct {
 	Reason string `json:"reason"` // why, for people
 }
 
-// ExecError is an exception raised by executed code.
-type ExecError struct {
-	Name      string `json:"name"`
-	Value     string `json:"value"`
-	Traceback string `json:"traceback"`
-}
+// ExecError is an exception raised by executed code: the /v1 API's
+// ExecError.
+type ExecError = api.ExecError
 
 // Stats measures one execution or process.
 type Stats struct {
@@ -541,22 +528,10 @@ const (
 	FileTypeOther   = "other"
 )
 
-// FileInfo describes a path inside the sandbox.
-type FileInfo struct {
-	Name    string    `json:"name"`
-	Path    string    `json:"path"` // absolute, cleaned
-	Type    string    `json:"type"`
-	Size    int64     `json:"size"`
-	Mode    uint32    `json:"mode"` // permission bits
-	ModTime time.Time `json:"mod_time"`
-	Owner   string    `json:"owner"`
-	Group   string    `json:"group"`
-	// SymlinkTarget is set for symlinks.
-	SymlinkTarget string `json:"symlink_target,omitempty"`
-	// Metadata holds the file's user.e2b.* extended attributes, keys
-	// without the prefix (set through Request.Metadata of file.write).
-	Metadata map[string]string `json:"metadata,omitempty"`
-}
+// FileInfo describes a path inside the sandbox: the /v1 API's FileInfo,
+// its Metadata the file's user.e2b.* extended attributes (set through
+// Request.Metadata of file.write).
+type FileInfo = api.FileInfo
 
 // MetadataXattrPrefix starts the names of the extended attributes that
 // hold FileInfo.Metadata (E2B's envd uses the same).

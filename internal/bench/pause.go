@@ -42,21 +42,18 @@ func (b *bencher) pauseResume(ctx context.Context) error {
 	}{{benchPause, benchResume, b.c.PauseSandbox}, {benchFreeze, benchThawFirst, b.c.FreezeSandbox}} {
 		var paused, resumed []float64
 		for i := -benchPauseWarmups; i < n; i++ {
-			t := time.Now()
-			_, err := mode.do(ctx, sb.ID)
-			if err != nil {
-				var ae *client.Error
-				if errors.As(err, &ae) && ae.Code == "ERR_NOT_SUPPORTED" {
-					fmt.Fprintf(os.Stderr, "bench: pause: %v\n", err)
-					b.res.Notes = append(b.res.Notes, "pause: not supported by this server's runtime: "+ae.Message)
-					return nil
-				}
+			p, err := b.timedStep("pause", "pause: not supported by this server's runtime: ", func() error {
+				_, err := mode.do(ctx, sb.ID)
+				return err
+			})
+			if errors.Is(err, errNotSupported) {
+				return nil
+			} else if err != nil {
 				return err
 			}
-			p := since(t)
 			// The execution resumes the sandbox: what a caller waits
 			// for after a pause is its first result.
-			t = time.Now()
+			t := time.Now()
 			ex, err := b.c.Execute(ctx, sb.ID, client.ExecuteRequest{Code: "rounds += 1\nlen(pd.DataFrame({'a': [1, 2]})) + rounds"})
 			r := since(t)
 			if err != nil || ex.Error != nil || len(ex.Results) != 1 {
@@ -70,4 +67,25 @@ func (b *bencher) pauseResume(ctx context.Context) error {
 		b.record(mode.resume, resumed)
 	}
 	return nil
+}
+
+// errNotSupported is timedStep's answer for a step the server cannot do.
+var errNotSupported = errors.New("not supported by the server")
+
+// timedStep runs step and returns how long it took, in milliseconds. A
+// step the server cannot do (ERR_NOT_SUPPORTED) is said on stderr as
+// what's, noted (note, then the server's message) in the results, and
+// answers errNotSupported: the caller records nothing of its series.
+func (b *bencher) timedStep(what, note string, step func() error) (float64, error) {
+	t := time.Now()
+	if err := step(); err != nil {
+		var ae *client.Error
+		if errors.As(err, &ae) && ae.Code == "ERR_NOT_SUPPORTED" {
+			fmt.Fprintf(os.Stderr, "bench: %s: %v\n", what, err)
+			b.res.Notes = append(b.res.Notes, note+ae.Message)
+			return 0, errNotSupported
+		}
+		return 0, err
+	}
+	return since(t), nil
 }

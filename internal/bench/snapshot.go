@@ -46,27 +46,16 @@ func (b *bencher) snapshotFork(ctx context.Context) error {
 	var snaps, starts []float64
 	for i := -benchPauseWarmups; i < n; i++ {
 		name := fmt.Sprintf("bench-%d", time.Now().UnixNano())
-		t := time.Now()
-		_, err := b.c.CreateSnapshot(ctx, sb.ID, name)
-		if err != nil {
-			var ae *client.Error
-			if errors.As(err, &ae) && ae.Code == "ERR_NOT_SUPPORTED" {
-				fmt.Fprintf(os.Stderr, "bench: snapshot: %v\n", err)
-				b.res.Notes = append(b.res.Notes, "snapshot: not supported by this server: "+ae.Message)
-				return nil
-			}
+		s, err := b.timedStep("snapshot", "snapshot: not supported by this server: ", func() error {
+			_, err := b.c.CreateSnapshot(ctx, sb.ID, name)
+			return err
+		})
+		if errors.Is(err, errNotSupported) {
+			return nil
+		} else if err != nil {
 			return err
 		}
-		s := since(t)
-		t = time.Now()
-		from, err := b.c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: name})
-		if err == nil {
-			err = check(from.ID)
-		}
-		r := since(t)
-		if from != nil {
-			_ = b.c.Kill(context.WithoutCancel(ctx), from.ID)
-		}
+		r, err := b.startFrom(ctx, name, check)
 		_ = b.c.DeleteSnapshot(context.WithoutCancel(ctx), name)
 		if err != nil {
 			return err
@@ -137,15 +126,7 @@ func (b *bencher) fromPooledSnapshot(ctx context.Context, id string, n int, chec
 			case <-time.After(20 * time.Millisecond):
 			}
 		}
-		t := time.Now()
-		from, err := b.c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: name})
-		if err == nil {
-			err = check(from.ID)
-		}
-		r := since(t)
-		if from != nil {
-			_ = b.c.Kill(context.WithoutCancel(ctx), from.ID)
-		}
+		r, err := b.startFrom(ctx, name, check)
 		if err != nil {
 			return fmt.Errorf("from a pooled snapshot: %w", err)
 		}
@@ -202,4 +183,19 @@ func restorePhases(serveLog string, res *benchResults) {
 	for name, ms := range series {
 		res.Breakdown[name] = summarize(ms)
 	}
+}
+
+// startFrom creates a sandbox from the snapshot name, checks it and kills
+// it, and returns the time from the create to its checked first result.
+func (b *bencher) startFrom(ctx context.Context, name string, check func(string) error) (float64, error) {
+	t := time.Now()
+	from, err := b.c.CreateSandbox(ctx, client.CreateSandboxRequest{Snapshot: name})
+	if err == nil {
+		err = check(from.ID)
+	}
+	r := since(t)
+	if from != nil {
+		_ = b.c.Kill(context.WithoutCancel(ctx), from.ID)
+	}
+	return r, err
 }

@@ -218,16 +218,23 @@ func (h *Handler) createSecret(w http.ResponseWriter, r *http.Request, owner str
 
 // getSecret is GET /secrets/{secretID}, by identifier or name.
 func (h *Handler) getSecret(w http.ResponseWriter, r *http.Request, owner string) error {
-	st, err := h.secretStore()
-	if err != nil {
-		return err
-	}
-	info, err := lookupSecret(r.Context(), st, owner, r.PathValue("secretID"))
+	_, info, err := h.pathSecret(r, owner)
 	if err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, secretOf(owner, info))
 	return nil
+}
+
+// pathSecret is the secret the request's path names ({secretID}: its
+// identifier or name), and the store that holds it.
+func (h *Handler) pathSecret(r *http.Request, owner string) (Secrets, SecretInfo, error) {
+	st, err := h.secretStore()
+	if err != nil {
+		return nil, SecretInfo{}, err
+	}
+	info, err := lookupSecret(r.Context(), st, owner, r.PathValue("secretID"))
+	return st, info, err
 }
 
 // updateSecret is POST /secrets/{secretID}: a new version of the value
@@ -258,11 +265,7 @@ func (h *Handler) updateSecret(w http.ResponseWriter, r *http.Request, owner str
 
 // deleteSecret is DELETE /secrets/{secretID}: 204, or 404.
 func (h *Handler) deleteSecret(w http.ResponseWriter, r *http.Request, owner string) error {
-	st, err := h.secretStore()
-	if err != nil {
-		return err
-	}
-	info, err := lookupSecret(r.Context(), st, owner, r.PathValue("secretID"))
+	st, info, err := h.pathSecret(r, owner)
 	if err != nil {
 		return err
 	}

@@ -118,8 +118,8 @@ func NewBus(st Store, cfg BusConfig) *Bus {
 // Emit implements Sink. It sets Time when zero, Source to SourceHost
 // when empty, and returns at once.
 func (b *Bus) Emit(e Event) {
-	if e.Time.IsZero() {
-		e.Time = time.Now()
+	if e.Timestamp.IsZero() {
+		e.Timestamp = time.Now()
 	}
 	if e.Source == "" {
 		e.Source = SourceHost

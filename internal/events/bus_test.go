@@ -38,7 +38,7 @@ func (m *memStore) ListEvents(_ context.Context, q events.Query) ([]events.Event
 	out := []events.Event{}
 	for _, e := range m.evs {
 		if e.Owner != q.Owner || q.SandboxID != "" && e.SandboxID != q.SandboxID ||
-			len(q.Types) > 0 && !slices.Contains(q.Types, e.Type) || e.Time.Before(q.Since) ||
+			len(q.Types) > 0 && !slices.Contains(q.Types, e.Type) || e.Timestamp.Before(q.Since) ||
 			e.ID <= q.AfterID || q.UpToID > 0 && e.ID > q.UpToID {
 			continue
 		}
@@ -53,7 +53,7 @@ func (m *memStore) DeleteEventsBefore(_ context.Context, t time.Time) (int, erro
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := len(m.evs)
-	m.evs = slices.DeleteFunc(m.evs, func(e events.Event) bool { return e.Time.Before(t) })
+	m.evs = slices.DeleteFunc(m.evs, func(e events.Event) bool { return e.Timestamp.Before(t) })
 	return n - len(m.evs), nil
 }
 
@@ -94,7 +94,7 @@ func TestBusStoresAndFansOut(t *testing.T) {
 		Details: map[string]any{"status": "success"}})
 
 	e1, e2, e3 := recv(t, mine), recv(t, mine), recv(t, mine)
-	if e1.Type != events.SandboxCreated || e1.ID == 0 || e1.Time.IsZero() || !(e1.ID < e2.ID && e2.ID < e3.ID) {
+	if e1.Type != events.SandboxCreated || e1.ID == 0 || e1.Timestamp.IsZero() || !(e1.ID < e2.ID && e2.ID < e3.ID) {
 		t.Fatalf("owner stream: %+v %+v %+v", e1, e2, e3)
 	}
 	if e := recv(t, box); e.ID != e3.ID || e.ExecutionID != "x" {
@@ -220,7 +220,7 @@ func TestBusCloseStoresPendingAndEndsSubscriptions(t *testing.T) {
 func TestBusRetention(t *testing.T) {
 	t.Parallel()
 	db := openStore(t)
-	old := []events.Event{{Time: time.Now().Add(-2 * time.Hour), Type: events.SandboxCreated, Owner: "o"}}
+	old := []events.Event{{Timestamp: time.Now().Add(-2 * time.Hour), Type: events.SandboxCreated, Owner: "o"}}
 	if err := db.AddEvents(context.Background(), old); err != nil {
 		t.Fatal(err)
 	}

@@ -53,17 +53,20 @@
 // --event-retention` (7 days) are deleted hourly. The store package imports
 // nothing of ours, so the server adapts its `EventStore` to `events.Store`.
 //
-// Imports: the standard library only, so that everything that emits can
+// Imports: the standard library and api (Event is api.Event, the one
+// declaration of the wire's event), so that everything that emits can
 // import it without reaching persistence or transport.
 package events
 
 import (
 	"slices"
-	"time"
+
+	"github.com/sheepfold/sheepfold/api"
 )
 
-// Type names an event. Types are append-only and never renamed.
-type Type string
+// Type names an event (Event.Type). Types are append-only and never
+// renamed.
+type Type = string
 
 // The event types.
 const (
@@ -145,21 +148,13 @@ const (
 	SourceSandbox = "sandbox"
 )
 
-// Event is one thing that happened to a sandbox. ID and Time are set by
-// the sink when zero, Source by the Bus (SourceHost) when empty. Details
-// are small JSON-able values: for security_violation "kind", "target" and
+// Event is one thing that happened to a sandbox: the API's Event. ID and
+// Timestamp are set by the sink when zero, Source by the Bus (SourceHost)
+// when empty, Owner (never sent) by the emitter for fan-out. Details are
+// small JSON-able values: for security_violation "kind", "target" and
 // "execution_id"; for resource_exceeded "resource", "limit" and
 // "observed".
-type Event struct {
-	ID          int64          `json:"id,omitempty"`
-	Time        time.Time      `json:"timestamp"`
-	Type        Type           `json:"type"`
-	Source      string         `json:"source,omitempty"`
-	SandboxID   string         `json:"sandbox_id,omitempty"`
-	Owner       string         `json:"-"` // the owning key or account, for fan-out; never sent
-	ExecutionID string         `json:"execution_id,omitempty"`
-	Details     map[string]any `json:"details,omitempty"`
-}
+type Event = api.Event
 
 // Sink receives events. Emit must not block the caller for long: a sink
 // that stores or sends them does so in the background.

@@ -3,16 +3,13 @@ package sandbox_test
 import (
 	"context"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/events"
-	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
@@ -21,37 +18,11 @@ import (
 // that a test waits seconds, and long enough for several samples.
 const autoNotice = time.Second
 
-// autoEngine is pauseEngine with a short auto-pause notice.
-func autoEngine(t *testing.T) (*sandbox.Manager, *typeLog) {
+// autoEngine is pauseEngine with a short auto-pause notice; opts adjust
+// its Config further.
+func autoEngine(t *testing.T, opts ...func(*sandbox.Config)) (*sandbox.Manager, *typeLog) {
 	t.Helper()
-	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: auto-pause is refused (TestGVisorSandbox)")
-	testutil.RequireRoot(t)
-	rootfs := testutil.TemplateRootFS(t, "python")
-	rt, noLeaks := runcRuntime(t)
-	dir := testutil.ShortTempDir(t)
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	log := &typeLog{}
-	m, err := sandbox.New(context.Background(), sandbox.Config{
-		Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), Events: log, AutoPauseNotice: autoNotice,
-		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil }),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Close(context.Background()); err != nil {
-			t.Errorf("close manager: %v", err)
-		}
-		if err := rt.Close(); err != nil {
-			t.Errorf("close runtime: %v", err)
-		}
-		noLeaks()
-		if left, _ := os.ReadDir(filepath.Join(dir, "checkpoints")); len(left) > 0 {
-			t.Errorf("checkpoints left: %v", left)
-		}
-	})
+	m, _, log := pauseEngine(t, append([]func(*sandbox.Config){func(c *sandbox.Config) { c.AutoPauseNotice = autoNotice }}, opts...)...)
 	return m, log
 }
 
@@ -229,30 +200,8 @@ while True:
 func TestAutoPauseBoundedPutOff(t *testing.T) {
 	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: auto-pause is refused (TestGVisorSandbox)")
 	testutil.RequireRoot(t)
-	rootfs := testutil.TemplateRootFS(t, "python")
-	rt, noLeaks := runcRuntime(t)
-	dir := testutil.ShortTempDir(t)
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	log := &typeLog{}
 	const maxTimeout = 4 * time.Second
-	m, err := sandbox.New(context.Background(), sandbox.Config{
-		Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), Events: log, AutoPauseNotice: autoNotice, MaxTimeout: maxTimeout,
-		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil }),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Close(context.Background()); err != nil {
-			t.Errorf("close manager: %v", err)
-		}
-		if err := rt.Close(); err != nil {
-			t.Errorf("close runtime: %v", err)
-		}
-		noLeaks()
-	})
+	m, log := autoEngine(t, func(c *sandbox.Config) { c.MaxTimeout = maxTimeout })
 	ctx := context.Background()
 	s := newSandbox(t, m, sandbox.CreateOptions{Timeout: 2 * time.Second, AutoPause: true})
 	if _, err := s.Start(ctx, sandbox.ProcessSpec{Cmd: "sh", Args: []string{"-c", "while :; do :; done"}}); err != nil {
@@ -276,31 +225,7 @@ func TestAutoPauseBoundedPutOff(t *testing.T) {
 // long before its lifetime ends, after sandbox.pausing; the control, a
 // sandbox without auto-pause, is stopped "idle".
 func TestAutoPauseIdleTimeout(t *testing.T) {
-	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: auto-pause is refused (TestGVisorSandbox)")
-	testutil.RequireRoot(t)
-	rootfs := testutil.TemplateRootFS(t, "python")
-	rt, noLeaks := runcRuntime(t)
-	dir := testutil.ShortTempDir(t)
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	log := &typeLog{}
-	m, err := sandbox.New(context.Background(), sandbox.Config{
-		Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), Events: log, AutoPauseNotice: autoNotice, IdleTimeout: 2 * time.Second,
-		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil }),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := m.Close(context.Background()); err != nil {
-			t.Errorf("close manager: %v", err)
-		}
-		if err := rt.Close(); err != nil {
-			t.Errorf("close runtime: %v", err)
-		}
-		noLeaks()
-	})
+	m, log := autoEngine(t, func(c *sandbox.Config) { c.IdleTimeout = 2 * time.Second })
 	s := newSandbox(t, m, sandbox.CreateOptions{Timeout: 10 * time.Minute, AutoPause: true})
 	plain := newSandbox(t, m, sandbox.CreateOptions{Timeout: 10 * time.Minute})
 	run(t, s, "python", "x = 42")
@@ -328,22 +253,7 @@ func TestAutoPauseIdleTimeout(t *testing.T) {
 func TestAutoPauseAfterRestart(t *testing.T) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
-	rootfs := testutil.TemplateRootFS(t, "python")
-	state := testutil.ShortTempDir(t)
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
-		CgroupParent: testCgroupParent, Instance: "t" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
-	rt, err := oci.New(rcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cgroup := rt.CgroupPath()
-	dir := testutil.ShortTempDir(t)
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	rootfs, rcfg, rt, state, cgroup, dir := restartRig(t)
 	log := &typeLog{}
 	cfg := sandbox.Config{Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), KeepPaused: true, Events: log, AutoPauseNotice: autoNotice,
 		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })}
@@ -364,25 +274,7 @@ func TestAutoPauseAfterRestart(t *testing.T) {
 	if err := rt.Close(); err != nil {
 		t.Fatalf("close the first runtime: %v", err)
 	}
-	rt2, err := oci.New(rcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Runtime = rt2
-	m, err := sandbox.New(ctx, cfg)
-	if err != nil {
-		rt2.Close()
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := m.Close(ctx); err != nil {
-			t.Errorf("close the second engine: %v", err)
-		}
-		if err := rt2.Close(); err != nil {
-			t.Errorf("close the second runtime: %v", err)
-		}
-		assertNoLeaks(t, state, rcfg.Instance, cgroup)
-	}()
+	m, _ := nextEngine(t, rcfg, cfg, state, cgroup)
 	s2, err := m.Get(s.ID)
 	if err != nil {
 		t.Fatal(err)

@@ -144,7 +144,7 @@ func (c *coalescer) admit(e events.Event) bool {
 	}
 	// Held: the events of this key wait for the one that stands for them.
 	if b.held == nil {
-		b.firstAt = e.Time
+		b.firstAt = e.Timestamp
 		if b.firstAt.IsZero() {
 			b.firstAt = now
 		}
@@ -187,7 +187,7 @@ func (b *coalesced) take() *events.Event {
 	d["count"] = b.count
 	d["first_at"] = b.firstAt.UTC().Format(time.RFC3339Nano)
 	e.Details = d
-	e.Time = time.Now()
+	e.Timestamp = time.Now()
 	b.held, b.count, b.timer = nil, 0, nil
 	return &e
 }

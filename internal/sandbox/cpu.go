@@ -104,7 +104,7 @@ func (w *cpuWatch) finish() time.Duration {
 
 // exceeded is the execution the host stopped at its CPU time limit.
 func (w *cpuWatch) exceeded(ex *Execution, used time.Duration) {
-	ex.Status, ex.ErrorCode = ExecError, apierr.CPUTimeExceeded
+	ex.Status, ex.ErrorCode = ExecError, string(apierr.CPUTimeExceeded)
 	ex.CPUTimeMS = float64(used.Microseconds()) / 1000
 	ex.Error = &agentproto.ExecError{Name: "CPUTimeExceeded",
 		Value: fmt.Sprintf("the execution used %s of CPU time, more than its limit of %s (cpu_time_seconds; counted on the "+

@@ -79,7 +79,7 @@ n = 0
 with open('/home/user/fill-code', 'wb') as f:
     while True:
         f.write(b'x' * (1 << 20)); f.flush(); n += 1`)
-				if ex.Error == nil || !strings.Contains(ex.Error.Value, "No space left") || ex.ErrorCode == apierr.OutOfMemory {
+				if ex.Error == nil || !strings.Contains(ex.Error.Value, "No space left") || apierr.Code(ex.ErrorCode) == apierr.OutOfMemory {
 					t.Fatalf("want ENOSPC, got %+v %+v", ex, ex.Error)
 				}
 				if ev := log.of(events.ResourceExceeded, s.ID, id); len(ev) != 1 || ev[0].Details["resource"] != events.ResourceDisk {

@@ -230,7 +230,65 @@
 // stopped), going on from its counters. A holder that lost its lease
 // writes nothing of that sandbox and gives back what it had accrued.
 //
-// Imports: internal/runtime, internal/agentproto, internal/apierr,
+// # Pause, snapshots and auto-pause
+//
+// Pause (pause.go) moves a running sandbox with no request in flight to
+// Paused: its timer stops (the time left is kept), the Pausing hook takes
+// the last metering sample, every agent connection is closed, and the
+// runtime's Checkpointer writes it into Config.CheckpointDir/<id>. Resume
+// restores it, makes a new agent client on the new socket, tells the
+// agent the time left and restarts the timer (the Resumed hook: metering
+// from the new cgroup's counters); the AdmitResume hook, asked before the
+// restore, may refuse it with the sandbox left paused, and a restore the
+// runtime has no room for (runtime.ErrCapacity) is ERR_CAPACITY, paused
+// too. The AdmitPause hook, asked once a sandbox counts as paused, lets
+// the server bound paused sandboxes per account. Freeze
+// (`{"memory":"keep"}`) is the quick variant: the runtime's Freezer
+// instead of a checkpoint, memory kept and metered.
+//
+// With Config.KeepPaused (set by `sheepfold serve`) a pause also writes
+// the engine's own record of the sandbox beside the checkpoint
+// (sheepfold-sandbox.json: template, limits, env, metadata, owner,
+// policy, lifetime left, an auto-pause sandbox's auto_life_ms; keep.go).
+// Close leaves paused sandboxes in place, and the next engine of the same
+// runtime instance takes back, in New before its reconcile destroys the
+// rest, every sandbox whose record reads back and whose checkpoint the
+// runtime finds complete (runtime.CheckpointKeeper), in state Paused; the
+// others are destroyed and listed by Manager.Lost. The engine decides
+// from its own files, not the store, so that engines without a database
+// (`sheepfold run`, these tests) keep them too.
+//
+// PausedBytes (pausedbytes.go) is what a sandbox paused to disk holds:
+// its checkpoint directory's blocks plus its kept disk
+// (runtime.DiskMeter); PauseEstimate (cgroup memory + disk) is what the
+// server reserves for a pause until it resumes.
+//
+// Snapshot (snapshot.go) stops the sandbox's life for the moment of it as
+// a pause does, and has the runtime's Snapshotter dump it leaving it
+// running; CreateOptions.Snapshot makes Create clone from such a dump
+// instead of creating (never from the warm pool, never with a network).
+// Snapshot pools (snappool.go): SetSnapshotPool(key, opt, n) keeps n
+// clones of a snapshot restored ahead under a key, each restored by a
+// filler goroutine per pool as a warm pool member is started (invisible
+// until handed out, a lease its agent renews); a create whose
+// CreateOptions.SnapshotPool names the key takes the oldest through the
+// warm pool's hand-out (handOut, pool.go: its life, metadata, owner and
+// announcement start then). Close destroys every member.
+//
+// CreateOptions.AutoPause (autopause.go) hands a sandbox's end to the
+// auto-pause loop, started with the first such sandbox: every
+// AutoPauseNotice/4 (at most 1 s) it samples each auto-pause sandbox's
+// cgroup CPU, its requests in flight and the last preview byte (DialPort's
+// connections are wrapped to note it), sends `sandbox.pausing` when the
+// pause is due within the notice, and pauses those idle past
+// Config.IdleTimeout (the idle loop leaves them alone). The lifetime's end
+// still comes from the sandbox's timer (expire), which asks the same
+// decision (autoPauseDue): idle for the notice, the lifetime it was
+// created with is told to the agent and Pause runs; active, the lifetime
+// (the agent's included) moves by a notice.
+//
+// Imports: api (its Execution is the one an execution fills),
+// internal/runtime, internal/agentproto, internal/apierr,
 // internal/events (what it emits), internal/policy (the decisions it
 // enforces), internal/egress (a networked sandbox's gateway), internal/lang,
 // internal/typescript (transpiling before the agent), internal/ratelimit,

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/events"
@@ -53,19 +54,11 @@ type ExecuteRequest struct {
 	MaxResultBytes int64 // the sum of the results' sizes [DefaultMaxResultBytes]
 }
 
-// Execution is what one execution did.
+// Execution is what one execution did: the /v1 API's Execution (its
+// ErrorCode an apierr code: why it did not end normally), and what the
+// engine keeps of it for itself.
 type Execution struct {
-	Status          string                `json:"status"`
-	Stdout          string                `json:"stdout"`
-	Stderr          string                `json:"stderr"`
-	Results         []agentproto.Result   `json:"results"`
-	Error           *agentproto.ExecError `json:"error,omitempty"`
-	ErrorCode       apierr.Code           `json:"error_code,omitempty"` // why it did not end normally
-	Truncated       bool                  `json:"truncated,omitempty"`  // output or results were cut
-	Dropped         *Dropped              `json:"dropped,omitempty"`    // results produced but not delivered
-	ExecutionTimeMS float64               `json:"execution_time_ms"`
-	CPUTimeMS       float64               `json:"cpu_time_ms"`
-	PeakMemoryBytes int64                 `json:"peak_memory_bytes"`
+	api.Execution
 
 	outputBytes int64       // stdout plus stderr seen, kept or streamed
 	outputCut   bool        // the kernel cut the output at MaxOutput and the code ran on
@@ -76,11 +69,7 @@ type Execution struct {
 // Dropped counts the results an execution produced but did not deliver:
 // too large for the protocol, past the execution's bounds, or more than
 // the engine could hold.
-type Dropped struct {
-	Results int    `json:"results"`
-	Bytes   int64  `json:"bytes"`  // their size, as far as known
-	Reason  string `json:"reason"` // why the first one was dropped
-}
+type Dropped = api.Dropped
 
 // execute is Execute (execute_hooks.go) without the events around it.
 func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(agentproto.Event) error) (*Execution, error) {
@@ -118,7 +107,7 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 					return nil, err
 				}
 			}
-			return &Execution{Status: ExecError, Results: []agentproto.Result{}, Error: perr}, nil
+			return &Execution{Execution: api.Execution{Status: ExecError, Results: []agentproto.Result{}, Error: perr}}, nil
 		}
 		req.Code = js
 	}
@@ -149,7 +138,7 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		cpu.run(ctx, stopCPU)
 	}
 	started := time.Now()
-	run := &execRun{ctx: ctx, s: s, req: req, stream: onEvent, ex: &Execution{Results: []agentproto.Result{}}}
+	run := &execRun{ctx: ctx, s: s, req: req, stream: onEvent, ex: &Execution{Execution: api.Execution{Results: []agentproto.Result{}}}}
 	run.violation = func(v *agentproto.Violation) {
 		run.netDenied = run.netDenied || v.Kind == events.KindNetworkDenied
 		s.violation(req.ID, v)
@@ -203,14 +192,14 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	case agentproto.StatusOK:
 		ex.Status = ExecSuccess
 	case agentproto.StatusCPULimit:
-		ex.Status, ex.ErrorCode = ExecError, apierr.CPUTimeExceeded
+		ex.Status, ex.ErrorCode = ExecError, string(apierr.CPUTimeExceeded)
 	case agentproto.StatusTimeout:
-		ex.Status, ex.ErrorCode = ExecTimeout, apierr.SandboxTimeout
+		ex.Status, ex.ErrorCode = ExecTimeout, string(apierr.SandboxTimeout)
 		if ex.Error == nil {
 			ex.Error = &agentproto.ExecError{Name: "TimeoutError", Value: "execution exceeded " + req.Timeout.String()}
 		}
 	case agentproto.StatusOutputLimit:
-		ex.Status, ex.ErrorCode, ex.Truncated = ExecError, apierr.OutputLimit, true
+		ex.Status, ex.ErrorCode, ex.Truncated = ExecError, string(apierr.OutputLimit), true
 		if ex.Error == nil {
 			ex.Error = &agentproto.ExecError{Name: "OutputLimitExceeded", Value: "output passed the limit and the execution was stopped"}
 		}
@@ -222,7 +211,7 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 			// The killed interpreter's own high-water mark went with it;
 			// the sandbox's cgroup peak is what it reached.
 			ex.PeakMemoryBytes = max(ex.PeakMemoryBytes, after.MemoryPeakBytes)
-			ex.ErrorCode = apierr.OutOfMemory
+			ex.ErrorCode = string(apierr.OutOfMemory)
 			ex.Error = &agentproto.ExecError{Name: "OutOfMemoryError",
 				Value: "the code ran out of memory (limit " + mib(s.CurrentLimits().MemoryBytes) + ") and was killed; the context's state is lost"}
 			ex.memoryPeak = after.MemoryPeakBytes
@@ -232,12 +221,12 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		ex.Status = ExecError
 	}
 	if ex.ErrorCode == "" && ex.Error != nil {
-		ex.ErrorCode = errorCodes[ex.Error.Name]
+		ex.ErrorCode = string(errorCodes[ex.Error.Name])
 		// A refusal the code's own error wraps (urllib's URLError around
 		// NetworkRestrictedError), or a language with no hook of its own
 		// failing to reach the network the sandbox does not have.
 		if ex.ErrorCode == "" && (run.netDenied || s.networkRefused(req.ID, ex, string(run.stderrTail))) {
-			ex.ErrorCode = apierr.NetworkRestricted
+			ex.ErrorCode = string(apierr.NetworkRestricted)
 		}
 	}
 	if ex.Status != ExecSuccess && done.Status != agentproto.StatusKilled {

@@ -69,7 +69,7 @@ func (s *Sandbox) executionFinished(req ExecuteRequest, lang string, ex *Executi
 		}
 		return
 	}
-	finished := map[string]any{"status": ex.Status, "error_code": ex.ErrorCode, "language": lang,
+	finished := map[string]any{"status": ex.Status, "error_code": apierr.Code(ex.ErrorCode), "language": lang,
 		"duration_ms": ex.ExecutionTimeMS, "cpu_time_ms": ex.CPUTimeMS, "peak_memory_bytes": ex.PeakMemoryBytes}
 	if ex.reports.dropped > 0 {
 		finished["reports_dropped"] = ex.reports.dropped
@@ -85,17 +85,17 @@ func (s *Sandbox) executionFinished(req ExecuteRequest, lang string, ex *Executi
 		}
 		exceeded = map[string]any{"resource": events.ResourceWallTime, "limit": timeout.Milliseconds(),
 			"observed": ex.ExecutionTimeMS, "unit": "ms"}
-	case ex.ErrorCode == apierr.OutputLimit:
+	case ex.ErrorCode == string(apierr.OutputLimit):
 		limit := req.MaxOutput
 		if limit <= 0 {
 			limit = DefaultMaxOutput
 		}
 		exceeded = map[string]any{"resource": events.ResourceOutput, "limit": limit,
 			"observed": ex.outputBytes, "unit": "bytes"}
-	case ex.ErrorCode == apierr.CPUTimeExceeded:
+	case ex.ErrorCode == string(apierr.CPUTimeExceeded):
 		exceeded = map[string]any{"resource": events.ResourceCPUTime, "limit": s.Policy().CPUTime().Milliseconds(),
 			"observed": ex.CPUTimeMS, "unit": "ms"}
-	case ex.ErrorCode == apierr.OutOfMemory:
+	case ex.ErrorCode == string(apierr.OutOfMemory):
 		exceeded = map[string]any{"resource": events.ResourceMemory, "limit": s.CurrentLimits().MemoryBytes,
 			"observed": max(ex.memoryPeak, ex.PeakMemoryBytes), "unit": "bytes"}
 	}

@@ -83,7 +83,7 @@ func TestPolicyImportRulesWithLibraries(t *testing.T) {
 			if c.wrapped && (ex.Error == nil || ex.Error.Name != "ImportError" || !strings.Contains(ex.Error.Traceback, "ModuleBlockedError")) {
 				t.Fatalf("confined, through the helper: %+v %+v", ex, ex.Error)
 			}
-			if !c.wrapped && (ex.Error == nil || ex.Error.Name != "ModuleBlockedError" || ex.ErrorCode != apierr.ModuleBlocked) {
+			if !c.wrapped && (ex.Error == nil || ex.Error.Name != "ModuleBlockedError" || apierr.Code(ex.ErrorCode) != apierr.ModuleBlocked) {
 				t.Fatalf("confined: %+v %+v", ex, ex.Error)
 			}
 			vs := log.of(events.SecurityViolation, boxes[c.box].ID, id)

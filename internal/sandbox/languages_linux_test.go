@@ -104,7 +104,7 @@ func TestRuncRJava(t *testing.T) {
 				t.Fatalf("unconfined: %+v %+v", ex, ex.Error)
 			}
 			ex, id := inContext(t, cpu, lang, spin[0])
-			if ex.ErrorCode != apierr.CPUTimeExceeded {
+			if apierr.Code(ex.ErrorCode) != apierr.CPUTimeExceeded {
 				t.Fatalf("%+v %+v", ex, ex.Error)
 			}
 			if ev := log.of(events.ResourceExceeded, cpu.ID, id); len(ev) != 1 || ev[0].Details["resource"] != events.ResourceCPUTime {
@@ -120,7 +120,7 @@ func TestRuncRJava(t *testing.T) {
 		}
 		small := newSandbox(t, m, sandbox.CreateOptions{Policy: &policy.Policy{ResourceLimits: &policy.ResourceLimits{MemoryMB: pi(128)}}})
 		ex, id := inContext(t, small, "r", code)
-		if ex.ErrorCode != apierr.OutOfMemory {
+		if apierr.Code(ex.ErrorCode) != apierr.OutOfMemory {
 			t.Fatalf("%+v %+v", ex, ex.Error)
 		}
 		if ev := log.of(events.ResourceExceeded, small.ID, id); len(ev) != 1 || ev[0].Details["resource"] != events.ResourceMemory {

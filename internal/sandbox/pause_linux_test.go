@@ -16,15 +16,15 @@ import (
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/runtime"
-	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // pauseEngine is a Manager on runc that keeps checkpoints (in a directory
-// others may pass through, as a restore needs), with its events recorded.
-// It returns the cgroup path of its runtime's instance too.
-func pauseEngine(t *testing.T) (*sandbox.Manager, string, *typeLog) {
+// others may pass through, as a restore needs), with its events recorded;
+// opts adjust its Config. It returns the cgroup path of its runtime's
+// instance too.
+func pauseEngine(t *testing.T, opts ...func(*sandbox.Config)) (*sandbox.Manager, string, *typeLog) {
 	t.Helper()
 	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: pause is refused (TestGVisorSandbox)")
 	testutil.RequireRoot(t)
@@ -35,10 +35,14 @@ func pauseEngine(t *testing.T) (*sandbox.Manager, string, *typeLog) {
 		t.Fatal(err)
 	}
 	log := &typeLog{}
-	m, err := sandbox.New(context.Background(), sandbox.Config{
+	cfg := sandbox.Config{
 		Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), Events: log,
 		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil }),
-	})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	m, err := sandbox.New(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,22 +379,7 @@ func TestPausedSandboxAfterRestart(t *testing.T) {
 func testPausedAfterRestart(t *testing.T, end string) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
-	rootfs := testutil.TemplateRootFS(t, "python")
-	state := testutil.ShortTempDir(t)
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
-		CgroupParent: testCgroupParent, Instance: "t" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)}
-	rt, err := oci.New(rcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cgroup := rt.CgroupPath()
-	dir := testutil.ShortTempDir(t)
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	rootfs, rcfg, rt, state, cgroup, dir := restartRig(t)
 	cfg := sandbox.Config{Runtime: rt, CheckpointDir: filepath.Join(dir, "checkpoints"), KeepPaused: true,
 		Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })}
 	first, err := sandbox.New(ctx, cfg)
@@ -436,28 +425,11 @@ open("/home/user/before.txt", "w").write("written before")`)
 	}
 
 	// The next engine, on the same runtime instance.
-	rt2, err := oci.New(rcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Runtime = rt2
-	m, err := sandbox.New(ctx, cfg)
-	if err != nil {
-		rt2.Close()
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := m.Close(ctx); err != nil {
-			t.Errorf("close the second engine: %v", err)
-		}
-		if err := rt2.Close(); err != nil {
-			t.Errorf("close the second runtime: %v", err)
-		}
-		assertNoLeaks(t, state, rcfg.Instance, cgroup)
+	m, rt2 := nextEngine(t, rcfg, cfg, state, cgroup, func() {
 		if left, _ := os.ReadDir(cfg.CheckpointDir); len(left) != 0 {
 			t.Errorf("checkpoints left: %v", left)
 		}
-	}()
+	})
 	if end == "broken" {
 		if _, err := m.Get(s.ID); err == nil {
 			t.Error("a sandbox whose checkpoint is broken was taken back")

@@ -161,7 +161,7 @@ func TestPolicyHostile(t *testing.T) {
 				t.Fatalf("unconfined, execve must replace the interpreter: %+v", free.Error)
 			}
 			ex, id := inContext(t, boxes[c.box], lang, c.code)
-			if ex.Error == nil || ex.Error.Name != c.errName || ex.ErrorCode != c.code_ {
+			if ex.Error == nil || ex.Error.Name != c.errName || apierr.Code(ex.ErrorCode) != c.code_ {
 				t.Fatalf("confined: %+v error %+v", ex, ex.Error)
 			}
 			if c.name == "raw execve" && !strings.Contains(ex.Error.Value, "errno 1") {
@@ -345,7 +345,7 @@ func TestPolicyResources(t *testing.T) {
 			t.Fatalf("unconfined: %+v", ex)
 		}
 		ex, id := inContext(t, s, "python", spin)
-		if ex.ErrorCode != apierr.CPUTimeExceeded || ex.CPUTimeMS > 1200 {
+		if apierr.Code(ex.ErrorCode) != apierr.CPUTimeExceeded || ex.CPUTimeMS > 1200 {
 			t.Fatalf("%+v %+v", ex, ex.Error)
 		}
 		if ev := resource(id); len(ev) != 1 || ev[0].Details["resource"] != events.ResourceCPUTime {
@@ -394,7 +394,7 @@ func TestPolicyResources(t *testing.T) {
 		// Its own sandbox: reclaim near the limit costs CPU time.
 		small := newSandbox(t, m, sandbox.CreateOptions{Policy: &policy.Policy{ResourceLimits: &policy.ResourceLimits{MemoryMB: pi(128)}}})
 		ex, id := inContext(t, small, "python", code)
-		if ex.ErrorCode != apierr.OutOfMemory {
+		if apierr.Code(ex.ErrorCode) != apierr.OutOfMemory {
 			t.Fatalf("%+v %+v", ex, ex.Error)
 		}
 		if ev := log.of(events.ResourceExceeded, small.ID, id); len(ev) != 1 || ev[0].Details["resource"] != events.ResourceMemory {

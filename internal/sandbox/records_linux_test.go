@@ -98,7 +98,7 @@ func TestRecordsForgedEndCPU(t *testing.T) {
 			t.Fatalf("past a forged end, the thread burnt %s (finished %v) under a limit of 2 s", used, finished)
 		}
 		ex, err := s.Execute(ctx, sandbox.ExecuteRequest{ID: "exe_after_forged_end", Code: "1 + 1"}, nil)
-		if err != nil || ex.ErrorCode != apierr.CPUTimeExceeded || ex.Error == nil ||
+		if err != nil || apierr.Code(ex.ErrorCode) != apierr.CPUTimeExceeded || ex.Error == nil ||
 			!strings.Contains(ex.Error.Value, "previous execution") || ex.CPUTimeMS < 2000 || len(ex.Results) != 0 {
 			t.Fatalf("the execution after the kill: %+v %+v, %v", ex, ex.Error, err)
 		}

@@ -108,7 +108,7 @@ func reportSource(v *agentproto.Violation) string {
 
 // emitFrom sends one of the sandbox's events recorded by source.
 func (s *Sandbox) emitFrom(source string, typ events.Type, executionID string, details map[string]any) {
-	s.m.cfg.Events.Emit(events.Event{Time: time.Now(), Type: typ, Source: source, SandboxID: s.ID, Owner: s.owner,
+	s.m.cfg.Events.Emit(events.Event{Timestamp: time.Now(), Type: typ, Source: source, SandboxID: s.ID, Owner: s.owner,
 		ExecutionID: executionID, Details: details})
 }
 

@@ -45,7 +45,7 @@ func TestPolicyCPUTimeCgroup(t *testing.T) {
 			s := newSandbox(t, m, sandbox.CreateOptions{Policy: &policy.Policy{ResourceLimits: &policy.ResourceLimits{
 				CPUTimeSeconds: pf(0.5)}}})
 			ex, id := inContext(t, s, "python", strings.Replace(c.code, "SECONDS", "25", 1))
-			if ex.ErrorCode != apierr.CPUTimeExceeded || ex.CPUTimeMS < 500 || ex.CPUTimeMS > 2000 || ex.ExecutionTimeMS > 20000 {
+			if apierr.Code(ex.ErrorCode) != apierr.CPUTimeExceeded || ex.CPUTimeMS < 500 || ex.CPUTimeMS > 2000 || ex.ExecutionTimeMS > 20000 {
 				t.Fatalf("%+v %+v", ex, ex.Error)
 			}
 			ev := log.of(events.ResourceExceeded, s.ID, id)
@@ -171,7 +171,7 @@ func TestResourceExceededCgroup(t *testing.T) {
 			if c.code == "" && (err != nil || ex.Status != sandbox.ExecSuccess || !ex.Truncated || !strings.HasSuffix(ex.Stdout, fmt.Sprintf(agentproto.OutputCapMarker, 1000))) {
 				t.Fatalf("%s: %+v, %v", c.resource, ex, err)
 			}
-			if err != nil || ex.ErrorCode != c.code {
+			if err != nil || apierr.Code(ex.ErrorCode) != c.code {
 				t.Fatalf("%s: %+v, %v", c.resource, ex, err)
 			}
 			ev := last(t, c.resource, 0)
@@ -244,7 +244,7 @@ func TestPolicyResizesLiveSandbox(t *testing.T) {
 		t.Fatalf("80 MiB under 50 MiB of disk: %+v %+v", ex, ex.Error)
 	}
 	run(t, s, "python", "import os\nos.path.exists('/tmp/big') and os.remove('/tmp/big')")
-	if ex := run(t, s, "python", hold); ex.ErrorCode != apierr.OutOfMemory {
+	if ex := run(t, s, "python", hold); apierr.Code(ex.ErrorCode) != apierr.OutOfMemory {
 		t.Fatalf("300 MiB under 256 MiB: %+v %+v", ex, ex.Error)
 	}
 	// Below what the sandbox holds: refused, nothing changed.

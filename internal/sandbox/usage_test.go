@@ -139,14 +139,14 @@ func TestOOMKillFromAgent(t *testing.T) {
 	}
 	// A death without an OOM kill counted: not out of memory.
 	ex, err := s.Execute(ctx, sandbox.ExecuteRequest{Code: "import os, time\ntime.sleep(0.3)\nos.kill(os.getpid(), 9)"}, nil)
-	if err != nil || ex.ErrorCode == apierr.OutOfMemory {
+	if err != nil || apierr.Code(ex.ErrorCode) == apierr.OutOfMemory {
 		t.Fatalf("killed without an OOM kill: %+v, %v", ex, err)
 	}
 	// The "OOM killer" counts one more, then ends the interpreter.
 	code := fmt.Sprintf("import os, time\ntime.sleep(0.3)\nopen(%q, 'w').write('oom 2\\noom_kill 2\\n')\nos.kill(os.getpid(), 9)",
 		filepath.Join(cg, "memory.events"))
 	ex, err = s.Execute(ctx, sandbox.ExecuteRequest{Code: code}, nil)
-	if err != nil || ex.ErrorCode != apierr.OutOfMemory || ex.PeakMemoryBytes != 128<<20 {
+	if err != nil || apierr.Code(ex.ErrorCode) != apierr.OutOfMemory || ex.PeakMemoryBytes != 128<<20 {
 		t.Fatalf("OOM-killed: %+v, %v", ex, err)
 	}
 }
@@ -169,7 +169,7 @@ func TestCPUTimeLimitWithoutCounter(t *testing.T) {
 	}
 	spin := "import time\nt = time.process_time()\nwhile time.process_time() - t < 3: pass\n'spun'"
 	ex, err := s.Execute(context.Background(), sandbox.ExecuteRequest{Code: spin, Timeout: 20 * time.Second}, nil)
-	if err != nil || ex.ErrorCode != apierr.CPUTimeExceeded || ex.CPUTimeMS > 2000 {
+	if err != nil || apierr.Code(ex.ErrorCode) != apierr.CPUTimeExceeded || ex.CPUTimeMS > 2000 {
 		t.Fatalf("%+v, %v", ex, err)
 	}
 }

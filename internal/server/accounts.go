@@ -274,17 +274,12 @@ func (s *Server) saveLimits(r *http.Request, id string, o account.Overrides) err
 	return nil
 }
 
-type creditRequest struct {
-	Amount *string `json:"amount"`
-	Reason string  `json:"reason"`
-}
-
 func (s *Server) creditAccount(w http.ResponseWriter, r *http.Request) error {
 	rec, err := s.findAccount(r, r.PathValue("account"))
 	if err != nil {
 		return err
 	}
-	var req creditRequest
+	var req api.CreditGrant
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}

@@ -2,43 +2,18 @@ package server_test
 
 import (
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
-	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // autoEnv is runcEnvWith with a one-second auto-pause notice.
 func autoEnv(t *testing.T, cfg server.Config) *env {
 	t.Helper()
-	testutil.RequireRoot(t)
-	rootfs := testutil.TemplateRootFS(t, "python")
-	state := testutil.ShortTempDir(t)
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	rt, err := oci.New(oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
-		CgroupParent: "sheepfold-test", Instance: testInstance("srv" + strings.ToLower(t.Name()[4:9]))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := rt.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return newEnv(t, cfg, func(c *sandbox.Config) {
-		c.Runtime = rt
-		c.Templates = sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })
-		c.CheckpointDir = filepath.Join(state, "checkpoints")
-		c.AutoPauseNotice = time.Second
-	})
+	return runcEnvWith(t, cfg, func(c *sandbox.Config) { c.AutoPauseNotice = time.Second })
 }
 
 // waitState waits until GET /v1/sandboxes/{id} says want, and the

@@ -231,16 +231,7 @@ func TestSlowClientPinsNothing(t *testing.T) {
 	e := newEnv(t, server.Config{})
 	sb := e.e2bCreate(e.keyA, map[string]any{"templateID": "code-interpreter-v1"})
 	// A client with a tiny receive window that never reads.
-	d := net.Dialer{Control: func(network, address string, c syscall.RawConn) error {
-		var serr error
-		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-		return serr
-	}}
-	conn, err := d.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := smallWindowConn(t, e.url)
 	body := `{"code":"import sys\nwhile True:\n    sys.stdout.write('x' * 65536)"}`
 	fmt.Fprintf(conn, "POST /execute HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: %s\r\nE2b-Sandbox-Port: 49999\r\nX-Access-Token: %s\r\n"+
 		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", sb.ID, sb.Token, len(body), body)
@@ -283,26 +274,19 @@ func TestSlowEnvdClientPinsNothing(t *testing.T) {
 	const writeTimeout = 300 * time.Millisecond
 	defer server.SetStreamWriteTimeout(writeTimeout)()
 	// A fast output rate fills the socket buffers (megabytes) at once.
-	e := newEnv(t, server.Config{}, func(c *sandbox.Config) { c.OutputRate = 256 << 20 })
+	logs := &logRecords{}
+	e := newLoggedEnv(t, server.Config{}, logs, func(c *sandbox.Config) { c.OutputRate = 256 << 20 })
 	sb := e.e2bCreate(e.keyA, map[string]any{"templateID": "base"})
-	d := net.Dialer{Control: func(network, address string, c syscall.RawConn) error {
-		var serr error
-		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-		return serr
-	}}
-	conn, err := d.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := smallWindowConn(t, e.url)
 	msg := []byte(`{"process":{"cmd":"/bin/sh","args":["-c","exec yes flood"]},"tag":"flood"}`)
 	body := append([]byte{0, 0, 0, 0, 0}, msg...)
 	binary.BigEndian.PutUint32(body[1:], uint32(len(msg)))
-	fmt.Fprintf(conn, "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: %s\r\nE2b-Sandbox-Port: 49983\r\nX-Access-Token: %s\r\n"+
+	fmt.Fprintf(conn, "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nX-Request-Id: envd-flood\r\nE2b-Sandbox-Id: %s\r\nE2b-Sandbox-Port: 49983\r\nX-Access-Token: %s\r\n"+
 		"Content-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\nContent-Length: %d\r\n\r\n%s", sb.ID, sb.Token, len(body), body)
 
-	// Read until the flood's output shows, then stop reading for ten
-	// write deadlines: the client that stops reading is what is tested.
+	// Read until the flood's output shows, then stop reading until the
+	// server ends the request: the client that stops reading is what is
+	// tested.
 	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
 	var seen []byte
 	for buf := make([]byte, 4096); !bytes.Contains(seen, []byte(`"stdout"`)); {
@@ -312,7 +296,7 @@ func TestSlowEnvdClientPinsNothing(t *testing.T) {
 		}
 		seen = append(seen, buf[:n]...)
 	}
-	time.Sleep(10 * writeTimeout)
+	waitRequestEnded(t, logs, "envd-flood")
 
 	// The server gave up on the stream: reading again finds what the
 	// socket buffers held, then the end of the connection; a stream still
@@ -354,23 +338,15 @@ func TestSlowEnvdClientPinsNothing(t *testing.T) {
 func TestSlowEventClientPinsNothing(t *testing.T) {
 	const writeTimeout = 300 * time.Millisecond
 	defer server.SetStreamWriteTimeout(writeTimeout)()
-	e := newEnv(t, server.Config{})
+	logs := &logRecords{}
+	e := newLoggedEnv(t, server.Config{}, logs)
 	id := e.create(e.keyA, nil)
 	rec, err := e.store.GetSandbox(context.Background(), id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := net.Dialer{Control: func(network, address string, c syscall.RawConn) error {
-		var serr error
-		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-		return serr
-	}}
-	conn, err := d.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "GET /v1/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nAccept: text/event-stream\r\n\r\n", e.keyA)
+	conn := smallWindowConn(t, e.url)
+	fmt.Fprintf(conn, "GET /v1/events HTTP/1.1\r\nHost: x\r\nX-Request-Id: events-slow\r\nAuthorization: Bearer %s\r\nAccept: text/event-stream\r\n\r\n", e.keyA)
 	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
 	var seen []byte
 	for buf := make([]byte, 4096); !bytes.Contains(seen, []byte(": stream")); {
@@ -381,7 +357,8 @@ func TestSlowEventClientPinsNothing(t *testing.T) {
 		seen = append(seen, buf[:n]...)
 	}
 	// Far more than the socket buffers hold, while the client reads
-	// nothing for ten write deadlines: that client is what is tested.
+	// nothing until the server ends the request: that client is what is
+	// tested.
 	pad := strings.Repeat("x", 64<<10)
 	for i := range 300 {
 		e.bus.Emit(events.Event{Type: events.ExecutionFinished, SandboxID: id, Owner: rec.Owner,
@@ -390,7 +367,7 @@ func TestSlowEventClientPinsNothing(t *testing.T) {
 			e.bus.Sync(context.Background())
 		}
 	}
-	time.Sleep(10 * writeTimeout)
+	waitRequestEnded(t, logs, "events-slow")
 
 	// The server gave up: reading again finds what the buffers held, then
 	// the end of the connection.
@@ -411,28 +388,22 @@ func TestSlowEventClientPinsNothing(t *testing.T) {
 func TestSlowDownloadPinsNothing(t *testing.T) {
 	const writeTimeout = 300 * time.Millisecond
 	defer server.SetStreamWriteTimeout(writeTimeout)()
-	e := newEnv(t, server.Config{})
+	logs := &logRecords{}
+	e := newLoggedEnv(t, server.Config{}, logs)
 	id := e.create(e.keyA, nil)
 	const size = 64 << 20
 	if err := os.WriteFile(filepath.Join(e.home(id), "big"), make([]byte, size), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d := net.Dialer{Control: func(network, address string, c syscall.RawConn) error {
-		var serr error
-		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-		return serr
-	}}
-	conn, err := d.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	fmt.Fprintf(conn, "GET /v1/sandboxes/%s/files?path=big HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", id, e.keyA)
+	conn := smallWindowConn(t, e.url)
+	fmt.Fprintf(conn, "GET /v1/sandboxes/%s/files?path=big HTTP/1.1\r\nHost: x\r\nX-Request-Id: download-slow\r\nAuthorization: Bearer %s\r\n\r\n", id, e.keyA)
 	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
 	if _, err := io.ReadFull(conn, make([]byte, 4096)); err != nil {
 		t.Fatalf("the download did not start: %v", err)
 	}
-	time.Sleep(10 * writeTimeout) // the client that stops reading is what is tested
+	// The client reads nothing until the server ends the request: that
+	// client is what is tested.
+	waitRequestEnded(t, logs, "download-slow")
 
 	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
 	n, err := io.Copy(io.Discard, conn)
@@ -442,4 +413,32 @@ func TestSlowDownloadPinsNothing(t *testing.T) {
 	t.Logf("%d bytes were left in the buffers", n)
 	// The sandbox still answers.
 	want(t, e.do("GET", "/v1/sandboxes/"+id+"/files/stat?path=big", e.keyA, nil), http.StatusOK, "")
+}
+
+// smallWindowConn dials the server with a 4 KiB receive buffer, so that a
+// test that stops reading soon blocks the server's writes.
+func smallWindowConn(t *testing.T, url string) net.Conn {
+	t.Helper()
+	d := net.Dialer{Control: func(network, address string, c syscall.RawConn) error {
+		var serr error
+		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return serr
+	}}
+	conn, err := d.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// waitRequestEnded waits until the server has logged the end of the
+// request with id rid (its handler returned), failing t after 30 s.
+func waitRequestEnded(t *testing.T, logs *logRecords, rid string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); len(logs.find("request", "request_id", rid)) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server did not end request %s within 30 s of its client's last read", rid)
+		}
+	}
 }

@@ -204,18 +204,12 @@ func (s *Server) listCommands(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-type inputRequest struct {
-	Data       *string `json:"data"`
-	DataBase64 *string `json:"data_base64"`
-	EOF        bool    `json:"eof"`
-}
-
 func (s *Server) commandInput(w http.ResponseWriter, r *http.Request) error {
 	pid, err := pathPID(r)
 	if err != nil {
 		return err
 	}
-	var req inputRequest
+	var req api.Input
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
@@ -241,10 +235,6 @@ func (s *Server) commandInput(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
-}
-
-type signalRequest struct {
-	Signal json.RawMessage `json:"signal"`
 }
 
 var signals = map[string]syscall.Signal{
@@ -289,7 +279,7 @@ func (s *Server) commandSignal(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req signalRequest
+	var req api.Signal
 	if err := decodeJSON(w, r, &req, true); err != nil {
 		return err
 	}

@@ -7,21 +7,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/auth"
-	"github.com/sheepfold/sheepfold/internal/events"
-	"github.com/sheepfold/sheepfold/internal/runtime/fake"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
-	"github.com/sheepfold/sheepfold/internal/store/sqlite"
-	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // logRecords keeps the records a server logs.
@@ -81,46 +74,9 @@ func (l *logRecords) errors() []string {
 }
 
 // newLoggedEnv is newEnv with the server's log kept in logs.
-func newLoggedEnv(t *testing.T, cfg server.Config, logs *logRecords) *env {
+func newLoggedEnv(t *testing.T, cfg server.Config, logs *logRecords, opts ...func(*sandbox.Config)) *env {
 	t.Helper()
-	ctx := context.Background()
-	dbPath := filepath.Join(t.TempDir(), "sheepfold.db")
-	st, err := sqlite.Open(ctx, dbPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt := &fake.Runtime{AgentBin: agentBin, Dir: testutil.ShortTempDir(t)}
-	log := slog.New(logs)
-	bus := events.NewBus(server.EventStore(st), events.BusConfig{Logger: log})
-	cfg.Events, cfg.Version = bus, "test"
-	m, err := sandbox.New(ctx, sandbox.Config{Runtime: rt, Logger: log, Events: bus,
-		Templates: sandbox.TemplatesFunc(func(name string) (string, error) {
-			if name != "python" {
-				return "", os.ErrNotExist
-			}
-			return "/", nil
-		})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := server.New(cfg, st, m, log)
-	hs := httptest.NewServer(srv)
-	e := &env{t: t, srv: srv, url: hs.URL, store: st, dbPath: dbPath, engine: m, rt: rt, bus: bus}
-	for _, p := range []*string{&e.keyA, &e.keyB} {
-		if _, *p, err = auth.Create(ctx, st, auth.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		hs.Close()
-		srv.Shutdown(ctx)
-		m.Close(ctx)
-		srv.Close(ctx)
-		srv.RecordStopped(ctx)
-		bus.Close()
-		st.Close()
-	})
-	return e
+	return newEnvLog(t, cfg, slog.New(logs), opts...)
 }
 
 // TestClientGoneIsNotAnError: a client that hangs up mid-upload, or

@@ -112,7 +112,8 @@ func TestE2BControlPlane(t *testing.T) {
 
 	a := e.e2bCreate(e.keyA, map[string]any{"templateID": "code-interpreter-v1", "timeout": 60,
 		"metadata": map[string]string{"k": "v", "a b": "c=d"}, "envVars": map[string]string{"FOO": "bar"}, "someFutureField": 1})
-	time.Sleep(10 * time.Millisecond) // distinct start times order the listing
+	// b's create begins once a's has answered, so its start time (kept
+	// to the microsecond) is later: the listing's order is known.
 	b := e.e2bCreate(e.keyA, map[string]any{"templateID": "base", "metadata": map[string]string{"k": "w"}})
 	other := e.e2bCreate(e.keyB, map[string]any{"templateID": "base"})
 

@@ -296,7 +296,7 @@ type eventStore struct{ st store.EventStore }
 func (a eventStore) AddEvents(ctx context.Context, evs []events.Event) error {
 	recs := make([]store.Event, len(evs))
 	for i, e := range evs {
-		recs[i] = store.Event{Time: e.Time, Type: string(e.Type), Source: e.Source, SandboxID: e.SandboxID, Owner: e.Owner,
+		recs[i] = store.Event{Time: e.Timestamp, Type: string(e.Type), Source: e.Source, SandboxID: e.SandboxID, Owner: e.Owner,
 			ExecutionID: e.ExecutionID}
 		if len(e.Details) > 0 {
 			b, err := json.Marshal(e.Details)
@@ -327,7 +327,7 @@ func (a eventStore) ListEvents(ctx context.Context, q events.Query) ([]events.Ev
 	}
 	out := make([]events.Event, len(recs))
 	for i, r := range recs {
-		out[i] = events.Event{ID: r.ID, Time: r.Time, Type: events.Type(r.Type), Source: r.Source, SandboxID: r.SandboxID,
+		out[i] = events.Event{ID: r.ID, Timestamp: r.Time, Type: events.Type(r.Type), Source: r.Source, SandboxID: r.SandboxID,
 			Owner: r.Owner, ExecutionID: r.ExecutionID}
 		if len(r.Details) > 0 && string(r.Details) != "{}" {
 			if err := json.Unmarshal(r.Details, &out[i].Details); err != nil {

@@ -17,19 +17,13 @@ func (s *Server) executeRoutes(add addFunc) {
 	add("POST /v1/sandboxes/{id}/execute", true, s.execute)
 }
 
-// executionJSON is an Execution as the contract shows it: error (null
-// when none) and truncated are always present.
-type executionJSON struct {
-	*sandbox.Execution
-	Error     *agentproto.ExecError `json:"error"`
-	Truncated bool                  `json:"truncated"`
-}
-
-func executionOf(ex *sandbox.Execution) *executionJSON {
+// executionOf is an execution as the contract shows it: the engine's
+// api.Execution, without what the engine keeps for itself.
+func executionOf(ex *sandbox.Execution) *api.Execution {
 	if ex == nil {
 		return nil
 	}
-	return &executionJSON{Execution: ex, Error: ex.Error, Truncated: ex.Truncated}
+	return &ex.Execution
 }
 
 type textJSON struct {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/abort"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -331,12 +332,8 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-type pathRequest struct {
-	Path string `json:"path"`
-}
-
 func (s *Server) makeDir(w http.ResponseWriter, r *http.Request) error {
-	var req pathRequest
+	var req api.PathRequest
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
@@ -355,13 +352,8 @@ func (s *Server) makeDir(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-type moveRequest struct {
-	From string `json:"from"`
-	To   string `json:"to"`
-}
-
 func (s *Server) moveFile(w http.ResponseWriter, r *http.Request) error {
-	var req moveRequest
+	var req api.MoveRequest
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}

@@ -439,9 +439,13 @@ func storageFlood(t testing.TB) floodFigures {
 	var finishedIDs [2][]int64
 	for w := range 2 * windows {
 		phase := w % 2
+		w0 := written.Load()
 		on.Store(phase == 1)
-		if phase == 1 {
-			time.Sleep(300 * time.Millisecond) // the flood under way
+		// Measured under the flood once it writes.
+		for deadline := time.Now().Add(30 * time.Second); phase == 1 && written.Load() == w0; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the flood wrote nothing")
+			}
 		}
 		tick := time.NewTicker(every)
 		for end, n := time.Now().Add(window), 0; time.Now().Before(end); n++ {

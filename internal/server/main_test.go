@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -35,22 +34,12 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv(floodClientEnv); spec != "" {
 		os.Exit(runFloodClient(spec))
 	}
-	dir, err := os.MkdirTemp("", "sf-server-agent-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	var err error
+	if agentBin, err = testutil.BuildAgent(); err != nil {
+		fmt.Fprintf(os.Stderr, "build the agent: %v\n", err)
 		os.Exit(1)
 	}
-	agentBin = filepath.Join(dir, "sheepfold-agent")
-	cmd := exec.Command("go", "build", "-o", agentBin, "github.com/sheepfold/sheepfold/cmd/sheepfold-agent")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build the agent: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(m.Run())
 }
 
 // env is one server over the fake runtime with two owners' keys.
@@ -71,6 +60,13 @@ type env struct {
 // newEnv starts a server; opts adjust the engine's Config.
 func newEnv(t testing.TB, cfg server.Config, opts ...func(*sandbox.Config)) *env {
 	t.Helper()
+	return newEnvLog(t, cfg, testLog(t), opts...)
+}
+
+// newEnvLog is newEnv with the server's, the engine's and the bus's log
+// going to log.
+func newEnvLog(t testing.TB, cfg server.Config, log *slog.Logger, opts ...func(*sandbox.Config)) *env {
+	t.Helper()
 	ctx := context.Background()
 	dbPath := filepath.Join(t.TempDir(), "sheepfold.db")
 	st, err := sqlite.Open(ctx, dbPath)
@@ -78,7 +74,6 @@ func newEnv(t testing.TB, cfg server.Config, opts ...func(*sandbox.Config)) *env
 		t.Fatal(err)
 	}
 	rt := &fake.Runtime{AgentBin: agentBin, Dir: testutil.ShortTempDir(t)}
-	log := testLog(t)
 	bus := events.NewBus(server.EventStore(st), events.BusConfig{Logger: log})
 	cfg.Events = bus
 	scfg := sandbox.Config{Runtime: rt, Logger: log, Events: bus,

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,12 +14,10 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/client"
-	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 	"github.com/sheepfold/sheepfold/internal/store"
-	"github.com/sheepfold/sheepfold/internal/store/sqlite"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
@@ -286,28 +283,13 @@ func TestE2BPauseConnect(t *testing.T) {
 func TestPausedSandboxAfterServerRestart(t *testing.T) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
-	rootfs := testutil.TemplateRootFS(t, "python")
-	state := testutil.ShortTempDir(t)
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "sheepfold.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	_, key, err := auth.Create(ctx, st, auth.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rootfs, st, key := restartStore(t)
+	state := traversableDir(t)
 	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: state, AgentBin: testutil.AgentBin(t),
 		CgroupParent: "sheepfold-test", Instance: testInstance("srvrestart")}
 	// Beside the runtime's state dir, as DATA_DIR/checkpoints is beside
 	// DATA_DIR/run (the runtime sweeps what is in its own).
-	data := testutil.ShortTempDir(t)
-	if err := os.Chmod(data, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	data := traversableDir(t)
 	checkpoints := filepath.Join(data, "checkpoints")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if testing.Verbose() {
@@ -315,34 +297,8 @@ func TestPausedSandboxAfterServerRestart(t *testing.T) {
 	}
 	// start runs a server as `sheepfold serve` does, and returns its stop.
 	start := func() (*env, func()) {
-		rt, err := oci.New(rcfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := sandbox.New(ctx, sandbox.Config{Runtime: rt, CheckpointDir: checkpoints, KeepPaused: true, Logger: log,
-			Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })})
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := server.New(server.Config{Version: "test"}, st, m, log)
-		hs := httptest.NewServer(srv)
-		return &env{t: t, srv: srv, url: hs.URL, store: st, engine: m, keyA: key}, func() {
-			hs.Close()
-			srv.Shutdown(ctx)
-			if err := m.Close(ctx); err != nil {
-				t.Errorf("close the engine: %v", err)
-			}
-			if err := srv.Close(ctx); err != nil {
-				t.Error(err)
-			}
-			srv.RecordStopped(ctx)
-			if _, err := st.StopAllRunning(ctx, "server shut down", time.Now()); err != nil {
-				t.Error(err)
-			}
-			if err := rt.Close(); err != nil {
-				t.Errorf("close the runtime: %v", err)
-			}
-		}
+		return serveOn(t, st, key, rcfg, sandbox.Config{CheckpointDir: checkpoints, KeepPaused: true,
+			Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })}, log, true)
 	}
 	e, stop := start()
 	exec := func(e *env, id, code string) string {

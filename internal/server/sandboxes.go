@@ -514,12 +514,8 @@ func pageLimit(r *http.Request) (int, error) {
 	return int(n), err
 }
 
-type timeoutRequest struct {
-	Timeout *float64 `json:"timeout"`
-}
-
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) error {
-	var req timeoutRequest
+	var req api.SetTimeout
 	if err := decodeJSON(w, r, &req, false); err != nil {
 		return err
 	}
@@ -584,17 +580,11 @@ func live(sb *sandbox.Sandbox) bool {
 	return st == sandbox.StateRunning || st == sandbox.StatePaused
 }
 
-// pauseRequest is the optional body of a pause: memory "disk" (the
-// default: a checkpoint, memory freed) or "keep" (the freezer).
-type pauseRequest struct {
-	Memory string `json:"memory"`
-}
-
 // pauseSandbox checkpoints a sandbox and frees its memory and processes,
 // or with memory "keep" freezes it (internal/sandbox, pause.go); a
 // paused sandbox is paused again without error.
 func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
-	var req pauseRequest
+	var req api.PauseRequest
 	if err := decodeJSON(w, r, &req, true); err != nil {
 		return err
 	}

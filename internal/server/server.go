@@ -192,6 +192,44 @@
 // and fallbacks apply) and the sandbox through its executions, recorded
 // as every execution is.
 //
+// # Pause, snapshots and forks
+//
+// `POST /v1/sandboxes/{id}/pause|resume` call the engine's Pause and
+// Resume (internal/sandbox's doc says what they do); the server records a
+// paused sandbox `paused` (its Pausing/Resumed hooks, paused.go), shows
+// and lists it so, and the E2B surface maps onto the same calls. At the
+// start, server.New holds each sandbox the engine took back paused again
+// for its recorded owner (box, account slot, metering standing still) and
+// records stopped, with why, those recorded paused that the engine did not
+// take back. Its AdmitPause hook bounds an account's paused sandboxes
+// (`--max-paused-per-account`) and paused bytes (pausedbytes.go),
+// reserving each pause's estimate until it resumes.
+//
+// Snapshots (snapshots.go) are named per account under
+// DATA_DIR/snapshots/<hash of the owner>/<name> (snapshot.json, the
+// record of what the sandbox was made with and its size_bytes; state/, the
+// engine's). A new one is made in a `.new-` directory, measured, and
+// renamed to its name only within the account's bounds (count, and bytes
+// with MaxSnapshotBytesPerAccount), checked under snapMu. After each
+// snapshot made or deleted, and at the start for all, the account's
+// snapshots' bytes go to the store (StorageStore.SetSnapshotBytes, keyed
+// by the snapshot dir's name among the servers' disks,
+// DATA_DIR/snapshots/.disk), which MeterStorage charges as storage. A
+// create with `snapshot` goes through the ordinary create path
+// (admission, accounting, record, tokens) with the record's options. A
+// fork (fork.go) is a snapshot into DATA_DIR/snapshots/.forks restored
+// `count` times in parallel through the same create path; its images go
+// once the forks run, and its copy of the parent's files stays as the
+// forks' baseline for `GET .../diff`; `POST .../adopt` replays that diff
+// into the parent through the engine's file calls of both sandboxes,
+// never from the host. E2B's snapshot and fork calls reach the same code
+// through e2b.SnapshotBackend (e2b.go); an E2B create whose template id
+// names one of the account's snapshots starts from it. Snapshot pools
+// (snappool.go, `POST /v1/snapshots/{name}/pool`) are the engine's, keyed
+// by snapshotKey (owner and name); the server keeps their sizes
+// (snapPools, under snapMu), bounds them per account, and empties a pool
+// when its snapshot is deleted.
+//
 // Imports: api (the /v1 wire types it answers with and reads requests
 // into; its own wire types are only those no other package shares),
 // internal/sandbox, internal/store, internal/events, internal/auth,

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,12 +19,10 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/client"
-	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
-	"github.com/sheepfold/sheepfold/internal/store/sqlite"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
@@ -238,48 +235,14 @@ func filesHolding(t *testing.T, dir, s string) []string {
 func TestSnapshotAfterServerRestart(t *testing.T) {
 	testutil.RequireRoot(t)
 	ctx := context.Background()
-	rootfs := testutil.TemplateRootFS(t, "python")
-	data := testutil.ShortTempDir(t)
-	if err := os.Chmod(data, 0o711); err != nil {
-		t.Fatal(err)
-	}
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "sheepfold.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	_, key, err := auth.Create(ctx, st, auth.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rootfs, st, key := restartStore(t)
+	data := traversableDir(t)
 	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: filepath.Join(data, "run"), AgentBin: testutil.AgentBin(t),
 		CgroupParent: "sheepfold-test", Instance: testInstance("srvsnaprestart")}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	start := func() (*env, func()) {
-		rt, err := oci.New(rcfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, err := sandbox.New(ctx, sandbox.Config{Runtime: rt, CheckpointDir: filepath.Join(data, "checkpoints"), Logger: log,
-			Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })})
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := server.New(server.Config{Version: "test"}, st, m, log)
-		hs := httptest.NewServer(srv)
-		return &env{t: t, srv: srv, url: hs.URL, store: st, engine: m, keyA: key}, func() {
-			hs.Close()
-			srv.Shutdown(ctx)
-			if err := m.Close(ctx); err != nil {
-				t.Errorf("close the engine: %v", err)
-			}
-			if err := srv.Close(ctx); err != nil {
-				t.Error(err)
-			}
-			if err := rt.Close(); err != nil {
-				t.Errorf("close the runtime: %v", err)
-			}
-		}
+		return serveOn(t, st, key, rcfg, sandbox.Config{CheckpointDir: filepath.Join(data, "checkpoints"),
+			Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })}, log, false)
 	}
 	e, stop := start()
 	id := e.create(key, map[string]any{})

@@ -3,7 +3,6 @@ package server
 import (
 	"testing"
 
-	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/identity"
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/metrics"
@@ -14,22 +13,13 @@ import (
 // and how it reads its schema of the OpenAPI document.
 var wireTypes = []apispec.Entry{
 	{V: createAccountRequest{}, Schema: "CreateAccount"},
-	{V: creditRequest{}, Schema: "CreditGrant"},
-	{V: inputRequest{}, Schema: "Input"},
-	{V: signalRequest{}, Schema: "Signal"},
 	{V: eventListJSON{}, Schema: "EventList"},
-	{V: executionJSON{}, Schema: "Execution"},
 	{V: textJSON{}, Schema: "Text"},
 	{V: recordedOutput{}, Schema: "RecordedExecution.output"},
 	{V: executionHistoryJSON{}, Schema: "RecordedExecution"},
-	{V: pathRequest{}, Schema: "PathRequest"},
-	{V: moveRequest{}, Schema: "MoveRequest"},
-	{V: pauseRequest{}, Schema: "PauseRequest"},
-	{V: timeoutRequest{}, Schema: "SetTimeout"},
 	{V: metering.Prices{}, Schema: "Prices"},
 	// What the server's own packages put on the wire.
 	{V: identity.JWK{}, Schema: "JWKS.keys[]"},
-	{V: events.Event{}, Schema: "Event", Own: map[string]string{"Owner": "for fan-out to the owner's streams; never sent"}},
 	{V: metrics.Summary{}, Schema: "MetricsSummary"},
 	{V: metrics.AccountFigures{}, Schema: "MetricsSummary.account"},
 	{V: metrics.ServerFigures{}, Schema: "MetricsSummary.server"},
@@ -48,8 +38,7 @@ func TestWireTypesMatchSpec(t *testing.T) {
 // holds, but for those that carry more than the wire.
 func TestWireTypesNotShared(t *testing.T) {
 	apispec.CheckNotShared(t, wireTypes, map[string]string{
-		"Execution": "the engine's execution (internal/sandbox), sent as it is on the hot path",
-		"Prices":    "metering's price table, read from the operator's TOML; reports show api.Prices",
+		"Prices": "metering's price table, read from the operator's TOML; reports show api.Prices",
 	})
 }
 
@@ -63,7 +52,7 @@ func TestEveryWireTypeChecked(t *testing.T) {
 		"snapshotRecord":  "a snapshot's record on disk (snapshot.json), not the wire",
 		"Claims":          "a token's signed payload (internal/identity), not an API object",
 	}
-	for _, dir := range []string{".", "../metrics", "../events", "../metering", "../identity"} {
+	for _, dir := range []string{".", "../metrics", "../metering", "../identity"} {
 		apispec.CheckAllListed(t, dir, wireTypes, exempt)
 	}
 }

@@ -80,11 +80,11 @@ func ExecutionOf(ex *sandbox.Execution, timeout time.Duration) Execution {
 	if ex.Error != nil {
 		e.Name, e.Message, e.Traceback = ex.Error.Name, ex.Error.Value, ex.Error.Traceback
 	}
-	if ex.ErrorCode == apierr.SandboxTimeout || ex.Status == sandbox.ExecTimeout {
+	if ex.ErrorCode == string(apierr.SandboxTimeout) || ex.Status == sandbox.ExecTimeout {
 		e.Code = string(apierr.SandboxTimeout)
 		e.Message = fmt.Sprintf("Sandbox execution timeout after %dms", timeout.Milliseconds())
 	}
-	if ex.ErrorCode == apierr.NetworkRestricted {
+	if ex.ErrorCode == string(apierr.NetworkRestricted) {
 		// The seeds' message, whatever the language's own error said
 		// (urllib's URLError, Node's getaddrinfo, curl's).
 		e.Message = networkRestrictedMessage

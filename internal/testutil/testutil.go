@@ -1,7 +1,7 @@
 // Package testutil holds helpers shared by tests: root gating, a log
 // buffer goroutines share (Buffer), files laid out for a test (WriteTree),
-// a value awaited on a channel (Receive),
-// building the agent, and finding the runtime and templates that
+// a value awaited on a channel (Receive), the agent built once per source
+// (AgentBin, agentbin.go), and finding the runtime and templates that
 // privileged tests need. As root (as in CI) a
 // missing runtime or template fails the test; it never skips silently.
 package testutil
@@ -9,10 +9,7 @@ package testutil
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
-	"sync"
 	"testing"
 	"time"
 )
@@ -86,47 +83,6 @@ func TemplateRootFS(t testing.TB, name string) string {
 	return p
 }
 
-var (
-	agentOnce sync.Once
-	agentPath string
-	agentErr  error
-	agentOut  []byte
-)
-
-// AgentBin builds the static agent once per test binary and returns its
-// path. The file lives in a directory that every uid may traverse, so the
-// sandbox's unprivileged root can reach its bind mount. Where there is no Go
-// toolchain (the cgroup v2 guest runs compiled test binaries),
-// SHEEPFOLD_AGENT_BIN names a built agent instead.
-func AgentBin(t testing.TB) string {
-	t.Helper()
-	if p := os.Getenv("SHEEPFOLD_AGENT_BIN"); p != "" {
-		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("SHEEPFOLD_AGENT_BIN: %v", err)
-		}
-		return p
-	}
-	agentOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sheepfold-agent-")
-		if err != nil {
-			agentErr = err
-			return
-		}
-		if err := os.Chmod(dir, 0o755); err != nil {
-			agentErr = err
-			return
-		}
-		agentPath = filepath.Join(dir, "sheepfold-agent")
-		cmd := exec.Command("go", "build", "-trimpath", "-o", agentPath, "github.com/sheepfold/sheepfold/cmd/sheepfold-agent")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+goruntime.GOARCH)
-		agentOut, agentErr = cmd.CombinedOutput()
-	})
-	if agentErr != nil {
-		t.Fatalf("build agent: %v\n%s", agentErr, agentOut)
-	}
-	return agentPath
-}
-
 // ShortTempDir returns a fresh directory with a short path (unix socket
 // paths are limited to 108 bytes) that is removed when t ends.
 func ShortTempDir(t testing.TB) string {
@@ -139,15 +95,12 @@ func ShortTempDir(t testing.TB) string {
 	return dir
 }
 
-// Main runs a package's tests, then cleanups, and removes what AgentBin built. Packages
-// that call AgentBin use it as their TestMain: func TestMain(m *testing.M) { testutil.Main(m) }.
+// Main runs a package's tests, then cleanups, and exits with the tests'
+// code: func TestMain(m *testing.M) { testutil.Main(m, pgtest.StopShared) }.
 func Main(m *testing.M, cleanups ...func()) {
 	code := m.Run()
 	for _, c := range cleanups {
 		c()
-	}
-	if agentPath != "" {
-		os.RemoveAll(filepath.Dir(agentPath))
 	}
 	os.Exit(code)
 }

@@ -229,6 +229,21 @@
 //     a failed one leaves the sandbox running, a failed restore leaves it
 //     checkpointed. Not yet: sandboxes with a network (ErrUnsupported).
 //
+//   - Snapshots and clones (runtime.Snapshotter, snapshot_linux.go):
+//     Snapshot(id, dir) freezes the sandbox (quiesce, as a checkpoint
+//     does), has runc and CRIU dump it leaving it running (--leave-running,
+//     the freezer's state kept), copies its writable layer (the overlay's
+//     upper dir and the writable paths) beside the images and thaws it.
+//     Clone(spec, dir) makes a new sandbox as Create does (bundle, host id
+//     range, disk, cgroups, agent socket), fills its writable layer from
+//     the copy with every owner moved into the new range before the
+//     overlay is mounted (mountRoot's fill), and restores the processes
+//     from hard links of the images, the user-namespace image rewritten to
+//     map the new range. Restore and Clone share criuRestore; Checkpoint
+//     and Snapshot share dumpExternals. A fork's copy of its parent's
+//     files stays as its baseline: Changes (runtime.Differ, diff_linux.go)
+//     compares a fork's upper dir with it, over the template.
+//
 //   - Persistent volumes (runtime.Volumes, volume_linux.go): an ext4
 //     image of the volume's size with a journal under Config.VolumesDir,
 //     mounted on the host at first use and kept mounted; a sandbox that
