@@ -30,3 +30,8 @@ func shiftOwnership(ctx context.Context, root string, shift uint32) (int64, erro
 }
 
 func mountsUnder(dir string) ([]string, error) { return nil, errUnsupported }
+
+// BuildDockerfile fails: see errUnsupported.
+func BuildDockerfile(ctx context.Context, dockerfile []byte, opt DockerfileOptions) (Info, error) {
+	return Info{}, errUnsupported
+}

@@ -56,6 +56,18 @@ type Info struct {
 	SizeBytes int64     `json:"size_bytes"` // disk usage of the rootfs, each inode counted once
 	UIDShift  uint32    `json:"uid_shift"`  // every owner in the rootfs is shifted up by this
 	Version   int       `json:"version"`    // FormatVersion
+
+	// Of a template built from a Dockerfile (BuildDockerfile):
+	Hash         string            `json:"hash,omitempty"` // "sha256:..." of its inputs: the same inputs, the same hash
+	From         string            `json:"from,omitempty"` // the template it was built FROM
+	Env          []string          `json:"env,omitempty"`  // ENV, "K=V"
+	User         string            `json:"user,omitempty"` // USER
+	WorkDir      string            `json:"workdir,omitempty"`
+	Start        string            `json:"start,omitempty"` // LABEL sheepfold.start
+	Ready        string            `json:"ready,omitempty"` // LABEL sheepfold.ready
+	Labels       map[string]string `json:"labels,omitempty"`
+	BuildSeconds float64           `json:"build_seconds,omitempty"`
+	StepsBuilt   int               `json:"steps_built,omitempty"` // steps not taken from the layer cache
 }
 
 // BuildOptions configure Build.
