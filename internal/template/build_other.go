@@ -35,3 +35,8 @@ func mountsUnder(dir string) ([]string, error) { return nil, errUnsupported }
 func BuildDockerfile(ctx context.Context, dockerfile []byte, opt DockerfileOptions) (Info, error) {
 	return Info{}, errUnsupported
 }
+
+// Use does nothing where templates cannot be built.
+func Use(dataDir, name string) (func(), error) { return func() {}, nil }
+
+func claimUnused(dir, name string) (func(), error) { return func() {}, nil }

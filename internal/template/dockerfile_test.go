@@ -371,3 +371,28 @@ func TestDockerfileContextEscape(t *testing.T) {
 		t.Fatalf("control: a naive write through the link did not reach the host dir: %v", err)
 	}
 }
+
+// TestRemoveInUse: a template an engine holds (Use) is not removed; once
+// released it is.
+func TestRemoveInUse(t *testing.T) {
+	requireRoot(t)
+	dataDir := t.TempDir()
+	fakeTemplate(t, dataDir, Info{Name: "held", Suite: "bookworm", Version: FormatVersion})
+	release, err := Use(dataDir, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Remove(dataDir, "held"); !errors.Is(err, ErrInUse) {
+		t.Fatalf("Remove of a template in use: %v, want ErrInUse", err)
+	}
+	if _, err := Get(dataDir, "held"); err != nil {
+		t.Fatalf("the template in use is gone: %v", err)
+	}
+	release()
+	if err := Remove(dataDir, "held"); err != nil {
+		t.Fatalf("Remove after release: %v", err)
+	}
+	if _, err := Get(dataDir, "held"); !errors.Is(err, ErrNotBuilt) {
+		t.Fatalf("after Remove: %v", err)
+	}
+}

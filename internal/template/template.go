@@ -35,6 +35,9 @@ var (
 	// uid shift, suite or package list, or an old format); rebuild it with
 	// BuildOptions.Force.
 	ErrStale = errors.New("template stale")
+	// ErrInUse: a running engine holds the template (Use); it is not
+	// removed.
+	ErrInUse = errors.New("template in use")
 )
 
 // Definition says what a template contains.
@@ -275,6 +278,11 @@ func Remove(dataDir, name string) error {
 	if _, err := os.Lstat(final); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove template %s: %w", name, ErrNotBuilt) // removed while we waited
 	}
+	unuse, err := claimUnused(dir, name)
+	if err != nil {
+		return fmt.Errorf("remove template %s: %w", name, err)
+	}
+	defer unuse()
 	aside := asideName(dir, name)
 	if err := os.Rename(final, aside); err != nil {
 		return fmt.Errorf("remove template %s: %w", name, err)
