@@ -33,6 +33,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/preview"
 	"github.com/sheepfold/sheepfold/internal/runtime/kubernetes"
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/secrets"
 	"github.com/sheepfold/sheepfold/internal/server"
@@ -517,6 +518,10 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	}
 	scfg.Runtime = eng.Runtime.Name()
 	scfg.DataDir = cfg.DataDir
+	if kube == nil { // RUN steps in runc on this host; a cluster's server builds none
+		scfg.TemplateRunner = sfengine.StepRunner(cfg)
+		scfg.TemplateUIDShift = oci.DefaultIDMap.HostID
+	}
 	if scfg.ShutdownTimeout <= 0 {
 		scfg.ShutdownTimeout = 10 * time.Second
 	}

@@ -160,6 +160,10 @@ var (
 	packageRE = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`) // Debian policy 5.6.1
 )
 
+// ValidName checks a template's name: [a-z0-9][a-z0-9_-]*, at most 63
+// characters.
+func ValidName(name string) error { return validName(name) }
+
 func validName(name string) error {
 	if !nameRE.MatchString(name) {
 		return fmt.Errorf("invalid template name %q: want [a-z0-9][a-z0-9_-]*, at most 63 characters", name)
