@@ -176,3 +176,83 @@ func externalIPv4(t *testing.T) string {
 	t.Fatal("the host has no IPv4 address but loopback")
 	return ""
 }
+
+// TestDockerfileRunFailsCleanly: a failing RUN that left a process behind
+// reports its command and last output, and leaves no process, runc
+// container, cgroup, mount or half-built layer (dockerfileDataDir's
+// cleanup checks the rest).
+func TestDockerfileRunFailsCleanly(t *testing.T) {
+	data, runner := dockerfileDataDir(t)
+	src := "FROM python\nRUN sleep 617 & sleep 0.2; grep '^Name' /proc/$!/status; echo last-words; exit 7\n"
+	_, err := template.BuildDockerfile(context.Background(), []byte(src), template.DockerfileOptions{
+		DataDir: data, Name: "bad", UIDShift: oci.DefaultIDMap.HostID, Runner: runner,
+	})
+	var be *template.BuildError
+	if !errors.As(err, &be) || !strings.Contains(be.Step, "line 2: RUN sleep 617") ||
+		!strings.Contains(be.Output, "last-words") || !strings.Contains(err.Error(), "exit status 7") {
+		t.Fatalf("err = %v", err)
+	}
+	// Control: the background process did run in the step.
+	if !strings.Contains(be.Output, "Name:\tsleep") {
+		t.Fatalf("control: the step's background process was not seen:\n%s", be.Output)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, _ := os.ReadFile(p); string(b) == "sleep\x00617\x00" {
+			t.Errorf("the step's background process outlived it: %s", p)
+		}
+	}
+	if _, err := template.Get(data, "bad"); !errors.Is(err, template.ErrNotBuilt) {
+		t.Errorf("template after a failed build: %v", err)
+	}
+	layers, _ := os.ReadDir(filepath.Join(data, "templates", ".layers"))
+	if len(layers) != 0 {
+		t.Errorf("layers left: %v", layers)
+	}
+}
+
+// signalWriter closes seen once want has been written to it.
+type signalWriter struct {
+	buf  testutil.Buffer
+	want string
+	seen chan struct{}
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	n, err := w.buf.Write(p)
+	if strings.Contains(w.buf.String(), w.want) && w.seen != nil {
+		close(w.seen)
+		w.seen = nil
+	}
+	return n, err
+}
+
+// TestDockerfileRunCancelled: a build cancelled while a RUN runs ends the
+// step's processes and leaves nothing (dockerfileDataDir's cleanup checks
+// runc's state, bundles, cgroups and mounts).
+func TestDockerfileRunCancelled(t *testing.T) {
+	data, runner := dockerfileDataDir(t)
+	seen := make(chan struct{})
+	log := &signalWriter{want: "step-started", seen: seen}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := template.BuildDockerfile(ctx, []byte("FROM python\nRUN echo step-started; sleep 618\n"), template.DockerfileOptions{
+			DataDir: data, Name: "cut", UIDShift: oci.DefaultIDMap.HostID, Runner: runner, Log: log,
+		})
+		done <- err
+	}()
+	testutil.Receive(t, seen, "the step's start")
+	cancel()
+	err := testutil.Receive(t, done, "the build's end")
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, _ := os.ReadFile(p); string(b) == "sleep\x00618\x00" {
+			t.Errorf("the cancelled step's process outlived it: %s", p)
+		}
+	}
+}
