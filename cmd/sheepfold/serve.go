@@ -62,6 +62,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	var streamsPerKey, streamsPerAccount, maxStreams, maxConns, uiSessions, pacePerAccount int
 	overcommit := 2.0
 	poolSize := sandbox.DefaultPoolSize()
+	var poolTemplates []string
 	var eventRate sandbox.EventRate
 	instance := ""
 	configPath := ""
@@ -258,6 +259,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) {
 					c.PoolSize = poolSize
+					c.PoolTemplates = poolTemplates
 					c.AutoPauseNotice = autoPauseNotice
 					c.EventRate = eventRate
 					c.Egress.MaxFlows, c.Egress.IdleTimeout, c.Egress.Rate = eopt.MaxFlows, eopt.IdleTimeout, eopt.Rate
@@ -339,6 +341,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"also serve Prometheus /metrics without a key on this address (keep it private, e.g. 127.0.0.1:9464); on --listen, /metrics needs an admin key")
 	cmd.Flags().IntVar(&poolSize, "pool", poolSize,
 		"sandboxes of the python template kept started ahead, pandas, numpy and matplotlib imported (0: no warm pool; default: one per CPU, at most one per 2 GiB); with --backend kubernetes, on each node")
+	cmd.Flags().StringSliceVar(&poolTemplates, "pool-templates", nil,
+		"the templates that have a warm pool, each of --pool sandboxes (default: python)")
 	// The engine instance names the state directory and the cgroup
 	// (sheepfold/<instance>) this server's sandboxes live in; a second
 	// server on the same host (`sheepfold bench` starts one) needs its own,
