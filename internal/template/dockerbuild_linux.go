@@ -3,7 +3,6 @@ package template
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -599,9 +598,6 @@ func lookupID(file []byte, name string, passwd bool) (id, gid uint32, err error)
 	}
 	return 0, 0, fmt.Errorf("no such user or group %q", name)
 }
-
-// newTmpName is a fresh name for a temporary entry.
-func newTmpName() string { return ".sheepfold-tmp-" + rand.Text()[:10] }
 
 // linkTree copies the tree src to dst (which must not exist) with hard
 // links for everything but directories (cp -al), so no file's data is
