@@ -159,7 +159,7 @@ their inputs: a rebuild redoes only the steps from the first changed one.`,
 			return template.Remove(cfg.DataDir, args[0])
 		},
 	}
-	cmd.AddCommand(build, list, rm, templateExportCmd(cfg))
+	cmd.AddCommand(build, list, rm, templateExportCmd(cfg), templateImportCmd(cfg))
 	return cmd
 }
 

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/sheepfold/sheepfold/internal/config"
 	sfengine "github.com/sheepfold/sheepfold/internal/engine"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
@@ -76,4 +78,46 @@ func buildDockerfile(ctx context.Context, cfg *config.Config, name, file, contex
 	fmt.Printf("template %s ready at %s (%d MiB, %s, %s)\n", info.Name, info.Path, info.SizeBytes>>20,
 		time.Since(start).Round(100*time.Millisecond), info.Hash)
 	return nil
+}
+
+// templateImportCmd is `template import`: a template from an OCI image
+// (an archive or a layout directory), built as the Dockerfile
+// "FROM oci-archive:FILE" (or "FROM oci:DIR") would be.
+func templateImportCmd(cfg *config.Config) *cobra.Command {
+	var quiet bool
+	cmd := &cobra.Command{
+		Use:   "import FILE|DIR NAME",
+		Short: "Make a template from an OCI image: an archive (docker save, skopeo oci-archive:, template export) or a layout directory",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := cfg.ResolveDataDir(); err != nil {
+				return err
+			}
+			src, err := filepath.Abs(args[0])
+			if err != nil {
+				return err
+			}
+			fi, err := os.Stat(src)
+			if err != nil {
+				return err
+			}
+			ref := "oci-archive:" + src
+			if fi.IsDir() {
+				ref = "oci:" + src
+			}
+			df, err := os.CreateTemp("", "sheepfold-import-*.Dockerfile")
+			if err != nil {
+				return err
+			}
+			defer os.Remove(df.Name())
+			if _, err := fmt.Fprintf(df, "FROM %s\n", ref); err != nil {
+				df.Close()
+				return err
+			}
+			df.Close()
+			return buildDockerfile(cmd.Context(), cfg, args[1], df.Name(), "", nil, false, quiet, "")
+		},
+	}
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "no build log on standard error")
+	return cmd
 }

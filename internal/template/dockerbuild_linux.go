@@ -135,37 +135,50 @@ func (b *dfBuilder) build(ctx context.Context) (info Info, err error) {
 	if err != nil {
 		return Info{}, b.fail(ctx, nil, err)
 	}
-	if from == b.opt.Name {
-		return Info{}, b.fail(ctx, nil, fmt.Errorf("template %s cannot be built FROM itself", from))
-	}
-	if err := validName(from); err != nil {
-		return Info{}, b.fail(ctx, nil, fmt.Errorf("FROM %s: only templates are supported as a base (%v)", from, err))
-	}
-	// Lock both names, in order, so that the base is not removed or
-	// rebuilt under the build.
-	names := []string{from, b.opt.Name}
-	slices.Sort(names)
-	for _, n := range names {
-		unlock, err := lockTemplate(ctx, b.dir, n)
+	var base Info
+	var baseID string
+	if isImageRef(from) {
+		unlock, err := lockTemplate(ctx, b.dir, b.opt.Name)
 		if err != nil {
 			return Info{}, b.fail(ctx, nil, err)
 		}
 		defer unlock()
-	}
-	base, err := Get(b.dataDir, from)
-	if err != nil {
-		return Info{}, b.fail(ctx, nil, fmt.Errorf("FROM %s: %w", from, err))
-	}
-	if base.UIDShift != b.opt.UIDShift {
-		return Info{}, b.fail(ctx, nil, fmt.Errorf("FROM %s: built with uid shift %d, want %d", from, base.UIDShift, b.opt.UIDShift))
-	}
-	baseID := base.Hash
-	if baseID == "" { // a debootstrap build: its template.json says what it is
-		raw, err := os.ReadFile(filepath.Join(b.dir, from, infoFile))
-		if err != nil {
+		if base, err = b.importImage(ctx, from); err != nil {
 			return Info{}, b.fail(ctx, nil, err)
 		}
-		baseID = digestOf(raw)
+		baseID = base.Hash
+	} else {
+		if from == b.opt.Name {
+			return Info{}, b.fail(ctx, nil, fmt.Errorf("template %s cannot be built FROM itself", from))
+		}
+		if err := validName(from); err != nil {
+			return Info{}, b.fail(ctx, nil, fmt.Errorf("FROM %s: want a built template, oci-archive:FILE or oci:DIR (%v)", from, err))
+		}
+		// Lock both names, in order, so that the base is not removed or
+		// rebuilt under the build.
+		names := []string{from, b.opt.Name}
+		slices.Sort(names)
+		for _, n := range names {
+			unlock, err := lockTemplate(ctx, b.dir, n)
+			if err != nil {
+				return Info{}, b.fail(ctx, nil, err)
+			}
+			defer unlock()
+		}
+		if base, err = Get(b.dataDir, from); err != nil {
+			return Info{}, b.fail(ctx, nil, fmt.Errorf("FROM %s: %w", from, err))
+		}
+		if base.UIDShift != b.opt.UIDShift {
+			return Info{}, b.fail(ctx, nil, fmt.Errorf("FROM %s: built with uid shift %d, want %d", from, base.UIDShift, b.opt.UIDShift))
+		}
+		baseID = base.Hash
+		if baseID == "" { // a debootstrap build: its template.json says what it is
+			raw, err := os.ReadFile(filepath.Join(b.dir, from, infoFile))
+			if err != nil {
+				return Info{}, b.fail(ctx, nil, err)
+			}
+			baseID = digestOf(raw)
+		}
 	}
 	b.env = slices.Clone(base.Env)
 	b.user = base.User
@@ -177,7 +190,7 @@ func (b *dfBuilder) build(ctx context.Context) (info Info, err error) {
 	if b.labels == nil {
 		b.labels = map[string]string{}
 	}
-	b.key = digestOf([]byte(fmt.Sprintf("sheepfold-dockerfile-v1\nfrom %s %s\nshift %d\n", from, baseID, b.opt.UIDShift)))
+	b.key = digestOf([]byte(fmt.Sprintf("sheepfold-dockerfile-v1\nfrom %s\nshift %d\n", baseID, b.opt.UIDShift)))
 	b.log.Printf("FROM %s (%s)", from, baseID)
 
 	total := len(b.df.Steps) + 1
