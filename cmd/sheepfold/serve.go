@@ -33,6 +33,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/metering"
 	"github.com/sheepfold/sheepfold/internal/preview"
 	"github.com/sheepfold/sheepfold/internal/runtime/kubernetes"
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/secrets"
 	"github.com/sheepfold/sheepfold/internal/server"
@@ -63,6 +64,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	var streamsPerKey, streamsPerAccount, maxStreams, maxConns, uiSessions, pacePerAccount int
 	overcommit := 2.0
 	poolSize := sandbox.DefaultPoolSize()
+	var poolTemplates []string
 	var eventRate sandbox.EventRate
 	instance := ""
 	configPath := ""
@@ -260,6 +262,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) {
 					c.PoolSize = poolSize
+					c.PoolTemplates = poolTemplates
 					c.AutoPauseNotice = autoPauseNotice
 					c.GPUClass, c.ShareDevices = gpuClass, shareDevices
 					c.EventRate = eventRate
@@ -343,6 +346,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"also serve Prometheus /metrics without a key on this address (keep it private, e.g. 127.0.0.1:9464); on --listen, /metrics needs an admin key")
 	cmd.Flags().IntVar(&poolSize, "pool", poolSize,
 		"sandboxes of the python template kept started ahead, pandas, numpy and matplotlib imported (0: no warm pool; default: one per CPU, at most one per 2 GiB); with --backend kubernetes, on each node")
+	cmd.Flags().StringSliceVar(&poolTemplates, "pool-templates", nil,
+		"the templates that have a warm pool, each of --pool sandboxes (default: python)")
 	// The engine instance names the state directory and the cgroup
 	// (sheepfold/<instance>) this server's sandboxes live in; a second
 	// server on the same host (`sheepfold bench` starts one) needs its own,
@@ -529,6 +534,10 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	}
 	scfg.Runtime = eng.Runtime.Name()
 	scfg.DataDir = cfg.DataDir
+	if kube == nil { // RUN steps in runc on this host; a cluster's server builds none
+		scfg.TemplateRunner = sfengine.StepRunner(cfg)
+		scfg.TemplateUIDShift = oci.DefaultIDMap.HostID
+	}
 	if scfg.ShutdownTimeout <= 0 {
 		scfg.ShutdownTimeout = 10 * time.Second
 	}

@@ -3,7 +3,10 @@ package main
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -18,18 +21,33 @@ import (
 func templateCmd(cfg *config.Config) *cobra.Command {
 	cmd := &cobra.Command{Use: "template", Short: "Build, list, export and remove sandbox templates"}
 
-	var force, update, quiet bool
-	var logFile string
+	var force, update, quiet, noCache bool
+	var logFile, dockerfile, contextDir string
+	var buildArgs []string
 	build := &cobra.Command{
 		Use:   "build NAME",
-		Short: "Build a template's root filesystem from Debian packages (once; --force rebuilds)",
-		Args:  cobra.ExactArgs(1),
+		Short: "Build a template: a builtin one from Debian packages (once; --force rebuilds), or any from a Dockerfile (-f)",
+		Long: `Build a template.
+
+Without -f, NAME is a builtin template (python), built from Debian packages
+with debootstrap, once (--force rebuilds).
+
+With -f Dockerfile, NAME is built from the Dockerfile: FROM a built template,
+then RUN (in a sandbox of the half-built template, without network), COPY and
+ADD (from --context only), ENV, ARG, WORKDIR, USER and LABEL. The labels
+sheepfold.start ("command") and sheepfold.ready ("port:N" or "cmd:COMMAND")
+are kept as the template's start command and ready check. Steps are cached by
+their inputs: a rebuild redoes only the steps from the first changed one.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			def, err := template.Lookup(args[0])
-			if err != nil {
+			if err := cfg.ResolveDataDir(); err != nil {
 				return err
 			}
-			if err := cfg.ResolveDataDir(); err != nil {
+			if dockerfile != "" {
+				return buildDockerfile(cmd.Context(), cfg, args[0], dockerfile, contextDir, buildArgs, noCache, quiet, logFile)
+			}
+			def, err := template.Lookup(args[0])
+			if err != nil {
 				return err
 			}
 			opt := template.BuildOptions{DataDir: cfg.DataDir, UIDShift: oci.DefaultIDMap.HostID, Force: force}
@@ -86,7 +104,11 @@ func templateCmd(cfg *config.Config) *cobra.Command {
 	build.Flags().BoolVar(&force, "force", false, "rebuild even if the template exists")
 	build.Flags().BoolVar(&update, "update", false, "rebuild the template if it is stale (built from another package list, suite or id shift); keep it if it is current")
 	build.Flags().BoolVarP(&quiet, "quiet", "q", false, "no progress bar")
-	build.Flags().StringVar(&logFile, "log", "", "write debootstrap and apt output to this file")
+	build.Flags().StringVar(&logFile, "log", "", "write debootstrap and apt output (or the Dockerfile build's log) to this file")
+	build.Flags().StringVarP(&dockerfile, "file", "f", "", "build NAME from this Dockerfile (\"-\": standard input)")
+	build.Flags().StringVar(&contextDir, "context", "", "the build context COPY and ADD read from (default: the Dockerfile's directory)")
+	build.Flags().StringArrayVar(&buildArgs, "build-arg", nil, "KEY=VALUE for an ARG (repeatable)")
+	build.Flags().BoolVar(&noCache, "no-cache", false, "build every step anew (Dockerfile builds)")
 
 	list := &cobra.Command{
 		Use:   "list",
@@ -105,18 +127,23 @@ func templateCmd(cfg *config.Config) *cobra.Command {
 				have[i.Name] = i
 			}
 			w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NAME\tSTATUS\tSIZE\tCREATED\tDESCRIPTION")
+			fmt.Fprintln(w, "NAME\tSTATUS\tSIZE\tCREATED\tBUILD\tHASH\tRUNTIME\tDESCRIPTION")
 			for _, d := range template.Builtin() {
 				i, ok := have[d.Name]
 				delete(have, d.Name)
 				if !ok {
-					fmt.Fprintf(w, "%s\tnot built\t-\t-\t%s\n", d.Name, d.Description)
+					fmt.Fprintf(w, "%s\tnot built\t-\t-\t-\t-\t-\t%s\n", d.Name, d.Description)
 					continue
 				}
-				fmt.Fprintf(w, "%s\tbuilt\t%d MiB\t%s\t%s\n", d.Name, i.SizeBytes>>20, i.Created.Format(time.DateTime), d.Description)
+				fmt.Fprintf(w, "%s\tbuilt\t%s\t%s\n", d.Name, listColumns(i), d.Description)
 			}
-			for _, i := range have {
-				fmt.Fprintf(w, "%s\tbuilt\t%d MiB\t%s\t\n", i.Name, i.SizeBytes>>20, i.Created.Format(time.DateTime))
+			for _, n := range slices.Sorted(maps.Keys(have)) {
+				i := have[n]
+				desc := ""
+				if i.From != "" {
+					desc = "from a Dockerfile, FROM " + i.From
+				}
+				fmt.Fprintf(w, "%s\tbuilt\t%s\t%s\n", i.Name, listColumns(i), desc)
 			}
 			return w.Flush()
 		},
@@ -143,6 +170,21 @@ func templateCmd(cfg *config.Config) *cobra.Command {
 			return template.SetRuntime(cfg.DataDir, args[0], args[1])
 		},
 	}
-	cmd.AddCommand(build, list, rm, setRuntime, templateExportCmd(cfg))
+	cmd.AddCommand(build, list, rm, setRuntime, templateExportCmd(cfg), templateImportCmd(cfg))
 	return cmd
+}
+
+// listColumns are a built template's SIZE, CREATED, BUILD (time), HASH and
+// RUNTIME columns of template list.
+func listColumns(i template.Info) string {
+	build, hash := "-", "-"
+	if i.BuildSeconds > 0 {
+		build = (time.Duration(i.BuildSeconds*1e3) * time.Millisecond).Round(100 * time.Millisecond).String()
+	}
+	if i.Hash != "" {
+		hash = strings.TrimPrefix(i.Hash, "sha256:")[:12]
+	}
+	// Every template runs on the engine's runtime (runc); Kubernetes
+	// runs an exported one (template export).
+	return fmt.Sprintf("%d MiB\t%s\t%s\t%s\trunc", i.SizeBytes>>20, i.Created.Format(time.DateTime), build, hash)
 }

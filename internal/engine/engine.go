@@ -12,6 +12,7 @@ import (
 	"context"
 	"log/slog"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/config"
@@ -31,6 +32,7 @@ type Runtime interface {
 type Engine struct {
 	*sandbox.Manager
 	Runtime Runtime // the runtime under the Manager
+	uses    *templateUses
 }
 
 // Open starts the runtime (as instance) and the sandbox manager.
@@ -54,16 +56,30 @@ func Open(ctx context.Context, cfg config.Config, instance string, idle time.Dur
 	// Paused sandboxes' checkpoints are kept on disk beside the runtime's
 	// state: they are their memory, which a pause frees.
 	checkpoints := func(c *sandbox.Config) { c.CheckpointDir = filepath.Join(cfg.DataDir, "checkpoints") }
-	return open(ctx, rt, templates{cfg.DataDir}, idle, log, append([]func(*sandbox.Config){checkpoints}, opts...))
+	uses := &templateUses{held: map[string]func(){}}
+	e, err := open(ctx, rt, templates{dataDir: cfg.DataDir, uses: uses}, idle, log, append([]func(*sandbox.Config){checkpoints}, opts...))
+	if err != nil {
+		uses.releaseAll()
+		return nil, err
+	}
+	e.uses = uses
+	return e, nil
 }
 
 // templates are the data dir's, with the runtime each may name
-// (sandbox.TemplateRuntimes).
-type templates struct{ dataDir string }
+// (sandbox.TemplateRuntimes); each one a sandbox starts on is held
+// (templateUses) until the engine closes.
+type templates struct {
+	dataDir string
+	uses    *templateUses
+}
 
 func (t templates) RootFS(name string) (string, error) {
 	info, err := template.Get(t.dataDir, name)
-	return info.Path, err
+	if err != nil {
+		return "", err
+	}
+	return info.Path, t.uses.use(t.dataDir, name)
 }
 
 func (t templates) Runtime(name string) string {
@@ -72,6 +88,38 @@ func (t templates) Runtime(name string) string {
 		return "" // the create's RootFS says why
 	}
 	return info.Runtime
+}
+
+// templateUses are the templates an engine has started sandboxes of,
+// each held (template.Use) until the engine closes, so that `template rm`
+// refuses them.
+type templateUses struct {
+	// mu guards held.
+	mu   sync.Mutex
+	held map[string]func()
+}
+
+func (u *templateUses) use(dataDir, name string) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if _, ok := u.held[name]; ok {
+		return nil
+	}
+	release, err := template.Use(dataDir, name)
+	if err != nil {
+		return err
+	}
+	u.held[name] = release
+	return nil
+}
+
+func (u *templateUses) releaseAll() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for n, release := range u.held {
+		release()
+		delete(u.held, n)
+	}
 }
 
 // open starts the sandbox manager over rt; on error it closes rt.
@@ -94,6 +142,9 @@ func (e *Engine) Close(ctx context.Context) error {
 	err := e.Manager.Close(ctx)
 	if cerr := e.Runtime.Close(); err == nil {
 		err = cerr
+	}
+	if e.uses != nil {
+		e.uses.releaseAll()
 	}
 	return err
 }

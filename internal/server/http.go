@@ -49,6 +49,7 @@ func (s *Server) routesInto(mux *http.ServeMux) {
 	s.webhookRoutes(add)
 	s.secretRoutes(add)
 	s.volumeRoutes(add)
+	s.templateRoutes(add)
 	s.batchRoutes(add)
 	s.identityRoutes(add)
 	s.accountRoutes(add)

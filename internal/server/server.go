@@ -250,9 +250,10 @@
 // OpenAPI document), internal/preview (what a preview is: its forms,
 // credentials and proxy), internal/session (a session's execution
 // shape and its ask loop), internal/volume (a volume's files, their
-// errors and entries: volumes.go) and internal/batch (batch jobs: what
+// errors and entries: volumes.go), internal/batch (batch jobs: what
 // runs when; batches.go runs each item through the create and execute
-// paths).
+// paths) and internal/template (the built templates and Dockerfile
+// builds: templates.go; the RUN steps' runner is handed in).
 // Never a runtime implementation: the engine is handed in.
 package server
 
@@ -288,6 +289,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/secrets"
 	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/template"
 	"github.com/sheepfold/sheepfold/internal/webhooks"
 )
 
@@ -355,6 +357,12 @@ type Config struct {
 	// create it has no room for (503 ERR_CAPACITY too).
 	HostMemoryBytes int64
 	Overcommit      float64
+	// TemplateRunner runs the RUN steps of template builds (POST
+	// /v1/templates, templates.go); nil: the server builds no templates
+	// (501). TemplateUIDShift is the templates' uid shift (the runtime's
+	// mapping).
+	TemplateRunner   template.StepRunner
+	TemplateUIDShift uint32
 	// DataDir is where the server keeps its database and sandboxes;
 	// /readyz is not ready while it has less than MinFreeDiskBytes free
 	// [256 MiB]. "" skips the check.
@@ -583,6 +591,8 @@ type Server struct {
 	secrets     *secrets.Service
 	ownBus      bool          // bus was made by New, closed by Shutdown
 	streamsDone chan struct{} // closed when Shutdown begins: event streams end
+
+	templates templateBuilds // template builds (templates.go)
 
 	http        *http.Server
 	draining    atomic.Bool

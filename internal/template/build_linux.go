@@ -470,6 +470,43 @@ func lockTemplate(ctx context.Context, dir, name string) (unlock func(), err err
 // removeStaging unmounts whatever is mounted under dir and removes it. If a
 // mount cannot be removed it leaves dir in place: removing through a mount
 // (debootstrap can bind host device nodes) would delete host files.
+// Use marks template name in use by this process until release is
+// called: a shared lock on <templates>/.<name>.use, which the kernel
+// drops with the process however it ends. Remove refuses a template that
+// any process holds (ErrInUse). The engine holds each template it has
+// started a sandbox of (internal/engine).
+func Use(dataDir, name string) (release func(), err error) {
+	if err := validName(name); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(templatesDir(dataDir), "."+name+".use"), os.O_RDONLY|os.O_CREATE|noFollow, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("use template %s: %w", name, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("use template %s: %w", name, err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// claimUnused takes <templates>/.<name>.use exclusively, without waiting:
+// ErrInUse while a process holds it (Use).
+func claimUnused(dir, name string) (release func(), err error) {
+	f, err := os.OpenFile(filepath.Join(dir, "."+name+".use"), os.O_RDONLY|os.O_CREATE|noFollow, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: a running engine (sheepfold serve or run) has sandboxes of it; stop it first", ErrInUse)
+		}
+		return nil, err
+	}
+	return func() { f.Close() }, nil
+}
+
 func removeStaging(dir string) error {
 	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
 		return nil

@@ -30,3 +30,13 @@ func shiftOwnership(ctx context.Context, root string, shift uint32) (int64, erro
 }
 
 func mountsUnder(dir string) ([]string, error) { return nil, errUnsupported }
+
+// BuildDockerfile fails: see errUnsupported.
+func BuildDockerfile(ctx context.Context, dockerfile []byte, opt DockerfileOptions) (Info, error) {
+	return Info{}, errUnsupported
+}
+
+// Use does nothing where templates cannot be built.
+func Use(dataDir, name string) (func(), error) { return func() {}, nil }
+
+func claimUnused(dir, name string) (func(), error) { return func() {}, nil }

@@ -28,7 +28,37 @@
 // host; it is Linux only (build_other.go fails with a clear error).
 // Reading templates (Get, List) works anywhere.
 //
-// This package imports only the standard library, golang.org/x/sys,
-// moby's mountinfo parser and internal/osthread (its build commands'
-// Pdeathsig); it knows nothing of sandboxes, the runtime or the server.
+// # Templates from a Dockerfile
+//
+// BuildDockerfile builds a template on top of a built one, or of an OCI
+// image (FROM oci-archive:FILE or oci:DIR: ociimport_linux.go), from a
+// Dockerfile, parsed by BuildKit's parser (ParseDockerfile; what it
+// refuses is refused at parse time with the line). Every step that
+// changes files (RUN, COPY, ADD, WORKDIR) makes a layer: an overlay of the
+// layers so far over the base template's rootfs, mounted at
+// <templates>/.layers/.tmp-*/merged, whose upper dir becomes
+// <templates>/.layers/<key>/diff once the step succeeds. The key hashes
+// the key before it, the instruction after variable expansion, the
+// environment, build args, user, working directory and labels, and the
+// content of the context files a COPY reads; the first key hashes the
+// base (its Hash, or its template.json). A layer whose key is there is
+// reused; the last key is the template's Hash. RUN is a StepRunner's (the
+// engine's: internal/runtime/oci's StepRunner, a runc container without
+// network); COPY and ADD read the context and write the overlay through
+// os.Root, so no path or symbolic link leaves either tree. The template
+// is then the base's rootfs copied as hard links (cp -al) with each
+// layer's upper dir applied in order (whiteouts delete, opaque dirs
+// replace, files are hard-linked in), installed as Build installs. ENV,
+// USER, WORKDIR and the labels sheepfold.start and sheepfold.ready are kept
+// in its Info. The log of each name's last build is kept in
+// <templates>/.logs/<name>.log (BuildLog).
+//
+// Use marks a template in use by a process (a shared flock on
+// <templates>/.<name>.use, which the engine takes for each template it
+// starts sandboxes of); Remove refuses one in use (ErrInUse).
+//
+// This package imports the standard library, golang.org/x/sys, moby's
+// mountinfo parser, BuildKit's Dockerfile parser, instructions and shell
+// lexer, the OCI image-spec types, and internal/osthread (its build commands' Pdeathsig); it knows
+// nothing of sandboxes, the runtime or the server.
 package template

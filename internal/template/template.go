@@ -35,6 +35,9 @@ var (
 	// uid shift, suite or package list, or an old format); rebuild it with
 	// BuildOptions.Force.
 	ErrStale = errors.New("template stale")
+	// ErrInUse: a running engine holds the template (Use); it is not
+	// removed.
+	ErrInUse = errors.New("template in use")
 )
 
 // Definition says what a template contains.
@@ -59,6 +62,18 @@ type Info struct {
 	// Runtime is the runtime of the template's sandboxes that name none
 	// ("runc" or "gvisor"; SetRuntime); "" leaves it to the server.
 	Runtime string `json:"runtime,omitempty"`
+
+	// Of a template built from a Dockerfile (BuildDockerfile):
+	Hash         string            `json:"hash,omitempty"` // "sha256:..." of its inputs: the same inputs, the same hash
+	From         string            `json:"from,omitempty"` // the template it was built FROM
+	Env          []string          `json:"env,omitempty"`  // ENV, "K=V"
+	User         string            `json:"user,omitempty"` // USER
+	WorkDir      string            `json:"workdir,omitempty"`
+	Start        string            `json:"start,omitempty"` // LABEL sheepfold.start
+	Ready        string            `json:"ready,omitempty"` // LABEL sheepfold.ready
+	Labels       map[string]string `json:"labels,omitempty"`
+	BuildSeconds float64           `json:"build_seconds,omitempty"`
+	StepsBuilt   int               `json:"steps_built,omitempty"` // steps not taken from the layer cache
 }
 
 // Runtimes are the values of Info.Runtime besides "".
@@ -168,6 +183,10 @@ var (
 	suiteRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
 	packageRE = regexp.MustCompile(`^[a-z0-9][a-z0-9+.-]+$`) // Debian policy 5.6.1
 )
+
+// ValidName checks a template's name: [a-z0-9][a-z0-9_-]*, at most 63
+// characters.
+func ValidName(name string) error { return validName(name) }
 
 func validName(name string) error {
 	if !nameRE.MatchString(name) {
@@ -287,6 +306,11 @@ func Remove(dataDir, name string) error {
 	if _, err := os.Lstat(final); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove template %s: %w", name, ErrNotBuilt) // removed while we waited
 	}
+	unuse, err := claimUnused(dir, name)
+	if err != nil {
+		return fmt.Errorf("remove template %s: %w", name, err)
+	}
+	defer unuse()
 	aside := asideName(dir, name)
 	if err := os.Rename(final, aside); err != nil {
 		return fmt.Errorf("remove template %s: %w", name, err)

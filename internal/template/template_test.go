@@ -723,7 +723,7 @@ func leftovers(t *testing.T, dataDir string, templates ...string) []string {
 	}
 	var out []string
 	for _, e := range ents {
-		if strings.HasSuffix(e.Name(), ".lock") || slices.Contains(templates, e.Name()) {
+		if strings.HasSuffix(e.Name(), ".lock") || strings.HasSuffix(e.Name(), ".use") || slices.Contains(templates, e.Name()) {
 			continue
 		}
 		out = append(out, e.Name())

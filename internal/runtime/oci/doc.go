@@ -267,6 +267,13 @@
 //     network, CRIU's iptables lock and unlock of the new network namespace,
 //     whose lo stays down until CRIU is done (TestRestoreLocksNoNetwork).
 //
+//   - Template build steps (StepRunner, buildstep_linux.go): the RUN steps
+//     of Dockerfile builds (internal/template), each a `runc run` of its
+//     own on the half-built template, with a user namespace runc makes
+//     (0..65535 to the template's shifted ids), no network but lo, the
+//     sandboxes' seccomp profile, root's capabilities only, and a cgroup
+//     under /sheepfold-build; `runc delete --force` follows every step.
+//
 // Imports: internal/runtime (the interface it implements), internal/backoff
 // (the sweep's retries), internal/cgroup (a cgroup's usage counters, read
 // as the agent reads them), the OCI spec types, moby's seccomp profile and mountinfo parser, runc's cgroup

@@ -5,6 +5,7 @@ package oci
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/sheepfold/sheepfold/internal/runtime"
@@ -63,3 +64,19 @@ func (*OCI) Changes(context.Context, string, string, string) (runtime.Changes, e
 
 // CDIDevices lists no devices: devices need Linux.
 func CDIDevices([]string) ([]runtime.Device, error) { return nil, nil }
+
+// StepRunner runs template build steps; it needs Linux.
+type StepRunner struct{ RuntimePath, Dir string }
+
+// Step is one command of a build.
+type Step struct {
+	RootFS   string
+	Args     []string
+	Env      []string
+	Cwd      string
+	UID, GID uint32
+	HostID   uint32
+}
+
+// Run fails: build steps need Linux.
+func (StepRunner) Run(context.Context, Step, io.Writer) error { return runtime.ErrUnsupported }

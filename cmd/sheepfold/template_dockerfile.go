@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sheepfold/sheepfold/internal/config"
+	sfengine "github.com/sheepfold/sheepfold/internal/engine"
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
+	"github.com/sheepfold/sheepfold/internal/template"
+)
+
+// buildDockerfile is `template build -f`.
+func buildDockerfile(ctx context.Context, cfg *config.Config, name, file, contextDir string, buildArgs []string,
+	noCache, quiet bool, logFile string) error {
+	if cfg.RuntimePath == "" {
+		cfg.RuntimePath = filepath.Join(cfg.DataDir, "bin", "runc")
+	}
+	var src []byte
+	var err error
+	if file == "-" {
+		src, err = io.ReadAll(os.Stdin)
+	} else {
+		src, err = os.ReadFile(file)
+	}
+	if err != nil {
+		return err
+	}
+	if contextDir == "" && file != "-" {
+		contextDir = filepath.Dir(file)
+	}
+	if contextDir != "" {
+		if contextDir, err = filepath.Abs(contextDir); err != nil {
+			return err
+		}
+	}
+	args := map[string]string{}
+	for _, a := range buildArgs {
+		k, v, ok := strings.Cut(a, "=")
+		if !ok {
+			v, ok = os.LookupEnv(k)
+		}
+		if ok {
+			args[k] = v
+		}
+	}
+	opt := template.DockerfileOptions{
+		DataDir: cfg.DataDir, Name: name, Context: contextDir, BuildArgs: args,
+		UIDShift: oci.DefaultIDMap.HostID, Runner: sfengine.StepRunner(*cfg), NoCache: noCache,
+	}
+	var logs []io.Writer
+	if !quiet {
+		logs = append(logs, os.Stderr)
+	}
+	if logFile != "" {
+		f, err := os.Create(logFile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		logs = append(logs, f)
+	}
+	if len(logs) > 0 {
+		opt.Log = io.MultiWriter(logs...)
+	}
+	start := time.Now()
+	info, err := template.BuildDockerfile(ctx, src, opt)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("template %s ready at %s (%d MiB, %s, %s)\n", info.Name, info.Path, info.SizeBytes>>20,
+		time.Since(start).Round(100*time.Millisecond), info.Hash)
+	return nil
+}
+
+// templateImportCmd is `template import`: a template from an OCI image
+// (an archive or a layout directory), built as the Dockerfile
+// "FROM oci-archive:FILE" (or "FROM oci:DIR") would be.
+func templateImportCmd(cfg *config.Config) *cobra.Command {
+	var quiet bool
+	cmd := &cobra.Command{
+		Use:   "import FILE|DIR NAME",
+		Short: "Make a template from an OCI image: an archive (docker save, skopeo oci-archive:, template export) or a layout directory",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := cfg.ResolveDataDir(); err != nil {
+				return err
+			}
+			src, err := filepath.Abs(args[0])
+			if err != nil {
+				return err
+			}
+			fi, err := os.Stat(src)
+			if err != nil {
+				return err
+			}
+			ref := "oci-archive:" + src
+			if fi.IsDir() {
+				ref = "oci:" + src
+			}
+			df, err := os.CreateTemp("", "sheepfold-import-*.Dockerfile")
+			if err != nil {
+				return err
+			}
+			defer os.Remove(df.Name())
+			if _, err := fmt.Fprintf(df, "FROM %s\n", ref); err != nil {
+				df.Close()
+				return err
+			}
+			df.Close()
+			return buildDockerfile(cmd.Context(), cfg, args[1], df.Name(), "", nil, false, quiet, "")
+		},
+	}
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "no build log on standard error")
+	return cmd
+}

@@ -1,0 +1,197 @@
+package oci
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// StepRunner runs the RUN steps of template builds (template.StepRunner,
+// through the wiring): each in a runc container of its own whose root is
+// the half-built template, with
+//   - a user namespace mapping 0..65535 to the template's shifted ids
+//     (Step.HostID..+65535), made by runc;
+//   - pid, mount, ipc, uts, cgroup and network namespaces: the network
+//     has only lo, so a step reaches no host and no registry;
+//   - root's capabilities RootCapabilities only (none for another
+//     USER), no_new_privs, SeccompProfile, NamespaceLimits (no further
+//     namespaces), Docker's masked and read-only paths;
+//   - a cgroup of its own under /sheepfold-build with StepMemoryBytes
+//     and StepPids.
+//
+// Run returns once the step's first process has ended; its pid namespace
+// ends everything else it started, and runc delete --force removes the
+// container and its cgroup whatever happened, so no process outlives it.
+type StepRunner struct {
+	RuntimePath string // runc
+	// Dir holds the bundles (Dir/bundles/<id>) and runc's state
+	// (Dir/runc) while steps run.
+	Dir string
+}
+
+// Step is one command of a build.
+type Step struct {
+	RootFS   string
+	Args     []string
+	Env      []string
+	Cwd      string
+	UID, GID uint32 // in the container
+	HostID   uint32 // container id 0 is this host id
+}
+
+// Limits of a build step's cgroup.
+const (
+	StepMemoryBytes = 4 << 30
+	StepPids        = 4096
+)
+
+// Run runs s and returns its error: a non-zero exit, or the context's.
+func (r StepRunner) Run(ctx context.Context, s Step, out io.Writer) (err error) {
+	if r.RuntimePath == "" || r.Dir == "" {
+		return errors.New("step runner: RuntimePath and Dir are required")
+	}
+	if len(s.Args) == 0 {
+		return errors.New("step runner: no command")
+	}
+	id := "build-" + strings.ToLower(rand.Text()[:16])
+	runcRoot := filepath.Join(r.Dir, "runc")
+	bundle := filepath.Join(r.Dir, "bundles", id)
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return err
+	}
+	defer func() {
+		// Whatever happened: the container (and so every process of
+		// it) and its cgroup go, then the bundle.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		var o bytes.Buffer
+		d := exec.CommandContext(dctx, r.RuntimePath, "--root", runcRoot, "delete", "--force", id)
+		d.Stdout, d.Stderr = &o, &o
+		if derr := d.Run(); derr != nil && !strings.Contains(o.String(), "does not exist") {
+			err = errors.Join(err, fmt.Errorf("runc delete %s: %w: %s", id, derr, strings.TrimSpace(o.String())))
+		}
+		err = errors.Join(err, os.RemoveAll(bundle))
+		removeStepCgroupParents()
+	}()
+	spec, err := stepSpec(s, id)
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
+		return err
+	}
+	cmd := exec.Command(r.RuntimePath, "--root", runcRoot, "run", "--bundle", bundle, id)
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("runc run: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		kill := exec.Command(r.RuntimePath, "--root", runcRoot, "kill", id, "KILL")
+		_ = kill.Run()
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+		return ctx.Err()
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return fmt.Errorf("exit status %d", ee.ExitCode())
+	}
+	return err
+}
+
+// stepSpec is the OCI spec of one build step (see StepRunner).
+func stepSpec(s Step, id string) (*specs.Spec, error) {
+	caps := &specs.LinuxCapabilities{Bounding: []string{}, Effective: []string{}, Permitted: []string{},
+		Inheritable: []string{}, Ambient: []string{}}
+	if s.UID == 0 {
+		c := slices.Clone(RootCapabilities)
+		caps.Bounding, caps.Effective, caps.Permitted = c, slices.Clone(c), slices.Clone(c)
+	}
+	mem, pids := int64(StepMemoryBytes), int64(StepPids)
+	sc, err := SeccompProfile()
+	if err != nil {
+		return nil, err
+	}
+	cwd := s.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	ids := []specs.LinuxIDMapping{{ContainerID: 0, HostID: s.HostID, Size: DefaultIDMap.Size}}
+	return &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User:            specs.User{UID: s.UID, GID: s.GID},
+			Args:            s.Args,
+			Env:             s.Env,
+			Cwd:             cwd,
+			Capabilities:    caps,
+			NoNewPrivileges: true,
+		},
+		Root:     &specs.Root{Path: s.RootFS},
+		Hostname: "build",
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		},
+		Linux: &specs.Linux{
+			UIDMappings: ids,
+			GIDMappings: slices.Clone(ids),
+			CgroupsPath: "/" + stepCgroupParent + "/" + id,
+			Resources: &specs.LinuxResources{
+				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+				Memory:  &specs.LinuxMemory{Limit: &mem, Swap: &mem},
+				Pids:    &specs.LinuxPids{Limit: &pids},
+			},
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.UserNamespace},
+				{Type: specs.CgroupNamespace},
+			},
+			Sysctl:        maps.Clone(NamespaceLimits),
+			MaskedPaths:   maskedPaths,
+			ReadonlyPaths: readonlyPaths,
+			Seccomp:       sc,
+		},
+	}, nil
+}
+
+// stepCgroupParent holds the build steps' cgroups.
+const stepCgroupParent = "sheepfold-build"
+
+// removeStepCgroupParents removes the steps' parent cgroup in each
+// hierarchy once no step's cgroup is in it (a step running elsewhere
+// keeps it: rmdir fails with EBUSY and it stays for that step's end).
+func removeStepCgroupParents() {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", stepCgroupParent))
+	for _, d := range append(dirs, filepath.Join("/sys/fs/cgroup", stepCgroupParent)) {
+		_ = os.Remove(d)
+	}
+}

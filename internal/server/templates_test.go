@@ -1,0 +1,160 @@
+package server_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/template"
+	"github.com/sheepfold/sheepfold/internal/testutil"
+)
+
+// noRunner is a StepRunner for builds without RUN.
+type noRunner struct{}
+
+func (noRunner) RunStep(context.Context, template.RunStep, io.Writer) error {
+	panic("no RUN expected")
+}
+
+type tarEntry struct {
+	name, body, link string
+	typ              byte
+}
+
+func tarOf(t *testing.T, entries ...tarEntry) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		h := &tar.Header{Name: e.name, Mode: 0o644, Size: int64(len(e.body)), Typeflag: e.typ, Linkname: e.link}
+		if e.typ == 0 {
+			h.Typeflag = tar.TypeReg
+		}
+		if h.Typeflag != tar.TypeReg {
+			h.Size = 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			tw.Write([]byte(e.body))
+		}
+	}
+	tw.Close()
+	return buf.Bytes()
+}
+
+// TestTemplateBuildAPI: admin keys build a template from a Dockerfile in
+// a context tar, poll it to its end and read its log; GET /v1/templates
+// lists it; other keys may list but not build; a bad Dockerfile is a 400
+// naming its line; a tar entry cannot land outside the context.
+func TestTemplateBuildAPI(t *testing.T) {
+	testutil.RequireRoot(t)
+	data := t.TempDir()
+	base := filepath.Join(data, "templates", "base")
+	testutil.WriteTree(t, filepath.Join(base, "rootfs"), map[string]string{"etc/passwd": "root:x:0:0::/root:/bin/sh\n"})
+	info, _ := json.Marshal(template.Info{Name: "base", Suite: "bookworm", Version: template.FormatVersion, UIDShift: 1000})
+	if err := os.WriteFile(filepath.Join(base, "template.json"), info, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, server.Config{DataDir: data, TemplateRunner: noRunner{}, TemplateUIDShift: 1000})
+	admin := e.adminKey()
+	ctxTar := tarOf(t,
+		tarEntry{name: "Dockerfile", body: "FROM base\nENV A=1\nCOPY app.py /opt/app.py\nLABEL sheepfold.start=\"python3 /opt/app.py\"\n"},
+		tarEntry{name: "app.py", body: "print('hi')\n"})
+
+	want(t, e.do("POST", "/v1/templates?name=app", e.keyA, ctxTar), http.StatusForbidden, "ERR_FORBIDDEN")
+	wantMsg(t, e.do("POST", "/v1/templates?name=Bad%20Name", admin, ctxTar), http.StatusBadRequest, "ERR_BAD_REQUEST", "name")
+	wantMsg(t, e.do("POST", "/v1/templates?name=app", admin, tarOf(t, tarEntry{name: "Dockerfile", body: "FROM base\nBOGUS x\n"})),
+		http.StatusBadRequest, "ERR_BAD_REQUEST", "line 2: unknown instruction: BOGUS")
+	wantMsg(t, e.do("POST", "/v1/templates?name=app", admin, tarOf(t, tarEntry{name: "nothing", body: ""})),
+		http.StatusBadRequest, "ERR_BAD_REQUEST", `no Dockerfile "Dockerfile"`)
+	// Context escape through the tar: .. names, and a link then a file
+	// under it.
+	outside := t.TempDir()
+	for _, bad := range [][]tarEntry{
+		{{name: "../../escaped", body: "x"}},
+		{{name: "/abs", body: "x"}},
+		{{name: "l", typ: tar.TypeSymlink, link: outside}, {name: "l/escaped", body: "x"}},
+	} {
+		wantMsg(t, e.do("POST", "/v1/templates?name=app", admin, tarOf(t, bad...)), http.StatusBadRequest, "ERR_BAD_REQUEST", "build context")
+	}
+	if ents, _ := os.ReadDir(outside); len(ents) > 0 {
+		t.Fatalf("a tar entry landed outside the context: %v", ents)
+	}
+	// Control: unpacked naively (a path join), the link's entry does land
+	// outside.
+	scratch := t.TempDir()
+	if err := os.Symlink(outside, filepath.Join(scratch, "l")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(scratch, "l", "escaped"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(outside, "escaped")); err != nil {
+		t.Fatalf("control: the naive write did not land outside: %v", err)
+	}
+
+	r := e.do("POST", "/v1/templates?name=app", admin, ctxTar)
+	want(t, r, http.StatusAccepted, "")
+	var b struct {
+		ID, Status, Error string
+		Template          *struct{ Hash, Start string }
+	}
+	json.Unmarshal(r.body, &b)
+	if b.Status != "running" || !strings.HasPrefix(b.ID, "tb_") {
+		t.Fatalf("build: %s", r.body)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for b.Status == "running" {
+		if time.Now().After(deadline) {
+			t.Fatal("the build did not end")
+		}
+		time.Sleep(20 * time.Millisecond)
+		r = e.do("GET", "/v1/templates/builds/"+b.ID, admin, nil)
+		want(t, r, http.StatusOK, "")
+		json.Unmarshal(r.body, &b)
+	}
+	if b.Status != "done" || b.Template == nil || !strings.HasPrefix(b.Template.Hash, "sha256:") || b.Template.Start != "python3 /opt/app.py" {
+		t.Fatalf("ended build: %s", r.body)
+	}
+	want(t, e.do("GET", "/v1/templates/builds/"+b.ID, e.keyA, nil), http.StatusForbidden, "ERR_FORBIDDEN")
+	want(t, e.do("GET", "/v1/templates/builds/tb_nope", admin, nil), http.StatusNotFound, "ERR_NOT_FOUND")
+	r = e.do("GET", "/v1/templates/builds/"+b.ID+"/log", admin, nil)
+	if r.status != http.StatusOK || !strings.Contains(string(r.body), "COPY app.py /opt/app.py") {
+		t.Fatalf("log: %d %s", r.status, r.body)
+	}
+	r = e.do("GET", "/v1/templates", e.keyA, nil)
+	want(t, r, http.StatusOK, "")
+	var list struct {
+		Templates []struct{ Name, Hash, Runtime, From string }
+	}
+	json.Unmarshal(r.body, &list)
+	if len(list.Templates) != 2 || list.Templates[0].Name != "app" || list.Templates[0].Hash != b.Template.Hash ||
+		list.Templates[0].From != "base" || list.Templates[0].Runtime != "runc" {
+		t.Fatalf("list: %s", r.body)
+	}
+	if got, err := os.ReadFile(filepath.Join(data, "templates", "app", "rootfs", "opt", "app.py")); err != nil || string(got) != "print('hi')\n" {
+		t.Fatalf("built file: %q, %v", got, err)
+	}
+}
+
+// TestTemplateBuildNotSupported: a server without a step runner builds
+// nothing.
+func TestTemplateBuildNotSupported(t *testing.T) {
+	e := newEnv(t, server.Config{})
+	want(t, e.do("POST", "/v1/templates?name=x", e.adminKey(), tarOf(t)), http.StatusNotImplemented, "ERR_NOT_SUPPORTED")
+	r := e.do("GET", "/v1/templates", e.keyA, nil)
+	if r.status != http.StatusOK || !strings.Contains(string(r.body), `"templates":[]`) {
+		t.Fatalf("list: %d %s", r.status, r.body)
+	}
+}
