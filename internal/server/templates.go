@@ -2,8 +2,6 @@ package server
 
 import (
 	"archive/tar"
-	"bufio"
-	"compress/gzip"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -228,17 +226,11 @@ func (s *Server) templateBuildLog(w http.ResponseWriter, r *http.Request) error 
 // Regular files, directories and symbolic links are kept; other types are
 // refused.
 func unpackContext(r io.Reader, dir string) error {
-	br := bufio.NewReader(r)
-	if head, _ := br.Peek(2); len(head) == 2 && head[0] == 0x1f && head[1] == 0x8b {
-		gz, err := gzip.NewReader(br)
-		if err != nil {
-			return err
-		}
-		defer gz.Close()
-		r = gz
-	} else {
-		r = br
+	r, closeGz, err := template.MaybeGunzip(r)
+	if err != nil {
+		return err
 	}
+	defer closeGz()
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return err

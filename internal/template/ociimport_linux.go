@@ -2,8 +2,6 @@ package template
 
 import (
 	"archive/tar"
-	"bufio"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -255,17 +253,11 @@ func unpackLayer(ctx context.Context, lr *os.Root, d v1.Descriptor, root string)
 // layer, it applies whiteouts and keeps owners (unshifted: the caller
 // shifts them), else it is a plain archive of files and directories.
 func untar(ctx context.Context, r io.Reader, dir string, layer bool) error {
-	br := bufio.NewReader(r)
-	if head, _ := br.Peek(2); len(head) == 2 && head[0] == 0x1f && head[1] == 0x8b {
-		gz, err := gzip.NewReader(br)
-		if err != nil {
-			return err
-		}
-		defer gz.Close()
-		r = gz
-	} else {
-		r = br
+	r, closeGz, err := MaybeGunzip(r)
+	if err != nil {
+		return err
 	}
+	defer closeGz()
 	rr, err := os.OpenRoot(dir)
 	if err != nil {
 		return err
