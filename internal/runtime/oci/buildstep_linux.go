@@ -73,20 +73,7 @@ func (r StepRunner) Run(ctx context.Context, s Step, out io.Writer) (err error) 
 	if err := os.MkdirAll(bundle, 0o700); err != nil {
 		return err
 	}
-	defer func() {
-		// Whatever happened: the container (and so every process of
-		// it) and its cgroup go, then the bundle.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		var o bytes.Buffer
-		d := exec.CommandContext(dctx, r.RuntimePath, "--root", runcRoot, "delete", "--force", id)
-		d.Stdout, d.Stderr = &o, &o
-		if derr := d.Run(); derr != nil && !strings.Contains(o.String(), "does not exist") {
-			err = errors.Join(err, fmt.Errorf("runc delete %s: %w: %s", id, derr, strings.TrimSpace(o.String())))
-		}
-		err = errors.Join(err, os.RemoveAll(bundle))
-		removeStepCgroupParents()
-	}()
+	defer func() { err = errors.Join(err, r.cleanStep(context.WithoutCancel(ctx), id, bundle)) }()
 	spec, err := stepSpec(s, id)
 	if err != nil {
 		return err
@@ -181,6 +168,32 @@ func stepSpec(s Step, id string) (*specs.Spec, error) {
 			Seccomp:       sc,
 		},
 	}, nil
+}
+
+// cleanStep removes step id whatever happened: its container (and so
+// every process of it), its cgroups, then its bundle. A runc killed while
+// it made the container (a cancelled build) leaves cgroups but no state
+// for `runc delete` to find: they are killed and removed by their path.
+func (r StepRunner) cleanStep(ctx context.Context, id, bundle string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var err error
+	var o bytes.Buffer
+	d := exec.CommandContext(ctx, r.RuntimePath, "--root", filepath.Join(r.Dir, "runc"), "delete", "--force", id)
+	d.Stdout, d.Stderr = &o, &o
+	if derr := d.Run(); derr != nil && !strings.Contains(o.String(), "does not exist") {
+		err = fmt.Errorf("runc delete %s: %w: %s", id, derr, strings.TrimSpace(o.String()))
+	}
+	if c, cerr := detectCgroups(stepCgroupParent); cerr != nil {
+		err = errors.Join(err, cerr)
+	} else if kerr := c.kill(id); kerr != nil {
+		err = errors.Join(err, kerr)
+	} else {
+		err = errors.Join(err, c.remove(id))
+	}
+	err = errors.Join(err, os.RemoveAll(bundle))
+	removeStepCgroupParents()
+	return err
 }
 
 // stepCgroupParent holds the build steps' cgroups.
