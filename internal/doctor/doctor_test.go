@@ -411,6 +411,9 @@ func TestMemoryCountsDisksInMemoryOnly(t *testing.T) {
 // expects.
 func TestGVisorPinnedAsGoMod(t *testing.T) {
 	b, err := os.ReadFile("../../go.mod")
+	if err != nil && testutil.InGuest() {
+		t.Skip("the cgroup v2 guest has no source tree")
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -480,6 +480,11 @@ func Use(dataDir, name string) (release func(), err error) {
 		return nil, err
 	}
 	f, err := os.OpenFile(filepath.Join(templatesDir(dataDir), "."+name+".use"), os.O_RDONLY|os.O_CREATE|noFollow, 0o600)
+	if errors.Is(err, unix.EROFS) {
+		// A read-only data dir (a server in a container, its templates
+		// mounted read-only): no `template rm` can remove one there.
+		return func() {}, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("use template %s: %w", name, err)
 	}

@@ -65,11 +65,12 @@ host() {
 }
 
 # gotest PKG [go test flags]: a compiled test binary (these packages have
-# no testdata), verbose enough to show what ran.
+# no testdata), verbose enough to show what ran. The guest has no gVisor
+# (its runsc pass is the host's, make test-gvisor) and no source tree.
 gotest() {
 	local pkg=$1
 	shift
-	(cd /opt/ci && SHEEPFOLD_AGENT_BIN=/opt/ci/sheepfold-agent \
+	(cd /opt/ci && SHEEPFOLD_AGENT_BIN=/opt/ci/sheepfold-agent SHEEPFOLD_TEST_GUEST=1 \
 		"/opt/ci/$(basename "$pkg").test" -test.v -test.count=1 -test.timeout=15m "$@" 2>&1 |
 		grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic|\s+\S+_test\.go)' | grep -v '^=== RUN')
 	return "${PIPESTATUS[0]}"
