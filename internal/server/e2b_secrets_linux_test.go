@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -29,6 +28,68 @@ import (
 // store it reads) exists, before any sandbox does.
 type lateSecrets struct{ egress.Secrets }
 
+// echoServer is a loopback HTTP server standing for the hosts a sandbox's
+// gateway routes to it: it answers "ok" and records one line per request.
+type echoServer struct {
+	addr netip.AddrPort
+	mu   sync.Mutex
+	seen []string
+}
+
+// startEcho serves until the test ends; line says what to record of a
+// request and its body.
+func startEcho(t *testing.T, line func(r *http.Request, body []byte) string) *echoServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &echoServer{addr: netip.MustParseAddrPort(ln.Addr().String())}
+	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		s.mu.Lock()
+		s.seen = append(s.seen, line(r, b))
+		s.mu.Unlock()
+		fmt.Fprint(w, "ok")
+	})}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+	return s
+}
+
+// received returns what was recorded since the last call.
+func (s *echoServer) received() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.seen
+	s.seen = nil
+	return out
+}
+
+// egressEnv is a runc server whose gateways resolve api.test (203.0.113.10)
+// and other.test (203.0.113.11), route both to echo, and read secrets from
+// the server's own store as the real server wires them; more adjusts the
+// engine's config further.
+func egressEnv(t *testing.T, cfg server.Config, echo *echoServer, more func(*sandbox.Config)) (*env, *server.EgressSecrets) {
+	t.Helper()
+	api, other := netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11")
+	late := &lateSecrets{}
+	e := runcEnvWith(t, cfg, func(c *sandbox.Config) {
+		c.Egress.Secrets = late
+		c.Egress.Test = &egress.TestNet{
+			Hosts:  map[string][]netip.Addr{"api.test": {api}, "other.test": {other}},
+			Routes: map[netip.AddrPort]netip.AddrPort{netip.AddrPortFrom(api, 80): echo.addr, netip.AddrPortFrom(other, 80): echo.addr},
+		}
+		if more != nil {
+			more(c)
+		}
+	})
+	res := server.NewEgressSecrets(e.store, e.srv.Secrets(), nil)
+	t.Cleanup(res.Close)
+	late.Secrets = res
+	return e, res
+}
+
 // TestE2BSecretInjected: a real sandbox created through the E2B surface
 // (POST /v2/sandboxes) whose envVars hold E2B's placeholder
 // ${e2b.secrets.openai-api-key} and whose network.rules set
@@ -44,34 +105,10 @@ type lateSecrets struct{ egress.Secrets }
 // account's events (what webhooks deliver) or the database files.
 func TestE2BSecretInjected(t *testing.T) {
 	const v1, v2 = "sk-E2B-RULE-1a2b3c4d5e", "sk-E2B-RULE-9f8e7d6c5b"
-	var mu sync.Mutex
-	var seen []string
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		mu.Lock()
-		seen = append(seen, r.Host+" "+r.Header.Get("Authorization")+" "+string(b))
-		mu.Unlock()
-		fmt.Fprint(w, "ok")
-	})}
-	go hs.Serve(ln)
-	t.Cleanup(func() { hs.Close() })
-	srv := netip.MustParseAddrPort(ln.Addr().String())
-	api, other := netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11")
-	late := &lateSecrets{}
-	e := runcEnvWith(t, server.Config{}, func(c *sandbox.Config) {
-		c.Egress.Secrets = late
-		c.Egress.Test = &egress.TestNet{
-			Hosts:  map[string][]netip.Addr{"api.test": {api}, "other.test": {other}},
-			Routes: map[netip.AddrPort]netip.AddrPort{netip.AddrPortFrom(api, 80): srv, netip.AddrPortFrom(other, 80): srv},
-		}
+	echo := startEcho(t, func(r *http.Request, b []byte) string {
+		return r.Host + " " + r.Header.Get("Authorization") + " " + string(b)
 	})
-	res := server.NewEgressSecrets(e.store, e.srv.Secrets(), nil)
-	t.Cleanup(res.Close)
-	late.Secrets = res
+	e, _ := egressEnv(t, server.Config{}, echo, nil)
 
 	r := e.e2bDo("POST", "/secrets", e.keyA, map[string]any{"name": "openai-api-key", "value": v1})
 	if r.status != http.StatusCreated {
@@ -106,13 +143,7 @@ print(os.environ["OPENAI_API_KEY"], ` + calls + `, sep=" | ")
 		want(t, r, http.StatusOK, "")
 		return strings.TrimSpace(r.json(t)["stdout"].(string))
 	}
-	received := func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		out := seen
-		seen = nil
-		return out
-	}
+	received := echo.received
 
 	// The control: without rules the placeholder leaves as it is written.
 	ctl := create(false)
@@ -210,38 +241,14 @@ type lateIdentity struct{ egress.Identity }
 // token, and its own header holding E2B's placeholder is refused (403
 // ERR_SECRET_MISDIRECTED), even to the rule's host.
 func TestE2BIdentityInjected(t *testing.T) {
-	var mu sync.Mutex
-	var seen []string
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		seen = append(seen, r.Header.Get("Authorization"))
-		mu.Unlock()
-		fmt.Fprint(w, "ok")
-	})}
-	go hs.Serve(ln)
-	t.Cleanup(func() { hs.Close() })
-	srv := netip.MustParseAddrPort(ln.Addr().String())
-	api := netip.MustParseAddr("203.0.113.10")
+	echo := startEcho(t, func(r *http.Request, _ []byte) string { return r.Header.Get("Authorization") })
 	is, err := identity.Load("https://sheepfold.example/", t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	late, lateID := &lateSecrets{}, &lateIdentity{}
-	e := runcEnvWith(t, server.Config{Identity: is}, func(c *sandbox.Config) {
-		c.Egress.Secrets = late
-		c.Egress.Identity = lateID
-		c.Egress.Test = &egress.TestNet{
-			Hosts:  map[string][]netip.Addr{"api.test": {api}},
-			Routes: map[netip.AddrPort]netip.AddrPort{netip.AddrPortFrom(api, 80): srv},
-		}
-	})
-	res := server.NewEgressSecrets(e.store, e.srv.Secrets(), nil)
-	t.Cleanup(res.Close)
-	late.Secrets, lateID.Identity = res, server.NewEgressIdentity(res, is)
+	lateID := &lateIdentity{}
+	e, res := egressEnv(t, server.Config{Identity: is}, echo, func(c *sandbox.Config) { c.Egress.Identity = lateID })
+	lateID.Identity = server.NewEgressIdentity(res, is)
 
 	const placeholder = "${e2b.identity.tokens.aws}"
 	sb := e.e2bCreate(e.keyA, map[string]any{"templateID": "python", "timeout": 120,
@@ -264,9 +271,7 @@ print(send({}), send({"X-Token": "` + placeholder + `"}), sep=" | ")
 	if got := strings.TrimSpace(r.json(t)["stdout"].(string)); got != "ok | 403 ERR_SECRET_MISDIRECTED" {
 		t.Fatalf("the sandbox saw %q", got)
 	}
-	mu.Lock()
-	got := slices.Clone(seen)
-	mu.Unlock()
+	got := echo.received()
 	if len(got) != 1 || !strings.HasPrefix(got[0], "Bearer ey") {
 		t.Fatalf("the server got %q", got)
 	}

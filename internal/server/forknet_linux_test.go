@@ -1,18 +1,10 @@
 package server_test
 
 import (
-	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"net/netip"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
-	"github.com/sheepfold/sheepfold/internal/egress"
-	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
 )
 
@@ -27,34 +19,8 @@ import (
 // other.test reaches it.
 func TestForkWithNetwork(t *testing.T) {
 	const value = "sk-FORK-5e4d3c2b1a0f"
-	var mu sync.Mutex
-	var seen []string
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
-		mu.Lock()
-		seen = append(seen, r.Host+" "+r.Header.Get("Authorization"))
-		mu.Unlock()
-		fmt.Fprint(w, "ok")
-	})}
-	go hs.Serve(ln)
-	t.Cleanup(func() { hs.Close() })
-	srv := netip.MustParseAddrPort(ln.Addr().String())
-	api, other := netip.MustParseAddr("203.0.113.10"), netip.MustParseAddr("203.0.113.11")
-	late := &lateSecrets{}
-	e := runcEnvWith(t, server.Config{}, func(c *sandbox.Config) {
-		c.Egress.Secrets = late
-		c.Egress.Test = &egress.TestNet{
-			Hosts:  map[string][]netip.Addr{"api.test": {api}, "other.test": {other}},
-			Routes: map[netip.AddrPort]netip.AddrPort{netip.AddrPortFrom(api, 80): srv, netip.AddrPortFrom(other, 80): srv},
-		}
-	})
-	res := server.NewEgressSecrets(e.store, e.srv.Secrets(), nil)
-	t.Cleanup(res.Close)
-	late.Secrets = res
+	echo := startEcho(t, func(r *http.Request, _ []byte) string { return r.Host + " " + r.Header.Get("Authorization") })
+	e, _ := egressEnv(t, server.Config{}, echo, nil)
 	want(t, e.do("POST", "/v1/secrets", e.keyA, map[string]any{"name": "api_key", "value": value}), http.StatusCreated, "")
 
 	network := func(allow ...string) map[string]any {
@@ -62,13 +28,7 @@ func TestForkWithNetwork(t *testing.T) {
 			"rules": []any{map[string]any{"host": "api.test", "transform": map[string]any{
 				"headers": map[string]string{"Authorization": "Bearer ${secrets.api_key}"}}}}}}
 	}
-	received := func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		out := seen
-		seen = nil
-		return out
-	}
+	received := echo.received
 	const calls = `
 import urllib.request
 def get(host):
