@@ -161,6 +161,7 @@ package kernel
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -333,27 +334,13 @@ func Start(ctx context.Context, spec agentproto.ContextSpec, opt Options) (*Kern
 	if err != nil {
 		return nil, err
 	}
-	if opt.Python == "" {
-		opt.Python = "/usr/bin/python3"
-	}
-	if opt.Node == "" {
-		opt.Node = "/usr/bin/node"
-	}
-	if opt.Bash == "" {
-		opt.Bash = "/bin/bash"
-	}
-	if opt.R == "" {
-		opt.R = "/usr/lib/R/bin/exec/R"
-	}
-	if opt.RHome == "" {
-		opt.RHome = "/usr/lib/R"
-	}
-	if opt.Java == "" {
-		opt.Java = "/usr/bin/java"
-	}
-	if opt.DefaultCwd == "" {
-		opt.DefaultCwd = "/home/user"
-	}
+	opt.Python = cmp.Or(opt.Python, "/usr/bin/python3")
+	opt.Node = cmp.Or(opt.Node, "/usr/bin/node")
+	opt.Bash = cmp.Or(opt.Bash, "/bin/bash")
+	opt.R = cmp.Or(opt.R, "/usr/lib/R/bin/exec/R")
+	opt.RHome = cmp.Or(opt.RHome, "/usr/lib/R")
+	opt.Java = cmp.Or(opt.Java, "/usr/bin/java")
+	opt.DefaultCwd = cmp.Or(opt.DefaultCwd, "/home/user")
 	if opt.InterruptGrace <= 0 {
 		opt.InterruptGrace = 500 * time.Millisecond
 	}
