@@ -736,10 +736,15 @@ func (p *pool) stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := PoolStats{Size: p.floor, Max: p.max, Nodes: len(p.nodes), Hits: p.hits.Load(), Misses: p.misses.Load()}
+	nodes := len(p.nodesFor())
+	above := 0 // wanted above the floors, which the budget bounds
 	for _, k := range p.keys {
 		st.Ready += len(p.ready[k])
-		st.Wanted += p.demand[k].target * max(1, len(p.nodes))
+		target := p.demand[k].target
+		st.Wanted += min(target, p.floorOf(k)) * nodes
+		above += max(0, target-p.floorOf(k)) * nodes
 	}
+	st.Wanted += min(above, int(p.budget/poolMemberBytes))
 	return st
 }
 

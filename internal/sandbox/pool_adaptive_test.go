@@ -147,7 +147,7 @@ func TestPoolMemoryBudget(t *testing.T) {
 	m, rt := fakeEngine(t, cfg)
 	waitReady(t, m, 1)
 	burst(t, m, 4, sandbox.CreateOptions{})
-	waitPool(t, m, "refilled", func(st sandbox.PoolStats) bool { return st.Wanted == 4 && st.Ready == 2 })
+	waitPool(t, m, "refilled", func(st sandbox.PoolStats) bool { return st.Wanted == 2 && st.Ready == 2 })
 	// Two members started after the burst, and no third was begun: by
 	// the time the second was ready, an unbounded filler (two starts at
 	// once while the pool is less than half full) had started a third.
