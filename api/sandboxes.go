@@ -154,7 +154,9 @@ type Version struct {
 // PoolStats describes the server's warm pool of sandboxes started ahead
 // (schema PoolStats).
 type PoolStats struct {
-	Size   int    `json:"size"`            // members wanted per pooled template (per node, with Nodes); 0: no pool
+	Size   int    `json:"size"`            // members always kept per pooled template (per node, with Nodes); 0: no pool
+	Max    int    `json:"max"`             // the most members one pool grows to on demand (Size: it does not adapt)
+	Wanted int    `json:"wanted"`          // members the pools aim to hold now: the floors and what demand added within the budget
 	Nodes  int    `json:"nodes,omitempty"` // nodes the members are kept on (the kubernetes backend)
 	Ready  int    `json:"ready"`           // members ready now
 	Hits   uint64 `json:"hits"`            // creates served from the pool

@@ -64,6 +64,9 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	var streamsPerKey, streamsPerAccount, maxStreams, maxConns, uiSessions, pacePerAccount int
 	overcommit := 2.0
 	poolSize := sandbox.DefaultPoolSize()
+	var poolMax int
+	var poolMemoryMB int64
+	var poolShrink time.Duration
 	var poolTemplates []string
 	var eventRate sandbox.EventRate
 	instance := ""
@@ -137,6 +140,9 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 			if poolSize < 0 {
 				return errors.New("--pool must not be negative")
 			}
+			if !cmd.Flags().Changed("pool-max") {
+				poolMax = 4 * poolSize
+			}
 			if instance == "" {
 				instance = serverInstance(cfg.DataDir)
 			}
@@ -162,6 +168,9 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				bound.Int("--max-paused-mb-per-account", maxPausedMB, 0, bound.MaxMB),
 				bound.Int("--max-snapshot-mb-per-account", maxSnapshotMB, 0, bound.MaxMB),
 				bound.Int("--pool", int64(poolSize), 0, bound.MaxSandboxes),
+				bound.Int("--pool-max", int64(poolMax), 0, bound.MaxSandboxes),
+				bound.Int("--pool-memory-mb", poolMemoryMB, 0, bound.MaxMB),
+				bound.Duration("--pool-shrink-after", poolShrink, 0, bound.MaxDuration),
 				bound.Duration("--idle-timeout", idleTimeout, 0, bound.MaxDuration),
 				bound.Duration("--auto-pause-notice", autoPauseNotice, time.Second, bound.MaxDuration),
 				bound.Duration("--event-retention", eventRetention, 0, bound.MaxDuration),
@@ -261,7 +270,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				PacePerAccount: noBound(pacePerAccount),
 			}, events.BusConfig{Retention: eventRetention}, idleTimeout, slog.New(h), instance,
 				func(c *sandbox.Config) {
-					c.PoolSize = poolSize
+					c.PoolSize, c.PoolMax, c.PoolMemory, c.PoolShrinkAfter = poolSize, poolMax, poolMemoryMB<<20, poolShrink
 					c.PoolTemplates = poolTemplates
 					c.AutoPauseNotice = autoPauseNotice
 					c.GPUClass, c.ShareDevices = gpuClass, shareDevices
@@ -346,6 +355,12 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"also serve Prometheus /metrics without a key on this address (keep it private, e.g. 127.0.0.1:9464); on --listen, /metrics needs an admin key")
 	cmd.Flags().IntVar(&poolSize, "pool", poolSize,
 		"sandboxes of the python template kept started ahead, pandas, numpy and matplotlib imported (0: no warm pool; default: one per CPU, at most one per 2 GiB); with --backend kubernetes, on each node")
+	cmd.Flags().IntVar(&poolMax, "pool-max", 0,
+		"the most sandboxes one pool grows to on demand: a create that finds its pool empty grows it by one, a shape of resources asked for twice gets a pool of its own, and a pool unused for --pool-shrink-after goes back to --pool (default: 4 × --pool; --pool: a fixed pool)")
+	cmd.Flags().Int64Var(&poolMemoryMB, "pool-memory-mb", 0,
+		"memory the pools' sandboxes above --pool may take, all pools together, reckoning 128 MiB each (default: an eighth of the host's memory)")
+	cmd.Flags().DurationVar(&poolShrink, "pool-shrink-after", 0,
+		"how long a pool grown past --pool waits unused before it shrinks back (default 2m)")
 	cmd.Flags().StringSliceVar(&poolTemplates, "pool-templates", nil,
 		"the templates that have a warm pool, each of --pool sandboxes (default: python)")
 	// The engine instance names the state directory and the cgroup

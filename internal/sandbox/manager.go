@@ -75,6 +75,15 @@ type Config struct {
 	PoolSize      int
 	PoolTemplates []string // [DefaultTemplate]
 	PoolPreload   []string // modules members import ahead [DefaultPoolPreload]
+	// PoolMax is the most members one pool grows to on demand; above
+	// PoolSize the pools follow demand, one per template and resource
+	// shape asked for, and shrink back to PoolSize when unused for
+	// PoolShrinkAfter [0: PoolSize, a fixed pool] (pool.go). PoolMemory
+	// bounds the members above the floors, all pools together
+	// [DefaultPoolMemory].
+	PoolMax         int
+	PoolMemory      int64
+	PoolShrinkAfter time.Duration // [DefaultPoolShrinkAfter]
 	// MaxResultMemory and MaxSandboxResultMemory bound the bytes of
 	// executions' results the engine holds at once, in all and per sandbox
 	// (budget.go) [DefaultMaxResultMemory, DefaultMaxSandboxResultMemory;
@@ -187,8 +196,14 @@ func (c *Config) setDefaults() error {
 	if c.Egress.Logger == nil {
 		c.Egress.Logger = c.Logger
 	}
-	if c.PoolSize < 0 {
-		return errors.New("sandbox: PoolSize must not be negative")
+	if c.PoolSize < 0 || c.PoolMax < 0 || c.PoolMemory < 0 || c.PoolShrinkAfter < 0 {
+		return errors.New("sandbox: PoolSize, PoolMax, PoolMemory and PoolShrinkAfter must not be negative")
+	}
+	if c.PoolMemory == 0 {
+		c.PoolMemory = DefaultPoolMemory()
+	}
+	if c.PoolShrinkAfter == 0 {
+		c.PoolShrinkAfter = DefaultPoolShrinkAfter
 	}
 	if c.PoolTemplates == nil {
 		c.PoolTemplates = []string{c.DefaultTemplate}
@@ -239,7 +254,7 @@ type Manager struct {
 	// the idle loop, the pool's lease renewal and background destroys.
 	ctx    context.Context
 	cancel context.CancelFunc
-	pool   *pool          // nil when Config.PoolSize is 0
+	pool   *pool          // nil when Config.PoolSize and PoolMax are 0
 	snaps  snapPools      // snapshots' pools (snappool.go)
 	reaps  sync.WaitGroup // background destroys (reap.go)
 	hooks  atomic.Pointer[Hooks]
@@ -285,7 +300,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if cfg.IdleTimeout > 0 {
 		go m.idleLoop(min(cfg.IdleTimeout/4, 5*time.Second))
 	}
-	if cfg.PoolSize > 0 {
+	if cfg.PoolSize > 0 || cfg.PoolMax > 0 {
 		m.pool = newPool(m)
 	}
 	return m, nil

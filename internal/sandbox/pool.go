@@ -28,12 +28,13 @@ import (
 // warmed) by the kernel's preload request, which binds no name in the
 // user's namespace and is not counted as an execution. Manager.Create hands
 // a member out when the request asks for nothing a started sandbox cannot
-// take on, and a filler refills the pool in the background, one sandbox at
-// a time so that refilling takes at most about one core. While members are
-// left, the refill waits until no member has been taken for refillQuiet:
-// starting a member costs about a CPU-second (the imports), which on a small
-// machine would otherwise slow the first requests of the sandbox just
-// handed out. An empty pool refills at once.
+// take on, and a filler refills the pool in the background. While at least
+// half its members are left, the refill waits until no member has been
+// taken for refillQuiet: starting a member costs about a CPU-second (the
+// imports), which on a small machine would otherwise slow the first
+// requests of the sandbox just handed out. A pool less than half full
+// refills at once. Above Config.PoolSize the pools follow demand (see "The
+// adaptive pool" below).
 //
 // A member is invisible until it is handed out: it is not in the Manager's
 // table, so Get, List, Kill, the idle stop and MaxSandboxes do not see it
@@ -54,7 +55,8 @@ import (
 //
 // What a hand-out cannot change, because it is fixed when the container
 // starts, makes the request a miss: a template without a pool, limits other
-// than Config.DefaultLimits, a read-only root, and any sandbox-wide
+// than Config.DefaultLimits (unless the pools follow demand, which then
+// keep a pool of that shape), a read-only root, and any sandbox-wide
 // environment variable (the agent's environment is set at container start).
 
 // DefaultPoolPreload is what pool members import when Config.PoolPreload
@@ -91,7 +93,9 @@ func HostMemory() int64 {
 
 // PoolStats describes the warm pool.
 type PoolStats struct {
-	Size   int    `json:"size"`            // members wanted per pooled template (per node, with Nodes)
+	Size   int    `json:"size"`            // the floor: members always kept per pooled template (per node, with Nodes)
+	Max    int    `json:"max"`             // the most members one pool grows to on demand (Size: it does not)
+	Wanted int    `json:"wanted"`          // members the pools aim to hold now, over all of them
 	Nodes  int    `json:"nodes,omitempty"` // nodes the members are kept on (a runtime.Placer's)
 	Ready  int    `json:"ready"`           // members ready now, over all templates and nodes
 	Hits   uint64 `json:"hits"`            // creates served from the pool
@@ -134,152 +138,353 @@ func (p *pool) lease() time.Duration {
 	return poolLease
 }
 
-type pool struct {
-	m         *Manager
-	size      int
-	templates []string
-	preload   []string
+// poolKey names one pool: a template and the resource shape its members
+// are started with.
+type poolKey struct {
+	template string
+	limits   runtime.Limits
+}
 
-	ctx    context.Context // cancelled by close: aborts a fill in progress
+// demand is what one pool's recent creates ask of it.
+type demand struct {
+	target  int       // members wanted now (on each node, with nodes)
+	lastUse time.Time // the last create that could have been served by it
+}
+
+type pool struct {
+	m        *Manager
+	floor    int   // Config.PoolSize: members of each default pool, always
+	max      int   // Config.PoolMax: the most any pool grows to on demand
+	budget   int64 // Config.PoolMemory: members above their floors, all pools together
+	shrink   time.Duration
+	defaults runtime.Limits
+	preload  []string
+
+	ctx    context.Context // cancelled by close: aborts the starts in progress
 	cancel context.CancelFunc
-	wake   chan struct{} // a member was taken: refill
-	done   chan struct{} // closed when the filler has returned
+	wake   chan struct{} // a member was taken or a start ended: look again
+	done   chan struct{} // closed when the filler and its starts have returned
 
 	hits, misses atomic.Uint64
 
 	placer   runtime.Placer // nil: the runtime places members
 	nodesErr string         // the last error listing the nodes, logged once
 
-	// mu guards ready, lastTake, closed, nodes and failed.
+	// mu guards the fields below.
 	mu       sync.Mutex
-	ready    map[string][]*Sandbox // by template, oldest first
-	lastTake time.Time
+	keys     []poolKey              // every pool, the default ones first in Config.PoolTemplates' order
+	ready    map[poolKey][]*Sandbox // oldest first
+	starting map[poolKey][]string   // the nodes of the members being started
+	demand   map[poolKey]*demand    // by pool
+	lastTake time.Time              // the last hand-out
+	retryAt  time.Time              // after a failed start: no new start before
+	retry    backoff.Backoff        // the wait after a failed start
 	closed   bool
 	nodes    []string             // the placer's nodes; nil until first listed
 	failed   map[string]time.Time // node → when a member last failed to start there
 }
 
+// The adaptive pool. Each pooled template has a pool of the default
+// resource shape (Config.DefaultLimits) holding at least Config.PoolSize
+// members, its floor. When Config.PoolMax is above the floor the pools
+// follow demand: a create that finds its pool empty raises that pool's
+// target by one, up to PoolMax, so that a burst leaves the pool sized for
+// the next one; a create asking for another shape (other limits) of a
+// pooled template makes a pool of that shape, floor 0, the same way; a
+// pool that no create has asked of for Config.PoolShrinkAfter goes back
+// to its floor, its extra members destroyed. Members above the floors
+// count against Config.PoolMemory at poolMemberBytes each: past it the
+// pools stop growing (the floors are the operator's and always kept).
+// A pool less than half full starts two members at once on a machine of
+// more than one CPU, so that it refills faster after a burst; otherwise
+// one at a time, so that refilling takes at most about one core.
+
+// poolMemberBytes is what a member is reckoned to hold: a Python with
+// pandas, numpy and matplotlib imported (≈ 100 MiB) and its agent.
+const poolMemberBytes = 128 << 20
+
+// DefaultPoolShrinkAfter is how long a pool above its floor waits
+// unused before it shrinks back when Config.PoolShrinkAfter is 0.
+const DefaultPoolShrinkAfter = 2 * time.Minute
+
+// DefaultPoolMemory is the members' memory budget above their floors
+// when Config.PoolMemory is 0: an eighth of the host's memory.
+func DefaultPoolMemory() int64 { return HostMemory() / 8 }
+
 func newPool(m *Manager) *pool {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &pool{
-		m: m, size: m.cfg.PoolSize, templates: m.cfg.PoolTemplates, preload: m.cfg.PoolPreload,
+		m: m, floor: m.cfg.PoolSize, max: max(m.cfg.PoolSize, m.cfg.PoolMax), budget: m.cfg.PoolMemory,
+		shrink: m.cfg.PoolShrinkAfter, defaults: m.cfg.DefaultLimits, preload: m.cfg.PoolPreload,
 		ctx: ctx, cancel: cancel, wake: make(chan struct{}, 1), done: make(chan struct{}),
-		ready: map[string][]*Sandbox{}, failed: map[string]time.Time{},
+		ready: map[poolKey][]*Sandbox{}, starting: map[poolKey][]string{}, demand: map[poolKey]*demand{},
+		failed: map[string]time.Time{}, retry: backoff.Backoff{Base: time.Second, Max: 30 * time.Second},
+	}
+	for _, t := range m.cfg.PoolTemplates {
+		k := poolKey{t, p.defaults}
+		p.keys = append(p.keys, k)
+		p.demand[k] = &demand{target: p.floor}
 	}
 	p.placer, _ = m.cfg.Runtime.(runtime.Placer)
 	go p.fill()
 	return p
 }
 
-// fill keeps every pooled template at its size, one new member at a time.
+// adaptive reports whether the pools follow demand.
+func (p *pool) adaptive() bool { return p.max > p.floor }
+
+// floorOf is a pool's floor: Config.PoolSize for the default shape, 0
+// for the others.
+func (p *pool) floorOf(k poolKey) int {
+	if k.limits == p.defaults {
+		return p.floor
+	}
+	return 0
+}
+
+// fill keeps every pool at its target, starting members in the
+// background, and shrinks the pools no create has asked of.
 func (p *pool) fill() {
-	defer close(p.done)
+	var starts sync.WaitGroup
+	defer func() {
+		starts.Wait()
+		close(p.done)
+	}()
 	renew := time.NewTicker(p.lease() / 4)
 	defer renew.Stop()
-	var nodes <-chan time.Time
+	var nodes, shrink <-chan time.Time
 	if p.placer != nil {
 		p.refreshNodes()
 		t := time.NewTicker(nodeRefresh)
 		defer t.Stop()
 		nodes = t.C
 	}
-	retry := backoff.Backoff{Base: time.Second, Max: 30 * time.Second}
+	if p.adaptive() {
+		t := time.NewTicker(max(p.shrink/4, 10*time.Millisecond))
+		defer t.Stop()
+		shrink = t.C
+	}
 	for {
-		tmpl, node, wait := p.wanting()
-		if tmpl == "" || wait > 0 {
-			var quiet <-chan time.Time
-			if wait > 0 {
-				quiet = time.After(wait)
-			}
-			select {
-			case <-p.ctx.Done():
-				return
-			case <-p.wake:
-			case <-quiet:
-			case <-renew.C:
-				p.renewLeases()
-			case <-nodes:
-				p.refreshNodes()
-			}
+		k, node, wait := p.wanting()
+		if wait == 0 {
+			starts.Go(func() { p.startOne(k, node) })
 			continue
 		}
-		s, err := p.start(tmpl, node)
-		if err != nil {
-			if p.ctx.Err() != nil {
-				return
-			}
-			if node != "" {
-				p.mu.Lock()
-				p.failed[node] = time.Now()
-				p.mu.Unlock()
-			}
-			wait := retry.Next()
-			p.m.log.Warn("warm pool: could not start a sandbox", "template", tmpl, "node", node, "err", err, "retry_in", wait)
-			select {
-			case <-p.ctx.Done():
-				return
-			case <-time.After(wait):
-			}
-			continue
+		var later <-chan time.Time
+		if wait > 0 {
+			later = time.After(wait)
 		}
-		retry.Reset()
-		p.mu.Lock()
-		if p.closed {
-			p.mu.Unlock()
-			p.m.destroy(s, reasonShutdown)
+		select {
+		case <-p.ctx.Done():
 			return
+		case <-p.wake:
+		case <-later:
+		case <-renew.C:
+			p.renewLeases()
+		case <-nodes:
+			p.refreshNodes()
+		case <-shrink:
+			p.shrinkIdle()
 		}
-		p.ready[tmpl] = append(p.ready[tmpl], s)
+	}
+}
+
+// startOne starts a member of k on node, booked in p.starting by wanting,
+// and puts it in its pool.
+func (p *pool) startOne(k poolKey, node string) {
+	s, err := p.start(k, node)
+	p.mu.Lock()
+	if i := slices.Index(p.starting[k], node); i >= 0 {
+		p.starting[k] = slices.Delete(p.starting[k], i, i+1)
+	}
+	switch {
+	case err != nil:
+		if node != "" {
+			p.failed[node] = time.Now()
+		}
+		wait := p.retry.Next()
+		p.retryAt = time.Now().Add(wait)
+		p.mu.Unlock()
+		if p.ctx.Err() == nil {
+			p.m.log.Warn("warm pool: could not start a sandbox", "template", k.template, "node", node, "err", err, "retry_in", wait)
+		}
+	case p.closed:
+		p.mu.Unlock()
+		p.m.destroy(s, reasonShutdown)
+	default:
+		p.retry.Reset()
+		p.ready[k] = append(p.ready[k], s)
 		p.mu.Unlock()
 	}
+	p.signal()
 }
 
-// wanting returns a template whose pool is short of members, or "", the
-// node to start its next member on ("" where the runtime places it), and
-// how long to wait before starting it.
-func (p *pool) wanting() (tmpl, node string, wait time.Duration) {
+// wanting books the start of a member of a pool short of its target and
+// returns the pool, the node to start it on ("" where the runtime places
+// it) and a zero wait; or, when nothing is to be started now, how long
+// to wait before looking again (-1: until woken).
+func (p *pool) wanting() (k poolKey, node string, wait time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	quiet := max(0, refillQuiet-time.Since(p.lastTake))
-	var cooling time.Duration // the soonest a short node's cooldown ends
-	for _, t := range p.templates {
-		members := p.ready[t]
-		if len(members) > 0 {
-			wait = quiet
-		} else {
-			wait = 0
-		}
-		if p.nodes == nil {
-			if len(members) < p.size {
-				return t, "", wait
-			}
-			continue
-		}
-		for _, n := range p.nodes {
-			if countOn(members, n) >= p.size {
+	now := time.Now()
+	if p.closed {
+		return poolKey{}, "", -1
+	}
+	if d := p.retryAt.Sub(now); d > 0 {
+		return poolKey{}, "", d
+	}
+	inflight, above := 0, 0
+	for _, k := range p.keys {
+		inflight += len(p.starting[k])
+		above += max(0, len(p.ready[k])+len(p.starting[k])-p.floorOf(k)*len(p.nodesFor()))
+	}
+	quiet := max(0, refillQuiet-now.Sub(p.lastTake))
+	wait = -1
+	for _, k := range p.keys {
+		target := p.demand[k].target
+		for _, n := range p.nodesFor() {
+			have := countOn(p.ready[k], n) + countStarting(p.starting[k], n)
+			if have >= target {
 				continue
 			}
-			if c := nodeCooldown - time.Since(p.failed[n]); c > 0 {
-				if cooling == 0 || c < cooling {
-					cooling = c
+			if n != "" {
+				if c := nodeCooldown - now.Sub(p.failed[n]); c > 0 {
+					wait = soonest(wait, c)
+					continue
 				}
+			}
+			// Past the floor a member is paid for from the budget.
+			if have >= p.floorOf(k) && int64(above+1)*poolMemberBytes > p.budget {
 				continue
 			}
-			return t, n, wait
+			// A pool with members left refills once hand-outs pause; a
+			// pool less than half full refills at once, two at a time
+			// where there is more than one CPU.
+			parallel, w := 1, time.Duration(0)
+			if 2*countOn(p.ready[k], n) < target {
+				parallel = min(2, goruntime.NumCPU())
+			} else if countOn(p.ready[k], n) > 0 {
+				w = quiet
+			}
+			if inflight >= parallel {
+				continue // a start ending wakes the filler
+			}
+			if w > 0 {
+				wait = soonest(wait, w)
+				continue
+			}
+			p.starting[k] = append(p.starting[k], n)
+			return k, n, 0
 		}
 	}
-	return "", "", cooling
+	return poolKey{}, "", wait
 }
 
-// countOn counts the members on node.
+// nodesFor is the nodes members are kept on: the placer's, or one ""
+// where the runtime places them.
+func (p *pool) nodesFor() []string {
+	if p.nodes == nil {
+		return []string{""}
+	}
+	return p.nodes
+}
+
+// soonest is the shorter of a wait (-1: none yet) and d.
+func soonest(wait, d time.Duration) time.Duration {
+	if wait < 0 || d < wait {
+		return d
+	}
+	return wait
+}
+
+// countOn counts the members on node ("": all of them, where the runtime
+// places members).
 func countOn(members []*Sandbox, node string) int {
 	n := 0
 	for _, s := range members {
-		if s.node == node {
+		if node == "" || s.node == node {
 			n++
 		}
 	}
 	return n
+}
+
+// countStarting counts the starts in progress on node ("": all).
+func countStarting(nodes []string, node string) int {
+	n := 0
+	for _, o := range nodes {
+		if node == "" || o == node {
+			n++
+		}
+	}
+	return n
+}
+
+// maxShapes bounds the resource shapes the pools track at once: a
+// caller asking for ever new shapes makes no more pools than this.
+const maxShapes = 16
+
+// asked records a create that a pool of k could serve: it is in use, and
+// when it had nothing to give (hit false) an adaptive pool grows by one.
+// A shape not pooled yet is only noted at its first miss and pooled from
+// its second within Config.PoolShrinkAfter: a shape asked for once costs
+// no member.
+func (p *pool) asked(k poolKey, hit bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	d := p.demand[k]
+	if d == nil {
+		if !p.adaptive() || len(p.keys) >= len(p.m.cfg.PoolTemplates)+maxShapes {
+			return
+		}
+		p.demand[k] = &demand{lastUse: time.Now()}
+		p.keys = append(p.keys, k)
+		return
+	}
+	d.lastUse = time.Now()
+	if !hit && d.target < p.max {
+		d.target++
+		p.signal()
+	}
+}
+
+// shrinkIdle takes every pool no create has asked of for p.shrink back to
+// its floor, destroying its extra members (the oldest first), and forgets
+// an idle shape's pool once it is empty.
+func (p *pool) shrinkIdle() {
+	var gone []*Sandbox
+	p.mu.Lock()
+	for _, k := range p.keys {
+		d := p.demand[k]
+		if time.Since(d.lastUse) < p.shrink {
+			continue
+		}
+		d.target = p.floorOf(k)
+		for _, n := range p.nodesFor() {
+			extra := countOn(p.ready[k], n) - d.target
+			p.ready[k] = slices.DeleteFunc(p.ready[k], func(s *Sandbox) bool {
+				if extra > 0 && (n == "" || s.node == n) {
+					extra--
+					gone = append(gone, s)
+					return true
+				}
+				return false
+			})
+		}
+	}
+	p.keys = slices.DeleteFunc(p.keys, func(k poolKey) bool {
+		if p.floorOf(k) > 0 || p.demand[k].target > 0 || len(p.ready[k])+len(p.starting[k]) > 0 {
+			return false
+		}
+		delete(p.demand, k)
+		delete(p.ready, k)
+		return true
+	})
+	p.mu.Unlock()
+	for _, s := range gone {
+		p.m.log.Info("warm pool: shrinking an idle pool", "sandbox", s.ID, "template", s.Template)
+		_ = p.m.destroy(s, reasonShutdown)
+	}
 }
 
 // refreshNodes lists the placer's nodes and destroys the members on
@@ -306,8 +511,8 @@ func (p *pool) refreshNodes() {
 	}
 	p.nodes = nodes
 	var gone []*Sandbox
-	for t, members := range p.ready {
-		p.ready[t] = slices.DeleteFunc(members, func(s *Sandbox) bool {
+	for k, members := range p.ready {
+		p.ready[k] = slices.DeleteFunc(members, func(s *Sandbox) bool {
 			if s.node != "" && !slices.Contains(nodes, s.node) {
 				gone = append(gone, s)
 				return true
@@ -322,15 +527,16 @@ func (p *pool) refreshNodes() {
 	}
 }
 
-// start creates one member, on node unless that is "": the sandbox, its
-// agent, its preloaded kernel.
-func (p *pool) start(tmpl, node string) (*Sandbox, error) {
+// start creates one member of k, on node unless that is "": the sandbox,
+// its agent, its preloaded kernel.
+func (p *pool) start(k poolKey, node string) (*Sandbox, error) {
 	m := p.m
+	tmpl := k.template
 	rootfs, err := m.cfg.Templates.RootFS(tmpl)
 	if err != nil {
 		return nil, err
 	}
-	s := &Sandbox{ID: newID(), Template: tmpl, Limits: m.cfg.DefaultLimits, m: m, state: StateStarting, pooled: true,
+	s := &Sandbox{ID: newID(), Template: tmpl, Limits: k.limits, m: m, state: StateStarting, pooled: true,
 		node: node, created: make(chan struct{})}
 	// Logged before the runtime makes anything: a member whose engine
 	// dies before it is ready is still named in some log.
@@ -453,8 +659,8 @@ func (p *pool) renewLeases() {
 	}
 	if dead {
 		p.mu.Lock()
-		for t, members := range p.ready {
-			p.ready[t] = slices.DeleteFunc(members, func(s *Sandbox) bool { return s.State() != StateStarting })
+		for k, members := range p.ready {
+			p.ready[k] = slices.DeleteFunc(members, func(s *Sandbox) bool { return s.State() != StateStarting })
 		}
 		p.mu.Unlock()
 	}
@@ -470,28 +676,25 @@ func (s *Sandbox) renewLease(ctx context.Context) error {
 	return s.tellLifetime(ctx, s.m.pool.lease())
 }
 
-// poolable reports whether a sandbox started ahead can serve opt.
+// poolable reports whether a sandbox started ahead, of a pooled template
+// and the shape limits, can serve opt: a shape other than the default
+// only when the pools follow demand.
 func (p *pool) poolable(tmpl string, limits runtime.Limits, opt CreateOptions) bool {
-	if opt.ReadOnly || len(opt.Env) > 0 || limits != p.m.cfg.DefaultLimits {
+	if opt.ReadOnly || len(opt.Env) > 0 || (limits != p.defaults && !p.adaptive()) {
 		return false
 	}
-	for _, t := range p.templates {
-		if t == tmpl {
-			return true
-		}
-	}
-	return false
+	return slices.Contains(p.m.cfg.PoolTemplates, tmpl)
 }
 
-// take removes a ready member of tmpl from the pool, or returns nil: the
-// oldest on the node with the fewest sandboxes by load (nil: the oldest).
-func (p *pool) take(tmpl string, load map[string]int) *Sandbox {
+// take removes a ready member of k's pool, or returns nil: the oldest on
+// the node with the fewest sandboxes by load (nil: the oldest).
+func (p *pool) take(k poolKey, load map[string]int) *Sandbox {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil
 	}
-	members := slices.DeleteFunc(p.ready[tmpl], func(s *Sandbox) bool { return s.State() != StateStarting })
+	members := slices.DeleteFunc(p.ready[k], func(s *Sandbox) bool { return s.State() != StateStarting })
 	best := -1
 	for i, s := range members {
 		if best < 0 || load[s.node] < load[members[best].node] {
@@ -499,11 +702,11 @@ func (p *pool) take(tmpl string, load map[string]int) *Sandbox {
 		}
 	}
 	if best < 0 {
-		p.ready[tmpl] = members
+		p.ready[k] = members
 		return nil
 	}
 	s := members[best]
-	p.ready[tmpl] = slices.Delete(members, best, best+1)
+	p.ready[k] = slices.Delete(members, best, best+1)
 	p.lastTake = time.Now()
 	p.signal()
 	return s
@@ -513,7 +716,8 @@ func (p *pool) take(tmpl string, load map[string]int) *Sandbox {
 func (p *pool) giveBack(s *Sandbox) {
 	p.mu.Lock()
 	if !p.closed {
-		p.ready[s.Template] = append([]*Sandbox{s}, p.ready[s.Template]...)
+		k := poolKey{s.Template, s.Limits}
+		p.ready[k] = append([]*Sandbox{s}, p.ready[k]...)
 		p.mu.Unlock()
 		return
 	}
@@ -531,10 +735,16 @@ func (p *pool) signal() {
 func (p *pool) stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := PoolStats{Size: p.size, Nodes: len(p.nodes), Hits: p.hits.Load(), Misses: p.misses.Load()}
-	for _, members := range p.ready {
-		st.Ready += len(members)
+	st := PoolStats{Size: p.floor, Max: p.max, Nodes: len(p.nodes), Hits: p.hits.Load(), Misses: p.misses.Load()}
+	nodes := len(p.nodesFor())
+	above := 0 // wanted above the floors, which the budget bounds
+	for _, k := range p.keys {
+		st.Ready += len(p.ready[k])
+		target := p.demand[k].target
+		st.Wanted += min(target, p.floorOf(k)) * nodes
+		above += max(0, target-p.floorOf(k)) * nodes
 	}
+	st.Wanted += min(above, int(p.budget/poolMemberBytes))
 	return st
 }
 
@@ -546,7 +756,7 @@ func (p *pool) close() error {
 	for _, members := range p.ready {
 		all = append(all, members...)
 	}
-	p.ready = map[string][]*Sandbox{}
+	p.ready = map[poolKey][]*Sandbox{}
 	p.mu.Unlock()
 	p.cancel()
 	<-p.done
@@ -566,12 +776,15 @@ func (m *Manager) fromPool(ctx context.Context, opt CreateOptions, limits runtim
 	if p == nil {
 		return nil, false, nil
 	}
-	if p.poolable(opt.Template, limits, opt) {
+	k := poolKey{opt.Template, limits}
+	poolable := p.poolable(opt.Template, limits, opt)
+	if poolable {
 		var load map[string]int
 		if p.placer != nil {
 			load = m.nodeLoad()
 		}
-		s = p.take(opt.Template, load)
+		s = p.take(k, load)
+		p.asked(k, s != nil)
 	}
 	if s == nil {
 		p.misses.Add(1)

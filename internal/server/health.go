@@ -70,8 +70,8 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) version(w http.ResponseWriter, r *http.Request) error {
 	out := api.Version{Version: s.cfg.Version, Runtime: s.cfg.Runtime, Cgroups: s.cfg.Cgroups, API: "v1"}
 	if s.engine != nil {
-		p := s.engine.PoolStats() // the warm pool: size, ready, hits, misses
-		out.Pool = &api.PoolStats{Size: p.Size, Nodes: p.Nodes, Ready: p.Ready, Hits: p.Hits, Misses: p.Misses}
+		p := s.engine.PoolStats() // the warm pool: floor, ceiling, wanted, ready, hits, misses
+		out.Pool = &api.PoolStats{Size: p.Size, Max: p.Max, Wanted: p.Wanted, Nodes: p.Nodes, Ready: p.Ready, Hits: p.Hits, Misses: p.Misses}
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
