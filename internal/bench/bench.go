@@ -55,6 +55,7 @@ type Options struct {
 	Warm       int           // iterations of the warm round trip
 	Duration   time.Duration // of each throughput level
 	Density    int           // sandboxes measured for memory
+	Live       int           // live sandboxes the live scenario makes (0: not run)
 	JSONOut    string        // also write the results here
 	Only       string        // run only the steps whose name contains one of these comma-separated words ("" all)
 	// LocalBaseline, with URL, measures the pool hit on this host's own
@@ -152,6 +153,7 @@ type benchResults struct {
 	Throughput []throughputResult `json:"throughput"`
 	Bursts     []burstResult      `json:"bursts,omitempty"`
 	Density    *density           `json:"density,omitempty"`
+	Live       *liveResult        `json:"live,omitempty"`
 	Preview    *previewResult     `json:"preview,omitempty"`
 	Batches    []batchResult      `json:"batches,omitempty"`
 	Targets    []target           `json:"targets"`
@@ -249,6 +251,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		{"bursts", b.burst},
 		{"batch items/s", b.batches},
 		{"density", b.density},
+		{"live sandboxes", b.live(cfg)},
 	}
 	for _, st := range steps {
 		if !o.runs(st.name) {
@@ -1146,6 +1149,9 @@ func (r *benchResults) evaluate() {
 		add("preview GET − direct, p50", p.Proxied.P50-p.Direct.P50, 1, "ms", true)
 		add("preview GETs/s", p.ProxiedRPS, 2000, "/s", false)
 	}
+	if l := r.Live; l != nil && l.Sandboxes >= 500 {
+		add("1+1 among 500 live sandboxes, p99", l.Latency.P99, 100, "ms", true)
+	}
 	if r.Density != nil {
 		add("idle sandbox without its kernel", r.Density.NoKernelMiB, 30, "MiB", true)
 	}
@@ -1209,6 +1215,7 @@ func (r *benchResults) print(w io.Writer) {
 			d.Sandboxes, d.NoKernelMiB, d.PythonMiB, d.PooledMiB)
 		fmt.Fprintf(w, "idle sandboxes in 8 GiB: %d with python, %d preloaded\n", d.FitIn8GiB, d.FitIn8GiBPreload)
 	}
+	printLive(w, r.Live)
 	if p := r.Preview; p != nil {
 		fmt.Fprintf(w, "\npreview: %d clients: %.0f GETs/s through the preview (%d errors), %.0f/s direct inside the sandbox\n",
 			p.Clients, p.ProxiedRPS, p.Errors, p.DirectRPS)
