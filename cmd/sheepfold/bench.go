@@ -54,7 +54,7 @@ before each iteration, so they measure a hit, not the refill.`,
 	f.IntVar(&o.Warm, "warm", 1000, "iterations of the warm 1+1 round trip")
 	f.DurationVar(&o.Duration, "duration", 5*time.Second, "length of each throughput level")
 	f.IntVar(&o.Density, "density", 8, "idle sandboxes whose memory is measured")
-	f.IntVar(&o.Live, "live", 0, "live sandboxes (128 MiB, 64 MiB of disk, a Python context each) made on a server of their own, then 1+1 timed in each while the others sit idle, with the server's and the host's memory per sandbox (0: not run; issue 35's target is 500)")
+	f.IntVar(&o.Live, "live", 0, "live sandboxes (128 MiB, 16 MiB of disk, a Python context each) made on a server of their own, then 1+1 timed in each while the others sit idle, with the server's and the host's memory per sandbox (0: not run; issue 35's target is 500)")
 	f.StringVar(&o.JSONOut, "json", "", "also write the results to this file as JSON")
 	f.IntVar(&o.SessionTickets, "session-tickets", 200, "Black-Friday tickets sent through sessions")
 	f.IntVar(&o.SessionClients, "session-clients", 8, "clients sending them at once, each with its own session")

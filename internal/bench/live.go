@@ -42,7 +42,7 @@ const liveCreators = 4
 // liveResources are each live sandbox's: small, so that hundreds fit
 // the server's admission (memory limits up to --overcommit × the host's
 // memory) and the disk (each sandbox's is allocated whole).
-var liveResources = client.Resources{MemoryMB: 128, DiskMB: 64}
+var liveResources = client.Resources{MemoryMB: 128, DiskMB: 16}
 
 // live starts a server of its own (no pool, room for b.o.Live sandboxes),
 // makes b.o.Live sandboxes each with a started Python context, then
