@@ -75,10 +75,15 @@ type execution struct {
 	capped    bool      // the output passed the cap: the rest is dropped
 	seen      [3]bool   // the marker (or the end) was seen on stdout, stderr
 	pending   [3][]byte // the end of a chunk that may be the start of the marker
-	gotDone   bool
-	killed    bool // the interrupt's grace passed: the interpreter was killed
-	execErr   *agentproto.ExecError
-	policyErr bool // the driver could not apply the execution's policy
+	// holdLines: a stream's last line, written without its newline, waits
+	// up to lineHold (partialTimer) in partial for the rest (R's print).
+	holdLines    bool
+	partial      [3][]byte
+	partialTimer <-chan time.Time
+	gotDone      bool
+	killed       bool // the interrupt's grace passed: the interpreter was killed
+	execErr      *agentproto.ExecError
+	policyErr    bool // the driver could not apply the execution's policy
 	// Refusals of the seccomp filter: the first of each kind and target
 	// at once, the rest counted in one event at the end. The maps are
 	// made at the first refusal: none on the common path.
@@ -91,7 +96,7 @@ func (k *Kernel) Execute(ctx context.Context, spec agentproto.ExecuteSpec, emit 
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	x := &execution{k: k, ctx: ctx, spec: spec, emit: emit, start: time.Now(), emitting: true,
-		done: agentproto.Event{Type: agentproto.EventDone}}
+		done: agentproto.Event{Type: agentproto.EventDone}, holdLines: k.lang == lang.R}
 	defer func() { x.cpu.stop() }()
 	for st := execAdmit; st != execEnd; {
 		if k.onState != nil {
@@ -267,6 +272,8 @@ func (x *execution) run() execState {
 		case <-ctxDone:
 			ctxDone = nil
 			x.interrupt(whyCancel)
+		case <-x.partialTimer:
+			x.flushPartial()
 		case <-x.killTimer:
 			// The grace bounds the interpreter's stop, not the
 			// forwarding of what it wrote before: output queued
@@ -399,8 +406,52 @@ func (x *execution) interrupt(reason string) {
 	x.killTimer = time.After(x.k.opt.InterruptGrace)
 }
 
-// output forwards data of a stream, up to the output cap.
+// lineHold is how long a line written in pieces may wait for its end,
+// and maxHeldLine how much of it may wait.
+const (
+	lineHold    = 100 * time.Millisecond
+	maxHeldLine = 4 << 10
+)
+
+// output forwards data of a stream. R writes a printed line in pieces,
+// each flushed (print("a") writes `[1]`, ` "a"` and the newline), so that
+// a reader could see a line in several messages where E2B's kernel sends
+// one: with holdLines a last line without its newline waits up to
+// lineHold (and maxHeldLine bytes) for the rest. It is sent before any
+// result, error or the end (flushPartial).
 func (x *execution) output(stream int, data []byte) {
+	if !x.holdLines {
+		x.forward(stream, data)
+		return
+	}
+	buf := append(x.partial[stream], data...)
+	cut := bytes.LastIndexByte(buf, '\n') + 1
+	if len(buf)-cut > maxHeldLine {
+		cut = len(buf)
+	}
+	x.forward(stream, buf[:cut])
+	x.partial[stream] = nil
+	if cut < len(buf) {
+		x.partial[stream] = bytes.Clone(buf[cut:])
+		if x.partialTimer == nil {
+			x.partialTimer = time.After(lineHold)
+		}
+	}
+}
+
+// flushPartial forwards the lines held without their end.
+func (x *execution) flushPartial() {
+	for i, b := range x.partial {
+		if len(b) > 0 {
+			x.forward(i, b)
+		}
+		x.partial[i] = nil
+	}
+	x.partialTimer = nil
+}
+
+// forward forwards data of a stream, up to the output cap.
+func (x *execution) forward(stream int, data []byte) {
 	if len(data) == 0 {
 		return
 	}
@@ -446,6 +497,7 @@ func (x *execution) handle(c chunk, ok bool) {
 		x.p.ended[c.stream] = true
 		x.output(c.stream, x.pending[c.stream])
 		x.pending[c.stream] = nil
+		x.flushPartial()
 		return
 	}
 	if x.seen[c.stream] {
@@ -456,6 +508,7 @@ func (x *execution) handle(c chunk, ok bool) {
 		x.output(c.stream, buf[:i])
 		x.pending[c.stream] = nil
 		x.seen[c.stream] = true
+		x.flushPartial()
 		return
 	}
 	keep := partialSuffix(buf, x.mark)
@@ -479,8 +532,9 @@ func (x *execution) drainQueued() {
 // events keep the order in which the code produced them: once the pipes
 // hold nothing unread (and no pump is between a read and its queueing),
 // all of it is queued; take what is queued. It waits at most a second for
-// a busy pump.
+// a busy pump. A line held without its end is sent too.
 func (x *execution) settle() {
+	defer x.flushPartial() // what was written comes before what follows
 	deadline := time.Now().Add(time.Second)
 	for x.out != nil {
 		x.drainQueued()

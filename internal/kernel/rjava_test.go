@@ -293,3 +293,66 @@ func TestInstalled(t *testing.T) {
 		t.Fatalf("with R only: %v", got)
 	}
 }
+
+// TestRLinesWhole: R's print writes a line in three flushed pieces
+// (`[1]`, the value, the newline); each line reaches the reader as one
+// piece, as E2B's R kernel sends it (its test_r_kernel checks one stdout
+// message). A line the code leaves without its end waits at most
+// lineHold: it arrives before the rest that the code writes later, and
+// before the result that follows it. The control: the same code in bash,
+// whose lines are not held, gives the pieces as written.
+func TestRLinesWhole(t *testing.T) {
+	t.Parallel()
+	k := start(t, "r", nil)
+	var events []string
+	collect := func(c string) []string {
+		events = nil
+		k.Execute(t.Context(), code(c), func(ev agentproto.Event) error {
+			switch ev.Type {
+			case agentproto.EventStdout:
+				events = append(events, "out:"+string(ev.Data))
+			case agentproto.EventResult:
+				events = append(events, "result:"+ev.Result.Text)
+			}
+			return nil
+		})
+		return events
+	}
+	got := collect(`for (i in 1:200) print("Hello, World!")`)
+	if len(got) == 0 {
+		t.Fatal("no output")
+	}
+	lines := 0
+	for _, ev := range got {
+		if !strings.HasSuffix(ev, "\n") {
+			t.Fatalf("a piece of a line arrived alone: %q (of %d events)", ev, len(got))
+		}
+		lines += strings.Count(ev, "[1] \"Hello, World!\"\n")
+	}
+	if lines != 200 {
+		t.Fatalf("%d whole lines, want 200", lines)
+	}
+	// A prompt left without its end arrives on its own, before the end
+	// written 300 ms later; a partial line comes before the value.
+	got = collect(`cat("wait: "); Sys.sleep(0.3); cat("done\n"); cat("tail"); 7`)
+	if want := []string{"out:wait: ", "out:done\n", "out:tail", "result:[1] 7"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("events %q, want %q", got, want)
+	}
+
+	// The control: bash's pieces are sent as written.
+	b := start(t, "bash", nil)
+	var pieces []string
+	b.Execute(t.Context(), code(`for i in $(seq 50); do printf '[1]'; sleep 0.002; printf ' "x"'; sleep 0.002; printf '\n'; done`), func(ev agentproto.Event) error {
+		if ev.Type == agentproto.EventStdout {
+			pieces = append(pieces, string(ev.Data))
+		}
+		return nil
+	})
+	split := false
+	for _, p := range pieces {
+		split = split || !strings.HasSuffix(p, "\n")
+	}
+	if !split {
+		t.Fatalf("the control: bash's pieces arrived whole too (%d events): the test shows nothing", len(pieces))
+	}
+}

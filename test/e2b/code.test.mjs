@@ -172,8 +172,8 @@ test('bash: output and state', T, async () => {
 // message of its own there, so the output is compared joined.
 test('r: E2B env vars, state, plot, data frame, error', T, async () => {
   const hello = await sbx.runCode('print("Hello, World!")', { language: 'r' })
-  // R prints the line in three writes, streamed as written: the joined stdout.
-  assert.equal(hello.logs.stdout.join(''), '[1] "Hello, World!"\n')
+  // R prints the line in three writes; the kernel sends it whole, as E2B's does.
+  assert.deepEqual(hello.logs.stdout, ['[1] "Hello, World!"\n'])
   const env = await sbx.runCode("Sys.getenv('SF_GLOBAL')", { language: 'r' })
   assert.equal(env.results[0]?.text.trim(), '[1] "from-create"')
   const run = await sbx.runCode("Sys.getenv('FOO')", { language: 'r', envs: { FOO: 'bar' } })

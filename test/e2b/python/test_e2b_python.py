@@ -172,11 +172,11 @@ class TestUpstreamRJava(unittest.TestCase):
     test_java.py: the sandbox's env, an execution's, and one overriding the
     other), run_code called without a template, as E2B's users do. One
     difference, kept on purpose: Sheepfold streams output as the
-    interpreter writes it, so how a line falls into stdout messages is the
-    interpreter's. E2B's Java kernel sends a println's line end as a
-    message of its own (its test checks stdout[0] == "Hello, World!"),
-    while R prints `[1] "Hello, World!"` in three writes (its test checks
-    one message): both tests here check the joined stdout."""
+    interpreter writes it. E2B's Java kernel sends a println's line end as
+    a message of its own (its test checks stdout[0] == "Hello, World!"):
+    the Java test here checks the joined stdout. R prints
+    `[1] "Hello, World!"` in three writes, which the kernel sends as one
+    line, so the R test is upstream's (one message)."""
 
     @classmethod
     def setUpClass(cls) -> None:
@@ -190,7 +190,7 @@ class TestUpstreamRJava(unittest.TestCase):
 
     def test_r_kernel(self) -> None:
         ex = self.sb.run_code('print("Hello, World!")', language="r")
-        self.assertEqual("".join(ex.logs.stdout), '[1] "Hello, World!"\n')
+        self.assertEqual(ex.logs.stdout, ['[1] "Hello, World!"\n'])
 
     def test_java_kernel(self) -> None:
         ex = self.sb.run_code('System.out.println("Hello, World!")', language="java")
