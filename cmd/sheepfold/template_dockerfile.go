@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sheepfold/sheepfold/internal/config"
 	sfengine "github.com/sheepfold/sheepfold/internal/engine"
@@ -54,6 +55,7 @@ func buildDockerfile(ctx context.Context, cfg *config.Config, name, file, contex
 	opt := template.DockerfileOptions{
 		DataDir: cfg.DataDir, Name: name, Context: contextDir, BuildArgs: args,
 		UIDShift: oci.DefaultIDMap.HostID, Runner: sfengine.StepRunner(*cfg), NoCache: noCache,
+		Registries: registriesOf(cfg),
 	}
 	var logs []io.Writer
 	if !quiet {
@@ -78,6 +80,18 @@ func buildDockerfile(ctx context.Context, cfg *config.Config, name, file, contex
 	fmt.Printf("template %s ready at %s (%d MiB, %s, %s)\n", info.Name, info.Path, info.SizeBytes>>20,
 		time.Since(start).Round(100*time.Millisecond), info.Hash)
 	return nil
+}
+
+// registriesOf is the registries a FROM may pull from.
+func registriesOf(cfg *config.Config) template.Registries {
+	return template.Registries{Allow: cfg.Registries, Insecure: cfg.InsecureRegistries, AuthFile: cfg.RegistryAuthFile}
+}
+
+// registryFlags are the flags of the registries a FROM may pull from.
+func registryFlags(fs *pflag.FlagSet, cfg *config.Config) {
+	fs.StringSliceVar(&cfg.Registries, "registry", nil, "image registries (HOST[:PORT]) a template's FROM HOST/REPO:TAG may pull from over HTTPS (default: none; any other is refused with ERR_REGISTRY_NOT_ALLOWED)")
+	fs.StringSliceVar(&cfg.InsecureRegistries, "insecure-registry", nil, "image registries (HOST[:PORT]) a template's FROM may pull from over plain HTTP")
+	fs.StringVar(&cfg.RegistryAuthFile, "registry-auth", "", "a Docker config file (config.json) whose \"auths\" hold the registries' credentials (credential helpers are not run; default: anonymous pulls)")
 }
 
 // templateImportCmd is `template import`: a template from an OCI image
@@ -119,5 +133,6 @@ func templateImportCmd(cfg *config.Config) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "no build log on standard error")
+	registryFlags(cmd.Flags(), cfg)
 	return cmd
 }

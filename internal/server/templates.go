@@ -124,7 +124,9 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return apierr.Wrap(err, apierr.BadRequest, "the build context has no Dockerfile %q", dfName)
 	}
-	if _, err := template.ParseDockerfile(strings.NewReader(string(src))); err != nil {
+	if err := template.CheckFrom(src, nil, s.cfg.TemplateRegistries); errors.Is(err, template.ErrRegistryNotAllowed) {
+		return apierr.Wrap(err, apierr.RegistryNotAllowed, "%v", err)
+	} else if err != nil {
 		return apierr.Wrap(err, apierr.BadRequest, "%v", err)
 	}
 	b := &templateBuild{out: api.TemplateBuild{ID: "tb_" + strings.ToLower(rand.Text()[:16]), Name: name,
@@ -153,7 +155,7 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) error {
 	keep = true
 	opt := template.DockerfileOptions{
 		DataDir: s.cfg.DataDir, Name: name, Context: dir, UIDShift: s.cfg.TemplateUIDShift,
-		Runner: s.cfg.TemplateRunner, NoCache: q.Get("no_cache") == "true",
+		Runner: s.cfg.TemplateRunner, NoCache: q.Get("no_cache") == "true", Registries: s.cfg.TemplateRegistries,
 		Progress: func(step string, done, total int) {
 			b.mu.Lock()
 			b.out.Step, b.out.Done, b.out.Total = step, done, total

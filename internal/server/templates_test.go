@@ -158,3 +158,37 @@ func TestTemplateBuildNotSupported(t *testing.T) {
 		t.Fatalf("list: %d %s", r.status, r.body)
 	}
 }
+
+// TestTemplateBuildRegistryNotAllowed: a build FROM an image in a registry
+// the server was not started with is refused at once, 403
+// ERR_REGISTRY_NOT_ALLOWED (Docker Hub's short names too); a listed one
+// passes the check (control: the same Dockerfile is accepted, 202).
+func TestTemplateBuildRegistryNotAllowed(t *testing.T) {
+	testutil.RequireRoot(t)
+	data := t.TempDir()
+	e := newEnv(t, server.Config{DataDir: data, TemplateRunner: noRunner{}, TemplateUIDShift: 1000,
+		TemplateRegistries: template.Registries{Insecure: []string{"127.0.0.1:1"}}})
+	admin := e.adminKey()
+	for _, from := range []string{"registry.example:5000/app:1", "python:3.12", "127.0.0.2:1/app@sha256:" + strings.Repeat("a", 64)} {
+		wantMsg(t, e.do("POST", "/v1/templates?name=app", admin, tarOf(t, tarEntry{name: "Dockerfile", body: "FROM " + from + "\n"})),
+			http.StatusForbidden, "ERR_REGISTRY_NOT_ALLOWED", "is not one the operator allows")
+	}
+	r := e.do("POST", "/v1/templates?name=app", admin, tarOf(t, tarEntry{name: "Dockerfile", body: "FROM 127.0.0.1:1/app:1\n"}))
+	want(t, r, http.StatusAccepted, "")
+	var b struct{ ID, Status, Error string }
+	json.Unmarshal(r.body, &b)
+	// The build (nothing listens on 127.0.0.1:1) fails; wait for its end
+	// so that nothing runs on after the test.
+	deadline := time.Now().Add(30 * time.Second)
+	for b.Status == "running" {
+		if time.Now().After(deadline) {
+			t.Fatal("the build did not end")
+		}
+		time.Sleep(20 * time.Millisecond)
+		r = e.do("GET", "/v1/templates/builds/"+b.ID, admin, nil)
+		json.Unmarshal(r.body, &b)
+	}
+	if b.Status != "failed" || !strings.Contains(b.Error, "127.0.0.1:1") {
+		t.Fatalf("ended build: %s", r.body)
+	}
+}

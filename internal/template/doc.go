@@ -31,7 +31,9 @@
 // # Templates from a Dockerfile
 //
 // BuildDockerfile builds a template on top of a built one, or of an OCI
-// image (FROM oci-archive:FILE or oci:DIR: ociimport_linux.go), from a
+// image (FROM oci-archive:FILE or oci:DIR: ociimport_linux.go; FROM
+// HOST/REPO:TAG from a registry the operator lists, pulled with
+// go-containerregistry into a layout: registry.go), from a
 // Dockerfile, parsed by BuildKit's parser (ParseDockerfile; what it
 // refuses is refused at parse time with the line). Every step that
 // changes files (RUN, COPY, ADD, WORKDIR) makes a layer: an overlay of the
@@ -59,6 +61,6 @@
 //
 // This package imports the standard library, golang.org/x/sys, moby's
 // mountinfo parser, BuildKit's Dockerfile parser, instructions and shell
-// lexer, the OCI image-spec types, and internal/osthread (its build commands' Pdeathsig); it knows
+// lexer, the OCI image-spec types, go-containerregistry (pulls), and internal/osthread (its build commands' Pdeathsig); it knows
 // nothing of sandboxes, the runtime or the server.
 package template
