@@ -7,6 +7,11 @@
 //	<DataDir>/templates/<name>/rootfs         the root filesystem (read-only lower layer)
 //	<DataDir>/templates/<name>/template.json  its Info
 //
+// The builtin templates (python) are declared in builtin/NAME.Dockerfile
+// (builtin.go, embedded): FROM debian:SUITE, RUN apt-get install lines
+// (the packages) and LABEL sheepfold.description, in Dockerfile syntax
+// read by BuildKit's parser; Builtin and Lookup return what they say.
+//
 // Build runs debootstrap into a staging directory
 // <DataDir>/templates/.<name>.build-<random>, edits the result on the host
 // side (sandbox user, neutral hostname, hosts and resolver files, no
