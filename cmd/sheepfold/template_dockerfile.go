@@ -95,13 +95,14 @@ func registryFlags(fs *pflag.FlagSet, cfg *config.Config) {
 }
 
 // templateImportCmd is `template import`: a template from an OCI image
-// (an archive or a layout directory), built as the Dockerfile
-// "FROM oci-archive:FILE" (or "FROM oci:DIR") would be.
+// (an archive, a layout directory or an image in a registry), built as
+// the Dockerfile "FROM oci-archive:FILE" (or "FROM oci:DIR", or "FROM
+// HOST/REPO:TAG") would be.
 func templateImportCmd(cfg *config.Config) *cobra.Command {
 	var quiet bool
 	cmd := &cobra.Command{
-		Use:   "import FILE|DIR NAME",
-		Short: "Make a template from an OCI image: an archive (docker save, skopeo oci-archive:, template export) or a layout directory",
+		Use:   "import FILE|DIR|HOST/REPO:TAG NAME",
+		Short: "Make a template from an OCI image: an archive (docker save, skopeo oci-archive:, template export), a layout directory, or an image in a registry --registry/--insecure-registry allows",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := cfg.ResolveDataDir(); err != nil {
@@ -111,13 +112,15 @@ func templateImportCmd(cfg *config.Config) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fi, err := os.Stat(src)
-			if err != nil {
-				return err
-			}
-			ref := "oci-archive:" + src
-			if fi.IsDir() {
+			var ref string
+			if fi, err := os.Stat(src); err == nil && fi.IsDir() {
 				ref = "oci:" + src
+			} else if err == nil {
+				ref = "oci-archive:" + src
+			} else if template.IsRegistryRef(args[0]) {
+				ref = args[0]
+			} else {
+				return err
 			}
 			df, err := os.CreateTemp("", "sheepfold-import-*.Dockerfile")
 			if err != nil {
