@@ -205,7 +205,7 @@ func (h *Handler) uploadBuildFiles(w http.ResponseWriter, r *http.Request) error
 	b, ok := tbs.byID[q.Get("build")]
 	tbs.mu.Unlock()
 	if !ok || b.template != r.PathValue("templateID") || subtle.ConstantTimeCompare([]byte(b.token), []byte(q.Get("token"))) != 1 {
-		return &statusError{http.StatusForbidden, "the upload link is not valid"}
+		return &statusError{http.StatusUnauthorized, "the upload link is not valid"}
 	}
 	if !hashRE.MatchString(hash) {
 		return badRequest("files hash %q: want 64 hex digits", hash)

@@ -243,7 +243,7 @@ func TestE2BTemplateBuildAPI(t *testing.T) {
 	files := tarOf(t, tarEntry{name: "app/hello.txt", body: "hello\n"})
 	// Another token: refused, nothing stored (the start finds no upload).
 	forged := regexp.MustCompile(`token=[^&]+`).ReplaceAllString(path, "token="+strings.Repeat("x", 52))
-	if r := e.do("PUT", forged, "", files); r.status != http.StatusForbidden {
+	if r := e.do("PUT", forged, "", files); r.status != http.StatusUnauthorized {
 		t.Fatalf("forged upload link: %d %s", r.status, r.body)
 	}
 	start := map[string]any{"fromTemplate": "base", "force": false, "steps": []map[string]any{
