@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -282,5 +283,38 @@ func TestDockerfileRegistryEscape(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(templatesDir(dataDir), layersDir, ".*")); len(left) > 0 {
 		t.Errorf("left in the layer cache: %v", left)
+	}
+}
+
+// TestDockerfileRegistryIndex: FROM a multi-platform image (an index)
+// pulls the image of this machine's architecture, whichever comes first.
+func TestDockerfileRegistryIndex(t *testing.T) {
+	dataDir, ctxDir := dfSetup(t, nil)
+	reg := newTestRegistry(t, "", "")
+	image := func(tool string) ggcrv1.Image {
+		img, err := mutate.AppendLayers(empty.Image, static.NewLayer(layerOf(t, append(append([]layerEntry{}, imageBase[:5]...),
+			layerEntry{name: "bin/", typ: tar.TypeDir}, layerEntry{name: "bin/tool", body: tool})...), types.OCIUncompressedLayer))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return img
+	}
+	other := "arm64"
+	if goruntime.GOARCH == "arm64" {
+		other = "amd64"
+	}
+	idx := mutate.AppendManifests(empty.Index,
+		mutate.IndexAddendum{Add: image("other\n"), Descriptor: ggcrv1.Descriptor{Platform: &ggcrv1.Platform{OS: "linux", Architecture: other}}},
+		mutate.IndexAddendum{Add: image("mine\n"), Descriptor: ggcrv1.Descriptor{Platform: &ggcrv1.Platform{OS: "linux", Architecture: goruntime.GOARCH}}})
+	ref, _ := name.ParseReference(reg.host+"/multi:1", name.Insecure)
+	if err := remote.WriteIndex(ref, idx, remote.WithTransport(pushHeader{http.DefaultTransport})); err != nil {
+		t.Fatal(err)
+	}
+	info, err := dfBuildFrom(t, dataDir, ctxDir, "multi", "FROM "+reg.host+"/multi:1\n", Registries{Insecure: []string{reg.host}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, filepath.Join(info.Path, "bin/tool")); got != "mine\n" {
+		t.Errorf("bin/tool = %q, want this machine's image", got)
 	}
 }
