@@ -1,10 +1,14 @@
 package integration
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
+	"io"
+	stdlog "log"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +17,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/sheepfold/sheepfold/internal/testutil"
 	"github.com/sheepfold/sheepfold/internal/testutil/nodejs"
@@ -26,7 +38,8 @@ import (
 // and as user, set_workdir and set_start_cmd; a sandbox of it sees the
 // files the build made. A build FROM an image of Docker Hub fails with
 // ERR_REGISTRY_NOT_ALLOWED's message; a key that is not an admin's may
-// not build (control: the admin key's build succeeds).
+// not build (control: the admin key's build succeeds). from_image of an
+// image in a registry the server allows (one on loopback) builds too.
 func TestE2BTemplateBuild(t *testing.T) {
 	testutil.RequireRoot(t)
 	runc := testutil.Runc(t)
@@ -66,7 +79,13 @@ func TestE2BTemplateBuild(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	url := "http://" + addr
-	cmd := exec.Command(sf, "--data-dir", dir, "serve", "--listen", addr, "--pool", "0")
+	// A registry on loopback holding a tiny image, which the server is
+	// told it may pull from over plain HTTP.
+	reg := httptest.NewServer(registry.New(registry.Logger(stdlog.New(io.Discard, "", 0))))
+	defer reg.Close()
+	regHost := strings.TrimPrefix(reg.URL, "http://")
+	pushTinyImage(t, regHost+"/tiny:1")
+	cmd := exec.Command(sf, "--data-dir", dir, "serve", "--listen", addr, "--pool", "0", "--insecure-registry", regHost)
 	var log bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
@@ -102,7 +121,7 @@ func TestE2BTemplateBuild(t *testing.T) {
 		c := exec.CommandContext(ctx, "/usr/bin/python3", "template_build.py", name)
 		c.Dir = "../e2b/python"
 		c.Env = append(nodejs.Environ("E2B_", "PYTHON"), "PYTHONPATH="+filepath.Join(sdk, "e2b-python", "site"),
-			"E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY="+key)
+			"E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY="+key, "SHEEPFOLD_TEST_IMAGE="+regHost+"/tiny:1")
 		c.WaitDelay = 10 * time.Second
 		out, err := c.CombinedOutput()
 		return string(out), err
@@ -120,10 +139,14 @@ func TestE2BTemplateBuild(t *testing.T) {
 		`RESULT asuser 'user\n'`,
 		"RESULT hub refused BuildException",
 		"registry index.docker.io is not one the operator allows",
+		"RESULT image built sdkbuilt-img",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in the output:\n%s", want, out)
 		}
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, "templates", "sdkbuilt-img", "rootfs", "srv", "hello.txt")); err != nil || string(got) != "hello from the context\n" {
+		t.Errorf("the template from the registry's image: %q, %v", got, err)
 	}
 	info, err := os.ReadFile(filepath.Join(dir, "templates", "sdkbuilt", "template.json"))
 	if err != nil || !bytes.Contains(info, []byte(`"start": "touch /tmp/started"`)) {
@@ -136,5 +159,29 @@ func TestE2BTemplateBuild(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "templates", "sdkuser")); !os.IsNotExist(err) {
 		t.Errorf("the user key's template exists: %v", err)
+	}
+}
+
+// pushTinyImage pushes an image of a few files (no shell) as ref.
+func pushTinyImage(t *testing.T, ref string) {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range [][2]string{{"etc/passwd", "root:x:0:0::/root:/bin/sh\n"}, {"etc/group", "root:x:0:\n"},
+		{"etc/shadow", "root:*:1::::::\n"}, {"etc/gshadow", "root:*::\n"}, {"usr/bin/tool", "tool\n"}} {
+		tw.WriteHeader(&tar.Header{Name: e[0], Mode: 0o644, Size: int64(len(e[1])), Typeflag: tar.TypeReg})
+		tw.Write([]byte(e[1]))
+	}
+	tw.Close()
+	img, err := mutate.AppendLayers(empty.Image, static.NewLayer(buf.Bytes(), types.OCIUncompressedLayer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(r, img); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -56,3 +56,11 @@ try:
     print("RESULT hub built", flush=True)
 except (BuildException, TemplateException) as e:
     print("RESULT hub refused", type(e).__name__, str(e).replace("\n", " "), flush=True)
+
+# An image of a registry the server allows (the Go test's, on loopback):
+# no shell in it, so only files are added.
+image = os.environ.get("SHEEPFOLD_TEST_IMAGE")
+if image:
+    t = Template(file_context_path=ctx).from_image(image).copy("hello.txt", "/srv/hello.txt").set_envs({"FROM": "registry"})
+    info = Template.build(t, name + "-img")
+    print("RESULT image built", info.template_id, flush=True)
