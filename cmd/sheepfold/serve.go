@@ -375,6 +375,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().StringVar(&cfg.PublicURL, "public-url", "", "the URL at which relying parties (a cloud's OIDC federation, your services) reach this server: the issuer of the sandboxes' workload identity tokens, served at /.well-known/openid-configuration and /.well-known/jwks.json; clouds want https (default: http://LISTEN, localhost for a wildcard address)")
 	cmd.Flags().StringSliceVar(&cfg.CDISpecDirs, "cdi-spec-dirs", config.DefaultCDISpecDirs,
 		"directories of the host's CDI specs (the Container Device Interface: nvidia-ctk cdi generate and other vendors' tools write them), which describe the devices sandboxes may ask for (resources.gpu, resources.devices); empty: none")
+	registryFlags(cmd.Flags(), cfg)
 	cmd.Flags().StringVar(&gpuClass, "gpu-class", sandbox.DefaultGPUClass, "the CDI class (vendor/class) that resources.gpu draws devices from")
 	cmd.Flags().BoolVar(&shareDevices, "share-devices", false, "let live sandboxes hold the same device (default: one sandbox per device; a create asking for a held one is refused with ERR_DEVICE_IN_USE)")
 	cmd.Flags().StringVar(&cfg.DefaultRuntime, "default-runtime", "",
@@ -552,6 +553,7 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	if kube == nil { // RUN steps in runc on this host; a cluster's server builds none
 		scfg.TemplateRunner = sfengine.StepRunner(cfg)
 		scfg.TemplateUIDShift = oci.DefaultIDMap.HostID
+		scfg.TemplateRegistries = registriesOf(&cfg)
 	}
 	if scfg.ShutdownTimeout <= 0 {
 		scfg.ShutdownTimeout = 10 * time.Second

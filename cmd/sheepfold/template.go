@@ -33,7 +33,9 @@ Without -f, NAME is a builtin template (python), built from Debian packages
 with debootstrap, once (--force rebuilds).
 
 With -f Dockerfile, NAME is built from the Dockerfile: FROM a built template,
-then RUN (in a sandbox of the half-built template, without network), COPY and
+an OCI image (oci-archive:FILE, oci:DIR) or an image in a registry the
+operator allows (HOST[:PORT]/REPO:TAG or @DIGEST: --registry,
+--insecure-registry, --registry-auth), then RUN (in a sandbox of the half-built template, without network), COPY and
 ADD (from --context only), ENV, ARG, WORKDIR, USER and LABEL. The labels
 sheepfold.start ("command") and sheepfold.ready ("port:N" or "cmd:COMMAND")
 are kept as the template's start command and ready check. Steps are cached by
@@ -109,6 +111,7 @@ their inputs: a rebuild redoes only the steps from the first changed one.`,
 	build.Flags().StringVar(&contextDir, "context", "", "the build context COPY and ADD read from (default: the Dockerfile's directory)")
 	build.Flags().StringArrayVar(&buildArgs, "build-arg", nil, "KEY=VALUE for an ARG (repeatable)")
 	build.Flags().BoolVar(&noCache, "no-cache", false, "build every step anew (Dockerfile builds)")
+	registryFlags(build.Flags(), cfg)
 
 	list := &cobra.Command{
 		Use:   "list",

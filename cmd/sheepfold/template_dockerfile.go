@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sheepfold/sheepfold/internal/config"
 	sfengine "github.com/sheepfold/sheepfold/internal/engine"
@@ -54,6 +55,7 @@ func buildDockerfile(ctx context.Context, cfg *config.Config, name, file, contex
 	opt := template.DockerfileOptions{
 		DataDir: cfg.DataDir, Name: name, Context: contextDir, BuildArgs: args,
 		UIDShift: oci.DefaultIDMap.HostID, Runner: sfengine.StepRunner(*cfg), NoCache: noCache,
+		Registries: registriesOf(cfg),
 	}
 	var logs []io.Writer
 	if !quiet {
@@ -80,14 +82,27 @@ func buildDockerfile(ctx context.Context, cfg *config.Config, name, file, contex
 	return nil
 }
 
+// registriesOf is the registries a FROM may pull from.
+func registriesOf(cfg *config.Config) template.Registries {
+	return template.Registries{Allow: cfg.Registries, Insecure: cfg.InsecureRegistries, AuthFile: cfg.RegistryAuthFile}
+}
+
+// registryFlags are the flags of the registries a FROM may pull from.
+func registryFlags(fs *pflag.FlagSet, cfg *config.Config) {
+	fs.StringSliceVar(&cfg.Registries, "registry", nil, "image registries (HOST[:PORT]) a template's FROM HOST/REPO:TAG may pull from over HTTPS (default: none; any other is refused with ERR_REGISTRY_NOT_ALLOWED)")
+	fs.StringSliceVar(&cfg.InsecureRegistries, "insecure-registry", nil, "image registries (HOST[:PORT]) a template's FROM may pull from over plain HTTP")
+	fs.StringVar(&cfg.RegistryAuthFile, "registry-auth", "", "a Docker config file (config.json) whose \"auths\" hold the registries' credentials (credential helpers are not run; default: anonymous pulls)")
+}
+
 // templateImportCmd is `template import`: a template from an OCI image
-// (an archive or a layout directory), built as the Dockerfile
-// "FROM oci-archive:FILE" (or "FROM oci:DIR") would be.
+// (an archive, a layout directory or an image in a registry), built as
+// the Dockerfile "FROM oci-archive:FILE" (or "FROM oci:DIR", or "FROM
+// HOST/REPO:TAG") would be.
 func templateImportCmd(cfg *config.Config) *cobra.Command {
 	var quiet bool
 	cmd := &cobra.Command{
-		Use:   "import FILE|DIR NAME",
-		Short: "Make a template from an OCI image: an archive (docker save, skopeo oci-archive:, template export) or a layout directory",
+		Use:   "import FILE|DIR|HOST/REPO:TAG NAME",
+		Short: "Make a template from an OCI image: an archive (docker save, skopeo oci-archive:, template export), a layout directory, or an image in a registry --registry/--insecure-registry allows",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := cfg.ResolveDataDir(); err != nil {
@@ -97,13 +112,15 @@ func templateImportCmd(cfg *config.Config) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fi, err := os.Stat(src)
-			if err != nil {
-				return err
-			}
-			ref := "oci-archive:" + src
-			if fi.IsDir() {
+			var ref string
+			if fi, err := os.Stat(src); err == nil && fi.IsDir() {
 				ref = "oci:" + src
+			} else if err == nil {
+				ref = "oci-archive:" + src
+			} else if template.IsRegistryRef(args[0]) {
+				ref = args[0]
+			} else {
+				return err
 			}
 			df, err := os.CreateTemp("", "sheepfold-import-*.Dockerfile")
 			if err != nil {
@@ -119,5 +136,6 @@ func templateImportCmd(cfg *config.Config) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "no build log on standard error")
+	registryFlags(cmd.Flags(), cfg)
 	return cmd
 }

@@ -109,6 +109,9 @@ const (
 	// live sandboxes (one sandbox at a time, unless the operator lets
 	// them share).
 	DeviceInUse Code = "ERR_DEVICE_IN_USE"
+	// RegistryNotAllowed: a template's FROM names an image registry the
+	// operator does not allow.
+	RegistryNotAllowed Code = "ERR_REGISTRY_NOT_ALLOWED"
 )
 
 // Status is the HTTP status of each code.
@@ -153,6 +156,7 @@ var Status = map[Code]int{
 	InvalidHandler:       http.StatusBadRequest,
 	DeviceNotFound:       http.StatusNotFound,
 	DeviceInUse:          http.StatusConflict,
+	RegistryNotAllowed:   http.StatusForbidden,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

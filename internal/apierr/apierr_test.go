@@ -13,7 +13,7 @@ func TestEveryCodeHasAStatus(t *testing.T) {
 		UnsupportedLanguage, TemplateNotFound, ModuleBlocked, NetworkRestricted,
 		SessionQuotaExceeded, RateLimited, Capacity, Internal, MethodNotAllowed, StorageUnavailable, ShuttingDown, Forbidden,
 		InvalidPolicy, SubprocessDenied, CPUTimeExceeded, ModelNotFound, Provider, ProviderTimeout, SessionNotFound,
-		TooManyConnections, StorageQuotaExceeded, ProcessLimit, NotSupported, VolumeNotFound, VolumeInUse, InvalidHandler,
+		TooManyConnections, StorageQuotaExceeded, ProcessLimit, NotSupported, VolumeNotFound, VolumeInUse, InvalidHandler, RegistryNotAllowed,
 		DeviceNotFound, DeviceInUse}
 	if len(codes) != len(Status) {
 		t.Fatalf("Status has %d codes, the list %d", len(Status), len(codes))

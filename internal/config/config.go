@@ -52,6 +52,15 @@ type Config struct {
 	// describe the devices sandboxes may be given (oci.Config.CDISpecDirs).
 	// [/etc/cdi, /var/run/cdi; serve --cdi-spec-dirs]
 	CDISpecDirs []string
+	// Registries are the image registries (HOST[:PORT]) a template's
+	// FROM may pull from over HTTPS, InsecureRegistries those reached
+	// over plain HTTP, RegistryAuthFile a Docker config file holding
+	// their credentials ("auths"). A FROM naming any other registry is
+	// refused (ERR_REGISTRY_NOT_ALLOWED). [none; --registry,
+	// --insecure-registry, --registry-auth]
+	Registries         []string
+	InsecureRegistries []string
+	RegistryAuthFile   string
 }
 
 // DefaultCDISpecDirs are where vendors' tools put CDI specs

@@ -76,6 +76,7 @@ func (h *Handler) controlMux() http.Handler {
 	add("POST /secrets/{secretID}", h.updateSecret)
 	add("DELETE /secrets/{secretID}", h.deleteSecret)
 	h.snapshotRoutes(add)
+	h.templateRoutes(add, mux) // templates.go
 	// Signed file URLs arrive without sandbox headers.
 	h.route("", "GET /files", "POST /files")
 	mux.Handle("/files", writeDeadlines(http.HandlerFunc(h.signedFiles), h.cfg.WriteTimeout))

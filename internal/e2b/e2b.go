@@ -113,6 +113,12 @@
 // from the axes' artists, null for unset titles and labels, 8-digit rounding of
 // pie angles and box plots, datetime and categorical scales).
 //
+// Templates (templates.go): E2B's template builder (POST /v3/templates,
+// the upload links of its files, POST /v2/templates/{id}/builds/{id},
+// the build's status and log) translated into a Dockerfile that a
+// TemplateBackend (the server: admin keys, POST /v1/templates's build)
+// builds.
+//
 // Secrets (secrets.go): E2B's Secret API (`/secrets`: list, create, get,
 // a new version, delete) over the same store as /v1/secrets
 // (Backend.Secrets), answered with E2B's `Secret`, never a value; E2B's
@@ -287,6 +293,8 @@ type Handler struct {
 
 	macs atomic.Int64 // HMACs computed, for tests
 
+	tbuilds templateBuilds // E2B template builds (templates.go)
+
 	// learnMu serializes learnings (learn).
 	learnMu sync.Mutex
 
@@ -371,14 +379,17 @@ func Handles(r *http.Request) bool {
 	return p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
 		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
 		p == "/secrets" || strings.HasPrefix(p, "/secrets/") ||
-		p == "/snapshots" || strings.HasPrefix(p, "/templates/") || // snapshots.go
+		p == "/snapshots" || strings.HasPrefix(p, "/templates/") || // snapshots.go, templates.go
+		p == "/v3/templates" || strings.HasPrefix(p, "/v2/templates/") || // templates.go
 		p == "/files" // signed file URLs carry no sandbox header
 }
 
-// IsUpload reports whether r uploads files (POST /files), whose body may
-// be as large as the upload limit rather than the limit of other requests.
+// IsUpload reports whether r uploads files (POST /files, or a template
+// build's files: PUT /templates/{id}/files/{hash}), whose body may be as
+// large as the upload limit rather than the limit of other requests.
 func IsUpload(r *http.Request) bool {
-	return r.Method == http.MethodPost && r.URL.Path == "/files"
+	return r.Method == http.MethodPost && r.URL.Path == "/files" ||
+		r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/templates/") && strings.Contains(r.URL.Path, "/files/")
 }
 
 // IsStream reports whether r is a client stream (envd's StreamInput): its

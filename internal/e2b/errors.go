@@ -99,8 +99,9 @@ var connectCodes = map[apierr.Code]connect.Code{
 	apierr.VolumeNotFound: connect.CodeNotFound,
 	apierr.VolumeInUse:    connect.CodeFailedPrecondition,
 	// Devices' too.
-	apierr.DeviceNotFound: connect.CodeNotFound,
-	apierr.DeviceInUse:    connect.CodeFailedPrecondition,
+	apierr.DeviceNotFound:     connect.CodeNotFound,
+	apierr.DeviceInUse:        connect.CodeFailedPrecondition,
+	apierr.RegistryNotAllowed: connect.CodePermissionDenied,
 }
 
 // connectError maps an engine error to a Connect error. When the sandbox

@@ -360,9 +360,11 @@ type Config struct {
 	// TemplateRunner runs the RUN steps of template builds (POST
 	// /v1/templates, templates.go); nil: the server builds no templates
 	// (501). TemplateUIDShift is the templates' uid shift (the runtime's
-	// mapping).
-	TemplateRunner   template.StepRunner
-	TemplateUIDShift uint32
+	// mapping). TemplateRegistries are the registries a FROM may pull
+	// from.
+	TemplateRunner     template.StepRunner
+	TemplateUIDShift   uint32
+	TemplateRegistries template.Registries
 	// DataDir is where the server keeps its database and sandboxes;
 	// /readyz is not ready while it has less than MinFreeDiskBytes free
 	// [256 MiB]. "" skips the check.

@@ -2,6 +2,7 @@ package server
 
 import (
 	"archive/tar"
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -10,12 +11,15 @@ import (
 	"net/http"
 	"os"
 	"path"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/sheepfold/sheepfold/api"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/e2b"
+	"github.com/sheepfold/sheepfold/internal/store"
 	"github.com/sheepfold/sheepfold/internal/template"
 )
 
@@ -124,8 +128,24 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return apierr.Wrap(err, apierr.BadRequest, "the build context has no Dockerfile %q", dfName)
 	}
-	if _, err := template.ParseDockerfile(strings.NewReader(string(src))); err != nil {
-		return apierr.Wrap(err, apierr.BadRequest, "%v", err)
+	b, err := s.startTemplateBuild(name, src, dir, q.Get("no_cache") == "true")
+	if err != nil {
+		return err
+	}
+	keep = true // the build removes it
+	writeJSON(w, http.StatusAccepted, b.view())
+	return nil
+}
+
+// startTemplateBuild checks the Dockerfile src (its FROM's registry
+// included) and starts building template name from it in the context dir,
+// which is the build's from then on (removed when it ends); on an error
+// dir is the caller's.
+func (s *Server) startTemplateBuild(name string, src []byte, dir string, noCache bool) (*templateBuild, error) {
+	if err := template.CheckFrom(src, nil, s.cfg.TemplateRegistries); errors.Is(err, template.ErrRegistryNotAllowed) {
+		return nil, apierr.Wrap(err, apierr.RegistryNotAllowed, "%v", err)
+	} else if err != nil {
+		return nil, apierr.Wrap(err, apierr.BadRequest, "%v", err)
 	}
 	b := &templateBuild{out: api.TemplateBuild{ID: "tb_" + strings.ToLower(rand.Text()[:16]), Name: name,
 		Status: api.TemplateBuildRunning, StartedAt: time.Now().UTC()}}
@@ -133,7 +153,7 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) error {
 	tb.mu.Lock()
 	if tb.active[name] {
 		tb.mu.Unlock()
-		return apierr.New(apierr.Conflict, "template %s is being built", name)
+		return nil, apierr.New(apierr.Conflict, "template %s is being built", name)
 	}
 	if tb.byID == nil {
 		tb.byID, tb.active = map[string]*templateBuild{}, map[string]bool{}
@@ -150,10 +170,9 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) error {
 		tb.order = tb.order[1:]
 	}
 	tb.mu.Unlock()
-	keep = true
 	opt := template.DockerfileOptions{
 		DataDir: s.cfg.DataDir, Name: name, Context: dir, UIDShift: s.cfg.TemplateUIDShift,
-		Runner: s.cfg.TemplateRunner, NoCache: q.Get("no_cache") == "true",
+		Runner: s.cfg.TemplateRunner, NoCache: noCache, Registries: s.cfg.TemplateRegistries,
 		Progress: func(step string, done, total int) {
 			b.mu.Lock()
 			b.out.Step, b.out.Done, b.out.Total = step, done, total
@@ -180,8 +199,7 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) error {
 		tb.mu.Unlock()
 		s.log.Info("template build ended", "template", name, "build", b.out.ID, "err", err)
 	}()
-	writeJSON(w, http.StatusAccepted, b.view())
-	return nil
+	return b, nil
 }
 
 func (s *Server) templateBuild(id string) (*templateBuild, error) {
@@ -283,4 +301,83 @@ func unpackContext(r io.Reader, dir string) error {
 			return fmt.Errorf("entry %q: %w", h.Name, err)
 		}
 	}
+}
+
+var _ e2b.TemplateBackend = e2bBackend{}
+
+// CanBuildTemplate implements e2b.TemplateBackend: admin keys build, as on
+// POST /v1/templates.
+func (b e2bBackend) CanBuildTemplate(ctx context.Context, keyID, name string) error {
+	s := b.s
+	if s.cfg.TemplateRunner == nil || s.cfg.DataDir == "" {
+		return apierr.New(apierr.NotSupported, "this server does not build templates (no step runner: the Kubernetes runtime, or no data dir)")
+	}
+	k, err := s.store.KeyByID(ctx, keyID)
+	if err != nil {
+		return classify(err)
+	}
+	if k.RevokedAt != nil || k.Role != store.RoleAdmin {
+		return apierr.New(apierr.Forbidden, "building templates needs an admin key")
+	}
+	if err := template.ValidName(name); err != nil {
+		return apierr.Wrap(err, apierr.BadRequest, "name: %v", err)
+	}
+	return nil
+}
+
+// BuildTemplate implements e2b.TemplateBackend: each upload is unpacked
+// as unpackContext unpacks a /v1 build's context, in a directory of its
+// own.
+func (b e2bBackend) BuildTemplate(ctx context.Context, keyID, name string, dockerfile []byte, uploads map[string]string, noCache bool) (string, error) {
+	if err := b.CanBuildTemplate(ctx, keyID, name); err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp("", "sheepfold-context-")
+	if err != nil {
+		return "", err
+	}
+	unpack := func(sub, tarPath string) error {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+			return err
+		}
+		f, err := os.Open(tarPath)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := unpackContext(f, filepath.Join(dir, sub)); err != nil {
+			return apierr.Wrap(err, apierr.BadRequest, "the files of hash %s: %v", sub, err)
+		}
+		return nil
+	}
+	for sub, p := range uploads {
+		if err := unpack(sub, p); err != nil {
+			os.RemoveAll(dir)
+			return "", err
+		}
+	}
+	tb, err := b.s.startTemplateBuild(name, dockerfile, dir, noCache)
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	return tb.view().ID, nil
+}
+
+// TemplateBuild implements e2b.TemplateBackend.
+func (b e2bBackend) TemplateBuild(ctx context.Context, keyID, id string) (e2b.TemplateBuildState, error) {
+	if err := b.CanBuildTemplate(ctx, keyID, "x"); err != nil {
+		return e2b.TemplateBuildState{}, err
+	}
+	tb, err := b.s.templateBuild(id)
+	if err != nil {
+		return e2b.TemplateBuildState{}, err
+	}
+	v := tb.view()
+	log, err := template.BuildLog(b.s.cfg.DataDir, v.Name)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return e2b.TemplateBuildState{}, err
+	}
+	return e2b.TemplateBuildState{Done: v.Status == api.TemplateBuildDone, Failed: v.Status == api.TemplateBuildFailed,
+		Error: v.Error, Log: log}, nil
 }

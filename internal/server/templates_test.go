@@ -9,10 +9,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/auth"
 	"github.com/sheepfold/sheepfold/internal/server"
 	"github.com/sheepfold/sheepfold/internal/template"
 	"github.com/sheepfold/sheepfold/internal/testutil"
@@ -156,5 +158,147 @@ func TestTemplateBuildNotSupported(t *testing.T) {
 	r := e.do("GET", "/v1/templates", e.keyA, nil)
 	if r.status != http.StatusOK || !strings.Contains(string(r.body), `"templates":[]`) {
 		t.Fatalf("list: %d %s", r.status, r.body)
+	}
+}
+
+// TestTemplateBuildRegistryNotAllowed: a build FROM an image in a registry
+// the server was not started with is refused at once, 403
+// ERR_REGISTRY_NOT_ALLOWED (Docker Hub's short names too); a listed one
+// passes the check (control: the same Dockerfile is accepted, 202).
+func TestTemplateBuildRegistryNotAllowed(t *testing.T) {
+	testutil.RequireRoot(t)
+	data := t.TempDir()
+	e := newEnv(t, server.Config{DataDir: data, TemplateRunner: noRunner{}, TemplateUIDShift: 1000,
+		TemplateRegistries: template.Registries{Insecure: []string{"127.0.0.1:1"}}})
+	admin := e.adminKey()
+	for _, from := range []string{"registry.example:5000/app:1", "python:3.12", "127.0.0.2:1/app@sha256:" + strings.Repeat("a", 64)} {
+		wantMsg(t, e.do("POST", "/v1/templates?name=app", admin, tarOf(t, tarEntry{name: "Dockerfile", body: "FROM " + from + "\n"})),
+			http.StatusForbidden, "ERR_REGISTRY_NOT_ALLOWED", "is not one the operator allows")
+	}
+	r := e.do("POST", "/v1/templates?name=app", admin, tarOf(t, tarEntry{name: "Dockerfile", body: "FROM 127.0.0.1:1/app:1\n"}))
+	want(t, r, http.StatusAccepted, "")
+	var b struct{ ID, Status, Error string }
+	json.Unmarshal(r.body, &b)
+	// The build (nothing listens on 127.0.0.1:1) fails; wait for its end
+	// so that nothing runs on after the test.
+	deadline := time.Now().Add(30 * time.Second)
+	for b.Status == "running" {
+		if time.Now().After(deadline) {
+			t.Fatal("the build did not end")
+		}
+		time.Sleep(20 * time.Millisecond)
+		r = e.do("GET", "/v1/templates/builds/"+b.ID, admin, nil)
+		json.Unmarshal(r.body, &b)
+	}
+	if b.Status != "failed" || !strings.Contains(b.Error, "127.0.0.1:1") {
+		t.Fatalf("ended build: %s", r.body)
+	}
+}
+
+// TestE2BTemplateBuildAPI drives E2B's template build endpoints as the
+// SDK does (request, upload link, PUT of the files' tar, start, status
+// polled to ready) for a build without RUN, and tries them as others
+// would: a key that is not an admin's may not build, an upload link with
+// another token stores nothing, another admin key does not see the
+// build, and a tar entry with .. is refused with nothing written outside
+// (control: the right token's upload is taken and the build is ready).
+func TestE2BTemplateBuildAPI(t *testing.T) {
+	testutil.RequireRoot(t)
+	data := t.TempDir()
+	base := filepath.Join(data, "templates", "python")
+	testutil.WriteTree(t, filepath.Join(base, "rootfs"), map[string]string{"etc/passwd": "root:x:0:0::/root:/bin/sh\n"})
+	info, _ := json.Marshal(template.Info{Name: "python", Suite: "bookworm", Version: template.FormatVersion, UIDShift: 1000})
+	if err := os.WriteFile(filepath.Join(base, "template.json"), info, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t, server.Config{DataDir: data, TemplateRunner: noRunner{}, TemplateUIDShift: 1000})
+	ctx := context.Background()
+	_, admin, err := auth.Create(ctx, e.store, auth.CreateOptions{Name: "a", Admin: true, E2B: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, admin2, _ := auth.Create(ctx, e.store, auth.CreateOptions{Name: "b", Admin: true, E2B: true})
+	_, user, _ := auth.Create(ctx, e.store, auth.CreateOptions{Name: "u", Owner: "u", E2B: true})
+	hash := strings.Repeat("ab", 32)
+	e2b := func(method, path, key string, body any) resp {
+		return e.do(method, path, "", body, "X-API-Key", key)
+	}
+	if r := e2b("POST", "/v3/templates", user, map[string]any{"name": "sdk"}); r.status != http.StatusForbidden {
+		t.Fatalf("a user key's build request: %d %s", r.status, r.body)
+	}
+	r := e2b("POST", "/v3/templates", admin, map[string]any{"name": "sdk:v1", "cpuCount": 2, "memoryMB": 1024})
+	var req struct{ TemplateID, BuildID string }
+	if json.Unmarshal(r.body, &req); r.status != http.StatusAccepted || req.TemplateID != "sdk" || req.BuildID == "" {
+		t.Fatalf("build request: %d %s", r.status, r.body)
+	}
+	r = e2b("GET", "/templates/sdk/files/"+hash, admin, nil)
+	var link struct {
+		Present bool
+		URL     string
+	}
+	if json.Unmarshal(r.body, &link); r.status != http.StatusCreated || link.Present || !strings.Contains(link.URL, "token=") {
+		t.Fatalf("upload link: %d %s", r.status, r.body)
+	}
+	path := strings.TrimPrefix(link.URL, e.url)
+	files := tarOf(t, tarEntry{name: "app/hello.txt", body: "hello\n"})
+	// Another token: refused, nothing stored (the start finds no upload).
+	forged := regexp.MustCompile(`token=[^&]+`).ReplaceAllString(path, "token="+strings.Repeat("x", 52))
+	if r := e.do("PUT", forged, "", files); r.status != http.StatusUnauthorized {
+		t.Fatalf("forged upload link: %d %s", r.status, r.body)
+	}
+	start := map[string]any{"fromTemplate": "base", "force": false, "steps": []map[string]any{
+		{"type": "ENV", "args": []string{"A", "1"}, "force": false},
+		{"type": "COPY", "args": []string{"app", "/opt/app", "", ""}, "force": false, "filesHash": hash},
+	}}
+	if r := e2b("POST", "/v2/templates/sdk/builds/"+req.BuildID, admin, start); r.status != http.StatusBadRequest ||
+		!strings.Contains(string(r.body), "not uploaded") {
+		t.Fatalf("start without the upload: %d %s", r.status, r.body)
+	}
+	if r := e.do("PUT", path, "", files); r.status != http.StatusOK {
+		t.Fatalf("upload: %d %s", r.status, r.body)
+	}
+	if r := e2b("GET", "/templates/sdk/builds/"+req.BuildID+"/status", admin2, nil); r.status != http.StatusNotFound {
+		t.Fatalf("another key's view of the build: %d %s", r.status, r.body)
+	}
+	if r := e2b("POST", "/v2/templates/sdk/builds/"+req.BuildID, admin, start); r.status != http.StatusAccepted {
+		t.Fatalf("start: %d %s", r.status, r.body)
+	}
+	var st struct {
+		Status     string
+		LogEntries []struct{ Message string }
+		Reason     *struct{ Message string }
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for st.Status == "" || st.Status == "building" || st.Status == "waiting" {
+		if time.Now().After(deadline) {
+			t.Fatal("the build did not end")
+		}
+		r = e2b("GET", "/templates/sdk/builds/"+req.BuildID+"/status?logsOffset=0", admin, nil)
+		if err := json.Unmarshal(r.body, &st); err != nil || r.status != http.StatusOK {
+			t.Fatalf("status: %d %s", r.status, r.body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st.Status != "ready" || len(st.LogEntries) == 0 {
+		t.Fatalf("ended build: %s", r.body)
+	}
+	if got, err := os.ReadFile(filepath.Join(data, "templates", "sdk", "rootfs", "opt", "app", "hello.txt")); err != nil || string(got) != "hello\n" {
+		t.Fatalf("built file: %q, %v", got, err)
+	}
+
+	// A tar entry with ..: refused when the build starts.
+	r = e2b("POST", "/v3/templates", admin, map[string]any{"name": "sdk2"})
+	json.Unmarshal(r.body, &req)
+	r = e2b("GET", "/templates/sdk2/files/"+hash, admin, nil)
+	json.Unmarshal(r.body, &link)
+	if r := e.do("PUT", strings.TrimPrefix(link.URL, e.url), "", tarOf(t, tarEntry{name: "../../../escaped-e2b", body: "x"})); r.status != http.StatusOK {
+		t.Fatalf("upload: %d %s", r.status, r.body)
+	}
+	if r := e2b("POST", "/v2/templates/sdk2/builds/"+req.BuildID, admin, start); r.status != http.StatusBadRequest ||
+		!strings.Contains(string(r.body), "outside the build context") {
+		t.Fatalf("start with a .. entry: %d %s", r.status, r.body)
+	}
+	if left, _ := filepath.Glob(filepath.Join(os.TempDir(), "escaped-e2b")); len(left) > 0 {
+		t.Fatalf("a tar entry landed outside: %v", left)
 	}
 }

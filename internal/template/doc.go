@@ -7,6 +7,11 @@
 //	<DataDir>/templates/<name>/rootfs         the root filesystem (read-only lower layer)
 //	<DataDir>/templates/<name>/template.json  its Info
 //
+// The builtin templates (python) are declared in builtin/NAME.Dockerfile
+// (builtin.go, embedded): FROM debian:SUITE, RUN apt-get install lines
+// (the packages) and LABEL sheepfold.description, in Dockerfile syntax
+// read by BuildKit's parser; Builtin and Lookup return what they say.
+//
 // Build runs debootstrap into a staging directory
 // <DataDir>/templates/.<name>.build-<random>, edits the result on the host
 // side (sandbox user, neutral hostname, hosts and resolver files, no
@@ -31,7 +36,9 @@
 // # Templates from a Dockerfile
 //
 // BuildDockerfile builds a template on top of a built one, or of an OCI
-// image (FROM oci-archive:FILE or oci:DIR: ociimport_linux.go), from a
+// image (FROM oci-archive:FILE or oci:DIR: ociimport_linux.go; FROM
+// HOST/REPO:TAG from a registry the operator lists, pulled with
+// go-containerregistry into a layout: registry.go), from a
 // Dockerfile, parsed by BuildKit's parser (ParseDockerfile; what it
 // refuses is refused at parse time with the line). Every step that
 // changes files (RUN, COPY, ADD, WORKDIR) makes a layer: an overlay of the
@@ -59,6 +66,6 @@
 //
 // This package imports the standard library, golang.org/x/sys, moby's
 // mountinfo parser, BuildKit's Dockerfile parser, instructions and shell
-// lexer, the OCI image-spec types, and internal/osthread (its build commands' Pdeathsig); it knows
+// lexer, the OCI image-spec types, go-containerregistry (pulls), and internal/osthread (its build commands' Pdeathsig); it knows
 // nothing of sandboxes, the runtime or the server.
 package template

@@ -137,7 +137,7 @@ func (b *dfBuilder) build(ctx context.Context) (info Info, err error) {
 	}
 	var base Info
 	var baseID string
-	if isImageRef(from) {
+	if isImageRef(from) || IsRegistryRef(from) {
 		unlock, err := lockTemplate(ctx, b.dir, b.opt.Name)
 		if err != nil {
 			return Info{}, b.fail(ctx, nil, err)
@@ -152,7 +152,7 @@ func (b *dfBuilder) build(ctx context.Context) (info Info, err error) {
 			return Info{}, b.fail(ctx, nil, fmt.Errorf("template %s cannot be built FROM itself", from))
 		}
 		if err := validName(from); err != nil {
-			return Info{}, b.fail(ctx, nil, fmt.Errorf("FROM %s: want a built template, oci-archive:FILE or oci:DIR (%v)", from, err))
+			return Info{}, b.fail(ctx, nil, fmt.Errorf("FROM %s: want a built template, oci-archive:FILE, oci:DIR or HOST/REPO:TAG (%v)", from, err))
 		}
 		// Lock both names, in order, so that the base is not removed or
 		// rebuilt under the build.

@@ -175,6 +175,9 @@ type DockerfileOptions struct {
 	UIDShift uint32
 	// Runner runs RUN steps; nil fails a Dockerfile with RUN.
 	Runner StepRunner
+	// Registries are those a FROM HOST/REPO:TAG may pull from; none
+	// refuses every such FROM (ErrRegistryNotAllowed).
+	Registries Registries
 	// NoCache builds every layer anew (and replaces the cached ones).
 	NoCache bool
 	// Progress: as BuildOptions.Progress, one unit per step.

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	ggcrv1 "github.com/google/go-containerregistry/pkg/v1"
 	v1 "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
@@ -53,14 +54,36 @@ func (b *dfBuilder) importImage(ctx context.Context, ref string) (Info, error) {
 	layout := ""
 	var cu cleanup
 	defer cu.run()
+	var pulled ggcrv1.Image
 	p := strings.TrimPrefix(strings.TrimPrefix(ref, ociArchivePrefix), ociDirPrefix)
-	if !filepath.IsAbs(p) {
+	if IsRegistryRef(ref) {
+		img, err := remoteImage(ctx, ref, b.opt.Registries)
+		if err != nil {
+			return Info{}, err
+		}
+		if info, ok, err := b.cachedImage(ref, img); err != nil || ok {
+			return info, err
+		}
+		pulled = img
+	} else if !filepath.IsAbs(p) {
 		if b.opt.Context == "" {
 			return Info{}, fmt.Errorf("FROM %s: a relative path needs a build context", ref)
 		}
 		p = filepath.Join(b.opt.Context, p)
 	}
-	if strings.HasPrefix(ref, ociArchivePrefix) {
+	switch {
+	case pulled != nil:
+		tmp, err := os.MkdirTemp(filepath.Join(b.dir, layersDir), ".image-")
+		if err != nil {
+			return Info{}, err
+		}
+		cu.add(func() error { return os.RemoveAll(tmp) })
+		b.log.Printf("FROM %s: pulling", ref)
+		if err := pullLayout(pulled, tmp); err != nil {
+			return Info{}, fmt.Errorf("FROM %s: pull: %w", ref, err)
+		}
+		layout = tmp
+	case strings.HasPrefix(ref, ociArchivePrefix):
 		tmp, err := os.MkdirTemp(filepath.Join(b.dir, layersDir), ".image-")
 		if err != nil {
 			return Info{}, err
@@ -76,7 +99,7 @@ func (b *dfBuilder) importImage(ctx context.Context, ref string) (Info, error) {
 			return Info{}, fmt.Errorf("FROM %s: unpack the archive: %w", ref, err)
 		}
 		layout = tmp
-	} else {
+	default:
 		layout = p
 	}
 	lr, err := os.OpenRoot(layout)
@@ -88,10 +111,7 @@ func (b *dfBuilder) importImage(ctx context.Context, ref string) (Info, error) {
 	if err != nil {
 		return Info{}, fmt.Errorf("FROM %s: %w", ref, err)
 	}
-	key := digestOf([]byte(fmt.Sprintf("sheepfold-oci-image-v1\n%s\nshift %d\n", mdesc.Digest, b.opt.UIDShift)))
-	final := filepath.Join(b.dir, layersDir, strings.TrimPrefix(key, "sha256:"))
-	info := Info{Name: ref, Path: filepath.Join(final, diffDir), Hash: key, UIDShift: b.opt.UIDShift,
-		Env: config.Config.Env, WorkDir: config.Config.WorkingDir, User: config.Config.User}
+	final, info := b.imageBase(ref, mdesc.Digest.String(), config.Config.Env, config.Config.WorkingDir, config.Config.User)
 	if fi, err := os.Lstat(info.Path); err == nil && fi.IsDir() && !b.opt.NoCache {
 		b.log.Printf("FROM %s: image %s: cached", ref, mdesc.Digest)
 		return info, nil
@@ -141,6 +161,37 @@ func (b *dfBuilder) importImage(ctx context.Context, ref string) (Info, error) {
 		return Info{}, err
 	}
 	return info, nil
+}
+
+// imageBase is where the base of the image of manifest digest goes, and
+// its Info.
+func (b *dfBuilder) imageBase(ref, digest string, env []string, workdir, user string) (string, Info) {
+	key := digestOf([]byte(fmt.Sprintf("sheepfold-oci-image-v1\n%s\nshift %d\n", digest, b.opt.UIDShift)))
+	final := filepath.Join(b.dir, layersDir, strings.TrimPrefix(key, "sha256:"))
+	return final, Info{Name: ref, Path: filepath.Join(final, diffDir), Hash: key, UIDShift: b.opt.UIDShift,
+		Env: env, WorkDir: workdir, User: user}
+}
+
+// cachedImage finds the base of a registry's image by its manifest
+// digest, reading its config (not its layers).
+func (b *dfBuilder) cachedImage(ref string, img ggcrv1.Image) (Info, bool, error) {
+	if b.opt.NoCache {
+		return Info{}, false, nil
+	}
+	d, err := img.Digest()
+	if err != nil {
+		return Info{}, false, fmt.Errorf("FROM %s: %w", ref, err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return Info{}, false, fmt.Errorf("FROM %s: image config: %w", ref, err)
+	}
+	_, info := b.imageBase(ref, d.String(), cf.Config.Env, cf.Config.WorkingDir, cf.Config.User)
+	if fi, err := os.Lstat(info.Path); err != nil || !fi.IsDir() {
+		return Info{}, false, nil
+	}
+	b.log.Printf("FROM %s: image %s: cached", ref, d)
+	return info, true, nil
 }
 
 // readImage reads an OCI layout's manifest (of this machine's

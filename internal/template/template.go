@@ -135,29 +135,15 @@ func (e *BuildError) Error() string {
 
 func (e *BuildError) Unwrap() error { return e.Err }
 
-// Builtin returns the templates Sheepfold knows how to build.
+// Builtin returns the templates Sheepfold knows how to build, as their
+// specs in builtin/ declare them (builtin.go). The specs are embedded and
+// checked by tests, so a bad one is a bug: Builtin panics on it.
 func Builtin() []Definition {
-	return []Definition{
-		{
-			Name:  "python",
-			Suite: "bookworm",
-			// bash and coreutils are Essential (always in minbase) but named
-			// so the list says what the kernels rely on. tzdata for pandas and
-			// zoneinfo; procps for ps/top/kill. curl, git, pip, requests and
-			// ca-certificates for sandboxes whose policy allows a network
-			// (internal/egress). r-base-core and default-jdk-headless for the
-			// R and Java kernels: E2B's runCode(language: "r" | "java")
-			// names no template, so the default one carries every language
-			// (their size and build time: README.md, "Languages").
-			Packages: []string{
-				"python3", "python3-numpy", "python3-pandas", "python3-matplotlib",
-				"nodejs", "bash", "coreutils", "procps", "tzdata",
-				"ca-certificates", "curl", "git", "python3-pip", "python3-requests",
-				"r-base-core", "default-jdk-headless",
-			},
-			Description: "Debian bookworm with Python 3.11 (numpy, pandas, matplotlib), Node.js 18, R 4.2, Java 17 (jshell) and Bash",
-		},
+	defs, err := builtinDefinitions()
+	if err != nil {
+		panic(err)
 	}
+	return defs
 }
 
 // Lookup returns the builtin definition called name.

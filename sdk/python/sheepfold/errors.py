@@ -53,6 +53,7 @@ __all__ = [
     "VolumeInUseError",
     "DeviceNotFoundError",
     "DeviceInUseError",
+    "RegistryNotAllowedError",
     "MethodNotAllowedError",
     "StorageUnavailableError",
     "ShuttingDownError",
@@ -191,6 +192,13 @@ class ForbiddenError(PermissionDeniedError):
     account's resource)."""
 
     default_code = "ERR_FORBIDDEN"
+
+
+class RegistryNotAllowedError(ForbiddenError):
+    """403 ERR_REGISTRY_NOT_ALLOWED: a template's FROM names an image
+    registry the operator does not allow."""
+
+    default_code = "ERR_REGISTRY_NOT_ALLOWED"
 
 
 class SubprocessDeniedError(PermissionDeniedError):
@@ -419,6 +427,7 @@ _BY_CODE: Dict[str, Type[SheepfoldError]] = {
     "ERR_INVALID_HANDLER": InvalidHandlerError,
     "ERR_DEVICE_NOT_FOUND": DeviceNotFoundError,
     "ERR_DEVICE_IN_USE": DeviceInUseError,
+    "ERR_REGISTRY_NOT_ALLOWED": RegistryNotAllowedError,
     "ERR_METHOD_NOT_ALLOWED": MethodNotAllowedError,
     "ERR_STORAGE_UNAVAILABLE": StorageUnavailableError,
     "ERR_SHUTTING_DOWN": ShuttingDownError,
