@@ -703,7 +703,7 @@ func (o *OCI) destroy(ctx context.Context, id string) error {
 	if err := detachVolumes(b); err != nil {
 		errs = append(errs, err)
 	}
-	for _, m := range []string{filepath.Join(b, "rootfs"), filepath.Join(b, "rw")} {
+	for _, m := range []string{filepath.Join(b, "rootfs"), filepath.Join(b, "rw"), filepath.Join(b, runscNetns)} {
 		if err := unmount(m); err != nil {
 			errs = append(errs, err)
 		}

@@ -3,12 +3,16 @@ package oci
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
@@ -263,4 +267,155 @@ func TestGVisorDestroyKillsByCgroup(t *testing.T) {
 	if p := runscProcs(o.runscDir); len(p) > 0 {
 		t.Errorf("runsc processes left: %v", p)
 	}
+}
+
+// TestGVisorNetwork: a gVisor sandbox with a network runs its Sentry in a
+// network namespace of its own that holds the gateway's device alone
+// (runsc --network=sandbox; the test holds the device's other end, in
+// the gateway's place). Its code sees lo and that device, and what it
+// sends leaves through it: the test reads its SYN there. The host's side
+// of the device keeps no address (runsc took it: the namespace's host
+// kernel answers nothing for the sandbox), and a destroy leaves no mount
+// of the namespace. Control: a gVisor sandbox without a network sees lo
+// alone, and its connect fails at once (ENETUNREACH).
+func TestGVisorNetwork(t *testing.T) {
+	o, err := New(gvisorConfig(t, "gvnet"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	ctx := context.Background()
+	rootfs := testutil.TemplateRootFS(t, "python")
+	lim := runtime.Limits{MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 16 << 20}
+	tun, netns := -1, ""
+	attach := func(_ context.Context, path string) error {
+		netns = path
+		return inNetns(path, func() (err error) {
+			if tun, err = testTUN("eth0", netip.MustParseAddr("10.255.255.2")); err != nil {
+				return err
+			}
+			return nil
+		})
+	}
+	inst, err := o.Create(ctx, runtime.Spec{ID: "net", RootFS: rootfs, Runtime: RuntimeGVisor, Limits: lim,
+		Network: &runtime.Network{ResolvConf: "nameserver 10.255.255.1\n", AttachNetns: attach}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(tun)
+	const probe = `import socket, errno
+print(sorted(n for _, n in socket.if_nameindex()), open('/etc/resolv.conf').read().split())
+s = socket.socket()
+s.setblocking(False)
+try:
+    s.connect(("203.0.113.10", 80))
+except BlockingIOError:
+    print("sent")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+`
+	if got := execPython(t, inst.Socket, probe); got != "['eth0', 'lo'] ['nameserver', '10.255.255.1']\nsent\n" {
+		t.Fatalf("inside the networked sandbox: %q", got)
+	}
+	if err := readSYN(tun, netip.MustParseAddrPort("203.0.113.10:80")); err != nil {
+		t.Fatalf("the sandbox's connect did not leave through the device: %v", err)
+	}
+	var addrs []net.Addr
+	if err := inNetns(netns, func() error {
+		i, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		addrs, err = i.Addrs()
+		return err
+	}); err != nil || len(addrs) != 0 {
+		t.Fatalf("the host's side of the device holds %v (%v), want no address", addrs, err)
+	}
+
+	// Control: no network, lo alone.
+	plain, err := o.Create(ctx, runtime.Spec{ID: "plain", RootFS: rootfs, Runtime: RuntimeGVisor, Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer destroyChecked(t, o, "plain")
+	if got := execPython(t, plain.Socket, probe); !strings.HasPrefix(got, "['lo'] ") || !strings.HasSuffix(got, "\nENETUNREACH\n") {
+		t.Fatalf("control, without a network: %q", got)
+	}
+
+	if err := o.Destroy(ctx, "net"); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, o, "net")
+}
+
+// testTUN makes a TUN device named name in the calling thread's network
+// namespace, as the egress gateway's AttachNetns does: up, with address
+// addr and the default route through it. It returns the device's
+// descriptor.
+func testTUN(name string, addr netip.Addr) (int, error) {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	link, err := netlink.LinkByName(name)
+	if err == nil {
+		err = netlink.AddrAdd(link, &netlink.Addr{IPNet: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)}})
+	}
+	if err == nil {
+		err = netlink.LinkSetUp(link)
+	}
+	if err == nil {
+		err = netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Scope: netlink.SCOPE_LINK,
+			Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}})
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// readSYN reads IPv4 packets from the TUN device fd until a TCP SYN to
+// dst, for up to 10 seconds.
+func readSYN(fd int, dst netip.AddrPort) error {
+	deadline := time.Now().Add(10 * time.Second)
+	buf := make([]byte, 65536)
+	var seen []string
+	for time.Until(deadline) > 0 {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if n, err := unix.Poll(fds, int(time.Until(deadline).Milliseconds())+1); err != nil && !errors.Is(err, unix.EINTR) {
+			return err
+		} else if n == 0 {
+			break
+		}
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			return err
+		}
+		p := buf[:n]
+		if n < 20 || p[0]>>4 != 4 {
+			seen = append(seen, fmt.Sprintf("%d bytes, version %d", n, p[0]>>4))
+			continue
+		}
+		ihl := int(p[0]&15) * 4
+		to, _ := netip.AddrFromSlice(p[16:20])
+		if p[9] == unix.IPPROTO_TCP && n >= ihl+14 {
+			port := uint16(p[ihl+2])<<8 | uint16(p[ihl+3])
+			if netip.AddrPortFrom(to, port) == dst && p[ihl+13]&0x02 != 0 {
+				return nil
+			}
+		}
+		seen = append(seen, fmt.Sprintf("protocol %d to %s", p[9], to))
+	}
+	return fmt.Errorf("no SYN to %s; saw %v", dst, seen)
 }
