@@ -450,11 +450,7 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	if err := o.injectDevices(spec, s.Devices); err != nil {
 		return nil, err
 	}
-	if err := writeSpec(b, spec); err != nil {
-		return nil, err
-	}
-
-	logf, err := openAgentLog(b, base)
+	logf, err := writeBundle(b, spec, base)
 	if err != nil {
 		return nil, err
 	}

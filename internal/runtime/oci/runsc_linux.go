@@ -254,10 +254,7 @@ func (o *OCI) createRunsc(ctx context.Context, s runtime.Spec, b string, base ui
 	if err != nil {
 		return nil, err
 	}
-	if err := writeSpec(b, spec); err != nil {
-		return nil, err
-	}
-	logf, err := openAgentLog(b, base)
+	logf, err := writeBundle(b, spec, base)
 	if err != nil {
 		return nil, err
 	}

@@ -48,15 +48,7 @@ func pingVia(t *testing.T, inst *runtime.Instance) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	conn := agentproto.NewConn(c)
-	if err := conn.WriteJSON(agentproto.Request{Op: agentproto.OpPing}); err != nil {
-		t.Fatal(err)
-	}
-	var ev agentproto.Event
-	if err := conn.ReadJSON(&ev); err != nil || ev.Agent == nil {
-		t.Fatalf("ping: %v %+v", err, ev)
-	}
+	pingConn(t, c)
 }
 
 // TestGVisorCreateDestroy runs a sandbox under runsc beside one under
