@@ -308,8 +308,9 @@ func (o *OCI) createRunsc(ctx context.Context, s runtime.Spec, b string, base ui
 // and removes the device's address from the host's, so that the host
 // kernel of the namespace no longer answers for the sandbox. The
 // namespace belongs to the host's user namespace: the Sentry, which runs
-// as nobody in a user namespace of its own, holds no capability over it
-// and cannot change the device or its routes; the sandbox's processes
+// as root of a user namespace runsc makes (without CAP_NET_ADMIN even
+// there), holds no capability over it and cannot change the device or its
+// routes (TestGVisorNetwork); the sandbox's processes
 // see only the Sentry's stack, whose one way out is that device.
 func (o *OCI) attachRunscNet(ctx context.Context, b string, n *runtime.Network) (string, error) {
 	path := filepath.Join(b, runscNetns)

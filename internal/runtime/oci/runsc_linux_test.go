@@ -267,8 +267,9 @@ func TestGVisorDestroyKillsByCgroup(t *testing.T) {
 // the gateway's place). Its code sees lo and that device, and what it
 // sends leaves through it: the test reads its SYN there. The host's side
 // of the device keeps no address (runsc took it: the namespace's host
-// kernel answers nothing for the sandbox), and a destroy leaves no mount
-// of the namespace. Control: a gVisor sandbox without a network sees lo
+// kernel answers nothing for the sandbox), the Sentry runs in that
+// namespace in a user namespace of runsc's without CAP_NET_ADMIN, and a
+// destroy leaves no mount of the namespace. Control: a gVisor sandbox without a network sees lo
 // alone, and its connect fails at once (ENETUNREACH).
 func TestGVisorNetwork(t *testing.T) {
 	o, err := New(gvisorConfig(t, "gvnet"))
@@ -324,6 +325,10 @@ except OSError as e:
 		t.Fatalf("the host's side of the device holds %v (%v), want no address", addrs, err)
 	}
 
+	if err := sentryConfined(o, netns); err != nil {
+		t.Fatal(err)
+	}
+
 	// Control: no network, lo alone.
 	plain, err := o.Create(ctx, runtime.Spec{ID: "plain", RootFS: rootfs, Runtime: RuntimeGVisor, Limits: lim})
 	if err != nil {
@@ -338,6 +343,54 @@ except OSError as e:
 		t.Fatal(err)
 	}
 	assertGone(t, o, "net")
+}
+
+// sentryConfined checks the Sentry of o's one gVisor sandbox (runsc's
+// "runsc-sandbox" process) runs in the network namespace bound at netns,
+// in a user namespace other than the host's, without CAP_NET_ADMIN: it
+// cannot reconfigure a namespace the host's user namespace owns.
+func sentryConfined(o *OCI, netns string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(netns, &st); err != nil {
+		return err
+	}
+	hostUser, err := os.Readlink("/proc/self/ns/user")
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, p := range runscProcs(o.runscDir) {
+		pid, cmd, _ := strings.Cut(p, " ")
+		if !strings.HasPrefix(cmd, "runsc-sandbox ") {
+			continue
+		}
+		found = true
+		if n, _ := os.Readlink("/proc/" + pid + "/ns/net"); n != fmt.Sprintf("net:[%d]", st.Ino) {
+			return fmt.Errorf("the Sentry %s is in network namespace %s, not the sandbox's (%d)", pid, n, st.Ino)
+		}
+		if u, _ := os.Readlink("/proc/" + pid + "/ns/user"); u == hostUser {
+			return fmt.Errorf("the Sentry %s is in the host's user namespace", pid)
+		}
+		status, err := os.ReadFile("/proc/" + pid + "/status")
+		if err != nil {
+			return err
+		}
+		for _, l := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+				var caps uint64
+				if _, err := fmt.Sscanf(strings.TrimSpace(v), "%x", &caps); err != nil {
+					return err
+				}
+				if caps&(1<<unix.CAP_NET_ADMIN) != 0 {
+					return fmt.Errorf("the Sentry %s holds CAP_NET_ADMIN (%x)", pid, caps)
+				}
+			}
+		}
+	}
+	if !found {
+		return errors.New("no Sentry (runsc-sandbox) process")
+	}
+	return nil
 }
 
 // testTUN makes a TUN device named name in the calling thread's network
