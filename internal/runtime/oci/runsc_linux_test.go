@@ -295,6 +295,7 @@ func TestGVisorNetwork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer destroyChecked(t, o, "net") // no mount of the namespace left either
 	defer unix.Close(tun)
 	const probe = `import socket, errno
 print(sorted(n for _, n in socket.if_nameindex()), open('/etc/resolv.conf').read().split())
@@ -338,11 +339,6 @@ except OSError as e:
 	if got := execPython(t, plain.Socket, probe); !strings.HasPrefix(got, "['lo'] ") || !strings.HasSuffix(got, "\nENETUNREACH\n") {
 		t.Fatalf("control, without a network: %q", got)
 	}
-
-	if err := o.Destroy(ctx, "net"); err != nil {
-		t.Fatal(err)
-	}
-	assertGone(t, o, "net")
 }
 
 // sentryConfined checks the Sentry of o's one gVisor sandbox (runsc's
