@@ -53,7 +53,10 @@
 // only `lo`, created in one `runc run`, connections fail at once with
 // ENETUNREACH. For a networked sandbox internal/runtime/oci runs `runc
 // create`, calls `runtime.Spec.Network.Attach` with the init's pid, then
-// `runc start`, so no code runs before the interface exists. Attach
+// `runc start`, so no code runs before the interface exists (for a gVisor
+// sandbox it makes the namespace first and calls `AttachNetns` with it
+// before runsc starts, whose Sentry takes the device for its own stack;
+// the device's address then has no peer). Attach
 // (internal/egress) enters the sandbox's network namespace on a locked
 // thread that never returns to the host's, opens `/dev/net/tun`, configures
 // it with netlink and keeps the fd; the sandbox has no CAP_NET_ADMIN to

@@ -39,6 +39,23 @@ const sniffTimeout = 10 * time.Second
 // userspace stack behind it. Close undoes it, and Detach, after which
 // Attach may be called again (a restored sandbox's new namespace).
 func (g *Gateway) Attach(ctx context.Context, pid int) error {
+	return g.attachAt(fmt.Sprintf("/proc/%d/ns/net", pid), true)
+}
+
+// AttachNetns is Attach to the network namespace bound at netns, for a
+// runtime that makes the namespace before the sandbox's processes: gVisor's
+// runsc, whose Sentry takes the interfaces it finds there when it starts
+// (internal/runtime/oci, runsc_linux.go), and removes their addresses from
+// the host's side. The device's address then has no peer (runsc removes an
+// address by its local half, which does not name one with a peer); the
+// default route through the device reaches the gateway all the same.
+func (g *Gateway) AttachNetns(ctx context.Context, netns string) error {
+	return g.attachAt(netns, false)
+}
+
+// attachAt is Attach and AttachNetns: the device in the namespace at
+// netns, its address with the gateway as its peer or not.
+func (g *Gateway) attachAt(netns string, peer bool) error {
 	g.amu.Lock()
 	defer g.amu.Unlock()
 	switch {
@@ -47,7 +64,7 @@ func (g *Gateway) Attach(ctx context.Context, pid int) error {
 	case g.ctx.Err() != nil:
 		return errors.New("egress: the gateway is closed")
 	}
-	err := g.attach(pid)
+	err := g.attach(netns, peer)
 	if err != nil {
 		g.detachLocked()
 	}
@@ -56,8 +73,8 @@ func (g *Gateway) Attach(ctx context.Context, pid int) error {
 
 // attach is Attach's work; amu is held, and what it made is undone by
 // detachLocked when it fails.
-func (g *Gateway) attach(pid int) error {
-	fd, err := openTUN(pid)
+func (g *Gateway) attach(netns string, peer bool) error {
+	fd, err := openTUN(netns, peer)
 	if err != nil {
 		return err
 	}
@@ -136,7 +153,7 @@ func (g *Gateway) attach(pid int) error {
 		defer close(read)
 		readLink(tun, ep)
 	}()
-	g.log.Debug("egress attached", "pid", pid, "mode", g.pol.Load().Mode)
+	g.log.Debug("egress attached", "netns", netns, "mode", g.pol.Load().Mode)
 	return nil
 }
 
@@ -208,12 +225,12 @@ func readLink(tun *os.File, ep *channel.Endpoint) {
 	}
 }
 
-// openTUN creates the TUN device inside the network namespace of pid and
-// configures it. The namespace is owned by the sandbox's user namespace;
+// openTUN creates the TUN device inside the network namespace at netns
+// and configures it. The namespace is owned by the sandbox's user namespace;
 // the host's root holds every capability over it. The work happens on a
 // thread locked to this goroutine that never returns to the host's
 // namespace: Go ends a thread whose goroutine exits while locked.
-func openTUN(pid int) (int, error) {
+func openTUN(netns string, peer bool) (int, error) {
 	type result struct {
 		fd  int
 		err error
@@ -221,15 +238,15 @@ func openTUN(pid int) (int, error) {
 	ch := make(chan result, 1)
 	go func() {
 		goruntime.LockOSThread()
-		fd, err := tunIn(pid)
+		fd, err := tunIn(netns, peer)
 		ch <- result{fd, err}
 	}()
 	r := <-ch
 	return r.fd, r.err
 }
 
-func tunIn(pid int) (fd int, err error) {
-	ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+func tunIn(netns string, peer bool) (fd int, err error) {
+	ns, err := unix.Open(netns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("open sandbox network namespace: %w", err)
 	}
@@ -270,10 +287,11 @@ func tunIn(pid int) (fd int, err error) {
 	}{
 		{"mtu", func() error { return h.LinkSetMTU(link, MTU) }},
 		{"address", func() error {
-			return h.AddrAdd(link, &netlink.Addr{
-				IPNet: &net.IPNet{IP: net.IP(SandboxAddr.AsSlice()), Mask: host32},
-				Peer:  &net.IPNet{IP: net.IP(GatewayAddr.AsSlice()), Mask: host32},
-			})
+			a := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(SandboxAddr.AsSlice()), Mask: host32}}
+			if peer {
+				a.Peer = &net.IPNet{IP: net.IP(GatewayAddr.AsSlice()), Mask: host32}
+			}
+			return h.AddrAdd(link, a)
 		}},
 		{"up", func() error { return h.LinkSetUp(link) }},
 		{"route", func() error {

@@ -11,3 +11,8 @@ import (
 func (g *Gateway) Attach(ctx context.Context, pid int) error {
 	return errors.New("egress: sandbox networks need Linux")
 }
+
+// AttachNetns needs Linux network namespaces and TUN devices.
+func (g *Gateway) AttachNetns(ctx context.Context, path string) error {
+	return errors.New("egress: sandbox networks need Linux")
+}

@@ -96,6 +96,13 @@ type Spec struct {
 type Network struct {
 	ResolvConf string
 	Attach     func(ctx context.Context, pid int) error
+	// AttachNetns attaches the interface to the network namespace at
+	// path (a bind mount of one) instead: for a runtime that makes the
+	// sandbox's namespace itself before any of its processes, as gVisor's
+	// runsc, whose kernel takes the interfaces it finds there when it
+	// starts (internal/runtime/oci, runsc_linux.go). The same gateway as
+	// Attach; a runtime uses one or the other.
+	AttachNetns func(ctx context.Context, path string) error
 	// Proxy, set for a runtime that is an EgressProxy instead, gives the
 	// sandbox no interface: its agent listens for the sandbox's proxied
 	// connections on ProxyAddr, its environment names that proxy

@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"bytes"
 	"context"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/runtime"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
@@ -132,5 +134,49 @@ func collect(b *bytes.Buffer) func(agentproto.Event) {
 		if ev.Type == agentproto.EventStdout {
 			b.Write(ev.Data)
 		}
+	}
+}
+
+// TestGVisorEgress: a gVisor sandbox with an allowlist reaches its
+// allowed host through the engine's gateway, with the same policy and
+// request counting as the runc sandbox beside it in the same engine:
+// under a limit of two requests the third is refused, a resource_exceeded
+// event says so, metering reads two; a name outside the allowlist does
+// not resolve (dns_denied); an address never resolved is refused. It runs
+// in the ordinary suite (the gVisor pass runs every egress test besides).
+func TestGVisorEgress(t *testing.T) {
+	w := newEgressWorld(t)
+	log := &eventLog{}
+	m := runcEngineWith(t, func(c *oci.Config) { c.RunscPath = testutil.Runsc(t) }, func(c *sandbox.Config) {
+		c.Events = log
+		c.Egress.Test = w.test
+		c.Egress.Self = []netip.AddrPort{w.self}
+	})
+	limit := int64(2)
+	pol := allowlist("api.test")
+	pol.ResourceLimits = &policy.ResourceLimits{NetworkRequests: &limit}
+	for _, rt := range []string{"gvisor", "runc"} {
+		t.Run(rt, func(t *testing.T) {
+			s := w.sandbox(t, m, sandbox.CreateOptions{Runtime: rt, Policy: pol})
+			got := py(t, s, netProbe+`
+import os
+print(os.uname().release, [get("api.test") for _ in range(3)], dns("evil.test"), tcp("203.0.113.99", 80))`)
+			release, got, _ := strings.Cut(got, " ")
+			if (release == hostRelease(t)) != (rt == "runc") {
+				t.Fatalf("%s sandbox on kernel %s (the host's: %s)", rt, release, hostRelease(t))
+			}
+			if want := "['hello from api.test', 'hello from api.test', 'ECONNREFUSED'] NXDOMAIN/0 ECONNREFUSED"; got != want {
+				t.Fatalf("%s: %s, want %s", rt, got, want)
+			}
+			if evs := log.find(s.ID, events.ResourceExceeded, "resource", events.ResourceNetworkRequests); len(evs) != 1 {
+				t.Fatalf("%s: resource_exceeded events = %+v", rt, evs)
+			}
+			if evs := log.find(s.ID, events.SecurityViolation, "target", "evil.test"); len(evs) != 1 || evs[0].Details["kind"] != events.KindDNSDenied {
+				t.Fatalf("%s: dns_denied events = %+v", rt, evs)
+			}
+			if n := s.EgressRequests(); n != 2 {
+				t.Fatalf("%s: EgressRequests = %d, want 2", rt, n)
+			}
+		})
 	}
 }

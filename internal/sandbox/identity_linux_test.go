@@ -19,7 +19,6 @@ import (
 	"github.com/sheepfold/sheepfold/internal/identity"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
-	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // testIdentity mints with the server's issuer, for one account.
@@ -37,7 +36,6 @@ func (ti testIdentity) Token(_ context.Context, sandboxID, audience string) (egr
 // placeholder sent to other.test is refused; no token is anywhere in the
 // sandbox (the control: the placeholder it holds is found).
 func TestIdentityThroughSandbox(t *testing.T) {
-	testutil.SkipUnderGVisor(t, "no network under gVisor yet (docs/security.md, section 19)")
 	is, err := identity.Load("https://sheepfold.test", t.TempDir())
 	if err != nil {
 		t.Fatal(err)

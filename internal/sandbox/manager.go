@@ -500,7 +500,7 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 			return nil, apierr.Wrap(err, apierr.Internal, "could not start the sandbox's network")
 		}
 		s.net = gw
-		spec.Network = &runtime.Network{ResolvConf: egress.ResolvConf, Attach: gw.Attach}
+		spec.Network = &runtime.Network{ResolvConf: egress.ResolvConf, Attach: gw.Attach, AttachNetns: gw.AttachNetns}
 		if m.proxiesEgress() {
 			spec.Network = &runtime.Network{Proxy: true}
 			s.shareEgressBudget()

@@ -8,7 +8,6 @@ import (
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
-	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // Cells that reach 203.0.113.30:80 (a test server through the gateway)
@@ -48,7 +47,6 @@ console.log(line);`,
 // what the allowlist does not name. The same cells reach the server from
 // a sandbox with mode public.
 func TestPolicyNetworkWithoutTheHook(t *testing.T) {
-	testutil.SkipUnderGVisor(t, "no network under gVisor yet (docs/security.md, section 19)")
 	w := newEgressWorld(t)
 	m, log := w.engine(t)
 	public := w.sandbox(t, m, sandbox.CreateOptions{Policy: &policy.Policy{Network: &policy.Network{Mode: policy.NetworkPublic}}})

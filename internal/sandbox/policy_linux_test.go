@@ -73,7 +73,7 @@ func pf(f float64) *float64 { return &f }
 // one with it, where it must be refused with the right error and event.
 // A neighbour sandbox keeps working throughout.
 func TestPolicyHostile(t *testing.T) {
-	testutil.SkipUnderGVisor(t, "its sandboxes include allow_subprocess: false and a public network, both refused under gVisor; the import attacks run in TestPolicyImportRulesWithLibraries")
+	testutil.SkipUnderGVisor(t, "its sandboxes include allow_subprocess: false, refused under gVisor; the import attacks run in TestPolicyImportRulesWithLibraries, the network ones in TestPolicyNetworkWithoutTheHook")
 	log := &policyLog{}
 	m := runcEngine(t, func(c *sandbox.Config) { c.Events = log })
 	pols := map[string]*policy.Policy{

@@ -17,7 +17,6 @@ import (
 	"github.com/sheepfold/sheepfold/internal/events"
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
-	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // testSecrets is the server's store of secrets, for one sandbox.
@@ -63,7 +62,6 @@ func (l *lockedBuffer) String() string {
 // nowhere in the sandbox (environment, files, the memory of its
 // processes), in any event, or in the engine's log (at debug).
 func TestSecretsThroughSandbox(t *testing.T) {
-	testutil.SkipUnderGVisor(t, "no network under gVisor yet (docs/security.md, section 19)")
 	const value = "sk-E2E-5a4b3c2d1e0f9a8b"
 	var mu sync.Mutex
 	var seen []string
@@ -151,7 +149,6 @@ print(os.environ["OPENAI_API_KEY"], "|", send("api.test"), "|", send("other.test
 // so the sandbox sees the real host's certificate, which it does not
 // trust (the control: nothing decrypted it).
 func TestSecretsOverHTTPSThroughSandbox(t *testing.T) {
-	testutil.SkipUnderGVisor(t, "no network under gVisor yet (docs/security.md, section 19)")
 	const value = "sk-TLS-7f6e5d4c3b2a1908"
 	var mu sync.Mutex
 	var seen, agents []string

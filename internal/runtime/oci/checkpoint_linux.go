@@ -727,6 +727,16 @@ func writeSpec(b string, s *specs.Spec) error {
 	return os.WriteFile(filepath.Join(b, "config.json"), j, 0o600)
 }
 
+// writeBundle writes spec into bundle b and opens the agent's log there,
+// whose group is the sandbox's gid: the last steps of a Create, for runc
+// and runsc alike, before the runtime runs.
+func writeBundle(b string, spec *specs.Spec, gid uint32) (*os.File, error) {
+	if err := writeSpec(b, spec); err != nil {
+		return nil, err
+	}
+	return openAgentLog(b, gid)
+}
+
 // cutDetached closes, in sandbox id (frozen, its network detached), the
 // sockets that led through its network (netcut_linux.go).
 func (o *OCI) cutDetached(id, b string, spec *specs.Spec) error {

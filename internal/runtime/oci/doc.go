@@ -3,7 +3,9 @@
 // (runtime.Spec.Runtime "gvisor", or Config.DefaultRuntime): runsc runs it
 // from a spec of its own in the same bundle, disk, overlay and cgroup;
 // runsc_linux.go says what differs (the Sentry's system calls, the agent
-// listening on a bound socket whose peer the host checks, no checkpoint).
+// listening on a bound socket whose peer the host checks, the egress
+// gateway's device in a network namespace the engine makes for runsc, no
+// checkpoint).
 //
 // Each sandbox gets a bundle under Config.StateDir (mode 0710, group the
 // sandbox's own host gid, so that runc's init can reach the rootfs and no

@@ -450,11 +450,7 @@ func (o *OCI) Create(ctx context.Context, s runtime.Spec) (inst *runtime.Instanc
 	if err := o.injectDevices(spec, s.Devices); err != nil {
 		return nil, err
 	}
-	if err := writeSpec(b, spec); err != nil {
-		return nil, err
-	}
-
-	logf, err := openAgentLog(b, base)
+	logf, err := writeBundle(b, spec, base)
 	if err != nil {
 		return nil, err
 	}
@@ -703,7 +699,7 @@ func (o *OCI) destroy(ctx context.Context, id string) error {
 	if err := detachVolumes(b); err != nil {
 		errs = append(errs, err)
 	}
-	for _, m := range []string{filepath.Join(b, "rootfs"), filepath.Join(b, "rw")} {
+	for _, m := range []string{filepath.Join(b, "rootfs"), filepath.Join(b, "rw"), filepath.Join(b, runscNetns)} {
 		if err := unmount(m); err != nil {
 			errs = append(errs, err)
 		}

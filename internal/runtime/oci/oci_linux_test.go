@@ -39,6 +39,12 @@ func ping(t *testing.T, sock string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pingConn(t, c)
+}
+
+// pingConn pings the agent at the other end of c, and closes c.
+func pingConn(t *testing.T, c net.Conn) {
+	t.Helper()
 	defer c.Close()
 	conn := agentproto.NewConn(c)
 	if err := conn.WriteJSON(agentproto.Request{Op: agentproto.OpPing}); err != nil {

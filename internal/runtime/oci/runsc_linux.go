@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strings"
 	"time"
@@ -52,13 +53,25 @@ import (
 //     --nproc), and the host's pids cgroup bounds the Sentry's, the
 //     gofer's and the platform's own tasks (twice the limit plus
 //     runscPids); no tenant cgroup is made.
-//   - Not offered (runtime.ErrUnsupported): a network (the egress
-//     gateway's TUN), persistent volumes, checkpoint, snapshot and clone
-//     (CRIU). Freeze and thaw are runsc pause and resume.
+//   - Network: for a sandbox with one, the engine makes its network
+//     namespace (bound at runscNetns in the bundle, lo up) and the egress
+//     gateway puts its TUN device there (runtime.Network.AttachNetns)
+//     before runsc runs with --network=sandbox: the Sentry starts in that
+//     namespace and takes the device (a packet socket on it, for its own
+//     network stack; the host's address of it removed), so that the
+//     sandbox's packets reach the gateway as a runc sandbox's do. runsc's
+//     netstack cannot be handed a device otherwise (no flag takes a
+//     descriptor; its plugin stack needs a cgo build, which does not run
+//     here), and the gateway stays the same for both runtimes. Without a
+//     network, --network=none: the Sentry's own loopback alone.
+//   - Not offered (runtime.ErrUnsupported): persistent volumes,
+//     checkpoint, snapshot and clone (CRIU). Freeze and thaw are runsc
+//     pause and resume.
 //   - Teardown: the cgroup kill (Sentry and gofer at once), then `runsc
-//     delete --force`, then runc's steps; runsc's own state is in the instance's runscDir,
-//     whose shared network namespace file (null-netns, a mount) Close
-//     unmounts with the rest of the instance.
+//     delete --force`, then runc's steps (which unmount the bundle's
+//     network namespace); runsc's own state is in the instance's
+//     runscDir, whose shared network namespace file (null-netns, a mount)
+//     Close unmounts with the rest of the instance.
 
 const (
 	// gvisorMarker, in a bundle, says that runsc runs the sandbox; it is
@@ -68,17 +81,23 @@ const (
 	// socket, bind-mounted at runscSocketDir.
 	runscSocketHost = "agent-run"
 	runscSocketDir  = "/.sheepfold/run"
+	// runscNetns, in a bundle, is the bind mount of a networked gVisor
+	// sandbox's network namespace (attachRunscNet).
+	runscNetns = "netns"
 )
 
 // runscPids is what a gVisor sandbox's pids cgroup holds beyond twice
 // its pids limit: the Sentry's and the gofer's threads.
 const runscPids = 256
 
-// runscFlags are runsc's global flags for every command of an instance.
-func (o *OCI) runscFlags() []string {
+// runscFlags are runsc's global flags for every command of an instance;
+// network is its --network: "none" (the sandbox's own loopback alone), or
+// "sandbox" for one whose network namespace (runscNetns) holds the egress
+// gateway's device.
+func (o *OCI) runscFlags(network string) []string {
 	return []string{
 		"--root", o.runscDir,
-		"--network=none",    // the sandbox's own loopback alone
+		"--network=" + network,
 		"--overlay2=none",   // the engine's overlay on the sandbox's disk is the root
 		"--host-uds=create", // the agent's socket (and no connecting out)
 		"--oci-seccomp",     // the spec's profile inside the Sentry too
@@ -86,7 +105,11 @@ func (o *OCI) runscFlags() []string {
 }
 
 func (o *OCI) runsc(ctx context.Context, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, o.cfg.RunscPath, append(o.runscFlags(), args...)...)
+	return o.runscNet(ctx, "none", args...)
+}
+
+func (o *OCI) runscNet(ctx context.Context, network string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, o.cfg.RunscPath, append(o.runscFlags(network), args...)...)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	return cmd
 }
@@ -142,6 +165,13 @@ func buildRunscSpec(in specInput, sockDir string) (*specs.Spec, error) {
 		return n.Type == specs.UserNamespace || n.Type == specs.CgroupNamespace
 	})
 	spec.Linux.Sysctl = nil
+	if in.Netns != "" {
+		for i, n := range spec.Linux.Namespaces {
+			if n.Type == specs.NetworkNamespace {
+				spec.Linux.Namespaces[i].Path = in.Netns
+			}
+		}
+	}
 	for i, r := range spec.Linux.Seccomp.Syscalls {
 		if slices.Equal(r.Names, []string{"clone3"}) {
 			spec.Linux.Seccomp.Syscalls[i].Action = specs.ActAllow
@@ -181,8 +211,8 @@ func buildRunscSpec(in specInput, sockDir string) (*specs.Spec, error) {
 // createRunsc is Create's second half for a gVisor sandbox, from the
 // bundle b with its id range at base; destroy undoes it on error.
 func (o *OCI) createRunsc(ctx context.Context, s runtime.Spec, b string, base uint32) (*runtime.Instance, error) {
-	if s.Network != nil {
-		return nil, fmt.Errorf("%w: a network (not yet)", ErrGVisor)
+	if s.Network != nil && s.Network.AttachNetns == nil {
+		return nil, fmt.Errorf("%w: a network other than the egress gateway's device", ErrGVisor)
 	}
 	if len(s.Volumes) > 0 {
 		return nil, fmt.Errorf("%w: volumes (not yet)", ErrGVisor)
@@ -207,20 +237,30 @@ func (o *OCI) createRunsc(ctx context.Context, s runtime.Spec, b string, base ui
 	if o.disk == nil && canWrite(s) {
 		in.DiskInMemory = diskSize(s)
 	}
+	network := "none"
+	if s.Network != nil {
+		// The namespace, and the gateway's device in it, before runsc:
+		// it takes the interfaces it finds there when the Sentry starts.
+		network = "sandbox"
+		if in.Netns, err = o.attachRunscNet(ctx, b, s.Network); err != nil {
+			return nil, err
+		}
+		in.ResolvConf = filepath.Join(b, "resolv.conf")
+		if err := os.WriteFile(in.ResolvConf, []byte(s.Network.ResolvConf), 0o644); err != nil {
+			return nil, err
+		}
+	}
 	spec, err := buildRunscSpec(in, sockDir)
 	if err != nil {
 		return nil, err
 	}
-	if err := writeSpec(b, spec); err != nil {
-		return nil, err
-	}
-	logf, err := openAgentLog(b, base)
+	logf, err := writeBundle(b, spec, base)
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
 	pidFile := filepath.Join(b, "init.pid")
-	cmd := o.runsc(ctx, "run", "--detach", "--bundle", b, "--pid-file", pidFile, s.ID)
+	cmd := o.runscNet(ctx, network, "run", "--detach", "--bundle", b, "--pid-file", pidFile, s.ID)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = logf, logf, logf
 	ran := time.Now()
 	if err := cmd.Run(); err != nil {
@@ -255,6 +295,60 @@ func (o *OCI) createRunsc(ctx context.Context, s runtime.Spec, b string, base ui
 	o.cfg.Logger.Debug("gvisor sandbox started", "id", s.ID, "root", mounted.Sub(began).Round(r),
 		"spec", ran.Sub(mounted).Round(r), "runsc", started.Sub(ran).Round(r), "agent", time.Since(started).Round(r))
 	return &runtime.Instance{ID: s.ID, Socket: sock, Dial: dial, PID: pid}, nil
+}
+
+// attachRunscNet makes the network namespace of gVisor sandbox b, bound
+// at runscNetns in its bundle, with its loopback up, and has the egress
+// gateway put its device there (n.AttachNetns); it returns the
+// namespace's path, which destroy unmounts.
+//
+// runsc --network=sandbox runs the Sentry in that namespace and, as it
+// starts, takes each interface it finds up there: it opens a packet
+// socket on the gateway's TUN device for the Sentry's own network stack
+// and removes the device's address from the host's, so that the host
+// kernel of the namespace no longer answers for the sandbox. The
+// namespace belongs to the host's user namespace: the Sentry, which runs
+// as root of a user namespace runsc makes (without CAP_NET_ADMIN even
+// there), holds no capability over it and cannot change the device or its
+// routes (TestGVisorNetwork); the sandbox's processes
+// see only the Sentry's stack, whose one way out is that device.
+func (o *OCI) attachRunscNet(ctx context.Context, b string, n *runtime.Network) (string, error) {
+	path := filepath.Join(b, runscNetns)
+	if err := newNetns(path); err != nil {
+		return "", fmt.Errorf("the sandbox's network namespace: %w", err)
+	}
+	if err := n.AttachNetns(ctx, path); err != nil {
+		return "", fmt.Errorf("attach the sandbox's network: %w", err)
+	}
+	return path, nil
+}
+
+// newNetns makes a network namespace, with its loopback up, and binds it
+// at path (a new file). The work happens on a thread locked to its
+// goroutine that never returns to the host's namespace: Go ends a thread
+// whose goroutine exits while locked.
+func newNetns(path string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	done := make(chan error, 1)
+	go func() {
+		goruntime.LockOSThread()
+		done <- func() error {
+			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+				return fmt.Errorf("unshare: %w", err)
+			}
+			ns := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+			if err := unix.Mount(ns, path, "", unix.MS_BIND, ""); err != nil {
+				return fmt.Errorf("bind %s: %w", path, err)
+			}
+			// runsc gives the Sentry a loopback only if the namespace's is up.
+			return loopbackUp()
+		}()
+	}()
+	return <-done
 }
 
 // errNotThisSandbox reports an agent socket whose listener is not a

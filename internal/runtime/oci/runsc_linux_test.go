@@ -3,12 +3,16 @@ package oci
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
@@ -44,15 +48,7 @@ func pingVia(t *testing.T, inst *runtime.Instance) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	conn := agentproto.NewConn(c)
-	if err := conn.WriteJSON(agentproto.Request{Op: agentproto.OpPing}); err != nil {
-		t.Fatal(err)
-	}
-	var ev agentproto.Event
-	if err := conn.ReadJSON(&ev); err != nil || ev.Agent == nil {
-		t.Fatalf("ping: %v %+v", err, ev)
-	}
+	pingConn(t, c)
 }
 
 // TestGVisorCreateDestroy runs a sandbox under runsc beside one under
@@ -263,4 +259,204 @@ func TestGVisorDestroyKillsByCgroup(t *testing.T) {
 	if p := runscProcs(o.runscDir); len(p) > 0 {
 		t.Errorf("runsc processes left: %v", p)
 	}
+}
+
+// TestGVisorNetwork: a gVisor sandbox with a network runs its Sentry in a
+// network namespace of its own that holds the gateway's device alone
+// (runsc --network=sandbox; the test holds the device's other end, in
+// the gateway's place). Its code sees lo and that device, and what it
+// sends leaves through it: the test reads its SYN there. The host's side
+// of the device keeps no address (runsc took it: the namespace's host
+// kernel answers nothing for the sandbox), the Sentry runs in that
+// namespace in a user namespace of runsc's without CAP_NET_ADMIN, and a
+// destroy leaves no mount of the namespace. Control: a gVisor sandbox without a network sees lo
+// alone, and its connect fails at once (ENETUNREACH).
+func TestGVisorNetwork(t *testing.T) {
+	o, err := New(gvisorConfig(t, "gvnet"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	ctx := context.Background()
+	rootfs := testutil.TemplateRootFS(t, "python")
+	lim := runtime.Limits{MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 16 << 20}
+	tun, netns := -1, ""
+	attach := func(_ context.Context, path string) error {
+		netns = path
+		return inNetns(path, func() (err error) {
+			if tun, err = testTUN("eth0", netip.MustParseAddr("10.255.255.2")); err != nil {
+				return err
+			}
+			return nil
+		})
+	}
+	inst, err := o.Create(ctx, runtime.Spec{ID: "net", RootFS: rootfs, Runtime: RuntimeGVisor, Limits: lim,
+		Network: &runtime.Network{ResolvConf: "nameserver 10.255.255.1\n", AttachNetns: attach}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer destroyChecked(t, o, "net") // no mount of the namespace left either
+	defer unix.Close(tun)
+	const probe = `import socket, errno
+print(sorted(n for _, n in socket.if_nameindex()), open('/etc/resolv.conf').read().split())
+s = socket.socket()
+s.setblocking(False)
+try:
+    s.connect(("203.0.113.10", 80))
+except BlockingIOError:
+    print("sent")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+`
+	if got := execPython(t, inst.Socket, probe); got != "['eth0', 'lo'] ['nameserver', '10.255.255.1']\nsent\n" {
+		t.Fatalf("inside the networked sandbox: %q", got)
+	}
+	if err := readSYN(tun, netip.MustParseAddrPort("203.0.113.10:80")); err != nil {
+		t.Fatalf("the sandbox's connect did not leave through the device: %v", err)
+	}
+	var addrs []net.Addr
+	if err := inNetns(netns, func() error {
+		i, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		addrs, err = i.Addrs()
+		return err
+	}); err != nil || len(addrs) != 0 {
+		t.Fatalf("the host's side of the device holds %v (%v), want no address", addrs, err)
+	}
+
+	if err := sentryConfined(o, netns); err != nil {
+		t.Fatal(err)
+	}
+
+	// Control: no network, lo alone.
+	plain, err := o.Create(ctx, runtime.Spec{ID: "plain", RootFS: rootfs, Runtime: RuntimeGVisor, Limits: lim})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer destroyChecked(t, o, "plain")
+	if got := execPython(t, plain.Socket, probe); !strings.HasPrefix(got, "['lo'] ") || !strings.HasSuffix(got, "\nENETUNREACH\n") {
+		t.Fatalf("control, without a network: %q", got)
+	}
+}
+
+// sentryConfined checks the Sentry of o's one gVisor sandbox (runsc's
+// "runsc-sandbox" process) runs in the network namespace bound at netns,
+// in a user namespace other than the host's, without CAP_NET_ADMIN: it
+// cannot reconfigure a namespace the host's user namespace owns.
+func sentryConfined(o *OCI, netns string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(netns, &st); err != nil {
+		return err
+	}
+	hostUser, err := os.Readlink("/proc/self/ns/user")
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, p := range runscProcs(o.runscDir) {
+		pid, cmd, _ := strings.Cut(p, " ")
+		if !strings.HasPrefix(cmd, "runsc-sandbox ") {
+			continue
+		}
+		found = true
+		if n, _ := os.Readlink("/proc/" + pid + "/ns/net"); n != fmt.Sprintf("net:[%d]", st.Ino) {
+			return fmt.Errorf("the Sentry %s is in network namespace %s, not the sandbox's (%d)", pid, n, st.Ino)
+		}
+		if u, _ := os.Readlink("/proc/" + pid + "/ns/user"); u == hostUser {
+			return fmt.Errorf("the Sentry %s is in the host's user namespace", pid)
+		}
+		status, err := os.ReadFile("/proc/" + pid + "/status")
+		if err != nil {
+			return err
+		}
+		for _, l := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+				var caps uint64
+				if _, err := fmt.Sscanf(strings.TrimSpace(v), "%x", &caps); err != nil {
+					return err
+				}
+				if caps&(1<<unix.CAP_NET_ADMIN) != 0 {
+					return fmt.Errorf("the Sentry %s holds CAP_NET_ADMIN (%x)", pid, caps)
+				}
+			}
+		}
+	}
+	if !found {
+		return errors.New("no Sentry (runsc-sandbox) process")
+	}
+	return nil
+}
+
+// testTUN makes a TUN device named name in the calling thread's network
+// namespace, as the egress gateway's AttachNetns does: up, with address
+// addr and the default route through it. It returns the device's
+// descriptor.
+func testTUN(name string, addr netip.Addr) (int, error) {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	ifr.SetUint16(unix.IFF_TUN | unix.IFF_NO_PI)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	link, err := netlink.LinkByName(name)
+	if err == nil {
+		err = netlink.AddrAdd(link, &netlink.Addr{IPNet: &net.IPNet{IP: addr.AsSlice(), Mask: net.CIDRMask(32, 32)}})
+	}
+	if err == nil {
+		err = netlink.LinkSetUp(link)
+	}
+	if err == nil {
+		err = netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Scope: netlink.SCOPE_LINK,
+			Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}})
+	}
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+// readSYN reads IPv4 packets from the TUN device fd until a TCP SYN to
+// dst, for up to 10 seconds.
+func readSYN(fd int, dst netip.AddrPort) error {
+	deadline := time.Now().Add(10 * time.Second)
+	buf := make([]byte, 65536)
+	var seen []string
+	for time.Until(deadline) > 0 {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if n, err := unix.Poll(fds, int(time.Until(deadline).Milliseconds())+1); err != nil && !errors.Is(err, unix.EINTR) {
+			return err
+		} else if n == 0 {
+			break
+		}
+		n, err := unix.Read(fd, buf)
+		if err != nil {
+			return err
+		}
+		p := buf[:n]
+		if n < 20 || p[0]>>4 != 4 {
+			seen = append(seen, fmt.Sprintf("%d bytes, version %d", n, p[0]>>4))
+			continue
+		}
+		ihl := int(p[0]&15) * 4
+		to, _ := netip.AddrFromSlice(p[16:20])
+		if p[9] == unix.IPPROTO_TCP && n >= ihl+14 {
+			port := uint16(p[ihl+2])<<8 | uint16(p[ihl+3])
+			if netip.AddrPortFrom(to, port) == dst && p[ihl+13]&0x02 != 0 {
+				return nil
+			}
+		}
+		seen = append(seen, fmt.Sprintf("protocol %d to %s", p[9], to))
+	}
+	return fmt.Errorf("no SYN to %s; saw %v", dst, seen)
 }

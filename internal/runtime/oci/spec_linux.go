@@ -133,6 +133,9 @@ type specInput struct {
 	// a checkpoint and a restore write (checkpoint_linux.go); both are
 	// annotations of the spec.
 	AgentSocket, CriuConfig string
+	// Netns, for a gVisor sandbox with a network, is the namespace (a
+	// bind mount of it) that runsc's Sentry joins (runsc_linux.go).
+	Netns string
 }
 
 // writableDir is where the contents of Spec.WritablePaths[i] live on the host.
