@@ -3,12 +3,17 @@ package server_test
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/store/sqlite"
 )
 
 // TestExecutionHistory: executions run through the API, plain and
@@ -122,5 +127,77 @@ func TestMetricsSummary(t *testing.T) {
 	if a == nil || a["sandboxes"].(map[string]any)["running"] != 1.0 || a["goroutines"].(float64) == 0 || a["heap_bytes"].(float64) == 0 ||
 		a["executions"].(map[string]any)["success"].(float64) < 1 {
 		t.Fatalf("admin figures: %v", a)
+	}
+}
+
+// recordingStore is the store with its execution records' writes noted.
+type recordingStore struct {
+	*sqlite.DB
+	mu     sync.Mutex
+	writes map[string][]string // execution id → the statuses written, in order
+}
+
+func (s *recordingStore) AddExecution(ctx context.Context, e store.Execution) error {
+	s.mu.Lock()
+	s.writes[e.ID] = append(s.writes[e.ID], e.Status)
+	s.mu.Unlock()
+	return s.DB.AddExecution(ctx, e)
+}
+
+func (s *recordingStore) written(id string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.writes[id])
+}
+
+// TestExecutionRecordWrites: an execution that ends before
+// runningRecordAfter is written once, as it ended (the warm path's one
+// transaction); one that runs longer is written as running while it runs
+// (what a crash would leave), then as it ended.
+func TestExecutionRecordWrites(t *testing.T) {
+	var rs *recordingStore
+	e := newEnvStore(t, server.Config{}, testLog(t), func(db *sqlite.DB) store.Store {
+		rs = &recordingStore{DB: db, writes: map[string][]string{}}
+		return rs
+	})
+	id := e.create(e.keyA, nil)
+	path := "/v1/sandboxes/" + id + "/execute"
+	only := func() (string, []string) {
+		t.Helper()
+		l, err := e.store.ListExecutions(context.Background(), id)
+		if err != nil || len(l) == 0 {
+			t.Fatalf("executions: %v, %v", l, err)
+		}
+		x := l[len(l)-1]
+		return x.ID, rs.written(x.ID)
+	}
+
+	restore := server.SetRunningRecordAfter(time.Hour)
+	want(t, e.do("POST", path, e.keyA, map[string]any{"code": "1+1"}), http.StatusOK, "")
+	restore()
+	if x, w := only(); !slices.Equal(w, []string{sandbox.ExecSuccess}) {
+		t.Fatalf("a quick execution %s was written %v; want once, as it ended", x, w)
+	}
+
+	defer server.SetRunningRecordAfter(time.Millisecond)()
+	rest := e.openNDJSON("POST", path, map[string]any{"code": "import time\nprint('started', flush=True)\ntime.sleep(0.5)"}, stdoutHas("started"))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		l, err := e.store.ListExecutions(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(l) == 2 {
+			if l[1].Status != store.ExecutionRunning {
+				t.Fatalf("a long execution's record while it runs: %+v", l[1])
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no record of the running execution: %+v", l)
+		}
+	}
+	<-rest
+	if x, w := only(); !slices.Equal(w, []string{store.ExecutionRunning, sandbox.ExecSuccess}) {
+		t.Fatalf("a long execution %s was written %v; want running, then success", x, w)
 	}
 }
