@@ -149,10 +149,8 @@ func OpenOptions(ctx context.Context, path string, opt Options) (*DB, error) {
 	}
 	dsn := fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_pragma=journal_size_limit(8388608)&_txlock=immediate",
 		path, opt.BusyTimeout.Milliseconds())
-	db, err := sql.Open("sqlite", dsn)
-	if err != nil {
-		return nil, fmt.Errorf("open database %s: %w", path, err)
-	}
+	// The write handle keeps its statements prepared (stmtcache.go).
+	db := sql.OpenDB(cachingConnector{dsn: dsn, drv: sqliteDriver()})
 	// One handle for writes: SQLite runs one writer at a time, and its
 	// busy handler would have the others sleep in growing steps (up to
 	// 100 ms) while one writes; queued here they go as soon as it is
