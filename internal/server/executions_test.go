@@ -133,11 +133,15 @@ func TestMetricsSummary(t *testing.T) {
 // recordingStore is the store with its execution records' writes noted.
 type recordingStore struct {
 	*sqlite.DB
+	gate   chan struct{} // when not nil, a write waits for it to close
 	mu     sync.Mutex
 	writes map[string][]string // execution id → the statuses written, in order
 }
 
 func (s *recordingStore) AddExecution(ctx context.Context, e store.Execution) error {
+	if s.gate != nil {
+		<-s.gate
+	}
 	s.mu.Lock()
 	s.writes[e.ID] = append(s.writes[e.ID], e.Status)
 	s.mu.Unlock()
@@ -164,6 +168,7 @@ func TestExecutionRecordWrites(t *testing.T) {
 	path := "/v1/sandboxes/" + id + "/execute"
 	only := func() (string, []string) {
 		t.Helper()
+		e.srv.SyncRecords(context.Background())
 		l, err := e.store.ListExecutions(context.Background(), id)
 		if err != nil || len(l) == 0 {
 			t.Fatalf("executions: %v, %v", l, err)
@@ -200,4 +205,42 @@ func TestExecutionRecordWrites(t *testing.T) {
 	if x, w := only(); !slices.Equal(w, []string{store.ExecutionRunning, sandbox.ExecSuccess}) {
 		t.Fatalf("a long execution %s was written %v; want running, then success", x, w)
 	}
+}
+
+// TestExecutionReplyBeforeRecord: the reply of an execution does not wait
+// for its record's write (held here), and the history and the account's
+// storage, read after the reply, wait for it and show it.
+func TestExecutionReplyBeforeRecord(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	e := newEnvStore(t, server.Config{}, testLog(t), func(db *sqlite.DB) store.Store {
+		return &recordingStore{DB: db, gate: gate, writes: map[string][]string{}}
+	})
+	id := e.create(e.keyA, nil)
+	replied := make(chan resp, 1)
+	go func() { replied <- e.do("POST", "/v1/sandboxes/"+id+"/execute", e.keyA, map[string]any{"code": "6*7"}) }()
+	select {
+	case r := <-replied:
+		want(t, r, http.StatusOK, "")
+	case <-time.After(20 * time.Second):
+		close(gate)
+		t.Fatal("the reply waited for the record's write")
+	}
+	hist := make(chan resp, 1)
+	storage := make(chan resp, 1)
+	go func() { hist <- e.do("GET", "/v1/sandboxes/"+id+"/executions", e.keyA, nil) }()
+	go func() { storage <- e.do("GET", "/v1/account", e.keyA, nil) }()
+	select {
+	case r := <-hist:
+		close(gate)
+		t.Fatalf("the history was read before the record was written: %s", r.body)
+	case <-time.After(100 * time.Millisecond): // it waits; a wrong answer would have come by now
+	}
+	close(gate)
+	r := <-hist
+	want(t, r, http.StatusOK, "")
+	if l := r.json(t)["executions"].([]any); len(l) != 1 || l[0].(map[string]any)["status"] != "success" {
+		t.Fatalf("history: %s", r.body)
+	}
+	want(t, <-storage, http.StatusOK, "")
 }

@@ -87,3 +87,7 @@ func SetRunningRecordAfter(d time.Duration) (restore func()) {
 	runningRecordAfter = d
 	return func() { runningRecordAfter = old }
 }
+
+// SyncRecords waits until the execution records being written after
+// their replies are in the store.
+func (s *Server) SyncRecords(ctx context.Context) error { return s.records.wait(ctx, "") }
