@@ -1,8 +1,11 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -243,4 +246,53 @@ func TestExecutionReplyBeforeRecord(t *testing.T) {
 		t.Fatalf("history: %s", r.body)
 	}
 	want(t, <-storage, http.StatusOK, "")
+}
+
+// lockedBuffer is a log sink safe for the server's goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestExecutionTrace: with SHEEPFOLD_TRACE_EXECUTIONS set, a plain
+// execution logs its hops, the kernel's own time among them; without it,
+// nothing.
+func TestExecutionTrace(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		if on {
+			t.Setenv("SHEEPFOLD_TRACE_EXECUTIONS", "1")
+		}
+		var out lockedBuffer
+		e := newEnvLog(t, server.Config{}, slog.New(slog.NewTextHandler(&out, nil)))
+		id := e.create(e.keyA, nil)
+		want(t, e.do("POST", "/v1/sandboxes/"+id+"/execute", e.keyA, map[string]any{"code": "1+1"}), http.StatusOK, "")
+		line := ""
+		for l := range strings.Lines(out.String()) {
+			if strings.Contains(l, `msg="execution trace"`) {
+				line = l
+			}
+		}
+		if !on {
+			if line != "" {
+				t.Fatalf("traced without SHEEPFOLD_TRACE_EXECUTIONS: %s", line)
+			}
+			continue
+		}
+		m := regexp.MustCompile(`kernel_us=(\d+) .*total_us=(\d+)`).FindStringSubmatch(line)
+		if m == nil || m[1] == "0" || m[2] == "0" {
+			t.Fatalf("no execution trace with the kernel's time: %q", line)
+		}
+	}
 }
