@@ -62,6 +62,8 @@ const slowDial = time.Second
 type callOptions struct {
 	// idle, when not zero, bounds each read and write of the call.
 	idle time.Duration
+	// trace, when set, is told when the connection is open.
+	trace *ExecTrace
 }
 
 // call sends req (and body, if set, as data frames) and reads the reply
@@ -80,6 +82,9 @@ func (c *agentClient) call(ctx context.Context, req agentproto.Request, body io.
 	}
 	if err != nil {
 		return agentproto.Event{}, dialErr(err)
+	}
+	if opt.trace != nil {
+		opt.trace.Dialed = time.Now()
 	}
 	dc := &deadlineConn{Conn: nc, idle: opt.idle}
 	defer dc.Close()

@@ -78,6 +78,10 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 		return nil, err
 	}
 	defer end()
+	tr := execTraceFrom(ctx)
+	if tr != nil {
+		tr.Start = time.Now()
+	}
 	if err := s.takeExecution(ctx); err != nil {
 		return nil, err
 	}
@@ -145,8 +149,26 @@ func (s *Sandbox) execute(ctx context.Context, req ExecuteRequest, onEvent func(
 	}
 	run.hold.sandbox, run.hold.engine = s.resultBudgets()
 	defer run.hold.release()
+	handle := run.handle
+	if tr != nil {
+		handle = func(ev agentproto.Event) error {
+			switch {
+			case tr.First.IsZero():
+				tr.First = time.Now()
+			case ev.Type == agentproto.EventResult && tr.Result.IsZero():
+				tr.Result = time.Now()
+			}
+			return run.handle(ev)
+		}
+	}
 	done, err := s.agent.call(ctx, agentproto.Request{Op: agentproto.OpExecute, Execute: spec},
-		nil, agentproto.Handlers{Event: run.handle, Admit: run.hold.admit(ctx)}, callOptions{})
+		nil, agentproto.Handlers{Event: handle, Admit: run.hold.admit(ctx)}, callOptions{trace: tr})
+	if tr != nil {
+		tr.Done = time.Now()
+		if done.Stats != nil {
+			tr.KernelMS = done.Stats.DurationMS
+		}
+	}
 	var cpuUsed time.Duration
 	if cpu != nil {
 		stopCPU(nil)

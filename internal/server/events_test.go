@@ -145,6 +145,7 @@ func TestSandboxEvents(t *testing.T) {
 			t.Fatalf("event %d: id %q, data %v", i, ev.ID, ev.Data)
 		}
 	}
+	e.srv.SyncRecords(context.Background())
 	execs, _ := e.store.ListExecutions(context.Background(), id)
 	if len(execs) != 2 || execs[0].ID != fin["execution_id"] {
 		t.Fatalf("the execution record's id %v is not the events' %v", execs, fin["execution_id"])

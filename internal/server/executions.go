@@ -150,6 +150,10 @@ func (s *Server) listExecutions(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// Every execution already answered is in the history.
+	if err := s.records.wait(r.Context(), rec.Owner); err != nil {
+		return err
+	}
 	cursor := r.URL.Query().Get("cursor")
 	recs, err := s.store.PageExecutions(r.Context(), store.ExecutionFilter{SandboxID: id, Before: cursor, Limit: limit + 1})
 	if err != nil {

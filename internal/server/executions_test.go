@@ -1,14 +1,22 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"net/http"
+	"regexp"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/auth"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/store/sqlite"
 )
 
 // TestExecutionHistory: executions run through the API, plain and
@@ -122,5 +130,169 @@ func TestMetricsSummary(t *testing.T) {
 	if a == nil || a["sandboxes"].(map[string]any)["running"] != 1.0 || a["goroutines"].(float64) == 0 || a["heap_bytes"].(float64) == 0 ||
 		a["executions"].(map[string]any)["success"].(float64) < 1 {
 		t.Fatalf("admin figures: %v", a)
+	}
+}
+
+// recordingStore is the store with its execution records' writes noted.
+type recordingStore struct {
+	*sqlite.DB
+	gate   chan struct{} // when not nil, a write waits for it to close
+	mu     sync.Mutex
+	writes map[string][]string // execution id → the statuses written, in order
+}
+
+func (s *recordingStore) AddExecution(ctx context.Context, e store.Execution) error {
+	if s.gate != nil {
+		<-s.gate
+	}
+	s.mu.Lock()
+	s.writes[e.ID] = append(s.writes[e.ID], e.Status)
+	s.mu.Unlock()
+	return s.DB.AddExecution(ctx, e)
+}
+
+func (s *recordingStore) written(id string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.writes[id])
+}
+
+// TestExecutionRecordWrites: an execution that ends before
+// runningRecordAfter is written once, as it ended (the warm path's one
+// transaction); one that runs longer is written as running while it runs
+// (what a crash would leave), then as it ended.
+func TestExecutionRecordWrites(t *testing.T) {
+	var rs *recordingStore
+	e := newEnvStore(t, server.Config{}, testLog(t), func(db *sqlite.DB) store.Store {
+		rs = &recordingStore{DB: db, writes: map[string][]string{}}
+		return rs
+	})
+	id := e.create(e.keyA, nil)
+	path := "/v1/sandboxes/" + id + "/execute"
+	only := func() (string, []string) {
+		t.Helper()
+		e.srv.SyncRecords(context.Background())
+		l, err := e.store.ListExecutions(context.Background(), id)
+		if err != nil || len(l) == 0 {
+			t.Fatalf("executions: %v, %v", l, err)
+		}
+		x := l[len(l)-1]
+		return x.ID, rs.written(x.ID)
+	}
+
+	restore := server.SetRunningRecordAfter(time.Hour)
+	want(t, e.do("POST", path, e.keyA, map[string]any{"code": "1+1"}), http.StatusOK, "")
+	restore()
+	if x, w := only(); !slices.Equal(w, []string{sandbox.ExecSuccess}) {
+		t.Fatalf("a quick execution %s was written %v; want once, as it ended", x, w)
+	}
+
+	defer server.SetRunningRecordAfter(time.Millisecond)()
+	rest := e.openNDJSON("POST", path, map[string]any{"code": "import time\nprint('started', flush=True)\ntime.sleep(0.5)"}, stdoutHas("started"))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		l, err := e.store.ListExecutions(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(l) == 2 {
+			if l[1].Status != store.ExecutionRunning {
+				t.Fatalf("a long execution's record while it runs: %+v", l[1])
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no record of the running execution: %+v", l)
+		}
+	}
+	<-rest
+	if x, w := only(); !slices.Equal(w, []string{store.ExecutionRunning, sandbox.ExecSuccess}) {
+		t.Fatalf("a long execution %s was written %v; want running, then success", x, w)
+	}
+}
+
+// TestExecutionReplyBeforeRecord: the reply of an execution does not wait
+// for its record's write (held here), and the history and the account's
+// storage, read after the reply, wait for it and show it.
+func TestExecutionReplyBeforeRecord(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	e := newEnvStore(t, server.Config{}, testLog(t), func(db *sqlite.DB) store.Store {
+		return &recordingStore{DB: db, gate: gate, writes: map[string][]string{}}
+	})
+	id := e.create(e.keyA, nil)
+	replied := make(chan resp, 1)
+	go func() { replied <- e.do("POST", "/v1/sandboxes/"+id+"/execute", e.keyA, map[string]any{"code": "6*7"}) }()
+	select {
+	case r := <-replied:
+		want(t, r, http.StatusOK, "")
+	case <-time.After(20 * time.Second):
+		close(gate)
+		t.Fatal("the reply waited for the record's write")
+	}
+	hist := make(chan resp, 1)
+	storage := make(chan resp, 1)
+	go func() { hist <- e.do("GET", "/v1/sandboxes/"+id+"/executions", e.keyA, nil) }()
+	go func() { storage <- e.do("GET", "/v1/account", e.keyA, nil) }()
+	select {
+	case r := <-hist:
+		close(gate)
+		t.Fatalf("the history was read before the record was written: %s", r.body)
+	case <-time.After(100 * time.Millisecond): // it waits; a wrong answer would have come by now
+	}
+	close(gate)
+	r := <-hist
+	want(t, r, http.StatusOK, "")
+	if l := r.json(t)["executions"].([]any); len(l) != 1 || l[0].(map[string]any)["status"] != "success" {
+		t.Fatalf("history: %s", r.body)
+	}
+	want(t, <-storage, http.StatusOK, "")
+}
+
+// lockedBuffer is a log sink safe for the server's goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestExecutionTrace: with SHEEPFOLD_TRACE_EXECUTIONS set, a plain
+// execution logs its hops, the kernel's own time among them; without it,
+// nothing.
+func TestExecutionTrace(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		if on {
+			t.Setenv("SHEEPFOLD_TRACE_EXECUTIONS", "1")
+		}
+		var out lockedBuffer
+		e := newEnvLog(t, server.Config{}, slog.New(slog.NewTextHandler(&out, nil)))
+		id := e.create(e.keyA, nil)
+		want(t, e.do("POST", "/v1/sandboxes/"+id+"/execute", e.keyA, map[string]any{"code": "1+1"}), http.StatusOK, "")
+		line := ""
+		for l := range strings.Lines(out.String()) {
+			if strings.Contains(l, `msg="execution trace"`) {
+				line = l
+			}
+		}
+		if !on {
+			if line != "" {
+				t.Fatalf("traced without SHEEPFOLD_TRACE_EXECUTIONS: %s", line)
+			}
+			continue
+		}
+		m := regexp.MustCompile(`kernel_us=(\d+) .*total_us=(\d+)`).FindStringSubmatch(line)
+		if m == nil || m[1] == "0" || m[2] == "0" {
+			t.Fatalf("no execution trace with the kernel's time: %q", line)
+		}
 	}
 }

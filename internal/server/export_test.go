@@ -78,3 +78,16 @@ func (s *Server) HoldSnapshotFor(id, name string) func() {
 	s.mu.Unlock()
 	return s.useSnapshot(own, name)
 }
+
+// SetRunningRecordAfter sets how long an execution runs before its
+// record is written with status running, for one test (not a parallel
+// one), and returns what restores it.
+func SetRunningRecordAfter(d time.Duration) (restore func()) {
+	old := runningRecordAfter
+	runningRecordAfter = d
+	return func() { runningRecordAfter = old }
+}
+
+// SyncRecords waits until the execution records being written after
+// their replies are in the store.
+func (s *Server) SyncRecords(ctx context.Context) error { return s.records.wait(ctx, "") }

@@ -483,6 +483,7 @@ func storageFlood(t testing.TB) floodFigures {
 	close(stop)
 	flooders.Wait()
 	e.bus.Sync(ctx)
+	e.srv.SyncRecords(ctx)
 
 	// B: every execution and event recorded, every finished execution
 	// delivered, within its bounds.

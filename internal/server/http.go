@@ -389,6 +389,7 @@ func (s *Server) requestID(next http.Handler) http.Handler {
 // logInfo is what handlers learn about a request for its log line and
 // metrics: filled in as they go (one request, one goroutine).
 type logInfo struct {
+	start   time.Time // the request's arrival (accessLog)
 	owner   string
 	sandbox string
 	route   string // the route's pattern, "preview" or "e2b"; "" for none (404, 405)
@@ -450,7 +451,7 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		sw := &statusWriter{ResponseWriter: w}
-		li := &logInfo{}
+		li := &logInfo{start: start}
 		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), keyLogInfo, li)))
 		d := time.Since(start)
 		route := li.route

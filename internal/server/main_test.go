@@ -22,6 +22,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/runtime/fake"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/store"
 	"github.com/sheepfold/sheepfold/internal/store/sqlite"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
@@ -67,6 +68,13 @@ func newEnv(t testing.TB, cfg server.Config, opts ...func(*sandbox.Config)) *env
 // going to log.
 func newEnvLog(t testing.TB, cfg server.Config, log *slog.Logger, opts ...func(*sandbox.Config)) *env {
 	t.Helper()
+	return newEnvStore(t, cfg, log, nil, opts...)
+}
+
+// newEnvStore is newEnvLog with the server's store wrapped by wrap (when
+// not nil), e.g. to count its writes.
+func newEnvStore(t testing.TB, cfg server.Config, log *slog.Logger, wrap func(*sqlite.DB) store.Store, opts ...func(*sandbox.Config)) *env {
+	t.Helper()
 	ctx := context.Background()
 	dbPath := filepath.Join(t.TempDir(), "sheepfold.db")
 	st, err := sqlite.Open(ctx, dbPath)
@@ -93,7 +101,11 @@ func newEnvLog(t testing.TB, cfg server.Config, log *slog.Logger, opts ...func(*
 	if cfg.Version == "" {
 		cfg.Version = "test"
 	}
-	srv := server.New(cfg, st, m, log)
+	var sst store.Store = st
+	if wrap != nil {
+		sst = wrap(st)
+	}
+	srv := server.New(cfg, sst, m, log)
 	hs := httptest.NewServer(srv)
 	e := &env{t: t, srv: srv, url: hs.URL, store: st, dbPath: dbPath, engine: m, rt: rt, bus: bus}
 	for _, p := range []*string{&e.keyA, &e.keyB, &e.revoked} {

@@ -267,6 +267,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -571,6 +572,13 @@ type Server struct {
 	handler http.Handler
 	routes  []string
 
+	// records are the execution records being written after their
+	// replies (execute.go).
+	records recordWrites
+	// traceExec logs the hops of every plain execution
+	// (SHEEPFOLD_TRACE_EXECUTIONS; execute.go).
+	traceExec bool
+
 	// snapMu guards snapUse (snapshots in use, by snapshotKey: a delete
 	// is refused), snapMaking (names being made) and forks (snapshots.go,
 	// fork.go).
@@ -676,8 +684,9 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 		cfg: cfg, store: st, engine: m, log: log,
 		auth:  &auth.Authenticator{Store: st},
 		boxes: map[string]*box{}, keys: map[string]keyState{},
-		stop: make(chan struct{}),
-		bus:  cfg.Events, streamsDone: make(chan struct{}),
+		stop:      make(chan struct{}),
+		traceExec: os.Getenv("SHEEPFOLD_TRACE_EXECUTIONS") != "",
+		bus:       cfg.Events, streamsDone: make(chan struct{}),
 		accounts: account.NewRegistry(cfg.Accounts, st),
 		streams:  newStreams(max(0, cfg.MaxStreamsPerKey), max(0, cfg.MaxStreamsPerAccount), max(0, cfg.MaxStreams)),
 		paces:    newPaces(max(0, cfg.PacePerAccount)),
@@ -890,9 +899,13 @@ func (s *Server) endStreams() {
 // Events is the sink of the server's bus.
 func (s *Server) Events() events.Sink { return s.bus }
 
-// Close takes the last metering sample of every sandbox still metered and
-// flushes the usage to the store. Call it after closing the engine.
-func (s *Server) Close(ctx context.Context) error { return s.meter.Close(ctx) }
+// Close waits for the execution records still being written, takes the
+// last metering sample of every sandbox still metered and flushes the
+// usage to the store. Call it after closing the engine.
+func (s *Server) Close(ctx context.Context) error {
+	s.records.wait(ctx, "")
+	return s.meter.Close(ctx)
+}
 
 // RecordStopped records in the store every sandbox the engine has
 // stopped, with its reason. Shutdown's callers call it after closing the

@@ -259,6 +259,7 @@ func TestExecute(t *testing.T) {
 	want(t, e.do("POST", path, e.keyA, `{"code":"1","timeout_ms":0}`), http.StatusBadRequest, "ERR_BAD_REQUEST")
 	want(t, e.do("POST", path, e.keyA, ``), http.StatusBadRequest, "ERR_BAD_REQUEST")
 
+	e.srv.SyncRecords(context.Background())
 	execs, err := e.store.ListExecutions(context.Background(), id)
 	// The refused one too: every execution that reached the engine is
 	// recorded with how it ended (bad JSON never reached it).

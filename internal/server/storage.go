@@ -53,6 +53,10 @@ func storageBounds(b store.Bounds) store.Bounds {
 
 // storageOf reads what an account keeps, with its bounds.
 func (s *Server) storageOf(ctx context.Context, account string) (api.AccountStorage, error) {
+	// Every execution already answered is counted.
+	if err := s.records.wait(ctx, account); err != nil {
+		return api.AccountStorage{}, err
+	}
 	st, err := s.store.Stored(ctx, account)
 	if err != nil {
 		return api.AccountStorage{}, err

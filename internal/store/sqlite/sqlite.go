@@ -149,10 +149,8 @@ func OpenOptions(ctx context.Context, path string, opt Options) (*DB, error) {
 	}
 	dsn := fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=journal_mode(WAL)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)&_pragma=journal_size_limit(8388608)&_txlock=immediate",
 		path, opt.BusyTimeout.Milliseconds())
-	db, err := sql.Open("sqlite", dsn)
-	if err != nil {
-		return nil, fmt.Errorf("open database %s: %w", path, err)
-	}
+	// Both handles keep their statements prepared (stmtcache.go).
+	db := sql.OpenDB(cachingConnector{dsn: dsn, drv: sqliteDriver()})
 	// One handle for writes: SQLite runs one writer at a time, and its
 	// busy handler would have the others sleep in growing steps (up to
 	// 100 ms) while one writes; queued here they go as soon as it is
@@ -170,12 +168,8 @@ func OpenOptions(ctx context.Context, path string, opt Options) (*DB, error) {
 	// Reads have a pool of their own, which WAL runs beside the writer:
 	// sharing the writes' pool, a burst of writes (one tenant's flood)
 	// waiting for their turn would hold up every tenant's reads.
-	rd, err := sql.Open("sqlite", fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=query_only(1)&_txlock=deferred",
-		path, opt.BusyTimeout.Milliseconds()))
-	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("open database %s: %w", path, err)
-	}
+	rd := sql.OpenDB(cachingConnector{drv: sqliteDriver(), dsn: fmt.Sprintf("file:%s?_pragma=busy_timeout(%d)&_pragma=query_only(1)&_txlock=deferred",
+		path, opt.BusyTimeout.Milliseconds())})
 	rd.SetMaxOpenConns(MaxOpenConns)
 	rd.SetMaxIdleConns(MaxOpenConns)
 	rd.SetConnMaxIdleTime(time.Minute)
