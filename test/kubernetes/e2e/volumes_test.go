@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -154,9 +155,12 @@ var gvisorKnown = map[string]string{
 }
 
 // TestGVisorE2B: the E2B SDKs' core files (nodejs.E2BCoreFiles: code,
-// commands, files, terminals) against a server whose sandboxes run under
-// the gVisor RuntimeClass by default, as TestSandboxesAsPods runs the
-// whole suite under runc.
+// commands, files, terminals) against a server whose default is runc, for
+// an account whose operator set its runtime to gvisor, locked (`sheepfold
+// accounts set-runtime`): every sandbox the suite makes is a Pod of the
+// gVisor RuntimeClass, as TestSandboxesAsPods runs the whole suite under
+// runc; a create naming runc for that account is refused, and another
+// account's sandbox (the control) gets runc.
 func TestGVisorE2B(t *testing.T) {
 	image := env(t, "SHEEPFOLD_E2E_IMAGE")
 	bin := env(t, "SHEEPFOLD_E2E_BIN")
@@ -165,9 +169,32 @@ func TestGVisorE2B(t *testing.T) {
 	dsn := pgtest.New(t)
 	data := t.TempDir()
 	e2bKey := newKey(t, bin, data, dsn, "--e2b", "--name", "e2b-gvisor", "--owner", "e2b-gvisor")
+	otherKey := newKey(t, bin, data, dsn, "--name", "other")
+	if out, err := exec.Command(bin, "accounts", "set-runtime", "e2b-gvisor", "gvisor", "--lock", "--data-dir", data, "--database", dsn).CombinedOutput(); err != nil {
+		t.Fatalf("accounts set-runtime: %v\n%s", err, out)
+	}
 	srv := startServer(t, bin, "serve-gvisor", freePort(t), e2bKey, "--data-dir", data, "--database", dsn, "--pool", "0",
-		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--kubernetes-namespace", ns,
-		"--kubernetes-image", "python="+image, "--kubernetes-runtime-class", "gvisor")
+		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--kubernetes-namespace", ns, "--kubernetes-image", "python="+image,
+		"--kubernetes-runtime-class", "runc", "--kubernetes-runtime-classes", "gvisor=gvisor,runc=runc")
+	if code, b := srv.do(t, "POST", "/v1/sandboxes", map[string]any{"template": "python", "runtime": "runc"}); code != 403 || !strings.Contains(string(b), "ERR_FORBIDDEN") {
+		t.Errorf("the gvisor account asking for runc: %d %s", code, b)
+	}
+	other := &server{url: srv.url, key: otherKey}
+	code, b := other.do(t, "POST", "/v1/sandboxes", map[string]any{"template": "python"})
+	if code != 201 {
+		t.Fatalf("another account's create: %d %s", code, b)
+	}
+	var sb struct{ ID string }
+	json.Unmarshal(b, &sb)
+	pods, err := cs.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "sheepfold.dev/sandbox=" + sb.ID})
+	if err != nil || len(pods.Items) != 1 || ptrString(pods.Items[0].Spec.RuntimeClassName) != "runc" {
+		t.Fatalf("the control's pod: %v %+v", err, pods)
+	}
+	if code, b := other.do(t, "DELETE", "/v1/sandboxes/"+sb.ID, nil); code != 204 {
+		t.Fatalf("kill the control: %d %s", code, b)
+	}
+	waitGone(t, cs, ns, "sheepfold.dev/sandbox="+sb.ID)
+
 	// Every sandbox Pod the suite makes is a gVisor one.
 	var mu sync.Mutex
 	classes := map[string]string{}
