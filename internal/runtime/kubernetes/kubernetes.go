@@ -49,6 +49,13 @@
 // of the instance, so that a garbage collector can remove those whose
 // record is gone.
 //
+// Persistent volumes (runtime.Volumes) are PersistentVolumeClaims of
+// Config.StorageClass, one per volume and labelled with its id
+// (LabelVolume), which no sandbox's deletion or collection touches; a
+// sandbox's Pod mounts its volumes' claims at their paths, read-only
+// where asked, and its agent gives the root of each read-write one to the
+// user before it serves (volumes.go).
+//
 // # Pods, egress and trust
 //
 // internal/runtime/kubernetes is a runtime.Runtime whose sandboxes are Pods
