@@ -37,6 +37,15 @@ type CreditGrant struct {
 	Reason string  `json:"reason"`
 }
 
+// AccountRuntime is the body of POST /v1/admin/accounts/{account}/runtime
+// (schema AccountRuntime): the default runtime of the account's
+// sandboxes whose request and template name none ("" the server's), and
+// whether it is the only one they may run under.
+type AccountRuntime struct {
+	Runtime *string `json:"runtime"`
+	Locked  bool    `json:"locked,omitempty"`
+}
+
 // Input is the body of POST .../commands/{pid}/input (schema Input): one
 // of Data and DataBase64, and EOF to close stdin after it.
 type Input struct {

@@ -211,6 +211,10 @@ type Account struct {
 	Credits          *Credits        `json:"credits,omitempty"`
 	Storage          *AccountStorage `json:"storage,omitempty"`
 	Keys             []AccountKey    `json:"keys,omitempty"`
+	// Runtime is the default runtime of the account's sandboxes ("" the
+	// server's), RuntimeLocked whether it is their only one.
+	Runtime       string `json:"runtime,omitempty"`
+	RuntimeLocked bool   `json:"runtime_locked,omitempty"`
 }
 
 // CreateAlert raises an alert on the caller's account (POST /v1/alerts;

@@ -178,6 +178,15 @@ func (c *Client) SetAccountLimits(ctx context.Context, account string, set Accou
 	return &a, c.call(ctx, request{method: "POST", path: "/v1/admin/accounts/" + url.PathEscape(account) + "/limits", json: body}, &a)
 }
 
+// SetAccountRuntime sets the runtime of an account's sandboxes whose
+// request and template name none ("" the server's default); locked makes
+// it their only one (admin keys only).
+func (c *Client) SetAccountRuntime(ctx context.Context, account, runtime string, locked bool) (*Account, error) {
+	var a Account
+	return &a, c.call(ctx, request{method: "POST", path: "/v1/admin/accounts/" + url.PathEscape(account) + "/runtime",
+		json: api.AccountRuntime{Runtime: &runtime, Locked: locked}}, &a)
+}
+
 // CreditAccount grants credits (a decimal amount such as "25.00";
 // negative takes them back).
 func (c *Client) CreditAccount(ctx context.Context, account, amount, reason string) (*Credits, error) {

@@ -179,6 +179,11 @@ func runServe(args []string) int {
 	egressListen := fs.String("egress-listen", "", "listen for the sandbox's proxied egress on this loopback address (host:port; HTTP_PROXY names it): each connection goes to the server's gateway through an egress.accept request (a Pod's network)")
 	history := fs.Bool("usage-history", false, "sample the sandbox's usage every 5 s and keep an hour of it for usage.history (a Pod's agent: every replica reads the same history)")
 	scratch := fs.String("scratch", "", "the home and /tmp are the sandbox's scratch volume (a Pod's memory-backed emptyDir): unpack this home seed archive (sheepfold template export) into --home before serving, and report the volume as the sandbox's disk")
+	var ownVolumes []string
+	fs.Func("own-volume", "a persistent volume mounted read-write at this sandbox path (a Pod's claim): make its root the sandbox user's before serving when it is still root's (a fresh volume); repeatable", func(p string) error {
+		ownVolumes = append(ownVolumes, p)
+		return nil
+	})
 	cgroupRoot := fs.String("cgroup-root", "/sys/fs/cgroup", "where the usage op reads the sandbox's cgroups (tests point it at a fake tree)")
 	pidsCgroup := fs.Int("pids-cgroup-fd", -1, "the sandbox's pids cgroup, opened by the host: every process the agent starts begins in its tenant leaf, under the sandbox's pids limit (agent.UseTenantCgroup); init passes it")
 	pidsMax := fs.Int64("pids-max", 0, "refuse to serve unless the agent's own cgroup (a Pod's container) has pids.max N, the sandbox's pids limit, which the node's NRI plugin sets (agent.CheckPidsMax); 0: no check")
@@ -257,6 +262,14 @@ func runServe(args []string) int {
 			return 1
 		}
 		disk = *home
+	}
+	for _, p := range ownVolumes {
+		// After the scratch volume: a volume below the home is
+		// mounted over a directory of it.
+		if err := agent.OwnVolume(*root, p); err != nil {
+			log.Error("give the volume to the user", "path", p, "err", err)
+			return 1
+		}
 	}
 	// Code contexts run as "user" when the agent is the sandbox's root.
 	kernelCred := agent.KernelCredential(*root)

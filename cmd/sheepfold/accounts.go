@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -147,13 +148,20 @@ func accountsCmd(cfg *config.Config) *cobra.Command {
 		}
 		return setAccountLimits(ctx, st, out, args[0], over, reset)
 	})
+	var lock bool
+	setRuntime := &cobra.Command{Use: "set-runtime NAME RUNTIME", Args: cobra.ExactArgs(2),
+		Short: `Set the runtime of an account's sandboxes whose request and template name none (runc, gvisor; "" the server's default); --lock makes it their only one`}
+	setRuntime.Flags().BoolVar(&lock, "lock", false, "the account's sandboxes run under RUNTIME alone: a create whose request or template names another is refused (403 ERR_FORBIDDEN)")
+	setRuntime.RunE = withStore(func(ctx context.Context, st store.Store, out io.Writer, args []string) error {
+		return setAccountRuntime(ctx, st, out, args[0], args[1], lock)
+	})
 	var reason string
 	credit := &cobra.Command{Use: "credit NAME AMOUNT", Short: "Grant credits (a negative amount takes them back); every grant is a ledger row", Args: cobra.ExactArgs(2)}
 	credit.Flags().StringVar(&reason, "reason", "", "why, kept in the ledger")
 	credit.RunE = withStore(func(ctx context.Context, st store.Store, out io.Writer, args []string) error {
 		return creditAccount(ctx, st, out, args[0], args[1], reason)
 	})
-	cmd.AddCommand(create, list, show, setLimits, credit)
+	cmd.AddCommand(create, list, show, setLimits, setRuntime, credit)
 	return cmd
 }
 
@@ -231,6 +239,7 @@ func showAccount(ctx context.Context, st store.Store, out io.Writer, ref string)
 	lim, _ := json.Marshal(over)
 	fmt.Fprintf(out, "id:       %s\nname:     %s\ncreated:  %s\nlimits:   %s (the rest: the server's defaults)\n", a.ID, a.Name,
 		a.CreatedAt.UTC().Format(time.RFC3339), lim)
+	fmt.Fprintf(out, "runtime:  %s\n", describeRuntime(a.Runtime, a.RuntimeLocked))
 	fmt.Fprintf(out, "credits:  balance %s (free %s, granted %s, spent %s)\n", account.FormatMicros(ct.Balance()),
 		account.FormatMicros(ct.FreeMicros), account.FormatMicros(ct.GrantedMicros), account.FormatMicros(ct.SpentMicros))
 	fmt.Fprintf(out, "month:    %.1f sandbox-seconds, %.3f CPU-seconds, %.3f GB-seconds reserved, %d executions (resets %s)\n",
@@ -275,6 +284,40 @@ func setAccountLimits(ctx context.Context, st store.Store, out io.Writer, ref st
 	}
 	fmt.Fprintf(out, "limits of %s: %s\n", a.Name, b)
 	return nil
+}
+
+// runtimeName is a runtime's name: runc, gvisor, or on Kubernetes a name
+// of --kubernetes-runtime-classes. Whether the server offers it is
+// checked when a sandbox asks (the CLI works on the database alone).
+var runtimeName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$`)
+
+func setAccountRuntime(ctx context.Context, st store.Store, out io.Writer, ref, rt string, lock bool) error {
+	switch {
+	case rt == "" && lock:
+		return errors.New("--lock needs a runtime: name the one the account's sandboxes must run under")
+	case rt != "" && !runtimeName.MatchString(rt):
+		return fmt.Errorf("runtime %q: lowercase letters, digits and '-', e.g. runc or gvisor", rt)
+	}
+	a, err := findAccount(ctx, st, ref)
+	if err != nil {
+		return err
+	}
+	if err := st.SetAccountRuntime(ctx, a.ID, rt, lock); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "runtime of %s: %s\n", a.Name, describeRuntime(rt, lock))
+	return nil
+}
+
+// describeRuntime says an account's runtime as show prints it.
+func describeRuntime(rt string, locked bool) string {
+	switch {
+	case rt == "":
+		return "the server's default"
+	case locked:
+		return rt + " (locked: its sandboxes run under it alone)"
+	}
+	return rt + " (the default of its sandboxes; a request or template may name another)"
 }
 
 func creditAccount(ctx context.Context, st store.Store, out io.Writer, ref, amount, reason string) error {

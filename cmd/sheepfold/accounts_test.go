@@ -110,3 +110,37 @@ func keyLine(t *testing.T, dir string) string {
 	t.Fatalf("no key line in %s", out)
 	return ""
 }
+
+// TestAccountsRuntimeCLI: `accounts set-runtime` sets, locks and clears
+// an account's runtime in the database, and show prints it; a lock
+// without a runtime and a malformed name are refused.
+func TestAccountsRuntimeCLI(t *testing.T) {
+	dir := t.TempDir() + "/data"
+	mustRun := func(args ...string) string {
+		t.Helper()
+		out, err := runCLI(t, dir, args...)
+		if err != nil {
+			t.Fatalf("%v: %v\n%s", args, err, out)
+		}
+		return out
+	}
+	mustRun("accounts", "create", "team")
+	if out := mustRun("accounts", "show", "team"); !strings.Contains(out, "runtime:  the server's default") {
+		t.Fatalf("show of a new account:\n%s", out)
+	}
+	if out := mustRun("accounts", "set-runtime", "team", "gvisor", "--lock"); !strings.Contains(out, "gvisor (locked") {
+		t.Fatalf("set-runtime printed %s", out)
+	}
+	if out := mustRun("accounts", "show", "team"); !strings.Contains(out, "runtime:  gvisor (locked") {
+		t.Fatalf("show after set-runtime:\n%s", out)
+	}
+	for _, bad := range [][]string{{"team", "", "--lock"}, {"team", "Not A Runtime"}, {"nope", "gvisor"}} {
+		if _, err := runCLI(t, dir, append([]string{"accounts", "set-runtime"}, bad...)...); err == nil {
+			t.Errorf("set-runtime %q was accepted", bad)
+		}
+	}
+	mustRun("accounts", "set-runtime", "team", "")
+	if out := mustRun("accounts", "show", "team"); !strings.Contains(out, "runtime:  the server's default") {
+		t.Fatalf("show after clearing:\n%s", out)
+	}
+}

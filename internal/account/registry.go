@@ -131,6 +131,8 @@ type Account struct {
 	mu          sync.Mutex
 	overrides   Overrides
 	limits      Limits
+	runtime     string // the default runtime of its sandboxes ("" the server's)
+	locked      bool   // runtime is the only one they may run under
 	requests    ratelimit.Bucket
 	executions  ratelimit.Bucket
 	running     int64 // sandboxes counted against MaxSandboxes
@@ -167,7 +169,7 @@ func (r *Registry) Get(ctx context.Context, id string) (*Account, error) {
 	if err != nil {
 		return nil, err
 	}
-	a = &Account{ID: id, r: r, month: MonthStart(now), ledger: ct.Balance()}
+	a = &Account{ID: id, r: r, month: MonthStart(now), ledger: ct.Balance(), runtime: rec.Runtime, locked: rec.RuntimeLocked}
 	if err := a.setOverridesJSON(rec.Limits); err != nil {
 		return nil, err
 	}
@@ -224,6 +226,7 @@ func (r *Registry) Refresh(ctx context.Context) error {
 		if a.changes == seen {
 			a.overrides, a.limits = o, o.Apply(r.cfg.Defaults)
 			a.ledger = bal[rec.ID]
+			a.runtime, a.locked = rec.Runtime, rec.RuntimeLocked
 		}
 		a.mu.Unlock()
 	}
@@ -250,6 +253,23 @@ func (a *Account) setOverridesJSON(b []byte) error {
 	}
 	a.SetOverrides(o)
 	return nil
+}
+
+// Runtime is the default runtime of the account's sandboxes ("" the
+// server's) and whether it is the only one they may run under
+// (store.Account.Runtime).
+func (a *Account) Runtime() (name string, locked bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.runtime, a.locked
+}
+
+// SetRuntime replaces the account's runtime (after the store has).
+func (a *Account) SetRuntime(name string, locked bool) {
+	a.mu.Lock()
+	a.runtime, a.locked = name, locked
+	a.changes++
+	a.mu.Unlock()
 }
 
 // SetOverrides replaces the account's own limits (after the store has).

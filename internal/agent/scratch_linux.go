@@ -47,3 +47,30 @@ func diskUsage(path string) (used, total int64, err error) {
 	}
 	return int64(st.Blocks-st.Bfree) * st.Bsize, int64(st.Blocks) * st.Bsize, nil
 }
+
+// OwnVolume gives the root of a persistent volume mounted read-write at
+// sandbox path p (under root) to the sandbox's user when it is root's: a
+// fresh claim's storage is made by its provisioner as root's, where the
+// code (uid 1000) could not write. Only that directory, never what is in
+// it, and never through a symlink (p is a mount point the runtime made;
+// nothing of the sandbox has run yet). A root owned by anyone else is
+// left as it is: the volume was given before, or its storage says whose
+// it is.
+func OwnVolume(root, p string) error {
+	f, err := os.OpenFile(hostPath(root, p), os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open the volume: %w", err)
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("stat the volume: %w", err)
+	}
+	if st.Uid != 0 {
+		return nil
+	}
+	if err := unix.Fchown(int(f.Fd()), defaultUID, defaultGID); err != nil {
+		return fmt.Errorf("give the volume to the user: %w", err)
+	}
+	return nil
+}

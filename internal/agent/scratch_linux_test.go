@@ -65,3 +65,52 @@ func TestPrepareScratch(t *testing.T) {
 		t.Fatalf("usage %+v; the file system has %d blocks of %d", u, fs.Blocks, fs.Bsize)
 	}
 }
+
+// A fresh volume's root (root's) becomes the user's, and nothing in it;
+// a root someone else owns stays theirs; a symlink is never followed.
+func TestOwnVolume(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("chowns to the sandbox's user: needs root")
+	}
+	t.Parallel()
+	root := t.TempDir()
+	for _, d := range []string{"data/sub", "given", "elsewhere"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(filepath.Join(root, "given"), 4242, 4242); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(root, "elsewhere"), filepath.Join(root, "link")); err != nil {
+		t.Fatal(err)
+	}
+	owner := func(p string) (uint32, uint32) {
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(root, p), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Uid, st.Gid
+	}
+	if err := OwnVolume(root, "/data"); err != nil {
+		t.Fatal(err)
+	}
+	if u, g := owner("data"); u != defaultUID || g != defaultGID {
+		t.Errorf("the volume's root: %d:%d, want %d:%d", u, g, defaultUID, defaultGID)
+	}
+	if u, _ := owner("data/sub"); u != 0 {
+		t.Errorf("what is in the volume changed owner: %d", u)
+	}
+	if err := OwnVolume(root, "/given"); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := owner("given"); u != 4242 {
+		t.Errorf("a volume given before changed owner: %d", u)
+	}
+	if err := OwnVolume(root, "/link"); err == nil {
+		t.Error("a symlink was followed")
+	}
+	if u, _ := owner("elsewhere"); u != 0 {
+		t.Errorf("the symlink's target changed owner: %d", u)
+	}
+}

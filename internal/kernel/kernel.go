@@ -412,6 +412,20 @@ func (k *Kernel) command() *exec.Cmd {
 	}
 }
 
+// givePipe lets the interpreter running as cred (nil: the caller's user)
+// open pipe f through /proc: mode 0666, or where the kernel refuses a
+// pipe's mode (gVisor), the interpreter's user as its owner.
+func givePipe(f *os.File, cred *syscall.Credential) error {
+	err := f.Chmod(0o666)
+	if !errors.Is(err, syscall.EPERM) || cred == nil {
+		return err
+	}
+	if cerr := f.Chown(int(cred.Uid), int(cred.Gid)); cerr != nil {
+		return errors.Join(err, cerr)
+	}
+	return nil
+}
+
 // javaInterruptGrace is the least grace a Java context's interrupt gets.
 const javaInterruptGrace = 2 * time.Second
 
@@ -527,8 +541,12 @@ func (k *Kernel) start() error {
 		// mode against the interpreter's user (the agent made the pipe).
 		// Opening through /proc needs ptrace access to the process, so
 		// this gives the pipes to no one who could not reach them anyway.
+		// gVisor's kernel refuses to change a pipe's mode (EPERM, even
+		// for its owner) but lets root give it away: there the pipes
+		// become the interpreter's own, mode 0600, which reach the same
+		// processes (the interpreter's user, who may ptrace it).
 		for _, f := range []*os.File{reqR, msgW} {
-			if err := f.Chmod(0o666); err != nil {
+			if err := givePipe(f, k.opt.Credential); err != nil {
 				return errors.Join(fmt.Errorf("start %s: %w", k.lang, err), closeAll(reqR, reqW, msgR, msgW))
 			}
 		}

@@ -180,3 +180,21 @@ print(os.uname().release, [get("api.test") for _ in range(3)], dns("evil.test"),
 		})
 	}
 }
+
+// TestGVisorRJava: R and Java contexts start under gVisor, whose kernel
+// refuses to change a pipe's mode: their control pipes are given to the
+// interpreter's user instead (kernel.givePipe). The control: Python, whose
+// driver needs neither, runs in the same sandbox.
+func TestGVisorRJava(t *testing.T) {
+	m := gvisorEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{Runtime: "gvisor"})
+	if ex := run(t, s, "python", "6 * 7"); mainText(ex) != "42" {
+		t.Fatalf("control, python: %+v", ex)
+	}
+	if ex := run(t, s, "r", "x <- 41; x + 1"); mainText(ex) != "[1] 42" {
+		t.Fatalf("r: %+v %+v", ex, ex.Error)
+	}
+	if ex := run(t, s, "java", "int x = 41; x + 1"); mainText(ex) != "42" {
+		t.Fatalf("java: %+v %+v", ex, ex.Error)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -324,6 +325,13 @@ type CreateOptions struct {
 	// offers (runtime.Offered), e.g. "gvisor"; "" is its default. A
 	// sandbox with a choice never comes from the warm pool.
 	Runtime string
+	// AccountRuntime is the runtime of its account's sandboxes that
+	// choose none and whose template names none (resolveRuntime: the
+	// request, then the template, then the account, then the server's
+	// default); with RuntimeLocked, it is the only runtime the sandbox
+	// may run under, whatever the request or the template says.
+	AccountRuntime string
+	RuntimeLocked  bool
 	// Names are the caller's names for Limits, Timeout and the policy's
 	// resource limits, for refusals (Grant, ceiling.go).
 	Names FieldNames
@@ -370,13 +378,40 @@ func (m *Manager) runtimeOf(choice string) string {
 	return m.cfg.Runtime.Name()
 }
 
+// Runtimes lists the runtimes a sandbox may ask for (runtime.Offered).
+func (m *Manager) Runtimes() []string { return runtime.Offered(m.cfg.Runtime) }
+
+// resolveRuntime sets opt.Runtime to the runtime the sandbox runs under:
+// the request's, else its template's, else its account's, else ""
+// (the server's default). An account whose runtime is locked refuses
+// any other (ERR_FORBIDDEN): the operator chose it, and neither the
+// tenant's request nor a template it built may leave it.
+func (m *Manager) resolveRuntime(opt *CreateOptions) error {
+	asked := opt.Runtime
+	if tr, ok := m.cfg.Templates.(TemplateRuntimes); ok && opt.Runtime == "" {
+		opt.Runtime = tr.Runtime(opt.Template) // the template's choice
+	}
+	if opt.Runtime == "" {
+		opt.Runtime = opt.AccountRuntime
+	}
+	if opt.RuntimeLocked && opt.AccountRuntime != "" && m.runtimeOf(opt.Runtime) != m.runtimeOf(opt.AccountRuntime) {
+		by := "the request"
+		if asked == "" {
+			by = "template " + strconv.Quote(opt.Template)
+		}
+		return apierr.New(apierr.Forbidden, "this account's sandboxes run under runtime %q, set by the operator; %s asks for %q",
+			opt.AccountRuntime, by, opt.Runtime)
+	}
+	return nil
+}
+
 // create starts a sandbox and returns once its agent answers (Create).
 func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, error) {
 	if opt.Template == "" {
 		opt.Template = m.cfg.DefaultTemplate
 	}
-	if tr, ok := m.cfg.Templates.(TemplateRuntimes); ok && opt.Runtime == "" {
-		opt.Runtime = tr.Runtime(opt.Template) // the template's choice
+	if err := m.resolveRuntime(&opt); err != nil {
+		return nil, err
 	}
 	if opt.Runtime != "" {
 		if offered := runtime.Offered(m.cfg.Runtime); !slices.Contains(offered, opt.Runtime) {

@@ -48,3 +48,49 @@ func TestTemplateRuntime(t *testing.T) {
 		t.Fatalf("control: %v", err)
 	}
 }
+
+// TestAccountRuntime: the runtime of a sandbox is the request's, else
+// its template's, else its account's, else the server's default ("");
+// an account whose runtime is locked refuses a request or a template
+// naming another (ERR_FORBIDDEN), and still takes its own named.
+func TestAccountRuntime(t *testing.T) {
+	t.Parallel()
+	m, rt := fakeEngine(t, sandbox.Config{Templates: runtimeTemplates{}})
+	rt.Choices = []string{"fake", "gvisor", "runc"}
+	ctx := context.Background()
+	for _, c := range []struct {
+		name string
+		opt  sandbox.CreateOptions
+		want string // the runtime chosen; "" the default
+		code apierr.Code
+	}{
+		{"server default", sandbox.CreateOptions{Template: "python"}, "", ""},
+		{"account", sandbox.CreateOptions{Template: "python", AccountRuntime: "runc"}, "runc", ""},
+		{"template over account", sandbox.CreateOptions{Template: "hardened", AccountRuntime: "runc"}, "gvisor", ""},
+		{"request over all", sandbox.CreateOptions{Template: "hardened", Runtime: "fake", AccountRuntime: "runc"}, "fake", ""},
+		{"locked: the account's", sandbox.CreateOptions{Template: "python", AccountRuntime: "gvisor", RuntimeLocked: true}, "gvisor", ""},
+		{"locked: named the same", sandbox.CreateOptions{Template: "python", Runtime: "gvisor", AccountRuntime: "gvisor", RuntimeLocked: true}, "gvisor", ""},
+		{"locked: template agrees", sandbox.CreateOptions{Template: "hardened", AccountRuntime: "gvisor", RuntimeLocked: true}, "gvisor", ""},
+		{"locked: request escapes", sandbox.CreateOptions{Template: "python", Runtime: "runc", AccountRuntime: "gvisor", RuntimeLocked: true}, "", apierr.Forbidden},
+		{"locked: template escapes", sandbox.CreateOptions{Template: "hardened", AccountRuntime: "runc", RuntimeLocked: true}, "", apierr.Forbidden},
+		{"unlocked: request leaves", sandbox.CreateOptions{Template: "python", Runtime: "runc", AccountRuntime: "gvisor"}, "runc", ""},
+	} {
+		sb, err := m.Create(ctx, c.opt)
+		if c.code != "" {
+			if apierr.CodeOf(err) != c.code || !strings.Contains(err.Error(), "set by the operator") {
+				t.Errorf("%s: %v, want %s", c.name, err, c.code)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+			continue
+		}
+		if got := rt.Chosen(sb.ID); got != c.want {
+			t.Errorf("%s: runtime %q, want %q", c.name, got, c.want)
+		}
+		if err := m.Kill(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -221,15 +221,20 @@ func (m *Manager) RemoveVolume(ctx context.Context, id, name string) error {
 	return nil
 }
 
-// VolumeUsage reads what volume id holds and can hold, in bytes.
+// VolumeUsage reads what volume id holds and can hold, in bytes;
+// ERR_NOT_SUPPORTED on a runtime that cannot measure its volumes (a
+// Kubernetes claim).
 func (m *Manager) VolumeUsage(ctx context.Context, id string) (used, total int64, err error) {
 	v, err := m.volumes()
 	if err != nil {
 		return 0, 0, err
 	}
 	used, total, err = v.VolumeUsage(ctx, id)
-	if errors.Is(err, runtime.ErrVolumeNotFound) {
+	switch {
+	case errors.Is(err, runtime.ErrVolumeNotFound):
 		return 0, 0, apierr.Wrap(err, apierr.VolumeNotFound, "the volume's storage is gone")
+	case errors.Is(err, runtime.ErrUnsupported):
+		return 0, 0, apierr.Wrap(err, apierr.NotSupported, "this server's runtime (%s) does not measure its volumes", m.cfg.Runtime.Name())
 	}
 	return used, total, err
 }

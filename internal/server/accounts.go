@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sheepfold/sheepfold/api"
@@ -26,6 +29,7 @@ func (s *Server) accountRoutes(add addFunc) {
 	add("GET /v1/admin/accounts/{account}", true, s.admin(s.showAccount))
 	add("POST /v1/admin/accounts/{account}/limits", true, s.admin(s.setAccountLimits))
 	add("POST /v1/admin/accounts/{account}/credits", true, s.admin(s.creditAccount))
+	add("POST /v1/admin/accounts/{account}/runtime", true, s.admin(s.setAccountRuntime))
 	add("POST /v1/admin/keys", true, s.admin(s.createAccountKey))
 	add("GET /v1/account", true, s.showOwnAccount)
 }
@@ -86,7 +90,7 @@ func (s *Server) accountOut(r *http.Request, rec store.Account, withKeys bool) (
 	_, over := a.Limits()
 	now := time.Now()
 	out := api.Account{ID: rec.ID, Name: rec.Name, CreatedAt: rec.CreatedAt.UTC(), Limits: limitsOf(limits), Overrides: api.AccountLimits(over),
-		RunningSandboxes: a.Running(),
+		RunningSandboxes: a.Running(), Runtime: rec.Runtime, RuntimeLocked: rec.RuntimeLocked,
 		Month: api.MonthUsage{Start: account.MonthStart(now), ResetAt: account.NextMonth(now), Usage: api.MonthFigures{
 			SandboxSeconds: used.SandboxSeconds, CPUSeconds: used.CPUSeconds, GBSeconds: used.GBSeconds, Executions: used.Executions}}}
 	c, err := s.creditsOf(r, a)
@@ -271,6 +275,50 @@ func (s *Server) saveLimits(r *http.Request, id string, o account.Overrides) err
 		return err
 	}
 	a.SetOverrides(o)
+	return nil
+}
+
+// setAccountRuntime sets the default runtime of an account's sandboxes,
+// which admin keys alone may do (s.admin): a tenant's own key cannot
+// choose it, nor unlock a runtime its operator locked. The runtime must be
+// one this server offers; "" clears it (the server's default), and
+// cannot be locked.
+func (s *Server) setAccountRuntime(w http.ResponseWriter, r *http.Request) error {
+	rec, err := s.findAccount(r, r.PathValue("account"))
+	if err != nil {
+		return err
+	}
+	var req api.AccountRuntime
+	if err := decodeJSON(w, r, &req, false); err != nil {
+		return err
+	}
+	if req.Runtime == nil {
+		return apierr.New(apierr.BadRequest, `runtime is required: one this server offers, or "" for the server's default`)
+	}
+	rt := *req.Runtime
+	offered := s.engine.Runtimes()
+	switch {
+	case rt == "" && req.Locked:
+		return apierr.New(apierr.BadRequest, "locked needs a runtime: name the one the account's sandboxes must run under")
+	case rt != "" && !slices.Contains(offered, rt):
+		return &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": "runtime"},
+			Message: fmt.Sprintf("runtime %q is not offered by this server; offered: %s", rt, strings.Join(offered, ", "))}
+	}
+	if err := s.store.SetAccountRuntime(r.Context(), rec.ID, rt, req.Locked); err != nil {
+		return err
+	}
+	a, err := s.accounts.Get(r.Context(), rec.ID)
+	if err != nil {
+		return err
+	}
+	a.SetRuntime(rt, req.Locked)
+	s.log.Info("account runtime set", "account", rec.ID, "runtime", rt, "locked", req.Locked)
+	rec.Runtime, rec.RuntimeLocked = rt, req.Locked
+	out, err := s.accountOut(r, rec, false)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 

@@ -137,6 +137,11 @@ func (s *Server) grant(ctx context.Context, own string, opt *sandbox.CreateOptio
 		return nil, err
 	}
 	opt.Limits, opt.Timeout = g.Limits, g.Timeout
+	if a != nil {
+		// The account's runtime, which the engine puts after the
+		// request's and the template's (sandbox.Manager.resolveRuntime).
+		opt.AccountRuntime, opt.RuntimeLocked = a.Runtime()
+	}
 	return a, nil
 }
 

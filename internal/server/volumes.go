@@ -230,11 +230,15 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out := volumeOut(v)
-	used, total, err := s.engine.VolumeUsage(r.Context(), v.ID)
-	if err != nil {
+	// A runtime that cannot measure its volumes (Kubernetes' claims)
+	// leaves the figures out.
+	switch used, total, err := s.engine.VolumeUsage(r.Context(), v.ID); {
+	case apierr.CodeOf(err) == apierr.NotSupported:
+	case err != nil:
 		return err
+	default:
+		out.UsedBytes, out.TotalBytes = &used, &total
 	}
-	out.UsedBytes, out.TotalBytes = &used, &total
 	out.MountedBy = s.engine.VolumeUsers(v.ID)
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -225,3 +225,20 @@ func TestE2BVolumes(t *testing.T) {
 		t.Fatalf("get after the delete: %d %s", r.status, r.body)
 	}
 }
+
+// TestVolumeUnmeasured: on a runtime that cannot measure its volumes
+// (Kubernetes' claims) a volume's GET leaves used_bytes and total_bytes
+// out instead of failing; the control, a measured one, has them.
+func TestVolumeUnmeasured(t *testing.T) {
+	e := newEnv(t, server.Config{})
+	want(t, e.do("POST", "/v1/volumes", e.keyA, map[string]any{"name": "data", "size_mb": 16}), http.StatusCreated, "")
+	r := e.do("GET", "/v1/volumes/data", e.keyA, nil)
+	if m := r.json(t); r.status != http.StatusOK || m["used_bytes"] == nil || m["total_bytes"] == nil {
+		t.Fatalf("control, measured: %d %s", r.status, r.body)
+	}
+	e.rt.VolumesUnmeasured.Store(true)
+	r = e.do("GET", "/v1/volumes/data", e.keyA, nil)
+	if m := r.json(t); r.status != http.StatusOK || m["used_bytes"] != nil || m["total_bytes"] != nil || m["name"] != "data" {
+		t.Fatalf("unmeasured: %d %s", r.status, r.body)
+	}
+}

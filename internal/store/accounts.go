@@ -26,6 +26,12 @@ type Account struct {
 	// Limits are the account's overrides of the server's default limits,
 	// a JSON object (internal/account.Limits); nil is {}.
 	Limits json.RawMessage
+	// Runtime is the runtime of the account's sandboxes whose request
+	// and template name none ("" the server's default), and
+	// RuntimeLocked makes it the only one they may run under. Set by
+	// admin keys alone (SetAccountRuntime).
+	Runtime       string
+	RuntimeLocked bool
 }
 
 // UsageDelta is metered usage of one sandbox in one hour, added to what
@@ -176,6 +182,9 @@ type AccountStore interface {
 	AccountByName(ctx context.Context, name string) (Account, error)
 	ListAccounts(ctx context.Context) ([]Account, error)
 	SetAccountLimits(ctx context.Context, id string, limits json.RawMessage) error
+	// SetAccountRuntime sets an account's Runtime and RuntimeLocked;
+	// ErrNotFound for an unknown account.
+	SetAccountRuntime(ctx context.Context, id, runtime string, locked bool) error
 	// CreateAccountKey creates an account (when it does not exist) and a
 	// key of it, in one transaction; free credits, when positive, are the
 	// new account's first ledger row.

@@ -68,7 +68,7 @@ done
 echo "sheepfold.sh: the NRI plugin registered with both nodes' containerd"
 
 cd "$REPO"
-export SHEEPFOLD_E2E_KUBECONFIG=$KUBECONFIG_ADMIN SHEEPFOLD_E2E_IMAGE=$image SHEEPFOLD_E2E_SERVER_IMAGE=$server_image SHEEPFOLD_E2E_BIN=$BIN_SF SHEEPFOLD_E2E_CLUSTER=$CLUSTER SHEEPFOLD_E2E_E2B_DIR=$REPO/test/e2b
+export SHEEPFOLD_E2E_KUBECONFIG=$KUBECONFIG_ADMIN SHEEPFOLD_E2E_IMAGE=$image SHEEPFOLD_E2E_SERVER_IMAGE=$server_image SHEEPFOLD_E2E_BIN=$BIN_SF SHEEPFOLD_E2E_CLUSTER=$CLUSTER SHEEPFOLD_E2E_E2B_DIR=$REPO/test/e2b SHEEPFOLD_E2E_VOLUME_DIR=$KUBE_ROOT/volumes
 if [ "${SHEEPFOLD_KUBE_BENCH:-}" = 1 ]; then
 	# make bench-kubernetes: the bench instead of the e2e test.
 	go test -tags 'kubernetes_e2e kubernetes_bench' -count=1 -v -timeout 30m -run '^TestBenchPods$' ./test/kubernetes/e2e/

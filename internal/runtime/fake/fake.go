@@ -50,6 +50,10 @@ type Runtime struct {
 	// plays a runtime that keeps disks in memory, as the oci runtime
 	// does without loop devices.
 	DiskMemory atomic.Bool
+	// VolumesUnmeasured makes VolumeUsage say ErrUnsupported for a
+	// volume it holds, as a runtime whose volumes are measured elsewhere
+	// (Kubernetes' claims) does.
+	VolumesUnmeasured atomic.Bool
 	// DeviceList is what Devices lists (runtime.Devices): the fake gives
 	// a sandbox none of them, it only records them in its Spec.
 	DeviceList []runtime.Device
@@ -347,6 +351,9 @@ func (r *Runtime) RemoveVolume(_ context.Context, id string) error {
 func (r *Runtime) VolumeUsage(_ context.Context, id string) (int64, int64, error) {
 	if _, err := os.Stat(filepath.Join(r.Dir, "volumes", id)); err != nil {
 		return 0, 0, runtime.ErrVolumeNotFound
+	}
+	if r.VolumesUnmeasured.Load() {
+		return 0, 0, runtime.ErrUnsupported
 	}
 	return 0, 0, nil
 }

@@ -49,6 +49,13 @@
 // of the instance, so that a garbage collector can remove those whose
 // record is gone.
 //
+// Persistent volumes (runtime.Volumes) are PersistentVolumeClaims of
+// Config.StorageClass, one per volume and labelled with its id
+// (LabelVolume), which no sandbox's deletion or collection touches; a
+// sandbox's Pod mounts its volumes' claims at their paths, read-only
+// where asked, and its agent gives the root of each read-write one to the
+// user before it serves (volumes.go).
+//
 // # Pods, egress and trust
 //
 // internal/runtime/kubernetes is a runtime.Runtime whose sandboxes are Pods
@@ -312,6 +319,12 @@ type Config struct {
 	// host threads and stubs in the Pod's cgroup). The node's
 	// podPidsLimit alone bounds those Pods; their agent checks no limit.
 	NodePidsRuntimes []string
+	// StorageClass is the StorageClass of the volumes' claims
+	// (volumes.go); "" the cluster's default.
+	StorageClass string
+	// VolumeAccessMode is the access mode of the volumes' claims
+	// [DefaultVolumeAccessMode].
+	VolumeAccessMode corev1.PersistentVolumeAccessMode
 	// PullPolicy is the containers' image pull policy [IfNotPresent].
 	PullPolicy corev1.PullPolicy
 	// AgentPort is where each agent listens in its Pod [DefaultAgentPort].
@@ -385,6 +398,17 @@ func New(cs kubernetes.Interface, cfg Config) (*Runtime, error) {
 	}
 	if cfg.PullPolicy == "" {
 		cfg.PullPolicy = corev1.PullIfNotPresent
+	}
+	if cfg.VolumeAccessMode == "" {
+		cfg.VolumeAccessMode = DefaultVolumeAccessMode
+	}
+	if cfg.StorageClass != "" && !className.MatchString(cfg.StorageClass) {
+		return nil, fmt.Errorf("kubernetes: StorageClass %q is not a valid object name", cfg.StorageClass)
+	}
+	switch cfg.VolumeAccessMode {
+	case corev1.ReadWriteOnce, corev1.ReadWriteOncePod, corev1.ReadWriteMany:
+	default:
+		return nil, fmt.Errorf("kubernetes: volume access mode %q: ReadWriteOnce, ReadWriteOncePod or ReadWriteMany", cfg.VolumeAccessMode)
 	}
 	if cfg.AgentPort == 0 {
 		cfg.AgentPort = DefaultAgentPort
@@ -487,9 +511,6 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (inst *runtime.
 	}
 	if len(spec.Devices) > 0 {
 		return nil, fmt.Errorf("%w: a Pod's GPUs are the cluster's to choose (by number, not by name)", runtime.ErrUnsupported)
-	}
-	if len(spec.Volumes) > 0 {
-		return nil, fmt.Errorf("%w: volumes are not mounted in Pods yet (no PersistentVolumeClaims)", runtime.ErrUnsupported)
 	}
 	if msgs := validLabel(spec.ID); msgs != "" {
 		return nil, fmt.Errorf("kubernetes: sandbox id %q: %s", spec.ID, msgs)
@@ -785,7 +806,12 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: ed}})
 		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: p})
 	}
+	// The persistent volumes: a claim each (volumes.go).
+	pvs, pvMounts, ownArgs := podVolumes(spec)
+	volumes = append(volumes, pvs...)
+	mounts = append(mounts, pvMounts...)
 	args := append([]string{oci.AgentPath, "init"}, oci.RlimitFlags...)
+	args = append(args, ownArgs...)
 	args = append(args, "--listen-tcp", ":"+strconv.Itoa(r.cfg.AgentPort), "--tls-dir", tlsDir)
 	// The usage history every replica reads the same (E2B's metrics).
 	args = append(args, "--usage-history")

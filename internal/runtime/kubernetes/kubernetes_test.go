@@ -268,13 +268,8 @@ func TestCreateRefuses(t *testing.T) {
 	if ids, _ := r.List(context.Background()); len(ids) != 0 {
 		t.Fatalf("left behind: %v", ids)
 	}
-	// Volumes: not in Pods yet, and said so.
-	_, err := r.Create(context.Background(), runtime.Spec{ID: "a4", Template: "python", Volumes: []runtime.VolumeMount{{ID: "vol-1", Path: "/data"}}})
-	if !errors.Is(err, runtime.ErrUnsupported) {
-		t.Fatalf("volumes: %v, want ErrUnsupported", err)
-	}
-	if _, ok := any(r).(runtime.Volumes); ok {
-		t.Fatal("the Kubernetes runtime claims to keep volumes")
+	if _, ok := any(r).(runtime.Volumes); !ok {
+		t.Fatal("the Kubernetes runtime keeps no volumes")
 	}
 }
 
@@ -934,5 +929,107 @@ func TestReady(t *testing.T) {
 	err := r.Ready(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "the cluster does not answer") || asked != ns {
 		t.Fatalf("with the API server gone: %v (asked in %q)", err, asked)
+	}
+}
+
+// Each volume is a PersistentVolumeClaim of the configured StorageClass
+// and access mode, asking for its size; making it again is no error,
+// removing it deletes the claim, and its use is not measured.
+func TestVolumeClaims(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, cs := newRuntime(t, Config{StorageClass: "fast-ssd"})
+	if err := r.MakeVolume(ctx, "vol-abc", 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.MakeVolume(ctx, "vol-abc", 64<<20); err != nil {
+		t.Fatalf("made again: %v", err)
+	}
+	c, err := cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "vol-abc", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Spec.StorageClassName == nil || *c.Spec.StorageClassName != "fast-ssd" ||
+		!slices.Equal(c.Spec.AccessModes, []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}) ||
+		c.Spec.Resources.Requests.Storage().Value() != 64<<20 || c.Labels[LabelVolume] != "vol-abc" || c.Labels[LabelInstance] != DefaultInstance {
+		t.Fatalf("claim %+v", c)
+	}
+	if _, _, err := r.VolumeUsage(ctx, "vol-abc"); !errors.Is(err, runtime.ErrUnsupported) {
+		t.Errorf("usage: %v, want ErrUnsupported", err)
+	}
+	// A claim is no sandbox: the collector never sees it.
+	if ids, err := r.List(ctx); err != nil || len(ids) != 0 {
+		t.Errorf("List = %v, %v; want no sandboxes", ids, err)
+	}
+	if err := r.RemoveVolume(ctx, "vol-abc"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "vol-abc", metav1.GetOptions{}); err == nil {
+		t.Fatal("the claim is still there")
+	}
+	if err := r.RemoveVolume(ctx, "vol-abc"); err != nil {
+		t.Errorf("removed twice: %v", err)
+	}
+	if _, _, err := r.VolumeUsage(ctx, "vol-abc"); !errors.Is(err, runtime.ErrVolumeNotFound) {
+		t.Errorf("usage of a removed volume: %v", err)
+	}
+	if err := r.MakeVolume(ctx, "Vol_Bad", 1<<20); err == nil {
+		t.Error("a bad id was made")
+	}
+	// No StorageClass: the cluster's default (none named).
+	r2, cs2 := newRuntime(t, Config{VolumeAccessMode: corev1.ReadWriteMany})
+	if err := r2.MakeVolume(ctx, "vol-def", 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := cs2.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "vol-def", metav1.GetOptions{}); c.Spec.StorageClassName != nil || c.Spec.AccessModes[0] != corev1.ReadWriteMany {
+		t.Errorf("default claim %+v", c.Spec)
+	}
+	for _, cfg := range []Config{{StorageClass: "Bad_Class"}, {VolumeAccessMode: "ReadOnlyMany"}} {
+		cfg.Namespace, cfg.CA, cfg.Client = ns, r.cfg.CA, r.cfg.Client
+		if _, err := New(cs, cfg); err == nil {
+			t.Errorf("New accepted %+v", cfg)
+		}
+	}
+}
+
+// A sandbox's volumes are its Pod's claims, mounted at their paths,
+// read-only ones read-only in both the volume source and the mount; the
+// agent gives the read-write ones to the user.
+func TestPodVolumes(t *testing.T) {
+	t.Parallel()
+	r, _ := newRuntime(t, Config{})
+	sp := spec("abc")
+	sp.Volumes = []runtime.VolumeMount{{ID: "vol-rw", Path: "/data"}, {ID: "vol-ro", Path: "/home/user/ref", ReadOnly: true}}
+	pod, err := r.pod(sp, "image")
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims := map[string]corev1.PersistentVolumeClaimVolumeSource{}
+	names := map[string]string{}
+	for _, v := range pod.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			claims[v.Name] = *v.PersistentVolumeClaim
+		}
+	}
+	c := pod.Spec.Containers[0]
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range c.VolumeMounts {
+		if _, ok := claims[m.Name]; ok {
+			mounts[m.MountPath] = m
+			names[m.MountPath] = claims[m.Name].ClaimName
+		}
+	}
+	if len(claims) != 2 || names["/data"] != "vol-rw" || names["/home/user/ref"] != "vol-ro" {
+		t.Fatalf("claims %v, mounts %v", claims, names)
+	}
+	if mounts["/data"].ReadOnly || claims[mounts["/data"].Name].ReadOnly {
+		t.Error("the read-write volume is read-only")
+	}
+	if !mounts["/home/user/ref"].ReadOnly || !claims[mounts["/home/user/ref"].Name].ReadOnly {
+		t.Error("the read-only volume is writable")
+	}
+	cmd := strings.Join(c.Command, " ")
+	if !strings.Contains(cmd, "--own-volume /data") || strings.Contains(cmd, "--own-volume /home/user/ref") {
+		t.Errorf("agent command %q: want --own-volume for /data alone", cmd)
 	}
 }

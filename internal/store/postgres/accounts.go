@@ -123,12 +123,12 @@ func (s *Store) CreateAccountKey(ctx context.Context, a store.Account, k store.K
 	return storeErr("create account key", tx.Commit(ctx))
 }
 
-const accountCols = `id, name, created_at, limits`
+const accountCols = `id, name, created_at, limits, runtime, runtime_locked`
 
 func scanAccount(row pgx.Row) (store.Account, error) {
 	var a store.Account
 	var limits string
-	err := row.Scan(&a.ID, &a.Name, &a.CreatedAt, &limits)
+	err := row.Scan(&a.ID, &a.Name, &a.CreatedAt, &limits, &a.Runtime, &a.RuntimeLocked)
 	a.CreatedAt, a.Limits = a.CreatedAt.UTC(), json.RawMessage(limits)
 	return a, err
 }
@@ -160,6 +160,18 @@ func (s *Store) SetAccountLimits(ctx context.Context, id string, limits json.Raw
 	tag, err := s.pool.Exec(ctx, `UPDATE accounts SET limits = $1 WHERE id = $2`, jsonText(limits), id)
 	if err != nil {
 		return storeErr("set account limits", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+// SetAccountRuntime implements store.Store.
+func (s *Store) SetAccountRuntime(ctx context.Context, id, runtime string, locked bool) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE accounts SET runtime = $1, runtime_locked = $2 WHERE id = $3`, runtime, locked, id)
+	if err != nil {
+		return storeErr("set account runtime", err)
 	}
 	if tag.RowsAffected() == 0 {
 		return store.ErrNotFound

@@ -73,12 +73,12 @@ func (d *DB) CreateAccountKey(ctx context.Context, a store.Account, k store.Key,
 	return tx.Commit()
 }
 
-const accountCols = `id, name, created_at, limits`
+const accountCols = `id, name, created_at, limits, runtime, runtime_locked`
 
 func scanAccount(sc interface{ Scan(...any) error }) (store.Account, error) {
 	var a store.Account
 	var created, limits string
-	if err := sc.Scan(&a.ID, &a.Name, &created, &limits); err != nil {
+	if err := sc.Scan(&a.ID, &a.Name, &created, &limits, &a.Runtime, &a.RuntimeLocked); err != nil {
 		if errors.Is(err, sql.ErrNoRows) {
 			return a, store.ErrNotFound
 		}
@@ -123,6 +123,18 @@ func (d *DB) SetAccountLimits(ctx context.Context, id string, limits json.RawMes
 	res, err := d.db.ExecContext(ctx, `UPDATE accounts SET limits = ? WHERE id = ?`, jsonText(limits), id)
 	if err != nil {
 		return fmt.Errorf("set account limits: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return store.ErrNotFound
+	}
+	return nil
+}
+
+// SetAccountRuntime implements store.Store.
+func (d *DB) SetAccountRuntime(ctx context.Context, id, runtime string, locked bool) error {
+	res, err := d.db.ExecContext(ctx, `UPDATE accounts SET runtime = ?, runtime_locked = ? WHERE id = ?`, runtime, locked, id)
+	if err != nil {
+		return fmt.Errorf("set account runtime: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n == 0 {
 		return store.ErrNotFound

@@ -66,6 +66,28 @@ func testAccounts(t *testing.T, s store.Store) {
 	if got, _ := s.Account(ctx, "acct_1"); string(got.Limits) != string(limits) {
 		t.Fatalf("limits %s, want %s", got.Limits, limits)
 	}
+	// The default runtime: none at first, then set and locked, read
+	// back by id, by name and in the list; unlocked and cleared again.
+	if got, _ := s.Account(ctx, "acct_1"); got.Runtime != "" || got.RuntimeLocked {
+		t.Fatalf("a new account's runtime: %q locked %v", got.Runtime, got.RuntimeLocked)
+	}
+	if err := s.SetAccountRuntime(ctx, "nope", "gvisor", true); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("runtime of an unknown account: %v", err)
+	}
+	mustNil(t, s.SetAccountRuntime(ctx, "acct_1", "gvisor", true))
+	if got, _ := s.Account(ctx, "acct_1"); got.Runtime != "gvisor" || !got.RuntimeLocked || string(got.Limits) != string(limits) {
+		t.Fatalf("runtime set: %+v", got)
+	}
+	if got, _ := s.AccountByName(ctx, "team"); got.Runtime != "gvisor" || !got.RuntimeLocked {
+		t.Fatalf("runtime by name: %+v", got)
+	}
+	if l, _ := s.ListAccounts(ctx); len(l) != 1 || l[0].Runtime != "gvisor" || !l[0].RuntimeLocked {
+		t.Fatalf("runtime listed: %+v", l)
+	}
+	mustNil(t, s.SetAccountRuntime(ctx, "acct_1", "", false))
+	if got, _ := s.Account(ctx, "acct_1"); got.Runtime != "" || got.RuntimeLocked {
+		t.Fatalf("runtime cleared: %+v", got)
+	}
 	if err := s.CreateAccount(ctx, store.Account{ID: "acct_0", Name: "zero", CreatedAt: now.Add(-time.Hour)}); err != nil {
 		t.Fatal(err)
 	}

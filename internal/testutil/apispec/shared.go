@@ -34,6 +34,7 @@ var Shared = []Entry{
 	{V: api.PauseRequest{}, Schema: "PauseRequest"},
 	{V: api.SetTimeout{}, Schema: "SetTimeout"},
 	{V: api.CreditGrant{}, Schema: "CreditGrant"},
+	{V: api.AccountRuntime{}, Schema: "AccountRuntime"},
 	{V: api.Input{}, Schema: "Input"},
 	{V: api.Signal{}, Schema: "Signal"},
 	{V: api.Template{}, Schema: "Template"},

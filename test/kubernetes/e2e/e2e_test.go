@@ -616,15 +616,20 @@ func waitGone(t *testing.T, cs kubernetes.Interface, ns, sel string) {
 // PostgreSQL of its own, with its sandboxes in a namespace of their own
 // and args added to its command.
 func startAlone(t *testing.T, args ...string) (*server, kubernetes.Interface, string) {
+	cs, ns, kubeconfig := setup(t)
+	return startAloneIn(t, ns, kubeconfig, args...), cs, ns
+}
+
+// startAloneIn is startAlone in a namespace setup made.
+func startAloneIn(t *testing.T, ns, kubeconfig string, args ...string) *server {
 	image := env(t, "SHEEPFOLD_E2E_IMAGE")
 	bin := env(t, "SHEEPFOLD_E2E_BIN")
-	cs, ns, kubeconfig := setup(t)
 	dsn := pgtest.New(t)
 	data := t.TempDir()
 	srv := startServer(t, bin, "serve", freePort(t), newKey(t, bin, data, dsn, "--name", "e2e"), append([]string{"--data-dir", data, "--database", dsn, "--pool", "0",
 		"--backend", "kubernetes", "--kubeconfig", kubeconfig, "--kubernetes-namespace", ns,
 		"--kubernetes-image", "python=" + image}, args...)...)
-	return srv, cs, ns
+	return srv
 }
 
 // newKey creates an API key with `sheepfold keys create args` and

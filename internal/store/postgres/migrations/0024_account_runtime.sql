@@ -1,0 +1,5 @@
+-- An account's default runtime (runc, gvisor; '' the server's), which an
+-- operator may lock: its sandboxes then run under it alone
+-- (store.Account.Runtime, RuntimeLocked).
+ALTER TABLE accounts ADD COLUMN runtime text NOT NULL DEFAULT '';
+ALTER TABLE accounts ADD COLUMN runtime_locked boolean NOT NULL DEFAULT false;
