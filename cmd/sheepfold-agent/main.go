@@ -292,9 +292,10 @@ func runServe(args []string) int {
 		}
 	}
 	cfg := agent.Config{
-		Root:    *root,
-		Home:    *home,
-		Version: version,
+		SubprocessDenied: kernel.SubprocessDenied,
+		Root:             *root,
+		Home:             *home,
+		Version:          version,
 		NewKernel: func(ctx context.Context, spec agentproto.ContextSpec) (agent.Kernel, error) {
 			k, err := kernel.Start(ctx, spec, kernel.Options{BaseEnv: os.Environ(), Credential: kernelCred, Helper: self,
 				StartOn: func(dir string, start func() error) error { return agent.StartIn(kernelCred, dir, start) },

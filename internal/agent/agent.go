@@ -92,6 +92,11 @@ type Config struct {
 	// binary, which sets it (NprocExec) [os.Executable()].
 	Nproc  int64
 	Helper string
+	// SubprocessDenied reports whether any code of this sandbox has been
+	// asked to run under allow_subprocess: false (kernel.SubprocessDenied);
+	// sudo consults it where the kernel does not count seccomp filters
+	// (gVisor: confined_linux.go). nil: assume it has.
+	SubprocessDenied func() bool
 }
 
 // Kernel is a long-lived interpreter behind a code context.

@@ -32,12 +32,23 @@ import (
 // shows the process still alive, so that the status read was the
 // caller's and not that of a process that got its pid after it died. A
 // caller that is gone is refused: nothing can be said of it.
+//
+// gVisor's kernel does not count filters (its status shows only the
+// mode). There the check stands on what the agent knows instead: no code
+// of this sandbox has run under allow_subprocess: false
+// (Config.SubprocessDenied; the engine refuses the policy under gVisor,
+// so there none ever does), hence no caller is under the no-subprocess
+// filter; a filter a process installed itself is not seen there. Once
+// any code has run under it, a caller that cannot be counted is refused.
 
 // errCallerGone is a caller that exited before it could be looked at.
 var errCallerGone = errors.New("the calling process is gone")
 
 // ownFilters is the number of seccomp filters the agent runs under.
 var ownFilters = sync.OnceValues(func() (int, error) { return seccompFilters("self") })
+
+// errNoFilterCount is a kernel that does not count seccomp filters.
+var errNoFilterCount = errors.New("the kernel does not count seccomp filters (Linux 5.9 or later does)")
 
 // seccompFilters reads Seccomp_filters of /proc/<pid>/status.
 func seccompFilters(pid string) (int, error) {
@@ -50,14 +61,19 @@ func seccompFilters(pid string) (int, error) {
 			return strconv.Atoi(string(bytes.TrimSpace(v)))
 		}
 	}
-	return 0, errors.New("the kernel does not count seccomp filters (Linux 5.9 or later does)")
+	return 0, errNoFilterCount
 }
 
 // callerConfined reports whether the process that connected c runs under
 // more seccomp filters than the agent (the no-subprocess filter, or one
-// of its own making).
-func callerConfined(c *net.UnixConn) (bool, error) {
+// of its own making). denied reports whether any code of this sandbox
+// has run under allow_subprocess: false (nil: assume so); it decides
+// where the kernel does not count filters.
+func callerConfined(c *net.UnixConn, denied func() bool) (bool, error) {
 	own, err := ownFilters()
+	if errors.Is(err, errNoFilterCount) && denied != nil && !denied() {
+		return false, nil
+	}
 	if err != nil {
 		return false, err
 	}

@@ -83,16 +83,69 @@ func TestCallerConfined(t *testing.T) {
 		return c, cmd
 	}
 	c, _ := caller()
-	if confined, err := callerConfined(c); err != nil || confined {
+	if confined, err := callerConfined(c, nil); err != nil || confined {
 		t.Fatalf("a caller without a filter of its own: %v %v", confined, err)
 	}
 	c, _ = caller("CONFINED_FILTER=1")
-	if confined, err := callerConfined(c); err != nil || !confined {
+	if confined, err := callerConfined(c, nil); err != nil || !confined {
 		t.Fatalf("a caller under a filter of its own: %v %v", confined, err)
 	}
 	c, cmd := caller("CONFINED_EXIT=1")
 	cmd.Wait()
-	if _, err := callerConfined(c); !errors.Is(err, errCallerGone) {
+	if _, err := callerConfined(c, nil); !errors.Is(err, errCallerGone) {
 		t.Fatalf("a caller that is gone: %v, want errCallerGone", err)
 	}
+}
+
+// TestCallerConfinedWithoutCount: where the kernel does not count seccomp
+// filters (gVisor), a caller is taken as unconfined only while no code of
+// the sandbox has run under allow_subprocess: false; once some has, or
+// when the agent cannot tell, the caller is refused.
+func TestCallerConfinedWithoutCount(t *testing.T) {
+	old := ownFilters
+	ownFilters = func() (int, error) { return 0, errNoFilterCount }
+	t.Cleanup(func() { ownFilters = old })
+	a, b, err := socketPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	defer b.Close()
+	no, yes := func() bool { return false }, func() bool { return true }
+	if confined, err := callerConfined(a, no); err != nil || confined {
+		t.Fatalf("no code under allow_subprocess: false: %v %v", confined, err)
+	}
+	for name, denied := range map[string]func() bool{"some code under it": yes, "unknown": nil} {
+		if _, err := callerConfined(a, denied); !errors.Is(err, errNoFilterCount) {
+			t.Fatalf("%s: %v, want a refusal", name, err)
+		}
+	}
+}
+
+// socketPair is a connected pair of unix sockets.
+func socketPair() (*net.UnixConn, *net.UnixConn, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn := func(fd int) (*net.UnixConn, error) {
+		f := os.NewFile(uintptr(fd), "pair")
+		defer f.Close()
+		c, err := net.FileConn(f)
+		if err != nil {
+			return nil, err
+		}
+		return c.(*net.UnixConn), nil
+	}
+	a, err := conn(fds[0])
+	if err != nil {
+		unix.Close(fds[1])
+		return nil, nil, err
+	}
+	b, err := conn(fds[1])
+	if err != nil {
+		a.Close()
+		return nil, nil, err
+	}
+	return a, b, nil
 }

@@ -128,7 +128,7 @@ func (s *server) sudo(c *net.UnixConn) {
 	}
 	// A process under allow_subprocess: false may start none, by this
 	// route either (confined_linux.go).
-	if confined, err := callerConfined(c); err != nil || confined {
+	if confined, err := callerConfined(c, s.cfg.SubprocessDenied); err != nil || confined {
 		if err == nil {
 			err = errSudoConfined
 		}

@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/agentproto"
@@ -20,6 +21,15 @@ import (
 // the policy asks for it.
 const pythonBoot = `import sys;sys.path[:1]==[""] and sys.path.pop(0);exec(compile(sys.argv.pop(1),"<frozen sheepfold_driver>","exec"))`
 
+// subprocessDenied is set once any execution of this process asked for
+// allow_subprocess: false.
+var subprocessDenied atomic.Bool
+
+// SubprocessDenied reports whether any code of this process's kernels has
+// been asked to run under allow_subprocess: false (the agent's sudo
+// consults it where the kernel does not count seccomp filters).
+func SubprocessDenied() bool { return subprocessDenied.Load() }
+
 // policyGate applies what a policy asks before an execution starts; k.mu
 // is held. It restarts an interpreter that applied a policy a later
 // change loosened (ExecuteSpec.PolicyRestartGen), starts Node, R and Java
@@ -31,6 +41,9 @@ func (k *Kernel) policyGate(spec agentproto.ExecuteSpec, emit func(agentproto.Ev
 	pol := spec.Policy
 	if pol == nil {
 		return nil
+	}
+	if pol.DenySubprocess {
+		subprocessDenied.Store(true) // before any code runs under it
 	}
 	helped := startsFiltered(k.lang)
 	if pol.DenySubprocess && (k.lang == lang.Bash || helped && k.opt.Helper == "") {

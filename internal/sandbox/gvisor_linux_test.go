@@ -198,3 +198,21 @@ func TestGVisorRJava(t *testing.T) {
 		t.Fatalf("java: %+v %+v", ex, ex.Error)
 	}
 }
+
+// TestGVisorSudo: E2B's "sudo works for user without a password" holds
+// under gVisor, whose kernel does not count seccomp filters: no code of
+// the sandbox runs under allow_subprocess: false there (refused), so the
+// agent's sudo has no confined caller to refuse (agent.callerConfined).
+// The control: the runc sandbox beside it, where the kernel counts.
+func TestGVisorSudo(t *testing.T) {
+	m := gvisorEngine(t)
+	for _, rt := range []string{"gvisor", "runc"} {
+		s := newSandbox(t, m, sandbox.CreateOptions{Runtime: rt})
+		ex := run(t, s, "python", `import subprocess
+r = subprocess.run(["sudo", "id", "-u"], capture_output=True, text=True)
+(r.returncode, r.stdout.strip(), r.stderr.strip())`)
+		if got := mainText(ex); got != "(0, '0', '')" {
+			t.Fatalf("%s: sudo id -u: %s %+v", rt, got, ex.Error)
+		}
+	}
+}
