@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,5 +111,58 @@ func loopbackSurvives(ctx context.Context, t *testing.T, m *sandbox.Manager, opt
 			}
 		}
 		run(t, s, "python", `for srv, cli, peer in pairs: cli.sendall(b"unread")`)
+	}
+}
+
+// maskedProbe prints, for each directory runc masks that the sandbox
+// has, how many entries it shows, whether its mount is read-only and
+// what a write into it gets; and, as the control that the probe can
+// see a directory's entries and write where it may, the same of
+// /proc/bus (read-only, not masked) and /tmp.
+const maskedProbe = `
+import errno, os
+ro = {l.split()[4]: "ro" in l.split()[5].split(",") for l in open("/proc/self/mountinfo")}
+def probe(d):
+    try:
+        open(os.path.join(d, "x"), "w").close()
+        w = "written"
+        os.unlink(os.path.join(d, "x"))
+    except OSError as e:
+        w = errno.errorcode[e.errno]
+    return "%s:%d:%s:%s" % (d, len(os.listdir(d)), ro.get(d), w)
+masked = ["/proc/acpi", "/proc/asound", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap", "/sys/kernel/debug"]
+print(" ".join(probe(d) for d in masked + ["/proc/bus", "/tmp"] if os.path.isdir(d)))
+`
+
+// TestPauseKeepsMaskedPaths: the directories runc masks (an empty
+// read-only tmpfs at create, a bind of the runtime's empty read-only
+// directory after a restore: internal/runtime/oci masked_linux.go) stay
+// empty and unwritable across pauses, as they were before the first;
+// the control, /proc/bus and /tmp, shows entries and takes a write.
+func TestPauseKeepsMaskedPaths(t *testing.T) {
+	ctx := context.Background()
+	m, _, _ := pauseEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{Timeout: 10 * time.Minute})
+	before := py(t, s, maskedProbe)
+	f := strings.Fields(before)
+	if len(f) < 3 || !strings.HasPrefix(f[0], "/proc/acpi:0:True:") || !strings.HasPrefix(f[len(f)-1], "/tmp:") || !strings.HasSuffix(f[len(f)-1], ":written") ||
+		strings.HasPrefix(f[len(f)-2], "/proc/bus:0:") {
+		t.Fatalf("before the pause the probe sees %q: want /proc/acpi masked, and the control (/proc/bus with entries, /tmp written)", before)
+	}
+	for _, d := range f[:len(f)-2] {
+		if !strings.Contains(d, ":0:True:") || strings.HasSuffix(d, ":written") {
+			t.Fatalf("before the pause a masked directory: %s", d)
+		}
+	}
+	for round := 1; round <= 2; round++ {
+		if err := s.Pause(ctx); err != nil {
+			t.Fatalf("round %d: pause: %v", round, err)
+		}
+		if err := s.Resume(ctx); err != nil {
+			t.Fatalf("round %d: resume: %v", round, err)
+		}
+		if got := py(t, s, maskedProbe); got != before {
+			t.Fatalf("round %d: after the resume %q, before %q", round, got, before)
+		}
 	}
 }

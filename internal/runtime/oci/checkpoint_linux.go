@@ -113,12 +113,13 @@ const (
 // checkpointInfo is what a restore needs to know of a checkpoint besides
 // CRIU's images: the keys of the host objects the agent held.
 type checkpointInfo struct {
-	Version      int    `json:"version"`        // checkpointVersion
-	Sandbox      string `json:"sandbox"`        // the sandbox's id
-	Checkpointed string `json:"checkpointed"`   // when, RFC 3339
-	AgentSocket  string `json:"agent_socket"`   // socket:[inode] of the agent's listener
-	Log          string `json:"log"`            // file[mount id:inode] of the agent's log
-	Pids         string `json:"pids,omitempty"` // file[mount id:inode] of the pids cgroup, when the agent holds it
+	Version      int    `json:"version"`          // checkpointVersion
+	Sandbox      string `json:"sandbox"`          // the sandbox's id
+	Checkpointed string `json:"checkpointed"`     // when, RFC 3339
+	AgentSocket  string `json:"agent_socket"`     // socket:[inode] of the agent's listener
+	Log          string `json:"log"`              // file[mount id:inode] of the agent's log
+	Pids         string `json:"pids,omitempty"`   // file[mount id:inode] of the pids cgroup, when the agent holds it
+	Masked       string `json:"masked,omitempty"` // where runc's masked tmpfs was, dumped as an external (masked_linux.go)
 }
 
 // checkpointVersion changes when a checkpoint's layout does.
@@ -228,6 +229,16 @@ func (o *OCI) dumpExternals(id, b string, spec *specs.Spec) (checkpointInfo, err
 			return checkpointInfo{}, err
 		}
 		externals = append(externals, info.Pids)
+	}
+	pid, err := readPid(filepath.Join(b, "init.pid"))
+	if err != nil {
+		return checkpointInfo{}, err
+	}
+	if info.Masked, err = maskedMount(pid, o.maskedPath()); err != nil {
+		return checkpointInfo{}, fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+	if info.Masked != "" {
+		externals = append(externals, "mnt["+info.Masked+"]:"+maskedKey)
 	}
 	var conf strings.Builder
 	for _, e := range externals {
@@ -394,6 +405,13 @@ func (o *OCI) criuRestore(ctx context.Context, id, what, b string, spec *specs.S
 	}
 	defer in.Close()
 	conf := fmt.Sprintf("inherit-fd fd[1]:%s\ninherit-fd fd[2]:%s\n", info.AgentSocket, info.Log)
+	if info.Masked != "" {
+		dir, err := o.maskedDir()
+		if err != nil {
+			return 0, err
+		}
+		conf += fmt.Sprintf("external mnt[%s]:%s\n", maskedKey, dir)
+	}
 	// The sandbox's own loopback connections come back as they were
 	// (loopback_linux.go); those that led out were cut before the dump
 	// (netcut_linux.go) and come back unconnected.
