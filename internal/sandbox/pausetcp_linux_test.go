@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/sandbox"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // loopbackPair opens, in the sandbox's Python kernel, TCP connections
@@ -71,6 +72,7 @@ r`
 // comes back unconnected, TestNetworkPauseResume), the loopback's are
 // not.
 func TestPauseKeepsLoopbackTCP(t *testing.T) {
+	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: pause is refused (TestGVisorSandbox)")
 	ctx := context.Background()
 	t.Run("no network", func(t *testing.T) {
 		m, _, _ := pauseEngine(t)
