@@ -53,6 +53,12 @@ func traversableDir(t *testing.T) string {
 // serve's shutdown does.
 func serveOn(t *testing.T, st *sqlite.DB, key string, rcfg oci.Config, scfg sandbox.Config, log *slog.Logger, recordStopped bool) (*env, func()) {
 	t.Helper()
+	return serveWith(t, server.Config{Version: "test"}, st, key, rcfg, scfg, log, recordStopped)
+}
+
+// serveWith is serveOn with the server's Config.
+func serveWith(t *testing.T, cfg server.Config, st *sqlite.DB, key string, rcfg oci.Config, scfg sandbox.Config, log *slog.Logger, recordStopped bool) (*env, func()) {
+	t.Helper()
 	ctx := context.Background()
 	rt, err := oci.New(rcfg)
 	if err != nil {
@@ -63,7 +69,7 @@ func serveOn(t *testing.T, st *sqlite.DB, key string, rcfg oci.Config, scfg sand
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(server.Config{Version: "test"}, st, m, log)
+	srv := server.New(cfg, st, m, log)
 	hs := httptest.NewServer(srv)
 	return &env{t: t, srv: srv, url: hs.URL, store: st, engine: m, keyA: key}, func() {
 		hs.Close()

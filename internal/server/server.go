@@ -796,6 +796,9 @@ func New(cfg Config, st store.Store, m *sandbox.Manager, log *slog.Logger) *Serv
 	s.http.RegisterOnShutdown(s.endStreams)
 	if m != nil {
 		s.takeBackPaused(context.Background()) // paused.go
+		if m.CanSnapshot() && m.SnapshotDir() != "" {
+			s.restoreSnapshotPools(context.Background(), m.SnapshotDir()) // snappool.go
+		}
 	}
 	s.sweeper.Add(1)
 	go s.sweep()

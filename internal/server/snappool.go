@@ -2,8 +2,11 @@ package server
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -32,8 +35,12 @@ import (
 // A member taken by a create is a sandbox of its own like any other from
 // the snapshot: a new id and tokens (the server's record is made at the
 // hand-out), its lifetime and metering starting then; no two creates get
-// the same member. Pools are not kept across restarts: the sizes are
-// the running server's.
+// the same member. A pool's size is kept across restarts: it is written
+// beside its snapshot (<account>/<name>/pool.json, writePoolSize), which
+// it cannot outlive (the snapshot's delete takes the file with it), and
+// the next start sizes the pools again (restoreSnapshotPools) after it
+// took back its paused sandboxes, under that server's bounds; the
+// members are restored anew (the engine's members end with it).
 //
 // Members count against the caps as the sandboxes they stand for: each
 // holds a slot of its account's concurrent sandboxes (max_sandboxes;
@@ -62,29 +69,41 @@ func (s *Server) setSnapshotPool(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	own, name := owner(r), r.PathValue("name")
-	if !snapshotName.MatchString(name) {
-		return apierr.New(apierr.NotFound, "no snapshot %q", name)
+	ready, err := s.sizeSnapshotPool(r.Context(), own, name, req.Size, true)
+	if err != nil {
+		return err
 	}
-	if req.Size < 0 {
-		return &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": "size"},
+	writeJSON(w, http.StatusOK, api.SnapshotPool{Snapshot: name, Size: req.Size, Ready: ready})
+	return nil
+}
+
+// sizeSnapshotPool keeps size members of own's snapshot name restored
+// ahead (0: none) and returns how many are ready; with persist the size
+// is written beside the snapshot (snapshotPoolFile) for the next start.
+func (s *Server) sizeSnapshotPool(ctx context.Context, own, name string, size int, persist bool) (int, error) {
+	if !snapshotName.MatchString(name) {
+		return 0, apierr.New(apierr.NotFound, "no snapshot %q", name)
+	}
+	if size < 0 {
+		return 0, &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": "size"},
 			Message: "size must be 0 or more"}
 	}
-	if req.Size > 0 && s.cfg.MaxSnapshotPoolPerAccount <= 0 {
-		return apierr.New(apierr.NotSupported, "this server keeps no snapshot pools (--max-snapshot-pool-per-account is 0)")
+	if size > 0 && s.cfg.MaxSnapshotPoolPerAccount <= 0 {
+		return 0, apierr.New(apierr.NotSupported, "this server keeps no snapshot pools (--max-snapshot-pool-per-account is 0)")
 	}
 	rec, dir, err := s.findSnapshot(own, name)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	opt, _, err := s.recordOptions(rec, filepath.Join(dir, snapshotStateDir))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	opt.Owner = own
 	var acct *account.Account
-	if req.Size > 0 {
-		if acct, err = s.grant(r.Context(), own, &opt); err != nil {
-			return err
+	if size > 0 {
+		if acct, err = s.grant(ctx, own, &opt); err != nil {
+			return 0, err
 		}
 	}
 	k := snapshotKey(own, name)
@@ -93,7 +112,7 @@ func (s *Server) setSnapshotPool(w http.ResponseWriter, r *http.Request) error {
 	s.snapMu.Lock()
 	defer s.snapMu.Unlock()
 	if _, _, err := s.findSnapshot(own, name); err != nil {
-		return err // deleted meanwhile
+		return 0, err // deleted meanwhile
 	}
 	others := 0
 	for pk, h := range s.snapPools {
@@ -101,26 +120,30 @@ func (s *Server) setSnapshotPool(w http.ResponseWriter, r *http.Request) error {
 			others += h.size
 		}
 	}
-	if req.Size > 0 && others+req.Size > s.cfg.MaxSnapshotPoolPerAccount {
-		return apierr.New(apierr.SessionQuotaExceeded, "the account's snapshot pools would hold %d sandboxes, more than its %d (--max-snapshot-pool-per-account)",
-			others+req.Size, s.cfg.MaxSnapshotPoolPerAccount)
+	if size > 0 && others+size > s.cfg.MaxSnapshotPoolPerAccount {
+		return 0, apierr.New(apierr.SessionQuotaExceeded, "the account's snapshot pools would hold %d sandboxes, more than its %d (--max-snapshot-pool-per-account)",
+			others+size, s.cfg.MaxSnapshotPoolPerAccount)
 	}
 	old := s.snapPools[k]
-	if req.Size == 0 {
+	if size == 0 {
 		if err := s.engine.SetSnapshotPool(k, opt, 0); err != nil {
-			return err
+			return 0, err
 		}
 		delete(s.snapPools, k)
 		s.releasePool(old)
-		writeJSON(w, http.StatusOK, api.SnapshotPool{Snapshot: name, Ready: s.engine.SnapshotPoolReady(k)})
-		return nil
+		if persist {
+			if err := writePoolSize(dir, 0); err != nil {
+				return 0, err
+			}
+		}
+		return s.engine.SnapshotPoolReady(k), nil
 	}
-	hold, err := s.holdPool(r.Context(), old, acct, req.Size, s.engine.Footprint(opt.Limits))
+	hold, err := s.holdPool(ctx, old, acct, size, s.engine.Footprint(opt.Limits))
 	if err != nil {
-		return err // old holds what it held
+		return 0, err // old holds what it held
 	}
 	opt.SnapshotPool = k
-	if err := s.engine.SetSnapshotPool(k, opt, req.Size); err != nil {
+	if err := s.engine.SetSnapshotPool(k, opt, size); err != nil {
 		// Its members may be gone with the failed change: the pool is
 		// no more, nor what it held.
 		delete(s.snapPools, k)
@@ -128,14 +151,106 @@ func (s *Server) setSnapshotPool(w http.ResponseWriter, r *http.Request) error {
 		if derr := s.engine.SetSnapshotPool(k, sandbox.CreateOptions{}, 0); derr != nil {
 			s.log.Error("empty a snapshot pool whose change failed", "snapshot", name, "err", derr)
 		}
-		return err
+		if persist {
+			_ = writePoolSize(dir, 0)
+		}
+		return 0, err
 	}
 	if s.snapPools == nil {
 		s.snapPools = map[string]*poolHold{}
 	}
 	s.snapPools[k] = hold
-	writeJSON(w, http.StatusOK, api.SnapshotPool{Snapshot: name, Size: req.Size, Ready: s.engine.SnapshotPoolReady(k)})
-	return nil
+	if persist {
+		if err := writePoolSize(dir, size); err != nil {
+			// The pool runs; only the next start will not know of it.
+			s.log.Error("record a snapshot pool's size", "snapshot", name, "err", err)
+		}
+	}
+	return s.engine.SnapshotPoolReady(k), nil
+}
+
+// snapshotPool is what a snapshot's directory keeps of its pool
+// (snapshotPoolFile): the size its account asked for.
+type snapshotPool struct {
+	Size int `json:"size"`
+}
+
+// writePoolSize records, in the snapshot directory dir, the size of its
+// pool (0: the record goes). The record is written anew and renamed into
+// place, so that a crash leaves the old size or the new.
+func writePoolSize(dir string, size int) error {
+	path := filepath.Join(dir, snapshotPoolFile)
+	if size == 0 {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
+	j, err := json.Marshal(snapshotPool{Size: size})
+	if err != nil {
+		return err
+	}
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, j, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// restoreSnapshotPools sizes again, at the server's start, the pools the
+// snapshots' directories record (writePoolSize): for each, in the order
+// of the directories, as its account's request would, under today's
+// bounds. A pool that no longer fits them (the server's
+// --max-snapshot-pool-per-account, the account's slots, the host's
+// memory) is logged and its record removed, so that what GET reports
+// and what the next start restores are the pool that runs.
+func (s *Server) restoreSnapshotPools(ctx context.Context, root string) {
+	accts, err := os.ReadDir(root)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			s.log.Error("read the snapshot dir for pools", "err", err)
+		}
+		return
+	}
+	for _, a := range accts {
+		if !a.IsDir() || a.Name() == forksDir || strings.HasPrefix(a.Name(), ".") {
+			continue
+		}
+		ents, err := os.ReadDir(filepath.Join(root, a.Name()))
+		if err != nil {
+			s.log.Error("read an account's snapshots for pools", "dir", a.Name(), "err", err)
+			continue
+		}
+		for _, e := range ents {
+			dir := filepath.Join(root, a.Name(), e.Name())
+			j, err := os.ReadFile(filepath.Join(dir, snapshotPoolFile))
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			var p snapshotPool
+			if err == nil {
+				err = json.Unmarshal(j, &p)
+			}
+			rec, rerr := readSnapshotRecord(dir)
+			if err == nil {
+				err = rerr
+			}
+			if err == nil && (rec.Name != e.Name() || accountSnapshots(root, rec.Owner) != filepath.Join(root, a.Name())) {
+				err = errors.New("the snapshot's record names another")
+			}
+			if err == nil {
+				_, err = s.sizeSnapshotPool(ctx, rec.Owner, rec.Name, p.Size, false)
+			}
+			if err != nil {
+				s.log.Warn("a snapshot pool recorded before the restart is not kept", "snapshot", e.Name(), "size", p.Size, "err", err)
+				if werr := writePoolSize(dir, 0); werr != nil {
+					s.log.Error("remove a snapshot pool's record", "snapshot", e.Name(), "err", werr)
+				}
+				continue
+			}
+			s.log.Info("snapshot pool restored", "snapshot", rec.Name, "size", p.Size)
+		}
+	}
 }
 
 // poolHold is a snapshot pool as the server holds it: its size and what

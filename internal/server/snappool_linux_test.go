@@ -2,13 +2,18 @@ package server_test
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/sheepfold/sheepfold/internal/runtime"
+	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // TestPooledSnapshot keeps two sandboxes restored ahead from a snapshot:
@@ -149,4 +154,82 @@ func TestSnapshotPoolHoldsSlots(t *testing.T) {
 	}
 	want(t, e.do("DELETE", "/v1/sandboxes/"+other, e.keyA, nil), http.StatusNoContent, "")
 	want(t, e.do("DELETE", "/v1/snapshots/p", key, nil), http.StatusNoContent, "")
+}
+
+// TestSnapshotPoolAfterServerRestart: a snapshot pool's size outlives
+// the server: after a shutdown and a start over the same database and
+// data dir the pool is reported with its size, its members are restored
+// again, and a create from the snapshot takes one (Sheepfold-Pool: hit)
+// with the snapshot's variable. The control: a snapshot whose pool was
+// emptied before the restart has none after it, and its create misses.
+// A start whose bound no longer admits the pool does not keep it, nor
+// its record.
+func TestSnapshotPoolAfterServerRestart(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: snapshots are refused (TestGVisorSandbox)")
+	rootfs, st, key := restartStore(t)
+	data := traversableDir(t)
+	rcfg := oci.Config{RuntimePath: testutil.Runc(t), StateDir: filepath.Join(data, "run"), AgentBin: testutil.AgentBin(t),
+		CgroupParent: "sheepfold-test", Instance: testInstance("srvsnappool")}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	start := func(maxPool int) (*env, func()) {
+		return serveWith(t, server.Config{Version: "test", MaxSnapshotPoolPerAccount: maxPool}, st, key, rcfg,
+			sandbox.Config{CheckpointDir: filepath.Join(data, "checkpoints"),
+				Templates: sandbox.TemplatesFunc(func(string) (string, error) { return rootfs, nil })}, log, false)
+	}
+	pool := func(e *env, name string) (size, ready int) {
+		r := e.do("GET", "/v1/snapshots/"+name+"/pool", key, nil)
+		want(t, r, http.StatusOK, "")
+		j := r.json(t)
+		return int(j["size"].(float64)), int(j["ready"].(float64))
+	}
+	e, stop := start(2)
+	id := e.create(key, map[string]any{})
+	e.execIn(key, id, `x = "pooled"`)
+	for _, name := range []string{"kept", "emptied"} {
+		want(t, e.do("POST", "/v1/sandboxes/"+id+"/snapshots", key, map[string]any{"name": name}), http.StatusCreated, "")
+	}
+	want(t, e.do("DELETE", "/v1/sandboxes/"+id, key, nil), http.StatusNoContent, "")
+	want(t, e.do("POST", "/v1/snapshots/kept/pool", key, map[string]any{"size": 1}), http.StatusOK, "")
+	want(t, e.do("POST", "/v1/snapshots/emptied/pool", key, map[string]any{"size": 1}), http.StatusOK, "")
+	want(t, e.do("POST", "/v1/snapshots/emptied/pool", key, map[string]any{"size": 0}), http.StatusOK, "")
+	waitFor(t, "kept's member ready", func() bool { _, n := pool(e, "kept"); return n == 1 })
+	stop()
+
+	e, stop = start(2)
+	if size, _ := pool(e, "kept"); size != 1 {
+		t.Fatalf("after the restart kept's pool has size %d, want 1", size)
+	}
+	if size, ready := pool(e, "emptied"); size != 0 || ready != 0 {
+		t.Fatalf("after the restart the emptied pool has size %d, %d ready; want none", size, ready)
+	}
+	waitFor(t, "kept's member restored again", func() bool { _, n := pool(e, "kept"); return n == 1 })
+	for _, c := range []struct{ name, hit string }{{"kept", "hit"}, {"emptied", "miss"}} {
+		r := e.do("POST", "/v1/sandboxes", key, map[string]any{"snapshot": c.name})
+		want(t, r, http.StatusCreated, "")
+		if got := r.header.Get("Sheepfold-Pool"); got != c.hit {
+			t.Errorf("a create from %s after the restart: Sheepfold-Pool %q, want %q", c.name, got, c.hit)
+		}
+		sb := r.json(t)["id"].(string)
+		if got := e.execIn(key, sb, `print(x)`); got != "pooled\n" {
+			t.Fatalf("a sandbox from %s after the restart: %q", c.name, got)
+		}
+		want(t, e.do("DELETE", "/v1/sandboxes/"+sb, key, nil), http.StatusNoContent, "")
+	}
+	stop()
+
+	// A server that keeps no pools does not keep this one, nor its record.
+	e, stop = start(0)
+	if size, ready := pool(e, "kept"); size != 0 || ready != 0 {
+		t.Fatalf("a server with no pools: kept's pool has size %d, %d ready", size, ready)
+	}
+	stop()
+	e, stop = start(2)
+	defer stop()
+	if size, _ := pool(e, "kept"); size != 0 {
+		t.Fatalf("a pool not kept by one start came back at the next: size %d", size)
+	}
+	for _, name := range []string{"kept", "emptied"} {
+		want(t, e.do("DELETE", "/v1/snapshots/"+name, key, nil), http.StatusNoContent, "")
+	}
 }

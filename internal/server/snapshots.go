@@ -35,6 +35,7 @@ import (
 //
 //	<account>/<name>/snapshot.json   snapshotRecord: what a sandbox started from it is made with
 //	<account>/<name>/state/          the engine's snapshot (CRIU's images, the writable layer's copy)
+//	<account>/<name>/pool.json       the size of its pool, when it has one (snappool.go)
 //
 // A snapshot is made in <account>/.new-<random> and renamed to its name
 // once complete, and deleted by a rename to .old-<random> first, so that
@@ -81,6 +82,7 @@ const DefaultMaxSnapshotsPerAccount = 16
 const (
 	snapshotRecordFile = "snapshot.json"
 	snapshotStateDir   = "state"
+	snapshotPoolFile   = "pool.json" // snapshotPool, when the account keeps a pool (snappool.go)
 )
 
 // snapshotRecord is what a snapshot keeps of the sandbox it was taken of.

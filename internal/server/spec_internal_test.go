@@ -50,6 +50,7 @@ func TestEveryWireTypeChecked(t *testing.T) {
 		"listCursor":      "the inside of an opaque cursor, not a wire object",
 		"recordResources": "a column of the store, not the wire",
 		"snapshotRecord":  "a snapshot's record on disk (snapshot.json), not the wire",
+		"snapshotPool":    "a snapshot pool's size on disk (pool.json), not the wire",
 		"Claims":          "a token's signed payload (internal/identity), not an API object",
 	}
 	for _, dir := range []string{".", "../metrics", "../metering", "../identity"} {

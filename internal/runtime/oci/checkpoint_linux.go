@@ -87,7 +87,9 @@ import (
 // processes run for that moment with no route out (a connect fails,
 // ENETUNREACH), never with any other. The sockets that led through the
 // network are closed just before the dump (netcut_linux.go): a restore
-// could not connect them again.
+// could not connect them again, and it makes them unconnected sockets
+// (cutOutwardTCP); the sandbox's own loopback connections are restored
+// as they were, lo brought up for them first (loopback_linux.go).
 
 // criuConfigAnnotation names, in a sandbox's spec, the file runc has CRIU
 // read its options from; agentSocketAnnotation records the key of the
@@ -111,12 +113,13 @@ const (
 // checkpointInfo is what a restore needs to know of a checkpoint besides
 // CRIU's images: the keys of the host objects the agent held.
 type checkpointInfo struct {
-	Version      int    `json:"version"`        // checkpointVersion
-	Sandbox      string `json:"sandbox"`        // the sandbox's id
-	Checkpointed string `json:"checkpointed"`   // when, RFC 3339
-	AgentSocket  string `json:"agent_socket"`   // socket:[inode] of the agent's listener
-	Log          string `json:"log"`            // file[mount id:inode] of the agent's log
-	Pids         string `json:"pids,omitempty"` // file[mount id:inode] of the pids cgroup, when the agent holds it
+	Version      int    `json:"version"`          // checkpointVersion
+	Sandbox      string `json:"sandbox"`          // the sandbox's id
+	Checkpointed string `json:"checkpointed"`     // when, RFC 3339
+	AgentSocket  string `json:"agent_socket"`     // socket:[inode] of the agent's listener
+	Log          string `json:"log"`              // file[mount id:inode] of the agent's log
+	Pids         string `json:"pids,omitempty"`   // file[mount id:inode] of the pids cgroup, when the agent holds it
+	Masked       string `json:"masked,omitempty"` // where runc's masked tmpfs was, dumped as an external (masked_linux.go)
 }
 
 // checkpointVersion changes when a checkpoint's layout does.
@@ -226,6 +229,16 @@ func (o *OCI) dumpExternals(id, b string, spec *specs.Spec) (checkpointInfo, err
 			return checkpointInfo{}, err
 		}
 		externals = append(externals, info.Pids)
+	}
+	pid, err := readPid(filepath.Join(b, "init.pid"))
+	if err != nil {
+		return checkpointInfo{}, err
+	}
+	if info.Masked, err = maskedMount(pid, o.maskedPath()); err != nil {
+		return checkpointInfo{}, fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+	if info.Masked != "" {
+		externals = append(externals, "mnt["+info.Masked+"]:"+maskedKey)
 	}
 	var conf strings.Builder
 	for _, e := range externals {
@@ -392,8 +405,30 @@ func (o *OCI) criuRestore(ctx context.Context, id, what, b string, spec *specs.S
 	}
 	defer in.Close()
 	conf := fmt.Sprintf("inherit-fd fd[1]:%s\ninherit-fd fd[2]:%s\n", info.AgentSocket, info.Log)
+	if info.Masked != "" {
+		dir, err := o.maskedDir()
+		if err != nil {
+			return 0, err
+		}
+		conf += fmt.Sprintf("external mnt[%s]:%s\n", maskedKey, dir)
+	}
+	// The sandbox's own loopback connections come back as they were
+	// (loopback_linux.go); those that led out were cut before the dump
+	// (netcut_linux.go) and come back unconnected.
 	if hasNetwork(spec) {
-		conf += "tcp-close\n" // no route out yet: connections are restored closed (netcut_linux.go)
+		if _, err := cutOutwardTCP(imgDir); err != nil {
+			return 0, fmt.Errorf("restore %s: %w", id, err)
+		}
+	}
+	var serveNS func(<-chan struct{}) error
+	if tcp, err := holdsTCP(imgDir); err != nil {
+		return 0, err
+	} else if tcp {
+		var c string
+		if c, serveNS, err = loopbackHandshake(b); err != nil {
+			return 0, fmt.Errorf("restore %s: %w", id, err)
+		}
+		conf += c
 	}
 	if info.Pids != "" {
 		if !passesPidsCgroup(spec) {
@@ -436,7 +471,21 @@ func (o *OCI) criuRestore(ctx context.Context, id, what, b string, spec *specs.S
 	cmd.Env = append(cmd.Env, fmt.Sprintf("%s=%d", criuOwnerEnv, gid))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = in, lnFile, logf
 	began := time.Now()
-	if err := cmd.Run(); err != nil {
+	nsErr := make(chan error, 1)
+	done := make(chan struct{})
+	if serveNS != nil {
+		go func() { nsErr <- serveNS(done) }()
+	} else {
+		nsErr <- nil
+	}
+	err = cmd.Run()
+	close(done)
+	if nerr := <-nsErr; nerr != nil && err == nil {
+		err = nerr
+	} else if nerr != nil {
+		o.cfg.Logger.Warn("restore: bring the loopback up", "id", id, "err", nerr)
+	}
+	if err != nil {
 		log, _ := os.ReadFile(logf.Name())
 		return 0, fmt.Errorf("%s restore: %w: %s%s", o.Name(), err, tail(log), criuErrors(filepath.Join(work, "restore.log")))
 	}

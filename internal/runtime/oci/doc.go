@@ -216,7 +216,12 @@
 //     range's first uid as Create's is (CRIU makes it as that uid: a patch
 //     of ours, told the uid by SHEEPFOLD_CRIU_USERNS_OWNER), whose
 //     NamespaceLimits the restore writes again through nsenter, and a new
-//     network namespace, whose loopback it brings up.
+//     network namespace, whose loopback it brings up (before CRIU
+//     restores the sockets when the images hold a TCP connection, so that
+//     the sandbox's own loopback connections come back:
+//     loopback_linux.go). runc's masked tmpfs is a CRIU external: the
+//     restore binds the runtime's empty read-only directory in its place
+//     rather than CRIU re-making it with tar (masked_linux.go).
 //     The agent's host objects are CRIU externals: its log (Create makes
 //     stdin, stdout and stderr that one file, group-writable by the
 //     sandbox's host ids so that the restored agent may reopen it), its

@@ -26,7 +26,10 @@ import (
 // nothing at restore: the new namespace's lo is down (CRIU restores no
 // link of an empty namespace; criuRestore brings it up after CRIU
 // returns), so no packet can reach or leave any of its sockets while CRIU
-// restores them. The restore therefore reads an inventory that names no
+// restores them; when the images hold a TCP connection lo comes up before
+// the sockets are restored (loopback_linux.go), but no task runs and
+// sockets in repair mode send nothing until CRIU resumes them. The
+// restore therefore reads an inventory that names no
 // lock (skipNetworkLock); the dump still locks, where the rules do keep
 // packets from sockets CRIU is reading. A sandbox with a network (a TUN
 // device to its gateway) keeps the recorded lock.
