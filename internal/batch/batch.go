@@ -15,8 +15,8 @@
 // ended is never repeated; what was running when a server died runs
 // again (at least once per item, exactly once per stored outcome).
 //
-// Imports: internal/store, internal/apierr, internal/account and the
-// standard library.
+// Imports: internal/store, internal/apierr, internal/account,
+// internal/sandbox (its refusals' causes) and the standard library.
 package batch
 
 import (
@@ -29,6 +29,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
@@ -75,6 +76,7 @@ func Classify(err error) Outcome {
 	wait := ae.RetryAfter
 	switch {
 	case ae.Code == apierr.SessionQuotaExceeded && errors.Is(err, account.ErrConcurrentCap),
+		ae.Code == apierr.SessionQuotaExceeded && errors.Is(err, sandbox.ErrDeviceCap), // the account's devices at once
 		ae.Code == apierr.Capacity, ae.Code == apierr.RateLimited, ae.Code == apierr.StorageUnavailable,
 		ae.Code == apierr.TooManyConnections, ae.Code == apierr.ShuttingDown,
 		ae.Code == apierr.DeviceInUse: // its devices are held by other sandboxes, the batch's own included

@@ -333,6 +333,9 @@ type CreateOptions struct {
 	// with devices never comes from the warm pool.
 	Devices []string
 	GPUs    int
+	// MaxDevices bounds the devices the live sandboxes of Owner hold at
+	// once, this one's included (the account's max_devices); 0: no bound.
+	MaxDevices int
 }
 
 // RuntimeGVisor is the runtime choice (CreateOptions.Runtime) of gVisor,

@@ -137,6 +137,10 @@ func (s *Server) grant(ctx context.Context, own string, opt *sandbox.CreateOptio
 		return nil, err
 	}
 	opt.Limits, opt.Timeout = g.Limits, g.Timeout
+	if a != nil {
+		lim, _ := a.Limits()
+		opt.MaxDevices = int(lim.MaxDevices) // the engine counts them as it takes them
+	}
 	return a, nil
 }
 
