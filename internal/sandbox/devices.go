@@ -94,6 +94,22 @@ func (m *Manager) gpuClass() string {
 	return m.cfg.GPUClass
 }
 
+// TemplateRootFS returns the root filesystem of template name.
+func (m *Manager) TemplateRootFS(name string) (string, error) {
+	if name == "" {
+		name = m.cfg.DefaultTemplate
+	}
+	return m.cfg.Templates.RootFS(name)
+}
+
+// CheckDevices refuses, before anything is made, a create whose devices
+// this server could never give (names it has not, more than a sandbox
+// or the owner's MaxDevices allows): what Create would refuse first.
+func (m *Manager) CheckDevices(opt CreateOptions) error {
+	_, err := m.listDevices(opt)
+	return err
+}
+
 // takeDevices chooses s's devices among devs: the named ones, then GPUs
 // of the GPU class, each held by no other live sandbox (the least held,
 // with ShareDevices). m.mu is held.
