@@ -32,6 +32,10 @@ const (
 	maxBatchConcurrency = 64
 	maxBatchRetries     = 10
 	maxBatchTimeoutMS   = 24 * 3600 * 1000
+	// maxHostChecks bounds the host checks of batches' code running at
+	// once (each a Python process of up to 1 GiB of address space);
+	// others wait for a place.
+	maxHostChecks = 4
 )
 
 // The ways a batch's items share sandboxes (api.BatchRequest.Reuse).
@@ -53,6 +57,7 @@ func (s *Server) batchRoutes(add addFunc) {
 // the store is shared with replicas.
 func (s *Server) startBatches() {
 	s.batches = batch.New(s.store, batchRunner{s}, s.log)
+	s.hostChecks = make(chan struct{}, maxHostChecks)
 	s.hostPython = sync.OnceValues(func() (string, error) {
 		if s.cfg.BatchCheckPython == "-" {
 			return "", batch.ErrCheckUnavailable
@@ -335,7 +340,13 @@ func (s *Server) checkOnHost(ctx context.Context, b store.Batch, opt sandbox.Cre
 	if err := s.engine.CheckDevices(opt); err != nil {
 		return false, err
 	}
+	select {
+	case s.hostChecks <- struct{}{}:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
 	res, err := s.hostCheck().Check(ctx, b.Code)
+	<-s.hostChecks
 	var failed *batch.CheckFailure
 	switch {
 	case errors.As(err, &failed):

@@ -658,6 +658,9 @@ type Server struct {
 	// hostPython is the major.minor of the host check's Python, asked of
 	// it once (batches.go).
 	hostPython func() (string, error)
+	// hostChecks holds a place for each host check running
+	// (maxHostChecks at once; batches.go).
+	hostChecks chan struct{}
 }
 
 // box is what the server keeps about each live sandbox it created.
