@@ -106,8 +106,22 @@ func (m *Manager) TemplateRootFS(name string) (string, error) {
 // this server could never give (names it has not, more than a sandbox
 // or the owner's MaxDevices allows): what Create would refuse first.
 func (m *Manager) CheckDevices(opt CreateOptions) error {
+	if opt.Template == "" {
+		opt.Template = m.cfg.DefaultTemplate
+	}
+	m.templateDevices(&opt)
 	_, err := m.listDevices(opt)
 	return err
+}
+
+// templateDevices gives a create that names no devices (GPUs 0, Devices
+// nil; an empty non-nil Devices asks for none) its template's.
+func (m *Manager) templateDevices(opt *CreateOptions) {
+	td, ok := m.cfg.Templates.(TemplateDevices)
+	if !ok || opt.GPUs != 0 || opt.Devices != nil || opt.Snapshot != "" {
+		return // a snapshot's clone is made as the snapshot was: without devices
+	}
+	opt.GPUs, opt.Devices = td.Devices(opt.Template)
 }
 
 // takeDevices chooses s's devices among devs: the named ones, then GPUs
