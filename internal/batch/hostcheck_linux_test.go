@@ -225,7 +225,7 @@ func TestHostCheckHostileSource(t *testing.T) {
 	hostPython(t)
 	t.Parallel()
 	ctx := context.Background()
-	verdict := func(t *testing.T, h HostCheck, code string) (CheckResult, error, time.Duration) {
+	verdict := func(t *testing.T, h HostCheck, code string) (CheckResult, time.Duration, error) {
 		t.Helper()
 		start := time.Now()
 		res, err := h.Check(ctx, code)
@@ -233,18 +233,18 @@ func TestHostCheckHostileSource(t *testing.T) {
 		if d > h.withDefaults().Timeout+5*time.Second {
 			t.Fatalf("the check took %s, past its timeout", d)
 		}
-		return res, err, d
+		return res, d, err
 	}
 	t.Run("nesting", func(t *testing.T) {
 		t.Parallel()
-		res, err, _ := verdict(t, HostCheck{}, "x = "+strings.Repeat("(", 100000)+"\n")
+		res, _, err := verdict(t, HostCheck{}, "x = "+strings.Repeat("(", 100000)+"\n")
 		if err != nil || res.OK || res.Name != "SyntaxError" || res.Line != 1 {
 			t.Fatalf("%+v, %v", res, err)
 		}
 	})
 	t.Run("unary chain", func(t *testing.T) {
 		t.Parallel()
-		res, err, _ := verdict(t, HostCheck{}, "x = "+strings.Repeat("-", 200000)+"1\ndef handler(x): pass\n")
+		res, _, err := verdict(t, HostCheck{}, "x = "+strings.Repeat("-", 200000)+"1\ndef handler(x): pass\n")
 		if err != nil || res.OK {
 			t.Fatalf("%+v, %v", res, err)
 		}
@@ -252,7 +252,7 @@ func TestHostCheckHostileSource(t *testing.T) {
 	t.Run("folding bomb", func(t *testing.T) {
 		t.Parallel()
 		code := "x = 'a' * (1 << 40)\ny = 2 ** (2 ** 40)\nz = (1,) * (1 << 40)\ndef handler(i): pass\n"
-		res, err, _ := verdict(t, HostCheck{Timeout: 20 * time.Second}, code)
+		res, _, err := verdict(t, HostCheck{Timeout: 20 * time.Second}, code)
 		if err != nil || !res.OK {
 			t.Fatalf("%+v, %v", res, err)
 		}
@@ -267,7 +267,7 @@ func TestHostCheckHostileSource(t *testing.T) {
 		t.Parallel()
 		code := "x = '" + strings.Repeat("a", 24<<20) + "'\ndef handler(i): pass\n"
 		small := HostCheck{MemoryBytes: 96 << 20, Timeout: 30 * time.Second}
-		res, err, _ := verdict(t, small, code)
+		res, _, err := verdict(t, small, code)
 		var failed *CheckFailure
 		if !(err == nil && !res.OK && res.Name == "MemoryError") && !errors.As(err, &failed) {
 			t.Fatalf("%+v, %v; want MemoryError or a failure", res, err)
@@ -281,13 +281,13 @@ func TestHostCheckHostileSource(t *testing.T) {
 	t.Run("timeout", func(t *testing.T) {
 		t.Parallel()
 		code := strings.Repeat("x = [1, 2, 3, {'a': (4, 5)}]\n", 50000) + "def handler(i): pass\n"
-		_, err, d := verdict(t, HostCheck{Timeout: 100 * time.Millisecond}, code)
+		_, d, err := verdict(t, HostCheck{Timeout: 100 * time.Millisecond}, code)
 		var failed *CheckFailure
 		if !errors.As(err, &failed) || !strings.Contains(err.Error(), "took more than") {
 			t.Fatalf("%v after %s; want a failure at the timeout", err, d)
 		}
 		// Control: given the time, it parses.
-		if res, err, _ := verdict(t, HostCheck{Timeout: 60 * time.Second, CPUSeconds: 30}, code); err != nil || !res.OK {
+		if res, _, err := verdict(t, HostCheck{Timeout: 60 * time.Second, CPUSeconds: 30}, code); err != nil || !res.OK {
 			t.Fatalf("control: %+v, %v", res, err)
 		}
 	})
