@@ -15,8 +15,13 @@
 // ended is never repeated; what was running when a server died runs
 // again (at least once per item, exactly once per stored outcome).
 //
+// A batch's code is checked before any sandbox is used by the host's
+// Python in a confined child process (HostCheck, hostcheck.go).
+//
 // Imports: internal/store, internal/apierr, internal/account,
-// internal/sandbox (its refusals' causes) and the standard library.
+// internal/sandbox (its refusals' causes), golang.org/x/net/bpf and
+// golang.org/x/sys/unix (the host check's seccomp filter and limits) and
+// the standard library.
 package batch
 
 import (
