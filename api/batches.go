@@ -39,8 +39,8 @@ type BatchInputsFile struct {
 	Path   string `json:"path"`
 }
 
-// BatchUsage is what a batch's sandboxes used, its handler check's
-// included, summed as each ends, and its cost at the operator's prices
+// BatchUsage is what a batch's sandboxes used, its handler check's (where it
+// took one) included, summed as each ends, and its cost at the operator's prices
 // (schema BatchUsage). The account is charged the same, through the
 // sandboxes' own metering.
 type BatchUsage struct {

@@ -197,6 +197,9 @@ type AccountLimits struct {
 	MaxMemoryMB           *int64   `json:"max_memory_mb,omitempty"`
 	MaxDiskMB             *int64   `json:"max_disk_mb,omitempty"`
 	MaxTimeout            *int64   `json:"max_timeout,omitempty"` // seconds
+	// MaxDevices bounds the devices (GPUs, CDI devices) the account's
+	// live sandboxes hold at once.
+	MaxDevices *int64 `json:"max_devices,omitempty"`
 }
 
 // Account is an account as the server describes it (schema Account).

@@ -40,6 +40,7 @@ var intLimits = []struct{ flag, usage string }{
 	{"max-memory-mb", "memory one sandbox may ask for, MiB"},
 	{"max-disk-mb", "disk one sandbox may ask for, MiB"},
 	{"max-timeout", "lifetime one sandbox may ask for, seconds"},
+	{"max-devices", "devices (GPUs, CDI devices) its live sandboxes hold at once"},
 }
 
 func addLimitFlags(fs *pflag.FlagSet, prefix, what string) *limitFlags {

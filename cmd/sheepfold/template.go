@@ -173,7 +173,20 @@ their inputs: a rebuild redoes only the steps from the first changed one.`,
 			return template.SetRuntime(cfg.DataDir, args[0], args[1])
 		},
 	}
-	cmd.AddCommand(build, list, rm, setRuntime, templateExportCmd(cfg), templateImportCmd(cfg))
+	var gpus int
+	setDevices := &cobra.Command{
+		Use:   "set-devices NAME [DEVICE...]",
+		Short: "Set the devices (CDI names, and --gpu GPUs) each sandbox of the template is given unless its create names its own; none to clear",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := cfg.ResolveDataDir(); err != nil {
+				return err
+			}
+			return template.SetDevices(cfg.DataDir, args[0], gpus, args[1:])
+		},
+	}
+	setDevices.Flags().IntVar(&gpus, "gpu", 0, "GPUs (devices of the server's GPU class) each sandbox is given")
+	cmd.AddCommand(build, list, rm, setRuntime, setDevices, templateExportCmd(cfg), templateImportCmd(cfg))
 	return cmd
 }
 

@@ -74,6 +74,7 @@ type Limits struct {
 	MaxMemoryMB           int64   `json:"max_memory_mb" toml:"max_memory_mb"`
 	MaxDiskMB             int64   `json:"max_disk_mb" toml:"max_disk_mb"`
 	MaxTimeout            int64   `json:"max_timeout" toml:"max_timeout"` // a sandbox's lifetime, seconds
+	MaxDevices            int64   `json:"max_devices" toml:"max_devices"` // held by its live sandboxes at once
 }
 
 // Overrides are an account's own limits; nil fields take the server's
@@ -100,6 +101,7 @@ func (o *Overrides) ints() []struct {
 		{"monthly_cpu_seconds", &o.MonthlyCPUSeconds, bound.MaxCount}, {"monthly_gb_seconds", &o.MonthlyGBSeconds, bound.MaxCount},
 		{"monthly_executions", &o.MonthlyExecutions, bound.MaxCount}, {"max_memory_mb", &o.MaxMemoryMB, bound.MaxMB},
 		{"max_disk_mb", &o.MaxDiskMB, bound.MaxMB}, {"max_timeout", &o.MaxTimeout, int64(bound.MaxDuration / time.Second)},
+		{"max_devices", &o.MaxDevices, bound.MaxSandboxes},
 	}
 }
 
@@ -209,7 +211,7 @@ func (l Limits) overrides() Overrides {
 		MaxSandboxes: &l.MaxSandboxes, RequestsPerMinute: &l.RequestsPerMinute, ExecutionsPerMinute: &l.ExecutionsPerMinute,
 		MonthlySandboxSeconds: &l.MonthlySandboxSeconds, MonthlyCPUSeconds: &l.MonthlyCPUSeconds,
 		MonthlyGBSeconds: &l.MonthlyGBSeconds, MonthlyExecutions: &l.MonthlyExecutions, MaxCPUs: &l.MaxCPUs,
-		MaxMemoryMB: &l.MaxMemoryMB, MaxDiskMB: &l.MaxDiskMB, MaxTimeout: &l.MaxTimeout,
+		MaxMemoryMB: &l.MaxMemoryMB, MaxDiskMB: &l.MaxDiskMB, MaxTimeout: &l.MaxTimeout, MaxDevices: &l.MaxDevices,
 	}
 }
 
@@ -218,7 +220,7 @@ func (o Overrides) limits() Limits {
 	return Limits{MaxSandboxes: *o.MaxSandboxes, RequestsPerMinute: *o.RequestsPerMinute, ExecutionsPerMinute: *o.ExecutionsPerMinute,
 		MonthlySandboxSeconds: *o.MonthlySandboxSeconds, MonthlyCPUSeconds: *o.MonthlyCPUSeconds,
 		MonthlyGBSeconds: *o.MonthlyGBSeconds, MonthlyExecutions: *o.MonthlyExecutions, MaxCPUs: *o.MaxCPUs,
-		MaxMemoryMB: *o.MaxMemoryMB, MaxDiskMB: *o.MaxDiskMB, MaxTimeout: *o.MaxTimeout}
+		MaxMemoryMB: *o.MaxMemoryMB, MaxDiskMB: *o.MaxDiskMB, MaxTimeout: *o.MaxTimeout, MaxDevices: *o.MaxDevices}
 }
 
 // MonthStart is the start (UTC) of the month t is in; quotas reset then.

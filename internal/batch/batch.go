@@ -15,8 +15,13 @@
 // ended is never repeated; what was running when a server died runs
 // again (at least once per item, exactly once per stored outcome).
 //
-// Imports: internal/store, internal/apierr, internal/account and the
-// standard library.
+// A batch's code is checked before any sandbox is used by the host's
+// Python in a confined child process (HostCheck, hostcheck.go).
+//
+// Imports: internal/store, internal/apierr, internal/account,
+// internal/sandbox (its refusals' causes), golang.org/x/net/bpf and
+// golang.org/x/sys/unix (the host check's seccomp filter and limits) and
+// the standard library.
 package batch
 
 import (
@@ -29,6 +34,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/store"
 )
 
@@ -75,6 +81,7 @@ func Classify(err error) Outcome {
 	wait := ae.RetryAfter
 	switch {
 	case ae.Code == apierr.SessionQuotaExceeded && errors.Is(err, account.ErrConcurrentCap),
+		ae.Code == apierr.SessionQuotaExceeded && errors.Is(err, sandbox.ErrDeviceCap), // the account's devices at once
 		ae.Code == apierr.Capacity, ae.Code == apierr.RateLimited, ae.Code == apierr.StorageUnavailable,
 		ae.Code == apierr.TooManyConnections, ae.Code == apierr.ShuttingDown,
 		ae.Code == apierr.DeviceInUse: // its devices are held by other sandboxes, the batch's own included

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/account"
 	"github.com/sheepfold/sheepfold/internal/apierr"
+	"github.com/sheepfold/sheepfold/internal/sandbox"
 )
 
 func TestMarked(t *testing.T) {
@@ -87,6 +88,8 @@ func TestClassify(t *testing.T) {
 		{"server full", &apierr.Error{Code: apierr.Capacity}, true},
 		{"shutting down", apierr.New(apierr.ShuttingDown, "x"), true},
 		{"every GPU held", apierr.New(apierr.DeviceInUse, "x"), true},
+		{"the account's devices held", &apierr.Error{Code: apierr.SessionQuotaExceeded, Err: sandbox.ErrDeviceCap}, true},
+		{"more devices than the account's max_devices", apierr.New(apierr.BadRequest, "x"), false},
 		{"no such GPU", apierr.New(apierr.DeviceNotFound, "x"), false},
 		{"credits", credits, false},
 		{"template", apierr.New(apierr.TemplateNotFound, "x"), false},

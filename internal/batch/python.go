@@ -55,7 +55,7 @@ def _sf_check(src):
     try:
         tree = _sf_ast.parse(src, "<batch>", "exec")
     except SyntaxError as e:
-        return {"ok": False, "name": type(e).__name__, "value": str(e), "line": e.lineno or 0}
+        return {"ok": False, "name": type(e).__name__, "value": str(e.msg), "line": e.lineno or 0}
     for n in tree.body:
         if isinstance(n, (_sf_ast.FunctionDef, _sf_ast.AsyncFunctionDef, _sf_ast.ClassDef)) and n.name == "handler":
             return {"ok": True}

@@ -67,7 +67,8 @@ func Open(ctx context.Context, cfg config.Config, instance string, idle time.Dur
 }
 
 // templates are the data dir's, with the runtime each may name
-// (sandbox.TemplateRuntimes); each one a sandbox starts on is held
+// (sandbox.TemplateRuntimes) and the devices each asks for
+// (sandbox.TemplateDevices); each one a sandbox starts on is held
 // (templateUses) until the engine closes.
 type templates struct {
 	dataDir string
@@ -80,6 +81,14 @@ func (t templates) RootFS(name string) (string, error) {
 		return "", err
 	}
 	return info.Path, t.uses.use(t.dataDir, name)
+}
+
+func (t templates) Devices(name string) (int, []string) {
+	info, err := template.Get(t.dataDir, name)
+	if err != nil {
+		return 0, nil // the create's RootFS says why
+	}
+	return info.GPUs, info.Devices
 }
 
 func (t templates) Runtime(name string) string {

@@ -32,7 +32,8 @@ import (
 //     Manager's reconcile of its own instance, the runtime's sweep of
 //     dead ones). Recover charges what the counters moved past the point:
 //     the CPU counter's difference, and wall and GB-seconds reserved
-//     (limit × time) from the point to the sandbox's end, which is the
+//     (limit × time) and device-seconds (the devices its record holds ×
+//     time) from the point to the sandbox's end, which is the
 //     stop its record holds (the restart marks it stopped at once, or at
 //     its deadline when that passed while no server ran) or now. It
 //     writes that usage, its cost and the point ended, in one
@@ -81,7 +82,8 @@ func Recover(ctx context.Context, st RecoverStore, prices Prices, id string, u r
 		return store.UsageDelta{}, nil
 	}
 	var ledger []store.LedgerEntry
-	if micros := int64(math.Round(prices.Cost(float64(d.CPUNanos)/1e9, d.GBSecondsReserved, 0))); micros > 0 {
+	cost := prices.Cost(float64(d.CPUNanos)/1e9, d.GBSecondsReserved, 0) + d.DeviceSeconds*prices.DeviceSecond
+	if micros := int64(math.Round(cost)); micros > 0 {
 		ledger = append(ledger, store.LedgerEntry{Account: rec.Owner, CreatedAt: now, Kind: store.LedgerUsage,
 			AmountMicros: -micros, Reason: "metered usage recovered after a crash"})
 	}
@@ -111,7 +113,8 @@ func recovered(rec store.Sandbox, p store.MeterPoint, u runtime.Usage, read bool
 		reserved = u.MemoryLimit
 	}
 	d = store.UsageDelta{SandboxID: rec.ID, Account: rec.Owner, Template: rec.Template, Hour: at.UTC().Truncate(time.Hour),
-		WallNanos: dt.Nanoseconds(), GBSecondsReserved: float64(reserved) / gib * dt.Seconds()}
+		WallNanos: dt.Nanoseconds(), GBSecondsReserved: float64(reserved) / gib * dt.Seconds(),
+		DeviceSeconds: float64(recordedDevices(rec.Resources)) * dt.Seconds()}
 	end = store.MeterPoint{SandboxID: rec.ID, CPUNanos: p.CPUNanos, At: at, Ended: true}
 	if read {
 		if u.CPUNanos > p.CPUNanos {
@@ -136,6 +139,21 @@ func recordedMemory(resources json.RawMessage) int64 {
 	return r.MemoryMB << 20
 }
 
+// recordedDevices is the number of devices a sandbox's record says it
+// held (its resources' devices, as the server records every device it
+// was given, or gpu for a runtime whose cluster chose them), as the
+// meter counts them (sandbox.Sandbox.DeviceCount); 0 when none.
+func recordedDevices(resources json.RawMessage) int {
+	var r struct {
+		GPU     int      `json:"gpu"`
+		Devices []string `json:"devices"`
+	}
+	if json.Unmarshal(resources, &r) != nil || r.GPU < 0 {
+		return 0
+	}
+	return max(len(r.Devices), r.GPU)
+}
+
 // Recoverer returns the engine's hook for leftovers (sandbox.Config.Leftover):
 // Recover, bounded by ctx, logged with what it charged or, when it
 // could not, with the figures it could not record.
@@ -154,7 +172,7 @@ func Recoverer(st RecoverStore, prices Prices, log *slog.Logger) runtime.Leftove
 		if d.SandboxID != "" {
 			log.Info("charged the usage of a sandbox left by a crash since its last metering flush", "sandbox", id,
 				"account", d.Account, "cpu_seconds", float64(d.CPUNanos)/1e9, "sandbox_seconds", float64(d.WallNanos)/1e9,
-				"gb_seconds_reserved", d.GBSecondsReserved)
+				"gb_seconds_reserved", d.GBSecondsReserved, "device_seconds", d.DeviceSeconds)
 		}
 	}
 }

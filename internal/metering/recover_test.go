@@ -200,3 +200,68 @@ func TestRecoverOnce(t *testing.T) {
 		t.Fatalf("a point recorded for a sandbox of no record: %v", err)
 	}
 }
+
+// TestRecoverDeviceSeconds: a leftover that held devices is charged its
+// device-seconds from its last point to the restart's stop, as its
+// sandbox- and GB-seconds are, at the operator's price, once.
+func TestRecoverDeviceSeconds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "sheepfold.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	prices := Prices{DeviceSecond: 3}
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	created := t0.Add(-10 * time.Second)
+	must(st.CreateAccount(ctx, store.Account{ID: "acct", Name: "acct", CreatedAt: created}))
+	// As the server records them: the devices it was given, by name
+	// (a GPU drawn by number among them), and a Kubernetes one's count.
+	for id, res := range map[string]string{
+		"named": `{"memory_mb":512,"gpu":1,"devices":["sheepfold.test/dev=0","sheepfold.test/gpu=0"]}`,
+		"kube":  `{"gpu":3}`,
+		"none":  `{"memory_mb":512}`,
+	} {
+		must(st.PutSandbox(ctx, store.Sandbox{ID: id, Owner: "acct", Template: "python", State: store.SandboxRunning,
+			CreatedAt: created, ExpiresAt: created.Add(time.Hour), Resources: []byte(res)}))
+		must(st.AddMeteredUsage(ctx, nil, nil, []store.MeterPoint{{SandboxID: id, At: t0}}))
+	}
+	restart := t0.Add(40 * time.Second)
+	if _, err := st.StopAllRunning(ctx, "server restarted", restart); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]float64{"named": 80, "kube": 120, "none": 0} {
+		d, err := Recover(ctx, st, prices, id, runtime.Usage{}, nil, restart.Add(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(d.DeviceSeconds-want) > 1e-9 {
+			t.Errorf("%s: recovered %g device-seconds, want %g (40 s × its devices)", id, d.DeviceSeconds, want)
+		}
+		rows, err := st.QueryUsage(ctx, store.UsageFilter{SandboxID: id, GroupBy: store.GroupNone})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rows[0].DeviceSeconds; math.Abs(got-want) > 1e-9 {
+			t.Errorf("%s: stored %g device-seconds, want %g", id, got, want)
+		}
+		// A second start charges nothing more.
+		if d, err := Recover(ctx, st, prices, id, runtime.Usage{}, nil, restart.Add(time.Minute)); err != nil || d != (store.UsageDelta{}) {
+			t.Fatalf("%s: second recovery %+v, %v; want nothing", id, d, err)
+		}
+	}
+	ct, err := st.CreditTotals(ctx, "acct")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ct.SpentMicros != (80+120)*3 {
+		t.Fatalf("spent %d micros, want %d (200 device-seconds at 3)", ct.SpentMicros, 200*3)
+	}
+}

@@ -1,8 +1,11 @@
 package sandbox
 
 import (
+	"errors"
+	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"tags.cncf.io/container-device-interface/pkg/parser"
 
@@ -44,6 +47,9 @@ func (m *Manager) listDevices(opt CreateOptions) ([]runtime.Device, error) {
 	}
 	if opt.GPUs < 0 || opt.GPUs+len(opt.Devices) > MaxDevices {
 		return nil, apierr.New(apierr.BadRequest, "%d devices asked for; a sandbox has 0 to %d", opt.GPUs+len(opt.Devices), MaxDevices)
+	}
+	if err := opt.checkDeviceCap(); err != nil {
+		return nil, err
 	}
 	for i, d := range opt.Devices {
 		if _, _, _, err := parser.ParseQualifiedName(d); err != nil || len(d) > 256 {
@@ -88,12 +94,48 @@ func (m *Manager) gpuClass() string {
 	return m.cfg.GPUClass
 }
 
+// TemplateRootFS returns the root filesystem of template name.
+func (m *Manager) TemplateRootFS(name string) (string, error) {
+	if name == "" {
+		name = m.cfg.DefaultTemplate
+	}
+	return m.cfg.Templates.RootFS(name)
+}
+
+// CheckDevices refuses, before anything is made, a create whose devices
+// this server could never give (names it has not, more than a sandbox
+// or the owner's MaxDevices allows): what Create would refuse first.
+func (m *Manager) CheckDevices(opt CreateOptions) error {
+	if opt.Template == "" {
+		opt.Template = m.cfg.DefaultTemplate
+	}
+	m.templateDevices(&opt)
+	_, err := m.listDevices(opt)
+	return err
+}
+
+// templateDevices gives a create that names no devices (GPUs 0, Devices
+// nil; an empty non-nil Devices asks for none) its template's.
+func (m *Manager) templateDevices(opt *CreateOptions) {
+	td, ok := m.cfg.Templates.(TemplateDevices)
+	if !ok || opt.GPUs != 0 || opt.Devices != nil || opt.Snapshot != "" {
+		return // a snapshot's clone is made as the snapshot was: without devices
+	}
+	opt.GPUs, opt.Devices = td.Devices(opt.Template)
+}
+
 // takeDevices chooses s's devices among devs: the named ones, then GPUs
 // of the GPU class, each held by no other live sandbox (the least held,
 // with ShareDevices). m.mu is held.
 func (m *Manager) takeDevices(s *Sandbox, opt CreateOptions, devs []runtime.Device) error {
 	s.gpus = opt.GPUs
-	if _, ok := m.cfg.Runtime.(runtime.GPUScheduler); ok || !opt.wantsDevices() {
+	if !opt.wantsDevices() {
+		return nil
+	}
+	if err := m.ownerDevicesFree(opt); err != nil {
+		return err
+	}
+	if _, ok := m.cfg.Runtime.(runtime.GPUScheduler); ok {
 		return nil
 	}
 	held := map[string]string{} // device -> a live sandbox holding it
@@ -122,6 +164,45 @@ func (m *Manager) takeDevices(s *Sandbox, opt CreateOptions, devs []runtime.Devi
 		return apierr.New(apierr.DeviceInUse, "%d GPUs asked for, %d free: the others are held by live sandboxes", opt.GPUs, len(free))
 	}
 	s.devices = append(take, free[:opt.GPUs]...)
+	return nil
+}
+
+// ErrDeviceCap is the cause (apierr.Error.Err, never sent) of a create
+// refused because its owner's live sandboxes hold CreateOptions.MaxDevices
+// devices already: it passes when one of them ends (a batch waits).
+var ErrDeviceCap = errors.New("sandbox: the account's devices at once are held")
+
+// asked is how many devices a create asks for.
+func (opt CreateOptions) asked() int { return opt.GPUs + len(opt.Devices) }
+
+// checkDeviceCap refuses a create that asks for more devices than its
+// owner may ever hold at once (CreateOptions.MaxDevices).
+func (opt CreateOptions) checkDeviceCap() error {
+	if opt.MaxDevices > 0 && opt.asked() > opt.MaxDevices {
+		return &apierr.Error{Code: apierr.BadRequest, Details: map[string]any{"field": "resources"},
+			Message: fmt.Sprintf("%d devices asked for, above this account's max_devices of %d", opt.asked(), opt.MaxDevices)}
+	}
+	return nil
+}
+
+// ownerDevicesFree refuses a create whose devices, with those its
+// owner's live sandboxes hold, would pass CreateOptions.MaxDevices. m.mu
+// is held, so that two creates of one account cannot both pass.
+func (m *Manager) ownerDevicesFree(opt CreateOptions) error {
+	if opt.MaxDevices <= 0 {
+		return nil
+	}
+	held := 0
+	for _, o := range m.sandboxes {
+		if o.owner == opt.Owner {
+			held += o.DeviceCount()
+		}
+	}
+	if held+opt.asked() > opt.MaxDevices {
+		return &apierr.Error{Code: apierr.SessionQuotaExceeded, Err: ErrDeviceCap, RetryAfter: time.Second,
+			Details: map[string]any{"limit": "max_devices", "held": held},
+			Message: fmt.Sprintf("device limit of %d reached: this account's live sandboxes hold %d and this one asks for %d", opt.MaxDevices, held, opt.asked())}
+	}
 	return nil
 }
 

@@ -39,6 +39,13 @@ type TemplateRuntimes interface {
 	Runtime(name string) string
 }
 
+// TemplateDevices is implemented by Templates whose templates may ask for
+// devices (template.Info.GPUs, Devices): each sandbox of the template is
+// given them unless its create names its own (devices.go).
+type TemplateDevices interface {
+	Devices(name string) (gpus int, devices []string)
+}
+
 // TemplatesFunc adapts a function to Templates.
 type TemplatesFunc func(name string) (string, error)
 
@@ -353,9 +360,14 @@ type CreateOptions struct {
 	AutoPause bool
 	// Devices are devices to give the sandbox, by their CDI names, and
 	// GPUs a number of devices of Config.GPUClass (devices.go); a sandbox
-	// with devices never comes from the warm pool.
+	// with devices never comes from the warm pool. When GPUs is 0 and
+	// Devices nil, the template's (TemplateDevices) are given; an empty
+	// non-nil Devices asks for none.
 	Devices []string
 	GPUs    int
+	// MaxDevices bounds the devices the live sandboxes of Owner hold at
+	// once, this one's included (the account's max_devices); 0: no bound.
+	MaxDevices int
 }
 
 // RuntimeGVisor is the runtime choice (CreateOptions.Runtime) of gVisor,
@@ -413,6 +425,7 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	if err := m.resolveRuntime(&opt); err != nil {
 		return nil, err
 	}
+	m.templateDevices(&opt)
 	if opt.Runtime != "" {
 		if offered := runtime.Offered(m.cfg.Runtime); !slices.Contains(offered, opt.Runtime) {
 			if opt.Runtime == RuntimeGVisor {

@@ -77,7 +77,7 @@ func limitsOf(l account.Limits) api.AccountLimits {
 		ExecutionsPerMinute: new(l.ExecutionsPerMinute), MonthlySandboxSeconds: new(l.MonthlySandboxSeconds),
 		MonthlyCPUSeconds: new(l.MonthlyCPUSeconds), MonthlyGBSeconds: new(l.MonthlyGBSeconds),
 		MonthlyExecutions: new(l.MonthlyExecutions), MaxCPUs: new(l.MaxCPUs), MaxMemoryMB: new(l.MaxMemoryMB),
-		MaxDiskMB: new(l.MaxDiskMB), MaxTimeout: new(l.MaxTimeout)}
+		MaxDiskMB: new(l.MaxDiskMB), MaxTimeout: new(l.MaxTimeout), MaxDevices: new(l.MaxDevices)}
 }
 
 // accountOut describes an account as the API shows it.

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sheepfold/sheepfold/api"
@@ -31,6 +32,10 @@ const (
 	maxBatchConcurrency = 64
 	maxBatchRetries     = 10
 	maxBatchTimeoutMS   = 24 * 3600 * 1000
+	// maxHostChecks bounds the host checks of batches' code running at
+	// once (each a Python process of up to 1 GiB of address space);
+	// others wait for a place.
+	maxHostChecks = 4
 )
 
 // The ways a batch's items share sandboxes (api.BatchRequest.Reuse).
@@ -52,6 +57,17 @@ func (s *Server) batchRoutes(add addFunc) {
 // the store is shared with replicas.
 func (s *Server) startBatches() {
 	s.batches = batch.New(s.store, batchRunner{s}, s.log)
+	s.hostChecks = make(chan struct{}, maxHostChecks)
+	s.hostPython = sync.OnceValues(func() (string, error) {
+		if s.cfg.BatchCheckPython == "-" {
+			return "", batch.ErrCheckUnavailable
+		}
+		v, err := s.hostCheck().Version(context.Background())
+		if err != nil {
+			s.log.Warn("batches: the host's Python cannot check batches' code; each check takes a sandbox", "err", err)
+		}
+		return v, err
+	})
 	if s.shared() {
 		// Replicas would each take up every running batch: a batch
 		// runs on the server that took it (docs/ARCHITECTURE.md).
@@ -251,13 +267,33 @@ func (s *Server) readInputsFile(ctx context.Context, owner string, in api.BatchI
 	return out, nil
 }
 
-// checkHandler parses a batch's code in one sandbox of its owner (created
-// and charged like any), running none of it: a syntax error or no
-// handler is ERR_INVALID_HANDLER before any item runs. It returns what
-// the check's sandbox used.
+func (s *Server) hostCheck() batch.HostCheck {
+	return batch.HostCheck{Python: s.cfg.BatchCheckPython}
+}
+
+// invalidHandler is the refusal of code whose check said why.
+func invalidHandler(res batch.CheckResult) error {
+	msg := fmt.Sprintf("%s: %s", res.Name, res.Value)
+	if res.Line > 0 {
+		msg = fmt.Sprintf("%s: %s (line %d)", res.Name, res.Value, res.Line)
+	}
+	return apierr.New(apierr.InvalidHandler, "%s", msg)
+}
+
+// checkHandler checks a batch's code before any item runs, running none
+// of it: a syntax error or no handler is ERR_INVALID_HANDLER. What the
+// sandbox's create would refuse of every item (the account's ceiling,
+// devices it could never hold) is refused first. The code is parsed by
+// the host's Python in its confinement (batch.HostCheck), no sandbox
+// used, where that Python is of the template's version; otherwise in
+// one sandbox of its owner (created and charged like any), and it
+// returns what that sandbox used.
 func (s *Server) checkHandler(ctx context.Context, b store.Batch) (used store.BatchUsage, err error) {
 	opt, err := s.itemOptions(b, true)
 	if err != nil {
+		return used, err
+	}
+	if ok, err := s.checkOnHost(ctx, b, opt); ok || err != nil {
 		return used, err
 	}
 	sb, err := s.create(ctx, b.Owner, opt, 0, nil)
@@ -277,9 +313,53 @@ func (s *Server) checkHandler(ctx context.Context, b store.Batch) (used store.Ba
 		return used, fmt.Errorf("check batch handler: no verdict (status %s, error %+v)", ex.Status, ex.Error)
 	}
 	if !res.OK {
-		return used, apierr.New(apierr.InvalidHandler, "%s: %s", res.Name, res.Value)
+		return used, invalidHandler(res)
 	}
 	return used, nil
+}
+
+// checkOnHost checks b's code with the host's Python (batch.HostCheck)
+// when it is of the version of b's template's; ok is false when it
+// could not (check in a sandbox). Before, what every item's create
+// would refuse is refused (opt: an item's create options).
+func (s *Server) checkOnHost(ctx context.Context, b store.Batch, opt sandbox.CreateOptions) (ok bool, err error) {
+	host, err := s.hostPython()
+	if err != nil {
+		return false, nil
+	}
+	rootfs, err := s.engine.TemplateRootFS(b.Template)
+	if err != nil {
+		return false, nil // the sandbox's create says why
+	}
+	if v, known := batch.TemplatePython(rootfs); !known || v != host {
+		return false, nil
+	}
+	if _, err := s.grant(ctx, b.Owner, &opt); err != nil {
+		return false, err
+	}
+	if err := s.engine.CheckDevices(opt); err != nil {
+		return false, err
+	}
+	select {
+	case s.hostChecks <- struct{}{}:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	res, err := s.hostCheck().Check(ctx, b.Code)
+	<-s.hostChecks
+	var failed *batch.CheckFailure
+	switch {
+	case errors.As(err, &failed):
+		return false, apierr.Wrap(err, apierr.InvalidHandler, "%s", failed.Error())
+	case errors.Is(err, batch.ErrCheckUnavailable):
+		s.log.Warn("batch: the host check could not run; the code is checked in a sandbox", "batch", b.ID, "err", err)
+		return false, nil
+	case err != nil:
+		return false, err
+	case !res.OK:
+		return false, invalidHandler(res)
+	}
+	return true, nil
 }
 
 // killBatchSandbox ends a sandbox a batch made, as a DELETE would, and

@@ -105,8 +105,9 @@ func TestBatchWorkerReuse(t *testing.T) {
 		if most < 2 {
 			t.Fatalf("at most %d calls in one process: the workers kept no sandbox", most)
 		}
-		// The usage: the check's sandbox and at most 3 workers'.
-		if u := b["usage"].(map[string]any); u["sandboxes"].(float64) < 2 || u["sandboxes"].(float64) > 4 {
+		// The usage: at most 3 workers' sandboxes (the code was checked
+		// on the host, no sandbox taken).
+		if u := b["usage"].(map[string]any); u["sandboxes"].(float64) < 1 || u["sandboxes"].(float64) > 3 {
 			t.Fatalf("usage %v", u)
 		}
 	})
@@ -118,14 +119,14 @@ func TestBatchWorkerReuse(t *testing.T) {
 		if runs != len(inputs) {
 			t.Fatalf("the code ran %d times for %d items without reuse", runs, len(inputs))
 		}
-		if u := b["usage"].(map[string]any); u["sandboxes"] != float64(len(inputs)+1) {
+		if u := b["usage"].(map[string]any); u["sandboxes"] != float64(len(inputs)) {
 			t.Fatalf("usage %v", u)
 		}
 	})
 }
 
-// TestBatchUsage: a batch reports what its sandboxes used (the check's
-// and the items'), at the operator's prices, and the account is charged
+// TestBatchUsage: a batch reports what its sandboxes used (the items';
+// its code was checked on the host, no sandbox used), at the operator's prices, and the account is charged
 // at least as much (its usage report holds the same executions).
 func TestBatchUsage(t *testing.T) {
 	prices := metering.Prices{Execution: 1_000_000, CPUSecond: 1000}
@@ -139,8 +140,8 @@ func TestBatchUsage(t *testing.T) {
 			r := e.do("POST", "/v1/batches", e.keyA, map[string]any{"code": code, "inputs": lenInputs(6), "concurrency": 2, "reuse": reuse})
 			want(t, r, http.StatusCreated, "")
 			made := r.json(t)
-			if u := made["usage"].(map[string]any); u["sandboxes"] != float64(1) || u["executions"] != float64(1) {
-				t.Fatalf("at its creation, the check's usage: %v", u)
+			if u := made["usage"].(map[string]any); u["sandboxes"] != float64(0) || u["executions"] != float64(0) {
+				t.Fatalf("at its creation, the usage: %v", u)
 			}
 			id := made["id"].(string)
 			b := waitBatch(t, func() resp { return e.do("GET", "/v1/batches/"+id, e.keyA, nil) }, ended)
@@ -148,20 +149,20 @@ func TestBatchUsage(t *testing.T) {
 				t.Fatalf("ended %v", b)
 			}
 			u := b["usage"].(map[string]any)
-			sandboxes := 7.0
+			sandboxes := 6.0
 			if reuse == "worker" {
-				sandboxes = 3
+				sandboxes = 2
 			}
-			if u["sandboxes"] != sandboxes || u["executions"] != float64(7) || u["cpu_seconds"].(float64) <= 0 ||
+			if u["sandboxes"] != sandboxes || u["executions"] != float64(6) || u["cpu_seconds"].(float64) <= 0 ||
 				u["sandbox_seconds"].(float64) <= 0 || u["gb_seconds_reserved"].(float64) <= 0 ||
-				u["cost_micros"].(float64) < 7_000_000 || !strings.HasPrefix(u["cost"].(string), "7.") {
+				u["cost_micros"].(float64) < 6_000_000 || !strings.HasPrefix(u["cost"].(string), "6.") {
 				t.Fatalf("usage %v", u)
 			}
 			waitEngineEmpty(t, e)
 			deadline := time.Now().Add(30 * time.Second)
 			for {
 				tot := e.do("GET", "/v1/account/usage", e.keyA, nil).json(t)["total"].(map[string]any)
-				if tot["executions"] == float64(7) && tot["cost_micros"].(float64) >= u["cost_micros"].(float64) {
+				if tot["executions"] == float64(6) && tot["cost_micros"].(float64) >= u["cost_micros"].(float64) {
 					break
 				}
 				if time.Now().After(deadline) {
@@ -228,7 +229,7 @@ func TestBatchWorkerLifetime(t *testing.T) {
 	if b["status"] != "done" || b["done"] != float64(60) || b["failed"] != float64(0) {
 		t.Fatalf("ended %v (%v)", b, e.batchResults(t, e.keyA, id, 100))
 	}
-	if u := b["usage"].(map[string]any); u["sandboxes"].(float64) < 3 {
+	if u := b["usage"].(map[string]any); u["sandboxes"].(float64) < 2 {
 		t.Fatalf("usage %v: the worker's sandbox outlived its lifetime", u)
 	}
 }

@@ -55,7 +55,7 @@ func TestGoSDKBatches(t *testing.T) {
 			t.Fatalf("result %d: %+v", i, r)
 		}
 	}
-	if b.Usage.Sandboxes != 21 || b.Usage.Executions != 21 {
+	if b.Usage.Sandboxes != 20 || b.Usage.Executions != 20 { // the code checked on the host
 		t.Fatalf("usage: %+v", b.Usage)
 	}
 	if l, err := c.ListBatches(ctx); err != nil || len(l) != 1 || l[0].ID != b.ID {

@@ -57,3 +57,22 @@ except OSError as e:
 	r = e.do("POST", "/v1/sandboxes", e.keyA, map[string]any{"resources": map[string]any{"devices": []string{names[0]}}})
 	want(t, r, http.StatusCreated, "")
 }
+
+// TestAccountDeviceLimitInSandbox, over runc and the CDI spec of two test
+// devices: an account whose max_devices is 1 holding one is refused the
+// second (429 ERR_SESSION_QUOTA_EXCEEDED) while it is free, which another
+// account then gets (the control); once its holder ends, the account
+// gets one again.
+func TestAccountDeviceLimitInSandbox(t *testing.T) {
+	specDir, _ := testutil.CDIDevices(t, 2)
+	e := runcEnvOCI(t, func(c *oci.Config) { c.CDISpecDirs = []string{specDir} }, server.Config{},
+		func(c *sandbox.Config) { c.GPUClass = testutil.TestDeviceClass })
+	e.setMaxDevices(t, e.adminKey(), e.keyA, 1)
+	gpu := map[string]any{"resources": map[string]any{"gpu": 1}}
+	held := e.create(e.keyA, gpu)
+	wantMsg(t, e.do("POST", "/v1/sandboxes", e.keyA, gpu), http.StatusTooManyRequests, "ERR_SESSION_QUOTA_EXCEEDED", "device limit of 1")
+	other := e.create(e.keyB, gpu)
+	want(t, e.do("DELETE", "/v1/sandboxes/"+other, e.keyB, nil), http.StatusNoContent, "")
+	want(t, e.do("DELETE", "/v1/sandboxes/"+held, e.keyA, nil), http.StatusNoContent, "")
+	want(t, e.do("DELETE", "/v1/sandboxes/"+e.create(e.keyA, gpu), e.keyA, nil), http.StatusNoContent, "")
+}

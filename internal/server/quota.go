@@ -141,6 +141,8 @@ func (s *Server) grant(ctx context.Context, own string, opt *sandbox.CreateOptio
 		// The account's runtime, which the engine puts after the
 		// request's and the template's (sandbox.Manager.resolveRuntime).
 		opt.AccountRuntime, opt.RuntimeLocked = a.Runtime()
+		lim, _ := a.Limits()
+		opt.MaxDevices = int(lim.MaxDevices) // the engine counts them as it takes them
 	}
 	return a, nil
 }

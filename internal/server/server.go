@@ -301,6 +301,10 @@ type Config struct {
 	// MaxBatchInputsFileBytes bounds a batch's inputs_file, read whole
 	// when the batch is made [64 MiB].
 	MaxBatchInputsFileBytes int64
+	// BatchCheckPython is the host's Python that checks a batch's code
+	// before any sandbox is used (batch.HostCheck), where its version is
+	// the template's; "-" checks in a sandbox always [/usr/bin/python3].
+	BatchCheckPython string
 	// MaxSandboxes bounds the sandboxes running at once through this
 	// server; 0 leaves the bound to the engine.
 	MaxSandboxes int
@@ -661,6 +665,12 @@ type Server struct {
 	previewKeys *preview.Keys  // previewKey's preview tokens and signed URLs
 	metrics     *metrics.Metrics
 	batches     *batch.Manager // batches.go; nil without an engine or a store
+	// hostPython is the major.minor of the host check's Python, asked of
+	// it once (batches.go).
+	hostPython func() (string, error)
+	// hostChecks holds a place for each host check running
+	// (maxHostChecks at once; batches.go).
+	hostChecks chan struct{}
 }
 
 // box is what the server keeps about each live sandbox it created.

@@ -251,6 +251,9 @@ func (b *dfBuilder) build(ctx context.Context) (info Info, err error) {
 	if len(info.Labels) == 0 {
 		info.Labels = nil
 	}
+	if info.GPUs, info.Devices, err = devicesFromLabels(b.labels); err != nil {
+		return Info{}, b.fail(ctx, nil, fmt.Errorf("%w: %v", ErrDockerfile, err))
+	}
 	if err := writeInfo(staging, info); err != nil {
 		return Info{}, b.fail(ctx, nil, err)
 	}

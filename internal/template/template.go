@@ -62,6 +62,11 @@ type Info struct {
 	// Runtime is the runtime of the template's sandboxes that name none
 	// ("runc" or "gvisor"; SetRuntime); "" leaves it to the server.
 	Runtime string `json:"runtime,omitempty"`
+	// GPUs and Devices are the devices each sandbox of the template is
+	// given unless its create asks otherwise (SetDevices, or a
+	// Dockerfile's LABEL sheepfold.gpu and sheepfold.devices).
+	GPUs    int      `json:"gpu,omitempty"`
+	Devices []string `json:"devices,omitempty"`
 
 	// Of a template built from a Dockerfile (BuildDockerfile):
 	Hash         string            `json:"hash,omitempty"` // "sha256:..." of its inputs: the same inputs, the same hash

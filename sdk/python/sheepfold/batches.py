@@ -39,7 +39,7 @@ class BatchError:
 
 @dataclass
 class BatchUsage:
-    """What a batch's sandboxes used (its check's included), summed as each
+    """What a batch's sandboxes used (its check's, where it took one), summed as each
     ended, and its cost at the operator's prices. The account is charged
     the same through the sandboxes' own metering."""
     sandboxes: int = 0
