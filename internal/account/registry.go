@@ -425,6 +425,20 @@ func (a *Account) HoldCredits(micros float64) (release func(), err error) {
 
 func (a *Account) balanceLocked() int64 { return bound.Add(a.ledger, -int64(math.Ceil(a.owed))) }
 
+// CheckStart refuses what would refuse any new sandbox of the account
+// now, whatever its concurrent cap: exhausted credits or a monthly quota
+// reached. A batch checks it before its first item (its items wait for
+// a slot of the cap instead).
+func (a *Account) CheckStart() error {
+	now := a.r.now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := a.checkCredits(); err != nil {
+		return err
+	}
+	return a.checkMonthly(now, false)
+}
+
 // AcquireSandbox counts a new sandbox against the account's limits:
 // credits, monthly quotas and the concurrent cap. Release it with
 // ReleaseSandbox once the sandbox has stopped (or failed to start).

@@ -321,7 +321,9 @@ func (s *Server) checkHandler(ctx context.Context, b store.Batch) (used store.Ba
 // checkOnHost checks b's code with the host's Python (batch.HostCheck)
 // when it is of the version of b's template's; ok is false when it
 // could not (check in a sandbox). Before, what every item's create
-// would refuse is refused (opt: an item's create options).
+// would refuse is refused (opt: an item's create options): the account's
+// ceiling, exhausted credits, a monthly quota reached, devices it could
+// never hold. The concurrent cap is not: the items wait for a slot.
 func (s *Server) checkOnHost(ctx context.Context, b store.Batch, opt sandbox.CreateOptions) (ok bool, err error) {
 	host, err := s.hostPython()
 	if err != nil {
@@ -334,8 +336,14 @@ func (s *Server) checkOnHost(ctx context.Context, b store.Batch, opt sandbox.Cre
 	if v, known := batch.TemplatePython(rootfs); !known || v != host {
 		return false, nil
 	}
-	if _, err := s.grant(ctx, b.Owner, &opt); err != nil {
+	a, err := s.grant(ctx, b.Owner, &opt)
+	if err != nil {
 		return false, err
+	}
+	if a != nil {
+		if err := a.CheckStart(); err != nil { // credits, monthly quotas
+			return false, err
+		}
 	}
 	if err := s.engine.CheckDevices(opt); err != nil {
 		return false, err

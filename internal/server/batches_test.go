@@ -519,6 +519,30 @@ func TestBatchCredits(t *testing.T) {
 	}
 }
 
+// TestBatchRefusedWithoutCredits: a batch of an account whose credits
+// are exhausted is refused at its create (429 ERR_SESSION_QUOTA_EXCEEDED),
+// as its first item's create would be, though the host checks its code
+// and no sandbox is made; the control: the same batch with credits runs.
+func TestBatchRefusedWithoutCredits(t *testing.T) {
+	for _, free := range []int64{0, 100_000_000} {
+		e := newEnv(t, server.Config{Accounts: account.Config{EnforceCredits: true, FreeCreditsMicros: free}})
+		admin := e.adminKey()
+		want(t, e.do("POST", "/v1/admin/accounts", admin, map[string]any{"name": "team"}), http.StatusCreated, "")
+		key := e.do("POST", "/v1/admin/keys", admin, map[string]any{"account": "team"}).json(t)["key"].(string)
+		r := e.do("POST", "/v1/batches", key, map[string]any{"code": "handler = len\n", "inputs": lenInputs(2)})
+		if free == 0 {
+			wantMsg(t, r, http.StatusTooManyRequests, "ERR_SESSION_QUOTA_EXCEEDED", "credits exhausted")
+			continue
+		}
+		want(t, r, http.StatusCreated, "")
+		id := r.json(t)["id"].(string)
+		if b := waitBatch(t, func() resp { return e.do("GET", "/v1/batches/"+id, key, nil) }, ended); b["status"] != "done" {
+			t.Fatalf("control: %v", b)
+		}
+		waitEngineEmpty(t, e)
+	}
+}
+
 // TestBatchResources: a batch's resources are asked of every item's
 // sandbox within the account's ceiling: above it the batch is refused
 // (the check's create, before any item), within it each item's sandbox
