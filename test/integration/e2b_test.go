@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -9,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/sheepfold/sheepfold/client"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 	"github.com/sheepfold/sheepfold/internal/testutil/nodejs"
 )
 
@@ -93,4 +98,40 @@ func TestE2BPythonSDK(t *testing.T) {
 		t.Fatalf("E2B's Python SDK: %v\n%s", err, out)
 	}
 	t.Logf("%s", lastLines(out, 3))
+}
+
+// TestE2BJSSDKGVisor runs the E2B JS SDKs' core files (code, commands,
+// files, terminals: nodejs.E2BCoreFiles) unmodified against the server
+// for an account whose runtime the operator set to gvisor, locked
+// (`sheepfold accounts set-runtime --lock`), on a server whose default is
+// runc: every sandbox the suite makes runs under gVisor. Checked first:
+// the account's sandbox runs on gVisor's kernel, not the host's, and a
+// create asking for runc is refused (403 ERR_FORBIDDEN).
+func TestE2BJSSDKGVisor(t *testing.T) {
+	testutil.Runsc(t)
+	s := start(t)
+	key := e2bKey(t, s, "e2b-js-gvisor")
+	if out, err := exec.Command(s.bin, "--data-dir", s.dataDir, "accounts", "set-runtime", "e2b-js-gvisor", "gvisor", "--lock").CombinedOutput(); err != nil {
+		t.Fatalf("accounts set-runtime: %v\n%s", err, out)
+	}
+	c := client.New(s.url, key)
+	ctx := context.Background()
+	var ce *client.Error
+	if _, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Runtime: "runc"}); !errors.As(err, &ce) || ce.Code != "ERR_FORBIDDEN" {
+		t.Fatalf("the gvisor account asking for runc: %v", err)
+	}
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := c.Execute(ctx, sb.ID, client.ExecuteRequest{Code: "import os; os.uname().release"})
+	c.Kill(context.WithoutCancel(ctx), sb.ID)
+	var host unix.Utsname
+	if err := unix.Uname(&host); err != nil {
+		t.Fatal(err)
+	}
+	if err != nil || len(ex.Results) != 1 || ex.Results[0].Text == "'"+unix.ByteSliceToString(host.Release[:])+"'" {
+		t.Fatalf("the account's sandbox is not under gVisor: %v %+v", err, ex)
+	}
+	nodejs.E2BFiles(t, e2bDir, s.url, key, nodejs.E2BCoreFiles, nil)
 }
