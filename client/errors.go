@@ -54,6 +54,7 @@ const (
 	ErrInvalidHandler       Code = "ERR_INVALID_HANDLER"
 	ErrDeviceNotFound       Code = "ERR_DEVICE_NOT_FOUND"
 	ErrDeviceInUse          Code = "ERR_DEVICE_IN_USE"
+	ErrTemplateNotReady     Code = "ERR_TEMPLATE_NOT_READY"
 )
 
 // Codes lists every code above.
@@ -66,6 +67,7 @@ var Codes = []Code{
 	ErrCPUTimeExceeded, ErrModelNotFound, ErrProvider, ErrProviderTimeout, ErrSessionNotFound,
 	ErrTooManyConnections, ErrStorageQuotaExceeded, ErrProcessLimit, ErrNotSupported,
 	ErrVolumeNotFound, ErrVolumeInUse, ErrInvalidHandler, ErrDeviceNotFound, ErrDeviceInUse,
+	ErrTemplateNotReady,
 }
 
 // Is makes errors.Is(err, client.ErrXxx) true for an *Error of that code.

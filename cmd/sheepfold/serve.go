@@ -65,6 +65,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	overcommit := 2.0
 	poolSize := sandbox.DefaultPoolSize()
 	var poolTemplates []string
+	startTimeout := sandbox.DefaultStartTimeout
 	var eventRate sandbox.EventRate
 	instance := ""
 	configPath := ""
@@ -263,6 +264,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				func(c *sandbox.Config) {
 					c.PoolSize = poolSize
 					c.PoolTemplates = poolTemplates
+					c.StartTimeout = startTimeout
 					c.AutoPauseNotice = autoPauseNotice
 					c.GPUClass, c.ShareDevices = gpuClass, shareDevices
 					c.EventRate = eventRate
@@ -348,6 +350,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"sandboxes of the python template kept started ahead, pandas, numpy and matplotlib imported (0: no warm pool; default: one per CPU, at most one per 2 GiB); with --backend kubernetes, on each node")
 	cmd.Flags().StringSliceVar(&poolTemplates, "pool-templates", nil,
 		"the templates that have a warm pool, each of --pool sandboxes (default: python)")
+	cmd.Flags().DurationVar(&startTimeout, "template-start-timeout", startTimeout,
+		"how long a template's start command (LABEL sheepfold.start) may take to pass its ready check (LABEL sheepfold.ready) as a sandbox starts, before the create fails with ERR_TEMPLATE_NOT_READY")
 	// The engine instance names the state directory and the cgroup
 	// (sheepfold/<instance>) this server's sandboxes live in; a second
 	// server on the same host (`sheepfold bench` starts one) needs its own,

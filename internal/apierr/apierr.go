@@ -109,6 +109,10 @@ const (
 	// live sandboxes (one sandbox at a time, unless the operator lets
 	// them share).
 	DeviceInUse Code = "ERR_DEVICE_IN_USE"
+	// TemplateNotReady: the template's start command ended, or its ready
+	// check did not hold in time, as a sandbox of it started; the
+	// sandbox is gone, and Details carry the command's last output.
+	TemplateNotReady Code = "ERR_TEMPLATE_NOT_READY"
 )
 
 // Status is the HTTP status of each code.
@@ -153,6 +157,7 @@ var Status = map[Code]int{
 	InvalidHandler:       http.StatusBadRequest,
 	DeviceNotFound:       http.StatusNotFound,
 	DeviceInUse:          http.StatusConflict,
+	TemplateNotReady:     http.StatusBadGateway,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

@@ -101,6 +101,8 @@ var connectCodes = map[apierr.Code]connect.Code{
 	// Devices' too.
 	apierr.DeviceNotFound: connect.CodeNotFound,
 	apierr.DeviceInUse:    connect.CodeFailedPrecondition,
+	// A template's start command that never got ready.
+	apierr.TemplateNotReady: connect.CodeUnavailable,
 }
 
 // connectError maps an engine error to a Connect error. When the sandbox

@@ -90,6 +90,16 @@ func (t templates) Runtime(name string) string {
 	return info.Runtime
 }
 
+// StartOf is the start command and ready check of template name's
+// sandboxes (sandbox.TemplateStarts), with its USER, WORKDIR and ENV.
+func (t templates) StartOf(name string) (sandbox.TemplateStart, error) {
+	info, err := template.Get(t.dataDir, name)
+	if err != nil {
+		return sandbox.TemplateStart{}, err
+	}
+	return sandbox.TemplateStart{Command: info.Start, Ready: info.Ready, User: info.User, WorkDir: info.WorkDir, Env: info.Env}, nil
+}
+
 // templateUses are the templates an engine has started sandboxes of,
 // each held (template.Use) until the engine closes, so that `template rm`
 // refuses them.
