@@ -362,6 +362,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().MarkHidden("instance")
 	cmd.Flags().StringVar(&cfg.SecretsKeyFile, "secrets-key-file", "", "the keys that seal the accounts' secrets: lines ID:BASE64 (32 bytes each, the last one seals, every one opens; mode 0600) (default: $"+secrets.KeyEnv+" in that format, else DATA_DIR/"+secrets.KeyFileName+", made with a new key at the first start)")
 	cmd.Flags().StringVar(&cfg.PublicURL, "public-url", "", "the URL at which relying parties (a cloud's OIDC federation, your services) reach this server: the issuer of the sandboxes' workload identity tokens, served at /.well-known/openid-configuration and /.well-known/jwks.json; clouds want https (default: http://LISTEN, localhost for a wildcard address)")
+	cmd.Flags().StringSliceVar(&cfg.BuildAllowHosts, "build-allow-host", config.DefaultBuildAllowHosts,
+		"the hosts the RUN steps of template builds may reach, through an egress gateway that refuses every other (allowlist rules: host, *.domain, host:port; repeatable or comma-separated; \"\" for none: no network)")
 	cmd.Flags().StringSliceVar(&cfg.CDISpecDirs, "cdi-spec-dirs", config.DefaultCDISpecDirs,
 		"directories of the host's CDI specs (the Container Device Interface: nvidia-ctk cdi generate and other vendors' tools write them), which describe the devices sandboxes may ask for (resources.gpu, resources.devices); empty: none")
 	cmd.Flags().StringVar(&gpuClass, "gpu-class", sandbox.DefaultGPUClass, "the CDI class (vendor/class) that resources.gpu draws devices from")
@@ -539,7 +541,15 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	scfg.Runtime = eng.Runtime.Name()
 	scfg.DataDir = cfg.DataDir
 	if kube == nil { // RUN steps in runc on this host; a cluster's server builds none
-		scfg.TemplateRunner = sfengine.StepRunner(cfg)
+		var self []netip.AddrPort
+		if a, err := net.ResolveTCPAddr("tcp", listen); err == nil {
+			self = append(self, a.AddrPort())
+		}
+		runner, err := sfengine.NewStepRunner(cfg, egress.Options{Self: self, Logger: log})
+		if err != nil {
+			return err
+		}
+		scfg.TemplateRunner = runner
 		scfg.TemplateUIDShift = oci.DefaultIDMap.HostID
 	}
 	if scfg.ShutdownTimeout <= 0 {

@@ -109,6 +109,8 @@ their inputs: a rebuild redoes only the steps from the first changed one.`,
 	build.Flags().StringVar(&contextDir, "context", "", "the build context COPY and ADD read from (default: the Dockerfile's directory)")
 	build.Flags().StringArrayVar(&buildArgs, "build-arg", nil, "KEY=VALUE for an ARG (repeatable)")
 	build.Flags().BoolVar(&noCache, "no-cache", false, "build every step anew (Dockerfile builds)")
+	build.Flags().StringSliceVar(&cfg.BuildAllowHosts, "build-allow-host", config.DefaultBuildAllowHosts,
+		"the hosts RUN steps may reach, through an egress gateway that refuses every other (allowlist rules: host, *.domain, host:port; repeatable or comma-separated; \"\" for none: no network)")
 
 	list := &cobra.Command{
 		Use:   "list",

@@ -52,7 +52,18 @@ type Config struct {
 	// describe the devices sandboxes may be given (oci.Config.CDISpecDirs).
 	// [/etc/cdi, /var/run/cdi; serve --cdi-spec-dirs]
 	CDISpecDirs []string
+	// BuildAllowHosts are the hosts a Dockerfile build's RUN steps may
+	// reach, through an egress gateway of each step's own (network
+	// allowlist rules: "host", "*.domain", "host:port"); empty: none, the
+	// steps have no network. [DefaultBuildAllowHosts; serve and template
+	// build --build-allow-host]
+	BuildAllowHosts []string
 }
+
+// DefaultBuildAllowHosts are the package registries the set-up itself
+// uses (scripts/setup.sh): Debian's archive and its security archive,
+// and npm's registry.
+var DefaultBuildAllowHosts = []string{"deb.debian.org", "security.debian.org", "registry.npmjs.org"}
 
 // DefaultCDISpecDirs are where vendors' tools put CDI specs
 // (nvidia-ctk cdi generate, for one).

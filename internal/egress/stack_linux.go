@@ -39,6 +39,13 @@ const sniffTimeout = 10 * time.Second
 // userspace stack behind it. Close undoes it, and Detach, after which
 // Attach may be called again (a restored sandbox's new namespace).
 func (g *Gateway) Attach(ctx context.Context, pid int) error {
+	return g.AttachNetNS(ctx, fmt.Sprintf("/proc/%d/ns/net", pid))
+}
+
+// AttachNetNS is Attach to the network namespace at path (a
+// /proc/PID/ns/net or /proc/PID/fd/N of one): a template build step's,
+// made before its container.
+func (g *Gateway) AttachNetNS(ctx context.Context, path string) error {
 	g.amu.Lock()
 	defer g.amu.Unlock()
 	switch {
@@ -47,7 +54,7 @@ func (g *Gateway) Attach(ctx context.Context, pid int) error {
 	case g.ctx.Err() != nil:
 		return errors.New("egress: the gateway is closed")
 	}
-	err := g.attach(pid)
+	err := g.attach(path)
 	if err != nil {
 		g.detachLocked()
 	}
@@ -56,8 +63,8 @@ func (g *Gateway) Attach(ctx context.Context, pid int) error {
 
 // attach is Attach's work; amu is held, and what it made is undone by
 // detachLocked when it fails.
-func (g *Gateway) attach(pid int) error {
-	fd, err := openTUN(pid)
+func (g *Gateway) attach(nsPath string) error {
+	fd, err := openTUN(nsPath)
 	if err != nil {
 		return err
 	}
@@ -136,7 +143,7 @@ func (g *Gateway) attach(pid int) error {
 		defer close(read)
 		readLink(tun, ep)
 	}()
-	g.log.Debug("egress attached", "pid", pid, "mode", g.pol.Load().Mode)
+	g.log.Debug("egress attached", "netns", nsPath, "mode", g.pol.Load().Mode)
 	return nil
 }
 
@@ -213,7 +220,7 @@ func readLink(tun *os.File, ep *channel.Endpoint) {
 // the host's root holds every capability over it. The work happens on a
 // thread locked to this goroutine that never returns to the host's
 // namespace: Go ends a thread whose goroutine exits while locked.
-func openTUN(pid int) (int, error) {
+func openTUN(nsPath string) (int, error) {
 	type result struct {
 		fd  int
 		err error
@@ -221,15 +228,15 @@ func openTUN(pid int) (int, error) {
 	ch := make(chan result, 1)
 	go func() {
 		goruntime.LockOSThread()
-		fd, err := tunIn(pid)
+		fd, err := tunIn(nsPath)
 		ch <- result{fd, err}
 	}()
 	r := <-ch
 	return r.fd, r.err
 }
 
-func tunIn(pid int) (fd int, err error) {
-	ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+func tunIn(nsPath string) (fd int, err error) {
+	ns, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("open sandbox network namespace: %w", err)
 	}
