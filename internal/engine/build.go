@@ -54,7 +54,7 @@ type stepRunner struct {
 	r     oci.StepRunner
 	pol   *policy.Egress // nil: no network
 	hosts []string
-	opt egress.Options
+	opt   egress.Options
 }
 
 func (s stepRunner) RunStep(ctx context.Context, st template.RunStep, out io.Writer) error {
