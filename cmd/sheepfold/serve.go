@@ -364,6 +364,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().StringVar(&cfg.PublicURL, "public-url", "", "the URL at which relying parties (a cloud's OIDC federation, your services) reach this server: the issuer of the sandboxes' workload identity tokens, served at /.well-known/openid-configuration and /.well-known/jwks.json; clouds want https (default: http://LISTEN, localhost for a wildcard address)")
 	cmd.Flags().StringSliceVar(&cfg.BuildAllowHosts, "build-allow-host", config.DefaultBuildAllowHosts,
 		"the hosts the RUN steps of template builds may reach, through an egress gateway that refuses every other (allowlist rules: host, *.domain, host:port; repeatable or comma-separated; \"\" for none: no network)")
+	cmd.Flags().StringVar(&cfg.BuildCAFile, "build-ca-file", config.DefaultBuildCA(),
+		"CA certificates the TLS clients of RUN steps trust besides the template's own (SSL_CERT_FILE, NODE_EXTRA_CA_CERTS, ... name it inside the step; \"\": none)")
 	cmd.Flags().StringSliceVar(&cfg.CDISpecDirs, "cdi-spec-dirs", config.DefaultCDISpecDirs,
 		"directories of the host's CDI specs (the Container Device Interface: nvidia-ctk cdi generate and other vendors' tools write them), which describe the devices sandboxes may ask for (resources.gpu, resources.devices); empty: none")
 	cmd.Flags().StringVar(&gpuClass, "gpu-class", sandbox.DefaultGPUClass, "the CDI class (vendor/class) that resources.gpu draws devices from")

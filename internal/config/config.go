@@ -58,6 +58,23 @@ type Config struct {
 	// steps have no network. [DefaultBuildAllowHosts; serve and template
 	// build --build-allow-host]
 	BuildAllowHosts []string
+	// BuildCAFile is a file of CA certificates the TLS clients of RUN
+	// steps with a network trust besides the template's own (a host
+	// behind a TLS-inspecting proxy); empty: the template's alone.
+	// [DefaultBuildCAFile when it exists; serve and template build
+	// --build-ca-file]
+	BuildCAFile string
+}
+
+// DefaultBuildCAFile is the host's own CA bundle (Debian's).
+const DefaultBuildCAFile = "/etc/ssl/certs/ca-certificates.crt"
+
+// DefaultBuildCA is DefaultBuildCAFile where the host has it, else "".
+func DefaultBuildCA() string {
+	if fileExists(DefaultBuildCAFile) {
+		return DefaultBuildCAFile
+	}
+	return ""
 }
 
 // DefaultBuildAllowHosts are the package registries the set-up itself

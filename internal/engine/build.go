@@ -42,7 +42,7 @@ func NewStepRunner(cfg config.Config, opt egress.Options) (template.StepRunner, 
 		if err != nil {
 			return nil, fmt.Errorf("build allow hosts: %w", err)
 		}
-		s.pol, s.hosts = pol, cfg.BuildAllowHosts
+		s.pol, s.hosts, s.caFile = pol, cfg.BuildAllowHosts, cfg.BuildCAFile
 	}
 	if s.opt.Logger == nil {
 		s.opt.Logger = slog.New(slog.DiscardHandler)
@@ -51,10 +51,11 @@ func NewStepRunner(cfg config.Config, opt egress.Options) (template.StepRunner, 
 }
 
 type stepRunner struct {
-	r     oci.StepRunner
-	pol   *policy.Egress // nil: no network
-	hosts []string
-	opt   egress.Options
+	r      oci.StepRunner
+	pol    *policy.Egress // nil: no network
+	hosts  []string
+	caFile string
+	opt    egress.Options
 }
 
 func (s stepRunner) RunStep(ctx context.Context, st template.RunStep, out io.Writer) error {
@@ -79,7 +80,7 @@ func (s stepRunner) RunStep(ctx context.Context, st template.RunStep, out io.Wri
 			return fmt.Errorf("step network: %w", err)
 		}
 		defer gw.Close()
-		step.Network = &oci.StepNetwork{ResolvConf: egress.ResolvConf, Attach: gw.AttachNetNS}
+		step.Network = &oci.StepNetwork{ResolvConf: egress.ResolvConf, Attach: gw.AttachNetNS, CAFile: s.caFile}
 	}
 	return s.r.Run(ctx, step, out)
 }

@@ -97,7 +97,8 @@ func (t templates) StartOf(name string) (sandbox.TemplateStart, error) {
 	if err != nil {
 		return sandbox.TemplateStart{}, err
 	}
-	return sandbox.TemplateStart{Command: info.Start, Ready: info.Ready, User: info.User, WorkDir: info.WorkDir, Env: info.Env}, nil
+	return sandbox.TemplateStart{Command: info.Start, Ready: info.Ready, User: info.User, WorkDir: info.WorkDir, Env: info.Env,
+		Root: info.Labels[template.LabelRoot]}, nil
 }
 
 // templateUses are the templates an engine has started sandboxes of,

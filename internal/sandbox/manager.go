@@ -459,6 +459,11 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		Env: opt.Env, Metadata: opt.Metadata, Created: createdNow(), m: m, state: StateStarting, owner: opt.Owner, pol: pol,
 		created: make(chan struct{}), volumes: slices.Clone(opt.Volumes),
 	}
+	var mounts []string
+	for _, v := range opt.Volumes {
+		mounts = append(mounts, v.Path)
+	}
+	s.project = newProject(start, rootfs, mounts)
 	m.mu.Lock()
 	switch {
 	case m.closed:

@@ -336,6 +336,7 @@ func (p *pool) start(tmpl, node string) (*Sandbox, error) {
 	}
 	s := &Sandbox{ID: newID(), Template: tmpl, Limits: m.cfg.DefaultLimits, m: m, state: StateStarting, pooled: true,
 		node: node, created: make(chan struct{})}
+	s.project = newProject(start, rootfs, nil)
 	// Logged before the runtime makes anything: a member whose engine
 	// dies before it is ready is still named in some log.
 	m.log.Info("warm pool: starting a member", "sandbox", s.ID, "template", tmpl, "node", node)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,6 +35,57 @@ type TemplateStart struct {
 	User    string
 	WorkDir string
 	Env     []string // "K=V"
+	// Root is the template's project directory (LABEL sheepfold.root):
+	// the file API resolves an absolute path whose first component is
+	// none of the root filesystem's top-level entries (nor a volume's)
+	// under it: "/src/App.tsx" is Root/src/App.tsx, "/tmp/x" stays.
+	Root string
+}
+
+// SandboxIDEnv names the sandbox's id in its start command's
+// environment (a dev server's base path for the preview's path form).
+const SandboxIDEnv = "SHEEPFOLD_SANDBOX_ID"
+
+// project is a sandbox's TemplateStart.Root and the names it leaves
+// alone.
+type project struct {
+	root string
+	top  map[string]bool
+}
+
+// newProject is the project of a sandbox of st on rootfs with volumes
+// mounted at mounts; nil when st has no Root.
+func newProject(st TemplateStart, rootfs string, mounts []string) *project {
+	if st.Root == "" || !path.IsAbs(st.Root) {
+		return nil
+	}
+	ents, err := os.ReadDir(rootfs)
+	if err != nil || len(ents) == 0 {
+		// Not a tree of this host's (a cluster's runtime): no name is
+		// known, so none is mapped.
+		return nil
+	}
+	p := &project{root: path.Clean(st.Root), top: map[string]bool{".": true, "..": true}}
+	for _, e := range ents {
+		p.top[e.Name()] = true
+	}
+	for _, m := range mounts {
+		top, _, _ := strings.Cut(strings.TrimLeft(m, "/"), "/")
+		p.top[top] = true
+	}
+	return p
+}
+
+// projectPath maps a file API path (project).
+func (s *Sandbox) projectPath(p string) string {
+	if s.project == nil || !strings.HasPrefix(p, "/") {
+		return p
+	}
+	top, _, _ := strings.Cut(strings.TrimLeft(p, "/"), "/")
+	if top == "" || s.project.top[top] {
+		return p
+	}
+	return path.Join(s.project.root, p)
 }
 
 // DefaultStartTimeout is Config.StartTimeout's default.
@@ -133,7 +186,7 @@ func (s *Sandbox) runTemplateStart(ctx context.Context, st TemplateStart, timeou
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	env := map[string]string{}
+	env := map[string]string{SandboxIDEnv: s.ID}
 	for _, kv := range st.Env {
 		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
 			env[k] = v

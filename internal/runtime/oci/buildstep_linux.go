@@ -67,11 +67,24 @@ type Step struct {
 // StepNetwork is the network of a build step.
 type StepNetwork struct {
 	ResolvConf string // the step's /etc/resolv.conf
+	// CAFile, if set, is a host file of CA certificates the step's TLS
+	// clients trust (as well as the template's): bound read-only at
+	// StepCAPath, named by StepCAEnv unless the step sets those itself.
+	CAFile string
 	// Attach connects the namespace at nsPath (made by Run, lo up,
 	// before the step's container) to the outside, and is undone by its
 	// caller once Run returns.
 	Attach func(ctx context.Context, nsPath string) error
 }
+
+// StepCAPath is where a step's StepNetwork.CAFile is, inside it: under
+// /dev, a tmpfs of the step's own, so that its mount point is never
+// made in the template's tree.
+const StepCAPath = "/dev/sheepfold-build-ca.crt"
+
+// StepCAEnv names StepCAPath to the TLS clients of a step: OpenSSL
+// (Python, curl, apt's https), Node (npm), Python's requests and pip.
+var StepCAEnv = []string{"SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE"}
 
 // Limits of a build step's cgroup.
 const (
@@ -127,6 +140,20 @@ func (r StepRunner) Run(ctx context.Context, s Step, out io.Writer) (err error) 
 		}
 		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind",
 			Source: resolv, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+		if f := s.Network.CAFile; f != "" {
+			spec.Mounts = append(spec.Mounts, specs.Mount{Destination: StepCAPath, Type: "bind",
+				Source: f, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+			set := map[string]bool{}
+			for _, kv := range spec.Process.Env {
+				k, _, _ := strings.Cut(kv, "=")
+				set[k] = true
+			}
+			for _, k := range StepCAEnv {
+				if !set[k] {
+					spec.Process.Env = append(spec.Process.Env, k+"="+StepCAPath)
+				}
+			}
+		}
 	}
 	b, err := json.Marshal(spec)
 	if err != nil {

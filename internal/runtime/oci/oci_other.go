@@ -82,6 +82,7 @@ type Step struct {
 // StepNetwork is the network of a build step.
 type StepNetwork struct {
 	ResolvConf string
+	CAFile     string
 	Attach     func(ctx context.Context, nsPath string) error
 }
 
