@@ -16,6 +16,9 @@ const out = {}
 try {
   const page = await browser.newPage()
   let navigations = 0
+  out.console = []
+  page.on('console', (m) => { if (m.type() === 'error' || m.type() === 'warning') out.console.push(m.text().slice(0, 300)) })
+  page.on('pageerror', (e) => out.console.push(String(e).slice(0, 300)))
   page.on('framenavigated', (f) => { if (f === page.mainFrame()) navigations++ })
   const seen = (text) => page.waitForFunction((t) => document.body && document.body.innerText.includes(t), text, { timeout: 60000 })
   let t0 = Date.now()
@@ -38,6 +41,7 @@ try {
   out.url = page.url()
 } catch (e) {
   out.error = String(e)
+  out.body = await browser.contexts()[0]?.pages()[0]?.evaluate(() => document.documentElement.outerHTML.slice(0, 1500)).catch(() => '')
 } finally {
   await browser.close()
 }
