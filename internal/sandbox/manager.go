@@ -541,6 +541,9 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	if spec.Network != nil && spec.Network.Proxy {
 		s.serveEgress(inst)
 	}
+	if opt.Snapshot != "" {
+		start.Command = "" // the snapshot's processes run on: its start command among them
+	}
 	if err := s.runTemplateStart(ctx, start, m.cfg.StartTimeout); err != nil {
 		m.destroy(s, reasonFailed)
 		if m.ctx.Err() != nil {

@@ -76,6 +76,20 @@ func newProject(st TemplateStart, rootfs string, mounts []string) *project {
 	return p
 }
 
+// projectOf is the project of a sandbox of template tmpl on rootfs (one
+// restored or cloned: its start command is not run again).
+func (m *Manager) projectOf(tmpl, rootfs string, volumes []VolumeMount) *project {
+	st, err := m.templateStart(tmpl)
+	if err != nil {
+		return nil
+	}
+	var mounts []string
+	for _, v := range volumes {
+		mounts = append(mounts, v.Path)
+	}
+	return newProject(st, rootfs, mounts)
+}
+
 // projectPath maps a file API path (project).
 func (s *Sandbox) projectPath(p string) string {
 	if s.project == nil || !strings.HasPrefix(p, "/") {
