@@ -200,6 +200,7 @@ func (s *Sandbox) runTemplateStart(ctx context.Context, st TemplateStart, timeou
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
+	deadline, _ := ctx.Deadline()
 	env := map[string]string{SandboxIDEnv: s.ID}
 	for _, kv := range st.Env {
 		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
@@ -271,7 +272,9 @@ func (s *Sandbox) runTemplateStart(ctx context.Context, st TemplateStart, timeou
 	defer tick.Stop()
 	for {
 		ready, err := s.readyHolds(ctx, check, spec)
-		if err != nil && ctx.Err() == nil {
+		// A check cut by the deadline (its dial's own timeout may come
+		// a moment before the context says so) is the timeout's.
+		if err != nil && ctx.Err() == nil && time.Now().Before(deadline) {
 			return fail("check_failed", err, "the template's ready check %q could not run", st.Ready)
 		}
 		if ready {
