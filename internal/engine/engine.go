@@ -5,7 +5,9 @@
 //
 // Imports: internal/config, internal/runtime, internal/runtime/oci,
 // internal/runtime/kubernetes, internal/sandbox, internal/template,
-// internal/agenttls, client-go and the standard library.
+// internal/agenttls, internal/egress, internal/events and internal/policy
+// (the egress gateway of template builds' RUN steps: build.go),
+// client-go and the standard library.
 package engine
 
 import (
