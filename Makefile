@@ -18,8 +18,9 @@ build: ## build bin/sheepfold and bin/sheepfold-agent, both static (no libc: the
 	CGO_ENABLED=0 go build -trimpath -ldflags "-X main.version=$(VERSION)" -o bin/sheepfold ./cmd/sheepfold
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/sheepfold-agent ./cmd/sheepfold-agent
 
-template: setup build ## build the python template once, again when its definition changes (--force to rebuild: bin/sheepfold template build --force python)
+template: setup build ## build the python template once, again when its definition changes (--force to rebuild: bin/sheepfold template build --force python); then react-ts from templates/react-ts (its npm steps cached)
 	bin/sheepfold template build --update python
+	bin/sheepfold template build -q -f templates/react-ts/Dockerfile react-ts
 
 run: template ## start the server on $(LISTEN) with everything it needs
 	bin/sheepfold serve --listen $(LISTEN)

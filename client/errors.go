@@ -55,6 +55,7 @@ const (
 	ErrDeviceNotFound       Code = "ERR_DEVICE_NOT_FOUND"
 	ErrDeviceInUse          Code = "ERR_DEVICE_IN_USE"
 	ErrRegistryNotAllowed   Code = "ERR_REGISTRY_NOT_ALLOWED"
+	ErrTemplateNotReady     Code = "ERR_TEMPLATE_NOT_READY"
 )
 
 // Codes lists every code above.
@@ -68,6 +69,7 @@ var Codes = []Code{
 	ErrTooManyConnections, ErrStorageQuotaExceeded, ErrProcessLimit, ErrNotSupported,
 	ErrVolumeNotFound, ErrVolumeInUse, ErrInvalidHandler, ErrDeviceNotFound, ErrDeviceInUse,
 	ErrRegistryNotAllowed,
+	ErrTemplateNotReady,
 }
 
 // Is makes errors.Is(err, client.ErrXxx) true for an *Error of that code.

@@ -68,6 +68,7 @@ func serveCmd(cfg *config.Config) *cobra.Command {
 	var poolMemoryMB int64
 	var poolShrink time.Duration
 	var poolTemplates []string
+	startTimeout := sandbox.DefaultStartTimeout
 	var eventRate sandbox.EventRate
 	instance := ""
 	configPath := ""
@@ -272,6 +273,7 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 				func(c *sandbox.Config) {
 					c.PoolSize, c.PoolMax, c.PoolMemory, c.PoolShrinkAfter = poolSize, poolMax, poolMemoryMB<<20, poolShrink
 					c.PoolTemplates = poolTemplates
+					c.StartTimeout = startTimeout
 					c.AutoPauseNotice = autoPauseNotice
 					c.GPUClass, c.ShareDevices = gpuClass, shareDevices
 					c.EventRate = eventRate
@@ -365,6 +367,8 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 		"how long a pool grown past --pool waits unused before it shrinks back (default 2m)")
 	cmd.Flags().StringSliceVar(&poolTemplates, "pool-templates", nil,
 		"the templates that have a warm pool, each of --pool sandboxes (default: python)")
+	cmd.Flags().DurationVar(&startTimeout, "template-start-timeout", startTimeout,
+		"how long a template's start command (LABEL sheepfold.start) may take to pass its ready check (LABEL sheepfold.ready) as a sandbox starts, before the create fails with ERR_TEMPLATE_NOT_READY")
 	// The engine instance names the state directory and the cgroup
 	// (sheepfold/<instance>) this server's sandboxes live in; a second
 	// server on the same host (`sheepfold bench` starts one) needs its own,
@@ -375,6 +379,10 @@ Requests need an API key: create one with ` + "`sheepfold keys create`" + `.`,
 	cmd.Flags().MarkHidden("instance")
 	cmd.Flags().StringVar(&cfg.SecretsKeyFile, "secrets-key-file", "", "the keys that seal the accounts' secrets: lines ID:BASE64 (32 bytes each, the last one seals, every one opens; mode 0600) (default: $"+secrets.KeyEnv+" in that format, else DATA_DIR/"+secrets.KeyFileName+", made with a new key at the first start)")
 	cmd.Flags().StringVar(&cfg.PublicURL, "public-url", "", "the URL at which relying parties (a cloud's OIDC federation, your services) reach this server: the issuer of the sandboxes' workload identity tokens, served at /.well-known/openid-configuration and /.well-known/jwks.json; clouds want https (default: http://LISTEN, localhost for a wildcard address)")
+	cmd.Flags().StringSliceVar(&cfg.BuildAllowHosts, "build-allow-host", config.DefaultBuildAllowHosts,
+		"the hosts the RUN steps of template builds may reach, through an egress gateway that refuses every other (allowlist rules: host, *.domain, host:port; repeatable or comma-separated; \"\" for none: no network)")
+	cmd.Flags().StringVar(&cfg.BuildCAFile, "build-ca-file", config.DefaultBuildCA(),
+		"CA certificates the TLS clients of RUN steps trust besides the template's own (SSL_CERT_FILE, NODE_EXTRA_CA_CERTS, ... name it inside the step; \"\": none)")
 	cmd.Flags().StringSliceVar(&cfg.CDISpecDirs, "cdi-spec-dirs", config.DefaultCDISpecDirs,
 		"directories of the host's CDI specs (the Container Device Interface: nvidia-ctk cdi generate and other vendors' tools write them), which describe the devices sandboxes may ask for (resources.gpu, resources.devices); empty: none")
 	registryFlags(cmd.Flags(), cfg)
@@ -553,7 +561,15 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	scfg.Runtime = eng.Runtime.Name()
 	scfg.DataDir = cfg.DataDir
 	if kube == nil { // RUN steps in runc on this host; a cluster's server builds none
-		scfg.TemplateRunner = sfengine.StepRunner(cfg)
+		var self []netip.AddrPort
+		if a, err := net.ResolveTCPAddr("tcp", listen); err == nil {
+			self = append(self, a.AddrPort())
+		}
+		runner, err := sfengine.NewStepRunner(cfg, egress.Options{Self: self, Logger: log})
+		if err != nil {
+			return err
+		}
+		scfg.TemplateRunner = runner
 		scfg.TemplateUIDShift = oci.DefaultIDMap.HostID
 		scfg.TemplateRegistries = registriesOf(&cfg)
 	}

@@ -112,6 +112,10 @@ their inputs: a rebuild redoes only the steps from the first changed one.`,
 	build.Flags().StringArrayVar(&buildArgs, "build-arg", nil, "KEY=VALUE for an ARG (repeatable)")
 	build.Flags().BoolVar(&noCache, "no-cache", false, "build every step anew (Dockerfile builds)")
 	registryFlags(build.Flags(), cfg)
+	build.Flags().StringSliceVar(&cfg.BuildAllowHosts, "build-allow-host", config.DefaultBuildAllowHosts,
+		"the hosts RUN steps may reach, through an egress gateway that refuses every other (allowlist rules: host, *.domain, host:port; repeatable or comma-separated; \"\" for none: no network)")
+	build.Flags().StringVar(&cfg.BuildCAFile, "build-ca-file", config.DefaultBuildCA(),
+		"CA certificates the TLS clients of RUN steps trust besides the template's own (SSL_CERT_FILE, NODE_EXTRA_CA_CERTS, ... name it inside the step; \"\": none)")
 
 	list := &cobra.Command{
 		Use:   "list",

@@ -112,6 +112,10 @@ const (
 	// RegistryNotAllowed: a template's FROM names an image registry the
 	// operator does not allow.
 	RegistryNotAllowed Code = "ERR_REGISTRY_NOT_ALLOWED"
+	// TemplateNotReady: the template's start command ended, or its ready
+	// check did not hold in time, as a sandbox of it started; the
+	// sandbox is gone, and Details carry the command's last output.
+	TemplateNotReady Code = "ERR_TEMPLATE_NOT_READY"
 )
 
 // Status is the HTTP status of each code.
@@ -157,6 +161,7 @@ var Status = map[Code]int{
 	DeviceNotFound:       http.StatusNotFound,
 	DeviceInUse:          http.StatusConflict,
 	RegistryNotAllowed:   http.StatusForbidden,
+	TemplateNotReady:     http.StatusBadGateway,
 }
 
 // Error is an error with a code. Message is safe to show to the caller;

@@ -14,7 +14,7 @@ func TestEveryCodeHasAStatus(t *testing.T) {
 		SessionQuotaExceeded, RateLimited, Capacity, Internal, MethodNotAllowed, StorageUnavailable, ShuttingDown, Forbidden,
 		InvalidPolicy, SubprocessDenied, CPUTimeExceeded, ModelNotFound, Provider, ProviderTimeout, SessionNotFound,
 		TooManyConnections, StorageQuotaExceeded, ProcessLimit, NotSupported, VolumeNotFound, VolumeInUse, InvalidHandler, RegistryNotAllowed,
-		DeviceNotFound, DeviceInUse}
+		DeviceNotFound, DeviceInUse, TemplateNotReady}
 	if len(codes) != len(Status) {
 		t.Fatalf("Status has %d codes, the list %d", len(Status), len(codes))
 	}

@@ -245,6 +245,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		{"chat completion relay", b.relayOverhead},
 		{"Black-Friday tickets via sessions", b.sessionTicketsRun},
 		{"preview", b.preview},
+		{"react-ts create → first page", b.reactTS(cfg)},
 		{"pause and resume", b.pauseResume},
 		{"pause: snapshot, start from a snapshot, fork", b.snapshotFork},
 		{"throughput", b.throughput},
@@ -1081,6 +1082,9 @@ func (r *benchResults) evaluate() {
 	}
 	if s, ok := r.Scenarios["create→print(1) pool miss"]; ok {
 		add("create→print(1) pool miss p50", s.P50, 150, "ms", true)
+	}
+	if s, ok := r.Scenarios[benchReactMiss]; ok {
+		add(benchReactMiss+" p50", s.P50, 2000, "ms", true)
 	}
 	if s, ok := r.Scenarios["warm 1+1 over HTTP"]; ok {
 		add("warm 1+1 p50", s.P50, 3, "ms", true)

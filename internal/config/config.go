@@ -61,7 +61,35 @@ type Config struct {
 	Registries         []string
 	InsecureRegistries []string
 	RegistryAuthFile   string
+	// BuildAllowHosts are the hosts a Dockerfile build's RUN steps may
+	// reach, through an egress gateway of each step's own (network
+	// allowlist rules: "host", "*.domain", "host:port"); empty: none, the
+	// steps have no network. [DefaultBuildAllowHosts; serve and template
+	// build --build-allow-host]
+	BuildAllowHosts []string
+	// BuildCAFile is a file of CA certificates the TLS clients of RUN
+	// steps with a network trust besides the template's own (a host
+	// behind a TLS-inspecting proxy); empty: the template's alone.
+	// [DefaultBuildCAFile when it exists; serve and template build
+	// --build-ca-file]
+	BuildCAFile string
 }
+
+// DefaultBuildCAFile is the host's own CA bundle (Debian's).
+const DefaultBuildCAFile = "/etc/ssl/certs/ca-certificates.crt"
+
+// DefaultBuildCA is DefaultBuildCAFile where the host has it, else "".
+func DefaultBuildCA() string {
+	if fileExists(DefaultBuildCAFile) {
+		return DefaultBuildCAFile
+	}
+	return ""
+}
+
+// DefaultBuildAllowHosts are the package registries the set-up itself
+// uses (scripts/setup.sh): Debian's archive and its security archive,
+// and npm's registry.
+var DefaultBuildAllowHosts = []string{"deb.debian.org", "security.debian.org", "registry.npmjs.org"}
 
 // DefaultCDISpecDirs are where vendors' tools put CDI specs
 // (nvidia-ctk cdi generate, for one).

@@ -102,6 +102,8 @@ var connectCodes = map[apierr.Code]connect.Code{
 	apierr.DeviceNotFound:     connect.CodeNotFound,
 	apierr.DeviceInUse:        connect.CodeFailedPrecondition,
 	apierr.RegistryNotAllowed: connect.CodePermissionDenied,
+	// A template's start command that never got ready.
+	apierr.TemplateNotReady: connect.CodeUnavailable,
 }
 
 // connectError maps an engine error to a Connect error. When the sandbox

@@ -53,7 +53,15 @@ func (g *Gateway) AttachNetns(ctx context.Context, netns string) error {
 	return g.attachAt(netns, false)
 }
 
-// attachAt is Attach and AttachNetns: the device in the namespace at
+// AttachNamespace is Attach to the network namespace at path (a
+// /proc/PID/ns/net or /proc/PID/fd/N of one), the device's address with
+// the gateway as its peer: a template build step's, made before its
+// container (internal/engine, build.go).
+func (g *Gateway) AttachNamespace(ctx context.Context, path string) error {
+	return g.attachAt(path, true)
+}
+
+// attachAt is Attach, AttachNetns and AttachNamespace: the device in the namespace at
 // netns, its address with the gateway as its peer or not.
 func (g *Gateway) attachAt(netns string, peer bool) error {
 	g.amu.Lock()

@@ -16,3 +16,8 @@ func (g *Gateway) Attach(ctx context.Context, pid int) error {
 func (g *Gateway) AttachNetns(ctx context.Context, path string) error {
 	return errors.New("egress: sandbox networks need Linux")
 }
+
+// AttachNamespace needs Linux too.
+func (g *Gateway) AttachNamespace(ctx context.Context, path string) error {
+	return errors.New("egress: sandbox networks need Linux")
+}

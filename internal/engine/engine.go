@@ -5,7 +5,9 @@
 //
 // Imports: internal/config, internal/runtime, internal/runtime/oci,
 // internal/runtime/kubernetes, internal/sandbox, internal/template,
-// internal/agenttls, client-go and the standard library.
+// internal/agenttls, internal/egress, internal/events and internal/policy
+// (the egress gateway of template builds' RUN steps: build.go),
+// client-go and the standard library.
 package engine
 
 import (
@@ -97,6 +99,17 @@ func (t templates) Runtime(name string) string {
 		return "" // the create's RootFS says why
 	}
 	return info.Runtime
+}
+
+// StartOf is the start command and ready check of template name's
+// sandboxes (sandbox.TemplateStarts), with its USER, WORKDIR and ENV.
+func (t templates) StartOf(name string) (sandbox.TemplateStart, error) {
+	info, err := template.Get(t.dataDir, name)
+	if err != nil {
+		return sandbox.TemplateStart{}, err
+	}
+	return sandbox.TemplateStart{Command: info.Start, Ready: info.Ready, User: info.User, WorkDir: info.WorkDir, Env: info.Env,
+		Root: info.Labels[template.LabelRoot]}, nil
 }
 
 // templateUses are the templates an engine has started sandboxes of,

@@ -141,6 +141,10 @@ func (s *Sandbox) fileCall(ctx context.Context, req agentproto.Request, body io.
 	if req.Path == "" {
 		return apierr.New(apierr.BadRequest, "path is required")
 	}
+	req.Path = s.projectPath(req.Path)
+	if req.NewPath != "" {
+		req.NewPath = s.projectPath(req.NewPath)
+	}
 	writes := false
 	switch req.Op {
 	case agentproto.OpFileWrite, agentproto.OpFileMkdir, agentproto.OpFileRemove, agentproto.OpFileMove:

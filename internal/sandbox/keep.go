@@ -190,6 +190,9 @@ func (m *Manager) takeBackOne(ctx context.Context, id string) (*Sandbox, error) 
 		announced: true, // in the run that created it: its stop is reported
 	}
 	close(s.created)
+	if rootfs, err := m.cfg.Templates.RootFS(rec.Template); err == nil {
+		s.project = m.projectOf(rec.Template, rootfs, nil)
+	}
 	// Its gateway, detached until the resume attaches it (network.go).
 	if egressPolicy, err := policy.CompileEgress(rec.Policy.NetworkPolicy()); err != nil {
 		return nil, err

@@ -73,6 +73,9 @@ type Config struct {
 	// [DefaultAutoPauseNotice].
 	AutoPauseNotice time.Duration
 	AgentTimeout    time.Duration // how long a new agent may take to answer [10s]
+	// StartTimeout bounds how long a template's start command may take
+	// to pass its ready check (TemplateStarts) [DefaultStartTimeout].
+	StartTimeout time.Duration
 	// RetryInterval is the first wait before a failed destroy is tried
 	// again; it doubles up to a minute [1s] (reap.go).
 	RetryInterval time.Duration
@@ -175,6 +178,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.AutoPauseNotice <= 0 {
 		c.AutoPauseNotice = DefaultAutoPauseNotice
+	}
+	if c.StartTimeout <= 0 {
+		c.StartTimeout = DefaultStartTimeout
 	}
 	if c.AgentTimeout <= 0 {
 		c.AgentTimeout = 10 * time.Second
@@ -472,6 +478,10 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	if err != nil {
 		return nil, apierr.Wrap(err, apierr.TemplateNotFound, "template %q is not available: %v", opt.Template, err)
 	}
+	start, err := m.templateStart(opt.Template)
+	if err != nil {
+		return nil, err
+	}
 	egressPolicy, err := policy.CompileEgress(opt.Policy.NetworkPolicy())
 	if err != nil {
 		return nil, invalidPolicy(err)
@@ -512,6 +522,11 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		Env: opt.Env, Metadata: opt.Metadata, Created: createdNow(), m: m, state: StateStarting, owner: opt.Owner, pol: pol,
 		created: make(chan struct{}), volumes: slices.Clone(opt.Volumes),
 	}
+	var mounts []string
+	for _, v := range opt.Volumes {
+		mounts = append(mounts, v.Path)
+	}
+	s.project = newProject(start, rootfs, mounts)
 	m.mu.Lock()
 	switch {
 	case m.closed:
@@ -588,6 +603,16 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	}
 	if spec.Network != nil && spec.Network.Proxy {
 		s.serveEgress(inst)
+	}
+	if opt.Snapshot != "" {
+		start.Command = "" // the snapshot's processes run on: its start command among them
+	}
+	if err := s.runTemplateStart(ctx, start, m.cfg.StartTimeout); err != nil {
+		m.destroy(s, reasonFailed)
+		if m.ctx.Err() != nil {
+			return nil, m.startErr(err, "the sandbox did not start")
+		}
+		return nil, err
 	}
 	m.log.Info("sandbox created", "sandbox", s.ID, "template", s.Template,
 		"runtime", runtimeDone.Sub(began).Round(10*time.Microsecond), "agent", time.Since(runtimeDone).Round(10*time.Microsecond))

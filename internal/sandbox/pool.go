@@ -536,8 +536,13 @@ func (p *pool) start(k poolKey, node string) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	start, err := m.templateStart(tmpl)
+	if err != nil {
+		return nil, err
+	}
 	s := &Sandbox{ID: newID(), Template: tmpl, Limits: k.limits, m: m, state: StateStarting, pooled: true,
 		node: node, created: make(chan struct{})}
+	s.project = newProject(start, rootfs, nil)
 	// Logged before the runtime makes anything: a member whose engine
 	// dies before it is ready is still named in some log.
 	m.log.Info("warm pool: starting a member", "sandbox", s.ID, "template", tmpl, "node", node)
@@ -565,6 +570,12 @@ func (p *pool) start(k poolKey, node string) (*Sandbox, error) {
 			// sandbox, only a slower one.
 			m.log.Warn("warm pool: preload failed", "template", tmpl, "err", err)
 		}
+	}
+	// A template's start command runs and is ready before the member
+	// joins the pool: a hit pays nothing for it.
+	if err := s.runTemplateStart(p.ctx, start, m.cfg.StartTimeout); err != nil {
+		m.destroy(s, reasonFailed)
+		return nil, fmt.Errorf("start command: %w", err)
 	}
 	m.log.Debug("warm pool: sandbox ready", "sandbox", s.ID, "template", tmpl, "node", s.node)
 	return s, nil

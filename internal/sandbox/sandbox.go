@@ -48,6 +48,9 @@ type Sandbox struct {
 	node   string // where it runs, for a runtime.Placer (runtime.Instance.Node); set before its create returns, under m.mu once in the table
 	// volumes are CreateOptions.Volumes (volumes.go); they never change.
 	volumes []VolumeMount
+	// project maps the file API's paths (TemplateStart.Root); nil: none.
+	// Set before the sandbox is handed to anyone; never changes.
+	project *project
 	// devices are the CDI names of its devices (devices.go), fixed at
 	// create; guarded by Manager.mu while it is created.
 	devices []string

@@ -245,6 +245,7 @@ func (m *Manager) startSnapMember(ctx context.Context, p *snapPool) (*Sandbox, e
 	}
 	s := &Sandbox{ID: newID(), Template: opt.Template, Limits: p.limits, ReadOnly: opt.ReadOnly, Env: opt.Env, m: m,
 		state: StateStarting, pooled: true, created: make(chan struct{})}
+	s.project = m.projectOf(opt.Template, rootfs, nil)
 	m.log.Info("snapshot pool: restoring a member", "sandbox", s.ID, "template", opt.Template)
 	spec := runtime.Spec{ID: s.ID, Template: opt.Template, RootFS: rootfs, Limits: p.limits, ReadOnly: opt.ReadOnly,
 		Env: append(threadEnv(p.limits, opt.Env), env...), WritablePaths: opt.Policy.WritablePaths(),

@@ -78,7 +78,7 @@ func (s *Sandbox) WatchDir(ctx context.Context, path string, opt WatchOptions) (
 		return nil, err
 	}
 	req := agentproto.Request{
-		Op: agentproto.OpFileWatch, Path: path, Recursive: opt.Recursive, IncludeEntry: opt.IncludeEntry, User: opt.User,
+		Op: agentproto.OpFileWatch, Path: s.projectPath(path), Recursive: opt.Recursive, IncludeEntry: opt.IncludeEntry, User: opt.User,
 	}
 	wctx, cancel := context.WithCancelCause(ctx)
 	w := &Watcher{

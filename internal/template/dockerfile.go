@@ -21,6 +21,11 @@ const (
 	// LabelReady is the ready check: a TCP port ("port:5173") or a
 	// command ("cmd:curl -sf localhost:8080"), polled until it succeeds.
 	LabelReady = "sheepfold.ready"
+	// LabelRoot is the template's project directory: the file API
+	// resolves an absolute path whose first component is not in the
+	// root filesystem ("/src/App.tsx") under it, as CodeSandbox resolves
+	// a project's paths.
+	LabelRoot = "sheepfold.root"
 )
 
 // ErrDockerfile: the Dockerfile does not parse, or uses what Sheepfold does

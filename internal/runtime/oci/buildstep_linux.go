@@ -12,12 +12,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 // StepRunner runs the RUN steps of template builds (template.StepRunner,
@@ -26,7 +28,13 @@ import (
 //   - a user namespace mapping 0..65535 to the template's shifted ids
 //     (Step.HostID..+65535), made by runc;
 //   - pid, mount, ipc, uts, cgroup and network namespaces: the network
-//     has only lo, so a step reaches no host and no registry;
+//     has only lo, so a step reaches no host and no registry, unless
+//     Step.Network gives it one (a namespace made here, owned by the
+//     host's user namespace so the step cannot change its routes or
+//     addresses, with lo up and whatever its Attach puts there: the
+//     engine's egress gateway, limited to the registries the operator
+//     allows; such a step's /sys is an empty tmpfs, as only the
+//     namespace's owner may mount sysfs);
 //   - root's capabilities RootCapabilities only (none for another
 //     USER), no_new_privs, SeccompProfile, NamespaceLimits (no further
 //     namespaces), Docker's masked and read-only paths;
@@ -51,7 +59,32 @@ type Step struct {
 	Cwd      string
 	UID, GID uint32 // in the container
 	HostID   uint32 // container id 0 is this host id
+	// Network, if set, gives the step a network namespace of its own
+	// that Network.Attach connects; nil: only lo.
+	Network *StepNetwork
 }
+
+// StepNetwork is the network of a build step.
+type StepNetwork struct {
+	ResolvConf string // the step's /etc/resolv.conf
+	// CAFile, if set, is a host file of CA certificates the step's TLS
+	// clients trust (as well as the template's): bound read-only at
+	// StepCAPath, named by StepCAEnv unless the step sets those itself.
+	CAFile string
+	// Attach connects the namespace at nsPath (made by Run, lo up,
+	// before the step's container) to the outside, and is undone by its
+	// caller once Run returns.
+	Attach func(ctx context.Context, nsPath string) error
+}
+
+// StepCAPath is where a step's StepNetwork.CAFile is, inside it: under
+// /dev, a tmpfs of the step's own, so that its mount point is never
+// made in the template's tree.
+const StepCAPath = "/dev/sheepfold-build-ca.crt"
+
+// StepCAEnv names StepCAPath to the TLS clients of a step: OpenSSL
+// (Python, curl, apt's https), Node (npm), Python's requests and pip.
+var StepCAEnv = []string{"SSL_CERT_FILE", "NODE_EXTRA_CA_CERTS", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE"}
 
 // Limits of a build step's cgroup.
 const (
@@ -77,6 +110,50 @@ func (r StepRunner) Run(ctx context.Context, s Step, out io.Writer) (err error) 
 	spec, err := stepSpec(s, id)
 	if err != nil {
 		return err
+	}
+	if s.Network != nil {
+		ns, err := newNetNS()
+		if err != nil {
+			return fmt.Errorf("step network: %w", err)
+		}
+		defer ns.Close()
+		path := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), ns.Fd())
+		if err := s.Network.Attach(ctx, path); err != nil {
+			return fmt.Errorf("step network: %w", err)
+		}
+		resolv := filepath.Join(bundle, "resolv.conf")
+		if err := os.WriteFile(resolv, []byte(s.Network.ResolvConf), 0o644); err != nil {
+			return err
+		}
+		for i, n := range spec.Linux.Namespaces {
+			if n.Type == specs.NetworkNamespace {
+				spec.Linux.Namespaces[i].Path = path
+			}
+		}
+		// sysfs may only be mounted by the owner of the network
+		// namespace, which this one's is not: an empty /sys instead.
+		for i, m := range spec.Mounts {
+			if m.Type == "sysfs" {
+				spec.Mounts[i] = specs.Mount{Destination: "/sys", Type: "tmpfs", Source: "tmpfs",
+					Options: []string{"nosuid", "noexec", "nodev", "ro", "size=4k"}}
+			}
+		}
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind",
+			Source: resolv, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+		if f := s.Network.CAFile; f != "" {
+			spec.Mounts = append(spec.Mounts, specs.Mount{Destination: StepCAPath, Type: "bind",
+				Source: f, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+			set := map[string]bool{}
+			for _, kv := range spec.Process.Env {
+				k, _, _ := strings.Cut(kv, "=")
+				set[k] = true
+			}
+			for _, k := range StepCAEnv {
+				if !set[k] {
+					spec.Process.Env = append(spec.Process.Env, k+"="+StepCAPath)
+				}
+			}
+		}
 	}
 	b, err := json.Marshal(spec)
 	if err != nil {
@@ -207,4 +284,54 @@ func removeStepCgroupParents() {
 	for _, d := range append(dirs, filepath.Join("/sys/fs/cgroup", stepCgroupParent)) {
 		_ = os.Remove(d)
 	}
+}
+
+// newNetNS makes a network namespace, owned by the host's user namespace,
+// with lo up, and returns it open. It is made on a thread of its own
+// that ends in it (the goroutine returns locked), so no other goroutine
+// runs in it.
+func newNetNS() (*os.File, error) {
+	type result struct {
+		f   *os.File
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		goruntime.LockOSThread() // never unlocked: the thread goes with the goroutine
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			ch <- result{nil, fmt.Errorf("unshare: %w", err)}
+			return
+		}
+		f, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			ch <- result{nil, err}
+			return
+		}
+		if err := loUp(); err != nil {
+			f.Close()
+			ch <- result{nil, fmt.Errorf("lo up: %w", err)}
+			return
+		}
+		ch <- result{f, nil}
+	}()
+	r := <-ch
+	return r.f, r.err
+}
+
+// loUp brings up lo in the calling thread's network namespace.
+func loUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return err
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
 }

@@ -76,6 +76,14 @@ type Step struct {
 	Cwd      string
 	UID, GID uint32
 	HostID   uint32
+	Network  *StepNetwork
+}
+
+// StepNetwork is the network of a build step.
+type StepNetwork struct {
+	ResolvConf string
+	CAFile     string
+	Attach     func(ctx context.Context, nsPath string) error
 }
 
 // Run fails: build steps need Linux.

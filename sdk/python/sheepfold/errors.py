@@ -54,6 +54,7 @@ __all__ = [
     "DeviceNotFoundError",
     "DeviceInUseError",
     "RegistryNotAllowedError",
+    "TemplateNotReadyError",
     "MethodNotAllowedError",
     "StorageUnavailableError",
     "ShuttingDownError",
@@ -331,6 +332,14 @@ class ModelNotFoundError(NotFoundError):
     default_code = "ERR_MODEL_NOT_FOUND"
 
 
+class TemplateNotReadyError(SheepfoldError):
+    """502 ERR_TEMPLATE_NOT_READY: the template's start command ended, or
+    its ready check did not hold in time, as the sandbox started (the
+    sandbox is gone; ``details["output"]`` is the command's last output)."""
+
+    default_code = "ERR_TEMPLATE_NOT_READY"
+
+
 class ProviderError(SheepfoldError):
     """502 ERR_PROVIDER: the model's provider failed or answered nonsense."""
 
@@ -428,6 +437,7 @@ _BY_CODE: Dict[str, Type[SheepfoldError]] = {
     "ERR_DEVICE_NOT_FOUND": DeviceNotFoundError,
     "ERR_DEVICE_IN_USE": DeviceInUseError,
     "ERR_REGISTRY_NOT_ALLOWED": RegistryNotAllowedError,
+    "ERR_TEMPLATE_NOT_READY": TemplateNotReadyError,
     "ERR_METHOD_NOT_ALLOWED": MethodNotAllowedError,
     "ERR_STORAGE_UNAVAILABLE": StorageUnavailableError,
     "ERR_SHUTTING_DOWN": ShuttingDownError,
