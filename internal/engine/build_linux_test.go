@@ -53,7 +53,7 @@ func buildDataDir(t *testing.T) string {
 				t.Errorf("left in %s: %v", d, ents)
 			}
 		}
-		if left, _ := filepath.Glob("/sys/fs/cgroup/*/sheepfold-build/build-*"); len(left) > 0 {
+		if left, _ := filepath.Glob((oci.StepRunner{Dir: runs}).CgroupGlob()); len(left) > 0 { // this data dir's steps
 			t.Errorf("build step cgroups left: %v", left)
 		}
 		if err := os.RemoveAll(data); err != nil {

@@ -49,6 +49,7 @@ func dockerfileDataDir(t *testing.T) (string, template.StepRunner) {
 		t.Fatal(err)
 	}
 	runs := filepath.Join(data, "runs")
+	r := oci.StepRunner{RuntimePath: testutil.Runc(t), Dir: runs}
 	t.Cleanup(func() {
 		mi, _ := os.ReadFile("/proc/self/mountinfo")
 		if bytes.Contains(mi, []byte(data)) {
@@ -59,14 +60,14 @@ func dockerfileDataDir(t *testing.T) (string, template.StepRunner) {
 				t.Errorf("left in %s: %v", d, ents)
 			}
 		}
-		if left, _ := filepath.Glob("/sys/fs/cgroup/*/sheepfold-build/build-*"); len(left) > 0 {
+		if left, _ := filepath.Glob(r.CgroupGlob()); len(left) > 0 { // this data dir's steps
 			t.Errorf("build step cgroups left: %v", left)
 		}
 		if err := os.RemoveAll(data); err != nil {
 			t.Errorf("remove %s: %v", data, err)
 		}
 	})
-	return data, stepRunner{oci.StepRunner{RuntimePath: testutil.Runc(t), Dir: runs}}
+	return data, stepRunner{r}
 }
 
 // TestDockerfileTemplateSandbox builds a template FROM python with RUN

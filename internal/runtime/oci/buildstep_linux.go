@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -100,7 +102,7 @@ func (r StepRunner) Run(ctx context.Context, s Step, out io.Writer) (err error) 
 	if len(s.Args) == 0 {
 		return errors.New("step runner: no command")
 	}
-	id := "build-" + strings.ToLower(rand.Text()[:16])
+	id := r.stepPrefix() + strings.ToLower(rand.Text()[:16])
 	runcRoot := filepath.Join(r.Dir, "runc")
 	bundle := filepath.Join(r.Dir, "bundles", id)
 	if err := os.MkdirAll(bundle, 0o700); err != nil {
@@ -275,6 +277,21 @@ func (r StepRunner) cleanStep(ctx context.Context, id, bundle string) error {
 
 // stepCgroupParent holds the build steps' cgroups.
 const stepCgroupParent = "sheepfold-build"
+
+// stepPrefix starts the ids (and so the cgroups' names) of this runner's
+// steps: "build-", then a digest of Dir, so that the steps of runners on
+// other directories (another data dir's builds, running at once) are
+// told apart.
+func (r StepRunner) stepPrefix() string {
+	sum := sha256.Sum256([]byte(r.Dir))
+	return "build-" + hex.EncodeToString(sum[:4]) + "-"
+}
+
+// CgroupGlob matches the cgroups of this runner's steps in every
+// hierarchy: none is left once its steps have ended.
+func (r StepRunner) CgroupGlob() string {
+	return filepath.Join("/sys/fs/cgroup", "*", stepCgroupParent, r.stepPrefix()+"*")
+}
 
 // removeStepCgroupParents removes the steps' parent cgroup in each
 // hierarchy once no step's cgroup is in it (a step running elsewhere
