@@ -324,7 +324,7 @@ func newNetNS() (*os.File, error) {
 			ch <- result{nil, err}
 			return
 		}
-		if err := loUp(); err != nil {
+		if err := loopbackUp(); err != nil { // checkpoint_linux.go
 			f.Close()
 			ch <- result{nil, fmt.Errorf("lo up: %w", err)}
 			return
@@ -333,22 +333,4 @@ func newNetNS() (*os.File, error) {
 	}()
 	r := <-ch
 	return r.f, r.err
-}
-
-// loUp brings up lo in the calling thread's network namespace.
-func loUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return err
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
 }
