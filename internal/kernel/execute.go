@@ -80,6 +80,7 @@ type execution struct {
 	holdLines    bool
 	partial      [3][]byte
 	partialTimer <-chan time.Time
+	partialSince time.Time // when the oldest held piece arrived
 	gotDone      bool
 	killed       bool // the interrupt's grace passed: the interpreter was killed
 	execErr      *agentproto.ExecError
@@ -273,7 +274,14 @@ func (x *execution) run() execState {
 			ctxDone = nil
 			x.interrupt(whyCancel)
 		case <-x.partialTimer:
-			x.flushPartial()
+			// An interpreter still running (or waiting for a CPU, on a
+			// loaded machine) is still writing the line: hold on, up
+			// to maxLineHold; one that waits (a sleep, input) is not.
+			if time.Since(x.partialSince) < maxLineHold && runnable(x.pid) {
+				x.partialTimer = time.After(lineHold)
+			} else {
+				x.flushPartial()
+			}
 		case <-x.killTimer:
 			// The grace bounds the interpreter's stop, not the
 			// forwarding of what it wrote before: output queued
@@ -406,19 +414,23 @@ func (x *execution) interrupt(reason string) {
 	x.killTimer = time.After(x.k.opt.InterruptGrace)
 }
 
-// lineHold is how long a line written in pieces may wait for its end,
-// and maxHeldLine how much of it may wait.
+// lineHold is how long a line written in pieces waits for its end while
+// the interpreter waits (sleeps, reads); maxLineHold how long while it
+// runs; maxHeldLine how much of it may wait.
 const (
 	lineHold    = 100 * time.Millisecond
+	maxLineHold = 2 * time.Second
 	maxHeldLine = 4 << 10
 )
 
 // output forwards data of a stream. R writes a printed line in pieces,
 // each flushed (print("a") writes `[1]`, ` "a"` and the newline), so that
 // a reader could see a line in several messages where E2B's kernel sends
-// one: with holdLines a last line without its newline waits up to
-// lineHold (and maxHeldLine bytes) for the rest. It is sent before any
-// result, error or the end (flushPartial).
+// one: with holdLines a last line without its newline (up to maxHeldLine
+// bytes) waits for the rest while the interpreter runs (up to
+// maxLineHold: on a loaded machine it may wait for a CPU between two
+// pieces), and lineHold once it waits (a sleep, a read). It is sent
+// before any result, error or the end (flushPartial).
 func (x *execution) output(stream int, data []byte) {
 	if !x.holdLines {
 		x.forward(stream, data)
@@ -434,7 +446,7 @@ func (x *execution) output(stream int, data []byte) {
 	if cut < len(buf) {
 		x.partial[stream] = bytes.Clone(buf[cut:])
 		if x.partialTimer == nil {
-			x.partialTimer = time.After(lineHold)
+			x.partialTimer, x.partialSince = time.After(lineHold), time.Now()
 		}
 	}
 }
@@ -448,6 +460,17 @@ func (x *execution) flushPartial() {
 		x.partial[i] = nil
 	}
 	x.partialTimer = nil
+}
+
+// runnable reports whether process pid is running or waiting for a CPU
+// (state R in /proc/PID/stat).
+func runnable(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] == 'R'
 }
 
 // forward forwards data of a stream, up to the output cap.

@@ -297,10 +297,12 @@ func TestInstalled(t *testing.T) {
 // TestRLinesWhole: R's print writes a line in three flushed pieces
 // (`[1]`, the value, the newline); each line reaches the reader as one
 // piece, as E2B's R kernel sends it (its test_r_kernel checks one stdout
-// message). A line the code leaves without its end waits at most
-// lineHold: it arrives before the rest that the code writes later, and
-// before the result that follows it. The control: the same code in bash,
-// whose lines are not held, gives the pieces as written.
+// message), also when the interpreter computes for longer than lineHold
+// between two pieces. A line the code leaves without its end while it
+// waits (a sleep) waits lineHold: it arrives before the rest that the
+// code writes later, and before the result that follows it. The control:
+// the same code in bash, whose lines are not held, gives the pieces as
+// written.
 func TestRLinesWhole(t *testing.T) {
 	t.Parallel()
 	k := start(t, "r", nil)
@@ -331,6 +333,12 @@ func TestRLinesWhole(t *testing.T) {
 	}
 	if lines != 200 {
 		t.Fatalf("%d whole lines, want 200", lines)
+	}
+	// Computing for 400 ms between the pieces (running, not waiting):
+	// still one line.
+	got = collect("cat('[1]'); t0 <- Sys.time(); while (as.numeric(Sys.time() - t0) < 0.4) NULL; cat(' busy\\n')")
+	if want := []string{"out:[1] busy\n"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("a line written around a computation: events %q, want %q", got, want)
 	}
 	// A prompt left without its end arrives on its own, before the end
 	// written 300 ms later; a partial line comes before the value.
