@@ -470,8 +470,7 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	}
 	limits := g.Limits
 	opt.Timeout = g.Timeout
-	env, err := envList(opt.Env)
-	if err != nil {
+	if _, err := envList(opt.Env); err != nil { // refused before anything starts
 		return nil, err
 	}
 	rootfs, err := m.cfg.Templates.RootFS(opt.Template)
@@ -549,7 +548,7 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	m.mu.Unlock()
 
 	spec := runtime.Spec{
-		ID: s.ID, Template: opt.Template, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: append(threadEnv(limits, opt.Env), env...),
+		ID: s.ID, Template: opt.Template, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: sandboxEnv(start.Env, limits, opt.Env),
 		WritablePaths: opt.Policy.WritablePaths(), Runtime: opt.Runtime, Volumes: runtimeVolumes(opt.Volumes),
 		Devices: s.devices, GPUs: s.gpuCount(m),
 		// What waitAgent's ping says, from the start (runtime.Spec.Lifetime).

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	goruntime "runtime"
@@ -546,7 +547,7 @@ func (p *pool) start(k poolKey, node string) (*Sandbox, error) {
 	// Logged before the runtime makes anything: a member whose engine
 	// dies before it is ready is still named in some log.
 	m.log.Info("warm pool: starting a member", "sandbox", s.ID, "template", tmpl, "node", node)
-	inst, err := m.cfg.Runtime.Create(p.ctx, runtimeSpec(s, rootfs, p.lease()))
+	inst, err := m.cfg.Runtime.Create(p.ctx, runtimeSpec(s, rootfs, start.Env, p.lease()))
 	close(s.created)
 	if err != nil {
 		return nil, fmt.Errorf("create: %w", err)
@@ -587,9 +588,50 @@ func (p *pool) start(k poolKey, node string) (*Sandbox, error) {
 // replica killed while the member's Pod started) ends at the lease's end
 // like any other, and the collectors, which spare live warm members,
 // then take it.
-func runtimeSpec(s *Sandbox, rootfs string, lease time.Duration) runtime.Spec {
-	return runtime.Spec{ID: s.ID, Template: s.Template, RootFS: rootfs, Limits: s.Limits, ReadOnly: s.ReadOnly, Env: threadEnv(s.Limits, nil),
+func runtimeSpec(s *Sandbox, rootfs string, tmplEnv []string, lease time.Duration) runtime.Spec {
+	return runtime.Spec{ID: s.ID, Template: s.Template, RootFS: rootfs, Limits: s.Limits, ReadOnly: s.ReadOnly, Env: sandboxEnv(tmplEnv, s.Limits, nil),
 		Pool: true, Node: s.node, Lifetime: lease + lifetimeGrace}
+}
+
+// sandboxEnv is the environment a sandbox's agent starts with, and so
+// every process in it: the template's ENV (tmpl, "K=V"), the thread pools'
+// and memory's (threadEnv) where neither the template nor the create set
+// them, then the create's own variables; each name once, the create's
+// over the template's. (A name given twice would be read as its first
+// value by glibc's getenv and Go's, its last by others.)
+func sandboxEnv(tmpl []string, l runtime.Limits, user map[string]string) []string {
+	set := map[string]string{}
+	var order []string
+	add := func(k, v string) {
+		if _, ok := set[k]; !ok {
+			order = append(order, k)
+		}
+		set[k] = v
+	}
+	for _, kv := range tmpl {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			add(k, v)
+		}
+	}
+	given := maps.Clone(user)
+	if given == nil {
+		given = map[string]string{}
+	}
+	for k, v := range set {
+		given[k] = v
+	}
+	for _, kv := range threadEnv(l, given) {
+		k, v, _ := strings.Cut(kv, "=")
+		add(k, v)
+	}
+	for _, k := range slices.Sorted(maps.Keys(user)) {
+		add(k, user[k])
+	}
+	out := make([]string, len(order))
+	for i, k := range order {
+		out[i] = k + "=" + set[k]
+	}
+	return out
 }
 
 // threadVars size the thread pools of numerical libraries.

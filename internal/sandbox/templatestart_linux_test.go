@@ -206,3 +206,55 @@ func TestTemplateStartNeverReady(t *testing.T) {
 		}
 	}
 }
+
+// TestTemplateEnv: a Dockerfile's ENV is in every process of the
+// template's sandboxes, code included, cold or from the pool: a variable
+// of its own, and one of the numerical libraries' thread counts, which
+// the engine sets only where the template (or the create) does not; a
+// create's own variable of the same name wins. The control: the python
+// template's sandbox has none of it.
+func TestTemplateEnv(t *testing.T) {
+	data, runner := dockerfileDataDir(t)
+	src := "FROM python\nENV GREETING=from-template OMP_NUM_THREADS=3\n"
+	if _, err := template.BuildDockerfile(context.Background(), []byte(src), template.DockerfileOptions{
+		DataDir: data, Name: "envy", UIDShift: oci.DefaultIDMap.HostID, Runner: runner,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m := runcEngine(t, func(c *sandbox.Config) {
+		c.Templates = builtTemplates{data}
+		c.PoolTemplates, c.PoolSize = []string{"envy"}, 1
+		c.DefaultLimits.CPUs = 1
+	})
+	const probe = "import os, subprocess\n(os.environ.get('GREETING'), os.environ.get('OMP_NUM_THREADS'), subprocess.run(['sh', '-c', 'echo $GREETING'], capture_output=True, text=True).stdout.strip())"
+	waitPooled := func() {
+		deadline := time.Now().Add(2 * time.Minute)
+		for m.PoolStats().Ready < 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("the pool did not fill: %+v", m.PoolStats())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		opt    sandbox.CreateOptions
+		pooled bool
+		want   string
+	}{
+		{"pool hit", sandbox.CreateOptions{Template: "envy"}, true, "('from-template', '3', 'from-template')"},
+		{"cold, the create's own", sandbox.CreateOptions{Template: "envy", Env: map[string]string{"GREETING": "from-create"}}, false, "('from-create', '3', 'from-create')"},
+		{"control: python", sandbox.CreateOptions{Template: "python", Env: map[string]string{"X": "1"}}, false, "(None, '1', '')"},
+	} {
+		if tc.pooled {
+			waitPooled()
+		}
+		s := newSandbox(t, m, tc.opt)
+		if s.FromPool() != tc.pooled {
+			t.Fatalf("%s: pooled %v", tc.name, s.FromPool())
+		}
+		if got := mainText(run(t, s, "python", probe)); got != tc.want {
+			t.Fatalf("%s: %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
