@@ -283,6 +283,12 @@ func (s *Sandbox) runTemplateStart(ctx context.Context, st TemplateStart, timeou
 		}
 		select {
 		case e := <-exited:
+			if e.err == nil && e.done.Signal == 0 && e.done.ExitCode != nil && *e.done.ExitCode == 0 {
+				// A command that did its work and ended (E2B's start
+				// commands may: `touch /tmp/ready`): the check decides.
+				exited = nil
+				continue
+			}
 			return ended1(e)
 		case <-ctx.Done():
 			select {

@@ -170,18 +170,30 @@ func notReady(t *testing.T, m *sandbox.Manager, err error, reason string, want .
 	}
 }
 
-// TestTemplateStartDies: a start command that ends before its ready
-// check holds fails the create at once with ERR_TEMPLATE_NOT_READY, its
-// exit status and last output, and leaves nothing (runcEngine's cleanup:
-// no container, cgroup, mount or state). Control: the same command that
-// does not die makes a sandbox.
+// TestTemplateStartDies: a start command that fails (a status other than
+// 0) before its ready check holds fails the create at once with
+// ERR_TEMPLATE_NOT_READY, its exit status and last output, and leaves
+// nothing (runcEngine's cleanup: no container, cgroup, mount or state).
+// One that ends with 0 has done its work: the check decides (E2B's
+// `set_start_cmd("touch /tmp/started", "[ -f /tmp/started ]")`), and
+// the create waits for it; ended with 0 and never ready, it is the
+// timeout's. Control: the failing command's server that does not die
+// makes a sandbox.
 func TestTemplateStartDies(t *testing.T) {
 	m := startEngine2(t, time.Minute, map[string]sandbox.TemplateStart{
-		"dies":    {Command: "echo starting-up; echo cannot-bind >&2; exit 3", Ready: "port:5173"},
-		"control": {Command: "echo starting-up; exec python3 -m http.server 5173", Ready: "port:5173"},
+		"dies":     {Command: "echo starting-up; echo cannot-bind >&2; exit 3", Ready: "port:5173"},
+		"control":  {Command: "echo starting-up; exec python3 -m http.server 5173", Ready: "port:5173"},
+		"one-shot": {Command: "sleep 0.2; touch /tmp/started", Ready: "cmd:[ -f /tmp/started ]"},
 	})
+	one := newSandbox(t, m, sandbox.CreateOptions{Template: "one-shot"})
+	m.Kill(context.Background(), one.ID)
+	short := startEngine2(t, 2*time.Second, map[string]sandbox.TemplateStart{
+		"no-show": {Command: "echo done-early", Ready: "cmd:[ -f /tmp/never ]"},
+	})
+	_, err := short.Create(context.Background(), sandbox.CreateOptions{Template: "no-show"})
+	notReady(t, short, err, "timeout", "[ -f /tmp/never ]", "done-early")
 	began := time.Now()
-	_, err := m.Create(context.Background(), sandbox.CreateOptions{Template: "dies"})
+	_, err = m.Create(context.Background(), sandbox.CreateOptions{Template: "dies"})
 	notReady(t, m, err, "exited", "exit 3", "cannot-bind", "starting-up")
 	if took := time.Since(began); took > 20*time.Second {
 		t.Errorf("the failure took %s: it waited for the timeout", took)
