@@ -453,7 +453,7 @@ func (w *batchWorker) execute(ctx context.Context, sb *sandbox.Sandbox, code str
 		Timeout: time.Duration(b.TimeoutMS) * time.Millisecond}
 	rec := s.recordExecution(ctx, sb.ID, b.Owner, req.ID, lang.Python, code)
 	ex, err := sb.Execute(ctx, req, nil)
-	rec.End(ex, err)
+	rec.EndWritten(ex, err) // before the item's result: a crash between them repeats the item, never loses its run
 	if err != nil {
 		ae := apierr.From(err)
 		if ae.Code == apierr.RateLimited || ae.Code == apierr.SessionQuotaExceeded {

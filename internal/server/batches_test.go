@@ -26,6 +26,7 @@ import (
 	"github.com/sheepfold/sheepfold/internal/runtime/fake"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
 	"github.com/sheepfold/sheepfold/internal/server"
+	"github.com/sheepfold/sheepfold/internal/store"
 	"github.com/sheepfold/sheepfold/internal/store/sqlite"
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
@@ -517,6 +518,54 @@ func TestBatchCredits(t *testing.T) {
 	if b := run(t, 100_000_000, "worker"); b["status"] != "done" || b["done"] != float64(10) {
 		t.Fatalf("control: %v", b)
 	}
+}
+
+// TestBatchResultAfterItsRecord: a batch item's result is stored only
+// once its execution's record is: while the record's write is held, the
+// item has ended (its final record is being written) and no result is
+// there; a crash then repeats the item rather than leave a result
+// without the run that made it (the bug: TestBatchKill9 counted an item
+// with a result and no execution). Released, the batch ends done.
+func TestBatchResultAfterItsRecord(t *testing.T) {
+	gate := make(chan struct{})
+	finals := make(chan string, 4)
+	e := newEnvStore(t, server.Config{}, testLog(t), func(db *sqlite.DB) store.Store {
+		return &recordingStore{DB: db, gate: gate, writes: map[string][]string{}, entered: func(ex store.Execution) {
+			if ex.Status != store.ExecutionRunning {
+				finals <- ex.ID
+			}
+		}}
+	})
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(gate)
+		}
+	}
+	t.Cleanup(release)
+	r := e.do("POST", "/v1/batches", e.keyA, map[string]any{"code": "handler = len\n", "inputs": lenInputs(1)})
+	want(t, r, http.StatusCreated, "")
+	id := r.json(t)["id"].(string)
+	select {
+	case <-finals:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the item's execution never ended")
+	}
+	// The record is held; a result stored without waiting for it would be
+	// there at once.
+	for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		res := e.do("GET", "/v1/batches/"+id+"/results", e.keyA, nil)
+		want(t, res, http.StatusOK, "")
+		if strings.Contains(string(res.body), `"index"`) {
+			t.Fatalf("a result was stored before its execution's record: %s", res.body)
+		}
+	}
+	release()
+	if b := waitBatch(t, func() resp { return e.do("GET", "/v1/batches/"+id, e.keyA, nil) }, ended); b["status"] != "done" {
+		t.Fatalf("after the record: %v", b)
+	}
+	waitEngineEmpty(t, e)
 }
 
 // TestBatchRefusedWithoutCredits: a batch of an account whose credits

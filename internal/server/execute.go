@@ -192,8 +192,16 @@ func (er *executionRecord) Event(ev agentproto.Event) {
 }
 
 // End records how the execution ended: its outcome, or the error that
-// ended it without one (e2b.RecordedExecution).
-func (er *executionRecord) End(ex *sandbox.Execution, err error) {
+// ended it without one (e2b.RecordedExecution). The write runs beside
+// the reply.
+func (er *executionRecord) End(ex *sandbox.Execution, err error) { er.end(ex, err, false) }
+
+// EndWritten is End that returns once the record is written: for a
+// caller that stores what the execution made next (a batch item's
+// result), which must never stand without the execution's record.
+func (er *executionRecord) EndWritten(ex *sandbox.Execution, err error) { er.end(ex, err, true) }
+
+func (er *executionRecord) end(ex *sandbox.Execution, err error, wait bool) {
 	rec := er.rec
 	switch {
 	case err != nil:
@@ -210,6 +218,10 @@ func (er *executionRecord) End(ex *sandbox.Execution, err error) {
 			<-er.started
 		}
 		er.write(rec)
+	}
+	if wait {
+		end()
+		return
 	}
 	pw := er.s.records.begin(rec.Owner)
 	if pw == nil {

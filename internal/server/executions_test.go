@@ -136,12 +136,16 @@ func TestMetricsSummary(t *testing.T) {
 // recordingStore is the store with its execution records' writes noted.
 type recordingStore struct {
 	*sqlite.DB
-	gate   chan struct{} // when not nil, a write waits for it to close
-	mu     sync.Mutex
-	writes map[string][]string // execution id → the statuses written, in order
+	gate    chan struct{}         // when not nil, a write waits for it to close
+	entered func(store.Execution) // when not nil, told of every write as it begins
+	mu      sync.Mutex
+	writes  map[string][]string // execution id → the statuses written, in order
 }
 
 func (s *recordingStore) AddExecution(ctx context.Context, e store.Execution) error {
+	if s.entered != nil {
+		s.entered(e)
+	}
 	if s.gate != nil {
 		<-s.gate
 	}
