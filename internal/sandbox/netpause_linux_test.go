@@ -20,6 +20,7 @@ import (
 // gateways see w's world.
 func netPauseEngine(t *testing.T, w *egressWorld) *sandbox.Manager {
 	t.Helper()
+	testutil.SkipUnderGVisor(t, "no checkpoint under gVisor: pause is refused (TestGVisorSandbox)")
 	dir := testutil.ShortTempDir(t)
 	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
