@@ -275,14 +275,11 @@ func TestBatchCancel(t *testing.T) {
 	}
 }
 
-// TestBatchAccountLimit: a batch's items are sandboxes of its account:
-// at concurrency 6 under an account cap of 2 sandboxes at once, never
-// more than 2 items run together, and the batch still ends (refused
-// creates wait for a slot); the same with reuse "worker" (workers that
-// hold a sandbox each). The control, without the cap, sees more.
-func TestBatchAccountLimit(t *testing.T) {
-	code := func(dir string) string {
-		return fmt.Sprintf(`import os, time, uuid
+// concurrentHandler is a batch handler that counts the items running
+// beside it: each holds a file in dir for 0.3 s and returns how many
+// files it saw there.
+func concurrentHandler(dir string) string {
+	return fmt.Sprintf(`import os, time, uuid
 def handler(item):
     p = os.path.join(%q, uuid.uuid4().hex)
     open(p, "w").close()
@@ -291,7 +288,15 @@ def handler(item):
     os.remove(p)
     return n
 `, dir, dir)
-	}
+}
+
+// TestBatchAccountLimit: a batch's items are sandboxes of its account:
+// at concurrency 6 under an account cap of 2 sandboxes at once, never
+// more than 2 items run together, and the batch still ends (refused
+// creates wait for a slot); the same with reuse "worker" (workers that
+// hold a sandbox each). The control, without the cap, sees more.
+func TestBatchAccountLimit(t *testing.T) {
+	code := concurrentHandler
 	most := func(t *testing.T, cfg server.Config, reuse string) (int, map[string]any) {
 		e := newEnv(t, cfg)
 		dir := t.TempDir()

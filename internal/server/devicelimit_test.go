@@ -63,17 +63,7 @@ func TestAccountDeviceLimit(t *testing.T) {
 // items hold GPUs at once.
 func TestBatchDeviceLimit(t *testing.T) {
 	t.Parallel()
-	code := func(dir string) string {
-		return fmt.Sprintf(`import os, time, uuid
-def handler(item):
-    p = os.path.join(%q, uuid.uuid4().hex)
-    open(p, "w").close()
-    time.sleep(0.3)
-    n = len(os.listdir(%q))
-    os.remove(p)
-    return n
-`, dir, dir)
-	}
+	code := concurrentHandler
 	most := func(t *testing.T, limit int) int {
 		e := newEnv(t, server.Config{})
 		e.rt.DeviceList = fourGPUs()
