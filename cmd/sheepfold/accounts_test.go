@@ -26,16 +26,21 @@ func runCLI(t *testing.T, dataDir string, args ...string) (string, error) {
 	return out.String(), err
 }
 
-func TestAccountsCLI(t *testing.T) {
-	dir := t.TempDir() + "/data"
-	mustRun := func(args ...string) string {
+// mustRunCLI is runCLI against dataDir that fails t on an error.
+func mustRunCLI(t *testing.T, dataDir string) func(args ...string) string {
+	return func(args ...string) string {
 		t.Helper()
-		out, err := runCLI(t, dir, args...)
+		out, err := runCLI(t, dataDir, args...)
 		if err != nil {
 			t.Fatalf("%v: %v\n%s", args, err, out)
 		}
 		return out
 	}
+}
+
+func TestAccountsCLI(t *testing.T) {
+	dir := t.TempDir() + "/data"
+	mustRun := mustRunCLI(t, dir)
 	mustRun("accounts", "create", "team", "--max-sandboxes", "2", "--credits", "10")
 	if _, err := runCLI(t, dir, "accounts", "create", "team"); err == nil || !strings.Contains(err.Error(), "exists already") {
 		t.Fatalf("a second team: %v", err)
@@ -116,14 +121,7 @@ func keyLine(t *testing.T, dir string) string {
 // without a runtime and a malformed name are refused.
 func TestAccountsRuntimeCLI(t *testing.T) {
 	dir := t.TempDir() + "/data"
-	mustRun := func(args ...string) string {
-		t.Helper()
-		out, err := runCLI(t, dir, args...)
-		if err != nil {
-			t.Fatalf("%v: %v\n%s", args, err, out)
-		}
-		return out
-	}
+	mustRun := mustRunCLI(t, dir)
 	mustRun("accounts", "create", "team")
 	if out := mustRun("accounts", "show", "team"); !strings.Contains(out, "runtime:  the server's default") {
 		t.Fatalf("show of a new account:\n%s", out)

@@ -76,22 +76,7 @@ func TestHostCheckRunsNothing(t *testing.T) {
 	hostPython(t)
 	t.Parallel()
 	dir := t.TempDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan struct{}, 8)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-			accepted <- struct{}{}
-		}
-	}()
+	ln, accepted := testutil.ClosingListener(t, "127.0.0.1:0")
 	marker := filepath.Join(dir, "ran")
 	code := fmt.Sprintf("import socket\nopen(%q, 'w').write('x')\nsocket.create_connection(('127.0.0.1', %d)).close()\n"+
 		"def helper(x=open(%q + '2', 'w')):\n    pass\n@print\ndef other(x): pass\n", marker, ln.Addr().(*net.TCPAddr).Port, marker)
@@ -160,20 +145,7 @@ sys.stdout.write(" ".join(done) + "\n")
 func TestHostCheckConfinement(t *testing.T) {
 	hostPython(t)
 	t.Parallel()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	ln, _ := testutil.ClosingListener(t, "127.0.0.1:0")
 	port := ln.Addr().(*net.TCPAddr).Port
 	for _, c := range []struct {
 		name string

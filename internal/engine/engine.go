@@ -59,7 +59,7 @@ func Open(ctx context.Context, cfg config.Config, instance string, idle time.Dur
 	// state: they are their memory, which a pause frees.
 	checkpoints := func(c *sandbox.Config) { c.CheckpointDir = filepath.Join(cfg.DataDir, "checkpoints") }
 	uses := &templateUses{held: map[string]func(){}}
-	e, err := open(ctx, rt, templates{dataDir: cfg.DataDir, uses: uses}, idle, log, append([]func(*sandbox.Config){checkpoints}, opts...))
+	e, err := open(ctx, rt, templates{dataDir: cfg.DataDir, uses: uses, infos: new(template.Cache)}, idle, log, append([]func(*sandbox.Config){checkpoints}, opts...))
 	if err != nil {
 		uses.releaseAll()
 		return nil, err
@@ -71,14 +71,16 @@ func Open(ctx context.Context, cfg config.Config, instance string, idle time.Dur
 // templates are the data dir's, with the runtime each may name
 // (sandbox.TemplateRuntimes) and the devices each asks for
 // (sandbox.TemplateDevices); each one a sandbox starts on is held
-// (templateUses) until the engine closes.
+// (templateUses) until the engine closes. A create asks all four
+// questions of its template: infos reads its template.json once.
 type templates struct {
 	dataDir string
 	uses    *templateUses
+	infos   *template.Cache
 }
 
 func (t templates) RootFS(name string) (string, error) {
-	info, err := template.Get(t.dataDir, name)
+	info, err := t.infos.Get(t.dataDir, name)
 	if err != nil {
 		return "", err
 	}
@@ -86,7 +88,7 @@ func (t templates) RootFS(name string) (string, error) {
 }
 
 func (t templates) Devices(name string) (int, []string) {
-	info, err := template.Get(t.dataDir, name)
+	info, err := t.infos.Get(t.dataDir, name)
 	if err != nil {
 		return 0, nil // the create's RootFS says why
 	}
@@ -94,7 +96,7 @@ func (t templates) Devices(name string) (int, []string) {
 }
 
 func (t templates) Runtime(name string) string {
-	info, err := template.Get(t.dataDir, name)
+	info, err := t.infos.Get(t.dataDir, name)
 	if err != nil {
 		return "" // the create's RootFS says why
 	}
@@ -104,7 +106,7 @@ func (t templates) Runtime(name string) string {
 // StartOf is the start command and ready check of template name's
 // sandboxes (sandbox.TemplateStarts), with its USER, WORKDIR and ENV.
 func (t templates) StartOf(name string) (sandbox.TemplateStart, error) {
-	info, err := template.Get(t.dataDir, name)
+	info, err := t.infos.Get(t.dataDir, name)
 	if err != nil {
 		return sandbox.TemplateStart{}, err
 	}

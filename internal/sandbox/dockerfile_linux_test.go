@@ -119,22 +119,7 @@ func TestDockerfileRunNoNetwork(t *testing.T) {
 	data, runner := dockerfileDataDir(t)
 	var addrs []string
 	for _, host := range []string{"127.0.0.1", externalIPv4(t)} {
-		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		accepted := make(chan struct{}, 16)
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				accepted <- struct{}{}
-				c.Close()
-			}
-		}()
+		ln, accepted := testutil.ClosingListener(t, net.JoinHostPort(host, "0"))
 		// Control: reachable from the host.
 		c, err := net.DialTimeout("tcp", ln.Addr().String(), 2*time.Second)
 		if err != nil {

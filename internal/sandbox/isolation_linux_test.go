@@ -101,20 +101,7 @@ func TestIsolation(t *testing.T) {
 	}
 	defer os.Remove(marker)
 	dataDir := testutil.DataDir()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	ln, _ := testutil.ClosingListener(t, "127.0.0.1:0")
 	port := ln.Addr().(*net.TCPAddr).Port
 	mnt := t.TempDir()
 

@@ -55,20 +55,28 @@ func tarOf(t *testing.T, entries ...tarEntry) []byte {
 	return buf.Bytes()
 }
 
+// newBuildEnv is a server whose data dir holds a built template called
+// base (a passwd file, shifted by 1000), for builds whose steps run
+// nothing (noRunner); and its data dir.
+func newBuildEnv(t *testing.T, base string) (*env, string) {
+	t.Helper()
+	data := t.TempDir()
+	dir := filepath.Join(data, "templates", base)
+	testutil.WriteTree(t, filepath.Join(dir, "rootfs"), map[string]string{"etc/passwd": "root:x:0:0::/root:/bin/sh\n"})
+	info, _ := json.Marshal(template.Info{Name: base, Suite: "bookworm", Version: template.FormatVersion, UIDShift: 1000})
+	if err := os.WriteFile(filepath.Join(dir, "template.json"), info, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return newEnv(t, server.Config{DataDir: data, TemplateRunner: noRunner{}, TemplateUIDShift: 1000}), data
+}
+
 // TestTemplateBuildAPI: admin keys build a template from a Dockerfile in
 // a context tar, poll it to its end and read its log; GET /v1/templates
 // lists it; other keys may list but not build; a bad Dockerfile is a 400
 // naming its line; a tar entry cannot land outside the context.
 func TestTemplateBuildAPI(t *testing.T) {
 	testutil.RequireRoot(t)
-	data := t.TempDir()
-	base := filepath.Join(data, "templates", "base")
-	testutil.WriteTree(t, filepath.Join(base, "rootfs"), map[string]string{"etc/passwd": "root:x:0:0::/root:/bin/sh\n"})
-	info, _ := json.Marshal(template.Info{Name: "base", Suite: "bookworm", Version: template.FormatVersion, UIDShift: 1000})
-	if err := os.WriteFile(filepath.Join(base, "template.json"), info, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, server.Config{DataDir: data, TemplateRunner: noRunner{}, TemplateUIDShift: 1000})
+	e, data := newBuildEnv(t, "base")
 	admin := e.adminKey()
 	ctxTar := tarOf(t,
 		tarEntry{name: "Dockerfile", body: "FROM base\nENV A=1\nCOPY app.py /opt/app.py\nLABEL sheepfold.start=\"python3 /opt/app.py\"\n"},
@@ -204,14 +212,7 @@ func TestTemplateBuildRegistryNotAllowed(t *testing.T) {
 // (control: the right token's upload is taken and the build is ready).
 func TestE2BTemplateBuildAPI(t *testing.T) {
 	testutil.RequireRoot(t)
-	data := t.TempDir()
-	base := filepath.Join(data, "templates", "python")
-	testutil.WriteTree(t, filepath.Join(base, "rootfs"), map[string]string{"etc/passwd": "root:x:0:0::/root:/bin/sh\n"})
-	info, _ := json.Marshal(template.Info{Name: "python", Suite: "bookworm", Version: template.FormatVersion, UIDShift: 1000})
-	if err := os.WriteFile(filepath.Join(base, "template.json"), info, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	e := newEnv(t, server.Config{DataDir: data, TemplateRunner: noRunner{}, TemplateUIDShift: 1000})
+	e, data := newBuildEnv(t, "python")
 	ctx := context.Background()
 	_, admin, err := auth.Create(ctx, e.store, auth.CreateOptions{Name: "a", Admin: true, E2B: true})
 	if err != nil {

@@ -345,5 +345,23 @@ func writeInfo(dir string, info Info) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(dir, infoFile), append(b, '\n'), 0o644)
+	// A new file renamed into place: a reader never sees half of it, and
+	// a Cache sees a new inode.
+	tmp, err := os.CreateTemp(dir, infoFile+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // after the rename, nothing
+	if _, err := tmp.Write(append(b, '\n')); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), filepath.Join(dir, infoFile))
 }

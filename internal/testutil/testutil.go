@@ -1,6 +1,7 @@
 // Package testutil holds helpers shared by tests: root gating, a log
 // buffer goroutines share (Buffer), files laid out for a test (WriteTree),
-// a value awaited on a channel (Receive), the agent built once per source
+// a value awaited on a channel (Receive), a port that only accepts and
+// closes (ClosingListener), the agent built once per source
 // (AgentBin, agentbin.go), and finding the runtime and templates that
 // privileged tests need. As root (as in CI) a
 // missing runtime or template fails the test; it never skips silently.

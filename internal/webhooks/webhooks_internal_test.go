@@ -10,6 +10,7 @@ import (
 
 	"github.com/sheepfold/sheepfold/internal/policy"
 	"github.com/sheepfold/sheepfold/internal/store"
+	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
 // testHooks returns a webhook dialler over the operator's rules, whose
@@ -34,20 +35,7 @@ func testHooks(t *testing.T, hosts, cidrs []string, answer *[]string) *Service {
 // listen is a loopback listener that accepts (and closes) connections.
 func listen(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	ln, _ := testutil.ClosingListener(t, "127.0.0.1:0")
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	return port
 }

@@ -1,0 +1,76 @@
+package template
+
+import (
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Cache is Get for a caller that asks often: a create asks for its
+// template's root, runtime, devices and start command, and reads
+// template.json once, not once a question. An entry holds while the file
+// is the one it was read from (device, inode, size and mtime), so a
+// rebuild, which renames a new file into place, or a removal is seen at
+// the next call. The Infos it returns are shared: callers must not modify
+// their slices or maps. The zero Cache is ready to use.
+type Cache struct {
+	// mu guards infos.
+	mu    sync.Mutex
+	infos map[string]cachedInfo // by dataDir and name
+}
+
+type cachedInfo struct {
+	id   fileID
+	info Info
+}
+
+// fileID tells one version of a file from another.
+type fileID struct {
+	dev, ino uint64
+	size     int64
+	mtime    time.Time
+}
+
+// Get is the package's Get, from the cache when template.json has not
+// changed since it was last read.
+func (c *Cache) Get(dataDir, name string) (Info, error) {
+	if err := validName(name); err != nil {
+		return Info{}, err
+	}
+	dir := filepath.Join(templatesDir(dataDir), name)
+	key := filepath.Join(dir, infoFile)
+	id, ok := statID(key)
+	if ok {
+		c.mu.Lock()
+		e, hit := c.infos[key]
+		c.mu.Unlock()
+		if hit && e.id == id {
+			return e.info, nil
+		}
+	}
+	info, err := readInfo(dir, name)
+	if err != nil || !ok {
+		return info, err
+	}
+	c.mu.Lock()
+	if c.infos == nil {
+		c.infos = map[string]cachedInfo{}
+	}
+	c.infos[key] = cachedInfo{id: id, info: info}
+	c.mu.Unlock()
+	return info, nil
+}
+
+func statID(path string) (fileID, bool) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileID{}, false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileID{}, false
+	}
+	return fileID{dev: uint64(st.Dev), ino: st.Ino, size: fi.Size(), mtime: fi.ModTime()}, true
+}
