@@ -160,8 +160,11 @@ type benchResults struct {
 	Notes      []string           `json:"notes,omitempty"`
 	PoolStats  *client.PoolStats  `json:"pool_stats,omitempty"`
 	Breakdown  map[string]stat    `json:"breakdown,omitempty"` // the ticket's steps, the pool hit's two parts
-	order      []string           // scenario print order
-	baseOrder  []string           // baseline print order
+	// Overhead is the cost of file reads and computation inside a
+	// sandbox, against the host's (overhead.go).
+	Overhead  []overheadRow `json:"sandbox_overhead,omitempty"`
+	order     []string      // scenario print order
+	baseOrder []string      // baseline print order
 }
 
 // Run runs the bench and prints its results.
@@ -225,7 +228,8 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		}
 	}
 	c := client.New(url, key, client.WithHTTPClient(hc), client.WithUserAgent("sheepfold-bench"))
-	b := &bencher{c: c, res: res, o: o, instance: instance, model: model, url: url, key: key}
+	b := &bencher{c: c, res: res, o: o, instance: instance, model: model, url: url, key: key, serveLog: serveLog}
+	defer b.stopGVisor()
 	if v, err := c.Version(ctx); err != nil {
 		return fmt.Errorf("server at %s: %w", url, err)
 	} else if v.Pool != nil {
@@ -241,6 +245,7 @@ func Run(ctx context.Context, cfg config.Config, o Options) error {
 		{"warm 1+1, full policy against none", b.policyCost},
 		{"warm 1+1, accounting against none", b.accountingCost(cfg)},
 		{"gvisor: create, pool hit and warm 1+1 against runc", b.gvisorRatio(cfg)},
+		{"inside the sandbox: file reads and compute, host, runc and gvisor", b.sandboxOverhead(cfg)},
 		{"Black-Friday ticket", b.blackFriday},
 		{"chat completion relay", b.relayOverhead},
 		{"Black-Friday tickets via sessions", b.sessionTicketsRun},
@@ -509,6 +514,12 @@ type bencher struct {
 	instance string          // the engine instance of a server the bench started
 	model    *llmtest.Server // the scripted model of a server the bench started; nil otherwise
 	url, key string
+	// gv is the bencher of a second server whose sandboxes run under
+	// gVisor, started by the first step that needs it (gvisorServer) and
+	// stopped by Run.
+	gv *gvisorBench
+	// serveLog is the log of a server the bench started ("" otherwise).
+	serveLog string
 }
 
 func (b *bencher) record(name string, ms []float64) {
@@ -653,61 +664,6 @@ func (b *bencher) warmRoundTrip(ctx context.Context) error {
 	}
 	b.record("warm 1+1 over HTTP", ms)
 	return nil
-}
-
-// gvisorRatio measures the pool hit, the pool miss (a create) and warm
-// 1+1 on a second server whose sandboxes run under gVisor (serve
-// --default-runtime gvisor), records them as "gvisor: " scenarios and notes each
-// one's ratio to runc's (measured first where this run has not yet).
-func (b *bencher) gvisorRatio(cfg config.Config) func(ctx context.Context) error {
-	return func(ctx context.Context) error {
-		if cfg.RunscPath == "" {
-			b.res.Notes = append(b.res.Notes, "no runsc (make setup builds it): no gVisor figures")
-			return nil
-		}
-		if b.instance == "" {
-			b.res.Notes = append(b.res.Notes, "gVisor figures need a server the bench starts (no --url)")
-			return nil
-		}
-		scenarios := []struct {
-			name string
-			run  func(*bencher) func(context.Context) error
-		}{
-			{"create→print(1) pool hit", func(x *bencher) func(context.Context) error { return x.createHit }},
-			{"create→print(1) pool miss", func(x *bencher) func(context.Context) error { return x.createMiss }},
-			{"warm 1+1 over HTTP", func(x *bencher) func(context.Context) error { return x.warmRoundTrip }},
-		}
-		for _, sc := range scenarios {
-			if _, ok := b.res.Scenarios[sc.name]; !ok {
-				if err := sc.run(b)(ctx); err != nil {
-					return fmt.Errorf("runc %s: %w", sc.name, err)
-				}
-			}
-		}
-		srv, err := startBenchServer(ctx, cfg, max(b.o.Pool, 1), "-gvisor", "--default-runtime", "gvisor")
-		if err != nil {
-			return err
-		}
-		defer srv.stop()
-		g := &bencher{c: client.New(srv.url, srv.key, client.WithUserAgent("sheepfold-bench")), o: b.o, instance: srv.instance,
-			url: srv.url, key: srv.key, res: &benchResults{Scenarios: map[string]stat{}, Breakdown: map[string]stat{}, Baselines: map[string]stat{}}}
-		for _, sc := range scenarios {
-			if err := sc.run(g)(ctx); err != nil {
-				return fmt.Errorf("gvisor %s: %w", sc.name, err)
-			}
-			gs, rs := g.res.Scenarios[sc.name], b.res.Scenarios[sc.name]
-			b.res.Scenarios["gvisor: "+sc.name] = gs
-			b.res.order = append(b.res.order, "gvisor: "+sc.name)
-			if rs.P50 > 0 {
-				b.res.Notes = append(b.res.Notes, fmt.Sprintf("%s p50: gvisor %.2f ms / runc %.2f ms = %.2f×", sc.name, gs.P50, rs.P50, gs.P50/rs.P50))
-			}
-		}
-		for k, v := range g.res.Breakdown {
-			b.res.Breakdown["gvisor: "+k] = v
-		}
-		b.res.Notes = append(b.res.Notes, g.res.Notes...)
-		return nil
-	}
 }
 
 // benchPolicy is the full policy of the policy-cost scenario: import
@@ -1090,6 +1046,13 @@ func (r *benchResults) evaluate() {
 		add("warm 1+1 p50", s.P50, 3, "ms", true)
 		add("warm 1+1 p99", s.P99, 10, "ms", true)
 	}
+	// Issue 32's must-hold ratios, on the paired series (gvisor.go).
+	if rs, gs := r.Scenarios[benchHitRuncPaired], r.Scenarios[benchHitGVisorPaired]; rs.P50 > 0 && gs.N > 0 {
+		add("gvisor pool hit / runc's, p50 (paired)", gs.P50/rs.P50, 2, "×", true)
+	}
+	if rs, gs := r.Scenarios[benchWarmRuncPaired], r.Scenarios[benchWarmGVisorPaired]; rs.P50 > 0 && gs.N > 0 {
+		add("gvisor warm 1+1 / runc's, p50 (paired)", gs.P50/rs.P50, 1.5, "×", true)
+	}
 	if s, ok := r.Scenarios["Black-Friday ticket, pool hit"]; ok {
 		add("Black-Friday ticket p50", s.P50, 150, "ms", true)
 	}
@@ -1213,6 +1176,7 @@ func (r *benchResults) print(w io.Writer) {
 		}
 		tw.Flush()
 	}
+	printOverhead(w, r.Overhead)
 	printBursts(w, r.Bursts)
 	if d := r.Density; d != nil {
 		fmt.Fprintf(w, "\nmemory per idle sandbox (cgroup, median of %d): %.1f MiB without a kernel, %.1f MiB with python, %.1f MiB as a pool member (pandas, numpy, matplotlib)\n",
