@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# bench-pair.sh A B [N]: the pool miss (create with a sandbox-wide env var,
+# bench-pair.sh A B [N [MODE]]: the pool miss (create with a sandbox-wide env var,
 # then print(1)) of two builds, interleaved: each of N rounds creates one
 # sandbox on each build's server, in alternating order, so that both see
-# the same load. A and B are source trees with bin/sheepfold and
+# the same load. MODE "restore" pairs issue 31's restores instead: on each
+# server one sandbox with pandas and matplotlib imported, and each round
+# pauses it and takes the first result after (the resume), snapshots it
+# and starts a sandbox from the snapshot to its first result, and forks it
+# into four. A and B are source trees with bin/sheepfold and
 # bin/sheepfold-agent built (make build; for an older commit:
 # git worktree add DIR COMMIT && make -C DIR build). Both servers use this
 # host's templates and runc; neither has anything else to do. It prints
@@ -11,8 +15,8 @@
 # On a shared machine the whole-run p50 of `sheepfold bench` moves by a
 # third between runs of one build; a paired comparison does not.
 set -euo pipefail
-[ $# -ge 2 ] || { echo "usage: $0 A B [N]" >&2; exit 2; }
-A=$(cd "$1" && pwd) B=$(cd "$2" && pwd) N=${3:-40}
+[ $# -ge 2 ] || { echo "usage: $0 A B [N [miss|restore]]" >&2; exit 2; }
+A=$(cd "$1" && pwd) B=$(cd "$2" && pwd) N=${3:-40} MODE=${4:-miss}
 DATA_DIR=${SHEEPFOLD_DATA_DIR:-/var/lib/sheepfold}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mktemp -d /tmp/sheepfold-pair-XXXXXX)
@@ -49,11 +53,11 @@ start() {
 start a "$A"
 start b "$B"
 
-PYTHONPATH=$ROOT/sdk/python /usr/bin/python3 - "$WORK" "$N" <<'PY'
+PYTHONPATH=$ROOT/sdk/python /usr/bin/python3 - "$WORK" "$N" "$MODE" <<'PY'
 import statistics, sys, time
 from sheepfold import Sandbox
 
-work, n = sys.argv[1], int(sys.argv[2])
+work, n, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 servers = {}
 for name in "ab":
     key = open(f"{work}/{name}.key").read().strip()
@@ -80,15 +84,71 @@ def miss(key, url):
     assert ex.logs.stdout == ["1\n"], ex.logs
     return (done - t) * 1000, (created - t) * 1000, (done - created) * 1000
 
+def pct(v, p):
+    v = sorted(v)
+    return v[min(len(v) - 1, len(v) * p // 100)]
+
+def restores(key, url, sb, k):
+    # Round k (from 1) of issue 31's restores on one server: the times in
+    # ms of the pause, the resume to the first result, the snapshot, the
+    # start from it to the first result and the fork of four. rounds is
+    # 41 + k after the resume.
+    ms = lambda t: (time.perf_counter() - t) * 1000
+    want = str(42 + k)
+    t = time.perf_counter()
+    sb.pause()
+    pause = ms(t)
+    t = time.perf_counter()
+    ex = sb.run_code("rounds += 1\nlen(pd.DataFrame({'a': [1]})) + rounds")
+    resume = ms(t)
+    assert ex.text == want, ex
+    name = f"pair-{time.time_ns()}"
+    t = time.perf_counter()
+    sb.create_snapshot(name)
+    snap = ms(t)
+    t = time.perf_counter()
+    c = Sandbox.create(snapshot=name, api_key=key, base_url=url)
+    ex = c.run_code("len(pd.DataFrame({'a': [1]})) + rounds")
+    start = ms(t)
+    c.kill()
+    Sandbox.delete_snapshot(name, api_key=key, base_url=url)
+    assert ex.text == want, ex
+    t = time.perf_counter()
+    forks = sb.fork(4)
+    fork = ms(t)
+    for f in forks:
+        assert f.run_code("rounds").text == str(41 + k)
+        f.kill()
+    return pause, resume, snap, start, fork
+
+if mode == "restore":
+    labels = ("pause", "resume → first result", "snapshot", "start from the snapshot → first result", "fork of 4")
+    boxes = {}
+    for name, (key, url) in servers.items():
+        sb = Sandbox.create(timeout=1800, api_key=key, base_url=url)
+        ex = sb.run_code("import pandas as pd, matplotlib.pyplot as plt\nrounds = 41")
+        assert ex.error is None, ex.error
+        boxes[name] = sb
+    res = {name: [] for name in servers}
+    for i in range(-1, n):  # one warm-up round
+        for name in ("ab" if i % 2 == 0 else "ba"):
+            r = restores(*servers[name], boxes[name], i + 2)
+            if i >= 0:
+                res[name].append(r)
+    for sb in boxes.values():
+        sb.kill()
+    for j, what in enumerate(labels):
+        a, b = [r[j] for r in res["a"]], [r[j] for r in res["b"]]
+        diff = [y - x for x, y in zip(a, b)]
+        print(f"{what}: A p50 {statistics.median(a):.0f} p95 {pct(a, 95):.0f} ms; B p50 {statistics.median(b):.0f} p95 {pct(b, 95):.0f} ms; "
+              f"B − A median {statistics.median(diff):+.0f} ms over {n} rounds")
+    sys.exit(0)
+
 res = {name: [] for name in servers}
 for i in range(n):
     for name in ("ab" if i % 2 == 0 else "ba"):
         wait_pool(*servers[name])
         res[name].append(miss(*servers[name]))
-
-def pct(v, p):
-    v = sorted(v)
-    return v[min(len(v) - 1, len(v) * p // 100)]
 
 for name, label in (("a", "A"), ("b", "B")):
     tot = [r[0] for r in res[name]]

@@ -244,6 +244,9 @@ func (o *OCI) dumpExternals(id, b string, spec *specs.Spec) (checkpointInfo, err
 	for _, e := range externals {
 		fmt.Fprintf(&conf, "external %s\n", e)
 	}
+	if o.nftLock {
+		conf.WriteString("network-lock nftables\n") // netlock_linux.go
+	}
 	if err := os.WriteFile(filepath.Join(b, criuConfig), []byte(conf.String()), 0o600); err != nil {
 		return checkpointInfo{}, err
 	}
@@ -648,7 +651,10 @@ func (o *OCI) criuReady() error {
 	if err != nil || fi.IsDir() || fi.Mode()&0o111 == 0 {
 		return fmt.Errorf("%w: checkpoints need CRIU at %s (make setup builds it)", runtime.ErrUnsupported, o.cfg.CriuPath)
 	}
-	o.kdatOnce.Do(func() { o.ensureKdat(context.Background()) })
+	o.kdatOnce.Do(func() {
+		o.ensureKdat(context.Background())
+		o.nftLock = o.criuHasNftLock(context.Background())
+	})
 	return nil
 }
 

@@ -86,6 +86,49 @@ func TestInventoryWithLock(t *testing.T) {
 	}
 }
 
+// TestSkipNetworkLockKeepsNftables: skipNetworkLock rewrites a dump's
+// iptables lock (recorded, or CRIU's default when none is) to none, and
+// leaves an inventory that records the nftables lock as it is, whose
+// unlock at restore takes the dumped lock's table out of the ruleset.
+func TestSkipNetworkLockKeepsNftables(t *testing.T) {
+	var e []byte
+	e = protowire.AppendTag(e, 1, protowire.VarintType)
+	e = protowire.AppendVarint(e, 2)
+	lock := func(m uint64) []byte {
+		return inventory(protowire.AppendVarint(protowire.AppendTag(bytes.Clone(e), inventoryLockField, protowire.VarintType), m))
+	}
+	for name, c := range map[string]struct {
+		img  []byte
+		want uint64
+	}{
+		"iptables": {lock(0), criuNetworkLockSkip},
+		"none":     {inventory(e), criuNetworkLockSkip},
+		"nftables": {lock(criuNetworkLockNftables), criuNetworkLockNftables},
+	} {
+		dir := t.TempDir()
+		path := filepath.Join(dir, inventoryImage)
+		if err := os.WriteFile(path, c.img, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := skipNetworkLock(dir); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		out, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m, err := inventoryLock(out); err != nil || m != c.want {
+			t.Errorf("%s: the restore's lock method %d (%v), want %d", name, m, err, c.want)
+		}
+		if c.want == criuNetworkLockNftables && !bytes.Equal(out, c.img) {
+			t.Errorf("%s: the image was rewritten: %x, was %x", name, out, c.img)
+		}
+	}
+	if err := skipNetworkLock(t.TempDir()); err == nil {
+		t.Error("a directory without an inventory passed")
+	}
+}
+
 // TestRestoreLocksNoNetwork: a restore of a sandbox without a network
 // runs no iptables (CRIU's network lock and unlock: about seven programs
 // on the restore's path), and the sandbox's loopback carries TCP after
@@ -118,6 +161,12 @@ func TestRestoreLocksNoNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { o.Close() })
+	// The iptables lock, which a dump uses where CRIU has no nftables
+	// lock (TestDumpLocksWithNftables): the wrappers see its programs.
+	if err := o.criuReady(); err != nil {
+		t.Fatal(err)
+	}
+	o.nftLock = false
 	inst, err := o.Create(ctx, runtime.Spec{ID: id, RootFS: testutil.TemplateRootFS(t, "python"),
 		Limits: runtime.Limits{MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 64 << 20}})
 	if err != nil {
@@ -154,5 +203,87 @@ server.sendall(b"back")
 print(server.recv(5).decode(), client.recv(4).decode())`)
 	if strings.TrimSpace(got) != "after back" {
 		t.Errorf("the loopback after the restore: %q, want %q", got, "after back")
+	}
+}
+
+// TestDumpLocksWithNftables: where CRIU can lock with nftables, a dump
+// does, from CRIU's own process: a checkpoint and a snapshot run no
+// iptables program, the inventory records the nftables method, the
+// snapshotted sandbox runs on with its loopback open (the lock taken out)
+// and the restored one has its loopback connection back.
+func TestDumpLocksWithNftables(t *testing.T) {
+	ctx := context.Background()
+	const id = "nftlock"
+	cfg := testConfig(t, "nftlock")
+	bin := testutil.ShortTempDir(t)
+	runs := filepath.Join(bin, "runs.log")
+	if err := os.Symlink(filepath.Join(filepath.Dir(cfg.RuntimePath), "criu"), filepath.Join(bin, "criu")); err != nil {
+		t.Fatal(err)
+	}
+	for _, prog := range []string{"iptables-restore", "ip6tables-restore", "iptables", "ip6tables"} {
+		real, err := exec.LookPath(prog)
+		if err != nil {
+			t.Fatalf("%s: %v", prog, err)
+		}
+		script := "#!/bin/sh\necho \"" + prog + " $*\" >> " + runs + "\nexec " + real + " \"$@\"\n"
+		if err := os.WriteFile(filepath.Join(bin, prog), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.CriuPath = filepath.Join(bin, "criu")
+	o, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { o.Close() })
+	if err := o.criuReady(); err != nil {
+		t.Fatal(err)
+	}
+	if !o.nftLock {
+		t.Skip("this host's CRIU cannot lock with nftables (criu check --feature network_lock_nftables)")
+	}
+	inst, err := o.Create(ctx, runtime.Spec{ID: id, RootFS: testutil.TemplateRootFS(t, "python"),
+		Limits: runtime.Limits{MemoryBytes: 256 << 20, Pids: 64, DiskBytes: 64 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer destroyChecked(t, o, id)
+	execPython(t, inst.Socket, `
+import socket
+ln = socket.create_server(("127.0.0.1", 0))
+ln.settimeout(10)
+client = socket.create_connection(ln.getsockname(), timeout=10)
+server, _ = ln.accept()`)
+	snap := filepath.Join(checkpointsDir(t), "s")
+	if err := o.Snapshot(ctx, id, snap); err != nil {
+		t.Fatal(err)
+	}
+	inv, err := os.ReadFile(filepath.Join(snap, snapshotImages, inventoryImage))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := lockOf(t, inv); !ok || m != 1 { // NETWORK_LOCK_NFTABLES
+		t.Errorf("the snapshot's inventory records lock method %d (%v), want 1 (nftables)", m, ok)
+	}
+	loop := `
+client.sendall(b"ping")
+server.sendall(b"pong")
+print(server.recv(4).decode(), client.recv(4).decode())`
+	if got := strings.TrimSpace(execPython(t, inst.Socket, loop)); got != "ping pong" {
+		t.Errorf("the loopback after the snapshot: %q, want %q", got, "ping pong")
+	}
+	dir := filepath.Join(checkpointsDir(t), "c")
+	if err := o.Checkpoint(ctx, id, dir); err != nil {
+		t.Fatal(err)
+	}
+	if ran, err := os.ReadFile(runs); err == nil {
+		t.Errorf("the dumps ran iptables: %q", ran)
+	}
+	inst, err = o.Restore(ctx, id, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(execPython(t, inst.Socket, loop)); got != "ping pong" {
+		t.Errorf("the loopback after the restore: %q, want %q", got, "ping pong")
 	}
 }

@@ -60,6 +60,7 @@ type OCI struct {
 
 	cdi      *cdi.Cache // the host's CDI specs (cdi_linux.go)
 	kdatOnce sync.Once  // gives CRIU its kernel cache before its first run (kdat_linux.go)
+	nftLock  bool       // CRIU locks a dump's network with nftables (netlock_linux.go); set under kdatOnce
 
 	spareKick chan struct{} // capacity 1: "look at the next free slot"
 	spareWG   sync.WaitGroup
