@@ -3,7 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"encoding/binary"
-	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -231,8 +231,12 @@ func TestHostileAgent(t *testing.T) {
 			default:
 			}
 			ex, err := neighbour.Execute(ctx, sandbox.ExecuteRequest{Code: "ok", Timeout: time.Second}, nil)
-			if err != nil || ex.Status != sandbox.ExecSuccess || ex.Stdout != "fine\n" {
-				neighbourErr = errors.Join(err, errors.New("neighbour: "+ex.Status))
+			if err != nil {
+				neighbourErr = fmt.Errorf("neighbour: %w", err)
+				return
+			}
+			if ex.Status != sandbox.ExecSuccess || ex.Stdout != "fine\n" {
+				neighbourErr = fmt.Errorf("neighbour: status %s, stdout %q", ex.Status, ex.Stdout)
 				return
 			}
 			neighbourRuns++
