@@ -140,22 +140,7 @@ func TestRestoreLocksNoNetwork(t *testing.T) {
 	ctx := context.Background()
 	const id = "nlock"
 	cfg := testConfig(t, "nlock")
-	bin := testutil.ShortTempDir(t)
-	runs := filepath.Join(bin, "runs.log")
-	if err := os.Symlink(filepath.Join(filepath.Dir(cfg.RuntimePath), "criu"), filepath.Join(bin, "criu")); err != nil {
-		t.Fatal(err)
-	}
-	for _, prog := range []string{"iptables-restore", "ip6tables-restore", "iptables"} {
-		real, err := exec.LookPath(prog)
-		if err != nil {
-			t.Fatalf("%s: %v (CRIU's network lock needs it)", prog, err)
-		}
-		script := "#!/bin/sh\necho \"" + prog + " $*\" >> " + runs + "\nexec " + real + " \"$@\"\n"
-		if err := os.WriteFile(filepath.Join(bin, prog), []byte(script), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg.CriuPath = filepath.Join(bin, "criu")
+	runs := logIptables(t, &cfg)
 	o, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -182,7 +167,7 @@ ln = socket.create_server(("127.0.0.1", 0))`)
 	}
 	dumped, _ := os.ReadFile(runs)
 	if !strings.Contains(string(dumped), "iptables-restore") {
-		t.Fatalf("the dump ran no iptables-restore through %s (%q): the log cannot see CRIU's network lock", bin, dumped)
+		t.Fatalf("the dump ran no iptables-restore through %s (%q): the log cannot see CRIU's network lock", filepath.Dir(runs), dumped)
 	}
 	if err := os.Remove(runs); err != nil {
 		t.Fatal(err)
@@ -215,22 +200,7 @@ func TestDumpLocksWithNftables(t *testing.T) {
 	ctx := context.Background()
 	const id = "nftlock"
 	cfg := testConfig(t, "nftlock")
-	bin := testutil.ShortTempDir(t)
-	runs := filepath.Join(bin, "runs.log")
-	if err := os.Symlink(filepath.Join(filepath.Dir(cfg.RuntimePath), "criu"), filepath.Join(bin, "criu")); err != nil {
-		t.Fatal(err)
-	}
-	for _, prog := range []string{"iptables-restore", "ip6tables-restore", "iptables", "ip6tables"} {
-		real, err := exec.LookPath(prog)
-		if err != nil {
-			t.Fatalf("%s: %v", prog, err)
-		}
-		script := "#!/bin/sh\necho \"" + prog + " $*\" >> " + runs + "\nexec " + real + " \"$@\"\n"
-		if err := os.WriteFile(filepath.Join(bin, prog), []byte(script), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg.CriuPath = filepath.Join(bin, "criu")
+	runs := logIptables(t, &cfg)
 	o, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -286,4 +256,28 @@ print(server.recv(4).decode(), client.recv(4).decode())`
 	if got := strings.TrimSpace(execPython(t, inst.Socket, loop)); got != "ping pong" {
 		t.Errorf("the loopback after the restore: %q, want %q", got, "ping pong")
 	}
+}
+
+// logIptables points cfg at a CRIU that finds, first on its PATH, the
+// iptables programs its network lock runs, each wrapped to log its
+// command line to the file it returns (which no run leaves missing).
+func logIptables(t *testing.T, cfg *Config) (runs string) {
+	t.Helper()
+	bin := testutil.ShortTempDir(t)
+	runs = filepath.Join(bin, "runs.log")
+	if err := os.Symlink(filepath.Join(filepath.Dir(cfg.RuntimePath), "criu"), filepath.Join(bin, "criu")); err != nil {
+		t.Fatal(err)
+	}
+	for _, prog := range []string{"iptables-restore", "ip6tables-restore", "iptables", "ip6tables"} {
+		real, err := exec.LookPath(prog)
+		if err != nil {
+			t.Fatalf("%s: %v (CRIU's network lock needs it)", prog, err)
+		}
+		script := "#!/bin/sh\necho \"" + prog + " $*\" >> " + runs + "\nexec " + real + " \"$@\"\n"
+		if err := os.WriteFile(filepath.Join(bin, prog), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg.CriuPath = filepath.Join(bin, "criu")
+	return runs
 }
