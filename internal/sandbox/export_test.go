@@ -1,6 +1,9 @@
 package sandbox
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // SetAgentDeadlines shortens the deadlines of host→agent calls for one
 // test (not a parallel one) and returns what restores them.
@@ -25,3 +28,20 @@ const (
 	PoolLease     = poolLease
 	LifetimeGrace = lifetimeGrace
 )
+
+// SetAgentLifetime tells the sandbox's agent to end it d from now (the
+// engine's grace included), leaving the engine's own deadline as it is:
+// the agent's deadline as a slow pause leaves it, close at hand.
+func SetAgentLifetime(ctx context.Context, s *Sandbox, d time.Duration) error {
+	return s.tellLifetime(ctx, d-lifetimeGrace)
+}
+
+// AgentLifetimeLeft is the lifetime the sandbox's agent says it has left
+// (the engine's grace included).
+func AgentLifetimeLeft(ctx context.Context, s *Sandbox) (time.Duration, error) {
+	info, err := s.agentInfo(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(info.LifetimeLeftMS) * time.Millisecond, nil
+}

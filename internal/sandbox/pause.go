@@ -123,14 +123,29 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 
 	// The last metering sample of this run: its cgroup still exists.
 	s.m.pausing(s)
+	// The agent's own deadline keeps running while the sandbox is frozen
+	// for the dump and from the restore until the resume's ping (CRIU
+	// restores it in a time namespace that hides only the time it was
+	// paused): it is given the longest lifetime for the pause, and the
+	// time left again at the resume (waitAgent) or when the dump fails.
+	if err := s.tellLifetime(ctx, left+s.m.cfg.MaxTimeout); err != nil {
+		return s.unpause(err)
+	}
 	// Every connection to the agent goes first: an open one fails the
 	// checkpoint; so does the network's TUN (network.go).
 	agent.conns.closeAll()
 	s.detachNet()
+	unpause := func(err error) error {
+		err = s.unpause(err)
+		if s.State() == StateRunning {
+			_ = s.tellLifetime(context.WithoutCancel(ctx), left) // its own deadline back
+		}
+		return err
+	}
 	began := time.Now()
 	dir := s.m.checkpointPath(s.ID)
 	if err := os.MkdirAll(s.m.cfg.CheckpointDir, 0o711); err != nil {
-		return s.unpause(err)
+		return unpause(err)
 	}
 	err = cp.Checkpoint(context.WithoutCancel(ctx), s.ID, dir)
 	if err != nil && !errors.Is(err, runtime.ErrUnsupported) && s.State() == StatePaused {
@@ -143,7 +158,7 @@ func (s *Sandbox) Pause(ctx context.Context) error {
 		err = cp.Checkpoint(context.WithoutCancel(ctx), s.ID, dir)
 	}
 	if err != nil {
-		return s.unpause(err)
+		return unpause(err)
 	}
 	if err := s.writeKept(dir, left); err != nil {
 		// Without it no later engine can take the sandbox back; this

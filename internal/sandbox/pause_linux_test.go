@@ -251,6 +251,38 @@ for _ in range(200):
 	}
 }
 
+// TestPauseOutlivesAgentDeadline: the agent's own deadline runs on while
+// the sandbox is frozen for its dump and from its restore until the
+// resume's ping (the time namespace CRIU restores it in hides only the
+// time it was paused); a pause whose dump and restore take longer than
+// the agent had left (a sandbox paused at its lifetime's end on a busy
+// host) must not find it ended by its agent at the restore. Its agent
+// is left with the time it had left again after the resume.
+func TestPauseOutlivesAgentDeadline(t *testing.T) {
+	ctx := context.Background()
+	m, _, _ := pauseEngine(t)
+	s := newSandbox(t, m, sandbox.CreateOptions{Timeout: 10 * time.Minute})
+	run(t, s, "python", "x = 41 + 1")
+	// The agent's deadline as a slow pause would find it: close at hand.
+	if err := sandbox.SetAgentLifetime(ctx, s, 1500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // paused: no time of the agent's passes
+	if got := stdout(run(t, s, "python", "print(x)")); strings.TrimSpace(got) != "42" {
+		t.Fatalf("after the resume x printed %q", got)
+	}
+	left, err := sandbox.AgentLifetimeLeft(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if engine := time.Until(s.Deadline()); left > engine+sandbox.LifetimeGrace || left < engine {
+		t.Errorf("the agent has %v left after the resume, the engine %v: want the engine's and its grace", left, engine)
+	}
+}
+
 // TestPauseRefusedWhileBusy: a sandbox running an execution is not
 // paused (ERR_SANDBOX_STATE) and runs on; once the execution ends it is.
 func TestPauseRefusedWhileBusy(t *testing.T) {
