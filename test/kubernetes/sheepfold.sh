@@ -75,8 +75,8 @@ if [ "${SHEEPFOLD_KUBE_BENCH:-}" = 1 ]; then
 	exit
 fi
 # Its output is kept for test.sh's failure digest (the cluster's logs go
-# with down).
-go test -tags kubernetes_e2e -count=1 -v -timeout 30m ./test/kubernetes/e2e/ 2>&1 | tee "$LOGS/e2e.out"
+# with down). SHEEPFOLD_E2E_RUN, a -run pattern, runs some tests only.
+go test -tags kubernetes_e2e -count=1 -v -timeout 30m ${SHEEPFOLD_E2E_RUN:+-run "$SHEEPFOLD_E2E_RUN"} ./test/kubernetes/e2e/ 2>&1 | tee "$LOGS/e2e.out"
 
 # The manifests of deploy/kubernetes are valid for this API server (a
 # server-side dry run: nothing is made).

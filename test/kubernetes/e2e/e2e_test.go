@@ -235,7 +235,16 @@ func newBalancer(t *testing.T, replicas ...*server) *server {
 			http.Error(w, "replica unavailable: "+err.Error(), http.StatusBadGateway)
 		},
 	}
-	hs := httptest.NewServer(rp)
+	// A replica may answer before the balancer has sent the whole body
+	// (it had the body, but the balancer's goroutine had not yet seen its
+	// end): full duplex keeps the body readable after the answer begins.
+	// Without it Go's server closed the body, the transport's write failed
+	// and closed the replica's connection, and the client got a cut
+	// answer, "other side closed" (TestSandboxesAsPods under load).
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex()
+		rp.ServeHTTP(w, r)
+	}))
 	t.Cleanup(hs.Close)
 	return &server{url: hs.URL, key: replicas[0].key}
 }
