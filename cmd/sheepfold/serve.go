@@ -619,7 +619,13 @@ func serve(ctx context.Context, cfg config.Config, kube *sfengine.KubernetesOpti
 	case err = <-served:
 		log.Error("server stopped", "err", err)
 	case <-ctx.Done():
-		stop() // a second signal ends the process at once
+		// A second Ctrl-C (SIGINT) ends the process at once. A second
+		// SIGTERM does not: supervisors repeat it (timeout(1) signals the
+		// whole process group, a parent's Pdeathsig follows) and escalate
+		// with SIGKILL, and an exit now would leave every sandbox, its
+		// mounts and its cgroups behind (the shutdown destroys them).
+		signal.Ignore(syscall.SIGTERM)
+		stop()
 		srv.Drain()
 		log.Info("shutting down: /readyz answers 503; draining requests", "delay", srv.DrainDelay(), "timeout", scfg.ShutdownTimeout)
 	}

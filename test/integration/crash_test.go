@@ -500,3 +500,46 @@ time.sleep(1000)`}, client.ExecuteHandlers{OnStdout: func(string) { once.Do(func
 		t.Errorf("client message %q does not say timed out", ce.Message)
 	}
 }
+
+// TestRepeatedSIGTERM: a server told to stop twice, as timeout(1) does
+// (it signals the whole process group) or a supervisor and a parent's
+// Pdeathsig together, still destroys its sandboxes before it exits: the
+// second SIGTERM ended it at once and left them running, with their
+// mounts and cgroups (found after a `sheepfold bench` stopped by timeout).
+func TestRepeatedSIGTERM(t *testing.T) {
+	s := newCrashServer(t)
+	s.start(1)
+	s.poolReady()
+	sb, err := s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.poolReady() // the next member
+	ids := s.bundles()
+	if len(ids) != 2 || !slices.Contains(ids, sb.ID) {
+		t.Fatalf("runtime holds %v, want %s and the pool's member", ids, sb.ID)
+	}
+	ps := map[string][]sandboxProc{}
+	for _, id := range ids {
+		if ps[id] = procs(id); len(ps[id]) == 0 {
+			t.Fatalf("sandbox %s: no processes", id)
+		}
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	time.Sleep(20 * time.Millisecond)
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.exited:
+	case <-time.After(60 * time.Second):
+		s.kill9()
+		t.Fatal("the server did not stop")
+	}
+	s.cmd = nil
+	for _, id := range ids {
+		s.assertGone(t, id, ps[id])
+	}
+	if t.Failed() {
+		s.start(0) // a start destroys what the last one left
+		s.stop()
+	}
+}
