@@ -409,6 +409,8 @@ type benchServer struct {
 	url, key, instance, dir string
 	cmd                     *exec.Cmd
 	done                    chan error
+	stopOnce                sync.Once
+	unregister              func() // from onInterrupt
 }
 
 // startBenchServer starts a server; name tells several apart (engine
@@ -469,6 +471,7 @@ func startBenchServer(ctx context.Context, cfg config.Config, pool int, name str
 	logf.Close()
 	s.done = make(chan error, 1)
 	go func() { s.done <- s.cmd.Wait() }()
+	s.unregister = onInterrupt(s.stop)
 	for deadline := time.Now().Add(30 * time.Second); ; {
 		r, err := http.Get(s.url + "/healthz")
 		if err == nil {
@@ -479,6 +482,7 @@ func startBenchServer(ctx context.Context, cfg config.Config, pool int, name str
 		}
 		select {
 		case err := <-s.done:
+			s.unregister()
 			log, _ := os.ReadFile(filepath.Join(dir, "serve.log"))
 			os.RemoveAll(dir)
 			return nil, fmt.Errorf("sheepfold serve exited: %v\n%s", err, log)
@@ -494,16 +498,19 @@ func startBenchServer(ctx context.Context, cfg config.Config, pool int, name str
 }
 
 // stop shuts the server down (it destroys its sandboxes) and removes its
-// data dir.
+// data dir, once: by the bench's own defer or at a signal (interrupt.go).
 func (s *benchServer) stop() {
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(60 * time.Second):
-		s.cmd.Process.Kill()
-		<-s.done
-	}
-	os.RemoveAll(s.dir)
+	s.stopOnce.Do(func() {
+		s.unregister()
+		s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-s.done:
+		case <-time.After(60 * time.Second):
+			s.cmd.Process.Kill()
+			<-s.done
+		}
+		os.RemoveAll(s.dir)
+	})
 }
 
 // bencher runs the scenarios against one server.

@@ -78,7 +78,10 @@ func modelProvider() (prov *llmtest.Server, config string, stop func(), err erro
 		os.RemoveAll(dir)
 		return nil, "", nil, err
 	}
-	return prov, config, func() { prov.Close(); os.RemoveAll(dir) }, nil
+	var once sync.Once
+	stop = func() { once.Do(func() { prov.Close(); os.RemoveAll(dir) }) }
+	unregister := onInterrupt(stop)
+	return prov, config, func() { unregister(); stop() }, nil
 }
 
 // relayOverhead alternates a non-streamed completion sent to the scripted
