@@ -126,7 +126,8 @@ if mode == "restore":
     boxes = {}
     for name, (key, url) in servers.items():
         sb = Sandbox.create(timeout=1800, api_key=key, base_url=url)
-        ex = sb.run_code("import pandas as pd, matplotlib.pyplot as plt\nrounds = 41")
+        # A cold import of both takes seconds, and much more on a loaded host.
+        ex = sb.run_code("import pandas as pd, matplotlib.pyplot as plt\nrounds = 41", timeout=600, request_timeout=660)
         assert ex.error is None, ex.error
         boxes[name] = sb
     res = {name: [] for name in servers}
