@@ -476,7 +476,8 @@ func lockTemplate(ctx context.Context, dir, name string) (unlock func(), err err
 // any process holds (ErrInUse). The engine holds each template it has
 // started a sandbox of (internal/engine).
 func Use(dataDir, name string) (release func(), err error) {
-	if err := validName(name); err != nil {
+	name, err = canonRef(name) // a tag's is .NAME:TAG.use
+	if err != nil {
 		return nil, err
 	}
 	f, err := os.OpenFile(filepath.Join(templatesDir(dataDir), "."+name+".use"), os.O_RDONLY|os.O_CREATE|noFollow, 0o600)

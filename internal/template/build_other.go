@@ -40,3 +40,11 @@ func BuildDockerfile(ctx context.Context, dockerfile []byte, opt DockerfileOptio
 func Use(dataDir, name string) (func(), error) { return func() {}, nil }
 
 func claimUnused(dir, name string) (func(), error) { return func() {}, nil }
+
+// Tag fails: see errUnsupported.
+func Tag(ctx context.Context, dataDir, source string, tags []string) (Info, error) {
+	return Info{}, errUnsupported
+}
+
+// Untag fails: see errUnsupported.
+func Untag(dataDir, name, tag string) error { return errUnsupported }

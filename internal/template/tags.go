@@ -1,0 +1,124 @@
+package template
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+// Tags: a template's tag is a copy of one of its builds, frozen under a
+// name of its own, "NAME:TAG", which Get, Use and so a sandbox's create
+// take as they take a template's name. The name alone is the newest build
+// (its tag DefaultTag, "NAME:default" being the name itself); building the
+// name again changes it and leaves its tags where they are. A tag lives in
+// <templates>/.tags/NAME/TAG (a dot directory: List does not show it) as
+// a template does, its rootfs hard links to the tree it was tagged from
+// (template trees are never changed in place: a build installs a new one),
+// its template.json that of the build with Name "NAME:TAG" and Tagged its
+// time. Tag moves a tag (replacing it), Untag removes it; both refuse a
+// tag a running engine uses (ErrInUse), as Remove does. Removing a
+// template leaves its tags.
+
+// DefaultTag is the tag of a template's newest build: its name alone.
+const DefaultTag = "default"
+
+var tagRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// ValidTag checks a tag: [a-z0-9][a-z0-9._-]*, at most 63 characters.
+func ValidTag(tag string) error {
+	if !tagRE.MatchString(tag) || strings.Contains(tag, "..") {
+		return fmt.Errorf("invalid tag %q: want [a-z0-9][a-z0-9._-]*, at most 63 characters", tag)
+	}
+	return nil
+}
+
+// SplitRef splits a template reference "NAME" or "NAME:TAG" and checks
+// both; "NAME:default" is NAME (tag "").
+func SplitRef(ref string) (name, tag string, err error) {
+	name, tag, _ = strings.Cut(ref, ":")
+	if err := validName(name); err != nil {
+		return "", "", err
+	}
+	if tag == DefaultTag || !strings.Contains(ref, ":") {
+		return name, "", nil
+	}
+	if err := ValidTag(tag); err != nil {
+		return "", "", err
+	}
+	return name, tag, nil
+}
+
+// tagDir is the directory of name's tag.
+func tagDir(dataDir, name, tag string) string {
+	return filepath.Join(templatesDir(dataDir), ".tags", name, tag)
+}
+
+// canonRef is a template name or "NAME:TAG" as Use and claimUnused name
+// it: "NAME:default" is NAME.
+func canonRef(ref string) (string, error) {
+	name, tag, err := SplitRef(ref)
+	if err != nil || tag == "" {
+		return name, err
+	}
+	return name + ":" + tag, nil
+}
+
+// getRef reads the template a reference names.
+func getRef(dataDir, ref string) (Info, error) {
+	name, tag, err := SplitRef(ref)
+	if err != nil {
+		return Info{}, err
+	}
+	if tag == "" {
+		return readInfo(filepath.Join(templatesDir(dataDir), name), name)
+	}
+	info, err := readInfo(tagDir(dataDir, name, tag), name+":"+tag)
+	if errors.Is(err, ErrNotBuilt) {
+		return Info{}, fmt.Errorf("%w: template %s has no tag %q", ErrNotBuilt, name, tag)
+	}
+	return info, err
+}
+
+// Tags lists template name's tags (DefaultTag not among them), sorted by
+// tag. A tag that cannot be read is left out and reported in the error.
+func Tags(dataDir, name string) ([]Info, error) {
+	if err := validName(name); err != nil {
+		return nil, err
+	}
+	ents, err := os.ReadDir(filepath.Join(templatesDir(dataDir), ".tags", name))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list tags of %s: %w", name, err)
+	}
+	var out []Info
+	var errs []error
+	for _, e := range ents {
+		if !e.IsDir() || ValidTag(e.Name()) != nil {
+			continue // staging and old copies start with a dot
+		}
+		info, err := readInfo(tagDir(dataDir, name, e.Name()), name+":"+e.Name())
+		if errors.Is(err, ErrNotBuilt) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, errors.Join(errs...)
+}
+
+// TagOf is the tag of a template's Info ("" for a name alone).
+func TagOf(info Info) string {
+	_, tag, _ := strings.Cut(info.Name, ":")
+	return tag
+}
