@@ -379,7 +379,7 @@ func Handles(r *http.Request) bool {
 	return p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
 		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
 		p == "/secrets" || strings.HasPrefix(p, "/secrets/") ||
-		p == "/snapshots" || strings.HasPrefix(p, "/templates/") || // snapshots.go, templates.go
+		p == "/snapshots" || p == "/templates" || strings.HasPrefix(p, "/templates/") || // snapshots.go, templates.go, tags.go
 		p == "/v3/templates" || strings.HasPrefix(p, "/v2/templates/") || // templates.go
 		p == "/files" // signed file URLs carry no sandbox header
 }

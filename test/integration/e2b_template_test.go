@@ -40,6 +40,9 @@ import (
 // ERR_REGISTRY_NOT_ALLOWED's message; a key that is not an admin's may
 // not build (control: the admin key's build succeeds). from_image of an
 // image in a registry the server allows (one on loopback) builds too.
+// Then template_tags.py: a build of NAME:v1 and one of NAME, exists and
+// alias_exists, the list, get_tags, assign_tags and remove_tags, and
+// sandboxes created from NAME:TAG each getting the build its tag names.
 func TestE2BTemplateBuild(t *testing.T) {
 	testutil.RequireRoot(t)
 	runc := testutil.Runc(t)
@@ -115,10 +118,14 @@ func TestE2BTemplateBuild(t *testing.T) {
 	if out, err := exec.Command("tar", "-xzf", "../e2b/python/vendor/e2b-python-2.34.0.tar.gz", "-C", sdk).CombinedOutput(); err != nil {
 		t.Fatalf("unpack the vendored SDK: %v\n%s", err, out)
 	}
-	run := func(key, name string) (string, error) {
+	run := func(key, name string, script ...string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		c := exec.CommandContext(ctx, "/usr/bin/python3", "template_build.py", name)
+		py := "template_build.py"
+		if len(script) > 0 {
+			py = script[0]
+		}
+		c := exec.CommandContext(ctx, "/usr/bin/python3", py, name)
 		c.Dir = "../e2b/python"
 		c.Env = append(nodejs.Environ("E2B_", "PYTHON"), "PYTHONPATH="+filepath.Join(sdk, "e2b-python", "site"),
 			"E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY="+key, "SHEEPFOLD_TEST_IMAGE="+regHost+"/tiny:1")
@@ -151,6 +158,27 @@ func TestE2BTemplateBuild(t *testing.T) {
 	info, err := os.ReadFile(filepath.Join(dir, "templates", "sdkbuilt", "template.json"))
 	if err != nil || !bytes.Contains(info, []byte(`"start": "touch /tmp/started"`)) {
 		t.Errorf("template.json: %s, %v", info, err)
+	}
+	// Tags, the list and aliases (test/e2b/python/template_tags.py).
+	out, err = run(adminKey, "sdktags", "template_tags.py")
+	if err != nil {
+		t.Fatalf("template_tags.py: %v\n%s\nserver:\n%s", err, out, log.String())
+	}
+	for _, want := range []string{
+		"RESULT exists True True False False",
+		"RESULT listed 200 True ready False",
+		"RESULT tags ['default', 'v1'] True",
+		"RESULT versions two one two",
+		"RESULT assigned ['prod', 'stable'] True",
+		"RESULT stable one",
+		"RESULT moved two True",
+		"RESULT removed ['default', 'stable', 'v1'] False",
+		"RESULT untagged create refused",
+		"RESULT remove unknown refused TemplateException",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in the output:\n%s", want, out)
+		}
 	}
 	// A key that is not an admin's may not build.
 	out, err = run(userKey, "sdkuser")
