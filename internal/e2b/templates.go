@@ -81,8 +81,8 @@ const maxPendingBuilds = 64
 type e2bBuild struct {
 	id, template, keyID string
 	tags                []string // given the build when it is done
-	token               string // of its upload links
-	dir                 string // its uploads: <dir>/<hash>.tar
+	token               string   // of its upload links
+	dir                 string   // its uploads: <dir>/<hash>.tar
 	made                time.Time
 	// started is the backend's build id once started.
 	started string
