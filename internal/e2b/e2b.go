@@ -117,7 +117,9 @@
 // the upload links of its files, POST /v2/templates/{id}/builds/{id},
 // the build's status and log) translated into a Dockerfile that a
 // TemplateBackend (the server: admin keys, POST /v1/templates's build)
-// builds.
+// builds. Tags (tags.go): the template list, aliases (Template.exists)
+// and tags (a frozen copy of a build, "NAME:TAG", which a sandbox's
+// create takes as a name).
 //
 // Secrets (secrets.go): E2B's Secret API (`/secrets`: list, create, get,
 // a new version, delete) over the same store as /v1/secrets
