@@ -169,6 +169,8 @@ func runServe(args []string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	root := fs.String("root", "/", "directory file operations are confined to")
 	home := fs.String("home", "/home/user", "sandbox path of the user's home")
+	user := fs.String("user", "", "the user processes and file operations that name none run as (a template's USER); empty: \"user\"")
+	workDir := fs.String("workdir", "", "sandbox path processes and code contexts that name no working directory start in (a template's WORKDIR); empty: the user's home")
 	listen := fs.String("listen", "", "create and listen on this unix socket instead of using fd 3")
 	listenTCP := fs.String("listen-tcp", "", "listen on this TCP address (host:port) with TLS instead (a sandbox in a Pod); needs --tls-dir")
 	tlsDir := fs.String("tls-dir", "", "directory of the agent's TLS credential for --listen-tcp ("+agenttls.CertFile+", "+agenttls.KeyFile+", "+agenttls.CAFile+")")
@@ -295,6 +297,8 @@ func runServe(args []string) int {
 		SubprocessDenied: kernel.SubprocessDenied,
 		Root:             *root,
 		Home:             *home,
+		User:             *user,
+		WorkDir:          *workDir,
 		Version:          version,
 		NewKernel: func(ctx context.Context, spec agentproto.ContextSpec) (agent.Kernel, error) {
 			k, err := kernel.Start(ctx, spec, kernel.Options{BaseEnv: os.Environ(), Credential: kernelCred, Helper: self,

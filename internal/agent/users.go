@@ -93,12 +93,16 @@ func lookupUser(passwd []byte, name string) (identity, bool) {
 	return identity{}, false
 }
 
-// user resolves a requested user name. "" and "user" are uid 1000 with
+// user resolves a requested user name. "" is Config.User when that is
+// set. "" and "user" are uid 1000 with
 // home Config.Home, "root" is uid 0 with home /root, and any other name
 // comes from the sandbox's /etc/passwd (passwd is read only for those).
 // When the agent does not switch users, every identity has home
 // Config.Home: the agent acts as itself.
 func (s *server) user(name string, passwd func() []byte) (identity, *agentproto.Event) {
+	if name == "" {
+		name = s.cfg.User // the template's USER; "" stays "user"
+	}
 	var id identity
 	switch name {
 	case "", agentproto.UserDefault:
