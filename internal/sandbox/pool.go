@@ -547,9 +547,15 @@ func (p *pool) start(k poolKey, node string) (*Sandbox, error) {
 	// Logged before the runtime makes anything: a member whose engine
 	// dies before it is ready is still named in some log.
 	m.log.Info("warm pool: starting a member", "sandbox", s.ID, "template", tmpl, "node", node)
+	s.root = rootfs
+	if err := m.holdRoot(s.ID, rootfs); err != nil {
+		close(s.created)
+		return nil, err
+	}
 	inst, err := m.cfg.Runtime.Create(p.ctx, runtimeSpec(s, rootfs, start.Env, p.lease()))
 	close(s.created)
 	if err != nil {
+		m.releaseRoot(s.ID) // the runtime's Create undid what it made
 		return nil, fmt.Errorf("create: %w", err)
 	}
 	s.agent, s.inst = newAgentClient(inst, m.agentCall, m.log.With("sandbox", inst.ID)), inst

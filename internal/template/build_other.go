@@ -39,6 +39,18 @@ func BuildDockerfile(ctx context.Context, dockerfile []byte, opt DockerfileOptio
 // Use does nothing where templates cannot be built.
 func Use(dataDir, name string) (func(), error) { return func() {}, nil }
 
+// Hold reads the template; nothing is held (nothing removes a tree here).
+func Hold(dataDir, ref string) (Info, func(), error) {
+	info, err := Get(dataDir, ref)
+	return info, func() {}, err
+}
+
+// HoldPath holds nothing: see Hold.
+func HoldPath(dataDir, rootfs string) (func(), error) { return func() {}, nil }
+
+// Sweep fails: see errUnsupported.
+func Sweep(dataDir string) error { return errUnsupported }
+
 func claimUnused(dir, name string) (func(), error) { return func() {}, nil }
 
 // Tag fails: see errUnsupported.

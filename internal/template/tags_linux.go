@@ -2,17 +2,24 @@ package template
 
 import (
 	"context"
+	"crypto/rand"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Tag makes each of tags of template source's name point at source (a
-// name, its newest build, or "NAME:TAG"): a copy of its tree in hard
-// links and its template.json, replacing the tag's old copy. It returns
-// the source's Info. A tag in use (Use) is refused with ErrInUse; tags
-// done before it stay done.
+// name, its newest build, or "NAME:TAG"): a new generation, a copy of
+// the name's tree in hard links and its template.json, or for a tag of a
+// tag the generation that tag points at. It returns the source's Info.
+// The tag's old generation stays for the sandboxes that run on it and is
+// removed once none does (hold_linux.go); a new sandbox of the tag gets
+// the new one.
 func Tag(ctx context.Context, dataDir, source string, tags []string) (Info, error) {
 	name, _, err := SplitRef(source)
 	if err != nil {
@@ -32,85 +39,118 @@ func Tag(ctx context.Context, dataDir, source string, tags []string) (Info, erro
 		return Info{}, err
 	}
 	defer unlock()
-	src, err := Get(dataDir, source)
-	if err != nil {
-		return Info{}, err
-	}
 	parent := filepath.Join(dir, ".tags", name)
 	if err := os.MkdirAll(parent, 0o755); err != nil {
 		return Info{}, err
 	}
+	// Held while the links change: no sweep takes the source's tree (a
+	// generation no link names yet, or one a move is leaving).
+	src, release, err := Hold(dataDir, source)
+	if err != nil {
+		return Info{}, err
+	}
+	defer release()
+	gen := filepath.Dir(src.Path)
+	if filepath.Dir(gen) != parent {
+		// A name's newest build: copied, since its next build replaces it.
+		unhold, g, err := newGeneration(ctx, parent, src)
+		if err != nil {
+			return Info{}, fmt.Errorf("tag %s: %w", name, err)
+		}
+		defer unhold()
+		gen = g
+	}
+	var old []string
 	for _, t := range tags {
-		if err := tagOne(ctx, dir, parent, src, name, t); err != nil {
+		prev, err := tagGen(filepath.Join(parent, t))
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return Info{}, fmt.Errorf("tag %s:%s: %w", name, t, err)
 		}
+		if err := link(parent, t, filepath.Base(gen)); err != nil {
+			return Info{}, fmt.Errorf("tag %s:%s: %w", name, t, err)
+		}
+		if prev != "" && prev != gen {
+			old = append(old, prev)
+		}
+	}
+	syncDir(parent)
+	for _, o := range old {
+		collect(dataDir, o) // kept while a sandbox runs on it
 	}
 	return src, nil
 }
 
-func tagOne(ctx context.Context, dir, parent string, src Info, name, tag string) error {
-	ref := name + ":" + tag
-	final := filepath.Join(parent, tag)
-	if src.Path == filepath.Join(final, rootfsDir) {
-		return nil // already this tag
-	}
-	unuse, err := claimUnused(dir, ref)
+// newGeneration makes a generation in parent of template src (a name's
+// build) named Name:? by each link's readInfo, held until unhold: its
+// rootfs hard links to src's, its template.json src's with Tagged now.
+func newGeneration(ctx context.Context, parent string, src Info) (unhold func(), gen string, err error) {
+	staging, err := os.MkdirTemp(parent, stagingPrefix)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
-	defer unuse()
-	staging, err := os.MkdirTemp(parent, "."+tag+".tag-")
+	f, err := openDir(staging)
 	if err != nil {
-		return err
+		os.Remove(staging)
+		return nil, "", err
+	}
+	// Held from its start: a sweep leaves it alone until it is linked.
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
+		f.Close()
+		os.Remove(staging)
+		return nil, "", err
 	}
 	done := false
 	defer func() {
 		if !done {
 			removeStaging(staging)
+			f.Close()
 		}
 	}()
 	if err := os.Chmod(staging, 0o755); err != nil {
-		return err
+		return nil, "", err
 	}
 	if err := linkTree(ctx, src.Path, filepath.Join(staging, rootfsDir)); err != nil {
-		return err
+		return nil, "", err
 	}
 	info := src
-	info.Name, info.Tagged = ref, time.Now().UTC()
+	info.Tagged = time.Now().UTC()
 	if err := writeInfo(staging, info); err != nil {
-		return err
+		return nil, "", err
 	}
-	aside := ""
-	if _, err := os.Lstat(final); err == nil {
-		aside = filepath.Join(parent, "."+tag+".old-"+time.Now().Format("150405.000000000"))
-		if err := os.Rename(final, aside); err != nil {
-			return err
-		}
-	}
-	if err := os.Rename(staging, final); err != nil {
-		if aside != "" {
-			os.Rename(aside, final)
-		}
-		return err
+	gen = filepath.Join(parent, genPrefix+rand.Text()[:16])
+	if err := os.Rename(staging, gen); err != nil {
+		return nil, "", err
 	}
 	done = true
-	if aside != "" {
-		return removeStaging(aside)
+	return func() { f.Close() }, gen, nil
+}
+
+// link points tag link parent/tag at generation gen (a name in parent),
+// replacing what it pointed at in one rename.
+func link(parent, tag, gen string) error {
+	tmp := filepath.Join(parent, "."+tag+".link-"+rand.Text()[:10])
+	if err := os.Symlink(gen, tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(parent, tag)); err != nil {
+		os.Remove(tmp)
+		return err
 	}
 	return nil
 }
 
-// Untag removes tag of template name: ErrNotBuilt when it has none,
-// ErrInUse while a running engine uses it.
+// Untag removes tag of template name: ErrNotBuilt when it has none. The
+// sandboxes running on it go on; its generation is removed when the last
+// ends.
 func Untag(dataDir, name, tag string) error {
 	if err := validName(name); err != nil {
 		return err
 	}
-	if err := ValidTag(tag); err != nil {
-		return err
-	}
 	if tag == DefaultTag {
 		return fmt.Errorf("tag %q is the newest build's: remove the template instead", DefaultTag)
+	}
+	if err := ValidTag(tag); err != nil {
+		return err
 	}
 	dir := templatesDir(dataDir)
 	unlock, err := lockTemplate(context.Background(), dir, name)
@@ -118,18 +158,18 @@ func Untag(dataDir, name, tag string) error {
 		return err
 	}
 	defer unlock()
-	final := tagDir(dataDir, name, tag)
-	if _, err := os.Lstat(final); os.IsNotExist(err) {
+	l := tagDir(dataDir, name, tag)
+	gen, err := tagGen(l)
+	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: template %s has no tag %q", ErrNotBuilt, name, tag)
 	}
-	unuse, err := claimUnused(dir, name+":"+tag)
 	if err != nil {
-		return fmt.Errorf("untag %s:%s: %w", name, tag, err)
-	}
-	defer unuse()
-	aside := filepath.Join(filepath.Dir(final), "."+tag+".old-"+time.Now().Format("150405.000000000"))
-	if err := os.Rename(final, aside); err != nil {
 		return err
 	}
-	return removeStaging(aside)
+	if err := os.Remove(l); err != nil {
+		return fmt.Errorf("untag %s:%s: %w", name, tag, err)
+	}
+	syncDir(filepath.Dir(l))
+	collect(dataDir, gen)
+	return nil
 }

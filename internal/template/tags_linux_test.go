@@ -12,8 +12,10 @@ import (
 // TestTags: a tag is a frozen copy of the build it was given: building
 // (here: installing a new tree of) the name again leaves the tag on the
 // old files; a tag moved to another tag's build takes that build; Untag
-// removes it; a tag in use is neither moved nor removed; bad tags and
-// refs are refused; List does not show tags.
+// removes it; a tag in use (Hold) is moved and removed all the same, its
+// copy kept whole for its holder and removed at the release; Sweep
+// removes what nothing names or holds; bad tags and refs are refused;
+// List does not show tags.
 func TestTags(t *testing.T) {
 	t.Parallel()
 	data := t.TempDir()
@@ -81,20 +83,48 @@ func TestTags(t *testing.T) {
 		t.Errorf("List shows %+v", l)
 	}
 
-	// In use: neither moved nor removed.
-	release, err := Use(data, "app:prod")
+	// In use: moved and removed all the same; the copy held stays,
+	// whole, until its hold is released, then goes.
+	held, release, err := Hold(data, "app:prod")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Tag(ctx, data, "app", []string{"prod"}); !errors.Is(err, ErrInUse) {
-		t.Errorf("moving a tag in use: %v", err)
+	if _, err := Tag(ctx, data, "app", []string{"prod"}); err != nil {
+		t.Fatalf("moving a tag in use: %v", err)
 	}
-	if err := Untag(data, "app", "prod"); !errors.Is(err, ErrInUse) {
-		t.Errorf("removing a tag in use: %v", err)
+	if version("app:prod") != "two" {
+		t.Error("prod did not move")
 	}
-	release()
+	if b, err := os.ReadFile(filepath.Join(held.Path, "etc/version")); err != nil || string(b) != "one" {
+		t.Errorf("the held copy after the move: %q, %v", b, err)
+	}
 	if err := Untag(data, "app", "prod"); err != nil {
 		t.Fatal(err)
+	}
+	if err := Untag(data, "app", "v1"); err != nil { // v1 is on the held generation too
+		t.Fatal(err)
+	}
+	// What a crash leaves (an old tree of the name, a generation no
+	// link names) goes at a Sweep; the held copy stays.
+	for _, d := range []string{".app.old-crash/rootfs", ".tags/app/.gen-crash/rootfs", ".tags/app/.staging-crash"} {
+		if err := os.MkdirAll(filepath.Join(templatesDir(data), d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := Sweep(data); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{".app.old-crash", ".tags/app/.gen-crash", ".tags/app/.staging-crash"} {
+		if _, err := os.Stat(filepath.Join(templatesDir(data), d)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after Sweep: %v", d, err)
+		}
+	}
+	if _, err := os.Stat(held.Path); err != nil {
+		t.Errorf("the held copy went while held: %v", err)
+	}
+	release()
+	if _, err := os.Stat(held.Path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the held copy after its release: %v", err)
 	}
 	if _, err := Get(data, "app:prod"); !errors.Is(err, ErrNotBuilt) {
 		t.Errorf("Get of a removed tag: %v", err)
@@ -118,7 +148,7 @@ func TestTags(t *testing.T) {
 	for _, e := range ents {
 		left = append(left, e.Name())
 	}
-	if strings.Join(left, " ") != "stable v1" {
+	if len(left) != 2 || left[1] != "stable" || !strings.HasPrefix(left[0], genPrefix) {
 		t.Errorf("left in .tags/app: %v", left)
 	}
 }

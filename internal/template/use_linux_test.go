@@ -1,6 +1,7 @@
 package template
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -10,24 +11,26 @@ import (
 	"github.com/sheepfold/sheepfold/internal/testutil"
 )
 
-// TestUseReadOnly: on a data dir whose templates are read-only (a server
-// in a container), Use takes no lock and is no error; the control, a
-// writable one, makes the lock file.
-func TestUseReadOnly(t *testing.T) {
+// TestHoldReadOnly: on a data dir whose templates are read-only (a server
+// in a container) a template is held all the same (a flock needs no
+// write access) and nothing is written; the control, a writable one,
+// refuses to remove the template held.
+func TestHoldReadOnly(t *testing.T) {
 	testutil.RequireRoot(t)
 	data := t.TempDir()
 	dir := filepath.Join(data, "templates")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	writeTree(t, filepath.Join(dir, "app"), map[string]string{"rootfs/etc/version": "one"})
+	if err := writeInfo(filepath.Join(dir, "app"), Info{Name: "app", Version: FormatVersion}); err != nil {
 		t.Fatal(err)
 	}
-	release, err := Use(data, "python")
+	_, release, err := Hold(data, "app")
 	if err != nil {
 		t.Fatalf("writable: %v", err)
 	}
-	release()
-	if _, err := os.Stat(filepath.Join(dir, ".python.use")); err != nil {
-		t.Fatalf("writable: no lock file: %v", err)
+	if err := Remove(data, "app"); !errors.Is(err, ErrInUse) {
+		t.Fatalf("writable: Remove of a template held: %v, want ErrInUse", err)
 	}
+	release()
 	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -35,9 +38,14 @@ func TestUseReadOnly(t *testing.T) {
 	if err := unix.Mount("", dir, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 		t.Fatal(err)
 	}
-	if release, err := Use(data, "java"); err != nil {
+	before, _ := os.ReadDir(dir)
+	info, release, err := Hold(data, "app")
+	if err != nil {
 		t.Fatalf("read-only: %v", err)
-	} else {
-		release()
+	}
+	release()
+	after, _ := os.ReadDir(dir)
+	if len(after) != len(before) || info.Path != filepath.Join(dir, "app", "rootfs") {
+		t.Errorf("read-only: %d entries before, %d after; path %s", len(before), len(after), info.Path)
 	}
 }
