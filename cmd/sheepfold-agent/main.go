@@ -273,8 +273,13 @@ func runServe(args []string) int {
 			return 1
 		}
 	}
-	// Code contexts run as "user" when the agent is the sandbox's root.
-	kernelCred := agent.KernelCredential(*root)
+	// Code contexts run as the default user ("user", or --user: a
+	// template's USER) when the agent is the sandbox's root.
+	kernelCred, err := agent.KernelCredentialFor(*root, *user)
+	if err != nil {
+		log.Error("the code contexts' user", "err", err)
+		return 2
+	}
 	// The agent's own binary is the seccomp-exec helper of Node contexts
 	// under allow_subprocess: false.
 	self, err := os.Executable()

@@ -72,11 +72,14 @@ func validUserName(name string) bool {
 	return name != "" && len(name) <= 32 && name[0] != '-' && !strings.ContainsAny(name, ":/\n\x00 ")
 }
 
-// lookupUser finds name in passwd(5) text: its uid, gid and home.
+// lookupUser finds name in passwd(5) text: its uid, gid and home. A
+// number is a uid (a Dockerfile's USER may name one): the first entry
+// with that uid, under its name.
 func lookupUser(passwd []byte, name string) (identity, bool) {
+	_, nerr := strconv.ParseUint(name, 10, 32)
 	for line := range bytes.SplitSeq(passwd, []byte("\n")) {
 		f := strings.Split(string(line), ":")
-		if len(f) < 7 || f[0] != name || strings.HasPrefix(name, "#") {
+		if len(f) < 7 || (f[0] != name && (nerr != nil || f[2] != name)) || strings.HasPrefix(f[0], "#") {
 			continue
 		}
 		uid, err1 := strconv.ParseUint(f[2], 10, 32)
@@ -88,7 +91,7 @@ func lookupUser(passwd []byte, name string) (identity, bool) {
 		if !path.IsAbs(home) {
 			home = "/"
 		}
-		return identity{name: name, uid: uint32(uid), gid: uint32(gid), groups: []uint32{uint32(gid)}, home: path.Clean(home)}, true
+		return identity{name: f[0], uid: uint32(uid), gid: uint32(gid), groups: []uint32{uint32(gid)}, home: path.Clean(home)}, true
 	}
 	return identity{}, false
 }

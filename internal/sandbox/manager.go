@@ -564,6 +564,7 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		Devices: s.devices, GPUs: s.gpuCount(m),
 		// What waitAgent's ping says, from the start (runtime.Spec.Lifetime).
 		Lifetime: opt.Timeout + lifetimeGrace,
+		User:     start.User, WorkDir: start.WorkDir,
 	}
 	if egressPolicy.Enabled() {
 		gw, err := egress.New(m.cfg.Egress, s.ID, egressPolicy, opt.Policy.NetworkRequests())

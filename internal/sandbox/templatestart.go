@@ -31,7 +31,11 @@ type TemplateStart struct {
 	// connection to port N inside the sandbox is accepted), "cmd:COMMAND"
 	// (sh -c COMMAND, run as Command is, exits 0), or "" (ready once
 	// Command has started).
-	Ready   string
+	Ready string
+	// User and WorkDir are the template's last USER and WORKDIR: those
+	// of the start command, and the defaults of every process and code
+	// context of its sandboxes (runtime.Spec.User, WorkDir). A USER's
+	// ":group" is dropped: a user runs with its primary group.
 	User    string
 	WorkDir string
 	Env     []string // "K=V"
@@ -156,6 +160,9 @@ func (m *Manager) templateStart(name string) (TemplateStart, error) {
 	if st.Command == "" && st.Ready != "" {
 		return TemplateStart{}, apierr.New(apierr.TemplateNotReady, "template %q has a ready check but no start command", name)
 	}
+	// USER's "name[:group]": the agent's users are passwd(5) names (or
+	// uids), each with its primary group.
+	st.User, _, _ = strings.Cut(st.User, ":")
 	return st, nil
 }
 

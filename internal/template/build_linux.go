@@ -489,7 +489,7 @@ func Use(dataDir, name string) (release func(), err error) {
 // claimUnused takes template name's directory in dir exclusively,
 // without waiting: ErrInUse while a sandbox holds it (Hold).
 func claimUnused(dir, name string) (release func(), err error) {
-	f, err := openDir(filepath.Join(dir, name))
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDONLY|unix.O_DIRECTORY, 0) // a link's tree is what Hold holds
 	if err != nil {
 		return nil, err
 	}

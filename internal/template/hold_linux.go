@@ -55,7 +55,9 @@ func HoldPath(dataDir, rootfs string) (func(), error) {
 	if !within(templatesDir(dataDir), dir) {
 		return nil, fmt.Errorf("%s is not a template's root filesystem", rootfs)
 	}
-	f, err := openDir(dir)
+	// A template's directory may be a link to one elsewhere (a data dir
+	// sharing another's python): the tree it links to is held.
+	f, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +67,7 @@ func HoldPath(dataDir, rootfs string) (func(), error) {
 	}
 	// A remover that took the lock first may have removed the tree
 	// meanwhile: held, it must still be at dir.
-	if !sameDir(f, dir) {
+	if !sameDir(f, dir, unix.Stat) {
 		f.Close()
 		return nil, fs.ErrNotExist
 	}
@@ -81,10 +83,11 @@ func openDir(dir string) (*os.File, error) {
 	return os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|noFollow, 0)
 }
 
-// sameDir reports whether f is still the directory at path.
-func sameDir(f *os.File, path string) bool {
+// sameDir reports whether f is still the directory at path (stat:
+// unix.Stat or unix.Lstat).
+func sameDir(f *os.File, path string, stat func(string, *unix.Stat_t) error) bool {
 	var a, b unix.Stat_t
-	if unix.Fstat(int(f.Fd()), &a) != nil || unix.Lstat(path, &b) != nil {
+	if unix.Fstat(int(f.Fd()), &a) != nil || stat(path, &b) != nil {
 		return false
 	}
 	return a.Dev == b.Dev && a.Ino == b.Ino
@@ -135,7 +138,7 @@ func removeIfUnused(dir string, unused func() bool) (removed bool, err error) {
 	} else if err != nil {
 		return false, err
 	}
-	if !sameDir(f, dir) || !unused() {
+	if !sameDir(f, dir, unix.Lstat) || !unused() {
 		return false, nil
 	}
 	if err := removeStaging(dir); err != nil {
