@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -156,10 +157,17 @@ func TestE2BTemplateTagsAPI(t *testing.T) {
 	if envOf("app:stable") != "VERSION=one" {
 		t.Error("stable is not v1's build")
 	}
-	for _, bad := range []map[string]any{{"target": "app", "tags": []string{"Bad!"}}, {"target": "app", "tags": []string{"default"}}, {"target": "app"}} {
-		if r := e2b("POST", "/templates/tags", admin, bad); r.status != http.StatusBadRequest {
-			t.Errorf("assign %v: %d %s", bad, r.status, r.body)
+	for bad, msg := range map[string]string{"Bad!": `invalid tag \"Bad!\": want [a-z0-9][a-z0-9._-]*`, "../x": "invalid tag", "default": "newest build"} {
+		r := e2b("POST", "/templates/tags", admin, map[string]any{"target": "app", "tags": []string{"v9", bad}})
+		if r.status != http.StatusBadRequest || !strings.Contains(string(r.body), msg) {
+			t.Errorf("assign %q: %d %s, want 400 saying %s", bad, r.status, r.body, msg)
 		}
+	}
+	if _, err := template.Get(data, "app:v9"); !errors.Is(err, template.ErrNotBuilt) {
+		t.Errorf("a request with a bad tag made its good one: %v", err)
+	}
+	if r := e2b("POST", "/templates/tags", admin, map[string]any{"target": "app"}); r.status != http.StatusBadRequest {
+		t.Errorf("assign without tags: %d %s", r.status, r.body)
 	}
 	if r := e2b("POST", "/templates/tags", admin, map[string]any{"target": "app:nope", "tags": []string{"x"}}); r.status != http.StatusNotFound {
 		t.Errorf("assign from an unknown tag: %d %s", r.status, r.body)

@@ -42,7 +42,10 @@ import (
 // image in a registry the server allows (one on loopback) builds too.
 // Then template_tags.py: a build of NAME:v1 and one of NAME, exists and
 // alias_exists, the list, get_tags, assign_tags and remove_tags, and
-// sandboxes created from NAME:TAG each getting the build its tag names.
+// sandboxes created from NAME:TAG each getting the build its tag names;
+// a tag moved while a sandbox runs on its old copy: the sandbox goes on
+// with the old files, a new one gets the new, the old copy leaves the
+// disk with the sandbox's kill; a bad tag is refused (ERR_BAD_REQUEST).
 func TestE2BTemplateBuild(t *testing.T) {
 	testutil.RequireRoot(t)
 	runc := testutil.Runc(t)
@@ -128,7 +131,7 @@ func TestE2BTemplateBuild(t *testing.T) {
 		c := exec.CommandContext(ctx, "/usr/bin/python3", py, name)
 		c.Dir = "../e2b/python"
 		c.Env = append(nodejs.Environ("E2B_", "PYTHON"), "PYTHONPATH="+filepath.Join(sdk, "e2b-python", "site"),
-			"E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY="+key, "SHEEPFOLD_TEST_IMAGE="+regHost+"/tiny:1")
+			"E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY="+key, "SHEEPFOLD_TEST_IMAGE="+regHost+"/tiny:1", "SHEEPFOLD_TEST_DATA="+dir)
 		c.WaitDelay = 10 * time.Second
 		out, err := c.CombinedOutput()
 		return string(out), err
@@ -175,6 +178,13 @@ func TestE2BTemplateBuild(t *testing.T) {
 		"RESULT removed ['default', 'stable', 'v1'] False",
 		"RESULT untagged create refused",
 		"RESULT remove unknown refused TemplateException",
+		// A tag moved under a running sandbox: the old copy stays for it,
+		// whole, and goes with it.
+		"RESULT solo moved True True",
+		"RESULT old sandbox two 42 two /usr/bin/python3",
+		"RESULT new sandbox one",
+		"RESULT old copy after the kill False",
+		"RESULT bad tag refused",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in the output:\n%s", want, out)

@@ -64,3 +64,30 @@ try:
     print("RESULT remove unknown succeeded", flush=True)
 except TemplateException as e:
     print("RESULT remove unknown refused", type(e).__name__, flush=True)
+
+# A tag moved while a sandbox runs on its old copy: the move succeeds,
+# the sandbox goes on with the old files, a new sandbox of the tag gets
+# the new ones, and the old copy goes from disk with the sandbox. "solo"
+# is a copy of NAME's build ("two") that no other tag shares; it moves
+# to v1's ("one").
+import os  # noqa: E402
+
+tags_dir = os.path.join(os.environ["SHEEPFOLD_TEST_DATA"], "templates", ".tags", name)
+Template.assign_tags(name, "solo")
+solo_copy = os.readlink(os.path.join(tags_dir, "solo"))
+old = Sandbox.create(name + ":solo", timeout=120)
+try:
+    Template.assign_tags(name + ":v1", "solo")
+    print("RESULT solo moved", solo_copy in os.listdir(tags_dir), os.readlink(os.path.join(tags_dir, "solo")) != solo_copy, flush=True)
+    print("RESULT old sandbox", old.commands.run("cat /etc/sdk-version").stdout.strip(),
+          old.commands.run("python3 -c 'print(6 * 7, open(\"/etc/sdk-version\").read().strip())'").stdout.strip(),
+          old.commands.run("ls /usr/bin/python3").stdout.strip(), flush=True)
+    print("RESULT new sandbox", version(name + ":solo"), flush=True)
+finally:
+    old.kill()
+print("RESULT old copy after the kill", solo_copy in os.listdir(tags_dir), flush=True)
+try:
+    Template.assign_tags(name, ["Bad Tag"])
+    print("RESULT bad tag succeeded", flush=True)
+except Exception as e:  # noqa: BLE001 - the SDK's error type is what is printed
+    print("RESULT bad tag refused", type(e).__name__, "invalid tag" in str(e), flush=True)
