@@ -118,7 +118,7 @@ func (t templates) StartOf(name string) (sandbox.TemplateStart, error) {
 // (sandbox.TemplateHolds): a tag moved or a name rebuilt meanwhile
 // leaves the old tree to its sandboxes, removed when the last lets go
 // (template.Hold).
-func (t templates) HoldRoot(rootfs string) (func(), error) {
+func (t templates) HoldRoot(rootfs string) (func(collect bool), error) {
 	return template.HoldPath(t.dataDir, rootfs)
 }
 

@@ -12,8 +12,11 @@ import "fmt"
 type TemplateHolds interface {
 	// HoldRoot holds root filesystem rootfs (a RootFS answer) until
 	// release is called; it fails when that root is gone (the
-	// template moved on and nothing held it).
-	HoldRoot(rootfs string) (release func(), err error)
+	// template moved on and nothing held it). release(true): the
+	// sandbox is gone, its root may go with it if nothing names or
+	// holds it; release(false): the engine closes, leaving the root to
+	// the paused sandboxes on it and the next engine.
+	HoldRoot(rootfs string) (release func(collect bool), err error)
 }
 
 // holdRoot holds rootfs for sandbox id (TemplateHolds), until
@@ -30,10 +33,10 @@ func (m *Manager) holdRoot(id, rootfs string) error {
 	m.holdsMu.Lock()
 	defer m.holdsMu.Unlock()
 	if m.holds == nil {
-		m.holds = map[string]func(){}
+		m.holds = map[string]func(bool){}
 	}
 	if old := m.holds[id]; old != nil {
-		old()
+		old(true)
 	}
 	m.holds[id] = release
 	return nil
@@ -47,20 +50,21 @@ func (m *Manager) releaseRoot(id string) {
 	delete(m.holds, id)
 	m.holdsMu.Unlock()
 	if release != nil {
-		release()
+		release(true)
 	}
 }
 
-// releaseRoots lets go of every root still held, at Close: the paused
-// sandboxes it leaves are held again by the next engine (keep.go), and
-// what could not be destroyed is destroyed by the next engine's start
-// before it sweeps the unused trees (internal/engine).
+// releaseRoots lets go of every root still held, at Close, removing
+// none: the paused sandboxes it leaves still run on theirs and are held
+// again by the next engine (keep.go), and what could not be destroyed
+// is destroyed by the next engine's start before it sweeps the unused
+// trees (internal/engine).
 func (m *Manager) releaseRoots() {
 	m.holdsMu.Lock()
 	holds := m.holds
 	m.holds = nil
 	m.holdsMu.Unlock()
 	for _, release := range holds {
-		release()
+		release(false) // the next engine sweeps what nothing holds then
 	}
 }

@@ -292,7 +292,7 @@ type Manager struct {
 	// holdsMu guards holds: the release of each sandbox's hold on its
 	// template's root (holds.go), by sandbox id.
 	holdsMu sync.Mutex
-	holds   map[string]func()
+	holds   map[string]func(collect bool)
 }
 
 // New returns a Manager. It first destroys every sandbox the runtime still

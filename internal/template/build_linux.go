@@ -482,8 +482,11 @@ func lockTemplate(ctx context.Context, dir, name string) (unlock func(), err err
 // release is called: Hold without the Info. Remove refuses a template
 // that any process holds (ErrInUse).
 func Use(dataDir, name string) (release func(), err error) {
-	_, release, err = Hold(dataDir, name)
-	return release, err
+	_, r, err := Hold(dataDir, name)
+	if err != nil {
+		return nil, err
+	}
+	return func() { r(true) }, nil
 }
 
 // claimUnused takes template name's directory in dir exclusively,

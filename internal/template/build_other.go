@@ -40,13 +40,16 @@ func BuildDockerfile(ctx context.Context, dockerfile []byte, opt DockerfileOptio
 func Use(dataDir, name string) (func(), error) { return func() {}, nil }
 
 // Hold reads the template; nothing is held (nothing removes a tree here).
-func Hold(dataDir, ref string) (Info, func(), error) {
+func Hold(dataDir, ref string) (Info, Release, error) {
 	info, err := Get(dataDir, ref)
-	return info, func() {}, err
+	return info, func(bool) {}, err
 }
 
+// Release lets go of a hold: see Hold.
+type Release func(collect bool)
+
 // HoldPath holds nothing: see Hold.
-func HoldPath(dataDir, rootfs string) (func(), error) { return func() {}, nil }
+func HoldPath(dataDir, rootfs string) (Release, error) { return func(bool) {}, nil }
 
 // Sweep fails: see errUnsupported.
 func Sweep(dataDir string) error { return errUnsupported }

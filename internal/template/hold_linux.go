@@ -23,12 +23,15 @@ import (
 // itself when nothing holds it, or Sweep (an engine's start, after it
 // has taken back its paused sandboxes and held their roots).
 
+// Release lets go of a hold (Hold, HoldPath). With collect, the tree is
+// removed if nothing names it any more and nothing else holds it (its
+// sandbox is gone); without, it stays (an engine closing with paused
+// sandboxes on it, which the next engine holds again before it sweeps).
+type Release func(collect bool)
+
 // Hold holds the template ref (a name or "NAME:TAG") for a sandbox that
-// runs on it: its Info (Path the root it runs on) and release, which
-// lets go and removes the tree if it is no longer named and nothing else
-// holds it. A read-only data dir holds nothing (no tree is removed
-// there).
-func Hold(dataDir, ref string) (Info, func(), error) {
+// runs on it until release: its Info (Path the root it runs on).
+func Hold(dataDir, ref string) (Info, Release, error) {
 	for range 5 {
 		info, err := Get(dataDir, ref)
 		if err != nil {
@@ -50,7 +53,7 @@ func Hold(dataDir, ref string) (Info, func(), error) {
 // template in dataDir) as Hold does: for a sandbox that already runs on
 // it (a paused one an engine takes back). fs.ErrNotExist when the tree
 // is gone.
-func HoldPath(dataDir, rootfs string) (func(), error) {
+func HoldPath(dataDir, rootfs string) (Release, error) {
 	dir := filepath.Dir(rootfs)
 	if !within(templatesDir(dataDir), dir) {
 		return nil, fmt.Errorf("%s is not a template's root filesystem", rootfs)
@@ -71,9 +74,25 @@ func HoldPath(dataDir, rootfs string) (func(), error) {
 		f.Close()
 		return nil, fs.ErrNotExist
 	}
-	return func() {
+	return func(c bool) {
+		var held unix.Stat_t
+		moved := c && unix.Fstat(int(f.Fd()), &held) == nil && !sameDir(f, dir, unix.Stat)
 		f.Close()
-		collect(dataDir, dir)
+		switch {
+		case !c:
+		case moved && filepath.Dir(dir) == templatesDir(dataDir):
+			// A name rebuilt (or removed) under its sandboxes: its old
+			// tree was renamed aside (asideName) and left to them.
+			old, _ := filepath.Glob(filepath.Join(templatesDir(dataDir), "."+filepath.Base(dir)+".old-*"))
+			for _, o := range old {
+				var st unix.Stat_t
+				if unix.Lstat(o, &st) == nil && st.Dev == held.Dev && st.Ino == held.Ino {
+					_, _ = removeIfUnused(o, func() bool { return true })
+				}
+			}
+		default:
+			collect(dataDir, dir)
+		}
 	}, nil
 }
 

@@ -49,7 +49,7 @@ func Tag(ctx context.Context, dataDir, source string, tags []string) (Info, erro
 	if err != nil {
 		return Info{}, err
 	}
-	defer release()
+	defer release(true)
 	gen := filepath.Dir(src.Path)
 	if filepath.Dir(gen) != parent {
 		// A name's newest build: copied, since its next build replaces it.

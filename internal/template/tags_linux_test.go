@@ -122,9 +122,35 @@ func TestTags(t *testing.T) {
 	if _, err := os.Stat(held.Path); err != nil {
 		t.Errorf("the held copy went while held: %v", err)
 	}
-	release()
+	// Released without collecting (an engine closing with a paused
+	// sandbox on it): it stays, for the next engine's sweep.
+	release(false)
+	if _, err := os.Stat(held.Path); err != nil {
+		t.Errorf("the copy released without collecting: %v", err)
+	}
+	if err := Sweep(data); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(held.Path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the released copy after a Sweep: %v", err)
+	}
+	// Released with collecting (its sandbox gone): it goes at once.
+	held, release, err = Hold(data, "app:stable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Untag(data, "app", "stable"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(held.Path); err != nil {
+		t.Errorf("the held copy went while held: %v", err)
+	}
+	release(true)
 	if _, err := os.Stat(held.Path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the held copy after its release: %v", err)
+	}
+	if _, err := Tag(ctx, data, "app", []string{"stable"}); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := Get(data, "app:prod"); !errors.Is(err, ErrNotBuilt) {
 		t.Errorf("Get of a removed tag: %v", err)
