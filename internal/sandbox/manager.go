@@ -551,7 +551,7 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	}
 	m.sandboxes[s.ID] = s
 	m.mu.Unlock()
-	s.root = rootfs
+	s.root, s.startUser, s.startUserKnown = rootfs, start.User, opt.Snapshot == ""
 	if err := m.holdRoot(s.ID, rootfs); err != nil {
 		close(s.created)
 		m.destroy(s, reasonFailed)

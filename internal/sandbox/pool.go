@@ -547,7 +547,7 @@ func (p *pool) start(k poolKey, node string) (*Sandbox, error) {
 	// Logged before the runtime makes anything: a member whose engine
 	// dies before it is ready is still named in some log.
 	m.log.Info("warm pool: starting a member", "sandbox", s.ID, "template", tmpl, "node", node)
-	s.root = rootfs
+	s.root, s.startUser, s.startUserKnown = rootfs, start.User, true
 	if err := m.holdRoot(s.ID, rootfs); err != nil {
 		close(s.created)
 		return nil, err

@@ -166,6 +166,22 @@ func (m *Manager) templateStart(name string) (TemplateStart, error) {
 	return st, nil
 }
 
+// DefaultUser is the user the sandbox's processes and file calls that
+// name none act as: its template's USER (TemplateStart.User) as its
+// agent started with it, else "user".
+func (s *Sandbox) DefaultUser() string {
+	u, known := s.startUser, s.startUserKnown
+	if !known { // taken back or restored: the template's now
+		if st, err := s.m.templateStart(s.Template); err == nil {
+			u = st.User
+		}
+	}
+	if u == "" {
+		return agentproto.UserDefault
+	}
+	return u
+}
+
 // tailBuffer keeps the last max bytes written to it.
 type tailBuffer struct {
 	// mu guards b.

@@ -45,7 +45,10 @@ import (
 // sandboxes created from NAME:TAG each getting the build its tag names;
 // a tag moved while a sandbox runs on its old copy: the sandbox goes on
 // with the old files, a new one gets the new, the old copy leaves the
-// disk with the sandbox's kill; a bad tag is refused (ERR_BAD_REQUEST).
+// disk with the sandbox's kill; a bad tag is refused (ERR_BAD_REQUEST). A
+// template built with set_workdir and set_user: its sandboxes' commands
+// run as that user in that directory unless they name their own; base's
+// as "user" in /home/user.
 func TestE2BTemplateBuild(t *testing.T) {
 	testutil.RequireRoot(t)
 	runc := testutil.Runc(t)
@@ -185,6 +188,11 @@ func TestE2BTemplateBuild(t *testing.T) {
 		"RESULT new sandbox one",
 		"RESULT old copy after the kill False",
 		"RESULT bad tag refused",
+		// set_user / set_workdir: the sandboxes' defaults.
+		"RESULT owned default 65534 /srv/x here",
+		"RESULT owned explicit 0 /tmp",
+		"RESULT owned python 65534 /srv/x",
+		"RESULT base default 1000 /home/user",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in the output:\n%s", want, out)

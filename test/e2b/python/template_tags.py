@@ -91,3 +91,22 @@ try:
     print("RESULT bad tag succeeded", flush=True)
 except Exception as e:  # noqa: BLE001 - the SDK's error type is what is printed
     print("RESULT bad tag refused", type(e).__name__, "invalid tag" in str(e), flush=True)
+
+# A template's last USER and WORKDIR are its sandboxes' defaults (E2B's
+# semantics): a command that names neither runs as that user in that
+# directory; a command's own user and cwd win.
+owned = Template().from_template("base").run_cmd("mkdir -p /srv/x && echo here > /srv/x/mark", user="root") \
+    .set_workdir("/srv/x").set_user("nobody")
+Template.build(owned, name + "-owned")
+sb = Sandbox.create(name + "-owned", timeout=120)
+try:
+    print("RESULT owned default", sb.commands.run("echo $(id -u) $(pwd) $(cat mark)").stdout.strip(), flush=True)
+    print("RESULT owned explicit", sb.commands.run("echo $(id -u) $(pwd)", user="root", cwd="/tmp").stdout.strip(), flush=True)
+    print("RESULT owned python", sb.commands.run("python3 -c 'import os; print(os.getuid(), os.getcwd())'").stdout.strip(), flush=True)
+finally:
+    sb.kill()
+sb = Sandbox.create("base", timeout=60)
+try:
+    print("RESULT base default", sb.commands.run("echo $(id -u) $(pwd)").stdout.strip(), flush=True)
+finally:
+    sb.kill()
