@@ -96,16 +96,6 @@ func readGen(gen, name, tag string) (Info, error) {
 	return info, err
 }
 
-// canonRef is a template name or "NAME:TAG" as Use and claimUnused name
-// it: "NAME:default" is NAME.
-func canonRef(ref string) (string, error) {
-	name, tag, err := SplitRef(ref)
-	if err != nil || tag == "" {
-		return name, err
-	}
-	return name + ":" + tag, nil
-}
-
 // getRef reads the template a reference names.
 func getRef(dataDir, ref string) (Info, error) {
 	name, tag, err := SplitRef(ref)
