@@ -86,6 +86,11 @@ func (h *Handler) tagRoutes(add func(string, func(http.ResponseWriter, *http.Req
 	add("GET /templates/{first}/{second}", h.aliasOrTags)
 	add("POST /templates/tags", h.assignTags)
 	add("DELETE /templates/tags", h.removeTags)
+	// The GET above is no reason for a 405 to a DELETE of a snapshot or
+	// template id holding a slash ("team/warm:v1"): no such one exists.
+	add("DELETE /templates/{first}/{second}", func(w http.ResponseWriter, r *http.Request, owner string) error {
+		return &statusError{http.StatusNotFound, fmt.Sprintf("no template %s/%s", r.PathValue("first"), r.PathValue("second"))}
+	})
 }
 
 func (h *Handler) listTemplates(w http.ResponseWriter, r *http.Request, owner string) error {
