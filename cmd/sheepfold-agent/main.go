@@ -169,6 +169,8 @@ func runServe(args []string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	root := fs.String("root", "/", "directory file operations are confined to")
 	home := fs.String("home", "/home/user", "sandbox path of the user's home")
+	user := fs.String("user", "", "the user processes and file operations that name none run as (a template's USER); empty: \"user\"")
+	workDir := fs.String("workdir", "", "sandbox path processes and code contexts that name no working directory start in (a template's WORKDIR); empty: the user's home")
 	listen := fs.String("listen", "", "create and listen on this unix socket instead of using fd 3")
 	listenTCP := fs.String("listen-tcp", "", "listen on this TCP address (host:port) with TLS instead (a sandbox in a Pod); needs --tls-dir")
 	tlsDir := fs.String("tls-dir", "", "directory of the agent's TLS credential for --listen-tcp ("+agenttls.CertFile+", "+agenttls.KeyFile+", "+agenttls.CAFile+")")
@@ -271,8 +273,13 @@ func runServe(args []string) int {
 			return 1
 		}
 	}
-	// Code contexts run as "user" when the agent is the sandbox's root.
-	kernelCred := agent.KernelCredential(*root)
+	// Code contexts run as the default user ("user", or --user: a
+	// template's USER) when the agent is the sandbox's root.
+	kernelCred, err := agent.KernelCredentialFor(*root, *user)
+	if err != nil {
+		log.Error("the code contexts' user", "err", err)
+		return 2
+	}
 	// The agent's own binary is the seccomp-exec helper of Node contexts
 	// under allow_subprocess: false.
 	self, err := os.Executable()
@@ -295,6 +302,8 @@ func runServe(args []string) int {
 		SubprocessDenied: kernel.SubprocessDenied,
 		Root:             *root,
 		Home:             *home,
+		User:             *user,
+		WorkDir:          *workDir,
 		Version:          version,
 		NewKernel: func(ctx context.Context, spec agentproto.ContextSpec) (agent.Kernel, error) {
 			k, err := kernel.Start(ctx, spec, kernel.Options{BaseEnv: os.Environ(), Credential: kernelCred, Helper: self,

@@ -32,6 +32,13 @@ type Config struct {
 	// default working directory of processes and contexts
 	// (default /home/user).
 	Home string
+	// User is the user a request that names none acts as (a template's
+	// last USER): "" is "user". An explicit user in a request wins.
+	User string
+	// WorkDir is the sandbox path processes and contexts that name no
+	// working directory start in (a template's last WORKDIR); "" is the
+	// user's home. Relative request paths still start from the home.
+	WorkDir string
 	// Version is reported by ping.
 	Version string
 	// NewKernel starts an interpreter for a code context. Its ctx lasts as
@@ -138,6 +145,15 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fmt.Errorf("agent: home %q is not absolute", cfg.Home)
 	}
 	cfg.Home = path.Clean(cfg.Home)
+	if cfg.WorkDir != "" {
+		if !path.IsAbs(cfg.WorkDir) {
+			return cfg, fmt.Errorf("agent: working directory %q is not absolute", cfg.WorkDir)
+		}
+		cfg.WorkDir = path.Clean(cfg.WorkDir)
+	}
+	if cfg.User != "" && !validUserName(cfg.User) {
+		return cfg, fmt.Errorf("agent: invalid user name %q", cfg.User)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -154,8 +154,12 @@ func (s *server) startKernel(id string, spec agentproto.ContextSpec) (*kernelCon
 }
 
 // contextCwd is the sandbox path a context asked to start in cwd starts
-// in: the home directory when cwd is empty, relative ones under it.
+// in: Config.WorkDir, else the home directory, when cwd is empty;
+// relative ones under the home.
 func (s *server) contextCwd(cwd string) string {
+	if cwd == "" && s.cfg.WorkDir != "" {
+		return s.cfg.WorkDir
+	}
 	if cwd == "" {
 		return s.cfg.Home
 	}

@@ -359,7 +359,9 @@ func (s *server) processStart(c *conn, req *agentproto.Request) agentproto.Event
 		return fail(agentproto.CodeBadRequest, "%v", err)
 	}
 	cwd := spec.Cwd
-	if cwd == "" {
+	if cwd == "" && s.cfg.WorkDir != "" {
+		cwd = s.cfg.WorkDir // the template's WORKDIR
+	} else if cwd == "" {
 		cwd = id.home
 	} else if !path.IsAbs(cwd) {
 		cwd = path.Join(id.home, cwd)

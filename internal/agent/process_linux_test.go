@@ -380,3 +380,59 @@ func TestProcessLeftoverChildHoldsPipe(t *testing.T) {
 		t.Fatalf("done %+v", r.done)
 	}
 }
+
+// TestTemplateUserWorkDir: a template's WORKDIR is where a process or a
+// context naming no working directory starts, its USER the user a request
+// naming none acts as; a request's own cwd and user win, and relative
+// paths still start from the home.
+func TestTemplateUserWorkDir(t *testing.T) {
+	t.Parallel()
+	home, work := t.TempDir(), t.TempDir()
+	os.MkdirAll(filepath.Join(home, "sub"), 0o755)
+	a := startAgent(t, Config{Root: "/", Home: home, WorkDir: work, User: "root", Env: []string{"PATH=/usr/bin:/bin"}})
+	pwd := func(p *agentproto.ProcessSpec) string {
+		t.Helper()
+		return strings.TrimSpace(a.call(t, agentproto.Request{Op: agentproto.OpProcessStart, Process: p}).mustOK(t).output(agentproto.EventStdout))
+	}
+	if got := pwd(&agentproto.ProcessSpec{Cmd: "pwd"}); got != work {
+		t.Errorf("no cwd: in %q, want the WORKDIR %q", got, work)
+	}
+	if got := pwd(&agentproto.ProcessSpec{Cmd: "pwd", Cwd: "sub"}); got != filepath.Join(home, "sub") {
+		t.Errorf("relative cwd: in %q, want it under the home", got)
+	}
+	if got := pwd(&agentproto.ProcessSpec{Cmd: "pwd", Cwd: "/"}); got != "/" {
+		t.Errorf("explicit cwd: in %q", got)
+	}
+	var s *server
+	select {
+	case s = <-a.srv:
+		a.srv <- s
+	case <-time.After(10 * time.Second):
+		t.Fatal("no server")
+	}
+	id, bad := s.user("", s.passwd)
+	if bad != nil || id.name != agentproto.UserRoot || id.uid != 0 {
+		t.Errorf("no user: %+v %v, want the template's root", id, bad)
+	}
+	id, bad = s.user(agentproto.UserDefault, s.passwd)
+	if bad != nil || id.uid != defaultUID {
+		t.Errorf("explicit user: %+v %v, want uid %d", id, bad, defaultUID)
+	}
+	if got := s.contextCwd(""); got != work {
+		t.Errorf("context with no cwd starts in %q, want %q", got, work)
+	}
+	if got := s.contextCwd("sub"); got != filepath.Join(home, "sub") {
+		t.Errorf("context with a relative cwd starts in %q", got)
+	}
+
+	// Without them, the defaults are the home and "user".
+	b := startProcAgent(t)
+	if got := strings.TrimSpace(b.call(t, agentproto.Request{Op: agentproto.OpProcessStart, Process: &agentproto.ProcessSpec{Cmd: "pwd"}}).mustOK(t).output(agentproto.EventStdout)); got != b.cfg.Home {
+		t.Errorf("default cwd %q, want the home %q", got, b.cfg.Home)
+	}
+	for _, c := range []Config{{WorkDir: "rel"}, {User: "a:b"}} {
+		if _, err := c.withDefaults(); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+}

@@ -72,11 +72,14 @@ func validUserName(name string) bool {
 	return name != "" && len(name) <= 32 && name[0] != '-' && !strings.ContainsAny(name, ":/\n\x00 ")
 }
 
-// lookupUser finds name in passwd(5) text: its uid, gid and home.
+// lookupUser finds name in passwd(5) text: its uid, gid and home. A
+// number is a uid (a Dockerfile's USER may name one): the first entry
+// with that uid, under its name.
 func lookupUser(passwd []byte, name string) (identity, bool) {
+	_, nerr := strconv.ParseUint(name, 10, 32)
 	for line := range bytes.SplitSeq(passwd, []byte("\n")) {
 		f := strings.Split(string(line), ":")
-		if len(f) < 7 || f[0] != name || strings.HasPrefix(name, "#") {
+		if len(f) < 7 || (f[0] != name && (nerr != nil || f[2] != name)) || strings.HasPrefix(f[0], "#") {
 			continue
 		}
 		uid, err1 := strconv.ParseUint(f[2], 10, 32)
@@ -88,17 +91,21 @@ func lookupUser(passwd []byte, name string) (identity, bool) {
 		if !path.IsAbs(home) {
 			home = "/"
 		}
-		return identity{name: name, uid: uint32(uid), gid: uint32(gid), groups: []uint32{uint32(gid)}, home: path.Clean(home)}, true
+		return identity{name: f[0], uid: uint32(uid), gid: uint32(gid), groups: []uint32{uint32(gid)}, home: path.Clean(home)}, true
 	}
 	return identity{}, false
 }
 
-// user resolves a requested user name. "" and "user" are uid 1000 with
+// user resolves a requested user name. "" is Config.User when that is
+// set. "" and "user" are uid 1000 with
 // home Config.Home, "root" is uid 0 with home /root, and any other name
 // comes from the sandbox's /etc/passwd (passwd is read only for those).
 // When the agent does not switch users, every identity has home
 // Config.Home: the agent acts as itself.
 func (s *server) user(name string, passwd func() []byte) (identity, *agentproto.Event) {
+	if name == "" {
+		name = s.cfg.User // the template's USER; "" stays "user"
+	}
 	var id identity
 	switch name {
 	case "", agentproto.UserDefault:

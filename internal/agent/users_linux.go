@@ -281,6 +281,33 @@ func KernelCredential(root string) *syscall.Credential {
 	return &syscall.Credential{Uid: defaultUID, Gid: defaultGID, Groups: []uint32{defaultGID}}
 }
 
+// KernelCredentialFor is KernelCredential for an agent whose default
+// user (Config.User, a template's last USER) is user: "" and "user" are
+// KernelCredential's, "root" uid 0, any other name (or uid) that user's
+// uid and primary gid in root's /etc/passwd. A kernel's credential is
+// fixed when it starts, so the default user is the agent's from its
+// start (serve --user); nil when the agent does not switch users.
+func KernelCredentialFor(root, user string) (*syscall.Credential, error) {
+	if !canSwitchUsers(root) {
+		return nil, nil
+	}
+	switch user {
+	case "", agentproto.UserDefault:
+		return KernelCredential(root), nil
+	case agentproto.UserRoot:
+		return &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{0}}, nil
+	}
+	passwd, err := os.ReadFile(hostPath(root, "/etc/passwd"))
+	if err != nil {
+		return nil, fmt.Errorf("user %q: %w", user, err)
+	}
+	id, ok := lookupUser(passwd, user)
+	if !validUserName(user) || !ok {
+		return nil, fmt.Errorf("unknown user %q: not in the sandbox's /etc/passwd", user)
+	}
+	return &syscall.Credential{Uid: id.uid, Gid: id.gid, Groups: []uint32{id.gid}}, nil
+}
+
 // contextDir checks that dir, a sandbox path, can be a code context's
 // working directory: that it exists and is a directory, as the agent sees
 // it. Whether the context's user may enter it does not matter: its

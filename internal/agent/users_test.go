@@ -28,10 +28,17 @@ func TestLookupUser(t *testing.T) {
 		{"short", false, 0, 0, ""},
 		{"#guest", false, 0, 0, ""},
 		{"nobody", false, 0, 0, ""},
+		// A uid (a Dockerfile's USER 1001): the first entry with it.
+		{"1001", true, 1001, 1002, "/home/guest"},
+		{"5", false, 0, 0, ""}, // only a comment has it
+		{"99", false, 0, 0, ""},
 	} {
 		id, ok := lookupUser(passwd, tc.name)
 		if ok != tc.ok || ok && (id.uid != tc.uid || id.gid != tc.gid || id.home != tc.home || len(id.groups) != 1 || id.groups[0] != tc.gid) {
 			t.Errorf("lookupUser(%q) = %+v, %v", tc.name, id, ok)
+		}
+		if ok && tc.name == "1001" && id.name != "guest" {
+			t.Errorf("lookupUser(1001) is named %q, want its entry's name", id.name)
 		}
 	}
 }

@@ -117,7 +117,9 @@
 // the upload links of its files, POST /v2/templates/{id}/builds/{id},
 // the build's status and log) translated into a Dockerfile that a
 // TemplateBackend (the server: admin keys, POST /v1/templates's build)
-// builds.
+// builds. Tags (tags.go): the template list, aliases (Template.exists)
+// and tags (a frozen copy of a build, "NAME:TAG", which a sandbox's
+// create takes as a name).
 //
 // Secrets (secrets.go): E2B's Secret API (`/secrets`: list, create, get,
 // a new version, delete) over the same store as /v1/secrets
@@ -379,7 +381,7 @@ func Handles(r *http.Request) bool {
 	return p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
 		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
 		p == "/secrets" || strings.HasPrefix(p, "/secrets/") ||
-		p == "/snapshots" || strings.HasPrefix(p, "/templates/") || // snapshots.go, templates.go
+		p == "/snapshots" || p == "/templates" || strings.HasPrefix(p, "/templates/") || // snapshots.go, templates.go, tags.go
 		p == "/v3/templates" || strings.HasPrefix(p, "/v2/templates/") || // templates.go
 		p == "/files" // signed file URLs carry no sandbox header
 }

@@ -51,12 +51,12 @@ func sandboxFrom(ctx context.Context) *sandbox.Sandbox {
 	return sb
 }
 
-// userFrom returns the sandbox user a request acts as.
+// userFrom returns the sandbox user a request acts as: "" when it names
+// none, the sandbox's default (its template's USER, else "user": the
+// agent's; E2B's envd since 0.4.0, where the SDK stopped sending "user").
 func userFrom(ctx context.Context) string {
-	if u, _ := ctx.Value(userKey).(string); u != "" {
-		return u
-	}
-	return defaultUser
+	u, _ := ctx.Value(userKey).(string)
+	return u
 }
 
 // maxMessageBytes bounds one envd RPC message (a process's input chunk is
@@ -199,13 +199,12 @@ func basicUser(h string) (string, error) {
 	return checkUser(user)
 }
 
-// checkUser accepts the users a sandbox has for E2B clients.
+// checkUser accepts the users a sandbox has for E2B clients; none ("")
+// is the sandbox's default user (userFrom).
 func checkUser(user string) (string, error) {
 	switch user {
-	case "", defaultUser:
-		return defaultUser, nil
-	case rootUser:
-		return rootUser, nil
+	case "", defaultUser, rootUser:
+		return user, nil
 	}
 	return "", fmt.Errorf("user %q does not exist in the sandbox (use %q or %q)", user, defaultUser, rootUser)
 }

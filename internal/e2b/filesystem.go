@@ -54,7 +54,7 @@ func entryOf(fi sandbox.FileInfo) *filesystempb.EntryInfo {
 // homePath expands a leading ~ to the user's home.
 func homePath(ctx context.Context, p string) string {
 	home := "/home/user"
-	if userFrom(ctx) == rootUser {
+	if u := userFrom(ctx); u == rootUser || u == "" && sandboxFrom(ctx).DefaultUser() == rootUser {
 		home = "/root"
 	}
 	if p == "~" {

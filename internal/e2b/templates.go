@@ -46,11 +46,24 @@ type TemplateBackend interface {
 	CanBuildTemplate(ctx context.Context, keyID, name string) error
 	// BuildTemplate starts building template name from dockerfile, with
 	// a build context holding each tar of uploads (directory name → tar
-	// file, gzip or not) unpacked as that directory; it returns the
-	// build's id. The tars may be removed once it returns.
-	BuildTemplate(ctx context.Context, keyID, name string, dockerfile []byte, uploads map[string]string, noCache bool) (string, error)
+	// file, gzip or not) unpacked as that directory, and gives the build
+	// tags once it is done; it returns the build's id. The tars may be
+	// removed once it returns.
+	BuildTemplate(ctx context.Context, keyID, name string, dockerfile []byte, uploads map[string]string, noCache bool, tags []string) (string, error)
 	// TemplateBuild is the state of a build BuildTemplate started.
 	TemplateBuild(ctx context.Context, keyID, id string) (TemplateBuildState, error)
+
+	// Templates lists the templates key keyID may start sandboxes of
+	// (tags.go), Tag "" each.
+	Templates(ctx context.Context, keyID string) ([]TemplateInfo, error)
+	// TemplateTags lists template name's newest build (Tag "") and its
+	// tags; an unknown template is a not-found error.
+	TemplateTags(ctx context.Context, keyID, name string) ([]TemplateInfo, error)
+	// AssignTags points tags of target's template at target ("NAME" or
+	// "NAME:TAG") and returns target.
+	AssignTags(ctx context.Context, keyID, target string, tags []string) (TemplateInfo, error)
+	// RemoveTags removes tags of template name.
+	RemoveTags(ctx context.Context, keyID, name string, tags []string) error
 }
 
 // TemplateBuildState is a build's state for E2B's status.
@@ -67,8 +80,9 @@ const maxPendingBuilds = 64
 // e2bBuild is one E2B build, from its request to its start.
 type e2bBuild struct {
 	id, template, keyID string
-	token               string // of its upload links
-	dir                 string // its uploads: <dir>/<hash>.tar
+	tags                []string // given the build when it is done
+	token               string   // of its upload links
+	dir                 string   // its uploads: <dir>/<hash>.tar
 	made                time.Time
 	// started is the backend's build id once started.
 	started string
@@ -82,6 +96,7 @@ type templateBuilds struct {
 }
 
 func (h *Handler) templateRoutes(add func(string, func(http.ResponseWriter, *http.Request, string) error), mux *http.ServeMux) {
+	h.tagRoutes(add) // tags.go
 	add("POST /v3/templates", h.requestBuild)
 	add("GET /templates/{templateID}/files/{hash}", h.uploadLink)
 	add("POST /v2/templates/{templateID}/builds/{buildID}", h.startBuild)
@@ -123,7 +138,8 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request, owner str
 	if req.Name == "" {
 		req.Name = req.Alias
 	}
-	name, _, _ := strings.Cut(req.Name, ":") // a tag is accepted and not kept
+	name, _, _ := strings.Cut(req.Name, ":")
+	tags := buildTags(req.Name, req.Tags)
 	keyID, _ := r.Context().Value(keyIDKey).(string)
 	if err := tb.CanBuildTemplate(r.Context(), keyID, name); err != nil {
 		return err
@@ -132,7 +148,7 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request, owner str
 	if err != nil {
 		return err
 	}
-	b := &e2bBuild{id: newBuildID(), template: name, keyID: keyID, token: newBuildID() + newBuildID(), dir: dir, made: time.Now()}
+	b := &e2bBuild{id: newBuildID(), template: name, keyID: keyID, tags: tags, token: newBuildID() + newBuildID(), dir: dir, made: time.Now()}
 	tbs := &h.tbuilds
 	tbs.mu.Lock()
 	if tbs.byID == nil {
@@ -152,7 +168,7 @@ func (h *Handler) requestBuild(w http.ResponseWriter, r *http.Request, owner str
 		os.RemoveAll(d)
 	}
 	writeJSON(w, http.StatusAccepted, map[string]any{"templateID": name, "buildID": b.id, "aliases": []string{name},
-		"names": []string{name}, "tags": []string{}, "public": false})
+		"names": []string{name}, "tags": append([]string{}, tags...), "public": false})
 	return nil
 }
 
@@ -424,7 +440,7 @@ func (h *Handler) startBuild(w http.ResponseWriter, r *http.Request, owner strin
 	}
 	b.started = "starting"
 	h.tbuilds.mu.Unlock()
-	id, err := tb.BuildTemplate(r.Context(), b.keyID, b.template, []byte(df), uploads, noCache)
+	id, err := tb.BuildTemplate(r.Context(), b.keyID, b.template, []byte(df), uploads, noCache, b.tags)
 	os.RemoveAll(b.dir)
 	h.tbuilds.mu.Lock()
 	b.started = id

@@ -18,7 +18,14 @@ func as(ctx context.Context) sandbox.FileOption { return sandbox.AsUser(userFrom
 
 // owned is the option of calls that create (writes, makeDir): as E2B's
 // envd, which runs as root, they may create anywhere, and what they create
-// (missing parents included) is the request's user's.
-func owned(ctx context.Context) sandbox.FileOption { return sandbox.OwnedBy(userFrom(ctx)) }
+// (missing parents included) is the request's user's, by default the
+// sandbox's (its template's USER).
+func owned(ctx context.Context) sandbox.FileOption {
+	u := userFrom(ctx)
+	if u == "" {
+		u = sandboxFrom(ctx).DefaultUser()
+	}
+	return sandbox.OwnedBy(u)
+}
 
 func apierrIsNotFound(err error) bool { return apierr.CodeOf(err) == apierr.NotFound }

@@ -14,7 +14,6 @@ import (
 	"context"
 	"log/slog"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/sheepfold/sheepfold/internal/config"
@@ -34,7 +33,6 @@ type Runtime interface {
 type Engine struct {
 	*sandbox.Manager
 	Runtime Runtime // the runtime under the Manager
-	uses    *templateUses
 }
 
 // Open starts the runtime (as instance) and the sandbox manager.
@@ -58,24 +56,26 @@ func Open(ctx context.Context, cfg config.Config, instance string, idle time.Dur
 	// Paused sandboxes' checkpoints are kept on disk beside the runtime's
 	// state: they are their memory, which a pause frees.
 	checkpoints := func(c *sandbox.Config) { c.CheckpointDir = filepath.Join(cfg.DataDir, "checkpoints") }
-	uses := &templateUses{held: map[string]func(){}}
-	e, err := open(ctx, rt, templates{dataDir: cfg.DataDir, uses: uses, infos: new(template.Cache)}, idle, log, append([]func(*sandbox.Config){checkpoints}, opts...))
+	e, err := open(ctx, rt, templates{dataDir: cfg.DataDir, infos: new(template.Cache)}, idle, log, append([]func(*sandbox.Config){checkpoints}, opts...))
 	if err != nil {
-		uses.releaseAll()
 		return nil, err
 	}
-	e.uses = uses
+	// The paused sandboxes taken back hold their roots by now, and what
+	// else an earlier engine left is destroyed: the template trees
+	// nothing holds (a tag's old copies, a rebuilt name's old tree) go.
+	if err := template.Sweep(cfg.DataDir); err != nil {
+		log.Warn("remove unused template trees", "err", err)
+	}
 	return e, nil
 }
 
 // templates are the data dir's, with the runtime each may name
 // (sandbox.TemplateRuntimes) and the devices each asks for
-// (sandbox.TemplateDevices); each one a sandbox starts on is held
-// (templateUses) until the engine closes. A create asks all four
+// (sandbox.TemplateDevices); the root each sandbox runs on is held
+// (sandbox.TemplateHolds) until it is destroyed. A create asks all four
 // questions of its template: infos reads its template.json once.
 type templates struct {
 	dataDir string
-	uses    *templateUses
 	infos   *template.Cache
 }
 
@@ -84,7 +84,7 @@ func (t templates) RootFS(name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return info.Path, t.uses.use(t.dataDir, name)
+	return info.Path, nil
 }
 
 func (t templates) Devices(name string) (int, []string) {
@@ -114,36 +114,12 @@ func (t templates) StartOf(name string) (sandbox.TemplateStart, error) {
 		Root: info.Labels[template.LabelRoot]}, nil
 }
 
-// templateUses are the templates an engine has started sandboxes of,
-// each held (template.Use) until the engine closes, so that `template rm`
-// refuses them.
-type templateUses struct {
-	// mu guards held.
-	mu   sync.Mutex
-	held map[string]func()
-}
-
-func (u *templateUses) use(dataDir, name string) error {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if _, ok := u.held[name]; ok {
-		return nil
-	}
-	release, err := template.Use(dataDir, name)
-	if err != nil {
-		return err
-	}
-	u.held[name] = release
-	return nil
-}
-
-func (u *templateUses) releaseAll() {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	for n, release := range u.held {
-		release()
-		delete(u.held, n)
-	}
+// HoldRoot holds template root rootfs for a sandbox that runs on it
+// (sandbox.TemplateHolds): a tag moved or a name rebuilt meanwhile
+// leaves the old tree to its sandboxes, removed when the last lets go
+// (template.Hold).
+func (t templates) HoldRoot(rootfs string) (func(collect bool), error) {
+	return template.HoldPath(t.dataDir, rootfs)
 }
 
 // open starts the sandbox manager over rt; on error it closes rt.
@@ -166,9 +142,6 @@ func (e *Engine) Close(ctx context.Context) error {
 	err := e.Manager.Close(ctx)
 	if cerr := e.Runtime.Close(); err == nil {
 		err = cerr
-	}
-	if e.uses != nil {
-		e.uses.releaseAll()
 	}
 	return err
 }

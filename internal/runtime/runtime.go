@@ -85,6 +85,24 @@ type Spec struct {
 	// would otherwise know no deadline. Others may ignore it: the local
 	// engine's next start reaps what its predecessor left.
 	Lifetime time.Duration
+	// User and WorkDir are the defaults of the sandbox's processes and
+	// code contexts that name none (a template's last USER and WORKDIR):
+	// the runtime starts the agent with them (serve --user, --workdir;
+	// AgentDefaults). "" leaves the agent's own ("user", its home).
+	User, WorkDir string
+}
+
+// AgentDefaults are the agent's flags for spec's User and WorkDir, for a
+// runtime to add to the agent's command line (init passes them to serve).
+func AgentDefaults(spec Spec) []string {
+	var args []string
+	if spec.User != "" {
+		args = append(args, "--user", spec.User)
+	}
+	if spec.WorkDir != "" {
+		args = append(args, "--workdir", spec.WorkDir)
+	}
+	return args
 }
 
 // Network connects a sandbox to the host's egress gateway. The runtime

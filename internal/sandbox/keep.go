@@ -61,6 +61,10 @@ type keptRecord struct {
 	// NetRequests is the network_requests its gateway had counted: the
 	// next engine's gateway for it goes on from there (network.go).
 	NetRequests int64 `json:"net_requests,omitempty"`
+	// RootFS is the template root it runs on, which the next engine
+	// holds again (holds.go): a tag moved since has another. Empty in
+	// older records: the template's.
+	RootFS string `json:"rootfs,omitempty"`
 }
 
 // writeKept records the paused sandbox in its checkpoint's directory dir.
@@ -68,7 +72,7 @@ func (s *Sandbox) writeKept(dir string, left time.Duration) error {
 	s.mu.Lock()
 	rec := keptRecord{Version: keptVersion, ID: s.ID, Template: s.Template, Limits: s.Limits, ReadOnly: s.ReadOnly,
 		Env: s.Env, Metadata: s.Metadata, Created: s.Created, Owner: s.owner, LeftMS: left.Milliseconds(),
-		Policy: s.pol.pol, Paused: time.Now().UTC()}
+		Policy: s.pol.pol, Paused: time.Now().UTC(), RootFS: s.root}
 	if s.auto.on {
 		rec.AutoLifeMS = s.auto.life.Milliseconds()
 	}
@@ -190,8 +194,12 @@ func (m *Manager) takeBackOne(ctx context.Context, id string) (*Sandbox, error) 
 		announced: true, // in the run that created it: its stop is reported
 	}
 	close(s.created)
-	if rootfs, err := m.cfg.Templates.RootFS(rec.Template); err == nil {
-		s.project = m.projectOf(rec.Template, rootfs, nil)
+	s.root = rec.RootFS
+	if s.root == "" {
+		s.root, _ = m.cfg.Templates.RootFS(rec.Template)
+	}
+	if s.root != "" {
+		s.project = m.projectOf(rec.Template, s.root, nil)
 	}
 	// Its gateway, detached until the resume attaches it (network.go).
 	if egressPolicy, err := policy.CompileEgress(rec.Policy.NetworkPolicy()); err != nil {
@@ -209,6 +217,12 @@ func (m *Manager) takeBackOne(ctx context.Context, id string) (*Sandbox, error) 
 		m.startAutoLoop()
 	}
 	s.lastActive = time.Now()
+	// Held again before the engine sweeps the trees nothing holds.
+	if s.root != "" {
+		if err := m.holdRoot(id, s.root); err != nil {
+			return nil, err
+		}
+	}
 	s.timer = time.AfterFunc(s.left, func() { s.m.expire(s) })
 	s.timer.Stop() // Resume starts it again
 	return s, nil

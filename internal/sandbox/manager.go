@@ -288,6 +288,11 @@ type Manager struct {
 	// removing are the volumes being removed (volumes.go): no create
 	// mounts one meanwhile.
 	removing map[string]bool
+
+	// holdsMu guards holds: the release of each sandbox's hold on its
+	// template's root (holds.go), by sandbox id.
+	holdsMu sync.Mutex
+	holds   map[string]func(collect bool)
 }
 
 // New returns a Manager. It first destroys every sandbox the runtime still
@@ -546,6 +551,12 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	}
 	m.sandboxes[s.ID] = s
 	m.mu.Unlock()
+	s.root, s.startUser, s.startUserKnown = rootfs, start.User, opt.Snapshot == ""
+	if err := m.holdRoot(s.ID, rootfs); err != nil {
+		close(s.created)
+		m.destroy(s, reasonFailed)
+		return nil, apierr.Wrap(err, apierr.TemplateNotFound, "template %q is not available: %v", opt.Template, err)
+	}
 
 	spec := runtime.Spec{
 		ID: s.ID, Template: opt.Template, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: sandboxEnv(start.Env, limits, opt.Env),
@@ -553,6 +564,7 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		Devices: s.devices, GPUs: s.gpuCount(m),
 		// What waitAgent's ping says, from the start (runtime.Spec.Lifetime).
 		Lifetime: opt.Timeout + lifetimeGrace,
+		User:     start.User, WorkDir: start.WorkDir,
 	}
 	if egressPolicy.Enabled() {
 		gw, err := egress.New(m.cfg.Egress, s.ID, egressPolicy, opt.Policy.NetworkRequests())
@@ -816,6 +828,7 @@ func (m *Manager) destroy(s *Sandbox, reason string) error {
 	m.forget(s.ID)
 	if err == nil {
 		m.removeCheckpoint(s.ID)
+		m.releaseRoot(s.ID) // unmounted: its root may go
 	}
 	if err != nil {
 		m.reap(s.ID, err)
@@ -876,6 +889,7 @@ func (m *Manager) Close(ctx context.Context) error {
 	}
 	wg.Wait()
 	m.reaps.Wait()
+	m.releaseRoots()
 	if left := m.Leftovers(); len(left) > 0 {
 		errs = append(errs, fmt.Errorf("%d sandboxes could not be destroyed and are left to the next start: %s",
 			len(left), strings.Join(left, ", ")))

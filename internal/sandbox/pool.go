@@ -547,9 +547,15 @@ func (p *pool) start(k poolKey, node string) (*Sandbox, error) {
 	// Logged before the runtime makes anything: a member whose engine
 	// dies before it is ready is still named in some log.
 	m.log.Info("warm pool: starting a member", "sandbox", s.ID, "template", tmpl, "node", node)
-	inst, err := m.cfg.Runtime.Create(p.ctx, runtimeSpec(s, rootfs, start.Env, p.lease()))
+	s.root, s.startUser, s.startUserKnown = rootfs, start.User, true
+	if err := m.holdRoot(s.ID, rootfs); err != nil {
+		close(s.created)
+		return nil, err
+	}
+	inst, err := m.cfg.Runtime.Create(p.ctx, runtimeSpec(s, rootfs, start, p.lease()))
 	close(s.created)
 	if err != nil {
+		m.releaseRoot(s.ID) // the runtime's Create undid what it made
 		return nil, fmt.Errorf("create: %w", err)
 	}
 	s.agent, s.inst = newAgentClient(inst, m.agentCall, m.log.With("sandbox", inst.ID)), inst
@@ -588,9 +594,9 @@ func (p *pool) start(k poolKey, node string) (*Sandbox, error) {
 // replica killed while the member's Pod started) ends at the lease's end
 // like any other, and the collectors, which spare live warm members,
 // then take it.
-func runtimeSpec(s *Sandbox, rootfs string, tmplEnv []string, lease time.Duration) runtime.Spec {
-	return runtime.Spec{ID: s.ID, Template: s.Template, RootFS: rootfs, Limits: s.Limits, ReadOnly: s.ReadOnly, Env: sandboxEnv(tmplEnv, s.Limits, nil),
-		Pool: true, Node: s.node, Lifetime: lease + lifetimeGrace}
+func runtimeSpec(s *Sandbox, rootfs string, start TemplateStart, lease time.Duration) runtime.Spec {
+	return runtime.Spec{ID: s.ID, Template: s.Template, RootFS: rootfs, Limits: s.Limits, ReadOnly: s.ReadOnly, Env: sandboxEnv(start.Env, s.Limits, nil),
+		Pool: true, Node: s.node, Lifetime: lease + lifetimeGrace, User: start.User, WorkDir: start.WorkDir}
 }
 
 // sandboxEnv is the environment a sandbox's agent starts with, and so

@@ -139,6 +139,7 @@ func (m *Manager) reaped(id string) {
 	m.mu.Lock()
 	delete(m.leftovers, id)
 	m.mu.Unlock()
+	m.releaseRoot(id)
 }
 
 // Leftovers lists the sandboxes the Manager is still trying to destroy in

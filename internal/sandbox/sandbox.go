@@ -48,6 +48,15 @@ type Sandbox struct {
 	node   string // where it runs, for a runtime.Placer (runtime.Instance.Node); set before its create returns, under m.mu once in the table
 	// volumes are CreateOptions.Volumes (volumes.go); they never change.
 	volumes []VolumeMount
+	// startUser is its template's USER its agent started with
+	// (DefaultUser), when startUserKnown; set before the sandbox is
+	// handed to anyone; never changes.
+	startUser      string
+	startUserKnown bool
+	// root is the template root it runs on (RootFS's answer at its
+	// create), held until its destroy (holds.go); set before the
+	// sandbox is handed to anyone; never changes.
+	root string
 	// project maps the file API's paths (TemplateStart.Root); nil: none.
 	// Set before the sandbox is handed to anyone; never changes.
 	project *project

@@ -250,6 +250,11 @@ func (m *Manager) startSnapMember(ctx context.Context, p *snapPool) (*Sandbox, e
 	spec := runtime.Spec{ID: s.ID, Template: opt.Template, RootFS: rootfs, Limits: p.limits, ReadOnly: opt.ReadOnly,
 		Env: append(threadEnv(p.limits, opt.Env), env...), WritablePaths: opt.Policy.WritablePaths(),
 		Lifetime: poolLease + lifetimeGrace}
+	s.root = rootfs
+	if err := m.holdRoot(s.ID, rootfs); err != nil {
+		close(s.created)
+		return nil, err
+	}
 	inst, err := m.startFrom(ctx, spec, opt.Snapshot)
 	close(s.created)
 	if err != nil {

@@ -146,7 +146,10 @@ func (s *Sandbox) Changes(ctx context.Context, dir string) (runtime.Changes, err
 	if err := s.running(); err != nil && s.State() != StatePaused {
 		return runtime.Changes{}, err
 	}
-	lower, err := s.m.cfg.Templates.RootFS(s.Template)
+	lower, err := s.root, error(nil) // the root it runs on, not the template's newest
+	if lower == "" {
+		lower, err = s.m.cfg.Templates.RootFS(s.Template)
+	}
 	if err != nil {
 		return runtime.Changes{}, apierr.Wrap(err, apierr.TemplateNotFound, "template %q is not available: %v", s.Template, err)
 	}

@@ -31,7 +31,11 @@ type TemplateStart struct {
 	// connection to port N inside the sandbox is accepted), "cmd:COMMAND"
 	// (sh -c COMMAND, run as Command is, exits 0), or "" (ready once
 	// Command has started).
-	Ready   string
+	Ready string
+	// User and WorkDir are the template's last USER and WORKDIR: those
+	// of the start command, and the defaults of every process and code
+	// context of its sandboxes (runtime.Spec.User, WorkDir). A USER's
+	// ":group" is dropped: a user runs with its primary group.
 	User    string
 	WorkDir string
 	Env     []string // "K=V"
@@ -156,7 +160,26 @@ func (m *Manager) templateStart(name string) (TemplateStart, error) {
 	if st.Command == "" && st.Ready != "" {
 		return TemplateStart{}, apierr.New(apierr.TemplateNotReady, "template %q has a ready check but no start command", name)
 	}
+	// USER's "name[:group]": the agent's users are passwd(5) names (or
+	// uids), each with its primary group.
+	st.User, _, _ = strings.Cut(st.User, ":")
 	return st, nil
+}
+
+// DefaultUser is the user the sandbox's processes and file calls that
+// name none act as: its template's USER (TemplateStart.User) as its
+// agent started with it, else "user".
+func (s *Sandbox) DefaultUser() string {
+	u, known := s.startUser, s.startUserKnown
+	if !known { // taken back or restored: the template's now
+		if st, err := s.m.templateStart(s.Template); err == nil {
+			u = st.User
+		}
+	}
+	if u == "" {
+		return agentproto.UserDefault
+	}
+	return u
 }
 
 // tailBuffer keeps the last max bytes written to it.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sheepfold/sheepfold/internal/agentproto"
 	"github.com/sheepfold/sheepfold/internal/apierr"
 	"github.com/sheepfold/sheepfold/internal/runtime/oci"
 	"github.com/sheepfold/sheepfold/internal/sandbox"
@@ -268,5 +269,84 @@ func TestTemplateEnv(t *testing.T) {
 		if got := mainText(run(t, s, "python", probe)); got != tc.want {
 			t.Fatalf("%s: %s, want %s", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestTemplateUserWorkDir: a template's last USER and WORKDIR are the
+// defaults of its sandboxes (E2B's): a command and a Python execution
+// that name neither run as that user, in that directory, in a sandbox
+// created cold and in a warm pool member; a command's own user and
+// cwd, and a code context's own cwd, still win. The control: the python
+// template's sandbox runs both as "user" (uid 1000) in /home/user.
+func TestTemplateUserWorkDir(t *testing.T) {
+	data, runner := dockerfileDataDir(t)
+	src := "FROM python\nWORKDIR /srv/x\nRUN echo here > mark\nUSER nobody:nogroup\n"
+	if _, err := template.BuildDockerfile(context.Background(), []byte(src), template.DockerfileOptions{
+		DataDir: data, Name: "owned", UIDShift: oci.DefaultIDMap.HostID, Runner: runner,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	m := runcEngine(t, func(c *sandbox.Config) {
+		c.Templates = builtTemplates{data}
+		c.PoolTemplates, c.PoolSize = []string{"owned"}, 1
+	})
+	ctx := context.Background()
+	const probe = "import os\n(os.getuid(), os.getcwd(), open('mark').read().strip())"
+	cmd := func(s *sandbox.Sandbox, spec sandbox.ProcessSpec) string {
+		t.Helper()
+		var out strings.Builder
+		spec.Cmd, spec.Args, spec.TimeoutMS = "/bin/sh", []string{"-c", "echo $(id -u) $(pwd)"}, 60_000
+		if _, err := s.Run(ctx, spec, func(ev agentproto.Event) {
+			if ev.Type == agentproto.EventStdout {
+				out.Write(ev.Data)
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(out.String())
+	}
+	check := func(what string, s *sandbox.Sandbox) {
+		t.Helper()
+		if got := mainText(run(t, s, "python", probe)); got != "(65534, '/srv/x', 'here')" {
+			t.Errorf("%s: a Python execution: %s, want nobody's uid in /srv/x", what, got)
+		}
+		if got := cmd(s, sandbox.ProcessSpec{}); got != "65534 /srv/x" {
+			t.Errorf("%s: a command: %q, want nobody's uid in /srv/x", what, got)
+		}
+		if got := cmd(s, sandbox.ProcessSpec{User: "root", Cwd: "/tmp"}); got != "0 /tmp" {
+			t.Errorf("%s: a command as root in /tmp: %q", what, got)
+		}
+		if got := cmd(s, sandbox.ProcessSpec{User: "user"}); got != "1000 /srv/x" {
+			t.Errorf("%s: a command as user: %q", what, got)
+		}
+		c, err := s.CreateContext(ctx, agentproto.ContextSpec{Language: "python", Cwd: "/tmp"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ex := runReq(t, s, sandbox.ExecuteRequest{ContextID: c.ID, Code: "import os\n(os.getuid(), os.getcwd())"})
+		if got := mainText(ex); got != "(65534, '/tmp')" {
+			t.Errorf("%s: a context in /tmp: %s", what, got)
+		}
+	}
+	check("cold", newSandbox(t, m, sandbox.CreateOptions{Template: "owned", Env: map[string]string{"X": "not poolable"}}))
+	deadline := time.Now().Add(2 * time.Minute)
+	for m.PoolStats().Ready < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool did not fill: %+v", m.PoolStats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	hit := newSandbox(t, m, sandbox.CreateOptions{Template: "owned"})
+	if !hit.FromPool() {
+		t.Fatal("the create missed a full pool")
+	}
+	check("pooled", hit)
+
+	py := newSandbox(t, m, sandbox.CreateOptions{Template: "python"})
+	if got := mainText(run(t, py, "python", "import os\n(os.getuid(), os.getcwd())")); got != "(1000, '/home/user')" {
+		t.Errorf("control: python's Python execution: %s", got)
+	}
+	if got := cmd(py, sandbox.ProcessSpec{}); got != "1000 /home/user" {
+		t.Errorf("control: python's command: %q", got)
 	}
 }

@@ -128,7 +128,7 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return apierr.Wrap(err, apierr.BadRequest, "the build context has no Dockerfile %q", dfName)
 	}
-	b, err := s.startTemplateBuild(name, src, dir, q.Get("no_cache") == "true")
+	b, err := s.startTemplateBuild(name, src, dir, q.Get("no_cache") == "true", nil)
 	if err != nil {
 		return err
 	}
@@ -140,8 +140,14 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) error {
 // startTemplateBuild checks the Dockerfile src (its FROM's registry
 // included) and starts building template name from it in the context dir,
 // which is the build's from then on (removed when it ends); on an error
-// dir is the caller's.
-func (s *Server) startTemplateBuild(name string, src []byte, dir string, noCache bool) (*templateBuild, error) {
+// dir is the caller's. A build done is given tags (template.Tag) before
+// it is reported done; a tag refused fails it.
+func (s *Server) startTemplateBuild(name string, src []byte, dir string, noCache bool, tags []string) (*templateBuild, error) {
+	for _, t := range tags {
+		if err := template.ValidTag(t); err != nil || t == template.DefaultTag {
+			return nil, apierr.New(apierr.BadRequest, "tag %q: want [a-z0-9][a-z0-9._-]*, at most 63 characters, not %q", t, template.DefaultTag)
+		}
+	}
 	if err := template.CheckFrom(src, nil, s.cfg.TemplateRegistries); errors.Is(err, template.ErrRegistryNotAllowed) {
 		return nil, apierr.Wrap(err, apierr.RegistryNotAllowed, "%v", err)
 	} else if err != nil {
@@ -184,6 +190,9 @@ func (s *Server) startTemplateBuild(name string, src []byte, dir string, noCache
 		defer s.sweeper.Done()
 		defer os.RemoveAll(dir)
 		info, err := template.BuildDockerfile(s.base, src, opt)
+		if err == nil && len(tags) > 0 {
+			_, err = template.Tag(s.base, s.cfg.DataDir, name, tags)
+		}
 		now := time.Now().UTC()
 		b.mu.Lock()
 		b.out.EndedAt = &now
@@ -328,7 +337,7 @@ func (b e2bBackend) CanBuildTemplate(ctx context.Context, keyID, name string) er
 // BuildTemplate implements e2b.TemplateBackend: each upload is unpacked
 // as unpackContext unpacks a /v1 build's context, in a directory of its
 // own.
-func (b e2bBackend) BuildTemplate(ctx context.Context, keyID, name string, dockerfile []byte, uploads map[string]string, noCache bool) (string, error) {
+func (b e2bBackend) BuildTemplate(ctx context.Context, keyID, name string, dockerfile []byte, uploads map[string]string, noCache bool, tags []string) (string, error) {
 	if err := b.CanBuildTemplate(ctx, keyID, name); err != nil {
 		return "", err
 	}
@@ -356,7 +365,7 @@ func (b e2bBackend) BuildTemplate(ctx context.Context, keyID, name string, docke
 			return "", err
 		}
 	}
-	tb, err := b.s.startTemplateBuild(name, dockerfile, dir, noCache)
+	tb, err := b.s.startTemplateBuild(name, dockerfile, dir, noCache, tags)
 	if err != nil {
 		os.RemoveAll(dir)
 		return "", err
@@ -380,4 +389,101 @@ func (b e2bBackend) TemplateBuild(ctx context.Context, keyID, id string) (e2b.Te
 	}
 	return e2b.TemplateBuildState{Done: v.Status == api.TemplateBuildDone, Failed: v.Status == api.TemplateBuildFailed,
 		Error: v.Error, Log: log}, nil
+}
+
+// e2bTemplate is info as E2B's listings see it, with the server's default
+// resources.
+func (b e2bBackend) e2bTemplate(info template.Info) e2b.TemplateInfo {
+	name, tag, _ := strings.Cut(info.Name, ":")
+	t := e2b.TemplateInfo{Name: name, Tag: tag, Hash: info.Hash, Created: info.Created, Tagged: info.Tagged,
+		CPUs: 1, Memory: 512, Disk: 256}
+	if b.s.engine != nil {
+		l := b.s.engine.DefaultLimits()
+		t.CPUs, t.Memory, t.Disk = max(int(l.CPUs), 1), l.MemoryBytes>>20, l.DiskBytes>>20
+	}
+	return t
+}
+
+// templateError codes an error of internal/template.
+func templateError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, template.ErrNotBuilt):
+		return apierr.Wrap(err, apierr.TemplateNotFound, "%v", err)
+	case errors.Is(err, template.ErrInUse):
+		return apierr.Wrap(err, apierr.Conflict, "%v", err)
+	}
+	var ae *apierr.Error
+	if errors.As(err, &ae) {
+		return err
+	}
+	return apierr.Wrap(err, apierr.BadRequest, "%v", err)
+}
+
+// Templates implements e2b.TemplateBackend: every key may start
+// sandboxes of every template of the server.
+func (b e2bBackend) Templates(ctx context.Context, keyID string) ([]e2b.TemplateInfo, error) {
+	out := []e2b.TemplateInfo{}
+	if b.s.cfg.DataDir == "" {
+		return out, nil
+	}
+	infos, err := template.List(b.s.cfg.DataDir)
+	if err != nil && len(infos) == 0 {
+		return nil, err
+	}
+	for _, i := range infos {
+		out = append(out, b.e2bTemplate(i))
+	}
+	return out, nil
+}
+
+// TemplateTags implements e2b.TemplateBackend.
+func (b e2bBackend) TemplateTags(ctx context.Context, keyID, name string) ([]e2b.TemplateInfo, error) {
+	if b.s.cfg.DataDir == "" {
+		return nil, apierr.New(apierr.TemplateNotFound, "template %q not found", name)
+	}
+	info, err := template.Get(b.s.cfg.DataDir, name)
+	if err != nil {
+		return nil, templateError(err)
+	}
+	if template.TagOf(info) != "" {
+		return nil, apierr.New(apierr.BadRequest, "%q: a template's name, without a tag", name)
+	}
+	out := []e2b.TemplateInfo{b.e2bTemplate(info)}
+	tags, err := template.Tags(b.s.cfg.DataDir, info.Name)
+	if err != nil && len(tags) == 0 {
+		return nil, err
+	}
+	for _, t := range tags {
+		out = append(out, b.e2bTemplate(t))
+	}
+	return out, nil
+}
+
+// AssignTags implements e2b.TemplateBackend: admin keys, as builds.
+func (b e2bBackend) AssignTags(ctx context.Context, keyID, target string, tags []string) (e2b.TemplateInfo, error) {
+	name, _, _ := strings.Cut(target, ":")
+	if err := b.CanBuildTemplate(ctx, keyID, name); err != nil {
+		return e2b.TemplateInfo{}, err
+	}
+	info, err := template.Tag(ctx, b.s.cfg.DataDir, target, tags)
+	if err != nil {
+		return e2b.TemplateInfo{}, templateError(err)
+	}
+	return b.e2bTemplate(info), nil
+}
+
+// RemoveTags implements e2b.TemplateBackend: admin keys, as builds. An
+// unknown tag is a not-found error; the tags before it are removed.
+func (b e2bBackend) RemoveTags(ctx context.Context, keyID, name string, tags []string) error {
+	if err := b.CanBuildTemplate(ctx, keyID, name); err != nil {
+		return err
+	}
+	for _, t := range tags {
+		if err := template.Untag(b.s.cfg.DataDir, name, t); err != nil {
+			return templateError(err)
+		}
+	}
+	return nil
 }

@@ -240,7 +240,9 @@ func (b *builder) install(staging, final string) error {
 		b.log.Printf("sync %s: %v", b.dir, err)
 	}
 	if aside != "" {
-		if err := removeStaging(aside); err != nil {
+		// Sandboxes running on the old tree hold it: the last one's
+		// release removes it (hold_linux.go).
+		if _, err := removeIfUnused(aside, func() bool { return true }); err != nil {
 			b.log.Printf("remove old template %s (the next build retries): %v", aside, err)
 		}
 	}
@@ -254,7 +256,13 @@ func (b *builder) removeLeftovers() {
 	for _, pat := range []string{".build-*", ".old-*"} {
 		dirs, _ := filepath.Glob(filepath.Join(b.dir, "."+b.def.Name+pat))
 		for _, d := range dirs {
-			if err := removeStaging(d); err != nil {
+			var err error
+			if pat == ".old-*" {
+				_, err = removeIfUnused(d, func() bool { return true }) // a sandbox may run on it
+			} else {
+				err = removeStaging(d)
+			}
+			if err != nil {
 				b.log.Printf("remove leftover %s: %v", d, err)
 			}
 		}
@@ -470,42 +478,28 @@ func lockTemplate(ctx context.Context, dir, name string) (unlock func(), err err
 // removeStaging unmounts whatever is mounted under dir and removes it. If a
 // mount cannot be removed it leaves dir in place: removing through a mount
 // (debootstrap can bind host device nodes) would delete host files.
-// Use marks template name in use by this process until release is
-// called: a shared lock on <templates>/.<name>.use, which the kernel
-// drops with the process however it ends. Remove refuses a template that
-// any process holds (ErrInUse). The engine holds each template it has
-// started a sandbox of (internal/engine).
+// Use marks template name (or "NAME:TAG") in use by this process until
+// release is called: Hold without the Info. Remove refuses a template
+// that any process holds (ErrInUse).
 func Use(dataDir, name string) (release func(), err error) {
-	if err := validName(name); err != nil {
+	_, r, err := Hold(dataDir, name)
+	if err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(filepath.Join(templatesDir(dataDir), "."+name+".use"), os.O_RDONLY|os.O_CREATE|noFollow, 0o600)
-	if errors.Is(err, unix.EROFS) {
-		// A read-only data dir (a server in a container, its templates
-		// mounted read-only): no `template rm` can remove one there.
-		return func() {}, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("use template %s: %w", name, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("use template %s: %w", name, err)
-	}
-	return func() { f.Close() }, nil
+	return func() { r(true) }, nil
 }
 
-// claimUnused takes <templates>/.<name>.use exclusively, without waiting:
-// ErrInUse while a process holds it (Use).
+// claimUnused takes template name's directory in dir exclusively,
+// without waiting: ErrInUse while a sandbox holds it (Hold).
 func claimUnused(dir, name string) (release func(), err error) {
-	f, err := os.OpenFile(filepath.Join(dir, "."+name+".use"), os.O_RDONLY|os.O_CREATE|noFollow, 0o600)
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDONLY|unix.O_DIRECTORY, 0) // a link's tree is what Hold holds
 	if err != nil {
 		return nil, err
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: a running engine (sheepfold serve or run) has sandboxes of it; stop it first", ErrInUse)
+			return nil, fmt.Errorf("%w: a running engine (sheepfold serve or run) has sandboxes of it; stop them first", ErrInUse)
 		}
 		return nil, err
 	}

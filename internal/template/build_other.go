@@ -39,4 +39,27 @@ func BuildDockerfile(ctx context.Context, dockerfile []byte, opt DockerfileOptio
 // Use does nothing where templates cannot be built.
 func Use(dataDir, name string) (func(), error) { return func() {}, nil }
 
+// Hold reads the template; nothing is held (nothing removes a tree here).
+func Hold(dataDir, ref string) (Info, Release, error) {
+	info, err := Get(dataDir, ref)
+	return info, func(bool) {}, err
+}
+
+// Release lets go of a hold: see Hold.
+type Release func(collect bool)
+
+// HoldPath holds nothing: see Hold.
+func HoldPath(dataDir, rootfs string) (Release, error) { return func(bool) {}, nil }
+
+// Sweep fails: see errUnsupported.
+func Sweep(dataDir string) error { return errUnsupported }
+
 func claimUnused(dir, name string) (func(), error) { return func() {}, nil }
+
+// Tag fails: see errUnsupported.
+func Tag(ctx context.Context, dataDir, source string, tags []string) (Info, error) {
+	return Info{}, errUnsupported
+}
+
+// Untag fails: see errUnsupported.
+func Untag(dataDir, name, tag string) error { return errUnsupported }

@@ -18,7 +18,7 @@ import (
 type Cache struct {
 	// mu guards infos.
 	mu    sync.Mutex
-	infos map[string]cachedInfo // by dataDir and name
+	infos map[string]cachedInfo // by the path of template.json
 }
 
 type cachedInfo struct {
@@ -36,12 +36,23 @@ type fileID struct {
 // Get is the package's Get, from the cache when template.json has not
 // changed since it was last read.
 func (c *Cache) Get(dataDir, name string) (Info, error) {
-	if err := validName(name); err != nil {
+	base, tag, err := SplitRef(name)
+	if err != nil {
 		return Info{}, err
 	}
-	dir := filepath.Join(templatesDir(dataDir), name)
-	key := filepath.Join(dir, infoFile)
-	id, ok := statID(key)
+	dir := filepath.Join(templatesDir(dataDir), base)
+	read := func() (Info, error) { return readInfo(dir, base) }
+	if tag != "" {
+		// A tag's generation never changes: a move links another.
+		gen, err := tagGen(tagDir(dataDir, base, tag))
+		if err != nil {
+			return getRef(dataDir, name) // its error
+		}
+		dir, read = gen, func() (Info, error) { return readGen(gen, base, tag) }
+	}
+	file := filepath.Join(dir, infoFile)
+	key := file + "\x00" + name // a generation is each of its tags'
+	id, ok := statID(file)
 	if ok {
 		c.mu.Lock()
 		e, hit := c.infos[key]
@@ -50,7 +61,7 @@ func (c *Cache) Get(dataDir, name string) (Info, error) {
 			return e.info, nil
 		}
 	}
-	info, err := readInfo(dir, name)
+	info, err := read()
 	if err != nil || !ok {
 		return info, err
 	}

@@ -60,9 +60,12 @@
 // in its Info. The log of each name's last build is kept in
 // <templates>/.logs/<name>.log (BuildLog).
 //
-// Use marks a template in use by a process (a shared flock on
-// <templates>/.<name>.use, which the engine takes for each template it
-// starts sandboxes of); Remove refuses one in use (ErrInUse).
+// Hold marks a template's tree in use by a sandbox (a shared flock on
+// the tree's directory, which the engine takes for each sandbox from its
+// create to its destroy: hold_linux.go); Remove refuses a name held
+// (ErrInUse); a tag moved, a tag removed or a name rebuilt leaves its
+// old tree to its holders, removed by the last release or, after a
+// restart, by Sweep.
 //
 // This package imports the standard library, golang.org/x/sys, moby's
 // mountinfo parser, BuildKit's Dockerfile parser, instructions and shell

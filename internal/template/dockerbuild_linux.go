@@ -95,10 +95,14 @@ type dfBuilder struct {
 	args    map[string]string
 	user    string
 	workdir string
-	labels  map[string]string
-	layers  []string // diff dirs, bottom first
-	key     string   // hash of everything so far
-	ran     int      // steps built (not from the cache)
+	// workdirSet: a WORKDIR of this Dockerfile or of its FROM set
+	// workdir; else the steps run in "/" and the template records none
+	// (its sandboxes keep the agent's default, the user's home).
+	workdirSet bool
+	labels     map[string]string
+	layers     []string // diff dirs, bottom first
+	key        string   // hash of everything so far
+	ran        int      // steps built (not from the cache)
 }
 
 func (b *dfBuilder) fail(ctx context.Context, st *Step, err error) error {
@@ -182,7 +186,7 @@ func (b *dfBuilder) build(ctx context.Context) (info Info, err error) {
 	}
 	b.env = slices.Clone(base.Env)
 	b.user = base.User
-	b.workdir = base.WorkDir
+	b.workdir, b.workdirSet = base.WorkDir, base.WorkDir != ""
 	if b.workdir == "" {
 		b.workdir = "/"
 	}
@@ -241,7 +245,7 @@ func (b *dfBuilder) build(ctx context.Context) (info Info, err error) {
 		From:         from,
 		Env:          b.env,
 		User:         b.user,
-		WorkDir:      b.workdir,
+		WorkDir:      b.recordedWorkDir(),
 		Start:        b.labels[LabelStart],
 		Ready:        b.labels[LabelReady],
 		Labels:       b.labels,
@@ -328,7 +332,7 @@ func (b *dfBuilder) step(ctx context.Context, st *Step, baseRoot string) error {
 			b.labels[kv.Key] = kv.Value
 		}
 	case *instructions.WorkdirCommand:
-		b.workdir = resolveIn(b.workdir, c.Path)
+		b.workdir, b.workdirSet = resolveIn(b.workdir, c.Path), true
 	}
 	// The key: the layer below, the instruction as expanded, the state.
 	h := sha256.New()
@@ -552,6 +556,15 @@ func mkdirAllOwned(r *os.Root, rel string, uid, gid uint32) error {
 		}
 	}
 	return nil
+}
+
+// recordedWorkDir is the template's WORKDIR: its last, or "" when none
+// was given (not the "/" its steps ran in).
+func (b *dfBuilder) recordedWorkDir() string {
+	if !b.workdirSet {
+		return ""
+	}
+	return b.workdir
 }
 
 // resolveUser turns USER's "name|uid[:group|gid]" into ids, names read

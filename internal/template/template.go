@@ -78,7 +78,9 @@ type Info struct {
 	Ready        string            `json:"ready,omitempty"` // LABEL sheepfold.ready
 	Labels       map[string]string `json:"labels,omitempty"`
 	BuildSeconds float64           `json:"build_seconds,omitempty"`
-	StepsBuilt   int               `json:"steps_built,omitempty"` // steps not taken from the layer cache
+	// Tagged is when a tag's copy was made (Tag); zero for a name alone.
+	Tagged     time.Time `json:"tagged,omitzero"`
+	StepsBuilt int       `json:"steps_built,omitempty"` // steps not taken from the layer cache
 }
 
 // Runtimes are the values of Info.Runtime besides "".
@@ -210,12 +212,10 @@ const (
 	infoFile  = "template.json"
 )
 
-// Get returns the built template called name.
+// Get returns the built template called name, or a tag of one:
+// "NAME:TAG" (tags.go).
 func Get(dataDir, name string) (Info, error) {
-	if err := validName(name); err != nil {
-		return Info{}, err
-	}
-	return readInfo(filepath.Join(templatesDir(dataDir), name), name)
+	return getRef(dataDir, name)
 }
 
 // readInfo reads dir/template.json and checks it against dir.

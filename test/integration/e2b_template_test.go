@@ -40,6 +40,15 @@ import (
 // ERR_REGISTRY_NOT_ALLOWED's message; a key that is not an admin's may
 // not build (control: the admin key's build succeeds). from_image of an
 // image in a registry the server allows (one on loopback) builds too.
+// Then template_tags.py: a build of NAME:v1 and one of NAME, exists and
+// alias_exists, the list, get_tags, assign_tags and remove_tags, and
+// sandboxes created from NAME:TAG each getting the build its tag names;
+// a tag moved while a sandbox runs on its old copy: the sandbox goes on
+// with the old files, a new one gets the new, the old copy leaves the
+// disk with the sandbox's kill; a bad tag is refused (ERR_BAD_REQUEST). A
+// template built with set_workdir and set_user: its sandboxes' commands
+// run as that user in that directory unless they name their own; base's
+// as "user" in /home/user.
 func TestE2BTemplateBuild(t *testing.T) {
 	testutil.RequireRoot(t)
 	runc := testutil.Runc(t)
@@ -115,13 +124,17 @@ func TestE2BTemplateBuild(t *testing.T) {
 	if out, err := exec.Command("tar", "-xzf", "../e2b/python/vendor/e2b-python-2.34.0.tar.gz", "-C", sdk).CombinedOutput(); err != nil {
 		t.Fatalf("unpack the vendored SDK: %v\n%s", err, out)
 	}
-	run := func(key, name string) (string, error) {
+	run := func(key, name string, script ...string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		c := exec.CommandContext(ctx, "/usr/bin/python3", "template_build.py", name)
+		py := "template_build.py"
+		if len(script) > 0 {
+			py = script[0]
+		}
+		c := exec.CommandContext(ctx, "/usr/bin/python3", py, name)
 		c.Dir = "../e2b/python"
 		c.Env = append(nodejs.Environ("E2B_", "PYTHON"), "PYTHONPATH="+filepath.Join(sdk, "e2b-python", "site"),
-			"E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY="+key, "SHEEPFOLD_TEST_IMAGE="+regHost+"/tiny:1")
+			"E2B_API_URL="+url, "E2B_SANDBOX_URL="+url, "E2B_API_KEY="+key, "SHEEPFOLD_TEST_IMAGE="+regHost+"/tiny:1", "SHEEPFOLD_TEST_DATA="+dir)
 		c.WaitDelay = 10 * time.Second
 		out, err := c.CombinedOutput()
 		return string(out), err
@@ -151,6 +164,39 @@ func TestE2BTemplateBuild(t *testing.T) {
 	info, err := os.ReadFile(filepath.Join(dir, "templates", "sdkbuilt", "template.json"))
 	if err != nil || !bytes.Contains(info, []byte(`"start": "touch /tmp/started"`)) {
 		t.Errorf("template.json: %s, %v", info, err)
+	}
+	// Tags, the list and aliases (test/e2b/python/template_tags.py).
+	out, err = run(adminKey, "sdktags", "template_tags.py")
+	if err != nil {
+		t.Fatalf("template_tags.py: %v\n%s\nserver:\n%s", err, out, log.String())
+	}
+	for _, want := range []string{
+		"RESULT exists True True False False",
+		"RESULT listed 200 True ready False",
+		"RESULT tags ['default', 'v1'] True",
+		"RESULT versions two one two",
+		"RESULT assigned ['prod', 'stable'] True",
+		"RESULT stable one",
+		"RESULT moved two True",
+		"RESULT removed ['default', 'stable', 'v1'] False",
+		"RESULT untagged create refused",
+		"RESULT remove unknown refused TemplateException",
+		// A tag moved under a running sandbox: the old copy stays for it,
+		// whole, and goes with it.
+		"RESULT solo moved True True",
+		"RESULT old sandbox two 42 two /usr/bin/python3",
+		"RESULT new sandbox one",
+		"RESULT old copy after the kill False",
+		"RESULT bad tag refused",
+		// set_user / set_workdir: the sandboxes' defaults.
+		"RESULT owned default 65534 /srv/x here",
+		"RESULT owned explicit 0 /tmp",
+		"RESULT owned python 65534 /srv/x",
+		"RESULT base default 1000 /home/user",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in the output:\n%s", want, out)
+		}
 	}
 	// A key that is not an admin's may not build.
 	out, err = run(userKey, "sdkuser")

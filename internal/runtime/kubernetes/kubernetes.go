@@ -813,6 +813,9 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	args := append([]string{oci.AgentPath, "init"}, oci.RlimitFlags...)
 	args = append(args, ownArgs...)
 	args = append(args, "--listen-tcp", ":"+strconv.Itoa(r.cfg.AgentPort), "--tls-dir", tlsDir)
+	// The template's USER and WORKDIR: the defaults of the sandbox's
+	// processes and code contexts.
+	args = append(args, runtime.AgentDefaults(spec)...)
 	// The usage history every replica reads the same (E2B's metrics).
 	args = append(args, "--usage-history")
 	if spec.Lifetime > 0 {

@@ -738,6 +738,42 @@ func TestPodStartsWithLifetime(t *testing.T) {
 	}
 }
 
+// A template's USER and WORKDIR (runtime.Spec.User, WorkDir) reach the
+// agent's command line as serve's --user and --workdir, which init
+// passes on; a spec without them (the python template) starts the agent
+// with neither.
+func TestPodAgentDefaults(t *testing.T) {
+	t.Parallel()
+	r, _ := newRuntime(t, Config{})
+	for _, tc := range []struct {
+		user, workdir string
+		want          []string
+		not           []string
+	}{
+		{"nobody", "/srv/x", []string{"--user nobody", "--workdir /srv/x"}, nil},
+		{"", "/srv/x", []string{"--workdir /srv/x"}, []string{"--user"}},
+		{"", "", nil, []string{"--user", "--workdir"}},
+	} {
+		sp := spec("abc")
+		sp.User, sp.WorkDir = tc.user, tc.workdir
+		pod, err := r.pod(sp, "image")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := strings.Join(pod.Spec.Containers[0].Command, " ") + " "
+		for _, w := range tc.want {
+			if !strings.Contains(cmd, " "+w+" ") {
+				t.Errorf("%q %q: no %q in %q", tc.user, tc.workdir, w, cmd)
+			}
+		}
+		for _, n := range tc.not {
+			if strings.Contains(cmd, n) {
+				t.Errorf("%q %q: %q in %q", tc.user, tc.workdir, n, cmd)
+			}
+		}
+	}
+}
+
 // PodPids reads the annotation the NRI plugin acts on: absent is no
 // limit; anything but a positive number is an error, never a limit of 0
 // (which would be none).

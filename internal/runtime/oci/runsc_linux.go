@@ -179,6 +179,7 @@ func buildRunscSpec(in specInput, sockDir string) (*specs.Spec, error) {
 	}
 	spec.Annotations = nil // the CRIU annotations: no checkpoint under runsc
 	spec.Process.Args = append(append([]string{AgentPath, "init"}, RlimitFlags...), "--listen", runscSocketDir+"/agent.sock")
+	spec.Process.Args = append(spec.Process.Args, runtime.AgentDefaults(in.Spec)...)
 	if l := in.Spec.Limits.Pids; l > 0 {
 		// The tenant's limit is the Sentry's RLIMIT_NPROC on each process
 		// the agent starts; the host's pids cgroup bounds the Sentry's

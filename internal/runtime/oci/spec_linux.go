@@ -169,7 +169,7 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0}, // no supplementary groups
 
-			Args:            initArgs(s.Limits),
+			Args:            initArgs(s),
 			Env:             env,
 			Cwd:             SandboxHome,
 			Capabilities:    caps,
@@ -231,14 +231,15 @@ func buildSpec(in specInput) (*specs.Spec, error) {
 // agent's listening socket (3).
 const PidsCgroupFD = 4
 
-// initArgs is the agent's command line: init with the sandbox's rlimits
-// and, for a sandbox with a pids limit, the cgroup its processes start in.
-func initArgs(l runtime.Limits) []string {
+// initArgs is the agent's command line: init with the sandbox's rlimits,
+// for a sandbox with a pids limit the cgroup its processes start in, and
+// its template's default user and working directory (passed to serve).
+func initArgs(s runtime.Spec) []string {
 	args := append([]string{AgentPath, "init"}, RlimitFlags...)
-	if l.Pids > 0 {
+	if s.Limits.Pids > 0 {
 		args = append(args, fmt.Sprintf("--pids-cgroup-fd=%d", PidsCgroupFD))
 	}
-	return args
+	return append(args, runtime.AgentDefaults(s)...)
 }
 
 // ownWorkdirRule lets unshare(2) through with exactly CLONE_FS, which

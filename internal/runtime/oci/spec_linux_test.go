@@ -93,6 +93,13 @@ func TestSpecConfinement(t *testing.T) {
 	if args := testSpec(t, runtime.Spec{ID: "abc"}).Process.Args; slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--pids-cgroup-fd") }) {
 		t.Errorf("a sandbox without a pids limit: init's arguments %v", args)
 	}
+	// A template's USER and WORKDIR: serve's defaults, which init passes on.
+	if args := testSpec(t, runtime.Spec{ID: "abc", User: "nobody", WorkDir: "/srv/x"}).Process.Args; !slices.Equal(args[len(args)-4:], []string{"--user", "nobody", "--workdir", "/srv/x"}) {
+		t.Errorf("a template's USER and WORKDIR: init's arguments %v", args)
+	}
+	if slices.Contains(p.Args, "--user") || slices.Contains(p.Args, "--workdir") {
+		t.Errorf("no USER nor WORKDIR: init's arguments %v", p.Args)
+	}
 	if !slices.Contains(p.Env, "FOO=bar") || !slices.Contains(p.Env, "HOME=/home/user") {
 		t.Errorf("env %v", p.Env)
 	}
