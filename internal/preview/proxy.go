@@ -87,18 +87,7 @@ func NewProxy(cfg ProxyConfig) *Proxy {
 
 // Serve proxies r to t. The caller has decided that r may reach it
 // (Keys.Allowed, Keys.Redeem) and holds whatever shares it keeps.
-//
-// The app's answer may begin before it has read the request's body: the
-// body keeps flowing to it meanwhile (full duplex). Go's HTTP/1 server
-// would otherwise stop the body at the answer's first byte, the
-// transport's write of it would fail, and that closes the connection
-// the answer comes on: the client would get a cut answer.
 func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, t Target) {
-	if r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody {
-		// HTTP/2 is full duplex already; only an HTTP/1 writer that does
-		// not unwrap to the server's refuses, and then nothing changes.
-		_ = http.NewResponseController(w).EnableFullDuplex()
-	}
 	p.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), ctxKey{}, &t)))
 }
 

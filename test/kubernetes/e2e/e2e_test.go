@@ -235,14 +235,26 @@ func newBalancer(t *testing.T, replicas ...*server) *server {
 			http.Error(w, "replica unavailable: "+err.Error(), http.StatusBadGateway)
 		},
 	}
-	// A replica may answer before the balancer has sent the whole body
-	// (it had the body, but the balancer's goroutine had not yet seen its
-	// end): full duplex keeps the body readable after the answer begins.
-	// Without it Go's server closed the body, the transport's write failed
-	// and closed the replica's connection, and the client got a cut
-	// answer, "other side closed" (TestSandboxesAsPods under load).
+	// The request's body is read whole before it is sent on: a replica
+	// that answers as soon as it has the body must not race the proxy's
+	// goroutine that still holds the client's body. Streamed through,
+	// that goroutine's last read (for the body's end) could come after
+	// the answer began, which Go's HTTP/1 server forbids (it closes the
+	// body then): the write failed, the replica's connection was closed
+	// and the client got a cut answer, "other side closed"
+	// (TestSandboxesAsPods under load). Made full duplex instead, the
+	// read could outlast the handler and race the server's read of the
+	// next request ("invalid concurrent Body.Read call").
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.NewResponseController(w).EnableFullDuplex()
+		if r.Body != nil && r.Body != http.NoBody {
+			b, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, "reading the request: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+			r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(b)), int64(len(b))
+			r.TransferEncoding = nil
+		}
 		rp.ServeHTTP(w, r)
 	}))
 	t.Cleanup(hs.Close)
