@@ -288,6 +288,11 @@ type Manager struct {
 	// removing are the volumes being removed (volumes.go): no create
 	// mounts one meanwhile.
 	removing map[string]bool
+	// attendants are the live attendants of volumes, by volume id, and
+	// measured the volumes' last measurements (attendant.go); both are
+	// guarded by mu, as each attendant's users, idle and drained.
+	attendants map[string]*attendant
+	measured   map[string]measurement
 }
 
 // New returns a Manager. It first destroys every sandbox the runtime still
@@ -546,6 +551,10 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 	}
 	m.sandboxes[s.ID] = s
 	m.mu.Unlock()
+	// No attendant holds a volume a sandbox's Pod is to mount (attendant.go).
+	for _, v := range opt.Volumes {
+		m.stopAttendants(ctx, v.ID)
+	}
 
 	spec := runtime.Spec{
 		ID: s.ID, Template: opt.Template, RootFS: rootfs, Limits: limits, ReadOnly: opt.ReadOnly, Env: sandboxEnv(start.Env, limits, opt.Env),
@@ -822,6 +831,7 @@ func (m *Manager) destroy(s *Sandbox, reason string) error {
 		return apierr.Wrap(err, apierr.Internal, "could not clean up sandbox %s; retrying in the background", s.ID)
 	}
 	m.log.Info("sandbox stopped", "sandbox", s.ID, "reason", reason)
+	m.measureWritten(s)
 	return nil
 }
 
@@ -862,6 +872,7 @@ func (m *Manager) Close(ctx context.Context) error {
 	m.closed = true
 	all := slices.Collect(maps.Values(m.sandboxes))
 	m.mu.Unlock()
+	m.stopAttendants(ctx, "")
 	var wg sync.WaitGroup
 	errs := make([]error, len(all))
 	for i, s := range all {

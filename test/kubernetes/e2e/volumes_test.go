@@ -3,10 +3,14 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -22,10 +26,14 @@ import (
 )
 
 // TestVolumesAsClaims: a volume (/v1/volumes) is a PersistentVolumeClaim
-// of the StorageClass the server is given; a sandbox writes into it as
-// its user, is killed, and a second sandbox, mounting it read-only, reads
-// what the first wrote and cannot write; deleting the volume deletes the
-// claim. The cluster has no provisioner: the test makes the StorageClass
+// of the StorageClass the server is given; its figures and its files
+// without a sandbox go through an attendant Pod; a sandbox reads what
+// the file API wrote, writes into it as its user (the file API's writes
+// are refused meanwhile: one writer) and past its size, is killed; the
+// use is measured, and a read-write mount and a file-API write are
+// refused (ERR_DISK_FULL) while a second sandbox, mounting it read-only,
+// reads what the first wrote and cannot write; removing a file through
+// the API makes room again; deleting the volume deletes the claim. The cluster has no provisioner: the test makes the StorageClass
 // (no provisioner) and a hostPath PersistentVolume of it under the
 // cluster's state dir, which the claim binds.
 func TestVolumesAsClaims(t *testing.T) {
@@ -71,9 +79,44 @@ func TestVolumesAsClaims(t *testing.T) {
 	if sc := claim.Spec.StorageClassName; sc == nil || *sc != class || claim.Spec.Resources.Requests.Storage().Value() != 64<<20 {
 		t.Fatalf("claim %s: class %v, request %v", claim.Name, sc, claim.Spec.Resources.Requests.Storage())
 	}
-	// Its figures are not measured here: left out, not made up.
-	if code, b := srv.do(t, "GET", "/v1/volumes/data", nil); code != 200 || strings.Contains(string(b), "used_bytes") {
-		t.Errorf("get the volume: %d %s", code, b)
+	// Its figures and files without a sandbox: through an attendant Pod
+	// (internal/sandbox attendant.go), locked down as a sandbox's.
+	usage := func() (used, total int64) {
+		t.Helper()
+		code, b := srv.do(t, "GET", "/v1/volumes/data", nil)
+		var v struct {
+			UsedBytes  *int64 `json:"used_bytes"`
+			TotalBytes *int64 `json:"total_bytes"`
+		}
+		if json.Unmarshal(b, &v); code != 200 || v.UsedBytes == nil || v.TotalBytes == nil {
+			t.Fatalf("get the volume: %d %s", code, b)
+		}
+		return *v.UsedBytes, *v.TotalBytes
+	}
+	if used, total := usage(); used < 0 || used > 1<<20 || total != 64<<20 {
+		t.Errorf("a fresh volume's figures: %d of %d bytes", used, total)
+	}
+	attendants, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "sheepfold.dev/sandbox"})
+	if err != nil || len(attendants.Items) != 1 || !strings.HasPrefix(attendants.Items[0].Name, "sf-vf") {
+		t.Fatalf("the volume's attendant pod: %v %d pods", err, len(attendants.Items))
+	}
+	if p := attendants.Items[0].Spec; p.AutomountServiceAccountToken == nil || *p.AutomountServiceAccountToken ||
+		!slices.ContainsFunc(p.Volumes, func(v corev1.Volume) bool {
+			return v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == claim.Name
+		}) {
+		t.Errorf("the attendant pod: %+v", p)
+	}
+	if code, b := srv.raw(t, "PUT", "/v1/volumes/data/files?path=/in/seed.txt", []byte("from the file api")); code != 201 {
+		t.Fatalf("write a file without a sandbox: %d %s", code, b)
+	}
+	if code, b := srv.raw(t, "GET", "/v1/volumes/data/files?path=in/seed.txt", nil); code != 200 || string(b) != "from the file api" {
+		t.Fatalf("read it back: %d %q", code, b)
+	}
+	if code, b := srv.do(t, "GET", "/v1/volumes/data/files/list?path=/in", nil); code != 200 || !strings.Contains(string(b), `"path":"/in/seed.txt"`) {
+		t.Fatalf("list: %d %s", code, b)
+	}
+	if code, b := srv.raw(t, "GET", "/v1/volumes/data/files?path=/../../etc/hostname", nil); code != 404 {
+		t.Errorf("a path above the volume's root: %d %s", code, b)
 	}
 
 	run := func(id, code string) (string, string) {
@@ -109,13 +152,38 @@ func TestVolumesAsClaims(t *testing.T) {
 	}
 
 	writer, nodeW := create(false)
-	if out, e := run(writer, "import os\nopen('/data/note.txt','w').write('kept by the claim')\nprint(os.getuid(), os.stat('/data').st_uid)"); e != "" || out != "1000 1000\n" {
+	if out, e := run(writer, "import os\nopen('/data/note.txt','w').write('kept by the claim')\nprint(os.getuid(), os.stat('/data').st_uid, open('/data/in/seed.txt').read())"); e != "" || out != "1000 1000 from the file api\n" {
 		t.Fatalf("write into the volume as the user: %q %s", out, e)
+	}
+	// One writer at a time: the file API does not write under a sandbox
+	// that writes the volume.
+	if code, b := srv.raw(t, "PUT", "/v1/volumes/data/files?path=/x", []byte("x")); code != 409 || !strings.Contains(string(b), "ERR_VOLUME_IN_USE") {
+		t.Errorf("a file-API write while a sandbox writes the volume: %d %s", code, b)
+	}
+	// Past the size: a hostPath volume does not bound it, the usage does.
+	if _, e := run(writer, "open('/data/fill','wb').write(b'x' * (70 << 20))"); e != "" {
+		t.Fatalf("fill the volume past its size: %s", e)
 	}
 	if code, b := srv.do(t, "DELETE", "/v1/sandboxes/"+writer, nil); code != 204 {
 		t.Fatalf("kill the writer: %d %s", code, b)
 	}
 	waitGone(t, cs, ns, "sheepfold.dev/sandbox="+writer)
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(2 * time.Second) {
+		if used, _ := usage(); used >= 64<<20 {
+			t.Logf("measured after the writer: %d bytes used of %d", used, 64<<20)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the volume's use past its size was not measured")
+		}
+	}
+	if code, b := srv.do(t, "POST", "/v1/sandboxes", map[string]any{"template": "python",
+		"volume_mounts": []map[string]any{{"name": "data", "path": "/data"}}}); code != 507 || !strings.Contains(string(b), "ERR_DISK_FULL") {
+		t.Errorf("a read-write mount of a volume past its size: %d %s", code, b)
+	}
+	if code, b := srv.raw(t, "PUT", "/v1/volumes/data/files?path=/more.txt", []byte("more")); code != 507 || !strings.Contains(string(b), "ERR_DISK_FULL") {
+		t.Errorf("a file-API write into a volume past its size: %d %s", code, b)
+	}
 
 	reader, nodeR := create(true)
 	if out, e := run(reader, "print(open('/data/note.txt').read())"); e != "" || out != "kept by the claim\n" {
@@ -134,6 +202,17 @@ func TestVolumesAsClaims(t *testing.T) {
 		t.Fatalf("kill the reader: %d %s", code, b)
 	}
 	waitGone(t, cs, ns, "sheepfold.dev/sandbox="+reader)
+	// Room again through the file API.
+	if code, b := srv.raw(t, "DELETE", "/v1/volumes/data/files?path=/fill", nil); code != 204 {
+		t.Fatalf("remove the filler: %d %s", code, b)
+	}
+	if used, _ := usage(); used >= 1<<20 {
+		t.Errorf("after removing the filler: %d bytes used", used)
+	}
+	if code, b := srv.raw(t, "PUT", "/v1/volumes/data/files?path=/more.txt", []byte("more")); code != 201 {
+		t.Errorf("a file-API write with room again: %d %s", code, b)
+	}
+	waitGone(t, cs, ns, "sheepfold.dev/sandbox")
 	if code, b := srv.do(t, "DELETE", "/v1/volumes/data", nil); code != 204 {
 		t.Fatalf("delete the volume: %d %s", code, b)
 	}
@@ -239,4 +318,20 @@ func ptrString(p *string) string {
 		return ""
 	}
 	return *p
+}
+
+// raw sends body as it is (nil: none) and returns the status and the
+// answer's body.
+func (s *server) raw(t *testing.T, method, path string, body []byte) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, s.url+path, bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	req.Header.Set("Content-Type", "application/octet-stream")
+	res, err := (&http.Client{Timeout: 3 * time.Minute}).Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, b
 }
