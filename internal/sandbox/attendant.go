@@ -39,7 +39,11 @@ import (
 // and its agent's own deadline ends it soon after even if this engine
 // dies (runtime.Spec.Lifetime; the next engine's reconcile or the
 // replicas' collector deletes what is left). It is not a sandbox: no
-// account owns it, nothing meters it, it is not listed.
+// account owns it, nothing meters it, it is not listed, and no record
+// claims it: a shared runtime marks it (runtime.Spec.Attendant) with
+// that lifetime, and the replicas' collectors leave it be until its
+// lifetime has run (runtime.Held.Until), however long a call through
+// it lasts within it, then take what its agent's end left.
 //
 // With sandboxes: an attendant starts on the node of a live sandbox that
 // mounts its volume (a ReadWriteOnce claim is one node's), and none
@@ -185,7 +189,7 @@ func (m *Manager) startAttendant(ctx context.Context, a *attendant, node string)
 	spec := runtime.Spec{
 		ID: a.id, Template: tpl, RootFS: rootfs, Limits: attendantLimits, Node: node,
 		Volumes:  []runtime.VolumeMount{{ID: a.vol, Path: attendantMount}},
-		Lifetime: attendantLife + attendantIdle + attendantDrain,
+		Lifetime: attendantLife + attendantIdle + attendantDrain, Attendant: true,
 	}
 	began := time.Now()
 	inst, err := m.cfg.Runtime.Create(ctx, spec)

@@ -71,7 +71,7 @@ func TestVolumeAttendant(t *testing.T) {
 	if len(att) != 1 {
 		t.Fatalf("attendants after a write: %+v", att)
 	}
-	if s := att[0]; s.Network != nil || len(s.Volumes) != 1 || s.Volumes[0] != (runtime.VolumeMount{ID: "vol-1", Path: sandbox.AttendantMount}) || s.Lifetime <= 0 {
+	if s := att[0]; s.Network != nil || len(s.Volumes) != 1 || s.Volumes[0] != (runtime.VolumeMount{ID: "vol-1", Path: sandbox.AttendantMount}) || s.Lifetime <= 0 || !s.Attendant {
 		t.Fatalf("the attendant's spec: %+v", s)
 	}
 	f, e, err := fsys.Open("a/b.txt")
