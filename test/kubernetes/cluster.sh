@@ -512,16 +512,10 @@ disabled_plugins = [
 EOF
 }
 
-# runsc_config N: the options of node N's runsc shim (each key of
-# [runsc_config] becomes runsc's --key=value). platform systrap: there is
-# no /dev/kvm here (and ptrace is slower). oci-seccomp: the Pod's seccomp
-# profile (its Localhost profile, the local engine's) is applied inside
-# the Sentry too, to the tenant's processes, as the local engine's runsc
-# does (internal/runtime/oci runsc_linux.go); without it runsc keeps only
-# its own filter on the Sentry, and a process inside runs with none
-# (Seccomp: 0 in its status). runsc's state (its --root) is in the node's
-# run dir, which `down` removes; its logs go to $LOGS/runsc-N when
-# SHEEPFOLD_KUBE_RUNSC_DEBUG is set.
+# runsc_config N: the options of node N's runsc shim. platform systrap:
+# there is no /dev/kvm here (and ptrace is slower); runsc's state (its
+# --root) is in the node's run dir, which `down` removes; its logs go to
+# $LOGS/runsc-N when SHEEPFOLD_KUBE_RUNSC_DEBUG is set.
 runsc_config() {
 	local n=$1
 	cat <<EOF
@@ -530,7 +524,6 @@ root = '$(node_run "$n")/runsc'
 
 [runsc_config]
   platform = 'systrap'
-  oci-seccomp = 'true'
 EOF
 	if [ -n "${SHEEPFOLD_KUBE_RUNSC_DEBUG:-}" ]; then
 		echo "  debug = 'true'"
