@@ -69,6 +69,11 @@ type Spec struct {
 	// until handed out. A shared runtime labels it so, and its collector
 	// leaves it be (its agent ends it when no engine renews its lease).
 	Pool bool
+	// Attendant marks a volume's attendant (internal/sandbox
+	// attendant.go): an instance no record claims, which ends itself at
+	// its Lifetime. A shared runtime labels it so, with its lifetime,
+	// and its collector leaves it be until then (Held.Until).
+	Attendant bool
 	// Runtime chooses how the sandbox is isolated, among the names the
 	// runtime offers (Offered): "gvisor", "runc"...; "" is the runtime's
 	// default.
@@ -348,6 +353,10 @@ type Held struct {
 	Created time.Time
 	// Pool: started ahead by a warm pool (Spec.Pool).
 	Pool bool
+	// Until, for a volume's attendant (Spec.Attendant), is its creation
+	// plus its lifetime: no record claims it, and the collector leaves
+	// it be until then unless it ended. Zero for others.
+	Until time.Time
 	// Ended: nothing of it runs any more (its agent exited: its
 	// lifetime ended, or it crashed), or only leftovers of a failed
 	// create remain; destroying it is all that is left to do.

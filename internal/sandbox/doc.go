@@ -196,7 +196,8 @@
 // NetworkPolicies a failed create left) with the running records: a
 // sandbox no record claims is destroyed after a 2-minute grace (a create in
 // flight), except warm pool members (labelled; their agent ends them within
-// its 10-minute pool lease once no replica renews it); a record whose Pod
+// its 10-minute pool lease once no replica renews it) and volumes'
+// attendants within their lifetime (attendant.go); a record whose Pod
 // is gone or ended is recorded stopped ("timed out" past its expiry).
 // Collecting twice is harmless. Each replica has a name (new at every
 // start) and a heartbeat row in the store (table replicas), renewed every

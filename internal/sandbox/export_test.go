@@ -45,3 +45,22 @@ func AgentLifetimeLeft(ctx context.Context, s *Sandbox) (time.Duration, error) {
 	}
 	return time.Duration(info.LifetimeLeftMS) * time.Millisecond, nil
 }
+
+// SetAttendantIdle sets how long a volume's attendant outlives its last
+// call; the returned func restores it.
+func SetAttendantIdle(d time.Duration) func() {
+	old := attendantIdle
+	attendantIdle = d
+	return func() { attendantIdle = old }
+}
+
+// SetMeasureCommand sets the command that measures an attendant's
+// volume; the returned func restores it.
+func SetMeasureCommand(cmd ...string) func() {
+	old := measureCmd
+	measureCmd = cmd
+	return func() { measureCmd = old }
+}
+
+// AttendantMount is where an attendant mounts its volume.
+const AttendantMount = attendantMount

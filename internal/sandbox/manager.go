@@ -293,6 +293,11 @@ type Manager struct {
 	// template's root (holds.go), by sandbox id.
 	holdsMu sync.Mutex
 	holds   map[string]func(collect bool)
+	// attendants are the live attendants of volumes, by volume id, and
+	// measured the volumes' last measurements (attendant.go); both are
+	// guarded by mu, as each attendant's users, idle and drained.
+	attendants map[string]*attendant
+	measured   map[string]measurement
 }
 
 // New returns a Manager. It first destroys every sandbox the runtime still
@@ -556,6 +561,10 @@ func (m *Manager) create(ctx context.Context, opt CreateOptions) (*Sandbox, erro
 		close(s.created)
 		m.destroy(s, reasonFailed)
 		return nil, apierr.Wrap(err, apierr.TemplateNotFound, "template %q is not available: %v", opt.Template, err)
+	}
+	// No attendant holds a volume a sandbox's Pod is to mount (attendant.go).
+	for _, v := range opt.Volumes {
+		m.stopAttendants(ctx, v.ID)
 	}
 
 	spec := runtime.Spec{
@@ -835,6 +844,7 @@ func (m *Manager) destroy(s *Sandbox, reason string) error {
 		return apierr.Wrap(err, apierr.Internal, "could not clean up sandbox %s; retrying in the background", s.ID)
 	}
 	m.log.Info("sandbox stopped", "sandbox", s.ID, "reason", reason)
+	m.measureWritten(s)
 	return nil
 }
 
@@ -875,6 +885,7 @@ func (m *Manager) Close(ctx context.Context) error {
 	m.closed = true
 	all := slices.Collect(maps.Values(m.sandboxes))
 	m.mu.Unlock()
+	m.stopAttendants(ctx, "")
 	var wg sync.WaitGroup
 	errs := make([]error, len(all))
 	for i, s := range all {

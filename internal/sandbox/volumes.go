@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"io"
 	"path"
 	"slices"
 	"strings"
@@ -210,6 +211,7 @@ func (m *Manager) RemoveVolume(ctx context.Context, id, name string) error {
 	}
 	m.removing[id] = true
 	m.mu.Unlock()
+	m.stopAttendants(ctx, id)
 	defer func() {
 		m.mu.Lock()
 		delete(m.removing, id)
@@ -221,10 +223,12 @@ func (m *Manager) RemoveVolume(ctx context.Context, id, name string) error {
 	return nil
 }
 
-// VolumeUsage reads what volume id holds and can hold, in bytes;
-// ERR_NOT_SUPPORTED on a runtime that cannot measure its volumes (a
-// Kubernetes claim).
-func (m *Manager) VolumeUsage(ctx context.Context, id string) (used, total int64, err error) {
+// VolumeUsage reads what volume id holds and can hold, in bytes; size
+// is the volume's. A runtime that cannot measure its volumes itself (a
+// Kubernetes claim) has them measured by their attendant (attendant.go:
+// du, at most usageFresh old; total is then size); ERR_NOT_SUPPORTED
+// where neither can.
+func (m *Manager) VolumeUsage(ctx context.Context, id string, size int64) (used, total int64, err error) {
 	v, err := m.volumes()
 	if err != nil {
 		return 0, 0, err
@@ -233,15 +237,49 @@ func (m *Manager) VolumeUsage(ctx context.Context, id string) (used, total int64
 	switch {
 	case errors.Is(err, runtime.ErrVolumeNotFound):
 		return 0, 0, apierr.Wrap(err, apierr.VolumeNotFound, "the volume's storage is gone")
+	case errors.Is(err, runtime.ErrUnsupported) && m.attends():
+		used, err := m.measure(ctx, id, usageFresh)
+		return used, size, err
 	case errors.Is(err, runtime.ErrUnsupported):
 		return 0, 0, apierr.Wrap(err, apierr.NotSupported, "this server's runtime (%s) does not measure its volumes", m.cfg.Runtime.Name())
 	}
 	return used, total, err
 }
 
-// OpenVolume opens volume id's files from the host (internal/volume), on
-// a runtime whose host holds its volumes; the caller closes it.
-func (m *Manager) OpenVolume(ctx context.Context, id string) (*volume.FS, error) {
+// VolumeFiles are a volume's files without a sandbox: paths from the
+// volume's root, regular files and directories only. The host's
+// (internal/volume) on a runtime whose host holds its volumes, an
+// attendant's (attendant.go) otherwise.
+type VolumeFiles interface {
+	// Open opens the file at p for reading; its Entry has its size.
+	Open(p string) (io.ReadCloser, volume.Entry, error)
+	// Write writes r to p whole, at most max bytes (volume.ErrFileTooLong).
+	Write(p string, r io.Reader, max int64) (volume.Entry, error)
+	// List lists the directory at p, at most max entries (volume.ErrTooMany).
+	List(p string, max int) ([]volume.Entry, error)
+	// Remove removes the file, symlink or empty directory at p.
+	Remove(p string) error
+	Close() error
+}
+
+// hostFiles are the host's (volume.FS) as VolumeFiles.
+type hostFiles struct{ *volume.FS }
+
+func (h hostFiles) Open(p string) (io.ReadCloser, volume.Entry, error) {
+	f, e, err := h.FS.Open(p)
+	if err != nil {
+		return nil, e, err
+	}
+	return f, e, nil
+}
+
+// OpenVolume opens volume id's files (size is its size), from the host on
+// a runtime whose host holds its volumes, through its attendant on one
+// whose host does not (attendant.go); the caller closes them.
+func (m *Manager) OpenVolume(ctx context.Context, id string, size int64) (VolumeFiles, error) {
+	if m.attends() {
+		return &attendedFiles{m: m, ctx: ctx, vol: id, size: size}, nil
+	}
 	o, ok := m.cfg.Runtime.(runtime.VolumeOpener)
 	if !ok {
 		return nil, apierr.New(apierr.NotSupported, "this server's runtime (%s) keeps no volumes it can reach", m.cfg.Runtime.Name())
@@ -255,7 +293,7 @@ func (m *Manager) OpenVolume(ctx context.Context, id string) (*volume.FS, error)
 	case err != nil:
 		return nil, apierr.Wrap(err, apierr.Internal, "could not open the volume")
 	}
-	return volume.New(root, uid, gid), nil
+	return hostFiles{volume.New(root, uid, gid)}, nil
 }
 
 // VolumeWriters lists the live sandboxes that mount volume id read-write

@@ -228,7 +228,7 @@ func (s *Server) readInputsFile(ctx context.Context, owner string, in api.BatchI
 	if err != nil {
 		return nil, err
 	}
-	fsys, err := s.engine.OpenVolume(ctx, v.ID)
+	fsys, err := s.engine.OpenVolume(ctx, v.ID, v.SizeBytes)
 	if err != nil {
 		return nil, err
 	}

@@ -169,8 +169,9 @@ func TestReplicasShareSandboxRateLimit(t *testing.T) {
 }
 
 // TestReplicasCollector: the collector destroys what no record claims
-// and ends records whose sandbox is gone; it spares creates in flight
-// and warm pool members.
+// and ends records whose sandbox is gone; it spares creates in flight,
+// warm pool members, and volumes' attendants within their lifetime
+// (serving a long call through another replica), not past it nor ended.
 func TestReplicasCollector(t *testing.T) {
 	// The grace is an hour while nothing may happen, none once it has
 	// passed: a create through the server takes more than any short grace
@@ -198,23 +199,35 @@ func TestReplicasCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.rt.End("ended0000000000")
+	// Volumes' attendants: one within its lifetime, one past it, one
+	// within it whose agent ended.
+	for id, life := range map[string]time.Duration{"vfserving000000": time.Hour, "vfpast000000000": time.Millisecond, "vfended00000000": time.Hour} {
+		if _, err := a.rt.Create(ctx, runtime.Spec{ID: id, Attendant: true, Lifetime: life}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.rt.End("vfended00000000")
 	a.srv.Collect() // the rest within the grace: nothing happens to them
-	if ids, _ := a.rt.List(ctx); len(ids) != 2 || slices.Contains(ids, "ended0000000000") {
+	if ids, _ := a.rt.List(ctx); len(ids) != 5 || slices.Contains(ids, "ended0000000000") {
 		t.Fatalf("within the grace the collector left: %v", ids)
 	}
 	server.SetCollectGrace(0) // the deferred restore puts back the default
+	time.Sleep(10 * time.Millisecond)
 	a.srv.Collect()
 	ids, _ := a.rt.List(ctx)
-	if len(ids) != 1 || ids[0] != "warm00000000000" {
-		t.Fatalf("after the grace: %v left, want the pool member alone", ids)
+	slices.Sort(ids)
+	if !slices.Equal(ids, []string{"vfserving000000", "warm00000000000"}) {
+		t.Fatalf("after the grace: %v left, want the pool member and the attendant within its lifetime", ids)
 	}
 	rec, err := a.store.GetSandbox(ctx, lost)
 	if err != nil || rec.State != store.SandboxStopped || rec.StopReason == "" {
 		t.Fatalf("record of the lost sandbox: %+v, %v", rec, err)
 	}
 	want(t, a.do("POST", "/v1/sandboxes/"+lost+"/execute", a.keyA, map[string]any{"code": "1"}), http.StatusConflict, "ERR_SANDBOX_STATE")
-	if err := a.rt.Destroy(ctx, "warm00000000000"); err != nil {
-		t.Fatal(err)
+	for _, id := range ids {
+		if err := a.rt.Destroy(ctx, id); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -303,9 +303,12 @@ func (s *Server) collect(ctx context.Context) {
 			// (its lease ran out), whatever its age, and nobody else
 			// will destroy its objects.
 			s.collectOne(ctx, h.ID, "warm pool member ended", false)
-		case recorded, now.Sub(h.Created) < collectGrace, h.Pool:
-			// A live sandbox, a create in flight, or a live warm pool
-			// member (which ends itself when its replica is gone).
+		case recorded, now.Sub(h.Created) < collectGrace, h.Pool, !h.Ended && now.Before(h.Until):
+			// A live sandbox, a create in flight, a live warm pool
+			// member (which ends itself when its replica is gone), or a
+			// volume's attendant within its lifetime (which ends itself
+			// then: runtime.Held.Until), which a replica may be serving
+			// a long call through.
 		default:
 			s.collectOne(ctx, h.ID, "no record", false)
 		}

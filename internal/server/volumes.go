@@ -142,8 +142,33 @@ func (s *Server) resolveVolumes(ctx context.Context, own string, mounts []sandbo
 			return err
 		}
 		mounts[i].ID = v.ID
+		if err := s.overVolume(v, mounts[i]); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// overVolume refuses a read-write mount of a volume whose last measured
+// use is at or past its size. Only a runtime whose storage does not bound
+// its volumes lets one get there (a Kubernetes claim of a provisioner
+// that does not enforce its request: a hostPath or local volume); the
+// figure is the engine's last measurement (sandbox attendant.go: after
+// each read-write sandbox stops, each file-API write, each GET of the
+// volume). A read-only mount is always let in, so that the data can be
+// read, and files are removed through the file API.
+func (s *Server) overVolume(v store.Volume, m sandbox.VolumeMount) error {
+	if m.ReadOnly {
+		return nil
+	}
+	used, at, ok := s.engine.LastVolumeUse(v.ID)
+	if !ok || used < v.SizeBytes {
+		return nil
+	}
+	return &apierr.Error{Code: apierr.DiskFull,
+		Details: map[string]any{"volume": v.Name, "used_bytes": used, "size_bytes": v.SizeBytes, "measured_at": at.UTC()},
+		Message: fmt.Sprintf("volume %q is full (%d of %d bytes used, measured %s): mount it read-only, or remove files through /v1/volumes/%s/files",
+			v.Name, used, v.SizeBytes, at.UTC().Format(time.RFC3339), v.Name)}
 }
 
 func newVolumeID() string {
@@ -232,7 +257,7 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) error {
 	out := volumeOut(v)
 	// A runtime that cannot measure its volumes (Kubernetes' claims)
 	// leaves the figures out.
-	switch used, total, err := s.engine.VolumeUsage(r.Context(), v.ID); {
+	switch used, total, err := s.engine.VolumeUsage(r.Context(), v.ID, v.SizeBytes); {
 	case apierr.CodeOf(err) == apierr.NotSupported:
 	case err != nil:
 		return err
@@ -305,24 +330,27 @@ func (b e2bBackend) DeleteVolume(ctx context.Context, owner, name string) error 
 	return b.s.removeVolume(ctx, owner, name)
 }
 
-// A volume's files without a sandbox: read, write, list and remove, by
-// the server on the host, confined to the volume by the kernel
-// (internal/volume: openat2 RESOLVE_IN_ROOT from the volume's root, no
-// mount crossed, regular files only). Paths are from the volume's root
-// ("/data/a.csv"; "a.csv" is the same). A write is refused while a live
-// sandbox writes the volume without sharing it (one writer at a time),
-// and what it makes belongs to the sandboxes' "user".
+// A volume's files without a sandbox: read, write, list and remove
+// (sandbox.VolumeFiles). On a host that holds its volumes, by the server
+// on the host, confined to the volume by the kernel (internal/volume:
+// openat2 RESOLVE_IN_ROOT from the volume's root, no mount crossed,
+// regular files only); on Kubernetes through the volume's attendant Pod
+// (internal/sandbox attendant.go), whose agent acts as the sandboxes'
+// "user". Paths are from the volume's root ("/data/a.csv"; "a.csv" is the
+// same). A write is refused while a live sandbox writes the volume
+// without sharing it (one writer at a time), and what it makes belongs to
+// the sandboxes' "user".
 
 // maxVolumeList bounds a listing of a volume's directory.
 const maxVolumeList = 10000
 
 // volumeFiles opens the caller's volume name's files.
-func (s *Server) volumeFiles(r *http.Request) (*volume.FS, store.Volume, error) {
+func (s *Server) volumeFiles(r *http.Request) (sandbox.VolumeFiles, store.Volume, error) {
 	v, err := s.volume(r.Context(), owner(r), r.PathValue("name"))
 	if err != nil {
 		return nil, v, err
 	}
-	fsys, err := s.engine.OpenVolume(r.Context(), v.ID)
+	fsys, err := s.engine.OpenVolume(r.Context(), v.ID, v.SizeBytes)
 	return fsys, v, err
 }
 

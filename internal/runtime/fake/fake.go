@@ -184,7 +184,11 @@ func (r *Runtime) Create(ctx context.Context, s runtime.Spec) (*runtime.Instance
 	if r.held == nil {
 		r.held = map[string]runtime.Held{}
 	}
-	r.held[s.ID] = runtime.Held{ID: s.ID, Created: time.Now(), Pool: s.Pool}
+	h := runtime.Held{ID: s.ID, Created: time.Now(), Pool: s.Pool}
+	if s.Attendant {
+		h.Until = h.Created.Add(s.Lifetime)
+	}
+	r.held[s.ID] = h
 	if r.specs == nil {
 		r.specs = map[string]runtime.Spec{}
 	}

@@ -215,6 +215,12 @@ const (
 	// LabelPool marks the Pod of a warm pool member ("true"); it stays
 	// when the member is handed out (its record then tells them apart).
 	LabelPool = "sheepfold.dev/pool"
+	// LabelAttendant marks the Pod of a volume's attendant ("true",
+	// runtime.Spec.Attendant), and AnnotationLifetime is its lifetime (a
+	// Go duration): the collectors of every replica leave it be until
+	// its creation plus that (runtime.Held.Until).
+	LabelAttendant     = "sheepfold.dev/attendant"
+	AnnotationLifetime = "sheepfold.dev/lifetime"
 )
 
 // Defaults of Config.
@@ -860,6 +866,13 @@ func (r *Runtime) pod(spec runtime.Spec, image string) (*corev1.Pod, error) {
 	if spec.Pool {
 		podLabels[LabelPool] = "true"
 	}
+	if spec.Attendant {
+		podLabels[LabelAttendant] = "true"
+		if annotations == nil {
+			annotations = map[string]string{}
+		}
+		annotations[AnnotationLifetime] = spec.Lifetime.String()
+	}
 	// Spread over nodes: a node's loss takes as few as can be. Warm
 	// pool members are spread among themselves instead, so that every
 	// node keeps some ready (the API server refuses two constraints of
@@ -1210,8 +1223,15 @@ func (r *Runtime) Inventory(ctx context.Context) ([]runtime.Held, error) {
 		// cannot end it (a warm pool member's would, at its lease).
 		stuck := !done && p.Status.Phase == corev1.PodPending && !p.CreationTimestamp.IsZero() &&
 			time.Since(p.CreationTimestamp.Time) > r.cfg.StartTimeout
-		out = append(out, runtime.Held{ID: id, Created: p.CreationTimestamp.Time, Pool: p.Labels[LabelPool] == "true",
-			Ended: done && err != nil || p.DeletionTimestamp != nil || stuck})
+		h := runtime.Held{ID: id, Created: p.CreationTimestamp.Time, Pool: p.Labels[LabelPool] == "true",
+			Ended: done && err != nil || p.DeletionTimestamp != nil || stuck}
+		if p.Labels[LabelAttendant] == "true" {
+			// Unreadable: no lease beyond the collectors' grace.
+			if d, err := time.ParseDuration(p.Annotations[AnnotationLifetime]); err == nil && d > 0 {
+				h.Until = h.Created.Add(d)
+			}
+		}
+		out = append(out, h)
 	}
 	orphan := func(id string, created time.Time) {
 		if id != "" && !seen[id] {

@@ -525,6 +525,50 @@ func TestInventoryStuckPending(t *testing.T) {
 	}
 }
 
+// TestInventoryAttendant: a volume's attendant's Pod is labelled and
+// carries its lifetime; the inventory gives it its creation plus that as
+// Until, and none to a sandbox or an attendant whose lifetime is
+// unreadable.
+func TestInventoryAttendant(t *testing.T) {
+	t.Parallel()
+	r, cs := newRuntime(t, Config{})
+	ctx := context.Background()
+	created := time.Now().Add(-time.Minute).Truncate(time.Second)
+	for id, life := range map[string]string{"vfok": "", "vfbad": "soon", "plain": "-"} {
+		sp := spec(id)
+		sp.Attendant, sp.Lifetime = life != "-", 140*time.Second
+		pod, err := r.pod(sp, "image")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sp.Attendant && (pod.Labels[LabelAttendant] != "true" || pod.Annotations[AnnotationLifetime] != "2m20s") {
+			t.Fatalf("the attendant's pod: labels %v, annotations %v", pod.Labels, pod.Annotations)
+		}
+		if !sp.Attendant && (pod.Labels[LabelAttendant] != "" || pod.Annotations[AnnotationLifetime] != "") {
+			t.Fatalf("a sandbox's pod: labels %v, annotations %v", pod.Labels, pod.Annotations)
+		}
+		if life != "" && life != "-" {
+			pod.Annotations[AnnotationLifetime] = life
+		}
+		pod.Namespace, pod.CreationTimestamp = ns, metav1.NewTime(created)
+		pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.9"}
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held, err := r.Inventory(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]time.Time{}
+	for _, h := range held {
+		got[h.ID] = h.Until
+	}
+	if len(got) != 3 || !got["vfok"].Equal(created.Add(140*time.Second)) || !got["vfbad"].IsZero() || !got["plain"].IsZero() {
+		t.Fatalf("until: %v, want vfok's at %s alone", got, created.Add(140*time.Second))
+	}
+}
+
 // TestCreateAvoidsAbsentKubelet: a Pod bound to a node whose kubelet
 // never takes it is made again away from that node.
 func TestCreateAvoidsAbsentKubelet(t *testing.T) {

@@ -29,15 +29,18 @@ import (
 // sandbox user's before it serves when it is still root's (a fresh
 // volume: `init --own-volume`), so that the code, uid 1000, writes it.
 //
-// What the runtime does not do: measure a volume (its use is on the node
-// that mounts it, or the storage's; VolumeUsage says ErrUnsupported and
-// /v1/volumes/{name} leaves the figures out), reach its files without a
-// sandbox (no runtime.VolumeOpener), or bound it: the size is the claim's
-// request, which the provisioner's storage enforces (a hostPath or local
-// volume does not). The engine's one-writer rule holds among the
-// sandboxes of one replica; across replicas the claim's access mode is
-// the bound (ReadWriteOnce: a Pod on a second node waits for the first
-// to go).
+// What the runtime does not do itself: measure a volume (its use is on
+// the node that mounts it, or the storage's: VolumeUsage says
+// ErrUnsupported) or reach its files from the host (no
+// runtime.VolumeOpener). The engine does both through an attendant, a
+// Pod made by Create like a sandbox's that mounts the claim alone
+// (internal/sandbox attendant.go). The size is the claim's request,
+// which the provisioner's storage enforces or not (a hostPath or local
+// volume does not); where it does not, the engine's measurements bound
+// it (docs/security.md, 12.1). The engine's one-writer rule holds among
+// the sandboxes of one replica; across replicas the claim's access mode
+// is the bound (ReadWriteOnce: a Pod on a second node waits for the
+// first to go).
 
 // LabelVolume is the label of a volume's claim: its id.
 const LabelVolume = "sheepfold.dev/volume"
@@ -94,7 +97,7 @@ func (r *Runtime) RemoveVolume(ctx context.Context, id string) error {
 
 // VolumeUsage implements runtime.Volumes: ErrVolumeNotFound without the
 // claim, ErrUnsupported otherwise (a claim's use is measured where it is
-// mounted, not through the API).
+// mounted, not through the API: by the engine's attendant).
 func (r *Runtime) VolumeUsage(ctx context.Context, id string) (int64, int64, error) {
 	_, err := r.cs.CoreV1().PersistentVolumeClaims(r.cfg.Namespace).Get(ctx, id, metav1.GetOptions{})
 	switch {
