@@ -200,19 +200,23 @@ func TestReplicasCollector(t *testing.T) {
 	}
 	a.rt.End("ended0000000000")
 	// Volumes' attendants: one within its lifetime, one past it, one
-	// within it whose agent ended.
-	for id, life := range map[string]time.Duration{"vfserving000000": time.Hour, "vfpast000000000": time.Millisecond, "vfended00000000": time.Hour} {
+	// within it whose agent ended. The short lifetime is still long
+	// enough for the fake agent to listen before it ends (1 ms was not,
+	// under load: "fake agent did not listen").
+	const short = 300 * time.Millisecond
+	for id, life := range map[string]time.Duration{"vfserving000000": time.Hour, "vfpast000000000": short, "vfended00000000": time.Hour} {
 		if _, err := a.rt.Create(ctx, runtime.Spec{ID: id, Attendant: true, Lifetime: life}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	a.rt.End("vfended00000000")
+	past := time.Now().Add(short) // every lifetime began before now
 	a.srv.Collect() // the rest within the grace: nothing happens to them
 	if ids, _ := a.rt.List(ctx); len(ids) != 5 || slices.Contains(ids, "ended0000000000") {
 		t.Fatalf("within the grace the collector left: %v", ids)
 	}
 	server.SetCollectGrace(0) // the deferred restore puts back the default
-	time.Sleep(10 * time.Millisecond)
+	time.Sleep(time.Until(past.Add(10 * time.Millisecond)))
 	a.srv.Collect()
 	ids, _ := a.rt.List(ctx)
 	slices.Sort(ids)
