@@ -211,7 +211,7 @@ func TestReplicasCollector(t *testing.T) {
 	}
 	a.rt.End("vfended00000000")
 	past := time.Now().Add(short) // every lifetime began before now
-	a.srv.Collect() // the rest within the grace: nothing happens to them
+	a.srv.Collect()               // the rest within the grace: nothing happens to them
 	if ids, _ := a.rt.List(ctx); len(ids) != 5 || slices.Contains(ids, "ended0000000000") {
 		t.Fatalf("within the grace the collector left: %v", ids)
 	}
