@@ -95,9 +95,16 @@ func (s *server) do(t *testing.T, method, path string, body any) (int, []byte) {
 		b, _ := json.Marshal(body)
 		rd = bytes.NewReader(b)
 	}
-	req, _ := http.NewRequest(method, s.url+path, rd)
+	return s.send(t, method, path, rd, "application/json")
+}
+
+// send sends body (nil: none) of contentType and returns the status and
+// the answer's body.
+func (s *server) send(t *testing.T, method, path string, body io.Reader, contentType string) (int, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, s.url+path, body)
 	req.Header.Set("Authorization", "Bearer "+s.key)
-	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Type", contentType)
 	res, err := (&http.Client{Timeout: 3 * time.Minute}).Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)

@@ -500,14 +500,5 @@ func ptrString(p *string) string {
 // answer's body.
 func (s *server) raw(t *testing.T, method, path string, body []byte) (int, []byte) {
 	t.Helper()
-	req, _ := http.NewRequest(method, s.url+path, bytes.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+s.key)
-	req.Header.Set("Content-Type", "application/octet-stream")
-	res, err := (&http.Client{Timeout: 3 * time.Minute}).Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
-	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	return res.StatusCode, b
+	return s.send(t, method, path, bytes.NewReader(body), "application/octet-stream")
 }
